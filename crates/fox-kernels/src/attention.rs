@@ -1,0 +1,615 @@
+//! Forgetting Attention on CPU: o_i = Σ_j softmax_j(scale·q_i·k_j + c_i − c_j) v_j, causal.
+//!
+//! Tiled and streaming like FlashAttention: per (batch, head, block of query rows) an online
+//! softmax runs over key tiles, so memory is O(T·D) per head and no T×T matrix is ever formed.
+//! The backward recomputes probabilities from the saved log-sum-exp. It makes two passes, one
+//! over key blocks (dk, dv, and dc through the column sums of dS) and one over query blocks
+//! (dq, and dc's query term Σ_j dS_ij, which is zero in exact arithmetic but kept so the CPU
+//! result is the exact gradient of the computed function). Each pass writes disjoint outputs:
+//! no atomics and a deterministic result.
+//!
+//! `naive` holds an O(T²) f64 version used only as the test reference.
+
+use crate::par::SharedMut;
+use rayon::prelude::*;
+
+/// Query rows per task.
+pub const BLOCK_Q: usize = 32;
+/// Keys per tile.
+pub const BLOCK_K: usize = 64;
+
+/// A strided [B, H, T, D] view: element (b, h, t, d) lives at b·sb + h·sh + t·st + d.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub data: &'a [f32],
+    pub sb: usize,
+    pub sh: usize,
+    pub st: usize,
+}
+
+impl<'a> View<'a> {
+    /// The natural layout of a projection's output, [B, T, H·D].
+    pub fn bthd(data: &'a [f32], t: usize, h: usize, d: usize) -> Self {
+        Self { data, sb: t * h * d, sh: d, st: h * d }
+    }
+    /// Head-first layout [B, H, T, D] (the decode cache).
+    pub fn bhtd(data: &'a [f32], t: usize, d: usize, h: usize) -> Self {
+        Self { data, sb: h * t * d, sh: t * d, st: d }
+    }
+    #[inline]
+    fn row(&self, b: usize, h: usize, t: usize, d: usize) -> &'a [f32] {
+        let o = b * self.sb + h * self.sh + t * self.st;
+        &self.data[o..o + d]
+    }
+}
+
+/// Which keys a query row may see besides causality.
+#[derive(Clone, Copy, Debug)]
+pub enum Visibility<'a> {
+    /// Every earlier key.
+    All,
+    /// Left padding: batch row b's first `start[b]` positions are padding. Padded keys get no
+    /// attention; padded query rows output 0.
+    LeftPadded(&'a [usize]),
+    /// Per query row (len B·tq): the first key it may see, e.g. its document's start in a packed
+    /// batch. A query row whose own position is before its start outputs 0.
+    PerRow(&'a [usize]),
+}
+
+impl Visibility<'_> {
+    #[inline]
+    fn start(&self, b: usize, r: usize, tq: usize) -> usize {
+        match self {
+            Visibility::All => 0,
+            Visibility::LeftPadded(s) => s[b],
+            Visibility::PerRow(s) => s[b * tq + r],
+        }
+    }
+}
+
+/// One attention problem. Query row r sits at key position `q_pos0 + r` (0 for a full forward,
+/// the cache length for decoding).
+#[derive(Clone, Copy, Debug)]
+pub struct Problem<'a> {
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub q_pos0: usize,
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: View<'a>,
+    /// Gate prefix sums at the query positions, [B, H, tq].
+    pub cq: &'a [f32],
+    /// Gate prefix sums at the key positions, [B, H, tk].
+    pub ck: &'a [f32],
+    pub vis: Visibility<'a>,
+    pub scale: f32,
+    /// Adaptive Computation Pruning: per (b, h) threshold δ; key tiles whose largest bias
+    /// c_i − c_j is below it are skipped.
+    pub prune: Option<&'a [f32]>,
+}
+
+/// What the forward hands to the backward (besides its inputs and output).
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Log-sum-exp of each query row's logits, [B, H, tq]; −∞ for padded rows.
+    pub lse: Vec<f32>,
+    /// Key tiles visited and skipped by ACP (for reporting the pruned fraction).
+    pub tiles_visited: usize,
+    pub tiles_pruned: usize,
+}
+
+struct Block {
+    b: usize,
+    h: usize,
+    r0: usize,
+    r1: usize,
+}
+
+fn blocks(p: &Problem, block: usize, len: usize) -> Vec<Block> {
+    let mut v = Vec::new();
+    for b in 0..p.batch {
+        for h in 0..p.heads {
+            let mut r0 = 0;
+            while r0 < len {
+                v.push(Block { b, h, r0, r1: (r0 + block).min(len) });
+                r0 += block;
+            }
+        }
+    }
+    v
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums: lets the compiler vectorise without reassociating a single chain.
+    let mut acc = [0.0f32; 8];
+    let n = a.len() / 8 * 8;
+    for i in (0..n).step_by(8) {
+        for l in 0..8 {
+            acc[l] += a[i + l] * b[i + l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in n..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+#[inline]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// The key tiles a block of query rows [r0, r1) must visit: [first, end) in key positions,
+/// after causality, visibility and ACP. Returns (first_key, end_key, tiles_pruned).
+fn key_range(p: &Problem, b: usize, h: usize, r0: usize, r1: usize) -> (usize, usize, usize) {
+    let end = (p.q_pos0 + r1).min(p.tk);
+    let mut first = (r0..r1).map(|r| p.vis.start(b, r, p.tq)).min().unwrap_or(0);
+    first = first / BLOCK_K * BLOCK_K;
+    let mut pruned = 0;
+    if let Some(th) = p.prune {
+        let delta = th[b * p.heads + h];
+        // The block's largest c_i is at its first non-padded row; c_j is smallest at a tile's
+        // last key. Skipped tiles form a prefix because c is non-increasing.
+        let ci0 = p.cq[(b * p.heads + h) * p.tq + r0];
+        while first + BLOCK_K <= end {
+            let j1 = first + BLOCK_K - 1;
+            let cj1 = p.ck[(b * p.heads + h) * p.tk + j1];
+            if ci0 - cj1 < delta && j1 < p.q_pos0 + r0 {
+                first += BLOCK_K;
+                pruned += 1;
+            } else {
+                break;
+            }
+        }
+    }
+    (first, end, pruned)
+}
+
+/// Forward. `out` is [B, tq, H, D].
+pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
+    let (hh, d, tq) = (p.heads, p.head_dim, p.tq);
+    assert_eq!(out.len(), p.batch * tq * hh * d);
+    assert_eq!(p.cq.len(), p.batch * hh * tq);
+    assert_eq!(p.ck.len(), p.batch * hh * p.tk);
+    let mut lse = vec![f32::NEG_INFINITY; p.batch * hh * tq];
+    let outp = SharedMut::new(out);
+    let lsep = SharedMut::new(&mut lse);
+    let work = blocks(p, BLOCK_Q, tq);
+    let counts: Vec<(usize, usize)> = work
+        .par_iter()
+        .map(|blk| {
+            let Block { b, h, r0, r1 } = *blk;
+            let n = r1 - r0;
+            let (first, end, pruned) = key_range(p, b, h, r0, r1);
+            let mut m = vec![f32::NEG_INFINITY; n];
+            let mut l = vec![0.0f32; n];
+            let mut acc = vec![0.0f32; n * d];
+            let mut s = vec![0.0f32; BLOCK_K];
+            let ch = (b * hh + h) * tq;
+            let ckh = (b * hh + h) * p.tk;
+            let mut visited = 0;
+            let mut j0 = first;
+            while j0 < end {
+                let j1 = (j0 + BLOCK_K).min(end);
+                visited += 1;
+                for i in 0..n {
+                    let r = r0 + i;
+                    let pos = p.q_pos0 + r;
+                    let st = p.vis.start(b, r, tq);
+                    if pos < st {
+                        continue;
+                    }
+                    let lo = j0.max(st);
+                    let hi = j1.min(pos + 1);
+                    if lo >= hi {
+                        continue;
+                    }
+                    let qr = p.q.row(b, h, r, d);
+                    let ci = p.cq[ch + r];
+                    let mut mx = m[i];
+                    for j in lo..hi {
+                        let v = p.scale * dot(qr, p.k.row(b, h, j, d)) + (ci - p.ck[ckh + j]);
+                        s[j - lo] = v;
+                        mx = mx.max(v);
+                    }
+                    let corr = (m[i] - mx).exp();
+                    let a = &mut acc[i * d..(i + 1) * d];
+                    if corr != 1.0 {
+                        l[i] *= corr;
+                        a.iter_mut().for_each(|x| *x *= corr);
+                    }
+                    for j in lo..hi {
+                        let e = (s[j - lo] - mx).exp();
+                        l[i] += e;
+                        axpy(a, e, p.v.row(b, h, j, d));
+                    }
+                    m[i] = mx;
+                }
+                j0 = j1;
+            }
+            for i in 0..n {
+                let r = r0 + i;
+                // SAFETY: each (b, r, h) row and lse entry belongs to exactly one block.
+                let o = unsafe { outp.slice(((b * tq + r) * hh + h) * d, d) };
+                if l[i] > 0.0 {
+                    let inv = 1.0 / l[i];
+                    for c in 0..d {
+                        o[c] = acc[i * d + c] * inv;
+                    }
+                    unsafe { *lsep.get(ch + r) = m[i] + l[i].ln() };
+                } else {
+                    o.fill(0.0);
+                }
+            }
+            (visited, pruned)
+        })
+        .collect();
+    Stats {
+        lse,
+        tiles_visited: counts.iter().map(|c| c.0).sum(),
+        tiles_pruned: counts.iter().map(|c| c.1).sum(),
+    }
+}
+
+/// Gradients of the attention inputs.
+#[derive(Clone, Debug)]
+pub struct Grads {
+    /// [B, tq, H, D]
+    pub dq: Vec<f32>,
+    /// [B, tk, H, D]
+    pub dk: Vec<f32>,
+    /// [B, tk, H, D]
+    pub dv: Vec<f32>,
+    /// d loss / d cq, [B, H, tq]
+    pub dcq: Vec<f32>,
+    /// d loss / d ck, [B, H, tk]
+    pub dck: Vec<f32>,
+}
+
+/// Backward. `o` and `dout` are [B, tq, H, D]; `lse` from the forward's `Stats`.
+pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
+    let (bb, hh, d, tq, tk) = (p.batch, p.heads, p.head_dim, p.tq, p.tk);
+    let row = |b: usize, t: usize, h: usize, tl: usize| ((b * tl + t) * hh + h) * d;
+    // delta_i = dO_i · O_i
+    let mut delta = vec![0.0f32; bb * hh * tq];
+    delta.par_iter_mut().enumerate().for_each(|(idx, dl)| {
+        let (bh, r) = (idx / tq, idx % tq);
+        let (b, h) = (bh / hh, bh % hh);
+        let off = row(b, r, h, tq);
+        *dl = dot(&o[off..off + d], &dout[off..off + d]);
+    });
+    let prob = |b: usize, h: usize, r: usize, j: usize, qr: &[f32]| -> f32 {
+        let ch = (b * hh + h) * tq;
+        let s = p.scale * dot(qr, p.k.row(b, h, j, d)) + (p.cq[ch + r] - p.ck[(b * hh + h) * tk + j]);
+        (s - lse[ch + r]).exp()
+    };
+    // Which query blocks skip a key tile under ACP: recompute the forward's decision per block.
+    let visible = |b: usize, h: usize, r: usize, j: usize| -> bool {
+        let pos = p.q_pos0 + r;
+        let st = p.vis.start(b, r, tq);
+        if pos < st || j < st || j > pos {
+            return false;
+        }
+        if p.prune.is_some() {
+            let r0 = r / BLOCK_Q * BLOCK_Q;
+            let r1 = (r0 + BLOCK_Q).min(tq);
+            let (first, _, _) = key_range(p, b, h, r0, r1);
+            return j >= first;
+        }
+        true
+    };
+
+    // Pass 1: over key blocks: dk, dv, and dck = −Σ_i dS_ij.
+    let mut dk = vec![0.0f32; bb * tk * hh * d];
+    let mut dv = vec![0.0f32; bb * tk * hh * d];
+    let mut dck = vec![0.0f32; bb * hh * tk];
+    let (dkp, dvp, dckp) = (SharedMut::new(&mut dk), SharedMut::new(&mut dv), SharedMut::new(&mut dck));
+    blocks(p, BLOCK_K, tk).par_iter().for_each(|blk| {
+        let Block { b, h, r0: j0, r1: j1 } = *blk;
+        let mut dkt = vec![0.0f32; d];
+        let mut dvt = vec![0.0f32; d];
+        for j in j0..j1 {
+            dkt.fill(0.0);
+            dvt.fill(0.0);
+            let mut dcj = 0.0f32;
+            let r_first = j.saturating_sub(p.q_pos0);
+            let vj = p.v.row(b, h, j, d);
+            for r in r_first..tq {
+                if !visible(b, h, r, j) {
+                    continue;
+                }
+                let qr = p.q.row(b, h, r, d);
+                let pij = prob(b, h, r, j, qr);
+                let off = row(b, r, h, tq);
+                let dor = &dout[off..off + d];
+                axpy(&mut dvt, pij, dor);
+                let ds = pij * (dot(dor, vj) - delta[(b * hh + h) * tq + r]);
+                axpy(&mut dkt, ds * p.scale, qr);
+                dcj -= ds;
+            }
+            // SAFETY: key rows are disjoint between blocks.
+            unsafe {
+                dkp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dkt);
+                dvp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dvt);
+                *dckp.get((b * hh + h) * tk + j) = dcj;
+            }
+        }
+    });
+
+    // Pass 2: over query blocks: dq and dcq = Σ_j dS_ij.
+    let mut dq = vec![0.0f32; bb * tq * hh * d];
+    let mut dcq = vec![0.0f32; bb * hh * tq];
+    let (dqp, dcqp) = (SharedMut::new(&mut dq), SharedMut::new(&mut dcq));
+    blocks(p, BLOCK_Q, tq).par_iter().for_each(|blk| {
+        let Block { b, h, r0, r1 } = *blk;
+        let mut dqr = vec![0.0f32; d];
+        for r in r0..r1 {
+            dqr.fill(0.0);
+            let mut dci = 0.0f32;
+            let pos = p.q_pos0 + r;
+            let qr = p.q.row(b, h, r, d);
+            let off = row(b, r, h, tq);
+            let dor = &dout[off..off + d];
+            let dl = delta[(b * hh + h) * tq + r];
+            for j in 0..=pos.min(tk - 1) {
+                if !visible(b, h, r, j) {
+                    continue;
+                }
+                let pij = prob(b, h, r, j, qr);
+                let ds = pij * (dot(dor, p.v.row(b, h, j, d)) - dl);
+                axpy(&mut dqr, ds * p.scale, p.k.row(b, h, j, d));
+                dci += ds;
+            }
+            unsafe {
+                dqp.slice(((b * tq + r) * hh + h) * d, d).copy_from_slice(&dqr);
+                *dcqp.get((b * hh + h) * tq + r) = dci;
+            }
+        }
+    });
+    Grads { dq, dk, dv, dcq, dck }
+}
+
+/// ACP thresholds δ = −(2U + ln N) + ln ε per (b, h), with U bounding |scale·q·k|.
+/// `logit_bound` is U per (b, h).
+pub fn prune_thresholds(logit_bound: &[f32], n_keys: usize, log_eps: f32) -> Vec<f32> {
+    logit_bound
+        .iter()
+        .map(|u| -(2.0 * u + (n_keys as f32).ln()) + log_eps)
+        .collect()
+}
+
+/// U from the largest query and key norms of each (b, h): |scale·q·k| ≤ scale·max|q|·max|k|.
+pub fn logit_bound_from_norms(p: &Problem) -> Vec<f32> {
+    let d = p.head_dim;
+    let mut u = Vec::with_capacity(p.batch * p.heads);
+    for b in 0..p.batch {
+        for h in 0..p.heads {
+            let mq = (0..p.tq).map(|r| dot(p.q.row(b, h, r, d), p.q.row(b, h, r, d))).fold(0.0f32, f32::max);
+            let mk = (0..p.tk).map(|j| dot(p.k.row(b, h, j, d), p.k.row(b, h, j, d))).fold(0.0f32, f32::max);
+            u.push(p.scale * mq.sqrt() * mk.sqrt());
+        }
+    }
+    u
+}
+
+/// The O(T²) reference in f64. Test use only.
+#[doc(hidden)]
+pub mod naive {
+    use super::*;
+
+    /// Returns (out [B, tq, H, D], probabilities [B, H, tq, tk]).
+    pub fn forward(p: &Problem) -> (Vec<f32>, Vec<f64>) {
+        let (hh, d, tq, tk) = (p.heads, p.head_dim, p.tq, p.tk);
+        let mut out = vec![0.0f32; p.batch * tq * hh * d];
+        let mut probs = vec![0.0f64; p.batch * hh * tq * tk];
+        for b in 0..p.batch {
+            for h in 0..hh {
+                for r in 0..tq {
+                    let pos = p.q_pos0 + r;
+                    let st = p.vis.start(b, r, tq);
+                    if pos < st {
+                        continue;
+                    }
+                    let qr = p.q.row(b, h, r, d);
+                    let ci = p.cq[(b * hh + h) * tq + r] as f64;
+                    let s: Vec<f64> = (st..=pos.min(tk - 1))
+                        .map(|j| {
+                            let kr = p.k.row(b, h, j, d);
+                            let qk: f64 = qr.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                            p.scale as f64 * qk + ci - p.ck[(b * hh + h) * tk + j] as f64
+                        })
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = s.iter().map(|v| (v - mx).exp()).sum();
+                    for (idx, j) in (st..=pos.min(tk - 1)).enumerate() {
+                        let pr = (s[idx] - mx).exp() / z;
+                        probs[((b * hh + h) * tq + r) * tk + j] = pr;
+                        let vr = p.v.row(b, h, j, d);
+                        for c in 0..d {
+                            out[((b * tq + r) * hh + h) * d + c] += (pr * vr[c] as f64) as f32;
+                        }
+                    }
+                }
+            }
+        }
+        (out, probs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::StandardNormal;
+
+    struct Case {
+        b: usize,
+        h: usize,
+        d: usize,
+        t: usize,
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        c: Vec<f32>,
+    }
+
+    fn case(seed: u64, b: usize, h: usize, d: usize, t: usize, gate_bias: f32) -> Case {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut g = |n: usize| (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>();
+        let (q, k, v) = (g(b * t * h * d), g(b * t * h * d), g(b * t * h * d));
+        let logits: Vec<f32> = g(b * t * h).iter().map(|x| x + gate_bias).collect();
+        let mut a = vec![0.0; b * t * h];
+        crate::fgate::log_fgate_fwd(&mut a, &logits);
+        let mut c = vec![0.0; b * h * t];
+        crate::fgate::prefix_sum_fwd(&mut c, &a, None, t, h);
+        Case { b, h, d, t, q, k, v, c }
+    }
+
+    fn problem<'a>(cs: &'a Case, vis: Visibility<'a>) -> Problem<'a> {
+        Problem {
+            batch: cs.b,
+            heads: cs.h,
+            head_dim: cs.d,
+            tq: cs.t,
+            tk: cs.t,
+            q_pos0: 0,
+            q: View::bthd(&cs.q, cs.t, cs.h, cs.d),
+            k: View::bthd(&cs.k, cs.t, cs.h, cs.d),
+            v: View::bthd(&cs.v, cs.t, cs.h, cs.d),
+            cq: &cs.c,
+            ck: &cs.c,
+            vis,
+            scale: 1.0 / (cs.d as f32).sqrt(),
+            prune: None,
+        }
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn tiled_matches_naive_across_gate_regimes_and_padding() {
+        for (seed, bias) in [(1, 6.0), (2, 0.0), (3, -3.0)] {
+            let cs = case(seed, 2, 3, 16, 150, bias);
+            let start = [0usize, 37];
+            for vis in [Visibility::All, Visibility::LeftPadded(&start)] {
+                let p = problem(&cs, vis);
+                let mut out = vec![f32::NAN; cs.b * cs.t * cs.h * cs.d];
+                let st = forward(&p, &mut out);
+                let (r, _) = naive::forward(&p);
+                // f32 accumulation over ≤150 keys vs f64: well under 1e-5.
+                assert!(max_diff(&out, &r) < 2e-5, "seed {seed}: {}", max_diff(&out, &r));
+                if let Visibility::LeftPadded(_) = vis {
+                    // padded query rows are exactly zero, their lse −∞
+                    let row1 = &out[cs.t * cs.h * cs.d..][..37 * cs.h * cs.d];
+                    assert!(row1.iter().all(|&x| x == 0.0));
+                    assert!(st.lse[cs.h * cs.t] == f32::NEG_INFINITY);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_rows_match_full_forward() {
+        let cs = case(4, 1, 2, 8, 100, 2.0);
+        let p = problem(&cs, Visibility::All);
+        let mut full = vec![0.0; cs.t * cs.h * cs.d];
+        forward(&p, &mut full);
+        // the last 3 query rows alone, against all 100 keys
+        let tq = 3;
+        let q_last: Vec<f32> = cs.q[(cs.t - tq) * cs.h * cs.d..].to_vec();
+        let cq: Vec<f32> = (0..cs.h).flat_map(|h| cs.c[h * cs.t + cs.t - tq..(h + 1) * cs.t].to_vec()).collect();
+        let p2 = Problem { tq, q_pos0: cs.t - tq, q: View::bthd(&q_last, tq, cs.h, cs.d), cq: &cq, ..p };
+        let mut out = vec![0.0; tq * cs.h * cs.d];
+        forward(&p2, &mut out);
+        assert!(max_diff(&out, &full[(cs.t - tq) * cs.h * cs.d..]) < 1e-6);
+    }
+
+    #[test]
+    fn packed_documents_equal_separate_sequences() {
+        let cs = case(5, 1, 2, 8, 90, 1.0);
+        // documents [0, 40) and [40, 90)
+        let per_row: Vec<usize> = (0..90).map(|r| if r < 40 { 0 } else { 40 }).collect();
+        let p = problem(&cs, Visibility::PerRow(&per_row));
+        let mut out = vec![0.0; cs.t * cs.h * cs.d];
+        forward(&p, &mut out);
+        let (r, _) = naive::forward(&p);
+        assert!(max_diff(&out, &r) < 1e-5);
+        // the second document alone, as a left-padded row, gives the same rows
+        let start = [40usize];
+        let p2 = problem(&cs, Visibility::LeftPadded(&start));
+        let mut out2 = vec![0.0; cs.t * cs.h * cs.d];
+        forward(&p2, &mut out2);
+        assert!(max_diff(&out[40 * cs.h * cs.d..], &out2[40 * cs.h * cs.d..]) < 1e-6);
+    }
+
+    #[test]
+    fn acp_prunes_tiles_and_stays_within_tolerance() {
+        // Strongly forgetting gates: most far-away tiles carry no mass.
+        let cs = case(6, 1, 2, 16, 1024, -1.0);
+        let p = problem(&cs, Visibility::All);
+        let mut full = vec![0.0; cs.t * cs.h * cs.d];
+        let s0 = forward(&p, &mut full);
+        let u = logit_bound_from_norms(&p);
+        let th = prune_thresholds(&u, cs.t, -10.0);
+        let pp = Problem { prune: Some(&th), ..p };
+        let mut pruned = vec![0.0; cs.t * cs.h * cs.d];
+        let s1 = forward(&pp, &mut pruned);
+        assert_eq!(s0.tiles_pruned, 0);
+        assert!(s1.tiles_pruned > s1.tiles_visited / 2, "{} of {}", s1.tiles_pruned, s1.tiles_visited);
+        // pruned mass < ε = e^-10 per row, so outputs move by < ε·max|v| ≈ 2e-4
+        assert!(max_diff(&full, &pruned) < 3e-4, "{}", max_diff(&full, &pruned));
+        let g0 = backward(&p, &full, &full, &s0.lse);
+        let g1 = backward(&pp, &pruned, &full, &s1.lse);
+        assert!(max_diff(&g0.dq, &g1.dq) < 1e-3);
+        assert!(max_diff(&g0.dk, &g1.dk) < 1e-3);
+    }
+
+    /// Loss L = Σ w ⊙ out for fixed random w; checks every input gradient by central differences.
+    #[test]
+    fn backward_matches_finite_differences() {
+        for vis_kind in 0..2 {
+            let cs = case(7, 1, 2, 4, 70, 0.5);
+            let start = [5usize];
+            let vis = if vis_kind == 0 { Visibility::All } else { Visibility::LeftPadded(&start) };
+            let mut rng = ChaCha8Rng::seed_from_u64(9);
+            let w: Vec<f32> = (0..cs.q.len()).map(|_| rng.sample(StandardNormal)).collect();
+            let loss = |cs: &Case| -> f64 {
+                let (o, _) = naive::forward(&problem(cs, vis));
+                o.iter().zip(&w).map(|(a, b)| *a as f64 * *b as f64).sum()
+            };
+            let p = problem(&cs, vis);
+            let mut out = vec![0.0; cs.q.len()];
+            let st = forward(&p, &mut out);
+            let g = backward(&p, &out, &w, &st.lse);
+            let dc: Vec<f32> = g.dcq.iter().zip(&g.dck).map(|(a, b)| a + b).collect();
+            let eps = 1e-2f32;
+            for (name, which, grad) in [("q", 0, &g.dq), ("k", 1, &g.dk), ("v", 2, &g.dv), ("c", 3, &dc)] {
+                for idx in (0..grad.len()).step_by(grad.len() / 23 + 1) {
+                    let a0 = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..cs };
+                    let mut bump = |a: &mut Case, dlt: f32| match which {
+                        0 => a.q[idx] += dlt,
+                        1 => a.k[idx] += dlt,
+                        2 => a.v[idx] += dlt,
+                        _ => a.c[idx] += dlt,
+                    };
+                    bump(&mut a, eps);
+                    let lp = loss(&a);
+                    bump(&mut a, -2.0 * eps);
+                    let lm = loss(&a);
+                    let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
+                    assert!((fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()), "{name}[{idx}]: fd {fd} vs {}", grad[idx]);
+                }
+            }
+        }
+    }
+}

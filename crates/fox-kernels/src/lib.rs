@@ -1,0 +1,16 @@
+//! Every operation of the Forgetting Transformer, forward and backward.
+//!
+//! The CPU path (f32, `gemm` + `rayon`) is the reference every other backend is tested against.
+//! Tensors are plain row-major `f32` slices with their shapes passed explicitly, as in llm.c:
+//! the model is a fixed, known set of operations and each one's buffers are visible at its call.
+
+pub mod attention;
+pub mod cross_entropy;
+pub mod fgate;
+pub mod kv_shift;
+pub mod matmul;
+pub mod par;
+pub mod rmsnorm;
+pub mod rope;
+pub mod scalar;
+pub mod swiglu;

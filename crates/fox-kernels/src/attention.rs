@@ -595,8 +595,8 @@ mod tests {
             let eps = 1e-2f32;
             for (name, which, grad) in [("q", 0, &g.dq), ("k", 1, &g.dk), ("v", 2, &g.dv), ("c", 3, &dc)] {
                 for idx in (0..grad.len()).step_by(grad.len() / 23 + 1) {
-                    let a0 = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..cs };
-                    let mut bump = |a: &mut Case, dlt: f32| match which {
+                    let mut a = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..cs };
+                    let bump = |a: &mut Case, dlt: f32| match which {
                         0 => a.q[idx] += dlt,
                         1 => a.k[idx] += dlt,
                         2 => a.v[idx] += dlt,

@@ -1,0 +1,10 @@
+//! foxlm: the Forgetting Transformer (FoX) in Rust — configuration, checkpoints in the authors'
+//! layout, the model with its KV-cache decoding, the GPT-2 tokenizer, and sampling.
+
+pub mod checkpoint;
+pub mod config;
+pub mod generate;
+pub mod model;
+pub mod sampling;
+pub mod tensor;
+pub mod tokenizer;

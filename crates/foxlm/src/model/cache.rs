@@ -1,0 +1,118 @@
+//! The decode cache of one layer: keys and values in head-first layout, the running gate prefix
+//! sum c per head (so a step adds one log f and never recomputes a prefix sum), and the last
+//! unmixed k̃, ṽ for KV-shift.
+
+use fox_kernels::attention::View;
+
+#[derive(Clone, Debug)]
+pub struct LayerCache {
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub len: usize,
+    cap: usize,
+    /// [B, H, cap, D]
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// [B, H, cap]
+    c: Vec<f32>,
+    /// [B, H·D]
+    pub k_shift: Vec<f32>,
+    pub v_shift: Vec<f32>,
+}
+
+impl LayerCache {
+    pub fn new(batch: usize, heads: usize, head_dim: usize, capacity: usize) -> Self {
+        let cap = capacity.max(1);
+        Self {
+            batch,
+            heads,
+            head_dim,
+            len: 0,
+            cap,
+            k: vec![0.0; batch * heads * cap * head_dim],
+            v: vec![0.0; batch * heads * cap * head_dim],
+            c: vec![0.0; batch * heads * cap],
+            k_shift: vec![0.0; batch * heads * head_dim],
+            v_shift: vec![0.0; batch * heads * head_dim],
+        }
+    }
+
+    /// Bytes held for `tokens` cached tokens.
+    pub fn bytes_for(batch: usize, heads: usize, head_dim: usize, tokens: usize) -> usize {
+        4 * (batch * heads * tokens * (2 * head_dim + 1) + 2 * batch * heads * head_dim)
+    }
+
+    fn grow(&mut self, need: usize) {
+        let new_cap = need.max(self.cap * 2);
+        let (b, h, d) = (self.batch, self.heads, self.head_dim);
+        let mut k = vec![0.0; b * h * new_cap * d];
+        let mut v = vec![0.0; b * h * new_cap * d];
+        let mut c = vec![0.0; b * h * new_cap];
+        for bh in 0..b * h {
+            let n = self.len * d;
+            k[bh * new_cap * d..][..n].copy_from_slice(&self.k[bh * self.cap * d..][..n]);
+            v[bh * new_cap * d..][..n].copy_from_slice(&self.v[bh * self.cap * d..][..n]);
+            c[bh * new_cap..][..self.len].copy_from_slice(&self.c[bh * self.cap..][..self.len]);
+        }
+        (self.k, self.v, self.c, self.cap) = (k, v, c, new_cap);
+    }
+
+    /// Appends t tokens: k, v [B, t, H·D] and c [B, H, t].
+    pub fn append(&mut self, k: &[f32], v: &[f32], c: &[f32], t: usize) {
+        if self.len + t > self.cap {
+            self.grow(self.len + t);
+        }
+        let (h, d, cap) = (self.heads, self.head_dim, self.cap);
+        for bi in 0..self.batch {
+            for hi in 0..h {
+                for ti in 0..t {
+                    let src = ((bi * t + ti) * h + hi) * d;
+                    let dst = ((bi * h + hi) * cap + self.len + ti) * d;
+                    self.k[dst..dst + d].copy_from_slice(&k[src..src + d]);
+                    self.v[dst..dst + d].copy_from_slice(&v[src..src + d]);
+                }
+                let bh = bi * h + hi;
+                self.c[bh * cap + self.len..][..t].copy_from_slice(&c[bh * t..(bh + 1) * t]);
+            }
+        }
+        self.len += t;
+    }
+
+    pub fn c_at(&self, bh: usize, pos: usize) -> f32 {
+        self.c[bh * self.cap + pos]
+    }
+
+    /// c for the cached positions as [B, H, len].
+    pub fn c_compact(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.batch * self.heads * self.len);
+        for bh in 0..self.batch * self.heads {
+            out.extend_from_slice(&self.c[bh * self.cap..][..self.len]);
+        }
+        out
+    }
+
+    pub fn k_view(&self) -> View<'_> {
+        View::bhtd(&self.k, self.cap, self.head_dim, self.heads)
+    }
+    pub fn v_view(&self) -> View<'_> {
+        View::bhtd(&self.v, self.cap, self.head_dim, self.heads)
+    }
+}
+
+/// The cache of a whole model plus the batch's left padding.
+#[derive(Clone, Debug)]
+pub struct Cache {
+    pub layers: Vec<LayerCache>,
+    /// First real position of each batch row (left padding), if any row is padded.
+    pub start: Option<Vec<usize>>,
+}
+
+impl Cache {
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.len)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,76 @@
+//! Named parameters: one f32 buffer per checkpoint tensor, addressed by a small id.
+
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    pub fn zeros(shape: &[usize]) -> Self {
+        Self { shape: shape.to_vec(), data: vec![0.0; shape.iter().product()] }
+    }
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Index of a parameter in `Params`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ParamId(pub usize);
+
+/// How AdamW treats a parameter (SPEC §3: decay on matrices and embeddings only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// Linear weights and the embedding: weight decay applies.
+    Matrix,
+    /// Norm weights and biases: no weight decay.
+    NoDecay,
+    /// A buffer saved with the model but never trained (the fixed forget gate's bias).
+    Frozen,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Params {
+    pub names: Vec<String>,
+    pub kinds: Vec<ParamKind>,
+    pub tensors: Vec<Tensor>,
+    index: HashMap<String, usize>,
+}
+
+impl Params {
+    pub fn add(&mut self, name: &str, shape: &[usize], kind: ParamKind) -> ParamId {
+        assert!(!self.index.contains_key(name), "duplicate parameter {name}");
+        let id = self.names.len();
+        self.names.push(name.to_string());
+        self.kinds.push(kind);
+        self.tensors.push(Tensor::zeros(shape));
+        self.index.insert(name.to_string(), id);
+        ParamId(id)
+    }
+    pub fn id(&self, name: &str) -> Option<ParamId> {
+        self.index.get(name).map(|&i| ParamId(i))
+    }
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+    pub fn numel(&self) -> usize {
+        self.tensors.iter().map(|t| t.numel()).sum()
+    }
+    /// Gradient buffers shaped like the parameters, zeroed.
+    pub fn zeros_like(&self) -> Vec<Vec<f32>> {
+        self.tensors.iter().map(|t| vec![0.0; t.numel()]).collect()
+    }
+}
+
+impl std::ops::Index<ParamId> for Params {
+    type Output = [f32];
+    fn index(&self, id: ParamId) -> &[f32] {
+        &self.tensors[id.0].data
+    }
+}

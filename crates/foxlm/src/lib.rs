@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod generate;
 pub mod model;
 pub mod sampling;

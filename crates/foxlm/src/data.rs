@@ -1,0 +1,870 @@
+//! Token shards: `foxlm data prepare` writes them, [`Dataset`] reads them, [`Loader`] cuts them
+//! into training windows.
+//!
+//! A prepared dataset is a folder:
+//!
+//! ```text
+//! manifest.json              tokenizer, text format, vocabulary, token dtype, per split:
+//!                            documents, tokens and the shards with their SHA-256 checksums
+//! train-00000.tokens         the split's documents' tokens back to back, little-endian u16
+//! train-00000.index            (u32 when the vocabulary exceeds 65536), no BOS/EOS;
+//! val-00000.tokens           .index: little-endian u64 offsets (in tokens) of each document's
+//! val-00000.index              start, plus one final offset = the shard's token count
+//! ```
+//!
+//! Both files are memory-mapped. A document is one input text file, or one line of a `.jsonl`
+//! file (its `"text"` field). Documents go to train or validation whole: with fraction f, the
+//! i-th document (in input order, folders walked in natural-sorted order) is held out when
+//! floor((i + 1) f) > floor(i f), i.e. evenly spaced, exactly round-down(n f) of them.
+//!
+//! Training windows (SPEC §3): the split's documents, in a seeded order that changes each epoch,
+//! form one stream `doc EOS doc EOS ...`; window k is BOS followed by the stream's tokens
+//! [kT, kT + T): the model reads its first T tokens and predicts its last T. Documents longer
+//! than a window span several windows; shorter ones are packed with EOS between them. The window
+//! order within an epoch is a seeded permutation too, so a batch mixes distant parts of the
+//! corpus. The position ([`LoaderState`]) is saved in checkpoints.
+
+use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
+use anyhow::{anyhow, bail, Context, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const FORMAT_NAME: &str = "foxlm-token-shards";
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    Train,
+    Val,
+}
+
+impl Split {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Val => "val",
+        }
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How tokens are stored in a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenDtype {
+    U16,
+    U32,
+}
+
+impl TokenDtype {
+    pub fn for_vocab(vocab: usize) -> Self {
+        if vocab <= 1 << 16 {
+            TokenDtype::U16
+        } else {
+            TokenDtype::U32
+        }
+    }
+    pub fn bytes(self) -> usize {
+        match self {
+            TokenDtype::U16 => 2,
+            TokenDtype::U32 => 4,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// File of the tokens, relative to the dataset folder.
+    pub tokens_file: String,
+    /// File of the document offsets (u64, documents + 1 of them).
+    pub index_file: String,
+    pub documents: usize,
+    pub tokens: usize,
+    pub tokens_sha256: String,
+    pub index_sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SplitInfo {
+    pub documents: usize,
+    pub tokens: usize,
+    pub shards: Vec<ShardInfo>,
+}
+
+/// The contents of `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// Always "gpt2" (tiktoken's r50k_base) for now.
+    pub tokenizer: String,
+    pub text_format: TextFormat,
+    pub vocab_size: usize,
+    pub dtype: TokenDtype,
+    pub val_fraction: f64,
+    /// The inputs given to `data prepare`, as given.
+    pub sources: Vec<String>,
+    /// Documents that produced no tokens and were skipped.
+    #[serde(default)]
+    pub skipped_empty: usize,
+    pub train: SplitInfo,
+    pub val: SplitInfo,
+}
+
+impl Manifest {
+    pub fn split(&self, s: Split) -> &SplitInfo {
+        match s {
+            Split::Train => &self.train,
+            Split::Val => &self.val,
+        }
+    }
+}
+
+struct Shard {
+    tokens: memmap2::Mmap,
+    /// Document start offsets, documents + 1 of them.
+    offsets: Vec<u64>,
+}
+
+/// A prepared dataset, memory-mapped.
+pub struct Dataset {
+    dir: PathBuf,
+    manifest: Manifest,
+    /// Per split: shards and the cumulative document count before each.
+    splits: [(Vec<Shard>, Vec<usize>); 2],
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open shard {}", path.display()))?;
+    let len = f.metadata().with_context(|| format!("cannot stat {}", path.display()))?.len();
+    if len == 0 {
+        // Mapping an empty file fails on some systems; an empty map of an anonymous region works.
+        return memmap2::MmapOptions::new()
+            .len(0)
+            .map_anon()
+            .map(|m| m.make_read_only().expect("read-only"))
+            .with_context(|| format!("cannot map {}", path.display()));
+    }
+    // SAFETY: read-only map; the files are written once by `data prepare` and never modified.
+    unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("cannot map {}", path.display()))
+}
+
+impl Dataset {
+    /// Opens a prepared dataset, checking the manifest, every shard's size and SHA-256.
+    pub fn open(dir: &Path) -> Result<Dataset> {
+        Self::open_inner(dir, true)
+    }
+
+    /// As [`open`](Self::open) but without hashing the shards (sizes and offsets are still checked).
+    pub fn open_unverified(dir: &Path) -> Result<Dataset> {
+        Self::open_inner(dir, false)
+    }
+
+    fn open_inner(dir: &Path, verify: bool) -> Result<Dataset> {
+        let mpath = dir.join(MANIFEST_FILE);
+        if !dir.is_dir() {
+            bail!("{}: no such dataset folder (make one with `foxlm data prepare`)", dir.display());
+        }
+        let text = std::fs::read_to_string(&mpath)
+            .with_context(|| format!("cannot read {} (is this a folder made by `foxlm data prepare`?)", mpath.display()))?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).with_context(|| format!("{}: corrupt or not a foxlm manifest", mpath.display()))?;
+        if manifest.format != FORMAT_NAME || manifest.version != FORMAT_VERSION {
+            bail!(
+                "{}: format {:?} version {}, expected {FORMAT_NAME:?} version {FORMAT_VERSION}",
+                mpath.display(),
+                manifest.format,
+                manifest.version
+            );
+        }
+        if manifest.tokenizer != "gpt2" {
+            bail!("{}: tokenizer {:?} is not supported (only \"gpt2\")", mpath.display(), manifest.tokenizer);
+        }
+        if manifest.dtype != TokenDtype::for_vocab(manifest.vocab_size) && manifest.dtype == TokenDtype::U16 {
+            bail!("{}: vocabulary {} does not fit dtype u16", mpath.display(), manifest.vocab_size);
+        }
+        let mut splits: [(Vec<Shard>, Vec<usize>); 2] = Default::default();
+        for (si, split) in [Split::Train, Split::Val].into_iter().enumerate() {
+            let info = manifest.split(split);
+            let (mut shards, mut cum) = (Vec::new(), vec![0usize]);
+            let (mut docs, mut toks) = (0usize, 0usize);
+            for sh in &info.shards {
+                let tpath = dir.join(&sh.tokens_file);
+                let ipath = dir.join(&sh.index_file);
+                let tokens = map_file(&tpath)?;
+                let index = std::fs::read(&ipath).with_context(|| format!("cannot read shard index {}", ipath.display()))?;
+                let want = sh.tokens * manifest.dtype.bytes();
+                if tokens.len() != want {
+                    bail!(
+                        "{}: {} bytes, the manifest says {} tokens ({want} bytes): truncated or corrupt",
+                        tpath.display(),
+                        tokens.len(),
+                        sh.tokens
+                    );
+                }
+                if index.len() != (sh.documents + 1) * 8 {
+                    bail!(
+                        "{}: {} bytes, the manifest says {} documents ({} bytes): truncated or corrupt",
+                        ipath.display(),
+                        index.len(),
+                        sh.documents,
+                        (sh.documents + 1) * 8
+                    );
+                }
+                if verify {
+                    let got = sha256_hex(&tokens);
+                    if got != sh.tokens_sha256 {
+                        bail!("{}: checksum mismatch (sha256 {got}, manifest {}): corrupt shard", tpath.display(), sh.tokens_sha256);
+                    }
+                    let got = sha256_hex(&index);
+                    if got != sh.index_sha256 {
+                        bail!("{}: checksum mismatch (sha256 {got}, manifest {}): corrupt index", ipath.display(), sh.index_sha256);
+                    }
+                }
+                let offsets: Vec<u64> = index.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+                if offsets[0] != 0
+                    || *offsets.last().unwrap() as usize != sh.tokens
+                    || offsets.windows(2).any(|w| w[0] > w[1])
+                {
+                    bail!("{}: document offsets are not increasing from 0 to {}: corrupt index", ipath.display(), sh.tokens);
+                }
+                docs += sh.documents;
+                toks += sh.tokens;
+                cum.push(docs);
+                shards.push(Shard { tokens, offsets });
+            }
+            if docs != info.documents || toks != info.tokens {
+                bail!(
+                    "{}: {split} split lists {} documents / {} tokens but its shards hold {docs} / {toks}",
+                    mpath.display(),
+                    info.documents,
+                    info.tokens
+                );
+            }
+            splits[si] = (shards, cum);
+        }
+        Ok(Dataset { dir: dir.to_path_buf(), manifest, splits })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn num_documents(&self, split: Split) -> usize {
+        self.manifest.split(split).documents
+    }
+
+    pub fn num_tokens(&self, split: Split) -> usize {
+        self.manifest.split(split).tokens
+    }
+
+    fn split_data(&self, split: Split) -> &(Vec<Shard>, Vec<usize>) {
+        &self.splits[split as usize]
+    }
+
+    /// Length in tokens of document `i` (without BOS/EOS).
+    pub fn document_len(&self, split: Split, i: usize) -> usize {
+        let (sh, off) = self.locate(split, i);
+        (sh.offsets[off + 1] - sh.offsets[off]) as usize
+    }
+
+    fn locate(&self, split: Split, i: usize) -> (&Shard, usize) {
+        let n = self.num_documents(split);
+        assert!(i < n, "document {i} of the {split} split, which has {n}");
+        let (shards, cum) = self.split_data(split);
+        // The last shard whose first document is <= i.
+        let s = cum.partition_point(|&c| c <= i) - 1;
+        (&shards[s], i - cum[s])
+    }
+
+    /// Appends tokens [from, to) of document `i` to `out`.
+    pub fn document_range_into(&self, split: Split, i: usize, from: usize, to: usize, out: &mut Vec<u32>) {
+        let (sh, off) = self.locate(split, i);
+        let start = sh.offsets[off] as usize;
+        let len = (sh.offsets[off + 1] as usize) - start;
+        assert!(from <= to && to <= len, "range {from}..{to} of a document of {len} tokens");
+        let (a, b) = (start + from, start + to);
+        match self.manifest.dtype {
+            TokenDtype::U16 => out.extend(sh.tokens[a * 2..b * 2].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)),
+            TokenDtype::U32 => {
+                out.extend(sh.tokens[a * 4..b * 4].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())))
+            }
+        }
+    }
+
+    /// Document `i`'s tokens, without BOS/EOS.
+    pub fn document(&self, split: Split, i: usize) -> Vec<u32> {
+        let len = self.document_len(split, i);
+        let mut v = Vec::with_capacity(len);
+        self.document_range_into(split, i, 0, len, &mut v);
+        v
+    }
+
+    /// The text of a split's documents, for `data inspect`.
+    pub fn summary(&self) -> String {
+        let m = &self.manifest;
+        let mut s = String::new();
+        s += &format!("dataset     {}\n", self.dir.display());
+        let dtype = match m.dtype {
+            TokenDtype::U16 => "u16",
+            TokenDtype::U32 => "u32",
+        };
+        s += &format!("tokenizer   {} ({}), vocabulary {}, stored as {dtype}\n", m.tokenizer, m.text_format, m.vocab_size);
+        s += &format!("sources     {}\n", m.sources.join(", "));
+        for split in [Split::Train, Split::Val] {
+            let n = self.num_documents(split);
+            let t = self.num_tokens(split);
+            let lens: Vec<usize> = (0..n).map(|i| self.document_len(split, i)).collect();
+            let (min, max) = (lens.iter().copied().min().unwrap_or(0), lens.iter().copied().max().unwrap_or(0));
+            let mut sorted = lens.clone();
+            sorted.sort_unstable();
+            let median = sorted.get(n / 2).copied().unwrap_or(0);
+            s += &format!(
+                "{:<5}       {n} documents, {t} tokens in {} shard(s); tokens per document: min {min}, median {median}, mean {:.0}, max {max}\n",
+                split.as_str(),
+                m.split(split).shards.len(),
+                if n > 0 { t as f64 / n as f64 } else { 0.0 },
+            );
+        }
+        if m.skipped_empty > 0 {
+            s += &format!("skipped     {} empty document(s)\n", m.skipped_empty);
+        }
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Preparing a dataset.
+
+/// Options of `data prepare`.
+#[derive(Clone, Debug)]
+pub struct PrepareOptions {
+    pub text_format: TextFormat,
+    pub val_fraction: f64,
+    /// Most tokens in one shard.
+    pub shard_tokens: usize,
+    /// Replace an existing dataset in the output folder.
+    pub overwrite: bool,
+    pub progress: bool,
+}
+
+impl Default for PrepareOptions {
+    fn default() -> Self {
+        Self { text_format: TextFormat::JsonEscaped, val_fraction: 0.05, shard_tokens: 1 << 28, overwrite: false, progress: false }
+    }
+}
+
+/// Orders names so that "chapter_2" comes before "chapter_10".
+fn natural_key(s: &str) -> Vec<(u8, u64, String)> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_ascii_digit() {
+            let mut n = String::new();
+            while let Some(&d) = chars.peek() {
+                if d.is_ascii_digit() {
+                    n.push(d);
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            out.push((0, n.parse::<u64>().unwrap_or(u64::MAX), n));
+        } else {
+            let mut t = String::new();
+            while let Some(&d) = chars.peek() {
+                if !d.is_ascii_digit() {
+                    t.push(d);
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            out.push((1, 0, t));
+        }
+    }
+    out
+}
+
+/// The input files: files as given, folders walked recursively (hidden entries skipped), each
+/// folder's entries in natural order.
+pub fn list_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read folder {}", dir.display()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()
+            .with_context(|| format!("cannot read folder {}", dir.display()))?;
+        entries.retain(|p| !p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')));
+        entries.sort_by_cached_key(|p| natural_key(&p.file_name().unwrap_or_default().to_string_lossy()));
+        for p in entries {
+            if p.is_dir() {
+                walk(&p, out)?;
+            } else if p.is_file() {
+                out.push(p);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            walk(p, &mut out)?;
+        } else if p.is_file() {
+            out.push(p.clone());
+        } else {
+            bail!("{}: no such file or folder", p.display());
+        }
+    }
+    Ok(out)
+}
+
+/// Whether document number `i` (0-based, in input order) is held out for validation.
+pub fn is_val_document(i: usize, val_fraction: f64) -> bool {
+    ((i + 1) as f64 * val_fraction).floor() > (i as f64 * val_fraction).floor()
+}
+
+struct ShardWriter {
+    dir: PathBuf,
+    split: Split,
+    dtype: TokenDtype,
+    max_tokens: usize,
+    shards: Vec<ShardInfo>,
+    cur_tokens: Vec<u8>,
+    cur_offsets: Vec<u64>,
+    cur_count: usize,
+    documents: usize,
+    tokens: usize,
+}
+
+impl ShardWriter {
+    fn new(dir: &Path, split: Split, dtype: TokenDtype, max_tokens: usize) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            split,
+            dtype,
+            max_tokens: max_tokens.max(1),
+            shards: Vec::new(),
+            cur_tokens: Vec::new(),
+            cur_offsets: vec![0],
+            cur_count: 0,
+            documents: 0,
+            tokens: 0,
+        }
+    }
+
+    fn push(&mut self, doc: &[u32]) -> Result<()> {
+        if self.cur_count > 0 && self.cur_count + doc.len() > self.max_tokens {
+            self.flush()?;
+        }
+        match self.dtype {
+            TokenDtype::U16 => doc.iter().for_each(|&t| self.cur_tokens.extend_from_slice(&(t as u16).to_le_bytes())),
+            TokenDtype::U32 => doc.iter().for_each(|&t| self.cur_tokens.extend_from_slice(&t.to_le_bytes())),
+        }
+        self.cur_count += doc.len();
+        self.cur_offsets.push(self.cur_count as u64);
+        self.documents += 1;
+        self.tokens += doc.len();
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let docs = self.cur_offsets.len() - 1;
+        if docs == 0 {
+            return Ok(());
+        }
+        let n = self.shards.len();
+        let tokens_file = format!("{}-{n:05}.tokens", self.split.as_str());
+        let index_file = format!("{}-{n:05}.index", self.split.as_str());
+        let index: Vec<u8> = self.cur_offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+        write_file(&self.dir.join(&tokens_file), &self.cur_tokens)?;
+        write_file(&self.dir.join(&index_file), &index)?;
+        self.shards.push(ShardInfo {
+            tokens_file,
+            index_file,
+            documents: docs,
+            tokens: self.cur_count,
+            tokens_sha256: sha256_hex(&self.cur_tokens),
+            index_sha256: sha256_hex(&index),
+        });
+        self.cur_tokens.clear();
+        self.cur_offsets = vec![0];
+        self.cur_count = 0;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<SplitInfo> {
+        self.flush()?;
+        Ok(SplitInfo { documents: self.documents, tokens: self.tokens, shards: self.shards })
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes).with_context(|| format!("cannot write {} (disk full?)", path.display()))?;
+    f.sync_all().with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// One unit of input read from disk: a whole file, or one `.jsonl` line.
+enum RawDoc {
+    Text(String),
+    Skip,
+}
+
+/// Reads inputs in order and yields batches of documents of about `batch_bytes` bytes.
+struct DocReader {
+    files: std::vec::IntoIter<PathBuf>,
+    jsonl: Option<(PathBuf, std::io::BufReader<std::fs::File>, usize)>,
+}
+
+impl DocReader {
+    /// The next document, with the number of input bytes it consumed; None at the end.
+    fn next(&mut self) -> Result<Option<(RawDoc, u64)>> {
+        loop {
+            if let Some((path, reader, line_no)) = &mut self.jsonl {
+                let mut line = String::new();
+                let n = reader.read_line(&mut line).with_context(|| format!("cannot read {}", path.display()))?;
+                if n == 0 {
+                    self.jsonl = None;
+                    continue;
+                }
+                *line_no += 1;
+                let trimmed = line.trim();
+                if trimmed.is_empty() {
+                    return Ok(Some((RawDoc::Skip, n as u64)));
+                }
+                let v: serde_json::Value = serde_json::from_str(trimmed)
+                    .with_context(|| format!("{}:{}: not a JSON object", path.display(), line_no))?;
+                let text = v
+                    .get("text")
+                    .and_then(|t| t.as_str())
+                    .ok_or_else(|| anyhow!("{}:{}: no string field \"text\"", path.display(), line_no))?;
+                return Ok(Some((RawDoc::Text(text.to_string()), n as u64)));
+            }
+            let Some(path) = self.files.next() else { return Ok(None) };
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                let f = std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+                self.jsonl = Some((path, std::io::BufReader::new(f), 0));
+                continue;
+            }
+            let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let n = bytes.len() as u64;
+            let text = match String::from_utf8(bytes) {
+                Ok(s) => s,
+                Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            };
+            return Ok(Some((RawDoc::Text(text), n)));
+        }
+    }
+}
+
+/// Tokenizes `inputs` into a dataset in `out` (see the module docs); returns its manifest.
+pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<Manifest> {
+    if inputs.is_empty() {
+        bail!("no input given: name text files, .jsonl files or folders with --input");
+    }
+    if !(0.0..1.0).contains(&opts.val_fraction) {
+        bail!("--val-fraction must be in [0, 1), got {}", opts.val_fraction);
+    }
+    let files = list_inputs(inputs)?;
+    if files.is_empty() {
+        bail!("no files found in {}", inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    if out.join(MANIFEST_FILE).exists() && !opts.overwrite {
+        bail!("{} already holds a dataset (pass --overwrite to replace it)", out.display());
+    }
+    if out.exists() && !out.is_dir() {
+        bail!("{}: exists and is not a folder", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    if opts.overwrite {
+        // Remove the old manifest first so a failure below never leaves a stale one describing
+        // new shards; old shards of the same names are overwritten.
+        let _ = std::fs::remove_file(out.join(MANIFEST_FILE));
+    }
+    let total_bytes: u64 = files.iter().map(|f| f.metadata().map(|m| m.len()).unwrap_or(0)).sum();
+    let tok = Tokenizer::gpt2(opts.text_format)?;
+    let vocab = GPT2_VOCAB;
+    let dtype = TokenDtype::for_vocab(vocab);
+    let mut train = ShardWriter::new(out, Split::Train, dtype, opts.shard_tokens);
+    let mut val = ShardWriter::new(out, Split::Val, dtype, opts.shard_tokens);
+    let pb = if opts.progress {
+        let pb = indicatif::ProgressBar::new(total_bytes);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "tokenizing {bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+            )
+            .expect("template"),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut reader = DocReader { files: files.into_iter(), jsonl: None };
+    let mut doc_index = 0usize;
+    let mut skipped = 0usize;
+    // Read a batch of documents (~16 MiB of text), tokenize them on all cores, write them in order.
+    const BATCH_BYTES: u64 = 16 << 20;
+    loop {
+        let mut batch: Vec<(RawDoc, u64)> = Vec::new();
+        let mut bytes = 0;
+        while bytes < BATCH_BYTES {
+            match reader.next()? {
+                Some((d, n)) => {
+                    bytes += n;
+                    batch.push((d, n));
+                }
+                None => break,
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let encoded: Vec<(Option<Vec<u32>>, u64)> = batch
+            .into_par_iter()
+            .map(|(d, n)| match d {
+                RawDoc::Text(t) => (Some(tok.encode(&t, false)), n),
+                RawDoc::Skip => (None, n),
+            })
+            .collect();
+        for (ids, n) in encoded {
+            pb.inc(n);
+            let Some(ids) = ids else { continue };
+            if ids.is_empty() {
+                skipped += 1;
+                continue;
+            }
+            if is_val_document(doc_index, opts.val_fraction) {
+                val.push(&ids)?;
+            } else {
+                train.push(&ids)?;
+            }
+            doc_index += 1;
+        }
+        pb.set_message(format!("{} documents", doc_index));
+    }
+    pb.finish_and_clear();
+    let train = train.finish()?;
+    let val = val.finish()?;
+    if train.tokens == 0 {
+        bail!(
+            "the inputs hold no text ({} non-empty documents; {skipped} empty): nothing to train on",
+            train.documents + val.documents
+        );
+    }
+    let manifest = Manifest {
+        format: FORMAT_NAME.into(),
+        version: FORMAT_VERSION,
+        tokenizer: "gpt2".into(),
+        text_format: opts.text_format,
+        vocab_size: vocab,
+        dtype,
+        val_fraction: opts.val_fraction,
+        sources: inputs.iter().map(|p| p.display().to_string()).collect(),
+        skipped_empty: skipped,
+        train,
+        val,
+    };
+    let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
+    Ok(manifest)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training windows.
+
+/// Where the loader stands; saved in checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub seed: u64,
+    pub epoch: u64,
+    /// Windows of this epoch already handed out.
+    pub index: u64,
+}
+
+/// A batch of windows: ids and targets [batch, seq] row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub batch: usize,
+    pub seq: usize,
+    pub ids: Vec<u32>,
+    pub targets: Vec<Option<u32>>,
+}
+
+/// The epoch's plan: document order, where each starts in the stream, and window order.
+struct Epoch {
+    epoch: u64,
+    docs: Vec<u32>,
+    /// Stream start of docs[k] (each document is followed by one EOS).
+    starts: Vec<u64>,
+    windows: Vec<u32>,
+}
+
+/// Cuts a split into windows of `seq` tokens (see the module docs).
+pub struct Loader<'a> {
+    data: &'a Dataset,
+    split: Split,
+    seq: usize,
+    shuffle: bool,
+    state: LoaderState,
+    plan: Option<Epoch>,
+    stream_len: u64,
+}
+
+/// How many windows of `seq` tokens a split yields per epoch.
+pub fn windows_per_epoch(data: &Dataset, split: Split, seq: usize) -> u64 {
+    let stream = (data.num_tokens(split) + data.num_documents(split)) as u64;
+    stream / seq as u64
+}
+
+impl<'a> Loader<'a> {
+    /// A loader of training windows, shuffled with `seed`. Fails when the split is shorter than
+    /// one window.
+    pub fn new(data: &'a Dataset, split: Split, seq: usize, seed: u64, shuffle: bool) -> Result<Self> {
+        if seq < 2 {
+            bail!("window length {seq} is too short (at least 2 tokens)");
+        }
+        let stream_len = (data.num_tokens(split) + data.num_documents(split)) as u64;
+        if stream_len < seq as u64 {
+            bail!(
+                "{}: the {split} split has {} tokens in {} documents, fewer than one window of {seq} tokens \
+                 (use a shorter --context or more text)",
+                data.dir().display(),
+                data.num_tokens(split),
+                data.num_documents(split)
+            );
+        }
+        Ok(Self { data, split, seq, shuffle, state: LoaderState { seed, epoch: 0, index: 0 }, plan: None, stream_len })
+    }
+
+    pub fn state(&self) -> LoaderState {
+        self.state
+    }
+
+    /// Continues from a saved position.
+    pub fn set_state(&mut self, s: LoaderState) {
+        self.state = s;
+    }
+
+    pub fn windows_per_epoch(&self) -> u64 {
+        self.stream_len / self.seq as u64
+    }
+
+    fn plan(&mut self) -> &Epoch {
+        let epoch = self.state.epoch;
+        if self.plan.as_ref().is_none_or(|p| p.epoch != epoch) {
+            let n = self.data.num_documents(self.split);
+            let mut docs: Vec<u32> = (0..n as u32).collect();
+            let mut windows: Vec<u32> = (0..self.windows_per_epoch() as u32).collect();
+            if self.shuffle {
+                let mut rng = ChaCha8Rng::seed_from_u64(self.state.seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                docs.shuffle(&mut rng);
+                windows.shuffle(&mut rng);
+            }
+            let mut starts = Vec::with_capacity(n);
+            let mut pos = 0u64;
+            for &d in &docs {
+                starts.push(pos);
+                pos += self.data.document_len(self.split, d as usize) as u64 + 1;
+            }
+            self.plan = Some(Epoch { epoch, docs, starts, windows });
+        }
+        self.plan.as_ref().unwrap()
+    }
+
+    /// The tokens of stream range [from, from + len) of the current epoch.
+    fn stream(&mut self, from: u64, len: usize, out: &mut Vec<u32>) {
+        let data = self.data;
+        let split = self.split;
+        let plan = self.plan();
+        // The document containing `from`.
+        let mut k = plan.starts.partition_point(|&s| s <= from) - 1;
+        let mut pos = from;
+        let end = from + len as u64;
+        while pos < end {
+            let d = plan.docs[k] as usize;
+            let dlen = data.document_len(split, d) as u64;
+            let off = pos - plan.starts[k];
+            if off < dlen {
+                let to = dlen.min(off + (end - pos));
+                data.document_range_into(split, d, off as usize, to as usize, out);
+                pos += to - off;
+            } else {
+                out.push(EOS_ID);
+                pos += 1;
+                k += 1;
+            }
+        }
+    }
+
+    /// The next window: BOS + `seq` stream tokens, `seq + 1` in all.
+    pub fn next_window(&mut self) -> Vec<u32> {
+        if self.state.index >= self.windows_per_epoch() {
+            self.state.epoch += 1;
+            self.state.index = 0;
+        }
+        let idx = self.state.index as usize;
+        let w = self.plan().windows[idx] as u64;
+        self.state.index += 1;
+        let mut out = Vec::with_capacity(self.seq + 1);
+        out.push(BOS_ID);
+        self.stream(w * self.seq as u64, self.seq, &mut out);
+        out
+    }
+
+    /// The next `batch` windows as ids (first `seq` tokens) and targets (last `seq`).
+    pub fn next_batch(&mut self, batch: usize) -> Batch {
+        let seq = self.seq;
+        let mut ids = Vec::with_capacity(batch * seq);
+        let mut targets = Vec::with_capacity(batch * seq);
+        for _ in 0..batch {
+            let w = self.next_window();
+            ids.extend_from_slice(&w[..seq]);
+            targets.extend(w[1..].iter().map(|&t| Some(t)));
+        }
+        Batch { batch, seq, ids, targets }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn val_selection_is_evenly_spaced_and_exact() {
+        let picked: Vec<usize> = (0..100).filter(|&i| is_val_document(i, 0.1)).collect();
+        assert_eq!(picked, vec![9, 19, 29, 39, 49, 59, 69, 79, 89, 99]);
+        assert!(!(0..1000).any(|i| is_val_document(i, 0.0)));
+        assert_eq!((0..138).filter(|&i| is_val_document(i, 0.05)).count(), 6);
+    }
+
+    #[test]
+    fn natural_order() {
+        let mut v = vec!["chapter_10.txt", "chapter_2.txt", "chapter_1.txt", "a.txt"];
+        v.sort_by_cached_key(|s| natural_key(s));
+        assert_eq!(v, vec!["a.txt", "chapter_1.txt", "chapter_2.txt", "chapter_10.txt"]);
+    }
+}

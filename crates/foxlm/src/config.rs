@@ -108,8 +108,16 @@ pub const QK_NORM_EPS: f32 = 1e-5;
 impl Config {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let cfg: Config =
-            serde_json::from_str(&text).with_context(|| format!("{}: not a valid FoX config.json", path.display()))?;
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            if field == "." || field.is_empty() {
+                anyhow::anyhow!("{}: not a valid FoX config.json: {inner}", path.display())
+            } else {
+                anyhow::anyhow!("{}: field {field}: {inner}", path.display())
+            }
+        })?;
         cfg.validate().with_context(|| format!("{}: invalid configuration", path.display()))?;
         Ok(cfg)
     }

@@ -2,8 +2,8 @@
 //! layout, the model with its KV-cache decoding, the GPT-2 tokenizer, and sampling.
 
 pub mod checkpoint;
+pub mod cli;
 pub mod config;
-pub mod data;
 pub mod generate;
 pub mod model;
 pub mod sampling;

@@ -1,1 +1,36 @@
-fn main() {}
+//! The `foxlm` command: train, evaluate and run Forgetting Transformer models.
+//!
+//! Exit codes: 0 success, 1 runtime error, 2 usage error (clap's own). Messages go to stderr.
+
+use clap::{Parser, Subcommand};
+use foxlm::cli;
+
+#[derive(Parser)]
+#[command(name = "foxlm", version, about = "The Forgetting Transformer (FoX): train, evaluate and run FoX language models", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text (or token ids) from a model, streaming to stdout.
+    Generate(cli::generate::Args),
+    /// Run a forward pass on ids from a safetensors file and write the logits (to compare implementations).
+    Forward(cli::forward::Args),
+    /// Show a model's configuration, parameter counts per component and memory needs.
+    Inspect(cli::inspect::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Command::Generate(a) => cli::generate::run(a),
+        Command::Forward(a) => cli::forward::run(a),
+        Command::Inspect(a) => cli::inspect::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,118 @@
+//! `foxlm forward`: logits for token ids read from a safetensors file.
+//!
+//! Contract (kept stable, so users can compare foxlm with other implementations): the input file
+//! holds `input_ids` [B, T] (int64; int32 also accepted) and optionally `attention_mask` [B, T]
+//! (1 = token, 0 = left padding); the output file holds `logits` [B, T, V] float32.
+
+use crate::checkpoint::{load_model, write_atomic};
+use crate::model::{Ctx, Model};
+use anyhow::{anyhow, bail, Context, Result};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Safetensors file with `input_ids` [B, T] and optional `attention_mask` [B, T].
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where to write `logits` [B, T, V] (float32).
+    #[arg(long)]
+    pub output: PathBuf,
+}
+
+/// A [B, T] integer tensor of an input file.
+fn int_tensor(st: &SafeTensors, file: &Path, name: &str) -> Result<Option<(usize, usize, Vec<i64>)>> {
+    let t = match st.tensor(name) {
+        Ok(t) => t,
+        Err(_) => return Ok(None),
+    };
+    let shape = t.shape();
+    if shape.len() != 2 {
+        bail!("{}: {name} has shape {shape:?}, expected [batch, seq]", file.display());
+    }
+    let v: Vec<i64> = match t.dtype() {
+        Dtype::I64 => t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
+        Dtype::I32 => t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+        Dtype::U32 => t.data().chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+        Dtype::BOOL | Dtype::U8 => t.data().iter().map(|&b| b as i64).collect(),
+        d => bail!("{}: {name} has dtype {d:?}, expected an integer type (I64)", file.display()),
+    };
+    Ok(Some((shape[0], shape[1], v)))
+}
+
+/// Reads and validates the input file: ids [B·T] and the left padding per row, if any.
+pub fn read_input(path: &Path, vocab: usize) -> Result<(usize, usize, Vec<u32>, Option<Vec<usize>>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+    let (b, t, ids) = int_tensor(&st, path, "input_ids")?
+        .ok_or_else(|| anyhow!("{}: no tensor named input_ids", path.display()))?;
+    if b == 0 || t == 0 {
+        bail!("{}: input_ids is empty ([{b}, {t}])", path.display());
+    }
+    let ids: Vec<u32> = ids
+        .iter()
+        .map(|&i| {
+            if i < 0 || i as usize >= vocab {
+                Err(anyhow!("{}: input_ids holds {i}, outside the model's vocabulary of {vocab}", path.display()))
+            } else {
+                Ok(i as u32)
+            }
+        })
+        .collect::<Result<_>>()?;
+    let start = match int_tensor(&st, path, "attention_mask")? {
+        None => None,
+        Some((mb, mt, m)) => {
+            if (mb, mt) != (b, t) {
+                bail!("{}: attention_mask is [{mb}, {mt}] but input_ids is [{b}, {t}]", path.display());
+            }
+            let mut start = Vec::with_capacity(b);
+            for r in 0..b {
+                let row = &m[r * t..(r + 1) * t];
+                let s = row.iter().take_while(|&&x| x == 0).count();
+                if row[s..].iter().any(|&x| x != 1) {
+                    bail!(
+                        "{}: attention_mask row {r} is not left padding (zeros, then ones); only left padding is supported",
+                        path.display()
+                    );
+                }
+                if s == t {
+                    bail!("{}: attention_mask row {r} masks every position", path.display());
+                }
+                start.push(s);
+            }
+            start.iter().any(|&s| s > 0).then_some(start)
+        }
+    };
+    Ok((b, t, ids, start))
+}
+
+/// Writes named f32 tensors to a safetensors file (atomically).
+pub fn write_f32_tensors(path: &Path, tensors: &[(String, Vec<usize>, &[f32])]) -> Result<()> {
+    let bufs: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d)| d.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .zip(&bufs)
+        .map(|((n, s, _), b)| Ok((n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)?)))
+        .collect::<Result<_, safetensors::SafeTensorError>>()
+        .map_err(|e| anyhow!("{e}"))?;
+    let bytes = safetensors::serialize(views, None::<HashMap<String, String>>).map_err(|e| anyhow!("{e}"))?;
+    write_atomic(path, &bytes)
+}
+
+pub fn logits_for(model: &Model, b: usize, t: usize, ids: &[u32], start: Option<Vec<usize>>) -> Vec<f32> {
+    model.forward(ids, &Ctx { batch: b, seq: t, start })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let v = model.config.vocab_size;
+    let (b, t, ids, start) = read_input(&a.input, v)?;
+    let logits = logits_for(&model, b, t, &ids, start);
+    write_f32_tensors(&a.output, &[("logits".to_string(), vec![b, t, v], &logits)])?;
+    eprintln!("wrote logits [{b}, {t}, {v}] to {}", a.output.display());
+    Ok(())
+}

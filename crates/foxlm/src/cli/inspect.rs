@@ -1,0 +1,139 @@
+//! `foxlm inspect`: a model's configuration, parameter counts per component, and memory needs.
+
+use crate::checkpoint::load_model;
+use crate::config::{Config, FgateType};
+use crate::model::cache::LayerCache;
+use crate::model::Model;
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Report the memory to decode this many tokens (prompt + generated) per sequence.
+    #[arg(long, default_value_t = 16384)]
+    pub decode_tokens: usize,
+    /// Batch size for the decoding memory estimate.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+}
+
+/// The variant's name in the paper's terms.
+pub fn variant_name(c: &Config) -> &'static str {
+    let pro = c.qk_norm || c.use_output_gate || c.use_output_norm || c.use_k_shift || c.use_v_shift;
+    match (c.fgate_type, pro) {
+        (FgateType::None, false) => "Transformer (LLaMA)",
+        (FgateType::None, true) => "Transformer (Pro)",
+        (FgateType::Full, false) => "FoX (LLaMA)",
+        (FgateType::Full, true) => "FoX (Pro)",
+        (FgateType::BiasOnly, _) => "FoX, data-independent (bias-only) gate",
+        (FgateType::Fixed, _) => "FoX, fixed gate (ALiBi-like)",
+    }
+}
+
+/// Which component a parameter belongs to, for the counts table.
+fn component(name: &str) -> &'static str {
+    if name.contains("embeddings") {
+        "embeddings"
+    } else if name.starts_with("lm_head") {
+        "lm_head"
+    } else if name.contains("shift_proj") {
+        "attention: kv_shift"
+    } else if name.contains("fgate") {
+        "attention: fgate"
+    } else if name.contains("ogate") {
+        "attention: output_gate"
+    } else if name.contains("q_norm") || name.contains("k_norm") {
+        "attention: qk_norm"
+    } else if name.contains("output_norm") {
+        "attention: output_norm"
+    } else if name.contains(".attn.") {
+        "attention: q/k/v/o"
+    } else if name.contains(".mlp.") {
+        "mlp"
+    } else {
+        "norms (block + final)"
+    }
+}
+
+fn human(bytes: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", units[i])
+}
+
+fn count(n: usize) -> String {
+    if n >= 1_000_000 {
+        format!("{:.2}M", n as f64 / 1e6)
+    } else if n >= 1000 {
+        format!("{:.1}K", n as f64 / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
+pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
+    let c = &model.config;
+    let mut s = String::new();
+    let on = |b: bool| if b { "on" } else { "off" };
+    s += &format!("variant            {}\n", variant_name(c));
+    s += &format!("vocab / d_model    {} / {}\n", c.vocab_size, c.hidden_size);
+    s += &format!("layers / heads     {} / {} (head_dim {})\n", c.num_hidden_layers, c.num_heads, c.head_dim());
+    s += &format!("mlp intermediate   {}\n", c.intermediate());
+    s += &format!("forget gate        {:?}\n", c.fgate_type);
+    s += &format!(
+        "rope               {}{}\n",
+        on(c.use_rope),
+        if c.use_rope { format!(" (theta {})", c.rope_base) } else { String::new() }
+    );
+    s += &format!(
+        "qk_norm            {}{}\n",
+        on(c.qk_norm),
+        if c.qk_norm && c.qk_norm_share_param_across_head { " (shared across heads)" } else { "" }
+    );
+    s += &format!("output gate / norm {} / {}\n", on(c.use_output_gate), on(c.use_output_norm));
+    s += &format!("kv_shift (k / v)   {} / {}\n", on(c.use_k_shift), on(c.use_v_shift));
+    s += &format!(
+        "ACP                {}\n",
+        c.log_pruning_tolerance.map_or("off".to_string(), |t| format!("on (ln eps = {t})"))
+    );
+    if let Some(t) = c.train_context() {
+        s += &format!("training context   {t}\n");
+    }
+    let mut comps: BTreeMap<&str, usize> = BTreeMap::new();
+    for (n, t) in model.params.names.iter().zip(&model.params.tensors) {
+        *comps.entry(component(n)).or_default() += t.numel();
+    }
+    let total = model.params.numel();
+    s += "\nparameters\n";
+    for (k, v) in &comps {
+        s += &format!("  {k:<24} {:>10}  {:5.1}%\n", count(*v), 100.0 * *v as f64 / total as f64);
+    }
+    s += &format!("  {:<24} {:>10}\n", "total", count(total));
+    let emb = comps.get("embeddings").copied().unwrap_or(0) + comps.get("lm_head").copied().unwrap_or(0);
+    s += &format!("  {:<24} {:>10}\n", "non-embedding", count(total - emb));
+    let cache = c.num_hidden_layers * LayerCache::bytes_for(batch, c.num_heads, c.head_dim(), decode_tokens);
+    s += "\nmemory (f32)\n";
+    s += &format!("  to load                  {}\n", human(total as f64 * 4.0));
+    s += &format!(
+        "  KV cache, {decode_tokens} tokens × {batch}  {}  (k, v, gate prefix sum per layer and head)\n",
+        human(cache as f64)
+    );
+    s += &format!("  to decode, total         {}\n", human(total as f64 * 4.0 + cache as f64));
+    s
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = load_model(&a.model)?;
+    println!("{}", a.model.display());
+    print!("{}", report(&model, a.decode_tokens, a.batch));
+    Ok(())
+}

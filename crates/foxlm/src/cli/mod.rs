@@ -1,0 +1,5 @@
+//! One module per `foxlm` subcommand: its clap arguments and its `run`.
+
+pub mod forward;
+pub mod generate;
+pub mod inspect;

@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod data;
 pub mod generate;
 pub mod model;
 pub mod sampling;

@@ -1,7 +1,7 @@
 //! The Forgetting Attention layer (SPEC §2, "Attention layer, in order").
 
 use super::cache::LayerCache;
-use super::{Ctx, Linear};
+use super::{grad_of, Ctx, Linear};
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
 use fox_kernels::attention::{self as fa, Visibility, View};
@@ -77,6 +77,9 @@ pub struct AttnActs {
     pub z: Vec<f32>,
     /// ACP thresholds per (b, h), when pruning is on.
     pub prune: Option<Vec<f32>>,
+    /// Key tiles the attention visited and the ones ACP skipped (for reporting the pruned fraction).
+    pub tiles_visited: usize,
+    pub tiles_pruned: usize,
 }
 
 impl ForgettingAttention {
@@ -282,7 +285,8 @@ impl ForgettingAttention {
                     scale,
                     prune: prune.as_deref(),
                 };
-                a.lse = fa::forward(&pr, &mut o).lse;
+                let st = fa::forward(&pr, &mut o);
+                (a.lse, a.tiles_visited, a.tiles_pruned) = (st.lse, st.tiles_visited, st.tiles_pruned);
             }
             Some(cache) => {
                 cache.append(&k, &a.v, &c, t);
@@ -308,7 +312,8 @@ impl ForgettingAttention {
                     scale,
                     prune: prune.as_deref(),
                 };
-                a.lse = fa::forward(&pr, &mut o).lse;
+                let st = fa::forward(&pr, &mut o);
+                (a.lse, a.tiles_visited, a.tiles_pruned) = (st.lse, st.tiles_visited, st.tiles_pruned);
             }
         }
         a.q = q;
@@ -334,5 +339,165 @@ impl ForgettingAttention {
         let y = self.o_proj.forward(p, &z, n);
         a.z = z;
         (y, a)
+    }
+
+    /// Backward of a full-sequence `forward` (no cache) over x: [B, T, d] with its saved `a`:
+    /// from dy [B, T, d] returns dx [B, T, d] and adds every parameter's gradient to `grads`.
+    /// ACP thresholds are constants of the forward: the backward skips the tiles it skipped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        p: &Params,
+        x: &[f32],
+        ctx: &Ctx,
+        a: &AttnActs,
+        dy: &[f32],
+        grads: &mut [Vec<f32>],
+    ) -> Vec<f32> {
+        let (b, t) = (ctx.batch, ctx.seq);
+        let (h, hd) = (self.heads, self.head_dim);
+        let d = h * hd;
+        let n = b * t;
+        assert_eq!(a.q.len(), n * d, "attention backward needs the activations of a full forward without cache");
+        assert_eq!(dy.len(), n * d);
+        let start = ctx.start.as_deref();
+        let mut dx = vec![0.0f32; x.len()];
+
+        // y = o_proj(z)
+        let mut dz = vec![0.0f32; n * d];
+        self.o_proj.backward(p, &a.z, dy, n, grads, Some(&mut dz), false);
+
+        // z = pre · sigmoid(g), g = ogate_proj(x): d pre = dz·σ(g), d g = dz·pre·σ(g)(1 − σ(g)).
+        if let Some(gp) = &self.ogate_proj {
+            let pre: &[f32] = if self.output_norm.is_some() { &a.o_norm } else { &a.o };
+            let mut dg = vec![0.0f32; n * d];
+            for ((dzv, dgv), (&pv, &gv)) in dz.iter_mut().zip(dg.iter_mut()).zip(pre.iter().zip(&a.ogate_logit)) {
+                let s = sigmoid(gv);
+                *dgv = *dzv * pv * s * (1.0 - s);
+                *dzv *= s;
+            }
+            gp.backward(p, x, &dg, n, grads, Some(&mut dx), true);
+        }
+
+        // pre = RMSNorm_per_head(o) · γ, or o itself.
+        let d_o = match self.output_norm {
+            Some(w) => {
+                let mut d_o = vec![0.0f32; n * d];
+                rmsnorm::rms_norm_bwd(&mut d_o, false, &mut grads[w.0], &dz, &a.o, &a.o_rstd, &p[w], hd);
+                d_o
+            }
+            None => dz,
+        };
+
+        // Forgetting Attention, on exactly the forward's problem (visibility and ACP included).
+        let pr = fa::Problem {
+            batch: b,
+            heads: h,
+            head_dim: hd,
+            tq: t,
+            tk: t,
+            q_pos0: 0,
+            q: View::bthd(&a.q, t, h, hd),
+            k: View::bthd(&a.k, t, h, hd),
+            v: View::bthd(&a.v, t, h, hd),
+            cq: &a.c,
+            ck: &a.c,
+            vis: match start {
+                Some(s) => Visibility::LeftPadded(s),
+                None => Visibility::All,
+            },
+            scale: 1.0 / (hd as f32).sqrt(),
+            prune: a.prune.as_deref(),
+        };
+        let fa::Grads { mut dq, mut dk, dv, dcq, dck } = fa::backward(&pr, &a.o, &d_o, &a.lse);
+
+        // The gate: c = prefix_sum(a), a = logsigmoid(logit); d a = reverse prefix sum of dc.
+        if !matches!(self.fgate, Fgate::None) {
+            let dc: Vec<f32> = dcq.iter().zip(&dck).map(|(x, y)| x + y).collect();
+            let mut da = vec![0.0f32; n * h];
+            fgate::prefix_sum_bwd(&mut da, &dc, start, t, h);
+            let mut dlogit = vec![0.0f32; n * h];
+            fgate::log_fgate_bwd(&mut dlogit, &da, &a.fgate_logit);
+            let bias = match &self.fgate {
+                Fgate::Full { proj, bias } => {
+                    proj.backward(p, x, &dlogit, n, grads, Some(&mut dx), true);
+                    *bias
+                }
+                Fgate::Bias(bias) => *bias,
+                Fgate::None => unreachable!(),
+            };
+            if let Some(gb) = grad_of(p, grads, bias) {
+                for row in dlogit.chunks_exact(h) {
+                    gb.iter_mut().zip(row).for_each(|(g, v)| *g += v);
+                }
+            }
+        }
+
+        // RoPE: a rotation, so its backward is the inverse rotation.
+        if let Some(base) = self.rope_base {
+            let pos: Vec<i64> = (0..n).map(|r| (r % t) as i64 - start.map_or(0, |s| s[r / t] as i64)).collect();
+            rope::rope_apply(&mut dq, &pos, h, hd, base, true);
+            rope::rope_apply(&mut dk, &pos, h, hd, base, true);
+        }
+
+        // QK-norm (per head, weights per head or shared: rms_norm_bwd sums shared ones over heads).
+        let (dq_lin, dk_mix) = match self.qk_norm {
+            Some((qn, kn)) => {
+                let mut dq_lin = vec![0.0f32; n * d];
+                let mut dk_mix = vec![0.0f32; n * d];
+                rmsnorm::rms_norm_bwd(&mut dq_lin, false, &mut grads[qn.0], &dq, &a.q_lin, &a.q_rstd, &p[qn], hd);
+                rmsnorm::rms_norm_bwd(&mut dk_mix, false, &mut grads[kn.0], &dk, &a.k_mix, &a.k_rstd, &p[kn], hd);
+                (dq_lin, dk_mix)
+            }
+            None => (dq, dk),
+        };
+
+        self.q_proj.backward(p, x, &dq_lin, n, grads, Some(&mut dx), true);
+        self.k_proj.backward(p, x, &a.k_lin, &a.alpha_k, &dk_mix, ctx, h, grads, &mut dx);
+        self.v_proj.backward(p, x, &a.v_lin, &a.alpha_v, &dv, ctx, h, grads, &mut dx);
+        dx
+    }
+}
+
+impl ShiftLinear {
+    /// Backward of k = KV-shift(W x, sigmoid(shift_proj x)) (or of W x alone): adds to dx and to the
+    /// weights' gradients. `lin` = W x and `alpha` are the forward's, dout = d loss / d k.
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        p: &Params,
+        x: &[f32],
+        lin: &[f32],
+        alpha: &[f32],
+        dout: &[f32],
+        ctx: &Ctx,
+        heads: usize,
+        grads: &mut [Vec<f32>],
+        dx: &mut [f32],
+    ) {
+        let (t, n) = (ctx.seq, ctx.batch * ctx.seq);
+        match &self.shift_proj {
+            None => self.linear.backward(p, x, dout, n, grads, Some(dx), true),
+            Some(sp) => {
+                let d = self.linear.out_features;
+                let mut dlin = vec![0.0f32; n * d];
+                let mut dalpha = vec![0.0f32; n * heads];
+                kv_shift::kv_shift_bwd(
+                    &mut dlin,
+                    &mut dalpha,
+                    dout,
+                    lin,
+                    alpha,
+                    ctx.start.as_deref(),
+                    t,
+                    heads,
+                    d / heads,
+                );
+                // α = sigmoid(s): dα/ds = α(1 − α).
+                dalpha.iter_mut().zip(alpha).for_each(|(g, &al)| *g *= al * (1.0 - al));
+                sp.backward(p, x, &dalpha, n, grads, Some(&mut *dx), true);
+                self.linear.backward(p, x, &dlin, n, grads, Some(dx), true);
+            }
+        }
     }
 }

@@ -37,4 +37,24 @@ impl Mlp {
         let y = self.down_proj.forward(p, &h, rows);
         (y, MlpActs { gu, h })
     }
+
+    /// Backward of `forward`: from dy [rows, d] returns dx [rows, d] and adds the gradients of
+    /// gate_proj and down_proj to `grads`.
+    pub fn backward(
+        &self,
+        p: &Params,
+        x: &[f32],
+        a: &MlpActs,
+        dy: &[f32],
+        rows: usize,
+        grads: &mut [Vec<f32>],
+    ) -> Vec<f32> {
+        let mut dh = vec![0.0; rows * self.intermediate];
+        self.down_proj.backward(p, &a.h, dy, rows, grads, Some(&mut dh), false);
+        let mut dgu = vec![0.0; rows * 2 * self.intermediate];
+        swiglu::swiglu_bwd(&mut dgu, &dh, &a.gu, self.intermediate);
+        let mut dx = vec![0.0; rows * self.gate_proj.in_features];
+        self.gate_proj.backward(p, x, &dgu, rows, grads, Some(&mut dx), false);
+        dx
+    }
 }

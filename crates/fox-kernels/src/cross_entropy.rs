@@ -40,3 +40,50 @@ pub fn cross_entropy_bwd(logits: &mut [f32], lse: &[f32], targets: &[Option<u32>
         None => row.fill(0.0),
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::StandardNormal;
+
+    /// L = Σ_r weight_r · loss_r by central differences; rows without a target get no gradient.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let mut rng = ChaCha8Rng::seed_from_u64(16);
+        let (rows, vocab) = (4, 37);
+        let logits: Vec<f32> = (0..rows * vocab).map(|_| 3.0 * rng.sample::<f32, _>(StandardNormal)).collect();
+        let targets = [Some(3u32), None, Some(36), Some(0)];
+        let weight = [0.7f32, 0.3, -1.2, 0.25];
+        let loss = |l: &[f32]| -> f64 {
+            let (losses, _) = cross_entropy_fwd(l, &targets, vocab);
+            losses.iter().zip(&weight).map(|(a, b)| *a as f64 * *b as f64).sum()
+        };
+        let (losses, lse) = cross_entropy_fwd(&logits, &targets, vocab);
+        assert_eq!(losses[1], 0.0);
+        for r in [0, 2, 3] {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let z: f64 = row.iter().map(|&v| (v as f64).exp()).sum();
+            let want = z.ln() - row[targets[r].unwrap() as usize] as f64;
+            assert!((losses[r] as f64 - want).abs() < 1e-5, "row {r}: {} vs {want}", losses[r]);
+        }
+        let mut d = logits.clone();
+        cross_entropy_bwd(&mut d, &lse, &targets, &weight, vocab);
+        let e = 1e-2f32;
+        for i in 0..logits.len() {
+            let (mut p, mut m) = (logits.clone(), logits.clone());
+            p[i] += e;
+            m[i] -= e;
+            let fd = ((loss(&p) - loss(&m)) / (2.0 * e as f64)) as f32;
+            // softmax'' is bounded by 1/4 per unit weight: O(h²) truncation ≈ 1e-5.
+            assert!((fd - d[i]).abs() < 1e-3 * (1.0 + fd.abs()), "dlogits[{i}] fd {fd} vs {}", d[i]);
+        }
+        assert!(d[vocab..2 * vocab].iter().all(|&v| v == 0.0));
+        // Each row's gradient sums to zero (softmax minus one-hot, scaled).
+        for r in 0..rows {
+            let s: f32 = d[r * vocab..(r + 1) * vocab].iter().sum();
+            assert!(s.abs() < 1e-5, "row {r} sums to {s}");
+        }
+    }
+}

@@ -117,3 +117,74 @@ pub fn kv_shift_bwd(
             }
         });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::StandardNormal;
+
+    #[allow(clippy::too_many_arguments)]
+    fn loss(
+        x: &[f32],
+        alpha: &[f32],
+        w: &[f32],
+        start: Option<&[usize]>,
+        b: usize,
+        t: usize,
+        h: usize,
+        d: usize,
+    ) -> f64 {
+        let mut out = vec![0.0; x.len()];
+        kv_shift_fwd(&mut out, x, alpha, None, start, b, t, h, d);
+        out.iter().zip(w).map(|(a, b)| *a as f64 * *b as f64).sum()
+    }
+
+    /// dx and dalpha by central differences, with and without left padding (row 1 starts at 3).
+    #[test]
+    fn backward_matches_finite_differences() {
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let (b, t, h, d) = (2, 7, 2, 3);
+        let x: Vec<f32> = (0..b * t * h * d).map(|_| rng.sample(StandardNormal)).collect();
+        let alpha: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.05..0.95)).collect();
+        let w: Vec<f32> = (0..x.len()).map(|_| rng.sample(StandardNormal)).collect();
+        let start = [0usize, 3];
+        for st in [None, Some(&start[..])] {
+            let mut dx = vec![f32::NAN; x.len()];
+            let mut dalpha = vec![f32::NAN; alpha.len()];
+            kv_shift_bwd(&mut dx, &mut dalpha, &w, &x, &alpha, st, t, h, d);
+            let e = 1e-2f32;
+            // The output is bilinear in (x, α): central differences are exact up to f32 round-off.
+            for i in 0..x.len() {
+                let (mut p, mut m) = (x.clone(), x.clone());
+                p[i] += e;
+                m[i] -= e;
+                let fd = ((loss(&p, &alpha, &w, st, b, t, h, d) - loss(&m, &alpha, &w, st, b, t, h, d))
+                    / (2.0 * e as f64)) as f32;
+                assert!((fd - dx[i]).abs() < 1e-4 * (1.0 + fd.abs()), "{st:?}: dx[{i}] fd {fd} vs {}", dx[i]);
+            }
+            for i in 0..alpha.len() {
+                let (mut p, mut m) = (alpha.clone(), alpha.clone());
+                p[i] += e;
+                m[i] -= e;
+                let fd =
+                    ((loss(&x, &p, &w, st, b, t, h, d) - loss(&x, &m, &w, st, b, t, h, d)) / (2.0 * e as f64)) as f32;
+                assert!(
+                    (fd - dalpha[i]).abs() < 1e-4 * (1.0 + fd.abs()),
+                    "{st:?}: dalpha[{i}] fd {fd} vs {}",
+                    dalpha[i]
+                );
+            }
+        }
+        // Padding: the first real token of row 1 mixes with k̃ = 0, so padded k̃ get no gradient
+        // from real positions (only their own pass-through).
+        let mut dx = vec![0.0; x.len()];
+        let mut dalpha = vec![0.0; alpha.len()];
+        let mut w0 = w.clone();
+        w0[t * h * d..(t + 3) * h * d].fill(0.0);
+        kv_shift_bwd(&mut dx, &mut dalpha, &w0, &x, &alpha, Some(&start), t, h, d);
+        assert!(dx[t * h * d..(t + 3) * h * d].iter().all(|&v| v == 0.0));
+        assert!(dalpha[t * h..(t + 3) * h].iter().all(|&v| v == 0.0));
+    }
+}

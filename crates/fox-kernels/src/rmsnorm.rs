@@ -100,3 +100,66 @@ pub fn rms_norm_bwd(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::StandardNormal;
+
+    fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.sample(StandardNormal)).collect()
+    }
+
+    /// L = Σ g ⊙ rms_norm(x, w), accumulated in f64.
+    fn loss(x: &[f32], w: &[f32], g: &[f32], dim: usize, eps: f32) -> f64 {
+        let mut y = vec![0.0; x.len()];
+        let mut rstd = vec![0.0; x.len() / dim];
+        rms_norm_fwd(&mut y, &mut rstd, x, w, dim, eps);
+        y.iter().zip(g).map(|(a, b)| *a as f64 * *b as f64).sum()
+    }
+
+    /// dx and dw by central differences, for the three weight layouts FoX uses: one weight row
+    /// for every row (block norms, shared QK-norm), and one per head (rows cycle through groups).
+    #[test]
+    fn backward_matches_finite_differences() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let (dim, rows) = (16, 24);
+        for (groups, eps) in [(1, 1e-6), (4, 1e-5), (3, 1e-6)] {
+            let x = randn(&mut rng, rows * dim);
+            let w: Vec<f32> = randn(&mut rng, groups * dim).iter().map(|v| 1.0 + 0.5 * v).collect();
+            let g = randn(&mut rng, rows * dim);
+            let mut y = vec![0.0; rows * dim];
+            let mut rstd = vec![0.0; rows];
+            rms_norm_fwd(&mut y, &mut rstd, &x, &w, dim, eps);
+            // accumulate = true adds to what is there: start dx at 1 and subtract it after.
+            let mut dx = vec![1.0; rows * dim];
+            let mut dw = vec![0.5; w.len()];
+            rms_norm_bwd(&mut dx, true, &mut dw, &g, &x, &rstd, &w, dim);
+            dx.iter_mut().for_each(|v| *v -= 1.0);
+            dw.iter_mut().for_each(|v| *v -= 0.5);
+            let h = 1e-2f32;
+            for i in (0..x.len()).step_by(7) {
+                let (mut xp, mut xm) = (x.clone(), x.clone());
+                xp[i] += h;
+                xm[i] -= h;
+                let fd = ((loss(&xp, &w, &g, dim, eps) - loss(&xm, &w, &g, dim, eps)) / (2.0 * h as f64)) as f32;
+                // f32 forward, central differences with h = 1e-2: O(h²) truncation, ~1e-5 round-off.
+                assert!((fd - dx[i]).abs() < 2e-3 * (1.0 + fd.abs()), "groups {groups}: dx[{i}] fd {fd} vs {}", dx[i]);
+            }
+            for i in 0..w.len() {
+                let (mut wp, mut wm) = (w.clone(), w.clone());
+                wp[i] += h;
+                wm[i] -= h;
+                let fd = ((loss(&x, &wp, &g, dim, eps) - loss(&x, &wm, &g, dim, eps)) / (2.0 * h as f64)) as f32;
+                assert!((fd - dw[i]).abs() < 2e-3 * (1.0 + fd.abs()), "groups {groups}: dw[{i}] fd {fd} vs {}", dw[i]);
+            }
+            // accumulate = false overwrites.
+            let mut dx2 = vec![f32::NAN; rows * dim];
+            let mut dw2 = vec![0.0; w.len()];
+            rms_norm_bwd(&mut dx2, false, &mut dw2, &g, &x, &rstd, &w, dim);
+            assert!(dx2.iter().zip(&dx).all(|(a, b)| (a - b).abs() < 1e-5));
+        }
+    }
+}

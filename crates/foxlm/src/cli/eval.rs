@@ -1,0 +1,456 @@
+//! `foxlm eval`: per-token loss and perplexity over context length (`loss`), and the needle in a
+//! haystack test (`niah`). See docs/evaluation.md.
+
+use crate::checkpoint::load_model;
+use crate::config::Config;
+use crate::data::Dataset;
+use crate::eval::loss::{self, Chunking, LossCurve, Windows};
+use crate::eval::niah::{self, Haystack, Mode};
+use crate::eval::plots::{self, LineChart, Series};
+use crate::eval::text::{text_format_for, TextEncoder};
+use crate::tokenizer::{TextFormat, BOS_ID, EOS_ID};
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Per-token loss L(i) at every position and perplexity P(l) at context lengths 2^k, for one
+    /// or several models on the same validation sequences; CSV, JSON and PNG plots.
+    Loss(LossArgs),
+    /// Needle in a haystack: a grid of context lengths × needle depths, answered greedily and
+    /// scored 0-10; JSON and a heatmap PNG.
+    Niah(NiahArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LossArgs {
+    /// Model folder (config.json + model.safetensors); repeat to compare models on one plot.
+    #[arg(long, required = true, num_args = 1..)]
+    pub model: Vec<PathBuf>,
+    /// Legend name of each model, in --model order (default: the folder's name).
+    #[arg(long)]
+    pub name: Vec<String>,
+    /// Prepared dataset (`foxlm data prepare`); its validation split is read.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Context length N: positions 0..N are scored. May exceed the training context.
+    #[arg(long)]
+    pub context: usize,
+    /// Number of validation sequences K to average over.
+    #[arg(long, default_value_t = 16)]
+    pub sequences: usize,
+    /// Cut sequences from the validation documents joined with EOS, instead of taking the first
+    /// N tokens of documents at least N long.
+    #[arg(long)]
+    pub pack: bool,
+    /// Window of the centred moving average for the L(i) plot.
+    #[arg(long, default_value_t = 101)]
+    pub window: usize,
+    /// Tokens per prefill chunk (memory grows with it; results do not change).
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// Sequences evaluated together.
+    #[arg(long, default_value_t = 1)]
+    pub batch_size: usize,
+    /// Training context of each model for the plots' dashed lines, in --model order, where the
+    /// checkpoint does not record it (config.json's foxlm_train_context).
+    #[arg(long)]
+    pub train_context: Vec<usize>,
+    /// Output folder.
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// Testing only: fold token ids modulo a model's vocabulary when it is smaller than the data's.
+    #[arg(long, hide = true)]
+    pub fold_vocab: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct NiahArgs {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Filler text: a text file, or a folder whose .txt files are joined in natural order. It is
+    /// repeated when shorter than the longest context.
+    #[arg(long)]
+    pub haystack: PathBuf,
+    /// easy: the needle carries the question too; standard: the needle is the bare statement.
+    #[arg(long, value_enum, default_value_t = Mode::Standard)]
+    pub mode: Mode,
+    /// Prompt lengths in tokens (BOS, haystack, needle and question together), comma-separated.
+    #[arg(long, required = true, value_delimiter = ',', num_args = 1..)]
+    pub lengths: Vec<usize>,
+    /// Needle depths in percent of the haystack (0 = start, 100 = end), comma-separated.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "0,10,20,30,40,50,60,70,80,90,100")]
+    pub depths: Vec<f64>,
+    /// Most tokens of the greedy answer.
+    #[arg(long, default_value_t = 32)]
+    pub max_new_tokens: usize,
+    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
+    #[arg(long)]
+    pub text_format: Option<TextFormat>,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// The model's training context for the heatmap's marker, where the checkpoint does not record it.
+    #[arg(long)]
+    pub train_context: Option<usize>,
+    /// Output folder.
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
+    #[arg(long, hide = true)]
+    pub fold_vocab: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    match a.command {
+        Command::Loss(a) => run_loss(a),
+        Command::Niah(a) => run_niah(a),
+    }
+}
+
+/// A progress bar on stderr (drawn only on a terminal).
+pub fn progress_bar(total: u64, unit: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(total);
+    let template = format!("{{msg}} [{{bar:40}}] {{human_pos}}/{{human_len}} {unit} ({{per_sec}}, eta {{eta}})");
+    pb.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
+    pb
+}
+
+fn model_name(path: &Path) -> String {
+    path.canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Maps data ids (GPT-2 vocabulary) into a model's: unchanged when they fit, folded when allowed.
+fn id_mapper(cfg: &Config, data_vocab: usize, fold: bool, what: &Path) -> Result<impl Fn(u32) -> u32> {
+    let v = cfg.vocab_size;
+    if data_vocab > v && !fold {
+        bail!(
+            "{}: the model's vocabulary has {v} tokens but the data's has {data_vocab}; the model cannot read this data",
+            what.display()
+        );
+    }
+    if data_vocab > v {
+        eprintln!("warning: {}: folding data token ids modulo the model's vocabulary ({v}); the losses mean nothing", what.display());
+    }
+    Ok(move |id: u32| if data_vocab > v { id % v as u32 } else { id })
+}
+
+fn create_out(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create output folder {}", out.display()))
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn run_loss(a: LossArgs) -> Result<()> {
+    if a.context < 1 {
+        bail!("--context must be at least 1");
+    }
+    if a.sequences < 1 || a.batch_size < 1 || a.chunk < 1 || a.window < 1 {
+        bail!("--sequences, --batch-size, --chunk and --window must be at least 1");
+    }
+    if !a.name.is_empty() && a.name.len() != a.model.len() {
+        bail!("--name is given {} times for {} models", a.name.len(), a.model.len());
+    }
+    if !a.train_context.is_empty() && a.train_context.len() != a.model.len() {
+        bail!("--train-context is given {} times for {} models", a.train_context.len(), a.model.len());
+    }
+    let data = Dataset::open(&a.data)?;
+    let data_vocab = data.manifest().vocab_size;
+    let n = a.context;
+    let windows = if a.pack { Windows::Packed } else { Windows::Documents };
+    let seqs = loss::validation_sequences(&data, n, a.sequences, windows)?;
+    if seqs.len() < a.sequences {
+        eprintln!(
+            "warning: only {} validation documents have {n} tokens; averaging over {} sequences (--pack cuts more)",
+            seqs.len(),
+            seqs.len()
+        );
+    }
+    create_out(&a.out)?;
+
+    struct Done {
+        name: String,
+        path: PathBuf,
+        train_context: Option<usize>,
+        loss: Vec<f64>,
+        smoothed: Vec<f64>,
+        ppl: Vec<(usize, f64)>,
+    }
+    let mut done: Vec<Done> = vec![];
+    let lengths = loss::power_of_two_lengths(n);
+    let total = (a.model.len() * seqs.len() * n) as u64;
+    let pb = progress_bar(total, "tokens");
+    for (mi, path) in a.model.iter().enumerate() {
+        let mut name = a.name.get(mi).cloned().unwrap_or_else(|| model_name(path));
+        if done.iter().any(|d| d.name == name) {
+            name = format!("{name} ({})", mi + 1);
+        }
+        pb.set_message(format!("{name}: loading"));
+        let model = load_model(path)?;
+        let cfg = &model.config;
+        let map = id_mapper(cfg, data_vocab, a.fold_vocab, path)?;
+        let v = cfg.vocab_size as u32;
+        let fit = |id: u32| if id < v { id } else { id % v };
+        let bos = fit(cfg.bos_token_id.unwrap_or(BOS_ID));
+        let eos = fit(cfg.eos_token_id.unwrap_or(EOS_ID));
+        let chunking = Chunking::new(a.chunk, cfg.vocab_size);
+        let mut curve = LossCurve::new(n);
+        pb.set_message(name.clone());
+        for batch in seqs.chunks(a.batch_size) {
+            let ids: Vec<Vec<u32>> = batch
+                .iter()
+                .map(|s| {
+                    std::iter::once(bos)
+                        .chain(s.iter().map(|&t| if t == EOS_ID && a.pack { eos } else { map(t) }))
+                        .collect()
+                })
+                .collect();
+            let losses = loss::batch_token_losses(&model, &ids, chunking, |t| pb.inc((t * batch.len()) as u64));
+            for l in &losses {
+                curve.add(l);
+            }
+        }
+        let l = curve.mean();
+        let train_context = cfg.train_context().or(a.train_context.get(mi).copied());
+        done.push(Done {
+            name,
+            path: path.clone(),
+            train_context,
+            smoothed: loss::moving_average(&l, a.window),
+            ppl: loss::perplexity_at(&l, &lengths),
+            loss: l,
+        });
+    }
+    pb.finish_and_clear();
+
+    // CSV: one row per position; one row per length.
+    let mut csv = String::from("position");
+    for d in &done {
+        csv += &format!(",{0},{0} (smoothed)", csv_field(&d.name));
+    }
+    csv.push('\n');
+    for i in 0..n {
+        csv += &i.to_string();
+        for d in &done {
+            csv += &format!(",{},{}", d.loss[i], d.smoothed[i]);
+        }
+        csv.push('\n');
+    }
+    write_file(&a.out.join("loss.csv"), csv.as_bytes())?;
+    let mut pcsv = String::from("length");
+    for d in &done {
+        pcsv += &format!(",{}", csv_field(&d.name));
+    }
+    pcsv.push('\n');
+    for (k, &l) in lengths.iter().enumerate() {
+        pcsv += &l.to_string();
+        for d in &done {
+            pcsv += &format!(",{}", d.ppl[k].1);
+        }
+        pcsv.push('\n');
+    }
+    write_file(&a.out.join("perplexity.csv"), pcsv.as_bytes())?;
+
+    let models: Vec<_> = done
+        .iter()
+        .map(|d| {
+            json!({
+                "name": d.name,
+                "path": d.path.display().to_string(),
+                "train_context": d.train_context,
+                "mean_loss": d.loss.iter().sum::<f64>() / n as f64,
+                "loss": d.loss,
+                "smoothed_loss": d.smoothed,
+                "perplexity": d.ppl.iter().map(|&(l, p)| json!({"length": l, "perplexity": p})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let report = json!({
+        "data": a.data.display().to_string(),
+        "context": n,
+        "sequences": seqs.len(),
+        "windows": if a.pack { "packed" } else { "documents" },
+        "moving_average_window": a.window,
+        "models": models,
+    });
+    write_file(&a.out.join("loss.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+
+    let marker = |d: &Done| d.train_context.filter(|&c| c >= 1 && c <= n).map(|c| c as f64);
+    let loss_series: Vec<Series> = done
+        .iter()
+        .map(|d| Series {
+            name: d.name.clone(),
+            points: d.smoothed.iter().enumerate().map(|(i, &v)| ((i + 1) as f64, v)).collect(),
+            marker_x: marker(d),
+        })
+        .collect();
+    LineChart {
+        title: &format!("Per-token loss ({} sequences, moving average of {})", seqs.len(), a.window),
+        x_label: "token position",
+        y_label: "loss (nats)",
+        log_x: n > 1,
+        log_y: false,
+        marker_label: "training context",
+    }
+    .draw(&a.out.join("loss.png"), &loss_series)?;
+    let ppl_series: Vec<Series> = done
+        .iter()
+        .map(|d| Series {
+            name: d.name.clone(),
+            points: d.ppl.iter().map(|&(l, p)| (l as f64, p)).collect(),
+            marker_x: marker(d),
+        })
+        .collect();
+    LineChart {
+        title: &format!("Perplexity over the first l tokens ({} sequences)", seqs.len()),
+        x_label: "validation context length l",
+        y_label: "perplexity",
+        log_x: n > 1,
+        log_y: true,
+        marker_label: "training context",
+    }
+    .draw(&a.out.join("perplexity.png"), &ppl_series)?;
+
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{:>10}  {}", "length", done.iter().map(|d| format!("{:>14}", clip(&d.name, 14))).collect::<Vec<_>>().join(" "))?;
+    for (k, l) in lengths.iter().enumerate() {
+        writeln!(stdout, "{l:>10}  {}", done.iter().map(|d| format!("{:>14.4}", d.ppl[k].1)).collect::<Vec<_>>().join(" "))?;
+    }
+    writeln!(stdout, "wrote loss.csv, perplexity.csv, loss.json, loss.png, perplexity.png to {}", a.out.display())?;
+    Ok(())
+}
+
+fn clip(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The haystack text: a file, or a folder's .txt files in natural order, joined.
+fn read_haystack(path: &Path) -> Result<String> {
+    if path.is_dir() {
+        let files: Vec<PathBuf> = crate::data::list_inputs(&[path.to_path_buf()])?
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+            .collect();
+        if files.is_empty() {
+            bail!("{}: no .txt files in the folder", path.display());
+        }
+        let mut text = String::new();
+        for f in files {
+            text += &std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?;
+            if !text.ends_with(char::is_whitespace) {
+                text.push('\n');
+            }
+        }
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read haystack {}", path.display()))
+    }
+}
+
+fn run_niah(a: NiahArgs) -> Result<()> {
+    if a.lengths.is_empty() || a.depths.is_empty() {
+        bail!("--lengths and --depths need at least one value each");
+    }
+    if let Some(d) = a.depths.iter().find(|d| !(0.0..=100.0).contains(*d)) {
+        bail!("--depths are percentages in [0, 100]; got {d}");
+    }
+    let model = load_model(&a.model)?;
+    let cfg = &model.config;
+    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let needle_text = a.mode.needle();
+    let question_text = niah::question_suffix();
+    let needle = enc.encode(&needle_text);
+    let question = enc.encode(&question_text);
+    let max_len = *a.lengths.iter().max().unwrap();
+    let hay = Haystack::from_text(&read_haystack(&a.haystack)?, max_len, |s| enc.encode(s))?;
+    let train_context = cfg.train_context().or(a.train_context);
+    let chunking = Chunking::new(a.chunk, cfg.vocab_size);
+    create_out(&a.out)?;
+
+    let total: u64 = a.lengths.iter().map(|&l| (l * a.depths.len()) as u64).sum();
+    let pb = progress_bar(total, "tokens");
+    let mut cells = vec![];
+    let mut scores = vec![f64::NAN; a.lengths.len() * a.depths.len()];
+    for (li, &len) in a.lengths.iter().enumerate() {
+        for (di, &depth) in a.depths.iter().enumerate() {
+            pb.set_message(format!("length {len}, depth {depth}%"));
+            let p = niah::build_prompt(&hay, &needle, &question, enc.bos, len, depth / 100.0)?;
+            let answer_ids = niah::greedy_answer(&model, &p.ids, a.max_new_tokens, chunking, enc.eos, |t| pb.inc(t as u64));
+            let response = enc.decode(&answer_ids);
+            let score = niah::score_answer(&response, niah::ANSWER);
+            scores[di * a.lengths.len() + li] = score;
+            cells.push(json!({
+                "length": len,
+                "depth_percent": depth,
+                "actual_depth_percent": 100.0 * p.actual_depth,
+                "needle_start": p.needle_start,
+                "needle_tokens": p.needle_tokens,
+                "haystack_tokens": p.haystack_tokens,
+                "response": response,
+                "response_ids": answer_ids,
+                "score": score,
+            }));
+        }
+    }
+    pb.finish_and_clear();
+    let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+    let name = model_name(&a.model);
+    let report = json!({
+        "model": a.model.display().to_string(),
+        "mode": a.mode,
+        "text_format": enc.format(),
+        "vocab_folded": enc.fold,
+        "needle": needle_text,
+        "question": question_text,
+        "answer": niah::ANSWER,
+        "lengths": a.lengths,
+        "depths_percent": a.depths,
+        "train_context": train_context,
+        "mean_score": mean,
+        "cells": cells,
+    });
+    write_file(&a.out.join("niah.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    let mode = match a.mode {
+        Mode::Easy => "easy",
+        Mode::Standard => "standard",
+    };
+    plots::niah_heatmap(
+        &a.out.join("niah.png"),
+        &format!("Needle in a haystack ({mode}): {name}, mean score {mean:.2}"),
+        &a.lengths,
+        &a.depths,
+        &scores,
+        train_context,
+    )?;
+
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{:>8}  {}", "depth %", a.lengths.iter().map(|l| format!("{l:>7}")).collect::<Vec<_>>().join(" "))?;
+    for (di, d) in a.depths.iter().enumerate() {
+        let row: Vec<String> = (0..a.lengths.len()).map(|li| format!("{:>7.1}", scores[di * a.lengths.len() + li])).collect();
+        writeln!(stdout, "{d:>8}  {}", row.join(" "))?;
+    }
+    writeln!(stdout, "mean score {mean:.2} / 10; wrote niah.json and niah.png to {}", a.out.display())?;
+    Ok(())
+}

@@ -183,10 +183,11 @@ impl Dataset {
         if !dir.is_dir() {
             bail!("{}: no such dataset folder (make one with `foxlm data prepare`)", dir.display());
         }
-        let text = std::fs::read_to_string(&mpath)
-            .with_context(|| format!("cannot read {} (is this a folder made by `foxlm data prepare`?)", mpath.display()))?;
-        let manifest: Manifest =
-            serde_json::from_str(&text).with_context(|| format!("{}: corrupt or not a foxlm manifest", mpath.display()))?;
+        let text = std::fs::read_to_string(&mpath).with_context(|| {
+            format!("cannot read {} (is this a folder made by `foxlm data prepare`?)", mpath.display())
+        })?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .with_context(|| format!("{}: corrupt or not a foxlm manifest", mpath.display()))?;
         if manifest.format != FORMAT_NAME || manifest.version != FORMAT_VERSION {
             bail!(
                 "{}: format {:?} version {}, expected {FORMAT_NAME:?} version {FORMAT_VERSION}",
@@ -210,7 +211,8 @@ impl Dataset {
                 let tpath = dir.join(&sh.tokens_file);
                 let ipath = dir.join(&sh.index_file);
                 let tokens = map_file(&tpath)?;
-                let index = std::fs::read(&ipath).with_context(|| format!("cannot read shard index {}", ipath.display()))?;
+                let index =
+                    std::fs::read(&ipath).with_context(|| format!("cannot read shard index {}", ipath.display()))?;
                 let want = sh.tokens * manifest.dtype.bytes();
                 if tokens.len() != want {
                     bail!(
@@ -232,19 +234,32 @@ impl Dataset {
                 if verify {
                     let got = sha256_hex(&tokens);
                     if got != sh.tokens_sha256 {
-                        bail!("{}: checksum mismatch (sha256 {got}, manifest {}): corrupt shard", tpath.display(), sh.tokens_sha256);
+                        bail!(
+                            "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt shard",
+                            tpath.display(),
+                            sh.tokens_sha256
+                        );
                     }
                     let got = sha256_hex(&index);
                     if got != sh.index_sha256 {
-                        bail!("{}: checksum mismatch (sha256 {got}, manifest {}): corrupt index", ipath.display(), sh.index_sha256);
+                        bail!(
+                            "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt index",
+                            ipath.display(),
+                            sh.index_sha256
+                        );
                     }
                 }
-                let offsets: Vec<u64> = index.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+                let offsets: Vec<u64> =
+                    index.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
                 if offsets[0] != 0
                     || *offsets.last().unwrap() as usize != sh.tokens
                     || offsets.windows(2).any(|w| w[0] > w[1])
                 {
-                    bail!("{}: document offsets are not increasing from 0 to {}: corrupt index", ipath.display(), sh.tokens);
+                    bail!(
+                        "{}: document offsets are not increasing from 0 to {}: corrupt index",
+                        ipath.display(),
+                        sh.tokens
+                    );
                 }
                 docs += sh.documents;
                 toks += sh.tokens;
@@ -307,7 +322,9 @@ impl Dataset {
         assert!(from <= to && to <= len, "range {from}..{to} of a document of {len} tokens");
         let (a, b) = (start + from, start + to);
         match self.manifest.dtype {
-            TokenDtype::U16 => out.extend(sh.tokens[a * 2..b * 2].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)),
+            TokenDtype::U16 => {
+                out.extend(sh.tokens[a * 2..b * 2].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u32))
+            }
             TokenDtype::U32 => {
                 out.extend(sh.tokens[a * 4..b * 4].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())))
             }
@@ -331,7 +348,10 @@ impl Dataset {
             TokenDtype::U16 => "u16",
             TokenDtype::U32 => "u32",
         };
-        s += &format!("tokenizer   {} ({}), vocabulary {}, stored as {dtype}\n", m.tokenizer, m.text_format, m.vocab_size);
+        s += &format!(
+            "tokenizer   {} ({}), vocabulary {}, stored as {dtype}\n",
+            m.tokenizer, m.text_format, m.vocab_size
+        );
         s += &format!("sources     {}\n", m.sources.join(", "));
         for split in [Split::Train, Split::Val] {
             let n = self.num_documents(split);
@@ -372,7 +392,13 @@ pub struct PrepareOptions {
 
 impl Default for PrepareOptions {
     fn default() -> Self {
-        Self { text_format: TextFormat::JsonEscaped, val_fraction: 0.05, shard_tokens: 1 << 28, overwrite: false, progress: false }
+        Self {
+            text_format: TextFormat::JsonEscaped,
+            val_fraction: 0.05,
+            shard_tokens: 1 << 28,
+            overwrite: false,
+            progress: false,
+        }
     }
 }
 

@@ -7,6 +7,8 @@ pub mod config;
 pub mod data;
 pub mod generate;
 pub mod model;
+pub mod optim;
+pub mod plot;
 pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;

@@ -12,7 +12,13 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 fn opts(val_fraction: f64) -> PrepareOptions {
-    PrepareOptions { text_format: TextFormat::Plain, val_fraction, shard_tokens: 1 << 20, overwrite: false, progress: false }
+    PrepareOptions {
+        text_format: TextFormat::Plain,
+        val_fraction,
+        shard_tokens: 1 << 20,
+        overwrite: false,
+        progress: false,
+    }
 }
 
 /// Ten documents doc_0..doc_9 of different lengths, in a folder with a subfolder and a jsonl.
@@ -54,7 +60,8 @@ fn prepare_round_trips_documents_and_splits_by_document() {
     assert_eq!(ds.manifest().text_format, TextFormat::Plain);
     assert_eq!(ds.manifest().vocab_size, 50257);
     let tok = Tokenizer::gpt2(TextFormat::Plain).unwrap();
-    let train_texts: Vec<&String> = texts.iter().enumerate().filter(|(i, _)| *i != 4 && *i != 9).map(|(_, t)| t).collect();
+    let train_texts: Vec<&String> =
+        texts.iter().enumerate().filter(|(i, _)| *i != 4 && *i != 9).map(|(_, t)| t).collect();
     for (i, t) in train_texts.iter().enumerate() {
         let doc = ds.document(Split::Train, i);
         assert_eq!(doc, tok.encode(t, false), "train document {i}");

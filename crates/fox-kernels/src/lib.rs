@@ -14,3 +14,4 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod scalar;
 pub mod swiglu;
+pub mod cuda;

@@ -1,0 +1,835 @@
+// Forgetting Attention on NVIDIA GPUs (sm_80+; tensor cores through mma.sync m16n8k16).
+//
+//   s_ij = scale * q_i . k_j + c_i - c_j   (j <= i, j >= start(i)),   o_i = softmax_j(s_ij) v_j
+//
+// Layout of the work follows FlashAttention-2: the forward and the dq pass give each warp 16
+// query rows and stream key tiles of 64 through shared memory (cp.async, double-buffered); the
+// dk/dv pass gives each warp 16 keys and streams query tiles. The bias c_i - c_j is formed in
+// fp32 from the fp32 prefix sums before it joins the logit. Softmax runs in base 2 (exp2 of
+// logit * log2 e), statistics in fp32. dc for the keys is the column sum of dS, accumulated by
+// the warp that owns the key: no atomics anywhere on the hot path.
+//
+// Included after common.cuh.
+
+// ---------------------------------------------------------------------------------------------
+// Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
+// starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
+// ---------------------------------------------------------------------------------------------
+template <int D, int NT, bool BF>
+__device__ __forceinline__ void fwd_tile_step(const u32 (&qf)[D / 16][4], const u16* sK, const u16* sV,
+                                              const float* sC, int koff, int jt, bool need_mask,
+                                              const float (&ci)[2], const int (&pos)[2], const int (&st)[2],
+                                              float scale_log2, float (&O)[D / 8][4], float (&m)[2],
+                                              float (&l)[2]) {
+    const int lane = threadIdx.x & 31;
+    const int t4 = lane & 3;
+    float S[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            u32 b0, b1, b2, b3;
+            const int row = koff + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            const int ch = kc * 2 + ((lane >> 3) & 1);
+            ldsm_x4(b0, b1, b2, b3, sK + swz<D>(row, ch));
+            mma16816<BF>(S[2 * np], qf[kc], b0, b1);
+            mma16816<BF>(S[2 * np + 1], qf[kc], b2, b3);
+        }
+    }
+    // bias and mask, in log2 units
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int jl = koff + nt * 8 + 2 * t4 + (e & 1);
+            const int rr = e >> 1;
+            // c_i - c_j formed in fp32 first: keep the difference exact where it is small.
+            float x = S[nt][e] * scale_log2 + (ci[rr] - sC[jl]) * LOG2E;
+            if (need_mask) {
+                const int j = jt + jl;
+                if (j > pos[rr] || j < st[rr]) x = NEG_INF;
+            }
+            S[nt][e] = x;
+        }
+    }
+    // online softmax
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * rr], S[nt][2 * rr + 1]));
+        mx = quad_max(mx);
+        const float mnew = fmaxf(m[rr], mx);
+        const float muse = mnew == NEG_INF ? 0.f : mnew;
+        const float corr = fast_exp2(m[rr] - muse);
+        m[rr] = mnew;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float p0 = fast_exp2(S[nt][2 * rr] - muse);
+            const float p1 = fast_exp2(S[nt][2 * rr + 1] - muse);
+            S[nt][2 * rr] = p0;
+            S[nt][2 * rr + 1] = p1;
+            rs += p0 + p1;
+        }
+        l[rr] = l[rr] * corr + rs;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            O[dt][2 * rr] *= corr;
+            O[dt][2 * rr + 1] *= corr;
+        }
+    }
+    // O += P V
+#pragma unroll
+    for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+        u32 a[4];
+        a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
+        a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
+        a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
+        a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            u32 b0, b1, b2, b3;
+            const int row = koff + kc2 * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            const int ch = dp * 2 + (lane >> 4);
+            ldsm_x4_t(b0, b1, b2, b3, sV + swz<D>(row, ch));
+            mma16816<BF>(O[2 * dp], a, b0, b1);
+            mma16816<BF>(O[2 * dp + 1], a, b2, b3);
+        }
+    }
+}
+
+// Load this warp's 16 rows of a swizzled [rows, D] tile as mma A fragments.
+template <int D>
+__device__ __forceinline__ void load_a_frags(u32 (&f)[D / 16][4], const u16* s, int row0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        ldsm_x4(f[kc][0], f[kc][1], f[kc][2], f[kc][3], s + swz<D>(row0 + (lane & 15), kc * 2 + (lane >> 4)));
+    }
+}
+template <int D>
+__device__ __forceinline__ void load_a_frag(u32 (&f)[4], const u16* s, int row0, int kc) {
+    const int lane = threadIdx.x & 31;
+    ldsm_x4(f[0], f[1], f[2], f[3], s + swz<D>(row0 + (lane & 15), kc * 2 + (lane >> 4)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: grid (ceil(tq / 128), B*H), 256 threads (8 warps x 16 query rows).
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF>
+__device__ __forceinline__ void fwd_impl(const AttnParams& p) {
+    constexpr int BQ = 128, BK = 64, NTH = 256;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* sQ = (u16*)smem_raw;
+    u16* sK = sQ + BQ * D;
+    u16* sV = sK + 2 * BK * D;
+    float* sC = (float*)(sV + 2 * BK * D);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;  // longest blocks first
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int r0 = qb * BQ;
+    const int rlast = min(r0 + BQ, p.tq) - 1;
+
+    int jbase, first, ntiles;
+    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    if (p.counters != nullptr && tid == 0) {
+        atomicAdd(&p.counters[0], (u64)(ntiles - first));
+        atomicAdd(&p.counters[1], (u64)first);
+    }
+
+    // this thread's two rows
+    float ci[2];
+    int pos[2], st[2], rows[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = r0 + warp * 16 + g + rr * 8;
+        rows[rr] = r;
+        if (r < p.tq) {
+            ci[rr] = p.cq[(long long)bh * p.tq + r];
+            pos[rr] = p.q_pos0 + r;
+            st[rr] = row_start(p, b, r);
+        } else {
+            ci[rr] = 0.f;
+            pos[rr] = -1;
+            st[rr] = 0;
+        }
+    }
+
+    float O[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    if (first < ntiles) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const float* ckb = p.ck + (long long)bh * p.tk;
+        const int kstart = row_start(p, b, r0);
+        load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
+                              [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
+        cp_commit();
+        auto load_kv = [&](int it, int buf) {
+            const int jt = jbase + it * BK;
+            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+            if (tid < BK) {
+                const int j = jt + tid;
+                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+            }
+        };
+        load_kv(first, 0);
+        cp_commit();
+
+        const int pos_min = p.q_pos0 + r0;
+        const int start_max = row_start(p, b, rlast);
+        const float scale_log2 = p.scale * LOG2E;
+        u32 qf[D / 16][4];
+        for (int it = first; it < ntiles; ++it) {
+            const int buf = (it - first) & 1;
+            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            if (it == first) load_a_frags<D>(qf, sQ, warp * 16);
+            const int jt = jbase + it * BK;
+            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
+            fwd_tile_step<D, BK / 8, BF>(qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
+                                         need_mask, ci, pos, st, scale_log2, O, m, l);
+            __syncthreads();
+        }
+    }
+
+    // epilogue
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float lt = quad_sum(l[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(O[dt][2 * rr] * inv, O[dt][2 * rr + 1] * inv);
+        }
+        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode (tq <= 16 query rows against a long cache), split over the keys: grid (splits, B*H),
+// 128 threads. Each 64-key tile is shared by the CTA; warp w takes its keys 16w..16w+15, so the
+// four warps run four independent online softmaxes that are merged in shared memory, and each
+// split writes an unnormalised partial (o, m, l) that decode_combine merges.
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF>
+__device__ __forceinline__ void decode_impl(const AttnParams& p) {
+    constexpr int BK = 64, NTH = 128, NW = 4;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* sQ = (u16*)smem_raw;
+    u16* sK = sQ + 16 * D;
+    u16* sV = sK + 2 * BK * D;
+    float* sC = (float*)(sV + 2 * BK * D);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int split = blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int rlast = p.tq - 1;
+
+    int jbase, first, ntiles;
+    key_tiles<BK>(p, b, bh, 0, rlast, jbase, first, ntiles);
+    const int per = (ntiles - first + p.splits - 1) / p.splits;
+    const int t_begin = first + split * per;
+    const int t_end = min(t_begin + per, ntiles);
+    if (p.counters != nullptr && tid == 0 && split == 0) {
+        atomicAdd(&p.counters[0], (u64)(ntiles - first));
+        atomicAdd(&p.counters[1], (u64)first);
+    }
+
+    float ci[2];
+    int pos[2], st[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = g + rr * 8;
+        if (r < p.tq) {
+            ci[rr] = p.cq[(long long)bh * p.tq + r];
+            pos[rr] = p.q_pos0 + r;
+            st[rr] = row_start(p, b, r);
+        } else {
+            ci[rr] = 0.f;
+            pos[rr] = -1;
+            st[rr] = 0;
+        }
+    }
+    float O[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    if (t_begin < t_end) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const float* ckb = p.ck + (long long)bh * p.tk;
+        const int kstart = row_start(p, b, 0);
+        load_tile<D, 16, NTH>(sQ, qbase, p.q_st, 0,
+                              [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
+        cp_commit();
+        auto load_kv = [&](int it, int buf) {
+            const int jt = jbase + it * BK;
+            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+            if (tid < BK) {
+                const int j = jt + tid;
+                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+            }
+        };
+        load_kv(t_begin, 0);
+        cp_commit();
+        const int pos_min = p.q_pos0;
+        const int start_max = row_start(p, b, rlast);
+        const float scale_log2 = p.scale * LOG2E;
+        u32 qf[D / 16][4];
+        for (int it = t_begin; it < t_end; ++it) {
+            const int buf = (it - t_begin) & 1;
+            if (it + 1 < t_end) load_kv(it + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            if (it == t_begin) load_a_frags<D>(qf, sQ, 0);
+            const int jt = jbase + it * BK;
+            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
+            fwd_tile_step<D, 2, BF>(qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
+                                    need_mask, ci, pos, st, scale_log2, O, m, l);
+            __syncthreads();
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();
+
+    // merge the four warps: sO [NW][16][D], sM/sL [NW][16]
+    float* sO = (float*)sK;  // 2*BK*D*2 bytes >= NW*16*D*4 bytes
+    float* sM = (float*)smem_raw;  // reuse sQ (16*D*2 bytes >= 2*NW*16*4)
+    float* sL = sM + NW * 16;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = g + rr * 8;
+        const float lt = quad_sum(l[rr]);
+        if (t4 == 0) {
+            sM[warp * 16 + r] = m[rr];
+            sL[warp * 16 + r] = lt;
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            sO[(warp * 16 + r) * D + dt * 8 + 2 * t4] = O[dt][2 * rr];
+            sO[(warp * 16 + r) * D + dt * 8 + 2 * t4 + 1] = O[dt][2 * rr + 1];
+        }
+    }
+    __syncthreads();
+    const long long pbase = ((long long)split * p.B * p.H + bh) * 16;
+    for (int idx = tid; idx < 16 * D; idx += NTH) {
+        const int r = idx / D, d = idx % D;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, sM[w * 16 + r]);
+        const float Mu = M == NEG_INF ? 0.f : M;
+        float L = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float wt = fast_exp2(sM[w * 16 + r] - Mu);
+            L += sL[w * 16 + r] * wt;
+            acc += sO[(w * 16 + r) * D + d] * wt;
+        }
+        p.part_o[(pbase + r) * D + d] = acc;
+        if (d == 0) {
+            p.part_ml[(pbase + r) * 2] = M;
+            p.part_ml[(pbase + r) * 2 + 1] = L;
+        }
+    }
+}
+
+// grid (B*H), D threads: merge the splits of each query row.
+template <int D, bool BF>
+__device__ __forceinline__ void decode_combine_impl(const AttnParams& p) {
+    const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+    const int d = threadIdx.x;
+    const long long stride = (long long)p.B * p.H * 16;
+    for (int r = 0; r < p.tq; ++r) {
+        float M = NEG_INF;
+        for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.part_ml[((long long)s * stride + bh * 16 + r) * 2]);
+        const float Mu = M == NEG_INF ? 0.f : M;
+        float L = 0.f, acc = 0.f;
+        for (int s = 0; s < p.splits; ++s) {
+            const long long pr = (long long)s * stride + bh * 16 + r;
+            const float wt = exp2f(p.part_ml[pr * 2] - Mu);
+            L += p.part_ml[pr * 2 + 1] * wt;
+            acc += p.part_o[pr * D + d] * wt;
+        }
+        const float o = L > 0.f ? acc / L : 0.f;
+        p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = (u16)(pack2<BF>(o, 0.f) & 0xffffu);
+        if (d == 0) p.lse[(long long)bh * p.tq + r] = L > 0.f ? M * LN2 + logf(L) : NEG_INF;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward preprocessing: delta_i = dO_i . O_i (fp32), 0 for rows that saw no key.
+// One warp per (b, r, h) row; grid (ceil(B*tq*H / 8)), 256 threads.
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF>
+__device__ __forceinline__ void bwd_delta_impl(const AttnParams& p) {
+    const long long rowid = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const long long nrows = (long long)p.B * p.tq * p.H;
+    if (rowid >= nrows) return;
+    const int h = rowid % p.H;
+    const long long bt = rowid / p.H;
+    const int r = bt % p.tq, b = bt / p.tq;
+    const u16* o = p.o_in + rowid * D;
+    const u16* g = p.dout + rowid * D;
+    float acc = 0.f;
+#pragma unroll
+    for (int d = lane * 2; d < D; d += 64) {
+        const u32 ov = *(const u32*)(o + d), gv = *(const u32*)(g + d);
+        acc += to_f32<BF>((u16)(ov & 0xffff)) * to_f32<BF>((u16)(gv & 0xffff));
+        acc += to_f32<BF>((u16)(ov >> 16)) * to_f32<BF>((u16)(gv >> 16));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+        const long long idx = ((long long)b * p.H + h) * p.tq + r;
+        p.delta[idx] = p.lse_in[idx] == NEG_INF ? 0.f : acc;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dq pass: grid (ceil(tq / 128), B*H), 256 threads (8 warps x 16 query rows), key
+// tiles of 64. dS = P (dP - delta), dq = scale * dS K, dcq = row sums of dS.
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF>
+__device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
+    constexpr int BQ = 128, BK = 64, NTH = 256, NT = BK / 8;
+    constexpr bool A_IN_REGS = (D <= 64);
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* sQ = (u16*)smem_raw;
+    u16* sG = sQ + BQ * D;  // dO
+    u16* sK = sG + BQ * D;
+    u16* sV = sK + 2 * BK * D;
+    float* sC = (float*)(sV + 2 * BK * D);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int r0 = qb * BQ;
+    const int rlast = min(r0 + BQ, p.tq) - 1;
+
+    int jbase, first, ntiles;
+    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+
+    float ci[2], lse2[2], dl[2];
+    int pos[2], st[2], rows[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = r0 + warp * 16 + g + rr * 8;
+        rows[rr] = r;
+        if (r < p.tq) {
+            const long long idx = (long long)bh * p.tq + r;
+            ci[rr] = p.cq[idx];
+            pos[rr] = p.q_pos0 + r;
+            st[rr] = row_start(p, b, r);
+            const float ls = p.lse_in[idx];
+            lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
+            dl[rr] = p.delta[idx];
+        } else {
+            ci[rr] = 0.f;
+            pos[rr] = -1;
+            st[rr] = 0;
+            lse2[rr] = POS_INF;
+            dl[rr] = 0.f;
+        }
+    }
+
+    float dQ[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) dQ[dt][0] = dQ[dt][1] = dQ[dt][2] = dQ[dt][3] = 0.f;
+    float dcq[2] = {0.f, 0.f};
+
+    if (first < ntiles) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const float* ckb = p.ck + (long long)bh * p.tk;
+        const int kstart = row_start(p, b, r0);
+        auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+        load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0, qok);
+        // dO is [B, tq, H, D]: as a view, row stride H*D
+        load_tile<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
+        cp_commit();
+        auto load_kv = [&](int it, int buf) {
+            const int jt = jbase + it * BK;
+            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+            if (tid < BK) {
+                const int j = jt + tid;
+                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+            }
+        };
+        load_kv(first, 0);
+        cp_commit();
+
+        const int pos_min = p.q_pos0 + r0;
+        const int start_max = row_start(p, b, rlast);
+        const float scale_log2 = p.scale * LOG2E;
+        u32 qf[A_IN_REGS ? D / 16 : 1][4];
+        u32 gf[A_IN_REGS ? D / 16 : 1][4];
+        for (int it = first; it < ntiles; ++it) {
+            const int buf = (it - first) & 1;
+            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            if constexpr (A_IN_REGS) {
+                if (it == first) {
+#pragma unroll
+                    for (int kc = 0; kc < D / 16; ++kc) {
+                        load_a_frag<D>(qf[kc], sQ, warp * 16, kc);
+                        load_a_frag<D>(gf[kc], sG, warp * 16, kc);
+                    }
+                }
+            }
+            const u16* k_s = sK + buf * BK * D;
+            const u16* v_s = sV + buf * BK * D;
+            const float* c_s = sC + buf * BK;
+            const int jt = jbase + it * BK;
+            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
+
+            float S[NT][4], P[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = P[nt][0] = P[nt][1] = P[nt][2] = P[nt][3] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; ++kc) {
+                u32 af[4], gfr[4];
+                if constexpr (A_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        af[x] = qf[kc][x];
+                        gfr[x] = gf[kc][x];
+                    }
+                } else {
+                    load_a_frag<D>(af, sQ, warp * 16, kc);
+                    load_a_frag<D>(gfr, sG, warp * 16, kc);
+                }
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    u32 b0, b1, b2, b3;
+                    const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    const int ch = kc * 2 + ((lane >> 3) & 1);
+                    ldsm_x4(b0, b1, b2, b3, k_s + swz<D>(row, ch));
+                    mma16816<BF>(S[2 * np], af, b0, b1);
+                    mma16816<BF>(S[2 * np + 1], af, b2, b3);
+                    ldsm_x4(b0, b1, b2, b3, v_s + swz<D>(row, ch));
+                    mma16816<BF>(P[2 * np], gfr, b0, b1);  // P holds dP for now
+                    mma16816<BF>(P[2 * np + 1], gfr, b2, b3);
+                }
+            }
+            // P = exp2(s - lse), dS = P (dP - delta), in place in S
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int jl = nt * 8 + 2 * t4 + (e & 1);
+                    const int rr = e >> 1;
+                    const float x = S[nt][e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E - lse2[rr];
+                    float pr = fast_exp2(x);
+                    if (need_mask) {
+                        const int j = jt + jl;
+                        if (j > pos[rr] || j < st[rr]) pr = 0.f;
+                    }
+                    const float ds = pr * (P[nt][e] - dl[rr]);
+                    dcq[rr] += ds;
+                    S[nt][e] = ds;
+                }
+            }
+            // dQ += dS K
+#pragma unroll
+            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+                u32 a[4];
+                a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
+                a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
+                a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
+                a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
+#pragma unroll
+                for (int dp = 0; dp < D / 16; ++dp) {
+                    u32 b0, b1, b2, b3;
+                    const int row = kc2 * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+                    const int ch = dp * 2 + (lane >> 4);
+                    ldsm_x4_t(b0, b1, b2, b3, k_s + swz<D>(row, ch));
+                    mma16816<BF>(dQ[2 * dp], a, b0, b1);
+                    mma16816<BF>(dQ[2 * dp + 1], a, b2, b3);
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float dc = quad_sum(dcq[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            *(u32*)(qrow + dt * 8 + 2 * t4) = pack2<BF>(dQ[dt][2 * rr] * p.scale, dQ[dt][2 * rr + 1] * p.scale);
+        }
+        if (t4 == 0) p.dcq[(long long)bh * p.tq + r] = dc;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dk/dv pass: grid (ceil(tk / 128), B*H), 256 threads (8 warps x 16 keys), query tiles
+// of BQB rows. Works on the transposed scores S^T = K Q^T so that each warp owns its keys' rows:
+// dV += P^T dO, dK += dS^T Q, dck = -(row sums of dS^T), all in the warp's registers.
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF, int BQB>
+__device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
+    constexpr int BKB = 128, NTH = 256, NTQ = BQB / 8;
+    constexpr bool A_IN_REGS = (D <= 64);
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* sK = (u16*)smem_raw;
+    u16* sV = sK + BKB * D;
+    u16* sQ = sV + BKB * D;           // [2][BQB*D]
+    u16* sG = sQ + 2 * BQB * D;       // [2][BQB*D]
+    float* sLse = (float*)(sG + 2 * BQB * D);  // [2][BQB]
+    float* sDel = sLse + 2 * BQB;
+    float* sCq = sDel + 2 * BQB;
+    int* sSt = (int*)(sCq + 2 * BQB);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kb = blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int j0 = kb * BKB;
+    const int jlast = min(j0 + BKB, p.tk) - 1;
+
+    // query tiles [qfirst, qend)
+    const int nqb = (p.tq + BQB - 1) / BQB;
+    const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
+    int qend = qfirst;
+    {
+        // the first tile that no longer sees this key block: its first row starts after the
+        // block (a later document) or ACP prunes it; both are monotone in the tile index.
+        const float delta = p.prune != nullptr ? p.prune[bh] : 0.f;
+        const float cjl = p.ck[(long long)bh * p.tk + jlast];
+        int lo = qfirst, hi = nqb;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            const int rq = mid * BQB;
+            bool stop = row_start(p, b, rq) > jlast;
+            if (!stop && p.prune != nullptr)
+                stop = jlast < p.q_pos0 + rq && (p.cq[(long long)bh * p.tq + rq] - cjl) < delta;
+            if (stop) hi = mid;
+            else lo = mid + 1;
+        }
+        qend = lo;
+    }
+
+    const int kfloor = row_start(p, b, 0);
+    int jrow[2];
+    float ckr[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = j0 + warp * 16 + g + rr * 8;
+        jrow[rr] = j;
+        ckr[rr] = j < p.tk ? p.ck[(long long)bh * p.tk + j] : 0.f;
+    }
+
+    float dK[D / 8][4], dV[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+        dK[dt][0] = dK[dt][1] = dK[dt][2] = dK[dt][3] = dV[dt][0] = dV[dt][1] = dV[dt][2] = dV[dt][3] = 0.f;
+    float dck[2] = {0.f, 0.f};
+
+    if (qfirst < qend) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
+        const long long g_st = (long long)p.H * D;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
+        load_tile<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
+        load_tile<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+        cp_commit();
+        auto load_q = [&](int qi, int buf) {
+            const int rq = qi * BQB;
+            auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+            load_tile<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
+            load_tile<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
+            if (tid < BQB) {
+                const int r = rq + tid;
+                const bool in = r < p.tq;
+                const long long idx = (long long)bh * p.tq + (in ? r : 0);
+                cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
+                cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
+                cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
+            } else if (tid < 2 * BQB && p.start_mode == 2) {
+                const int r = rq + tid - BQB;
+                const bool in = r < p.tq;
+                cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+            }
+        };
+        load_q(qfirst, 0);
+        cp_commit();
+
+        const float scale_log2 = p.scale * LOG2E;
+        u32 kf[A_IN_REGS ? D / 16 : 1][4];
+        u32 vf[A_IN_REGS ? D / 16 : 1][4];
+        for (int qi = qfirst; qi < qend; ++qi) {
+            const int buf = (qi - qfirst) & 1;
+            if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            if constexpr (A_IN_REGS) {
+                if (qi == qfirst) {
+#pragma unroll
+                    for (int kc = 0; kc < D / 16; ++kc) {
+                        load_a_frag<D>(kf[kc], sK, warp * 16, kc);
+                        load_a_frag<D>(vf[kc], sV, warp * 16, kc);
+                    }
+                }
+            }
+            const u16* q_s = sQ + buf * BQB * D;
+            const u16* g_s = sG + buf * BQB * D;
+            const float* lse_s = sLse + buf * BQB;
+            const float* del_s = sDel + buf * BQB;
+            const float* cq_s = sCq + buf * BQB;
+            const int* st_s = sSt + buf * BQB;
+            const int rq = qi * BQB;
+            const int rql = min(rq + BQB, p.tq) - 1;
+            const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+
+            float ST[NTQ][4], DP[NTQ][4];
+#pragma unroll
+            for (int nt = 0; nt < NTQ; ++nt)
+                ST[nt][0] = ST[nt][1] = ST[nt][2] = ST[nt][3] = DP[nt][0] = DP[nt][1] = DP[nt][2] = DP[nt][3] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; ++kc) {
+                u32 af[4], vfr[4];
+                if constexpr (A_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        af[x] = kf[kc][x];
+                        vfr[x] = vf[kc][x];
+                    }
+                } else {
+                    load_a_frag<D>(af, sK, warp * 16, kc);
+                    load_a_frag<D>(vfr, sV, warp * 16, kc);
+                }
+#pragma unroll
+                for (int np = 0; np < NTQ / 2; ++np) {
+                    u32 b0, b1, b2, b3;
+                    const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    const int ch = kc * 2 + ((lane >> 3) & 1);
+                    ldsm_x4(b0, b1, b2, b3, q_s + swz<D>(row, ch));
+                    mma16816<BF>(ST[2 * np], af, b0, b1);
+                    mma16816<BF>(ST[2 * np + 1], af, b2, b3);
+                    ldsm_x4(b0, b1, b2, b3, g_s + swz<D>(row, ch));
+                    mma16816<BF>(DP[2 * np], vfr, b0, b1);
+                    mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
+                }
+            }
+            // P^T and dS^T; ST <- P^T, DP <- dS^T
+#pragma unroll
+            for (int nt = 0; nt < NTQ; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int il = nt * 8 + 2 * t4 + (e & 1);  // query column
+                    const int kr = e >> 1;                     // key row (g or g+8)
+                    const float x = ST[nt][e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
+                    float pr = fast_exp2(x);
+                    if (need_mask) {
+                        const int i = rq + il;
+                        const int pos = i < p.tq ? p.q_pos0 + i : -1;
+                        const int sti = p.start_mode == 2 ? st_s[il] : row_start(p, b, 0);
+                        const int j = jrow[kr];
+                        if (j > pos || j < sti) pr = 0.f;
+                    }
+                    const float ds = pr * (DP[nt][e] - del_s[il]);
+                    dck[kr] -= ds;
+                    ST[nt][e] = pr;
+                    DP[nt][e] = ds;
+                }
+            }
+            // dV += P^T dO, dK += dS^T Q
+#pragma unroll
+            for (int kq = 0; kq < NTQ / 2; ++kq) {
+                u32 ap[4], as[4];
+                ap[0] = pack2<BF>(ST[2 * kq][0], ST[2 * kq][1]);
+                ap[1] = pack2<BF>(ST[2 * kq][2], ST[2 * kq][3]);
+                ap[2] = pack2<BF>(ST[2 * kq + 1][0], ST[2 * kq + 1][1]);
+                ap[3] = pack2<BF>(ST[2 * kq + 1][2], ST[2 * kq + 1][3]);
+                as[0] = pack2<BF>(DP[2 * kq][0], DP[2 * kq][1]);
+                as[1] = pack2<BF>(DP[2 * kq][2], DP[2 * kq][3]);
+                as[2] = pack2<BF>(DP[2 * kq + 1][0], DP[2 * kq + 1][1]);
+                as[3] = pack2<BF>(DP[2 * kq + 1][2], DP[2 * kq + 1][3]);
+#pragma unroll
+                for (int dp = 0; dp < D / 16; ++dp) {
+                    u32 b0, b1, b2, b3;
+                    const int row = kq * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+                    const int ch = dp * 2 + (lane >> 4);
+                    ldsm_x4_t(b0, b1, b2, b3, g_s + swz<D>(row, ch));
+                    mma16816<BF>(dV[2 * dp], ap, b0, b1);
+                    mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
+                    ldsm_x4_t(b0, b1, b2, b3, q_s + swz<D>(row, ch));
+                    mma16816<BF>(dK[2 * dp], as, b0, b1);
+                    mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float dc = quad_sum(dck[rr]);
+        const int j = jrow[rr];
+        if (j >= p.tk) continue;
+        const long long off = (((long long)b * p.tk + j) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[dt][2 * rr] * p.scale, dK[dt][2 * rr + 1] * p.scale);
+            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[dt][2 * rr], dV[dt][2 * rr + 1]);
+        }
+        if (t4 == 0) p.dck[(long long)bh * p.tk + j] = dc;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points. Names: fox_<pass>_d<D>_<bf16|f16>.
+// ---------------------------------------------------------------------------------------------
+#define FOX_ENTRY(NAME, IMPL, NTH, ...)                                                         \
+    extern "C" __global__ void __launch_bounds__(NTH) NAME(const AttnParams p) { IMPL<__VA_ARGS__>(p); }
+
+#define FOX_ALL(D, TY, BF, BQB)                                                  \
+    FOX_ENTRY(fox_fwd_d##D##_##TY, fwd_impl, 256, D, BF)                         \
+    FOX_ENTRY(fox_decode_d##D##_##TY, decode_impl, 128, D, BF)                   \
+    FOX_ENTRY(fox_decode_combine_d##D##_##TY, decode_combine_impl, D, D, BF)     \
+    FOX_ENTRY(fox_bwd_delta_d##D##_##TY, bwd_delta_impl, 256, D, BF)             \
+    FOX_ENTRY(fox_bwd_dq_d##D##_##TY, bwd_dq_impl, 256, D, BF)                   \
+    FOX_ENTRY(fox_bwd_dkdv_d##D##_##TY, bwd_dkdv_impl, 256, D, BF, BQB)
+
+FOX_ALL(64, bf16, true, 64)
+FOX_ALL(128, bf16, true, 32)
+FOX_ALL(64, f16, false, 64)
+FOX_ALL(128, f16, false, 32)

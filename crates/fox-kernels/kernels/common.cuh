@@ -1,0 +1,198 @@
+// Shared helpers for the Forgetting Attention kernels (compiled at run time by NVRTC).
+//
+// No CUDA headers: NVRTC compiles this file alone. Half-precision values travel as raw 16-bit
+// words (u16) and are converted with PTX `cvt`, so bf16 and fp16 share one code path that
+// differs only in the mma instruction and the conversions.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
+
+// Everything a Forgetting Attention launch needs, passed by value as one struct.
+// Element strides; D is contiguous. q/k/v are [B, H, T, D] views with arbitrary strides,
+// o/dout/dq/dk/dv are contiguous [B, T, H, D].
+struct AttnParams {
+    const u16* q;
+    const u16* k;
+    const u16* v;
+    long long q_sb, q_sh, q_st;
+    long long k_sb, k_sh, k_st;
+    long long v_sb, v_sh, v_st;
+    u16* o;            // forward output [B, tq, H, D]
+    float* lse;        // [B, H, tq], natural log; -inf for rows that see no key
+    const float* cq;   // [B, H, tq]
+    const float* ck;   // [B, H, tk]
+    const int* start;  // visibility: see row_start
+    const float* prune;  // ACP threshold per (b, h) in natural-log units, or null
+    u64* counters;     // [2]: key tiles visited, pruned (or null)
+    // backward
+    const u16* o_in;   // [B, tq, H, D]
+    const u16* dout;   // [B, tq, H, D]
+    const float* lse_in;
+    float* delta;      // [B, H, tq]
+    u16* dq;           // [B, tq, H, D]
+    u16* dk;           // [B, tk, H, D]
+    u16* dv;           // [B, tk, H, D]
+    float* dcq;        // [B, H, tq]
+    float* dck;        // [B, H, tk]
+    // decode split-K scratch
+    float* part_o;     // [splits, B*H, 16, D]
+    float* part_ml;    // [splits, B*H, 16, 2]
+    int B, H, tq, tk, q_pos0;
+    int start_mode;    // 0: every key; 1: start[b] (left padding); 2: start[b*tq + r] (packed)
+    int splits;
+    float scale;
+};
+
+// First key query row r of batch row b may see. Non-decreasing in r (checked on the host).
+__device__ __forceinline__ int row_start(const AttnParams& p, int b, int r) {
+    if (p.start_mode == 0) return 0;
+    if (p.start_mode == 1) return p.start[b];
+    return p.start[b * p.tq + r];
+}
+
+__device__ __forceinline__ u32 smem_u32(const void* ptr) {
+    return (u32)__cvta_generic_to_shared(ptr);
+}
+
+// 16-byte asynchronous copy global -> shared; zero-fills when !valid.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    int sz = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(sz));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    int sz = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(sz));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* ptr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(ptr)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, const void* ptr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(ptr)));
+}
+
+// D(16x8, f32) += A(16x16) * B(16x8), A row-major, B column-major.
+template <bool BF>
+__device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if constexpr (BF) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Two floats -> one 32-bit word of two halves; `lo` lands in the low 16 bits (smaller column).
+template <bool BF>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (BF) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+template <bool BF>
+__device__ __forceinline__ float to_f32(u16 x) {
+    if constexpr (BF) {
+        return __uint_as_float(((u32)x) << 16);
+    } else {
+        float f;
+        asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
+        return f;
+    }
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Swizzled offset (in elements) of 16-byte chunk `ch` of row `row` in a [rows, D] tile:
+// the chunk index is XORed with row % 8 so that ldmatrix's eight rows hit eight bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int ch) {
+    return row * D + ((ch ^ (row & 7)) << 3);
+}
+
+// Copy rows [row0, row0 + R) of a strided [T, D] matrix (base points at row 0) into a swizzled
+// shared tile; rows for which ok(row) is false are zero-filled.
+template <int D, int R, int NTHREADS, class F>
+__device__ __forceinline__ void load_tile(u16* s, const u16* base, long long st, int row0, F ok) {
+    constexpr int C = D / 8;
+#pragma unroll
+    for (int i0 = 0; i0 < R * C; i0 += NTHREADS) {
+        const int i = i0 + (int)threadIdx.x;
+        if (R * C % NTHREADS != 0 && i >= R * C) break;
+        const int r = i / C, c = i % C;
+        const int gr = row0 + r;
+        const bool valid = ok(gr);
+        const u16* src = valid ? base + (long long)gr * st + c * 8 : base;
+        cp_async16(s + swz<D>(r, c), src, valid);
+    }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    return x;
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+}
+
+// The key tiles of width BK a block of query rows [r0, rlast] must visit: tiles jbase + i*BK for
+// i in [first, ntiles). Keys before the block's first row's start are invisible to every row of
+// the block (starts are non-decreasing); ACP skips the prefix of tiles whose largest bias
+// c_{r0} - c_{tile's last key} is below the threshold, found by binary search since the bias
+// bound is monotone along the tiles of one document.
+template <int BK>
+__device__ __forceinline__ void key_tiles(const AttnParams& p, int b, int bh, int r0, int rlast, int& jbase,
+                                          int& first, int& ntiles) {
+    const int kstart = row_start(p, b, r0);
+    const int kend = min(p.q_pos0 + rlast + 1, p.tk);
+    jbase = (kstart / BK) * BK;
+    ntiles = kend > kstart ? (kend - jbase + BK - 1) / BK : 0;
+    first = 0;
+    if (p.prune != nullptr && ntiles > 0) {
+        const float delta = p.prune[bh];
+        const float ci0 = p.cq[(long long)bh * p.tq + r0];
+        const int pos0 = p.q_pos0 + r0;
+        int lo = 0, hi = ntiles;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            const int jl = jbase + mid * BK + BK - 1;
+            const bool pruned = jl < pos0 && (ci0 - p.ck[(long long)bh * p.tk + jl]) < delta;
+            if (pruned) lo = mid + 1;
+            else hi = mid;
+        }
+        first = lo;
+    }
+}

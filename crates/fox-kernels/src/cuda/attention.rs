@@ -1,0 +1,558 @@
+//! Forgetting Attention on the GPU: the launch API, mirroring the CPU [`crate::attention`].
+//!
+//! q, k, v are bf16 or fp16 (stored as raw `u16` bits) in strided [B, H, T, D] views with D
+//! contiguous; the gate prefix sums c, softmax statistics and every accumulator are fp32. The
+//! output and the gradients dq, dk, dv are in the input's dtype, [B, T, H, D]; lse, dcq, dck are
+//! f32. Head dims 64 and 128.
+//!
+//! Visibility is one of three per-row key starts (as on the CPU): every key, left padding
+//! (`start[b]`), or packed documents (`start[b*tq + r]`, the first key of row r's document).
+//! Starts must be non-decreasing along each batch row (documents are contiguous), which
+//! [`upload_visibility`] checks.
+
+use super::compile::{ATTENTION, FGATE};
+use super::Gpu;
+use crate::attention::Visibility;
+use anyhow::{bail, ensure, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    Bf16,
+    F16,
+}
+
+impl DType {
+    fn suffix(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+/// A strided [B, H, T, D] view of a device buffer: element (b, h, t, d) at b·sb + h·sh + t·st + d.
+#[derive(Clone, Copy)]
+pub struct DevView<'a> {
+    pub data: &'a CudaSlice<u16>,
+    /// Element offset of (0, 0, 0, 0), e.g. to select k inside a packed qkv buffer.
+    pub off: usize,
+    pub sb: usize,
+    pub sh: usize,
+    pub st: usize,
+}
+
+impl<'a> DevView<'a> {
+    /// [B, T, H·D], a projection's output.
+    pub fn bthd(data: &'a CudaSlice<u16>, t: usize, h: usize, d: usize) -> Self {
+        Self { data, off: 0, sb: t * h * d, sh: d, st: h * d }
+    }
+    /// [B, H, T, D], the decode cache.
+    pub fn bhtd(data: &'a CudaSlice<u16>, t: usize, d: usize, h: usize) -> Self {
+        Self { data, off: 0, sb: h * t * d, sh: t * d, st: d }
+    }
+}
+
+/// Which keys a query row may see besides causality (device copy of [`Visibility`]).
+#[derive(Clone, Copy)]
+pub enum DevVisibility<'a> {
+    All,
+    /// `start[b]`, len B.
+    LeftPadded(&'a CudaSlice<i32>),
+    /// `start[b*tq + r]`, len B·tq, non-decreasing in r.
+    PerRow(&'a CudaSlice<i32>),
+}
+
+/// One attention problem on the device; fields as in [`crate::attention::Problem`].
+#[derive(Clone, Copy)]
+pub struct DevProblem<'a> {
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub q_pos0: usize,
+    pub dtype: DType,
+    pub q: DevView<'a>,
+    pub k: DevView<'a>,
+    pub v: DevView<'a>,
+    /// [B, H, tq]
+    pub cq: &'a CudaSlice<f32>,
+    /// [B, H, tk]
+    pub ck: &'a CudaSlice<f32>,
+    pub vis: DevVisibility<'a>,
+    pub scale: f32,
+    /// ACP threshold δ per (b, h), natural-log units (see [`acp_thresholds_from_norms`]).
+    pub prune: Option<&'a CudaSlice<f32>>,
+}
+
+/// Key tiles visited and skipped by ACP (tile sizes of the GPU kernels: 64 keys per tile, 128
+/// query rows per block in the forward; the decode kernel's block is its tq rows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TileStats {
+    pub tiles_visited: u64,
+    pub tiles_pruned: u64,
+}
+
+impl TileStats {
+    pub fn pruned_fraction(&self) -> f64 {
+        let t = self.tiles_visited + self.tiles_pruned;
+        if t == 0 {
+            0.0
+        } else {
+            self.tiles_pruned as f64 / t as f64
+        }
+    }
+}
+
+/// Which forward kernel to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FwdKernel {
+    /// Decode kernel for tq ≤ 16 against ≥ 256 keys, else the tiled kernel.
+    #[default]
+    Auto,
+    /// The FlashAttention-2-style kernel (128 query rows per block).
+    Tiled,
+    /// Split-K decode kernel (tq ≤ 16).
+    Decode,
+}
+
+/// Layout of the kernel parameter block; must match `AttnParams` in kernels/common.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct AttnParams {
+    q: u64,
+    k: u64,
+    v: u64,
+    q_sb: i64,
+    q_sh: i64,
+    q_st: i64,
+    k_sb: i64,
+    k_sh: i64,
+    k_st: i64,
+    v_sb: i64,
+    v_sh: i64,
+    v_st: i64,
+    o: u64,
+    lse: u64,
+    cq: u64,
+    ck: u64,
+    start: u64,
+    prune: u64,
+    counters: u64,
+    o_in: u64,
+    dout: u64,
+    lse_in: u64,
+    delta: u64,
+    dq: u64,
+    dk: u64,
+    dv: u64,
+    dcq: u64,
+    dck: u64,
+    part_o: u64,
+    part_ml: u64,
+    b: i32,
+    h: i32,
+    tq: i32,
+    tk: i32,
+    q_pos0: i32,
+    start_mode: i32,
+    splits: i32,
+    scale: f32,
+}
+// SAFETY: plain old data with the C layout the kernels expect.
+unsafe impl DeviceRepr for AttnParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ScanParams {
+    in1: u64,
+    in2: u64,
+    out: u64,
+    start: u64,
+    b: i32,
+    h: i32,
+    t: i32,
+    start_mode: i32,
+}
+// SAFETY: as above (ScanParams in kernels/fgate.cu).
+unsafe impl DeviceRepr for ScanParams {}
+
+fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+/// Checks that hold for every launch.
+fn validate(p: &DevProblem) -> Result<()> {
+    ensure!(p.head_dim == 64 || p.head_dim == 128, "GPU attention supports head_dim 64 and 128, got {}", p.head_dim);
+    ensure!(p.batch > 0 && p.heads > 0 && p.tq > 0 && p.tk > 0, "empty attention problem");
+    ensure!(p.q_pos0 + p.tq <= p.tk, "query rows end at {} but there are only {} keys", p.q_pos0 + p.tq, p.tk);
+    ensure!(p.tk < i32::MAX as usize / 2 && p.batch * p.tq < i32::MAX as usize, "sequence too long for 32-bit indices");
+    let d = p.head_dim;
+    for (name, v, t) in [("q", &p.q, p.tq), ("k", &p.k, p.tk), ("v", &p.v, p.tk)] {
+        ensure!(
+            v.off % 8 == 0 && v.sb % 8 == 0 && v.sh % 8 == 0 && v.st % 8 == 0,
+            "{name}: strides must be multiples of 8 elements (16-byte loads)"
+        );
+        let last = v.off + (p.batch - 1) * v.sb + (p.heads - 1) * v.sh + (t - 1) * v.st + d;
+        ensure!(last <= v.data.len(), "{name}: view reaches element {last} of a buffer of {}", v.data.len());
+    }
+    ensure!(p.cq.len() >= p.batch * p.heads * p.tq, "cq too short");
+    ensure!(p.ck.len() >= p.batch * p.heads * p.tk, "ck too short");
+    match p.vis {
+        DevVisibility::All => {}
+        DevVisibility::LeftPadded(s) => ensure!(s.len() >= p.batch, "left-padding starts: need {} entries", p.batch),
+        DevVisibility::PerRow(s) => ensure!(s.len() >= p.batch * p.tq, "per-row starts: need {} entries", p.batch * p.tq),
+    }
+    if let Some(th) = p.prune {
+        ensure!(th.len() >= p.batch * p.heads, "ACP thresholds: need {} entries", p.batch * p.heads);
+    }
+    Ok(())
+}
+
+fn params(gpu: &Gpu, p: &DevProblem) -> AttnParams {
+    let (start, mode) = match p.vis {
+        DevVisibility::All => (0, 0),
+        DevVisibility::LeftPadded(s) => (ptr(gpu, s), 1),
+        DevVisibility::PerRow(s) => (ptr(gpu, s), 2),
+    };
+    AttnParams {
+        q: ptr(gpu, p.q.data) + 2 * p.q.off as u64,
+        k: ptr(gpu, p.k.data) + 2 * p.k.off as u64,
+        v: ptr(gpu, p.v.data) + 2 * p.v.off as u64,
+        q_sb: p.q.sb as i64,
+        q_sh: p.q.sh as i64,
+        q_st: p.q.st as i64,
+        k_sb: p.k.sb as i64,
+        k_sh: p.k.sh as i64,
+        k_st: p.k.st as i64,
+        v_sb: p.v.sb as i64,
+        v_sh: p.v.sh as i64,
+        v_st: p.v.st as i64,
+        cq: ptr(gpu, p.cq),
+        ck: ptr(gpu, p.ck),
+        start,
+        start_mode: mode,
+        prune: p.prune.map_or(0, |t| ptr(gpu, t)),
+        b: p.batch as i32,
+        h: p.heads as i32,
+        tq: p.tq as i32,
+        tk: p.tk as i32,
+        q_pos0: p.q_pos0 as i32,
+        scale: p.scale,
+        splits: 1,
+        ..Default::default()
+    }
+}
+
+fn kernel(gpu: &Gpu, pass: &str, p: &DevProblem, smem: usize) -> Result<CudaFunction> {
+    let name = format!("fox_{pass}_d{}_{}", p.head_dim, p.dtype.suffix());
+    let f = gpu.function(&ATTENTION, &name)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| anyhow::anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    Ok(f)
+}
+
+fn launch(gpu: &Gpu, f: &CudaFunction, grid: (u32, u32, u32), block: u32, smem: usize, prm: &AttnParams, what: &str) -> Result<()> {
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(prm);
+    // SAFETY: the parameter block matches the kernel's signature; every pointer in it was
+    // validated against its buffer's length by `validate`.
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {what}: {e:?}"))?;
+    Ok(())
+}
+
+const FWD_BQ: usize = 128;
+const BK: usize = 64;
+const DKDV_BK: usize = 128;
+
+fn fwd_smem(d: usize) -> usize {
+    (FWD_BQ * d + 4 * BK * d) * 2 + 2 * BK * 4
+}
+fn decode_smem(d: usize) -> usize {
+    (16 * d + 4 * BK * d) * 2 + 2 * BK * 4
+}
+fn dq_smem(d: usize) -> usize {
+    (2 * FWD_BQ * d + 4 * BK * d) * 2 + 2 * BK * 4
+}
+fn dkdv_bqb(d: usize) -> usize {
+    if d <= 64 {
+        64
+    } else {
+        32
+    }
+}
+fn dkdv_smem(d: usize) -> usize {
+    let bqb = dkdv_bqb(d);
+    (2 * DKDV_BK * d + 4 * bqb * d) * 2 + 4 * 2 * bqb * 4
+}
+
+/// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
+/// that see no key). Returns tile counts when `count_tiles` (one atomic per block).
+pub fn forward(
+    gpu: &Gpu,
+    p: &DevProblem,
+    out: &mut CudaSlice<u16>,
+    lse: &mut CudaSlice<f32>,
+    kernel_choice: FwdKernel,
+    count_tiles: bool,
+) -> Result<TileStats> {
+    validate(p)?;
+    let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
+    ensure!(out.len() >= bb * p.tq * hh * d, "forward output too short");
+    ensure!(lse.len() >= bb * hh * p.tq, "lse too short");
+    let counters: Option<CudaSlice<u64>> = if count_tiles { Some(gpu.zeros::<u64>(2)?) } else { None };
+    let mut prm = params(gpu, p);
+    prm.o = ptr(gpu, out);
+    prm.lse = ptr(gpu, lse);
+    prm.counters = counters.as_ref().map_or(0, |c| ptr(gpu, c));
+    let use_decode = match kernel_choice {
+        FwdKernel::Decode => {
+            ensure!(p.tq <= 16, "the decode kernel takes at most 16 query rows, got {}", p.tq);
+            true
+        }
+        FwdKernel::Tiled => false,
+        FwdKernel::Auto => p.tq <= 16 && p.tk >= 256,
+    };
+    if use_decode {
+        // split the keys so that the grid fills the GPU about twice
+        let tiles = p.tk.div_ceil(BK);
+        let want = (2 * gpu.sm_count()).div_ceil(bb * hh);
+        let splits = want.clamp(1, tiles.div_ceil(2).max(1)).min(64);
+        let part_o = gpu.zeros::<f32>(splits * bb * hh * 16 * d)?;
+        let part_ml = gpu.zeros::<f32>(splits * bb * hh * 16 * 2)?;
+        prm.part_o = ptr(gpu, &part_o);
+        prm.part_ml = ptr(gpu, &part_ml);
+        prm.splits = splits as i32;
+        let smem = decode_smem(d);
+        let f = kernel(gpu, "decode", p, smem)?;
+        launch(gpu, &f, (splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")?;
+        let fc = kernel(gpu, "decode_combine", p, 0)?;
+        launch(gpu, &fc, ((bb * hh) as u32, 1, 1), d as u32, 0, &prm, "the decode combine")?;
+        // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
+        drop((part_o, part_ml));
+    } else {
+        let smem = fwd_smem(d);
+        let f = kernel(gpu, "fwd", p, smem)?;
+        launch(gpu, &f, (p.tq.div_ceil(FWD_BQ) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the forward kernel")?;
+    }
+    match counters {
+        Some(c) => {
+            let v = gpu.download(&c)?;
+            Ok(TileStats { tiles_visited: v[0], tiles_pruned: v[1] })
+        }
+        None => Ok(TileStats::default()),
+    }
+}
+
+/// Gradient buffers of one attention problem (plus the backward's scratch).
+pub struct DevGrads {
+    /// [B, tq, H, D]
+    pub dq: CudaSlice<u16>,
+    /// [B, tk, H, D]
+    pub dk: CudaSlice<u16>,
+    /// [B, tk, H, D]
+    pub dv: CudaSlice<u16>,
+    /// d loss / d cq, [B, H, tq] (row sums of dS: zero in exact arithmetic)
+    pub dcq: CudaSlice<f32>,
+    /// d loss / d ck, [B, H, tk] (minus the column sums of dS)
+    pub dck: CudaSlice<f32>,
+    /// delta_i = dO_i · O_i, [B, H, tq]
+    pub delta: CudaSlice<f32>,
+}
+
+impl DevGrads {
+    pub fn new(gpu: &Gpu, p: &DevProblem) -> Result<Self> {
+        let (b, h, d) = (p.batch, p.heads, p.head_dim);
+        Ok(Self {
+            dq: gpu.zeros(b * p.tq * h * d)?,
+            dk: gpu.zeros(b * p.tk * h * d)?,
+            dv: gpu.zeros(b * p.tk * h * d)?,
+            dcq: gpu.zeros(b * h * p.tq)?,
+            dck: gpu.zeros(b * h * p.tk)?,
+            delta: gpu.zeros(b * h * p.tq)?,
+        })
+    }
+}
+
+/// Backward: `o`, `dout` [B, tq, H, D] (input dtype), `lse` from [`forward`]. Three launches:
+/// delta = rowsum(dO ∘ O); dk, dv, dck over key blocks; dq, dcq over query blocks.
+pub fn backward(
+    gpu: &Gpu,
+    p: &DevProblem,
+    o: &CudaSlice<u16>,
+    dout: &CudaSlice<u16>,
+    lse: &CudaSlice<f32>,
+    g: &mut DevGrads,
+) -> Result<()> {
+    validate(p)?;
+    let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
+    ensure!(o.len() >= bb * p.tq * hh * d && dout.len() >= bb * p.tq * hh * d, "o / dout too short");
+    ensure!(lse.len() >= bb * hh * p.tq, "lse too short");
+    ensure!(g.dq.len() >= bb * p.tq * hh * d && g.dk.len() >= bb * p.tk * hh * d, "gradient buffers too short");
+    let mut prm = params(gpu, p);
+    prm.o_in = ptr(gpu, o);
+    prm.dout = ptr(gpu, dout);
+    prm.lse_in = ptr(gpu, lse);
+    prm.delta = ptr(gpu, &g.delta);
+    prm.dq = ptr(gpu, &g.dq);
+    prm.dk = ptr(gpu, &g.dk);
+    prm.dv = ptr(gpu, &g.dv);
+    prm.dcq = ptr(gpu, &g.dcq);
+    prm.dck = ptr(gpu, &g.dck);
+
+    let f = kernel(gpu, "bwd_delta", p, 0)?;
+    let rows = bb * p.tq * hh;
+    launch(gpu, &f, (rows.div_ceil(8) as u32, 1, 1), 256, 0, &prm, "the backward delta kernel")?;
+
+    let smem = dkdv_smem(d);
+    let f = kernel(gpu, "bwd_dkdv", p, smem)?;
+    launch(gpu, &f, (p.tk.div_ceil(DKDV_BK) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the dk/dv kernel")?;
+
+    let smem = dq_smem(d);
+    let f = kernel(gpu, "bwd_dq", p, smem)?;
+    launch(gpu, &f, (p.tq.div_ceil(FWD_BQ) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the dq kernel")?;
+    Ok(())
+}
+
+/// ACP thresholds δ = −(2U + ln N) + ln ε per (b, h) into `out`, with U = scale·max|q|·max|k| over
+/// the rows that see keys (the SPEC's bound from query and key norms). `n_keys` is N.
+pub fn acp_thresholds_from_norms(gpu: &Gpu, p: &DevProblem, n_keys: usize, log_eps: f32, out: &mut CudaSlice<f32>) -> Result<()> {
+    validate(p)?;
+    ensure!(out.len() >= p.batch * p.heads, "threshold buffer too short");
+    let prm = params(gpu, p);
+    let name = format!("fox_acp_norms_d{}_{}", p.head_dim, p.dtype.suffix());
+    let f = gpu.function(&FGATE, &name)?;
+    let out_ptr = ptr(gpu, out);
+    let ln_n = (n_keys as f32).ln();
+    let cfg = LaunchConfig { grid_dim: ((p.batch * p.heads) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&prm).arg(&log_eps).arg(&ln_n).arg(&out_ptr);
+    // SAFETY: arguments match `fox_acp_norms_*`; `out` holds B·H floats.
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the ACP norm kernel: {e:?}"))?;
+    Ok(())
+}
+
+/// U per head from QK-norm weights: |scale·q·k| ≤ sqrt(d)·max|γ_q|·max|γ_k| (RMS-normalised q and
+/// k have norm sqrt(d)). `gamma_q`, `gamma_k` are [H·d] per head, or [d] when shared by all heads.
+pub fn logit_bound_from_qk_norm(gamma_q: &[f32], gamma_k: &[f32], heads: usize, head_dim: usize) -> Result<Vec<f32>> {
+    let per_head = |g: &[f32], h: usize| -> Result<f32> {
+        let s = if g.len() == head_dim {
+            g
+        } else if g.len() == heads * head_dim {
+            &g[h * head_dim..(h + 1) * head_dim]
+        } else {
+            bail!("QK-norm weight of length {} fits neither [d] nor [H·d]", g.len())
+        };
+        Ok(s.iter().fold(0.0f32, |m, x| m.max(x.abs())))
+    };
+    (0..heads)
+        .map(|h| Ok((head_dim as f32).sqrt() * per_head(gamma_q, h)? * per_head(gamma_k, h)?))
+        .collect()
+}
+
+/// Upload a CPU [`Visibility`] for a problem of `batch` rows and `tq` query rows, checking that
+/// per-row starts are non-decreasing (contiguous documents), as the kernels assume.
+pub fn upload_visibility(gpu: &Gpu, vis: &Visibility, batch: usize, tq: usize) -> Result<Option<CudaSlice<i32>>> {
+    match vis {
+        Visibility::All => Ok(None),
+        Visibility::LeftPadded(s) => {
+            ensure!(s.len() == batch, "left padding: {} starts for {batch} rows", s.len());
+            Ok(Some(gpu.upload(&s.iter().map(|&x| x as i32).collect::<Vec<_>>())?))
+        }
+        Visibility::PerRow(s) => {
+            ensure!(s.len() == batch * tq, "per-row starts: {} for {} rows", s.len(), batch * tq);
+            for b in 0..batch {
+                let row = &s[b * tq..(b + 1) * tq];
+                ensure!(row.windows(2).all(|w| w[0] <= w[1]), "per-row starts of batch row {b} decrease: documents must be contiguous");
+            }
+            Ok(Some(gpu.upload(&s.iter().map(|&x| x as i32).collect::<Vec<_>>())?))
+        }
+    }
+}
+
+/// Per-row starts of packed documents from their offsets: `offsets[b]` lists the first position
+/// of each document of batch row b (starting with 0).
+pub fn starts_from_doc_offsets(offsets: &[Vec<usize>], t: usize) -> Vec<usize> {
+    let mut s = Vec::with_capacity(offsets.len() * t);
+    for offs in offsets {
+        let mut cur = 0;
+        let mut next = 1;
+        for r in 0..t {
+            while next < offs.len() && offs[next] <= r {
+                cur = next;
+                next += 1;
+            }
+            s.push(offs.get(cur).copied().unwrap_or(0));
+        }
+    }
+    s
+}
+
+fn scan_launch(gpu: &Gpu, name: &str, sp: &ScanParams) -> Result<()> {
+    let f = gpu.function(&FGATE, name)?;
+    let cfg = LaunchConfig { grid_dim: ((sp.b * sp.h) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(sp);
+    // SAFETY: the buffers were length-checked by the callers.
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
+    Ok(())
+}
+
+fn seg(gpu: &Gpu, vis: DevVisibility, batch: usize, t: usize) -> Result<(u64, i32)> {
+    Ok(match vis {
+        DevVisibility::All => (0, 0),
+        DevVisibility::LeftPadded(s) => {
+            ensure!(s.len() >= batch, "starts too short");
+            (ptr(gpu, s), 1)
+        }
+        DevVisibility::PerRow(s) => {
+            ensure!(s.len() >= batch * t, "starts too short");
+            (ptr(gpu, s), 2)
+        }
+    })
+}
+
+/// c [B, H, T] = prefix sum over each document of a [B, T, H] (padding counts as 0), as
+/// [`crate::fgate::prefix_sum_fwd`] and restarting at packed documents' starts.
+pub fn fgate_prefix_sum_fwd(gpu: &Gpu, a: &CudaSlice<f32>, c: &mut CudaSlice<f32>, vis: DevVisibility, batch: usize, t: usize, heads: usize) -> Result<()> {
+    ensure!(a.len() >= batch * t * heads && c.len() >= batch * t * heads, "prefix sum buffers too short");
+    let (start, mode) = seg(gpu, vis, batch, t)?;
+    let sp = ScanParams { in1: ptr(gpu, a), in2: 0, out: ptr(gpu, c), start, b: batch as i32, h: heads as i32, t: t as i32, start_mode: mode };
+    scan_launch(gpu, "fox_fgate_cumsum_fwd", &sp)
+}
+
+/// da [B, T, H] = reverse prefix sum over each document of dcq + dck [B, H, T] (zero at
+/// padding), as [`crate::fgate::prefix_sum_bwd`] of dc = dcq + dck.
+pub fn fgate_prefix_sum_bwd(
+    gpu: &Gpu,
+    dcq: &CudaSlice<f32>,
+    dck: Option<&CudaSlice<f32>>,
+    da: &mut CudaSlice<f32>,
+    vis: DevVisibility,
+    batch: usize,
+    t: usize,
+    heads: usize,
+) -> Result<()> {
+    let n = batch * t * heads;
+    ensure!(dcq.len() >= n && da.len() >= n && dck.is_none_or(|x| x.len() >= n), "prefix sum buffers too short");
+    let (start, mode) = seg(gpu, vis, batch, t)?;
+    let sp = ScanParams {
+        in1: ptr(gpu, dcq),
+        in2: dck.map_or(0, |x| ptr(gpu, x)),
+        out: ptr(gpu, da),
+        start,
+        b: batch as i32,
+        h: heads as i32,
+        t: t as i32,
+        start_mode: mode,
+    };
+    scan_launch(gpu, "fox_fgate_cumsum_bwd", &sp)
+}

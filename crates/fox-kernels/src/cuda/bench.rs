@@ -1,0 +1,339 @@
+//! `foxlm bench attention`: Forgetting Attention throughput on the GPU, with PyTorch's
+//! scaled_dot_product_attention (causal, no gate) on the same shapes as the reference.
+//!
+//! Shapes: B·T = `tokens` (32768), H·D = `hidden` (2048), D in `head_dims`, T in `seq_lens`,
+//! bf16, causal. TFLOP/s count the full causal work: forward 2·B·H·T²·D, forward+backward 3.5×
+//! that, whatever a kernel skips (so ACP's pruning shows as a higher rate). Gates "mixed": per
+//! head a logit bias spread linearly over [−1, 9], plus N(0, 1) noise per token; FoX runs with ACP
+//! off and on (ε = e^-10, U from query/key norms). Times: CUDA events after warm-up, median.
+
+use super::attention::{self as ga, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
+use super::Gpu;
+use anyhow::{anyhow, Context, Result};
+use cudarc::driver::sys::CUevent_flags;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The SDPA reference script (also in bench/), written to a temporary file and run with `python`.
+pub const SDPA_SCRIPT: &str = include_str!("../../../../bench/sdpa_reference.py");
+
+#[derive(Clone, Debug)]
+pub struct BenchOpts {
+    pub head_dims: Vec<usize>,
+    pub seq_lens: Vec<usize>,
+    /// B·T
+    pub tokens: usize,
+    /// H·D
+    pub hidden: usize,
+    pub warmup: usize,
+    pub iters: usize,
+    /// also time forward+backward
+    pub backward: bool,
+    /// run PyTorch SDPA as the reference
+    pub sdpa: bool,
+    pub python: String,
+    /// write the rows as JSON here
+    pub json: Option<PathBuf>,
+    pub seed: u64,
+    /// GPU ordinal
+    pub device: usize,
+}
+
+impl Default for BenchOpts {
+    fn default() -> Self {
+        BenchOpts {
+            head_dims: vec![64, 128],
+            seq_lens: vec![1024, 4096, 16384],
+            tokens: 32768,
+            hidden: 2048,
+            warmup: 3,
+            iters: 10,
+            backward: true,
+            sdpa: true,
+            python: "python3".into(),
+            json: None,
+            seed: 0,
+            device: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRow {
+    /// "SDPA", "FoX", "FoX+ACP"
+    pub kernel: String,
+    pub d: usize,
+    pub t: usize,
+    pub b: usize,
+    pub h: usize,
+    /// "fwd" or "fwd+bwd"
+    pub pass: String,
+    pub ms: f64,
+    pub tflops: f64,
+    /// fraction of key tiles ACP skipped in the forward
+    pub pruned: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub device: String,
+    pub date: String,
+    pub torch: Option<String>,
+    pub sdpa_error: Option<String>,
+    pub rows: Vec<BenchRow>,
+}
+
+fn flops(b: usize, h: usize, t: usize, d: usize, pass: &str) -> f64 {
+    let f = 2.0 * (b * h) as f64 * (t as f64) * (t as f64) * d as f64;
+    if pass == "fwd" {
+        f
+    } else {
+        3.5 * f
+    }
+}
+
+impl BenchReport {
+    fn find(&self, kernel: &str, d: usize, t: usize, pass: &str) -> Option<&BenchRow> {
+        self.rows.iter().find(|r| r.kernel == kernel && r.d == d && r.t == t && r.pass == pass)
+    }
+
+    /// Markdown table: one line per (D, T, pass), TFLOP/s of each kernel and the ratios to SDPA.
+    pub fn table(&self) -> String {
+        let mut s = format!("{} — {}\n\n", self.device, self.date);
+        if let Some(t) = &self.torch {
+            s += &format!("SDPA reference: PyTorch {t}\n\n");
+        }
+        if let Some(e) = &self.sdpa_error {
+            s += &format!("SDPA reference not run: {e}\n\n");
+        }
+        s += "| D | T | B×H | pass | SDPA TFLOP/s | FoX TFLOP/s | FoX+ACP TFLOP/s | pruned | FoX/SDPA | FoX+ACP/SDPA |\n";
+        s += "|---|---|---|---|---|---|---|---|---|---|\n";
+        let mut keys: Vec<(usize, usize, String)> = self.rows.iter().map(|r| (r.d, r.t, r.pass.clone())).collect();
+        keys.sort_by(|a, b| (a.0, a.2.clone(), a.1).cmp(&(b.0, b.2.clone(), b.1)));
+        keys.dedup();
+        for (d, t, pass) in keys {
+            let get = |k: &str| self.find(k, d, t, &pass);
+            let any = get("FoX").or(get("SDPA")).unwrap();
+            let f = |r: Option<&BenchRow>| r.map_or("—".to_string(), |r| format!("{:.0}", r.tflops));
+            let ratio = |a: Option<&BenchRow>, b: Option<&BenchRow>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}", a.tflops / b.tflops),
+                _ => "—".into(),
+            };
+            let pr = get("FoX+ACP").and_then(|r| r.pruned).map_or("—".into(), |p| format!("{:.0}%", 100.0 * p));
+            s += &format!(
+                "| {d} | {t} | {}×{} | {pass} | {} | {} | {} | {pr} | {} | {} |\n",
+                any.b,
+                any.h,
+                f(get("SDPA")),
+                f(get("FoX")),
+                f(get("FoX+ACP")),
+                ratio(get("FoX"), get("SDPA")),
+                ratio(get("FoX+ACP"), get("SDPA")),
+            );
+        }
+        s
+    }
+}
+
+fn today() -> String {
+    // days since the epoch -> civil date (UTC), no extra dependency
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let z = (secs / 86400) as i64 + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let dd = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{dd:02}")
+}
+
+fn run_sdpa(o: &BenchOpts) -> Result<(Option<String>, Vec<BenchRow>)> {
+    let path = std::env::temp_dir().join(format!("foxlm-sdpa-{}.py", std::process::id()));
+    std::fs::write(&path, SDPA_SCRIPT)?;
+    let join = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new(&o.python)
+        .arg(&path)
+        .args(["--d", &join(&o.head_dims), "--t", &join(&o.seq_lens)])
+        .args(["--tokens", &o.tokens.to_string(), "--hidden", &o.hidden.to_string()])
+        .args(["--iters", &o.iters.to_string(), "--warmup", &o.warmup.to_string()])
+        .output()
+        .with_context(|| format!("running {} for the SDPA reference", o.python))?;
+    let _ = std::fs::remove_file(&path);
+    let mut rows = Vec::new();
+    let mut torch = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        if let Some(e) = v.get("error") {
+            return Err(anyhow!("SDPA script: {e}"));
+        }
+        if let Some(t) = v.get("torch") {
+            torch = Some(format!("{} on {}", t.as_str().unwrap_or("?"), v["gpu"].as_str().unwrap_or("?")));
+            continue;
+        }
+        let g = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        let (d, t, b, h) = (g("d") as usize, g("t") as usize, g("b") as usize, g("h") as usize);
+        for (pass, key) in [("fwd", "fwd_ms"), ("fwd+bwd", "fwdbwd_ms")] {
+            let ms = g(key);
+            rows.push(BenchRow {
+                kernel: "SDPA".into(),
+                d,
+                t,
+                b,
+                h,
+                pass: pass.into(),
+                ms,
+                tflops: flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12,
+                pruned: None,
+            });
+        }
+    }
+    if rows.is_empty() {
+        return Err(anyhow!(
+            "the SDPA script printed no result (exit {:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        ));
+    }
+    Ok((torch, rows))
+}
+
+/// Median time in ms of `f` over `iters` runs after `warmup`, with CUDA events.
+pub fn time_ms(gpu: &Gpu, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    gpu.sync()?;
+    let ctx = gpu.context();
+    let mut ts = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let s = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"))?;
+        let e = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"))?;
+        s.record(gpu.stream()).map_err(|e| anyhow!("{e:?}"))?;
+        f()?;
+        e.record(gpu.stream()).map_err(|e| anyhow!("{e:?}"))?;
+        ts.push(s.elapsed_ms(&e).map_err(|e| anyhow!("kernel failed while timing: {e:?}"))? as f64);
+    }
+    ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(ts[ts.len() / 2])
+}
+
+/// Run the benchmark; prints progress to stderr and returns the rows (also written as JSON when
+/// `opts.json` is set).
+pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
+    let gpu: Arc<Gpu> = Gpu::new(opts.device).context("the attention benchmark needs a CUDA GPU")?;
+    let mut report =
+        BenchReport { device: gpu.describe(), date: today(), torch: None, sdpa_error: None, rows: Vec::new() };
+    eprintln!("attention bench on {}", report.device);
+    if opts.sdpa {
+        match run_sdpa(opts) {
+            Ok((torch, rows)) => {
+                report.torch = torch;
+                report.rows.extend(rows);
+            }
+            Err(e) => report.sdpa_error = Some(format!("{e:#}")),
+        }
+    }
+
+    // Inputs: the same B·T·H·D elements for every shape, drawn once.
+    let n = opts.tokens * opts.hidden;
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0xf0c5);
+    let seeds: Vec<u64> = (0..4).map(|_| rng.gen()).collect();
+    let draw = |seed: u64| -> Vec<u16> {
+        let chunk = 1 << 20;
+        let mut v = vec![0u16; n];
+        v.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| {
+            let mut r = ChaCha8Rng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e3779b97f4a7c15));
+            for x in c.iter_mut() {
+                *x = half::bf16::from_f32(r.sample::<f32, _>(StandardNormal)).to_bits();
+            }
+        });
+        v
+    };
+    let q = gpu.upload(&draw(seeds[0]))?;
+    let k = gpu.upload(&draw(seeds[1]))?;
+    let v = gpu.upload(&draw(seeds[2]))?;
+    let dout = gpu.upload(&draw(seeds[3]))?;
+    let mut o = gpu.zeros::<u16>(n)?;
+
+    for &d in &opts.head_dims {
+        for &t in &opts.seq_lens {
+            if opts.tokens % t != 0 || opts.hidden % d != 0 {
+                eprintln!("skipping D={d} T={t}: does not divide the token / hidden budget");
+                continue;
+            }
+            let (b, h) = (opts.tokens / t, opts.hidden / d);
+            // mixed gates: c = cumsum(logsigmoid(bias_h + N(0,1)))
+            let mut c = vec![0.0f32; b * h * t];
+            c.par_chunks_mut(t).enumerate().for_each(|(bh, row)| {
+                let hi = bh % h;
+                let bias = if h > 1 { -1.0 + 10.0 * hi as f32 / (h - 1) as f32 } else { 4.0 };
+                let mut r = ChaCha8Rng::seed_from_u64(opts.seed ^ (bh as u64 + 1) ^ ((t as u64) << 32));
+                let mut acc = 0.0f32;
+                for x in row.iter_mut() {
+                    acc += crate::scalar::log_sigmoid(bias + r.sample::<f32, _>(StandardNormal));
+                    *x = acc;
+                }
+            });
+            let c_d = gpu.upload(&c)?;
+            let mut lse = gpu.zeros::<f32>(b * h * t)?;
+            let mut th = gpu.zeros::<f32>(b * h)?;
+            let mut p = DevProblem {
+                batch: b,
+                heads: h,
+                head_dim: d,
+                tq: t,
+                tk: t,
+                q_pos0: 0,
+                dtype: DType::Bf16,
+                q: DevView::bthd(&q, t, h, d),
+                k: DevView::bthd(&k, t, h, d),
+                v: DevView::bthd(&v, t, h, d),
+                cq: &c_d,
+                ck: &c_d,
+                vis: DevVisibility::All,
+                scale: 1.0 / (d as f32).sqrt(),
+                prune: None,
+            };
+            ga::acp_thresholds_from_norms(&gpu, &p, t, -10.0, &mut th)?;
+            let mut grads = DevGrads::new(&gpu, &p)?;
+            for acp in [false, true] {
+                p.prune = if acp { Some(&th) } else { None };
+                let name = if acp { "FoX+ACP" } else { "FoX" };
+                let stats = ga::forward(&gpu, &p, &mut o, &mut lse, FwdKernel::Tiled, acp)?;
+                let pruned = if acp { Some(stats.pruned_fraction()) } else { None };
+                let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
+                    ga::forward(&gpu, &p, &mut o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
+                })?;
+                let mut push = |pass: &str, ms: f64| {
+                    let tf = flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12;
+                    eprintln!("  {name:8} D={d:3} T={t:5} {pass:8} {ms:9.3} ms {tf:7.1} TFLOP/s");
+                    report.rows.push(BenchRow { kernel: name.into(), d, t, b, h, pass: pass.into(), ms, tflops: tf, pruned });
+                };
+                push("fwd", ms);
+                if opts.backward {
+                    let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
+                        ga::forward(&gpu, &p, &mut o, &mut lse, FwdKernel::Tiled, false)?;
+                        ga::backward(&gpu, &p, &o, &dout, &lse, &mut grads)
+                    })?;
+                    push("fwd+bwd", ms);
+                }
+            }
+        }
+    }
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(report)
+}
+

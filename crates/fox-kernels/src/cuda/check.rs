@@ -1,0 +1,632 @@
+//! The GPU check: every mode of the CUDA Forgetting Attention against the CPU reference
+//! ([`crate::attention`]) on fresh random inputs, printed as a pass/fail table.
+//!
+//! Inputs q, k, v, dO are drawn N(0, 1) and rounded to the GPU dtype first; the CPU gets the same
+//! rounded values, so the errors measure only the kernels' arithmetic. Errors are relative L2
+//! norms ‖gpu − cpu‖ / ‖cpu‖ unless the metric says otherwise. Tolerances, and why:
+//! - o: bf16 1e-2, fp16 3e-3. The output is rounded to the dtype (bf16 keeps 8 bits: 2^-9 ≈ 2e-3
+//!   relative per element) and P is rounded to the dtype before the P·V product.
+//! - dq, dk, dv: bf16 2e-2, fp16 1e-2. As above, plus dS rounded to the dtype before dS·K and
+//!   dSᵀ·Q, and delta = dO·O taken from the dtype-rounded O.
+//! - dck (−column sums of dS, fp32) and d log f (its reverse prefix sum with dcq): 2e-2 / 1e-2,
+//!   the same error sources; they are sums of fp32 products of dtype-rounded operands.
+//! - lse: max |Δ| 2e-3 (fp32 statistics of exactly representable inputs; exp2 approximations).
+//! - ACP on vs off: 2e-3. Pruned entries carry < e^-10 of each row's mass (SPEC §1), which moves
+//!   an output by < 5e-5·max|v|; what is left is bf16 rounding of outputs whose last bit flips.
+//! - decode vs tiled forward: 5e-3 (the same math summed in another order, both rounded to bf16).
+//! - prefix sums: 1e-5 (fp32 sums in another order).
+
+use super::attention::{self as ga, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
+use super::{from_half_bits, to_half_bits, Gpu};
+use crate::attention::{self as ca, Problem, View, Visibility};
+use anyhow::Result;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+#[derive(Clone, Debug)]
+pub struct CheckRow {
+    pub case: String,
+    pub metric: String,
+    pub err: f64,
+    pub tol: f64,
+    pub pass: bool,
+    pub note: String,
+}
+
+#[derive(Clone, Debug)]
+pub enum Gate {
+    /// logit ~ N(0, 1) + bias for every head: +6 is slow forgetting (f ≈ 0.998), −3 strong.
+    Bias(f32),
+    /// per-head bias spread linearly over [−1, 9], plus N(0, 1) per token (the bench's gates).
+    Mixed,
+}
+
+#[derive(Clone, Debug)]
+pub enum Vis {
+    All,
+    LeftPad(Vec<usize>),
+    /// document offsets per batch row
+    Packed(Vec<Vec<usize>>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub name: String,
+    pub b: usize,
+    pub h: usize,
+    pub d: usize,
+    pub t: usize,
+    pub dtype: DType,
+    pub gate: Gate,
+    pub vis: Vis,
+    pub acp: bool,
+    pub bwd: bool,
+    /// q, k, v interleaved in one [B, T, 3, H, D] buffer
+    pub packed_qkv: bool,
+    /// only the last `tq` rows are queries (q_pos0 = t − tq); 0 = all rows
+    pub tq: usize,
+    /// decode-kernel case: compare the decode kernel with the tiled forward and the CPU
+    pub decode: bool,
+}
+
+impl Spec {
+    fn new(name: &str, b: usize, h: usize, d: usize, t: usize, dtype: DType, gate: Gate, vis: Vis) -> Self {
+        Spec {
+            name: name.into(),
+            b,
+            h,
+            d,
+            t,
+            dtype,
+            gate,
+            vis,
+            acp: false,
+            bwd: true,
+            packed_qkv: false,
+            tq: 0,
+            decode: false,
+        }
+    }
+}
+
+/// The cases of the check, in table order.
+pub fn cases() -> Vec<Spec> {
+    use DType::*;
+    use Gate::*;
+    let mut v = vec![
+        Spec::new("d64 bf16 slow gates (bias +6)", 2, 3, 64, 1000, Bf16, Bias(6.0), Vis::All),
+        Spec::new("d128 bf16 strong gates (bias -3)", 2, 3, 128, 1000, Bf16, Bias(-3.0), Vis::All),
+        Spec::new("d64 bf16 mixed gates T=777", 2, 4, 64, 777, Bf16, Mixed, Vis::All),
+        Spec::new("d128 bf16 mixed gates", 1, 4, 128, 1100, Bf16, Mixed, Vis::All),
+        Spec::new("d64 fp16 gates bias +2", 2, 2, 64, 700, F16, Bias(2.0), Vis::All),
+        Spec::new("d128 fp16 gates bias 0", 2, 2, 128, 600, F16, Bias(0.0), Vis::All),
+        Spec::new("d128 bf16 left padding", 2, 3, 128, 900, Bf16, Bias(2.0), Vis::LeftPad(vec![0, 333])),
+        Spec::new("d64 bf16 left padding", 3, 2, 64, 700, Bf16, Bias(1.0), Vis::LeftPad(vec![5, 0, 650])),
+        Spec::new(
+            "d64 bf16 packed documents",
+            2,
+            3,
+            64,
+            1000,
+            Bf16,
+            Bias(1.0),
+            Vis::Packed(vec![vec![0, 300, 301, 800], vec![0, 450]]),
+        ),
+        Spec::new("d128 bf16 packed documents", 1, 2, 128, 1200, Bf16, Mixed, Vis::Packed(vec![vec![0, 129, 640, 1000]])),
+    ];
+    let mut s = Spec::new("d64 bf16 strided qkv [B,T,3,H,D]", 2, 3, 64, 500, Bf16, Bias(3.0), Vis::All);
+    s.packed_qkv = true;
+    v.push(s);
+    let mut s = Spec::new("d128 bf16 chunk (q_pos0=700, tq=300)", 2, 2, 128, 1000, Bf16, Bias(2.0), Vis::All);
+    s.tq = 300;
+    v.push(s);
+    for (name, d, gate, vis) in [
+        ("ACP d64 bf16 strong gates", 64, Bias(-1.0), Vis::All),
+        ("ACP d128 bf16 mixed gates", 128, Mixed, Vis::All),
+        ("ACP d64 bf16 left padding", 64, Bias(0.0), Vis::LeftPad(vec![0, 700])),
+        ("ACP d128 bf16 packed documents", 128, Bias(-1.0), Vis::Packed(vec![vec![0, 1000], vec![0, 77, 1500]])),
+    ] {
+        let mut s = Spec::new(name, 2, 2, d, 2048, DType::Bf16, gate, vis);
+        s.acp = true;
+        v.push(s);
+    }
+    for (name, d, tq, t, acp, vis) in [
+        ("decode d64 tq=1", 64, 1, 3000, false, Vis::All),
+        ("decode d128 tq=16 ACP", 128, 16, 4097, true, Vis::All),
+        ("decode d64 tq=5 left padding", 64, 5, 2500, false, Vis::LeftPad(vec![0, 1234])),
+        ("decode d128 tq=3 mixed ACP", 128, 3, 5000, true, Vis::All),
+    ] {
+        let gate = if name.contains("mixed") { Mixed } else { Bias(1.0) };
+        let mut s = Spec::new(name, 2, 3, d, t, DType::Bf16, gate, vis);
+        s.tq = tq;
+        s.decode = true;
+        s.acp = acp;
+        s.bwd = false;
+        v.push(s);
+    }
+    v
+}
+
+struct Data {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dout: Vec<f32>,
+    a: Vec<f32>,
+    c: Vec<f32>,
+    starts: Option<Vec<usize>>,
+}
+
+fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
+}
+
+fn round(x: Vec<f32>, dt: DType) -> Vec<f32> {
+    from_half_bits(&to_half_bits(&x, dt), dt)
+}
+
+/// Per-row starts (len B·T) of a visibility, or None.
+fn per_row_starts(vis: &Vis, b: usize, t: usize) -> Option<Vec<usize>> {
+    match vis {
+        Vis::All => None,
+        Vis::LeftPad(s) => Some((0..b * t).map(|i| s[i / t]).collect()),
+        Vis::Packed(offs) => Some(ga::starts_from_doc_offsets(offs, t)),
+    }
+}
+
+/// Host segmented prefix sums: c [B, H, T] from a [B, T, H], restarting at each document and 0
+/// at padding (the reference for packed rows; equals fgate::prefix_sum_fwd for left padding).
+pub fn host_prefix_fwd(a: &[f32], starts: Option<&[usize]>, b: usize, t: usize, h: usize) -> Vec<f32> {
+    let mut c = vec![0.0; b * h * t];
+    for bi in 0..b {
+        for hi in 0..h {
+            let mut acc = 0.0f32;
+            let mut cur = usize::MAX;
+            for ti in 0..t {
+                let s = starts.map_or(0, |s| s[bi * t + ti]);
+                if s != cur {
+                    cur = s;
+                    acc = 0.0;
+                }
+                if ti >= s {
+                    acc += a[(bi * t + ti) * h + hi];
+                    c[(bi * h + hi) * t + ti] = acc;
+                }
+            }
+        }
+    }
+    c
+}
+
+/// Host segmented reverse prefix sums: da [B, T, H] from dc [B, H, T].
+pub fn host_prefix_bwd(dc: &[f32], starts: Option<&[usize]>, b: usize, t: usize, h: usize) -> Vec<f32> {
+    let mut da = vec![0.0; b * t * h];
+    for bi in 0..b {
+        for hi in 0..h {
+            let mut acc = 0.0f32;
+            let mut cur = usize::MAX;
+            for ti in (0..t).rev() {
+                let s = starts.map_or(0, |s| s[bi * t + ti]);
+                if s != cur {
+                    cur = s;
+                    acc = 0.0;
+                }
+                if ti >= s {
+                    acc += dc[(bi * h + hi) * t + ti];
+                    da[(bi * t + ti) * h + hi] = acc;
+                }
+            }
+        }
+    }
+    da
+}
+
+fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {
+    let (b, h, d, t) = (s.b, s.h, s.d, s.t);
+    let n = b * t * h * d;
+    let q = round(randn(rng, n), s.dtype);
+    let k = round(randn(rng, n), s.dtype);
+    let v = round(randn(rng, n), s.dtype);
+    let dout = round(randn(rng, n), s.dtype);
+    let noise = randn(rng, b * t * h);
+    let logits: Vec<f32> = noise
+        .iter()
+        .enumerate()
+        .map(|(i, z)| match s.gate {
+            Gate::Bias(bias) => z + bias,
+            Gate::Mixed => {
+                let hi = i % h;
+                let bias = if h > 1 { -1.0 + 10.0 * hi as f32 / (h - 1) as f32 } else { 4.0 };
+                z + bias
+            }
+        })
+        .collect();
+    let mut a = vec![0.0; b * t * h];
+    crate::fgate::log_fgate_fwd(&mut a, &logits);
+    let starts = per_row_starts(&s.vis, b, t);
+    let c = host_prefix_fwd(&a, starts.as_deref(), b, t, h);
+    Data { q, k, v, dout, a, c, starts }
+}
+
+fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
+    let mut num = 0.0f64;
+    let mut den = 0.0f64;
+    for (a, b) in x.iter().zip(r) {
+        let dlt = *a as f64 - *b as f64;
+        num += if dlt.is_nan() { f64::INFINITY } else { dlt * dlt };
+        den += (*b as f64) * (*b as f64);
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn lse_err(x: &[f32], r: &[f32]) -> f64 {
+    let mut m = 0.0f64;
+    for (a, b) in x.iter().zip(r) {
+        if a.is_finite() != b.is_finite() || a.is_nan() {
+            return f64::INFINITY;
+        }
+        if a.is_finite() {
+            m = m.max((*a as f64 - *b as f64).abs());
+        }
+    }
+    m
+}
+
+struct Table<'a> {
+    rows: &'a mut Vec<CheckRow>,
+    case: String,
+}
+
+impl Table<'_> {
+    fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
+        self.rows.push(CheckRow {
+            case: self.case.clone(),
+            metric: metric.into(),
+            err,
+            tol,
+            pass: err.is_finite() && err <= tol,
+            note,
+        });
+    }
+}
+
+/// Run one case; appends its rows.
+pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Result<()> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let data = make_data(s, &mut rng);
+    let mut tab = Table { rows, case: s.name.clone() };
+    let (b, h, d, t) = (s.b, s.h, s.d, s.t);
+    let dt = s.dtype;
+    let bf = dt == DType::Bf16;
+    let (tol_o, tol_g) = if bf { (1e-2, 2e-2) } else { (3e-3, 1e-2) };
+    let scale = 1.0 / (d as f32).sqrt();
+
+    // CPU problem over all T rows (the reference); a chunk/decode case takes its last tq rows.
+    let tq = if s.tq == 0 { t } else { s.tq };
+    let q_pos0 = t - tq;
+    let cpu_vis_starts: Option<Vec<usize>> = data.starts.as_ref().map(|st| {
+        // per query row of the chunk
+        (0..b).flat_map(|bi| (q_pos0..t).map(move |r| (bi, r))).map(|(bi, r)| st[bi * t + r]).collect()
+    });
+    let left: Option<Vec<usize>> = match &s.vis {
+        Vis::LeftPad(v) => Some(v.clone()),
+        _ => None,
+    };
+    let cpu_vis = match (&s.vis, &left, &cpu_vis_starts) {
+        (Vis::All, _, _) => Visibility::All,
+        (Vis::LeftPad(_), Some(l), _) => Visibility::LeftPadded(l),
+        (_, _, Some(st)) => Visibility::PerRow(st),
+        _ => unreachable!(),
+    };
+    // queries and their c: rows [q_pos0, t)
+    let sel_rows = |x: &[f32]| -> Vec<f32> {
+        let mut o = Vec::with_capacity(b * tq * h * d);
+        for bi in 0..b {
+            o.extend_from_slice(&x[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d]);
+        }
+        o
+    };
+    let q_rows = sel_rows(&data.q);
+    let dout_rows = sel_rows(&data.dout);
+    let cq: Vec<f32> = (0..b * h).flat_map(|bh| data.c[bh * t + q_pos0..bh * t + t].to_vec()).collect();
+    let cpu_p = Problem {
+        batch: b,
+        heads: h,
+        head_dim: d,
+        tq,
+        tk: t,
+        q_pos0,
+        q: View::bthd(&q_rows, tq, h, d),
+        k: View::bthd(&data.k, t, h, d),
+        v: View::bthd(&data.v, t, h, d),
+        cq: &cq,
+        ck: &data.c,
+        vis: cpu_vis,
+        scale,
+        prune: None,
+    };
+    let mut o_ref = vec![0.0f32; b * tq * h * d];
+    let st_ref = ca::forward(&cpu_p, &mut o_ref);
+
+    // device inputs
+    let (qkv_buf, q_buf);
+    let (qv, kv, vv);
+    if s.packed_qkv {
+        // [B, T, 3, H, D]
+        let mut all = vec![0.0f32; b * t * 3 * h * d];
+        for bi in 0..b {
+            for ti in 0..t {
+                for (w, src) in [&data.q, &data.k, &data.v].iter().enumerate() {
+                    let dst = ((bi * t + ti) * 3 + w) * h * d;
+                    all[dst..dst + h * d].copy_from_slice(&src[(bi * t + ti) * h * d..][..h * d]);
+                }
+            }
+        }
+        qkv_buf = gpu.upload(&to_half_bits(&all, dt))?;
+        q_buf = None;
+        let mk = |w: usize| DevView { data: &qkv_buf, off: w * h * d, sb: t * 3 * h * d, sh: d, st: 3 * h * d };
+        qv = mk(0);
+        kv = mk(1);
+        vv = mk(2);
+    } else {
+        qkv_buf = gpu.upload(&to_half_bits(&[data.k.clone(), data.v.clone()].concat(), dt))?;
+        q_buf = Some(gpu.upload(&to_half_bits(&q_rows, dt))?);
+        qv = DevView::bthd(q_buf.as_ref().unwrap(), tq, h, d);
+        kv = DevView::bthd(&qkv_buf, t, h, d);
+        vv = DevView { off: b * t * h * d, ..DevView::bthd(&qkv_buf, t, h, d) };
+    }
+    let cq_d = gpu.upload(&cq)?;
+    let ck_d = gpu.upload(&data.c)?;
+    let vis_d = ga::upload_visibility(gpu, &cpu_vis, b, tq)?;
+    let dvis = match (&cpu_vis, &vis_d) {
+        (Visibility::All, _) => DevVisibility::All,
+        (Visibility::LeftPadded(_), Some(x)) => DevVisibility::LeftPadded(x),
+        (Visibility::PerRow(_), Some(x)) => DevVisibility::PerRow(x),
+        _ => unreachable!(),
+    };
+    let mut dp = DevProblem {
+        batch: b,
+        heads: h,
+        head_dim: d,
+        tq,
+        tk: t,
+        q_pos0,
+        dtype: dt,
+        q: qv,
+        k: kv,
+        v: vv,
+        cq: &cq_d,
+        ck: &ck_d,
+        vis: dvis,
+        scale,
+        prune: None,
+    };
+    let poison = |n: usize| -> Result<cudarc::driver::CudaSlice<u16>> { gpu.upload(&vec![0x7fc0u16; n]) };
+    let poison_f = |n: usize| -> Result<cudarc::driver::CudaSlice<f32>> { gpu.upload(&vec![f32::NAN; n]) };
+
+    // prefix sums on the GPU, against the host
+    if !s.decode && s.tq == 0 {
+        let a_d = gpu.upload(&data.a)?;
+        let mut c_d = poison_f(b * h * t)?;
+        ga::fgate_prefix_sum_fwd(gpu, &a_d, &mut c_d, dvis, b, t, h)?;
+        let c_gpu = gpu.download(&c_d)?;
+        tab.add("c = cumsum(log f)", rel_l2(&c_gpu, &data.c), 1e-5, String::new());
+    }
+
+    let o_n = b * tq * h * d;
+    let kernel = if s.decode { FwdKernel::Tiled } else { FwdKernel::Auto };
+    let mut o_d = poison(o_n)?;
+    let mut lse_d = poison_f(b * h * tq)?;
+    let st0 = ga::forward(gpu, &dp, &mut o_d, &mut lse_d, kernel, true)?;
+    gpu.sync()?;
+    let o_gpu = from_half_bits(&gpu.download(&o_d)?, dt);
+    let lse_gpu = gpu.download(&lse_d)?;
+    let label = if s.decode { "o (tiled kernel)" } else { "o" };
+    tab.add(label, rel_l2(&o_gpu, &o_ref), tol_o, format!("{} key tiles", st0.tiles_visited));
+    tab.add("lse max|Δ|", lse_err(&lse_gpu, &st_ref.lse), 2e-3, String::new());
+
+    if s.decode {
+        let mut o2 = poison(o_n)?;
+        let mut l2 = poison_f(b * h * tq)?;
+        ga::forward(gpu, &dp, &mut o2, &mut l2, FwdKernel::Decode, false)?;
+        gpu.sync()?;
+        let o_dec = from_half_bits(&gpu.download(&o2)?, dt);
+        let l_dec = gpu.download(&l2)?;
+        tab.add("decode o vs tiled (same rows)", rel_l2(&o_dec, &o_gpu), 5e-3, String::new());
+        // the full forward over all T rows, last tq rows
+        let qall = gpu.upload(&to_half_bits(&data.q, dt))?;
+        let full_starts = data.starts.clone();
+        let vis_full = match (&s.vis, &left, &full_starts) {
+            (Vis::All, _, _) => Visibility::All,
+            (Vis::LeftPad(_), Some(l), _) => Visibility::LeftPadded(l),
+            (_, _, Some(st)) => Visibility::PerRow(st),
+            _ => unreachable!(),
+        };
+        let vf = ga::upload_visibility(gpu, &vis_full, b, t)?;
+        let dvf = match (&vis_full, &vf) {
+            (Visibility::All, _) => DevVisibility::All,
+            (Visibility::LeftPadded(_), Some(x)) => DevVisibility::LeftPadded(x),
+            (Visibility::PerRow(_), Some(x)) => DevVisibility::PerRow(x),
+            _ => unreachable!(),
+        };
+        let pf = DevProblem { tq: t, q_pos0: 0, q: DevView::bthd(&qall, t, h, d), cq: &ck_d, vis: dvf, ..dp };
+        let mut of = poison(b * t * h * d)?;
+        let mut lf = poison_f(b * h * t)?;
+        ga::forward(gpu, &pf, &mut of, &mut lf, FwdKernel::Tiled, false)?;
+        let full = from_half_bits(&gpu.download(&of)?, dt);
+        let last: Vec<f32> = (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
+        tab.add("decode o vs full forward", rel_l2(&o_dec, &last), 5e-3, String::new());
+        tab.add("decode o vs CPU", rel_l2(&o_dec, &o_ref), tol_o, String::new());
+        tab.add("decode lse max|Δ|", lse_err(&l_dec, &st_ref.lse), 2e-3, String::new());
+    }
+
+    // ACP: thresholds from norms on the GPU vs the CPU's; pruned run vs unpruned
+    let mut th_d = None;
+    if s.acp {
+        let u = ca::logit_bound_from_norms(&cpu_p);
+        // left padding: the GPU leaves padded rows out of the maxima, so compare only there
+        let th_cpu = ca::prune_thresholds(&u, t, -10.0);
+        let mut th = poison_f(b * h)?;
+        ga::acp_thresholds_from_norms(gpu, &dp, t, -10.0, &mut th)?;
+        let th_gpu = gpu.download(&th)?;
+        if matches!(s.vis, Vis::All) {
+            let e = th_gpu.iter().zip(&th_cpu).map(|(a, b)| ((a - b) / b).abs() as f64).fold(0.0, f64::max);
+            tab.add("ACP threshold (rel)", e, 1e-3, format!("delta[0] = {:.2}", th_gpu[0]));
+        }
+        th_d = Some(th);
+        dp.prune = th_d.as_ref();
+        let kern = if s.decode { FwdKernel::Decode } else { FwdKernel::Tiled };
+        let mut o3 = poison(o_n)?;
+        let mut l3 = poison_f(b * h * tq)?;
+        let st3 = ga::forward(gpu, &dp, &mut o3, &mut l3, kern, true)?;
+        gpu.sync()?;
+        let o_acp = from_half_bits(&gpu.download(&o3)?, dt);
+        let o_base = if s.decode {
+            // compare with the decode kernel without pruning
+            let mut o4 = poison(o_n)?;
+            let mut l4 = poison_f(b * h * tq)?;
+            let dp0 = DevProblem { prune: None, ..dp };
+            ga::forward(gpu, &dp0, &mut o4, &mut l4, FwdKernel::Decode, false)?;
+            from_half_bits(&gpu.download(&o4)?, dt)
+        } else {
+            o_gpu.clone()
+        };
+        tab.add(
+            "ACP on vs off: o",
+            rel_l2(&o_acp, &o_base),
+            2e-3,
+            format!("{:.0}% of key tiles pruned", 100.0 * st3.pruned_fraction()),
+        );
+        tab.add("ACP on vs CPU: o", rel_l2(&o_acp, &o_ref), tol_o, String::new());
+        if !s.decode && matches!(s.gate, Gate::Bias(x) if x <= -1.0) {
+            // strongly forgetting gates must actually prune
+            tab.add(
+                "ACP pruned something",
+                if st3.tiles_pruned > 0 { 0.0 } else { 1.0 },
+                0.5,
+                format!("{} of {} tiles", st3.tiles_pruned, st3.tiles_pruned + st3.tiles_visited),
+            );
+        }
+        if s.bwd {
+            // backward with ACP on vs off (both GPU); dO random
+            let dout_d = gpu.upload(&to_half_bits(&dout_rows, dt))?;
+            let dp0 = DevProblem { prune: None, ..dp };
+            let mut g0 = DevGrads::new(gpu, &dp0)?;
+            ga::backward(gpu, &dp0, &o_d, &dout_d, &lse_d, &mut g0)?;
+            let mut g1 = DevGrads::new(gpu, &dp)?;
+            ga::backward(gpu, &dp, &o3, &dout_d, &l3, &mut g1)?;
+            gpu.sync()?;
+            for (name, x0, x1) in [("dq", &g0.dq, &g1.dq), ("dk", &g0.dk, &g1.dk), ("dv", &g0.dv, &g1.dv)] {
+                let a0 = from_half_bits(&gpu.download(x0)?, dt);
+                let a1 = from_half_bits(&gpu.download(x1)?, dt);
+                tab.add(&format!("ACP on vs off: {name}"), rel_l2(&a1, &a0), 4e-3, String::new());
+            }
+            let c0 = gpu.download(&g0.dck)?;
+            let c1 = gpu.download(&g1.dck)?;
+            tab.add("ACP on vs off: dck", rel_l2(&c1, &c0), 4e-3, String::new());
+        }
+        dp.prune = None;
+    }
+    let _ = &th_d;
+
+    if s.bwd {
+        let grads_ref = ca::backward(&cpu_p, &o_ref, &dout_rows, &st_ref.lse);
+        let dout_d = gpu.upload(&to_half_bits(&dout_rows, dt))?;
+        let mut g = DevGrads::new(gpu, &dp)?;
+        g.dq = poison(b * tq * h * d)?;
+        g.dk = poison(b * t * h * d)?;
+        g.dv = poison(b * t * h * d)?;
+        g.dcq = poison_f(b * h * tq)?;
+        g.dck = poison_f(b * h * t)?;
+        ga::backward(gpu, &dp, &o_d, &dout_d, &lse_d, &mut g)?;
+        gpu.sync()?;
+        let dq = from_half_bits(&gpu.download(&g.dq)?, dt);
+        let dk = from_half_bits(&gpu.download(&g.dk)?, dt);
+        let dv = from_half_bits(&gpu.download(&g.dv)?, dt);
+        let dcq = gpu.download(&g.dcq)?;
+        let dck = gpu.download(&g.dck)?;
+        tab.add("dq", rel_l2(&dq, &grads_ref.dq), tol_g, String::new());
+        tab.add("dk", rel_l2(&dk, &grads_ref.dk), tol_g, String::new());
+        tab.add("dv", rel_l2(&dv, &grads_ref.dv), tol_g, String::new());
+        tab.add("dck (-colsum dS)", rel_l2(&dck, &grads_ref.dck), tol_g, String::new());
+        let max_dcq = dcq.iter().fold(0.0f32, |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x.abs()) });
+        let max_dck = grads_ref.dck.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        tab.add(
+            "dcq (rowsum dS ~ 0) max/max|dck|",
+            (max_dcq / max_dck.max(1e-30)) as f64,
+            tol_g,
+            String::new(),
+        );
+        if s.tq == 0 {
+            // d log f: reverse prefix sum of dcq + dck, on the GPU vs the host on the CPU's dc
+            let mut da_d = poison_f(b * t * h)?;
+            ga::fgate_prefix_sum_bwd(gpu, &g.dcq, Some(&g.dck), &mut da_d, dvis, b, t, h)?;
+            let da = gpu.download(&da_d)?;
+            let dc_ref: Vec<f32> = grads_ref.dcq.iter().zip(&grads_ref.dck).map(|(a, b)| a + b).collect();
+            let da_ref = host_prefix_bwd(&dc_ref, data.starts.as_deref(), b, t, h);
+            tab.add("d log f (rev. cumsum)", rel_l2(&da, &da_ref), tol_g, String::new());
+            // and the scan kernel alone on exact inputs
+            let dc_d = gpu.upload(&dc_ref)?;
+            let mut da2 = poison_f(b * t * h)?;
+            ga::fgate_prefix_sum_bwd(gpu, &dc_d, None, &mut da2, dvis, b, t, h)?;
+            tab.add("rev. cumsum kernel", rel_l2(&gpu.download(&da2)?, &da_ref), 1e-5, String::new());
+        }
+    }
+    drop(q_buf);
+    Ok(())
+}
+
+/// Run all cases whose name contains `filter` (all when None). A case that errors is a failed row.
+pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
+    let mut rows = Vec::new();
+    for (i, s) in cases().iter().enumerate() {
+        if let Some(f) = filter {
+            if !s.name.contains(f) {
+                continue;
+            }
+        }
+        let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+        if let Err(e) = run_case(gpu, s, case_seed, &mut rows) {
+            rows.push(CheckRow {
+                case: s.name.clone(),
+                metric: "run".into(),
+                err: f64::INFINITY,
+                tol: 0.0,
+                pass: false,
+                note: format!("error: {e:#}"),
+            });
+        }
+    }
+    rows
+}
+
+/// The pass/fail table as text.
+pub fn format_table(rows: &[CheckRow]) -> String {
+    let mut s = String::new();
+    s += &format!("| {:<38} | {:<34} | {:>9} | {:>7} | {:<4} | {}\n", "case", "metric", "error", "tol", "ok", "note");
+    s += &format!("|{}|{}|{}|{}|{}|------\n", "-".repeat(40), "-".repeat(36), "-".repeat(11), "-".repeat(9), "-".repeat(6));
+    for r in rows {
+        s += &format!(
+            "| {:<38} | {:<34} | {:>9.2e} | {:>7.0e} | {:<4} | {}\n",
+            r.case,
+            r.metric,
+            r.err,
+            r.tol,
+            if r.pass { "PASS" } else { "FAIL" },
+            r.note
+        );
+    }
+    let failed = rows.iter().filter(|r| !r.pass).count();
+    s += &format!("\n{} passed, {} failed\n", rows.len() - failed, failed);
+    s
+}
+
+/// A seed from the clock, so every run draws fresh inputs (printed for reproduction).
+pub fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+}

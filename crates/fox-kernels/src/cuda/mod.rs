@@ -1,0 +1,343 @@
+//! CUDA backend: device selection, run-time kernel compilation, device buffers, and the
+//! Forgetting Attention kernels.
+//!
+//! Everything CUDA is loaded at run time (`cudarc` with `dynamic-loading`): the binary builds and
+//! runs on machines without CUDA, and [`select`] says clearly why a GPU cannot be used when one is
+//! asked for. Kernels are CUDA C++ sources in `kernels/`, compiled by NVRTC for the device's
+//! architecture (sm_90a on H100/H200) on first use and cached on disk ([`compile`]).
+
+pub mod attention;
+pub mod bench;
+pub mod check;
+pub mod compile;
+
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+/// What the user asked for with `--device`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceArg {
+    Cpu,
+    /// A CUDA GPU by ordinal (`cuda` is `cuda:0`).
+    Cuda(usize),
+    /// The first CUDA GPU if one is usable, else the CPU.
+    #[default]
+    Auto,
+}
+
+impl FromStr for DeviceArg {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Self::Cpu),
+            "auto" => Ok(Self::Auto),
+            "cuda" | "gpu" => Ok(Self::Cuda(0)),
+            other => {
+                if let Some(n) = other.strip_prefix("cuda:") {
+                    Ok(Self::Cuda(n.parse().with_context(|| format!("bad GPU ordinal in `{s}`"))?))
+                } else {
+                    bail!("unknown device `{s}`: expected cpu, cuda, cuda:N or auto")
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+            Self::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+/// The device a run uses.
+#[derive(Clone)]
+pub enum Device {
+    Cpu,
+    Cuda(Arc<Gpu>),
+}
+
+impl Device {
+    pub fn is_cuda(&self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+    pub fn describe(&self) -> String {
+        match self {
+            Device::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
+            Device::Cuda(g) => g.describe(),
+        }
+    }
+}
+
+/// Resolve `--device`: `cpu` never touches CUDA; `cuda` fails with the reason when no usable GPU
+/// is there; `auto` falls back to the CPU (the reason is in [`probe`]).
+pub fn select(arg: DeviceArg) -> Result<Device> {
+    match arg {
+        DeviceArg::Cpu => Ok(Device::Cpu),
+        DeviceArg::Cuda(n) => Ok(Device::Cuda(
+            Gpu::new(n).with_context(|| format!("--device cuda:{n} was asked for but cannot be used"))?,
+        )),
+        DeviceArg::Auto => match Gpu::new(0) {
+            Ok(g) => Ok(Device::Cuda(g)),
+            Err(_) => Ok(Device::Cpu),
+        },
+    }
+}
+
+/// Why no GPU can be used, or Ok with the number of devices.
+pub fn probe() -> Result<usize> {
+    // SAFETY: only dlopen()s the driver library to see whether it exists.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        bail!("no CUDA driver found (libcuda.so could not be loaded): this machine has no NVIDIA GPU driver");
+    }
+    cudarc::driver::result::init().map_err(|e| anyhow!("the CUDA driver failed to initialise: {e:?}"))?;
+    let n = CudaContext::device_count().map_err(|e| anyhow!("could not count CUDA devices: {e:?}"))?;
+    if n <= 0 {
+        bail!("the CUDA driver is present but reports no GPU");
+    }
+    Ok(n as usize)
+}
+
+/// Make NVRTC loadable. cudarc dlopen()s it by name (libnvrtc.so.13, ...); where it is not on
+/// the loader's path, load it here from the usual install locations by full path: once loaded,
+/// a later dlopen by soname finds it.
+pub fn ensure_nvrtc() -> Result<()> {
+    // SAFETY: dlopen probing only.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if let Ok(p) = std::env::var("FOXLM_NVRTC") {
+        let p = std::path::PathBuf::from(p);
+        dirs.push(if p.is_file() { p.parent().map(|d| d.to_path_buf()).unwrap_or_default() } else { p });
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(p) = std::env::var(var) {
+            dirs.push(std::path::Path::new(&p).join("lib64"));
+            dirs.push(std::path::Path::new(&p).join("lib"));
+        }
+    }
+    for p in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"] {
+        dirs.push(p.into());
+    }
+    // pip's nvidia-cuda-nvrtc wheels (PyTorch ships one)
+    for root in ["/opt", "/usr/local/lib", "/usr/lib", "/root/.local/lib"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let p = e.path();
+                for sub in [".venv/lib", "lib", ""] {
+                    let base = if sub.is_empty() { p.clone() } else { p.join(sub) };
+                    if let Ok(rd2) = std::fs::read_dir(&base) {
+                        for e2 in rd2.flatten() {
+                            let py = e2.path();
+                            if py.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")) {
+                                for pk in ["site-packages", "dist-packages"] {
+                                    dirs.push(py.join(pk).join("nvidia/cu13/lib"));
+                                    dirs.push(py.join(pk).join("nvidia/cuda_nvrtc/lib"));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for d in &dirs {
+        for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"] {
+            let f = d.join(name);
+            if !f.is_file() {
+                continue;
+            }
+            // NVRTC dlopen()s its builtins library by name: load it first from the same folder.
+            if let Ok(rd) = std::fs::read_dir(d) {
+                for e in rd.flatten() {
+                    let fname = e.file_name();
+                    let fname = fname.to_string_lossy();
+                    if fname.starts_with("libnvrtc-builtins.so.") && !fname.contains("alt") {
+                        // SAFETY: loading a plain C library (NVRTC's builtins) by path.
+                        if let Ok(lib) = unsafe { libloading::Library::new(e.path()) } {
+                            std::mem::forget(lib);
+                        }
+                    }
+                }
+            }
+            // SAFETY: as above; the handle is leaked so the library stays loaded.
+            if let Ok(lib) = unsafe { libloading::Library::new(&f) } {
+                std::mem::forget(lib);
+                return Ok(());
+            }
+        }
+    }
+    bail!(
+        "NVRTC (libnvrtc.so) was not found: it compiles the CUDA kernels at run time. Install the CUDA \
+         toolkit or `pip install nvidia-cuda-nvrtc`, add its lib folder to LD_LIBRARY_PATH, or point \
+         FOXLM_NVRTC at libnvrtc.so"
+    )
+}
+
+/// One CUDA device with its stream and loaded kernels.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    name: String,
+    cc: (i32, i32),
+    arch: String,
+    sms: usize,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl Gpu {
+    /// Open GPU `ordinal`. Errors say why (no driver, no such device, too old, no NVRTC).
+    pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
+        let n = probe()?;
+        if ordinal >= n {
+            bail!("GPU {ordinal} does not exist: this machine has {n} CUDA device(s)");
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("could not open GPU {ordinal}: {e:?}"))?;
+        // One stream, in order: the per-buffer event tracking of cudarc is not needed.
+        // SAFETY: all work of this crate goes through `stream`, a single in-order stream.
+        unsafe { ctx.disable_event_tracking() };
+        let cc = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
+        if cc.0 < 8 {
+            bail!("GPU {ordinal} has compute capability {}.{}; the kernels need 8.0 or newer (Ampere, Hopper)", cc.0, cc.1);
+        }
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(1) as usize;
+        ensure_nvrtc()?;
+        let arch = compile::arch_for(cc);
+        let stream = ctx.default_stream();
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            cc,
+            arch,
+            sms,
+            modules: Mutex::new(HashMap::new()),
+            funcs: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn describe(&self) -> String {
+        let mem = self.ctx.total_mem().map(|b| b as f64 / (1u64 << 30) as f64).unwrap_or(0.0);
+        format!(
+            "cuda:{} {} (sm_{}{}, {} SMs, {:.0} GiB, kernels for {})",
+            self.ordinal, self.name, self.cc.0, self.cc.1, self.sms, mem, self.arch
+        )
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    pub fn sm_count(&self) -> usize {
+        self.sms
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// A kernel of one of the sources in [`compile::SOURCES`], compiling and loading on first use.
+    pub fn function(&self, source: &compile::Source, name: &str) -> Result<CudaFunction> {
+        let key = format!("{}::{name}", source.name);
+        if let Some(f) = self.funcs.lock().unwrap().get(&key) {
+            return Ok(f.clone());
+        }
+        let module = {
+            let mut mods = self.modules.lock().unwrap();
+            if let Some(m) = mods.get(source.name) {
+                m.clone()
+            } else {
+                let cubin = compile::compiled(source, &self.arch)?;
+                let m = self
+                    .ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                    .map_err(|e| anyhow!("loading kernels `{}` for {}: {e:?}", source.name, self.arch))?;
+                mods.insert(source.name, m.clone());
+                m
+            }
+        };
+        let f = module.load_function(name).map_err(|e| anyhow!("kernel `{name}` not found: {e:?}"))?;
+        self.funcs.lock().unwrap().insert(key, f.clone());
+        Ok(f)
+    }
+
+    fn oom(&self, what: &str, bytes: usize, e: cudarc::driver::DriverError) -> anyhow::Error {
+        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
+            anyhow!(
+                "out of GPU memory allocating {what} ({:.1} MiB) on {}: {:.1} of {:.1} GiB free",
+                bytes as f64 / (1u64 << 20) as f64,
+                self.name,
+                free as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            )
+        } else {
+            anyhow!("allocating {what} on the GPU: {e:?}")
+        }
+    }
+
+    /// Zero-initialised device buffer of `n` elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(|e| self.oom("a buffer", n * std::mem::size_of::<T>(), e))
+    }
+
+    /// Copy a host slice to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        if data.is_empty() {
+            bail!("cannot upload an empty buffer");
+        }
+        self.stream
+            .clone_htod(data)
+            .map_err(|e| self.oom("a buffer", std::mem::size_of_val(data), e))
+    }
+
+    /// Copy into an existing device buffer.
+    pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<()> {
+        self.stream.memcpy_htod(data, dst).map_err(|e| anyhow!("host-to-device copy: {e:?}"))
+    }
+
+    /// Copy a device buffer back (waits for the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, src: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream.clone_dtoh(src).map_err(|e| anyhow!("device-to-host copy: {e:?}"))
+    }
+
+    /// Wait for all queued work; surfaces asynchronous kernel faults.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| anyhow!("GPU error (a kernel faulted or the device failed): {e:?}"))
+    }
+}
+
+/// Round f32 to bf16 / fp16 bits.
+pub fn to_half_bits(x: &[f32], dtype: attention::DType) -> Vec<u16> {
+    match dtype {
+        attention::DType::Bf16 => x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect(),
+        attention::DType::F16 => x.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect(),
+    }
+}
+
+/// bf16 / fp16 bits to f32.
+pub fn from_half_bits(x: &[u16], dtype: attention::DType) -> Vec<f32> {
+    match dtype {
+        attention::DType::Bf16 => x.iter().map(|v| half::bf16::from_bits(*v).to_f32()).collect(),
+        attention::DType::F16 => x.iter().map(|v| half::f16::from_bits(*v).to_f32()).collect(),
+    }
+}

@@ -268,3 +268,48 @@ fn finite_differences_through_the_model_with_acp_on() {
         pruned + visited
     );
 }
+
+/// `foxlm forward --with-grads` writes the loss and every trainable parameter's gradient under the
+/// fixtures' names, so its output compares directly with `expected_grads.safetensors`.
+#[test]
+fn forward_command_with_grads_writes_reference_gradients() {
+    let tmp = tempfile::tempdir().unwrap();
+    for v in ["fox_pro", "fox_fixed"] {
+        let bytes = std::fs::read(dir(v).join("expected.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let ids = st.tensor("input_ids").unwrap();
+        let input = tmp.path().join(format!("{v}-in.safetensors"));
+        let output = tmp.path().join(format!("{v}-out.safetensors"));
+        std::fs::write(&input, safetensors::serialize([("input_ids", ids)], None).unwrap()).unwrap();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
+            .args(["forward", "--with-grads", "--model", dir(v).to_str().unwrap()])
+            .args(["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{v}: {}", String::from_utf8_lossy(&o.stderr));
+        let got_bytes = std::fs::read(&output).unwrap();
+        let got = SafeTensors::deserialize(&got_bytes).unwrap();
+        let f32s = |st: &SafeTensors, n: &str| {
+            let t = st.tensor(n).unwrap_or_else(|_| panic!("{v}: {n} missing"));
+            to_f32(t.dtype(), t.data(), n).unwrap()
+        };
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir(v).join("expected.json")).unwrap()).unwrap();
+        let loss = f32s(&got, "loss");
+        assert_eq!(got.tensor("loss").unwrap().shape(), &[] as &[usize]);
+        assert!((loss[0] as f64 - j["loss"].as_f64().unwrap()).abs() < 1e-5, "{v}: loss {}", loss[0]);
+        let ref_bytes = std::fs::read(dir(v).join("expected_grads.safetensors")).unwrap();
+        let refs = SafeTensors::deserialize(&ref_bytes).unwrap();
+        let mut got_names: Vec<String> =
+            got.names().into_iter().filter(|n| n.starts_with("grad.")).map(String::from).collect();
+        let mut ref_names: Vec<String> = refs.names().into_iter().map(String::from).collect();
+        got_names.sort();
+        ref_names.sort();
+        assert_eq!(got_names, ref_names, "{v}: gradient names");
+        for n in &ref_names {
+            assert_eq!(got.tensor(n).unwrap().shape(), refs.tensor(n).unwrap().shape(), "{v}: {n}");
+            let e = rel_err(&f32s(&got, n), &f32s(&refs, n));
+            assert!(e < 1e-4, "{v}: {n}: relative error {e:.3e}");
+        }
+    }
+}

@@ -3,9 +3,14 @@
 //! Contract (kept stable, so users can compare foxlm with other implementations): the input file
 //! holds `input_ids` [B, T] (int64; int32 also accepted) and optionally `attention_mask` [B, T]
 //! (1 = token, 0 = left padding); the output file holds `logits` [B, T, V] float32.
+//! With `--with-grads` it also holds `loss` (a float32 scalar: the mean next-token cross-entropy,
+//! position i predicting input_ids[:, i + 1], padded positions excluded) and `grad.<parameter>`
+//! float32 for every trainable parameter: the gradient of that loss, as the reference fixtures'
+//! `expected_grads.safetensors`.
 
 use crate::checkpoint::{load_model, write_atomic};
 use crate::model::{Ctx, Model};
+use crate::tensor::ParamKind;
 use anyhow::{anyhow, bail, Context, Result};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -22,6 +27,10 @@ pub struct Args {
     /// Where to write `logits` [B, T, V] (float32).
     #[arg(long)]
     pub output: PathBuf,
+    /// Also write `loss` (mean next-token cross-entropy) and `grad.<parameter name>` for every
+    /// trainable parameter.
+    #[arg(long)]
+    pub with_grads: bool,
 }
 
 /// A [B, T] integer tensor of an input file.
@@ -111,8 +120,42 @@ pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let v = model.config.vocab_size;
     let (b, t, ids, start) = read_input(&a.input, v)?;
-    let logits = logits_for(&model, b, t, &ids, start);
-    write_f32_tensors(&a.output, &[("logits".to_string(), vec![b, t, v], &logits)])?;
-    eprintln!("wrote logits [{b}, {t}, {v}] to {}", a.output.display());
+    let logits = logits_for(&model, b, t, &ids, start.clone());
+    if !a.with_grads {
+        write_f32_tensors(&a.output, &[("logits".to_string(), vec![b, t, v], &logits)])?;
+        eprintln!("wrote logits [{b}, {t}, {v}] to {}", a.output.display());
+        return Ok(());
+    }
+    // Position i of row r predicts ids[r, i + 1]; padded positions predict nothing.
+    let targets: Vec<Option<u32>> = (0..b * t)
+        .map(|i| {
+            let (r, pos) = (i / t, i % t);
+            let real = pos >= start.as_ref().map_or(0, |s| s[r]);
+            (real && pos + 1 < t).then(|| ids[i + 1])
+        })
+        .collect();
+    if targets.iter().all(|x| x.is_none()) {
+        bail!(
+            "{}: --with-grads needs at least two real tokens in a row (there is no next-token target)",
+            a.input.display()
+        );
+    }
+    let mut grads = model.params.zeros_like();
+    let loss = model.loss_and_grads(&ids, &targets, &Ctx { batch: b, seq: t, start }, &mut grads, 1.0);
+    let loss = [loss];
+    let mut out: Vec<(String, Vec<usize>, &[f32])> =
+        vec![("logits".to_string(), vec![b, t, v], &logits), ("loss".to_string(), vec![], &loss)];
+    for (i, name) in model.params.names.iter().enumerate() {
+        if model.params.kinds[i] != ParamKind::Frozen {
+            out.push((format!("grad.{name}"), model.params.tensors[i].shape.clone(), &grads[i]));
+        }
+    }
+    write_f32_tensors(&a.output, &out)?;
+    eprintln!(
+        "wrote logits [{b}, {t}, {v}], loss {:.6} and {} gradients to {}",
+        loss[0],
+        out.len() - 2,
+        a.output.display()
+    );
     Ok(())
 }

@@ -290,65 +290,74 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
         let s = p.scale * dot(qr, p.k.row(b, h, j, d)) + (p.cq[ch + r] - p.ck[(b * hh + h) * tk + j]);
         (s - lse[ch + r]).exp()
     };
-    // Which query blocks skip a key tile under ACP: recompute the forward's decision per block.
-    let visible = |b: usize, h: usize, r: usize, j: usize| -> bool {
+    // The forward's tile decisions, once per (b, h, query block): the first key it visits.
+    let nqb = tq.div_ceil(BLOCK_Q);
+    let firsts: Vec<usize> = (0..bb * hh * nqb)
+        .map(|i| {
+            let (bh, qb) = (i / nqb, i % nqb);
+            let r0 = qb * BLOCK_Q;
+            key_range(p, bh / hh, bh % hh, r0, (r0 + BLOCK_Q).min(tq)).0
+        })
+        .collect();
+    let row_sees = |b: usize, r: usize, j: usize| -> bool {
         let pos = p.q_pos0 + r;
         let st = p.vis.start(b, r, tq);
-        if pos < st || j < st || j > pos {
-            return false;
-        }
-        if p.prune.is_some() {
-            let r0 = r / BLOCK_Q * BLOCK_Q;
-            let r1 = (r0 + BLOCK_Q).min(tq);
-            let (first, _, _) = key_range(p, b, h, r0, r1);
-            return j >= first;
-        }
-        true
+        pos >= st && j >= st && j <= pos
     };
 
-    // Pass 1: over key blocks: dk, dv, and dck = −Σ_i dS_ij.
+    // Pass 1: over key blocks: dk, dv, and dck = −Σ_i dS_ij. Query blocks whose visit starts
+    // after this key block (causality, padding, ACP) are skipped whole.
     let mut dk = vec![0.0f32; bb * tk * hh * d];
     let mut dv = vec![0.0f32; bb * tk * hh * d];
     let mut dck = vec![0.0f32; bb * hh * tk];
     let (dkp, dvp, dckp) = (SharedMut::new(&mut dk), SharedMut::new(&mut dv), SharedMut::new(&mut dck));
     blocks(p, BLOCK_K, tk).par_iter().for_each(|blk| {
         let Block { b, h, r0: j0, r1: j1 } = *blk;
-        let mut dkt = vec![0.0f32; d];
-        let mut dvt = vec![0.0f32; d];
-        for j in j0..j1 {
-            dkt.fill(0.0);
-            dvt.fill(0.0);
-            let mut dcj = 0.0f32;
-            let r_first = j.saturating_sub(p.q_pos0);
-            let vj = p.v.row(b, h, j, d);
-            for r in r_first..tq {
-                if !visible(b, h, r, j) {
-                    continue;
-                }
+        let n = j1 - j0;
+        let mut dkt = vec![0.0f32; n * d];
+        let mut dvt = vec![0.0f32; n * d];
+        let mut dct = vec![0.0f32; n];
+        let qb0 = j0.saturating_sub(p.q_pos0) / BLOCK_Q;
+        for qb in qb0..nqb {
+            if j0 < firsts[(b * hh + h) * nqb + qb] {
+                continue;
+            }
+            for r in qb * BLOCK_Q..((qb + 1) * BLOCK_Q).min(tq) {
                 let qr = p.q.row(b, h, r, d);
-                let pij = prob(b, h, r, j, qr);
                 let off = row(b, r, h, tq);
                 let dor = &dout[off..off + d];
-                axpy(&mut dvt, pij, dor);
-                let ds = pij * (dot(dor, vj) - delta[(b * hh + h) * tq + r]);
-                axpy(&mut dkt, ds * p.scale, qr);
-                dcj -= ds;
+                let dl = delta[(b * hh + h) * tq + r];
+                for j in j0..j1 {
+                    if !row_sees(b, r, j) {
+                        continue;
+                    }
+                    let pij = prob(b, h, r, j, qr);
+                    let jj = j - j0;
+                    axpy(&mut dvt[jj * d..(jj + 1) * d], pij, dor);
+                    let ds = pij * (dot(dor, p.v.row(b, h, j, d)) - dl);
+                    axpy(&mut dkt[jj * d..(jj + 1) * d], ds * p.scale, qr);
+                    dct[jj] -= ds;
+                }
             }
+        }
+        for j in j0..j1 {
+            let jj = j - j0;
             // SAFETY: key rows are disjoint between blocks.
             unsafe {
-                dkp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dkt);
-                dvp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dvt);
-                *dckp.get((b * hh + h) * tk + j) = dcj;
+                dkp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dkt[jj * d..(jj + 1) * d]);
+                dvp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dvt[jj * d..(jj + 1) * d]);
+                *dckp.get((b * hh + h) * tk + j) = dct[jj];
             }
         }
     });
 
-    // Pass 2: over query blocks: dq and dcq = Σ_j dS_ij.
+    // Pass 2: over query blocks, visiting the same key range as the forward: dq and dcq = Σ_j dS_ij.
     let mut dq = vec![0.0f32; bb * tq * hh * d];
     let mut dcq = vec![0.0f32; bb * hh * tq];
     let (dqp, dcqp) = (SharedMut::new(&mut dq), SharedMut::new(&mut dcq));
     blocks(p, BLOCK_Q, tq).par_iter().for_each(|blk| {
         let Block { b, h, r0, r1 } = *blk;
+        let first = firsts[(b * hh + h) * nqb + r0 / BLOCK_Q];
         let mut dqr = vec![0.0f32; d];
         for r in r0..r1 {
             dqr.fill(0.0);
@@ -358,8 +367,8 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
             let off = row(b, r, h, tq);
             let dor = &dout[off..off + d];
             let dl = delta[(b * hh + h) * tq + r];
-            for j in 0..=pos.min(tk - 1) {
-                if !visible(b, h, r, j) {
+            for j in first..=pos.min(tk - 1) {
+                if !row_sees(b, r, j) {
                     continue;
                 }
                 let pij = prob(b, h, r, j, qr);

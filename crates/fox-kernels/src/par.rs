@@ -13,12 +13,14 @@ impl<T> SharedMut<T> {
     /// `i` must be in bounds of the slice this was made from, and no other task may touch
     /// element `i` at the same time.
     #[inline]
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn get(&self, i: usize) -> &mut T {
         &mut *self.0.add(i)
     }
     /// # Safety
     /// As `get`, for the whole range `[start, start + len)`.
     #[inline]
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(start), len)
     }

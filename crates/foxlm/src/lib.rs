@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod optim;

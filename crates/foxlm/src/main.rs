@@ -20,6 +20,10 @@ enum Command {
     Forward(cli::forward::Args),
     /// Show a model's configuration, parameter counts per component and memory needs.
     Inspect(cli::inspect::Args),
+    /// Evaluate models: per-token loss and perplexity over context length (loss), needle in a haystack (niah).
+    Eval(cli::eval::Args),
+    /// Visualise a model: forget-gate matrices, attention maps and memory lengths per head (gates).
+    Viz(cli::viz::Args),
 }
 
 fn main() {
@@ -28,6 +32,8 @@ fn main() {
         Command::Generate(a) => cli::generate::run(a),
         Command::Forward(a) => cli::forward::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
+        Command::Eval(a) => cli::eval::run(a),
+        Command::Viz(a) => cli::viz::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -142,7 +142,10 @@ fn id_mapper(cfg: &Config, data_vocab: usize, fold: bool, what: &Path) -> Result
         );
     }
     if data_vocab > v {
-        eprintln!("warning: {}: folding data token ids modulo the model's vocabulary ({v}); the losses mean nothing", what.display());
+        eprintln!(
+            "warning: {}: folding data token ids modulo the model's vocabulary ({v}); the losses mean nothing",
+            what.display()
+        );
     }
     Ok(move |id: u32| if data_vocab > v { id % v as u32 } else { id })
 }
@@ -326,9 +329,18 @@ fn run_loss(a: LossArgs) -> Result<()> {
     .draw(&a.out.join("perplexity.png"), &ppl_series)?;
 
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{:>10}  {}", "length", done.iter().map(|d| format!("{:>14}", clip(&d.name, 14))).collect::<Vec<_>>().join(" "))?;
+    writeln!(
+        stdout,
+        "{:>10}  {}",
+        "length",
+        done.iter().map(|d| format!("{:>14}", clip(&d.name, 14))).collect::<Vec<_>>().join(" ")
+    )?;
     for (k, l) in lengths.iter().enumerate() {
-        writeln!(stdout, "{l:>10}  {}", done.iter().map(|d| format!("{:>14.4}", d.ppl[k].1)).collect::<Vec<_>>().join(" "))?;
+        writeln!(
+            stdout,
+            "{l:>10}  {}",
+            done.iter().map(|d| format!("{:>14.4}", d.ppl[k].1)).collect::<Vec<_>>().join(" ")
+        )?;
     }
     writeln!(stdout, "wrote loss.csv, perplexity.csv, loss.json, loss.png, perplexity.png to {}", a.out.display())?;
     Ok(())
@@ -397,7 +409,8 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         for (di, &depth) in a.depths.iter().enumerate() {
             pb.set_message(format!("length {len}, depth {depth}%"));
             let p = niah::build_prompt(&hay, &needle, &question, enc.bos, len, depth / 100.0)?;
-            let answer_ids = niah::greedy_answer(&model, &p.ids, a.max_new_tokens, chunking, enc.eos, |t| pb.inc(t as u64));
+            let answer_ids =
+                niah::greedy_answer(&model, &p.ids, a.max_new_tokens, chunking, enc.eos, |t| pb.inc(t as u64));
             let response = enc.decode(&answer_ids);
             let score = niah::score_answer(&response, niah::ANSWER);
             scores[di * a.lengths.len() + li] = score;
@@ -409,7 +422,6 @@ fn run_niah(a: NiahArgs) -> Result<()> {
                 "needle_tokens": p.needle_tokens,
                 "haystack_tokens": p.haystack_tokens,
                 "response": response,
-                "response_ids": answer_ids,
                 "score": score,
             }));
         }
@@ -446,9 +458,15 @@ fn run_niah(a: NiahArgs) -> Result<()> {
     )?;
 
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{:>8}  {}", "depth %", a.lengths.iter().map(|l| format!("{l:>7}")).collect::<Vec<_>>().join(" "))?;
+    writeln!(
+        stdout,
+        "{:>8}  {}",
+        "depth %",
+        a.lengths.iter().map(|l| format!("{l:>7}")).collect::<Vec<_>>().join(" ")
+    )?;
     for (di, d) in a.depths.iter().enumerate() {
-        let row: Vec<String> = (0..a.lengths.len()).map(|li| format!("{:>7.1}", scores[di * a.lengths.len() + li])).collect();
+        let row: Vec<String> =
+            (0..a.lengths.len()).map(|li| format!("{:>7.1}", scores[di * a.lengths.len() + li])).collect();
         writeln!(stdout, "{d:>8}  {}", row.join(" "))?;
     }
     writeln!(stdout, "mean score {mean:.2} / 10; wrote niah.json and niah.png to {}", a.out.display())?;

@@ -1,5 +1,7 @@
 //! One module per `foxlm` subcommand: its clap arguments and its `run`.
 
+pub mod eval;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
+pub mod viz;

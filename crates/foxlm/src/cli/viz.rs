@@ -97,12 +97,21 @@ fn run_gates(a: GatesArgs) -> Result<()> {
     // Table, CSV, JSON.
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{t} tokens; fgate_type {:?}", cfg.fgate_type)?;
-    writeln!(stdout, "{:>5} {:>4} {:>9} {:>14} {:>9} {:>9}", "layer", "head", "mean f", "memory length", "min f", "max f")?;
+    writeln!(
+        stdout,
+        "{:>5} {:>4} {:>9} {:>14} {:>9} {:>9}",
+        "layer", "head", "mean f", "memory length", "min f", "max f"
+    )?;
     let mut csv = String::from("layer,head,mean_f,memory_length,min_f,max_f\n");
     for s in &stats {
         let mem = if s.memory_length.is_finite() { format!("{:.1}", s.memory_length) } else { "inf".into() };
-        writeln!(stdout, "{:>5} {:>4} {:>9.5} {:>14} {:>9.5} {:>9.5}", s.layer, s.head, s.mean_f, mem, s.min_f, s.max_f)?;
-        csv += &format!("{},{},{},{},{},{}\n", s.layer, s.head, s.mean_f, mem, s.min_f, s.max_f);
+        writeln!(
+            stdout,
+            "{:>5} {:>4} {:>9.5} {:>14} {:>9.5} {:>9.5}",
+            s.layer, s.head, s.mean_f, mem, s.min_f, s.max_f
+        )?;
+        let mem_full = if s.memory_length.is_finite() { s.memory_length.to_string() } else { "inf".into() };
+        csv += &format!("{},{},{},{},{},{}\n", s.layer, s.head, s.mean_f, mem_full, s.min_f, s.max_f);
     }
     std::fs::write(a.out.join("gates.csv"), csv)?;
     let report = json!({

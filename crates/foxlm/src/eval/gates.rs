@@ -76,7 +76,15 @@ pub fn forget_matrix(c: &[f32], head: usize, t: usize) -> Vec<f32> {
 
 /// Attention probabilities [t, t] of one head (NaN above the diagonal): q, k are the layer's
 /// [1, t, H·D] attention inputs, c its [1, H, t] prefix sums (all zeros without a gate).
-pub fn attention_map(q: &[f32], k: &[f32], c: &[f32], heads: usize, head_dim: usize, head: usize, t: usize) -> Vec<f32> {
+pub fn attention_map(
+    q: &[f32],
+    k: &[f32],
+    c: &[f32],
+    heads: usize,
+    head_dim: usize,
+    head: usize,
+    t: usize,
+) -> Vec<f32> {
     let d = heads * head_dim;
     let scale = 1.0 / (head_dim as f64).sqrt();
     let ch = |i: usize| if c.is_empty() { 0.0 } else { c[head * t + i] as f64 };

@@ -41,7 +41,12 @@ pub fn cross_entropy_row(row: &[f32], target: u32) -> f64 {
 /// Next-token losses of a batch of equally long sequences, `seqs[b].len() == N + 1`:
 /// returns `[B][N]` with `out[b][i]` the loss of predicting `seqs[b][i + 1]` from `seqs[b][..=i]`.
 /// `progress(tokens)` is called after each chunk with the number of positions just done (per row).
-pub fn batch_token_losses(model: &Model, seqs: &[Vec<u32>], chunking: Chunking, mut progress: impl FnMut(usize)) -> Vec<Vec<f64>> {
+pub fn batch_token_losses(
+    model: &Model,
+    seqs: &[Vec<u32>],
+    chunking: Chunking,
+    mut progress: impl FnMut(usize),
+) -> Vec<Vec<f64>> {
     let b = seqs.len();
     if b == 0 {
         return vec![];
@@ -189,11 +194,7 @@ pub fn perplexity_at(loss: &[f64], lengths: &[usize]) -> Vec<(usize, f64)> {
     for &l in loss {
         prefix.push(prefix.last().unwrap() + l);
     }
-    lengths
-        .iter()
-        .filter(|&&l| l >= 1 && l <= loss.len())
-        .map(|&l| (l, (prefix[l] / l as f64).exp()))
-        .collect()
+    lengths.iter().filter(|&&l| l >= 1 && l <= loss.len()).map(|&l| (l, (prefix[l] / l as f64).exp())).collect()
 }
 
 /// Centred moving average over `window` positions (an even window is widened by one); near the

@@ -7,5 +7,5 @@
 pub mod gates;
 pub mod loss;
 pub mod niah;
-pub mod text;
 pub mod plots;
+pub mod text;

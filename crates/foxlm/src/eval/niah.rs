@@ -94,7 +94,8 @@ impl Haystack {
     /// Tokenizes `text` sentence by sentence, repeating the text until it has at least
     /// `min_tokens` tokens (a short filler is reused, as the authors' code does).
     pub fn from_text(text: &str, min_tokens: usize, encode: impl Fn(&str) -> Vec<u32>) -> Result<Self> {
-        let sentences: Vec<Vec<u32>> = split_sentences(text).into_iter().map(&encode).filter(|t| !t.is_empty()).collect();
+        let sentences: Vec<Vec<u32>> =
+            split_sentences(text).into_iter().map(&encode).filter(|t| !t.is_empty()).collect();
         if sentences.is_empty() {
             bail!("the haystack text is empty");
         }
@@ -126,7 +127,14 @@ pub struct NeedlePrompt {
 
 /// Builds the prompt of exactly `length` tokens with the needle at the sentence boundary nearest
 /// to `depth` (0 = start, 1 = end) of the cut haystack.
-pub fn build_prompt(hay: &Haystack, needle: &[u32], question: &[u32], bos: u32, length: usize, depth: f64) -> Result<NeedlePrompt> {
+pub fn build_prompt(
+    hay: &Haystack,
+    needle: &[u32],
+    question: &[u32],
+    bos: u32,
+    length: usize,
+    depth: f64,
+) -> Result<NeedlePrompt> {
     if !(0.0..=1.0).contains(&depth) {
         bail!("depth {depth} must lie in [0, 1]");
     }
@@ -155,7 +163,13 @@ pub fn build_prompt(hay: &Haystack, needle: &[u32], question: &[u32], bos: u32, 
     ids.extend_from_slice(&hay.tokens[k..h]);
     ids.extend_from_slice(question);
     debug_assert_eq!(ids.len(), length);
-    Ok(NeedlePrompt { ids, haystack_tokens: h, needle_start: 1 + k, needle_tokens: needle.len(), actual_depth: k as f64 / h as f64 })
+    Ok(NeedlePrompt {
+        ids,
+        haystack_tokens: h,
+        needle_start: 1 + k,
+        needle_tokens: needle.len(),
+        actual_depth: k as f64 / h as f64,
+    })
 }
 
 /// Lower-cased words of `s`, with everything but letters and digits removed.
@@ -191,13 +205,21 @@ pub fn score_answer(response: &str, answer: &str) -> f64 {
 
 /// Greedy continuation of `prompt`: chunked prefill through the KV cache, then one token at a
 /// time until `eos` or `max_new` tokens.
-pub fn greedy_answer(model: &Model, prompt: &[u32], max_new: usize, chunking: Chunking, eos: Option<u32>, mut progress: impl FnMut(usize)) -> Vec<u32> {
+pub fn greedy_answer(
+    model: &Model,
+    prompt: &[u32],
+    max_new: usize,
+    chunking: Chunking,
+    eos: Option<u32>,
+    mut progress: impl FnMut(usize),
+) -> Vec<u32> {
     assert!(!prompt.is_empty());
     let d = model.config.hidden_size;
     let mut cache = model.new_cache(1, prompt.len() + max_new, None);
     let mut last = vec![];
     for chunk in prompt.chunks(chunking.chunk) {
-        let (hidden, _) = model.forward_hidden(chunk, &Ctx { batch: 1, seq: chunk.len(), start: None }, Some(&mut cache), false);
+        let (hidden, _) =
+            model.forward_hidden(chunk, &Ctx { batch: 1, seq: chunk.len(), start: None }, Some(&mut cache), false);
         last = hidden[(chunk.len() - 1) * d..].to_vec();
         progress(chunk.len());
     }

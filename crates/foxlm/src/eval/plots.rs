@@ -150,7 +150,14 @@ impl LineChart<'_> {
         root.present().map_err(|e| anyhow!("writing {}: {e:?}", path.display()))
     }
 
-    fn draw_on<X, Y>(&self, root: &DrawingArea<BitMapBackend<'_>, Shift>, series: &[Series], x: X, y: Y, (y0, y1): (f64, f64)) -> Result<()>
+    fn draw_on<X, Y>(
+        &self,
+        root: &DrawingArea<BitMapBackend<'_>, Shift>,
+        series: &[Series],
+        x: X,
+        y: Y,
+        (y0, y1): (f64, f64),
+    ) -> Result<()>
     where
         X: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
         Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
@@ -242,13 +249,20 @@ pub const VIRIDIS: [(u8, u8, u8); 9] = [
 pub const RED_GREEN: [(u8, u8, u8); 3] = [(215, 48, 39), (254, 224, 139), (26, 152, 80)];
 
 /// A colour bar beside a heatmap: the map from `lo` to `hi` with `ticks` labelled values.
-pub fn colorbar(area: &DrawingArea<BitMapBackend<'_>, Shift>, stops: &[(u8, u8, u8)], lo: f64, hi: f64, label: &str, tick_fmt: impl Fn(f64) -> String) -> Result<()> {
+pub fn colorbar(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    stops: &[(u8, u8, u8)],
+    lo: f64,
+    hi: f64,
+    label: &str,
+    tick_fmt: impl Fn(f64) -> String,
+) -> Result<()> {
     let mut chart = ChartBuilder::on(area)
         .margin_top(40)
         .margin_bottom(60)
         .margin_right(8)
         .y_label_area_size(0)
-        .right_y_label_area_size(70)
+        .right_y_label_area_size(62)
         .build_cartesian_2d(0f64..1f64, lo..hi)
         .map_err(err)?;
     chart
@@ -332,7 +346,14 @@ mod tests {
 /// The needle-test heatmap: context lengths across, depths down (0 % at the top), each cell
 /// coloured red (0) to green (10) and labelled with its score; a dashed line marks the training
 /// context. `scores[depth_index * lengths.len() + length_index]`.
-pub fn niah_heatmap(path: &Path, title: &str, lengths: &[usize], depths: &[f64], scores: &[f64], train_context: Option<usize>) -> Result<()> {
+pub fn niah_heatmap(
+    path: &Path,
+    title: &str,
+    lengths: &[usize],
+    depths: &[f64],
+    scores: &[f64],
+    train_context: Option<usize>,
+) -> Result<()> {
     use plotters::coord::ranged1d::{IntoSegmentedCoord, SegmentValue};
     ensure_font();
     let (cols, rows) = (lengths.len(), depths.len());
@@ -342,11 +363,20 @@ pub fn niah_heatmap(path: &Path, title: &str, lengths: &[usize], depths: &[f64],
     root.fill(&WHITE).map_err(err)?;
     let root = root.titled(title, (FONT, 22)).map_err(err)?;
     let (main, bar) = root.split_horizontally(w - 120);
+    // The boundary after the last column whose length is within the training context.
+    let marker = train_context
+        .map(|tc| (tc, lengths.iter().take_while(|&&l| l <= tc).count()))
+        .filter(|&(_, k)| k > 0 && k < cols);
+    let x_desc = match marker {
+        Some((tc, _)) => format!("context length (tokens); dashed line: training context ({tc})"),
+        None => "context length (tokens)".to_string(),
+    };
+    let marker = marker.map(|m| m.1);
     let mut chart = ChartBuilder::on(&main)
         .margin(12)
         .x_label_area_size(52)
         .y_label_area_size(90)
-        .build_cartesian_2d((0..cols as i32).into_segmented(), (0..rows as i32).into_segmented())
+        .build_cartesian_2d((0..cols as i32 - 1).into_segmented(), (0..rows as i32 - 1).into_segmented())
         .map_err(err)?;
     let seg = |v: &SegmentValue<i32>| match v {
         SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
@@ -364,7 +394,7 @@ pub fn niah_heatmap(path: &Path, title: &str, lengths: &[usize], depths: &[f64],
         .y_labels(rows)
         .x_label_formatter(&xfmt)
         .y_label_formatter(&yfmt)
-        .x_desc("context length (tokens)")
+        .x_desc(x_desc.as_str())
         .y_desc("needle depth (%)")
         .label_style((FONT, 15))
         .axis_desc_style((FONT, 18))
@@ -376,15 +406,31 @@ pub fn niah_heatmap(path: &Path, title: &str, lengths: &[usize], depths: &[f64],
             let s = cell(j, r);
             let c = if s.is_nan() { RGBColor(200, 200, 200) } else { colormap(&RED_GREEN, s / 10.0) };
             Rectangle::new(
-                [(SegmentValue::Exact(j as i32), SegmentValue::Exact(r as i32)), (SegmentValue::Exact(j as i32 + 1), SegmentValue::Exact(r as i32 + 1))],
+                [
+                    (SegmentValue::Exact(j as i32), SegmentValue::Exact(r as i32)),
+                    (SegmentValue::Exact(j as i32 + 1), SegmentValue::Exact(r as i32 + 1)),
+                ],
                 c.filled(),
             )
         }))
         .map_err(err)?;
-    let label_style = TextStyle::from((FONT, 14).into_font()).color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
-        plotters::style::text_anchor::HPos::Center,
-        plotters::style::text_anchor::VPos::Center,
-    ));
+    // White lines between cells.
+    chart
+        .draw_series((0..rows).flat_map(|r| (0..cols).map(move |j| (j, r))).map(|(j, r)| {
+            Rectangle::new(
+                [
+                    (SegmentValue::Exact(j as i32), SegmentValue::Exact(r as i32)),
+                    (SegmentValue::Exact(j as i32 + 1), SegmentValue::Exact(r as i32 + 1)),
+                ],
+                WHITE.stroke_width(1),
+            )
+        }))
+        .map_err(err)?;
+    let label_style =
+        TextStyle::from((FONT, 14).into_font()).color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Center,
+        ));
     chart
         .draw_series((0..rows).flat_map(|r| (0..cols).map(move |j| (j, r))).map(|(j, r)| {
             let s = cell(j, r);
@@ -392,25 +438,12 @@ pub fn niah_heatmap(path: &Path, title: &str, lengths: &[usize], depths: &[f64],
             Text::new(text, (SegmentValue::CenterOf(j as i32), SegmentValue::CenterOf(r as i32)), label_style.clone())
         }))
         .map_err(err)?;
-    if let Some(tc) = train_context {
-        // The boundary after the last column whose length is within the training context.
-        let k = lengths.iter().take_while(|&&l| l <= tc).count();
-        if k > 0 && k < cols {
-            let line = vec![(SegmentValue::Exact(k as i32), SegmentValue::Exact(0)), (SegmentValue::Exact(k as i32), SegmentValue::Last)];
-            chart
-                .draw_series(DashedLineSeries::new(line, 10, 6, BLACK.stroke_width(3)))
-                .map_err(err)?
-                .label(format!("training context ({tc} tokens)"))
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
-            chart
-                .configure_series_labels()
-                .label_font((FONT, 15))
-                .background_style(WHITE.mix(0.9))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::LowerRight)
-                .draw()
-                .map_err(err)?;
-        }
+    if let Some(k) = marker {
+        let line = vec![
+            (SegmentValue::Exact(k as i32), SegmentValue::Exact(0)),
+            (SegmentValue::Exact(k as i32), SegmentValue::Last),
+        ];
+        chart.draw_series(DashedLineSeries::new(line, 10, 6, BLACK.stroke_width(3))).map_err(err)?;
     }
     colorbar(&bar, &RED_GREEN, 0.0, 10.0, "score", |v| format!("{v:.0}"))?;
     root.present().map_err(|e| anyhow!("writing {}: {e:?}", path.display()))
@@ -429,7 +462,13 @@ fn format_memory(m: f64) -> String {
 }
 
 /// Heatmap of every head's effective memory length (layers down, heads across), on a log scale.
-pub fn memory_heatmap(path: &Path, title: &str, stats: &[crate::eval::gates::HeadGate], layers: usize, heads: usize) -> Result<()> {
+pub fn memory_heatmap(
+    path: &Path,
+    title: &str,
+    stats: &[crate::eval::gates::HeadGate],
+    layers: usize,
+    heads: usize,
+) -> Result<()> {
     use plotters::coord::ranged1d::{IntoSegmentedCoord, SegmentValue};
     ensure_font();
     let w = (200 + 64 * heads as u32 + 120).max(700);
@@ -444,14 +483,16 @@ pub fn memory_heatmap(path: &Path, title: &str, stats: &[crate::eval::gates::Hea
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(70)
-        .build_cartesian_2d((0..heads as i32).into_segmented(), (0..layers as i32).into_segmented())
+        .build_cartesian_2d((0..heads as i32 - 1).into_segmented(), (0..layers as i32 - 1).into_segmented())
         .map_err(err)?;
     let idx = |v: &SegmentValue<i32>| match v {
         SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
         SegmentValue::Last => None,
     };
     let xfmt = |v: &SegmentValue<i32>| idx(v).filter(|&i| i < heads).map(|i| i.to_string()).unwrap_or_default();
-    let yfmt = |v: &SegmentValue<i32>| idx(v).filter(|&r| r < layers).map(|r| (layers - 1 - r).to_string()).unwrap_or_default();
+    let yfmt = |v: &SegmentValue<i32>| {
+        idx(v).filter(|&r| r < layers).map(|r| (layers - 1 - r).to_string()).unwrap_or_default()
+    };
     chart
         .configure_mesh()
         .disable_mesh()
@@ -465,19 +506,26 @@ pub fn memory_heatmap(path: &Path, title: &str, stats: &[crate::eval::gates::Hea
         .axis_desc_style((FONT, 18))
         .draw()
         .map_err(err)?;
-    let at = |j: usize, r: usize| stats.iter().find(|s| s.layer == layers - 1 - r && s.head == j).map(|s| s.memory_length);
+    let at =
+        |j: usize, r: usize| stats.iter().find(|s| s.layer == layers - 1 - r && s.head == j).map(|s| s.memory_length);
     chart
         .draw_series((0..layers).flat_map(|r| (0..heads).map(move |j| (j, r))).map(|(j, r)| {
             let m = at(j, r).unwrap_or(f64::NAN);
             let v = if m.is_infinite() { 1.0 } else { m.max(1.0).log10() / top };
             let c = if m.is_nan() { RGBColor(200, 200, 200) } else { colormap(&VIRIDIS, v) };
             Rectangle::new(
-                [(SegmentValue::Exact(j as i32), SegmentValue::Exact(r as i32)), (SegmentValue::Exact(j as i32 + 1), SegmentValue::Exact(r as i32 + 1))],
+                [
+                    (SegmentValue::Exact(j as i32), SegmentValue::Exact(r as i32)),
+                    (SegmentValue::Exact(j as i32 + 1), SegmentValue::Exact(r as i32 + 1)),
+                ],
                 c.filled(),
             )
         }))
         .map_err(err)?;
-    let centre = plotters::style::text_anchor::Pos::new(plotters::style::text_anchor::HPos::Center, plotters::style::text_anchor::VPos::Center);
+    let centre = plotters::style::text_anchor::Pos::new(
+        plotters::style::text_anchor::HPos::Center,
+        plotters::style::text_anchor::VPos::Center,
+    );
     chart
         .draw_series((0..layers).flat_map(|r| (0..heads).map(move |j| (j, r))).map(|(j, r)| {
             let m = at(j, r).unwrap_or(f64::NAN);
@@ -494,7 +542,13 @@ pub fn memory_heatmap(path: &Path, title: &str, stats: &[crate::eval::gates::Hea
 
 /// One layer's figure: for each chosen head, the forget matrix (top row) and the attention map
 /// (bottom row, log colour scale from 1e-4 to 1), with colour bars on the right.
-pub fn gate_maps(path: &Path, layer: usize, panels: &[(usize, Vec<f32>, Vec<f32>)], stats: &[&crate::eval::gates::HeadGate], t: usize) -> Result<()> {
+pub fn gate_maps(
+    path: &Path,
+    layer: usize,
+    panels: &[(usize, Vec<f32>, Vec<f32>)],
+    stats: &[&crate::eval::gates::HeadGate],
+    t: usize,
+) -> Result<()> {
     ensure_font();
     let n = panels.len().max(1) as u32;
     let panel = 300u32;
@@ -504,14 +558,26 @@ pub fn gate_maps(path: &Path, layer: usize, panels: &[(usize, Vec<f32>, Vec<f32>
     let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let root = root
-        .titled(&format!("Layer {layer}: forget matrix F_ij = exp(c_i - c_j) (top), attention (bottom); {t} tokens"), (FONT, 20))
+        .titled(
+            &format!("Layer {layer}: forget matrix F_ij = exp(c_i - c_j) (top), attention (bottom); {t} tokens"),
+            (FONT, 20),
+        )
         .map_err(err)?;
     let (grid, bars) = root.split_horizontally(panel * n);
     let cells = grid.split_evenly((2, n as usize));
     let log_floor = -4.0;
     for (k, (head, f, p)) in panels.iter().enumerate() {
         let mem = format_memory(stats[k].memory_length);
-        matrix_panel(&cells[k], f, t, t, &format!("head {head}: forget (memory {mem})"), &VIRIDIS, |v| v, ("key j", "query i"))?;
+        matrix_panel(
+            &cells[k],
+            f,
+            t,
+            t,
+            &format!("head {head}: forget (memory {mem})"),
+            &VIRIDIS,
+            |v| v,
+            ("key j", "query i"),
+        )?;
         matrix_panel(
             &cells[n as usize + k],
             p,

@@ -557,12 +557,13 @@ pub fn gate_maps(
     let h = 2 * panel + 50;
     let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let root = root
-        .titled(
-            &format!("Layer {layer}: forget matrix F_ij = exp(c_i - c_j) (top), attention (bottom); {t} tokens"),
-            (FONT, 20),
-        )
-        .map_err(err)?;
+    // The long title fits from three panels on; narrower figures get the short one.
+    let title = if n >= 3 {
+        format!("Layer {layer}: forget matrix F_ij = exp(c_i - c_j) (top), attention (bottom); {t} tokens")
+    } else {
+        format!("Layer {layer}, {t} tokens")
+    };
+    let root = root.titled(&title, (FONT, 20)).map_err(err)?;
     let (grid, bars) = root.split_horizontally(panel * n);
     let cells = grid.split_evenly((2, n as usize));
     let log_floor = -4.0;

@@ -16,7 +16,7 @@
 // starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
 // ---------------------------------------------------------------------------------------------
 template <int D, int NT, bool BF>
-__device__ __forceinline__ void fwd_tile_step(const u32 (&qf)[D / 16][4], const u16* sK, const u16* sV,
+__device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)[D / 16][4], const u16* sK, const u16* sV,
                                               const float* sC, int koff, int jt, bool need_mask,
                                               const float (&ci)[2], const int (&pos)[2], const int (&st)[2],
                                               float scale_log2, float (&O)[D / 8][4], float (&m)[2],
@@ -24,6 +24,7 @@ __device__ __forceinline__ void fwd_tile_step(const u32 (&qf)[D / 16][4], const 
     const int lane = threadIdx.x & 31;
     const int t4 = lane & 3;
     float S[NT][4];
+    const u32 kb = smem_u32(sK) + (u32)(koff * D * 2), vb = smem_u32(sV) + (u32)(koff * D * 2);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
 #pragma unroll
@@ -31,9 +32,7 @@ __device__ __forceinline__ void fwd_tile_step(const u32 (&qf)[D / 16][4], const 
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             u32 b0, b1, b2, b3;
-            const int row = koff + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-            const int ch = kc * 2 + ((lane >> 3) & 1);
-            ldsm_x4(b0, b1, b2, b3, sK + swz<D>(row, ch));
+            ldsm_x4a(b0, b1, b2, b3, ls.p1(kb, np * 16, kc * 2));
             mma16816<BF>(S[2 * np], qf[kc], b0, b1);
             mma16816<BF>(S[2 * np + 1], qf[kc], b2, b3);
         }
@@ -92,9 +91,7 @@ __device__ __forceinline__ void fwd_tile_step(const u32 (&qf)[D / 16][4], const 
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
             u32 b0, b1, b2, b3;
-            const int row = koff + kc2 * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-            const int ch = dp * 2 + (lane >> 4);
-            ldsm_x4_t(b0, b1, b2, b3, sV + swz<D>(row, ch));
+            ldsm_x4a_t(b0, b1, b2, b3, ls.p2(vb, kc2 * 16, dp * 2));
             mma16816<BF>(O[2 * dp], a, b0, b1);
             mma16816<BF>(O[2 * dp + 1], a, b2, b3);
         }
@@ -103,25 +100,23 @@ __device__ __forceinline__ void fwd_tile_step(const u32 (&qf)[D / 16][4], const 
 
 // Load this warp's 16 rows of a swizzled [rows, D] tile as mma A fragments.
 template <int D>
-__device__ __forceinline__ void load_a_frags(u32 (&f)[D / 16][4], const u16* s, int row0) {
-    const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void load_a_frags(const Ldsm<D>& ls, u32 (&f)[D / 16][4], const u16* s, int row0) {
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) {
-        ldsm_x4(f[kc][0], f[kc][1], f[kc][2], f[kc][3], s + swz<D>(row0 + (lane & 15), kc * 2 + (lane >> 4)));
+        ldsm_x4a(f[kc][0], f[kc][1], f[kc][2], f[kc][3], ls.p2(smem_u32(s), row0, kc * 2));
     }
 }
 template <int D>
-__device__ __forceinline__ void load_a_frag(u32 (&f)[4], const u16* s, int row0, int kc) {
-    const int lane = threadIdx.x & 31;
-    ldsm_x4(f[0], f[1], f[2], f[3], s + swz<D>(row0 + (lane & 15), kc * 2 + (lane >> 4)));
+__device__ __forceinline__ void load_a_frag(const Ldsm<D>& ls, u32 (&f)[4], u32 sbase, int row0, int kc) {
+    ldsm_x4a(f[0], f[1], f[2], f[3], ls.p2(sbase, row0, kc * 2));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward: grid (ceil(tq / 128), B*H), 256 threads (8 warps x 16 query rows).
+// Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
 // ---------------------------------------------------------------------------------------------
-template <int D, bool BF>
+template <int D, bool BF, int NW>
 __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
-    constexpr int BQ = 128, BK = 64, NTH = 256;
+    constexpr int BQ = 16 * NW, BK = 64, NTH = 32 * NW;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* sQ = (u16*)smem_raw;
     u16* sK = sQ + BQ * D;
@@ -190,6 +185,8 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
         const int pos_min = p.q_pos0 + r0;
         const int start_max = row_start(p, b, rlast);
         const float scale_log2 = p.scale * LOG2E;
+        Ldsm<D> ls;
+        ls.init();
         u32 qf[D / 16][4];
         for (int it = first; it < ntiles; ++it) {
             const int buf = (it - first) & 1;
@@ -197,10 +194,10 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
             cp_commit();
             cp_wait<1>();
             __syncthreads();
-            if (it == first) load_a_frags<D>(qf, sQ, warp * 16);
+            if (it == first) load_a_frags<D>(ls, qf, sQ, warp * 16);
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
-            fwd_tile_step<D, BK / 8, BF>(qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
+            fwd_tile_step<D, BK / 8, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
                                          need_mask, ci, pos, st, scale_log2, O, m, l);
             __syncthreads();
         }
@@ -297,6 +294,8 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
         const int pos_min = p.q_pos0;
         const int start_max = row_start(p, b, rlast);
         const float scale_log2 = p.scale * LOG2E;
+        Ldsm<D> ls;
+        ls.init();
         u32 qf[D / 16][4];
         for (int it = t_begin; it < t_end; ++it) {
             const int buf = (it - t_begin) & 1;
@@ -304,10 +303,10 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
             cp_commit();
             cp_wait<1>();
             __syncthreads();
-            if (it == t_begin) load_a_frags<D>(qf, sQ, 0);
+            if (it == t_begin) load_a_frags<D>(ls, qf, sQ, 0);
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
-            fwd_tile_step<D, 2, BF>(qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
+            fwd_tile_step<D, 2, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
                                     need_mask, ci, pos, st, scale_log2, O, m, l);
             __syncthreads();
         }
@@ -489,6 +488,8 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
         const int pos_min = p.q_pos0 + r0;
         const int start_max = row_start(p, b, rlast);
         const float scale_log2 = p.scale * LOG2E;
+        Ldsm<D> ls;
+        ls.init();
         u32 qf[A_IN_REGS ? D / 16 : 1][4];
         u32 gf[A_IN_REGS ? D / 16 : 1][4];
         for (int it = first; it < ntiles; ++it) {
@@ -501,13 +502,14 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
                 if (it == first) {
 #pragma unroll
                     for (int kc = 0; kc < D / 16; ++kc) {
-                        load_a_frag<D>(qf[kc], sQ, warp * 16, kc);
-                        load_a_frag<D>(gf[kc], sG, warp * 16, kc);
+                        load_a_frag<D>(ls, qf[kc], smem_u32(sQ), warp * 16, kc);
+                        load_a_frag<D>(ls, gf[kc], smem_u32(sG), warp * 16, kc);
                     }
                 }
             }
             const u16* k_s = sK + buf * BK * D;
             const u16* v_s = sV + buf * BK * D;
+            const u32 kbb = smem_u32(k_s), vbb = smem_u32(v_s);
             const float* c_s = sC + buf * BK;
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
@@ -526,18 +528,16 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
                         gfr[x] = gf[kc][x];
                     }
                 } else {
-                    load_a_frag<D>(af, sQ, warp * 16, kc);
-                    load_a_frag<D>(gfr, sG, warp * 16, kc);
+                    load_a_frag<D>(ls, af, smem_u32(sQ), warp * 16, kc);
+                    load_a_frag<D>(ls, gfr, smem_u32(sG), warp * 16, kc);
                 }
 #pragma unroll
                 for (int np = 0; np < NT / 2; ++np) {
                     u32 b0, b1, b2, b3;
-                    const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    const int ch = kc * 2 + ((lane >> 3) & 1);
-                    ldsm_x4(b0, b1, b2, b3, k_s + swz<D>(row, ch));
+                    ldsm_x4a(b0, b1, b2, b3, ls.p1(kbb, np * 16, kc * 2));
                     mma16816<BF>(S[2 * np], af, b0, b1);
                     mma16816<BF>(S[2 * np + 1], af, b2, b3);
-                    ldsm_x4(b0, b1, b2, b3, v_s + swz<D>(row, ch));
+                    ldsm_x4a(b0, b1, b2, b3, ls.p1(vbb, np * 16, kc * 2));
                     mma16816<BF>(P[2 * np], gfr, b0, b1);  // P holds dP for now
                     mma16816<BF>(P[2 * np + 1], gfr, b2, b3);
                 }
@@ -571,9 +571,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 #pragma unroll
                 for (int dp = 0; dp < D / 16; ++dp) {
                     u32 b0, b1, b2, b3;
-                    const int row = kc2 * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-                    const int ch = dp * 2 + (lane >> 4);
-                    ldsm_x4_t(b0, b1, b2, b3, k_s + swz<D>(row, ch));
+                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(kbb, kc2 * 16, dp * 2));
                     mma16816<BF>(dQ[2 * dp], a, b0, b1);
                     mma16816<BF>(dQ[2 * dp + 1], a, b2, b3);
                 }
@@ -692,6 +690,8 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
         cp_commit();
 
         const float scale_log2 = p.scale * LOG2E;
+        Ldsm<D> ls;
+        ls.init();
         u32 kf[A_IN_REGS ? D / 16 : 1][4];
         u32 vf[A_IN_REGS ? D / 16 : 1][4];
         for (int qi = qfirst; qi < qend; ++qi) {
@@ -704,13 +704,14 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
                 if (qi == qfirst) {
 #pragma unroll
                     for (int kc = 0; kc < D / 16; ++kc) {
-                        load_a_frag<D>(kf[kc], sK, warp * 16, kc);
-                        load_a_frag<D>(vf[kc], sV, warp * 16, kc);
+                        load_a_frag<D>(ls, kf[kc], smem_u32(sK), warp * 16, kc);
+                        load_a_frag<D>(ls, vf[kc], smem_u32(sV), warp * 16, kc);
                     }
                 }
             }
             const u16* q_s = sQ + buf * BQB * D;
             const u16* g_s = sG + buf * BQB * D;
+            const u32 qbb = smem_u32(q_s), gbb = smem_u32(g_s);
             const float* lse_s = sLse + buf * BQB;
             const float* del_s = sDel + buf * BQB;
             const float* cq_s = sCq + buf * BQB;
@@ -733,18 +734,16 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
                         vfr[x] = vf[kc][x];
                     }
                 } else {
-                    load_a_frag<D>(af, sK, warp * 16, kc);
-                    load_a_frag<D>(vfr, sV, warp * 16, kc);
+                    load_a_frag<D>(ls, af, smem_u32(sK), warp * 16, kc);
+                    load_a_frag<D>(ls, vfr, smem_u32(sV), warp * 16, kc);
                 }
 #pragma unroll
                 for (int np = 0; np < NTQ / 2; ++np) {
                     u32 b0, b1, b2, b3;
-                    const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    const int ch = kc * 2 + ((lane >> 3) & 1);
-                    ldsm_x4(b0, b1, b2, b3, q_s + swz<D>(row, ch));
+                    ldsm_x4a(b0, b1, b2, b3, ls.p1(qbb, np * 16, kc * 2));
                     mma16816<BF>(ST[2 * np], af, b0, b1);
                     mma16816<BF>(ST[2 * np + 1], af, b2, b3);
-                    ldsm_x4(b0, b1, b2, b3, g_s + swz<D>(row, ch));
+                    ldsm_x4a(b0, b1, b2, b3, ls.p1(gbb, np * 16, kc * 2));
                     mma16816<BF>(DP[2 * np], vfr, b0, b1);
                     mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
                 }
@@ -786,12 +785,10 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
 #pragma unroll
                 for (int dp = 0; dp < D / 16; ++dp) {
                     u32 b0, b1, b2, b3;
-                    const int row = kq * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-                    const int ch = dp * 2 + (lane >> 4);
-                    ldsm_x4_t(b0, b1, b2, b3, g_s + swz<D>(row, ch));
+                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(gbb, kq * 16, dp * 2));
                     mma16816<BF>(dV[2 * dp], ap, b0, b1);
                     mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
-                    ldsm_x4_t(b0, b1, b2, b3, q_s + swz<D>(row, ch));
+                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(qbb, kq * 16, dp * 2));
                     mma16816<BF>(dK[2 * dp], as, b0, b1);
                     mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
                 }
@@ -818,11 +815,14 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
 // ---------------------------------------------------------------------------------------------
 // Entry points. Names: fox_<pass>_d<D>_<bf16|f16>.
 // ---------------------------------------------------------------------------------------------
+#define FWD_LB(D) 256, (D == 64 ? 2 : 1)
+#define FWD4_LB(D) 128, (D == 64 ? 4 : 2)
 #define FOX_ENTRY(NAME, IMPL, NTH, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(NTH) NAME(const AttnParams p) { IMPL<__VA_ARGS__>(p); }
 
 #define FOX_ALL(D, TY, BF, BQB)                                                  \
-    FOX_ENTRY(fox_fwd_d##D##_##TY, fwd_impl, 256, D, BF)                         \
+    FOX_ENTRY(fox_fwd_d##D##_##TY, fwd_impl, FWD_LB(D), D, BF, 8)                      \
+    FOX_ENTRY(fox_fwdw4_d##D##_##TY, fwd_impl, FWD4_LB(D), D, BF, 4)                   \
     FOX_ENTRY(fox_decode_d##D##_##TY, decode_impl, 128, D, BF)                   \
     FOX_ENTRY(fox_decode_combine_d##D##_##TY, decode_combine_impl, D, D, BF)     \
     FOX_ENTRY(fox_bwd_delta_d##D##_##TY, bwd_delta_impl, 256, D, BF)             \

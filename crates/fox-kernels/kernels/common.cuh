@@ -86,6 +86,48 @@ __device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, co
                  : "r"(smem_u32(ptr)));
 }
 
+
+// u32 shared-address variants (hot loops).
+__device__ __forceinline__ void ldsm_x4a(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4a_t(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// Per-thread ldmatrix addresses into swizzled [rows, D] tiles, precomputed once so that the hot
+// loops issue ldmatrix with a constant offset and no index arithmetic. A lane supplies row
+// R0 + (lane & 7) + 8*hi8 and 16-byte chunk C + hi1 (R0 a multiple of 8, C even); its physical
+// chunk is (C + hi1) ^ (lane & 7) = (C & ~7) + ((C & 7) ^ y) with y = hi1 ^ (lane & 7), so the
+// four possible values of (C & 7) give four per-thread offsets.
+//   p1: hi8 = lane >> 4, hi1 = (lane >> 3) & 1  -- B operands read from row-major [n][k] tiles
+//   p2: hi8 = (lane >> 3) & 1, hi1 = lane >> 4  -- A operands, and B operands read transposed
+template <int D>
+struct Ldsm {
+    u32 o1[4], o2[4];
+    __device__ __forceinline__ void init() {
+        const int lane = threadIdx.x & 31, r7 = lane & 7;
+        const int y1 = ((lane >> 3) & 1) ^ r7, y2 = (lane >> 4) ^ r7;
+        const u32 row1 = (u32)((r7 + 8 * (lane >> 4)) * D * 2);
+        const u32 row2 = (u32)((r7 + 8 * ((lane >> 3) & 1)) * D * 2);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            o1[m] = row1 + (u32)(((2 * m) ^ y1) << 4);
+            o2[m] = row2 + (u32)(((2 * m) ^ y2) << 4);
+        }
+    }
+    __device__ __forceinline__ u32 p1(u32 base, int r0, int c) const {
+        return base + (u32)(r0 * D * 2 + ((c & ~7) << 4)) + o1[(c & 7) >> 1];
+    }
+    __device__ __forceinline__ u32 p2(u32 base, int r0, int c) const {
+        return base + (u32)(r0 * D * 2 + ((c & ~7) << 4)) + o2[(c & 7) >> 1];
+    }
+};
+
 // D(16x8, f32) += A(16x16) * B(16x8), A row-major, B column-major.
 template <bool BF>
 __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {

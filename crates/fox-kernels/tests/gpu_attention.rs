@@ -9,7 +9,9 @@ fn gpu() -> Option<std::sync::Arc<Gpu>> {
     match Gpu::new(0) {
         Ok(g) => Some(g),
         Err(e) => {
-            eprintln!("NOTICE: GPU attention tests skipped, no usable GPU: {e:#}");
+            // straight to stderr, past the test harness's capture, so the skip is always visible
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "NOTICE: GPU attention test skipped, no usable GPU: {e:#}");
             None
         }
     }

@@ -2,7 +2,7 @@
 //!
 //!   fox-attn check [--filter TEXT] [--seed N]      pass/fail table, GPU vs CPU reference
 //!   fox-attn bench [--d 64,128] [--t 1024,4096,16384] [--tokens 32768] [--hidden 2048]
-//!                  [--iters N] [--no-sdpa] [--python python3] [--json FILE] [--fwd-only]
+//!                  [--iters N] [--warmup N] [--no-sdpa] [--python python3] [--json FILE] [--fwd-only]
 //!   fox-attn compile [--arch sm_90a] [-v]           compile the kernels into the disk cache
 //!                                                   (NVRTC only, no GPU; -v: ptxas report)
 //!   fox-attn info                                   what device would be used, or why none
@@ -27,9 +27,8 @@ fn main() -> Result<()> {
                 Ok(n) => println!("{n} CUDA device(s)"),
                 Err(e) => println!("no usable GPU: {e:#}"),
             }
-            match cuda::select(cuda::DeviceArg::Auto)? {
-                d => println!("--device auto -> {}", d.describe()),
-            }
+            let d = cuda::select(cuda::DeviceArg::Auto)?;
+            println!("--device auto -> {}", d.describe());
             Ok(())
         }
         "compile" => {
@@ -84,6 +83,9 @@ fn main() -> Result<()> {
             if let Some(s) = arg_value(&args, "--iters") {
                 o.iters = s.parse()?;
             }
+            if let Some(s) = arg_value(&args, "--warmup") {
+                o.warmup = s.parse()?;
+            }
             if let Some(s) = arg_value(&args, "--python") {
                 o.python = s;
             }
@@ -99,7 +101,16 @@ fn main() -> Result<()> {
             Ok(())
         }
         "help" | "-h" | "--help" => {
-            println!("{}", include_str!("fox-attn.rs").lines().skip(2).take(7).map(|l| l.trim_start_matches("//!")).collect::<Vec<_>>().join("\n"));
+            println!(
+                "{}",
+                include_str!("fox-attn.rs")
+                    .lines()
+                    .skip(2)
+                    .take(7)
+                    .map(|l| l.trim_start_matches("//!"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
             Ok(())
         }
         other => bail!("unknown command `{other}` (check, bench, compile, info)"),

@@ -203,7 +203,9 @@ fn validate(p: &DevProblem) -> Result<()> {
     match p.vis {
         DevVisibility::All => {}
         DevVisibility::LeftPadded(s) => ensure!(s.len() >= p.batch, "left-padding starts: need {} entries", p.batch),
-        DevVisibility::PerRow(s) => ensure!(s.len() >= p.batch * p.tq, "per-row starts: need {} entries", p.batch * p.tq),
+        DevVisibility::PerRow(s) => {
+            ensure!(s.len() >= p.batch * p.tq, "per-row starts: need {} entries", p.batch * p.tq)
+        }
     }
     if let Some(th) = p.prune {
         ensure!(th.len() >= p.batch * p.heads, "ACP thresholds: need {} entries", p.batch * p.heads);
@@ -259,7 +261,15 @@ fn kernel(gpu: &Gpu, pass: &str, p: &DevProblem, smem: usize) -> Result<CudaFunc
     Ok(f)
 }
 
-fn launch(gpu: &Gpu, f: &CudaFunction, grid: (u32, u32, u32), block: u32, smem: usize, prm: &AttnParams, what: &str) -> Result<()> {
+fn launch(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
+    prm: &AttnParams,
+    what: &str,
+) -> Result<()> {
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };
     let mut b = gpu.stream().launch_builder(f);
     b.arg(prm);
@@ -273,8 +283,15 @@ const FWD_BQ: usize = 128;
 const BK: usize = 64;
 const DKDV_BK: usize = 128;
 
-fn fwd_smem(d: usize) -> usize {
-    (FWD_BQ * d + 4 * BK * d) * 2 + 2 * BK * 4
+/// Warps per forward block (16 query rows each): `FOX_FWD_WARPS` = 4 or 8 (default 8).
+fn fwd_warps() -> usize {
+    match std::env::var("FOX_FWD_WARPS").ok().as_deref() {
+        Some("4") => 4,
+        _ => 8,
+    }
+}
+fn fwd_smem(d: usize, warps: usize) -> usize {
+    (16 * warps * d + 4 * BK * d) * 2 + 2 * BK * 4
 }
 fn decode_smem(d: usize) -> usize {
     (16 * d + 4 * BK * d) * 2 + 2 * BK * 4
@@ -339,9 +356,11 @@ pub fn forward(
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
         drop((part_o, part_ml));
     } else {
-        let smem = fwd_smem(d);
-        let f = kernel(gpu, "fwd", p, smem)?;
-        launch(gpu, &f, (p.tq.div_ceil(FWD_BQ) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the forward kernel")?;
+        let w = fwd_warps();
+        let smem = fwd_smem(d, w);
+        let f = kernel(gpu, if w == 4 { "fwdw4" } else { "fwd" }, p, smem)?;
+        let grid = (p.tq.div_ceil(16 * w) as u32, (bb * hh) as u32, 1);
+        launch(gpu, &f, grid, 32 * w as u32, smem, &prm, "the forward kernel")?;
     }
     match counters {
         Some(c) => {
@@ -424,7 +443,13 @@ pub fn backward(
 
 /// ACP thresholds δ = −(2U + ln N) + ln ε per (b, h) into `out`, with U = scale·max|q|·max|k| over
 /// the rows that see keys (the SPEC's bound from query and key norms). `n_keys` is N.
-pub fn acp_thresholds_from_norms(gpu: &Gpu, p: &DevProblem, n_keys: usize, log_eps: f32, out: &mut CudaSlice<f32>) -> Result<()> {
+pub fn acp_thresholds_from_norms(
+    gpu: &Gpu,
+    p: &DevProblem,
+    n_keys: usize,
+    log_eps: f32,
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
     validate(p)?;
     ensure!(out.len() >= p.batch * p.heads, "threshold buffer too short");
     let prm = params(gpu, p);
@@ -432,7 +457,8 @@ pub fn acp_thresholds_from_norms(gpu: &Gpu, p: &DevProblem, n_keys: usize, log_e
     let f = gpu.function(&FGATE, &name)?;
     let out_ptr = ptr(gpu, out);
     let ln_n = (n_keys as f32).ln();
-    let cfg = LaunchConfig { grid_dim: ((p.batch * p.heads) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: ((p.batch * p.heads) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&prm).arg(&log_eps).arg(&ln_n).arg(&out_ptr);
     // SAFETY: arguments match `fox_acp_norms_*`; `out` holds B·H floats.
@@ -453,9 +479,7 @@ pub fn logit_bound_from_qk_norm(gamma_q: &[f32], gamma_k: &[f32], heads: usize, 
         };
         Ok(s.iter().fold(0.0f32, |m, x| m.max(x.abs())))
     };
-    (0..heads)
-        .map(|h| Ok((head_dim as f32).sqrt() * per_head(gamma_q, h)? * per_head(gamma_k, h)?))
-        .collect()
+    (0..heads).map(|h| Ok((head_dim as f32).sqrt() * per_head(gamma_q, h)? * per_head(gamma_k, h)?)).collect()
 }
 
 /// Upload a CPU [`Visibility`] for a problem of `batch` rows and `tq` query rows, checking that
@@ -471,7 +495,10 @@ pub fn upload_visibility(gpu: &Gpu, vis: &Visibility, batch: usize, tq: usize) -
             ensure!(s.len() == batch * tq, "per-row starts: {} for {} rows", s.len(), batch * tq);
             for b in 0..batch {
                 let row = &s[b * tq..(b + 1) * tq];
-                ensure!(row.windows(2).all(|w| w[0] <= w[1]), "per-row starts of batch row {b} decrease: documents must be contiguous");
+                ensure!(
+                    row.windows(2).all(|w| w[0] <= w[1]),
+                    "per-row starts of batch row {b} decrease: documents must be contiguous"
+                );
             }
             Ok(Some(gpu.upload(&s.iter().map(|&x| x as i32).collect::<Vec<_>>())?))
         }
@@ -522,15 +549,33 @@ fn seg(gpu: &Gpu, vis: DevVisibility, batch: usize, t: usize) -> Result<(u64, i3
 
 /// c [B, H, T] = prefix sum over each document of a [B, T, H] (padding counts as 0), as
 /// [`crate::fgate::prefix_sum_fwd`] and restarting at packed documents' starts.
-pub fn fgate_prefix_sum_fwd(gpu: &Gpu, a: &CudaSlice<f32>, c: &mut CudaSlice<f32>, vis: DevVisibility, batch: usize, t: usize, heads: usize) -> Result<()> {
+pub fn fgate_prefix_sum_fwd(
+    gpu: &Gpu,
+    a: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+    vis: DevVisibility,
+    batch: usize,
+    t: usize,
+    heads: usize,
+) -> Result<()> {
     ensure!(a.len() >= batch * t * heads && c.len() >= batch * t * heads, "prefix sum buffers too short");
     let (start, mode) = seg(gpu, vis, batch, t)?;
-    let sp = ScanParams { in1: ptr(gpu, a), in2: 0, out: ptr(gpu, c), start, b: batch as i32, h: heads as i32, t: t as i32, start_mode: mode };
+    let sp = ScanParams {
+        in1: ptr(gpu, a),
+        in2: 0,
+        out: ptr(gpu, c),
+        start,
+        b: batch as i32,
+        h: heads as i32,
+        t: t as i32,
+        start_mode: mode,
+    };
     scan_launch(gpu, "fox_fgate_cumsum_fwd", &sp)
 }
 
 /// da [B, T, H] = reverse prefix sum over each document of dcq + dck [B, H, T] (zero at
 /// padding), as [`crate::fgate::prefix_sum_bwd`] of dc = dcq + dck.
+#[allow(clippy::too_many_arguments)]
 pub fn fgate_prefix_sum_bwd(
     gpu: &Gpu,
     dcq: &CudaSlice<f32>,

@@ -114,7 +114,7 @@ impl BenchReport {
         s += "| D | T | B×H | pass | SDPA TFLOP/s | FoX TFLOP/s | FoX+ACP TFLOP/s | pruned | FoX/SDPA | FoX+ACP/SDPA |\n";
         s += "|---|---|---|---|---|---|---|---|---|---|\n";
         let mut keys: Vec<(usize, usize, String)> = self.rows.iter().map(|r| (r.d, r.t, r.pass.clone())).collect();
-        keys.sort_by(|a, b| (a.0, a.2.clone(), a.1).cmp(&(b.0, b.2.clone(), b.1)));
+        keys.sort_by_key(|k| (k.0, k.2.clone(), k.1));
         keys.dedup();
         for (d, t, pass) in keys {
             let get = |k: &str| self.find(k, d, t, &pass);
@@ -268,7 +268,7 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
 
     for &d in &opts.head_dims {
         for &t in &opts.seq_lens {
-            if opts.tokens % t != 0 || opts.hidden % d != 0 {
+            if !opts.tokens.is_multiple_of(t) || !opts.hidden.is_multiple_of(d) {
                 eprintln!("skipping D={d} T={t}: does not divide the token / hidden budget");
                 continue;
             }
@@ -318,7 +318,17 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 let mut push = |pass: &str, ms: f64| {
                     let tf = flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12;
                     eprintln!("  {name:8} D={d:3} T={t:5} {pass:8} {ms:9.3} ms {tf:7.1} TFLOP/s");
-                    report.rows.push(BenchRow { kernel: name.into(), d, t, b, h, pass: pass.into(), ms, tflops: tf, pruned });
+                    report.rows.push(BenchRow {
+                        kernel: name.into(),
+                        d,
+                        t,
+                        b,
+                        h,
+                        pass: pass.into(),
+                        ms,
+                        tflops: tf,
+                        pruned,
+                    });
                 };
                 push("fwd", ms);
                 if opts.backward {
@@ -336,4 +346,3 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
     }
     Ok(report)
 }
-

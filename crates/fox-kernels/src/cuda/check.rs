@@ -71,6 +71,7 @@ pub struct Spec {
 }
 
 impl Spec {
+    #[allow(clippy::too_many_arguments)]
     fn new(name: &str, b: usize, h: usize, d: usize, t: usize, dtype: DType, gate: Gate, vis: Vis) -> Self {
         Spec {
             name: name.into(),
@@ -113,7 +114,16 @@ pub fn cases() -> Vec<Spec> {
             Bias(1.0),
             Vis::Packed(vec![vec![0, 300, 301, 800], vec![0, 450]]),
         ),
-        Spec::new("d128 bf16 packed documents", 1, 2, 128, 1200, Bf16, Mixed, Vis::Packed(vec![vec![0, 129, 640, 1000]])),
+        Spec::new(
+            "d128 bf16 packed documents",
+            1,
+            2,
+            128,
+            1200,
+            Bf16,
+            Mixed,
+            Vis::Packed(vec![vec![0, 129, 640, 1000]]),
+        ),
     ];
     let mut s = Spec::new("d64 bf16 strided qkv [B,T,3,H,D]", 2, 3, 64, 500, Bf16, Bias(3.0), Vis::All);
     s.packed_qkv = true;
@@ -459,7 +469,8 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let mut lf = poison_f(b * h * t)?;
         ga::forward(gpu, &pf, &mut of, &mut lf, FwdKernel::Tiled, false)?;
         let full = from_half_bits(&gpu.download(&of)?, dt);
-        let last: Vec<f32> = (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
+        let last: Vec<f32> =
+            (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
         tab.add("decode o vs full forward", rel_l2(&o_dec, &last), 5e-3, String::new());
         tab.add("decode o vs CPU", rel_l2(&o_dec, &o_ref), tol_o, String::new());
         tab.add("decode lse max|Δ|", lse_err(&l_dec, &st_ref.lse), 2e-3, String::new());
@@ -556,12 +567,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         tab.add("dck (-colsum dS)", rel_l2(&dck, &grads_ref.dck), tol_g, String::new());
         let max_dcq = dcq.iter().fold(0.0f32, |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x.abs()) });
         let max_dck = grads_ref.dck.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        tab.add(
-            "dcq (rowsum dS ~ 0) max/max|dck|",
-            (max_dcq / max_dck.max(1e-30)) as f64,
-            tol_g,
-            String::new(),
-        );
+        tab.add("dcq (rowsum dS ~ 0) max/max|dck|", (max_dcq / max_dck.max(1e-30)) as f64, tol_g, String::new());
         if s.tq == 0 {
             // d log f: reverse prefix sum of dcq + dck, on the GPU vs the host on the CPU's dc
             let mut da_d = poison_f(b * t * h)?;
@@ -609,7 +615,14 @@ pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
 pub fn format_table(rows: &[CheckRow]) -> String {
     let mut s = String::new();
     s += &format!("| {:<38} | {:<34} | {:>9} | {:>7} | {:<4} | {}\n", "case", "metric", "error", "tol", "ok", "note");
-    s += &format!("|{}|{}|{}|{}|{}|------\n", "-".repeat(40), "-".repeat(36), "-".repeat(11), "-".repeat(9), "-".repeat(6));
+    s += &format!(
+        "|{}|{}|{}|{}|{}|------\n",
+        "-".repeat(40),
+        "-".repeat(36),
+        "-".repeat(11),
+        "-".repeat(9),
+        "-".repeat(6)
+    );
     for r in rows {
         s += &format!(
             "| {:<38} | {:<34} | {:>9.2e} | {:>7.0e} | {:<4} | {}\n",

@@ -26,7 +26,8 @@ impl Source {
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// Forgetting Attention: forward, decode, backward.
-pub static ATTENTION: Source = Source { name: "attention", files: &[COMMON, include_str!("../../kernels/attention.cu")] };
+pub static ATTENTION: Source =
+    Source { name: "attention", files: &[COMMON, include_str!("../../kernels/attention.cu")] };
 /// Forget-gate prefix sums and ACP thresholds.
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 
@@ -60,9 +61,7 @@ pub fn cache_dir() -> PathBuf {
 fn nvrtc_version() -> Result<(i32, i32)> {
     let (mut a, mut b) = (0, 0);
     // SAFETY: plain out-parameters.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) }
-        .result()
-        .map_err(|e| anyhow!("nvrtcVersion: {e:?}"))?;
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) }.result().map_err(|e| anyhow!("nvrtcVersion: {e:?}"))?;
     Ok((a, b))
 }
 
@@ -108,7 +107,8 @@ pub fn compile(src: &Source, arch: &str, extra: &[&str]) -> Result<(Vec<u8>, Str
     super::ensure_nvrtc()?;
     let text = CString::new(src.text()).context("kernel source contains a NUL byte")?;
     let name = CString::new(format!("{}.cu", src.name)).unwrap();
-    let prog = cudarc::nvrtc::result::create_program(&text, Some(&name)).map_err(|e| anyhow!("nvrtcCreateProgram: {e:?}"))?;
+    let prog =
+        cudarc::nvrtc::result::create_program(&text, Some(&name)).map_err(|e| anyhow!("nvrtcCreateProgram: {e:?}"))?;
     let mut opts: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
     opts.push(format!("--gpu-architecture={arch}"));
     opts.extend(extra.iter().map(|s| s.to_string()));

@@ -208,7 +208,11 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let cc = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
         if cc.0 < 8 {
-            bail!("GPU {ordinal} has compute capability {}.{}; the kernels need 8.0 or newer (Ampere, Hopper)", cc.0, cc.1);
+            bail!(
+                "GPU {ordinal} has compute capability {}.{}; the kernels need 8.0 or newer (Ampere, Hopper)",
+                cc.0,
+                cc.1
+            );
         }
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let sms = ctx
@@ -295,9 +299,7 @@ impl Gpu {
 
     /// Zero-initialised device buffer of `n` elements.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
-        self.stream
-            .alloc_zeros::<T>(n.max(1))
-            .map_err(|e| self.oom("a buffer", n * std::mem::size_of::<T>(), e))
+        self.stream.alloc_zeros::<T>(n.max(1)).map_err(|e| self.oom("a buffer", n * std::mem::size_of::<T>(), e))
     }
 
     /// Copy a host slice to a new device buffer.
@@ -305,9 +307,7 @@ impl Gpu {
         if data.is_empty() {
             bail!("cannot upload an empty buffer");
         }
-        self.stream
-            .clone_htod(data)
-            .map_err(|e| self.oom("a buffer", std::mem::size_of_val(data), e))
+        self.stream.clone_htod(data).map_err(|e| self.oom("a buffer", std::mem::size_of_val(data), e))
     }
 
     /// Copy into an existing device buffer.

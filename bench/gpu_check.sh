@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA Forgetting Attention: every mode against the CPU reference on fresh random
+# inputs; prints a pass/fail table and exits non-zero on any failure. See docs/gpu.md.
+#
+#   bench/gpu_check.sh [--filter TEXT] [--seed N]
+#
+# Uses $FOX_ATTN (a built fox-attn binary) if set, else builds it with cargo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${FOX_ATTN:-}
+if [ -z "$BIN" ]; then
+    cargo build --release -p fox-kernels --bin fox-attn >&2
+    BIN=target/release/fox-attn
+fi
+exec "$BIN" check "$@"

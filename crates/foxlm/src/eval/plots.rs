@@ -101,6 +101,20 @@ pub fn tick_label(v: f64) -> String {
     }
 }
 
+/// Tick labels of an axis over [lo, hi]: [`tick_label`] on a log axis (ticks a decade apart); on
+/// a linear one, as many decimals as the tick spacing (about a tenth of the range) needs.
+pub fn axis_labels(log: bool, lo: f64, hi: f64) -> Box<dyn Fn(&f64) -> String> {
+    if log {
+        return Box::new(|v: &f64| tick_label(*v));
+    }
+    let step = ((hi - lo) / 10.0).abs();
+    if step >= 1.0 || step == 0.0 || !step.is_finite() {
+        return Box::new(|v: &f64| tick_label(*v));
+    }
+    let decimals = (-step.log10()).ceil().clamp(0.0, 8.0) as usize;
+    Box::new(move |v: &f64| format!("{v:.decimals$}"))
+}
+
 /// At most about `max` points of a series, keeping the first and last: evenly spaced in x on a
 /// linear axis, log-spaced on a log axis. Curves with more points than pixels draw badly.
 pub fn thin(points: &[(f64, f64)], max: usize, log_x: bool) -> Vec<(f64, f64)> {
@@ -141,11 +155,14 @@ impl LineChart<'_> {
         } else {
             range_of(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false)
         };
+        let fx = axis_labels(self.log_x, x0, x1);
+        let fy = axis_labels(log_y, y0, y1);
+        let f = (&*fx, &*fy);
         match (self.log_x, log_y) {
-            (true, true) => self.draw_on(&root, &series, (x0..x1).log_scale(), (y0..y1).log_scale(), (y0, y1)),
-            (true, false) => self.draw_on(&root, &series, (x0..x1).log_scale(), y0..y1, (y0, y1)),
-            (false, true) => self.draw_on(&root, &series, x0..x1, (y0..y1).log_scale(), (y0, y1)),
-            (false, false) => self.draw_on(&root, &series, x0..x1, y0..y1, (y0, y1)),
+            (true, true) => self.draw_on(&root, &series, (x0..x1).log_scale(), (y0..y1).log_scale(), (y0, y1), f),
+            (true, false) => self.draw_on(&root, &series, (x0..x1).log_scale(), y0..y1, (y0, y1), f),
+            (false, true) => self.draw_on(&root, &series, x0..x1, (y0..y1).log_scale(), (y0, y1), f),
+            (false, false) => self.draw_on(&root, &series, x0..x1, y0..y1, (y0, y1), f),
         }?;
         root.present().map_err(|e| anyhow!("writing {}: {e:?}", path.display()))
     }
@@ -157,6 +174,7 @@ impl LineChart<'_> {
         x: X,
         y: Y,
         (y0, y1): (f64, f64),
+        (fx, fy): (&dyn Fn(&f64) -> String, &dyn Fn(&f64) -> String),
     ) -> Result<()>
     where
         X: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
@@ -175,8 +193,8 @@ impl LineChart<'_> {
             .configure_mesh()
             .x_desc(self.x_label)
             .y_desc(self.y_label)
-            .x_label_formatter(&|v| tick_label(*v))
-            .y_label_formatter(&|v| tick_label(*v))
+            .x_label_formatter(&fx)
+            .y_label_formatter(&fy)
             .label_style((FONT, 17))
             .axis_desc_style((FONT, 20))
             .x_labels(10)

@@ -101,6 +101,9 @@ pub fn tick_label(v: f64) -> String {
     }
 }
 
+/// Formats a tick value.
+type Fmt<'a> = &'a dyn Fn(&f64) -> String;
+
 /// Tick labels of an axis over [lo, hi]: [`tick_label`] on a log axis (ticks a decade apart); on
 /// a linear one, as many decimals as the tick spacing (about a tenth of the range) needs.
 pub fn axis_labels(log: bool, lo: f64, hi: f64) -> Box<dyn Fn(&f64) -> String> {
@@ -174,7 +177,7 @@ impl LineChart<'_> {
         x: X,
         y: Y,
         (y0, y1): (f64, f64),
-        (fx, fy): (&dyn Fn(&f64) -> String, &dyn Fn(&f64) -> String),
+        (fx, fy): (Fmt<'_>, Fmt<'_>),
     ) -> Result<()>
     where
         X: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
@@ -308,6 +311,7 @@ pub fn colorbar(
 
 /// A matrix drawn as coloured cells inside `area`, row 0 at the top. Values are mapped by
 /// `norm` to [0, 1]; NaN cells are left light grey.
+#[allow(clippy::too_many_arguments)]
 pub fn matrix_panel(
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
     m: &[f32],
@@ -347,18 +351,6 @@ pub fn matrix_panel(
         }))
         .map_err(err)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn colormap_hits_its_stops() {
-        assert_eq!(colormap(&RED_GREEN, 0.0), RGBColor(215, 48, 39));
-        assert_eq!(colormap(&RED_GREEN, 1.0), RGBColor(26, 152, 80));
-        assert_eq!(colormap(&RED_GREEN, 0.5), RGBColor(254, 224, 139));
-    }
 }
 
 /// The needle-test heatmap: context lengths across, depths down (0 % at the top), each cell
@@ -612,4 +604,16 @@ pub fn gate_maps(
     colorbar(&bar_cells[0], &VIRIDIS, 0.0, 1.0, "F_ij", |v| format!("{v:.1}"))?;
     colorbar(&bar_cells[1], &VIRIDIS, log_floor, 0.0, "log10 attention", |v| format!("{v:.0}"))?;
     root.present().map_err(|e| anyhow!("writing {}: {e:?}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colormap_hits_its_stops() {
+        assert_eq!(colormap(&RED_GREEN, 0.0), RGBColor(215, 48, 39));
+        assert_eq!(colormap(&RED_GREEN, 1.0), RGBColor(26, 152, 80));
+        assert_eq!(colormap(&RED_GREEN, 0.5), RGBColor(254, 224, 139));
+    }
 }

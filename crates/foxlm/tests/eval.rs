@@ -327,17 +327,13 @@ fn gate_maps_reproduce_the_attention_the_model_computed() {
     }
 }
 
-/// A small prepared dataset of Moby-Dick chapters whose validation documents are all at least
-/// `min_tokens` long.
+/// A small prepared dataset (GPT-2 ids, json-escaped) of six Moby-Dick chapters, three held out.
 fn prepared_data(dir: &Path) -> PathBuf {
     let out = dir.join("data");
-    let inputs: Vec<String> = [1, 2, 3, 4, 5, 6]
-        .iter()
-        .map(|c| sample_text().join(format!("chapter_{c}.txt")).display().to_string())
-        .collect();
-    let mut args = vec!["data", "prepare", "--output", out.to_str().unwrap(), "--val-fraction", "0.5", "--input"];
-    args.extend(inputs.iter().map(|s| s.as_str()));
-    foxlm(&args);
+    let inputs: Vec<PathBuf> =
+        [1, 2, 3, 4, 5, 6].iter().map(|c| sample_text().join(format!("chapter_{c}.txt"))).collect();
+    let opts = foxlm::data::PrepareOptions { val_fraction: 0.5, ..Default::default() };
+    foxlm::data::prepare(&inputs, &out, &opts).unwrap();
     out
 }
 

@@ -10,6 +10,8 @@ pub mod generate;
 pub mod model;
 pub mod optim;
 pub mod plot;
+pub mod presets;
 pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
+pub mod train;

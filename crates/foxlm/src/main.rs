@@ -20,6 +20,12 @@ enum Command {
     Forward(cli::forward::Args),
     /// Show a model's configuration, parameter counts per component and memory needs.
     Inspect(cli::inspect::Args),
+    /// Prepare token shards from text (prepare) and summarise them (inspect).
+    Data(cli::data::Args),
+    /// Train a model (--preset NAME or --config FILE) on a prepared dataset, with checkpoints and --resume.
+    Train(cli::train::Args),
+    /// Tokenize the Moby-Dick sample, train a tiny FoX (Pro) on CPU for a few minutes, and sample from it.
+    Demo(cli::demo::Args),
     /// Evaluate models: per-token loss and perplexity over context length (loss), needle in a haystack (niah).
     Eval(cli::eval::Args),
     /// Visualise a model: forget-gate matrices, attention maps and memory lengths per head (gates).
@@ -32,6 +38,9 @@ fn main() {
         Command::Generate(a) => cli::generate::run(a),
         Command::Forward(a) => cli::forward::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
+        Command::Data(a) => cli::data::run(a),
+        Command::Train(a) => cli::train::run(a),
+        Command::Demo(a) => cli::demo::run(a),
         Command::Eval(a) => cli::eval::run(a),
         Command::Viz(a) => cli::viz::run(a),
     };

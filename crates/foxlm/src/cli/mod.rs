@@ -1,7 +1,10 @@
 //! One module per `foxlm` subcommand: its clap arguments and its `run`.
 
+pub mod data;
+pub mod demo;
 pub mod eval;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
+pub mod train;
 pub mod viz;

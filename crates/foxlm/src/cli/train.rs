@@ -1,0 +1,237 @@
+//! `foxlm train`: train a model from a preset or a configuration file on a prepared dataset.
+
+use crate::config::Config;
+use crate::presets;
+use crate::train::{self, Outcome, RunConfig, TrainConfig, TrainOptions};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Overrides {
+    /// Tokens per training window.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Sequences per optimizer step.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Sequences per forward/backward pass (gradients of batch-size / micro-batch passes are accumulated).
+    #[arg(long)]
+    pub micro_batch: Option<usize>,
+    /// Training budget in tokens (the cosine schedule ends there).
+    #[arg(long, conflicts_with = "steps")]
+    pub tokens: Option<u64>,
+    /// Training budget in optimizer steps (sets --tokens to steps x batch-size x context).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Learning rate at the end of the cosine decay.
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    /// Linear warm-up length in tokens.
+    #[arg(long)]
+    pub warmup_tokens: Option<u64>,
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Global gradient-norm clipping threshold.
+    #[arg(long)]
+    pub max_grad_norm: Option<f64>,
+    /// Seed of the initialisation and the data order.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Validate every N steps (0: at the start and the end only).
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+    /// Validation tokens per evaluation.
+    #[arg(long)]
+    pub eval_tokens: Option<u64>,
+    /// Checkpoint every N steps (0: only at the end and on Ctrl-C).
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    /// Numbered checkpoints to keep.
+    #[arg(long)]
+    pub keep_last: Option<usize>,
+    /// Write a metrics line every N steps.
+    #[arg(long)]
+    pub log_every: Option<u64>,
+}
+
+impl Overrides {
+    pub fn apply(&self, t: &mut TrainConfig) {
+        macro_rules! set {
+            ($($f:ident => $g:ident),*) => {$(if let Some(v) = self.$f { t.$g = v; })*};
+        }
+        set!(context => context, batch_size => batch_size, micro_batch => micro_batch, tokens => total_tokens,
+             lr => peak_lr, min_lr => min_lr, warmup_tokens => warmup_tokens, weight_decay => weight_decay,
+             max_grad_norm => max_grad_norm, seed => seed, eval_every => eval_every, eval_tokens => eval_tokens,
+             checkpoint_every => checkpoint_every, keep_last => keep_last, log_every => log_every);
+        if self.batch_size.is_some() && self.micro_batch.is_none() && t.batch_size % t.micro_batch != 0 {
+            t.micro_batch = t.batch_size.min(t.micro_batch).max(1);
+            while t.batch_size % t.micro_batch != 0 {
+                t.micro_batch -= 1;
+            }
+        }
+        if let Some(s) = self.steps {
+            t.total_tokens = s * t.tokens_per_step();
+        }
+        if self.lr.is_some() && self.min_lr.is_none() && t.min_lr > t.peak_lr {
+            t.min_lr = 0.0;
+        }
+        if t.warmup_tokens > t.total_tokens && self.warmup_tokens.is_none() {
+            t.warmup_tokens = t.total_tokens / 10;
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("model_source").args(["preset", "config"])))]
+pub struct Args {
+    /// A named set-up: tiny (a small FoX (Pro) for CPU), or {fox,transformer}-{llama,pro}-{125m,360m,760m}
+    /// with the paper's hyper-parameters. --list-presets shows them.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// A run configuration: JSON {"model": <config.json fields>, "train": {...}} as written to
+    /// OUT/run.json (or by --print-config), or a plain model config.json (trained with the tiny
+    /// preset's recipe unless overridden).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Dataset folder made by `foxlm data prepare`.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Output folder for checkpoints, metrics and plots.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the run in --out from its latest checkpoint (the configuration must match; with
+    /// no --preset/--config, the checkpoint's is used).
+    #[arg(long)]
+    pub resume: bool,
+    #[command(flatten)]
+    pub overrides: Overrides,
+    /// Stop after this many steps in total, saving a checkpoint (as Ctrl-C does).
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+    /// No progress bar and no messages.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print the run configuration as JSON and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// List the presets and exit.
+    #[arg(long)]
+    pub list_presets: bool,
+}
+
+/// Reads --config: a run file or a plain model config.json.
+pub fn read_config_file(path: &Path) -> Result<RunConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+    if v.get("model").is_some() {
+        let run: RunConfig =
+            serde_json::from_value(v).with_context(|| format!("{}: not a valid run configuration", path.display()))?;
+        run.model.validate().with_context(|| format!("{}: invalid model configuration", path.display()))?;
+        return Ok(run);
+    }
+    let model = Config::load(path)?;
+    let mut train = presets::tiny().train;
+    if let Some(c) = model.train_context() {
+        train.context = c;
+    }
+    Ok(RunConfig { model, train })
+}
+
+/// The run configuration that the arguments describe (None: take the checkpoint's on --resume).
+pub fn run_config(a: &Args) -> Result<Option<RunConfig>> {
+    let base = match (&a.preset, &a.config) {
+        (Some(p), _) => {
+            let p = presets::preset(p)?;
+            Some(RunConfig { model: p.model, train: p.train })
+        }
+        (None, Some(c)) => Some(read_config_file(c)?),
+        (None, None) => None,
+    };
+    Ok(base.map(|mut r| {
+        a.overrides.apply(&mut r.train);
+        r
+    }))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.list_presets {
+        for n in presets::names() {
+            let p = presets::preset(&n)?;
+            println!("{n:<24} {}", p.description);
+        }
+        return Ok(());
+    }
+    let mut run = run_config(&a)?;
+    if run.is_none() && a.resume {
+        // Overrides apply on top of the checkpoint's configuration.
+        if let Some(out) = &a.out {
+            if let Some(dir) = train::latest_checkpoint(out)? {
+                let ck = std::fs::read_to_string(dir.join(train::TRAINER_FILE)).ok();
+                if let Some(state) = ck
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| serde_json::from_value::<train::TrainerState>(v["trainer"].clone()).ok())
+                {
+                    let mut r = state.run;
+                    a.overrides.apply(&mut r.train);
+                    run = Some(r);
+                }
+            }
+        }
+    }
+    if a.print_config {
+        let Some(r) = run else { bail!("--print-config needs --preset or --config") };
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    if run.is_none() && !a.resume {
+        bail!("give --preset NAME or --config FILE (or --resume to continue a run); --list-presets shows the presets");
+    }
+    let Some(out) = a.out.clone() else { bail!("--out DIR is required") };
+    let data = match &a.data {
+        Some(d) => d.clone(),
+        None if a.resume => {
+            let dir = train::latest_checkpoint(&out)?
+                .ok_or_else(|| anyhow::anyhow!("--resume: {} holds no checkpoint to resume from", out.display()))?;
+            let st = train::load_checkpoint(&dir)?.state;
+            PathBuf::from(st.data_dir)
+        }
+        None => bail!("--data DIR is required (a folder made by `foxlm data prepare`)"),
+    };
+    train::install_ctrlc_handler();
+    let opts =
+        TrainOptions { data, out, resume: a.resume, progress: !a.quiet, stop_after: a.stop_after, verbose: !a.quiet };
+    let r = train::train(run, &opts)?;
+    match r.outcome {
+        Outcome::Finished => {
+            if !a.quiet {
+                eprintln!(
+                    "done: {} steps, {} tokens, {:.0} tokens/s; final training loss {}, validation loss {}",
+                    r.step,
+                    r.tokens_seen,
+                    r.tokens_per_s,
+                    r.last_train_loss.map_or("-".into(), |l| format!("{l:.4}")),
+                    r.last_val_loss.map_or("-".into(), |l| format!("{l:.4}")),
+                );
+                eprintln!("model: {}", r.checkpoint.display());
+            }
+            Ok(())
+        }
+        Outcome::AlreadyFinished => Ok(()),
+        Outcome::Interrupted => {
+            eprintln!(
+                "stopped at step {}; checkpoint {} (continue with --resume --out {})",
+                r.step,
+                r.checkpoint.display(),
+                opts.out.display()
+            );
+            if train::STOP.load(std::sync::atomic::Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            Ok(())
+        }
+    }
+}

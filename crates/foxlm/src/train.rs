@@ -1,0 +1,1173 @@
+//! The trainer (SPEC §3): seeded N(0, 0.02) initialisation, AdamW on token windows with gradient
+//! accumulation and global-norm clipping, a token-indexed warm-up + cosine schedule, periodic
+//! validation, JSONL metrics, a loss-curve PNG, and resumable checkpoints.
+//!
+//! Output folder layout:
+//!
+//! ```text
+//! OUT/run.json                 the model and training configuration ({"model": .., "train": ..})
+//! OUT/metrics.jsonl            one JSON object per logged step ("train") and per validation ("val")
+//! OUT/loss.png                 training and validation loss against tokens seen
+//! OUT/checkpoint-<step>/       config.json + model.safetensors (the authors' layout, loadable by
+//!                              their PyTorch code), optimizer.safetensors (AdamW moments),
+//!                              trainer.json (step, tokens, data position, config hash, ...)
+//! OUT/final/                   the same, written when training completes
+//! OUT/latest                   the name of the newest complete checkpoint folder
+//! ```
+//!
+//! Every checkpoint is written into `<name>.tmp/`, each file synced, then renamed into place, and
+//! only then does `latest` (itself replaced atomically) point at it: a crash or a full disk never
+//! damages the last good checkpoint. The last `keep_last` numbered checkpoints are kept.
+
+use crate::checkpoint::{self, fixed_fgate_bias, load_model, CONFIG_FILE, WEIGHTS_FILE};
+use crate::config::{Config, FgateType};
+use crate::data::{Dataset, Loader, LoaderState, Split};
+use crate::model::{Ctx, Model};
+use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, Schedule};
+use crate::plot::{LinePlot, Series};
+use crate::tensor::ParamKind;
+use anyhow::{anyhow, bail, Context, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const TRAINER_FILE: &str = "trainer.json";
+pub const RUN_FILE: &str = "run.json";
+pub const METRICS_FILE: &str = "metrics.jsonl";
+pub const LOSS_PLOT_FILE: &str = "loss.png";
+pub const LATEST_FILE: &str = "latest";
+pub const FINAL_DIR: &str = "final";
+/// The key of config.json that records the training context length (see Config::train_context).
+pub const TRAIN_CONTEXT_KEY: &str = "foxlm_train_context";
+
+/// How to train (everything but the model's architecture).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Tokens per training window (the model reads BOS + context - 1 tokens and predicts context).
+    pub context: usize,
+    /// Sequences per optimizer step.
+    pub batch_size: usize,
+    /// Sequences per forward/backward pass; batch_size / micro_batch passes are accumulated.
+    pub micro_batch: usize,
+    /// Training budget in tokens; the cosine schedule ends here.
+    pub total_tokens: u64,
+    pub peak_lr: f64,
+    pub min_lr: f64,
+    pub warmup_tokens: u64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub max_grad_norm: f64,
+    /// Seeds the initialisation and the data order.
+    pub seed: u64,
+    /// Validate every this many steps (0: only at the start and the end).
+    pub eval_every: u64,
+    /// Validation tokens per evaluation (rounded to whole windows; at least one window).
+    pub eval_tokens: u64,
+    /// Checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    pub checkpoint_every: u64,
+    /// Numbered checkpoints to keep (the newest ones; at least 1).
+    pub keep_last: usize,
+    /// Write a metrics line every this many steps.
+    pub log_every: u64,
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.context < 2 {
+            bail!("context {} must be at least 2", self.context);
+        }
+        if self.batch_size == 0 || self.micro_batch == 0 || self.batch_size % self.micro_batch != 0 {
+            bail!("batch_size {} must be a positive multiple of micro_batch {}", self.batch_size, self.micro_batch);
+        }
+        if self.total_tokens < self.tokens_per_step() {
+            bail!(
+                "total_tokens {} is less than one step of {} tokens (batch_size x context)",
+                self.total_tokens,
+                self.tokens_per_step()
+            );
+        }
+        if !(self.peak_lr > 0.0 && self.peak_lr.is_finite()) || !(self.min_lr >= 0.0) || self.min_lr > self.peak_lr {
+            bail!("learning rates: need 0 <= min_lr ({}) <= peak_lr ({}), peak_lr > 0", self.min_lr, self.peak_lr);
+        }
+        if self.warmup_tokens > self.total_tokens {
+            bail!("warmup_tokens {} exceeds total_tokens {}", self.warmup_tokens, self.total_tokens);
+        }
+        if !(0.0..1.0).contains(&self.beta1) || !(0.0..1.0).contains(&self.beta2) || !(self.eps > 0.0) {
+            bail!("AdamW: betas must be in [0, 1) and eps > 0");
+        }
+        if !(self.weight_decay >= 0.0) || !(self.max_grad_norm > 0.0) {
+            bail!("weight_decay must be >= 0 and max_grad_norm > 0");
+        }
+        if self.keep_last == 0 || self.log_every == 0 {
+            bail!("keep_last and log_every must be at least 1");
+        }
+        Ok(())
+    }
+
+    pub fn tokens_per_step(&self) -> u64 {
+        (self.batch_size * self.context) as u64
+    }
+
+    /// Optimizer steps in the budget (the last one may overshoot total_tokens).
+    pub fn total_steps(&self) -> u64 {
+        self.total_tokens.div_ceil(self.tokens_per_step())
+    }
+
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            peak: self.peak_lr,
+            min_lr: self.min_lr,
+            warmup_tokens: self.warmup_tokens,
+            total_tokens: self.total_tokens,
+        }
+    }
+
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig { beta1: self.beta1, beta2: self.beta2, eps: self.eps, weight_decay: self.weight_decay }
+    }
+
+    /// The fields that change what training computes (everything except cadence of logging,
+    /// validation and checkpoints): a resumed run must agree on these.
+    fn identity(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("serialises");
+        let m = v.as_object_mut().expect("object");
+        for k in ["eval_every", "eval_tokens", "checkpoint_every", "keep_last", "log_every"] {
+            m.remove(k);
+        }
+        v
+    }
+}
+
+/// A run's full configuration, as stored in OUT/run.json and accepted by `--config`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub model: Config,
+    pub train: TrainConfig,
+}
+
+impl RunConfig {
+    /// The model config as saved with checkpoints: with the training context recorded.
+    pub fn saved_model_config(&self) -> Config {
+        let mut c = self.model.clone();
+        c.extra.insert(TRAIN_CONTEXT_KEY.into(), serde_json::json!(self.train.context));
+        c
+    }
+}
+
+fn model_identity(c: &Config) -> serde_json::Value {
+    let mut c = c.clone();
+    c.extra.clear();
+    serde_json::to_value(&c).expect("serialises")
+}
+
+/// A hash of everything a resumed run must agree on: the model, the training recipe and the
+/// training data.
+pub fn config_hash(run: &RunConfig, data_fingerprint: &str) -> String {
+    let v = serde_json::json!({"model": model_identity(&run.model), "train": run.train.identity(), "data": data_fingerprint});
+    hex(&Sha256::digest(v.to_string().as_bytes()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Identifies the training split of a dataset by its shards' checksums.
+pub fn data_fingerprint(ds: &Dataset) -> String {
+    let m = ds.manifest();
+    let mut h = Sha256::new();
+    h.update(m.text_format.as_str().as_bytes());
+    for s in &m.train.shards {
+        h.update(s.tokens_sha256.as_bytes());
+        h.update(s.index_sha256.as_bytes());
+    }
+    hex(&h.finalize())
+}
+
+/// The fields on which two runs differ, as "field: a -> b" lines.
+fn config_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    for (section, a, b) in [
+        ("model", model_identity(&old.model), model_identity(&new.model)),
+        ("train", old.train.identity(), new.train.identity()),
+    ] {
+        let (a, b) = (a.as_object().unwrap().clone(), b.as_object().unwrap().clone());
+        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            if a.get(k) != b.get(k) {
+                let show = |v: Option<&serde_json::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
+                out.push(format!("{section}.{k}: {} (checkpoint) vs {} (now)", show(a.get(k)), show(b.get(k))));
+            }
+        }
+    }
+    out
+}
+
+/// Initialises `cfg`'s parameters (SPEC §2): every Linear and the embedding ~ N(0, std), norm
+/// weights 1, biases 0; the fixed forget gate's bias from its decay times. Seeded.
+pub fn init_model(cfg: &Config, seed: u64) -> Model {
+    let mut model = Model::new(cfg);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let normal = Normal::new(0.0f32, cfg.initializer_range as f32).expect("valid std");
+    let p = &mut model.params;
+    for i in 0..p.len() {
+        let name = p.names[i].clone();
+        let data = &mut p.tensors[i].data;
+        match p.kinds[i] {
+            ParamKind::Matrix => data.iter_mut().for_each(|x| *x = normal.sample(&mut rng)),
+            _ if name.ends_with("norm.weight") => data.fill(1.0),
+            _ if name.ends_with(".fgate_bias") && cfg.fgate_type == FgateType::Fixed => {
+                data.copy_from_slice(&fixed_fgate_bias(cfg))
+            }
+            _ if cfg.fgate_bias_init
+                && cfg.decay_time_min.is_some()
+                && cfg.decay_time_max.is_some()
+                && (name.ends_with(".fgate_bias") || name.ends_with(".fgate_proj.bias")) =>
+            {
+                data.copy_from_slice(&fixed_fgate_bias(cfg))
+            }
+            _ => data.fill(0.0),
+        }
+    }
+    model
+}
+
+/// Where a run stands; saved as trainer.json.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub step: u64,
+    pub tokens_seen: u64,
+    /// The data loader's position (its seed, epoch and window index: the only randomness
+    /// training uses after initialisation).
+    pub data: LoaderState,
+    pub config_hash: String,
+    pub run: RunConfig,
+    /// The dataset folder the run trained on (informative; the hash pins its content).
+    pub data_dir: String,
+    /// Training time so far, in seconds.
+    pub elapsed_s: f64,
+    /// The last validation loss, if any.
+    pub last_val_loss: Option<f64>,
+    pub finished: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files.
+
+/// Bytes written through `write_synced` so far, for FOXLM_TEST_DISK_LIMIT (a testing hook that
+/// makes writes fail with "no space left on device" once that many bytes have been written by
+/// this process; it exists so tests can check that a full disk never corrupts a checkpoint).
+static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let res = (|| -> std::io::Result<()> {
+        if let Some(limit) = std::env::var("FOXLM_TEST_DISK_LIMIT").ok().and_then(|v| v.parse::<u64>().ok()) {
+            let before = BYTES_WRITTEN.fetch_add(bytes.len() as u64, Ordering::SeqCst);
+            if before + bytes.len() as u64 > limit {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    "No space left on device (simulated)",
+                ));
+            }
+        }
+        let mut f = std::fs::File::create(path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    res.map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
+}
+
+/// Replaces `path` with `bytes` through a temporary file and a rename.
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_file_name(format!("{}.tmp", path.file_name().unwrap().to_string_lossy()));
+    if let Err(e) = write_synced(&tmp, bytes) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+fn tensors_bytes(named: Vec<(String, Vec<usize>, &[f32])>) -> Result<Vec<u8>> {
+    let bufs: Vec<(String, Vec<usize>, Vec<u8>)> =
+        named.into_iter().map(|(n, s, d)| (n, s, d.iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bufs
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).expect("consistent"),
+            )
+        })
+        .collect();
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    safetensors::serialize(views, Some(meta)).map_err(|e| anyhow!("serialising tensors: {e}"))
+}
+
+/// Writes a complete checkpoint as `out/name` (atomically: into `name.tmp`, then renamed), then
+/// points `out/latest` at it.
+pub fn save_checkpoint(out: &Path, name: &str, model: &Model, opt: &AdamW, state: &TrainerState) -> Result<PathBuf> {
+    let dir = out.join(name);
+    let tmp = out.join(format!("{name}.tmp"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove stale {}", tmp.display()))?;
+    }
+    let res = (|| -> Result<()> {
+        std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        let p = &model.params;
+        let weights = tensors_bytes(
+            (0..p.len()).map(|i| (p.names[i].clone(), p.tensors[i].shape.clone(), &p.tensors[i].data[..])).collect(),
+        )?;
+        write_synced(&tmp.join(WEIGHTS_FILE), &weights)?;
+        drop(weights);
+        write_synced(&tmp.join(CONFIG_FILE), state.run.saved_model_config().to_json().as_bytes())?;
+        let mut named = Vec::new();
+        for i in 0..p.len() {
+            if p.kinds[i] != ParamKind::Frozen {
+                named.push((format!("exp_avg.{}", p.names[i]), p.tensors[i].shape.clone(), &opt.m[i][..]));
+                named.push((format!("exp_avg_sq.{}", p.names[i]), p.tensors[i].shape.clone(), &opt.v[i][..]));
+            }
+        }
+        let optimizer = tensors_bytes(named)?;
+        write_synced(&tmp.join(OPTIMIZER_FILE), &optimizer)?;
+        drop(optimizer);
+        let mut st = state.clone();
+        st.data_dir = state.data_dir.clone();
+        let json = serde_json::json!({"trainer": st, "optimizer_step": opt.step, "adamw": opt.config});
+        write_synced(&tmp.join(TRAINER_FILE), serde_json::to_string_pretty(&json).unwrap().as_bytes())?;
+        sync_dir(&tmp);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace {}", dir.display()))?;
+        }
+        std::fs::rename(&tmp, &dir).with_context(|| format!("cannot rename {} to {}", tmp.display(), dir.display()))?;
+        sync_dir(out);
+        replace_file(&out.join(LATEST_FILE), name.as_bytes())?;
+        Ok(())
+    })();
+    if let Err(e) = res {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    Ok(dir)
+}
+
+/// A checkpoint read back: the model, the optimizer and the trainer state.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub model: Model,
+    pub opt: AdamW,
+    pub state: TrainerState,
+}
+
+/// Loads a checkpoint folder written by [`save_checkpoint`].
+pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
+    let tpath = dir.join(TRAINER_FILE);
+    let text = std::fs::read_to_string(&tpath).with_context(|| format!("cannot read {}", tpath.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: corrupt trainer state", tpath.display()))?;
+    let state: TrainerState = serde_json::from_value(v["trainer"].clone())
+        .with_context(|| format!("{}: corrupt trainer state", tpath.display()))?;
+    let adamw: AdamWConfig = serde_json::from_value(v["adamw"].clone())
+        .with_context(|| format!("{}: corrupt optimizer settings", tpath.display()))?;
+    let opt_step = v["optimizer_step"].as_u64().ok_or_else(|| anyhow!("{}: no optimizer_step", tpath.display()))?;
+    let model = load_model(dir)?;
+    let opath = dir.join(OPTIMIZER_FILE);
+    let mut tensors = checkpoint::read_tensors(&[opath.clone()])?;
+    let mut opt = AdamW::new(adamw, &model.params);
+    opt.step = opt_step;
+    for i in 0..model.params.len() {
+        if model.params.kinds[i] == ParamKind::Frozen {
+            continue;
+        }
+        let name = &model.params.names[i];
+        for (key, buf) in [("exp_avg", &mut opt.m[i]), ("exp_avg_sq", &mut opt.v[i])] {
+            let (_, shape, data) = tensors
+                .remove(&format!("{key}.{name}"))
+                .ok_or_else(|| anyhow!("{}: tensor {key}.{name} is missing", opath.display()))?;
+            if shape != model.params.tensors[i].shape {
+                bail!(
+                    "{}: tensor {key}.{name} has shape {shape:?}, expected {:?}",
+                    opath.display(),
+                    model.params.tensors[i].shape
+                );
+            }
+            *buf = data;
+        }
+    }
+    Ok(Checkpoint { dir: dir.to_path_buf(), model, opt, state })
+}
+
+fn checkpoint_step(name: &str) -> Option<u64> {
+    name.strip_prefix("checkpoint-").and_then(|s| s.parse().ok())
+}
+
+/// The numbered checkpoints in `out`, oldest first.
+pub fn list_checkpoints(out: &Path) -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            checkpoint_step(&name).filter(|_| e.path().is_dir()).map(|s| (s, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The newest complete checkpoint of a run: the one `latest` names (or, if that is missing or
+/// unreadable, the highest-numbered one that loads).
+pub fn latest_checkpoint(out: &Path) -> Result<Option<PathBuf>> {
+    if let Ok(name) = std::fs::read_to_string(out.join(LATEST_FILE)) {
+        let p = out.join(name.trim());
+        if p.join(TRAINER_FILE).is_file() {
+            return Ok(Some(p));
+        }
+    }
+    let fin = out.join(FINAL_DIR);
+    let mut cands: Vec<PathBuf> = list_checkpoints(out).into_iter().rev().map(|(_, p)| p).collect();
+    if fin.join(TRAINER_FILE).is_file() {
+        cands.insert(0, fin);
+    }
+    Ok(cands.into_iter().find(|p| p.join(TRAINER_FILE).is_file() && p.join(WEIGHTS_FILE).is_file()))
+}
+
+fn prune_checkpoints(out: &Path, keep: usize) {
+    let cks = list_checkpoints(out);
+    if cks.len() > keep {
+        for (_, p) in &cks[..cks.len() - keep] {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation.
+
+/// Mean cross-entropy (nats/token) of `model` over the first windows of the validation split,
+/// at most `max_tokens` tokens of them (at least one window), in batches of `batch`. None when
+/// the split is shorter than one window.
+pub fn validation_loss(model: &Model, ds: &Dataset, context: usize, max_tokens: u64, batch: usize) -> Option<f64> {
+    let mut loader = Loader::new(ds, Split::Val, context, 0, false).ok()?;
+    let windows = loader.windows_per_epoch().min((max_tokens / context as u64).max(1)) as usize;
+    let mut sum = 0.0f64;
+    let mut count = 0usize;
+    let mut done = 0;
+    while done < windows {
+        let b = batch.min(windows - done);
+        let bt = loader.next_batch(b);
+        let (s, n) = sum_loss(model, &bt.ids, &bt.targets, b, context);
+        sum += s;
+        count += n;
+        done += b;
+    }
+    Some(sum / count.max(1) as f64)
+}
+
+/// Σ cross-entropy over the targets, and how many, without gradients (the output head in chunks).
+pub fn sum_loss(model: &Model, ids: &[u32], targets: &[Option<u32>], batch: usize, seq: usize) -> (f64, usize) {
+    let ctx = Ctx { batch, seq, start: None };
+    let (hidden, _) = model.forward_hidden(ids, &ctx, None, false);
+    let d = model.config.hidden_size;
+    let v = model.config.vocab_size;
+    let rows = batch * seq;
+    let chunk = ((1usize << 24) / v).clamp(1, rows);
+    let mut sum = 0.0f64;
+    let mut n = 0;
+    for r0 in (0..rows).step_by(chunk) {
+        let r1 = (r0 + chunk).min(rows);
+        let logits = model.logits(&hidden[r0 * d..r1 * d]);
+        let (losses, _) = fox_kernels::cross_entropy::cross_entropy_fwd(&logits, &targets[r0..r1], v);
+        for (l, t) in losses.iter().zip(&targets[r0..r1]) {
+            if t.is_some() {
+                sum += *l as f64;
+                n += 1;
+            }
+        }
+    }
+    (sum, n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The output head and loss for training.
+
+/// exp(x) for f32 in a form the compiler vectorises: x = n·ln2 + r, |r| <= ln2/2, a degree-6
+/// polynomial for e^r (relative error ~2e-7, like libm's expf to within a few ulp), 2^n from the
+/// exponent bits. Inputs are clamped to [-87.3, 88] (a softmax only feeds it x - max <= 0).
+#[inline(always)]
+fn fast_exp(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
+    let bits = ((n as i32 + 127) << 23) as u32;
+    p * f32::from_bits(bits)
+}
+
+/// Mean cross-entropy and its gradient, like [`Model::loss_and_grads`], with the output head
+/// and softmax fused per row and a vectorised exp: the vocabulary-sized part of a small model's
+/// step is most of its cost. Agrees with `Model::loss_and_grads` to f32 rounding (tested).
+pub fn loss_and_grads(
+    model: &Model,
+    ids: &[u32],
+    targets: &[Option<u32>],
+    ctx: &Ctx,
+    grads: &mut [Vec<f32>],
+    grad_scale: f32,
+) -> f32 {
+    use rayon::prelude::*;
+    let n_targets = targets.iter().filter(|t| t.is_some()).count();
+    if n_targets == 0 {
+        return 0.0;
+    }
+    let (hidden, acts) = model.forward_hidden(ids, ctx, None, true);
+    let acts = acts.expect("activations kept");
+    let (d, vocab) = (model.config.hidden_size, model.config.vocab_size);
+    let rows = targets.len();
+    let weight = grad_scale / n_targets as f32;
+    let chunk = ((1usize << 24) / vocab).clamp(1, rows);
+    let mut dhidden = vec![0.0f32; rows * d];
+    let mut loss_sum = 0.0f64;
+    for r0 in (0..rows).step_by(chunk) {
+        let r1 = (r0 + chunk).min(rows);
+        let tg = &targets[r0..r1];
+        if tg.iter().all(|t| t.is_none()) {
+            continue;
+        }
+        let x = &hidden[r0 * d..r1 * d];
+        let mut logits = model.lm_head.forward(&model.params, x, r1 - r0);
+        loss_sum += logits
+            .par_chunks_mut(vocab)
+            .zip(tg.par_iter())
+            .map(|(row, t)| {
+                let Some(t) = *t else {
+                    row.fill(0.0);
+                    return 0.0f64;
+                };
+                let m = row.chunks(8).fold(f32::NEG_INFINITY, |m, c| c.iter().fold(m, |a, &b| a.max(b)));
+                let mut acc = [0.0f32; 8];
+                let mut it = row.chunks_exact(8);
+                for c in &mut it {
+                    for k in 0..8 {
+                        acc[k] += fast_exp(c[k] - m);
+                    }
+                }
+                let tail: f32 = it.remainder().iter().map(|&v| fast_exp(v - m)).sum();
+                let s = acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
+                let lse = m + s.ln() as f32;
+                let loss = (lse - row[t as usize]) as f64;
+                for v in row.iter_mut() {
+                    *v = fast_exp(*v - lse) * weight;
+                }
+                row[t as usize] -= weight;
+                loss
+            })
+            .sum::<f64>();
+        model.lm_head.backward(&model.params, x, &logits, r1 - r0, grads, Some(&mut dhidden[r0 * d..r1 * d]), false);
+    }
+    model.backward(ids, ctx, &acts, &dhidden, grads);
+    (loss_sum / n_targets as f64) as f32
+}
+
+// ---------------------------------------------------------------------------------------------
+// The training loop.
+
+/// Set by Ctrl-C (see [`install_ctrlc_handler`]): the trainer saves a checkpoint and stops.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Makes Ctrl-C (SIGINT/SIGTERM) request a clean stop; a second Ctrl-C exits at once.
+pub fn install_ctrlc_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            if STOP.swap(true, Ordering::SeqCst) {
+                eprintln!("\nsecond interrupt: exiting without saving");
+                std::process::exit(130);
+            }
+            eprintln!("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to exit at once)");
+        });
+    });
+}
+
+/// How the run is set up beyond its configuration.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub data: PathBuf,
+    pub out: PathBuf,
+    /// Continue the run in `out` from its latest checkpoint.
+    pub resume: bool,
+    pub progress: bool,
+    /// Stop (with a checkpoint, as on Ctrl-C) once this many steps are done in total.
+    pub stop_after: Option<u64>,
+    /// Print validation results and other messages to stderr.
+    pub verbose: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The budget was reached; the final model is in OUT/final.
+    Finished,
+    /// Stopped early (Ctrl-C or `stop_after`) after saving a checkpoint.
+    Interrupted,
+    /// A run that had already finished was resumed: nothing to do.
+    AlreadyFinished,
+}
+
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    pub outcome: Outcome,
+    pub step: u64,
+    pub tokens_seen: u64,
+    /// The checkpoint written last (OUT/final when finished).
+    pub checkpoint: PathBuf,
+    pub first_val_loss: Option<f64>,
+    pub last_val_loss: Option<f64>,
+    pub last_train_loss: Option<f64>,
+    /// Tokens per second over this invocation's steps.
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+}
+
+/// One metrics line.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metric {
+    pub kind: String,
+    pub step: u64,
+    pub tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lr: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub grad_norm: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tokens_per_s: Option<f64>,
+    pub elapsed_s: f64,
+}
+
+/// Reads OUT/metrics.jsonl (lines that do not parse are skipped).
+pub fn read_metrics(out: &Path) -> Vec<Metric> {
+    std::fs::read_to_string(out.join(METRICS_FILE))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Draws OUT/loss.png from the metrics.
+pub fn plot_losses(out: &Path, title: &str) -> Result<()> {
+    let ms = read_metrics(out);
+    let train: Vec<(f64, f64)> =
+        ms.iter().filter(|m| m.kind == "train").filter_map(|m| Some((m.tokens as f64, m.loss?))).collect();
+    let val: Vec<(f64, f64)> =
+        ms.iter().filter(|m| m.kind == "val").filter_map(|m| Some((m.tokens as f64, m.val_loss?))).collect();
+    // A running mean makes the noisy per-step training loss readable.
+    let k = (train.len() / 50).max(1);
+    let smooth: Vec<(f64, f64)> = (0..train.len())
+        .map(|i| {
+            let lo = i.saturating_sub(k - 1);
+            let w = &train[lo..=i];
+            (train[i].0, w.iter().map(|p| p.1).sum::<f64>() / w.len() as f64)
+        })
+        .collect();
+    let mut plot = LinePlot::new(title, "tokens seen", "loss (nats/token)");
+    plot = plot.series(Series::new(if k > 1 { format!("train (mean of {k} steps)") } else { "train".into() }, smooth));
+    plot = plot.series(Series::new("validation", val));
+    plot.save(&out.join(LOSS_PLOT_FILE))
+}
+
+struct MetricsLog {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl MetricsLog {
+    /// Opens OUT/metrics.jsonl for appending, first dropping lines past `step` (left by a run
+    /// that went on after its last checkpoint).
+    fn open(out: &Path, keep_until_step: Option<u64>) -> Result<Self> {
+        let path = out.join(METRICS_FILE);
+        match keep_until_step {
+            Some(s) => {
+                let kept: String = std::fs::read_to_string(&path)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| {
+                        serde_json::from_str::<Metric>(l)
+                            .is_ok_and(|m| m.step <= s && !(m.kind == "val" && m.step == s))
+                    })
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                replace_file(&path, kept.as_bytes())?;
+            }
+            None => replace_file(&path, b"")?,
+        }
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        Ok(Self { file, path })
+    }
+
+    fn write(&mut self, m: &Metric) -> Result<()> {
+        let line = serde_json::to_string(m).unwrap() + "\n";
+        self.file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", self.path.display()))
+    }
+}
+
+fn fmt_tokens(t: f64) -> String {
+    crate::plot::tick(t)
+}
+
+/// Checks that `out` can hold a run: creatable, writable.
+fn check_output_dir(out: &Path) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!("--out {}: exists and is not a folder", out.display());
+    }
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("--out {}: cannot create the output folder", out.display()))?;
+    let probe = out.join(".foxlm-write-test");
+    write_synced(&probe, b"ok")
+        .with_context(|| format!("--out {}: the output folder is not writable", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Trains `run` on the dataset in `opts.data`, writing into `opts.out`. With `opts.resume`, the
+/// run continues from the latest checkpoint in `opts.out` (and `run` must match its
+/// configuration); `run` may then be None to take the checkpoint's.
+pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport> {
+    let out = &opts.out;
+    let t_start = Instant::now();
+    // Resume: find the checkpoint first (it may supply the configuration).
+    let resumed = if opts.resume {
+        let Some(dir) = latest_checkpoint(out)? else {
+            bail!("--resume: {} holds no checkpoint to resume from", out.display());
+        };
+        Some(load_checkpoint(&dir).with_context(|| format!("--resume: cannot load checkpoint {}", dir.display()))?)
+    } else {
+        if let Some(dir) = latest_checkpoint(out)? {
+            bail!(
+                "{} already holds a run (latest checkpoint {}): pass --resume to continue it, or choose another --out",
+                out.display(),
+                dir.display()
+            );
+        }
+        None
+    };
+    let run = match (run, &resumed) {
+        (Some(r), _) => r,
+        (None, Some(ck)) => ck.state.run.clone(),
+        (None, None) => bail!("no configuration: give --preset or --config"),
+    };
+    run.model.validate().context("model configuration")?;
+    run.train.validate().context("training configuration")?;
+    let tc = run.train.clone();
+
+    let ds = Dataset::open(&opts.data)?;
+    if ds.manifest().vocab_size > run.model.vocab_size {
+        bail!(
+            "{}: the dataset's vocabulary ({}) is larger than the model's ({})",
+            opts.data.display(),
+            ds.manifest().vocab_size,
+            run.model.vocab_size
+        );
+    }
+    if ds.num_tokens(Split::Train) == 0 {
+        bail!("{}: the training split is empty", opts.data.display());
+    }
+    let mut loader = Loader::new(&ds, Split::Train, tc.context, tc.seed, true)?;
+    let hash = config_hash(&run, &data_fingerprint(&ds));
+    check_output_dir(out)?;
+
+    let (mut model, mut opt, mut state) = match resumed {
+        Some(ck) => {
+            if ck.state.config_hash != hash {
+                let diff = config_diff(&ck.state.run, &run);
+                let detail = if diff.is_empty() {
+                    format!(
+                        "the training data differ (checkpoint trained on {}, now {})",
+                        ck.state.data_dir,
+                        opts.data.display()
+                    )
+                } else {
+                    diff.join("; ")
+                };
+                bail!("--resume: the configuration does not match checkpoint {}: {detail}", ck.dir.display());
+            }
+            loader.set_state(ck.state.data);
+            if opts.verbose {
+                eprintln!(
+                    "resuming from {} (step {}, {} tokens)",
+                    ck.dir.display(),
+                    ck.state.step,
+                    ck.state.tokens_seen
+                );
+            }
+            (ck.model, ck.opt, ck.state)
+        }
+        None => {
+            let model = init_model(&run.model, tc.seed);
+            let opt = AdamW::new(tc.adamw(), &model.params);
+            let state = TrainerState {
+                step: 0,
+                tokens_seen: 0,
+                data: loader.state(),
+                config_hash: hash.clone(),
+                run: run.clone(),
+                data_dir: opts.data.display().to_string(),
+                elapsed_s: 0.0,
+                last_val_loss: None,
+                finished: false,
+            };
+            (model, opt, state)
+        }
+    };
+    // Cadence settings may change on resume; the state records the run as now configured.
+    state.run = run.clone();
+    state.data_dir = opts.data.display().to_string();
+    let run_json = serde_json::to_string_pretty(&run).unwrap();
+    replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
+
+    let total_steps = tc.total_steps();
+    let title = format!("{} {}", run.model.num_hidden_layers, "layers");
+    let plot_title = format!(
+        "{} (d={}, {} layers) on {}",
+        variant_title(&run.model),
+        run.model.hidden_size,
+        run.model.num_hidden_layers,
+        opts.data.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default()
+    );
+    let _ = title;
+    if state.finished || state.step >= total_steps {
+        if opts.verbose {
+            eprintln!("the run in {} is already complete ({} steps)", out.display(), state.step);
+        }
+        let ck = latest_checkpoint(out)?.unwrap_or_else(|| out.join(FINAL_DIR));
+        return Ok(TrainReport {
+            outcome: Outcome::AlreadyFinished,
+            step: state.step,
+            tokens_seen: state.tokens_seen,
+            checkpoint: ck,
+            first_val_loss: None,
+            last_val_loss: state.last_val_loss,
+            last_train_loss: None,
+            tokens_per_s: 0.0,
+            elapsed_s: 0.0,
+        });
+    }
+    let mut metrics = MetricsLog::open(out, if state.step > 0 || opts.resume { Some(state.step) } else { None })?;
+    let schedule = tc.schedule();
+    let accum = tc.batch_size / tc.micro_batch;
+    let ctx = Ctx { batch: tc.micro_batch, seq: tc.context, start: None };
+    let eval_batch = tc.micro_batch.max(1);
+
+    let pb = if opts.progress {
+        let pb = indicatif::ProgressBar::new(total_steps);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:28} {pos}/{len} steps | {msg} | ETA {eta}",
+            )
+            .expect("template")
+            .progress_chars("=> "),
+        );
+        pb.set_position(state.step);
+        pb.reset_eta();
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let say = |s: String| {
+        if opts.verbose {
+            if pb.is_hidden() {
+                eprintln!("{s}");
+            } else {
+                pb.println(s);
+            }
+        }
+    };
+
+    let mut first_val = None;
+    let elapsed0 = state.elapsed_s;
+    let run_start = Instant::now();
+    let validate = |model: &Model, state: &mut TrainerState, metrics: &mut MetricsLog| -> Result<Option<f64>> {
+        let v = validation_loss(model, &ds, tc.context, tc.eval_tokens, eval_batch);
+        if let Some(v) = v {
+            state.last_val_loss = Some(v);
+            metrics.write(&Metric {
+                kind: "val".into(),
+                step: state.step,
+                tokens: state.tokens_seen,
+                loss: None,
+                val_loss: Some(v),
+                lr: None,
+                grad_norm: None,
+                tokens_per_s: None,
+                elapsed_s: elapsed0 + run_start.elapsed().as_secs_f64(),
+            })?;
+        }
+        Ok(v)
+    };
+    if state.step == 0 {
+        match validate(&model, &mut state, &mut metrics)? {
+            Some(v) => {
+                first_val = Some(v);
+                say(format!("step 0: validation loss {v:.4}"));
+            }
+            None => say(format!(
+                "note: the validation split ({} tokens) is shorter than one window of {}: no validation loss",
+                ds.num_tokens(Split::Val),
+                tc.context
+            )),
+        }
+    }
+    let mut last_saved: Option<PathBuf> = latest_checkpoint(out)?;
+    let mut grads = model.params.zeros_like();
+    let mut last_loss = None;
+    let mut steps_this_run = 0u64;
+    let mut outcome = Outcome::Finished;
+    let log_text_every = (total_steps / 20).max(1);
+    let save =
+        |name: &str, model: &Model, opt: &AdamW, state: &TrainerState, last: &Option<PathBuf>| -> Result<PathBuf> {
+            save_checkpoint(out, name, model, opt, state).with_context(|| {
+                format!(
+                    "saving checkpoint {name} failed; the last good checkpoint is {}",
+                    last.as_ref().map_or("(none yet)".to_string(), |p| p.display().to_string())
+                )
+            })
+        };
+
+    while state.step < total_steps {
+        let t0 = Instant::now();
+        grads.iter_mut().for_each(|g| g.fill(0.0));
+        let mut loss_sum = 0.0f64;
+        for _ in 0..accum {
+            let b = loader.next_batch(tc.micro_batch);
+            let l = loss_and_grads(&model, &b.ids, &b.targets, &ctx, &mut grads, 1.0 / accum as f32);
+            loss_sum += l as f64;
+        }
+        let loss = loss_sum / accum as f64;
+        let norm = clip_grad_norm(&mut grads, &model.params, tc.max_grad_norm);
+        if !loss.is_finite() || !norm.is_finite() {
+            pb.abandon();
+            bail!(
+                "training diverged at step {}: loss {loss}, gradient norm {norm}; stopped without updating. \
+                 The last good checkpoint is {} (resume from it with a lower --lr)",
+                state.step + 1,
+                last_saved
+                    .as_ref()
+                    .map_or("(none: no checkpoint was written yet)".to_string(), |p| p.display().to_string())
+            );
+        }
+        let lr = schedule.lr(state.tokens_seen);
+        opt.update(&mut model.params, &grads, lr);
+        state.step += 1;
+        steps_this_run += 1;
+        state.tokens_seen += tc.tokens_per_step();
+        state.data = loader.state();
+        state.elapsed_s = elapsed0 + run_start.elapsed().as_secs_f64();
+        last_loss = Some(loss);
+        let dt = t0.elapsed().as_secs_f64();
+        let tps = steps_this_run as f64 * tc.tokens_per_step() as f64 / run_start.elapsed().as_secs_f64();
+        if state.step % tc.log_every == 0 || state.step == total_steps {
+            metrics.write(&Metric {
+                kind: "train".into(),
+                step: state.step,
+                tokens: state.tokens_seen,
+                loss: Some(loss),
+                val_loss: None,
+                lr: Some(lr),
+                grad_norm: Some(norm),
+                tokens_per_s: Some(tc.tokens_per_step() as f64 / dt),
+                elapsed_s: state.elapsed_s,
+            })?;
+        }
+        pb.set_message(format!("loss {loss:.3} | lr {lr:.2e} | {} tok/s", fmt_tokens(tps)));
+        pb.set_position(state.step);
+        if pb.is_hidden() && opts.verbose && state.step % log_text_every == 0 {
+            eprintln!(
+                "step {}/{total_steps}: loss {loss:.4}, lr {lr:.2e}, {} tok/s, {} tokens",
+                state.step,
+                fmt_tokens(tps),
+                fmt_tokens(state.tokens_seen as f64)
+            );
+        }
+        let done = state.step >= total_steps;
+        if (tc.eval_every > 0 && state.step % tc.eval_every == 0) || done {
+            if let Some(v) = validate(&model, &mut state, &mut metrics)? {
+                say(format!("step {}: validation loss {v:.4}", state.step));
+            }
+            let _ = plot_losses(out, &plot_title);
+        }
+        let stop = STOP.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| state.step >= s);
+        if done {
+            state.finished = true;
+            let p = save(FINAL_DIR, &model, &opt, &state, &last_saved)?;
+            last_saved = Some(p);
+            break;
+        }
+        if (tc.checkpoint_every > 0 && state.step % tc.checkpoint_every == 0) || stop {
+            let p = save(&format!("checkpoint-{:06}", state.step), &model, &opt, &state, &last_saved)?;
+            prune_checkpoints(out, tc.keep_last);
+            last_saved = Some(p);
+        }
+        if stop {
+            outcome = Outcome::Interrupted;
+            break;
+        }
+    }
+    pb.finish_and_clear();
+    let _ = plot_losses(out, &plot_title);
+    let elapsed = t_start.elapsed().as_secs_f64();
+    Ok(TrainReport {
+        outcome,
+        step: state.step,
+        tokens_seen: state.tokens_seen,
+        checkpoint: last_saved.unwrap_or_else(|| out.join(FINAL_DIR)),
+        first_val_loss: first_val,
+        last_val_loss: state.last_val_loss,
+        last_train_loss: last_loss,
+        tokens_per_s: steps_this_run as f64 * tc.tokens_per_step() as f64 / run_start.elapsed().as_secs_f64().max(1e-9),
+        elapsed_s: elapsed,
+    })
+}
+
+/// "FoX (Pro)", "Transformer (LLaMA)", ... or "custom" for other switch combinations.
+pub fn variant_title(c: &Config) -> &'static str {
+    let pro = c.qk_norm && c.use_output_gate && c.use_output_norm && c.use_k_shift && c.use_v_shift;
+    let llama = !c.qk_norm && !c.use_output_gate && !c.use_output_norm && !c.use_k_shift && !c.use_v_shift;
+    match (c.fgate_type, c.use_rope, pro, llama) {
+        (FgateType::Full, false, true, _) => "FoX (Pro)",
+        (FgateType::Full, false, _, true) => "FoX (LLaMA)",
+        (FgateType::None, true, true, _) => "Transformer (Pro)",
+        (FgateType::None, true, _, true) => "Transformer (LLaMA)",
+        _ => "custom model",
+    }
+}
+
+/// Unigram entropy (nats/token) of a split's tokens (each document followed by EOS, as the
+/// loader streams them): the loss of the best model that ignores context.
+pub fn unigram_entropy(ds: &Dataset, split: Split) -> f64 {
+    let mut counts = vec![0u64; ds.manifest().vocab_size.max(crate::tokenizer::EOS_ID as usize + 1)];
+    for i in 0..ds.num_documents(split) {
+        for t in ds.document(split, i) {
+            counts[t as usize] += 1;
+        }
+        counts[crate::tokenizer::EOS_ID as usize] += 1;
+    }
+    let n: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n as f64;
+            -p * p.ln()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_is_seeded_and_follows_the_spec() {
+        let cfg = crate::presets::tiny().model;
+        let a = init_model(&cfg, 1);
+        let b = init_model(&cfg, 1);
+        let c = init_model(&cfg, 2);
+        assert_eq!(a.params.tensors, b.params.tensors);
+        assert_ne!(a.params.tensors[0], c.params.tensors[0]);
+        for i in 0..a.params.len() {
+            let (name, data) = (&a.params.names[i], &a.params.tensors[i].data);
+            match a.params.kinds[i] {
+                ParamKind::Matrix => {
+                    let n = data.len() as f64;
+                    let mean = data.iter().map(|&x| x as f64).sum::<f64>() / n;
+                    let std = (data.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+                    assert!(mean.abs() < 0.005 && (std - 0.02).abs() < 0.002, "{name}: mean {mean} std {std}");
+                }
+                _ if name.ends_with("norm.weight") => assert!(data.iter().all(|&x| x == 1.0), "{name}"),
+                _ => assert!(data.iter().all(|&x| x == 0.0), "{name}"),
+            }
+        }
+        let mut fixed = cfg.clone();
+        fixed.fgate_type = FgateType::Fixed;
+        fixed.decay_time_min = Some(2.0);
+        fixed.decay_time_max = Some(100.0);
+        let m = init_model(&fixed, 0);
+        let id = m.params.id("model.layers.0.attn.fgate_bias").unwrap();
+        assert_eq!(&m.params[id], &fixed_fgate_bias(&fixed)[..]);
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        for i in -8700..=8800 {
+            let x = i as f32 / 100.0;
+            let (a, b) = (fast_exp(x), x.exp());
+            assert!((a - b).abs() <= 1e-6 * b + 1e-37, "exp({x}): {a} vs {b}");
+        }
+        assert_eq!(fast_exp(-1000.0), fast_exp(-87.3));
+        assert!(fast_exp(-1000.0) < 1e-37);
+    }
+
+    #[test]
+    fn fused_loss_and_grads_match_the_model() {
+        let mut cfg = crate::presets::Variant::FoxPro.config(64, 1, 1);
+        cfg.vocab_size = 1000;
+        let m = init_model(&cfg, 3);
+        let (b, t) = (2, 9);
+        let ids: Vec<u32> = (0..b * t).map(|i| (i * 37 % 1000) as u32).collect();
+        let mut targets: Vec<Option<u32>> = ids.iter().map(|&i| Some((i * 7 + 1) % 1000)).collect();
+        targets[4] = None;
+        let ctx = Ctx { batch: b, seq: t, start: None };
+        let mut g1 = m.params.zeros_like();
+        let mut g2 = m.params.zeros_like();
+        let l1 = m.loss_and_grads(&ids, &targets, &ctx, &mut g1, 0.5);
+        let l2 = loss_and_grads(&m, &ids, &targets, &ctx, &mut g2, 0.5);
+        assert!((l1 - l2).abs() < 1e-5, "{l1} vs {l2}");
+        for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+            let scale = a.iter().map(|x| x.abs()).fold(0.0f32, f32::max).max(1e-12);
+            let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(err <= 1e-4 * scale, "{}: max error {err} (scale {scale})", m.params.names[i]);
+        }
+    }
+
+    #[test]
+    fn config_validation_and_diff() {
+        let p = crate::presets::tiny();
+        let run = RunConfig { model: p.model.clone(), train: p.train.clone() };
+        let mut other = run.clone();
+        other.train.eval_every = 7;
+        assert_eq!(config_hash(&run, "d"), config_hash(&other, "d"), "cadence does not change the hash");
+        other.train.peak_lr = 1.0;
+        other.model.hidden_size = 64;
+        assert_ne!(config_hash(&run, "d"), config_hash(&other, "d"));
+        assert_ne!(config_hash(&run, "d"), config_hash(&run, "e"));
+        let d = config_diff(&run, &other);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].starts_with("model.hidden_size") && d[1].starts_with("train.peak_lr"), "{d:?}");
+        let mut bad = p.train.clone();
+        bad.micro_batch = 3;
+        assert!(bad.validate().is_err());
+    }
+}

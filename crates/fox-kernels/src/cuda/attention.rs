@@ -86,8 +86,9 @@ pub struct DevProblem<'a> {
     pub prune: Option<&'a CudaSlice<f32>>,
 }
 
-/// Key tiles visited and skipped by ACP (tile sizes of the GPU kernels: 64 keys per tile, 128
-/// query rows per block in the forward; the decode kernel's block is its tq rows).
+/// Key tiles visited and skipped by ACP in the forward, at the kernel's tile size (64 keys and 128
+/// query rows for the mma.sync kernel, 128 keys for the wgmma kernel; the decode kernel's block
+/// is its tq rows).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TileStats {
     pub tiles_visited: u64,
@@ -290,6 +291,26 @@ fn fwd_warps() -> usize {
         _ => 8,
     }
 }
+
+/// Whether the tiled forward uses the wgmma kernel (sm_90a only; default there, measured faster
+/// in BENCHMARKS.md); `FOX_FWD_WGMMA=0` selects the mma.sync kernel, which other GPUs use.
+fn use_wgmma(gpu: &Gpu, _d: usize) -> bool {
+    gpu.arch() == "sm_90a" && std::env::var("FOX_FWD_WGMMA").map(|v| v != "0").unwrap_or(true)
+}
+
+/// Whether the backward uses the wgmma kernels (sm_90a only; default there); `FOX_BWD_WGMMA=0`
+/// selects the mma.sync kernels.
+fn use_wgmma_bwd(gpu: &Gpu, _d: usize) -> bool {
+    gpu.arch() == "sm_90a" && std::env::var("FOX_BWD_WGMMA").map(|v| v != "0").unwrap_or(true)
+}
+
+/// Key tile of the wgmma forward: `FOX_WG_BK` = 64 or 128 (default 128, measured faster).
+fn wgmma_bk() -> usize {
+    match std::env::var("FOX_WG_BK").ok().as_deref() {
+        Some("64") => 64,
+        _ => 128,
+    }
+}
 fn fwd_smem(d: usize, warps: usize) -> usize {
     (16 * warps * d + 4 * BK * d) * 2 + 2 * BK * 4
 }
@@ -356,9 +377,23 @@ pub fn forward(
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
         drop((part_o, part_ml));
     } else {
-        let w = fwd_warps();
-        let smem = fwd_smem(d, w);
-        let f = kernel(gpu, if w == 4 { "fwdw4" } else { "fwd" }, p, smem)?;
+        let wg = use_wgmma(gpu, d);
+        let w = if wg { 8 } else { fwd_warps() };
+        let wbk = wgmma_bk();
+        // the wgmma kernel aligns its tiles to 1024 bytes inside the dynamic shared memory
+        let smem = if wg { (128 * d + 4 * wbk * d) * 2 + 2 * wbk * 4 + 1024 } else { fwd_smem(d, w) };
+        let name = if wg {
+            if wbk == 128 {
+                "fwdwg128"
+            } else {
+                "fwdwg"
+            }
+        } else if w == 4 {
+            "fwdw4"
+        } else {
+            "fwd"
+        };
+        let f = kernel(gpu, name, p, smem)?;
         let grid = (p.tq.div_ceil(16 * w) as u32, (bb * hh) as u32, 1);
         launch(gpu, &f, grid, 32 * w as u32, smem, &prm, "the forward kernel")?;
     }
@@ -431,12 +466,14 @@ pub fn backward(
     let rows = bb * p.tq * hh;
     launch(gpu, &f, (rows.div_ceil(8) as u32, 1, 1), 256, 0, &prm, "the backward delta kernel")?;
 
-    let smem = dkdv_smem(d);
-    let f = kernel(gpu, "bwd_dkdv", p, smem)?;
+    let wg = use_wgmma_bwd(gpu, d);
+    // wgmma kernels: 64-row query tiles in dk/dv, 1024-byte alignment slack
+    let smem = if wg { (2 * DKDV_BK * d + 4 * 64 * d) * 2 + 4 * 2 * 64 * 4 + 1024 } else { dkdv_smem(d) };
+    let f = kernel(gpu, if wg { "bwd_dkdvwg" } else { "bwd_dkdv" }, p, smem)?;
     launch(gpu, &f, (p.tk.div_ceil(DKDV_BK) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the dk/dv kernel")?;
 
-    let smem = dq_smem(d);
-    let f = kernel(gpu, "bwd_dq", p, smem)?;
+    let smem = if wg { dq_smem(d) + 1024 } else { dq_smem(d) };
+    let f = kernel(gpu, if wg { "bwd_dqwg" } else { "bwd_dq" }, p, smem)?;
     launch(gpu, &f, (p.tq.div_ceil(FWD_BQ) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the dq kernel")?;
     Ok(())
 }

@@ -25,9 +25,11 @@ impl Source {
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
-/// Forgetting Attention: forward, decode, backward.
-pub static ATTENTION: Source =
-    Source { name: "attention", files: &[COMMON, include_str!("../../kernels/attention.cu")] };
+/// Forgetting Attention: forward, decode, backward; the wgmma forward (sm_90a only).
+pub static ATTENTION: Source = Source {
+    name: "attention",
+    files: &[COMMON, include_str!("../../kernels/attention.cu"), include_str!("../../kernels/wgmma.cu")],
+};
 /// Forget-gate prefix sums and ACP thresholds.
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 

@@ -1,0 +1,677 @@
+// Hopper (sm_90a) forward with warpgroup matrix instructions (wgmma), included after
+// attention.cu. Two consumer warpgroups of 64 query rows each (256 threads, 128 rows a block),
+// 64-key tiles through cp.async into shared memory laid out in the canonical 128-byte-swizzle
+// atoms that wgmma descriptors address: a [rows, D] tile is stored as D/64 atoms of [rows][64]
+// bf16 (128-byte rows, 16-byte chunk index XOR row % 8, 1024-byte aligned).
+//   S = Q K^T : wgmma m64n64k16, A = Q and B = K from shared memory, both K-major.
+//   O += P V  : wgmma m64nDk16, A = P from registers (the mma.sync A-fragment layout), B = V from
+//               shared memory, MN-major (rows = keys, D contiguous).
+// The accumulator layout of wgmma per warp equals mma.sync's per 8-column tile, so the bias,
+// mask and online softmax are the same code as the mma.sync forward.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FOX_HAVE_WGMMA 1
+
+template <int D, int R>
+__device__ __forceinline__ int atom_off(int r, int c) {
+    return (c >> 3) * R * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+template <int D, int R, int NTHREADS, class F>
+__device__ __forceinline__ void load_tile_atoms(u16* s, const u16* base, long long st, int row0, F ok) {
+    constexpr int C = D / 8;
+#pragma unroll
+    for (int i0 = 0; i0 < R * C; i0 += NTHREADS) {
+        const int i = i0 + (int)threadIdx.x;
+        if (R * C % NTHREADS != 0 && i >= R * C) break;
+        const int r = i / C, c = i % C;
+        const int gr = row0 + r;
+        const bool valid = ok(gr);
+        const u16* src = valid ? base + (long long)gr * st + c * 8 : base;
+        cp_async16(s + atom_off<D, R>(r, c), src, valid);
+    }
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ u64 gmma_desc(u32 saddr, u32 lbo, u32 sbo) {
+    u64 d = 0;
+    d |= (u64)((saddr >> 4) & 0x3fff);
+    d |= (u64)((lbo >> 4) & 0x3fff) << 16;
+    d |= (u64)((sbo >> 4) & 0x3fff) << 32;
+    d |= (u64)1 << 62;  // SWIZZLE_128B
+    return d;
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d[32] (+)= A(smem, K-major) * B(smem, K-major), m64n64k16
+template <bool BF>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int accumulate) {
+    if constexpr (BF) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+            "%32, %33, p, 1, 1, 0, 0;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+            : "l"(da), "l"(db), "r"(accumulate));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+            "%32, %33, p, 1, 1, 0, 0;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+            : "l"(da), "l"(db), "r"(accumulate));
+    }
+}
+
+// d[32] (+)= A(registers) * B(smem; TB = 1: MN-major, 0: K-major), m64n64k16
+template <bool BF, int TB>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], u64 db, int accumulate = 1) {
+    if constexpr (BF) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+            "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+            "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
+    }
+}
+
+
+#define WG_R64 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
+#define WG_D64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+// d[64] (+)= A(registers) * B(smem, K-major), m64n128k16
+template <bool BF>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4], u64 db, int accumulate) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                     : WG_R64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                     : WG_R64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    }
+}
+
+template <int NS, bool BF>
+__device__ __forceinline__ void wgmma_s(float (&S)[NS], const u32 (&a)[4], u64 db, int accumulate) {
+    if constexpr (NS == 32) wgmma_rs_n64<BF, 0>(S, a, db, accumulate);
+    else wgmma_rs_n128<BF>(S, a, db, accumulate);
+}
+
+template <int D, bool BF, int BK>
+__device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
+    constexpr int BQ = 128, NTH = 256, NT = BK / 8, DT = D / 8, NA = D / 64, NS = BK / 2;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    // 1024-byte alignment for the swizzle atoms
+    const u32 raw = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+    u16* sQ = (u16*)smem;            // NA atoms of [BQ][64]
+    u16* sK = sQ + BQ * D;           // 2 x NA atoms of [BK][64]
+    u16* sV = sK + 2 * BK * D;
+    float* sC = (float*)(sV + 2 * BK * D);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int r0 = qb * BQ;
+    const int rlast = min(r0 + BQ, p.tq) - 1;
+
+    int jbase, first, ntiles;
+    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    if (p.counters != nullptr && tid == 0) {
+        atomicAdd(&p.counters[0], (u64)(ntiles - first));
+        atomicAdd(&p.counters[1], (u64)first);
+    }
+    float ci[2];
+    int pos[2], st[2], rows[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = r0 + warp * 16 + g + rr * 8;
+        rows[rr] = r;
+        if (r < p.tq) {
+            ci[rr] = p.cq[(long long)bh * p.tq + r];
+            pos[rr] = p.q_pos0 + r;
+            st[rr] = row_start(p, b, r);
+        } else {
+            ci[rr] = 0.f;
+            pos[rr] = -1;
+            st[rr] = 0;
+        }
+    }
+    // O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]
+    float O[NA][32];
+#pragma unroll
+    for (int at = 0; at < NA; ++at)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) O[at][j] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    if (first < ntiles) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const float* ckb = p.ck + (long long)bh * p.tk;
+        const int kstart = row_start(p, b, r0);
+        load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
+                                    [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
+        cp_commit();
+        auto load_kv = [&](int it, int buf) {
+            const int jt = jbase + it * BK;
+            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+            load_tile_atoms<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+            load_tile_atoms<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+            if (tid < BK) {
+                const int j = jt + tid;
+                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+            }
+        };
+        load_kv(first, 0);
+        cp_commit();
+
+        const int pos_min = p.q_pos0 + r0;
+        const int start_max = row_start(p, b, rlast);
+        const float scale_log2 = p.scale * LOG2E;
+        u32 qf[D / 16][4];
+        for (int it = first; it < ntiles; ++it) {
+            const int buf = (it - first) & 1;
+            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            const u32 k_s = smem_u32(sK + buf * BK * D);
+            const u32 v_s = smem_u32(sV + buf * BK * D);
+            const float* c_s = sC + buf * BK;
+            const int jt = jbase + it * BK;
+            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
+
+            if (it == first) {
+                // this warp's 16 query rows as register A fragments (mma.sync layout), once
+#pragma unroll
+                for (int kc = 0; kc < D / 16; ++kc) {
+                    const int row = warp * 16 + (lane & 15), ch = kc * 2 + (lane >> 4);
+                    ldsm_x4(qf[kc][0], qf[kc][1], qf[kc][2], qf[kc][3], sQ + atom_off<D, BQ>(row, ch));
+                }
+            }
+            float S[NS];
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < D / 16; ++s) {
+                const u64 db = gmma_desc(k_s + (u32)((s >> 2) * BK * 128 + (s & 3) * 32), 16, 1024);
+                wgmma_s<NS, BF>(S, qf[s], db, s > 0 ? 1 : 0);
+            }
+            wg_commit();
+            wg_wait0();
+
+            // bias, mask, online softmax (S[4*nt + e] is mma.sync's S[nt][e])
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int jl = nt * 8 + 2 * t4 + (e & 1);
+                    const int rr = e >> 1;
+                    float x = S[4 * nt + e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E;
+                    if (need_mask) {
+                        const int j = jt + jl;
+                        if (j > pos[rr] || j < st[rr]) x = NEG_INF;
+                    }
+                    S[4 * nt + e] = x;
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                float mx = NEG_INF;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
+                mx = quad_max(mx);
+                const float mnew = fmaxf(m[rr], mx);
+                const float muse = mnew == NEG_INF ? 0.f : mnew;
+                const float corr = fast_exp2(m[rr] - muse);
+                m[rr] = mnew;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float p0 = fast_exp2(S[4 * nt + 2 * rr] - muse);
+                    const float p1 = fast_exp2(S[4 * nt + 2 * rr + 1] - muse);
+                    S[4 * nt + 2 * rr] = p0;
+                    S[4 * nt + 2 * rr + 1] = p1;
+                    rs += p0 + p1;
+                }
+                l[rr] = l[rr] * corr + rs;
+#pragma unroll
+                for (int at = 0; at < NA; ++at)
+#pragma unroll
+                    for (int dtl = 0; dtl < 8; ++dtl) {
+                        O[at][4 * dtl + 2 * rr] *= corr;
+                        O[at][4 * dtl + 2 * rr + 1] *= corr;
+                    }
+            }
+            // O += P V, per 64-column atom of V
+            u32 a[NT / 2][4];
+#pragma unroll
+            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+                a[kc2][0] = pack2<BF>(S[8 * kc2 + 0], S[8 * kc2 + 1]);
+                a[kc2][1] = pack2<BF>(S[8 * kc2 + 2], S[8 * kc2 + 3]);
+                a[kc2][2] = pack2<BF>(S[8 * kc2 + 4], S[8 * kc2 + 5]);
+                a[kc2][3] = pack2<BF>(S[8 * kc2 + 6], S[8 * kc2 + 7]);
+            }
+#pragma unroll
+            for (int at = 0; at < NA; ++at) {
+                wg_fence();
+#pragma unroll
+                for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+                    const u64 db = gmma_desc(v_s + (u32)(at * BK * 128 + kc2 * 2 * 1024), BK * 128, 1024);
+                    wgmma_rs_n64<BF, 1>(O[at], a[kc2], db);
+                }
+                wg_commit();
+                wg_wait0();
+            }
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float lt = quad_sum(l[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const float o0 = O[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = O[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
+            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(o0 * inv, o1 * inv);
+        }
+        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward with wgmma. Same passes, bounds and masks as the mma.sync kernels in attention.cu.
+// dq pass: 2 warpgroups x 64 query rows, 64-key tiles. S = Q K^T and dP = dO V^T from shared
+// memory (K-major), dQ += dS K with dS from registers and K read MN-major.
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF>
+__device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
+    constexpr int BQ = 128, BK = 64, NTH = 256, NT = BK / 8, NA = D / 64;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const u32 raw = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+    u16* sQ = (u16*)smem;
+    u16* sG = sQ + BQ * D;
+    u16* sK = sG + BQ * D;
+    u16* sV = sK + 2 * BK * D;
+    float* sC = (float*)(sV + 2 * BK * D);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wg = warp >> 2;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int r0 = qb * BQ;
+    const int rlast = min(r0 + BQ, p.tq) - 1;
+
+    int jbase, first, ntiles;
+    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+
+    float ci[2], lse2[2], dl[2];
+    int pos[2], st[2], rows[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = r0 + warp * 16 + g + rr * 8;
+        rows[rr] = r;
+        if (r < p.tq) {
+            const long long idx = (long long)bh * p.tq + r;
+            ci[rr] = p.cq[idx];
+            pos[rr] = p.q_pos0 + r;
+            st[rr] = row_start(p, b, r);
+            const float ls = p.lse_in[idx];
+            lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
+            dl[rr] = p.delta[idx];
+        } else {
+            ci[rr] = 0.f;
+            pos[rr] = -1;
+            st[rr] = 0;
+            lse2[rr] = POS_INF;
+            dl[rr] = 0.f;
+        }
+    }
+    float dQ[NA][32];
+#pragma unroll
+    for (int at = 0; at < NA; ++at)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) dQ[at][j] = 0.f;
+    float dcq[2] = {0.f, 0.f};
+
+    if (first < ntiles) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const float* ckb = p.ck + (long long)bh * p.tk;
+        const int kstart = row_start(p, b, r0);
+        auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+        load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0, qok);
+        load_tile_atoms<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
+        cp_commit();
+        auto load_kv = [&](int it, int buf) {
+            const int jt = jbase + it * BK;
+            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+            load_tile_atoms<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+            load_tile_atoms<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+            if (tid < BK) {
+                const int j = jt + tid;
+                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+            }
+        };
+        load_kv(first, 0);
+        cp_commit();
+        const int pos_min = p.q_pos0 + r0;
+        const int start_max = row_start(p, b, rlast);
+        const float scale_log2 = p.scale * LOG2E;
+        const u32 q_s = smem_u32(sQ) + (u32)(wg * 64 * 128);
+        const u32 g_s = smem_u32(sG) + (u32)(wg * 64 * 128);
+        for (int it = first; it < ntiles; ++it) {
+            const int buf = (it - first) & 1;
+            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            const u32 k_s = smem_u32(sK + buf * BK * D);
+            const u32 v_s = smem_u32(sV + buf * BK * D);
+            const float* c_s = sC + buf * BK;
+            const int jt = jbase + it * BK;
+            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
+
+            float S[32], DP[32];
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < D / 16; ++s) {
+                const u32 ao = (u32)((s >> 2) * BQ * 128 + (s & 3) * 32);
+                const u32 bo = (u32)((s >> 2) * BK * 128 + (s & 3) * 32);
+                wgmma_ss_n64<BF>(S, gmma_desc(q_s + ao, 16, 1024), gmma_desc(k_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                wgmma_ss_n64<BF>(DP, gmma_desc(g_s + ao, 16, 1024), gmma_desc(v_s + bo, 16, 1024), s > 0 ? 1 : 0);
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int jl = nt * 8 + 2 * t4 + (e & 1);
+                    const int rr = e >> 1;
+                    const float x = S[4 * nt + e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E - lse2[rr];
+                    float pr = fast_exp2(x);
+                    if (need_mask) {
+                        const int j = jt + jl;
+                        if (j > pos[rr] || j < st[rr]) pr = 0.f;
+                    }
+                    const float ds = pr * (DP[4 * nt + e] - dl[rr]);
+                    dcq[rr] += ds;
+                    S[4 * nt + e] = ds;
+                }
+            }
+            u32 a[NT / 2][4];
+#pragma unroll
+            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+                a[kc2][0] = pack2<BF>(S[8 * kc2 + 0], S[8 * kc2 + 1]);
+                a[kc2][1] = pack2<BF>(S[8 * kc2 + 2], S[8 * kc2 + 3]);
+                a[kc2][2] = pack2<BF>(S[8 * kc2 + 4], S[8 * kc2 + 5]);
+                a[kc2][3] = pack2<BF>(S[8 * kc2 + 6], S[8 * kc2 + 7]);
+            }
+            wg_fence();
+#pragma unroll
+            for (int at = 0; at < NA; ++at) {
+#pragma unroll
+                for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+                    const u64 db = gmma_desc(k_s + (u32)(at * BK * 128 + kc2 * 2 * 1024), BK * 128, 1024);
+                    wgmma_rs_n64<BF, 1>(dQ[at], a[kc2], db);
+                }
+            }
+            wg_commit();
+            wg_wait0();
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float dc = quad_sum(dcq[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const float o0 = dQ[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = dQ[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
+            *(u32*)(qrow + dt * 8 + 2 * t4) = pack2<BF>(o0 * p.scale, o1 * p.scale);
+        }
+        if (t4 == 0) p.dcq[(long long)bh * p.tq + r] = dc;
+    }
+}
+
+// dk/dv pass: 2 warpgroups x 64 keys (128 keys a block), 64-row query tiles. S^T = K Q^T and
+// dP^T = V dO^T from shared memory (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from
+// registers and dO, Q read MN-major.
+template <int D, bool BF>
+__device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
+    constexpr int BKB = 128, BQB = 64, NTH = 256, NTQ = BQB / 8, NA = D / 64;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const u32 raw = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+    u16* sK = (u16*)smem;
+    u16* sV = sK + BKB * D;
+    u16* sQ = sV + BKB * D;      // [2][BQB*D]
+    u16* sG = sQ + 2 * BQB * D;  // [2][BQB*D]
+    float* sLse = (float*)(sG + 2 * BQB * D);
+    float* sDel = sLse + 2 * BQB;
+    float* sCq = sDel + 2 * BQB;
+    int* sSt = (int*)(sCq + 2 * BQB);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wg = warp >> 2;
+    const int kb = blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int j0 = kb * BKB;
+    const int jlast = min(j0 + BKB, p.tk) - 1;
+
+    const int nqb = (p.tq + BQB - 1) / BQB;
+    const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
+    int qend = qfirst;
+    {
+        const float delta = p.prune != nullptr ? p.prune[bh] : 0.f;
+        const float cjl = p.ck[(long long)bh * p.tk + jlast];
+        int lo = qfirst, hi = nqb;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            const int rq = mid * BQB;
+            bool stop = row_start(p, b, rq) > jlast;
+            if (!stop && p.prune != nullptr)
+                stop = jlast < p.q_pos0 + rq && (p.cq[(long long)bh * p.tq + rq] - cjl) < delta;
+            if (stop) hi = mid;
+            else lo = mid + 1;
+        }
+        qend = lo;
+    }
+    const int kfloor = row_start(p, b, 0);
+    int jrow[2];
+    float ckr[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = j0 + warp * 16 + g + rr * 8;
+        jrow[rr] = j;
+        ckr[rr] = j < p.tk ? p.ck[(long long)bh * p.tk + j] : 0.f;
+    }
+    float dK[NA][32], dV[NA][32];
+#pragma unroll
+    for (int at = 0; at < NA; ++at)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
+    float dck[2] = {0.f, 0.f};
+
+    if (qfirst < qend) {
+        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+        const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
+        const long long g_st = (long long)p.H * D;
+        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
+        load_tile_atoms<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
+        load_tile_atoms<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+        cp_commit();
+        auto load_q = [&](int qi, int buf) {
+            const int rq = qi * BQB;
+            auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+            load_tile_atoms<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
+            load_tile_atoms<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
+            if (tid < BQB) {
+                const int r = rq + tid;
+                const bool in = r < p.tq;
+                const long long idx = (long long)bh * p.tq + (in ? r : 0);
+                cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
+                cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
+                cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
+            } else if (tid < 2 * BQB && p.start_mode == 2) {
+                const int r = rq + tid - BQB;
+                const bool in = r < p.tq;
+                cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+            }
+        };
+        load_q(qfirst, 0);
+        cp_commit();
+        const float scale_log2 = p.scale * LOG2E;
+        const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
+        const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
+        for (int qi = qfirst; qi < qend; ++qi) {
+            const int buf = (qi - qfirst) & 1;
+            if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            const u32 q_s = smem_u32(sQ + buf * BQB * D);
+            const u32 g_s = smem_u32(sG + buf * BQB * D);
+            const float* lse_s = sLse + buf * BQB;
+            const float* del_s = sDel + buf * BQB;
+            const float* cq_s = sCq + buf * BQB;
+            const int* st_s = sSt + buf * BQB;
+            const int rq = qi * BQB;
+            const int rql = min(rq + BQB, p.tq) - 1;
+            const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+
+            float ST[32], DP[32];
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < D / 16; ++s) {
+                const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
+                const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
+                wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int nt = 0; nt < NTQ; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int il = nt * 8 + 2 * t4 + (e & 1);
+                    const int kr = e >> 1;
+                    const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
+                    float pr = fast_exp2(x);
+                    if (need_mask) {
+                        const int i = rq + il;
+                        const int pos = i < p.tq ? p.q_pos0 + i : -1;
+                        const int sti = p.start_mode == 2 ? st_s[il] : row_start(p, b, 0);
+                        const int j = jrow[kr];
+                        if (j > pos || j < sti) pr = 0.f;
+                    }
+                    const float ds = pr * (DP[4 * nt + e] - del_s[il]);
+                    dck[kr] -= ds;
+                    ST[4 * nt + e] = pr;
+                    DP[4 * nt + e] = ds;
+                }
+            }
+            u32 ap[NTQ / 2][4], as[NTQ / 2][4];
+#pragma unroll
+            for (int kq = 0; kq < NTQ / 2; ++kq) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
+                    as[kq][x] = pack2<BF>(DP[8 * kq + 2 * x], DP[8 * kq + 2 * x + 1]);
+                }
+            }
+            wg_fence();
+#pragma unroll
+            for (int at = 0; at < NA; ++at) {
+#pragma unroll
+                for (int kq = 0; kq < NTQ / 2; ++kq) {
+                    const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
+                    wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
+                    wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
+                }
+            }
+            wg_commit();
+            wg_wait0();
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float dc = quad_sum(dck[rr]);
+        const int j = jrow[rr];
+        if (j >= p.tk) continue;
+        const long long off = (((long long)b * p.tk + j) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
+            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
+            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
+        }
+        if (t4 == 0) p.dck[(long long)bh * p.tk + j] = dc;
+    }
+}
+#endif
+
+#define FOX_WG(D, TY, BF)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_fwdwg_d##D##_##TY(const AttnParams p) {    \
+        FOX_WG_BODY(D, BF, 64)                                                                        \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_fwdwg128_d##D##_##TY(const AttnParams p) { \
+        FOX_WG_BODY(D, BF, 128)                                                                       \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_bwd_dqwg_d##D##_##TY(const AttnParams p) { \
+        FOX_WG_BWD(bwd_dq_wg_impl, D, BF)                                                             \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_bwd_dkdvwg_d##D##_##TY(const AttnParams p) { \
+        FOX_WG_BWD(bwd_dkdv_wg_impl, D, BF)                                                           \
+    }
+#ifdef FOX_HAVE_WGMMA
+#define FOX_WG_BODY(D, BF, BK) fwd_wgmma_impl<D, BF, BK>(p);
+#define FOX_WG_BWD(IMPL, D, BF) IMPL<D, BF>(p);
+#else
+#define FOX_WG_BWD(IMPL, D, BF) __trap();
+#define FOX_WG_BODY(D, BF, BK) __trap();
+#endif
+FOX_WG(64, bf16, true)
+FOX_WG(128, bf16, true)
+FOX_WG(64, f16, false)
+FOX_WG(128, f16, false)

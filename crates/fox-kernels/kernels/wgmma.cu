@@ -118,9 +118,9 @@ __device__ __forceinline__ void wgmma_s(float (&S)[NS], const u32 (&a)[4], u64 d
     else wgmma_rs_n128<BF>(S, a, db, accumulate);
 }
 
-template <int D, bool BF, int BK>
+template <int D, bool BF, int BK, int NWG>
 __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
-    constexpr int BQ = 128, NTH = 256, NT = BK / 8, DT = D / 8, NA = D / 64, NS = BK / 2;
+    constexpr int BQ = 64 * NWG, NTH = 128 * NWG, NT = BK / 8, DT = D / 8, NA = D / 64, NS = BK / 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // 1024-byte alignment for the swizzle atoms
     const u32 raw = smem_u32(smem_raw);
@@ -311,9 +311,9 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
 // dq pass: 2 warpgroups x 64 query rows, 64-key tiles. S = Q K^T and dP = dO V^T from shared
 // memory (K-major), dQ += dS K with dS from registers and K read MN-major.
 // ---------------------------------------------------------------------------------------------
-template <int D, bool BF>
+template <int D, bool BF, int NWG>
 __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
-    constexpr int BQ = 128, BK = 64, NTH = 256, NT = BK / 8, NA = D / 64;
+    constexpr int BQ = 64 * NWG, BK = 64, NTH = 128 * NWG, NT = BK / 8, NA = D / 64;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -471,9 +471,9 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
 // dk/dv pass: 2 warpgroups x 64 keys (128 keys a block), 64-row query tiles. S^T = K Q^T and
 // dP^T = V dO^T from shared memory (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from
 // registers and dO, Q read MN-major.
-template <int D, bool BF>
+template <int D, bool BF, int NWG>
 __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
-    constexpr int BKB = 128, BQB = 64, NTH = 256, NTQ = BQB / 8, NA = D / 64;
+    constexpr int BKB = 64 * NWG, BQB = 64, NTH = 128 * NWG, NTQ = BQB / 8, NA = D / 64;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -651,25 +651,32 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
 }
 #endif
 
-#define FOX_WG(D, TY, BF)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 1) fox_fwdwg_d##D##_##TY(const AttnParams p) {    \
-        FOX_WG_BODY(D, BF, 64)                                                                        \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 1) fox_fwdwg128_d##D##_##TY(const AttnParams p) { \
-        FOX_WG_BODY(D, BF, 128)                                                                       \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 1) fox_bwd_dqwg_d##D##_##TY(const AttnParams p) { \
-        FOX_WG_BWD(bwd_dq_wg_impl, D, BF)                                                             \
-    }                                                                                                 \
+#define FOX_WG(D, TY, BF)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_fwdwg_d##D##_##TY(const AttnParams p) {     \
+        FOX_WG_BODY(fwd_wgmma_impl, D, BF, 64, 2)                                                      \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_fwdwg128_d##D##_##TY(const AttnParams p) {  \
+        FOX_WG_BODY(fwd_wgmma_impl, D, BF, 128, 2)                                                     \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, 2) fox_fwdwg1_d##D##_##TY(const AttnParams p) {    \
+        FOX_WG_BODY(fwd_wgmma_impl, D, BF, 64, 1)                                                      \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_bwd_dqwg_d##D##_##TY(const AttnParams p) {  \
+        FOX_WG_BODY(bwd_dq_wg_impl, D, BF, 2)                                                          \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, 2) fox_bwd_dqwg1_d##D##_##TY(const AttnParams p) { \
+        FOX_WG_BODY(bwd_dq_wg_impl, D, BF, 1)                                                          \
+    }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 1) fox_bwd_dkdvwg_d##D##_##TY(const AttnParams p) { \
-        FOX_WG_BWD(bwd_dkdv_wg_impl, D, BF)                                                           \
+        FOX_WG_BODY(bwd_dkdv_wg_impl, D, BF, 2)                                                        \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, 2) fox_bwd_dkdvwg1_d##D##_##TY(const AttnParams p) { \
+        FOX_WG_BODY(bwd_dkdv_wg_impl, D, BF, 1)                                                        \
     }
 #ifdef FOX_HAVE_WGMMA
-#define FOX_WG_BODY(D, BF, BK) fwd_wgmma_impl<D, BF, BK>(p);
-#define FOX_WG_BWD(IMPL, D, BF) IMPL<D, BF>(p);
+#define FOX_WG_BODY(IMPL, ...) IMPL<__VA_ARGS__>(p);
 #else
-#define FOX_WG_BWD(IMPL, D, BF) __trap();
-#define FOX_WG_BODY(D, BF, BK) __trap();
+#define FOX_WG_BODY(IMPL, ...) __trap();
 #endif
 FOX_WG(64, bf16, true)
 FOX_WG(128, bf16, true)

@@ -292,16 +292,61 @@ fn fwd_warps() -> usize {
     }
 }
 
+/// Which family of kernels the forward and backward use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPath {
+    /// wgmma on sm_90a, mma.sync elsewhere (environment variables below may override).
+    Auto,
+    /// FlashAttention-2-style mma.sync kernels (any sm_80+ GPU).
+    MmaSync,
+    /// Hopper wgmma kernels (sm_90a; falls back to mma.sync elsewhere).
+    Wgmma,
+}
+
+static KERNEL_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Force a kernel family for this process (the GPU check runs both); `Auto` restores the default.
+pub fn set_kernel_path(k: KernelPath) {
+    let v = match k {
+        KernelPath::Auto => 0,
+        KernelPath::MmaSync => 1,
+        KernelPath::Wgmma => 2,
+    };
+    KERNEL_PATH.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn forced_path() -> Option<bool> {
+    match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Some(false),
+        2 => Some(true),
+        _ => None,
+    }
+}
+
 /// Whether the tiled forward uses the wgmma kernel (sm_90a only; default there, measured faster
 /// in BENCHMARKS.md); `FOX_FWD_WGMMA=0` selects the mma.sync kernel, which other GPUs use.
 fn use_wgmma(gpu: &Gpu, _d: usize) -> bool {
-    gpu.arch() == "sm_90a" && std::env::var("FOX_FWD_WGMMA").map(|v| v != "0").unwrap_or(true)
+    gpu.arch() == "sm_90a"
+        && forced_path().unwrap_or_else(|| std::env::var("FOX_FWD_WGMMA").map(|v| v != "0").unwrap_or(true))
 }
 
 /// Whether the backward uses the wgmma kernels (sm_90a only; default there); `FOX_BWD_WGMMA=0`
 /// selects the mma.sync kernels.
 fn use_wgmma_bwd(gpu: &Gpu, _d: usize) -> bool {
-    gpu.arch() == "sm_90a" && std::env::var("FOX_BWD_WGMMA").map(|v| v != "0").unwrap_or(true)
+    gpu.arch() == "sm_90a"
+        && forced_path().unwrap_or_else(|| std::env::var("FOX_BWD_WGMMA").map(|v| v != "0").unwrap_or(true))
+}
+
+/// Warpgroups per block of the wgmma kernels: `FOX_WG_NWG` = 1 (two blocks per SM that drift
+/// apart, so one's softmax overlaps the other's matrix work) or 2. Default: 1 for the forward at
+/// head dim 64, else 2 (measured, BENCHMARKS.md).
+fn wgmma_nwg(forward_d64: bool) -> usize {
+    match std::env::var("FOX_WG_NWG").ok().as_deref() {
+        Some("1") => 1,
+        Some("2") => 2,
+        _ if forward_d64 => 1,
+        _ => 2,
+    }
 }
 
 /// Key tile of the wgmma forward: `FOX_WG_BK` = 64 or 128 (default 128, measured faster).
@@ -377,25 +422,21 @@ pub fn forward(
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
         drop((part_o, part_ml));
     } else {
-        let wg = use_wgmma(gpu, d);
-        let w = if wg { 8 } else { fwd_warps() };
-        let wbk = wgmma_bk();
-        // the wgmma kernel aligns its tiles to 1024 bytes inside the dynamic shared memory
-        let smem = if wg { (128 * d + 4 * wbk * d) * 2 + 2 * wbk * 4 + 1024 } else { fwd_smem(d, w) };
-        let name = if wg {
-            if wbk == 128 {
-                "fwdwg128"
-            } else {
-                "fwdwg"
-            }
-        } else if w == 4 {
-            "fwdw4"
+        let (name, warps, smem) = if use_wgmma(gpu, d) {
+            // (kernel, query rows, key tile); tiles 1024-byte aligned inside the shared memory
+            let (name, bq, bk) = match (wgmma_nwg(d == 64), wgmma_bk()) {
+                (1, _) => ("fwdwg1", 64, 64),
+                (_, 128) => ("fwdwg128", 128, 128),
+                _ => ("fwdwg", 128, 64),
+            };
+            (name, bq / 16, (bq * d + 4 * bk * d) * 2 + 2 * bk * 4 + 1024)
         } else {
-            "fwd"
+            let w = fwd_warps();
+            (if w == 4 { "fwdw4" } else { "fwd" }, w, fwd_smem(d, w))
         };
         let f = kernel(gpu, name, p, smem)?;
-        let grid = (p.tq.div_ceil(16 * w) as u32, (bb * hh) as u32, 1);
-        launch(gpu, &f, grid, 32 * w as u32, smem, &prm, "the forward kernel")?;
+        let grid = (p.tq.div_ceil(16 * warps) as u32, (bb * hh) as u32, 1);
+        launch(gpu, &f, grid, 32 * warps as u32, smem, &prm, "the forward kernel")?;
     }
     match counters {
         Some(c) => {
@@ -466,15 +507,23 @@ pub fn backward(
     let rows = bb * p.tq * hh;
     launch(gpu, &f, (rows.div_ceil(8) as u32, 1, 1), 256, 0, &prm, "the backward delta kernel")?;
 
-    let wg = use_wgmma_bwd(gpu, d);
-    // wgmma kernels: 64-row query tiles in dk/dv, 1024-byte alignment slack
-    let smem = if wg { (2 * DKDV_BK * d + 4 * 64 * d) * 2 + 4 * 2 * 64 * 4 + 1024 } else { dkdv_smem(d) };
-    let f = kernel(gpu, if wg { "bwd_dkdvwg" } else { "bwd_dkdv" }, p, smem)?;
-    launch(gpu, &f, (p.tk.div_ceil(DKDV_BK) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the dk/dv kernel")?;
+    // wgmma kernels: 64 keys or query rows per warpgroup, 64-row query tiles in dk/dv, 64-key
+    // tiles in dq, 1024-byte alignment slack; mma.sync kernels: 128 per block of 8 warps
+    let (nwg, sfx) = if use_wgmma_bwd(gpu, d) {
+        let n = wgmma_nwg(false);
+        (n, if n == 1 { "wg1" } else { "wg" })
+    } else {
+        (0, "")
+    };
+    let (rows, threads) = if nwg > 0 { (64 * nwg, 128 * nwg as u32) } else { (DKDV_BK, 256) };
+    let smem = if nwg > 0 { (2 * rows * d + 4 * 64 * d) * 2 + 4 * 2 * 64 * 4 + 1024 } else { dkdv_smem(d) };
+    let f = kernel(gpu, &format!("bwd_dkdv{sfx}"), p, smem)?;
+    launch(gpu, &f, (p.tk.div_ceil(rows) as u32, (bb * hh) as u32, 1), threads, smem, &prm, "the dk/dv kernel")?;
 
-    let smem = if wg { dq_smem(d) + 1024 } else { dq_smem(d) };
-    let f = kernel(gpu, if wg { "bwd_dqwg" } else { "bwd_dq" }, p, smem)?;
-    launch(gpu, &f, (p.tq.div_ceil(FWD_BQ) as u32, (bb * hh) as u32, 1), 256, smem, &prm, "the dq kernel")?;
+    let rows = if nwg > 0 { 64 * nwg } else { FWD_BQ };
+    let smem = if nwg > 0 { (2 * rows * d + 4 * BK * d) * 2 + 2 * BK * 4 + 1024 } else { dq_smem(d) };
+    let f = kernel(gpu, &format!("bwd_dq{sfx}"), p, smem)?;
+    launch(gpu, &f, (p.tq.div_ceil(rows) as u32, (bb * hh) as u32, 1), threads, smem, &prm, "the dq kernel")?;
     Ok(())
 }
 

@@ -588,33 +588,47 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
 }
 
 /// Run all cases whose name contains `filter` (all when None). A case that errors is a failed row.
+/// On Hopper (sm_90a) every case runs twice: with the wgmma kernels (the default there) and with
+/// the mma.sync kernels (the default elsewhere), the latter marked "[mma.sync]".
 pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
+    use super::attention::{set_kernel_path, KernelPath};
+    let paths: &[(KernelPath, &str)] = if gpu.arch() == "sm_90a" {
+        &[(KernelPath::Wgmma, ""), (KernelPath::MmaSync, " [mma.sync]")]
+    } else {
+        &[(KernelPath::Auto, "")]
+    };
     let mut rows = Vec::new();
-    for (i, s) in cases().iter().enumerate() {
-        if let Some(f) = filter {
-            if !s.name.contains(f) {
-                continue;
+    for &(path, tag) in paths {
+        set_kernel_path(path);
+        for (i, s) in cases().iter().enumerate() {
+            if let Some(f) = filter {
+                if !s.name.contains(f) {
+                    continue;
+                }
+            }
+            let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+            let mut spec = s.clone();
+            spec.name = format!("{}{tag}", s.name);
+            if let Err(e) = run_case(gpu, &spec, case_seed, &mut rows) {
+                rows.push(CheckRow {
+                    case: spec.name.clone(),
+                    metric: "run".into(),
+                    err: f64::INFINITY,
+                    tol: 0.0,
+                    pass: false,
+                    note: format!("error: {e:#}"),
+                });
             }
         }
-        let case_seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-        if let Err(e) = run_case(gpu, s, case_seed, &mut rows) {
-            rows.push(CheckRow {
-                case: s.name.clone(),
-                metric: "run".into(),
-                err: f64::INFINITY,
-                tol: 0.0,
-                pass: false,
-                note: format!("error: {e:#}"),
-            });
-        }
     }
+    set_kernel_path(KernelPath::Auto);
     rows
 }
 
 /// The pass/fail table as text.
 pub fn format_table(rows: &[CheckRow]) -> String {
     let mut s = String::new();
-    s += &format!("| {:<38} | {:<34} | {:>9} | {:>7} | {:<4} | {}\n", "case", "metric", "error", "tol", "ok", "note");
+    s += &format!("| {:<50} | {:<34} | {:>9} | {:>7} | {:<4} | {}\n", "case", "metric", "error", "tol", "ok", "note");
     s += &format!(
         "|{}|{}|{}|{}|{}|------\n",
         "-".repeat(40),
@@ -625,7 +639,7 @@ pub fn format_table(rows: &[CheckRow]) -> String {
     );
     for r in rows {
         s += &format!(
-            "| {:<38} | {:<34} | {:>9.2e} | {:>7.0e} | {:<4} | {}\n",
+            "| {:<50} | {:<34} | {:>9.2e} | {:>7.0e} | {:<4} | {}\n",
             r.case,
             r.metric,
             r.err,

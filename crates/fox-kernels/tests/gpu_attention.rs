@@ -77,3 +77,12 @@ fn device_selection_errors_are_clear() {
         assert!(select(DeviceArg::Cuda(n + 3)).is_err());
     }
 }
+
+#[test]
+fn out_of_memory_is_a_clear_error() {
+    let Some(g) = gpu() else { return };
+    // far more than any GPU has
+    let Err(err) = g.zeros::<f32>(1usize << 42) else { panic!("a 16 TiB allocation must fail") };
+    let msg = format!("{err:#}");
+    assert!(msg.contains("out of GPU memory") && msg.contains("GiB free"), "{msg}");
+}

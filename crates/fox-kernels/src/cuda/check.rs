@@ -592,6 +592,9 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
 /// the mma.sync kernels (the default elsewhere), the latter marked "[mma.sync]".
 pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
     use super::attention::{set_kernel_path, KernelPath};
+    // the kernel family is process-wide: one run at a time (cargo runs tests in parallel)
+    static RUNNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     let paths: &[(KernelPath, &str)] = if gpu.arch() == "sm_90a" {
         &[(KernelPath::Wgmma, ""), (KernelPath::MmaSync, " [mma.sync]")]
     } else {

@@ -30,6 +30,8 @@ enum Command {
     Eval(cli::eval::Args),
     /// Visualise a model: forget-gate matrices, attention maps and memory lengths per head (gates).
     Viz(cli::viz::Args),
+    /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention).
+    Bench(cli::bench::Args),
 }
 
 fn main() {
@@ -43,6 +45,7 @@ fn main() {
         Command::Demo(a) => cli::demo::run(a),
         Command::Eval(a) => cli::eval::run(a),
         Command::Viz(a) => cli::viz::run(a),
+        Command::Bench(a) => cli::bench::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

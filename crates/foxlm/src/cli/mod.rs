@@ -3,6 +3,7 @@
 pub mod data;
 pub mod demo;
 pub mod eval;
+pub mod bench;
 pub mod forward;
 pub mod generate;
 pub mod inspect;

@@ -1,0 +1,184 @@
+//! `foxlm bench attention`: Forgetting Attention throughput on the GPU (the CUDA kernels, with
+//! PyTorch's SDPA timed in the same run as the reference) or on the CPU (the tiled reference).
+
+use anyhow::{bail, Result};
+use fox_kernels::attention::{self as fa, Visibility, View};
+use fox_kernels::cuda::{self, bench::BenchOpts, DeviceArg};
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    pub what: What,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum What {
+    /// Forgetting Attention forward and forward+backward TFLOP/s (causal work: fwd 2·B·H·T²·D,
+    /// fwd+bwd 3.5× that), gates "mixed", ACP off and on.
+    Attention(AttentionArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AttentionArgs {
+    /// cpu, cuda, cuda:N or auto (a GPU if one is usable, else the CPU).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Head dimensions.
+    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    pub d: Vec<usize>,
+    /// Sequence lengths.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+    pub t: Vec<usize>,
+    /// Tokens per batch, B·T (the CPU default is smaller: 4096).
+    #[arg(long)]
+    pub tokens: Option<usize>,
+    /// Model width, H·D.
+    #[arg(long, default_value_t = 2048)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    /// Time the forward pass only.
+    #[arg(long)]
+    pub fwd_only: bool,
+    /// Skip the PyTorch SDPA reference (GPU only).
+    #[arg(long)]
+    pub no_sdpa: bool,
+    /// The python3 that has PyTorch, for the SDPA reference.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    match a.what {
+        What::Attention(a) => attention(a),
+    }
+}
+
+fn attention(a: AttentionArgs) -> Result<()> {
+    let dev = cuda::select(a.device)?;
+    eprintln!("device: {}", dev.describe());
+    if let cuda::Device::Cuda(_) = dev {
+        let ordinal = match a.device {
+            DeviceArg::Cuda(n) => n,
+            _ => 0,
+        };
+        let opts = BenchOpts {
+            head_dims: a.d,
+            seq_lens: a.t,
+            tokens: a.tokens.unwrap_or(32768),
+            hidden: a.hidden,
+            warmup: a.warmup,
+            iters: a.iters,
+            backward: !a.fwd_only,
+            sdpa: !a.no_sdpa,
+            python: a.python,
+            json: a.json,
+            seed: a.seed,
+            device: ordinal,
+        };
+        let report = cuda::bench::run_attention_bench(&opts)?;
+        println!("{}", report.table());
+        return Ok(());
+    }
+    if a.device == DeviceArg::Auto {
+        if let Err(e) = cuda::probe() {
+            eprintln!("no GPU ({e:#}); timing the CPU reference instead");
+        }
+    }
+    cpu_bench(&a)
+}
+
+/// Times the CPU kernel on mixed gates: one warm-up, then the median of `iters` (at most 3).
+fn cpu_bench(a: &AttentionArgs) -> Result<()> {
+    let tokens = a.tokens.unwrap_or(4096);
+    println!("{:>4} {:>6} {:>3} {:>3} {:>8} {:>10} {:>10} {:>8}", "D", "T", "B", "H", "ACP", "fwd GF/s", "f+b GF/s", "pruned");
+    let mut rows = Vec::new();
+    for &d in &a.d {
+        for &t in &a.t {
+            if t > tokens || tokens % t != 0 || a.hidden % d != 0 {
+                bail!("shape D={d}, T={t}: B·T={tokens} must be a multiple of T and H·D={} of D", a.hidden);
+            }
+            let (b, h) = (tokens / t, a.hidden / d);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+            let n = b * t * h * d;
+            let mut normal = || -> f32 {
+                let (u1, u2): (f32, f32) = (rng.gen::<f32>().max(1e-12), rng.gen());
+                (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+            };
+            let q: Vec<f32> = (0..n).map(|_| normal()).collect();
+            let k: Vec<f32> = (0..n).map(|_| normal()).collect();
+            let v: Vec<f32> = (0..n).map(|_| normal()).collect();
+            // mixed gates: per-head logit bias spread over [-1, 9] plus N(0,1) noise per token
+            let logit: Vec<f32> = (0..b * t * h)
+                .map(|i| -1.0 + 10.0 * (i % h) as f32 / (h.max(2) - 1) as f32 + normal())
+                .collect();
+            let mut la = vec![0.0; logit.len()];
+            fox_kernels::fgate::log_fgate_fwd(&mut la, &logit);
+            let mut c = vec![0.0; b * h * t];
+            fox_kernels::fgate::prefix_sum_fwd(&mut c, &la, None, t, h);
+            for acp in [false, true] {
+                let mut p = fa::Problem {
+                    batch: b,
+                    heads: h,
+                    head_dim: d,
+                    tq: t,
+                    tk: t,
+                    q_pos0: 0,
+                    q: View::bthd(&q, t, h, d),
+                    k: View::bthd(&k, t, h, d),
+                    v: View::bthd(&v, t, h, d),
+                    cq: &c,
+                    ck: &c,
+                    vis: Visibility::All,
+                    scale: 1.0 / (d as f32).sqrt(),
+                    prune: None,
+                };
+                let th = acp.then(|| fa::prune_thresholds(&fa::logit_bound_from_norms(&p), t, -10.0));
+                p.prune = th.as_deref();
+                let mut out = vec![0.0; n];
+                let flops = 2.0 * (b * h * t * t * d) as f64;
+                let iters = a.iters.clamp(1, 3);
+                let mut tf = Vec::new();
+                let mut tb = Vec::new();
+                let mut pruned = 0.0;
+                for it in 0..=iters {
+                    let s = Instant::now();
+                    let st = fa::forward(&p, &mut out);
+                    let f = s.elapsed().as_secs_f64();
+                    pruned = st.tiles_pruned as f64 / (st.tiles_pruned + st.tiles_visited).max(1) as f64;
+                    let s = Instant::now();
+                    if !a.fwd_only {
+                        fa::backward(&p, &out, &q, &st.lse);
+                    }
+                    let bw = s.elapsed().as_secs_f64();
+                    if it > 0 {
+                        tf.push(f);
+                        tb.push(f + bw);
+                    }
+                }
+                let med = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let gf = flops / med(&mut tf) / 1e9;
+                let gfb = if a.fwd_only { f64::NAN } else { 3.5 * flops / med(&mut tb) / 1e9 };
+                println!("{d:>4} {t:>6} {b:>3} {h:>3} {:>8} {gf:>10.1} {gfb:>10.1} {:>7.0}%", if acp { "on" } else { "off" }, 100.0 * pruned);
+                rows.push(serde_json::json!({"device": "cpu", "d": d, "t": t, "b": b, "h": h, "acp": acp, "fwd_gflops": gf, "fwd_bwd_gflops": gfb, "pruned": pruned}));
+            }
+        }
+    }
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
+}

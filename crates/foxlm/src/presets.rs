@@ -133,24 +133,27 @@ pub fn names() -> Vec<String> {
     v
 }
 
-/// The tiny CPU preset: a FoX (Pro) with d = 128, 2 layers, 2 heads of 64, trained on windows of
-/// 128 tokens. With GPT-2's 50257-token vocabulary the embedding and the output head hold
-/// most of its 13.6M parameters (and most of its FLOPs); that is the price of a model that
-/// `foxlm generate` and the evaluation commands accept unchanged.
+/// The tiny CPU preset: a FoX (Pro) with d = 64, 4 layers, 2 heads of 32, trained on windows of
+/// 128 tokens, 8 per step, for 500 steps (512k tokens, about 1.7 passes over the Moby-Dick
+/// sample). With GPT-2's 50257-token vocabulary the embedding and the output head hold 96% of
+/// its 6.7M parameters and most of its FLOPs, so width is what costs: the blocks are nearly free
+/// at d = 64, and a narrow, deeper model learns fastest per second on CPU. The price of the big
+/// vocabulary buys a model that `foxlm generate` and the evaluation commands accept unchanged.
 pub fn tiny() -> Preset {
-    let model = Variant::FoxPro.config(128, 2, 2);
+    let model = Variant::FoxPro.config(64, 4, 2);
     Preset {
         name: "tiny".into(),
-        description: "FoX (Pro), d=128, 2 layers, 2 heads, context 128: trains on CPU in minutes".into(),
+        description:
+            "FoX (Pro), d=64, 4 layers, 2 heads, context 128, 500 steps of 8 windows: trains on CPU in about four minutes".into(),
         model,
         train: TrainConfig {
             context: 128,
-            batch_size: 16,
-            micro_batch: 16,
-            total_tokens: 400 * 16 * 128,
-            peak_lr: 4e-3,
-            min_lr: 4e-4,
-            warmup_tokens: 20 * 16 * 128,
+            batch_size: 8,
+            micro_batch: 8,
+            total_tokens: 500 * 8 * 128,
+            peak_lr: 1e-2,
+            min_lr: 1e-3,
+            warmup_tokens: 10 * 8 * 128,
             weight_decay: 0.1,
             beta1: 0.9,
             beta2: 0.95,
@@ -234,6 +237,6 @@ mod tests {
         let blocks = 12 * (4 * d * d + 3 * d * 2048 + 12 * d + 12 + 2 * d);
         assert_eq!(m.params.numel(), blocks + 2 * 50257 * d + d);
         let tiny = Model::new(&tiny().model);
-        assert!(tiny.params.numel() < 15_000_000);
+        assert!(tiny.params.numel() < 7_000_000, "{}", tiny.params.numel());
     }
 }

@@ -24,7 +24,7 @@ pub struct Args {
     /// Output folder (a previous demo's output there is replaced).
     #[arg(long, default_value = "runs/demo")]
     pub out: PathBuf,
-    /// Training steps (of 16 windows of 128 tokens).
+    /// Training steps (of 8 windows of 128 tokens; the tiny preset does 500).
     #[arg(long)]
     pub steps: Option<u64>,
     /// Prompt for the sample.

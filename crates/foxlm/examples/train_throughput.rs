@@ -101,7 +101,7 @@ fn main() {
     let mut rows = vec![];
     eprintln!("tiny preset ({} x {} tokens per step)...", tiny.train.batch_size, tiny.train.context);
     rows.push(measure(
-        "tiny (FoX Pro, d=128, 2 layers)",
+        "tiny (FoX Pro, d=64, 4 layers)",
         &tiny.model,
         tiny.train.batch_size,
         tiny.train.context,

@@ -514,7 +514,10 @@ pub fn sum_loss(model: &Model, ids: &[u32], targets: &[Option<u32>], batch: usiz
 #[inline(always)]
 fn fast_exp(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    // Round to nearest with the 1.5·2^23 trick: plain adds, so the loop vectorises (f32::round
+    // is a libm call without SSE4.1).
+    const MAGIC: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));

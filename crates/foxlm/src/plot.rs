@@ -26,11 +26,19 @@ fn register_font() {
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    /// Also mark each point with a dot (for sparse series such as periodic validation).
+    pub markers: bool,
 }
 
 impl Series {
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
-        Self { name: name.into(), points }
+        Self { name: name.into(), points, markers: false }
+    }
+
+    /// The same series with each point marked.
+    pub fn with_markers(mut self) -> Self {
+        self.markers = true;
+        self
     }
 }
 
@@ -139,6 +147,9 @@ impl LinePlot {
                         })
                         .collect();
                     let style = ShapeStyle::from(&color).stroke_width(2);
+                    if s.markers {
+                        chart.draw_series(data.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+                    }
                     let drawn = chart.draw_series(LineSeries::new(data, style))?;
                     if !s.name.is_empty() {
                         drawn.label(s.name.clone()).legend(move |(x, y)| {

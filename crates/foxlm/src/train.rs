@@ -695,7 +695,7 @@ pub fn plot_losses(out: &Path, title: &str) -> Result<()> {
         .collect();
     let mut plot = LinePlot::new(title, "tokens seen", "loss (nats/token)");
     plot = plot.series(Series::new(if k > 1 { format!("train (mean of {k} steps)") } else { "train".into() }, smooth));
-    plot = plot.series(Series::new("validation", val));
+    plot = plot.series(Series::new("validation", val).with_markers());
     plot.save(&out.join(LOSS_PLOT_FILE))
 }
 
@@ -714,10 +714,7 @@ impl MetricsLog {
                 let kept: String = std::fs::read_to_string(&path)
                     .unwrap_or_default()
                     .lines()
-                    .filter(|l| {
-                        serde_json::from_str::<Metric>(l)
-                            .is_ok_and(|m| m.step <= s && !(m.kind == "val" && m.step == s))
-                    })
+                    .filter(|l| serde_json::from_str::<Metric>(l).is_ok_and(|m| m.step <= s))
                     .map(|l| format!("{l}\n"))
                     .collect();
                 replace_file(&path, kept.as_bytes())?;
@@ -738,7 +735,11 @@ impl MetricsLog {
 }
 
 fn fmt_tokens(t: f64) -> String {
-    crate::plot::tick(t)
+    if t.abs() < 1e4 {
+        format!("{t:.0}")
+    } else {
+        crate::plot::tick(t)
+    }
 }
 
 /// Checks that `out` can hold a run: creatable, writable.
@@ -858,7 +859,11 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         variant_title(&run.model),
         run.model.hidden_size,
         run.model.num_hidden_layers,
-        opts.data.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default()
+        ds.manifest()
+            .sources
+            .first()
+            .and_then(|s| Path::new(s).file_name().map(|n| n.to_string_lossy().to_string()))
+            .unwrap_or_else(|| opts.data.display().to_string())
     );
     let _ = title;
     if state.finished || state.step >= total_steps {

@@ -108,11 +108,12 @@ fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exact
     let ra = train(Some(run.clone()), &opts(&data, &a)).unwrap();
     assert_eq!((ra.outcome, ra.step), (Outcome::Finished, 6));
 
-    // Interrupted after 3 steps (as Ctrl-C does: a checkpoint is saved), then resumed.
+    // Interrupted after 4 steps (as Ctrl-C does: a checkpoint is saved; step 4 also validates),
+    // then resumed.
     let b = tmp.path().join("b");
-    let rb1 = train(Some(run.clone()), &TrainOptions { stop_after: Some(3), ..opts(&data, &b) }).unwrap();
-    assert_eq!((rb1.outcome, rb1.step), (Outcome::Interrupted, 3));
-    assert!(rb1.checkpoint.ends_with("checkpoint-000003"));
+    let rb1 = train(Some(run.clone()), &TrainOptions { stop_after: Some(4), ..opts(&data, &b) }).unwrap();
+    assert_eq!((rb1.outcome, rb1.step), (Outcome::Interrupted, 4));
+    assert!(rb1.checkpoint.ends_with("checkpoint-000004"));
     let rb2 = train(Some(run.clone()), &TrainOptions { resume: true, ..opts(&data, &b) }).unwrap();
     assert_eq!((rb2.outcome, rb2.step), (Outcome::Finished, 6));
 

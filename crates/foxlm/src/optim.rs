@@ -42,6 +42,7 @@ impl AdamW {
     ///   p ← p − lr·λ·p   (Matrix parameters only: decoupled weight decay)
     ///   p ← p − lr · (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + ε)
     /// Frozen parameters are left alone.
+    #[allow(clippy::needless_range_loop)]
     pub fn update(&mut self, params: &mut Params, grads: &[Vec<f32>], lr: f64) {
         assert_eq!(grads.len(), params.len(), "one gradient per parameter");
         self.step += 1;
@@ -146,6 +147,7 @@ mod tests {
 
     /// Two AdamW steps computed by hand (in f64) against the implementation.
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn adamw_matches_hand_computed_steps() {
         let mut p = params();
         let c = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };

@@ -81,11 +81,13 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    // The negated comparisons are deliberate: they reject NaN too.
+    #[allow(clippy::neg_cmp_op_on_partial_ord, clippy::nonminimal_bool)]
     pub fn validate(&self) -> Result<()> {
         if self.context < 2 {
             bail!("context {} must be at least 2", self.context);
         }
-        if self.batch_size == 0 || self.micro_batch == 0 || self.batch_size % self.micro_batch != 0 {
+        if self.batch_size == 0 || self.micro_batch == 0 || !self.batch_size.is_multiple_of(self.micro_batch) {
             bail!("batch_size {} must be a positive multiple of micro_batch {}", self.batch_size, self.micro_batch);
         }
         if self.total_tokens < self.tokens_per_step() {
@@ -388,7 +390,7 @@ pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
     let opt_step = v["optimizer_step"].as_u64().ok_or_else(|| anyhow!("{}: no optimizer_step", tpath.display()))?;
     let model = load_model(dir)?;
     let opath = dir.join(OPTIMIZER_FILE);
-    let mut tensors = checkpoint::read_tensors(&[opath.clone()])?;
+    let mut tensors = checkpoint::read_tensors(std::slice::from_ref(&opath))?;
     let mut opt = AdamW::new(adamw, &model.params);
     opt.step = opt_step;
     for i in 0..model.params.len() {

@@ -66,9 +66,9 @@ impl Overrides {
              lr => peak_lr, min_lr => min_lr, warmup_tokens => warmup_tokens, weight_decay => weight_decay,
              max_grad_norm => max_grad_norm, seed => seed, eval_every => eval_every, eval_tokens => eval_tokens,
              checkpoint_every => checkpoint_every, keep_last => keep_last, log_every => log_every);
-        if self.batch_size.is_some() && self.micro_batch.is_none() && t.batch_size % t.micro_batch != 0 {
+        if self.batch_size.is_some() && self.micro_batch.is_none() && !t.batch_size.is_multiple_of(t.micro_batch) {
             t.micro_batch = t.batch_size.min(t.micro_batch).max(1);
-            while t.batch_size % t.micro_batch != 0 {
+            while !t.batch_size.is_multiple_of(t.micro_batch) {
                 t.micro_batch -= 1;
             }
         }

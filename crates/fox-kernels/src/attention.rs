@@ -251,11 +251,7 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
             (visited, pruned)
         })
         .collect();
-    Stats {
-        lse,
-        tiles_visited: counts.iter().map(|c| c.0).sum(),
-        tiles_pruned: counts.iter().map(|c| c.1).sum(),
-    }
+    Stats { lse, tiles_visited: counts.iter().map(|c| c.0).sum(), tiles_pruned: counts.iter().map(|c| c.1).sum() }
 }
 
 /// Gradients of the attention inputs.
@@ -388,10 +384,7 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
 /// ACP thresholds δ = −(2U + ln N) + ln ε per (b, h), with U bounding |scale·q·k|.
 /// `logit_bound` is U per (b, h).
 pub fn prune_thresholds(logit_bound: &[f32], n_keys: usize, log_eps: f32) -> Vec<f32> {
-    logit_bound
-        .iter()
-        .map(|u| -(2.0 * u + (n_keys as f32).ln()) + log_eps)
-        .collect()
+    logit_bound.iter().map(|u| -(2.0 * u + (n_keys as f32).ln()) + log_eps).collect()
 }
 
 /// U from the largest query and key norms of each (b, h): |scale·q·k| ≤ scale·max|q|·max|k|.
@@ -616,7 +609,11 @@ mod tests {
                     bump(&mut a, -2.0 * eps);
                     let lm = loss(&a);
                     let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
-                    assert!((fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()), "{name}[{idx}]: fd {fd} vs {}", grad[idx]);
+                    assert!(
+                        (fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()),
+                        "{name}[{idx}]: fd {fd} vs {}",
+                        grad[idx]
+                    );
                 }
             }
         }

@@ -36,17 +36,12 @@ pub fn prefix_sum_bwd(da: &mut [f32], dc: &[f32], start: Option<&[usize]>, t: us
 
 /// a = logsigmoid(logit), elementwise.
 pub fn log_fgate_fwd(a: &mut [f32], logit: &[f32]) {
-    a.par_iter_mut()
-        .zip(logit.par_iter())
-        .for_each(|(a, &x)| *a = log_sigmoid(x));
+    a.par_iter_mut().zip(logit.par_iter()).for_each(|(a, &x)| *a = log_sigmoid(x));
 }
 
 /// dlogit = da · sigmoid(−logit).
 pub fn log_fgate_bwd(dlogit: &mut [f32], da: &[f32], logit: &[f32]) {
-    dlogit
-        .par_iter_mut()
-        .zip(da.par_iter().zip(logit.par_iter()))
-        .for_each(|(g, (&d, &x))| *g = d * sigmoid(-x));
+    dlogit.par_iter_mut().zip(da.par_iter().zip(logit.par_iter())).for_each(|(g, (&d, &x))| *g = d * sigmoid(-x));
 }
 
 #[cfg(test)]

@@ -70,52 +70,45 @@ pub fn kv_shift_bwd(
     d: usize,
 ) {
     let hd = h * d;
-    dx.par_chunks_mut(t * hd)
-        .zip(dalpha.par_chunks_mut(t * h))
-        .enumerate()
-        .for_each(|(bi, (dxb, dab))| {
-            let s = start.map_or(0, |s| s[bi]);
-            for ti in 0..t {
-                for hi in 0..h {
-                    let base = (bi * t + ti) * hd + hi * d;
-                    let dcur = &mut dxb[ti * hd + hi * d..][..d];
-                    let go = &dout[base..base + d];
-                    if ti < s {
-                        dcur.copy_from_slice(go);
-                        dab[ti * h + hi] = 0.0;
-                        continue;
-                    }
-                    let a = alpha[(bi * t + ti) * h + hi];
-                    let cur = &x[base..base + d];
-                    let mut da = 0.0f32;
-                    // d/dα [α p + (1−α) c] = p − c
-                    if ti > s {
-                        let p = &x[base - hd..base - hd + d];
-                        for c in 0..d {
-                            da += go[c] * (p[c] - cur[c]);
-                        }
-                    } else {
-                        for c in 0..d {
-                            da -= go[c] * cur[c];
-                        }
-                    }
-                    dab[ti * h + hi] = da;
-                    // k̃_t feeds k_t with (1−α_t) and k_{t+1} with α_{t+1}.
-                    let next_a = if ti + 1 < t {
-                        alpha[(bi * t + ti + 1) * h + hi]
-                    } else {
-                        0.0
-                    };
+    dx.par_chunks_mut(t * hd).zip(dalpha.par_chunks_mut(t * h)).enumerate().for_each(|(bi, (dxb, dab))| {
+        let s = start.map_or(0, |s| s[bi]);
+        for ti in 0..t {
+            for hi in 0..h {
+                let base = (bi * t + ti) * hd + hi * d;
+                let dcur = &mut dxb[ti * hd + hi * d..][..d];
+                let go = &dout[base..base + d];
+                if ti < s {
+                    dcur.copy_from_slice(go);
+                    dab[ti * h + hi] = 0.0;
+                    continue;
+                }
+                let a = alpha[(bi * t + ti) * h + hi];
+                let cur = &x[base..base + d];
+                let mut da = 0.0f32;
+                // d/dα [α p + (1−α) c] = p − c
+                if ti > s {
+                    let p = &x[base - hd..base - hd + d];
                     for c in 0..d {
-                        let mut g = go[c] * (1.0 - a);
-                        if ti + 1 < t {
-                            g += dout[base + hd + c] * next_a;
-                        }
-                        dcur[c] = g;
+                        da += go[c] * (p[c] - cur[c]);
+                    }
+                } else {
+                    for c in 0..d {
+                        da -= go[c] * cur[c];
                     }
                 }
+                dab[ti * h + hi] = da;
+                // k̃_t feeds k_t with (1−α_t) and k_{t+1} with α_{t+1}.
+                let next_a = if ti + 1 < t { alpha[(bi * t + ti + 1) * h + hi] } else { 0.0 };
+                for c in 0..d {
+                    let mut g = go[c] * (1.0 - a);
+                    if ti + 1 < t {
+                        g += dout[base + hd + c] * next_a;
+                    }
+                    dcur[c] = g;
+                }
             }
-        });
+        }
+    });
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod cross_entropy;
+pub mod cuda;
 pub mod fgate;
 pub mod kv_shift;
 pub mod matmul;
@@ -14,4 +15,3 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod scalar;
 pub mod swiglu;
-pub mod cuda;

@@ -23,10 +23,8 @@ pub fn rms_norm_fwd(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], dim: 
     assert_eq!(y.len(), x.len());
     assert_eq!(rstd.len(), rows);
     assert!(w.len() % dim == 0 && !w.is_empty(), "rms_norm: weight length {} vs dim {dim}", w.len());
-    y.par_chunks_mut(dim * ROWS_PER_TASK)
-        .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
-        .enumerate()
-        .for_each(|(chunk, (ys, rs))| {
+    y.par_chunks_mut(dim * ROWS_PER_TASK).zip(rstd.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(
+        |(chunk, (ys, rs))| {
             for (i, (yr, r)) in ys.chunks_mut(dim).zip(rs.iter_mut()).enumerate() {
                 let row = chunk * ROWS_PER_TASK + i;
                 let xr = &x[row * dim..(row + 1) * dim];
@@ -38,7 +36,8 @@ pub fn rms_norm_fwd(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], dim: 
                     yr[c] = xr[c] * s * wr[c];
                 }
             }
-        });
+        },
+    );
 }
 
 /// Backward: dx = rstd · (w·dy − x̂ · mean(w·dy·x̂)), dw += Σ dy·x̂ (x̂ = x·rstd).

@@ -8,9 +8,7 @@ use rayon::prelude::*;
 /// Rotates x: [rows, H, D] in place; `positions[row]` is each row's position.
 pub fn rope_apply(x: &mut [f32], positions: &[i64], h: usize, d: usize, base: f64, inverse: bool) {
     let half = d / 2;
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|c| 1.0 / base.powf(2.0 * c as f64 / d as f64))
-        .collect();
+    let inv_freq: Vec<f64> = (0..half).map(|c| 1.0 / base.powf(2.0 * c as f64 / d as f64)).collect();
     x.par_chunks_mut(h * d).enumerate().for_each(|(row, xr)| {
         let p = positions[row] as f64;
         for c in 0..half {

@@ -100,13 +100,7 @@ fn main() {
     let tiny = presets::tiny();
     let mut rows = vec![];
     eprintln!("tiny preset ({} x {} tokens per step)...", tiny.train.batch_size, tiny.train.context);
-    rows.push(measure(
-        "tiny (FoX Pro, d=64, 4 layers)",
-        &tiny.model,
-        tiny.train.batch_size,
-        tiny.train.context,
-        steps,
-    ));
+    rows.push(measure("tiny (FoX Pro, d=64, 4 layers)", &tiny.model, tiny.train.batch_size, tiny.train.context, steps));
     let p125 = presets::preset("fox-pro-125m").unwrap();
     eprintln!("fox-pro-125m at context {ctx125}...");
     rows.push(measure("fox-pro-125m", &p125.model, 1, ctx125, steps.clamp(1, 3)));

@@ -144,7 +144,9 @@ pub fn save_model(model: &Model, config: &Config, dir: &Path) -> Result<()> {
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = named
         .iter()
-        .map(|(n, (s, b))| (n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b).expect("consistent")))
+        .map(|(n, (s, b))| {
+            (n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b).expect("consistent"))
+        })
         .collect();
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
@@ -157,10 +159,7 @@ pub fn save_model(model: &Model, config: &Config, dir: &Path) -> Result<()> {
 /// Writes a file through `<name>.tmp` + fsync + rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
+    let tmp = path.with_extension(format!("{}.tmp", path.extension().and_then(|e| e.to_str()).unwrap_or("")));
     let res = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;

@@ -17,7 +17,12 @@ pub struct GenerateOptions {
 
 /// Generates continuations of `prompts` (any lengths, batched with left padding). `on_token(row,
 /// id)` sees each new token as it is chosen. Returns each row's new tokens.
-pub fn generate(model: &Model, prompts: &[Vec<u32>], opts: &GenerateOptions, mut on_token: impl FnMut(usize, u32)) -> Vec<Vec<u32>> {
+pub fn generate(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(usize, u32),
+) -> Vec<Vec<u32>> {
     let b = prompts.len();
     if b == 0 {
         return vec![];

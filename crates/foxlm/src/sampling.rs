@@ -90,8 +90,14 @@ mod tests {
         assert!((0..50).all(|_| sample(&logits, &s, &mut rng) == 1));
         // same seed, same draws
         let s = Sampling { temperature: 0.8, top_k: 0, top_p: 0.95 };
-        let a: Vec<u32> = { let mut r = ChaCha8Rng::seed_from_u64(7); (0..30).map(|_| sample(&logits, &s, &mut r)).collect() };
-        let b: Vec<u32> = { let mut r = ChaCha8Rng::seed_from_u64(7); (0..30).map(|_| sample(&logits, &s, &mut r)).collect() };
+        let a: Vec<u32> = {
+            let mut r = ChaCha8Rng::seed_from_u64(7);
+            (0..30).map(|_| sample(&logits, &s, &mut r)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut r = ChaCha8Rng::seed_from_u64(7);
+            (0..30).map(|_| sample(&logits, &s, &mut r)).collect()
+        };
         assert_eq!(a, b);
     }
 }

@@ -58,9 +58,7 @@ impl FromStr for TextFormat {
         match s {
             "json-escaped" => Ok(TextFormat::JsonEscaped),
             "plain" => Ok(TextFormat::Plain),
-            other => Err(anyhow!(
-                "unknown text format {other:?}; valid values are \"json-escaped\" and \"plain\""
-            )),
+            other => Err(anyhow!("unknown text format {other:?}; valid values are \"json-escaped\" and \"plain\"")),
         }
     }
 }
@@ -81,15 +79,10 @@ impl Gpt2Bpe {
         // `_decode_native_and_split` panics on an unknown id; r50k_base's ranks are exactly
         // 0..50256, but guard against a changed vocabulary instead of aborting.
         let tokens = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            bpe._decode_native_and_split((0..BOS_ID).collect())
-                .collect::<Vec<Vec<u8>>>()
+            bpe._decode_native_and_split((0..BOS_ID).collect()).collect::<Vec<Vec<u8>>>()
         }))
         .map_err(|_| anyhow!("r50k_base does not define every token id below {BOS_ID}"))?;
-        anyhow::ensure!(
-            tokens.len() == n,
-            "r50k_base decode table has {} entries",
-            tokens.len()
-        );
+        anyhow::ensure!(tokens.len() == n, "r50k_base decode table has {} entries", tokens.len());
         let mut bytes = Vec::with_capacity(tokens.iter().map(Vec::len).sum());
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0u32);
@@ -97,11 +90,7 @@ impl Gpt2Bpe {
             bytes.extend_from_slice(t);
             offsets.push(bytes.len() as u32);
         }
-        Ok(Gpt2Bpe {
-            bpe,
-            bytes,
-            offsets,
-        })
+        Ok(Gpt2Bpe { bpe, bytes, offsets })
     }
 
     /// Bytes of a non-special token id, `None` for BOS/EOS and ids outside the vocabulary.
@@ -149,10 +138,7 @@ pub struct Tokenizer {
 
 impl fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("vocab", &GPT2_VOCAB)
-            .field("format", &self.format)
-            .finish()
+        f.debug_struct("Tokenizer").field("vocab", &GPT2_VOCAB).field("format", &self.format).finish()
     }
 }
 
@@ -160,10 +146,7 @@ impl Tokenizer {
     /// The GPT-2 (r50k_base) tokenizer with the given text format. The BPE tables are built once
     /// per process and shared by every tokenizer.
     pub fn gpt2(format: TextFormat) -> anyhow::Result<Self> {
-        Ok(Tokenizer {
-            inner: shared_gpt2()?,
-            format,
-        })
+        Ok(Tokenizer { inner: shared_gpt2()?, format })
     }
 
     pub fn format(&self) -> TextFormat {
@@ -203,11 +186,7 @@ impl Tokenizer {
 
     /// A streaming decoder for generation: feed ids one at a time, get back the text that is now final.
     pub fn stream(&self) -> StreamDecoder<'_> {
-        StreamDecoder {
-            tok: self,
-            bytes: Vec::new(),
-            escaped: String::new(),
-        }
+        StreamDecoder { tok: self, bytes: Vec::new(), escaped: String::new() }
     }
 }
 
@@ -423,15 +402,12 @@ fn unescape_prefix(s: &str, is_final: bool) -> (String, usize) {
                         return (out, i);
                     }
                     let low = match after {
-                        [b'\\', b'u', tail @ ..] => {
-                            hex4(tail).filter(|l| (0xdc00..0xe000).contains(l))
-                        }
+                        [b'\\', b'u', tail @ ..] => hex4(tail).filter(|l| (0xdc00..0xe000).contains(l)),
                         _ => None,
                     };
                     match low {
                         Some(l) => {
-                            let cp =
-                                0x10000 + (((u as u32) - 0xd800) << 10) + ((l as u32) - 0xdc00);
+                            let cp = 0x10000 + (((u as u32) - 0xd800) << 10) + ((l as u32) - 0xdc00);
                             out.push(char::from_u32(cp).unwrap_or('\u{FFFD}'));
                             i += 12;
                         }
@@ -585,26 +561,14 @@ mod tests {
 
     #[test]
     fn text_format_parse_display_serde() {
-        assert_eq!(
-            "json-escaped".parse::<TextFormat>().unwrap(),
-            TextFormat::JsonEscaped
-        );
+        assert_eq!("json-escaped".parse::<TextFormat>().unwrap(), TextFormat::JsonEscaped);
         assert_eq!("plain".parse::<TextFormat>().unwrap(), TextFormat::Plain);
         let err = "json".parse::<TextFormat>().unwrap_err().to_string();
-        assert!(
-            err.contains("json-escaped") && err.contains("plain"),
-            "{err}"
-        );
+        assert!(err.contains("json-escaped") && err.contains("plain"), "{err}");
         assert_eq!(TextFormat::JsonEscaped.to_string(), "json-escaped");
         assert_eq!(TextFormat::Plain.to_string(), "plain");
-        assert_eq!(
-            serde_json::to_string(&TextFormat::JsonEscaped).unwrap(),
-            "\"json-escaped\""
-        );
-        assert_eq!(
-            serde_json::from_str::<TextFormat>("\"plain\"").unwrap(),
-            TextFormat::Plain
-        );
+        assert_eq!(serde_json::to_string(&TextFormat::JsonEscaped).unwrap(), "\"json-escaped\"");
+        assert_eq!(serde_json::from_str::<TextFormat>("\"plain\"").unwrap(), TextFormat::Plain);
     }
 
     #[test]
@@ -615,17 +579,11 @@ mod tests {
         assert_eq!(t.encode("Hello world", true), vec![50256, 15496, 995]);
         assert_eq!(t.encode(" the\n", false), vec![262, 198]);
         // The special token's text, encoded as ordinary text: `<`, `|`, `end`, `of`, `text`, `|`, `>`.
-        assert_eq!(
-            t.encode("<|endoftext|>", false),
-            vec![27, 91, 437, 1659, 5239, 91, 29]
-        );
+        assert_eq!(t.encode("<|endoftext|>", false), vec![27, 91, 437, 1659, 5239, 91, 29]);
         assert_eq!(t.encode("", true), vec![BOS_ID]);
         assert!(t.encode("", false).is_empty());
         assert_eq!(t.decode(&[15496, 995]), "Hello world");
-        assert_eq!(
-            t.decode(&[BOS_ID, 15496, EOS_ID, 995, EOS_ID]),
-            "Hello world"
-        );
+        assert_eq!(t.decode(&[BOS_ID, 15496, EOS_ID, 995, EOS_ID]), "Hello world");
         let e = escaped();
         assert_eq!(e.encode("Hello world", true)[0], 50256);
         assert_eq!(e.encode("Hello world", false), vec![15496, 995]);
@@ -643,18 +601,9 @@ mod tests {
 
     #[test]
     fn json_escaped_encoding_is_plain_encoding_of_escaped_text() {
-        assert_eq!(
-            escaped().encode("a\nb", false),
-            plain().encode("a\\nb", false)
-        );
-        assert_eq!(
-            escaped().encode("é\"", true),
-            plain().encode("\\u00e9\\\"", true)
-        );
-        assert_ne!(
-            escaped().encode("a\nb", false),
-            plain().encode("a\nb", false)
-        );
+        assert_eq!(escaped().encode("a\nb", false), plain().encode("a\\nb", false));
+        assert_eq!(escaped().encode("é\"", true), plain().encode("\\u00e9\\\"", true));
+        assert_ne!(escaped().encode("a\nb", false), plain().encode("a\nb", false));
     }
 
     #[test]
@@ -685,12 +634,7 @@ mod tests {
         for t in [plain(), escaped()] {
             for s in ROUND_TRIP {
                 let ids = t.encode(s, true);
-                assert_eq!(
-                    stream_all(&t, &ids),
-                    t.decode(&ids),
-                    "{:?} {s:?}",
-                    t.format()
-                );
+                assert_eq!(stream_all(&t, &ids), t.decode(&ids), "{:?} {s:?}", t.format());
                 assert_eq!(stream_all(&t, &ids), *s);
             }
         }
@@ -704,20 +648,14 @@ mod tests {
         assert!(ids.len() > 1, "{ids:?}");
         let mut d = t.stream();
         let pieces: Vec<String> = ids.iter().map(|&id| d.push(id)).collect();
-        assert!(
-            pieces[..pieces.len() - 1].iter().all(String::is_empty),
-            "{pieces:?}"
-        );
+        assert!(pieces[..pieces.len() - 1].iter().all(String::is_empty), "{pieces:?}");
         assert_eq!(pieces.last().unwrap(), "😀");
         assert_eq!(d.finish(), "");
 
         // JsonEscaped: feed the escaped text one byte-token at a time.
         let e = escaped();
         let esc = "ok \\ud83d\\ude00 \\u00e9\\";
-        let ids: Vec<u32> = esc
-            .bytes()
-            .map(|b| plain().encode(&(b as char).to_string(), false)[0])
-            .collect();
+        let ids: Vec<u32> = esc.bytes().map(|b| plain().encode(&(b as char).to_string(), false)[0]).collect();
         let mut d = e.stream();
         let mut out = String::new();
         for (k, &id) in ids.iter().enumerate() {
@@ -737,13 +675,9 @@ mod tests {
         // All byte tokens (ids 0..256 are the single bytes in GPT-2's byte order), bad ids, and
         // many malformed-escape fragments in every combination of pairs.
         let p = plain();
-        let frags = [
-            "\\", "u", "d83d", "\\u", "de00", "12", "q", "\\ud83d", "\\ude00", "zz", "é", "\"", "n",
-        ];
+        let frags = ["\\", "u", "d83d", "\\u", "de00", "12", "q", "\\ud83d", "\\ude00", "zz", "é", "\"", "n"];
         let mut frag_ids: Vec<Vec<u32>> = frags.iter().map(|f| p.encode(f, false)).collect();
-        let lead = (0..256u32)
-            .find(|&id| p.inner.token_bytes(id) == Some(&[0xE2u8][..]))
-            .unwrap();
+        let lead = (0..256u32).find(|&id| p.inner.token_bytes(id) == Some(&[0xE2u8][..])).unwrap();
         frag_ids.push(vec![lead]); // a lone UTF-8 lead byte
         frag_ids.push(vec![u32::MAX]);
         frag_ids.push(vec![GPT2_VOCAB as u32]);
@@ -793,15 +727,10 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Tokenizer>();
         let t = escaped();
-        let texts: Vec<String> = (0..64)
-            .map(|i| format!("doc {i}: Ünïcödé \"q\" 😀\n"))
-            .collect();
+        let texts: Vec<String> = (0..64).map(|i| format!("doc {i}: Ünïcödé \"q\" 😀\n")).collect();
         let serial: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s, true)).collect();
         let parallel: Vec<Vec<u32>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = texts
-                .iter()
-                .map(|s| sc.spawn(|| t.encode(s, true)))
-                .collect();
+            let hs: Vec<_> = texts.iter().map(|s| sc.spawn(|| t.encode(s, true))).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(serial, parallel);

@@ -61,7 +61,15 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
         let input = tmp.path().join(format!("{v}-in.safetensors"));
         let output = tmp.path().join(format!("{v}-out.safetensors"));
         write_tensors(&input, vec![("input_ids", ids.0.clone(), ids.1, ids.2.clone())]);
-        let o = foxlm(&["forward", "--model", fixture(v).to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
+        let o = foxlm(&[
+            "forward",
+            "--model",
+            fixture(v).to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         let (shape, dt, got) = tensor_bytes(&output, "logits");
         assert_eq!((shape.clone(), dt), (vec![b, t, 512], Dtype::F32));
@@ -69,8 +77,22 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
         let d = f32s(&got).iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(d < 1e-4, "{v}: {d}");
         // left padded
-        write_tensors(&input, vec![("input_ids", ids.0.clone(), ids.1, ids.2.clone()), ("attention_mask", mask.0.clone(), mask.1, mask.2.clone())]);
-        let o = foxlm(&["forward", "--model", fixture(v).to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
+        write_tensors(
+            &input,
+            vec![
+                ("input_ids", ids.0.clone(), ids.1, ids.2.clone()),
+                ("attention_mask", mask.0.clone(), mask.1, mask.2.clone()),
+            ],
+        );
+        let o = foxlm(&[
+            "forward",
+            "--model",
+            fixture(v).to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         let got = f32s(&tensor_bytes(&output, "logits").2);
         let want = f32s(&tensor_bytes(&exp, "logits_left_padded").2);
@@ -93,35 +115,76 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
         let exp = fixture(v).join("expected.safetensors");
         let ids = tensor_bytes(&exp, "input_ids").2;
         let ids: Vec<i64> = ids.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-        let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
         let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
         let want: Vec<String> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
         let prompt: Vec<String> = ids[..plen].iter().map(|x| x.to_string()).collect();
         // The reference generated all 24 tokens without stopping at the config's eos id (1),
         // which one variant's continuation contains: hence --ignore-eos.
         let o = foxlm(&[
-            "generate", "--model", fixture(v).to_str().unwrap(), "--prompt-ids", &prompt.join(","),
-            "--max-new-tokens", &want.len().to_string(), "--ignore-eos",
+            "generate",
+            "--model",
+            fixture(v).to_str().unwrap(),
+            "--prompt-ids",
+            &prompt.join(","),
+            "--max-new-tokens",
+            &want.len().to_string(),
+            "--ignore-eos",
         ]);
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), want.join(","), "{v}");
     }
     // Without --ignore-eos, generation stops before the eos token.
     let v = "fox_pro_shared_qknorm";
-    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
     let want: Vec<u64> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
     let cut = want.iter().position(|&t| t == 1).unwrap();
     let ids = tensor_bytes(&fixture(v).join("expected.safetensors"), "input_ids").2;
-    let prompt: Vec<String> = ids.chunks_exact(8).take(40).map(|c| i64::from_le_bytes(c.try_into().unwrap()).to_string()).collect();
-    let o = foxlm(&["generate", "--model", fixture(v).to_str().unwrap(), "--prompt-ids", &prompt.join(","), "--max-new-tokens", "24"]);
-    let got: Vec<u64> = String::from_utf8_lossy(&o.stdout).trim().split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let prompt: Vec<String> =
+        ids.chunks_exact(8).take(40).map(|c| i64::from_le_bytes(c.try_into().unwrap()).to_string()).collect();
+    let o = foxlm(&[
+        "generate",
+        "--model",
+        fixture(v).to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--max-new-tokens",
+        "24",
+    ]);
+    let got: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
     assert_eq!(got, want[..cut].to_vec());
 }
 
 #[test]
 fn seeded_sampling_is_reproducible_and_batches_work() {
     let m = fixture("fox_pro");
-    let args = ["generate", "--model", m.to_str().unwrap(), "--prompt-ids", "3,4,5", "--prompt-ids", "7,8,9,10,11", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.9", "--seed", "11", "--max-new-tokens", "8", "--ignore-eos"];
+    let args = [
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "3,4,5",
+        "--prompt-ids",
+        "7,8,9,10,11",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "50",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "11",
+        "--max-new-tokens",
+        "8",
+        "--ignore-eos",
+    ];
     let a = foxlm(&args);
     let b = foxlm(&args);
     assert!(a.status.success(), "{}", stderr(&a));
@@ -157,7 +220,10 @@ fn rewrite_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, V
         read_tensors(&[file.clone()]).unwrap().into_iter().map(|(n, (_, s, d))| (n, s, d)).collect();
     edit(&mut ts);
     let bytes: Vec<Vec<u8>> = ts.iter().map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    write_tensors(&file, ts.iter().zip(&bytes).map(|((n, s, _), b)| (n.as_str(), s.clone(), Dtype::F32, b.clone())).collect());
+    write_tensors(
+        &file,
+        ts.iter().zip(&bytes).map(|((n, s, _), b)| (n.as_str(), s.clone(), Dtype::F32, b.clone())).collect(),
+    );
 }
 
 fn inspect_err(dir: &Path) -> String {
@@ -174,7 +240,10 @@ fn broken_model_folders_are_clear_errors() {
     let d = broken_copy("fox_pro");
     rewrite_weights(d.path(), |ts| ts.retain(|t| t.0 != "model.layers.1.attn.q_norm.weight"));
     let e = inspect_err(d.path());
-    assert!(e.contains("model.layers.1.attn.q_norm.weight") && e.contains("missing") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("model.layers.1.attn.q_norm.weight") && e.contains("missing") && e.contains("model.safetensors"),
+        "{e}"
+    );
     // extra tensor
     let d = broken_copy("fox_llama");
     rewrite_weights(d.path(), |ts| ts.push(("model.layers.0.attn.bogus.weight".into(), vec![2], vec![0.0, 1.0])));
@@ -187,16 +256,23 @@ fn broken_model_folders_are_clear_errors() {
         t.1 = vec![8, 64];
     });
     let e = inspect_err(d.path());
-    assert!(e.contains("model.layers.0.attn.fgate_proj.weight") && e.contains("[8, 64]") && e.contains("[4, 128]"), "{e}");
+    assert!(
+        e.contains("model.layers.0.attn.fgate_proj.weight") && e.contains("[8, 64]") && e.contains("[4, 128]"),
+        "{e}"
+    );
     // unknown config value
     let d = broken_copy("fox_llama");
-    let cfg = std::fs::read_to_string(d.path().join("config.json")).unwrap().replace("\"fgate_type\": \"full\"", "\"fgate_type\": \"sometimes\"");
+    let cfg = std::fs::read_to_string(d.path().join("config.json"))
+        .unwrap()
+        .replace("\"fgate_type\": \"full\"", "\"fgate_type\": \"sometimes\"");
     std::fs::write(d.path().join("config.json"), cfg).unwrap();
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("fgate_type") && e.contains("sometimes"), "{e}");
     // a value the model does not support
     let d = broken_copy("fox_llama");
-    let cfg = std::fs::read_to_string(d.path().join("config.json")).unwrap().replace("\"num_kv_heads\": null", "\"num_kv_heads\": 2");
+    let cfg = std::fs::read_to_string(d.path().join("config.json"))
+        .unwrap()
+        .replace("\"num_kv_heads\": null", "\"num_kv_heads\": 2");
     std::fs::write(d.path().join("config.json"), cfg).unwrap();
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("num_kv_heads"), "{e}");
@@ -256,7 +332,11 @@ fn sharded_and_half_precision_checkpoints_load() {
     }
     write_tensors(&d.path().join("model-00001-of-00002.safetensors"), a);
     write_tensors(&d.path().join("model-00002-of-00002.safetensors"), b);
-    std::fs::write(d.path().join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    std::fs::write(
+        d.path().join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
     let sharded = foxlm::checkpoint::load_model(d.path()).unwrap();
     let full = foxlm::checkpoint::load_model(&fixture(v)).unwrap();
     for (x, y) in sharded.params.tensors.iter().zip(&full.params.tensors) {
@@ -290,8 +370,22 @@ fn usage_and_input_errors() {
     assert!(stderr(&o).contains("--prompt-ids"), "{}", stderr(&o));
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.safetensors");
-    write_tensors(&input, vec![("input_ids", vec![1, 3], Dtype::I64, [1i64, 2, 3].iter().flat_map(|x| x.to_le_bytes()).collect()), ("attention_mask", vec![1, 3], Dtype::I64, [1i64, 0, 1].iter().flat_map(|x| x.to_le_bytes()).collect())]);
-    let o = foxlm(&["forward", "--model", m.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", tmp.path().join("o").to_str().unwrap()]);
+    write_tensors(
+        &input,
+        vec![
+            ("input_ids", vec![1, 3], Dtype::I64, [1i64, 2, 3].iter().flat_map(|x| x.to_le_bytes()).collect()),
+            ("attention_mask", vec![1, 3], Dtype::I64, [1i64, 0, 1].iter().flat_map(|x| x.to_le_bytes()).collect()),
+        ],
+    );
+    let o = foxlm(&[
+        "forward",
+        "--model",
+        m.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        tmp.path().join("o").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("left padding"), "{}", stderr(&o));
 }

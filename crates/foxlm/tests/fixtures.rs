@@ -91,7 +91,8 @@ fn left_padded_logits_match_reference_at_unmasked_positions() {
         let (_, mask) = i64_tensor(&exp, "attention_mask_left_padded");
         let (b, t) = (shape[0], shape[1]);
         let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
-        let start: Vec<usize> = (0..b).map(|r| mask[r * t..(r + 1) * t].iter().take_while(|&&m| m == 0).count()).collect();
+        let start: Vec<usize> =
+            (0..b).map(|r| mask[r * t..(r + 1) * t].iter().take_while(|&&m| m == 0).count()).collect();
         assert!(start[1] > 0, "fixture row 1 is padded");
         let logits = model.forward(&ids, &Ctx { batch: b, seq: t, start: Some(start.clone()) });
         let want = f32_tensor(&exp, "logits_left_padded");
@@ -115,7 +116,8 @@ fn greedy_continuation_through_kv_cache_matches_reference() {
         let (shape, ids) = i64_tensor(&exp, "input_ids");
         let j = expected_json(v);
         let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
-        let want: Vec<u32> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> =
+            j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let prompt: Vec<u32> = ids[..plen].iter().map(|&x| x as u32).collect();
         let _ = shape;
         let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::default(), seed: 0, eos: None };

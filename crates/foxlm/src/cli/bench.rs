@@ -2,7 +2,7 @@
 //! PyTorch's SDPA timed in the same run as the reference) or on the CPU (the tiled reference).
 
 use anyhow::{bail, Result};
-use fox_kernels::attention::{self as fa, Visibility, View};
+use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::cuda::{self, bench::BenchOpts, DeviceArg};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
@@ -101,7 +101,10 @@ fn attention(a: AttentionArgs) -> Result<()> {
 /// Times the CPU kernel on mixed gates: one warm-up, then the median of `iters` (at most 3).
 fn cpu_bench(a: &AttentionArgs) -> Result<()> {
     let tokens = a.tokens.unwrap_or(4096);
-    println!("{:>4} {:>6} {:>3} {:>3} {:>8} {:>10} {:>10} {:>8}", "D", "T", "B", "H", "ACP", "fwd GF/s", "f+b GF/s", "pruned");
+    println!(
+        "{:>4} {:>6} {:>3} {:>3} {:>8} {:>10} {:>10} {:>8}",
+        "D", "T", "B", "H", "ACP", "fwd GF/s", "f+b GF/s", "pruned"
+    );
     let mut rows = Vec::new();
     for &d in &a.d {
         for &t in &a.t {
@@ -119,9 +122,8 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
             let k: Vec<f32> = (0..n).map(|_| normal()).collect();
             let v: Vec<f32> = (0..n).map(|_| normal()).collect();
             // mixed gates: per-head logit bias spread over [-1, 9] plus N(0,1) noise per token
-            let logit: Vec<f32> = (0..b * t * h)
-                .map(|i| -1.0 + 10.0 * (i % h) as f32 / (h.max(2) - 1) as f32 + normal())
-                .collect();
+            let logit: Vec<f32> =
+                (0..b * t * h).map(|i| -1.0 + 10.0 * (i % h) as f32 / (h.max(2) - 1) as f32 + normal()).collect();
             let mut la = vec![0.0; logit.len()];
             fox_kernels::fgate::log_fgate_fwd(&mut la, &logit);
             let mut c = vec![0.0; b * h * t];
@@ -172,7 +174,11 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                 };
                 let gf = flops / med(&mut tf) / 1e9;
                 let gfb = if a.fwd_only { f64::NAN } else { 3.5 * flops / med(&mut tb) / 1e9 };
-                println!("{d:>4} {t:>6} {b:>3} {h:>3} {:>8} {gf:>10.1} {gfb:>10.1} {:>7.0}%", if acp { "on" } else { "off" }, 100.0 * pruned);
+                println!(
+                    "{d:>4} {t:>6} {b:>3} {h:>3} {:>8} {gf:>10.1} {gfb:>10.1} {:>7.0}%",
+                    if acp { "on" } else { "off" },
+                    100.0 * pruned
+                );
                 rows.push(serde_json::json!({"device": "cpu", "d": d, "t": t, "b": b, "h": h, "acp": acp, "fwd_gflops": gf, "fwd_bwd_gflops": gfb, "pruned": pruned}));
             }
         }

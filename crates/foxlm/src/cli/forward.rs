@@ -56,9 +56,10 @@ fn int_tensor(st: &SafeTensors, file: &Path, name: &str) -> Result<Option<(usize
 /// Reads and validates the input file: ids [B·T] and the left padding per row, if any.
 pub fn read_input(path: &Path, vocab: usize) -> Result<(usize, usize, Vec<u32>, Option<Vec<usize>>)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
-    let (b, t, ids) = int_tensor(&st, path, "input_ids")?
-        .ok_or_else(|| anyhow!("{}: no tensor named input_ids", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+    let (b, t, ids) =
+        int_tensor(&st, path, "input_ids")?.ok_or_else(|| anyhow!("{}: no tensor named input_ids", path.display()))?;
     if b == 0 || t == 0 {
         bail!("{}: input_ids is empty ([{b}, {t}])", path.display());
     }

@@ -1,9 +1,9 @@
 //! One module per `foxlm` subcommand: its clap arguments and its `run`.
 
+pub mod bench;
 pub mod data;
 pub mod demo;
 pub mod eval;
-pub mod bench;
 pub mod forward;
 pub mod generate;
 pub mod inspect;

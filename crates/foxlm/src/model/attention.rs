@@ -4,7 +4,7 @@ use super::cache::LayerCache;
 use super::{grad_of, Ctx, Linear};
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
-use fox_kernels::attention::{self as fa, Visibility, View};
+use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::scalar::sigmoid;
 use fox_kernels::{fgate, kv_shift, rmsnorm, rope};
 
@@ -18,7 +18,10 @@ pub struct ShiftLinear {
 
 #[derive(Clone, Debug)]
 pub enum Fgate {
-    Full { proj: Linear, bias: ParamId },
+    Full {
+        proj: Linear,
+        bias: ParamId,
+    },
     /// bias_only (learned) and fixed (frozen) both read `attn.fgate_bias`.
     Bias(ParamId),
     None,
@@ -111,9 +114,8 @@ impl ForgettingAttention {
             FgateType::None => Fgate::None,
         };
         let ogate_proj = cfg.use_output_gate.then(|| Linear::new(p, &format!("{prefix}.ogate_proj.weight"), d, d));
-        let output_norm = cfg
-            .use_output_norm
-            .then(|| p.add(&format!("{prefix}.output_norm.weight"), &[d], ParamKind::NoDecay));
+        let output_norm =
+            cfg.use_output_norm.then(|| p.add(&format!("{prefix}.output_norm.weight"), &[d], ParamKind::NoDecay));
         let qk_norm = cfg.qk_norm.then(|| {
             let n = if cfg.qk_norm_share_param_across_head { hd } else { d };
             (
@@ -234,9 +236,7 @@ impl ForgettingAttention {
                         let s = if w.len() == hd { w } else { &w[hi * hd..(hi + 1) * hd] };
                         s.iter().fold(0.0f32, |m, v| m.max(v.abs()))
                     };
-                    (0..b * h)
-                        .map(|bh| (hd as f32).sqrt() * per_head(wq, bh % h) * per_head(wk, bh % h))
-                        .collect()
+                    (0..b * h).map(|bh| (hd as f32).sqrt() * per_head(wq, bh % h) * per_head(wk, bh % h)).collect()
                 }
                 None => {
                     let pr = fa::Problem {

@@ -158,7 +158,13 @@ impl Model {
 
     /// The final hidden states (after the last RMSNorm), [B, T, d]. With `cache`, the tokens
     /// continue the cached sequence. With `keep`, the activations for backward are returned.
-    pub fn forward_hidden(&self, ids: &[u32], ctx: &Ctx, mut cache: Option<&mut Cache>, keep: bool) -> (Vec<f32>, Option<ModelActs>) {
+    pub fn forward_hidden(
+        &self,
+        ids: &[u32],
+        ctx: &Ctx,
+        mut cache: Option<&mut Cache>,
+        keep: bool,
+    ) -> (Vec<f32>, Option<ModelActs>) {
         let d = self.config.hidden_size;
         let eps = self.config.norm_eps as f32;
         let n = ctx.batch * ctx.seq;

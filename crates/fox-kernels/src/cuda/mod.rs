@@ -326,6 +326,37 @@ impl Gpu {
     }
 }
 
+/// The element type of a device tensor that the model's activations and weight copies use: f32
+/// (to check against the CPU reference) or bf16 (training and inference). Kernels written for
+/// both are instantiated as `name_f32` / `name_bf16` (see [`Elem::NAME`]); statistics, gate
+/// prefix sums, master weights, gradients and optimizer state are always f32.
+pub trait Elem: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + Unpin + 'static {
+    /// Suffix of the kernel instantiation and the C++ type name in kernels/ (`float`, `bf16`).
+    const NAME: &'static str;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const NAME: &'static str = "f32";
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for half::bf16 {
+    const NAME: &'static str = "bf16";
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
 /// Round f32 to bf16 / fp16 bits.
 pub fn to_half_bits(x: &[f32], dtype: attention::DType) -> Vec<u16> {
     match dtype {

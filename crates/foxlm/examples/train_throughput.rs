@@ -8,7 +8,7 @@
 use foxlm::model::Ctx;
 use foxlm::optim::{clip_grad_norm, AdamW};
 use foxlm::presets;
-use foxlm::train::{init_model, loss_and_grads};
+use foxlm::train::init_model;
 use std::time::Instant;
 
 /// Matmul FLOPs of one training step per token (forward + backward = 3x forward): every Linear
@@ -60,7 +60,7 @@ fn measure(name: &str, cfg: &foxlm::config::Config, batch: usize, context: usize
     let ctx = Ctx { batch, seq: context, start: None };
     let mut step = |model: &mut foxlm::model::Model| {
         grads.iter_mut().for_each(|g| g.fill(0.0));
-        loss_and_grads(model, &ids, &targets, &ctx, &mut grads, 1.0);
+        model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
         clip_grad_norm(&mut grads, &model.params, 1.0);
         opt.update(&mut model.params, &grads, 1e-3);
     };

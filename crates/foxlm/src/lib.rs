@@ -1,6 +1,7 @@
 //! foxlm: the Forgetting Transformer (FoX) in Rust — configuration, checkpoints in the authors'
 //! layout, the model with its KV-cache decoding, the GPT-2 tokenizer, and sampling.
 
+pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

@@ -508,91 +508,6 @@ pub fn sum_loss(model: &Model, ids: &[u32], targets: &[Option<u32>], batch: usiz
 }
 
 // ---------------------------------------------------------------------------------------------
-// The output head and loss for training.
-
-/// exp(x) for f32 in a form the compiler vectorises: x = n·ln2 + r, |r| <= ln2/2, a degree-6
-/// polynomial for e^r (relative error ~2e-7, like libm's expf to within a few ulp), 2^n from the
-/// exponent bits. Inputs are clamped to [-87.3, 88] (a softmax only feeds it x - max <= 0).
-#[inline(always)]
-fn fast_exp(x: f32) -> f32 {
-    let x = x.clamp(-87.3, 88.0);
-    // Round to nearest with the 1.5·2^23 trick: plain adds, so the loop vectorises (f32::round
-    // is a libm call without SSE4.1).
-    const MAGIC: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
-    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0
-        + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
-    let bits = ((n as i32 + 127) << 23) as u32;
-    p * f32::from_bits(bits)
-}
-
-/// Mean cross-entropy and its gradient, like [`Model::loss_and_grads`], with the output head
-/// and softmax fused per row and a vectorised exp: the vocabulary-sized part of a small model's
-/// step is most of its cost. Agrees with `Model::loss_and_grads` to f32 rounding (tested).
-pub fn loss_and_grads(
-    model: &Model,
-    ids: &[u32],
-    targets: &[Option<u32>],
-    ctx: &Ctx,
-    grads: &mut [Vec<f32>],
-    grad_scale: f32,
-) -> f32 {
-    use rayon::prelude::*;
-    let n_targets = targets.iter().filter(|t| t.is_some()).count();
-    if n_targets == 0 {
-        return 0.0;
-    }
-    let (hidden, acts) = model.forward_hidden(ids, ctx, None, true);
-    let acts = acts.expect("activations kept");
-    let (d, vocab) = (model.config.hidden_size, model.config.vocab_size);
-    let rows = targets.len();
-    let weight = grad_scale / n_targets as f32;
-    let chunk = ((1usize << 24) / vocab).clamp(1, rows);
-    let mut dhidden = vec![0.0f32; rows * d];
-    let mut loss_sum = 0.0f64;
-    for r0 in (0..rows).step_by(chunk) {
-        let r1 = (r0 + chunk).min(rows);
-        let tg = &targets[r0..r1];
-        if tg.iter().all(|t| t.is_none()) {
-            continue;
-        }
-        let x = &hidden[r0 * d..r1 * d];
-        let mut logits = model.lm_head.forward(&model.params, x, r1 - r0);
-        loss_sum += logits
-            .par_chunks_mut(vocab)
-            .zip(tg.par_iter())
-            .map(|(row, t)| {
-                let Some(t) = *t else {
-                    row.fill(0.0);
-                    return 0.0f64;
-                };
-                let m = row.chunks(8).fold(f32::NEG_INFINITY, |m, c| c.iter().fold(m, |a, &b| a.max(b)));
-                let mut acc = [0.0f32; 8];
-                let mut it = row.chunks_exact(8);
-                for c in &mut it {
-                    for k in 0..8 {
-                        acc[k] += fast_exp(c[k] - m);
-                    }
-                }
-                let tail: f32 = it.remainder().iter().map(|&v| fast_exp(v - m)).sum();
-                let s = acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
-                let lse = m + s.ln() as f32;
-                let loss = (lse - row[t as usize]) as f64;
-                for v in row.iter_mut() {
-                    *v = fast_exp(*v - lse) * weight;
-                }
-                row[t as usize] -= weight;
-                loss
-            })
-            .sum::<f64>();
-        model.lm_head.backward(&model.params, x, &logits, r1 - r0, grads, Some(&mut dhidden[r0 * d..r1 * d]), false);
-    }
-    model.backward(ids, ctx, &acts, &dhidden, grads);
-    (loss_sum / n_targets as f64) as f32
-}
-
-// ---------------------------------------------------------------------------------------------
 // The training loop.
 
 /// Set by Ctrl-C (see [`install_ctrlc_handler`]): the trainer saves a checkpoint and stops.
@@ -972,7 +887,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         let mut loss_sum = 0.0f64;
         for _ in 0..accum {
             let b = loader.next_batch(tc.micro_batch);
-            let l = loss_and_grads(&model, &b.ids, &b.targets, &ctx, &mut grads, 1.0 / accum as f32);
+            let l = model.loss_and_grads(&b.ids, &b.targets, &ctx, &mut grads, 1.0 / accum as f32);
             loss_sum += l as f64;
         }
         let loss = loss_sum / accum as f64;
@@ -1129,39 +1044,6 @@ mod tests {
         let m = init_model(&fixed, 0);
         let id = m.params.id("model.layers.0.attn.fgate_bias").unwrap();
         assert_eq!(&m.params[id], &fixed_fgate_bias(&fixed)[..]);
-    }
-
-    #[test]
-    fn fast_exp_is_accurate() {
-        for i in -8700..=8800 {
-            let x = i as f32 / 100.0;
-            let (a, b) = (fast_exp(x), x.exp());
-            assert!((a - b).abs() <= 1e-6 * b + 1e-37, "exp({x}): {a} vs {b}");
-        }
-        assert_eq!(fast_exp(-1000.0), fast_exp(-87.3));
-        assert!(fast_exp(-1000.0) < 1e-37);
-    }
-
-    #[test]
-    fn fused_loss_and_grads_match_the_model() {
-        let mut cfg = crate::presets::Variant::FoxPro.config(64, 1, 1);
-        cfg.vocab_size = 1000;
-        let m = init_model(&cfg, 3);
-        let (b, t) = (2, 9);
-        let ids: Vec<u32> = (0..b * t).map(|i| (i * 37 % 1000) as u32).collect();
-        let mut targets: Vec<Option<u32>> = ids.iter().map(|&i| Some((i * 7 + 1) % 1000)).collect();
-        targets[4] = None;
-        let ctx = Ctx { batch: b, seq: t, start: None };
-        let mut g1 = m.params.zeros_like();
-        let mut g2 = m.params.zeros_like();
-        let l1 = m.loss_and_grads(&ids, &targets, &ctx, &mut g1, 0.5);
-        let l2 = loss_and_grads(&m, &ids, &targets, &ctx, &mut g2, 0.5);
-        assert!((l1 - l2).abs() < 1e-5, "{l1} vs {l2}");
-        for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
-            let scale = a.iter().map(|x| x.abs()).fold(0.0f32, f32::max).max(1e-12);
-            let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-            assert!(err <= 1e-4 * scale, "{}: max error {err} (scale {scale})", m.params.names[i]);
-        }
     }
 
     #[test]

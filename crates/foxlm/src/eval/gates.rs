@@ -45,7 +45,7 @@ pub fn head_gates(fgate_logit: &[f32], heads: usize, head: usize, t: usize) -> V
 }
 
 /// Statistics for every layer and head.
-pub fn gate_stats(acts: &ModelActs, heads: usize, t: usize) -> Vec<HeadGate> {
+pub fn gate_stats(acts: &ModelActs<Vec<f32>, Vec<f32>>, heads: usize, t: usize) -> Vec<HeadGate> {
     let mut out = vec![];
     for (layer, b) in acts.blocks.iter().enumerate() {
         for head in 0..heads {

@@ -1,12 +1,10 @@
 //! The Forgetting Attention layer (SPEC §2, "Attention layer, in order").
 
-use super::cache::LayerCache;
-use super::{grad_of, Ctx, Linear};
+use super::Linear;
+use crate::backend::{Alloc, AttnGrads, Backend};
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
-use fox_kernels::attention::{self as fa, View, Visibility};
-use fox_kernels::scalar::sigmoid;
-use fox_kernels::{fgate, kv_shift, rmsnorm, rope};
+use anyhow::Result;
 
 /// k_proj / v_proj: a Linear, or with KV-shift a Linear plus its per-head mixing gate.
 #[derive(Clone, Debug)]
@@ -45,44 +43,131 @@ pub struct ForgettingAttention {
     pub log_pruning_tolerance: Option<f32>,
 }
 
-/// Everything the layer's backward needs, named as in SPEC §2.
+/// Everything the layer's backward needs, named as in SPEC §2 (A: activation buffers, F: f32).
+/// Buffers of switched-off components are empty.
 #[derive(Clone, Debug, Default)]
-pub struct AttnActs {
+pub struct AttnActs<A, F> {
     /// q = W_q x before QK-norm, [B, T, d].
-    pub q_lin: Vec<f32>,
-    /// k̃ = W_k x and ṽ = W_v x before KV-shift, [B, T, d].
-    pub k_lin: Vec<f32>,
-    pub v_lin: Vec<f32>,
+    pub q_lin: A,
+    /// k̃ = W_k x and ṽ = W_v x before KV-shift, [B, T, d] (empty without KV-shift: k_mix and
+    /// v are the projections themselves).
+    pub k_lin: A,
+    pub v_lin: A,
     /// KV-shift mixing weights α = sigmoid(shift_proj x), [B, T, H] (empty without KV-shift).
-    pub alpha_k: Vec<f32>,
-    pub alpha_v: Vec<f32>,
+    pub alpha_k: A,
+    pub alpha_v: A,
     /// k after KV-shift, before QK-norm, [B, T, d].
-    pub k_mix: Vec<f32>,
+    pub k_mix: A,
     /// 1/rms of each head slice for QK-norm, [B·T·H].
-    pub q_rstd: Vec<f32>,
-    pub k_rstd: Vec<f32>,
+    pub q_rstd: F,
+    pub k_rstd: F,
     /// The attention's inputs: q, k (after QK-norm and RoPE) and v, [B, T, d].
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    /// Forget-gate logits [B, T, H] and their log-sigmoid prefix sums c, [B, H, T].
-    pub fgate_logit: Vec<f32>,
-    pub c: Vec<f32>,
+    pub q: A,
+    pub k: A,
+    pub v: A,
+    /// Forget-gate logits [B, T, H] and their log-sigmoid prefix sums c, [B, H, T] (zeros
+    /// without a gate).
+    pub fgate_logit: F,
+    pub c: F,
     /// Attention output [B, T, d] and per-row log-sum-exp [B, H, T].
-    pub o: Vec<f32>,
-    pub lse: Vec<f32>,
+    pub o: A,
+    pub lse: F,
     /// Output norm: 1/rms per head slice and the normalised output, [B, T, d].
-    pub o_rstd: Vec<f32>,
-    pub o_norm: Vec<f32>,
+    pub o_rstd: F,
+    pub o_norm: A,
     /// Output-gate logits, [B, T, d].
-    pub ogate_logit: Vec<f32>,
-    /// The input of o_proj, [B, T, d].
-    pub z: Vec<f32>,
+    pub ogate_logit: A,
+    /// The input of o_proj, [B, T, d], and the layer's output o_proj(z).
+    pub z: A,
+    pub out: A,
     /// ACP thresholds per (b, h), when pruning is on.
-    pub prune: Option<Vec<f32>>,
+    pub prune: Option<F>,
     /// Key tiles the attention visited and the ones ACP skipped (for reporting the pruned fraction).
     pub tiles_visited: usize,
     pub tiles_pruned: usize,
+}
+
+/// The layer's backward buffers, shared by all layers.
+pub struct AttnScratch<A, F> {
+    /// d loss / d z, d output-gate logits, d (attention output), [B, T, d].
+    pub dz: A,
+    pub dg: A,
+    pub d_o: A,
+    pub dq: A,
+    pub dk: A,
+    pub dv: A,
+    /// d loss / d q before QK-norm and d k before QK-norm, [B, T, d].
+    pub dq_lin: A,
+    pub dk_mix: A,
+    /// KV-shift: d (unmixed projection) [B, T, d] and d α [B, T, H].
+    pub dlin: A,
+    pub dalpha: A,
+    /// Gate: dc [B, H, T], d log f [B, T, H], d logit [B, T, H] (f32, and as activations for the
+    /// projection's backward).
+    pub dc: F,
+    pub da: F,
+    pub dlogit: F,
+    pub dlogit_act: A,
+}
+
+impl<A, F> AttnActs<A, F> {
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &ForgettingAttention, b: usize, t: usize) -> Result<Self> {
+        let (h, hd) = (l.heads, l.head_dim);
+        let (n, d) = (b * t, h * hd);
+        let shift = l.k_proj.shift_proj.is_some() || l.v_proj.shift_proj.is_some();
+        let per_head_norm = |on: bool| if on { n * h } else { 0 };
+        Ok(Self {
+            q_lin: be.alloc(n * d)?,
+            k_lin: be.alloc(if shift { n * d } else { 0 })?,
+            v_lin: be.alloc(if shift { n * d } else { 0 })?,
+            alpha_k: be.alloc(if l.k_proj.shift_proj.is_some() { n * h } else { 0 })?,
+            alpha_v: be.alloc(if l.v_proj.shift_proj.is_some() { n * h } else { 0 })?,
+            k_mix: be.alloc(n * d)?,
+            q_rstd: be.alloc_f32(per_head_norm(l.qk_norm.is_some()))?,
+            k_rstd: be.alloc_f32(per_head_norm(l.qk_norm.is_some()))?,
+            q: be.alloc(n * d)?,
+            k: be.alloc(n * d)?,
+            v: be.alloc(n * d)?,
+            fgate_logit: be.alloc_f32(if matches!(l.fgate, Fgate::None) { 0 } else { n * h })?,
+            c: be.alloc_f32(n * h)?,
+            o: be.alloc(n * d)?,
+            lse: be.alloc_f32(n * h)?,
+            o_rstd: be.alloc_f32(per_head_norm(l.output_norm.is_some()))?,
+            o_norm: be.alloc(if l.output_norm.is_some() { n * d } else { 0 })?,
+            ogate_logit: be.alloc(if l.ogate_proj.is_some() { n * d } else { 0 })?,
+            z: be.alloc(n * d)?,
+            out: be.alloc(n * d)?,
+            prune: match l.log_pruning_tolerance {
+                Some(_) => Some(be.alloc_f32(b * h)?),
+                None => None,
+            },
+            tiles_visited: 0,
+            tiles_pruned: 0,
+        })
+    }
+}
+
+impl<A, F> AttnScratch<A, F> {
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &ForgettingAttention, b: usize, t: usize) -> Result<Self> {
+        let (h, hd) = (l.heads, l.head_dim);
+        let (n, d) = (b * t, h * hd);
+        Ok(Self {
+            dz: be.alloc(n * d)?,
+            dg: be.alloc(n * d)?,
+            d_o: be.alloc(n * d)?,
+            dq: be.alloc(n * d)?,
+            dk: be.alloc(n * d)?,
+            dv: be.alloc(n * d)?,
+            dq_lin: be.alloc(n * d)?,
+            dk_mix: be.alloc(n * d)?,
+            dlin: be.alloc(n * d)?,
+            dalpha: be.alloc(n * h)?,
+            dc: be.alloc_f32(n * h)?,
+            da: be.alloc_f32(n * h)?,
+            dlogit: be.alloc_f32(n * h)?,
+            dlogit_act: be.alloc(n * h)?,
+        })
+    }
 }
 
 impl ForgettingAttention {
@@ -140,364 +225,195 @@ impl ForgettingAttention {
         }
     }
 
-    /// Forward over x: [B, T, d] (the attn_norm output). With a cache, the T tokens are appended
-    /// after the cached ones and attend to them too.
-    pub fn forward(&self, p: &Params, x: &[f32], ctx: &Ctx, cache: Option<&mut LayerCache>) -> (Vec<f32>, AttnActs) {
-        let (b, t) = (ctx.batch, ctx.seq);
+    /// Forward over x: [B, T, d] (the attn_norm output) into `a` (the output is `a.out`). With
+    /// a cache, the T tokens are appended after the cached ones and attend to them too.
+    pub fn forward<B: Backend>(
+        &self,
+        be: &mut B,
+        x: &B::Act,
+        batch: &B::Batch,
+        a: &mut AttnActs<B::Act, B::F32>,
+        mut cache: Option<&mut B::LayerCache>,
+    ) -> Result<()> {
+        let info = be.batch_info(batch);
         let (h, hd) = (self.heads, self.head_dim);
-        let d = h * hd;
-        let n = b * t;
-        let past = cache.as_ref().map_or(0, |c| c.len);
-        let mut a = AttnActs { q_lin: self.q_proj.forward(p, x, n), ..Default::default() };
+        let n = info.batch * info.seq;
+        let n_keys = info.past + info.seq;
+        be.linear_fwd(&mut a.q_lin, x, &self.q_proj, n)?;
 
         // KV-shift mixes each token's k̃ with the previous token's (the cached one when decoding).
-        // Left padding only matters on the chunk that starts the sequence.
-        let start = if past == 0 { ctx.start.as_deref() } else { None };
-        let project = |sl: &ShiftLinear, prev: Option<&[f32]>| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-            let lin = sl.linear.forward(p, x, n);
+        for (sl, value) in [(&self.k_proj, false), (&self.v_proj, true)] {
+            let (lin, alpha, out) = if value {
+                (&mut a.v_lin, &mut a.alpha_v, &mut a.v)
+            } else {
+                (&mut a.k_lin, &mut a.alpha_k, &mut a.k_mix)
+            };
             match &sl.shift_proj {
-                None => (lin.clone(), lin, vec![]),
+                None => be.linear_fwd(out, x, &sl.linear, n)?,
                 Some(sp) => {
-                    let mut alpha = sp.forward(p, x, n);
-                    alpha.iter_mut().for_each(|v| *v = sigmoid(*v));
-                    let mut out = vec![0.0; n * d];
-                    kv_shift::kv_shift_fwd(&mut out, &lin, &alpha, prev, start, b, t, h, hd);
-                    (lin, out, alpha)
+                    be.linear_fwd(lin, x, &sl.linear, n)?;
+                    // α = sigmoid(shift_proj x), in place over the logits.
+                    be.linear_fwd(alpha, x, sp, n)?;
+                    be.sigmoid_inplace(alpha)?;
+                    be.kv_shift_fwd(out, lin, alpha, batch, cache.as_deref(), value, h, hd)?;
                 }
             }
-        };
-        let (k_prev, v_prev) = match &cache {
-            Some(c) if past > 0 => (Some(c.k_shift.as_slice()), Some(c.v_shift.as_slice())),
-            _ => (None, None),
-        };
-        let (k_lin, k_mix, alpha_k) = project(&self.k_proj, k_prev);
-        let (v_lin, v, alpha_v) = project(&self.v_proj, v_prev);
-        a.k_lin = k_lin;
-        a.alpha_k = alpha_k;
-        a.v_lin = v_lin;
-        a.alpha_v = alpha_v;
-        a.v = v;
+        }
+        if let Some(c) = cache.as_deref_mut() {
+            be.cache_shift_states(c, &a.k_lin, &a.v_lin, batch)?;
+        }
 
         // QK-norm over each head's slice (eps 1e-5, as the reference's norm default).
-        let (mut q, mut k) = (a.q_lin.clone(), k_mix.clone());
-        if let Some((qn, kn)) = self.qk_norm {
-            a.q_rstd = vec![0.0; n * h];
-            a.k_rstd = vec![0.0; n * h];
-            rmsnorm::rms_norm_fwd(&mut q, &mut a.q_rstd, &a.q_lin, &p[qn], hd, QK_NORM_EPS);
-            rmsnorm::rms_norm_fwd(&mut k, &mut a.k_rstd, &k_mix, &p[kn], hd, QK_NORM_EPS);
+        match self.qk_norm {
+            Some((qn, kn)) => {
+                be.rms_norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_lin, qn, hd, QK_NORM_EPS)?;
+                be.rms_norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_mix, kn, hd, QK_NORM_EPS)?;
+            }
+            None => {
+                be.copy(&mut a.q, &a.q_lin)?;
+                be.copy(&mut a.k, &a.k_mix)?;
+            }
         }
-        a.k_mix = k_mix;
         if let Some(base) = self.rope_base {
-            // Positions relative to each row's first real token (RoPE depends only on differences).
-            let pos: Vec<i64> = (0..n)
-                .map(|r| {
-                    let (bi, ti) = (r / t, r % t);
-                    (past + ti) as i64 - ctx.start.as_ref().map_or(0, |s| s[bi] as i64)
-                })
-                .collect();
-            rope::rope_apply(&mut q, &pos, h, hd, base, false);
-            rope::rope_apply(&mut k, &pos, h, hd, base, false);
+            be.rope(&mut a.q, batch, h, hd, base, false)?;
+            be.rope(&mut a.k, batch, h, hd, base, false)?;
         }
 
         // Forget gate: a = logsigmoid(logit), c = running prefix sum (continued from the cache).
-        let mut c = vec![0.0f32; b * h * t];
-        if !matches!(self.fgate, Fgate::None) {
-            a.fgate_logit = match &self.fgate {
-                Fgate::Full { proj, bias } => {
-                    let mut l = proj.forward(p, x, n);
-                    for (i, v) in l.iter_mut().enumerate() {
-                        *v += p[*bias][i % h];
+        match &self.fgate {
+            Fgate::None => be.zero_f32(&mut a.c)?,
+            gate => {
+                match gate {
+                    Fgate::Full { proj, bias } => {
+                        be.linear_fwd_f32(&mut a.fgate_logit, x, proj, n)?;
+                        be.fgate_bias(&mut a.fgate_logit, *bias, n, h, true)?;
                     }
-                    l
+                    Fgate::Bias(bias) => be.fgate_bias(&mut a.fgate_logit, *bias, n, h, false)?,
+                    Fgate::None => unreachable!("handled above"),
                 }
-                Fgate::Bias(bias) => (0..n * h).map(|i| p[*bias][i % h]).collect(),
-                Fgate::None => unreachable!(),
-            };
-            let mut la = vec![0.0; n * h];
-            fgate::log_fgate_fwd(&mut la, &a.fgate_logit);
-            fgate::prefix_sum_fwd(&mut c, &la, start, t, h);
-        }
-        if let Some(cache) = &cache {
-            if past > 0 {
-                for bh in 0..b * h {
-                    let last = cache.c_at(bh, past - 1);
-                    c[bh * t..(bh + 1) * t].iter_mut().for_each(|v| *v += last);
-                }
+                // log f goes through `lse` as a scratch buffer (same size; overwritten below).
+                be.log_fgate_fwd(&mut a.lse, &a.fgate_logit)?;
+                be.prefix_sum_fwd(&mut a.c, &a.lse, batch, cache.as_deref(), h)?;
             }
         }
 
         // ACP threshold δ = −(2U + ln N) + ln ε per (b, h).
-        let n_keys = past + t;
-        let prune = self.log_pruning_tolerance.map(|log_eps| {
-            let u: Vec<f32> = match self.qk_norm {
-                Some((qn, kn)) => {
-                    let (wq, wk) = (&p[qn], &p[kn]);
-                    let per_head = |w: &[f32], hi: usize| -> f32 {
-                        let s = if w.len() == hd { w } else { &w[hi * hd..(hi + 1) * hd] };
-                        s.iter().fold(0.0f32, |m, v| m.max(v.abs()))
-                    };
-                    (0..b * h).map(|bh| (hd as f32).sqrt() * per_head(wq, bh % h) * per_head(wk, bh % h)).collect()
-                }
-                None => {
-                    let pr = fa::Problem {
-                        batch: b,
-                        heads: h,
-                        head_dim: hd,
-                        tq: t,
-                        tk: t,
-                        q_pos0: 0,
-                        q: View::bthd(&q, t, h, hd),
-                        k: View::bthd(&k, t, h, hd),
-                        v: View::bthd(&a.v, t, h, hd),
-                        cq: &c,
-                        ck: &c,
-                        vis: Visibility::All,
-                        scale: 1.0 / (hd as f32).sqrt(),
-                        prune: None,
-                    };
-                    fa::logit_bound_from_norms(&pr)
-                }
-            };
-            fa::prune_thresholds(&u, n_keys, log_eps)
-        });
-
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut o = vec![0.0f32; n * d];
-        let vis = match &ctx.start {
-            Some(s) => Visibility::LeftPadded(s),
-            None => Visibility::All,
-        };
-        match cache {
-            None => {
-                let pr = fa::Problem {
-                    batch: b,
-                    heads: h,
-                    head_dim: hd,
-                    tq: t,
-                    tk: t,
-                    q_pos0: 0,
-                    q: View::bthd(&q, t, h, hd),
-                    k: View::bthd(&k, t, h, hd),
-                    v: View::bthd(&a.v, t, h, hd),
-                    cq: &c,
-                    ck: &c,
-                    vis,
-                    scale,
-                    prune: prune.as_deref(),
-                };
-                let st = fa::forward(&pr, &mut o);
-                (a.lse, a.tiles_visited, a.tiles_pruned) = (st.lse, st.tiles_visited, st.tiles_pruned);
-            }
-            Some(cache) => {
-                cache.append(&k, &a.v, &c, t);
-                for bi in 0..b {
-                    let r = (bi * t + t - 1) * d;
-                    cache.k_shift[bi * d..(bi + 1) * d].copy_from_slice(&a.k_lin[r..r + d]);
-                    cache.v_shift[bi * d..(bi + 1) * d].copy_from_slice(&a.v_lin[r..r + d]);
-                }
-                let ck = cache.c_compact();
-                let pr = fa::Problem {
-                    batch: b,
-                    heads: h,
-                    head_dim: hd,
-                    tq: t,
-                    tk: cache.len,
-                    q_pos0: past,
-                    q: View::bthd(&q, t, h, hd),
-                    k: cache.k_view(),
-                    v: cache.v_view(),
-                    cq: &c,
-                    ck: &ck,
-                    vis,
-                    scale,
-                    prune: prune.as_deref(),
-                };
-                let st = fa::forward(&pr, &mut o);
-                (a.lse, a.tiles_visited, a.tiles_pruned) = (st.lse, st.tiles_visited, st.tiles_pruned);
-            }
+        if let (Some(log_eps), Some(prune)) = (self.log_pruning_tolerance, a.prune.as_mut()) {
+            be.acp_thresholds(prune, self.qk_norm, &a.q, &a.k, batch, h, hd, n_keys, log_eps)?;
         }
-        a.q = q;
-        a.k = k;
-        a.c = c;
-        a.prune = prune;
+        let tiles =
+            be.attention_fwd(&mut a.o, &mut a.lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, h, hd)?;
+        (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
 
         // Output: per-head RMSNorm (× sigmoid gate), or the gate alone, then o_proj.
-        let mut z = o.clone();
-        if let Some(w) = self.output_norm {
-            a.o_rstd = vec![0.0; n * h];
-            a.o_norm = vec![0.0; n * d];
-            rmsnorm::rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &o, &p[w], hd, self.norm_eps);
-            z.copy_from_slice(&a.o_norm);
-        }
-        if let Some(g) = &self.ogate_proj {
-            a.ogate_logit = g.forward(p, x, n);
-            for (zv, gv) in z.iter_mut().zip(&a.ogate_logit) {
-                *zv *= sigmoid(*gv);
+        let pre = match self.output_norm {
+            Some(w) => {
+                be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, w, hd, self.norm_eps)?;
+                &a.o_norm
             }
+            None => &a.o,
+        };
+        match &self.ogate_proj {
+            Some(g) => {
+                be.linear_fwd(&mut a.ogate_logit, x, g, n)?;
+                be.gate_mul_fwd(&mut a.z, pre, &a.ogate_logit)?;
+            }
+            None => be.copy(&mut a.z, pre)?,
         }
-        a.o = o;
-        let y = self.o_proj.forward(p, &z, n);
-        a.z = z;
-        (y, a)
+        be.linear_fwd(&mut a.out, &a.z, &self.o_proj, n)
     }
 
     /// Backward of a full-sequence `forward` (no cache) over x: [B, T, d] with its saved `a`:
-    /// from dy [B, T, d] returns dx [B, T, d] and adds every parameter's gradient to `grads`.
+    /// from dy [B, T, d] writes dx [B, T, d] and adds every parameter's gradient in the backend.
     /// ACP thresholds are constants of the forward: the backward skips the tiles it skipped.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    pub fn backward<B: Backend>(
         &self,
-        p: &Params,
-        x: &[f32],
-        ctx: &Ctx,
-        a: &AttnActs,
-        dy: &[f32],
-        grads: &mut [Vec<f32>],
-    ) -> Vec<f32> {
-        let (b, t) = (ctx.batch, ctx.seq);
+        be: &mut B,
+        x: &B::Act,
+        batch: &B::Batch,
+        a: &AttnActs<B::Act, B::F32>,
+        dy: &B::Act,
+        dx: &mut B::Act,
+        s: &mut AttnScratch<B::Act, B::F32>,
+    ) -> Result<()> {
+        let info = be.batch_info(batch);
         let (h, hd) = (self.heads, self.head_dim);
-        let d = h * hd;
-        let n = b * t;
-        assert_eq!(a.q.len(), n * d, "attention backward needs the activations of a full forward without cache");
-        assert_eq!(dy.len(), n * d);
-        let start = ctx.start.as_deref();
-        let mut dx = vec![0.0f32; x.len()];
+        let n = info.batch * info.seq;
 
         // y = o_proj(z)
-        let mut dz = vec![0.0f32; n * d];
-        self.o_proj.backward(p, &a.z, dy, n, grads, Some(&mut dz), false);
+        be.linear_bwd(&self.o_proj, &a.z, dy, Some(&mut s.dz), false, n)?;
+        // dx is written by the first projection's backward below, then accumulated.
+        let mut dx_started = false;
 
-        // z = pre · sigmoid(g), g = ogate_proj(x): d pre = dz·σ(g), d g = dz·pre·σ(g)(1 − σ(g)).
+        // z = pre · sigmoid(g), g = ogate_proj(x).
+        let pre = if self.output_norm.is_some() { &a.o_norm } else { &a.o };
         if let Some(gp) = &self.ogate_proj {
-            let pre: &[f32] = if self.output_norm.is_some() { &a.o_norm } else { &a.o };
-            let mut dg = vec![0.0f32; n * d];
-            for ((dzv, dgv), (&pv, &gv)) in dz.iter_mut().zip(dg.iter_mut()).zip(pre.iter().zip(&a.ogate_logit)) {
-                let s = sigmoid(gv);
-                *dgv = *dzv * pv * s * (1.0 - s);
-                *dzv *= s;
-            }
-            gp.backward(p, x, &dg, n, grads, Some(&mut dx), true);
+            be.gate_mul_bwd(&mut s.d_o, &mut s.dg, &s.dz, pre, &a.ogate_logit)?;
+            std::mem::swap(&mut s.dz, &mut s.d_o);
+            be.linear_bwd(gp, x, &s.dg, Some(&mut *dx), dx_started, n)?;
+            dx_started = true;
         }
 
-        // pre = RMSNorm_per_head(o) · γ, or o itself.
-        let d_o = match self.output_norm {
-            Some(w) => {
-                let mut d_o = vec![0.0f32; n * d];
-                rmsnorm::rms_norm_bwd(&mut d_o, false, &mut grads[w.0], &dz, &a.o, &a.o_rstd, &p[w], hd);
-                d_o
-            }
-            None => dz,
-        };
+        // pre = RMSNorm_per_head(o) · γ, or o itself: s.d_o = d loss / d o.
+        match self.output_norm {
+            Some(w) => be.rms_norm_bwd(&mut s.d_o, false, w, &s.dz, &a.o, &a.o_rstd, hd)?,
+            None => std::mem::swap(&mut s.d_o, &mut s.dz),
+        }
 
         // Forgetting Attention, on exactly the forward's problem (visibility and ACP included).
-        let pr = fa::Problem {
-            batch: b,
-            heads: h,
-            head_dim: hd,
-            tq: t,
-            tk: t,
-            q_pos0: 0,
-            q: View::bthd(&a.q, t, h, hd),
-            k: View::bthd(&a.k, t, h, hd),
-            v: View::bthd(&a.v, t, h, hd),
-            cq: &a.c,
-            ck: &a.c,
-            vis: match start {
-                Some(s) => Visibility::LeftPadded(s),
-                None => Visibility::All,
-            },
-            scale: 1.0 / (hd as f32).sqrt(),
-            prune: a.prune.as_deref(),
-        };
-        let fa::Grads { mut dq, mut dk, dv, dcq, dck } = fa::backward(&pr, &a.o, &d_o, &a.lse);
+        let grads = AttnGrads { dq: &mut s.dq, dk: &mut s.dk, dv: &mut s.dv, dc: &mut s.dc };
+        be.attention_bwd(grads, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), &a.o, &s.d_o, &a.lse, batch, h, hd)?;
 
         // The gate: c = prefix_sum(a), a = logsigmoid(logit); d a = reverse prefix sum of dc.
         if !matches!(self.fgate, Fgate::None) {
-            let dc: Vec<f32> = dcq.iter().zip(&dck).map(|(x, y)| x + y).collect();
-            let mut da = vec![0.0f32; n * h];
-            fgate::prefix_sum_bwd(&mut da, &dc, start, t, h);
-            let mut dlogit = vec![0.0f32; n * h];
-            fgate::log_fgate_bwd(&mut dlogit, &da, &a.fgate_logit);
+            be.prefix_sum_bwd(&mut s.da, &s.dc, batch, h)?;
+            be.log_fgate_bwd(&mut s.dlogit, &s.da, &a.fgate_logit)?;
             let bias = match &self.fgate {
                 Fgate::Full { proj, bias } => {
-                    proj.backward(p, x, &dlogit, n, grads, Some(&mut dx), true);
+                    be.cast_to_act(&mut s.dlogit_act, &s.dlogit)?;
+                    be.linear_bwd(proj, x, &s.dlogit_act, Some(&mut *dx), dx_started, n)?;
+                    dx_started = true;
                     *bias
                 }
                 Fgate::Bias(bias) => *bias,
-                Fgate::None => unreachable!(),
+                Fgate::None => unreachable!("checked above"),
             };
-            if let Some(gb) = grad_of(p, grads, bias) {
-                for row in dlogit.chunks_exact(h) {
-                    gb.iter_mut().zip(row).for_each(|(g, v)| *g += v);
-                }
-            }
+            be.fgate_bias_bwd(bias, &s.dlogit, n, h)?;
         }
 
         // RoPE: a rotation, so its backward is the inverse rotation.
         if let Some(base) = self.rope_base {
-            let pos: Vec<i64> = (0..n).map(|r| (r % t) as i64 - start.map_or(0, |s| s[r / t] as i64)).collect();
-            rope::rope_apply(&mut dq, &pos, h, hd, base, true);
-            rope::rope_apply(&mut dk, &pos, h, hd, base, true);
+            be.rope(&mut s.dq, batch, h, hd, base, true)?;
+            be.rope(&mut s.dk, batch, h, hd, base, true)?;
         }
 
-        // QK-norm (per head, weights per head or shared: rms_norm_bwd sums shared ones over heads).
+        // QK-norm (per head, weights per head or shared: the backend sums shared ones over heads).
         let (dq_lin, dk_mix) = match self.qk_norm {
             Some((qn, kn)) => {
-                let mut dq_lin = vec![0.0f32; n * d];
-                let mut dk_mix = vec![0.0f32; n * d];
-                rmsnorm::rms_norm_bwd(&mut dq_lin, false, &mut grads[qn.0], &dq, &a.q_lin, &a.q_rstd, &p[qn], hd);
-                rmsnorm::rms_norm_bwd(&mut dk_mix, false, &mut grads[kn.0], &dk, &a.k_mix, &a.k_rstd, &p[kn], hd);
-                (dq_lin, dk_mix)
+                be.rms_norm_bwd(&mut s.dq_lin, false, qn, &s.dq, &a.q_lin, &a.q_rstd, hd)?;
+                be.rms_norm_bwd(&mut s.dk_mix, false, kn, &s.dk, &a.k_mix, &a.k_rstd, hd)?;
+                (&s.dq_lin, &s.dk_mix)
             }
-            None => (dq, dk),
+            None => (&s.dq, &s.dk),
         };
+        be.linear_bwd(&self.q_proj, x, dq_lin, Some(&mut *dx), dx_started, n)?;
 
-        self.q_proj.backward(p, x, &dq_lin, n, grads, Some(&mut dx), true);
-        self.k_proj.backward(p, x, &a.k_lin, &a.alpha_k, &dk_mix, ctx, h, grads, &mut dx);
-        self.v_proj.backward(p, x, &a.v_lin, &a.alpha_v, &dv, ctx, h, grads, &mut dx);
-        dx
-    }
-}
-
-impl ShiftLinear {
-    /// Backward of k = KV-shift(W x, sigmoid(shift_proj x)) (or of W x alone): adds to dx and to the
-    /// weights' gradients. `lin` = W x and `alpha` are the forward's, dout = d loss / d k.
-    #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &self,
-        p: &Params,
-        x: &[f32],
-        lin: &[f32],
-        alpha: &[f32],
-        dout: &[f32],
-        ctx: &Ctx,
-        heads: usize,
-        grads: &mut [Vec<f32>],
-        dx: &mut [f32],
-    ) {
-        let (t, n) = (ctx.seq, ctx.batch * ctx.seq);
-        match &self.shift_proj {
-            None => self.linear.backward(p, x, dout, n, grads, Some(dx), true),
-            Some(sp) => {
-                let d = self.linear.out_features;
-                let mut dlin = vec![0.0f32; n * d];
-                let mut dalpha = vec![0.0f32; n * heads];
-                kv_shift::kv_shift_bwd(
-                    &mut dlin,
-                    &mut dalpha,
-                    dout,
-                    lin,
-                    alpha,
-                    ctx.start.as_deref(),
-                    t,
-                    heads,
-                    d / heads,
-                );
-                // α = sigmoid(s): dα/ds = α(1 − α).
-                dalpha.iter_mut().zip(alpha).for_each(|(g, &al)| *g *= al * (1.0 - al));
-                sp.backward(p, x, &dalpha, n, grads, Some(&mut *dx), true);
-                self.linear.backward(p, x, &dlin, n, grads, Some(dx), true);
+        // k, v = KV-shift(W x, sigmoid(shift_proj x)) or W x.
+        for (sl, lin, alpha, dout) in
+            [(&self.k_proj, &a.k_lin, &a.alpha_k, dk_mix), (&self.v_proj, &a.v_lin, &a.alpha_v, &s.dv)]
+        {
+            match &sl.shift_proj {
+                None => be.linear_bwd(&sl.linear, x, dout, Some(&mut *dx), true, n)?,
+                Some(sp) => {
+                    be.kv_shift_bwd(&mut s.dlin, &mut s.dalpha, dout, lin, alpha, batch, h, hd)?;
+                    // α = sigmoid(s): dα/ds = α(1 − α), in place.
+                    be.sigmoid_bwd_inplace(&mut s.dalpha, alpha)?;
+                    be.linear_bwd(sp, x, &s.dalpha, Some(&mut *dx), true, n)?;
+                    be.linear_bwd(&sl.linear, x, &s.dlin, Some(&mut *dx), true, n)?;
+                }
             }
         }
+        Ok(())
     }
 }

@@ -1,9 +1,10 @@
 //! The SwiGLU MLP: down_proj(silu(gate) · up), [gate | up] = gate_proj(x).
 
 use super::Linear;
+use crate::backend::{Alloc, Backend};
 use crate::config::Config;
 use crate::tensor::Params;
-use fox_kernels::swiglu;
+use anyhow::Result;
 
 #[derive(Clone, Debug)]
 pub struct Mlp {
@@ -13,11 +14,37 @@ pub struct Mlp {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct MlpActs {
+pub struct MlpActs<A> {
     /// gate_proj(x), [rows, 2I].
-    pub gu: Vec<f32>,
+    pub gu: A,
     /// silu(gate) · up, [rows, I].
-    pub h: Vec<f32>,
+    pub h: A,
+    /// down_proj(h), [rows, d].
+    pub out: A,
+}
+
+/// The MLP's backward buffers: d h [rows, I] and d gu [rows, 2I].
+pub struct MlpScratch<A> {
+    pub dh: A,
+    pub dgu: A,
+}
+
+impl<A> MlpActs<A> {
+    pub fn new<B: Alloc<Act = A>>(be: &B, m: &Mlp, rows: usize) -> Result<Self> {
+        let i = m.intermediate;
+        Ok(Self {
+            gu: be.alloc(rows * 2 * i)?,
+            h: be.alloc(rows * i)?,
+            out: be.alloc(rows * m.down_proj.out_features)?,
+        })
+    }
+}
+
+impl<A> MlpScratch<A> {
+    pub fn new<B: Alloc<Act = A>>(be: &B, m: &Mlp, rows: usize) -> Result<Self> {
+        let i = m.intermediate;
+        Ok(Self { dh: be.alloc(rows * i)?, dgu: be.alloc(rows * 2 * i)? })
+    }
 }
 
 impl Mlp {
@@ -30,31 +57,27 @@ impl Mlp {
         }
     }
 
-    pub fn forward(&self, p: &Params, x: &[f32], rows: usize) -> (Vec<f32>, MlpActs) {
-        let gu = self.gate_proj.forward(p, x, rows);
-        let mut h = vec![0.0; rows * self.intermediate];
-        swiglu::swiglu_fwd(&mut h, &gu, self.intermediate);
-        let y = self.down_proj.forward(p, &h, rows);
-        (y, MlpActs { gu, h })
+    pub fn forward<B: Backend>(&self, be: &mut B, x: &B::Act, a: &mut MlpActs<B::Act>, rows: usize) -> Result<()> {
+        be.linear_fwd(&mut a.gu, x, &self.gate_proj, rows)?;
+        be.swiglu_fwd(&mut a.h, &a.gu, rows, self.intermediate)?;
+        be.linear_fwd(&mut a.out, &a.h, &self.down_proj, rows)
     }
 
-    /// Backward of `forward`: from dy [rows, d] returns dx [rows, d] and adds the gradients of
-    /// gate_proj and down_proj to `grads`.
-    pub fn backward(
+    /// Backward of `forward`: from dy [rows, d] writes dx [rows, d] and adds the gradients of
+    /// gate_proj and down_proj in the backend.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<B: Backend>(
         &self,
-        p: &Params,
-        x: &[f32],
-        a: &MlpActs,
-        dy: &[f32],
+        be: &mut B,
+        x: &B::Act,
+        a: &MlpActs<B::Act>,
+        dy: &B::Act,
+        dx: &mut B::Act,
+        s: &mut MlpScratch<B::Act>,
         rows: usize,
-        grads: &mut [Vec<f32>],
-    ) -> Vec<f32> {
-        let mut dh = vec![0.0; rows * self.intermediate];
-        self.down_proj.backward(p, &a.h, dy, rows, grads, Some(&mut dh), false);
-        let mut dgu = vec![0.0; rows * 2 * self.intermediate];
-        swiglu::swiglu_bwd(&mut dgu, &dh, &a.gu, self.intermediate);
-        let mut dx = vec![0.0; rows * self.gate_proj.in_features];
-        self.gate_proj.backward(p, x, &dgu, rows, grads, Some(&mut dx), false);
-        dx
+    ) -> Result<()> {
+        be.linear_bwd(&self.down_proj, &a.h, dy, Some(&mut s.dh), false, rows)?;
+        be.swiglu_bwd(&mut s.dgu, &s.dh, &a.gu, rows, self.intermediate)?;
+        be.linear_bwd(&self.gate_proj, x, &s.dgu, Some(dx), false, rows)
     }
 }

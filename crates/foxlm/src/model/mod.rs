@@ -1,16 +1,22 @@
 //! The FoX / Transformer language model (SPEC §2): pre-norm blocks
 //! h = h + Attn(RMSNorm(h)); h = h + MLP(RMSNorm(h)); a final RMSNorm; an untied output head.
+//!
+//! Written once against [`Backend`]: the CPU backend (f32, the reference) and the CUDA backend run
+//! this same code. Each block's forward writes into its activation struct and its backward reads
+//! it; every buffer is allocated up front ([`ModelActs::new`], [`Scratch::new`]).
 
 pub mod attention;
 pub mod cache;
 pub mod mlp;
 
+use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::{Alloc, Backend, BatchInfo, Sizer};
 use crate::config::Config;
 use crate::tensor::{ParamId, ParamKind, Params};
-use attention::{AttnActs, ForgettingAttention};
+use anyhow::Result;
+use attention::{AttnActs, AttnScratch, ForgettingAttention};
 use cache::{Cache, LayerCache};
-use fox_kernels::{cross_entropy, matmul, rmsnorm};
-use mlp::{Mlp, MlpActs};
+use mlp::{Mlp, MlpActs, MlpScratch};
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -25,39 +31,6 @@ impl Linear {
         let weight = p.add(name, &[out_features, in_features], ParamKind::Matrix);
         Self { weight, out_features, in_features }
     }
-    pub fn forward(&self, p: &Params, x: &[f32], rows: usize) -> Vec<f32> {
-        let mut y = vec![0.0; rows * self.out_features];
-        matmul::linear_fwd(&mut y, x, &p[self.weight], rows, self.in_features, self.out_features);
-        y
-    }
-    /// Backward of `forward`: grads[weight] += dyᵀ·x (unless frozen) and, when `dx` is given,
-    /// dx (+)= dy·W (added to when `accumulate`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
-        &self,
-        p: &Params,
-        x: &[f32],
-        dy: &[f32],
-        rows: usize,
-        grads: &mut [Vec<f32>],
-        dx: Option<&mut [f32]>,
-        accumulate: bool,
-    ) {
-        let (k, n) = (self.in_features, self.out_features);
-        let w = &p[self.weight];
-        if p.kinds[self.weight.0] == ParamKind::Frozen {
-            if let Some(dx) = dx {
-                matmul::gemm_strided(rows, k, n, dx, k, accumulate, dy, n, 1, w, k, 1);
-            }
-            return;
-        }
-        matmul::linear_bwd(dx, accumulate, &mut grads[self.weight.0], dy, x, w, rows, k, n);
-    }
-}
-
-/// The gradient buffer of parameter `id`, or None when the parameter is frozen (no gradient).
-pub(crate) fn grad_of<'g>(p: &Params, grads: &'g mut [Vec<f32>], id: ParamId) -> Option<&'g mut [f32]> {
-    (p.kinds[id.0] != ParamKind::Frozen).then(|| grads[id.0].as_mut_slice())
 }
 
 /// Shape of the batch a forward runs on.
@@ -77,29 +50,123 @@ pub struct Block {
     pub mlp: Mlp,
 }
 
-/// A block's saved activations.
+/// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).
 #[derive(Clone, Debug, Default)]
-pub struct BlockActs {
+pub struct BlockActs<A, F> {
     /// The block input (residual stream), [B, T, d].
-    pub x: Vec<f32>,
-    pub attn_norm_out: Vec<f32>,
-    pub attn_norm_rstd: Vec<f32>,
-    pub attn: AttnActs,
+    pub x: A,
+    pub attn_norm_out: A,
+    pub attn_norm_rstd: F,
+    pub attn: AttnActs<A, F>,
     /// Residual stream after attention, [B, T, d].
-    pub h: Vec<f32>,
-    pub mlp_norm_out: Vec<f32>,
-    pub mlp_norm_rstd: Vec<f32>,
-    pub mlp: MlpActs,
+    pub h: A,
+    pub mlp_norm_out: A,
+    pub mlp_norm_rstd: F,
+    pub mlp: MlpActs<A>,
 }
 
 /// The whole model's saved activations.
 #[derive(Clone, Debug, Default)]
-pub struct ModelActs {
-    pub blocks: Vec<BlockActs>,
+pub struct ModelActs<A, F> {
+    pub blocks: Vec<BlockActs<A, F>>,
     /// Input of the final norm, [B, T, d], its 1/rms and its output.
-    pub final_x: Vec<f32>,
-    pub final_rstd: Vec<f32>,
-    pub final_out: Vec<f32>,
+    pub final_x: A,
+    pub final_rstd: F,
+    pub final_out: A,
+}
+
+/// The activations of backend B.
+pub type Acts<B> = ModelActs<<B as Alloc>::Act, <B as Alloc>::F32>;
+
+/// Buffers the backward reuses in every block.
+pub struct Scratch<A, F> {
+    /// d loss / d (residual stream), carried down the blocks, and a second one for a norm's input.
+    pub dx: A,
+    pub dnorm: A,
+    pub attn: AttnScratch<A, F>,
+    pub mlp: MlpScratch<A>,
+}
+
+/// Bytes of each named buffer, for the memory plan `foxlm train` prints.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryPlan {
+    pub items: Vec<(String, usize)>,
+}
+
+impl MemoryPlan {
+    pub fn add(&mut self, what: impl Into<String>, bytes: usize) {
+        self.items.push((what.into(), bytes));
+    }
+    pub fn total(&self) -> usize {
+        self.items.iter().map(|(_, b)| b).sum()
+    }
+}
+
+impl<A, F> BlockActs<A, F> {
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, blk: &Block, n: usize, b: usize, t: usize) -> Result<Self> {
+        let d = blk.attn.heads * blk.attn.head_dim;
+        Ok(Self {
+            x: be.alloc(n * d)?,
+            attn_norm_out: be.alloc(n * d)?,
+            attn_norm_rstd: be.alloc_f32(n)?,
+            attn: AttnActs::new(be, &blk.attn, b, t)?,
+            h: be.alloc(n * d)?,
+            mlp_norm_out: be.alloc(n * d)?,
+            mlp_norm_rstd: be.alloc_f32(n)?,
+            mlp: MlpActs::new(be, &blk.mlp, n)?,
+        })
+    }
+}
+
+impl<A, F> ModelActs<A, F> {
+    /// Buffers for a [b, t] batch: every block's when `keep` (training, gate maps), else one
+    /// block's, reused layer after layer (inference).
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, model: &Model, b: usize, t: usize, keep: bool) -> Result<Self> {
+        let n = b * t;
+        let d = model.config.hidden_size;
+        let count = if keep { model.layers.len() } else { model.layers.len().min(1) };
+        Ok(Self {
+            blocks: model.layers[..count].iter().map(|blk| BlockActs::new(be, blk, n, b, t)).collect::<Result<_>>()?,
+            final_x: be.alloc(n * d)?,
+            final_rstd: be.alloc_f32(n)?,
+            final_out: be.alloc(n * d)?,
+        })
+    }
+}
+
+impl<A, F> Scratch<A, F> {
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, model: &Model, b: usize, t: usize) -> Result<Self> {
+        let n = b * t;
+        let d = model.config.hidden_size;
+        let blk = model.layers.first().ok_or_else(|| anyhow::anyhow!("the model has no layers"))?;
+        Ok(Self {
+            dx: be.alloc(n * d)?,
+            dnorm: be.alloc(n * d)?,
+            attn: AttnScratch::new(be, &blk.attn, b, t)?,
+            mlp: MlpScratch::new(be, &blk.mlp, n)?,
+        })
+    }
+}
+
+/// The activations and backward scratch of a training step on a [b, t] batch, by name, with
+/// `act_bytes` per activation element (f32 statistics take 4): the memory plan's share of them.
+pub fn activation_plan(model: &Model, b: usize, t: usize, act_bytes: usize, plan: &mut MemoryPlan) -> Result<()> {
+    let s = Sizer::default();
+    let n = b * t;
+    let blk = model.layers.first().ok_or_else(|| anyhow::anyhow!("the model has no layers"))?;
+    BlockActs::new(&s, blk, n, b, t)?;
+    let per_block = s.take_bytes(act_bytes);
+    plan.add(
+        format!("activations: {} blocks × {:.1} MiB", model.layers.len(), per_block as f64 / 1048576.0),
+        per_block * model.layers.len(),
+    );
+    ModelActs::new(&s, model, b, t, false)?;
+    let _ = s.take_bytes(act_bytes);
+    let d = model.config.hidden_size;
+    plan.add("final norm in/out", 2 * n * d * act_bytes + 4 * n);
+    Scratch::new(&s, model, b, t)?;
+    plan.add("backward scratch", s.take_bytes(act_bytes));
+    Ok(())
 }
 
 #[derive(Clone, Debug)]
@@ -144,16 +211,102 @@ impl Model {
         }
     }
 
-    fn embed(&self, ids: &[u32]) -> Vec<f32> {
+    /// The forward on any backend: embedding, blocks, final norm; the final hidden states are
+    /// `acts.final_out`. With `caches` (one per layer) the tokens continue the cached sequence.
+    /// When `acts` holds one block only (inference), that block's buffers serve every layer.
+    pub fn forward_on<B: Backend>(
+        &self,
+        be: &mut B,
+        batch: &B::Batch,
+        acts: &mut Acts<B>,
+        mut caches: Option<&mut [B::LayerCache]>,
+    ) -> Result<()> {
         let d = self.config.hidden_size;
-        let e = &self.params[self.embeddings];
-        let mut x = vec![0.0; ids.len() * d];
-        for (r, &id) in ids.iter().enumerate() {
-            let id = id as usize;
-            assert!(id < self.config.vocab_size, "token id {id} outside the vocabulary");
-            x[r * d..(r + 1) * d].copy_from_slice(&e[id * d..(id + 1) * d]);
+        let eps = self.config.norm_eps as f32;
+        let info = be.batch_info(batch);
+        let n = info.batch * info.seq;
+        let keep = acts.blocks.len() == self.layers.len();
+        {
+            let x0 = match acts.blocks.first_mut() {
+                Some(b0) => &mut b0.x,
+                None => &mut acts.final_x,
+            };
+            be.embedding_fwd(x0, self.embeddings, batch)?;
         }
-        x
+        for (li, blk) in self.layers.iter().enumerate() {
+            let ai = if keep { li } else { 0 };
+            let cache = caches.as_deref_mut().map(|c| &mut c[li]);
+            let (cur, rest) = acts.blocks[ai..].split_first_mut().expect("a block's activations");
+            blk.forward(be, batch, cur, cache, n, d, eps)?;
+            // The block's output (h + MLP) becomes the next block's input.
+            let next = if keep { rest.first_mut().map(|b| &mut b.x) } else { None };
+            match next {
+                Some(nx) => be.add(nx, &cur.h, &cur.mlp.out)?,
+                None if li + 1 == self.layers.len() => be.add(&mut acts.final_x, &cur.h, &cur.mlp.out)?,
+                None => {
+                    // Inference: one block's buffers; its own x takes the output.
+                    let (h, out) = (&cur.h, &cur.mlp.out);
+                    let mut x = std::mem::replace(&mut cur.x, be.alloc(0)?);
+                    be.add(&mut x, h, out)?;
+                    cur.x = x;
+                }
+            }
+        }
+        be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)
+    }
+
+    /// The backward on any backend, after `forward_on` with every block's activations: from
+    /// `scratch.dx` = d loss / d (final hidden states), adds every parameter's gradient to the
+    /// backend's gradient buffers (frozen parameters excepted).
+    pub fn backward_on<B: Backend>(
+        &self,
+        be: &mut B,
+        batch: &B::Batch,
+        acts: &Acts<B>,
+        scratch: &mut Scratch<B::Act, B::F32>,
+    ) -> Result<()> {
+        let d = self.config.hidden_size;
+        anyhow::ensure!(acts.blocks.len() == self.layers.len(), "backward needs the activations of every block");
+        let Scratch { dx, dnorm, attn, mlp } = scratch;
+        be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
+        std::mem::swap(dx, dnorm);
+        for (blk, ba) in self.layers.iter().zip(&acts.blocks).rev() {
+            blk.backward(be, batch, ba, dx, dnorm, attn, mlp, d)?;
+        }
+        be.embedding_bwd(self.embeddings, dx, batch)
+    }
+
+    /// One training micro-step on any backend: forward, the output head's loss (weighted by
+    /// `weight` per target) and the backward. The loss is left in the backend ([`Backend::take_loss`]).
+    pub fn loss_and_grads_on<B: Backend>(
+        &self,
+        be: &mut B,
+        batch: &B::Batch,
+        acts: &mut Acts<B>,
+        scratch: &mut Scratch<B::Act, B::F32>,
+        weight: f32,
+    ) -> Result<()> {
+        self.forward_on(be, batch, acts, None)?;
+        be.head_loss(Some(&mut scratch.dx), &acts.final_out, &self.lm_head, batch, weight)?;
+        self.backward_on(be, batch, acts, scratch)
+    }
+
+    // ---- The CPU API (f32, allocation per call): inference, evaluation and tests. ----
+
+    fn cpu_batch(
+        &self,
+        be: &mut Cpu,
+        ids: &[u32],
+        targets: Option<&[Option<u32>]>,
+        ctx: &Ctx,
+        past: usize,
+    ) -> CpuBatch {
+        let mut b = CpuBatch::default();
+        let info = BatchInfo { batch: ctx.batch, seq: ctx.seq, start: ctx.start.as_deref(), past };
+        if let Err(e) = be.prepare(&mut b, &info, ids, targets) {
+            panic!("{e:#}");
+        }
+        b
     }
 
     /// The final hidden states (after the last RMSNorm), [B, T, d]. With `cache`, the tokens
@@ -162,62 +315,34 @@ impl Model {
         &self,
         ids: &[u32],
         ctx: &Ctx,
-        mut cache: Option<&mut Cache>,
+        cache: Option<&mut Cache>,
         keep: bool,
-    ) -> (Vec<f32>, Option<ModelActs>) {
-        let d = self.config.hidden_size;
-        let eps = self.config.norm_eps as f32;
-        let n = ctx.batch * ctx.seq;
-        assert_eq!(ids.len(), n);
-        let p = &self.params;
-        let mut x = self.embed(ids);
-        let mut acts = ModelActs::default();
-        for (li, blk) in self.layers.iter().enumerate() {
-            let mut ba = BlockActs::default();
-            let mut xn = vec![0.0; n * d];
-            let mut rstd = vec![0.0; n];
-            rmsnorm::rms_norm_fwd(&mut xn, &mut rstd, &x, &p[blk.attn_norm], d, eps);
-            let lc = cache.as_deref_mut().map(|c| &mut c.layers[li]);
-            let (ao, aa) = blk.attn.forward(p, &xn, ctx, lc);
-            let mut h = x.clone();
-            h.iter_mut().zip(&ao).for_each(|(a, b)| *a += b);
-            let mut hn = vec![0.0; n * d];
-            let mut hrstd = vec![0.0; n];
-            rmsnorm::rms_norm_fwd(&mut hn, &mut hrstd, &h, &p[blk.mlp_norm], d, eps);
-            let (mo, ma) = blk.mlp.forward(p, &hn, n);
-            let mut out = h.clone();
-            out.iter_mut().zip(&mo).for_each(|(a, b)| *a += b);
-            if keep {
-                ba.x = std::mem::replace(&mut x, out);
-                ba.attn_norm_out = xn;
-                ba.attn_norm_rstd = rstd;
-                ba.attn = aa;
-                ba.h = h;
-                ba.mlp_norm_out = hn;
-                ba.mlp_norm_rstd = hrstd;
-                ba.mlp = ma;
-                acts.blocks.push(ba);
-            } else {
-                x = out;
-            }
+    ) -> (Vec<f32>, Option<ModelActs<Vec<f32>, Vec<f32>>>) {
+        let mut be = Cpu::new(&self.params);
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        let batch = self.cpu_batch(&mut be, ids, None, ctx, past);
+        let mut acts = ModelActs::new(&be, self, ctx.batch, ctx.seq, keep).expect("CPU buffers");
+        let layers = cache.map(|c| c.layers.as_mut_slice());
+        if let Err(e) = self.forward_on(&mut be, &batch, &mut acts, layers) {
+            panic!("{e:#}");
         }
-        let mut y = vec![0.0; n * d];
-        let mut rstd = vec![0.0; n];
-        rmsnorm::rms_norm_fwd(&mut y, &mut rstd, &x, &p[self.norm], d, eps);
-        if keep {
-            acts.final_x = x;
-            acts.final_rstd = rstd;
-            acts.final_out = y.clone();
-            (y, Some(acts))
-        } else {
-            (y, None)
-        }
+        let y = std::mem::take(&mut acts.final_out);
+        (y, keep.then_some(acts))
     }
 
     /// Logits [rows, V] of final hidden states [rows, d].
     pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
         let rows = hidden.len() / self.config.hidden_size;
-        self.lm_head.forward(&self.params, hidden, rows)
+        let mut y = vec![0.0; rows * self.lm_head.out_features];
+        fox_kernels::matmul::linear_fwd(
+            &mut y,
+            hidden,
+            &self.params[self.lm_head.weight],
+            rows,
+            self.lm_head.in_features,
+            self.lm_head.out_features,
+        );
+        y
     }
 
     /// Logits [B, T, V] of a batch (no cache).
@@ -239,116 +364,88 @@ impl Model {
         grads: &mut [Vec<f32>],
         grad_scale: f32,
     ) -> f32 {
-        let n = ctx.batch * ctx.seq;
-        assert_eq!(ids.len(), n, "ids must be [B, T]");
-        assert_eq!(targets.len(), n, "targets must be [B, T]");
-        assert_eq!(grads.len(), self.params.len(), "grads must be shaped like the parameters");
         let n_targets = targets.iter().filter(|t| t.is_some()).count();
         if n_targets == 0 {
             return 0.0;
         }
-        let (hidden, acts) = self.forward_hidden(ids, ctx, None, true);
-        let acts = acts.expect("forward_hidden keeps activations when asked");
-        let (loss_sum, dhidden) = self.head_loss_and_grads(&hidden, targets, grads, grad_scale / n_targets as f32);
-        self.backward(ids, ctx, &acts, &dhidden, grads);
-        (loss_sum / n_targets as f64) as f32
-    }
-
-    /// The output head and cross-entropy, in row chunks so that only `chunk × vocab` logits exist at
-    /// once: returns Σ loss over the rows with a target, and d(weight · Σ loss)/d hidden, while
-    /// adding weight · d(Σ loss)/d W_lm_head to `grads`.
-    fn head_loss_and_grads(
-        &self,
-        hidden: &[f32],
-        targets: &[Option<u32>],
-        grads: &mut [Vec<f32>],
-        weight: f32,
-    ) -> (f64, Vec<f32>) {
-        let (d, vocab) = (self.config.hidden_size, self.config.vocab_size);
-        let rows = targets.len();
-        // At most ~16M logits (64 MiB) at a time.
-        let chunk = ((1usize << 24) / vocab).clamp(1, rows.max(1));
-        let mut dhidden = vec![0.0f32; rows * d];
-        let mut loss_sum = 0.0f64;
-        for r0 in (0..rows).step_by(chunk) {
-            let r1 = (r0 + chunk).min(rows);
-            let tg = &targets[r0..r1];
-            if tg.iter().all(|t| t.is_none()) {
-                continue;
-            }
-            let x = &hidden[r0 * d..r1 * d];
-            let mut logits = self.lm_head.forward(&self.params, x, r1 - r0);
-            let (losses, lse) = cross_entropy::cross_entropy_fwd(&logits, tg, vocab);
-            loss_sum += losses.iter().map(|&l| l as f64).sum::<f64>();
-            let w: Vec<f32> = tg.iter().map(|t| if t.is_some() { weight } else { 0.0 }).collect();
-            cross_entropy::cross_entropy_bwd(&mut logits, &lse, tg, &w, vocab);
-            self.lm_head.backward(&self.params, x, &logits, r1 - r0, grads, Some(&mut dhidden[r0 * d..r1 * d]), false);
+        let mut be = Cpu::with_grads(&self.params, grads);
+        let batch = self.cpu_batch(&mut be, ids, Some(targets), ctx, 0);
+        let run = |be: &mut Cpu| -> Result<f64> {
+            let mut acts = ModelActs::new(&*be, self, ctx.batch, ctx.seq, true)?;
+            let mut scratch = Scratch::new(&*be, self, ctx.batch, ctx.seq)?;
+            self.loss_and_grads_on(be, &batch, &mut acts, &mut scratch, grad_scale / n_targets as f32)?;
+            Ok(be.take_loss()?.0)
+        };
+        match run(&mut be) {
+            Ok(loss_sum) => (loss_sum / n_targets as f64) as f32,
+            Err(e) => panic!("{e:#}"),
         }
-        (loss_sum, dhidden)
     }
 
     /// Backward of `forward_hidden(ids, ctx, None, true)`: given d loss / d (final hidden states)
     /// [B, T, d], adds every parameter's gradient to `grads` (frozen ones excepted).
-    pub fn backward(&self, ids: &[u32], ctx: &Ctx, acts: &ModelActs, dhidden: &[f32], grads: &mut [Vec<f32>]) {
-        let d = self.config.hidden_size;
-        let n = ctx.batch * ctx.seq;
-        assert_eq!(dhidden.len(), n * d);
-        assert_eq!(acts.blocks.len(), self.layers.len(), "backward needs the activations of every block");
-        let p = &self.params;
-        // dx: the gradient of the residual stream, carried down the blocks.
-        let mut dx = vec![0.0f32; n * d];
-        rmsnorm::rms_norm_bwd(
-            &mut dx,
-            false,
-            &mut grads[self.norm.0],
-            dhidden,
-            &acts.final_x,
-            &acts.final_rstd,
-            &p[self.norm],
-            d,
-        );
-        for (blk, ba) in self.layers.iter().zip(&acts.blocks).rev() {
-            blk.backward(p, ctx, ba, &mut dx, grads);
-        }
-        // Embedding: scatter-add each row's gradient into its token's row.
-        if let Some(ge) = grad_of(p, grads, self.embeddings) {
-            for (r, &id) in ids.iter().enumerate() {
-                let id = id as usize;
-                ge[id * d..(id + 1) * d].iter_mut().zip(&dx[r * d..(r + 1) * d]).for_each(|(g, v)| *g += v);
-            }
+    pub fn backward(
+        &self,
+        ids: &[u32],
+        ctx: &Ctx,
+        acts: &ModelActs<Vec<f32>, Vec<f32>>,
+        dhidden: &[f32],
+        grads: &mut [Vec<f32>],
+    ) {
+        let mut be = Cpu::with_grads(&self.params, grads);
+        let batch = self.cpu_batch(&mut be, ids, None, ctx, 0);
+        let run = |be: &mut Cpu| -> Result<()> {
+            let mut scratch = Scratch::new(&*be, self, ctx.batch, ctx.seq)?;
+            scratch.dx.copy_from_slice(dhidden);
+            self.backward_on(be, &batch, acts, &mut scratch)
+        };
+        if let Err(e) = run(&mut be) {
+            panic!("{e:#}");
         }
     }
 }
 
 impl Block {
+    /// Forward of one block into `a`: a.h = x + Attn(RMSNorm(x)); a.mlp.out = MLP(RMSNorm(h)) (the
+    /// caller adds the residual: the output is a.h + a.mlp.out).
+    #[allow(clippy::too_many_arguments)]
+    fn forward<B: Backend>(
+        &self,
+        be: &mut B,
+        batch: &B::Batch,
+        a: &mut BlockActs<B::Act, B::F32>,
+        cache: Option<&mut B::LayerCache>,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<()> {
+        be.rms_norm_fwd(&mut a.attn_norm_out, &mut a.attn_norm_rstd, &a.x, self.attn_norm, d, eps)?;
+        self.attn.forward(be, &a.attn_norm_out, batch, &mut a.attn, cache)?;
+        be.add(&mut a.h, &a.x, &a.attn.out)?;
+        be.rms_norm_fwd(&mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.h, self.mlp_norm, d, eps)?;
+        self.mlp.forward(be, &a.mlp_norm_out, &mut a.mlp, n)
+    }
+
     /// Backward of one block: `dx` holds d loss / d (block output) on entry and d loss / d (block
-    /// input) on return; parameter gradients are added to `grads`.
-    pub fn backward(&self, p: &Params, ctx: &Ctx, a: &BlockActs, dx: &mut [f32], grads: &mut [Vec<f32>]) {
-        let d = a.x.len() / (ctx.batch * ctx.seq);
-        let n = ctx.batch * ctx.seq;
+    /// input) on return; parameter gradients are added in the backend.
+    #[allow(clippy::too_many_arguments)]
+    fn backward<B: Backend>(
+        &self,
+        be: &mut B,
+        batch: &B::Batch,
+        a: &BlockActs<B::Act, B::F32>,
+        dx: &mut B::Act,
+        dnorm: &mut B::Act,
+        attn: &mut AttnScratch<B::Act, B::F32>,
+        mlp: &mut MlpScratch<B::Act>,
+        d: usize,
+    ) -> Result<()> {
+        let n = be.batch_info(batch).batch * be.batch_info(batch).seq;
         // out = h + MLP(RMSNorm(h)): dh = dout + RMSNorm_bwd(MLP_bwd(dout)).
-        let dhn = self.mlp.backward(p, &a.mlp_norm_out, &a.mlp, dx, n, grads);
-        rmsnorm::rms_norm_bwd(
-            dx,
-            true,
-            &mut grads[self.mlp_norm.0],
-            &dhn,
-            &a.h,
-            &a.mlp_norm_rstd,
-            &p[self.mlp_norm],
-            d,
-        );
+        self.mlp.backward(be, &a.mlp_norm_out, &a.mlp, dx, dnorm, mlp, n)?;
+        be.rms_norm_bwd(dx, true, self.mlp_norm, dnorm, &a.h, &a.mlp_norm_rstd, d)?;
         // h = x + Attn(RMSNorm(x)).
-        let dxn = self.attn.backward(p, &a.attn_norm_out, ctx, &a.attn, dx, grads);
-        rmsnorm::rms_norm_bwd(
-            dx,
-            true,
-            &mut grads[self.attn_norm.0],
-            &dxn,
-            &a.x,
-            &a.attn_norm_rstd,
-            &p[self.attn_norm],
-            d,
-        );
+        self.attn.backward(be, &a.attn_norm_out, batch, &a.attn, dx, dnorm, attn)?;
+        be.rms_norm_bwd(dx, true, self.attn_norm, dnorm, &a.x, &a.attn_norm_rstd, d)
     }
 }

@@ -1,0 +1,548 @@
+//! The CPU backend: f32 everywhere, the `fox_kernels` CPU ops, parameters borrowed from the model.
+//! It is the exact reference that the CUDA backend is checked against.
+
+use super::{Alloc, AttnGrads, Backend, BatchInfo, Tiles};
+use crate::model::cache::LayerCache;
+use crate::model::Linear;
+use crate::tensor::{ParamId, ParamKind, Params};
+use anyhow::{bail, Result};
+use fox_kernels::attention::{self as fa, View, Visibility};
+use fox_kernels::scalar::sigmoid;
+use fox_kernels::{cross_entropy, fgate, kv_shift, matmul, rmsnorm, rope, swiglu};
+
+/// Parameters (borrowed) and, when training, their gradient buffers (shaped like the
+/// parameters, see [`Params::zeros_like`]).
+pub struct Cpu<'a> {
+    pub params: &'a Params,
+    pub grads: Option<&'a mut [Vec<f32>]>,
+    loss_sum: f64,
+    loss_rows: usize,
+}
+
+impl<'a> Cpu<'a> {
+    /// Inference: no gradients.
+    pub fn new(params: &'a Params) -> Self {
+        Self { params, grads: None, loss_sum: 0.0, loss_rows: 0 }
+    }
+    pub fn with_grads(params: &'a Params, grads: &'a mut [Vec<f32>]) -> Self {
+        assert_eq!(grads.len(), params.len(), "grads must be shaped like the parameters");
+        Self { params, grads: Some(grads), loss_sum: 0.0, loss_rows: 0 }
+    }
+    fn grads(&mut self) -> Result<&mut [Vec<f32>]> {
+        match self.grads.as_deref_mut() {
+            Some(g) => Ok(g),
+            None => bail!("a backward pass needs gradient buffers (Cpu::with_grads)"),
+        }
+    }
+    /// The gradient buffer of `id`, or None for a frozen parameter.
+    fn grad_of(&mut self, id: ParamId) -> Result<Option<&mut [f32]>> {
+        let frozen = self.params.kinds[id.0] == ParamKind::Frozen;
+        let g = self.grads()?;
+        Ok((!frozen).then(|| g[id.0].as_mut_slice()))
+    }
+}
+
+/// The batch on the CPU: ids, targets and left padding as given.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBatch {
+    pub batch: usize,
+    pub seq: usize,
+    pub past: usize,
+    pub ids: Vec<u32>,
+    pub targets: Vec<Option<u32>>,
+    pub start: Option<Vec<usize>>,
+}
+
+impl CpuBatch {
+    /// Start of row b for operations on this chunk: left padding matters only on the chunk that
+    /// starts the sequence (KV-shift, prefix sums).
+    fn chunk_start(&self) -> Option<&[usize]> {
+        if self.past == 0 {
+            self.start.as_deref()
+        } else {
+            None
+        }
+    }
+    fn vis(&self) -> Visibility<'_> {
+        match &self.start {
+            Some(s) => Visibility::LeftPadded(s),
+            None => Visibility::All,
+        }
+    }
+}
+
+fn problem<'p>(
+    b: &'p CpuBatch,
+    q: &'p [f32],
+    k: &'p [f32],
+    v: &'p [f32],
+    c: &'p [f32],
+    prune: Option<&'p [f32]>,
+    heads: usize,
+    head_dim: usize,
+) -> fa::Problem<'p> {
+    let t = b.seq;
+    fa::Problem {
+        batch: b.batch,
+        heads,
+        head_dim,
+        tq: t,
+        tk: t,
+        q_pos0: 0,
+        q: View::bthd(q, t, heads, head_dim),
+        k: View::bthd(k, t, heads, head_dim),
+        v: View::bthd(v, t, heads, head_dim),
+        cq: c,
+        ck: c,
+        vis: b.vis(),
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        prune,
+    }
+}
+
+impl Alloc for Cpu<'_> {
+    type Act = Vec<f32>;
+    type F32 = Vec<f32>;
+    fn alloc(&self, n: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+    fn alloc_f32(&self, n: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+}
+
+impl Backend for Cpu<'_> {
+    type Batch = CpuBatch;
+    type LayerCache = LayerCache;
+
+    fn new_batch(&self, _max_rows: usize, _batch: usize) -> Result<CpuBatch> {
+        Ok(CpuBatch::default())
+    }
+    fn prepare(
+        &mut self,
+        batch: &mut CpuBatch,
+        info: &BatchInfo,
+        ids: &[u32],
+        targets: Option<&[Option<u32>]>,
+    ) -> Result<()> {
+        let n = info.batch * info.seq;
+        if ids.len() != n || targets.is_some_and(|t| t.len() != n) {
+            bail!("ids and targets must be [B, T] = [{}, {}]", info.batch, info.seq);
+        }
+        let vocab = self.params.tensors.first().map_or(0, |t| t.shape[0]);
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            bail!("token id {bad} outside the vocabulary ({vocab})");
+        }
+        batch.batch = info.batch;
+        batch.seq = info.seq;
+        batch.past = info.past;
+        batch.ids.clear();
+        batch.ids.extend_from_slice(ids);
+        batch.targets.clear();
+        if let Some(t) = targets {
+            batch.targets.extend_from_slice(t);
+        }
+        batch.start = info.start.map(|s| s.to_vec());
+        Ok(())
+    }
+    fn batch_info<'b>(&self, b: &'b CpuBatch) -> BatchInfo<'b> {
+        BatchInfo { batch: b.batch, seq: b.seq, start: b.start.as_deref(), past: b.past }
+    }
+
+    fn embedding_fwd(&mut self, x: &mut Vec<f32>, table: ParamId, b: &CpuBatch) -> Result<()> {
+        let e = &self.params[table];
+        let d = e.len() / self.params.tensors[table.0].shape[0];
+        for (r, &id) in b.ids.iter().enumerate() {
+            let id = id as usize;
+            x[r * d..(r + 1) * d].copy_from_slice(&e[id * d..(id + 1) * d]);
+        }
+        Ok(())
+    }
+    fn embedding_bwd(&mut self, table: ParamId, dx: &Vec<f32>, b: &CpuBatch) -> Result<()> {
+        let d = self.params[table].len() / self.params.tensors[table.0].shape[0];
+        if let Some(ge) = self.grad_of(table)? {
+            for (r, &id) in b.ids.iter().enumerate() {
+                let id = id as usize;
+                ge[id * d..(id + 1) * d].iter_mut().zip(&dx[r * d..(r + 1) * d]).for_each(|(g, v)| *g += v);
+            }
+        }
+        Ok(())
+    }
+    fn linear_fwd(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, w: &Linear, rows: usize) -> Result<()> {
+        matmul::linear_fwd(y, x, &self.params[w.weight], rows, w.in_features, w.out_features);
+        Ok(())
+    }
+    fn linear_fwd_f32(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, w: &Linear, rows: usize) -> Result<()> {
+        self.linear_fwd(y, x, w, rows)
+    }
+    fn linear_bwd(
+        &mut self,
+        w: &Linear,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: Option<&mut Vec<f32>>,
+        accumulate: bool,
+        rows: usize,
+    ) -> Result<()> {
+        let (k, n) = (w.in_features, w.out_features);
+        let params = self.params;
+        let wt = &params[w.weight];
+        match self.grad_of(w.weight)? {
+            Some(gw) => matmul::linear_bwd(dx.map(|v| v.as_mut_slice()), accumulate, gw, dy, x, wt, rows, k, n),
+            None => {
+                if let Some(dx) = dx {
+                    matmul::gemm_strided(rows, k, n, dx, k, accumulate, dy, n, 1, wt, k, 1);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn rms_norm_fwd(
+        &mut self,
+        y: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        x: &Vec<f32>,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        rmsnorm::rms_norm_fwd(y, rstd, x, &self.params[w], dim, eps);
+        Ok(())
+    }
+    fn rms_norm_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        accumulate: bool,
+        w: ParamId,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        rstd: &Vec<f32>,
+        dim: usize,
+    ) -> Result<()> {
+        let params = self.params;
+        let g = &mut self.grads()?[w.0];
+        rmsnorm::rms_norm_bwd(dx, accumulate, g, dy, x, rstd, &params[w], dim);
+        Ok(())
+    }
+
+    fn add(&mut self, y: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) -> Result<()> {
+        y.iter_mut().zip(a.iter().zip(b)).for_each(|(y, (a, b))| *y = a + b);
+        Ok(())
+    }
+    fn add_inplace(&mut self, y: &mut Vec<f32>, x: &Vec<f32>) -> Result<()> {
+        y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
+        Ok(())
+    }
+    fn copy(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+    fn sigmoid_inplace(&mut self, x: &mut Vec<f32>) -> Result<()> {
+        x.iter_mut().for_each(|v| *v = sigmoid(*v));
+        Ok(())
+    }
+    fn sigmoid_bwd_inplace(&mut self, dy: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
+        dy.iter_mut().zip(y).for_each(|(d, &y)| *d *= y * (1.0 - y));
+        Ok(())
+    }
+    fn zero_f32(&mut self, x: &mut Vec<f32>) -> Result<()> {
+        x.fill(0.0);
+        Ok(())
+    }
+    fn swiglu_fwd(&mut self, h: &mut Vec<f32>, gu: &Vec<f32>, _rows: usize, inter: usize) -> Result<()> {
+        swiglu::swiglu_fwd(h, gu, inter);
+        Ok(())
+    }
+    fn swiglu_bwd(
+        &mut self,
+        dgu: &mut Vec<f32>,
+        dh: &Vec<f32>,
+        gu: &Vec<f32>,
+        _rows: usize,
+        inter: usize,
+    ) -> Result<()> {
+        swiglu::swiglu_bwd(dgu, dh, gu, inter);
+        Ok(())
+    }
+    fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>) -> Result<()> {
+        z.iter_mut().zip(pre.iter().zip(g)).for_each(|(z, (&p, &g))| *z = p * sigmoid(g));
+        Ok(())
+    }
+    fn gate_mul_bwd(
+        &mut self,
+        dpre: &mut Vec<f32>,
+        dg: &mut Vec<f32>,
+        dz: &Vec<f32>,
+        pre: &Vec<f32>,
+        g: &Vec<f32>,
+    ) -> Result<()> {
+        for (((dp, dgv), &dzv), (&pv, &gv)) in dpre.iter_mut().zip(dg.iter_mut()).zip(dz).zip(pre.iter().zip(g)) {
+            let s = sigmoid(gv);
+            *dgv = dzv * pv * s * (1.0 - s);
+            *dp = dzv * s;
+        }
+        Ok(())
+    }
+    fn cast_to_act(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn kv_shift_fwd(
+        &mut self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        alpha: &Vec<f32>,
+        b: &CpuBatch,
+        cache: Option<&LayerCache>,
+        value: bool,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let prev = match cache {
+            Some(c) if c.len > 0 => Some(if value { c.v_shift.as_slice() } else { c.k_shift.as_slice() }),
+            _ => None,
+        };
+        kv_shift::kv_shift_fwd(out, x, alpha, prev, b.chunk_start(), b.batch, b.seq, heads, head_dim);
+        Ok(())
+    }
+    fn kv_shift_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dalpha: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        x: &Vec<f32>,
+        alpha: &Vec<f32>,
+        b: &CpuBatch,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        kv_shift::kv_shift_bwd(dx, dalpha, dout, x, alpha, b.start.as_deref(), b.seq, heads, head_dim);
+        Ok(())
+    }
+    fn rope(
+        &mut self,
+        x: &mut Vec<f32>,
+        b: &CpuBatch,
+        heads: usize,
+        head_dim: usize,
+        base: f64,
+        inverse: bool,
+    ) -> Result<()> {
+        let t = b.seq;
+        let pos: Vec<i64> = (0..b.batch * t)
+            .map(|r| (b.past + r % t) as i64 - b.start.as_ref().map_or(0, |s| s[r / t] as i64))
+            .collect();
+        rope::rope_apply(x, &pos, heads, head_dim, base, inverse);
+        Ok(())
+    }
+
+    fn fgate_bias(&mut self, logit: &mut Vec<f32>, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()> {
+        let bv = &self.params[bias];
+        for row in logit[..rows * heads].chunks_exact_mut(heads) {
+            for (l, &b) in row.iter_mut().zip(bv) {
+                *l = if add { *l + b } else { b };
+            }
+        }
+        Ok(())
+    }
+    fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &Vec<f32>, rows: usize, heads: usize) -> Result<()> {
+        if let Some(gb) = self.grad_of(bias)? {
+            for row in dlogit[..rows * heads].chunks_exact(heads) {
+                gb.iter_mut().zip(row).for_each(|(g, v)| *g += v);
+            }
+        }
+        Ok(())
+    }
+    fn log_fgate_fwd(&mut self, a: &mut Vec<f32>, logit: &Vec<f32>) -> Result<()> {
+        fgate::log_fgate_fwd(a, logit);
+        Ok(())
+    }
+    fn log_fgate_bwd(&mut self, dlogit: &mut Vec<f32>, da: &Vec<f32>, logit: &Vec<f32>) -> Result<()> {
+        fgate::log_fgate_bwd(dlogit, da, logit);
+        Ok(())
+    }
+    fn prefix_sum_fwd(
+        &mut self,
+        c: &mut Vec<f32>,
+        a: &Vec<f32>,
+        b: &CpuBatch,
+        cache: Option<&LayerCache>,
+        heads: usize,
+    ) -> Result<()> {
+        let t = b.seq;
+        fgate::prefix_sum_fwd(c, a, b.chunk_start(), t, heads);
+        if let Some(cache) = cache {
+            if cache.len > 0 {
+                for bh in 0..b.batch * heads {
+                    let last = cache.c_at(bh, cache.len - 1);
+                    c[bh * t..(bh + 1) * t].iter_mut().for_each(|v| *v += last);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn prefix_sum_bwd(&mut self, da: &mut Vec<f32>, dc: &Vec<f32>, b: &CpuBatch, heads: usize) -> Result<()> {
+        fgate::prefix_sum_bwd(da, dc, b.start.as_deref(), b.seq, heads);
+        Ok(())
+    }
+
+    fn acp_thresholds(
+        &mut self,
+        prune: &mut Vec<f32>,
+        qk_norm: Option<(ParamId, ParamId)>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        b: &CpuBatch,
+        heads: usize,
+        head_dim: usize,
+        n_keys: usize,
+        log_eps: f32,
+    ) -> Result<()> {
+        let hd = head_dim;
+        let u: Vec<f32> = match qk_norm {
+            Some((qn, kn)) => {
+                let (wq, wk) = (&self.params[qn], &self.params[kn]);
+                let per_head = |w: &[f32], hi: usize| -> f32 {
+                    let s = if w.len() == hd { w } else { &w[hi * hd..(hi + 1) * hd] };
+                    s.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+                };
+                (0..b.batch * heads)
+                    .map(|bh| (hd as f32).sqrt() * per_head(wq, bh % heads) * per_head(wk, bh % heads))
+                    .collect()
+            }
+            None => {
+                let empty = vec![0.0f32; b.batch * heads * b.seq];
+                fa::logit_bound_from_norms(&problem(b, q, k, q, &empty, None, heads, head_dim))
+            }
+        };
+        *prune = fa::prune_thresholds(&u, n_keys, log_eps);
+        Ok(())
+    }
+    fn attention_fwd(
+        &mut self,
+        o: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        c: &Vec<f32>,
+        prune: Option<&Vec<f32>>,
+        b: &CpuBatch,
+        cache: Option<&mut LayerCache>,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Tiles> {
+        let prune = prune.map(|p| p.as_slice());
+        let st = match cache {
+            None => fa::forward(&problem(b, q, k, v, c, prune, heads, head_dim), o),
+            Some(cache) => {
+                let past = cache.len;
+                cache.append(k, v, c, b.seq);
+                let ck = cache.c_compact();
+                let pr = fa::Problem {
+                    tk: cache.len,
+                    q_pos0: past,
+                    k: cache.k_view(),
+                    v: cache.v_view(),
+                    ck: &ck,
+                    ..problem(b, q, k, v, c, prune, heads, head_dim)
+                };
+                fa::forward(&pr, o)
+            }
+        };
+        *lse = st.lse;
+        Ok(Tiles { visited: st.tiles_visited, pruned: st.tiles_pruned })
+    }
+    fn attention_bwd(
+        &mut self,
+        g: AttnGrads<'_, Self>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        c: &Vec<f32>,
+        prune: Option<&Vec<f32>>,
+        o: &Vec<f32>,
+        dout: &Vec<f32>,
+        lse: &Vec<f32>,
+        b: &CpuBatch,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), heads, head_dim);
+        let fa::Grads { dq, dk, dv, dcq, dck } = fa::backward(&pr, o, dout, lse);
+        (*g.dq, *g.dk, *g.dv) = (dq, dk, dv);
+        g.dc.iter_mut().zip(dcq.iter().zip(&dck)).for_each(|(d, (x, y))| *d = x + y);
+        Ok(())
+    }
+    fn cache_shift_states(
+        &mut self,
+        cache: &mut LayerCache,
+        k_lin: &Vec<f32>,
+        v_lin: &Vec<f32>,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let d = cache.heads * cache.head_dim;
+        let t = b.seq;
+        if k_lin.len() < b.batch * t * d || v_lin.len() < b.batch * t * d {
+            // Without KV-shift the unmixed projections are not kept: nothing to remember.
+            return Ok(());
+        }
+        for bi in 0..b.batch {
+            let r = (bi * t + t - 1) * d;
+            cache.k_shift[bi * d..(bi + 1) * d].copy_from_slice(&k_lin[r..r + d]);
+            cache.v_shift[bi * d..(bi + 1) * d].copy_from_slice(&v_lin[r..r + d]);
+        }
+        Ok(())
+    }
+
+    fn head_loss(
+        &mut self,
+        mut dhidden: Option<&mut Vec<f32>>,
+        hidden: &Vec<f32>,
+        lm_head: &Linear,
+        b: &CpuBatch,
+        weight: f32,
+    ) -> Result<()> {
+        let (d, vocab) = (lm_head.in_features, lm_head.out_features);
+        let targets = &b.targets;
+        let rows = targets.len();
+        if hidden.len() < rows * d {
+            bail!("head_loss: hidden states hold {} values, {rows} rows of {d} expected", hidden.len());
+        }
+        // At most ~16M logits (64 MiB) at a time.
+        let chunk = ((1usize << 24) / vocab).clamp(1, rows.max(1));
+        let mut logits = vec![0.0f32; chunk * vocab];
+        for r0 in (0..rows).step_by(chunk) {
+            let r1 = (r0 + chunk).min(rows);
+            let tg = &targets[r0..r1];
+            if tg.iter().all(|t| t.is_none()) {
+                if let Some(dh) = dhidden.as_deref_mut() {
+                    dh[r0 * d..r1 * d].fill(0.0);
+                }
+                continue;
+            }
+            let m = r1 - r0;
+            let params = self.params;
+            let wt = &params[lm_head.weight];
+            let xs = &hidden[r0 * d..r1 * d];
+            let lg = &mut logits[..m * vocab];
+            matmul::linear_fwd(lg, xs, wt, m, d, vocab);
+            self.loss_sum += cross_entropy::cross_entropy_fused(lg, tg, weight, vocab);
+            self.loss_rows += tg.iter().filter(|t| t.is_some()).count();
+            if let Some(dh) = dhidden.as_deref_mut() {
+                let dxs = &mut dh[r0 * d..r1 * d];
+                match self.grad_of(lm_head.weight)? {
+                    Some(gw) => matmul::linear_bwd(Some(dxs), false, gw, lg, xs, wt, m, d, vocab),
+                    None => matmul::gemm_strided(m, d, vocab, dxs, d, false, lg, vocab, 1, wt, d, 1),
+                }
+            }
+        }
+        Ok(())
+    }
+    fn take_loss(&mut self) -> Result<(f64, usize)> {
+        let r = (self.loss_sum, self.loss_rows);
+        (self.loss_sum, self.loss_rows) = (0.0, 0);
+        Ok(r)
+    }
+}

@@ -1,0 +1,302 @@
+//! The operations the model is written against, so that one model runs on two backends: the CPU
+//! (f32, the exact reference; [`cpu::Cpu`]) and CUDA (bf16 or f32 activations on one GPU;
+//! [`cuda::Cuda`]).
+//!
+//! The model says *what* happens (model/*.rs reads like SPEC §2); a backend says where the
+//! numbers live and how each operation runs. Parameters and their gradients belong to the backend
+//! and are named by [`ParamId`]; activations are buffers the model allocates through
+//! [`Backend::alloc`] (once per run on the GPU: see `ModelActs::new`). Every operation mirrors the
+//! CPU op of the same name in `fox_kernels`, whose comments define it; parameter gradients are
+//! accumulated (`+=`).
+
+pub mod cpu;
+pub mod cuda;
+
+use crate::model::Linear;
+use crate::tensor::ParamId;
+use anyhow::Result;
+
+/// A batch as the backend sees it: token ids, targets and left padding in the backend's memory,
+/// prepared once per forward ([`Backend::prepare`]).
+pub struct BatchInfo<'a> {
+    pub batch: usize,
+    pub seq: usize,
+    /// Row b's first `start[b]` positions are padding (left padding), if any row is padded.
+    pub start: Option<&'a [usize]>,
+    /// Tokens already in the cache before this forward (decoding), 0 for a fresh sequence.
+    pub past: usize,
+}
+
+/// Key tiles the attention visited and skipped (ACP), for reporting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tiles {
+    pub visited: usize,
+    pub pruned: usize,
+}
+
+/// Allocation of a backend's buffers (also implemented by [`Sizer`], which only counts).
+pub trait Alloc {
+    /// An activation buffer: f32 on the CPU, f32 or bf16 on the GPU.
+    type Act;
+    /// An f32 buffer: normalisation statistics, gate values and prefix sums, losses.
+    type F32;
+    fn alloc(&self, n: usize) -> Result<Self::Act>;
+    fn alloc_f32(&self, n: usize) -> Result<Self::F32>;
+}
+
+/// Counts what would be allocated: sizes the memory plan without allocating.
+#[derive(Default)]
+pub struct Sizer {
+    pub act: std::cell::Cell<usize>,
+    pub f32: std::cell::Cell<usize>,
+}
+
+impl Sizer {
+    /// Bytes counted so far with `act_bytes` per activation element; resets the count.
+    pub fn take_bytes(&self, act_bytes: usize) -> usize {
+        self.act.take() * act_bytes + self.f32.take() * 4
+    }
+}
+
+impl Alloc for Sizer {
+    type Act = ();
+    type F32 = ();
+    fn alloc(&self, n: usize) -> Result<()> {
+        self.act.set(self.act.get() + n);
+        Ok(())
+    }
+    fn alloc_f32(&self, n: usize) -> Result<()> {
+        self.f32.set(self.f32.get() + n);
+        Ok(())
+    }
+}
+
+pub trait Backend: Alloc {
+    /// The batch in the backend's memory: ids, targets, left padding, RoPE positions.
+    type Batch;
+    /// One layer's decode cache (k, v, running gate sum, KV-shift states).
+    type LayerCache;
+
+    /// Uploads ids [B·T] and targets (None: no loss at that position) for a forward.
+    fn prepare(
+        &mut self,
+        batch: &mut Self::Batch,
+        info: &BatchInfo,
+        ids: &[u32],
+        targets: Option<&[Option<u32>]>,
+    ) -> Result<()>;
+    fn new_batch(&self, max_rows: usize, batch: usize) -> Result<Self::Batch>;
+    fn batch_info<'b>(&self, batch: &'b Self::Batch) -> BatchInfo<'b>;
+
+    // Parameters (held by the backend; gradients accumulate into its own buffers).
+    fn embedding_fwd(&mut self, x: &mut Self::Act, table: ParamId, batch: &Self::Batch) -> Result<()>;
+    fn embedding_bwd(&mut self, table: ParamId, dx: &Self::Act, batch: &Self::Batch) -> Result<()>;
+    /// y [rows, out] = x [rows, in] · Wᵀ
+    fn linear_fwd(&mut self, y: &mut Self::Act, x: &Self::Act, w: &Linear, rows: usize) -> Result<()>;
+    /// The same with an f32 result (forget-gate logits, kept in f32 for the prefix sum).
+    fn linear_fwd_f32(&mut self, y: &mut Self::F32, x: &Self::Act, w: &Linear, rows: usize) -> Result<()>;
+    /// grad(W) += dyᵀ·x (unless frozen); with `dx`, dx (+)= dy·W (added to when `accumulate`).
+    fn linear_bwd(
+        &mut self,
+        w: &Linear,
+        x: &Self::Act,
+        dy: &Self::Act,
+        dx: Option<&mut Self::Act>,
+        accumulate: bool,
+        rows: usize,
+    ) -> Result<()>;
+    /// RMSNorm over rows of `dim` (weight row r % (len(w)/dim)): block norms, per-head and
+    /// shared QK-norm, the output norm.
+    fn rms_norm_fwd(
+        &mut self,
+        y: &mut Self::Act,
+        rstd: &mut Self::F32,
+        x: &Self::Act,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        accumulate: bool,
+        w: ParamId,
+        dy: &Self::Act,
+        x: &Self::Act,
+        rstd: &Self::F32,
+        dim: usize,
+    ) -> Result<()>;
+
+    // Elementwise.
+    fn add(&mut self, y: &mut Self::Act, a: &Self::Act, b: &Self::Act) -> Result<()>;
+    fn add_inplace(&mut self, y: &mut Self::Act, x: &Self::Act) -> Result<()>;
+    fn copy(&mut self, dst: &mut Self::Act, src: &Self::Act) -> Result<()>;
+    fn sigmoid_inplace(&mut self, x: &mut Self::Act) -> Result<()>;
+    /// dy ·= y · (1 − y), the sigmoid's backward from its output y.
+    fn sigmoid_bwd_inplace(&mut self, dy: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    fn zero_f32(&mut self, x: &mut Self::F32) -> Result<()>;
+    fn swiglu_fwd(&mut self, h: &mut Self::Act, gu: &Self::Act, rows: usize, inter: usize) -> Result<()>;
+    fn swiglu_bwd(
+        &mut self,
+        dgu: &mut Self::Act,
+        dh: &Self::Act,
+        gu: &Self::Act,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()>;
+    /// z = pre · sigmoid(g)
+    fn gate_mul_fwd(&mut self, z: &mut Self::Act, pre: &Self::Act, g: &Self::Act) -> Result<()>;
+    fn gate_mul_bwd(
+        &mut self,
+        dpre: &mut Self::Act,
+        dg: &mut Self::Act,
+        dz: &Self::Act,
+        pre: &Self::Act,
+        g: &Self::Act,
+    ) -> Result<()>;
+    fn cast_to_act(&mut self, dst: &mut Self::Act, src: &Self::F32) -> Result<()>;
+
+    // Positions.
+    /// KV-shift over [B, T, H·D] with mixing weights α [B, T, H]; `cache` supplies the previous
+    /// chunk's last k̃ (decoding), `value` picks its ṽ instead of its k̃.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_shift_fwd(
+        &mut self,
+        out: &mut Self::Act,
+        x: &Self::Act,
+        alpha: &Self::Act,
+        batch: &Self::Batch,
+        cache: Option<&Self::LayerCache>,
+        value: bool,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn kv_shift_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        dalpha: &mut Self::Act,
+        dout: &Self::Act,
+        x: &Self::Act,
+        alpha: &Self::Act,
+        batch: &Self::Batch,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// RoPE at positions relative to each row's first real token (continuing after the cache).
+    fn rope(
+        &mut self,
+        x: &mut Self::Act,
+        batch: &Self::Batch,
+        heads: usize,
+        head_dim: usize,
+        base: f64,
+        inverse: bool,
+    ) -> Result<()>;
+
+    // The forget gate (f32).
+    /// logit [rows, H] += bias (full gate), or = bias on every row (bias-only and fixed gates).
+    fn fgate_bias(&mut self, logit: &mut Self::F32, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()>;
+    /// grad(bias) += column sums of dlogit [rows, H].
+    fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &Self::F32, rows: usize, heads: usize) -> Result<()>;
+    fn log_fgate_fwd(&mut self, a: &mut Self::F32, logit: &Self::F32) -> Result<()>;
+    fn log_fgate_bwd(&mut self, dlogit: &mut Self::F32, da: &Self::F32, logit: &Self::F32) -> Result<()>;
+    /// c [B, H, T] = prefix sum of a [B, T, H] per row (from its first real token), continuing
+    /// the cache's running sum when decoding.
+    fn prefix_sum_fwd(
+        &mut self,
+        c: &mut Self::F32,
+        a: &Self::F32,
+        batch: &Self::Batch,
+        cache: Option<&Self::LayerCache>,
+        heads: usize,
+    ) -> Result<()>;
+    /// da [B, T, H] = reverse prefix sum of dc [B, H, T].
+    fn prefix_sum_bwd(&mut self, da: &mut Self::F32, dc: &Self::F32, batch: &Self::Batch, heads: usize) -> Result<()>;
+
+    // Forgetting Attention.
+    /// ACP thresholds δ per (b, h) into `prune` [B·H]: U from the QK-norm weights when given,
+    /// else from the largest query and key norms.
+    #[allow(clippy::too_many_arguments)]
+    fn acp_thresholds(
+        &mut self,
+        prune: &mut Self::F32,
+        qk_norm: Option<(ParamId, ParamId)>,
+        q: &Self::Act,
+        k: &Self::Act,
+        batch: &Self::Batch,
+        heads: usize,
+        head_dim: usize,
+        n_keys: usize,
+        log_eps: f32,
+    ) -> Result<()>;
+    /// o [B, T, H·D], lse [B, H, T]; with `cache`, k, v and c are appended to it first and the
+    /// queries attend to every cached key.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_fwd(
+        &mut self,
+        o: &mut Self::Act,
+        lse: &mut Self::F32,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        c: &Self::F32,
+        prune: Option<&Self::F32>,
+        batch: &Self::Batch,
+        cache: Option<&mut Self::LayerCache>,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Tiles>;
+    /// dq, dk, dv [B, T, H·D] and dc [B, H, T] (query and key terms summed).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_bwd(
+        &mut self,
+        grads: AttnGrads<'_, Self>,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        c: &Self::F32,
+        prune: Option<&Self::F32>,
+        o: &Self::Act,
+        dout: &Self::Act,
+        lse: &Self::F32,
+        batch: &Self::Batch,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// After a forward with a cache: remember the last unmixed k̃, ṽ of each row for KV-shift.
+    fn cache_shift_states(
+        &mut self,
+        cache: &mut Self::LayerCache,
+        k_lin: &Self::Act,
+        v_lin: &Self::Act,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+
+    // The output head and the loss.
+    /// Σ over rows with a target of the cross-entropy of `hidden` [B·T, d] · lm_headᵀ, added to
+    /// the backend's running loss ([`Backend::take_loss`]); grad(lm_head) += weight · d(Σ loss)/dW
+    /// and dhidden = weight · d(Σ loss)/d hidden. The [rows, vocab] logits exist only a chunk of
+    /// rows at a time.
+    /// Without `dhidden`, only the loss (evaluation).
+    fn head_loss(
+        &mut self,
+        dhidden: Option<&mut Self::Act>,
+        hidden: &Self::Act,
+        lm_head: &Linear,
+        batch: &Self::Batch,
+        weight: f32,
+    ) -> Result<()>;
+    /// The summed loss and the number of rows with a target since the last call (a GPU backend
+    /// waits for its queue here, once per step).
+    fn take_loss(&mut self) -> Result<(f64, usize)>;
+}
+
+/// The attention backward's outputs, grouped (they are written together).
+pub struct AttnGrads<'a, B: Backend + ?Sized> {
+    pub dq: &'a mut B::Act,
+    pub dk: &'a mut B::Act,
+    pub dv: &'a mut B::Act,
+    pub dc: &'a mut B::F32,
+}

@@ -34,7 +34,8 @@ impl DType {
 /// A strided [B, H, T, D] view of a device buffer: element (b, h, t, d) at b·sb + h·sh + t·st + d.
 #[derive(Clone, Copy)]
 pub struct DevView<'a> {
-    pub data: &'a CudaSlice<u16>,
+    /// Any device buffer of 16-bit elements (a CudaSlice<u16>, or a bf16 buffer seen as u16).
+    pub data: &'a dyn DevicePtr<u16>,
     /// Element offset of (0, 0, 0, 0), e.g. to select k inside a packed qkv buffer.
     pub off: usize,
     pub sb: usize,
@@ -44,11 +45,11 @@ pub struct DevView<'a> {
 
 impl<'a> DevView<'a> {
     /// [B, T, H·D], a projection's output.
-    pub fn bthd(data: &'a CudaSlice<u16>, t: usize, h: usize, d: usize) -> Self {
+    pub fn bthd(data: &'a dyn DevicePtr<u16>, t: usize, h: usize, d: usize) -> Self {
         Self { data, off: 0, sb: t * h * d, sh: d, st: h * d }
     }
     /// [B, H, T, D], the decode cache.
-    pub fn bhtd(data: &'a CudaSlice<u16>, t: usize, d: usize, h: usize) -> Self {
+    pub fn bhtd(data: &'a dyn DevicePtr<u16>, t: usize, d: usize, h: usize) -> Self {
         Self { data, off: 0, sb: h * t * d, sh: t * d, st: d }
     }
 }
@@ -179,7 +180,7 @@ struct ScanParams {
 // SAFETY: as above (ScanParams in kernels/fgate.cu).
 unsafe impl DeviceRepr for ScanParams {}
 
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+fn ptr<T, S: DevicePtr<T> + ?Sized>(gpu: &Gpu, s: &S) -> u64 {
     let (p, _g) = s.device_ptr(gpu.stream());
     p
 }
@@ -382,7 +383,7 @@ fn dkdv_smem(d: usize) -> usize {
 pub fn forward(
     gpu: &Gpu,
     p: &DevProblem,
-    out: &mut CudaSlice<u16>,
+    out: &dyn DevicePtr<u16>,
     lse: &mut CudaSlice<f32>,
     kernel_choice: FwdKernel,
     count_tiles: bool,
@@ -487,21 +488,50 @@ pub fn backward(
     lse: &CudaSlice<f32>,
     g: &mut DevGrads,
 ) -> Result<()> {
+    let out = BwdOut { dq: &g.dq, dk: &g.dk, dv: &g.dv, dcq: &g.dcq, dck: &g.dck, delta: &g.delta };
+    backward_into(gpu, p, o, dout, lse, out)
+}
+
+/// Where [`backward_into`] writes: dq, dk, dv in the input dtype, dcq, dck and the scratch delta
+/// in f32 (shapes as in [`DevGrads`]). The buffers are written through the device pointers.
+pub struct BwdOut<'a> {
+    pub dq: &'a dyn DevicePtr<u16>,
+    pub dk: &'a dyn DevicePtr<u16>,
+    pub dv: &'a dyn DevicePtr<u16>,
+    pub dcq: &'a CudaSlice<f32>,
+    pub dck: &'a CudaSlice<f32>,
+    pub delta: &'a CudaSlice<f32>,
+}
+
+/// [`backward`] into caller-owned buffers (the model's backward scratch).
+pub fn backward_into(
+    gpu: &Gpu,
+    p: &DevProblem,
+    o: &dyn DevicePtr<u16>,
+    dout: &dyn DevicePtr<u16>,
+    lse: &CudaSlice<f32>,
+    g: BwdOut,
+) -> Result<()> {
     validate(p)?;
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
     ensure!(o.len() >= bb * p.tq * hh * d && dout.len() >= bb * p.tq * hh * d, "o / dout too short");
     ensure!(lse.len() >= bb * hh * p.tq, "lse too short");
     ensure!(g.dq.len() >= bb * p.tq * hh * d && g.dk.len() >= bb * p.tk * hh * d, "gradient buffers too short");
+    ensure!(g.dv.len() >= bb * p.tk * hh * d, "gradient buffers too short");
+    ensure!(
+        g.dcq.len() >= bb * hh * p.tq && g.dck.len() >= bb * hh * p.tk && g.delta.len() >= bb * hh * p.tq,
+        "dc buffers too short"
+    );
     let mut prm = params(gpu, p);
     prm.o_in = ptr(gpu, o);
     prm.dout = ptr(gpu, dout);
     prm.lse_in = ptr(gpu, lse);
-    prm.delta = ptr(gpu, &g.delta);
-    prm.dq = ptr(gpu, &g.dq);
-    prm.dk = ptr(gpu, &g.dk);
-    prm.dv = ptr(gpu, &g.dv);
-    prm.dcq = ptr(gpu, &g.dcq);
-    prm.dck = ptr(gpu, &g.dck);
+    prm.delta = ptr(gpu, g.delta);
+    prm.dq = ptr(gpu, g.dq);
+    prm.dk = ptr(gpu, g.dk);
+    prm.dv = ptr(gpu, g.dv);
+    prm.dcq = ptr(gpu, g.dcq);
+    prm.dck = ptr(gpu, g.dck);
 
     let f = kernel(gpu, "bwd_delta", p, 0)?;
     let rows = bb * p.tq * hh;

@@ -33,7 +33,10 @@ pub static ATTENTION: Source = Source {
 /// Forget-gate prefix sums and ACP thresholds.
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 
-pub static SOURCES: [&Source; 2] = [&ATTENTION, &FGATE];
+/// Small kernels of the model's CUDA backend (in-place sigmoid, ACP from QK-norm weights).
+pub static MODEL: Source = Source { name: "model", files: &[include_str!("../../kernels/model.cu")] };
+
+pub static SOURCES: [&Source; 3] = [&ATTENTION, &FGATE, &MODEL];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

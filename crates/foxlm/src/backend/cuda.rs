@@ -1,1 +1,889 @@
-pub struct Cuda;
+//! The CUDA backend: activations in `T` (bf16 for training, f32 to check against the CPU), fp32
+//! master weights with `T` working copies of the matrices, fp32 gradients and AdamW state, all on
+//! one GPU. GEMMs through cuBLASLt (`fox_kernels::cuda::gemm`), the small ops from
+//! `fox_kernels::cuda::ops`, Forgetting Attention from the FlashAttention-style kernels (bf16,
+//! head dim 64/128) or the simple f32 kernel (f32, and other head dims).
+//!
+//! Everything a step touches is allocated in [`Cuda::new`], [`Cuda::new_batch`] and the model's
+//! `ModelActs::new` / `Scratch::new`: the step itself allocates nothing on the device.
+
+use super::{Alloc, AttnGrads, Backend, BatchInfo, Tiles};
+use crate::model::{Linear, MemoryPlan, Model};
+use crate::optim::{AdamW, AdamWConfig};
+use crate::tensor::{ParamId, ParamKind, Params};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
+use fox_kernels::cuda::compile::MODEL;
+use fox_kernels::cuda::gemm::Gemm;
+use fox_kernels::cuda::ops::{self, EmbeddingIndex};
+use fox_kernels::cuda::{attention_f32, Elem, Gpu};
+use std::sync::Arc;
+
+/// The GPU has no decode cache yet (GPU inference comes with its own issue): the type has no
+/// values, so a cached forward cannot be asked of this backend.
+pub enum NoCache {}
+
+/// A parameter on the device: the fp32 master, the `T` working copy of a matrix (GEMMs and the
+/// embedding read it), and the fp32 gradient.
+pub struct DeviceParam<T> {
+    pub master: CudaSlice<f32>,
+    pub copy: Option<CudaSlice<T>>,
+    pub grad: CudaSlice<f32>,
+}
+
+/// AdamW's moments on the device, one pair per trainable parameter.
+pub struct DeviceAdamW {
+    pub config: AdamWConfig,
+    pub step: u64,
+    pub m: Vec<CudaSlice<f32>>,
+    pub v: Vec<CudaSlice<f32>>,
+}
+
+/// The simple f32 attention runs on f32 copies when activations are bf16 but the fast kernels
+/// do not cover the head dim (the tiny fixtures' 32).
+struct F32Attn {
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    dout: CudaSlice<f32>,
+    dq: CudaSlice<f32>,
+    dk: CudaSlice<f32>,
+    dv: CudaSlice<f32>,
+}
+
+pub struct Cuda<T: Elem> {
+    pub gpu: Arc<Gpu>,
+    gemm: Gemm,
+    pub params: Vec<DeviceParam<T>>,
+    pub kinds: Vec<ParamKind>,
+    pub names: Vec<String>,
+    pub opt: Option<DeviceAdamW>,
+    /// Output head: rows per chunk, the chunk's f32 logits and T dlogits, its hidden rows, their
+    /// gradient, targets and losses.
+    head_rows: usize,
+    head_logits: CudaSlice<f32>,
+    head_dlogits: CudaSlice<T>,
+    head_x: CudaSlice<T>,
+    head_dx: CudaSlice<T>,
+    head_targets: CudaSlice<i32>,
+    head_losses: CudaSlice<f32>,
+    /// Per-row losses of the current micro-step and the number of rows with a target.
+    losses: CudaSlice<f32>,
+    loss_rows: usize,
+    loss_targets: usize,
+    loss_host: Vec<f32>,
+    /// Attention backward: dck and delta [B·H·T] (the kernel's query and key terms of dc apart).
+    dck: CudaSlice<f32>,
+    delta: CudaSlice<f32>,
+    f32_attn: Option<F32Attn>,
+    /// Sum of squares of each gradient (one slot per parameter), for the global norm.
+    sumsq: CudaSlice<f32>,
+    max_rows: usize,
+    d_model: usize,
+    vocab: usize,
+}
+
+/// The batch on the device.
+pub struct GpuBatch {
+    pub batch: usize,
+    pub seq: usize,
+    ids: CudaSlice<i32>,
+    targets: CudaSlice<i32>,
+    start: CudaSlice<i32>,
+    start_host: Option<Vec<usize>>,
+    positions: CudaSlice<i32>,
+    emb: EmbeddingIndex,
+    host_i32: Vec<i32>,
+    n_targets: usize,
+}
+
+fn fast_attention_dims(head_dim: usize) -> bool {
+    head_dim == 64 || head_dim == 128
+}
+
+fn bf16<T: Elem>() -> bool {
+    T::NAME == "bf16"
+}
+
+impl<T: Elem> Cuda<T> {
+    /// Uploads the model's parameters and plans every buffer of a step on [batch, seq] tokens
+    /// (the activations are planned by the model: `ModelActs::new`, `Scratch::new`).
+    pub fn new(gpu: Arc<Gpu>, model: &Model, batch: usize, seq: usize, train: bool) -> Result<Self> {
+        let p = &model.params;
+        let gemm = Gemm::new(&gpu).context("cuBLASLt")?;
+        let mut params = Vec::with_capacity(p.len());
+        for (i, t) in p.tensors.iter().enumerate() {
+            let master = gpu.upload(&t.data).with_context(|| format!("uploading {}", p.names[i]))?;
+            let copy = if p.kinds[i] == ParamKind::Matrix {
+                let mut c = gpu.zeros::<T>(t.numel())?;
+                ops::cast_from_f32(&gpu, &mut c, &master, t.numel())?;
+                Some(c)
+            } else {
+                None
+            };
+            let grad = gpu.zeros::<f32>(if train { t.numel() } else { 1 })?;
+            params.push(DeviceParam { master, copy, grad });
+        }
+        let cfg = &model.config;
+        let (rows, vocab, d, h) = (batch * seq, cfg.vocab_size, cfg.hidden_size, cfg.num_heads);
+        let head_rows = ((1usize << 26) / vocab.max(1)).clamp(1, rows.max(1));
+        let hd = cfg.head_dim();
+        let f32_attn = if bf16::<T>() && !fast_attention_dims(hd) {
+            let n = rows * d;
+            Some(F32Attn {
+                q: gpu.zeros(n)?,
+                k: gpu.zeros(n)?,
+                v: gpu.zeros(n)?,
+                o: gpu.zeros(n)?,
+                dout: gpu.zeros(n)?,
+                dq: gpu.zeros(n)?,
+                dk: gpu.zeros(n)?,
+                dv: gpu.zeros(n)?,
+            })
+        } else {
+            None
+        };
+        // The small ops' reductions (RMSNorm weight gradients, bias sums) share one scratch.
+        ops::reserve_scratch(&gpu, ops::scratch_floats(rows * h, d.max(vocab.min(4096))))?;
+        Ok(Self {
+            head_rows,
+            head_logits: gpu.zeros(head_rows * vocab)?,
+            head_dlogits: gpu.zeros(head_rows * vocab)?,
+            head_x: gpu.zeros(head_rows * d)?,
+            head_dx: gpu.zeros(head_rows * d)?,
+            head_targets: gpu.zeros(head_rows)?,
+            head_losses: gpu.zeros(head_rows)?,
+            losses: gpu.zeros(rows)?,
+            loss_rows: 0,
+            loss_targets: 0,
+            loss_host: Vec::with_capacity(rows),
+            dck: gpu.zeros(rows * h)?,
+            delta: gpu.zeros(rows * h)?,
+            f32_attn,
+            sumsq: gpu.zeros(p.len())?,
+            max_rows: rows,
+            d_model: d,
+            vocab,
+            gemm,
+            params,
+            kinds: p.kinds.clone(),
+            names: p.names.clone(),
+            opt: None,
+            gpu,
+        })
+    }
+
+    /// Device memory of parameters, gradients, optimizer state and the head's chunk, by name.
+    pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, plan: &mut MemoryPlan) {
+        let p = &model.params;
+        let numel = p.numel();
+        let matrix: usize = p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
+        let tb = std::mem::size_of::<T>();
+        plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), 4 * numel);
+        plan.add(format!("{} weight copies of the matrices", T::NAME), tb * matrix);
+        if train {
+            plan.add("fp32 gradients", 4 * numel);
+            plan.add("AdamW moments (fp32 m, v)", 8 * numel);
+        }
+        let vocab = model.config.vocab_size;
+        let rows = batch * seq;
+        let head_rows = ((1usize << 26) / vocab.max(1)).clamp(1, rows.max(1));
+        plan.add(format!("output head chunk ({head_rows} rows × {vocab} logits)"), head_rows * vocab * (4 + tb));
+        plan.add("cuBLASLt workspace", 32 << 20);
+    }
+
+    /// Creates AdamW's moments (zeros), or uploads those of a resumed run.
+    pub fn init_optimizer(&mut self, opt: &AdamW) -> Result<()> {
+        let mut m = Vec::with_capacity(self.params.len());
+        let mut v = Vec::with_capacity(self.params.len());
+        for i in 0..self.params.len() {
+            let n = self.params[i].master.len();
+            ensure!(opt.m[i].len() == n && opt.v[i].len() == n, "optimizer state of {} has the wrong size", self.names[i]);
+            m.push(self.gpu.upload(&opt.m[i])?);
+            v.push(self.gpu.upload(&opt.v[i])?);
+        }
+        self.opt = Some(DeviceAdamW { config: opt.config, step: opt.step, m, v });
+        Ok(())
+    }
+
+    /// Zeroes every gradient (before a step's first micro-batch).
+    pub fn zero_grads(&mut self) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        for p in &mut self.params {
+            stream.memset_zeros(&mut p.grad).map_err(|e| anyhow!("zeroing gradients: {e:?}"))?;
+        }
+        Ok(())
+    }
+
+    /// The global L2 norm of the trainable parameters' gradients (deterministic: fixed-order
+    /// sums on the device, then f64 on the host). Waits for the GPU.
+    pub fn grad_norm(&mut self) -> Result<f64> {
+        for i in 0..self.params.len() {
+            if self.kinds[i] == ParamKind::Frozen {
+                continue;
+            }
+            let n = self.params[i].grad.len();
+            ops::sum_squares(&self.gpu, &mut self.sumsq, i, &self.params[i].grad, n)?;
+        }
+        let s = self.gpu.download(&self.sumsq)?;
+        Ok(s.iter().zip(&self.kinds).filter(|(_, k)| **k != ParamKind::Frozen).map(|(v, _)| *v as f64).sum::<f64>().sqrt())
+    }
+
+    /// One AdamW update with learning rate `lr`, gradients scaled by `grad_scale` (clipping).
+    pub fn adamw_step(&mut self, lr: f64, grad_scale: f32) -> Result<()> {
+        let opt = self.opt.as_mut().ok_or_else(|| anyhow!("AdamW state not initialised"))?;
+        opt.step += 1;
+        let c = opt.config;
+        for (i, p) in self.params.iter_mut().enumerate() {
+            let kind = self.kinds[i];
+            if kind == ParamKind::Frozen {
+                continue;
+            }
+            let wd = if kind == ParamKind::Matrix { c.weight_decay as f32 } else { 0.0 };
+            let n = p.master.len();
+            ops::adamw::<T>(
+                &self.gpu,
+                &mut p.master,
+                p.copy.as_mut(),
+                &p.grad,
+                &mut opt.m[i],
+                &mut opt.v[i],
+                n,
+                lr as f32,
+                c.beta1 as f32,
+                c.beta2 as f32,
+                c.eps as f32,
+                wd,
+                opt.step,
+                grad_scale,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Copies the fp32 master weights into `params` (for a checkpoint or a CPU check).
+    pub fn download_params(&self, params: &mut Params) -> Result<()> {
+        for (i, p) in self.params.iter().enumerate() {
+            self.gpu.stream().memcpy_dtoh(&p.master, params.tensors[i].data.as_mut_slice()).map_err(|e| anyhow!("{e:?}"))?;
+        }
+        self.gpu.sync()
+    }
+
+    /// Copies the gradients into `grads` (shaped like the parameters).
+    pub fn download_grads(&self, grads: &mut [Vec<f32>]) -> Result<()> {
+        for (i, p) in self.params.iter().enumerate() {
+            let g = self.gpu.download(&p.grad)?;
+            grads[i].copy_from_slice(&g[..grads[i].len()]);
+        }
+        Ok(())
+    }
+
+    /// Copies AdamW's moments and step into `opt`.
+    pub fn download_optimizer(&self, opt: &mut AdamW) -> Result<()> {
+        let o = self.opt.as_ref().ok_or_else(|| anyhow!("AdamW state not initialised"))?;
+        opt.step = o.step;
+        for i in 0..self.params.len() {
+            opt.m[i] = self.gpu.download(&o.m[i])?;
+            opt.v[i] = self.gpu.download(&o.v[i])?;
+        }
+        Ok(())
+    }
+
+    fn copy_of(&self, id: ParamId) -> Result<&CudaSlice<T>> {
+        self.params[id.0].copy.as_ref().ok_or_else(|| anyhow!("{} has no working copy (not a matrix)", self.names[id.0]))
+    }
+
+    /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
+    fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
+        let f = self.gpu.function(&MODEL, name)?;
+        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let n = n as i64;
+        let mut b = self.gpu.stream().launch_builder(&f);
+        b.arg(&p1);
+        if let Some(p2) = &p2 {
+            b.arg(p2);
+        }
+        b.arg(&n);
+        // SAFETY: the kernels take (T*, [const T*,] long long n) over buffers of at least n
+        // elements (the callers' lengths).
+        unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
+        Ok(())
+    }
+
+    fn dptr<U>(&self, s: &CudaSlice<U>) -> u64 {
+        let (p, _g) = s.device_ptr(self.gpu.stream());
+        p
+    }
+
+    fn vis<'a>(&self, b: &'a GpuBatch) -> DevVisibility<'a> {
+        match b.start_host {
+            Some(_) => DevVisibility::LeftPadded(&b.start),
+            None => DevVisibility::All,
+        }
+    }
+
+    fn start<'a>(&self, b: &'a GpuBatch) -> Option<&'a CudaSlice<i32>> {
+        b.start_host.as_ref().map(|_| &b.start)
+    }
+}
+
+/// dst[d0..d0+n] = src[s0..s0+n] on the stream.
+fn dtod<U: cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    src: &CudaSlice<U>,
+    s0: usize,
+    dst: &mut CudaSlice<U>,
+    d0: usize,
+    n: usize,
+) -> Result<()> {
+    ensure!(s0 + n <= src.len() && d0 + n <= dst.len(), "device copy out of bounds");
+    let sv = src.slice(s0..s0 + n);
+    let mut dv = dst.slice_mut(d0..d0 + n);
+    gpu.stream().memcpy_dtod(&sv, &mut dv).map_err(|e| anyhow!("device copy: {e:?}"))
+}
+
+/// The same buffer as f32, when T is f32.
+fn as_f32<T: Elem>(s: &CudaSlice<T>) -> Option<&CudaSlice<f32>> {
+    (s as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>()
+}
+fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
+    (s as &mut dyn std::any::Any).downcast_mut::<CudaSlice<f32>>()
+}
+
+/// Views of bf16 activations as the 16-bit words the attention kernels take.
+fn words<T: Elem>(s: &CudaSlice<T>) -> Result<cudarc::driver::CudaView<'_, u16>> {
+    ensure!(std::mem::size_of::<T>() == 2, "the fast attention kernels take 16-bit activations");
+    // SAFETY: T is bf16 (2 bytes, checked): the same bytes seen as u16 words.
+    unsafe { s.transmute::<u16>(s.len()) }.ok_or_else(|| anyhow!("cannot view a bf16 buffer as u16"))
+}
+
+impl<T: Elem> Alloc for Cuda<T> {
+    type Act = CudaSlice<T>;
+    type F32 = CudaSlice<f32>;
+    fn alloc(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.gpu.zeros(n)
+    }
+    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.gpu.zeros(n)
+    }
+}
+
+impl<T: Elem> Backend for Cuda<T> {
+    type Batch = GpuBatch;
+    type LayerCache = NoCache;
+
+    fn new_batch(&self, max_rows: usize, batch: usize) -> Result<GpuBatch> {
+        Ok(GpuBatch {
+            batch: 0,
+            seq: 0,
+            ids: self.gpu.zeros(max_rows)?,
+            targets: self.gpu.zeros(max_rows)?,
+            start: self.gpu.zeros(batch.max(1))?,
+            start_host: None,
+            positions: self.gpu.zeros(max_rows)?,
+            emb: EmbeddingIndex::new(&self.gpu, max_rows)?,
+            host_i32: Vec::with_capacity(max_rows),
+            n_targets: 0,
+        })
+    }
+
+    fn prepare(&mut self, b: &mut GpuBatch, info: &BatchInfo, ids: &[u32], targets: Option<&[Option<u32>]>) -> Result<()> {
+        let n = info.batch * info.seq;
+        ensure!(info.past == 0, "the GPU backend has no decode cache yet");
+        ensure!(n <= self.max_rows && n <= b.ids.len(), "a batch of {n} tokens exceeds the {} planned", self.max_rows);
+        ensure!(ids.len() == n && targets.is_none_or(|t| t.len() == n), "ids and targets must be [B, T]");
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            bail!("token id {bad} outside the vocabulary ({})", self.vocab);
+        }
+        b.n_targets = targets.map_or(0, |t| t.iter().filter(|t| t.is_some()).count());
+        b.batch = info.batch;
+        b.seq = info.seq;
+        b.host_i32.clear();
+        b.host_i32.extend(ids.iter().map(|&v| v as i32));
+        self.gpu.write(&mut b.ids, &b.host_i32)?;
+        b.host_i32.clear();
+        match targets {
+            Some(t) => b.host_i32.extend(t.iter().map(|t| t.map_or(-1, |v| v as i32))),
+            None => b.host_i32.resize(n, -1),
+        }
+        self.gpu.write(&mut b.targets, &b.host_i32)?;
+        b.host_i32.clear();
+        match info.start {
+            Some(s) => {
+                ensure!(s.len() == info.batch && s.len() <= b.start.len(), "left padding: one start per row");
+                b.host_i32.extend(s.iter().map(|&v| v as i32));
+                self.gpu.write(&mut b.start, &b.host_i32)?;
+                b.start_host = Some(s.to_vec());
+            }
+            None => b.start_host = None,
+        }
+        // RoPE positions relative to each row's first real token.
+        b.host_i32.clear();
+        let t = info.seq;
+        b.host_i32.extend((0..n).map(|r| (r % t) as i32 - info.start.map_or(0, |s| s[r / t] as i32)));
+        self.gpu.write(&mut b.positions, &b.host_i32)?;
+        b.emb.update(&self.gpu, ids)?;
+        Ok(())
+    }
+
+    fn batch_info<'b>(&self, b: &'b GpuBatch) -> BatchInfo<'b> {
+        BatchInfo { batch: b.batch, seq: b.seq, start: b.start_host.as_deref(), past: 0 }
+    }
+
+    fn embedding_fwd(&mut self, x: &mut CudaSlice<T>, table: ParamId, b: &GpuBatch) -> Result<()> {
+        let n = b.batch * b.seq;
+        ops::embedding_fwd(&self.gpu, x, self.copy_of(table)?, &b.ids, n, self.d_model)
+    }
+    fn embedding_bwd(&mut self, table: ParamId, dx: &CudaSlice<T>, b: &GpuBatch) -> Result<()> {
+        if self.kinds[table.0] == ParamKind::Frozen {
+            return Ok(());
+        }
+        ops::embedding_bwd(&self.gpu, &mut self.params[table.0].grad, dx, &b.emb, self.d_model)
+    }
+    fn linear_fwd(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
+        self.gemm.linear_fwd::<T, T>(y, false, x, self.copy_of(w.weight)?, rows, w.in_features, w.out_features)
+    }
+    fn linear_fwd_f32(&mut self, y: &mut CudaSlice<f32>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
+        self.gemm.linear_fwd::<T, f32>(y, false, x, self.copy_of(w.weight)?, rows, w.in_features, w.out_features)
+    }
+    fn linear_bwd(
+        &mut self,
+        w: &Linear,
+        x: &CudaSlice<T>,
+        dy: &CudaSlice<T>,
+        dx: Option<&mut CudaSlice<T>>,
+        accumulate: bool,
+        rows: usize,
+    ) -> Result<()> {
+        let (k, n) = (w.in_features, w.out_features);
+        if let Some(dx) = dx {
+            self.gemm.linear_bwd_dx(dx, accumulate, dy, self.copy_of(w.weight)?, rows, k, n)?;
+        }
+        if self.kinds[w.weight.0] != ParamKind::Frozen {
+            let g = &mut self.params[w.weight.0].grad;
+            self.gemm.linear_bwd_dw(g, dy, x, rows, k, n)?;
+        }
+        Ok(())
+    }
+    fn rms_norm_fwd(
+        &mut self,
+        y: &mut CudaSlice<T>,
+        rstd: &mut CudaSlice<f32>,
+        x: &CudaSlice<T>,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let rows = x.len() / dim;
+        ops::rms_norm_fwd(&self.gpu, y, rstd, x, &self.params[w.0].master, rows, dim, eps)
+    }
+    fn rms_norm_bwd(
+        &mut self,
+        dx: &mut CudaSlice<T>,
+        accumulate: bool,
+        w: ParamId,
+        dy: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        rstd: &CudaSlice<f32>,
+        dim: usize,
+    ) -> Result<()> {
+        let rows = x.len() / dim;
+        let p = &mut self.params[w.0];
+        ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, x, rstd, &p.master, rows, dim)
+    }
+
+    fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<()> {
+        ops::add(&self.gpu, y, a, b, a.len())
+    }
+    fn add_inplace(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>) -> Result<()> {
+        ops::add_inplace(&self.gpu, y, x, x.len())
+    }
+    fn copy(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<T>) -> Result<()> {
+        let n = src.len().min(dst.len());
+        dtod(&self.gpu, src, 0, dst, 0, n)
+    }
+    fn sigmoid_inplace(&mut self, x: &mut CudaSlice<T>) -> Result<()> {
+        let (n, p) = (x.len(), self.dptr(x));
+        self.launch_elementwise(&format!("fox_sigmoid_inplace_{}", T::NAME), p, None, n)
+    }
+    fn sigmoid_bwd_inplace(&mut self, dy: &mut CudaSlice<T>, y: &CudaSlice<T>) -> Result<()> {
+        ensure!(y.len() >= dy.len(), "sigmoid backward: y shorter than dy");
+        let (n, pd, py) = (dy.len(), self.dptr(dy), self.dptr(y));
+        self.launch_elementwise(&format!("fox_sigmoid_bwd_inplace_{}", T::NAME), pd, Some(py), n)
+    }
+    fn zero_f32(&mut self, x: &mut CudaSlice<f32>) -> Result<()> {
+        self.gpu.stream().memset_zeros(x).map_err(|e| anyhow!("zeroing: {e:?}"))
+    }
+    fn swiglu_fwd(&mut self, h: &mut CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
+        ops::swiglu_fwd(&self.gpu, h, gu, rows, inter)
+    }
+    fn swiglu_bwd(&mut self, dgu: &mut CudaSlice<T>, dh: &CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
+        ops::swiglu_bwd(&self.gpu, dgu, dh, gu, rows, inter)
+    }
+    fn gate_mul_fwd(&mut self, z: &mut CudaSlice<T>, pre: &CudaSlice<T>, g: &CudaSlice<T>) -> Result<()> {
+        ops::gate_mul_fwd(&self.gpu, z, pre, g, pre.len())
+    }
+    fn gate_mul_bwd(
+        &mut self,
+        dpre: &mut CudaSlice<T>,
+        dg: &mut CudaSlice<T>,
+        dz: &CudaSlice<T>,
+        pre: &CudaSlice<T>,
+        g: &CudaSlice<T>,
+    ) -> Result<()> {
+        ops::gate_mul_bwd(&self.gpu, dpre, dg, dz, pre, g, pre.len())
+    }
+    fn cast_to_act(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<f32>) -> Result<()> {
+        ops::cast_from_f32(&self.gpu, dst, src, src.len().min(dst.len()))
+    }
+
+    fn kv_shift_fwd(
+        &mut self,
+        out: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        alpha: &CudaSlice<T>,
+        b: &GpuBatch,
+        cache: Option<&NoCache>,
+        _value: bool,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        if let Some(c) = cache {
+            match *c {}
+        }
+        ops::kv_shift_fwd(&self.gpu, out, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
+    }
+    fn kv_shift_bwd(
+        &mut self,
+        dx: &mut CudaSlice<T>,
+        dalpha: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        alpha: &CudaSlice<T>,
+        b: &GpuBatch,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
+    }
+    fn rope(&mut self, x: &mut CudaSlice<T>, b: &GpuBatch, heads: usize, head_dim: usize, base: f64, inverse: bool) -> Result<()> {
+        ops::rope_apply(&self.gpu, x, &b.positions, b.batch * b.seq, heads, head_dim, base, inverse)
+    }
+
+    fn fgate_bias(&mut self, logit: &mut CudaSlice<f32>, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()> {
+        let bv = &self.params[bias.0].master;
+        if add {
+            ops::add_bias_rows(&self.gpu, logit, bv, rows, heads)
+        } else {
+            ops::fill_rows(&self.gpu, logit, bv, rows, heads)
+        }
+    }
+    fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &CudaSlice<f32>, rows: usize, heads: usize) -> Result<()> {
+        if self.kinds[bias.0] == ParamKind::Frozen {
+            return Ok(());
+        }
+        ops::col_sum_acc(&self.gpu, &mut self.params[bias.0].grad, dlogit, rows, heads)
+    }
+    fn log_fgate_fwd(&mut self, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
+        ops::log_fgate_fwd(&self.gpu, a, logit, logit.len())
+    }
+    fn log_fgate_bwd(&mut self, dlogit: &mut CudaSlice<f32>, da: &CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
+        ops::log_fgate_bwd(&self.gpu, dlogit, da, logit, logit.len())
+    }
+    fn prefix_sum_fwd(
+        &mut self,
+        c: &mut CudaSlice<f32>,
+        a: &CudaSlice<f32>,
+        b: &GpuBatch,
+        cache: Option<&NoCache>,
+        heads: usize,
+    ) -> Result<()> {
+        if let Some(c) = cache {
+            match *c {}
+        }
+        ga::fgate_prefix_sum_fwd(&self.gpu, a, c, self.vis(b), b.batch, b.seq, heads)
+    }
+    fn prefix_sum_bwd(&mut self, da: &mut CudaSlice<f32>, dc: &CudaSlice<f32>, b: &GpuBatch, heads: usize) -> Result<()> {
+        ga::fgate_prefix_sum_bwd(&self.gpu, dc, None, da, self.vis(b), b.batch, b.seq, heads)
+    }
+
+    fn acp_thresholds(
+        &mut self,
+        prune: &mut CudaSlice<f32>,
+        qk_norm: Option<(ParamId, ParamId)>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        b: &GpuBatch,
+        heads: usize,
+        head_dim: usize,
+        n_keys: usize,
+        log_eps: f32,
+    ) -> Result<()> {
+        let ln_n = (n_keys as f32).ln();
+        match qk_norm {
+            Some((qn, kn)) => {
+                let (wq, wk) = (&self.params[qn.0].master, &self.params[kn.0].master);
+                let (pq, pk, po) = (self.dptr(wq), self.dptr(wk), self.dptr(prune));
+                let f = self.gpu.function(&MODEL, "fox_acp_from_qk_norm")?;
+                let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+                let mut l = self.gpu.stream().launch_builder(&f);
+                let (wlen, h, d, bb) = (wq.len() as i32, heads as i32, head_dim as i32, b.batch as i32);
+                l.arg(&pq).arg(&pk).arg(&wlen).arg(&h).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps).arg(&po);
+                // SAFETY: arguments as in kernels/model.cu; prune holds B·H floats (checked below).
+                ensure!(prune.len() >= b.batch * heads, "ACP thresholds: buffer too short");
+                unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching the ACP threshold kernel: {e:?}"))?;
+                Ok(())
+            }
+            None if bf16::<T>() && fast_attention_dims(head_dim) => {
+                let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
+                let (qv, kv) = (words(q)?, words(k)?);
+                let t = b.seq;
+                let p = DevProblem {
+                    batch: b.batch,
+                    heads,
+                    head_dim,
+                    tq: t,
+                    tk: t,
+                    q_pos0: 0,
+                    dtype: DType::Bf16,
+                    q: DevView::bthd(&qv, t, heads, head_dim),
+                    k: DevView::bthd(&kv, t, heads, head_dim),
+                    v: DevView::bthd(&kv, t, heads, head_dim),
+                    cq: c,
+                    ck: c,
+                    vis: self.vis(b),
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    prune: None,
+                };
+                ga::acp_thresholds_from_norms(&self.gpu, &p, n_keys, log_eps, prune)
+            }
+            None => {
+                // f32 checks and other head dims: the CPU's bound from the largest norms.
+                let (qh, kh) = (self.gpu.download(q)?, self.gpu.download(k)?);
+                let (n, d) = (b.batch * b.seq, heads * head_dim);
+                let (qh, kh): (Vec<f32>, Vec<f32>) =
+                    (qh[..n * d].iter().map(|v| v.to_f32()).collect(), kh[..n * d].iter().map(|v| v.to_f32()).collect());
+                let zeros = vec![0.0f32; b.batch * heads * b.seq];
+                let t = b.seq;
+                let pr = fox_kernels::attention::Problem {
+                    batch: b.batch,
+                    heads,
+                    head_dim,
+                    tq: t,
+                    tk: t,
+                    q_pos0: 0,
+                    q: fox_kernels::attention::View::bthd(&qh, t, heads, head_dim),
+                    k: fox_kernels::attention::View::bthd(&kh, t, heads, head_dim),
+                    v: fox_kernels::attention::View::bthd(&kh, t, heads, head_dim),
+                    cq: &zeros,
+                    ck: &zeros,
+                    vis: match &b.start_host {
+                        Some(s) => fox_kernels::attention::Visibility::LeftPadded(s),
+                        None => fox_kernels::attention::Visibility::All,
+                    },
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    prune: None,
+                };
+                let u = fox_kernels::attention::logit_bound_from_norms(&pr);
+                let th = fox_kernels::attention::prune_thresholds(&u, n_keys, log_eps);
+                self.gpu.write(prune, &th)
+            }
+        }
+    }
+
+    fn attention_fwd(
+        &mut self,
+        o: &mut CudaSlice<T>,
+        lse: &mut CudaSlice<f32>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        c: &CudaSlice<f32>,
+        prune: Option<&CudaSlice<f32>>,
+        b: &GpuBatch,
+        cache: Option<&mut NoCache>,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Tiles> {
+        if let Some(c) = cache {
+            match *c {}
+        }
+        let (bb, t) = (b.batch, b.seq);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let n = bb * t * heads * head_dim;
+        if bf16::<T>() && fast_attention_dims(head_dim) {
+            let (qv, kv, vv, ov) = (words(q)?, words(k)?, words(v)?, words(o)?);
+            let p = DevProblem {
+                batch: bb,
+                heads,
+                head_dim,
+                tq: t,
+                tk: t,
+                q_pos0: 0,
+                dtype: DType::Bf16,
+                q: DevView::bthd(&qv, t, heads, head_dim),
+                k: DevView::bthd(&kv, t, heads, head_dim),
+                v: DevView::bthd(&vv, t, heads, head_dim),
+                cq: c,
+                ck: c,
+                vis: self.vis(b),
+                scale,
+                prune,
+            };
+            ga::forward(&self.gpu, &p, &ov, lse, FwdKernel::Tiled, false)?;
+            return Ok(Tiles::default());
+        }
+        let start = self.start(b);
+        match self.f32_attn.as_mut() {
+            None => {
+                let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
+                let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
+                let o = as_f32_mut(o).ok_or_else(err)?;
+                attention_f32::forward_f32(&self.gpu, bb, heads, t, head_dim, q, k, v, c, start, scale, prune, o, lse)?;
+            }
+            Some(f) => {
+                ops::cast_to_f32(&self.gpu, &mut f.q, q, n)?;
+                ops::cast_to_f32(&self.gpu, &mut f.k, k, n)?;
+                ops::cast_to_f32(&self.gpu, &mut f.v, v, n)?;
+                attention_f32::forward_f32(&self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &mut f.o, lse)?;
+                ops::cast_from_f32(&self.gpu, o, &f.o, n)?;
+            }
+        }
+        Ok(Tiles::default())
+    }
+
+    fn attention_bwd(
+        &mut self,
+        g: AttnGrads<'_, Self>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        c: &CudaSlice<f32>,
+        prune: Option<&CudaSlice<f32>>,
+        o: &CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        lse: &CudaSlice<f32>,
+        b: &GpuBatch,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let (bb, t) = (b.batch, b.seq);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let n = bb * t * heads * head_dim;
+        if bf16::<T>() && fast_attention_dims(head_dim) {
+            let (qv, kv, vv, ov, dov) = (words(q)?, words(k)?, words(v)?, words(o)?, words(dout)?);
+            let (dqv, dkv, dvv) = (words(g.dq)?, words(g.dk)?, words(g.dv)?);
+            let p = DevProblem {
+                batch: bb,
+                heads,
+                head_dim,
+                tq: t,
+                tk: t,
+                q_pos0: 0,
+                dtype: DType::Bf16,
+                q: DevView::bthd(&qv, t, heads, head_dim),
+                k: DevView::bthd(&kv, t, heads, head_dim),
+                v: DevView::bthd(&vv, t, heads, head_dim),
+                cq: c,
+                ck: c,
+                vis: self.vis(b),
+                scale,
+                prune,
+            };
+            let out = ga::BwdOut { dq: &dqv, dk: &dkv, dv: &dvv, dcq: g.dc, dck: &self.dck, delta: &self.delta };
+            ga::backward_into(&self.gpu, &p, &ov, &dov, lse, out)?;
+            // dc = dcq + dck (the reverse prefix sum wants their sum).
+            let m = bb * heads * t;
+            return ops::add_inplace::<f32>(&self.gpu, g.dc, &self.dck, m);
+        }
+        let start = self.start(b);
+        match self.f32_attn.as_mut() {
+            None => {
+                let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
+                let r = |s: &CudaSlice<T>| as_f32(s).ok_or_else(err);
+                let (q, k, v, o, dout) = (r(q)?, r(k)?, r(v)?, r(o)?, r(dout)?);
+                let dq = as_f32_mut(g.dq).ok_or_else(err)?;
+                let dk = as_f32_mut(g.dk).ok_or_else(err)?;
+                let dv = as_f32_mut(g.dv).ok_or_else(err)?;
+                attention_f32::backward_f32(
+                    &self.gpu, bb, heads, t, head_dim, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, g.dc,
+                )
+            }
+            Some(f) => {
+                for (dst, src) in [(&mut f.q, q), (&mut f.k, k), (&mut f.v, v), (&mut f.o, o), (&mut f.dout, dout)] {
+                    ops::cast_to_f32(&self.gpu, dst, src, n)?;
+                }
+                attention_f32::backward_f32(
+                    &self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &f.o, &f.dout, lse, &mut f.dq, &mut f.dk,
+                    &mut f.dv, g.dc,
+                )?;
+                ops::cast_from_f32(&self.gpu, g.dq, &f.dq, n)?;
+                ops::cast_from_f32(&self.gpu, g.dk, &f.dk, n)?;
+                ops::cast_from_f32(&self.gpu, g.dv, &f.dv, n)
+            }
+        }
+    }
+    fn cache_shift_states(&mut self, cache: &mut NoCache, _k: &CudaSlice<T>, _v: &CudaSlice<T>, _b: &GpuBatch) -> Result<()> {
+        match *cache {}
+    }
+
+    fn head_loss(
+        &mut self,
+        mut dhidden: Option<&mut CudaSlice<T>>,
+        hidden: &CudaSlice<T>,
+        lm_head: &Linear,
+        b: &GpuBatch,
+        weight: f32,
+    ) -> Result<()> {
+        let (d, vocab) = (lm_head.in_features, lm_head.out_features);
+        let rows = b.batch * b.seq;
+        ensure!(hidden.len() >= rows * d, "head_loss: hidden holds {} values, {rows}×{d} expected", hidden.len());
+        let train = dhidden.is_some() && self.kinds[lm_head.weight.0] != ParamKind::Frozen;
+        let gpu = &self.gpu;
+        for r0 in (0..rows).step_by(self.head_rows) {
+            let m = self.head_rows.min(rows - r0);
+            // This chunk's rows into the chunk buffers (a copy costs far less than the GEMMs).
+            dtod(gpu, hidden, r0 * d, &mut self.head_x, 0, m * d)?;
+            dtod(gpu, &b.targets, r0, &mut self.head_targets, 0, m)?;
+            let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no working copy"))?;
+            self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vocab)?;
+            ops::cross_entropy_fwd_bwd(
+                gpu,
+                &mut self.head_dlogits,
+                &mut self.head_losses,
+                &self.head_logits,
+                &self.head_targets,
+                weight,
+                m,
+                vocab,
+            )?;
+            dtod(gpu, &self.head_losses, 0, &mut self.losses, r0, m)?;
+            if let Some(dh) = dhidden.as_deref_mut() {
+                self.gemm.linear_bwd_dx(&mut self.head_dx, false, &self.head_dlogits, w, m, d, vocab)?;
+                dtod(gpu, &self.head_dx, 0, dh, r0 * d, m * d)?;
+                if train {
+                    let g = &mut self.params[lm_head.weight.0].grad;
+                    self.gemm.linear_bwd_dw(g, &self.head_dlogits, &self.head_x, m, d, vocab)?;
+                }
+            }
+        }
+        self.loss_rows = rows;
+        self.loss_targets = b.n_targets;
+        Ok(())
+    }
+
+    fn take_loss(&mut self) -> Result<(f64, usize)> {
+        let rows = std::mem::take(&mut self.loss_rows);
+        if rows == 0 {
+            return Ok((0.0, 0));
+        }
+        self.loss_host.resize(rows, 0.0);
+        self.gpu.stream().memcpy_dtoh(&self.losses.slice(0..rows), self.loss_host.as_mut_slice()).map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu.sync()?;
+        // Rows without a target have loss 0.
+        Ok((self.loss_host.iter().map(|&v| v as f64).sum(), std::mem::take(&mut self.loss_targets)))
+    }
+}

@@ -33,7 +33,11 @@ pub static ATTENTION: Source = Source {
 /// Forget-gate prefix sums and ACP thresholds.
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 
-pub static SOURCES: [&Source; 2] = [&ATTENTION, &FGATE];
+/// The small operations of the training step (norms, KV-shift, RoPE, gates, SwiGLU, residuals,
+/// casts, embedding, cross-entropy, AdamW, sums of squares): see [`super::ops`].
+pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("../../kernels/ops.cu")] };
+
+pub static SOURCES: [&Source; 3] = [&ATTENTION, &FGATE, &OPS];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

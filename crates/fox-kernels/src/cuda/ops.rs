@@ -723,24 +723,9 @@ impl EmbeddingIndex {
         if let Some(bad) = ids.iter().find(|&&v| v > i32::MAX as u32) {
             return Err(anyhow!("EmbeddingIndex::update: token id {bad} does not fit 32-bit indices"));
         }
-        self.h_order.clear();
-        self.h_order.extend(0..ids.len() as i32);
-        self.h_order.sort_unstable_by_key(|&p| (ids[p as usize], p));
-        self.h_tok.clear();
-        self.h_start.clear();
-        let mut prev: Option<u32> = None;
-        for (i, &p) in self.h_order.iter().enumerate() {
-            let id = ids[p as usize];
-            if prev != Some(id) {
-                self.h_tok.push(id as i32);
-                self.h_start.push(i as i32);
-                prev = Some(id);
-            }
-        }
-        self.h_start.push(ids.len() as i32);
+        self.max_id = group_positions(ids, &mut self.h_order, &mut self.h_tok, &mut self.h_start);
         self.rows = ids.len();
         self.segments = self.h_tok.len();
-        self.max_id = prev;
         if !ids.is_empty() {
             gpu.write(&mut self.order, &self.h_order)?;
             gpu.write(&mut self.seg_tok, &self.h_tok)?;
@@ -757,6 +742,29 @@ impl EmbeddingIndex {
     pub fn distinct(&self) -> usize {
         self.segments
     }
+}
+
+/// Group positions by id: `order` = positions sorted by (id, position), `tok` = the distinct ids
+/// in increasing order, `start` = where each id's run begins in `order`, then `ids.len()`.
+/// Returns the largest id (None for no ids). Reuses the vectors' capacity.
+fn group_positions(ids: &[u32], order: &mut Vec<i32>, tok: &mut Vec<i32>, start: &mut Vec<i32>) -> Option<u32> {
+    order.clear();
+    order.extend(0..ids.len() as i32);
+    // unstable sort on a unique key: deterministic, and no allocation
+    order.sort_unstable_by_key(|&p| (ids[p as usize], p));
+    tok.clear();
+    start.clear();
+    let mut prev: Option<u32> = None;
+    for (i, &p) in order.iter().enumerate() {
+        let id = ids[p as usize];
+        if prev != Some(id) {
+            tok.push(id as i32);
+            start.push(i as i32);
+            prev = Some(id);
+        }
+    }
+    start.push(ids.len() as i32);
+    prev
 }
 
 /// Embedding backward: dtable[tok] += the dout rows of tok's positions, added in position order
@@ -925,4 +933,34 @@ pub fn sum_squares(gpu: &Gpu, out: &mut CudaSlice<f32>, slot: usize, x: &CudaSli
         256,
         &[Arg::P(ptr(gpu, out)), Arg::I(int(op, "slot", slot)?), Arg::P(part), Arg::I(blocks as i32)],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_grouped_by_id_in_position_order() {
+        let ids = [5u32, 2, 5, 0, 2, 5, 9];
+        let (mut o, mut t, mut s) = (Vec::new(), Vec::new(), Vec::new());
+        assert_eq!(group_positions(&ids, &mut o, &mut t, &mut s), Some(9));
+        assert_eq!(o, [3, 1, 4, 0, 2, 5, 6]);
+        assert_eq!(t, [0, 2, 5, 9]);
+        assert_eq!(s, [0, 1, 3, 6, 7]);
+        // a second, shorter batch replaces the first
+        assert_eq!(group_positions(&[1, 1], &mut o, &mut t, &mut s), Some(1));
+        assert_eq!((o.as_slice(), t.as_slice(), s.as_slice()), (&[0, 1][..], &[1][..], &[0, 2][..]));
+        assert_eq!(group_positions(&[], &mut o, &mut t, &mut s), None);
+        assert_eq!(s, [0]);
+    }
+
+    /// Pass 1 of the column sums covers every row with at most 2048 chunks of at least 128 rows.
+    #[test]
+    fn column_sum_chunks_cover_the_rows() {
+        for rows in [1usize, 127, 128, 129, 262_144, 262_145, 300_001, 393_216, 5_000_000] {
+            let (r, p) = colsum_plan(rows);
+            assert!(r >= 128 && p <= 2048 && p * r >= rows && (p - 1) * r < rows, "rows {rows}: r {r} p {p}");
+            assert!(scratch_floats(rows, 768) >= p * 768);
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! fox-attn: the GPU check and the attention benchmark of fox-kernels, standalone.
 //!
 //!   fox-attn check [--filter TEXT] [--seed N]      pass/fail table, GPU vs CPU reference
+//!   fox-attn check-ops [--filter TEXT] [--seed N]  the same for the small training ops
 //!   fox-attn bench [--d 64,128] [--t 1024,4096,16384] [--tokens 32768] [--hidden 2048]
 //!                  [--iters N] [--warmup N] [--no-sdpa] [--python python3] [--json FILE] [--fwd-only]
 //!   fox-attn compile [--arch sm_90a] [-v]           compile the kernels into the disk cache
@@ -8,7 +9,7 @@
 //!   fox-attn info                                   what device would be used, or why none
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, bench, check, compile};
+use fox_kernels::cuda::{self, bench, check, compile, ops_check};
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -66,6 +67,31 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        "check-ops" => {
+            let gpu = match cuda::Gpu::new(0) {
+                Ok(g) => g,
+                Err(e) => {
+                    println!("GPU ops check skipped: {e:#}");
+                    return Ok(());
+                }
+            };
+            let seed = match arg_value(&args, "--seed") {
+                Some(s) => s.parse()?,
+                None => check::fresh_seed(),
+            };
+            println!("GPU ops check on {} (seed {seed})", gpu.describe());
+            let t0 = std::time::Instant::now();
+            let mut rows = ops_check::run_all(&gpu, seed);
+            if let Some(f) = arg_value(&args, "--filter") {
+                rows.retain(|r| r.case.contains(&f));
+            }
+            println!("{}", check::format_table(&rows));
+            println!("({:.1} s)", t0.elapsed().as_secs_f64());
+            if rows.is_empty() || rows.iter().any(|r| !r.pass) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         "bench" => {
             let mut o = bench::BenchOpts::default();
             if let Some(s) = arg_value(&args, "--d") {
@@ -106,13 +132,13 @@ fn main() -> Result<()> {
                 include_str!("fox-attn.rs")
                     .lines()
                     .skip(2)
-                    .take(7)
+                    .take(8)
                     .map(|l| l.trim_start_matches("//!"))
                     .collect::<Vec<_>>()
                     .join("\n")
             );
             Ok(())
         }
-        other => bail!("unknown command `{other}` (check, bench, compile, info)"),
+        other => bail!("unknown command `{other}` (check, check-ops, bench, compile, info)"),
     }
 }

@@ -35,8 +35,11 @@ pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!
 
 /// Small kernels of the model's CUDA backend (in-place sigmoid, ACP from QK-norm weights).
 pub static MODEL: Source = Source { name: "model", files: &[include_str!("../../kernels/model.cu")] };
+/// The small operations of the training step (norms, KV-shift, RoPE, gates, SwiGLU, residuals,
+/// casts, embedding, cross-entropy, AdamW, sums of squares): see [`super::ops`].
+pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("../../kernels/ops.cu")] };
 
-pub static SOURCES: [&Source; 3] = [&ATTENTION, &FGATE, &MODEL];
+pub static SOURCES: [&Source; 4] = [&ATTENTION, &FGATE, &MODEL, &OPS];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

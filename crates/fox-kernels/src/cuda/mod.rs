@@ -10,6 +10,8 @@ pub mod attention;
 pub mod bench;
 pub mod check;
 pub mod compile;
+pub mod ops;
+pub mod ops_check;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};

@@ -1,0 +1,677 @@
+// The small operations of the FoX training step (included after common.cuh): norms, KV-shift,
+// RoPE, gates, SwiGLU, residuals, casts, embedding, cross-entropy, AdamW, sums of squares.
+//
+// Every T-kernel exists as <name>_f32 and <name>_bf16 (OPS_FOR at the end). Arithmetic is f32
+// inside every kernel; statistics, gate values, losses, parameter gradients and optimizer state
+// are f32. Reductions are deterministic: fixed-order warp shuffles, shared-memory sums in a fixed
+// order, and cross-row sums in two passes over fixed-size per-block partials (no float atomics).
+// Flat indices are 64-bit: logits chunks and embedding tables pass 2^31 elements easily.
+
+typedef long long i64;
+
+// bf16 as its raw 16 bits (no CUDA headers under NVRTC).
+struct bf16 {
+    u16 x;
+};
+
+__device__ __forceinline__ u16 f32_to_bf16(float v) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16* p, i64 i) { return __uint_as_float(((u32)p[i].x) << 16); }
+__device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i].x = f32_to_bf16(v); }
+
+// Four consecutive elements from index i (a multiple of 4; buffers are 256-byte aligned).
+__device__ __forceinline__ void ld4(const float* p, i64 i, float* o) {
+    const float4 v = *(const float4*)(p + i);
+    o[0] = v.x;
+    o[1] = v.y;
+    o[2] = v.z;
+    o[3] = v.w;
+}
+__device__ __forceinline__ void ld4(const bf16* p, i64 i, float* o) {
+    const uint2 w = *(const uint2*)(p + i);
+    o[0] = bf16_lo(w.x);
+    o[1] = bf16_hi(w.x);
+    o[2] = bf16_lo(w.y);
+    o[3] = bf16_hi(w.y);
+}
+__device__ __forceinline__ void st4(float* p, i64 i, const float* v) {
+    *(float4*)(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void st4(bf16* p, i64 i, const float* v) {
+    uint2 w;
+    w.x = pack2<true>(v[0], v[1]);
+    w.y = pack2<true>(v[2], v[3]);
+    *(uint2*)(p + i) = w;
+}
+// w elements (4 or 1) from index i.
+template <class T>
+__device__ __forceinline__ void ldv(const T* p, i64 i, int w, float* o) {
+    if (w == 4) ld4(p, i, o);
+    else o[0] = ld(p, i);
+}
+template <class T>
+__device__ __forceinline__ void stv(T* p, i64 i, int w, const float* v) {
+    if (w == 4) st4(p, i, v);
+    else st(p, i, v[0]);
+}
+
+// Elementwise launch shape: each thread owns 4 consecutive elements; the last partial group is
+// done one element at a time. body(i, w) handles elements [i, i + w).
+template <class F>
+__device__ __forceinline__ void vec4(i64 n, F body) {
+    const i64 i = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i + 4 <= n) {
+        body(i, 4);
+    } else {
+        for (i64 j = i; j < n; ++j) body(j, 1);
+    }
+}
+
+// One thread per element.
+__device__ __forceinline__ i64 flat_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+
+__device__ __forceinline__ float sigm(float x) {
+    if (x >= 0.f) return 1.f / (1.f + expf(-x));
+    const float e = expf(x);
+    return e / (1.f + e);
+}
+__device__ __forceinline__ float log_sigm(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+
+template <class V>
+__device__ __forceinline__ V warp_sum(V x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in thread 0.
+// Fixed order: butterfly within warps, then warp 0..n-1 in order.
+template <class V>
+__device__ __forceinline__ V block_sum(V x) {
+    __shared__ V s_part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum(x);
+    if (lane == 0) s_part[warp] = x;
+    __syncthreads();
+    V s = 0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < nw; ++w) s += s_part[w];
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm (as crate::rmsnorm). One warp per row, 8 rows per block. Row r uses weight row
+// r % groups (groups = len(w) / dim).
+
+template <class T>
+__device__ __forceinline__ void rms_fwd_impl(T* y, float* rstd, const T* x, const float* w, int rows, int dim,
+                                             int groups, float eps) {
+    const int lane = threadIdx.x & 31;
+    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const T* xr = x + r * dim;
+    float ss = 0.f;
+    for (int c = lane; c < dim; c += 32) {
+        const float v = ld(xr, c);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const float s = 1.f / sqrtf(ss / (float)dim + eps);
+    if (lane == 0) rstd[r] = s;
+    const float* wr = w + (r % groups) * dim;
+    T* yr = y + r * dim;
+    for (int c = lane; c < dim; c += 32) st(yr, c, ld(xr, c) * s * wr[c]);
+}
+
+// dx = rstd (w dy - x^ mean(w dy x^)), x^ = x rstd; overwritten or added (accumulate).
+template <class T>
+__device__ __forceinline__ void rms_bwd_dx_impl(T* dx, int accumulate, const T* dy, const T* x, const float* rstd,
+                                                const float* w, int rows, int dim, int groups) {
+    const int lane = threadIdx.x & 31;
+    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const T* xr = x + r * dim;
+    const T* dyr = dy + r * dim;
+    const float* wr = w + (r % groups) * dim;
+    const float s = rstd[r];
+    float dot = 0.f;
+    for (int c = lane; c < dim; c += 32) dot += wr[c] * ld(dyr, c) * (ld(xr, c) * s);
+    dot = warp_sum(dot);
+    const float mean = dot / (float)dim;
+    T* dxr = dx + r * dim;
+    for (int c = lane; c < dim; c += 32) {
+        const float v = s * (wr[c] * ld(dyr, c) - ld(xr, c) * s * mean);
+        st(dxr, c, accumulate ? ld(dxr, c) + v : v);
+    }
+}
+
+// Column sums, pass 1: the [SR, W] matrix of values val(k, j) is cut into chunks of R rows;
+// block (bx, p) sums columns [32 bx, 32 bx + 32) over the rows of chunk p into part[p, j].
+// Block: 256 threads = 32 columns x 8 row lanes; each warp reads 32 consecutive columns of a row.
+template <class F>
+__device__ __forceinline__ void colsum_part_impl(float* part, int SR, int W, int R, F val) {
+    __shared__ float sh[8][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int j = blockIdx.x * 32 + tx;
+    const int p = blockIdx.y;
+    const int k0 = p * R, k1 = min(k0 + R, SR);
+    float acc = 0.f;
+    if (j < W)
+        for (int k = k0 + ty; k < k1; k += 8) acc += val(k, j);
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && j < W) {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s += sh[i][tx];
+        part[(i64)p * W + j] = s;
+    }
+}
+
+// Pass 2: dst[j] += sum over p of part[p, j]; one block of 256 threads per column.
+extern "C" __global__ void __launch_bounds__(256) colsum_final(float* dst, const float* part, int P, int W) {
+    const int j = blockIdx.x;
+    float s = 0.f;
+    for (int p = threadIdx.x; p < P; p += blockDim.x) s += part[(i64)p * W + j];
+    s = block_sum(s);
+    if (threadIdx.x == 0) dst[j] += s;
+}
+
+// src [SR, W] f32.
+extern "C" __global__ void __launch_bounds__(256) colsum_part_f32(float* part, const float* src, int SR, int W, int R) {
+    colsum_part_impl(part, SR, W, R, [&](int k, int j) { return src[(i64)k * W + j]; });
+}
+
+// dw of RMSNorm: rows r = k*groups + g of the [rows, dim] input, viewed as super-rows k of width
+// W = groups*dim, contribute dy * x^ to column j = g*dim + c; the last super-row may be partial.
+template <class T>
+__device__ __forceinline__ void rms_dw_part_impl(float* part, const T* dy, const T* x, const float* rstd, int rows,
+                                                 int dim, int groups, int R) {
+    const int W = groups * dim;
+    const int SR = (rows + groups - 1) / groups;
+    colsum_part_impl(part, SR, W, R, [&](int k, int j) {
+        const i64 r = (i64)k * groups + j / dim;
+        if (r >= rows) return 0.f;
+        const i64 i = (i64)k * W + j;
+        return ld(dy, i) * (ld(x, i) * rstd[r]);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV-shift (as crate::kv_shift, prev = None). x, out [B, T, H*D], alpha [B, T, H]; start[b] is
+// the left padding of batch row b (null: none). One warp per (b, t, h): row = (b*T + t)*H + h,
+// whose D channels start at row*D.
+
+template <class T>
+__device__ __forceinline__ void kv_shift_fwd_impl(T* out, const T* x, const T* alpha, const int* start, int B, int Tn,
+                                                  int H, int D) {
+    const int lane = threadIdx.x & 31;
+    const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= (i64)B * Tn * H) return;
+    const i64 bt = row / H;
+    const int t = (int)(bt % Tn), b = (int)(bt / Tn);
+    const int s = start != nullptr ? max(start[b], 0) : 0;
+    const i64 base = row * D;
+    if (t < s) {
+        for (int c = lane; c < D; c += 32) st(out, base + c, ld(x, base + c));
+        return;
+    }
+    const float a = ld(alpha, row);
+    if (t > s) {
+        const i64 prev = base - (i64)H * D;
+        for (int c = lane; c < D; c += 32) st(out, base + c, a * ld(x, prev + c) + (1.f - a) * ld(x, base + c));
+    } else {
+        for (int c = lane; c < D; c += 32) st(out, base + c, (1.f - a) * ld(x, base + c));
+    }
+}
+
+// dx_t = dout_t (1 - a_t) + dout_{t+1} a_{t+1} (t >= s); dout_t at padding. dalpha_t = dout_t .
+// (x_{t-1} - x_t) (t > s), -dout_t . x_t (t = s), 0 at padding.
+template <class T>
+__device__ __forceinline__ void kv_shift_bwd_impl(T* dx, T* dalpha, const T* dout, const T* x, const T* alpha,
+                                                  const int* start, int B, int Tn, int H, int D) {
+    const int lane = threadIdx.x & 31;
+    const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= (i64)B * Tn * H) return;
+    const i64 bt = row / H;
+    const int t = (int)(bt % Tn), b = (int)(bt / Tn);
+    const int s = start != nullptr ? max(start[b], 0) : 0;
+    const i64 base = row * D;
+    if (t < s) {
+        for (int c = lane; c < D; c += 32) st(dx, base + c, ld(dout, base + c));
+        if (lane == 0) st(dalpha, row, 0.f);
+        return;
+    }
+    const i64 hd = (i64)H * D;
+    const float a = ld(alpha, row);
+    const bool has_next = t + 1 < Tn;
+    const float na = has_next ? ld(alpha, row + H) : 0.f;
+    float da = 0.f;
+    for (int c = lane; c < D; c += 32) {
+        const float go = ld(dout, base + c);
+        const float cur = ld(x, base + c);
+        if (t > s) da += go * (ld(x, base - hd + c) - cur);
+        else da -= go * cur;
+        float g = go * (1.f - a);
+        if (has_next) g += ld(dout, base + hd + c) * na;
+        st(dx, base + c, g);
+    }
+    da = warp_sum(da);
+    if (lane == 0) st(dalpha, row, da);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE (as crate::rope::rope_apply), in place on x [rows, H*D]. One thread per (row, c < D/2):
+// the angle is formed in f32 as the reference does, its sine and cosine in f64, and the rotation
+// applied to channel pair (c, c + D/2) of every head.
+
+template <class T>
+__device__ __forceinline__ void rope_impl(T* x, const int* pos, int rows, int H, int D, double base, int inverse) {
+    const int half = D / 2;
+    const i64 idx = flat_index();
+    if (idx >= (i64)rows * half) return;
+    const i64 row = idx / half;
+    const int c = (int)(idx % half);
+    const double inv_freq = 1.0 / pow(base, 2.0 * (double)c / (double)D);
+    const float ang = (float)pos[row] * (float)inv_freq;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    const float sn = (float)(inverse ? -sd : sd), cs = (float)cd;
+    T* xr = x + row * H * D;
+    for (int h = 0; h < H; ++h) {
+        const i64 i1 = (i64)h * D + c, i2 = i1 + half;
+        const float a = ld(xr, i1), b = ld(xr, i2);
+        st(xr, i1, a * cs - b * sn);
+        st(xr, i2, b * cs + a * sn);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise ops.
+
+template <class T>
+__device__ __forceinline__ void sigmoid_fwd_impl(T* y, const T* x, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float v[4];
+        ldv(x, i, w, v);
+        for (int k = 0; k < w; ++k) v[k] = sigm(v[k]);
+        stv(y, i, w, v);
+    });
+}
+
+// dx = dy * y * (1 - y), from the forward's output.
+template <class T>
+__device__ __forceinline__ void sigmoid_bwd_impl(T* dx, const T* dy, const T* y, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float g[4], v[4];
+        ldv(dy, i, w, g);
+        ldv(y, i, w, v);
+        for (int k = 0; k < w; ++k) g[k] = g[k] * v[k] * (1.f - v[k]);
+        stv(dx, i, w, g);
+    });
+}
+
+// Output gate: z = pre * sigmoid(g).
+template <class T>
+__device__ __forceinline__ void gate_mul_fwd_impl(T* z, const T* pre, const T* g, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float p[4], q[4];
+        ldv(pre, i, w, p);
+        ldv(g, i, w, q);
+        for (int k = 0; k < w; ++k) p[k] = p[k] * sigm(q[k]);
+        stv(z, i, w, p);
+    });
+}
+
+// dpre = dz * s, dg = dz * pre * s * (1 - s), s = sigmoid(g).
+template <class T>
+__device__ __forceinline__ void gate_mul_bwd_impl(T* dpre, T* dg, const T* dz, const T* pre, const T* g, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float d[4], p[4], q[4], a[4], b[4];
+        ldv(dz, i, w, d);
+        ldv(pre, i, w, p);
+        ldv(g, i, w, q);
+        for (int k = 0; k < w; ++k) {
+            const float s = sigm(q[k]);
+            a[k] = d[k] * s;
+            b[k] = d[k] * p[k] * s * (1.f - s);
+        }
+        stv(dpre, i, w, a);
+        stv(dg, i, w, b);
+    });
+}
+
+template <class T>
+__device__ __forceinline__ void add_impl(T* y, const T* a, const T* b, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float u[4], v[4];
+        ldv(a, i, w, u);
+        ldv(b, i, w, v);
+        for (int k = 0; k < w; ++k) u[k] += v[k];
+        stv(y, i, w, u);
+    });
+}
+
+template <class T>
+__device__ __forceinline__ void add_inplace_impl(T* y, const T* x, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float u[4], v[4];
+        ldv(y, i, w, u);
+        ldv(x, i, w, v);
+        for (int k = 0; k < w; ++k) u[k] += v[k];
+        stv(y, i, w, u);
+    });
+}
+
+template <class T>
+__device__ __forceinline__ void cast_from_f32_impl(T* out, const float* x, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float v[4];
+        ldv(x, i, w, v);
+        stv(out, i, w, v);
+    });
+}
+
+template <class T>
+__device__ __forceinline__ void cast_to_f32_impl(float* out, const T* x, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float v[4];
+        ldv(x, i, w, v);
+        stv(out, i, w, v);
+    });
+}
+
+// SwiGLU (as crate::swiglu): gu [rows, 2I] = [gate | up], h [rows, I]. One thread per (row, c).
+template <class T>
+__device__ __forceinline__ void swiglu_fwd_impl(T* h, const T* gu, int rows, int I) {
+    const i64 idx = flat_index();
+    if (idx >= (i64)rows * I) return;
+    const i64 r = idx / I, c = idx % I;
+    const float a = ld(gu, r * 2 * I + c), u = ld(gu, r * 2 * I + I + c);
+    st(h, idx, a * sigm(a) * u);
+}
+
+template <class T>
+__device__ __forceinline__ void swiglu_bwd_impl(T* dgu, const T* dh, const T* gu, int rows, int I) {
+    const i64 idx = flat_index();
+    if (idx >= (i64)rows * I) return;
+    const i64 r = idx / I, c = idx % I;
+    const float a = ld(gu, r * 2 * I + c), u = ld(gu, r * 2 * I + I + c);
+    const float s = sigm(a), g = ld(dh, idx);
+    st(dgu, r * 2 * I + c, g * u * s * (1.f + a * (1.f - s)));
+    st(dgu, r * 2 * I + I + c, g * a * s);
+}
+
+// Forget gate (f32).
+extern "C" __global__ void __launch_bounds__(256) add_bias_rows(float* x, const float* bias, i64 rows, int cols) {
+    const i64 i = flat_index();
+    if (i < rows * cols) x[i] += bias[i % cols];
+}
+extern "C" __global__ void __launch_bounds__(256) fill_rows(float* x, const float* row, i64 rows, int cols) {
+    const i64 i = flat_index();
+    if (i < rows * cols) x[i] = row[i % cols];
+}
+extern "C" __global__ void __launch_bounds__(256) log_fgate_fwd(float* a, const float* logit, i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float v[4];
+        ldv(logit, i, w, v);
+        for (int k = 0; k < w; ++k) v[k] = log_sigm(v[k]);
+        stv(a, i, w, v);
+    });
+}
+extern "C" __global__ void __launch_bounds__(256) log_fgate_bwd(float* dlogit, const float* da, const float* logit,
+                                                                 i64 n) {
+    vec4(n, [&](i64 i, int w) {
+        float d[4], v[4];
+        ldv(da, i, w, d);
+        ldv(logit, i, w, v);
+        for (int k = 0; k < w; ++k) d[k] = d[k] * sigm(-v[k]);
+        stv(dlogit, i, w, d);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding. Forward: one thread per element; ids outside [0, vocab) give a zero row (the host
+// validates ids before they are uploaded; this only keeps a bad id from reading out of bounds).
+
+template <class T>
+__device__ __forceinline__ void embedding_fwd_impl(T* out, const T* table, const int* ids, int rows, int d, int vocab) {
+    const i64 idx = flat_index();
+    if (idx >= (i64)rows * d) return;
+    const i64 r = idx / d, c = idx % d;
+    const int id = ids[r];
+    const float v = (id >= 0 && id < vocab) ? ld(table, (i64)id * d + c) : 0.f;
+    st(out, idx, v);
+}
+
+// Backward: one block per distinct token (segment); its positions, in increasing order, are
+// order[seg_start[s] .. seg_start[s + 1]). Each thread owns channels c = tid + k*blockDim and adds
+// the rows one after the other onto dtable, the CPU reference's order.
+template <class T>
+__device__ __forceinline__ void embedding_bwd_impl(float* dtable, const T* dout, const int* order, const int* seg_tok,
+                                                   const int* seg_start, int d) {
+    const int sgi = blockIdx.x;
+    const int tok = seg_tok[sgi], p0 = seg_start[sgi], p1 = seg_start[sgi + 1];
+    float* dst = dtable + (i64)tok * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float s = dst[c];
+        for (int p = p0; p < p1; ++p) s += ld(dout, (i64)order[p] * d + c);
+        dst[c] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax cross-entropy, one block (512 threads) per row of f32 logits [rows, vocab]:
+// loss = lse - logit[target], dlogits = weight * (softmax - onehot(target)). target < 0: loss 0,
+// dlogits 0. target >= vocab: loss NaN (a visible failure, not an out-of-bounds read).
+
+// Merge the (max, sum of exp(x - max)) pair (m2, s2) into (m, s).
+__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+    if (m2 == NEG_INF) return;
+    if (m == NEG_INF) {
+        m = m2;
+        s = s2;
+        return;
+    }
+    if (m2 > m) {
+        s = s * expf(m - m2) + s2;
+        m = m2;
+    } else {
+        s += s2 * expf(m2 - m);
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void xent_impl(T* dlogits, float* losses, const float* logits, const int* targets,
+                                          float weight, int rows, int vocab) {
+    __shared__ float s_m[32], s_s[32];
+    __shared__ float s_lse;
+    const i64 row = blockIdx.x;
+    const float* lr = logits + row * vocab;
+    T* dr = dlogits + row * vocab;
+    const int tgt = targets[row];
+    if (tgt < 0) {
+        for (int c = threadIdx.x; c < vocab; c += blockDim.x) st(dr, c, 0.f);
+        if (threadIdx.x == 0) losses[row] = 0.f;
+        return;
+    }
+    float m = NEG_INF, s = 0.f;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+        const float v = lr[c];
+        if (v != v) {
+            // NaN: poison the row's statistics.
+            m = v;
+            s = v;
+            break;
+        }
+        ms_merge(m, s, v, 1.f);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+        if (m != m || m2 != m2) {
+            m = s = __int_as_float(0x7fc00000);
+        } else {
+            ms_merge(m, s, m2, s2);
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_s[warp] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mm = NEG_INF, ss = 0.f;
+        bool nan = false;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+            if (s_m[w] != s_m[w]) nan = true;
+            else ms_merge(mm, ss, s_m[w], s_s[w]);
+        }
+        const float lse = nan ? __int_as_float(0x7fc00000) : mm + logf(ss);
+        s_lse = lse;
+        losses[row] = tgt < vocab ? lse - lr[tgt] : __int_as_float(0x7fc00000);
+    }
+    __syncthreads();
+    const float lse = s_lse;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+        float g = expf(lr[c] - lse) * weight;
+        if (c == tgt) g -= weight;
+        st(dr, c, g);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW (as foxlm::optim::AdamW::update for one tensor), the gradient scaled by grad_scale first.
+// decay = 1 - lr*weight_decay, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) come
+// from the host. copy (or null) receives the new weight in T.
+
+template <class T>
+__device__ __forceinline__ void adamw_impl(float* w, T* copy, const float* g, float* m, float* v, i64 n, float b1,
+                                           float b2, float eps, float decay, float step_size, float bc2_sqrt,
+                                           float grad_scale) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = flat_index(); i < n; i += stride) {
+        const float gj = g[i] * grad_scale;
+        const float mj = b1 * m[i] + (1.f - b1) * gj;
+        const float vj = b2 * v[i] + (1.f - b2) * gj * gj;
+        m[i] = mj;
+        v[i] = vj;
+        const float denom = sqrtf(vj) / bc2_sqrt + eps;
+        const float p = w[i] * decay - step_size * mj / denom;
+        w[i] = p;
+        if (copy != nullptr) st(copy, i, p);
+    }
+}
+
+// Sum of squares, pass 1: a fixed grid (chosen from n alone) of 256-thread blocks, f64 partials.
+extern "C" __global__ void __launch_bounds__(256) sumsq_part(double* part, const float* x, i64 n) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    double acc = 0.0;
+    for (i64 i = flat_index(); i < n; i += stride) {
+        const double v = (double)x[i];
+        acc += v * v;
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+// Pass 2: one block sums the partials in a fixed order into out[slot].
+extern "C" __global__ void __launch_bounds__(256) sumsq_final(float* out, int slot, const double* part, int P) {
+    double s = 0.0;
+    for (int p = threadIdx.x; p < P; p += blockDim.x) s += part[p];
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[slot] = (float)s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The T instantiations.
+
+#define OPS_FOR(T, S)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        rms_norm_fwd_##S(T* y, float* rstd, const T* x, const float* w, int rows, int dim, int groups, float eps) { \
+        rms_fwd_impl<T>(y, rstd, x, w, rows, dim, groups, eps);                                                     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) rms_norm_bwd_dx_##S(                                         \
+        T* dx, int accumulate, const T* dy, const T* x, const float* rstd, const float* w, int rows, int dim,      \
+        int groups) {                                                                                              \
+        rms_bwd_dx_impl<T>(dx, accumulate, dy, x, rstd, w, rows, dim, groups);                                     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) rms_norm_dw_part_##S(                                        \
+        float* part, const T* dy, const T* x, const float* rstd, int rows, int dim, int groups, int R) {           \
+        rms_dw_part_impl<T>(part, dy, x, rstd, rows, dim, groups, R);                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) kv_shift_fwd_##S(T* out, const T* x, const T* alpha,         \
+                                                                       const int* start, int B, int Tn, int H,     \
+                                                                       int D) {                                    \
+        kv_shift_fwd_impl<T>(out, x, alpha, start, B, Tn, H, D);                                                   \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) kv_shift_bwd_##S(                                            \
+        T* dx, T* dalpha, const T* dout, const T* x, const T* alpha, const int* start, int B, int Tn, int H,       \
+        int D) {                                                                                                   \
+        kv_shift_bwd_impl<T>(dx, dalpha, dout, x, alpha, start, B, Tn, H, D);                                      \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        rope_apply_##S(T* x, const int* pos, int rows, int H, int D, double base, int inverse) {                   \
+        rope_impl<T>(x, pos, rows, H, D, base, inverse);                                                           \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) sigmoid_fwd_##S(T* y, const T* x, i64 n) {                   \
+        sigmoid_fwd_impl<T>(y, x, n);                                                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) sigmoid_bwd_##S(T* dx, const T* dy, const T* y, i64 n) {     \
+        sigmoid_bwd_impl<T>(dx, dy, y, n);                                                                         \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) gate_mul_fwd_##S(T* z, const T* pre, const T* g, i64 n) {    \
+        gate_mul_fwd_impl<T>(z, pre, g, n);                                                                        \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        gate_mul_bwd_##S(T* dpre, T* dg, const T* dz, const T* pre, const T* g, i64 n) {                           \
+        gate_mul_bwd_impl<T>(dpre, dg, dz, pre, g, n);                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) swiglu_fwd_##S(T* h, const T* gu, int rows, int I) {         \
+        swiglu_fwd_impl<T>(h, gu, rows, I);                                                                        \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        swiglu_bwd_##S(T* dgu, const T* dh, const T* gu, int rows, int I) {                                        \
+        swiglu_bwd_impl<T>(dgu, dh, gu, rows, I);                                                                  \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) add_##S(T* y, const T* a, const T* b, i64 n) {               \
+        add_impl<T>(y, a, b, n);                                                                                   \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) add_inplace_##S(T* y, const T* x, i64 n) {                   \
+        add_inplace_impl<T>(y, x, n);                                                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) cast_from_f32_##S(T* out, const float* x, i64 n) {           \
+        cast_from_f32_impl<T>(out, x, n);                                                                          \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) cast_to_f32_##S(float* out, const T* x, i64 n) {             \
+        cast_to_f32_impl<T>(out, x, n);                                                                            \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        embedding_fwd_##S(T* out, const T* table, const int* ids, int rows, int d, int vocab) {                    \
+        embedding_fwd_impl<T>(out, table, ids, rows, d, vocab);                                                    \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) embedding_bwd_##S(                                           \
+        float* dtable, const T* dout, const int* order, const int* seg_tok, const int* seg_start, int d) {         \
+        embedding_bwd_impl<T>(dtable, dout, order, seg_tok, seg_start, d);                                         \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(512) cross_entropy_##S(                                           \
+        T* dlogits, float* losses, const float* logits, const int* targets, float weight, int rows, int vocab) {   \
+        xent_impl<T>(dlogits, losses, logits, targets, weight, rows, vocab);                                       \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        adamw_##S(float* w, T* copy, const float* g, float* m, float* v, i64 n, float b1, float b2, float eps,     \
+                  float decay, float step_size, float bc2_sqrt, float grad_scale) {                                \
+        adamw_impl<T>(w, copy, g, m, v, n, b1, b2, eps, decay, step_size, bc2_sqrt, grad_scale);                   \
+    }
+
+OPS_FOR(float, f32)
+OPS_FOR(bf16, bf16)

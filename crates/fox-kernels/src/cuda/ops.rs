@@ -1,0 +1,966 @@
+//! The small operations of the FoX training step on the GPU: every op that is neither a GEMM nor
+//! attention, each the CUDA twin of a CPU reference op (kernels in kernels/ops.cu).
+//!
+//! Conventions: every function takes the [`Gpu`] first, launches on `gpu.stream()` without
+//! waiting, and returns an error (never panics) when a buffer is shorter than the shapes say.
+//! Buffers may be longer than needed (buffers planned once at their largest size). `T: Elem` is
+//! the activation type (f32 or bf16); statistics, gate values, losses, norm weights, parameter
+//! gradients and optimizer state are f32, and every kernel computes in f32. Parameter gradients
+//! are accumulated (`+=`) as the CPU ops do. Every reduction is deterministic: the same inputs give
+//! bitwise the same outputs (fixed-order sums; across rows two passes over per-block partials,
+//! held in a per-stream scratch buffer, see [`reserve_scratch`]).
+
+use super::compile::OPS;
+use super::{Elem, Gpu};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use std::sync::{Arc, Mutex};
+
+/// A kernel argument, in the order of the kernel's C signature.
+enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+    D(f64),
+}
+
+fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+    let f = gpu.function(&OPS, name)?;
+    let mut b = gpu.stream().launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::P(v) => b.arg(v),
+            Arg::I(v) => b.arg(v),
+            Arg::L(v) => b.arg(v),
+            Arg::F(v) => b.arg(v),
+            Arg::D(v) => b.arg(v),
+        };
+    }
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ops.cu, in order,
+    // with pointers into buffers whose lengths were checked against the launch's shapes.
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching the `{name}` kernel: {e:?}"))?;
+    Ok(())
+}
+
+fn kname<T: Elem>(base: &str) -> String {
+    format!("{base}_{}", T::NAME)
+}
+
+/// `s` holds at least `n` elements.
+fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
+    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    Ok(())
+}
+
+fn int(op: &str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{op}: `{what}` = {v} does not fit the kernels' 32-bit indices"))
+}
+
+fn grid1(blocks: usize) -> Result<(u32, u32, u32)> {
+    ensure!(blocks > 0 && blocks <= i32::MAX as usize, "launch of {blocks} blocks is out of range");
+    Ok((blocks as u32, 1, 1))
+}
+
+/// Blocks of 256 threads, one element per thread.
+fn flat_grid(n: usize) -> Result<(u32, u32, u32)> {
+    grid1(n.div_ceil(256))
+}
+
+/// Blocks of 256 threads, four elements per thread (the `vec4` kernels).
+fn vec4_grid(n: usize) -> Result<(u32, u32, u32)> {
+    grid1(n.div_ceil(4).div_ceil(256))
+}
+
+/// Blocks of 8 warps, one warp per row.
+fn warp_rows_grid(rows: usize) -> Result<(u32, u32, u32)> {
+    grid1(rows.div_ceil(8))
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scratch for two-pass reductions: one growable f32 buffer per stream. Launches on one stream run
+// in order, so consecutive ops can share it; a buffer that grows is freed stream-ordered (after
+// the kernels queued before). Keyed by the stream's address: the buffer holds an Arc of the stream,
+// so the address cannot be reused while the entry exists.
+
+struct Scratch {
+    stream: usize,
+    buf: CudaSlice<f32>,
+}
+
+static SCRATCH: Mutex<Vec<Scratch>> = Mutex::new(Vec::new());
+
+fn scratch(gpu: &Gpu, floats: usize) -> Result<u64> {
+    let key = Arc::as_ptr(gpu.stream()) as usize;
+    let mut all = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+    let i = match all.iter().position(|s| s.stream == key) {
+        Some(i) => {
+            if all[i].buf.len() < floats {
+                all[i].buf = gpu.zeros::<f32>(floats)?;
+            }
+            i
+        }
+        None => {
+            let buf = gpu.zeros::<f32>(floats.max(SUMSQ_MAX_BLOCKS * 2))?;
+            all.push(Scratch { stream: key, buf });
+            all.len() - 1
+        }
+    };
+    Ok(ptr(gpu, &all[i].buf))
+}
+
+/// Allocate the reduction scratch of `gpu`'s stream now (a memory plan calls this once with
+/// [`scratch_floats`] of its largest reduction), so that no op allocates inside the step loop.
+pub fn reserve_scratch(gpu: &Gpu, floats: usize) -> Result<()> {
+    scratch(gpu, floats).map(|_| ())
+}
+
+/// Scratch (f32 elements) that a column sum over `rows` rows of `width` columns needs: RMSNorm's
+/// dw (rows = rows / groups rounded up, width = len(w)) and [`col_sum_acc`]. At most 2048·width.
+pub fn scratch_floats(rows: usize, width: usize) -> usize {
+    let (_, p) = colsum_plan(rows);
+    (p * width).max(SUMSQ_MAX_BLOCKS * 2)
+}
+
+/// Chunk length and number of chunks of pass 1 of a column sum: chunks of at least 128 rows, at
+/// most 2048 of them (so the scratch stays at ≤ 2048 rows).
+fn colsum_plan(rows: usize) -> (usize, usize) {
+    let r = 128usize.max(rows.div_ceil(2048));
+    (r, rows.div_ceil(r).max(1))
+}
+
+/// Pass 2 of a column sum: dst[j] += Σ_p part[p, j].
+fn colsum_final(gpu: &Gpu, dst: u64, part: u64, p: usize, w: usize) -> Result<()> {
+    launch(gpu, "colsum_final", grid1(w)?, 256, &[Arg::P(dst), Arg::P(part), Arg::I(p as i32), Arg::I(w as i32)])
+}
+
+// ------------------------------------------------------------------------------------------------
+// RMSNorm
+
+fn norm_groups(op: &str, w: &CudaSlice<f32>, dim: usize) -> Result<usize> {
+    ensure!(dim > 0, "{op}: dim is 0");
+    ensure!(
+        w.len() >= dim && w.len().is_multiple_of(dim),
+        "{op}: weight length {} is not a positive multiple of dim {dim}",
+        w.len()
+    );
+    Ok(w.len() / dim)
+}
+
+/// RMSNorm forward exactly as [`crate::rmsnorm::rms_norm_fwd`]: y = x·rstd·w over rows of `dim`,
+/// rstd[r] = 1/sqrt(mean(x²) + eps); row r uses weight row r % (len(w)/dim).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_fwd<T: Elem>(
+    gpu: &Gpu,
+    y: &mut CudaSlice<T>,
+    rstd: &mut CudaSlice<f32>,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    let op = "rms_norm_fwd";
+    let groups = norm_groups(op, w, dim)?;
+    need(op, "x", x, rows * dim)?;
+    need(op, "y", y, rows * dim)?;
+    need(op, "rstd", rstd, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        warp_rows_grid(rows)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, y)),
+            Arg::P(ptr(gpu, rstd)),
+            Arg::P(ptr(gpu, x)),
+            Arg::P(ptr(gpu, w)),
+            Arg::I(int(op, "rows", rows)?),
+            Arg::I(int(op, "dim", dim)?),
+            Arg::I(groups as i32),
+            Arg::F(eps),
+        ],
+    )
+}
+
+/// RMSNorm backward exactly as [`crate::rmsnorm::rms_norm_bwd`]: dx = rstd·(w·dy − x̂·mean(w·dy·x̂))
+/// (overwritten, or added when `accumulate`), dw += Σ_rows dy·x̂ (deterministic two-pass sum).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_bwd<T: Elem>(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<T>,
+    accumulate: bool,
+    dw: &mut CudaSlice<f32>,
+    dy: &CudaSlice<T>,
+    x: &CudaSlice<T>,
+    rstd: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    let op = "rms_norm_bwd";
+    let groups = norm_groups(op, w, dim)?;
+    need(op, "x", x, rows * dim)?;
+    need(op, "dy", dy, rows * dim)?;
+    need(op, "dx", dx, rows * dim)?;
+    need(op, "rstd", rstd, rows)?;
+    need(op, "dw", dw, w.len())?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let (rows_i, dim_i) = (int(op, "rows", rows)?, int(op, "dim", dim)?);
+    let (px, pdy, prstd, pw) = (ptr(gpu, x), ptr(gpu, dy), ptr(gpu, rstd), ptr(gpu, w));
+    launch(
+        gpu,
+        &kname::<T>("rms_norm_bwd_dx"),
+        warp_rows_grid(rows)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, dx)),
+            Arg::I(accumulate as i32),
+            Arg::P(pdy),
+            Arg::P(px),
+            Arg::P(prstd),
+            Arg::P(pw),
+            Arg::I(rows_i),
+            Arg::I(dim_i),
+            Arg::I(groups as i32),
+        ],
+    )?;
+    // dw: column sums over the input viewed as [ceil(rows/groups), groups·dim].
+    let width = w.len();
+    let super_rows = rows.div_ceil(groups);
+    let (r, p) = colsum_plan(super_rows);
+    let part = scratch(gpu, p * width)?;
+    launch(
+        gpu,
+        &kname::<T>("rms_norm_dw_part"),
+        (width.div_ceil(32) as u32, p as u32, 1),
+        256,
+        &[
+            Arg::P(part),
+            Arg::P(pdy),
+            Arg::P(px),
+            Arg::P(prstd),
+            Arg::I(rows_i),
+            Arg::I(dim_i),
+            Arg::I(groups as i32),
+            Arg::I(r as i32),
+        ],
+    )?;
+    colsum_final(gpu, ptr(gpu, dw), part, p, width)
+}
+
+// ------------------------------------------------------------------------------------------------
+// KV-shift
+
+fn kv_checks<T>(
+    op: &str,
+    x: &CudaSlice<T>,
+    alpha: &CudaSlice<T>,
+    start: Option<&CudaSlice<i32>>,
+    dims: [usize; 4],
+) -> Result<[i32; 4]> {
+    let [b, t, h, d] = dims;
+    need(op, "x", x, b * t * h * d)?;
+    need(op, "alpha", alpha, b * t * h)?;
+    if let Some(s) = start {
+        need(op, "start", s, b)?;
+    }
+    int(op, "B·T·H", b * t * h)?;
+    Ok([int(op, "b", b)?, int(op, "t", t)?, int(op, "h", h)?, int(op, "d", d)?])
+}
+
+/// KV-shift forward exactly as [`crate::kv_shift::kv_shift_fwd`] with `prev = None`:
+/// out_t = α_t·x_{t−1} + (1−α_t)·x_t per head, x_{s−1} = 0 at each row's first real token s =
+/// start[b] (left padding; padded positions pass x through). x, out [B, T, H·D], alpha [B, T, H].
+#[allow(clippy::too_many_arguments)]
+pub fn kv_shift_fwd<T: Elem>(
+    gpu: &Gpu,
+    out: &mut CudaSlice<T>,
+    x: &CudaSlice<T>,
+    alpha: &CudaSlice<T>,
+    start: Option<&CudaSlice<i32>>,
+    b: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+) -> Result<()> {
+    let op = "kv_shift_fwd";
+    let [bi, ti, hi, di] = kv_checks(op, x, alpha, start, [b, t, h, d])?;
+    need(op, "out", out, b * t * h * d)?;
+    if b * t * h * d == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        warp_rows_grid(b * t * h)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, out)),
+            Arg::P(ptr(gpu, x)),
+            Arg::P(ptr(gpu, alpha)),
+            Arg::P(start.map_or(0, |s| ptr(gpu, s))),
+            Arg::I(bi),
+            Arg::I(ti),
+            Arg::I(hi),
+            Arg::I(di),
+        ],
+    )
+}
+
+/// KV-shift backward exactly as [`crate::kv_shift::kv_shift_bwd`]: dx [B, T, H·D] and dalpha
+/// [B, T, H] are overwritten.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_shift_bwd<T: Elem>(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<T>,
+    dalpha: &mut CudaSlice<T>,
+    dout: &CudaSlice<T>,
+    x: &CudaSlice<T>,
+    alpha: &CudaSlice<T>,
+    start: Option<&CudaSlice<i32>>,
+    b: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+) -> Result<()> {
+    let op = "kv_shift_bwd";
+    let [bi, ti, hi, di] = kv_checks(op, x, alpha, start, [b, t, h, d])?;
+    need(op, "dout", dout, b * t * h * d)?;
+    need(op, "dx", dx, b * t * h * d)?;
+    need(op, "dalpha", dalpha, b * t * h)?;
+    if b * t * h * d == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        warp_rows_grid(b * t * h)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, dx)),
+            Arg::P(ptr(gpu, dalpha)),
+            Arg::P(ptr(gpu, dout)),
+            Arg::P(ptr(gpu, x)),
+            Arg::P(ptr(gpu, alpha)),
+            Arg::P(start.map_or(0, |s| ptr(gpu, s))),
+            Arg::I(bi),
+            Arg::I(ti),
+            Arg::I(hi),
+            Arg::I(di),
+        ],
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// RoPE
+
+/// RoPE in place exactly as [`crate::rope::rope_apply`] (rotate-half; `inverse` rotates back, the
+/// backward): x [rows, H·D], positions[row] per row.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_apply<T: Elem>(
+    gpu: &Gpu,
+    x: &mut CudaSlice<T>,
+    positions: &CudaSlice<i32>,
+    rows: usize,
+    h: usize,
+    d: usize,
+    base: f64,
+    inverse: bool,
+) -> Result<()> {
+    let op = "rope_apply";
+    ensure!(d.is_multiple_of(2), "{op}: head dim {d} must be even (rotate-half pairs)");
+    ensure!(base > 0.0 && base.is_finite(), "{op}: base {base} must be a positive number");
+    need(op, "x", x, rows * h * d)?;
+    need(op, "positions", positions, rows)?;
+    int(op, "rows·D/2", rows * d / 2)?;
+    if rows * h * d == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        flat_grid(rows * d / 2)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, x)),
+            Arg::P(ptr(gpu, positions)),
+            Arg::I(int(op, "rows", rows)?),
+            Arg::I(int(op, "h", h)?),
+            Arg::I(int(op, "d", d)?),
+            Arg::D(base),
+            Arg::I(inverse as i32),
+        ],
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// Elementwise
+
+fn elementwise(gpu: &Gpu, name: &str, n: usize, ptrs: &[u64]) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let mut args: Vec<Arg> = ptrs.iter().map(|p| Arg::P(*p)).collect();
+    args.push(Arg::L(n as i64));
+    launch(gpu, name, vec4_grid(n)?, 256, &args)
+}
+
+/// y = sigmoid(x) (KV-shift's α).
+pub fn sigmoid_fwd<T: Elem>(gpu: &Gpu, y: &mut CudaSlice<T>, x: &CudaSlice<T>, n: usize) -> Result<()> {
+    let op = "sigmoid_fwd";
+    need(op, "x", x, n)?;
+    need(op, "y", y, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, y), ptr(gpu, x)])
+}
+
+/// dx = dy·y·(1 − y), from the forward's output y.
+pub fn sigmoid_bwd<T: Elem>(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<T>,
+    dy: &CudaSlice<T>,
+    y: &CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    let op = "sigmoid_bwd";
+    need(op, "dy", dy, n)?;
+    need(op, "y", y, n)?;
+    need(op, "dx", dx, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, dx), ptr(gpu, dy), ptr(gpu, y)])
+}
+
+/// x[r, c] += bias[c] over x [rows, cols] (the forget gate's logits, f32).
+pub fn add_bias_rows(gpu: &Gpu, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
+    let op = "add_bias_rows";
+    need(op, "x", x, rows * cols)?;
+    need(op, "bias", bias, cols)?;
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        op,
+        flat_grid(rows * cols)?,
+        256,
+        &[Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, bias)), Arg::L(rows as i64), Arg::I(int(op, "cols", cols)?)],
+    )
+}
+
+/// x[r, c] = row[c] (the bias-only and fixed forget gates).
+pub fn fill_rows(gpu: &Gpu, x: &mut CudaSlice<f32>, row: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
+    let op = "fill_rows";
+    need(op, "x", x, rows * cols)?;
+    need(op, "row", row, cols)?;
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        op,
+        flat_grid(rows * cols)?,
+        256,
+        &[Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, row)), Arg::L(rows as i64), Arg::I(int(op, "cols", cols)?)],
+    )
+}
+
+/// a = logsigmoid(logit), as [`crate::fgate::log_fgate_fwd`].
+pub fn log_fgate_fwd(gpu: &Gpu, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>, n: usize) -> Result<()> {
+    let op = "log_fgate_fwd";
+    need(op, "logit", logit, n)?;
+    need(op, "a", a, n)?;
+    elementwise(gpu, op, n, &[ptr(gpu, a), ptr(gpu, logit)])
+}
+
+/// dlogit = da·sigmoid(−logit), as [`crate::fgate::log_fgate_bwd`].
+pub fn log_fgate_bwd(
+    gpu: &Gpu,
+    dlogit: &mut CudaSlice<f32>,
+    da: &CudaSlice<f32>,
+    logit: &CudaSlice<f32>,
+    n: usize,
+) -> Result<()> {
+    let op = "log_fgate_bwd";
+    need(op, "da", da, n)?;
+    need(op, "logit", logit, n)?;
+    need(op, "dlogit", dlogit, n)?;
+    elementwise(gpu, op, n, &[ptr(gpu, dlogit), ptr(gpu, da), ptr(gpu, logit)])
+}
+
+/// dst[c] += Σ_r src[r, c] over src [rows, cols] (bias gradients), deterministic.
+pub fn col_sum_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, src: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
+    let op = "col_sum_acc";
+    need(op, "src", src, rows * cols)?;
+    need(op, "dst", dst, cols)?;
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    let (rows_i, cols_i) = (int(op, "rows", rows)?, int(op, "cols", cols)?);
+    let (r, p) = colsum_plan(rows);
+    let part = scratch(gpu, p * cols)?;
+    launch(
+        gpu,
+        "colsum_part_f32",
+        (cols.div_ceil(32) as u32, p as u32, 1),
+        256,
+        &[Arg::P(part), Arg::P(ptr(gpu, src)), Arg::I(rows_i), Arg::I(cols_i), Arg::I(r as i32)],
+    )?;
+    colsum_final(gpu, ptr(gpu, dst), part, p, cols)
+}
+
+/// Output gate: z = pre·sigmoid(g).
+pub fn gate_mul_fwd<T: Elem>(
+    gpu: &Gpu,
+    z: &mut CudaSlice<T>,
+    pre: &CudaSlice<T>,
+    g: &CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    let op = "gate_mul_fwd";
+    need(op, "pre", pre, n)?;
+    need(op, "g", g, n)?;
+    need(op, "z", z, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, z), ptr(gpu, pre), ptr(gpu, g)])
+}
+
+/// Output gate backward: dpre = dz·s, dg = dz·pre·s·(1 − s), s = sigmoid(g).
+pub fn gate_mul_bwd<T: Elem>(
+    gpu: &Gpu,
+    dpre: &mut CudaSlice<T>,
+    dg: &mut CudaSlice<T>,
+    dz: &CudaSlice<T>,
+    pre: &CudaSlice<T>,
+    g: &CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    let op = "gate_mul_bwd";
+    need(op, "dz", dz, n)?;
+    need(op, "pre", pre, n)?;
+    need(op, "g", g, n)?;
+    need(op, "dpre", dpre, n)?;
+    need(op, "dg", dg, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, dpre), ptr(gpu, dg), ptr(gpu, dz), ptr(gpu, pre), ptr(gpu, g)])
+}
+
+/// SwiGLU forward exactly as [`crate::swiglu::swiglu_fwd`]: gu [rows, 2I] = [gate | up] →
+/// h [rows, I] = silu(gate)·up.
+pub fn swiglu_fwd<T: Elem>(
+    gpu: &Gpu,
+    h: &mut CudaSlice<T>,
+    gu: &CudaSlice<T>,
+    rows: usize,
+    inter: usize,
+) -> Result<()> {
+    let op = "swiglu_fwd";
+    need(op, "gu", gu, rows * 2 * inter)?;
+    need(op, "h", h, rows * inter)?;
+    int(op, "rows·2I", rows * 2 * inter)?;
+    if rows * inter == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        flat_grid(rows * inter)?,
+        256,
+        &[Arg::P(ptr(gpu, h)), Arg::P(ptr(gpu, gu)), Arg::I(rows as i32), Arg::I(inter as i32)],
+    )
+}
+
+/// SwiGLU backward exactly as [`crate::swiglu::swiglu_bwd`]: dgu [rows, 2I] (overwritten).
+pub fn swiglu_bwd<T: Elem>(
+    gpu: &Gpu,
+    dgu: &mut CudaSlice<T>,
+    dh: &CudaSlice<T>,
+    gu: &CudaSlice<T>,
+    rows: usize,
+    inter: usize,
+) -> Result<()> {
+    let op = "swiglu_bwd";
+    need(op, "gu", gu, rows * 2 * inter)?;
+    need(op, "dh", dh, rows * inter)?;
+    need(op, "dgu", dgu, rows * 2 * inter)?;
+    int(op, "rows·2I", rows * 2 * inter)?;
+    if rows * inter == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        flat_grid(rows * inter)?,
+        256,
+        &[Arg::P(ptr(gpu, dgu)), Arg::P(ptr(gpu, dh)), Arg::P(ptr(gpu, gu)), Arg::I(rows as i32), Arg::I(inter as i32)],
+    )
+}
+
+/// y = a + b.
+pub fn add<T: Elem>(gpu: &Gpu, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>, n: usize) -> Result<()> {
+    let op = "add";
+    need(op, "a", a, n)?;
+    need(op, "b", b, n)?;
+    need(op, "y", y, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, y), ptr(gpu, a), ptr(gpu, b)])
+}
+
+/// y += x.
+pub fn add_inplace<T: Elem>(gpu: &Gpu, y: &mut CudaSlice<T>, x: &CudaSlice<T>, n: usize) -> Result<()> {
+    let op = "add_inplace";
+    need(op, "x", x, n)?;
+    need(op, "y", y, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, y), ptr(gpu, x)])
+}
+
+/// out = x rounded to T (round to nearest even for bf16).
+pub fn cast_from_f32<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<T>, x: &CudaSlice<f32>, n: usize) -> Result<()> {
+    let op = "cast_from_f32";
+    need(op, "x", x, n)?;
+    need(op, "out", out, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, out), ptr(gpu, x)])
+}
+
+/// out = x as f32 (exact).
+pub fn cast_to_f32<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<f32>, x: &CudaSlice<T>, n: usize) -> Result<()> {
+    let op = "cast_to_f32";
+    need(op, "x", x, n)?;
+    need(op, "out", out, n)?;
+    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, out), ptr(gpu, x)])
+}
+
+// ------------------------------------------------------------------------------------------------
+// Embedding
+
+/// out[r] = table[ids[r]] for out [rows, d], table [vocab, d] (vocab = len(table)/d). Ids must be
+/// validated on the host before upload: an id outside [0, vocab) gives a zero row.
+pub fn embedding_fwd<T: Elem>(
+    gpu: &Gpu,
+    out: &mut CudaSlice<T>,
+    table: &CudaSlice<T>,
+    ids: &CudaSlice<i32>,
+    rows: usize,
+    d: usize,
+) -> Result<()> {
+    let op = "embedding_fwd";
+    ensure!(d > 0, "{op}: d is 0");
+    let vocab = table.len() / d;
+    need(op, "ids", ids, rows)?;
+    need(op, "out", out, rows * d)?;
+    int(op, "rows·d", rows * d)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        flat_grid(rows * d)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, out)),
+            Arg::P(ptr(gpu, table)),
+            Arg::P(ptr(gpu, ids)),
+            Arg::I(rows as i32),
+            Arg::I(d as i32),
+            Arg::I(int(op, "vocab", vocab)?),
+        ],
+    )
+}
+
+/// The positions of a batch grouped by token id, for a deterministic embedding backward without
+/// atomics: one block per distinct token adds that token's rows in position order. Built on the
+/// host from the host ids and uploaded into device buffers allocated once by [`Self::new`].
+pub struct EmbeddingIndex {
+    max_rows: usize,
+    rows: usize,
+    segments: usize,
+    max_id: Option<u32>,
+    /// positions sorted by (id, position)
+    order: CudaSlice<i32>,
+    /// token of each segment
+    seg_tok: CudaSlice<i32>,
+    /// first entry of `order` of each segment, and the end: [segments + 1]
+    seg_start: CudaSlice<i32>,
+    h_order: Vec<i32>,
+    h_tok: Vec<i32>,
+    h_start: Vec<i32>,
+}
+
+impl EmbeddingIndex {
+    /// Device buffers for batches of up to `max_rows` positions.
+    pub fn new(gpu: &Gpu, max_rows: usize) -> Result<Self> {
+        int("EmbeddingIndex::new", "max_rows", max_rows)?;
+        Ok(Self {
+            max_rows,
+            rows: 0,
+            segments: 0,
+            max_id: None,
+            order: gpu.zeros(max_rows)?,
+            seg_tok: gpu.zeros(max_rows)?,
+            seg_start: gpu.zeros(max_rows + 1)?,
+            h_order: Vec::with_capacity(max_rows),
+            h_tok: Vec::with_capacity(max_rows),
+            h_start: Vec::with_capacity(max_rows + 1),
+        })
+    }
+
+    /// Group the positions of `ids` (the batch's token ids, row-major [rows]) by id and upload
+    /// the index. Allocates nothing once the host vectors reached `max_rows`.
+    pub fn update(&mut self, gpu: &Gpu, ids: &[u32]) -> Result<()> {
+        ensure!(
+            ids.len() <= self.max_rows,
+            "EmbeddingIndex::update: {} ids but the index was made for at most {}",
+            ids.len(),
+            self.max_rows
+        );
+        if let Some(bad) = ids.iter().find(|&&v| v > i32::MAX as u32) {
+            return Err(anyhow!("EmbeddingIndex::update: token id {bad} does not fit 32-bit indices"));
+        }
+        self.max_id = group_positions(ids, &mut self.h_order, &mut self.h_tok, &mut self.h_start);
+        self.rows = ids.len();
+        self.segments = self.h_tok.len();
+        if !ids.is_empty() {
+            gpu.write(&mut self.order, &self.h_order)?;
+            gpu.write(&mut self.seg_tok, &self.h_tok)?;
+        }
+        gpu.write(&mut self.seg_start, &self.h_start)?;
+        Ok(())
+    }
+
+    /// Positions in the last [`Self::update`].
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Distinct token ids in the last update.
+    pub fn distinct(&self) -> usize {
+        self.segments
+    }
+}
+
+/// Group positions by id: `order` = positions sorted by (id, position), `tok` = the distinct ids
+/// in increasing order, `start` = where each id's run begins in `order`, then `ids.len()`.
+/// Returns the largest id (None for no ids). Reuses the vectors' capacity.
+fn group_positions(ids: &[u32], order: &mut Vec<i32>, tok: &mut Vec<i32>, start: &mut Vec<i32>) -> Option<u32> {
+    order.clear();
+    order.extend(0..ids.len() as i32);
+    // unstable sort on a unique key: deterministic, and no allocation
+    order.sort_unstable_by_key(|&p| (ids[p as usize], p));
+    tok.clear();
+    start.clear();
+    let mut prev: Option<u32> = None;
+    for (i, &p) in order.iter().enumerate() {
+        let id = ids[p as usize];
+        if prev != Some(id) {
+            tok.push(id as i32);
+            start.push(i as i32);
+            prev = Some(id);
+        }
+    }
+    start.push(ids.len() as i32);
+    prev
+}
+
+/// Embedding backward: dtable[tok] += the dout rows of tok's positions, added in position order
+/// (the CPU reference's order). dout [rows, d] with rows from the index's last update.
+pub fn embedding_bwd<T: Elem>(
+    gpu: &Gpu,
+    dtable: &mut CudaSlice<f32>,
+    dout: &CudaSlice<T>,
+    idx: &EmbeddingIndex,
+    d: usize,
+) -> Result<()> {
+    let op = "embedding_bwd";
+    ensure!(d > 0, "{op}: d is 0");
+    need(op, "dout", dout, idx.rows * d)?;
+    let Some(max_id) = idx.max_id else { return Ok(()) };
+    ensure!(
+        (max_id as usize) < dtable.len() / d,
+        "{op}: token id {max_id} is outside the table of {} rows",
+        dtable.len() / d
+    );
+    int(op, "d", d)?;
+    launch(
+        gpu,
+        &kname::<T>(op),
+        grid1(idx.segments)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, dtable)),
+            Arg::P(ptr(gpu, dout)),
+            Arg::P(ptr(gpu, &idx.order)),
+            Arg::P(ptr(gpu, &idx.seg_tok)),
+            Arg::P(ptr(gpu, &idx.seg_start)),
+            Arg::I(d as i32),
+        ],
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// Cross-entropy
+
+/// Fused softmax cross-entropy over f32 logits [rows, vocab], one row per block:
+/// losses[r] = logsumexp(logits[r]) − logits[r, target[r]], dlogits[r] = weight·(softmax − onehot).
+/// Rows with target < 0 get loss 0 and dlogits 0; a target ≥ vocab gives a NaN loss (validate
+/// targets on the host).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_fwd_bwd<T: Elem>(
+    gpu: &Gpu,
+    dlogits: &mut CudaSlice<T>,
+    losses: &mut CudaSlice<f32>,
+    logits: &CudaSlice<f32>,
+    targets: &CudaSlice<i32>,
+    weight: f32,
+    rows: usize,
+    vocab: usize,
+) -> Result<()> {
+    let op = "cross_entropy_fwd_bwd";
+    ensure!(vocab > 0, "{op}: vocab is 0");
+    need(op, "logits", logits, rows * vocab)?;
+    need(op, "dlogits", dlogits, rows * vocab)?;
+    need(op, "losses", losses, rows)?;
+    need(op, "targets", targets, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        &kname::<T>("cross_entropy"),
+        grid1(rows)?,
+        512,
+        &[
+            Arg::P(ptr(gpu, dlogits)),
+            Arg::P(ptr(gpu, losses)),
+            Arg::P(ptr(gpu, logits)),
+            Arg::P(ptr(gpu, targets)),
+            Arg::F(weight),
+            Arg::I(int(op, "rows", rows)?),
+            Arg::I(int(op, "vocab", vocab)?),
+        ],
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// Optimizer
+
+/// One AdamW update of one tensor, exactly as `foxlm::optim::AdamW::update` does per element:
+/// g' = g·grad_scale; m = β1·m + (1−β1)·g'; v = β2·v + (1−β2)·g'²;
+/// w = w·(1 − lr·weight_decay) − lr/(1−β1^step) · m / (sqrt(v)/sqrt(1−β2^step) + eps).
+/// `step` is the 1-based number of this update (the CPU's `self.step` after its increment); pass
+/// weight_decay 0 for parameters without decay. `copy` (the T working copy) gets the new weights.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw<T: Elem>(
+    gpu: &Gpu,
+    w: &mut CudaSlice<f32>,
+    copy: Option<&mut CudaSlice<T>>,
+    g: &CudaSlice<f32>,
+    m: &mut CudaSlice<f32>,
+    v: &mut CudaSlice<f32>,
+    n: usize,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    step: u64,
+    grad_scale: f32,
+) -> Result<()> {
+    let op = "adamw";
+    ensure!(step >= 1 && step <= i32::MAX as u64, "{op}: step {step} must be in 1..2^31 (1 for the first update)");
+    need(op, "w", w, n)?;
+    need(op, "g", g, n)?;
+    need(op, "m", m, n)?;
+    need(op, "v", v, n)?;
+    if let Some(c) = &copy {
+        need(op, "copy", c, n)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    // The host part in f64, as the CPU optimizer computes it.
+    let t = step as i32;
+    let bc1 = 1.0 - (beta1 as f64).powi(t);
+    let bc2 = 1.0 - (beta2 as f64).powi(t);
+    let step_size = (lr as f64 / bc1) as f32;
+    let bc2_sqrt = bc2.sqrt() as f32;
+    let decay = (1.0 - lr as f64 * weight_decay as f64) as f32;
+    let pcopy = copy.map_or(0, |c| ptr(gpu, c));
+    launch(
+        gpu,
+        &kname::<T>(op),
+        grid1(n.div_ceil(256).min(1 << 16))?,
+        256,
+        &[
+            Arg::P(ptr(gpu, w)),
+            Arg::P(pcopy),
+            Arg::P(ptr(gpu, g)),
+            Arg::P(ptr(gpu, m)),
+            Arg::P(ptr(gpu, v)),
+            Arg::L(n as i64),
+            Arg::F(beta1),
+            Arg::F(beta2),
+            Arg::F(eps),
+            Arg::F(decay),
+            Arg::F(step_size),
+            Arg::F(bc2_sqrt),
+            Arg::F(grad_scale),
+        ],
+    )
+}
+
+/// Blocks of pass 1 of [`sum_squares`] at most (its f64 partials live in the scratch).
+const SUMSQ_MAX_BLOCKS: usize = 1024;
+
+/// out[slot] = Σ x² over x[..n], accumulated in f64 (fixed grid from n alone, fixed-order sums)
+/// and stored as f32; the host downloads `out` once per step for the global norm.
+pub fn sum_squares(gpu: &Gpu, out: &mut CudaSlice<f32>, slot: usize, x: &CudaSlice<f32>, n: usize) -> Result<()> {
+    let op = "sum_squares";
+    ensure!(slot < out.len(), "{op}: slot {slot} is outside `out` of {} elements", out.len());
+    need(op, "x", x, n)?;
+    let blocks = n.div_ceil(2048).clamp(1, SUMSQ_MAX_BLOCKS);
+    let part = scratch(gpu, 2 * blocks)?;
+    launch(gpu, "sumsq_part", grid1(blocks)?, 256, &[Arg::P(part), Arg::P(ptr(gpu, x)), Arg::L(n as i64)])?;
+    launch(
+        gpu,
+        "sumsq_final",
+        (1, 1, 1),
+        256,
+        &[Arg::P(ptr(gpu, out)), Arg::I(int(op, "slot", slot)?), Arg::P(part), Arg::I(blocks as i32)],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_grouped_by_id_in_position_order() {
+        let ids = [5u32, 2, 5, 0, 2, 5, 9];
+        let (mut o, mut t, mut s) = (Vec::new(), Vec::new(), Vec::new());
+        assert_eq!(group_positions(&ids, &mut o, &mut t, &mut s), Some(9));
+        assert_eq!(o, [3, 1, 4, 0, 2, 5, 6]);
+        assert_eq!(t, [0, 2, 5, 9]);
+        assert_eq!(s, [0, 1, 3, 6, 7]);
+        // a second, shorter batch replaces the first
+        assert_eq!(group_positions(&[1, 1], &mut o, &mut t, &mut s), Some(1));
+        assert_eq!((o.as_slice(), t.as_slice(), s.as_slice()), (&[0, 1][..], &[1][..], &[0, 2][..]));
+        assert_eq!(group_positions(&[], &mut o, &mut t, &mut s), None);
+        assert_eq!(s, [0]);
+    }
+
+    /// Pass 1 of the column sums covers every row with at most 2048 chunks of at least 128 rows.
+    #[test]
+    fn column_sum_chunks_cover_the_rows() {
+        for rows in [1usize, 127, 128, 129, 262_144, 262_145, 300_001, 393_216, 5_000_000] {
+            let (r, p) = colsum_plan(rows);
+            assert!(r >= 128 && p <= 2048 && p * r >= rows && (p - 1) * r < rows, "rows {rows}: r {r} p {p}");
+            assert!(scratch_floats(rows, 768) >= p * 768);
+        }
+    }
+}

@@ -33,7 +33,11 @@ pub static ATTENTION: Source = Source {
 /// Forget-gate prefix sums and ACP thresholds.
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 
-pub static SOURCES: [&Source; 2] = [&ATTENTION, &FGATE];
+/// Forgetting Attention in f32 (forward, backward) for `--dtype f32`; standalone, no common.cuh.
+pub static ATTENTION_F32: Source =
+    Source { name: "attention_f32", files: &[include_str!("../../kernels/attention_f32.cu")] };
+
+pub static SOURCES: [&Source; 3] = [&ATTENTION, &FGATE, &ATTENTION_F32];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

@@ -113,7 +113,14 @@ pub fn forward_f32(
         h,
         t,
         d,
-        &[("q", q.len(), n), ("k", k.len(), n), ("v", v.len(), n), ("c", c.len(), s), ("o", o.len(), n), ("lse", lse.len(), s)],
+        &[
+            ("q", q.len(), n),
+            ("k", k.len(), n),
+            ("v", v.len(), n),
+            ("c", c.len(), s),
+            ("o", o.len(), n),
+            ("lse", lse.len(), s),
+        ],
         start,
         prune,
     )?;

@@ -19,7 +19,7 @@
 use super::{Elem, Gpu};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::cublaslt::sys;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -183,7 +183,8 @@ pub struct AlgoInfo {
 
 /// cuBLASLt handle, workspace and plan cache; create once per GPU.
 pub struct Gemm {
-    gpu: Arc<Gpu>,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     plans: Mutex<HashMap<Key, Plan>>,
@@ -221,6 +222,11 @@ fn align_of(ptr: u64) -> u32 {
 
 impl Gemm {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Self::on(gpu)
+    }
+
+    /// [`Gemm::new`] from a plain reference (the handle keeps the GPU's stream and context alive).
+    pub fn on(gpu: &Gpu) -> Result<Self> {
         ensure_cublaslt()?;
         gpu.context().bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
         let mut handle = std::ptr::null_mut();
@@ -236,7 +242,14 @@ impl Gemm {
                 return Err(e.context("the cuBLASLt workspace"));
             }
         };
-        Ok(Gemm { gpu: gpu.clone(), handle, workspace, plans: Mutex::new(HashMap::new()), queries: AtomicUsize::new(0) })
+        Ok(Gemm {
+            stream: gpu.stream().clone(),
+            ctx: gpu.context().clone(),
+            handle,
+            workspace,
+            plans: Mutex::new(HashMap::new()),
+            queries: AtomicUsize::new(0),
+        })
     }
 
     /// How many heuristic queries were made so far (one per distinct problem).
@@ -331,18 +344,18 @@ impl Gemm {
     }
 
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        let (p, _g) = s.device_ptr(self.gpu.stream());
+        let (p, _g) = s.device_ptr(&self.stream);
         p
     }
     fn ptr_mut<T>(&self, s: &mut CudaSlice<T>) -> u64 {
-        let (p, _g) = s.device_ptr_mut(self.gpu.stream());
+        let (p, _g) = s.device_ptr_mut(&self.stream);
         p
     }
 
     fn zero_unless<Y: Elem>(&self, accumulate: bool, y: &mut CudaSlice<Y>, len: usize) -> Result<()> {
         if !accumulate {
             let mut v = y.slice_mut(0..len);
-            self.gpu.stream().memset_zeros(&mut v).map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
+            self.stream.memset_zeros(&mut v).map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
         }
         Ok(())
     }
@@ -362,15 +375,14 @@ impl Gemm {
     ) -> Result<()> {
         let (cm, cn, ck) = lt_dims(op, m, k, n);
         let key = Key { op, ab, cd, m: cm, n: cn, k: ck, align: [align_of(a), align_of(b), align_of(d)] };
-        self.gpu.context().bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
+        self.ctx.bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
         let mut plans = self.plans.lock().map_err(|_| anyhow!("the GEMM plan cache was poisoned by a panic"))?;
-        if !plans.contains_key(&key) {
-            let p = self.plan(&key).map_err(|e| {
+        let p = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key).map_err(|e| {
                 e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n}): no cuBLASLt algorithm"))
-            })?;
-            plans.insert(key, p);
-        }
-        let p = &plans[&key];
+            })?),
+        };
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0f32 };
         let ws = self.ptr(&self.workspace);
@@ -393,10 +405,11 @@ impl Gemm {
                 &p.algo,
                 ws as *mut c_void,
                 WORKSPACE_BYTES,
-                self.gpu.stream().cu_stream() as sys::cudaStream_t,
+                self.stream.cu_stream() as sys::cudaStream_t,
             )
         };
-        lt("cublasLtMatmul", st).map_err(|e| e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})")))
+        lt("cublasLtMatmul", st)
+            .map_err(|e| e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})")))
     }
 
     /// Descriptors for `key` and the heuristic's best algorithm.
@@ -525,9 +538,10 @@ impl Gemm {
             ),
         )?;
         // Results come best first.
-        let Some(best) = results[..(count.max(0) as usize).min(WANT)].iter().find(|r| {
-            r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES
-        }) else {
+        let Some(best) = results[..(count.max(0) as usize).min(WANT)]
+            .iter()
+            .find(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+        else {
             bail!("cublasLtMatmulAlgoGetHeuristic returned no usable algorithm ({count} candidates)");
         };
         plan.algo = best.algo;
@@ -624,7 +638,12 @@ pub fn bench(gpu: &Arc<Gpu>, shapes: &[BenchShape]) -> Result<Vec<(BenchShape, f
 }
 
 /// [`bench`] with the number of warm-up and timed runs.
-pub fn bench_with(gpu: &Arc<Gpu>, shapes: &[BenchShape], warmup: usize, iters: usize) -> Result<Vec<(BenchShape, f64)>> {
+pub fn bench_with(
+    gpu: &Arc<Gpu>,
+    shapes: &[BenchShape],
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<(BenchShape, f64)>> {
     let g = Gemm::new(gpu)?;
     let mut out = Vec::new();
     for (i, s) in shapes.iter().enumerate() {
@@ -677,8 +696,17 @@ pub fn bench_with(gpu: &Arc<Gpu>, shapes: &[BenchShape], warmup: usize, iters: u
 
 /// The bench's results as a table.
 pub fn format_bench(rows: &[(BenchShape, f64)]) -> String {
-    let mut s = format!("| {:<34} | {:<3} | {:>6} | {:>6} | {:>6} | {:>8} |\n", "linear", "op", "m", "k", "n", "TFLOP/s");
-    s += &format!("|{}|{}|{}|{}|{}|{}|\n", "-".repeat(36), "-".repeat(5), "-".repeat(8), "-".repeat(8), "-".repeat(8), "-".repeat(10));
+    let mut s =
+        format!("| {:<34} | {:<3} | {:>6} | {:>6} | {:>6} | {:>8} |\n", "linear", "op", "m", "k", "n", "TFLOP/s");
+    s += &format!(
+        "|{}|{}|{}|{}|{}|{}|\n",
+        "-".repeat(36),
+        "-".repeat(5),
+        "-".repeat(8),
+        "-".repeat(8),
+        "-".repeat(8),
+        "-".repeat(10)
+    );
     for (b, t) in rows {
         let op = match b.op {
             GemmOp::Fwd => "fwd",

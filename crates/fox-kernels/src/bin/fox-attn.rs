@@ -7,9 +7,12 @@
 //!   fox-attn compile [--arch sm_90a] [-v]           compile the kernels into the disk cache
 //!                                                   (NVRTC only, no GPU; -v: ptxas report)
 //!   fox-attn info                                   what device would be used, or why none
+//!   fox-attn check-gemm [--seed N]                  cuBLASLt GEMMs and f32 attention vs the CPU
+//!   fox-attn bench-gemm [--d 768,1536] [--tokens 32768] [--vocab 50257] [--iters 20] [--warmup 3]
+//!                                                   bf16 TFLOP/s of the FoX (Pro) Linear shapes
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, bench, check, compile, ops_check};
+use fox_kernels::cuda::{self, bench, check, compile, gemm, gemm_check, ops_check};
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -126,19 +129,61 @@ fn main() -> Result<()> {
             println!("{}", report.table());
             Ok(())
         }
+        "check-gemm" => {
+            let gpu = match cuda::Gpu::new(0) {
+                Ok(g) => g,
+                Err(e) => {
+                    println!("GEMM check skipped: {e:#}");
+                    return Ok(());
+                }
+            };
+            let seed = match arg_value(&args, "--seed") {
+                Some(s) => s.parse()?,
+                None => check::fresh_seed(),
+            };
+            println!("GEMM and f32 attention check on {} (seed {seed})", gpu.describe());
+            let t0 = std::time::Instant::now();
+            let rows = gemm_check::run_all(&gpu, seed);
+            println!("{}", check::format_table(&rows));
+            println!("({:.1} s)", t0.elapsed().as_secs_f64());
+            if rows.iter().any(|r| !r.pass) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        "bench-gemm" => {
+            let gpu = cuda::Gpu::new(0)?;
+            let dims = match arg_value(&args, "--d") {
+                Some(s) => list(&s)?,
+                None => vec![768, 1536],
+            };
+            let tokens = arg_value(&args, "--tokens").map(|s| s.parse()).transpose()?.unwrap_or(32768);
+            let vocab = arg_value(&args, "--vocab").map(|s| s.parse()).transpose()?.unwrap_or(50257);
+            let iters = arg_value(&args, "--iters").map(|s| s.parse()).transpose()?.unwrap_or(20);
+            let warmup = arg_value(&args, "--warmup").map(|s| s.parse()).transpose()?.unwrap_or(3);
+            println!("cuBLASLt bf16 GEMMs (fp32 accumulate) on {}, median of {iters}", gpu.describe());
+            for d in dims {
+                // FoX (Pro) presets: head dim 64, MLP width int(d * 3.5 * 2/3) rounded up to 256
+                let inter = ((d as f64 * 3.5 * 2.0 / 3.0) as usize).div_ceil(256) * 256;
+                let shapes = gemm::model_shapes(d, d.div_ceil(64), inter, vocab, tokens);
+                let rows = gemm::bench_with(&gpu, &shapes, warmup, iters)?;
+                println!("\nd = {d}, I = {inter}, {tokens} tokens\n{}", gemm::format_bench(&rows));
+            }
+            Ok(())
+        }
         "help" | "-h" | "--help" => {
             println!(
                 "{}",
                 include_str!("fox-attn.rs")
                     .lines()
                     .skip(2)
-                    .take(8)
+                    .take(10)
                     .map(|l| l.trim_start_matches("//!"))
                     .collect::<Vec<_>>()
                     .join("\n")
             );
             Ok(())
         }
-        other => bail!("unknown command `{other}` (check, check-ops, bench, compile, info)"),
+        other => bail!("unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, compile, info)"),
     }
 }

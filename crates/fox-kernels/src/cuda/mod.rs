@@ -7,11 +7,14 @@
 //! architecture (sm_90a on H100/H200) on first use and cached on disk ([`compile`]).
 
 pub mod attention;
+pub mod attention_f32;
 pub mod bench;
 pub mod check;
 pub mod compile;
 pub mod ops;
 pub mod ops_check;
+pub mod gemm;
+pub mod gemm_check;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};

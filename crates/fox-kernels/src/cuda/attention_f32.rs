@@ -1,0 +1,222 @@
+//! Forgetting Attention in f32 on the GPU (kernels/attention_f32.cu): the fast kernels take
+//! bf16/fp16 only, and `--dtype f32` checks the model on the GPU against the CPU within 1e-3.
+//!
+//! Semantics are those of [`crate::attention::forward`] / [`crate::attention::backward`] for the
+//! subset the model uses: tq = tk = T, q_pos0 = 0, q/k/v/o [B, T, H, D] contiguous, one gate
+//! prefix sum c = cq = ck [B, H, T], every key or left padding (`start[b]`, i32 on the device),
+//! and optional ACP thresholds skipping exactly the entries the CPU skips. Head dims 1..=256.
+//! Simple rather than fast (O(T²·D) per head, one warp per row); deterministic (no atomics).
+
+use super::compile::ATTENTION_F32;
+use super::Gpu;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// Must match `F32Params` in kernels/attention_f32.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct F32Params {
+    q: u64,
+    k: u64,
+    v: u64,
+    c: u64,
+    start: u64,
+    prune: u64,
+    o: u64,
+    lse: u64,
+    o_in: u64,
+    dout: u64,
+    delta: u64,
+    dq: u64,
+    dk: u64,
+    dv: u64,
+    dc: u64,
+    b: i32,
+    h: i32,
+    t: i32,
+    d: i32,
+    scale: f32,
+    pad: i32,
+}
+// SAFETY: plain old data with the C layout the kernels expect.
+unsafe impl DeviceRepr for F32Params {}
+
+/// Warps (rows) per block; WARPS in the kernel source.
+const WARPS: usize = 4;
+
+fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+#[allow(clippy::too_many_arguments)]
+fn validate(
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    tensors: &[(&str, usize, usize)],
+    start: Option<&CudaSlice<i32>>,
+    prune: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    ensure!(b > 0 && h > 0 && t > 0, "f32 attention: empty problem (B={b}, H={h}, T={t})");
+    ensure!((1..=256).contains(&d), "f32 attention: head_dim {d} is not supported (1..=256)");
+    ensure!(b * h * t < i32::MAX as usize, "f32 attention: B·H·T = {} is too large", b * h * t);
+    for &(name, len, need) in tensors {
+        ensure!(len >= need, "f32 attention: `{name}` holds {len} elements, needs {need}");
+    }
+    if let Some(s) = start {
+        ensure!(s.len() >= b, "f32 attention: left-padding starts hold {} entries, need B = {b}", s.len());
+    }
+    if let Some(p) = prune {
+        ensure!(p.len() >= b * h, "f32 attention: ACP thresholds hold {} entries, need B·H = {}", p.len(), b * h);
+    }
+    Ok(())
+}
+
+fn launch(gpu: &Gpu, name: &str, rows: usize, prm: &F32Params) -> Result<()> {
+    let f = gpu.function(&ATTENTION_F32, name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(WARPS) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(prm);
+    // SAFETY: the parameter block matches the kernel's; every buffer was checked against the
+    // sizes the kernel indexes (B·T·H·D for rows, B·H·T for statistics) by `validate`.
+    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
+    Ok(())
+}
+
+/// Forward: `o` [B, T, H, D], `lse` [B, H, T] (−∞ on padded rows, whose outputs are 0).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_f32(
+    gpu: &Gpu,
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    c: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    scale: f32,
+    prune: Option<&CudaSlice<f32>>,
+    o: &mut CudaSlice<f32>,
+    lse: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (n, s) = (b * t * h * d, b * h * t);
+    validate(
+        b,
+        h,
+        t,
+        d,
+        &[
+            ("q", q.len(), n),
+            ("k", k.len(), n),
+            ("v", v.len(), n),
+            ("c", c.len(), s),
+            ("o", o.len(), n),
+            ("lse", lse.len(), s),
+        ],
+        start,
+        prune,
+    )?;
+    let prm = F32Params {
+        q: ptr(gpu, q),
+        k: ptr(gpu, k),
+        v: ptr(gpu, v),
+        c: ptr(gpu, c),
+        start: start.map_or(0, |s| ptr(gpu, s)),
+        prune: prune.map_or(0, |p| ptr(gpu, p)),
+        o: ptr(gpu, o),
+        lse: ptr(gpu, lse),
+        b: b as i32,
+        h: h as i32,
+        t: t as i32,
+        d: d as i32,
+        scale,
+        ..Default::default()
+    };
+    launch(gpu, "fox32_fwd", s, &prm)
+}
+
+/// Backward: dq, dk, dv [B, T, H, D] and dc [B, H, T] = dcq + dck (the CPU's `Grads` summed, as
+/// c feeds both the query and the key side). `o` and `lse` from [`forward_f32`] with the same
+/// inputs. Allocates one [B, H, T] scratch buffer (delta = rowsum(dO∘O)).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_f32(
+    gpu: &Gpu,
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    c: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    scale: f32,
+    prune: Option<&CudaSlice<f32>>,
+    o: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    lse: &CudaSlice<f32>,
+    dq: &mut CudaSlice<f32>,
+    dk: &mut CudaSlice<f32>,
+    dv: &mut CudaSlice<f32>,
+    dc: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (n, s) = (b * t * h * d, b * h * t);
+    validate(
+        b,
+        h,
+        t,
+        d,
+        &[
+            ("q", q.len(), n),
+            ("k", k.len(), n),
+            ("v", v.len(), n),
+            ("c", c.len(), s),
+            ("o", o.len(), n),
+            ("dout", dout.len(), n),
+            ("lse", lse.len(), s),
+            ("dq", dq.len(), n),
+            ("dk", dk.len(), n),
+            ("dv", dv.len(), n),
+            ("dc", dc.len(), s),
+        ],
+        start,
+        prune,
+    )?;
+    let delta = gpu.zeros::<f32>(s)?;
+    let prm = F32Params {
+        q: ptr(gpu, q),
+        k: ptr(gpu, k),
+        v: ptr(gpu, v),
+        c: ptr(gpu, c),
+        start: start.map_or(0, |s| ptr(gpu, s)),
+        prune: prune.map_or(0, |p| ptr(gpu, p)),
+        lse: ptr(gpu, lse),
+        o_in: ptr(gpu, o),
+        dout: ptr(gpu, dout),
+        delta: ptr(gpu, &delta),
+        dq: ptr(gpu, dq),
+        dk: ptr(gpu, dk),
+        dv: ptr(gpu, dv),
+        dc: ptr(gpu, dc),
+        b: b as i32,
+        h: h as i32,
+        t: t as i32,
+        d: d as i32,
+        scale,
+        ..Default::default()
+    };
+    // dq pass writes delta and dc = dcq; the dk/dv pass reads delta and adds dck (same stream).
+    launch(gpu, "fox32_bwd_dq", s, &prm)?;
+    launch(gpu, "fox32_bwd_dkdv", s, &prm)?;
+    // `delta` is freed on the stream after the kernels that use it (stream-ordered free).
+    drop(delta);
+    Ok(())
+}

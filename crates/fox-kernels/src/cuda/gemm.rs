@@ -1,0 +1,719 @@
+//! The model's matrix products on the GPU through cuBLASLt, row-major as in [`crate::matmul`].
+//!
+//! cuBLASLt is column-major. A row-major [r, c] matrix is, read column-major, its transpose
+//! [c, r] with leading dimension c, so every product below is issued as the product of the
+//! transposes: y = x·wᵀ becomes yᵀ = w·xᵀ (w's stored form transposed, x's as stored), and so on.
+//! No data is ever transposed.
+//!
+//! Types: bf16 inputs with fp32 accumulation (CUBLAS_COMPUTE_32F) and a bf16 or f32 output; f32
+//! inputs also with CUBLAS_COMPUTE_32F, never TF32 (the f32 path exists to match the CPU).
+//!
+//! Each distinct problem (operation, dtypes, sizes, pointer alignments) asks
+//! cublasLtMatmulAlgoGetHeuristic once; its descriptors and the chosen algorithm are kept in a
+//! plan cache, so a training step issues no heuristic query after its first. Determinism: cuBLAS
+//! gives bitwise-identical results for a fixed algorithm on one stream with a user-owned
+//! workspace; split-K is allowed only with the reduction done in the compute type in the
+//! workspace (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), which is ordered and keeps the partial
+//! sums in fp32 (the in-place scheme would add bf16-rounded partials).
+
+use super::{Elem, Gpu};
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// cuBLASLt workspace: NVIDIA's recommendation for Hopper (32 MiB).
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The shared library cudarc loads (CUDA 13).
+const LIB: &str = "libcublasLt.so.13";
+
+/// Make cuBLASLt loadable. cudarc dlopen()s it by name; where it is not on the loader's path,
+/// load it here by full path from the usual places (a CUDA toolkit, pip's nvidia-cublas wheel):
+/// once loaded, cudarc's dlopen by soname finds it. Errors name the library.
+pub fn ensure_cublaslt() -> Result<()> {
+    // SAFETY: dlopen probing only.
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if let Ok(p) = std::env::var("FOXLM_CUBLASLT") {
+        let p = std::path::PathBuf::from(p);
+        dirs.push(if p.is_file() { p.parent().map(|d| d.to_path_buf()).unwrap_or_default() } else { p });
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(p) = std::env::var(var) {
+            dirs.push(std::path::Path::new(&p).join("lib64"));
+            dirs.push(std::path::Path::new(&p).join("lib"));
+        }
+    }
+    for p in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"] {
+        dirs.push(p.into());
+    }
+    // pip wheels: <prefix>/lib/python3.X/site-packages/nvidia/{cu13,cublas}/lib
+    let home = std::env::var("HOME").unwrap_or_default();
+    let mut prefixes: Vec<std::path::PathBuf> =
+        vec!["/usr/local".into(), "/usr".into(), std::path::Path::new(&home).join(".local")];
+    for root in ["/opt".into(), std::path::Path::new(&home).join(".pyenv/versions")] {
+        if let Ok(rd) = std::fs::read_dir(&root) {
+            for e in rd.flatten() {
+                prefixes.push(e.path());
+                prefixes.push(e.path().join(".venv"));
+            }
+        }
+    }
+    for pre in prefixes {
+        if let Ok(rd) = std::fs::read_dir(pre.join("lib")) {
+            for e in rd.flatten() {
+                let py = e.path();
+                if py.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")) {
+                    for pk in ["site-packages", "dist-packages"] {
+                        dirs.push(py.join(pk).join("nvidia/cu13/lib"));
+                        dirs.push(py.join(pk).join("nvidia/cublas/lib"));
+                    }
+                }
+            }
+        }
+    }
+    for d in &dirs {
+        let f = d.join(LIB);
+        if f.is_file() {
+            // SAFETY: loading a plain C library by path; the handle is leaked so it stays loaded.
+            if let Ok(lib) = unsafe { libloading::Library::new(&f) } {
+                std::mem::forget(lib);
+                return Ok(());
+            }
+        }
+    }
+    bail!(
+        "cuBLASLt ({LIB}) could not be loaded: the GPU matrix products need it. Install the CUDA 13 \
+         toolkit or `pip install nvidia-cublas` (CUDA 13), add its lib folder to LD_LIBRARY_PATH, or \
+         point FOXLM_CUBLASLT at {LIB}"
+    )
+}
+
+/// Which product of a Linear layer (weights [n, k] row-major, inputs [m, k]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmOp {
+    /// y[m, n] = x[m, k] · wᵀ
+    Fwd,
+    /// dx[m, k] = dy[m, n] · w
+    Dx,
+    /// dw[n, k] += dyᵀ · x
+    Dw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Dt {
+    F32,
+    Bf16,
+}
+
+impl Dt {
+    fn of<E: Elem>() -> Result<Dt> {
+        match E::NAME {
+            "f32" => Ok(Dt::F32),
+            "bf16" => Ok(Dt::Bf16),
+            other => bail!("cuBLASLt GEMM: element type `{other}` is not supported (f32 or bf16)"),
+        }
+    }
+    fn cuda(self) -> sys::cudaDataType {
+        match self {
+            Dt::F32 => sys::cudaDataType::CUDA_R_32F,
+            Dt::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        }
+    }
+}
+
+/// Everything the algorithm choice depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    op: GemmOp,
+    ab: Dt,
+    cd: Dt,
+    /// cuBLAS's (column-major) m, n, k
+    m: u64,
+    n: u64,
+    k: u64,
+    /// pointer alignments of A, B, C=D in bytes (capped at 256)
+    align: [u32; 3],
+}
+
+/// Descriptors and the algorithm of one problem. The data pointers are not part of it.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    la: sys::cublasLtMatrixLayout_t,
+    lb: sys::cublasLtMatrixLayout_t,
+    lc: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+    splitk: u32,
+    reduction: u32,
+}
+
+// SAFETY: the descriptors are plain host-side objects owned by the plan; cuBLASLt allows using
+// them from any thread, and the cache's mutex serialises every use.
+unsafe impl Send for Plan {}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: created in `Gemm::plan`, destroyed once here. Failures cannot be acted on.
+        unsafe {
+            for l in [self.la, self.lb, self.lc] {
+                if !l.is_null() {
+                    let _ = sys::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = sys::cublasLtMatmulDescDestroy(self.desc);
+            }
+        }
+    }
+}
+
+/// Which algorithm cuBLASLt chose for a problem (for reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlgoInfo {
+    pub split_k: u32,
+    /// CUBLASLT_REDUCTION_SCHEME_* (0: none, 2: compute type in the workspace)
+    pub reduction: u32,
+}
+
+/// cuBLASLt handle, workspace and plan cache; create once per GPU.
+pub struct Gemm {
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: Mutex<HashMap<Key, Plan>>,
+    queries: AtomicUsize,
+}
+
+// SAFETY: a cuBLASLt handle may be used from several threads; every matmul on it happens under
+// the plan cache's mutex, on the one stream of `gpu`.
+unsafe impl Send for Gemm {}
+unsafe impl Sync for Gemm {}
+
+impl Drop for Gemm {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.plans.lock() {
+            p.clear();
+        }
+        // SAFETY: created in `new`, destroyed once here.
+        unsafe {
+            let _ = sys::cublasLtDestroy(self.handle);
+        }
+    }
+}
+
+fn lt(what: &str, s: sys::cublasStatus_t) -> Result<()> {
+    s.result().map_err(|e| anyhow!("cuBLASLt {what} failed: {e:?}"))
+}
+
+fn align_of(ptr: u64) -> u32 {
+    if ptr == 0 {
+        256
+    } else {
+        (1u64 << ptr.trailing_zeros().min(8)) as u32
+    }
+}
+
+impl Gemm {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Self::on(gpu)
+    }
+
+    /// [`Gemm::new`] from a plain reference (the handle keeps the GPU's stream and context alive).
+    pub fn on(gpu: &Gpu) -> Result<Self> {
+        ensure_cublaslt()?;
+        gpu.context().bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: plain out-parameter.
+        lt("cublasLtCreate", unsafe { sys::cublasLtCreate(&mut handle) })?;
+        let workspace = match gpu.zeros::<u8>(WORKSPACE_BYTES) {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: created just above.
+                unsafe {
+                    let _ = sys::cublasLtDestroy(handle);
+                }
+                return Err(e.context("the cuBLASLt workspace"));
+            }
+        };
+        Ok(Gemm {
+            stream: gpu.stream().clone(),
+            ctx: gpu.context().clone(),
+            handle,
+            workspace,
+            plans: Mutex::new(HashMap::new()),
+            queries: AtomicUsize::new(0),
+        })
+    }
+
+    /// How many heuristic queries were made so far (one per distinct problem).
+    pub fn heuristic_queries(&self) -> usize {
+        self.queries.load(Ordering::Relaxed)
+    }
+
+    /// The algorithm chosen for a problem already run, if any (sizes as in the Linear's terms).
+    pub fn algo_info<T: Elem, Y: Elem>(&self, op: GemmOp, m: usize, k: usize, n: usize) -> Option<AlgoInfo> {
+        let (ab, cd) = (Dt::of::<T>().ok()?, Dt::of::<Y>().ok()?);
+        let (cm, cn, ck) = lt_dims(op, m, k, n);
+        let plans = self.plans.lock().ok()?;
+        plans
+            .iter()
+            .find(|(key, _)| key.op == op && key.ab == ab && key.cd == cd && (key.m, key.n, key.k) == (cm, cn, ck))
+            .map(|(_, p)| AlgoInfo { split_k: p.splitk, reduction: p.reduction })
+    }
+
+    /// y[m, n] (=|+=) x[m, k] · w[n, k]ᵀ: a Linear forward. Y is T, or f32 from bf16 inputs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_fwd<T: Elem, Y: Elem>(
+        &self,
+        y: &mut CudaSlice<Y>,
+        accumulate: bool,
+        x: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (ab, cd) = (Dt::of::<T>()?, Dt::of::<Y>()?);
+        ensure!(
+            !(ab == Dt::F32 && cd == Dt::Bf16),
+            "linear_fwd: f32 inputs with a bf16 output are not supported (cuBLASLt has no such kernel)"
+        );
+        ensure!(x.len() >= m * k, "linear_fwd: x holds {} elements, [{m}, {k}] needs {}", x.len(), m * k);
+        ensure!(w.len() >= n * k, "linear_fwd: w holds {} elements, [{n}, {k}] needs {}", w.len(), n * k);
+        ensure!(y.len() >= m * n, "linear_fwd: y holds {} elements, [{m}, {n}] needs {}", y.len(), m * n);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return self.zero_unless(accumulate, y, m * n);
+        }
+        self.matmul(GemmOp::Fwd, ab, cd, (m, k, n), self.ptr(w), self.ptr(x), self.ptr_mut(y), accumulate)
+    }
+
+    /// dx[m, k] (=|+=) dy[m, n] · w[n, k]: the input gradient of a Linear.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_bwd_dx<T: Elem>(
+        &self,
+        dx: &mut CudaSlice<T>,
+        accumulate: bool,
+        dy: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        let dt = Dt::of::<T>()?;
+        ensure!(dy.len() >= m * n, "linear_bwd_dx: dy holds {} elements, [{m}, {n}] needs {}", dy.len(), m * n);
+        ensure!(w.len() >= n * k, "linear_bwd_dx: w holds {} elements, [{n}, {k}] needs {}", w.len(), n * k);
+        ensure!(dx.len() >= m * k, "linear_bwd_dx: dx holds {} elements, [{m}, {k}] needs {}", dx.len(), m * k);
+        if m == 0 || k == 0 {
+            return Ok(());
+        }
+        if n == 0 {
+            return self.zero_unless(accumulate, dx, m * k);
+        }
+        self.matmul(GemmOp::Dx, dt, dt, (m, k, n), self.ptr(w), self.ptr(dy), self.ptr_mut(dx), accumulate)
+    }
+
+    /// dw[n, k] += dy[m, n]ᵀ · x[m, k]: the weight gradient of a Linear, always accumulated into
+    /// the f32 gradient.
+    pub fn linear_bwd_dw<T: Elem>(
+        &self,
+        dw: &mut CudaSlice<f32>,
+        dy: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        let dt = Dt::of::<T>()?;
+        ensure!(dy.len() >= m * n, "linear_bwd_dw: dy holds {} elements, [{m}, {n}] needs {}", dy.len(), m * n);
+        ensure!(x.len() >= m * k, "linear_bwd_dw: x holds {} elements, [{m}, {k}] needs {}", x.len(), m * k);
+        ensure!(dw.len() >= n * k, "linear_bwd_dw: dw holds {} elements, [{n}, {k}] needs {}", dw.len(), n * k);
+        if m == 0 || n == 0 || k == 0 {
+            return Ok(());
+        }
+        self.matmul(GemmOp::Dw, dt, Dt::F32, (m, k, n), self.ptr(x), self.ptr(dy), self.ptr_mut(dw), true)
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _g) = s.device_ptr(&self.stream);
+        p
+    }
+    fn ptr_mut<T>(&self, s: &mut CudaSlice<T>) -> u64 {
+        let (p, _g) = s.device_ptr_mut(&self.stream);
+        p
+    }
+
+    fn zero_unless<Y: Elem>(&self, accumulate: bool, y: &mut CudaSlice<Y>, len: usize) -> Result<()> {
+        if !accumulate {
+            let mut v = y.slice_mut(0..len);
+            self.stream.memset_zeros(&mut v).map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
+        }
+        Ok(())
+    }
+
+    /// D = A·B (+ D) in cuBLAS's terms; `a`, `b` as the op's table in [`lt_dims`] says.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        op: GemmOp,
+        ab: Dt,
+        cd: Dt,
+        (m, k, n): (usize, usize, usize),
+        a: u64,
+        b: u64,
+        d: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (cm, cn, ck) = lt_dims(op, m, k, n);
+        let key = Key { op, ab, cd, m: cm, n: cn, k: ck, align: [align_of(a), align_of(b), align_of(d)] };
+        self.ctx.bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
+        let mut plans = self.plans.lock().map_err(|_| anyhow!("the GEMM plan cache was poisoned by a panic"))?;
+        let p = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key).map_err(|e| {
+                e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n}): no cuBLASLt algorithm"))
+            })?),
+        };
+        let alpha = 1.0f32;
+        let beta = if accumulate { 1.0f32 } else { 0.0f32 };
+        let ws = self.ptr(&self.workspace);
+        // SAFETY: the descriptors describe buffers whose lengths the callers checked; C and D are
+        // the same buffer with the same layout (cuBLASLt supports in-place); the workspace is ours.
+        let st = unsafe {
+            sys::cublasLtMatmul(
+                self.handle,
+                p.desc,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                p.la,
+                b as *const c_void,
+                p.lb,
+                &beta as *const f32 as *const c_void,
+                d as *const c_void,
+                p.lc,
+                d as *mut c_void,
+                p.lc,
+                &p.algo,
+                ws as *mut c_void,
+                WORKSPACE_BYTES,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )
+        };
+        lt("cublasLtMatmul", st)
+            .map_err(|e| e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})")))
+    }
+
+    /// Descriptors for `key` and the heuristic's best algorithm.
+    fn plan(&self, key: &Key) -> Result<Plan> {
+        // A, B, D as stored (column-major rows, cols, ld) and the transposes; see `lt_dims`.
+        let (cm, cn, ck) = (key.m, key.n, key.k);
+        let (a_rc, ta, b_rc, tb) = match key.op {
+            // A = w stored k×n (op T gives n×k); B = x stored k×m
+            GemmOp::Fwd => ((ck, cm), true, (ck, cn), false),
+            // A = w stored k×n; B = dy stored n×m
+            GemmOp::Dx => ((cm, ck), false, (ck, cn), false),
+            // A = x stored k×m; B = dy stored n×m (op T gives m×n)
+            GemmOp::Dw => ((cm, ck), false, (cn, ck), true),
+        };
+        let mut plan = Plan {
+            desc: std::ptr::null_mut(),
+            la: std::ptr::null_mut(),
+            lb: std::ptr::null_mut(),
+            lc: std::ptr::null_mut(),
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            splitk: 1,
+            reduction: 0,
+        };
+        // SAFETY: out-parameters and attribute buffers of the documented types and sizes; a
+        // partially built plan is destroyed by Plan's Drop (null handles are skipped by cuBLASLt).
+        unsafe {
+            lt(
+                "cublasLtMatmulDescCreate",
+                sys::cublasLtMatmulDescCreate(
+                    &mut plan.desc,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cudaDataType::CUDA_R_32F,
+                ),
+            )?;
+            for (attr, t) in [
+                (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, ta),
+                (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, tb),
+            ] {
+                let v: i32 = t as i32; // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+                lt(
+                    "cublasLtMatmulDescSetAttribute(TRANS)",
+                    sys::cublasLtMatmulDescSetAttribute(
+                        plan.desc,
+                        attr,
+                        &v as *const i32 as *const c_void,
+                        std::mem::size_of::<i32>(),
+                    ),
+                )?;
+            }
+            let abt = key.ab.cuda();
+            lt(
+                "cublasLtMatrixLayoutCreate(A)",
+                sys::cublasLtMatrixLayoutCreate(&mut plan.la, abt, a_rc.0, a_rc.1, a_rc.0 as i64),
+            )?;
+            lt(
+                "cublasLtMatrixLayoutCreate(B)",
+                sys::cublasLtMatrixLayoutCreate(&mut plan.lb, abt, b_rc.0, b_rc.1, b_rc.0 as i64),
+            )?;
+            lt(
+                "cublasLtMatrixLayoutCreate(D)",
+                sys::cublasLtMatrixLayoutCreate(&mut plan.lc, key.cd.cuda(), cm, cn, cm as i64),
+            )?;
+
+            let mut pref: sys::cublasLtMatmulPreference_t = std::ptr::null_mut();
+            lt("cublasLtMatmulPreferenceCreate", sys::cublasLtMatmulPreferenceCreate(&mut pref))?;
+            let res = self.heuristic(key, &mut plan, pref);
+            let _ = sys::cublasLtMatmulPreferenceDestroy(pref);
+            res?;
+        }
+        Ok(plan)
+    }
+
+    /// # Safety
+    /// `plan`'s descriptors and `pref` must be valid.
+    unsafe fn heuristic(&self, key: &Key, plan: &mut Plan, pref: sys::cublasLtMatmulPreference_t) -> Result<()> {
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        let ws: u64 = WORKSPACE_BYTES as u64;
+        lt(
+            "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)",
+            sys::cublasLtMatmulPreferenceSetAttribute(
+                pref,
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                8,
+            ),
+        )?;
+        // Only no split-K (scheme 0 is never masked) or split-K reduced in fp32 in the workspace.
+        let mask: u32 = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        lt(
+            "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)",
+            sys::cublasLtMatmulPreferenceSetAttribute(
+                pref,
+                P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                &mask as *const u32 as *const c_void,
+                4,
+            ),
+        )?;
+        for (attr, al) in [
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+        ] {
+            lt(
+                "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)",
+                sys::cublasLtMatmulPreferenceSetAttribute(pref, attr, &al as *const u32 as *const c_void, 4),
+            )?;
+        }
+        const WANT: usize = 8;
+        let mut results: [sys::cublasLtMatmulHeuristicResult_t; WANT] = std::mem::zeroed();
+        let mut count: i32 = 0;
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        lt(
+            "cublasLtMatmulAlgoGetHeuristic",
+            sys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                plan.desc,
+                plan.la,
+                plan.lb,
+                plan.lc,
+                plan.lc,
+                pref,
+                WANT as i32,
+                results.as_mut_ptr(),
+                &mut count,
+            ),
+        )?;
+        // Results come best first.
+        let Some(best) = results[..(count.max(0) as usize).min(WANT)]
+            .iter()
+            .find(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+        else {
+            bail!("cublasLtMatmulAlgoGetHeuristic returned no usable algorithm ({count} candidates)");
+        };
+        plan.algo = best.algo;
+        let mut written = 0usize;
+        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
+            &plan.algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            &mut plan.splitk as *mut u32 as *mut c_void,
+            4,
+            &mut written,
+        );
+        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
+            &plan.algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+            &mut plan.reduction as *mut u32 as *mut c_void,
+            4,
+            &mut written,
+        );
+        Ok(())
+    }
+}
+
+/// cuBLAS's column-major (m, n, k) for a Linear product with (tokens m, inputs k, outputs n):
+///   Fwd: yᵀ[n, m] = w[n, k] (stored as wᵀ, op T) · xᵀ[k, m]
+///   Dx:  dxᵀ[k, m] = wᵀ[k, n] · dyᵀ[n, m]
+///   Dw:  dwᵀ[k, n] = xᵀ[k, m] · dy[m, n] (dy stored as dyᵀ, op T)
+fn lt_dims(op: GemmOp, m: usize, k: usize, n: usize) -> (u64, u64, u64) {
+    let (m, k, n) = (m as u64, k as u64, n as u64);
+    match op {
+        GemmOp::Fwd => (n, m, k),
+        GemmOp::Dx => (k, m, n),
+        GemmOp::Dw => (k, n, m),
+    }
+}
+
+/// One GEMM to time: a Linear's product with m tokens, k inputs, n outputs.
+#[derive(Clone, Debug)]
+pub struct BenchShape {
+    pub name: String,
+    pub op: GemmOp,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// f32 output (the output head's and forget gate's logits) instead of bf16; Dw is always f32
+    pub out_f32: bool,
+}
+
+impl BenchShape {
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.k as f64 * self.n as f64
+    }
+}
+
+/// The Linear layers of a FoX (Pro) model with hidden size `d`, `heads` heads, MLP width
+/// `intermediate`, vocabulary `vocab`, over `tokens` tokens: forward, dx and dw of each.
+pub fn model_shapes(d: usize, heads: usize, intermediate: usize, vocab: usize, tokens: usize) -> Vec<BenchShape> {
+    let mut v = Vec::new();
+    for (name, k, n, f32_out) in [
+        ("q/k/v/o/ogate d->d", d, d, false),
+        ("fgate d->H", d, heads, true),
+        ("mlp gate_up d->2I", d, 2 * intermediate, false),
+        ("mlp down I->d", intermediate, d, false),
+        ("head d->V", d, vocab, true),
+    ] {
+        for op in [GemmOp::Fwd, GemmOp::Dx, GemmOp::Dw] {
+            v.push(BenchShape {
+                name: format!("{name} ({d}x{n})"),
+                op,
+                m: tokens,
+                k,
+                n,
+                out_f32: f32_out && op == GemmOp::Fwd,
+            });
+        }
+    }
+    v
+}
+
+/// Pseudo-random bf16 values in [−1, 1) (a fixed LCG: timing needs realistic bits, not quality).
+fn fill_bf16(n: usize, seed: u64) -> Vec<half::bf16> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            half::bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect()
+}
+
+/// Time each shape in bf16 (fp32 accumulate): 3 untimed runs, then the median of 20 runs, each
+/// between two CUDA events. Returns (shape, TFLOP/s) in order.
+pub fn bench(gpu: &Arc<Gpu>, shapes: &[BenchShape]) -> Result<Vec<(BenchShape, f64)>> {
+    bench_with(gpu, shapes, 3, 20)
+}
+
+/// [`bench`] with the number of warm-up and timed runs.
+pub fn bench_with(
+    gpu: &Arc<Gpu>,
+    shapes: &[BenchShape],
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<(BenchShape, f64)>> {
+    let g = Gemm::new(gpu)?;
+    let mut out = Vec::new();
+    for (i, s) in shapes.iter().enumerate() {
+        let (m, k, n) = (s.m, s.k, s.n);
+        let seed = 3 * i as u64;
+        // Only the operands the op reads: Fwd x[m,k], w[n,k]; Dx dy[m,n], w; Dw dy, x.
+        let w = if s.op != GemmOp::Dw { Some(gpu.upload(&fill_bf16(n * k, seed))?) } else { None };
+        let x = if s.op != GemmOp::Dx { Some(gpu.upload(&fill_bf16(m * k, seed + 1))?) } else { None };
+        let dy = if s.op != GemmOp::Fwd { Some(gpu.upload(&fill_bf16(m * n, seed + 2))?) } else { None };
+        let mut y16: Option<CudaSlice<half::bf16>> = None;
+        let mut y32: Option<CudaSlice<f32>> = None;
+        match (s.op, s.out_f32) {
+            (GemmOp::Fwd, false) => y16 = Some(gpu.zeros(m * n)?),
+            (GemmOp::Fwd, true) => y32 = Some(gpu.zeros(m * n)?),
+            (GemmOp::Dx, _) => y16 = Some(gpu.zeros(m * k)?),
+            (GemmOp::Dw, _) => y32 = Some(gpu.zeros(n * k)?),
+        }
+        let mut run = || -> Result<()> {
+            match (s.op, y16.as_mut(), y32.as_mut(), x.as_ref(), w.as_ref(), dy.as_ref()) {
+                (GemmOp::Fwd, Some(y), _, Some(x), Some(w), _) => g.linear_fwd(y, false, x, w, m, k, n),
+                (GemmOp::Fwd, _, Some(y), Some(x), Some(w), _) => g.linear_fwd(y, false, x, w, m, k, n),
+                (GemmOp::Dx, Some(y), _, _, Some(w), Some(dy)) => g.linear_bwd_dx(y, false, dy, w, m, k, n),
+                (GemmOp::Dw, _, Some(y), Some(x), _, Some(dy)) => g.linear_bwd_dw(y, dy, x, m, k, n),
+                _ => bail!("bench: missing buffers for {:?}", s.op),
+            }
+        };
+        for _ in 0..warmup {
+            run()?;
+        }
+        gpu.sync()?;
+        let ctx = gpu.context();
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = |e: cudarc::driver::DriverError| anyhow!("CUDA event: {e:?}");
+        let mut ms = Vec::with_capacity(iters.max(1));
+        for _ in 0..iters.max(1) {
+            let e0 = ctx.new_event(flags).map_err(ev)?;
+            let e1 = ctx.new_event(flags).map_err(ev)?;
+            e0.record(gpu.stream()).map_err(ev)?;
+            run()?;
+            e1.record(gpu.stream()).map_err(ev)?;
+            ms.push(e0.elapsed_ms(&e1).map_err(ev)? as f64);
+        }
+        gpu.sync()?;
+        ms.sort_by(|a, b| a.total_cmp(b));
+        let med = ms[ms.len() / 2];
+        out.push((s.clone(), s.flops() / (med * 1e-3) / 1e12));
+    }
+    Ok(out)
+}
+
+/// The bench's results as a table.
+pub fn format_bench(rows: &[(BenchShape, f64)]) -> String {
+    let mut s =
+        format!("| {:<34} | {:<3} | {:>6} | {:>6} | {:>6} | {:>8} |\n", "linear", "op", "m", "k", "n", "TFLOP/s");
+    s += &format!(
+        "|{}|{}|{}|{}|{}|{}|\n",
+        "-".repeat(36),
+        "-".repeat(5),
+        "-".repeat(8),
+        "-".repeat(8),
+        "-".repeat(8),
+        "-".repeat(10)
+    );
+    for (b, t) in rows {
+        let op = match b.op {
+            GemmOp::Fwd => "fwd",
+            GemmOp::Dx => "dx",
+            GemmOp::Dw => "dw",
+        };
+        s += &format!("| {:<34} | {:<3} | {:>6} | {:>6} | {:>6} | {:>8.1} |\n", b.name, op, b.m, b.k, b.n, t);
+    }
+    s
+}

@@ -1,0 +1,418 @@
+//! GPU check of the cuBLASLt GEMMs ([`super::gemm`]) against [`crate::matmul`] and of the f32
+//! Forgetting Attention ([`super::attention_f32`]) against [`crate::attention`], on fresh random
+//! inputs, as rows of the GPU check's pass/fail table.
+//!
+//! Errors are relative L2 norms ‖gpu − cpu‖ / ‖cpu‖ unless the metric says otherwise. Tolerances:
+//! - GEMM, f32: 1e-5. Same inputs, fp32 products; only the summation order differs (≈ 1e-7).
+//! - GEMM, bf16 inputs with a bf16 output: 1e-2. The CPU gets the same bf16-rounded inputs (and
+//!   accumulator start), so the products are exact in fp32 and the error is the output's rounding
+//!   to bf16 (8 bits: ≤ 2^-9 per element, ≈ 1e-3 RMS).
+//! - GEMM, bf16 inputs with an f32 output (dw, logits): 1e-4. Nothing is rounded but the fp32
+//!   sums, so only summation order differs; 1e-4 leaves room for cuBLASLt's split-K order.
+//! - Determinism: repeated runs must agree bitwise (count of differing elements, tolerance 0),
+//!   and a repeated problem must not query the heuristic again.
+//! - f32 attention: 1e-4 (o, dq, dk, dv, dc) and max |Δ| 1e-4 (lse): fp32 sums of the same terms
+//!   in another order over at most 200 keys; the skipped (padding, causal, ACP) entries must be
+//!   exactly the CPU's or the errors jump far above this.
+
+use super::attention_f32::{backward_f32, forward_f32};
+use super::check::{host_prefix_fwd, CheckRow};
+use super::gemm::{Gemm, GemmOp};
+use super::{Elem, Gpu};
+use crate::attention::{self as ca, Problem, View, Visibility};
+use anyhow::Result;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
+}
+
+fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
+    if x.len() != r.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(r) {
+        let d = *a as f64 - *b as f64;
+        num += if d.is_nan() { f64::INFINITY } else { d * d };
+        den += (*b as f64) * (*b as f64);
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Max |Δ| over entries finite in both; infinite where finiteness differs (padded rows' −∞).
+fn lse_err(x: &[f32], r: &[f32]) -> f64 {
+    let mut m = 0.0f64;
+    for (a, b) in x.iter().zip(r) {
+        if a.is_finite() != b.is_finite() || a.is_nan() || (a.is_infinite() && a != b) {
+            return f64::INFINITY;
+        }
+        if a.is_finite() {
+            m = m.max((*a as f64 - *b as f64).abs());
+        }
+    }
+    m
+}
+
+struct Rows<'a> {
+    rows: &'a mut Vec<CheckRow>,
+    case: String,
+}
+
+impl Rows<'_> {
+    fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
+        self.rows.push(CheckRow {
+            case: self.case.clone(),
+            metric: metric.into(),
+            err,
+            tol,
+            pass: err.is_finite() && err <= tol,
+            note,
+        });
+    }
+}
+
+fn failed(case: &str, e: anyhow::Error) -> CheckRow {
+    CheckRow {
+        case: case.into(),
+        metric: "run".into(),
+        err: f64::INFINITY,
+        tol: 0.0,
+        pass: false,
+        note: format!("error: {e:#}"),
+    }
+}
+
+// ---------------------------------------------------------------- GEMM
+
+/// Round through the element type (identity for f32).
+fn round<E: Elem>(x: Vec<f32>) -> Vec<f32> {
+    x.into_iter().map(|v| E::from_f32(v).to_f32()).collect()
+}
+
+fn up<E: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<E>> {
+    gpu.upload(&x.iter().map(|v| E::from_f32(*v)).collect::<Vec<E>>())
+}
+
+fn down<E: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<E>, n: usize) -> Result<Vec<f32>> {
+    Ok(gpu.download(x)?.iter().take(n).map(|v| v.to_f32()).collect())
+}
+
+fn algo_note<T: Elem, Y: Elem>(g: &Gemm, op: GemmOp, m: usize, k: usize, n: usize) -> String {
+    match g.algo_info::<T, Y>(op, m, k, n) {
+        Some(a) => format!("split-K {} reduction {}", a.split_k, a.reduction),
+        None => String::new(),
+    }
+}
+
+/// All three products of one Linear shape in element type T against the CPU; `tol` for outputs
+/// in T, `tol32` for f32 outputs.
+fn gemm_case<T: Elem>(
+    gpu: &Gpu,
+    g: &Gemm,
+    (m, k, n): (usize, usize, usize),
+    tol: f64,
+    tol32: f64,
+    rng: &mut ChaCha8Rng,
+    out: &mut Rows,
+) -> Result<()> {
+    let x = round::<T>(randn(rng, m * k));
+    let w = round::<T>(randn(rng, n * k));
+    let dy = round::<T>(randn(rng, m * n));
+    let (xd, wd, dyd) = (up::<T>(gpu, &x)?, up::<T>(gpu, &w)?, up::<T>(gpu, &dy)?);
+    let is_f32 = T::NAME == "f32";
+
+    // forward, output in T, then (for bf16) in f32
+    for accumulate in [false, true] {
+        let y0 = round::<T>(randn(rng, m * n));
+        let mut yd = up::<T>(gpu, &y0)?;
+        g.linear_fwd::<T, T>(&mut yd, accumulate, &xd, &wd, m, k, n)?;
+        let mut r = y0.clone();
+        crate::matmul::gemm_strided(m, n, k, &mut r, n, accumulate, &x, k, 1, &w, 1, k);
+        let e = rel_l2(&down(gpu, &yd, m * n)?, &r);
+        let metric = if accumulate { "fwd y += x·wᵀ" } else { "fwd y = x·wᵀ" };
+        out.add(metric, e, tol, algo_note::<T, T>(g, GemmOp::Fwd, m, k, n));
+        if !is_f32 {
+            let y0 = randn(rng, m * n);
+            let mut yd = gpu.upload(&y0)?;
+            g.linear_fwd::<T, f32>(&mut yd, accumulate, &xd, &wd, m, k, n)?;
+            let mut r = y0.clone();
+            crate::matmul::gemm_strided(m, n, k, &mut r, n, accumulate, &x, k, 1, &w, 1, k);
+            let e = rel_l2(&down(gpu, &yd, m * n)?, &r);
+            let metric = if accumulate { "fwd f32 out y += x·wᵀ" } else { "fwd f32 out y = x·wᵀ" };
+            out.add(metric, e, tol32, algo_note::<T, f32>(g, GemmOp::Fwd, m, k, n));
+        }
+    }
+    // dx, both ways; dw (always accumulated, f32)
+    for accumulate in [false, true] {
+        let dx0 = round::<T>(randn(rng, m * k));
+        let mut dxd = up::<T>(gpu, &dx0)?;
+        g.linear_bwd_dx::<T>(&mut dxd, accumulate, &dyd, &wd, m, k, n)?;
+        // the product linear_bwd uses for dx (it always computes dw too; checked below)
+        let mut r = dx0.clone();
+        crate::matmul::gemm_strided(m, k, n, &mut r, k, accumulate, &dy, n, 1, &w, k, 1);
+        let e = rel_l2(&down(gpu, &dxd, m * k)?, &r);
+        let metric = if accumulate { "dx += dy·w" } else { "dx = dy·w" };
+        out.add(metric, e, tol, algo_note::<T, T>(g, GemmOp::Dx, m, k, n));
+    }
+    let dw0 = randn(rng, n * k);
+    let mut dwd = gpu.upload(&dw0)?;
+    g.linear_bwd_dw::<T>(&mut dwd, &dyd, &xd, m, k, n)?;
+    let mut rdw = dw0.clone();
+    let mut rdx = vec![0.0f32; m * k];
+    crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, &dy, &x, &w, m, k, n);
+    let e = rel_l2(&down(gpu, &dwd, n * k)?, &rdw);
+    out.add("dw += dyᵀ·x (f32)", e, if is_f32 { tol } else { tol32 }, algo_note::<T, f32>(g, GemmOp::Dw, m, k, n));
+    Ok(())
+}
+
+/// Bitwise repeatability of one bf16 product per op, and no heuristic query on repeats.
+fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Rows) -> Result<()> {
+    use half::bf16;
+    // dw over many tokens into a small weight: the shape where split-K is likeliest
+    let (m, k, n) = (4096, 768, 768);
+    let x = up::<bf16>(gpu, &randn(rng, m * k))?;
+    let dy = up::<bf16>(gpu, &randn(rng, m * n))?;
+    let mut outs = Vec::new();
+    for _ in 0..2 {
+        let mut dw = gpu.zeros::<f32>(n * k)?;
+        g.linear_bwd_dw::<bf16>(&mut dw, &dy, &x, m, k, n)?;
+        outs.push(gpu.download(&dw)?);
+    }
+    let diff = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    out.add(
+        &format!("dw m={m} k={k} n={n}: repeat bitwise"),
+        diff as f64,
+        0.0,
+        algo_note::<bf16, f32>(g, GemmOp::Dw, m, k, n),
+    );
+    // the output head's forward and dx
+    let (m, k, n) = (256, 768, 50257);
+    let x = up::<bf16>(gpu, &randn(rng, m * k))?;
+    let w = up::<bf16>(gpu, &randn(rng, n * k))?;
+    let dy = up::<bf16>(gpu, &randn(rng, m * n))?;
+    let q0 = g.heuristic_queries();
+    let mut outs = Vec::new();
+    let mut dxs = Vec::new();
+    for _ in 0..2 {
+        let mut y = gpu.zeros::<f32>(m * n)?;
+        g.linear_fwd::<bf16, f32>(&mut y, false, &x, &w, m, k, n)?;
+        outs.push(gpu.download(&y)?);
+        let mut dx = gpu.zeros::<bf16>(m * k)?;
+        g.linear_bwd_dx::<bf16>(&mut dx, false, &dy, &w, m, k, n)?;
+        dxs.push(gpu.download(&dx)?);
+    }
+    let diff = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    out.add(&format!("head fwd m={m} n={n}: repeat bitwise"), diff as f64, 0.0, String::new());
+    let diff = dxs[0].iter().zip(&dxs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    out.add(&format!("head dx m={m} n={n}: repeat bitwise"), diff as f64, 0.0, String::new());
+    let q = g.heuristic_queries() - q0;
+    out.add(
+        "heuristic queries for 2 problems run twice (expect 2)",
+        (q as f64 - 2.0).abs(),
+        0.0,
+        format!("{q} queries"),
+    );
+    Ok(())
+}
+
+/// The GEMM cases: Linear shapes (tokens m; inputs k; outputs n), both element types.
+pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
+    let mut v = Vec::new();
+    for m in [1, 7, 300] {
+        for (k, n) in [(64, 768), (768, 2304), (2304, 768)] {
+            v.push((m, k, n));
+        }
+    }
+    v.push((300, 768, 12)); // forget-gate logits: d -> H
+    v.push((7, 768, 50257)); // output head
+    v.push((300, 768, 50257));
+    v
+}
+
+fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
+    let g = match Gemm::on(gpu) {
+        Ok(g) => g,
+        Err(e) => {
+            rows.push(failed("GEMM (cuBLASLt)", e));
+            return;
+        }
+    };
+    for (i, &(m, k, n)) in gemm_shapes().iter().enumerate() {
+        for dt in ["f32", "bf16"] {
+            let case = format!("GEMM {dt} m={m} k={k} n={n}");
+            let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(2 * i as u64));
+            let mut r = Rows { rows, case: case.clone() };
+            let res = if dt == "f32" {
+                gemm_case::<f32>(gpu, &g, (m, k, n), 1e-5, 1e-5, &mut rng, &mut r)
+            } else {
+                gemm_case::<half::bf16>(gpu, &g, (m, k, n), 1e-2, 1e-4, &mut rng, &mut r)
+            };
+            if let Err(e) = res {
+                rows.push(failed(&case, e));
+            }
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    let mut r = Rows { rows, case: "GEMM bf16 determinism".into() };
+    if let Err(e) = determinism(gpu, &g, &mut rng, &mut r) {
+        rows.push(failed("GEMM bf16 determinism", e));
+    }
+}
+
+// ---------------------------------------------------------------- f32 attention
+
+/// One f32 attention case.
+#[derive(Clone, Debug)]
+pub struct AttnCase {
+    pub name: &'static str,
+    pub b: usize,
+    pub h: usize,
+    pub t: usize,
+    pub d: usize,
+    /// forget-gate logit bias: +6 weak forgetting, −3 strong
+    pub gate_bias: f32,
+    /// left-padding starts per batch row
+    pub starts: Option<Vec<usize>>,
+    pub acp: bool,
+}
+
+pub fn attention_cases() -> Vec<AttnCase> {
+    let c = |name, b, h, t, d, gate_bias, starts: Option<Vec<usize>>, acp| AttnCase {
+        name,
+        b,
+        h,
+        t,
+        d,
+        gate_bias,
+        starts,
+        acp,
+    };
+    vec![
+        c("f32 attention T=1 d32 weak gates", 2, 2, 1, 32, 6.0, None, false),
+        c("f32 attention T=37 d64 strong gates", 2, 3, 37, 64, -3.0, None, false),
+        c("f32 attention T=200 d128 weak gates", 1, 2, 200, 128, 6.0, None, false),
+        c("f32 attention T=200 d32 strong gates", 2, 2, 200, 32, -3.0, None, false),
+        c("f32 attention T=100 d48 gates bias 2", 1, 3, 100, 48, 2.0, None, false),
+        c("f32 attention T=70 d256 gates bias 0", 1, 2, 70, 256, 0.0, None, false),
+        c("f32 attention T=200 d64 left padding", 3, 2, 200, 64, 1.0, Some(vec![0, 37, 199]), false),
+        c("f32 attention T=37 d128 left padding", 2, 2, 37, 128, 4.0, Some(vec![5, 0]), false),
+        c("f32 attention T=200 d32 ACP strong gates", 2, 2, 200, 32, -3.0, None, true),
+        c("f32 attention T=200 d64 ACP left padding", 2, 2, 200, 64, -1.0, Some(vec![0, 70]), true),
+        c("f32 attention T=37 d64 ACP weak gates", 1, 2, 37, 64, 6.0, None, true),
+    ]
+}
+
+fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Rows) -> Result<()> {
+    let (b, h, t, d) = (s.b, s.h, s.t, s.d);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = b * t * h * d;
+    let (q, k, v, dout) = (randn(&mut rng, n), randn(&mut rng, n), randn(&mut rng, n), randn(&mut rng, n));
+    let logits: Vec<f32> = randn(&mut rng, b * t * h).iter().map(|z| z + s.gate_bias).collect();
+    let mut a = vec![0.0; b * t * h];
+    crate::fgate::log_fgate_fwd(&mut a, &logits);
+    let per_row: Option<Vec<usize>> = s.starts.as_ref().map(|st| (0..b * t).map(|i| st[i / t]).collect());
+    let c = host_prefix_fwd(&a, per_row.as_deref(), b, t, h);
+    let scale = 1.0 / (d as f32).sqrt();
+    let vis = match &s.starts {
+        Some(st) => Visibility::LeftPadded(st),
+        None => Visibility::All,
+    };
+    let mut p = Problem {
+        batch: b,
+        heads: h,
+        head_dim: d,
+        tq: t,
+        tk: t,
+        q_pos0: 0,
+        q: View::bthd(&q, t, h, d),
+        k: View::bthd(&k, t, h, d),
+        v: View::bthd(&v, t, h, d),
+        cq: &c,
+        ck: &c,
+        vis,
+        scale,
+        prune: None,
+    };
+    let thresholds = if s.acp { Some(ca::prune_thresholds(&ca::logit_bound_from_norms(&p), t, -10.0)) } else { None };
+    p.prune = thresholds.as_deref();
+    let mut o_cpu = vec![0.0f32; n];
+    let stats = ca::forward(&p, &mut o_cpu);
+    let grads = ca::backward(&p, &o_cpu, &dout, &stats.lse);
+    let dc_cpu: Vec<f32> = grads.dcq.iter().zip(&grads.dck).map(|(x, y)| x + y).collect();
+
+    let (qd, kd, vd, cd, dod) =
+        (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?, gpu.upload(&c)?, gpu.upload(&dout)?);
+    let start_d = match &s.starts {
+        Some(st) => Some(gpu.upload(&st.iter().map(|&x| x as i32).collect::<Vec<i32>>())?),
+        None => None,
+    };
+    let prune_d = match &thresholds {
+        Some(th) => Some(gpu.upload(th)?),
+        None => None,
+    };
+    let mut od = gpu.zeros::<f32>(n)?;
+    let mut lsed = gpu.zeros::<f32>(b * h * t)?;
+    forward_f32(gpu, b, h, t, d, &qd, &kd, &vd, &cd, start_d.as_ref(), scale, prune_d.as_ref(), &mut od, &mut lsed)?;
+    let (mut dqd, mut dkd, mut dvd) = (gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(n)?);
+    let mut dcd = gpu.zeros::<f32>(b * h * t)?;
+    // the backward gets the GPU forward's o and lse, as in the model
+    backward_f32(
+        gpu,
+        b,
+        h,
+        t,
+        d,
+        &qd,
+        &kd,
+        &vd,
+        &cd,
+        start_d.as_ref(),
+        scale,
+        prune_d.as_ref(),
+        &od,
+        &dod,
+        &lsed,
+        &mut dqd,
+        &mut dkd,
+        &mut dvd,
+        &mut dcd,
+    )?;
+    gpu.sync()?;
+    let note = if s.acp {
+        format!("CPU pruned {} of {} key tiles", stats.tiles_pruned, stats.tiles_pruned + stats.tiles_visited)
+    } else {
+        String::new()
+    };
+    out.add("o", rel_l2(&gpu.download(&od)?, &o_cpu), 1e-4, note);
+    out.add("lse (max |Δ|)", lse_err(&gpu.download(&lsed)?, &stats.lse), 1e-4, String::new());
+    out.add("dq", rel_l2(&gpu.download(&dqd)?, &grads.dq), 1e-4, String::new());
+    out.add("dk", rel_l2(&gpu.download(&dkd)?, &grads.dk), 1e-4, String::new());
+    out.add("dv", rel_l2(&gpu.download(&dvd)?, &grads.dv), 1e-4, String::new());
+    out.add("dc = dcq + dck", rel_l2(&gpu.download(&dcd)?, &dc_cpu), 1e-4, String::new());
+    Ok(())
+}
+
+fn run_attention(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
+    for (i, s) in attention_cases().iter().enumerate() {
+        let case_seed = seed.wrapping_mul(1_000_033).wrapping_add(i as u64);
+        let mut r = Rows { rows, case: s.name.into() };
+        if let Err(e) = attention_case(gpu, s, case_seed, &mut r) {
+            rows.push(failed(s.name, e));
+        }
+    }
+}
+
+/// Every GEMM and f32-attention check; a case that errors is a failed row.
+pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
+    let mut rows = Vec::new();
+    run_gemm(gpu, seed, &mut rows);
+    run_attention(gpu, seed, &mut rows);
+    rows
+}

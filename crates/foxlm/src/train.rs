@@ -23,7 +23,9 @@ use crate::checkpoint::{self, fixed_fgate_bias, load_model, CONFIG_FILE, WEIGHTS
 use crate::config::{Config, FgateType};
 use crate::data::{Dataset, Loader, LoaderState, Split};
 use crate::model::{Ctx, Model};
-use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, Schedule};
+use crate::engine::{format_plan, memory_plan, CpuEngine, Dtype, Engine, GpuEngine};
+use crate::eval::text::TEXT_FORMAT_KEY;
+use crate::optim::{AdamW, AdamWConfig, Schedule};
 use crate::plot::{LinePlot, Series};
 use crate::tensor::ParamKind;
 use anyhow::{anyhow, bail, Context, Result};
@@ -539,6 +541,10 @@ pub struct TrainOptions {
     pub stop_after: Option<u64>,
     /// Print validation results and other messages to stderr.
     pub verbose: bool,
+    /// Where the steps run (`--device`): cpu, cuda[:N], or auto (the GPU when there is one).
+    pub device: fox_kernels::cuda::DeviceArg,
+    /// Activation precision on the GPU (`--dtype`; None: bf16 on a GPU, f32 on the CPU).
+    pub dtype: Option<Dtype>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -673,6 +679,30 @@ fn check_output_dir(out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The engine for `opts.device` / `opts.dtype`; on a GPU it prints the memory plan first.
+fn make_engine(model: &Model, opt: &AdamW, opts: &TrainOptions, micro: usize, context: usize) -> Result<Box<dyn Engine>> {
+    use fox_kernels::cuda::Device;
+    match fox_kernels::cuda::select(opts.device)? {
+        Device::Cpu => {
+            if opts.dtype == Some(Dtype::Bf16) {
+                bail!("--dtype bf16 needs a GPU (--device cuda): the CPU trains in f32");
+            }
+            Ok(Box::new(CpuEngine::new(model, micro)))
+        }
+        Device::Cuda(gpu) => {
+            let dtype = opts.dtype.unwrap_or_default();
+            let plan = memory_plan(model, micro, context, dtype)?;
+            if opts.verbose {
+                eprint!("{}", format_plan(&plan));
+            }
+            Ok(match dtype {
+                Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, &plan)?),
+                Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, &plan)?),
+            })
+        }
+    }
+}
+
 /// Trains `run` on the dataset in `opts.data`, writing into `opts.out`. With `opts.resume`, the
 /// run continues from the latest checkpoint in `opts.out` (and `run` must match its
 /// configuration); `run` may then be None to take the checkpoint's.
@@ -695,7 +725,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         }
         None
     };
-    let run = match (run, &resumed) {
+    let mut run = match (run, &resumed) {
         (Some(r), _) => r,
         (None, Some(ck)) => ck.state.run.clone(),
         (None, None) => bail!("no configuration: give --preset or --config"),
@@ -716,6 +746,8 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     if ds.num_tokens(Split::Train) == 0 {
         bail!("{}: the training split is empty", opts.data.display());
     }
+    // Evaluation reads the text format back from config.json (not part of the run's identity).
+    run.model.extra.insert(TEXT_FORMAT_KEY.into(), serde_json::json!(ds.manifest().text_format.as_str()));
     let mut loader = Loader::new(&ds, Split::Train, tc.context, tc.seed, true)?;
     let hash = config_hash(&run, &data_fingerprint(&ds));
     check_output_dir(out)?;
@@ -803,8 +835,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     let mut metrics = MetricsLog::open(out, if state.step > 0 || opts.resume { Some(state.step) } else { None })?;
     let schedule = tc.schedule();
     let accum = tc.batch_size / tc.micro_batch;
-    let ctx = Ctx { batch: tc.micro_batch, seq: tc.context, start: None };
-    let eval_batch = tc.micro_batch.max(1);
+    let mut engine = make_engine(&model, &opt, opts, tc.micro_batch, tc.context)?;
 
     let pb = if opts.progress {
         let pb = indicatif::ProgressBar::new(total_steps);
@@ -831,11 +862,16 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         }
     };
 
+    say(format!("device: {}", engine.describe()));
     let mut first_val = None;
     let elapsed0 = state.elapsed_s;
     let run_start = Instant::now();
-    let validate = |model: &Model, state: &mut TrainerState, metrics: &mut MetricsLog| -> Result<Option<f64>> {
-        let v = validation_loss(model, &ds, tc.context, tc.eval_tokens, eval_batch);
+    let validate = |engine: &mut Box<dyn Engine>,
+                    model: &mut Model,
+                    state: &mut TrainerState,
+                    metrics: &mut MetricsLog|
+     -> Result<Option<f64>> {
+        let v = engine.validation_loss(model, &ds, tc.context, tc.eval_tokens)?;
         if let Some(v) = v {
             state.last_val_loss = Some(v);
             metrics.write(&Metric {
@@ -853,7 +889,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         Ok(v)
     };
     if state.step == 0 {
-        match validate(&model, &mut state, &mut metrics)? {
+        match validate(&mut engine, &mut model, &mut state, &mut metrics)? {
             Some(v) => {
                 first_val = Some(v);
                 say(format!("step 0: validation loss {v:.4}"));
@@ -866,7 +902,6 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         }
     }
     let mut last_saved: Option<PathBuf> = latest_checkpoint(out)?;
-    let mut grads = model.params.zeros_like();
     let mut last_loss = None;
     let mut steps_this_run = 0u64;
     let mut outcome = Outcome::Finished;
@@ -883,15 +918,8 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
 
     while state.step < total_steps {
         let t0 = Instant::now();
-        grads.iter_mut().for_each(|g| g.fill(0.0));
-        let mut loss_sum = 0.0f64;
-        for _ in 0..accum {
-            let b = loader.next_batch(tc.micro_batch);
-            let l = model.loss_and_grads(&b.ids, &b.targets, &ctx, &mut grads, 1.0 / accum as f32);
-            loss_sum += l as f64;
-        }
-        let loss = loss_sum / accum as f64;
-        let norm = clip_grad_norm(&mut grads, &model.params, tc.max_grad_norm);
+        let st = engine.grads(&mut model, &mut loader, tc.micro_batch, accum, tc.max_grad_norm)?;
+        let (loss, norm) = (st.loss, st.grad_norm);
         if !loss.is_finite() || !norm.is_finite() {
             pb.abandon();
             bail!(
@@ -904,7 +932,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             );
         }
         let lr = schedule.lr(state.tokens_seen);
-        opt.update(&mut model.params, &grads, lr);
+        engine.update(&mut model, &mut opt, lr)?;
         state.step += 1;
         steps_this_run += 1;
         state.tokens_seen += tc.tokens_per_step();
@@ -938,19 +966,23 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         }
         let done = state.step >= total_steps;
         if (tc.eval_every > 0 && state.step % tc.eval_every == 0) || done {
-            if let Some(v) = validate(&model, &mut state, &mut metrics)? {
+            if let Some(v) = validate(&mut engine, &mut model, &mut state, &mut metrics)? {
                 say(format!("step {}: validation loss {v:.4}", state.step));
             }
             let _ = plot_losses(out, &plot_title);
         }
         let stop = STOP.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| state.step >= s);
+        let checkpoint_now = (tc.checkpoint_every > 0 && state.step % tc.checkpoint_every == 0) || stop;
+        if done || checkpoint_now {
+            engine.sync(&mut model, &mut opt)?;
+        }
         if done {
             state.finished = true;
             let p = save(FINAL_DIR, &model, &opt, &state, &last_saved)?;
             last_saved = Some(p);
             break;
         }
-        if (tc.checkpoint_every > 0 && state.step % tc.checkpoint_every == 0) || stop {
+        if checkpoint_now {
             let p = save(&format!("checkpoint-{:06}", state.step), &model, &opt, &state, &last_saved)?;
             prune_checkpoints(out, tc.keep_last);
             last_saved = Some(p);

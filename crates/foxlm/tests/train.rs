@@ -52,6 +52,8 @@ fn opts(data: &Path, out: &Path) -> TrainOptions {
         progress: false,
         stop_after: None,
         verbose: false,
+        device: fox_kernels::cuda::DeviceArg::Cpu,
+        dtype: None,
     }
 }
 

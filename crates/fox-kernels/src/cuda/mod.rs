@@ -6,6 +6,9 @@
 //! asked for. Kernels are CUDA C++ sources in `kernels/`, compiled by NVRTC for the device's
 //! architecture (sm_90a on H100/H200) on first use and cached on disk ([`compile`]).
 
+/// The CUDA bindings the backend types are made of (re-exported so users need not match versions).
+pub use cudarc;
+
 pub mod attention;
 pub mod attention_f32;
 pub mod bench;

@@ -12,7 +12,7 @@ use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
 use fox_kernels::cuda::compile::MODEL;
 use fox_kernels::cuda::gemm::Gemm;
@@ -275,7 +275,8 @@ impl<T: Elem> Cuda<T> {
     pub fn download_grads(&self, grads: &mut [Vec<f32>]) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
             let g = self.gpu.download(&p.grad)?;
-            grads[i].copy_from_slice(&g[..grads[i].len()]);
+            let n = grads[i].len();
+            grads[i].copy_from_slice(&g[..n]);
         }
         Ok(())
     }
@@ -331,7 +332,7 @@ impl<T: Elem> Cuda<T> {
 }
 
 /// dst[d0..d0+n] = src[s0..s0+n] on the stream.
-fn dtod<U: cudarc::driver::DeviceRepr>(
+fn dtod<U: DeviceRepr>(
     gpu: &Gpu,
     src: &CudaSlice<U>,
     s0: usize,
@@ -354,7 +355,7 @@ fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
 }
 
 /// Views of bf16 activations as the 16-bit words the attention kernels take.
-fn words<T: Elem>(s: &CudaSlice<T>) -> Result<cudarc::driver::CudaView<'_, u16>> {
+fn words<T: Elem>(s: &CudaSlice<T>) -> Result<CudaView<'_, u16>> {
     ensure!(std::mem::size_of::<T>() == 2, "the fast attention kernels take 16-bit activations");
     // SAFETY: T is bf16 (2 bytes, checked): the same bytes seen as u16 words.
     unsafe { s.transmute::<u16>(s.len()) }.ok_or_else(|| anyhow!("cannot view a bf16 buffer as u16"))
@@ -803,8 +804,8 @@ impl<T: Elem> Backend for Cuda<T> {
         match self.f32_attn.as_mut() {
             None => {
                 let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
-                let r = |s: &CudaSlice<T>| as_f32(s).ok_or_else(err);
-                let (q, k, v, o, dout) = (r(q)?, r(k)?, r(v)?, r(o)?, r(dout)?);
+                let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
+                let (o, dout) = (as_f32(o).ok_or_else(err)?, as_f32(dout).ok_or_else(err)?);
                 let dq = as_f32_mut(g.dq).ok_or_else(err)?;
                 let dk = as_f32_mut(g.dk).ok_or_else(err)?;
                 let dv = as_f32_mut(g.dv).ok_or_else(err)?;

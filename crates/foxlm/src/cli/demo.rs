@@ -39,6 +39,9 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Where to train: cpu, cuda, cuda:N, or auto (the GPU when there is one).
+    #[arg(long, default_value = "auto")]
+    pub device: fox_kernels::cuda::DeviceArg,
 }
 
 fn clear_previous(out: &Path) -> Result<()> {
@@ -114,6 +117,8 @@ pub fn run(a: Args) -> Result<()> {
         progress: !a.quiet,
         stop_after: None,
         verbose: false,
+        device: a.device,
+        dtype: None,
     };
     let r = train::train(Some(run), &opts)?;
     if r.outcome != Outcome::Finished {

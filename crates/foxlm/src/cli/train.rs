@@ -120,6 +120,13 @@ pub struct Args {
     /// List the presets and exit.
     #[arg(long)]
     pub list_presets: bool,
+    /// Where to train: cpu, cuda, cuda:N, or auto (the GPU when there is one).
+    #[arg(long, default_value = "auto")]
+    pub device: fox_kernels::cuda::DeviceArg,
+    /// Activation precision on the GPU: bf16 (fp32 master weights and optimizer state) or f32
+    /// (to check against the CPU). Default: bf16 on a GPU, f32 on the CPU.
+    #[arg(long)]
+    pub dtype: Option<crate::engine::Dtype>,
 }
 
 /// Reads --config: a run file or a plain model config.json.
@@ -202,8 +209,16 @@ pub fn run(a: Args) -> Result<()> {
         None => bail!("--data DIR is required (a folder made by `foxlm data prepare`)"),
     };
     train::install_ctrlc_handler();
-    let opts =
-        TrainOptions { data, out, resume: a.resume, progress: !a.quiet, stop_after: a.stop_after, verbose: !a.quiet };
+    let opts = TrainOptions {
+        data,
+        out,
+        resume: a.resume,
+        progress: !a.quiet,
+        stop_after: a.stop_after,
+        verbose: !a.quiet,
+        device: a.device,
+        dtype: a.dtype,
+    };
     let r = train::train(run, &opts)?;
     match r.outcome {
         Outcome::Finished => {

@@ -243,13 +243,8 @@ impl Model {
             match next {
                 Some(nx) => be.add(nx, &cur.h, &cur.mlp.out)?,
                 None if li + 1 == self.layers.len() => be.add(&mut acts.final_x, &cur.h, &cur.mlp.out)?,
-                None => {
-                    // Inference: one block's buffers; its own x takes the output.
-                    let (h, out) = (&cur.h, &cur.mlp.out);
-                    let mut x = std::mem::replace(&mut cur.x, be.alloc(0)?);
-                    be.add(&mut x, h, out)?;
-                    cur.x = x;
-                }
+                // Inference: one block's buffers; its own x takes the output.
+                None => be.add(&mut cur.x, &cur.h, &cur.mlp.out)?,
             }
         }
         be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)

@@ -1,0 +1,242 @@
+//! Where a training step runs: the CPU (f32, the reference) or one GPU (bf16 or f32). The trainer
+//! (`train::train`) drives either through [`Engine`]: the same loop, schedule, clipping,
+//! checkpoints and metrics; the model, its parameters and AdamW's state live on the host between
+//! steps on the CPU, and on the device on the GPU (copied back for checkpoints).
+
+use crate::backend::cuda::{Cuda, GpuBatch};
+use crate::backend::{Backend, BatchInfo};
+use crate::data::{Dataset, Loader, Split};
+use crate::model::{activation_plan, Acts, Ctx, MemoryPlan, Model, ModelActs, Scratch};
+use crate::optim::{clip_grad_norm, AdamW};
+use anyhow::{bail, Result};
+use fox_kernels::cuda::{Elem, Gpu};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// Activation precision on the GPU (`--dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Dtype {
+    /// bf16 activations and weight copies, fp32 master weights and optimizer state.
+    #[default]
+    Bf16,
+    /// f32 throughout (to check the GPU against the CPU).
+    F32,
+}
+
+impl FromStr for Dtype {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            "f32" | "fp32" | "float32" => Ok(Self::F32),
+            _ => bail!("unknown dtype `{s}`: expected bf16 or f32"),
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+        })
+    }
+}
+
+/// One optimizer step's results before the update.
+pub struct StepStats {
+    pub loss: f64,
+    pub grad_norm: f64,
+}
+
+pub trait Engine {
+    /// Gradients of `accum` micro-batches (mean loss), clipped to `max_norm`; no update yet, so
+    /// a NaN can stop the run before it reaches the weights.
+    fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64)
+        -> Result<StepStats>;
+    /// AdamW with learning rate `lr` on the gradients of [`Engine::grads`].
+    fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()>;
+    /// Brings the weights and optimizer state to the host (before a checkpoint).
+    fn sync(&mut self, model: &mut Model, opt: &mut AdamW) -> Result<()>;
+    /// Mean validation loss over up to `max_tokens` tokens of windows of `context`.
+    fn validation_loss(&mut self, model: &mut Model, ds: &Dataset, context: usize, max_tokens: u64) -> Result<Option<f64>>;
+    fn describe(&self) -> String;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+pub struct CpuEngine {
+    grads: Vec<Vec<f32>>,
+    clip: f64,
+    micro: usize,
+}
+
+impl CpuEngine {
+    pub fn new(model: &Model, micro: usize) -> Self {
+        Self { grads: model.params.zeros_like(), clip: 1.0, micro }
+    }
+}
+
+impl Engine for CpuEngine {
+    fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64) -> Result<StepStats> {
+        self.grads.iter_mut().for_each(|g| g.fill(0.0));
+        let mut loss_sum = 0.0f64;
+        for _ in 0..accum {
+            let b = loader.next_batch(micro);
+            let ctx = Ctx { batch: micro, seq: b.seq, start: None };
+            loss_sum += model.loss_and_grads(&b.ids, &b.targets, &ctx, &mut self.grads, 1.0 / accum as f32) as f64;
+        }
+        let grad_norm = clip_grad_norm(&mut self.grads, &model.params, max_norm);
+        self.clip = max_norm;
+        Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
+    }
+    fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
+        opt.update(&mut model.params, &self.grads, lr);
+        Ok(())
+    }
+    fn sync(&mut self, _model: &mut Model, _opt: &mut AdamW) -> Result<()> {
+        Ok(())
+    }
+    fn validation_loss(&mut self, model: &mut Model, ds: &Dataset, context: usize, max_tokens: u64) -> Result<Option<f64>> {
+        Ok(crate::train::validation_loss(model, ds, context, max_tokens, self.micro.max(1)))
+    }
+    fn describe(&self) -> String {
+        format!("cpu ({} threads, f32)", rayon::current_num_threads())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A training step on one GPU, every buffer allocated here, once.
+pub struct GpuEngine<T: Elem> {
+    be: Cuda<T>,
+    batch: GpuBatch,
+    acts: Acts<Cuda<T>>,
+    scratch: Scratch<<Cuda<T> as crate::backend::Alloc>::Act, <Cuda<T> as crate::backend::Alloc>::F32>,
+    micro: usize,
+    context: usize,
+    grad_scale: f32,
+}
+
+/// The memory plan of a step: parameters, gradients, optimizer state, activations.
+pub fn memory_plan(model: &Model, micro: usize, context: usize, dtype: Dtype) -> Result<MemoryPlan> {
+    let mut plan = MemoryPlan::default();
+    match dtype {
+        Dtype::Bf16 => Cuda::<half::bf16>::memory_plan(model, micro, context, true, &mut plan),
+        Dtype::F32 => Cuda::<f32>::memory_plan(model, micro, context, true, &mut plan),
+    }
+    let act_bytes = match dtype {
+        Dtype::Bf16 => 2,
+        Dtype::F32 => 4,
+    };
+    activation_plan(model, micro, context, act_bytes, &mut plan)?;
+    Ok(plan)
+}
+
+pub fn format_plan(plan: &MemoryPlan) -> String {
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let mut s = String::from("memory plan (GPU):\n");
+    for (what, b) in &plan.items {
+        s += &format!("  {:>9.3} GiB  {what}\n", gib(*b));
+    }
+    s += &format!("  {:>9.3} GiB  total\n", gib(plan.total()));
+    s
+}
+
+/// What to say when the plan does not fit: the largest items and what lowers them.
+fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let mut items = plan.items.clone();
+    items.sort_by_key(|i| std::cmp::Reverse(i.1));
+    let largest: Vec<String> = items.iter().take(3).map(|(w, b)| format!("{w}: {:.2} GiB", gib(*b))).collect();
+    anyhow::anyhow!(
+        "out of GPU memory: a training step needs {:.2} GiB but {:.2} of {:.2} GiB are free. Largest: {}. \
+         Lower --micro-batch (gradients accumulate to the same batch) or --context",
+        gib(plan.total()),
+        gib(free),
+        gib(total),
+        largest.join("; ")
+    )
+}
+
+impl<T: Elem> GpuEngine<T> {
+    pub fn new(gpu: Arc<Gpu>, model: &Model, opt: &AdamW, micro: usize, context: usize, plan: &MemoryPlan) -> Result<Self> {
+        let (free, total) = gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
+        // cuBLASLt, NVRTC modules and the allocator's rounding take some room beside the plan.
+        if plan.total() + (512 << 20) > free {
+            return Err(too_big(plan, free, total));
+        }
+        let build = || -> Result<Self> {
+            let mut be = Cuda::<T>::new(gpu.clone(), model, micro, context, true)?;
+            be.init_optimizer(opt)?;
+            let batch = be.new_batch(micro * context, micro)?;
+            let acts = ModelActs::new(&be, model, micro, context, true)?;
+            let scratch = Scratch::new(&be, model, micro, context)?;
+            Ok(Self { be, batch, acts, scratch, micro, context, grad_scale: 1.0 })
+        };
+        build().map_err(|e| if format!("{e:#}").contains("out of GPU memory") { too_big(plan, free, total).context(e) } else { e })
+    }
+
+    fn forward_batch(&mut self, model: &Model, ids: &[u32], targets: &[Option<u32>], train: bool, weight: f32) -> Result<(f64, usize)> {
+        let info = BatchInfo { batch: self.micro, seq: self.context, start: None, past: 0 };
+        self.be.prepare(&mut self.batch, &info, ids, Some(targets))?;
+        if train {
+            model.loss_and_grads_on(&mut self.be, &self.batch, &mut self.acts, &mut self.scratch, weight)?;
+        } else {
+            model.forward_on(&mut self.be, &self.batch, &mut self.acts, None)?;
+            self.be.head_loss(None, &self.acts.final_out, &model.lm_head, &self.batch, 1.0)?;
+        }
+        self.be.take_loss()
+    }
+}
+
+impl<T: Elem> Engine for GpuEngine<T> {
+    fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64) -> Result<StepStats> {
+        anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);
+        self.be.zero_grads()?;
+        let mut loss_sum = 0.0;
+        for _ in 0..accum {
+            let b = loader.next_batch(micro);
+            let n_targets = b.targets.iter().filter(|t| t.is_some()).count().max(1);
+            let (s, n) = self.forward_batch(model, &b.ids, &b.targets, true, 1.0 / (accum * n_targets) as f32)?;
+            loss_sum += s / n.max(1) as f64;
+        }
+        let grad_norm = self.be.grad_norm()?;
+        // PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+        let coef = max_norm / (grad_norm + 1e-6);
+        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
+    }
+    fn update(&mut self, _model: &mut Model, _opt: &mut AdamW, lr: f64) -> Result<()> {
+        self.be.adamw_step(lr, self.grad_scale)
+    }
+    fn sync(&mut self, model: &mut Model, opt: &mut AdamW) -> Result<()> {
+        self.be.download_params(&mut model.params)?;
+        self.be.download_optimizer(opt)
+    }
+    fn validation_loss(&mut self, model: &mut Model, ds: &Dataset, context: usize, max_tokens: u64) -> Result<Option<f64>> {
+        anyhow::ensure!(context == self.context, "validation context {context} differs from the planned {}", self.context);
+        let Ok(mut loader) = Loader::new(ds, Split::Val, context, 0, false) else { return Ok(None) };
+        let windows = loader.windows_per_epoch().min((max_tokens / context as u64).max(1)) as usize;
+        let (mut sum, mut count, mut done) = (0.0f64, 0usize, 0usize);
+        while done < windows {
+            let b = (self.micro).min(windows - done);
+            let mut bt = loader.next_batch(b);
+            // A last, shorter batch is padded with copies that carry no targets.
+            while bt.ids.len() < self.micro * context {
+                let r = bt.ids[..context].to_vec();
+                bt.ids.extend_from_slice(&r);
+                bt.targets.extend(std::iter::repeat_n(None, context));
+            }
+            let (s, n) = self.forward_batch(model, &bt.ids, &bt.targets, false, 1.0)?;
+            sum += s;
+            count += n;
+            done += b;
+        }
+        Ok((count > 0).then(|| sum / count as f64))
+    }
+    fn describe(&self) -> String {
+        format!("{} ({})", self.be.gpu.describe(), T::NAME)
+    }
+}

@@ -1,0 +1,168 @@
+//! The whole model on the GPU against the CPU reference, on the seven fixture models: logits,
+//! left-padded logits, loss and every parameter's gradient, in f32 and in bf16. Rows of the GPU
+//! check's pass/fail table (`foxlm gpu-check`, bench/gpu_check.sh, tests/gpu_model.rs).
+//!
+//! Tolerances (issue 10): f32 logits within 1e-3 absolute and every gradient within 1e-3 of its
+//! largest entry (the GPU sums in other orders, and cuBLASLt's f32 GEMM is not the gemm crate's);
+//! bf16 loss within 2e-2 and logits RMS error at most 0.04, about 3x the 0.011-0.013 RMS that the
+//! authors' bf16 attention kernel alone shows on these fixtures (fixtures README).
+
+use crate::backend::cuda::Cuda;
+use crate::backend::{Alloc, Backend, BatchInfo};
+use crate::checkpoint::load_model;
+use crate::model::{Ctx, Model, ModelActs, Scratch};
+use anyhow::{Context, Result};
+use fox_kernels::cuda::check::CheckRow;
+use fox_kernels::cuda::{Elem, Gpu};
+use safetensors::SafeTensors;
+use std::path::Path;
+use std::sync::Arc;
+
+pub const VARIANTS: [&str; 7] = [
+    "fox_llama",
+    "fox_pro",
+    "fox_pro_shared_qknorm",
+    "fox_bias_only",
+    "fox_fixed",
+    "transformer_llama",
+    "transformer_pro",
+];
+
+/// Logits [B·T, V] of the model on the GPU with activations in T.
+pub fn gpu_logits<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>> {
+    let (b, t) = (ctx.batch, ctx.seq);
+    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, false)?;
+    let mut batch = be.new_batch(b * t, b)?;
+    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, None)?;
+    let mut acts = ModelActs::new(&be, model, b, t, false)?;
+    model.forward_on(&mut be, &batch, &mut acts, None)?;
+    let mut logits = be.alloc_f32(b * t * model.config.vocab_size)?;
+    be.linear_fwd_f32(&mut logits, &acts.final_out, &model.lm_head, b * t)?;
+    gpu.download(&logits)
+}
+
+/// Mean loss over the targets and every parameter's gradient of it, on the GPU.
+pub fn gpu_loss_and_grads<T: Elem>(
+    gpu: &Arc<Gpu>,
+    model: &Model,
+    ids: &[u32],
+    targets: &[Option<u32>],
+    ctx: &Ctx,
+) -> Result<(f64, Vec<Vec<f32>>)> {
+    let (b, t) = (ctx.batch, ctx.seq);
+    let n_targets = targets.iter().filter(|t| t.is_some()).count().max(1);
+    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, true)?;
+    let mut batch = be.new_batch(b * t, b)?;
+    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, Some(targets))?;
+    let mut acts = ModelActs::new(&be, model, b, t, true)?;
+    let mut scratch = Scratch::new(&be, model, b, t)?;
+    be.zero_grads()?;
+    model.loss_and_grads_on(&mut be, &batch, &mut acts, &mut scratch, 1.0 / n_targets as f32)?;
+    let (sum, n) = be.take_loss()?;
+    let mut grads = model.params.zeros_like();
+    be.download_grads(&mut grads)?;
+    Ok((sum / n.max(1) as f64, grads))
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max)
+}
+
+fn rms_diff(a: &[f32], b: &[f32]) -> f64 {
+    (a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len().max(1) as f64).sqrt()
+}
+
+fn row(case: String, metric: &str, err: f64, tol: f64, note: String) -> CheckRow {
+    CheckRow { case, metric: metric.into(), err, tol, pass: err.is_finite() && err <= tol, note }
+}
+
+fn input_ids(dir: &Path) -> Result<(usize, usize, Vec<u32>, Vec<usize>)> {
+    let path = dir.join("expected.safetensors");
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+    let get = |name: &str| -> Result<(Vec<usize>, Vec<i64>)> {
+        let t = st.tensor(name).with_context(|| format!("{}: no tensor {name}", path.display()))?;
+        let v = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        Ok((t.shape().to_vec(), v))
+    };
+    let (shape, ids) = get("input_ids")?;
+    let (_, mask) = get("attention_mask_left_padded")?;
+    let (b, t) = (shape[0], shape[1]);
+    let start = (0..b).map(|r| mask[r * t..(r + 1) * t].iter().take_while(|&&m| m == 0).count()).collect();
+    Ok((b, t, ids.iter().map(|&x| x as u32).collect(), start))
+}
+
+/// Every fixture under `fixtures` (the folders named in [`VARIANTS`]) in f32 and bf16.
+pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
+    let mut rows = Vec::new();
+    for v in VARIANTS {
+        let dir = fixtures.join(v);
+        let model = load_model(&dir)?;
+        let (b, t, ids, start) = input_ids(&dir)?;
+        let ctx = Ctx { batch: b, seq: t, start: None };
+        let pctx = Ctx { batch: b, seq: t, start: Some(start.clone()) };
+        let vocab = model.config.vocab_size;
+        let targets: Vec<Option<u32>> =
+            (0..b * t).map(|i| if i % t + 1 < t { Some(ids[i + 1]) } else { None }).collect();
+        let cpu_logits = model.forward(&ids, &ctx);
+        let cpu_padded = model.forward(&ids, &pctx);
+        let mut cpu_grads = model.params.zeros_like();
+        let cpu_loss = model.loss_and_grads(&ids, &targets, &ctx, &mut cpu_grads, 1.0) as f64;
+        let unmasked = |l: &[f32]| -> Vec<f32> {
+            (0..b).flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c))).map(|i| l[i]).collect()
+        };
+
+        // f32 on the GPU: the CPU's numbers up to summation order.
+        let l32 = gpu_logits::<f32>(gpu, &model, &ids, &ctx)?;
+        rows.push(row(format!("{v} f32"), "logits max |Δ| vs CPU", max_abs_diff(&l32, &cpu_logits), 1e-3, String::new()));
+        let p32 = gpu_logits::<f32>(gpu, &model, &ids, &pctx)?;
+        rows.push(row(
+            format!("{v} f32 left-padded"),
+            "logits max |Δ| (unmasked)",
+            max_abs_diff(&unmasked(&p32), &unmasked(&cpu_padded)),
+            1e-3,
+            String::new(),
+        ));
+        let (loss32, g32) = gpu_loss_and_grads::<f32>(gpu, &model, &ids, &targets, &ctx)?;
+        rows.push(row(format!("{v} f32"), "loss |Δ| vs CPU", (loss32 - cpu_loss).abs(), 1e-4, format!("loss {loss32:.5}")));
+        let (mut worst, mut worst_name) = (0.0f64, String::new());
+        for (i, (g, c)) in g32.iter().zip(&cpu_grads).enumerate() {
+            let scale = c.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+            if scale == 0.0 {
+                continue;
+            }
+            let e = max_abs_diff(g, c) / scale;
+            if e > worst {
+                (worst, worst_name) = (e, model.params.names[i].clone());
+            }
+        }
+        rows.push(row(format!("{v} f32"), "grads max |Δ|/max|g| (worst)", worst, 1e-3, worst_name));
+
+        // bf16 on the GPU: the training precision.
+        let l16 = gpu_logits::<half::bf16>(gpu, &model, &ids, &ctx)?;
+        rows.push(row(
+            format!("{v} bf16"),
+            "logits RMS error vs CPU",
+            rms_diff(&l16, &cpu_logits),
+            0.04,
+            format!("max {:.3}", max_abs_diff(&l16, &cpu_logits)),
+        ));
+        let (loss16, g16) = gpu_loss_and_grads::<half::bf16>(gpu, &model, &ids, &targets, &ctx)?;
+        rows.push(row(format!("{v} bf16"), "loss |Δ| vs CPU", (loss16 - cpu_loss).abs(), 2e-2, format!("loss {loss16:.5}")));
+        let cos = {
+            let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
+            for (g, c) in g16.iter().zip(&cpu_grads) {
+                for (x, y) in g.iter().zip(c) {
+                    dot += *x as f64 * *y as f64;
+                    na += (*x as f64).powi(2);
+                    nb += (*y as f64).powi(2);
+                }
+            }
+            dot / (na.sqrt() * nb.sqrt()).max(1e-30)
+        };
+        // bf16 gradients: the direction matters to the optimizer; 2% off in cosine is loose
+        // for bf16 activations on a model this small.
+        rows.push(row(format!("{v} bf16"), "grads 1 - cosine vs CPU", 1.0 - cos, 2e-2, String::new()));
+    }
+    Ok(rows)
+}

@@ -14,10 +14,12 @@ struct bf16 {
     u16 x;
 };
 
+// Round to nearest even, as cvt.rn.bf16.f32 and the host's half::bf16::from_f32 do; NaN stays a
+// (quiet) NaN. Plain integer code: the file has no inline PTX of its own.
 __device__ __forceinline__ u16 f32_to_bf16(float v) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(v));
-    return r;
+    const u32 u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }

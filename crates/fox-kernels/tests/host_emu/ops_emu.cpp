@@ -40,9 +40,9 @@ static float sg(float x) { return x >= 0 ? 1.f / (1.f + expf(-x)) : expf(x) / (1
 static dim3e g1(long n) { return {(unsigned)n, 1, 1}; }
 
 int main() {
-    // ---- RMSNorm fwd/bwd, groups 3, dim 72, rows 37 (last super-row partial)
-    {
-        int rows = 37, dim = 72, groups = 3;
+    // ---- RMSNorm fwd/bwd: dim 72 (4-wide loads), dim 37 (one element at a time), groups 3 with
+    // a partial last super-row, and dim 136 (a second 128-element chunk)
+    for (auto [rows, dim, groups] : {std::tuple{37, 72, 3}, std::tuple{37, 37, 3}, std::tuple{9, 136, 1}}) {
         auto x = randn(rows * dim), w = randn(groups * dim), dy = randn(rows * dim), dx0 = randn(rows * dim);
         auto dw0 = randn(groups * dim);
         std::vector<float> y(rows * dim), rstd(rows), yr(rows * dim), rr(rows);
@@ -88,9 +88,9 @@ int main() {
         launch(g1((rows + 7) / 8), 256, [&] { rms_norm_fwd_bf16(yb.data(), rstd.data(), xb.data(), w.data(), rows, dim, groups, 1e-6f); });
         cmp("rms fwd bf16 y", fromb(yb), yr2, 1e-2);
     }
-    // ---- KV-shift B=2 T=9 H=3 D=40 start {0, 4}
-    {
-        int B = 2, T = 9, H = 3, D = 40;
+    // ---- KV-shift B=2 T=9 H=3, D = 40 (4-wide) and 10 (single elements), start {0, 4}
+    for (int D : {40, 10}) {
+        int B = 2, T = 9, H = 3;
         int start[2] = {0, 4};
         auto x = randn(B * T * H * D), dout = randn(B * T * H * D);
         std::vector<float> al(B * T * H);

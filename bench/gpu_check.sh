@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA Forgetting Attention: every mode against the CPU reference on fresh random
-# inputs; prints a pass/fail table and exits non-zero on any failure. See docs/gpu.md.
+# GPU check: every mode of the CUDA Forgetting Attention, then every small training op (f32 and
+# bf16), against the CPU reference on fresh random inputs; prints the pass/fail tables and exits
+# non-zero on any failure. See docs/gpu.md.
 #
 #   bench/gpu_check.sh [--filter TEXT] [--seed N]
 #
@@ -12,4 +13,7 @@ if [ -z "$BIN" ]; then
     cargo build --release -p fox-kernels --bin fox-attn >&2
     BIN=target/release/fox-attn
 fi
-exec "$BIN" check "$@"
+rc=0
+"$BIN" check "$@" || rc=1
+"$BIN" check-ops "$@" || rc=1
+exit $rc

@@ -14,10 +14,12 @@ struct bf16 {
     u16 x;
 };
 
+// Round to nearest even, as cvt.rn.bf16.f32 and the host's half::bf16::from_f32 do; NaN stays a
+// (quiet) NaN. Plain integer code: the file has no inline PTX of its own.
 __device__ __forceinline__ u16 f32_to_bf16(float v) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(v));
-    return r;
+    const u32 u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
@@ -78,6 +80,18 @@ __device__ __forceinline__ void vec4(i64 n, F body) {
 // One thread per element.
 __device__ __forceinline__ i64 flat_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
+// A warp's walk over a row of n elements (the row start 4-element aligned): f(c, w) for 4-wide
+// chunks at c = 4*lane + 128k when n % 4 == 0 (16-byte / 8-byte loads), else single elements.
+template <class F>
+__device__ __forceinline__ void row_chunks(int n, F f) {
+    const int lane = threadIdx.x & 31;
+    if ((n & 3) == 0) {
+        for (int c = 4 * lane; c < n; c += 128) f(c, 4);
+    } else {
+        for (int c = lane; c < n; c += 32) f(c, 1);
+    }
+}
+
 __device__ __forceinline__ float sigm(float x) {
     if (x >= 0.f) return 1.f / (1.f + expf(-x));
     const float e = expf(x);
@@ -119,23 +133,28 @@ __device__ __forceinline__ void rms_fwd_impl(T* y, float* rstd, const T* x, cons
     if (r >= rows) return;
     const T* xr = x + r * dim;
     float ss = 0.f;
-    for (int c = lane; c < dim; c += 32) {
-        const float v = ld(xr, c);
-        ss += v * v;
-    }
+    row_chunks(dim, [&](int c, int n) {
+        float v[4];
+        ldv(xr, c, n, v);
+        for (int k = 0; k < n; ++k) ss += v[k] * v[k];
+    });
     ss = warp_sum(ss);
     const float s = 1.f / sqrtf(ss / (float)dim + eps);
     if (lane == 0) rstd[r] = s;
     const float* wr = w + (r % groups) * dim;
     T* yr = y + r * dim;
-    for (int c = lane; c < dim; c += 32) st(yr, c, ld(xr, c) * s * wr[c]);
+    row_chunks(dim, [&](int c, int n) {
+        float v[4];
+        ldv(xr, c, n, v);
+        for (int k = 0; k < n; ++k) v[k] = v[k] * s * wr[c + k];
+        stv(yr, c, n, v);
+    });
 }
 
 // dx = rstd (w dy - x^ mean(w dy x^)), x^ = x rstd; overwritten or added (accumulate).
 template <class T>
 __device__ __forceinline__ void rms_bwd_dx_impl(T* dx, int accumulate, const T* dy, const T* x, const float* rstd,
                                                 const float* w, int rows, int dim, int groups) {
-    const int lane = threadIdx.x & 31;
     const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= rows) return;
     const T* xr = x + r * dim;
@@ -143,14 +162,26 @@ __device__ __forceinline__ void rms_bwd_dx_impl(T* dx, int accumulate, const T* 
     const float* wr = w + (r % groups) * dim;
     const float s = rstd[r];
     float dot = 0.f;
-    for (int c = lane; c < dim; c += 32) dot += wr[c] * ld(dyr, c) * (ld(xr, c) * s);
+    row_chunks(dim, [&](int c, int n) {
+        float g[4], v[4];
+        ldv(dyr, c, n, g);
+        ldv(xr, c, n, v);
+        for (int k = 0; k < n; ++k) dot += wr[c + k] * g[k] * (v[k] * s);
+    });
     dot = warp_sum(dot);
     const float mean = dot / (float)dim;
     T* dxr = dx + r * dim;
-    for (int c = lane; c < dim; c += 32) {
-        const float v = s * (wr[c] * ld(dyr, c) - ld(xr, c) * s * mean);
-        st(dxr, c, accumulate ? ld(dxr, c) + v : v);
-    }
+    row_chunks(dim, [&](int c, int n) {
+        float g[4], v[4], o[4];
+        ldv(dyr, c, n, g);
+        ldv(xr, c, n, v);
+        if (accumulate) ldv(dxr, c, n, o);
+        for (int k = 0; k < n; ++k) {
+            const float d = s * (wr[c + k] * g[k] - v[k] * s * mean);
+            o[k] = accumulate ? o[k] + d : d;
+        }
+        stv(dxr, c, n, o);
+    });
 }
 
 // Column sums, pass 1: the [SR, W] matrix of values val(k, j) is cut into chunks of R rows;
@@ -213,24 +244,25 @@ __device__ __forceinline__ void rms_dw_part_impl(float* part, const T* dy, const
 template <class T>
 __device__ __forceinline__ void kv_shift_fwd_impl(T* out, const T* x, const T* alpha, const int* start, int B, int Tn,
                                                   int H, int D) {
-    const int lane = threadIdx.x & 31;
     const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= (i64)B * Tn * H) return;
     const i64 bt = row / H;
     const int t = (int)(bt % Tn), b = (int)(bt / Tn);
     const int s = start != nullptr ? max(start[b], 0) : 0;
     const i64 base = row * D;
-    if (t < s) {
-        for (int c = lane; c < D; c += 32) st(out, base + c, ld(x, base + c));
-        return;
-    }
-    const float a = ld(alpha, row);
-    if (t > s) {
-        const i64 prev = base - (i64)H * D;
-        for (int c = lane; c < D; c += 32) st(out, base + c, a * ld(x, prev + c) + (1.f - a) * ld(x, base + c));
-    } else {
-        for (int c = lane; c < D; c += 32) st(out, base + c, (1.f - a) * ld(x, base + c));
-    }
+    const float a = t < s ? 0.f : ld(alpha, row);
+    const i64 prev = base - (i64)H * D;
+    row_chunks(D, [&](int c, int n) {
+        float v[4], p[4];
+        ldv(x, base + c, n, v);
+        if (t > s) {
+            ldv(x, prev + c, n, p);
+            for (int k = 0; k < n; ++k) v[k] = a * p[k] + (1.f - a) * v[k];
+        } else if (t == s) {
+            for (int k = 0; k < n; ++k) v[k] = (1.f - a) * v[k];
+        }
+        stv(out, base + c, n, v);
+    });
 }
 
 // dx_t = dout_t (1 - a_t) + dout_{t+1} a_{t+1} (t >= s); dout_t at padding. dalpha_t = dout_t .
@@ -246,7 +278,11 @@ __device__ __forceinline__ void kv_shift_bwd_impl(T* dx, T* dalpha, const T* dou
     const int s = start != nullptr ? max(start[b], 0) : 0;
     const i64 base = row * D;
     if (t < s) {
-        for (int c = lane; c < D; c += 32) st(dx, base + c, ld(dout, base + c));
+        row_chunks(D, [&](int c, int n) {
+            float g[4];
+            ldv(dout, base + c, n, g);
+            stv(dx, base + c, n, g);
+        });
         if (lane == 0) st(dalpha, row, 0.f);
         return;
     }
@@ -255,15 +291,20 @@ __device__ __forceinline__ void kv_shift_bwd_impl(T* dx, T* dalpha, const T* dou
     const bool has_next = t + 1 < Tn;
     const float na = has_next ? ld(alpha, row + H) : 0.f;
     float da = 0.f;
-    for (int c = lane; c < D; c += 32) {
-        const float go = ld(dout, base + c);
-        const float cur = ld(x, base + c);
-        if (t > s) da += go * (ld(x, base - hd + c) - cur);
-        else da -= go * cur;
-        float g = go * (1.f - a);
-        if (has_next) g += ld(dout, base + hd + c) * na;
-        st(dx, base + c, g);
-    }
+    row_chunks(D, [&](int c, int n) {
+        float go[4], cur[4], p[4], nx[4], g[4];
+        ldv(dout, base + c, n, go);
+        ldv(x, base + c, n, cur);
+        if (t > s) ldv(x, base - hd + c, n, p);
+        if (has_next) ldv(dout, base + hd + c, n, nx);
+        for (int k = 0; k < n; ++k) {
+            if (t > s) da += go[k] * (p[k] - cur[k]);
+            else da -= go[k] * cur[k];
+            g[k] = go[k] * (1.f - a);
+            if (has_next) g[k] += nx[k] * na;
+        }
+        stv(dx, base + c, n, g);
+    });
     da = warp_sum(da);
     if (lane == 0) st(dalpha, row, da);
 }

@@ -22,7 +22,7 @@ pub fn rms_norm_fwd(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], dim: 
     assert_eq!(x.len(), rows * dim);
     assert_eq!(y.len(), x.len());
     assert_eq!(rstd.len(), rows);
-    assert!(w.len() % dim == 0 && !w.is_empty(), "rms_norm: weight length {} vs dim {dim}", w.len());
+    assert!(w.len().is_multiple_of(dim) && !w.is_empty(), "rms_norm: weight length {} vs dim {dim}", w.len());
     y.par_chunks_mut(dim * ROWS_PER_TASK).zip(rstd.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(
         |(chunk, (ys, rs))| {
             for (i, (yr, r)) in ys.chunks_mut(dim).zip(rs.iter_mut()).enumerate() {
@@ -42,6 +42,7 @@ pub fn rms_norm_fwd(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], dim: 
 
 /// Backward: dx = rstd · (w·dy − x̂ · mean(w·dy·x̂)), dw += Σ dy·x̂ (x̂ = x·rstd).
 /// `dx` is overwritten, or added to when `accumulate` (for residual streams).
+#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_bwd(
     dx: &mut [f32],
     accumulate: bool,

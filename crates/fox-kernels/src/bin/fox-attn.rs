@@ -90,7 +90,10 @@ fn main() -> Result<()> {
             }
             println!("{}", check::format_table(&rows));
             println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.is_empty() || rows.iter().any(|r| !r.pass) {
+            if rows.is_empty() {
+                println!("no ops case matched the filter");
+            }
+            if rows.iter().any(|r| !r.pass) {
                 std::process::exit(1);
             }
             Ok(())

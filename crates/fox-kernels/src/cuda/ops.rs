@@ -412,6 +412,10 @@ fn elementwise(gpu: &Gpu, name: &str, n: usize, ptrs: &[u64]) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
+    // the kernels load 4 elements at a time (16 bytes of f32); allocations are 256-byte aligned
+    if let Some(p) = ptrs.iter().find(|p| *p % 16 != 0) {
+        return Err(anyhow!("{name}: buffer at {p:#x} is not 16-byte aligned"));
+    }
     let mut args: Vec<Arg> = ptrs.iter().map(|p| Arg::P(*p)).collect();
     args.push(Arg::L(n as i64));
     launch(gpu, name, vec4_grid(n)?, 256, &args)

@@ -151,6 +151,7 @@ fn typed<T: Elem>(c: &mut Ctx) {
         (1001, 128, 1, 1e-5, "shared QK-norm"),
         (300_001, 64, 1, 1e-5, "300k rows"),
         (7 * 3 + 2, 128, 3, 1e-6, "3 groups, partial last group"),
+        (101, 37, 1, 1e-6, "odd dim (one element per lane)"),
     ] {
         c.case(&format!("rms_norm {t} {what} rows={rows} dim={dim}"), |c, n| {
             rms_case::<T>(c, n, rows, dim, groups, eps)
@@ -161,6 +162,7 @@ fn typed<T: Elem>(c: &mut Ctx) {
         (2, 129, 12, 64, None),
         (2, 50, 3, 128, Some(vec![7, 0])),
         (1, 9, 2, 768, Some(vec![3])),
+        (2, 11, 3, 10, Some(vec![2, 0])),
     ] {
         let what = if start.is_some() { "left padding" } else { "no padding" };
         c.case(&format!("kv_shift {t} B={b} T={tt} H={h} D={d} {what}"), |c, n| {

@@ -1,0 +1,80 @@
+// Host emulation of the CUDA subset that kernels/ops.cu uses, so the kernels' logic can be tested
+// without a GPU: one std::thread per CUDA thread, the blocks of a grid one after the other
+// (so `__shared__` can be a function-local static), a std::barrier per block for __syncthreads
+// and per warp for __shfl_xor_sync. Threads that return early drop out of both barriers.
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+using std::max;
+using std::min;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define NEG_INF (-INFINITY)
+struct dim3e { unsigned x = 0, y = 0, z = 0; };
+thread_local dim3e threadIdx;
+dim3e blockIdx, blockDim, gridDim;
+struct float4 { float x, y, z, w; };
+struct uint2 { u32 x, y; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
+inline u32 __float_as_uint(float f) { u32 u; memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+inline u16 mock_rne(float v) {
+    u32 u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+template <bool BF> inline u32 pack2(float lo, float hi) { return (u32)mock_rne(lo) | ((u32)mock_rne(hi) << 16); }
+std::barrier<>* g_block_bar;
+struct Warp { std::barrier<>* bar; double vals[32]; };
+std::vector<Warp> g_warps;
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
+    int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.vals[lane] = (double)v;
+    w.bar->arrive_and_wait();
+    V r = (V)w.vals[lane ^ off];
+    w.bar->arrive_and_wait();
+    return r;
+}
+template <class F> void launch(dim3e grid, unsigned block, F f) {
+    gridDim = grid;
+    blockDim = {block, 1, 1};
+    for (unsigned z = 0; z < std::max(grid.z, 1u); ++z)
+        for (unsigned y = 0; y < std::max(grid.y, 1u); ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                blockIdx = {x, y, z};
+                std::barrier<> bb(block);
+                g_block_bar = &bb;
+                std::vector<std::unique_ptr<std::barrier<>>> wb;
+                g_warps.assign(block / 32, Warp{});
+                for (unsigned w = 0; w < block / 32; ++w) {
+                    wb.emplace_back(new std::barrier<>(32));
+                    g_warps[w].bar = wb.back().get();
+                }
+                std::vector<std::thread> ts;
+                for (unsigned t = 0; t < block; ++t)
+                    ts.emplace_back([&, t] {
+                        threadIdx = {t, 0, 0};
+                        f();
+                        g_warps[t / 32].bar->arrive_and_drop();
+                        bb.arrive_and_drop();
+                    });
+                for (auto& th : ts) th.join();
+            }
+}

@@ -1,0 +1,318 @@
+// kernels/ops.cu run on the host under tests/host_emu/mock.h, each kernel against a plain loop of
+// its definition (the CPU ops' semantics). Checks index arithmetic, bounds, tails and the
+// two-pass reductions; tolerances are ~1e-6 relative L2 (the same f32 arithmetic in another
+// summation order), 0 where the kernel must be exact, 1e-2 for outputs rounded to bf16.
+#include "mock.h"
+#include "../../kernels/ops.cu"
+
+static std::mt19937 rng(42);
+static std::vector<float> randn(size_t n, float s = 1.f) {
+    std::normal_distribution<float> d(0.f, s);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+static int fails = 0;
+static void cmp(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
+    double num = 0, den = 0;
+    if (got.size() != want.size()) { printf("FAIL %s size\n", what); fails++; return; }
+    for (size_t i = 0; i < got.size(); ++i) {
+        double d = (double)got[i] - want[i];
+        num += std::isnan(d) ? INFINITY : d * d;
+        den += (double)want[i] * want[i];
+    }
+    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    bool ok = e <= tol;
+    if (!ok) fails++;
+    printf("%s %-40s %.3e\n", ok ? "ok  " : "FAIL", what, e);
+}
+static std::vector<bf16> tob(const std::vector<float>& x) {
+    std::vector<bf16> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i].x = mock_rne(x[i]);
+    return r;
+}
+static std::vector<float> fromb(const std::vector<bf16>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = __uint_as_float((u32)x[i].x << 16);
+    return r;
+}
+static float sg(float x) { return x >= 0 ? 1.f / (1.f + expf(-x)) : expf(x) / (1.f + expf(x)); }
+static dim3e g1(long n) { return {(unsigned)n, 1, 1}; }
+
+int main() {
+    // ---- RMSNorm fwd/bwd: dim 72 (4-wide loads), dim 37 (one element at a time), groups 3 with
+    // a partial last super-row, and dim 136 (a second 128-element chunk)
+    for (auto [rows, dim, groups] : {std::tuple{37, 72, 3}, std::tuple{37, 37, 3}, std::tuple{9, 136, 1}}) {
+        auto x = randn(rows * dim), w = randn(groups * dim), dy = randn(rows * dim), dx0 = randn(rows * dim);
+        auto dw0 = randn(groups * dim);
+        std::vector<float> y(rows * dim), rstd(rows), yr(rows * dim), rr(rows);
+        for (int r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int c = 0; c < dim; ++c) ss += x[r * dim + c] * x[r * dim + c];
+            rr[r] = 1.0 / sqrt(ss / dim + 1e-6);
+            for (int c = 0; c < dim; ++c) yr[r * dim + c] = x[r * dim + c] * rr[r] * w[(r % groups) * dim + c];
+        }
+        launch(g1((rows + 7) / 8), 256, [&] { rms_norm_fwd_f32(y.data(), rstd.data(), x.data(), w.data(), rows, dim, groups, 1e-6f); });
+        cmp("rms fwd y", y, yr, 1e-6);
+        cmp("rms fwd rstd", rstd, rr, 1e-6);
+        std::vector<float> dxr(rows * dim), dwr = dw0;
+        for (int r = 0; r < rows; ++r) {
+            int g = r % groups;
+            double dot = 0;
+            for (int c = 0; c < dim; ++c) dot += w[g * dim + c] * dy[r * dim + c] * x[r * dim + c] * rr[r];
+            double mean = dot / dim;
+            for (int c = 0; c < dim; ++c) {
+                dxr[r * dim + c] = dx0[r * dim + c] + rr[r] * (w[g * dim + c] * dy[r * dim + c] - x[r * dim + c] * rr[r] * mean);
+                dwr[g * dim + c] += dy[r * dim + c] * x[r * dim + c] * rr[r];
+            }
+        }
+        auto dx = dx0;
+        launch(g1((rows + 7) / 8), 256, [&] { rms_norm_bwd_dx_f32(dx.data(), 1, dy.data(), x.data(), rr.data(), w.data(), rows, dim, groups); });
+        cmp("rms bwd dx accumulate", dx, dxr, 1e-6);
+        int W = groups * dim, SR = (rows + groups - 1) / groups, R = 5, P = (SR + R - 1) / R;
+        std::vector<float> part(P * W), dw = dw0;
+        launch({(unsigned)((W + 31) / 32), (unsigned)P, 1}, 256, [&] { rms_norm_dw_part_f32(part.data(), dy.data(), x.data(), rr.data(), rows, dim, groups, R); });
+        launch(g1(W), 256, [&] { colsum_final(dw.data(), part.data(), P, W); });
+        cmp("rms bwd dw", dw, dwr, 1e-6);
+        // bf16 forward
+        auto xb = tob(x);
+        auto xf = fromb(xb);
+        std::vector<bf16> yb(rows * dim);
+        std::vector<float> yr2(rows * dim);
+        for (int r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int c = 0; c < dim; ++c) ss += xf[r * dim + c] * xf[r * dim + c];
+            float s = 1.0 / sqrt(ss / dim + 1e-6);
+            for (int c = 0; c < dim; ++c) yr2[r * dim + c] = xf[r * dim + c] * s * w[(r % groups) * dim + c];
+        }
+        launch(g1((rows + 7) / 8), 256, [&] { rms_norm_fwd_bf16(yb.data(), rstd.data(), xb.data(), w.data(), rows, dim, groups, 1e-6f); });
+        cmp("rms fwd bf16 y", fromb(yb), yr2, 1e-2);
+    }
+    // ---- KV-shift B=2 T=9 H=3, D = 40 (4-wide) and 10 (single elements), start {0, 4}
+    for (int D : {40, 10}) {
+        int B = 2, T = 9, H = 3;
+        int start[2] = {0, 4};
+        auto x = randn(B * T * H * D), dout = randn(B * T * H * D);
+        std::vector<float> al(B * T * H);
+        for (auto& a : al) a = sg(randn(1)[0]);
+        std::vector<float> outr(x.size()), dxr(x.size()), dar(al.size());
+        for (int b = 0; b < B; ++b)
+            for (int t = 0; t < T; ++t)
+                for (int h = 0; h < H; ++h) {
+                    int s = start[b];
+                    long row = ((long)b * T + t) * H + h;
+                    float a = al[row];
+                    float da = 0;
+                    for (int c = 0; c < D; ++c) {
+                        long i = row * D + c;
+                        float cur = x[i];
+                        float prev = (t > s) ? x[(((long)b * T + t - 1) * H + h) * D + c] : 0.f;
+                        outr[i] = t < s ? cur : a * prev + (1 - a) * cur;
+                        float go = dout[i];
+                        if (t < s) { dxr[i] = go; continue; }
+                        da += go * (prev - cur);
+                        float g = go * (1 - a);
+                        if (t + 1 < T) g += dout[(((long)b * T + t + 1) * H + h) * D + c] * al[((long)b * T + t + 1) * H + h];
+                        dxr[i] = g;
+                    }
+                    dar[row] = t < s ? 0.f : da;
+                }
+        std::vector<float> out(x.size()), dx(x.size()), da(al.size());
+        int rowsn = B * T * H;
+        launch(g1((rowsn + 7) / 8), 256, [&] { kv_shift_fwd_f32(out.data(), x.data(), al.data(), start, B, T, H, D); });
+        cmp("kv fwd", out, outr, 1e-6);
+        launch(g1((rowsn + 7) / 8), 256, [&] { kv_shift_bwd_f32(dx.data(), da.data(), dout.data(), x.data(), al.data(), start, B, T, H, D); });
+        cmp("kv bwd dx", dx, dxr, 1e-6);
+        cmp("kv bwd dalpha", da, dar, 1e-6);
+    }
+    // ---- RoPE rows 5 H 2 D 8, fwd then inverse = identity, fwd vs formula
+    {
+        int rows = 5, H = 2, D = 8;
+        int pos[5] = {-3, 0, 1, 77, 65000};
+        auto x = randn(rows * H * D);
+        auto y = x;
+        long n = (long)rows * D / 2;
+        launch(g1((n + 255) / 256), 256, [&] { rope_apply_f32(y.data(), pos, rows, H, D, 500000.0, 0); });
+        std::vector<float> yr = x;
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < D / 2; ++c) {
+                double ang = (float)pos[r] * (float)(1.0 / pow(500000.0, 2.0 * c / D));
+                float s = sin(ang), co = cos(ang);
+                for (int h = 0; h < H; ++h) {
+                    float a = x[r * H * D + h * D + c], b = x[r * H * D + h * D + c + D / 2];
+                    yr[r * H * D + h * D + c] = a * co - b * s;
+                    yr[r * H * D + h * D + c + D / 2] = b * co + a * s;
+                }
+            }
+        cmp("rope fwd", y, yr, 1e-6);
+        launch(g1((n + 255) / 256), 256, [&] { rope_apply_f32(y.data(), pos, rows, H, D, 500000.0, 1); });
+        cmp("rope inverse(fwd) = x", y, x, 1e-6);
+    }
+    // ---- elementwise with a tail (n = 1003), f32 and bf16
+    {
+        long n = 1003;
+        auto a = randn(n, 3), b = randn(n), c = randn(n);
+        std::vector<float> y(n), r(n), r2(n);
+        unsigned gb = (unsigned)(((n + 3) / 4 + 255) / 256);
+        launch(g1(gb), 256, [&] { sigmoid_fwd_f32(y.data(), a.data(), n); });
+        for (long i = 0; i < n; ++i) r[i] = sg(a[i]);
+        cmp("sigmoid fwd", y, r, 1e-6);
+        std::vector<float> dx(n);
+        launch(g1(gb), 256, [&] { sigmoid_bwd_f32(dx.data(), b.data(), r.data(), n); });
+        for (long i = 0; i < n; ++i) r2[i] = b[i] * r[i] * (1 - r[i]);
+        cmp("sigmoid bwd", dx, r2, 1e-6);
+        std::vector<float> dp(n), dg(n);
+        launch(g1(gb), 256, [&] { gate_mul_fwd_f32(y.data(), b.data(), a.data(), n); });
+        for (long i = 0; i < n; ++i) r[i] = b[i] * sg(a[i]);
+        cmp("gate fwd", y, r, 1e-6);
+        launch(g1(gb), 256, [&] { gate_mul_bwd_f32(dp.data(), dg.data(), c.data(), b.data(), a.data(), n); });
+        for (long i = 0; i < n; ++i) { float s = sg(a[i]); r[i] = c[i] * s; r2[i] = c[i] * b[i] * s * (1 - s); }
+        cmp("gate bwd dpre", dp, r, 1e-6);
+        cmp("gate bwd dg", dg, r2, 1e-6);
+        auto ab = tob(a), bb = tob(b);
+        std::vector<bf16> yb(n);
+        launch(g1(gb), 256, [&] { add_bf16(yb.data(), ab.data(), bb.data(), n); });
+        auto af = fromb(ab), bf = fromb(bb);
+        for (long i = 0; i < n; ++i) r[i] = af[i] + bf[i];
+        cmp("add bf16", fromb(yb), r, 1e-2);
+        launch(g1(gb), 256, [&] { add_inplace_bf16(ab.data(), bb.data(), n); });
+        cmp("add_inplace bf16", fromb(ab), r, 1e-2);
+        launch(g1(gb), 256, [&] { cast_from_f32_bf16(yb.data(), c.data(), n); });
+        auto cb = tob(c);
+        int diff = 0;
+        for (long i = 0; i < n; ++i) diff += yb[i].x != cb[i].x;
+        printf("%s cast_from_f32 bf16 diffs %d\n", diff ? "FAIL" : "ok  ", diff);
+        fails += diff != 0;
+        std::vector<float> back(n);
+        launch(g1(gb), 256, [&] { cast_to_f32_bf16(back.data(), cb.data(), n); });
+        cmp("cast_to_f32 bf16", back, fromb(cb), 0);
+        auto lg = randn(n, 4);
+        launch(g1(gb), 256, [&] { log_fgate_fwd(y.data(), lg.data(), n); });
+        for (long i = 0; i < n; ++i) r[i] = std::min(lg[i], 0.f) - log1pf(expf(-fabsf(lg[i])));
+        cmp("log_fgate fwd", y, r, 1e-6);
+        launch(g1(gb), 256, [&] { log_fgate_bwd(y.data(), b.data(), lg.data(), n); });
+        for (long i = 0; i < n; ++i) r[i] = b[i] * sg(-lg[i]);
+        cmp("log_fgate bwd", y, r, 1e-6);
+    }
+    // ---- bias rows, fill, column sums (rows 1001 cols 12, R = 7)
+    {
+        long rows = 1001;
+        int cols = 12;
+        auto x = randn(rows * cols), bias = randn(cols), d0 = randn(cols);
+        auto y = x;
+        std::vector<float> r(rows * cols);
+        launch(g1((rows * cols + 255) / 256), 256, [&] { add_bias_rows(y.data(), bias.data(), rows, cols); });
+        for (long i = 0; i < rows * cols; ++i) r[i] = x[i] + bias[i % cols];
+        cmp("add_bias_rows", y, r, 0);
+        launch(g1((rows * cols + 255) / 256), 256, [&] { fill_rows(y.data(), bias.data(), rows, cols); });
+        for (long i = 0; i < rows * cols; ++i) r[i] = bias[i % cols];
+        cmp("fill_rows", y, r, 0);
+        int R = 7, P = (rows + R - 1) / R;
+        std::vector<float> part(P * cols), d = d0, dr = d0;
+        launch({1, (unsigned)P, 1}, 256, [&] { colsum_part_f32(part.data(), x.data(), rows, cols, R); });
+        launch(g1(cols), 256, [&] { colsum_final(d.data(), part.data(), P, cols); });
+        for (long i = 0; i < rows * cols; ++i) dr[i % cols] += x[i];
+        cmp("col_sum_acc", d, dr, 1e-5);
+    }
+    // ---- SwiGLU rows 3 I 37
+    {
+        int rows = 3, I = 37;
+        auto gu = randn(rows * 2 * I, 2), dh = randn(rows * I);
+        std::vector<float> h(rows * I), hr(rows * I), dgu(rows * 2 * I), dr(rows * 2 * I);
+        launch(g1((rows * I + 255) / 256), 256, [&] { swiglu_fwd_f32(h.data(), gu.data(), rows, I); });
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < I; ++c) {
+                float a = gu[r * 2 * I + c], u = gu[r * 2 * I + I + c], s = sg(a);
+                hr[r * I + c] = a * s * u;
+                dr[r * 2 * I + c] = dh[r * I + c] * u * s * (1 + a * (1 - s));
+                dr[r * 2 * I + I + c] = dh[r * I + c] * a * s;
+            }
+        cmp("swiglu fwd", h, hr, 1e-6);
+        launch(g1((rows * I + 255) / 256), 256, [&] { swiglu_bwd_f32(dgu.data(), dh.data(), gu.data(), rows, I); });
+        cmp("swiglu bwd", dgu, dr, 1e-6);
+    }
+    // ---- embedding fwd/bwd, vocab 11, d 40, rows 30 (host grouping as in ops.rs)
+    {
+        int vocab = 11, d = 40, rows = 30;
+        auto table = randn(vocab * d), dout = randn(rows * d), dt0 = randn(vocab * d);
+        std::vector<int> ids(rows);
+        for (auto& i : ids) i = rng() % 6;
+        std::vector<float> out(rows * d), outr(rows * d);
+        launch(g1((rows * d + 255) / 256), 256, [&] { embedding_fwd_f32(out.data(), table.data(), ids.data(), rows, d, vocab); });
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < d; ++c) outr[r * d + c] = table[ids[r] * d + c];
+        cmp("embedding fwd", out, outr, 0);
+        std::vector<int> order(rows), tok, st;
+        for (int i = 0; i < rows; ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return std::make_pair(ids[a], a) < std::make_pair(ids[b], b); });
+        int prev = -1;
+        for (int i = 0; i < rows; ++i)
+            if (ids[order[i]] != prev) { prev = ids[order[i]]; tok.push_back(prev); st.push_back(i); }
+        st.push_back(rows);
+        auto dt = dt0, dtr = dt0;
+        launch(g1(tok.size()), 256, [&] { embedding_bwd_f32(dt.data(), dout.data(), order.data(), tok.data(), st.data(), d); });
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < d; ++c) dtr[ids[r] * d + c] += dout[r * d + c];
+        cmp("embedding bwd (exact order)", dt, dtr, 0);
+    }
+    // ---- cross-entropy rows 4, vocab 1000 and 7
+    for (int vocab : {1000, 7}) {
+        int rows = 4;
+        auto lg = randn(rows * vocab, 3);
+        int tg[4] = {3, -1, vocab - 1, 0};
+        float weight = 1.f / 3;
+        std::vector<float> dl(rows * vocab), loss(rows), dr(rows * vocab), lr(rows);
+        launch(g1(rows), 512, [&] { cross_entropy_f32(dl.data(), loss.data(), lg.data(), tg, weight, rows, vocab); });
+        for (int r = 0; r < rows; ++r) {
+            if (tg[r] < 0) { lr[r] = 0; continue; }
+            double m = -INFINITY, s = 0;
+            for (int c = 0; c < vocab; ++c) m = std::max(m, (double)lg[r * vocab + c]);
+            for (int c = 0; c < vocab; ++c) s += exp(lg[r * vocab + c] - m);
+            double lse = m + log(s);
+            lr[r] = lse - lg[r * vocab + tg[r]];
+            for (int c = 0; c < vocab; ++c) dr[r * vocab + c] = exp(lg[r * vocab + c] - lse) * weight - (c == tg[r] ? weight : 0);
+        }
+        cmp(vocab == 7 ? "xent loss v7" : "xent loss v1000", loss, lr, 1e-6);
+        cmp(vocab == 7 ? "xent dlogits v7" : "xent dlogits v1000", dl, dr, 1e-5);
+    }
+    // ---- AdamW n = 1003, 2 steps, grid smaller than n/256 (grid-stride)
+    {
+        long n = 1003;
+        auto w = randn(n), wr = w;
+        std::vector<float> m(n), v(n), mr(n), vr(n), copyf(n);
+        std::vector<bf16> copy(n);
+        float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, lr = 1e-2f, wd = 0.1f, gs = 0.5f;
+        for (int step = 1; step <= 2; ++step) {
+            auto g = randn(n);
+            double bc1 = 1 - pow((double)b1, step), bc2 = 1 - pow((double)b2, step);
+            float ss = (float)(lr / bc1), bs = (float)sqrt(bc2), decay = (float)(1 - (double)lr * wd);
+            for (long i = 0; i < n; ++i) {
+                float gj = g[i] * gs;
+                mr[i] = b1 * mr[i] + (1 - b1) * gj;
+                vr[i] = b2 * vr[i] + (1 - b2) * gj * gj;
+                wr[i] = wr[i] * decay - ss * mr[i] / (sqrtf(vr[i]) / bs + eps);
+            }
+            launch(g1(2), 256, [&] { adamw_bf16(w.data(), copy.data(), g.data(), m.data(), v.data(), n, b1, b2, eps, decay, ss, bs, gs); });
+        }
+        cmp("adamw w", w, wr, 1e-6);
+        cmp("adamw m", m, mr, 1e-6);
+        cmp("adamw v", v, vr, 1e-6);
+        cmp("adamw bf16 copy", fromb(copy), wr, 1e-2);
+    }
+    // ---- sum of squares n = 100001, 7 blocks
+    {
+        long n = 100001;
+        auto x = randn(n);
+        double want = 0;
+        for (auto v : x) want += (double)v * v;
+        std::vector<double> part(7);
+        float out[3] = {7, 7, 7};
+        launch(g1(7), 256, [&] { sumsq_part(part.data(), x.data(), n); });
+        launch(g1(1), 256, [&] { sumsq_final(out, 1, part.data(), 7); });
+        bool ok = fabs(out[1] - want) / want < 1e-6 && out[0] == 7 && out[2] == 7;
+        printf("%s sum_squares %g vs %g\n", ok ? "ok  " : "FAIL", out[1], want);
+        fails += !ok;
+    }
+    printf("%d failures\n", fails);
+    return fails != 0;
+}

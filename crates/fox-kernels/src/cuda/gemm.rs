@@ -280,6 +280,51 @@ impl Gemm {
         k: usize,
         n: usize,
     ) -> Result<()> {
+        self.linear_fwd_view(y, accumulate, x, w, m, k, n)
+    }
+
+    /// dx[m, k] (=|+=) dy[m, n] · w[n, k]: the input gradient of a Linear.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_bwd_dx<T: Elem>(
+        &self,
+        dx: &mut CudaSlice<T>,
+        accumulate: bool,
+        dy: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.linear_bwd_dx_view(dx, accumulate, dy, w, m, k, n)
+    }
+
+    /// dw[n, k] += dy[m, n]ᵀ · x[m, k]: the weight gradient of a Linear, always accumulated into
+    /// the f32 gradient.
+    pub fn linear_bwd_dw<T: Elem>(
+        &self,
+        dw: &mut CudaSlice<f32>,
+        dy: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.linear_bwd_dw_view(dw, dy, x, m, k, n)
+    }
+
+    /// [`Gemm::linear_fwd`] on any device buffers or views (`slice(..)`, `slice_mut(..)`), e.g.
+    /// a chunk of rows of the output head. Each buffer starts at its view's first element.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_fwd_view<T: Elem, Y: Elem>(
+        &self,
+        y: &mut impl DevicePtrMut<Y>,
+        accumulate: bool,
+        x: &impl DevicePtr<T>,
+        w: &impl DevicePtr<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
         let (ab, cd) = (Dt::of::<T>()?, Dt::of::<Y>()?);
         ensure!(
             !(ab == Dt::F32 && cd == Dt::Bf16),
@@ -297,14 +342,14 @@ impl Gemm {
         self.matmul(GemmOp::Fwd, ab, cd, (m, k, n), self.ptr(w), self.ptr(x), self.ptr_mut(y), accumulate)
     }
 
-    /// dx[m, k] (=|+=) dy[m, n] · w[n, k]: the input gradient of a Linear.
+    /// [`Gemm::linear_bwd_dx`] on any device buffers or views.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_bwd_dx<T: Elem>(
+    pub fn linear_bwd_dx_view<T: Elem>(
         &self,
-        dx: &mut CudaSlice<T>,
+        dx: &mut impl DevicePtrMut<T>,
         accumulate: bool,
-        dy: &CudaSlice<T>,
-        w: &CudaSlice<T>,
+        dy: &impl DevicePtr<T>,
+        w: &impl DevicePtr<T>,
         m: usize,
         k: usize,
         n: usize,
@@ -322,13 +367,12 @@ impl Gemm {
         self.matmul(GemmOp::Dx, dt, dt, (m, k, n), self.ptr(w), self.ptr(dy), self.ptr_mut(dx), accumulate)
     }
 
-    /// dw[n, k] += dy[m, n]ᵀ · x[m, k]: the weight gradient of a Linear, always accumulated into
-    /// the f32 gradient.
-    pub fn linear_bwd_dw<T: Elem>(
+    /// [`Gemm::linear_bwd_dw`] on any device buffers or views.
+    pub fn linear_bwd_dw_view<T: Elem>(
         &self,
-        dw: &mut CudaSlice<f32>,
-        dy: &CudaSlice<T>,
-        x: &CudaSlice<T>,
+        dw: &mut impl DevicePtrMut<f32>,
+        dy: &impl DevicePtr<T>,
+        x: &impl DevicePtr<T>,
         m: usize,
         k: usize,
         n: usize,
@@ -343,19 +387,24 @@ impl Gemm {
         self.matmul(GemmOp::Dw, dt, Dt::F32, (m, k, n), self.ptr(x), self.ptr(dy), self.ptr_mut(dw), true)
     }
 
-    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+    fn ptr<T>(&self, s: &impl DevicePtr<T>) -> u64 {
         let (p, _g) = s.device_ptr(&self.stream);
         p
     }
-    fn ptr_mut<T>(&self, s: &mut CudaSlice<T>) -> u64 {
+    fn ptr_mut<T>(&self, s: &mut impl DevicePtrMut<T>) -> u64 {
         let (p, _g) = s.device_ptr_mut(&self.stream);
         p
     }
 
-    fn zero_unless<Y: Elem>(&self, accumulate: bool, y: &mut CudaSlice<Y>, len: usize) -> Result<()> {
+    /// The product over an empty inner dimension: zeros, or nothing when accumulating.
+    fn zero_unless<Y: Elem>(&self, accumulate: bool, y: &mut impl DevicePtrMut<Y>, len: usize) -> Result<()> {
         if !accumulate {
-            let mut v = y.slice_mut(0..len);
-            self.stream.memset_zeros(&mut v).map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
+            let p = self.ptr_mut(y);
+            // SAFETY: the caller checked that `y` holds at least `len` elements.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(p, 0, len * std::mem::size_of::<Y>(), self.stream.cu_stream())
+            }
+            .map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
         }
         Ok(())
     }

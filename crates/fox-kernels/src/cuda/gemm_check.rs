@@ -223,6 +223,49 @@ fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Rows) -> Res
     Ok(())
 }
 
+/// The `_view` entry points on row chunks [0, 7) and [7, 300) (offsets that are not 256-byte
+/// aligned): forward into f32 logits (n = 12), dx, and dw accumulated chunk by chunk, in bf16.
+fn views(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Rows) -> Result<()> {
+    use half::bf16;
+    let (m, k) = (300, 768);
+    let cut = 7;
+    for n in [12, 2304] {
+        let x = round::<bf16>(randn(rng, m * k));
+        let w = round::<bf16>(randn(rng, n * k));
+        let dy = round::<bf16>(randn(rng, m * n));
+        let (xd, wd, dyd) = (up::<bf16>(gpu, &x)?, up::<bf16>(gpu, &w)?, up::<bf16>(gpu, &dy)?);
+        let mut yd = gpu.zeros::<f32>(m * n)?;
+        let mut dxd = gpu.zeros::<bf16>(m * k)?;
+        let mut dwd = gpu.zeros::<f32>(n * k)?;
+        for (r0, r1) in [(0, cut), (cut, m)] {
+            let rows = r1 - r0;
+            let xv = xd.slice(r0 * k..r1 * k);
+            let dyv = dyd.slice(r0 * n..r1 * n);
+            g.linear_fwd_view::<bf16, f32>(&mut yd.slice_mut(r0 * n..r1 * n), false, &xv, &wd, rows, k, n)?;
+            g.linear_bwd_dx_view::<bf16>(&mut dxd.slice_mut(r0 * k..r1 * k), false, &dyv, &wd, rows, k, n)?;
+            g.linear_bwd_dw_view::<bf16>(&mut dwd, &dyv, &xv, rows, k, n)?;
+        }
+        let mut ry = vec![0.0f32; m * n];
+        crate::matmul::linear_fwd(&mut ry, &x, &w, m, k, n);
+        let (mut rdx, mut rdw) = (vec![0.0f32; m * k], vec![0.0f32; n * k]);
+        crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, &dy, &x, &w, m, k, n);
+        out.add(
+            &format!("views n={n}: fwd f32 out by row chunks"),
+            rel_l2(&gpu.download(&yd)?, &ry),
+            1e-4,
+            String::new(),
+        );
+        out.add(&format!("views n={n}: dx by row chunks"), rel_l2(&down(gpu, &dxd, m * k)?, &rdx), 1e-2, String::new());
+        out.add(
+            &format!("views n={n}: dw += over row chunks"),
+            rel_l2(&gpu.download(&dwd)?, &rdw),
+            1e-4,
+            String::new(),
+        );
+    }
+    Ok(())
+}
+
 /// The GEMM cases: Linear shapes (tokens m; inputs k; outputs n), both element types.
 pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     let mut v = Vec::new();
@@ -259,6 +302,11 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
                 rows.push(failed(&case, e));
             }
         }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ffe);
+    let mut r = Rows { rows, case: "GEMM bf16 views m=300 k=768".into() };
+    if let Err(e) = views(gpu, &g, &mut rng, &mut r) {
+        rows.push(failed("GEMM bf16 views", e));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let mut r = Rows { rows, case: "GEMM bf16 determinism".into() };

@@ -14,7 +14,8 @@
 //! gives bitwise-identical results for a fixed algorithm on one stream with a user-owned
 //! workspace; split-K is allowed only with the reduction done in the compute type in the
 //! workspace (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), which is ordered and keeps the partial
-//! sums in fp32 (the in-place scheme would add bf16-rounded partials).
+//! sums in fp32 (the in-place scheme would add bf16-rounded partials). The choice is the
+//! heuristic's, never timed: a resumed run picks the same algorithms and so the same bits.
 
 use super::{Elem, Gpu};
 use anyhow::{anyhow, bail, ensure, Result};

@@ -169,9 +169,9 @@ pub fn backward_f32(
     dv: &mut CudaSlice<f32>,
     dc: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    // freed when this returns, stream-ordered: after the kernels that use it
     let mut delta = gpu.zeros::<f32>(b * h * t)?;
     backward_f32_scratch(gpu, b, h, t, d, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta)
-    // `delta` is freed on the stream after the kernels that use it (stream-ordered free).
 }
 
 /// [`backward_f32`] with the caller's scratch `delta` (≥ B·H·T f32; overwritten).

@@ -12,10 +12,11 @@
 //!   sums, so only summation order differs; 1e-4 leaves room for cuBLASLt's split-K order.
 //! - Determinism: repeated runs must agree bitwise (count of differing elements, tolerance 0),
 //!   and a repeated problem must not query the heuristic again.
-//! - f32 attention: 1e-4 (o, dq, dk, dv, dc) and max |Δ| 1e-4 (lse): fp32 sums of the same terms
-//!   in another order over at most 200 keys. The skipped (padding, causal, ACP) entries must be
-//!   exactly the CPU's: the ACP cases with a fixed aggressive threshold prune tiles whose mass
-//!   moves o by far more than 1e-4 (the note says how much), so any other choice fails.
+//! - f32 attention: 2e-5 (o, dq, dk, dv, dc) and max |Δ| 2e-5 (lse): fp32 sums of the same terms
+//!   in another order over at most 200 keys (≤ 1.2e-6 measured on a host emulation of the
+//!   kernels). The skipped (padding, causal, ACP) entries must be exactly the CPU's: the ACP
+//!   cases with a fixed aggressive threshold prune tiles whose mass moves o by about 1e-3, 50×
+//!   the tolerance (the note says how much), so any other choice fails.
 
 use super::attention_f32::{backward_f32, forward_f32};
 use super::check::{host_prefix_fwd, CheckRow};
@@ -481,6 +482,10 @@ pub fn attention_reference(s: &AttnCase, seed: u64) -> AttnRef {
     }
 }
 
+/// Tolerance of the f32 attention outputs (relative L2; lse: max |Δ|). A host emulation of the
+/// kernels (their source compiled for the CPU) measured at most 1.2e-6 on every case.
+const ATTN_TOL: f64 = 2e-5;
+
 fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Rows) -> Result<()> {
     let (b, h, t, d) = (s.b, s.h, s.t, s.d);
     let n = b * t * h * d;
@@ -533,12 +538,12 @@ fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Rows) -> Result<
     } else {
         String::new()
     };
-    out.add("o", rel_l2(&gpu.download(&od)?, &r.o), 1e-4, note);
-    out.add("lse (max |Δ|)", lse_err(&gpu.download(&lsed)?, &r.lse), 1e-4, String::new());
-    out.add("dq", rel_l2(&gpu.download(&dqd)?, &r.dq), 1e-4, String::new());
-    out.add("dk", rel_l2(&gpu.download(&dkd)?, &r.dk), 1e-4, String::new());
-    out.add("dv", rel_l2(&gpu.download(&dvd)?, &r.dv), 1e-4, String::new());
-    out.add("dc = dcq + dck", rel_l2(&gpu.download(&dcd)?, &r.dc), 1e-4, String::new());
+    out.add("o", rel_l2(&gpu.download(&od)?, &r.o), ATTN_TOL, note);
+    out.add("lse (max |Δ|)", lse_err(&gpu.download(&lsed)?, &r.lse), ATTN_TOL, String::new());
+    out.add("dq", rel_l2(&gpu.download(&dqd)?, &r.dq), ATTN_TOL, String::new());
+    out.add("dk", rel_l2(&gpu.download(&dkd)?, &r.dk), ATTN_TOL, String::new());
+    out.add("dv", rel_l2(&gpu.download(&dvd)?, &r.dv), ATTN_TOL, String::new());
+    out.add("dc = dcq + dck", rel_l2(&gpu.download(&dcd)?, &r.dc), ATTN_TOL, String::new());
     Ok(())
 }
 

@@ -152,6 +152,10 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
     splitk: u32,
     reduction: u32,
+    /// the heuristic's other candidates, best first: tried in order if the chosen one fails at
+    /// its first call (then the plan is pinned to the first that works)
+    fallbacks: Vec<sys::cublasLtMatmulAlgo_t>,
+    confirmed: bool,
 }
 
 // SAFETY: the descriptors are plain host-side objects owned by the plan; cuBLASLt allows using
@@ -436,30 +440,42 @@ impl Gemm {
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0f32 };
         let ws = self.ptr(&self.workspace);
-        // SAFETY: the descriptors describe buffers whose lengths the callers checked; C and D are
-        // the same buffer with the same layout (cuBLASLt supports in-place); the workspace is ours.
-        let st = unsafe {
-            sys::cublasLtMatmul(
-                self.handle,
-                p.desc,
-                &alpha as *const f32 as *const c_void,
-                a as *const c_void,
-                p.la,
-                b as *const c_void,
-                p.lb,
-                &beta as *const f32 as *const c_void,
-                d as *const c_void,
-                p.lc,
-                d as *mut c_void,
-                p.lc,
-                &p.algo,
-                ws as *mut c_void,
-                WORKSPACE_BYTES,
-                self.stream.cu_stream() as sys::cudaStream_t,
-            )
-        };
-        lt("cublasLtMatmul", st)
-            .map_err(|e| e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})")))
+        loop {
+            // SAFETY: the descriptors describe buffers whose lengths the callers checked; C and D
+            // are the same buffer with the same layout (cuBLASLt supports in-place); the workspace
+            // is ours.
+            let st = unsafe {
+                sys::cublasLtMatmul(
+                    self.handle,
+                    p.desc,
+                    &alpha as *const f32 as *const c_void,
+                    a as *const c_void,
+                    p.la,
+                    b as *const c_void,
+                    p.lb,
+                    &beta as *const f32 as *const c_void,
+                    d as *const c_void,
+                    p.lc,
+                    d as *mut c_void,
+                    p.lc,
+                    &p.algo,
+                    ws as *mut c_void,
+                    WORKSPACE_BYTES,
+                    self.stream.cu_stream() as sys::cudaStream_t,
+                )
+            };
+            match lt("cublasLtMatmul", st) {
+                Ok(()) => {
+                    p.confirmed = true;
+                    return Ok(());
+                }
+                Err(_) if !p.confirmed && !p.fallbacks.is_empty() => {
+                    p.algo = p.fallbacks.remove(0);
+                    (p.splitk, p.reduction) = algo_config(&p.algo);
+                }
+                Err(e) => return Err(e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})"))),
+            }
+        }
     }
 
     /// Descriptors for `key` and the heuristic's best algorithm.
@@ -482,6 +498,8 @@ impl Gemm {
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
             splitk: 1,
             reduction: 0,
+            fallbacks: Vec::new(),
+            confirmed: false,
         };
         // SAFETY: out-parameters and attribute buffers of the documented types and sizes; a
         // partially built plan is destroyed by Plan's Drop (null handles are skipped by cuBLASLt).
@@ -588,30 +606,41 @@ impl Gemm {
             ),
         )?;
         // Results come best first.
-        let Some(best) = results[..(count.max(0) as usize).min(WANT)]
+        let mut usable = results[..(count.max(0) as usize).min(WANT)]
             .iter()
-            .find(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
-        else {
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+            .map(|r| r.algo);
+        let Some(best) = usable.next() else {
             bail!("cublasLtMatmulAlgoGetHeuristic returned no usable algorithm ({count} candidates)");
         };
-        plan.algo = best.algo;
-        let mut written = 0usize;
-        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
-            &plan.algo,
-            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-            &mut plan.splitk as *mut u32 as *mut c_void,
-            4,
-            &mut written,
-        );
-        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
-            &plan.algo,
-            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-            &mut plan.reduction as *mut u32 as *mut c_void,
-            4,
-            &mut written,
-        );
+        plan.algo = best;
+        plan.fallbacks = usable.collect();
+        (plan.splitk, plan.reduction) = algo_config(&plan.algo);
         Ok(())
     }
+}
+
+/// An algorithm's split-K count and reduction scheme (1 and 0 where cuBLASLt does not say).
+fn algo_config(algo: &sys::cublasLtMatmulAlgo_t) -> (u32, u32) {
+    let (mut splitk, mut reduction, mut written) = (1u32, 0u32, 0usize);
+    // SAFETY: reads two u32 attributes of a valid algorithm into u32s.
+    unsafe {
+        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            &mut splitk as *mut u32 as *mut c_void,
+            4,
+            &mut written,
+        );
+        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+            &mut reduction as *mut u32 as *mut c_void,
+            4,
+            &mut written,
+        );
+    }
+    (splitk, reduction)
 }
 
 /// cuBLAS's column-major (m, n, k) for a Linear product with (tokens m, inputs k, outputs n):

@@ -480,16 +480,8 @@ impl Gemm {
 
     /// Descriptors for `key` and the heuristic's best algorithm.
     fn plan(&self, key: &Key) -> Result<Plan> {
-        // A, B, D as stored (column-major rows, cols, ld) and the transposes; see `lt_dims`.
-        let (cm, cn, ck) = (key.m, key.n, key.k);
-        let (a_rc, ta, b_rc, tb) = match key.op {
-            // A = w stored k×n (op T gives n×k); B = x stored k×m
-            GemmOp::Fwd => ((ck, cm), true, (ck, cn), false),
-            // A = w stored k×n; B = dy stored n×m
-            GemmOp::Dx => ((cm, ck), false, (ck, cn), false),
-            // A = x stored k×m; B = dy stored n×m (op T gives m×n)
-            GemmOp::Dw => ((cm, ck), false, (cn, ck), true),
-        };
+        let (cm, cn) = (key.m, key.n);
+        let (a_rc, ta, b_rc, tb) = stored_layouts(key.op, cm, cn, key.k);
         let mut plan = Plan {
             desc: std::ptr::null_mut(),
             la: std::ptr::null_mut(),
@@ -641,6 +633,20 @@ fn algo_config(algo: &sys::cublasLtMatmulAlgo_t) -> (u32, u32) {
         );
     }
     (splitk, reduction)
+}
+
+/// A and B as stored, column-major (rows, cols; ld = rows), and whether each is transposed, for
+/// cuBLAS's (m, n, k) of `op` (D is m×n, ld m). Operands: Fwd A = w, B = x; Dx A = w, B = dy;
+/// Dw A = x, B = dy.
+fn stored_layouts(op: GemmOp, cm: u64, cn: u64, ck: u64) -> ((u64, u64), bool, (u64, u64), bool) {
+    match op {
+        // A = w stored k×n (op T gives n×k); B = x stored k×m
+        GemmOp::Fwd => ((ck, cm), true, (ck, cn), false),
+        // A = w stored k×n; B = dy stored n×m
+        GemmOp::Dx => ((cm, ck), false, (ck, cn), false),
+        // A = x stored k×m; B = dy stored n×m (op T gives m×n)
+        GemmOp::Dw => ((cm, ck), false, (cn, ck), true),
+    }
 }
 
 /// cuBLAS's column-major (m, n, k) for a Linear product with (tokens m, inputs k, outputs n):
@@ -799,4 +805,68 @@ pub fn format_bench(rows: &[(BenchShape, f64)]) -> String {
         s += &format!("| {:<34} | {:<3} | {:>6} | {:>6} | {:>6} | {:>8.1} |\n", b.name, op, b.m, b.k, b.n, t);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cuBLAS's definition on host data: D (m×n, ld m) (+)= op(A)·op(B), A and B column-major as
+    /// stored with ld = rows, where a transposed operand is stored (k×m / n×k) as cuBLAS requires.
+    #[allow(clippy::too_many_arguments)]
+    fn colmajor_gemm(op: GemmOp, cm: u64, cn: u64, ck: u64, a: &[f32], b: &[f32], d: &mut [f32], beta: f32) {
+        let (a_rc, ta, b_rc, tb) = stored_layouts(op, cm, cn, ck);
+        assert_eq!(a_rc, if ta { (ck, cm) } else { (cm, ck) }, "{op:?}: A's stored shape");
+        assert_eq!(b_rc, if tb { (cn, ck) } else { (ck, cn) }, "{op:?}: B's stored shape");
+        assert_eq!(a.len() as u64, a_rc.0 * a_rc.1);
+        assert_eq!(b.len() as u64, b_rc.0 * b_rc.1);
+        let (m, n, k, lda, ldb) = (cm as usize, cn as usize, ck as usize, a_rc.0 as usize, b_rc.0 as usize);
+        for j in 0..n {
+            for i in 0..m {
+                let mut acc = 0.0f64;
+                for p in 0..k {
+                    let av = if ta { a[p + i * lda] } else { a[i + p * lda] };
+                    let bv = if tb { b[j + p * ldb] } else { b[p + j * ldb] };
+                    acc += av as f64 * bv as f64;
+                }
+                d[i + j * m] = beta * d[i + j * m] + acc as f32;
+            }
+        }
+    }
+
+    /// The transposition trick: the column-major products on the row-major buffers, in the
+    /// operand order of the call sites, equal the row-major Linear products of crate::matmul.
+    #[test]
+    fn column_major_plans_compute_the_row_major_linear_products() {
+        let (m, k, n) = (5, 7, 3);
+        let f = |len: usize, s: usize| -> Vec<f32> { (0..len).map(|i| ((i * 7 + s * 13) % 11) as f32 - 5.0).collect() };
+        let (x, w, dy) = (f(m * k, 1), f(n * k, 2), f(m * n, 3));
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| (p - q).abs() < 1e-4);
+
+        let (cm, cn, ck) = lt_dims(GemmOp::Fwd, m, k, n);
+        let mut y = vec![0.0; m * n];
+        colmajor_gemm(GemmOp::Fwd, cm, cn, ck, &w, &x, &mut y, 0.0);
+        let mut r = vec![0.0; m * n];
+        crate::matmul::linear_fwd(&mut r, &x, &w, m, k, n);
+        assert!(close(&y, &r), "fwd {y:?} vs {r:?}");
+
+        let (cm, cn, ck) = lt_dims(GemmOp::Dx, m, k, n);
+        let mut dx = vec![1.0; m * k];
+        colmajor_gemm(GemmOp::Dx, cm, cn, ck, &w, &dy, &mut dx, 1.0);
+        let (mut rdx, mut rdw) = (vec![1.0; m * k], vec![2.0; n * k]);
+        crate::matmul::linear_bwd(Some(&mut rdx), true, &mut rdw, &dy, &x, &w, m, k, n);
+        assert!(close(&dx, &rdx), "dx {dx:?} vs {rdx:?}");
+
+        let (cm, cn, ck) = lt_dims(GemmOp::Dw, m, k, n);
+        let mut dw = vec![2.0; n * k];
+        colmajor_gemm(GemmOp::Dw, cm, cn, ck, &x, &dy, &mut dw, 1.0);
+        assert!(close(&dw, &rdw), "dw {dw:?} vs {rdw:?}");
+    }
+
+    #[test]
+    fn alignment_of_device_pointers() {
+        assert_eq!(align_of(0x7f00_0000_0000), 256);
+        assert_eq!(align_of(0x7f00_0000_0150), 16);
+        assert_eq!(align_of(0x7f00_0000_0002), 2);
+    }
 }

@@ -145,7 +145,8 @@ pub fn forward_f32(
 
 /// Backward: dq, dk, dv [B, T, H, D] and dc [B, H, T] = dcq + dck (the CPU's `Grads` summed, as
 /// c feeds both the query and the key side). `o` and `lse` from [`forward_f32`] with the same
-/// inputs. Allocates one [B, H, T] scratch buffer (delta = rowsum(dO∘O)).
+/// inputs. Allocates one [B, H, T] scratch buffer (delta = rowsum(dO∘O)); a step loop that
+/// allocates nothing passes its own to [`backward_f32_scratch`].
 #[allow(clippy::too_many_arguments)]
 pub fn backward_f32(
     gpu: &Gpu,
@@ -168,6 +169,35 @@ pub fn backward_f32(
     dv: &mut CudaSlice<f32>,
     dc: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    // freed when this returns, stream-ordered: after the kernels that use it
+    let mut delta = gpu.zeros::<f32>(b * h * t)?;
+    backward_f32_scratch(gpu, b, h, t, d, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta)
+}
+
+/// [`backward_f32`] with the caller's scratch `delta` (≥ B·H·T f32; overwritten).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_f32_scratch(
+    gpu: &Gpu,
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    c: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    scale: f32,
+    prune: Option<&CudaSlice<f32>>,
+    o: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    lse: &CudaSlice<f32>,
+    dq: &mut CudaSlice<f32>,
+    dk: &mut CudaSlice<f32>,
+    dv: &mut CudaSlice<f32>,
+    dc: &mut CudaSlice<f32>,
+    delta: &mut CudaSlice<f32>,
+) -> Result<()> {
     let (n, s) = (b * t * h * d, b * h * t);
     validate(
         b,
@@ -186,11 +216,11 @@ pub fn backward_f32(
             ("dk", dk.len(), n),
             ("dv", dv.len(), n),
             ("dc", dc.len(), s),
+            ("delta (scratch)", delta.len(), s),
         ],
         start,
         prune,
     )?;
-    let delta = gpu.zeros::<f32>(s)?;
     let prm = F32Params {
         q: ptr(gpu, q),
         k: ptr(gpu, k),
@@ -201,7 +231,7 @@ pub fn backward_f32(
         lse: ptr(gpu, lse),
         o_in: ptr(gpu, o),
         dout: ptr(gpu, dout),
-        delta: ptr(gpu, &delta),
+        delta: ptr(gpu, delta),
         dq: ptr(gpu, dq),
         dk: ptr(gpu, dk),
         dv: ptr(gpu, dv),
@@ -215,8 +245,5 @@ pub fn backward_f32(
     };
     // dq pass writes delta and dc = dcq; the dk/dv pass reads delta and adds dck (same stream).
     launch(gpu, "fox32_bwd_dq", s, &prm)?;
-    launch(gpu, "fox32_bwd_dkdv", s, &prm)?;
-    // `delta` is freed on the stream after the kernels that use it (stream-ordered free).
-    drop(delta);
-    Ok(())
+    launch(gpu, "fox32_bwd_dkdv", s, &prm)
 }

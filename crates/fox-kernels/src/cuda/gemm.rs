@@ -14,7 +14,8 @@
 //! gives bitwise-identical results for a fixed algorithm on one stream with a user-owned
 //! workspace; split-K is allowed only with the reduction done in the compute type in the
 //! workspace (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), which is ordered and keeps the partial
-//! sums in fp32 (the in-place scheme would add bf16-rounded partials).
+//! sums in fp32 (the in-place scheme would add bf16-rounded partials). The choice is the
+//! heuristic's, never timed: a resumed run picks the same algorithms and so the same bits.
 
 use super::{Elem, Gpu};
 use anyhow::{anyhow, bail, ensure, Result};
@@ -151,6 +152,10 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
     splitk: u32,
     reduction: u32,
+    /// the heuristic's other candidates, best first: tried in order if the chosen one fails at
+    /// its first call (then the plan is pinned to the first that works)
+    fallbacks: Vec<sys::cublasLtMatmulAlgo_t>,
+    confirmed: bool,
 }
 
 // SAFETY: the descriptors are plain host-side objects owned by the plan; cuBLASLt allows using
@@ -280,6 +285,51 @@ impl Gemm {
         k: usize,
         n: usize,
     ) -> Result<()> {
+        self.linear_fwd_view(y, accumulate, x, w, m, k, n)
+    }
+
+    /// dx[m, k] (=|+=) dy[m, n] · w[n, k]: the input gradient of a Linear.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_bwd_dx<T: Elem>(
+        &self,
+        dx: &mut CudaSlice<T>,
+        accumulate: bool,
+        dy: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.linear_bwd_dx_view(dx, accumulate, dy, w, m, k, n)
+    }
+
+    /// dw[n, k] += dy[m, n]ᵀ · x[m, k]: the weight gradient of a Linear, always accumulated into
+    /// the f32 gradient.
+    pub fn linear_bwd_dw<T: Elem>(
+        &self,
+        dw: &mut CudaSlice<f32>,
+        dy: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.linear_bwd_dw_view(dw, dy, x, m, k, n)
+    }
+
+    /// [`Gemm::linear_fwd`] on any device buffers or views (`slice(..)`, `slice_mut(..)`), e.g.
+    /// a chunk of rows of the output head. Each buffer starts at its view's first element.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_fwd_view<T: Elem, Y: Elem>(
+        &self,
+        y: &mut impl DevicePtrMut<Y>,
+        accumulate: bool,
+        x: &impl DevicePtr<T>,
+        w: &impl DevicePtr<T>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
         let (ab, cd) = (Dt::of::<T>()?, Dt::of::<Y>()?);
         ensure!(
             !(ab == Dt::F32 && cd == Dt::Bf16),
@@ -297,14 +347,14 @@ impl Gemm {
         self.matmul(GemmOp::Fwd, ab, cd, (m, k, n), self.ptr(w), self.ptr(x), self.ptr_mut(y), accumulate)
     }
 
-    /// dx[m, k] (=|+=) dy[m, n] · w[n, k]: the input gradient of a Linear.
+    /// [`Gemm::linear_bwd_dx`] on any device buffers or views.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_bwd_dx<T: Elem>(
+    pub fn linear_bwd_dx_view<T: Elem>(
         &self,
-        dx: &mut CudaSlice<T>,
+        dx: &mut impl DevicePtrMut<T>,
         accumulate: bool,
-        dy: &CudaSlice<T>,
-        w: &CudaSlice<T>,
+        dy: &impl DevicePtr<T>,
+        w: &impl DevicePtr<T>,
         m: usize,
         k: usize,
         n: usize,
@@ -322,13 +372,12 @@ impl Gemm {
         self.matmul(GemmOp::Dx, dt, dt, (m, k, n), self.ptr(w), self.ptr(dy), self.ptr_mut(dx), accumulate)
     }
 
-    /// dw[n, k] += dy[m, n]ᵀ · x[m, k]: the weight gradient of a Linear, always accumulated into
-    /// the f32 gradient.
-    pub fn linear_bwd_dw<T: Elem>(
+    /// [`Gemm::linear_bwd_dw`] on any device buffers or views.
+    pub fn linear_bwd_dw_view<T: Elem>(
         &self,
-        dw: &mut CudaSlice<f32>,
-        dy: &CudaSlice<T>,
-        x: &CudaSlice<T>,
+        dw: &mut impl DevicePtrMut<f32>,
+        dy: &impl DevicePtr<T>,
+        x: &impl DevicePtr<T>,
         m: usize,
         k: usize,
         n: usize,
@@ -343,19 +392,24 @@ impl Gemm {
         self.matmul(GemmOp::Dw, dt, Dt::F32, (m, k, n), self.ptr(x), self.ptr(dy), self.ptr_mut(dw), true)
     }
 
-    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+    fn ptr<T>(&self, s: &impl DevicePtr<T>) -> u64 {
         let (p, _g) = s.device_ptr(&self.stream);
         p
     }
-    fn ptr_mut<T>(&self, s: &mut CudaSlice<T>) -> u64 {
+    fn ptr_mut<T>(&self, s: &mut impl DevicePtrMut<T>) -> u64 {
         let (p, _g) = s.device_ptr_mut(&self.stream);
         p
     }
 
-    fn zero_unless<Y: Elem>(&self, accumulate: bool, y: &mut CudaSlice<Y>, len: usize) -> Result<()> {
+    /// The product over an empty inner dimension: zeros, or nothing when accumulating.
+    fn zero_unless<Y: Elem>(&self, accumulate: bool, y: &mut impl DevicePtrMut<Y>, len: usize) -> Result<()> {
         if !accumulate {
-            let mut v = y.slice_mut(0..len);
-            self.stream.memset_zeros(&mut v).map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
+            let p = self.ptr_mut(y);
+            // SAFETY: the caller checked that `y` holds at least `len` elements.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(p, 0, len * std::mem::size_of::<Y>(), self.stream.cu_stream())
+            }
+            .map_err(|e| anyhow!("zeroing a GEMM output: {e:?}"))?;
         }
         Ok(())
     }
@@ -386,44 +440,48 @@ impl Gemm {
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0f32 };
         let ws = self.ptr(&self.workspace);
-        // SAFETY: the descriptors describe buffers whose lengths the callers checked; C and D are
-        // the same buffer with the same layout (cuBLASLt supports in-place); the workspace is ours.
-        let st = unsafe {
-            sys::cublasLtMatmul(
-                self.handle,
-                p.desc,
-                &alpha as *const f32 as *const c_void,
-                a as *const c_void,
-                p.la,
-                b as *const c_void,
-                p.lb,
-                &beta as *const f32 as *const c_void,
-                d as *const c_void,
-                p.lc,
-                d as *mut c_void,
-                p.lc,
-                &p.algo,
-                ws as *mut c_void,
-                WORKSPACE_BYTES,
-                self.stream.cu_stream() as sys::cudaStream_t,
-            )
-        };
-        lt("cublasLtMatmul", st)
-            .map_err(|e| e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})")))
+        loop {
+            // SAFETY: the descriptors describe buffers whose lengths the callers checked; C and D
+            // are the same buffer with the same layout (cuBLASLt supports in-place); the workspace
+            // is ours.
+            let st = unsafe {
+                sys::cublasLtMatmul(
+                    self.handle,
+                    p.desc,
+                    &alpha as *const f32 as *const c_void,
+                    a as *const c_void,
+                    p.la,
+                    b as *const c_void,
+                    p.lb,
+                    &beta as *const f32 as *const c_void,
+                    d as *const c_void,
+                    p.lc,
+                    d as *mut c_void,
+                    p.lc,
+                    &p.algo,
+                    ws as *mut c_void,
+                    WORKSPACE_BYTES,
+                    self.stream.cu_stream() as sys::cudaStream_t,
+                )
+            };
+            match lt("cublasLtMatmul", st) {
+                Ok(()) => {
+                    p.confirmed = true;
+                    return Ok(());
+                }
+                Err(_) if !p.confirmed && !p.fallbacks.is_empty() => {
+                    p.algo = p.fallbacks.remove(0);
+                    (p.splitk, p.reduction) = algo_config(&p.algo);
+                }
+                Err(e) => return Err(e.context(format!("GEMM {op:?} {ab:?}->{cd:?} (Linear m={m} k={k} n={n})"))),
+            }
+        }
     }
 
     /// Descriptors for `key` and the heuristic's best algorithm.
     fn plan(&self, key: &Key) -> Result<Plan> {
-        // A, B, D as stored (column-major rows, cols, ld) and the transposes; see `lt_dims`.
-        let (cm, cn, ck) = (key.m, key.n, key.k);
-        let (a_rc, ta, b_rc, tb) = match key.op {
-            // A = w stored k×n (op T gives n×k); B = x stored k×m
-            GemmOp::Fwd => ((ck, cm), true, (ck, cn), false),
-            // A = w stored k×n; B = dy stored n×m
-            GemmOp::Dx => ((cm, ck), false, (ck, cn), false),
-            // A = x stored k×m; B = dy stored n×m (op T gives m×n)
-            GemmOp::Dw => ((cm, ck), false, (cn, ck), true),
-        };
+        let (cm, cn) = (key.m, key.n);
+        let (a_rc, ta, b_rc, tb) = stored_layouts(key.op, cm, cn, key.k);
         let mut plan = Plan {
             desc: std::ptr::null_mut(),
             la: std::ptr::null_mut(),
@@ -432,6 +490,8 @@ impl Gemm {
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
             splitk: 1,
             reduction: 0,
+            fallbacks: Vec::new(),
+            confirmed: false,
         };
         // SAFETY: out-parameters and attribute buffers of the documented types and sizes; a
         // partially built plan is destroyed by Plan's Drop (null handles are skipped by cuBLASLt).
@@ -538,29 +598,54 @@ impl Gemm {
             ),
         )?;
         // Results come best first.
-        let Some(best) = results[..(count.max(0) as usize).min(WANT)]
+        let mut usable = results[..(count.max(0) as usize).min(WANT)]
             .iter()
-            .find(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
-        else {
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+            .map(|r| r.algo);
+        let Some(best) = usable.next() else {
             bail!("cublasLtMatmulAlgoGetHeuristic returned no usable algorithm ({count} candidates)");
         };
-        plan.algo = best.algo;
-        let mut written = 0usize;
-        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
-            &plan.algo,
-            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-            &mut plan.splitk as *mut u32 as *mut c_void,
-            4,
-            &mut written,
-        );
-        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
-            &plan.algo,
-            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-            &mut plan.reduction as *mut u32 as *mut c_void,
-            4,
-            &mut written,
-        );
+        plan.algo = best;
+        plan.fallbacks = usable.collect();
+        (plan.splitk, plan.reduction) = algo_config(&plan.algo);
         Ok(())
+    }
+}
+
+/// An algorithm's split-K count and reduction scheme (1 and 0 where cuBLASLt does not say).
+fn algo_config(algo: &sys::cublasLtMatmulAlgo_t) -> (u32, u32) {
+    let (mut splitk, mut reduction, mut written) = (1u32, 0u32, 0usize);
+    // SAFETY: reads two u32 attributes of a valid algorithm into u32s.
+    unsafe {
+        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            &mut splitk as *mut u32 as *mut c_void,
+            4,
+            &mut written,
+        );
+        let _ = sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+            &mut reduction as *mut u32 as *mut c_void,
+            4,
+            &mut written,
+        );
+    }
+    (splitk, reduction)
+}
+
+/// A and B as stored, column-major (rows, cols; ld = rows), and whether each is transposed, for
+/// cuBLAS's (m, n, k) of `op` (D is m×n, ld m). Operands: Fwd A = w, B = x; Dx A = w, B = dy;
+/// Dw A = x, B = dy.
+fn stored_layouts(op: GemmOp, cm: u64, cn: u64, ck: u64) -> ((u64, u64), bool, (u64, u64), bool) {
+    match op {
+        // A = w stored k×n (op T gives n×k); B = x stored k×m
+        GemmOp::Fwd => ((ck, cm), true, (ck, cn), false),
+        // A = w stored k×n; B = dy stored n×m
+        GemmOp::Dx => ((cm, ck), false, (ck, cn), false),
+        // A = x stored k×m; B = dy stored n×m (op T gives m×n)
+        GemmOp::Dw => ((cm, ck), false, (cn, ck), true),
     }
 }
 
@@ -620,15 +705,19 @@ pub fn model_shapes(d: usize, heads: usize, intermediate: usize, vocab: usize, t
     v
 }
 
-/// Pseudo-random bf16 values in [−1, 1) (a fixed LCG: timing needs realistic bits, not quality).
+/// Pseudo-random bf16 values in [−1, 1) (an LCG per 1 Mi chunk, filled in parallel: timing
+/// needs realistic bits, not quality, and the head's operands have 1.6 G elements).
 fn fill_bf16(n: usize, seed: u64) -> Vec<half::bf16> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
+    use rayon::prelude::*;
+    let mut v = vec![half::bf16::ZERO; n];
+    v.par_chunks_mut(1 << 20).enumerate().for_each(|(c, chunk)| {
+        let mut s = (seed ^ (c as u64).wrapping_mul(0x9e3779b97f4a7c15)).wrapping_add(1442695040888963407);
+        for x in chunk {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            half::bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        })
-        .collect()
+            *x = half::bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0);
+        }
+    });
+    v
 }
 
 /// Time each shape in bf16 (fp32 accumulate): 3 untimed runs, then the median of 20 runs, each
@@ -716,4 +805,68 @@ pub fn format_bench(rows: &[(BenchShape, f64)]) -> String {
         s += &format!("| {:<34} | {:<3} | {:>6} | {:>6} | {:>6} | {:>8.1} |\n", b.name, op, b.m, b.k, b.n, t);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cuBLAS's definition on host data: D (m×n, ld m) (+)= op(A)·op(B), A and B column-major as
+    /// stored with ld = rows, where a transposed operand is stored (k×m / n×k) as cuBLAS requires.
+    #[allow(clippy::too_many_arguments)]
+    fn colmajor_gemm(op: GemmOp, cm: u64, cn: u64, ck: u64, a: &[f32], b: &[f32], d: &mut [f32], beta: f32) {
+        let (a_rc, ta, b_rc, tb) = stored_layouts(op, cm, cn, ck);
+        assert_eq!(a_rc, if ta { (ck, cm) } else { (cm, ck) }, "{op:?}: A's stored shape");
+        assert_eq!(b_rc, if tb { (cn, ck) } else { (ck, cn) }, "{op:?}: B's stored shape");
+        assert_eq!(a.len() as u64, a_rc.0 * a_rc.1);
+        assert_eq!(b.len() as u64, b_rc.0 * b_rc.1);
+        let (m, n, k, lda, ldb) = (cm as usize, cn as usize, ck as usize, a_rc.0 as usize, b_rc.0 as usize);
+        for j in 0..n {
+            for i in 0..m {
+                let mut acc = 0.0f64;
+                for p in 0..k {
+                    let av = if ta { a[p + i * lda] } else { a[i + p * lda] };
+                    let bv = if tb { b[j + p * ldb] } else { b[p + j * ldb] };
+                    acc += av as f64 * bv as f64;
+                }
+                d[i + j * m] = beta * d[i + j * m] + acc as f32;
+            }
+        }
+    }
+
+    /// The transposition trick: the column-major products on the row-major buffers, in the
+    /// operand order of the call sites, equal the row-major Linear products of crate::matmul.
+    #[test]
+    fn column_major_plans_compute_the_row_major_linear_products() {
+        let (m, k, n) = (5, 7, 3);
+        let f = |len: usize, s: usize| -> Vec<f32> { (0..len).map(|i| ((i * 7 + s * 13) % 11) as f32 - 5.0).collect() };
+        let (x, w, dy) = (f(m * k, 1), f(n * k, 2), f(m * n, 3));
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| (p - q).abs() < 1e-4);
+
+        let (cm, cn, ck) = lt_dims(GemmOp::Fwd, m, k, n);
+        let mut y = vec![0.0; m * n];
+        colmajor_gemm(GemmOp::Fwd, cm, cn, ck, &w, &x, &mut y, 0.0);
+        let mut r = vec![0.0; m * n];
+        crate::matmul::linear_fwd(&mut r, &x, &w, m, k, n);
+        assert!(close(&y, &r), "fwd {y:?} vs {r:?}");
+
+        let (cm, cn, ck) = lt_dims(GemmOp::Dx, m, k, n);
+        let mut dx = vec![1.0; m * k];
+        colmajor_gemm(GemmOp::Dx, cm, cn, ck, &w, &dy, &mut dx, 1.0);
+        let (mut rdx, mut rdw) = (vec![1.0; m * k], vec![2.0; n * k]);
+        crate::matmul::linear_bwd(Some(&mut rdx), true, &mut rdw, &dy, &x, &w, m, k, n);
+        assert!(close(&dx, &rdx), "dx {dx:?} vs {rdx:?}");
+
+        let (cm, cn, ck) = lt_dims(GemmOp::Dw, m, k, n);
+        let mut dw = vec![2.0; n * k];
+        colmajor_gemm(GemmOp::Dw, cm, cn, ck, &x, &dy, &mut dw, 1.0);
+        assert!(close(&dw, &rdw), "dw {dw:?} vs {rdw:?}");
+    }
+
+    #[test]
+    fn alignment_of_device_pointers() {
+        assert_eq!(align_of(0x7f00_0000_0000), 256);
+        assert_eq!(align_of(0x7f00_0000_0150), 16);
+        assert_eq!(align_of(0x7f00_0000_0002), 2);
+    }
 }

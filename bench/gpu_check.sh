@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# GPU check: every mode of the CUDA Forgetting Attention, then every small training op (f32 and
-# bf16), against the CPU reference on fresh random inputs; prints the pass/fail tables and exits
-# non-zero on any failure. See docs/gpu.md.
+# The whole GPU check: every CUDA kernel against its CPU reference on fresh random inputs, then the
+# whole model on the GPU against the CPU (fixtures in f32 and bf16, training, resume). Each part
+# prints a pass/fail table; the script exits non-zero if any row failed. See docs/gpu.md.
 #
-#   bench/gpu_check.sh [--filter TEXT] [--seed N]
+#   bench/gpu_check.sh                      # everything
+#   bench/gpu_check.sh ops gemm model       # some parts: attention, ops, gemm, model
 #
-# Uses $FOX_ATTN (a built fox-attn binary) if set, else builds it with cargo.
-set -euo pipefail
+# Uses $FOX_ATTN and $FOXLM (built binaries) if set, else builds them with cargo.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=${FOX_ATTN:-}
-if [ -z "$BIN" ]; then
-    cargo build --release -p fox-kernels --bin fox-attn >&2
-    BIN=target/release/fox-attn
+FA=${FOX_ATTN:-}
+FL=${FOXLM:-}
+if [ -z "$FA" ] || [ -z "$FL" ]; then
+    cargo build --release -p fox-kernels --bin fox-attn -p foxlm --bin foxlm >&2 || exit 1
+    FA=${FA:-target/release/fox-attn}
+    FL=${FL:-target/release/foxlm}
 fi
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(attention ops gemm model)
 rc=0
-"$BIN" check "$@" || rc=1
-"$BIN" check-ops "$@" || rc=1
+for p in "${parts[@]}"; do
+    echo "=== $p"
+    case $p in
+        attention) "$FA" check || rc=1 ;;
+        ops) "$FA" check-ops || rc=1 ;;
+        gemm) "$FA" check-gemm || rc=1 ;;
+        model) "$FL" gpu-check || rc=1 ;;
+        *) echo "unknown part $p (attention, ops, gemm, model)"; rc=2 ;;
+    esac
+done
 exit $rc

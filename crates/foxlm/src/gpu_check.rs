@@ -166,3 +166,107 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
     }
     Ok(rows)
 }
+
+/// Training on the GPU against the CPU: a small FoX (Pro) (d = 128, 2 heads of 64, so the fast
+/// bf16 attention kernels run) for `steps` steps on the Moby-Dick sample in `sample`; bf16 on the
+/// GPU must end within 0.05 nats of f32 on the CPU (final training and validation loss). Then the
+/// GPU run is stopped half-way and resumed on the GPU (the loss trajectory must continue: same
+/// losses, up to 1e-5) and on the CPU (a GPU checkpoint must resume there).
+pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec<CheckRow>> {
+    use crate::data::{prepare, PrepareOptions};
+    use crate::engine::Dtype;
+    use crate::train::{read_metrics, train, RunConfig, TrainOptions};
+    use fox_kernels::cuda::DeviceArg;
+    let mut rows = Vec::new();
+    let data = work.join("data");
+    if !data.join(crate::data::MANIFEST_FILE).exists() {
+        prepare(&[sample.to_path_buf()], &data, &PrepareOptions { progress: false, ..Default::default() })?;
+    }
+    let p = crate::presets::tiny();
+    let mut run = RunConfig { model: crate::presets::Variant::FoxPro.config(128, 2, 2), train: p.train };
+    run.train.total_tokens = steps * run.train.tokens_per_step();
+    run.train.warmup_tokens = (steps / 20).max(1) * run.train.tokens_per_step();
+    run.train.eval_every = 0;
+    run.train.checkpoint_every = 0;
+    let opts = |out: &str, device: DeviceArg, dtype: Option<Dtype>| TrainOptions {
+        data: data.clone(),
+        out: work.join(out),
+        resume: false,
+        progress: false,
+        stop_after: None,
+        verbose: false,
+        device,
+        dtype,
+    };
+    for d in ["cpu", "gpu", "gpu-stop", "cpu-resume"] {
+        let _ = std::fs::remove_dir_all(work.join(d));
+    }
+    let t0 = std::time::Instant::now();
+    let cpu = train(Some(run.clone()), &opts("cpu", DeviceArg::Cpu, None))?;
+    let t_cpu = t0.elapsed().as_secs_f64();
+    let t0 = std::time::Instant::now();
+    let gpu = train(Some(run.clone()), &opts("gpu", DeviceArg::Cuda(0), Some(Dtype::Bf16)))?;
+    let t_gpu = t0.elapsed().as_secs_f64();
+    let (lc, lg) = (cpu.last_train_loss.unwrap_or(f64::NAN), gpu.last_train_loss.unwrap_or(f64::NAN));
+    let case = format!("train {steps} steps, bf16 GPU vs f32 CPU");
+    rows.push(row(case.clone(), "final train loss |Δ|", (lg - lc).abs(), 0.05, format!("GPU {lg:.4}, CPU {lc:.4}")));
+    let (vc, vg) = (cpu.last_val_loss.unwrap_or(f64::NAN), gpu.last_val_loss.unwrap_or(f64::NAN));
+    rows.push(row(
+        case,
+        "final validation loss |Δ|",
+        (vg - vc).abs(),
+        0.05,
+        format!("GPU {vg:.4} ({t_gpu:.0} s), CPU {vc:.4} ({t_cpu:.0} s)"),
+    ));
+
+    // Stop half-way, resume on the GPU: the trajectory of the uninterrupted run.
+    let half = steps / 2;
+    train(Some(run.clone()), &TrainOptions { stop_after: Some(half), ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) })?;
+    copy_dir(&work.join("gpu-stop"), &work.join("cpu-resume"))?;
+    train(Some(run.clone()), &TrainOptions { resume: true, ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) })?;
+    let losses = |dir: &str| -> Vec<(u64, f64)> {
+        read_metrics(&work.join(dir)).iter().filter(|m| m.kind == "train").filter_map(|m| Some((m.step, m.loss?))).collect()
+    };
+    let (full, resumed) = (losses("gpu"), losses("gpu-stop"));
+    let worst = full
+        .iter()
+        .filter(|(s, _)| *s > half)
+        .map(|(s, l)| resumed.iter().find(|(r, _)| r == s).map_or(f64::INFINITY, |(_, m)| (m - l).abs()))
+        .fold(0.0, f64::max);
+    rows.push(row(
+        format!("resume on the GPU at step {half}"),
+        "loss |Δ| vs uninterrupted, later steps",
+        worst,
+        1e-5,
+        if worst == 0.0 { "bitwise".into() } else { String::new() },
+    ));
+    // A GPU checkpoint resumes on the CPU.
+    let r = train(Some(run), &TrainOptions { resume: true, ..opts("cpu-resume", DeviceArg::Cpu, None) });
+    let cpu_after = losses("cpu-resume");
+    let err = match (&r, full.last(), cpu_after.last()) {
+        (Ok(_), Some((_, a)), Some((_, b))) => (a - b).abs(),
+        _ => f64::INFINITY,
+    };
+    rows.push(row(
+        format!("GPU checkpoint at step {half} resumed on the CPU"),
+        "final loss |Δ| vs the GPU run",
+        err,
+        0.05,
+        r.err().map_or(String::new(), |e| format!("{e:#}")),
+    ));
+    Ok(rows)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        let dst = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &dst)?;
+        } else {
+            std::fs::copy(e.path(), &dst).with_context(|| format!("copying {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}

@@ -30,6 +30,8 @@ enum Command {
     Eval(cli::eval::Args),
     /// Visualise a model: forget-gate matrices, attention maps and memory lengths per head (gates).
     Viz(cli::viz::Args),
+    /// Check the whole model on the GPU against the CPU reference (fixtures, training, resume): a pass/fail table.
+    GpuCheck(cli::gpu_check::Args),
     /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention).
     Bench(cli::bench::Args),
 }
@@ -46,6 +48,7 @@ fn main() {
         Command::Eval(a) => cli::eval::run(a),
         Command::Viz(a) => cli::viz::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::GpuCheck(a) => cli::gpu_check::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

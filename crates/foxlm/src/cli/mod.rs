@@ -6,6 +6,7 @@ pub mod demo;
 pub mod eval;
 pub mod forward;
 pub mod generate;
+pub mod gpu_check;
 pub mod inspect;
 pub mod train;
 pub mod viz;

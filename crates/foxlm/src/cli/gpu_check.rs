@@ -1,0 +1,43 @@
+//! `foxlm gpu-check`: the whole model on the GPU against the CPU reference, as a pass/fail table
+//! (the model-level part of bench/gpu_check.sh; the kernels' own checks are `fox-attn check`,
+//! `check-ops` and `check-gemm`).
+
+use anyhow::{bail, Result};
+use fox_kernels::cuda::{check::format_table, Gpu};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The seven reference models (tests/fixtures/official-fox-tiny in the repository).
+    #[arg(long, default_value = "tests/fixtures/official-fox-tiny")]
+    pub fixtures: PathBuf,
+    /// Text for the training checks (the Moby-Dick sample).
+    #[arg(long, default_value = "data/sample/moby-dick")]
+    pub sample: PathBuf,
+    /// Scratch folder for the training checks' data and runs.
+    #[arg(long, default_value = "runs/gpu-check")]
+    pub work: PathBuf,
+    /// Steps of the training comparison (0: skip the training checks).
+    #[arg(long, default_value_t = 300)]
+    pub train_steps: u64,
+    /// Only the fixture checks, or only the training checks.
+    #[arg(long, value_parser = ["fixtures", "train"])]
+    pub only: Option<String>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let gpu = Gpu::new(0)?;
+    eprintln!("device: {}", gpu.describe());
+    let mut rows = Vec::new();
+    if a.only.as_deref() != Some("train") {
+        rows.extend(crate::gpu_check::run_fixture_checks(&gpu, &a.fixtures)?);
+    }
+    if a.only.as_deref() != Some("fixtures") && a.train_steps > 0 {
+        rows.extend(crate::gpu_check::run_training_checks(&a.sample, &a.work, a.train_steps)?);
+    }
+    print!("{}", format_table(&rows));
+    if rows.iter().any(|r| !r.pass) {
+        bail!("{} GPU model check(s) failed", rows.iter().filter(|r| !r.pass).count());
+    }
+    Ok(())
+}

@@ -191,6 +191,29 @@ impl<T: Elem> GpuEngine<T> {
     }
 }
 
+impl<T: Elem> GpuEngine<T> {
+    /// One optimizer step on given micro-batches (benchmarks: random tokens, no loader).
+    pub fn step_on(&mut self, model: &Model, batches: &[(Vec<u32>, Vec<Option<u32>>)], max_norm: f64, lr: f64) -> Result<StepStats> {
+        self.be.zero_grads()?;
+        let accum = batches.len();
+        let mut loss_sum = 0.0;
+        for (ids, targets) in batches {
+            let n_targets = targets.iter().filter(|t| t.is_some()).count().max(1);
+            let (s, n) = self.forward_batch(model, ids, targets, true, 1.0 / (accum * n_targets) as f32)?;
+            loss_sum += s / n.max(1) as f64;
+        }
+        let grad_norm = self.be.grad_norm()?;
+        let coef = max_norm / (grad_norm + 1e-6);
+        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        self.be.adamw_step(lr, self.grad_scale)?;
+        Ok(StepStats { loss: loss_sum / accum.max(1) as f64, grad_norm })
+    }
+
+    pub fn backend_mut(&mut self) -> &mut Cuda<T> {
+        &mut self.be
+    }
+}
+
 impl<T: Elem> Engine for GpuEngine<T> {
     fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64) -> Result<StepStats> {
         anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);

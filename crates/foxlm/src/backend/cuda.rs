@@ -18,6 +18,7 @@ use fox_kernels::cuda::compile::MODEL;
 use fox_kernels::cuda::gemm::Gemm;
 use fox_kernels::cuda::ops::{self, EmbeddingIndex};
 use fox_kernels::cuda::{attention_f32, Elem, Gpu};
+use fox_kernels::cuda::cudarc::driver as cudarc_event;
 use std::sync::Arc;
 
 /// The GPU has no decode cache yet (GPU inference comes with its own issue): the type has no
@@ -53,8 +54,25 @@ struct F32Attn {
     dv: CudaSlice<f32>,
 }
 
+/// Kinds of work in a step, for the per-kernel-family breakdown of `foxlm bench train`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// cuBLASLt GEMMs of the blocks (projections, MLP).
+    Gemm,
+    /// Forgetting Attention forward and backward (with ACP thresholds).
+    Attention,
+    /// The output head's GEMMs and the fused cross-entropy, chunk by chunk.
+    Head,
+    /// Gradient norm, clipping and AdamW.
+    Optimizer,
+    /// Everything else: norms, KV-shift, RoPE, gates, SwiGLU, residuals, embedding, copies.
+    Other,
+}
+
 pub struct Cuda<T: Elem> {
     pub gpu: Arc<Gpu>,
+    /// With profiling on, an event at the start of every operation, with its family.
+    prof: Option<Vec<(Family, cudarc_event::CudaEvent)>>,
     gemm: Gemm,
     pub params: Vec<DeviceParam<T>>,
     pub kinds: Vec<ParamKind>,
@@ -171,6 +189,7 @@ impl<T: Elem> Cuda<T> {
             kinds: p.kinds.clone(),
             names: p.names.clone(),
             opt: None,
+            prof: None,
             gpu,
         })
     }
@@ -194,6 +213,36 @@ impl<T: Elem> Cuda<T> {
         plan.add("cuBLASLt workspace", 32 << 20);
     }
 
+    /// Starts recording an event before every operation (a little slower; for `bench train`).
+    pub fn start_profile(&mut self) {
+        self.prof = Some(Vec::new());
+    }
+
+    /// Stops recording and returns, per family, the GPU time (ms) and the number of operations
+    /// (each one to a few kernel launches) since [`Cuda::start_profile`]. Waits for the GPU.
+    pub fn take_profile(&mut self) -> Result<Vec<(Family, f64, usize)>> {
+        let Some(marks) = self.prof.take() else { return Ok(Vec::new()) };
+        let end = self.gpu.stream().record_event(None).map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu.sync()?;
+        let mut out: std::collections::BTreeMap<Family, (f64, usize)> = Default::default();
+        for (i, (fam, ev)) in marks.iter().enumerate() {
+            let next = marks.get(i + 1).map_or(&end, |m| &m.1);
+            let ms = ev.elapsed_ms(next).map_err(|e| anyhow!("{e:?}"))? as f64;
+            let e = out.entry(*fam).or_default();
+            e.0 += ms;
+            e.1 += 1;
+        }
+        Ok(out.into_iter().map(|(f, (ms, n))| (f, ms, n)).collect())
+    }
+
+    fn mark(&mut self, family: Family) -> Result<()> {
+        if let Some(p) = self.prof.as_mut() {
+            let e = self.gpu.stream().record_event(None).map_err(|e| anyhow!("recording an event: {e:?}"))?;
+            p.push((family, e));
+        }
+        Ok(())
+    }
+
     /// Creates AdamW's moments (zeros), or uploads those of a resumed run.
     pub fn init_optimizer(&mut self, opt: &AdamW) -> Result<()> {
         let mut m = Vec::with_capacity(self.params.len());
@@ -210,6 +259,7 @@ impl<T: Elem> Cuda<T> {
 
     /// Zeroes every gradient (before a step's first micro-batch).
     pub fn zero_grads(&mut self) -> Result<()> {
+        self.mark(Family::Optimizer)?;
         let stream = self.gpu.stream().clone();
         for p in &mut self.params {
             stream.memset_zeros(&mut p.grad).map_err(|e| anyhow!("zeroing gradients: {e:?}"))?;
@@ -220,6 +270,7 @@ impl<T: Elem> Cuda<T> {
     /// The global L2 norm of the trainable parameters' gradients (deterministic: fixed-order
     /// sums on the device, then f64 on the host). Waits for the GPU.
     pub fn grad_norm(&mut self) -> Result<f64> {
+        self.mark(Family::Optimizer)?;
         for i in 0..self.params.len() {
             if self.kinds[i] == ParamKind::Frozen {
                 continue;
@@ -233,6 +284,7 @@ impl<T: Elem> Cuda<T> {
 
     /// One AdamW update with learning rate `lr`, gradients scaled by `grad_scale` (clipping).
     pub fn adamw_step(&mut self, lr: f64, grad_scale: f32) -> Result<()> {
+        self.mark(Family::Optimizer)?;
         let opt = self.opt.as_mut().ok_or_else(|| anyhow!("AdamW state not initialised"))?;
         opt.step += 1;
         let c = opt.config;
@@ -435,19 +487,23 @@ impl<T: Elem> Backend for Cuda<T> {
     }
 
     fn embedding_fwd(&mut self, x: &mut CudaSlice<T>, table: ParamId, b: &GpuBatch) -> Result<()> {
+        self.mark(Family::Other)?;
         let n = b.batch * b.seq;
         ops::embedding_fwd(&self.gpu, x, self.copy_of(table)?, &b.ids, n, self.d_model)
     }
     fn embedding_bwd(&mut self, table: ParamId, dx: &CudaSlice<T>, b: &GpuBatch) -> Result<()> {
+        self.mark(Family::Other)?;
         if self.kinds[table.0] == ParamKind::Frozen {
             return Ok(());
         }
         ops::embedding_bwd(&self.gpu, &mut self.params[table.0].grad, dx, &b.emb, self.d_model)
     }
     fn linear_fwd(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
+        self.mark(Family::Gemm)?;
         self.gemm.linear_fwd::<T, T>(y, false, x, self.copy_of(w.weight)?, rows, w.in_features, w.out_features)
     }
     fn linear_fwd_f32(&mut self, y: &mut CudaSlice<f32>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
+        self.mark(Family::Gemm)?;
         self.gemm.linear_fwd::<T, f32>(y, false, x, self.copy_of(w.weight)?, rows, w.in_features, w.out_features)
     }
     fn linear_bwd(
@@ -459,6 +515,7 @@ impl<T: Elem> Backend for Cuda<T> {
         accumulate: bool,
         rows: usize,
     ) -> Result<()> {
+        self.mark(Family::Gemm)?;
         let (k, n) = (w.in_features, w.out_features);
         if let Some(dx) = dx {
             self.gemm.linear_bwd_dx(dx, accumulate, dy, self.copy_of(w.weight)?, rows, k, n)?;
@@ -478,6 +535,7 @@ impl<T: Elem> Backend for Cuda<T> {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
+        self.mark(Family::Other)?;
         let rows = x.len() / dim;
         ops::rms_norm_fwd(&self.gpu, y, rstd, x, &self.params[w.0].master, rows, dim, eps)
     }
@@ -491,40 +549,50 @@ impl<T: Elem> Backend for Cuda<T> {
         rstd: &CudaSlice<f32>,
         dim: usize,
     ) -> Result<()> {
+        self.mark(Family::Other)?;
         let rows = x.len() / dim;
         let p = &mut self.params[w.0];
         ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, x, rstd, &p.master, rows, dim)
     }
 
     fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::add(&self.gpu, y, a, b, a.len())
     }
     fn add_inplace(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::add_inplace(&self.gpu, y, x, x.len())
     }
     fn copy(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
         let n = src.len().min(dst.len());
         dtod(&self.gpu, src, 0, dst, 0, n)
     }
     fn sigmoid_inplace(&mut self, x: &mut CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
         let (n, p) = (x.len(), self.dptr(x));
         self.launch_elementwise(&format!("fox_sigmoid_inplace_{}", T::NAME), p, None, n)
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut CudaSlice<T>, y: &CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
         ensure!(y.len() >= dy.len(), "sigmoid backward: y shorter than dy");
         let (n, pd, py) = (dy.len(), self.dptr(dy), self.dptr(y));
         self.launch_elementwise(&format!("fox_sigmoid_bwd_inplace_{}", T::NAME), pd, Some(py), n)
     }
     fn zero_f32(&mut self, x: &mut CudaSlice<f32>) -> Result<()> {
+        self.mark(Family::Other)?;
         self.gpu.stream().memset_zeros(x).map_err(|e| anyhow!("zeroing: {e:?}"))
     }
     fn swiglu_fwd(&mut self, h: &mut CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::swiglu_fwd(&self.gpu, h, gu, rows, inter)
     }
     fn swiglu_bwd(&mut self, dgu: &mut CudaSlice<T>, dh: &CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::swiglu_bwd(&self.gpu, dgu, dh, gu, rows, inter)
     }
     fn gate_mul_fwd(&mut self, z: &mut CudaSlice<T>, pre: &CudaSlice<T>, g: &CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::gate_mul_fwd(&self.gpu, z, pre, g, pre.len())
     }
     fn gate_mul_bwd(
@@ -535,9 +603,11 @@ impl<T: Elem> Backend for Cuda<T> {
         pre: &CudaSlice<T>,
         g: &CudaSlice<T>,
     ) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::gate_mul_bwd(&self.gpu, dpre, dg, dz, pre, g, pre.len())
     }
     fn cast_to_act(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<f32>) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::cast_from_f32(&self.gpu, dst, src, src.len().min(dst.len()))
     }
 
@@ -552,6 +622,7 @@ impl<T: Elem> Backend for Cuda<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
+        self.mark(Family::Other)?;
         if let Some(c) = cache {
             match *c {}
         }
@@ -568,13 +639,16 @@ impl<T: Elem> Backend for Cuda<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
     }
     fn rope(&mut self, x: &mut CudaSlice<T>, b: &GpuBatch, heads: usize, head_dim: usize, base: f64, inverse: bool) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::rope_apply(&self.gpu, x, &b.positions, b.batch * b.seq, heads, head_dim, base, inverse)
     }
 
     fn fgate_bias(&mut self, logit: &mut CudaSlice<f32>, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()> {
+        self.mark(Family::Other)?;
         let bv = &self.params[bias.0].master;
         if add {
             ops::add_bias_rows(&self.gpu, logit, bv, rows, heads)
@@ -583,15 +657,18 @@ impl<T: Elem> Backend for Cuda<T> {
         }
     }
     fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &CudaSlice<f32>, rows: usize, heads: usize) -> Result<()> {
+        self.mark(Family::Other)?;
         if self.kinds[bias.0] == ParamKind::Frozen {
             return Ok(());
         }
         ops::col_sum_acc(&self.gpu, &mut self.params[bias.0].grad, dlogit, rows, heads)
     }
     fn log_fgate_fwd(&mut self, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::log_fgate_fwd(&self.gpu, a, logit, logit.len())
     }
     fn log_fgate_bwd(&mut self, dlogit: &mut CudaSlice<f32>, da: &CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
+        self.mark(Family::Other)?;
         ops::log_fgate_bwd(&self.gpu, dlogit, da, logit, logit.len())
     }
     fn prefix_sum_fwd(
@@ -602,12 +679,14 @@ impl<T: Elem> Backend for Cuda<T> {
         cache: Option<&NoCache>,
         heads: usize,
     ) -> Result<()> {
+        self.mark(Family::Other)?;
         if let Some(c) = cache {
             match *c {}
         }
         ga::fgate_prefix_sum_fwd(&self.gpu, a, c, self.vis(b), b.batch, b.seq, heads)
     }
     fn prefix_sum_bwd(&mut self, da: &mut CudaSlice<f32>, dc: &CudaSlice<f32>, b: &GpuBatch, heads: usize) -> Result<()> {
+        self.mark(Family::Other)?;
         ga::fgate_prefix_sum_bwd(&self.gpu, dc, None, da, self.vis(b), b.batch, b.seq, heads)
     }
 
@@ -623,6 +702,7 @@ impl<T: Elem> Backend for Cuda<T> {
         n_keys: usize,
         log_eps: f32,
     ) -> Result<()> {
+        self.mark(Family::Attention)?;
         let ln_n = (n_keys as f32).ln();
         match qk_norm {
             Some((qn, kn)) => {
@@ -709,6 +789,7 @@ impl<T: Elem> Backend for Cuda<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<Tiles> {
+        self.mark(Family::Attention)?;
         if let Some(c) = cache {
             match *c {}
         }
@@ -771,6 +852,7 @@ impl<T: Elem> Backend for Cuda<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
+        self.mark(Family::Attention)?;
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
         let n = bb * t * heads * head_dim;
@@ -839,6 +921,7 @@ impl<T: Elem> Backend for Cuda<T> {
         b: &GpuBatch,
         weight: f32,
     ) -> Result<()> {
+        self.mark(Family::Head)?;
         let (d, vocab) = (lm_head.in_features, lm_head.out_features);
         let rows = b.batch * b.seq;
         ensure!(hidden.len() >= rows * d, "head_loss: hidden holds {} values, {rows}×{d} expected", hidden.len());

@@ -5,6 +5,7 @@ use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::cuda::{self, bench::BenchOpts, DeviceArg};
 use rand::{Rng, SeedableRng};
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -19,6 +20,36 @@ pub enum What {
     /// Forgetting Attention forward and forward+backward TFLOP/s (causal work: fwd 2·B·H·T²·D,
     /// fwd+bwd 3.5× that), gates "mixed", ACP off and on.
     Attention(AttentionArgs),
+    /// A training step of a model on the GPU: tokens/s, step time, achieved TFLOP/s, peak memory
+    /// and where the time goes (GEMMs, attention, output head, optimizer, the rest), ACP off and on.
+    Train(TrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// The model (a preset's; the training recipe is not used): e.g. fox-pro-125m, transformer-pro-760m.
+    #[arg(long, default_value = "fox-pro-125m")]
+    pub preset: String,
+    #[arg(long, default_value_t = 16384)]
+    pub context: usize,
+    /// Sequences per step (one micro-batch).
+    #[arg(long, default_value_t = 2)]
+    pub batch: usize,
+    /// cuda, cuda:N or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    #[arg(long, default_value = "bf16")]
+    pub dtype: crate::engine::Dtype,
+    /// Adaptive computation pruning: off, on, or both (two rows).
+    #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
+    pub acp: String,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -61,6 +92,7 @@ pub struct AttentionArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.what {
         What::Attention(a) => attention(a),
+        What::Train(a) => train_bench(a),
     }
 }
 
@@ -187,4 +219,128 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
         std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(())
+}
+
+/// FLOPs of one training step (forward + backward): 6 per token and matmul weight (the embedding
+/// is a lookup), plus causal attention counted as half of the full T² work: fwd 2·B·H·T²·D per
+/// layer (two products), backward 2.5× that.
+pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usize) -> f64 {
+    let p = &model.params;
+    let matmul: usize = p
+        .tensors
+        .iter()
+        .zip(&p.names)
+        .zip(&p.kinds)
+        .filter(|((_, n), k)| **k == crate::tensor::ParamKind::Matrix && n.as_str() != "model.embeddings.weight")
+        .map(|((t, _), _)| t.numel())
+        .sum();
+    let c = &model.config;
+    let tokens = (batch * context) as f64;
+    let attn = c.num_hidden_layers as f64 * 3.5 * 2.0 * batch as f64 * c.num_heads as f64 * (context as f64).powi(2) * c.head_dim() as f64;
+    6.0 * tokens * matmul as f64 + attn
+}
+
+fn train_bench(a: TrainArgs) -> Result<()> {
+    use crate::engine::{memory_plan, Dtype};
+    let gpu = match cuda::select(a.device)? {
+        cuda::Device::Cuda(g) => g,
+        cuda::Device::Cpu => bail!("bench train measures a GPU step: no GPU is usable here (see `fox-attn info`)"),
+    };
+    eprintln!("device: {}", gpu.describe());
+    let preset = crate::presets::preset(&a.preset)?;
+    let acps: Vec<bool> = match a.acp.as_str() {
+        "off" => vec![false],
+        "on" => vec![true],
+        _ => vec![false, true],
+    };
+    let mut rows = Vec::new();
+    for acp in acps {
+        let mut cfg = preset.model.clone();
+        cfg.log_pruning_tolerance = acp.then_some(-10.0);
+        let model = crate::train::init_model(&cfg, 0);
+        let plan = memory_plan(&model, a.batch, a.context, a.dtype)?;
+        eprint!("{}", crate::engine::format_plan(&plan));
+        let r = match a.dtype {
+            Dtype::Bf16 => bench_one::<half::bf16>(&gpu, &model, &a, &plan)?,
+            Dtype::F32 => bench_one::<f32>(&gpu, &model, &a, &plan)?,
+        };
+        let flops = train_step_flops(&model, a.batch, a.context);
+        let tps = (a.batch * a.context) as f64 / r.step_s;
+        let tflops = flops / r.step_s / 1e12;
+        println!(
+            "{} B={} T={} {} ACP {}: {:.0} tokens/s, step {:.1} ms, {:.0} TFLOP/s (model), peak {:.2} GiB",
+            a.preset,
+            a.batch,
+            a.context,
+            a.dtype,
+            if acp { "on" } else { "off" },
+            tps,
+            r.step_s * 1e3,
+            tflops,
+            r.peak_gib
+        );
+        let total: f64 = r.profile.iter().map(|p| p.1).sum();
+        for (fam, ms, n) in &r.profile {
+            println!("    {:<10} {:>8.1} ms {:>5.1}%  {:>5} ops", format!("{fam:?}"), ms, 100.0 * ms / total.max(1e-9), n);
+        }
+        rows.push(serde_json::json!({
+            "preset": a.preset, "batch": a.batch, "context": a.context, "dtype": a.dtype.to_string(), "acp": acp,
+            "tokens_per_s": tps, "step_ms_median": r.step_s * 1e3, "tflops_model": tflops, "peak_gib": r.peak_gib,
+            "plan_gib": plan.total() as f64 / (1u64 << 30) as f64, "losses": r.losses,
+            "profile": r.profile.iter().map(|(f, ms, n)| serde_json::json!({"family": format!("{f:?}"), "ms": ms, "ops": n})).collect::<Vec<_>>(),
+            "gpu": gpu.name(),
+        }));
+    }
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
+}
+
+struct BenchResult {
+    step_s: f64,
+    peak_gib: f64,
+    profile: Vec<(crate::backend::cuda::Family, f64, usize)>,
+    losses: Vec<f64>,
+}
+
+fn bench_one<T: cuda::Elem>(
+    gpu: &std::sync::Arc<cuda::Gpu>,
+    model: &crate::model::Model,
+    a: &TrainArgs,
+    plan: &crate::model::MemoryPlan,
+) -> Result<BenchResult> {
+    let mem_used = || gpu.context().mem_get_info().map(|(f, t)| t - f).unwrap_or(0);
+    let before = mem_used();
+    let opt = crate::optim::AdamW::new(crate::presets::tiny().train.adamw(), &model.params);
+    let mut eng = crate::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, plan)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let v = model.config.vocab_size as u32;
+    let n = a.batch * a.context;
+    let mut batch = || {
+        let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..v)).collect();
+        let targets: Vec<Option<u32>> = (0..n).map(|i| if (i + 1) % a.context != 0 { Some(ids[i + 1]) } else { None }).collect();
+        vec![(ids, targets)]
+    };
+    let mut losses = Vec::new();
+    for _ in 0..a.warmup {
+        losses.push(eng.step_on(model, &batch(), 1.0, 1e-4)?.loss);
+    }
+    let mut times = Vec::new();
+    for _ in 0..a.steps.max(1) {
+        let b = batch();
+        gpu.sync()?;
+        let t0 = Instant::now();
+        losses.push(eng.step_on(model, &b, 1.0, 1e-4)?.loss);
+        gpu.sync()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    times.sort_by(|x, y| x.total_cmp(y));
+    let step_s = times[times.len() / 2];
+    let peak_gib = (mem_used().saturating_sub(before)) as f64 / (1u64 << 30) as f64;
+    let b = batch();
+    eng.backend_mut().start_profile();
+    eng.step_on(model, &b, 1.0, 1e-4)?;
+    let profile = eng.backend_mut().take_profile()?;
+    Ok(BenchResult { step_s, peak_gib, profile, losses })
 }

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""The FoX authors' own FoX (Pro) training step, timed like bench/train_reference.py.
+
+Uses an unmodified copy of the needed files of github zhixuan-lin/forgetting-transformer (their HF-style
+model, config and Triton Forgetting Attention kernel; MIT licence) in .device-bundle/authors/ (git-ignored;
+carry it to the GPU machine). Their package is imported from there; nothing of theirs is edited.
+
+Matches their training (train.py, configs/experiment/longcrawl64/forgetting_transformer/pro_*.yaml):
+FoX (Pro) = qk-norm, output gate + output norm, k/v shift, no RoPE, hidden_ratio 3.5; fp32 weights under
+bf16 autocast (Lightning 'bf16-mixed'); loss = their model(input_ids, labels).loss (their fused Triton
+cross-entropy, per token) averaged; their gradient checkpointing (per attention and per MLP, non-reentrant)
+with --checkpoint (their 760m configs turn it on); grad clipping at 1.0; AdamW betas 0.9/0.95, wd 0.1 on
+matrices and embeddings (biases and norm weights exempt, as their group_parameters does), here fused.
+Their training does not torch.compile; --compile is offered but is not what they run.
+
+--acp turns on Adaptive Computation Pruning (config log_pruning_tolerance, default -10 as they recommend).
+Caveat: pruning depends on the forget-gate values, and at random init (gate logits ~0, so log f ~ -0.69 per
+token) nearly everything beyond ~50 tokens is pruned: an ACP time at init is a best case, not a trained one.
+
+qk-norm: --qk-share (default on) shares the RMSNorm scale across heads as in their paper runs and released
+checkpoints; --no-qk-share uses their current default (per-head scales). Speed differs negligibly.
+
+Example (GPU): python3 bench/authors_fox.py --size 125m --json $OUT/authors-125m.json
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import types
+
+SIZES = {
+    # name: (hidden, layers, heads); head_dim 64 in both
+    "125m": (768, 12, 12),
+    "760m": (1536, 24, 24),
+}
+VOCAB = 50257
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_AUTHORS = os.path.join(os.path.dirname(HERE), ".device-bundle", "authors")
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="125m")
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (their training does not)")
+    ap.add_argument("--checkpoint", action="store_true", help="their per-block gradient checkpointing")
+    ap.add_argument("--acp", action="store_true", help="Adaptive Computation Pruning (log_pruning_tolerance)")
+    ap.add_argument("--log-pruning-tolerance", type=float, default=-10.0)
+    ap.add_argument("--qk-share", dest="qk_share", action="store_true", default=True)
+    ap.add_argument("--no-qk-share", dest="qk_share", action="store_false")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--json", default=None, help="write the result as JSON to this path")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--authors-dir", default=DEFAULT_AUTHORS, help="folder holding their LICENSE and src/")
+    ap.add_argument("--device", default="cuda", help="cuda (benchmark) or meta/cpu (build-only check)")
+    ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke tests)")
+    ap.add_argument("--build-only", action="store_true", help="build model+optimizer, print sizes, exit")
+    a = ap.parse_args()
+    for name in ("context", "batch", "steps"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    if a.warmup < 0:
+        ap.error("--warmup must be >= 0")
+    return a
+
+
+def import_authors(authors_dir):
+    src = os.path.join(authors_dir, "src")
+    if not os.path.isfile(os.path.join(src, "forgetting_transformer", "__init__.py")):
+        raise SystemExit(f"error: {src}/forgetting_transformer not found (carry .device-bundle/authors)")
+    sys.path.insert(0, src)
+    try:
+        import pytest  # noqa: F401  (their token_shift.py imports it for its own tests)
+    except ImportError:
+        stub = types.ModuleType("pytest")
+        stub.mark = types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f))
+        sys.modules["pytest"] = stub
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from forgetting_transformer.model.forgetting_transformer.configuration_forgetting_transformer import (
+            ForgettingTransformerConfig,
+        )
+        from forgetting_transformer.model.forgetting_transformer.modeling_forgetting_transformer import (
+            ForgettingTransformerForCausalLM,
+        )
+    return ForgettingTransformerConfig, ForgettingTransformerForCausalLM
+
+
+def main():
+    a = parse_args()
+    import torch
+
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("error: torch sees no GPU (use --device cpu --build-only for a check)", file=sys.stderr)
+        return 2
+    torch.manual_seed(a.seed)
+    torch.set_float32_matmul_precision("high")
+    Config, CausalLM = import_authors(a.authors_dir)
+
+    d, n_layers, n_heads = SIZES[a.size]
+    if a.layers is not None:
+        n_layers = a.layers
+    # Their Pro yaml plus the defaults of their hydra model config (configs/model/forgetting_transformer.py).
+    cfg = Config(
+        vocab_size=VOCAB,
+        hidden_size=d,
+        num_hidden_layers=n_layers,
+        num_heads=n_heads,
+        hidden_ratio=3.5,
+        use_rope=False,
+        rope_base=500000,
+        use_v_shift=True,
+        use_k_shift=True,
+        qk_norm=True,
+        qk_norm_share_param_across_head=a.qk_share,
+        use_output_gate=True,
+        use_output_norm=True,
+        log_pruning_tolerance=a.log_pruning_tolerance if a.acp else None,
+        max_position_embeddings=None,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+        fuse_norm=True,
+        fuse_cross_entropy=True,
+        use_cache=False,
+    )
+    with torch.device(dev):
+        model = CausalLM(cfg)
+    model = model.to(device=dev, dtype=torch.float32)  # 'bf16-mixed': fp32 master weights
+    if a.checkpoint:
+        # What model.gradient_checkpointing_enable() does in their train.py: their Model.forward reads
+        # this flag and wraps each block's attention and MLP in torch.utils.checkpoint(use_reentrant=False).
+        model.model.gradient_checkpointing = True
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        fused=dev.type == "cuda",
+    )
+    mlp = model.model.layers[0].mlp
+    shape = dict(hidden=d, layers=n_layers, heads=n_heads, head_dim=d // n_heads, intermediate=mlp.intermediate_size)
+    if a.build_only:
+        print(json.dumps({"params": n_params, "shape": shape, "decay": len(decay), "no_decay": len(no_decay)}))
+        print(model)
+        return 0
+
+    fwd = torch.compile(model) if a.compile else model
+    g = torch.Generator(device="cpu").manual_seed(a.seed)
+    toks = torch.randint(0, VOCAB, (a.batch, a.context + 1), generator=g).to(dev)
+    ids, labels = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
+    params = list(model.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
+            out = fwd(
+                input_ids=ids,
+                labels=labels,
+                use_cache=False,
+                output_attentions=False,
+                output_hidden_states=False,
+                return_dict=True,
+            )
+            loss = out.loss.mean()  # their loss is per token, [B, T]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss
+
+    result = {
+        "name": "authors-fox-pro" + ("-acp" if a.acp else ""),
+        "size": a.size,
+        "context": a.context,
+        "batch": a.batch,
+        "compile": a.compile,
+        "checkpoint": a.checkpoint,
+        "acp": a.acp,
+        "log_pruning_tolerance": a.log_pruning_tolerance if a.acp else None,
+        "qk_norm_share_param_across_head": a.qk_share,
+        "params": n_params,
+        "shape": shape,
+        "torch_version": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev),
+    }
+    try:
+        import triton
+
+        result["triton_version"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        import transformers
+
+        result["transformers_version"] = transformers.__version__
+    except ImportError:
+        pass
+    commit_file = os.path.join(a.authors_dir, "COMMIT")
+    if os.path.isfile(commit_file):
+        with open(commit_file) as f:
+            result["authors_commit"] = f.read().strip()
+
+    times = []
+    final_loss = None
+    try:
+        for _ in range(a.warmup):
+            loss = step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        for _ in range(a.steps):
+            if dev.type == "cuda":
+                s = torch.cuda.Event(enable_timing=True)
+                e = torch.cuda.Event(enable_timing=True)
+                s.record()
+                loss = step()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e))
+            else:
+                t0 = time.perf_counter()
+                loss = step()
+                times.append((time.perf_counter() - t0) * 1e3)
+        final_loss = float(loss.detach().float().item())
+    except torch.cuda.OutOfMemoryError as exc:
+        result["error"] = "out of memory: " + str(exc).splitlines()[0]
+
+    if times and final_loss is not None:
+        med = statistics.median(times)
+        result["step_ms_median"] = round(med, 3)
+        result["step_ms_all"] = [round(t, 3) for t in times]
+        result["tokens_per_s"] = round(a.batch * a.context / (med / 1e3), 1)
+        result["loss"] = final_loss
+        if not math.isfinite(final_loss):
+            result["error"] = "loss is not finite"
+    else:
+        result["step_ms_median"] = None
+        result["tokens_per_s"] = None
+    result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3) if dev.type == "cuda" else None
+
+    print(
+        f"{result['name']} {a.size} ctx={a.context} batch={a.batch} compile={a.compile} "
+        f"checkpoint={a.checkpoint}: "
+        + (
+            f"{result['tokens_per_s']:.0f} tok/s, {result['step_ms_median']:.1f} ms/step, "
+            f"peak {result['peak_gib']} GiB, loss {final_loss:.3f}"
+            if result["tokens_per_s"] is not None
+            else f"FAILED ({result.get('error')}), peak {result['peak_gib']} GiB"
+        ),
+        flush=True,
+    )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

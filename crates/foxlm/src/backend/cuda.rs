@@ -54,6 +54,9 @@ struct F32Attn {
     dv: CudaSlice<f32>,
 }
 
+/// Events that can be timed (cudarc's default disables timing).
+const TIMING: cudarc_event::sys::CUevent_flags = cudarc_event::sys::CUevent_flags::CU_EVENT_DEFAULT;
+
 /// Kinds of work in a step, for the per-kernel-family breakdown of `foxlm bench train`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -222,7 +225,7 @@ impl<T: Elem> Cuda<T> {
     /// (each one to a few kernel launches) since [`Cuda::start_profile`]. Waits for the GPU.
     pub fn take_profile(&mut self) -> Result<Vec<(Family, f64, usize)>> {
         let Some(marks) = self.prof.take() else { return Ok(Vec::new()) };
-        let end = self.gpu.stream().record_event(None).map_err(|e| anyhow!("{e:?}"))?;
+        let end = self.gpu.stream().record_event(Some(TIMING)).map_err(|e| anyhow!("{e:?}"))?;
         self.gpu.sync()?;
         let mut out: std::collections::BTreeMap<Family, (f64, usize)> = Default::default();
         for (i, (fam, ev)) in marks.iter().enumerate() {
@@ -237,7 +240,7 @@ impl<T: Elem> Cuda<T> {
 
     fn mark(&mut self, family: Family) -> Result<()> {
         if let Some(p) = self.prof.as_mut() {
-            let e = self.gpu.stream().record_event(None).map_err(|e| anyhow!("recording an event: {e:?}"))?;
+            let e = self.gpu.stream().record_event(Some(TIMING)).map_err(|e| anyhow!("recording an event: {e:?}"))?;
             p.push((family, e));
         }
         Ok(())

@@ -52,6 +52,14 @@ def parse_args():
     ap.add_argument("--log-pruning-tolerance", type=float, default=-10.0)
     ap.add_argument("--qk-share", dest="qk_share", action="store_true", default=True)
     ap.add_argument("--no-qk-share", dest="qk_share", action="store_false")
+    ap.add_argument(
+        "--fgate-bias",
+        type=float,
+        default=None,
+        help="set every forget-gate bias to this after init (e.g. 5: log f ~ -0.007/token, long memory); "
+        "default: their init (bias 0)",
+    )
+    ap.add_argument("--no-check", dest="check", action="store_false", help="skip the kernel-vs-PyTorch check")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--json", default=None, help="write the result as JSON to this path")
@@ -91,6 +99,32 @@ def import_authors(authors_dir):
             ForgettingTransformerForCausalLM,
         )
     return ForgettingTransformerConfig, ForgettingTransformerForCausalLM
+
+
+def kernel_check(dev):
+    """Their forgetting_attention (fwd+bwd, bf16) against a plain PyTorch float32 reference, small shape."""
+    import torch
+    from forgetting_transformer.ops.forgetting_attention import forgetting_attention
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    b, h, t, d = 1, 2, 1024, 64
+    q, k, v, do = [torch.randn(b, h, t, d, generator=g).to(dev, torch.bfloat16) for _ in range(4)]
+    log_f = torch.nn.functional.logsigmoid(torch.randn(b, h, t, generator=g) + 3.0).to(dev)
+    ins = [x.clone().requires_grad_() for x in (q, k, v, log_f)]
+    out = forgetting_attention(*ins, head_first=True, sm_scale=d**-0.5)
+    grads = torch.autograd.grad(out, ins, do)
+    ref_ins = [x.float().clone().requires_grad_() for x in (q, k, v, log_f)]
+    rq, rk, rv, rf = ref_ins
+    c = torch.cumsum(rf, -1)
+    s = rq @ rk.transpose(-1, -2) * d**-0.5 + (c[..., :, None] - c[..., None, :])
+    s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=dev).tril(), float("-inf"))
+    ref = torch.softmax(s, -1) @ rv
+    ref_grads = torch.autograd.grad(ref, ref_ins, do.float())
+    res = {}
+    for name, a, r in zip(["o", "dq", "dk", "dv", "dlogf"], [out, *grads], [ref, *ref_grads]):
+        res[name] = round(float((a.float() - r).abs().max() / r.abs().max().clamp_min(1e-6)), 5)
+    res["ok"] = all(x < 0.05 for x in res.values())
+    return res
 
 
 def main():
@@ -136,6 +170,10 @@ def main():
     with torch.device(dev):
         model = CausalLM(cfg)
     model = model.to(device=dev, dtype=torch.float32)  # 'bf16-mixed': fp32 master weights
+    if a.fgate_bias is not None:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.attn.fgate_proj.bias.fill_(a.fgate_bias)
     if a.checkpoint:
         # What model.gradient_checkpointing_enable() does in their train.py: their Model.forward reads
         # this flag and wraps each block's attention and MLP in torch.utils.checkpoint(use_reentrant=False).
@@ -164,6 +202,8 @@ def main():
     ids, labels = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
     params = list(model.parameters())
 
+    grad_norms = []
+
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
@@ -177,7 +217,7 @@ def main():
             )
             loss = out.loss.mean()  # their loss is per token, [B, T]
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(params, 1.0))
         opt.step()
         return loss
 
@@ -191,6 +231,7 @@ def main():
         "acp": a.acp,
         "log_pruning_tolerance": a.log_pruning_tolerance if a.acp else None,
         "qk_norm_share_param_across_head": a.qk_share,
+        "fgate_bias": a.fgate_bias,
         "params": n_params,
         "shape": shape,
         "torch_version": torch.__version__,
@@ -213,6 +254,10 @@ def main():
         with open(commit_file) as f:
             result["authors_commit"] = f.read().strip()
 
+    if a.check and dev.type == "cuda":
+        result["kernel_check_rel_err"] = kernel_check(dev)
+        print("kernel check (max |err| / max |ref|):", json.dumps(result["kernel_check_rel_err"]), flush=True)
+
     times = []
     final_loss = None
     try:
@@ -234,6 +279,7 @@ def main():
                 loss = step()
                 times.append((time.perf_counter() - t0) * 1e3)
         final_loss = float(loss.detach().float().item())
+        result["grad_norm_first_last"] = [round(float(grad_norms[0]), 4), round(float(grad_norms[-1]), 4)]
     except torch.cuda.OutOfMemoryError as exc:
         result["error"] = "out of memory: " + str(exc).splitlines()[0]
 

@@ -64,8 +64,10 @@ pub enum Family {
     Gemm,
     /// Forgetting Attention forward and backward (with ACP thresholds).
     Attention,
-    /// The output head's GEMMs and the fused cross-entropy, chunk by chunk.
+    /// The output head's GEMMs, chunk by chunk.
     Head,
+    /// The fused softmax cross-entropy over the vocabulary and the head's chunk copies.
+    CrossEntropy,
     /// Gradient norm, clipping and AdamW.
     Optimizer,
     /// Everything else: norms, KV-shift, RoPE, gates, SwiGLU, residuals, embedding, copies.
@@ -929,16 +931,21 @@ impl<T: Elem> Backend for Cuda<T> {
         let rows = b.batch * b.seq;
         ensure!(hidden.len() >= rows * d, "head_loss: hidden holds {} values, {rows}×{d} expected", hidden.len());
         let train = dhidden.is_some() && self.kinds[lm_head.weight.0] != ParamKind::Frozen;
-        let gpu = &self.gpu;
+        let gpu = self.gpu.clone();
+        let lm = lm_head.weight.0;
+        let no_copy = || anyhow!("lm_head has no working copy");
         for r0 in (0..rows).step_by(self.head_rows) {
             let m = self.head_rows.min(rows - r0);
             // This chunk's rows into the chunk buffers (a copy costs far less than the GEMMs).
-            dtod(gpu, hidden, r0 * d, &mut self.head_x, 0, m * d)?;
-            dtod(gpu, &b.targets, r0, &mut self.head_targets, 0, m)?;
-            let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no working copy"))?;
+            self.mark(Family::CrossEntropy)?;
+            dtod(&gpu, hidden, r0 * d, &mut self.head_x, 0, m * d)?;
+            dtod(&gpu, &b.targets, r0, &mut self.head_targets, 0, m)?;
+            self.mark(Family::Head)?;
+            let w = self.params[lm].copy.as_ref().ok_or_else(no_copy)?;
             self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vocab)?;
+            self.mark(Family::CrossEntropy)?;
             ops::cross_entropy_fwd_bwd(
-                gpu,
+                &gpu,
                 &mut self.head_dlogits,
                 &mut self.head_losses,
                 &self.head_logits,
@@ -947,12 +954,14 @@ impl<T: Elem> Backend for Cuda<T> {
                 m,
                 vocab,
             )?;
-            dtod(gpu, &self.head_losses, 0, &mut self.losses, r0, m)?;
+            dtod(&gpu, &self.head_losses, 0, &mut self.losses, r0, m)?;
             if let Some(dh) = dhidden.as_deref_mut() {
+                self.mark(Family::Head)?;
+                let w = self.params[lm].copy.as_ref().ok_or_else(no_copy)?;
                 self.gemm.linear_bwd_dx(&mut self.head_dx, false, &self.head_dlogits, w, m, d, vocab)?;
-                dtod(gpu, &self.head_dx, 0, dh, r0 * d, m * d)?;
+                dtod(&gpu, &self.head_dx, 0, dh, r0 * d, m * d)?;
                 if train {
-                    let g = &mut self.params[lm_head.weight.0].grad;
+                    let g = &mut self.params[lm].grad;
                     self.gemm.linear_bwd_dw(g, &self.head_dlogits, &self.head_x, m, d, vocab)?;
                 }
             }

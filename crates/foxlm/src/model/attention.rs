@@ -77,9 +77,8 @@ pub struct AttnActs<A, F> {
     pub o_norm: A,
     /// Output-gate logits, [B, T, d].
     pub ogate_logit: A,
-    /// The input of o_proj, [B, T, d], and the layer's output o_proj(z).
+    /// The input of o_proj, [B, T, d] (the layer's output o_proj(z) goes to the caller's buffer).
     pub z: A,
-    pub out: A,
     /// ACP thresholds per (b, h), when pruning is on.
     pub prune: Option<F>,
     /// Key tiles the attention visited and the ones ACP skipped (for reporting the pruned fraction).
@@ -136,7 +135,6 @@ impl<A, F> AttnActs<A, F> {
             o_norm: be.alloc(if l.output_norm.is_some() { n * d } else { 0 })?,
             ogate_logit: be.alloc(if l.ogate_proj.is_some() { n * d } else { 0 })?,
             z: be.alloc(n * d)?,
-            out: be.alloc(n * d)?,
             prune: match l.log_pruning_tolerance {
                 Some(_) => Some(be.alloc_f32(b * h)?),
                 None => None,
@@ -225,7 +223,7 @@ impl ForgettingAttention {
         }
     }
 
-    /// Forward over x: [B, T, d] (the attn_norm output) into `a` (the output is `a.out`). With
+    /// Forward over x: [B, T, d] (the attn_norm output), saving into `a`, the output into `out`. With
     /// a cache, the T tokens are appended after the cached ones and attend to them too.
     pub fn forward<B: Backend>(
         &self,
@@ -233,6 +231,7 @@ impl ForgettingAttention {
         x: &B::Act,
         batch: &B::Batch,
         a: &mut AttnActs<B::Act, B::F32>,
+        out: &mut B::Act,
         mut cache: Option<&mut B::LayerCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
@@ -320,7 +319,7 @@ impl ForgettingAttention {
             }
             None => be.copy(&mut a.z, pre)?,
         }
-        be.linear_fwd(&mut a.out, &a.z, &self.o_proj, n)
+        be.linear_fwd(out, &a.z, &self.o_proj, n)
     }
 
     /// Backward of a full-sequence `forward` (no cache) over x: [B, T, d] with its saved `a`:

@@ -19,8 +19,6 @@ pub struct MlpActs<A> {
     pub gu: A,
     /// silu(gate) · up, [rows, I].
     pub h: A,
-    /// down_proj(h), [rows, d].
-    pub out: A,
 }
 
 /// The MLP's backward buffers: d h [rows, I] and d gu [rows, 2I].
@@ -32,11 +30,7 @@ pub struct MlpScratch<A> {
 impl<A> MlpActs<A> {
     pub fn new<B: Alloc<Act = A>>(be: &B, m: &Mlp, rows: usize) -> Result<Self> {
         let i = m.intermediate;
-        Ok(Self {
-            gu: be.alloc(rows * 2 * i)?,
-            h: be.alloc(rows * i)?,
-            out: be.alloc(rows * m.down_proj.out_features)?,
-        })
+        Ok(Self { gu: be.alloc(rows * 2 * i)?, h: be.alloc(rows * i)? })
     }
 }
 
@@ -57,10 +51,18 @@ impl Mlp {
         }
     }
 
-    pub fn forward<B: Backend>(&self, be: &mut B, x: &B::Act, a: &mut MlpActs<B::Act>, rows: usize) -> Result<()> {
+    /// down_proj(silu(gate) · up) of x into `out`, saving into `a`.
+    pub fn forward<B: Backend>(
+        &self,
+        be: &mut B,
+        x: &B::Act,
+        a: &mut MlpActs<B::Act>,
+        out: &mut B::Act,
+        rows: usize,
+    ) -> Result<()> {
         be.linear_fwd(&mut a.gu, x, &self.gate_proj, rows)?;
         be.swiglu_fwd(&mut a.h, &a.gu, rows, self.intermediate)?;
-        be.linear_fwd(&mut a.out, &a.h, &self.down_proj, rows)
+        be.linear_fwd(out, &a.h, &self.down_proj, rows)
     }
 
     /// Backward of `forward`: from dy [rows, d] writes dx [rows, d] and adds the gradients of

@@ -73,6 +73,9 @@ pub struct ModelActs<A, F> {
     pub final_x: A,
     pub final_rstd: F,
     pub final_out: A,
+    /// A sublayer's output before its residual add, [B, T, d]: not needed by the backward, so one
+    /// buffer serves every layer.
+    pub out: A,
 }
 
 /// The activations of backend B.
@@ -130,6 +133,7 @@ impl<A, F> ModelActs<A, F> {
             final_x: be.alloc(n * d)?,
             final_rstd: be.alloc_f32(n)?,
             final_out: be.alloc(n * d)?,
+            out: be.alloc(n * d)?,
         })
     }
 }
@@ -163,7 +167,7 @@ pub fn activation_plan(model: &Model, b: usize, t: usize, act_bytes: usize, plan
     ModelActs::new(&s, model, b, t, false)?;
     let _ = s.take_bytes(act_bytes);
     let d = model.config.hidden_size;
-    plan.add("final norm in/out", 2 * n * d * act_bytes + 4 * n);
+    plan.add("final norm in/out, sublayer output", 3 * n * d * act_bytes + 4 * n);
     Scratch::new(&s, model, b, t)?;
     plan.add("backward scratch", s.take_bytes(act_bytes));
     Ok(())
@@ -237,14 +241,14 @@ impl Model {
             let ai = if keep { li } else { 0 };
             let cache = caches.as_deref_mut().map(|c| &mut c[li]);
             let (cur, rest) = acts.blocks[ai..].split_first_mut().expect("a block's activations");
-            blk.forward(be, batch, cur, cache, n, d, eps)?;
-            // The block's output (h + MLP) becomes the next block's input.
+            blk.forward(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
+            // The block's output h + MLP(...) becomes the next block's input.
             let next = if keep { rest.first_mut().map(|b| &mut b.x) } else { None };
             match next {
-                Some(nx) => be.add(nx, &cur.h, &cur.mlp.out)?,
-                None if li + 1 == self.layers.len() => be.add(&mut acts.final_x, &cur.h, &cur.mlp.out)?,
+                Some(nx) => be.add(nx, &cur.h, &acts.out)?,
+                None if li + 1 == self.layers.len() => be.add(&mut acts.final_x, &cur.h, &acts.out)?,
                 // Inference: one block's buffers; its own x takes the output.
-                None => be.add(&mut cur.x, &cur.h, &cur.mlp.out)?,
+                None => be.add(&mut cur.x, &cur.h, &acts.out)?,
             }
         }
         be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)
@@ -401,24 +405,25 @@ impl Model {
 }
 
 impl Block {
-    /// Forward of one block into `a`: a.h = x + Attn(RMSNorm(x)); a.mlp.out = MLP(RMSNorm(h)) (the
-    /// caller adds the residual: the output is a.h + a.mlp.out).
+    /// Forward of one block into `a`: a.h = x + Attn(RMSNorm(x)); out = MLP(RMSNorm(h)) (the
+    /// caller adds the residual: the block's output is a.h + out).
     #[allow(clippy::too_many_arguments)]
     fn forward<B: Backend>(
         &self,
         be: &mut B,
         batch: &B::Batch,
         a: &mut BlockActs<B::Act, B::F32>,
+        out: &mut B::Act,
         cache: Option<&mut B::LayerCache>,
         n: usize,
         d: usize,
         eps: f32,
     ) -> Result<()> {
         be.rms_norm_fwd(&mut a.attn_norm_out, &mut a.attn_norm_rstd, &a.x, self.attn_norm, d, eps)?;
-        self.attn.forward(be, &a.attn_norm_out, batch, &mut a.attn, cache)?;
-        be.add(&mut a.h, &a.x, &a.attn.out)?;
+        self.attn.forward(be, &a.attn_norm_out, batch, &mut a.attn, out, cache)?;
+        be.add(&mut a.h, &a.x, out)?;
         be.rms_norm_fwd(&mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.h, self.mlp_norm, d, eps)?;
-        self.mlp.forward(be, &a.mlp_norm_out, &mut a.mlp, n)
+        self.mlp.forward(be, &a.mlp_norm_out, &mut a.mlp, out, n)
     }
 
     /// Backward of one block: `dx` holds d loss / d (block output) on entry and d loss / d (block

@@ -15,3 +15,4 @@ pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
 pub mod train;
+pub mod validate;

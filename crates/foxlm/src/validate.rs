@@ -126,6 +126,100 @@ pub fn file_in_dir(dir: &Path, rel: &str, listing: &Path) -> Result<PathBuf> {
     Ok(dir.join(p))
 }
 
+/// Bytes of the KV cache (k, v and the gate's prefix sum per layer and head) for `batch`
+/// sequences of `tokens` tokens, as `model::cache` allocates it; saturating.
+pub fn kv_cache_bytes(cfg: &crate::config::Config, batch: usize, tokens: usize) -> u128 {
+    let (b, h, hd, t) = (batch as u128, cfg.num_heads as u128, cfg.head_dim() as u128, tokens.max(1) as u128);
+    let m = |a: u128, b: u128| a.saturating_mul(b);
+    let per_layer = m(m(m(b, h), t), 2 * hd + 1).saturating_add(m(m(2 * b, h), hd));
+    m(m(per_layer, cfg.num_hidden_layers as u128), 4)
+}
+
+/// Roughly the memory of one forward pass over `batch` x `seq` tokens: the logits, a layer's
+/// activations (all layers' and the gradients too `with_grads`). A lower bound, used to refuse
+/// inputs that cannot fit before allocating for them; saturating.
+pub fn forward_bytes(cfg: &crate::config::Config, batch: usize, seq: usize, with_grads: bool) -> u128 {
+    let m = |a: u128, b: u128| a.saturating_mul(b);
+    let rows = m(batch as u128, seq as u128);
+    let (d, i, v) = (cfg.hidden_size as u128, cfg.intermediate() as u128, cfg.vocab_size as u128);
+    let layer = m(rows, 20 * d + 3 * i);
+    let layers = if with_grads { cfg.num_hidden_layers as u128 } else { 1 };
+    let logits = m(m(rows, v), 1 + with_grads as u128);
+    let grads = if with_grads { cfg.param_bytes() } else { 0 };
+    m(logits.saturating_add(m(layer, layers)), 4).saturating_add(grads)
+}
+
+/// Checks a checkpoint's trainer state (trainer.json at `path`) before the checkpoint is used
+/// to resume: its run configuration valid, its model the one in the checkpoint's config.json
+/// (`model`), and its counters consistent with each other (a state from another run, or edited,
+/// would otherwise resume silently wrong).
+pub fn check_trainer_state(
+    state: &crate::train::TrainerState,
+    adamw: &crate::optim::AdamWConfig,
+    optimizer_step: u64,
+    model: &crate::config::Config,
+    path: &Path,
+) -> Result<()> {
+    let p = path.display();
+    state.run.model.validate().with_context(|| format!("{p}: run.model"))?;
+    let t = &state.run.train;
+    // Bound the sizes first so the recipe's own arithmetic (tokens per step) cannot overflow.
+    for (field, v) in [("context", t.context), ("batch_size", t.batch_size), ("micro_batch", t.micro_batch)] {
+        if v > 1 << 32 {
+            bail!("{p}: run.train.{field} is {v}; expected at most {}", 1u64 << 32);
+        }
+    }
+    t.validate().with_context(|| format!("{p}: run.train"))?;
+    let diff = config_diff(&state.run.model, model);
+    if !diff.is_empty() {
+        bail!(
+            "{p}: the state belongs to another model than this checkpoint's config.json ({}): is it from another run?",
+            diff.join("; ")
+        );
+    }
+    let per_step = t.tokens_per_step();
+    if state.step.checked_mul(per_step) != Some(state.tokens_seen) {
+        bail!(
+            "{p}: tokens_seen is {} but step {} x {per_step} tokens per step is {}",
+            state.tokens_seen,
+            state.step,
+            state.step as u128 * per_step as u128
+        );
+    }
+    if state.step > t.total_steps() {
+        bail!("{p}: step is {}, past the run's last step {}", state.step, t.total_steps());
+    }
+    if optimizer_step != state.step {
+        bail!("{p}: optimizer_step is {optimizer_step} but the trainer is at step {}", state.step);
+    }
+    if adamw != &t.adamw() {
+        bail!("{p}: adamw settings {adamw:?} differ from the run's {:?}", t.adamw());
+    }
+    if state.data.seed != t.seed {
+        bail!("{p}: data.seed is {} but the run's seed is {}", state.data.seed, t.seed);
+    }
+    if !(state.elapsed_s.is_finite() && state.elapsed_s >= 0.0) {
+        bail!("{p}: elapsed_s is {:?}; expected a finite time >= 0", state.elapsed_s);
+    }
+    if let Some(l) = state.last_val_loss {
+        if !l.is_finite() || l < 0.0 {
+            bail!("{p}: last_val_loss is {l:?}; expected a finite loss >= 0");
+        }
+    }
+    Ok(())
+}
+
+/// "field: a vs b" for the architecture fields on which two configs differ (extra keys ignored).
+fn config_diff(a: &crate::config::Config, b: &crate::config::Config) -> Vec<String> {
+    let strip = |c: &crate::config::Config| {
+        let mut c = c.clone();
+        c.extra.clear();
+        serde_json::to_value(&c).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default()
+    };
+    let (a, b) = (strip(a), strip(b));
+    a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).map(|(k, v)| format!("{k}: {v} vs {}", b[k])).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,8 +92,9 @@ impl TensorFile {
         }
         if n > len - 8 {
             bail!(
-                "{}: header length field says {n} bytes but the file has {len}: truncated or damaged",
-                path.display()
+                "{}: header length field says {n} bytes, but only {} bytes follow it: truncated or damaged",
+                path.display(),
+                len - 8
             );
         }
         let (n, meta) = SafeTensors::read_metadata(&mmap)
@@ -115,12 +116,18 @@ impl TensorFile {
         self.entries.get(name).and_then(|e| self.mmap.get(e.start..e.end))
     }
 
-    /// Decodes tensor `name` into `out` (exactly its number of values).
+    /// Decodes tensor `name` into `out` (exactly its number of values). A NaN or infinity is an
+    /// error: no weight or optimizer moment of a usable checkpoint holds one, and loading it would
+    /// give silently wrong results.
     pub fn decode_into(&self, name: &str, out: &mut [f32]) -> Result<()> {
         let what = format!("{}: tensor {name}", self.path.display());
         let e = self.entries.get(name).ok_or_else(|| anyhow!("{what} is missing"))?;
         let bytes = self.bytes(name).ok_or_else(|| anyhow!("{what}: data lies outside the file"))?;
-        decode_into(e.dtype, bytes, out, &what)
+        decode_into(e.dtype, bytes, out, &what)?;
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            bail!("{what} holds {} at index {i}: damaged weights", out[i]);
+        }
+        Ok(())
     }
 }
 

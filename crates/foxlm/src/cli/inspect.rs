@@ -59,7 +59,7 @@ fn component(name: &str) -> &'static str {
 }
 
 fn human(bytes: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
     let mut v = bytes;
     let mut i = 0;
     while v >= 1024.0 && i + 1 < units.len() {

@@ -48,6 +48,8 @@ static LARGEST: AtomicUsize = AtomicUsize::new(0);
 /// description written into a fixed buffer (reading it must not allocate).
 static CASE_SEED: AtomicU64 = AtomicU64::new(0);
 static CASE_TEXT: Mutex<([u8; 512], usize)> = Mutex::new(([0; 512], 0));
+/// The last panic's message and location (the hook records it; the case's report shows it).
+static LAST_PANIC: Mutex<String> = Mutex::new(String::new());
 
 /// A `fmt::Write` into a stack buffer (truncating), for messages from inside the allocator.
 struct StackBuf {
@@ -424,7 +426,8 @@ fn mutate_safetensors(rng: &mut ChaCha8Rng, bytes: &mut Vec<u8>, desc: &mut Stri
     match rng.gen_range(0..10) {
         0..=4 => {
             let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-            let names: Vec<String> = header.as_object().unwrap().keys().cloned().collect();
+            let names: Vec<String> =
+                header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect();
             let name = names[rng.gen_range(0..names.len())].clone();
             let t = &mut header[&name];
             desc.push_str(&format!("header {name}"));
@@ -521,6 +524,7 @@ fn run_case(p: &Pristine, seed: u64, desc_out: &Mutex<String>) -> Result<String,
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let work = p.root.join("case");
     let mut desc = String::new();
+    *desc_out.lock().unwrap() = "(while building the case)".into();
     let set_desc = |d: &str| {
         *desc_out.lock().unwrap() = d.to_string();
         let mut t = CASE_TEXT.lock().unwrap();
@@ -696,7 +700,12 @@ struct Failure {
 fn run_cases(first_seed: u64, cases: u64, verbose: bool) -> (Vec<Failure>, u64, Duration) {
     const CASE_TIMEOUT: Duration = Duration::from_secs(60);
     let pristine = make_pristine();
-    std::panic::set_hook(Box::new(|_| {})); // panics are reported per case below
+    // Panics are reported per case below, with where they happened.
+    std::panic::set_hook(Box::new(|info| {
+        if let Ok(mut p) = LAST_PANIC.lock() {
+            *p = info.to_string();
+        }
+    }));
     let current = std::sync::Arc::new(Mutex::new(String::new()));
     let (tx, rx) = mpsc::channel::<(u64, Result<Result<String, String>, String>)>();
     let cur = current.clone();
@@ -705,12 +714,7 @@ fn run_cases(first_seed: u64, cases: u64, verbose: bool) -> (Vec<Failure>, u64, 
         for seed in first_seed..first_seed + cases {
             CASE_SEED.store(seed, Ordering::SeqCst);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&pristine, seed, &cur)));
-            let r = r.map_err(|p| {
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "(no message)".into())
-            });
+            let r = r.map_err(|_| LAST_PANIC.lock().map(|p| p.clone()).unwrap_or_default());
             if tx.send((seed, r)).is_err() {
                 return;
             }
@@ -733,6 +737,9 @@ fn run_cases(first_seed: u64, cases: u64, verbose: bool) -> (Vec<Failure>, u64, 
                         seed,
                         what: format!("{} -> PANIC: {panic}", current.lock().map(|c| c.clone()).unwrap_or_default()),
                     }),
+                }
+                if let Some(f) = failures.last().filter(|f| f.seed == seed) {
+                    eprintln!("FAILURE seed {}: {}", f.seed, f.what);
                 }
                 if done % 100_000 == 0 {
                     eprintln!(

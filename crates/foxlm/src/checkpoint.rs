@@ -42,7 +42,7 @@ fn unsupported_dtype(dtype: Dtype, what: &str) -> anyhow::Error {
 /// Decodes `bytes` of `dtype` into `out`, which must hold exactly as many values.
 pub fn decode_into(dtype: Dtype, bytes: &[u8], out: &mut [f32], what: &str) -> Result<()> {
     let width = dtype_width(dtype).ok_or_else(|| unsupported_dtype(dtype, what))?;
-    if bytes.len() % width != 0 || bytes.len() / width != out.len() {
+    if !bytes.len().is_multiple_of(width) || bytes.len() / width != out.len() {
         bail!("{what}: {} bytes are not {} {dtype:?} values", bytes.len(), out.len());
     }
     let chunks = bytes.chunks_exact(width).zip(out.iter_mut());
@@ -182,7 +182,10 @@ pub fn match_layout(
 
 /// The safetensors files of a model folder: the index's shards, or model.safetensors. With an
 /// index, also the file each tensor is listed in (checked against the shards' headers later).
-fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, PathBuf>>)> {
+/// A model folder's weight files and, with an index, the file each tensor is listed in.
+type WeightFiles = (Vec<PathBuf>, Option<BTreeMap<String, PathBuf>>);
+
+fn weight_files(dir: &Path) -> Result<WeightFiles> {
     let index = dir.join(INDEX_FILE);
     if index.exists() {
         let text = crate::validate::read_text(&index)?;
@@ -217,9 +220,12 @@ fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, Pat
     Ok((vec![single], None))
 }
 
+/// A tensor read by [`read_tensors`]: its file, shape and values.
+pub type NamedTensor = (PathBuf, Vec<usize>, Vec<f32>);
+
 /// Reads every tensor of a set of safetensors files: name → (file, shape, f32 data). Checks each
 /// file's header first, and the memory the decoded tensors need.
-pub fn read_tensors(files: &[PathBuf]) -> Result<BTreeMap<String, (PathBuf, Vec<usize>, Vec<f32>)>> {
+pub fn read_tensors(files: &[PathBuf]) -> Result<BTreeMap<String, NamedTensor>> {
     let opened = files.iter().map(|f| TensorFile::open(f)).collect::<Result<Vec<_>>>()?;
     let mut need = 0u128;
     for f in &opened {

@@ -155,10 +155,10 @@ impl Config {
         bound("hidden_size", self.hidden_size, MAX_HIDDEN)?;
         bound("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
         bound("num_heads", self.num_heads, self.hidden_size)?;
-        if self.hidden_size % self.num_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
             bail!("hidden_size {} must be a positive multiple of num_heads {}", self.hidden_size, self.num_heads);
         }
-        if self.head_dim() % 2 != 0 && self.use_rope {
+        if !self.head_dim().is_multiple_of(2) && self.use_rope {
             bail!("head_dim {} (hidden_size / num_heads) must be even for RoPE", self.head_dim());
         }
         if let Some(kv) = self.num_kv_heads {
@@ -400,7 +400,8 @@ mod tests {
     #[test]
     fn ratios_times_and_ids_are_bounded() {
         let base = fixture("fox_llama");
-        let cases: Vec<(Box<dyn Fn(&mut Config)>, &str)> = vec![
+        type Mutation = Box<dyn Fn(&mut Config)>;
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|c| c.hidden_ratio = Some(f64::NAN)), "hidden_ratio is NaN; expected a number in (0, 64]"),
             (Box::new(|c| c.hidden_ratio = Some(1e300)), "hidden_ratio is 1e300; expected a number in (0, 64]"),
             (Box::new(|c| c.intermediate_size = Some(0)), "intermediate_size is 0; expected 1 to 1048576"),

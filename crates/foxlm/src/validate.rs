@@ -44,7 +44,7 @@ pub fn parse_bytes(s: &str) -> Option<u128> {
         _ => (s, 1),
     };
     let v: f64 = num.trim().parse().ok()?;
-    (v.is_finite() && v >= 0.0).then(|| (v * mult as f64) as u128)
+    (v.is_finite() && v >= 0.0).then_some((v * mult as f64) as u128)
 }
 
 /// MemAvailable of /proc/meminfo, in bytes (None where there is no such file).

@@ -123,14 +123,14 @@ fn non_utf8_text_is_an_error_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("latin1.txt");
     std::fs::write(&input, b"caf\xe9 au lait").unwrap();
-    let e = err(prepare(&[input.clone()], &tmp.path().join("ds"), &PrepareOptions::default()));
+    let e = err(prepare(std::slice::from_ref(&input), &tmp.path().join("ds"), &PrepareOptions::default()));
     assert_eq!(
         e,
         format!("{}: not UTF-8 text (invalid byte 0xe9 at offset 3); convert it to UTF-8 first", input.display())
     );
     let jsonl = tmp.path().join("docs.jsonl");
     std::fs::write(&jsonl, b"{\"text\": \"fine\"}\n{\"text\": \"caf\xe9\"}\n").unwrap();
-    let e = err(prepare(&[jsonl.clone()], &tmp.path().join("ds2"), &PrepareOptions::default()));
+    let e = err(prepare(std::slice::from_ref(&jsonl), &tmp.path().join("ds2"), &PrepareOptions::default()));
     assert!(e.starts_with(&format!("{}:2: not UTF-8 text", jsonl.display())), "{e}");
     // viz gates' text.
     let m = fixture("fox_llama");

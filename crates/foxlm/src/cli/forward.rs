@@ -53,8 +53,11 @@ fn int_tensor(st: &SafeTensors, file: &Path, name: &str) -> Result<Option<(usize
     Ok(Some((shape[0], shape[1], v)))
 }
 
+/// An input file's batch size B, length T, ids [B·T] and left padding per row (if any).
+pub type Input = (usize, usize, Vec<u32>, Option<Vec<usize>>);
+
 /// Reads and validates the input file: ids [B·T] and the left padding per row, if any.
-pub fn read_input(path: &Path, vocab: usize) -> Result<(usize, usize, Vec<u32>, Option<Vec<usize>>)> {
+pub fn read_input(path: &Path, vocab: usize) -> Result<Input> {
     let len = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
     crate::validate::check_memory(len as u128, &format!("{}: reading the input file", path.display()))?;
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;

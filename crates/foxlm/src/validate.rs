@@ -94,6 +94,9 @@ pub fn checked_numel(dims: &[usize], what: &str) -> Result<usize> {
 /// Reads a text file, failing with the file's name and the byte offset of the first invalid
 /// sequence when it is not UTF-8.
 pub fn read_text(path: &Path) -> Result<String> {
+    if let Ok(m) = std::fs::metadata(path) {
+        check_memory(m.len() as u128, &format!("{}: reading it", path.display()))?;
+    }
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     text_from_bytes(bytes, path)
 }

@@ -97,8 +97,13 @@ impl TensorFile {
                 len - 8
             );
         }
-        let (n, meta) = SafeTensors::read_metadata(&mmap)
-            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+        let (n, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+            let hint = match e {
+                safetensors::SafeTensorError::MetadataIncompleteBuffer => " (truncated or half-written?)",
+                _ => "",
+            };
+            anyhow!("{}: not a valid safetensors file: {e}{hint}", path.display())
+        })?;
         let base = 8 + n;
         let entries = meta
             .tensors()
@@ -505,6 +510,7 @@ mod tests {
         std::fs::OpenOptions::new().write(true).open(&st).unwrap().set_len(len - 1).unwrap();
         let e = err(load_model(d.path()));
         assert!(e.starts_with(&format!("{}: not a valid safetensors file", st.display())), "{e}");
+        assert!(e.ends_with("(truncated or half-written?)"), "{e}");
 
         let mut bytes = std::fs::read(fixture("fox_llama").join(WEIGHTS_FILE)).unwrap();
         bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());

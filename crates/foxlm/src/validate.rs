@@ -220,7 +220,8 @@ fn config_diff(a: &crate::config::Config, b: &crate::config::Config) -> Vec<Stri
         serde_json::to_value(&c).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default()
     };
     let (a, b) = (strip(a), strip(b));
-    a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).map(|(k, v)| format!("{k}: {v} vs {}", b[k])).collect()
+    let shown = |v: Option<&serde_json::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
+    a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).map(|(k, v)| format!("{k}: {v} vs {}", shown(b.get(k)))).collect()
 }
 
 #[cfg(test)]

@@ -105,9 +105,19 @@ fn default_init_range() -> f64 {
 /// QK-norm's epsilon in the reference implementation (its RMSNorm default), not `norm_eps`.
 pub const QK_NORM_EPS: f32 = 1e-5;
 
+/// Bounds on config.json's sizes: generous (the largest released models are far inside them)
+/// but small enough that every product of them is computed without overflow.
+pub const MAX_VOCAB: usize = 1 << 24;
+pub const MAX_HIDDEN: usize = 1 << 16;
+pub const MAX_LAYERS: usize = 1 << 12;
+pub const MAX_INTERMEDIATE: usize = 1 << 20;
+pub const MAX_HIDDEN_RATIO: f64 = 64.0;
+/// The smallest decay time T of the fixed gate: below it b = -ln(expm1(1/T)) underflows f32.
+pub const MIN_DECAY_TIME: f64 = 0.01;
+
 impl Config {
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = crate::validate::read_text(path)?;
         let de = &mut serde_json::Deserializer::from_str(&text);
         let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
@@ -126,18 +136,30 @@ impl Config {
         serde_json::to_string_pretty(self).expect("config serialises")
     }
 
+    /// Checks every field before anything is sized from it: bounds, consistency between fields,
+    /// and that the parameter layout's size is computable (see [`Config::param_layout`]). Errors
+    /// name the field, its value and what was expected.
+    // The negated comparisons are deliberate: they reject NaN too.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<()> {
         if self.model_type != MODEL_TYPE {
             bail!("model_type is {:?}; foxlm reads {MODEL_TYPE:?}", self.model_type);
         }
-        if self.hidden_size == 0 || self.num_heads == 0 || self.hidden_size % self.num_heads != 0 {
+        let bound = |field: &str, v: usize, max: usize| -> Result<()> {
+            if v == 0 || v > max {
+                bail!("{field} is {v}; expected 1 to {max}");
+            }
+            Ok(())
+        };
+        bound("vocab_size", self.vocab_size, MAX_VOCAB)?;
+        bound("hidden_size", self.hidden_size, MAX_HIDDEN)?;
+        bound("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
+        bound("num_heads", self.num_heads, self.hidden_size)?;
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
             bail!("hidden_size {} must be a positive multiple of num_heads {}", self.hidden_size, self.num_heads);
         }
-        if self.head_dim() % 2 != 0 && self.use_rope {
-            bail!("head_dim {} must be even for RoPE", self.head_dim());
-        }
-        if self.vocab_size == 0 || self.num_hidden_layers == 0 {
-            bail!("vocab_size and num_hidden_layers must be positive");
+        if !self.head_dim().is_multiple_of(2) && self.use_rope {
+            bail!("head_dim {} (hidden_size / num_heads) must be even for RoPE", self.head_dim());
         }
         if let Some(kv) = self.num_kv_heads {
             if kv != self.num_heads {
@@ -156,18 +178,143 @@ impl Config {
         if self.tie_word_embeddings {
             bail!("tie_word_embeddings: FoX models have an untied output head (must be false)");
         }
+        if let Some(r) = self.hidden_ratio {
+            if !(r > 0.0 && r <= MAX_HIDDEN_RATIO) {
+                bail!("hidden_ratio is {r:?}; expected a number in (0, {MAX_HIDDEN_RATIO}]");
+            }
+        }
+        match self.intermediate_size {
+            Some(i) => bound("intermediate_size", i, MAX_INTERMEDIATE)?,
+            None => {
+                let i = self.intermediate();
+                if i == 0 || i > MAX_INTERMEDIATE {
+                    bail!(
+                        "hidden_ratio {:?} with hidden_size {} gives an MLP width of {i}; expected 1 to {MAX_INTERMEDIATE}",
+                        self.hidden_ratio.unwrap_or(4.0),
+                        self.hidden_size
+                    );
+                }
+            }
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            bail!("norm_eps is {:?}; expected a number in (0, 1)", self.norm_eps);
+        }
+        if !(self.rope_base > 1.0 && self.rope_base.is_finite()) {
+            bail!("rope_base is {:?}; expected a finite number > 1", self.rope_base);
+        }
+        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
+            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
+        }
+        if let Some(t) = self.log_pruning_tolerance {
+            if !(t <= 0.0 && t.is_finite()) {
+                bail!(
+                    "log_pruning_tolerance is {t:?}; expected ln(eps) for a tolerance eps <= 1: a finite number <= 0"
+                );
+            }
+        }
         if self.fgate_type == FgateType::Fixed && (self.decay_time_min.is_none() || self.decay_time_max.is_none()) {
             bail!("fgate_type \"fixed\" needs decay_time_min and decay_time_max");
         }
-        if let Some(r) = self.hidden_ratio {
-            if !(r > 0.0) {
-                bail!("hidden_ratio {r} must be positive");
+        match (self.decay_time_min, self.decay_time_max) {
+            (Some(lo), Some(hi)) if !(lo >= MIN_DECAY_TIME && lo <= hi && hi.is_finite()) => bail!(
+                "decay_time_min {lo:?} and decay_time_max {hi:?}: expected finite times with {MIN_DECAY_TIME} <= min <= max"
+            ),
+            (Some(t), None) | (None, Some(t)) if !(t >= MIN_DECAY_TIME && t.is_finite()) => {
+                bail!("decay time {t:?}: expected a finite time >= {MIN_DECAY_TIME}")
+            }
+            _ => {}
+        }
+        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
+            if let Some(id) = id {
+                if id as usize >= self.vocab_size {
+                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
+                }
             }
         }
-        if !(self.norm_eps > 0.0) {
-            bail!("norm_eps {} must be positive", self.norm_eps);
+        let bytes = self.param_bytes();
+        if bytes > isize::MAX as u128 {
+            bail!(
+                "the parameters would take {} (f32), more than any machine can address",
+                crate::validate::human_bytes(bytes)
+            );
         }
         Ok(())
+    }
+
+    /// Every parameter tensor's name and shape, in the order [`crate::model::Model::new`] creates
+    /// them, computed without allocating the tensors: checkpoints are compared with this before a
+    /// byte of weights is read. Call after [`Config::validate`].
+    pub fn param_layout(&self) -> Vec<(String, Vec<usize>)> {
+        let (v, d, h, hd, i) =
+            (self.vocab_size, self.hidden_size, self.num_heads, self.head_dim(), self.intermediate());
+        let mut out = vec![("model.embeddings.weight".to_string(), vec![v, d])];
+        for l in 0..self.num_hidden_layers {
+            let pre = format!("model.layers.{l}");
+            let mut add = |name: &str, shape: Vec<usize>| out.push((format!("{pre}.{name}"), shape));
+            add("attn_norm.weight", vec![d]);
+            add("attn.q_proj.weight", vec![d, d]);
+            for (proj, shift) in [("k_proj", self.use_k_shift), ("v_proj", self.use_v_shift)] {
+                if shift {
+                    add(&format!("attn.{proj}.linear.weight"), vec![d, d]);
+                    add(&format!("attn.{proj}.shift_proj.weight"), vec![h, d]);
+                } else {
+                    add(&format!("attn.{proj}.weight"), vec![d, d]);
+                }
+            }
+            add("attn.o_proj.weight", vec![d, d]);
+            match self.fgate_type {
+                FgateType::Full => {
+                    add("attn.fgate_proj.weight", vec![h, d]);
+                    add("attn.fgate_proj.bias", vec![h]);
+                }
+                FgateType::BiasOnly | FgateType::Fixed => add("attn.fgate_bias", vec![h]),
+                FgateType::None => {}
+            }
+            if self.use_output_gate {
+                add("attn.ogate_proj.weight", vec![d, d]);
+            }
+            if self.use_output_norm {
+                add("attn.output_norm.weight", vec![d]);
+            }
+            if self.qk_norm {
+                let n = if self.qk_norm_share_param_across_head { hd } else { d };
+                add("attn.q_norm.weight", vec![n]);
+                add("attn.k_norm.weight", vec![n]);
+            }
+            add("mlp_norm.weight", vec![d]);
+            add("mlp.gate_proj.weight", vec![2 * i, d]);
+            add("mlp.down_proj.weight", vec![d, i]);
+        }
+        out.push(("model.norm.weight".into(), vec![d]));
+        out.push(("lm_head.weight".into(), vec![v, d]));
+        out
+    }
+
+    /// Bytes of all parameters in f32, computed without building the layout (so a config with
+    /// absurd sizes costs nothing to check); saturating, so any config gives an answer.
+    pub fn param_bytes(&self) -> u128 {
+        let (v, d, h, l) =
+            (self.vocab_size as u128, self.hidden_size as u128, self.num_heads as u128, self.num_hidden_layers as u128);
+        let hd = d.checked_div(h).unwrap_or(0);
+        let i = self.intermediate_size.unwrap_or_else(|| self.intermediate()) as u128;
+        let m = |a: u128, b: u128| a.saturating_mul(b);
+        let terms = [
+            m(2, d),                                                         // attn_norm, mlp_norm
+            m(4, m(d, d)),                                                   // q, k, v, o
+            m(3, m(d, i)),                                                   // gate_proj (2I), down_proj
+            m(self.use_k_shift as u128 + self.use_v_shift as u128, m(h, d)), // shift_proj
+            match self.fgate_type {
+                FgateType::Full => m(h, d).saturating_add(h),
+                FgateType::BiasOnly | FgateType::Fixed => h,
+                FgateType::None => 0,
+            },
+            m(self.use_output_gate as u128, m(d, d)),
+            m(self.use_output_norm as u128, d),
+            m(2 * self.qk_norm as u128, if self.qk_norm_share_param_across_head { hd } else { d }),
+        ];
+        let per_layer = terms.iter().fold(0u128, |a, &t| a.saturating_add(t));
+        let total = m(2, m(v, d)).saturating_add(d).saturating_add(m(per_layer, l));
+        m(total, 4)
     }
 
     pub fn head_dim(&self) -> usize {
@@ -180,12 +327,138 @@ impl Config {
             return i;
         }
         let r = self.hidden_ratio.unwrap_or(4.0);
+        // `as` saturates (NaN gives 0), and the rounding cannot overflow: validate() bounds the result.
         let i = (self.hidden_size as f64 * r * 2.0 / 3.0) as usize;
-        i.div_ceil(256) * 256
+        i.div_ceil(256).saturating_mul(256)
     }
 
     /// Training context length recorded by `foxlm train` (an extra key the reference ignores).
     pub fn train_context(&self) -> Option<usize> {
         self.extra.get("foxlm_train_context").and_then(|v| v.as_u64()).map(|v| v as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Model;
+
+    fn fixture(v: &str) -> Config {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v);
+        Config::load(&p.join("config.json")).unwrap()
+    }
+
+    const VARIANTS: [&str; 7] = [
+        "fox_llama",
+        "fox_pro",
+        "fox_pro_shared_qknorm",
+        "fox_bias_only",
+        "fox_fixed",
+        "transformer_llama",
+        "transformer_pro",
+    ];
+
+    fn err(c: &Config) -> String {
+        format!("{:#}", c.validate().unwrap_err())
+    }
+
+    #[test]
+    fn layout_and_size_match_the_model_for_every_fixture() {
+        for v in VARIANTS {
+            let c = fixture(v);
+            let m = Model::new(&c);
+            let want: Vec<(String, Vec<usize>)> =
+                m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
+            assert_eq!(c.param_layout(), want, "{v}");
+            assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128, "{v}");
+        }
+    }
+
+    #[test]
+    fn the_issue_examples_are_errors_naming_field_and_value() {
+        let base = fixture("fox_llama");
+        let mut c = base.clone();
+        c.vocab_size = 2147483648;
+        assert_eq!(err(&c), "vocab_size is 2147483648; expected 1 to 16777216");
+        let mut c = base.clone();
+        c.num_hidden_layers = 9223372036854775807;
+        assert_eq!(err(&c), "num_hidden_layers is 9223372036854775807; expected 1 to 4096");
+        let mut c = base.clone();
+        c.hidden_size = 1 << 40;
+        assert_eq!(err(&c), "hidden_size is 1099511627776; expected 1 to 65536");
+        let mut c = base.clone();
+        c.num_heads = 1 << 20;
+        assert_eq!(err(&c), "num_heads is 1048576; expected 1 to 128");
+        let mut c = base.clone();
+        c.num_heads = 3;
+        assert_eq!(err(&c), "hidden_size 128 must be a positive multiple of num_heads 3");
+        let mut c = base.clone();
+        c.num_kv_heads = Some(2);
+        assert!(err(&c).starts_with("num_kv_heads 2:"), "{}", err(&c));
+    }
+
+    #[test]
+    fn ratios_times_and_ids_are_bounded() {
+        let base = fixture("fox_llama");
+        type Mutation = Box<dyn Fn(&mut Config)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (Box::new(|c| c.hidden_ratio = Some(f64::NAN)), "hidden_ratio is NaN; expected a number in (0, 64]"),
+            (Box::new(|c| c.hidden_ratio = Some(1e300)), "hidden_ratio is 1e300; expected a number in (0, 64]"),
+            (Box::new(|c| c.intermediate_size = Some(0)), "intermediate_size is 0; expected 1 to 1048576"),
+            (
+                Box::new(|c| c.hidden_ratio = Some(1e-9)),
+                "hidden_ratio 1e-9 with hidden_size 128 gives an MLP width of 0; expected 1 to 1048576",
+            ),
+            (Box::new(|c| c.norm_eps = -1.0), "norm_eps is -1.0; expected a number in (0, 1)"),
+            (Box::new(|c| c.rope_base = f64::INFINITY), "rope_base is inf; expected a finite number > 1"),
+            (Box::new(|c| c.initializer_range = -0.5), "initializer_range is -0.5; expected a finite number >= 0"),
+            (
+                Box::new(|c| c.log_pruning_tolerance = Some(3.0)),
+                "log_pruning_tolerance is 3.0; expected ln(eps) for a tolerance eps <= 1: a finite number <= 0",
+            ),
+            (Box::new(|c| c.bos_token_id = Some(512)), "bos_token_id is 512, outside the vocabulary of vocab_size 512"),
+            (
+                Box::new(|c| c.eos_token_id = Some(4000000000)),
+                "eos_token_id is 4000000000, outside the vocabulary of vocab_size 512",
+            ),
+            (
+                Box::new(|c| (c.decay_time_min, c.decay_time_max) = (Some(5.0), Some(2.0))),
+                "decay_time_min 5.0 and decay_time_max 2.0: expected finite times with 0.01 <= min <= max",
+            ),
+            (Box::new(|c| c.decay_time_max = Some(0.0)), "decay time 0.0: expected a finite time >= 0.01"),
+        ];
+        for (mutate, want) in cases {
+            let mut c = base.clone();
+            mutate(&mut c);
+            assert_eq!(err(&c), want);
+        }
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny/fox_pro/config.json"),
+        )
+        .unwrap();
+        let p = dir.path().join("config.json");
+        std::fs::write(&p, src.replace("\"vocab_size\": 512", "\"vocab_size\": 2147483648")).unwrap();
+        let e = format!("{:#}", Config::load(&p).unwrap_err());
+        assert_eq!(
+            e,
+            format!("{}: invalid configuration: vocab_size is 2147483648; expected 1 to 16777216", p.display())
+        );
+        std::fs::write(&p, b"{\"vocab_size\": \xff}").unwrap();
+        let e = format!("{:#}", Config::load(&p).unwrap_err());
+        assert!(e.contains("not UTF-8 text (invalid byte 0xff at offset 15)") && e.contains("config.json"), "{e}");
+    }
+
+    #[test]
+    fn param_bytes_saturates_instead_of_overflowing() {
+        let mut c = fixture("fox_pro");
+        c.vocab_size = usize::MAX;
+        c.hidden_size = usize::MAX;
+        c.num_hidden_layers = usize::MAX;
+        assert_eq!(c.param_bytes(), u128::MAX);
     }
 }

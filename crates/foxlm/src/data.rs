@@ -152,6 +152,21 @@ fn sha256_hex(bytes: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The first token (position, id) of a shard's bytes whose id is not below `vocab`.
+fn first_token_outside(bytes: &[u8], dtype: TokenDtype, vocab: usize) -> Option<(usize, u64)> {
+    let w = dtype.bytes();
+    // In parallel blocks: a shard may hold billions of tokens.
+    bytes.par_chunks(w << 20).enumerate().find_map_first(|(block, chunk)| {
+        chunk.chunks_exact(w).enumerate().find_map(|(i, c)| {
+            let id = match dtype {
+                TokenDtype::U16 => u16::from_le_bytes([c[0], c[1]]) as u64,
+                TokenDtype::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64,
+            };
+            (id >= vocab as u64).then_some(((block << 20) + i, id))
+        })
+    })
+}
+
 fn map_file(path: &Path) -> Result<memmap2::Mmap> {
     let f = std::fs::File::open(path).with_context(|| format!("cannot open shard {}", path.display()))?;
     let len = f.metadata().with_context(|| format!("cannot stat {}", path.display()))?.len();
@@ -183,9 +198,10 @@ impl Dataset {
         if !dir.is_dir() {
             bail!("{}: no such dataset folder (make one with `foxlm data prepare`)", dir.display());
         }
-        let text = std::fs::read_to_string(&mpath).with_context(|| {
-            format!("cannot read {} (is this a folder made by `foxlm data prepare`?)", mpath.display())
-        })?;
+        if !mpath.is_file() {
+            bail!("cannot read {} (is this a folder made by `foxlm data prepare`?)", mpath.display());
+        }
+        let text = crate::validate::read_text(&mpath)?;
         let manifest: Manifest = serde_json::from_str(&text)
             .with_context(|| format!("{}: corrupt or not a foxlm manifest", mpath.display()))?;
         if manifest.format != FORMAT_NAME || manifest.version != FORMAT_VERSION {
@@ -199,6 +215,13 @@ impl Dataset {
         if manifest.tokenizer != "gpt2" {
             bail!("{}: tokenizer {:?} is not supported (only \"gpt2\")", mpath.display(), manifest.tokenizer);
         }
+        if manifest.vocab_size != GPT2_VOCAB {
+            bail!(
+                "{}: vocab_size is {}, but the gpt2 tokenizer has {GPT2_VOCAB} tokens",
+                mpath.display(),
+                manifest.vocab_size
+            );
+        }
         if manifest.dtype != TokenDtype::for_vocab(manifest.vocab_size) && manifest.dtype == TokenDtype::U16 {
             bail!("{}: vocabulary {} does not fit dtype u16", mpath.display(), manifest.vocab_size);
         }
@@ -208,63 +231,11 @@ impl Dataset {
             let (mut shards, mut cum) = (Vec::new(), vec![0usize]);
             let (mut docs, mut toks) = (0usize, 0usize);
             for sh in &info.shards {
-                let tpath = dir.join(&sh.tokens_file);
-                let ipath = dir.join(&sh.index_file);
-                let tokens = map_file(&tpath)?;
-                let index =
-                    std::fs::read(&ipath).with_context(|| format!("cannot read shard index {}", ipath.display()))?;
-                let want = sh.tokens * manifest.dtype.bytes();
-                if tokens.len() != want {
-                    bail!(
-                        "{}: {} bytes, the manifest says {} tokens ({want} bytes): truncated or corrupt",
-                        tpath.display(),
-                        tokens.len(),
-                        sh.tokens
-                    );
-                }
-                if index.len() != (sh.documents + 1) * 8 {
-                    bail!(
-                        "{}: {} bytes, the manifest says {} documents ({} bytes): truncated or corrupt",
-                        ipath.display(),
-                        index.len(),
-                        sh.documents,
-                        (sh.documents + 1) * 8
-                    );
-                }
-                if verify {
-                    let got = sha256_hex(&tokens);
-                    if got != sh.tokens_sha256 {
-                        bail!(
-                            "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt shard",
-                            tpath.display(),
-                            sh.tokens_sha256
-                        );
-                    }
-                    let got = sha256_hex(&index);
-                    if got != sh.index_sha256 {
-                        bail!(
-                            "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt index",
-                            ipath.display(),
-                            sh.index_sha256
-                        );
-                    }
-                }
-                let offsets: Vec<u64> =
-                    index.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
-                if offsets[0] != 0
-                    || *offsets.last().unwrap() as usize != sh.tokens
-                    || offsets.windows(2).any(|w| w[0] > w[1])
-                {
-                    bail!(
-                        "{}: document offsets are not increasing from 0 to {}: corrupt index",
-                        ipath.display(),
-                        sh.tokens
-                    );
-                }
-                docs += sh.documents;
-                toks += sh.tokens;
+                shards.push(Self::open_shard(dir, &mpath, &manifest, sh, verify)?);
+                let overflow = || anyhow!("{}: {split} split: document or token counts overflow", mpath.display());
+                docs = docs.checked_add(sh.documents).ok_or_else(overflow)?;
+                toks = toks.checked_add(sh.tokens).ok_or_else(overflow)?;
                 cum.push(docs);
-                shards.push(Shard { tokens, offsets });
             }
             if docs != info.documents || toks != info.tokens {
                 bail!(
@@ -274,9 +245,83 @@ impl Dataset {
                     info.tokens
                 );
             }
+            // The loader numbers documents with u32.
+            if docs > u32::MAX as usize {
+                bail!("{}: {split} split has {docs} documents, more than foxlm can index", mpath.display());
+            }
             splits[si] = (shards, cum);
         }
         Ok(Dataset { dir: dir.to_path_buf(), manifest, splits })
+    }
+
+    /// Opens one shard: its files inside the dataset folder, their sizes as the manifest says
+    /// (checked before reading), checksums when `verify`, offsets increasing, and every token id
+    /// inside the vocabulary.
+    fn open_shard(dir: &Path, mpath: &Path, manifest: &Manifest, sh: &ShardInfo, verify: bool) -> Result<Shard> {
+        let tpath = crate::validate::file_in_dir(dir, &sh.tokens_file, mpath)?;
+        let ipath = crate::validate::file_in_dir(dir, &sh.index_file, mpath)?;
+        let want_tokens = (sh.tokens as u128) * manifest.dtype.bytes() as u128;
+        let want_index = (sh.documents as u128 + 1) * 8;
+        let index_len = std::fs::metadata(&ipath)
+            .with_context(|| format!("cannot read shard index {}", ipath.display()))?
+            .len() as u128;
+        if index_len != want_index {
+            bail!(
+                "{}: {index_len} bytes, the manifest says {} documents ({want_index} bytes): truncated or corrupt",
+                ipath.display(),
+                sh.documents,
+            );
+        }
+        let tokens = map_file(&tpath)?;
+        if tokens.len() as u128 != want_tokens {
+            bail!(
+                "{}: {} bytes, the manifest says {} tokens ({want_tokens} bytes): truncated or corrupt",
+                tpath.display(),
+                tokens.len(),
+                sh.tokens
+            );
+        }
+        crate::validate::check_memory(want_index, &format!("{}: the document offsets", ipath.display()))?;
+        let index = std::fs::read(&ipath).with_context(|| format!("cannot read shard index {}", ipath.display()))?;
+        if index.len() as u128 != want_index {
+            bail!("{}: changed size while being read", ipath.display());
+        }
+        if verify {
+            let got = sha256_hex(&tokens);
+            if got != sh.tokens_sha256 {
+                bail!(
+                    "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt shard",
+                    tpath.display(),
+                    sh.tokens_sha256
+                );
+            }
+            let got = sha256_hex(&index);
+            if got != sh.index_sha256 {
+                bail!(
+                    "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt index",
+                    ipath.display(),
+                    sh.index_sha256
+                );
+            }
+        }
+        let offsets: Vec<u64> = index
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect();
+        if offsets.first() != Some(&0)
+            || offsets.last().map(|&l| l as u128) != Some(sh.tokens as u128)
+            || offsets.windows(2).any(|w| w[0] > w[1])
+        {
+            bail!("{}: document offsets are not increasing from 0 to {}: corrupt index", ipath.display(), sh.tokens);
+        }
+        if let Some((pos, id)) = first_token_outside(&tokens, manifest.dtype, manifest.vocab_size) {
+            bail!(
+                "{}: token {pos} has id {id}, outside the vocabulary of {} (manifest vocab_size): corrupt shard",
+                tpath.display(),
+                manifest.vocab_size
+            );
+        }
+        Ok(Shard { tokens, offsets })
     }
 
     pub fn dir(&self) -> &Path {
@@ -571,13 +616,15 @@ impl DocReader {
     fn next(&mut self) -> Result<Option<(RawDoc, u64)>> {
         loop {
             if let Some((path, reader, line_no)) = &mut self.jsonl {
-                let mut line = String::new();
-                let n = reader.read_line(&mut line).with_context(|| format!("cannot read {}", path.display()))?;
+                let mut raw = Vec::new();
+                let n =
+                    reader.read_until(b'\n', &mut raw).with_context(|| format!("cannot read {}", path.display()))?;
                 if n == 0 {
                     self.jsonl = None;
                     continue;
                 }
                 *line_no += 1;
+                let line = crate::validate::text_from_bytes(raw, Path::new(&format!("{}:{line_no}", path.display())))?;
                 let trimmed = line.trim();
                 if trimmed.is_empty() {
                     return Ok(Some((RawDoc::Skip, n as u64)));
@@ -598,10 +645,7 @@ impl DocReader {
             }
             let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
             let n = bytes.len() as u64;
-            let text = match String::from_utf8(bytes) {
-                Ok(s) => s,
-                Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-            };
+            let text = crate::validate::text_from_bytes(bytes, &path)?;
             return Ok(Some((RawDoc::Text(text), n)));
         }
     }
@@ -781,6 +825,13 @@ impl<'a> Loader<'a> {
                 data.dir().display(),
                 data.num_tokens(split),
                 data.num_documents(split)
+            );
+        }
+        if stream_len / seq as u64 > u32::MAX as u64 {
+            bail!(
+                "{}: {} windows of {seq} tokens per epoch, more than foxlm can index",
+                data.dir().display(),
+                stream_len / seq as u64
             );
         }
         Ok(Self { data, split, seq, shuffle, state: LoaderState { seed, epoch: 0, index: 0 }, plan: None, stream_len })

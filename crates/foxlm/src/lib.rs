@@ -18,3 +18,4 @@ pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
 pub mod train;
+pub mod validate;

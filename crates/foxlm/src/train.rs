@@ -118,7 +118,8 @@ impl TrainConfig {
     }
 
     pub fn tokens_per_step(&self) -> u64 {
-        (self.batch_size * self.context) as u64
+        // Saturating: a config from outside must not overflow before validate() reports it.
+        (self.batch_size as u64).saturating_mul(self.context as u64)
     }
 
     /// Optimizer steps in the budget (the last one may overshoot total_tokens).
@@ -379,40 +380,38 @@ pub struct Checkpoint {
     pub state: TrainerState,
 }
 
-/// Loads a checkpoint folder written by [`save_checkpoint`].
+/// Loads a checkpoint folder written by [`save_checkpoint`], checking the trainer state
+/// against the checkpoint's config (see [`crate::validate::check_trainer_state`]) and the
+/// optimizer file's header against the model's parameters before reading any state.
 pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
     let tpath = dir.join(TRAINER_FILE);
-    let text = std::fs::read_to_string(&tpath).with_context(|| format!("cannot read {}", tpath.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: corrupt trainer state", tpath.display()))?;
+    let text = crate::validate::read_text(&tpath)?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: corrupt trainer state (half-written or damaged)", tpath.display()))?;
     let state: TrainerState = serde_json::from_value(v["trainer"].clone())
         .with_context(|| format!("{}: corrupt trainer state", tpath.display()))?;
     let adamw: AdamWConfig = serde_json::from_value(v["adamw"].clone())
         .with_context(|| format!("{}: corrupt optimizer settings", tpath.display()))?;
     let opt_step = v["optimizer_step"].as_u64().ok_or_else(|| anyhow!("{}: no optimizer_step", tpath.display()))?;
+    let cfg = Config::load(&dir.join(CONFIG_FILE))?;
+    crate::validate::check_trainer_state(&state, &adamw, opt_step, &cfg, &tpath)?;
     let model = load_model(dir)?;
     let opath = dir.join(OPTIMIZER_FILE);
-    let mut tensors = checkpoint::read_tensors(std::slice::from_ref(&opath))?;
+    let ofile = [checkpoint::TensorFile::open(&opath)?];
+    let p = &model.params;
+    let trainable: Vec<usize> = (0..p.len()).filter(|&i| p.kinds[i] != ParamKind::Frozen).collect();
+    let expected: Vec<(String, Vec<usize>)> = trainable
+        .iter()
+        .flat_map(|&i| ["exp_avg", "exp_avg_sq"].map(|k| (format!("{k}.{}", p.names[i]), p.tensors[i].shape.clone())))
+        .collect();
+    checkpoint::match_layout(&ofile, &expected, |_| false, "the model's trainable parameters")?;
+    crate::validate::check_memory(2 * cfg.param_bytes(), &format!("{}: the optimizer state (f32)", opath.display()))?;
     let mut opt = AdamW::new(adamw, &model.params);
     opt.step = opt_step;
-    for i in 0..model.params.len() {
-        if model.params.kinds[i] == ParamKind::Frozen {
-            continue;
-        }
+    for &i in &trainable {
         let name = &model.params.names[i];
-        for (key, buf) in [("exp_avg", &mut opt.m[i]), ("exp_avg_sq", &mut opt.v[i])] {
-            let (_, shape, data) = tensors
-                .remove(&format!("{key}.{name}"))
-                .ok_or_else(|| anyhow!("{}: tensor {key}.{name} is missing", opath.display()))?;
-            if shape != model.params.tensors[i].shape {
-                bail!(
-                    "{}: tensor {key}.{name} has shape {shape:?}, expected {:?}",
-                    opath.display(),
-                    model.params.tensors[i].shape
-                );
-            }
-            *buf = data;
-        }
+        ofile[0].decode_into(&format!("exp_avg.{name}"), &mut opt.m[i])?;
+        ofile[0].decode_into(&format!("exp_avg_sq.{name}"), &mut opt.v[i])?;
     }
     Ok(Checkpoint { dir: dir.to_path_buf(), model, opt, state })
 }
@@ -732,6 +731,11 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     };
     run.model.validate().context("model configuration")?;
     run.train.validate().context("training configuration")?;
+    // Parameters, gradients and AdamW's two moments, before anything is allocated.
+    crate::validate::check_memory(
+        4 * run.model.param_bytes(),
+        "the model's parameters, gradients and optimizer state",
+    )?;
     let tc = run.train.clone();
 
     let ds = Dataset::open(&opts.data)?;

@@ -3,7 +3,7 @@
 
 use crate::checkpoint::load_model;
 use crate::config::Config;
-use crate::data::Dataset;
+use crate::data::{Dataset, Split};
 use crate::eval::loss::{self, Chunking, LossCurve, Windows};
 use crate::eval::niah::{self, Haystack, Mode};
 use crate::eval::plots::{self, LineChart, Series};
@@ -174,6 +174,16 @@ fn run_loss(a: LossArgs) -> Result<()> {
     let data = Dataset::open(&a.data)?;
     let data_vocab = data.manifest().vocab_size;
     let n = a.context;
+    // Packed windows are allocated before the split is read through; without --pack a context
+    // longer than every document is reported below (with the hint to use --pack).
+    let stream = data.num_tokens(Split::Val) + data.num_documents(Split::Val);
+    if a.pack && n > stream {
+        bail!(
+            "--context {n} is longer than the validation split of {} ({} tokens with the EOS between documents)",
+            a.data.display(),
+            stream
+        );
+    }
     let windows = if a.pack { Windows::Packed } else { Windows::Documents };
     let seqs = loss::validation_sequences(&data, n, a.sequences, windows)?;
     if seqs.len() < a.sequences {
@@ -205,6 +215,16 @@ fn run_loss(a: LossArgs) -> Result<()> {
         pb.set_message(format!("{name}: loading"));
         let model = load_model(path)?;
         let cfg = &model.config;
+        let need = crate::validate::kv_cache_bytes(cfg, a.batch_size, n + 1)
+            .saturating_add(crate::validate::forward_bytes(cfg, a.batch_size, a.chunk.min(n + 1), false));
+        crate::validate::check_memory(
+            need,
+            &format!(
+                "{}: --context {n} with --batch-size {} (KV cache and a chunk's activations)",
+                path.display(),
+                a.batch_size
+            ),
+        )?;
         let map = id_mapper(cfg, data_vocab, a.fold_vocab, path)?;
         let v = cfg.vocab_size as u32;
         let fit = |id: u32| if id < v { id } else { id % v };
@@ -370,14 +390,14 @@ fn read_haystack(path: &Path) -> Result<String> {
         }
         let mut text = String::new();
         for f in files {
-            text += &std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?;
+            text += &crate::validate::read_text(&f)?;
             if !text.ends_with(char::is_whitespace) {
                 text.push('\n');
             }
         }
         Ok(text)
     } else {
-        std::fs::read_to_string(path).with_context(|| format!("cannot read haystack {}", path.display()))
+        crate::validate::read_text(path).with_context(|| format!("haystack {}", path.display()))
     }
 }
 
@@ -395,7 +415,23 @@ fn run_niah(a: NiahArgs) -> Result<()> {
     let question_text = niah::question_suffix();
     let needle = enc.encode(&needle_text);
     let question = enc.encode(&question_text);
-    let max_len = *a.lengths.iter().max().unwrap();
+    let fixed = 1 + needle.len() + question.len();
+    if let Some(&l) = a.lengths.iter().find(|&&l| l <= fixed) {
+        bail!(
+            "--lengths {l}: too short for the needle ({} tokens) and the question ({} tokens) after BOS: \
+             every length must exceed {fixed} tokens",
+            needle.len(),
+            question.len()
+        );
+    }
+    let max_len = a.lengths.iter().copied().max().unwrap_or(0);
+    let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
+        .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false))
+        .saturating_add(max_len as u128 * 8);
+    crate::validate::check_memory(
+        need,
+        &format!("--lengths {max_len} with --max-new-tokens {}: the KV cache and haystack", a.max_new_tokens),
+    )?;
     let hay = Haystack::from_text(&read_haystack(&a.haystack)?, max_len, |s| enc.encode(s))?;
     let train_context = cfg.train_context().or(a.train_context);
     let chunking = Chunking::new(a.chunk, cfg.vocab_size);

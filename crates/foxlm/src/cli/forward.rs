@@ -53,8 +53,13 @@ fn int_tensor(st: &SafeTensors, file: &Path, name: &str) -> Result<Option<(usize
     Ok(Some((shape[0], shape[1], v)))
 }
 
+/// An input file's batch size B, length T, ids [B·T] and left padding per row (if any).
+pub type Input = (usize, usize, Vec<u32>, Option<Vec<usize>>);
+
 /// Reads and validates the input file: ids [B·T] and the left padding per row, if any.
-pub fn read_input(path: &Path, vocab: usize) -> Result<(usize, usize, Vec<u32>, Option<Vec<usize>>)> {
+pub fn read_input(path: &Path, vocab: usize) -> Result<Input> {
+    let len = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
+    crate::validate::check_memory(len as u128, &format!("{}: reading the input file", path.display()))?;
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
@@ -121,6 +126,8 @@ pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let v = model.config.vocab_size;
     let (b, t, ids, start) = read_input(&a.input, v)?;
+    let need = crate::validate::forward_bytes(&model.config, b, t, a.with_grads);
+    crate::validate::check_memory(need, &format!("{}: a forward pass over input_ids [{b}, {t}]", a.input.display()))?;
     let logits = logits_for(&model, b, t, &ids, start.clone());
     if !a.with_grads {
         write_f32_tensors(&a.output, &[("logits".to_string(), vec![b, t, v], &logits)])?;

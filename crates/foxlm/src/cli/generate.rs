@@ -74,10 +74,24 @@ pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let vocab = model.config.vocab_size;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p };
+    // The KV cache holds the longest prompt plus the new tokens for every prompt.
+    let check_cache = |prompts: usize, longest: usize| {
+        let tokens = longest.saturating_add(a.max_new_tokens);
+        let need = crate::validate::kv_cache_bytes(&model.config, prompts, tokens)
+            .saturating_add(crate::validate::forward_bytes(&model.config, prompts, longest, false));
+        crate::validate::check_memory(
+            need,
+            &format!(
+                "--max-new-tokens {} after a prompt of {longest} tokens (x {prompts}): the KV cache",
+                a.max_new_tokens
+            ),
+        )
+    };
     let mut stdout = std::io::stdout().lock();
 
     if !a.prompt_ids.is_empty() {
         let prompts: Vec<Vec<u32>> = a.prompt_ids.iter().map(|s| parse_ids(s, vocab)).collect::<Result<_>>()?;
+        check_cache(prompts.len(), prompts.iter().map(|p| p.len()).max().unwrap_or(1))?;
         let eos = if a.ignore_eos { None } else { model.config.eos_token_id.filter(|&e| (e as usize) < vocab) };
         let opts = GenerateOptions { max_new_tokens: a.max_new_tokens, sampling, seed: a.seed, eos };
         let out = generate(&model, &prompts, &opts, |_, _| {});
@@ -107,6 +121,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         })
         .collect();
+    check_cache(prompts.len(), prompts.iter().map(|p| p.len()).max().unwrap_or(1))?;
     let eos = (!a.ignore_eos).then_some(EOS_ID);
     let opts = GenerateOptions { max_new_tokens: a.max_new_tokens, sampling, seed: a.seed, eos };
     if prompts.len() == 1 {

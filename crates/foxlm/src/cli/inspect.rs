@@ -2,7 +2,6 @@
 
 use crate::checkpoint::load_model;
 use crate::config::{Config, FgateType};
-use crate::model::cache::LayerCache;
 use crate::model::Model;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -60,7 +59,7 @@ fn component(name: &str) -> &'static str {
 }
 
 fn human(bytes: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
     let mut v = bytes;
     let mut i = 0;
     while v >= 1024.0 && i + 1 < units.len() {
@@ -120,7 +119,8 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
     s += &format!("  {:<24} {:>10}\n", "total", count(total));
     let emb = comps.get("embeddings").copied().unwrap_or(0) + comps.get("lm_head").copied().unwrap_or(0);
     s += &format!("  {:<24} {:>10}\n", "non-embedding", count(total - emb));
-    let cache = c.num_hidden_layers * LayerCache::bytes_for(batch, c.num_heads, c.head_dim(), decode_tokens);
+    // In u128: --decode-tokens and --batch come from the user and may be absurd.
+    let cache = crate::validate::kv_cache_bytes(c, batch, decode_tokens);
     s += "\nmemory (f32)\n";
     s += &format!("  to load                  {}\n", human(total as f64 * 4.0));
     s += &format!(

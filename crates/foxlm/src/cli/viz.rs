@@ -54,6 +54,9 @@ pub struct GatesArgs {
     pub fold_vocab: bool,
 }
 
+/// Most tokens of a map: its picture is that many pixels square, per layer and head drawn.
+pub const MAX_MAP_TOKENS: usize = 8192;
+
 pub fn run(a: Args) -> Result<()> {
     match a.command {
         Command::Gates(a) => run_gates(a),
@@ -71,15 +74,18 @@ fn pick(asked: &[usize], n: usize, what: &str) -> Result<Vec<usize>> {
 }
 
 fn run_gates(a: GatesArgs) -> Result<()> {
-    if a.max_tokens < 2 {
-        bail!("--max-tokens must be at least 2");
+    if !(2..=MAX_MAP_TOKENS).contains(&a.max_tokens) {
+        bail!(
+            "--max-tokens is {}; expected 2 to {MAX_MAP_TOKENS} (the maps are that many pixels square)",
+            a.max_tokens
+        );
     }
     let model = load_model(&a.model)?;
     let cfg = model.config.clone();
     let layers = pick(&a.layers, cfg.num_hidden_layers, "layers")?;
     let heads = pick(&a.heads, cfg.num_heads, "heads")?;
     let enc = TextEncoder::for_model(&cfg, text_format_for(&cfg, a.text_format), a.fold_vocab)?;
-    let text = std::fs::read_to_string(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
+    let text = crate::validate::read_text(&a.text)?;
     let mut ids = vec![enc.bos];
     ids.extend(enc.encode(&text));
     ids.truncate(a.max_tokens);

@@ -12,6 +12,8 @@ pub mod optim;
 pub mod plot;
 pub mod presets;
 pub mod sampling;
+pub mod serve;
 pub mod tensor;
 pub mod tokenizer;
+pub mod tokenizer_export;
 pub mod train;

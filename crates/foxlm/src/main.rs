@@ -30,8 +30,12 @@ enum Command {
     Eval(cli::eval::Args),
     /// Visualise a model: forget-gate matrices, attention maps and memory lengths per head (gates).
     Viz(cli::viz::Args),
-    /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention).
+    /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention); the server under load (serve).
     Bench(cli::bench::Args),
+    /// Serve a model over HTTP with the OpenAI completions API (for the openai client and lm-evaluation-harness).
+    Serve(cli::serve::Args),
+    /// Tokenizer files: write tokenizer.json + tokenizer_config.json into a model folder (export).
+    Tokenizer(cli::tokenizer::Args),
 }
 
 fn main() {
@@ -46,6 +50,8 @@ fn main() {
         Command::Eval(a) => cli::eval::run(a),
         Command::Viz(a) => cli::viz::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Tokenizer(a) => cli::tokenizer::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -19,6 +19,9 @@ pub enum What {
     /// Forgetting Attention forward and forward+backward TFLOP/s (causal work: fwd 2·B·H·T²·D,
     /// fwd+bwd 3.5× that), gates "mixed", ACP off and on.
     Attention(AttentionArgs),
+    /// `foxlm serve` under load: N concurrent streaming clients for a fixed time; requests/s,
+    /// generated tokens/s, time to first token and inter-token latency (p50/p99), errors, peak memory.
+    Serve(crate::cli::serve::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -61,6 +64,7 @@ pub struct AttentionArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.what {
         What::Attention(a) => attention(a),
+        What::Serve(a) => crate::cli::serve::bench(a),
     }
 }
 

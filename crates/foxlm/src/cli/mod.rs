@@ -7,5 +7,7 @@ pub mod eval;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
+pub mod serve;
+pub mod tokenizer;
 pub mod train;
 pub mod viz;

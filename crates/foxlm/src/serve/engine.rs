@@ -1,0 +1,287 @@
+//! The batching engine: one thread owns the model and runs continuous batching. Every decode step
+//! is one forward pass over all running sequences; a new sequence is prefilled and joins the
+//! running batch before the next step, and a finished or abandoned one leaves it at once.
+//!
+//! Requests arrive through a bounded queue (a full queue is the HTTP layer's 503). Each sequence
+//! streams its events through its own channel; a dropped receiver (client gone, stop string seen)
+//! cancels the sequence at the next step.
+
+use crate::model::cache::Cache;
+use crate::model::{Ctx, Model};
+use crate::sampling::{sample, Sampling};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The log-probability of one token and, when asked, the most likely alternatives at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// (id, logprob), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// max_tokens reached.
+    Length,
+    /// The end-of-sequence token.
+    Stop,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Log-probabilities of the prompt's tokens 1.. (token 0 has none), sent first when asked.
+    Prompt(Vec<TokenLogprob>),
+    /// A new token, with its log-probability when asked.
+    Token(u32, Option<TokenLogprob>),
+    Done(Finish),
+}
+
+/// One sequence to generate.
+#[derive(Debug)]
+pub struct SeqRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    /// Stop at this token (not emitted).
+    pub eos: Option<u32>,
+    /// Send the prompt's log-probabilities with this many alternatives per position.
+    pub prompt_logprobs: Option<usize>,
+    /// Send each new token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// A group of sequences submitted together (one HTTP request).
+pub type Job = Vec<SeqRequest>;
+
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Most sequences decoded together.
+    pub max_batch: usize,
+    /// Most jobs waiting to start.
+    pub max_queue: usize,
+}
+
+/// The submitting side of the engine. Cloned by every handler.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: SyncSender<Job>,
+}
+
+pub enum SubmitError {
+    QueueFull,
+    Stopped,
+}
+
+impl EngineHandle {
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        self.tx.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => SubmitError::QueueFull,
+            TrySendError::Disconnected(_) => SubmitError::Stopped,
+        })
+    }
+}
+
+/// Starts the engine thread. It runs until every handle is dropped and its work is done.
+pub fn start(model: Arc<Model>, opts: EngineOptions) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(opts.max_queue.max(1));
+    let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || run(&model, &opts, rx))?;
+    Ok((EngineHandle { tx }, th))
+}
+
+/// A running sequence: its row in the batch cache and the token it feeds next.
+struct Running {
+    req: SeqRequest,
+    rng: ChaCha8Rng,
+    generated: usize,
+    next: u32,
+}
+
+/// log-softmax of one row of logits: the log-probability of `id` and the `k` most likely tokens.
+pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let lse = m + logits.iter().map(|&x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
+    let lp = |i: usize| logits[i] - lse;
+    let mut top = Vec::new();
+    if k > 0 {
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        let k = k.min(idx.len());
+        // Highest logits first, lower id first on ties (the same order as argmax).
+        let cmp = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        idx.select_nth_unstable_by(k - 1, cmp);
+        idx.truncate(k);
+        idx.sort_by(cmp);
+        top = idx.into_iter().map(|i| (i as u32, lp(i))).collect();
+    }
+    TokenLogprob { id, logprob: lp(id as usize), top }
+}
+
+fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>) {
+    let v = model.config.vocab_size;
+    let mut running: Vec<Running> = Vec::new();
+    let mut cache: Option<Cache> = None;
+    let mut waiting: std::collections::VecDeque<SeqRequest> = Default::default();
+    let mut closed = false;
+    loop {
+        // Admit: block only when there is nothing to do.
+        if running.is_empty() && waiting.is_empty() {
+            if closed {
+                return;
+            }
+            match rx.recv() {
+                Ok(job) => waiting.extend(job),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.recv_timeout(Duration::ZERO) {
+                Ok(job) => waiting.extend(job),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        waiting.retain(|s| !s.events.is_closed());
+        // Drop sequences whose client is gone.
+        let before = running.len();
+        let keep: Vec<bool> = running.iter().map(|r| !r.req.events.is_closed()).collect();
+        if keep.iter().any(|k| !k) {
+            let (c, r) = retain_rows(cache.take(), std::mem::take(&mut running), &keep);
+            (cache, running) = (c, r);
+        }
+        debug_assert!(running.len() <= before);
+
+        // Prefill newcomers (together, left-padded) and let them join the batch.
+        let room = opts.max_batch.saturating_sub(running.len());
+        if room > 0 && !waiting.is_empty() {
+            let take = room.min(waiting.len());
+            let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
+            let (new_cache, joined) = prefill(model, batch);
+            if let Some(nc) = new_cache {
+                let mut rows: Vec<(&Cache, usize)> = Vec::new();
+                if let Some(c) = &cache {
+                    rows.extend((0..running.len()).map(|i| (c, i)));
+                }
+                rows.extend(joined.iter().map(|(row, _)| (&nc, *row)));
+                let merged = Cache::gather_rows(&rows, 64);
+                cache = Some(merged);
+                running.extend(joined.into_iter().map(|(_, r)| r));
+            }
+        }
+        if running.is_empty() {
+            cache = None;
+            continue;
+        }
+
+        // One decode step for every running sequence.
+        let Some(c) = cache.as_mut() else { continue };
+        let b = running.len();
+        let ids: Vec<u32> = running.iter().map(|r| r.next).collect();
+        let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
+        let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
+        let logits = model.logits(&hidden);
+        let mut keep = vec![true; b];
+        for (i, r) in running.iter_mut().enumerate() {
+            let row = &logits[i * v..(i + 1) * v];
+            keep[i] = emit_next(r, row);
+        }
+        if keep.iter().any(|k| !k) {
+            let (c, r) = retain_rows(cache.take(), std::mem::take(&mut running), &keep);
+            (cache, running) = (c, r);
+        }
+    }
+}
+
+/// Samples the next token of `r` from `logits`, sends it, and says whether the sequence goes on.
+fn emit_next(r: &mut Running, logits: &[f32]) -> bool {
+    let tok = sample(logits, &r.req.sampling, &mut r.rng);
+    if Some(tok) == r.req.eos {
+        let _ = r.req.events.send(Event::Done(Finish::Stop));
+        return false;
+    }
+    let lp = r.req.logprobs.map(|k| token_logprob(logits, tok, k));
+    if r.req.events.send(Event::Token(tok, lp)).is_err() {
+        return false;
+    }
+    r.generated += 1;
+    r.next = tok;
+    if r.generated >= r.req.max_tokens {
+        let _ = r.req.events.send(Event::Done(Finish::Length));
+        return false;
+    }
+    true
+}
+
+/// Keeps the rows marked in `keep` (in order), rebuilding the batch cache without the others.
+fn retain_rows(cache: Option<Cache>, running: Vec<Running>, keep: &[bool]) -> (Option<Cache>, Vec<Running>) {
+    let kept: Vec<Running> = running.into_iter().zip(keep).filter(|(_, &k)| k).map(|(r, _)| r).collect();
+    if kept.is_empty() {
+        return (None, kept);
+    }
+    let cache = cache.map(|c| {
+        let rows: Vec<(&Cache, usize)> = keep.iter().enumerate().filter(|(_, &k)| k).map(|(i, _)| (&c, i)).collect();
+        Cache::gather_rows(&rows, 64)
+    });
+    (cache, kept)
+}
+
+/// Prefills a batch of new sequences. Sends prompt log-probabilities and each first token; returns
+/// the prefill cache and, for the sequences that go on decoding, their row in it.
+fn prefill(model: &Model, batch: Vec<SeqRequest>) -> (Option<Cache>, Vec<(usize, Running)>) {
+    let v = model.config.vocab_size;
+    let d = model.config.hidden_size;
+    let b = batch.len();
+    let t = batch.iter().map(|s| s.prompt.len()).max().unwrap_or(1).max(1);
+    let start: Vec<usize> = batch.iter().map(|s| t - s.prompt.len()).collect();
+    let mut ids = Vec::with_capacity(b * t);
+    for (s, &st) in batch.iter().zip(&start) {
+        // Padding positions hold any valid id; they are masked everywhere.
+        ids.extend(std::iter::repeat_n(s.prompt.first().copied().unwrap_or(0), st));
+        ids.extend_from_slice(&s.prompt);
+    }
+    let start = start.iter().any(|&s| s > 0).then_some(start);
+    let mut cache = model.new_cache(b, t, start.clone());
+    let ctx = Ctx { batch: b, seq: t, start };
+    let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut cache), false);
+    let mut joined = Vec::new();
+    for (row, req) in batch.into_iter().enumerate() {
+        let p = req.prompt.len();
+        let off = t - p;
+        if let Some(k) = req.prompt_logprobs {
+            // Logits of positions off..t-1 predict prompt tokens 1..p; in chunks to bound memory.
+            let mut lps = Vec::with_capacity(p.saturating_sub(1));
+            for c0 in (0..p.saturating_sub(1)).step_by(64) {
+                let c1 = (c0 + 64).min(p - 1);
+                let h = &hidden[(row * t + off + c0) * d..(row * t + off + c1) * d];
+                let lg = model.logits(h);
+                for i in c0..c1 {
+                    lps.push(token_logprob(&lg[(i - c0) * v..(i - c0 + 1) * v], req.prompt[i + 1], k));
+                }
+            }
+            if req.events.send(Event::Prompt(lps)).is_err() {
+                continue;
+            }
+        }
+        if req.max_tokens == 0 {
+            let _ = req.events.send(Event::Done(Finish::Length));
+            continue;
+        }
+        let last = &hidden[(row * t + t - 1) * d..(row * t + t) * d];
+        let logits = model.logits(last);
+        let mut r = Running { rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 };
+        if emit_next(&mut r, &logits) {
+            joined.push((row, r));
+        }
+    }
+    (Some(cache), joined)
+}

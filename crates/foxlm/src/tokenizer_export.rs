@@ -5,10 +5,11 @@
 //!
 //! The vocabulary and merges are derived from tiktoken's `r50k_base` ranks: each token of rank r is
 //! the merge of the two parts that byte-pair encoding of its own bytes, restricted to ranks below r,
-//! ends with. For json-escaped models a normalizer of literal replacements escapes `\`, `"` and the
-//! ASCII control characters exactly as [`crate::tokenizer::json_escape`]; Hugging Face normalizers
-//! cannot compute `\uXXXX` for arbitrary non-ASCII characters, so such text tokenizes differently
-//! there: lm-evaluation-harness should then use the server's tokenizer (`tokenizer_backend=remote`,
+//! ends with. For json-escaped models a normalizer of literal replacements escapes `\`, `"`, the
+//! ASCII control characters and the non-ASCII characters of [`ESCAPED_RANGES`] exactly as
+//! [`crate::tokenizer::json_escape`]. Hugging Face normalizers cannot compute `\uXXXX` for any
+//! character, so text with other non-ASCII characters tokenizes differently there:
+//! lm-evaluation-harness should then use the server's tokenizer (`tokenizer_backend=remote`,
 //! see docs/serving.md), which is exact.
 
 use crate::config::Config;
@@ -43,8 +44,9 @@ pub fn byte_to_char() -> [char; 256] {
 /// The merges of r50k_base in rank order, as pairs of token ids.
 fn merges(tok: &Tokenizer) -> Result<Vec<(u32, u32)>> {
     let n = BOS_ID;
-    let bytes: Vec<&[u8]> =
-        (0..n).map(|id| tok.token_bytes(id).with_context(|| format!("r50k_base has no token {id}"))).collect::<Result<_>>()?;
+    let bytes: Vec<&[u8]> = (0..n)
+        .map(|id| tok.token_bytes(id).with_context(|| format!("r50k_base has no token {id}")))
+        .collect::<Result<_>>()?;
     let rank: HashMap<&[u8], u32> = bytes.iter().enumerate().map(|(i, b)| (*b, i as u32)).collect();
     let mut out = Vec::new();
     for (r, tb) in bytes.iter().enumerate() {
@@ -83,8 +85,14 @@ fn replace(from: &str, to: &str) -> Value {
     json!({"type": "Replace", "pattern": {"String": from}, "content": to})
 }
 
-/// The ASCII part of JSON string escaping as (raw, escaped) pairs, backslash first.
-fn ascii_escapes() -> Vec<(String, String)> {
+/// Non-ASCII characters whose `\uXXXX` escapes tokenizer.json spells out: Latin-1, Latin
+/// Extended-A/B, general punctuation (dashes, curly quotes, ellipsis) and currency signs, which
+/// covers most English and Western European text. Other characters are not escaped there.
+pub const ESCAPED_RANGES: [(u32, u32); 3] = [(0x80, 0x24f), (0x2000, 0x206f), (0x20a0, 0x20cf)];
+
+/// JSON string escaping as literal (raw, escaped) pairs, backslash first: the ASCII escapes, then
+/// the characters of [`ESCAPED_RANGES`].
+fn escapes() -> Vec<(String, String)> {
     let mut v = vec![("\\".to_string(), "\\\\".to_string()), ("\"".into(), "\\\"".into())];
     for b in (0u8..0x20).chain([0x7f]) {
         let esc = match b {
@@ -97,6 +105,9 @@ fn ascii_escapes() -> Vec<(String, String)> {
         };
         v.push(((b as char).to_string(), esc));
     }
+    for (lo, hi) in ESCAPED_RANGES {
+        v.extend((lo..=hi).filter_map(char::from_u32).map(|c| (c.to_string(), format!("\\u{:04x}", c as u32))));
+    }
     v
 }
 
@@ -104,18 +115,20 @@ fn ascii_escapes() -> Vec<(String, String)> {
 pub fn tokenizer_json(fmt: TextFormat) -> Result<Value> {
     let tok = Tokenizer::gpt2(fmt)?;
     let b2c = byte_to_char();
-    let piece = |id: u32| -> String { tok.token_bytes(id).unwrap_or_default().iter().map(|&b| b2c[b as usize]).collect() };
+    let piece =
+        |id: u32| -> String { tok.token_bytes(id).unwrap_or_default().iter().map(|&b| b2c[b as usize]).collect() };
     let mut vocab = Map::new();
     for id in 0..BOS_ID {
         vocab.insert(piece(id), json!(id));
     }
     vocab.insert(EOT.into(), json!(BOS_ID));
-    let merges: Vec<Value> = merges(&tok)?.into_iter().map(|(a, b)| Value::String(format!("{} {}", piece(a), piece(b)))).collect();
+    let merges: Vec<Value> =
+        merges(&tok)?.into_iter().map(|(a, b)| Value::String(format!("{} {}", piece(a), piece(b)))).collect();
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
     let (normalizer, decoder) = match fmt {
         TextFormat::Plain => (Value::Null, byte_level.clone()),
         TextFormat::JsonEscaped => {
-            let esc = ascii_escapes();
+            let esc = escapes();
             let norm: Vec<Value> = esc.iter().map(|(raw, e)| replace(raw, e)).collect();
             // Undo the escapes after byte decoding; an escaped backslash is parked on a private-use
             // character first so that `\\n` becomes `\n` (two characters), not a newline.
@@ -145,7 +158,9 @@ pub fn tokenizer_json(fmt: TextFormat) -> Result<Value> {
 /// `tokenizer_config.json` for a model with context `max_len`.
 pub fn tokenizer_config(fmt: TextFormat, max_len: Option<usize>) -> Value {
     json!({
-        "tokenizer_class": "GPT2TokenizerFast",
+        // The generic class keeps tokenizer.json's own normalizer and decoder (GPT2TokenizerFast
+        // rebuilds the plain GPT-2 pipeline in transformers 5 and would drop the escaping).
+        "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": EOT,
         "eos_token": EOT,
         "unk_token": EOT,

@@ -182,7 +182,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     if let Some(path) = &a.json {
         let v = serde_json::json!({"rows": rows, "peak_rss_mib": peak, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens});
-        std::fs::write(path, serde_json::to_string_pretty(&v)?).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let errors: usize = rows.iter().map(|r| r.errors).sum();
     if errors > 0 {

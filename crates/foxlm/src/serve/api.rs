@@ -63,7 +63,10 @@ impl<'a> Fields<'a> {
     pub fn parse(body: &'a Value) -> Result<Self, ApiError> {
         match body {
             Value::Object(map) => Ok(Self { map }),
-            other => Err(ApiError::invalid("body", format!("the request body must be a JSON object, not {}", type_name(other)))),
+            other => Err(ApiError::invalid(
+                "body",
+                format!("the request body must be a JSON object, not {}", type_name(other)),
+            )),
         }
     }
 
@@ -91,9 +94,11 @@ impl<'a> Fields<'a> {
     pub fn f64(&self, name: &str) -> Result<Option<f64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => {
-                n.as_f64().filter(|x| x.is_finite()).map(Some).ok_or_else(|| ApiError::invalid(name, format!("'{name}' is not a finite number")))
-            }
+            Some(Value::Number(n)) => n
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' is not a finite number"))),
             Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be a number, not {}", type_name(v)))),
         }
     }
@@ -103,7 +108,9 @@ impl<'a> Fields<'a> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Number(n)) => {
-                let i = n.as_i64().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be an integer, got {n}")))?;
+                let i = n
+                    .as_i64()
+                    .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be an integer, got {n}")))?;
                 if i < lo || i > hi {
                     return Err(ApiError::invalid(name, format!("'{name}' must be between {lo} and {hi}, got {i}")));
                 }
@@ -139,7 +146,10 @@ impl<'a> Fields<'a> {
                     v => Err(ApiError::invalid(name, format!("'{name}[{i}]' must be a string, not {}", type_name(v)))),
                 })
                 .collect(),
-            Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be a string or a list of strings, not {}", type_name(v)))),
+            Some(v) => Err(ApiError::invalid(
+                name,
+                format!("'{name}' must be a string or a list of strings, not {}", type_name(v)),
+            )),
         }
     }
 }
@@ -155,7 +165,10 @@ pub enum Prompt {
 fn token_id(v: &Value, field: &str, vocab: usize) -> Result<u32, ApiError> {
     match v.as_u64() {
         Some(id) if (id as usize) < vocab && id <= u32::MAX as u64 => Ok(id as u32),
-        Some(id) => Err(ApiError::invalid(field, format!("{field}: token id {id} is outside the model's vocabulary of {vocab}"))),
+        Some(id) => Err(ApiError::invalid(
+            field,
+            format!("{field}: token id {id} is outside the model's vocabulary of {vocab}"),
+        )),
         None => Err(ApiError::invalid(field, format!("{field}: a token id must be a non-negative integer, got {v}"))),
     }
 }
@@ -164,7 +177,9 @@ fn token_id(v: &Value, field: &str, vocab: usize) -> Result<u32, ApiError> {
 pub fn token_ids(v: &Value, field: &str, vocab: usize) -> Result<Vec<u32>, ApiError> {
     match v {
         Value::Array(a) => a.iter().enumerate().map(|(i, x)| token_id(x, &format!("{field}[{i}]"), vocab)).collect(),
-        other => Err(ApiError::invalid(field, format!("'{field}' must be a list of token ids, not {}", type_name(other)))),
+        other => {
+            Err(ApiError::invalid(field, format!("'{field}' must be a list of token ids, not {}", type_name(other))))
+        }
     }
 }
 

@@ -57,7 +57,13 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
 }
 
 /// One streaming request: Ok(generated tokens) or an error message.
-fn one_request(addr: SocketAddr, body: &Value, key: Option<&str>, ttft: &mut Vec<f64>, itl: &mut Vec<f64>) -> Result<usize, String> {
+fn one_request(
+    addr: SocketAddr,
+    body: &Value,
+    key: Option<&str>,
+    ttft: &mut Vec<f64>,
+    itl: &mut Vec<f64>,
+) -> Result<usize, String> {
     let t0 = Instant::now();
     let mut last: Option<Instant> = None;
     let mut tokens = None;
@@ -78,7 +84,9 @@ fn one_request(addr: SocketAddr, body: &Value, key: Option<&str>, ttft: &mut Vec
         if let Some(n) = v.pointer("/usage/completion_tokens").and_then(|n| n.as_u64()) {
             tokens = Some(n as usize);
         }
-        let has_text = v["choices"].as_array().is_some_and(|c| c.iter().any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty())));
+        let has_text = v["choices"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty())));
         if has_text {
             let now = Instant::now();
             match last {

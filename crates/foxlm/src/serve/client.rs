@@ -7,15 +7,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+/// A response's status, headers (lower-case names) and a reader at the start of its body.
+type Head = (u16, Vec<(String, String)>, BufReader<TcpStream>);
+
 /// Sends one request and returns the status, the headers (lower-case names) and a reader
 /// positioned at the start of the body.
-fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    key: Option<&str>,
-    body: &[u8],
-) -> Result<(u16, Vec<(String, String)>, BufReader<TcpStream>)> {
+fn send(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> Result<Head> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
@@ -59,7 +56,11 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// Reads a body, calling `on_bytes` with each piece as it arrives (chunked or not).
-fn read_body(h: &[(String, String)], r: &mut BufReader<TcpStream>, mut on_bytes: impl FnMut(&[u8]) -> bool) -> Result<()> {
+fn read_body(
+    h: &[(String, String)],
+    r: &mut BufReader<TcpStream>,
+    mut on_bytes: impl FnMut(&[u8]) -> bool,
+) -> Result<()> {
     if header(h, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
         let mut line = String::new();
         loop {
@@ -110,7 +111,8 @@ pub fn raw_request(addr: SocketAddr, method: &str, path: &str, body: &[u8], key:
     let v = if out.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&out).with_context(|| format!("{path}: status {status}, body is not JSON: {}", String::from_utf8_lossy(&out)))?
+        serde_json::from_slice(&out)
+            .with_context(|| format!("{path}: status {status}, body is not JSON: {}", String::from_utf8_lossy(&out)))?
     };
     Ok((status, v))
 }
@@ -118,7 +120,13 @@ pub fn raw_request(addr: SocketAddr, method: &str, path: &str, body: &[u8], key:
 /// POSTs a streaming request and calls `on_event` with each server-sent event's data as it
 /// arrives (`[DONE]` included); `on_event` returns false to hang up. Returns the status and, when
 /// it is not 200, the error body.
-pub fn sse_request(addr: SocketAddr, path: &str, body: &Value, key: Option<&str>, mut on_event: impl FnMut(&str) -> bool) -> Result<(u16, Value)> {
+pub fn sse_request(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    key: Option<&str>,
+    mut on_event: impl FnMut(&str) -> bool,
+) -> Result<(u16, Value)> {
     let (status, h, mut r) = send(addr, "POST", path, key, body.to_string().as_bytes())?;
     if status != 200 {
         let mut out = Vec::new();

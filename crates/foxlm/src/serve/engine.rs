@@ -11,6 +11,7 @@ use crate::model::{Ctx, Model};
 use crate::sampling::{sample, Sampling};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,10 +71,42 @@ pub struct EngineOptions {
     pub max_queue: usize,
 }
 
+/// Counters the engine keeps (served at `GET /stats`): what runs now and what it has done.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Requests in the bounded queue, not yet taken by the engine.
+    pub queued: AtomicUsize,
+    /// Sequences in the running batch.
+    pub running: AtomicUsize,
+    /// Sequences taken from the queue and waiting for a place in the batch.
+    pub waiting: AtomicUsize,
+    /// Decode steps (forward passes over the running batch) and the rows they decoded.
+    pub steps: AtomicUsize,
+    pub rows_decoded: AtomicUsize,
+    /// Prefill passes and the sequences they started.
+    pub prefills: AtomicUsize,
+    pub prefilled: AtomicUsize,
+    /// Sequences that ended (finished or cut short by their client).
+    pub finished: AtomicUsize,
+    pub cancelled: AtomicUsize,
+}
+
+impl EngineStats {
+    pub fn to_json(&self) -> serde_json::Value {
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "queued": g(&self.queued), "running": g(&self.running), "waiting": g(&self.waiting), "steps": g(&self.steps),
+            "rows_decoded": g(&self.rows_decoded), "prefills": g(&self.prefills), "prefilled": g(&self.prefilled),
+            "finished": g(&self.finished), "cancelled": g(&self.cancelled),
+        })
+    }
+}
+
 /// The submitting side of the engine. Cloned by every handler.
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: SyncSender<Job>,
+    pub stats: Arc<EngineStats>,
 }
 
 pub enum SubmitError {
@@ -83,9 +116,14 @@ pub enum SubmitError {
 
 impl EngineHandle {
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        self.tx.try_send(job).map_err(|e| match e {
-            TrySendError::Full(_) => SubmitError::QueueFull,
-            TrySendError::Disconnected(_) => SubmitError::Stopped,
+        // Counted before sending so the engine's decrement can never come first.
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        self.tx.try_send(job).map_err(|e| {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                TrySendError::Full(_) => SubmitError::QueueFull,
+                TrySendError::Disconnected(_) => SubmitError::Stopped,
+            }
         })
     }
 }
@@ -93,8 +131,10 @@ impl EngineHandle {
 /// Starts the engine thread. It runs until every handle is dropped and its work is done.
 pub fn start(model: Arc<Model>, opts: EngineOptions) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(opts.max_queue.max(1));
-    let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || run(&model, &opts, rx))?;
-    Ok((EngineHandle { tx }, th))
+    let stats = Arc::new(EngineStats::default());
+    let st = stats.clone();
+    let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || run(&model, &opts, rx, &st))?;
+    Ok((EngineHandle { tx, stats }, th))
 }
 
 /// A running sequence: its row in the batch cache and the token it feeds next.
@@ -124,7 +164,7 @@ pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
     TokenLogprob { id, logprob: lp(id as usize), top }
 }
 
-fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>) {
+fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineStats) {
     let v = model.config.vocab_size;
     let mut running: Vec<Running> = Vec::new();
     let mut cache: Option<Cache> = None;
@@ -137,13 +177,21 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>) {
                 return;
             }
             match rx.recv() {
-                Ok(job) => waiting.extend(job),
+                Ok(job) => {
+                    stats.queued.fetch_sub(1, Ordering::Relaxed);
+                    waiting.extend(job)
+                }
                 Err(_) => return,
             }
         }
-        loop {
+        // Take jobs off the queue only while there is room in the batch, so that the bounded
+        // queue is what holds the others (and a full queue answers 503).
+        while running.len() + waiting.len() < opts.max_batch {
             match rx.recv_timeout(Duration::ZERO) {
-                Ok(job) => waiting.extend(job),
+                Ok(job) => {
+                    stats.queued.fetch_sub(1, Ordering::Relaxed);
+                    waiting.extend(job)
+                }
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => {
                     closed = true;
@@ -151,22 +199,27 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>) {
                 }
             }
         }
+        let queued = waiting.len();
         waiting.retain(|s| !s.events.is_closed());
+        stats.cancelled.fetch_add(queued - waiting.len(), Ordering::Relaxed);
         // Drop sequences whose client is gone.
-        let before = running.len();
         let keep: Vec<bool> = running.iter().map(|r| !r.req.events.is_closed()).collect();
         if keep.iter().any(|k| !k) {
+            stats.cancelled.fetch_add(keep.iter().filter(|k| !**k).count(), Ordering::Relaxed);
             let (c, r) = retain_rows(cache.take(), std::mem::take(&mut running), &keep);
             (cache, running) = (c, r);
         }
-        debug_assert!(running.len() <= before);
 
         // Prefill newcomers (together, left-padded) and let them join the batch.
         let room = opts.max_batch.saturating_sub(running.len());
         if room > 0 && !waiting.is_empty() {
             let take = room.min(waiting.len());
             let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
+            stats.prefills.fetch_add(1, Ordering::Relaxed);
+            stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
+            let n_new = batch.len();
             let (new_cache, joined) = prefill(model, batch);
+            stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
             if let Some(nc) = new_cache {
                 let mut rows: Vec<(&Cache, usize)> = Vec::new();
                 if let Some(c) = &cache {
@@ -178,6 +231,8 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>) {
                 running.extend(joined.into_iter().map(|(_, r)| r));
             }
         }
+        stats.running.store(running.len(), Ordering::Relaxed);
+        stats.waiting.store(waiting.len(), Ordering::Relaxed);
         if running.is_empty() {
             cache = None;
             continue;
@@ -190,36 +245,49 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>) {
         let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
         let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
         let logits = model.logits(&hidden);
-        let mut keep = vec![true; b];
-        for (i, r) in running.iter_mut().enumerate() {
-            let row = &logits[i * v..(i + 1) * v];
-            keep[i] = emit_next(r, row);
-        }
+        let steps: Vec<Step> =
+            running.iter_mut().enumerate().map(|(i, r)| emit_next(r, &logits[i * v..(i + 1) * v])).collect();
+        let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
+        let count = |k: Step| steps.iter().filter(|&&s| s == k).count();
+        stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
+        stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
         if keep.iter().any(|k| !k) {
             let (c, r) = retain_rows(cache.take(), std::mem::take(&mut running), &keep);
             (cache, running) = (c, r);
         }
+        stats.running.store(running.len(), Ordering::Relaxed);
     }
 }
 
-/// Samples the next token of `r` from `logits`, sends it, and says whether the sequence goes on.
-fn emit_next(r: &mut Running, logits: &[f32]) -> bool {
+/// What became of a sequence after a step.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    GoesOn,
+    Finished,
+    /// Its client is gone.
+    Gone,
+}
+
+/// Samples the next token of `r` from `logits` and sends it.
+fn emit_next(r: &mut Running, logits: &[f32]) -> Step {
     let tok = sample(logits, &r.req.sampling, &mut r.rng);
     if Some(tok) == r.req.eos {
         let _ = r.req.events.send(Event::Done(Finish::Stop));
-        return false;
+        return Step::Finished;
     }
     let lp = r.req.logprobs.map(|k| token_logprob(logits, tok, k));
     if r.req.events.send(Event::Token(tok, lp)).is_err() {
-        return false;
+        return Step::Gone;
     }
     r.generated += 1;
     r.next = tok;
     if r.generated >= r.req.max_tokens {
         let _ = r.req.events.send(Event::Done(Finish::Length));
-        return false;
+        return Step::Finished;
     }
-    true
+    Step::GoesOn
 }
 
 /// Keeps the rows marked in `keep` (in order), rebuilding the batch cache without the others.
@@ -279,7 +347,7 @@ fn prefill(model: &Model, batch: Vec<SeqRequest>) -> (Option<Cache>, Vec<(usize,
         let last = &hidden[(row * t + t - 1) * d..(row * t + t) * d];
         let logits = model.logits(last);
         let mut r = Running { rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 };
-        if emit_next(&mut r, &logits) {
+        if emit_next(&mut r, &logits) == Step::GoesOn {
             joined.push((row, r));
         }
     }

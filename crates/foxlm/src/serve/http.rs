@@ -110,6 +110,7 @@ impl App {
 pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/stats", get(stats))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/tokenize", post(tokenize))
@@ -146,7 +147,11 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no such endpoint: {} {}", req.method(), req.uri().path()))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no such endpoint: {} {}", req.method(), req.uri().path()),
+    )
 }
 
 /// The body as JSON: 413 past the size limit, 400 when malformed.
@@ -160,11 +165,16 @@ fn json_body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> R
         };
         ApiError::new(status, "invalid_request_error", msg)
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid("body", format!("the request body is not valid JSON: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid("body", format!("the request body is not valid JSON: {e}")))
 }
 
 async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
+}
+
+async fn stats(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(app.engine.stats.to_json())
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
@@ -194,7 +204,10 @@ async fn tokenizer_info(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiE
     })))
 }
 
-async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Json<Value>, ApiError> {
+async fn tokenize(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
     let body = json_body(body)?;
     let f = Fields::parse(&body)?;
     app.check_model(&f)?;
@@ -203,7 +216,10 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract
     Ok(Json(json!({"count": ids.len(), "max_model_len": app.max_model_len, "tokens": ids})))
 }
 
-async fn detokenize(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Json<Value>, ApiError> {
+async fn detokenize(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
     let body = json_body(body)?;
     let f = Fields::parse(&body)?;
     app.check_model(&f)?;
@@ -254,12 +270,19 @@ fn parse_completion(app: &App, body: &Value) -> Result<Completion, ApiError> {
             Prompt::Ids(ids) => ids.clone(),
         };
         if ids.is_empty() {
-            return Err(ApiError::invalid("prompt", "'prompt' is empty (and add_special_tokens is false): nothing to continue"));
+            return Err(ApiError::invalid(
+                "prompt",
+                "'prompt' is empty (and add_special_tokens is false): nothing to continue",
+            ));
         }
         if ids.len() > app.max_model_len {
             return Err(ApiError::invalid(
                 "prompt",
-                format!("the prompt has {} tokens, more than the model's context of {} (--max-model-len)", ids.len(), app.max_model_len),
+                format!(
+                    "the prompt has {} tokens, more than the model's context of {} (--max-model-len)",
+                    ids.len(),
+                    app.max_model_len
+                ),
             )
             .with_code("context_length_exceeded"));
         }
@@ -497,20 +520,17 @@ async fn run_choice(
     let lp = (sink.is_some() && c.logprobs.is_some() && !lps.is_empty()).then(|| lps.take());
     emit!(&rest, lp, Some(finish));
     let full = if c.echo { format!("{echo_text}{text}") } else { text };
-    Some(ChoiceOut {
-        text: full,
-        logprobs: c.logprobs.map(|_| lps.take()),
-        finish,
-        tokens: token_ids.len(),
-        token_ids,
-    })
+    Some(ChoiceOut { text: full, logprobs: c.logprobs.map(|_| lps.take()), finish, tokens: token_ids.len(), token_ids })
 }
 
 fn now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Response, ApiError> {
+async fn completions(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = json_body(body)?;
     let c = parse_completion(&app, &body)?;
     let seed = c.seed.unwrap_or_else(rand::random);
@@ -544,7 +564,9 @@ async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, axum::extr
             "server_overloaded",
             "the server's request queue is full (--max-queue); retry later",
         ),
-        SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down"),
+        SubmitError::Stopped => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
+        }
     })?;
     let id = format!("cmpl-{}", app.next_id.fetch_add(1, Ordering::Relaxed));
     let created = now_s();
@@ -552,11 +574,15 @@ async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, axum::extr
     let head = json!({"id": id, "object": "text_completion", "created": created, "model": app.model_name});
 
     if !c.stream {
-        let outs = futures_util::future::join_all(specs.into_iter().map(|(spec, rx)| run_choice(&app, &c, spec, rx, None))).await;
+        let outs =
+            futures_util::future::join_all(specs.into_iter().map(|(spec, rx)| run_choice(&app, &c, spec, rx, None)))
+                .await;
         let mut choices = Vec::new();
         let mut completion_tokens = 0;
         for (i, o) in outs.into_iter().enumerate() {
-            let o = o.ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down"))?;
+            let o = o.ok_or_else(|| {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
+            })?;
             completion_tokens += o.tokens;
             let mut ch = json!({"index": i, "text": o.text, "logprobs": o.logprobs, "finish_reason": o.finish});
             if c.return_token_ids {
@@ -576,7 +602,10 @@ async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, axum::extr
     let (btx, brx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let c = c;
-        let outs = futures_util::future::join_all(specs.into_iter().map(|(spec, rx)| run_choice(&app, &c, spec, rx, Some((&btx, &head))))).await;
+        let outs = futures_util::future::join_all(
+            specs.into_iter().map(|(spec, rx)| run_choice(&app, &c, spec, rx, Some((&btx, &head)))),
+        )
+        .await;
         if outs.iter().any(|o| o.is_none()) {
             return;
         }
@@ -587,10 +616,12 @@ async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, axum::extr
         let _ = btx.send(Bytes::from(format!("data: {last}\n\n"))).await;
         let _ = btx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     });
-    let stream = futures_util::stream::unfold(brx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
-    Ok(Response::builder()
+    let stream = futures_util::stream::unfold(brx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))
 }

@@ -89,11 +89,9 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         let canon = o.model.canonicalize().unwrap_or_else(|_| o.model.clone());
         canon.file_name().map_or_else(|| "foxlm".to_string(), |n| n.to_string_lossy().into_owned())
     });
-    let (engine, thread) = engine::start(
-        Arc::new(model),
-        engine::EngineOptions { max_batch: o.max_batch, max_queue: o.max_queue },
-    )
-    .context("cannot start the engine thread")?;
+    let (engine, thread) =
+        engine::start(Arc::new(model), engine::EngineOptions { max_batch: o.max_batch, max_queue: o.max_queue })
+            .context("cannot start the engine thread")?;
     let app = http::App {
         engine,
         model_name: name,
@@ -111,7 +109,11 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start the async runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives.
@@ -142,8 +144,9 @@ pub fn serve(o: &ServeOptions) -> Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let addr = format!("{}:{}", o.host, o.port);
-        let listener =
-            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr} (--host, --port)"))?;
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (--host, --port)"))?;
         let local = listener.local_addr()?;
         if app.api_key.is_none() && !local.ip().is_loopback() {
             eprintln!("warning: listening on {local} without --api-key: anyone who can reach it can use the model");

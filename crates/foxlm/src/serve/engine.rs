@@ -165,7 +165,6 @@ pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
 }
 
 fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineStats) {
-    let v = model.config.vocab_size;
     let mut running: Vec<Running> = Vec::new();
     let mut cache: Option<Cache> = None;
     let mut waiting: std::collections::VecDeque<SeqRequest> = Default::default();
@@ -210,55 +209,79 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineSta
             (cache, running) = (c, r);
         }
 
-        // Prefill newcomers (together, left-padded) and let them join the batch.
-        let room = opts.max_batch.saturating_sub(running.len());
-        if room > 0 && !waiting.is_empty() {
-            let take = room.min(waiting.len());
-            let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
-            stats.prefills.fetch_add(1, Ordering::Relaxed);
-            stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
-            let n_new = batch.len();
-            let (new_cache, joined) = prefill(model, batch);
-            stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
-            if let Some(nc) = new_cache {
-                let mut rows: Vec<(&Cache, usize)> = Vec::new();
-                if let Some(c) = &cache {
-                    rows.extend((0..running.len()).map(|i| (c, i)));
-                }
-                rows.extend(joined.iter().map(|(row, _)| (&nc, *row)));
-                let merged = Cache::gather_rows(&rows, 64);
-                cache = Some(merged);
-                running.extend(joined.into_iter().map(|(_, r)| r));
-            }
-        }
-        stats.running.store(running.len(), Ordering::Relaxed);
-        stats.waiting.store(waiting.len(), Ordering::Relaxed);
-        if running.is_empty() {
+        // A panic in a step (a bug: every input is checked before it gets here) costs the
+        // sequences of that step, not the server.
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            advance(model, opts, stats, &mut running, &mut cache, &mut waiting)
+        }));
+        if res.is_err() {
+            eprintln!("error: the engine failed in a decode step; its {} sequences were dropped", running.len());
+            stats.cancelled.fetch_add(running.len(), Ordering::Relaxed);
+            running.clear();
             cache = None;
-            continue;
+            stats.running.store(0, Ordering::Relaxed);
         }
-
-        // One decode step for every running sequence.
-        let Some(c) = cache.as_mut() else { continue };
-        let b = running.len();
-        let ids: Vec<u32> = running.iter().map(|r| r.next).collect();
-        let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
-        let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
-        let logits = model.logits(&hidden);
-        let steps: Vec<Step> =
-            running.iter_mut().enumerate().map(|(i, r)| emit_next(r, &logits[i * v..(i + 1) * v])).collect();
-        let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
-        stats.steps.fetch_add(1, Ordering::Relaxed);
-        stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
-        let count = |k: Step| steps.iter().filter(|&&s| s == k).count();
-        stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
-        stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
-        if keep.iter().any(|k| !k) {
-            let (c, r) = retain_rows(cache.take(), std::mem::take(&mut running), &keep);
-            (cache, running) = (c, r);
-        }
-        stats.running.store(running.len(), Ordering::Relaxed);
     }
+}
+
+/// Admits waiting sequences into the batch (prefilling them) and runs one decode step.
+fn advance(
+    model: &Model,
+    opts: &EngineOptions,
+    stats: &EngineStats,
+    running: &mut Vec<Running>,
+    cache: &mut Option<Cache>,
+    waiting: &mut std::collections::VecDeque<SeqRequest>,
+) {
+    let v = model.config.vocab_size;
+    // Prefill newcomers (together, left-padded) and let them join the batch.
+    let room = opts.max_batch.saturating_sub(running.len());
+    if room > 0 && !waiting.is_empty() {
+        let take = room.min(waiting.len());
+        let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
+        stats.prefills.fetch_add(1, Ordering::Relaxed);
+        stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
+        let n_new = batch.len();
+        let (new_cache, joined) = prefill(model, batch);
+        stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
+        if let Some(nc) = new_cache {
+            let mut rows: Vec<(&Cache, usize)> = Vec::new();
+            if let Some(c) = cache.as_ref() {
+                rows.extend((0..running.len()).map(|i| (c, i)));
+            }
+            rows.extend(joined.iter().map(|(row, _)| (&nc, *row)));
+            let merged = Cache::gather_rows(&rows, 64);
+            *cache = Some(merged);
+            running.extend(joined.into_iter().map(|(_, r)| r));
+        }
+    }
+    stats.running.store(running.len(), Ordering::Relaxed);
+    stats.waiting.store(waiting.len(), Ordering::Relaxed);
+    if running.is_empty() {
+        *cache = None;
+        return;
+    }
+
+    // One decode step for every running sequence.
+    let Some(c) = cache.as_mut() else { return };
+    let b = running.len();
+    let ids: Vec<u32> = running.iter().map(|r| r.next).collect();
+    let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
+    let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
+    let logits = model.logits(&hidden);
+    let steps: Vec<Step> =
+        running.iter_mut().enumerate().map(|(i, r)| emit_next(r, &logits[i * v..(i + 1) * v])).collect();
+    let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
+    stats.steps.fetch_add(1, Ordering::Relaxed);
+    stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
+    let count = |k: Step| steps.iter().filter(|&&s| s == k).count();
+    stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
+    stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
+    if keep.iter().any(|k| !k) {
+        let (c, r) = retain_rows(cache.take(), std::mem::take(running), &keep);
+        (*cache, *running) = (c, r);
+    }
+    stats.running.store(running.len(), Ordering::Relaxed);
 }
 
 /// What became of a sequence after a step.

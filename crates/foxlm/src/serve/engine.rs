@@ -11,6 +11,7 @@ use crate::model::{Ctx, Model};
 use crate::sampling::{sample, Sampling};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -269,8 +270,8 @@ fn advance(
     let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
     let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
     let logits = model.logits(&hidden);
-    let steps: Vec<Step> =
-        running.iter_mut().enumerate().map(|(i, r)| emit_next(r, &logits[i * v..(i + 1) * v])).collect();
+    // Sampling (a pass over the vocabulary per row) in parallel: each row has its own generator.
+    let steps: Vec<Step> = running.par_iter_mut().zip(logits.par_chunks(v)).map(|(r, l)| emit_next(r, l)).collect();
     let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
     stats.steps.fetch_add(1, Ordering::Relaxed);
     stats.rows_decoded.fetch_add(b, Ordering::Relaxed);

@@ -264,6 +264,17 @@ fn text_prompts_match_generate_and_stop_strings_cut() {
     // Echo prepends the prompt.
     let e = complete(addr, json!({"prompt": prompt, "max_tokens": 30, "temperature": 0, "echo": true}));
     assert_eq!(e["choices"][0]["text"].as_str().unwrap(), format!("{prompt}{text}"));
+    // Echoed tokens and their offsets in the text (an ASCII prompt: tokens are its pieces).
+    let e = complete(addr, json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": true, "logprobs": 1}));
+    let l = &e["choices"][0]["logprobs"];
+    let toks: Vec<&str> = l["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let offs: Vec<u64> = l["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    assert_eq!(toks[0], "<|endoftext|>");
+    assert_eq!(toks[1..ids.len()].concat(), prompt);
+    for i in 1..ids.len() {
+        assert_eq!(offs[i] as usize, toks[1..i].concat().chars().count(), "token {i}");
+    }
+    assert_eq!(offs[ids.len()] as usize, prompt.chars().count(), "the first generated token starts after the prompt");
     // A stop string taken from the middle of the completion cuts it there.
     let chars: Vec<char> = text.chars().collect();
     assert!(chars.len() > 6, "{text:?}");

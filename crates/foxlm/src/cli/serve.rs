@@ -159,11 +159,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         s.shutdown()?;
     }
     let base = rows.first().map(|r| r.tokens_per_s).unwrap_or(f64::NAN);
-    println!("| clients | requests | errors | req/s | gen tok/s | vs first row | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| clients | requests | errors | req/s | gen tok/s | vs first row | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | steps/s | rows/step |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.1}x | {:.0} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.1}x | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} |",
             r.clients,
             r.requests,
             r.errors,
@@ -173,7 +175,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             r.ttft_p50_ms,
             r.ttft_p99_ms,
             r.itl_p50_ms,
-            r.itl_p99_ms
+            r.itl_p99_ms,
+            r.steps_per_s,
+            r.mean_batch
         );
     }
     match peak {

@@ -33,6 +33,9 @@ pub struct LoadReport {
     pub ttft_p99_ms: f64,
     pub itl_p50_ms: f64,
     pub itl_p99_ms: f64,
+    /// Decode steps per second and the mean rows per step (from the server's /stats).
+    pub steps_per_s: f64,
+    pub mean_batch: f64,
     pub first_error: Option<String>,
 }
 
@@ -109,6 +112,12 @@ fn one_request(
 /// Holds `o.clients` clients, each sending streaming requests back to back, for `o.duration`;
 /// requests started before the end are waited for and counted.
 pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
+    let counters = || -> (f64, f64) {
+        super::client::json_request(addr, "/stats", None, o.api_key.as_deref())
+            .map(|(_, v)| (v["steps"].as_f64().unwrap_or(0.0), v["rows_decoded"].as_f64().unwrap_or(0.0)))
+            .unwrap_or((0.0, 0.0))
+    };
+    let (steps0, rows0) = counters();
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let t0 = Instant::now();
@@ -151,6 +160,7 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
         let _ = t.join();
     }
     let secs = t0.elapsed().as_secs_f64();
+    let (steps1, rows1) = counters();
     let mut t = std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
     LoadReport {
         clients: o.clients,
@@ -163,6 +173,8 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
         ttft_p99_ms: quantile(&mut t.ttft, 0.99),
         itl_p50_ms: quantile(&mut t.itl, 0.5),
         itl_p99_ms: quantile(&mut t.itl, 0.99),
+        steps_per_s: (steps1 - steps0) / secs,
+        mean_batch: (rows1 - rows0) / (steps1 - steps0).max(1.0),
         first_error: t.first_error,
     }
 }

@@ -140,6 +140,9 @@ pub fn start(model: Arc<Model>, opts: EngineOptions) -> std::io::Result<(EngineH
 
 /// A running sequence: its row in the batch cache and the token it feeds next.
 struct Running {
+    /// Its row in the batch cache. Rows of finished sequences stay in the cache until the next
+    /// rebuild, so that a step that both loses and gains sequences rebuilds the cache once.
+    row: usize,
     req: SeqRequest,
     rng: ChaCha8Rng,
     generated: usize,
@@ -206,8 +209,8 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineSta
         let keep: Vec<bool> = running.iter().map(|r| !r.req.events.is_closed()).collect();
         if keep.iter().any(|k| !k) {
             stats.cancelled.fetch_add(keep.iter().filter(|k| !**k).count(), Ordering::Relaxed);
-            let (c, r) = retain_rows(cache.take(), std::mem::take(&mut running), &keep);
-            (cache, running) = (c, r);
+            let mut k = keep.iter();
+            running.retain(|_| k.next().copied().unwrap_or(false));
         }
 
         // A panic in a step (a bug: every input is checked before it gets here) costs the
@@ -237,23 +240,35 @@ fn advance(
     let v = model.config.vocab_size;
     // Prefill newcomers (together, left-padded) and let them join the batch.
     let room = opts.max_batch.saturating_sub(running.len());
+    let mut new_cache = None;
+    let mut joined = Vec::new();
     if room > 0 && !waiting.is_empty() {
         let take = room.min(waiting.len());
         let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
         stats.prefills.fetch_add(1, Ordering::Relaxed);
         stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
         let n_new = batch.len();
-        let (new_cache, joined) = prefill(model, batch);
+        (new_cache, joined) = prefill(model, batch);
         stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
-        if let Some(nc) = new_cache {
+    }
+    // Rebuild the batch cache when sequences joined or left since the last step.
+    let rows_in_cache = cache.as_ref().and_then(|c| c.layers.first()).map_or(0, |l| l.batch);
+    let in_place = rows_in_cache == running.len() && running.iter().enumerate().all(|(i, r)| r.row == i);
+    if !joined.is_empty() || !in_place {
+        let merged = {
             let mut rows: Vec<(&Cache, usize)> = Vec::new();
             if let Some(c) = cache.as_ref() {
-                rows.extend((0..running.len()).map(|i| (c, i)));
+                rows.extend(running.iter().map(|r| (c, r.row)));
             }
-            rows.extend(joined.iter().map(|(row, _)| (&nc, *row)));
-            let merged = Cache::gather_rows(&rows, 64);
-            *cache = Some(merged);
-            running.extend(joined.into_iter().map(|(_, r)| r));
+            if let Some(nc) = new_cache.as_ref() {
+                rows.extend(joined.iter().map(|(row, _)| (nc, *row)));
+            }
+            (!rows.is_empty()).then(|| Cache::gather_rows(&rows, 64))
+        };
+        *cache = merged;
+        running.extend(joined.into_iter().map(|(_, r)| r));
+        for (i, r) in running.iter_mut().enumerate() {
+            r.row = i;
         }
     }
     stats.running.store(running.len(), Ordering::Relaxed);
@@ -278,10 +293,8 @@ fn advance(
     let count = |k: Step| steps.iter().filter(|&&s| s == k).count();
     stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
     stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
-    if keep.iter().any(|k| !k) {
-        let (c, r) = retain_rows(cache.take(), std::mem::take(running), &keep);
-        (*cache, *running) = (c, r);
-    }
+    let mut k = keep.iter();
+    running.retain(|_| k.next().copied().unwrap_or(false));
     stats.running.store(running.len(), Ordering::Relaxed);
 }
 
@@ -312,19 +325,6 @@ fn emit_next(r: &mut Running, logits: &[f32]) -> Step {
         return Step::Finished;
     }
     Step::GoesOn
-}
-
-/// Keeps the rows marked in `keep` (in order), rebuilding the batch cache without the others.
-fn retain_rows(cache: Option<Cache>, running: Vec<Running>, keep: &[bool]) -> (Option<Cache>, Vec<Running>) {
-    let kept: Vec<Running> = running.into_iter().zip(keep).filter(|(_, &k)| k).map(|(r, _)| r).collect();
-    if kept.is_empty() {
-        return (None, kept);
-    }
-    let cache = cache.map(|c| {
-        let rows: Vec<(&Cache, usize)> = keep.iter().enumerate().filter(|(_, &k)| k).map(|(i, _)| (&c, i)).collect();
-        Cache::gather_rows(&rows, 64)
-    });
-    (cache, kept)
 }
 
 /// Prefills a batch of new sequences. Sends prompt log-probabilities and each first token; returns
@@ -370,7 +370,7 @@ fn prefill(model: &Model, batch: Vec<SeqRequest>) -> (Option<Cache>, Vec<(usize,
         }
         let last = &hidden[(row * t + t - 1) * d..(row * t + t) * d];
         let logits = model.logits(last);
-        let mut r = Running { rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 };
+        let mut r = Running { row: 0, rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 };
         if emit_next(&mut r, &logits) == Step::GoesOn {
             joined.push((row, r));
         }

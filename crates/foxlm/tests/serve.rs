@@ -632,3 +632,17 @@ fn tokenizer_json_reproduces_foxlm_tokenization() {
     assert!(tj2["normalizer"].is_null(), "plain GPT-2 BPE has no normalizer");
     assert_eq!(tj2["model"]["merges"], tj["model"]["merges"]);
 }
+
+#[test]
+fn fast_argmax_equals_sampling_argmax() {
+    use foxlm::serve::engine::argmax;
+    let mut x: Vec<f32> = (0..50257).map(|i| ((i as f32) * 0.7071).sin()).collect();
+    assert_eq!(argmax(&x), foxlm::sampling::argmax(&x));
+    x[12345] = 5.0;
+    x[40000] = 5.0; // a tie: the first wins
+    assert_eq!(argmax(&x), 12345);
+    x[50256] = 6.0; // in the tail past the last full chunk of 8
+    assert_eq!(argmax(&x), 50256);
+    assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+    assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+}

@@ -27,7 +27,9 @@ print("model:", name, "| context:", models.data[0].model_extra.get("max_model_le
 prompt = "Call me Ishmael. Some years ago"
 r = client.completions.create(model=name, prompt=prompt, max_tokens=24, temperature=0)
 print("completion:", json.dumps(r.choices[0].text), "| finish:", r.choices[0].finish_reason, "| usage:", r.usage)
-check("usage counts the completion", r.usage.completion_tokens == len([1 for _ in range(r.usage.completion_tokens)]) and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens)
+check("usage adds up and a 'length' finish used all 24 tokens",
+      r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+      and (r.choices[0].finish_reason == "stop" or r.usage.completion_tokens == 24))
 
 pieces = []
 for chunk in client.completions.create(model=name, prompt=prompt, max_tokens=24, temperature=0, stream=True):

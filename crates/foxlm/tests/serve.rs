@@ -646,3 +646,38 @@ fn fast_argmax_equals_sampling_argmax() {
     assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
     assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
 }
+
+#[cfg(unix)]
+#[test]
+fn the_binary_serves_and_sigterm_finishes_requests_in_flight() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    // Port 0 is not reported by the binary, so pick a free port first.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_foxlm"))
+        .args(["serve", "--model"])
+        .arg(gpt2_dir())
+        .args(["--port", &port.to_string(), "--device", "auto"])
+        .env_remove("FOXLM_API_KEY")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("foxlm serve starts");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("serving 'tiny-gpt2'"), "{line}");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let req = std::thread::spawn(move || {
+        complete(addr, json!({"prompt": "Call me", "max_tokens": 300, "temperature": 0, "ignore_eos": true}))
+    });
+    wait_for("the request to start", || stats(addr)["running"] == 1);
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let v = req.join().unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 300, "the request in flight is answered in full");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(rest.contains("every request in flight was answered"), "{rest}");
+}

@@ -359,6 +359,7 @@ pub fn save_model(model: &Model, config: &Config, dir: &Path) -> Result<()> {
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| anyhow!("serialising weights: {e}"))?;
     write_atomic(&dir.join(WEIGHTS_FILE), &bytes)?;
     write_atomic(&dir.join(CONFIG_FILE), config.to_json().as_bytes())?;
+    crate::tokenizer_export::write_tokenizer_files(dir, config, None)?;
     Ok(())
 }
 

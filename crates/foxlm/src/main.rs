@@ -32,8 +32,12 @@ enum Command {
     Viz(cli::viz::Args),
     /// Check the whole model on the GPU against the CPU reference (fixtures, training, resume): a pass/fail table.
     GpuCheck(cli::gpu_check::Args),
-    /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention).
+    /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention); a training step (train); the server under load (serve).
     Bench(cli::bench::Args),
+    /// Serve a model over HTTP with the OpenAI completions API (for the openai client and lm-evaluation-harness).
+    Serve(cli::serve::Args),
+    /// Tokenizer files: write tokenizer.json + tokenizer_config.json into a model folder (export).
+    Tokenizer(cli::tokenizer::Args),
 }
 
 fn main() {
@@ -49,6 +53,8 @@ fn main() {
         Command::Viz(a) => cli::viz::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::GpuCheck(a) => cli::gpu_check::run(a),
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Tokenizer(a) => cli::tokenizer::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -184,6 +184,13 @@ impl Tokenizer {
         }
     }
 
+    /// The raw bytes of token `id` (in the escaped form for JsonEscaped text), `None` for
+    /// `<|endoftext|>` and ids outside the vocabulary. For exporting the vocabulary and for
+    /// reporting tokens one by one (a token may hold part of a UTF-8 character).
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.inner.token_bytes(id)
+    }
+
     /// A streaming decoder for generation: feed ids one at a time, get back the text that is now final.
     pub fn stream(&self) -> StreamDecoder<'_> {
         StreamDecoder { tok: self, bytes: Vec::new(), escaped: String::new() }

@@ -342,6 +342,7 @@ pub fn save_checkpoint(out: &Path, name: &str, model: &Model, opt: &AdamW, state
         write_synced(&tmp.join(WEIGHTS_FILE), &weights)?;
         drop(weights);
         write_synced(&tmp.join(CONFIG_FILE), state.run.saved_model_config().to_json().as_bytes())?;
+        crate::tokenizer_export::write_tokenizer_files(&tmp, &state.run.saved_model_config(), None)?;
         let mut named = Vec::new();
         for i in 0..p.len() {
             if p.kinds[i] != ParamKind::Frozen {

@@ -23,6 +23,9 @@ pub enum What {
     /// A training step of a model on the GPU: tokens/s, step time, achieved TFLOP/s, peak memory
     /// and where the time goes (GEMMs, attention, output head, optimizer, the rest), ACP off and on.
     Train(TrainArgs),
+    /// `foxlm serve` under load: N concurrent streaming clients for a fixed time; requests/s,
+    /// generated tokens/s, time to first token and inter-token latency (p50/p99), errors, peak memory.
+    Serve(crate::cli::serve::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -93,6 +96,7 @@ pub fn run(a: Args) -> Result<()> {
     match a.what {
         What::Attention(a) => attention(a),
         What::Train(a) => train_bench(a),
+        What::Serve(a) => crate::cli::serve::bench(a),
     }
 }
 

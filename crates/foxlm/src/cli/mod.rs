@@ -8,5 +8,7 @@ pub mod forward;
 pub mod generate;
 pub mod gpu_check;
 pub mod inspect;
+pub mod serve;
+pub mod tokenizer;
 pub mod train;
 pub mod viz;

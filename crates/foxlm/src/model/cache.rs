@@ -116,3 +116,57 @@ impl Cache {
         self.len() == 0
     }
 }
+
+impl LayerCache {
+    /// A cache of `len` positions holding, in each new row, positions `from..src.len` of one row of
+    /// a source cache, right-aligned so that every row ends at `len` (the positions before are left
+    /// padding). For continuous batching: rows of different lengths decode together.
+    fn gather(rows: &[(&LayerCache, usize, usize)], len: usize, capacity: usize) -> LayerCache {
+        let (heads, head_dim) = rows.first().map_or((1, 1), |(c, _, _)| (c.heads, c.head_dim));
+        let mut out = LayerCache::new(rows.len(), heads, head_dim, capacity.max(len));
+        let (h, d, cap) = (heads, head_dim, out.cap);
+        for (bi, &(src, row, from)) in rows.iter().enumerate() {
+            let n = src.len - from;
+            let at = len - n;
+            for hi in 0..h {
+                let (sbh, dbh) = (row * h + hi, bi * h + hi);
+                let s = (sbh * src.cap + from) * d;
+                let t = (dbh * cap + at) * d;
+                out.k[t..t + n * d].copy_from_slice(&src.k[s..s + n * d]);
+                out.v[t..t + n * d].copy_from_slice(&src.v[s..s + n * d]);
+                out.c[dbh * cap + at..][..n].copy_from_slice(&src.c[sbh * src.cap + from..][..n]);
+            }
+            out.k_shift[bi * h * d..(bi + 1) * h * d].copy_from_slice(&src.k_shift[row * h * d..(row + 1) * h * d]);
+            out.v_shift[bi * h * d..(bi + 1) * h * d].copy_from_slice(&src.v_shift[row * h * d..(row + 1) * h * d]);
+        }
+        out.len = len;
+        out
+    }
+}
+
+impl Cache {
+    /// First real position of batch row `row`.
+    pub fn row_start(&self, row: usize) -> usize {
+        self.start.as_ref().map_or(0, |s| s[row])
+    }
+
+    /// A new cache whose rows are the given rows (cache, row index) of other caches of the same
+    /// model, each keeping only its real positions and right-aligned to the longest one (shorter
+    /// rows get left padding). Decoding then continues every row exactly as in its own cache; this
+    /// is how a serving batch admits and drops sequences between steps. `extra` reserves room for
+    /// that many more positions. Panics if `rows` is empty or the caches have different layers.
+    pub fn gather_rows(rows: &[(&Cache, usize)], extra: usize) -> Cache {
+        let len = rows.iter().map(|&(c, r)| c.len() - c.row_start(r)).max().unwrap_or(0);
+        let n_layers = rows.first().map_or(0, |(c, _)| c.layers.len());
+        let layers = (0..n_layers)
+            .map(|li| {
+                let src: Vec<(&LayerCache, usize, usize)> =
+                    rows.iter().map(|&(c, r)| (&c.layers[li], r, c.row_start(r))).collect();
+                LayerCache::gather(&src, len, len + extra)
+            })
+            .collect();
+        let start: Vec<usize> = rows.iter().map(|&(c, r)| len - (c.len() - c.row_start(r))).collect();
+        let padded = start.iter().any(|&s| s > 0);
+        Cache { layers, start: padded.then_some(start) }
+    }
+}

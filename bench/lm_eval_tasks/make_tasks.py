@@ -1,0 +1,46 @@
+"""Builds the two small lm-evaluation-harness tasks of bench/serve_clients.sh from the Moby-Dick
+sample in the repository (deterministic; the .jsonl files it writes are checked in).
+
+foxlm_cloze.jsonl: multiple choice. A sentence's first words are the context; its true ending and
+three endings of other sentences are the choices.
+foxlm_ppl.jsonl: paragraphs for a perplexity (loglikelihood_rolling) task.
+"""
+import json
+import random
+import re
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+book = here.parent.parent / "data" / "sample" / "moby-dick"
+text = "\n".join((book / f"chapter_{i}.txt").read_text() for i in range(120, 136))
+rng = random.Random(12)
+
+sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.replace("\n", " "))]
+sentences = [s for s in sentences if 60 <= len(s) <= 160 and '"' not in s]
+rng.shuffle(sentences)
+items = []
+for s in sentences[:40]:
+    words = s.split(" ")
+    cut = max(3, int(len(words) * 0.6))
+    context, ending = " ".join(words[:cut]), " " + " ".join(words[cut:])
+    others = []
+    for o in sentences[40:]:
+        ow = o.split(" ")
+        e = " " + " ".join(ow[max(3, int(len(ow) * 0.6)):])
+        if e != ending and e not in others:
+            others.append(e)
+        if len(others) == 3:
+            break
+    sentences = sentences[:40] + sentences[44:]  # use fresh distractors next time
+    choices = others + [ending]
+    rng.shuffle(choices)
+    items.append({"context": context, "choices": choices, "label": choices.index(ending)})
+with open(here / "foxlm_cloze.jsonl", "w") as f:
+    for it in items:
+        f.write(json.dumps(it) + "\n")
+
+paras = [p.strip() for p in (book / "chapter_133.txt").read_text().split("\n\n") if len(p.strip()) > 200]
+with open(here / "foxlm_ppl.jsonl", "w") as f:
+    for p in paras[:8]:
+        f.write(json.dumps({"text": p}) + "\n")
+print(len(items), "cloze items,", min(8, len(paras)), "paragraphs")

@@ -1,0 +1,395 @@
+//! The batching engine: one thread owns the model and runs continuous batching. Every decode step
+//! is one forward pass over all running sequences; a new sequence is prefilled and joins the
+//! running batch before the next step, and a finished or abandoned one leaves it at once.
+//!
+//! Requests arrive through a bounded queue (a full queue is the HTTP layer's 503). Each sequence
+//! streams its events through its own channel; a dropped receiver (client gone, stop string seen)
+//! cancels the sequence at the next step.
+
+use crate::model::cache::Cache;
+use crate::model::{Ctx, Model};
+use crate::sampling::{sample, Sampling};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The log-probability of one token and, when asked, the most likely alternatives at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// (id, logprob), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// max_tokens reached.
+    Length,
+    /// The end-of-sequence token.
+    Stop,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Log-probabilities of the prompt's tokens 1.. (token 0 has none), sent first when asked.
+    Prompt(Vec<TokenLogprob>),
+    /// A new token, with its log-probability when asked.
+    Token(u32, Option<TokenLogprob>),
+    Done(Finish),
+}
+
+/// One sequence to generate.
+#[derive(Debug)]
+pub struct SeqRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    /// Stop at this token (not emitted).
+    pub eos: Option<u32>,
+    /// Send the prompt's log-probabilities with this many alternatives per position.
+    pub prompt_logprobs: Option<usize>,
+    /// Send each new token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// A group of sequences submitted together (one HTTP request).
+pub type Job = Vec<SeqRequest>;
+
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Most sequences decoded together.
+    pub max_batch: usize,
+    /// Most jobs waiting to start.
+    pub max_queue: usize,
+}
+
+/// Counters the engine keeps (served at `GET /stats`): what runs now and what it has done.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Requests in the bounded queue, not yet taken by the engine.
+    pub queued: AtomicUsize,
+    /// Sequences in the running batch.
+    pub running: AtomicUsize,
+    /// Sequences taken from the queue and waiting for a place in the batch.
+    pub waiting: AtomicUsize,
+    /// Decode steps (forward passes over the running batch) and the rows they decoded.
+    pub steps: AtomicUsize,
+    pub rows_decoded: AtomicUsize,
+    /// Prefill passes and the sequences they started.
+    pub prefills: AtomicUsize,
+    pub prefilled: AtomicUsize,
+    /// Sequences that ended (finished or cut short by their client).
+    pub finished: AtomicUsize,
+    pub cancelled: AtomicUsize,
+}
+
+impl EngineStats {
+    pub fn to_json(&self) -> serde_json::Value {
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "queued": g(&self.queued), "running": g(&self.running), "waiting": g(&self.waiting), "steps": g(&self.steps),
+            "rows_decoded": g(&self.rows_decoded), "prefills": g(&self.prefills), "prefilled": g(&self.prefilled),
+            "finished": g(&self.finished), "cancelled": g(&self.cancelled),
+        })
+    }
+}
+
+/// The submitting side of the engine. Cloned by every handler.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: SyncSender<Job>,
+    pub stats: Arc<EngineStats>,
+}
+
+pub enum SubmitError {
+    QueueFull,
+    Stopped,
+}
+
+impl EngineHandle {
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        // Counted before sending so the engine's decrement can never come first.
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        self.tx.try_send(job).map_err(|e| {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                TrySendError::Full(_) => SubmitError::QueueFull,
+                TrySendError::Disconnected(_) => SubmitError::Stopped,
+            }
+        })
+    }
+}
+
+/// Starts the engine thread. It runs until every handle is dropped and its work is done.
+pub fn start(model: Arc<Model>, opts: EngineOptions) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(opts.max_queue.max(1));
+    let stats = Arc::new(EngineStats::default());
+    let st = stats.clone();
+    let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || run(&model, &opts, rx, &st))?;
+    Ok((EngineHandle { tx, stats }, th))
+}
+
+/// A running sequence: its row in the batch cache and the token it feeds next.
+struct Running {
+    /// Its row in the batch cache. Rows of finished sequences stay in the cache until the next
+    /// rebuild, so that a step that both loses and gains sequences rebuilds the cache once.
+    row: usize,
+    req: SeqRequest,
+    rng: ChaCha8Rng,
+    generated: usize,
+    next: u32,
+}
+
+/// log-softmax of one row of logits: the log-probability of `id` and the `k` most likely tokens.
+pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let lse = m + logits.iter().map(|&x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
+    let lp = |i: usize| logits[i] - lse;
+    let mut top = Vec::new();
+    if k > 0 {
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        let k = k.min(idx.len());
+        // Highest logits first, lower id first on ties (the same order as argmax).
+        let cmp = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        idx.select_nth_unstable_by(k - 1, cmp);
+        idx.truncate(k);
+        idx.sort_by(cmp);
+        top = idx.into_iter().map(|i| (i as u32, lp(i))).collect();
+    }
+    TokenLogprob { id, logprob: lp(id as usize), top }
+}
+
+fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineStats) {
+    let mut running: Vec<Running> = Vec::new();
+    let mut cache: Option<Cache> = None;
+    let mut waiting: std::collections::VecDeque<SeqRequest> = Default::default();
+    let mut closed = false;
+    loop {
+        // Admit: block only when there is nothing to do.
+        if running.is_empty() && waiting.is_empty() {
+            if closed {
+                return;
+            }
+            match rx.recv() {
+                Ok(job) => {
+                    stats.queued.fetch_sub(1, Ordering::Relaxed);
+                    waiting.extend(job)
+                }
+                Err(_) => return,
+            }
+        }
+        // Take jobs off the queue only while there is room in the batch, so that the bounded
+        // queue is what holds the others (and a full queue answers 503).
+        while running.len() + waiting.len() < opts.max_batch {
+            match rx.recv_timeout(Duration::ZERO) {
+                Ok(job) => {
+                    stats.queued.fetch_sub(1, Ordering::Relaxed);
+                    waiting.extend(job)
+                }
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let queued = waiting.len();
+        waiting.retain(|s| !s.events.is_closed());
+        stats.cancelled.fetch_add(queued - waiting.len(), Ordering::Relaxed);
+        // Drop sequences whose client is gone.
+        let keep: Vec<bool> = running.iter().map(|r| !r.req.events.is_closed()).collect();
+        if keep.iter().any(|k| !k) {
+            stats.cancelled.fetch_add(keep.iter().filter(|k| !**k).count(), Ordering::Relaxed);
+            let mut k = keep.iter();
+            running.retain(|_| k.next().copied().unwrap_or(false));
+        }
+
+        // A panic in a step (a bug: every input is checked before it gets here) costs the
+        // sequences of that step, not the server.
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            advance(model, opts, stats, &mut running, &mut cache, &mut waiting)
+        }));
+        if res.is_err() {
+            eprintln!("error: the engine failed in a decode step; its {} sequences were dropped", running.len());
+            stats.cancelled.fetch_add(running.len(), Ordering::Relaxed);
+            running.clear();
+            cache = None;
+            stats.running.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Admits waiting sequences into the batch (prefilling them) and runs one decode step.
+fn advance(
+    model: &Model,
+    opts: &EngineOptions,
+    stats: &EngineStats,
+    running: &mut Vec<Running>,
+    cache: &mut Option<Cache>,
+    waiting: &mut std::collections::VecDeque<SeqRequest>,
+) {
+    let v = model.config.vocab_size;
+    // Prefill newcomers (together, left-padded) and let them join the batch.
+    let room = opts.max_batch.saturating_sub(running.len());
+    let mut new_cache = None;
+    let mut joined = Vec::new();
+    if room > 0 && !waiting.is_empty() {
+        let take = room.min(waiting.len());
+        let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
+        stats.prefills.fetch_add(1, Ordering::Relaxed);
+        stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
+        let n_new = batch.len();
+        (new_cache, joined) = prefill(model, batch);
+        stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
+    }
+    // Rebuild the batch cache when sequences joined or left since the last step.
+    let rows_in_cache = cache.as_ref().and_then(|c| c.layers.first()).map_or(0, |l| l.batch);
+    let in_place = rows_in_cache == running.len() && running.iter().enumerate().all(|(i, r)| r.row == i);
+    if !joined.is_empty() || !in_place {
+        let merged = {
+            let mut rows: Vec<(&Cache, usize)> = Vec::new();
+            if let Some(c) = cache.as_ref() {
+                rows.extend(running.iter().map(|r| (c, r.row)));
+            }
+            if let Some(nc) = new_cache.as_ref() {
+                rows.extend(joined.iter().map(|(row, _)| (nc, *row)));
+            }
+            (!rows.is_empty()).then(|| Cache::gather_rows(&rows, 64))
+        };
+        *cache = merged;
+        running.extend(joined.into_iter().map(|(_, r)| r));
+        for (i, r) in running.iter_mut().enumerate() {
+            r.row = i;
+        }
+    }
+    stats.running.store(running.len(), Ordering::Relaxed);
+    stats.waiting.store(waiting.len(), Ordering::Relaxed);
+    if running.is_empty() {
+        *cache = None;
+        return;
+    }
+
+    // One decode step for every running sequence.
+    let Some(c) = cache.as_mut() else { return };
+    let b = running.len();
+    let ids: Vec<u32> = running.iter().map(|r| r.next).collect();
+    let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
+    let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
+    let logits = model.logits(&hidden);
+    // Sampling (a pass over the vocabulary per row) in parallel: each row has its own generator.
+    let steps: Vec<Step> = running.par_iter_mut().zip(logits.par_chunks(v)).map(|(r, l)| emit_next(r, l)).collect();
+    let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
+    stats.steps.fetch_add(1, Ordering::Relaxed);
+    stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
+    let count = |k: Step| steps.iter().filter(|&&s| s == k).count();
+    stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
+    stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
+    let mut k = keep.iter();
+    running.retain(|_| k.next().copied().unwrap_or(false));
+    stats.running.store(running.len(), Ordering::Relaxed);
+}
+
+/// What became of a sequence after a step.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    GoesOn,
+    Finished,
+    /// Its client is gone.
+    Gone,
+}
+
+/// The index of the largest logit, the first on ties: `sampling::argmax`, in two passes that the
+/// compiler vectorises (a greedy step over 50257 logits per row otherwise shows in profiles).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let chunks = logits.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            m[l] = if c[l] > m[l] { c[l] } else { m[l] };
+        }
+    }
+    let best = tail.iter().chain(&m).fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    logits.iter().position(|&x| x == best).map_or_else(|| crate::sampling::argmax(logits), |i| i as u32)
+}
+
+/// Samples the next token of `r` from `logits` and sends it.
+fn emit_next(r: &mut Running, logits: &[f32]) -> Step {
+    let tok =
+        if r.req.sampling.temperature <= 0.0 { argmax(logits) } else { sample(logits, &r.req.sampling, &mut r.rng) };
+    if Some(tok) == r.req.eos {
+        let _ = r.req.events.send(Event::Done(Finish::Stop));
+        return Step::Finished;
+    }
+    let lp = r.req.logprobs.map(|k| token_logprob(logits, tok, k));
+    if r.req.events.send(Event::Token(tok, lp)).is_err() {
+        return Step::Gone;
+    }
+    r.generated += 1;
+    r.next = tok;
+    if r.generated >= r.req.max_tokens {
+        let _ = r.req.events.send(Event::Done(Finish::Length));
+        return Step::Finished;
+    }
+    Step::GoesOn
+}
+
+/// Prefills a batch of new sequences. Sends prompt log-probabilities and each first token; returns
+/// the prefill cache and, for the sequences that go on decoding, their row in it.
+fn prefill(model: &Model, batch: Vec<SeqRequest>) -> (Option<Cache>, Vec<(usize, Running)>) {
+    let v = model.config.vocab_size;
+    let d = model.config.hidden_size;
+    let b = batch.len();
+    let t = batch.iter().map(|s| s.prompt.len()).max().unwrap_or(1).max(1);
+    let start: Vec<usize> = batch.iter().map(|s| t - s.prompt.len()).collect();
+    let mut ids = Vec::with_capacity(b * t);
+    for (s, &st) in batch.iter().zip(&start) {
+        // Padding positions hold any valid id; they are masked everywhere.
+        ids.extend(std::iter::repeat_n(s.prompt.first().copied().unwrap_or(0), st));
+        ids.extend_from_slice(&s.prompt);
+    }
+    let start = start.iter().any(|&s| s > 0).then_some(start);
+    let mut cache = model.new_cache(b, t, start.clone());
+    let ctx = Ctx { batch: b, seq: t, start };
+    let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut cache), false);
+    let mut joined = Vec::new();
+    for (row, req) in batch.into_iter().enumerate() {
+        let p = req.prompt.len();
+        let off = t - p;
+        if let Some(k) = req.prompt_logprobs {
+            // Logits of positions off..t-1 predict prompt tokens 1..p; in chunks to bound memory.
+            let mut lps = Vec::with_capacity(p.saturating_sub(1));
+            for c0 in (0..p.saturating_sub(1)).step_by(64) {
+                let c1 = (c0 + 64).min(p - 1);
+                let h = &hidden[(row * t + off + c0) * d..(row * t + off + c1) * d];
+                let lg = model.logits(h);
+                for i in c0..c1 {
+                    lps.push(token_logprob(&lg[(i - c0) * v..(i - c0 + 1) * v], req.prompt[i + 1], k));
+                }
+            }
+            if req.events.send(Event::Prompt(lps)).is_err() {
+                continue;
+            }
+        }
+        if req.max_tokens == 0 {
+            let _ = req.events.send(Event::Done(Finish::Length));
+            continue;
+        }
+        let last = &hidden[(row * t + t - 1) * d..(row * t + t) * d];
+        let logits = model.logits(last);
+        let mut r = Running { row: 0, rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 };
+        if emit_next(&mut r, &logits) == Step::GoesOn {
+            joined.push((row, r));
+        }
+    }
+    (Some(cache), joined)
+}

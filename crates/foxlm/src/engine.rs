@@ -53,14 +53,26 @@ pub struct StepStats {
 pub trait Engine {
     /// Gradients of `accum` micro-batches (mean loss), clipped to `max_norm`; no update yet, so
     /// a NaN can stop the run before it reaches the weights.
-    fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64)
-        -> Result<StepStats>;
+    fn grads(
+        &mut self,
+        model: &mut Model,
+        loader: &mut Loader,
+        micro: usize,
+        accum: usize,
+        max_norm: f64,
+    ) -> Result<StepStats>;
     /// AdamW with learning rate `lr` on the gradients of [`Engine::grads`].
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()>;
     /// Brings the weights and optimizer state to the host (before a checkpoint).
     fn sync(&mut self, model: &mut Model, opt: &mut AdamW) -> Result<()>;
     /// Mean validation loss over up to `max_tokens` tokens of windows of `context`.
-    fn validation_loss(&mut self, model: &mut Model, ds: &Dataset, context: usize, max_tokens: u64) -> Result<Option<f64>>;
+    fn validation_loss(
+        &mut self,
+        model: &mut Model,
+        ds: &Dataset,
+        context: usize,
+        max_tokens: u64,
+    ) -> Result<Option<f64>>;
     fn describe(&self) -> String;
 }
 
@@ -79,7 +91,14 @@ impl CpuEngine {
 }
 
 impl Engine for CpuEngine {
-    fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64) -> Result<StepStats> {
+    fn grads(
+        &mut self,
+        model: &mut Model,
+        loader: &mut Loader,
+        micro: usize,
+        accum: usize,
+        max_norm: f64,
+    ) -> Result<StepStats> {
         self.grads.iter_mut().for_each(|g| g.fill(0.0));
         let mut loss_sum = 0.0f64;
         for _ in 0..accum {
@@ -98,7 +117,13 @@ impl Engine for CpuEngine {
     fn sync(&mut self, _model: &mut Model, _opt: &mut AdamW) -> Result<()> {
         Ok(())
     }
-    fn validation_loss(&mut self, model: &mut Model, ds: &Dataset, context: usize, max_tokens: u64) -> Result<Option<f64>> {
+    fn validation_loss(
+        &mut self,
+        model: &mut Model,
+        ds: &Dataset,
+        context: usize,
+        max_tokens: u64,
+    ) -> Result<Option<f64>> {
         Ok(crate::train::validation_loss(model, ds, context, max_tokens, self.micro.max(1)))
     }
     fn describe(&self) -> String {
@@ -161,7 +186,16 @@ fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
 }
 
 impl<T: Elem> GpuEngine<T> {
-    pub fn new(gpu: Arc<Gpu>, model: &Model, opt: &AdamW, micro: usize, context: usize, plan: &MemoryPlan) -> Result<Self> {
+    pub fn new(
+        gpu: Arc<Gpu>,
+        model: &Model,
+        opt: &AdamW,
+        micro: usize,
+        context: usize,
+        plan: &MemoryPlan,
+    ) -> Result<Self> {
+        // Freed buffers go back to the driver at a synchronisation: count them as free.
+        gpu.sync()?;
         let (free, total) = gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
         // cuBLASLt, NVRTC modules and the allocator's rounding take some room beside the plan.
         if plan.total() + (512 << 20) > free {
@@ -175,10 +209,23 @@ impl<T: Elem> GpuEngine<T> {
             let scratch = Scratch::new(&be, model, micro, context)?;
             Ok(Self { be, batch, acts, scratch, micro, context, grad_scale: 1.0 })
         };
-        build().map_err(|e| if format!("{e:#}").contains("out of GPU memory") { too_big(plan, free, total).context(e) } else { e })
+        build().map_err(|e| {
+            if format!("{e:#}").contains("out of GPU memory") {
+                too_big(plan, free, total).context(e)
+            } else {
+                e
+            }
+        })
     }
 
-    fn forward_batch(&mut self, model: &Model, ids: &[u32], targets: &[Option<u32>], train: bool, weight: f32) -> Result<(f64, usize)> {
+    fn forward_batch(
+        &mut self,
+        model: &Model,
+        ids: &[u32],
+        targets: &[Option<u32>],
+        train: bool,
+        weight: f32,
+    ) -> Result<(f64, usize)> {
         let info = BatchInfo { batch: self.micro, seq: self.context, start: None, past: 0 };
         self.be.prepare(&mut self.batch, &info, ids, Some(targets))?;
         if train {
@@ -193,7 +240,13 @@ impl<T: Elem> GpuEngine<T> {
 
 impl<T: Elem> GpuEngine<T> {
     /// One optimizer step on given micro-batches (benchmarks: random tokens, no loader).
-    pub fn step_on(&mut self, model: &Model, batches: &[(Vec<u32>, Vec<Option<u32>>)], max_norm: f64, lr: f64) -> Result<StepStats> {
+    pub fn step_on(
+        &mut self,
+        model: &Model,
+        batches: &[(Vec<u32>, Vec<Option<u32>>)],
+        max_norm: f64,
+        lr: f64,
+    ) -> Result<StepStats> {
         self.be.zero_grads()?;
         let accum = batches.len();
         let mut loss_sum = 0.0;
@@ -215,7 +268,14 @@ impl<T: Elem> GpuEngine<T> {
 }
 
 impl<T: Elem> Engine for GpuEngine<T> {
-    fn grads(&mut self, model: &mut Model, loader: &mut Loader, micro: usize, accum: usize, max_norm: f64) -> Result<StepStats> {
+    fn grads(
+        &mut self,
+        model: &mut Model,
+        loader: &mut Loader,
+        micro: usize,
+        accum: usize,
+        max_norm: f64,
+    ) -> Result<StepStats> {
         anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);
         self.be.zero_grads()?;
         let mut loss_sum = 0.0;
@@ -238,8 +298,18 @@ impl<T: Elem> Engine for GpuEngine<T> {
         self.be.download_params(&mut model.params)?;
         self.be.download_optimizer(opt)
     }
-    fn validation_loss(&mut self, model: &mut Model, ds: &Dataset, context: usize, max_tokens: u64) -> Result<Option<f64>> {
-        anyhow::ensure!(context == self.context, "validation context {context} differs from the planned {}", self.context);
+    fn validation_loss(
+        &mut self,
+        model: &mut Model,
+        ds: &Dataset,
+        context: usize,
+        max_tokens: u64,
+    ) -> Result<Option<f64>> {
+        anyhow::ensure!(
+            context == self.context,
+            "validation context {context} differs from the planned {}",
+            self.context
+        );
         let Ok(mut loader) = Loader::new(ds, Split::Val, context, 0, false) else { return Ok(None) };
         let windows = loader.windows_per_epoch().min((max_tokens / context as u64).max(1)) as usize;
         let (mut sum, mut count, mut done) = (0.0f64, 0usize, 0usize);

@@ -109,12 +109,21 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
         let mut cpu_grads = model.params.zeros_like();
         let cpu_loss = model.loss_and_grads(&ids, &targets, &ctx, &mut cpu_grads, 1.0) as f64;
         let unmasked = |l: &[f32]| -> Vec<f32> {
-            (0..b).flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c))).map(|i| l[i]).collect()
+            (0..b)
+                .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
+                .map(|i| l[i])
+                .collect()
         };
 
         // f32 on the GPU: the CPU's numbers up to summation order.
         let l32 = gpu_logits::<f32>(gpu, &model, &ids, &ctx)?;
-        rows.push(row(format!("{v} f32"), "logits max |Δ| vs CPU", max_abs_diff(&l32, &cpu_logits), 1e-3, String::new()));
+        rows.push(row(
+            format!("{v} f32"),
+            "logits max |Δ| vs CPU",
+            max_abs_diff(&l32, &cpu_logits),
+            1e-3,
+            String::new(),
+        ));
         let p32 = gpu_logits::<f32>(gpu, &model, &ids, &pctx)?;
         rows.push(row(
             format!("{v} f32 left-padded"),
@@ -124,7 +133,13 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
             String::new(),
         ));
         let (loss32, g32) = gpu_loss_and_grads::<f32>(gpu, &model, &ids, &targets, &ctx)?;
-        rows.push(row(format!("{v} f32"), "loss |Δ| vs CPU", (loss32 - cpu_loss).abs(), 1e-4, format!("loss {loss32:.5}")));
+        rows.push(row(
+            format!("{v} f32"),
+            "loss |Δ| vs CPU",
+            (loss32 - cpu_loss).abs(),
+            1e-4,
+            format!("loss {loss32:.5}"),
+        ));
         let (mut worst, mut worst_name) = (0.0f64, String::new());
         for (i, (g, c)) in g32.iter().zip(&cpu_grads).enumerate() {
             let scale = c.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
@@ -148,7 +163,13 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
             format!("max {:.3}", max_abs_diff(&l16, &cpu_logits)),
         ));
         let (loss16, g16) = gpu_loss_and_grads::<half::bf16>(gpu, &model, &ids, &targets, &ctx)?;
-        rows.push(row(format!("{v} bf16"), "loss |Δ| vs CPU", (loss16 - cpu_loss).abs(), 2e-2, format!("loss {loss16:.5}")));
+        rows.push(row(
+            format!("{v} bf16"),
+            "loss |Δ| vs CPU",
+            (loss16 - cpu_loss).abs(),
+            2e-2,
+            format!("loss {loss16:.5}"),
+        ));
         let cos = {
             let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
             for (g, c) in g16.iter().zip(&cpu_grads) {
@@ -211,7 +232,8 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         let model = crate::train::init_model(&run.model, 1);
         let (b, t) = (4, 256);
         let ids: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % 50000) as u32).collect();
-        let targets: Vec<Option<u32>> = (0..b * t).map(|i| if i % t + 1 < t { Some(ids[i + 1]) } else { None }).collect();
+        let targets: Vec<Option<u32>> =
+            (0..b * t).map(|i| if i % t + 1 < t { Some(ids[i + 1]) } else { None }).collect();
         let ctx = Ctx { batch: b, seq: t, start: None };
         let mut cg = model.params.zeros_like();
         let cl = model.loss_and_grads(&ids, &targets, &ctx, &mut cg, 1.0) as f64;
@@ -237,7 +259,13 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
             }
             let tol = if name == "f32" { 1e-6 } else { 1e-2 };
             let case = format!("d=128, head dim 64, {b}x{t} ({name})");
-            rows.push(row(case.clone(), "loss |Δ| vs CPU", (gl - cl).abs(), if name == "f32" { 1e-4 } else { 2e-2 }, format!("{gl:.5} vs {cl:.5}")));
+            rows.push(row(
+                case.clone(),
+                "loss |Δ| vs CPU",
+                (gl - cl).abs(),
+                if name == "f32" { 1e-4 } else { 2e-2 },
+                format!("{gl:.5} vs {cl:.5}"),
+            ));
             rows.push(row(case, "worst parameter 1 - cosine", worst, tol, wname));
         }
     }
@@ -272,11 +300,21 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
 
     // Stop half-way, resume on the GPU: the trajectory of the uninterrupted run.
     let half = steps / 2;
-    train(Some(run.clone()), &TrainOptions { stop_after: Some(half), ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) })?;
+    train(
+        Some(run.clone()),
+        &TrainOptions { stop_after: Some(half), ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) },
+    )?;
     copy_dir(&work.join("gpu-stop"), &work.join("cpu-resume"))?;
-    train(Some(run.clone()), &TrainOptions { resume: true, ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) })?;
+    train(
+        Some(run.clone()),
+        &TrainOptions { resume: true, ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) },
+    )?;
     let losses = |dir: &str| -> Vec<(u64, f64)> {
-        read_metrics(&work.join(dir)).iter().filter(|m| m.kind == "train").filter_map(|m| Some((m.step, m.loss?))).collect()
+        read_metrics(&work.join(dir))
+            .iter()
+            .filter(|m| m.kind == "train")
+            .filter_map(|m| Some((m.step, m.loss?)))
+            .collect()
     };
     let (full, resumed) = (losses("gpu"), losses("gpu-stop"));
     let worst = full

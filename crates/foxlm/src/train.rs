@@ -22,9 +22,9 @@
 use crate::checkpoint::{self, fixed_fgate_bias, load_model, CONFIG_FILE, WEIGHTS_FILE};
 use crate::config::{Config, FgateType};
 use crate::data::{Dataset, Loader, LoaderState, Split};
-use crate::model::{Ctx, Model};
 use crate::engine::{format_plan, memory_plan, CpuEngine, Dtype, Engine, GpuEngine};
 use crate::eval::text::TEXT_FORMAT_KEY;
+use crate::model::{Ctx, Model};
 use crate::optim::{AdamW, AdamWConfig, Schedule};
 use crate::plot::{LinePlot, Series};
 use crate::tensor::ParamKind;
@@ -680,7 +680,13 @@ fn check_output_dir(out: &Path) -> Result<()> {
 }
 
 /// The engine for `opts.device` / `opts.dtype`; on a GPU it prints the memory plan first.
-fn make_engine(model: &Model, opt: &AdamW, opts: &TrainOptions, micro: usize, context: usize) -> Result<Box<dyn Engine>> {
+fn make_engine(
+    model: &Model,
+    opt: &AdamW,
+    opts: &TrainOptions,
+    micro: usize,
+    context: usize,
+) -> Result<Box<dyn Engine>> {
     use fox_kernels::cuda::Device;
     match fox_kernels::cuda::select(opts.device)? {
         Device::Cpu => {

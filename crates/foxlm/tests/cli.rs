@@ -217,7 +217,7 @@ fn broken_copy(v: &str) -> tempfile::TempDir {
 fn rewrite_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
     let file = dir.join("model.safetensors");
     let mut ts: Vec<(String, Vec<usize>, Vec<f32>)> =
-        read_tensors(&[file.clone()]).unwrap().into_iter().map(|(n, (_, s, d))| (n, s, d)).collect();
+        read_tensors(std::slice::from_ref(&file)).unwrap().into_iter().map(|(n, (_, s, d))| (n, s, d)).collect();
     edit(&mut ts);
     let bytes: Vec<Vec<u8>> = ts.iter().map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
     write_tensors(
@@ -290,7 +290,7 @@ fn broken_model_folders_are_clear_errors() {
     // unsupported dtype
     let d = broken_copy("fox_llama");
     let file = d.path().join("model.safetensors");
-    let mut ts: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = read_tensors(&[file.clone()])
+    let mut ts: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = read_tensors(std::slice::from_ref(&file))
         .unwrap()
         .into_iter()
         .map(|(n, (_, s, dd))| (n, s, Dtype::F32, dd.iter().flat_map(|x| x.to_le_bytes()).collect()))

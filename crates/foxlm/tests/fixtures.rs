@@ -98,8 +98,8 @@ fn left_padded_logits_match_reference_at_unmasked_positions() {
         let want = f32_tensor(&exp, "logits_left_padded");
         let vocab = model.config.vocab_size;
         let mut worst = 0.0f32;
-        for r in 0..b {
-            for i in start[r]..t {
+        for (r, &s0) in start.iter().enumerate() {
+            for i in s0..t {
                 let o = (r * t + i) * vocab;
                 worst = worst.max(max_abs(&logits[o..o + vocab], &want[o..o + vocab]));
             }
@@ -121,7 +121,7 @@ fn greedy_continuation_through_kv_cache_matches_reference() {
         let prompt: Vec<u32> = ids[..plen].iter().map(|&x| x as u32).collect();
         let _ = shape;
         let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::default(), seed: 0, eos: None };
-        let got = generate(&model, &[prompt.clone()], &opts, |_, _| {});
+        let got = generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {});
         assert_eq!(got[0], want, "{v}: greedy tokens");
         // The same prompt in a batch beside a longer one (left padding) gives the same tokens.
         let longer: Vec<u32> = ids[..plen + 9].iter().map(|&x| x as u32).collect();

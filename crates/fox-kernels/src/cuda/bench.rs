@@ -264,7 +264,7 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
     let k = gpu.upload(&draw(seeds[1]))?;
     let v = gpu.upload(&draw(seeds[2]))?;
     let dout = gpu.upload(&draw(seeds[3]))?;
-    let mut o = gpu.zeros::<u16>(n)?;
+    let o = gpu.zeros::<u16>(n)?;
 
     for &d in &opts.head_dims {
         for &t in &opts.seq_lens {
@@ -310,10 +310,10 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
             for acp in [false, true] {
                 p.prune = if acp { Some(&th) } else { None };
                 let name = if acp { "FoX+ACP" } else { "FoX" };
-                let stats = ga::forward(&gpu, &p, &mut o, &mut lse, FwdKernel::Tiled, acp)?;
+                let stats = ga::forward(&gpu, &p, &o, &mut lse, FwdKernel::Tiled, acp)?;
                 let pruned = if acp { Some(stats.pruned_fraction()) } else { None };
                 let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
-                    ga::forward(&gpu, &p, &mut o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
+                    ga::forward(&gpu, &p, &o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
                 })?;
                 let mut push = |pass: &str, ms: f64| {
                     let tf = flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12;
@@ -333,7 +333,7 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 push("fwd", ms);
                 if opts.backward {
                     let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
-                        ga::forward(&gpu, &p, &mut o, &mut lse, FwdKernel::Tiled, false)?;
+                        ga::forward(&gpu, &p, &o, &mut lse, FwdKernel::Tiled, false)?;
                         ga::backward(&gpu, &p, &o, &dout, &lse, &mut grads)
                     })?;
                     push("fwd+bwd", ms);

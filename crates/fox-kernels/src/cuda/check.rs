@@ -430,9 +430,9 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
 
     let o_n = b * tq * h * d;
     let kernel = if s.decode { FwdKernel::Tiled } else { FwdKernel::Auto };
-    let mut o_d = poison(o_n)?;
+    let o_d = poison(o_n)?;
     let mut lse_d = poison_f(b * h * tq)?;
-    let st0 = ga::forward(gpu, &dp, &mut o_d, &mut lse_d, kernel, true)?;
+    let st0 = ga::forward(gpu, &dp, &o_d, &mut lse_d, kernel, true)?;
     gpu.sync()?;
     let o_gpu = from_half_bits(&gpu.download(&o_d)?, dt);
     let lse_gpu = gpu.download(&lse_d)?;
@@ -441,9 +441,9 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     tab.add("lse max|Δ|", lse_err(&lse_gpu, &st_ref.lse), 2e-3, String::new());
 
     if s.decode {
-        let mut o2 = poison(o_n)?;
+        let o2 = poison(o_n)?;
         let mut l2 = poison_f(b * h * tq)?;
-        ga::forward(gpu, &dp, &mut o2, &mut l2, FwdKernel::Decode, false)?;
+        ga::forward(gpu, &dp, &o2, &mut l2, FwdKernel::Decode, false)?;
         gpu.sync()?;
         let o_dec = from_half_bits(&gpu.download(&o2)?, dt);
         let l_dec = gpu.download(&l2)?;
@@ -465,9 +465,9 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             _ => unreachable!(),
         };
         let pf = DevProblem { tq: t, q_pos0: 0, q: DevView::bthd(&qall, t, h, d), cq: &ck_d, vis: dvf, ..dp };
-        let mut of = poison(b * t * h * d)?;
+        let of = poison(b * t * h * d)?;
         let mut lf = poison_f(b * h * t)?;
-        ga::forward(gpu, &pf, &mut of, &mut lf, FwdKernel::Tiled, false)?;
+        ga::forward(gpu, &pf, &of, &mut lf, FwdKernel::Tiled, false)?;
         let full = from_half_bits(&gpu.download(&of)?, dt);
         let last: Vec<f32> =
             (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
@@ -492,17 +492,17 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         th_d = Some(th);
         dp.prune = th_d.as_ref();
         let kern = if s.decode { FwdKernel::Decode } else { FwdKernel::Tiled };
-        let mut o3 = poison(o_n)?;
+        let o3 = poison(o_n)?;
         let mut l3 = poison_f(b * h * tq)?;
-        let st3 = ga::forward(gpu, &dp, &mut o3, &mut l3, kern, true)?;
+        let st3 = ga::forward(gpu, &dp, &o3, &mut l3, kern, true)?;
         gpu.sync()?;
         let o_acp = from_half_bits(&gpu.download(&o3)?, dt);
         let o_base = if s.decode {
             // compare with the decode kernel without pruning
-            let mut o4 = poison(o_n)?;
+            let o4 = poison(o_n)?;
             let mut l4 = poison_f(b * h * tq)?;
             let dp0 = DevProblem { prune: None, ..dp };
-            ga::forward(gpu, &dp0, &mut o4, &mut l4, FwdKernel::Decode, false)?;
+            ga::forward(gpu, &dp0, &o4, &mut l4, FwdKernel::Decode, false)?;
             from_half_bits(&gpu.download(&o4)?, dt)
         } else {
             o_gpu.clone()

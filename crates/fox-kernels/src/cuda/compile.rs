@@ -39,7 +39,6 @@ pub static MODEL: Source = Source { name: "model", files: &[include_str!("../../
 /// casts, embedding, cross-entropy, AdamW, sums of squares): see [`super::ops`].
 pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("../../kernels/ops.cu")] };
 
-
 /// Forgetting Attention in f32 (forward, backward) for `--dtype f32`; standalone, no common.cuh.
 pub static ATTENTION_F32: Source =
     Source { name: "attention_f32", files: &[include_str!("../../kernels/attention_f32.cu")] };

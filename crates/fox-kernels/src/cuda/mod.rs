@@ -14,10 +14,10 @@ pub mod attention_f32;
 pub mod bench;
 pub mod check;
 pub mod compile;
-pub mod ops;
-pub mod ops_check;
 pub mod gemm;
 pub mod gemm_check;
+pub mod ops;
+pub mod ops_check;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};

@@ -71,6 +71,7 @@ impl CpuBatch {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn problem<'p>(
     b: &'p CpuBatch,
     q: &'p [f32],

@@ -12,13 +12,13 @@ use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
 use fox_kernels::cuda::compile::MODEL;
+use fox_kernels::cuda::cudarc::driver as cudarc_event;
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use fox_kernels::cuda::gemm::Gemm;
 use fox_kernels::cuda::ops::{self, EmbeddingIndex};
 use fox_kernels::cuda::{attention_f32, Elem, Gpu};
-use fox_kernels::cuda::cudarc::driver as cudarc_event;
 use std::sync::Arc;
 
 /// The GPU has no decode cache yet (GPU inference comes with its own issue): the type has no
@@ -215,7 +215,8 @@ impl<T: Elem> Cuda<T> {
     pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, plan: &mut MemoryPlan) {
         let p = &model.params;
         let numel = p.numel();
-        let matrix: usize = p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
+        let matrix: usize =
+            p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
         let tb = std::mem::size_of::<T>();
         plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), 4 * numel);
         plan.add(format!("{} weight copies of the matrices", T::NAME), tb * matrix);
@@ -265,7 +266,11 @@ impl<T: Elem> Cuda<T> {
         let mut v = Vec::with_capacity(self.params.len());
         for i in 0..self.params.len() {
             let n = self.numel[i];
-            ensure!(opt.m[i].len() == n && opt.v[i].len() == n, "optimizer state of {} has the wrong size", self.names[i]);
+            ensure!(
+                opt.m[i].len() == n && opt.v[i].len() == n,
+                "optimizer state of {} has the wrong size",
+                self.names[i]
+            );
             let cap = self.params[i].master.len();
             let (mut mi, mut vi) = (self.gpu.zeros::<f32>(cap)?, self.gpu.zeros::<f32>(cap)?);
             upload_into(&self.gpu, &opt.m[i], &mut mi)?;
@@ -299,7 +304,12 @@ impl<T: Elem> Cuda<T> {
             ops::sum_squares(&self.gpu, &mut self.sumsq, i, &self.params[i].grad, n)?;
         }
         let s = self.gpu.download(&self.sumsq)?;
-        Ok(s.iter().zip(&self.kinds).filter(|(_, k)| **k != ParamKind::Frozen).map(|(v, _)| *v as f64).sum::<f64>().sqrt())
+        Ok(s.iter()
+            .zip(&self.kinds)
+            .filter(|(_, k)| **k != ParamKind::Frozen)
+            .map(|(v, _)| *v as f64)
+            .sum::<f64>()
+            .sqrt())
     }
 
     /// One AdamW update with learning rate `lr`, gradients scaled by `grad_scale` (clipping).
@@ -339,7 +349,10 @@ impl<T: Elem> Cuda<T> {
     pub fn download_params(&self, params: &mut Params) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
             let n = self.numel[i];
-            self.gpu.stream().memcpy_dtoh(&p.master.slice(0..n), params.tensors[i].data.as_mut_slice()).map_err(|e| anyhow!("{e:?}"))?;
+            self.gpu
+                .stream()
+                .memcpy_dtoh(&p.master.slice(0..n), params.tensors[i].data.as_mut_slice())
+                .map_err(|e| anyhow!("{e:?}"))?;
         }
         self.gpu.sync()
     }
@@ -367,7 +380,10 @@ impl<T: Elem> Cuda<T> {
     }
 
     fn copy_of(&self, id: ParamId) -> Result<&CudaSlice<T>> {
-        self.params[id.0].copy.as_ref().ok_or_else(|| anyhow!("{} has no working copy (not a matrix)", self.names[id.0]))
+        self.params[id.0]
+            .copy
+            .as_ref()
+            .ok_or_else(|| anyhow!("{} has no working copy (not a matrix)", self.names[id.0]))
     }
 
     /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
@@ -396,10 +412,18 @@ impl<T: Elem> Cuda<T> {
     /// The fused cross-entropy of kernels/model.cu over the head chunk's `m` rows of `vocab`
     /// logits stored `ld` apart.
     fn cross_entropy_ld(&mut self, weight: f32, m: usize, vocab: usize, ld: usize) -> Result<()> {
-        ensure!(self.head_logits.len() >= m * ld && self.head_dlogits.len() >= m * ld && self.head_losses.len() >= m, "head chunk buffers too short");
+        ensure!(
+            self.head_logits.len() >= m * ld && self.head_dlogits.len() >= m * ld && self.head_losses.len() >= m,
+            "head chunk buffers too short"
+        );
         let f = self.gpu.function(&MODEL, &format!("fox_cross_entropy_ld_{}", T::NAME))?;
         let cfg = LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
-        let (pd, pl, px, pt) = (self.dptr(&self.head_dlogits), self.dptr(&self.head_losses), self.dptr(&self.head_logits), self.dptr(&self.head_targets));
+        let (pd, pl, px, pt) = (
+            self.dptr(&self.head_dlogits),
+            self.dptr(&self.head_losses),
+            self.dptr(&self.head_logits),
+            self.dptr(&self.head_targets),
+        );
         let (v, l) = (vocab as i32, ld as i32);
         let mut b = self.gpu.stream().launch_builder(&f);
         b.arg(&pd).arg(&pl).arg(&px).arg(&pt).arg(&weight).arg(&v).arg(&l);
@@ -502,7 +526,13 @@ impl<T: Elem> Backend for Cuda<T> {
         })
     }
 
-    fn prepare(&mut self, b: &mut GpuBatch, info: &BatchInfo, ids: &[u32], targets: Option<&[Option<u32>]>) -> Result<()> {
+    fn prepare(
+        &mut self,
+        b: &mut GpuBatch,
+        info: &BatchInfo,
+        ids: &[u32],
+        targets: Option<&[Option<u32>]>,
+    ) -> Result<()> {
         let n = info.batch * info.seq;
         ensure!(info.past == 0, "the GPU backend has no decode cache yet");
         ensure!(n <= self.max_rows && n <= b.ids.len(), "a batch of {n} tokens exceeds the {} planned", self.max_rows);
@@ -649,7 +679,14 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Other)?;
         ops::swiglu_fwd(&self.gpu, h, gu, rows, inter)
     }
-    fn swiglu_bwd(&mut self, dgu: &mut CudaSlice<T>, dh: &CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
+    fn swiglu_bwd(
+        &mut self,
+        dgu: &mut CudaSlice<T>,
+        dh: &CudaSlice<T>,
+        gu: &CudaSlice<T>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         ops::swiglu_bwd(&self.gpu, dgu, dh, gu, rows, inter)
     }
@@ -704,12 +741,27 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Other)?;
         ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
     }
-    fn rope(&mut self, x: &mut CudaSlice<T>, b: &GpuBatch, heads: usize, head_dim: usize, base: f64, inverse: bool) -> Result<()> {
+    fn rope(
+        &mut self,
+        x: &mut CudaSlice<T>,
+        b: &GpuBatch,
+        heads: usize,
+        head_dim: usize,
+        base: f64,
+        inverse: bool,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         ops::rope_apply(&self.gpu, x, &b.positions, b.batch * b.seq, heads, head_dim, base, inverse)
     }
 
-    fn fgate_bias(&mut self, logit: &mut CudaSlice<f32>, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()> {
+    fn fgate_bias(
+        &mut self,
+        logit: &mut CudaSlice<f32>,
+        bias: ParamId,
+        rows: usize,
+        heads: usize,
+        add: bool,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         let bv = &self.params[bias.0].master;
         if add {
@@ -729,7 +781,12 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Other)?;
         ops::log_fgate_fwd(&self.gpu, a, logit, logit.len())
     }
-    fn log_fgate_bwd(&mut self, dlogit: &mut CudaSlice<f32>, da: &CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
+    fn log_fgate_bwd(
+        &mut self,
+        dlogit: &mut CudaSlice<f32>,
+        da: &CudaSlice<f32>,
+        logit: &CudaSlice<f32>,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         ops::log_fgate_bwd(&self.gpu, dlogit, da, logit, logit.len())
     }
@@ -747,7 +804,13 @@ impl<T: Elem> Backend for Cuda<T> {
         }
         ga::fgate_prefix_sum_fwd(&self.gpu, a, c, self.vis(b), b.batch, b.seq, heads)
     }
-    fn prefix_sum_bwd(&mut self, da: &mut CudaSlice<f32>, dc: &CudaSlice<f32>, b: &GpuBatch, heads: usize) -> Result<()> {
+    fn prefix_sum_bwd(
+        &mut self,
+        da: &mut CudaSlice<f32>,
+        dc: &CudaSlice<f32>,
+        b: &GpuBatch,
+        heads: usize,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         ga::fgate_prefix_sum_bwd(&self.gpu, dc, None, da, self.vis(b), b.batch, b.seq, heads)
     }
@@ -807,8 +870,10 @@ impl<T: Elem> Backend for Cuda<T> {
                 // f32 checks and other head dims: the CPU's bound from the largest norms.
                 let (qh, kh) = (self.gpu.download(q)?, self.gpu.download(k)?);
                 let (n, d) = (b.batch * b.seq, heads * head_dim);
-                let (qh, kh): (Vec<f32>, Vec<f32>) =
-                    (qh[..n * d].iter().map(|v| v.to_f32()).collect(), kh[..n * d].iter().map(|v| v.to_f32()).collect());
+                let (qh, kh): (Vec<f32>, Vec<f32>) = (
+                    qh[..n * d].iter().map(|v| v.to_f32()).collect(),
+                    kh[..n * d].iter().map(|v| v.to_f32()).collect(),
+                );
                 let zeros = vec![0.0f32; b.batch * heads * b.seq];
                 let t = b.seq;
                 let pr = fox_kernels::attention::Problem {
@@ -892,7 +957,9 @@ impl<T: Elem> Backend for Cuda<T> {
                 ops::cast_to_f32(&self.gpu, &mut f.q, q, n)?;
                 ops::cast_to_f32(&self.gpu, &mut f.k, k, n)?;
                 ops::cast_to_f32(&self.gpu, &mut f.v, v, n)?;
-                attention_f32::forward_f32(&self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &mut f.o, lse)?;
+                attention_f32::forward_f32(
+                    &self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &mut f.o, lse,
+                )?;
                 ops::cast_from_f32(&self.gpu, o, &f.o, n)?;
             }
         }
@@ -962,8 +1029,8 @@ impl<T: Elem> Backend for Cuda<T> {
                     ops::cast_to_f32(&self.gpu, dst, src, n)?;
                 }
                 attention_f32::backward_f32(
-                    &self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &f.o, &f.dout, lse, &mut f.dq, &mut f.dk,
-                    &mut f.dv, g.dc,
+                    &self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &f.o, &f.dout, lse,
+                    &mut f.dq, &mut f.dk, &mut f.dv, g.dc,
                 )?;
                 ops::cast_from_f32(&self.gpu, g.dq, &f.dq, n)?;
                 ops::cast_from_f32(&self.gpu, g.dk, &f.dk, n)?;
@@ -971,7 +1038,13 @@ impl<T: Elem> Backend for Cuda<T> {
             }
         }
     }
-    fn cache_shift_states(&mut self, cache: &mut NoCache, _k: &CudaSlice<T>, _v: &CudaSlice<T>, _b: &GpuBatch) -> Result<()> {
+    fn cache_shift_states(
+        &mut self,
+        cache: &mut NoCache,
+        _k: &CudaSlice<T>,
+        _v: &CudaSlice<T>,
+        _b: &GpuBatch,
+    ) -> Result<()> {
         match *cache {}
     }
 
@@ -1025,7 +1098,10 @@ impl<T: Elem> Backend for Cuda<T> {
             return Ok((0.0, 0));
         }
         self.loss_host.resize(rows, 0.0);
-        self.gpu.stream().memcpy_dtoh(&self.losses.slice(0..rows), self.loss_host.as_mut_slice()).map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu
+            .stream()
+            .memcpy_dtoh(&self.losses.slice(0..rows), self.loss_host.as_mut_slice())
+            .map_err(|e| anyhow!("{e:?}"))?;
         self.gpu.sync()?;
         // Rows without a target have loss 0.
         Ok((self.loss_host.iter().map(|&v| v as f64).sum(), std::mem::take(&mut self.loss_targets)))

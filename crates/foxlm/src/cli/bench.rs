@@ -144,7 +144,7 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &d in &a.d {
         for &t in &a.t {
-            if t > tokens || tokens % t != 0 || a.hidden % d != 0 {
+            if t > tokens || !tokens.is_multiple_of(t) || !a.hidden.is_multiple_of(d) {
                 bail!("shape D={d}, T={t}: B·T={tokens} must be a multiple of T and H·D={} of D", a.hidden);
             }
             let (b, h) = (tokens / t, a.hidden / d);
@@ -240,7 +240,13 @@ pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usiz
         .sum();
     let c = &model.config;
     let tokens = (batch * context) as f64;
-    let attn = c.num_hidden_layers as f64 * 3.5 * 2.0 * batch as f64 * c.num_heads as f64 * (context as f64).powi(2) * c.head_dim() as f64;
+    let attn = c.num_hidden_layers as f64
+        * 3.5
+        * 2.0
+        * batch as f64
+        * c.num_heads as f64
+        * (context as f64).powi(2)
+        * c.head_dim() as f64;
     6.0 * tokens * matmul as f64 + attn
 }
 
@@ -289,7 +295,13 @@ fn train_bench(a: TrainArgs) -> Result<()> {
         );
         let total: f64 = r.profile.iter().map(|p| p.1).sum();
         for (fam, ms, n) in &r.profile {
-            println!("    {:<10} {:>8.1} ms {:>5.1}%  {:>5} ops", format!("{fam:?}"), ms, 100.0 * ms / total.max(1e-9), n);
+            println!(
+                "    {:<10} {:>8.1} ms {:>5.1}%  {:>5} ops",
+                format!("{fam:?}"),
+                ms,
+                100.0 * ms / total.max(1e-9),
+                n
+            );
         }
         rows.push(serde_json::json!({
             "preset": a.preset, "batch": a.batch, "context": a.context, "dtype": a.dtype.to_string(), "acp": acp,
@@ -327,7 +339,8 @@ fn bench_one<T: cuda::Elem>(
     let n = a.batch * a.context;
     let mut batch = || {
         let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..v)).collect();
-        let targets: Vec<Option<u32>> = (0..n).map(|i| if (i + 1) % a.context != 0 { Some(ids[i + 1]) } else { None }).collect();
+        let targets: Vec<Option<u32>> =
+            (0..n).map(|i| if (i + 1) % a.context != 0 { Some(ids[i + 1]) } else { None }).collect();
         vec![(ids, targets)]
     };
     let mut losses = Vec::new();

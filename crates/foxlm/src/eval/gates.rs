@@ -8,7 +8,7 @@
 //!   1/(1 − f̄): the number of tokens over which the gate's product decays by a factor e
 //!   (for f̄ close to 1). Local heads have short memories, global heads long ones.
 
-use crate::model::ModelActs;
+use crate::model::CpuActs;
 use fox_kernels::scalar::sigmoid;
 use serde::Serialize;
 
@@ -45,7 +45,7 @@ pub fn head_gates(fgate_logit: &[f32], heads: usize, head: usize, t: usize) -> V
 }
 
 /// Statistics for every layer and head.
-pub fn gate_stats(acts: &ModelActs<Vec<f32>, Vec<f32>>, heads: usize, t: usize) -> Vec<HeadGate> {
+pub fn gate_stats(acts: &CpuActs, heads: usize, t: usize) -> Vec<HeadGate> {
     let mut out = vec![];
     for (layer, b) in acts.blocks.iter().enumerate() {
         for head in 0..heads {

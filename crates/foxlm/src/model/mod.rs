@@ -78,6 +78,9 @@ pub struct ModelActs<A, F> {
     pub out: A,
 }
 
+/// The activations of the CPU backend (f32 buffers).
+pub type CpuActs = ModelActs<Vec<f32>, Vec<f32>>;
+
 /// The activations of backend B.
 pub type Acts<B> = ModelActs<<B as Alloc>::Act, <B as Alloc>::F32>;
 
@@ -316,7 +319,7 @@ impl Model {
         ctx: &Ctx,
         cache: Option<&mut Cache>,
         keep: bool,
-    ) -> (Vec<f32>, Option<ModelActs<Vec<f32>, Vec<f32>>>) {
+    ) -> (Vec<f32>, Option<CpuActs>) {
         let mut be = Cpu::new(&self.params);
         let past = cache.as_ref().map_or(0, |c| c.len());
         let batch = self.cpu_batch(&mut be, ids, None, ctx, past);
@@ -383,14 +386,7 @@ impl Model {
 
     /// Backward of `forward_hidden(ids, ctx, None, true)`: given d loss / d (final hidden states)
     /// [B, T, d], adds every parameter's gradient to `grads` (frozen ones excepted).
-    pub fn backward(
-        &self,
-        ids: &[u32],
-        ctx: &Ctx,
-        acts: &ModelActs<Vec<f32>, Vec<f32>>,
-        dhidden: &[f32],
-        grads: &mut [Vec<f32>],
-    ) {
+    pub fn backward(&self, ids: &[u32], ctx: &Ctx, acts: &CpuActs, dhidden: &[f32], grads: &mut [Vec<f32>]) {
         let mut be = Cpu::with_grads(&self.params, grads);
         let batch = self.cpu_batch(&mut be, ids, None, ctx, 0);
         let run = |be: &mut Cpu| -> Result<()> {

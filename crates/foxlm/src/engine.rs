@@ -145,7 +145,7 @@ pub struct GpuEngine<T: Elem> {
 }
 
 /// The memory plan of a step: parameters, gradients, optimizer state, activations.
-pub fn memory_plan(model: &Model, micro: usize, context: usize, dtype: Dtype) -> Result<MemoryPlan> {
+pub fn memory_plan(model: &Model, micro: usize, context: usize, dtype: Dtype, recompute: bool) -> Result<MemoryPlan> {
     let mut plan = MemoryPlan::default();
     match dtype {
         Dtype::Bf16 => Cuda::<half::bf16>::memory_plan(model, micro, context, true, &mut plan),
@@ -155,7 +155,7 @@ pub fn memory_plan(model: &Model, micro: usize, context: usize, dtype: Dtype) ->
         Dtype::Bf16 => 2,
         Dtype::F32 => 4,
     };
-    activation_plan(model, micro, context, act_bytes, &mut plan)?;
+    activation_plan(model, micro, context, act_bytes, recompute, &mut plan)?;
     Ok(plan)
 }
 
@@ -186,12 +186,15 @@ fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
 }
 
 impl<T: Elem> GpuEngine<T> {
+    /// With `recompute`, only each block's input is kept through the forward and the backward
+    /// runs each block's forward again (about a third more compute, a fraction of the memory).
     pub fn new(
         gpu: Arc<Gpu>,
         model: &Model,
         opt: &AdamW,
         micro: usize,
         context: usize,
+        recompute: bool,
         plan: &MemoryPlan,
     ) -> Result<Self> {
         // Freed buffers go back to the driver at a synchronisation: count them as free.
@@ -205,7 +208,11 @@ impl<T: Elem> GpuEngine<T> {
             let mut be = Cuda::<T>::new(gpu.clone(), model, micro, context, true)?;
             be.init_optimizer(opt)?;
             let batch = be.new_batch(micro * context, micro)?;
-            let acts = ModelActs::new(&be, model, micro, context, true)?;
+            let acts = if recompute {
+                ModelActs::recompute(&be, model, micro, context)?
+            } else {
+                ModelActs::new(&be, model, micro, context, true)?
+            };
             let scratch = Scratch::new(&be, model, micro, context)?;
             Ok(Self { be, batch, acts, scratch, micro, context, grad_scale: 1.0 })
         };

@@ -49,12 +49,25 @@ pub fn gpu_loss_and_grads<T: Elem>(
     targets: &[Option<u32>],
     ctx: &Ctx,
 ) -> Result<(f64, Vec<Vec<f32>>)> {
+    gpu_loss_and_grads_with::<T>(gpu, model, ids, targets, ctx, false)
+}
+
+/// [`gpu_loss_and_grads`], optionally with per-block recomputation.
+pub fn gpu_loss_and_grads_with<T: Elem>(
+    gpu: &Arc<Gpu>,
+    model: &Model,
+    ids: &[u32],
+    targets: &[Option<u32>],
+    ctx: &Ctx,
+    recompute: bool,
+) -> Result<(f64, Vec<Vec<f32>>)> {
     let (b, t) = (ctx.batch, ctx.seq);
     let n_targets = targets.iter().filter(|t| t.is_some()).count().max(1);
     let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, true)?;
     let mut batch = be.new_batch(b * t, b)?;
     be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, Some(targets))?;
-    let mut acts = ModelActs::new(&be, model, b, t, true)?;
+    let mut acts =
+        if recompute { ModelActs::recompute(&be, model, b, t)? } else { ModelActs::new(&be, model, b, t, true)? };
     let mut scratch = Scratch::new(&be, model, b, t)?;
     be.zero_grads()?;
     model.loss_and_grads_on(&mut be, &batch, &mut acts, &mut scratch, 1.0 / n_targets as f32)?;
@@ -223,6 +236,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         verbose: false,
         device,
         dtype,
+        recompute: false,
     };
     for d in ["cpu", "gpu", "gpu32", "gpu-stop", "cpu-resume"] {
         let _ = std::fs::remove_dir_all(work.join(d));
@@ -238,6 +252,17 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         let mut cg = model.params.zeros_like();
         let cl = model.loss_and_grads(&ids, &targets, &ctx, &mut cg, 1.0) as f64;
         let gpu = Gpu::new(0)?;
+        // Recomputation must change nothing: same kernels on the same inputs.
+        let (l0, g0) = gpu_loss_and_grads::<half::bf16>(&gpu, &model, &ids, &targets, &ctx)?;
+        let (l1, g1) = gpu_loss_and_grads_with::<half::bf16>(&gpu, &model, &ids, &targets, &ctx, true)?;
+        let diff = g0.iter().zip(&g1).map(|(a, c)| max_abs_diff(a, c)).fold((l0 - l1).abs(), f64::max);
+        rows.push(row(
+            format!("d=128, head dim 64, {b}x{t} (bf16)"),
+            "recompute vs keep: max |Δ| loss, grads",
+            diff,
+            0.0,
+            if diff == 0.0 { "bitwise".into() } else { String::new() },
+        ));
         for (name, (gl, gg)) in [
             ("f32", gpu_loss_and_grads::<f32>(&gpu, &model, &ids, &targets, &ctx)?),
             ("bf16", gpu_loss_and_grads::<half::bf16>(&gpu, &model, &ids, &targets, &ctx)?),

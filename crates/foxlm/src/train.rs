@@ -545,6 +545,8 @@ pub struct TrainOptions {
     pub device: fox_kernels::cuda::DeviceArg,
     /// Activation precision on the GPU (`--dtype`; None: bf16 on a GPU, f32 on the CPU).
     pub dtype: Option<Dtype>,
+    /// Keep only each block's input and recompute the block in the backward (`--recompute`, GPU).
+    pub recompute: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -693,17 +695,22 @@ fn make_engine(
             if opts.dtype == Some(Dtype::Bf16) {
                 bail!("--dtype bf16 needs a GPU (--device cuda): the CPU trains in f32");
             }
+            if opts.recompute {
+                bail!("--recompute saves GPU memory; on the CPU the activations are kept (drop --recompute)");
+            }
             Ok(Box::new(CpuEngine::new(model, micro)))
         }
         Device::Cuda(gpu) => {
             let dtype = opts.dtype.unwrap_or_default();
-            let plan = memory_plan(model, micro, context, dtype)?;
+            let plan = memory_plan(model, micro, context, dtype, opts.recompute)?;
             if opts.verbose {
                 eprint!("{}", format_plan(&plan));
             }
             Ok(match dtype {
-                Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, &plan)?),
-                Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, &plan)?),
+                Dtype::Bf16 => {
+                    Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, opts.recompute, &plan)?)
+                }
+                Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, opts.recompute, &plan)?),
             })
         }
     }

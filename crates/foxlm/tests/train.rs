@@ -54,6 +54,7 @@ fn opts(data: &Path, out: &Path) -> TrainOptions {
         verbose: false,
         device: fox_kernels::cuda::DeviceArg::Cpu,
         dtype: None,
+        recompute: false,
     }
 }
 

@@ -46,6 +46,9 @@ pub struct TrainArgs {
     /// Adaptive computation pruning: off, on, or both (two rows).
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     pub acp: String,
+    /// Recompute each block in the backward (keep only block inputs).
+    #[arg(long)]
+    pub recompute: bool,
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
     #[arg(long, default_value_t = 10)]
@@ -269,7 +272,7 @@ fn train_bench(a: TrainArgs) -> Result<()> {
         let mut cfg = preset.model.clone();
         cfg.log_pruning_tolerance = acp.then_some(-10.0);
         let model = crate::train::init_model(&cfg, 0);
-        let plan = memory_plan(&model, a.batch, a.context, a.dtype)?;
+        let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute)?;
         eprint!("{}", crate::engine::format_plan(&plan));
         let r = match a.dtype {
             Dtype::Bf16 => bench_one::<half::bf16>(&gpu, &model, &a, &plan)?,
@@ -282,8 +285,9 @@ fn train_bench(a: TrainArgs) -> Result<()> {
         let tps = (a.batch * a.context) as f64 / r.step_s;
         let tflops = flops / r.step_s / 1e12;
         println!(
-            "{} B={} T={} {} ACP {}: {:.0} tokens/s, step {:.1} ms, {:.0} TFLOP/s (model), peak {:.2} GiB",
+            "{}{} B={} T={} {} ACP {}: {:.0} tokens/s, step {:.1} ms, {:.0} TFLOP/s (model), peak {:.2} GiB",
             a.preset,
+            if a.recompute { " (recompute)" } else { "" },
             a.batch,
             a.context,
             a.dtype,
@@ -304,7 +308,7 @@ fn train_bench(a: TrainArgs) -> Result<()> {
             );
         }
         rows.push(serde_json::json!({
-            "preset": a.preset, "batch": a.batch, "context": a.context, "dtype": a.dtype.to_string(), "acp": acp,
+            "preset": a.preset, "recompute": a.recompute, "batch": a.batch, "context": a.context, "dtype": a.dtype.to_string(), "acp": acp,
             "tokens_per_s": tps, "step_ms_median": r.step_s * 1e3, "tflops_model": tflops, "peak_gib": peak,
             "plan_gib": plan.total() as f64 / (1u64 << 30) as f64, "losses": r.losses,
             "profile": r.profile.iter().map(|(f, ms, n)| serde_json::json!({"family": format!("{f:?}"), "ms": ms, "ops": n})).collect::<Vec<_>>(),
@@ -333,7 +337,7 @@ fn bench_one<T: cuda::Elem>(
     let mem_used = || gpu.context().mem_get_info().map(|(f, t)| t - f).unwrap_or(0);
     let before = mem_used();
     let opt = crate::optim::AdamW::new(crate::presets::tiny().train.adamw(), &model.params);
-    let mut eng = crate::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, plan)?;
+    let mut eng = crate::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let v = model.config.vocab_size as u32;
     let n = a.batch * a.context;

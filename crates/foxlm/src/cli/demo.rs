@@ -119,6 +119,7 @@ pub fn run(a: Args) -> Result<()> {
         verbose: false,
         device: a.device,
         dtype: None,
+        recompute: false,
     };
     let r = train::train(Some(run), &opts)?;
     if r.outcome != Outcome::Finished {

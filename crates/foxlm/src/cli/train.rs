@@ -127,6 +127,10 @@ pub struct Args {
     /// (to check against the CPU). Default: bf16 on a GPU, f32 on the CPU.
     #[arg(long)]
     pub dtype: Option<crate::engine::Dtype>,
+    /// Keep only each block's input through the forward and recompute each block in the backward
+    /// (GPU): activation memory of one block plus the inputs, for about a third more compute.
+    #[arg(long)]
+    pub recompute: bool,
 }
 
 /// Reads --config: a run file or a plain model config.json.
@@ -218,6 +222,7 @@ pub fn run(a: Args) -> Result<()> {
         verbose: !a.quiet,
         device: a.device,
         dtype: a.dtype,
+        recompute: a.recompute,
     };
     let r = train::train(run, &opts)?;
     match r.outcome {

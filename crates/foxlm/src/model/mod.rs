@@ -76,6 +76,9 @@ pub struct ModelActs<A, F> {
     /// A sublayer's output before its residual add, [B, T, d]: not needed by the backward, so one
     /// buffer serves every layer.
     pub out: A,
+    /// With recomputation (`ModelActs::recompute`): each block's input, [B, T, d]; `blocks` then
+    /// holds one block's buffers, refilled by a second forward of each block during the backward.
+    pub inputs: Vec<A>,
 }
 
 /// The activations of the CPU backend (f32 buffers).
@@ -137,7 +140,17 @@ impl<A, F> ModelActs<A, F> {
             final_rstd: be.alloc_f32(n)?,
             final_out: be.alloc(n * d)?,
             out: be.alloc(n * d)?,
+            inputs: Vec::new(),
         })
+    }
+
+    /// Buffers for training with per-block recomputation: every block's input and one block's
+    /// activations (the backward runs each block's forward again just before its backward).
+    pub fn recompute<B: Alloc<Act = A, F32 = F>>(be: &B, model: &Model, b: usize, t: usize) -> Result<Self> {
+        let mut acts = Self::new(be, model, b, t, false)?;
+        let nd = b * t * model.config.hidden_size;
+        acts.inputs = (0..model.layers.len()).map(|_| be.alloc(nd)).collect::<Result<_>>()?;
+        Ok(acts)
     }
 }
 
@@ -157,19 +170,32 @@ impl<A, F> Scratch<A, F> {
 
 /// The activations and backward scratch of a training step on a [b, t] batch, by name, with
 /// `act_bytes` per activation element (f32 statistics take 4): the memory plan's share of them.
-pub fn activation_plan(model: &Model, b: usize, t: usize, act_bytes: usize, plan: &mut MemoryPlan) -> Result<()> {
+pub fn activation_plan(
+    model: &Model,
+    b: usize,
+    t: usize,
+    act_bytes: usize,
+    recompute: bool,
+    plan: &mut MemoryPlan,
+) -> Result<()> {
     let s = Sizer::default();
     let n = b * t;
     let blk = model.layers.first().ok_or_else(|| anyhow::anyhow!("the model has no layers"))?;
     BlockActs::new(&s, blk, n, b, t)?;
     let per_block = s.take_bytes(act_bytes);
-    plan.add(
-        format!("activations: {} blocks × {:.1} MiB", model.layers.len(), per_block as f64 / 1048576.0),
-        per_block * model.layers.len(),
-    );
+    let layers = model.layers.len();
+    let d = model.config.hidden_size;
+    if recompute {
+        plan.add(format!("activations of one block (recomputed): {:.1} MiB", per_block as f64 / 1048576.0), per_block);
+        plan.add(
+            format!("block inputs: {layers} × {:.1} MiB", (n * d * act_bytes) as f64 / 1048576.0),
+            layers * n * d * act_bytes,
+        );
+    } else {
+        plan.add(format!("activations: {layers} blocks × {:.1} MiB", per_block as f64 / 1048576.0), per_block * layers);
+    }
     ModelActs::new(&s, model, b, t, false)?;
     let _ = s.take_bytes(act_bytes);
-    let d = model.config.hidden_size;
     plan.add("final norm in/out, sublayer output", 3 * n * d * act_bytes + 4 * n);
     Scratch::new(&s, model, b, t)?;
     plan.add("backward scratch", s.take_bytes(act_bytes));
@@ -244,6 +270,9 @@ impl Model {
             let ai = if keep { li } else { 0 };
             let cache = caches.as_deref_mut().map(|c| &mut c[li]);
             let (cur, rest) = acts.blocks[ai..].split_first_mut().expect("a block's activations");
+            if let Some(input) = acts.inputs.get_mut(li) {
+                be.copy(input, &cur.x)?;
+            }
             blk.forward(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
             // The block's output h + MLP(...) becomes the next block's input.
             let next = if keep { rest.first_mut().map(|b| &mut b.x) } else { None };
@@ -257,23 +286,38 @@ impl Model {
         be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)
     }
 
-    /// The backward on any backend, after `forward_on` with every block's activations: from
-    /// `scratch.dx` = d loss / d (final hidden states), adds every parameter's gradient to the
-    /// backend's gradient buffers (frozen parameters excepted).
+    /// The backward on any backend, after `forward_on` with every block's activations (or every
+    /// block's input, with recomputation): from `scratch.dx` = d loss / d (final hidden states),
+    /// adds every parameter's gradient to the backend's gradient buffers (frozen ones excepted).
     pub fn backward_on<B: Backend>(
         &self,
         be: &mut B,
         batch: &B::Batch,
-        acts: &Acts<B>,
+        acts: &mut Acts<B>,
         scratch: &mut Scratch<B::Act, B::F32>,
     ) -> Result<()> {
         let d = self.config.hidden_size;
-        anyhow::ensure!(acts.blocks.len() == self.layers.len(), "backward needs the activations of every block");
+        let recompute = acts.inputs.len() == self.layers.len();
+        anyhow::ensure!(
+            recompute || acts.blocks.len() == self.layers.len(),
+            "backward needs the activations (or, with recomputation, the inputs) of every block"
+        );
         let Scratch { dx, dnorm, attn, mlp } = scratch;
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
         std::mem::swap(dx, dnorm);
-        for (blk, ba) in self.layers.iter().zip(&acts.blocks).rev() {
-            blk.backward(be, batch, ba, dx, dnorm, attn, mlp, d)?;
+        let info = be.batch_info(batch);
+        let n = info.batch * info.seq;
+        let eps = self.config.norm_eps as f32;
+        for (li, blk) in self.layers.iter().enumerate().rev() {
+            if recompute {
+                // The block's forward again, from its saved input, into the one block's buffers.
+                let ws = &mut acts.blocks[0];
+                be.copy(&mut ws.x, &acts.inputs[li])?;
+                blk.forward(be, batch, ws, &mut acts.out, None, n, d, eps)?;
+                blk.backward(be, batch, ws, dx, dnorm, attn, mlp, d)?;
+            } else {
+                blk.backward(be, batch, &acts.blocks[li], dx, dnorm, attn, mlp, d)?;
+            }
         }
         be.embedding_bwd(self.embeddings, dx, batch)
     }
@@ -381,21 +425,6 @@ impl Model {
         match run(&mut be) {
             Ok(loss_sum) => (loss_sum / n_targets as f64) as f32,
             Err(e) => panic!("{e:#}"),
-        }
-    }
-
-    /// Backward of `forward_hidden(ids, ctx, None, true)`: given d loss / d (final hidden states)
-    /// [B, T, d], adds every parameter's gradient to `grads` (frozen ones excepted).
-    pub fn backward(&self, ids: &[u32], ctx: &Ctx, acts: &CpuActs, dhidden: &[f32], grads: &mut [Vec<f32>]) {
-        let mut be = Cpu::with_grads(&self.params, grads);
-        let batch = self.cpu_batch(&mut be, ids, None, ctx, 0);
-        let run = |be: &mut Cpu| -> Result<()> {
-            let mut scratch = Scratch::new(&*be, self, ctx.batch, ctx.seq)?;
-            scratch.dx.copy_from_slice(dhidden);
-            self.backward_on(be, &batch, acts, &mut scratch)
-        };
-        if let Err(e) = run(&mut be) {
-            panic!("{e:#}");
         }
     }
 }

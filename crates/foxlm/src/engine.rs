@@ -246,6 +246,23 @@ impl<T: Elem> GpuEngine<T> {
 }
 
 impl<T: Elem> GpuEngine<T> {
+    /// Mean loss of one micro-batch of `accum` and its gradients (weighted so that `accum`
+    /// micro-batches add up to the mean over all their targets).
+    fn micro_step(&mut self, model: &Model, ids: &[u32], targets: &[Option<u32>], accum: usize) -> Result<f64> {
+        let n_targets = targets.iter().filter(|t| t.is_some()).count().max(1);
+        let (s, n) = self.forward_batch(model, ids, targets, true, 1.0 / (accum * n_targets) as f32)?;
+        Ok(s / n.max(1) as f64)
+    }
+
+    /// The global gradient norm, and the clipping factor AdamW will apply (PyTorch's
+    /// clip_grad_norm_: max_norm / (norm + 1e-6) when that is below 1).
+    fn clip(&mut self, max_norm: f64) -> Result<f64> {
+        let grad_norm = self.be.grad_norm()?;
+        let coef = max_norm / (grad_norm + 1e-6);
+        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        Ok(grad_norm)
+    }
+
     /// One optimizer step on given micro-batches (benchmarks: random tokens, no loader).
     pub fn step_on(
         &mut self,
@@ -255,18 +272,13 @@ impl<T: Elem> GpuEngine<T> {
         lr: f64,
     ) -> Result<StepStats> {
         self.be.zero_grads()?;
-        let accum = batches.len();
         let mut loss_sum = 0.0;
         for (ids, targets) in batches {
-            let n_targets = targets.iter().filter(|t| t.is_some()).count().max(1);
-            let (s, n) = self.forward_batch(model, ids, targets, true, 1.0 / (accum * n_targets) as f32)?;
-            loss_sum += s / n.max(1) as f64;
+            loss_sum += self.micro_step(model, ids, targets, batches.len())?;
         }
-        let grad_norm = self.be.grad_norm()?;
-        let coef = max_norm / (grad_norm + 1e-6);
-        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        let grad_norm = self.clip(max_norm)?;
         self.be.adamw_step(lr, self.grad_scale)?;
-        Ok(StepStats { loss: loss_sum / accum.max(1) as f64, grad_norm })
+        Ok(StepStats { loss: loss_sum / batches.len().max(1) as f64, grad_norm })
     }
 
     pub fn backend_mut(&mut self) -> &mut Cuda<T> {
@@ -288,14 +300,9 @@ impl<T: Elem> Engine for GpuEngine<T> {
         let mut loss_sum = 0.0;
         for _ in 0..accum {
             let b = loader.next_batch(micro);
-            let n_targets = b.targets.iter().filter(|t| t.is_some()).count().max(1);
-            let (s, n) = self.forward_batch(model, &b.ids, &b.targets, true, 1.0 / (accum * n_targets) as f32)?;
-            loss_sum += s / n.max(1) as f64;
+            loss_sum += self.micro_step(model, &b.ids, &b.targets, accum)?;
         }
-        let grad_norm = self.be.grad_norm()?;
-        // PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-        let coef = max_norm / (grad_norm + 1e-6);
-        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        let grad_norm = self.clip(max_norm)?;
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
     }
     fn update(&mut self, _model: &mut Model, _opt: &mut AdamW, lr: f64) -> Result<()> {

@@ -14,7 +14,8 @@ static FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
 /// The family name the embedded font is registered under.
 pub const FONT_FAMILY: &str = "sans-serif";
 
-fn register_font() {
+/// Registers the embedded font under [`FONT_FAMILY`] (once per process).
+pub fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let _ = plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT);

@@ -101,6 +101,26 @@ fn problem<'p>(
     }
 }
 
+/// ACP thresholds with U from the largest query and key norms (models without QK-norm), on host
+/// q, k [B, T, H·D]: the CPU backend's, and the GPU's where its kernel does not apply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_thresholds(
+    q: &[f32],
+    k: &[f32],
+    batch: usize,
+    seq: usize,
+    start: Option<&[usize]>,
+    heads: usize,
+    head_dim: usize,
+    n_keys: usize,
+    log_eps: f32,
+) -> Vec<f32> {
+    let zeros = vec![0.0f32; batch * heads * seq];
+    let b = CpuBatch { batch, seq, start: start.map(|s| s.to_vec()), ..Default::default() };
+    let u = fa::logit_bound_from_norms(&problem(&b, q, k, q, &zeros, None, heads, head_dim));
+    fa::prune_thresholds(&u, n_keys, log_eps)
+}
+
 impl Alloc for Cpu<'_> {
     type Act = Vec<f32>;
     type F32 = Vec<f32>;
@@ -413,8 +433,8 @@ impl Backend for Cpu<'_> {
                     .collect()
             }
             None => {
-                let empty = vec![0.0f32; b.batch * heads * b.seq];
-                fa::logit_bound_from_norms(&problem(b, q, k, q, &empty, None, heads, head_dim))
+                *prune = norm_thresholds(q, k, b.batch, b.seq, b.start.as_deref(), heads, head_dim, n_keys, log_eps);
+                return Ok(());
             }
         };
         *prune = fa::prune_thresholds(&u, n_keys, log_eps);

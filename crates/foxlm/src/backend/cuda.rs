@@ -489,6 +489,42 @@ fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
     (s as &mut dyn std::any::Any).downcast_mut::<CudaSlice<f32>>()
 }
 
+/// The fast kernels' problem for a full-sequence batch: q, k, v as [B, T, H·D] 16-bit views,
+/// c [B, H, T], the batch's left padding.
+#[allow(clippy::too_many_arguments)]
+fn dev_problem<'a>(
+    b: &'a GpuBatch,
+    q: &'a CudaView<'a, u16>,
+    k: &'a CudaView<'a, u16>,
+    v: &'a CudaView<'a, u16>,
+    c: &'a CudaSlice<f32>,
+    prune: Option<&'a CudaSlice<f32>>,
+    heads: usize,
+    head_dim: usize,
+) -> DevProblem<'a> {
+    let t = b.seq;
+    DevProblem {
+        batch: b.batch,
+        heads,
+        head_dim,
+        tq: t,
+        tk: t,
+        q_pos0: 0,
+        dtype: DType::Bf16,
+        q: DevView::bthd(q, t, heads, head_dim),
+        k: DevView::bthd(k, t, heads, head_dim),
+        v: DevView::bthd(v, t, heads, head_dim),
+        cq: c,
+        ck: c,
+        vis: match b.start_host {
+            Some(_) => DevVisibility::LeftPadded(&b.start),
+            None => DevVisibility::All,
+        },
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        prune,
+    }
+}
+
 /// Views of bf16 activations as the 16-bit words the attention kernels take.
 fn words<T: Elem>(s: &CudaSlice<T>) -> Result<CudaView<'_, u16>> {
     ensure!(std::mem::size_of::<T>() == 2, "the fast attention kernels take 16-bit activations");
@@ -846,24 +882,7 @@ impl<T: Elem> Backend for Cuda<T> {
             None if bf16::<T>() && fast_attention_dims(head_dim) => {
                 let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
                 let (qv, kv) = (words(q)?, words(k)?);
-                let t = b.seq;
-                let p = DevProblem {
-                    batch: b.batch,
-                    heads,
-                    head_dim,
-                    tq: t,
-                    tk: t,
-                    q_pos0: 0,
-                    dtype: DType::Bf16,
-                    q: DevView::bthd(&qv, t, heads, head_dim),
-                    k: DevView::bthd(&kv, t, heads, head_dim),
-                    v: DevView::bthd(&kv, t, heads, head_dim),
-                    cq: c,
-                    ck: c,
-                    vis: self.vis(b),
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    prune: None,
-                };
+                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, head_dim);
                 ga::acp_thresholds_from_norms(&self.gpu, &p, n_keys, log_eps, prune)
             }
             None => {
@@ -874,29 +893,17 @@ impl<T: Elem> Backend for Cuda<T> {
                     qh[..n * d].iter().map(|v| v.to_f32()).collect(),
                     kh[..n * d].iter().map(|v| v.to_f32()).collect(),
                 );
-                let zeros = vec![0.0f32; b.batch * heads * b.seq];
-                let t = b.seq;
-                let pr = fox_kernels::attention::Problem {
-                    batch: b.batch,
+                let th = super::cpu::norm_thresholds(
+                    &qh,
+                    &kh,
+                    b.batch,
+                    b.seq,
+                    b.start_host.as_deref(),
                     heads,
                     head_dim,
-                    tq: t,
-                    tk: t,
-                    q_pos0: 0,
-                    q: fox_kernels::attention::View::bthd(&qh, t, heads, head_dim),
-                    k: fox_kernels::attention::View::bthd(&kh, t, heads, head_dim),
-                    v: fox_kernels::attention::View::bthd(&kh, t, heads, head_dim),
-                    cq: &zeros,
-                    ck: &zeros,
-                    vis: match &b.start_host {
-                        Some(s) => fox_kernels::attention::Visibility::LeftPadded(s),
-                        None => fox_kernels::attention::Visibility::All,
-                    },
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    prune: None,
-                };
-                let u = fox_kernels::attention::logit_bound_from_norms(&pr);
-                let th = fox_kernels::attention::prune_thresholds(&u, n_keys, log_eps);
+                    n_keys,
+                    log_eps,
+                );
                 self.gpu.write(prune, &th)
             }
         }
@@ -925,23 +932,7 @@ impl<T: Elem> Backend for Cuda<T> {
         let n = bb * t * heads * head_dim;
         if bf16::<T>() && fast_attention_dims(head_dim) {
             let (qv, kv, vv, ov) = (words(q)?, words(k)?, words(v)?, words(o)?);
-            let p = DevProblem {
-                batch: bb,
-                heads,
-                head_dim,
-                tq: t,
-                tk: t,
-                q_pos0: 0,
-                dtype: DType::Bf16,
-                q: DevView::bthd(&qv, t, heads, head_dim),
-                k: DevView::bthd(&kv, t, heads, head_dim),
-                v: DevView::bthd(&vv, t, heads, head_dim),
-                cq: c,
-                ck: c,
-                vis: self.vis(b),
-                scale,
-                prune,
-            };
+            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, head_dim);
             ga::forward(&self.gpu, &p, &ov, lse, FwdKernel::Tiled, false)?;
             return Ok(Tiles::default());
         }
@@ -988,23 +979,7 @@ impl<T: Elem> Backend for Cuda<T> {
         if bf16::<T>() && fast_attention_dims(head_dim) {
             let (qv, kv, vv, ov, dov) = (words(q)?, words(k)?, words(v)?, words(o)?, words(dout)?);
             let (dqv, dkv, dvv) = (words(g.dq)?, words(g.dk)?, words(g.dv)?);
-            let p = DevProblem {
-                batch: bb,
-                heads,
-                head_dim,
-                tq: t,
-                tk: t,
-                q_pos0: 0,
-                dtype: DType::Bf16,
-                q: DevView::bthd(&qv, t, heads, head_dim),
-                k: DevView::bthd(&kv, t, heads, head_dim),
-                v: DevView::bthd(&vv, t, heads, head_dim),
-                cq: c,
-                ck: c,
-                vis: self.vis(b),
-                scale,
-                prune,
-            };
+            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, head_dim);
             let out = ga::BwdOut { dq: &dqv, dk: &dkv, dv: &dvv, dcq: g.dc, dck: &self.dck, delta: &self.delta };
             ga::backward_into(&self.gpu, &p, &ov, &dov, lse, out)?;
             // dc = dcq + dck (the reverse prefix sum wants their sum).

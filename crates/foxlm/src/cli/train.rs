@@ -131,6 +131,11 @@ pub struct Args {
     /// (GPU): activation memory of one block plus the inputs, for about a third more compute.
     #[arg(long)]
     pub recompute: bool,
+    /// Train with adaptive computation pruning (ACP, SPEC §1): attention tiles whose gate bias
+    /// keeps them below ε = e^-10 of their row's mass are skipped, forward and backward
+    /// (config.json's log_pruning_tolerance = -10; part of the run's configuration).
+    #[arg(long)]
+    pub acp: bool,
 }
 
 /// Reads --config: a run file or a plain model config.json.
@@ -177,6 +182,11 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let mut run = run_config(&a)?;
+    if a.acp {
+        if let Some(r) = run.as_mut() {
+            r.model.log_pruning_tolerance = Some(-10.0);
+        }
+    }
     if run.is_none() && a.resume {
         // Overrides apply on top of the checkpoint's configuration.
         if let Some(out) = &a.out {

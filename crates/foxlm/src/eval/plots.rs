@@ -5,18 +5,9 @@ use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
-use std::sync::Once;
 
-pub const FONT: &str = "sans-serif";
-static FONT_BYTES: &[u8] = include_bytes!("../../../../assets/fonts/DejaVuSans.ttf");
-
-/// Registers the embedded font under [`FONT`] (once per process).
-pub fn ensure_font() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES);
-    });
-}
+// One embedded font for every plot: the one plot.rs registers.
+pub use crate::plot::{register_font as ensure_font, FONT_FAMILY as FONT};
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing the plot: {e:?}")

@@ -274,10 +274,11 @@ fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     }
 }
 
-fn lse_err(x: &[f32], r: &[f32]) -> f64 {
+/// Max |Δ| over entries finite in both; infinite where finiteness differs (padded rows' −∞).
+pub fn lse_err(x: &[f32], r: &[f32]) -> f64 {
     let mut m = 0.0f64;
     for (a, b) in x.iter().zip(r) {
-        if a.is_finite() != b.is_finite() || a.is_nan() {
+        if a.is_finite() != b.is_finite() || a.is_nan() || (a.is_infinite() && a != b) {
             return f64::INFINITY;
         }
         if a.is_finite() {
@@ -287,13 +288,14 @@ fn lse_err(x: &[f32], r: &[f32]) -> f64 {
     m
 }
 
-struct Table<'a> {
-    rows: &'a mut Vec<CheckRow>,
-    case: String,
+/// Rows of one case of a check table.
+pub struct Table<'a> {
+    pub rows: &'a mut Vec<CheckRow>,
+    pub case: String,
 }
 
 impl Table<'_> {
-    fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
+    pub fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
         self.rows.push(CheckRow {
             case: self.case.clone(),
             metric: metric.into(),

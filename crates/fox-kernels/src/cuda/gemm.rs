@@ -40,45 +40,7 @@ pub fn ensure_cublaslt() -> Result<()> {
     if unsafe { sys::is_culib_present() } {
         return Ok(());
     }
-    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
-    if let Ok(p) = std::env::var("FOXLM_CUBLASLT") {
-        let p = std::path::PathBuf::from(p);
-        dirs.push(if p.is_file() { p.parent().map(|d| d.to_path_buf()).unwrap_or_default() } else { p });
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
-        if let Ok(p) = std::env::var(var) {
-            dirs.push(std::path::Path::new(&p).join("lib64"));
-            dirs.push(std::path::Path::new(&p).join("lib"));
-        }
-    }
-    for p in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"] {
-        dirs.push(p.into());
-    }
-    // pip wheels: <prefix>/lib/python3.X/site-packages/nvidia/{cu13,cublas}/lib
-    let home = std::env::var("HOME").unwrap_or_default();
-    let mut prefixes: Vec<std::path::PathBuf> =
-        vec!["/usr/local".into(), "/usr".into(), std::path::Path::new(&home).join(".local")];
-    for root in ["/opt".into(), std::path::Path::new(&home).join(".pyenv/versions")] {
-        if let Ok(rd) = std::fs::read_dir(&root) {
-            for e in rd.flatten() {
-                prefixes.push(e.path());
-                prefixes.push(e.path().join(".venv"));
-            }
-        }
-    }
-    for pre in prefixes {
-        if let Ok(rd) = std::fs::read_dir(pre.join("lib")) {
-            for e in rd.flatten() {
-                let py = e.path();
-                if py.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")) {
-                    for pk in ["site-packages", "dist-packages"] {
-                        dirs.push(py.join(pk).join("nvidia/cu13/lib"));
-                        dirs.push(py.join(pk).join("nvidia/cublas/lib"));
-                    }
-                }
-            }
-        }
-    }
+    let dirs = super::library_dirs("FOXLM_CUBLASLT", &["cu13", "cublas"]);
     for d in &dirs {
         let f = d.join(LIB);
         if f.is_file() {

@@ -19,7 +19,7 @@
 //!   the tolerance (the note says how much), so any other choice fails.
 
 use super::attention_f32::{backward_f32, forward_f32};
-use super::check::{host_prefix_fwd, CheckRow};
+use super::check::{host_prefix_fwd, lse_err, CheckRow, Table};
 use super::gemm::{Gemm, GemmOp};
 use super::{Elem, Gpu};
 use crate::attention::{self as ca, Problem, View, Visibility};
@@ -46,38 +46,6 @@ pub fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
         num.sqrt()
     } else {
         (num / den).sqrt()
-    }
-}
-
-/// Max |Δ| over entries finite in both; infinite where finiteness differs (padded rows' −∞).
-pub fn lse_err(x: &[f32], r: &[f32]) -> f64 {
-    let mut m = 0.0f64;
-    for (a, b) in x.iter().zip(r) {
-        if a.is_finite() != b.is_finite() || a.is_nan() || (a.is_infinite() && a != b) {
-            return f64::INFINITY;
-        }
-        if a.is_finite() {
-            m = m.max((*a as f64 - *b as f64).abs());
-        }
-    }
-    m
-}
-
-struct Rows<'a> {
-    rows: &'a mut Vec<CheckRow>,
-    case: String,
-}
-
-impl Rows<'_> {
-    fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
-        self.rows.push(CheckRow {
-            case: self.case.clone(),
-            metric: metric.into(),
-            err,
-            tol,
-            pass: err.is_finite() && err <= tol,
-            note,
-        });
     }
 }
 
@@ -130,7 +98,7 @@ fn gemm_case<T: Elem>(
     tol: f64,
     tol32: f64,
     rng: &mut ChaCha8Rng,
-    out: &mut Rows,
+    out: &mut Table,
 ) -> Result<()> {
     let x = round::<T>(randn(rng, m * k));
     let w = round::<T>(randn(rng, n * k));
@@ -188,7 +156,7 @@ fn gemm_case<T: Elem>(
 }
 
 /// Bitwise repeatability of one bf16 product per op, and no heuristic query on repeats.
-fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Rows) -> Result<()> {
+fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Table) -> Result<()> {
     use half::bf16;
     // dw over many tokens into a small weight: the shape where split-K is likeliest
     let (m, k, n) = (4096, 768, 768);
@@ -239,7 +207,7 @@ fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Rows) -> Res
 
 /// The `_view` entry points on row chunks [0, 7) and [7, 300) (offsets that are not 256-byte
 /// aligned): forward into f32 logits (n = 12), dx, and dw accumulated chunk by chunk, in bf16.
-fn views(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Rows) -> Result<()> {
+fn views(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Table) -> Result<()> {
     use half::bf16;
     let (m, k) = (300, 768);
     let cut = 7;
@@ -306,7 +274,7 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
         for dt in ["f32", "bf16"] {
             let case = format!("GEMM {dt} m={m} k={k} n={n}");
             let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(2 * i as u64));
-            let mut r = Rows { rows, case: case.clone() };
+            let mut r = Table { rows, case: case.clone() };
             let res = if dt == "f32" {
                 gemm_case::<f32>(gpu, &g, (m, k, n), 1e-5, 1e-5, &mut rng, &mut r)
             } else {
@@ -318,12 +286,12 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
         }
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ffe);
-    let mut r = Rows { rows, case: "GEMM bf16 views m=300 k=768".into() };
+    let mut r = Table { rows, case: "GEMM bf16 views m=300 k=768".into() };
     if let Err(e) = views(gpu, &g, &mut rng, &mut r) {
         rows.push(failed("GEMM bf16 views", e));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
-    let mut r = Rows { rows, case: "GEMM bf16 determinism".into() };
+    let mut r = Table { rows, case: "GEMM bf16 determinism".into() };
     if let Err(e) = determinism(gpu, &g, &mut rng, &mut r) {
         rows.push(failed("GEMM bf16 determinism", e));
     }
@@ -486,7 +454,7 @@ pub fn attention_reference(s: &AttnCase, seed: u64) -> AttnRef {
 /// kernels (their source compiled for the CPU) measured at most 1.2e-6 on every case.
 const ATTN_TOL: f64 = 2e-5;
 
-fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Rows) -> Result<()> {
+fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Table) -> Result<()> {
     let (b, h, t, d) = (s.b, s.h, s.t, s.d);
     let n = b * t * h * d;
     let r = attention_reference(s, seed);
@@ -550,7 +518,7 @@ fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Rows) -> Result<
 fn run_attention(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
     for (i, s) in attention_cases().iter().enumerate() {
         let case_seed = seed.wrapping_mul(1_000_033).wrapping_add(i as u64);
-        let mut r = Rows { rows, case: s.name.into() };
+        let mut r = Table { rows, case: s.name.into() };
         if let Err(e) = attention_case(gpu, s, case_seed, &mut r) {
             rows.push(failed(s.name, e));
         }

@@ -113,6 +113,53 @@ pub fn probe() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// Folders where a CUDA library may be found when it is not on the loader's path, in order: the
+/// folder (or the file's folder) in `env_var`, $CUDA_HOME / $CUDA_PATH / $CUDA_ROOT, the usual
+/// toolkit locations, and pip's NVIDIA wheels (`nvidia/<sub>/lib` for each of `wheel_subdirs`) in
+/// the site-packages of system, user, /opt/* and pyenv Pythons and their .venv folders.
+pub fn library_dirs(env_var: &str, wheel_subdirs: &[&str]) -> Vec<std::path::PathBuf> {
+    use std::path::{Path, PathBuf};
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = std::env::var(env_var) {
+        let p = PathBuf::from(p);
+        dirs.push(if p.is_file() { p.parent().map(|d| d.to_path_buf()).unwrap_or_default() } else { p });
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(p) = std::env::var(var) {
+            dirs.push(Path::new(&p).join("lib64"));
+            dirs.push(Path::new(&p).join("lib"));
+        }
+    }
+    for p in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"] {
+        dirs.push(p.into());
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let mut prefixes: Vec<PathBuf> = vec!["/usr/local".into(), "/usr".into(), Path::new(&home).join(".local")];
+    for root in [PathBuf::from("/opt"), Path::new(&home).join(".pyenv/versions")] {
+        if let Ok(rd) = std::fs::read_dir(&root) {
+            for e in rd.flatten() {
+                prefixes.push(e.path());
+                prefixes.push(e.path().join(".venv"));
+            }
+        }
+    }
+    for pre in prefixes {
+        if let Ok(rd) = std::fs::read_dir(pre.join("lib")) {
+            for e in rd.flatten() {
+                let py = e.path();
+                if py.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")) {
+                    for pk in ["site-packages", "dist-packages"] {
+                        for sub in wheel_subdirs {
+                            dirs.push(py.join(pk).join("nvidia").join(sub).join("lib"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dirs
+}
+
 /// Make NVRTC loadable. cudarc dlopen()s it by name (libnvrtc.so.13, ...); where it is not on
 /// the loader's path, load it here from the usual install locations by full path: once loaded,
 /// a later dlopen by soname finds it.
@@ -121,42 +168,7 @@ pub fn ensure_nvrtc() -> Result<()> {
     if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Ok(());
     }
-    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
-    if let Ok(p) = std::env::var("FOXLM_NVRTC") {
-        let p = std::path::PathBuf::from(p);
-        dirs.push(if p.is_file() { p.parent().map(|d| d.to_path_buf()).unwrap_or_default() } else { p });
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
-        if let Ok(p) = std::env::var(var) {
-            dirs.push(std::path::Path::new(&p).join("lib64"));
-            dirs.push(std::path::Path::new(&p).join("lib"));
-        }
-    }
-    for p in ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"] {
-        dirs.push(p.into());
-    }
-    // pip's nvidia-cuda-nvrtc wheels (PyTorch ships one)
-    for root in ["/opt", "/usr/local/lib", "/usr/lib", "/root/.local/lib"] {
-        if let Ok(rd) = std::fs::read_dir(root) {
-            for e in rd.flatten() {
-                let p = e.path();
-                for sub in [".venv/lib", "lib", ""] {
-                    let base = if sub.is_empty() { p.clone() } else { p.join(sub) };
-                    if let Ok(rd2) = std::fs::read_dir(&base) {
-                        for e2 in rd2.flatten() {
-                            let py = e2.path();
-                            if py.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")) {
-                                for pk in ["site-packages", "dist-packages"] {
-                                    dirs.push(py.join(pk).join("nvidia/cu13/lib"));
-                                    dirs.push(py.join(pk).join("nvidia/cuda_nvrtc/lib"));
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let dirs = library_dirs("FOXLM_NVRTC", &["cu13", "cuda_nvrtc"]);
     for d in &dirs {
         for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"] {
             let f = d.join(name);

@@ -820,10 +820,18 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
 #define FOX_ENTRY(NAME, IMPL, NTH, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(NTH) NAME(const AttnParams p) { IMPL<__VA_ARGS__>(p); }
 
+// The decode kernel may take q_pos0 from the device (CUDA graphs of a decode step).
+#define FOX_DECODE_ENTRY(NAME, IMPL, NTH, ...)                                                  \
+    extern "C" __global__ void __launch_bounds__(NTH) NAME(const AttnParams p_in) {            \
+        AttnParams p = p_in;                                                                    \
+        if (p.q_pos0_dev != nullptr) p.q_pos0 = *p.q_pos0_dev;                                  \
+        IMPL<__VA_ARGS__>(p);                                                                   \
+    }
+
 #define FOX_ALL(D, TY, BF, BQB)                                                  \
     FOX_ENTRY(fox_fwd_d##D##_##TY, fwd_impl, FWD_LB(D), D, BF, 8)                      \
     FOX_ENTRY(fox_fwdw4_d##D##_##TY, fwd_impl, FWD4_LB(D), D, BF, 4)                   \
-    FOX_ENTRY(fox_decode_d##D##_##TY, decode_impl, 128, D, BF)                   \
+    FOX_DECODE_ENTRY(fox_decode_d##D##_##TY, decode_impl, 128, D, BF)            \
     FOX_ENTRY(fox_decode_combine_d##D##_##TY, decode_combine_impl, D, D, BF)     \
     FOX_ENTRY(fox_bwd_delta_d##D##_##TY, bwd_delta_impl, 256, D, BF)             \
     FOX_ENTRY(fox_bwd_dq_d##D##_##TY, bwd_dq_impl, 256, D, BF)                   \

@@ -38,6 +38,10 @@ struct F32Params {
     int b, h, t, d;
     float scale;
     int pad_;
+    // decoding against a cache (fox32_fwd_cached): keys and values [B, H, cap, D], their gate
+    // sums ck [B, H, cap]; query row r of the chunk (t rows, gate sums c) sits at q_pos0 + r
+    const float* ck;
+    int q_pos0, cap, pad2_, pad3_;
 };
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -280,4 +284,81 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dkdv(const F3
         }
     }
     if (lane == 0) p.dc[g] += dcj;
+}
+
+// ---- forward against the decode cache: one warp per (b, h, query row) of a chunk ------------
+// The chunk's t query rows sit at positions q_pos0 .. q_pos0 + t - 1 of the cached sequence (the
+// chunk's own keys are already in the cache). ACP replays the CPU's walk with the same offsets.
+__device__ int first_key_cached(const F32Params& p, int b, int bh, int r) {
+    const int r0 = r / BLOCK_Q * BLOCK_Q;
+    const int end = p.q_pos0 + min(r0 + BLOCK_Q, p.t);
+    int first = row_start(p, b) / BLOCK_K * BLOCK_K;
+    if (p.prune) {
+        const float delta = p.prune[bh];
+        const float ci0 = p.c[(long long)bh * p.t + r0];
+        const float* ck = p.ck + (long long)bh * p.cap;
+        while (first + BLOCK_K <= end) {
+            const int j1 = first + BLOCK_K - 1;
+            if (ci0 - ck[j1] < delta && j1 < p.q_pos0 + r0) first += BLOCK_K;
+            else break;
+        }
+    }
+    return first;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd_cached(const F32Params p) {
+    __shared__ float qs[WARPS][MAXD];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long g = (long long)blockIdx.x * WARPS + warp;  // (b*H + h)*t + r
+    if (g >= (long long)p.b * p.h * p.t) return;
+    const int r = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
+    const int d = p.d;
+    const int pos = p.q_pos0 + r;
+    const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
+    const float* kb = p.k + (long long)bh * p.cap * d;
+    const float* vb = p.v + (long long)bh * p.cap * d;
+    const int st = row_start(p, b);
+    if (pos < st) {
+        for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
+        if (lane == 0) p.lse[g] = NEG_INF;
+        return;
+    }
+    for (int i = lane; i < d; i += 32) qs[warp][i] = p.q[rowoff + i];
+    __syncwarp();
+    const float* cb = p.ck + (long long)bh * p.cap;
+    const float ci = p.c[(long long)bh * p.t + r];
+    const int first = max(first_key_cached(p, b, bh, r), st);
+    float m = NEG_INF, l = 0.f;
+    float acc[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.f;
+    for (int j0 = first; j0 <= pos; j0 += 32) {
+        const int j = j0 + lane;
+        float s = NEG_INF;
+        if (j <= pos) s = p.scale * dot_row(qs[warp], kb + (long long)j * d, d) + (ci - cb[j]);
+        const float mnew = fmaxf(m, warp_max(s));
+        const float corr = expf(m - mnew);
+        const float e = (j <= pos) ? expf(s - mnew) : 0.f;
+        l = l * corr + warp_sum(e);
+        const int n = min(32, pos - j0 + 1);
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) acc[i] *= corr;
+        for (int jj = 0; jj < n; ++jj) {
+            const float ej = __shfl_sync(0xffffffffu, e, jj);
+            const float* vr = vb + (long long)(j0 + jj) * d;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const int c = lane + 32 * i;
+                if (c < d) acc[i] += ej * vr[c];
+            }
+        }
+        m = mnew;
+    }
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int c = lane + 32 * i;
+        if (c < d) p.o[rowoff + c] = acc[i] * inv;
+    }
+    if (lane == 0) p.lse[g] = m + logf(l);
 }

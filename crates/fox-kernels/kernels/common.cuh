@@ -47,6 +47,8 @@ struct AttnParams {
     int start_mode;    // 0: every key; 1: start[b] (left padding); 2: start[b*tq + r] (packed)
     int splits;
     float scale;
+    // decode: q_pos0 read from the device when set (a captured CUDA graph replays every step)
+    const int* q_pos0_dev;
 };
 
 // First key query row r of batch row b may see. Non-decreasing in r (checked on the host).

@@ -18,6 +18,8 @@ use safetensors::SafeTensors;
 use std::path::Path;
 use std::sync::Arc;
 
+pub mod infer;
+
 pub const VARIANTS: [&str; 7] = [
     "fox_llama",
     "fox_pro",

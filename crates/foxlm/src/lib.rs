@@ -10,6 +10,7 @@ pub mod engine;
 pub mod eval;
 pub mod generate;
 pub mod gpu_check;
+pub mod infer;
 pub mod model;
 pub mod optim;
 pub mod plot;

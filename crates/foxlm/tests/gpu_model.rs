@@ -31,6 +31,17 @@ fn fixtures_on_the_gpu_match_the_cpu() {
 }
 
 #[test]
+fn inference_on_the_gpu_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let rows =
+        foxlm::gpu_check::infer::run_inference_checks(&g, &root().join("tests/fixtures/official-fox-tiny")).unwrap();
+    println!("{}", format_table(&rows));
+    assert!(rows.len() >= 7 * 7, "seven rows per fixture and the sampler's");
+    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
+#[test]
 fn training_on_the_gpu_matches_the_cpu_and_resumes() {
     if gpu().is_none() {
         return;

@@ -161,6 +161,7 @@ struct AttnParams {
     start_mode: i32,
     splits: i32,
     scale: f32,
+    q_pos0_dev: u64,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for AttnParams {}
@@ -378,6 +379,65 @@ fn dkdv_smem(d: usize) -> usize {
     (2 * DKDV_BK * d + 4 * bqb * d) * 2 + 4 * 2 * bqb * 4
 }
 
+/// The split-K decode kernel's partial results, allocated once for a problem shape so that a
+/// decode step allocates nothing (and can be captured in a CUDA graph).
+pub struct DecodeScratch {
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    splits: usize,
+    /// (B·H, D, tk) it was sized for.
+    pub shape: (usize, usize, usize),
+}
+
+impl DecodeScratch {
+    pub fn new(gpu: &Gpu, batch: usize, heads: usize, head_dim: usize, tk: usize) -> Result<Self> {
+        let splits = decode_splits(gpu, batch * heads, tk);
+        let bh = batch * heads;
+        Ok(Self {
+            part_o: gpu.zeros::<f32>(splits * bh * 16 * head_dim)?,
+            part_ml: gpu.zeros::<f32>(splits * bh * 16 * 2)?,
+            splits,
+            shape: (bh, head_dim, tk),
+        })
+    }
+}
+
+/// Splits of the keys so that the decode grid fills the GPU about twice.
+fn decode_splits(gpu: &Gpu, bh: usize, tk: usize) -> usize {
+    let tiles = tk.div_ceil(BK);
+    let want = (2 * gpu.sm_count()).div_ceil(bh.max(1));
+    want.clamp(1, tiles.div_ceil(2).max(1)).min(64)
+}
+
+/// The decode kernel (tq <= 16) with preallocated partials; with `q_pos0_dev` the query rows'
+/// first position is read from the device (the value in `p.q_pos0` only sizes the checks).
+pub fn decode_into(
+    gpu: &Gpu,
+    p: &DevProblem,
+    out: &dyn DevicePtr<u16>,
+    lse: &mut CudaSlice<f32>,
+    scratch: &DecodeScratch,
+    q_pos0_dev: Option<&CudaSlice<i32>>,
+) -> Result<()> {
+    validate(p)?;
+    let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
+    ensure!(p.tq <= 16, "the decode kernel takes at most 16 query rows, got {}", p.tq);
+    ensure!(scratch.shape == (bb * hh, d, p.tk), "decode scratch sized for another problem");
+    ensure!(out.len() >= bb * p.tq * hh * d && lse.len() >= bb * hh * p.tq, "decode output too short");
+    let mut prm = params(gpu, p);
+    prm.o = ptr(gpu, out);
+    prm.lse = ptr(gpu, lse);
+    prm.part_o = ptr(gpu, &scratch.part_o);
+    prm.part_ml = ptr(gpu, &scratch.part_ml);
+    prm.splits = scratch.splits as i32;
+    prm.q_pos0_dev = q_pos0_dev.map_or(0, |c| ptr(gpu, c));
+    let smem = decode_smem(d);
+    let f = kernel(gpu, "decode", p, smem)?;
+    launch(gpu, &f, (scratch.splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")?;
+    let fc = kernel(gpu, "decode_combine", p, 0)?;
+    launch(gpu, &fc, ((bb * hh) as u32, 1, 1), d as u32, 0, &prm, "the decode combine")
+}
+
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
 /// that see no key). Returns tile counts when `count_tiles` (one atomic per block).
 pub fn forward(
@@ -406,10 +466,7 @@ pub fn forward(
         FwdKernel::Auto => p.tq <= 16 && p.tk >= 256,
     };
     if use_decode {
-        // split the keys so that the grid fills the GPU about twice
-        let tiles = p.tk.div_ceil(BK);
-        let want = (2 * gpu.sm_count()).div_ceil(bb * hh);
-        let splits = want.clamp(1, tiles.div_ceil(2).max(1)).min(64);
+        let splits = decode_splits(gpu, bb * hh, p.tk);
         let part_o = gpu.zeros::<f32>(splits * bb * hh * 16 * d)?;
         let part_ml = gpu.zeros::<f32>(splits * bb * hh * 16 * 2)?;
         prm.part_o = ptr(gpu, &part_o);

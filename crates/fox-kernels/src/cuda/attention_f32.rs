@@ -37,6 +37,11 @@ struct F32Params {
     d: i32,
     scale: f32,
     pad: i32,
+    ck: u64,
+    q_pos0: i32,
+    cap: i32,
+    pad2: i32,
+    pad3: i32,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for F32Params {}
@@ -87,6 +92,70 @@ fn launch(gpu: &Gpu, name: &str, rows: usize, prm: &F32Params) -> Result<()> {
     // sizes the kernel indexes (B·T·H·D for rows, B·H·T for statistics) by `validate`.
     unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
     Ok(())
+}
+
+/// Forward of a chunk of `tq` query rows [B, tq, H, D] (gate sums `cq` [B, H, tq]) at positions
+/// `q_pos0..q_pos0 + tq` against a decode cache whose first `q_pos0 + tq` positions are filled:
+/// keys and values [B, H, cap, D], gate sums `ck` [B, H, cap]. Rows before `start[b]` are padding.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_f32_cached(
+    gpu: &Gpu,
+    b: usize,
+    h: usize,
+    tq: usize,
+    d: usize,
+    q: &CudaSlice<f32>,
+    cq: &CudaSlice<f32>,
+    cache: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    cap: usize,
+    q_pos0: usize,
+    start: Option<&CudaSlice<i32>>,
+    scale: f32,
+    prune: Option<&CudaSlice<f32>>,
+    o: &mut CudaSlice<f32>,
+    lse: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (kc, vc, ck) = cache;
+    let (n, s) = (b * tq * h * d, b * h * tq);
+    ensure!(q_pos0 + tq <= cap, "f32 attention: the chunk ends at {} beyond the cache's {cap}", q_pos0 + tq);
+    ensure!(cap < i32::MAX as usize, "f32 attention: cache of {cap} positions is too large");
+    validate(
+        b,
+        h,
+        tq,
+        d,
+        &[
+            ("q", q.len(), n),
+            ("cq", cq.len(), s),
+            ("k cache", kc.len(), b * h * cap * d),
+            ("v cache", vc.len(), b * h * cap * d),
+            ("c cache", ck.len(), b * h * cap),
+            ("o", o.len(), n),
+            ("lse", lse.len(), s),
+        ],
+        start,
+        prune,
+    )?;
+    let prm = F32Params {
+        q: ptr(gpu, q),
+        k: ptr(gpu, kc),
+        v: ptr(gpu, vc),
+        c: ptr(gpu, cq),
+        ck: ptr(gpu, ck),
+        start: start.map_or(0, |s| ptr(gpu, s)),
+        prune: prune.map_or(0, |p| ptr(gpu, p)),
+        o: ptr(gpu, o),
+        lse: ptr(gpu, lse),
+        b: b as i32,
+        h: h as i32,
+        t: tq as i32,
+        d: d as i32,
+        q_pos0: q_pos0 as i32,
+        cap: cap as i32,
+        scale,
+        ..Default::default()
+    };
+    launch(gpu, "fox32_fwd_cached", s, &prm)
 }
 
 /// Forward: `o` [B, T, H, D], `lse` [B, H, T] (−∞ on padded rows, whose outputs are 0).

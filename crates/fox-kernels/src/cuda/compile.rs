@@ -43,7 +43,10 @@ pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("..
 pub static ATTENTION_F32: Source =
     Source { name: "attention_f32", files: &[include_str!("../../kernels/attention_f32.cu")] };
 
-pub static SOURCES: [&Source; 5] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32];
+/// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling.
+pub static DECODE: Source = Source { name: "decode", files: &[include_str!("../../kernels/decode.cu")] };
+
+pub static SOURCES: [&Source; 6] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

@@ -240,7 +240,9 @@ impl Gpu {
             .unwrap_or(1) as usize;
         ensure_nvrtc()?;
         let arch = compile::arch_for(cc);
-        let stream = ctx.default_stream();
+        // A stream of our own rather than the legacy default stream, which cannot be captured
+        // into a CUDA graph (decode steps are replayed as graphs).
+        let stream = ctx.new_stream().map_err(|e| anyhow!("could not create a stream on GPU {ordinal}: {e:?}"))?;
         Ok(Arc::new(Gpu {
             ctx,
             stream,

@@ -21,9 +21,33 @@ use fox_kernels::cuda::ops::{self, EmbeddingIndex};
 use fox_kernels::cuda::{attention_f32, Elem, Gpu};
 use std::sync::Arc;
 
-/// The GPU has no decode cache yet (GPU inference comes with its own issue): the type has no
-/// values, so a cached forward cannot be asked of this backend.
-pub enum NoCache {}
+mod decode;
+pub use decode::DeviceSampling;
+
+/// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H, cap, D] in
+/// the activation dtype, the running gate sums c [B, H, cap] in f32 (so a step adds one log f and
+/// never recomputes a prefix sum), and each row's last unmixed k̃, ṽ [B, H·D] for KV-shift.
+pub struct GpuCache<T> {
+    pub k: CudaSlice<T>,
+    pub v: CudaSlice<T>,
+    pub c: CudaSlice<f32>,
+    pub k_shift: CudaSlice<T>,
+    pub v_shift: CudaSlice<T>,
+    /// Positions filled (the same for every row: rows are left-padded to a common length).
+    pub len: usize,
+    pub cap: usize,
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+}
+
+impl<T: Elem> GpuCache<T> {
+    /// Device bytes of one layer's cache.
+    pub fn bytes(batch: usize, heads: usize, head_dim: usize, cap: usize) -> usize {
+        let tb = std::mem::size_of::<T>();
+        batch * heads * (cap * (2 * head_dim * tb + 4) + 2 * head_dim * tb)
+    }
+}
 
 /// A parameter on the device: the fp32 master, the `T` working copy of a matrix (GEMMs and the
 /// embedding read it), and the fp32 gradient.
@@ -110,6 +134,11 @@ pub struct Cuda<T: Elem> {
     vocab_pad: usize,
     /// Each parameter's element count on the host (the head's device buffers are longer).
     numel: Vec<usize>,
+    /// Decoding: the split-K kernel's partials, sized on first use.
+    decode_scratch: Option<ga::DecodeScratch>,
+    /// While a decode step is captured as a CUDA graph: the cached length on the device, which
+    /// the cache kernels and the decode kernel read instead of the host's.
+    decode_pos: Option<CudaSlice<i32>>,
 }
 
 /// The batch on the device.
@@ -124,6 +153,8 @@ pub struct GpuBatch {
     emb: EmbeddingIndex,
     host_i32: Vec<i32>,
     n_targets: usize,
+    /// Positions already in the decode cache before this batch's tokens.
+    past: usize,
 }
 
 fn fast_attention_dims(head_dim: usize) -> bool {
@@ -201,6 +232,8 @@ impl<T: Elem> Cuda<T> {
             vocab,
             vocab_pad,
             numel: p.tensors.iter().map(|t| t.numel()).collect(),
+            decode_scratch: None,
+            decode_pos: None,
             gemm,
             params,
             kinds: p.kinds.clone(),
@@ -545,7 +578,7 @@ impl<T: Elem> Alloc for Cuda<T> {
 
 impl<T: Elem> Backend for Cuda<T> {
     type Batch = GpuBatch;
-    type LayerCache = NoCache;
+    type LayerCache = GpuCache<T>;
 
     fn new_batch(&self, max_rows: usize, batch: usize) -> Result<GpuBatch> {
         Ok(GpuBatch {
@@ -559,6 +592,7 @@ impl<T: Elem> Backend for Cuda<T> {
             emb: EmbeddingIndex::new(&self.gpu, max_rows)?,
             host_i32: Vec::with_capacity(max_rows),
             n_targets: 0,
+            past: 0,
         })
     }
 
@@ -570,7 +604,6 @@ impl<T: Elem> Backend for Cuda<T> {
         targets: Option<&[Option<u32>]>,
     ) -> Result<()> {
         let n = info.batch * info.seq;
-        ensure!(info.past == 0, "the GPU backend has no decode cache yet");
         ensure!(n <= self.max_rows && n <= b.ids.len(), "a batch of {n} tokens exceeds the {} planned", self.max_rows);
         ensure!(ids.len() == n && targets.is_none_or(|t| t.len() == n), "ids and targets must be [B, T]");
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab) {
@@ -580,6 +613,7 @@ impl<T: Elem> Backend for Cuda<T> {
             bail!("target id {bad} outside the vocabulary ({})", self.vocab);
         }
         b.n_targets = targets.map_or(0, |t| t.iter().filter(|t| t.is_some()).count());
+        b.past = info.past;
         b.batch = info.batch;
         b.seq = info.seq;
         b.host_i32.clear();
@@ -601,17 +635,21 @@ impl<T: Elem> Backend for Cuda<T> {
             }
             None => b.start_host = None,
         }
-        // RoPE positions relative to each row's first real token.
+        // RoPE positions relative to each row's first real token (continuing after the cache).
         b.host_i32.clear();
         let t = info.seq;
-        b.host_i32.extend((0..n).map(|r| (r % t) as i32 - info.start.map_or(0, |s| s[r / t] as i32)));
+        let past = info.past as i32;
+        b.host_i32.extend((0..n).map(|r| past + (r % t) as i32 - info.start.map_or(0, |s| s[r / t] as i32)));
         self.gpu.write(&mut b.positions, &b.host_i32)?;
-        b.emb.update(&self.gpu, ids)?;
+        // The embedding's backward index is needed for training only.
+        if targets.is_some() {
+            b.emb.update(&self.gpu, ids)?;
+        }
         Ok(())
     }
 
     fn batch_info<'b>(&self, b: &'b GpuBatch) -> BatchInfo<'b> {
-        BatchInfo { batch: b.batch, seq: b.seq, start: b.start_host.as_deref(), past: 0 }
+        BatchInfo { batch: b.batch, seq: b.seq, start: b.start_host.as_deref(), past: b.past }
     }
 
     fn embedding_fwd(&mut self, x: &mut CudaSlice<T>, table: ParamId, b: &GpuBatch) -> Result<()> {
@@ -752,16 +790,22 @@ impl<T: Elem> Backend for Cuda<T> {
         x: &CudaSlice<T>,
         alpha: &CudaSlice<T>,
         b: &GpuBatch,
-        cache: Option<&NoCache>,
-        _value: bool,
+        cache: Option<&GpuCache<T>>,
+        value: bool,
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        if let Some(c) = cache {
-            match *c {}
+        // Left padding matters only on the chunk that starts the sequence.
+        let start = if b.past == 0 { self.start(b) } else { None };
+        ops::kv_shift_fwd(&self.gpu, out, x, alpha, start, b.batch, b.seq, heads, head_dim)?;
+        match cache {
+            Some(c) if c.len > 0 => {
+                let prev = if value { &c.v_shift } else { &c.k_shift };
+                self.kv_shift_prev(out, x, alpha, prev, b, heads, head_dim, c.len)
+            }
+            _ => Ok(()),
         }
-        ops::kv_shift_fwd(&self.gpu, out, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
     }
     fn kv_shift_bwd(
         &mut self,
@@ -831,14 +875,16 @@ impl<T: Elem> Backend for Cuda<T> {
         c: &mut CudaSlice<f32>,
         a: &CudaSlice<f32>,
         b: &GpuBatch,
-        cache: Option<&NoCache>,
+        cache: Option<&GpuCache<T>>,
         heads: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        if let Some(c) = cache {
-            match *c {}
+        let vis = if b.past == 0 { self.vis(b) } else { DevVisibility::All };
+        ga::fgate_prefix_sum_fwd(&self.gpu, a, c, vis, b.batch, b.seq, heads)?;
+        match cache {
+            Some(cache) if cache.len > 0 => self.cache_c_offset(c, cache, b, heads),
+            _ => Ok(()),
         }
-        ga::fgate_prefix_sum_fwd(&self.gpu, a, c, self.vis(b), b.batch, b.seq, heads)
     }
     fn prefix_sum_bwd(
         &mut self,
@@ -919,13 +965,13 @@ impl<T: Elem> Backend for Cuda<T> {
         c: &CudaSlice<f32>,
         prune: Option<&CudaSlice<f32>>,
         b: &GpuBatch,
-        cache: Option<&mut NoCache>,
+        cache: Option<&mut GpuCache<T>>,
         heads: usize,
         head_dim: usize,
     ) -> Result<Tiles> {
         self.mark(Family::Attention)?;
-        if let Some(c) = cache {
-            match *c {}
+        if let Some(cache) = cache {
+            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, heads, head_dim);
         }
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -1015,12 +1061,19 @@ impl<T: Elem> Backend for Cuda<T> {
     }
     fn cache_shift_states(
         &mut self,
-        cache: &mut NoCache,
-        _k: &CudaSlice<T>,
-        _v: &CudaSlice<T>,
-        _b: &GpuBatch,
+        cache: &mut GpuCache<T>,
+        k_lin: &CudaSlice<T>,
+        v_lin: &CudaSlice<T>,
+        b: &GpuBatch,
     ) -> Result<()> {
-        match *cache {}
+        self.mark(Family::Other)?;
+        let w = cache.heads * cache.head_dim;
+        if k_lin.len() < b.batch * b.seq * w || v_lin.len() < b.batch * b.seq * w {
+            // Without KV-shift the unmixed projections are not kept: nothing to remember.
+            return Ok(());
+        }
+        self.last_rows(&mut cache.k_shift, k_lin, b.batch, b.seq, w)?;
+        self.last_rows(&mut cache.v_shift, v_lin, b.batch, b.seq, w)
     }
 
     fn head_loss(

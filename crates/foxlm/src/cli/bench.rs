@@ -23,6 +23,10 @@ pub enum What {
     /// A training step of a model on the GPU: tokens/s, step time, achieved TFLOP/s, peak memory
     /// and where the time goes (GEMMs, attention, output head, optimizer, the rest), ACP off and on.
     Train(TrainArgs),
+    /// Generation on the GPU: prefill tokens/s, then decode tokens/s (batch 1 and batched) after a
+    /// long prompt, with random weights, next to the GPU's memory-bandwidth roofline; and where a
+    /// decode step's time goes (kernels per token, GPU time per kernel family, launch gaps).
+    Decode(DecodeArgs),
     /// `foxlm serve` under load: N concurrent streaming clients for a fixed time; requests/s,
     /// generated tokens/s, time to first token and inter-token latency (p50/p99), errors, peak memory.
     Serve(crate::cli::serve::BenchArgs),
@@ -53,6 +57,36 @@ pub struct TrainArgs {
     pub warmup: usize,
     #[arg(long, default_value_t = 10)]
     pub steps: usize,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DecodeArgs {
+    /// Models (presets' shapes, random weights), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "fox-pro-125m")]
+    pub preset: Vec<String>,
+    /// Prompt tokens per row.
+    #[arg(long, default_value_t = 2048)]
+    pub prompt: usize,
+    /// New tokens per row (greedy; end-of-text does not stop it).
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub batch: Vec<usize>,
+    /// cuda, cuda:N or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Decode without CUDA graphs (every operation launched from the host).
+    #[arg(long)]
+    pub no_graphs: bool,
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Timed generations; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
     /// Also write the rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -99,6 +133,7 @@ pub fn run(a: Args) -> Result<()> {
     match a.what {
         What::Attention(a) => attention(a),
         What::Train(a) => train_bench(a),
+        What::Decode(a) => decode_bench(a),
         What::Serve(a) => crate::cli::serve::bench(a),
     }
 }
@@ -368,4 +403,140 @@ fn bench_one<T: cuda::Elem>(
     eng.step_on(model, &b, 1.0, 1e-4)?;
     let profile = eng.backend_mut().take_profile()?;
     Ok(BenchResult { step_s, peak_gib, profile, losses })
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second) over a 1 GiB buffer, the
+/// median of 5 copies timed with CUDA events: the roofline of a memory-bound decode step.
+fn copy_bandwidth(gpu: &cuda::Gpu) -> Result<f64> {
+    let n = 1usize << 28; // f32s: 1 GiB
+    let a = gpu.zeros::<f32>(n)?;
+    let mut b = gpu.zeros::<f32>(n)?;
+    let flags = Some(cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let err = |e: cuda::cudarc::driver::DriverError| anyhow::anyhow!("{e:?}");
+    let mut times = Vec::new();
+    for i in 0..6 {
+        let e0 = gpu.stream().record_event(flags).map_err(err)?;
+        gpu.stream().memcpy_dtod(&a, &mut b).map_err(err)?;
+        let e1 = gpu.stream().record_event(flags).map_err(err)?;
+        gpu.sync()?;
+        if i > 0 {
+            times.push(e0.elapsed_ms(&e1).map_err(err)? as f64 / 1e3);
+        }
+    }
+    times.sort_by(|x, y| x.total_cmp(y));
+    Ok(2.0 * 4.0 * n as f64 / times[times.len() / 2])
+}
+
+fn decode_bench(a: DecodeArgs) -> Result<()> {
+    use crate::generate::GenerateOptions;
+    use crate::infer::{GpuInfer, Plan};
+    let gpu = match cuda::select(a.device)? {
+        cuda::Device::Cuda(g) => g,
+        cuda::Device::Cpu => bail!("bench decode measures GPU generation: no GPU is usable here (see `fox-attn info`)"),
+    };
+    eprintln!("device: {}", gpu.describe());
+    if a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1 || a.batch.iter().any(|&b| b < 1) {
+        bail!("--prompt, --new-tokens, --repeats and every --batch must be at least 1");
+    }
+    let bw = copy_bandwidth(&gpu)?;
+    println!("device copy bandwidth: {:.0} GB/s (read + write)", bw / 1e9);
+    let opts = GenerateOptions {
+        max_new_tokens: a.new_tokens,
+        sampling: crate::sampling::Sampling::default(),
+        seed: 0,
+        eos: None,
+    };
+    let mut rows = Vec::new();
+    for name in &a.preset {
+        let preset = crate::presets::preset(name)?;
+        let model = crate::train::init_model(&preset.model, 0);
+        let c = &model.config;
+        // Bytes a decode step must read at batch 1: every bf16 matrix but the embedding (one row
+        // of it), the f32 norm weights, and the cache's keys and values at the mean length.
+        let emb = model.params.tensors[model.embeddings.0].numel();
+        let matrices: usize = model
+            .params
+            .tensors
+            .iter()
+            .zip(&model.params.kinds)
+            .filter(|(_, k)| **k == crate::tensor::ParamKind::Matrix)
+            .map(|(t, _)| t.numel())
+            .sum();
+        let others = model.params.numel() - matrices;
+        let weight_bytes = 2 * (matrices - emb) + 4 * others;
+        let mean_len = a.prompt + a.new_tokens / 2;
+        let cache_bytes = c.num_hidden_layers * 2 * c.num_heads * mean_len * c.head_dim() * 2;
+        let roofline = bw / 2.0 / (weight_bytes + cache_bytes) as f64; // a read is half a copy
+        println!(
+            "{name}: {:.0} MB of weights + {:.0} MB of cache per step at batch 1: roofline {:.0} tokens/s",
+            weight_bytes as f64 / 1e6,
+            cache_bytes as f64 / 1e6,
+            roofline
+        );
+        for &b in &a.batch {
+            let mut eng = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: b, chunk: a.prompt })?;
+            eng.graphs = !a.no_graphs;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(b as u64);
+            let v = c.vocab_size as u32;
+            let prompts: Vec<Vec<u32>> = (0..b).map(|_| (0..a.prompt).map(|_| rng.gen_range(0..v)).collect()).collect();
+            for _ in 0..a.warmup {
+                eng.timed_generate(&prompts, &opts, false)?;
+            }
+            let mut runs = Vec::new();
+            for _ in 0..a.repeats {
+                runs.push(eng.timed_generate(&prompts, &opts, false)?);
+            }
+            let median = |f: &dyn Fn(&crate::infer::Timed) -> f64| {
+                let mut v: Vec<f64> = runs.iter().map(f).collect();
+                v.sort_by(|x, y| x.total_cmp(y));
+                v[v.len() / 2]
+            };
+            let prefill = median(&|r| (b * a.prompt) as f64 / r.prefill_s);
+            let decode = median(&|r| (b * r.steps) as f64 / r.decode_s);
+            let ms_token = median(&|r| r.decode_s / r.steps.max(1) as f64 * 1e3);
+            let prof = eng.timed_generate(&prompts, &opts, true)?;
+            let steps = prof.steps.max(1) as f64;
+            let gpu_ms: f64 = prof.families.iter().map(|f| f.1).sum::<f64>() / steps;
+            let ops: usize = prof.families.iter().map(|f| f.2).sum();
+            let host_ms = prof.decode_s * 1e3 / steps;
+            println!(
+                "{name} B={b} prompt {} + {} new, bf16{}: prefill {:.0} tokens/s; decode {:.0} tokens/s ({:.3} ms/step){}",
+                a.prompt,
+                a.new_tokens,
+                if a.no_graphs { "" } else { ", CUDA graphs" },
+                prefill,
+                decode,
+                ms_token,
+                if b == 1 { format!(", {:.0}% of the roofline", 100.0 * decode / roofline) } else { String::new() }
+            );
+            println!(
+                "    without graphs (profiled): {:.3} ms/step of which GPU {:.3} ms in {:.0} operations/step (launch gaps {:.3} ms)",
+                host_ms,
+                gpu_ms,
+                ops as f64 / steps,
+                (host_ms - gpu_ms).max(0.0)
+            );
+            for (fam, ms, n) in &prof.families {
+                println!(
+                    "    {:<12} {:>8.3} ms/step {:>6.1} ops/step",
+                    format!("{fam:?}"),
+                    ms / steps,
+                    *n as f64 / steps
+                );
+            }
+            rows.push(serde_json::json!({
+                "preset": name, "batch": b, "prompt": a.prompt, "new_tokens": a.new_tokens, "graphs": !a.no_graphs,
+                "prefill_tok_s": prefill, "decode_tok_s": decode, "ms_per_step": ms_token,
+                "roofline_tok_s_batch1": roofline, "copy_bandwidth_gb_s": bw / 1e9,
+                "weight_bytes": weight_bytes, "cache_bytes_mean": cache_bytes,
+                "profiled_ms_per_step": host_ms, "profiled_gpu_ms_per_step": gpu_ms, "ops_per_step": ops as f64 / steps,
+                "families": prof.families.iter().map(|(f, ms, n)| serde_json::json!({"family": format!("{f:?}"), "ms_per_step": ms / steps, "ops_per_step": *n as f64 / steps})).collect::<Vec<_>>(),
+                "gpu": gpu.name(),
+            }));
+        }
+    }
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
 }

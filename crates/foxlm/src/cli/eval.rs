@@ -4,10 +4,11 @@
 use crate::checkpoint::load_model;
 use crate::config::Config;
 use crate::data::{Dataset, Split};
-use crate::eval::loss::{self, Chunking, LossCurve, Windows};
+use crate::eval::loss::{self, LossCurve, Windows};
 use crate::eval::niah::{self, Haystack, Mode};
 use crate::eval::plots::{self, LineChart, Series};
 use crate::eval::text::{text_format_for, TextEncoder};
+use crate::infer::{self, Plan};
 use crate::tokenizer::{TextFormat, BOS_ID, EOS_ID};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -70,6 +71,8 @@ pub struct LossArgs {
     /// Testing only: fold token ids modulo a model's vocabulary when it is smaller than the data's.
     #[arg(long, hide = true)]
     pub fold_vocab: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -108,6 +111,8 @@ pub struct NiahArgs {
     /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
     #[arg(long, hide = true)]
     pub fold_vocab: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -205,6 +210,7 @@ fn run_loss(a: LossArgs) -> Result<()> {
     }
     let mut done: Vec<Done> = vec![];
     let lengths = loss::power_of_two_lengths(n);
+    let device = a.device.select()?;
     let total = (a.model.len() * seqs.len() * n) as u64;
     let pb = progress_bar(total, "tokens");
     for (mi, path) in a.model.iter().enumerate() {
@@ -215,22 +221,28 @@ fn run_loss(a: LossArgs) -> Result<()> {
         pb.set_message(format!("{name}: loading"));
         let model = load_model(path)?;
         let cfg = &model.config;
-        let need = crate::validate::kv_cache_bytes(cfg, a.batch_size, n + 1)
-            .saturating_add(crate::validate::forward_bytes(cfg, a.batch_size, a.chunk.min(n + 1), false));
-        crate::validate::check_memory(
-            need,
-            &format!(
-                "{}: --context {n} with --batch-size {} (KV cache and a chunk's activations)",
-                path.display(),
-                a.batch_size
-            ),
-        )?;
+        if !device.is_cuda() {
+            let need = crate::validate::kv_cache_bytes(cfg, a.batch_size, n + 1)
+                .saturating_add(crate::validate::forward_bytes(cfg, a.batch_size, a.chunk.min(n + 1), false));
+            crate::validate::check_memory(
+                need,
+                &format!(
+                    "{}: --context {n} with --batch-size {} (KV cache and a chunk's activations)",
+                    path.display(),
+                    a.batch_size
+                ),
+            )?;
+        }
+        let plan = Plan { batch: a.batch_size.min(seqs.len()).max(1), chunk: a.chunk.min(n).max(1) };
+        let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+        if mi == 0 {
+            pb.println(format!("device: {}", engine.describe()));
+        }
         let map = id_mapper(cfg, data_vocab, a.fold_vocab, path)?;
         let v = cfg.vocab_size as u32;
         let fit = |id: u32| if id < v { id } else { id % v };
         let bos = fit(cfg.bos_token_id.unwrap_or(BOS_ID));
         let eos = fit(cfg.eos_token_id.unwrap_or(EOS_ID));
-        let chunking = Chunking::new(a.chunk, cfg.vocab_size);
         let mut curve = LossCurve::new(n);
         pb.set_message(name.clone());
         for batch in seqs.chunks(a.batch_size) {
@@ -242,7 +254,7 @@ fn run_loss(a: LossArgs) -> Result<()> {
                         .collect()
                 })
                 .collect();
-            let losses = loss::batch_token_losses(&model, &ids, chunking, |t| pb.inc((t * batch.len()) as u64));
+            let losses = engine.token_losses(&ids, a.chunk, &mut |t| pb.inc((t * batch.len()) as u64))?;
             for l in &losses {
                 curve.add(l);
             }
@@ -425,16 +437,21 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         );
     }
     let max_len = a.lengths.iter().copied().max().unwrap_or(0);
-    let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
-        .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false))
-        .saturating_add(max_len as u128 * 8);
-    crate::validate::check_memory(
-        need,
-        &format!("--lengths {max_len} with --max-new-tokens {}: the KV cache and haystack", a.max_new_tokens),
-    )?;
+    let device = a.device.select()?;
+    if !device.is_cuda() {
+        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
+            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false))
+            .saturating_add(max_len as u128 * 8);
+        crate::validate::check_memory(
+            need,
+            &format!("--lengths {max_len} with --max-new-tokens {}: the KV cache and haystack", a.max_new_tokens),
+        )?;
+    }
     let hay = Haystack::from_text(&read_haystack(&a.haystack)?, max_len, |s| enc.encode(s))?;
     let train_context = cfg.train_context().or(a.train_context);
-    let chunking = Chunking::new(a.chunk, cfg.vocab_size);
+    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
+    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+    eprintln!("device: {}", engine.describe());
     create_out(&a.out)?;
 
     let total: u64 = a.lengths.iter().map(|&l| (l * a.depths.len()) as u64).sum();
@@ -445,8 +462,7 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         for (di, &depth) in a.depths.iter().enumerate() {
             pb.set_message(format!("length {len}, depth {depth}%"));
             let p = niah::build_prompt(&hay, &needle, &question, enc.bos, len, depth / 100.0)?;
-            let answer_ids =
-                niah::greedy_answer(&model, &p.ids, a.max_new_tokens, chunking, enc.eos, |t| pb.inc(t as u64));
+            let answer_ids = engine.greedy(&p.ids, a.max_new_tokens, a.chunk, enc.eos, &mut |t| pb.inc(t as u64))?;
             let response = enc.decode(&answer_ids);
             let score = niah::score_answer(&response, niah::ANSWER);
             scores[di * a.lengths.len() + li] = score;

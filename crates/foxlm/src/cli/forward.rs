@@ -9,9 +9,11 @@
 //! `expected_grads.safetensors`.
 
 use crate::checkpoint::{load_model, write_atomic};
+use crate::infer::{self, Plan, DEFAULT_GPU_ROWS};
 use crate::model::{Ctx, Model};
 use crate::tensor::ParamKind;
 use anyhow::{anyhow, bail, Context, Result};
+use fox_kernels::cuda::{Device, DeviceArg};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,8 +31,12 @@ pub struct Args {
     pub output: PathBuf,
     /// Also write `loss` (mean next-token cross-entropy) and `grad.<parameter name>` for every
     /// trainable parameter.
+    /// (Gradients are computed on the CPU, the f32 reference: with `--device auto` the whole
+    /// command then runs there.)
     #[arg(long)]
     pub with_grads: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 /// A [B, T] integer tensor of an input file.
@@ -126,9 +132,24 @@ pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let v = model.config.vocab_size;
     let (b, t, ids, start) = read_input(&a.input, v)?;
-    let need = crate::validate::forward_bytes(&model.config, b, t, a.with_grads);
-    crate::validate::check_memory(need, &format!("{}: a forward pass over input_ids [{b}, {t}]", a.input.display()))?;
-    let logits = logits_for(&model, b, t, &ids, start.clone());
+    if a.with_grads && matches!(a.device.device, DeviceArg::Cuda(_)) {
+        bail!("--with-grads computes gradients on the CPU (the f32 reference): use --device cpu or auto");
+    }
+    let device = if a.with_grads { Device::Cpu } else { a.device.select()? };
+    let logits = if device.is_cuda() {
+        // Chunks of positions through the decode cache when [B, T] exceeds one forward's plan.
+        let plan = Plan { batch: b, chunk: t.min((DEFAULT_GPU_ROWS / b.max(1)).max(1)) };
+        let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+        eprintln!("device: {}", engine.describe());
+        engine.logits(&ids, &Ctx { batch: b, seq: t, start: start.clone() })?
+    } else {
+        let need = crate::validate::forward_bytes(&model.config, b, t, a.with_grads);
+        crate::validate::check_memory(
+            need,
+            &format!("{}: a forward pass over input_ids [{b}, {t}]", a.input.display()),
+        )?;
+        logits_for(&model, b, t, &ids, start.clone())
+    };
     if !a.with_grads {
         write_f32_tensors(&a.output, &[("logits".to_string(), vec![b, t, v], &logits)])?;
         eprintln!("wrote logits [{b}, {t}, {v}] to {}", a.output.display());

@@ -1,7 +1,8 @@
 //! `foxlm generate`: text or token ids from a model, streamed as they are decoded.
 
 use crate::checkpoint::load_model;
-use crate::generate::{generate, GenerateOptions};
+use crate::generate::GenerateOptions;
+use crate::infer::{self, Plan, DEFAULT_GPU_ROWS};
 use crate::sampling::Sampling;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
@@ -46,6 +47,8 @@ pub struct Args {
     /// Keep generating past the end-of-text token.
     #[arg(long)]
     pub ignore_eos: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 pub fn parse_ids(s: &str, vocab: usize) -> Result<Vec<u32>> {
@@ -74,8 +77,18 @@ pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let vocab = model.config.vocab_size;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p };
-    // The KV cache holds the longest prompt plus the new tokens for every prompt.
+    let device = a.device.select()?;
+    // The engine: the CPU, or the GPU planned for this batch of prompts.
+    let open = |prompts: usize, longest: usize| {
+        let plan = Plan { batch: prompts, chunk: longest.min((DEFAULT_GPU_ROWS / prompts.max(1)).max(1)) };
+        infer::open(&model, &device, a.device.dtype, plan)
+    };
+    // The KV cache holds the longest prompt plus the new tokens for every prompt (host memory
+    // when it runs on the CPU; the GPU engine checks its own).
     let check_cache = |prompts: usize, longest: usize| {
+        if device.is_cuda() {
+            return Ok(());
+        }
         let tokens = longest.saturating_add(a.max_new_tokens);
         let need = crate::validate::kv_cache_bytes(&model.config, prompts, tokens)
             .saturating_add(crate::validate::forward_bytes(&model.config, prompts, longest, false));
@@ -91,10 +104,11 @@ pub fn run(a: Args) -> Result<()> {
 
     if !a.prompt_ids.is_empty() {
         let prompts: Vec<Vec<u32>> = a.prompt_ids.iter().map(|s| parse_ids(s, vocab)).collect::<Result<_>>()?;
-        check_cache(prompts.len(), prompts.iter().map(|p| p.len()).max().unwrap_or(1))?;
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+        check_cache(prompts.len(), longest)?;
         let eos = if a.ignore_eos { None } else { model.config.eos_token_id.filter(|&e| (e as usize) < vocab) };
         let opts = GenerateOptions { max_new_tokens: a.max_new_tokens, sampling, seed: a.seed, eos };
-        let out = generate(&model, &prompts, &opts, |_, _| {});
+        let out = open(prompts.len(), longest)?.generate(&prompts, &opts, &mut |_, _| {})?;
         for row in out {
             let s: Vec<String> = row.iter().map(|i| i.to_string()).collect();
             writeln!(stdout, "{}", s.join(","))?;
@@ -121,27 +135,29 @@ pub fn run(a: Args) -> Result<()> {
             }
         })
         .collect();
-    check_cache(prompts.len(), prompts.iter().map(|p| p.len()).max().unwrap_or(1))?;
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+    check_cache(prompts.len(), longest)?;
     let eos = (!a.ignore_eos).then_some(EOS_ID);
     let opts = GenerateOptions { max_new_tokens: a.max_new_tokens, sampling, seed: a.seed, eos };
+    let mut engine = open(prompts.len(), longest)?;
     if prompts.len() == 1 {
         // Stream: print each piece of text as soon as it is complete.
         write!(stdout, "{}", a.prompt[0])?;
         stdout.flush()?;
         let mut dec = tok.stream();
         let mut err = None;
-        generate(&model, &prompts, &opts, |_, id| {
+        engine.generate(&prompts, &opts, &mut |_, id| {
             let piece = dec.push(id);
             if let Err(e) = write!(stdout, "{piece}").and_then(|_| stdout.flush()) {
                 err.get_or_insert(e);
             }
-        });
+        })?;
         writeln!(stdout, "{}", dec.finish())?;
         if let Some(e) = err {
             return Err(e.into());
         }
     } else {
-        let out = generate(&model, &prompts, &opts, |_, _| {});
+        let out = engine.generate(&prompts, &opts, &mut |_, _| {})?;
         for (p, row) in a.prompt.iter().zip(out) {
             writeln!(stdout, "{p}{}", tok.decode(&row))?;
             writeln!(stdout, "---")?;

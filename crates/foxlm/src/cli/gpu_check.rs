@@ -20,8 +20,8 @@ pub struct Args {
     /// Steps of the training comparison (0: skip the training checks).
     #[arg(long, default_value_t = 300)]
     pub train_steps: u64,
-    /// Only the fixture checks, or only the training checks.
-    #[arg(long, value_parser = ["fixtures", "train"])]
+    /// Only the fixture checks, the inference checks, or the training checks.
+    #[arg(long, value_parser = ["fixtures", "infer", "train"])]
     pub only: Option<String>,
 }
 
@@ -29,10 +29,14 @@ pub fn run(a: Args) -> Result<()> {
     let gpu = Gpu::new(0)?;
     eprintln!("device: {}", gpu.describe());
     let mut rows = Vec::new();
-    if a.only.as_deref() != Some("train") {
+    let only = |what: &str| a.only.as_deref().is_none_or(|o| o == what);
+    if only("fixtures") {
         rows.extend(crate::gpu_check::run_fixture_checks(&gpu, &a.fixtures)?);
     }
-    if a.only.as_deref() != Some("fixtures") && a.train_steps > 0 {
+    if only("infer") {
+        rows.extend(crate::gpu_check::infer::run_inference_checks(&gpu, &a.fixtures)?);
+    }
+    if only("train") && a.train_steps > 0 {
         rows.extend(crate::gpu_check::run_training_checks(&a.sample, &a.work, a.train_steps)?);
     }
     print!("{}", format_table(&rows));

@@ -12,3 +12,30 @@ pub mod serve;
 pub mod tokenizer;
 pub mod train;
 pub mod viz;
+
+use crate::engine::Dtype;
+use anyhow::{bail, Result};
+use fox_kernels::cuda::{self, Device, DeviceArg};
+
+/// `--device` and `--dtype` of the commands that run a trained model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// cpu, cuda, cuda:N, or auto (the GPU when there is one, else the CPU).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    /// On a GPU: bf16 (default; fast) or f32 (the CPU reference's numbers within 1e-3). The CPU
+    /// runs f32.
+    #[arg(long)]
+    pub dtype: Option<Dtype>,
+}
+
+impl DeviceArgs {
+    /// The device to run on; bf16 on the CPU is refused.
+    pub fn select(&self) -> Result<Device> {
+        let d = cuda::select(self.device)?;
+        if !d.is_cuda() && self.dtype == Some(Dtype::Bf16) {
+            bail!("--dtype bf16 needs a GPU (--device cuda): the CPU runs in f32");
+        }
+        Ok(d)
+    }
+}

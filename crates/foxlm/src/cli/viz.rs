@@ -5,7 +5,7 @@ use crate::checkpoint::load_model;
 use crate::eval::gates::{self, HeadGate};
 use crate::eval::plots;
 use crate::eval::text::{text_format_for, TextEncoder};
-use crate::model::Ctx;
+use crate::infer::{self, Plan};
 use crate::tokenizer::TextFormat;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -52,6 +52,8 @@ pub struct GatesArgs {
     /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
     #[arg(long, hide = true)]
     pub fold_vocab: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 /// Most tokens of a map: its picture is that many pixels square, per layer and head drawn.
@@ -93,8 +95,8 @@ fn run_gates(a: GatesArgs) -> Result<()> {
     if t < 2 {
         bail!("{}: the text is empty", a.text.display());
     }
-    let (_, acts) = model.forward_hidden(&ids, &Ctx { batch: 1, seq: t, start: None }, None, true);
-    let acts = acts.expect("activations kept");
+    let device = a.device.select()?;
+    let acts = infer::open(&model, &device, a.device.dtype, Plan { batch: 1, chunk: t })?.gate_acts(&ids)?;
     let h = cfg.num_heads;
     let hd = cfg.head_dim();
     let stats = gates::gate_stats(&acts, h, t);

@@ -1,0 +1,291 @@
+// Decoding with a KV cache on the GPU: appending a chunk to a layer's cache, the cache's part in
+// KV-shift and in the gate prefix sum, gathering each row's last position, and choosing the next
+// token (greedy, or temperature / top-k / top-p sampling) without a copy of the logits to the
+// host. Compiled alone by NVRTC: no headers.
+//
+// The cache of a layer: k, v [B, H, cap, D] (activation dtype), c [B, H, cap] (f32), and the last
+// unmixed k~, v~ of each row [B, H*D] for KV-shift. Chunks are [B, t, H, D] (projections) and
+// [B, H, t] (gate sums). Where a kernel takes `lenp`, the cached length is read from the device
+// (so that a captured CUDA graph replays every decode step); otherwise from `len`.
+
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld(const u16* p, long long i) { return __uint_as_float(((unsigned)p[i]) << 16); }
+__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(u16* p, long long i, float v) {
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        p[i] = (u16)((u >> 16) | 0x40);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    p[i] = (u16)(u >> 16);
+}
+
+__device__ __forceinline__ int cached_len(const int* lenp, int len) { return lenp != nullptr ? *lenp : len; }
+
+#define GRID_LOOP(i, n) \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
+
+// k, v [B, t, H, D] -> cache [B, H, cap, D] at the cached length; c [B, H, t] -> [B, H, cap].
+template <typename T>
+__device__ void cache_append(T* kc, T* vc, float* cc, const T* k, const T* v, const float* c, int B, int t, int H,
+                             int D, int cap, const int* lenp, int len0) {
+    const int len = cached_len(lenp, len0);
+    GRID_LOOP(i, (long long)B * t * H * D) {
+        const int d = (int)(i % D);
+        const int h = (int)((i / D) % H);
+        const int ti = (int)((i / ((long long)D * H)) % t);
+        const long long b = i / ((long long)D * H * t);
+        const long long row = (b * H + h) * cap + len + ti;
+        kc[row * D + d] = k[i];
+        vc[row * D + d] = v[i];
+        if (d == 0) cc[row] = c[(b * H + h) * t + ti];
+    }
+}
+
+// KV-shift at a chunk's first position continues the cached sequence: out[b, 0] = a * prev[b] +
+// (1 - a) * x[b, 0] (the chunk kernel, run without left padding, wrote (1 - a) * x[b, 0] there).
+template <typename T>
+__device__ void kv_shift_prev(T* out, const T* x, const T* alpha, const T* prev, int B, int t, int H, int D,
+                              const int* lenp, int len0) {
+    if (cached_len(lenp, len0) == 0) return;
+    GRID_LOOP(i, (long long)B * H * D) {
+        const long long b = i / ((long long)H * D);
+        const int hd = (int)(i % ((long long)H * D));
+        const long long pos = b * t * H * D + hd;  // row b, position 0
+        const float a = ld(alpha, b * t * H + hd / D);
+        st(out, pos, a * ld(prev, i) + (1.f - a) * ld(x, pos));
+    }
+}
+
+// The chunk's gate prefix sums continue the cache's: c[bh, :] += cc[bh, len - 1].
+__device__ void cache_c_offset(float* c, const float* cc, int BH, int t, int cap, const int* lenp, int len0) {
+    const int len = cached_len(lenp, len0);
+    if (len == 0) return;
+    GRID_LOOP(i, (long long)BH * t) {
+        const long long bh = i / t;
+        c[i] += cc[bh * cap + len - 1];
+    }
+}
+
+// dst [B, w] = src [B, t, w] at position t - 1 (the last unmixed k~, v~; the last hidden state).
+template <typename T>
+__device__ void last_rows(T* dst, const T* src, int B, int t, int w) {
+    GRID_LOOP(i, (long long)B * w) {
+        const long long b = i / w;
+        dst[i] = src[(b * t + t - 1) * w + i % w];
+    }
+}
+
+// Advances the device-side cached length and RoPE positions by one (the end of a decode step).
+extern "C" __global__ void fox_decode_advance(int* lenp, int* positions, int B) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < B) positions[i] += 1;
+    if (i == 0) *lenp += 1;
+}
+
+#define DECODE_KERNELS(S, T)                                                                                       \
+    extern "C" __global__ void fox_cache_append_##S(T* kc, T* vc, float* cc, const T* k, const T* v,              \
+                                                    const float* c, int B, int t, int H, int D, int cap,           \
+                                                    const int* lenp, int len) {                                    \
+        cache_append<T>(kc, vc, cc, k, v, c, B, t, H, D, cap, lenp, len);                                          \
+    }                                                                                                              \
+    extern "C" __global__ void fox_kv_shift_prev_##S(T* out, const T* x, const T* alpha, const T* prev, int B,    \
+                                                     int t, int H, int D, const int* lenp, int len) {              \
+        kv_shift_prev<T>(out, x, alpha, prev, B, t, H, D, lenp, len);                                              \
+    }                                                                                                              \
+    extern "C" __global__ void fox_last_rows_##S(T* dst, const T* src, int B, int t, int w) {                     \
+        last_rows<T>(dst, src, B, t, w);                                                                           \
+    }
+
+DECODE_KERNELS(f32, float)
+DECODE_KERNELS(bf16, u16)
+
+extern "C" __global__ void fox_cache_c_offset(float* c, const float* cc, int BH, int t, int cap, const int* lenp,
+                                              int len) {
+    cache_c_offset(c, cc, BH, t, cap, lenp, len);
+}
+
+// ---- choosing the next token -------------------------------------------------------------------
+// One block of 1024 threads per row of `vocab` logits stored `ld` apart. Greedy (temperature 0):
+// the first index of the largest logit, as torch.argmax. Sampling: probabilities exp((x - m)/T)
+// over the top-k logits (ties at the k-th value are all kept), then the smallest set of the most
+// likely whose mass reaches top_p (found by bisection over the logits' order-preserving integer
+// keys, so no sort), then a draw in index order with a counter-based random number of (seed,
+// step, row). The chosen id goes to out[row] and, when `ids_out` is set, to the next step's input.
+
+#define SB 1024
+#define NWARP (SB / 32)
+
+// Order-preserving map of a float to an unsigned integer (larger float -> larger key).
+__device__ __forceinline__ unsigned fkey(float x) {
+    const unsigned u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ u64 splitmix64(u64 z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__device__ float block_sum(float v, float* sh) {
+    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < NWARP; ++w) t += sh[w];
+    return t;
+}
+
+__device__ unsigned block_count_ge(const float* x, int vocab, unsigned key, unsigned* shu) {
+    unsigned n = 0;
+    for (int c = threadIdx.x; c < vocab; c += SB) n += fkey(x[c]) >= key;
+    for (int s = 16; s > 0; s >>= 1) n += __shfl_xor_sync(0xffffffffu, n, s);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) shu[threadIdx.x >> 5] = n;
+    __syncthreads();
+    unsigned t = 0;
+    for (int w = 0; w < NWARP; ++w) t += shu[w];
+    return t;
+}
+
+extern "C" __global__ void __launch_bounds__(SB)
+    fox_sample(int* out, int* ids_out, const float* logits, int vocab, int ld, float temperature, int top_k,
+               float top_p, u64 seed, const int* stepp, int step0) {
+    __shared__ float shf[NWARP];
+    __shared__ unsigned shu[NWARP];
+    __shared__ int shi[NWARP];
+    const int row = blockIdx.x;
+    const float* x = logits + (long long)row * ld;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    // the largest logit and its first index
+    float best = __int_as_float(0xff800000);
+    int bi = 0x7fffffff;
+    for (int c = threadIdx.x; c < vocab; c += SB) {
+        const float v = x[c];
+        if (v > best) {
+            best = v;
+            bi = c;
+        }
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, s);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, s);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        shf[warp] = best;
+        shi[warp] = bi;
+    }
+    __syncthreads();
+    best = shf[0];
+    bi = shi[0];
+    for (int w = 1; w < NWARP; ++w) {
+        if (shf[w] > best || (shf[w] == best && shi[w] < bi)) {
+            best = shf[w];
+            bi = shi[w];
+        }
+    }
+    if (bi == 0x7fffffff) bi = 0;  // every logit NaN
+    int chosen = bi;
+
+    if (temperature > 0.f) {
+        const float m = best, inv_t = 1.f / temperature;
+        // top-k: the largest key with at least k logits at or above it
+        unsigned kmin = 0;
+        if (top_k > 0 && top_k < vocab) {
+            unsigned lo = 0, hi = 0xffffffffu;  // count(>= lo) >= k holds for lo = 0
+            while (lo < hi) {
+                const unsigned mid = lo + (unsigned)(((u64)hi - lo + 1) / 2);  // no overflow at hi = ~0
+                if (block_count_ge(x, vocab, mid, shu) >= (unsigned)top_k) lo = mid;
+                else hi = mid - 1;
+            }
+            kmin = lo;
+        }
+        float z = 0.f;
+        for (int c = threadIdx.x; c < vocab; c += SB)
+            if (fkey(x[c]) >= kmin) z += __expf((x[c] - m) * inv_t);
+        z = block_sum(z, shf);
+        // top-p: the largest key whose kept mass at or above it reaches top_p
+        unsigned pmin = kmin;
+        if (top_p < 1.f) {
+            unsigned lo = kmin, hi = fkey(m);
+            while (lo < hi) {
+                const unsigned mid = lo + (unsigned)(((u64)hi - lo + 1) / 2);  // no overflow at hi = ~0
+                float s = 0.f;
+                for (int c = threadIdx.x; c < vocab; c += SB)
+                    if (fkey(x[c]) >= mid) s += __expf((x[c] - m) * inv_t);
+                s = block_sum(s, shf);
+                if (s >= top_p * z) lo = mid;
+                else hi = mid - 1;
+            }
+            pmin = lo;
+            z = 0.f;
+            for (int c = threadIdx.x; c < vocab; c += SB)
+                if (fkey(x[c]) >= pmin) z += __expf((x[c] - m) * inv_t);
+            z = block_sum(z, shf);
+        }
+        // the draw: the first index whose running kept mass exceeds u * z
+        const int step = stepp != nullptr ? *stepp : step0;
+        const u64 r = splitmix64(seed ^ splitmix64(((u64)step << 20) ^ (u64)row));
+        const float target = (float)((r >> 40) * (1.0 / 16777216.0)) * z;
+        float run = 0.f;
+        int found = -1, last_kept = bi;
+        for (int c0 = 0; c0 < vocab && found < 0; c0 += SB) {
+            const int c = c0 + threadIdx.x;
+            const bool kept = c < vocab && fkey(x[c]) >= pmin;
+            float e = kept ? __expf((x[c] - m) * inv_t) : 0.f;
+            // inclusive scan within the warp, then across warps
+            for (int s = 1; s < 32; s <<= 1) {
+                const float o = __shfl_up_sync(0xffffffffu, e, s);
+                if (lane >= s) e += o;
+            }
+            __syncthreads();
+            if (lane == 31) shf[warp] = e;
+            __syncthreads();
+            float before = run;
+            for (int w = 0; w < warp; ++w) before += shf[w];
+            float total = run;
+            for (int w = 0; w < NWARP; ++w) total += shf[w];
+            const bool hit = kept && before + e > target;
+            // the first hitting index of this chunk, and the last kept index so far
+            int cand = hit ? c : 0x7fffffff;
+            int lk = kept ? c : -1;
+            for (int s = 16; s > 0; s >>= 1) {
+                cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, s));
+                lk = max(lk, __shfl_xor_sync(0xffffffffu, lk, s));
+            }
+            __syncthreads();
+            if (lane == 0) {
+                shi[warp] = cand;
+                shu[warp] = (unsigned)(lk + 1);
+            }
+            __syncthreads();
+            int f = 0x7fffffff, l = -1;
+            for (int w = 0; w < NWARP; ++w) {
+                f = min(f, shi[w]);
+                l = max(l, (int)shu[w] - 1);
+            }
+            if (l >= 0) last_kept = l;
+            if (f != 0x7fffffff) found = f;
+            run = total;
+        }
+        // rounding can leave the target just above the total: take the last kept token
+        chosen = found >= 0 ? found : last_kept;
+    }
+    if (threadIdx.x == 0) {
+        out[row] = chosen;
+        if (ids_out != nullptr) ids_out[row] = chosen;
+    }
+}

@@ -1,0 +1,403 @@
+//! Inference on the CUDA backend: the decode cache (kernels/decode.cu), attention of a chunk
+//! against it, the output head's logits without a loss, and choosing tokens on the device.
+
+use super::{bf16, dtod, fast_attention_dims, words, Cuda, Family, GpuBatch, GpuCache};
+use crate::backend::Tiles;
+use crate::model::{Linear, Model};
+use anyhow::{anyhow, ensure, Result};
+use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
+use fox_kernels::cuda::compile::DECODE;
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::{attention_f32, ops, Elem, Gpu};
+
+/// How the next token is chosen on the device (see `fox_sample` in kernels/decode.cu).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSampling {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// dst [b, w] = src [b, t, w] at position t − 1.
+fn last_rows_on<T: Elem>(
+    gpu: &Gpu,
+    dst: &mut CudaSlice<T>,
+    src: &CudaSlice<T>,
+    b: usize,
+    t: usize,
+    w: usize,
+) -> Result<()> {
+    ensure!(dst.len() >= b * w && src.len() >= b * t * w, "last_rows: buffers too short");
+    let f = gpu.function(&DECODE, &format!("fox_last_rows_{}", T::NAME))?;
+    let (pd, _g1) = dst.device_ptr(gpu.stream());
+    let (ps, _g2) = src.device_ptr(gpu.stream());
+    let (bi, ti, wi) = (i32_of(b, "batch")?, i32_of(t, "positions")?, i32_of(w, "width")?);
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&pd).arg(&ps).arg(&bi).arg(&ti).arg(&wi);
+    // SAFETY: (T* dst [b·w], const T* src [b·t·w], int, int, int), lengths checked above.
+    unsafe { l.launch(grid(b * w)) }.map_err(|e| anyhow!("launching fox_last_rows: {e:?}"))?;
+    Ok(())
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{what} = {v} does not fit the kernels' 32-bit indices"))
+}
+
+impl<T: Elem> Cuda<T> {
+    /// An empty decode cache for every layer: `batch` rows of up to `cap` positions.
+    pub fn new_caches(&self, model: &Model, batch: usize, cap: usize) -> Result<Vec<GpuCache<T>>> {
+        let c = &model.config;
+        let (h, d) = (c.num_heads, c.head_dim());
+        let cap = cap.max(1);
+        i32_of(batch * h * cap, "batch × heads × cache positions")?;
+        (0..c.num_hidden_layers)
+            .map(|_| {
+                Ok(GpuCache {
+                    k: self.gpu.zeros(batch * h * cap * d)?,
+                    v: self.gpu.zeros(batch * h * cap * d)?,
+                    c: self.gpu.zeros(batch * h * cap)?,
+                    k_shift: self.gpu.zeros(batch * h * d)?,
+                    v_shift: self.gpu.zeros(batch * h * d)?,
+                    len: 0,
+                    cap,
+                    batch,
+                    heads: h,
+                    head_dim: d,
+                })
+            })
+            .collect()
+    }
+
+    fn p<U>(&self, s: &CudaSlice<U>) -> u64 {
+        let (p, _g) = s.device_ptr(self.gpu.stream());
+        p
+    }
+
+    pub(super) fn last_rows(
+        &self,
+        dst: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        b: usize,
+        t: usize,
+        w: usize,
+    ) -> Result<()> {
+        last_rows_on(&self.gpu, dst, src, b, t, w)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn kv_shift_prev(
+        &mut self,
+        out: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        alpha: &CudaSlice<T>,
+        prev: &CudaSlice<T>,
+        b: &GpuBatch,
+        heads: usize,
+        head_dim: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (bb, t, w) = (b.batch, b.seq, heads * head_dim);
+        ensure!(
+            out.len() >= bb * t * w && x.len() >= bb * t * w && alpha.len() >= bb * t * heads && prev.len() >= bb * w,
+            "kv_shift_prev: buffers too short"
+        );
+        let f = self.gpu.function(&DECODE, &format!("fox_kv_shift_prev_{}", T::NAME))?;
+        let (po, px, pa, pp) = (self.p(out), self.p(x), self.p(alpha), self.p(prev));
+        let (bi, ti, hi, di) = (i32_of(bb, "batch")?, i32_of(t, "positions")?, heads as i32, head_dim as i32);
+        let (lenp, len) = (self.lenp(), i32_of(len, "cache length")?);
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&po).arg(&px).arg(&pa).arg(&pp).arg(&bi).arg(&ti).arg(&hi).arg(&di).arg(&lenp).arg(&len);
+        // SAFETY: arguments as in kernels/decode.cu; lengths checked above.
+        unsafe { l.launch(grid(bb * w)) }.map_err(|e| anyhow!("launching fox_kv_shift_prev: {e:?}"))?;
+        Ok(())
+    }
+
+    pub(super) fn cache_c_offset(
+        &mut self,
+        c: &mut CudaSlice<f32>,
+        cache: &GpuCache<T>,
+        b: &GpuBatch,
+        heads: usize,
+    ) -> Result<()> {
+        let (bh, t) = (b.batch * heads, b.seq);
+        ensure!(c.len() >= bh * t && cache.c.len() >= bh * cache.cap, "cache_c_offset: buffers too short");
+        let f = self.gpu.function(&DECODE, "fox_cache_c_offset")?;
+        let (pc, pcc) = (self.p(c), self.p(&cache.c));
+        let (bhi, ti, capi) = (i32_of(bh, "batch × heads")?, i32_of(t, "positions")?, i32_of(cache.cap, "cache")?);
+        let (lenp, len) = (self.lenp(), cache.len as i32);
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&pc).arg(&pcc).arg(&bhi).arg(&ti).arg(&capi).arg(&lenp).arg(&len);
+        // SAFETY: arguments as in kernels/decode.cu; lengths checked above.
+        unsafe { l.launch(grid(bh * t)) }.map_err(|e| anyhow!("launching fox_cache_c_offset: {e:?}"))?;
+        Ok(())
+    }
+
+    /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_cached(
+        &mut self,
+        o: &mut CudaSlice<T>,
+        lse: &mut CudaSlice<f32>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        c: &CudaSlice<f32>,
+        prune: Option<&CudaSlice<f32>>,
+        b: &GpuBatch,
+        cache: &mut GpuCache<T>,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Tiles> {
+        let (bb, t) = (b.batch, b.seq);
+        let (past, cap) = (cache.len, cache.cap);
+        ensure!(
+            bb == cache.batch && heads == cache.heads && head_dim == cache.head_dim,
+            "decode cache of [{}, {}, {}] used for a batch of [{bb}, {heads}, {head_dim}]",
+            cache.batch,
+            cache.heads,
+            cache.head_dim
+        );
+        ensure!(past + t <= cap, "the decode cache holds {cap} positions; {past} + {t} were asked for");
+        let n = bb * t * heads * head_dim;
+        ensure!(k.len() >= n && v.len() >= n && c.len() >= bb * heads * t, "attention_cached: chunk buffers too short");
+        {
+            let f = self.gpu.function(&DECODE, &format!("fox_cache_append_{}", T::NAME))?;
+            let (pk, pv, pc) = (self.p(&cache.k), self.p(&cache.v), self.p(&cache.c));
+            let (sk, sv, sc) = (self.p(k), self.p(v), self.p(c));
+            let (bi, ti, hi, di) = (bb as i32, i32_of(t, "positions")?, heads as i32, head_dim as i32);
+            let (capi, lenp, len) = (cap as i32, self.lenp(), past as i32);
+            let mut l = self.gpu.stream().launch_builder(&f);
+            l.arg(&pk).arg(&pv).arg(&pc).arg(&sk).arg(&sv).arg(&sc).arg(&bi).arg(&ti).arg(&hi).arg(&di);
+            l.arg(&capi).arg(&lenp).arg(&len);
+            // SAFETY: arguments as in kernels/decode.cu; the cache holds B·H·cap rows and
+            // past + t <= cap (checked above).
+            unsafe { l.launch(grid(n)) }.map_err(|e| anyhow!("launching fox_cache_append: {e:?}"))?;
+        }
+        cache.len += t;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let start = self.start(b);
+        if bf16::<T>() && fast_attention_dims(head_dim) {
+            let (qv, kv, vv, ov) = (words(q)?, words(&cache.k)?, words(&cache.v)?, words(o)?);
+            // The cache's keys are [B, H, cap, D] with gate sums [B, H, cap]: tk = cap, and
+            // causality (query r at past + r) hides the positions not yet filled.
+            let p = DevProblem {
+                batch: bb,
+                heads,
+                head_dim,
+                tq: t,
+                tk: cap,
+                q_pos0: past,
+                dtype: DType::Bf16,
+                q: DevView::bthd(&qv, t, heads, head_dim),
+                k: DevView::bhtd(&kv, cap, head_dim, heads),
+                v: DevView::bhtd(&vv, cap, head_dim, heads),
+                cq: c,
+                ck: &cache.c,
+                vis: match start {
+                    Some(s) => DevVisibility::LeftPadded(s),
+                    None => DevVisibility::All,
+                },
+                scale,
+                prune,
+            };
+            if t <= 16 {
+                // A decode step: the split-K kernel with partials allocated once.
+                let shape = (bb * heads, head_dim, cap);
+                if self.decode_scratch.as_ref().is_none_or(|s| s.shape != shape) {
+                    self.decode_scratch = Some(ga::DecodeScratch::new(&self.gpu, bb, heads, head_dim, cap)?);
+                }
+                let scratch = self.decode_scratch.as_ref().ok_or_else(|| anyhow!("decode scratch"))?;
+                ga::decode_into(&self.gpu, &p, &ov, lse, scratch, self.decode_pos.as_ref())?;
+            } else {
+                ensure!(self.decode_pos.is_none(), "a captured decode step must have at most 16 positions per row");
+                ga::forward(&self.gpu, &p, &ov, lse, FwdKernel::Tiled, false)?;
+            }
+            return Ok(Tiles::default());
+        }
+        ensure!(self.decode_pos.is_none(), "CUDA graphs of a decode step need the bf16 attention kernels");
+        let kc = (&cache.k as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>();
+        let vc = (&cache.v as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>();
+        let (qf, of) = (super::as_f32(q), super::as_f32_mut(o));
+        match (qf, of, kc, vc) {
+            (Some(qf), Some(of), Some(kc), Some(vc)) => attention_f32::forward_f32_cached(
+                &self.gpu,
+                bb,
+                heads,
+                t,
+                head_dim,
+                qf,
+                c,
+                (kc, vc, &cache.c),
+                cap,
+                past,
+                start,
+                scale,
+                prune,
+                of,
+                lse,
+            )?,
+            _ => {
+                // bf16 at a head dim the fast kernels lack (small test models): f32 copies.
+                let m = bb * heads * cap * head_dim;
+                let (mut qf, mut kf, mut vf) = (self.gpu.zeros(n)?, self.gpu.zeros(m)?, self.gpu.zeros(m)?);
+                let mut of = self.gpu.zeros::<f32>(n)?;
+                ops::cast_to_f32(&self.gpu, &mut qf, q, n)?;
+                ops::cast_to_f32(&self.gpu, &mut kf, &cache.k, m)?;
+                ops::cast_to_f32(&self.gpu, &mut vf, &cache.v, m)?;
+                attention_f32::forward_f32_cached(
+                    &self.gpu,
+                    bb,
+                    heads,
+                    t,
+                    head_dim,
+                    &qf,
+                    c,
+                    (&kf, &vf, &cache.c),
+                    cap,
+                    past,
+                    start,
+                    scale,
+                    prune,
+                    &mut of,
+                    lse,
+                )?;
+                ops::cast_from_f32(&self.gpu, o, &of, n)?;
+            }
+        }
+        Ok(Tiles::default())
+    }
+
+    /// Logits [rows, vocab] (f32, on the host) of final hidden states [rows, d], a chunk of the
+    /// head's rows at a time.
+    pub fn logits(&mut self, hidden: &CudaSlice<T>, lm_head: &Linear, rows: usize) -> Result<Vec<f32>> {
+        self.mark(Family::Head)?;
+        let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
+        ensure!(hidden.len() >= rows * d, "logits: hidden holds {} values, {rows}×{d} expected", hidden.len());
+        let mut out = Vec::with_capacity(rows * vocab);
+        let mut host = vec![0f32; self.head_rows * vpad];
+        let gpu = self.gpu.clone();
+        for r0 in (0..rows).step_by(self.head_rows) {
+            let m = self.head_rows.min(rows - r0);
+            dtod(&gpu, hidden, r0 * d, &mut self.head_x, 0, m * d)?;
+            let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
+            self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vpad)?;
+            gpu.stream()
+                .memcpy_dtoh(&self.head_logits.slice(0..m * vpad), &mut host[..m * vpad])
+                .map_err(|e| anyhow!("downloading logits: {e:?}"))?;
+            gpu.sync()?;
+            for r in 0..m {
+                out.extend_from_slice(&host[r * vpad..r * vpad + vocab]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The logits of each row's last position, left on the device in the head's chunk buffer
+    /// ([`Cuda::sample`] reads them), or copied to the host with `download`.
+    pub fn last_logits(
+        &mut self,
+        hidden: &CudaSlice<T>,
+        lm_head: &Linear,
+        b: &GpuBatch,
+        download: bool,
+    ) -> Result<Option<Vec<f32>>> {
+        self.mark(Family::Head)?;
+        let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
+        ensure!(b.batch <= self.head_rows, "{} rows exceed the head's chunk of {}", b.batch, self.head_rows);
+        last_rows_on(&self.gpu, &mut self.head_x, hidden, b.batch, b.seq, d)?;
+        let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
+        self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, b.batch, d, vpad)?;
+        if !download {
+            return Ok(None);
+        }
+        let host =
+            self.gpu.stream().clone_dtoh(&self.head_logits.slice(0..b.batch * vpad)).map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu.sync()?;
+        Ok(Some((0..b.batch).flat_map(|r| host[r * vpad..r * vpad + vocab].to_vec()).collect()))
+    }
+
+    /// Chooses each row's next token from the logits of [`Cuda::last_logits`] into `out` [B]; with
+    /// `next`, also into that batch's token ids (the next decode step's input).
+    pub fn sample(
+        &mut self,
+        out: &mut CudaSlice<i32>,
+        next: Option<&mut GpuBatch>,
+        rows: usize,
+        s: &DeviceSampling,
+        step: usize,
+    ) -> Result<()> {
+        self.mark(Family::CrossEntropy)?;
+        ensure!(out.len() >= rows && rows <= self.head_rows, "sample: {rows} rows do not fit");
+        let f = self.gpu.function(&DECODE, "fox_sample")?;
+        let po = self.p(out);
+        let pn = match next {
+            Some(b) => {
+                ensure!(b.ids.len() >= rows, "sample: the next batch holds fewer than {rows} ids");
+                b.batch = rows;
+                b.seq = 1;
+                self.p(&b.ids)
+            }
+            None => 0,
+        };
+        let pl = self.p(&self.head_logits);
+        let (vocab, ld) = (self.vocab as i32, self.vocab_pad as i32);
+        let (temp, k, top_p, seed) = (s.temperature, s.top_k.min(i32::MAX as usize) as i32, s.top_p, s.seed);
+        // The random stream is keyed by (seed, cached length, row): the same in both decode modes.
+        let (lenp, step) = (self.lenp(), step as i32);
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&po).arg(&pn).arg(&pl).arg(&vocab).arg(&ld).arg(&temp).arg(&k).arg(&top_p).arg(&seed).arg(&lenp);
+        l.arg(&step);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: arguments as in kernels/decode.cu; the head's logits hold head_rows ≥ rows rows.
+        unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching fox_sample: {e:?}"))?;
+        Ok(())
+    }
+
+    fn lenp(&self) -> u64 {
+        self.decode_pos.as_ref().map_or(0, |c| self.p(c))
+    }
+
+    /// From here on the cache kernels, the decode kernel and the sampler read the cached length
+    /// from the device, starting at `len` (for capturing a decode step as a CUDA graph).
+    pub fn begin_device_positions(&mut self, len: usize) -> Result<()> {
+        self.decode_pos = Some(self.gpu.upload(&[i32_of(len, "cache length")?])?);
+        Ok(())
+    }
+
+    /// Back to host-side lengths; returns the device's final length.
+    pub fn end_device_positions(&mut self) -> Result<Option<usize>> {
+        match self.decode_pos.take() {
+            Some(p) => Ok(Some(self.gpu.download(&p)?[0].max(0) as usize)),
+            None => Ok(None),
+        }
+    }
+
+    /// The end of a decode step on the device: cached length and each row's RoPE position + 1.
+    pub fn advance_positions(&mut self, b: &mut GpuBatch) -> Result<()> {
+        let lp = self.decode_pos.as_ref().ok_or_else(|| anyhow!("no device-side positions"))?;
+        let f = self.gpu.function(&DECODE, "fox_decode_advance")?;
+        let (pl, pp, bi) = (self.p(lp), self.p(&b.positions), i32_of(b.batch, "batch")?);
+        ensure!(b.positions.len() >= b.batch, "positions too short");
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&pl).arg(&pp).arg(&bi);
+        // SAFETY: (int* len, int* positions [B], int B): lengths checked above.
+        unsafe { l.launch(grid(b.batch)) }.map_err(|e| anyhow!("launching fox_decode_advance: {e:?}"))?;
+        Ok(())
+    }
+
+    /// The per-row losses of the last [`Backend::head_loss`](crate::backend::Backend::head_loss)
+    /// (0 where a row had no target), on the host.
+    pub fn row_losses(&mut self, rows: usize) -> Result<Vec<f32>> {
+        ensure!(rows <= self.losses.len(), "row_losses: {rows} rows exceed the {} planned", self.losses.len());
+        let v = self.gpu.stream().clone_dtoh(&self.losses.slice(0..rows)).map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu.sync()?;
+        self.loss_rows = 0;
+        Ok(v)
+    }
+}

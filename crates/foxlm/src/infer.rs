@@ -1,0 +1,559 @@
+//! Running a trained model on the CPU or a GPU: logits, per-position losses, generation and the
+//! activations behind gate maps, behind one interface ([`Infer`]) so that `forward`, `generate`,
+//! `eval loss`, `eval niah` and `viz gates` take `--device` and `--dtype` and give the same
+//! outputs on either.
+//!
+//! The CPU engine is the f32 reference (the functions these commands always used). The GPU engine
+//! runs the same model code on the CUDA backend: prompts are prefilled in chunks through a decode
+//! cache on the device (keys, values, running gate sums and KV-shift states), and each new token
+//! costs one forward of one position per row plus the output head of the last positions; the next
+//! token is chosen on the device, and only the chosen ids come back to the host.
+
+use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache};
+use crate::backend::{Backend, BatchInfo};
+use crate::engine::Dtype;
+use crate::eval::loss::{batch_token_losses, Chunking};
+use crate::eval::niah::greedy_answer;
+use crate::generate::{generate, GenerateOptions};
+use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
+use fox_kernels::cuda::{self, Elem, Gpu};
+use std::sync::Arc;
+
+/// The largest batch × chunk the GPU engine plans by default (rows of one forward).
+pub const DEFAULT_GPU_ROWS: usize = 16384;
+
+/// What a command will ask of an engine, so the GPU engine can plan its buffers once.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Most sequences at once.
+    pub batch: usize,
+    /// Most positions per forward (longer inputs go through the cache in chunks of this many).
+    pub chunk: usize,
+}
+
+/// Timings of one generation ([`GpuInfer::timed_generate`]).
+pub struct Timed {
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    /// Tokens generated per row.
+    pub steps: usize,
+    /// With profiling: per kernel family, GPU milliseconds and operations over the decode.
+    pub families: Vec<(crate::backend::cuda::Family, f64, usize)>,
+}
+
+/// A model ready to run on one device.
+pub trait Infer {
+    /// The device, in words (printed by the commands).
+    fn describe(&self) -> String;
+    /// Logits [B, T, V] of a batch (left padding in `ctx.start`).
+    fn logits(&mut self, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>>;
+    /// Next-token losses of equally long sequences (`seqs[b].len() == N + 1`): `[B][N]`, as
+    /// [`batch_token_losses`]; `progress(t)` after each chunk of t positions.
+    fn token_losses(
+        &mut self,
+        seqs: &[Vec<u32>],
+        chunk: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f64>>>;
+    /// Continuations of `prompts` (left-padded into one batch), as [`generate`]; `on_token(row,
+    /// id)` sees each token as it is chosen.
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Vec<Vec<u32>>>;
+    /// Greedy continuation of one prompt, prefilled in chunks, as [`greedy_answer`].
+    fn greedy(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        chunk: usize,
+        eos: Option<u32>,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<u32>>;
+    /// One sequence's attention activations for gate maps: per block the forget-gate logits, the
+    /// prefix sums c, and the attention inputs q and k (f32 on the host; other fields empty).
+    fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs>;
+}
+
+/// Opens `model` on `device` with `dtype` (None: bf16 on a GPU; the CPU runs f32 only).
+pub fn open<'m>(
+    model: &'m Model,
+    device: &cuda::Device,
+    dtype: Option<Dtype>,
+    plan: Plan,
+) -> Result<Box<dyn Infer + 'm>> {
+    match device {
+        cuda::Device::Cpu => {
+            if dtype == Some(Dtype::Bf16) {
+                bail!("--dtype bf16 needs a GPU (--device cuda): the CPU runs in f32");
+            }
+            Ok(Box::new(CpuInfer { model }))
+        }
+        cuda::Device::Cuda(gpu) => Ok(match dtype.unwrap_or_default() {
+            Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
+            Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
+        }),
+    }
+}
+
+/// The CPU reference engine.
+pub struct CpuInfer<'m> {
+    pub model: &'m Model,
+}
+
+impl Infer for CpuInfer<'_> {
+    fn describe(&self) -> String {
+        cuda::Device::Cpu.describe()
+    }
+    fn logits(&mut self, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>> {
+        Ok(self.model.forward(ids, ctx))
+    }
+    fn token_losses(
+        &mut self,
+        seqs: &[Vec<u32>],
+        chunk: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f64>>> {
+        let chunking = Chunking::new(chunk, self.model.config.vocab_size);
+        Ok(batch_token_losses(self.model, seqs, chunking, progress))
+    }
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Vec<Vec<u32>>> {
+        Ok(generate(self.model, prompts, opts, on_token))
+    }
+    fn greedy(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        chunk: usize,
+        eos: Option<u32>,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<u32>> {
+        let chunking = Chunking::new(chunk, self.model.config.vocab_size);
+        Ok(greedy_answer(self.model, prompt, max_new, chunking, eos, progress))
+    }
+    fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {
+        let ctx = Ctx { batch: 1, seq: ids.len(), start: None };
+        let (_, acts) = self.model.forward_hidden(ids, &ctx, None, true);
+        acts.ok_or_else(|| anyhow!("the forward kept no activations"))
+    }
+}
+
+/// The GPU engine: the model on the CUDA backend in `T` (bf16, or f32 to check against the CPU).
+pub struct GpuInfer<'m, T: Elem> {
+    model: &'m Model,
+    pub be: Cuda<T>,
+    batch: GpuBatch,
+    /// Buffers of one block for a [plan.batch, plan.chunk] forward, and for a decode step.
+    acts: Acts<Cuda<T>>,
+    step: Acts<Cuda<T>>,
+    /// The ids chosen on the device, [plan.batch].
+    chosen: CudaSlice<i32>,
+    plan: Plan,
+    /// Replay decode steps as CUDA graphs (bf16, head dim 64/128); on by default.
+    pub graphs: bool,
+}
+
+impl<'m, T: Elem> GpuInfer<'m, T> {
+    pub fn new(gpu: Arc<Gpu>, model: &'m Model, plan: Plan) -> Result<Self> {
+        let plan = Plan { batch: plan.batch.max(1), chunk: plan.chunk.max(1) };
+        let rows = plan.batch.checked_mul(plan.chunk).ok_or_else(|| anyhow!("batch × chunk overflows"))?;
+        let weights = model.params.numel() * (4 + std::mem::size_of::<T>());
+        let (free, total) = gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
+        if weights + (512 << 20) > free {
+            bail!(
+                "the model's weights need {:.2} GiB on {}, which has {:.2} of {:.2} GiB free",
+                weights as f64 / (1u64 << 30) as f64,
+                gpu.name(),
+                free as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            );
+        }
+        let be = Cuda::<T>::new(gpu.clone(), model, plan.batch, plan.chunk, false)
+            .with_context(|| format!("loading the model onto {}", gpu.name()))?;
+        let batch = be.new_batch(rows, plan.batch)?;
+        let acts = ModelActs::new(&be, model, plan.batch, plan.chunk, false)
+            .with_context(|| format!("activations for {} × {} positions", plan.batch, plan.chunk))?;
+        let step = ModelActs::new(&be, model, plan.batch, 1, false)?;
+        let chosen = gpu.zeros(plan.batch)?;
+        Ok(Self { model, be, batch, acts, step, chosen, plan, graphs: true })
+    }
+
+    /// Device bytes of a decode cache of `batch` rows × `positions` for this model.
+    pub fn cache_bytes(model: &Model, batch: usize, positions: usize) -> usize {
+        let c = &model.config;
+        c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.head_dim(), positions)
+    }
+
+    fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuCache<T>>> {
+        let need = Self::cache_bytes(self.model, batch, positions);
+        let (free, _) = self.be.gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
+        if need + (256 << 20) > free {
+            bail!(
+                "a decode cache of {batch} × {positions} positions needs {:.2} GiB; the GPU has {:.2} GiB free",
+                need as f64 / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            );
+        }
+        self.be.new_caches(self.model, batch, positions)
+    }
+
+    fn check_batch(&self, b: usize) -> Result<()> {
+        ensure!(b >= 1 && b <= self.plan.batch, "a batch of {b} rows; the engine was planned for {}", self.plan.batch);
+        Ok(())
+    }
+
+    /// One forward of [b, t] tokens (`step`: the one-position decode buffers), continuing the
+    /// caches when given; the final hidden states are left in the acts' `final_out`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &mut self,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+        start: Option<&[usize]>,
+        targets: Option<&[Option<u32>]>,
+        caches: Option<&mut [GpuCache<T>]>,
+        step: bool,
+    ) -> Result<()> {
+        let past = caches.as_ref().and_then(|c| c.first()).map_or(0, |c| c.len);
+        let info = BatchInfo { batch: b, seq: t, start, past };
+        self.be.prepare(&mut self.batch, &info, ids, targets)?;
+        let acts = if step { &mut self.step } else { &mut self.acts };
+        self.model.forward_on(&mut self.be, &self.batch, acts, caches)
+    }
+
+    /// Rows of `ids` [b, total] from position `p0`, `t` positions each.
+    fn chunk_ids(ids: &[u32], b: usize, total: usize, p0: usize, t: usize) -> Vec<u32> {
+        (0..b).flat_map(|r| ids[r * total + p0..r * total + p0 + t].iter().copied()).collect()
+    }
+
+    /// Prefills left-padded prompts `ids` [b, t] through `caches`, a chunk at a time; the hidden
+    /// states of the last chunk stay in `acts`. Returns the last chunk's length.
+    fn prefill(
+        &mut self,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+        start: Option<&[usize]>,
+        caches: &mut [GpuCache<T>],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<usize> {
+        let chunk = self.plan.chunk;
+        if let Some(s) = start {
+            let most = s.iter().copied().max().unwrap_or(0);
+            ensure!(
+                most < chunk,
+                "left padding of {most} positions exceeds a prefill chunk of {chunk}: batch prompts of closer lengths"
+            );
+        }
+        let mut p0 = 0;
+        let mut last = 0;
+        while p0 < t {
+            let tc = chunk.min(t - p0);
+            let cid = Self::chunk_ids(ids, b, t, p0, tc);
+            self.forward(&cid, b, tc, start, None, Some(caches), false)?;
+            p0 += tc;
+            last = tc;
+            progress(tc);
+        }
+        Ok(last)
+    }
+
+    /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`
+    /// times or until every row has produced `eos`. With the bf16 kernels, from the third token on
+    /// a whole step (forward, head, sampling, position update) is one CUDA graph replay.
+    fn decode(
+        &mut self,
+        b: usize,
+        start: Option<&[usize]>,
+        caches: &mut [GpuCache<T>],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Vec<Vec<u32>>> {
+        let s = DeviceSampling {
+            temperature: opts.sampling.temperature,
+            top_k: opts.sampling.top_k,
+            top_p: opts.sampling.top_p,
+            seed: opts.seed,
+        };
+        let lm_head = self.model.lm_head;
+        let hd = self.model.config.head_dim();
+        let graphs = self.graphs && T::NAME == "bf16" && (hd == 64 || hd == 128);
+        let mut graph: Option<CudaGraph> = None;
+        let mut len = caches.first().map_or(0, |c| c.len);
+        let mut out = vec![Vec::new(); b];
+        let mut done = vec![false; b];
+        let mut host = vec![0i32; b];
+        let mut next: Vec<u32> = Vec::new();
+        let result = (|| -> Result<()> {
+            for step in 0..opts.max_new_tokens {
+                if step == 0 {
+                    // The prefill's last positions.
+                    self.be.last_logits(&self.acts.final_out, &lm_head, &self.batch, false)?;
+                    self.be.sample(&mut self.chosen, None, b, &s, len)?;
+                } else if let Some(g) = &graph {
+                    g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
+                    len += 1;
+                } else if graphs && step >= 2 {
+                    // Capture one step (its kernels are compiled and its buffers exist by now).
+                    let info = BatchInfo { batch: b, seq: 1, start, past: len };
+                    self.be.prepare(&mut self.batch, &info, &next, None)?;
+                    self.be.begin_device_positions(len)?;
+                    let stream = self.be.gpu.stream().clone();
+                    stream
+                        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                        .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
+                    let captured = (|| -> Result<()> {
+                        self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
+                        self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+                        // Advance first: the sampler's random stream is keyed by the new length.
+                        self.be.advance_positions(&mut self.batch)?;
+                        self.be.sample(&mut self.chosen, Some(&mut self.batch), b, &s, len + 1)
+                    })();
+                    let g = stream.end_capture(CUgraphInstantiate_flags(0));
+                    captured?;
+                    let g = g
+                        .map_err(|e| anyhow!("instantiating the decode step's CUDA graph: {e:?}"))?
+                        .ok_or_else(|| anyhow!("the decode step's CUDA graph is empty"))?;
+                    g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
+                    graph = Some(g);
+                    len += 1;
+                } else {
+                    self.forward(&next, b, 1, start, None, Some(&mut *caches), true)?;
+                    len += 1;
+                    self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+                    self.be.sample(&mut self.chosen, None, b, &s, len)?;
+                }
+                self.be
+                    .gpu
+                    .stream()
+                    .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
+                    .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
+                self.be.gpu.sync()?;
+                next = host.iter().map(|&v| v.max(0) as u32).collect();
+                for r in 0..b {
+                    if done[r] {
+                        continue;
+                    }
+                    if Some(next[r]) == opts.eos {
+                        done[r] = true;
+                        continue;
+                    }
+                    out[r].push(next[r]);
+                    on_token(r, next[r]);
+                }
+                if done.iter().all(|&x| x) {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        // Host-side lengths again (a replayed graph advanced only the device's).
+        let device_len = self.be.end_device_positions();
+        drop(graph);
+        for c in caches.iter_mut() {
+            c.len = len;
+        }
+        result?;
+        device_len?;
+        Ok(out)
+    }
+
+    /// [`Infer::generate`] timed for `foxlm bench decode`: the prefill and the decode separately
+    /// (wall clock, the GPU synchronised at both ends), with a per-family profile of the decode
+    /// when `profile` (events around every operation, so no CUDA graphs then).
+    pub fn timed_generate(&mut self, prompts: &[Vec<u32>], opts: &GenerateOptions, profile: bool) -> Result<Timed> {
+        let b = prompts.len();
+        self.check_batch(b)?;
+        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+        ensure!(prompts.iter().all(|p| p.len() == t), "timed prompts must have equal lengths");
+        let ids: Vec<u32> = prompts.iter().flatten().copied().collect();
+        let mut caches = self.caches(b, t + opts.max_new_tokens)?;
+        self.be.gpu.sync()?;
+        let t0 = std::time::Instant::now();
+        self.prefill(&ids, b, t, None, &mut caches, &mut |_| {})?;
+        self.be.gpu.sync()?;
+        let prefill_s = t0.elapsed().as_secs_f64();
+        let graphs = self.graphs;
+        if profile {
+            self.graphs = false;
+            self.be.start_profile();
+        }
+        let t1 = std::time::Instant::now();
+        let r = self.decode(b, None, &mut caches, opts, &mut |_, _| {});
+        let decode_s = t1.elapsed().as_secs_f64();
+        self.graphs = graphs;
+        let families = if profile { self.be.take_profile()? } else { Vec::new() };
+        let out = r?;
+        Ok(Timed { prefill_s, decode_s, steps: out.iter().map(|o| o.len()).max().unwrap_or(0), families })
+    }
+
+    fn greedy_chunked(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        eos: Option<u32>,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<u32>> {
+        let mut caches = self.caches(1, prompt.len() + max_new)?;
+        self.prefill(prompt, 1, prompt.len(), None, &mut caches, progress)?;
+        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
+        Ok(self.decode(1, None, &mut caches, &opts, &mut |_, _| {})?.pop().unwrap_or_default())
+    }
+}
+
+impl<T: Elem> Infer for GpuInfer<'_, T> {
+    fn describe(&self) -> String {
+        format!("{} ({})", self.be.gpu.describe(), T::NAME)
+    }
+
+    fn logits(&mut self, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>> {
+        let (b, t) = (ctx.batch, ctx.seq);
+        self.check_batch(b)?;
+        ensure!(ids.len() == b * t, "ids must be [B, T] = [{b}, {t}]");
+        let v = self.model.config.vocab_size;
+        let lm_head = self.model.lm_head;
+        let start = ctx.start.as_deref();
+        if t <= self.plan.chunk {
+            self.forward(ids, b, t, start, None, None, false)?;
+            return self.be.logits(&self.acts.final_out, &lm_head, b * t);
+        }
+        // Longer than a chunk: through a cache, chunk by chunk, into [B, T, V].
+        let mut caches = self.caches(b, t)?;
+        let mut out = vec![0f32; b * t * v];
+        let mut p0 = 0;
+        if let Some(s) = start {
+            ensure!(s.iter().all(|&x| x < self.plan.chunk), "left padding longer than a chunk of {}", self.plan.chunk);
+        }
+        while p0 < t {
+            let tc = self.plan.chunk.min(t - p0);
+            let cid = Self::chunk_ids(ids, b, t, p0, tc);
+            self.forward(&cid, b, tc, start, None, Some(&mut caches), false)?;
+            let l = self.be.logits(&self.acts.final_out, &lm_head, b * tc)?;
+            for r in 0..b {
+                out[(r * t + p0) * v..(r * t + p0 + tc) * v].copy_from_slice(&l[r * tc * v..(r + 1) * tc * v]);
+            }
+            p0 += tc;
+        }
+        Ok(out)
+    }
+
+    fn token_losses(
+        &mut self,
+        seqs: &[Vec<u32>],
+        chunk: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f64>>> {
+        let b = seqs.len();
+        if b == 0 {
+            return Ok(vec![]);
+        }
+        self.check_batch(b)?;
+        let len = seqs[0].len();
+        ensure!(len >= 2, "a sequence needs at least two tokens (one prediction)");
+        ensure!(seqs.iter().all(|s| s.len() == len), "sequences of a batch must have equal lengths");
+        let n = len - 1;
+        let chunk = chunk.clamp(1, self.plan.chunk);
+        let mut caches = self.caches(b, n)?;
+        let lm_head = self.model.lm_head;
+        let mut out = vec![Vec::with_capacity(n); b];
+        let mut pos = 0;
+        while pos < n {
+            let t = chunk.min(n - pos);
+            let ids: Vec<u32> = seqs.iter().flat_map(|s| s[pos..pos + t].iter().copied()).collect();
+            let targets: Vec<Option<u32>> =
+                seqs.iter().flat_map(|s| s[pos + 1..pos + 1 + t].iter().map(|&v| Some(v))).collect();
+            self.forward(&ids, b, t, None, Some(&targets), Some(&mut caches), false)?;
+            self.be.head_loss(None, &self.acts.final_out, &lm_head, &self.batch, 1.0)?;
+            let losses = self.be.row_losses(b * t)?;
+            for (r, row) in out.iter_mut().enumerate() {
+                row.extend(losses[r * t..(r + 1) * t].iter().map(|&v| v as f64));
+            }
+            pos += t;
+            progress(t);
+        }
+        Ok(out)
+    }
+
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Vec<Vec<u32>>> {
+        let b = prompts.len();
+        if b == 0 {
+            return Ok(vec![]);
+        }
+        self.check_batch(b)?;
+        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0).max(1);
+        let start: Vec<usize> = prompts.iter().map(|p| t - p.len()).collect();
+        let padded = start.iter().any(|&s| s > 0);
+        // Padding positions hold any valid id; they are masked everywhere.
+        let mut ids = Vec::with_capacity(b * t);
+        for (p, &s) in prompts.iter().zip(&start) {
+            ids.extend(std::iter::repeat_n(p.first().copied().unwrap_or(0), s));
+            ids.extend_from_slice(p);
+        }
+        let start = padded.then_some(start);
+        let mut caches = self.caches(b, t + opts.max_new_tokens)?;
+        self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_| {})?;
+        self.decode(b, start.as_deref(), &mut caches, opts, on_token)
+    }
+
+    fn greedy(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        chunk: usize,
+        eos: Option<u32>,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<u32>> {
+        ensure!(!prompt.is_empty(), "an empty prompt");
+        // The prefill goes in chunks of `chunk` (at most the planned one), as on the CPU.
+        let saved = self.plan.chunk;
+        self.plan.chunk = chunk.clamp(1, saved);
+        let r = self.greedy_chunked(prompt, max_new, eos, progress);
+        self.plan.chunk = saved;
+        r
+    }
+
+    fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {
+        let t = ids.len();
+        ensure!(t >= 1 && t <= self.plan.chunk, "{t} tokens; the engine was planned for {}", self.plan.chunk);
+        let mut acts: Acts<Cuda<T>> = ModelActs::new(&self.be, self.model, 1, t, true)?;
+        let info = BatchInfo { batch: 1, seq: t, start: None, past: 0 };
+        self.be.prepare(&mut self.batch, &info, ids, None)?;
+        self.model.forward_on(&mut self.be, &self.batch, &mut acts, None)?;
+        let gpu = self.be.gpu.clone();
+        let f32s = |s: &CudaSlice<f32>| -> Result<Vec<f32>> {
+            if s.is_empty() {
+                Ok(vec![])
+            } else {
+                gpu.download(s)
+            }
+        };
+        let act =
+            |s: &CudaSlice<T>| -> Result<Vec<f32>> { Ok(gpu.download(s)?.into_iter().map(|v| v.to_f32()).collect()) };
+        let mut out = CpuActs::default();
+        for blk in &acts.blocks {
+            let mut b = crate::model::BlockActs::default();
+            b.attn.fgate_logit = f32s(&blk.attn.fgate_logit)?;
+            b.attn.c = f32s(&blk.attn.c)?;
+            b.attn.q = act(&blk.attn.q)?;
+            b.attn.k = act(&blk.attn.k)?;
+            out.blocks.push(b);
+        }
+        Ok(out)
+    }
+}

@@ -468,3 +468,41 @@ fn glob_options_errors() {
     assert!(t.skipped_too_large > 30 && t.skipped_too_large < 78, "{t:?}");
     assert_eq!(m.train.documents + t.skipped_too_large + t.duplicates + t.skipped_not_utf8 + m.skipped_empty, 78);
 }
+
+#[test]
+fn glob_from_the_command_line_reports_what_it_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("site-packages");
+    tree(&root);
+    let out = tmp.path().join("ds");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
+        .args(["data", "prepare", "--quiet", "--text-format", "plain", "--glob", "*.py", "--val-by", "top"])
+        .args(["--max-file-bytes", "1K", "--val-fraction", "0.2", "--input"])
+        .arg(&root)
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("78 files matched")
+            && stderr.contains("2 duplicates dropped; skipped 2 not UTF-8, 0 unreadable"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("of 12 groups (--val-by top)"), "{stderr}");
+    let m = Dataset::open(&out).unwrap().manifest().clone();
+    assert_eq!((m.globs, m.val_by), (vec!["*.py".to_string()], ValBy::Top));
+    // A bad size and a bad --val-by are usage errors.
+    for bad in [["--max-file-bytes", "lots"], ["--val-by", "package"]] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
+            .args(["data", "prepare", "--glob", "*.py", "--input"])
+            .arg(&root)
+            .arg("--output")
+            .arg(tmp.path().join("x"))
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}

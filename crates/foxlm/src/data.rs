@@ -452,7 +452,7 @@ impl Dataset {
                     t.groups,
                     m.val_by.as_str(),
                     crate::validate::human_bytes(t.val_bytes as u128),
-                    crate::validate::human_bytes((t.train_bytes + t.val_bytes) as u128)
+                    crate::validate::human_bytes(t.train_bytes as u128 + t.val_bytes as u128)
                 );
             }
         }

@@ -107,7 +107,7 @@ pub fn run(a: Args) -> Result<()> {
                         t.groups,
                         m.val_by.as_str(),
                         crate::validate::human_bytes(t.val_bytes as u128),
-                        crate::validate::human_bytes((t.train_bytes + t.val_bytes) as u128),
+                        crate::validate::human_bytes(t.train_bytes as u128 + t.val_bytes as u128),
                         p.output.join(crate::data::FILES_LIST).display()
                     );
                 }

@@ -113,7 +113,7 @@ pub fn run(a: CompareArgs) -> Result<()> {
         "baseline": base_name,
         "train_context": train_context,
         "positions": n,
-        "late_range": [3 * train_context / 4, train_context],
+        "late_range": [compare::late_start(train_context), train_context],
         "extrapolated_range": [train_context, n],
         "models": rows.iter().zip(&curves).map(|(r, c)| json!({
             "name": r.name,

@@ -162,6 +162,11 @@ pub fn range_mean(loss: &[f64], lo: usize, hi: usize) -> Option<f64> {
     (lo < hi && hi <= loss.len()).then(|| loss[lo..hi].iter().sum::<f64>() / (hi - lo) as f64)
 }
 
+/// The start of the last quarter of the training context, floor(3T/4) (without overflow).
+pub fn late_start(train_context: usize) -> usize {
+    train_context - train_context.div_ceil(4)
+}
+
 /// One row of the comparison table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
@@ -181,7 +186,7 @@ pub struct Row {
 pub fn table(curves: &[Curve], baseline: usize, train_context: usize, runs: &[Option<RunInfo>]) -> Vec<Row> {
     let t = train_context;
     let n = curves.iter().map(|c| c.loss.len()).max().unwrap_or(0);
-    let late = |c: &Curve| range_mean(&c.loss, 3 * t / 4, t);
+    let late = |c: &Curve| range_mean(&c.loss, late_start(t), t);
     let extra = |c: &Curve| range_mean(&c.loss, t, n);
     let base = &curves[baseline];
     let diff = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
@@ -222,8 +227,8 @@ pub fn markdown(rows: &[Row], baseline: &str, train_context: usize, n: usize) ->
     let with_runs = rows.iter().any(|r| r.run.is_some());
     let mut s = format!(
         "| model | final val. loss | L(i), i ∈ [{}, {t}) | L(i), i ∈ [{t}, {n}) | Δ [{}, {t}) vs {b} | Δ [{t}, {n}) vs {b} |",
-        3 * t / 4,
-        3 * t / 4,
+        late_start(t),
+        late_start(t),
         b = esc(baseline)
     );
     if with_runs {
@@ -325,5 +330,6 @@ mod tests {
         assert_eq!(range_mean(&l, 2, 2), None);
         assert_eq!(duration(272.4), "4 min 32 s");
         assert_eq!(duration(9.0), "9 s");
+        assert_eq!((late_start(2048), late_start(10), late_start(usize::MAX)), (1536, 7, usize::MAX / 4 * 3 + 2));
     }
 }

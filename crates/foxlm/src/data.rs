@@ -17,6 +17,14 @@
 //! i-th document (in input order, folders walked in natural-sorted order) is held out when
 //! floor((i + 1) f) > floor(i f), i.e. evenly spaced, exactly round-down(n f) of them.
 //!
+//! Tree mode (`--glob PATTERN`, for source trees tokenized where they lie): every file under an
+//! input folder whose relative path matches a pattern is a document (no .jsonl handling). Files
+//! that are not UTF-8 or cannot be read are skipped and counted; files with the same bytes as an
+//! earlier one are dropped (headers sit in several places); `--val-by dir|top` holds out whole
+//! folders or whole top-level entries (packages), chosen by a hash of their relative path, about
+//! f of the kept bytes. Every file's fate is listed in `files.jsonl`. The walk is sorted and
+//! every decision is taken in that order, so the same tree gives byte-identical shards.
+//!
 //! Training windows (SPEC §3): the split's documents, in a seeded order that changes each epoch,
 //! form one stream `doc EOS doc EOS ...`; window k is BOS followed by the stream's tokens
 //! [kT, kT + T): the model reads its first T tokens and predicts its last T. Documents longer
@@ -120,6 +128,16 @@ pub struct Manifest {
     /// Documents that produced no tokens and were skipped.
     #[serde(default)]
     pub skipped_empty: usize,
+    /// The `--glob` patterns of a tree-mode dataset (empty: the classic mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub globs: Vec<String>,
+    /// How the validation split was chosen.
+    #[serde(default, skip_serializing_if = "ValBy::is_document")]
+    pub val_by: ValBy,
+    /// Tree mode: files found, skipped and deduplicated, held-out groups; the per-file listing
+    /// is in `files.jsonl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeSummary>,
     pub train: SplitInfo,
     pub val: SplitInfo,
 }
@@ -416,6 +434,28 @@ impl Dataset {
         if m.skipped_empty > 0 {
             s += &format!("skipped     {} empty document(s)\n", m.skipped_empty);
         }
+        if let Some(t) = &m.tree {
+            s += &format!(
+                "files       {} matched --glob {} ({}); {} duplicates, {} not UTF-8, {} unreadable, {} too large skipped\n",
+                t.files,
+                m.globs.join(" --glob "),
+                crate::validate::human_bytes(t.bytes as u128),
+                t.duplicates,
+                t.skipped_not_utf8,
+                t.skipped_unreadable,
+                t.skipped_too_large
+            );
+            if m.val_by != ValBy::Document {
+                s += &format!(
+                    "held out    {} of {} groups (--val-by {}): {} of {} kept bytes\n",
+                    t.val_groups,
+                    t.groups,
+                    m.val_by.as_str(),
+                    crate::validate::human_bytes(t.val_bytes as u128),
+                    crate::validate::human_bytes(t.train_bytes as u128 + t.val_bytes as u128)
+                );
+            }
+        }
         s
     }
 }
@@ -433,6 +473,13 @@ pub struct PrepareOptions {
     /// Replace an existing dataset in the output folder.
     pub overwrite: bool,
     pub progress: bool,
+    /// Tree mode: patterns of the files to take under each input folder (see [`pattern`]);
+    /// empty: the classic mode (every file, .jsonl lines as documents).
+    pub globs: Vec<String>,
+    /// How documents are held out (tree mode may hold out whole folders).
+    pub val_by: ValBy,
+    /// Tree mode: skip files larger than this.
+    pub max_file_bytes: Option<u64>,
 }
 
 impl Default for PrepareOptions {
@@ -443,6 +490,9 @@ impl Default for PrepareOptions {
             shard_tokens: 1 << 28,
             overwrite: false,
             progress: false,
+            globs: vec![],
+            val_by: ValBy::Document,
+            max_file_bytes: None,
         }
     }
 }
@@ -659,10 +709,34 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
     if !(0.0..1.0).contains(&opts.val_fraction) {
         bail!("--val-fraction must be in [0, 1), got {}", opts.val_fraction);
     }
-    let files = list_inputs(inputs)?;
-    if files.is_empty() {
-        bail!("no files found in {}", inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    if opts.globs.is_empty() && opts.val_by != ValBy::Document {
+        bail!("--val-by {} needs --glob: it holds out folders of the files that --glob selects", opts.val_by.as_str());
     }
+    if opts.globs.is_empty() && opts.max_file_bytes.is_some() {
+        bail!("--max-file-bytes needs --glob (it skips files of the tree that --glob selects)");
+    }
+    // Everything that can fail on the inputs fails before the output folder is touched.
+    let source = if opts.globs.is_empty() {
+        let files = list_inputs(inputs)?;
+        if files.is_empty() {
+            bail!(
+                "no files found in {}",
+                inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
+        Source::Files(files)
+    } else {
+        let patterns = opts.globs.iter().map(|g| pattern::Glob::new(g)).collect::<Result<Vec<_>>>()?;
+        let files = list_tree(inputs, &patterns)?;
+        if files.is_empty() {
+            bail!(
+                "no file in {} matches --glob {}",
+                inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+                opts.globs.join(" --glob ")
+            );
+        }
+        Source::Tree(files)
+    };
     if out.join(MANIFEST_FILE).exists() && !opts.overwrite {
         bail!("{} already holds a dataset (pass --overwrite to replace it)", out.display());
     }
@@ -675,24 +749,83 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
         // new shards; old shards of the same names are overwritten.
         let _ = std::fs::remove_file(out.join(MANIFEST_FILE));
     }
-    let total_bytes: u64 = files.iter().map(|f| f.metadata().map(|m| m.len()).unwrap_or(0)).sum();
     let tok = Tokenizer::gpt2(opts.text_format)?;
     let vocab = GPT2_VOCAB;
     let dtype = TokenDtype::for_vocab(vocab);
-    let mut train = ShardWriter::new(out, Split::Train, dtype, opts.shard_tokens);
-    let mut val = ShardWriter::new(out, Split::Val, dtype, opts.shard_tokens);
-    let pb = if opts.progress {
-        let pb = indicatif::ProgressBar::new(total_bytes);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "tokenizing {bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-            )
-            .expect("template"),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
+    let mut w = Writers {
+        train: ShardWriter::new(out, Split::Train, dtype, opts.shard_tokens),
+        val: ShardWriter::new(out, Split::Val, dtype, opts.shard_tokens),
     };
+    let mut manifest = Manifest {
+        format: FORMAT_NAME.into(),
+        version: FORMAT_VERSION,
+        tokenizer: "gpt2".into(),
+        text_format: opts.text_format,
+        vocab_size: vocab,
+        dtype,
+        val_fraction: opts.val_fraction,
+        sources: inputs.iter().map(|p| p.display().to_string()).collect(),
+        skipped_empty: 0,
+        globs: opts.globs.clone(),
+        val_by: opts.val_by,
+        tree: None,
+        train: SplitInfo { documents: 0, tokens: 0, shards: vec![] },
+        val: SplitInfo { documents: 0, tokens: 0, shards: vec![] },
+    };
+    match source {
+        Source::Files(files) => manifest.skipped_empty = tokenize_files(files, &tok, opts, &mut w)?,
+        Source::Tree(files) => {
+            let stats = tokenize_tree(&files, &tok, opts, &mut w)?;
+            manifest.skipped_empty = stats.empty;
+            write_file(&out.join(FILES_LIST), &stats.listing)?;
+            manifest.tree = Some(stats.summary);
+        }
+    }
+    manifest.train = w.train.finish()?;
+    manifest.val = w.val.finish()?;
+    if manifest.train.tokens == 0 {
+        bail!(
+            "the inputs hold no text for training ({} non-empty documents, {} of them held out; {} empty): \
+             nothing to train on",
+            manifest.train.documents + manifest.val.documents,
+            manifest.val.documents,
+            manifest.skipped_empty
+        );
+    }
+    let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
+    Ok(manifest)
+}
+
+enum Source {
+    Files(Vec<PathBuf>),
+    Tree(Vec<TreeFile>),
+}
+
+struct Writers {
+    train: ShardWriter,
+    val: ShardWriter,
+}
+
+fn progress_bar(show: bool, total_bytes: u64, what: &str) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total_bytes);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:30}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} ETA {{eta}} {{msg}}"
+        ))
+        .expect("template"),
+    );
+    pb
+}
+
+/// The classic mode: every file (or .jsonl line) is a document, in input order; documents are
+/// held out evenly spaced. Returns the number of empty documents skipped.
+fn tokenize_files(files: Vec<PathBuf>, tok: &Tokenizer, opts: &PrepareOptions, w: &mut Writers) -> Result<usize> {
+    let total_bytes: u64 = files.iter().map(|f| f.metadata().map(|m| m.len()).unwrap_or(0)).sum();
+    let pb = progress_bar(opts.progress, total_bytes, "tokenizing");
     let mut reader = DocReader { files: files.into_iter(), jsonl: None };
     let mut doc_index = 0usize;
     let mut skipped = 0usize;
@@ -728,39 +861,537 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
                 continue;
             }
             if is_val_document(doc_index, opts.val_fraction) {
-                val.push(&ids)?;
+                w.val.push(&ids)?;
             } else {
-                train.push(&ids)?;
+                w.train.push(&ids)?;
             }
             doc_index += 1;
         }
         pb.set_message(format!("{} documents", doc_index));
     }
     pb.finish_and_clear();
-    let train = train.finish()?;
-    let val = val.finish()?;
-    if train.tokens == 0 {
-        bail!(
-            "the inputs hold no text ({} non-empty documents; {skipped} empty): nothing to train on",
-            train.documents + val.documents
-        );
+    Ok(skipped)
+}
+
+// ---------------------------------------------------------------------------------------------
+// File-tree mode (`--glob`): source trees tokenized in place.
+
+/// The listing of a tree-mode dataset: one JSON line per file that matched, in input order.
+pub const FILES_LIST: &str = "files.jsonl";
+
+/// How the validation split is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ValBy {
+    /// Single documents, evenly spaced in input order.
+    #[default]
+    Document,
+    /// Whole folders: a file's folder (relative to its --input) goes to one split with all its files.
+    Dir,
+    /// Whole top-level entries of each --input folder (packages of site-packages): a file goes
+    /// with everything under the same first path component (a file at the top is its own entry).
+    Top,
+}
+
+impl ValBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ValBy::Document => "document",
+            ValBy::Dir => "dir",
+            ValBy::Top => "top",
+        }
     }
-    let manifest = Manifest {
-        format: FORMAT_NAME.into(),
-        version: FORMAT_VERSION,
-        tokenizer: "gpt2".into(),
-        text_format: opts.text_format,
-        vocab_size: vocab,
-        dtype,
-        val_fraction: opts.val_fraction,
-        sources: inputs.iter().map(|p| p.display().to_string()).collect(),
-        skipped_empty: skipped,
-        train,
-        val,
+    fn is_document(&self) -> bool {
+        *self == ValBy::Document
+    }
+}
+
+/// What `--glob` found and did, in the manifest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TreeSummary {
+    /// Files that matched a pattern.
+    pub files: usize,
+    pub bytes: u64,
+    /// Files skipped because they are not valid UTF-8 (binary or another encoding).
+    pub skipped_not_utf8: usize,
+    /// Files that could not be read (permissions, vanished).
+    pub skipped_unreadable: usize,
+    /// Files larger than --max-file-bytes.
+    pub skipped_too_large: usize,
+    /// Files whose bytes equal an earlier file's (the first in input order is kept).
+    pub duplicates: usize,
+    /// Held-out groups (folders, or top-level entries) and all groups, with --val-by dir|top.
+    pub val_groups: usize,
+    pub groups: usize,
+    /// Bytes of the kept (unique, valid) files in each split.
+    pub train_bytes: u64,
+    pub val_bytes: u64,
+}
+
+/// A file of a tree: which --input it is under and its path relative to it ('/'-separated).
+struct TreeFile {
+    input: usize,
+    rel: String,
+    path: PathBuf,
+}
+
+/// Files under each input folder whose relative path matches one of `patterns`; per input, in
+/// natural order of the path components. Hidden entries and symbolic links to folders are
+/// skipped (links can loop, and point at trees listed elsewhere).
+fn list_tree(inputs: &[PathBuf], patterns: &[pattern::Glob]) -> Result<Vec<TreeFile>> {
+    fn walk(dir: &Path, rel: &str, input: usize, patterns: &[pattern::Glob], out: &mut Vec<TreeFile>) -> Result<()> {
+        let mut entries: Vec<(String, PathBuf, std::fs::FileType)> = Vec::new();
+        for e in std::fs::read_dir(dir).with_context(|| format!("cannot read folder {}", dir.display()))? {
+            let e = e.with_context(|| format!("cannot read folder {}", dir.display()))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let ft = e.file_type().with_context(|| format!("cannot stat {}", e.path().display()))?;
+            entries.push((name, e.path(), ft));
+        }
+        entries.sort_by_cached_key(|(n, _, _)| (natural_key(n), n.clone()));
+        for (name, path, ft) in entries {
+            let r = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let is_file = if ft.is_symlink() {
+                // A link to a file counts as that file; a link to a folder is not followed.
+                std::fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false)
+            } else {
+                ft.is_file()
+            };
+            if ft.is_dir() {
+                walk(&path, &r, input, patterns, out)?;
+            } else if is_file && patterns.iter().any(|p| p.matches(&r)) {
+                out.push(TreeFile { input, rel: r, path });
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for (i, p) in inputs.iter().enumerate() {
+        if !p.is_dir() {
+            bail!("{}: --glob needs folders as --input (patterns are relative to each folder)", p.display());
+        }
+        walk(p, "", i, patterns, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// What became of one file of the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileStatus {
+    Keep,
+    Empty,
+    NotUtf8,
+    Unreadable,
+    TooLarge,
+    /// Same bytes as the file with this index.
+    Duplicate(usize),
+}
+
+/// The first pass over a file: its size and status, and the SHA-256 of its bytes when kept.
+fn scan_file(f: &TreeFile, max_bytes: Option<u64>) -> (u64, FileStatus, [u8; 32]) {
+    let none = [0u8; 32];
+    if let Some(max) = max_bytes {
+        if let Ok(m) = std::fs::metadata(&f.path) {
+            if m.len() > max {
+                return (m.len(), FileStatus::TooLarge, none);
+            }
+        }
+    }
+    let Ok(bytes) = std::fs::read(&f.path) else { return (0, FileStatus::Unreadable, none) };
+    let n = bytes.len() as u64;
+    if max_bytes.is_some_and(|max| n > max) {
+        return (n, FileStatus::TooLarge, none);
+    }
+    if bytes.is_empty() {
+        return (0, FileStatus::Empty, none);
+    }
+    if std::str::from_utf8(&bytes).is_err() {
+        return (n, FileStatus::NotUtf8, none);
+    }
+    (n, FileStatus::Keep, Sha256::digest(&bytes).into())
+}
+
+/// The hold-out group of a file (see [`ValBy`]).
+fn group_of(rel: &str, by: ValBy) -> &str {
+    match by {
+        ValBy::Document => rel,
+        ValBy::Dir => rel.rsplit_once('/').map_or("", |(d, _)| d),
+        ValBy::Top => rel.split_once('/').map_or(rel, |(t, _)| t),
+    }
+}
+
+/// Chooses held-out groups: groups in the order of the SHA-256 of their name (a fixed
+/// pseudo-random order that depends on nothing but the names), each taken while the held-out
+/// bytes stay within `fraction` of all bytes; when none fits, the smallest group. Returns the
+/// chosen group names.
+fn choose_val_groups(
+    sizes: &std::collections::BTreeMap<&str, u64>,
+    fraction: f64,
+) -> std::collections::HashSet<String> {
+    let total: u64 = sizes.values().sum();
+    let target = (total as f64 * fraction).floor() as u64;
+    let mut order: Vec<(&str, u64)> = sizes.iter().map(|(k, v)| (*k, *v)).collect();
+    order.sort_by_cached_key(|(k, _)| (Sha256::digest(k.as_bytes()), k.to_string()));
+    let mut held = 0u64;
+    let mut chosen = std::collections::HashSet::new();
+    for &(k, n) in &order {
+        if held + n <= target {
+            held += n;
+            chosen.insert(k.to_string());
+        }
+    }
+    if chosen.is_empty() && fraction > 0.0 && order.len() > 1 {
+        // Every group is larger than the target: hold out the smallest (first in hash order on ties).
+        let &(k, _) = order.iter().min_by_key(|(_, n)| *n).expect("at least two groups");
+        chosen.insert(k.to_string());
+    }
+    chosen
+}
+
+struct TreeStats {
+    empty: usize,
+    summary: TreeSummary,
+    listing: Vec<u8>,
+}
+
+/// Tree mode: scan every file on all cores (size, UTF-8, hash), drop duplicates and invalid
+/// files, choose the split, then tokenize the kept files on all cores in batches, writing them
+/// in input order. Nothing depends on thread scheduling: every decision is made in input order.
+fn tokenize_tree(files: &[TreeFile], tok: &Tokenizer, opts: &PrepareOptions, w: &mut Writers) -> Result<TreeStats> {
+    let total_bytes: u64 = files.iter().map(|f| std::fs::metadata(&f.path).map(|m| m.len()).unwrap_or(0)).sum();
+    let pb = progress_bar(opts.progress, total_bytes, "reading   ");
+    pb.set_message(format!("{} files", files.len()));
+    let scanned: Vec<(u64, FileStatus, [u8; 32])> = files
+        .par_iter()
+        .map(|f| {
+            let r = scan_file(f, opts.max_file_bytes);
+            pb.inc(r.0);
+            r
+        })
+        .collect();
+    pb.finish_and_clear();
+
+    let mut status: Vec<FileStatus> = scanned.iter().map(|s| s.1).collect();
+    let mut first: std::collections::HashMap<[u8; 32], usize> = std::collections::HashMap::new();
+    for (i, (_, st, hash)) in scanned.iter().enumerate() {
+        if *st == FileStatus::Keep {
+            if let Some(&j) = first.get(hash) {
+                status[i] = FileStatus::Duplicate(j);
+            } else {
+                first.insert(*hash, i);
+            }
+        }
+    }
+    let kept: Vec<usize> = (0..files.len()).filter(|&i| status[i] == FileStatus::Keep).collect();
+
+    // The split: per kept file, whether it is held out.
+    let mut summary =
+        TreeSummary { files: files.len(), bytes: scanned.iter().map(|s| s.0).sum(), ..Default::default() };
+    let held: Vec<bool> = if opts.val_by.is_document() {
+        (0..kept.len()).map(|k| is_val_document(k, opts.val_fraction)).collect()
+    } else {
+        let mut sizes = std::collections::BTreeMap::new();
+        for &i in &kept {
+            *sizes.entry(group_of(&files[i].rel, opts.val_by)).or_insert(0u64) += scanned[i].0;
+        }
+        let chosen = choose_val_groups(&sizes, opts.val_fraction);
+        summary.groups = sizes.len();
+        summary.val_groups = chosen.len();
+        kept.iter().map(|&i| chosen.contains(group_of(&files[i].rel, opts.val_by))).collect()
     };
-    let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
-    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
-    Ok(manifest)
+
+    // Tokenize the kept files in batches of about 64 MiB, in order.
+    let kept_bytes: u64 = kept.iter().map(|&i| scanned[i].0).sum();
+    let pb = progress_bar(opts.progress, kept_bytes, "tokenizing");
+    let mut tokens = vec![0usize; files.len()];
+    let mut start = 0;
+    const BATCH_BYTES: u64 = 64 << 20;
+    while start < kept.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < kept.len() && (end == start || bytes < BATCH_BYTES) {
+            bytes += scanned[kept[end]].0;
+            end += 1;
+        }
+        let encoded: Vec<Result<Vec<u32>>> = kept[start..end]
+            .par_iter()
+            .map(|&i| {
+                let f = &files[i];
+                let bytes = std::fs::read(&f.path).with_context(|| format!("cannot read {}", f.path.display()))?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| anyhow!("{}: changed while being read (no longer UTF-8)", f.path.display()))?;
+                let ids = tok.encode(&text, false);
+                pb.inc(text.len() as u64);
+                Ok(ids)
+            })
+            .collect();
+        for (k, ids) in (start..end).zip(encoded) {
+            let ids = ids?;
+            let i = kept[k];
+            tokens[i] = ids.len();
+            if held[k] {
+                summary.val_bytes += scanned[i].0;
+                w.val.push(&ids)?;
+            } else {
+                summary.train_bytes += scanned[i].0;
+                w.train.push(&ids)?;
+            }
+        }
+        pb.set_message(format!("{end}/{} files", kept.len()));
+        start = end;
+    }
+    pb.finish_and_clear();
+
+    let mut listing = Vec::new();
+    let mut k = 0;
+    let mut empty = 0;
+    for (i, f) in files.iter().enumerate() {
+        let mut row = serde_json::json!({"input": f.input, "path": f.rel, "bytes": scanned[i].0});
+        let what = match status[i] {
+            FileStatus::Keep => {
+                row["tokens"] = tokens[i].into();
+                k += 1;
+                if held[k - 1] {
+                    "val"
+                } else {
+                    "train"
+                }
+            }
+            FileStatus::Empty => {
+                empty += 1;
+                "empty"
+            }
+            FileStatus::NotUtf8 => {
+                summary.skipped_not_utf8 += 1;
+                "not-utf8"
+            }
+            FileStatus::Unreadable => {
+                summary.skipped_unreadable += 1;
+                "unreadable"
+            }
+            FileStatus::TooLarge => {
+                summary.skipped_too_large += 1;
+                "too-large"
+            }
+            FileStatus::Duplicate(j) => {
+                summary.duplicates += 1;
+                row["duplicate_of"] = files[j].rel.clone().into();
+                "duplicate"
+            }
+        };
+        row["status"] = what.into();
+        listing.extend_from_slice(row.to_string().as_bytes());
+        listing.push(b'\n');
+    }
+    Ok(TreeStats { empty, summary, listing })
+}
+
+/// Shell-style patterns over '/'-separated relative paths: `*` (any characters but '/'), `?`
+/// (one character), `[abc]`, `[a-z]`, `[!abc]`, `**` as a whole component (any number of
+/// folders, none included) and `{a,b}` alternatives. A pattern without '/' matches the file name
+/// at any depth (as in .gitignore): `*.py` is `**/*.py`.
+pub mod pattern {
+    use anyhow::{bail, Result};
+
+    #[derive(Clone, Debug)]
+    pub struct Glob {
+        /// One alternative per `{…}` expansion, each a list of path components.
+        alternatives: Vec<Vec<String>>,
+    }
+
+    impl Glob {
+        pub fn new(pattern: &str) -> Result<Glob> {
+            let p = pattern.trim_start_matches("./");
+            if p.is_empty() {
+                bail!("--glob {pattern:?}: empty pattern");
+            }
+            if p.starts_with('/') {
+                bail!("--glob {pattern:?}: patterns are relative to each --input folder; drop the leading '/'");
+            }
+            let mut alternatives = vec![];
+            for alt in expand_braces(p).map_err(|e| anyhow::anyhow!("--glob {pattern:?}: {e}"))? {
+                let mut parts: Vec<String> = alt.split('/').filter(|s| !s.is_empty()).map(String::from).collect();
+                if !alt.contains('/') {
+                    parts.insert(0, "**".into());
+                }
+                for part in &parts {
+                    check_classes(part).map_err(|e| anyhow::anyhow!("--glob {pattern:?}: {e}"))?;
+                }
+                alternatives.push(parts);
+            }
+            Ok(Glob { alternatives })
+        }
+
+        /// Whether a '/'-separated relative path matches.
+        pub fn matches(&self, rel: &str) -> bool {
+            let comps: Vec<&str> = rel.split('/').filter(|s| !s.is_empty()).collect();
+            self.alternatives.iter().any(|parts| match_parts(parts, &comps))
+        }
+    }
+
+    /// `a{b,c}d{e,f}` → abde, abdf, acde, acdf (nested braces allowed).
+    fn expand_braces(p: &str) -> std::result::Result<Vec<String>, String> {
+        let chars: Vec<char> = p.chars().collect();
+        let Some(open) = chars.iter().position(|&c| c == '{') else {
+            if p.contains('}') {
+                return Err("'}' without '{'".into());
+            }
+            return Ok(vec![p.to_string()]);
+        };
+        // The matching close brace, and the top-level commas between.
+        let (mut depth, mut close, mut commas) = (0usize, None, vec![]);
+        for (i, &c) in chars.iter().enumerate().skip(open) {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(i);
+                        break;
+                    }
+                }
+                ',' if depth == 1 => commas.push(i),
+                _ => {}
+            }
+        }
+        let Some(close) = close else { return Err("'{' without '}'".into()) };
+        let head: String = chars[..open].iter().collect();
+        let tail: String = chars[close + 1..].iter().collect();
+        let mut bounds = vec![open];
+        bounds.extend(&commas);
+        bounds.push(close);
+        let mut out = vec![];
+        for w in bounds.windows(2) {
+            let mid: String = chars[w[0] + 1..w[1]].iter().collect();
+            for e in expand_braces(&format!("{head}{mid}{tail}"))? {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    fn check_classes(part: &str) -> std::result::Result<(), String> {
+        let chars: Vec<char> = part.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            if chars[i] == '[' {
+                match class_end(&chars, i) {
+                    Some(e) => i = e,
+                    None => return Err(format!("'[' without ']' in {part:?}")),
+                }
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Index of the ']' closing the class opened at `open` (a ']' right after '[' or '[!' is a member).
+    fn class_end(chars: &[char], open: usize) -> Option<usize> {
+        let mut i = open + 1;
+        if i < chars.len() && (chars[i] == '!' || chars[i] == '^') {
+            i += 1;
+        }
+        if i < chars.len() && chars[i] == ']' {
+            i += 1;
+        }
+        (i..chars.len()).find(|&j| chars[j] == ']')
+    }
+
+    fn match_parts(parts: &[String], comps: &[&str]) -> bool {
+        match parts.first() {
+            None => comps.is_empty(),
+            Some(p) if p == "**" => (0..=comps.len()).any(|k| match_parts(&parts[1..], &comps[k..])),
+            Some(p) => !comps.is_empty() && match_component(p, comps[0]) && match_parts(&parts[1..], &comps[1..]),
+        }
+    }
+
+    /// One path component against one pattern component (no '/' in either).
+    fn match_component(pat: &str, name: &str) -> bool {
+        let p: Vec<char> = pat.chars().collect();
+        let s: Vec<char> = name.chars().collect();
+        // Iterative matcher with one backtrack point for the last '*'.
+        let (mut pi, mut si) = (0, 0);
+        let mut star: Option<(usize, usize)> = None;
+        while si < s.len() {
+            let step = if pi < p.len() {
+                match p[pi] {
+                    '*' => {
+                        star = Some((pi, si));
+                        pi += 1;
+                        continue;
+                    }
+                    '?' => Some(pi + 1),
+                    '[' => match class_end(&p, pi) {
+                        Some(end) if class_matches(&p[pi + 1..end], s[si]) => Some(end + 1),
+                        Some(_) => None,
+                        None => (p[pi] == s[si]).then_some(pi + 1),
+                    },
+                    c => (c == s[si]).then_some(pi + 1),
+                }
+            } else {
+                None
+            };
+            match (step, star) {
+                (Some(next), _) => {
+                    pi = next;
+                    si += 1;
+                }
+                (None, Some((sp, ss))) => {
+                    pi = sp + 1;
+                    si = ss + 1;
+                    star = Some((sp, ss + 1));
+                }
+                (None, None) => return false,
+            }
+        }
+        p[pi..].iter().all(|&c| c == '*')
+    }
+
+    fn class_matches(class: &[char], c: char) -> bool {
+        let (neg, body) = match class.first() {
+            Some('!') | Some('^') => (true, &class[1..]),
+            _ => (false, class),
+        };
+        let mut hit = false;
+        let mut i = 0;
+        while i < body.len() {
+            if i + 2 < body.len() && body[i + 1] == '-' {
+                hit |= body[i] <= c && c <= body[i + 2];
+                i += 3;
+            } else {
+                hit |= body[i] == c;
+                i += 1;
+            }
+        }
+        hit != neg
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn patterns() {
+            let g = |p: &str| Glob::new(p).unwrap();
+            assert!(g("*.py").matches("a.py") && g("*.py").matches("pkg/sub/a.py"));
+            assert!(!g("*.py").matches("a.pyc") && !g("*.py").matches("a.py/x"));
+            assert!(g("**/*.py").matches("a.py") && g("**/*.py").matches("x/y/a.py"));
+            assert!(g("pkg/*.py").matches("pkg/a.py") && !g("pkg/*.py").matches("pkg/sub/a.py"));
+            assert!(g("pkg/**/a.py").matches("pkg/a.py") && g("pkg/**/a.py").matches("pkg/x/y/a.py"));
+            assert!(g("**/*.{c,h,cpp}").matches("src/x.cpp") && g("*.{c,h}").matches("x.h"));
+            assert!(!g("*.{c,h}").matches("x.cc"));
+            assert!(g("a?c.[ch]").matches("abc.c") && !g("a?c.[ch]").matches("abc.o"));
+            assert!(g("[!_]*.py").matches("a.py") && !g("[!_]*.py").matches("__init__.py"));
+            assert!(g("[a-c]*").matches("b1") && !g("[a-c]*").matches("d1"));
+            assert!(g("*a*b*").matches("xxaybzz") && !g("*a*b*").matches("xxbya"));
+            assert!(g("./*.rs").matches("src/lib.rs"));
+            for bad in ["", "/abs/*.py", "*.{c,h", "x}", "[ab"] {
+                assert!(Glob::new(bad).is_err(), "{bad:?}");
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 //! Token shards and training windows: round trips, error paths, window semantics.
 
-use foxlm::data::{prepare, windows_per_epoch, Dataset, Loader, LoaderState, PrepareOptions, Split, MANIFEST_FILE};
+use foxlm::data::{
+    prepare, windows_per_epoch, Dataset, Loader, LoaderState, PrepareOptions, Split, ValBy, FILES_LIST, MANIFEST_FILE,
+};
 use foxlm::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -18,6 +21,7 @@ fn opts(val_fraction: f64) -> PrepareOptions {
         shard_tokens: 1 << 20,
         overwrite: false,
         progress: false,
+        ..Default::default()
     }
 }
 
@@ -280,4 +284,225 @@ fn moby_dick_sample_prepares() {
     let tok = Tokenizer::gpt2(TextFormat::Plain).unwrap();
     // Natural order: the first training document is chapter 1.
     assert!(tok.decode(&ds.document(Split::Train, 0)).starts_with("CHAPTER 1. Loomings."));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tree mode (--glob).
+
+fn write_bytes(dir: &Path, name: &str, bytes: &[u8]) {
+    let p = dir.join(name);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, bytes).unwrap();
+}
+
+/// A site-packages-like tree under `root`: twelve packages of two folders each, three files per
+/// folder (distinct contents), one licence header copied to three places (two duplicates), two
+/// files that are not UTF-8, an empty file, and files that no pattern should pick (a .txt, a
+/// hidden folder's .py, a .pyc). Returns the contents of the distinct valid .py files by path.
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    let mut files = BTreeMap::new();
+    for p in 0..12 {
+        for d in ["core", "util"] {
+            for f in 0..3 {
+                let rel = format!("pkg{p}/{d}/mod{f}.py");
+                let text = format!("# {rel}\ndef f_{p}_{f}(x):\n    return x * {}\n", p * 10 + f)
+                    + &"    # padding line\n".repeat(p + f);
+                write(root, &rel, &text);
+                files.insert(rel, text);
+            }
+        }
+    }
+    let header = "# Licensed under the Apache License, Version 2.0\n# (the same header everywhere)\n";
+    for rel in ["pkg0/LICENSE_HEADER.py", "pkg5/core/LICENSE_HEADER.py", "pkg9/util/LICENSE_HEADER.py"] {
+        write(root, rel, header);
+    }
+    // Natural order of the walk: pkg0 < pkg5 < pkg9, so the first copy is pkg0's.
+    files.insert("pkg0/LICENSE_HEADER.py".into(), header.into());
+    write_bytes(root, "pkg3/core/latin1.py", b"# caf\xe9\nx = 1\n");
+    write_bytes(root, "pkg7/binary.py", &[0u8, 159, 146, 150, 0xff, 0xfe]);
+    write(root, "pkg4/util/empty.py", "");
+    write(root, "pkg1/README.txt", "not python");
+    write(root, ".hidden/secret.py", "print('hidden')\n");
+    write_bytes(root, "pkg2/__pycache__/mod0.cpython-311.pyc", b"\x00\x01pyc");
+    files
+}
+
+fn tree_opts(val_by: ValBy, val_fraction: f64) -> PrepareOptions {
+    PrepareOptions { globs: vec!["**/*.py".into()], val_by, ..opts(val_fraction) }
+}
+
+/// files.jsonl as (path, status) pairs, in order.
+fn listing(out: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(out.join(FILES_LIST))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["path"].as_str().unwrap().to_string(), v["status"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn parent(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+#[test]
+fn glob_dedups_skips_non_utf8_and_holds_out_whole_folders() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("site-packages");
+    let files = tree(&root);
+    let out = tmp.path().join("ds");
+    let m = prepare(std::slice::from_ref(&root), &out, &tree_opts(ValBy::Dir, 0.2)).unwrap();
+    let t = m.tree.clone().unwrap();
+    // 72 module files + 3 header copies + 2 non-UTF-8 + 1 empty; not the .txt, .pyc or hidden one.
+    assert_eq!(t.files, 78);
+    assert_eq!(t.duplicates, 2);
+    assert_eq!(t.skipped_not_utf8, 2);
+    assert_eq!(m.skipped_empty, 1);
+    assert_eq!((t.skipped_unreadable, t.skipped_too_large), (0, 0));
+    assert_eq!(m.train.documents + m.val.documents, 73);
+    assert_eq!(m.train.documents + m.val.documents, files.len());
+    assert_eq!(m.val_by, ValBy::Dir);
+    // 24 package folders plus pkg0 itself (its header file).
+    assert_eq!(t.groups, 25);
+    assert!(t.val_groups >= 2, "{t:?}");
+    let frac = t.val_bytes as f64 / (t.train_bytes + t.val_bytes) as f64;
+    assert!(frac > 0.1 && frac <= 0.2, "held-out fraction {frac}");
+
+    let rows = listing(&out);
+    assert_eq!(rows.len(), 78);
+    let status: BTreeMap<&str, &str> = rows.iter().map(|(p, s)| (p.as_str(), s.as_str())).collect();
+    assert_eq!(status["pkg5/core/LICENSE_HEADER.py"], "duplicate");
+    assert_eq!(status["pkg9/util/LICENSE_HEADER.py"], "duplicate");
+    assert_ne!(status["pkg0/LICENSE_HEADER.py"], "duplicate");
+    assert_eq!(status["pkg3/core/latin1.py"], "not-utf8");
+    assert_eq!(status["pkg7/binary.py"], "not-utf8");
+    assert_eq!(status["pkg4/util/empty.py"], "empty");
+    // No folder has files in both splits.
+    let dirs =
+        |want: &str| -> BTreeSet<&str> { rows.iter().filter(|(_, s)| s == want).map(|(p, _)| parent(p)).collect() };
+    let (train_dirs, val_dirs) = (dirs("train"), dirs("val"));
+    assert_eq!(val_dirs.len(), t.val_groups);
+    assert!(train_dirs.is_disjoint(&val_dirs), "{train_dirs:?} / {val_dirs:?}");
+    // The shards hold exactly those files, in listing order.
+    let ds = Dataset::open(&out).unwrap();
+    let tok = Tokenizer::gpt2(TextFormat::Plain).unwrap();
+    for (split, want) in [(Split::Train, "train"), (Split::Val, "val")] {
+        let paths: Vec<&String> = rows.iter().filter(|(_, s)| s == want).map(|(p, _)| p).collect();
+        assert_eq!(ds.num_documents(split), paths.len());
+        for (i, p) in paths.iter().enumerate() {
+            assert_eq!(tok.decode(&ds.document(split, i)), files[*p], "{split} document {i} ({p})");
+        }
+    }
+    assert!(ds.summary().contains("2 duplicates, 2 not UTF-8"), "{}", ds.summary());
+}
+
+#[test]
+fn glob_hold_out_by_top_level_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sp");
+    tree(&root);
+    write(&root, "six.py", "import sys\nPY3 = True\n");
+    let out = tmp.path().join("ds");
+    let m = prepare(std::slice::from_ref(&root), &out, &tree_opts(ValBy::Top, 0.25)).unwrap();
+    let t = m.tree.unwrap();
+    // pkg0..pkg11 and six.py (a top-level file is its own group).
+    assert_eq!(t.groups, 13);
+    let rows = listing(&out);
+    let top = |want: &str| -> BTreeSet<String> {
+        rows.iter().filter(|(_, s)| s == want).map(|(p, _)| p.split('/').next().unwrap().to_string()).collect()
+    };
+    let (train, val) = (top("train"), top("val"));
+    assert!(!val.is_empty() && train.is_disjoint(&val), "{train:?} / {val:?}");
+    assert_eq!(train.len() + val.len(), 13);
+}
+
+#[test]
+fn glob_prepare_is_deterministic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("site-packages");
+    tree(&root);
+    // Different thread counts, the same bytes: nothing depends on scheduling.
+    let run = |threads: usize, out: &Path| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let o = PrepareOptions { shard_tokens: 300, ..tree_opts(ValBy::Dir, 0.2) };
+        pool.install(|| prepare(std::slice::from_ref(&root), out, &o)).unwrap();
+    };
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    run(1, &a);
+    run(4, &b);
+    let names = |d: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    };
+    let na = names(&a);
+    assert_eq!(na, names(&b));
+    assert!(na.len() > 5, "several shards: {na:?}");
+    for n in &na {
+        assert_eq!(std::fs::read(a.join(n)).unwrap(), std::fs::read(b.join(n)).unwrap(), "{n} differs");
+    }
+}
+
+#[test]
+fn glob_options_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sp");
+    tree(&root);
+    let out = tmp.path().join("ds");
+    let e = err(prepare(std::slice::from_ref(&root), &out, &PrepareOptions { val_by: ValBy::Dir, ..opts(0.1) }));
+    assert!(e.contains("--val-by dir needs --glob"), "{e}");
+    let e = err(prepare(&[root.join("six.py")], &out, &tree_opts(ValBy::Dir, 0.1)));
+    assert!(e.contains("six.py"), "{e}");
+    let e = err(prepare(&[root.join("pkg1/README.txt")], &out, &tree_opts(ValBy::Dir, 0.1)));
+    assert!(e.contains("README.txt") && e.contains("folders"), "{e}");
+    let none = PrepareOptions { globs: vec!["**/*.rs".into()], ..opts(0.1) };
+    let e = err(prepare(std::slice::from_ref(&root), &out, &none));
+    assert!(e.contains("no file") && e.contains("**/*.rs"), "{e}");
+    let bad = PrepareOptions { globs: vec!["*.{py".into()], ..opts(0.1) };
+    assert!(err(prepare(std::slice::from_ref(&root), &out, &bad)).contains("*.{py"));
+    assert!(!out.exists(), "nothing is written when the inputs are wrong");
+    // Large files are skipped when asked.
+    let small = PrepareOptions { max_file_bytes: Some(60), ..tree_opts(ValBy::Document, 0.0) };
+    let m = prepare(std::slice::from_ref(&root), &out, &small).unwrap();
+    let t = m.tree.unwrap();
+    assert!(t.skipped_too_large > 30 && t.skipped_too_large < 78, "{t:?}");
+    assert_eq!(m.train.documents + t.skipped_too_large + t.duplicates + t.skipped_not_utf8 + m.skipped_empty, 78);
+}
+
+#[test]
+fn glob_from_the_command_line_reports_what_it_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("site-packages");
+    tree(&root);
+    let out = tmp.path().join("ds");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
+        .args(["data", "prepare", "--quiet", "--text-format", "plain", "--glob", "*.py", "--val-by", "top"])
+        .args(["--max-file-bytes", "1K", "--val-fraction", "0.2", "--input"])
+        .arg(&root)
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("78 files matched")
+            && stderr.contains("2 duplicates dropped; skipped 2 not UTF-8, 0 unreadable"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("of 12 groups (--val-by top)"), "{stderr}");
+    let m = Dataset::open(&out).unwrap().manifest().clone();
+    assert_eq!((m.globs, m.val_by), (vec!["*.py".to_string()], ValBy::Top));
+    // A bad size and a bad --val-by are usage errors.
+    for bad in [["--max-file-bytes", "lots"], ["--val-by", "package"]] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
+            .args(["data", "prepare", "--glob", "*.py", "--input"])
+            .arg(&root)
+            .arg("--output")
+            .arg(tmp.path().join("x"))
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
 }

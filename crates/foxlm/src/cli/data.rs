@@ -1,6 +1,6 @@
 //! `foxlm data prepare|inspect`: tokenize text into memory-mapped shards, and summarise them.
 
-use crate::data::{prepare, Dataset, PrepareOptions, Split};
+use crate::data::{prepare, Dataset, PrepareOptions, Split, ValBy};
 use crate::tokenizer::{TextFormat, Tokenizer};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -26,13 +26,29 @@ pub struct PrepareArgs {
     /// Text files, .jsonl files or folders (walked recursively, in natural order); repeatable.
     #[arg(long, required = true, num_args = 1..)]
     pub input: Vec<PathBuf>,
+    /// Tree mode: take only files whose path relative to an --input folder matches this pattern
+    /// (`*`, `?`, `[a-z]`, `**` for any folders, `{a,b}`; without '/' it matches the file name at
+    /// any depth), e.g. '**/*.py'; repeatable. Each matching file is one document; files that are
+    /// not UTF-8 are skipped and counted, files with the bytes of an earlier one dropped, and
+    /// files.jsonl lists every file's fate.
+    #[arg(long = "glob", value_name = "PATTERN")]
+    pub globs: Vec<String>,
+    /// What is held out for validation: document (evenly spaced documents), dir (whole folders,
+    /// with --glob) or top (whole top-level entries of each --input, e.g. packages, with --glob).
+    /// Folders are chosen by a hash of their relative path until about --val-fraction of the bytes.
+    #[arg(long, value_enum, default_value_t = ValBy::Document)]
+    pub val_by: ValBy,
+    /// With --glob: skip files larger than this many bytes (K/M/G suffixes), e.g. generated tables.
+    #[arg(long, value_parser = parse_size)]
+    pub max_file_bytes: Option<u64>,
     /// Output folder (created; must not already hold a dataset unless --overwrite).
     #[arg(long)]
     pub output: PathBuf,
     /// json-escaped (how the released FoX models were trained) or plain GPT-2 BPE.
     #[arg(long, default_value = "json-escaped")]
     pub text_format: TextFormat,
-    /// Fraction of documents held out for validation (evenly spaced in input order).
+    /// Fraction held out for validation: of the documents (evenly spaced in input order), or with
+    /// --val-by dir|top about this fraction of the bytes, in whole folders.
     #[arg(long, default_value_t = 0.05)]
     pub val_fraction: f64,
     /// Most tokens per shard file.
@@ -68,8 +84,34 @@ pub fn run(a: Args) -> Result<()> {
                 shard_tokens: p.shard_tokens,
                 overwrite: p.overwrite,
                 progress: !p.quiet,
+                globs: p.globs.clone(),
+                val_by: p.val_by,
+                max_file_bytes: p.max_file_bytes,
             };
             let m = prepare(&p.input, &p.output, &opts)?;
+            if let Some(t) = &m.tree {
+                eprintln!(
+                    "{} files matched ({}): {} duplicates dropped; skipped {} not UTF-8, {} unreadable, {} too large, {} empty",
+                    t.files,
+                    crate::validate::human_bytes(t.bytes as u128),
+                    t.duplicates,
+                    t.skipped_not_utf8,
+                    t.skipped_unreadable,
+                    t.skipped_too_large,
+                    m.skipped_empty
+                );
+                if m.val_by != ValBy::Document {
+                    eprintln!(
+                        "held out {} of {} groups (--val-by {}): {} of {} kept bytes; every file's split is in {}",
+                        t.val_groups,
+                        t.groups,
+                        m.val_by.as_str(),
+                        crate::validate::human_bytes(t.val_bytes as u128),
+                        crate::validate::human_bytes(t.train_bytes as u128 + t.val_bytes as u128),
+                        p.output.join(crate::data::FILES_LIST).display()
+                    );
+                }
+            }
             eprintln!(
                 "wrote {}: train {} documents / {} tokens, val {} documents / {} tokens ({}, {:.1} s)",
                 p.output.display(),
@@ -100,4 +142,10 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    crate::validate::parse_bytes(s)
+        .and_then(|b| u64::try_from(b).ok())
+        .ok_or_else(|| format!("{s:?} is not a size in bytes (e.g. 1000000, 512K, 4M)"))
 }

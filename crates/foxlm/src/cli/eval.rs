@@ -29,6 +29,9 @@ pub enum Command {
     /// Needle in a haystack: a grid of context lengths × needle depths, answered greedily and
     /// scored 0-10; JSON and a heatmap PNG.
     Niah(NiahArgs),
+    /// Compare the L(i) curves of separate `eval loss` runs: overlay, differences to a baseline,
+    /// and a Markdown table of range means (with final validation loss from training folders).
+    Compare(crate::cli::eval_compare::CompareArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -119,6 +122,7 @@ pub fn run(a: Args) -> Result<()> {
     match a.command {
         Command::Loss(a) => run_loss(a),
         Command::Niah(a) => run_niah(a),
+        Command::Compare(a) => crate::cli::eval_compare::run(a),
     }
 }
 

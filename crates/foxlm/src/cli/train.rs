@@ -87,8 +87,9 @@ impl Overrides {
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("model_source").args(["preset", "config"])))]
 pub struct Args {
-    /// A named set-up: tiny (a small FoX (Pro) for CPU), or {fox,transformer}-{llama,pro}-{125m,360m,760m}
-    /// with the paper's hyper-parameters. --list-presets shows them.
+    /// A named set-up: tiny (a small FoX (Pro) for CPU), {fox,transformer}-{llama,pro}-{125m,360m,760m}
+    /// with the paper's hyper-parameters, or the small-scale experiment's *-small models.
+    /// --list-presets shows them.
     #[arg(long)]
     pub preset: Option<String>,
     /// A run configuration: JSON {"model": <config.json fields>, "train": {...}} as written to

@@ -4,6 +4,7 @@
 //!
 //! Everything runs on the CPU model for now.
 
+pub mod compare;
 pub mod gates;
 pub mod loss;
 pub mod niah;

@@ -1,0 +1,335 @@
+//! Comparing models' per-token loss curves from separate `foxlm eval loss` runs (`foxlm eval
+//! compare`): one overlay of L(i), one of each model's L(i) minus a baseline's, and a table of
+//! range means (the last quarter of the training context, and beyond it), with each model's final
+//! validation loss and training time when its training folder is given.
+//!
+//! Position i is as in [`crate::eval::loss`]: L(i) is the loss of the prediction made after seeing
+//! i + 1 tokens (BOS included), i = 0..N. With training context T, "the last quarter" is
+//! i in [3T/4, T) and "extrapolated" is i in [T, N).
+
+use crate::eval::loss::moving_average;
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// One model's L(i), read from an `eval loss` output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Curve {
+    pub name: String,
+    pub loss: Vec<f64>,
+    pub train_context: Option<usize>,
+    /// The file it was read from.
+    pub source: PathBuf,
+}
+
+/// Reads every model's L(i) from an `eval loss` output: its folder (loss.json inside), a
+/// loss.json, or a loss.csv (the columns not marked "(smoothed)").
+pub fn read_curves(path: &Path) -> Result<Vec<Curve>> {
+    let file = if path.is_dir() { path.join("loss.json") } else { path.to_path_buf() };
+    let text = crate::validate::read_text(&file).with_context(|| format!("--input {}", path.display()))?;
+    let curves = if file.extension().is_some_and(|e| e == "csv") {
+        curves_from_csv(&text, &file)?
+    } else {
+        curves_from_json(&text, &file)?
+    };
+    if curves.is_empty() {
+        bail!("{}: no model's loss in it", file.display());
+    }
+    Ok(curves)
+}
+
+fn curves_from_json(text: &str, file: &Path) -> Result<Vec<Curve>> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .with_context(|| format!("{}: not JSON (expected eval loss's loss.json)", file.display()))?;
+    let models = v
+        .get("models")
+        .and_then(|m| m.as_array())
+        .ok_or_else(|| anyhow!("{}: no \"models\" list (expected eval loss's loss.json)", file.display()))?;
+    let mut out = vec![];
+    for (k, m) in models.iter().enumerate() {
+        let name = m
+            .get("name")
+            .and_then(|n| n.as_str())
+            .ok_or_else(|| anyhow!("{}: models[{k}] has no \"name\"", file.display()))?;
+        let loss = m
+            .get("loss")
+            .and_then(|l| l.as_array())
+            .ok_or_else(|| anyhow!("{}: models[{k}] ({name}) has no \"loss\" list", file.display()))?
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                    anyhow!("{}: models[{k}] ({name}): loss[{i}] is {x}, not a finite number", file.display())
+                })
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        if loss.is_empty() {
+            bail!("{}: models[{k}] ({name}): empty loss list", file.display());
+        }
+        let train_context = m.get("train_context").and_then(|c| c.as_u64()).map(|c| c as usize);
+        out.push(Curve { name: name.to_string(), loss, train_context, source: file.to_path_buf() });
+    }
+    Ok(out)
+}
+
+/// Splits one CSV line (fields may be quoted, with "" for a quote).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+fn curves_from_csv(text: &str, file: &Path) -> Result<Vec<Curve>> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = csv_fields(lines.next().ok_or_else(|| anyhow!("{}: empty file", file.display()))?);
+    if header.first().map(|h| h.trim()) != Some("position") {
+        bail!("{}: the first column is not \"position\" (expected eval loss's loss.csv)", file.display());
+    }
+    let cols: Vec<usize> = (1..header.len()).filter(|&c| !header[c].ends_with(" (smoothed)")).collect();
+    let mut loss = vec![Vec::new(); cols.len()];
+    for (r, line) in lines.enumerate() {
+        let f = csv_fields(line);
+        if f.len() != header.len() {
+            bail!("{}: row {} has {} fields, the header {}", file.display(), r + 2, f.len(), header.len());
+        }
+        let pos: usize =
+            f[0].trim().parse().map_err(|_| anyhow!("{}: row {}: position {:?}", file.display(), r + 2, f[0]))?;
+        if pos != r {
+            bail!("{}: row {} is position {pos}, expected {r} (positions 0, 1, 2, ...)", file.display(), r + 2);
+        }
+        for (k, &c) in cols.iter().enumerate() {
+            let x: f64 = f[c].trim().parse().map_err(|_| {
+                anyhow!("{}: row {}, column {:?}: {:?} is not a number", file.display(), r + 2, header[c], f[c])
+            })?;
+            if !x.is_finite() {
+                bail!("{}: row {}, column {:?}: {x} is not finite", file.display(), r + 2, header[c]);
+            }
+            loss[k].push(x);
+        }
+    }
+    if loss.first().is_some_and(|l| l.is_empty()) {
+        bail!("{}: no rows", file.display());
+    }
+    Ok(cols
+        .iter()
+        .zip(loss)
+        .map(|(&c, loss)| Curve { name: header[c].clone(), loss, train_context: None, source: file.to_path_buf() })
+        .collect())
+}
+
+/// What a training folder (`foxlm train --out`) says about its run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    /// The last validation loss in metrics.jsonl.
+    pub final_val_loss: Option<f64>,
+    pub steps: u64,
+    pub tokens: u64,
+    /// Wall time of the training as metrics.jsonl records it (the last line's elapsed_s).
+    pub elapsed_s: f64,
+}
+
+/// Reads a training folder's metrics.jsonl.
+pub fn read_run(dir: &Path) -> Result<RunInfo> {
+    let file = dir.join(crate::train::METRICS_FILE);
+    if !file.is_file() {
+        bail!("--run {}: no {} (is it a `foxlm train --out` folder?)", dir.display(), crate::train::METRICS_FILE);
+    }
+    let ms = crate::train::read_metrics(dir);
+    let last = ms.last().ok_or_else(|| anyhow!("{}: no metrics lines", file.display()))?;
+    Ok(RunInfo {
+        final_val_loss: ms.iter().rev().find(|m| m.kind == "val").and_then(|m| m.val_loss),
+        steps: ms.iter().map(|m| m.step).max().unwrap_or(0),
+        tokens: ms.iter().map(|m| m.tokens).max().unwrap_or(0),
+        elapsed_s: last.elapsed_s,
+    })
+}
+
+/// Mean of `loss[lo..hi]`; None when the range is empty or not fully inside the curve.
+pub fn range_mean(loss: &[f64], lo: usize, hi: usize) -> Option<f64> {
+    (lo < hi && hi <= loss.len()).then(|| loss[lo..hi].iter().sum::<f64>() / (hi - lo) as f64)
+}
+
+/// The start of the last quarter of the training context, floor(3T/4) (without overflow).
+pub fn late_start(train_context: usize) -> usize {
+    train_context - train_context.div_ceil(4)
+}
+
+/// One row of the comparison table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub name: String,
+    pub final_val_loss: Option<f64>,
+    /// Mean L(i) over the last quarter of the training context, [3T/4, T).
+    pub late: Option<f64>,
+    /// Mean L(i) over the extrapolated range [T, N).
+    pub extrapolated: Option<f64>,
+    /// The same minus the baseline's.
+    pub late_diff: Option<f64>,
+    pub extrapolated_diff: Option<f64>,
+    pub run: Option<RunInfo>,
+}
+
+/// The table: one row per curve, differences against `curves[baseline]`.
+pub fn table(curves: &[Curve], baseline: usize, train_context: usize, runs: &[Option<RunInfo>]) -> Vec<Row> {
+    let t = train_context;
+    let n = curves.iter().map(|c| c.loss.len()).max().unwrap_or(0);
+    let late = |c: &Curve| range_mean(&c.loss, late_start(t), t);
+    let extra = |c: &Curve| range_mean(&c.loss, t, n);
+    let base = &curves[baseline];
+    let diff = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
+    curves
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let run = runs.get(i).cloned().flatten();
+            Row {
+                name: c.name.clone(),
+                final_val_loss: run.as_ref().and_then(|r| r.final_val_loss),
+                late: late(c),
+                extrapolated: extra(c),
+                late_diff: diff(late(c), late(base)),
+                extrapolated_diff: diff(extra(c), extra(base)),
+                run,
+            }
+        })
+        .collect()
+}
+
+/// Minutes and seconds: "4 min 32 s".
+fn duration(s: f64) -> String {
+    let s = s.round() as u64;
+    if s >= 60 {
+        format!("{} min {:02} s", s / 60, s % 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
+/// The table in Markdown. `n` is the evaluated context (positions 0..n).
+pub fn markdown(rows: &[Row], baseline: &str, train_context: usize, n: usize) -> String {
+    let t = train_context;
+    let num = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.4}"));
+    let signed = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:+.4}"));
+    let esc = |s: &str| s.replace('|', "\\|");
+    let with_runs = rows.iter().any(|r| r.run.is_some());
+    let mut s = format!(
+        "| model | final val. loss | L(i), i ∈ [{}, {t}) | L(i), i ∈ [{t}, {n}) | Δ [{}, {t}) vs {b} | Δ [{t}, {n}) vs {b} |",
+        late_start(t),
+        late_start(t),
+        b = esc(baseline)
+    );
+    if with_runs {
+        s += " steps | tokens | training time |";
+    }
+    s += "\n|---|---|---|---|---|---|";
+    if with_runs {
+        s += "---|---|---|";
+    }
+    s.push('\n');
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} |",
+            esc(&r.name),
+            num(r.final_val_loss),
+            num(r.late),
+            num(r.extrapolated),
+            signed(r.late_diff),
+            signed(r.extrapolated_diff)
+        );
+        if with_runs {
+            match &r.run {
+                Some(run) => s += &format!(" {} | {} | {} |", run.steps, run.tokens, duration(run.elapsed_s)),
+                None => s += " – | – | – |",
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Curves with unique names (later duplicates get " (2)", " (3)", ...).
+pub fn unique_names(curves: &mut [Curve]) {
+    let mut seen: Vec<String> = vec![];
+    for c in curves.iter_mut() {
+        let mut name = c.name.clone();
+        let mut k = 2;
+        while seen.contains(&name) {
+            name = format!("{} ({k})", c.name);
+            k += 1;
+        }
+        seen.push(name.clone());
+        c.name = name;
+    }
+}
+
+/// Smoothed L(i) of every curve, and of every curve minus the baseline (over the positions both
+/// have), as plot series; differences clipped to ±`clip` when given.
+pub fn series(
+    curves: &[Curve],
+    baseline: usize,
+    window: usize,
+    train_context: usize,
+    clip: Option<f64>,
+) -> (Vec<crate::eval::plots::Series>, Vec<crate::eval::plots::Series>) {
+    use crate::eval::plots::Series;
+    let marker = Some(train_context as f64);
+    let base = &curves[baseline].loss;
+    let mut loss = vec![];
+    let mut diff = vec![];
+    for c in curves {
+        let sm = moving_average(&c.loss, window);
+        loss.push(Series {
+            name: c.name.clone(),
+            points: sm.iter().enumerate().map(|(i, &v)| ((i + 1) as f64, v)).collect(),
+            marker_x: marker,
+        });
+        let m = c.loss.len().min(base.len());
+        let d: Vec<f64> = (0..m).map(|i| c.loss[i] - base[i]).collect();
+        let d = moving_average(&d, window);
+        diff.push(Series {
+            name: c.name.clone(),
+            points: d
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| ((i + 1) as f64, clip.map_or(v, |cl| v.clamp(-cl, cl))))
+                .collect(),
+            marker_x: marker,
+        });
+    }
+    (loss, diff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_handle_quotes() {
+        assert_eq!(csv_fields("a,\"b,c\",\"d \"\"e\"\"\""), vec!["a", "b,c", "d \"e\""]);
+        assert_eq!(csv_fields("1,,2"), vec!["1", "", "2"]);
+    }
+
+    #[test]
+    fn range_mean_is_none_outside_the_curve() {
+        let l = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(range_mean(&l, 1, 3), Some(2.5));
+        assert_eq!(range_mean(&l, 2, 5), None);
+        assert_eq!(range_mean(&l, 2, 2), None);
+        assert_eq!(duration(272.4), "4 min 32 s");
+        assert_eq!(duration(9.0), "9 s");
+        assert_eq!((late_start(2048), late_start(10), late_start(usize::MAX)), (1536, 7, usize::MAX / 4 * 3 + 2));
+    }
+}

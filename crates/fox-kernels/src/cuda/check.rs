@@ -349,6 +349,8 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let cpu_p = Problem {
         batch: b,
         heads: h,
+        kv_heads: h,
+        window: None,
         head_dim: d,
         tq,
         tk: t,

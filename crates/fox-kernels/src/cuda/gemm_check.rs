@@ -398,6 +398,8 @@ pub fn attention_reference(s: &AttnCase, seed: u64) -> AttnRef {
     let mut p = Problem {
         batch: b,
         heads: h,
+        kv_heads: h,
+        window: None,
         head_dim: d,
         tq: t,
         tk: t,

@@ -86,6 +86,8 @@ fn problem<'p>(
     fa::Problem {
         batch: b.batch,
         heads,
+        kv_heads: heads,
+        window: None,
         head_dim,
         tq: t,
         tk: t,

@@ -171,6 +171,8 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                 let mut p = fa::Problem {
                     batch: b,
                     heads: h,
+                    kv_heads: h,
+                    window: None,
                     head_dim: d,
                     tq: t,
                     tk: t,

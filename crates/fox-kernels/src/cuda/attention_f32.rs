@@ -209,7 +209,9 @@ pub fn backward_f32(
     // freed when this returns, stream-ordered: after the kernels that use it
     let mut delta = gpu.zeros::<f32>(b * h * t)?;
     let opts = AttnOptions::default();
-    backward_f32_scratch(gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta)
+    backward_f32_scratch(
+        gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,
+    )
 }
 
 /// [`backward_f32`] with grouped-query attention (k, v, dk, dv [B, T, H_kv, D]; dk, dv summed
@@ -238,7 +240,9 @@ pub fn backward_f32_opts(
     dc: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let mut delta = gpu.zeros::<f32>(b * h * t)?;
-    backward_f32_scratch(gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta)
+    backward_f32_scratch(
+        gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,
+    )
 }
 
 /// [`backward_f32_opts`] with the caller's scratch `delta` (≥ B·H·T f32; overwritten).

@@ -316,7 +316,8 @@ impl ForgettingAttention {
             be.acp_thresholds_shaped(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
         }
         let (o, lse) = (&mut a.o, &mut a.lse);
-        let tiles = be.attention_fwd_shaped(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
+        let tiles =
+            be.attention_fwd_shaped(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
         (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
 
         // Output: per-head RMSNorm (× sigmoid gate), or the gate alone, then o_proj.

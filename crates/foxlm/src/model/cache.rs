@@ -131,8 +131,7 @@ impl LayerCache {
     /// a source cache, right-aligned so that every row ends at `len` (the positions before are left
     /// padding). For continuous batching: rows of different lengths decode together.
     fn gather(rows: &[(&LayerCache, usize, usize)], len: usize, capacity: usize) -> LayerCache {
-        let (heads, kv_heads, head_dim) =
-            rows.first().map_or((1, 1, 1), |(c, _, _)| (c.heads, c.kv_heads, c.head_dim));
+        let (heads, kv_heads, head_dim) = rows.first().map_or((1, 1, 1), |(c, _, _)| (c.heads, c.kv_heads, c.head_dim));
         let mut out = LayerCache::new(rows.len(), heads, kv_heads, head_dim, capacity.max(len));
         let (h, hkv, d, cap) = (heads, kv_heads, head_dim, out.cap);
         for (bi, &(src, row, from)) in rows.iter().enumerate() {

@@ -193,7 +193,7 @@ pub fn cases() -> Vec<Spec> {
         ),
         ("window d64 bf16 w=256", 2, 3, 3, Some(256), 64, 1000, Bf16, Bias(6.0), Vis::All),
         ("window d128 bf16 w=100 left padding", 2, 2, 2, Some(100), 128, 800, Bf16, Bias(2.0), lp(vec![0, 333])),
-        ("window d64 bf16 w=1", 1, 2, 2, Some(1), 64, 300, Bf16, Bias(0.0), Vis::All),
+        ("window d64 bf16 w=2", 1, 2, 2, Some(2), 64, 300, Bf16, Bias(0.0), Vis::All),
         (
             "window d64 fp16 w=300 packed",
             2,
@@ -212,6 +212,11 @@ pub fn cases() -> Vec<Spec> {
     ] {
         v.push(Spec::new(name, b, h, d, t, dt, gate, vis).gqa_window(hkv, w));
     }
+    // w = 1: each row copies its own v (P = 1, so dS = 0 up to round-off and a relative error of
+    // dq, dk would measure noise): the forward only
+    let mut s = Spec::new("window d64 bf16 w=1 (forward)", 2, 2, 64, 300, Bf16, Bias(0.0), Vis::LeftPad(vec![0, 7]));
+    s.bwd = false;
+    v.push(s.gqa_window(1, Some(1)));
     let mut s = Spec::new("GQA+window d64 bf16 strided qkv w=200", 2, 4, 64, 500, Bf16, Bias(3.0), Vis::All);
     s.packed_qkv = true;
     v.push(s.gqa_window(2, Some(200)));

@@ -3,6 +3,7 @@
 //! truncated context, finite differences, and decoding through the KV cache.
 
 use foxlm::config::Config;
+use foxlm::eval::gates;
 use foxlm::model::{Ctx, Model};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -267,6 +268,31 @@ fn decoding_through_the_cache_matches_the_full_forward() {
             let from = start[bi] * d;
             let e = rel_err(&got[bi][from..], &full[bi * t * d + from..(bi + 1) * t * d]);
             assert!(e < 1e-5, "{v} kv {kv} w {w:?}: row {bi}: cached decoding differs by {e:.2e}");
+        }
+    }
+}
+
+/// The attention maps of `foxlm viz` read k/v head h / (H / H_kv) and the window: P·V is the
+/// layer's output o, and nothing left of the window has mass.
+#[test]
+fn attention_maps_follow_gqa_and_the_window() {
+    let (kv, w, t) = (2, 9, 30);
+    let model = random_model(&tiny("fox_pro", 1, Some(kv), Some(w), false), 51);
+    let ids = random_ids(52, t, 61);
+    let (_, acts) = model.forward_hidden(&ids, &Ctx { batch: 1, seq: t, start: None }, None, true);
+    let a = &acts.unwrap().blocks[0].attn;
+    let (h, hd) = (4, model.config.head_dim());
+    for head in 0..h {
+        let p = gates::attention_map(&a.q, &a.k, &a.c, h, kv, hd, Some(w), head, t);
+        let hk = head / (h / kv);
+        for i in 0..t {
+            let row = &p[i * t..(i + 1) * t];
+            assert!(row[..(i + 1).saturating_sub(w)].iter().all(|&x| x == 0.0), "head {head} row {i}");
+            for c in 0..hd {
+                let o: f64 = (0..=i).map(|j| row[j] as f64 * a.v[(j * kv + hk) * hd + c] as f64).sum();
+                let want = a.o[(i * h + head) * hd + c] as f64;
+                assert!((o - want).abs() < 1e-4, "head {head} row {i}: P·V {o} vs o {want}");
+            }
         }
     }
 }

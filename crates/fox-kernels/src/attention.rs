@@ -119,7 +119,7 @@ impl Problem<'_> {
     }
     fn check(&self) {
         assert!(
-            self.kv_heads > 0 && self.heads % self.kv_heads == 0,
+            self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads),
             "kv_heads {} must divide heads {}",
             self.kv_heads,
             self.heads

@@ -216,7 +216,7 @@ fn validate(p: &DevProblem, o: AttnOptions) -> Result<()> {
     ensure!(p.head_dim == 64 || p.head_dim == 128, "GPU attention supports head_dim 64 and 128, got {}", p.head_dim);
     ensure!(p.batch > 0 && p.heads > 0 && p.tq > 0 && p.tk > 0, "empty attention problem");
     let hkv = o.kv_heads(p.heads);
-    ensure!(hkv > 0 && p.heads % hkv == 0, "kv_heads {hkv} must divide the {} query heads", p.heads);
+    ensure!(hkv > 0 && p.heads.is_multiple_of(hkv), "kv_heads {hkv} must divide the {} query heads", p.heads);
     if let Some(w) = o.window {
         ensure!(w >= 1 && w < i32::MAX as usize, "sliding window {w}: must be at least 1 key (and fit 32 bits)");
     }
@@ -686,7 +686,7 @@ pub fn logit_bound_from_qk_norm(gamma_q: &[f32], gamma_k: &[f32], heads: usize, 
         let n = g.len() / head_dim.max(1);
         let s = if g.len() == head_dim {
             g
-        } else if n > 0 && g.len() == n * head_dim && heads % n == 0 {
+        } else if n > 0 && g.len() == n * head_dim && heads.is_multiple_of(n) {
             let gh = h / (heads / n);
             &g[gh * head_dim..(gh + 1) * head_dim]
         } else {

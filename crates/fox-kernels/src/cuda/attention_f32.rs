@@ -67,7 +67,7 @@ fn validate(
 ) -> Result<()> {
     ensure!(b > 0 && h > 0 && t > 0, "f32 attention: empty problem (B={b}, H={h}, T={t})");
     let hkv = opts.kv_heads(h);
-    ensure!(hkv > 0 && h % hkv == 0, "f32 attention: kv_heads {hkv} must divide the {h} query heads");
+    ensure!(hkv > 0 && h.is_multiple_of(hkv), "f32 attention: kv_heads {hkv} must divide the {h} query heads");
     if let Some(w) = opts.window {
         ensure!(w >= 1 && w < i32::MAX as usize, "f32 attention: sliding window {w} must be at least 1 key");
     }

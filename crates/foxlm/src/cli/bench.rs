@@ -124,6 +124,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
             json: a.json,
             seed: a.seed,
             device: ordinal,
+            ..BenchOpts::default()
         };
         let report = cuda::bench::run_attention_bench(&opts)?;
         println!("{}", report.table());

@@ -220,11 +220,11 @@ pub fn cases() -> Vec<Spec> {
     let mut s = Spec::new("GQA+window d64 bf16 strided qkv w=200", 2, 4, 64, 500, Bf16, Bias(3.0), Vis::All);
     s.packed_qkv = true;
     v.push(s.gqa_window(2, Some(200)));
-    let mut s = Spec::new("GQA+window d128 bf16 chunk (q_pos0=700) w=200", 2, 4, 128, 1000, Bf16, Bias(2.0), Vis::All);
+    let mut s = Spec::new("GQA+window d128 chunk q_pos0=700 w=200", 2, 4, 128, 1000, Bf16, Bias(2.0), Vis::All);
     s.tq = 300;
     v.push(s.gqa_window(2, Some(200)));
     for (name, hkv, w, d, gate, vis) in [
-        ("ACP GQA+window d64 bf16 strong gates w=700", 1, Some(700), 64, Bias(-1.0), Vis::All),
+        ("ACP GQA+window d64 strong gates w=700", 1, Some(700), 64, Bias(-1.0), Vis::All),
         ("ACP window d128 bf16 mixed gates w=1000", 2, Some(1000), 128, Mixed, Vis::All),
         ("ACP GQA d64 bf16 left padding", 1, None, 64, Bias(0.0), Vis::LeftPad(vec![0, 700])),
         (
@@ -243,8 +243,8 @@ pub fn cases() -> Vec<Spec> {
     for (name, d, tq, t, acp, hkv, w, vis) in [
         ("decode GQA d64 tq=1 H=3 Hkv=1 w=1000", 64, 1, 3000, false, 1, Some(1000), Vis::All),
         ("decode GQA+window d128 tq=16 ACP w=2000", 128, 16, 4097, true, 1, Some(2000), Vis::All),
-        ("decode window d64 tq=5 w=64 left padding", 64, 5, 2500, false, 3, Some(64), Vis::LeftPad(vec![0, 1234])),
-        ("decode GQA d128 tq=3 mixed ACP H=3 Hkv=1", 128, 3, 5000, true, 1, None, Vis::All),
+        ("decode window d64 tq=5 w=64 left pad", 64, 5, 2500, false, 3, Some(64), Vis::LeftPad(vec![0, 1234])),
+        ("decode GQA d128 tq=3 mixed ACP Hkv=1", 128, 3, 5000, true, 1, None, Vis::All),
     ] {
         let gate = if name.contains("mixed") { Mixed } else { Bias(1.0) };
         let mut s = Spec::new(name, 2, 3, d, t, DType::Bf16, gate, vis).gqa_window(hkv, w);

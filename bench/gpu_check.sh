@@ -11,13 +11,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 FA=${FOX_ATTN:-}
 FL=${FOXLM:-}
-if [ -z "$FA" ] || [ -z "$FL" ]; then
-    cargo build --release -p fox-kernels --bin fox-attn -p foxlm --bin foxlm >&2 || exit 1
-    FA=${FA:-target/release/fox-attn}
-    FL=${FL:-target/release/foxlm}
-fi
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(attention ops gemm model)
+# build only the binaries that are not given and that the parts use (foxlm: the model part)
+build=()
+[ -z "$FA" ] && build+=(-p fox-kernels --bin fox-attn)
+[ -z "$FL" ] && [[ " ${parts[*]} " == *" model "* ]] && build+=(-p foxlm --bin foxlm)
+if [ ${#build[@]} -gt 0 ]; then
+    cargo build --release "${build[@]}" >&2 || exit 1
+fi
+FA=${FA:-target/release/fox-attn}
+FL=${FL:-target/release/foxlm}
 rc=0
 for p in "${parts[@]}"; do
     echo "=== $p"

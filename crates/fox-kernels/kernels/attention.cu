@@ -162,8 +162,8 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
         const float* ckb = p.ck + (long long)bh * p.tk;
         const int kstart = row_start(p, b, r0);
         load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
@@ -272,8 +272,8 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
 
     if (t_begin < t_end) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
         const float* ckb = p.ck + (long long)bh * p.tk;
         const int kstart = row_start(p, b, 0);
         load_tile<D, 16, NTH>(sQ, qbase, p.q_st, 0,
@@ -463,8 +463,8 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
         const float* ckb = p.ck + (long long)bh * p.tk;
         const int kstart = row_start(p, b, r0);
         auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
@@ -595,9 +595,11 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, dk/dv pass: grid (ceil(tk / 128), B*H), 256 threads (8 warps x 16 keys), query tiles
+// Backward, dk/dv pass: grid (ceil(tk / 128), B*Hkv), 256 threads (8 warps x 16 keys), query tiles
 // of BQB rows. Works on the transposed scores S^T = K Q^T so that each warp owns its keys' rows:
-// dV += P^T dO, dK += dS^T Q, dck = -(row sums of dS^T), all in the warp's registers.
+// dV += P^T dO, dK += dS^T Q, dck = -(row sums of dS^T), all in the warp's registers. With
+// grouped-query attention the block keeps its K/V tile and walks the group's query heads in
+// order, so dK, dV sum over the group deterministically; dck is written per query head.
 // ---------------------------------------------------------------------------------------------
 template <int D, bool BF, int BQB>
 __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
@@ -616,199 +618,189 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int kb = blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv, group = p.H / p.Hkv;
     const int j0 = kb * BKB;
     const int jlast = min(j0 + BKB, p.tk) - 1;
-
-    // query tiles [qfirst, qend)
-    const int nqb = (p.tq + BQB - 1) / BQB;
+    // query tiles [qfirst, qend) per query head
     const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
-    int qend = qfirst;
-    {
-        // the first tile that no longer sees this key block: its first row starts after the
-        // block (a later document) or ACP prunes it; both are monotone in the tile index.
-        const float delta = p.prune != nullptr ? p.prune[bh] : 0.f;
-        const float cjl = p.ck[(long long)bh * p.tk + jlast];
-        int lo = qfirst, hi = nqb;
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            const int rq = mid * BQB;
-            bool stop = row_start(p, b, rq) > jlast;
-            if (!stop && p.prune != nullptr)
-                stop = jlast < p.q_pos0 + rq && (p.cq[(long long)bh * p.tq + rq] - cjl) < delta;
-            if (stop) hi = mid;
-            else lo = mid + 1;
-        }
-        qend = lo;
-    }
-
     const int kfloor = row_start(p, b, 0);
     int jrow[2];
-    float ckr[2];
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int j = j0 + warp * 16 + g + rr * 8;
-        jrow[rr] = j;
-        ckr[rr] = j < p.tk ? p.ck[(long long)bh * p.tk + j] : 0.f;
-    }
+    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
 
     float dK[D / 8][4], dV[D / 8][4];
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
         dK[dt][0] = dK[dt][1] = dK[dt][2] = dK[dt][3] = dV[dt][0] = dV[dt][1] = dV[dt][2] = dV[dt][3] = 0.f;
-    float dck[2] = {0.f, 0.f};
 
-    if (qfirst < qend) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
-        const long long g_st = (long long)p.H * D;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
-        auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
-        load_tile<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
-        load_tile<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
-        cp_commit();
-        auto load_q = [&](int qi, int buf) {
-            const int rq = qi * BQB;
-            auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-            load_tile<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
-            load_tile<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
-            if (tid < BQB) {
-                const int r = rq + tid;
-                const bool in = r < p.tq;
-                const long long idx = (long long)bh * p.tq + (in ? r : 0);
-                cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
-                cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
-                cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
-            } else if (tid < 2 * BQB && p.start_mode == 2) {
-                const int r = rq + tid - BQB;
-                const bool in = r < p.tq;
-                cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
-            }
-        };
-        load_q(qfirst, 0);
-        cp_commit();
+    const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
+    const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
+    auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
+    load_tile<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
+    load_tile<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+    cp_commit();
+    Ldsm<D> ls;
+    ls.init();
+    u32 kf[A_IN_REGS ? D / 16 : 1][4];
+    u32 vf[A_IN_REGS ? D / 16 : 1][4];
+    bool kv_in_regs = false;
 
-        const float scale_log2 = p.scale * LOG2E;
-        Ldsm<D> ls;
-        ls.init();
-        u32 kf[A_IN_REGS ? D / 16 : 1][4];
-        u32 vf[A_IN_REGS ? D / 16 : 1][4];
-        for (int qi = qfirst; qi < qend; ++qi) {
-            const int buf = (qi - qfirst) & 1;
-            if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+    for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        const int bh = b * p.H + h;
+        const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
+        float ckr[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) ckr[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] : 0.f;
+        float dck[2] = {0.f, 0.f};
+
+        if (qfirst < qend) {
+            const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+            const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
+            const long long g_st = (long long)p.H * D;
+            auto load_q = [&](int qi, int buf) {
+                const int rq = qi * BQB;
+                auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+                load_tile<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
+                load_tile<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
+                if (tid < BQB) {
+                    const int r = rq + tid;
+                    const bool in = r < p.tq;
+                    const long long idx = (long long)bh * p.tq + (in ? r : 0);
+                    cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
+                    cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
+                    cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
+                } else if (tid < 2 * BQB && p.start_mode == 2) {
+                    const int r = rq + tid - BQB;
+                    const bool in = r < p.tq;
+                    cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+                }
+            };
+            load_q(qfirst, 0);
             cp_commit();
-            cp_wait<1>();
-            __syncthreads();
-            if constexpr (A_IN_REGS) {
-                if (qi == qfirst) {
-#pragma unroll
-                    for (int kc = 0; kc < D / 16; ++kc) {
-                        load_a_frag<D>(ls, kf[kc], smem_u32(sK), warp * 16, kc);
-                        load_a_frag<D>(ls, vf[kc], smem_u32(sV), warp * 16, kc);
-                    }
-                }
-            }
-            const u16* q_s = sQ + buf * BQB * D;
-            const u16* g_s = sG + buf * BQB * D;
-            const u32 qbb = smem_u32(q_s), gbb = smem_u32(g_s);
-            const float* lse_s = sLse + buf * BQB;
-            const float* del_s = sDel + buf * BQB;
-            const float* cq_s = sCq + buf * BQB;
-            const int* st_s = sSt + buf * BQB;
-            const int rq = qi * BQB;
-            const int rql = min(rq + BQB, p.tq) - 1;
-            const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 
-            float ST[NTQ][4], DP[NTQ][4];
-#pragma unroll
-            for (int nt = 0; nt < NTQ; ++nt)
-                ST[nt][0] = ST[nt][1] = ST[nt][2] = ST[nt][3] = DP[nt][0] = DP[nt][1] = DP[nt][2] = DP[nt][3] = 0.f;
-#pragma unroll
-            for (int kc = 0; kc < D / 16; ++kc) {
-                u32 af[4], vfr[4];
+            const float scale_log2 = p.scale * LOG2E;
+            for (int qi = qfirst; qi < qend; ++qi) {
+                const int buf = (qi - qfirst) & 1;
+                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+                cp_commit();
+                cp_wait<1>();
+                __syncthreads();
                 if constexpr (A_IN_REGS) {
+                    if (!kv_in_regs) {
 #pragma unroll
-                    for (int x = 0; x < 4; ++x) {
-                        af[x] = kf[kc][x];
-                        vfr[x] = vf[kc][x];
+                        for (int kc = 0; kc < D / 16; ++kc) {
+                            load_a_frag<D>(ls, kf[kc], smem_u32(sK), warp * 16, kc);
+                            load_a_frag<D>(ls, vf[kc], smem_u32(sV), warp * 16, kc);
+                        }
+                        kv_in_regs = true;
                     }
-                } else {
-                    load_a_frag<D>(ls, af, smem_u32(sK), warp * 16, kc);
-                    load_a_frag<D>(ls, vfr, smem_u32(sV), warp * 16, kc);
                 }
+                const u16* q_s = sQ + buf * BQB * D;
+                const u16* g_s = sG + buf * BQB * D;
+                const u32 qbb = smem_u32(q_s), gbb = smem_u32(g_s);
+                const float* lse_s = sLse + buf * BQB;
+                const float* del_s = sDel + buf * BQB;
+                const float* cq_s = sCq + buf * BQB;
+                const int* st_s = sSt + buf * BQB;
+                const int rq = qi * BQB;
+                const int rql = min(rq + BQB, p.tq) - 1;
+                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+
+                float ST[NTQ][4], DP[NTQ][4];
 #pragma unroll
-                for (int np = 0; np < NTQ / 2; ++np) {
-                    u32 b0, b1, b2, b3;
-                    ldsm_x4a(b0, b1, b2, b3, ls.p1(qbb, np * 16, kc * 2));
-                    mma16816<BF>(ST[2 * np], af, b0, b1);
-                    mma16816<BF>(ST[2 * np + 1], af, b2, b3);
-                    ldsm_x4a(b0, b1, b2, b3, ls.p1(gbb, np * 16, kc * 2));
-                    mma16816<BF>(DP[2 * np], vfr, b0, b1);
-                    mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
-                }
-            }
-            // P^T and dS^T; ST <- P^T, DP <- dS^T
+                for (int nt = 0; nt < NTQ; ++nt)
+                    ST[nt][0] = ST[nt][1] = ST[nt][2] = ST[nt][3] = DP[nt][0] = DP[nt][1] = DP[nt][2] = DP[nt][3] = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < NTQ; ++nt) {
+                for (int kc = 0; kc < D / 16; ++kc) {
+                    u32 af[4], vfr[4];
+                    if constexpr (A_IN_REGS) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int il = nt * 8 + 2 * t4 + (e & 1);  // query column
-                    const int kr = e >> 1;                     // key row (g or g+8)
-                    const float x = ST[nt][e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
-                    float pr = fast_exp2(x);
-                    if (need_mask) {
-                        const int i = rq + il;
-                        const int pos = i < p.tq ? p.q_pos0 + i : -1;
-                        const int sti = p.start_mode == 2 ? st_s[il] : row_start(p, b, 0);
-                        const int j = jrow[kr];
-                        if (j > pos || j < sti) pr = 0.f;
+                        for (int x = 0; x < 4; ++x) {
+                            af[x] = kf[kc][x];
+                            vfr[x] = vf[kc][x];
+                        }
+                    } else {
+                        load_a_frag<D>(ls, af, smem_u32(sK), warp * 16, kc);
+                        load_a_frag<D>(ls, vfr, smem_u32(sV), warp * 16, kc);
                     }
-                    const float ds = pr * (DP[nt][e] - del_s[il]);
-                    dck[kr] -= ds;
-                    ST[nt][e] = pr;
-                    DP[nt][e] = ds;
-                }
-            }
-            // dV += P^T dO, dK += dS^T Q
 #pragma unroll
-            for (int kq = 0; kq < NTQ / 2; ++kq) {
-                u32 ap[4], as[4];
-                ap[0] = pack2<BF>(ST[2 * kq][0], ST[2 * kq][1]);
-                ap[1] = pack2<BF>(ST[2 * kq][2], ST[2 * kq][3]);
-                ap[2] = pack2<BF>(ST[2 * kq + 1][0], ST[2 * kq + 1][1]);
-                ap[3] = pack2<BF>(ST[2 * kq + 1][2], ST[2 * kq + 1][3]);
-                as[0] = pack2<BF>(DP[2 * kq][0], DP[2 * kq][1]);
-                as[1] = pack2<BF>(DP[2 * kq][2], DP[2 * kq][3]);
-                as[2] = pack2<BF>(DP[2 * kq + 1][0], DP[2 * kq + 1][1]);
-                as[3] = pack2<BF>(DP[2 * kq + 1][2], DP[2 * kq + 1][3]);
-#pragma unroll
-                for (int dp = 0; dp < D / 16; ++dp) {
-                    u32 b0, b1, b2, b3;
-                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(gbb, kq * 16, dp * 2));
-                    mma16816<BF>(dV[2 * dp], ap, b0, b1);
-                    mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
-                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(qbb, kq * 16, dp * 2));
-                    mma16816<BF>(dK[2 * dp], as, b0, b1);
-                    mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
+                    for (int np = 0; np < NTQ / 2; ++np) {
+                        u32 b0, b1, b2, b3;
+                        ldsm_x4a(b0, b1, b2, b3, ls.p1(qbb, np * 16, kc * 2));
+                        mma16816<BF>(ST[2 * np], af, b0, b1);
+                        mma16816<BF>(ST[2 * np + 1], af, b2, b3);
+                        ldsm_x4a(b0, b1, b2, b3, ls.p1(gbb, np * 16, kc * 2));
+                        mma16816<BF>(DP[2 * np], vfr, b0, b1);
+                        mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
+                    }
                 }
+                // P^T and dS^T; ST <- P^T, DP <- dS^T
+#pragma unroll
+                for (int nt = 0; nt < NTQ; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int il = nt * 8 + 2 * t4 + (e & 1);  // query column
+                        const int kr = e >> 1;                     // key row (g or g+8)
+                        const float x = ST[nt][e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
+                        float pr = fast_exp2(x);
+                        if (need_mask) {
+                            const int i = rq + il;
+                            const int pos = i < p.tq ? p.q_pos0 + i : -1;
+                            const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
+                            const int j = jrow[kr];
+                            if (j > pos || j < sti) pr = 0.f;
+                        }
+                        const float ds = pr * (DP[nt][e] - del_s[il]);
+                        dck[kr] -= ds;
+                        ST[nt][e] = pr;
+                        DP[nt][e] = ds;
+                    }
+                }
+                // dV += P^T dO, dK += dS^T Q
+#pragma unroll
+                for (int kq = 0; kq < NTQ / 2; ++kq) {
+                    u32 ap[4], as[4];
+                    ap[0] = pack2<BF>(ST[2 * kq][0], ST[2 * kq][1]);
+                    ap[1] = pack2<BF>(ST[2 * kq][2], ST[2 * kq][3]);
+                    ap[2] = pack2<BF>(ST[2 * kq + 1][0], ST[2 * kq + 1][1]);
+                    ap[3] = pack2<BF>(ST[2 * kq + 1][2], ST[2 * kq + 1][3]);
+                    as[0] = pack2<BF>(DP[2 * kq][0], DP[2 * kq][1]);
+                    as[1] = pack2<BF>(DP[2 * kq][2], DP[2 * kq][3]);
+                    as[2] = pack2<BF>(DP[2 * kq + 1][0], DP[2 * kq + 1][1]);
+                    as[3] = pack2<BF>(DP[2 * kq + 1][2], DP[2 * kq + 1][3]);
+#pragma unroll
+                    for (int dp = 0; dp < D / 16; ++dp) {
+                        u32 b0, b1, b2, b3;
+                        ldsm_x4a_t(b0, b1, b2, b3, ls.p2(gbb, kq * 16, dp * 2));
+                        mma16816<BF>(dV[2 * dp], ap, b0, b1);
+                        mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
+                        ldsm_x4a_t(b0, b1, b2, b3, ls.p2(qbb, kq * 16, dp * 2));
+                        mma16816<BF>(dK[2 * dp], as, b0, b1);
+                        mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
+                    }
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
-    }
+
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const float dc = quad_sum(dck[rr]);
+            if (jrow[rr] < p.tk && t4 == 0) p.dck[(long long)bh * p.tk + jrow[rr]] = dc;
+        }
+    }  // query heads of the group
+    cp_wait<0>();  // the K/V copies, when no head had a query tile
 
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        const float dc = quad_sum(dck[rr]);
         const int j = jrow[rr];
         if (j >= p.tk) continue;
-        const long long off = (((long long)b * p.tk + j) * p.H + h) * D;
+        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
             *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[dt][2 * rr] * p.scale, dK[dt][2 * rr + 1] * p.scale);
             *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[dt][2 * rr], dV[dt][2 * rr + 1]);
         }
-        if (t4 == 0) p.dck[(long long)bh * p.tk + j] = dc;
     }
 }
 

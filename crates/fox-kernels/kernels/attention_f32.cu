@@ -3,11 +3,12 @@
 // CPU within 1e-3. Simple rather than fast: one warp per query row (forward, dq) or key row
 // (dk, dv), O(T^2 D) work, no atomics, so results are deterministic.
 //
-// Layouts: q, k, v, o, dout, dq, dk, dv are [B, T, H, D] contiguous; c (the gate prefix sums,
-// cq = ck), lse, delta and dc are [B, H, T]. Head dims up to 256 (8 elements per lane).
+// Layouts: q, o, dout, dq are [B, T, H, D] contiguous, k, v, dk, dv [B, T, Hkv, D] (grouped-query
+// attention: query head h reads k/v head h / (H / Hkv)); c (the gate prefix sums, cq = ck), lse,
+// delta and dc are [B, H, T]. Head dims up to 256 (8 elements per lane).
 //
 // Which keys row r sees, exactly as the CPU decides: causal (j <= r), visibility (j >= start[b];
-// rows r < start[b] are padding and output 0), and ACP: the CPU walks key tiles of 64 for blocks
+// rows r < start[b] are padding and output 0), the sliding window (j > r - window), and ACP: the CPU walks key tiles of 64 for blocks
 // of 32 query rows and skips a leading tile when c[r0] - c[last key of tile] < delta (r0 the
 // block's first row) and the tile ends before r0. `first_key` replays that walk, so every entry
 // the CPU skips is skipped here and no other.
@@ -37,6 +38,8 @@ struct F32Params {
     float* dc;           // [B, H, T]: dcq (dq pass) + dck (dk/dv pass)
     int b, h, t, d;
     float scale;
+    int hkv;     // k/v heads, a divisor of h
+    int window;  // sliding window w > 0 (keys r - w < j <= r), 0: off
     int pad_;
     // decoding against a cache (fox32_fwd_cached): keys and values [B, H, cap, D], their gate
     // sums ck [B, H, cap]; query row r of the chunk (t rows, gate sums c) sits at q_pos0 + r
@@ -59,12 +62,18 @@ __device__ __forceinline__ int row_start(const F32Params& p, int b) {
     return p.start ? max(p.start[b], 0) : 0;
 }
 
+// First key row r sees: its padding start raised by the window.
+__device__ __forceinline__ int key_start(const F32Params& p, int b, int r) {
+    const int s = row_start(p, b);
+    return p.window > 0 ? max(s, r - p.window + 1) : s;
+}
+
 // The first key the CPU's tiled forward visits for query row r of (b, h): its block's start key
-// (visibility, rounded down to a tile) advanced past the tiles ACP prunes.
+// (the block's first row's, rounded down to a tile) advanced past the tiles ACP prunes.
 __device__ int first_key(const F32Params& p, int b, int bh, int r) {
     const int r0 = r / BLOCK_Q * BLOCK_Q;
     const int end = min(r0 + BLOCK_Q, p.t);
-    int first = row_start(p, b) / BLOCK_K * BLOCK_K;
+    int first = key_start(p, b, r0) / BLOCK_K * BLOCK_K;
     if (p.prune) {
         const float delta = p.prune[bh];
         const float* c = p.c + (long long)bh * p.t;
@@ -95,9 +104,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd(const F32Para
     const int r = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
     const int d = p.d;
     const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
-    const long long kstride = (long long)p.h * d;  // between consecutive positions
-    const float* kb = p.k + ((long long)b * p.t * p.h + hh) * d;
-    const float* vb = p.v + ((long long)b * p.t * p.h + hh) * d;
+    const int hk = hh / (p.h / p.hkv);
+    const long long kstride = (long long)p.hkv * d;  // between consecutive positions
+    const float* kb = p.k + ((long long)b * p.t * p.hkv + hk) * d;
+    const float* vb = p.v + ((long long)b * p.t * p.hkv + hk) * d;
     const int st = row_start(p, b);
     if (r < st) {
         for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
@@ -108,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd(const F32Para
     __syncwarp();
     const float* cb = p.c + (long long)bh * p.t;
     const float ci = cb[r];
-    const int first = max(first_key(p, b, bh, r), st);
+    const int first = max(first_key(p, b, bh, r), key_start(p, b, r));
     float m = NEG_INF, l = 0.f;
     float acc[PER_LANE];
 #pragma unroll
@@ -154,9 +164,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dq(const F32P
     const int r = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
     const int d = p.d;
     const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
-    const long long kstride = (long long)p.h * d;
-    const float* kb = p.k + ((long long)b * p.t * p.h + hh) * d;
-    const float* vb = p.v + ((long long)b * p.t * p.h + hh) * d;
+    const int hk = hh / (p.h / p.hkv);
+    const long long kstride = (long long)p.hkv * d;  // between consecutive positions
+    const float* kb = p.k + ((long long)b * p.t * p.hkv + hk) * d;
+    const float* vb = p.v + ((long long)b * p.t * p.hkv + hk) * d;
     const int st = row_start(p, b);
     if (r < st) {
         for (int i = lane; i < d; i += 32) p.dq[rowoff + i] = 0.f;
@@ -178,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dq(const F32P
     __syncwarp();
     const float* cb = p.c + (long long)bh * p.t;
     const float ci = cb[r], lse = p.lse[g];
-    const int first = max(first_key(p, b, bh, r), st);
+    const int first = max(first_key(p, b, bh, r), key_start(p, b, r));
     float dq[PER_LANE];
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) dq[i] = 0.f;
@@ -211,69 +222,77 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dq(const F32P
     if (lane == 0) p.dc[g] = dci;
 }
 
-// ---- backward pass 2: one warp per key row j: dk, dv, and dc += dck = -sum_i dS_ij ----------
-// Each lane takes one query row of a chunk of 32 (r >= j), recomputing its probability from lse;
-// a query row counts only if the CPU's forward visits key j for it (first_key).
+// ---- backward pass 2: one warp per key row j of a k/v head: dk, dv, and dc += dck = -sum_i dS_ij --
+// Each lane takes one query row of a chunk of 32 (j <= r < j + window), recomputing its
+// probability from lse; a query row counts only if the CPU's forward visits key j for it
+// (first_key). With grouped-query attention the warp walks the group's query heads in order:
+// dk, dv are their sum, dc is per query head.
 extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dkdv(const F32Params p) {
     __shared__ float ks[WARPS][MAXD];
     __shared__ float vs[WARPS][MAXD];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const long long g = (long long)blockIdx.x * WARPS + warp;
-    if (g >= (long long)p.b * p.h * p.t) return;
-    const int j = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
-    const int d = p.d;
-    const long long rowoff = (((long long)b * p.t + j) * p.h + hh) * d;
+    const long long g = (long long)blockIdx.x * WARPS + warp;  // (b*Hkv + hk)*T + j
+    if (g >= (long long)p.b * p.hkv * p.t) return;
+    const int j = (int)(g % p.t), bk = (int)(g / p.t), b = bk / p.hkv, hk = bk % p.hkv;
+    const int d = p.d, group = p.h / p.hkv;
+    const long long rowoff = (((long long)b * p.t + j) * p.hkv + hk) * d;
     const long long qstride = (long long)p.h * d;
-    const long long base = ((long long)b * p.t * p.h + hh) * d;
-    const float* qb = p.q + base;
-    const float* dob = p.dout + base;
     const int st = row_start(p, b);
     if (j < st) {
         for (int i = lane; i < d; i += 32) {
             p.dk[rowoff + i] = 0.f;
             p.dv[rowoff + i] = 0.f;
         }
-        return;  // dc[g] was set to 0 by the dq pass (padded row)
+        return;  // dc of each query head was set to 0 by the dq pass (padded row)
     }
     for (int i = lane; i < d; i += 32) {
         ks[warp][i] = p.k[rowoff + i];
         vs[warp][i] = p.v[rowoff + i];
     }
     __syncwarp();
-    const float* cb = p.c + (long long)bh * p.t;
-    const float* lseb = p.lse + (long long)bh * p.t;
-    const float* deltab = p.delta + (long long)bh * p.t;
-    const float cj = cb[j];
+    // query rows that may see key j: r < j + window
+    const int rend = p.window > 0 ? min(p.t, j + p.window) : p.t;
     float dk[PER_LANE], dv[PER_LANE];
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) dk[i] = dv[i] = 0.f;
-    float dcj = 0.f;
-    for (int r0 = j; r0 < p.t; r0 += 32) {
-        const int r = r0 + lane;
-        float pr = 0.f, ds = 0.f;
-        const bool sees = r < p.t && j >= first_key(p, b, bh, r);  // r >= j >= st already
-        if (sees) {
-            const float s = p.scale * dot_row(qb + r * qstride, ks[warp], d) + (cb[r] - cj);
-            pr = expf(s - lseb[r]);
-            ds = pr * (dot_row(dob + r * qstride, vs[warp], d) - deltab[r]);
-        }
-        const unsigned mask = __ballot_sync(0xffffffffu, sees);
-        dcj -= warp_sum(ds);
-        for (int rr = 0; rr < 32; ++rr) {
-            if (!(mask >> rr & 1u)) continue;
-            const float prr = __shfl_sync(0xffffffffu, pr, rr);
-            const float dsr = __shfl_sync(0xffffffffu, ds, rr) * p.scale;
-            const float* qr = qb + (r0 + rr) * qstride;
-            const float* dor = dob + (r0 + rr) * qstride;
+    for (int hh = hk * group; hh < (hk + 1) * group; ++hh) {
+        const int bh = b * p.h + hh;
+        const long long base = ((long long)b * p.t * p.h + hh) * d;
+        const float* qb = p.q + base;
+        const float* dob = p.dout + base;
+        const float* cb = p.c + (long long)bh * p.t;
+        const float* lseb = p.lse + (long long)bh * p.t;
+        const float* deltab = p.delta + (long long)bh * p.t;
+        const float cj = cb[j];
+        float dcj = 0.f;
+        for (int r0 = j; r0 < rend; r0 += 32) {
+            const int r = r0 + lane;
+            float pr = 0.f, ds = 0.f;
+            const bool sees = r < rend && j >= first_key(p, b, bh, r);  // r >= j >= st already
+            if (sees) {
+                const float s = p.scale * dot_row(qb + r * qstride, ks[warp], d) + (cb[r] - cj);
+                pr = expf(s - lseb[r]);
+                ds = pr * (dot_row(dob + r * qstride, vs[warp], d) - deltab[r]);
+            }
+            const unsigned mask = __ballot_sync(0xffffffffu, sees);
+            dcj -= warp_sum(ds);
+            for (int rr = 0; rr < 32; ++rr) {
+                if (!(mask >> rr & 1u)) continue;
+                const float prr = __shfl_sync(0xffffffffu, pr, rr);
+                const float dsr = __shfl_sync(0xffffffffu, ds, rr) * p.scale;
+                const float* qr = qb + (r0 + rr) * qstride;
+                const float* dor = dob + (r0 + rr) * qstride;
 #pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) {
-                const int c = lane + 32 * i;
-                if (c < d) {
-                    dv[i] += prr * dor[c];
-                    dk[i] += dsr * qr[c];
+                for (int i = 0; i < PER_LANE; ++i) {
+                    const int c = lane + 32 * i;
+                    if (c < d) {
+                        dv[i] += prr * dor[c];
+                        dk[i] += dsr * qr[c];
+                    }
                 }
             }
         }
+        if (lane == 0) p.dc[(long long)bh * p.t + j] += dcj;
     }
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
@@ -283,7 +302,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dkdv(const F3
             p.dv[rowoff + c] = dv[i];
         }
     }
-    if (lane == 0) p.dc[g] += dcj;
 }
 
 // ---- forward against the decode cache: one warp per (b, h, query row) of a chunk ------------

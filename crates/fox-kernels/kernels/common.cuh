@@ -15,7 +15,9 @@ typedef unsigned long long u64;
 
 // Everything a Forgetting Attention launch needs, passed by value as one struct.
 // Element strides; D is contiguous. q/k/v are [B, H, T, D] views with arbitrary strides,
-// o/dout/dq/dk/dv are contiguous [B, T, H, D].
+// o/dout/dq/dk/dv are contiguous [B, T, H, D]. With grouped-query attention k, v, dk, dv have
+// Hkv heads (query head h reads k/v head kv_head(h)); c, lse, delta, dcq, dck stay per query
+// head, as the gate is.
 struct AttnParams {
     const u16* q;
     const u16* k;
@@ -47,15 +49,32 @@ struct AttnParams {
     int start_mode;    // 0: every key; 1: start[b] (left padding); 2: start[b*tq + r] (packed)
     int splits;
     float scale;
+    int Hkv;           // k/v heads, a divisor of H (H: multi-head attention)
+    int window;        // sliding window w > 0: position i sees keys i - w < j <= i; 0: off
     // decode: q_pos0 read from the device when set (a captured CUDA graph replays every step)
     const int* q_pos0_dev;
 };
 
-// First key query row r of batch row b may see. Non-decreasing in r (checked on the host).
-__device__ __forceinline__ int row_start(const AttnParams& p, int b, int r) {
+// The k/v head that query head h reads.
+__device__ __forceinline__ int kv_head(const AttnParams& p, int h) { return h / (p.H / p.Hkv); }
+
+// First key of query row r's document (padding or packing). Non-decreasing in r (checked on
+// the host).
+__device__ __forceinline__ int doc_start(const AttnParams& p, int b, int r) {
     if (p.start_mode == 0) return 0;
     if (p.start_mode == 1) return p.start[b];
     return p.start[b * p.tq + r];
+}
+// A key start s of the query at position pos, raised by the sliding window.
+__device__ __forceinline__ int window_start(const AttnParams& p, int pos, int s) {
+    return p.window > 0 ? max(s, pos - p.window + 1) : s;
+}
+// First key query row r of batch row b may see: the document start, raised by the window. Still
+// non-decreasing in r, so every tile bound and skip derived from it (key tiles of a query block,
+// query tiles of a key block, ACP's prefix) holds with a window as it does for documents. A row
+// is padding iff its position is before its start (the window never moves a start past the row).
+__device__ __forceinline__ int row_start(const AttnParams& p, int b, int r) {
+    return window_start(p, p.q_pos0 + r, doc_start(p, b, r));
 }
 
 __device__ __forceinline__ u32 smem_u32(const void* ptr) {
@@ -239,4 +258,25 @@ __device__ __forceinline__ void key_tiles(const AttnParams& p, int b, int bh, in
         }
         first = lo;
     }
+}
+
+// The dk/dv passes' query tiles of BQB rows for the key block ending at jlast, for query head bh:
+// [qfirst, returned end). A tile stops seeing the block when its first row's key start is past
+// the block (a later document, or the window has moved on) or ACP prunes it; both are monotone
+// in the tile index, so the end is found by binary search.
+__device__ __forceinline__ int dkdv_query_end(const AttnParams& p, int b, int bh, int qfirst, int bqb, int jlast) {
+    const int nqb = (p.tq + bqb - 1) / bqb;
+    const float delta = p.prune != nullptr ? p.prune[bh] : 0.f;
+    const float cjl = p.ck[(long long)bh * p.tk + jlast];
+    int lo = qfirst, hi = nqb;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        const int rq = mid * bqb;
+        bool stop = row_start(p, b, rq) > jlast;
+        if (!stop && p.prune != nullptr)
+            stop = jlast < p.q_pos0 + rq && (p.cq[(long long)bh * p.tq + rq] - cjl) < delta;
+        if (stop) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
 }

@@ -110,7 +110,7 @@ __device__ __forceinline__ void acp_norm_impl(const AttnParams& p, float log_eps
         bq = fmaxf(bq, acc);
     }
     for (int j = max(kfloor, 0) + warp; j < p.tk; j += 8) {
-        const u16* row = p.k + b * p.k_sb + h * p.k_sh + (long long)j * p.k_st;
+        const u16* row = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh + (long long)j * p.k_st;
         float acc = 0.f;
         for (int d = lane * 2; d < D; d += 64) {
             const u32 w = *(const u32*)(row + d);

@@ -169,8 +169,8 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
         const float* ckb = p.ck + (long long)bh * p.tk;
         const int kstart = row_start(p, b, r0);
         load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
@@ -365,8 +365,8 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
+        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
+        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
         const float* ckb = p.ck + (long long)bh * p.tk;
         const int kstart = row_start(p, b, r0);
         auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
@@ -470,7 +470,8 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
 
 // dk/dv pass: 2 warpgroups x 64 keys (128 keys a block), 64-row query tiles. S^T = K Q^T and
 // dP^T = V dO^T from shared memory (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from
-// registers and dO, Q read MN-major.
+// registers and dO, Q read MN-major. Grid (ceil(tk / BKB), B*Hkv): with grouped-query attention
+// the block keeps its K/V tile and walks the group's query heads in order (as the mma.sync pass).
 template <int D, bool BF, int NWG>
 __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
     constexpr int BKB = 64 * NWG, BQB = 64, NTH = 128 * NWG, NTQ = BQB / 8, NA = D / 64;
@@ -490,163 +491,154 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
     const int g = lane >> 2, t4 = lane & 3;
     const int wg = warp >> 2;
     const int kb = blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv, group = p.H / p.Hkv;
     const int j0 = kb * BKB;
     const int jlast = min(j0 + BKB, p.tk) - 1;
-
-    const int nqb = (p.tq + BQB - 1) / BQB;
     const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
-    int qend = qfirst;
-    {
-        const float delta = p.prune != nullptr ? p.prune[bh] : 0.f;
-        const float cjl = p.ck[(long long)bh * p.tk + jlast];
-        int lo = qfirst, hi = nqb;
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            const int rq = mid * BQB;
-            bool stop = row_start(p, b, rq) > jlast;
-            if (!stop && p.prune != nullptr)
-                stop = jlast < p.q_pos0 + rq && (p.cq[(long long)bh * p.tq + rq] - cjl) < delta;
-            if (stop) hi = mid;
-            else lo = mid + 1;
-        }
-        qend = lo;
-    }
     const int kfloor = row_start(p, b, 0);
     int jrow[2];
-    float ckr[2];
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int j = j0 + warp * 16 + g + rr * 8;
-        jrow[rr] = j;
-        ckr[rr] = j < p.tk ? p.ck[(long long)bh * p.tk + j] : 0.f;
-    }
+    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
     float dK[NA][32], dV[NA][32];
 #pragma unroll
     for (int at = 0; at < NA; ++at)
 #pragma unroll
         for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
-    float dck[2] = {0.f, 0.f};
 
-    if (qfirst < qend) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
-        const long long g_st = (long long)p.H * D;
-        const u16* kbase = p.k + b * p.k_sb + h * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + h * p.v_sh;
-        auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
-        load_tile_atoms<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
-        load_tile_atoms<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
-        cp_commit();
-        auto load_q = [&](int qi, int buf) {
-            const int rq = qi * BQB;
-            auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-            load_tile_atoms<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
-            load_tile_atoms<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
-            if (tid < BQB) {
-                const int r = rq + tid;
-                const bool in = r < p.tq;
-                const long long idx = (long long)bh * p.tq + (in ? r : 0);
-                cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
-                cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
-                cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
-            } else if (tid < 2 * BQB && p.start_mode == 2) {
-                const int r = rq + tid - BQB;
-                const bool in = r < p.tq;
-                cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
-            }
-        };
-        load_q(qfirst, 0);
-        cp_commit();
-        const float scale_log2 = p.scale * LOG2E;
-        const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
-        const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
-        for (int qi = qfirst; qi < qend; ++qi) {
-            const int buf = (qi - qfirst) & 1;
-            if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+    const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
+    const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
+    auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
+    load_tile_atoms<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
+    load_tile_atoms<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+    cp_commit();
+    const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
+    const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
+
+    for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        const int bh = b * p.H + h;
+        const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
+        float ckr[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) ckr[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] : 0.f;
+        float dck[2] = {0.f, 0.f};
+
+        if (qfirst < qend) {
+            const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+            const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
+            const long long g_st = (long long)p.H * D;
+            auto load_q = [&](int qi, int buf) {
+                const int rq = qi * BQB;
+                auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+                load_tile_atoms<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
+                load_tile_atoms<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
+                if (tid < BQB) {
+                    const int r = rq + tid;
+                    const bool in = r < p.tq;
+                    const long long idx = (long long)bh * p.tq + (in ? r : 0);
+                    cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
+                    cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
+                    cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
+                } else if (tid < 2 * BQB && p.start_mode == 2) {
+                    const int r = rq + tid - BQB;
+                    const bool in = r < p.tq;
+                    cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+                }
+            };
+            load_q(qfirst, 0);
             cp_commit();
-            cp_wait<1>();
-            fence_proxy_async();
-            __syncthreads();
-            const u32 q_s = smem_u32(sQ + buf * BQB * D);
-            const u32 g_s = smem_u32(sG + buf * BQB * D);
-            const float* lse_s = sLse + buf * BQB;
-            const float* del_s = sDel + buf * BQB;
-            const float* cq_s = sCq + buf * BQB;
-            const int* st_s = sSt + buf * BQB;
-            const int rq = qi * BQB;
-            const int rql = min(rq + BQB, p.tq) - 1;
-            const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+            const float scale_log2 = p.scale * LOG2E;
+            for (int qi = qfirst; qi < qend; ++qi) {
+                const int buf = (qi - qfirst) & 1;
+                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+                cp_commit();
+                cp_wait<1>();
+                fence_proxy_async();
+                __syncthreads();
+                const u32 q_s = smem_u32(sQ + buf * BQB * D);
+                const u32 g_s = smem_u32(sG + buf * BQB * D);
+                const float* lse_s = sLse + buf * BQB;
+                const float* del_s = sDel + buf * BQB;
+                const float* cq_s = sCq + buf * BQB;
+                const int* st_s = sSt + buf * BQB;
+                const int rq = qi * BQB;
+                const int rql = min(rq + BQB, p.tq) - 1;
+                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 
-            float ST[32], DP[32];
-            wg_fence();
+                float ST[32], DP[32];
+                wg_fence();
 #pragma unroll
-            for (int s = 0; s < D / 16; ++s) {
-                const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
-                const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
-                wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
-            }
-            wg_commit();
-            wg_wait0();
+                for (int s = 0; s < D / 16; ++s) {
+                    const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
+                    const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
+                    wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                    wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                }
+                wg_commit();
+                wg_wait0();
 #pragma unroll
-            for (int nt = 0; nt < NTQ; ++nt) {
+                for (int nt = 0; nt < NTQ; ++nt) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int il = nt * 8 + 2 * t4 + (e & 1);
-                    const int kr = e >> 1;
-                    const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
-                    float pr = fast_exp2(x);
-                    if (need_mask) {
-                        const int i = rq + il;
-                        const int pos = i < p.tq ? p.q_pos0 + i : -1;
-                        const int sti = p.start_mode == 2 ? st_s[il] : row_start(p, b, 0);
-                        const int j = jrow[kr];
-                        if (j > pos || j < sti) pr = 0.f;
+                    for (int e = 0; e < 4; ++e) {
+                        const int il = nt * 8 + 2 * t4 + (e & 1);
+                        const int kr = e >> 1;
+                        const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
+                        float pr = fast_exp2(x);
+                        if (need_mask) {
+                            const int i = rq + il;
+                            const int pos = i < p.tq ? p.q_pos0 + i : -1;
+                            const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
+                            const int j = jrow[kr];
+                            if (j > pos || j < sti) pr = 0.f;
+                        }
+                        const float ds = pr * (DP[4 * nt + e] - del_s[il]);
+                        dck[kr] -= ds;
+                        ST[4 * nt + e] = pr;
+                        DP[4 * nt + e] = ds;
                     }
-                    const float ds = pr * (DP[4 * nt + e] - del_s[il]);
-                    dck[kr] -= ds;
-                    ST[4 * nt + e] = pr;
-                    DP[4 * nt + e] = ds;
                 }
-            }
-            u32 ap[NTQ / 2][4], as[NTQ / 2][4];
-#pragma unroll
-            for (int kq = 0; kq < NTQ / 2; ++kq) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
-                    as[kq][x] = pack2<BF>(DP[8 * kq + 2 * x], DP[8 * kq + 2 * x + 1]);
-                }
-            }
-            wg_fence();
-#pragma unroll
-            for (int at = 0; at < NA; ++at) {
+                u32 ap[NTQ / 2][4], as[NTQ / 2][4];
 #pragma unroll
                 for (int kq = 0; kq < NTQ / 2; ++kq) {
-                    const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
-                    wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
-                    wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
+                        as[kq][x] = pack2<BF>(DP[8 * kq + 2 * x], DP[8 * kq + 2 * x + 1]);
+                    }
                 }
+                wg_fence();
+#pragma unroll
+                for (int at = 0; at < NA; ++at) {
+#pragma unroll
+                    for (int kq = 0; kq < NTQ / 2; ++kq) {
+                        const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
+                        wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
+                        wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
+                    }
+                }
+                wg_commit();
+                wg_wait0();
+                __syncthreads();
             }
-            wg_commit();
-            wg_wait0();
-            __syncthreads();
         }
-    }
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const float dc = quad_sum(dck[rr]);
+            if (jrow[rr] < p.tk && t4 == 0) p.dck[(long long)bh * p.tk + jrow[rr]] = dc;
+        }
+    }  // query heads of the group
+    cp_wait<0>();  // the K/V copies, when no head had a query tile
+
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        const float dc = quad_sum(dck[rr]);
         const int j = jrow[rr];
         if (j >= p.tk) continue;
-        const long long off = (((long long)b * p.tk + j) * p.H + h) * D;
+        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
             const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
             *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
             *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
         }
-        if (t4 == 0) p.dck[(long long)bh * p.tk + j] = dc;
     }
 }
 #endif

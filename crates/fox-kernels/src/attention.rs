@@ -1,5 +1,10 @@
 //! Forgetting Attention on CPU: o_i = Σ_j softmax_j(scale·q_i·k_j + c_i − c_j) v_j, causal.
 //!
+//! Two options of the fla library's kernel are here too: grouped-query attention (query head h
+//! reads k/v head h / (H / H_kv); the gate, and so c, stays per query head) and a sliding window
+//! (query i sees keys i − w < j ≤ i; the paper's SWA baseline). The window is a per-row key start,
+//! so it composes with padding, packing and ACP exactly like a document start.
+//!
 //! Tiled and streaming like FlashAttention: per (batch, head, block of query rows) an online
 //! softmax runs over key tiles, so memory is O(T·D) per head and no T×T matrix is ever formed.
 //! The backward recomputes probabilities from the saved log-sum-exp. It makes two passes, one
@@ -72,7 +77,13 @@ impl Visibility<'_> {
 #[derive(Clone, Copy, Debug)]
 pub struct Problem<'a> {
     pub batch: usize,
+    /// Query heads H (q, the output, dq, c and lse have H heads).
     pub heads: usize,
+    /// k/v heads H_kv, a divisor of H (grouped-query attention); `heads` for multi-head attention.
+    /// k, v, dk and dv have H_kv heads.
+    pub kv_heads: usize,
+    /// Sliding window w ≥ 1: query position i sees keys i − w < j ≤ i. None: every earlier key.
+    pub window: Option<usize>,
     pub head_dim: usize,
     pub tq: usize,
     pub tk: usize,
@@ -89,6 +100,32 @@ pub struct Problem<'a> {
     /// Adaptive Computation Pruning: per (b, h) threshold δ; key tiles whose largest bias
     /// c_i − c_j is below it are skipped.
     pub prune: Option<&'a [f32]>,
+}
+
+impl Problem<'_> {
+    /// The k/v head that query head h reads.
+    #[inline]
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
+    }
+    /// First key query row r of batch row b sees: its visibility start, raised by the window.
+    #[inline]
+    fn key_start(&self, b: usize, r: usize) -> usize {
+        let s = self.vis.start(b, r, self.tq);
+        match self.window {
+            Some(w) => s.max((self.q_pos0 + r + 1).saturating_sub(w)),
+            None => s,
+        }
+    }
+    fn check(&self) {
+        assert!(
+            self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads),
+            "kv_heads {} must divide heads {}",
+            self.kv_heads,
+            self.heads
+        );
+        assert!(self.window != Some(0), "a sliding window must hold at least one key");
+    }
 }
 
 /// What the forward hands to the backward (besides its inputs and output).
@@ -108,10 +145,11 @@ struct Block {
     r1: usize,
 }
 
-fn blocks(p: &Problem, block: usize, len: usize) -> Vec<Block> {
+/// Work items over (batch, head, block of `block` rows out of `len`) for `heads` heads.
+fn blocks(p: &Problem, heads: usize, block: usize, len: usize) -> Vec<Block> {
     let mut v = Vec::new();
     for b in 0..p.batch {
-        for h in 0..p.heads {
+        for h in 0..heads {
             let mut r0 = 0;
             while r0 < len {
                 v.push(Block { b, h, r0, r1: (r0 + block).min(len) });
@@ -150,7 +188,7 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 /// after causality, visibility and ACP. Returns (first_key, end_key, tiles_pruned).
 fn key_range(p: &Problem, b: usize, h: usize, r0: usize, r1: usize) -> (usize, usize, usize) {
     let end = (p.q_pos0 + r1).min(p.tk);
-    let mut first = (r0..r1).map(|r| p.vis.start(b, r, p.tq)).min().unwrap_or(0);
+    let mut first = (r0..r1).map(|r| p.key_start(b, r)).min().unwrap_or(0);
     first = first / BLOCK_K * BLOCK_K;
     let mut pruned = 0;
     if let Some(th) = p.prune {
@@ -174,6 +212,7 @@ fn key_range(p: &Problem, b: usize, h: usize, r0: usize, r1: usize) -> (usize, u
 
 /// Forward. `out` is [B, tq, H, D].
 pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
+    p.check();
     let (hh, d, tq) = (p.heads, p.head_dim, p.tq);
     assert_eq!(out.len(), p.batch * tq * hh * d);
     assert_eq!(p.cq.len(), p.batch * hh * tq);
@@ -181,11 +220,12 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
     let mut lse = vec![f32::NEG_INFINITY; p.batch * hh * tq];
     let outp = SharedMut::new(out);
     let lsep = SharedMut::new(&mut lse);
-    let work = blocks(p, BLOCK_Q, tq);
+    let work = blocks(p, hh, BLOCK_Q, tq);
     let counts: Vec<(usize, usize)> = work
         .par_iter()
         .map(|blk| {
             let Block { b, h, r0, r1 } = *blk;
+            let hk = p.kv_head(h);
             let n = r1 - r0;
             let (first, end, pruned) = key_range(p, b, h, r0, r1);
             let mut m = vec![f32::NEG_INFINITY; n];
@@ -202,11 +242,10 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
                 for i in 0..n {
                     let r = r0 + i;
                     let pos = p.q_pos0 + r;
-                    let st = p.vis.start(b, r, tq);
-                    if pos < st {
+                    if pos < p.vis.start(b, r, tq) {
                         continue;
                     }
-                    let lo = j0.max(st);
+                    let lo = j0.max(p.key_start(b, r));
                     let hi = j1.min(pos + 1);
                     if lo >= hi {
                         continue;
@@ -215,7 +254,7 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
                     let ci = p.cq[ch + r];
                     let mut mx = m[i];
                     for j in lo..hi {
-                        let v = p.scale * dot(qr, p.k.row(b, h, j, d)) + (ci - p.ck[ckh + j]);
+                        let v = p.scale * dot(qr, p.k.row(b, hk, j, d)) + (ci - p.ck[ckh + j]);
                         s[j - lo] = v;
                         mx = mx.max(v);
                     }
@@ -228,7 +267,7 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
                     for j in lo..hi {
                         let e = (s[j - lo] - mx).exp();
                         l[i] += e;
-                        axpy(a, e, p.v.row(b, h, j, d));
+                        axpy(a, e, p.v.row(b, hk, j, d));
                     }
                     m[i] = mx;
                 }
@@ -259,19 +298,21 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
 pub struct Grads {
     /// [B, tq, H, D]
     pub dq: Vec<f32>,
-    /// [B, tk, H, D]
+    /// [B, tk, H_kv, D]: with grouped-query attention, the sum over the group's query heads.
     pub dk: Vec<f32>,
-    /// [B, tk, H, D]
+    /// [B, tk, H_kv, D]
     pub dv: Vec<f32>,
     /// d loss / d cq, [B, H, tq]
     pub dcq: Vec<f32>,
-    /// d loss / d ck, [B, H, tk]
+    /// d loss / d ck, [B, H, tk] (per query head: c is)
     pub dck: Vec<f32>,
 }
 
 /// Backward. `o` and `dout` are [B, tq, H, D]; `lse` from the forward's `Stats`.
 pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
-    let (bb, hh, d, tq, tk) = (p.batch, p.heads, p.head_dim, p.tq, p.tk);
+    p.check();
+    let (bb, hh, hkv, d, tq, tk) = (p.batch, p.heads, p.kv_heads, p.head_dim, p.tq, p.tk);
+    let group = hh / hkv;
     let row = |b: usize, t: usize, h: usize, tl: usize| ((b * tl + t) * hh + h) * d;
     // delta_i = dO_i · O_i
     let mut delta = vec![0.0f32; bb * hh * tq];
@@ -283,7 +324,7 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
     });
     let prob = |b: usize, h: usize, r: usize, j: usize, qr: &[f32]| -> f32 {
         let ch = (b * hh + h) * tq;
-        let s = p.scale * dot(qr, p.k.row(b, h, j, d)) + (p.cq[ch + r] - p.ck[(b * hh + h) * tk + j]);
+        let s = p.scale * dot(qr, p.k.row(b, p.kv_head(h), j, d)) + (p.cq[ch + r] - p.ck[(b * hh + h) * tk + j]);
         (s - lse[ch + r]).exp()
     };
     // The forward's tile decisions, once per (b, h, query block): the first key it visits.
@@ -297,52 +338,63 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
         .collect();
     let row_sees = |b: usize, r: usize, j: usize| -> bool {
         let pos = p.q_pos0 + r;
-        let st = p.vis.start(b, r, tq);
-        pos >= st && j >= st && j <= pos
+        pos >= p.vis.start(b, r, tq) && j >= p.key_start(b, r) && j <= pos
     };
 
-    // Pass 1: over key blocks: dk, dv, and dck = −Σ_i dS_ij. Query blocks whose visit starts
-    // after this key block (causality, padding, ACP) are skipped whole.
-    let mut dk = vec![0.0f32; bb * tk * hh * d];
-    let mut dv = vec![0.0f32; bb * tk * hh * d];
+    // Pass 1: over key blocks of each k/v head: dk, dv (summed over the group's query heads in a
+    // fixed order), and dck = −Σ_i dS_ij per query head. Query blocks whose visit starts after
+    // this key block (causality, padding, ACP) are skipped whole, and with a window the blocks
+    // whose first row's window starts after it end the scan.
+    let mut dk = vec![0.0f32; bb * tk * hkv * d];
+    let mut dv = vec![0.0f32; bb * tk * hkv * d];
     let mut dck = vec![0.0f32; bb * hh * tk];
     let (dkp, dvp, dckp) = (SharedMut::new(&mut dk), SharedMut::new(&mut dv), SharedMut::new(&mut dck));
-    blocks(p, BLOCK_K, tk).par_iter().for_each(|blk| {
-        let Block { b, h, r0: j0, r1: j1 } = *blk;
+    blocks(p, hkv, BLOCK_K, tk).par_iter().for_each(|blk| {
+        let Block { b, h: hk, r0: j0, r1: j1 } = *blk;
         let n = j1 - j0;
         let mut dkt = vec![0.0f32; n * d];
         let mut dvt = vec![0.0f32; n * d];
         let mut dct = vec![0.0f32; n];
         let qb0 = j0.saturating_sub(p.q_pos0) / BLOCK_Q;
-        for qb in qb0..nqb {
-            if j0 < firsts[(b * hh + h) * nqb + qb] {
-                continue;
-            }
-            for r in qb * BLOCK_Q..((qb + 1) * BLOCK_Q).min(tq) {
-                let qr = p.q.row(b, h, r, d);
-                let off = row(b, r, h, tq);
-                let dor = &dout[off..off + d];
-                let dl = delta[(b * hh + h) * tq + r];
-                for j in j0..j1 {
-                    if !row_sees(b, r, j) {
-                        continue;
-                    }
-                    let pij = prob(b, h, r, j, qr);
-                    let jj = j - j0;
-                    axpy(&mut dvt[jj * d..(jj + 1) * d], pij, dor);
-                    let ds = pij * (dot(dor, p.v.row(b, h, j, d)) - dl);
-                    axpy(&mut dkt[jj * d..(jj + 1) * d], ds * p.scale, qr);
-                    dct[jj] -= ds;
+        for h in hk * group..(hk + 1) * group {
+            dct.fill(0.0);
+            for qb in qb0..nqb {
+                let rq = qb * BLOCK_Q;
+                if p.window.is_some_and(|w| (p.q_pos0 + rq + 1).saturating_sub(w) >= j1) {
+                    break;
                 }
+                if j0 < firsts[(b * hh + h) * nqb + qb] {
+                    continue;
+                }
+                for r in rq..(rq + BLOCK_Q).min(tq) {
+                    let qr = p.q.row(b, h, r, d);
+                    let off = row(b, r, h, tq);
+                    let dor = &dout[off..off + d];
+                    let dl = delta[(b * hh + h) * tq + r];
+                    for j in j0..j1 {
+                        if !row_sees(b, r, j) {
+                            continue;
+                        }
+                        let pij = prob(b, h, r, j, qr);
+                        let jj = j - j0;
+                        axpy(&mut dvt[jj * d..(jj + 1) * d], pij, dor);
+                        let ds = pij * (dot(dor, p.v.row(b, hk, j, d)) - dl);
+                        axpy(&mut dkt[jj * d..(jj + 1) * d], ds * p.scale, qr);
+                        dct[jj] -= ds;
+                    }
+                }
+            }
+            for j in j0..j1 {
+                // SAFETY: (b, h, key) entries are disjoint between blocks.
+                unsafe { *dckp.get((b * hh + h) * tk + j) = dct[j - j0] };
             }
         }
         for j in j0..j1 {
             let jj = j - j0;
-            // SAFETY: key rows are disjoint between blocks.
+            // SAFETY: key rows of one k/v head are disjoint between blocks.
             unsafe {
-                dkp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dkt[jj * d..(jj + 1) * d]);
-                dvp.slice(((b * tk + j) * hh + h) * d, d).copy_from_slice(&dvt[jj * d..(jj + 1) * d]);
-                *dckp.get((b * hh + h) * tk + j) = dct[jj];
+                dkp.slice(((b * tk + j) * hkv + hk) * d, d).copy_from_slice(&dkt[jj * d..(jj + 1) * d]);
+                dvp.slice(((b * tk + j) * hkv + hk) * d, d).copy_from_slice(&dvt[jj * d..(jj + 1) * d]);
             }
         }
     });
@@ -351,8 +403,9 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
     let mut dq = vec![0.0f32; bb * tq * hh * d];
     let mut dcq = vec![0.0f32; bb * hh * tq];
     let (dqp, dcqp) = (SharedMut::new(&mut dq), SharedMut::new(&mut dcq));
-    blocks(p, BLOCK_Q, tq).par_iter().for_each(|blk| {
+    blocks(p, hh, BLOCK_Q, tq).par_iter().for_each(|blk| {
         let Block { b, h, r0, r1 } = *blk;
+        let hk = p.kv_head(h);
         let first = firsts[(b * hh + h) * nqb + r0 / BLOCK_Q];
         let mut dqr = vec![0.0f32; d];
         for r in r0..r1 {
@@ -363,13 +416,13 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
             let off = row(b, r, h, tq);
             let dor = &dout[off..off + d];
             let dl = delta[(b * hh + h) * tq + r];
-            for j in first..=pos.min(tk - 1) {
+            for j in first.max(p.key_start(b, r))..=pos.min(tk - 1) {
                 if !row_sees(b, r, j) {
                     continue;
                 }
                 let pij = prob(b, h, r, j, qr);
-                let ds = pij * (dot(dor, p.v.row(b, h, j, d)) - dl);
-                axpy(&mut dqr, ds * p.scale, p.k.row(b, h, j, d));
+                let ds = pij * (dot(dor, p.v.row(b, hk, j, d)) - dl);
+                axpy(&mut dqr, ds * p.scale, p.k.row(b, hk, j, d));
                 dci += ds;
             }
             unsafe {
@@ -394,7 +447,8 @@ pub fn logit_bound_from_norms(p: &Problem) -> Vec<f32> {
     for b in 0..p.batch {
         for h in 0..p.heads {
             let mq = (0..p.tq).map(|r| dot(p.q.row(b, h, r, d), p.q.row(b, h, r, d))).fold(0.0f32, f32::max);
-            let mk = (0..p.tk).map(|j| dot(p.k.row(b, h, j, d), p.k.row(b, h, j, d))).fold(0.0f32, f32::max);
+            let hk = p.kv_head(h);
+            let mk = (0..p.tk).map(|j| dot(p.k.row(b, hk, j, d), p.k.row(b, hk, j, d))).fold(0.0f32, f32::max);
             u.push(p.scale * mq.sqrt() * mk.sqrt());
         }
     }
@@ -415,15 +469,20 @@ pub mod naive {
             for h in 0..hh {
                 for r in 0..tq {
                     let pos = p.q_pos0 + r;
-                    let st = p.vis.start(b, r, tq);
-                    if pos < st {
+                    if pos < p.vis.start(b, r, tq) {
                         continue;
                     }
+                    // the window's first key, written out rather than through key_start
+                    let st = match p.window {
+                        Some(w) => p.vis.start(b, r, tq).max((pos + 1).saturating_sub(w)),
+                        None => p.vis.start(b, r, tq),
+                    };
+                    let hk = h / (hh / p.kv_heads);
                     let qr = p.q.row(b, h, r, d);
                     let ci = p.cq[(b * hh + h) * tq + r] as f64;
                     let s: Vec<f64> = (st..=pos.min(tk - 1))
                         .map(|j| {
-                            let kr = p.k.row(b, h, j, d);
+                            let kr = p.k.row(b, hk, j, d);
                             let qk: f64 = qr.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum();
                             p.scale as f64 * qk + ci - p.ck[(b * hh + h) * tk + j] as f64
                         })
@@ -433,7 +492,7 @@ pub mod naive {
                     for (idx, j) in (st..=pos.min(tk - 1)).enumerate() {
                         let pr = (s[idx] - mx).exp() / z;
                         probs[((b * hh + h) * tq + r) * tk + j] = pr;
-                        let vr = p.v.row(b, h, j, d);
+                        let vr = p.v.row(b, hk, j, d);
                         for c in 0..d {
                             out[((b * tq + r) * hh + h) * d + c] += (pr * vr[c] as f64) as f32;
                         }
@@ -455,6 +514,8 @@ mod tests {
     struct Case {
         b: usize,
         h: usize,
+        /// k/v heads
+        hkv: usize,
         d: usize,
         t: usize,
         q: Vec<f32>,
@@ -464,28 +525,35 @@ mod tests {
     }
 
     fn case(seed: u64, b: usize, h: usize, d: usize, t: usize, gate_bias: f32) -> Case {
+        case_gqa(seed, b, h, h, d, t, gate_bias)
+    }
+
+    /// q with h heads, k and v with hkv heads.
+    fn case_gqa(seed: u64, b: usize, h: usize, hkv: usize, d: usize, t: usize, gate_bias: f32) -> Case {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut g = |n: usize| (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>();
-        let (q, k, v) = (g(b * t * h * d), g(b * t * h * d), g(b * t * h * d));
+        let (q, k, v) = (g(b * t * h * d), g(b * t * hkv * d), g(b * t * hkv * d));
         let logits: Vec<f32> = g(b * t * h).iter().map(|x| x + gate_bias).collect();
         let mut a = vec![0.0; b * t * h];
         crate::fgate::log_fgate_fwd(&mut a, &logits);
         let mut c = vec![0.0; b * h * t];
         crate::fgate::prefix_sum_fwd(&mut c, &a, None, t, h);
-        Case { b, h, d, t, q, k, v, c }
+        Case { b, h, hkv, d, t, q, k, v, c }
     }
 
     fn problem<'a>(cs: &'a Case, vis: Visibility<'a>) -> Problem<'a> {
         Problem {
             batch: cs.b,
             heads: cs.h,
+            kv_heads: cs.hkv,
+            window: None,
             head_dim: cs.d,
             tq: cs.t,
             tk: cs.t,
             q_pos0: 0,
             q: View::bthd(&cs.q, cs.t, cs.h, cs.d),
-            k: View::bthd(&cs.k, cs.t, cs.h, cs.d),
-            v: View::bthd(&cs.v, cs.t, cs.h, cs.d),
+            k: View::bthd(&cs.k, cs.t, cs.hkv, cs.d),
+            v: View::bthd(&cs.v, cs.t, cs.hkv, cs.d),
             cq: &cs.c,
             ck: &cs.c,
             vis,
@@ -579,17 +647,21 @@ mod tests {
     /// Loss L = Σ w ⊙ out for fixed random w; checks every input gradient by central differences.
     #[test]
     fn backward_matches_finite_differences() {
-        for vis_kind in 0..2 {
-            let cs = case(7, 1, 2, 4, 70, 0.5);
+        // (query heads, k/v heads, window, left padding): MHA, padding, GQA with a window
+        // shorter than a key tile, and one k/v head for all query heads.
+        for (h, hkv, window, padded) in
+            [(2, 2, None, false), (2, 2, None, true), (4, 2, Some(9), true), (4, 1, Some(20), false)]
+        {
+            let cs = case_gqa(7, 1, h, hkv, 4, 70, 0.5);
             let start = [5usize];
-            let vis = if vis_kind == 0 { Visibility::All } else { Visibility::LeftPadded(&start) };
+            let vis = if padded { Visibility::LeftPadded(&start) } else { Visibility::All };
             let mut rng = ChaCha8Rng::seed_from_u64(9);
             let w: Vec<f32> = (0..cs.q.len()).map(|_| rng.sample(StandardNormal)).collect();
             let loss = |cs: &Case| -> f64 {
-                let (o, _) = naive::forward(&problem(cs, vis));
+                let (o, _) = naive::forward(&Problem { window, ..problem(cs, vis) });
                 o.iter().zip(&w).map(|(a, b)| *a as f64 * *b as f64).sum()
             };
-            let p = problem(&cs, vis);
+            let p = Problem { window, ..problem(&cs, vis) };
             let mut out = vec![0.0; cs.q.len()];
             let st = forward(&p, &mut out);
             let g = backward(&p, &out, &w, &st.lse);
@@ -611,11 +683,165 @@ mod tests {
                     let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
                     assert!(
                         (fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()),
-                        "{name}[{idx}]: fd {fd} vs {}",
+                        "h {h} kv {hkv} window {window:?}: {name}[{idx}]: fd {fd} vs {}",
                         grad[idx]
                     );
                 }
             }
         }
+    }
+
+    /// k or v [B, T, hkv, D] repeated to [B, T, H, D]: query head h gets k/v head h / (H / hkv).
+    fn repeat_heads(x: &[f32], b: usize, t: usize, h: usize, hkv: usize, d: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(b * t * h * d);
+        for bt in 0..b * t {
+            for hi in 0..h {
+                let hk = hi / (h / hkv);
+                out.extend_from_slice(&x[(bt * hkv + hk) * d..][..d]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn gqa_equals_mha_with_repeated_kv_heads() {
+        let (b, h, hkv, d, t) = (2, 6, 2, 8, 140);
+        let cs = case_gqa(11, b, h, hkv, d, t, 1.0);
+        let mha = Case {
+            hkv: h,
+            k: repeat_heads(&cs.k, b, t, h, hkv, d),
+            v: repeat_heads(&cs.v, b, t, h, hkv, d),
+            q: cs.q.clone(),
+            c: cs.c.clone(),
+            ..cs
+        };
+        let start = [0usize, 23];
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let dout: Vec<f32> = (0..cs.q.len()).map(|_| rng.sample(StandardNormal)).collect();
+        for window in [None, Some(50)] {
+            for vis in [Visibility::All, Visibility::LeftPadded(&start)] {
+                let pg = Problem { window, ..problem(&cs, vis) };
+                let pm = Problem { window, ..problem(&mha, vis) };
+                let (mut og, mut om) = (vec![0.0; cs.q.len()], vec![0.0; cs.q.len()]);
+                let sg = forward(&pg, &mut og);
+                let sm = forward(&pm, &mut om);
+                // the same products in the same order: identical
+                assert_eq!(og, om);
+                assert_eq!(sg.lse, sm.lse);
+                let gg = backward(&pg, &og, &dout, &sg.lse);
+                let gm = backward(&pm, &om, &dout, &sm.lse);
+                assert_eq!(gg.dq, gm.dq);
+                assert_eq!(gg.dcq, gm.dcq);
+                assert_eq!(gg.dck, gm.dck);
+                // dk, dv of a k/v head: the sum of its query heads' (rounding differs)
+                let sum_group = |x: &[f32]| {
+                    let mut s = vec![0.0f32; b * t * hkv * d];
+                    for bt in 0..b * t {
+                        for hi in 0..h {
+                            let hk = hi / (h / hkv);
+                            for c in 0..d {
+                                s[(bt * hkv + hk) * d + c] += x[(bt * h + hi) * d + c];
+                            }
+                        }
+                    }
+                    s
+                };
+                assert!(max_diff(&gg.dk, &sum_group(&gm.dk)) < 1e-5, "{window:?}");
+                assert!(max_diff(&gg.dv, &sum_group(&gm.dv)) < 1e-5, "{window:?}");
+                assert!(gg.dk.iter().any(|&x| x != 0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn window_matches_brute_force_and_per_row_starts() {
+        let (b, h, hkv, d, t) = (2, 4, 2, 8, 150);
+        let cs = case_gqa(13, b, h, hkv, d, t, 2.0);
+        let pad = [0usize, 31];
+        // two packed documents per row: [0, 60) and [60, 150)
+        let docs: Vec<usize> = (0..b * t).map(|i| if i % t < 60 { 0 } else { 60 }).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(14);
+        let dout: Vec<f32> = (0..cs.q.len()).map(|_| rng.sample(StandardNormal)).collect();
+        for w in [1usize, 7, 64, 65, 100] {
+            for vis in [Visibility::All, Visibility::LeftPadded(&pad), Visibility::PerRow(&docs)] {
+                let p = Problem { window: Some(w), ..problem(&cs, vis) };
+                let mut out = vec![f32::NAN; cs.q.len()];
+                let st = forward(&p, &mut out);
+                let (r, probs) = naive::forward(&p);
+                assert!(max_diff(&out, &r) < 2e-5, "w {w}: {}", max_diff(&out, &r));
+                // brute force: no probability outside the window
+                for (idx, &pr) in probs.iter().enumerate() {
+                    let (j, rr) = (idx % t, idx / t % t);
+                    if pr != 0.0 {
+                        assert!(j <= rr && j + w > rr, "w {w}: row {rr} sees key {j}");
+                    }
+                }
+                // the window as explicit per-row starts, without the window option
+                let starts: Vec<usize> = (0..b * t)
+                    .map(|i| {
+                        let (bi, rr) = (i / t, i % t);
+                        let s = match vis {
+                            Visibility::All => 0,
+                            Visibility::LeftPadded(s) => s[bi],
+                            Visibility::PerRow(s) => s[i],
+                        };
+                        s.max((rr + 1).saturating_sub(w))
+                    })
+                    .collect();
+                let pr = problem(&cs, Visibility::PerRow(&starts));
+                let mut out2 = vec![0.0; cs.q.len()];
+                let st2 = forward(&pr, &mut out2);
+                // padded rows: per-row starts beyond the row give 0 too
+                assert!(max_diff(&out, &out2) < 1e-6, "w {w}");
+                let g = backward(&p, &out, &dout, &st.lse);
+                let g2 = backward(&pr, &out2, &dout, &st2.lse);
+                for (a, b2) in [(&g.dq, &g2.dq), (&g.dk, &g2.dk), (&g.dv, &g2.dv), (&g.dcq, &g2.dcq), (&g.dck, &g2.dck)]
+                {
+                    assert!(max_diff(a, b2) < 1e-5, "w {w}: {}", max_diff(a, b2));
+                }
+            }
+        }
+        // a window of at least T keys is full attention, bit for bit
+        for vis in [Visibility::All, Visibility::LeftPadded(&pad)] {
+            let p0 = problem(&cs, vis);
+            let p1 = Problem { window: Some(t), ..p0 };
+            let (mut o0, mut o1) = (vec![0.0; cs.q.len()], vec![0.0; cs.q.len()]);
+            let s0 = forward(&p0, &mut o0);
+            forward(&p1, &mut o1);
+            assert_eq!(o0, o1);
+            let g0 = backward(&p0, &o0, &dout, &s0.lse);
+            let g1 = backward(&p1, &o0, &dout, &s0.lse);
+            assert_eq!((g0.dq, g0.dk, g0.dv, g0.dck), (g1.dq, g1.dk, g1.dv, g1.dck));
+        }
+    }
+
+    #[test]
+    fn window_decode_rows_match_full_forward_and_acp_stays_within_tolerance() {
+        let (h, hkv, d, t) = (4, 2, 16, 600);
+        let cs = case_gqa(15, 1, h, hkv, d, t, -1.0);
+        let w = 200;
+        let p = Problem { window: Some(w), ..problem(&cs, Visibility::All) };
+        let mut full = vec![0.0; cs.q.len()];
+        let s0 = forward(&p, &mut full);
+        let tq = 3;
+        let q_last: Vec<f32> = cs.q[(t - tq) * h * d..].to_vec();
+        let cq: Vec<f32> = (0..h).flat_map(|hi| cs.c[hi * t + t - tq..(hi + 1) * t].to_vec()).collect();
+        let p2 = Problem { tq, q_pos0: t - tq, q: View::bthd(&q_last, tq, h, d), cq: &cq, ..p };
+        let mut out = vec![0.0; tq * h * d];
+        forward(&p2, &mut out);
+        assert!(max_diff(&out, &full[(t - tq) * h * d..]) < 1e-6);
+        // ACP inside the window: prunes tiles, stays within ε, and the backward follows it
+        let u = logit_bound_from_norms(&p);
+        let th = prune_thresholds(&u, t, -10.0);
+        let pp = Problem { prune: Some(&th), ..p };
+        let mut pruned = vec![0.0; cs.q.len()];
+        let s1 = forward(&pp, &mut pruned);
+        assert!(s1.tiles_pruned > 0 && s1.tiles_visited < s0.tiles_visited);
+        assert!(max_diff(&full, &pruned) < 3e-4, "{}", max_diff(&full, &pruned));
+        let g0 = backward(&p, &full, &full, &s0.lse);
+        let g1 = backward(&pp, &pruned, &full, &s1.lse);
+        assert!(max_diff(&g0.dq, &g1.dq) < 1e-3);
+        assert!(max_diff(&g0.dk, &g1.dk) < 1e-3);
+        assert!(max_diff(&g0.dv, &g1.dv) < 1e-3);
     }
 }

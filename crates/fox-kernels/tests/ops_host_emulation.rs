@@ -1,38 +1,51 @@
-//! The small-op kernels (kernels/ops.cu) without a GPU: compiled as C++ against an emulation of
-//! the CUDA built-ins they use (tests/host_emu/mock.h: a thread per CUDA thread, barriers for
-//! __syncthreads and warp shuffles) and compared with plain loops (tests/host_emu/ops_emu.cpp).
-//! This checks index arithmetic, bounds, vector tails and the reductions on every machine; it
-//! does not replace the GPU check (`fox-attn check-ops`, tests/gpu_ops.rs): no FMA contraction,
-//! no GPU memory model, no NVRTC. Needs a C++20 compiler; prints a notice and passes without one.
+//! Kernels without a GPU: the small-op kernels (kernels/ops.cu) and the f32 attention kernels
+//! (kernels/attention_f32.cu) compiled as C++ against an emulation of the CUDA built-ins they use
+//! (tests/host_emu/mock.h: a thread per CUDA thread, barriers for __syncthreads and warp
+//! shuffles) and compared with plain loops (tests/host_emu/*_emu.cpp). This checks index
+//! arithmetic, bounds, vector tails, the reductions, and for attention the grouped-query and
+//! sliding-window paths, on every machine; it does not replace the GPU check (`fox-attn
+//! check-ops`, `check-gemm`): no FMA contraction, no GPU memory model, no NVRTC. Needs a C++20
+//! compiler; prints a notice and passes without one.
 
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn ops_kernels_under_host_emulation() {
+fn run_emulation(source: &str, exe: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host_emu");
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ops_emu");
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(exe);
     let Some(cxx) = ["c++", "g++", "clang++"]
         .into_iter()
         .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
     else {
         use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "NOTICE: ops host emulation skipped, no C++ compiler (c++, g++, clang++)");
+        let _ =
+            writeln!(std::io::stderr(), "NOTICE: {source} host emulation skipped, no C++ compiler (c++, g++, clang++)");
         return;
     };
     let out = Command::new(cxx)
         .args(["-std=c++20", "-O1", "-pthread", "-w", "-o"])
         .arg(&exe)
-        .arg(dir.join("ops_emu.cpp"))
+        .arg(dir.join(source))
         .output()
         .expect("running the C++ compiler");
     assert!(
         out.status.success(),
-        "{cxx} could not compile kernels/ops.cu under the host emulation (C++20 with <barrier> is needed):\n{}",
+        "{cxx} could not compile {source} under the host emulation (C++20 with <barrier> is needed):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let run = Command::new(&exe).output().expect("running the emulated kernels");
     let text = String::from_utf8_lossy(&run.stdout);
     println!("{text}");
     assert!(run.status.success() && text.contains("0 failures"), "emulated kernels differ from the loops:\n{text}");
+}
+
+#[test]
+fn ops_kernels_under_host_emulation() {
+    run_emulation("ops_emu.cpp", "ops_emu");
+}
+
+/// GQA, sliding windows, padding and ACP in the f32 attention kernels against an f64 reference.
+#[test]
+fn f32_attention_kernels_under_host_emulation() {
+    run_emulation("attention_f32_emu.cpp", "attention_f32_emu");
 }

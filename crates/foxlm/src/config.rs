@@ -27,6 +27,9 @@ pub struct Config {
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
     pub num_heads: usize,
+    /// Grouped-query attention: k/v heads, a divisor of num_heads (query head h reads k/v head
+    /// h / (num_heads / num_kv_heads)); k_proj and v_proj have num_kv_heads·head_dim outputs.
+    /// null: num_heads (multi-head attention).
     #[serde(default)]
     pub num_kv_heads: Option<usize>,
     #[serde(default)]
@@ -67,7 +70,10 @@ pub struct Config {
     pub log_pruning_tolerance: Option<f64>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    #[serde(default)]
+    /// Sliding-window attention (the paper's SWA baseline, Appendix F.4): the query at position i
+    /// sees keys i − w < j ≤ i. null: every earlier key. `window_size` is the authors' name (and
+    /// what foxlm writes); `sliding_window` is accepted too.
+    #[serde(default, alias = "sliding_window")]
     pub window_size: Option<usize>,
     #[serde(default)]
     pub bos_token_id: Option<u32>,
@@ -112,6 +118,8 @@ pub const MAX_HIDDEN: usize = 1 << 16;
 pub const MAX_LAYERS: usize = 1 << 12;
 pub const MAX_INTERMEDIATE: usize = 1 << 20;
 pub const MAX_HIDDEN_RATIO: f64 = 64.0;
+/// The largest sliding window (the GPU kernels index keys with 32-bit integers).
+pub const MAX_WINDOW: usize = 1 << 30;
 /// The smallest decay time T of the fixed gate: below it b = -ln(expm1(1/T)) underflows f32.
 pub const MIN_DECAY_TIME: f64 = 0.01;
 
@@ -162,12 +170,12 @@ impl Config {
             bail!("head_dim {} (hidden_size / num_heads) must be even for RoPE", self.head_dim());
         }
         if let Some(kv) = self.num_kv_heads {
-            if kv != self.num_heads {
-                bail!("num_kv_heads {kv}: grouped-query attention is not supported (must be null)");
+            if kv == 0 || !self.num_heads.is_multiple_of(kv) {
+                bail!("num_kv_heads is {kv}; expected a divisor of num_heads {} (or null)", self.num_heads);
             }
         }
-        if self.window_size.is_some() {
-            bail!("window_size: sliding-window attention is not supported (must be null)");
+        if let Some(w) = self.window_size {
+            bound("window_size", w, MAX_WINDOW)?;
         }
         if self.hidden_act != "swish" && self.hidden_act != "silu" {
             bail!("hidden_act {:?}: only \"swish\" is supported", self.hidden_act);
@@ -245,8 +253,10 @@ impl Config {
     /// them, computed without allocating the tensors: checkpoints are compared with this before a
     /// byte of weights is read. Call after [`Config::validate`].
     pub fn param_layout(&self) -> Vec<(String, Vec<usize>)> {
-        let (v, d, h, hd, i) =
-            (self.vocab_size, self.hidden_size, self.num_heads, self.head_dim(), self.intermediate());
+        let (v, d, hd, i) = (self.vocab_size, self.hidden_size, self.head_dim(), self.intermediate());
+        let h = self.num_heads;
+        // k and v (and their KV-shift gates and per-head k_norm) have the k/v heads
+        let (hkv, dkv) = (self.kv_heads(), self.kv_heads() * hd);
         let mut out = vec![("model.embeddings.weight".to_string(), vec![v, d])];
         for l in 0..self.num_hidden_layers {
             let pre = format!("model.layers.{l}");
@@ -255,10 +265,10 @@ impl Config {
             add("attn.q_proj.weight", vec![d, d]);
             for (proj, shift) in [("k_proj", self.use_k_shift), ("v_proj", self.use_v_shift)] {
                 if shift {
-                    add(&format!("attn.{proj}.linear.weight"), vec![d, d]);
-                    add(&format!("attn.{proj}.shift_proj.weight"), vec![h, d]);
+                    add(&format!("attn.{proj}.linear.weight"), vec![dkv, d]);
+                    add(&format!("attn.{proj}.shift_proj.weight"), vec![hkv, d]);
                 } else {
-                    add(&format!("attn.{proj}.weight"), vec![d, d]);
+                    add(&format!("attn.{proj}.weight"), vec![dkv, d]);
                 }
             }
             add("attn.o_proj.weight", vec![d, d]);
@@ -277,9 +287,9 @@ impl Config {
                 add("attn.output_norm.weight", vec![d]);
             }
             if self.qk_norm {
-                let n = if self.qk_norm_share_param_across_head { hd } else { d };
-                add("attn.q_norm.weight", vec![n]);
-                add("attn.k_norm.weight", vec![n]);
+                let shared = self.qk_norm_share_param_across_head;
+                add("attn.q_norm.weight", vec![if shared { hd } else { d }]);
+                add("attn.k_norm.weight", vec![if shared { hd } else { dkv }]);
             }
             add("mlp_norm.weight", vec![d]);
             add("mlp.gate_proj.weight", vec![2 * i, d]);
@@ -296,13 +306,16 @@ impl Config {
         let (v, d, h, l) =
             (self.vocab_size as u128, self.hidden_size as u128, self.num_heads as u128, self.num_hidden_layers as u128);
         let hd = d.checked_div(h).unwrap_or(0);
+        // k/v heads: any value is only an upper bound here until validate() checks it divides h
+        let hkv = (self.num_kv_heads.unwrap_or(self.num_heads) as u128).min(h);
+        let dkv = hkv.saturating_mul(hd);
         let i = self.intermediate_size.unwrap_or_else(|| self.intermediate()) as u128;
         let m = |a: u128, b: u128| a.saturating_mul(b);
         let terms = [
-            m(2, d),                                                         // attn_norm, mlp_norm
-            m(4, m(d, d)),                                                   // q, k, v, o
-            m(3, m(d, i)),                                                   // gate_proj (2I), down_proj
-            m(self.use_k_shift as u128 + self.use_v_shift as u128, m(h, d)), // shift_proj
+            m(2, d),                                                           // attn_norm, mlp_norm
+            m(2, m(d, d)).saturating_add(m(2, m(dkv, d))),                     // q, o; k, v
+            m(3, m(d, i)),                                                     // gate_proj (2I), down_proj
+            m(self.use_k_shift as u128 + self.use_v_shift as u128, m(hkv, d)), // shift_proj
             match self.fgate_type {
                 FgateType::Full => m(h, d).saturating_add(h),
                 FgateType::BiasOnly | FgateType::Fixed => h,
@@ -310,7 +323,7 @@ impl Config {
             },
             m(self.use_output_gate as u128, m(d, d)),
             m(self.use_output_norm as u128, d),
-            m(2 * self.qk_norm as u128, if self.qk_norm_share_param_across_head { hd } else { d }),
+            m(self.qk_norm as u128, if self.qk_norm_share_param_across_head { 2 * hd } else { d.saturating_add(dkv) }),
         ];
         let per_layer = terms.iter().fold(0u128, |a, &t| a.saturating_add(t));
         let total = m(2, m(v, d)).saturating_add(d).saturating_add(m(per_layer, l));
@@ -319,6 +332,11 @@ impl Config {
 
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
+    }
+
+    /// k/v heads: num_kv_heads, or num_heads without grouped-query attention.
+    pub fn kv_heads(&self) -> usize {
+        self.num_kv_heads.unwrap_or(self.num_heads)
     }
 
     /// intermediate_size if given, else int(d · hidden_ratio · 2/3) rounded up to a multiple of 256.
@@ -365,13 +383,43 @@ mod tests {
     #[test]
     fn layout_and_size_match_the_model_for_every_fixture() {
         for v in VARIANTS {
-            let c = fixture(v);
-            let m = Model::new(&c);
-            let want: Vec<(String, Vec<usize>)> =
-                m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
-            assert_eq!(c.param_layout(), want, "{v}");
-            assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128, "{v}");
+            // as released, and with grouped-query attention (4 query heads on 2 or 1 k/v heads)
+            for kv in [None, Some(2), Some(1)] {
+                let c = Config { num_kv_heads: kv, window_size: kv.map(|k| 16 * k), ..fixture(v) };
+                c.validate().unwrap();
+                let m = Model::new(&c);
+                let want: Vec<(String, Vec<usize>)> =
+                    m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
+                assert_eq!(c.param_layout(), want, "{v} {kv:?}");
+                assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128, "{v} {kv:?}");
+            }
         }
+        let c = Config { num_kv_heads: Some(1), ..fixture("fox_pro") };
+        let layout = c.param_layout();
+        let shape = |n: &str| layout.iter().find(|(k, _)| k == n).map(|(_, s)| s.clone());
+        let hd = c.head_dim();
+        assert_eq!(shape("model.layers.0.attn.k_proj.linear.weight"), Some(vec![hd, c.hidden_size]));
+        assert_eq!(shape("model.layers.0.attn.v_proj.shift_proj.weight"), Some(vec![1, c.hidden_size]));
+        assert_eq!(shape("model.layers.0.attn.q_proj.weight"), Some(vec![c.hidden_size, c.hidden_size]));
+    }
+
+    #[test]
+    fn window_reads_the_authors_name_and_sliding_window() {
+        let base = fixture("fox_llama");
+        let mut j: serde_json::Value = serde_json::from_str(&base.to_json()).unwrap();
+        j["window_size"] = 64.into();
+        j["num_kv_heads"] = 2.into();
+        let c: Config = serde_json::from_value(j.clone()).unwrap();
+        assert_eq!((c.window_size, c.kv_heads()), (Some(64), 2));
+        // written back under the authors' name
+        assert!(c.to_json().contains("\"window_size\": 64"));
+        let o = j.as_object_mut().unwrap();
+        o.remove("window_size");
+        o.insert("sliding_window".into(), 32.into());
+        let c: Config = serde_json::from_value(j).unwrap();
+        assert_eq!(c.window_size, Some(32));
+        assert!(!c.extra.contains_key("sliding_window"));
+        c.validate().unwrap();
     }
 
     #[test]
@@ -393,8 +441,13 @@ mod tests {
         c.num_heads = 3;
         assert_eq!(err(&c), "hidden_size 128 must be a positive multiple of num_heads 3");
         let mut c = base.clone();
-        c.num_kv_heads = Some(2);
-        assert!(err(&c).starts_with("num_kv_heads 2:"), "{}", err(&c));
+        c.num_kv_heads = Some(3);
+        assert_eq!(err(&c), "num_kv_heads is 3; expected a divisor of num_heads 4 (or null)");
+        c.num_kv_heads = Some(0);
+        assert_eq!(err(&c), "num_kv_heads is 0; expected a divisor of num_heads 4 (or null)");
+        let mut c = base.clone();
+        c.window_size = Some(0);
+        assert_eq!(err(&c), "window_size is 0; expected 1 to 1073741824");
     }
 
     #[test]

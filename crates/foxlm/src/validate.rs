@@ -129,12 +129,13 @@ pub fn file_in_dir(dir: &Path, rel: &str, listing: &Path) -> Result<PathBuf> {
     Ok(dir.join(p))
 }
 
-/// Bytes of the KV cache (k, v and the gate's prefix sum per layer and head) for `batch`
-/// sequences of `tokens` tokens, as `model::cache` allocates it; saturating.
+/// Bytes of the KV cache (k, v per layer and k/v head, the gate's prefix sum per query head) for
+/// `batch` sequences of `tokens` tokens, as `model::cache` allocates it; saturating.
 pub fn kv_cache_bytes(cfg: &crate::config::Config, batch: usize, tokens: usize) -> u128 {
     let (b, h, hd, t) = (batch as u128, cfg.num_heads as u128, cfg.head_dim() as u128, tokens.max(1) as u128);
+    let hkv = cfg.kv_heads() as u128;
     let m = |a: u128, b: u128| a.saturating_mul(b);
-    let per_layer = m(m(m(b, h), t), 2 * hd + 1).saturating_add(m(m(2 * b, h), hd));
+    let per_layer = m(m(b, t), m(2 * hkv, hd).saturating_add(h)).saturating_add(m(m(2 * b, hkv), hd));
     m(m(per_layer, cfg.num_hidden_layers as u128), 4)
 }
 

@@ -268,11 +268,11 @@ fn broken_model_folders_are_clear_errors() {
     std::fs::write(d.path().join("config.json"), cfg).unwrap();
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("fgate_type") && e.contains("sometimes"), "{e}");
-    // a value the model does not support
+    // a value the model does not support (k/v heads must divide the 4 query heads)
     let d = broken_copy("fox_llama");
     let cfg = std::fs::read_to_string(d.path().join("config.json"))
         .unwrap()
-        .replace("\"num_kv_heads\": null", "\"num_kv_heads\": 2");
+        .replace("\"num_kv_heads\": null", "\"num_kv_heads\": 3");
     std::fs::write(d.path().join("config.json"), cfg).unwrap();
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("num_kv_heads"), "{e}");

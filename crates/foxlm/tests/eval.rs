@@ -288,7 +288,7 @@ fn gate_maps_reproduce_the_attention_the_model_computed() {
             let a = &blk.attn;
             for head in 0..h {
                 let c: Vec<f32> = if a.c.is_empty() { vec![0.0; h * t] } else { a.c.clone() };
-                let p = gates::attention_map(&a.q, &a.k, &c, h, hd, head, t);
+                let p = gates::attention_map(&a.q, &a.k, &c, h, h, hd, None, head, t);
                 let f = gates::forget_matrix(&c, head, t);
                 let fg = gates::head_gates(&a.fgate_logit, h, head, t);
                 for i in 0..t {

@@ -4,6 +4,7 @@
 //!   fox-attn check-ops [--filter TEXT] [--seed N]  the same for the small training ops
 //!   fox-attn bench [--d 64,128] [--t 1024,4096,16384] [--tokens 32768] [--hidden 2048]
 //!                  [--iters N] [--warmup N] [--no-sdpa] [--python python3] [--json FILE] [--fwd-only]
+//!                  [--kv-group G] [--window W]     GQA (G query heads per k/v head), sliding window
 //!   fox-attn compile [--arch sm_90a] [-v]           compile the kernels into the disk cache
 //!                                                   (NVRTC only, no GPU; -v: ptxas report)
 //!   fox-attn info                                   what device would be used, or why none
@@ -120,6 +121,12 @@ fn main() -> Result<()> {
             }
             if let Some(s) = arg_value(&args, "--python") {
                 o.python = s;
+            }
+            if let Some(s) = arg_value(&args, "--kv-group") {
+                o.kv_group = s.parse()?;
+            }
+            if let Some(s) = arg_value(&args, "--window") {
+                o.window = Some(s.parse()?);
             }
             if args.iter().any(|a| a == "--no-sdpa") {
                 o.sdpa = false;

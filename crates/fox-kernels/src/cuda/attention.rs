@@ -9,6 +9,10 @@
 //! (`start[b]`), or packed documents (`start[b*tq + r]`, the first key of row r's document).
 //! Starts must be non-decreasing along each batch row (documents are contiguous), which
 //! [`upload_visibility`] checks.
+//!
+//! Grouped-query attention and the sliding window are [`AttnOptions`] beside the problem (the
+//! `*_opts` entry points); the entry points without them run multi-head attention without a
+//! window, as before.
 
 use super::compile::{ATTENTION, FGATE};
 use super::Gpu;
@@ -87,6 +91,26 @@ pub struct DevProblem<'a> {
     pub prune: Option<&'a CudaSlice<f32>>,
 }
 
+/// Grouped-query attention and the sliding window (as the CPU's `kv_heads` and `window`). The
+/// default, multi-head attention over every earlier key, is what the entry points without
+/// `_opts` run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttnOptions {
+    /// k/v heads H_kv, a divisor of the query heads: query head h reads k/v head h / (H / H_kv),
+    /// k and v views have H_kv heads and dk, dv are [B, tk, H_kv, D] (summed over each group).
+    /// None: as many as query heads.
+    pub kv_heads: Option<usize>,
+    /// w ≥ 1: the query at position i sees keys i − w < j ≤ i. None: every earlier key.
+    pub window: Option<usize>,
+}
+
+impl AttnOptions {
+    /// H_kv for a problem of `heads` query heads.
+    pub fn kv_heads(&self, heads: usize) -> usize {
+        self.kv_heads.unwrap_or(heads)
+    }
+}
+
 /// Key tiles visited and skipped by ACP in the forward, at the kernel's tile size (64 keys and 128
 /// query rows for the mma.sync kernel, 128 keys for the wgmma kernel; the decode kernel's block
 /// is its tq rows).
@@ -161,6 +185,8 @@ struct AttnParams {
     start_mode: i32,
     splits: i32,
     scale: f32,
+    hkv: i32,
+    window: i32,
     q_pos0_dev: u64,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
@@ -187,18 +213,23 @@ fn ptr<T, S: DevicePtr<T> + ?Sized>(gpu: &Gpu, s: &S) -> u64 {
 }
 
 /// Checks that hold for every launch.
-fn validate(p: &DevProblem) -> Result<()> {
+fn validate(p: &DevProblem, o: AttnOptions) -> Result<()> {
     ensure!(p.head_dim == 64 || p.head_dim == 128, "GPU attention supports head_dim 64 and 128, got {}", p.head_dim);
     ensure!(p.batch > 0 && p.heads > 0 && p.tq > 0 && p.tk > 0, "empty attention problem");
+    let hkv = o.kv_heads(p.heads);
+    ensure!(hkv > 0 && p.heads.is_multiple_of(hkv), "kv_heads {hkv} must divide the {} query heads", p.heads);
+    if let Some(w) = o.window {
+        ensure!(w >= 1 && w < i32::MAX as usize, "sliding window {w}: must be at least 1 key (and fit 32 bits)");
+    }
     ensure!(p.q_pos0 + p.tq <= p.tk, "query rows end at {} but there are only {} keys", p.q_pos0 + p.tq, p.tk);
     ensure!(p.tk < i32::MAX as usize / 2 && p.batch * p.tq < i32::MAX as usize, "sequence too long for 32-bit indices");
     let d = p.head_dim;
-    for (name, v, t) in [("q", &p.q, p.tq), ("k", &p.k, p.tk), ("v", &p.v, p.tk)] {
+    for (name, v, t, heads) in [("q", &p.q, p.tq, p.heads), ("k", &p.k, p.tk, hkv), ("v", &p.v, p.tk, hkv)] {
         ensure!(
             v.off % 8 == 0 && v.sb % 8 == 0 && v.sh % 8 == 0 && v.st % 8 == 0,
             "{name}: strides must be multiples of 8 elements (16-byte loads)"
         );
-        let last = v.off + (p.batch - 1) * v.sb + (p.heads - 1) * v.sh + (t - 1) * v.st + d;
+        let last = v.off + (p.batch - 1) * v.sb + (heads - 1) * v.sh + (t - 1) * v.st + d;
         ensure!(last <= v.data.len(), "{name}: view reaches element {last} of a buffer of {}", v.data.len());
     }
     ensure!(p.cq.len() >= p.batch * p.heads * p.tq, "cq too short");
@@ -216,7 +247,7 @@ fn validate(p: &DevProblem) -> Result<()> {
     Ok(())
 }
 
-fn params(gpu: &Gpu, p: &DevProblem) -> AttnParams {
+fn params(gpu: &Gpu, p: &DevProblem, o: AttnOptions) -> AttnParams {
     let (start, mode) = match p.vis {
         DevVisibility::All => (0, 0),
         DevVisibility::LeftPadded(s) => (ptr(gpu, s), 1),
@@ -247,6 +278,8 @@ fn params(gpu: &Gpu, p: &DevProblem) -> AttnParams {
         q_pos0: p.q_pos0 as i32,
         scale: p.scale,
         splits: 1,
+        hkv: o.kv_heads(p.heads) as i32,
+        window: o.window.map_or(0, |w| w as i32),
         ..Default::default()
     }
 }
@@ -419,12 +452,12 @@ pub fn decode_into(
     scratch: &DecodeScratch,
     q_pos0_dev: Option<&CudaSlice<i32>>,
 ) -> Result<()> {
-    validate(p)?;
+    validate(p, AttnOptions::default())?;
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
     ensure!(p.tq <= 16, "the decode kernel takes at most 16 query rows, got {}", p.tq);
     ensure!(scratch.shape == (bb * hh, d, p.tk), "decode scratch sized for another problem");
     ensure!(out.len() >= bb * p.tq * hh * d && lse.len() >= bb * hh * p.tq, "decode output too short");
-    let mut prm = params(gpu, p);
+    let mut prm = params(gpu, p, AttnOptions::default());
     prm.o = ptr(gpu, out);
     prm.lse = ptr(gpu, lse);
     prm.part_o = ptr(gpu, &scratch.part_o);
@@ -448,12 +481,25 @@ pub fn forward(
     kernel_choice: FwdKernel,
     count_tiles: bool,
 ) -> Result<TileStats> {
-    validate(p)?;
+    forward_opts(gpu, p, AttnOptions::default(), out, lse, kernel_choice, count_tiles)
+}
+
+/// [`forward`] with grouped-query attention and/or a sliding window.
+pub fn forward_opts(
+    gpu: &Gpu,
+    p: &DevProblem,
+    opts: AttnOptions,
+    out: &dyn DevicePtr<u16>,
+    lse: &mut CudaSlice<f32>,
+    kernel_choice: FwdKernel,
+    count_tiles: bool,
+) -> Result<TileStats> {
+    validate(p, opts)?;
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
     ensure!(out.len() >= bb * p.tq * hh * d, "forward output too short");
     ensure!(lse.len() >= bb * hh * p.tq, "lse too short");
     let counters: Option<CudaSlice<u64>> = if count_tiles { Some(gpu.zeros::<u64>(2)?) } else { None };
-    let mut prm = params(gpu, p);
+    let mut prm = params(gpu, p, opts);
     prm.o = ptr(gpu, out);
     prm.lse = ptr(gpu, lse);
     prm.counters = counters.as_ref().map_or(0, |c| ptr(gpu, c));
@@ -509,9 +555,9 @@ pub fn forward(
 pub struct DevGrads {
     /// [B, tq, H, D]
     pub dq: CudaSlice<u16>,
-    /// [B, tk, H, D]
+    /// [B, tk, H_kv, D]
     pub dk: CudaSlice<u16>,
-    /// [B, tk, H, D]
+    /// [B, tk, H_kv, D]
     pub dv: CudaSlice<u16>,
     /// d loss / d cq, [B, H, tq] (row sums of dS: zero in exact arithmetic)
     pub dcq: CudaSlice<f32>,
@@ -523,11 +569,16 @@ pub struct DevGrads {
 
 impl DevGrads {
     pub fn new(gpu: &Gpu, p: &DevProblem) -> Result<Self> {
+        Self::new_opts(gpu, p, AttnOptions::default())
+    }
+    /// Buffers for a problem with grouped-query attention (dk, dv of H_kv heads).
+    pub fn new_opts(gpu: &Gpu, p: &DevProblem, opts: AttnOptions) -> Result<Self> {
         let (b, h, d) = (p.batch, p.heads, p.head_dim);
+        let hkv = opts.kv_heads(h);
         Ok(Self {
             dq: gpu.zeros(b * p.tq * h * d)?,
-            dk: gpu.zeros(b * p.tk * h * d)?,
-            dv: gpu.zeros(b * p.tk * h * d)?,
+            dk: gpu.zeros(b * p.tk * hkv * d)?,
+            dv: gpu.zeros(b * p.tk * hkv * d)?,
             dcq: gpu.zeros(b * h * p.tq)?,
             dck: gpu.zeros(b * h * p.tk)?,
             delta: gpu.zeros(b * h * p.tq)?,
@@ -545,8 +596,22 @@ pub fn backward(
     lse: &CudaSlice<f32>,
     g: &mut DevGrads,
 ) -> Result<()> {
+    backward_opts(gpu, p, AttnOptions::default(), o, dout, lse, g)
+}
+
+/// [`backward`] with grouped-query attention and/or a sliding window (`g` from
+/// [`DevGrads::new_opts`] with the same options).
+pub fn backward_opts(
+    gpu: &Gpu,
+    p: &DevProblem,
+    opts: AttnOptions,
+    o: &CudaSlice<u16>,
+    dout: &CudaSlice<u16>,
+    lse: &CudaSlice<f32>,
+    g: &mut DevGrads,
+) -> Result<()> {
     let out = BwdOut { dq: &g.dq, dk: &g.dk, dv: &g.dv, dcq: &g.dcq, dck: &g.dck, delta: &g.delta };
-    backward_into(gpu, p, o, dout, lse, out)
+    backward_into_opts(gpu, p, opts, o, dout, lse, out)
 }
 
 /// Where [`backward_into`] writes: dq, dk, dv in the input dtype, dcq, dck and the scratch delta
@@ -569,17 +634,33 @@ pub fn backward_into(
     lse: &CudaSlice<f32>,
     g: BwdOut,
 ) -> Result<()> {
-    validate(p)?;
+    backward_into_opts(gpu, p, AttnOptions::default(), o, dout, lse, g)
+}
+
+/// [`backward_into`] with grouped-query attention and/or a sliding window: dk, dv are
+/// [B, tk, H_kv, D], each the sum over its group's query heads (one block walks the group in
+/// order: deterministic, no atomics).
+pub fn backward_into_opts(
+    gpu: &Gpu,
+    p: &DevProblem,
+    opts: AttnOptions,
+    o: &dyn DevicePtr<u16>,
+    dout: &dyn DevicePtr<u16>,
+    lse: &CudaSlice<f32>,
+    g: BwdOut,
+) -> Result<()> {
+    validate(p, opts)?;
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
+    let hkv = opts.kv_heads(hh);
     ensure!(o.len() >= bb * p.tq * hh * d && dout.len() >= bb * p.tq * hh * d, "o / dout too short");
     ensure!(lse.len() >= bb * hh * p.tq, "lse too short");
-    ensure!(g.dq.len() >= bb * p.tq * hh * d && g.dk.len() >= bb * p.tk * hh * d, "gradient buffers too short");
-    ensure!(g.dv.len() >= bb * p.tk * hh * d, "gradient buffers too short");
+    ensure!(g.dq.len() >= bb * p.tq * hh * d, "dq buffer too short");
+    ensure!(g.dk.len() >= bb * p.tk * hkv * d && g.dv.len() >= bb * p.tk * hkv * d, "dk / dv buffers too short");
     ensure!(
         g.dcq.len() >= bb * hh * p.tq && g.dck.len() >= bb * hh * p.tk && g.delta.len() >= bb * hh * p.tq,
         "dc buffers too short"
     );
-    let mut prm = params(gpu, p);
+    let mut prm = params(gpu, p, opts);
     prm.o_in = ptr(gpu, o);
     prm.dout = ptr(gpu, dout);
     prm.lse_in = ptr(gpu, lse);
@@ -605,7 +686,8 @@ pub fn backward_into(
     let (rows, threads) = if nwg > 0 { (64 * nwg, 128 * nwg as u32) } else { (DKDV_BK, 256) };
     let smem = if nwg > 0 { (2 * rows * d + 4 * 64 * d) * 2 + 4 * 2 * 64 * 4 + 1024 } else { dkdv_smem(d) };
     let f = kernel(gpu, &format!("bwd_dkdv{sfx}"), p, smem)?;
-    launch(gpu, &f, (p.tk.div_ceil(rows) as u32, (bb * hh) as u32, 1), threads, smem, &prm, "the dk/dv kernel")?;
+    // one block per key block and k/v head: it walks the group's query heads
+    launch(gpu, &f, (p.tk.div_ceil(rows) as u32, (bb * hkv) as u32, 1), threads, smem, &prm, "the dk/dv kernel")?;
 
     let rows = if nwg > 0 { 64 * nwg } else { FWD_BQ };
     let smem = if nwg > 0 { (2 * rows * d + 4 * BK * d) * 2 + 2 * BK * 4 + 1024 } else { dq_smem(d) };
@@ -623,9 +705,22 @@ pub fn acp_thresholds_from_norms(
     log_eps: f32,
     out: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    validate(p)?;
+    acp_thresholds_from_norms_opts(gpu, p, AttnOptions::default(), n_keys, log_eps, out)
+}
+
+/// [`acp_thresholds_from_norms`] with grouped-query attention and/or a window (U over the keys
+/// each query head reads and each row's visible keys' floor).
+pub fn acp_thresholds_from_norms_opts(
+    gpu: &Gpu,
+    p: &DevProblem,
+    opts: AttnOptions,
+    n_keys: usize,
+    log_eps: f32,
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
+    validate(p, opts)?;
     ensure!(out.len() >= p.batch * p.heads, "threshold buffer too short");
-    let prm = params(gpu, p);
+    let prm = params(gpu, p, opts);
     let name = format!("fox_acp_norms_d{}_{}", p.head_dim, p.dtype.suffix());
     let f = gpu.function(&FGATE, &name)?;
     let out_ptr = ptr(gpu, out);
@@ -642,13 +737,17 @@ pub fn acp_thresholds_from_norms(
 /// U per head from QK-norm weights: |scale·q·k| ≤ sqrt(d)·max|γ_q|·max|γ_k| (RMS-normalised q and
 /// k have norm sqrt(d)). `gamma_q`, `gamma_k` are [H·d] per head, or [d] when shared by all heads.
 pub fn logit_bound_from_qk_norm(gamma_q: &[f32], gamma_k: &[f32], heads: usize, head_dim: usize) -> Result<Vec<f32>> {
+    // A per-head weight may cover fewer heads than `heads` (k_norm under grouped-query
+    // attention: [H_kv·d]); query head h then reads weight head h / (H / H_kv).
     let per_head = |g: &[f32], h: usize| -> Result<f32> {
+        let n = g.len() / head_dim.max(1);
         let s = if g.len() == head_dim {
             g
-        } else if g.len() == heads * head_dim {
-            &g[h * head_dim..(h + 1) * head_dim]
+        } else if n > 0 && g.len() == n * head_dim && heads.is_multiple_of(n) {
+            let gh = h / (heads / n);
+            &g[gh * head_dim..(gh + 1) * head_dim]
         } else {
-            bail!("QK-norm weight of length {} fits neither [d] nor [H·d]", g.len())
+            bail!("QK-norm weight of length {} fits neither [d] nor [H·d] (or [H_kv·d])", g.len())
         };
         Ok(s.iter().fold(0.0f32, |m, x| m.max(x.abs())))
     };

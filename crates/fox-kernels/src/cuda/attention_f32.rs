@@ -6,7 +6,10 @@
 //! prefix sum c = cq = ck [B, H, T], every key or left padding (`start[b]`, i32 on the device),
 //! and optional ACP thresholds skipping exactly the entries the CPU skips. Head dims 1..=256.
 //! Simple rather than fast (O(T²·D) per head, one warp per row); deterministic (no atomics).
+//! Grouped-query attention and the sliding window come through the `*_opts` entry points
+//! ([`AttnOptions`]): k, v, dk, dv are then [B, T, H_kv, D].
 
+use super::attention::AttnOptions;
 use super::compile::ATTENTION_F32;
 use super::Gpu;
 use anyhow::{anyhow, ensure, Result};
@@ -36,6 +39,8 @@ struct F32Params {
     t: i32,
     d: i32,
     scale: f32,
+    hkv: i32,
+    window: i32,
     pad: i32,
     ck: u64,
     q_pos0: i32,
@@ -60,11 +65,17 @@ fn validate(
     h: usize,
     t: usize,
     d: usize,
+    opts: AttnOptions,
     tensors: &[(&str, usize, usize)],
     start: Option<&CudaSlice<i32>>,
     prune: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
     ensure!(b > 0 && h > 0 && t > 0, "f32 attention: empty problem (B={b}, H={h}, T={t})");
+    let hkv = opts.kv_heads(h);
+    ensure!(hkv > 0 && h.is_multiple_of(hkv), "f32 attention: kv_heads {hkv} must divide the {h} query heads");
+    if let Some(w) = opts.window {
+        ensure!(w >= 1 && w < i32::MAX as usize, "f32 attention: sliding window {w} must be at least 1 key");
+    }
     ensure!((1..=256).contains(&d), "f32 attention: head_dim {d} is not supported (1..=256)");
     ensure!(b * h * t < i32::MAX as usize, "f32 attention: B·H·T = {} is too large", b * h * t);
     for &(name, len, need) in tensors {
@@ -124,6 +135,7 @@ pub fn forward_f32_cached(
         h,
         tq,
         d,
+        AttnOptions::default(),
         &[
             ("q", q.len(), n),
             ("cq", cq.len(), s),
@@ -152,6 +164,7 @@ pub fn forward_f32_cached(
         d: d as i32,
         q_pos0: q_pos0 as i32,
         cap: cap as i32,
+        hkv: h as i32,
         scale,
         ..Default::default()
     };
@@ -176,16 +189,40 @@ pub fn forward_f32(
     o: &mut CudaSlice<f32>,
     lse: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    forward_f32_opts(gpu, b, h, t, d, AttnOptions::default(), q, k, v, c, start, scale, prune, o, lse)
+}
+
+/// [`forward_f32`] with grouped-query attention (k, v [B, T, H_kv, D]) and/or a sliding window.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_f32_opts(
+    gpu: &Gpu,
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    opts: AttnOptions,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    c: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    scale: f32,
+    prune: Option<&CudaSlice<f32>>,
+    o: &mut CudaSlice<f32>,
+    lse: &mut CudaSlice<f32>,
+) -> Result<()> {
     let (n, s) = (b * t * h * d, b * h * t);
+    let nkv = b * t * opts.kv_heads(h) * d;
     validate(
         b,
         h,
         t,
         d,
+        opts,
         &[
             ("q", q.len(), n),
-            ("k", k.len(), n),
-            ("v", v.len(), n),
+            ("k", k.len(), nkv),
+            ("v", v.len(), nkv),
             ("c", c.len(), s),
             ("o", o.len(), n),
             ("lse", lse.len(), s),
@@ -207,6 +244,8 @@ pub fn forward_f32(
         t: t as i32,
         d: d as i32,
         scale,
+        hkv: opts.kv_heads(h) as i32,
+        window: opts.window.map_or(0, |w| w as i32),
         ..Default::default()
     };
     launch(gpu, "fox32_fwd", s, &prm)
@@ -240,10 +279,44 @@ pub fn backward_f32(
 ) -> Result<()> {
     // freed when this returns, stream-ordered: after the kernels that use it
     let mut delta = gpu.zeros::<f32>(b * h * t)?;
-    backward_f32_scratch(gpu, b, h, t, d, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta)
+    let opts = AttnOptions::default();
+    backward_f32_scratch(
+        gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,
+    )
 }
 
-/// [`backward_f32`] with the caller's scratch `delta` (≥ B·H·T f32; overwritten).
+/// [`backward_f32`] with grouped-query attention (k, v, dk, dv [B, T, H_kv, D]; dk, dv summed
+/// over each group) and/or a sliding window.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_f32_opts(
+    gpu: &Gpu,
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    opts: AttnOptions,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    c: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    scale: f32,
+    prune: Option<&CudaSlice<f32>>,
+    o: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    lse: &CudaSlice<f32>,
+    dq: &mut CudaSlice<f32>,
+    dk: &mut CudaSlice<f32>,
+    dv: &mut CudaSlice<f32>,
+    dc: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let mut delta = gpu.zeros::<f32>(b * h * t)?;
+    backward_f32_scratch(
+        gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,
+    )
+}
+
+/// [`backward_f32_opts`] with the caller's scratch `delta` (≥ B·H·T f32; overwritten).
 #[allow(clippy::too_many_arguments)]
 pub fn backward_f32_scratch(
     gpu: &Gpu,
@@ -251,6 +324,7 @@ pub fn backward_f32_scratch(
     h: usize,
     t: usize,
     d: usize,
+    opts: AttnOptions,
     q: &CudaSlice<f32>,
     k: &CudaSlice<f32>,
     v: &CudaSlice<f32>,
@@ -268,22 +342,25 @@ pub fn backward_f32_scratch(
     delta: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let (n, s) = (b * t * h * d, b * h * t);
+    let hkv = opts.kv_heads(h);
+    let nkv = b * t * hkv * d;
     validate(
         b,
         h,
         t,
         d,
+        opts,
         &[
             ("q", q.len(), n),
-            ("k", k.len(), n),
-            ("v", v.len(), n),
+            ("k", k.len(), nkv),
+            ("v", v.len(), nkv),
             ("c", c.len(), s),
             ("o", o.len(), n),
             ("dout", dout.len(), n),
             ("lse", lse.len(), s),
             ("dq", dq.len(), n),
-            ("dk", dk.len(), n),
-            ("dv", dv.len(), n),
+            ("dk", dk.len(), nkv),
+            ("dv", dv.len(), nkv),
             ("dc", dc.len(), s),
             ("delta (scratch)", delta.len(), s),
         ],
@@ -310,9 +387,12 @@ pub fn backward_f32_scratch(
         t: t as i32,
         d: d as i32,
         scale,
+        hkv: hkv as i32,
+        window: opts.window.map_or(0, |w| w as i32),
         ..Default::default()
     };
     // dq pass writes delta and dc = dcq; the dk/dv pass reads delta and adds dck (same stream).
     launch(gpu, "fox32_bwd_dq", s, &prm)?;
-    launch(gpu, "fox32_bwd_dkdv", s, &prm)
+    // one warp per key row of each k/v head, walking the group's query heads
+    launch(gpu, "fox32_bwd_dkdv", b * hkv * t, &prm)
 }

@@ -6,8 +6,11 @@
 //! that, whatever a kernel skips (so ACP's pruning shows as a higher rate). Gates "mixed": per
 //! head a logit bias spread linearly over [−1, 9], plus N(0, 1) noise per token; FoX runs with ACP
 //! off and on (ε = e^-10, U from query/key norms). Times: CUDA events after warm-up, median.
+//! Grouped-query attention (`kv_group` query heads per k/v head) and a sliding window are
+//! options; the FLOP count stays the full causal work, so a window's saving shows as a higher
+//! rate, as ACP's does.
 
-use super::attention::{self as ga, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
+use super::attention::{self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
 use super::Gpu;
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::sys::CUevent_flags;
@@ -42,6 +45,10 @@ pub struct BenchOpts {
     pub seed: u64,
     /// GPU ordinal
     pub device: usize,
+    /// query heads per k/v head (grouped-query attention; 1: multi-head)
+    pub kv_group: usize,
+    /// sliding window of the FoX rows (None: every earlier key)
+    pub window: Option<usize>,
 }
 
 impl Default for BenchOpts {
@@ -59,6 +66,8 @@ impl Default for BenchOpts {
             json: None,
             seed: 0,
             device: 0,
+            kv_group: 1,
+            window: None,
         }
     }
 }
@@ -77,6 +86,9 @@ pub struct BenchRow {
     pub tflops: f64,
     /// fraction of key tiles ACP skipped in the forward
     pub pruned: Option<f64>,
+    /// k/v heads and window of the FoX rows (SDPA rows: multi-head, causal)
+    pub kv_heads: usize,
+    pub window: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -195,6 +207,8 @@ fn run_sdpa(o: &BenchOpts) -> Result<(Option<String>, Vec<BenchRow>)> {
                 ms,
                 tflops: flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12,
                 pruned: None,
+                kv_heads: h,
+                window: None,
             });
         }
     }
@@ -273,6 +287,12 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 continue;
             }
             let (b, h) = (opts.tokens / t, opts.hidden / d);
+            if opts.kv_group == 0 || !h.is_multiple_of(opts.kv_group) {
+                eprintln!("skipping D={d} T={t}: {h} heads do not split into groups of {}", opts.kv_group);
+                continue;
+            }
+            let hkv = h / opts.kv_group;
+            let aopts = AttnOptions { kv_heads: Some(hkv), window: opts.window };
             // mixed gates: c = cumsum(logsigmoid(bias_h + N(0,1)))
             let mut c = vec![0.0f32; b * h * t];
             c.par_chunks_mut(t).enumerate().for_each(|(bh, row)| {
@@ -297,23 +317,23 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 q_pos0: 0,
                 dtype: DType::Bf16,
                 q: DevView::bthd(&q, t, h, d),
-                k: DevView::bthd(&k, t, h, d),
-                v: DevView::bthd(&v, t, h, d),
+                k: DevView::bthd(&k, t, hkv, d),
+                v: DevView::bthd(&v, t, hkv, d),
                 cq: &c_d,
                 ck: &c_d,
                 vis: DevVisibility::All,
                 scale: 1.0 / (d as f32).sqrt(),
                 prune: None,
             };
-            ga::acp_thresholds_from_norms(&gpu, &p, t, -10.0, &mut th)?;
-            let mut grads = DevGrads::new(&gpu, &p)?;
+            ga::acp_thresholds_from_norms_opts(&gpu, &p, aopts, t, -10.0, &mut th)?;
+            let mut grads = DevGrads::new_opts(&gpu, &p, aopts)?;
             for acp in [false, true] {
                 p.prune = if acp { Some(&th) } else { None };
                 let name = if acp { "FoX+ACP" } else { "FoX" };
-                let stats = ga::forward(&gpu, &p, &o, &mut lse, FwdKernel::Tiled, acp)?;
+                let stats = ga::forward_opts(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, acp)?;
                 let pruned = if acp { Some(stats.pruned_fraction()) } else { None };
                 let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
-                    ga::forward(&gpu, &p, &o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
+                    ga::forward_opts(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
                 })?;
                 let mut push = |pass: &str, ms: f64| {
                     let tf = flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12;
@@ -328,13 +348,15 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                         ms,
                         tflops: tf,
                         pruned,
+                        kv_heads: hkv,
+                        window: opts.window,
                     });
                 };
                 push("fwd", ms);
                 if opts.backward {
                     let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
-                        ga::forward(&gpu, &p, &o, &mut lse, FwdKernel::Tiled, false)?;
-                        ga::backward(&gpu, &p, &o, &dout, &lse, &mut grads)
+                        ga::forward_opts(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, false)?;
+                        ga::backward_opts(&gpu, &p, aopts, &o, &dout, &lse, &mut grads)
                     })?;
                     push("fwd+bwd", ms);
                 }

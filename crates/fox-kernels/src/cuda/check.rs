@@ -15,8 +15,12 @@
 //!   an output by < 5e-5·max|v|; what is left is bf16 rounding of outputs whose last bit flips.
 //! - decode vs tiled forward: 5e-3 (the same math summed in another order, both rounded to bf16).
 //! - prefix sums: 1e-5 (fp32 sums in another order).
+//!
+//! Grouped-query attention (H_kv < H) and sliding-window cases use the same tolerances: a k/v
+//! head's dk, dv sum the group's query heads in fp32 before the one rounding to the dtype, and the
+//! window only masks entries.
 
-use super::attention::{self as ga, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
+use super::attention::{self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
 use super::{from_half_bits, to_half_bits, Gpu};
 use crate::attention::{self as ca, Problem, View, Visibility};
 use anyhow::Result;
@@ -55,6 +59,10 @@ pub struct Spec {
     pub name: String,
     pub b: usize,
     pub h: usize,
+    /// k/v heads (grouped-query attention when < h)
+    pub hkv: usize,
+    /// sliding window (keys i − w < j ≤ i), None: every earlier key
+    pub window: Option<usize>,
     pub d: usize,
     pub t: usize,
     pub dtype: DType,
@@ -62,7 +70,7 @@ pub struct Spec {
     pub vis: Vis,
     pub acp: bool,
     pub bwd: bool,
-    /// q, k, v interleaved in one [B, T, 3, H, D] buffer
+    /// q, k, v interleaved in one [B, T, H + 2·H_kv, D] buffer ([B, T, 3, H, D] without GQA)
     pub packed_qkv: bool,
     /// only the last `tq` rows are queries (q_pos0 = t − tq); 0 = all rows
     pub tq: usize,
@@ -77,6 +85,8 @@ impl Spec {
             name: name.into(),
             b,
             h,
+            hkv: h,
+            window: None,
             d,
             t,
             dtype,
@@ -88,6 +98,15 @@ impl Spec {
             tq: 0,
             decode: false,
         }
+    }
+    /// The same case with `hkv` k/v heads and a window.
+    fn gqa_window(mut self, hkv: usize, window: Option<usize>) -> Self {
+        self.hkv = hkv;
+        self.window = window;
+        self
+    }
+    fn opts(&self) -> AttnOptions {
+        AttnOptions { kv_heads: Some(self.hkv), window: self.window }
     }
 }
 
@@ -149,6 +168,86 @@ pub fn cases() -> Vec<Spec> {
     ] {
         let gate = if name.contains("mixed") { Mixed } else { Bias(1.0) };
         let mut s = Spec::new(name, 2, 3, d, t, DType::Bf16, gate, vis);
+        s.tq = tq;
+        s.decode = true;
+        s.acp = acp;
+        s.bwd = false;
+        v.push(s);
+    }
+    // Grouped-query attention and sliding windows, alone and together, in every mode above.
+    let lp = |x: Vec<usize>| Vis::LeftPad(x);
+    for (name, b, h, hkv, w, d, t, dt, gate, vis) in [
+        ("GQA d64 bf16 H=4 Hkv=2", 2, 4, 2, None, 64, 1000, Bf16, Bias(2.0), Vis::All),
+        ("GQA d128 bf16 H=6 Hkv=1 left padding", 2, 6, 1, None, 128, 900, Bf16, Mixed, lp(vec![0, 333])),
+        (
+            "GQA d128 fp16 H=4 Hkv=2 packed",
+            1,
+            4,
+            2,
+            None,
+            128,
+            1000,
+            F16,
+            Bias(1.0),
+            Vis::Packed(vec![vec![0, 129, 600]]),
+        ),
+        ("window d64 bf16 w=256", 2, 3, 3, Some(256), 64, 1000, Bf16, Bias(6.0), Vis::All),
+        ("window d128 bf16 w=100 left padding", 2, 2, 2, Some(100), 128, 800, Bf16, Bias(2.0), lp(vec![0, 333])),
+        ("window d64 bf16 w=2", 1, 2, 2, Some(2), 64, 300, Bf16, Bias(0.0), Vis::All),
+        (
+            "window d64 fp16 w=300 packed",
+            2,
+            2,
+            2,
+            Some(300),
+            64,
+            1000,
+            F16,
+            Mixed,
+            Vis::Packed(vec![vec![0, 300, 301, 800], vec![0, 450]]),
+        ),
+        ("window d128 bf16 w=5000 >= T", 1, 2, 2, Some(5000), 128, 700, Bf16, Bias(2.0), Vis::All),
+        ("GQA+window d64 bf16 H=4 Hkv=2 w=333 pad", 3, 4, 2, Some(333), 64, 900, Bf16, Bias(3.0), lp(vec![5, 0, 650])),
+        ("GQA+window d128 bf16 H=4 Hkv=1 w=129", 1, 4, 1, Some(129), 128, 1000, Bf16, Mixed, Vis::All),
+    ] {
+        v.push(Spec::new(name, b, h, d, t, dt, gate, vis).gqa_window(hkv, w));
+    }
+    // w = 1: each row copies its own v (P = 1, so dS = 0 up to round-off and a relative error of
+    // dq, dk would measure noise): the forward only
+    let mut s = Spec::new("window d64 bf16 w=1 (forward)", 2, 2, 64, 300, Bf16, Bias(0.0), Vis::LeftPad(vec![0, 7]));
+    s.bwd = false;
+    v.push(s.gqa_window(1, Some(1)));
+    let mut s = Spec::new("GQA+window d64 bf16 strided qkv w=200", 2, 4, 64, 500, Bf16, Bias(3.0), Vis::All);
+    s.packed_qkv = true;
+    v.push(s.gqa_window(2, Some(200)));
+    let mut s = Spec::new("GQA+window d128 chunk q_pos0=700 w=200", 2, 4, 128, 1000, Bf16, Bias(2.0), Vis::All);
+    s.tq = 300;
+    v.push(s.gqa_window(2, Some(200)));
+    for (name, hkv, w, d, gate, vis) in [
+        ("ACP GQA+window d64 strong gates w=700", 1, Some(700), 64, Bias(-1.0), Vis::All),
+        ("ACP window d128 bf16 mixed gates w=1000", 2, Some(1000), 128, Mixed, Vis::All),
+        ("ACP GQA d64 bf16 left padding", 1, None, 64, Bias(0.0), Vis::LeftPad(vec![0, 700])),
+        (
+            "ACP GQA+window d128 bf16 packed w=500",
+            1,
+            Some(500),
+            128,
+            Bias(-1.0),
+            Vis::Packed(vec![vec![0, 1000], vec![0, 77, 1500]]),
+        ),
+    ] {
+        let mut s = Spec::new(name, 2, 2, d, 2048, DType::Bf16, gate, vis).gqa_window(hkv, w);
+        s.acp = true;
+        v.push(s);
+    }
+    for (name, d, tq, t, acp, hkv, w, vis) in [
+        ("decode GQA d64 tq=1 H=3 Hkv=1 w=1000", 64, 1, 3000, false, 1, Some(1000), Vis::All),
+        ("decode GQA+window d128 tq=16 ACP w=2000", 128, 16, 4097, true, 1, Some(2000), Vis::All),
+        ("decode window d64 tq=5 w=64 left pad", 64, 5, 2500, false, 3, Some(64), Vis::LeftPad(vec![0, 1234])),
+        ("decode GQA d128 tq=3 mixed ACP Hkv=1", 128, 3, 5000, true, 1, None, Vis::All),
+    ] {
+        let gate = if name.contains("mixed") { Mixed } else { Bias(1.0) };
+        let mut s = Spec::new(name, 2, 3, d, t, DType::Bf16, gate, vis).gqa_window(hkv, w);
         s.tq = tq;
         s.decode = true;
         s.acp = acp;
@@ -235,9 +334,10 @@ pub fn host_prefix_bwd(dc: &[f32], starts: Option<&[usize]>, b: usize, t: usize,
 fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {
     let (b, h, d, t) = (s.b, s.h, s.d, s.t);
     let n = b * t * h * d;
+    let nkv = b * t * s.hkv * d;
     let q = round(randn(rng, n), s.dtype);
-    let k = round(randn(rng, n), s.dtype);
-    let v = round(randn(rng, n), s.dtype);
+    let k = round(randn(rng, nkv), s.dtype);
+    let v = round(randn(rng, nkv), s.dtype);
     let dout = round(randn(rng, n), s.dtype);
     let noise = randn(rng, b * t * h);
     let logits: Vec<f32> = noise
@@ -312,7 +412,8 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let data = make_data(s, &mut rng);
     let mut tab = Table { rows, case: s.name.clone() };
-    let (b, h, d, t) = (s.b, s.h, s.d, s.t);
+    let (b, h, hkv, d, t) = (s.b, s.h, s.hkv, s.d, s.t);
+    let opts = s.opts();
     let dt = s.dtype;
     let bf = dt == DType::Bf16;
     let (tol_o, tol_g) = if bf { (1e-2, 2e-2) } else { (3e-3, 1e-2) };
@@ -349,13 +450,15 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let cpu_p = Problem {
         batch: b,
         heads: h,
+        kv_heads: hkv,
+        window: s.window,
         head_dim: d,
         tq,
         tk: t,
         q_pos0,
         q: View::bthd(&q_rows, tq, h, d),
-        k: View::bthd(&data.k, t, h, d),
-        v: View::bthd(&data.v, t, h, d),
+        k: View::bthd(&data.k, t, hkv, d),
+        v: View::bthd(&data.v, t, hkv, d),
         cq: &cq,
         ck: &data.c,
         vis: cpu_vis,
@@ -369,28 +472,29 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let (qkv_buf, q_buf);
     let (qv, kv, vv);
     if s.packed_qkv {
-        // [B, T, 3, H, D]
-        let mut all = vec![0.0f32; b * t * 3 * h * d];
+        // [B, T, H + 2·H_kv, D]: a fused projection's output, q then k then v
+        let row = (h + 2 * hkv) * d;
+        let mut all = vec![0.0f32; b * t * row];
         for bi in 0..b {
             for ti in 0..t {
-                for (w, src) in [&data.q, &data.k, &data.v].iter().enumerate() {
-                    let dst = ((bi * t + ti) * 3 + w) * h * d;
-                    all[dst..dst + h * d].copy_from_slice(&src[(bi * t + ti) * h * d..][..h * d]);
-                }
+                let bt = bi * t + ti;
+                all[bt * row..][..h * d].copy_from_slice(&data.q[bt * h * d..][..h * d]);
+                all[bt * row + h * d..][..hkv * d].copy_from_slice(&data.k[bt * hkv * d..][..hkv * d]);
+                all[bt * row + (h + hkv) * d..][..hkv * d].copy_from_slice(&data.v[bt * hkv * d..][..hkv * d]);
             }
         }
         qkv_buf = gpu.upload(&to_half_bits(&all, dt))?;
         q_buf = None;
-        let mk = |w: usize| DevView { data: &qkv_buf, off: w * h * d, sb: t * 3 * h * d, sh: d, st: 3 * h * d };
+        let mk = |off: usize| DevView { data: &qkv_buf, off, sb: t * row, sh: d, st: row };
         qv = mk(0);
-        kv = mk(1);
-        vv = mk(2);
+        kv = mk(h * d);
+        vv = mk((h + hkv) * d);
     } else {
         qkv_buf = gpu.upload(&to_half_bits(&[data.k.clone(), data.v.clone()].concat(), dt))?;
         q_buf = Some(gpu.upload(&to_half_bits(&q_rows, dt))?);
         qv = DevView::bthd(q_buf.as_ref().unwrap(), tq, h, d);
-        kv = DevView::bthd(&qkv_buf, t, h, d);
-        vv = DevView { off: b * t * h * d, ..DevView::bthd(&qkv_buf, t, h, d) };
+        kv = DevView::bthd(&qkv_buf, t, hkv, d);
+        vv = DevView { off: b * t * hkv * d, ..DevView::bthd(&qkv_buf, t, hkv, d) };
     }
     let cq_d = gpu.upload(&cq)?;
     let ck_d = gpu.upload(&data.c)?;
@@ -434,7 +538,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let kernel = if s.decode { FwdKernel::Tiled } else { FwdKernel::Auto };
     let o_d = poison(o_n)?;
     let mut lse_d = poison_f(b * h * tq)?;
-    let st0 = ga::forward(gpu, &dp, &o_d, &mut lse_d, kernel, true)?;
+    let st0 = ga::forward_opts(gpu, &dp, opts, &o_d, &mut lse_d, kernel, true)?;
     gpu.sync()?;
     let o_gpu = from_half_bits(&gpu.download(&o_d)?, dt);
     let lse_gpu = gpu.download(&lse_d)?;
@@ -445,7 +549,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     if s.decode {
         let o2 = poison(o_n)?;
         let mut l2 = poison_f(b * h * tq)?;
-        ga::forward(gpu, &dp, &o2, &mut l2, FwdKernel::Decode, false)?;
+        ga::forward_opts(gpu, &dp, opts, &o2, &mut l2, FwdKernel::Decode, false)?;
         gpu.sync()?;
         let o_dec = from_half_bits(&gpu.download(&o2)?, dt);
         let l_dec = gpu.download(&l2)?;
@@ -469,7 +573,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let pf = DevProblem { tq: t, q_pos0: 0, q: DevView::bthd(&qall, t, h, d), cq: &ck_d, vis: dvf, ..dp };
         let of = poison(b * t * h * d)?;
         let mut lf = poison_f(b * h * t)?;
-        ga::forward(gpu, &pf, &of, &mut lf, FwdKernel::Tiled, false)?;
+        ga::forward_opts(gpu, &pf, opts, &of, &mut lf, FwdKernel::Tiled, false)?;
         let full = from_half_bits(&gpu.download(&of)?, dt);
         let last: Vec<f32> =
             (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
@@ -485,9 +589,10 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         // left padding: the GPU leaves padded rows out of the maxima, so compare only there
         let th_cpu = ca::prune_thresholds(&u, t, -10.0);
         let mut th = poison_f(b * h)?;
-        ga::acp_thresholds_from_norms(gpu, &dp, t, -10.0, &mut th)?;
+        ga::acp_thresholds_from_norms_opts(gpu, &dp, opts, t, -10.0, &mut th)?;
         let th_gpu = gpu.download(&th)?;
-        if matches!(s.vis, Vis::All) {
+        // a window of a decode chunk: the GPU's maxima also leave out keys no row sees
+        if matches!(s.vis, Vis::All) && (s.window.is_none() || q_pos0 == 0) {
             let e = th_gpu.iter().zip(&th_cpu).map(|(a, b)| ((a - b) / b).abs() as f64).fold(0.0, f64::max);
             tab.add("ACP threshold (rel)", e, 1e-3, format!("delta[0] = {:.2}", th_gpu[0]));
         }
@@ -496,7 +601,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let kern = if s.decode { FwdKernel::Decode } else { FwdKernel::Tiled };
         let o3 = poison(o_n)?;
         let mut l3 = poison_f(b * h * tq)?;
-        let st3 = ga::forward(gpu, &dp, &o3, &mut l3, kern, true)?;
+        let st3 = ga::forward_opts(gpu, &dp, opts, &o3, &mut l3, kern, true)?;
         gpu.sync()?;
         let o_acp = from_half_bits(&gpu.download(&o3)?, dt);
         let o_base = if s.decode {
@@ -504,7 +609,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             let o4 = poison(o_n)?;
             let mut l4 = poison_f(b * h * tq)?;
             let dp0 = DevProblem { prune: None, ..dp };
-            ga::forward(gpu, &dp0, &o4, &mut l4, FwdKernel::Decode, false)?;
+            ga::forward_opts(gpu, &dp0, opts, &o4, &mut l4, FwdKernel::Decode, false)?;
             from_half_bits(&gpu.download(&o4)?, dt)
         } else {
             o_gpu.clone()
@@ -529,10 +634,10 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             // backward with ACP on vs off (both GPU); dO random
             let dout_d = gpu.upload(&to_half_bits(&dout_rows, dt))?;
             let dp0 = DevProblem { prune: None, ..dp };
-            let mut g0 = DevGrads::new(gpu, &dp0)?;
-            ga::backward(gpu, &dp0, &o_d, &dout_d, &lse_d, &mut g0)?;
-            let mut g1 = DevGrads::new(gpu, &dp)?;
-            ga::backward(gpu, &dp, &o3, &dout_d, &l3, &mut g1)?;
+            let mut g0 = DevGrads::new_opts(gpu, &dp0, opts)?;
+            ga::backward_opts(gpu, &dp0, opts, &o_d, &dout_d, &lse_d, &mut g0)?;
+            let mut g1 = DevGrads::new_opts(gpu, &dp, opts)?;
+            ga::backward_opts(gpu, &dp, opts, &o3, &dout_d, &l3, &mut g1)?;
             gpu.sync()?;
             for (name, x0, x1) in [("dq", &g0.dq, &g1.dq), ("dk", &g0.dk, &g1.dk), ("dv", &g0.dv, &g1.dv)] {
                 let a0 = from_half_bits(&gpu.download(x0)?, dt);
@@ -550,13 +655,13 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     if s.bwd {
         let grads_ref = ca::backward(&cpu_p, &o_ref, &dout_rows, &st_ref.lse);
         let dout_d = gpu.upload(&to_half_bits(&dout_rows, dt))?;
-        let mut g = DevGrads::new(gpu, &dp)?;
+        let mut g = DevGrads::new_opts(gpu, &dp, opts)?;
         g.dq = poison(b * tq * h * d)?;
-        g.dk = poison(b * t * h * d)?;
-        g.dv = poison(b * t * h * d)?;
+        g.dk = poison(b * t * hkv * d)?;
+        g.dv = poison(b * t * hkv * d)?;
         g.dcq = poison_f(b * h * tq)?;
         g.dck = poison_f(b * h * t)?;
-        ga::backward(gpu, &dp, &o_d, &dout_d, &lse_d, &mut g)?;
+        ga::backward_opts(gpu, &dp, opts, &o_d, &dout_d, &lse_d, &mut g)?;
         gpu.sync()?;
         let dq = from_half_bits(&gpu.download(&g.dq)?, dt);
         let dk = from_half_bits(&gpu.download(&g.dk)?, dt);

@@ -18,7 +18,8 @@
 //!   cases with a fixed aggressive threshold prune tiles whose mass moves o by about 1e-3, 50×
 //!   the tolerance (the note says how much), so any other choice fails.
 
-use super::attention_f32::{backward_f32, forward_f32};
+use super::attention::AttnOptions;
+use super::attention_f32::{backward_f32_opts, forward_f32_opts};
 use super::check::{host_prefix_fwd, lse_err, CheckRow, Table};
 use super::gemm::{Gemm, GemmOp};
 use super::{Elem, Gpu};
@@ -312,6 +313,10 @@ pub struct AttnCase {
     /// left-padding starts per batch row
     pub starts: Option<Vec<usize>>,
     pub acp: Acp,
+    /// k/v heads (grouped-query attention when < h)
+    pub hkv: usize,
+    /// sliding window, None: every earlier key
+    pub window: Option<usize>,
 }
 
 /// ACP thresholds of a case.
@@ -336,7 +341,10 @@ pub fn attention_cases() -> Vec<AttnCase> {
         gate_bias,
         starts,
         acp,
+        hkv: h,
+        window: None,
     };
+    let gw = |s: AttnCase, hkv, window| AttnCase { hkv, window, ..s };
     vec![
         c("f32 attention T=1 d32 weak gates", 2, 2, 1, 32, 6.0, None, Off),
         c("f32 attention T=37 d64 strong gates", 2, 3, 37, 64, -3.0, None, Off),
@@ -350,6 +358,33 @@ pub fn attention_cases() -> Vec<AttnCase> {
         c("f32 attention T=37 d64 ACP weak gates", 1, 2, 37, 64, 6.0, None, Bound),
         c("f32 attention T=200 d128 ACP delta=-2", 2, 2, 200, 128, 2.0, None, Fixed(-2.0)),
         c("f32 attention T=200 d64 ACP delta=-4 left padding", 2, 2, 200, 64, 2.0, Some(vec![0, 70]), Fixed(-4.0)),
+        gw(c("f32 attention GQA H=4 Hkv=2 T=200 d64", 2, 4, 200, 64, 2.0, None, Off), 2, None),
+        gw(
+            c("f32 attention GQA H=3 Hkv=1 T=100 d32 left padding", 2, 3, 100, 32, 1.0, Some(vec![0, 37]), Off),
+            1,
+            None,
+        ),
+        gw(c("f32 attention window w=1 T=37 d64", 1, 2, 37, 64, 0.0, None, Off), 2, Some(1)),
+        gw(
+            c("f32 attention window w=50 T=200 d128 left padding", 2, 2, 200, 128, 4.0, Some(vec![5, 0]), Off),
+            2,
+            Some(50),
+        ),
+        gw(c("f32 attention GQA+window H=4 Hkv=2 w=70 T=200 d64", 2, 4, 200, 64, 2.0, None, Off), 2, Some(70)),
+        gw(
+            c(
+                "f32 attention GQA+window H=4 Hkv=1 w=100 ACP delta=-3",
+                2,
+                4,
+                200,
+                64,
+                2.0,
+                Some(vec![0, 20]),
+                Fixed(-3.0),
+            ),
+            1,
+            Some(100),
+        ),
     ]
 }
 
@@ -384,7 +419,8 @@ pub fn attention_reference(s: &AttnCase, seed: u64) -> AttnRef {
     let (b, h, t, d) = (s.b, s.h, s.t, s.d);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let n = b * t * h * d;
-    let (q, k, v, dout) = (randn(&mut rng, n), randn(&mut rng, n), randn(&mut rng, n), randn(&mut rng, n));
+    let nkv = b * t * s.hkv * d;
+    let (q, k, v, dout) = (randn(&mut rng, n), randn(&mut rng, nkv), randn(&mut rng, nkv), randn(&mut rng, n));
     let logits: Vec<f32> = randn(&mut rng, b * t * h).iter().map(|z| z + s.gate_bias).collect();
     let mut a = vec![0.0; b * t * h];
     crate::fgate::log_fgate_fwd(&mut a, &logits);
@@ -398,13 +434,15 @@ pub fn attention_reference(s: &AttnCase, seed: u64) -> AttnRef {
     let mut p = Problem {
         batch: b,
         heads: h,
+        kv_heads: s.hkv,
+        window: s.window,
         head_dim: d,
         tq: t,
         tk: t,
         q_pos0: 0,
         q: View::bthd(&q, t, h, d),
-        k: View::bthd(&k, t, h, d),
-        v: View::bthd(&v, t, h, d),
+        k: View::bthd(&k, t, s.hkv, d),
+        v: View::bthd(&v, t, s.hkv, d),
         cq: &c,
         ck: &c,
         vis,
@@ -457,6 +495,8 @@ const ATTN_TOL: f64 = 2e-5;
 fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Table) -> Result<()> {
     let (b, h, t, d) = (s.b, s.h, s.t, s.d);
     let n = b * t * h * d;
+    let nkv = b * t * s.hkv * d;
+    let opts = AttnOptions { kv_heads: Some(s.hkv), window: s.window };
     let r = attention_reference(s, seed);
     let (q, k, v, c, dout, scale) = (&r.q, &r.k, &r.v, &r.c, &r.dout, r.scale);
     let (qd, kd, vd, cd, dod) = (gpu.upload(q)?, gpu.upload(k)?, gpu.upload(v)?, gpu.upload(c)?, gpu.upload(dout)?);
@@ -470,16 +510,18 @@ fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Table) -> Result
     };
     let mut od = gpu.zeros::<f32>(n)?;
     let mut lsed = gpu.zeros::<f32>(b * h * t)?;
-    forward_f32(gpu, b, h, t, d, &qd, &kd, &vd, &cd, start_d.as_ref(), scale, prune_d.as_ref(), &mut od, &mut lsed)?;
-    let (mut dqd, mut dkd, mut dvd) = (gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(n)?);
+    let (st, pr) = (start_d.as_ref(), prune_d.as_ref());
+    forward_f32_opts(gpu, b, h, t, d, opts, &qd, &kd, &vd, &cd, st, scale, pr, &mut od, &mut lsed)?;
+    let (mut dqd, mut dkd, mut dvd) = (gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(nkv)?, gpu.zeros::<f32>(nkv)?);
     let mut dcd = gpu.zeros::<f32>(b * h * t)?;
     // the backward gets the GPU forward's o and lse, as in the model
-    backward_f32(
+    backward_f32_opts(
         gpu,
         b,
         h,
         t,
         d,
+        opts,
         &qd,
         &kd,
         &vd,

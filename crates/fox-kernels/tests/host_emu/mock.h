@@ -1,7 +1,8 @@
-// Host emulation of the CUDA subset that kernels/ops.cu uses, so the kernels' logic can be tested
+// Host emulation of the CUDA subset that kernels/ops.cu and kernels/attention_f32.cu use, so the kernels' logic can be tested
 // without a GPU: one std::thread per CUDA thread, the blocks of a grid one after the other
 // (so `__shared__` can be a function-local static), a std::barrier per block for __syncthreads
-// and per warp for __shfl_xor_sync. Threads that return early drop out of both barriers.
+// and per warp for the warp shuffles, ballots and __syncwarp. Threads that return early drop out
+// of both barriers (a whole warp returns together in the kernels emulated here).
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -52,6 +53,27 @@ template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
     w.bar->arrive_and_wait();
     return r;
 }
+template <class V> V __shfl_sync(unsigned, V v, int src) {
+    int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.vals[lane] = (double)v;
+    w.bar->arrive_and_wait();
+    V r = (V)w.vals[src & 31];
+    w.bar->arrive_and_wait();
+    return r;
+}
+inline unsigned __ballot_sync(unsigned, bool pred) {
+    int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.vals[lane] = pred ? 1.0 : 0.0;
+    w.bar->arrive_and_wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i)
+        if (w.vals[i] != 0.0) r |= 1u << i;
+    w.bar->arrive_and_wait();
+    return r;
+}
+inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 template <class F> void launch(dim3e grid, unsigned block, F f) {
     gridDim = grid;
     blockDim = {block, 1, 1};

@@ -1,7 +1,7 @@
 //! The CPU backend: f32 everywhere, the `fox_kernels` CPU ops, parameters borrowed from the model.
 //! It is the exact reference that the CUDA backend is checked against.
 
-use super::{Alloc, AttnGrads, Backend, BatchInfo, Tiles};
+use super::{Alloc, AttnGrads, AttnShape, Backend, BatchInfo, Tiles};
 use crate::model::cache::LayerCache;
 use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
@@ -79,20 +79,22 @@ fn problem<'p>(
     v: &'p [f32],
     c: &'p [f32],
     prune: Option<&'p [f32]>,
-    heads: usize,
-    head_dim: usize,
+    shape: AttnShape,
 ) -> fa::Problem<'p> {
     let t = b.seq;
+    let AttnShape { heads, kv_heads, head_dim, window } = shape;
     fa::Problem {
         batch: b.batch,
         heads,
+        kv_heads,
+        window,
         head_dim,
         tq: t,
         tk: t,
         q_pos0: 0,
         q: View::bthd(q, t, heads, head_dim),
-        k: View::bthd(k, t, heads, head_dim),
-        v: View::bthd(v, t, heads, head_dim),
+        k: View::bthd(k, t, kv_heads, head_dim),
+        v: View::bthd(v, t, kv_heads, head_dim),
         cq: c,
         ck: c,
         vis: b.vis(),
@@ -115,9 +117,26 @@ pub(crate) fn norm_thresholds(
     n_keys: usize,
     log_eps: f32,
 ) -> Vec<f32> {
-    let zeros = vec![0.0f32; batch * heads * seq];
+    norm_thresholds_shaped(q, k, batch, seq, start, AttnShape::plain(heads, head_dim), n_keys, log_eps)
+}
+
+/// [`norm_thresholds`] for any [`AttnShape`] (k [B, T, H_kv·D]): U of query head h from the
+/// largest norm of the k/v head it reads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_thresholds_shaped(
+    q: &[f32],
+    k: &[f32],
+    batch: usize,
+    seq: usize,
+    start: Option<&[usize]>,
+    shape: AttnShape,
+    n_keys: usize,
+    log_eps: f32,
+) -> Vec<f32> {
+    let zeros = vec![0.0f32; batch * shape.heads * seq];
     let b = CpuBatch { batch, seq, start: start.map(|s| s.to_vec()), ..Default::default() };
-    let u = fa::logit_bound_from_norms(&problem(&b, q, k, q, &zeros, None, heads, head_dim));
+    // v is not read: k stands in for it (same shape)
+    let u = fa::logit_bound_from_norms(&problem(&b, q, k, k, &zeros, None, shape));
     fa::prune_thresholds(&u, n_keys, log_eps)
 }
 
@@ -420,20 +439,35 @@ impl Backend for Cpu<'_> {
         n_keys: usize,
         log_eps: f32,
     ) -> Result<()> {
-        let hd = head_dim;
+        self.acp_thresholds_shaped(prune, qk_norm, q, k, b, AttnShape::plain(heads, head_dim), n_keys, log_eps)
+    }
+    fn acp_thresholds_shaped(
+        &mut self,
+        prune: &mut Vec<f32>,
+        qk_norm: Option<(ParamId, ParamId)>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        b: &CpuBatch,
+        shape: AttnShape,
+        n_keys: usize,
+        log_eps: f32,
+    ) -> Result<()> {
+        let (heads, hd) = (shape.heads, shape.head_dim);
+        let group = heads / shape.kv_heads;
         let u: Vec<f32> = match qk_norm {
             Some((qn, kn)) => {
                 let (wq, wk) = (&self.params[qn], &self.params[kn]);
+                // a per-head weight: q_norm has H heads, k_norm H_kv (query head h reads h / group)
                 let per_head = |w: &[f32], hi: usize| -> f32 {
                     let s = if w.len() == hd { w } else { &w[hi * hd..(hi + 1) * hd] };
                     s.iter().fold(0.0f32, |m, v| m.max(v.abs()))
                 };
                 (0..b.batch * heads)
-                    .map(|bh| (hd as f32).sqrt() * per_head(wq, bh % heads) * per_head(wk, bh % heads))
+                    .map(|bh| (hd as f32).sqrt() * per_head(wq, bh % heads) * per_head(wk, bh % heads / group))
                     .collect()
             }
             None => {
-                *prune = norm_thresholds(q, k, b.batch, b.seq, b.start.as_deref(), heads, head_dim, n_keys, log_eps);
+                *prune = norm_thresholds_shaped(q, k, b.batch, b.seq, b.start.as_deref(), shape, n_keys, log_eps);
                 return Ok(());
             }
         };
@@ -454,10 +488,36 @@ impl Backend for Cpu<'_> {
         heads: usize,
         head_dim: usize,
     ) -> Result<Tiles> {
+        self.attention_fwd_shaped(o, lse, q, k, v, c, prune, b, cache, AttnShape::plain(heads, head_dim))
+    }
+    fn attention_fwd_shaped(
+        &mut self,
+        o: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        c: &Vec<f32>,
+        prune: Option<&Vec<f32>>,
+        b: &CpuBatch,
+        cache: Option<&mut LayerCache>,
+        shape: AttnShape,
+    ) -> Result<Tiles> {
         let prune = prune.map(|p| p.as_slice());
         let st = match cache {
-            None => fa::forward(&problem(b, q, k, v, c, prune, heads, head_dim), o),
+            None => fa::forward(&problem(b, q, k, v, c, prune, shape), o),
             Some(cache) => {
+                if (cache.heads, cache.kv_heads, cache.head_dim) != (shape.heads, shape.kv_heads, shape.head_dim) {
+                    bail!(
+                        "decode cache of {} query / {} k/v heads of {} for a layer of {} / {} of {}",
+                        cache.heads,
+                        cache.kv_heads,
+                        cache.head_dim,
+                        shape.heads,
+                        shape.kv_heads,
+                        shape.head_dim
+                    );
+                }
                 let past = cache.len;
                 cache.append(k, v, c, b.seq);
                 let ck = cache.c_compact();
@@ -467,7 +527,7 @@ impl Backend for Cpu<'_> {
                     k: cache.k_view(),
                     v: cache.v_view(),
                     ck: &ck,
-                    ..problem(b, q, k, v, c, prune, heads, head_dim)
+                    ..problem(b, q, k, v, c, prune, shape)
                 };
                 fa::forward(&pr, o)
             }
@@ -490,7 +550,23 @@ impl Backend for Cpu<'_> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
-        let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), heads, head_dim);
+        self.attention_bwd_shaped(g, q, k, v, c, prune, o, dout, lse, b, AttnShape::plain(heads, head_dim))
+    }
+    fn attention_bwd_shaped(
+        &mut self,
+        g: AttnGrads<'_, Self>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        c: &Vec<f32>,
+        prune: Option<&Vec<f32>>,
+        o: &Vec<f32>,
+        dout: &Vec<f32>,
+        lse: &Vec<f32>,
+        b: &CpuBatch,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), shape);
         let fa::Grads { dq, dk, dv, dcq, dck } = fa::backward(&pr, o, dout, lse);
         (*g.dq, *g.dk, *g.dv) = (dq, dk, dv);
         g.dc.iter_mut().zip(dcq.iter().zip(&dck)).for_each(|(d, (x, y))| *d = x + y);
@@ -503,7 +579,7 @@ impl Backend for Cpu<'_> {
         v_lin: &Vec<f32>,
         b: &CpuBatch,
     ) -> Result<()> {
-        let d = cache.heads * cache.head_dim;
+        let d = cache.kv_heads * cache.head_dim;
         let t = b.seq;
         if k_lin.len() < b.batch * t * d || v_lin.len() < b.batch * t * d {
             // Without KV-shift the unmixed projections are not kept: nothing to remember.

@@ -14,7 +14,7 @@ pub mod cuda;
 
 use crate::model::Linear;
 use crate::tensor::ParamId;
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 /// A batch as the backend sees it: token ids, targets and left padding in the backend's memory,
 /// prepared once per forward ([`Backend::prepare`]).
@@ -32,6 +32,39 @@ pub struct BatchInfo<'a> {
 pub struct Tiles {
     pub visited: usize,
     pub pruned: usize,
+}
+
+/// An attention layer's heads and key window: `kv_heads` k/v heads shared by groups of query
+/// heads (grouped-query attention) and an optional sliding window (the query at position i sees
+/// keys i − w < j ≤ i).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub window: Option<usize>,
+}
+
+impl AttnShape {
+    /// Multi-head attention over every earlier key.
+    pub fn plain(heads: usize, head_dim: usize) -> Self {
+        Self { heads, kv_heads: heads, head_dim, window: None }
+    }
+    /// Errors unless multi-head attention over every earlier key: for backends without the
+    /// `*_shaped` operations.
+    fn ensure_plain(&self) -> Result<()> {
+        if self.kv_heads != self.heads {
+            bail!(
+                "grouped-query attention (num_kv_heads {} < num_heads {}) is not implemented on this backend",
+                self.kv_heads,
+                self.heads
+            );
+        }
+        if let Some(w) = self.window {
+            bail!("sliding-window attention (window_size {w}) is not implemented on this backend");
+        }
+        Ok(())
+    }
 }
 
 /// Allocation of a backend's buffers (also implemented by [`Sizer`], which only counts).
@@ -265,6 +298,62 @@ pub trait Backend: Alloc {
         heads: usize,
         head_dim: usize,
     ) -> Result<()>;
+    /// [`Backend::acp_thresholds`] for a layer of any [`AttnShape`] (k with H_kv heads). The
+    /// default takes multi-head shapes only; backends with grouped-query attention override it.
+    #[allow(clippy::too_many_arguments)]
+    fn acp_thresholds_shaped(
+        &mut self,
+        prune: &mut Self::F32,
+        qk_norm: Option<(ParamId, ParamId)>,
+        q: &Self::Act,
+        k: &Self::Act,
+        batch: &Self::Batch,
+        shape: AttnShape,
+        n_keys: usize,
+        log_eps: f32,
+    ) -> Result<()> {
+        shape.ensure_plain()?;
+        self.acp_thresholds(prune, qk_norm, q, k, batch, shape.heads, shape.head_dim, n_keys, log_eps)
+    }
+    /// [`Backend::attention_fwd`] for any [`AttnShape`]: k, v [B, T, H_kv·D], the window applied
+    /// (also against cached keys). The default takes multi-head shapes without a window only.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_fwd_shaped(
+        &mut self,
+        o: &mut Self::Act,
+        lse: &mut Self::F32,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        c: &Self::F32,
+        prune: Option<&Self::F32>,
+        batch: &Self::Batch,
+        cache: Option<&mut Self::LayerCache>,
+        shape: AttnShape,
+    ) -> Result<Tiles> {
+        shape.ensure_plain()?;
+        self.attention_fwd(o, lse, q, k, v, c, prune, batch, cache, shape.heads, shape.head_dim)
+    }
+    /// [`Backend::attention_bwd`] for any [`AttnShape`]: dk, dv [B, T, H_kv·D], each summed over
+    /// its group of query heads; dc per query head. Default as [`Backend::attention_fwd_shaped`].
+    #[allow(clippy::too_many_arguments)]
+    fn attention_bwd_shaped(
+        &mut self,
+        grads: AttnGrads<'_, Self>,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        c: &Self::F32,
+        prune: Option<&Self::F32>,
+        o: &Self::Act,
+        dout: &Self::Act,
+        lse: &Self::F32,
+        batch: &Self::Batch,
+        shape: AttnShape,
+    ) -> Result<()> {
+        shape.ensure_plain()?;
+        self.attention_bwd(grads, q, k, v, c, prune, o, dout, lse, batch, shape.heads, shape.head_dim)
+    }
     /// After a forward with a cache: remember the last unmixed k̃, ṽ of each row for KV-shift.
     fn cache_shift_states(
         &mut self,

@@ -159,6 +159,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
             json: a.json,
             seed: a.seed,
             device: ordinal,
+            ..BenchOpts::default()
         };
         let report = cuda::bench::run_attention_bench(&opts)?;
         println!("{}", report.table());
@@ -206,6 +207,8 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                 let mut p = fa::Problem {
                     batch: b,
                     heads: h,
+                    kv_heads: h,
+                    window: None,
                     head_dim: d,
                     tq: t,
                     tk: t,

@@ -86,6 +86,12 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
     s += &format!("variant            {}\n", variant_name(c));
     s += &format!("vocab / d_model    {} / {}\n", c.vocab_size, c.hidden_size);
     s += &format!("layers / heads     {} / {} (head_dim {})\n", c.num_hidden_layers, c.num_heads, c.head_dim());
+    if c.kv_heads() != c.num_heads {
+        s += &format!("k/v heads (GQA)    {}\n", c.kv_heads());
+    }
+    if let Some(w) = c.window_size {
+        s += &format!("sliding window     {w} keys\n");
+    }
     s += &format!("mlp intermediate   {}\n", c.intermediate());
     s += &format!("forget gate        {:?}\n", c.fgate_type);
     s += &format!(

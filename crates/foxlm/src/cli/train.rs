@@ -137,6 +137,14 @@ pub struct Args {
     /// (config.json's log_pruning_tolerance = -10; part of the run's configuration).
     #[arg(long)]
     pub acp: bool,
+    /// Grouped-query attention: N k/v heads (a divisor of the heads) shared by groups of query
+    /// heads (config.json's num_kv_heads; part of the run's configuration).
+    #[arg(long, value_name = "N")]
+    pub num_kv_heads: Option<usize>,
+    /// Sliding-window attention (the paper's SWA baseline): each query sees its last W keys
+    /// (config.json's window_size).
+    #[arg(long, value_name = "W")]
+    pub sliding_window: Option<usize>,
 }
 
 /// Reads --config: a run file or a plain model config.json.
@@ -183,10 +191,17 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let mut run = run_config(&a)?;
-    if a.acp {
-        if let Some(r) = run.as_mut() {
+    if let Some(r) = run.as_mut() {
+        if a.acp {
             r.model.log_pruning_tolerance = Some(-10.0);
         }
+        if a.num_kv_heads.is_some() {
+            r.model.num_kv_heads = a.num_kv_heads;
+        }
+        if a.sliding_window.is_some() {
+            r.model.window_size = a.sliding_window;
+        }
+        r.model.validate().context("--num-kv-heads / --sliding-window")?;
     }
     if run.is_none() && a.resume {
         // Overrides apply on top of the checkpoint's configuration.

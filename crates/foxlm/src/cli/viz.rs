@@ -139,7 +139,13 @@ fn run_gates(a: GatesArgs) -> Result<()> {
         let c: Vec<f32> = if at.c.is_empty() { vec![0.0; h * t] } else { at.c.clone() };
         let panels: Vec<(usize, Vec<f32>, Vec<f32>)> = heads
             .iter()
-            .map(|&hh| (hh, gates::forget_matrix(&c, hh, t), gates::attention_map(&at.q, &at.k, &c, h, hd, hh, t)))
+            .map(|&hh| {
+                (
+                    hh,
+                    gates::forget_matrix(&c, hh, t),
+                    gates::attention_map(&at.q, &at.k, &c, h, cfg.kv_heads(), hd, cfg.window_size, hh, t),
+                )
+            })
             .collect();
         let stats_l: Vec<&HeadGate> = heads.iter().map(|&hh| &stats[l * h + hh]).collect();
         let file = format!("gates-layer{l}.png");

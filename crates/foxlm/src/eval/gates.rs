@@ -74,33 +74,39 @@ pub fn forget_matrix(c: &[f32], head: usize, t: usize) -> Vec<f32> {
     f
 }
 
-/// Attention probabilities [t, t] of one head (NaN above the diagonal): q, k are the layer's
-/// [1, t, H·D] attention inputs, c its [1, H, t] prefix sums (all zeros without a gate).
+/// Attention probabilities [t, t] of one head (NaN above the diagonal, 0 left of a sliding
+/// window): q [1, t, H·D] and k [1, t, H_kv·D] are the layer's attention inputs (query head h
+/// reads k head h / (H / H_kv)), c its [1, H, t] prefix sums (all zeros without a gate).
+#[allow(clippy::too_many_arguments)]
 pub fn attention_map(
     q: &[f32],
     k: &[f32],
     c: &[f32],
     heads: usize,
+    kv_heads: usize,
     head_dim: usize,
+    window: Option<usize>,
     head: usize,
     t: usize,
 ) -> Vec<f32> {
-    let d = heads * head_dim;
+    let (d, dkv) = (heads * head_dim, kv_heads * head_dim);
+    let hk = head / (heads / kv_heads.max(1)).max(1);
     let scale = 1.0 / (head_dim as f64).sqrt();
     let ch = |i: usize| if c.is_empty() { 0.0 } else { c[head * t + i] as f64 };
     let mut p = vec![f32::NAN; t * t];
     let mut s = vec![0.0f64; t];
     for i in 0..t {
+        let lo = window.map_or(0, |w| (i + 1).saturating_sub(w));
         let qi = &q[i * d + head * head_dim..][..head_dim];
-        for (j, sj) in s.iter_mut().enumerate().take(i + 1) {
-            let kj = &k[j * d + head * head_dim..][..head_dim];
+        for (j, sj) in s.iter_mut().enumerate().take(i + 1).skip(lo) {
+            let kj = &k[j * dkv + hk * head_dim..][..head_dim];
             let dot: f64 = qi.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum();
             *sj = scale * dot + ch(i) - ch(j);
         }
-        let m = s[..=i].iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let z: f64 = s[..=i].iter().map(|&v| (v - m).exp()).sum();
+        let m = s[lo..=i].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s[lo..=i].iter().map(|&v| (v - m).exp()).sum();
         for j in 0..=i {
-            p[i * t + j] = ((s[j] - m).exp() / z) as f32;
+            p[i * t + j] = if j < lo { 0.0 } else { ((s[j] - m).exp() / z) as f32 };
         }
     }
     p

@@ -1,7 +1,7 @@
 //! The Forgetting Attention layer (SPEC §2, "Attention layer, in order").
 
 use super::Linear;
-use crate::backend::{Alloc, AttnGrads, Backend};
+use crate::backend::{Alloc, AttnGrads, AttnShape, Backend};
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
@@ -34,10 +34,15 @@ pub struct ForgettingAttention {
     pub fgate: Fgate,
     pub ogate_proj: Option<Linear>,
     pub output_norm: Option<ParamId>,
-    /// (q_norm, k_norm) weights: [d] per head and channel, or [head_dim] shared across heads.
+    /// (q_norm, k_norm) weights: [H·head_dim] and [H_kv·head_dim] per head and channel, or
+    /// [head_dim] shared across heads.
     pub qk_norm: Option<(ParamId, ParamId)>,
     pub heads: usize,
+    /// k/v heads H_kv (grouped-query attention when < heads); k, v are [B, T, H_kv·head_dim].
+    pub kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding window: the query at position i sees keys i − w < j ≤ i.
+    pub window: Option<usize>,
     pub rope_base: Option<f64>,
     pub norm_eps: f32,
     pub log_pruning_tolerance: Option<f32>,
@@ -49,19 +54,20 @@ pub struct ForgettingAttention {
 pub struct AttnActs<A, F> {
     /// q = W_q x before QK-norm, [B, T, d].
     pub q_lin: A,
-    /// k̃ = W_k x and ṽ = W_v x before KV-shift, [B, T, d] (empty without KV-shift: k_mix and
-    /// v are the projections themselves).
+    /// k̃ = W_k x and ṽ = W_v x before KV-shift, [B, T, d_kv] with d_kv = H_kv·head_dim (empty
+    /// without KV-shift: k_mix and v are the projections themselves).
     pub k_lin: A,
     pub v_lin: A,
-    /// KV-shift mixing weights α = sigmoid(shift_proj x), [B, T, H] (empty without KV-shift).
+    /// KV-shift mixing weights α = sigmoid(shift_proj x), [B, T, H_kv] (empty without KV-shift).
     pub alpha_k: A,
     pub alpha_v: A,
-    /// k after KV-shift, before QK-norm, [B, T, d].
+    /// k after KV-shift, before QK-norm, [B, T, d_kv].
     pub k_mix: A,
     /// 1/rms of each head slice for QK-norm, [B·T·H].
     pub q_rstd: F,
     pub k_rstd: F,
-    /// The attention's inputs: q, k (after QK-norm and RoPE) and v, [B, T, d].
+    /// The attention's inputs: q (after QK-norm and RoPE) [B, T, d], k (likewise) and v,
+    /// [B, T, d_kv].
     pub q: A,
     pub k: A,
     pub v: A,
@@ -95,10 +101,10 @@ pub struct AttnScratch<A, F> {
     pub dq: A,
     pub dk: A,
     pub dv: A,
-    /// d loss / d q before QK-norm and d k before QK-norm, [B, T, d].
+    /// d loss / d q before QK-norm [B, T, d] and d k before QK-norm [B, T, d_kv].
     pub dq_lin: A,
     pub dk_mix: A,
-    /// KV-shift: d (unmixed projection) [B, T, d] and d α [B, T, H].
+    /// KV-shift: d (unmixed projection) [B, T, d_kv] and d α [B, T, H_kv].
     pub dlin: A,
     pub dalpha: A,
     /// Gate: dc [B, H, T], d log f [B, T, H], d logit [B, T, H] (f32, and as activations for the
@@ -111,27 +117,27 @@ pub struct AttnScratch<A, F> {
 
 impl<A, F> AttnActs<A, F> {
     pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &ForgettingAttention, b: usize, t: usize) -> Result<Self> {
-        let (h, hd) = (l.heads, l.head_dim);
-        let (n, d) = (b * t, h * hd);
+        let (h, hkv, hd) = (l.heads, l.kv_heads, l.head_dim);
+        let (n, d, dkv) = (b * t, h * hd, hkv * hd);
         let shift = l.k_proj.shift_proj.is_some() || l.v_proj.shift_proj.is_some();
-        let per_head_norm = |on: bool| if on { n * h } else { 0 };
+        let qk = l.qk_norm.is_some();
         Ok(Self {
             q_lin: be.alloc(n * d)?,
-            k_lin: be.alloc(if shift { n * d } else { 0 })?,
-            v_lin: be.alloc(if shift { n * d } else { 0 })?,
-            alpha_k: be.alloc(if l.k_proj.shift_proj.is_some() { n * h } else { 0 })?,
-            alpha_v: be.alloc(if l.v_proj.shift_proj.is_some() { n * h } else { 0 })?,
-            k_mix: be.alloc(n * d)?,
-            q_rstd: be.alloc_f32(per_head_norm(l.qk_norm.is_some()))?,
-            k_rstd: be.alloc_f32(per_head_norm(l.qk_norm.is_some()))?,
+            k_lin: be.alloc(if shift { n * dkv } else { 0 })?,
+            v_lin: be.alloc(if shift { n * dkv } else { 0 })?,
+            alpha_k: be.alloc(if l.k_proj.shift_proj.is_some() { n * hkv } else { 0 })?,
+            alpha_v: be.alloc(if l.v_proj.shift_proj.is_some() { n * hkv } else { 0 })?,
+            k_mix: be.alloc(n * dkv)?,
+            q_rstd: be.alloc_f32(if qk { n * h } else { 0 })?,
+            k_rstd: be.alloc_f32(if qk { n * hkv } else { 0 })?,
             q: be.alloc(n * d)?,
-            k: be.alloc(n * d)?,
-            v: be.alloc(n * d)?,
+            k: be.alloc(n * dkv)?,
+            v: be.alloc(n * dkv)?,
             fgate_logit: be.alloc_f32(if matches!(l.fgate, Fgate::None) { 0 } else { n * h })?,
             c: be.alloc_f32(n * h)?,
             o: be.alloc(n * d)?,
             lse: be.alloc_f32(n * h)?,
-            o_rstd: be.alloc_f32(per_head_norm(l.output_norm.is_some()))?,
+            o_rstd: be.alloc_f32(if l.output_norm.is_some() { n * h } else { 0 })?,
             o_norm: be.alloc(if l.output_norm.is_some() { n * d } else { 0 })?,
             ogate_logit: be.alloc(if l.ogate_proj.is_some() { n * d } else { 0 })?,
             z: be.alloc(n * d)?,
@@ -148,18 +154,18 @@ impl<A, F> AttnActs<A, F> {
 impl<A, F> AttnScratch<A, F> {
     pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &ForgettingAttention, b: usize, t: usize) -> Result<Self> {
         let (h, hd) = (l.heads, l.head_dim);
-        let (n, d) = (b * t, h * hd);
+        let (n, d, dkv) = (b * t, h * hd, l.kv_heads * hd);
         Ok(Self {
             dz: be.alloc(n * d)?,
             dg: be.alloc(n * d)?,
             d_o: be.alloc(n * d)?,
             dq: be.alloc(n * d)?,
-            dk: be.alloc(n * d)?,
-            dv: be.alloc(n * d)?,
+            dk: be.alloc(n * dkv)?,
+            dv: be.alloc(n * dkv)?,
             dq_lin: be.alloc(n * d)?,
-            dk_mix: be.alloc(n * d)?,
-            dlin: be.alloc(n * d)?,
-            dalpha: be.alloc(n * h)?,
+            dk_mix: be.alloc(n * dkv)?,
+            dlin: be.alloc(n * dkv)?,
+            dalpha: be.alloc(n * l.kv_heads)?,
             dc: be.alloc_f32(n * h)?,
             da: be.alloc_f32(n * h)?,
             dlogit: be.alloc_f32(n * h)?,
@@ -173,14 +179,16 @@ impl ForgettingAttention {
         let d = cfg.hidden_size;
         let h = cfg.num_heads;
         let hd = cfg.head_dim();
+        // k and v: H_kv heads, each with its own KV-shift gate
+        let (hkv, dkv) = (cfg.kv_heads(), cfg.kv_heads() * hd);
         let shift = |p: &mut Params, name: &str, on: bool| {
             if on {
                 ShiftLinear {
-                    linear: Linear::new(p, &format!("{prefix}.{name}.linear.weight"), d, d),
-                    shift_proj: Some(Linear::new(p, &format!("{prefix}.{name}.shift_proj.weight"), h, d)),
+                    linear: Linear::new(p, &format!("{prefix}.{name}.linear.weight"), dkv, d),
+                    shift_proj: Some(Linear::new(p, &format!("{prefix}.{name}.shift_proj.weight"), hkv, d)),
                 }
             } else {
-                ShiftLinear { linear: Linear::new(p, &format!("{prefix}.{name}.weight"), d, d), shift_proj: None }
+                ShiftLinear { linear: Linear::new(p, &format!("{prefix}.{name}.weight"), dkv, d), shift_proj: None }
             }
         };
         let q_proj = Linear::new(p, &format!("{prefix}.q_proj.weight"), d, d);
@@ -200,10 +208,10 @@ impl ForgettingAttention {
         let output_norm =
             cfg.use_output_norm.then(|| p.add(&format!("{prefix}.output_norm.weight"), &[d], ParamKind::NoDecay));
         let qk_norm = cfg.qk_norm.then(|| {
-            let n = if cfg.qk_norm_share_param_across_head { hd } else { d };
+            let shared = cfg.qk_norm_share_param_across_head;
             (
-                p.add(&format!("{prefix}.q_norm.weight"), &[n], ParamKind::NoDecay),
-                p.add(&format!("{prefix}.k_norm.weight"), &[n], ParamKind::NoDecay),
+                p.add(&format!("{prefix}.q_norm.weight"), &[if shared { hd } else { d }], ParamKind::NoDecay),
+                p.add(&format!("{prefix}.k_norm.weight"), &[if shared { hd } else { dkv }], ParamKind::NoDecay),
             )
         });
         Self {
@@ -216,11 +224,18 @@ impl ForgettingAttention {
             output_norm,
             qk_norm,
             heads: h,
+            kv_heads: hkv,
             head_dim: hd,
+            window: cfg.window_size,
             rope_base: cfg.use_rope.then_some(cfg.rope_base),
             norm_eps: cfg.norm_eps as f32,
             log_pruning_tolerance: cfg.log_pruning_tolerance.map(|v| v as f32),
         }
+    }
+
+    /// The attention's head layout and window.
+    pub fn shape(&self) -> AttnShape {
+        AttnShape { heads: self.heads, kv_heads: self.kv_heads, head_dim: self.head_dim, window: self.window }
     }
 
     /// Forward over x: [B, T, d] (the attn_norm output), saving into `a`, the output into `out`. With
@@ -235,7 +250,7 @@ impl ForgettingAttention {
         mut cache: Option<&mut B::LayerCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let (h, hd) = (self.heads, self.head_dim);
+        let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
         let n = info.batch * info.seq;
         let n_keys = info.past + info.seq;
         be.linear_fwd(&mut a.q_lin, x, &self.q_proj, n)?;
@@ -254,7 +269,7 @@ impl ForgettingAttention {
                     // α = sigmoid(shift_proj x), in place over the logits.
                     be.linear_fwd(alpha, x, sp, n)?;
                     be.sigmoid_inplace(alpha)?;
-                    be.kv_shift_fwd(out, lin, alpha, batch, cache.as_deref(), value, h, hd)?;
+                    be.kv_shift_fwd(out, lin, alpha, batch, cache.as_deref(), value, hkv, hd)?;
                 }
             }
         }
@@ -275,7 +290,7 @@ impl ForgettingAttention {
         }
         if let Some(base) = self.rope_base {
             be.rope(&mut a.q, batch, h, hd, base, false)?;
-            be.rope(&mut a.k, batch, h, hd, base, false)?;
+            be.rope(&mut a.k, batch, hkv, hd, base, false)?;
         }
 
         // Forget gate: a = logsigmoid(logit), c = running prefix sum (continued from the cache).
@@ -298,10 +313,11 @@ impl ForgettingAttention {
 
         // ACP threshold δ = −(2U + ln N) + ln ε per (b, h).
         if let (Some(log_eps), Some(prune)) = (self.log_pruning_tolerance, a.prune.as_mut()) {
-            be.acp_thresholds(prune, self.qk_norm, &a.q, &a.k, batch, h, hd, n_keys, log_eps)?;
+            be.acp_thresholds_shaped(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
         }
+        let (o, lse) = (&mut a.o, &mut a.lse);
         let tiles =
-            be.attention_fwd(&mut a.o, &mut a.lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, h, hd)?;
+            be.attention_fwd_shaped(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
         (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
 
         // Output: per-head RMSNorm (× sigmoid gate), or the gate alone, then o_proj.
@@ -337,7 +353,7 @@ impl ForgettingAttention {
         s: &mut AttnScratch<B::Act, B::F32>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let (h, hd) = (self.heads, self.head_dim);
+        let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
         let n = info.batch * info.seq;
 
         // y = o_proj(z)
@@ -362,7 +378,8 @@ impl ForgettingAttention {
 
         // Forgetting Attention, on exactly the forward's problem (visibility and ACP included).
         let grads = AttnGrads { dq: &mut s.dq, dk: &mut s.dk, dv: &mut s.dv, dc: &mut s.dc };
-        be.attention_bwd(grads, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), &a.o, &s.d_o, &a.lse, batch, h, hd)?;
+        let (q, k, v, c, o) = (&a.q, &a.k, &a.v, &a.c, &a.o);
+        be.attention_bwd_shaped(grads, q, k, v, c, a.prune.as_ref(), o, &s.d_o, &a.lse, batch, self.shape())?;
 
         // The gate: c = prefix_sum(a), a = logsigmoid(logit); d a = reverse prefix sum of dc.
         if !matches!(self.fgate, Fgate::None) {
@@ -384,7 +401,7 @@ impl ForgettingAttention {
         // RoPE: a rotation, so its backward is the inverse rotation.
         if let Some(base) = self.rope_base {
             be.rope(&mut s.dq, batch, h, hd, base, true)?;
-            be.rope(&mut s.dk, batch, h, hd, base, true)?;
+            be.rope(&mut s.dk, batch, hkv, hd, base, true)?;
         }
 
         // QK-norm (per head, weights per head or shared: the backend sums shared ones over heads).
@@ -405,7 +422,7 @@ impl ForgettingAttention {
             match &sl.shift_proj {
                 None => be.linear_bwd(&sl.linear, x, dout, Some(&mut *dx), true, n)?,
                 Some(sp) => {
-                    be.kv_shift_bwd(&mut s.dlin, &mut s.dalpha, dout, lin, alpha, batch, h, hd)?;
+                    be.kv_shift_bwd(&mut s.dlin, &mut s.dalpha, dout, lin, alpha, batch, hkv, hd)?;
                     // α = sigmoid(s): dα/ds = α(1 − α), in place.
                     be.sigmoid_bwd_inplace(&mut s.dalpha, alpha)?;
                     be.linear_bwd(sp, x, &s.dalpha, Some(&mut *dx), true, n)?;

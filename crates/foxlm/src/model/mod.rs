@@ -238,7 +238,7 @@ impl Model {
         let c = &self.config;
         Cache {
             layers: (0..c.num_hidden_layers)
-                .map(|_| LayerCache::new(batch, c.num_heads, c.head_dim(), capacity))
+                .map(|_| LayerCache::new(batch, c.num_heads, c.kv_heads(), c.head_dim(), capacity))
                 .collect(),
             start,
         }

@@ -469,7 +469,8 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
         let weight_bytes = 2 * (matrices - emb) + 4 * others;
         let mean_len = a.prompt + a.new_tokens / 2;
         let cache_bytes = c.num_hidden_layers * 2 * c.num_heads * mean_len * c.head_dim() * 2;
-        let roofline = bw / 2.0 / (weight_bytes + cache_bytes) as f64; // a read is half a copy
+        // The roofline: the bytes a step reads over the measured copy bandwidth.
+        let roofline = bw / (weight_bytes + cache_bytes) as f64;
         println!(
             "{name}: {:.0} MB of weights + {:.0} MB of cache per step at batch 1: roofline {:.0} tokens/s",
             weight_bytes as f64 / 1e6,

@@ -36,38 +36,99 @@ pub fn gemm_strided(
         assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs, "gemm: A too small");
         assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs, "gemm: B too small");
     }
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                dst[r * dst_rs..r * dst_rs + n].fill(0.0);
-            }
-        }
-        return;
-    }
-    // SAFETY: bounds checked above; gemm reads/writes only within those extents.
+    // SAFETY: bounds checked above.
     unsafe {
-        gemm::gemm(
+        gemm_ptr(
             m,
             n,
             k,
             dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
+            dst_rs,
             accumulate,
             a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
+            a_rs,
+            a_cs,
             b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
+            b_rs,
+            b_cs,
             parallelism(m, n, k),
         );
     }
+}
+
+/// `gemm_strided` on raw pointers, single-threaded: for callers that already split the work
+/// between threads and write disjoint parts of one buffer.
+///
+/// # Safety
+/// dst must be valid for writes at (i·dst_rs + j) for i < m, j < n, A for reads at
+/// (i·a_rs + p·a_cs), B at (p·b_rs + j·b_cs) for p < k; no other thread may touch those
+/// elements of dst meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_seq(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    b_rs: usize,
+    b_cs: usize,
+) {
+    gemm_ptr(m, n, k, dst, dst_rs, accumulate, a, a_rs, a_cs, b, b_rs, b_cs, Parallelism::None)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_ptr(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    b_rs: usize,
+    b_cs: usize,
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                std::slice::from_raw_parts_mut(dst.add(r * dst_rs), n).fill(0.0);
+            }
+        }
+        return;
+    }
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        accumulate,
+        a,
+        a_cs as isize,
+        a_rs as isize,
+        b,
+        b_cs as isize,
+        b_rs as isize,
+        1.0,
+        1.0,
+        false,
+        false,
+        false,
+        par,
+    );
 }
 
 /// y[m, n] = x[m, k] · wᵀ, w: [n, k] (a Linear layer without bias).

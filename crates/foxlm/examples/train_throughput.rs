@@ -90,6 +90,8 @@ fn main() {
     let steps = arg("--steps", 5);
     let ctx125 = arg("--context-125m", 256);
     let json = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
 
     let threads = rayon::current_num_threads();
     eprintln!("gemm reference (square products, f32, {threads} threads)...");
@@ -99,11 +101,21 @@ fn main() {
 
     let tiny = presets::tiny();
     let mut rows = vec![];
-    eprintln!("tiny preset ({} x {} tokens per step)...", tiny.train.batch_size, tiny.train.context);
-    rows.push(measure("tiny (FoX Pro, d=64, 4 layers)", &tiny.model, tiny.train.batch_size, tiny.train.context, steps));
-    let p125 = presets::preset("fox-pro-125m").unwrap();
-    eprintln!("fox-pro-125m at context {ctx125}...");
-    rows.push(measure("fox-pro-125m", &p125.model, 1, ctx125, steps.clamp(1, 3)));
+    if want("tiny") {
+        eprintln!("tiny preset ({} x {} tokens per step)...", tiny.train.batch_size, tiny.train.context);
+        rows.push(measure(
+            "tiny (FoX Pro, d=64, 4 layers)",
+            &tiny.model,
+            tiny.train.batch_size,
+            tiny.train.context,
+            steps,
+        ));
+    }
+    if want("125m") {
+        let p125 = presets::preset("fox-pro-125m").unwrap();
+        eprintln!("fox-pro-125m at context {ctx125}...");
+        rows.push(measure("fox-pro-125m", &p125.model, 1, ctx125, steps.clamp(1, 3)));
+    }
 
     println!("gemm crate, square f32 products ({threads} threads):");
     for (n, g) in &peaks {

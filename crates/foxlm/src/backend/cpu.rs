@@ -8,7 +8,7 @@ use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::scalar::sigmoid;
-use fox_kernels::{cross_entropy, fgate, kv_shift, matmul, rmsnorm, rope, swiglu};
+use fox_kernels::{fgate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
 
 /// Parameters (borrowed) and, when training, their gradient buffers (shaped like the
 /// parameters, see [`Params::zeros_like`]).
@@ -519,7 +519,7 @@ impl Backend for Cpu<'_> {
 
     fn head_loss(
         &mut self,
-        mut dhidden: Option<&mut Vec<f32>>,
+        dhidden: Option<&mut Vec<f32>>,
         hidden: &Vec<f32>,
         lm_head: &Linear,
         b: &CpuBatch,
@@ -527,38 +527,15 @@ impl Backend for Cpu<'_> {
     ) -> Result<()> {
         let (d, vocab) = (lm_head.in_features, lm_head.out_features);
         let targets = &b.targets;
-        let rows = targets.len();
-        if hidden.len() < rows * d {
-            bail!("head_loss: hidden states hold {} values, {rows} rows of {d} expected", hidden.len());
-        }
-        // At most ~16M logits (64 MiB) at a time.
-        let chunk = ((1usize << 24) / vocab).clamp(1, rows.max(1));
-        let mut logits = vec![0.0f32; chunk * vocab];
-        for r0 in (0..rows).step_by(chunk) {
-            let r1 = (r0 + chunk).min(rows);
-            let tg = &targets[r0..r1];
-            if tg.iter().all(|t| t.is_none()) {
-                if let Some(dh) = dhidden.as_deref_mut() {
-                    dh[r0 * d..r1 * d].fill(0.0);
-                }
-                continue;
-            }
-            let m = r1 - r0;
-            let params = self.params;
-            let wt = &params[lm_head.weight];
-            let xs = &hidden[r0 * d..r1 * d];
-            let lg = &mut logits[..m * vocab];
-            matmul::linear_fwd(lg, xs, wt, m, d, vocab);
-            self.loss_sum += cross_entropy::cross_entropy_fused(lg, tg, weight, vocab);
-            self.loss_rows += tg.iter().filter(|t| t.is_some()).count();
-            if let Some(dh) = dhidden.as_deref_mut() {
-                let dxs = &mut dh[r0 * d..r1 * d];
-                match self.grad_of(lm_head.weight)? {
-                    Some(gw) => matmul::linear_bwd(Some(dxs), false, gw, lg, xs, wt, m, d, vocab),
-                    None => matmul::gemm_strided(m, d, vocab, dxs, d, false, lg, vocab, 1, wt, d, 1),
-                }
-            }
-        }
+        let params = self.params;
+        let wt = &params[lm_head.weight];
+        let grads = match dhidden {
+            Some(dh) => Some(head::HeadGrads { dx: dh.as_mut_slice(), dw: self.grad_of(lm_head.weight)? }),
+            None => None,
+        };
+        // GEMM, softmax cross-entropy and both gradient GEMMs in one op, blocked over the vocabulary.
+        self.loss_sum += head::linear_cross_entropy(hidden, wt, targets, d, vocab, weight, grads)?;
+        self.loss_rows += targets.iter().filter(|t| t.is_some()).count();
         Ok(())
     }
     fn take_loss(&mut self) -> Result<(f64, usize)> {

@@ -137,8 +137,9 @@ fn ranges(vocab: usize) -> Vec<(usize, usize)> {
     (0..vocab).step_by(RANGE).map(|v0| (v0, (v0 + RANGE).min(vocab))).collect()
 }
 
-/// Pass 1: the logits block by block (into `logits` [rows, vocab] when given, else a per-task
-/// block), each followed by its rows' running statistics.
+/// Pass 1: the logits block by block, each followed by its rows' running statistics. When
+/// `logits` is given ([rows · vocab]) they are kept there block after block: the block of words
+/// v0..v1 is [rows, v1 − v0] at offset rows · v0, so pass 2 reads each one as a contiguous stream.
 fn pass1(x: &[f32], w: &[f32], tg: &[Option<u32>], d: usize, vocab: usize, logits: Option<&mut [f32]>) -> Vec<Stats> {
     let m = tg.len();
     let keep = logits.map(SharedMut::new);
@@ -151,17 +152,17 @@ fn pass1(x: &[f32], w: &[f32], tg: &[Option<u32>], d: usize, vocab: usize, logit
                 for v0 in (a..b).step_by(VB) {
                     let v1 = (v0 + VB).min(b);
                     let nb = v1 - v0;
-                    let (dst, stride) = match keep {
-                        // SAFETY (below): this task alone writes columns [v0, v1) of every row.
-                        Some(l) => (unsafe { l.ptr().add(v0) }, vocab),
-                        None => (buf.as_mut_ptr(), nb),
+                    let dst = match keep {
+                        // SAFETY (below): the block's m·nb values at m·v0 are this task's alone.
+                        Some(l) => unsafe { l.ptr().add(m * v0) },
+                        None => buf.as_mut_ptr(),
                     };
-                    // SAFETY: dst holds m rows of `stride` from column v0 on (the [rows, vocab]
-                    // logits or the m·VB block), x is [m, d] and w's rows v0..v1 are in bounds.
-                    unsafe { gemm_seq(m, nb, d, dst, stride, false, x.as_ptr(), d, 1, w.as_ptr().add(v0 * d), 1, d) };
+                    // SAFETY: dst holds m rows of nb (the kept logits, laid out block after block, or the
+                    // m·VB block), x is [m, d] and w's rows v0..v1 are in bounds.
+                    unsafe { gemm_seq(m, nb, d, dst, nb, false, x.as_ptr(), d, 1, w.as_ptr().add(v0 * d), 1, d) };
                     for r in 0..m {
                         // SAFETY: row r of this task's block, written above and by no one else.
-                        let row = unsafe { std::slice::from_raw_parts(dst.add(r * stride), nb) };
+                        let row = unsafe { std::slice::from_raw_parts(dst.add(r * nb), nb) };
                         let bm = simd::max(row);
                         if bm > st.max[r] {
                             st.sum[r] *= ((st.max[r] - bm) as f64).exp();
@@ -199,7 +200,7 @@ fn merge(stats: &[Stats], tg: &[Option<u32>]) -> (Vec<f32>, f64) {
     (lse, loss)
 }
 
-/// Passes 1 and 2 over one chunk of rows; `logits` is [rows, vocab] scratch.
+/// Passes 1 and 2 over one chunk of rows; `logits` is rows · vocab of scratch.
 #[allow(clippy::too_many_arguments)]
 fn chunk_with_grads(
     x: &[f32],
@@ -230,7 +231,7 @@ fn chunk_with_grads(
                         let (nb, off) = (v1 - v0, v0 - s0);
                         for r in 0..m {
                             let dst = &mut g[r * GRAD_COLS + off..][..nb];
-                            simd::exp_scaled(dst, &logits[r * vocab + v0..][..nb], lse[r], row_weight[r]);
+                            simd::exp_scaled(dst, &logits[m * v0 + r * nb..][..nb], lse[r], row_weight[r]);
                             if let Some(t) = tg[r] {
                                 let t = t as usize;
                                 if (v0..v1).contains(&t) {

@@ -5,8 +5,8 @@
 //!
 //!     cargo run --release --example train_throughput [-- --steps N --context-125m T --json FILE]
 
-use foxlm::model::Ctx;
-use foxlm::optim::{clip_grad_norm, AdamW};
+use foxlm::engine::CpuEngine;
+use foxlm::optim::AdamW;
 use foxlm::presets;
 use foxlm::train::init_model;
 use std::time::Instant;
@@ -53,16 +53,13 @@ struct Row {
 fn measure(name: &str, cfg: &foxlm::config::Config, batch: usize, context: usize, steps: usize) -> Row {
     let mut model = init_model(cfg, 0);
     let mut opt = AdamW::new(Default::default(), &model.params);
-    let mut grads = model.params.zeros_like();
+    let mut engine = CpuEngine::new(&model, batch);
     let n = batch * context;
     let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % 50000) as u32).collect();
     let targets: Vec<Option<u32>> = ids.iter().map(|&i| Some((i * 31 + 7) % 50000)).collect();
-    let ctx = Ctx { batch, seq: context, start: None };
+    // The trainer's own step (`CpuEngine`: buffers kept between steps, clipping inside AdamW).
     let mut step = |model: &mut foxlm::model::Model| {
-        grads.iter_mut().for_each(|g| g.fill(0.0));
-        model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
-        clip_grad_norm(&mut grads, &model.params, 1.0);
-        opt.update(&mut model.params, &grads, 1e-3);
+        engine.step_on(model, &mut opt, &ids, &targets, batch, 1.0, 1e-3).expect("a CPU training step");
     };
     step(&mut model); // warm-up
     let t0 = Instant::now();

@@ -14,6 +14,7 @@
 //! - pass 2 (training): each block's dlogits are formed in a per-thread scratch and both
 //!   gradient GEMMs run on it there; dW's rows are the range's own, dx has one partial sum per
 //!   range, added in range order at the end.
+//!
 //! The logits cross memory twice (written in pass 1, read in pass 2) instead of six times, and
 //! the ranges do not depend on the thread count, so results are the same on any machine with the
 //! same instruction set. Evaluation (no gradients) keeps no logits at all. GEMMs run
@@ -160,7 +161,7 @@ fn pass1(x: &[f32], w: &[f32], tg: &[Option<u32>], d: usize, vocab: usize, logit
                     // SAFETY: dst holds m rows of nb (the kept logits, laid out block after block, or the
                     // m·VB block), x is [m, d] and w's rows v0..v1 are in bounds.
                     unsafe { gemm_seq(m, nb, d, dst, nb, false, x.as_ptr(), d, 1, w.as_ptr().add(v0 * d), 1, d) };
-                    for r in 0..m {
+                    for (r, t) in tg.iter().enumerate() {
                         // SAFETY: row r of this task's block, written above and by no one else.
                         let row = unsafe { std::slice::from_raw_parts(dst.add(r * nb), nb) };
                         let bm = simd::max(row);
@@ -169,7 +170,7 @@ fn pass1(x: &[f32], w: &[f32], tg: &[Option<u32>], d: usize, vocab: usize, logit
                             st.max[r] = bm;
                         }
                         st.sum[r] += simd::sum_exp(row, st.max[r]) as f64;
-                        if let Some(t) = tg[r] {
+                        if let Some(t) = *t {
                             let t = t as usize;
                             if (v0..v1).contains(&t) {
                                 st.target_logit[r] = row[t - v0];

@@ -1,14 +1,24 @@
 //! Matrix products through the `gemm` crate. Linear weights are stored [out, in] as in PyTorch.
 
+use crate::par::SharedMut;
 use gemm::Parallelism;
+use rayon::prelude::*;
 
-fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
-    // Threading a tiny product costs more than it saves (decoding runs many of them).
-    if m * n * k < 1 << 18 {
-        Parallelism::None
-    } else {
-        Parallelism::Rayon(0)
-    }
+/// Products below this many multiply-adds run on one thread: threading a tiny product costs more
+/// than it saves (decoding runs many of them).
+const SERIAL: usize = 1 << 18;
+/// Up to this size a product is split here, into row (or column) blocks of dst, one
+/// single-threaded GEMM each: on the narrow shapes of small models (d = 64) the crate's own
+/// threading ran at one core's speed. Larger products use the crate's threading.
+const SPLIT: usize = 1 << 28;
+
+/// How to cut `len` rows (or columns) of dst into tasks: (tasks, rows per task), a multiple of 8
+/// per task (the micro-kernels' height), at least 32 each. Each element of dst is computed by
+/// exactly one GEMM over the whole of k either way, and the crate's blocking of k depends only on
+/// k, so the result does not depend on the split.
+fn split(len: usize) -> Option<usize> {
+    let tasks = (len / 32).min(4 * rayon::current_num_threads());
+    (tasks >= 2).then(|| len.div_ceil(tasks).next_multiple_of(8))
 }
 
 /// dst[m, n] (row stride dst_rs) = (accumulate ? dst : 0) + A[m, k] · B[k, n], with arbitrary
@@ -36,6 +46,73 @@ pub fn gemm_strided(
         assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs, "gemm: A too small");
         assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs, "gemm: B too small");
     }
+    let size = m * n * k;
+    if size < SERIAL {
+        // SAFETY: bounds checked above.
+        unsafe {
+            gemm_ptr(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                dst_rs,
+                accumulate,
+                a.as_ptr(),
+                a_rs,
+                a_cs,
+                b.as_ptr(),
+                b_rs,
+                b_cs,
+                Parallelism::None,
+            )
+        };
+        return;
+    }
+    if size <= SPLIT {
+        let d = SharedMut::new(dst);
+        if let Some(rows) = split(m) {
+            // SAFETY: bounds checked above; each task writes its own rows of dst.
+            (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
+                let r = rows.min(m - r0);
+                gemm_seq(
+                    r,
+                    n,
+                    k,
+                    d.ptr().add(r0 * dst_rs),
+                    dst_rs,
+                    accumulate,
+                    a.as_ptr().add(r0 * a_rs),
+                    a_rs,
+                    a_cs,
+                    b.as_ptr(),
+                    b_rs,
+                    b_cs,
+                )
+            });
+            return;
+        }
+        if let Some(cols) = split(n) {
+            // SAFETY: bounds checked above; each task writes its own columns of dst.
+            (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
+                let c = cols.min(n - c0);
+                gemm_seq(
+                    m,
+                    c,
+                    k,
+                    d.ptr().add(c0),
+                    dst_rs,
+                    accumulate,
+                    a.as_ptr(),
+                    a_rs,
+                    a_cs,
+                    b.as_ptr().add(c0 * b_cs),
+                    b_rs,
+                    b_cs,
+                )
+            });
+            return;
+        }
+    }
     // SAFETY: bounds checked above.
     unsafe {
         gemm_ptr(
@@ -51,7 +128,7 @@ pub fn gemm_strided(
             b.as_ptr(),
             b_rs,
             b_cs,
-            parallelism(m, n, k),
+            Parallelism::Rayon(0),
         );
     }
 }
@@ -131,6 +208,22 @@ unsafe fn gemm_ptr(
     );
 }
 
+/// The `gemm` crate's own rate on an n×n×n f32 product (GFLOP/s, best of `reps` after one
+/// warm-up, all rayon threads): the reference that CPU training throughput is compared with.
+pub fn gemm_gflops(n: usize, reps: usize) -> f64 {
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 97) as f32 / 97.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 104729) % 89) as f32 / 89.0).collect();
+    let mut c = vec![0.0f32; n * n];
+    gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t0 = std::time::Instant::now();
+        gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best / 1e9
+}
+
 /// y[m, n] = x[m, k] · wᵀ, w: [n, k] (a Linear layer without bias).
 pub fn linear_fwd(y: &mut [f32], x: &[f32], w: &[f32], m: usize, k: usize, n: usize) {
     gemm_strided(m, n, k, y, n, false, x, k, 1, w, 1, k);
@@ -159,6 +252,24 @@ pub fn linear_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Split into row or column tasks, the result has the same bits as one single-threaded GEMM
+    /// (what makes results independent of the thread count), accumulating or not.
+    #[test]
+    fn split_products_equal_one_gemm_bitwise() {
+        for (m, n, k) in [(1024usize, 64usize, 64usize), (40, 700, 96), (333, 130, 1029), (8, 5000, 64)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1013) as f32 / 1013.0 - 0.5).collect();
+            for acc in [false, true] {
+                let mut want = vec![0.25f32; m * n];
+                // SAFETY: want is [m, n], a is [m, k], b is [k, n].
+                unsafe { gemm_seq(m, n, k, want.as_mut_ptr(), n, acc, a.as_ptr(), k, 1, b.as_ptr(), n, 1) };
+                let mut got = vec![0.25f32; m * n];
+                gemm_strided(m, n, k, &mut got, n, acc, &a, k, 1, &b, n, 1);
+                assert!(got == want, "{m}x{n}x{k} accumulate={acc}");
+            }
+        }
+    }
 
     fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let mut y = vec![0.0; m * n];

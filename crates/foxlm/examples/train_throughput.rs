@@ -28,18 +28,6 @@ fn matmul_flops_per_token(cfg: &foxlm::config::Config, context: usize) -> f64 {
     3.0 * (2.0 * linear as f64 + attn)
 }
 
-fn gemm_peak(n: usize, reps: usize) -> f64 {
-    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 97) as f32 / 97.0).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| ((i * 104729) % 89) as f32 / 89.0).collect();
-    let mut c = vec![0.0f32; n * n];
-    fox_kernels::matmul::gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
-    let t0 = Instant::now();
-    for _ in 0..reps {
-        fox_kernels::matmul::gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
-    }
-    2.0 * (n * n * n * reps) as f64 / t0.elapsed().as_secs_f64() / 1e9
-}
-
 struct Row {
     name: String,
     batch: usize,
@@ -62,11 +50,16 @@ fn measure(name: &str, cfg: &foxlm::config::Config, batch: usize, context: usize
         engine.step_on(model, &mut opt, &ids, &targets, batch, 1.0, 1e-3).expect("a CPU training step");
     };
     step(&mut model); // warm-up
-    let t0 = Instant::now();
-    for _ in 0..steps {
-        step(&mut model);
-    }
-    let dt = t0.elapsed().as_secs_f64() / steps as f64;
+                      // The median step: robust to other processes' bursts on a shared machine.
+    let mut times: Vec<f64> = (0..steps.max(1))
+        .map(|_| {
+            let t0 = Instant::now();
+            step(&mut model);
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let dt = times[times.len() / 2];
     let fpt = matmul_flops_per_token(cfg, context);
     Row {
         name: name.into(),
@@ -92,8 +85,10 @@ fn main() {
 
     let threads = rayon::current_num_threads();
     eprintln!("gemm reference (square products, f32, {threads} threads)...");
-    let peaks: Vec<(usize, f64)> =
-        [512usize, 1024, 2048].iter().map(|&n| (n, gemm_peak(n, if n < 2048 { 20 } else { 4 }))).collect();
+    let peaks: Vec<(usize, f64)> = [512usize, 1024, 2048]
+        .iter()
+        .map(|&n| (n, fox_kernels::matmul::gemm_gflops(n, if n < 2048 { 20 } else { 4 })))
+        .collect();
     let peak = peaks.iter().map(|p| p.1).fold(0.0, f64::max);
 
     let tiny = presets::tiny();

@@ -43,6 +43,7 @@ impl AdamW {
     ///   p ← p − lr·λ·p   (Matrix parameters only: decoupled weight decay)
     ///   p ← p − lr · (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + ε)
     /// Frozen parameters are left alone.
+    #[allow(clippy::needless_range_loop)] // i indexes params, grads, m and v together
     pub fn update(&mut self, params: &mut Params, grads: &[Vec<f32>], lr: f64) {
         let (bc1, bc2) = self.begin(params, grads.len());
         for i in 0..params.len() {
@@ -60,6 +61,7 @@ impl AdamW {
     /// [`clip_coef`], so clipping needs no pass of its own; the same arithmetic as scaling the
     /// gradients in place and calling `update`), after which the gradients are set to zero for
     /// the next step's accumulation while they are still in cache.
+    #[allow(clippy::needless_range_loop)]
     pub fn update_scaled_and_zero(&mut self, params: &mut Params, grads: &mut [Vec<f32>], lr: f64, grad_scale: f32) {
         let (bc1, bc2) = self.begin(params, grads.len());
         for i in 0..params.len() {

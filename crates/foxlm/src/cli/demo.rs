@@ -165,6 +165,15 @@ pub fn run(a: Args) -> Result<()> {
         run_dir.join(train::METRICS_FILE).display(),
         run_dir.join(train::LOSS_PLOT_FILE).display()
     );
-    eprintln!("demo finished in {:.0} s", t0.elapsed().as_secs_f64());
+    let took = t0.elapsed().as_secs_f64();
+    use fox_kernels::cuda::{probe, DeviceArg};
+    if a.device == DeviceArg::Cpu || (a.device == DeviceArg::Auto && probe().is_err()) {
+        // The CPU's own matmul rate beside the time, so that it can be compared across machines.
+        let peak = fox_kernels::matmul::gemm_gflops(512, 10);
+        let threads = rayon::current_num_threads();
+        eprintln!("demo finished in {took:.0} s (this CPU: {threads} threads, f32 GEMM peak {peak:.0} GFLOP/s)");
+    } else {
+        eprintln!("demo finished in {took:.0} s");
+    }
     Ok(())
 }

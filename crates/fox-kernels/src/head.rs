@@ -138,12 +138,21 @@ fn ranges(vocab: usize) -> Vec<(usize, usize)> {
     (0..vocab).step_by(RANGE).map(|v0| (v0, (v0 + RANGE).min(vocab))).collect()
 }
 
-/// Pass 1: the logits block by block, each followed by its rows' running statistics. When
-/// `logits` is given ([rows · vocab]) they are kept there block after block: the block of words
-/// v0..v1 is [rows, v1 − v0] at offset rows · v0, so pass 2 reads each one as a contiguous stream.
-fn pass1(x: &[f32], w: &[f32], tg: &[Option<u32>], d: usize, vocab: usize, logits: Option<&mut [f32]>) -> Vec<Stats> {
+/// Pass 1: the logits block by block, each followed by its rows' running statistics (max, Σexp).
+/// With `keep` = (kept, ref_max) for training, each block's exp(logit − M) is kept, where M is
+/// the row's running maximum after the block (also kept, in ref_max [blocks, rows]): pass 2 then
+/// needs one multiply per logit instead of an exp. The block of words v0..v1 is [rows, v1 − v0]
+/// at offset rows · v0 of `kept` ([rows · vocab]), so pass 2 reads each block as one stream.
+fn pass1(
+    x: &[f32],
+    w: &[f32],
+    tg: &[Option<u32>],
+    d: usize,
+    vocab: usize,
+    keep: Option<(&mut [f32], &mut [f32])>,
+) -> Vec<Stats> {
     let m = tg.len();
-    let keep = logits.map(SharedMut::new);
+    let keep = keep.map(|(l, r)| (SharedMut::new(l), SharedMut::new(r)));
     ranges(vocab)
         .par_iter()
         .map(|&(a, b)| {
@@ -155,27 +164,34 @@ fn pass1(x: &[f32], w: &[f32], tg: &[Option<u32>], d: usize, vocab: usize, logit
                     let nb = v1 - v0;
                     let dst = match keep {
                         // SAFETY (below): the block's m·nb values at m·v0 are this task's alone.
-                        Some(l) => unsafe { l.ptr().add(m * v0) },
+                        Some((l, _)) => unsafe { l.ptr().add(m * v0) },
                         None => buf.as_mut_ptr(),
                     };
-                    // SAFETY: dst holds m rows of nb (the kept logits, laid out block after block, or the
-                    // m·VB block), x is [m, d] and w's rows v0..v1 are in bounds.
+                    // SAFETY: dst holds m rows of nb (the kept block or the task's m·VB block),
+                    // x is [m, d] and w's rows v0..v1 are in bounds.
                     unsafe { gemm_seq(m, nb, d, dst, nb, false, x.as_ptr(), d, 1, w.as_ptr().add(v0 * d), 1, d) };
                     for (r, t) in tg.iter().enumerate() {
                         // SAFETY: row r of this task's block, written above and by no one else.
-                        let row = unsafe { std::slice::from_raw_parts(dst.add(r * nb), nb) };
-                        let bm = simd::max(row);
-                        if bm > st.max[r] {
-                            st.sum[r] *= ((st.max[r] - bm) as f64).exp();
-                            st.max[r] = bm;
-                        }
-                        st.sum[r] += simd::sum_exp(row, st.max[r]) as f64;
+                        let row = unsafe { std::slice::from_raw_parts_mut(dst.add(r * nb), nb) };
                         if let Some(t) = *t {
                             let t = t as usize;
                             if (v0..v1).contains(&t) {
                                 st.target_logit[r] = row[t - v0];
                             }
                         }
+                        let bm = simd::max(row);
+                        if bm > st.max[r] {
+                            st.sum[r] *= ((st.max[r] - bm) as f64).exp();
+                            st.max[r] = bm;
+                        }
+                        st.sum[r] += match keep {
+                            Some((_, refs)) => {
+                                // SAFETY: entry (block, r) is this task's alone.
+                                unsafe { *refs.get((v0 / VB) * m + r) = st.max[r] };
+                                simd::exp_in_place(row, st.max[r])
+                            }
+                            None => simd::sum_exp(row, st.max[r]),
+                        } as f64;
                     }
                 }
             });
@@ -215,24 +231,34 @@ fn chunk_with_grads(
     dw: Option<&mut [f32]>,
 ) -> f64 {
     let m = tg.len();
-    let stats = pass1(x, w, tg, d, vocab, Some(&mut *logits));
+    let mut ref_max = vec![0.0f32; vocab.div_ceil(VB) * m];
+    let stats = pass1(x, w, tg, d, vocab, Some((&mut *logits, &mut ref_max)));
     let (lse, loss) = merge(&stats, tg);
-    let logits: &[f32] = logits;
+    let (kept, ref_max): (&[f32], &[f32]) = (logits, &ref_max);
     let row_weight: Vec<f32> = tg.iter().map(|t| if t.is_some() { weight } else { 0.0 }).collect();
     let dw = dw.map(SharedMut::new);
     let partial: Vec<Vec<f32>> = ranges(vocab)
         .par_iter()
         .map(|&(a, b)| {
             let mut dxp = vec![0.0f32; m * d];
+            // Per row: the reference maximum M of the last block and weight · exp(M − lse).
+            // M changes a few times per row in a range, so this takes few exps.
+            let mut scale_of = vec![(f32::NAN, 0.0f32); m];
             with_buffer(&TASK, m * GRAD_COLS, |g| {
                 for s0 in (a..b).step_by(GRAD_COLS) {
                     let s1 = (s0 + GRAD_COLS).min(b);
                     for v0 in (s0..s1).step_by(VB) {
                         let v1 = (v0 + VB).min(s1);
                         let (nb, off) = (v1 - v0, v0 - s0);
-                        for r in 0..m {
+                        for (r, (mref, scale)) in scale_of.iter_mut().enumerate() {
                             let dst = &mut g[r * GRAD_COLS + off..][..nb];
-                            simd::exp_scaled(dst, &logits[m * v0 + r * nb..][..nb], lse[r], row_weight[r]);
+                            let mb = ref_max[(v0 / VB) * m + r];
+                            if mb != *mref {
+                                *mref = mb;
+                                *scale = ((mb as f64 - lse[r] as f64).exp() * row_weight[r] as f64) as f32;
+                            }
+                            // dlogits = weight · softmax = exp(logit − M) · weight · exp(M − lse).
+                            simd::scaled(dst, &kept[m * v0 + r * nb..][..nb], *scale);
                             if let Some(t) = tg[r] {
                                 let t = t as usize;
                                 if (v0..v1).contains(&t) {

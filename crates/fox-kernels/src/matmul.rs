@@ -12,12 +12,14 @@ const SERIAL: usize = 1 << 18;
 /// threading ran at one core's speed. Larger products use the crate's threading.
 const SPLIT: usize = 1 << 28;
 
-/// How to cut `len` rows (or columns) of dst into tasks: (tasks, rows per task), a multiple of 8
-/// per task (the micro-kernels' height), at least 32 each. Each element of dst is computed by
-/// exactly one GEMM over the whole of k either way, and the crate's blocking of k depends only on
-/// k, so the result does not depend on the split.
-fn split(len: usize) -> Option<usize> {
-    let tasks = (len / 32).min(4 * rayon::current_num_threads());
+/// How to cut `len` rows (or columns) of dst into tasks: the rows per task, a multiple of 8 (the
+/// micro-kernels' height), or None when one task would do. Each task packs the whole other
+/// operand (`other` values), so tasks get at least 128 rows unless that operand is small. Each
+/// element of dst is computed by exactly one GEMM over the whole of k either way, and the crate
+/// blocks k by k alone, so the result does not depend on the split.
+fn split(len: usize, other: usize) -> Option<usize> {
+    let min_rows = if other <= 1 << 16 { 32 } else { 128 };
+    let tasks = (len / min_rows).min(4 * rayon::current_num_threads());
     (tasks >= 2).then(|| len.div_ceil(tasks).next_multiple_of(8))
 }
 
@@ -70,7 +72,7 @@ pub fn gemm_strided(
     }
     if size <= SPLIT {
         let d = SharedMut::new(dst);
-        if let Some(rows) = split(m) {
+        if let Some(rows) = split(m, k * n) {
             // SAFETY: bounds checked above; each task writes its own rows of dst.
             (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
                 let r = rows.min(m - r0);
@@ -91,7 +93,7 @@ pub fn gemm_strided(
             });
             return;
         }
-        if let Some(cols) = split(n) {
+        if let Some(cols) = split(n, m * k) {
             // SAFETY: bounds checked above; each task writes its own columns of dst.
             (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
                 let c = cols.min(n - c0);

@@ -1,5 +1,5 @@
 //! Vectorised loops for the parts of a CPU training step that are not matrix products: the
-//! softmax over the vocabulary (row maxima, Σ exp, the softmax gradient) and AdamW.
+//! softmax over the vocabulary (row maxima, Σ exp, exp in place) and AdamW.
 //!
 //! The crate is built for baseline x86-64 (SSE2), where these loops ran 4 lanes wide at best and
 //! partly scalar (the float-to-int conversion in `exp` did not vectorise). Here each loop has an
@@ -54,17 +54,34 @@ pub fn sum_exp(x: &[f32], m: f32) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// dst_i = exp(src_i − c) · w: a row of the softmax (c its log-sum-exp) scaled by w.
-pub fn exp_scaled(dst: &mut [f32], src: &[f32], c: f32, w: f32) {
-    assert_eq!(dst.len(), src.len());
+/// x_i = exp(x_i − m) in place; returns Σ of the new x_i (summed in f32 lanes).
+pub fn exp_in_place(x: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA; the lengths are equal.
-        return unsafe { avx2::exp_scaled(dst, src, c, w) };
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { avx2::exp_in_place(x, m) };
     }
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = fast_exp(s - c) * w;
+    let mut acc = [0.0f32; 8];
+    let mut it = x.chunks_exact_mut(8);
+    for c in &mut it {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *v = fast_exp(*v - m);
+            *a += *v;
+        }
     }
+    let mut tail = 0.0f32;
+    for v in it.into_remainder() {
+        *v = fast_exp(*v - m);
+        tail += *v;
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// dst_i = src_i · c.
+pub fn scaled(dst: &mut [f32], src: &[f32], c: f32) {
+    assert_eq!(dst.len(), src.len());
+    // A plain loop: the compiler vectorises it in any build.
+    dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s * c);
 }
 
 /// One AdamW step over a slice, in place (see `foxlm::optim::AdamW::update`):
@@ -207,18 +224,34 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn exp_scaled(dst: &mut [f32], src: &[f32], c: f32, w: f32) {
-        let n = src.len();
-        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
-        let (cv, wv) = (_mm256_set1_ps(c), _mm256_set1_ps(w));
+    pub unsafe fn exp_in_place(x: &mut [f32], m: f32) -> f32 {
+        let n = x.len();
+        let p = x.as_mut_ptr();
+        let mv = _mm256_set1_ps(m);
+        let mut a0 = _mm256_setzero_ps();
+        let mut a1 = _mm256_setzero_ps();
         let mut i = 0;
-        while i + 8 <= n {
-            _mm256_storeu_ps(d.add(i), _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(s.add(i)), cv)), wv));
+        while i + 16 <= n {
+            let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
+            let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), mv));
+            _mm256_storeu_ps(p.add(i), e0);
+            _mm256_storeu_ps(p.add(i + 8), e1);
+            a0 = _mm256_add_ps(a0, e0);
+            a1 = _mm256_add_ps(a1, e1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
+            _mm256_storeu_ps(p.add(i), e0);
+            a0 = _mm256_add_ps(a0, e0);
             i += 8;
         }
-        for j in i..n {
-            dst[j] = super::fast_exp(src[j] - c) * w;
+        let mut s = hsum(_mm256_add_ps(a0, a1));
+        for v in &mut x[i..] {
+            *v = super::fast_exp(*v - m);
+            s += *v;
         }
+        s
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -273,11 +306,12 @@ mod tests {
             let want: f64 = x.iter().map(|&v| ((v - m) as f64).exp()).sum();
             let got = sum_exp(&x, m) as f64;
             assert!((got - want).abs() <= 1e-6 * want.max(1.0), "sum_exp n={n}: {got} vs {want}");
-            let mut d = vec![0.0; n];
-            exp_scaled(&mut d, &x, m + 1.5, 0.25);
-            for (a, &v) in d.iter().zip(&x) {
-                let w = 0.25 * ((v - m - 1.5) as f64).exp();
-                assert!((*a as f64 - w).abs() <= 1e-6 * w + 1e-30, "exp_scaled n={n}: {a} vs {w}");
+            let mut e = x.clone();
+            let s2 = exp_in_place(&mut e, m) as f64;
+            assert!((s2 - want).abs() <= 1e-6 * want.max(1.0), "exp_in_place sum n={n}: {s2} vs {want}");
+            for (a, &v) in e.iter().zip(&x) {
+                let w = ((v - m) as f64).exp();
+                assert!((*a as f64 - w).abs() <= 1e-6 * w + 1e-30, "exp_in_place n={n}: {a} vs {w}");
             }
         }
         // A NaN anywhere makes the sum NaN (a NaN logit must not give a finite loss).

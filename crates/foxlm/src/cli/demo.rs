@@ -94,6 +94,8 @@ pub fn run(a: Args) -> Result<()> {
     let mut run = RunConfig { model: p.model, train: p.train };
     run.train.seed = a.seed;
     run.train.eval_tokens = u64::MAX;
+    // Only the final model is kept (Ctrl-C still saves a checkpoint to resume from).
+    run.train.checkpoint_every = 0;
     if let Some(s) = a.steps {
         run.train.total_tokens = s * run.train.tokens_per_step();
         run.train.warmup_tokens = run.train.warmup_tokens.min(run.train.total_tokens / 5);

@@ -9,6 +9,11 @@ use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::scalar::sigmoid;
 use fox_kernels::{fgate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
+use rayon::prelude::*;
+
+/// Elementwise ops run in parallel tasks of this many values (a row of a small model is too
+/// little work for a task of its own).
+const ELEMS_PER_TASK: usize = 1 << 14;
 
 /// Parameters (borrowed) and, when training, their gradient buffers (shaped like the
 /// parameters, see [`Params::zeros_like`]).
@@ -259,7 +264,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn sigmoid_inplace(&mut self, x: &mut Vec<f32>) -> Result<()> {
-        x.iter_mut().for_each(|v| *v = sigmoid(*v));
+        x.par_chunks_mut(ELEMS_PER_TASK).for_each(|x| x.iter_mut().for_each(|v| *v = sigmoid(*v)));
         Ok(())
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
@@ -286,7 +291,11 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>) -> Result<()> {
-        z.iter_mut().zip(pre.iter().zip(g)).for_each(|(z, (&p, &g))| *z = p * sigmoid(g));
+        z.par_chunks_mut(ELEMS_PER_TASK)
+            .zip(pre.par_chunks(ELEMS_PER_TASK).zip(g.par_chunks(ELEMS_PER_TASK)))
+            .for_each(|(z, (pre, g))| {
+                z.iter_mut().zip(pre.iter().zip(g)).for_each(|(z, (&p, &g))| *z = p * sigmoid(g))
+            });
         Ok(())
     }
     fn gate_mul_bwd(
@@ -297,11 +306,18 @@ impl Backend for Cpu<'_> {
         pre: &Vec<f32>,
         g: &Vec<f32>,
     ) -> Result<()> {
-        for (((dp, dgv), &dzv), (&pv, &gv)) in dpre.iter_mut().zip(dg.iter_mut()).zip(dz).zip(pre.iter().zip(g)) {
-            let s = sigmoid(gv);
-            *dgv = dzv * pv * s * (1.0 - s);
-            *dp = dzv * s;
-        }
+        let n = ELEMS_PER_TASK;
+        dpre.par_chunks_mut(n)
+            .zip(dg.par_chunks_mut(n))
+            .zip(dz.par_chunks(n).zip(pre.par_chunks(n).zip(g.par_chunks(n))))
+            .for_each(|((dpre, dg), (dz, (pre, g)))| {
+                for (((dp, dgv), &dzv), (&pv, &gv)) in dpre.iter_mut().zip(dg.iter_mut()).zip(dz).zip(pre.iter().zip(g))
+                {
+                    let s = sigmoid(gv);
+                    *dgv = dzv * pv * s * (1.0 - s);
+                    *dp = dzv * s;
+                }
+            });
         Ok(())
     }
     fn cast_to_act(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {

@@ -9,16 +9,19 @@
 //! threads take one at a time, and each range into blocks of `VB` words whose [rows, VB] logits
 //! fit in L2:
 //! - pass 1: the forward GEMM of a block, then at once, while the block is in cache, each row's
-//!   running maximum and Σexp (online softmax) and the target's logit;
+//!   running maximum M and Σexp (online softmax) and the target's logit; for training the block
+//!   is kept as exp(logit − M), with M;
 //! - the ranges' statistics are merged into each row's log-sum-exp and loss;
-//! - pass 2 (training): each block's dlogits are formed in a per-thread scratch and both
-//!   gradient GEMMs run on it there; dW's rows are the range's own, dx has one partial sum per
-//!   range, added in range order at the end.
+//! - pass 2 (training): each block's dlogits = weight · exp(logit − M) · exp(M − lse) (one
+//!   multiply per logit) are formed in a per-thread scratch and both gradient GEMMs run on it
+//!   there; dW's rows are the range's own, dx has one partial sum per range, added in range order
+//!   at the end.
 //!
-//! The logits cross memory twice (written in pass 1, read in pass 2) instead of six times, and
-//! the ranges do not depend on the thread count, so results are the same on any machine with the
-//! same instruction set. Evaluation (no gradients) keeps no logits at all. GEMMs run
-//! single-threaded inside a range's task.
+//! The logits cross memory twice (written in pass 1, read in pass 2) instead of six times, with
+//! one exp each, and the ranges do not depend on the thread count, so results are the same on
+//! any machine with the same instruction set. Evaluation (no gradients) keeps no logits at all.
+//! GEMMs run single-threaded inside a range's task. The calling thread keeps the training
+//! logits' buffer (rows × vocab, at most 256 MiB) for the next step.
 
 use crate::matmul::gemm_seq;
 use crate::par::SharedMut;

@@ -1,14 +1,26 @@
 //! Matrix products through the `gemm` crate. Linear weights are stored [out, in] as in PyTorch.
 
+use crate::par::SharedMut;
 use gemm::Parallelism;
+use rayon::prelude::*;
 
-fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
-    // Threading a tiny product costs more than it saves (decoding runs many of them).
-    if m * n * k < 1 << 18 {
-        Parallelism::None
-    } else {
-        Parallelism::Rayon(0)
-    }
+/// Products below this many multiply-adds run on one thread: threading a tiny product costs more
+/// than it saves (decoding runs many of them).
+const SERIAL: usize = 1 << 18;
+/// Up to this size a product is split here, into row (or column) blocks of dst, one
+/// single-threaded GEMM each: on the narrow shapes of small models (d = 64) the crate's own
+/// threading ran at one core's speed. Larger products use the crate's threading.
+const SPLIT: usize = 1 << 28;
+
+/// How to cut `len` rows (or columns) of dst into tasks: the rows per task, a multiple of 8 (the
+/// micro-kernels' height), or None when one task would do. Each task packs the whole other
+/// operand (`other` values), so tasks get at least 128 rows unless that operand is small. Each
+/// element of dst is computed by exactly one GEMM over the whole of k either way, and the crate
+/// blocks k by k alone, so the result does not depend on the split.
+fn split(len: usize, other: usize) -> Option<usize> {
+    let min_rows = if other <= 1 << 16 { 32 } else { 128 };
+    let tasks = (len / min_rows).min(4 * rayon::current_num_threads());
+    (tasks >= 2).then(|| len.div_ceil(tasks).next_multiple_of(8))
 }
 
 /// dst[m, n] (row stride dst_rs) = (accumulate ? dst : 0) + A[m, k] · B[k, n], with arbitrary
@@ -36,38 +48,182 @@ pub fn gemm_strided(
         assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs, "gemm: A too small");
         assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs, "gemm: B too small");
     }
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                dst[r * dst_rs..r * dst_rs + n].fill(0.0);
-            }
-        }
+    let size = m * n * k;
+    if size < SERIAL {
+        // SAFETY: bounds checked above.
+        unsafe {
+            gemm_ptr(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                dst_rs,
+                accumulate,
+                a.as_ptr(),
+                a_rs,
+                a_cs,
+                b.as_ptr(),
+                b_rs,
+                b_cs,
+                Parallelism::None,
+            )
+        };
         return;
     }
-    // SAFETY: bounds checked above; gemm reads/writes only within those extents.
+    if size <= SPLIT {
+        let d = SharedMut::new(dst);
+        if let Some(rows) = split(m, k * n) {
+            // SAFETY: bounds checked above; each task writes its own rows of dst.
+            (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
+                let r = rows.min(m - r0);
+                gemm_seq(
+                    r,
+                    n,
+                    k,
+                    d.ptr().add(r0 * dst_rs),
+                    dst_rs,
+                    accumulate,
+                    a.as_ptr().add(r0 * a_rs),
+                    a_rs,
+                    a_cs,
+                    b.as_ptr(),
+                    b_rs,
+                    b_cs,
+                )
+            });
+            return;
+        }
+        if let Some(cols) = split(n, m * k) {
+            // SAFETY: bounds checked above; each task writes its own columns of dst.
+            (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
+                let c = cols.min(n - c0);
+                gemm_seq(
+                    m,
+                    c,
+                    k,
+                    d.ptr().add(c0),
+                    dst_rs,
+                    accumulate,
+                    a.as_ptr(),
+                    a_rs,
+                    a_cs,
+                    b.as_ptr().add(c0 * b_cs),
+                    b_rs,
+                    b_cs,
+                )
+            });
+            return;
+        }
+    }
+    // SAFETY: bounds checked above.
     unsafe {
-        gemm::gemm(
+        gemm_ptr(
             m,
             n,
             k,
             dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
+            dst_rs,
             accumulate,
             a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
+            a_rs,
+            a_cs,
             b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(m, n, k),
+            b_rs,
+            b_cs,
+            Parallelism::Rayon(0),
         );
     }
+}
+
+/// `gemm_strided` on raw pointers, single-threaded: for callers that already split the work
+/// between threads and write disjoint parts of one buffer.
+///
+/// # Safety
+/// dst must be valid for writes at (i·dst_rs + j) for i < m, j < n, A for reads at
+/// (i·a_rs + p·a_cs), B at (p·b_rs + j·b_cs) for p < k; no other thread may touch those
+/// elements of dst meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_seq(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    b_rs: usize,
+    b_cs: usize,
+) {
+    gemm_ptr(m, n, k, dst, dst_rs, accumulate, a, a_rs, a_cs, b, b_rs, b_cs, Parallelism::None)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_ptr(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    b_rs: usize,
+    b_cs: usize,
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                std::slice::from_raw_parts_mut(dst.add(r * dst_rs), n).fill(0.0);
+            }
+        }
+        return;
+    }
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        accumulate,
+        a,
+        a_cs as isize,
+        a_rs as isize,
+        b,
+        b_cs as isize,
+        b_rs as isize,
+        1.0,
+        1.0,
+        false,
+        false,
+        false,
+        par,
+    );
+}
+
+/// The `gemm` crate's own rate on an n×n×n f32 product (GFLOP/s, best of `reps` after one
+/// warm-up, all rayon threads): the reference that CPU training throughput is compared with.
+pub fn gemm_gflops(n: usize, reps: usize) -> f64 {
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 97) as f32 / 97.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 104729) % 89) as f32 / 89.0).collect();
+    let mut c = vec![0.0f32; n * n];
+    gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t0 = std::time::Instant::now();
+        gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best / 1e9
 }
 
 /// y[m, n] = x[m, k] · wᵀ, w: [n, k] (a Linear layer without bias).
@@ -98,6 +254,24 @@ pub fn linear_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Split into row or column tasks, the result has the same bits as one single-threaded GEMM
+    /// (what makes results independent of the thread count), accumulating or not.
+    #[test]
+    fn split_products_equal_one_gemm_bitwise() {
+        for (m, n, k) in [(1024usize, 64usize, 64usize), (40, 700, 96), (333, 130, 1029), (8, 5000, 64)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1013) as f32 / 1013.0 - 0.5).collect();
+            for acc in [false, true] {
+                let mut want = vec![0.25f32; m * n];
+                // SAFETY: want is [m, n], a is [m, k], b is [k, n].
+                unsafe { gemm_seq(m, n, k, want.as_mut_ptr(), n, acc, a.as_ptr(), k, 1, b.as_ptr(), n, 1) };
+                let mut got = vec![0.25f32; m * n];
+                gemm_strided(m, n, k, &mut got, n, acc, &a, k, 1, &b, n, 1);
+                assert!(got == want, "{m}x{n}x{k} accumulate={acc}");
+            }
+        }
+    }
 
     fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let mut y = vec![0.0; m * n];

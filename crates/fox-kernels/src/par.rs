@@ -9,6 +9,10 @@ impl<T> SharedMut<T> {
     pub fn new(s: &mut [T]) -> Self {
         Self(s.as_mut_ptr())
     }
+    /// The start of the slice, for code that hands disjoint parts of it to raw-pointer kernels.
+    pub fn ptr(&self) -> *mut T {
+        self.0
+    }
     /// # Safety
     /// `i` must be in bounds of the slice this was made from, and no other task may touch
     /// element `i` at the same time.

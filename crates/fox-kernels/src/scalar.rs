@@ -23,19 +23,21 @@ pub fn silu(x: f32) -> f32 {
 
 /// exp(x) for f32 in a form the compiler vectorises: x = n·ln2 + r, |r| <= ln2/2, a degree-6
 /// polynomial for e^r (relative error ~2e-7, like libm's expf to within a few ulp), 2^n from the
-/// exponent bits. Inputs are clamped to [-87.3, 88] (a softmax only feeds it x - max <= 0).
+/// exponent bits. Inputs are clamped to [-87.3, 88] (a softmax only feeds it x - max <= 0); NaN
+/// stays NaN. `simd` has the same arithmetic 8 lanes wide.
 #[inline(always)]
 pub fn fast_exp(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.0);
-    // Round to nearest with the 1.5·2^23 trick: plain adds, so the loop vectorises (f32::round
-    // is a libm call without SSE4.1).
+    // Round to nearest with the 1.5·2^23 trick: plain adds, and n as an integer is in t's low
+    // mantissa bits, so no float-to-int conversion (which does not vectorise) is needed.
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+    let t = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = t - MAGIC;
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
-    let bits = ((n as i32 + 127) << 23) as u32;
-    p * f32::from_bits(bits)
+    let e = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32).wrapping_add(127);
+    p * f32::from_bits((e << 23) as u32)
 }
 
 #[cfg(test)]
@@ -51,5 +53,6 @@ mod tests {
         }
         assert_eq!(fast_exp(-1000.0), fast_exp(-87.3));
         assert!(fast_exp(-1000.0) < 1e-37);
+        assert!(fast_exp(f32::NAN).is_nan());
     }
 }

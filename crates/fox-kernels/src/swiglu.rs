@@ -3,27 +3,38 @@
 use crate::scalar::sigmoid;
 use rayon::prelude::*;
 
+/// Rows per parallel task: one row of a small model is too little work for a task of its own.
+const ROWS_PER_TASK: usize = 16;
+
 /// gu: [rows, 2I] → h: [rows, I].
 pub fn swiglu_fwd(h: &mut [f32], gu: &[f32], inter: usize) {
-    h.par_chunks_mut(inter).zip(gu.par_chunks(2 * inter)).for_each(|(hr, g)| {
-        for c in 0..inter {
-            let a = g[c];
-            hr[c] = a * sigmoid(a) * g[inter + c];
+    let n = ROWS_PER_TASK;
+    h.par_chunks_mut(n * inter).zip(gu.par_chunks(n * 2 * inter)).for_each(|(hs, gs)| {
+        for (hr, g) in hs.chunks_mut(inter).zip(gs.chunks(2 * inter)) {
+            for c in 0..inter {
+                let a = g[c];
+                hr[c] = a * sigmoid(a) * g[inter + c];
+            }
         }
     });
 }
 
 /// dgu: [rows, 2I] from dh: [rows, I].
 pub fn swiglu_bwd(dgu: &mut [f32], dh: &[f32], gu: &[f32], inter: usize) {
-    dgu.par_chunks_mut(2 * inter).zip(dh.par_chunks(inter).zip(gu.par_chunks(2 * inter))).for_each(|(d, (dhr, g))| {
-        for c in 0..inter {
-            let a = g[c];
-            let s = sigmoid(a);
-            let u = g[inter + c];
-            d[c] = dhr[c] * u * s * (1.0 + a * (1.0 - s));
-            d[inter + c] = dhr[c] * a * s;
-        }
-    });
+    let n = ROWS_PER_TASK;
+    dgu.par_chunks_mut(n * 2 * inter).zip(dh.par_chunks(n * inter).zip(gu.par_chunks(n * 2 * inter))).for_each(
+        |(ds, (dhs, gs))| {
+            for (d, (dhr, g)) in ds.chunks_mut(2 * inter).zip(dhs.chunks(inter).zip(gs.chunks(2 * inter))) {
+                for c in 0..inter {
+                    let a = g[c];
+                    let s = sigmoid(a);
+                    let u = g[inter + c];
+                    d[c] = dhr[c] * u * s * (1.0 + a * (1.0 - s));
+                    d[inter + c] = dhr[c] * a * s;
+                }
+            }
+        },
+    );
 }
 
 #[cfg(test)]

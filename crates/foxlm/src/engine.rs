@@ -3,13 +3,15 @@
 //! checkpoints and metrics; the model, its parameters and AdamW's state live on the host between
 //! steps on the CPU, and on the device on the GPU (copied back for checkpoints).
 
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo};
 use crate::data::{Dataset, Loader, Split};
-use crate::model::{activation_plan, Acts, Ctx, MemoryPlan, Model, ModelActs, Scratch};
-use crate::optim::{clip_grad_norm, AdamW};
+use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
+use crate::optim::{clip_coef, global_norm, AdamW};
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{Elem, Gpu};
+use rayon::prelude::*;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -80,13 +82,85 @@ pub trait Engine {
 
 pub struct CpuEngine {
     grads: Vec<Vec<f32>>,
-    clip: f64,
+    /// The clipping factor of the last `grads`, applied inside AdamW.
+    grad_scale: f32,
+    /// The gradients are all zero (AdamW zeroed them after the last update).
+    zeroed: bool,
     micro: usize,
+    /// Activations and backward buffers for [batch, seq], kept between steps: allocating them
+    /// afresh costs a page fault per 4 KiB every step.
+    bufs: Option<CpuBuffers>,
+}
+
+struct CpuBuffers {
+    batch: usize,
+    seq: usize,
+    acts: CpuActs,
+    scratch: Scratch<Vec<f32>, Vec<f32>>,
 }
 
 impl CpuEngine {
     pub fn new(model: &Model, micro: usize) -> Self {
-        Self { grads: model.params.zeros_like(), clip: 1.0, micro }
+        Self { grads: model.params.zeros_like(), grad_scale: 1.0, zeroed: true, micro, bufs: None }
+    }
+
+    /// Forward and backward of one micro-batch of `accum`, gradients added (weighted so that
+    /// `accum` micro-batches add up to the mean over all their targets); returns its mean loss.
+    /// What `Model::loss_and_grads` does, on buffers kept between steps.
+    fn micro_step(
+        &mut self,
+        model: &Model,
+        ids: &[u32],
+        targets: &[Option<u32>],
+        batch: usize,
+        accum: usize,
+    ) -> Result<f64> {
+        let n_targets = targets.iter().filter(|t| t.is_some()).count();
+        if n_targets == 0 {
+            return Ok(0.0);
+        }
+        let seq = ids.len() / batch.max(1);
+        let mut be = Cpu::with_grads(&model.params, &mut self.grads);
+        let bufs = match self.bufs.take() {
+            Some(b) if b.batch == batch && b.seq == seq => b,
+            _ => CpuBuffers {
+                batch,
+                seq,
+                acts: ModelActs::new(&be, model, batch, seq, true)?,
+                scratch: Scratch::new(&be, model, batch, seq)?,
+            },
+        };
+        let bufs = self.bufs.insert(bufs);
+        let mut b = CpuBatch::default();
+        be.prepare(&mut b, &BatchInfo { batch, seq, start: None, past: 0 }, ids, Some(targets))?;
+        let weight = (1.0 / accum as f32) / n_targets as f32;
+        model.loss_and_grads_on(&mut be, &b, &mut bufs.acts, &mut bufs.scratch, weight)?;
+        let (sum, _) = be.take_loss()?;
+        Ok(sum / n_targets as f64)
+    }
+
+    /// One optimizer step as `foxlm train` runs it (gradients, clipping, AdamW) on a given
+    /// micro-batch [batch, T]: for benchmarks, without a loader.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_on(
+        &mut self,
+        model: &mut Model,
+        opt: &mut AdamW,
+        ids: &[u32],
+        targets: &[Option<u32>],
+        batch: usize,
+        max_norm: f64,
+        lr: f64,
+    ) -> Result<StepStats> {
+        if !self.zeroed {
+            self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
+        }
+        self.zeroed = false;
+        let loss = self.micro_step(model, ids, targets, batch, 1)?;
+        let grad_norm = global_norm(&self.grads, &model.params);
+        self.grad_scale = clip_coef(grad_norm, max_norm);
+        self.update(model, opt, lr)?;
+        Ok(StepStats { loss, grad_norm })
     }
 }
 
@@ -99,19 +173,22 @@ impl Engine for CpuEngine {
         accum: usize,
         max_norm: f64,
     ) -> Result<StepStats> {
-        self.grads.iter_mut().for_each(|g| g.fill(0.0));
+        if !self.zeroed {
+            self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
+        }
+        self.zeroed = false;
         let mut loss_sum = 0.0f64;
         for _ in 0..accum {
             let b = loader.next_batch(micro);
-            let ctx = Ctx { batch: micro, seq: b.seq, start: None };
-            loss_sum += model.loss_and_grads(&b.ids, &b.targets, &ctx, &mut self.grads, 1.0 / accum as f32) as f64;
+            loss_sum += self.micro_step(model, &b.ids, &b.targets, micro, accum)?;
         }
-        let grad_norm = clip_grad_norm(&mut self.grads, &model.params, max_norm);
-        self.clip = max_norm;
+        let grad_norm = global_norm(&self.grads, &model.params);
+        self.grad_scale = clip_coef(grad_norm, max_norm);
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
     }
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
-        opt.update(&mut model.params, &self.grads, lr);
+        opt.update_scaled_and_zero(&mut model.params, &mut self.grads, lr, self.grad_scale);
+        self.zeroed = true;
         Ok(())
     }
     fn sync(&mut self, _model: &mut Model, _opt: &mut AdamW) -> Result<()> {
@@ -124,7 +201,7 @@ impl Engine for CpuEngine {
         context: usize,
         max_tokens: u64,
     ) -> Result<Option<f64>> {
-        Ok(crate::train::validation_loss(model, ds, context, max_tokens, self.micro.max(1)))
+        crate::train::validation_loss(model, ds, context, max_tokens, self.micro.max(1))
     }
     fn describe(&self) -> String {
         format!("cpu ({} threads, f32)", rayon::current_num_threads())

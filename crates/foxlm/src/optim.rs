@@ -3,6 +3,7 @@
 //! and clipping by the global gradient norm.
 
 use crate::tensor::{ParamKind, Params};
+use fox_kernels::simd::{self, AdamWStep};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -42,55 +43,88 @@ impl AdamW {
     ///   p ← p − lr·λ·p   (Matrix parameters only: decoupled weight decay)
     ///   p ← p − lr · (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + ε)
     /// Frozen parameters are left alone.
-    #[allow(clippy::needless_range_loop)]
+    #[allow(clippy::needless_range_loop)] // i indexes params, grads, m and v together
     pub fn update(&mut self, params: &mut Params, grads: &[Vec<f32>], lr: f64) {
-        assert_eq!(grads.len(), params.len(), "one gradient per parameter");
-        self.step += 1;
-        let c = self.config;
-        let t = self.step as i32;
-        let bc1 = 1.0 - c.beta1.powi(t);
-        let bc2 = 1.0 - c.beta2.powi(t);
-        let (b1, b2) = (c.beta1 as f32, c.beta2 as f32);
-        let step_size = (lr / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let eps = c.eps as f32;
+        let (bc1, bc2) = self.begin(params, grads.len());
         for i in 0..params.len() {
-            let kind = params.kinds[i];
-            if kind == ParamKind::Frozen {
-                continue;
-            }
-            let decay = if kind == ParamKind::Matrix { (1.0 - lr * c.weight_decay) as f32 } else { 1.0 };
-            let p = &mut params.tensors[i].data;
-            let g = &grads[i];
+            let Some(h) = self.hyper(params.kinds[i], lr, bc1, bc2, 1.0) else { continue };
+            let (p, g) = (&mut params.tensors[i].data, &grads[i]);
             assert_eq!(p.len(), g.len(), "gradient of {} has the wrong size", params.names[i]);
-            const CHUNK: usize = 1 << 14;
             p.par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .zip(self.m[i].par_chunks_mut(CHUNK).zip(self.v[i].par_chunks_mut(CHUNK)))
+                .for_each(|((p, g), (m, v))| simd::adamw(p, g, m, v, &h));
+        }
+    }
+
+    /// `update` with every gradient multiplied by `grad_scale` first (the clipping factor of
+    /// [`clip_coef`], so clipping needs no pass of its own; the same arithmetic as scaling the
+    /// gradients in place and calling `update`), after which the gradients are set to zero for
+    /// the next step's accumulation while they are still in cache.
+    #[allow(clippy::needless_range_loop)]
+    pub fn update_scaled_and_zero(&mut self, params: &mut Params, grads: &mut [Vec<f32>], lr: f64, grad_scale: f32) {
+        let (bc1, bc2) = self.begin(params, grads.len());
+        for i in 0..params.len() {
+            let Some(h) = self.hyper(params.kinds[i], lr, bc1, bc2, grad_scale) else { continue };
+            let (p, g) = (&mut params.tensors[i].data, &mut grads[i]);
+            assert_eq!(p.len(), g.len(), "gradient of {} has the wrong size", params.names[i]);
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks_mut(CHUNK))
+                .zip(self.m[i].par_chunks_mut(CHUNK).zip(self.v[i].par_chunks_mut(CHUNK)))
                 .for_each(|((p, g), (m, v))| {
-                    for j in 0..p.len() {
-                        let gj = g[j];
-                        m[j] = b1 * m[j] + (1.0 - b1) * gj;
-                        v[j] = b2 * v[j] + (1.0 - b2) * gj * gj;
-                        let denom = v[j].sqrt() / bc2_sqrt + eps;
-                        p[j] = p[j] * decay - step_size * m[j] / denom;
-                    }
+                    simd::adamw(p, g, m, v, &h);
+                    g.fill(0.0);
                 });
         }
     }
+
+    /// Counts the step; returns the bias corrections 1 − β1^t and 1 − β2^t.
+    fn begin(&mut self, params: &Params, n_grads: usize) -> (f64, f64) {
+        assert_eq!(n_grads, params.len(), "one gradient per parameter");
+        self.step += 1;
+        let t = self.step as i32;
+        (1.0 - self.config.beta1.powi(t), 1.0 - self.config.beta2.powi(t))
+    }
+
+    /// The step's constants for a parameter of `kind` (None: frozen, not updated).
+    fn hyper(&self, kind: ParamKind, lr: f64, bc1: f64, bc2: f64, grad_scale: f32) -> Option<AdamWStep> {
+        let c = self.config;
+        (kind != ParamKind::Frozen).then(|| AdamWStep {
+            beta1: c.beta1 as f32,
+            beta2: c.beta2 as f32,
+            eps: c.eps as f32,
+            step_size: (lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            decay: if kind == ParamKind::Matrix { (1.0 - lr * c.weight_decay) as f32 } else { 1.0 },
+            gscale: grad_scale,
+        })
+    }
 }
 
-/// The global L2 norm of all gradients (of trainable parameters), accumulated in f64.
+/// Elements per parallel task of the optimizer and the norm (64 KiB of f32).
+const CHUNK: usize = 1 << 14;
+
+/// The global L2 norm of all gradients (of trainable parameters), accumulated in f64 in a fixed
+/// order (the same result whatever the thread count).
 pub fn global_norm(grads: &[Vec<f32>], params: &Params) -> f64 {
     grads
         .iter()
         .zip(&params.kinds)
         .filter(|(_, k)| **k != ParamKind::Frozen)
-        .map(|(g, _)| {
-            g.par_chunks(1 << 14).map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()).sum::<f64>()
-        })
+        .map(|(g, _)| g.par_chunks(CHUNK).map(simd::sum_squares_f64).collect::<Vec<f64>>().iter().sum::<f64>())
         .sum::<f64>()
         .sqrt()
+}
+
+/// PyTorch's `clip_grad_norm_` factor for a global norm: max_norm / (norm + 1e-6) when that is
+/// below 1 (and the norm finite), else 1.
+pub fn clip_coef(norm: f64, max_norm: f64) -> f32 {
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 && norm.is_finite() {
+        coef as f32
+    } else {
+        1.0
+    }
 }
 
 /// Scales the gradients so that their global norm is at most `max_norm` (PyTorch's
@@ -98,9 +132,8 @@ pub fn global_norm(grads: &[Vec<f32>], params: &Params) -> f64 {
 /// Returns the norm before clipping.
 pub fn clip_grad_norm(grads: &mut [Vec<f32>], params: &Params, max_norm: f64) -> f64 {
     let norm = global_norm(grads, params);
-    let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 && norm.is_finite() {
-        let c = coef as f32;
+    let c = clip_coef(norm, max_norm);
+    if c < 1.0 {
         grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x *= c));
     }
     norm
@@ -215,6 +248,30 @@ mod tests {
         let mut h = vec![vec![0.3, 0.0, 0.0, 0.0], vec![0.4, 0.0], vec![0.0]];
         clip_grad_norm(&mut h, &p, 1.0);
         assert_eq!(h[0][0], 0.3);
+    }
+
+    /// The trainer's fused path (scale inside AdamW, then zero) gives the same bits as clipping
+    /// in place and calling `update`.
+    #[test]
+    fn fused_clip_update_matches_clip_then_update() {
+        let (mut p1, mut p2) = (params(), params());
+        let mut o1 = AdamW::new(AdamWConfig::default(), &p1);
+        let mut o2 = AdamW::new(AdamWConfig::default(), &p2);
+        for step in 0..3 {
+            let g: Vec<Vec<f32>> = vec![vec![3.0 + step as f32, -1.0, 0.25, 2.0], vec![4.0, -0.5], vec![100.0]];
+            let mut a = g.clone();
+            clip_grad_norm(&mut a, &p1, 1.0);
+            o1.update(&mut p1, &a, 0.01);
+            let mut b = g.clone();
+            let coef = clip_coef(global_norm(&b, &p2), 1.0);
+            assert!(coef < 1.0);
+            o2.update_scaled_and_zero(&mut p2, &mut b, 0.01, coef);
+            assert!(b[..2].iter().all(|t| t.iter().all(|&x| x == 0.0)), "gradients zeroed");
+            for (x, y) in p1.tensors.iter().zip(&p2.tensors) {
+                assert_eq!(x.data, y.data, "step {step}");
+            }
+        }
+        assert_eq!((o1.m, o1.v), (o2.m, o2.v));
     }
 
     #[test]

@@ -242,12 +242,15 @@ fn small(name: &str) -> Option<Preset> {
 /// its 6.7M parameters and most of its FLOPs, so width is what costs: the blocks are nearly free
 /// at d = 64, and a narrow, deeper model learns fastest per second on CPU. The price of the big
 /// vocabulary buys a model that `foxlm generate` and the evaluation commands accept unchanged.
+/// The cosine decay ends at 3e-3, not lower: the model is still learning at the end (held-out
+/// loss after 500 steps, seed 0: 5.686 with a floor of 3e-3 against 5.708 with 2e-3, 5.712 with
+/// 4e-3 and about 5.73 with 1e-3).
 pub fn tiny() -> Preset {
     let model = Variant::FoxPro.config(64, 4, 2);
     Preset {
         name: "tiny".into(),
         description:
-            "FoX (Pro), d=64, 4 layers, 2 heads, context 128, 500 steps of 8 windows: trains on CPU in about four minutes".into(),
+            "FoX (Pro), d=64, 4 layers, 2 heads, context 128, 500 steps of 8 windows: trains on a 2-core CPU in under two minutes".into(),
         model,
         train: TrainConfig {
             context: 128,
@@ -255,7 +258,7 @@ pub fn tiny() -> Preset {
             micro_batch: 8,
             total_tokens: 500 * 8 * 128,
             peak_lr: 1e-2,
-            min_lr: 1e-3,
+            min_lr: 3e-3,
             warmup_tokens: 10 * 8 * 128,
             weight_decay: 0.1,
             beta1: 0.9,

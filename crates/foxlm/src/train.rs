@@ -468,8 +468,14 @@ fn prune_checkpoints(out: &Path, keep: usize) {
 /// Mean cross-entropy (nats/token) of `model` over the first windows of the validation split,
 /// at most `max_tokens` tokens of them (at least one window), in batches of `batch`. None when
 /// the split is shorter than one window.
-pub fn validation_loss(model: &Model, ds: &Dataset, context: usize, max_tokens: u64, batch: usize) -> Option<f64> {
-    let mut loader = Loader::new(ds, Split::Val, context, 0, false).ok()?;
+pub fn validation_loss(
+    model: &Model,
+    ds: &Dataset,
+    context: usize,
+    max_tokens: u64,
+    batch: usize,
+) -> Result<Option<f64>> {
+    let Ok(mut loader) = Loader::new(ds, Split::Val, context, 0, false) else { return Ok(None) };
     let windows = loader.windows_per_epoch().min((max_tokens / context as u64).max(1)) as usize;
     let mut sum = 0.0f64;
     let mut count = 0usize;
@@ -477,36 +483,25 @@ pub fn validation_loss(model: &Model, ds: &Dataset, context: usize, max_tokens: 
     while done < windows {
         let b = batch.min(windows - done);
         let bt = loader.next_batch(b);
-        let (s, n) = sum_loss(model, &bt.ids, &bt.targets, b, context);
+        let (s, n) = sum_loss(model, &bt.ids, &bt.targets, b, context)?;
         sum += s;
         count += n;
         done += b;
     }
-    Some(sum / count.max(1) as f64)
+    Ok(Some(sum / count.max(1) as f64))
 }
 
-/// Σ cross-entropy over the targets, and how many, without gradients (the output head in chunks).
-pub fn sum_loss(model: &Model, ids: &[u32], targets: &[Option<u32>], batch: usize, seq: usize) -> (f64, usize) {
+/// Σ cross-entropy over the targets, and how many, without gradients (the fused head op: the
+/// logits are formed a block of the vocabulary at a time and never kept).
+pub fn sum_loss(model: &Model, ids: &[u32], targets: &[Option<u32>], batch: usize, seq: usize) -> Result<(f64, usize)> {
     let ctx = Ctx { batch, seq, start: None };
     let (hidden, _) = model.forward_hidden(ids, &ctx, None, false);
-    let d = model.config.hidden_size;
-    let v = model.config.vocab_size;
-    let rows = batch * seq;
-    let chunk = ((1usize << 24) / v).clamp(1, rows);
-    let mut sum = 0.0f64;
-    let mut n = 0;
-    for r0 in (0..rows).step_by(chunk) {
-        let r1 = (r0 + chunk).min(rows);
-        let logits = model.logits(&hidden[r0 * d..r1 * d]);
-        let (losses, _) = fox_kernels::cross_entropy::cross_entropy_fwd(&logits, &targets[r0..r1], v);
-        for (l, t) in losses.iter().zip(&targets[r0..r1]) {
-            if t.is_some() {
-                sum += *l as f64;
-                n += 1;
-            }
-        }
-    }
-    (sum, n)
+    let head = &model.lm_head;
+    let w = &model.params[head.weight];
+    let sum =
+        fox_kernels::head::linear_cross_entropy(&hidden, w, targets, head.in_features, head.out_features, 1.0, None)
+            .context("validation loss (are the data's token ids those of the model's vocabulary?)")?;
+    Ok((sum, targets.iter().filter(|t| t.is_some()).count()))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ fn err_of<T>(r: anyhow::Result<T>) -> String {
 }
 
 /// The headline: the tiny preset as the demo trains it (a FoX (Pro), d = 64, 4 layers; 500 steps
-/// of 8 x 128 tokens, about four minutes on 2 cores) beats the unigram entropy of its training
+/// of 8 x 128 tokens, under two minutes on 2 cores) beats the unigram entropy of its training
 /// tokens by more than 1 nat/token on the held-out chapters.
 #[test]
 fn tiny_model_beats_unigram_entropy_on_held_out_chapters() {

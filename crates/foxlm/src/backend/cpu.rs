@@ -8,7 +8,12 @@ use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::scalar::sigmoid;
-use fox_kernels::{cross_entropy, fgate, kv_shift, matmul, rmsnorm, rope, swiglu};
+use fox_kernels::{fgate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
+use rayon::prelude::*;
+
+/// Elementwise ops run in parallel tasks of this many values (a row of a small model is too
+/// little work for a task of its own).
+const ELEMS_PER_TASK: usize = 1 << 14;
 
 /// Parameters (borrowed) and, when training, their gradient buffers (shaped like the
 /// parameters, see [`Params::zeros_like`]).
@@ -278,7 +283,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn sigmoid_inplace(&mut self, x: &mut Vec<f32>) -> Result<()> {
-        x.iter_mut().for_each(|v| *v = sigmoid(*v));
+        x.par_chunks_mut(ELEMS_PER_TASK).for_each(|x| x.iter_mut().for_each(|v| *v = sigmoid(*v)));
         Ok(())
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
@@ -305,7 +310,11 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>) -> Result<()> {
-        z.iter_mut().zip(pre.iter().zip(g)).for_each(|(z, (&p, &g))| *z = p * sigmoid(g));
+        z.par_chunks_mut(ELEMS_PER_TASK)
+            .zip(pre.par_chunks(ELEMS_PER_TASK).zip(g.par_chunks(ELEMS_PER_TASK)))
+            .for_each(|(z, (pre, g))| {
+                z.iter_mut().zip(pre.iter().zip(g)).for_each(|(z, (&p, &g))| *z = p * sigmoid(g))
+            });
         Ok(())
     }
     fn gate_mul_bwd(
@@ -316,11 +325,18 @@ impl Backend for Cpu<'_> {
         pre: &Vec<f32>,
         g: &Vec<f32>,
     ) -> Result<()> {
-        for (((dp, dgv), &dzv), (&pv, &gv)) in dpre.iter_mut().zip(dg.iter_mut()).zip(dz).zip(pre.iter().zip(g)) {
-            let s = sigmoid(gv);
-            *dgv = dzv * pv * s * (1.0 - s);
-            *dp = dzv * s;
-        }
+        let n = ELEMS_PER_TASK;
+        dpre.par_chunks_mut(n)
+            .zip(dg.par_chunks_mut(n))
+            .zip(dz.par_chunks(n).zip(pre.par_chunks(n).zip(g.par_chunks(n))))
+            .for_each(|((dpre, dg), (dz, (pre, g)))| {
+                for (((dp, dgv), &dzv), (&pv, &gv)) in dpre.iter_mut().zip(dg.iter_mut()).zip(dz).zip(pre.iter().zip(g))
+                {
+                    let s = sigmoid(gv);
+                    *dgv = dzv * pv * s * (1.0 - s);
+                    *dp = dzv * s;
+                }
+            });
         Ok(())
     }
     fn cast_to_act(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
@@ -595,7 +611,7 @@ impl Backend for Cpu<'_> {
 
     fn head_loss(
         &mut self,
-        mut dhidden: Option<&mut Vec<f32>>,
+        dhidden: Option<&mut Vec<f32>>,
         hidden: &Vec<f32>,
         lm_head: &Linear,
         b: &CpuBatch,
@@ -603,38 +619,15 @@ impl Backend for Cpu<'_> {
     ) -> Result<()> {
         let (d, vocab) = (lm_head.in_features, lm_head.out_features);
         let targets = &b.targets;
-        let rows = targets.len();
-        if hidden.len() < rows * d {
-            bail!("head_loss: hidden states hold {} values, {rows} rows of {d} expected", hidden.len());
-        }
-        // At most ~16M logits (64 MiB) at a time.
-        let chunk = ((1usize << 24) / vocab).clamp(1, rows.max(1));
-        let mut logits = vec![0.0f32; chunk * vocab];
-        for r0 in (0..rows).step_by(chunk) {
-            let r1 = (r0 + chunk).min(rows);
-            let tg = &targets[r0..r1];
-            if tg.iter().all(|t| t.is_none()) {
-                if let Some(dh) = dhidden.as_deref_mut() {
-                    dh[r0 * d..r1 * d].fill(0.0);
-                }
-                continue;
-            }
-            let m = r1 - r0;
-            let params = self.params;
-            let wt = &params[lm_head.weight];
-            let xs = &hidden[r0 * d..r1 * d];
-            let lg = &mut logits[..m * vocab];
-            matmul::linear_fwd(lg, xs, wt, m, d, vocab);
-            self.loss_sum += cross_entropy::cross_entropy_fused(lg, tg, weight, vocab);
-            self.loss_rows += tg.iter().filter(|t| t.is_some()).count();
-            if let Some(dh) = dhidden.as_deref_mut() {
-                let dxs = &mut dh[r0 * d..r1 * d];
-                match self.grad_of(lm_head.weight)? {
-                    Some(gw) => matmul::linear_bwd(Some(dxs), false, gw, lg, xs, wt, m, d, vocab),
-                    None => matmul::gemm_strided(m, d, vocab, dxs, d, false, lg, vocab, 1, wt, d, 1),
-                }
-            }
-        }
+        let params = self.params;
+        let wt = &params[lm_head.weight];
+        let grads = match dhidden {
+            Some(dh) => Some(head::HeadGrads { dx: dh.as_mut_slice(), dw: self.grad_of(lm_head.weight)? }),
+            None => None,
+        };
+        // GEMM, softmax cross-entropy and both gradient GEMMs in one op, blocked over the vocabulary.
+        self.loss_sum += head::linear_cross_entropy(hidden, wt, targets, d, vocab, weight, grads)?;
+        self.loss_rows += targets.iter().filter(|t| t.is_some()).count();
         Ok(())
     }
     fn take_loss(&mut self) -> Result<(f64, usize)> {

@@ -93,6 +93,46 @@ __device__ __forceinline__ float dot_row(const float* __restrict__ a, const floa
     return s;
 }
 
+// One query row's online softmax over keys first..last (inclusive): k, v rows `kstride` apart,
+// scores scale·q·k_j + ci − cj[j]; the row's output goes to orow[0..d) and its lse to *lse.
+__device__ void attend_row(const F32Params& p, const float* q, const float* kb, const float* vb, long long kstride,
+                           const float* cj, float ci, int first, int last, float* orow, float* lse) {
+    const int lane = threadIdx.x % 32, d = p.d;
+    float m = NEG_INF, l = 0.f;
+    float acc[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.f;
+    for (int j0 = first; j0 <= last; j0 += 32) {
+        const int j = j0 + lane;
+        float s = NEG_INF;
+        if (j <= last) s = p.scale * dot_row(q, kb + j * kstride, d) + (ci - cj[j]);
+        const float mnew = fmaxf(m, warp_max(s));  // finite: key j0 <= last is in the chunk
+        const float corr = expf(m - mnew);
+        const float e = (j <= last) ? expf(s - mnew) : 0.f;
+        l = l * corr + warp_sum(e);
+        const int n = min(32, last - j0 + 1);
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) acc[i] *= corr;
+        for (int jj = 0; jj < n; ++jj) {
+            const float ej = __shfl_sync(0xffffffffu, e, jj);
+            const float* vr = vb + (j0 + jj) * kstride;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const int c = lane + 32 * i;
+                if (c < d) acc[i] += ej * vr[c];
+            }
+        }
+        m = mnew;
+    }
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int c = lane + 32 * i;
+        if (c < d) orow[c] = acc[i] * inv;
+    }
+    if (lane == 0) *lse = m + logf(l);
+}
+
 // ---- forward: one warp per (b, h, query row), online softmax over chunks of 32 keys ----------
 // Each lane scores one key of the chunk (q from shared memory); the weighted sum of v rows is
 // then accumulated with lanes across D.
@@ -119,39 +159,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd(const F32Para
     const float* cb = p.c + (long long)bh * p.t;
     const float ci = cb[r];
     const int first = max(first_key(p, b, bh, r), key_start(p, b, r));
-    float m = NEG_INF, l = 0.f;
-    float acc[PER_LANE];
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.f;
-    for (int j0 = first; j0 <= r; j0 += 32) {
-        const int j = j0 + lane;
-        float s = NEG_INF;
-        if (j <= r) s = p.scale * dot_row(qs[warp], kb + j * kstride, d) + (ci - cb[j]);
-        const float mnew = fmaxf(m, warp_max(s));  // finite: key j0 <= r is in the chunk
-        const float corr = expf(m - mnew);
-        const float e = (j <= r) ? expf(s - mnew) : 0.f;
-        l = l * corr + warp_sum(e);
-        const int n = min(32, r - j0 + 1);
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) acc[i] *= corr;
-        for (int jj = 0; jj < n; ++jj) {
-            const float ej = __shfl_sync(0xffffffffu, e, jj);
-            const float* vr = vb + (j0 + jj) * kstride;
-#pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) {
-                const int c = lane + 32 * i;
-                if (c < d) acc[i] += ej * vr[c];
-            }
-        }
-        m = mnew;
-    }
-    const float inv = 1.f / l;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int c = lane + 32 * i;
-        if (c < d) p.o[rowoff + c] = acc[i] * inv;
-    }
-    if (lane == 0) p.lse[g] = m + logf(l);
+    attend_row(p, qs[warp], kb, vb, kstride, cb, ci, first, r, p.o + rowoff, p.lse + g);
 }
 
 // ---- backward pass 1: one warp per query row: delta = dO.O, dq, dcq (written to dc) ---------
@@ -346,37 +354,5 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd_cached(const 
     const float* cb = p.ck + (long long)bh * p.cap;
     const float ci = p.c[(long long)bh * p.t + r];
     const int first = max(first_key_cached(p, b, bh, r), st);
-    float m = NEG_INF, l = 0.f;
-    float acc[PER_LANE];
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.f;
-    for (int j0 = first; j0 <= pos; j0 += 32) {
-        const int j = j0 + lane;
-        float s = NEG_INF;
-        if (j <= pos) s = p.scale * dot_row(qs[warp], kb + (long long)j * d, d) + (ci - cb[j]);
-        const float mnew = fmaxf(m, warp_max(s));
-        const float corr = expf(m - mnew);
-        const float e = (j <= pos) ? expf(s - mnew) : 0.f;
-        l = l * corr + warp_sum(e);
-        const int n = min(32, pos - j0 + 1);
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) acc[i] *= corr;
-        for (int jj = 0; jj < n; ++jj) {
-            const float ej = __shfl_sync(0xffffffffu, e, jj);
-            const float* vr = vb + (long long)(j0 + jj) * d;
-#pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) {
-                const int c = lane + 32 * i;
-                if (c < d) acc[i] += ej * vr[c];
-            }
-        }
-        m = mnew;
-    }
-    const float inv = 1.f / l;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int c = lane + 32 * i;
-        if (c < d) p.o[rowoff + c] = acc[i] * inv;
-    }
-    if (lane == 0) p.lse[g] = m + logf(l);
+    attend_row(p, qs[warp], kb, vb, d, cb, ci, first, pos, p.o + rowoff, p.lse + g);
 }

@@ -1,28 +1,14 @@
 // Decoding with a KV cache on the GPU: appending a chunk to a layer's cache, the cache's part in
 // KV-shift and in the gate prefix sum, gathering each row's last position, and choosing the next
 // token (greedy, or temperature / top-k / top-p sampling) without a copy of the logits to the
-// host. Compiled alone by NVRTC: no headers.
+// host. Compiled by NVRTC after elem.cuh (no other headers).
 //
 // The cache of a layer: k, v [B, H, cap, D] (activation dtype), c [B, H, cap] (f32), and the last
 // unmixed k~, v~ of each row [B, H*D] for KV-shift. Chunks are [B, t, H, D] (projections) and
 // [B, H, t] (gate sums). Where a kernel takes `lenp`, the cached length is read from the device
 // (so that a captured CUDA graph replays every decode step); otherwise from `len`.
 
-typedef unsigned short u16;
 typedef unsigned long long u64;
-
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld(const u16* p, long long i) { return __uint_as_float(((unsigned)p[i]) << 16); }
-__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(u16* p, long long i, float v) {
-    unsigned u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        p[i] = (u16)((u >> 16) | 0x40);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    p[i] = (u16)(u >> 16);
-}
 
 __device__ __forceinline__ int cached_len(const int* lenp, int len) { return lenp != nullptr ? *lenp : len; }
 

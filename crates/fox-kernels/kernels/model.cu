@@ -1,23 +1,7 @@
 // Small kernels the model's CUDA backend needs beside kernels/ops.cu: in-place sigmoid and its
 // backward (KV-shift's mixing weights), and ACP thresholds from QK-norm weights on the device
 // (the weights change every step, so the bound is formed where they live, without a copy back).
-// Compiled alone by NVRTC: no headers.
-
-typedef unsigned short u16;
-
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld(const u16* p, long long i) { return __uint_as_float(((unsigned)p[i]) << 16); }
-__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(u16* p, long long i, float v) {
-    // round to nearest even; NaN stays NaN
-    unsigned u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        p[i] = (u16)((u >> 16) | 0x40);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    p[i] = (u16)(u >> 16);
-}
+// Compiled by NVRTC after elem.cuh (no other headers).
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 

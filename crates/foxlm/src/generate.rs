@@ -15,6 +15,21 @@ pub struct GenerateOptions {
     pub eos: Option<u32>,
 }
 
+/// Prompts of different lengths as one left-padded batch: ids [B, T] (T the longest, at least 1),
+/// T, and each row's first real position when any row is padded. Padding positions hold any valid
+/// id (the row's first); they are masked everywhere.
+pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<u32>, usize, Option<Vec<usize>>) {
+    let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0).max(1);
+    let start: Vec<usize> = prompts.iter().map(|p| t - p.len()).collect();
+    let mut ids = Vec::with_capacity(prompts.len() * t);
+    for (p, &s) in prompts.iter().zip(&start) {
+        ids.extend(std::iter::repeat_n(p.first().copied().unwrap_or(0), s));
+        ids.extend_from_slice(p);
+    }
+    let padded = start.iter().any(|&s| s > 0);
+    (ids, t, padded.then_some(start))
+}
+
 /// Generates continuations of `prompts` (any lengths, batched with left padding). `on_token(row,
 /// id)` sees each new token as it is chosen. Returns each row's new tokens.
 pub fn generate(
@@ -27,16 +42,7 @@ pub fn generate(
     if b == 0 {
         return vec![];
     }
-    let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0).max(1);
-    let start: Vec<usize> = prompts.iter().map(|p| t - p.len()).collect();
-    let padded = start.iter().any(|&s| s > 0);
-    // Padding positions hold any valid id; they are masked everywhere.
-    let mut ids = Vec::with_capacity(b * t);
-    for (p, &s) in prompts.iter().zip(&start) {
-        ids.extend(std::iter::repeat_n(p.first().copied().unwrap_or(0), s));
-        ids.extend_from_slice(p);
-    }
-    let start = padded.then_some(start);
+    let (ids, t, start) = left_pad(prompts);
     let mut cache = model.new_cache(b, t + opts.max_new_tokens, start.clone());
     let ctx = Ctx { batch: b, seq: t, start: start.clone() };
     let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut cache), false);

@@ -496,16 +496,7 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
             return Ok(vec![]);
         }
         self.check_batch(b)?;
-        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0).max(1);
-        let start: Vec<usize> = prompts.iter().map(|p| t - p.len()).collect();
-        let padded = start.iter().any(|&s| s > 0);
-        // Padding positions hold any valid id; they are masked everywhere.
-        let mut ids = Vec::with_capacity(b * t);
-        for (p, &s) in prompts.iter().zip(&start) {
-            ids.extend(std::iter::repeat_n(p.first().copied().unwrap_or(0), s));
-            ids.extend_from_slice(p);
-        }
-        let start = padded.then_some(start);
+        let (ids, t, start) = crate::generate::left_pad(prompts);
         let mut caches = self.caches(b, t + opts.max_new_tokens)?;
         self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_| {})?;
         self.decode(b, start.as_deref(), &mut caches, opts, on_token)

@@ -24,6 +24,8 @@ impl Source {
 }
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
+/// bf16/f32 loads and stores of the model's small kernels.
+const ELEM: &str = include_str!("../../kernels/elem.cuh");
 
 /// Forgetting Attention: forward, decode, backward; the wgmma forward (sm_90a only).
 pub static ATTENTION: Source = Source {
@@ -34,7 +36,7 @@ pub static ATTENTION: Source = Source {
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 
 /// Small kernels of the model's CUDA backend (in-place sigmoid, ACP from QK-norm weights).
-pub static MODEL: Source = Source { name: "model", files: &[include_str!("../../kernels/model.cu")] };
+pub static MODEL: Source = Source { name: "model", files: &[ELEM, include_str!("../../kernels/model.cu")] };
 /// The small operations of the training step (norms, KV-shift, RoPE, gates, SwiGLU, residuals,
 /// casts, embedding, cross-entropy, AdamW, sums of squares): see [`super::ops`].
 pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("../../kernels/ops.cu")] };
@@ -44,7 +46,7 @@ pub static ATTENTION_F32: Source =
     Source { name: "attention_f32", files: &[include_str!("../../kernels/attention_f32.cu")] };
 
 /// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling.
-pub static DECODE: Source = Source { name: "decode", files: &[include_str!("../../kernels/decode.cu")] };
+pub static DECODE: Source = Source { name: "decode", files: &[ELEM, include_str!("../../kernels/decode.cu")] };
 
 pub static SOURCES: [&Source; 6] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE];
 

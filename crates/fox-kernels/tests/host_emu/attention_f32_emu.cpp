@@ -2,7 +2,8 @@
 // reference of the CPU attention's definition: causal, left padding, grouped-query attention
 // (query head h reads k/v head h / (H / Hkv); dk, dv summed over the group), a sliding window
 // (keys r - w < j <= r), and ACP's tile skipping replayed as the CPU tiles it (blocks of 32 query
-// rows, tiles of 64 keys). Tolerance 1e-5 relative L2 (f32 against f64 on O(100) terms).
+// rows, tiles of 64 keys); and decoding: a chunk of rows against a [B, H, cap, D] cache
+// (fox32_fwd_cached). Tolerance 1e-5 relative L2 (f32 against f64 on O(100) terms).
 #include "mock.h"
 #include "../../kernels/attention_f32.cu"
 
@@ -45,6 +46,7 @@ int main() {
         {"window 2 T=65 d32 left padding", 2, 2, 2, 65, 32, 2, {3, 0}, 0.f},
         {"window 100 >= T T=50 d8", 1, 2, 2, 50, 8, 100, {}, 0.f},
         {"GQA H=4 Hkv=2 window 100 ACP delta=-2 T=140", 1, 4, 2, 140, 16, 100, {20}, -2.f},
+        {"MHA H=3 T=70 d24 left padding (and decoding)", 2, 3, 3, 70, 24, 0, {0, 11}, 0.f},
     };
     for (const Case& cs : cases) {
         const int B = cs.b, H = cs.h, HK = cs.hkv, T = cs.t, D = cs.d, W = cs.w, G = H / HK;
@@ -160,6 +162,59 @@ int main() {
         cmp("dk", cs.name, dk, dk_r, 1e-5);
         cmp("dv", cs.name, dv, dv_r, 1e-5);
         cmp("dc", cs.name, dc, dc_r, 1e-4);
+
+        // Decoding (multi-head, no window, no ACP): the last `tq` rows as a chunk against a cache
+        // [B, H, cap, D] holding every position, must give the full forward's rows.
+        if (HK == H && W == 0 && cs.delta == 0.f) {
+            const int tq = 5, cap = T + 3, q0 = T - tq;
+            std::vector<float> kc((size_t)B * H * cap * D, 0.f), vc(kc.size(), 0.f), cc((size_t)B * H * cap, 0.f);
+            std::vector<float> qq((size_t)B * tq * H * D), cq((size_t)B * H * tq);
+            for (int b = 0; b < B; ++b)
+                for (int h = 0; h < H; ++h) {
+                    for (int t = 0; t < T; ++t) {
+                        for (int e = 0; e < D; ++e) {
+                            kc[(((size_t)b * H + h) * cap + t) * D + e] = k[((size_t)(b * T + t) * H + h) * D + e];
+                            vc[(((size_t)b * H + h) * cap + t) * D + e] = v[((size_t)(b * T + t) * H + h) * D + e];
+                        }
+                        cc[((size_t)b * H + h) * cap + t] = c[((size_t)b * H + h) * T + t];
+                    }
+                    for (int r = 0; r < tq; ++r) {
+                        cq[((size_t)b * H + h) * tq + r] = c[((size_t)b * H + h) * T + q0 + r];
+                        for (int e = 0; e < D; ++e)
+                            qq[(((size_t)b * tq + r) * H + h) * D + e] = q[(((size_t)b * T + q0 + r) * H + h) * D + e];
+                    }
+                }
+            std::vector<float> oc(qq.size()), lc(cq.size());
+            std::vector<double> oc_r(oc.size()), lc_r(lc.size());
+            for (int b = 0; b < B; ++b)
+                for (int h = 0; h < H; ++h)
+                    for (int r = 0; r < tq; ++r) {
+                        lc_r[((size_t)b * H + h) * tq + r] = lse_r[((size_t)b * H + h) * T + q0 + r];
+                        for (int e = 0; e < D; ++e)
+                            oc_r[(((size_t)b * tq + r) * H + h) * D + e] = o_r[(((size_t)b * T + q0 + r) * H + h) * D + e];
+                    }
+            F32Params pc{};
+            pc.q = qq.data();
+            pc.k = kc.data();
+            pc.v = vc.data();
+            pc.c = cq.data();
+            pc.ck = cc.data();
+            pc.start = start.empty() ? nullptr : start.data();
+            pc.o = oc.data();
+            pc.lse = lc.data();
+            pc.b = B;
+            pc.h = H;
+            pc.t = tq;
+            pc.d = D;
+            pc.scale = scale;
+            pc.hkv = H;
+            pc.q_pos0 = q0;
+            pc.cap = cap;
+            const unsigned crow = (unsigned)(B * H * tq);
+            launch({(crow + WARPS - 1) / WARPS, 1, 1}, WARPS * 32, [&] { fox32_fwd_cached(pc); });
+            cmp("o (cached)", cs.name, oc, oc_r, 1e-5);
+            cmp("lse (cached)", cs.name, lc, lc_r, 1e-5);
+        }
     }
     printf("%d failures\n", fails);
     return fails != 0;

@@ -58,6 +58,13 @@ fn main() {
         Command::Tokenizer(a) => cli::tokenizer::run(a),
     };
     if let Err(e) = res {
+        // The reader of our output went away (`foxlm ... | head`): stop quietly, as Unix tools do.
+        let broken_pipe = e
+            .chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe));
+        if broken_pipe {
+            std::process::exit(0);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

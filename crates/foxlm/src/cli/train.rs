@@ -184,9 +184,14 @@ pub fn run_config(a: &Args) -> Result<Option<RunConfig>> {
 
 pub fn run(a: Args) -> Result<()> {
     if a.list_presets {
-        for n in presets::names() {
+        use std::io::Write;
+        let names = presets::names();
+        let w = names.iter().map(|n| n.len()).max().unwrap_or(0);
+        let mut out = std::io::stdout().lock();
+        for n in names {
             let p = presets::preset(&n)?;
-            println!("{n:<24} {}", p.description);
+            // A closed pipe (`| head`) ends the listing quietly (see main).
+            writeln!(out, "{n:<w$}  {}", p.description)?;
         }
         return Ok(());
     }

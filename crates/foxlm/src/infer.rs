@@ -288,7 +288,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         };
         let lm_head = self.model.lm_head;
         let hd = self.model.config.head_dim();
-        let graphs = self.graphs && T::NAME == "bf16" && (hd == 64 || hd == 128);
+        let mut graphs = self.graphs && T::NAME == "bf16" && (hd == 64 || hd == 128);
         let mut graph: Option<CudaGraph> = None;
         let mut len = caches.first().map_or(0, |c| c.len);
         let mut out = vec![Vec::new(); b];
@@ -304,35 +304,34 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 } else if let Some(g) = &graph {
                     g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
                     len += 1;
-                } else if graphs && step >= 2 {
-                    // Capture one step (its kernels are compiled and its buffers exist by now).
-                    let info = BatchInfo { batch: b, seq: 1, start, past: len };
-                    self.be.prepare(&mut self.batch, &info, &next, None)?;
-                    self.be.begin_device_positions(len)?;
-                    let stream = self.be.gpu.stream().clone();
-                    stream
-                        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                        .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
-                    let captured = (|| -> Result<()> {
-                        self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
-                        self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-                        // Advance first: the sampler's random stream is keyed by the new length.
-                        self.be.advance_positions(&mut self.batch)?;
-                        self.be.sample(&mut self.chosen, Some(&mut self.batch), b, &s, len + 1)
-                    })();
-                    let g = stream.end_capture(CUgraphInstantiate_flags(0));
-                    captured?;
-                    let g = g
-                        .map_err(|e| anyhow!("instantiating the decode step's CUDA graph: {e:?}"))?
-                        .ok_or_else(|| anyhow!("the decode step's CUDA graph is empty"))?;
-                    g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
-                    graph = Some(g);
-                    len += 1;
                 } else {
-                    self.forward(&next, b, 1, start, None, Some(&mut *caches), true)?;
-                    len += 1;
-                    self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-                    self.be.sample(&mut self.chosen, None, b, &s, len)?;
+                    let mut stepped = false;
+                    if graphs && step >= 2 {
+                        // Capture one step (its kernels are compiled and its buffers exist by now).
+                        match self.capture_step(b, start, len, &next, caches, &s) {
+                            Ok(g) => {
+                                g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
+                                graph = Some(g);
+                                len += 1;
+                                stepped = true;
+                            }
+                            Err(e) => {
+                                // Nothing ran: go on launching each operation from the host.
+                                eprintln!("warning: decoding without CUDA graphs: {e:#}");
+                                graphs = false;
+                                self.be.end_device_positions()?;
+                                for c in caches.iter_mut() {
+                                    c.len = len;
+                                }
+                            }
+                        }
+                    }
+                    if !stepped {
+                        self.forward(&next, b, 1, start, None, Some(&mut *caches), true)?;
+                        len += 1;
+                        self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+                        self.be.sample(&mut self.chosen, None, b, &s, len)?;
+                    }
                 }
                 self.be
                     .gpu
@@ -367,6 +366,39 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         result?;
         device_len?;
         Ok(out)
+    }
+
+    /// Captures one decode step of the tokens `next` at cached length `len` as a CUDA graph
+    /// (forward, head, position update, sampling), leaving the cache kernels reading the length
+    /// from the device. Nothing runs until the graph is launched.
+    fn capture_step(
+        &mut self,
+        b: usize,
+        start: Option<&[usize]>,
+        len: usize,
+        next: &[u32],
+        caches: &mut [GpuCache<T>],
+        s: &DeviceSampling,
+    ) -> Result<CudaGraph> {
+        let lm_head = self.model.lm_head;
+        let info = BatchInfo { batch: b, seq: 1, start, past: len };
+        self.be.prepare(&mut self.batch, &info, next, None)?;
+        self.be.begin_device_positions(len)?;
+        let stream = self.be.gpu.stream().clone();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
+        let captured = (|| -> Result<()> {
+            self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
+            self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+            // Advance first: the sampler's random stream is keyed by the new length.
+            self.be.advance_positions(&mut self.batch)?;
+            self.be.sample(&mut self.chosen, Some(&mut self.batch), b, s, len + 1)
+        })();
+        let g = stream.end_capture(CUgraphInstantiate_flags(0));
+        captured?;
+        g.map_err(|e| anyhow!("instantiating the decode step's CUDA graph: {e:?}"))?
+            .ok_or_else(|| anyhow!("the decode step's CUDA graph is empty"))
     }
 
     /// [`Infer::generate`] timed for `foxlm bench decode`: the prefill and the decode separately

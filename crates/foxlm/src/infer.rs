@@ -251,8 +251,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let chunk = self.plan.chunk;
         if let Some(s) = start {
             let most = s.iter().copied().max().unwrap_or(0);
+            // Padding must end inside the first chunk (later chunks continue real positions).
             ensure!(
-                most < chunk,
+                t <= chunk || most < chunk,
                 "left padding of {most} positions exceeds a prefill chunk of {chunk}: batch prompts of closer lengths"
             );
         }
@@ -288,7 +289,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         };
         let lm_head = self.model.lm_head;
         let hd = self.model.config.head_dim();
-        let mut graphs = self.graphs && T::NAME == "bf16" && (hd == 64 || hd == 128);
+        // Not with ACP: its thresholds depend on the cached length, which a graph would freeze.
+        let acp = self.model.config.log_pruning_tolerance.is_some();
+        let mut graphs = self.graphs && !acp && T::NAME == "bf16" && (hd == 64 || hd == 128);
         let mut graph: Option<CudaGraph> = None;
         let mut len = caches.first().map_or(0, |c| c.len);
         let mut out = vec![Vec::new(); b];
@@ -407,8 +410,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     pub fn timed_generate(&mut self, prompts: &[Vec<u32>], opts: &GenerateOptions, profile: bool) -> Result<Timed> {
         let b = prompts.len();
         self.check_batch(b)?;
-        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
-        ensure!(prompts.iter().all(|p| p.len() == t), "timed prompts must have equal lengths");
+        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        ensure!(t >= 1 && prompts.iter().all(|p| p.len() == t), "timed prompts must be non-empty and equally long");
         let ids: Vec<u32> = prompts.iter().flatten().copied().collect();
         let mut caches = self.caches(b, t + opts.max_new_tokens)?;
         self.be.gpu.sync()?;

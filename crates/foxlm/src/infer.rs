@@ -237,8 +237,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         (0..b).flat_map(|r| ids[r * total + p0..r * total + p0 + t].iter().copied()).collect()
     }
 
-    /// Prefills left-padded prompts `ids` [b, t] through `caches`, a chunk at a time; the hidden
-    /// states of the last chunk stay in `acts`. Returns the last chunk's length.
+    /// Prefills left-padded prompts `ids` [b, t] through `caches`, a chunk at a time, calling
+    /// `each(self, first position, length)` after each chunk's forward; the hidden states of the
+    /// last chunk stay in `acts`.
     fn prefill(
         &mut self,
         ids: &[u32],
@@ -246,8 +247,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         t: usize,
         start: Option<&[usize]>,
         caches: &mut [GpuCache<T>],
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<usize> {
+        each: &mut dyn FnMut(&mut Self, usize, usize) -> Result<()>,
+    ) -> Result<()> {
         let chunk = self.plan.chunk;
         if let Some(s) = start {
             let most = s.iter().copied().max().unwrap_or(0);
@@ -258,16 +259,14 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             );
         }
         let mut p0 = 0;
-        let mut last = 0;
         while p0 < t {
             let tc = chunk.min(t - p0);
             let cid = Self::chunk_ids(ids, b, t, p0, tc);
-            self.forward(&cid, b, tc, start, None, Some(caches), false)?;
+            self.forward(&cid, b, tc, start, None, Some(&mut *caches), false)?;
+            each(self, p0, tc)?;
             p0 += tc;
-            last = tc;
-            progress(tc);
         }
-        Ok(last)
+        Ok(())
     }
 
     /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`
@@ -416,7 +415,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let mut caches = self.caches(b, t + opts.max_new_tokens)?;
         self.be.gpu.sync()?;
         let t0 = std::time::Instant::now();
-        self.prefill(&ids, b, t, None, &mut caches, &mut |_| {})?;
+        self.prefill(&ids, b, t, None, &mut caches, &mut |_, _, _| Ok(()))?;
         self.be.gpu.sync()?;
         let prefill_s = t0.elapsed().as_secs_f64();
         let graphs = self.graphs;
@@ -441,7 +440,10 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<u32>> {
         let mut caches = self.caches(1, prompt.len() + max_new)?;
-        self.prefill(prompt, 1, prompt.len(), None, &mut caches, progress)?;
+        self.prefill(prompt, 1, prompt.len(), None, &mut caches, &mut |_, _, tc| {
+            progress(tc);
+            Ok(())
+        })?;
         let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
         Ok(self.decode(1, None, &mut caches, &opts, &mut |_, _| {})?.pop().unwrap_or_default())
     }
@@ -466,20 +468,13 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         // Longer than a chunk: through a cache, chunk by chunk, into [B, T, V].
         let mut caches = self.caches(b, t)?;
         let mut out = vec![0f32; b * t * v];
-        let mut p0 = 0;
-        if let Some(s) = start {
-            ensure!(s.iter().all(|&x| x < self.plan.chunk), "left padding longer than a chunk of {}", self.plan.chunk);
-        }
-        while p0 < t {
-            let tc = self.plan.chunk.min(t - p0);
-            let cid = Self::chunk_ids(ids, b, t, p0, tc);
-            self.forward(&cid, b, tc, start, None, Some(&mut caches), false)?;
-            let l = self.be.logits(&self.acts.final_out, &lm_head, b * tc)?;
+        self.prefill(ids, b, t, start, &mut caches, &mut |e, p0, tc| {
+            let l = e.be.logits(&e.acts.final_out, &lm_head, b * tc)?;
             for r in 0..b {
                 out[(r * t + p0) * v..(r * t + p0 + tc) * v].copy_from_slice(&l[r * tc * v..(r + 1) * tc * v]);
             }
-            p0 += tc;
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -533,7 +528,7 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         self.check_batch(b)?;
         let (ids, t, start) = crate::generate::left_pad(prompts);
         let mut caches = self.caches(b, t + opts.max_new_tokens)?;
-        self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_| {})?;
+        self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_, _, _| Ok(()))?;
         self.decode(b, start.as_deref(), &mut caches, opts, on_token)
     }
 

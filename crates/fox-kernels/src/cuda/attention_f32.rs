@@ -277,11 +277,27 @@ pub fn backward_f32(
     dv: &mut CudaSlice<f32>,
     dc: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    // freed when this returns, stream-ordered: after the kernels that use it
-    let mut delta = gpu.zeros::<f32>(b * h * t)?;
-    let opts = AttnOptions::default();
-    backward_f32_scratch(
-        gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,
+    backward_f32_opts(
+        gpu,
+        b,
+        h,
+        t,
+        d,
+        AttnOptions::default(),
+        q,
+        k,
+        v,
+        c,
+        start,
+        scale,
+        prune,
+        o,
+        dout,
+        lse,
+        dq,
+        dk,
+        dv,
+        dc,
     )
 }
 
@@ -310,6 +326,7 @@ pub fn backward_f32_opts(
     dv: &mut CudaSlice<f32>,
     dc: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    // freed when this returns, stream-ordered: after the kernels that use it
     let mut delta = gpu.zeros::<f32>(b * h * t)?;
     backward_f32_scratch(
         gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,

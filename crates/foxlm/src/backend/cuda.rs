@@ -422,8 +422,7 @@ impl<T: Elem> Cuda<T> {
     /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
     fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
         let f = self.gpu.function(&MODEL, name)?;
-        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = grid(n);
         let n = n as i64;
         let mut b = self.gpu.stream().launch_builder(&f);
         b.arg(&p1);
@@ -487,6 +486,13 @@ pub fn padded_vocab(vocab: usize) -> usize {
 /// Rows of the output head per chunk: about 64 M logits at a time.
 fn head_chunk_rows(vocab_pad: usize, rows: usize) -> usize {
     ((1usize << 26) / vocab_pad.max(1)).clamp(1, rows.max(1))
+}
+
+/// A grid-stride launch of 256-thread blocks over n elements (the small kernels of model.cu and
+/// decode.cu).
+fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// Host data into the start of a (possibly longer) device buffer.
@@ -1033,6 +1039,8 @@ impl<T: Elem> Backend for Cuda<T> {
             return ops::add_inplace::<f32>(&self.gpu, g.dc, &self.dck, m);
         }
         let start = self.start(b);
+        // The f32 kernel's delta scratch is the one planned for the fast kernels (B·H·T).
+        let opts = ga::AttnOptions::default();
         match self.f32_attn.as_mut() {
             None => {
                 let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
@@ -1041,17 +1049,56 @@ impl<T: Elem> Backend for Cuda<T> {
                 let dq = as_f32_mut(g.dq).ok_or_else(err)?;
                 let dk = as_f32_mut(g.dk).ok_or_else(err)?;
                 let dv = as_f32_mut(g.dv).ok_or_else(err)?;
-                attention_f32::backward_f32(
-                    &self.gpu, bb, heads, t, head_dim, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, g.dc,
+                attention_f32::backward_f32_scratch(
+                    &self.gpu,
+                    bb,
+                    heads,
+                    t,
+                    head_dim,
+                    opts,
+                    q,
+                    k,
+                    v,
+                    c,
+                    start,
+                    scale,
+                    prune,
+                    o,
+                    dout,
+                    lse,
+                    dq,
+                    dk,
+                    dv,
+                    g.dc,
+                    &mut self.delta,
                 )
             }
             Some(f) => {
                 for (dst, src) in [(&mut f.q, q), (&mut f.k, k), (&mut f.v, v), (&mut f.o, o), (&mut f.dout, dout)] {
                     ops::cast_to_f32(&self.gpu, dst, src, n)?;
                 }
-                attention_f32::backward_f32(
-                    &self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &f.o, &f.dout, lse,
-                    &mut f.dq, &mut f.dk, &mut f.dv, g.dc,
+                attention_f32::backward_f32_scratch(
+                    &self.gpu,
+                    bb,
+                    heads,
+                    t,
+                    head_dim,
+                    opts,
+                    &f.q,
+                    &f.k,
+                    &f.v,
+                    c,
+                    start,
+                    scale,
+                    prune,
+                    &f.o,
+                    &f.dout,
+                    lse,
+                    &mut f.dq,
+                    &mut f.dk,
+                    &mut f.dv,
+                    g.dc,
+                    &mut self.delta,
                 )?;
                 ops::cast_from_f32(&self.gpu, g.dq, &f.dq, n)?;
                 ops::cast_from_f32(&self.gpu, g.dk, &f.dk, n)?;

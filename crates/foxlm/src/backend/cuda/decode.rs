@@ -1,7 +1,7 @@
 //! Inference on the CUDA backend: the decode cache (kernels/decode.cu), attention of a chunk
 //! against it, the output head's logits without a loss, and choosing tokens on the device.
 
-use super::{bf16, dtod, fast_attention_dims, words, Cuda, Family, GpuBatch, GpuCache};
+use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache};
 use crate::backend::Tiles;
 use crate::model::{Linear, Model};
 use anyhow::{anyhow, ensure, Result};
@@ -17,11 +17,6 @@ pub struct DeviceSampling {
     pub top_k: usize,
     pub top_p: f32,
     pub seed: u64,
-}
-
-fn grid(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// dst [b, w] = src [b, t, w] at position t − 1.
@@ -74,11 +69,6 @@ impl<T: Elem> Cuda<T> {
             .collect()
     }
 
-    fn p<U>(&self, s: &CudaSlice<U>) -> u64 {
-        let (p, _g) = s.device_ptr(self.gpu.stream());
-        p
-    }
-
     pub(super) fn last_rows(
         &self,
         dst: &mut CudaSlice<T>,
@@ -108,7 +98,7 @@ impl<T: Elem> Cuda<T> {
             "kv_shift_prev: buffers too short"
         );
         let f = self.gpu.function(&DECODE, &format!("fox_kv_shift_prev_{}", T::NAME))?;
-        let (po, px, pa, pp) = (self.p(out), self.p(x), self.p(alpha), self.p(prev));
+        let (po, px, pa, pp) = (self.dptr(out), self.dptr(x), self.dptr(alpha), self.dptr(prev));
         let (bi, ti, hi, di) = (i32_of(bb, "batch")?, i32_of(t, "positions")?, heads as i32, head_dim as i32);
         let (lenp, len) = (self.lenp(), i32_of(len, "cache length")?);
         let mut l = self.gpu.stream().launch_builder(&f);
@@ -128,7 +118,7 @@ impl<T: Elem> Cuda<T> {
         let (bh, t) = (b.batch * heads, b.seq);
         ensure!(c.len() >= bh * t && cache.c.len() >= bh * cache.cap, "cache_c_offset: buffers too short");
         let f = self.gpu.function(&DECODE, "fox_cache_c_offset")?;
-        let (pc, pcc) = (self.p(c), self.p(&cache.c));
+        let (pc, pcc) = (self.dptr(c), self.dptr(&cache.c));
         let (bhi, ti, capi) = (i32_of(bh, "batch × heads")?, i32_of(t, "positions")?, i32_of(cache.cap, "cache")?);
         let (lenp, len) = (self.lenp(), cache.len as i32);
         let mut l = self.gpu.stream().launch_builder(&f);
@@ -168,8 +158,8 @@ impl<T: Elem> Cuda<T> {
         ensure!(k.len() >= n && v.len() >= n && c.len() >= bb * heads * t, "attention_cached: chunk buffers too short");
         {
             let f = self.gpu.function(&DECODE, &format!("fox_cache_append_{}", T::NAME))?;
-            let (pk, pv, pc) = (self.p(&cache.k), self.p(&cache.v), self.p(&cache.c));
-            let (sk, sv, sc) = (self.p(k), self.p(v), self.p(c));
+            let (pk, pv, pc) = (self.dptr(&cache.k), self.dptr(&cache.v), self.dptr(&cache.c));
+            let (sk, sv, sc) = (self.dptr(k), self.dptr(v), self.dptr(c));
             let (bi, ti, hi, di) = (bb as i32, i32_of(t, "positions")?, heads as i32, head_dim as i32);
             let (capi, lenp, len) = (cap as i32, self.lenp(), past as i32);
             let mut l = self.gpu.stream().launch_builder(&f);
@@ -335,17 +325,17 @@ impl<T: Elem> Cuda<T> {
         self.mark(Family::CrossEntropy)?;
         ensure!(out.len() >= rows && rows <= self.head_rows, "sample: {rows} rows do not fit");
         let f = self.gpu.function(&DECODE, "fox_sample")?;
-        let po = self.p(out);
+        let po = self.dptr(out);
         let pn = match next {
             Some(b) => {
                 ensure!(b.ids.len() >= rows, "sample: the next batch holds fewer than {rows} ids");
                 b.batch = rows;
                 b.seq = 1;
-                self.p(&b.ids)
+                self.dptr(&b.ids)
             }
             None => 0,
         };
-        let pl = self.p(&self.head_logits);
+        let pl = self.dptr(&self.head_logits);
         let (vocab, ld) = (self.vocab as i32, self.vocab_pad as i32);
         let (temp, k, top_p, seed) = (s.temperature, s.top_k.min(i32::MAX as usize) as i32, s.top_p, s.seed);
         // The random stream is keyed by (seed, cached length, row): the same in both decode modes.
@@ -360,7 +350,7 @@ impl<T: Elem> Cuda<T> {
     }
 
     fn lenp(&self) -> u64 {
-        self.decode_pos.as_ref().map_or(0, |c| self.p(c))
+        self.decode_pos.as_ref().map_or(0, |c| self.dptr(c))
     }
 
     /// From here on the cache kernels, the decode kernel and the sampler read the cached length
@@ -382,7 +372,7 @@ impl<T: Elem> Cuda<T> {
     pub fn advance_positions(&mut self, b: &mut GpuBatch) -> Result<()> {
         let lp = self.decode_pos.as_ref().ok_or_else(|| anyhow!("no device-side positions"))?;
         let f = self.gpu.function(&DECODE, "fox_decode_advance")?;
-        let (pl, pp, bi) = (self.p(lp), self.p(&b.positions), i32_of(b.batch, "batch")?);
+        let (pl, pp, bi) = (self.dptr(lp), self.dptr(&b.positions), i32_of(b.batch, "batch")?);
         ensure!(b.positions.len() >= b.batch, "positions too short");
         let mut l = self.gpu.stream().launch_builder(&f);
         l.arg(&pl).arg(&pp).arg(&bi);

@@ -20,6 +20,7 @@ case $size in
 esac
 "$FL" bench decode --preset "fox-pro-$size,transformer-llama-$size" --batch 1,32 --json "$OUT/foxlm-$size.json"
 "$FL" bench decode --preset "fox-pro-$size" --batch 1 --no-graphs --repeats 1 --json "$OUT/foxlm-$size-nographs.json"
+"$FL" bench decode --preset "fox-pro-$size" --batch 1 --unfused --repeats 1 --json "$OUT/foxlm-$size-unfused.json"
 for m in transformer fox; do
     python3 bench/decode_reference.py --model $m --size "$size" --batch 1 --json "$OUT/ref-$m-$size.json"
     python3 bench/decode_reference.py --model $m --size "$size" --batch 32 --json "$OUT/ref-$m-$size-b32.json"

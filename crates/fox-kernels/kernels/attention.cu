@@ -219,11 +219,32 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
     }
 }
 
+// Query row r of (b, h), channel d: the splits' partials merged in split order; ml holds the
+// splits' (m, l) pairs of the row. Partials are read past L1 (other blocks wrote them).
+template <int D, bool BF>
+__device__ __forceinline__ void combine_row(const AttnParams& p, int bh, int r, int d, const float* ml) {
+    const int b = bh / p.H, h = bh % p.H;
+    const long long stride = (long long)p.B * p.H * 16;
+    float M = NEG_INF;
+    for (int s = 0; s < p.splits; ++s) M = fmaxf(M, ml[2 * s]);
+    const float Mu = M == NEG_INF ? 0.f : M;
+    float L = 0.f, acc = 0.f;
+#pragma unroll 16
+    for (int s = 0; s < p.splits; ++s) {
+        const float wt = exp2f(ml[2 * s] - Mu);
+        L += ml[2 * s + 1] * wt;
+        acc += __ldcg(p.part_o + ((long long)s * stride + bh * 16 + r) * D + d) * wt;
+    }
+    const float o = L > 0.f ? acc / L : 0.f;
+    p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = (u16)(pack2<BF>(o, 0.f) & 0xffffu);
+    if (d == 0) p.lse[(long long)bh * p.tq + r] = L > 0.f ? M * LN2 + logf(L) : NEG_INF;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode (tq <= 16 query rows against a long cache), split over the keys: grid (splits, B*H),
 // 128 threads. Each 64-key tile is shared by the CTA; warp w takes its keys 16w..16w+15, so the
 // four warps run four independent online softmaxes that are merged in shared memory, and each
-// split writes an unnormalised partial (o, m, l) that decode_combine merges.
+// split writes an unnormalised partial (o, m, l); the last split of a (b, h) to finish merges them.
 // ---------------------------------------------------------------------------------------------
 template <int D, bool BF>
 __device__ __forceinline__ void decode_impl(const AttnParams& p) {
@@ -334,7 +355,8 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     }
     __syncthreads();
     const long long pbase = ((long long)split * p.B * p.H + bh) * 16;
-    for (int idx = tid; idx < 16 * D; idx += NTH) {
+    // only the real query rows: the merge below waits for these stores
+    for (int idx = tid; idx < p.tq * D; idx += NTH) {
         const int r = idx / D, d = idx % D;
         float M = NEG_INF;
 #pragma unroll
@@ -353,29 +375,31 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
             p.part_ml[(pbase + r) * 2 + 1] = L;
         }
     }
-}
 
-// grid (B*H), D threads: merge the splits of each query row.
-template <int D, bool BF>
-__device__ __forceinline__ void decode_combine_impl(const AttnParams& p) {
-    const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
-    const int d = threadIdx.x;
+    // The last split of (b, h) to finish merges them all, in split order whatever the order of
+    // finishing (so the result does not depend on timing), and re-arms the counter: at batch 1 a
+    // separate combine kernel would cost a launch and a dependent round trip per layer.
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(p.sem + bh, 1u) == (unsigned)(p.splits - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    float* sml = (float*)smem_raw;  // [tq][splits][2]: the tiles are done with
     const long long stride = (long long)p.B * p.H * 16;
-    for (int r = 0; r < p.tq; ++r) {
-        float M = NEG_INF;
-        for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.part_ml[((long long)s * stride + bh * 16 + r) * 2]);
-        const float Mu = M == NEG_INF ? 0.f : M;
-        float L = 0.f, acc = 0.f;
-        for (int s = 0; s < p.splits; ++s) {
-            const long long pr = (long long)s * stride + bh * 16 + r;
-            const float wt = exp2f(p.part_ml[pr * 2] - Mu);
-            L += p.part_ml[pr * 2 + 1] * wt;
-            acc += p.part_o[pr * D + d] * wt;
-        }
-        const float o = L > 0.f ? acc / L : 0.f;
-        p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = (u16)(pack2<BF>(o, 0.f) & 0xffffu);
-        if (d == 0) p.lse[(long long)bh * p.tq + r] = L > 0.f ? M * LN2 + logf(L) : NEG_INF;
+    for (int i = tid; i < p.tq * p.splits; i += NTH) {
+        const int r = i / p.splits, s = i % p.splits;
+        const long long pr = (long long)s * stride + bh * 16 + r;
+        sml[2 * i] = __ldcg(p.part_ml + pr * 2);
+        sml[2 * i + 1] = __ldcg(p.part_ml + pr * 2 + 1);
     }
+    __syncthreads();
+    for (int idx = tid; idx < p.tq * D; idx += NTH) {
+        const int r = idx / D;
+        combine_row<D, BF>(p, bh, r, idx % D, sml + 2 * r * p.splits);
+    }
+    if (tid == 0) p.sem[bh] = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -824,7 +848,6 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
     FOX_ENTRY(fox_fwd_d##D##_##TY, fwd_impl, FWD_LB(D), D, BF, 8)                      \
     FOX_ENTRY(fox_fwdw4_d##D##_##TY, fwd_impl, FWD4_LB(D), D, BF, 4)                   \
     FOX_DECODE_ENTRY(fox_decode_d##D##_##TY, decode_impl, 128, D, BF)            \
-    FOX_ENTRY(fox_decode_combine_d##D##_##TY, decode_combine_impl, D, D, BF)     \
     FOX_ENTRY(fox_bwd_delta_d##D##_##TY, bwd_delta_impl, 256, D, BF)             \
     FOX_ENTRY(fox_bwd_dq_d##D##_##TY, bwd_dq_impl, 256, D, BF)                   \
     FOX_ENTRY(fox_bwd_dkdv_d##D##_##TY, bwd_dkdv_impl, 256, D, BF, BQB)

@@ -53,6 +53,8 @@ struct AttnParams {
     int window;        // sliding window w > 0: position i sees keys i - w < j <= i; 0: off
     // decode: q_pos0 read from the device when set (a captured CUDA graph replays every step)
     const int* q_pos0_dev;
+    // decode: one arrival counter per (b, h), zero between launches (the last split re-arms it)
+    unsigned* sem;
 };
 
 // The k/v head that query head h reads.

@@ -95,6 +95,172 @@ extern "C" __global__ void fox_cache_c_offset(float* c, const float* cc, int BH,
     cache_c_offset(c, cc, BH, t, cap, lenp, len);
 }
 
+// ---- a fused decode step ------------------------------------------------------------------------
+// One position per row against the cache, with a layer's seven input projections done as one
+// GEMM into p [B, ldp] (f32, the stacked weights' outputs side by side at the offsets below; -1:
+// the projection is absent). One block per (row, head), one thread per channel. Each value is
+// rounded to T where the op-by-op path stores it in T, so bf16 decoding rounds as the chunked
+// forward does. The cached length comes from `lenp` when set (CUDA graphs), else from `len`.
+
+struct DecodeIn {
+    const float* p;
+    void* q;            // [B, H, D] out: q after QK-norm and RoPE
+    float* c;           // [B, H] out: the query's gate sum
+    void* kc;           // cache [B, H, cap, D]: k, v and c at the cached length
+    void* vc;
+    float* cc;
+    void* k_shift;      // [B, H, D]: the previous unmixed k~, v~ (read, then replaced)
+    void* v_shift;
+    const float* q_norm;  // QK-norm weights [groups, D] (null: no QK-norm)
+    const float* k_norm;
+    const float* fgate_bias;  // [H] (null: no forget gate)
+    const int* positions;     // RoPE position of each row [B]
+    const int* lenp;
+    double rope_base;  // 0: no RoPE
+    int ldp, q_off, k_off, ks_off, v_off, vs_off, f_off;
+    int B, H, D, cap, len, qn_groups, kn_groups;
+    float qk_eps;
+};
+
+// Sums over the block of two values, returned to every thread (blockDim.x a multiple of 32).
+__device__ float2 block_sum2(float2 v, float2* sh) {
+    for (int s = 16; s > 0; s >>= 1) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, s);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, s);
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float2 t = make_float2(0.f, 0.f);
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        t.x += sh[w].x;
+        t.y += sh[w].y;
+    }
+    return t;
+}
+
+// KV-shift of one channel: a * prev + (1 - a) * x with a = sigmoid(gate logit), from the raw
+// projection x and gate logit (rounded to T first, as the op-by-op path stores them).
+template <typename T>
+__device__ float shift_mix(float x, float gate, float prev) {
+    const float a = round_to<T>(sigmoidf_(round_to<T>(gate)));
+    return round_to<T>(a * prev + (1.f - a) * round_to<T>(x));
+}
+
+// RoPE of channel i of a head held in sh [D] (as ops.cu's rope_apply).
+__device__ float rope_channel(const float* sh, int i, int D, int pos, double base) {
+    const int half = D / 2;
+    const int c = i < half ? i : i - half;
+    const double inv_freq = 1.0 / pow(base, 2.0 * (double)c / (double)D);
+    const float ang = (float)pos * (float)inv_freq;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    const float sn = (float)sd, cs = (float)cd;
+    const float a = sh[c], b = sh[c + half];
+    return i < half ? a * cs - b * sn : b * cs + a * sn;
+}
+
+// The kernel is a chain of dependent steps at batch 1, so every load that depends on no other is
+// issued first and the gate (thread 0) runs before the norms.
+template <typename T>
+__device__ void decode_in(const DecodeIn& p) {
+    __shared__ float2 red[32];
+    __shared__ float shq[1024], shk[1024];
+    const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, D = p.D, i = threadIdx.x;
+    const bool on = i < D;
+    const float* pr = p.p + (long long)b * p.ldp;
+    const long long hd = (long long)h * D + (on ? i : 0), si = (long long)b * p.H * D + hd;
+    const bool ks = p.ks_off >= 0, vs = p.vs_off >= 0, qk = p.q_norm != nullptr;
+    const int len = cached_len(p.lenp, p.len);
+    float q = 0.f, kx = 0.f, vx = 0.f, ka = 0.f, va = 0.f, kp = 0.f, vp = 0.f, wq = 0.f, wk = 0.f;
+    if (on) {
+        q = pr[p.q_off + hd];
+        kx = pr[p.k_off + hd];
+        vx = pr[p.v_off + hd];
+        if (ks) {
+            ka = pr[p.ks_off + h];
+            kp = ld((const T*)p.k_shift, si);
+        }
+        if (vs) {
+            va = pr[p.vs_off + h];
+            vp = ld((const T*)p.v_shift, si);
+        }
+        if (qk) {
+            wq = p.q_norm[(h % p.qn_groups) * D + i];
+            wk = p.k_norm[(h % p.kn_groups) * D + i];
+        }
+    }
+    const long long row = (long long)bh * p.cap + len;
+    if (i == 0) {
+        float c = 0.f;
+        if (p.fgate_bias != nullptr) {
+            const float logit = p.f_off >= 0 ? pr[p.f_off + h] + p.fgate_bias[h] : p.fgate_bias[h];
+            c = log_sigmoidf_(logit) + (len > 0 ? p.cc[row - 1] : 0.f);
+        }
+        p.c[bh] = c;
+        p.cc[row] = c;
+    }
+    if (len == 0) kp = vp = 0.f;
+    q = round_to<T>(q);
+    float k = ks ? shift_mix<T>(kx, ka, kp) : round_to<T>(kx);
+    const float v = vs ? shift_mix<T>(vx, va, vp) : round_to<T>(vx);
+    if (on && ks) st((T*)p.k_shift, si, kx);
+    if (on && vs) st((T*)p.v_shift, si, vx);
+    if (qk) {
+        const float2 ss = block_sum2(make_float2(q * q, k * k), red);
+        q = round_to<T>(q * (1.f / sqrtf(ss.x / (float)D + p.qk_eps)) * wq);
+        k = round_to<T>(k * (1.f / sqrtf(ss.y / (float)D + p.qk_eps)) * wk);
+    }
+    if (p.rope_base > 0.0) {
+        if (on) {
+            shq[i] = q;
+            shk[i] = k;
+        }
+        __syncthreads();
+        if (on) {
+            const int pos = p.positions[b];
+            q = round_to<T>(rope_channel(shq, i, D, pos, p.rope_base));
+            k = round_to<T>(rope_channel(shk, i, D, pos, p.rope_base));
+        }
+    }
+    if (on) {
+        st((T*)p.q, (long long)bh * D + i, q);
+        st((T*)p.kc, row * D + i, k);
+        st((T*)p.vc, row * D + i, v);
+    }
+}
+
+// After attention: z = RMSNorm_per_head(o) * w (when `norm_w`) * sigmoid(g) (when og_off >= 0),
+// g the output gate's logits in p.
+template <typename T>
+__device__ void decode_out(T* z, const T* o, const float* p, const float* norm_w, int ldp, int og_off, int H, int D,
+                           float eps) {
+    __shared__ float2 red[32];
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, i = threadIdx.x;
+    const bool on = i < D;
+    const long long at = (long long)bh * D + (on ? i : 0);
+    float x = on ? ld(o, at) : 0.f;
+    const float w = norm_w != nullptr && on ? norm_w[(long long)h * D + i] : 0.f;
+    const float g = og_off >= 0 && on ? p[(long long)b * ldp + og_off + (long long)h * D + i] : 0.f;
+    if (norm_w != nullptr) {
+        const float ss = block_sum2(make_float2(x * x, 0.f), red).x;
+        x = round_to<T>(x * (1.f / sqrtf(ss / (float)D + eps)) * w);
+    }
+    if (og_off >= 0) x *= sigmoidf_(round_to<T>(g));
+    if (on) st(z, at, x);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) fox_decode_in_f32(const DecodeIn p) { decode_in<float>(p); }
+extern "C" __global__ void __launch_bounds__(1024) fox_decode_in_bf16(const DecodeIn p) { decode_in<u16>(p); }
+extern "C" __global__ void __launch_bounds__(1024)
+    fox_decode_out_f32(float* z, const float* o, const float* p, const float* w, int ldp, int og, int H, int D, float eps) {
+    decode_out<float>(z, o, p, w, ldp, og, H, D, eps);
+}
+extern "C" __global__ void __launch_bounds__(1024)
+    fox_decode_out_bf16(u16* z, const u16* o, const float* p, const float* w, int ldp, int og, int H, int D, float eps) {
+    decode_out<u16>(z, o, p, w, ldp, og, H, D, eps);
+}
+
 // ---- choosing the next token -------------------------------------------------------------------
 // One block of 1024 threads per row of `vocab` logits stored `ld` apart. Greedy (temperature 0):
 // the first index of the largest logit, as torch.argmax. Sampling: probabilities exp((x - m)/T)
@@ -154,6 +320,8 @@ extern "C" __global__ void __launch_bounds__(SB)
     // the largest logit and its first index
     float best = __int_as_float(0xff800000);
     int bi = 0x7fffffff;
+    // unrolled so that the loads are in flight together (same order, same result)
+#pragma unroll 8
     for (int c = threadIdx.x; c < vocab; c += SB) {
         const float v = x[c];
         if (v > best) {

@@ -15,3 +15,16 @@ __device__ __forceinline__ void st(u16* p, long long i, float v) {
     u += 0x7fffu + ((u >> 16) & 1u);
     p[i] = (u16)(u >> 16);
 }
+
+// The KV-shift gate's sigmoid (model.cu, decode.cu) and the forget gate's log-sigmoid, written
+// as ops.cu's log_sigm so that the fused decode step computes log f as the chunked path does.
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float log_sigmoidf_(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+
+// v rounded to the element type and widened again (identity for f32).
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+    T t;
+    st(&t, 0, v);
+    return ld(&t, 0);
+}

@@ -3,8 +3,6 @@
 // (the weights change every step, so the bound is formed where they live, without a copy back).
 // Compiled by NVRTC after elem.cuh (no other headers).
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
-
 template <typename T>
 __device__ void sigmoid_inplace(T* x, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)

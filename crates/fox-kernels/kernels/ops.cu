@@ -151,6 +151,167 @@ __device__ __forceinline__ void rms_fwd_impl(T* y, float* rstd, const T* x, cons
     });
 }
 
+// h = a + b, then y = RMSNorm(h) (a residual add and the next norm in one pass). h is stored in T
+// and the norm reads it back, so y and rstd are bitwise those of add then rms_norm_fwd.
+template <class T>
+__device__ __forceinline__ void add_rms_fwd_impl(T* h, T* y, float* rstd, const T* a, const T* b, const float* w,
+                                                 int rows, int dim, float eps) {
+    const int lane = threadIdx.x & 31;
+    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const i64 o = r * dim;
+    float ss = 0.f;
+    row_chunks(dim, [&](int c, int n) {
+        float u[4], v[4];
+        ldv(a, o + c, n, u);
+        ldv(b, o + c, n, v);
+        for (int k = 0; k < n; ++k) v[k] = u[k] + v[k];
+        stv(h, o + c, n, v);
+        ldv(h, o + c, n, v);
+        for (int k = 0; k < n; ++k) ss += v[k] * v[k];
+    });
+    ss = warp_sum(ss);
+    const float s = 1.f / sqrtf(ss / (float)dim + eps);
+    if (lane == 0) rstd[r] = s;
+    row_chunks(dim, [&](int c, int n) {
+        float v[4];
+        ldv(h, o + c, n, v);
+        for (int k = 0; k < n; ++k) v[k] = v[k] * s * w[c + k];
+        stv(y, o + c, n, v);
+    });
+}
+
+// RMSNorm of a few rows (decode steps), one 256-thread block per row instead of one warp: a row of
+// 768 is then one load per thread, not six dependent ones. With `b`, h = a + b first (stored in T
+// and read back), as add_rms_fwd_impl. The same kernel serves rms_norm_fwd and add_rms_norm_fwd
+// for such rows, so the two stay bitwise equal.
+template <class F>
+__device__ __forceinline__ void wide_chunks(int n, F f) {
+    if ((n & 3) == 0) {
+        for (int c = 4 * threadIdx.x; c < n; c += 4 * blockDim.x) f(c, 4);
+    } else {
+        for (int c = threadIdx.x; c < n; c += blockDim.x) f(c, 1);
+    }
+}
+template <class T>
+__device__ __forceinline__ void rms_wide_impl(T* y, float* rstd, T* h, const T* a, const T* b, const float* w, int dim,
+                                              int groups, float eps) {
+    __shared__ float s_bcast;
+    const i64 r = blockIdx.x, o = r * dim;
+    const T* x = b != nullptr ? h : a;
+    float ss = 0.f;
+    wide_chunks(dim, [&](int c, int n) {
+        float v[4];
+        ldv(a, o + c, n, v);
+        if (b != nullptr) {
+            float u[4];
+            ldv(b, o + c, n, u);
+            for (int k = 0; k < n; ++k) v[k] = v[k] + u[k];
+            stv(h, o + c, n, v);
+            ldv(h, o + c, n, v);
+        }
+        for (int k = 0; k < n; ++k) ss += v[k] * v[k];
+    });
+    ss = block_sum(ss);
+    if (threadIdx.x == 0) {
+        s_bcast = 1.f / sqrtf(ss / (float)dim + eps);
+        rstd[r] = s_bcast;
+    }
+    __syncthreads();
+    const float s = s_bcast;
+    const float* wr = w + (r % groups) * dim;
+    wide_chunks(dim, [&](int c, int n) {
+        float v[4];
+        ldv(x, o + c, n, v);
+        for (int k = 0; k < n; ++k) v[k] = v[k] * s * wr[c + k];
+        stv(y, o + c, n, v);
+    });
+}
+
+// y[r, o] = x[r, :] . w[o, :] for a few rows r < rows <= GEMV_ROWS (a decode step's Linear, where a
+// GEMM would leave most of the GPU idle). A block of 8 warps takes 8 / ks outputs; the ks warps of
+// an output split its row (16-byte loads, `in` a multiple of 16 / sizeof(T)) and their f32 sums
+// are added in warp order. With GLU (SwiGLU's gate_proj, out = 2I), a block takes gate rows and
+// the matching up rows, and also writes h = silu(gate) * up: y and h bitwise as this kernel
+// without GLU followed by swiglu_fwd.
+#define GEMV_ROWS 4
+__device__ __forceinline__ void ld16(const float* p, float* o) { ld4(p, 0, o); }
+__device__ __forceinline__ void ld16(const bf16* p, float* o) {
+    const uint4 v = *(const uint4*)p;
+    o[0] = bf16_lo(v.x);
+    o[1] = bf16_hi(v.x);
+    o[2] = bf16_lo(v.y);
+    o[3] = bf16_hi(v.y);
+    o[4] = bf16_lo(v.z);
+    o[5] = bf16_hi(v.z);
+    o[6] = bf16_lo(v.w);
+    o[7] = bf16_hi(v.w);
+}
+template <class T, class Y, bool GLU>
+__device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, int rows, int in, int out, int ks) {
+    constexpr int S = 16 / sizeof(T);
+    __shared__ float red[8][GEMV_ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_block = 8 / ks;
+    const int part = warp % ks, slot = warp / ks;
+    // GLU: slots [0, per_block / 2) are gate rows, the rest the up rows I further on.
+    const int half = per_block / 2, inter = out / 2;
+    const i64 o = GLU ? (i64)blockIdx.x * half + slot % half + (slot >= half ? inter : 0)
+                      : (i64)blockIdx.x * per_block + slot;
+    const bool on = GLU ? (i64)blockIdx.x * half + slot % half < inter : o < out;
+    float acc[GEMV_ROWS] = {0.f, 0.f, 0.f, 0.f};
+    if (on) {
+        const T* wr = w + o * in;
+#pragma unroll 2
+        for (int c = (part * 32 + lane) * S; c < in; c += ks * 32 * S) {
+            float wv[S], xv[S];
+            ld16(wr + c, wv);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; ++r) {
+                if (r < rows) {
+                    ld16(x + (i64)r * in + c, xv);
+#pragma unroll
+                    for (int k = 0; k < S; ++k) acc[r] += wv[k] * xv[k];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        acc[r] = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = acc[r];
+    }
+    __syncthreads();
+    const int ol = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
+    if (r >= rows) return;
+    auto total = [&](int sl) {
+        float s = 0.f;
+        for (int q = 0; q < ks; ++q) s += red[sl * ks + q][r];
+        return s;
+    };
+    if (GLU) {
+        const i64 i = (i64)blockIdx.x * half + ol;
+        if (ol < half && i < inter) {
+            st(y, (i64)r * out + i, total(ol));
+            st(y, (i64)r * out + inter + i, total(ol + half));
+            const float g = ld(y, (i64)r * out + i), u = ld(y, (i64)r * out + inter + i);
+            st(h, (i64)r * inter + i, g * sigm(g) * u);
+        }
+    } else {
+        const i64 oo = (i64)blockIdx.x * per_block + ol;
+        if (ol < per_block && oo < out) st(y, (i64)r * out + oo, total(ol));
+    }
+}
+#define GEMV_KERNEL(NAME, T, Y, SW)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        NAME(Y* y, T* h, const T* x, const T* w, int rows, int in, int out, int ks) {                             \
+        gemv_impl<T, Y, SW>(y, h, x, w, rows, in, out, ks);                                                        \
+    }
+GEMV_KERNEL(gemv_f32_f32, float, float, false)
+GEMV_KERNEL(gemv_bf16_bf16, bf16, bf16, false)
+GEMV_KERNEL(gemv_bf16_f32, bf16, float, false)
+GEMV_KERNEL(gemv_glu_f32, float, float, true)
+GEMV_KERNEL(gemv_glu_bf16, bf16, bf16, true)
+
 // dx = rstd (w dy - x^ mean(w dy x^)), x^ = x rstd; overwritten or added (accumulate).
 template <class T>
 __device__ __forceinline__ void rms_bwd_dx_impl(T* dx, int accumulate, const T* dy, const T* x, const float* rstd,
@@ -640,6 +801,14 @@ extern "C" __global__ void __launch_bounds__(256) sumsq_final(float* out, int sl
     extern "C" __global__ void __launch_bounds__(256)                                                              \
         rms_norm_fwd_##S(T* y, float* rstd, const T* x, const float* w, int rows, int dim, int groups, float eps) { \
         rms_fwd_impl<T>(y, rstd, x, w, rows, dim, groups, eps);                                                     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) rms_norm_fwd_wide_##S(                                       \
+        T* y, float* rstd, T* h, const T* a, const T* b, const float* w, int dim, int groups, float eps) {         \
+        rms_wide_impl<T>(y, rstd, h, a, b, w, dim, groups, eps);                                                   \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) add_rms_norm_fwd_##S(                                        \
+        T* h, T* y, float* rstd, const T* a, const T* b, const float* w, int rows, int dim, float eps) {           \
+        add_rms_fwd_impl<T>(h, y, rstd, a, b, w, rows, dim, eps);                                                  \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) rms_norm_bwd_dx_##S(                                         \
         T* dx, int accumulate, const T* dy, const T* x, const float* rstd, const float* w, int rows, int dim,      \

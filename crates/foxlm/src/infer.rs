@@ -178,14 +178,27 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 total as f64 / (1u64 << 30) as f64
             );
         }
-        let be = Cuda::<T>::new(gpu.clone(), model, plan.batch, plan.chunk, false)
+        let mut be = Cuda::<T>::new(gpu.clone(), model, plan.batch, plan.chunk, false)
             .with_context(|| format!("loading the model onto {}", gpu.name()))?;
+        be.prepare_fused_decode(model, plan.batch).context("preparing fused decode steps")?;
         let batch = be.new_batch(rows, plan.batch)?;
         let acts = ModelActs::new(&be, model, plan.batch, plan.chunk, false)
             .with_context(|| format!("activations for {} × {} positions", plan.batch, plan.chunk))?;
         let step = ModelActs::new(&be, model, plan.batch, 1, false)?;
         let chosen = gpu.zeros(plan.batch)?;
         Ok(Self { model, be, batch, acts, step, chosen, plan, graphs: true })
+    }
+
+    /// Decode steps through the fused kernels and the matrix-vector kernel (the default), or
+    /// (`false`) op by op through cuBLASLt: the reference the fused path is checked against.
+    pub fn set_fused(&mut self, on: bool) -> Result<()> {
+        self.be.gemv = on;
+        if on {
+            self.be.prepare_fused_decode(self.model, self.plan.batch)
+        } else {
+            self.be.clear_fused_decode();
+            Ok(())
+        }
     }
 
     /// Device bytes of a decode cache of `batch` rows × `positions` for this model.

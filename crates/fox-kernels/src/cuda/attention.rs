@@ -188,6 +188,7 @@ struct AttnParams {
     hkv: i32,
     window: i32,
     q_pos0_dev: u64,
+    sem: u64,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for AttnParams {}
@@ -417,6 +418,8 @@ fn dkdv_smem(d: usize) -> usize {
 pub struct DecodeScratch {
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
+    /// An arrival counter per (b, h), zero between launches.
+    sem: CudaSlice<u32>,
     splits: usize,
     /// (B·H, D, tk) it was sized for.
     pub shape: (usize, usize, usize),
@@ -429,13 +432,15 @@ impl DecodeScratch {
         Ok(Self {
             part_o: gpu.zeros::<f32>(splits * bh * 16 * head_dim)?,
             part_ml: gpu.zeros::<f32>(splits * bh * 16 * 2)?,
+            sem: gpu.zeros::<u32>(bh)?,
             splits,
             shape: (bh, head_dim, tk),
         })
     }
 }
 
-/// Splits of the keys so that the decode grid fills the GPU about twice.
+/// Splits of the keys so that the decode grid fills the GPU about four times (down to one key
+/// tile per split: at batch 1 a split's time is mostly latency, so shorter splits finish sooner).
 fn decode_splits(gpu: &Gpu, bh: usize, tk: usize) -> usize {
     let tiles = tk.div_ceil(BK);
     let want = (2 * gpu.sm_count()).div_ceil(bh.max(1));
@@ -463,12 +468,11 @@ pub fn decode_into(
     prm.part_o = ptr(gpu, &scratch.part_o);
     prm.part_ml = ptr(gpu, &scratch.part_ml);
     prm.splits = scratch.splits as i32;
+    prm.sem = ptr(gpu, &scratch.sem);
     prm.q_pos0_dev = q_pos0_dev.map_or(0, |c| ptr(gpu, c));
     let smem = decode_smem(d);
     let f = kernel(gpu, "decode", p, smem)?;
-    launch(gpu, &f, (scratch.splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")?;
-    let fc = kernel(gpu, "decode_combine", p, 0)?;
-    launch(gpu, &fc, ((bb * hh) as u32, 1, 1), d as u32, 0, &prm, "the decode combine")
+    launch(gpu, &f, (scratch.splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")
 }
 
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
@@ -517,14 +521,14 @@ pub fn forward_opts(
         let part_ml = gpu.zeros::<f32>(splits * bb * hh * 16 * 2)?;
         prm.part_o = ptr(gpu, &part_o);
         prm.part_ml = ptr(gpu, &part_ml);
+        let sem = gpu.zeros::<u32>(bb * hh)?;
         prm.splits = splits as i32;
+        prm.sem = ptr(gpu, &sem);
         let smem = decode_smem(d);
         let f = kernel(gpu, "decode", p, smem)?;
         launch(gpu, &f, (splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")?;
-        let fc = kernel(gpu, "decode_combine", p, 0)?;
-        launch(gpu, &fc, ((bb * hh) as u32, 1, 1), d as u32, 0, &prm, "the decode combine")?;
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
-        drop((part_o, part_ml));
+        drop((part_o, part_ml, sem));
     } else {
         let (name, warps, smem) = if use_wgmma(gpu, d) {
             // (kernel, query rows, key tile); tiles 1024-byte aligned inside the shared memory

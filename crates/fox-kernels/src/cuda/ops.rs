@@ -14,6 +14,7 @@ use super::compile::OPS;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use std::mem::size_of;
 use std::sync::{Arc, Mutex};
 
 /// A kernel argument, in the order of the kernel's C signature.
@@ -174,6 +175,9 @@ pub fn rms_norm_fwd<T: Elem>(
     if rows == 0 {
         return Ok(());
     }
+    if rows <= WIDE_ROWS {
+        return rms_wide(gpu, y, rstd, None, x, w, rows, dim, groups, eps);
+    }
     launch(
         gpu,
         &kname::<T>(op),
@@ -188,6 +192,200 @@ pub fn rms_norm_fwd<T: Elem>(
             Arg::I(int(op, "dim", dim)?),
             Arg::I(groups as i32),
             Arg::F(eps),
+        ],
+    )
+}
+
+/// Up to this many rows, RMSNorm (alone or after an add) runs a block per row: a decode step's
+/// one row per sequence would leave a warp-per-row kernel a single warp's worth of loads.
+const WIDE_ROWS: usize = 64;
+
+/// RMSNorm of rows ≤ [`WIDE_ROWS`] (after h = a + b with `h_b`), one block per row.
+#[allow(clippy::too_many_arguments)]
+fn rms_wide<T: Elem>(
+    gpu: &Gpu,
+    y: &mut CudaSlice<T>,
+    rstd: &mut CudaSlice<f32>,
+    h_b: Option<(&mut CudaSlice<T>, &CudaSlice<T>)>,
+    a: &CudaSlice<T>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    groups: usize,
+    eps: f32,
+) -> Result<()> {
+    let op = "rms_norm_fwd_wide";
+    let (ph, pb) = match h_b {
+        Some((h, b)) => (ptr(gpu, h), ptr(gpu, b)),
+        None => (0, 0),
+    };
+    launch(
+        gpu,
+        &kname::<T>(op),
+        grid1(rows)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, y)),
+            Arg::P(ptr(gpu, rstd)),
+            Arg::P(ph),
+            Arg::P(ptr(gpu, a)),
+            Arg::P(pb),
+            Arg::P(ptr(gpu, w)),
+            Arg::I(int(op, "dim", dim)?),
+            Arg::I(groups as i32),
+            Arg::F(eps),
+        ],
+    )
+}
+
+/// A residual add and the next RMSNorm in one pass: h = a + b (stored in T), then y, rstd =
+/// RMSNorm(h) with weights `w` [dim], bitwise as [`add`] then [`rms_norm_fwd`].
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_fwd<T: Elem>(
+    gpu: &Gpu,
+    h: &mut CudaSlice<T>,
+    y: &mut CudaSlice<T>,
+    rstd: &mut CudaSlice<f32>,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    let op = "add_rms_norm_fwd";
+    ensure!(norm_groups(op, w, dim)? == 1, "{op}: weight length {} is not dim {dim}", w.len());
+    for (what, len) in [("h", h.len()), ("y", y.len()), ("a", a.len()), ("b", b.len())] {
+        ensure!(len >= rows * dim, "{op}: `{what}` holds {len} elements but the shapes need {}", rows * dim);
+    }
+    need(op, "rstd", rstd, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    if rows <= WIDE_ROWS {
+        return rms_wide(gpu, y, rstd, Some((h, b)), a, w, rows, dim, 1, eps);
+    }
+    launch(
+        gpu,
+        &kname::<T>(op),
+        warp_rows_grid(rows)?,
+        256,
+        &[
+            Arg::P(ptr(gpu, h)),
+            Arg::P(ptr(gpu, y)),
+            Arg::P(ptr(gpu, rstd)),
+            Arg::P(ptr(gpu, a)),
+            Arg::P(ptr(gpu, b)),
+            Arg::P(ptr(gpu, w)),
+            Arg::I(int(op, "rows", rows)?),
+            Arg::I(int(op, "dim", dim)?),
+            Arg::F(eps),
+        ],
+    )
+}
+
+/// SwiGLU's gate_proj for at most [`GEMV_ROWS`] rows with the activation in the same pass:
+/// gu [rows, 2·inter] = x · wᵀ and h = silu(gate) · up, bitwise as [`gemv`] then [`swiglu_fwd`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_glu<T: Elem>(
+    gpu: &Gpu,
+    gu: &mut CudaSlice<T>,
+    h: &mut CudaSlice<T>,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<T>,
+    rows: usize,
+    in_features: usize,
+    inter: usize,
+) -> Result<()> {
+    let op = "gemv_glu";
+    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
+    need(op, "x", x, rows * in_features)?;
+    need(op, "w", w, 2 * inter * in_features)?;
+    need(op, "gu", gu, rows * 2 * inter)?;
+    need(op, "h", h, rows * inter)?;
+    if inter == 0 {
+        return Ok(());
+    }
+    let (pg, ph, px, pw) = (ptr(gpu, gu), ptr(gpu, h), ptr(gpu, x), ptr(gpu, w));
+    gemv_launch(gpu, &kname::<T>(op), pg, ph, px, pw, rows, in_features, 2 * inter, size_of::<T>())
+}
+
+/// The most rows [`gemv`] takes.
+pub const GEMV_ROWS: usize = 4;
+
+/// Whether [`gemv`] takes a Linear of `rows` rows and `in_features` inputs in T (a multiple of
+/// 16 bytes per weight row).
+pub fn gemv_fits<T: Elem>(rows: usize, in_features: usize) -> bool {
+    (1..=GEMV_ROWS).contains(&rows) && (in_features * size_of::<T>()).is_multiple_of(16)
+}
+
+/// y[rows, out] = x[rows, in] · w[out, in]ᵀ for at most [`GEMV_ROWS`] rows (a decode step's
+/// Linear: one warp per output reads its weight row once for every row of x), f32 sums, the
+/// output in Y (T, or f32 from bf16).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv<T: Elem, Y: Elem>(
+    gpu: &Gpu,
+    y: &mut CudaSlice<Y>,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<T>,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+) -> Result<()> {
+    let op = "gemv";
+    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
+    ensure!(!(T::NAME == "f32" && Y::NAME == "bf16"), "{op}: f32 inputs with a bf16 output are not supported");
+    need(op, "x", x, rows * in_features)?;
+    need(op, "w", w, out_features * in_features)?;
+    need(op, "y", y, rows * out_features)?;
+    if out_features == 0 {
+        return Ok(());
+    }
+    let name = format!("{op}_{}_{}", T::NAME, Y::NAME);
+    gemv_launch(gpu, &name, ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w), rows, in_features, out_features, size_of::<T>())
+}
+
+/// Warps per output of the matrix-vector kernels (1, 2 or 4): enough warps to fill the GPU twice
+/// over, each with at least a whole pass of 16-byte loads along the row.
+fn gemv_split(in_features: usize, out_features: usize, elem_bytes: usize) -> usize {
+    let pass = 32 * 16 / elem_bytes;
+    let mut ks = 1;
+    while ks < 4 && out_features * ks * 2 <= 16384 && pass * ks * 2 <= in_features {
+        ks *= 2;
+    }
+    ks
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_launch(
+    gpu: &Gpu,
+    name: &str,
+    y: u64,
+    h: u64,
+    x: u64,
+    w: u64,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+    elem_bytes: usize,
+) -> Result<()> {
+    let ks = gemv_split(in_features, out_features, elem_bytes);
+    // A GLU block takes (8 / ks) / 2 gate rows and their up rows.
+    let blocks = if h != 0 { (out_features / 2).div_ceil(4 / ks) } else { out_features.div_ceil(8 / ks) };
+    launch(
+        gpu,
+        name,
+        grid1(blocks)?,
+        256,
+        &[
+            Arg::P(y),
+            Arg::P(h),
+            Arg::P(x),
+            Arg::P(w),
+            Arg::I(rows as i32),
+            Arg::I(int(name, "in_features", in_features)?),
+            Arg::I(int(name, "out_features", out_features)?),
+            Arg::I(ks as i32),
         ],
     )
 }

@@ -22,6 +22,7 @@ use fox_kernels::cuda::{attention_f32, Elem, Gpu};
 use std::sync::Arc;
 
 mod decode;
+mod fused;
 pub use decode::DeviceSampling;
 
 /// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H, cap, D] in
@@ -39,6 +40,9 @@ pub struct GpuCache<T> {
     pub batch: usize,
     pub heads: usize,
     pub head_dim: usize,
+    /// The current step's k, v and c are in the cache already (a fused decode step wrote them),
+    /// so its attention only reads.
+    pub staged: bool,
 }
 
 impl<T: Elem> GpuCache<T> {
@@ -139,6 +143,11 @@ pub struct Cuda<T: Elem> {
     /// While a decode step is captured as a CUDA graph: the cached length on the device, which
     /// the cache kernels and the decode kernel read instead of the host's.
     decode_pos: Option<CudaSlice<i32>>,
+    /// Linears of at most `ops::GEMV_ROWS` rows (decode steps) through the matrix-vector kernel
+    /// instead of cuBLASLt; on by default.
+    pub gemv: bool,
+    /// Stacked projections for fused decode steps ([`Cuda::prepare_fused_decode`]).
+    fused: fused::FusedDecode<T>,
 }
 
 /// The batch on the device.
@@ -234,6 +243,8 @@ impl<T: Elem> Cuda<T> {
             numel: p.tensors.iter().map(|t| t.numel()).collect(),
             decode_scratch: None,
             decode_pos: None,
+            gemv: true,
+            fused: Default::default(),
             gemm,
             params,
             kinds: p.kinds.clone(),
@@ -434,6 +445,17 @@ impl<T: Elem> Cuda<T> {
         // elements (the callers' lengths).
         unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
         Ok(())
+    }
+
+    /// y = x · Wᵀ into Y (T or f32): the matrix-vector kernel for a decode step's few rows,
+    /// cuBLASLt otherwise.
+    fn linear_into<Y: Elem>(&mut self, y: &mut CudaSlice<Y>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
+        self.mark(Family::Gemm)?;
+        let (k, n) = (w.in_features, w.out_features);
+        if self.gemv && ops::gemv_fits::<T>(rows, k) {
+            return ops::gemv::<T, Y>(&self.gpu, y, x, self.copy_of(w.weight)?, rows, k, n);
+        }
+        self.gemm.linear_fwd::<T, Y>(y, false, x, self.copy_of(w.weight)?, rows, k, n)
     }
 
     fn dptr<U>(&self, s: &CudaSlice<U>) -> u64 {
@@ -671,12 +693,10 @@ impl<T: Elem> Backend for Cuda<T> {
         ops::embedding_bwd(&self.gpu, &mut self.params[table.0].grad, dx, &b.emb, self.d_model)
     }
     fn linear_fwd(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
-        self.mark(Family::Gemm)?;
-        self.gemm.linear_fwd::<T, T>(y, false, x, self.copy_of(w.weight)?, rows, w.in_features, w.out_features)
+        self.linear_into(y, x, w, rows)
     }
     fn linear_fwd_f32(&mut self, y: &mut CudaSlice<f32>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
-        self.mark(Family::Gemm)?;
-        self.gemm.linear_fwd::<T, f32>(y, false, x, self.copy_of(w.weight)?, rows, w.in_features, w.out_features)
+        self.linear_into(y, x, w, rows)
     }
     fn linear_bwd(
         &mut self,
@@ -727,6 +747,21 @@ impl<T: Elem> Backend for Cuda<T> {
         ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, x, rstd, &p.master, rows, dim)
     }
 
+    fn add_rms_norm_fwd(
+        &mut self,
+        h: &mut CudaSlice<T>,
+        y: &mut CudaSlice<T>,
+        rstd: &mut CudaSlice<f32>,
+        a: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        let rows = a.len() / dim;
+        ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, &self.params[w.0].master, rows, dim, eps)
+    }
     fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<()> {
         self.mark(Family::Other)?;
         ops::add(&self.gpu, y, a, b, a.len())
@@ -758,6 +793,23 @@ impl<T: Elem> Backend for Cuda<T> {
     fn swiglu_fwd(&mut self, h: &mut CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
         self.mark(Family::Other)?;
         ops::swiglu_fwd(&self.gpu, h, gu, rows, inter)
+    }
+    fn gate_up_swiglu_fwd(
+        &mut self,
+        gu: &mut CudaSlice<T>,
+        h: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        gate_proj: &Linear,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()> {
+        if self.gemv && ops::gemv_fits::<T>(rows, gate_proj.in_features) && gate_proj.out_features == 2 * inter {
+            self.mark(Family::Gemm)?;
+            let w = self.copy_of(gate_proj.weight)?;
+            return ops::gemv_glu(&self.gpu, gu, h, x, w, rows, gate_proj.in_features, inter);
+        }
+        self.linear_fwd(gu, x, gate_proj, rows)?;
+        self.swiglu_fwd(h, gu, rows, inter)
     }
     fn swiglu_bwd(
         &mut self,
@@ -1121,6 +1173,25 @@ impl<T: Elem> Backend for Cuda<T> {
         }
         self.last_rows(&mut cache.k_shift, k_lin, b.batch, b.seq, w)?;
         self.last_rows(&mut cache.v_shift, v_lin, b.batch, b.seq, w)
+    }
+
+    fn decode_attn_inputs(
+        &mut self,
+        layer: &crate::model::attention::ForgettingAttention,
+        x: &CudaSlice<T>,
+        b: &GpuBatch,
+        a: &mut crate::model::attention::AttnActs<CudaSlice<T>, CudaSlice<f32>>,
+        cache: &mut GpuCache<T>,
+    ) -> Result<bool> {
+        self.fused_inputs(layer, x, b, a, cache)
+    }
+    fn decode_attn_output(
+        &mut self,
+        layer: &crate::model::attention::ForgettingAttention,
+        b: &GpuBatch,
+        a: &mut crate::model::attention::AttnActs<CudaSlice<T>, CudaSlice<f32>>,
+    ) -> Result<bool> {
+        self.fused_output(layer, a, b.batch * b.seq)
     }
 
     fn head_loss(

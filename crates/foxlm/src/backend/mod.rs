@@ -12,6 +12,7 @@
 pub mod cpu;
 pub mod cuda;
 
+use crate::model::attention::{AttnActs, ForgettingAttention};
 use crate::model::Linear;
 use crate::tensor::ParamId;
 use anyhow::{bail, Result};
@@ -161,6 +162,24 @@ pub trait Backend: Alloc {
         dim: usize,
     ) -> Result<()>;
 
+    /// A residual add and the norm after it: h = a + b, then y, rstd = RMSNorm(h) with weights
+    /// `w` [dim] (a backend may do both in one pass; the results are those of the two ops).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_fwd(
+        &mut self,
+        h: &mut Self::Act,
+        y: &mut Self::Act,
+        rstd: &mut Self::F32,
+        a: &Self::Act,
+        b: &Self::Act,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.add(h, a, b)?;
+        self.rms_norm_fwd(y, rstd, h, w, dim, eps)
+    }
+
     // Elementwise.
     fn add(&mut self, y: &mut Self::Act, a: &Self::Act, b: &Self::Act) -> Result<()>;
     fn add_inplace(&mut self, y: &mut Self::Act, x: &Self::Act) -> Result<()>;
@@ -170,6 +189,20 @@ pub trait Backend: Alloc {
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Self::Act, y: &Self::Act) -> Result<()>;
     fn zero_f32(&mut self, x: &mut Self::F32) -> Result<()>;
     fn swiglu_fwd(&mut self, h: &mut Self::Act, gu: &Self::Act, rows: usize, inter: usize) -> Result<()>;
+    /// SwiGLU's gate_proj and activation: gu = x · gate_projᵀ, h = silu(gate) · up (a backend may
+    /// do both in one pass).
+    fn gate_up_swiglu_fwd(
+        &mut self,
+        gu: &mut Self::Act,
+        h: &mut Self::Act,
+        x: &Self::Act,
+        gate_proj: &Linear,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()> {
+        self.linear_fwd(gu, x, gate_proj, rows)?;
+        self.swiglu_fwd(h, gu, rows, inter)
+    }
     fn swiglu_bwd(
         &mut self,
         dgu: &mut Self::Act,
@@ -362,6 +395,32 @@ pub trait Backend: Alloc {
         v_lin: &Self::Act,
         batch: &Self::Batch,
     ) -> Result<()>;
+
+    /// A decode step's attention inputs in as few launches as the backend can: for one position
+    /// per row continuing `cache`, the layer's q (after QK-norm and RoPE) into `a.q` and its gate
+    /// sums into `a.c`, with k, v and c already appended to the cache (its attention then only
+    /// reads) and the KV-shift states advanced. `Ok(false)`: not done here (the default), and the
+    /// layer runs its operations one by one.
+    fn decode_attn_inputs(
+        &mut self,
+        _layer: &ForgettingAttention,
+        _x: &Self::Act,
+        _batch: &Self::Batch,
+        _a: &mut AttnActs<Self::Act, Self::F32>,
+        _cache: &mut Self::LayerCache,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+    /// After a fused [`Backend::decode_attn_inputs`] and the attention: the input of o_proj,
+    /// `a.z` = output norm (per head) and output gate of `a.o`. `Ok(false)`: not done here.
+    fn decode_attn_output(
+        &mut self,
+        _layer: &ForgettingAttention,
+        _batch: &Self::Batch,
+        _a: &mut AttnActs<Self::Act, Self::F32>,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 
     // The output head and the loss.
     /// Σ over rows with a target of the cross-entropy of `hidden` [B·T, d] · lm_headᵀ, added to

@@ -82,6 +82,9 @@ pub struct DecodeArgs {
     /// Decode without CUDA graphs (every operation launched from the host).
     #[arg(long)]
     pub no_graphs: bool,
+    /// Decode op by op (cuBLASLt GEMMs, no fused kernels): what the fused step is compared with.
+    #[arg(long)]
+    pub unfused: bool,
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
     /// Timed generations; the median is reported.
@@ -480,6 +483,7 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
         for &b in &a.batch {
             let mut eng = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: b, chunk: a.prompt })?;
             eng.graphs = !a.no_graphs;
+            eng.set_fused(!a.unfused)?;
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(b as u64);
             let v = c.vocab_size as u32;
             let prompts: Vec<Vec<u32>> = (0..b).map(|_| (0..a.prompt).map(|_| rng.gen_range(0..v)).collect()).collect();
@@ -504,10 +508,11 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
             let ops: usize = prof.families.iter().map(|f| f.2).sum();
             let host_ms = prof.decode_s * 1e3 / steps;
             println!(
-                "{name} B={b} prompt {} + {} new, bf16{}: prefill {:.0} tokens/s; decode {:.0} tokens/s ({:.3} ms/step){}",
+                "{name} B={b} prompt {} + {} new, bf16{}{}: prefill {:.0} tokens/s; decode {:.0} tokens/s ({:.3} ms/step){}",
                 a.prompt,
                 a.new_tokens,
                 if a.no_graphs { "" } else { ", CUDA graphs" },
+                if a.unfused { ", op by op" } else { ", fused" },
                 prefill,
                 decode,
                 ms_token,
@@ -528,7 +533,7 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
                 );
             }
             rows.push(serde_json::json!({
-                "preset": name, "batch": b, "prompt": a.prompt, "new_tokens": a.new_tokens, "graphs": !a.no_graphs,
+                "preset": name, "batch": b, "prompt": a.prompt, "new_tokens": a.new_tokens, "graphs": !a.no_graphs, "fused": !a.unfused,
                 "prefill_tok_s": prefill, "decode_tok_s": decode, "ms_per_step": ms_token,
                 "roofline_tok_s_batch1": roofline, "copy_bandwidth_gb_s": bw / 1e9,
                 "weight_bytes": weight_bytes, "cache_bytes_mean": cache_bytes,

@@ -49,6 +49,13 @@ fn cached_logits<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx,
     e.logits(ids, ctx)
 }
 
+/// Logits of [b, t] one position per decode step, op by op (no fused kernels, cuBLASLt GEMMs).
+fn unfused_logits<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>> {
+    let mut e = GpuInfer::<T>::new(gpu.clone(), model, Plan { batch: ctx.batch, chunk: 1 })?;
+    e.set_fused(false)?;
+    e.logits(ids, ctx)
+}
+
 fn mismatches(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
 }
@@ -77,6 +84,28 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
             max_abs_diff(&l, &cpu_logits),
             1e-3,
             String::new(),
+        ));
+        // The fused decode step against the same steps op by op, in f32 and bf16.
+        let u32l = unfused_logits::<f32>(gpu, &model, &ids, &ctx)?;
+        rows.push(row(
+            format!("{v} f32 fused decode"),
+            "logits against op by op max |Δ|",
+            max_abs_diff(&l, &u32l),
+            1e-4,
+            String::new(),
+        ));
+        let f16 = cached_logits::<half::bf16>(gpu, &model, &ids, &ctx, 1)?;
+        let u16l = unfused_logits::<half::bf16>(gpu, &model, &ids, &ctx)?;
+        rows.push(row(
+            format!("{v} bf16 fused decode"),
+            "logits against op by op RMS",
+            rms_diff(&f16, &u16l),
+            0.04,
+            format!(
+                "max {:.3}; op by op against the CPU: RMS {:.4}",
+                max_abs_diff(&f16, &u16l),
+                rms_diff(&u16l, &cpu_logits)
+            ),
         ));
         let most = start.iter().copied().max().unwrap_or(0);
         let pctx = Ctx { batch: b, seq: t, start: Some(start.clone()) };

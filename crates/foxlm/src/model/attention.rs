@@ -250,9 +250,45 @@ impl ForgettingAttention {
         mut cache: Option<&mut B::LayerCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
         let n = info.batch * info.seq;
         let n_keys = info.past + info.seq;
+        // A decode step (one position per row after a cached prefix) may run fused on the backend.
+        let fused = match cache.as_deref_mut() {
+            Some(c) if info.seq == 1 && info.past > 0 => be.decode_attn_inputs(self, x, batch, a, c)?,
+            _ => false,
+        };
+        if !fused {
+            self.inputs(be, x, batch, a, cache.as_deref_mut())?;
+        }
+
+        // ACP threshold δ = −(2U + ln N) + ln ε per (b, h).
+        if let (Some(log_eps), Some(prune)) = (self.log_pruning_tolerance, a.prune.as_mut()) {
+            be.acp_thresholds_shaped(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
+        }
+        let (o, lse) = (&mut a.o, &mut a.lse);
+        let tiles =
+            be.attention_fwd_shaped(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
+        (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
+
+        if !(fused && be.decode_attn_output(self, batch, a)?) {
+            self.output(be, x, a, n)?;
+        }
+        be.linear_fwd(out, &a.z, &self.o_proj, n)
+    }
+
+    /// The attention's inputs from x, op by op: q, k (KV-shifted), v, QK-norm, RoPE, and the
+    /// forget gate's prefix sums c (continuing the cache's, whose KV-shift states advance).
+    fn inputs<B: Backend>(
+        &self,
+        be: &mut B,
+        x: &B::Act,
+        batch: &B::Batch,
+        a: &mut AttnActs<B::Act, B::F32>,
+        mut cache: Option<&mut B::LayerCache>,
+    ) -> Result<()> {
+        let info = be.batch_info(batch);
+        let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let n = info.batch * info.seq;
         be.linear_fwd(&mut a.q_lin, x, &self.q_proj, n)?;
 
         // KV-shift mixes each token's k̃ with the previous token's (the cached one when decoding).
@@ -310,17 +346,13 @@ impl ForgettingAttention {
                 be.prefix_sum_fwd(&mut a.c, &a.lse, batch, cache.as_deref(), h)?;
             }
         }
+        Ok(())
+    }
 
-        // ACP threshold δ = −(2U + ln N) + ln ε per (b, h).
-        if let (Some(log_eps), Some(prune)) = (self.log_pruning_tolerance, a.prune.as_mut()) {
-            be.acp_thresholds_shaped(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
-        }
-        let (o, lse) = (&mut a.o, &mut a.lse);
-        let tiles =
-            be.attention_fwd_shaped(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
-        (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
-
-        // Output: per-head RMSNorm (× sigmoid gate), or the gate alone, then o_proj.
+    /// The input of o_proj, op by op: per-head RMSNorm of the attention output (× sigmoid output
+    /// gate), or the gate alone, into `a.z`.
+    fn output<B: Backend>(&self, be: &mut B, x: &B::Act, a: &mut AttnActs<B::Act, B::F32>, n: usize) -> Result<()> {
+        let hd = self.head_dim;
         let pre = match self.output_norm {
             Some(w) => {
                 be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, w, hd, self.norm_eps)?;
@@ -335,7 +367,7 @@ impl ForgettingAttention {
             }
             None => be.copy(&mut a.z, pre)?,
         }
-        be.linear_fwd(out, &a.z, &self.o_proj, n)
+        Ok(())
     }
 
     /// Backward of a full-sequence `forward` (no cache) over x: [B, T, d] with its saved `a`:

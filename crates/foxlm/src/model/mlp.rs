@@ -60,8 +60,7 @@ impl Mlp {
         out: &mut B::Act,
         rows: usize,
     ) -> Result<()> {
-        be.linear_fwd(&mut a.gu, x, &self.gate_proj, rows)?;
-        be.swiglu_fwd(&mut a.h, &a.gu, rows, self.intermediate)?;
+        be.gate_up_swiglu_fwd(&mut a.gu, &mut a.h, x, &self.gate_proj, rows, self.intermediate)?;
         be.linear_fwd(out, &a.h, &self.down_proj, rows)
     }
 

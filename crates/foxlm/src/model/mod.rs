@@ -266,6 +266,9 @@ impl Model {
             };
             be.embedding_fwd(x0, self.embeddings, batch)?;
         }
+        if let (Some(first), Some(b0)) = (self.layers.first(), acts.blocks.first_mut()) {
+            be.rms_norm_fwd(&mut b0.attn_norm_out, &mut b0.attn_norm_rstd, &b0.x, first.attn_norm, d, eps)?;
+        }
         for (li, blk) in self.layers.iter().enumerate() {
             let ai = if keep { li } else { 0 };
             let cache = caches.as_deref_mut().map(|c| &mut c[li]);
@@ -273,17 +276,50 @@ impl Model {
             if let Some(input) = acts.inputs.get_mut(li) {
                 be.copy(input, &cur.x)?;
             }
-            blk.forward(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
-            // The block's output h + MLP(...) becomes the next block's input.
-            let next = if keep { rest.first_mut().map(|b| &mut b.x) } else { None };
-            match next {
-                Some(nx) => be.add(nx, &cur.h, &acts.out)?,
-                None if li + 1 == self.layers.len() => be.add(&mut acts.final_x, &cur.h, &acts.out)?,
-                // Inference: one block's buffers; its own x takes the output.
-                None => be.add(&mut cur.x, &cur.h, &acts.out)?,
+            blk.forward_normed(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
+            // The block's output h + MLP(...) is the next block's input, normalised in the same
+            // pass (or the final norm's input).
+            let out = &acts.out;
+            match self.layers.get(li + 1) {
+                None => be.add_rms_norm_fwd(
+                    &mut acts.final_x,
+                    &mut acts.final_out,
+                    &mut acts.final_rstd,
+                    &cur.h,
+                    out,
+                    self.norm,
+                    d,
+                    eps,
+                )?,
+                Some(nb) => match rest.first_mut().filter(|_| keep) {
+                    Some(nx) => be.add_rms_norm_fwd(
+                        &mut nx.x,
+                        &mut nx.attn_norm_out,
+                        &mut nx.attn_norm_rstd,
+                        &cur.h,
+                        out,
+                        nb.attn_norm,
+                        d,
+                        eps,
+                    )?,
+                    // Inference: one block's buffers; its own x takes the output.
+                    None => be.add_rms_norm_fwd(
+                        &mut cur.x,
+                        &mut cur.attn_norm_out,
+                        &mut cur.attn_norm_rstd,
+                        &cur.h,
+                        out,
+                        nb.attn_norm,
+                        d,
+                        eps,
+                    )?,
+                },
             }
         }
-        be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)
+        if self.layers.is_empty() {
+            be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)?;
+        }
+        Ok(())
     }
 
     /// The backward on any backend, after `forward_on` with every block's activations (or every
@@ -445,9 +481,25 @@ impl Block {
         eps: f32,
     ) -> Result<()> {
         be.rms_norm_fwd(&mut a.attn_norm_out, &mut a.attn_norm_rstd, &a.x, self.attn_norm, d, eps)?;
+        self.forward_normed(be, batch, a, out, cache, n, d, eps)
+    }
+
+    /// [`Block::forward`] with `a.attn_norm_out` = RMSNorm(x) already done (by the previous
+    /// block's residual add, in the same pass).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_normed<B: Backend>(
+        &self,
+        be: &mut B,
+        batch: &B::Batch,
+        a: &mut BlockActs<B::Act, B::F32>,
+        out: &mut B::Act,
+        cache: Option<&mut B::LayerCache>,
+        n: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<()> {
         self.attn.forward(be, &a.attn_norm_out, batch, &mut a.attn, out, cache)?;
-        be.add(&mut a.h, &a.x, out)?;
-        be.rms_norm_fwd(&mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.h, self.mlp_norm, d, eps)?;
+        be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, self.mlp_norm, d, eps)?;
         self.mlp.forward(be, &a.mlp_norm_out, &mut a.mlp, out, n)
     }
 

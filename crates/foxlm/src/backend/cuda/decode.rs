@@ -64,6 +64,7 @@ impl<T: Elem> Cuda<T> {
                     batch,
                     heads: h,
                     head_dim: d,
+                    staged: false,
                 })
             })
             .collect()
@@ -156,7 +157,11 @@ impl<T: Elem> Cuda<T> {
         ensure!(past + t <= cap, "the decode cache holds {cap} positions; {past} + {t} were asked for");
         let n = bb * t * heads * head_dim;
         ensure!(k.len() >= n && v.len() >= n && c.len() >= bb * heads * t, "attention_cached: chunk buffers too short");
-        {
+        if cache.staged {
+            // A fused decode step appended this position already.
+            ensure!(t == 1, "a staged decode cache continues one position per row, not {t}");
+            cache.staged = false;
+        } else {
             let f = self.gpu.function(&DECODE, &format!("fox_cache_append_{}", T::NAME))?;
             let (pk, pv, pc) = (self.dptr(&cache.k), self.dptr(&cache.v), self.dptr(&cache.c));
             let (sk, sv, sc) = (self.dptr(k), self.dptr(v), self.dptr(c));
@@ -300,9 +305,19 @@ impl<T: Elem> Cuda<T> {
         self.mark(Family::Head)?;
         let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
         ensure!(b.batch <= self.head_rows, "{} rows exceed the head's chunk of {}", b.batch, self.head_rows);
-        last_rows_on(&self.gpu, &mut self.head_x, hidden, b.batch, b.seq, d)?;
+        // A decode step's hidden states are the last positions already.
+        let x = if b.seq == 1 {
+            hidden
+        } else {
+            last_rows_on(&self.gpu, &mut self.head_x, hidden, b.batch, b.seq, d)?;
+            &self.head_x
+        };
         let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
-        self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, b.batch, d, vpad)?;
+        if self.gemv && ops::gemv_fits::<T>(b.batch, d) {
+            ops::gemv::<T, f32>(&self.gpu, &mut self.head_logits, x, w, b.batch, d, vpad)?;
+        } else {
+            self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, x, w, b.batch, d, vpad)?;
+        }
         if !download {
             return Ok(None);
         }
@@ -349,7 +364,7 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    fn lenp(&self) -> u64 {
+    pub(super) fn lenp(&self) -> u64 {
         self.decode_pos.as_ref().map_or(0, |c| self.dptr(c))
     }
 

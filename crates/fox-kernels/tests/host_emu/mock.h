@@ -30,6 +30,7 @@ thread_local dim3e threadIdx;
 dim3e blockIdx, blockDim, gridDim;
 struct float4 { float x, y, z, w; };
 struct uint2 { u32 x, y; };
+struct uint4 { u32 x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 inline u32 __float_as_uint(float f) { u32 u; memcpy(&u, &f, 4); return u; }

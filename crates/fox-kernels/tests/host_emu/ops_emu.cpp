@@ -88,6 +88,80 @@ int main() {
         launch(g1((rows + 7) / 8), 256, [&] { rms_norm_fwd_bf16(yb.data(), rstd.data(), xb.data(), w.data(), rows, dim, groups, 1e-6f); });
         cmp("rms fwd bf16 y", fromb(yb), yr2, 1e-2);
     }
+    // ---- a decode step's norms: a block per row, alone and after a residual add (dim 72: 4-wide
+    // loads, 37: single elements), against plain loops
+    for (int dim : {72, 37}) {
+        const int rows = 3;
+        auto a = randn(rows * dim), b = randn(rows * dim), w = randn(dim);
+        for (int add : {0, 1}) {
+            std::vector<float> h(rows * dim), y(rows * dim), rstd(rows), hr(rows * dim), yr(rows * dim), rr(rows);
+            for (int r = 0; r < rows; ++r) {
+                double ss = 0;
+                for (int c = 0; c < dim; ++c) {
+                    hr[r * dim + c] = a[r * dim + c] + (add ? b[r * dim + c] : 0.f);
+                    ss += (double)hr[r * dim + c] * hr[r * dim + c];
+                }
+                rr[r] = 1.0 / sqrt(ss / dim + 1e-6);
+                for (int c = 0; c < dim; ++c) yr[r * dim + c] = hr[r * dim + c] * rr[r] * w[c];
+            }
+            launch(g1(rows), 256, [&] {
+                rms_norm_fwd_wide_f32(y.data(), rstd.data(), add ? h.data() : nullptr, a.data(), add ? b.data() : nullptr,
+                                      w.data(), dim, 1, 1e-6f);
+            });
+            cmp(add ? "add + rms (block per row) y" : "rms (block per row) y", y, yr, 1e-6);
+            cmp("rms (block per row) rstd", rstd, rr, 1e-6);
+            if (add) cmp("add + rms (block per row) h", h, hr, 0);
+        }
+    }
+    // ---- matrix-vector products of a decode step: rows 3, in 64, out 37, the row split over 1 and
+    // 2 warps; bf16 in and out; gate_proj with SwiGLU (I = 5)
+    {
+        const int rows = 3, in = 64, out = 37;
+        auto x = randn(rows * in), w = randn(out * in, 0.1f);
+        std::vector<float> yr(rows * out);
+        for (int r = 0; r < rows; ++r)
+            for (int o = 0; o < out; ++o) {
+                double s = 0;
+                for (int k = 0; k < in; ++k) s += (double)x[r * in + k] * w[o * in + k];
+                yr[r * out + o] = s;
+            }
+        for (int ks : {1, 2}) {
+            std::vector<float> y(rows * out);
+            launch(g1((out + 8 / ks - 1) / (8 / ks)), 256,
+                   [&] { gemv_f32_f32(y.data(), nullptr, x.data(), w.data(), rows, in, out, ks); });
+            cmp(ks == 1 ? "gemv f32 (a warp per output)" : "gemv f32 (2 warps per output)", y, yr, 1e-5);
+        }
+        auto xb = tob(x), wb = tob(w);
+        auto xf = fromb(xb), wf = fromb(wb);
+        std::vector<float> ybr(rows * out);
+        for (int r = 0; r < rows; ++r)
+            for (int o = 0; o < out; ++o) {
+                double s = 0;
+                for (int k = 0; k < in; ++k) s += (double)xf[r * in + k] * wf[o * in + k];
+                ybr[r * out + o] = s;
+            }
+        std::vector<bf16> yb(rows * out);
+        launch(g1((out + 7) / 8), 256, [&] { gemv_bf16_bf16(yb.data(), nullptr, xb.data(), wb.data(), rows, in, out, 1); });
+        cmp("gemv bf16", fromb(yb), ybr, 1e-2);
+        const int inter = 5;
+        auto wg = randn(2 * inter * in, 0.1f);
+        std::vector<float> gur(rows * 2 * inter), hr(rows * inter);
+        for (int r = 0; r < rows; ++r) {
+            for (int o = 0; o < 2 * inter; ++o) {
+                double s = 0;
+                for (int k = 0; k < in; ++k) s += (double)x[r * in + k] * wg[o * in + k];
+                gur[r * 2 * inter + o] = s;
+            }
+            for (int i = 0; i < inter; ++i) {
+                float g = gur[r * 2 * inter + i];
+                hr[r * inter + i] = g * sg(g) * gur[r * 2 * inter + inter + i];
+            }
+        }
+        std::vector<float> gu(rows * 2 * inter), h(rows * inter);
+        launch(g1((inter + 1) / 2), 256, [&] { gemv_glu_f32(gu.data(), h.data(), x.data(), wg.data(), rows, in, 2 * inter, 2); });
+        cmp("gemv glu gu", gu, gur, 1e-5);
+        cmp("gemv glu h", h, hr, 1e-5);
+    }
     // ---- KV-shift B=2 T=9 H=3, D = 40 (4-wide) and 10 (single elements), start {0, 4}
     for (int D : {40, 10}) {
         int B = 2, T = 9, H = 3;

@@ -122,69 +122,14 @@ __device__ __forceinline__ V block_sum(V x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// RMSNorm (as crate::rmsnorm). One warp per row, 8 rows per block. Row r uses weight row
-// r % groups (groups = len(w) / dim).
+// RMSNorm (as crate::rmsnorm). One warp per row, 8 rows per block; for a few rows (decode steps) a
+// 256-thread block per row instead (WIDE: a row of 768 is then one load per thread, not six
+// dependent ones). Row r uses weight row r % groups (groups = len(w) / dim). With `b`, the row is
+// first h = a + b (a residual add and the next norm in one pass), stored in T and read back, so y
+// and rstd are bitwise those of add then the norm alone.
 
-template <class T>
-__device__ __forceinline__ void rms_fwd_impl(T* y, float* rstd, const T* x, const float* w, int rows, int dim,
-                                             int groups, float eps) {
-    const int lane = threadIdx.x & 31;
-    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    const T* xr = x + r * dim;
-    float ss = 0.f;
-    row_chunks(dim, [&](int c, int n) {
-        float v[4];
-        ldv(xr, c, n, v);
-        for (int k = 0; k < n; ++k) ss += v[k] * v[k];
-    });
-    ss = warp_sum(ss);
-    const float s = 1.f / sqrtf(ss / (float)dim + eps);
-    if (lane == 0) rstd[r] = s;
-    const float* wr = w + (r % groups) * dim;
-    T* yr = y + r * dim;
-    row_chunks(dim, [&](int c, int n) {
-        float v[4];
-        ldv(xr, c, n, v);
-        for (int k = 0; k < n; ++k) v[k] = v[k] * s * wr[c + k];
-        stv(yr, c, n, v);
-    });
-}
-
-// h = a + b, then y = RMSNorm(h) (a residual add and the next norm in one pass). h is stored in T
-// and the norm reads it back, so y and rstd are bitwise those of add then rms_norm_fwd.
-template <class T>
-__device__ __forceinline__ void add_rms_fwd_impl(T* h, T* y, float* rstd, const T* a, const T* b, const float* w,
-                                                 int rows, int dim, float eps) {
-    const int lane = threadIdx.x & 31;
-    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    const i64 o = r * dim;
-    float ss = 0.f;
-    row_chunks(dim, [&](int c, int n) {
-        float u[4], v[4];
-        ldv(a, o + c, n, u);
-        ldv(b, o + c, n, v);
-        for (int k = 0; k < n; ++k) v[k] = u[k] + v[k];
-        stv(h, o + c, n, v);
-        ldv(h, o + c, n, v);
-        for (int k = 0; k < n; ++k) ss += v[k] * v[k];
-    });
-    ss = warp_sum(ss);
-    const float s = 1.f / sqrtf(ss / (float)dim + eps);
-    if (lane == 0) rstd[r] = s;
-    row_chunks(dim, [&](int c, int n) {
-        float v[4];
-        ldv(h, o + c, n, v);
-        for (int k = 0; k < n; ++k) v[k] = v[k] * s * w[c + k];
-        stv(y, o + c, n, v);
-    });
-}
-
-// RMSNorm of a few rows (decode steps), one 256-thread block per row instead of one warp: a row of
-// 768 is then one load per thread, not six dependent ones. With `b`, h = a + b first (stored in T
-// and read back), as add_rms_fwd_impl. The same kernel serves rms_norm_fwd and add_rms_norm_fwd
-// for such rows, so the two stay bitwise equal.
+// A block's walk over a row of n elements: 4-wide chunks at c = 4*tid + 4*blockDim*k when
+// n % 4 == 0, else single elements.
 template <class F>
 __device__ __forceinline__ void wide_chunks(int n, F f) {
     if ((n & 3) == 0) {
@@ -193,14 +138,21 @@ __device__ __forceinline__ void wide_chunks(int n, F f) {
         for (int c = threadIdx.x; c < n; c += blockDim.x) f(c, 1);
     }
 }
-template <class T>
-__device__ __forceinline__ void rms_wide_impl(T* y, float* rstd, T* h, const T* a, const T* b, const float* w, int dim,
-                                              int groups, float eps) {
+
+template <bool WIDE, class F>
+__device__ __forceinline__ void norm_chunks(int n, F f) {
+    if (WIDE) wide_chunks(n, f);
+    else row_chunks(n, f);
+}
+
+template <class T, bool WIDE>
+__device__ __forceinline__ void norm_row(T* y, float* rstd, T* h, const T* a, const T* b, const float* w, i64 r,
+                                         int dim, int groups, float eps) {
     __shared__ float s_bcast;
-    const i64 r = blockIdx.x, o = r * dim;
+    const i64 o = r * dim;
     const T* x = b != nullptr ? h : a;
     float ss = 0.f;
-    wide_chunks(dim, [&](int c, int n) {
+    norm_chunks<WIDE>(dim, [&](int c, int n) {
         float v[4];
         ldv(a, o + c, n, v);
         if (b != nullptr) {
@@ -212,20 +164,37 @@ __device__ __forceinline__ void rms_wide_impl(T* y, float* rstd, T* h, const T* 
         }
         for (int k = 0; k < n; ++k) ss += v[k] * v[k];
     });
-    ss = block_sum(ss);
-    if (threadIdx.x == 0) {
-        s_bcast = 1.f / sqrtf(ss / (float)dim + eps);
-        rstd[r] = s_bcast;
+    float s;
+    if (WIDE) {
+        ss = block_sum(ss);
+        if (threadIdx.x == 0) s_bcast = 1.f / sqrtf(ss / (float)dim + eps);
+        __syncthreads();
+        s = s_bcast;
+    } else {
+        s = 1.f / sqrtf(warp_sum(ss) / (float)dim + eps);
     }
-    __syncthreads();
-    const float s = s_bcast;
+    if ((WIDE ? threadIdx.x : threadIdx.x & 31) == 0) rstd[r] = s;
     const float* wr = w + (r % groups) * dim;
-    wide_chunks(dim, [&](int c, int n) {
+    norm_chunks<WIDE>(dim, [&](int c, int n) {
         float v[4];
         ldv(x, o + c, n, v);
         for (int k = 0; k < n; ++k) v[k] = v[k] * s * wr[c + k];
         stv(y, o + c, n, v);
     });
+}
+
+template <class T>
+__device__ __forceinline__ void rms_fwd_impl(T* y, float* rstd, const T* x, const float* w, int rows, int dim,
+                                             int groups, float eps) {
+    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r < rows) norm_row<T, false>(y, rstd, nullptr, x, nullptr, w, r, dim, groups, eps);
+}
+
+template <class T>
+__device__ __forceinline__ void add_rms_fwd_impl(T* h, T* y, float* rstd, const T* a, const T* b, const float* w,
+                                                 int rows, int dim, float eps) {
+    const i64 r = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r < rows) norm_row<T, false>(y, rstd, h, a, b, w, r, dim, 1, eps);
 }
 
 // y[r, o] = x[r, :] . w[o, :] for a few rows r < rows <= GEMV_ROWS (a decode step's Linear, where a
@@ -804,7 +773,7 @@ extern "C" __global__ void __launch_bounds__(256) sumsq_final(float* out, int sl
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) rms_norm_fwd_wide_##S(                                       \
         T* y, float* rstd, T* h, const T* a, const T* b, const float* w, int dim, int groups, float eps) {         \
-        rms_wide_impl<T>(y, rstd, h, a, b, w, dim, groups, eps);                                                   \
+        norm_row<T, true>(y, rstd, h, a, b, w, blockIdx.x, dim, groups, eps);                                     \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) add_rms_norm_fwd_##S(                                        \
         T* h, T* y, float* rstd, const T* a, const T* b, const float* w, int rows, int dim, float eps) {           \

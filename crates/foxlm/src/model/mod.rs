@@ -276,7 +276,7 @@ impl Model {
             if let Some(input) = acts.inputs.get_mut(li) {
                 be.copy(input, &cur.x)?;
             }
-            blk.forward_normed(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
+            blk.forward(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
             // The block's output h + MLP(...) is the next block's input, normalised in the same
             // pass (or the final norm's input).
             let out = &acts.out;
@@ -349,6 +349,7 @@ impl Model {
                 // The block's forward again, from its saved input, into the one block's buffers.
                 let ws = &mut acts.blocks[0];
                 be.copy(&mut ws.x, &acts.inputs[li])?;
+                be.rms_norm_fwd(&mut ws.attn_norm_out, &mut ws.attn_norm_rstd, &ws.x, blk.attn_norm, d, eps)?;
                 blk.forward(be, batch, ws, &mut acts.out, None, n, d, eps)?;
                 blk.backward(be, batch, ws, dx, dnorm, attn, mlp, d)?;
             } else {
@@ -467,27 +468,10 @@ impl Model {
 
 impl Block {
     /// Forward of one block into `a`: a.h = x + Attn(RMSNorm(x)); out = MLP(RMSNorm(h)) (the
-    /// caller adds the residual: the block's output is a.h + out).
+    /// caller adds the residual: the block's output is a.h + out). `a.attn_norm_out` = RMSNorm(x)
+    /// is the caller's too (the previous block's residual add does it in the same pass).
     #[allow(clippy::too_many_arguments)]
     fn forward<B: Backend>(
-        &self,
-        be: &mut B,
-        batch: &B::Batch,
-        a: &mut BlockActs<B::Act, B::F32>,
-        out: &mut B::Act,
-        cache: Option<&mut B::LayerCache>,
-        n: usize,
-        d: usize,
-        eps: f32,
-    ) -> Result<()> {
-        be.rms_norm_fwd(&mut a.attn_norm_out, &mut a.attn_norm_rstd, &a.x, self.attn_norm, d, eps)?;
-        self.forward_normed(be, batch, a, out, cache, n, d, eps)
-    }
-
-    /// [`Block::forward`] with `a.attn_norm_out` = RMSNorm(x) already done (by the previous
-    /// block's residual add, in the same pass).
-    #[allow(clippy::too_many_arguments)]
-    fn forward_normed<B: Backend>(
         &self,
         be: &mut B,
         batch: &B::Batch,

@@ -114,92 +114,110 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
         let dir = fixtures.join(v);
         let model = load_model(&dir)?;
         let (b, t, ids, start) = input_ids(&dir)?;
-        let ctx = Ctx { batch: b, seq: t, start: None };
-        let pctx = Ctx { batch: b, seq: t, start: Some(start.clone()) };
-        let vocab = model.config.vocab_size;
-        let targets: Vec<Option<u32>> =
-            (0..b * t).map(|i| if i % t + 1 < t { Some(ids[i + 1]) } else { None }).collect();
-        let cpu_logits = model.forward(&ids, &ctx);
-        let cpu_padded = model.forward(&ids, &pctx);
-        let mut cpu_grads = model.params.zeros_like();
-        let cpu_loss = model.loss_and_grads(&ids, &targets, &ctx, &mut cpu_grads, 1.0) as f64;
-        let unmasked = |l: &[f32]| -> Vec<f32> {
-            (0..b)
-                .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
-                .map(|i| l[i])
-                .collect()
-        };
+        rows.extend(model_rows(gpu, v, &model, b, t, &ids, &start)?);
+    }
+    // Grouped-query attention and sliding windows: the fast bf16 kernels (head dim 64) and the f32
+    // kernel (head dim 16, also for bf16), each against the CPU model.
+    for (d, heads, kv, window) in [(128, 2, 1, 37), (64, 4, 2, 20)] {
+        let mut cfg = crate::presets::Variant::FoxPro.config(d, 2, heads);
+        cfg.vocab_size = 512;
+        (cfg.bos_token_id, cfg.eos_token_id) = (Some(511), Some(511));
+        cfg.num_kv_heads = Some(kv);
+        cfg.window_size = Some(window);
+        cfg.validate()?;
+        let model = crate::train::init_model(&cfg, 11);
+        let (b, t) = (2, 150);
+        let ids: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
+        let name = format!("d={d} H={heads} H_kv={kv} window={window}");
+        rows.extend(model_rows(gpu, &name, &model, b, t, &ids, &[0, 30])?);
+    }
+    Ok(rows)
+}
 
-        // f32 on the GPU: the CPU's numbers up to summation order.
-        let l32 = gpu_logits::<f32>(gpu, &model, &ids, &ctx)?;
-        rows.push(row(
-            format!("{v} f32"),
-            "logits max |Δ| vs CPU",
-            max_abs_diff(&l32, &cpu_logits),
-            1e-3,
-            String::new(),
-        ));
-        let p32 = gpu_logits::<f32>(gpu, &model, &ids, &pctx)?;
-        rows.push(row(
-            format!("{v} f32 left-padded"),
-            "logits max |Δ| (unmasked)",
-            max_abs_diff(&unmasked(&p32), &unmasked(&cpu_padded)),
-            1e-3,
-            String::new(),
-        ));
-        let (loss32, g32) = gpu_loss_and_grads::<f32>(gpu, &model, &ids, &targets, &ctx)?;
-        rows.push(row(
-            format!("{v} f32"),
-            "loss |Δ| vs CPU",
-            (loss32 - cpu_loss).abs(),
-            1e-4,
-            format!("loss {loss32:.5}"),
-        ));
-        let (mut worst, mut worst_name) = (0.0f64, String::new());
-        for (i, (g, c)) in g32.iter().zip(&cpu_grads).enumerate() {
-            let scale = c.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
-            if scale == 0.0 {
-                continue;
-            }
-            let e = max_abs_diff(g, c) / scale;
-            if e > worst {
-                (worst, worst_name) = (e, model.params.names[i].clone());
+/// Logits (also left-padded), loss and gradients of `model` on ids [b, t] on the GPU in f32 and
+/// bf16 against the CPU.
+fn model_rows(
+    gpu: &Arc<Gpu>,
+    v: &str,
+    model: &Model,
+    b: usize,
+    t: usize,
+    ids: &[u32],
+    start: &[usize],
+) -> Result<Vec<CheckRow>> {
+    let mut rows = Vec::new();
+    let ctx = Ctx { batch: b, seq: t, start: None };
+    let pctx = Ctx { batch: b, seq: t, start: Some(start.to_vec()) };
+    let vocab = model.config.vocab_size;
+    let targets: Vec<Option<u32>> = (0..b * t).map(|i| if i % t + 1 < t { Some(ids[i + 1]) } else { None }).collect();
+    let cpu_logits = model.forward(ids, &ctx);
+    let cpu_padded = model.forward(ids, &pctx);
+    let mut cpu_grads = model.params.zeros_like();
+    let cpu_loss = model.loss_and_grads(ids, &targets, &ctx, &mut cpu_grads, 1.0) as f64;
+    let unmasked = |l: &[f32]| -> Vec<f32> {
+        (0..b)
+            .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
+            .map(|i| l[i])
+            .collect()
+    };
+
+    // f32 on the GPU: the CPU's numbers up to summation order.
+    let l32 = gpu_logits::<f32>(gpu, model, ids, &ctx)?;
+    rows.push(row(format!("{v} f32"), "logits max |Δ| vs CPU", max_abs_diff(&l32, &cpu_logits), 1e-3, String::new()));
+    let p32 = gpu_logits::<f32>(gpu, model, ids, &pctx)?;
+    rows.push(row(
+        format!("{v} f32 left-padded"),
+        "logits max |Δ| (unmasked)",
+        max_abs_diff(&unmasked(&p32), &unmasked(&cpu_padded)),
+        1e-3,
+        String::new(),
+    ));
+    let (loss32, g32) = gpu_loss_and_grads::<f32>(gpu, model, ids, &targets, &ctx)?;
+    rows.push(row(format!("{v} f32"), "loss |Δ| vs CPU", (loss32 - cpu_loss).abs(), 1e-4, format!("loss {loss32:.5}")));
+    let (mut worst, mut worst_name) = (0.0f64, String::new());
+    for (i, (g, c)) in g32.iter().zip(&cpu_grads).enumerate() {
+        let scale = c.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+        if scale == 0.0 {
+            continue;
+        }
+        let e = max_abs_diff(g, c) / scale;
+        if e > worst {
+            (worst, worst_name) = (e, model.params.names[i].clone());
+        }
+    }
+    rows.push(row(format!("{v} f32"), "grads max |Δ|/max|g| (worst)", worst, 1e-3, worst_name));
+
+    // bf16 on the GPU: the training precision.
+    let l16 = gpu_logits::<half::bf16>(gpu, model, ids, &ctx)?;
+    rows.push(row(
+        format!("{v} bf16"),
+        "logits RMS error vs CPU",
+        rms_diff(&l16, &cpu_logits),
+        0.04,
+        format!("max {:.3}", max_abs_diff(&l16, &cpu_logits)),
+    ));
+    let (loss16, g16) = gpu_loss_and_grads::<half::bf16>(gpu, model, ids, &targets, &ctx)?;
+    rows.push(row(
+        format!("{v} bf16"),
+        "loss |Δ| vs CPU",
+        (loss16 - cpu_loss).abs(),
+        2e-2,
+        format!("loss {loss16:.5}"),
+    ));
+    let cos = {
+        let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
+        for (g, c) in g16.iter().zip(&cpu_grads) {
+            for (x, y) in g.iter().zip(c) {
+                dot += *x as f64 * *y as f64;
+                na += (*x as f64).powi(2);
+                nb += (*y as f64).powi(2);
             }
         }
-        rows.push(row(format!("{v} f32"), "grads max |Δ|/max|g| (worst)", worst, 1e-3, worst_name));
-
-        // bf16 on the GPU: the training precision.
-        let l16 = gpu_logits::<half::bf16>(gpu, &model, &ids, &ctx)?;
-        rows.push(row(
-            format!("{v} bf16"),
-            "logits RMS error vs CPU",
-            rms_diff(&l16, &cpu_logits),
-            0.04,
-            format!("max {:.3}", max_abs_diff(&l16, &cpu_logits)),
-        ));
-        let (loss16, g16) = gpu_loss_and_grads::<half::bf16>(gpu, &model, &ids, &targets, &ctx)?;
-        rows.push(row(
-            format!("{v} bf16"),
-            "loss |Δ| vs CPU",
-            (loss16 - cpu_loss).abs(),
-            2e-2,
-            format!("loss {loss16:.5}"),
-        ));
-        let cos = {
-            let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
-            for (g, c) in g16.iter().zip(&cpu_grads) {
-                for (x, y) in g.iter().zip(c) {
-                    dot += *x as f64 * *y as f64;
-                    na += (*x as f64).powi(2);
-                    nb += (*y as f64).powi(2);
-                }
-            }
-            dot / (na.sqrt() * nb.sqrt()).max(1e-30)
-        };
-        // bf16 gradients: the direction matters to the optimizer; 2% off in cosine is loose
-        // for bf16 activations on a model this small.
-        rows.push(row(format!("{v} bf16"), "grads 1 - cosine vs CPU", 1.0 - cos, 2e-2, String::new()));
-    }
+        dot / (na.sqrt() * nb.sqrt()).max(1e-30)
+    };
+    // bf16 gradients: the direction matters to the optimizer; 2% off in cosine is loose
+    // for bf16 activations on a model this small.
+    rows.push(row(format!("{v} bf16"), "grads 1 - cosine vs CPU", 1.0 - cos, 2e-2, String::new()));
     Ok(rows)
 }
 

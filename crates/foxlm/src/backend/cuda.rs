@@ -7,7 +7,7 @@
 //! Everything a step touches is allocated in [`Cuda::new`], [`Cuda::new_batch`] and the model's
 //! `ModelActs::new` / `Scratch::new`: the step itself allocates nothing on the device.
 
-use super::{Alloc, AttnGrads, Backend, BatchInfo, Tiles};
+use super::{Alloc, AttnGrads, AttnShape, Backend, BatchInfo, Tiles};
 use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::{ParamId, ParamKind, Params};
@@ -561,6 +561,7 @@ fn dev_problem<'a>(
     c: &'a CudaSlice<f32>,
     prune: Option<&'a CudaSlice<f32>>,
     heads: usize,
+    kv_heads: usize,
     head_dim: usize,
 ) -> DevProblem<'a> {
     let t = b.seq;
@@ -573,8 +574,8 @@ fn dev_problem<'a>(
         q_pos0: 0,
         dtype: DType::Bf16,
         q: DevView::bthd(q, t, heads, head_dim),
-        k: DevView::bthd(k, t, heads, head_dim),
-        v: DevView::bthd(v, t, heads, head_dim),
+        k: DevView::bthd(k, t, kv_heads, head_dim),
+        v: DevView::bthd(v, t, kv_heads, head_dim),
         cq: c,
         ck: c,
         vis: match b.start_host {
@@ -584,6 +585,11 @@ fn dev_problem<'a>(
         scale: 1.0 / (head_dim as f32).sqrt(),
         prune,
     }
+}
+
+/// The attention kernels' options for a layer's shape.
+fn attn_options(shape: AttnShape) -> ga::AttnOptions {
+    ga::AttnOptions { kv_heads: (shape.kv_heads != shape.heads).then_some(shape.kv_heads), window: shape.window }
 }
 
 /// Views of bf16 activations as the 16-bit words the attention kernels take.
@@ -986,7 +992,7 @@ impl<T: Elem> Backend for Cuda<T> {
             None if bf16::<T>() && fast_attention_dims(head_dim) => {
                 let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
                 let (qv, kv) = (words(q)?, words(k)?);
-                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, head_dim);
+                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, heads, head_dim);
                 ga::acp_thresholds_from_norms(&self.gpu, &p, n_keys, log_eps, prune)
             }
             None => {
@@ -1013,6 +1019,24 @@ impl<T: Elem> Backend for Cuda<T> {
         }
     }
 
+    fn acp_thresholds_shaped(
+        &mut self,
+        prune: &mut CudaSlice<f32>,
+        qk_norm: Option<(ParamId, ParamId)>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        b: &GpuBatch,
+        shape: AttnShape,
+        n_keys: usize,
+        log_eps: f32,
+    ) -> Result<()> {
+        // A window only shortens the rows the bound is for: it holds as it is.
+        if shape.kv_heads != shape.heads {
+            bail!("ACP with grouped-query attention (num_kv_heads {}) is not implemented on the GPU", shape.kv_heads);
+        }
+        self.acp_thresholds(prune, qk_norm, q, k, b, shape.heads, shape.head_dim, n_keys, log_eps)
+    }
+
     fn attention_fwd(
         &mut self,
         o: &mut CudaSlice<T>,
@@ -1027,35 +1051,53 @@ impl<T: Elem> Backend for Cuda<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<Tiles> {
+        self.attention_fwd_shaped(o, lse, q, k, v, c, prune, b, cache, AttnShape::plain(heads, head_dim))
+    }
+    fn attention_fwd_shaped(
+        &mut self,
+        o: &mut CudaSlice<T>,
+        lse: &mut CudaSlice<f32>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        c: &CudaSlice<f32>,
+        prune: Option<&CudaSlice<f32>>,
+        b: &GpuBatch,
+        cache: Option<&mut GpuCache<T>>,
+        shape: AttnShape,
+    ) -> Result<Tiles> {
         self.mark(Family::Attention)?;
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         if let Some(cache) = cache {
+            shape.ensure_plain().context("decoding on the GPU")?;
             return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, heads, head_dim);
         }
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let n = bb * t * heads * head_dim;
+        let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
+        let opts = attn_options(shape);
         if bf16::<T>() && fast_attention_dims(head_dim) {
             let (qv, kv, vv, ov) = (words(q)?, words(k)?, words(v)?, words(o)?);
-            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, head_dim);
-            ga::forward(&self.gpu, &p, &ov, lse, FwdKernel::Tiled, false)?;
+            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, kv_heads, head_dim);
+            ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
             return Ok(Tiles::default());
         }
         let start = self.start(b);
+        let (g, d) = (&self.gpu, head_dim);
         match self.f32_attn.as_mut() {
             None => {
                 let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
                 let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
                 let o = as_f32_mut(o).ok_or_else(err)?;
-                attention_f32::forward_f32(&self.gpu, bb, heads, t, head_dim, q, k, v, c, start, scale, prune, o, lse)?;
+                attention_f32::forward_f32_opts(g, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, lse)?;
             }
             Some(f) => {
-                ops::cast_to_f32(&self.gpu, &mut f.q, q, n)?;
-                ops::cast_to_f32(&self.gpu, &mut f.k, k, n)?;
-                ops::cast_to_f32(&self.gpu, &mut f.v, v, n)?;
-                attention_f32::forward_f32(
-                    &self.gpu, bb, heads, t, head_dim, &f.q, &f.k, &f.v, c, start, scale, prune, &mut f.o, lse,
-                )?;
-                ops::cast_from_f32(&self.gpu, o, &f.o, n)?;
+                ops::cast_to_f32(g, &mut f.q, q, n)?;
+                ops::cast_to_f32(g, &mut f.k, k, nkv)?;
+                ops::cast_to_f32(g, &mut f.v, v, nkv)?;
+                let (fq, fk, fv, fo) = (&f.q, &f.k, &f.v, &mut f.o);
+                attention_f32::forward_f32_opts(g, bb, heads, t, d, opts, fq, fk, fv, c, start, scale, prune, fo, lse)?;
+                ops::cast_from_f32(g, o, &f.o, n)?;
             }
         }
         Ok(Tiles::default())
@@ -1076,23 +1118,41 @@ impl<T: Elem> Backend for Cuda<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
+        self.attention_bwd_shaped(g, q, k, v, c, prune, o, dout, lse, b, AttnShape::plain(heads, head_dim))
+    }
+    fn attention_bwd_shaped(
+        &mut self,
+        g: AttnGrads<'_, Self>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        c: &CudaSlice<f32>,
+        prune: Option<&CudaSlice<f32>>,
+        o: &CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        lse: &CudaSlice<f32>,
+        b: &GpuBatch,
+        shape: AttnShape,
+    ) -> Result<()> {
         self.mark(Family::Attention)?;
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let n = bb * t * heads * head_dim;
+        let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
+        let opts = attn_options(shape);
         if bf16::<T>() && fast_attention_dims(head_dim) {
             let (qv, kv, vv, ov, dov) = (words(q)?, words(k)?, words(v)?, words(o)?, words(dout)?);
             let (dqv, dkv, dvv) = (words(g.dq)?, words(g.dk)?, words(g.dv)?);
-            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, head_dim);
+            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, kv_heads, head_dim);
             let out = ga::BwdOut { dq: &dqv, dk: &dkv, dv: &dvv, dcq: g.dc, dck: &self.dck, delta: &self.delta };
-            ga::backward_into(&self.gpu, &p, &ov, &dov, lse, out)?;
+            ga::backward_into_opts(&self.gpu, &p, opts, &ov, &dov, lse, out)?;
             // dc = dcq + dck (the reverse prefix sum wants their sum).
             let m = bb * heads * t;
             return ops::add_inplace::<f32>(&self.gpu, g.dc, &self.dck, m);
         }
         let start = self.start(b);
         // The f32 kernel's delta scratch is the one planned for the fast kernels (B·H·T).
-        let opts = ga::AttnOptions::default();
+        let (gpu, d) = (&self.gpu, head_dim);
         match self.f32_attn.as_mut() {
             None => {
                 let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
@@ -1101,60 +1161,25 @@ impl<T: Elem> Backend for Cuda<T> {
                 let dq = as_f32_mut(g.dq).ok_or_else(err)?;
                 let dk = as_f32_mut(g.dk).ok_or_else(err)?;
                 let dv = as_f32_mut(g.dv).ok_or_else(err)?;
+                let (dc, delta) = (g.dc, &mut self.delta);
                 attention_f32::backward_f32_scratch(
-                    &self.gpu,
-                    bb,
-                    heads,
-                    t,
-                    head_dim,
-                    opts,
-                    q,
-                    k,
-                    v,
-                    c,
-                    start,
-                    scale,
-                    prune,
-                    o,
-                    dout,
-                    lse,
-                    dq,
-                    dk,
-                    dv,
-                    g.dc,
-                    &mut self.delta,
+                    gpu, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, delta,
                 )
             }
             Some(f) => {
-                for (dst, src) in [(&mut f.q, q), (&mut f.k, k), (&mut f.v, v), (&mut f.o, o), (&mut f.dout, dout)] {
-                    ops::cast_to_f32(&self.gpu, dst, src, n)?;
+                for (dst, src, len) in
+                    [(&mut f.q, q, n), (&mut f.k, k, nkv), (&mut f.v, v, nkv), (&mut f.o, o, n), (&mut f.dout, dout, n)]
+                {
+                    ops::cast_to_f32(gpu, dst, src, len)?;
                 }
+                let (dc, delta) = (&mut *g.dc, &mut self.delta);
                 attention_f32::backward_f32_scratch(
-                    &self.gpu,
-                    bb,
-                    heads,
-                    t,
-                    head_dim,
-                    opts,
-                    &f.q,
-                    &f.k,
-                    &f.v,
-                    c,
-                    start,
-                    scale,
-                    prune,
-                    &f.o,
-                    &f.dout,
-                    lse,
-                    &mut f.dq,
-                    &mut f.dk,
-                    &mut f.dv,
-                    g.dc,
-                    &mut self.delta,
+                    gpu, bb, heads, t, d, opts, &f.q, &f.k, &f.v, c, start, scale, prune, &f.o, &f.dout, lse,
+                    &mut f.dq, &mut f.dk, &mut f.dv, dc, delta,
                 )?;
-                ops::cast_from_f32(&self.gpu, g.dq, &f.dq, n)?;
-                ops::cast_from_f32(&self.gpu, g.dk, &f.dk, n)?;
-                ops::cast_from_f32(&self.gpu, g.dv, &f.dv, n)
+                ops::cast_from_f32(gpu, g.dq, &f.dq, n)?;
+                ops::cast_from_f32(gpu, g.dk, &f.dk, nkv)?;
+                ops::cast_from_f32(gpu, g.dv, &f.dv, nkv)
             }
         }
     }

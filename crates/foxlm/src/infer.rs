@@ -94,10 +94,19 @@ pub fn open<'m>(
             }
             Ok(Box::new(CpuInfer { model }))
         }
-        cuda::Device::Cuda(gpu) => Ok(match dtype.unwrap_or_default() {
-            Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
-            Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
-        }),
+        cuda::Device::Cuda(gpu) => {
+            let c = &model.config;
+            if c.kv_heads() != c.num_heads || c.window_size.is_some() {
+                bail!(
+                    "models with num_kv_heads or window_size run on the CPU only for now (they train on the GPU, \
+                     but GPU decoding does not take them yet): use --device cpu"
+                );
+            }
+            Ok(match dtype.unwrap_or_default() {
+                Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
+                Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
+            })
+        }
     }
 }
 

@@ -166,6 +166,7 @@ template <typename T>
 __device__ void decode_in(const DecodeIn& p) {
     __shared__ float2 red[32];
     __shared__ float shq[1024], shk[1024];
+    pdl_trigger_next();
     const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, D = p.D, i = threadIdx.x;
     const bool on = i < D;
     const float* pr = p.p + (long long)b * p.ldp;
@@ -236,6 +237,7 @@ template <typename T>
 __device__ void decode_out(T* z, const T* o, const float* p, const float* norm_w, int ldp, int og_off, int H, int D,
                            float eps) {
     __shared__ float2 red[32];
+    pdl_trigger_next();
     const int bh = blockIdx.x, b = bh / H, h = bh % H, i = threadIdx.x;
     const bool on = i < D;
     const long long at = (long long)bh * D + (on ? i : 0);

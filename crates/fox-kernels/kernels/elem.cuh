@@ -28,3 +28,11 @@ __device__ __forceinline__ float round_to(float v) {
     st(&t, 0, v);
     return ld(&t, 0);
 }
+
+// Lets the next kernel in the stream, when launched with programmatic dependent launch, start
+// while this one runs (it still waits for this one's completion before reading; see ops.cu).
+__device__ __forceinline__ void pdl_trigger_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}

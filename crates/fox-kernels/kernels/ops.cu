@@ -121,6 +121,21 @@ __device__ __forceinline__ V block_sum(V x) {
     return s;
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with it may start while the one
+// before it finishes; pdl_wait blocks until that one has completed and its writes are visible.
+// pdl_trigger lets the next kernel start (once every block of this one has called it). Both are
+// no-ops on older GPUs and for kernels launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm (as crate::rmsnorm). One warp per row, 8 rows per block; for a few rows (decode steps) a
 // 256-thread block per row instead (WIDE: a row of 768 is then one load per thread, not six
@@ -149,6 +164,10 @@ template <class T, bool WIDE>
 __device__ __forceinline__ void norm_row(T* y, float* rstd, T* h, const T* a, const T* b, const float* w, i64 r,
                                          int dim, int groups, float eps) {
     __shared__ float s_bcast;
+    if (WIDE) {
+        pdl_trigger();
+        pdl_wait();
+    }
     const i64 o = r * dim;
     const T* x = b != nullptr ? h : a;
     float ss = 0.f;
@@ -228,12 +247,23 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
                       : (i64)blockIdx.x * per_block + slot;
     const bool on = GLU ? (i64)blockIdx.x * half + slot % half < inter : o < out;
     float acc[GEMV_ROWS] = {0.f, 0.f, 0.f, 0.f};
+    // The weights depend on no earlier kernel: the first chunk is fetched before the wait.
+    pdl_trigger();
+    const T* wr = w + o * in;
+    const int c0 = (part * 32 + lane) * S;
+    float w0[S];
+    if (on && c0 < in) ld16(wr + c0, w0);
+    pdl_wait();
     if (on) {
-        const T* wr = w + o * in;
 #pragma unroll 2
-        for (int c = (part * 32 + lane) * S; c < in; c += ks * 32 * S) {
+        for (int c = c0; c < in; c += ks * 32 * S) {
             float wv[S], xv[S];
-            ld16(wr + c, wv);
+            if (c == c0) {
+#pragma unroll
+                for (int k = 0; k < S; ++k) wv[k] = w0[k];
+            } else {
+                ld16(wr + c, wv);
+            }
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; ++r) {
                 if (r < rows) {

@@ -279,6 +279,45 @@ impl Gpu {
         &self.ctx
     }
 
+    /// Launches `f` on the stream allowing programmatic dependent launch: its blocks may start
+    /// while the kernel before it finishes, up to the kernel's `griddepcontrol.wait` (which every
+    /// kernel launched this way must execute before it touches what earlier kernels write).
+    ///
+    /// # Safety
+    /// `args` points at the kernel's arguments, in order and of its C types, valid for the call;
+    /// the kernel waits as above.
+    pub unsafe fn launch_dependent(
+        &self,
+        f: &CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        // SAFETY: a zeroed attribute is valid plain data; id and value are set next.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller's contract (arguments valid for `f`); the config lives for the call.
+        let r = unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            anyhow::bail!("launching a kernel with programmatic dependent launch: {r:?}");
+        }
+        Ok(())
+    }
+
     /// A kernel of one of the sources in [`compile::SOURCES`], compiling and loading on first use.
     pub fn function(&self, source: &compile::Source, name: &str) -> Result<CudaFunction> {
         let key = format!("{}::{name}", source.name);

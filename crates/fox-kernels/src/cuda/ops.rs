@@ -50,6 +50,26 @@ fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]
     Ok(())
 }
 
+/// [`launch`] allowing programmatic dependent launch ([`Gpu::launch_dependent`]): for the
+/// kernels of a decode step that wait with `pdl_wait` (ops.cu) before reading their inputs.
+fn launch_dependent(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+    let f = gpu.function(&OPS, name)?;
+    let mut ptrs: Vec<*mut std::ffi::c_void> = args
+        .iter()
+        .map(|a| match a {
+            Arg::P(v) => v as *const u64 as *mut std::ffi::c_void,
+            Arg::I(v) => v as *const i32 as *mut std::ffi::c_void,
+            Arg::L(v) => v as *const i64 as *mut std::ffi::c_void,
+            Arg::F(v) => v as *const f32 as *mut std::ffi::c_void,
+            Arg::D(v) => v as *const f64 as *mut std::ffi::c_void,
+        })
+        .collect();
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: as in `launch`; the pointers point into `args`, alive for the call, and the kernels
+    // launched this way execute pdl_wait before touching anything earlier kernels write.
+    unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))
+}
+
 fn kname<T: Elem>(base: &str) -> String {
     format!("{base}_{}", T::NAME)
 }
@@ -219,7 +239,7 @@ fn rms_wide<T: Elem>(
         Some((h, b)) => (ptr(gpu, h), ptr(gpu, b)),
         None => (0, 0),
     };
-    launch(
+    launch_dependent(
         gpu,
         &kname::<T>(op),
         grid1(rows)?,
@@ -372,7 +392,7 @@ fn gemv_launch(
     let ks = gemv_split(in_features, out_features, elem_bytes);
     // A GLU block takes (8 / ks) / 2 gate rows and their up rows.
     let blocks = if h != 0 { (out_features / 2).div_ceil(4 / ks) } else { out_features.div_ceil(8 / ks) };
-    launch(
+    launch_dependent(
         gpu,
         name,
         grid1(blocks)?,

@@ -308,8 +308,16 @@ pub struct Grads {
     pub dck: Vec<f32>,
 }
 
+/// Most dS entries the backward keeps between its passes (16 MiB of f32).
+const DS_KEEP: usize = 1 << 22;
+
 /// Backward. `o` and `dout` are [B, tq, H, D]; `lse` from the forward's `Stats`.
 pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
+    backward_keeping(p, o, dout, lse, p.batch * p.heads * p.tq * p.tk <= DS_KEEP)
+}
+
+/// [`backward`], keeping pass 1's dS for pass 2 or (`keep` false) forming it again there.
+fn backward_keeping(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32], keep: bool) -> Grads {
     p.check();
     let (bb, hh, hkv, d, tq, tk) = (p.batch, p.heads, p.kv_heads, p.head_dim, p.tq, p.tk);
     let group = hh / hkv;
@@ -340,6 +348,12 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
         let pos = p.q_pos0 + r;
         pos >= p.vis.start(b, r, tq) && j >= p.key_start(b, r) && j <= pos
     };
+    // Pass 1 keeps each dS_ij it forms for pass 2 when all of them fit in DS_KEEP floats (short
+    // contexts, as in CPU training); otherwise pass 2 forms them again. Both passes visit the
+    // same (row, key) pairs and form dS the same way, so the gradients are bitwise the same.
+    let mut ds_kept = if keep { vec![0.0f32; bb * hh * tq * tk] } else { Vec::new() };
+    let dsp = SharedMut::new(&mut ds_kept);
+    let ds_at = |b: usize, h: usize, r: usize, j: usize| ((b * hh + h) * tq + r) * tk + j;
 
     // Pass 1: over key blocks of each k/v head: dk, dv (summed over the group's query heads in a
     // fixed order), and dck = −Σ_i dS_ij per query head. Query blocks whose visit starts after
@@ -381,6 +395,10 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
                         let ds = pij * (dot(dor, p.v.row(b, hk, j, d)) - dl);
                         axpy(&mut dkt[jj * d..(jj + 1) * d], ds * p.scale, qr);
                         dct[jj] -= ds;
+                        if keep {
+                            // SAFETY: each (b, h, row, key) is formed by exactly one key block.
+                            unsafe { *dsp.get(ds_at(b, h, r, j)) = ds };
+                        }
                     }
                 }
             }
@@ -420,8 +438,11 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
                 if !row_sees(b, r, j) {
                     continue;
                 }
-                let pij = prob(b, h, r, j, qr);
-                let ds = pij * (dot(dor, p.v.row(b, hk, j, d)) - dl);
+                let ds = if keep {
+                    ds_kept[ds_at(b, h, r, j)]
+                } else {
+                    prob(b, h, r, j, qr) * (dot(dor, p.v.row(b, hk, j, d)) - dl)
+                };
                 axpy(&mut dqr, ds * p.scale, p.k.row(b, hk, j, d));
                 dci += ds;
             }
@@ -751,6 +772,30 @@ mod tests {
                 assert!(gg.dk.iter().any(|&x| x != 0.0));
             }
         }
+    }
+
+    #[test]
+    fn kept_ds_gives_bitwise_the_recomputed_gradients() {
+        // GQA, a window, left padding and ACP together: every way a (row, key) pair is skipped.
+        let (b, h, hkv, d, t) = (2, 4, 2, 8, 150);
+        let cs = case_gqa(21, b, h, hkv, d, t, -1.0);
+        let pad = [0usize, 31];
+        let th = vec![-6.0f32; b * h];
+        let p = Problem { window: Some(70), prune: Some(&th), ..problem(&cs, Visibility::LeftPadded(&pad)) };
+        let mut out = vec![0.0; cs.q.len()];
+        let st = forward(&p, &mut out);
+        assert!(st.tiles_pruned > 0);
+        let mut rng = ChaCha8Rng::seed_from_u64(22);
+        let dout: Vec<f32> = (0..cs.q.len()).map(|_| rng.sample(StandardNormal)).collect();
+        let kept = backward_keeping(&p, &out, &dout, &st.lse, true);
+        let formed = backward_keeping(&p, &out, &dout, &st.lse, false);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (a, c) in [(&kept.dq, &formed.dq), (&kept.dk, &formed.dk), (&kept.dv, &formed.dv)] {
+            assert_eq!(bits(a), bits(c));
+        }
+        assert_eq!(bits(&kept.dcq), bits(&formed.dcq));
+        assert_eq!(bits(&kept.dck), bits(&formed.dck));
+        assert!(kept.dq.iter().any(|&x| x != 0.0));
     }
 
     #[test]

@@ -248,7 +248,7 @@ __device__ void decode_out(T* z, const T* o, const float* p, const float* norm_w
         const float ss = block_sum2(make_float2(x * x, 0.f), red).x;
         x = round_to<T>(x * (1.f / sqrtf(ss / (float)D + eps)) * w);
     }
-    if (og_off >= 0) x *= sigmoidf_(round_to<T>(g));
+    if (og_off >= 0) x *= sigmoid_gate(round_to<T>(g));
     if (on) st(z, at, x);
 }
 

@@ -346,6 +346,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                                 self.be.end_device_positions()?;
                                 for c in caches.iter_mut() {
                                     c.len = len;
+                                    c.staged = false;
                                 }
                             }
                         }
@@ -386,6 +387,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         drop(graph);
         for c in caches.iter_mut() {
             c.len = len;
+            c.staged = false;
         }
         result?;
         device_len?;

@@ -294,6 +294,8 @@ impl Gpu {
     ) -> Result<()> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        // Programmatic dependent launch needs sm_90; older GPUs launch in plain stream order.
+        let pdl = self.cc.0 >= 9;
         // SAFETY: a zeroed attribute is valid plain data; id and value are set next.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -308,7 +310,7 @@ impl Gpu {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(pdl),
         };
         // SAFETY: the caller's contract (arguments valid for `f`); the config lives for the call.
         let r = unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) };

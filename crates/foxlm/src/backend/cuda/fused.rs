@@ -37,6 +37,8 @@ pub(super) struct FusedLayer<T> {
 pub(super) struct FusedDecode<T> {
     layers: Vec<(ParamId, FusedLayer<T>)>,
     p: Option<CudaSlice<f32>>,
+    /// Rows `p` was sized for.
+    batch: usize,
 }
 
 impl<T> FusedDecode<T> {
@@ -104,7 +106,34 @@ impl<T: Elem> Cuda<T> {
         if c.kv_heads() != c.num_heads || c.window_size.is_some() || c.log_pruning_tolerance.is_some() || hd > 1024 {
             return Ok(());
         }
+        if !self.fused.layers.is_empty() && self.fused.batch >= batch.max(1) {
+            return Ok(());
+        }
+        self.fused = FusedDecode::default();
         let d = c.hidden_size;
+        // The stacked copies cost about the attention's input weights again: without room for
+        // them (and some slack), decode steps run op by op.
+        let stacked: usize = model
+            .layers
+            .iter()
+            .map(|b| {
+                let l = &b.attn;
+                let shifts = [&l.k_proj.shift_proj, &l.v_proj.shift_proj].iter().filter_map(|s| s.as_ref()).count();
+                let gates = usize::from(matches!(l.fgate, Fgate::Full { .. })) * l.heads
+                    + l.ogate_proj.as_ref().map_or(0, |g| g.out_features);
+                (l.q_proj.out_features + 2 * l.k_proj.linear.out_features + shifts * l.kv_heads + gates) * d
+            })
+            .sum::<usize>()
+            * std::mem::size_of::<T>();
+        let (free, _) = self.gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
+        if stacked + (512 << 20) > free {
+            eprintln!(
+                "note: {:.2} GiB free on the GPU is too little for the fused decode step's stacked weights ({:.2} GiB): decoding op by op",
+                free as f64 / (1u64 << 30) as f64,
+                stacked as f64 / (1u64 << 30) as f64
+            );
+            return Ok(());
+        }
         let mut layers = Vec::with_capacity(model.layers.len());
         let mut widest = 0;
         for blk in &model.layers {
@@ -137,7 +166,7 @@ impl<T: Elem> Cuda<T> {
             widest = widest.max(width);
             layers.push((l.q_proj.weight, FusedLayer { w, width, q, k, ks, v, vs, f, og }));
         }
-        self.fused = FusedDecode { layers, p: Some(self.gpu.zeros(batch.max(1) * widest)?) };
+        self.fused = FusedDecode { layers, p: Some(self.gpu.zeros(batch.max(1) * widest)?), batch: batch.max(1) };
         Ok(())
     }
 
@@ -170,12 +199,19 @@ impl<T: Elem> Cuda<T> {
             cache.head_dim
         );
         ensure!(cache.len < cache.cap, "the decode cache holds {} positions, all filled", cache.cap);
-        ensure!(a.q.len() >= rows * h * hd && a.c.len() >= rows * h, "fused decode: activation buffers too short");
+        ensure!(
+            a.q.len() >= rows * h * hd && a.c.len() >= rows * h,
+            "fused decode: q holds {} and c {} values; {rows} rows of {h} heads × {hd} need {} and {}",
+            a.q.len(),
+            a.c.len(),
+            rows * h * hd,
+            rows * h
+        );
         let d = l.q_proj.in_features;
         self.mark(Family::Gemm)?;
         {
             let Cuda { fused, gemm, gpu, gemv, .. } = self;
-            let FusedDecode { layers, p } = fused;
+            let FusedDecode { layers, p, .. } = fused;
             let f = layers.iter().find(|(id, _)| *id == l.q_proj.weight).map(|(_, f)| f);
             let f = f.ok_or_else(|| anyhow!("fused decode weights"))?;
             let p = p.as_mut().ok_or_else(|| anyhow!("fused decode buffer"))?;
@@ -250,7 +286,13 @@ impl<T: Elem> Cuda<T> {
             return Ok(false);
         }
         let (h, hd) = (l.heads, l.head_dim);
-        ensure!(a.z.len() >= rows * h * hd && a.o.len() >= rows * h * hd, "fused decode: output buffers too short");
+        ensure!(
+            a.z.len() >= rows * h * hd && a.o.len() >= rows * h * hd,
+            "fused decode: z holds {} and o {} values; {rows} rows of {h} heads × {hd} need {}",
+            a.z.len(),
+            a.o.len(),
+            rows * h * hd
+        );
         self.mark(Family::Other)?;
         let f = self.fused.layer(l).ok_or_else(|| anyhow!("fused decode weights"))?;
         let p = self.fused.p.as_ref().ok_or_else(|| anyhow!("fused decode buffer"))?;

@@ -109,26 +109,10 @@ fn problem<'p>(
 }
 
 /// ACP thresholds with U from the largest query and key norms (models without QK-norm), on host
-/// q, k [B, T, H·D]: the CPU backend's, and the GPU's where its kernel does not apply.
+/// q [B, T, H·D] and k [B, T, H_kv·D]: U of query head h from the largest norm of the k/v head it
+/// reads. The CPU backend's, and the GPU's where its kernel does not apply.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn norm_thresholds(
-    q: &[f32],
-    k: &[f32],
-    batch: usize,
-    seq: usize,
-    start: Option<&[usize]>,
-    heads: usize,
-    head_dim: usize,
-    n_keys: usize,
-    log_eps: f32,
-) -> Vec<f32> {
-    norm_thresholds_shaped(q, k, batch, seq, start, AttnShape::plain(heads, head_dim), n_keys, log_eps)
-}
-
-/// [`norm_thresholds`] for any [`AttnShape`] (k [B, T, H_kv·D]): U of query head h from the
-/// largest norm of the k/v head it reads.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn norm_thresholds_shaped(
     q: &[f32],
     k: &[f32],
     batch: usize,
@@ -450,20 +434,6 @@ impl Backend for Cpu<'_> {
         q: &Vec<f32>,
         k: &Vec<f32>,
         b: &CpuBatch,
-        heads: usize,
-        head_dim: usize,
-        n_keys: usize,
-        log_eps: f32,
-    ) -> Result<()> {
-        self.acp_thresholds_shaped(prune, qk_norm, q, k, b, AttnShape::plain(heads, head_dim), n_keys, log_eps)
-    }
-    fn acp_thresholds_shaped(
-        &mut self,
-        prune: &mut Vec<f32>,
-        qk_norm: Option<(ParamId, ParamId)>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        b: &CpuBatch,
         shape: AttnShape,
         n_keys: usize,
         log_eps: f32,
@@ -483,7 +453,7 @@ impl Backend for Cpu<'_> {
                     .collect()
             }
             None => {
-                *prune = norm_thresholds_shaped(q, k, b.batch, b.seq, b.start.as_deref(), shape, n_keys, log_eps);
+                *prune = norm_thresholds(q, k, b.batch, b.seq, b.start.as_deref(), shape, n_keys, log_eps);
                 return Ok(());
             }
         };
@@ -491,22 +461,6 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn attention_fwd(
-        &mut self,
-        o: &mut Vec<f32>,
-        lse: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        c: &Vec<f32>,
-        prune: Option<&Vec<f32>>,
-        b: &CpuBatch,
-        cache: Option<&mut LayerCache>,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<Tiles> {
-        self.attention_fwd_shaped(o, lse, q, k, v, c, prune, b, cache, AttnShape::plain(heads, head_dim))
-    }
-    fn attention_fwd_shaped(
         &mut self,
         o: &mut Vec<f32>,
         lse: &mut Vec<f32>,
@@ -552,23 +506,6 @@ impl Backend for Cpu<'_> {
         Ok(Tiles { visited: st.tiles_visited, pruned: st.tiles_pruned })
     }
     fn attention_bwd(
-        &mut self,
-        g: AttnGrads<'_, Self>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        c: &Vec<f32>,
-        prune: Option<&Vec<f32>>,
-        o: &Vec<f32>,
-        dout: &Vec<f32>,
-        lse: &Vec<f32>,
-        b: &CpuBatch,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        self.attention_bwd_shaped(g, q, k, v, c, prune, o, dout, lse, b, AttnShape::plain(heads, head_dim))
-    }
-    fn attention_bwd_shaped(
         &mut self,
         g: AttnGrads<'_, Self>,
         q: &Vec<f32>,

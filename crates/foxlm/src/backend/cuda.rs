@@ -968,11 +968,15 @@ impl<T: Elem> Backend for Cuda<T> {
         q: &CudaSlice<T>,
         k: &CudaSlice<T>,
         b: &GpuBatch,
-        heads: usize,
-        head_dim: usize,
+        shape: AttnShape,
         n_keys: usize,
         log_eps: f32,
     ) -> Result<()> {
+        // A window only shortens the rows the bound is for: it holds as it is.
+        if shape.kv_heads != shape.heads {
+            bail!("ACP with grouped-query attention (num_kv_heads {}) is not implemented on the GPU", shape.kv_heads);
+        }
+        let (heads, head_dim) = (shape.heads, shape.head_dim);
         self.mark(Family::Attention)?;
         let ln_n = (n_keys as f32).ln();
         match qk_norm {
@@ -1003,57 +1007,14 @@ impl<T: Elem> Backend for Cuda<T> {
                     qh[..n * d].iter().map(|v| v.to_f32()).collect(),
                     kh[..n * d].iter().map(|v| v.to_f32()).collect(),
                 );
-                let th = super::cpu::norm_thresholds(
-                    &qh,
-                    &kh,
-                    b.batch,
-                    b.seq,
-                    b.start_host.as_deref(),
-                    heads,
-                    head_dim,
-                    n_keys,
-                    log_eps,
-                );
+                let start = b.start_host.as_deref();
+                let th = super::cpu::norm_thresholds(&qh, &kh, b.batch, b.seq, start, shape, n_keys, log_eps);
                 self.gpu.write(prune, &th)
             }
         }
     }
 
-    fn acp_thresholds_shaped(
-        &mut self,
-        prune: &mut CudaSlice<f32>,
-        qk_norm: Option<(ParamId, ParamId)>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        b: &GpuBatch,
-        shape: AttnShape,
-        n_keys: usize,
-        log_eps: f32,
-    ) -> Result<()> {
-        // A window only shortens the rows the bound is for: it holds as it is.
-        if shape.kv_heads != shape.heads {
-            bail!("ACP with grouped-query attention (num_kv_heads {}) is not implemented on the GPU", shape.kv_heads);
-        }
-        self.acp_thresholds(prune, qk_norm, q, k, b, shape.heads, shape.head_dim, n_keys, log_eps)
-    }
-
     fn attention_fwd(
-        &mut self,
-        o: &mut CudaSlice<T>,
-        lse: &mut CudaSlice<f32>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
-        b: &GpuBatch,
-        cache: Option<&mut GpuCache<T>>,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<Tiles> {
-        self.attention_fwd_shaped(o, lse, q, k, v, c, prune, b, cache, AttnShape::plain(heads, head_dim))
-    }
-    fn attention_fwd_shaped(
         &mut self,
         o: &mut CudaSlice<T>,
         lse: &mut CudaSlice<f32>,
@@ -1104,23 +1065,6 @@ impl<T: Elem> Backend for Cuda<T> {
     }
 
     fn attention_bwd(
-        &mut self,
-        g: AttnGrads<'_, Self>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
-        o: &CudaSlice<T>,
-        dout: &CudaSlice<T>,
-        lse: &CudaSlice<f32>,
-        b: &GpuBatch,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        self.attention_bwd_shaped(g, q, k, v, c, prune, o, dout, lse, b, AttnShape::plain(heads, head_dim))
-    }
-    fn attention_bwd_shaped(
         &mut self,
         g: AttnGrads<'_, Self>,
         q: &CudaSlice<T>,

@@ -47,13 +47,8 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    /// Multi-head attention over every earlier key.
-    pub fn plain(heads: usize, head_dim: usize) -> Self {
-        Self { heads, kv_heads: heads, head_dim, window: None }
-    }
-    /// Errors unless multi-head attention over every earlier key: for backends without the
-    /// `*_shaped` operations.
-    fn ensure_plain(&self) -> Result<()> {
+    /// Errors unless multi-head attention over every earlier key: for paths that take only that.
+    pub(crate) fn ensure_plain(&self) -> Result<()> {
         if self.kv_heads != self.heads {
             bail!(
                 "grouped-query attention (num_kv_heads {} < num_heads {}) is not implemented on this backend",
@@ -281,9 +276,10 @@ pub trait Backend: Alloc {
     /// da [B, T, H] = reverse prefix sum of dc [B, H, T].
     fn prefix_sum_bwd(&mut self, da: &mut Self::F32, dc: &Self::F32, batch: &Self::Batch, heads: usize) -> Result<()>;
 
-    // Forgetting Attention.
+    // Forgetting Attention, for a layer of any [`AttnShape`]: k, v [B, T, H_kv·D] (grouped-query
+    // attention when H_kv < H) and an optional sliding window.
     /// ACP thresholds δ per (b, h) into `prune` [B·H]: U from the QK-norm weights when given,
-    /// else from the largest query and key norms.
+    /// else from the largest query and key norms (query head h with the k/v head it reads).
     #[allow(clippy::too_many_arguments)]
     fn acp_thresholds(
         &mut self,
@@ -292,13 +288,12 @@ pub trait Backend: Alloc {
         q: &Self::Act,
         k: &Self::Act,
         batch: &Self::Batch,
-        heads: usize,
-        head_dim: usize,
+        shape: AttnShape,
         n_keys: usize,
         log_eps: f32,
     ) -> Result<()>;
     /// o [B, T, H·D], lse [B, H, T]; with `cache`, k, v and c are appended to it first and the
-    /// queries attend to every cached key.
+    /// queries attend to every cached key (the window applies to cached keys too).
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &mut self,
@@ -311,10 +306,10 @@ pub trait Backend: Alloc {
         prune: Option<&Self::F32>,
         batch: &Self::Batch,
         cache: Option<&mut Self::LayerCache>,
-        heads: usize,
-        head_dim: usize,
+        shape: AttnShape,
     ) -> Result<Tiles>;
-    /// dq, dk, dv [B, T, H·D] and dc [B, H, T] (query and key terms summed).
+    /// dq [B, T, H·D], dk, dv [B, T, H_kv·D] (each summed over its group of query heads) and dc
+    /// [B, H, T] (query and key terms summed).
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &mut self,
@@ -328,65 +323,8 @@ pub trait Backend: Alloc {
         dout: &Self::Act,
         lse: &Self::F32,
         batch: &Self::Batch,
-        heads: usize,
-        head_dim: usize,
+        shape: AttnShape,
     ) -> Result<()>;
-    /// [`Backend::acp_thresholds`] for a layer of any [`AttnShape`] (k with H_kv heads). The
-    /// default takes multi-head shapes only; backends with grouped-query attention override it.
-    #[allow(clippy::too_many_arguments)]
-    fn acp_thresholds_shaped(
-        &mut self,
-        prune: &mut Self::F32,
-        qk_norm: Option<(ParamId, ParamId)>,
-        q: &Self::Act,
-        k: &Self::Act,
-        batch: &Self::Batch,
-        shape: AttnShape,
-        n_keys: usize,
-        log_eps: f32,
-    ) -> Result<()> {
-        shape.ensure_plain()?;
-        self.acp_thresholds(prune, qk_norm, q, k, batch, shape.heads, shape.head_dim, n_keys, log_eps)
-    }
-    /// [`Backend::attention_fwd`] for any [`AttnShape`]: k, v [B, T, H_kv·D], the window applied
-    /// (also against cached keys). The default takes multi-head shapes without a window only.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_fwd_shaped(
-        &mut self,
-        o: &mut Self::Act,
-        lse: &mut Self::F32,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        c: &Self::F32,
-        prune: Option<&Self::F32>,
-        batch: &Self::Batch,
-        cache: Option<&mut Self::LayerCache>,
-        shape: AttnShape,
-    ) -> Result<Tiles> {
-        shape.ensure_plain()?;
-        self.attention_fwd(o, lse, q, k, v, c, prune, batch, cache, shape.heads, shape.head_dim)
-    }
-    /// [`Backend::attention_bwd`] for any [`AttnShape`]: dk, dv [B, T, H_kv·D], each summed over
-    /// its group of query heads; dc per query head. Default as [`Backend::attention_fwd_shaped`].
-    #[allow(clippy::too_many_arguments)]
-    fn attention_bwd_shaped(
-        &mut self,
-        grads: AttnGrads<'_, Self>,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        c: &Self::F32,
-        prune: Option<&Self::F32>,
-        o: &Self::Act,
-        dout: &Self::Act,
-        lse: &Self::F32,
-        batch: &Self::Batch,
-        shape: AttnShape,
-    ) -> Result<()> {
-        shape.ensure_plain()?;
-        self.attention_bwd(grads, q, k, v, c, prune, o, dout, lse, batch, shape.heads, shape.head_dim)
-    }
     /// After a forward with a cache: remember the last unmixed k̃, ṽ of each row for KV-shift.
     fn cache_shift_states(
         &mut self,

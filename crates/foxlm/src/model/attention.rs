@@ -263,11 +263,10 @@ impl ForgettingAttention {
 
         // ACP threshold δ = −(2U + ln N) + ln ε per (b, h).
         if let (Some(log_eps), Some(prune)) = (self.log_pruning_tolerance, a.prune.as_mut()) {
-            be.acp_thresholds_shaped(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
+            be.acp_thresholds(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
         }
         let (o, lse) = (&mut a.o, &mut a.lse);
-        let tiles =
-            be.attention_fwd_shaped(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
+        let tiles = be.attention_fwd(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
         (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
 
         if !(fused && be.decode_attn_output(self, batch, a)?) {
@@ -411,7 +410,7 @@ impl ForgettingAttention {
         // Forgetting Attention, on exactly the forward's problem (visibility and ACP included).
         let grads = AttnGrads { dq: &mut s.dq, dk: &mut s.dk, dv: &mut s.dv, dc: &mut s.dc };
         let (q, k, v, c, o) = (&a.q, &a.k, &a.v, &a.c, &a.o);
-        be.attention_bwd_shaped(grads, q, k, v, c, a.prune.as_ref(), o, &s.d_o, &a.lse, batch, self.shape())?;
+        be.attention_bwd(grads, q, k, v, c, a.prune.as_ref(), o, &s.d_o, &a.lse, batch, self.shape())?;
 
         // The gate: c = prefix_sum(a), a = logsigmoid(logit); d a = reverse prefix sum of dc.
         if !matches!(self.fgate, Fgate::None) {

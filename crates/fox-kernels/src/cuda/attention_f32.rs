@@ -171,30 +171,10 @@ pub fn forward_f32_cached(
     launch(gpu, "fox32_fwd_cached", s, &prm)
 }
 
-/// Forward: `o` [B, T, H, D], `lse` [B, H, T] (−∞ on padded rows, whose outputs are 0).
+/// Forward: `o` [B, T, H, D], `lse` [B, H, T] (−∞ on padded rows, whose outputs are 0); k, v
+/// [B, T, H_kv, D] with grouped-query attention, and the window of `opts`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_f32(
-    gpu: &Gpu,
-    b: usize,
-    h: usize,
-    t: usize,
-    d: usize,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
-    c: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    scale: f32,
-    prune: Option<&CudaSlice<f32>>,
-    o: &mut CudaSlice<f32>,
-    lse: &mut CudaSlice<f32>,
-) -> Result<()> {
-    forward_f32_opts(gpu, b, h, t, d, AttnOptions::default(), q, k, v, c, start, scale, prune, o, lse)
-}
-
-/// [`forward_f32`] with grouped-query attention (k, v [B, T, H_kv, D]) and/or a sliding window.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_f32_opts(
     gpu: &Gpu,
     b: usize,
     h: usize,
@@ -251,10 +231,11 @@ pub fn forward_f32_opts(
     launch(gpu, "fox32_fwd", s, &prm)
 }
 
-/// Backward: dq, dk, dv [B, T, H, D] and dc [B, H, T] = dcq + dck (the CPU's `Grads` summed, as
-/// c feeds both the query and the key side). `o` and `lse` from [`forward_f32`] with the same
-/// inputs. Allocates one [B, H, T] scratch buffer (delta = rowsum(dO∘O)); a step loop that
-/// allocates nothing passes its own to [`backward_f32_scratch`].
+/// Backward: dq [B, T, H, D], dk, dv [B, T, H_kv, D] (summed over each group of query heads) and
+/// dc [B, H, T] = dcq + dck (the CPU's `Grads` summed, as c feeds both the query and the key
+/// side). `o` and `lse` from [`forward_f32`] with the same inputs. `delta` is a scratch of at
+/// least B·H·T f32 (rowsum(dO∘O), overwritten): a step loop that allocates nothing passes its own;
+/// None allocates one for the call.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_f32(
     gpu: &Gpu,
@@ -262,54 +243,6 @@ pub fn backward_f32(
     h: usize,
     t: usize,
     d: usize,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
-    c: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    scale: f32,
-    prune: Option<&CudaSlice<f32>>,
-    o: &CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    lse: &CudaSlice<f32>,
-    dq: &mut CudaSlice<f32>,
-    dk: &mut CudaSlice<f32>,
-    dv: &mut CudaSlice<f32>,
-    dc: &mut CudaSlice<f32>,
-) -> Result<()> {
-    backward_f32_opts(
-        gpu,
-        b,
-        h,
-        t,
-        d,
-        AttnOptions::default(),
-        q,
-        k,
-        v,
-        c,
-        start,
-        scale,
-        prune,
-        o,
-        dout,
-        lse,
-        dq,
-        dk,
-        dv,
-        dc,
-    )
-}
-
-/// [`backward_f32`] with grouped-query attention (k, v, dk, dv [B, T, H_kv, D]; dk, dv summed
-/// over each group) and/or a sliding window.
-#[allow(clippy::too_many_arguments)]
-pub fn backward_f32_opts(
-    gpu: &Gpu,
-    b: usize,
-    h: usize,
-    t: usize,
-    d: usize,
     opts: AttnOptions,
     q: &CudaSlice<f32>,
     k: &CudaSlice<f32>,
@@ -325,40 +258,15 @@ pub fn backward_f32_opts(
     dk: &mut CudaSlice<f32>,
     dv: &mut CudaSlice<f32>,
     dc: &mut CudaSlice<f32>,
-) -> Result<()> {
-    // freed when this returns, stream-ordered: after the kernels that use it
-    let mut delta = gpu.zeros::<f32>(b * h * t)?;
-    backward_f32_scratch(
-        gpu, b, h, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, &mut delta,
-    )
-}
-
-/// [`backward_f32_opts`] with the caller's scratch `delta` (≥ B·H·T f32; overwritten).
-#[allow(clippy::too_many_arguments)]
-pub fn backward_f32_scratch(
-    gpu: &Gpu,
-    b: usize,
-    h: usize,
-    t: usize,
-    d: usize,
-    opts: AttnOptions,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
-    c: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    scale: f32,
-    prune: Option<&CudaSlice<f32>>,
-    o: &CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    lse: &CudaSlice<f32>,
-    dq: &mut CudaSlice<f32>,
-    dk: &mut CudaSlice<f32>,
-    dv: &mut CudaSlice<f32>,
-    dc: &mut CudaSlice<f32>,
-    delta: &mut CudaSlice<f32>,
+    delta: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     let (n, s) = (b * t * h * d, b * h * t);
+    // freed when this returns, stream-ordered: after the kernels that use it
+    let mut own = None;
+    let delta = match delta {
+        Some(d) => d,
+        None => own.insert(gpu.zeros::<f32>(s)?),
+    };
     let hkv = opts.kv_heads(h);
     let nkv = b * t * hkv * d;
     validate(

@@ -19,7 +19,7 @@
 //!   the tolerance (the note says how much), so any other choice fails.
 
 use super::attention::AttnOptions;
-use super::attention_f32::{backward_f32_opts, forward_f32_opts};
+use super::attention_f32::{backward_f32, forward_f32};
 use super::check::{host_prefix_fwd, lse_err, CheckRow, Table};
 use super::gemm::{Gemm, GemmOp};
 use super::{Elem, Gpu};
@@ -511,11 +511,11 @@ fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Table) -> Result
     let mut od = gpu.zeros::<f32>(n)?;
     let mut lsed = gpu.zeros::<f32>(b * h * t)?;
     let (st, pr) = (start_d.as_ref(), prune_d.as_ref());
-    forward_f32_opts(gpu, b, h, t, d, opts, &qd, &kd, &vd, &cd, st, scale, pr, &mut od, &mut lsed)?;
+    forward_f32(gpu, b, h, t, d, opts, &qd, &kd, &vd, &cd, st, scale, pr, &mut od, &mut lsed)?;
     let (mut dqd, mut dkd, mut dvd) = (gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(nkv)?, gpu.zeros::<f32>(nkv)?);
     let mut dcd = gpu.zeros::<f32>(b * h * t)?;
     // the backward gets the GPU forward's o and lse, as in the model
-    backward_f32_opts(
+    backward_f32(
         gpu,
         b,
         h,
@@ -536,6 +536,7 @@ fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Table) -> Result
         &mut dkd,
         &mut dvd,
         &mut dcd,
+        None,
     )?;
     gpu.sync()?;
     let note = if s.acp != Acp::Off {

@@ -1050,14 +1050,14 @@ impl<T: Elem> Backend for Cuda<T> {
                 let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
                 let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
                 let o = as_f32_mut(o).ok_or_else(err)?;
-                attention_f32::forward_f32_opts(g, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, lse)?;
+                attention_f32::forward_f32(g, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, lse)?;
             }
             Some(f) => {
                 ops::cast_to_f32(g, &mut f.q, q, n)?;
                 ops::cast_to_f32(g, &mut f.k, k, nkv)?;
                 ops::cast_to_f32(g, &mut f.v, v, nkv)?;
                 let (fq, fk, fv, fo) = (&f.q, &f.k, &f.v, &mut f.o);
-                attention_f32::forward_f32_opts(g, bb, heads, t, d, opts, fq, fk, fv, c, start, scale, prune, fo, lse)?;
+                attention_f32::forward_f32(g, bb, heads, t, d, opts, fq, fk, fv, c, start, scale, prune, fo, lse)?;
                 ops::cast_from_f32(g, o, &f.o, n)?;
             }
         }
@@ -1106,8 +1106,28 @@ impl<T: Elem> Backend for Cuda<T> {
                 let dk = as_f32_mut(g.dk).ok_or_else(err)?;
                 let dv = as_f32_mut(g.dv).ok_or_else(err)?;
                 let (dc, delta) = (g.dc, &mut self.delta);
-                attention_f32::backward_f32_scratch(
-                    gpu, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, dout, lse, dq, dk, dv, dc, delta,
+                attention_f32::backward_f32(
+                    gpu,
+                    bb,
+                    heads,
+                    t,
+                    d,
+                    opts,
+                    q,
+                    k,
+                    v,
+                    c,
+                    start,
+                    scale,
+                    prune,
+                    o,
+                    dout,
+                    lse,
+                    dq,
+                    dk,
+                    dv,
+                    dc,
+                    Some(delta),
                 )
             }
             Some(f) => {
@@ -1117,9 +1137,28 @@ impl<T: Elem> Backend for Cuda<T> {
                     ops::cast_to_f32(gpu, dst, src, len)?;
                 }
                 let (dc, delta) = (&mut *g.dc, &mut self.delta);
-                attention_f32::backward_f32_scratch(
-                    gpu, bb, heads, t, d, opts, &f.q, &f.k, &f.v, c, start, scale, prune, &f.o, &f.dout, lse,
-                    &mut f.dq, &mut f.dk, &mut f.dv, dc, delta,
+                attention_f32::backward_f32(
+                    gpu,
+                    bb,
+                    heads,
+                    t,
+                    d,
+                    opts,
+                    &f.q,
+                    &f.k,
+                    &f.v,
+                    c,
+                    start,
+                    scale,
+                    prune,
+                    &f.o,
+                    &f.dout,
+                    lse,
+                    &mut f.dq,
+                    &mut f.dk,
+                    &mut f.dv,
+                    dc,
+                    Some(delta),
                 )?;
                 ops::cast_from_f32(gpu, g.dq, &f.dq, n)?;
                 ops::cast_from_f32(gpu, g.dk, &f.dk, nkv)?;

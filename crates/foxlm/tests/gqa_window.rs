@@ -2,6 +2,8 @@
 //! the whole CPU model: against the equivalent multi-head model, against full attention and a
 //! truncated context, finite differences, and decoding through the KV cache.
 
+mod common;
+
 use foxlm::config::Config;
 use foxlm::eval::gates;
 use foxlm::model::{Ctx, Model};
@@ -212,27 +214,8 @@ fn finite_differences_with_gqa_window_and_acp() {
         "model.layers.0.attn.fgate_proj.bias",
         "model.layers.1.attn.fgate_proj.weight",
     ];
-    let eps = 1e-2f32;
-    for name in names {
-        let id = model.params.id(name).unwrap_or_else(|| panic!("{name}"));
-        let g = &grads[id.0];
-        let mut order: Vec<usize> = (0..g.len()).collect();
-        order.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
-        for &idx in order.iter().take(2) {
-            let mut m = model.clone();
-            m.params.tensors[id.0].data[idx] += eps;
-            let lp = loss_at(&m);
-            m.params.tensors[id.0].data[idx] -= 2.0 * eps;
-            let lm = loss_at(&m);
-            let fd = (lp - lm) / (2.0 * eps as f64);
-            let an = g[idx] as f64;
-            // as the ACP finite-difference test of tests/gradients.rs: f32 round-off ~5e-5
-            assert!(
-                (fd - an).abs() < 2e-2 * an.abs() + 2e-4,
-                "{name}[{idx}]: finite difference {fd:.6e} vs backward {an:.6e}"
-            );
-        }
-    }
+    // as the ACP finite-difference test of tests/gradients.rs
+    common::check_finite_differences(&model, &grads, &names, loss_at);
 }
 
 /// Prefill and then single tokens through the KV cache (H_kv heads, the window reaching back

@@ -1,6 +1,8 @@
 //! The backward pass: gradients of every parameter against the authors' PyTorch autograd on the
 //! seven fixture models, left padding, and finite differences with Adaptive Computation Pruning on.
 
+mod common;
+
 use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::config::Config;
 use foxlm::model::{Ctx, Model};
@@ -227,29 +229,7 @@ fn finite_differences_through_the_model_with_acp_on() {
         "model.layers.0.mlp.gate_proj.weight",
         "model.embeddings.weight",
     ];
-    let eps = 1e-2f32;
-    let mut checked = 0;
-    for name in names {
-        let id = model.params.id(name).unwrap_or_else(|| panic!("{name}"));
-        let g = &grads[id.0];
-        let mut order: Vec<usize> = (0..g.len()).collect();
-        order.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
-        for &idx in order.iter().take(2) {
-            let mut m = model.clone();
-            m.params.tensors[id.0].data[idx] += eps;
-            let lp = loss_at(&m);
-            m.params.tensors[id.0].data[idx] -= 2.0 * eps;
-            let lm = loss_at(&m);
-            let fd = (lp - lm) / (2.0 * eps as f64);
-            let an = g[idx] as f64;
-            // Central differences in f32: truncation O(ε²) plus round-off ~1e-7·loss/ε ≈ 5e-5.
-            assert!(
-                (fd - an).abs() < 2e-2 * an.abs() + 2e-4,
-                "{name}[{idx}]: finite difference {fd:.6e} vs backward {an:.6e}"
-            );
-            checked += 1;
-        }
-    }
+    let checked = common::check_finite_differences(&model, &grads, &names, loss_at);
     // And ACP is lossless within ε: the same model without pruning has nearly the same gradient.
     let full = random_model(&tiny_config(false), 3, 0.3);
     let (_, acts_full) = full.forward_hidden(&ids, &ctx, None, true);

@@ -1179,8 +1179,8 @@ impl<T: Elem> Backend for Cuda<T> {
             // Without KV-shift the unmixed projections are not kept: nothing to remember.
             return Ok(());
         }
-        self.last_rows(&mut cache.k_shift, k_lin, b.batch, b.seq, w)?;
-        self.last_rows(&mut cache.v_shift, v_lin, b.batch, b.seq, w)
+        decode::last_rows_on(&self.gpu, &mut cache.k_shift, k_lin, b.batch, b.seq, w)?;
+        decode::last_rows_on(&self.gpu, &mut cache.v_shift, v_lin, b.batch, b.seq, w)
     }
 
     fn decode_attn_inputs(

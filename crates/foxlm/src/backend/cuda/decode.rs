@@ -20,7 +20,7 @@ pub struct DeviceSampling {
 }
 
 /// dst [b, w] = src [b, t, w] at position t − 1.
-fn last_rows_on<T: Elem>(
+pub(super) fn last_rows_on<T: Elem>(
     gpu: &Gpu,
     dst: &mut CudaSlice<T>,
     src: &CudaSlice<T>,
@@ -68,17 +68,6 @@ impl<T: Elem> Cuda<T> {
                 })
             })
             .collect()
-    }
-
-    pub(super) fn last_rows(
-        &self,
-        dst: &mut CudaSlice<T>,
-        src: &CudaSlice<T>,
-        b: usize,
-        t: usize,
-        w: usize,
-    ) -> Result<()> {
-        last_rows_on(&self.gpu, dst, src, b, t, w)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -335,8 +335,10 @@ pub enum KernelPath {
     Auto,
     /// FlashAttention-2-style mma.sync kernels (any sm_80+ GPU).
     MmaSync,
-    /// Hopper wgmma kernels (sm_90a; falls back to mma.sync elsewhere).
+    /// Hopper wgmma kernels of v3.1 (sm_90a; falls back to mma.sync elsewhere).
     Wgmma,
+    /// The v4 forward (TMA, warp specialisation, ping-pong; sm_90a) with the wgmma backward.
+    V4,
 }
 
 static KERNEL_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -347,6 +349,7 @@ pub fn set_kernel_path(k: KernelPath) {
         KernelPath::Auto => 0,
         KernelPath::MmaSync => 1,
         KernelPath::Wgmma => 2,
+        KernelPath::V4 => 3,
     };
     KERNEL_PATH.store(v, std::sync::atomic::Ordering::Relaxed);
 }
@@ -354,9 +357,23 @@ pub fn set_kernel_path(k: KernelPath) {
 fn forced_path() -> Option<bool> {
     match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
         1 => Some(false),
-        2 => Some(true),
+        2 | 3 => Some(true),
         _ => None,
     }
+}
+
+/// Whether the tiled forward uses the v4 kernel: sm_90a, by default (measured faster in
+/// BENCHMARKS.md); `FOX_FWD_V4=0` selects v3.1's wgmma kernel.
+fn use_v4(gpu: &Gpu) -> bool {
+    let chosen = match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
+        3 => true,
+        0 => {
+            std::env::var("FOX_FWD_V4").map(|v| v != "0").unwrap_or(true)
+                && std::env::var("FOX_FWD_WGMMA").map(|v| v != "0").unwrap_or(true)
+        }
+        _ => false,
+    };
+    gpu.arch() == "sm_90a" && chosen
 }
 
 /// Whether the tiled forward uses the wgmma kernel (sm_90a only; default there, measured faster
@@ -531,6 +548,10 @@ pub fn forward_opts(
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
         drop((part_o, part_ml, sem));
     } else {
+        if use_v4(gpu) {
+            forward_v4(gpu, p, prm)?;
+            return tile_stats(gpu, counters);
+        }
         let (name, warps, smem) = if use_wgmma(gpu, d) {
             // (kernel, query rows, key tile); tiles 1024-byte aligned inside the shared memory
             let (name, bq, bk) = match (wgmma_nwg(d == 64), wgmma_bk()) {
@@ -547,6 +568,10 @@ pub fn forward_opts(
         let grid = (p.tq.div_ceil(16 * warps) as u32, (bb * hh) as u32, 1);
         launch(gpu, &f, grid, 32 * warps as u32, smem, &prm, "the forward kernel")?;
     }
+    tile_stats(gpu, counters)
+}
+
+fn tile_stats(gpu: &Gpu, counters: Option<CudaSlice<u64>>) -> Result<TileStats> {
     match counters {
         Some(c) => {
             let v = gpu.download(&c)?;
@@ -554,6 +579,124 @@ pub fn forward_opts(
         }
         None => Ok(TileStats::default()),
     }
+}
+
+/// A TMA descriptor (CUtensorMap: 128 opaque bytes, 128-byte aligned under CUDA 13).
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+struct TmaMap([u64; 16]);
+
+/// The v4 kernels' parameter block; must match `V4Params` in kernels/attention_v4.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct V4Params {
+    a: AttnParams,
+    q: TmaMap,
+    k: TmaMap,
+    v: TmaMap,
+}
+// SAFETY: plain old data with the C layout the kernels expect.
+unsafe impl DeviceRepr for V4Params {}
+
+/// Encodes a tiled TMA descriptor of 16-bit elements, 128-byte swizzle: `dims` and `box_dims`
+/// innermost first, `strides` in bytes for
+/// every dimension but the first.
+fn tma_map(what: &str, bf16: bool, base: u64, dims: &[u64], strides: &[u64], box_dims: &[u32]) -> Result<TmaMap> {
+    use cudarc::driver::sys::{
+        cuTensorMapEncodeTiled, CUresult, CUtensorMap, CUtensorMapDataType as T, CUtensorMapFloatOOBfill,
+        CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle as Sw,
+    };
+    let dtype = if bf16 { T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+    let elem_strides = [1u32; 5];
+    let mut m = CUtensorMap { opaque: [0; 16] };
+    // SAFETY: the arrays hold `dims.len()` (strides: one fewer) entries, as the call reads; the
+    // descriptor is written into `m` only.
+    let r = unsafe {
+        cuTensorMapEncodeTiled(
+            &mut m,
+            dtype,
+            dims.len() as u32,
+            base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            box_dims.as_ptr(),
+            elem_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    ensure!(
+        r == CUresult::CUDA_SUCCESS,
+        "encoding the TMA descriptor of {what} (dims {dims:?}, byte strides {strides:?}, box {box_dims:?}): {r:?}"
+    );
+    Ok(TmaMap(m.opaque))
+}
+
+/// TMA descriptor of a [B, heads, rows, D] view as (D, rows, heads, B), boxes of 64 columns by
+/// `box_rows` rows (one 128-byte-swizzle atom).
+fn view_map(
+    what: &str,
+    bf16: bool,
+    base: u64,
+    v: &DevView,
+    d: usize,
+    rows: usize,
+    heads: usize,
+    batch: usize,
+    box_rows: usize,
+) -> Result<TmaMap> {
+    // a stride of a dimension of extent 1 is never used; keep it a valid (non-zero) value
+    let s = |x: usize| (2 * x as u64).max(16);
+    tma_map(
+        what,
+        bf16,
+        base,
+        &[d as u64, rows as u64, heads as u64, batch as u64],
+        &[s(v.st), s(v.sh), s(v.sb)],
+        &[64, box_rows as u32, 1, 1],
+    )
+}
+
+/// Key tile and pipeline stages of the v4 forward (must match the FOX_V4 instances).
+const V4_BQ: usize = 128;
+const V4_BK: usize = 128;
+fn v4_stages(d: usize) -> usize {
+    if d == 64 {
+        4
+    } else {
+        2
+    }
+}
+
+/// The v4 forward (kernels/attention_v4.cu): 384 threads, one producer and two consumer
+/// warpgroups of 64 query rows. `FOX_FWD_V4_PP=0` runs the variant without ping-pong.
+fn forward_v4(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
+    let d = p.head_dim;
+    let bf = p.dtype == DType::Bf16;
+    let hkv = prm.hkv as usize;
+    let v4 = V4Params {
+        a: prm,
+        q: view_map("q", bf, prm.q, &p.q, d, p.tq, p.heads, p.batch, V4_BQ)?,
+        k: view_map("k", bf, prm.k, &p.k, d, p.tk, hkv, p.batch, V4_BK)?,
+        v: view_map("v", bf, prm.v, &p.v, d, p.tk, hkv, p.batch, V4_BK)?,
+    };
+    let nst = v4_stages(d);
+    let smem = 1024 + (V4_BQ * d * 2) + nst * (2 * V4_BK * d * 2 + V4_BK * 4) + (2 * nst + 1) * 8;
+    let pp = std::env::var("FOX_FWD_V4_PP").map(|v| v != "0").unwrap_or(true);
+    let f = kernel(gpu, if pp { "fwdv4" } else { "fwdv4np" }, p, smem)?;
+    let cfg = LaunchConfig {
+        grid_dim: (p.tq.div_ceil(V4_BQ) as u32, (p.batch * p.heads) as u32, 1),
+        block_dim: (384, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&v4);
+    // SAFETY: the parameter block matches the kernel's signature; the views were validated
+    // against their buffers and the descriptors cover exactly those views.
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 forward kernel: {e:?}"))?;
+    Ok(())
 }
 
 /// Gradient buffers of one attention problem (plus the backward's scratch).

@@ -695,15 +695,16 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
 }
 
 /// Run all cases whose name contains `filter` (all when None). A case that errors is a failed row.
-/// On Hopper (sm_90a) every case runs twice: with the wgmma kernels (the default there) and with
-/// the mma.sync kernels (the default elsewhere), the latter marked "[mma.sync]".
+/// On Hopper (sm_90a) every case runs three times: with the v4 forward and the wgmma backward (the
+/// default there), with v3.1's wgmma kernels, marked "[v3.1]", and with the mma.sync kernels (the
+/// default elsewhere), marked "[mma.sync]".
 pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
     use super::attention::{set_kernel_path, KernelPath};
     // the kernel family is process-wide: one run at a time (cargo runs tests in parallel)
     static RUNNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     let paths: &[(KernelPath, &str)] = if gpu.arch() == "sm_90a" {
-        &[(KernelPath::Wgmma, ""), (KernelPath::MmaSync, " [mma.sync]")]
+        &[(KernelPath::V4, ""), (KernelPath::Wgmma, " [v3.1]"), (KernelPath::MmaSync, " [mma.sync]")]
     } else {
         &[(KernelPath::Auto, "")]
     };

@@ -634,26 +634,24 @@ fn tma_map(what: &str, bf16: bool, base: u64, dims: &[u64], strides: &[u64], box
     Ok(TmaMap(m.opaque))
 }
 
-/// TMA descriptor of a [B, heads, rows, D] view as (D, rows, heads, B), boxes of 64 columns by
-/// `box_rows` rows (one 128-byte-swizzle atom).
+/// TMA descriptor of one of `p`'s [B, heads, rows, D] views (at device address `base`) as
+/// (D, rows, heads, B), boxes of 64 columns by `box_rows` rows (one 128-byte-swizzle atom).
 fn view_map(
     what: &str,
-    bf16: bool,
-    base: u64,
+    p: &DevProblem,
     v: &DevView,
-    d: usize,
+    base: u64,
     rows: usize,
     heads: usize,
-    batch: usize,
     box_rows: usize,
 ) -> Result<TmaMap> {
     // a stride of a dimension of extent 1 is never used; keep it a valid (non-zero) value
     let s = |x: usize| (2 * x as u64).max(16);
     tma_map(
         what,
-        bf16,
+        p.dtype == DType::Bf16,
         base,
-        &[d as u64, rows as u64, heads as u64, batch as u64],
+        &[p.head_dim as u64, rows as u64, heads as u64, p.batch as u64],
         &[s(v.st), s(v.sh), s(v.sb)],
         &[64, box_rows as u32, 1, 1],
     )
@@ -674,13 +672,12 @@ fn v4_stages(d: usize) -> usize {
 /// warpgroups of 64 query rows. `FOX_FWD_V4_PP=0` runs the variant without ping-pong.
 fn forward_v4(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
     let d = p.head_dim;
-    let bf = p.dtype == DType::Bf16;
     let hkv = prm.hkv as usize;
     let v4 = V4Params {
         a: prm,
-        q: view_map("q", bf, prm.q, &p.q, d, p.tq, p.heads, p.batch, V4_BQ)?,
-        k: view_map("k", bf, prm.k, &p.k, d, p.tk, hkv, p.batch, V4_BK)?,
-        v: view_map("v", bf, prm.v, &p.v, d, p.tk, hkv, p.batch, V4_BK)?,
+        q: view_map("q", p, &p.q, prm.q, p.tq, p.heads, V4_BQ)?,
+        k: view_map("k", p, &p.k, prm.k, p.tk, hkv, V4_BK)?,
+        v: view_map("v", p, &p.v, prm.v, p.tk, hkv, V4_BK)?,
     };
     let nst = v4_stages(d);
     let smem = 1024 + (V4_BQ * d * 2) + nst * (2 * V4_BK * d * 2 + V4_BK * 4) + (2 * nst + 1) * 8;

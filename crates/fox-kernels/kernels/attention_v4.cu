@@ -322,6 +322,322 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// v4 backward: one pass per key block. The block (2 warpgroups x 64 keys) walks the query tiles
+// of 64 rows that see it, as v3.1's dk/dv pass does, and also forms dQ's share of the block,
+// dS K, from dS^T staged in shared memory: 5 matrix products per tile pair instead of 7, and no
+// second pass. dQ (and dcq, the row sums of dS) are added into fp32 scratch in key-block order:
+// a per-(head, query tile) counter says how many of the tile's key blocks have added, so the sums
+// are deterministic. The key blocks that see a query tile are a contiguous run ending at its
+// diagonal (starts and ACP only cut a prefix), so a block's turn is its distance from the run's
+// first block, found by binary search with the dk/dv pass's own stop rule.
+// ---------------------------------------------------------------------------------------------
+struct BwdV4Params {
+    AttnParams a;
+    float* acc;     // dq [B, tq, H, D] then dcq [B, H, tq], fp32, zero at launch
+    unsigned* sem;  // [B, H, ceil(tq / 64)], zero at launch
+};
+
+__device__ __forceinline__ u32 ld_acquire(const unsigned* a) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(unsigned* a, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+
+#define WG_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+// d (+)= A(smem, M-major) * B(smem, N-major): m64n32k16 (d[16]) and m64n64k16 (d[32])
+template <bool BF>
+__device__ __forceinline__ void wgmma_tt_n32(float (&d)[16], u64 da, u64 db, int accumulate) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+                     : WG_R8(0), WG_R8(8)
+                     : "l"(da), "l"(db), "r"(accumulate));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+                     : WG_R8(0), WG_R8(8)
+                     : "l"(da), "l"(db), "r"(accumulate));
+    }
+}
+template <bool BF>
+__device__ __forceinline__ void wgmma_tt_n64(float (&d)[32], u64 da, u64 db, int accumulate) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                     "%32, %33, p, 1, 1, 1, 1;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+                     : "l"(da), "l"(db), "r"(accumulate));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                     "%32, %33, p, 1, 1, 1, 1;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+                     : "l"(da), "l"(db), "r"(accumulate));
+    }
+}
+
+// Whether key block kb (BKB keys) stops seeing query tile qi (BQB rows) of head bh: the tile's
+// first row starts after the block, or ACP prunes the block for it (dkdv_query_end's rule).
+__device__ __forceinline__ bool block_stops(const AttnParams& p, int b, int bh, int kb, int bkb, int rq) {
+    const int jlast = min(kb * bkb + bkb, p.tk) - 1;
+    if (row_start(p, b, rq) > jlast) return true;
+    return p.prune != nullptr && jlast < p.q_pos0 + rq &&
+           (p.cq[(long long)bh * p.tq + rq] - p.ck[(long long)bh * p.tk + jlast]) < p.prune[bh];
+}
+
+template <int D, bool BF>
+__device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
+    const AttnParams& p = P.a;
+    constexpr int BKB = 128, BQB = 64, NTH = 256, NTQ = BQB / 8, NA = D / 64, DH = D / 2, NQ = DH / 2;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const u32 raw = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+    u16* sK = (u16*)smem;
+    u16* sV = sK + BKB * D;
+    u16* sQ = sV + BKB * D;      // [2][BQB*D]
+    u16* sG = sQ + 2 * BQB * D;  // [2][BQB*D]
+    u16* sDS = sG + 2 * BQB * D;  // dS^T, one atom [BKB keys][64 query rows]
+    float* sLse = (float*)(sDS + BKB * BQB);
+    float* sDel = sLse + 2 * BQB;
+    float* sCq = sDel + 2 * BQB;
+    int* sSt = (int*)(sCq + 2 * BQB);
+    float* sRed = (float*)(sSt + 2 * BQB);  // [8 warps][BQB] column sums of dS^T
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wg = warp >> 2;
+    const int kb = blockIdx.x;
+    const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv, group = p.H / p.Hkv;
+    const int j0 = kb * BKB;
+    const int jlast = min(j0 + BKB, p.tk) - 1;
+    const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
+    const int kfloor = row_start(p, b, 0);
+    const int nqt = (p.tq + BQB - 1) / BQB;
+    int jrow[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
+    float dK[NA][32], dV[NA][32];
+#pragma unroll
+    for (int at = 0; at < NA; ++at)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
+
+    const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
+    const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
+    auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
+    load_tile_atoms<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
+    load_tile_atoms<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+    cp_commit();
+    const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
+    const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
+    const u32 ds_s = smem_u32(sDS);
+    // dQ = dS K: this warpgroup's half of the columns, K read N-major (keys x D atoms)
+    const u32 kq_s = smem_u32(sK) + (u32)((wg * DH / 64) * BKB * 128 + (wg * DH % 64) * 2);
+
+    for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        const int bh = b * p.H + h;
+        const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
+        float ckr[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) ckr[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] : 0.f;
+        float dck[2] = {0.f, 0.f};
+
+        if (qfirst < qend) {
+            const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
+            const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
+            const long long g_st = (long long)p.H * D;
+            auto load_q = [&](int qi, int buf) {
+                const int rq = qi * BQB;
+                auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+                load_tile_atoms<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
+                load_tile_atoms<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
+                if (tid < BQB) {
+                    const int r = rq + tid;
+                    const bool in = r < p.tq;
+                    const long long idx = (long long)bh * p.tq + (in ? r : 0);
+                    cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
+                    cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
+                    cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
+                } else if (tid < 2 * BQB && p.start_mode == 2) {
+                    const int r = rq + tid - BQB;
+                    const bool in = r < p.tq;
+                    cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+                }
+            };
+            load_q(qfirst, 0);
+            cp_commit();
+            const float scale_log2 = p.scale * LOG2E;
+            for (int qi = qfirst; qi < qend; ++qi) {
+                const int buf = (qi - qfirst) & 1;
+                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
+                cp_commit();
+                // this block's turn to add into the query tile: blocks before it that see the tile
+                u32 turn = 0;
+                if (tid == 0) {
+                    int lo = 0, hi = kb;
+                    while (lo < hi) {
+                        const int mid = (lo + hi) >> 1;
+                        if (block_stops(p, b, bh, mid, BKB, qi * BQB)) lo = mid + 1;
+                        else hi = mid;
+                    }
+                    turn = (u32)(kb - lo);
+                }
+                cp_wait<1>();
+                fence_proxy_async();
+                __syncthreads();
+                const u32 q_s = smem_u32(sQ + buf * BQB * D);
+                const u32 g_s = smem_u32(sG + buf * BQB * D);
+                const float* lse_s = sLse + buf * BQB;
+                const float* del_s = sDel + buf * BQB;
+                const float* cq_s = sCq + buf * BQB;
+                const int* st_s = sSt + buf * BQB;
+                const int rq = qi * BQB;
+                const int rql = min(rq + BQB, p.tq) - 1;
+                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+
+                float ST[32], DP[32];
+                wg_fence();
+#pragma unroll
+                for (int s = 0; s < D / 16; ++s) {
+                    const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
+                    const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
+                    wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                    wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                }
+                wg_commit();
+                wg_wait0();
+#pragma unroll
+                for (int nt = 0; nt < NTQ; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int il = nt * 8 + 2 * t4 + (e & 1);
+                        const int kr = e >> 1;
+                        const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
+                        float pr = fast_exp2(x);
+                        if (need_mask) {
+                            const int i = rq + il;
+                            const int pos = i < p.tq ? p.q_pos0 + i : -1;
+                            const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
+                            const int j = jrow[kr];
+                            if (j > pos || j < sti) pr = 0.f;
+                        }
+                        const float ds = pr * (DP[4 * nt + e] - del_s[il]);
+                        dck[kr] -= ds;
+                        ST[4 * nt + e] = pr;
+                        DP[4 * nt + e] = ds;
+                    }
+                }
+                u32 ap[NTQ / 2][4], as[NTQ / 2][4];
+#pragma unroll
+                for (int kq = 0; kq < NTQ / 2; ++kq) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
+                        as[kq][x] = pack2<BF>(DP[8 * kq + 2 * x], DP[8 * kq + 2 * x + 1]);
+                    }
+                }
+                // dS^T into shared memory (128-byte swizzle atom, keys as rows) for dQ = dS K
+                {
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        const int key = warp * 16 + g + rr * 8;
+#pragma unroll
+                        for (int nt = 0; nt < NTQ; ++nt)
+                            *(u32*)(sDS + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
+                    }
+                }
+                // this warp's column sums of dS^T (dcq's share), reduced over the 8 key rows
+#pragma unroll
+                for (int nt = 0; nt < NTQ; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        float x = DP[4 * nt + c] + DP[4 * nt + 2 + c];
+                        x += __shfl_xor_sync(0xffffffffu, x, 4);
+                        x += __shfl_xor_sync(0xffffffffu, x, 8);
+                        x += __shfl_xor_sync(0xffffffffu, x, 16);
+                        if (g == 0) sRed[warp * BQB + nt * 8 + 2 * t4 + c] = x;
+                    }
+                wg_fence();
+#pragma unroll
+                for (int at = 0; at < NA; ++at) {
+#pragma unroll
+                    for (int kq = 0; kq < NTQ / 2; ++kq) {
+                        const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
+                        wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
+                        wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
+                    }
+                }
+                wg_commit();
+                fence_proxy_async();
+                __syncthreads();  // dS^T and the column sums of both warpgroups are in place
+                float dQ[NQ];
+#pragma unroll
+                for (int k = 0; k < BKB / 16; ++k)
+                    if constexpr (DH == 32)
+                        wgmma_tt_n32<BF>(dQ, gmma_desc(ds_s + k * 2048, BKB * 128, 1024), gmma_desc(kq_s + k * 2048, BKB * 128, 1024), k > 0 ? 1 : 0);
+                    else
+                        wgmma_tt_n64<BF>(dQ, gmma_desc(ds_s + k * 2048, BKB * 128, 1024), gmma_desc(kq_s + k * 2048, BKB * 128, 1024), k > 0 ? 1 : 0);
+                wg_commit();
+                wg_wait0();
+                // add dQ and dcq in key-block order
+                unsigned* sem = P.sem + (long long)bh * nqt + qi;
+                if (tid == 0)
+                    while (ld_acquire(sem) != turn) {
+                    }
+                __syncthreads();
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const int r = rq + (warp & 3) * 16 + g + rr * 8;
+                    if (r >= p.tq) continue;
+                    float* drow = P.acc + (((long long)b * p.tq + r) * p.H + h) * D + wg * DH;
+#pragma unroll
+                    for (int nt = 0; nt < DH / 8; ++nt) {
+                        atomicAdd(drow + nt * 8 + 2 * t4, dQ[4 * nt + 2 * rr]);
+                        atomicAdd(drow + nt * 8 + 2 * t4 + 1, dQ[4 * nt + 2 * rr + 1]);
+                    }
+                }
+                if (tid < BQB && rq + tid < p.tq) {
+                    float x = 0.f;
+#pragma unroll
+                    for (int w = 0; w < 8; ++w) x += sRed[w * BQB + tid];
+                    const long long n_dq = (long long)p.B * p.tq * p.H * D;
+                    atomicAdd(P.acc + n_dq + (long long)bh * p.tq + rq + tid, x);
+                }
+                __threadfence();
+                __syncthreads();
+                if (tid == 0) st_release(sem, turn + 1);
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const float dc = quad_sum(dck[rr]);
+            if (jrow[rr] < p.tk && t4 == 0) p.dck[(long long)bh * p.tk + jrow[rr]] = dc;
+        }
+    }  // query heads of the group
+    cp_wait<0>();  // the K/V copies, when no head had a query tile
+
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = jrow[rr];
+        if (j >= p.tk) continue;
+        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
+            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
+            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
+        }
+    }
+}
 #endif
 
 // Kernels: fox_fwdv4_d{D}_{type} (128-key tiles; stages: 4 at D = 64, 2 at D = 128) and the
@@ -345,6 +661,42 @@ struct V4Params {
 };
 #define FOX_V4_BODY(D, BF, NST, PP) __trap();
 #endif
+#ifdef FOX_HAVE_WGMMA
+#define FOX_BWD_V4_BODY(D, BF) bwd_v4_impl<D, BF>(p);
+#else
+struct BwdV4Params {
+    AttnParams a;
+    float* acc;
+    unsigned* sem;
+};
+#define FOX_BWD_V4_BODY(D, BF) __trap();
+#endif
+// The one-pass backward (fox_bwdv4_d{D}_{type}) and its epilogue: dq = scale * acc in the dtype,
+// dcq = the row-sum accumulator (fox_bwdv4_dq_{type}).
+#define FOX_BWD_V4(D, TY, BF)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256, 1) fox_bwdv4_d##D##_##TY(const BwdV4Params p) { FOX_BWD_V4_BODY(D, BF) }
+FOX_BWD_V4(64, bf16, true)
+FOX_BWD_V4(128, bf16, true)
+FOX_BWD_V4(64, f16, false)
+FOX_BWD_V4(128, f16, false)
+template <bool BF>
+__device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq, long long n_dq, long long n_dcq, float scale) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_dq / 4; i += stride) {
+        const float4 x = ((const float4*)acc)[i];
+        uint2 y;
+        y.x = pack2<BF>(x.x * scale, x.y * scale);
+        y.y = pack2<BF>(x.z * scale, x.w * scale);
+        ((uint2*)dq)[i] = y;
+    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_dcq; i += stride) dcq[i] = acc[n_dq + i];
+}
+extern "C" __global__ void fox_bwdv4_dq_bf16(const float* acc, u16* dq, float* dcq, long long n_dq, long long n_dcq, float scale) {
+    bwd_v4_dq<true>(acc, dq, dcq, n_dq, n_dcq, scale);
+}
+extern "C" __global__ void fox_bwdv4_dq_f16(const float* acc, u16* dq, float* dcq, long long n_dq, long long n_dcq, float scale) {
+    bwd_v4_dq<false>(acc, dq, dcq, n_dq, n_dcq, scale);
+}
 FOX_V4(64, bf16, true, 4)
 FOX_V4(128, bf16, true, 2)
 FOX_V4(64, f16, false, 4)

@@ -147,6 +147,9 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
     if (wgi == 0) {
         // producer: one thread issues the tensor copies, its warp copies the gate sums (a TMA
         // box must start 16-byte aligned, which c_j of an odd tk is not)
+        // 384 threads launch with 168 registers each; the producer's 128 threads give back 144
+        // each, exactly the 72 each that the 256 consumer threads take (an increase waits until
+        // the registers are free, so the two must balance)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (warp == 0 && n > 0) {
             const int hk = kv_head(p, h);
@@ -324,18 +327,22 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// v4 backward: one pass per key block. The block (2 warpgroups x 64 keys) walks the query tiles
-// of 64 rows that see it, as v3.1's dk/dv pass does, and also forms dQ's share of the block,
-// dS K, from dS^T staged in shared memory: 5 matrix products per tile pair instead of 7, and no
-// second pass. dQ (and dcq, the row sums of dS) are added into fp32 scratch in key-block order:
-// a per-(head, query tile) counter says how many of the tile's key blocks have added, so the sums
-// are deterministic. The key blocks that see a query tile are a contiguous run ending at its
-// diagonal (starts and ACP only cut a prefix), so a block's turn is its distance from the run's
-// first block, found by binary search with the dk/dv pass's own stop rule.
+// v4 backward: one pass per key block. Two consumer warpgroups of 64 keys each (128 keys a block)
+// walk the query tiles of 64 rows that see the block, as v3.1's dk/dv pass does, and also form the
+// block's share of dQ = dS K from dS^T staged in shared memory: 5 matrix products per tile pair
+// instead of 7, and no second pass. A writer warp adds each tile's dQ share (with dcq, the row
+// sums of dS, in an extra column) into fp32 scratch with one bulk reduction (cp.reduce.async.bulk)
+// from a double-buffered staging tile, in a fixed order: a counter per (head, query tile) says
+// how many of the tile's key blocks have added, so the sums are deterministic. The key blocks that
+// see a query tile are a run ending at its diagonal block (starts, windows and ACP only cut the
+// run's beginning), and they add from the diagonal down, so a block's turn is its distance from
+// the diagonal. Blocks are launched last key block first: a block only waits on later key blocks,
+// which started before it and reach each query tile two tiles sooner, so waits are rare (adding in
+// ascending order instead made every block wait for its predecessor: 1.5x slower, measured).
 // ---------------------------------------------------------------------------------------------
 struct BwdV4Params {
     AttnParams a;
-    float* acc;     // dq [B, tq, H, D] then dcq [B, H, tq], fp32, zero at launch
+    float* acc;     // [B, H, tq, D + 4] fp32: dq, then dcq in column D; zero at launch
     unsigned* sem;  // [B, H, ceil(tq / 64)], zero at launch
 };
 
@@ -385,43 +392,88 @@ __device__ __forceinline__ void wgmma_tt_n64(float (&d)[32], u64 da, u64 db, int
     }
 }
 
-// Whether key block kb (BKB keys) stops seeing query tile qi (BQB rows) of head bh: the tile's
-// first row starts after the block, or ACP prunes the block for it (dkdv_query_end's rule).
-__device__ __forceinline__ bool block_stops(const AttnParams& p, int b, int bh, int kb, int bkb, int rq) {
-    const int jlast = min(kb * bkb + bkb, p.tk) - 1;
-    if (row_start(p, b, rq) > jlast) return true;
-    return p.prune != nullptr && jlast < p.q_pos0 + rq &&
-           (p.cq[(long long)bh * p.tq + rq] - p.ck[(long long)bh * p.tk + jlast]) < p.prune[bh];
+__device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 template <int D, bool BF>
 __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     const AttnParams& p = P.a;
-    constexpr int BKB = 128, BQB = 64, NTH = 256, NTQ = BQB / 8, NA = D / 64, DH = D / 2, NQ = DH / 2;
+    constexpr int BKB = 128, BQB = 64, NTH = 256, NTQ = BQB / 8, NA = D / 64, DH = D / 2, NQ = DH / 2, DP = D + 4;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
     u16* sK = (u16*)smem;
     u16* sV = sK + BKB * D;
-    u16* sQ = sV + BKB * D;      // [2][BQB*D]
-    u16* sG = sQ + 2 * BQB * D;  // [2][BQB*D]
+    u16* sQ = sV + BKB * D;       // [2][BQB*D]
+    u16* sG = sQ + 2 * BQB * D;   // [2][BQB*D]
     u16* sDS = sG + 2 * BQB * D;  // dS^T, one atom [BKB keys][64 query rows]
-    float* sLse = (float*)(sDS + BKB * BQB);
+    float* sDQ = (float*)(sDS + BKB * BQB);  // [2][BQB][DP]: dQ share and dcq share
+    float* sLse = sDQ + 2 * BQB * DP;
     float* sDel = sLse + 2 * BQB;
     float* sCq = sDel + 2 * BQB;
     int* sSt = (int*)(sCq + 2 * BQB);
     float* sRed = (float*)(sSt + 2 * BQB);  // [8 warps][BQB] column sums of dS^T
+    const u32 bars = smem_u32(sRed + 8 * BQB);  // dq_full[2], dq_empty[2]
+    auto dq_full = [&](int x) { return bars + 8u * (u32)x; };
+    auto dq_empty = [&](int x) { return bars + 16u + 8u * (u32)x; };
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int wg = warp >> 2;
-    const int kb = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp_all = threadIdx.x >> 5;
+    // last key block first: a block waits only on blocks after it, which start no later
+    const int kb = gridDim.x - 1 - blockIdx.x;
     const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv, group = p.H / p.Hkv;
     const int j0 = kb * BKB;
     const int jlast = min(j0 + BKB, p.tk) - 1;
     const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
-    const int kfloor = row_start(p, b, 0);
     const int nqt = (p.tq + BQB - 1) / BQB;
+    if (threadIdx.x == 0) {
+        for (int x = 0; x < 2; ++x) {
+            mbar_init(dq_full(x), 8);
+            mbar_init(dq_empty(x), 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp_all < 4) {
+        // the writer: lane 0 of warp 0 adds each staged tile in its turn; the rest of the
+        // warpgroup has nothing to do
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");  // balances the consumers' 240 (as in the forward)
+        if (threadIdx.x != 0) return;
+        int u = 0;
+        for (int h = hk * group; h < (hk + 1) * group; ++h) {
+            const int bh = b * p.H + h;
+            const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
+            for (int qi = qfirst; qi < qend; ++qi, ++u) {
+                const int x = u & 1;
+                // the tile's key blocks add from its diagonal block down: this block's turn
+                const int khi = min((p.q_pos0 + min(qi * BQB + BQB, p.tq) - 1) / BKB, (int)gridDim.x - 1);
+                const u32 turn = (u32)(khi - kb);
+                unsigned* sem = P.sem + (long long)bh * nqt + qi;
+                mbar_wait(dq_full(x), (u32)((u >> 1) & 1));
+                while (ld_acquire(sem) != turn) {
+                }
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                const int rows = min(BQB, p.tq - qi * BQB);
+                bulk_reduce_add(P.acc + ((long long)bh * p.tq + qi * BQB) * DP, smem_u32(sDQ + x * BQB * DP),
+                                (u32)(rows * DP * 4));
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                __threadfence();
+                st_release(sem, turn + 1);
+                mbar_arrive(dq_empty(x));
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int tid = threadIdx.x - 128, warp = warp_all - 4;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wg = warp >> 2;
+    const int kfloor = row_start(p, b, 0);
     int jrow[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
@@ -434,14 +486,15 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
     const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
     auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
-    load_tile_atoms<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
-    load_tile_atoms<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+    load_tile_atoms_by<D, BKB, NTH>(tid, sK, kbase, p.k_st, j0, kok);
+    load_tile_atoms_by<D, BKB, NTH>(tid, sV, vbase, p.v_st, j0, kok);
     cp_commit();
     const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
     const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
     const u32 ds_s = smem_u32(sDS);
     // dQ = dS K: this warpgroup's half of the columns, K read N-major (keys x D atoms)
     const u32 kq_s = smem_u32(sK) + (u32)((wg * DH / 64) * BKB * 128 + (wg * DH % 64) * 2);
+    int u = 0;
 
     for (int h = hk * group; h < (hk + 1) * group; ++h) {
         const int bh = b * p.H + h;
@@ -458,8 +511,8 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
             auto load_q = [&](int qi, int buf) {
                 const int rq = qi * BQB;
                 auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-                load_tile_atoms<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
-                load_tile_atoms<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
+                load_tile_atoms_by<D, BQB, NTH>(tid, sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
+                load_tile_atoms_by<D, BQB, NTH>(tid, sG + buf * BQB * D, gbase, g_st, rq, qok);
                 if (tid < BQB) {
                     const int r = rq + tid;
                     const bool in = r < p.tq;
@@ -476,24 +529,13 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
             load_q(qfirst, 0);
             cp_commit();
             const float scale_log2 = p.scale * LOG2E;
-            for (int qi = qfirst; qi < qend; ++qi) {
+            for (int qi = qfirst; qi < qend; ++qi, ++u) {
                 const int buf = (qi - qfirst) & 1;
                 if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
                 cp_commit();
-                // this block's turn to add into the query tile: blocks before it that see the tile
-                u32 turn = 0;
-                if (tid == 0) {
-                    int lo = 0, hi = kb;
-                    while (lo < hi) {
-                        const int mid = (lo + hi) >> 1;
-                        if (block_stops(p, b, bh, mid, BKB, qi * BQB)) lo = mid + 1;
-                        else hi = mid;
-                    }
-                    turn = (u32)(kb - lo);
-                }
                 cp_wait<1>();
                 fence_proxy_async();
-                __syncthreads();
+                named_sync(1);
                 const u32 q_s = smem_u32(sQ + buf * BQB * D);
                 const u32 g_s = smem_u32(sG + buf * BQB * D);
                 const float* lse_s = sLse + buf * BQB;
@@ -504,14 +546,14 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                 const int rql = min(rq + BQB, p.tq) - 1;
                 const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 
-                float ST[32], DP[32];
+                float ST[32], DP_[32];
                 wg_fence();
 #pragma unroll
                 for (int s = 0; s < D / 16; ++s) {
                     const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
                     const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
                     wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                    wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
+                    wgmma_ss_n64<BF>(DP_, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
                 }
                 wg_commit();
                 wg_wait0();
@@ -530,10 +572,10 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                             const int j = jrow[kr];
                             if (j > pos || j < sti) pr = 0.f;
                         }
-                        const float ds = pr * (DP[4 * nt + e] - del_s[il]);
+                        const float ds = pr * (DP_[4 * nt + e] - del_s[il]);
                         dck[kr] -= ds;
                         ST[4 * nt + e] = pr;
-                        DP[4 * nt + e] = ds;
+                        DP_[4 * nt + e] = ds;
                     }
                 }
                 u32 ap[NTQ / 2][4], as[NTQ / 2][4];
@@ -542,25 +584,23 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
 #pragma unroll
                     for (int x = 0; x < 4; ++x) {
                         ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
-                        as[kq][x] = pack2<BF>(DP[8 * kq + 2 * x], DP[8 * kq + 2 * x + 1]);
+                        as[kq][x] = pack2<BF>(DP_[8 * kq + 2 * x], DP_[8 * kq + 2 * x + 1]);
                     }
                 }
                 // dS^T into shared memory (128-byte swizzle atom, keys as rows) for dQ = dS K
-                {
 #pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        const int key = warp * 16 + g + rr * 8;
+                for (int rr = 0; rr < 2; ++rr) {
+                    const int key = warp * 16 + g + rr * 8;
 #pragma unroll
-                        for (int nt = 0; nt < NTQ; ++nt)
-                            *(u32*)(sDS + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
-                    }
+                    for (int nt = 0; nt < NTQ; ++nt)
+                        *(u32*)(sDS + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
                 }
-                // this warp's column sums of dS^T (dcq's share), reduced over the 8 key rows
+                // this warp's column sums of dS^T (its share of dcq), reduced over the key rows
 #pragma unroll
                 for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        float x = DP[4 * nt + c] + DP[4 * nt + 2 + c];
+                        float x = DP_[4 * nt + c] + DP_[4 * nt + 2 + c];
                         x += __shfl_xor_sync(0xffffffffu, x, 4);
                         x += __shfl_xor_sync(0xffffffffu, x, 8);
                         x += __shfl_xor_sync(0xffffffffu, x, 16);
@@ -578,43 +618,38 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                 }
                 wg_commit();
                 fence_proxy_async();
-                __syncthreads();  // dS^T and the column sums of both warpgroups are in place
+                named_sync(1);  // dS^T and the column sums of both warpgroups are in place
                 float dQ[NQ];
 #pragma unroll
-                for (int k = 0; k < BKB / 16; ++k)
-                    if constexpr (DH == 32)
-                        wgmma_tt_n32<BF>(dQ, gmma_desc(ds_s + k * 2048, BKB * 128, 1024), gmma_desc(kq_s + k * 2048, BKB * 128, 1024), k > 0 ? 1 : 0);
-                    else
-                        wgmma_tt_n64<BF>(dQ, gmma_desc(ds_s + k * 2048, BKB * 128, 1024), gmma_desc(kq_s + k * 2048, BKB * 128, 1024), k > 0 ? 1 : 0);
+                for (int k = 0; k < BKB / 16; ++k) {
+                    const u64 da = gmma_desc(ds_s + k * 2048, BKB * 128, 1024);
+                    const u64 db = gmma_desc(kq_s + k * 2048, BKB * 128, 1024);
+                    if constexpr (DH == 32) wgmma_tt_n32<BF>(dQ, da, db, k > 0 ? 1 : 0);
+                    else wgmma_tt_n64<BF>(dQ, da, db, k > 0 ? 1 : 0);
+                }
                 wg_commit();
+                // stage dQ's share and dcq's share for the writer (after it is done with the
+                // buffer's previous tile)
+                const int x = u & 1;
+                if (u >= 2) mbar_wait(dq_empty(x), (u32)(((u >> 1) - 1) & 1));
+                float* sdq = sDQ + x * BQB * DP;
+                if (tid < BQB) {
+                    float cs = 0.f;
+#pragma unroll
+                    for (int w = 0; w < 8; ++w) cs += sRed[w * BQB + tid];
+                    sdq[tid * DP + D] = cs;
+                }
                 wg_wait0();
-                // add dQ and dcq in key-block order
-                unsigned* sem = P.sem + (long long)bh * nqt + qi;
-                if (tid == 0)
-                    while (ld_acquire(sem) != turn) {
-                    }
-                __syncthreads();
 #pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
-                    const int r = rq + (warp & 3) * 16 + g + rr * 8;
-                    if (r >= p.tq) continue;
-                    float* drow = P.acc + (((long long)b * p.tq + r) * p.H + h) * D + wg * DH;
+                    float* srow = sdq + ((warp & 3) * 16 + g + rr * 8) * DP + wg * DH;
 #pragma unroll
-                    for (int nt = 0; nt < DH / 8; ++nt) {
-                        atomicAdd(drow + nt * 8 + 2 * t4, dQ[4 * nt + 2 * rr]);
-                        atomicAdd(drow + nt * 8 + 2 * t4 + 1, dQ[4 * nt + 2 * rr + 1]);
-                    }
+                    for (int nt = 0; nt < DH / 8; ++nt)
+                        *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
                 }
-                if (tid < BQB && rq + tid < p.tq) {
-                    float x = 0.f;
-#pragma unroll
-                    for (int w = 0; w < 8; ++w) x += sRed[w * BQB + tid];
-                    const long long n_dq = (long long)p.B * p.tq * p.H * D;
-                    atomicAdd(P.acc + n_dq + (long long)bh * p.tq + rq + tid, x);
-                }
-                __threadfence();
-                __syncthreads();
-                if (tid == 0) st_release(sem, turn + 1);
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(dq_full(x));
             }
         }
 #pragma unroll
@@ -671,32 +706,43 @@ struct BwdV4Params {
 };
 #define FOX_BWD_V4_BODY(D, BF) __trap();
 #endif
-// The one-pass backward (fox_bwdv4_d{D}_{type}) and its epilogue: dq = scale * acc in the dtype,
-// dcq = the row-sum accumulator (fox_bwdv4_dq_{type}).
+// The one-pass backward (fox_bwdv4_d{D}_{type}, 384 threads: the writer's warpgroup and two
+// consumer warpgroups) and its epilogue (fox_bwdv4_dq_d{D}_{type}).
 #define FOX_BWD_V4(D, TY, BF)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256, 1) fox_bwdv4_d##D##_##TY(const BwdV4Params p) { FOX_BWD_V4_BODY(D, BF) }
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdv4_d##D##_##TY(const BwdV4Params p) { FOX_BWD_V4_BODY(D, BF) }
 FOX_BWD_V4(64, bf16, true)
 FOX_BWD_V4(128, bf16, true)
 FOX_BWD_V4(64, f16, false)
 FOX_BWD_V4(128, f16, false)
-template <bool BF>
-__device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq, long long n_dq, long long n_dcq, float scale) {
+// dq [B, tq, H, D] = scale * acc's first D columns in the dtype; dcq [B, H, tq] = its column D.
+// One thread per 4 columns of a row.
+template <int D, bool BF>
+__device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq, int B, int H, int tq, float scale) {
+    const long long n = (long long)B * H * tq * (D / 4);
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_dq / 4; i += stride) {
-        const float4 x = ((const float4*)acc)[i];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long row = i / (D / 4);  // (b, h, r)
+        const int c = (int)(i % (D / 4)) * 4;
+        const int r = (int)(row % tq), bh = (int)(row / tq);
+        const float* a = acc + row * (D + 4);
+        const float4 x = *(const float4*)(a + c);
         uint2 y;
         y.x = pack2<BF>(x.x * scale, x.y * scale);
         y.y = pack2<BF>(x.z * scale, x.w * scale);
-        ((uint2*)dq)[i] = y;
+        const long long o = (((long long)(bh / H) * tq + r) * H + bh % H) * D + c;
+        *(uint2*)(dq + o) = y;
+        if (c == 0) dcq[row] = a[D];
     }
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_dcq; i += stride) dcq[i] = acc[n_dq + i];
 }
-extern "C" __global__ void fox_bwdv4_dq_bf16(const float* acc, u16* dq, float* dcq, long long n_dq, long long n_dcq, float scale) {
-    bwd_v4_dq<true>(acc, dq, dcq, n_dq, n_dcq, scale);
-}
-extern "C" __global__ void fox_bwdv4_dq_f16(const float* acc, u16* dq, float* dcq, long long n_dq, long long n_dcq, float scale) {
-    bwd_v4_dq<false>(acc, dq, dcq, n_dq, n_dcq, scale);
-}
+#define FOX_BWD_V4_DQ(D, TY, BF)                                                                            \
+    extern "C" __global__ void fox_bwdv4_dq_d##D##_##TY(const float* acc, u16* dq, float* dcq, int B, int H, int tq, \
+                                                        float scale) {                                      \
+        bwd_v4_dq<D, BF>(acc, dq, dcq, B, H, tq, scale);                                                    \
+    }
+FOX_BWD_V4_DQ(64, bf16, true)
+FOX_BWD_V4_DQ(128, bf16, true)
+FOX_BWD_V4_DQ(64, f16, false)
+FOX_BWD_V4_DQ(128, f16, false)
 FOX_V4(64, bf16, true, 4)
 FOX_V4(128, bf16, true, 2)
 FOX_V4(64, f16, false, 4)

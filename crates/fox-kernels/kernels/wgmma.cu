@@ -16,12 +16,14 @@ __device__ __forceinline__ int atom_off(int r, int c) {
     return (c >> 3) * R * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
+// Thread `tid` of NTHREADS copies its share of rows [row0, row0 + R) into atoms (zero-filled
+// where !ok(row)).
 template <int D, int R, int NTHREADS, class F>
-__device__ __forceinline__ void load_tile_atoms(u16* s, const u16* base, long long st, int row0, F ok) {
+__device__ __forceinline__ void load_tile_atoms_by(int tid, u16* s, const u16* base, long long st, int row0, F ok) {
     constexpr int C = D / 8;
 #pragma unroll
     for (int i0 = 0; i0 < R * C; i0 += NTHREADS) {
-        const int i = i0 + (int)threadIdx.x;
+        const int i = i0 + tid;
         if (R * C % NTHREADS != 0 && i >= R * C) break;
         const int r = i / C, c = i % C;
         const int gr = row0 + r;
@@ -29,6 +31,10 @@ __device__ __forceinline__ void load_tile_atoms(u16* s, const u16* base, long lo
         const u16* src = valid ? base + (long long)gr * st + c * 8 : base;
         cp_async16(s + atom_off<D, R>(r, c), src, valid);
     }
+}
+template <int D, int R, int NTHREADS, class F>
+__device__ __forceinline__ void load_tile_atoms(u16* s, const u16* base, long long st, int row0, F ok) {
+    load_tile_atoms_by<D, R, NTHREADS>((int)threadIdx.x, s, base, st, row0, ok);
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle.

@@ -844,13 +844,15 @@ pub fn backward_into_opts(
     Ok(())
 }
 
-/// Whether the backward uses the v4 one-pass kernel (sm_90a): with `FOX_BWD_V4=1` or the V4
-/// kernel path. Not the default yet: its scalar atomics and in-line turn-taking measured 2.4x
-/// slower than v3.1's two passes (BENCHMARKS.md).
+/// Whether the backward uses the v4 one-pass kernel: sm_90a, by default (measured faster in
+/// BENCHMARKS.md); `FOX_BWD_V4=0` selects v3.1's two wgmma passes.
 fn use_v4_bwd(gpu: &Gpu) -> bool {
     let chosen = match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
         3 => true,
-        0 => std::env::var("FOX_BWD_V4").map(|v| v == "1").unwrap_or(false),
+        0 => {
+            std::env::var("FOX_BWD_V4").map(|v| v != "0").unwrap_or(true)
+                && std::env::var("FOX_BWD_WGMMA").map(|v| v != "0").unwrap_or(true)
+        }
         _ => false,
     };
     gpu.arch() == "sm_90a" && chosen
@@ -867,8 +869,9 @@ struct BwdV4Params {
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdV4Params {}
 
-/// The v4 backward after the delta kernel: one pass over key blocks of 128 (dk, dv, dck, and dq,
-/// dcq added into fp32 scratch in key-block order), then dq = scale · scratch in the dtype.
+/// The v4 backward after the delta kernel: one pass over key blocks of 128 (dk, dv, dck; dq and
+/// dcq added into fp32 scratch [B, H, tq, D + 4] in key-block order), then dq = scale · scratch
+/// in the dtype and dcq from its last column.
 fn backward_v4(
     gpu: &Gpu,
     p: &DevProblem,
@@ -877,34 +880,34 @@ fn backward_v4(
     dcq: &CudaSlice<f32>,
 ) -> Result<()> {
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
-    let n_dq = bb * p.tq * hh * d;
-    let n_dcq = bb * hh * p.tq;
-    let acc = gpu.zeros::<f32>(n_dq + n_dcq)?;
+    let acc = gpu.zeros::<f32>(bb * hh * p.tq * (d + 4))?;
     let sem = gpu.zeros::<u32>(bb * hh * p.tq.div_ceil(64))?;
     let v4 = BwdV4Params { a: prm, acc: ptr(gpu, &acc), sem: ptr(gpu, &sem) };
-    let smem = 1024 + (2 * 128 * d + 4 * 64 * d) * 2 + 128 * 64 * 2 + 4 * 2 * 64 * 4 + 8 * 64 * 4;
+    // K, V; Q, dO twice; dS^T; dQ staging twice; lse, delta, cq, starts twice; column sums; barriers
+    let smem =
+        1024 + (2 * 128 * d + 4 * 64 * d + 128 * 64) * 2 + 2 * 64 * (d + 4) * 4 + 4 * 2 * 64 * 4 + 8 * 64 * 4 + 32;
     let f = kernel(gpu, "bwdv4", p, smem)?;
     let hkv = prm.hkv as usize;
     let cfg = LaunchConfig {
         grid_dim: (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (384, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&v4);
-    // SAFETY: the parameter block matches the kernel; the scratch holds n_dq + n_dcq floats and a
-    // counter per (b, h, 64-row query tile), as the kernel indexes them.
+    // SAFETY: the parameter block matches the kernel; the scratch holds B·H·tq rows of D + 4
+    // floats and a counter per (b, h, 64-row query tile), as the kernel indexes them.
     unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 backward kernel: {e:?}"))?;
 
-    let name = format!("fox_bwdv4_dq_{}", p.dtype.suffix());
+    let name = format!("fox_bwdv4_dq_d{d}_{}", p.dtype.suffix());
     let f = gpu.function(&ATTENTION, &name)?;
-    let blocks = (n_dq / 4).div_ceil(256).min(8 * gpu.sm_count()).max(1);
+    let blocks = (bb * hh * p.tq * d / 4).div_ceil(256).min(8 * gpu.sm_count()).max(1);
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (acc_p, dq_p, dcq_p) = (ptr(gpu, &acc), ptr(gpu, dq), ptr(gpu, dcq));
-    let (n1, n2) = (n_dq as i64, n_dcq as i64);
+    let (b_, h_, t_) = (bb as i32, hh as i32, p.tq as i32);
     let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&acc_p).arg(&dq_p).arg(&dcq_p).arg(&n1).arg(&n2).arg(&p.scale);
-    // SAFETY: dq holds n_dq and dcq n_dcq elements (checked by the caller), acc both.
+    b.arg(&acc_p).arg(&dq_p).arg(&dcq_p).arg(&b_).arg(&h_).arg(&t_).arg(&p.scale);
+    // SAFETY: dq holds B·tq·H·D and dcq B·H·tq elements (checked by the caller), acc as above.
     unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 dq epilogue: {e:?}"))?;
     // freeing is stream-ordered: the scratch outlives the kernels
     drop((acc, sem));

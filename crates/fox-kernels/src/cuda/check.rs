@@ -675,6 +675,21 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let max_dcq = dcq.iter().fold(0.0f32, |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x.abs()) });
         let max_dck = grads_ref.dck.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         tab.add("dcq (rowsum dS ~ 0) max/max|dck|", (max_dcq / max_dck.max(1e-30)) as f64, tol_g, String::new());
+        // deterministic: the same inputs give the same bits (the v4 backward adds dq across key
+        // blocks in a fixed order)
+        let mut g2 = DevGrads::new_opts(gpu, &dp, opts)?;
+        g2.dq = poison(b * tq * h * d)?;
+        g2.dcq = poison_f(b * h * tq)?;
+        ga::backward_opts(gpu, &dp, opts, &o_d, &dout_d, &lse_d, &mut g2)?;
+        let differ = |x: &cudarc::driver::CudaSlice<u16>, y: &cudarc::driver::CudaSlice<u16>| -> Result<usize> {
+            Ok(gpu.download(x)?.iter().zip(gpu.download(y)?).filter(|(a, b)| **a != *b).count())
+        };
+        let differ_f = |x: &cudarc::driver::CudaSlice<f32>, y: &cudarc::driver::CudaSlice<f32>| -> Result<usize> {
+            Ok(gpu.download(x)?.iter().zip(gpu.download(y)?).filter(|(a, b)| a.to_bits() != b.to_bits()).count())
+        };
+        let n = differ(&g.dq, &g2.dq)? + differ(&g.dk, &g2.dk)? + differ(&g.dv, &g2.dv)?;
+        let n = n + differ_f(&g.dcq, &g2.dcq)? + differ_f(&g.dck, &g2.dck)?;
+        tab.add("backward bitwise repeat", n as f64, 0.0, "elements with other bits".into());
         if s.tq == 0 {
             // d log f: reverse prefix sum of dcq + dck, on the GPU vs the host on the CPU's dc
             let mut da_d = poison_f(b * t * h)?;

@@ -57,8 +57,9 @@ def main():
                     F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
             def fwdbwd():
+                # gradients returned, not accumulated into .grad (as the FoX references time it)
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                o.backward(do)
+                torch.autograd.grad(o, (q, k, v), do)
 
             row = {"d": d, "t": t, "b": b, "h": h, "fwd_ms": timeit(fwd), "fwdbwd_ms": timeit(fwdbwd)}
             print(json.dumps(row), flush=True)

@@ -4,6 +4,7 @@
 //!   fox-attn check-ops [--filter TEXT] [--seed N]  the same for the small training ops
 //!   fox-attn bench [--d 64,128] [--t 1024,4096,16384] [--tokens 32768] [--hidden 2048]
 //!                  [--iters N] [--warmup N] [--no-sdpa] [--python python3] [--json FILE] [--fwd-only]
+//!                  [--no-fox-refs] [--bundle DIR]   the authors' and fla's kernels (code in DIR)
 //!                  [--kv-group G] [--window W]     GQA (G query heads per k/v head), sliding window
 //!   fox-attn compile [--arch sm_90a] [-v]           compile the kernels into the disk cache
 //!                                                   (NVRTC only, no GPU; -v: ptxas report)
@@ -130,6 +131,12 @@ fn main() -> Result<()> {
             }
             if args.iter().any(|a| a == "--no-sdpa") {
                 o.sdpa = false;
+            }
+            if args.iter().any(|a| a == "--no-fox-refs") {
+                o.fox_refs = false;
+            }
+            if let Some(s) = arg_value(&args, "--bundle") {
+                o.bundle = s.into();
             }
             if args.iter().any(|a| a == "--fwd-only") {
                 o.backward = false;

@@ -24,6 +24,9 @@ use std::sync::Arc;
 
 /// The SDPA reference script (also in bench/), written to a temporary file and run with `python`.
 pub const SDPA_SCRIPT: &str = include_str!("../../../../bench/sdpa_reference.py");
+/// The other Forgetting Attention kernels (the authors' Triton kernel, the fla library's), run the
+/// same way; they need the authors' sources and fla's wheels in the bundle folder (docs/gpu.md).
+pub const FOX_REFS_SCRIPT: &str = include_str!("../../../../bench/fox_references.py");
 
 #[derive(Clone, Debug)]
 pub struct BenchOpts {
@@ -39,6 +42,10 @@ pub struct BenchOpts {
     pub backward: bool,
     /// run PyTorch SDPA as the reference
     pub sdpa: bool,
+    /// also run the authors' and fla's Forgetting Attention kernels
+    pub fox_refs: bool,
+    /// where those kernels' code is: `authors/src` (the authors' repository) and `wheels` (fla-core)
+    pub bundle: PathBuf,
     pub python: String,
     /// write the rows as JSON here
     pub json: Option<PathBuf>,
@@ -62,6 +69,8 @@ impl Default for BenchOpts {
             iters: 10,
             backward: true,
             sdpa: true,
+            fox_refs: true,
+            bundle: PathBuf::from(".device-bundle"),
             python: "python3".into(),
             json: None,
             seed: 0,
@@ -97,6 +106,8 @@ pub struct BenchReport {
     pub date: String,
     pub torch: Option<String>,
     pub sdpa_error: Option<String>,
+    /// what the authors' / fla's kernels reported instead of a time (missing code, errors)
+    pub ref_notes: Vec<String>,
     pub rows: Vec<BenchRow>,
 }
 
@@ -123,8 +134,17 @@ impl BenchReport {
         if let Some(e) = &self.sdpa_error {
             s += &format!("SDPA reference not run: {e}\n\n");
         }
-        s += "| D | T | B×H | pass | SDPA TFLOP/s | FoX TFLOP/s | FoX+ACP TFLOP/s | pruned | FoX/SDPA | FoX+ACP/SDPA |\n";
-        s += "|---|---|---|---|---|---|---|---|---|---|\n";
+        for n in &self.ref_notes {
+            s += &format!("{n}\n\n");
+        }
+        // the other FoX kernels' columns, when they ran
+        let refs: Vec<&str> =
+            ["authors FoX", "fla FoX"].into_iter().filter(|k| self.rows.iter().any(|r| r.kernel == *k)).collect();
+        let ref_heads: String = refs.iter().map(|k| format!(" {k} TFLOP/s |")).collect();
+        s += &format!(
+            "| D | T | B×H | pass | SDPA TFLOP/s |{ref_heads} FoX TFLOP/s | FoX+ACP TFLOP/s | pruned | FoX/SDPA | FoX+ACP/SDPA |\n"
+        );
+        s += &format!("|---|---|---|---|---|{}---|---|---|---|---|\n", "---|".repeat(refs.len()));
         let mut keys: Vec<(usize, usize, String)> = self.rows.iter().map(|r| (r.d, r.t, r.pass.clone())).collect();
         keys.sort_by_key(|k| (k.0, k.2.clone(), k.1));
         keys.dedup();
@@ -137,8 +157,9 @@ impl BenchReport {
                 _ => "—".into(),
             };
             let pr = get("FoX+ACP").and_then(|r| r.pruned).map_or("—".into(), |p| format!("{:.0}%", 100.0 * p));
+            let ref_cells: String = refs.iter().map(|k| format!(" {} |", f(get(k)))).collect();
             s += &format!(
-                "| {d} | {t} | {}×{} | {pass} | {} | {} | {} | {pr} | {} | {} |\n",
+                "| {d} | {t} | {}×{} | {pass} | {} |{ref_cells} {} | {} | {pr} | {} | {} |\n",
                 any.b,
                 any.h,
                 f(get("SDPA")),
@@ -167,27 +188,42 @@ fn today() -> String {
     format!("{y:04}-{m:02}-{dd:02}")
 }
 
-fn run_sdpa(o: &BenchOpts) -> Result<(Option<String>, Vec<BenchRow>)> {
-    let path = std::env::temp_dir().join(format!("foxlm-sdpa-{}.py", std::process::id()));
-    std::fs::write(&path, SDPA_SCRIPT)?;
+/// The rows of a reference script (`sdpa_reference.py` or `fox_references.py`): its header (the
+/// PyTorch version and GPU) and the rows; per-kernel errors are returned as notes.
+type ScriptRows = (Option<String>, Vec<BenchRow>, Vec<String>);
+
+fn run_script(o: &BenchOpts, what: &str, script: &str, extra: &[String]) -> Result<ScriptRows> {
+    let path = std::env::temp_dir().join(format!("foxlm-{what}-{}.py", std::process::id()));
+    std::fs::write(&path, script)?;
     let join = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
-    let out = std::process::Command::new(&o.python)
-        .arg(&path)
+    let mut cmd = std::process::Command::new(&o.python);
+    cmd.arg(&path)
         .args(["--d", &join(&o.head_dims), "--t", &join(&o.seq_lens)])
         .args(["--tokens", &o.tokens.to_string(), "--hidden", &o.hidden.to_string()])
         .args(["--iters", &o.iters.to_string(), "--warmup", &o.warmup.to_string()])
-        .output()
-        .with_context(|| format!("running {} for the SDPA reference", o.python))?;
+        .args(extra);
+    let out = cmd.output().with_context(|| format!("running {} for the {what} reference", o.python));
     let _ = std::fs::remove_file(&path);
-    let mut rows = Vec::new();
-    let mut torch = None;
+    let out = out?;
+    let (mut rows, mut notes, mut torch) = (Vec::new(), Vec::new(), None);
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let v: serde_json::Value = match serde_json::from_str(line) {
             Ok(v) => v,
             Err(_) => continue,
         };
+        let kernel = match v.get("kernel").and_then(|k| k.as_str()) {
+            Some("authors") => "authors FoX",
+            Some("fla") => "fla FoX",
+            Some(other) => other,
+            None => "SDPA",
+        };
         if let Some(e) = v.get("error") {
-            return Err(anyhow!("SDPA script: {e}"));
+            if v.get("kernel").is_none() {
+                return Err(anyhow!("{what} script: {e}"));
+            }
+            let at = v.get("d").map_or(String::new(), |d| format!(" at D={d} T={}", v["t"]));
+            notes.push(format!("{kernel} not timed{at}: {}", e.as_str().unwrap_or("?")));
+            continue;
         }
         if let Some(t) = v.get("torch") {
             torch = Some(format!("{} on {}", t.as_str().unwrap_or("?"), v["gpu"].as_str().unwrap_or("?")));
@@ -197,8 +233,11 @@ fn run_sdpa(o: &BenchOpts) -> Result<(Option<String>, Vec<BenchRow>)> {
         let (d, t, b, h) = (g("d") as usize, g("t") as usize, g("b") as usize, g("h") as usize);
         for (pass, key) in [("fwd", "fwd_ms"), ("fwd+bwd", "fwdbwd_ms")] {
             let ms = g(key);
+            if !ms.is_finite() {
+                continue;
+            }
             rows.push(BenchRow {
-                kernel: "SDPA".into(),
+                kernel: kernel.into(),
                 d,
                 t,
                 b,
@@ -212,14 +251,14 @@ fn run_sdpa(o: &BenchOpts) -> Result<(Option<String>, Vec<BenchRow>)> {
             });
         }
     }
-    if rows.is_empty() {
+    if rows.is_empty() && notes.is_empty() {
         return Err(anyhow!(
-            "the SDPA script printed no result (exit {:?}): {}",
+            "the {what} script printed no result (exit {:?}): {}",
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
         ));
     }
-    Ok((torch, rows))
+    Ok((torch, rows, notes))
 }
 
 /// Median time in ms of `f` over `iters` runs after `warmup`, with CUDA events.
@@ -246,16 +285,40 @@ pub fn time_ms(gpu: &Gpu, warmup: usize, iters: usize, mut f: impl FnMut() -> Re
 /// `opts.json` is set).
 pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
     let gpu: Arc<Gpu> = Gpu::new(opts.device).context("the attention benchmark needs a CUDA GPU")?;
-    let mut report =
-        BenchReport { device: gpu.describe(), date: today(), torch: None, sdpa_error: None, rows: Vec::new() };
+    let mut report = BenchReport {
+        device: gpu.describe(),
+        date: today(),
+        torch: None,
+        sdpa_error: None,
+        ref_notes: Vec::new(),
+        rows: Vec::new(),
+    };
     eprintln!("attention bench on {}", report.device);
     if opts.sdpa {
-        match run_sdpa(opts) {
-            Ok((torch, rows)) => {
+        match run_script(opts, "SDPA", SDPA_SCRIPT, &[]) {
+            Ok((torch, rows, _)) => {
                 report.torch = torch;
                 report.rows.extend(rows);
             }
             Err(e) => report.sdpa_error = Some(format!("{e:#}")),
+        }
+    }
+    // the authors' and fla's kernels: multi-head, causal, no window (their rows compare with ours
+    // only there)
+    if opts.fox_refs && opts.kv_group == 1 && opts.window.is_none() {
+        let dir = std::env::current_dir()?.join(&opts.bundle);
+        let extra = [
+            "--authors-src".to_string(),
+            dir.join("authors/src").display().to_string(),
+            "--wheels".to_string(),
+            dir.join("wheels").display().to_string(),
+        ];
+        match run_script(opts, "FoX references", FOX_REFS_SCRIPT, &extra) {
+            Ok((_, rows, notes)) => {
+                report.rows.extend(rows);
+                report.ref_notes.extend(notes);
+            }
+            Err(e) => report.ref_notes.push(format!("authors' and fla's kernels not run: {e:#}")),
         }
     }
 

@@ -122,6 +122,13 @@ pub struct AttentionArgs {
     /// Skip the PyTorch SDPA reference (GPU only).
     #[arg(long)]
     pub no_sdpa: bool,
+    /// Skip the FoX authors' Triton kernel and the fla library's kernel (GPU only).
+    #[arg(long)]
+    pub no_fox_refs: bool,
+    /// Where those kernels' code is: authors/src (their repository's src folder) and wheels
+    /// (fla-core and einops wheels); see docs/gpu.md.
+    #[arg(long, default_value = ".device-bundle")]
+    pub bundle: PathBuf,
     /// The python3 that has PyTorch, for the SDPA reference.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -158,6 +165,8 @@ fn attention(a: AttentionArgs) -> Result<()> {
             iters: a.iters,
             backward: !a.fwd_only,
             sdpa: !a.no_sdpa,
+            fox_refs: !a.no_fox_refs,
+            bundle: a.bundle,
             python: a.python,
             json: a.json,
             seed: a.seed,

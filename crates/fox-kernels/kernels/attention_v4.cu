@@ -172,7 +172,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
                     }
                 }
 #pragma unroll
-                for (int x = lane; x < BK; x += 32) sC[s * BK + x] = jt + x < p.tk ? ckb[jt + x] : 0.f;
+                for (int x = lane; x < BK; x += 32) sC[s * BK + x] = (jt + x < p.tk ? ckb[jt + x] : 0.f) * LOG2E;
                 __syncwarp();
                 if (lane == 0) mbar_arrive(full(s));
             }
@@ -190,7 +190,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         const int r = r0 + wrow + g + rr * 8;
         rows[rr] = r;
         if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
+            ci[rr] = p.cq[(long long)bh * p.tq + r] * LOG2E;
             pos[rr] = p.q_pos0 + r;
             st[rr] = row_start(p, b, r);
         } else {
@@ -214,8 +214,10 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         const int mine = 1 + cw, other = 2 - cw;  // named barrier ids
         float S[NS];
         u32 a[NT / 2][4];
-        // bias, mask and online softmax of tile i in S (S[4*nt + e] is mma.sync's S[nt][e]);
-        // returns the rows' rescale factors and leaves P (unnormalised) packed in a
+        // bias, mask and online softmax of tile i in S (S[4*nt + e] is mma.sync's S[nt][e]), in
+        // log2 units: c_i and c_j come scaled by log2(e), so the bias costs a subtraction folded
+        // into the scaling's FMA (one multiply per score less than v3; the D = 64 forward is bound
+        // by these per-score instructions, BENCHMARKS.md); returns the rows' rescale factors
         auto softmax = [&](int i, float (&corr)[2]) {
             const int s = i % NST;
             const float* c_s = sC + s * BK;
@@ -227,7 +229,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int rr = e >> 1;
-                    float x = S[4 * nt + e] * scale_log2 + (ci[rr] - ((e & 1) ? c1 : c0)) * LOG2E;
+                    float x = fmaf(S[4 * nt + e], scale_log2, ci[rr] - ((e & 1) ? c1 : c0));
                     if (need_mask) {
                         const int j = jt + nt * 8 + 2 * t4 + (e & 1);
                         if (j > pos[rr] || j < st[rr]) x = NEG_INF;

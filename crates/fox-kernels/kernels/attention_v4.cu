@@ -329,23 +329,28 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// v4 backward: one pass per key block. Two consumer warpgroups of 64 keys each (128 keys a block)
-// walk the query tiles of 64 rows that see the block, as v3.1's dk/dv pass does, and also form the
-// block's share of dQ = dS K from dS^T staged in shared memory: 5 matrix products per tile pair
-// instead of 7, and no second pass. A writer warp adds each tile's dQ share (with dcq, the row
-// sums of dS, in an extra column) into fp32 scratch with one bulk reduction (cp.reduce.async.bulk)
-// from a double-buffered staging tile, in a fixed order: a counter per (head, query tile) says
-// how many of the tile's key blocks have added, so the sums are deterministic. The key blocks that
-// see a query tile are a run ending at its diagonal block (starts, windows and ACP only cut the
-// run's beginning), and they add from the diagonal down, so a block's turn is its distance from
-// the diagonal. Blocks are launched last key block first: a block only waits on later key blocks,
+// v4 backward: one pass per key block, warp-specialised. Two consumer warpgroups of 64 keys each
+// (128 keys a block) walk the query tiles of 64 rows that see the block, as v3.1's dk/dv pass
+// does, and each also forms its keys' share of dQ = dS K from its dS^T staged in shared memory: 5
+// matrix products per tile pair instead of 7, and no second pass. Warpgroup 0 holds a loader warp
+// (TMA for K, V, Q and dO into a two-stage ring with mbarriers; its lanes copy lse, delta and the
+// gate sums) and a writer thread, which adds each warpgroup's staged dQ share (with its warps'
+// partial row sums of dS, dcq, in four extra columns) into fp32 scratch with one bulk reduction
+// (cp.reduce.async.bulk). The consumer warpgroups share no barrier, so they drift apart and one's
+// exponentials overlap the other's matrix products.
+// The adds into a query tile happen in a fixed order, so the sums are deterministic: a counter per
+// (head, query tile) says how many of the tile's key blocks have added. The key blocks that see a
+// query tile are a run ending at its diagonal block (starts, windows and ACP only cut the run's
+// beginning), and they add from the diagonal down, so a block's turn is its distance from the
+// diagonal. Blocks are launched last key block first: a block only waits on later key blocks,
 // which started before it and reach each query tile two tiles sooner, so waits are rare (adding in
 // ascending order instead made every block wait for its predecessor: 1.5x slower, measured).
 // ---------------------------------------------------------------------------------------------
 struct BwdV4Params {
     AttnParams a;
-    float* acc;     // [B, H, tq, D + 4] fp32: dq, then dcq in column D; zero at launch
+    float* acc;     // [B, H, tq, D + 4] fp32: dq, then four partial sums of dcq; zero at launch
     unsigned* sem;  // [B, H, ceil(tq / 64)], zero at launch
+    TmaMap k, v, q, g;  // (D, T, heads, B): k, v (128-row boxes), q, dO (64-row boxes)
 };
 
 __device__ __forceinline__ u32 ld_acquire(const unsigned* a) {
@@ -402,27 +407,31 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) 
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void named_sync128(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
 template <int D, bool BF>
 __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     const AttnParams& p = P.a;
-    constexpr int BKB = 128, BQB = 64, NTH = 256, NTQ = BQB / 8, NA = D / 64, DH = D / 2, NQ = DH / 2, DP = D + 4;
+    constexpr int BKB = 128, BQB = 64, NTQ = BQB / 8, NA = D / 64, DP = D + 4;
+    constexpr u32 KV_BYTES = BKB * D * 2, QG_BYTES = BQB * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-    u16* sK = (u16*)smem;
+    u16* sK = (u16*)smem;          // NA atoms of [BKB][64]
     u16* sV = sK + BKB * D;
-    u16* sQ = sV + BKB * D;       // [2][BQB*D]
-    u16* sG = sQ + 2 * BQB * D;   // [2][BQB*D]
-    u16* sDS = sG + 2 * BQB * D;  // dS^T, one atom [BKB keys][64 query rows]
-    float* sDQ = (float*)(sDS + BKB * BQB);  // [2][BQB][DP]: dQ share and dcq share
-    float* sLse = sDQ + 2 * BQB * DP;
-    float* sDel = sLse + 2 * BQB;
-    float* sCq = sDel + 2 * BQB;
-    int* sSt = (int*)(sCq + 2 * BQB);
-    float* sRed = (float*)(sSt + 2 * BQB);  // [8 warps][BQB] column sums of dS^T
-    const u32 bars = smem_u32(sRed + 8 * BQB);  // dq_full[2], dq_empty[2]
-    auto dq_full = [&](int x) { return bars + 8u * (u32)x; };
-    auto dq_empty = [&](int x) { return bars + 16u + 8u * (u32)x; };
+    u16* sQ = sV + BKB * D;        // [2 stages] NA atoms of [BQB][64]
+    u16* sG = sQ + 2 * BQB * D;    // [2 stages]
+    u16* sDS = sG + 2 * BQB * D;   // [2 warpgroups] dS^T, one atom [64 keys][64 query rows]
+    float* sDQ = (float*)(sDS + 2 * 64 * BQB);  // [2 warpgroups][BQB][DP] staged dQ share
+    float* sA = sDQ + 2 * BQB * DP;  // [2 stages][BQB]: (c_i - lse_i) log2(e)
+    float* sDel = sA + 2 * BQB;
+    int* sSt = (int*)(sDel + 2 * BQB);
+    const u32 bars = smem_u32(sSt + 2 * BQB);
+    const u32 kv_full = bars;
+    auto full = [&](int s) { return bars + 8u + 8u * (u32)s; };
+    auto empty = [&](int s) { return bars + 24u + 8u * (u32)s; };
+    auto dq_full = [&](int w) { return bars + 40u + 8u * (u32)w; };
+    auto dq_empty = [&](int w) { return bars + 56u + 8u * (u32)w; };
 
     const int lane = threadIdx.x & 31, warp_all = threadIdx.x >> 5;
     // last key block first: a block waits only on blocks after it, which start no later
@@ -433,8 +442,11 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
     const int nqt = (p.tq + BQB - 1) / BQB;
     if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
         for (int x = 0; x < 2; ++x) {
-            mbar_init(dq_full(x), 8);
+            mbar_init(full(x), 2);  // the tensor copies' arrival and the row values'
+            mbar_init(empty(x), 8);
+            mbar_init(dq_full(x), 4);
             mbar_init(dq_empty(x), 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -442,216 +454,220 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     __syncthreads();
 
     if (warp_all < 4) {
-        // the writer: lane 0 of warp 0 adds each staged tile in its turn; the rest of the
-        // warpgroup has nothing to do
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");  // balances the consumers' 240 (as in the forward)
-        if (threadIdx.x != 0) return;
-        int u = 0;
-        for (int h = hk * group; h < (hk + 1) * group; ++h) {
-            const int bh = b * p.H + h;
-            const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
-            for (int qi = qfirst; qi < qend; ++qi, ++u) {
-                const int x = u & 1;
-                // the tile's key blocks add from its diagonal block down: this block's turn
-                const int khi = min((p.q_pos0 + min(qi * BQB + BQB, p.tq) - 1) / BKB, (int)gridDim.x - 1);
-                const u32 turn = (u32)(khi - kb);
-                unsigned* sem = P.sem + (long long)bh * nqt + qi;
-                mbar_wait(dq_full(x), (u32)((u >> 1) & 1));
-                while (ld_acquire(sem) != turn) {
+        if (warp_all == 1) {
+            // the loader
+            if (lane == 0) {
+                mbar_expect_tx(kv_full, 2 * KV_BYTES);
+#pragma unroll
+                for (int at = 0; at < NA; ++at) {
+                    tma_load4(smem_u32(sK + at * BKB * 64), &P.k, kv_full, at * 64, j0, hk, b);
+                    tma_load4(smem_u32(sV + at * BKB * 64), &P.v, kv_full, at * 64, j0, hk, b);
                 }
-                asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                const int rows = min(BQB, p.tq - qi * BQB);
-                bulk_reduce_add(P.acc + ((long long)bh * p.tq + qi * BQB) * DP, smem_u32(sDQ + x * BQB * DP),
-                                (u32)(rows * DP * 4));
-                asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                __threadfence();
-                st_release(sem, turn + 1);
-                mbar_arrive(dq_empty(x));
+            }
+            int u = 0;
+            for (int h = hk * group; h < (hk + 1) * group; ++h) {
+                const int bh = b * p.H + h;
+                const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
+                for (int qi = qfirst; qi < qend; ++qi, ++u) {
+                    const int s = u & 1, rq = qi * BQB;
+                    if (u >= 2) mbar_wait(empty(s), (u32)(((u >> 1) - 1) & 1));
+                    if (lane == 0) {
+                        mbar_expect_tx(full(s), 2 * QG_BYTES);
+#pragma unroll
+                        for (int at = 0; at < NA; ++at) {
+                            tma_load4(smem_u32(sQ + s * BQB * D + at * BQB * 64), &P.q, full(s), at * 64, rq, h, b);
+                            tma_load4(smem_u32(sG + s * BQB * D + at * BQB * 64), &P.g, full(s), at * 64, rq, h, b);
+                        }
+                    }
+                    for (int x = lane; x < BQB; x += 32) {
+                        const int r = rq + x;
+                        const bool in = r < p.tq;
+                        const long long idx = (long long)bh * p.tq + (in ? r : 0);
+                        sA[s * BQB + x] = in ? (p.cq[idx] - p.lse_in[idx]) * LOG2E : 0.f;
+                        sDel[s * BQB + x] = in ? p.delta[idx] : 0.f;
+                        if (p.start_mode == 2) sSt[s * BQB + x] = p.start[(long long)b * p.tq + (in ? r : 0)];
+                    }
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(full(s));
+                }
+            }
+        } else if (threadIdx.x == 0) {
+            // the writer: adds each warpgroup's staged share of a tile, in the tile's order
+            int u = 0;
+            for (int h = hk * group; h < (hk + 1) * group; ++h) {
+                const int bh = b * p.H + h;
+                const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
+                for (int qi = qfirst; qi < qend; ++qi, ++u) {
+                    const int khi = min((p.q_pos0 + min(qi * BQB + BQB, p.tq) - 1) / BKB, (int)gridDim.x - 1);
+                    const u32 turn = (u32)(khi - kb);
+                    unsigned* sem = P.sem + (long long)bh * nqt + qi;
+                    const int rows = min(BQB, p.tq - qi * BQB);
+                    for (int w = 0; w < 2; ++w) {
+                        mbar_wait(dq_full(w), (u32)(u & 1));
+                        if (w == 0) {
+                            while (ld_acquire(sem) != turn) {
+                            }
+                            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                        }
+                        bulk_reduce_add(P.acc + ((long long)bh * p.tq + qi * BQB) * DP, smem_u32(sDQ + w * BQB * DP),
+                                        (u32)(rows * DP * 4));
+                        mbar_arrive(dq_empty(w));
+                    }
+                    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                    __threadfence();
+                    st_release(sem, turn + 1);
+                }
             }
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    const int tid = threadIdx.x - 128, warp = warp_all - 4;
+    const int cw = (warp_all >> 2) - 1, wq = warp_all & 3;  // consumer warpgroup, warp in it
     const int g = lane >> 2, t4 = lane & 3;
-    const int wg = warp >> 2;
-    const int kfloor = row_start(p, b, 0);
     int jrow[2];
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
+    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + cw * 64 + wq * 16 + g + rr * 8;
     float dK[NA][32], dV[NA][32];
 #pragma unroll
     for (int at = 0; at < NA; ++at)
 #pragma unroll
         for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
-
-    const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
-    const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
-    auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
-    load_tile_atoms_by<D, BKB, NTH>(tid, sK, kbase, p.k_st, j0, kok);
-    load_tile_atoms_by<D, BKB, NTH>(tid, sV, vbase, p.v_st, j0, kok);
-    cp_commit();
-    const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
-    const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
-    const u32 ds_s = smem_u32(sDS);
-    // dQ = dS K: this warpgroup's half of the columns, K read N-major (keys x D atoms)
-    const u32 kq_s = smem_u32(sK) + (u32)((wg * DH / 64) * BKB * 128 + (wg * DH % 64) * 2);
+    const u32 k_s = smem_u32(sK) + (u32)(cw * 64 * 128);  // this warpgroup's 64 keys in each atom
+    const u32 v_s = smem_u32(sV) + (u32)(cw * 64 * 128);
+    u16* ds = sDS + cw * 64 * BQB;
+    const u32 ds_s = smem_u32(ds);
+    float* sdq = sDQ + cw * BQB * DP;
+    mbar_wait(kv_full, 0);
     int u = 0;
 
     for (int h = hk * group; h < (hk + 1) * group; ++h) {
         const int bh = b * p.H + h;
         const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
-        float ckr[2];
+        float ck2[2];
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) ckr[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] : 0.f;
+        for (int rr = 0; rr < 2; ++rr) ck2[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] * LOG2E : 0.f;
         float dck[2] = {0.f, 0.f};
+        const float scale_log2 = p.scale * LOG2E;
+        for (int qi = qfirst; qi < qend; ++qi, ++u) {
+            const int s = u & 1;
+            mbar_wait(full(s), (u32)((u >> 1) & 1));
+            const u32 q_s = smem_u32(sQ + s * BQB * D);
+            const u32 g_s = smem_u32(sG + s * BQB * D);
+            const float* a_s = sA + s * BQB;
+            const float* del_s = sDel + s * BQB;
+            const int* st_s = sSt + s * BQB;
+            const int rq = qi * BQB;
+            const int rql = min(rq + BQB, p.tq) - 1;
+            const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 
-        if (qfirst < qend) {
-            const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-            const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
-            const long long g_st = (long long)p.H * D;
-            auto load_q = [&](int qi, int buf) {
-                const int rq = qi * BQB;
-                auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-                load_tile_atoms_by<D, BQB, NTH>(tid, sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
-                load_tile_atoms_by<D, BQB, NTH>(tid, sG + buf * BQB * D, gbase, g_st, rq, qok);
-                if (tid < BQB) {
-                    const int r = rq + tid;
-                    const bool in = r < p.tq;
-                    const long long idx = (long long)bh * p.tq + (in ? r : 0);
-                    cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
-                    cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
-                    cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
-                } else if (tid < 2 * BQB && p.start_mode == 2) {
-                    const int r = rq + tid - BQB;
-                    const bool in = r < p.tq;
-                    cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+            float ST[32], DS[32];
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < D / 16; ++k) {
+                const u32 ao = (u32)((k >> 2) * BKB * 128 + (k & 3) * 32);
+                const u32 bo = (u32)((k >> 2) * BQB * 128 + (k & 3) * 32);
+                wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), k > 0 ? 1 : 0);
+                wgmma_ss_n64<BF>(DS, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), k > 0 ? 1 : 0);
+            }
+            wg_commit();
+            wg_wait0();
+            // P^T and dS^T (S^T[4*nt + e]: key row g + 8*(e>>1), query column nt*8 + 2*t4 + (e&1))
+#pragma unroll
+            for (int nt = 0; nt < NTQ; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int il = nt * 8 + 2 * t4 + (e & 1);
+                    const int kr = e >> 1;
+                    float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, a_s[il] - ck2[kr]));
+                    if (need_mask) {
+                        const int i = rq + il;
+                        const int pos = i < p.tq ? p.q_pos0 + i : -1;
+                        const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
+                        const int j = jrow[kr];
+                        if (j > pos || j < sti) pr = 0.f;
+                    }
+                    const float d = pr * (DS[4 * nt + e] - del_s[il]);
+                    dck[kr] -= d;
+                    ST[4 * nt + e] = pr;
+                    DS[4 * nt + e] = d;
                 }
-            };
-            load_q(qfirst, 0);
-            cp_commit();
-            const float scale_log2 = p.scale * LOG2E;
-            for (int qi = qfirst; qi < qend; ++qi, ++u) {
-                const int buf = (qi - qfirst) & 1;
-                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
-                cp_commit();
-                cp_wait<1>();
-                fence_proxy_async();
-                named_sync(1);
-                const u32 q_s = smem_u32(sQ + buf * BQB * D);
-                const u32 g_s = smem_u32(sG + buf * BQB * D);
-                const float* lse_s = sLse + buf * BQB;
-                const float* del_s = sDel + buf * BQB;
-                const float* cq_s = sCq + buf * BQB;
-                const int* st_s = sSt + buf * BQB;
-                const int rq = qi * BQB;
-                const int rql = min(rq + BQB, p.tq) - 1;
-                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
-
-                float ST[32], DP_[32];
+            }
+            // this warp's column sums of dS^T over its 16 keys (its share of dcq), on lanes g = 0
+            float cs[NTQ][2];
+#pragma unroll
+            for (int nt = 0; nt < NTQ; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float x = DS[4 * nt + c] + DS[4 * nt + 2 + c];
+                    x += __shfl_xor_sync(0xffffffffu, x, 4);
+                    x += __shfl_xor_sync(0xffffffffu, x, 8);
+                    x += __shfl_xor_sync(0xffffffffu, x, 16);
+                    cs[nt][c] = x;
+                }
+            u32 ap[NTQ / 2][4], as[NTQ / 2][4];
+#pragma unroll
+            for (int kq = 0; kq < NTQ / 2; ++kq) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
+                    as[kq][x] = pack2<BF>(DS[8 * kq + 2 * x], DS[8 * kq + 2 * x + 1]);
+                }
+            }
+            wg_fence();
+#pragma unroll
+            for (int at = 0; at < NA; ++at) {
+#pragma unroll
+                for (int kq = 0; kq < NTQ / 2; ++kq) {
+                    const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
+                    wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
+                    wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
+                }
+            }
+            wg_commit();
+            // dS^T into this warpgroup's atom (keys as rows) for dQ = dS K, once every warp of the
+            // warpgroup is done reading the previous tile's
+            named_sync128(1 + cw);
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int key = wq * 16 + g + rr * 8;
+#pragma unroll
+                for (int nt = 0; nt < NTQ; ++nt)
+                    *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
+            }
+            fence_proxy_async();
+            named_sync128(1 + cw);
+            // the staging tile is free once the writer has added the previous tile's share
+            if (u >= 1) mbar_wait(dq_empty(cw), (u32)((u - 1) & 1));
+#pragma unroll
+            for (int at = 0; at < NA; ++at) {
+                float dQ[32];
                 wg_fence();
 #pragma unroll
-                for (int s = 0; s < D / 16; ++s) {
-                    const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
-                    const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
-                    wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                    wgmma_ss_n64<BF>(DP_, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                }
+                for (int k = 0; k < 4; ++k)
+                    wgmma_tt_n64<BF>(dQ, gmma_desc(ds_s + k * 2048, 64 * 128, 1024),
+                                     gmma_desc(k_s + (u32)(at * BKB * 128 + k * 2048), BKB * 128, 1024), k > 0 ? 1 : 0);
                 wg_commit();
                 wg_wait0();
 #pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int il = nt * 8 + 2 * t4 + (e & 1);
-                        const int kr = e >> 1;
-                        const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
-                        float pr = fast_exp2(x);
-                        if (need_mask) {
-                            const int i = rq + il;
-                            const int pos = i < p.tq ? p.q_pos0 + i : -1;
-                            const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
-                            const int j = jrow[kr];
-                            if (j > pos || j < sti) pr = 0.f;
-                        }
-                        const float ds = pr * (DP_[4 * nt + e] - del_s[il]);
-                        dck[kr] -= ds;
-                        ST[4 * nt + e] = pr;
-                        DP_[4 * nt + e] = ds;
-                    }
-                }
-                u32 ap[NTQ / 2][4], as[NTQ / 2][4];
-#pragma unroll
-                for (int kq = 0; kq < NTQ / 2; ++kq) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) {
-                        ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
-                        as[kq][x] = pack2<BF>(DP_[8 * kq + 2 * x], DP_[8 * kq + 2 * x + 1]);
-                    }
-                }
-                // dS^T into shared memory (128-byte swizzle atom, keys as rows) for dQ = dS K
-#pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
-                    const int key = warp * 16 + g + rr * 8;
+                    float* srow = sdq + (wq * 16 + g + rr * 8) * DP + at * 64;
 #pragma unroll
-                    for (int nt = 0; nt < NTQ; ++nt)
-                        *(u32*)(sDS + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
+                    for (int nt = 0; nt < 8; ++nt)
+                        *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
                 }
-                // this warp's column sums of dS^T (its share of dcq), reduced over the key rows
+            }
+            if (g == 0) {
 #pragma unroll
                 for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        float x = DP_[4 * nt + c] + DP_[4 * nt + 2 + c];
-                        x += __shfl_xor_sync(0xffffffffu, x, 4);
-                        x += __shfl_xor_sync(0xffffffffu, x, 8);
-                        x += __shfl_xor_sync(0xffffffffu, x, 16);
-                        if (g == 0) sRed[warp * BQB + nt * 8 + 2 * t4 + c] = x;
-                    }
-                wg_fence();
-#pragma unroll
-                for (int at = 0; at < NA; ++at) {
-#pragma unroll
-                    for (int kq = 0; kq < NTQ / 2; ++kq) {
-                        const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
-                        wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
-                        wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
-                    }
-                }
-                wg_commit();
-                fence_proxy_async();
-                named_sync(1);  // dS^T and the column sums of both warpgroups are in place
-                float dQ[NQ];
-#pragma unroll
-                for (int k = 0; k < BKB / 16; ++k) {
-                    const u64 da = gmma_desc(ds_s + k * 2048, BKB * 128, 1024);
-                    const u64 db = gmma_desc(kq_s + k * 2048, BKB * 128, 1024);
-                    if constexpr (DH == 32) wgmma_tt_n32<BF>(dQ, da, db, k > 0 ? 1 : 0);
-                    else wgmma_tt_n64<BF>(dQ, da, db, k > 0 ? 1 : 0);
-                }
-                wg_commit();
-                // stage dQ's share and dcq's share for the writer (after it is done with the
-                // buffer's previous tile)
-                const int x = u & 1;
-                if (u >= 2) mbar_wait(dq_empty(x), (u32)(((u >> 1) - 1) & 1));
-                float* sdq = sDQ + x * BQB * DP;
-                if (tid < BQB) {
-                    float cs = 0.f;
-#pragma unroll
-                    for (int w = 0; w < 8; ++w) cs += sRed[w * BQB + tid];
-                    sdq[tid * DP + D] = cs;
-                }
-                wg_wait0();
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    float* srow = sdq + ((warp & 3) * 16 + g + rr * 8) * DP + wg * DH;
-#pragma unroll
-                    for (int nt = 0; nt < DH / 8; ++nt)
-                        *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
-                }
-                fence_proxy_async();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(dq_full(x));
+                    for (int c = 0; c < 2; ++c) sdq[(nt * 8 + 2 * t4 + c) * DP + D + wq] = cs[nt][c];
+            }
+            fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(dq_full(cw));
+                mbar_arrive(empty(s));  // this warp is done with the stage's Q and dO
             }
         }
 #pragma unroll
@@ -660,7 +676,6 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
             if (jrow[rr] < p.tk && t4 == 0) p.dck[(long long)bh * p.tk + jrow[rr]] = dc;
         }
     }  // query heads of the group
-    cp_wait<0>();  // the K/V copies, when no head had a query tile
 
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -705,18 +720,20 @@ struct BwdV4Params {
     AttnParams a;
     float* acc;
     unsigned* sem;
+    TmaMap k, v, q, g;
 };
 #define FOX_BWD_V4_BODY(D, BF) __trap();
 #endif
 // The one-pass backward (fox_bwdv4_d{D}_{type}, 384 threads: the writer's warpgroup and two
 // consumer warpgroups) and its epilogue (fox_bwdv4_dq_d{D}_{type}).
 #define FOX_BWD_V4(D, TY, BF)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdv4_d##D##_##TY(const BwdV4Params p) { FOX_BWD_V4_BODY(D, BF) }
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdv4_d##D##_##TY(const __grid_constant__ BwdV4Params p) { FOX_BWD_V4_BODY(D, BF) }
 FOX_BWD_V4(64, bf16, true)
 FOX_BWD_V4(128, bf16, true)
 FOX_BWD_V4(64, f16, false)
 FOX_BWD_V4(128, f16, false)
-// dq [B, tq, H, D] = scale * acc's first D columns in the dtype; dcq [B, H, tq] = its column D.
+// dq [B, tq, H, D] = scale * acc's first D columns in the dtype; dcq [B, H, tq] = the sum of its
+// last four (each a warp's share, added in a fixed order).
 // One thread per 4 columns of a row.
 template <int D, bool BF>
 __device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq, int B, int H, int tq, float scale) {
@@ -733,7 +750,7 @@ __device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq,
         y.y = pack2<BF>(x.z * scale, x.w * scale);
         const long long o = (((long long)(bh / H) * tq + r) * H + bh % H) * D + c;
         *(uint2*)(dq + o) = y;
-        if (c == 0) dcq[row] = a[D];
+        if (c == 0) dcq[row] = ((a[D] + a[D + 1]) + a[D + 2]) + a[D + 3];
     }
 }
 #define FOX_BWD_V4_DQ(D, TY, BF)                                                                            \

@@ -634,12 +634,18 @@ fn tma_map(what: &str, bf16: bool, base: u64, dims: &[u64], strides: &[u64], box
     Ok(TmaMap(m.opaque))
 }
 
-/// TMA descriptor of one of `p`'s [B, heads, rows, D] views (at device address `base`) as
-/// (D, rows, heads, B), boxes of 64 columns by `box_rows` rows (one 128-byte-swizzle atom).
+/// The (batch, head, row) element strides of a view.
+fn strides(v: &DevView) -> (usize, usize, usize) {
+    (v.sb, v.sh, v.st)
+}
+
+/// TMA descriptor of a [B, heads, rows, D] view of `p`'s dtype with element strides (sb, sh, st)
+/// at device address `base`, as (D, rows, heads, B), boxes of 64 columns by `box_rows` rows (one
+/// 128-byte-swizzle atom).
 fn view_map(
     what: &str,
     p: &DevProblem,
-    v: &DevView,
+    (sb, sh, st): (usize, usize, usize),
     base: u64,
     rows: usize,
     heads: usize,
@@ -652,7 +658,7 @@ fn view_map(
         p.dtype == DType::Bf16,
         base,
         &[p.head_dim as u64, rows as u64, heads as u64, p.batch as u64],
-        &[s(v.st), s(v.sh), s(v.sb)],
+        &[s(st), s(sh), s(sb)],
         &[64, box_rows as u32, 1, 1],
     )
 }
@@ -675,9 +681,9 @@ fn forward_v4(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
     let hkv = prm.hkv as usize;
     let v4 = V4Params {
         a: prm,
-        q: view_map("q", p, &p.q, prm.q, p.tq, p.heads, V4_BQ)?,
-        k: view_map("k", p, &p.k, prm.k, p.tk, hkv, V4_BK)?,
-        v: view_map("v", p, &p.v, prm.v, p.tk, hkv, V4_BK)?,
+        q: view_map("q", p, strides(&p.q), prm.q, p.tq, p.heads, V4_BQ)?,
+        k: view_map("k", p, strides(&p.k), prm.k, p.tk, hkv, V4_BK)?,
+        v: view_map("v", p, strides(&p.v), prm.v, p.tk, hkv, V4_BK)?,
     };
     let nst = v4_stages(d);
     let smem = 1024 + (V4_BQ * d * 2) + nst * (2 * V4_BK * d * 2 + V4_BK * 4) + (2 * nst + 1) * 8;
@@ -865,6 +871,10 @@ struct BwdV4Params {
     a: AttnParams,
     acc: u64,
     sem: u64,
+    k: TmaMap,
+    v: TmaMap,
+    q: TmaMap,
+    g: TmaMap,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdV4Params {}
@@ -882,12 +892,21 @@ fn backward_v4(
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
     let acc = gpu.zeros::<f32>(bb * hh * p.tq * (d + 4))?;
     let sem = gpu.zeros::<u32>(bb * hh * p.tq.div_ceil(64))?;
-    let v4 = BwdV4Params { a: prm, acc: ptr(gpu, &acc), sem: ptr(gpu, &sem) };
-    // K, V; Q, dO twice; dS^T; dQ staging twice; lse, delta, cq, starts twice; column sums; barriers
-    let smem =
-        1024 + (2 * 128 * d + 4 * 64 * d + 128 * 64) * 2 + 2 * 64 * (d + 4) * 4 + 4 * 2 * 64 * 4 + 8 * 64 * 4 + 32;
-    let f = kernel(gpu, "bwdv4", p, smem)?;
     let hkv = prm.hkv as usize;
+    let v4 = BwdV4Params {
+        a: prm,
+        acc: ptr(gpu, &acc),
+        sem: ptr(gpu, &sem),
+        k: view_map("k", p, strides(&p.k), prm.k, p.tk, hkv, 128)?,
+        v: view_map("v", p, strides(&p.v), prm.v, p.tk, hkv, 128)?,
+        q: view_map("q", p, strides(&p.q), prm.q, p.tq, hh, 64)?,
+        // dO: contiguous [B, tq, H, D]
+        g: view_map("dO", p, (p.tq * hh * d, d, hh * d), prm.dout, p.tq, hh, 64)?,
+    };
+    // K, V; Q, dO in two stages; dS^T and the dQ staging per consumer warpgroup; (c - lse),
+    // delta, starts in two stages; 9 barriers
+    let smem = 1024 + (2 * 128 * d + 4 * 64 * d + 2 * 64 * 64) * 2 + 2 * 64 * (d + 4) * 4 + 3 * 2 * 64 * 4 + 9 * 8;
+    let f = kernel(gpu, "bwdv4", p, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1),
         block_dim: (384, 1, 1),

@@ -94,19 +94,10 @@ pub fn open<'m>(
             }
             Ok(Box::new(CpuInfer { model }))
         }
-        cuda::Device::Cuda(gpu) => {
-            let c = &model.config;
-            if c.kv_heads() != c.num_heads || c.window_size.is_some() {
-                bail!(
-                    "models with num_kv_heads or window_size run on the CPU only for now (they train on the GPU, \
-                     but GPU decoding does not take them yet): use --device cpu"
-                );
-            }
-            Ok(match dtype.unwrap_or_default() {
-                Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
-                Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
-            })
-        }
+        cuda::Device::Cuda(gpu) => Ok(match dtype.unwrap_or_default() {
+            Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
+            Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
+        }),
     }
 }
 
@@ -213,7 +204,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// Device bytes of a decode cache of `batch` rows × `positions` for this model.
     pub fn cache_bytes(model: &Model, batch: usize, positions: usize) -> usize {
         let c = &model.config;
-        c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.head_dim(), positions)
+        c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.kv_heads(), c.head_dim(), positions)
     }
 
     fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuCache<T>>> {

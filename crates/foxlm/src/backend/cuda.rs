@@ -24,10 +24,13 @@ use std::sync::Arc;
 mod decode;
 mod fused;
 pub use decode::DeviceSampling;
+pub use fused::fused_decode_covers;
 
-/// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H, cap, D] in
-/// the activation dtype, the running gate sums c [B, H, cap] in f32 (so a step adds one log f and
-/// never recomputes a prefix sum), and each row's last unmixed k̃, ṽ [B, H·D] for KV-shift.
+/// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H_kv, cap, D]
+/// in the activation dtype, the running gate sums c [B, H, cap] in f32 (per query head, as the
+/// gate; so a step adds one log f and never recomputes a prefix sum), and each row's last unmixed
+/// k̃, ṽ [B, H_kv·D] for KV-shift. A sliding window keeps every position: the attention kernels
+/// mask the keys outside it.
 pub struct GpuCache<T> {
     pub k: CudaSlice<T>,
     pub v: CudaSlice<T>,
@@ -38,18 +41,35 @@ pub struct GpuCache<T> {
     pub len: usize,
     pub cap: usize,
     pub batch: usize,
+    /// Query heads H (of c) and k/v heads H_kv (of k, v and the KV-shift states).
     pub heads: usize,
+    pub kv_heads: usize,
     pub head_dim: usize,
     /// The current step's k, v and c are in the cache already (a fused decode step wrote them),
     /// so its attention only reads.
     pub staged: bool,
 }
 
+/// Element counts of one layer's cache buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLens {
+    /// k and v, each.
+    pub kv: usize,
+    pub c: usize,
+    /// k_shift and v_shift, each.
+    pub shift: usize,
+}
+
 impl<T: Elem> GpuCache<T> {
+    /// What [`Cuda::new_caches`] allocates per layer for `batch` rows of `cap` positions.
+    pub fn lens(batch: usize, heads: usize, kv_heads: usize, head_dim: usize, cap: usize) -> CacheLens {
+        CacheLens { kv: batch * kv_heads * cap * head_dim, c: batch * heads * cap, shift: batch * kv_heads * head_dim }
+    }
+
     /// Device bytes of one layer's cache.
-    pub fn bytes(batch: usize, heads: usize, head_dim: usize, cap: usize) -> usize {
-        let tb = std::mem::size_of::<T>();
-        batch * heads * (cap * (2 * head_dim * tb + 4) + 2 * head_dim * tb)
+    pub fn bytes(batch: usize, heads: usize, kv_heads: usize, head_dim: usize, cap: usize) -> usize {
+        let l = Self::lens(batch, heads, kv_heads, head_dim, cap);
+        (2 * l.kv + 2 * l.shift) * std::mem::size_of::<T>() + l.c * std::mem::size_of::<f32>()
     }
 }
 
@@ -1030,8 +1050,7 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Attention)?;
         let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         if let Some(cache) = cache {
-            shape.ensure_plain().context("decoding on the GPU")?;
-            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, heads, head_dim);
+            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, shape);
         }
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -1174,7 +1193,8 @@ impl<T: Elem> Backend for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let w = cache.heads * cache.head_dim;
+        // k̃, ṽ are [B, T, H_kv·D]
+        let w = cache.kv_heads * cache.head_dim;
         if k_lin.len() < b.batch * b.seq * w || v_lin.len() < b.batch * b.seq * w {
             // Without KV-shift the unmixed projections are not kept: nothing to remember.
             return Ok(());
@@ -1259,5 +1279,28 @@ impl<T: Elem> Backend for Cuda<T> {
         self.gpu.sync()?;
         // Rows without a target have loss 0.
         Ok((self.loss_host.iter().map(|&v| v as f64).sum(), std::mem::take(&mut self.loss_targets)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuCache;
+    use crate::model::cache::LayerCache;
+
+    /// The GPU cache holds what the CPU's holds (k, v and the KV-shift states per k/v head, c per
+    /// query head), in the activation dtype for k, v and the shift states.
+    #[test]
+    fn gpu_cache_sizes_follow_the_kv_heads() {
+        for (b, h, hkv, d, cap) in [(1, 4, 4, 16, 9), (2, 4, 2, 64, 300), (3, 8, 1, 128, 17), (2, 6, 3, 24, 1)] {
+            let l = GpuCache::<f32>::lens(b, h, hkv, d, cap);
+            assert_eq!((l.kv, l.c, l.shift), (b * hkv * cap * d, b * h * cap, b * hkv * d));
+            assert_eq!(GpuCache::<f32>::bytes(b, h, hkv, d, cap), LayerCache::bytes_for(b, h, hkv, d, cap));
+            let bf16 = GpuCache::<half::bf16>::bytes(b, h, hkv, d, cap);
+            assert_eq!(bf16, 2 * (2 * l.kv + 2 * l.shift) + 4 * l.c);
+        }
+        // Grouped-query attention shrinks k and v by the group, not c.
+        let (mha, gqa) =
+            (GpuCache::<half::bf16>::lens(2, 8, 8, 64, 100), GpuCache::<half::bf16>::lens(2, 8, 2, 64, 100));
+        assert_eq!((mha.kv / gqa.kv, mha.shift / gqa.shift, mha.c), (4, 4, gqa.c));
     }
 }

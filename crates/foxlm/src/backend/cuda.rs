@@ -993,40 +993,58 @@ impl<T: Elem> Backend for Cuda<T> {
         log_eps: f32,
     ) -> Result<()> {
         // A window only shortens the rows the bound is for: it holds as it is.
-        if shape.kv_heads != shape.heads {
-            bail!("ACP with grouped-query attention (num_kv_heads {}) is not implemented on the GPU", shape.kv_heads);
-        }
-        let (heads, head_dim) = (shape.heads, shape.head_dim);
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
+        ensure!(
+            kv_heads > 0 && heads.is_multiple_of(kv_heads),
+            "ACP thresholds: num_kv_heads {kv_heads} must divide num_heads {heads}"
+        );
+        ensure!(prune.len() >= b.batch * heads, "ACP thresholds: buffer too short");
         self.mark(Family::Attention)?;
         let ln_n = (n_keys as f32).ln();
         match qk_norm {
             Some((qn, kn)) => {
+                // q_norm is [H·d] or [d], k_norm [H_kv·d] or [d]: query head h reads k/v head
+                // h / (H / H_kv), as the CPU's bound.
+                let (wq_len, wk_len) = (self.numel[qn.0], self.numel[kn.0]);
+                for (id, len, per_head, what) in
+                    [(qn, wq_len, heads, "num_heads"), (kn, wk_len, kv_heads, "num_kv_heads")]
+                {
+                    ensure!(
+                        len == head_dim || len == per_head * head_dim,
+                        "ACP thresholds: {} holds {len} weights, neither head_dim {head_dim} (shared) nor {what} \
+                         {per_head} × {head_dim}",
+                        self.names[id.0]
+                    );
+                }
                 let (wq, wk) = (&self.params[qn.0].master, &self.params[kn.0].master);
                 let (pq, pk, po) = (self.dptr(wq), self.dptr(wk), self.dptr(prune));
                 let f = self.gpu.function(&MODEL, "fox_acp_from_qk_norm")?;
                 let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
                 let mut l = self.gpu.stream().launch_builder(&f);
-                let (wlen, h, d, bb) = (wq.len() as i32, heads as i32, head_dim as i32, b.batch as i32);
-                l.arg(&pq).arg(&pk).arg(&wlen).arg(&h).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps).arg(&po);
-                // SAFETY: arguments as in kernels/model.cu; prune holds B·H floats (checked below).
-                ensure!(prune.len() >= b.batch * heads, "ACP thresholds: buffer too short");
+                let (lq, lk, h, hkv) = (wq_len as i32, wk_len as i32, heads as i32, kv_heads as i32);
+                let (d, bb) = (head_dim as i32, b.batch as i32);
+                l.arg(&pq).arg(&pk).arg(&lq).arg(&lk).arg(&h).arg(&hkv).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps);
+                l.arg(&po);
+                // SAFETY: arguments as in kernels/model.cu; the weights hold the lengths passed
+                // (checked against H·d, H_kv·d or d above), prune B·H floats (checked above).
                 unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching the ACP threshold kernel: {e:?}"))?;
                 Ok(())
             }
             None if bf16::<T>() && fast_attention_dims(head_dim) => {
                 let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
                 let (qv, kv) = (words(q)?, words(k)?);
-                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, heads, head_dim);
-                ga::acp_thresholds_from_norms(&self.gpu, &p, n_keys, log_eps, prune)
+                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, kv_heads, head_dim);
+                ga::acp_thresholds_from_norms_opts(&self.gpu, &p, attn_options(shape), n_keys, log_eps, prune)
             }
             None => {
-                // f32 checks and other head dims: the CPU's bound from the largest norms.
+                // f32 checks and other head dims: the CPU's bound from the largest norms (q is
+                // [B, T, H·D], k [B, T, H_kv·D]).
                 let (qh, kh) = (self.gpu.download(q)?, self.gpu.download(k)?);
-                let (n, d) = (b.batch * b.seq, heads * head_dim);
-                let (qh, kh): (Vec<f32>, Vec<f32>) = (
-                    qh[..n * d].iter().map(|v| v.to_f32()).collect(),
-                    kh[..n * d].iter().map(|v| v.to_f32()).collect(),
-                );
+                let n = b.batch * b.seq;
+                let (dq, dk) = (n * heads * head_dim, n * kv_heads * head_dim);
+                ensure!(qh.len() >= dq && kh.len() >= dk, "ACP thresholds: q or k shorter than the batch");
+                let (qh, kh): (Vec<f32>, Vec<f32>) =
+                    (qh[..dq].iter().map(|v| v.to_f32()).collect(), kh[..dk].iter().map(|v| v.to_f32()).collect());
                 let start = b.start_host.as_deref();
                 let th = super::cpu::norm_thresholds(&qh, &kh, b.batch, b.seq, start, shape, n_keys, log_eps);
                 self.gpu.write(prune, &th)

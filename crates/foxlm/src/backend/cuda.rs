@@ -1316,6 +1316,11 @@ mod tests {
             let bf16 = GpuCache::<half::bf16>::bytes(b, h, hkv, d, cap);
             assert_eq!(bf16, 2 * (2 * l.kv + 2 * l.shift) + 4 * l.c);
         }
+        // The memory checks of the commands count the same bytes (f32).
+        let mut cfg = crate::presets::Variant::FoxPro.config(256, 3, 8);
+        cfg.num_kv_heads = Some(2);
+        let per_layer = GpuCache::<f32>::bytes(2, 8, 2, 32, 50) as u128;
+        assert_eq!(3 * per_layer, crate::validate::kv_cache_bytes(&cfg, 2, 50));
         // Grouped-query attention shrinks k and v by the group, not c.
         let (mha, gqa) =
             (GpuCache::<half::bf16>::lens(2, 8, 8, 64, 100), GpuCache::<half::bf16>::lens(2, 8, 2, 64, 100));

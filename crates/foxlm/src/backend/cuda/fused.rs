@@ -200,10 +200,12 @@ impl<T: Elem> Cuda<T> {
             return Ok(false);
         }
         ensure!(
-            cache.batch == rows && cache.heads == h && cache.kv_heads == h && cache.head_dim == hd,
-            "decode cache of [{}, {}, {}] used for a batch of [{rows}, {h}, {hd}]",
+            (cache.batch, cache.heads, cache.kv_heads, cache.head_dim) == (rows, h, h, hd),
+            "decode cache of [batch {}, heads {}, kv_heads {}, head_dim {}] used for a fused step of [{rows}, {h}, \
+             {h}, {hd}]",
             cache.batch,
             cache.heads,
+            cache.kv_heads,
             cache.head_dim
         );
         ensure!(cache.len < cache.cap, "the decode cache holds {} positions, all filled", cache.cap);

@@ -41,7 +41,7 @@ struct F32Params {
     int hkv;     // k/v heads, a divisor of h
     int window;  // sliding window w > 0 (keys r - w < j <= r), 0: off
     int pad_;
-    // decoding against a cache (fox32_fwd_cached): keys and values [B, H, cap, D], their gate
+    // decoding against a cache (fox32_fwd_cached): keys and values [B, Hkv, cap, D], the gate
     // sums ck [B, H, cap]; query row r of the chunk (t rows, gate sums c) sits at q_pos0 + r
     const float* ck;
     int q_pos0, cap, pad2_, pad3_;
@@ -314,11 +314,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dkdv(const F3
 
 // ---- forward against the decode cache: one warp per (b, h, query row) of a chunk ------------
 // The chunk's t query rows sit at positions q_pos0 .. q_pos0 + t - 1 of the cached sequence (the
-// chunk's own keys are already in the cache). ACP replays the CPU's walk with the same offsets.
+// chunk's own keys are already in the cache), and the window counts from those positions. ACP
+// replays the CPU's walk with the same offsets.
 __device__ int first_key_cached(const F32Params& p, int b, int bh, int r) {
     const int r0 = r / BLOCK_Q * BLOCK_Q;
     const int end = p.q_pos0 + min(r0 + BLOCK_Q, p.t);
-    int first = row_start(p, b) / BLOCK_K * BLOCK_K;
+    int first = key_start(p, b, p.q_pos0 + r0) / BLOCK_K * BLOCK_K;
     if (p.prune) {
         const float delta = p.prune[bh];
         const float ci0 = p.c[(long long)bh * p.t + r0];
@@ -341,8 +342,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd_cached(const 
     const int d = p.d;
     const int pos = p.q_pos0 + r;
     const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
-    const float* kb = p.k + (long long)bh * p.cap * d;
-    const float* vb = p.v + (long long)bh * p.cap * d;
+    const long long kvh = (long long)b * p.hkv + hh / (p.h / p.hkv);  // the k/v head (b, h) reads
+    const float* kb = p.k + kvh * p.cap * d;
+    const float* vb = p.v + kvh * p.cap * d;
     const int st = row_start(p, b);
     if (pos < st) {
         for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
@@ -353,6 +355,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd_cached(const 
     __syncwarp();
     const float* cb = p.ck + (long long)bh * p.cap;
     const float ci = p.c[(long long)bh * p.t + r];
-    const int first = max(first_key_cached(p, b, bh, r), st);
+    const int first = max(first_key_cached(p, b, bh, r), key_start(p, b, pos));
     attend_row(p, qs[warp], kb, vb, d, cb, ci, first, pos, p.o + rowoff, p.lse + g);
 }

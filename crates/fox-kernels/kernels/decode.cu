@@ -3,10 +3,12 @@
 // token (greedy, or temperature / top-k / top-p sampling) without a copy of the logits to the
 // host. Compiled by NVRTC after elem.cuh (no other headers).
 //
-// The cache of a layer: k, v [B, H, cap, D] (activation dtype), c [B, H, cap] (f32), and the last
-// unmixed k~, v~ of each row [B, H*D] for KV-shift. Chunks are [B, t, H, D] (projections) and
-// [B, H, t] (gate sums). Where a kernel takes `lenp`, the cached length is read from the device
-// (so that a captured CUDA graph replays every decode step); otherwise from `len`.
+// The cache of a layer: k, v [B, Hkv, cap, D] (activation dtype; Hkv < H with grouped-query
+// attention), c [B, H, cap] (f32: the gate is per query head), and the last unmixed k~, v~ of each
+// row [B, Hkv*D] for KV-shift. Chunks are [B, t, Hkv, D] (k, v projections) and [B, H, t] (gate
+// sums). A sliding window keeps the whole history: the attention kernels mask keys outside it.
+// Where a kernel takes `lenp`, the cached length is read from the device (so that a captured CUDA
+// graph replays every decode step); otherwise from `len`.
 
 typedef unsigned long long u64;
 
@@ -15,25 +17,30 @@ __device__ __forceinline__ int cached_len(const int* lenp, int len) { return len
 #define GRID_LOOP(i, n) \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
-// k, v [B, t, H, D] -> cache [B, H, cap, D] at the cached length; c [B, H, t] -> [B, H, cap].
+// k, v [B, t, Hkv, D] -> cache [B, Hkv, cap, D] at the cached length; c [B, H, t] -> [B, H, cap]
+// (two loops: k, v and c have different head counts under grouped-query attention).
 template <typename T>
 __device__ void cache_append(T* kc, T* vc, float* cc, const T* k, const T* v, const float* c, int B, int t, int H,
-                             int D, int cap, const int* lenp, int len0) {
+                             int Hkv, int D, int cap, const int* lenp, int len0) {
     const int len = cached_len(lenp, len0);
-    GRID_LOOP(i, (long long)B * t * H * D) {
+    GRID_LOOP(i, (long long)B * t * Hkv * D) {
         const int d = (int)(i % D);
-        const int h = (int)((i / D) % H);
-        const int ti = (int)((i / ((long long)D * H)) % t);
-        const long long b = i / ((long long)D * H * t);
-        const long long row = (b * H + h) * cap + len + ti;
+        const int h = (int)((i / D) % Hkv);
+        const int ti = (int)((i / ((long long)D * Hkv)) % t);
+        const long long b = i / ((long long)D * Hkv * t);
+        const long long row = (b * Hkv + h) * cap + len + ti;
         kc[row * D + d] = k[i];
         vc[row * D + d] = v[i];
-        if (d == 0) cc[row] = c[(b * H + h) * t + ti];
+    }
+    GRID_LOOP(i, (long long)B * H * t) {
+        const long long bh = i / t;
+        cc[bh * cap + len + i % t] = c[i];
     }
 }
 
 // KV-shift at a chunk's first position continues the cached sequence: out[b, 0] = a * prev[b] +
 // (1 - a) * x[b, 0] (the chunk kernel, run without left padding, wrote (1 - a) * x[b, 0] there).
+// H here is the k/v heads' count (the shift gates are per k/v head).
 template <typename T>
 __device__ void kv_shift_prev(T* out, const T* x, const T* alpha, const T* prev, int B, int t, int H, int D,
                               const int* lenp, int len0) {
@@ -75,9 +82,9 @@ extern "C" __global__ void fox_decode_advance(int* lenp, int* positions, int B) 
 
 #define DECODE_KERNELS(S, T)                                                                                       \
     extern "C" __global__ void fox_cache_append_##S(T* kc, T* vc, float* cc, const T* k, const T* v,              \
-                                                    const float* c, int B, int t, int H, int D, int cap,           \
+                                                    const float* c, int B, int t, int H, int Hkv, int D, int cap,  \
                                                     const int* lenp, int len) {                                    \
-        cache_append<T>(kc, vc, cc, k, v, c, B, t, H, D, cap, lenp, len);                                          \
+        cache_append<T>(kc, vc, cc, k, v, c, B, t, H, Hkv, D, cap, lenp, len);                                     \
     }                                                                                                              \
     extern "C" __global__ void fox_kv_shift_prev_##S(T* out, const T* x, const T* alpha, const T* prev, int B,    \
                                                      int t, int H, int D, const int* lenp, int len) {              \

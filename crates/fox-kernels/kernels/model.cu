@@ -26,17 +26,20 @@ extern "C" __global__ void fox_sigmoid_bwd_inplace_bf16(u16* dy, const u16* y, l
     sigmoid_bwd_inplace(dy, y, n);
 }
 
-// δ[b, h] = −(2U_h + ln N) + ln ε with U_h = sqrt(d)·max|γ_q,h|·max|γ_k,h| (SPEC §1), γ of size
-// H·d (per head) or d (shared: wlen == d). One warp per head; every batch row gets its head's δ.
-extern "C" __global__ void fox_acp_from_qk_norm(const float* wq, const float* wk, int wlen, int heads, int d,
-                                               int batch, float ln_n, float log_eps, float* out) {
+// δ[b, h] = −(2U_h + ln N) + ln ε with U_h = sqrt(d)·max|γ_q,h|·max|γ_k,kv(h)| (SPEC §1). γ_q has
+// wq_len = H·d (per head) or d (shared), γ_k wk_len = Hkv·d (per k/v head: grouped-query attention
+// reads kv(h) = h / (H / Hkv)) or d. One warp per query head; every batch row gets its head's δ.
+extern "C" __global__ void fox_acp_from_qk_norm(const float* wq, const float* wk, int wq_len, int wk_len, int heads,
+                                               int kv_heads, int d, int batch, float ln_n, float log_eps,
+                                               float* out) {
     const int h = blockIdx.x;
     const int lane = threadIdx.x;
-    const int off = (wlen == d) ? 0 : h * d;
+    const int qoff = (wq_len == d) ? 0 : h * d;
+    const int koff = (wk_len == d) ? 0 : h / (heads / kv_heads) * d;
     float mq = 0.f, mk = 0.f;
     for (int i = lane; i < d; i += 32) {
-        mq = fmaxf(mq, fabsf(wq[off + i]));
-        mk = fmaxf(mk, fabsf(wk[off + i]));
+        mq = fmaxf(mq, fabsf(wq[qoff + i]));
+        mk = fmaxf(mk, fabsf(wk[koff + i]));
     }
     for (int s = 16; s > 0; s >>= 1) {
         mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, s));

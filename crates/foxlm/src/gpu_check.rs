@@ -1,6 +1,8 @@
-//! The whole model on the GPU against the CPU reference, on the seven fixture models: logits,
-//! left-padded logits, loss and every parameter's gradient, in f32 and in bf16. Rows of the GPU
-//! check's pass/fail table (`foxlm gpu-check`, bench/gpu_check.sh, tests/gpu_model.rs).
+//! The whole model on the GPU against the CPU reference, on the seven fixture models and four
+//! with grouped-query attention, sliding windows and ACP ([`gqa_window_models`]): logits,
+//! left-padded logits, loss and every parameter's gradient, in f32 and in bf16, and the ACP
+//! thresholds. Rows of the GPU check's pass/fail table (`foxlm gpu-check`, bench/gpu_check.sh,
+//! tests/gpu_model.rs).
 //!
 //! Tolerances (issue 10): f32 logits within 1e-3 absolute and every gradient within 1e-3 of its
 //! largest entry (the GPU sums in other orders, and cuBLASLt's f32 GEMM is not the gemm crate's);
@@ -116,20 +118,146 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
         let (b, t, ids, start) = input_ids(&dir)?;
         rows.extend(model_rows(gpu, v, &model, b, t, &ids, &start)?);
     }
-    // Grouped-query attention and sliding windows: the fast bf16 kernels (head dim 64) and the f32
-    // kernel (head dim 16, also for bf16), each against the CPU model.
-    for (d, heads, kv, window) in [(128, 2, 1, 37), (64, 4, 2, 20)] {
-        let mut cfg = crate::presets::Variant::FoxPro.config(d, 2, heads);
+    // Grouped-query attention, sliding windows and ACP: the fast bf16 kernels (head dim 64) and
+    // the f32 kernel (head dim 16, also for bf16), each against the CPU model; with ACP also the
+    // thresholds themselves, and that the CPU prunes at all (else the ACP rows prove nothing).
+    for m in gqa_window_models()? {
+        rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
+        if m.model.config.log_pruning_tolerance.is_some() {
+            rows.extend(acp_rows(gpu, &m)?);
+        }
+    }
+    Ok(rows)
+}
+
+/// A model of the grouped-query attention, window and ACP rows (none has a fixture), with its
+/// batch: ids [b, t] and the left padding of the padded rows.
+pub struct CheckModel {
+    pub name: String,
+    pub model: Model,
+    pub b: usize,
+    pub t: usize,
+    pub ids: Vec<u32>,
+    pub start: Vec<usize>,
+}
+
+/// Forget-gate bias of the slow heads of [`gqa_window_models`]: σ(5) = 0.9933, so a key 120
+/// positions back keeps e^-0.8 of its weight.
+const SLOW_GATE_BIAS: f32 = 5.0;
+
+/// The GQA / window / ACP models: FoxPro (QK-norm, KV-shift, output norm and gate) with
+/// d 128, 2 heads of 64, H_kv 1, window 37 (the fast kernels); d 64, 4 heads of 16, H_kv 2,
+/// window 20 (the f32 kernel); d 256, 4 heads of 64, H_kv 2, window 120 with ACP (U from the
+/// QK-norm weights); and FoxLlama d 256, 4 heads of 64, H_kv 2 with ACP (U from q and k norms).
+///
+/// Initialised weights, except that every other head forgets slowly (forget-gate bias
+/// [`SLOW_GATE_BIAS`], the others stay at 0: log f ≈ −0.69 per position): with every gate at
+/// σ(0) no key past about 20 positions carries weight, so a window changes nothing (measured:
+/// logits identical with and without it) and a window bug could not show; the fast heads are the
+/// ones ACP prunes. QK-norm weights differ by head (1 + 0.25·head, varied per channel), so the
+/// ACP bound differs by head and a wrong k_norm head shows in the thresholds.
+pub fn gqa_window_models() -> Result<Vec<CheckModel>> {
+    use crate::presets::Variant;
+    let specs = [
+        (Variant::FoxPro, 128, 2, 1, Some(37), None, 150),
+        (Variant::FoxPro, 64, 4, 2, Some(20), None, 150),
+        (Variant::FoxPro, 256, 4, 2, Some(120), Some(-10.0), 300),
+        (Variant::FoxLlama, 256, 4, 2, None, Some(-10.0), 300),
+    ];
+    let mut out = Vec::new();
+    for (variant, d, heads, kv, window, acp, t) in specs {
+        let mut cfg = variant.config(d, 2, heads);
         cfg.vocab_size = 512;
         (cfg.bos_token_id, cfg.eos_token_id) = (Some(511), Some(511));
         cfg.num_kv_heads = Some(kv);
-        cfg.window_size = Some(window);
+        cfg.window_size = window;
+        cfg.log_pruning_tolerance = acp;
         cfg.validate()?;
-        let model = crate::train::init_model(&cfg, 11);
-        let (b, t) = (2, 150);
+        let mut model = crate::train::init_model(&cfg, 11);
+        let hd = cfg.head_dim();
+        for (i, name) in model.params.names.clone().iter().enumerate() {
+            let data = &mut model.params.tensors[i].data;
+            if name.ends_with("fgate_proj.bias") || name.ends_with(".fgate_bias") {
+                for (h, x) in data.iter_mut().enumerate() {
+                    *x = if h % 2 == 0 { SLOW_GATE_BIAS } else { 0.0 };
+                }
+            } else if name.ends_with("q_norm.weight") || name.ends_with("k_norm.weight") {
+                for (i, x) in data.iter_mut().enumerate() {
+                    *x = (1.0 + 0.25 * (i / hd) as f32) * (0.8 + 0.2 * ((i * 37 % 101) as f32 / 101.0));
+                }
+            }
+        }
+        let b = 2;
         let ids: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
-        let name = format!("d={d} H={heads} H_kv={kv} window={window}");
-        rows.extend(model_rows(gpu, &name, &model, b, t, &ids, &[0, 30])?);
+        let mut name = format!("d={d} H={heads} H_kv={kv}");
+        if let Some(w) = window {
+            name += &format!(" window={w}");
+        }
+        if acp.is_some() {
+            name += if cfg.qk_norm { " ACP (QK-norm bound)" } else { " ACP (norm bound)" };
+        }
+        out.push(CheckModel { name, model, b, t, ids, start: vec![0, 30] });
+    }
+    Ok(out)
+}
+
+/// Every layer's ACP thresholds δ [B·H] of a forward on the GPU with activations in T.
+fn gpu_thresholds<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx) -> Result<Vec<Vec<f32>>> {
+    let (b, t) = (ctx.batch, ctx.seq);
+    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, false)?;
+    let mut batch = be.new_batch(b * t, b)?;
+    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, None)?;
+    let mut acts = ModelActs::new(&be, model, b, t, true)?;
+    model.forward_on(&mut be, &batch, &mut acts, None)?;
+    acts.blocks
+        .iter()
+        .map(|blk| gpu.download(blk.attn.prune.as_ref().context("a layer without ACP thresholds")?))
+        .collect()
+}
+
+/// ACP rows of a model with `log_pruning_tolerance`: the CPU must prune some key tiles, and the
+/// GPU's thresholds must be the CPU's: exactly (up to rounding) from QK-norm weights and from f32
+/// q and k; within 0.1 from bf16 q and k (|Δδ| = 2|ΔU|, and U = scale·max|q|·max|k| moves with
+/// the bf16 forward's error, about 1% of a norm).
+fn acp_rows(gpu: &Arc<Gpu>, m: &CheckModel) -> Result<Vec<CheckRow>> {
+    let v = &m.name;
+    // Unpadded: the kernels leave padded rows out of the norm bound, the CPU does not.
+    let ctx = Ctx { batch: m.b, seq: m.t, start: None };
+    let (_, acts) = m.model.forward_hidden(&m.ids, &ctx, None, true);
+    let acts = acts.context("the CPU forward kept no activations")?;
+    let (pruned, visited): (usize, usize) =
+        acts.blocks.iter().fold((0, 0), |(p, s), blk| (p + blk.attn.tiles_pruned, s + blk.attn.tiles_visited));
+    let mut rows = vec![row(
+        format!("{v} CPU"),
+        "ACP prunes no key tile (1: the ACP rows prove nothing)",
+        if pruned > 0 { 0.0 } else { 1.0 },
+        0.0,
+        format!("{pruned} of {} key tiles pruned", pruned + visited),
+    )];
+    let cpu: Vec<Vec<f32>> = acts.blocks.iter().map(|blk| blk.attn.prune.clone().unwrap_or_default()).collect();
+    let qk = m.model.config.qk_norm;
+    for (dtype, gpu_th) in [
+        ("f32", gpu_thresholds::<f32>(gpu, &m.model, &m.ids, &ctx)?),
+        ("bf16", gpu_thresholds::<half::bf16>(gpu, &m.model, &m.ids, &ctx)?),
+    ] {
+        let mut err = if gpu_th.len() == cpu.len() { 0.0f64 } else { f64::INFINITY };
+        for (g, c) in gpu_th.iter().zip(&cpu) {
+            err = if g.len() >= c.len() && !c.is_empty() {
+                err.max(max_abs_diff(&g[..c.len()], c))
+            } else {
+                f64::INFINITY
+            };
+        }
+        let tol = if qk || dtype == "f32" { 1e-4 } else { 0.1 };
+        let range =
+            cpu.iter().flatten().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        rows.push(row(
+            format!("{v} {dtype}"),
+            "ACP thresholds max |Δ| vs CPU",
+            err,
+            tol,
+            format!("CPU δ in [{:.3}, {:.3}]", range.0, range.1),
+        ));
     }
     Ok(rows)
 }
@@ -403,4 +531,50 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{gqa_window_models, max_abs_diff, rms_diff};
+    use crate::config::Config;
+    use crate::model::{Ctx, Model};
+
+    fn with_config(m: &Model, c: Config) -> Model {
+        let mut out = Model::new(&c);
+        for (d, s) in out.params.tensors.iter_mut().zip(&m.params.tensors) {
+            d.data.copy_from_slice(&s.data);
+        }
+        out
+    }
+
+    /// The GQA / window / ACP rows can fail: on the CPU, a window one key longer moves some logit
+    /// by far more than the f32 rows' 1e-3, no window at all moves the logits' RMS by more than
+    /// twice the bf16 rows' 0.04, the ACP models prune, and their QK-norm bound differs by head.
+    #[test]
+    fn the_gqa_window_check_models_are_sensitive() {
+        for m in gqa_window_models().unwrap() {
+            let c = &m.model.config;
+            let ctx = Ctx { batch: m.b, seq: m.t, start: None };
+            let (_, acts) = m.model.forward_hidden(&m.ids, &ctx, None, true);
+            let acts = acts.unwrap();
+            let logits = m.model.forward(&m.ids, &ctx);
+            if let Some(w) = c.window_size {
+                let longer = with_config(&m.model, Config { window_size: Some(w + 1), ..c.clone() });
+                let e = max_abs_diff(&logits, &longer.forward(&m.ids, &ctx));
+                assert!(e > 1e-2, "{}: a window of {} instead of {w} moves the logits by only {e:.2e}", m.name, w + 1);
+                let none = with_config(&m.model, Config { window_size: None, ..c.clone() });
+                let e = rms_diff(&logits, &none.forward(&m.ids, &ctx));
+                assert!(e > 0.08, "{}: without the window the logits move by only RMS {e:.3}", m.name);
+            }
+            if c.log_pruning_tolerance.is_some() {
+                let pruned: usize = acts.blocks.iter().map(|b| b.attn.tiles_pruned).sum();
+                assert!(pruned > 0, "{}: ACP prunes nothing", m.name);
+                if c.qk_norm {
+                    let th = acts.blocks[0].attn.prune.as_ref().unwrap();
+                    let h = c.num_heads;
+                    assert!((1..h).all(|i| th[i] != th[0]), "{}: the same threshold for every head {th:?}", m.name);
+                }
+            }
+        }
+    }
 }

@@ -94,19 +94,10 @@ pub fn open<'m>(
             }
             Ok(Box::new(CpuInfer { model }))
         }
-        cuda::Device::Cuda(gpu) => {
-            let c = &model.config;
-            if c.kv_heads() != c.num_heads || c.window_size.is_some() {
-                bail!(
-                    "models with num_kv_heads or window_size run on the CPU only for now (they train on the GPU, \
-                     but GPU decoding does not take them yet): use --device cpu"
-                );
-            }
-            Ok(match dtype.unwrap_or_default() {
-                Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
-                Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
-            })
-        }
+        cuda::Device::Cuda(gpu) => Ok(match dtype.unwrap_or_default() {
+            Dtype::Bf16 => Box::new(GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?),
+            Dtype::F32 => Box::new(GpuInfer::<f32>::new(gpu.clone(), model, plan)?),
+        }),
     }
 }
 
@@ -170,6 +161,9 @@ pub struct GpuInfer<'m, T: Elem> {
     plan: Plan,
     /// Replay decode steps as CUDA graphs (bf16, head dim 64/128); on by default.
     pub graphs: bool,
+    /// Decode steps of the last generation that ran as a CUDA graph (the GPU check asserts that
+    /// its graph rows replayed some: a failed capture falls back to launches with a warning).
+    pub graph_steps: usize,
 }
 
 impl<'m, T: Elem> GpuInfer<'m, T> {
@@ -195,7 +189,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             .with_context(|| format!("activations for {} × {} positions", plan.batch, plan.chunk))?;
         let step = ModelActs::new(&be, model, plan.batch, 1, false)?;
         let chosen = gpu.zeros(plan.batch)?;
-        Ok(Self { model, be, batch, acts, step, chosen, plan, graphs: true })
+        Ok(Self { model, be, batch, acts, step, chosen, plan, graphs: true, graph_steps: 0 })
     }
 
     /// Decode steps through the fused kernels and the matrix-vector kernel (the default), or
@@ -213,7 +207,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// Device bytes of a decode cache of `batch` rows × `positions` for this model.
     pub fn cache_bytes(model: &Model, batch: usize, positions: usize) -> usize {
         let c = &model.config;
-        c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.head_dim(), positions)
+        c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.kv_heads(), c.head_dim(), positions)
     }
 
     fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuCache<T>>> {
@@ -314,6 +308,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let acp = self.model.config.log_pruning_tolerance.is_some();
         let mut graphs = self.graphs && !acp && T::NAME == "bf16" && (hd == 64 || hd == 128);
         let mut graph: Option<CudaGraph> = None;
+        self.graph_steps = 0;
         let mut len = caches.first().map_or(0, |c| c.len);
         let mut out = vec![Vec::new(); b];
         let mut done = vec![false; b];
@@ -328,6 +323,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 } else if let Some(g) = &graph {
                     g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
                     len += 1;
+                    self.graph_steps += 1;
                 } else {
                     let mut stepped = false;
                     if graphs && step >= 2 {
@@ -337,6 +333,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                                 g.launch().map_err(|e| anyhow!("replaying the decode step: {e:?}"))?;
                                 graph = Some(g);
                                 len += 1;
+                                self.graph_steps += 1;
                                 stepped = true;
                             }
                             Err(e) => {

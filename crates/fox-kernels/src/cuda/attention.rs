@@ -475,12 +475,28 @@ pub fn decode_into(
     scratch: &DecodeScratch,
     q_pos0_dev: Option<&CudaSlice<i32>>,
 ) -> Result<()> {
-    validate(p, AttnOptions::default())?;
+    decode_into_opts(gpu, p, AttnOptions::default(), out, lse, scratch, q_pos0_dev)
+}
+
+/// [`decode_into`] with grouped-query attention and/or a sliding window. The scratch is per query
+/// head (B·H) either way; the window is measured from the query rows' positions, so with
+/// `q_pos0_dev` it follows the device's length.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_into_opts(
+    gpu: &Gpu,
+    p: &DevProblem,
+    opts: AttnOptions,
+    out: &dyn DevicePtr<u16>,
+    lse: &mut CudaSlice<f32>,
+    scratch: &DecodeScratch,
+    q_pos0_dev: Option<&CudaSlice<i32>>,
+) -> Result<()> {
+    validate(p, opts)?;
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
     ensure!(p.tq <= 16, "the decode kernel takes at most 16 query rows, got {}", p.tq);
     ensure!(scratch.shape == (bb * hh, d, p.tk), "decode scratch sized for another problem");
     ensure!(out.len() >= bb * p.tq * hh * d && lse.len() >= bb * hh * p.tq, "decode output too short");
-    let mut prm = params(gpu, p, AttnOptions::default());
+    let mut prm = params(gpu, p, opts);
     prm.o = ptr(gpu, out);
     prm.lse = ptr(gpu, lse);
     prm.part_o = ptr(gpu, &scratch.part_o);

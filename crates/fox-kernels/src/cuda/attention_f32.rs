@@ -6,8 +6,8 @@
 //! prefix sum c = cq = ck [B, H, T], every key or left padding (`start[b]`, i32 on the device),
 //! and optional ACP thresholds skipping exactly the entries the CPU skips. Head dims 1..=256.
 //! Simple rather than fast (O(T²·D) per head, one warp per row); deterministic (no atomics).
-//! Grouped-query attention and the sliding window come through the `*_opts` entry points
-//! ([`AttnOptions`]): k, v, dk, dv are then [B, T, H_kv, D].
+//! Grouped-query attention and the sliding window come through the [`AttnOptions`] every entry
+//! point takes: k, v, dk, dv are then [B, T, H_kv, D] (the decode cache's k, v [B, H_kv, cap, D]).
 
 use super::attention::AttnOptions;
 use super::compile::ATTENTION_F32;
@@ -107,7 +107,8 @@ fn launch(gpu: &Gpu, name: &str, rows: usize, prm: &F32Params) -> Result<()> {
 
 /// Forward of a chunk of `tq` query rows [B, tq, H, D] (gate sums `cq` [B, H, tq]) at positions
 /// `q_pos0..q_pos0 + tq` against a decode cache whose first `q_pos0 + tq` positions are filled:
-/// keys and values [B, H, cap, D], gate sums `ck` [B, H, cap]. Rows before `start[b]` are padding.
+/// keys and values [B, H_kv, cap, D] (H_kv of `opts`), gate sums `ck` [B, H, cap]. Rows before
+/// `start[b]` are padding; the window of `opts` counts from each row's position.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_f32_cached(
     gpu: &Gpu,
@@ -115,6 +116,7 @@ pub fn forward_f32_cached(
     h: usize,
     tq: usize,
     d: usize,
+    opts: AttnOptions,
     q: &CudaSlice<f32>,
     cq: &CudaSlice<f32>,
     cache: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
@@ -128,6 +130,7 @@ pub fn forward_f32_cached(
 ) -> Result<()> {
     let (kc, vc, ck) = cache;
     let (n, s) = (b * tq * h * d, b * h * tq);
+    let hkv = opts.kv_heads(h);
     ensure!(q_pos0 + tq <= cap, "f32 attention: the chunk ends at {} beyond the cache's {cap}", q_pos0 + tq);
     ensure!(cap < i32::MAX as usize, "f32 attention: cache of {cap} positions is too large");
     validate(
@@ -135,12 +138,12 @@ pub fn forward_f32_cached(
         h,
         tq,
         d,
-        AttnOptions::default(),
+        opts,
         &[
             ("q", q.len(), n),
             ("cq", cq.len(), s),
-            ("k cache", kc.len(), b * h * cap * d),
-            ("v cache", vc.len(), b * h * cap * d),
+            ("k cache", kc.len(), b * hkv * cap * d),
+            ("v cache", vc.len(), b * hkv * cap * d),
             ("c cache", ck.len(), b * h * cap),
             ("o", o.len(), n),
             ("lse", lse.len(), s),
@@ -164,7 +167,8 @@ pub fn forward_f32_cached(
         d: d as i32,
         q_pos0: q_pos0 as i32,
         cap: cap as i32,
-        hkv: h as i32,
+        hkv: hkv as i32,
+        window: opts.window.map_or(0, |w| w as i32),
         scale,
         ..Default::default()
     };

@@ -2,8 +2,8 @@
 // reference of the CPU attention's definition: causal, left padding, grouped-query attention
 // (query head h reads k/v head h / (H / Hkv); dk, dv summed over the group), a sliding window
 // (keys r - w < j <= r), and ACP's tile skipping replayed as the CPU tiles it (blocks of 32 query
-// rows, tiles of 64 keys); and decoding: a chunk of rows against a [B, H, cap, D] cache
-// (fox32_fwd_cached). Tolerance 1e-5 relative L2 (f32 against f64 on O(100) terms).
+// rows, tiles of 64 keys); and decoding: a chunk of rows against a [B, Hkv, cap, D] cache
+// (fox32_fwd_cached), with the same windows and ACP. Tolerance 1e-5 relative L2 (f32 against f64 on O(100) terms).
 #include "mock.h"
 #include "../../kernels/attention_f32.cu"
 
@@ -46,7 +46,7 @@ int main() {
         {"window 2 T=65 d32 left padding", 2, 2, 2, 65, 32, 2, {3, 0}, 0.f},
         {"window 100 >= T T=50 d8", 1, 2, 2, 50, 8, 100, {}, 0.f},
         {"GQA H=4 Hkv=2 window 100 ACP delta=-2 T=140", 1, 4, 2, 140, 16, 100, {20}, -2.f},
-        {"MHA H=3 T=70 d24 left padding (and decoding)", 2, 3, 3, 70, 24, 0, {0, 11}, 0.f},
+        {"MHA H=3 T=70 d24 left padding", 2, 3, 3, 70, 24, 0, {0, 11}, 0.f},
     };
     for (const Case& cs : cases) {
         const int B = cs.b, H = cs.h, HK = cs.hkv, T = cs.t, D = cs.d, W = cs.w, G = H / HK;
@@ -163,35 +163,60 @@ int main() {
         cmp("dv", cs.name, dv, dv_r, 1e-5);
         cmp("dc", cs.name, dc, dc_r, 1e-4);
 
-        // Decoding (multi-head, no window, no ACP): the last `tq` rows as a chunk against a cache
-        // [B, H, cap, D] holding every position, must give the full forward's rows.
-        if (HK == H && W == 0 && cs.delta == 0.f) {
-            const int tq = 5, cap = T + 3, q0 = T - tq;
-            std::vector<float> kc((size_t)B * H * cap * D, 0.f), vc(kc.size(), 0.f), cc((size_t)B * H * cap, 0.f);
+        // Decoding: the last `tq` rows as a chunk (two blocks of query rows) against a cache
+        // [B, Hkv, cap, D] holding every position, the gate sums [B, H, cap]; the window counts
+        // from each row's position and ACP walks the chunk's blocks as the CPU's cached forward.
+        {
+            const int tq = 40, cap = T + 3, q0 = T - tq;
+            std::vector<float> kc((size_t)B * HK * cap * D, 0.f), vc(kc.size(), 0.f), cc((size_t)B * H * cap, 0.f);
             std::vector<float> qq((size_t)B * tq * H * D), cq((size_t)B * H * tq);
-            for (int b = 0; b < B; ++b)
-                for (int h = 0; h < H; ++h) {
-                    for (int t = 0; t < T; ++t) {
+            for (int b = 0; b < B; ++b) {
+                for (int hk = 0; hk < HK; ++hk)
+                    for (int t = 0; t < T; ++t)
                         for (int e = 0; e < D; ++e) {
-                            kc[(((size_t)b * H + h) * cap + t) * D + e] = k[((size_t)(b * T + t) * H + h) * D + e];
-                            vc[(((size_t)b * H + h) * cap + t) * D + e] = v[((size_t)(b * T + t) * H + h) * D + e];
+                            kc[(((size_t)b * HK + hk) * cap + t) * D + e] = k[((size_t)(b * T + t) * HK + hk) * D + e];
+                            vc[(((size_t)b * HK + hk) * cap + t) * D + e] = v[((size_t)(b * T + t) * HK + hk) * D + e];
                         }
-                        cc[((size_t)b * H + h) * cap + t] = c[((size_t)b * H + h) * T + t];
-                    }
+                for (int h = 0; h < H; ++h) {
+                    for (int t = 0; t < T; ++t) cc[((size_t)b * H + h) * cap + t] = c[((size_t)b * H + h) * T + t];
                     for (int r = 0; r < tq; ++r) {
                         cq[((size_t)b * H + h) * tq + r] = c[((size_t)b * H + h) * T + q0 + r];
                         for (int e = 0; e < D; ++e)
                             qq[(((size_t)b * tq + r) * H + h) * D + e] = q[(((size_t)b * T + q0 + r) * H + h) * D + e];
                     }
                 }
+            }
             std::vector<float> oc(qq.size()), lc(cq.size());
-            std::vector<double> oc_r(oc.size()), lc_r(lc.size());
+            std::vector<double> oc_r(oc.size(), 0), lc_r(lc.size(), -INFINITY);
             for (int b = 0; b < B; ++b)
                 for (int h = 0; h < H; ++h)
                     for (int r = 0; r < tq; ++r) {
-                        lc_r[((size_t)b * H + h) * tq + r] = lse_r[((size_t)b * H + h) * T + q0 + r];
-                        for (int e = 0; e < D; ++e)
-                            oc_r[(((size_t)b * tq + r) * H + h) * D + e] = o_r[(((size_t)b * T + q0 + r) * H + h) * D + e];
+                        const int pos = q0 + r, hk = h / G;
+                        if (pos < st_of(b)) continue;
+                        const int r0 = r / 32 * 32, end = q0 + min(r0 + 32, tq);
+                        const float* cb = &cc[(size_t)(b * H + h) * cap];
+                        int f = key_start(b, q0 + r0) / 64 * 64;
+                        if (cs.delta != 0.f)
+                            while (f + 64 <= end && cq[(size_t)(b * H + h) * tq + r0] - cb[f + 63] < cs.delta &&
+                                   f + 63 < q0 + r0)
+                                f += 64;
+                        const int j0 = max(f, key_start(b, pos));
+                        std::vector<double> s(pos + 1, -INFINITY);
+                        double mx = -INFINITY;
+                        for (int j = j0; j <= pos; ++j) {
+                            double dot = 0;
+                            for (int e = 0; e < D; ++e)
+                                dot += (double)q[((b * T + pos) * H + h) * D + e] * k[((b * T + j) * HK + hk) * D + e];
+                            s[j] = scale * dot + ((double)c[(b * H + h) * T + pos] - c[(b * H + h) * T + j]);
+                            mx = std::max(mx, s[j]);
+                        }
+                        double z = 0;
+                        for (int j = j0; j <= pos; ++j) z += exp(s[j] - mx);
+                        lc_r[((size_t)b * H + h) * tq + r] = mx + log(z);
+                        double* orow = &oc_r[(((size_t)b * tq + r) * H + h) * D];
+                        for (int j = j0; j <= pos; ++j)
+                            for (int e = 0; e < D; ++e)
+                                orow[e] += exp(s[j] - mx) / z * v[((b * T + j) * HK + hk) * D + e];
                     }
             F32Params pc{};
             pc.q = qq.data();
@@ -200,6 +225,7 @@ int main() {
             pc.c = cq.data();
             pc.ck = cc.data();
             pc.start = start.empty() ? nullptr : start.data();
+            pc.prune = cs.delta != 0.f ? prune.data() : nullptr;
             pc.o = oc.data();
             pc.lse = lc.data();
             pc.b = B;
@@ -207,7 +233,8 @@ int main() {
             pc.t = tq;
             pc.d = D;
             pc.scale = scale;
-            pc.hkv = H;
+            pc.hkv = HK;
+            pc.window = W;
             pc.q_pos0 = q0;
             pc.cap = cap;
             const unsigned crow = (unsigned)(B * H * tq);

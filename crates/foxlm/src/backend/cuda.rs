@@ -24,10 +24,13 @@ use std::sync::Arc;
 mod decode;
 mod fused;
 pub use decode::DeviceSampling;
+pub use fused::fused_decode_covers;
 
-/// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H, cap, D] in
-/// the activation dtype, the running gate sums c [B, H, cap] in f32 (so a step adds one log f and
-/// never recomputes a prefix sum), and each row's last unmixed k̃, ṽ [B, H·D] for KV-shift.
+/// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H_kv, cap, D]
+/// in the activation dtype, the running gate sums c [B, H, cap] in f32 (per query head, as the
+/// gate; so a step adds one log f and never recomputes a prefix sum), and each row's last unmixed
+/// k̃, ṽ [B, H_kv·D] for KV-shift. A sliding window keeps every position: the attention kernels
+/// mask the keys outside it.
 pub struct GpuCache<T> {
     pub k: CudaSlice<T>,
     pub v: CudaSlice<T>,
@@ -38,18 +41,35 @@ pub struct GpuCache<T> {
     pub len: usize,
     pub cap: usize,
     pub batch: usize,
+    /// Query heads H (of c) and k/v heads H_kv (of k, v and the KV-shift states).
     pub heads: usize,
+    pub kv_heads: usize,
     pub head_dim: usize,
     /// The current step's k, v and c are in the cache already (a fused decode step wrote them),
     /// so its attention only reads.
     pub staged: bool,
 }
 
+/// Element counts of one layer's cache buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLens {
+    /// k and v, each.
+    pub kv: usize,
+    pub c: usize,
+    /// k_shift and v_shift, each.
+    pub shift: usize,
+}
+
 impl<T: Elem> GpuCache<T> {
+    /// What [`Cuda::new_caches`] allocates per layer for `batch` rows of `cap` positions.
+    pub fn lens(batch: usize, heads: usize, kv_heads: usize, head_dim: usize, cap: usize) -> CacheLens {
+        CacheLens { kv: batch * kv_heads * cap * head_dim, c: batch * heads * cap, shift: batch * kv_heads * head_dim }
+    }
+
     /// Device bytes of one layer's cache.
-    pub fn bytes(batch: usize, heads: usize, head_dim: usize, cap: usize) -> usize {
-        let tb = std::mem::size_of::<T>();
-        batch * heads * (cap * (2 * head_dim * tb + 4) + 2 * head_dim * tb)
+    pub fn bytes(batch: usize, heads: usize, kv_heads: usize, head_dim: usize, cap: usize) -> usize {
+        let l = Self::lens(batch, heads, kv_heads, head_dim, cap);
+        (2 * l.kv + 2 * l.shift) * std::mem::size_of::<T>() + l.c * std::mem::size_of::<f32>()
     }
 }
 
@@ -973,40 +993,58 @@ impl<T: Elem> Backend for Cuda<T> {
         log_eps: f32,
     ) -> Result<()> {
         // A window only shortens the rows the bound is for: it holds as it is.
-        if shape.kv_heads != shape.heads {
-            bail!("ACP with grouped-query attention (num_kv_heads {}) is not implemented on the GPU", shape.kv_heads);
-        }
-        let (heads, head_dim) = (shape.heads, shape.head_dim);
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
+        ensure!(
+            kv_heads > 0 && heads.is_multiple_of(kv_heads),
+            "ACP thresholds: num_kv_heads {kv_heads} must divide num_heads {heads}"
+        );
+        ensure!(prune.len() >= b.batch * heads, "ACP thresholds: buffer too short");
         self.mark(Family::Attention)?;
         let ln_n = (n_keys as f32).ln();
         match qk_norm {
             Some((qn, kn)) => {
+                // q_norm is [H·d] or [d], k_norm [H_kv·d] or [d]: query head h reads k/v head
+                // h / (H / H_kv), as the CPU's bound.
+                let (wq_len, wk_len) = (self.numel[qn.0], self.numel[kn.0]);
+                for (id, len, per_head, what) in
+                    [(qn, wq_len, heads, "num_heads"), (kn, wk_len, kv_heads, "num_kv_heads")]
+                {
+                    ensure!(
+                        len == head_dim || len == per_head * head_dim,
+                        "ACP thresholds: {} holds {len} weights, neither head_dim {head_dim} (shared) nor {what} \
+                         {per_head} × {head_dim}",
+                        self.names[id.0]
+                    );
+                }
                 let (wq, wk) = (&self.params[qn.0].master, &self.params[kn.0].master);
                 let (pq, pk, po) = (self.dptr(wq), self.dptr(wk), self.dptr(prune));
                 let f = self.gpu.function(&MODEL, "fox_acp_from_qk_norm")?;
                 let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
                 let mut l = self.gpu.stream().launch_builder(&f);
-                let (wlen, h, d, bb) = (wq.len() as i32, heads as i32, head_dim as i32, b.batch as i32);
-                l.arg(&pq).arg(&pk).arg(&wlen).arg(&h).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps).arg(&po);
-                // SAFETY: arguments as in kernels/model.cu; prune holds B·H floats (checked below).
-                ensure!(prune.len() >= b.batch * heads, "ACP thresholds: buffer too short");
+                let (lq, lk, h, hkv) = (wq_len as i32, wk_len as i32, heads as i32, kv_heads as i32);
+                let (d, bb) = (head_dim as i32, b.batch as i32);
+                l.arg(&pq).arg(&pk).arg(&lq).arg(&lk).arg(&h).arg(&hkv).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps);
+                l.arg(&po);
+                // SAFETY: arguments as in kernels/model.cu; the weights hold the lengths passed
+                // (checked against H·d, H_kv·d or d above), prune B·H floats (checked above).
                 unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching the ACP threshold kernel: {e:?}"))?;
                 Ok(())
             }
             None if bf16::<T>() && fast_attention_dims(head_dim) => {
                 let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
                 let (qv, kv) = (words(q)?, words(k)?);
-                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, heads, head_dim);
-                ga::acp_thresholds_from_norms(&self.gpu, &p, n_keys, log_eps, prune)
+                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, kv_heads, head_dim);
+                ga::acp_thresholds_from_norms_opts(&self.gpu, &p, attn_options(shape), n_keys, log_eps, prune)
             }
             None => {
-                // f32 checks and other head dims: the CPU's bound from the largest norms.
+                // f32 checks and other head dims: the CPU's bound from the largest norms (q is
+                // [B, T, H·D], k [B, T, H_kv·D]).
                 let (qh, kh) = (self.gpu.download(q)?, self.gpu.download(k)?);
-                let (n, d) = (b.batch * b.seq, heads * head_dim);
-                let (qh, kh): (Vec<f32>, Vec<f32>) = (
-                    qh[..n * d].iter().map(|v| v.to_f32()).collect(),
-                    kh[..n * d].iter().map(|v| v.to_f32()).collect(),
-                );
+                let n = b.batch * b.seq;
+                let (dq, dk) = (n * heads * head_dim, n * kv_heads * head_dim);
+                ensure!(qh.len() >= dq && kh.len() >= dk, "ACP thresholds: q or k shorter than the batch");
+                let (qh, kh): (Vec<f32>, Vec<f32>) =
+                    (qh[..dq].iter().map(|v| v.to_f32()).collect(), kh[..dk].iter().map(|v| v.to_f32()).collect());
                 let start = b.start_host.as_deref();
                 let th = super::cpu::norm_thresholds(&qh, &kh, b.batch, b.seq, start, shape, n_keys, log_eps);
                 self.gpu.write(prune, &th)
@@ -1030,8 +1068,7 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Attention)?;
         let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         if let Some(cache) = cache {
-            shape.ensure_plain().context("decoding on the GPU")?;
-            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, heads, head_dim);
+            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, shape);
         }
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -1174,7 +1211,8 @@ impl<T: Elem> Backend for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let w = cache.heads * cache.head_dim;
+        // k̃, ṽ are [B, T, H_kv·D]
+        let w = cache.kv_heads * cache.head_dim;
         if k_lin.len() < b.batch * b.seq * w || v_lin.len() < b.batch * b.seq * w {
             // Without KV-shift the unmixed projections are not kept: nothing to remember.
             return Ok(());
@@ -1259,5 +1297,33 @@ impl<T: Elem> Backend for Cuda<T> {
         self.gpu.sync()?;
         // Rows without a target have loss 0.
         Ok((self.loss_host.iter().map(|&v| v as f64).sum(), std::mem::take(&mut self.loss_targets)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuCache;
+    use crate::model::cache::LayerCache;
+
+    /// The GPU cache holds what the CPU's holds (k, v and the KV-shift states per k/v head, c per
+    /// query head), in the activation dtype for k, v and the shift states.
+    #[test]
+    fn gpu_cache_sizes_follow_the_kv_heads() {
+        for (b, h, hkv, d, cap) in [(1, 4, 4, 16, 9), (2, 4, 2, 64, 300), (3, 8, 1, 128, 17), (2, 6, 3, 24, 1)] {
+            let l = GpuCache::<f32>::lens(b, h, hkv, d, cap);
+            assert_eq!((l.kv, l.c, l.shift), (b * hkv * cap * d, b * h * cap, b * hkv * d));
+            assert_eq!(GpuCache::<f32>::bytes(b, h, hkv, d, cap), LayerCache::bytes_for(b, h, hkv, d, cap));
+            let bf16 = GpuCache::<half::bf16>::bytes(b, h, hkv, d, cap);
+            assert_eq!(bf16, 2 * (2 * l.kv + 2 * l.shift) + 4 * l.c);
+        }
+        // The memory checks of the commands count the same bytes (f32).
+        let mut cfg = crate::presets::Variant::FoxPro.config(256, 3, 8);
+        cfg.num_kv_heads = Some(2);
+        let per_layer = GpuCache::<f32>::bytes(2, 8, 2, 32, 50) as u128;
+        assert_eq!(3 * per_layer, crate::validate::kv_cache_bytes(&cfg, 2, 50));
+        // Grouped-query attention shrinks k and v by the group, not c.
+        let (mha, gqa) =
+            (GpuCache::<half::bf16>::lens(2, 8, 8, 64, 100), GpuCache::<half::bf16>::lens(2, 8, 2, 64, 100));
+        assert_eq!((mha.kv / gqa.kv, mha.shift / gqa.shift, mha.c), (4, 4, gqa.c));
     }
 }

@@ -15,7 +15,7 @@ pub mod cuda;
 use crate::model::attention::{AttnActs, ForgettingAttention};
 use crate::model::Linear;
 use crate::tensor::ParamId;
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 /// A batch as the backend sees it: token ids, targets and left padding in the backend's memory,
 /// prepared once per forward ([`Backend::prepare`]).
@@ -44,23 +44,6 @@ pub struct AttnShape {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub window: Option<usize>,
-}
-
-impl AttnShape {
-    /// Errors unless multi-head attention over every earlier key: for paths that take only that.
-    pub(crate) fn ensure_plain(&self) -> Result<()> {
-        if self.kv_heads != self.heads {
-            bail!(
-                "grouped-query attention (num_kv_heads {} < num_heads {}) is not implemented on this backend",
-                self.kv_heads,
-                self.heads
-            );
-        }
-        if let Some(w) = self.window {
-            bail!("sliding-window attention (window_size {w}) is not implemented on this backend");
-        }
-        Ok(())
-    }
 }
 
 /// Allocation of a backend's buffers (also implemented by [`Sizer`], which only counts).

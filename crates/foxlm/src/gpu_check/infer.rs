@@ -1,6 +1,7 @@
 //! Inference on the GPU against the CPU reference (issue 14): logits through the decode cache one
 //! position at a time, greedy continuations through the cache (alone and as a left-padded row of a
-//! batch), bf16 against f32 continuations, per-position evaluation losses, and the device sampler.
+//! batch), bf16 against f32 continuations, per-position evaluation losses, and the device sampler;
+//! on the fixtures and on the grouped-query attention / window / ACP models of the fixture check.
 //!
 //! Tolerances: f32 logits 1e-3 (as the full forward), f32 per-position losses 1e-4, f32 greedy
 //! continuations identical; bf16 continuations must agree with f32 for their first 8 tokens
@@ -198,6 +199,160 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
     rows.extend(sampler_checks(gpu, fixtures)?);
     eprintln!("inference checks: head dim 64");
     rows.extend(head_dim_64_checks(gpu)?);
+    for m in super::gqa_window_models()? {
+        eprintln!("inference checks: {}", m.name);
+        rows.extend(gqa_window_rows(gpu, &m)?);
+    }
+    Ok(rows)
+}
+
+/// Tokens of `got` that differ from the CPU's greedy continuation `want` of `prompt`, unless they
+/// part where the CPU's two best logits were closer than `tie` (either token is right there, and
+/// everything after follows another text): (mismatches or 0, a note).
+fn greedy_mismatches(model: &Model, prompt: &[u32], got: &[u32], want: &[u32], tie: f64) -> (f64, String) {
+    let agree = agreeing_prefix(got, want);
+    if agree == want.len() && got.len() == want.len() {
+        return (0.0, String::new());
+    }
+    let margin = top2_margin(model, prompt, &want[..agree.min(want.len())]);
+    if margin < tie {
+        (0.0, format!("part after {agree} at a near-tie (CPU top-2 margin {margin:.2e})"))
+    } else {
+        (mismatches(got, want) as f64, format!("part after {agree}; CPU top-2 margin there {margin:.2e}"))
+    }
+}
+
+/// The gap between the CPU's two best logits after `prompt` followed by `prefix`.
+fn top2_margin(model: &Model, prompt: &[u32], prefix: &[u32]) -> f64 {
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(prefix);
+    let vocab = model.config.vocab_size;
+    let l = model.forward(&seq, &Ctx { batch: 1, seq: seq.len(), start: None });
+    let mut top = l[(seq.len() - 1) * vocab..].to_vec();
+    top.sort_by(|x, y| y.total_cmp(x));
+    (top[0] - top[1]) as f64
+}
+
+/// GPU decoding of a grouped-query attention / sliding-window / ACP model against the CPU, with
+/// the fixtures' tolerances: logits one position per decode step and in chunks of 64 (the window
+/// reaching back into the cache), left-padded, greedy continuations (f32 identical to the CPU up
+/// to a near-tie below the f32 logits' 1e-3: these initialised models have close logits; bf16
+/// against f32 as the fixtures), a CUDA graph against launches (bf16 at head dim 64/128 without
+/// ACP; the row fails if no step ran as a graph), and per-position evaluation losses.
+fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow>> {
+    let mut rows = Vec::new();
+    let (v, model, b, t, ids, start) = (&m.name, &m.model, m.b, m.t, &m.ids, &m.start);
+    let cfg = &model.config;
+    let ctx = Ctx { batch: b, seq: t, start: None };
+    let cpu = model.forward(ids, &ctx);
+    for (chunk, what) in [(1, "1 pos/step"), (64, "chunks of 64")] {
+        let l32 = cached_logits::<f32>(gpu, model, ids, &ctx, chunk)?;
+        rows.push(row(
+            format!("{v} f32 cache"),
+            &format!("logits {what} max |Δ|"),
+            max_abs_diff(&l32, &cpu),
+            1e-3,
+            String::new(),
+        ));
+        let l16 = cached_logits::<half::bf16>(gpu, model, ids, &ctx, chunk)?;
+        rows.push(row(
+            format!("{v} bf16 cache"),
+            &format!("logits {what} RMS"),
+            rms_diff(&l16, &cpu),
+            0.04,
+            format!("max {:.3}", max_abs_diff(&l16, &cpu)),
+        ));
+    }
+    let most = start.iter().copied().max().unwrap_or(0);
+    let pctx = Ctx { batch: b, seq: t, start: Some(start.clone()) };
+    let cpu_padded = model.forward(ids, &pctx);
+    let vocab = cfg.vocab_size;
+    let real = |l: &[f32]| -> Vec<f32> {
+        (0..b)
+            .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
+            .map(|i| l[i])
+            .collect()
+    };
+    let lp = cached_logits::<f32>(gpu, model, ids, &pctx, most + 1)?;
+    rows.push(row(
+        format!("{v} f32 cache left-padded"),
+        &format!("logits {} pos/step max |Δ|", most + 1),
+        max_abs_diff(&real(&lp), &real(&cpu_padded)),
+        1e-3,
+        String::new(),
+    ));
+
+    // Greedy continuations past the window: a prompt alone, and as the shorter (left-padded) row.
+    let long: Vec<u32> = ids[..t].to_vec();
+    let short: Vec<u32> = ids[t..t + t / 2].to_vec();
+    let opts = greedy(CONTINUATION);
+    let cpu_long = generate(model, std::slice::from_ref(&long), &opts, |_, _| {}).remove(0);
+    let cpu_short = generate(model, std::slice::from_ref(&short), &opts, |_, _| {}).remove(0);
+    let g32 = gpu_generate::<f32>(gpu, model, std::slice::from_ref(&long), &opts)?.remove(0);
+    let (err, note) = greedy_mismatches(model, &long, &g32, &cpu_long, 1e-3);
+    rows.push(row(format!("{v} f32 greedy"), &format!("tokens ≠ CPU (of {CONTINUATION})"), err, 0.0, note));
+    let batch = gpu_generate::<f32>(gpu, model, &[long.clone(), short.clone()], &opts)?;
+    let (e0, n0) = greedy_mismatches(model, &long, &batch[0], &cpu_long, 1e-3);
+    let (e1, n1) = greedy_mismatches(model, &short, &batch[1], &cpu_short, 1e-3);
+    rows.push(row(
+        format!("{v} f32 greedy, padded row"),
+        &format!("tokens ≠ CPU (of {CONTINUATION})"),
+        e0 + e1,
+        0.0,
+        format!("left padding {}; {n0} {n1}", long.len() - short.len()).trim_end().to_string(),
+    ));
+    let g16 = gpu_generate::<half::bf16>(gpu, model, std::slice::from_ref(&long), &opts)?.remove(0);
+    let agree = agreeing_prefix(&g16, &g32);
+    let margin = if agree < g32.len() { top2_margin(model, &long, &g32[..agree]) } else { f64::INFINITY };
+    let near_tie = margin < NEAR_TIE;
+    rows.push(row(
+        format!("{v} bf16 greedy"),
+        "tokens agreeing with f32 short of 8",
+        if near_tie { 0.0 } else { 8usize.saturating_sub(agree) as f64 },
+        0.0,
+        if agree < CONTINUATION {
+            format!(
+                "agree on {agree} of {CONTINUATION}; f32 top-2 margin there {margin:.4}{}",
+                if near_tie { " (near-tie)" } else { "" }
+            )
+        } else {
+            format!("agree on {agree} of {CONTINUATION}")
+        },
+    ));
+
+    // A decode step captured as a CUDA graph (op by op: the fused kernels skip these layers).
+    let hd = cfg.head_dim();
+    if (hd == 64 || hd == 128) && cfg.log_pruning_tolerance.is_none() {
+        let o = GenerateOptions { max_new_tokens: 40, sampling: Sampling::default(), seed: 5, eos: None };
+        let prompts = [long.clone(), short.clone()];
+        let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 2, chunk: t })?;
+        let with = e.generate(&prompts, &o, &mut |_, _| {})?;
+        let replayed = e.graph_steps;
+        e.graphs = false;
+        let without = e.generate(&prompts, &o, &mut |_, _| {})?;
+        let diff: usize = with.iter().zip(&without).map(|(a, c)| mismatches(a, c)).sum();
+        rows.push(row(
+            format!("{v} bf16 decode"),
+            "greedy: CUDA graph tokens ≠ launches",
+            if replayed > 0 { diff as f64 } else { f64::INFINITY },
+            0.0,
+            format!("2 rows × 40 tokens, {replayed} steps replayed"),
+        ));
+    }
+
+    // Per-position evaluation losses, prefilled through the cache in chunks of 50.
+    let seqs: Vec<Vec<u32>> = (0..b).map(|r| ids[r * t..(r + 1) * t].to_vec()).collect();
+    let cpu_losses = batch_token_losses(model, &seqs, Chunking::new(64, vocab), |_| {});
+    for (name, tol) in [("f32", 1e-4), ("bf16", 0.1)] {
+        let plan = Plan { batch: b, chunk: 50 };
+        let gl = if name == "f32" {
+            GpuInfer::<f32>::new(gpu.clone(), model, plan)?.token_losses(&seqs, 50, &mut |_| {})?
+        } else {
+            GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?.token_losses(&seqs, 50, &mut |_| {})?
+        };
+        let err = gl.iter().flatten().zip(cpu_losses.iter().flatten()).map(|(a, c)| (a - c).abs()).fold(0.0, f64::max);
+        rows.push(row(format!("{v} {name} eval loss"), "per-position loss max |Δ|", err, tol, String::new()));
+    }
     Ok(rows)
 }
 

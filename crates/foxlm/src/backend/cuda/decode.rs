@@ -2,7 +2,7 @@
 //! against it, the output head's logits without a loss, and choosing tokens on the device.
 
 use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache};
-use crate::backend::Tiles;
+use crate::backend::{AttnShape, Tiles};
 use crate::model::{Linear, Model};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
@@ -45,24 +45,28 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
 }
 
 impl<T: Elem> Cuda<T> {
-    /// An empty decode cache for every layer: `batch` rows of up to `cap` positions.
+    /// An empty decode cache for every layer: `batch` rows of up to `cap` positions (k, v of the
+    /// H_kv k/v heads, c of the H query heads; every position even with a sliding window).
     pub fn new_caches(&self, model: &Model, batch: usize, cap: usize) -> Result<Vec<GpuCache<T>>> {
         let c = &model.config;
-        let (h, d) = (c.num_heads, c.head_dim());
+        let (h, hkv, d) = (c.num_heads, c.kv_heads(), c.head_dim());
         let cap = cap.max(1);
+        // The kernels index rows of c [B·H·cap] and of k, v [B·H_kv·cap] in 32 bits (H ≥ H_kv).
         i32_of(batch * h * cap, "batch × heads × cache positions")?;
+        let n = GpuCache::<T>::lens(batch, h, hkv, d, cap);
         (0..c.num_hidden_layers)
             .map(|_| {
                 Ok(GpuCache {
-                    k: self.gpu.zeros(batch * h * cap * d)?,
-                    v: self.gpu.zeros(batch * h * cap * d)?,
-                    c: self.gpu.zeros(batch * h * cap)?,
-                    k_shift: self.gpu.zeros(batch * h * d)?,
-                    v_shift: self.gpu.zeros(batch * h * d)?,
+                    k: self.gpu.zeros(n.kv)?,
+                    v: self.gpu.zeros(n.kv)?,
+                    c: self.gpu.zeros(n.c)?,
+                    k_shift: self.gpu.zeros(n.shift)?,
+                    v_shift: self.gpu.zeros(n.shift)?,
                     len: 0,
                     cap,
                     batch,
                     heads: h,
+                    kv_heads: hkv,
                     head_dim: d,
                     staged: false,
                 })
@@ -118,7 +122,8 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key.
+    /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key (the
+    /// kernels mask the keys outside a sliding window; query head h reads k/v head h / (H / H_kv)).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_cached(
         &mut self,
@@ -131,21 +136,26 @@ impl<T: Elem> Cuda<T> {
         prune: Option<&CudaSlice<f32>>,
         b: &GpuBatch,
         cache: &mut GpuCache<T>,
-        heads: usize,
-        head_dim: usize,
+        shape: AttnShape,
     ) -> Result<Tiles> {
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         let (bb, t) = (b.batch, b.seq);
         let (past, cap) = (cache.len, cache.cap);
         ensure!(
-            bb == cache.batch && heads == cache.heads && head_dim == cache.head_dim,
-            "decode cache of [{}, {}, {}] used for a batch of [{bb}, {heads}, {head_dim}]",
+            (bb, heads, kv_heads, head_dim) == (cache.batch, cache.heads, cache.kv_heads, cache.head_dim),
+            "decode cache of [batch {}, heads {}, kv_heads {}, head_dim {}] used for a layer of [{bb}, {heads}, \
+             {kv_heads}, {head_dim}]",
             cache.batch,
             cache.heads,
+            cache.kv_heads,
             cache.head_dim
         );
         ensure!(past + t <= cap, "the decode cache holds {cap} positions; {past} + {t} were asked for");
-        let n = bb * t * heads * head_dim;
-        ensure!(k.len() >= n && v.len() >= n && c.len() >= bb * heads * t, "attention_cached: chunk buffers too short");
+        let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
+        ensure!(
+            q.len() >= n && k.len() >= nkv && v.len() >= nkv && c.len() >= bb * heads * t,
+            "attention_cached: chunk buffers too short"
+        );
         if cache.staged {
             // A fused decode step appended this position already.
             ensure!(t == 1, "a staged decode cache continues one position per row, not {t}");
@@ -154,21 +164,24 @@ impl<T: Elem> Cuda<T> {
             let f = self.gpu.function(&DECODE, &format!("fox_cache_append_{}", T::NAME))?;
             let (pk, pv, pc) = (self.dptr(&cache.k), self.dptr(&cache.v), self.dptr(&cache.c));
             let (sk, sv, sc) = (self.dptr(k), self.dptr(v), self.dptr(c));
-            let (bi, ti, hi, di) = (bb as i32, i32_of(t, "positions")?, heads as i32, head_dim as i32);
+            let (bi, ti, di) = (bb as i32, i32_of(t, "positions")?, head_dim as i32);
+            let (hi, hkvi) = (heads as i32, kv_heads as i32);
             let (capi, lenp, len) = (cap as i32, self.lenp(), past as i32);
             let mut l = self.gpu.stream().launch_builder(&f);
-            l.arg(&pk).arg(&pv).arg(&pc).arg(&sk).arg(&sv).arg(&sc).arg(&bi).arg(&ti).arg(&hi).arg(&di);
+            l.arg(&pk).arg(&pv).arg(&pc).arg(&sk).arg(&sv).arg(&sc).arg(&bi).arg(&ti).arg(&hi).arg(&hkvi).arg(&di);
             l.arg(&capi).arg(&lenp).arg(&len);
-            // SAFETY: arguments as in kernels/decode.cu; the cache holds B·H·cap rows and
-            // past + t <= cap (checked above).
-            unsafe { l.launch(grid(n)) }.map_err(|e| anyhow!("launching fox_cache_append: {e:?}"))?;
+            // SAFETY: arguments as in kernels/decode.cu; the cache holds B·H_kv·cap rows of k, v and
+            // B·H·cap of c, and past + t <= cap (checked above); the chunk's lengths checked above.
+            unsafe { l.launch(grid(nkv.max(bb * heads * t))) }
+                .map_err(|e| anyhow!("launching fox_cache_append: {e:?}"))?;
         }
         cache.len += t;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let start = self.start(b);
+        let opts = super::attn_options(shape);
         if bf16::<T>() && fast_attention_dims(head_dim) {
             let (qv, kv, vv, ov) = (words(q)?, words(&cache.k)?, words(&cache.v)?, words(o)?);
-            // The cache's keys are [B, H, cap, D] with gate sums [B, H, cap]: tk = cap, and
+            // The cache's keys are [B, H_kv, cap, D] with gate sums [B, H, cap]: tk = cap, and
             // causality (query r at past + r) hides the positions not yet filled.
             let p = DevProblem {
                 batch: bb,
@@ -179,8 +192,8 @@ impl<T: Elem> Cuda<T> {
                 q_pos0: past,
                 dtype: DType::Bf16,
                 q: DevView::bthd(&qv, t, heads, head_dim),
-                k: DevView::bhtd(&kv, cap, head_dim, heads),
-                v: DevView::bhtd(&vv, cap, head_dim, heads),
+                k: DevView::bhtd(&kv, cap, head_dim, kv_heads),
+                v: DevView::bhtd(&vv, cap, head_dim, kv_heads),
                 cq: c,
                 ck: &cache.c,
                 vis: match start {
@@ -191,16 +204,16 @@ impl<T: Elem> Cuda<T> {
                 prune,
             };
             if t <= 16 {
-                // A decode step: the split-K kernel with partials allocated once.
+                // A decode step: the split-K kernel with partials (per query head) allocated once.
                 let shape = (bb * heads, head_dim, cap);
                 if self.decode_scratch.as_ref().is_none_or(|s| s.shape != shape) {
                     self.decode_scratch = Some(ga::DecodeScratch::new(&self.gpu, bb, heads, head_dim, cap)?);
                 }
                 let scratch = self.decode_scratch.as_ref().ok_or_else(|| anyhow!("decode scratch"))?;
-                ga::decode_into(&self.gpu, &p, &ov, lse, scratch, self.decode_pos.as_ref())?;
+                ga::decode_into_opts(&self.gpu, &p, opts, &ov, lse, scratch, self.decode_pos.as_ref())?;
             } else {
                 ensure!(self.decode_pos.is_none(), "a captured decode step must have at most 16 positions per row");
-                ga::forward(&self.gpu, &p, &ov, lse, FwdKernel::Tiled, false)?;
+                ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
             }
             return Ok(Tiles::default());
         }
@@ -215,6 +228,7 @@ impl<T: Elem> Cuda<T> {
                 heads,
                 t,
                 head_dim,
+                opts,
                 qf,
                 c,
                 (kc, vc, &cache.c),
@@ -228,7 +242,7 @@ impl<T: Elem> Cuda<T> {
             )?,
             _ => {
                 // bf16 at a head dim the fast kernels lack (small test models): f32 copies.
-                let m = bb * heads * cap * head_dim;
+                let m = bb * kv_heads * cap * head_dim;
                 let (mut qf, mut kf, mut vf) = (self.gpu.zeros(n)?, self.gpu.zeros(m)?, self.gpu.zeros(m)?);
                 let mut of = self.gpu.zeros::<f32>(n)?;
                 ops::cast_to_f32(&self.gpu, &mut qf, q, n)?;
@@ -240,6 +254,7 @@ impl<T: Elem> Cuda<T> {
                     heads,
                     t,
                     head_dim,
+                    opts,
                     &qf,
                     c,
                     (&kf, &vf, &cache.c),

@@ -9,6 +9,7 @@
 //! window, ACP) runs op by op.
 
 use super::{dtod, Cuda, Family, GpuBatch, GpuCache};
+use crate::config::Config;
 use crate::model::attention::{AttnActs, Fgate, ForgettingAttention};
 use crate::model::{Linear, Model};
 use crate::tensor::ParamId;
@@ -97,13 +98,19 @@ fn head_blocks(rows_heads: usize, head_dim: usize) -> LaunchConfig {
     }
 }
 
+/// Whether the fused kernels cover a model's layers: multi-head attention over every earlier key
+/// (the kernels index k/v and the cache by query head and mask nothing), no ACP (its thresholds
+/// come between the inputs and the attention), head dim up to a block of 1024 threads.
+pub fn fused_decode_covers(c: &Config) -> bool {
+    c.kv_heads() == c.num_heads && c.window_size.is_none() && c.log_pruning_tolerance.is_none() && c.head_dim() <= 1024
+}
+
 impl<T: Elem> Cuda<T> {
     /// Stacks every layer's input projections for fused decode steps of up to `batch` rows
     /// (skipping models the kernels do not cover: the layers then run op by op).
     pub fn prepare_fused_decode(&mut self, model: &Model, batch: usize) -> Result<()> {
         let c = &model.config;
-        let hd = c.head_dim();
-        if c.kv_heads() != c.num_heads || c.window_size.is_some() || c.log_pruning_tolerance.is_some() || hd > 1024 {
+        if !fused_decode_covers(c) {
             return Ok(());
         }
         if !self.fused.layers.is_empty() && self.fused.batch >= batch.max(1) {
@@ -188,14 +195,17 @@ impl<T: Elem> Cuda<T> {
         let (h, hd) = (l.heads, l.head_dim);
         let fits =
             self.fused.layer(l).is_some_and(|f| self.fused.p.as_ref().is_some_and(|p| p.len() >= rows * f.width));
-        if !fits || b.seq != 1 || cache.len == 0 || l.log_pruning_tolerance.is_some() {
+        let plain = l.kv_heads == h && l.window.is_none() && l.log_pruning_tolerance.is_none();
+        if !fits || !plain || b.seq != 1 || cache.len == 0 {
             return Ok(false);
         }
         ensure!(
-            cache.batch == rows && cache.heads == h && cache.head_dim == hd,
-            "decode cache of [{}, {}, {}] used for a batch of [{rows}, {h}, {hd}]",
+            (cache.batch, cache.heads, cache.kv_heads, cache.head_dim) == (rows, h, h, hd),
+            "decode cache of [batch {}, heads {}, kv_heads {}, head_dim {}] used for a fused step of [{rows}, {h}, \
+             {h}, {hd}]",
             cache.batch,
             cache.heads,
+            cache.kv_heads,
             cache.head_dim
         );
         ensure!(cache.len < cache.cap, "the decode cache holds {} positions, all filled", cache.cap);

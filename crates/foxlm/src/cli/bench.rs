@@ -480,7 +480,9 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
         let others = model.params.numel() - matrices;
         let weight_bytes = 2 * (matrices - emb) + 4 * others;
         let mean_len = a.prompt + a.new_tokens / 2;
-        let cache_bytes = c.num_hidden_layers * 2 * c.num_heads * mean_len * c.head_dim() * 2;
+        // keys and values per k/v head (grouped-query attention keeps fewer); every position is
+        // kept, a window only masks
+        let cache_bytes = c.num_hidden_layers * 2 * c.kv_heads() * mean_len * c.head_dim() * 2;
         // The roofline: the bytes a step reads over the measured copy bandwidth.
         let roofline = bw / (weight_bytes + cache_bytes) as f64;
         println!(

@@ -107,7 +107,7 @@ __device__ __forceinline__ void v4_issue_pv(float (&O)[NA][32], const u32 (&a)[N
 template <int D, bool BF, int BK, int NST, bool PINGPONG>
 __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
     const AttnParams& p = P.a;
-    constexpr int BQ = 128, NA = D / 64, NS = BK / 2, NT = BK / 8, DT = D / 8;
+    constexpr int BQ = 128, NA = D / 64, NS = BK / 2, NT = BK / 8;
     constexpr u32 Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
@@ -312,20 +312,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         wg_wait<0>();
         release(n - 1);
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float lt = quad_sum(l[rr]);
-        const int r = rows[rr];
-        if (r >= p.tq) continue;
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const float o0 = O[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = O[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
-            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(o0 * inv, o1 * inv);
-        }
-        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
-    }
+    wg_store_o<D, BF, NA>(p, O, m, l, rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,15 +549,7 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
             const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 
             float ST[32], DS[32];
-            wg_fence();
-#pragma unroll
-            for (int k = 0; k < D / 16; ++k) {
-                const u32 ao = (u32)((k >> 2) * BKB * 128 + (k & 3) * 32);
-                const u32 bo = (u32)((k >> 2) * BQB * 128 + (k & 3) * 32);
-                wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), k > 0 ? 1 : 0);
-                wgmma_ss_n64<BF>(DS, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), k > 0 ? 1 : 0);
-            }
-            wg_commit();
+            wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
             wg_wait0();
             // P^T and dS^T (S^T[4*nt + e]: key row g + 8*(e>>1), query column nt*8 + 2*t4 + (e&1))
 #pragma unroll
@@ -606,25 +585,7 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                     cs[nt][c] = x;
                 }
             u32 ap[NTQ / 2][4], as[NTQ / 2][4];
-#pragma unroll
-            for (int kq = 0; kq < NTQ / 2; ++kq) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
-                    as[kq][x] = pack2<BF>(DS[8 * kq + 2 * x], DS[8 * kq + 2 * x + 1]);
-                }
-            }
-            wg_fence();
-#pragma unroll
-            for (int at = 0; at < NA; ++at) {
-#pragma unroll
-                for (int kq = 0; kq < NTQ / 2; ++kq) {
-                    const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
-                    wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
-                    wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
-                }
-            }
-            wg_commit();
+            wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DS, ap, as, q_s, g_s);
             // dS^T into this warpgroup's atom (keys as rows) for dQ = dS K, once every warp of the
             // warpgroup is done reading the previous tile's
             named_sync128(1 + cw);
@@ -677,18 +638,7 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
         }
     }  // query heads of the group
 
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int j = jrow[rr];
-        if (j >= p.tk) continue;
-        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
-            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
-            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
-        }
-    }
+    wg_store_dkdv<D, BF, NA>(p, dK, dV, jrow, b, hk, t4);
 }
 #endif
 

@@ -124,9 +124,95 @@ __device__ __forceinline__ void wgmma_s(float (&S)[NS], const u32 (&a)[4], u64 d
     else wgmma_rs_n128<BF>(S, a, db, accumulate);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pieces shared by the v3.1 wgmma kernels and v4 (attention_v4.cu).
+// ---------------------------------------------------------------------------------------------
+// Forward epilogue: O / l in the dtype and lse (natural log; -inf for rows that saw no key) for a
+// warp's rows `rows` (O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]).
+template <int D, bool BF, int NA>
+__device__ __forceinline__ void wg_store_o(const AttnParams& p, const float (&O)[NA][32], const float (&m)[2],
+                                           const float (&l)[2], const int (&rows)[2], int b, int h, int bh, int t4) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float lt = quad_sum(l[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const float o0 = O[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = O[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
+            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(o0 * inv, o1 * inv);
+        }
+        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
+    }
+}
+
+// dk/dv passes: S^T = K Q^T and dP^T = V dO^T for a warpgroup's 64 keys (k_s, v_s) against a
+// 64-row query tile (q_s, g_s), both operands K-major in shared memory; committed, not awaited.
+template <int D, bool BF, int BKB, int BQB>
+__device__ __forceinline__ void wg_issue_st_dpt(float (&ST)[32], float (&DP)[32], u32 k_s, u32 v_s, u32 q_s, u32 g_s) {
+    wg_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+        const u32 ao = (u32)((k >> 2) * BKB * 128 + (k & 3) * 32);
+        const u32 bo = (u32)((k >> 2) * BQB * 128 + (k & 3) * 32);
+        wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), k > 0 ? 1 : 0);
+        wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), k > 0 ? 1 : 0);
+    }
+    wg_commit();
+}
+
+// dk/dv passes: P^T and dS^T (fp32 accumulator layout) packed as register A fragments, then
+// dV += P^T dO and dK += dS^T Q with dO, Q read N-major; committed, not awaited. The fragments
+// must stay live in ap, as until the products complete.
+template <int D, bool BF, int BQB, int NTQ, int NA>
+__device__ __forceinline__ void wg_issue_dkdv(float (&dK)[NA][32], float (&dV)[NA][32], const float (&P)[32],
+                                              const float (&DS)[32], u32 (&ap)[NTQ / 2][4], u32 (&as)[NTQ / 2][4],
+                                              u32 q_s, u32 g_s) {
+#pragma unroll
+    for (int kq = 0; kq < NTQ / 2; ++kq) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            ap[kq][x] = pack2<BF>(P[8 * kq + 2 * x], P[8 * kq + 2 * x + 1]);
+            as[kq][x] = pack2<BF>(DS[8 * kq + 2 * x], DS[8 * kq + 2 * x + 1]);
+        }
+    }
+    wg_fence();
+#pragma unroll
+    for (int at = 0; at < NA; ++at) {
+#pragma unroll
+        for (int kq = 0; kq < NTQ / 2; ++kq) {
+            const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
+            wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
+            wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
+        }
+    }
+    wg_commit();
+}
+
+// dk/dv passes' epilogue: dK (times the softmax scale) and dV of a warp's key rows jrow, for k/v
+// head hk, in the dtype.
+template <int D, bool BF, int NA>
+__device__ __forceinline__ void wg_store_dkdv(const AttnParams& p, const float (&dK)[NA][32], const float (&dV)[NA][32],
+                                              const int (&jrow)[2], int b, int hk, int t4) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = jrow[rr];
+        if (j >= p.tk) continue;
+        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
+            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
+            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
+        }
+    }
+}
+
 template <int D, bool BF, int BK, int NWG>
 __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
-    constexpr int BQ = 64 * NWG, NTH = 128 * NWG, NT = BK / 8, DT = D / 8, NA = D / 64, NS = BK / 2;
+    constexpr int BQ = 64 * NWG, NTH = 128 * NWG, NT = BK / 8, NA = D / 64, NS = BK / 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // 1024-byte alignment for the swizzle atoms
     const u32 raw = smem_u32(smem_raw);
@@ -296,20 +382,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             __syncthreads();
         }
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float lt = quad_sum(l[rr]);
-        const int r = rows[rr];
-        if (r >= p.tq) continue;
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const float o0 = O[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = O[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
-            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(o0 * inv, o1 * inv);
-        }
-        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
-    }
+    wg_store_o<D, BF, NA>(p, O, m, l, rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,15 +644,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
                 const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 
                 float ST[32], DP[32];
-                wg_fence();
-#pragma unroll
-                for (int s = 0; s < D / 16; ++s) {
-                    const u32 ao = (u32)((s >> 2) * BKB * 128 + (s & 3) * 32);
-                    const u32 bo = (u32)((s >> 2) * BQB * 128 + (s & 3) * 32);
-                    wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                    wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                }
-                wg_commit();
+                wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DP, k_s, v_s, q_s, g_s);
                 wg_wait0();
 #pragma unroll
                 for (int nt = 0; nt < NTQ; ++nt) {
@@ -603,25 +668,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
                     }
                 }
                 u32 ap[NTQ / 2][4], as[NTQ / 2][4];
-#pragma unroll
-                for (int kq = 0; kq < NTQ / 2; ++kq) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) {
-                        ap[kq][x] = pack2<BF>(ST[8 * kq + 2 * x], ST[8 * kq + 2 * x + 1]);
-                        as[kq][x] = pack2<BF>(DP[8 * kq + 2 * x], DP[8 * kq + 2 * x + 1]);
-                    }
-                }
-                wg_fence();
-#pragma unroll
-                for (int at = 0; at < NA; ++at) {
-#pragma unroll
-                    for (int kq = 0; kq < NTQ / 2; ++kq) {
-                        const u32 bo = (u32)(at * BQB * 128 + kq * 2 * 1024);
-                        wgmma_rs_n64<BF, 1>(dV[at], ap[kq], gmma_desc(g_s + bo, BQB * 128, 1024));
-                        wgmma_rs_n64<BF, 1>(dK[at], as[kq], gmma_desc(q_s + bo, BQB * 128, 1024));
-                    }
-                }
-                wg_commit();
+                wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DP, ap, as, q_s, g_s);
                 wg_wait0();
                 __syncthreads();
             }
@@ -634,18 +681,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
     }  // query heads of the group
     cp_wait<0>();  // the K/V copies, when no head had a query tile
 
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int j = jrow[rr];
-        if (j >= p.tk) continue;
-        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
-            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
-            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
-        }
-    }
+    wg_store_dkdv<D, BF, NA>(p, dK, dV, jrow, b, hk, t4);
 }
 #endif
 

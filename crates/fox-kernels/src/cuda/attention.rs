@@ -365,12 +365,16 @@ fn forced_path() -> Option<bool> {
 /// Whether the tiled forward uses the v4 kernel: sm_90a, by default (measured faster in
 /// BENCHMARKS.md); `FOX_FWD_V4=0` selects v3.1's wgmma kernel.
 fn use_v4(gpu: &Gpu) -> bool {
+    v4_chosen(gpu, "FOX_FWD_V4", "FOX_FWD_WGMMA")
+}
+
+/// The v4 kernels run on sm_90a under the V4 kernel path, or by default unless the environment
+/// turns v4 (`v4_var`) or the wgmma family (`wgmma_var`) off.
+fn v4_chosen(gpu: &Gpu, v4_var: &str, wgmma_var: &str) -> bool {
+    let on = |var: &str| std::env::var(var).map(|v| v != "0").unwrap_or(true);
     let chosen = match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
         3 => true,
-        0 => {
-            std::env::var("FOX_FWD_V4").map(|v| v != "0").unwrap_or(true)
-                && std::env::var("FOX_FWD_WGMMA").map(|v| v != "0").unwrap_or(true)
-        }
+        0 => on(v4_var) && on(wgmma_var),
         _ => false,
     };
     gpu.arch() == "sm_90a" && chosen
@@ -869,15 +873,7 @@ pub fn backward_into_opts(
 /// Whether the backward uses the v4 one-pass kernel: sm_90a, by default (measured faster in
 /// BENCHMARKS.md); `FOX_BWD_V4=0` selects v3.1's two wgmma passes.
 fn use_v4_bwd(gpu: &Gpu) -> bool {
-    let chosen = match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
-        3 => true,
-        0 => {
-            std::env::var("FOX_BWD_V4").map(|v| v != "0").unwrap_or(true)
-                && std::env::var("FOX_BWD_WGMMA").map(|v| v != "0").unwrap_or(true)
-        }
-        _ => false,
-    };
-    gpu.arch() == "sm_90a" && chosen
+    v4_chosen(gpu, "FOX_BWD_V4", "FOX_BWD_WGMMA")
 }
 
 /// Parameters of the v4 backward; must match `BwdV4Params` in kernels/attention_v4.cu.

@@ -560,12 +560,8 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                     const int kr = e >> 1;
                     float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, a_s[il] - ck2[kr]));
                     if (need_mask) {
-                        const int i = rq + il;
-                        const int pos = i < p.tq ? p.q_pos0 + i : -1;
-                        const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
-                        const int j = jrow[kr];
-                        if (j > pos || j < sti) pr = 0.f;
-                    }
+                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+                        }
                     const float d = pr * (DS[4 * nt + e] - del_s[il]);
                     dck[kr] -= d;
                     ST[4 * nt + e] = pr;

@@ -79,6 +79,15 @@ __device__ __forceinline__ int row_start(const AttnParams& p, int b, int r) {
     return window_start(p, p.q_pos0 + r, doc_start(p, b, r));
 }
 
+// The dk/dv passes' mask: whether key j is hidden from query row i (padding rows past tq, keys
+// after the row's position or before its start); `st` points at the row's packed-document start
+// (staged per query tile), read only when start_mode is 2.
+__device__ __forceinline__ bool key_hidden(const AttnParams& p, int b, int i, int j, const int* st) {
+    const int pos = i < p.tq ? p.q_pos0 + i : -1;
+    const int sti = window_start(p, pos, p.start_mode == 2 ? *st : doc_start(p, b, 0));
+    return j > pos || j < sti;
+}
+
 __device__ __forceinline__ u32 smem_u32(const void* ptr) {
     return (u32)__cvta_generic_to_shared(ptr);
 }

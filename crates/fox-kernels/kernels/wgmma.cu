@@ -655,11 +655,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
                         const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
                         float pr = fast_exp2(x);
                         if (need_mask) {
-                            const int i = rq + il;
-                            const int pos = i < p.tq ? p.q_pos0 + i : -1;
-                            const int sti = window_start(p, pos, p.start_mode == 2 ? st_s[il] : doc_start(p, b, 0));
-                            const int j = jrow[kr];
-                            if (j > pos || j < sti) pr = 0.f;
+                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
                         }
                         const float ds = pr * (DP[4 * nt + e] - del_s[il]);
                         dck[kr] -= ds;

@@ -503,14 +503,21 @@ pub fn decode_into_opts(
     let mut prm = params(gpu, p, opts);
     prm.o = ptr(gpu, out);
     prm.lse = ptr(gpu, lse);
+    prm.q_pos0_dev = q_pos0_dev.map_or(0, |c| ptr(gpu, c));
+    launch_decode(gpu, p, prm, scratch)
+}
+
+/// The split-K decode kernel with its partials in `scratch` (sized for `p`); `prm` holds the
+/// problem and the outputs.
+fn launch_decode(gpu: &Gpu, p: &DevProblem, mut prm: AttnParams, scratch: &DecodeScratch) -> Result<()> {
     prm.part_o = ptr(gpu, &scratch.part_o);
     prm.part_ml = ptr(gpu, &scratch.part_ml);
     prm.splits = scratch.splits as i32;
     prm.sem = ptr(gpu, &scratch.sem);
-    prm.q_pos0_dev = q_pos0_dev.map_or(0, |c| ptr(gpu, c));
-    let smem = decode_smem(d);
+    let smem = decode_smem(p.head_dim);
     let f = kernel(gpu, "decode", p, smem)?;
-    launch(gpu, &f, (scratch.splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")
+    let grid = (scratch.splits as u32, (p.batch * p.heads) as u32, 1);
+    launch(gpu, &f, grid, 128, smem, &prm, "the decode kernel")
 }
 
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
@@ -554,19 +561,10 @@ pub fn forward_opts(
         FwdKernel::Auto => p.tq <= 16 && p.tk >= 256,
     };
     if use_decode {
-        let splits = decode_splits(gpu, bb * hh, p.tk);
-        let part_o = gpu.zeros::<f32>(splits * bb * hh * 16 * d)?;
-        let part_ml = gpu.zeros::<f32>(splits * bb * hh * 16 * 2)?;
-        prm.part_o = ptr(gpu, &part_o);
-        prm.part_ml = ptr(gpu, &part_ml);
-        let sem = gpu.zeros::<u32>(bb * hh)?;
-        prm.splits = splits as i32;
-        prm.sem = ptr(gpu, &sem);
-        let smem = decode_smem(d);
-        let f = kernel(gpu, "decode", p, smem)?;
-        launch(gpu, &f, (splits as u32, (bb * hh) as u32, 1), 128, smem, &prm, "the decode kernel")?;
+        let scratch = DecodeScratch::new(gpu, bb, hh, d, p.tk)?;
+        launch_decode(gpu, p, prm, &scratch)?;
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
-        drop((part_o, part_ml, sem));
+        drop(scratch);
     } else {
         if use_v4(gpu) {
             forward_v4(gpu, p, prm)?;

@@ -150,36 +150,7 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
             format!("left padding {}", long.len() - short.len()),
         ));
         let g16 = gpu_generate::<half::bf16>(gpu, &model, std::slice::from_ref(&long), &opts)?.remove(0);
-        let agree = agreeing_prefix(&g16, &g32);
-        // Where bf16 first differs, how far apart f32's two best logits were: a near-tie (closer
-        // than bf16's logit error, RMS 0.013 and up to about 0.05 on these fixtures) may go
-        // either way, and everything after it follows a different text.
-        let margin = if agree < g32.len() {
-            let mut seq = long.clone();
-            seq.extend_from_slice(&g32[..agree]);
-            let l = model.forward(&seq, &Ctx { batch: 1, seq: seq.len(), start: None });
-            let last = &l[(seq.len() - 1) * vocab..];
-            let mut top = last.to_vec();
-            top.sort_by(|x, y| y.total_cmp(x));
-            (top[0] - top[1]) as f64
-        } else {
-            f64::INFINITY
-        };
-        let near_tie = margin < NEAR_TIE;
-        rows.push(row(
-            format!("{v} bf16 greedy"),
-            "tokens agreeing with f32 short of 8",
-            if near_tie { 0.0 } else { 8usize.saturating_sub(agree) as f64 },
-            0.0,
-            if agree < CONTINUATION {
-                format!(
-                    "agree on {agree} of {CONTINUATION}; f32 top-2 margin there {margin:.4}{}",
-                    if near_tie { " (near-tie)" } else { "" }
-                )
-            } else {
-                format!("agree on {agree} of {CONTINUATION}")
-            },
-        ));
+        rows.push(bf16_greedy_row(&model, v, &long, &g16, &g32));
 
         // Per-position evaluation losses, prefilled through the cache in chunks of 50.
         let seqs: Vec<Vec<u32>> = (0..b).map(|r| ids[r * t..(r + 1) * t].to_vec()).collect();
@@ -223,6 +194,31 @@ fn greedy_mismatches(model: &Model, prompt: &[u32], got: &[u32], want: &[u32], t
 }
 
 /// The gap between the CPU's two best logits after `prompt` followed by `prefix`.
+/// bf16 greedy tokens `g16` against f32's `g32` after `prompt`: they must agree on the first 8
+/// unless they part where f32's two best logits are a near-tie (closer than bf16's logit error,
+/// RMS 0.013 and up to about 0.05 on the fixtures), which may go either way; everything after it
+/// follows a different text.
+fn bf16_greedy_row(model: &Model, v: &str, prompt: &[u32], g16: &[u32], g32: &[u32]) -> CheckRow {
+    let agree = agreeing_prefix(g16, g32);
+    let margin = if agree < g32.len() { top2_margin(model, prompt, &g32[..agree]) } else { f64::INFINITY };
+    let near_tie = margin < NEAR_TIE;
+    row(
+        format!("{v} bf16 greedy"),
+        "tokens agreeing with f32 short of 8",
+        if near_tie { 0.0 } else { 8usize.saturating_sub(agree) as f64 },
+        0.0,
+        if agree < CONTINUATION {
+            format!(
+                "agree on {agree} of {CONTINUATION}; f32 top-2 margin there {margin:.4}{}",
+                if near_tie { " (near-tie)" } else { "" }
+            )
+        } else {
+            format!("agree on {agree} of {CONTINUATION}")
+        },
+    )
+}
+
+/// f32's margin between its two best next-token logits after `prompt` and `prefix`.
 fn top2_margin(model: &Model, prompt: &[u32], prefix: &[u32]) -> f64 {
     let mut seq = prompt.to_vec();
     seq.extend_from_slice(prefix);
@@ -302,23 +298,7 @@ fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow
         format!("left padding {}; {n0} {n1}", long.len() - short.len()).trim_end().to_string(),
     ));
     let g16 = gpu_generate::<half::bf16>(gpu, model, std::slice::from_ref(&long), &opts)?.remove(0);
-    let agree = agreeing_prefix(&g16, &g32);
-    let margin = if agree < g32.len() { top2_margin(model, &long, &g32[..agree]) } else { f64::INFINITY };
-    let near_tie = margin < NEAR_TIE;
-    rows.push(row(
-        format!("{v} bf16 greedy"),
-        "tokens agreeing with f32 short of 8",
-        if near_tie { 0.0 } else { 8usize.saturating_sub(agree) as f64 },
-        0.0,
-        if agree < CONTINUATION {
-            format!(
-                "agree on {agree} of {CONTINUATION}; f32 top-2 margin there {margin:.4}{}",
-                if near_tie { " (near-tie)" } else { "" }
-            )
-        } else {
-            format!("agree on {agree} of {CONTINUATION}")
-        },
-    ));
+    rows.push(bf16_greedy_row(model, v, &long, &g16, &g32));
 
     // A decode step captured as a CUDA graph (op by op: the fused kernels skip these layers).
     let hd = cfg.head_dim();

@@ -335,7 +335,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
 // ---------------------------------------------------------------------------------------------
 struct BwdV4Params {
     AttnParams a;
-    float* acc;     // [B, H, tq, D + 4] fp32: dq, then four partial sums of dcq; zero at launch
+    float* acc;     // [B, H, tq, D + 8] fp32: dq, then eight partial sums of dcq; zero at launch
     unsigned* sem;  // [B, H, ceil(tq / 64)], zero at launch
     TmaMap k, v, q, g;  // (D, T, heads, B): k, v (128-row boxes), q, dO (64-row boxes)
 };
@@ -394,12 +394,12 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) 
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void named_sync128(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
 template <int D, bool BF>
 __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     const AttnParams& p = P.a;
-    constexpr int BKB = 128, BQB = 64, NTQ = BQB / 8, NA = D / 64, DP = D + 4;
+    constexpr int BKB = 128, BQB = 64, NTQ = BQB / 8, NA = D / 64, DP = D + 8;
+    // dS^T stages (two at D = 64; at D = 128 one, for shared memory) and two dQ staging tiles
+    constexpr int DSS = D == 64 ? 2 : 1;
     constexpr u32 KV_BYTES = BKB * D * 2, QG_BYTES = BQB * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
@@ -408,8 +408,8 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     u16* sV = sK + BKB * D;
     u16* sQ = sV + BKB * D;        // [2 stages] NA atoms of [BQB][64]
     u16* sG = sQ + 2 * BQB * D;    // [2 stages]
-    u16* sDS = sG + 2 * BQB * D;   // [2 warpgroups] dS^T, one atom [64 keys][64 query rows]
-    float* sDQ = (float*)(sDS + 2 * 64 * BQB);  // [2 warpgroups][BQB][DP] staged dQ share
+    u16* sDS = sG + 2 * BQB * D;   // [DSS][2 warpgroups] dS^T, one atom [64 keys][64 query rows]
+    float* sDQ = (float*)(sDS + DSS * 2 * 64 * BQB);  // [2][BQB][DP] the block's staged dQ shares
     float* sA = sDQ + 2 * BQB * DP;  // [2 stages][BQB]: (c_i - lse_i) log2(e)
     float* sDel = sA + 2 * BQB;
     int* sSt = (int*)(sDel + 2 * BQB);
@@ -417,8 +417,8 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
     const u32 kv_full = bars;
     auto full = [&](int s) { return bars + 8u + 8u * (u32)s; };
     auto empty = [&](int s) { return bars + 24u + 8u * (u32)s; };
-    auto dq_full = [&](int w) { return bars + 40u + 8u * (u32)w; };
-    auto dq_empty = [&](int w) { return bars + 56u + 8u * (u32)w; };
+    auto dq_full = [&](int s) { return bars + 40u + 8u * (u32)s; };
+    auto dq_empty = [&](int s) { return bars + 56u + 8u * (u32)s; };
 
     const int lane = threadIdx.x & 31, warp_all = threadIdx.x >> 5;
     // last key block first: a block waits only on blocks after it, which start no later
@@ -433,7 +433,7 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
         for (int x = 0; x < 2; ++x) {
             mbar_init(full(x), 2);  // the tensor copies' arrival and the row values'
             mbar_init(empty(x), 8);
-            mbar_init(dq_full(x), 4);
+            mbar_init(dq_full(x), 8);
             mbar_init(dq_empty(x), 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -480,7 +480,7 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                 }
             }
         } else if (threadIdx.x == 0) {
-            // the writer: adds each warpgroup's staged share of a tile, in the tile's order
+            // the writer: adds the block's staged share of each tile, in the tile's order
             int u = 0;
             for (int h = hk * group; h < (hk + 1) * group; ++h) {
                 const int bh = b * p.H + h;
@@ -490,17 +490,14 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                     const u32 turn = (u32)(khi - kb);
                     unsigned* sem = P.sem + (long long)bh * nqt + qi;
                     const int rows = min(BQB, p.tq - qi * BQB);
-                    for (int w = 0; w < 2; ++w) {
-                        mbar_wait(dq_full(w), (u32)(u & 1));
-                        if (w == 0) {
-                            while (ld_acquire(sem) != turn) {
-                            }
-                            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                        }
-                        bulk_reduce_add(P.acc + ((long long)bh * p.tq + qi * BQB) * DP, smem_u32(sDQ + w * BQB * DP),
-                                        (u32)(rows * DP * 4));
-                        mbar_arrive(dq_empty(w));
+                    const int s = u & 1;
+                    mbar_wait(dq_full(s), (u32)((u >> 1) & 1));
+                    while (ld_acquire(sem) != turn) {
                     }
+                    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                    bulk_reduce_add(P.acc + ((long long)bh * p.tq + qi * BQB) * DP, smem_u32(sDQ + s * BQB * DP),
+                                    (u32)(rows * DP * 4));
+                    mbar_arrive(dq_empty(s));
                     asm volatile("fence.proxy.async.global;\n" ::: "memory");
                     __threadfence();
                     st_release(sem, turn + 1);
@@ -522,9 +519,9 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
         for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
     const u32 k_s = smem_u32(sK) + (u32)(cw * 64 * 128);  // this warpgroup's 64 keys in each atom
     const u32 v_s = smem_u32(sV) + (u32)(cw * 64 * 128);
-    u16* ds = sDS + cw * 64 * BQB;
-    const u32 ds_s = smem_u32(ds);
-    float* sdq = sDQ + cw * BQB * DP;
+    // dQ = dS K over all 128 keys: each warpgroup forms half of dQ's columns (K read MN-major)
+    constexpr int DH = D / 2;
+    const u32 kq_s = smem_u32(sK) + (u32)((D == 128 ? cw * BKB * 128 : cw * DH * 2));
     mbar_wait(kv_full, 0);
     int u = 0;
 
@@ -582,9 +579,13 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                 }
             u32 ap[NTQ / 2][4], as[NTQ / 2][4];
             wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DS, ap, as, q_s, g_s);
-            // dS^T into this warpgroup's atom (keys as rows) for dQ = dS K, once every warp of the
-            // warpgroup is done reading the previous tile's
-            named_sync128(1 + cw);
+            // dS^T into this warpgroup's atom of the stage (keys as rows). With two stages, the
+            // stage's previous readers (two tiles back) are past the last barrier; with one, wait
+            // until both warpgroups have read the previous tile's
+            const int sd = DSS == 2 ? s : 0;
+            u16* ds = sDS + (sd * 2 + cw) * 64 * BQB;
+            const u32 ds_s = smem_u32(sDS + sd * 2 * 64 * BQB);
+            if constexpr (DSS == 1) named_sync(1);
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
                 const int key = wq * 16 + g + rr * 8;
@@ -593,24 +594,26 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
                     *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
             }
             fence_proxy_async();
-            named_sync128(1 + cw);
-            // the staging tile is free once the writer has added the previous tile's share
-            if (u >= 1) mbar_wait(dq_empty(cw), (u32)((u - 1) & 1));
-#pragma unroll
-            for (int at = 0; at < NA; ++at) {
-                float dQ[32];
+            named_sync(1);  // both warpgroups' dS^T are in place
+            {
+                float dQ[DH / 2];
                 wg_fence();
 #pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    wgmma_tt_n64<BF>(dQ, gmma_desc(ds_s + k * 2048, 64 * 128, 1024),
-                                     gmma_desc(k_s + (u32)(at * BKB * 128 + k * 2048), BKB * 128, 1024), k > 0 ? 1 : 0);
+                for (int k = 0; k < 8; ++k) {
+                    const u64 da = gmma_desc(ds_s + k * 2048, 64 * 128, 1024);
+                    const u64 db = gmma_desc(kq_s + (u32)(k * 2048), BKB * 128, 1024);
+                    if constexpr (D == 128) wgmma_tt_n64<BF>(dQ, da, db, k > 0 ? 1 : 0);
+                    else wgmma_tt_n32<BF>(dQ, da, db, k > 0 ? 1 : 0);
+                }
                 wg_commit();
                 wg_wait0();
+                // the staging tile is free once the writer has added its share of two tiles back
+                if (u >= 2) mbar_wait(dq_empty(s), (u32)(((u >> 1) - 1) & 1));
 #pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
-                    float* srow = sdq + (wq * 16 + g + rr * 8) * DP + at * 64;
+                    float* srow = sDQ + (s * BQB + wq * 16 + g + rr * 8) * DP + cw * DH;
 #pragma unroll
-                    for (int nt = 0; nt < 8; ++nt)
+                    for (int nt = 0; nt < DH / 8; ++nt)
                         *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
                 }
             }
@@ -618,12 +621,12 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
 #pragma unroll
                 for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
-                    for (int c = 0; c < 2; ++c) sdq[(nt * 8 + 2 * t4 + c) * DP + D + wq] = cs[nt][c];
+                    for (int c = 0; c < 2; ++c) sDQ[(s * BQB + nt * 8 + 2 * t4 + c) * DP + D + cw * 4 + wq] = cs[nt][c];
             }
             fence_proxy_async();
             __syncwarp();
             if (lane == 0) {
-                mbar_arrive(dq_full(cw));
+                mbar_arrive(dq_full(s));
                 mbar_arrive(empty(s));  // this warp is done with the stage's Q and dO
             }
         }
@@ -689,14 +692,14 @@ __device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq,
         const long long row = i / (D / 4);  // (b, h, r)
         const int c = (int)(i % (D / 4)) * 4;
         const int r = (int)(row % tq), bh = (int)(row / tq);
-        const float* a = acc + row * (D + 4);
+        const float* a = acc + row * (D + 8);
         const float4 x = *(const float4*)(a + c);
         uint2 y;
         y.x = pack2<BF>(x.x * scale, x.y * scale);
         y.y = pack2<BF>(x.z * scale, x.w * scale);
         const long long o = (((long long)(bh / H) * tq + r) * H + bh % H) * D + c;
         *(uint2*)(dq + o) = y;
-        if (c == 0) dcq[row] = ((a[D] + a[D + 1]) + a[D + 2]) + a[D + 3];
+        if (c == 0) dcq[row] = (((a[D] + a[D + 1]) + (a[D + 2] + a[D + 3])) + ((a[D + 4] + a[D + 5]) + (a[D + 6] + a[D + 7])));
     }
 }
 #define FOX_BWD_V4_DQ(D, TY, BF)                                                                            \

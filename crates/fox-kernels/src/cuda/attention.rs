@@ -890,8 +890,8 @@ struct BwdV4Params {
 unsafe impl DeviceRepr for BwdV4Params {}
 
 /// The v4 backward after the delta kernel: one pass over key blocks of 128 (dk, dv, dck; dq and
-/// dcq added into fp32 scratch [B, H, tq, D + 4] in key-block order), then dq = scale · scratch
-/// in the dtype and dcq from its last column.
+/// dcq added into fp32 scratch [B, H, tq, D + 8] in key-block order), then dq = scale · scratch
+/// in the dtype and dcq from its last eight columns.
 fn backward_v4(
     gpu: &Gpu,
     p: &DevProblem,
@@ -900,7 +900,7 @@ fn backward_v4(
     dcq: &CudaSlice<f32>,
 ) -> Result<()> {
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
-    let acc = gpu.zeros::<f32>(bb * hh * p.tq * (d + 4))?;
+    let acc = gpu.zeros::<f32>(bb * hh * p.tq * (d + 8))?;
     let sem = gpu.zeros::<u32>(bb * hh * p.tq.div_ceil(64))?;
     let hkv = prm.hkv as usize;
     let v4 = BwdV4Params {
@@ -913,9 +913,11 @@ fn backward_v4(
         // dO: contiguous [B, tq, H, D]
         g: view_map("dO", p, (p.tq * hh * d, d, hh * d), prm.dout, p.tq, hh, 64)?,
     };
-    // K, V; Q, dO in two stages; dS^T and the dQ staging per consumer warpgroup; (c - lse),
-    // delta, starts in two stages; 9 barriers
-    let smem = 1024 + (2 * 128 * d + 4 * 64 * d + 2 * 64 * 64) * 2 + 2 * 64 * (d + 4) * 4 + 3 * 2 * 64 * 4 + 9 * 8;
+    // K, V; Q, dO in two stages; dS^T per consumer warpgroup (two stages at D = 64); two dQ
+    // staging tiles; (c - lse), delta, starts in two stages; 9 barriers
+    let ds_stages = if d == 64 { 2 } else { 1 };
+    let smem =
+        1024 + (2 * 128 * d + 4 * 64 * d + ds_stages * 2 * 64 * 64) * 2 + 2 * 64 * (d + 8) * 4 + 3 * 2 * 64 * 4 + 9 * 8;
     let f = kernel(gpu, "bwdv4", p, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1),
@@ -924,7 +926,7 @@ fn backward_v4(
     };
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&v4);
-    // SAFETY: the parameter block matches the kernel; the scratch holds B·H·tq rows of D + 4
+    // SAFETY: the parameter block matches the kernel; the scratch holds B·H·tq rows of D + 8
     // floats and a counter per (b, h, 64-row query tile), as the kernel indexes them.
     unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 backward kernel: {e:?}"))?;
 

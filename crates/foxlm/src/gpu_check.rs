@@ -385,6 +385,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         device,
         dtype,
         recompute: false,
+        dist: None,
     };
     for d in ["cpu", "gpu", "gpu32", "gpu-stop", "cpu-resume"] {
         let _ = std::fs::remove_dir_all(work.join(d));

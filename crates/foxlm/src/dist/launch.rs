@@ -121,9 +121,11 @@ pub fn supervise(mut ranks: Vec<Rank>, grace: Duration) -> Result<Ended> {
     // else the first to end.
     let messages: Vec<Option<String>> =
         ranks.iter().map(|r| std::fs::read_to_string(&r.err_file).ok().filter(|m| !m.trim().is_empty())).collect();
+    let failed = |i: usize| status[i].is_some_and(|s| !s.success() && s.code() != Some(130));
+    let stopped = |i: usize| messages[i].as_deref().is_some_and(|m| m.starts_with(STOPPED));
     let cause = (0..n)
-        .find(|&i| messages[i].as_deref().is_some_and(|m| !m.starts_with(STOPPED)))
-        .or_else(|| (0..n).find(|&i| i == first))
+        .find(|&i| failed(i) && messages[i].is_some() && !stopped(i))
+        .or_else(|| (0..n).find(|&i| failed(i) && !stopped(i)))
         .unwrap_or(first);
     let r = &ranks[cause];
     let why = match (&messages[cause], status[cause]) {
@@ -184,9 +186,12 @@ mod tests {
         ];
         let e = supervise(ranks, Duration::from_secs(5)).unwrap_err().to_string();
         assert!(e.starts_with("rank 1 of 2 failed: boom"), "{e}");
-        // A rank killed by a signal, with no message.
+        // A rank killed by a signal, with no message, while the other says it stopped for it.
         let dir = tempfile::tempdir().unwrap();
-        let ranks = vec![sh(0, "true", dir.path()), sh(1, "kill -9 $$", dir.path())];
+        let ranks = vec![
+            sh(0, "echo 'stopped rank 0: stopping: rank 1 exited' > \"$FOXLM_ERROR_FILE\"; exit 1", dir.path()),
+            sh(1, "kill -9 $$", dir.path()),
+        ];
         let e = supervise(ranks, Duration::from_secs(5)).unwrap_err().to_string();
         assert!(e.contains("rank 1 of 2 failed: it was killed by signal 9"), "{e}");
         let ranks = vec![sh(0, "true", dir.path()), sh(1, "true", dir.path())];

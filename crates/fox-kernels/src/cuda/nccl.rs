@@ -44,8 +44,10 @@ pub fn unique_id() -> Result<Vec<u8>> {
     Ok(id.internal.iter().map(|&c| c as u8).collect())
 }
 
-/// NVLink SHARP / multicast stays off (the GPU hosts are shared; see docs/distributed.md).
-fn nvls_off() -> Result<()> {
+/// NVLink SHARP / multicast stays off (the GPU hosts are shared; see docs/distributed.md): an
+/// error if NCCL_NVLS_ENABLE asks for it, and set to 0 when unset. Call it before starting
+/// threads (it may set the variable).
+pub fn nvls_off() -> Result<()> {
     match std::env::var("NCCL_NVLS_ENABLE") {
         Ok(v) if v.trim() == "0" => Ok(()),
         Ok(v) => bail!(

@@ -292,6 +292,8 @@ fn run_rank(mut a: Args, w: crate::dist::World) -> Result<()> {
     if a.device == fox_kernels::cuda::DeviceArg::Cpu {
         bail!("--device cpu: a multi-process run (WORLD_SIZE {}) trains on GPUs through NCCL", w.size);
     }
+    // Before any thread starts: NCCL reads its environment at the first communicator.
+    fox_kernels::cuda::nccl::nvls_off()?;
     if a.print_config || a.list_presets {
         return run_one(a, None).map(exit_if_interrupted);
     }

@@ -346,6 +346,27 @@ mod tests {
         assert!(err.contains("multiple of --micro-batch × 2"), "{err}");
     }
 
+    /// The backward's buckets (head, blocks, embedding) name every parameter once, and each
+    /// block's bucket holds exactly that block's parameters: a parameter left out would never be
+    /// reduced during the backward.
+    #[test]
+    fn gradient_buckets_cover_every_parameter_once() {
+        let m = crate::model::Model::new(&crate::presets::Variant::FoxPro.config(64, 3, 2));
+        let mut seen = vec![0; m.params.len()];
+        let buckets = std::iter::once(m.head_params())
+            .chain((0..m.layers.len()).rev().map(|l| m.layer_params(l)))
+            .chain(std::iter::once(m.embeddings.0..m.embeddings.0 + 1));
+        for r in buckets {
+            r.for_each(|i| seen[i] += 1);
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{seen:?}");
+        for l in 0..m.layers.len() {
+            let prefix = format!("model.layers.{l}.");
+            assert!(m.layer_params(l).all(|i| m.params.names[i].starts_with(&prefix)));
+            assert_eq!(m.layer_params(l).len(), m.params.names.iter().filter(|n| n.starts_with(&prefix)).count());
+        }
+    }
+
     #[test]
     fn shards_pad_and_partition() {
         let s = Shards::new([10, 3, 8], 2, 3);

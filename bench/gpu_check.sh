@@ -16,9 +16,10 @@ FA=${FOX_ATTN:-}
 FL=${FOXLM:-}
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(attention ops gemm model dist)
-# build only the binaries that are not given and that the parts use (foxlm: the model part)
+# build only the binaries that are not given and that the parts use (foxlm: the model and dist parts)
 build=()
-[ -z "$FA" ] && build+=(-p fox-kernels --bin fox-attn)
+[ -z "$FA" ] && [[ " ${parts[*]} " == *" attention "* || " ${parts[*]} " == *" ops "* || " ${parts[*]} " == *" gemm "* ]] \
+    && build+=(-p fox-kernels --bin fox-attn)
 [ -z "$FL" ] && [[ " ${parts[*]} " == *" model "* || " ${parts[*]} " == *" dist "* ]] && build+=(-p foxlm --bin foxlm)
 if [ ${#build[@]} -gt 0 ]; then
     cargo build --release "${build[@]}" >&2 || exit 1

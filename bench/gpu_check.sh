@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole GPU check: every CUDA kernel against its CPU reference on fresh random inputs, then the
-# whole model on the GPU against the CPU (fixtures in f32 and bf16, training, resume). Each part
-# prints a pass/fail table; the script exits non-zero if any row failed. See docs/gpu.md.
+# whole model on the GPU against the CPU (fixtures in f32 and bf16, training, resume), then
+# data-parallel training through NCCL (dist: on one GPU a world of one rank against the plain
+# trainer; with two GPUs also 2 ranks against 1, resume 2 -> 1 and a killed rank). Each part
+# prints a pass/fail table; the script exits non-zero if any row failed. See docs/gpu.md and
+# docs/distributed.md.
 #
 #   bench/gpu_check.sh                      # everything
-#   bench/gpu_check.sh ops gemm model       # some parts: attention, ops, gemm, model
+#   bench/gpu_check.sh ops gemm model dist  # some parts: attention, ops, gemm, model, dist
 #
 # Uses $FOX_ATTN and $FOXLM (built binaries) if set, else builds them with cargo.
 set -uo pipefail
@@ -12,11 +15,12 @@ cd "$(dirname "$0")/.."
 FA=${FOX_ATTN:-}
 FL=${FOXLM:-}
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(attention ops gemm model)
-# build only the binaries that are not given and that the parts use (foxlm: the model part)
+[ ${#parts[@]} -eq 0 ] && parts=(attention ops gemm model dist)
+# build only the binaries that are not given and that the parts use (foxlm: the model and dist parts)
 build=()
-[ -z "$FA" ] && build+=(-p fox-kernels --bin fox-attn)
-[ -z "$FL" ] && [[ " ${parts[*]} " == *" model "* ]] && build+=(-p foxlm --bin foxlm)
+[ -z "$FA" ] && [[ " ${parts[*]} " == *" attention "* || " ${parts[*]} " == *" ops "* || " ${parts[*]} " == *" gemm "* ]] \
+    && build+=(-p fox-kernels --bin fox-attn)
+[ -z "$FL" ] && [[ " ${parts[*]} " == *" model "* || " ${parts[*]} " == *" dist "* ]] && build+=(-p foxlm --bin foxlm)
 if [ ${#build[@]} -gt 0 ]; then
     cargo build --release "${build[@]}" >&2 || exit 1
 fi
@@ -30,7 +34,8 @@ for p in "${parts[@]}"; do
         ops) "$FA" check-ops || rc=1 ;;
         gemm) "$FA" check-gemm || rc=1 ;;
         model) "$FL" gpu-check || rc=1 ;;
-        *) echo "unknown part $p (attention, ops, gemm, model)"; rc=2 ;;
+        dist) "$FL" gpu-check --only dist || rc=1 ;;
+        *) echo "unknown part $p (attention, ops, gemm, model, dist)"; rc=2 ;;
     esac
 done
 exit $rc

@@ -1543,6 +1543,22 @@ impl<'a> Loader<'a> {
         out
     }
 
+    /// Passes over `n` windows as [`Loader::next_window`] would hand them out (another rank reads
+    /// them in data-parallel training).
+    pub fn skip(&mut self, n: u64) {
+        let per_epoch = self.windows_per_epoch();
+        let mut left = n;
+        while left > 0 {
+            if self.state.index >= per_epoch {
+                self.state.epoch += 1;
+                self.state.index = 0;
+            }
+            let take = left.min(per_epoch - self.state.index);
+            self.state.index += take;
+            left -= take;
+        }
+    }
+
     /// The next `batch` windows as ids (first `seq` tokens) and targets (last `seq`).
     pub fn next_batch(&mut self, batch: usize) -> Batch {
         let seq = self.seq;

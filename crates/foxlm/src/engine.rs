@@ -76,6 +76,11 @@ pub trait Engine {
         max_tokens: u64,
     ) -> Result<Option<f64>>;
     fn describe(&self) -> String;
+    /// Whether any rank has `flag` set (so that every rank of a data-parallel run stops at the
+    /// same step); `flag` itself on one process.
+    fn any_rank(&mut self, flag: bool) -> Result<bool> {
+        Ok(flag)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,12 +226,20 @@ pub struct GpuEngine<T: Elem> {
     grad_scale: f32,
 }
 
-/// The memory plan of a step: parameters, gradients, optimizer state, activations.
-pub fn memory_plan(model: &Model, micro: usize, context: usize, dtype: Dtype, recompute: bool) -> Result<MemoryPlan> {
+/// The memory plan of a step on one GPU (of `world` ranks with ZeRO-1): parameters, gradients,
+/// optimizer state, activations.
+pub fn memory_plan(
+    model: &Model,
+    micro: usize,
+    context: usize,
+    dtype: Dtype,
+    recompute: bool,
+    world: usize,
+) -> Result<MemoryPlan> {
     let mut plan = MemoryPlan::default();
     match dtype {
-        Dtype::Bf16 => Cuda::<half::bf16>::memory_plan(model, micro, context, true, &mut plan),
-        Dtype::F32 => Cuda::<f32>::memory_plan(model, micro, context, true, &mut plan),
+        Dtype::Bf16 => Cuda::<half::bf16>::memory_plan(model, micro, context, true, world, &mut plan),
+        Dtype::F32 => Cuda::<f32>::memory_plan(model, micro, context, true, world, &mut plan),
     }
     let act_bytes = match dtype {
         Dtype::Bf16 => 2,
@@ -236,9 +249,14 @@ pub fn memory_plan(model: &Model, micro: usize, context: usize, dtype: Dtype, re
     Ok(plan)
 }
 
-pub fn format_plan(plan: &MemoryPlan) -> String {
+/// The plan as printed before training; `ranks` > 1: what each rank's GPU holds.
+pub fn format_plan(plan: &MemoryPlan, ranks: usize) -> String {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    let mut s = String::from("memory plan (GPU):\n");
+    let mut s = if ranks > 1 {
+        format!("memory plan (each of the {ranks} GPUs; ZeRO-1 shards the optimizer state):\n")
+    } else {
+        String::from("memory plan (GPU):\n")
+    };
     for (what, b) in &plan.items {
         s += &format!("  {:>9.3} GiB  {what}\n", gib(*b));
     }
@@ -274,6 +292,22 @@ impl<T: Elem> GpuEngine<T> {
         recompute: bool,
         plan: &MemoryPlan,
     ) -> Result<Self> {
+        Self::new_rank(gpu, model, opt, micro, context, recompute, plan, None)
+    }
+
+    /// [`GpuEngine::new`] as one rank of a data-parallel run when `nccl` is given: gradients
+    /// reduce-scattered in buckets during the backward, optimizer state sharded (ZeRO-1).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_rank(
+        gpu: Arc<Gpu>,
+        model: &Model,
+        opt: &AdamW,
+        micro: usize,
+        context: usize,
+        recompute: bool,
+        plan: &MemoryPlan,
+        nccl: Option<fox_kernels::cuda::nccl::Nccl>,
+    ) -> Result<Self> {
         // Freed buffers go back to the driver at a synchronisation: count them as free.
         gpu.sync()?;
         let (free, total) = gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
@@ -281,8 +315,11 @@ impl<T: Elem> GpuEngine<T> {
         if plan.total() + (512 << 20) > free {
             return Err(too_big(plan, free, total));
         }
-        let build = || -> Result<Self> {
+        let build = move || -> Result<Self> {
             let mut be = Cuda::<T>::new(gpu.clone(), model, micro, context, true)?;
+            if let Some(nccl) = nccl {
+                be.enable_zero1(nccl)?;
+            }
             be.init_optimizer(opt)?;
             let batch = be.new_batch(micro * context, micro)?;
             let acts = if recompute {
@@ -374,13 +411,23 @@ impl<T: Elem> Engine for GpuEngine<T> {
     ) -> Result<StepStats> {
         anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);
         self.be.zero_grads()?;
-        let mut loss_sum = 0.0;
-        for _ in 0..accum {
+        // Each rank reads its part of the step's windows (all of them on one GPU); the last
+        // micro-batch's backward reduces the gradients bucket by bucket as it goes.
+        let (rank, world) = self.be.world();
+        let slice = crate::dist::StepSlice::new(micro, accum, rank, world)?;
+        loader.skip(slice.before);
+        let mut loss_sum = [0.0f64];
+        for k in 0..slice.micro_batches {
             let b = loader.next_batch(micro);
-            loss_sum += self.micro_step(model, &b.ids, &b.targets, accum)?;
+            self.be.set_reduce(k + 1 == slice.micro_batches);
+            loss_sum[0] += self.micro_step(model, &b.ids, &b.targets, accum)?;
         }
+        self.be.set_reduce(false);
+        loader.skip(slice.after);
+        self.be.dist_sum(&mut loss_sum)?;
         let grad_norm = self.clip(max_norm)?;
-        Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
+        crate::dist::heartbeat();
+        Ok(StepStats { loss: loss_sum[0] / accum as f64, grad_norm })
     }
     fn update(&mut self, _model: &mut Model, _opt: &mut AdamW, lr: f64) -> Result<()> {
         self.be.adamw_step(lr, self.grad_scale)
@@ -417,10 +464,19 @@ impl<T: Elem> Engine for GpuEngine<T> {
             sum += s;
             count += n;
             done += b;
+            crate::dist::heartbeat();
         }
         Ok((count > 0).then(|| sum / count as f64))
     }
     fn describe(&self) -> String {
-        format!("{} ({})", self.be.gpu.describe(), T::NAME)
+        match self.be.world() {
+            (_, 1) if self.be.zero.is_none() => format!("{} ({})", self.be.gpu.describe(), T::NAME),
+            (rank, world) => format!("{} ({}), rank {rank} of {world} (NCCL, ZeRO-1)", self.be.gpu.describe(), T::NAME),
+        }
+    }
+    fn any_rank(&mut self, flag: bool) -> Result<bool> {
+        let mut v = [if flag { 1.0 } else { 0.0 }];
+        self.be.dist_sum(&mut v)?;
+        Ok(v[0] > 0.0)
     }
 }

@@ -20,6 +20,7 @@ use safetensors::SafeTensors;
 use std::path::Path;
 use std::sync::Arc;
 
+pub mod dist;
 pub mod infer;
 
 pub const VARIANTS: [&str; 7] = [
@@ -354,18 +355,21 @@ fn model_rows(
 /// GPU must end within 0.05 nats of f32 on the CPU (final training and validation loss). Then the
 /// GPU run is stopped half-way and resumed on the GPU (the loss trajectory must continue: same
 /// losses, up to 1e-5) and on the CPU (a GPU checkpoint must resume there).
-pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec<CheckRow>> {
+/// The training checks' dataset (the sample, prepared once into `work`/data).
+pub fn check_data(sample: &Path, work: &Path) -> Result<std::path::PathBuf> {
     use crate::data::{prepare, PrepareOptions};
-    use crate::engine::Dtype;
-    use crate::train::{read_metrics, train, RunConfig, TrainOptions};
-    use fox_kernels::cuda::DeviceArg;
-    let mut rows = Vec::new();
     let data = work.join("data");
     if !data.join(crate::data::MANIFEST_FILE).exists() {
         prepare(&[sample.to_path_buf()], &data, &PrepareOptions { progress: false, ..Default::default() })?;
     }
+    Ok(data)
+}
+
+/// The training checks' run: a FoX (Pro) with d = 128, 2 layers, head dim 64, for `steps` steps
+/// of the tiny preset's batch.
+pub fn check_run(steps: u64) -> crate::train::RunConfig {
     let p = crate::presets::tiny();
-    let mut run = RunConfig { model: crate::presets::Variant::FoxPro.config(128, 2, 2), train: p.train };
+    let mut run = crate::train::RunConfig { model: crate::presets::Variant::FoxPro.config(128, 2, 2), train: p.train };
     run.train.total_tokens = steps * run.train.tokens_per_step();
     // A long warm-up to a moderate peak: the tiny preset's 1e-2 reached in 15 steps gives a loss
     // spike that amplifies summation-order differences (measured on an H100, 2026-11-24: then f32
@@ -375,6 +379,16 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
     run.train.peak_lr = 2e-3;
     run.train.min_lr = 3e-4;
     run.train.checkpoint_every = 0;
+    run
+}
+
+pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec<CheckRow>> {
+    use crate::engine::Dtype;
+    use crate::train::{read_metrics, train, TrainOptions};
+    use fox_kernels::cuda::DeviceArg;
+    let mut rows = Vec::new();
+    let data = check_data(sample, work)?;
+    let run = check_run(steps);
     let opts = |out: &str, device: DeviceArg, dtype: Option<Dtype>| TrainOptions {
         data: data.clone(),
         out: work.join(out),
@@ -385,6 +399,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         device,
         dtype,
         recompute: false,
+        dist: None,
     };
     for d in ["cpu", "gpu", "gpu32", "gpu-stop", "cpu-resume"] {
         let _ = std::fs::remove_dir_all(work.join(d));

@@ -82,23 +82,39 @@ impl AdamW {
     fn begin(&mut self, params: &Params, n_grads: usize) -> (f64, f64) {
         assert_eq!(n_grads, params.len(), "one gradient per parameter");
         self.step += 1;
-        let t = self.step as i32;
-        (1.0 - self.config.beta1.powi(t), 1.0 - self.config.beta2.powi(t))
+        bias_corrections(&self.config, self.step)
     }
 
     /// The step's constants for a parameter of `kind` (None: frozen, not updated).
     fn hyper(&self, kind: ParamKind, lr: f64, bc1: f64, bc2: f64, grad_scale: f32) -> Option<AdamWStep> {
-        let c = self.config;
-        (kind != ParamKind::Frozen).then(|| AdamWStep {
-            beta1: c.beta1 as f32,
-            beta2: c.beta2 as f32,
-            eps: c.eps as f32,
-            step_size: (lr / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
-            decay: if kind == ParamKind::Matrix { (1.0 - lr * c.weight_decay) as f32 } else { 1.0 },
-            gscale: grad_scale,
-        })
+        step_constants(&self.config, kind, lr, (bc1, bc2), grad_scale)
     }
+}
+
+/// 1 − β1^t and 1 − β2^t for update number `step` (1-based).
+pub fn bias_corrections(c: &AdamWConfig, step: u64) -> (f64, f64) {
+    let t = step as i32;
+    (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t))
+}
+
+/// The per-element constants of one update for a parameter of `kind` (None: frozen), given the
+/// bias corrections of [`bias_corrections`]; shared with the sharded (ZeRO-1) optimizer.
+pub fn step_constants(
+    c: &AdamWConfig,
+    kind: ParamKind,
+    lr: f64,
+    (bc1, bc2): (f64, f64),
+    grad_scale: f32,
+) -> Option<AdamWStep> {
+    (kind != ParamKind::Frozen).then(|| AdamWStep {
+        beta1: c.beta1 as f32,
+        beta2: c.beta2 as f32,
+        eps: c.eps as f32,
+        step_size: (lr / bc1) as f32,
+        bc2_sqrt: bc2.sqrt() as f32,
+        decay: if kind == ParamKind::Matrix { (1.0 - lr * c.weight_decay) as f32 } else { 1.0 },
+        gscale: grad_scale,
+    })
 }
 
 /// Elements per parallel task of the optimizer and the norm (64 KiB of f32).
@@ -111,9 +127,14 @@ pub fn global_norm(grads: &[Vec<f32>], params: &Params) -> f64 {
         .iter()
         .zip(&params.kinds)
         .filter(|(_, k)| **k != ParamKind::Frozen)
-        .map(|(g, _)| g.par_chunks(CHUNK).map(simd::sum_squares_f64).collect::<Vec<f64>>().iter().sum::<f64>())
+        .map(|(g, _)| sum_squares(g))
         .sum::<f64>()
         .sqrt()
+}
+
+/// Σ x² in f64, in fixed-size chunks summed in order (independent of the thread count).
+pub fn sum_squares(x: &[f32]) -> f64 {
+    x.par_chunks(CHUNK).map(simd::sum_squares_f64).collect::<Vec<f64>>().iter().sum::<f64>()
 }
 
 /// PyTorch's `clip_grad_norm_` factor for a global norm: max_norm / (norm + 1e-6) when that is

@@ -542,6 +542,9 @@ pub struct TrainOptions {
     pub dtype: Option<Dtype>,
     /// Keep only each block's input and recompute the block in the backward (`--recompute`, GPU).
     pub recompute: bool,
+    /// This process is one rank of a data-parallel run (GPU `world.local_rank`, NCCL): it reads
+    /// its part of each step's windows; only rank 0 writes metrics and checkpoints.
+    pub dist: Option<crate::dist::DistRun>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -685,6 +688,9 @@ fn make_engine(
     context: usize,
 ) -> Result<Box<dyn Engine>> {
     use fox_kernels::cuda::Device;
+    if let Some(d) = &opts.dist {
+        return make_rank_engine(model, opt, opts, micro, context, d);
+    }
     match fox_kernels::cuda::select(opts.device)? {
         Device::Cpu => {
             if opts.dtype == Some(Dtype::Bf16) {
@@ -697,9 +703,9 @@ fn make_engine(
         }
         Device::Cuda(gpu) => {
             let dtype = opts.dtype.unwrap_or_default();
-            let plan = memory_plan(model, micro, context, dtype, opts.recompute)?;
+            let plan = memory_plan(model, micro, context, dtype, opts.recompute, 1)?;
             if opts.verbose {
-                eprint!("{}", format_plan(&plan));
+                eprint!("{}", format_plan(&plan, 1));
             }
             Ok(match dtype {
                 Dtype::Bf16 => {
@@ -709,6 +715,59 @@ fn make_engine(
             })
         }
     }
+}
+
+/// The engine of one rank of a data-parallel run: GPU LOCAL_RANK, joined to the others through
+/// NCCL with the id of the rendezvous.
+fn make_rank_engine(
+    model: &Model,
+    opt: &AdamW,
+    opts: &TrainOptions,
+    micro: usize,
+    context: usize,
+    d: &crate::dist::DistRun,
+) -> Result<Box<dyn Engine>> {
+    let w = &d.world;
+    let n = fox_kernels::cuda::probe().context("training on several GPUs")?;
+    // Under a cluster launcher each rank may see only its own GPU (CUDA_VISIBLE_DEVICES).
+    let ordinal = if w.local_rank < n {
+        w.local_rank
+    } else if n == 1 {
+        0
+    } else {
+        bail!("LOCAL_RANK {} but this machine shows {n} GPUs (0..{n})", w.local_rank)
+    };
+    if let fox_kernels::cuda::DeviceArg::Cuda(c) = opts.device {
+        if c != ordinal {
+            bail!(
+                "--device cuda:{c} with LOCAL_RANK {}: each rank uses its LOCAL_RANK's GPU; drop --device",
+                w.local_rank
+            );
+        }
+    }
+    let gpu = fox_kernels::cuda::Gpu::new(ordinal)?;
+    let dtype = opts.dtype.unwrap_or_default();
+    let plan = memory_plan(model, micro, context, dtype, opts.recompute, w.size)?;
+    if opts.verbose {
+        eprint!("{}", format_plan(&plan, w.size));
+    }
+    let nccl = fox_kernels::cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
+    crate::dist::heartbeat();
+    Ok(match dtype {
+        Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new_rank(
+            gpu,
+            model,
+            opt,
+            micro,
+            context,
+            opts.recompute,
+            &plan,
+            Some(nccl),
+        )?),
+        Dtype::F32 => {
+            Box::new(GpuEngine::<f32>::new_rank(gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))?)
+        }
+    })
 }
 
 /// Trains `run` on the dataset in `opts.data`, writing into `opts.out`. With `opts.resume`, the
@@ -740,6 +799,17 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     };
     run.model.validate().context("model configuration")?;
     run.train.validate().context("training configuration")?;
+    // In a data-parallel run only rank 0 writes (metrics, plots, checkpoints).
+    let rank0 = opts.dist.as_ref().is_none_or(|d| d.world.rank == 0);
+    if let Some(d) = &opts.dist {
+        crate::dist::StepSlice::new(
+            run.train.micro_batch,
+            run.train.batch_size / run.train.micro_batch,
+            0,
+            d.world.size,
+        )
+        .context("training configuration")?;
+    }
     // Parameters, gradients and AdamW's two moments, before anything is allocated.
     crate::validate::check_memory(
         4 * run.model.param_bytes(),
@@ -763,7 +833,9 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     run.model.extra.insert(TEXT_FORMAT_KEY.into(), serde_json::json!(ds.manifest().text_format.as_str()));
     let mut loader = Loader::new(&ds, Split::Train, tc.context, tc.seed, true)?;
     let hash = config_hash(&run, &data_fingerprint(&ds));
-    check_output_dir(out)?;
+    if rank0 {
+        check_output_dir(out)?;
+    }
 
     let (mut model, mut opt, mut state) = match resumed {
         Some(ck) => {
@@ -811,8 +883,10 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     // Cadence settings may change on resume; the state records the run as now configured.
     state.run = run.clone();
     state.data_dir = opts.data.display().to_string();
-    let run_json = serde_json::to_string_pretty(&run).unwrap();
-    replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
+    if rank0 {
+        let run_json = serde_json::to_string_pretty(&run).unwrap();
+        replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
+    }
 
     let total_steps = tc.total_steps();
     let title = format!("{} {}", run.model.num_hidden_layers, "layers");
@@ -845,7 +919,10 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             elapsed_s: 0.0,
         });
     }
-    let mut metrics = MetricsLog::open(out, if state.step > 0 || opts.resume { Some(state.step) } else { None })?;
+    let mut metrics = match rank0 {
+        true => Some(MetricsLog::open(out, if state.step > 0 || opts.resume { Some(state.step) } else { None })?),
+        false => None,
+    };
     let schedule = tc.schedule();
     let accum = tc.batch_size / tc.micro_batch;
     let mut engine = make_engine(&model, &opt, opts, tc.micro_batch, tc.context)?;
@@ -882,22 +959,24 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     let validate = |engine: &mut Box<dyn Engine>,
                     model: &mut Model,
                     state: &mut TrainerState,
-                    metrics: &mut MetricsLog|
+                    metrics: &mut Option<MetricsLog>|
      -> Result<Option<f64>> {
         let v = engine.validation_loss(model, &ds, tc.context, tc.eval_tokens)?;
         if let Some(v) = v {
             state.last_val_loss = Some(v);
-            metrics.write(&Metric {
-                kind: "val".into(),
-                step: state.step,
-                tokens: state.tokens_seen,
-                loss: None,
-                val_loss: Some(v),
-                lr: None,
-                grad_norm: None,
-                tokens_per_s: None,
-                elapsed_s: elapsed0 + run_start.elapsed().as_secs_f64(),
-            })?;
+            if let Some(metrics) = metrics.as_mut() {
+                metrics.write(&Metric {
+                    kind: "val".into(),
+                    step: state.step,
+                    tokens: state.tokens_seen,
+                    loss: None,
+                    val_loss: Some(v),
+                    lr: None,
+                    grad_norm: None,
+                    tokens_per_s: None,
+                    elapsed_s: elapsed0 + run_start.elapsed().as_secs_f64(),
+                })?;
+            }
         }
         Ok(v)
     };
@@ -954,7 +1033,8 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         last_loss = Some(loss);
         let dt = t0.elapsed().as_secs_f64();
         let tps = steps_this_run as f64 * tc.tokens_per_step() as f64 / run_start.elapsed().as_secs_f64();
-        if state.step % tc.log_every == 0 || state.step == total_steps {
+        if let Some(metrics) = metrics.as_mut().filter(|_| state.step % tc.log_every == 0 || state.step == total_steps)
+        {
             metrics.write(&Metric {
                 kind: "train".into(),
                 step: state.step,
@@ -982,31 +1062,39 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             if let Some(v) = validate(&mut engine, &mut model, &mut state, &mut metrics)? {
                 say(format!("step {}: validation loss {v:.4}", state.step));
             }
-            let _ = plot_losses(out, &plot_title);
+            if rank0 {
+                let _ = plot_losses(out, &plot_title);
+            }
         }
+        // Every rank stops at the same step (Ctrl-C may reach them at different ones).
         let stop = STOP.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| state.step >= s);
+        let stop = engine.any_rank(stop)?;
         let checkpoint_now = (tc.checkpoint_every > 0 && state.step % tc.checkpoint_every == 0) || stop;
         if done || checkpoint_now {
             engine.sync(&mut model, &mut opt)?;
         }
         if done {
             state.finished = true;
-            let p = save(FINAL_DIR, &model, &opt, &state, &last_saved)?;
-            last_saved = Some(p);
+            if rank0 {
+                last_saved = Some(save(FINAL_DIR, &model, &opt, &state, &last_saved)?);
+            }
             break;
         }
-        if checkpoint_now {
+        if checkpoint_now && rank0 {
             let p = save(&format!("checkpoint-{:06}", state.step), &model, &opt, &state, &last_saved)?;
             prune_checkpoints(out, tc.keep_last);
             last_saved = Some(p);
         }
+        crate::dist::heartbeat();
         if stop {
             outcome = Outcome::Interrupted;
             break;
         }
     }
     pb.finish_and_clear();
-    let _ = plot_losses(out, &plot_title);
+    if rank0 {
+        let _ = plot_losses(out, &plot_title);
+    }
     let elapsed = t_start.elapsed().as_secs_f64();
     Ok(TrainReport {
         outcome,

@@ -55,6 +55,7 @@ fn opts(data: &Path, out: &Path) -> TrainOptions {
         device: fox_kernels::cuda::DeviceArg::Cpu,
         dtype: None,
         recompute: false,
+        dist: None,
     }
 }
 

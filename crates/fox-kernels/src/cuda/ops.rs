@@ -1093,14 +1093,39 @@ pub fn adamw<T: Elem>(
     step: u64,
     grad_scale: f32,
 ) -> Result<()> {
+    let copy = copy.map(|c| (c, 0));
+    adamw_shard(gpu, (w, 0), copy, (g, 0), m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale)
+}
+
+/// [`adamw`] on one rank's shard of a tensor (ZeRO-1): the moments hold the shard's `n` elements;
+/// the weights, the working copy and the gradient are read and written from their offsets on
+/// (the shard's place in the whole tensor, or 0 for a buffer that holds only the shard).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_shard<T: Elem>(
+    gpu: &Gpu,
+    w: (&mut CudaSlice<f32>, usize),
+    copy: Option<(&mut CudaSlice<T>, usize)>,
+    g: (&CudaSlice<f32>, usize),
+    m: &mut CudaSlice<f32>,
+    v: &mut CudaSlice<f32>,
+    n: usize,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    step: u64,
+    grad_scale: f32,
+) -> Result<()> {
     let op = "adamw";
     ensure!(step >= 1 && step <= i32::MAX as u64, "{op}: step {step} must be in 1..2^31 (1 for the first update)");
-    need(op, "w", w, n)?;
-    need(op, "g", g, n)?;
+    let ((w, w0), (g, g0)) = (w, g);
+    need(op, "w", w, w0 + n)?;
+    need(op, "g", g, g0 + n)?;
     need(op, "m", m, n)?;
     need(op, "v", v, n)?;
-    if let Some(c) = &copy {
-        need(op, "copy", c, n)?;
+    if let Some((c, c0)) = &copy {
+        need(op, "copy", c, c0 + n)?;
     }
     if n == 0 {
         return Ok(());
@@ -1112,16 +1137,16 @@ pub fn adamw<T: Elem>(
     let step_size = (lr as f64 / bc1) as f32;
     let bc2_sqrt = bc2.sqrt() as f32;
     let decay = (1.0 - lr as f64 * weight_decay as f64) as f32;
-    let pcopy = copy.map_or(0, |c| ptr(gpu, c));
+    let pcopy = copy.map_or(0, |(c, c0)| ptr(gpu, c) + (c0 * std::mem::size_of::<T>()) as u64);
     launch(
         gpu,
         &kname::<T>(op),
         grid1(n.div_ceil(256).min(1 << 16))?,
         256,
         &[
-            Arg::P(ptr(gpu, w)),
+            Arg::P(ptr(gpu, w) + (w0 * 4) as u64),
             Arg::P(pcopy),
-            Arg::P(ptr(gpu, g)),
+            Arg::P(ptr(gpu, g) + (g0 * 4) as u64),
             Arg::P(ptr(gpu, m)),
             Arg::P(ptr(gpu, v)),
             Arg::L(n as i64),
@@ -1142,12 +1167,25 @@ const SUMSQ_MAX_BLOCKS: usize = 1024;
 /// out[slot] = Σ x² over x[..n], accumulated in f64 (fixed grid from n alone, fixed-order sums)
 /// and stored as f32; the host downloads `out` once per step for the global norm.
 pub fn sum_squares(gpu: &Gpu, out: &mut CudaSlice<f32>, slot: usize, x: &CudaSlice<f32>, n: usize) -> Result<()> {
+    sum_squares_at(gpu, out, slot, x, 0, n)
+}
+
+/// [`sum_squares`] over x[offset..offset + n] (one rank's shard of a gradient).
+pub fn sum_squares_at(
+    gpu: &Gpu,
+    out: &mut CudaSlice<f32>,
+    slot: usize,
+    x: &CudaSlice<f32>,
+    offset: usize,
+    n: usize,
+) -> Result<()> {
     let op = "sum_squares";
     ensure!(slot < out.len(), "{op}: slot {slot} is outside `out` of {} elements", out.len());
-    need(op, "x", x, n)?;
+    need(op, "x", x, offset + n)?;
     let blocks = n.div_ceil(2048).clamp(1, SUMSQ_MAX_BLOCKS);
     let part = scratch(gpu, 2 * blocks)?;
-    launch(gpu, "sumsq_part", grid1(blocks)?, 256, &[Arg::P(part), Arg::P(ptr(gpu, x)), Arg::L(n as i64)])?;
+    let px = ptr(gpu, x) + (offset * 4) as u64;
+    launch(gpu, "sumsq_part", grid1(blocks)?, 256, &[Arg::P(part), Arg::P(px), Arg::L(n as i64)])?;
     launch(
         gpu,
         "sumsq_final",

@@ -17,6 +17,7 @@ use fox_kernels::cuda::compile::MODEL;
 use fox_kernels::cuda::cudarc::driver as cudarc_event;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use fox_kernels::cuda::gemm::Gemm;
+use fox_kernels::cuda::nccl::{self, Nccl};
 use fox_kernels::cuda::ops::{self, EmbeddingIndex};
 use fox_kernels::cuda::{attention_f32, Elem, Gpu};
 use std::sync::Arc;
@@ -79,6 +80,22 @@ pub struct DeviceParam<T> {
     pub master: CudaSlice<f32>,
     pub copy: Option<CudaSlice<T>>,
     pub grad: CudaSlice<f32>,
+}
+
+/// ZeRO-1 over the ranks of a data-parallel run (see `crate::dist`): every tensor is cut into
+/// `world` shards. Each rank keeps the whole gradients and working copies (padded to `world`
+/// shards), the whole fp32 weights of the vectors (norms, biases: the forward reads them), but
+/// only its shard of the matrices' fp32 master weights and of every AdamW moment.
+pub struct Zero1 {
+    pub nccl: Nccl,
+    pub shards: crate::dist::Shards,
+    /// Reduce each bucket of gradients as soon as the backward is done with it (set for the
+    /// last micro-batch of a step).
+    pub reduce: bool,
+    /// Parameters whose gradients are not reduced yet this step.
+    pending: Vec<bool>,
+    /// A few f64 on the device for [`Cuda::dist_sum`].
+    scalars: CudaSlice<f64>,
 }
 
 /// AdamW's moments on the device, one pair per trainable parameter.
@@ -168,6 +185,8 @@ pub struct Cuda<T: Elem> {
     pub gemv: bool,
     /// Stacked projections for fused decode steps ([`Cuda::prepare_fused_decode`]).
     fused: fused::FusedDecode<T>,
+    /// Data-parallel training with sharded optimizer state ([`Cuda::enable_zero1`]).
+    pub zero: Option<Zero1>,
 }
 
 /// The batch on the device.
@@ -265,6 +284,7 @@ impl<T: Elem> Cuda<T> {
             decode_pos: None,
             gemv: true,
             fused: Default::default(),
+            zero: None,
             gemm,
             params,
             kinds: p.kinds.clone(),
@@ -275,18 +295,35 @@ impl<T: Elem> Cuda<T> {
         })
     }
 
-    /// Device memory of parameters, gradients, optimizer state and the head's chunk, by name.
-    pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, plan: &mut MemoryPlan) {
+    /// Device memory of parameters, gradients, optimizer state and the head's chunk, by name,
+    /// on each of `world` ranks (ZeRO-1 shards the matrices' master weights and the moments).
+    pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, world: usize, plan: &mut MemoryPlan) {
         let p = &model.params;
         let numel = p.numel();
         let matrix: usize =
             p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
         let tb = std::mem::size_of::<T>();
-        plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), 4 * numel);
-        plan.add(format!("{} weight copies of the matrices", T::NAME), tb * matrix);
-        if train {
-            plan.add("fp32 gradients", 4 * numel);
-            plan.add("AdamW moments (fp32 m, v)", 8 * numel);
+        if world > 1 && train {
+            let shard = |n: usize| n.div_ceil(world);
+            let largest = p.tensors.iter().map(|t| t.numel()).max().unwrap_or(0);
+            plan.add(
+                format!(
+                    "fp32 master weights: 1/{world} of the matrices, all vectors ({:.1} M in all)",
+                    numel as f64 / 1e6
+                ),
+                4 * (shard(matrix) + numel - matrix),
+            );
+            plan.add(format!("{} weight copies of the matrices (whole)", T::NAME), tb * matrix);
+            plan.add("fp32 gradients (whole)", 4 * numel);
+            plan.add(format!("AdamW moments (fp32 m, v): 1/{world}"), 8 * shard(numel));
+            plan.add("checkpoint gather buffer (largest tensor)", 4 * largest);
+        } else {
+            plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), 4 * numel);
+            plan.add(format!("{} weight copies of the matrices", T::NAME), tb * matrix);
+            if train {
+                plan.add("fp32 gradients", 4 * numel);
+                plan.add("AdamW moments (fp32 m, v)", 8 * numel);
+            }
         }
         let vocab = padded_vocab(model.config.vocab_size);
         let head_rows = head_chunk_rows(vocab, batch * seq);
@@ -324,7 +361,8 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    /// Creates AdamW's moments (zeros), or uploads those of a resumed run.
+    /// Creates AdamW's moments (zeros), or uploads those of a resumed run (with ZeRO-1, this
+    /// rank's shard of them).
     pub fn init_optimizer(&mut self, opt: &AdamW) -> Result<()> {
         let mut m = Vec::with_capacity(self.params.len());
         let mut v = Vec::with_capacity(self.params.len());
@@ -335,10 +373,13 @@ impl<T: Elem> Cuda<T> {
                 "optimizer state of {} has the wrong size",
                 self.names[i]
             );
-            let cap = self.params[i].master.len();
+            let (cap, own) = match &self.zero {
+                Some(z) => (z.shards.shard[i], z.shards.own_within(i, n)),
+                None => (self.params[i].master.len(), 0..n),
+            };
             let (mut mi, mut vi) = (self.gpu.zeros::<f32>(cap)?, self.gpu.zeros::<f32>(cap)?);
-            upload_into(&self.gpu, &opt.m[i], &mut mi)?;
-            upload_into(&self.gpu, &opt.v[i], &mut vi)?;
+            upload_into(&self.gpu, &opt.m[i][own.clone()], &mut mi)?;
+            upload_into(&self.gpu, &opt.v[i][own], &mut vi)?;
             m.push(mi);
             v.push(vi);
         }
@@ -353,6 +394,11 @@ impl<T: Elem> Cuda<T> {
         for p in &mut self.params {
             stream.memset_zeros(&mut p.grad).map_err(|e| anyhow!("zeroing gradients: {e:?}"))?;
         }
+        if let Some(z) = self.zero.as_mut() {
+            for (i, k) in self.kinds.iter().enumerate() {
+                z.pending[i] = *k != ParamKind::Frozen;
+            }
+        }
         Ok(())
     }
 
@@ -360,12 +406,26 @@ impl<T: Elem> Cuda<T> {
     /// sums on the device, then f64 on the host). Waits for the GPU.
     pub fn grad_norm(&mut self) -> Result<f64> {
         self.mark(Family::Optimizer)?;
+        // With ZeRO-1: the gradients not reduced during the backward, then each rank's shard
+        // sums, added over the ranks.
+        self.reduce_grads(0..self.params.len())?;
+        if let Some(z) = &self.zero {
+            z.nccl.before()?;
+        }
         for i in 0..self.params.len() {
             if self.kinds[i] == ParamKind::Frozen {
                 continue;
             }
-            let n = self.params[i].grad.len();
-            ops::sum_squares(&self.gpu, &mut self.sumsq, i, &self.params[i].grad, n)?;
+            let (at, n) = match &self.zero {
+                Some(z) => (z.shards.own(i).start, z.shards.shard[i]),
+                None => (0, self.params[i].grad.len()),
+            };
+            ops::sum_squares_at(&self.gpu, &mut self.sumsq, i, &self.params[i].grad, at, n)?;
+        }
+        if let Some(z) = &self.zero {
+            z.nccl.after()?;
+            z.nccl.all_reduce_sum(&mut self.sumsq, self.params.len())?;
+            z.nccl.before()?;
         }
         let s = self.gpu.download(&self.sumsq)?;
         Ok(s.iter()
@@ -388,12 +448,20 @@ impl<T: Elem> Cuda<T> {
                 continue;
             }
             let wd = if kind == ParamKind::Matrix { c.weight_decay as f32 } else { 0.0 };
-            let n = p.master.len();
-            ops::adamw::<T>(
+            // With ZeRO-1 this rank's shard: the matrices' master holds only the shard, the
+            // vectors' the whole tensor.
+            let (n, at, master_at) = match &self.zero {
+                Some(z) => {
+                    let at = z.shards.own(i).start;
+                    (z.shards.shard[i], at, if p.copy.is_some() { 0 } else { at })
+                }
+                None => (p.master.len(), 0, 0),
+            };
+            ops::adamw_shard::<T>(
                 &self.gpu,
-                &mut p.master,
-                p.copy.as_mut(),
-                &p.grad,
+                (&mut p.master, master_at),
+                p.copy.as_mut().map(|c| (c, at)),
+                (&p.grad, at),
                 &mut opt.m[i],
                 &mut opt.v[i],
                 n,
@@ -406,13 +474,138 @@ impl<T: Elem> Cuda<T> {
                 grad_scale,
             )?;
         }
+        // Every rank's new weights to every rank: the working copies of the matrices, the fp32
+        // vectors.
+        if let Some(z) = &self.zero {
+            z.nccl.after()?;
+            z.nccl.group_start()?;
+            let gathered = (|| -> Result<()> {
+                for (i, p) in self.params.iter_mut().enumerate() {
+                    if self.kinds[i] == ParamKind::Frozen {
+                        continue;
+                    }
+                    let shard = z.shards.shard[i];
+                    match p.copy.as_mut() {
+                        Some(c) => z.nccl.all_gather_as(c, shard, nccl::elem_type::<T>())?,
+                        None => z.nccl.all_gather(&mut p.master, shard)?,
+                    }
+                }
+                Ok(())
+            })();
+            z.nccl.group_end()?;
+            gathered?;
+            z.nccl.before()?;
+        }
         Ok(())
+    }
+
+    /// Turns this backend into one rank of a data-parallel run with ZeRO-1 (before
+    /// [`Cuda::init_optimizer`]): pads the gradients and working copies to `world` shards and
+    /// keeps only this rank's shard of the matrices' master weights.
+    pub fn enable_zero1(&mut self, nccl: Nccl) -> Result<()> {
+        ensure!(self.opt.is_none(), "enable_zero1 must come before init_optimizer");
+        let (rank, world) = (nccl.rank, nccl.world);
+        let shards = crate::dist::Shards::new(self.params.iter().map(|p| p.master.len()), rank, world);
+        let gpu = self.gpu.clone();
+        for (i, p) in self.params.iter_mut().enumerate() {
+            let (cap, pad, own) = (p.master.len(), shards.padded(i), shards.own(i));
+            if p.grad.len() == cap {
+                p.grad = gpu.zeros(pad)?;
+            }
+            if let Some(c) = p.copy.as_mut() {
+                let mut whole = gpu.zeros::<T>(pad)?;
+                dtod(&gpu, c, 0, &mut whole, 0, cap)?;
+                *c = whole;
+                // The matrix's fp32 weights: this rank's shard only.
+                let mut mine = gpu.zeros::<f32>(shards.shard[i])?;
+                let have = own.start.min(cap)..own.end.min(cap);
+                dtod(&gpu, &p.master, have.start, &mut mine, 0, have.len())?;
+                p.master = mine;
+            } else {
+                let mut whole = gpu.zeros::<f32>(pad)?;
+                dtod(&gpu, &p.master, 0, &mut whole, 0, cap)?;
+                p.master = whole;
+            }
+        }
+        let n = self.params.len();
+        self.zero = Some(Zero1 { nccl, shards, reduce: false, pending: vec![false; n], scalars: gpu.zeros::<f64>(8)? });
+        gpu.sync()
+    }
+
+    /// (rank, world) of a data-parallel run; (0, 1) otherwise.
+    pub fn world(&self) -> (usize, usize) {
+        self.zero.as_ref().map_or((0, 1), |z| (z.nccl.rank, z.nccl.world))
+    }
+
+    /// Sets whether the backward reduces each bucket of gradients as it finishes it.
+    pub fn set_reduce(&mut self, on: bool) {
+        if let Some(z) = self.zero.as_mut() {
+            z.reduce = on;
+        }
+    }
+
+    /// Starts the reduce-scatter of the gradients of `ids` not yet reduced this step, on the
+    /// NCCL stream after the work queued so far.
+    fn reduce_grads(&mut self, ids: std::ops::Range<usize>) -> Result<()> {
+        let Some(z) = self.zero.as_mut() else { return Ok(()) };
+        if !ids.clone().any(|i| z.pending[i]) {
+            return Ok(());
+        }
+        z.nccl.after()?;
+        z.nccl.group_start()?;
+        let res = (|| -> Result<()> {
+            for i in ids {
+                if z.pending[i] {
+                    z.nccl.reduce_scatter_sum(&mut self.params[i].grad, z.shards.shard[i])?;
+                    z.pending[i] = false;
+                }
+            }
+            Ok(())
+        })();
+        z.nccl.group_end()?;
+        res
+    }
+
+    /// `vals` summed over the ranks (no-op on one GPU without NCCL). Waits for the GPU.
+    pub fn dist_sum(&mut self, vals: &mut [f64]) -> Result<()> {
+        let Some(z) = self.zero.as_mut() else { return Ok(()) };
+        ensure!(vals.len() <= z.scalars.len(), "dist_sum of {} values (at most {})", vals.len(), z.scalars.len());
+        let mut dst = z.scalars.slice_mut(0..vals.len());
+        self.gpu.stream().memcpy_htod(vals, &mut dst).map_err(|e| anyhow!("host-to-device copy: {e:?}"))?;
+        z.nccl.after()?;
+        z.nccl.all_reduce_sum(&mut z.scalars, vals.len())?;
+        z.nccl.before()?;
+        self.gpu
+            .stream()
+            .memcpy_dtoh(&z.scalars.slice(0..vals.len()), vals)
+            .map_err(|e| anyhow!("device-to-host copy: {e:?}"))?;
+        self.gpu.sync()
+    }
+
+    /// Tensor `i` of a sharded `buf` (this rank's shard at `at` of a buffer of the padded
+    /// tensor, or the shard alone) gathered whole into the host `out`.
+    fn gather_to_host(&self, i: usize, shard_buf: &CudaSlice<f32>, at: usize, out: &mut [f32]) -> Result<()> {
+        let z = self.zero.as_ref().ok_or_else(|| anyhow!("gather without ZeRO-1"))?;
+        let (shard, own) = (z.shards.shard[i], z.shards.own(i));
+        let mut whole = self.gpu.zeros::<f32>(z.shards.padded(i))?;
+        dtod(&self.gpu, shard_buf, at, &mut whole, own.start, shard)?;
+        z.nccl.after()?;
+        z.nccl.all_gather(&mut whole, shard)?;
+        z.nccl.before()?;
+        let n = out.len();
+        self.gpu.stream().memcpy_dtoh(&whole.slice(0..n), out).map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu.sync()
     }
 
     /// Copies the fp32 master weights into `params` (for a checkpoint or a CPU check).
     pub fn download_params(&self, params: &mut Params) -> Result<()> {
         for (i, p) in self.params.iter().enumerate() {
             let n = self.numel[i];
+            if self.zero.is_some() && p.copy.is_some() {
+                // A matrix's fp32 weights are sharded: every rank takes part in the gather.
+                self.gather_to_host(i, &p.master, 0, params.tensors[i].data.as_mut_slice())?;
+                continue;
+            }
             self.gpu
                 .stream()
                 .memcpy_dtoh(&p.master.slice(0..n), params.tensors[i].data.as_mut_slice())
@@ -437,6 +630,11 @@ impl<T: Elem> Cuda<T> {
         opt.step = o.step;
         for i in 0..self.params.len() {
             let n = self.numel[i];
+            if self.zero.is_some() {
+                self.gather_to_host(i, &o.m[i], 0, &mut opt.m[i])?;
+                self.gather_to_host(i, &o.v[i], 0, &mut opt.v[i])?;
+                continue;
+            }
             opt.m[i] = self.gpu.stream().clone_dtoh(&o.m[i].slice(0..n)).map_err(|e| anyhow!("{e:?}"))?;
             opt.v[i] = self.gpu.stream().clone_dtoh(&o.v[i].slice(0..n)).map_err(|e| anyhow!("{e:?}"))?;
         }
@@ -1297,6 +1495,14 @@ impl<T: Elem> Backend for Cuda<T> {
         self.gpu.sync()?;
         // Rows without a target have loss 0.
         Ok((self.loss_host.iter().map(|&v| v as f64).sum(), std::mem::take(&mut self.loss_targets)))
+    }
+
+    fn grads_ready(&mut self, ids: std::ops::Range<usize>) -> Result<()> {
+        if self.zero.as_ref().is_some_and(|z| z.reduce) {
+            self.mark(Family::Optimizer)?;
+            self.reduce_grads(ids)?;
+        }
+        Ok(())
     }
 }
 

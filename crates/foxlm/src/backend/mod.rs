@@ -360,6 +360,11 @@ pub trait Backend: Alloc {
     /// The summed loss and the number of rows with a target since the last call (a GPU backend
     /// waits for its queue here, once per step).
     fn take_loss(&mut self) -> Result<(f64, usize)>;
+    /// The backward is done with the parameters `ids` (their gradients are complete for this
+    /// micro-batch): a data-parallel backend may start reducing them while the backward goes on.
+    fn grads_ready(&mut self, _ids: std::ops::Range<usize>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The attention backward's outputs, grouped (they are written together).

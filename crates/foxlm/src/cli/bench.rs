@@ -322,8 +322,8 @@ fn train_bench(a: TrainArgs) -> Result<()> {
         let mut cfg = preset.model.clone();
         cfg.log_pruning_tolerance = acp.then_some(-10.0);
         let model = crate::train::init_model(&cfg, 0);
-        let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute)?;
-        eprint!("{}", crate::engine::format_plan(&plan));
+        let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute, 1)?;
+        eprint!("{}", crate::engine::format_plan(&plan, 1));
         let r = match a.dtype {
             Dtype::Bf16 => bench_one::<half::bf16>(&gpu, &model, &a, &plan)?,
             Dtype::F32 => bench_one::<f32>(&gpu, &model, &a, &plan)?,

@@ -124,6 +124,7 @@ pub fn run(a: Args) -> Result<()> {
         device: a.device,
         dtype: None,
         recompute: false,
+        dist: None,
     };
     let r = train::train(Some(run), &opts)?;
     if r.outcome != Outcome::Finished {

@@ -20,9 +20,14 @@ pub struct Args {
     /// Steps of the training comparison (0: skip the training checks).
     #[arg(long, default_value_t = 300)]
     pub train_steps: u64,
-    /// Only the fixture checks, the inference checks, or the training checks.
-    #[arg(long, value_parser = ["fixtures", "infer", "train"])]
+    /// Only the fixture checks, the inference checks, the training checks, or the data-parallel
+    /// checks (dist: NCCL, `train --gpus 1` against one GPU; with two GPUs, 2 ranks against 1,
+    /// resume 2 → 1, a killed rank). dist runs only when asked for.
+    #[arg(long, value_parser = ["fixtures", "infer", "train", "dist"])]
     pub only: Option<String>,
+    /// Steps of the data-parallel comparisons (--only dist).
+    #[arg(long, default_value_t = 100)]
+    pub dist_steps: u64,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -38,6 +43,11 @@ pub fn run(a: Args) -> Result<()> {
     }
     if only("train") && a.train_steps > 0 {
         rows.extend(crate::gpu_check::run_training_checks(&a.sample, &a.work, a.train_steps)?);
+    }
+    if a.only.as_deref() == Some("dist") {
+        let data = crate::gpu_check::check_data(&a.sample, &a.work)?;
+        let run = crate::gpu_check::check_run(a.dist_steps);
+        rows.extend(crate::gpu_check::dist::run_dist_checks(&data, &a.work, a.dist_steps, &run)?);
     }
     print!("{}", format_table(&rows));
     if rows.iter().any(|r| !r.pass) {

@@ -145,6 +145,42 @@ pub struct Args {
     /// (config.json's window_size).
     #[arg(long, value_name = "W")]
     pub sliding_window: Option<usize>,
+    #[command(flatten)]
+    pub dist: DistArgs,
+}
+
+/// Data-parallel training over several GPUs (docs/distributed.md).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DistArgs {
+    /// Train on N GPUs of this machine: starts N ranks of this command (one process per GPU) that
+    /// split each step's batch, reduce the gradients through NCCL and shard the optimizer state
+    /// (ZeRO-1). --batch-size must be a multiple of --micro-batch × N. On several machines start
+    /// one process per GPU yourself (srun, torchrun-style variables) instead.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
+    /// This process's rank among all ranks of a multi-process run (torchrun's RANK).
+    #[arg(long, env = "RANK")]
+    pub rank: Option<usize>,
+    /// The GPU of this machine this rank uses (torchrun's LOCAL_RANK; default: RANK).
+    #[arg(long, env = "LOCAL_RANK")]
+    pub local_rank: Option<usize>,
+    /// Ranks in all (torchrun's WORLD_SIZE); set, it makes this process one rank of a run.
+    #[arg(long, env = "WORLD_SIZE")]
+    pub world_size: Option<usize>,
+    /// The machine of rank 0, where the rendezvous listens (torchrun's MASTER_ADDR).
+    #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// The rendezvous port on MASTER_ADDR (torchrun's MASTER_PORT).
+    #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
+    pub master_port: u16,
+    /// Seconds to wait for every rank at the rendezvous before giving up.
+    #[arg(long, env = "FOXLM_RENDEZVOUS_TIMEOUT", default_value_t = 60, value_name = "SECONDS")]
+    pub rendezvous_timeout: u64,
+    /// Seconds a rank may go without finishing a step (or a validation batch) before every rank
+    /// stops: a stuck collective (a rank hung) ends the run instead of hanging it. Must exceed
+    /// the time rank 0 takes to write a checkpoint.
+    #[arg(long, env = "FOXLM_COLLECTIVE_TIMEOUT", default_value_t = 600, value_name = "SECONDS")]
+    pub collective_timeout: u64,
 }
 
 /// Reads --config: a run file or a plain model config.json.
@@ -182,7 +218,123 @@ pub fn run_config(a: &Args) -> Result<Option<RunConfig>> {
     }))
 }
 
+/// What `foxlm train` is in a multi-GPU run: the launcher of `--gpus N`, one rank, or neither.
+enum Role {
+    Single,
+    Launcher(usize),
+    Rank(crate::dist::World),
+}
+
+fn role(a: &Args) -> Result<Role> {
+    let d = &a.dist;
+    let launched = std::env::var_os(crate::dist::launch::LAUNCHED_ENV).is_some();
+    let distributed = d.world_size.is_some() || d.rank.is_some();
+    match (d.gpus, distributed) {
+        (Some(0), _) => bail!("--gpus 0: give at least 1 (or drop --gpus to train on one device)"),
+        (Some(_), true) if !launched => bail!(
+            "--gpus starts its own ranks, but RANK / WORLD_SIZE (or --rank / --world-size) are set too: drop \
+             --gpus when a cluster launcher starts the ranks, or unset those variables"
+        ),
+        (Some(n), false) => Ok(Role::Launcher(n)),
+        (_, true) => {
+            let (Some(rank), Some(size)) = (d.rank, d.world_size) else {
+                bail!("a multi-process run needs both RANK and WORLD_SIZE (or --rank and --world-size)");
+            };
+            let w = crate::dist::World {
+                rank,
+                local_rank: d.local_rank.unwrap_or(rank),
+                size,
+                master_addr: d.master_addr.clone(),
+                master_port: d.master_port,
+            };
+            w.check()?;
+            Ok(Role::Rank(w))
+        }
+        (None, false) => Ok(Role::Single),
+    }
+}
+
+/// Checks what a multi-GPU run needs before starting any rank: GPUs, NCCL, a GPU device.
+fn check_gpus(a: &Args, n: usize) -> Result<()> {
+    if a.device == fox_kernels::cuda::DeviceArg::Cpu {
+        bail!("--device cpu: training on several ranks runs on GPUs (NCCL); drop --device or --gpus");
+    }
+    let have = fox_kernels::cuda::probe().map_err(|e| anyhow::anyhow!("--gpus {n}: no GPU can be used here: {e:#}"))?;
+    if have < n {
+        bail!("--gpus {n}: this machine has {have} GPU{}", if have == 1 { "" } else { "s" });
+    }
+    fox_kernels::cuda::nccl::probe().with_context(|| format!("--gpus {n}"))
+}
+
 pub fn run(a: Args) -> Result<()> {
+    match role(&a)? {
+        Role::Single => run_one(a, None).map(exit_if_interrupted),
+        Role::Launcher(n) if !a.print_config && !a.list_presets => {
+            check_gpus(&a, n)?;
+            let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            if !a.quiet {
+                eprintln!("starting {n} rank{} (one per GPU)", if n == 1 { "" } else { "s" });
+            }
+            match crate::dist::launch::launch_local(n, &args)? {
+                crate::dist::launch::Ended::Ok => Ok(()),
+                crate::dist::launch::Ended::Interrupted => std::process::exit(130),
+            }
+        }
+        Role::Launcher(_) => run_one(a, None).map(exit_if_interrupted),
+        Role::Rank(w) => run_rank(a, w),
+    }
+}
+
+/// One rank of a multi-process run: the rendezvous, the watchdog, then training; a failure is
+/// reported to the other ranks (and to the launcher) before this process exits.
+fn run_rank(mut a: Args, w: crate::dist::World) -> Result<()> {
+    use crate::dist::{control, rendezvous};
+    if a.device == fox_kernels::cuda::DeviceArg::Cpu {
+        bail!("--device cpu: a multi-process run (WORLD_SIZE {}) trains on GPUs through NCCL", w.size);
+    }
+    // Before any thread starts: NCCL reads its environment at the first communicator.
+    fox_kernels::cuda::nccl::nvls_off()?;
+    if a.print_config || a.list_presets {
+        return run_one(a, None).map(exit_if_interrupted);
+    }
+    // Only rank 0 talks.
+    if w.rank != 0 {
+        a.quiet = true;
+    }
+    let fail = |e: anyhow::Error| {
+        control::write_error_file(&format!("{e:#}"));
+        e
+    };
+    let timeout = std::time::Duration::from_secs(a.dist.rendezvous_timeout);
+    let (id, links) = rendezvous::rendezvous(&w, timeout, fox_kernels::cuda::nccl::unique_id).map_err(fail)?;
+    let ctl = control::Control::start(
+        w.rank,
+        links,
+        std::time::Duration::from_secs(a.dist.collective_timeout),
+        control::exit_on_stop(w.rank),
+    )
+    .context("starting the watchdog")
+    .map_err(fail)?;
+    let res = run_one(a, Some(crate::dist::DistRun { world: w.clone(), nccl_id: id }));
+    match &res {
+        Ok(_) => ctl.done(),
+        Err(e) => {
+            ctl.fail(&format!("{e:#}"));
+            control::write_error_file(&format!("{e:#}"));
+        }
+    }
+    res.map(exit_if_interrupted).map_err(|e| e.context(format!("rank {} of {}", w.rank, w.size)))
+}
+
+/// Exits with status 130 after a Ctrl-C (the checkpoint is saved by then).
+fn exit_if_interrupted(interrupted: bool) {
+    if interrupted {
+        std::process::exit(130);
+    }
+}
+
+/// Trains as the arguments say; Ok(true) when Ctrl-C stopped the run (after its checkpoint).
+fn run_one(a: Args, dist: Option<crate::dist::DistRun>) -> Result<bool> {
     if a.list_presets {
         use std::io::Write;
         let names = presets::names();
@@ -193,7 +345,7 @@ pub fn run(a: Args) -> Result<()> {
             // A closed pipe (`| head`) ends the listing quietly (see main).
             writeln!(out, "{n:<w$}  {}", p.description)?;
         }
-        return Ok(());
+        return Ok(false);
     }
     let mut run = run_config(&a)?;
     if let Some(r) = run.as_mut() {
@@ -227,7 +379,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.print_config {
         let Some(r) = run else { bail!("--print-config needs --preset or --config") };
         println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(());
+        return Ok(false);
     }
     if run.is_none() && !a.resume {
         bail!("give --preset NAME or --config FILE (or --resume to continue a run); --list-presets shows the presets");
@@ -254,6 +406,7 @@ pub fn run(a: Args) -> Result<()> {
         device: a.device,
         dtype: a.dtype,
         recompute: a.recompute,
+        dist,
     };
     let r = train::train(run, &opts)?;
     match r.outcome {
@@ -269,9 +422,9 @@ pub fn run(a: Args) -> Result<()> {
                 );
                 eprintln!("model: {}", r.checkpoint.display());
             }
-            Ok(())
+            Ok(false)
         }
-        Outcome::AlreadyFinished => Ok(()),
+        Outcome::AlreadyFinished => Ok(false),
         Outcome::Interrupted => {
             eprintln!(
                 "stopped at step {}; checkpoint {} (continue with --resume --out {})",
@@ -279,10 +432,7 @@ pub fn run(a: Args) -> Result<()> {
                 r.checkpoint.display(),
                 opts.out.display()
             );
-            if train::STOP.load(std::sync::atomic::Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-            Ok(())
+            Ok(train::STOP.load(std::sync::atomic::Ordering::SeqCst))
         }
     }
 }

@@ -340,6 +340,7 @@ impl Model {
         );
         let Scratch { dx, dnorm, attn, mlp } = scratch;
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
+        be.grads_ready(self.head_params())?;
         std::mem::swap(dx, dnorm);
         let info = be.batch_info(batch);
         let n = info.batch * info.seq;
@@ -355,8 +356,21 @@ impl Model {
             } else {
                 blk.backward(be, batch, &acts.blocks[li], dx, dnorm, attn, mlp, d)?;
             }
+            be.grads_ready(self.layer_params(li))?;
         }
-        be.embedding_bwd(self.embeddings, dx, batch)
+        be.embedding_bwd(self.embeddings, dx, batch)?;
+        be.grads_ready(self.embeddings.0..self.embeddings.0 + 1)
+    }
+
+    /// The ids of block `li`'s parameters (they are added block by block, see [`Model::new`]).
+    pub fn layer_params(&self, li: usize) -> std::ops::Range<usize> {
+        let end = self.layers.get(li + 1).map_or(self.norm.0, |b| b.attn_norm.0);
+        self.layers[li].attn_norm.0..end
+    }
+
+    /// The ids of the final norm and the output head (the last parameters added).
+    pub fn head_params(&self) -> std::ops::Range<usize> {
+        self.norm.0..self.params.len()
     }
 
     /// One training micro-step on any backend: forward, the output head's loss (weighted by

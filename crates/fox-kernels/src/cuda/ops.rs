@@ -1072,10 +1072,24 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
 // Optimizer
 
 /// One AdamW update of one tensor, exactly as `foxlm::optim::AdamW::update` does per element:
+/// The hyperparameters of one AdamW update on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWUpdate {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// 0 for parameters without decay.
+    pub weight_decay: f32,
+    /// The 1-based number of this update (the CPU's `self.step` after its increment).
+    pub step: u64,
+    /// Gradient scale (clipping), 1 when not clipped.
+    pub grad_scale: f32,
+}
+
 /// g' = g·grad_scale; m = β1·m + (1−β1)·g'; v = β2·v + (1−β2)·g'²;
 /// w = w·(1 − lr·weight_decay) − lr/(1−β1^step) · m / (sqrt(v)/sqrt(1−β2^step) + eps).
-/// `step` is the 1-based number of this update (the CPU's `self.step` after its increment); pass
-/// weight_decay 0 for parameters without decay. `copy` (the T working copy) gets the new weights.
+/// `copy` (the T working copy) gets the new weights.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw<T: Elem>(
     gpu: &Gpu,
@@ -1085,16 +1099,9 @@ pub fn adamw<T: Elem>(
     m: &mut CudaSlice<f32>,
     v: &mut CudaSlice<f32>,
     n: usize,
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
-    step: u64,
-    grad_scale: f32,
+    h: &AdamWUpdate,
 ) -> Result<()> {
-    let copy = copy.map(|c| (c, 0));
-    adamw_shard(gpu, (w, 0), copy, (g, 0), m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale)
+    adamw_shard(gpu, (w, 0), copy.map(|c| (c, 0)), (g, 0), m, v, n, h)
 }
 
 /// [`adamw`] on one rank's shard of a tensor (ZeRO-1): the moments hold the shard's `n` elements;
@@ -1109,14 +1116,9 @@ pub fn adamw_shard<T: Elem>(
     m: &mut CudaSlice<f32>,
     v: &mut CudaSlice<f32>,
     n: usize,
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
-    step: u64,
-    grad_scale: f32,
+    h: &AdamWUpdate,
 ) -> Result<()> {
+    let AdamWUpdate { lr, beta1, beta2, eps, weight_decay, step, grad_scale } = *h;
     let op = "adamw";
     ensure!(step >= 1 && step <= i32::MAX as u64, "{op}: step {step} must be in 1..2^31 (1 for the first update)");
     let ((w, w0), (g, g0)) = (w, g);

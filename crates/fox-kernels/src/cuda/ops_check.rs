@@ -596,22 +596,16 @@ fn adamw_case<T: Elem>(c: &mut Ctx, name: &str, n: usize) -> Result<()> {
         let gd = c.up(&grad)?;
         let hp = (b1 as f64, b2 as f64, eps as f64, *decay as f64);
         host_adamw(&mut w, &grad, &mut m, &mut v, *lr as f64, hp, step as i32 + 1, *scale);
-        ops::adamw(
-            gpu,
-            &mut wd_,
-            Some(&mut copy),
-            &gd,
-            &mut md,
-            &mut vd,
-            n,
-            *lr,
-            b1,
-            b2,
+        let h = ops::AdamWUpdate {
+            lr: *lr,
+            beta1: b1,
+            beta2: b2,
             eps,
-            *decay,
-            step as u64 + 1,
-            *scale,
-        )?;
+            weight_decay: *decay,
+            step: step as u64 + 1,
+            grad_scale: *scale,
+        };
+        ops::adamw(gpu, &mut wd_, Some(&mut copy), &gd, &mut md, &mut vd, n, &h)?;
     }
     c.add_f32(name, "w after 3 steps", &gpu.download(&wd_)?, &w);
     c.add_f32(name, "m", &gpu.download(&md)?, &m);

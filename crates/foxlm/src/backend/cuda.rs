@@ -465,13 +465,15 @@ impl<T: Elem> Cuda<T> {
                 &mut opt.m[i],
                 &mut opt.v[i],
                 n,
-                lr as f32,
-                c.beta1 as f32,
-                c.beta2 as f32,
-                c.eps as f32,
-                wd,
-                opt.step,
-                grad_scale,
+                &ops::AdamWUpdate {
+                    lr: lr as f32,
+                    beta1: c.beta1 as f32,
+                    beta2: c.beta2 as f32,
+                    eps: c.eps as f32,
+                    weight_decay: wd,
+                    step: opt.step,
+                    grad_scale,
+                },
             )?;
         }
         // Every rank's new weights to every rank: the working copies of the matrices, the fp32

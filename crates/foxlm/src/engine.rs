@@ -377,7 +377,10 @@ impl<T: Elem> GpuEngine<T> {
         Ok(grad_norm)
     }
 
-    /// One optimizer step on given micro-batches (benchmarks: random tokens, no loader).
+    /// One optimizer step on given micro-batches (benchmarks: random tokens, no loader). As one
+    /// rank of a data-parallel run, `batches` are this rank's: the step's global batch is the
+    /// world's, and the step runs as in [`Engine::grads`] (the last micro-batch's backward
+    /// reduces the gradients bucket by bucket).
     pub fn step_on(
         &mut self,
         model: &Model,
@@ -385,14 +388,19 @@ impl<T: Elem> GpuEngine<T> {
         max_norm: f64,
         lr: f64,
     ) -> Result<StepStats> {
+        let accum = batches.len().max(1) * self.be.world().1;
         self.be.zero_grads()?;
-        let mut loss_sum = 0.0;
-        for (ids, targets) in batches {
-            loss_sum += self.micro_step(model, ids, targets, batches.len())?;
+        let mut loss_sum = [0.0f64];
+        for (k, (ids, targets)) in batches.iter().enumerate() {
+            self.be.set_reduce(k + 1 == batches.len());
+            loss_sum[0] += self.micro_step(model, ids, targets, accum)?;
         }
+        self.be.set_reduce(false);
+        self.be.dist_sum(&mut loss_sum)?;
         let grad_norm = self.clip(max_norm)?;
         self.be.adamw_step(lr, self.grad_scale)?;
-        Ok(StepStats { loss: loss_sum / batches.len().max(1) as f64, grad_norm })
+        crate::dist::heartbeat();
+        Ok(StepStats { loss: loss_sum[0] / accum as f64, grad_norm })
     }
 
     pub fn backend_mut(&mut self) -> &mut Cuda<T> {

@@ -242,6 +242,28 @@ fn two_gpus_asked_for_without_two_gpus_is_a_clear_error() {
 }
 
 #[test]
+fn bench_train_on_two_gpus_without_two_gpus_is_a_clear_error() {
+    if fox_kernels::cuda::probe().is_ok_and(|n| n >= 2) {
+        eprintln!("skipped: this machine has two GPUs (bench/train_multi.sh measures them)");
+        return;
+    }
+    let mut c = foxlm();
+    c.args(["bench", "train", "--gpus", "2", "--preset", "fox-pro-125m"]);
+    let err = fails_quickly(c);
+    assert!(
+        err.contains("--gpus 2: no GPU can be used here") || err.contains("--gpus 2: this machine has 1 GPU"),
+        "{err}"
+    );
+    assert!(!err.contains("== 1 GPU"), "nothing should start: {err}");
+    let mut c = foxlm();
+    c.args(["bench", "train", "--gpus", "0"]);
+    assert!(fails_quickly(c).contains("--gpus 0: give at least 1"));
+    let mut c = foxlm();
+    c.args(["bench", "train", "--gpus", "2", "--device", "cuda:1"]);
+    assert!(fails_quickly(c).contains("--device cuda:1 with --gpus 2: the runs use GPUs 0..2"));
+}
+
+#[test]
 fn a_world_of_two_without_a_peer_ends_within_the_rendezvous_timeout() {
     let tmp = tempfile::tempdir().unwrap();
     let (data, out) = (tmp.path().join("none"), tmp.path().join("out"));

@@ -96,6 +96,20 @@ pub struct Zero1 {
     pending: Vec<bool>,
     /// A few f64 on the device for [`Cuda::dist_sum`].
     scalars: CudaSlice<f64>,
+    /// Events on the NCCL stream around each group of collectives, while they are timed
+    /// ([`Cuda::start_comm_timing`]): start, end, start, end, ...
+    comm_marks: Option<Vec<cudarc_event::CudaEvent>>,
+}
+
+impl Zero1 {
+    /// Marks the start or the end of a group of collectives on the NCCL stream (when timed). A
+    /// start recorded after [`Nccl::after`] completes when the stream is free to run the group.
+    fn comm_mark(&mut self) -> Result<()> {
+        if let Some(m) = self.comm_marks.as_mut() {
+            m.push(self.nccl.stream().record_event(Some(TIMING)).map_err(|e| anyhow!("recording an event: {e:?}"))?);
+        }
+        Ok(())
+    }
 }
 
 /// AdamW's moments on the device, one pair per trainable parameter.
@@ -303,26 +317,26 @@ impl<T: Elem> Cuda<T> {
         let matrix: usize =
             p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
         let tb = std::mem::size_of::<T>();
+        let (master, moments) = optimizer_state_bytes(model, world);
         if world > 1 && train {
-            let shard = |n: usize| n.div_ceil(world);
             let largest = p.tensors.iter().map(|t| t.numel()).max().unwrap_or(0);
             plan.add(
                 format!(
                     "fp32 master weights: 1/{world} of the matrices, all vectors ({:.1} M in all)",
                     numel as f64 / 1e6
                 ),
-                4 * (shard(matrix) + numel - matrix),
+                master,
             );
             plan.add(format!("{} weight copies of the matrices (whole)", T::NAME), tb * matrix);
             plan.add("fp32 gradients (whole)", 4 * numel);
-            plan.add(format!("AdamW moments (fp32 m, v): 1/{world}"), 8 * shard(numel));
+            plan.add(format!("AdamW moments (fp32 m, v): 1/{world}"), moments);
             plan.add("checkpoint gather buffer (largest tensor)", 4 * largest);
         } else {
-            plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), 4 * numel);
+            plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), master);
             plan.add(format!("{} weight copies of the matrices", T::NAME), tb * matrix);
             if train {
                 plan.add("fp32 gradients", 4 * numel);
-                plan.add("AdamW moments (fp32 m, v)", 8 * numel);
+                plan.add("AdamW moments (fp32 m, v)", moments);
             }
         }
         let vocab = padded_vocab(model.config.vocab_size);
@@ -422,9 +436,11 @@ impl<T: Elem> Cuda<T> {
             };
             ops::sum_squares_at(&self.gpu, &mut self.sumsq, i, &self.params[i].grad, at, n)?;
         }
-        if let Some(z) = &self.zero {
+        if let Some(z) = self.zero.as_mut() {
             z.nccl.after()?;
+            z.comm_mark()?;
             z.nccl.all_reduce_sum(&mut self.sumsq, self.params.len())?;
+            z.comm_mark()?;
             z.nccl.before()?;
         }
         let s = self.gpu.download(&self.sumsq)?;
@@ -478,8 +494,9 @@ impl<T: Elem> Cuda<T> {
         }
         // Every rank's new weights to every rank: the working copies of the matrices, the fp32
         // vectors.
-        if let Some(z) = &self.zero {
+        if let Some(z) = self.zero.as_mut() {
             z.nccl.after()?;
+            z.comm_mark()?;
             z.nccl.group_start()?;
             let gathered = (|| -> Result<()> {
                 for (i, p) in self.params.iter_mut().enumerate() {
@@ -496,6 +513,7 @@ impl<T: Elem> Cuda<T> {
             })();
             z.nccl.group_end()?;
             gathered?;
+            z.comm_mark()?;
             z.nccl.before()?;
         }
         Ok(())
@@ -530,7 +548,14 @@ impl<T: Elem> Cuda<T> {
             }
         }
         let n = self.params.len();
-        self.zero = Some(Zero1 { nccl, shards, reduce: false, pending: vec![false; n], scalars: gpu.zeros::<f64>(8)? });
+        self.zero = Some(Zero1 {
+            nccl,
+            shards,
+            reduce: false,
+            pending: vec![false; n],
+            scalars: gpu.zeros::<f64>(8)?,
+            comm_marks: None,
+        });
         gpu.sync()
     }
 
@@ -546,6 +571,28 @@ impl<T: Elem> Cuda<T> {
         }
     }
 
+    /// Starts timing the collectives of this rank (no-op without NCCL), for `bench train`.
+    pub fn start_comm_timing(&mut self) {
+        if let Some(z) = self.zero.as_mut() {
+            z.comm_marks = Some(Vec::new());
+        }
+    }
+
+    /// Stops timing and returns the GPU time (ms) the NCCL stream spent in collectives since
+    /// [`Cuda::start_comm_timing`] (waits for the other ranks included; much of it overlaps
+    /// the backward), or None without NCCL. Waits for the GPU.
+    pub fn take_comm_ms(&mut self) -> Result<Option<f64>> {
+        let Some(z) = self.zero.as_mut() else { return Ok(None) };
+        let Some(marks) = z.comm_marks.take() else { return Ok(None) };
+        z.nccl.sync()?;
+        self.gpu.sync()?;
+        let mut ms = 0.0;
+        for pair in marks.chunks_exact(2) {
+            ms += pair[0].elapsed_ms(&pair[1]).map_err(|e| anyhow!("{e:?}"))? as f64;
+        }
+        Ok(Some(ms))
+    }
+
     /// Starts the reduce-scatter of the gradients of `ids` not yet reduced this step, on the
     /// NCCL stream after the work queued so far.
     fn reduce_grads(&mut self, ids: std::ops::Range<usize>) -> Result<()> {
@@ -554,6 +601,7 @@ impl<T: Elem> Cuda<T> {
             return Ok(());
         }
         z.nccl.after()?;
+        z.comm_mark()?;
         z.nccl.group_start()?;
         let res = (|| -> Result<()> {
             for i in ids {
@@ -565,7 +613,8 @@ impl<T: Elem> Cuda<T> {
             Ok(())
         })();
         z.nccl.group_end()?;
-        res
+        res?;
+        z.comm_mark()
     }
 
     /// `vals` summed over the ranks (no-op on one GPU without NCCL). Waits for the GPU.
@@ -575,7 +624,9 @@ impl<T: Elem> Cuda<T> {
         let mut dst = z.scalars.slice_mut(0..vals.len());
         self.gpu.stream().memcpy_htod(vals, &mut dst).map_err(|e| anyhow!("host-to-device copy: {e:?}"))?;
         z.nccl.after()?;
+        z.comm_mark()?;
         z.nccl.all_reduce_sum(&mut z.scalars, vals.len())?;
+        z.comm_mark()?;
         z.nccl.before()?;
         self.gpu
             .stream()
@@ -716,6 +767,21 @@ impl<T: Elem> Cuda<T> {
     fn start<'a>(&self, b: &'a GpuBatch) -> Option<&'a CudaSlice<i32>> {
         b.start_host.as_ref().map(|_| &b.start)
     }
+}
+
+/// The optimizer's state on each of `world` ranks, in bytes: (fp32 master weights, AdamW
+/// moments). ZeRO-1 keeps 1/world of the matrices' master weights (the vectors whole: the forward
+/// reads them) and 1/world of every moment; one rank holds all of it.
+pub fn optimizer_state_bytes(model: &Model, world: usize) -> (usize, usize) {
+    let p = &model.params;
+    let numel = p.numel();
+    let matrix: usize =
+        p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
+    if world <= 1 {
+        return (4 * numel, 8 * numel);
+    }
+    let shard = |n: usize| n.div_ceil(world);
+    (4 * (shard(matrix) + numel - matrix), 8 * shard(numel))
 }
 
 /// The output head's rows on the GPU: the vocabulary rounded up to a multiple of 64. With 50257

@@ -1,7 +1,7 @@
 //! `foxlm bench attention`: Forgetting Attention throughput on the GPU (the CUDA kernels, with
 //! PyTorch's SDPA timed in the same run as the reference) or on the CPU (the tiled reference).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::cuda::{self, bench::BenchOpts, DeviceArg};
 use rand::{Rng, SeedableRng};
@@ -60,6 +60,16 @@ pub struct TrainArgs {
     /// Also write the rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Scaling over N GPUs of this machine: the benchmark on one GPU (the single-GPU engine),
+    /// then as N ranks through NCCL (gradient buckets reduced during the backward, ZeRO-1), each
+    /// rank with --batch sequences, so the N-GPU step's global batch is N × --batch. Prints
+    /// tokens/s, scaling efficiency, memory and optimizer state per GPU. `--gpus 1` runs a
+    /// world of one rank through NCCL.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
+    /// Where a process started by --gpus leaves its rows for the launcher (internal).
+    #[arg(long, hide = true)]
+    pub report: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -303,92 +313,367 @@ pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usiz
     6.0 * tokens * matmul as f64 + attn
 }
 
+/// One row of `bench train` (also its JSON, and what a process started by `--gpus` reports).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
+struct TrainRow {
+    preset: String,
+    recompute: bool,
+    /// Sequences per step on each GPU.
+    batch: usize,
+    context: usize,
+    dtype: String,
+    acp: bool,
+    /// GPUs (ranks) of the step; `nccl`: through the data-parallel engine.
+    gpus: usize,
+    nccl: bool,
+    /// Sequences per optimizer step over all GPUs.
+    global_batch: usize,
+    /// Over all GPUs.
+    tokens_per_s: f64,
+    step_ms_median: f64,
+    /// Per GPU.
+    tflops_model: f64,
+    peak_gib: f64,
+    plan_gib: f64,
+    /// fp32 master weights and AdamW moments that each GPU holds (the memory plan's).
+    optimizer_gib: f64,
+    /// GPU time on the NCCL stream during the profiled step (partly overlapping the backward).
+    comm_ms: Option<f64>,
+    /// tokens/s on `gpus` GPUs / (gpus × tokens/s on one), in the rows of `--gpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scaling_efficiency: Option<f64>,
+    losses: Vec<f64>,
+    profile: Vec<ProfileRow>,
+    gpu: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
+struct ProfileRow {
+    family: String,
+    ms: f64,
+    ops: usize,
+}
+
 fn train_bench(a: TrainArgs) -> Result<()> {
-    use crate::engine::{memory_plan, Dtype};
-    let gpu = match cuda::select(a.device)? {
-        cuda::Device::Cuda(g) => g,
-        cuda::Device::Cpu => bail!("bench train measures a GPU step: no GPU is usable here (see `fox-attn info`)"),
+    use crate::dist::launch::LAUNCHED_ENV;
+    let rows = if let Some(n) = a.gpus {
+        scaling(&a, n)?
+    } else if std::env::var_os(LAUNCHED_ENV).is_some() && std::env::var_os("WORLD_SIZE").is_some() {
+        // A rank that `--gpus` started.
+        let Some(rows) = bench_rank(&a)? else { return Ok(()) };
+        rows
+    } else {
+        let gpu = match cuda::select(a.device)? {
+            cuda::Device::Cuda(g) => g,
+            cuda::Device::Cpu => bail!("bench train measures a GPU step: no GPU is usable here (see `fox-attn info`)"),
+        };
+        eprintln!("device: {}", gpu.describe());
+        bench_rows(&a, &gpu, None, true)?
     };
-    eprintln!("device: {}", gpu.describe());
+    if let Some(r) = &a.report {
+        std::fs::write(r, serde_json::to_string(&rows)?).with_context(|| format!("--report {}", r.display()))?;
+    }
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&rows)?).with_context(|| format!("--json {}", j.display()))?;
+    }
+    Ok(())
+}
+
+/// The rows of `a` on `gpu`: one GPU, or one rank of a data-parallel run through `nccl`; `talk`:
+/// print them (rank 0).
+fn bench_rows(
+    a: &TrainArgs,
+    gpu: &std::sync::Arc<cuda::Gpu>,
+    mut nccl: Option<cuda::nccl::Nccl>,
+    talk: bool,
+) -> Result<Vec<TrainRow>> {
+    use crate::engine::{memory_plan, Dtype};
     let preset = crate::presets::preset(&a.preset)?;
     let acps: Vec<bool> = match a.acp.as_str() {
         "off" => vec![false],
         "on" => vec![true],
         _ => vec![false, true],
     };
+    let (rank, world) = nccl.as_ref().map_or((0, 1), |c| (c.rank, c.world));
     let mut rows = Vec::new();
     let mut first_peak = None;
     for acp in acps {
         let mut cfg = preset.model.clone();
         cfg.log_pruning_tolerance = acp.then_some(-10.0);
         let model = crate::train::init_model(&cfg, 0);
-        let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute, 1)?;
-        eprint!("{}", crate::engine::format_plan(&plan, 1));
-        let r = match a.dtype {
-            Dtype::Bf16 => bench_one::<half::bf16>(&gpu, &model, &a, &plan)?,
-            Dtype::F32 => bench_one::<f32>(&gpu, &model, &a, &plan)?,
+        let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute, world)?;
+        if talk {
+            eprint!("{}", crate::engine::format_plan(&plan, world));
+        }
+        let (r, back) = match a.dtype {
+            Dtype::Bf16 => bench_one::<half::bf16>(gpu, &model, a, &plan, nccl.take(), rank)?,
+            Dtype::F32 => bench_one::<f32>(gpu, &model, a, &plan, nccl.take(), rank)?,
         };
+        nccl = back;
         // Freed buffers stay in the driver's pool, so only the first row's peak is a measurement;
         // later rows allocate the same plan.
         let peak = *first_peak.get_or_insert(r.peak_gib);
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        let (master, moments) = crate::backend::cuda::optimizer_state_bytes(&model, world);
         let flops = train_step_flops(&model, a.batch, a.context);
-        let tps = (a.batch * a.context) as f64 / r.step_s;
-        let tflops = flops / r.step_s / 1e12;
-        println!(
-            "{}{} B={} T={} {} ACP {}: {:.0} tokens/s, step {:.1} ms, {:.0} TFLOP/s (model), peak {:.2} GiB",
-            a.preset,
-            if a.recompute { " (recompute)" } else { "" },
-            a.batch,
-            a.context,
-            a.dtype,
-            if acp { "on" } else { "off" },
-            tps,
-            r.step_s * 1e3,
-            tflops,
-            peak
-        );
-        let total: f64 = r.profile.iter().map(|p| p.1).sum();
-        for (fam, ms, n) in &r.profile {
-            println!(
-                "    {:<10} {:>8.1} ms {:>5.1}%  {:>5} ops",
-                format!("{fam:?}"),
-                ms,
-                100.0 * ms / total.max(1e-9),
-                n
+        let tps = (world * a.batch * a.context) as f64 / r.step_s;
+        let row = TrainRow {
+            preset: a.preset.clone(),
+            recompute: a.recompute,
+            batch: a.batch,
+            context: a.context,
+            dtype: a.dtype.to_string(),
+            acp,
+            gpus: world,
+            nccl: r.comm_ms.is_some(),
+            global_batch: world * a.batch,
+            tokens_per_s: tps,
+            step_ms_median: r.step_s * 1e3,
+            tflops_model: flops / r.step_s / 1e12,
+            peak_gib: peak,
+            plan_gib: gib(plan.total()),
+            optimizer_gib: gib(master + moments),
+            comm_ms: r.comm_ms,
+            scaling_efficiency: None,
+            losses: r.losses,
+            profile: r
+                .profile
+                .iter()
+                .map(|(f, ms, n)| ProfileRow { family: format!("{f:?}"), ms: *ms, ops: *n })
+                .collect(),
+            gpu: gpu.name().to_string(),
+        };
+        if talk {
+            print_row(&row);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn print_row(r: &TrainRow) {
+    let ranks = if r.nccl {
+        format!(
+            ", {} rank{} (NCCL, ZeRO-1; global batch {})",
+            r.gpus,
+            if r.gpus == 1 { "" } else { "s" },
+            r.global_batch
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{}{} B={} T={} {} ACP {}{ranks}: {:.0} tokens/s, step {:.1} ms, {:.0} TFLOP/s (model, per GPU), peak {:.2} GiB",
+        r.preset,
+        if r.recompute { " (recompute)" } else { "" },
+        r.batch,
+        r.context,
+        r.dtype,
+        if r.acp { "on" } else { "off" },
+        r.tokens_per_s,
+        r.step_ms_median,
+        r.tflops_model,
+        r.peak_gib
+    );
+    let total: f64 = r.profile.iter().map(|p| p.ms).sum();
+    for p in &r.profile {
+        println!("    {:<10} {:>8.1} ms {:>5.1}%  {:>5} ops", p.family, p.ms, 100.0 * p.ms / total.max(1e-9), p.ops);
+    }
+    if let Some(c) = r.comm_ms {
+        println!("    collectives {:>6.1} ms on the NCCL stream (overlapping the backward in part)", c);
+    }
+}
+
+/// A rank started by `--gpus`: the rendezvous and watchdog of `foxlm train`'s ranks, then the
+/// rows through NCCL on GPU LOCAL_RANK; rank 0 alone prints and returns them.
+fn bench_rank(a: &TrainArgs) -> Result<Option<Vec<TrainRow>>> {
+    let var = |name: &str| -> Result<usize> {
+        let v = std::env::var(name).with_context(|| format!("{name} is not set (a rank of `bench train --gpus`)"))?;
+        v.trim().parse().with_context(|| format!("{name}={v}: not a number"))
+    };
+    let rank = var("RANK")?;
+    let w = crate::dist::World {
+        rank,
+        local_rank: var("LOCAL_RANK").unwrap_or(rank),
+        size: var("WORLD_SIZE")?,
+        master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
+        master_port: var("MASTER_PORT")?.try_into().map_err(|_| anyhow::anyhow!("MASTER_PORT is not a port number"))?,
+    };
+    w.check()?;
+    cuda::nccl::nvls_off()?;
+    // The first steps compile the kernels; a stuck collective still ends every rank.
+    let (rendezvous, collective) = (std::time::Duration::from_secs(60), std::time::Duration::from_secs(600));
+    let rows = crate::dist::as_rank(&w, rendezvous, collective, |d| {
+        let n = cuda::probe()?;
+        let ordinal = if w.local_rank < n {
+            w.local_rank
+        } else {
+            bail!("LOCAL_RANK {} but this machine shows {n} GPUs", w.local_rank)
+        };
+        let gpu = cuda::Gpu::new(ordinal)?;
+        if w.rank == 0 {
+            eprintln!("device: {} (rank 0 of {})", gpu.describe(), w.size);
+        }
+        let nccl = cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
+        crate::dist::heartbeat();
+        bench_rows(a, &gpu, Some(nccl), w.rank == 0)
+    })
+    .map_err(|e| e.context(format!("rank {} of {}", w.rank, w.size)))?;
+    Ok((w.rank == 0).then_some(rows))
+}
+
+/// `bench train --gpus N`: the rows on one GPU (a process of their own), then on N ranks started
+/// as `foxlm train --gpus` starts them, each from a fresh process so that neither run's memory
+/// is in the other's way; then the scaling table.
+fn scaling(a: &TrainArgs, n: usize) -> Result<Vec<TrainRow>> {
+    use crate::dist::launch::{launch_local, Ended, LAUNCHED_ENV};
+    if n == 0 {
+        bail!("--gpus 0: give at least 1 (or drop --gpus to measure one GPU)");
+    }
+    if let DeviceArg::Cuda(k) = a.device {
+        if k != 0 {
+            bail!(
+                "--device cuda:{k} with --gpus {n}: the runs use GPUs 0..{n} (choose others with CUDA_VISIBLE_DEVICES); \
+                 drop --device"
             );
         }
-        rows.push(serde_json::json!({
-            "preset": a.preset, "recompute": a.recompute, "batch": a.batch, "context": a.context, "dtype": a.dtype.to_string(), "acp": acp,
-            "tokens_per_s": tps, "step_ms_median": r.step_s * 1e3, "tflops_model": tflops, "peak_gib": peak,
-            "plan_gib": plan.total() as f64 / (1u64 << 30) as f64, "losses": r.losses,
-            "profile": r.profile.iter().map(|(f, ms, n)| serde_json::json!({"family": format!("{f:?}"), "ms": ms, "ops": n})).collect::<Vec<_>>(),
-            "gpu": gpu.name(),
-        }));
     }
-    if let Some(j) = &a.json {
-        std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
+    crate::cli::train::check_gpus(a.device, n)?;
+    let exe = std::env::current_exe().context("finding this program to start the benchmark's processes")?;
+    let dir = std::env::temp_dir().join(format!("foxlm-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let run = || -> Result<(Vec<TrainRow>, Vec<TrainRow>)> {
+        let (one, many) = (dir.join("one.json"), dir.join("many.json"));
+        eprintln!("== 1 GPU: the single-GPU engine, {} sequences per step", a.batch);
+        let status = std::process::Command::new(&exe)
+            .args(child_args(a, &one))
+            .env_remove(LAUNCHED_ENV)
+            .status()
+            .with_context(|| format!("cannot start {}", exe.display()))?;
+        if !status.success() {
+            bail!("the 1-GPU run failed ({status}; its messages are above)");
+        }
+        eprintln!(
+            "== {n} GPU{}: {n} rank{} through NCCL (ZeRO-1), {} sequences per GPU, global batch {}",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "" } else { "s" },
+            a.batch,
+            n * a.batch
+        );
+        if launch_local(n, &child_args(a, &many))? == Ended::Interrupted {
+            std::process::exit(130);
+        }
+        let read = |p: &std::path::Path| -> Result<Vec<TrainRow>> {
+            let text = std::fs::read_to_string(p).with_context(|| format!("no rows from the run ({})", p.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}: not the rows of bench train", p.display()))
+        };
+        Ok((read(&one)?, read(&many)?))
+    };
+    let res = run();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (one, mut many) = res?;
+    add_scaling(&one, &mut many);
+    print!("{}", scaling_table(&one, &many));
+    Ok(one.into_iter().chain(many).collect())
+}
+
+/// Each N-GPU row's scaling efficiency against the 1-GPU row of the same ACP setting.
+fn add_scaling(one: &[TrainRow], many: &mut [TrainRow]) {
+    for m in many {
+        if let Some(o) = one.iter().find(|o| o.acp == m.acp) {
+            m.scaling_efficiency = Some(m.tokens_per_s / (m.gpus as f64 * o.tokens_per_s));
+        }
     }
-    Ok(())
+}
+
+/// The arguments of the processes `--gpus` starts: this benchmark's, rows to `report`.
+fn child_args(a: &TrainArgs, report: &std::path::Path) -> Vec<std::ffi::OsString> {
+    let mut v: Vec<std::ffi::OsString> =
+        ["bench", "train", "--preset", &a.preset, "--acp", &a.acp].into_iter().map(Into::into).collect();
+    for (flag, n) in [("--context", a.context), ("--batch", a.batch), ("--warmup", a.warmup), ("--steps", a.steps)] {
+        v.push(flag.into());
+        v.push(n.to_string().into());
+    }
+    v.push("--dtype".into());
+    v.push(a.dtype.to_string().into());
+    if a.recompute {
+        v.push("--recompute".into());
+    }
+    v.push("--report".into());
+    v.push(report.into());
+    v
+}
+
+/// The table of `--gpus`: a row per GPU count (and ACP setting).
+fn scaling_table(one: &[TrainRow], many: &[TrainRow]) -> String {
+    let Some(f) = one.first() else { return String::new() };
+    let mut s = format!(
+        "\n{}{} T={} {} B={} per GPU (N GPUs: global batch N×{}):\n",
+        f.preset,
+        if f.recompute { " (recompute)" } else { "" },
+        f.context,
+        f.dtype,
+        f.batch,
+        f.batch
+    );
+    s += &format!(
+        "{:>4} {:>4} {:<14} {:>10} {:>10} {:>8} {:>9} {:>13} {:>14} {:>12}\n",
+        "GPUs",
+        "ACP",
+        "engine",
+        "tokens/s",
+        "per GPU",
+        "scaling",
+        "step ms",
+        "peak GiB/GPU",
+        "optim GiB/GPU",
+        "collect. ms"
+    );
+    for r in one.iter().chain(many) {
+        s += &format!(
+            "{:>4} {:>4} {:<14} {:>10.0} {:>10.0} {:>8} {:>9.1} {:>13.2} {:>14.3} {:>12}\n",
+            r.gpus,
+            if r.acp { "on" } else { "off" },
+            if r.nccl { "NCCL, ZeRO-1" } else { "single GPU" },
+            r.tokens_per_s,
+            r.tokens_per_s / r.gpus as f64,
+            r.scaling_efficiency.map_or("-".into(), |e| format!("{:.1}%", 100.0 * e)),
+            r.step_ms_median,
+            r.peak_gib,
+            r.optimizer_gib,
+            r.comm_ms.map_or("-".into(), |c| format!("{c:.1}")),
+        );
+    }
+    s += "scaling = tokens/s on N GPUs / (N × tokens/s on 1); collect. ms: GPU time of one step's \
+          collectives on the NCCL stream (partly overlapping the backward)\n";
+    s
 }
 
 struct BenchResult {
     step_s: f64,
     peak_gib: f64,
     profile: Vec<(crate::backend::cuda::Family, f64, usize)>,
+    comm_ms: Option<f64>,
     losses: Vec<f64>,
 }
 
+/// Times `a.steps` steps after `a.warmup` (the median), then profiles one. With `nccl` this is
+/// one rank (its own random tokens) of a data-parallel step; the communicator is handed back
+/// for the next row.
 fn bench_one<T: cuda::Elem>(
     gpu: &std::sync::Arc<cuda::Gpu>,
     model: &crate::model::Model,
     a: &TrainArgs,
     plan: &crate::model::MemoryPlan,
-) -> Result<BenchResult> {
+    nccl: Option<cuda::nccl::Nccl>,
+    rank: usize,
+) -> Result<(BenchResult, Option<cuda::nccl::Nccl>)> {
     let mem_used = || gpu.context().mem_get_info().map(|(f, t)| t - f).unwrap_or(0);
     let before = mem_used();
     let opt = crate::optim::AdamW::new(crate::presets::tiny().train.adamw(), &model.params);
-    let mut eng = crate::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan)?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let mut eng =
+        crate::engine::GpuEngine::<T>::new_rank(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan, nccl)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1 + rank as u64);
     let v = model.config.vocab_size as u32;
     let n = a.batch * a.context;
     let mut batch = || {
@@ -415,9 +700,12 @@ fn bench_one<T: cuda::Elem>(
     let peak_gib = (mem_used().saturating_sub(before)) as f64 / (1u64 << 30) as f64;
     let b = batch();
     eng.backend_mut().start_profile();
+    eng.backend_mut().start_comm_timing();
     eng.step_on(model, &b, 1.0, 1e-4)?;
     let profile = eng.backend_mut().take_profile()?;
-    Ok(BenchResult { step_s, peak_gib, profile, losses })
+    let comm_ms = eng.backend_mut().take_comm_ms()?;
+    let nccl = eng.backend_mut().zero.take().map(|z| z.nccl);
+    Ok((BenchResult { step_s, peak_gib, profile, comm_ms, losses }, nccl))
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second) over a 1 GiB buffer, the
@@ -558,4 +846,135 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
         std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Top {
+        #[command(subcommand)]
+        cmd: TopCmd,
+    }
+    #[derive(clap::Subcommand)]
+    enum TopCmd {
+        Bench(Args),
+    }
+
+    fn parse(args: &[std::ffi::OsString]) -> TrainArgs {
+        let argv = std::iter::once("foxlm".into()).chain(args.iter().cloned());
+        let TopCmd::Bench(Args { what: What::Train(t) }) = Top::try_parse_from(argv).unwrap().cmd else {
+            panic!("not bench train")
+        };
+        t
+    }
+
+    /// The processes of --gpus run the benchmark the user asked for, without --gpus and --json.
+    #[test]
+    fn child_args_carry_the_benchmark() {
+        let argv: Vec<std::ffi::OsString> = [
+            "bench",
+            "train",
+            "--gpus",
+            "2",
+            "--preset",
+            "fox-pro-760m",
+            "--batch",
+            "1",
+            "--context",
+            "8192",
+            "--acp",
+            "off",
+            "--steps",
+            "5",
+            "--warmup",
+            "2",
+            "--recompute",
+            "--dtype",
+            "f32",
+            "--json",
+            "x.json",
+        ]
+        .into_iter()
+        .map(Into::into)
+        .collect();
+        let a = parse(&argv);
+        let c = parse(&child_args(&a, std::path::Path::new("/tmp/r.json")));
+        assert_eq!((c.gpus, c.json, c.report), (None, None, Some(PathBuf::from("/tmp/r.json"))));
+        assert_eq!((c.preset.as_str(), c.batch, c.context, c.acp.as_str()), ("fox-pro-760m", 1, 8192, "off"));
+        assert_eq!((c.steps, c.warmup, c.recompute, c.dtype), (5, 2, true, crate::engine::Dtype::F32));
+    }
+
+    /// The optimizer column: ZeRO-1 over 2 ranks keeps half of the moments and of the matrices'
+    /// master weights, the vectors' master weights whole.
+    #[test]
+    fn optimizer_state_per_gpu_is_sharded() {
+        use crate::backend::cuda::optimizer_state_bytes;
+        let m = crate::model::Model::new(&crate::presets::Variant::FoxPro.config(64, 3, 2));
+        let p = &m.params;
+        let n = p.numel();
+        let matrix: usize = p
+            .tensors
+            .iter()
+            .zip(&p.kinds)
+            .filter(|(_, k)| **k == crate::tensor::ParamKind::Matrix)
+            .map(|(t, _)| t.numel())
+            .sum();
+        assert!(matrix > 0 && matrix < n);
+        assert_eq!(optimizer_state_bytes(&m, 1), (4 * n, 8 * n));
+        assert_eq!(optimizer_state_bytes(&m, 2), (4 * (matrix.div_ceil(2) + n - matrix), 8 * n.div_ceil(2)));
+        let (a, b) = optimizer_state_bytes(&m, 4);
+        assert_eq!(b, 8 * n.div_ceil(4));
+        assert!(a > 4 * n / 4 && a < 4 * n / 2, "{a}");
+    }
+
+    fn row(gpus: usize, acp: bool, tps: f64) -> TrainRow {
+        TrainRow {
+            preset: "fox-pro-125m".into(),
+            recompute: false,
+            batch: 2,
+            context: 16384,
+            dtype: "bf16".into(),
+            acp,
+            gpus,
+            nccl: gpus > 1,
+            global_batch: 2 * gpus,
+            tokens_per_s: tps,
+            step_ms_median: 2.0 * 16384.0 * gpus as f64 / tps * 1e3,
+            tflops_model: 0.0,
+            peak_gib: 10.0,
+            plan_gib: 9.0,
+            optimizer_gib: 1.5 / gpus as f64,
+            comm_ms: (gpus > 1).then_some(12.5),
+            scaling_efficiency: None,
+            losses: vec![],
+            profile: vec![],
+            gpu: "test".into(),
+        }
+    }
+
+    #[test]
+    fn scaling_efficiency_is_against_the_same_acp_row() {
+        let one = [row(1, false, 100_000.0), row(1, true, 120_000.0)];
+        let mut many = [row(2, false, 190_000.0), row(2, true, 180_000.0)];
+        add_scaling(&one, &mut many);
+        assert_eq!(many[0].scaling_efficiency, Some(0.95));
+        assert_eq!(many[1].scaling_efficiency, Some(0.75));
+        let t = scaling_table(&one, &many);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[1].starts_with("fox-pro-125m T=16384 bf16 B=2 per GPU (N GPUs: global batch N×2)"), "{t}");
+        let cells: Vec<&str> = lines[5].split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["2", "off", "NCCL,", "ZeRO-1", "190000", "95000", "95.0%", "344.9", "10.00", "0.750", "12.5"]
+        );
+        let cells: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(cells, ["1", "off", "single", "GPU", "100000", "100000", "-", "327.7", "10.00", "1.500", "-"]);
+        // A row survives the trip through a --report file.
+        let back: Vec<TrainRow> = serde_json::from_str(&serde_json::to_string(&many).unwrap()).unwrap();
+        assert_eq!(back[0].scaling_efficiency, Some(0.95));
+        assert_eq!(back[1].comm_ms, Some(12.5));
+    }
 }

@@ -255,8 +255,8 @@ fn role(a: &Args) -> Result<Role> {
 }
 
 /// Checks what a multi-GPU run needs before starting any rank: GPUs, NCCL, a GPU device.
-fn check_gpus(a: &Args, n: usize) -> Result<()> {
-    if a.device == fox_kernels::cuda::DeviceArg::Cpu {
+pub fn check_gpus(device: fox_kernels::cuda::DeviceArg, n: usize) -> Result<()> {
+    if device == fox_kernels::cuda::DeviceArg::Cpu {
         bail!("--device cpu: training on several ranks runs on GPUs (NCCL); drop --device or --gpus");
     }
     let have = fox_kernels::cuda::probe().map_err(|e| anyhow::anyhow!("--gpus {n}: no GPU can be used here: {e:#}"))?;
@@ -270,7 +270,7 @@ pub fn run(a: Args) -> Result<()> {
     match role(&a)? {
         Role::Single => run_one(a, None).map(exit_if_interrupted),
         Role::Launcher(n) if !a.print_config && !a.list_presets => {
-            check_gpus(&a, n)?;
+            check_gpus(a.device, n)?;
             let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
             if !a.quiet {
                 eprintln!("starting {n} rank{} (one per GPU)", if n == 1 { "" } else { "s" });
@@ -288,7 +288,6 @@ pub fn run(a: Args) -> Result<()> {
 /// One rank of a multi-process run: the rendezvous, the watchdog, then training; a failure is
 /// reported to the other ranks (and to the launcher) before this process exits.
 fn run_rank(mut a: Args, w: crate::dist::World) -> Result<()> {
-    use crate::dist::{control, rendezvous};
     if a.device == fox_kernels::cuda::DeviceArg::Cpu {
         bail!("--device cpu: a multi-process run (WORLD_SIZE {}) trains on GPUs through NCCL", w.size);
     }
@@ -301,28 +300,9 @@ fn run_rank(mut a: Args, w: crate::dist::World) -> Result<()> {
     if w.rank != 0 {
         a.quiet = true;
     }
-    let fail = |e: anyhow::Error| {
-        control::write_error_file(&format!("{e:#}"));
-        e
-    };
-    let timeout = std::time::Duration::from_secs(a.dist.rendezvous_timeout);
-    let (id, links) = rendezvous::rendezvous(&w, timeout, fox_kernels::cuda::nccl::unique_id).map_err(fail)?;
-    let ctl = control::Control::start(
-        w.rank,
-        links,
-        std::time::Duration::from_secs(a.dist.collective_timeout),
-        control::exit_on_stop(w.rank),
-    )
-    .context("starting the watchdog")
-    .map_err(fail)?;
-    let res = run_one(a, Some(crate::dist::DistRun { world: w.clone(), nccl_id: id }));
-    match &res {
-        Ok(_) => ctl.done(),
-        Err(e) => {
-            ctl.fail(&format!("{e:#}"));
-            control::write_error_file(&format!("{e:#}"));
-        }
-    }
+    let rendezvous = std::time::Duration::from_secs(a.dist.rendezvous_timeout);
+    let collective = std::time::Duration::from_secs(a.dist.collective_timeout);
+    let res = crate::dist::as_rank(&w, rendezvous, collective, |d| run_one(a, Some(d)));
     res.map(exit_if_interrupted).map_err(|e| e.context(format!("rank {} of {}", w.rank, w.size)))
 }
 

@@ -54,6 +54,34 @@ pub struct DistRun {
     pub nccl_id: Vec<u8>,
 }
 
+/// Runs `f` as rank `w.rank` of a multi-process run: the TCP rendezvous (which hands out the
+/// NCCL id), the watchdog over its connections, then `f`; `f`'s failure is told to the other
+/// ranks and left for the launcher (FOXLM_ERROR_FILE) before it is returned.
+pub fn as_rank<R>(
+    w: &World,
+    rendezvous_timeout: std::time::Duration,
+    collective_timeout: std::time::Duration,
+    f: impl FnOnce(DistRun) -> Result<R>,
+) -> Result<R> {
+    let fail = |e: anyhow::Error| {
+        control::write_error_file(&format!("{e:#}"));
+        e
+    };
+    let (id, links) =
+        rendezvous::rendezvous(w, rendezvous_timeout, fox_kernels::cuda::nccl::unique_id).map_err(fail)?;
+    let ctl = control::Control::start(w.rank, links, collective_timeout, control::exit_on_stop(w.rank))
+        .map_err(|e| fail(anyhow::Error::from(e).context("starting the watchdog")))?;
+    let res = f(DistRun { world: w.clone(), nccl_id: id });
+    match &res {
+        Ok(_) => ctl.done(),
+        Err(e) => {
+            ctl.fail(&format!("{e:#}"));
+            control::write_error_file(&format!("{e:#}"));
+        }
+    }
+    res
+}
+
 /// Which windows of one optimizer step a rank reads. The step's `accum` micro-batches of `micro`
 /// windows are those a single process reads in order; rank r takes the r-th of `world` equal runs
 /// of micro-batches. So the global batch, and the order in which the windows are drawn, are the

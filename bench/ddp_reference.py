@@ -130,31 +130,11 @@ def main():
     model, shape = train_reference.build(a)
     model = model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-3,
-        betas=(0.9, 0.95),
-        fused=cuda,
-    )
     ddp = DDP(model, device_ids=[local] if cuda else None)
     fwd = torch.compile(ddp) if a.compile else ddp
     model.train()
-
-    g = torch.Generator(device="cpu").manual_seed(a.seed + 1 + rank)
-    toks = torch.randint(0, train_reference.VOCAB, (a.batch, a.context + 1), generator=g).to(dev)
-    ids, targets = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
-    params = list(model.parameters())
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-            loss = fwd(ids, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        return loss
+    # each rank its own tokens, as each GPU reads its own slice of the data
+    step = train_reference.training_step(torch, model, fwd, dev, a.batch, a.context, a.seed + 1 + rank)
 
     result = {
         "name": "pytorch-llama-ddp",

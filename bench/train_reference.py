@@ -143,6 +143,35 @@ def build(a):
     return LM(), dict(hidden=d, layers=n_layers, heads=n_heads, head_dim=head_dim, intermediate=inter)
 
 
+def training_step(torch, model, fwd, dev, batch, context, seed):
+    """One optimizer step as a user trains: AdamW (decay on the matrices only, fused on a GPU), bf16
+    autocast, clipping at 1.0, on a fixed random batch of `batch` windows of `context` tokens drawn
+    with `seed`. `fwd` is the model as called (compiled, or wrapped in DDP); returns step()."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        fused=dev.type == "cuda",
+    )
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    toks = torch.randint(0, VOCAB, (batch, context + 1), generator=g).to(dev)
+    ids, targets = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
+    params = list(model.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
+            loss = fwd(ids, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss
+
+    return step
+
+
 def main():
     a = parse_args()
     import torch
@@ -157,30 +186,9 @@ def main():
     model, shape = build(a)
     model = model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-3,
-        betas=(0.9, 0.95),
-        fused=dev.type == "cuda",
-    )
     fwd = torch.compile(model) if a.compile else model
     model.train()
-
-    g = torch.Generator(device="cpu").manual_seed(a.seed)
-    toks = torch.randint(0, VOCAB, (a.batch, a.context + 1), generator=g).to(dev)
-    ids, targets = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
-    params = list(model.parameters())
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-            loss = fwd(ids, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        return loss
+    step = training_step(torch, model, fwd, dev, a.batch, a.context, a.seed)
 
     result = {
         "name": "pytorch-llama-sdpa",

@@ -24,7 +24,7 @@
 //! logits' buffer (rows × vocab, at most 256 MiB) for the next step.
 
 use crate::matmul::gemm_seq;
-use crate::par::SharedMut;
+use crate::par::{with_buffer, SharedMut};
 use crate::simd;
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -45,23 +45,6 @@ thread_local! {
     static LOGITS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// A task's block of logits or dlogits (per worker thread).
     static TASK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-fn with_buffer<R>(
-    key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
-    n: usize,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> R {
-    key.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < n {
-                v.resize(n, 0.0);
-            }
-            f(&mut v[..n])
-        }
-        // Re-entered on this thread (a nested call): a buffer of its own.
-        Err(_) => f(&mut vec![0.0; n]),
-    })
 }
 
 /// Where the head's gradients go.

@@ -252,27 +252,28 @@ fn chunk_with_grads(
                                 }
                             }
                         }
-                        if let Some(dw) = dw {
-                            // dW[v0..v1] += dlogits[:, block]ᵀ · x.
-                            // SAFETY: rows v0..v1 of dW belong to this task; g holds m rows of
-                            // GRAD_COLS, x is [m, d].
-                            unsafe {
-                                gemm_seq(
-                                    nb,
-                                    d,
-                                    m,
-                                    dw.ptr().add(v0 * d),
-                                    d,
-                                    true,
-                                    g.as_ptr().add(off),
-                                    1,
-                                    GRAD_COLS,
-                                    x.as_ptr(),
-                                    d,
-                                    1,
-                                )
-                            };
-                        }
+                    }
+                    if let Some(dw) = dw {
+                        // dW[s0..s1] += dlogits[:, s0..s1]ᵀ · x: one product per GRAD_COLS
+                        // words, so that x is packed once for all of them.
+                        // SAFETY: rows s0..s1 of dW belong to this task; g holds m rows of
+                        // GRAD_COLS, x is [m, d].
+                        unsafe {
+                            gemm_seq(
+                                s1 - s0,
+                                d,
+                                m,
+                                dw.ptr().add(s0 * d),
+                                d,
+                                true,
+                                g.as_ptr(),
+                                1,
+                                GRAD_COLS,
+                                x.as_ptr(),
+                                d,
+                                1,
+                            )
+                        };
                     }
                     // dx (this range's part) += dlogits[:, s0..s1] · W[s0..s1].
                     // SAFETY: dxp is [m, d], g holds m rows of GRAD_COLS, W's rows s0..s1 exist.

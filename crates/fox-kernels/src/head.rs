@@ -24,7 +24,7 @@
 //! logits' buffer (rows × vocab, at most 256 MiB) for the next step.
 
 use crate::matmul::gemm_seq;
-use crate::par::SharedMut;
+use crate::par::{with_buffer, SharedMut};
 use crate::simd;
 use anyhow::{bail, Result};
 use rayon::prelude::*;
@@ -45,23 +45,6 @@ thread_local! {
     static LOGITS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// A task's block of logits or dlogits (per worker thread).
     static TASK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-fn with_buffer<R>(
-    key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
-    n: usize,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> R {
-    key.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < n {
-                v.resize(n, 0.0);
-            }
-            f(&mut v[..n])
-        }
-        // Re-entered on this thread (a nested call): a buffer of its own.
-        Err(_) => f(&mut vec![0.0; n]),
-    })
 }
 
 /// Where the head's gradients go.
@@ -269,27 +252,28 @@ fn chunk_with_grads(
                                 }
                             }
                         }
-                        if let Some(dw) = dw {
-                            // dW[v0..v1] += dlogits[:, block]ᵀ · x.
-                            // SAFETY: rows v0..v1 of dW belong to this task; g holds m rows of
-                            // GRAD_COLS, x is [m, d].
-                            unsafe {
-                                gemm_seq(
-                                    nb,
-                                    d,
-                                    m,
-                                    dw.ptr().add(v0 * d),
-                                    d,
-                                    true,
-                                    g.as_ptr().add(off),
-                                    1,
-                                    GRAD_COLS,
-                                    x.as_ptr(),
-                                    d,
-                                    1,
-                                )
-                            };
-                        }
+                    }
+                    if let Some(dw) = dw {
+                        // dW[s0..s1] += dlogits[:, s0..s1]ᵀ · x: one product per GRAD_COLS
+                        // words, so that x is packed once for all of them.
+                        // SAFETY: rows s0..s1 of dW belong to this task; g holds m rows of
+                        // GRAD_COLS, x is [m, d].
+                        unsafe {
+                            gemm_seq(
+                                s1 - s0,
+                                d,
+                                m,
+                                dw.ptr().add(s0 * d),
+                                d,
+                                true,
+                                g.as_ptr(),
+                                1,
+                                GRAD_COLS,
+                                x.as_ptr(),
+                                d,
+                                1,
+                            )
+                        };
                     }
                     // dx (this range's part) += dlogits[:, s0..s1] · W[s0..s1].
                     // SAFETY: dxp is [m, d], g holds m rows of GRAD_COLS, W's rows s0..s1 exist.

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod cross_entropy;
 pub mod cuda;
 pub mod fgate;
+pub mod gate;
 pub mod head;
 pub mod kv_shift;
 pub mod matmul;

@@ -1,4 +1,7 @@
-//! A pointer that rayon tasks may share when each task writes a disjoint set of elements.
+//! A pointer that rayon tasks may share when each task writes a disjoint set of elements, and
+//! per-thread scratch buffers kept between calls.
+
+use std::cell::RefCell;
 
 #[derive(Clone, Copy)]
 pub struct SharedMut<T>(*mut T);
@@ -28,4 +31,24 @@ impl<T> SharedMut<T> {
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(start), len)
     }
+}
+
+/// `f` on the first `n` values of a thread's scratch buffer `key`, grown as needed and kept for
+/// the next call (allocating afresh costs a page fault per 4 KiB). Contents are left over from
+/// earlier calls.
+pub fn with_buffer<R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<f32>>>,
+    n: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+            f(&mut v[..n])
+        }
+        // Re-entered on this thread (a nested call): a buffer of its own.
+        Err(_) => f(&mut vec![0.0; n]),
+    })
 }

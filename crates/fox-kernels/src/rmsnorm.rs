@@ -5,7 +5,7 @@
 //! and channel), and the shared QK-norm (weight [head_dim] for every head). The weight row used by
 //! row r is `r % (w.len() / dim)`.
 
-use crate::par::SharedMut;
+use crate::simd::multiversion;
 use rayon::prelude::*;
 
 const ROWS_PER_TASK: usize = 64;
@@ -23,21 +23,46 @@ pub fn rms_norm_fwd(y: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], dim: 
     assert_eq!(y.len(), x.len());
     assert_eq!(rstd.len(), rows);
     assert!(w.len().is_multiple_of(dim) && !w.is_empty(), "rms_norm: weight length {} vs dim {dim}", w.len());
-    y.par_chunks_mut(dim * ROWS_PER_TASK).zip(rstd.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(
-        |(chunk, (ys, rs))| {
-            for (i, (yr, r)) in ys.chunks_mut(dim).zip(rs.iter_mut()).enumerate() {
-                let row = chunk * ROWS_PER_TASK + i;
-                let xr = &x[row * dim..(row + 1) * dim];
-                let ms = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-                let s = 1.0 / (ms + eps).sqrt();
-                *r = s;
-                let wr = weight_row(w, dim, row);
-                for c in 0..dim {
-                    yr[c] = xr[c] * s * wr[c];
-                }
+    y.par_chunks_mut(dim * ROWS_PER_TASK)
+        .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
+        .enumerate()
+        .for_each(|(chunk, (ys, rs))| fwd_rows(ys, rs, x, w, dim, eps, chunk * ROWS_PER_TASK));
+}
+
+multiversion! {
+    /// Rows row0.. of the forward.
+    fn fwd_rows(ys: &mut [f32], rs: &mut [f32], x: &[f32], w: &[f32], dim: usize, eps: f32, row0: usize) {
+        for (i, (yr, r)) in ys.chunks_mut(dim).zip(rs.iter_mut()).enumerate() {
+            let row = row0 + i;
+            let xr = &x[row * dim..(row + 1) * dim];
+            let ms = sum8(xr, xr, xr, |a, _, _| a * a) / dim as f32;
+            let s = 1.0 / (ms + eps).sqrt();
+            *r = s;
+            let wr = weight_row(w, dim, row);
+            for ((y, &xv), &wv) in yr.iter_mut().zip(xr).zip(wr) {
+                *y = xv * s * wv;
             }
-        },
-    );
+        }
+    }
+}
+
+/// Σ f(a_i, b_i, c_i) over three slices of one length, in eight interleaved partial sums added
+/// in a fixed order: the loop vectorises, and the result does not depend on the CPU.
+#[inline(always)]
+fn sum8(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc, cc) = (a.chunks_exact(8), b.chunks_exact(8), c.chunks_exact(8));
+    let (ar, br, cr) = (ac.remainder(), bc.remainder(), cc.remainder());
+    for ((x, y), z) in ac.zip(bc).zip(cc) {
+        for l in 0..8 {
+            acc[l] += f(x[l], y[l], z[l]);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for ((&x, &y), &z) in ar.iter().zip(br).zip(cr) {
+        s += f(x, y, z);
+    }
+    s
 }
 
 /// Backward: dx = rstd · (w·dy − x̂ · mean(w·dy·x̂)), dw += Σ dy·x̂ (x̂ = x·rstd).
@@ -53,50 +78,57 @@ pub fn rms_norm_bwd(
     w: &[f32],
     dim: usize,
 ) {
-    let rows = x.len() / dim;
+    assert!(x.len().is_multiple_of(dim));
     assert_eq!(dy.len(), x.len());
     assert_eq!(dx.len(), x.len());
     assert_eq!(dw.len(), w.len());
-    let groups = w.len() / dim;
     // dw needs a reduction over rows: per task partial sums, then a fixed-order sum (deterministic).
-    let n_tasks = rows.div_ceil(ROWS_PER_TASK);
-    let dxp = SharedMut::new(dx);
-    let partial: Vec<Vec<f32>> = (0..n_tasks)
-        .into_par_iter()
-        .map(|t| {
+    let partial: Vec<Vec<f32>> = dx
+        .par_chunks_mut(dim * ROWS_PER_TASK)
+        .enumerate()
+        .map(|(t, dxs)| {
             let mut dwp = vec![0.0f32; w.len()];
-            let r0 = t * ROWS_PER_TASK;
-            let r1 = (r0 + ROWS_PER_TASK).min(rows);
-            for row in r0..r1 {
-                let xr = &x[row * dim..(row + 1) * dim];
-                let dyr = &dy[row * dim..(row + 1) * dim];
-                let g = row % groups;
-                let wr = &w[g * dim..(g + 1) * dim];
-                let s = rstd[row];
-                let mut dot = 0.0f32;
-                for c in 0..dim {
-                    let xh = xr[c] * s;
-                    dot += wr[c] * dyr[c] * xh;
-                    dwp[g * dim + c] += dyr[c] * xh;
-                }
-                let mean = dot / dim as f32;
-                // SAFETY: rows are disjoint between tasks.
-                let dxr = unsafe { dxp.slice(row * dim, dim) };
-                for c in 0..dim {
-                    let v = s * (wr[c] * dyr[c] - xr[c] * s * mean);
-                    if accumulate {
-                        dxr[c] += v;
-                    } else {
-                        dxr[c] = v;
-                    }
-                }
-            }
+            bwd_rows(dxs, accumulate, &mut dwp, dy, x, rstd, w, dim, t * ROWS_PER_TASK);
             dwp
         })
         .collect();
     for p in partial {
         for (a, b) in dw.iter_mut().zip(p) {
             *a += b;
+        }
+    }
+}
+
+multiversion! {
+    /// Rows row0.. of the backward, dw's share added to dwp.
+    #[allow(clippy::too_many_arguments)]
+    fn bwd_rows(
+        dxs: &mut [f32],
+        accumulate: bool,
+        dwp: &mut [f32],
+        dy: &[f32],
+        x: &[f32],
+        rstd: &[f32],
+        w: &[f32],
+        dim: usize,
+        row0: usize,
+    ) {
+        let groups = w.len() / dim;
+        for (i, dxr) in dxs.chunks_mut(dim).enumerate() {
+            let row = row0 + i;
+            let xr = &x[row * dim..(row + 1) * dim];
+            let dyr = &dy[row * dim..(row + 1) * dim];
+            let g = row % groups;
+            let wr = &w[g * dim..(g + 1) * dim];
+            let s = rstd[row];
+            let mean = sum8(wr, dyr, xr, |wv, d, xv| wv * d * (xv * s)) / dim as f32;
+            for ((dwv, &d), &xv) in dwp[g * dim..(g + 1) * dim].iter_mut().zip(dyr).zip(xr) {
+                *dwv += d * (xv * s);
+            }
+            for (((o, &wv), &d), &xv) in dxr.iter_mut().zip(wr).zip(dyr).zip(xr) {
+                let v = s * (wv * d - xv * s * mean);
+                *o = if accumulate { *o + v } else { v };
+            }
         }
     }
 }

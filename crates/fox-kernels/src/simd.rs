@@ -10,6 +10,31 @@
 use crate::scalar::fast_exp;
 use std::sync::OnceLock;
 
+/// `fn name(args) body`, compiled twice: for AVX2 + FMA, run where the CPU has both (its plain
+/// loops then vectorise 8 lanes wide), and for the baseline elsewhere. The same source, and Rust
+/// does not contract a product and a sum into an FMA by itself, so both give the same bits.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn imp($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) $(-> $ret)? {
+                imp($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            if $crate::simd::has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA.
+                return unsafe { avx2($($arg),*) };
+            }
+            imp($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
 /// Whether the AVX2 + FMA paths run on this CPU (false off x86-64).
 pub fn has_avx2_fma() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();

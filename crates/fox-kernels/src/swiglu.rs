@@ -1,6 +1,7 @@
 //! SwiGLU: h = silu(gate) · up, where gate_proj's output row is [gate (I) | up (I)].
 
-use crate::scalar::sigmoid;
+use crate::scalar::fast_sigmoid;
+use crate::simd::multiversion;
 use rayon::prelude::*;
 
 /// Rows per parallel task: one row of a small model is too little work for a task of its own.
@@ -9,32 +10,40 @@ const ROWS_PER_TASK: usize = 16;
 /// gu: [rows, 2I] → h: [rows, I].
 pub fn swiglu_fwd(h: &mut [f32], gu: &[f32], inter: usize) {
     let n = ROWS_PER_TASK;
-    h.par_chunks_mut(n * inter).zip(gu.par_chunks(n * 2 * inter)).for_each(|(hs, gs)| {
+    h.par_chunks_mut(n * inter).zip(gu.par_chunks(n * 2 * inter)).for_each(|(hs, gs)| fwd_rows(hs, gs, inter));
+}
+
+multiversion! {
+    fn fwd_rows(hs: &mut [f32], gs: &[f32], inter: usize) {
         for (hr, g) in hs.chunks_mut(inter).zip(gs.chunks(2 * inter)) {
-            for c in 0..inter {
-                let a = g[c];
-                hr[c] = a * sigmoid(a) * g[inter + c];
+            let (gate, up) = g.split_at(inter);
+            for ((h, &a), &u) in hr.iter_mut().zip(gate).zip(up) {
+                *h = a * fast_sigmoid(a) * u;
             }
         }
-    });
+    }
 }
 
 /// dgu: [rows, 2I] from dh: [rows, I].
 pub fn swiglu_bwd(dgu: &mut [f32], dh: &[f32], gu: &[f32], inter: usize) {
     let n = ROWS_PER_TASK;
-    dgu.par_chunks_mut(n * 2 * inter).zip(dh.par_chunks(n * inter).zip(gu.par_chunks(n * 2 * inter))).for_each(
-        |(ds, (dhs, gs))| {
-            for (d, (dhr, g)) in ds.chunks_mut(2 * inter).zip(dhs.chunks(inter).zip(gs.chunks(2 * inter))) {
-                for c in 0..inter {
-                    let a = g[c];
-                    let s = sigmoid(a);
-                    let u = g[inter + c];
-                    d[c] = dhr[c] * u * s * (1.0 + a * (1.0 - s));
-                    d[inter + c] = dhr[c] * a * s;
-                }
+    dgu.par_chunks_mut(n * 2 * inter)
+        .zip(dh.par_chunks(n * inter).zip(gu.par_chunks(n * 2 * inter)))
+        .for_each(|(ds, (dhs, gs))| bwd_rows(ds, dhs, gs, inter));
+}
+
+multiversion! {
+    fn bwd_rows(ds: &mut [f32], dhs: &[f32], gs: &[f32], inter: usize) {
+        for (d, (dhr, g)) in ds.chunks_mut(2 * inter).zip(dhs.chunks(inter).zip(gs.chunks(2 * inter))) {
+            let (dgate, dup) = d.split_at_mut(inter);
+            let (gate, up) = g.split_at(inter);
+            for ((((dg, du), &dh), &a), &u) in dgate.iter_mut().zip(dup).zip(dhr).zip(gate).zip(up) {
+                let s = fast_sigmoid(a);
+                *dg = dh * u * s * (1.0 + a * (1.0 - s));
+                *du = dh * a * s;
             }
-        },
-    );
+        }
+    }
 }
 
 #[cfg(test)]

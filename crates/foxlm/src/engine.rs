@@ -8,7 +8,7 @@ use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo};
 use crate::data::{Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
-use crate::optim::{clip_coef, global_norm, AdamW};
+use crate::optim::{clip_coef, global_norm_sparse, AdamW, SparseRows};
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{Elem, Gpu};
 use rayon::prelude::*;
@@ -95,6 +95,15 @@ pub struct CpuEngine {
     /// Activations and backward buffers for [batch, seq], kept between steps: allocating them
     /// afresh costs a page fault per 4 KiB every step.
     bufs: Option<CpuBuffers>,
+    /// The embedding rows of this step's tokens: the only ones with a gradient, so the norm and
+    /// AdamW skip the others (with GPT-2's vocabulary, most of the embedding).
+    touched: Vec<bool>,
+}
+
+/// The embedding's rows that carry a gradient, as the optimizer takes them.
+fn sparse_rows<'a>(model: &Model, touched: &'a [bool]) -> SparseRows<'a> {
+    let e = &model.params.tensors[model.embeddings.0];
+    SparseRows { param: model.embeddings.0, cols: e.numel() / e.shape[0].max(1), touched }
 }
 
 struct CpuBuffers {
@@ -106,7 +115,22 @@ struct CpuBuffers {
 
 impl CpuEngine {
     pub fn new(model: &Model, micro: usize) -> Self {
-        Self { grads: model.params.zeros_like(), grad_scale: 1.0, zeroed: true, micro, bufs: None }
+        let rows = model.params.tensors[model.embeddings.0].shape[0];
+        Self {
+            grads: model.params.zeros_like(),
+            grad_scale: 1.0,
+            zeroed: true,
+            micro,
+            bufs: None,
+            touched: vec![false; rows],
+        }
+    }
+
+    /// The global gradient norm and the clipping factor AdamW will apply.
+    fn clip(&mut self, model: &Model, max_norm: f64) -> f64 {
+        let grad_norm = global_norm_sparse(&self.grads, &model.params, Some(&sparse_rows(model, &self.touched)));
+        self.grad_scale = clip_coef(grad_norm, max_norm);
+        grad_norm
     }
 
     /// Forward and backward of one micro-batch of `accum`, gradients added (weighted so that
@@ -138,6 +162,7 @@ impl CpuEngine {
         let bufs = self.bufs.insert(bufs);
         let mut b = CpuBatch::default();
         be.prepare(&mut b, &BatchInfo { batch, seq, start: None, past: 0 }, ids, Some(targets))?;
+        ids.iter().for_each(|&id| self.touched[id as usize] = true);
         let weight = (1.0 / accum as f32) / n_targets as f32;
         model.loss_and_grads_on(&mut be, &b, &mut bufs.acts, &mut bufs.scratch, weight)?;
         let (sum, _) = be.take_loss()?;
@@ -162,8 +187,7 @@ impl CpuEngine {
         }
         self.zeroed = false;
         let loss = self.micro_step(model, ids, targets, batch, 1)?;
-        let grad_norm = global_norm(&self.grads, &model.params);
-        self.grad_scale = clip_coef(grad_norm, max_norm);
+        let grad_norm = self.clip(model, max_norm);
         self.update(model, opt, lr)?;
         Ok(StepStats { loss, grad_norm })
     }
@@ -187,12 +211,13 @@ impl Engine for CpuEngine {
             let b = loader.next_batch(micro);
             loss_sum += self.micro_step(model, &b.ids, &b.targets, micro, accum)?;
         }
-        let grad_norm = global_norm(&self.grads, &model.params);
-        self.grad_scale = clip_coef(grad_norm, max_norm);
+        let grad_norm = self.clip(model, max_norm);
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
     }
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
-        opt.update_scaled_and_zero(&mut model.params, &mut self.grads, lr, self.grad_scale);
+        let sparse = sparse_rows(model, &self.touched);
+        opt.update_scaled_and_zero(&mut model.params, &mut self.grads, lr, self.grad_scale, Some(&sparse));
+        self.touched.fill(false);
         self.zeroed = true;
         Ok(())
     }

@@ -60,21 +60,63 @@ impl AdamW {
     /// `update` with every gradient multiplied by `grad_scale` first (the clipping factor of
     /// [`clip_coef`], so clipping needs no pass of its own; the same arithmetic as scaling the
     /// gradients in place and calling `update`), after which the gradients are set to zero for
-    /// the next step's accumulation while they are still in cache.
+    /// the next step's accumulation while they are still in cache. With `sparse`, the rows of
+    /// that parameter outside its touched set have a zero gradient: AdamW runs on them with a
+    /// zero gradient it does not read (the same bits), and they are not zeroed again.
     #[allow(clippy::needless_range_loop)]
-    pub fn update_scaled_and_zero(&mut self, params: &mut Params, grads: &mut [Vec<f32>], lr: f64, grad_scale: f32) {
+    pub fn update_scaled_and_zero(
+        &mut self,
+        params: &mut Params,
+        grads: &mut [Vec<f32>],
+        lr: f64,
+        grad_scale: f32,
+        sparse: Option<&SparseRows>,
+    ) {
         let (bc1, bc2) = self.begin(params, grads.len());
         for i in 0..params.len() {
             let Some(h) = self.hyper(params.kinds[i], lr, bc1, bc2, grad_scale) else { continue };
             let (p, g) = (&mut params.tensors[i].data, &mut grads[i]);
             assert_eq!(p.len(), g.len(), "gradient of {} has the wrong size", params.names[i]);
-            p.par_chunks_mut(CHUNK)
-                .zip(g.par_chunks_mut(CHUNK))
-                .zip(self.m[i].par_chunks_mut(CHUNK).zip(self.v[i].par_chunks_mut(CHUNK)))
-                .for_each(|((p, g), (m, v))| {
-                    simd::adamw(p, g, m, v, &h);
-                    g.fill(0.0);
-                });
+            let (m, v) = (&mut self.m[i], &mut self.v[i]);
+            match sparse.filter(|s| s.param == i) {
+                Some(sp) => {
+                    let cols = sp.cols.max(1);
+                    assert_eq!(p.len(), sp.touched.len() * cols, "touched rows of {}", params.names[i]);
+                    // Tasks of whole rows; within a task, runs of rows touched or not.
+                    let rows = (CHUNK / cols).max(1);
+                    let n = rows * cols;
+                    p.par_chunks_mut(n)
+                        .zip(g.par_chunks_mut(n))
+                        .zip(m.par_chunks_mut(n).zip(v.par_chunks_mut(n)))
+                        .zip(sp.touched.par_chunks(rows))
+                        .for_each(|(((p, g), (m, v)), touched)| {
+                            let mut r0 = 0;
+                            while r0 < touched.len() {
+                                let t = touched[r0];
+                                let r1 = (r0..touched.len()).find(|&r| touched[r] != t).unwrap_or(touched.len());
+                                for c0 in (r0 * cols..r1 * cols).step_by(CHUNK) {
+                                    let c1 = (c0 + CHUNK).min(r1 * cols);
+                                    let (p, m, v) = (&mut p[c0..c1], &mut m[c0..c1], &mut v[c0..c1]);
+                                    if t {
+                                        simd::adamw(p, &g[c0..c1], m, v, &h);
+                                        g[c0..c1].fill(0.0);
+                                    } else {
+                                        simd::adamw(p, &ZEROS[..c1 - c0], m, v, &h);
+                                    }
+                                }
+                                r0 = r1;
+                            }
+                        });
+                }
+                None => p
+                    .par_chunks_mut(CHUNK)
+                    .zip(g.par_chunks_mut(CHUNK))
+                    .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+                    .for_each(|((p, g), (m, v))| {
+                        simd::adamw(p, g, m, v, &h);
+                        g.fill(0.0);
+                    }),
+            }
         }
     }
 
@@ -120,14 +162,45 @@ pub fn step_constants(
 /// Elements per parallel task of the optimizer and the norm (64 KiB of f32).
 const CHUNK: usize = 1 << 14;
 
+/// A zero gradient for the rows [`SparseRows`] leaves out.
+static ZEROS: [f32; CHUNK] = [0.0; CHUNK];
+
+/// The rows of one parameter (the token embedding, [rows, cols]) whose gradient may be nonzero:
+/// the rows of the step's token ids. The others are zero and stay zero, so neither the norm nor
+/// AdamW needs to read them (with GPT-2's vocabulary and a short batch, almost all of them).
+pub struct SparseRows<'a> {
+    pub param: usize,
+    pub cols: usize,
+    pub touched: &'a [bool],
+}
+
 /// The global L2 norm of all gradients (of trainable parameters), accumulated in f64 in a fixed
 /// order (the same result whatever the thread count).
 pub fn global_norm(grads: &[Vec<f32>], params: &Params) -> f64 {
+    global_norm_sparse(grads, params, None)
+}
+
+/// [`global_norm`], reading only the touched rows of `sparse`'s parameter (the others are zero).
+pub fn global_norm_sparse(grads: &[Vec<f32>], params: &Params, sparse: Option<&SparseRows>) -> f64 {
     grads
         .iter()
         .zip(&params.kinds)
-        .filter(|(_, k)| **k != ParamKind::Frozen)
-        .map(|(g, _)| sum_squares(g))
+        .enumerate()
+        .filter(|(_, (_, k))| **k != ParamKind::Frozen)
+        .map(|(i, (g, _))| match sparse.filter(|s| s.param == i) {
+            Some(sp) => {
+                let cols = sp.cols.max(1);
+                sp.touched
+                    .par_iter()
+                    .enumerate()
+                    .filter(|(_, &t)| t)
+                    .map(|(r, _)| simd::sum_squares_f64(&g[r * cols..(r + 1) * cols]))
+                    .collect::<Vec<f64>>()
+                    .iter()
+                    .sum::<f64>()
+            }
+            None => sum_squares(g),
+        })
         .sum::<f64>()
         .sqrt()
 }
@@ -286,11 +359,49 @@ mod tests {
             let mut b = g.clone();
             let coef = clip_coef(global_norm(&b, &p2), 1.0);
             assert!(coef < 1.0);
-            o2.update_scaled_and_zero(&mut p2, &mut b, 0.01, coef);
+            o2.update_scaled_and_zero(&mut p2, &mut b, 0.01, coef, None);
             assert!(b[..2].iter().all(|t| t.iter().all(|&x| x == 0.0)), "gradients zeroed");
             for (x, y) in p1.tensors.iter().zip(&p2.tensors) {
                 assert_eq!(x.data, y.data, "step {step}");
             }
+        }
+        assert_eq!((o1.m, o1.v), (o2.m, o2.v));
+    }
+
+    /// With the zero rows of a matrix left out (`SparseRows`), the norm and the fused update give
+    /// the same results as the dense ones, and the touched rows are zeroed.
+    #[test]
+    fn sparse_rows_match_the_dense_update() {
+        let (rows, cols) = (3000, 7);
+        let mut p = Params::default();
+        p.add("emb", &[rows, cols], ParamKind::Matrix);
+        p.add("b", &[2], ParamKind::NoDecay);
+        p.tensors[0].data = (0..rows * cols).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+        p.tensors[1].data = vec![0.3, -0.3];
+        let touched: Vec<bool> = (0..rows).map(|r| r % 13 == 4 || (1000..2100).contains(&r)).collect();
+        let (mut p1, mut p2) = (p.clone(), p.clone());
+        let mut o1 = AdamW::new(AdamWConfig::default(), &p1);
+        let mut o2 = AdamW::new(AdamWConfig::default(), &p2);
+        let sp = SparseRows { param: 0, cols, touched: &touched };
+        for step in 0..3 {
+            let mut g = p.zeros_like();
+            for (r, &t) in touched.iter().enumerate() {
+                if t && (r + step) % 3 != 0 {
+                    for c in 0..cols {
+                        g[0][r * cols + c] = ((r * 31 + c * 17 + step) % 23) as f32 / 11.0 - 1.0;
+                    }
+                }
+            }
+            g[1] = vec![0.5, -2.0];
+            let n = global_norm(&g, &p1);
+            assert!((global_norm_sparse(&g, &p2, Some(&sp)) - n).abs() <= 1e-12 * n);
+            let coef = clip_coef(n, 1.0);
+            let (mut g1, mut g2) = (g.clone(), g);
+            o1.update_scaled_and_zero(&mut p1, &mut g1, 0.01, coef, None);
+            o2.update_scaled_and_zero(&mut p2, &mut g2, 0.01, coef, Some(&sp));
+            assert!(g2.iter().all(|t| t.iter().all(|&x| x == 0.0)), "gradients zeroed");
+            assert_eq!(p1.tensors[0].data, p2.tensors[0].data, "step {step}");
+            assert_eq!(p1.tensors[1].data, p2.tensors[1].data);
         }
         assert_eq!((o1.m, o1.v), (o2.m, o2.v));
     }

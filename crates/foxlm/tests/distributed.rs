@@ -71,7 +71,7 @@ fn single(ds: &Dataset, model: &mut Model, opt: &mut AdamW, loader_at: LoaderSta
             let batches: Vec<_> = (0..ACCUM).map(|_| loader.next_batch(MICRO)).collect();
             let loss = grads_of(model, &batches, &mut grads) / ACCUM as f64;
             let norm = global_norm(&grads, &model.params);
-            opt.update_scaled_and_zero(&mut model.params, &mut grads, LR, clip_coef(norm, MAX_NORM));
+            opt.update_scaled_and_zero(&mut model.params, &mut grads, LR, clip_coef(norm, MAX_NORM), None);
             Step { ids: batches.iter().flat_map(|b| b.ids.clone()).collect(), loss, norm, loader: loader.state() }
         })
         .collect()

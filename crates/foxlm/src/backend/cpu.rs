@@ -7,13 +7,7 @@ use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
-use fox_kernels::scalar::sigmoid;
-use fox_kernels::{fgate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
-use rayon::prelude::*;
-
-/// Elementwise ops run in parallel tasks of this many values (a row of a small model is too
-/// little work for a task of its own).
-const ELEMS_PER_TASK: usize = 1 << 14;
+use fox_kernels::{fgate, gate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
 
 /// Parameters (borrowed) and, when training, their gradient buffers (shaped like the
 /// parameters, see [`Params::zeros_like`]).
@@ -267,7 +261,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn sigmoid_inplace(&mut self, x: &mut Vec<f32>) -> Result<()> {
-        x.par_chunks_mut(ELEMS_PER_TASK).for_each(|x| x.iter_mut().for_each(|v| *v = sigmoid(*v)));
+        gate::sigmoid_inplace(x);
         Ok(())
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
@@ -294,11 +288,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>) -> Result<()> {
-        z.par_chunks_mut(ELEMS_PER_TASK)
-            .zip(pre.par_chunks(ELEMS_PER_TASK).zip(g.par_chunks(ELEMS_PER_TASK)))
-            .for_each(|(z, (pre, g))| {
-                z.iter_mut().zip(pre.iter().zip(g)).for_each(|(z, (&p, &g))| *z = p * sigmoid(g))
-            });
+        gate::gate_mul_fwd(z, pre, g);
         Ok(())
     }
     fn gate_mul_bwd(
@@ -309,18 +299,7 @@ impl Backend for Cpu<'_> {
         pre: &Vec<f32>,
         g: &Vec<f32>,
     ) -> Result<()> {
-        let n = ELEMS_PER_TASK;
-        dpre.par_chunks_mut(n)
-            .zip(dg.par_chunks_mut(n))
-            .zip(dz.par_chunks(n).zip(pre.par_chunks(n).zip(g.par_chunks(n))))
-            .for_each(|((dpre, dg), (dz, (pre, g)))| {
-                for (((dp, dgv), &dzv), (&pv, &gv)) in dpre.iter_mut().zip(dg.iter_mut()).zip(dz).zip(pre.iter().zip(g))
-                {
-                    let s = sigmoid(gv);
-                    *dgv = dzv * pv * s * (1.0 - s);
-                    *dp = dzv * s;
-                }
-            });
+        gate::gate_mul_bwd(dpre, dg, dz, pre, g);
         Ok(())
     }
     fn cast_to_act(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {

@@ -434,7 +434,10 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
                         }
                         let r = r0 + i;
                         exp_logits(prow, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], Some(lse[ch + r]));
-                        let delta = dot(&o[o_at(r)..o_at(r) + d], &dout[o_at(r)..o_at(r) + d]);
+                        // delta = Σ_j P_ij dP_ij (= dO_i · O_i) from the same dP values: a row that
+                        // sees one key (P = 1) gets dS = 0 exactly, as the gradient is, instead
+                        // of the rounding difference of two dot products in other orders
+                        let delta = prow.iter().zip(drow.iter()).map(|(&pij, &x)| pij * x).sum::<f32>();
                         let mut dci = 0.0f32;
                         for ((x, &pij), dcj) in drow.iter_mut().zip(prow.iter()).zip(&mut dck_h[klo..khi]) {
                             // Outside the row's keys P is 0, and so is dS.
@@ -727,6 +730,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn one_visible_key_gives_zero_score_gradients() {
+        // A window of one key: P = 1 on every row, so dS = 0 and with it dq, dk and dc exactly;
+        // dv_j = dO_j. (The GPU check compares against these zeros absolutely; rounding residue
+        // here would make its relative error meaningless.)
+        let cs = case(12, 2, 3, 16, 70, 1.0);
+        let p = Problem { window: Some(1), ..problem(&cs, Visibility::All) };
+        let mut out = vec![0.0; cs.q.len()];
+        let st = forward(&p, &mut out);
+        assert_eq!(max_diff(&out, &cs.v), 0.0, "o = v");
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let dout: Vec<f32> = (0..cs.q.len()).map(|_| rng.sample(StandardNormal)).collect();
+        let g = backward(&p, &out, &dout, &st.lse);
+        for (name, x) in [("dq", &g.dq), ("dk", &g.dk), ("dcq", &g.dcq), ("dck", &g.dck)] {
+            assert!(x.iter().all(|&v| v == 0.0), "{name} is not exactly zero");
+        }
+        assert_eq!(max_diff(&g.dv, &dout), 0.0, "dv = dO");
     }
 
     /// k or v [B, T, hkv, D] repeated to [B, T, H, D]: query head h gets k/v head h / (H / hkv).

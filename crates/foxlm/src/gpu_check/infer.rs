@@ -108,24 +108,7 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
                 rms_diff(&u16l, &cpu_logits)
             ),
         ));
-        let most = start.iter().copied().max().unwrap_or(0);
-        let pctx = Ctx { batch: b, seq: t, start: Some(start.clone()) };
-        let cpu_padded = model.forward(&ids, &pctx);
-        let lp = cached_logits::<f32>(gpu, &model, &ids, &pctx, most + 1)?;
-        let vocab = model.config.vocab_size;
-        let real = |l: &[f32]| -> Vec<f32> {
-            (0..b)
-                .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
-                .map(|i| l[i])
-                .collect()
-        };
-        rows.push(row(
-            format!("{v} f32 cache left-padded"),
-            &format!("logits {} pos/step max |Δ|", most + 1),
-            max_abs_diff(&real(&lp), &real(&cpu_padded)),
-            1e-3,
-            String::new(),
-        ));
+        rows.push(left_padded_row(gpu, &model, v, &ids, b, t, &start)?);
 
         // Greedy continuations: a prompt alone, and as the shorter (left-padded) row of a batch.
         let long: Vec<u32> = ids[..t].to_vec();
@@ -152,19 +135,7 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
         let g16 = gpu_generate::<half::bf16>(gpu, &model, std::slice::from_ref(&long), &opts)?.remove(0);
         rows.push(bf16_greedy_row(&model, v, &long, &g16, &g32));
 
-        // Per-position evaluation losses, prefilled through the cache in chunks of 50.
-        let seqs: Vec<Vec<u32>> = (0..b).map(|r| ids[r * t..(r + 1) * t].to_vec()).collect();
-        let cpu = batch_token_losses(&model, &seqs, Chunking::new(64, vocab), |_| {});
-        for (name, tol) in [("f32", 1e-4), ("bf16", 0.1)] {
-            let plan = Plan { batch: b, chunk: 50 };
-            let gl = if name == "f32" {
-                GpuInfer::<f32>::new(gpu.clone(), &model, plan)?.token_losses(&seqs, 50, &mut |_| {})?
-            } else {
-                GpuInfer::<half::bf16>::new(gpu.clone(), &model, plan)?.token_losses(&seqs, 50, &mut |_| {})?
-            };
-            let err = gl.iter().flatten().zip(cpu.iter().flatten()).map(|(a, c)| (a - c).abs()).fold(0.0, f64::max);
-            rows.push(row(format!("{v} {name} eval loss"), "per-position loss max |Δ|", err, tol, String::new()));
-        }
+        rows.extend(eval_loss_rows(gpu, &model, v, &ids, b, t)?);
     }
     eprintln!("inference checks: the sampler");
     rows.extend(sampler_checks(gpu, fixtures)?);
@@ -259,24 +230,7 @@ fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow
             format!("max {:.3}", max_abs_diff(&l16, &cpu)),
         ));
     }
-    let most = start.iter().copied().max().unwrap_or(0);
-    let pctx = Ctx { batch: b, seq: t, start: Some(start.clone()) };
-    let cpu_padded = model.forward(ids, &pctx);
-    let vocab = cfg.vocab_size;
-    let real = |l: &[f32]| -> Vec<f32> {
-        (0..b)
-            .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
-            .map(|i| l[i])
-            .collect()
-    };
-    let lp = cached_logits::<f32>(gpu, model, ids, &pctx, most + 1)?;
-    rows.push(row(
-        format!("{v} f32 cache left-padded"),
-        &format!("logits {} pos/step max |Δ|", most + 1),
-        max_abs_diff(&real(&lp), &real(&cpu_padded)),
-        1e-3,
-        String::new(),
-    ));
+    rows.push(left_padded_row(gpu, model, v, ids, b, t, start)?);
 
     // Greedy continuations past the window: a prompt alone, and as the shorter (left-padded) row.
     let long: Vec<u32> = ids[..t].to_vec();
@@ -320,9 +274,48 @@ fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow
         ));
     }
 
-    // Per-position evaluation losses, prefilled through the cache in chunks of 50.
+    rows.extend(eval_loss_rows(gpu, model, v, ids, b, t)?);
+    Ok(rows)
+}
+
+/// Logits of left-padded rows (`start` per row), prefilled through the f32 cache with as many
+/// positions per step as the longest padding, against the CPU's forward; only real positions
+/// count.
+fn left_padded_row(
+    gpu: &Arc<Gpu>,
+    model: &Model,
+    v: &str,
+    ids: &[u32],
+    b: usize,
+    t: usize,
+    start: &[usize],
+) -> Result<CheckRow> {
+    let most = start.iter().copied().max().unwrap_or(0);
+    let pctx = Ctx { batch: b, seq: t, start: Some(start.to_vec()) };
+    let cpu_padded = model.forward(ids, &pctx);
+    let lp = cached_logits::<f32>(gpu, model, ids, &pctx, most + 1)?;
+    let vocab = model.config.vocab_size;
+    let real = |l: &[f32]| -> Vec<f32> {
+        (0..b)
+            .flat_map(|r| (start[r]..t).flat_map(move |i| (0..vocab).map(move |c| (r * t + i) * vocab + c)))
+            .map(|i| l[i])
+            .collect()
+    };
+    Ok(row(
+        format!("{v} f32 cache left-padded"),
+        &format!("logits {} pos/step max |Δ|", most + 1),
+        max_abs_diff(&real(&lp), &real(&cpu_padded)),
+        1e-3,
+        String::new(),
+    ))
+}
+
+/// Per-position evaluation losses of the `b` rows of `ids`, prefilled through the cache in chunks
+/// of 50, in f32 and bf16, against the CPU's.
+fn eval_loss_rows(gpu: &Arc<Gpu>, model: &Model, v: &str, ids: &[u32], b: usize, t: usize) -> Result<Vec<CheckRow>> {
     let seqs: Vec<Vec<u32>> = (0..b).map(|r| ids[r * t..(r + 1) * t].to_vec()).collect();
-    let cpu_losses = batch_token_losses(model, &seqs, Chunking::new(64, vocab), |_| {});
+    let cpu = batch_token_losses(model, &seqs, Chunking::new(64, model.config.vocab_size), |_| {});
+    let mut rows = Vec::new();
     for (name, tol) in [("f32", 1e-4), ("bf16", 0.1)] {
         let plan = Plan { batch: b, chunk: 50 };
         let gl = if name == "f32" {
@@ -330,7 +323,7 @@ fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow
         } else {
             GpuInfer::<half::bf16>::new(gpu.clone(), model, plan)?.token_losses(&seqs, 50, &mut |_| {})?
         };
-        let err = gl.iter().flatten().zip(cpu_losses.iter().flatten()).map(|(a, c)| (a - c).abs()).fold(0.0, f64::max);
+        let err = gl.iter().flatten().zip(cpu.iter().flatten()).map(|(a, c)| (a - c).abs()).fold(0.0, f64::max);
         rows.push(row(format!("{v} {name} eval loss"), "per-position loss max |Δ|", err, tol, String::new()));
     }
     Ok(rows)

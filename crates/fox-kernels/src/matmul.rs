@@ -210,20 +210,53 @@ unsafe fn gemm_ptr(
     );
 }
 
-/// The `gemm` crate's own rate on an n×n×n f32 product (GFLOP/s, best of `reps` after one
-/// warm-up, all rayon threads): the reference that CPU training throughput is compared with.
-pub fn gemm_gflops(n: usize, reps: usize) -> f64 {
-    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 97) as f32 / 97.0).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| ((i * 104729) % 89) as f32 / 89.0).collect();
-    let mut c = vec![0.0f32; n * n];
-    gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
-    let mut best = f64::INFINITY;
-    for _ in 0..reps.max(1) {
-        let t0 = std::time::Instant::now();
-        gemm_strided(n, n, n, &mut c, n, false, &a, n, 1, &b, n, 1);
-        best = best.min(t0.elapsed().as_secs_f64());
+/// The `gemm` crate's own rate on n×n×n f32 products, all rayon threads: the reference that CPU
+/// training throughput is compared with. The operands stay allocated, so that the rate can be
+/// sampled again and again between training steps (on a shared machine the rate moves by a third
+/// within seconds; a share of it means something only against a sample taken beside the step).
+pub struct GemmReference {
+    n: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+impl GemmReference {
+    /// Operands for n×n×n products, and one untimed warm-up product.
+    pub fn new(n: usize) -> Self {
+        let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 97) as f32 / 97.0).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| ((i * 104729) % 89) as f32 / 89.0).collect();
+        let mut r = GemmReference { n, a, b, c: vec![0.0f32; n * n] };
+        r.product();
+        r
     }
-    2.0 * (n * n * n) as f64 / best / 1e9
+
+    /// The side of the products.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    fn product(&mut self) {
+        let n = self.n;
+        gemm_strided(n, n, n, &mut self.c, n, false, &self.a, n, 1, &self.b, n, 1);
+    }
+
+    /// GFLOP/s of the fastest of `reps` products.
+    pub fn gflops(&mut self, reps: usize) -> f64 {
+        let mut best = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let t0 = std::time::Instant::now();
+            self.product();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        2.0 * (self.n * self.n * self.n) as f64 / best / 1e9
+    }
+}
+
+/// The `gemm` crate's own rate on an n×n×n f32 product (GFLOP/s, best of `reps` after one
+/// warm-up, all rayon threads).
+pub fn gemm_gflops(n: usize, reps: usize) -> f64 {
+    GemmReference::new(n).gflops(reps)
 }
 
 /// y[m, n] = x[m, k] · wᵀ, w: [n, k] (a Linear layer without bias).

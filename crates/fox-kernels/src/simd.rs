@@ -5,7 +5,8 @@
 //! partly scalar (the float-to-int conversion in `exp` did not vectorise). Here each loop has an
 //! AVX2 + FMA version, chosen at run time when the CPU has both (checked once), and a portable
 //! version with the same arithmetic for other CPUs. Results agree to rounding (FMA contracts a
-//! product and a sum into one rounding); every caller keeps the f32 reference's tolerances.
+//! product and a sum into one rounding); every caller keeps the f32 reference's tolerances. The
+//! softmax loops also have an AVX-512 version, which gives the AVX2 version's bits.
 
 use crate::scalar::fast_exp;
 use std::sync::OnceLock;

@@ -48,26 +48,16 @@ pub fn gemm_strided(
         assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs, "gemm: A too small");
         assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs, "gemm: B too small");
     }
-    let size = m * n * k;
-    if size < SERIAL {
+    // The whole product in one call of the crate, on one thread or with its own threading.
+    let whole = |dst: &mut [f32], par| {
         // SAFETY: bounds checked above.
         unsafe {
-            gemm_ptr(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                dst_rs,
-                accumulate,
-                a.as_ptr(),
-                a_rs,
-                a_cs,
-                b.as_ptr(),
-                b_rs,
-                b_cs,
-                Parallelism::None,
-            )
-        };
+            gemm_ptr(m, n, k, dst.as_mut_ptr(), dst_rs, accumulate, a.as_ptr(), a_rs, a_cs, b.as_ptr(), b_rs, b_cs, par)
+        }
+    };
+    let size = m * n * k;
+    if size < SERIAL {
+        whole(dst, Parallelism::None);
         return;
     }
     if size <= SPLIT {
@@ -115,24 +105,7 @@ pub fn gemm_strided(
             return;
         }
     }
-    // SAFETY: bounds checked above.
-    unsafe {
-        gemm_ptr(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            dst_rs,
-            accumulate,
-            a.as_ptr(),
-            a_rs,
-            a_cs,
-            b.as_ptr(),
-            b_rs,
-            b_cs,
-            Parallelism::Rayon(0),
-        );
-    }
+    whole(dst, Parallelism::Rayon(0));
 }
 
 /// `gemm_strided` on raw pointers, single-threaded: for callers that already split the work

@@ -126,6 +126,15 @@ impl CpuEngine {
         }
     }
 
+    /// Zero gradients to accumulate into (AdamW leaves them zeroed; a step that did not reach
+    /// the update did not).
+    fn begin_step(&mut self) {
+        if !self.zeroed {
+            self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
+        }
+        self.zeroed = false;
+    }
+
     /// The global gradient norm and the clipping factor AdamW will apply.
     fn clip(&mut self, model: &Model, max_norm: f64) -> f64 {
         let grad_norm = global_norm_sparse(&self.grads, &model.params, Some(&sparse_rows(model, &self.touched)));
@@ -182,10 +191,7 @@ impl CpuEngine {
         max_norm: f64,
         lr: f64,
     ) -> Result<StepStats> {
-        if !self.zeroed {
-            self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
-        }
-        self.zeroed = false;
+        self.begin_step();
         let loss = self.micro_step(model, ids, targets, batch, 1)?;
         let grad_norm = self.clip(model, max_norm);
         self.update(model, opt, lr)?;
@@ -202,10 +208,7 @@ impl Engine for CpuEngine {
         accum: usize,
         max_norm: f64,
     ) -> Result<StepStats> {
-        if !self.zeroed {
-            self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
-        }
-        self.zeroed = false;
+        self.begin_step();
         let mut loss_sum = 0.0f64;
         for _ in 0..accum {
             let b = loader.next_batch(micro);

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod cpu_bench;
 pub mod data;
 pub mod dist;
 pub mod engine;

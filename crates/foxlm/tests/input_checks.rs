@@ -329,3 +329,41 @@ fn generate_inspect_and_eval_options_that_cannot_work() {
     assert_eq!(code, 1);
     assert!(e.contains("--max-tokens is 100000; expected 2 to 8192"), "{e}");
 }
+
+/// `foxlm bench train --device cpu`: one timed row of the CPU step against the gemm crate's peak,
+/// as JSON; sizes that cannot be planned or do not fit are errors before anything is allocated.
+#[test]
+fn bench_train_on_the_cpu_measures_steps_and_checks_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("rows.json");
+    let j = json.to_str().unwrap();
+    let args = ["bench", "train", "--device", "cpu", "--preset", "tiny", "--batch", "2", "--context", "16"];
+    let (code, e) = foxlm(&[&args[..], &["--warmup", "1", "--steps", "2", "--json", j]].concat(), &[]);
+    assert_eq!(code, 0, "{e}");
+    let rows: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r = &rows[0];
+    assert_eq!((r["name"].as_str(), r["batch"].as_u64(), r["context"].as_u64()), (Some("tiny"), Some(2), Some(16)));
+    assert_eq!(r["step_s_all"].as_array().map(|a| a.len()), Some(2));
+    let (step, tps) = (r["step_s"].as_f64().unwrap(), r["tokens_per_s"].as_f64().unwrap());
+    assert!((tps * step - 32.0).abs() < 1e-6, "tokens/s × step = 32 tokens: {tps} × {step}");
+    let share = r["share_of_peak"].as_f64().unwrap();
+    assert!(share > 0.0 && share < 2.0 && r["gemm_peak_beside_gflops"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(e.contains("step 2/2:"), "a line per step: {e}");
+
+    let (code, e) = foxlm(&["bench", "train", "--device", "cpu", "--preset", "tiny", "--context", "0"], &[]);
+    assert_eq!(code, 1);
+    assert!(e.contains("batch × context must be positive"), "{e}");
+    let limit = [("FOXLM_MEMORY_LIMIT", "2000000000")];
+    let (code, e) = foxlm(&["bench", "train", "--device", "cpu", "--preset", "fox-pro-760m"], &limit);
+    assert_eq!(code, 1);
+    assert!(e.contains("the model's parameters, gradients and optimizer state need"), "{e}");
+    assert!(e.contains("of memory is available"), "{e}");
+    let long = ["bench", "train", "--device", "cpu", "--preset", "tiny", "--batch", "8", "--context", "16384"];
+    let (code, e) = foxlm(&long, &limit);
+    assert_eq!(code, 1);
+    assert!(e.contains("the activations of a 8 x 16384 step need"), "{e}");
+    let (code, e) =
+        foxlm(&["bench", "train", "--device", "cpu", "--preset", "tiny", "--context", "1099511627776"], &[]);
+    assert_eq!(code, 1);
+    assert!(e.contains("too large to plan"), "{e}");
+}

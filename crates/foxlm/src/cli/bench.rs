@@ -42,7 +42,8 @@ pub struct TrainArgs {
     /// Sequences per step (one micro-batch).
     #[arg(long, default_value_t = 2)]
     pub batch: usize,
-    /// cuda, cuda:N or auto.
+    /// cuda, cuda:N, auto (a GPU) or cpu (the CPU engine's f32 step against the gemm crate's
+    /// peak; choose a small --context and --batch there).
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
     #[arg(long, default_value = "bf16")]
@@ -362,10 +363,15 @@ fn train_bench(a: TrainArgs) -> Result<()> {
         // A rank that `--gpus` started.
         let Some(rows) = bench_rank(&a)? else { return Ok(()) };
         rows
+    } else if a.device == DeviceArg::Cpu {
+        return cpu_train_bench(&a);
     } else {
         let gpu = match cuda::select(a.device)? {
             cuda::Device::Cuda(g) => g,
-            cuda::Device::Cpu => bail!("bench train measures a GPU step: no GPU is usable here (see `fox-attn info`)"),
+            cuda::Device::Cpu => bail!(
+                "bench train: no GPU is usable here (see `fox-attn info`); `--device cpu` measures the CPU step \
+                 (pick a small --context and --batch: e.g. --preset tiny --batch 8 --context 128)"
+            ),
         };
         eprintln!("device: {}", gpu.describe());
         bench_rows(&a, &gpu, None, true)?
@@ -375,6 +381,29 @@ fn train_bench(a: TrainArgs) -> Result<()> {
     }
     if let Some(j) = &a.json {
         std::fs::write(j, serde_json::to_string_pretty(&rows)?).with_context(|| format!("--json {}", j.display()))?;
+    }
+    Ok(())
+}
+
+/// `bench train --device cpu`: the CPU engine's full step (forward, backward, clipping, AdamW) on
+/// the preset at --batch × --context, against the gemm crate's peak sampled beside every step
+/// (`foxlm::cpu_bench`). The GPU options (--dtype, --acp, --recompute, --gpus) do not apply.
+fn cpu_train_bench(a: &TrainArgs) -> Result<()> {
+    if a.gpus.is_some() || a.recompute || a.acp == "on" {
+        bail!("bench train --device cpu: --gpus, --recompute and --acp on are GPU options");
+    }
+    let preset = crate::presets::preset(&a.preset)?;
+    let threads = rayon::current_num_threads();
+    eprintln!(
+        "device: cpu ({threads} threads, f32); {} at {} x {} tokens per step, {} warm-up and {} timed steps",
+        a.preset, a.batch, a.context, a.warmup, a.steps
+    );
+    let mut refs = crate::cpu_bench::references();
+    let row =
+        crate::cpu_bench::measure(&a.preset, &preset.model, a.batch, a.context, a.warmup, a.steps, &mut refs, true)?;
+    print!("{}", crate::cpu_bench::table(std::slice::from_ref(&row)));
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&[row])?).with_context(|| format!("--json {}", j.display()))?;
     }
     Ok(())
 }

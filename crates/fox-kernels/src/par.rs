@@ -3,6 +3,19 @@
 
 use std::cell::RefCell;
 
+/// Runs `f` on a thread of rayon's global pool (directly when already on one). The parallel loops
+/// and products inside `f` then split their work from a worker, which takes a share itself and
+/// whose partner is often still spinning, instead of being injected from outside while the
+/// calling thread sleeps until each is done. A training step is hundreds of such loops; on the
+/// 2-core VM (2026-11-25) the tiny model's small ops went from 16.0 to 12.5 ms a step this way
+/// (Linears 12.2 → 10.5, RMSNorm 2.1 → 1.2, SwiGLU 1.6 → 1.4, KV-shift 0.8 → 0.5).
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let mut out = None;
+    // rayon::scope runs its closure on a worker of the global pool.
+    rayon::scope(|_| out = Some(f()));
+    out.expect("rayon::scope ran its closure")
+}
+
 #[derive(Clone, Copy)]
 pub struct SharedMut<T>(*mut T);
 unsafe impl<T> Send for SharedMut<T> {}

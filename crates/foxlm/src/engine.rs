@@ -11,6 +11,7 @@ use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs,
 use crate::optim::{clip_coef, global_norm_sparse, AdamW, SparseRows};
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{Elem, Gpu};
+use fox_kernels::par::on_pool;
 use rayon::prelude::*;
 use std::fmt;
 use std::str::FromStr;
@@ -137,15 +138,28 @@ impl CpuEngine {
 
     /// The global gradient norm and the clipping factor AdamW will apply.
     fn clip(&mut self, model: &Model, max_norm: f64) -> f64 {
-        let grad_norm = global_norm_sparse(&self.grads, &model.params, Some(&sparse_rows(model, &self.touched)));
+        let (grads, touched) = (&self.grads, &self.touched);
+        let grad_norm = on_pool(|| global_norm_sparse(grads, &model.params, Some(&sparse_rows(model, touched))));
         self.grad_scale = clip_coef(grad_norm, max_norm);
         grad_norm
     }
 
     /// Forward and backward of one micro-batch of `accum`, gradients added (weighted so that
     /// `accum` micro-batches add up to the mean over all their targets); returns its mean loss.
-    /// What `Model::loss_and_grads` does, on buffers kept between steps.
+    /// What `Model::loss_and_grads` does, on buffers kept between steps, on rayon's pool
+    /// ([`on_pool`]).
     fn micro_step(
+        &mut self,
+        model: &Model,
+        ids: &[u32],
+        targets: &[Option<u32>],
+        batch: usize,
+        accum: usize,
+    ) -> Result<f64> {
+        on_pool(|| self.micro_step_here(model, ids, targets, batch, accum))
+    }
+
+    fn micro_step_here(
         &mut self,
         model: &Model,
         ids: &[u32],
@@ -219,7 +233,8 @@ impl Engine for CpuEngine {
     }
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
         let sparse = sparse_rows(model, &self.touched);
-        opt.update_scaled_and_zero(&mut model.params, &mut self.grads, lr, self.grad_scale, Some(&sparse));
+        let (grads, scale) = (&mut self.grads, self.grad_scale);
+        on_pool(|| opt.update_scaled_and_zero(&mut model.params, grads, lr, scale, Some(&sparse)));
         self.touched.fill(false);
         self.zeroed = true;
         Ok(())
@@ -234,7 +249,8 @@ impl Engine for CpuEngine {
         context: usize,
         max_tokens: u64,
     ) -> Result<Option<f64>> {
-        crate::train::validation_loss(model, ds, context, max_tokens, self.micro.max(1))
+        let micro = self.micro.max(1);
+        on_pool(|| crate::train::validation_loss(model, ds, context, max_tokens, micro))
     }
     fn describe(&self) -> String {
         format!("cpu ({} threads, f32)", rayon::current_num_threads())

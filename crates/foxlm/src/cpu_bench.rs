@@ -194,8 +194,9 @@ mod tests {
         assert!(linear >= 64 * 50257);
     }
 
-    /// A measured row is self-consistent: tokens/s and GFLOP/s from the median step, a share in
-    /// (0, 2), one time per timed step.
+    /// A measured row is self-consistent: tokens/s and GFLOP/s from the median step, a positive
+    /// finite share and peak, one time per timed step. (The 64³ reference here is far below the
+    /// machine's peak, so the share itself may exceed 1.)
     #[test]
     fn a_small_measurement_is_consistent() {
         let mut cfg = crate::presets::tiny().model;
@@ -206,7 +207,8 @@ mod tests {
         assert!((r.tokens_per_s - 32.0 / r.step_s).abs() < 1e-6 * r.tokens_per_s);
         let g = matmul_flops_per_token(&cfg, 16) * 32.0 / r.step_s / 1e9;
         assert!((r.matmul_gflops - g).abs() < 1e-9 * g);
-        assert!(r.share_of_peak > 0.0 && r.share_of_peak < 2.0 && r.gemm_peak_beside_gflops > 0.0);
+        assert!(r.share_of_peak.is_finite() && r.share_of_peak > 0.0, "share {}", r.share_of_peak);
+        assert!(r.gemm_peak_beside_gflops.is_finite() && r.gemm_peak_beside_gflops > 0.0);
         assert!(measure("t", &cfg, 0, 16, 0, 1, &mut refs, false).is_err());
     }
 }

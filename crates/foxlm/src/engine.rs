@@ -156,40 +156,31 @@ impl CpuEngine {
         batch: usize,
         accum: usize,
     ) -> Result<f64> {
-        on_pool(|| self.micro_step_here(model, ids, targets, batch, accum))
-    }
-
-    fn micro_step_here(
-        &mut self,
-        model: &Model,
-        ids: &[u32],
-        targets: &[Option<u32>],
-        batch: usize,
-        accum: usize,
-    ) -> Result<f64> {
-        let n_targets = targets.iter().filter(|t| t.is_some()).count();
-        if n_targets == 0 {
-            return Ok(0.0);
-        }
-        let seq = ids.len() / batch.max(1);
-        let mut be = Cpu::with_grads(&model.params, &mut self.grads);
-        let bufs = match self.bufs.take() {
-            Some(b) if b.batch == batch && b.seq == seq => b,
-            _ => CpuBuffers {
-                batch,
-                seq,
-                acts: ModelActs::new(&be, model, batch, seq, true)?,
-                scratch: Scratch::new(&be, model, batch, seq)?,
-            },
-        };
-        let bufs = self.bufs.insert(bufs);
-        let mut b = CpuBatch::default();
-        be.prepare(&mut b, &BatchInfo { batch, seq, start: None, past: 0 }, ids, Some(targets))?;
-        ids.iter().for_each(|&id| self.touched[id as usize] = true);
-        let weight = (1.0 / accum as f32) / n_targets as f32;
-        model.loss_and_grads_on(&mut be, &b, &mut bufs.acts, &mut bufs.scratch, weight)?;
-        let (sum, _) = be.take_loss()?;
-        Ok(sum / n_targets as f64)
+        on_pool(|| {
+            let n_targets = targets.iter().filter(|t| t.is_some()).count();
+            if n_targets == 0 {
+                return Ok(0.0);
+            }
+            let seq = ids.len() / batch.max(1);
+            let mut be = Cpu::with_grads(&model.params, &mut self.grads);
+            let bufs = match self.bufs.take() {
+                Some(b) if b.batch == batch && b.seq == seq => b,
+                _ => CpuBuffers {
+                    batch,
+                    seq,
+                    acts: ModelActs::new(&be, model, batch, seq, true)?,
+                    scratch: Scratch::new(&be, model, batch, seq)?,
+                },
+            };
+            let bufs = self.bufs.insert(bufs);
+            let mut b = CpuBatch::default();
+            be.prepare(&mut b, &BatchInfo { batch, seq, start: None, past: 0 }, ids, Some(targets))?;
+            ids.iter().for_each(|&id| self.touched[id as usize] = true);
+            let weight = (1.0 / accum as f32) / n_targets as f32;
+            model.loss_and_grads_on(&mut be, &b, &mut bufs.acts, &mut bufs.scratch, weight)?;
+            let (sum, _) = be.take_loss()?;
+            Ok(sum / n_targets as f64)
+        })
     }
 
     /// One optimizer step as `foxlm train` runs it (gradients, clipping, AdamW) on a given

@@ -347,7 +347,7 @@ fn bench_train_on_the_cpu_measures_steps_and_checks_sizes() {
     let (step, tps) = (r["step_s"].as_f64().unwrap(), r["tokens_per_s"].as_f64().unwrap());
     assert!((tps * step - 32.0).abs() < 1e-6, "tokens/s × step = 32 tokens: {tps} × {step}");
     let share = r["share_of_peak"].as_f64().unwrap();
-    assert!(share > 0.0 && share < 2.0 && r["gemm_peak_beside_gflops"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(share.is_finite() && share > 0.0 && r["gemm_peak_beside_gflops"].as_f64().unwrap() > 0.0, "{r}");
     assert!(e.contains("step 2/2:"), "a line per step: {e}");
 
     let (code, e) = foxlm(&["bench", "train", "--device", "cpu", "--preset", "tiny", "--context", "0"], &[]);

@@ -28,8 +28,10 @@ import math
 import os
 import statistics
 import sys
-import time
 import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_reference import check_sizes, timed  # noqa: E402  (bench/ is this script's folder)
 
 SIZES = {
     # name: (hidden, layers, heads); head_dim 64 in both
@@ -69,11 +71,7 @@ def parse_args():
     ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke tests)")
     ap.add_argument("--build-only", action="store_true", help="build model+optimizer, print sizes, exit")
     a = ap.parse_args()
-    for name in ("context", "batch", "steps"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name} must be >= 1")
-    if a.warmup < 0:
-        ap.error("--warmup must be >= 0")
+    check_sizes(ap, a)
     return a
 
 
@@ -267,18 +265,8 @@ def main():
         if dev.type == "cuda":
             torch.cuda.synchronize()
         for _ in range(a.steps):
-            if dev.type == "cuda":
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                loss = step()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
-            else:
-                t0 = time.perf_counter()
-                loss = step()
-                times.append((time.perf_counter() - t0) * 1e3)
+            loss, sec = timed(torch, dev, step)
+            times.append(sec * 1e3)
         final_loss = float(loss.detach().float().item())
         result["grad_norm_first_last"] = [round(float(grad_norms[0]), 4), round(float(grad_norms[-1]), 4)]
     except torch.cuda.OutOfMemoryError as exc:

@@ -27,7 +27,6 @@ import math
 import os
 import statistics
 import sys
-import time
 
 # A program that uses NVLink multicast can put a shared host's GPUs out of service.
 for _var, _val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
@@ -53,30 +52,11 @@ def parse_args():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cuda (NCCL; the benchmark) or cpu (gloo; smoke tests only)")
     a = ap.parse_args()
-    for name in ("context", "batch", "steps"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name} must be >= 1")
-    if a.warmup < 0:
-        ap.error("--warmup must be >= 0")
+    train_reference.check_sizes(ap, a)
     if a.allreduce_mb <= 0:
         ap.error("--allreduce-mb must be > 0")
     a.compile = not a.no_compile
     return a
-
-
-def timed(torch, dev, f):
-    """Seconds that f() takes on the device (CUDA events; the wall clock on the CPU)."""
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        f()
-        return time.perf_counter() - t0
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    f()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / 1e3
 
 
 def allreduce_probe(torch, dist, dev, world, mb):
@@ -87,7 +67,7 @@ def allreduce_probe(torch, dist, dev, world, mb):
         dist.all_reduce(buf)
     if dev.type == "cuda":
         torch.cuda.synchronize()
-    times = [timed(torch, dev, lambda: dist.all_reduce(buf)) for _ in range(10)]
+    times = [train_reference.timed(torch, dev, lambda: dist.all_reduce(buf))[1] for _ in range(10)]
     # the slowest rank's median: the collective is done when every rank is
     t = torch.tensor([statistics.median(times)], device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -160,9 +140,8 @@ def main():
     if cuda:
         torch.cuda.synchronize()
     for _ in range(a.steps):
-        out = []
-        times.append(1e3 * timed(torch, dev, lambda: out.append(step())))
-        loss = out[0]
+        loss, sec = train_reference.timed(torch, dev, step)
+        times.append(sec * 1e3)
     final_loss = float(loss.detach().float().item())
     error = None if math.isfinite(final_loss) else "loss is not finite"
     med = statistics.median(times)

@@ -44,12 +44,33 @@ def parse_args():
     ap.add_argument("--device", default="cuda", help="cuda (benchmark) or cpu (smoke test only)")
     ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke tests)")
     a = ap.parse_args()
+    check_sizes(ap, a)
+    return a
+
+
+def check_sizes(ap, a):
+    """--context, --batch, --steps >= 1 and --warmup >= 0, else the parser's error (the training
+    benchmarks in bench/ share these options)."""
     for name in ("context", "batch", "steps"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be >= 1")
     if a.warmup < 0:
         ap.error("--warmup must be >= 0")
-    return a
+
+
+def timed(torch, dev, f):
+    """(f(), seconds it took on the device): CUDA events on a GPU, the wall clock on the CPU."""
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        out = f()
+        return out, time.perf_counter() - t0
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    s.record()
+    out = f()
+    e.record()
+    e.synchronize()
+    return out, s.elapsed_time(e) / 1e3
 
 
 def build(a):
@@ -209,18 +230,8 @@ def main():
         if dev.type == "cuda":
             torch.cuda.synchronize()
         for _ in range(a.steps):
-            if dev.type == "cuda":
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                loss = step()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
-            else:
-                t0 = time.perf_counter()
-                loss = step()
-                times.append((time.perf_counter() - t0) * 1e3)
+            loss, sec = timed(torch, dev, step)
+            times.append(sec * 1e3)
         final_loss = float(loss.detach().float().item())
     except torch.cuda.OutOfMemoryError as exc:
         result["error"] = "out of memory: " + str(exc).splitlines()[0]

@@ -318,22 +318,10 @@ fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
 impl<T: Elem> GpuEngine<T> {
     /// With `recompute`, only each block's input is kept through the forward and the backward
     /// runs each block's forward again (about a third more compute, a fraction of the memory).
-    pub fn new(
-        gpu: Arc<Gpu>,
-        model: &Model,
-        opt: &AdamW,
-        micro: usize,
-        context: usize,
-        recompute: bool,
-        plan: &MemoryPlan,
-    ) -> Result<Self> {
-        Self::new_rank(gpu, model, opt, micro, context, recompute, plan, None)
-    }
-
-    /// [`GpuEngine::new`] as one rank of a data-parallel run when `nccl` is given: gradients
-    /// reduce-scattered in buckets during the backward, optimizer state sharded (ZeRO-1).
+    /// With `nccl`, one rank of a data-parallel run: gradients reduce-scattered in buckets during
+    /// the backward, optimizer state sharded (ZeRO-1); None: one GPU alone.
     #[allow(clippy::too_many_arguments)]
-    pub fn new_rank(
+    pub fn new(
         gpu: Arc<Gpu>,
         model: &Model,
         opt: &AdamW,

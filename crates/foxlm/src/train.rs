@@ -708,10 +708,19 @@ fn make_engine(
                 eprint!("{}", format_plan(&plan, 1));
             }
             Ok(match dtype {
-                Dtype::Bf16 => {
-                    Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, opts.recompute, &plan)?)
+                Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(
+                    gpu,
+                    model,
+                    opt,
+                    micro,
+                    context,
+                    opts.recompute,
+                    &plan,
+                    None,
+                )?),
+                Dtype::F32 => {
+                    Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, opts.recompute, &plan, None)?)
                 }
-                Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, opts.recompute, &plan)?),
             })
         }
     }
@@ -754,18 +763,11 @@ fn make_rank_engine(
     let nccl = fox_kernels::cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
     crate::dist::heartbeat();
     Ok(match dtype {
-        Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new_rank(
-            gpu,
-            model,
-            opt,
-            micro,
-            context,
-            opts.recompute,
-            &plan,
-            Some(nccl),
-        )?),
+        Dtype::Bf16 => {
+            Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))?)
+        }
         Dtype::F32 => {
-            Box::new(GpuEngine::<f32>::new_rank(gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))?)
+            Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))?)
         }
     })
 }

@@ -701,7 +701,7 @@ fn bench_one<T: cuda::Elem>(
     let before = mem_used();
     let opt = crate::optim::AdamW::new(crate::presets::tiny().train.adamw(), &model.params);
     let mut eng =
-        crate::engine::GpuEngine::<T>::new_rank(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan, nccl)?;
+        crate::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan, nccl)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1 + rank as u64);
     let v = model.config.vocab_size as u32;
     let n = a.batch * a.context;

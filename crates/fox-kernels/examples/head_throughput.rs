@@ -4,13 +4,13 @@
 //!     cargo run --release -p fox-kernels --example head_throughput [-- --reps N]
 
 use fox_kernels::head::{linear_cross_entropy, HeadGrads};
-use fox_kernels::matmul::GemmReference;
+use fox_kernels::matmul::{peak_now, peak_references};
 use std::time::Instant;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let reps = args.iter().position(|a| a == "--reps").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(10);
-    let mut refs = [GemmReference::new(512), GemmReference::new(1024)];
+    let mut refs = peak_references();
     let vocab = 50257;
     for (name, rows, d) in [("tiny", 1024usize, 64usize), ("fox-pro-125m", 256, 768)] {
         let x: Vec<f32> = (0..rows * d).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2).collect();
@@ -27,7 +27,7 @@ fn main() {
         let flops = 3.0 * 2.0 * (rows * d * vocab) as f64;
         let (mut ts, mut shares) = (vec![], vec![]);
         for _ in 0..reps {
-            let peak = refs.iter_mut().map(|r| r.gflops(2)).fold(0.0, f64::max);
+            let peak = peak_now(&mut refs);
             let t = run();
             ts.push(t);
             shares.push(flops / t / 1e9 / peak);

@@ -226,6 +226,17 @@ impl GemmReference {
     }
 }
 
+/// The products the CPU benchmarks sample the peak on: 512³ and 1024³, all rayon threads.
+pub fn peak_references() -> Vec<GemmReference> {
+    vec![GemmReference::new(512), GemmReference::new(1024)]
+}
+
+/// The gemm crate's peak now: the best of three 512³ and two 1024³ products (`refs` from
+/// [`peak_references`]; other sizes get two repetitions).
+pub fn peak_now(refs: &mut [GemmReference]) -> f64 {
+    refs.iter_mut().map(|r| r.gflops(if r.n() <= 512 { 3 } else { 2 })).fold(0.0, f64::max)
+}
+
 /// The `gemm` crate's own rate on an n×n×n f32 product (GFLOP/s, best of `reps` after one
 /// warm-up, all rayon threads).
 pub fn gemm_gflops(n: usize, reps: usize) -> f64 {

@@ -26,7 +26,7 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|&n| (n, fox_kernels::matmul::gemm_gflops(n, if n < 2048 { 20 } else { 4 })))
         .collect();
-    let mut refs = cpu_bench::references();
+    let mut refs = fox_kernels::matmul::peak_references();
 
     let tiny = presets::tiny();
     let mut rows = vec![];

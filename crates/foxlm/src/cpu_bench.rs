@@ -14,34 +14,24 @@ use crate::model::Model;
 use crate::optim::AdamW;
 use crate::train::init_model;
 use anyhow::{Context, Result};
-use fox_kernels::matmul::GemmReference;
+use fox_kernels::matmul::{peak_now, GemmReference};
 use std::time::Instant;
 
 /// Matmul FLOPs of one training step per token (forward + backward = 3 × forward): every Linear
 /// (2·in·out each) including the output head, plus attention's QKᵀ and PV (2·2·T/2·d per layer
 /// on average under the causal mask).
-pub fn matmul_flops_per_token(cfg: &Config, context: usize) -> f64 {
-    let m = Model::new(cfg);
-    let linear: usize = m
-        .params
+pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
+    let p = &model.params;
+    let linear: usize = p
         .names
         .iter()
-        .zip(&m.params.tensors)
+        .zip(&p.tensors)
         .filter(|(n, t)| t.shape.len() == 2 && !n.contains("embeddings"))
         .map(|(_, t)| t.numel())
         .sum();
+    let cfg = &model.config;
     let attn = cfg.num_hidden_layers as f64 * 2.0 * context as f64 * cfg.hidden_size as f64;
     3.0 * (2.0 * linear as f64 + attn)
-}
-
-/// The products the peak is sampled on: 512³ and 1024³, all rayon threads.
-pub fn references() -> Vec<GemmReference> {
-    vec![GemmReference::new(512), GemmReference::new(1024)]
-}
-
-/// The gemm crate's peak now: the best of three 512³ and two 1024³ products.
-pub fn peak_now(refs: &mut [GemmReference]) -> f64 {
-    refs.iter_mut().map(|r| r.gflops(if r.n() <= 512 { 3 } else { 2 })).fold(0.0, f64::max)
 }
 
 /// One model's row.
@@ -112,7 +102,7 @@ pub fn measure(
             eprintln!("  warm-up step {}/{warmup}: {:.3} s", i + 1, t0.elapsed().as_secs_f64());
         }
     }
-    let fpt = matmul_flops_per_token(cfg, context);
+    let fpt = matmul_flops_per_token(&model, context);
     let (mut times, mut peaks, mut shares) = (vec![], vec![], vec![]);
     for i in 0..steps.max(1) {
         let peak = peak_now(refs);
@@ -189,7 +179,7 @@ mod tests {
             .map(|(t, _)| t.numel())
             .sum();
         let want = 3.0 * (2.0 * linear as f64 + 4.0 * 2.0 * 128.0 * 64.0);
-        assert_eq!(matmul_flops_per_token(&cfg, 128), want);
+        assert_eq!(matmul_flops_per_token(&m, 128), want);
         // The head alone is 2 · 64 · 50257 per token forward.
         assert!(linear >= 64 * 50257);
     }
@@ -205,7 +195,7 @@ mod tests {
         let r = measure("t", &cfg, 2, 16, 1, 3, &mut refs, false).unwrap();
         assert_eq!(r.step_s_all.len(), 3);
         assert!((r.tokens_per_s - 32.0 / r.step_s).abs() < 1e-6 * r.tokens_per_s);
-        let g = matmul_flops_per_token(&cfg, 16) * 32.0 / r.step_s / 1e9;
+        let g = matmul_flops_per_token(&Model::new(&cfg), 16) * 32.0 / r.step_s / 1e9;
         assert!((r.matmul_gflops - g).abs() < 1e-9 * g);
         assert!(r.share_of_peak.is_finite() && r.share_of_peak > 0.0, "share {}", r.share_of_peak);
         assert!(r.gemm_peak_beside_gflops.is_finite() && r.gemm_peak_beside_gflops > 0.0);

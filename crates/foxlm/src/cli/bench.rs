@@ -398,7 +398,7 @@ fn cpu_train_bench(a: &TrainArgs) -> Result<()> {
         "device: cpu ({threads} threads, f32); {} at {} x {} tokens per step, {} warm-up and {} timed steps",
         a.preset, a.batch, a.context, a.warmup, a.steps
     );
-    let mut refs = crate::cpu_bench::references();
+    let mut refs = fox_kernels::matmul::peak_references();
     let row =
         crate::cpu_bench::measure(&a.preset, &preset.model, a.batch, a.context, a.warmup, a.steps, &mut refs, true)?;
     print!("{}", crate::cpu_bench::table(std::slice::from_ref(&row)));

@@ -314,51 +314,54 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
     let mut lse = vec![f32::NEG_INFINITY; p.batch * hh * tq];
     let outp = SharedMut::new(out);
     let lsep = SharedMut::new(&mut lse);
-    blocks(p, hh, ROWS, tq).par_iter().for_each(|blk| {
-        let Block { b, h, r0, r1 } = *blk;
-        let (hk, n) = (p.kv_head(h), r1 - r0);
-        let (ch, ckh) = ((b * hh + h) * tq, (b * hh + h) * p.tk);
-        let o_at = |r: usize| ((b * tq + r) * hh + h) * d;
-        let mut keys = Vec::with_capacity(n);
-        let Some((klo, khi)) = tiling.block(p, b, h, r0, r1, &mut keys) else {
-            // SAFETY: each (b, r, h) output row belongs to exactly one block.
-            (r0..r1).for_each(|r| unsafe { outp.slice(o_at(r), d).fill(0.0) });
-            return;
-        };
-        let nk = khi - klo;
-        with_buffer(&SCRATCH, n * nk, |s| {
-            // S = Q_blk · K[klo..khi]ᵀ
-            // SAFETY: s is [n, nk]; the views hold rows r0..r1 of (b, h) and keys klo..khi of (b, hk).
-            unsafe {
-                let (q, k) = (p.q.ptr(b, h, r0, n, d), p.k.ptr(b, hk, klo, nk, d));
-                gemm_seq(n, nk, d, s.as_mut_ptr(), nk, false, q, p.q.st, 1, k, 1, p.k.st);
-            }
-            let mut inv = vec![0.0f32; n];
-            for (i, &kr) in keys.iter().enumerate() {
-                let row = &mut s[i * nk..(i + 1) * nk];
-                if kr.0 >= kr.1 {
-                    row.fill(0.0);
-                    continue;
+    // `keys` is per rayon task, reused block after block (`tiling.block` clears it).
+    blocks(p, hh, ROWS, tq).par_iter().for_each_init(
+        || Vec::with_capacity(ROWS),
+        |keys, blk| {
+            let Block { b, h, r0, r1 } = *blk;
+            let (hk, n) = (p.kv_head(h), r1 - r0);
+            let (ch, ckh) = ((b * hh + h) * tq, (b * hh + h) * p.tk);
+            let o_at = |r: usize| ((b * tq + r) * hh + h) * d;
+            let Some((klo, khi)) = tiling.block(p, b, h, r0, r1, keys) else {
+                // SAFETY: each (b, r, h) output row belongs to exactly one block.
+                (r0..r1).for_each(|r| unsafe { outp.slice(o_at(r), d).fill(0.0) });
+                return;
+            };
+            let nk = khi - klo;
+            with_buffer(&SCRATCH, n * nk, |s| {
+                // S = Q_blk · K[klo..khi]ᵀ
+                // SAFETY: s is [n, nk]; the views hold rows r0..r1 of (b, h) and keys klo..khi of (b, hk).
+                unsafe {
+                    let (q, k) = (p.q.ptr(b, h, r0, n, d), p.k.ptr(b, hk, klo, nk, d));
+                    gemm_seq(n, nk, d, s.as_mut_ptr(), nk, false, q, p.q.st, 1, k, 1, p.k.st);
                 }
-                let r = r0 + i;
-                let (m, l) = exp_logits(row, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], None);
-                inv[i] = 1.0 / l;
-                // SAFETY: each (b, h, r) entry belongs to exactly one block.
-                unsafe { *lsep.get(ch + r) = m + l.ln() };
-            }
-            // O_blk = P · V[klo..khi], each row then divided by its Σexp.
-            // SAFETY: output rows r0..r1 of (b, h) are this block's alone, stride H·D.
-            unsafe {
-                let v = p.v.ptr(b, hk, klo, nk, d);
-                gemm_seq(n, d, nk, outp.ptr().add(o_at(r0)), hh * d, false, s.as_ptr(), nk, 1, v, p.v.st, 1);
-            }
-            for (i, &c) in inv.iter().enumerate() {
-                // SAFETY: as above.
-                let o = unsafe { outp.slice(o_at(r0 + i), d) };
-                o.iter_mut().for_each(|x| *x *= c);
-            }
-        });
-    });
+                let mut inv = [0.0f32; ROWS];
+                for (i, &kr) in keys.iter().enumerate() {
+                    let row = &mut s[i * nk..(i + 1) * nk];
+                    if kr.0 >= kr.1 {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let r = r0 + i;
+                    let (m, l) = exp_logits(row, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], None);
+                    inv[i] = 1.0 / l;
+                    // SAFETY: each (b, h, r) entry belongs to exactly one block.
+                    unsafe { *lsep.get(ch + r) = m + l.ln() };
+                }
+                // O_blk = P · V[klo..khi], each row then divided by its Σexp.
+                // SAFETY: output rows r0..r1 of (b, h) are this block's alone, stride H·D.
+                unsafe {
+                    let v = p.v.ptr(b, hk, klo, nk, d);
+                    gemm_seq(n, d, nk, outp.ptr().add(o_at(r0)), hh * d, false, s.as_ptr(), nk, 1, v, p.v.st, 1);
+                }
+                for (i, &c) in inv[..n].iter().enumerate() {
+                    // SAFETY: as above.
+                    let o = unsafe { outp.slice(o_at(r0 + i), d) };
+                    o.iter_mut().for_each(|x| *x *= c);
+                }
+            });
+        },
+    );
     Stats { lse, tiles_visited: tiling.visited, tiles_pruned: tiling.pruned }
 }
 

@@ -384,7 +384,7 @@ pub fn check_run(steps: u64) -> crate::train::RunConfig {
 
 pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec<CheckRow>> {
     use crate::engine::Dtype;
-    use crate::train::{read_metrics, train, TrainOptions};
+    use crate::train::{train, TrainOptions};
     use fox_kernels::cuda::DeviceArg;
     let mut rows = Vec::new();
     let data = check_data(sample, work)?;
@@ -497,14 +497,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         Some(run.clone()),
         &TrainOptions { resume: true, ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) },
     )?;
-    let losses = |dir: &str| -> Vec<(u64, f64)> {
-        read_metrics(&work.join(dir))
-            .iter()
-            .filter(|m| m.kind == "train")
-            .filter_map(|m| Some((m.step, m.loss?)))
-            .collect()
-    };
-    let (full, resumed) = (losses("gpu"), losses("gpu-stop"));
+    let (full, resumed) = (train_losses(&work.join("gpu")), train_losses(&work.join("gpu-stop")));
     let worst = full
         .iter()
         .filter(|(s, _)| *s > half)
@@ -519,7 +512,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
     ));
     // A GPU checkpoint resumes on the CPU.
     let r = train(Some(run), &TrainOptions { resume: true, ..opts("cpu-resume", DeviceArg::Cpu, None) });
-    let cpu_after = losses("cpu-resume");
+    let cpu_after = train_losses(&work.join("cpu-resume"));
     let err = match (&r, full.last(), cpu_after.last()) {
         (Ok(_), Some((_, a)), Some((_, b))) => (a - b).abs(),
         _ => f64::INFINITY,
@@ -546,6 +539,15 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The training losses a run logged in `dir`'s metrics, by step.
+fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
+    crate::train::read_metrics(dir)
+        .iter()
+        .filter(|m| m.kind == "train")
+        .filter_map(|m| Some((m.step, m.loss?)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -181,7 +181,8 @@ pub fn config_hash(run: &RunConfig, data_fingerprint: &str) -> String {
     hex(&Sha256::digest(v.to_string().as_bytes()))
 }
 
-fn hex(b: &[u8]) -> String {
+/// Lower-case hex of bytes (checksums here, the NCCL id in `dist::rendezvous`).
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

@@ -7,6 +7,7 @@
 //! answers `id HEX`, or `error MESSAGE` (the run cannot start: every rank stops with it).
 
 use super::World;
+use crate::train::hex;
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -41,10 +42,6 @@ pub fn read_line(s: &mut TcpStream) -> std::io::Result<Option<String>> {
 pub fn write_line(s: &mut TcpStream, line: &str) -> std::io::Result<()> {
     let one_line: String = line.chars().map(|c| if c == '\n' { ' ' } else { c }).take(MAX_LINE - 64).collect();
     s.write_all(format!("{one_line}\n").as_bytes())
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {

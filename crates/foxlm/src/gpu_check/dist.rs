@@ -5,8 +5,8 @@
 //! more: 2 ranks against 1 with the same global batch, resume 2 → 1, and a killed rank stopping
 //! the run. The checks that need two GPUs are skipped with a notice on one.
 
-use super::row;
-use crate::train::{read_metrics, train, RunConfig, TrainOptions};
+use super::{row, train_losses as losses};
+use crate::train::{train, RunConfig, TrainOptions};
 use anyhow::{anyhow, Context, Result};
 use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::nccl::{self, Nccl};
@@ -78,11 +78,6 @@ fn collective_rows(world: usize) -> Result<Vec<CheckRow>> {
         row(case.clone(), "reduce-scatter f32: max |Δ| vs known sum", worst[1], 0.0, String::new()),
         row(case, "all-gather bf16: max |Δ| vs known shards", worst[2], 0.0, String::new()),
     ])
-}
-
-/// Training losses by step.
-fn losses(dir: &Path) -> Vec<(u64, f64)> {
-    read_metrics(dir).iter().filter(|m| m.kind == "train").filter_map(|m| Some((m.step, m.loss?))).collect()
 }
 
 /// The largest loss difference over the steps both runs logged after `from` (∞ if none).

@@ -498,11 +498,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         &TrainOptions { resume: true, ..opts("gpu-stop", DeviceArg::Cuda(0), Some(Dtype::Bf16)) },
     )?;
     let (full, resumed) = (train_losses(&work.join("gpu")), train_losses(&work.join("gpu-stop")));
-    let worst = full
-        .iter()
-        .filter(|(s, _)| *s > half)
-        .map(|(s, l)| resumed.iter().find(|(r, _)| r == s).map_or(f64::INFINITY, |(_, m)| (m - l).abs()))
-        .fold(0.0, f64::max);
+    let worst = worst_gap(&full, &resumed, half);
     rows.push(row(
         format!("resume on the GPU at step {half}"),
         "loss |Δ| vs uninterrupted, later steps",
@@ -541,6 +537,21 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The largest |Δ| loss between run `b` and the reference run `a` over `a`'s steps after `from`:
+/// ∞ where `b` did not log one of them, or where `a` logged none.
+fn worst_gap(a: &[(u64, f64)], b: &[(u64, f64)], from: u64) -> f64 {
+    let gaps: Vec<f64> = a
+        .iter()
+        .filter(|(s, _)| *s > from)
+        .map(|(s, l)| b.iter().find(|(t, _)| t == s).map_or(f64::INFINITY, |(_, m)| (m - l).abs()))
+        .collect();
+    if gaps.is_empty() {
+        f64::INFINITY
+    } else {
+        gaps.into_iter().fold(0.0, f64::max)
+    }
+}
+
 /// The training losses a run logged in `dir`'s metrics, by step.
 fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
     crate::train::read_metrics(dir)
@@ -552,9 +563,20 @@ fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{gqa_window_models, max_abs_diff, rms_diff};
+    use super::{gqa_window_models, max_abs_diff, rms_diff, worst_gap};
     use crate::config::Config;
     use crate::model::{Ctx, Model};
+
+    /// A step the compared run did not log fails the row (∞), as does nothing to compare.
+    #[test]
+    fn loss_gaps_count_missing_steps_as_infinite() {
+        let a = [(1, 2.0), (2, 1.5), (3, 1.25)];
+        assert_eq!(worst_gap(&a, &[(1, 2.5), (2, 1.25), (3, 1.25)], 0), 0.5);
+        assert_eq!(worst_gap(&a, &[(2, 1.25), (3, 1.0)], 1), 0.25);
+        assert_eq!(worst_gap(&a, &[(1, 2.0), (3, 1.25)], 0), f64::INFINITY);
+        assert_eq!(worst_gap(&a, &a, 3), f64::INFINITY);
+        assert_eq!(worst_gap(&a, &a, 0), 0.0);
+    }
 
     fn with_config(m: &Model, c: Config) -> Model {
         let mut out = Model::new(&c);

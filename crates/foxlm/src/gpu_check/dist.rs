@@ -5,7 +5,7 @@
 //! more: 2 ranks against 1 with the same global batch, resume 2 → 1, and a killed rank stopping
 //! the run. The checks that need two GPUs are skipped with a notice on one.
 
-use super::{row, train_losses as losses};
+use super::{row, train_losses as losses, worst_gap};
 use crate::train::{train, RunConfig, TrainOptions};
 use anyhow::{anyhow, Context, Result};
 use fox_kernels::cuda::check::CheckRow;
@@ -78,20 +78,6 @@ fn collective_rows(world: usize) -> Result<Vec<CheckRow>> {
         row(case.clone(), "reduce-scatter f32: max |Δ| vs known sum", worst[1], 0.0, String::new()),
         row(case, "all-gather bf16: max |Δ| vs known shards", worst[2], 0.0, String::new()),
     ])
-}
-
-/// The largest loss difference over the steps both runs logged after `from` (∞ if none).
-fn worst_gap(a: &[(u64, f64)], b: &[(u64, f64)], from: u64) -> f64 {
-    let pairs: Vec<f64> = a
-        .iter()
-        .filter(|(s, _)| *s > from)
-        .filter_map(|(s, l)| b.iter().find(|(t, _)| t == s).map(|(_, m)| (m - l).abs()))
-        .collect();
-    if pairs.is_empty() {
-        f64::INFINITY
-    } else {
-        pairs.into_iter().fold(0.0, f64::max)
-    }
 }
 
 /// `foxlm train --gpus N` (this binary) on `run`, into `out`; Err with its stderr if it fails.

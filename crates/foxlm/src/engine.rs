@@ -413,15 +413,36 @@ impl<T: Elem> GpuEngine<T> {
     ) -> Result<StepStats> {
         let accum = batches.len().max(1) * self.be.world().1;
         self.be.zero_grads()?;
-        let mut loss_sum = [0.0f64];
+        let mut loss_sum = 0.0;
         for (k, (ids, targets)) in batches.iter().enumerate() {
-            self.be.set_reduce(k + 1 == batches.len());
-            loss_sum[0] += self.micro_step(model, ids, targets, accum)?;
+            loss_sum += self.rank_micro_step(model, ids, targets, accum, k + 1 == batches.len())?;
         }
+        let stats = self.finish_grads(loss_sum, accum, max_norm)?;
+        self.be.adamw_step(lr, self.grad_scale)?;
+        Ok(stats)
+    }
+
+    /// One of this rank's micro-batches; the last one's backward reduces the gradients bucket by
+    /// bucket as it goes.
+    fn rank_micro_step(
+        &mut self,
+        model: &Model,
+        ids: &[u32],
+        targets: &[Option<u32>],
+        accum: usize,
+        last: bool,
+    ) -> Result<f64> {
+        self.be.set_reduce(last);
+        self.micro_step(model, ids, targets, accum)
+    }
+
+    /// After this rank's micro-batches: the loss summed over the ranks, the global gradient norm
+    /// and the clipping factor.
+    fn finish_grads(&mut self, loss_sum: f64, accum: usize, max_norm: f64) -> Result<StepStats> {
         self.be.set_reduce(false);
+        let mut loss_sum = [loss_sum];
         self.be.dist_sum(&mut loss_sum)?;
         let grad_norm = self.clip(max_norm)?;
-        self.be.adamw_step(lr, self.grad_scale)?;
         crate::dist::heartbeat();
         Ok(StepStats { loss: loss_sum[0] / accum as f64, grad_norm })
     }
@@ -442,23 +463,15 @@ impl<T: Elem> Engine for GpuEngine<T> {
     ) -> Result<StepStats> {
         anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);
         self.be.zero_grads()?;
-        // Each rank reads its part of the step's windows (all of them on one GPU); the last
-        // micro-batch's backward reduces the gradients bucket by bucket as it goes.
+        // Each rank reads its part of the step's windows (all of them on one GPU).
         let (rank, world) = self.be.world();
         let slice = crate::dist::StepSlice::new(micro, accum, rank, world)?;
-        loader.skip(slice.before);
-        let mut loss_sum = [0.0f64];
-        for k in 0..slice.micro_batches {
-            let b = loader.next_batch(micro);
-            self.be.set_reduce(k + 1 == slice.micro_batches);
-            loss_sum[0] += self.micro_step(model, &b.ids, &b.targets, accum)?;
-        }
-        self.be.set_reduce(false);
-        loader.skip(slice.after);
-        self.be.dist_sum(&mut loss_sum)?;
-        let grad_norm = self.clip(max_norm)?;
-        crate::dist::heartbeat();
-        Ok(StepStats { loss: loss_sum[0] / accum as f64, grad_norm })
+        let mut loss_sum = 0.0;
+        slice.read_each(loader, micro, |b, last| {
+            loss_sum += self.rank_micro_step(model, &b.ids, &b.targets, accum, last)?;
+            Ok(())
+        })?;
+        self.finish_grads(loss_sum, accum, max_norm)
     }
     fn update(&mut self, _model: &mut Model, _opt: &mut AdamW, lr: f64) -> Result<()> {
         self.be.adamw_step(lr, self.grad_scale)

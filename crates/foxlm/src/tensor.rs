@@ -1,7 +1,7 @@
 //! Named parameters: one f32 buffer per checkpoint tensor, addressed by a small id.
 
-use std::collections::HashMap;
 use rayon::prelude::*;
+use std::collections::HashMap;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {

@@ -738,15 +738,7 @@ fn make_rank_engine(
     d: &crate::dist::DistRun,
 ) -> Result<Box<dyn Engine>> {
     let w = &d.world;
-    let n = fox_kernels::cuda::probe().context("training on several GPUs")?;
-    // Under a cluster launcher each rank may see only its own GPU (CUDA_VISIBLE_DEVICES).
-    let ordinal = if w.local_rank < n {
-        w.local_rank
-    } else if n == 1 {
-        0
-    } else {
-        bail!("LOCAL_RANK {} but this machine shows {n} GPUs (0..{n})", w.local_rank)
-    };
+    let ordinal = w.gpu(fox_kernels::cuda::probe().context("training on several GPUs")?)?;
     if let fox_kernels::cuda::DeviceArg::Cuda(c) = opts.device {
         if c != ordinal {
             bail!(

@@ -4,7 +4,10 @@
 //! The same algorithm runs through NCCL on GPUs: `foxlm gpu-check --part dist`.
 
 use foxlm::data::{prepare, Dataset, Loader, LoaderState, PrepareOptions, Split};
-use foxlm::dist::{Collective, HostZero1, StepSlice, ThreadGroup};
+#[path = "common/zero1.rs"]
+mod zero1;
+
+use foxlm::dist::StepSlice;
 use foxlm::model::{Ctx, Model};
 use foxlm::optim::{clip_coef, global_norm, AdamW, AdamWConfig};
 use foxlm::presets::Variant;
@@ -12,6 +15,7 @@ use foxlm::train::init_model;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use zero1::{Collective, HostZero1, ThreadGroup};
 
 const CONTEXT: usize = 16;
 const MICRO: usize = 1;
@@ -101,7 +105,14 @@ fn ranks(
                     let slice = StepSlice::new(MICRO, ACCUM, rank, world).unwrap();
                     let mut record = Vec::new();
                     for _ in 0..steps {
-                        let batches = slice.read(&mut loader, MICRO);
+                        let mut batches = Vec::new();
+                        slice
+                            .read_each(&mut loader, MICRO, |b, last| {
+                                batches.push(b);
+                                assert_eq!(last, batches.len() == slice.micro_batches);
+                                Ok(())
+                            })
+                            .unwrap();
                         let mut grads = model.params.zeros_like();
                         let mut loss = [grads_of(&model, &batches, &mut grads)];
                         g.all_reduce_sum(&mut loss).unwrap();

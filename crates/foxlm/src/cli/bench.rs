@@ -516,29 +516,12 @@ fn print_row(r: &TrainRow) {
 /// A rank started by `--gpus`: the rendezvous and watchdog of `foxlm train`'s ranks, then the
 /// rows through NCCL on GPU LOCAL_RANK; rank 0 alone prints and returns them.
 fn bench_rank(a: &TrainArgs) -> Result<Option<Vec<TrainRow>>> {
-    let var = |name: &str| -> Result<usize> {
-        let v = std::env::var(name).with_context(|| format!("{name} is not set (a rank of `bench train --gpus`)"))?;
-        v.trim().parse().with_context(|| format!("{name}={v}: not a number"))
-    };
-    let rank = var("RANK")?;
-    let w = crate::dist::World {
-        rank,
-        local_rank: var("LOCAL_RANK").unwrap_or(rank),
-        size: var("WORLD_SIZE")?,
-        master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
-        master_port: var("MASTER_PORT")?.try_into().map_err(|_| anyhow::anyhow!("MASTER_PORT is not a port number"))?,
-    };
-    w.check()?;
+    let w = crate::dist::World::from_env().context("a rank of `bench train --gpus`")?;
     cuda::nccl::nvls_off()?;
     // The first steps compile the kernels; a stuck collective still ends every rank.
     let (rendezvous, collective) = (std::time::Duration::from_secs(60), std::time::Duration::from_secs(600));
     let rows = crate::dist::as_rank(&w, rendezvous, collective, |d| {
-        let n = cuda::probe()?;
-        let ordinal = if w.local_rank < n {
-            w.local_rank
-        } else {
-            bail!("LOCAL_RANK {} but this machine shows {n} GPUs", w.local_rank)
-        };
+        let ordinal = w.gpu(cuda::probe()?)?;
         let gpu = cuda::Gpu::new(ordinal)?;
         if w.rank == 0 {
             eprintln!("device: {} (rank 0 of {})", gpu.describe(), w.size);

@@ -171,7 +171,7 @@ pub struct DistArgs {
     #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
     pub master_addr: String,
     /// The rendezvous port on MASTER_ADDR (torchrun's MASTER_PORT).
-    #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
+    #[arg(long, env = "MASTER_PORT", default_value_t = crate::dist::DEFAULT_MASTER_PORT)]
     pub master_port: u16,
     /// Seconds to wait for every rank at the rendezvous before giving up.
     #[arg(long, env = "FOXLM_RENDEZVOUS_TIMEOUT", default_value_t = 60, value_name = "SECONDS")]
@@ -240,15 +240,7 @@ fn role(a: &Args) -> Result<Role> {
             let (Some(rank), Some(size)) = (d.rank, d.world_size) else {
                 bail!("a multi-process run needs both RANK and WORLD_SIZE (or --rank and --world-size)");
             };
-            let w = crate::dist::World {
-                rank,
-                local_rank: d.local_rank.unwrap_or(rank),
-                size,
-                master_addr: d.master_addr.clone(),
-                master_port: d.master_port,
-            };
-            w.check()?;
-            Ok(Role::Rank(w))
+            Ok(Role::Rank(crate::dist::World::new(rank, d.local_rank, size, d.master_addr.clone(), d.master_port)?))
         }
         (None, false) => Ok(Role::Single),
     }

@@ -6,9 +6,9 @@
 //! - [`StepSlice`]: which windows of an optimizer step a rank reads, so that the ranks together
 //!   read the windows a single process would, in its order.
 //! - [`Shards`]: each tensor cut into `world` equal shards (padded); rank r updates shard r.
-//! - [`Collective`] and [`HostZero1`]: the ZeRO-1 step on host buffers, with an in-process
-//!   implementation ([`ThreadGroup`]) that tests the algorithm on the CPU. The GPU engine runs the
-//!   same steps through NCCL (`backend::cuda`, `fox_kernels::cuda::nccl`).
+//! - The ZeRO-1 step itself runs in the GPU engine through NCCL (`backend::cuda`,
+//!   `fox_kernels::cuda::nccl`); tests/distributed.rs checks the same algorithm on host buffers,
+//!   with ranks as threads.
 //! - [`rendezvous`], [`control`]: the TCP rendezvous that hands out the NCCL id, and the watchdog
 //!   that stops every rank when one fails. [`launch`]: `foxlm train --gpus N`.
 
@@ -17,11 +17,8 @@ pub mod launch;
 pub mod rendezvous;
 
 use crate::data::{Batch, Loader};
-use crate::optim::{bias_corrections, clip_coef, step_constants, sum_squares, AdamW, AdamWConfig};
-use crate::tensor::{ParamKind, Params};
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use std::ops::Range;
-use std::sync::{Arc, Barrier, Mutex};
 
 /// This process's place among the ranks of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +31,61 @@ pub struct World {
     pub master_port: u16,
 }
 
+/// torchrun's default rendezvous port, also `foxlm train`'s (--master-port).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
 impl World {
+    /// A rank's place from its parts (LOCAL_RANK defaults to RANK), checked.
+    pub fn new(
+        rank: usize,
+        local_rank: Option<usize>,
+        size: usize,
+        master_addr: String,
+        master_port: u16,
+    ) -> Result<Self> {
+        let w = Self { rank, local_rank: local_rank.unwrap_or(rank), size, master_addr, master_port };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// From the torchrun variables of this process's environment: RANK and WORLD_SIZE must be
+    /// set; LOCAL_RANK, MASTER_ADDR and MASTER_PORT default as `foxlm train`'s flags do.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`World::from_env`] over any source of variables.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let num = |name: &str| -> Result<Option<usize>> {
+            var(name).map(|v| v.trim().parse().with_context(|| format!("{name}={v}: not a number"))).transpose()
+        };
+        let need =
+            |name: &str| num(name)?.with_context(|| format!("{name} is not set (a rank of a multi-process run)"));
+        let port = match var("MASTER_PORT") {
+            Some(v) => v.trim().parse().with_context(|| format!("MASTER_PORT={v}: not a port number"))?,
+            None => DEFAULT_MASTER_PORT,
+        };
+        Self::new(
+            need("RANK")?,
+            num("LOCAL_RANK")?,
+            need("WORLD_SIZE")?,
+            var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            port,
+        )
+    }
+
+    /// The GPU this rank uses among the `visible` GPUs of its machine: LOCAL_RANK's, or the only
+    /// one where a cluster launcher shows each rank its own GPU (CUDA_VISIBLE_DEVICES).
+    pub fn gpu(&self, visible: usize) -> Result<usize> {
+        if self.local_rank < visible {
+            Ok(self.local_rank)
+        } else if visible == 1 {
+            Ok(0)
+        } else {
+            bail!("LOCAL_RANK {} but this machine shows {visible} GPUs (0..{visible})", self.local_rank)
+        }
+    }
+
     pub fn check(&self) -> Result<()> {
         if self.size == 0 {
             bail!("WORLD_SIZE / --world-size must be at least 1");
@@ -111,12 +162,20 @@ impl StepSlice {
         Ok(Self { before: rank as u64 * w, micro_batches: local, after: (world - 1 - rank) as u64 * w })
     }
 
-    /// This rank's micro-batches of the next step, `loader` left where a single loader would be.
-    pub fn read(&self, loader: &mut Loader, micro: usize) -> Vec<Batch> {
+    /// This rank's micro-batches of the next step, one at a time to `f` with whether it is the
+    /// last; `loader` is left where a single loader would be.
+    pub fn read_each(
+        &self,
+        loader: &mut Loader,
+        micro: usize,
+        mut f: impl FnMut(Batch, bool) -> Result<()>,
+    ) -> Result<()> {
         loader.skip(self.before);
-        let out = (0..self.micro_batches).map(|_| loader.next_batch(micro)).collect();
+        for k in 0..self.micro_batches {
+            f(loader.next_batch(micro), k + 1 == self.micro_batches)?;
+        }
         loader.skip(self.after);
-        out
+        Ok(())
     }
 }
 
@@ -149,193 +208,6 @@ impl Shards {
     pub fn own_within(&self, i: usize, n: usize) -> Range<usize> {
         let r = self.own(i);
         r.start.min(n)..r.end.min(n)
-    }
-}
-
-/// The collectives of ZeRO-1 over host buffers. Every rank calls them in the same order.
-pub trait Collective: Send + Sync {
-    fn rank(&self) -> usize;
-    fn world(&self) -> usize;
-    /// vals = Σ over ranks of vals.
-    fn all_reduce_sum(&self, vals: &mut [f64]) -> Result<()>;
-    /// Over buf[..world·shard]: this rank's shard becomes the sum over ranks of that shard.
-    fn reduce_scatter_sum(&self, buf: &mut [f32], shard: usize) -> Result<()>;
-    /// Over buf[..world·shard]: every rank's shard is copied to all ranks.
-    fn all_gather(&self, buf: &mut [f32], shard: usize) -> Result<()>;
-}
-
-/// Ranks as threads of one process, for tests: each collective deposits every rank's buffer,
-/// then each rank reads what it needs. Sums run in rank order (deterministic).
-pub struct ThreadGroup {
-    rank: usize,
-    world: usize,
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    barrier: Barrier,
-    f32s: Mutex<Vec<Vec<f32>>>,
-    f64s: Mutex<Vec<Vec<f64>>>,
-}
-
-impl ThreadGroup {
-    /// One handle per rank; hand handle r to the thread of rank r.
-    pub fn new(world: usize) -> Vec<ThreadGroup> {
-        let shared = Arc::new(Shared {
-            barrier: Barrier::new(world),
-            f32s: Mutex::new(vec![Vec::new(); world]),
-            f64s: Mutex::new(vec![Vec::new(); world]),
-        });
-        (0..world).map(|rank| ThreadGroup { rank, world, shared: shared.clone() }).collect()
-    }
-
-    /// Deposits `mine`, waits for every rank, runs `read` over all deposits, waits again.
-    fn exchange<T: Clone, R>(
-        &self,
-        slot: &Mutex<Vec<Vec<T>>>,
-        mine: &[T],
-        read: impl FnOnce(&[Vec<T>]) -> R,
-    ) -> Result<R> {
-        let lock = || slot.lock().map_err(|_| anyhow::anyhow!("a rank thread panicked"));
-        lock()?[self.rank] = mine.to_vec();
-        self.shared.barrier.wait();
-        let r = read(&lock()?);
-        self.shared.barrier.wait();
-        Ok(r)
-    }
-}
-
-impl Collective for ThreadGroup {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world(&self) -> usize {
-        self.world
-    }
-    fn all_reduce_sum(&self, vals: &mut [f64]) -> Result<()> {
-        let sum = self.exchange(&self.shared.f64s, vals, |all| {
-            (0..vals.len()).map(|j| all.iter().map(|v| v[j]).fold(0.0, |a, b| a + b)).collect::<Vec<f64>>()
-        })?;
-        vals.copy_from_slice(&sum);
-        Ok(())
-    }
-    fn reduce_scatter_sum(&self, buf: &mut [f32], shard: usize) -> Result<()> {
-        let own = self.rank * shard..(self.rank + 1) * shard;
-        let sum = self.exchange(&self.shared.f32s, &buf[..shard * self.world], |all| {
-            own.clone().map(|j| all.iter().map(|v| v[j]).fold(0.0f32, |a, b| a + b)).collect::<Vec<f32>>()
-        })?;
-        buf[own].copy_from_slice(&sum);
-        Ok(())
-    }
-    fn all_gather(&self, buf: &mut [f32], shard: usize) -> Result<()> {
-        let n = shard * self.world;
-        let full = self.exchange(&self.shared.f32s, &buf[..n], |all| {
-            (0..self.world).flat_map(|r| all[r][r * shard..(r + 1) * shard].to_vec()).collect::<Vec<f32>>()
-        })?;
-        buf[..n].copy_from_slice(&full);
-        Ok(())
-    }
-}
-
-/// ZeRO-1 on host buffers: what each rank of the GPU engine does after its backward, written
-/// over [`Collective`] so that the CPU tests can run it with ranks as threads.
-///
-/// Per step: reduce-scatter the gradients (each rank gets the sum of its shard), the global norm
-/// from every rank's shard sums, the clipping factor, AdamW on the rank's shard of the master
-/// weights and moments, then an all-gather of the weights.
-pub struct HostZero1 {
-    pub shards: Shards,
-    pub config: AdamWConfig,
-    pub step: u64,
-    /// This rank's shard of each tensor's master weights and moments.
-    pub master: Vec<Vec<f32>>,
-    pub m: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
-    /// A padded gradient or weight tensor, reused.
-    buf: Vec<f32>,
-}
-
-impl HostZero1 {
-    /// This rank's shards of `params` and of the optimizer state `opt` (a fresh or resumed one).
-    pub fn new(params: &Params, opt: &AdamW, rank: usize, world: usize) -> Self {
-        let shards = Shards::new(params.tensors.iter().map(|t| t.numel()), rank, world);
-        let cut = |data: &[f32], i: usize| {
-            let mut s = vec![0.0; shards.shard[i]];
-            let r = shards.own_within(i, data.len());
-            s[..r.len()].copy_from_slice(&data[r]);
-            s
-        };
-        let n = params.len();
-        Self {
-            master: (0..n).map(|i| cut(&params.tensors[i].data, i)).collect(),
-            m: (0..n).map(|i| cut(&opt.m[i], i)).collect(),
-            v: (0..n).map(|i| cut(&opt.v[i], i)).collect(),
-            shards,
-            config: opt.config,
-            step: opt.step,
-            buf: Vec::new(),
-        }
-    }
-
-    /// One optimizer step from this rank's gradients `grads` (of its micro-batches, weighted
-    /// for the global batch): afterwards every rank's `params` hold the new weights. Returns the
-    /// global gradient norm (before clipping).
-    #[allow(clippy::needless_range_loop)] // i indexes params, grads, shards and moments together
-    pub fn step(
-        &mut self,
-        coll: &dyn Collective,
-        params: &mut Params,
-        grads: &[Vec<f32>],
-        lr: f64,
-        max_norm: f64,
-    ) -> Result<f64> {
-        let n = params.len();
-        let trained = |i: usize| params.kinds[i] != ParamKind::Frozen;
-        // Each rank's shard of the summed gradients, and its part of the squared norm.
-        let mut grad_shards = vec![Vec::new(); n];
-        let mut sumsq = vec![0.0f64; n];
-        for i in (0..n).filter(|&i| trained(i)) {
-            self.buf.clear();
-            self.buf.extend_from_slice(&grads[i]);
-            self.buf.resize(self.shards.padded(i), 0.0);
-            coll.reduce_scatter_sum(&mut self.buf, self.shards.shard[i])?;
-            grad_shards[i] = self.buf[self.shards.own(i)].to_vec();
-            sumsq[i] = sum_squares(&grad_shards[i]);
-        }
-        coll.all_reduce_sum(&mut sumsq)?;
-        let norm = (0..n).filter(|&i| trained(i)).map(|i| sumsq[i]).sum::<f64>().sqrt();
-        let scale = clip_coef(norm, max_norm);
-        self.step += 1;
-        let bc = bias_corrections(&self.config, self.step);
-        for i in 0..n {
-            let Some(h) = step_constants(&self.config, params.kinds[i], lr, bc, scale) else { continue };
-            fox_kernels::simd::adamw(&mut self.master[i], &grad_shards[i], &mut self.m[i], &mut self.v[i], &h);
-            // The new weights to every rank.
-            self.buf.clear();
-            self.buf.resize(self.shards.padded(i), 0.0);
-            self.buf[self.shards.own(i)].copy_from_slice(&self.master[i]);
-            coll.all_gather(&mut self.buf, self.shards.shard[i])?;
-            let len = params.tensors[i].data.len();
-            params.tensors[i].data.copy_from_slice(&self.buf[..len]);
-        }
-        Ok(norm)
-    }
-
-    /// The whole optimizer state (every rank gets it; rank 0 writes it into checkpoints).
-    pub fn gather(&mut self, coll: &dyn Collective, params: &Params) -> Result<AdamW> {
-        let mut opt = AdamW::new(self.config, params);
-        opt.step = self.step;
-        for i in 0..params.len() {
-            for (shard, out) in [(&self.m[i], &mut opt.m[i]), (&self.v[i], &mut opt.v[i])] {
-                self.buf.clear();
-                self.buf.resize(self.shards.padded(i), 0.0);
-                self.buf[self.shards.own(i)].copy_from_slice(shard);
-                coll.all_gather(&mut self.buf, self.shards.shard[i])?;
-                let len = out.len();
-                out.copy_from_slice(&self.buf[..len]);
-            }
-        }
-        Ok(opt)
     }
 }
 
@@ -396,6 +268,39 @@ mod tests {
     }
 
     #[test]
+    fn world_from_the_torchrun_variables() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        };
+        let w = World::from_vars(vars(&[("RANK", "1"), ("WORLD_SIZE", "2")])).unwrap();
+        assert_eq!(w, World::new(1, None, 2, "127.0.0.1".into(), DEFAULT_MASTER_PORT).unwrap());
+        assert_eq!(w.local_rank, 1);
+        let w = World::from_vars(vars(&[
+            ("RANK", "3"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "1234"),
+        ]))
+        .unwrap();
+        assert_eq!((w.rank, w.local_rank, w.size, w.master_addr.as_str(), w.master_port), (3, 0, 4, "node7", 1234));
+        let err = |pairs| format!("{:#}", World::from_vars(vars(pairs)).unwrap_err());
+        assert!(err(&[("WORLD_SIZE", "2")]).contains("RANK is not set"));
+        assert!(err(&[("RANK", "x"), ("WORLD_SIZE", "2")]).contains("RANK=x: not a number"));
+        assert!(err(&[("RANK", "2"), ("WORLD_SIZE", "2")]).contains("outside a world of 2"));
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "70000")]).contains("not a port number"));
+    }
+
+    #[test]
+    fn a_rank_uses_its_local_gpu_or_the_only_one_it_sees() {
+        let w = |local| World::new(5, Some(local), 8, String::new(), 1).unwrap();
+        assert_eq!(w(1).gpu(2).unwrap(), 1);
+        assert_eq!(w(3).gpu(1).unwrap(), 0);
+        let e = w(3).gpu(2).unwrap_err().to_string();
+        assert!(e.contains("LOCAL_RANK 3 but this machine shows 2 GPUs"), "{e}");
+    }
+
+    #[test]
     fn shards_pad_and_partition() {
         let s = Shards::new([10, 3, 8], 2, 3);
         assert_eq!(s.shard, [4, 1, 3]);
@@ -405,38 +310,5 @@ mod tests {
         // One rank owns everything, unpadded.
         let one = Shards::new([10, 3], 0, 1);
         assert_eq!((one.own(0), one.padded(1)), (0..10, 3));
-    }
-
-    #[test]
-    fn thread_group_collectives_give_known_values() {
-        let world = 3;
-        let handles = ThreadGroup::new(world);
-        let out: Vec<(Vec<f32>, Vec<f32>, Vec<f64>)> = std::thread::scope(|s| {
-            let ts: Vec<_> = handles
-                .iter()
-                .map(|g| {
-                    s.spawn(move || {
-                        let r = g.rank() as f32;
-                        // Rank r holds r+1 everywhere: each shard sums to 1+2+3 = 6.
-                        let mut rs = vec![r + 1.0; 6];
-                        g.reduce_scatter_sum(&mut rs, 2).unwrap();
-                        // Rank r's shard holds 10·r + j: every rank ends with all of them.
-                        let mut ag = vec![0.0; 6];
-                        ag[2 * g.rank()] = 10.0 * r;
-                        ag[2 * g.rank() + 1] = 10.0 * r + 1.0;
-                        g.all_gather(&mut ag, 2).unwrap();
-                        let mut ar = vec![r as f64, 1.0];
-                        g.all_reduce_sum(&mut ar).unwrap();
-                        (rs, ag, ar)
-                    })
-                })
-                .collect();
-            ts.into_iter().map(|t| t.join().unwrap()).collect()
-        });
-        for (r, (rs, ag, ar)) in out.iter().enumerate() {
-            assert_eq!(&rs[2 * r..2 * r + 2], &[6.0, 6.0]);
-            assert_eq!(ag, &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
-            assert_eq!(ar, &[3.0, 3.0]);
-        }
     }
 }

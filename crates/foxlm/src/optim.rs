@@ -189,14 +189,20 @@ pub fn global_norm_sparse(grads: &[Vec<f32>], params: &Params, sparse: Option<&S
         .filter(|(_, (_, k))| **k != ParamKind::Frozen)
         .map(|(i, (g, _))| match sparse.filter(|s| s.param == i) {
             Some(sp) => {
+                // Tasks of CHUNK values' worth of rows; each row's sum, added in row order.
                 let cols = sp.cols.max(1);
+                let rows = (CHUNK / cols).max(1);
                 sp.touched
-                    .par_iter()
+                    .par_chunks(rows)
                     .enumerate()
-                    .filter(|(_, &t)| t)
-                    .map(|(r, _)| simd::sum_squares_f64(&g[r * cols..(r + 1) * cols]))
-                    .collect::<Vec<f64>>()
+                    .map(|(c, touched)| {
+                        let r0 = c * rows;
+                        let sums = touched.iter().enumerate().filter(|(_, &t)| t);
+                        sums.map(|(i, _)| simd::sum_squares_f64(&g[(r0 + i) * cols..(r0 + i + 1) * cols])).collect()
+                    })
+                    .collect::<Vec<Vec<f64>>>()
                     .iter()
+                    .flatten()
                     .sum::<f64>()
             }
             None => sum_squares(g),

@@ -60,8 +60,23 @@ pub fn gemm_strided(
         whole(dst, Parallelism::None);
         return;
     }
+    let d = SharedMut::new(dst);
+    // B stored transposed (b_rs = 1, a Linear's wᵀ): the crate packs B (its rows are not the
+    // layout the micro-kernel reads), and with tasks of rows each would pack all of B. So columns
+    // of dst, one task per thread, each packing only its own part of B, whatever the size. At
+    // 125M, 256 rows, 2 threads: 147 → 173-185 GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768).
+    let tasks = rayon::current_num_threads();
+    if b_rs == 1 && tasks >= 2 && n >= 128 * tasks {
+        // Whole 64-column panels (the micro-kernel's height over B's columns) per task.
+        let cols = n.div_ceil(tasks).next_multiple_of(64);
+        // SAFETY: bounds checked above; each task writes its own columns of dst.
+        (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
+            let c = cols.min(n - c0);
+            gemm_seq(m, c, k, d.ptr().add(c0), dst_rs, accumulate, a.as_ptr(), a_rs, a_cs, b.as_ptr().add(c0 * b_cs), b_rs, b_cs)
+        });
+        return;
+    }
     if size <= SPLIT {
-        let d = SharedMut::new(dst);
         if let Some(rows) = split(m, k * n) {
             // SAFETY: bounds checked above; each task writes its own rows of dst.
             (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
@@ -243,28 +258,11 @@ pub fn gemm_gflops(n: usize, reps: usize) -> f64 {
     GemmReference::new(n).gflops(reps)
 }
 
-/// y[m, n] = x[m, k] · wᵀ, w: [n, k] (a Linear layer without bias).
-///
-/// Split by columns of y where there are enough: the crate packs the operand that w is (its rows
-/// are not the layout its micro-kernel reads), and with a split by rows every task packed all of
-/// w. A task per thread and its own rows of w: 125M shapes at 256 rows, 2 threads: 147 → 173-185
-/// GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768). Each element of y is still one GEMM over
-/// the whole of k (the crate blocks k by k alone), so the split does not change the result.
+/// y[m, n] = x[m, k] · wᵀ, w: [n, k] (a Linear layer without bias). With wᵀ as B
+/// (`b_rs` = 1), `gemm_strided` splits by columns of y: each element is still one GEMM over the
+/// whole of k (the crate blocks k by k alone), so the split does not change the result.
 pub fn linear_fwd(y: &mut [f32], x: &[f32], w: &[f32], m: usize, k: usize, n: usize) {
-    let tasks = rayon::current_num_threads();
-    // Whole 64-row panels of w per task (the micro-kernel's height over w's rows).
-    let cols = n.div_ceil(tasks.max(1)).next_multiple_of(64);
-    if m * n * k < SERIAL || tasks < 2 || n < 128 * tasks || k == 0 {
-        gemm_strided(m, n, k, y, n, false, x, k, 1, w, 1, k);
-        return;
-    }
-    assert!(y.len() >= m * n && x.len() >= m * k && w.len() >= n * k, "linear_fwd: buffers too small");
-    let d = SharedMut::new(y);
-    (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| {
-        let c = cols.min(n - c0);
-        // SAFETY: bounds checked above; each task writes its own columns of y.
-        unsafe { gemm_seq(m, c, k, d.ptr().add(c0), n, false, x.as_ptr(), k, 1, w.as_ptr().add(c0 * k), 1, k) }
-    });
+    gemm_strided(m, n, k, y, n, false, x, k, 1, w, 1, k);
 }
 
 /// Backward of `linear_fwd`: dx[m, k] (+)= dy · w, dw[n, k] += dyᵀ · x.
@@ -309,8 +307,9 @@ mod tests {
         }
     }
 
-    /// linear_fwd's column tasks (with a short last one) give the bits of one single-threaded
-    /// GEMM, on shapes that take the column split and one that does not.
+    /// Products with B transposed (linear_fwd's) split by columns (with a short last task) give
+    /// the bits of one single-threaded GEMM, on shapes that take the column split and one that
+    /// does not.
     #[test]
     fn linear_fwd_split_by_columns_equals_one_gemm_bitwise() {
         for (m, k, n) in [(256usize, 768usize, 768usize), (64, 300, 1000), (9, 128, 4096), (256, 64, 64)] {
@@ -322,6 +321,12 @@ mod tests {
             let mut got = vec![f32::NAN; m * n];
             linear_fwd(&mut got, &x, &w, m, k, n);
             assert!(got == want, "{m}x{k}->{n}");
+            // Accumulating, as the GPU check's reference does.
+            let mut want2 = want.clone();
+            // SAFETY: as above.
+            unsafe { gemm_seq(m, n, k, want2.as_mut_ptr(), n, true, x.as_ptr(), k, 1, w.as_ptr(), 1, k) };
+            gemm_strided(m, n, k, &mut got, n, true, &x, k, 1, &w, 1, k);
+            assert!(got == want2, "{m}x{k}->{n}, accumulating");
         }
     }
 

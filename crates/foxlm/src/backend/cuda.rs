@@ -314,8 +314,7 @@ impl<T: Elem> Cuda<T> {
     pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, world: usize, plan: &mut MemoryPlan) {
         let p = &model.params;
         let numel = p.numel();
-        let matrix: usize =
-            p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
+        let matrix = matrix_numel(p);
         let tb = std::mem::size_of::<T>();
         let (master, moments) = optimizer_state_bytes(model, world);
         if world > 1 && train {
@@ -774,14 +773,17 @@ impl<T: Elem> Cuda<T> {
 /// reads them) and 1/world of every moment; one rank holds all of it.
 pub fn optimizer_state_bytes(model: &Model, world: usize) -> (usize, usize) {
     let p = &model.params;
-    let numel = p.numel();
-    let matrix: usize =
-        p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum();
+    let (numel, matrix) = (p.numel(), matrix_numel(p));
     if world <= 1 {
         return (4 * numel, 8 * numel);
     }
     let shard = |n: usize| n.div_ceil(world);
     (4 * (shard(matrix) + numel - matrix), 8 * shard(numel))
+}
+
+/// Elements of the matrices (the parameters that get bf16 copies and sharded master weights).
+fn matrix_numel(p: &crate::tensor::Params) -> usize {
+    p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum()
 }
 
 /// The output head's rows on the GPU: the vocabulary rounded up to a multiple of 64. With 50257

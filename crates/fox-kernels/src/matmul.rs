@@ -72,7 +72,20 @@ pub fn gemm_strided(
         // SAFETY: bounds checked above; each task writes its own columns of dst.
         (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
             let c = cols.min(n - c0);
-            gemm_seq(m, c, k, d.ptr().add(c0), dst_rs, accumulate, a.as_ptr(), a_rs, a_cs, b.as_ptr().add(c0 * b_cs), b_rs, b_cs)
+            gemm_seq(
+                m,
+                c,
+                k,
+                d.ptr().add(c0),
+                dst_rs,
+                accumulate,
+                a.as_ptr(),
+                a_rs,
+                a_cs,
+                b.as_ptr().add(c0 * b_cs),
+                b_rs,
+                b_cs,
+            )
         });
         return;
     }

@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!();
     print!("{}", cpu_bench::table(&rows));
+    rows.iter().for_each(|r| print!("{}", cpu_bench::breakdown(r)));
     if let Some(path) = json {
         let v = serde_json::json!({
             "threads": threads,

@@ -51,6 +51,16 @@ pub struct CpuTrainRow {
     /// Median over the timed steps of (the step's matmul GFLOP/s / the peak sampled before it).
     pub share_of_peak: f64,
     pub step_s_all: Vec<f64>,
+    /// Where the timed steps' time went, per kind of operation (milliseconds per step).
+    pub profile: Vec<CpuProfileRow>,
+}
+
+/// One kind of operation's share of a step ([`crate::backend::Family`]).
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct CpuProfileRow {
+    pub family: String,
+    pub ms_per_step: f64,
+    pub ops_per_step: f64,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -94,20 +104,23 @@ pub fn measure(
     let mut engine = CpuEngine::new(&model, batch);
     let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % vocab) as u32).collect();
     let targets: Vec<Option<u32>> = ids.iter().map(|&i| Some(((i as usize * 31 + 7) % vocab) as u32)).collect();
-    let mut step = |model: &mut Model| engine.step_on(model, &mut opt, &ids, &targets, batch, 1.0, 1e-3).map(|_| ());
+    let mut step = |engine: &mut CpuEngine, model: &mut Model| {
+        engine.step_on(model, &mut opt, &ids, &targets, batch, 1.0, 1e-3).map(|_| ())
+    };
     for i in 0..warmup {
         let t0 = Instant::now();
-        step(&mut model)?;
+        step(&mut engine, &mut model)?;
         if progress {
             eprintln!("  warm-up step {}/{warmup}: {:.3} s", i + 1, t0.elapsed().as_secs_f64());
         }
     }
     let fpt = matmul_flops_per_token(&model, context);
+    engine.start_profile();
     let (mut times, mut peaks, mut shares) = (vec![], vec![], vec![]);
     for i in 0..steps.max(1) {
         let peak = peak_now(refs);
         let t0 = Instant::now();
-        step(&mut model)?;
+        step(&mut engine, &mut model)?;
         let dt = t0.elapsed().as_secs_f64();
         let gflops = fpt * n as f64 / dt / 1e9;
         if progress {
@@ -122,6 +135,16 @@ pub fn measure(
         peaks.push(peak);
         shares.push(gflops / peak);
     }
+    let per_step = steps.max(1) as f64;
+    let profile = engine
+        .take_profile()
+        .into_iter()
+        .map(|(f, ms, n)| CpuProfileRow {
+            family: format!("{f:?}"),
+            ms_per_step: ms / per_step,
+            ops_per_step: n as f64 / per_step,
+        })
+        .collect();
     let dt = median(&times);
     Ok(CpuTrainRow {
         name: name.into(),
@@ -135,7 +158,27 @@ pub fn measure(
         gemm_peak_beside_gflops: median(&peaks),
         share_of_peak: median(&shares),
         step_s_all: times,
+        profile,
     })
+}
+
+/// Where a row's steps went: each kind of operation's wall time per step and its share of the
+/// mean step; what no operation timed (the model's glue, thread wake-ups) is the rest.
+pub fn breakdown(r: &CpuTrainRow) -> String {
+    let mean_ms = r.step_s_all.iter().sum::<f64>() / r.step_s_all.len().max(1) as f64 * 1e3;
+    let mut s = format!("{} {} x {}, per step (mean {mean_ms:.1} ms):\n", r.name, r.batch, r.context);
+    for p in &r.profile {
+        s += &format!(
+            "    {:<10} {:>9.1} ms {:>5.1}%  {:>5.0} ops\n",
+            p.family,
+            p.ms_per_step,
+            100.0 * p.ms_per_step / mean_ms.max(1e-9),
+            p.ops_per_step
+        );
+    }
+    let rest = mean_ms - r.profile.iter().map(|p| p.ms_per_step).sum::<f64>();
+    s += &format!("    {:<10} {:>9.1} ms {:>5.1}%\n", "(rest)", rest, 100.0 * rest / mean_ms.max(1e-9));
+    s
 }
 
 /// The rows as a Markdown table.
@@ -199,6 +242,23 @@ mod tests {
         assert!((r.matmul_gflops - g).abs() < 1e-9 * g);
         assert!(r.share_of_peak.is_finite() && r.share_of_peak > 0.0, "share {}", r.share_of_peak);
         assert!(r.gemm_peak_beside_gflops.is_finite() && r.gemm_peak_beside_gflops > 0.0);
+        // The breakdown: the products, attention, the head, the optimizer and the small ops each
+        // took time, once per timed step for the head and the optimizer's three phases; together
+        // no more than the steps.
+        let fam =
+            |f: &str| r.profile.iter().find(|p| p.family == f).unwrap_or_else(|| panic!("no {f} in {:?}", r.profile));
+        for f in ["Gemm", "Attention", "Head", "Optimizer", "Other"] {
+            assert!(fam(f).ms_per_step > 0.0, "{f}: {:?}", fam(f));
+        }
+        assert_eq!((fam("Head").ops_per_step, fam("Optimizer").ops_per_step), (1.0, 3.0));
+        // Each block's Linear weights once forward and once backward.
+        let m = Model::new(&cfg);
+        let names = m.params.names.iter().zip(&m.params.tensors);
+        let linears = names.filter(|(n, t)| n.starts_with("model.layers.") && t.shape.len() == 2).count();
+        assert_eq!(fam("Gemm").ops_per_step, 2.0 * linears as f64, "{:?}", fam("Gemm"));
+        let timed: f64 = r.profile.iter().map(|p| p.ms_per_step).sum();
+        assert!(timed <= r.step_s_all.iter().sum::<f64>() / 3.0 * 1e3 * 1.0001, "{timed} ms timed");
+        assert!(breakdown(&r).contains("Optimizer"));
         assert!(measure("t", &cfg, 0, 16, 0, 1, &mut refs, false).is_err());
     }
 }

@@ -3,9 +3,9 @@
 //! checkpoints and metrics; the model, its parameters and AdamW's state live on the host between
 //! steps on the CPU, and on the device on the GPU (copied back for checkpoints).
 
-use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch, CpuProfile};
 use crate::backend::cuda::{Cuda, GpuBatch};
-use crate::backend::{Backend, BatchInfo};
+use crate::backend::{Backend, BatchInfo, Family};
 use crate::data::{Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_sparse, AdamW, SparseRows};
@@ -99,6 +99,8 @@ pub struct CpuEngine {
     /// The embedding rows of this step's tokens: the only ones with a gradient, so the norm and
     /// AdamW skip the others (with GPT-2's vocabulary, most of the embedding).
     touched: Vec<bool>,
+    /// Wall time by kind of operation, while a benchmark asks for it.
+    profile: Option<CpuProfile>,
 }
 
 /// The embedding's rows that carry a gradient, as the optimizer takes them.
@@ -124,12 +126,24 @@ impl CpuEngine {
             micro,
             bufs: None,
             touched: vec![false; rows],
+            profile: None,
         }
+    }
+
+    /// Times every operation of the following steps by [`Family`] (the optimizer's too).
+    pub fn start_profile(&mut self) {
+        self.profile = Some(CpuProfile::default());
+    }
+
+    /// Milliseconds and operations per family since [`CpuEngine::start_profile`].
+    pub fn take_profile(&mut self) -> Vec<(Family, f64, usize)> {
+        self.profile.take().map_or_else(Vec::new, |p| p.families())
     }
 
     /// Zero gradients to accumulate into (AdamW leaves them zeroed; a step that did not reach
     /// the update did not).
     fn begin_step(&mut self) {
+        let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
         if !self.zeroed {
             self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
         }
@@ -138,6 +152,7 @@ impl CpuEngine {
 
     /// The global gradient norm and the clipping factor AdamW will apply.
     fn clip(&mut self, model: &Model, max_norm: f64) -> f64 {
+        let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
         let (grads, touched) = (&self.grads, &self.touched);
         let grad_norm = on_pool(|| global_norm_sparse(grads, &model.params, Some(&sparse_rows(model, touched))));
         self.grad_scale = clip_coef(grad_norm, max_norm);
@@ -162,7 +177,7 @@ impl CpuEngine {
                 return Ok(0.0);
             }
             let seq = ids.len() / batch.max(1);
-            let mut be = Cpu::with_grads(&model.params, &mut self.grads);
+            let mut be = Cpu::with_grads(&model.params, &mut self.grads).profiled(self.profile.as_ref());
             let bufs = match self.bufs.take() {
                 Some(b) if b.batch == batch && b.seq == seq => b,
                 _ => CpuBuffers {
@@ -223,6 +238,7 @@ impl Engine for CpuEngine {
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
     }
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
+        let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
         let sparse = sparse_rows(model, &self.touched);
         let (grads, scale) = (&mut self.grads, self.grad_scale);
         on_pool(|| opt.update_scaled_and_zero(&mut model.params, grads, lr, scale, Some(&sparse)));

@@ -41,7 +41,7 @@ pub struct Timed {
     /// Tokens generated per row.
     pub steps: usize,
     /// With profiling: per kernel family, GPU milliseconds and operations over the decode.
-    pub families: Vec<(crate::backend::cuda::Family, f64, usize)>,
+    pub families: Vec<(crate::backend::Family, f64, usize)>,
 }
 
 /// A model ready to run on one device.

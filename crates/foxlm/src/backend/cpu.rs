@@ -1,13 +1,15 @@
 //! The CPU backend: f32 everywhere, the `fox_kernels` CPU ops, parameters borrowed from the model.
 //! It is the exact reference that the CUDA backend is checked against.
 
-use super::{Alloc, AttnGrads, AttnShape, Backend, BatchInfo, Tiles};
+use super::{Alloc, AttnGrads, AttnShape, Backend, BatchInfo, Family, Tiles};
 use crate::model::cache::LayerCache;
 use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::{fgate, gate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// Parameters (borrowed) and, when training, their gradient buffers (shaped like the
 /// parameters, see [`Params::zeros_like`]).
@@ -16,16 +18,54 @@ pub struct Cpu<'a> {
     pub grads: Option<&'a mut [Vec<f32>]>,
     loss_sum: f64,
     loss_rows: usize,
+    prof: Option<&'a CpuProfile>,
+}
+
+/// Wall time of CPU operations by [`Family`] (`foxlm bench train --device cpu`). Each operation
+/// runs alone, split over rayon's threads inside it, so its wall time is what it costs the step.
+#[derive(Debug, Default)]
+pub struct CpuProfile(Mutex<[(f64, usize); Family::ALL.len()]>);
+
+/// Times one operation until dropped.
+pub struct OpTimer<'a>(&'a CpuProfile, Family, Instant);
+
+impl CpuProfile {
+    pub fn time(&self, family: Family) -> OpTimer<'_> {
+        OpTimer(self, family, Instant::now())
+    }
+
+    /// Per family with any operation: milliseconds and operations.
+    pub fn families(&self) -> Vec<(Family, f64, usize)> {
+        let t = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Family::ALL.iter().zip(t).filter(|(_, (_, n))| *n > 0).map(|(f, (ms, n))| (*f, ms, n)).collect()
+    }
+}
+
+impl Drop for OpTimer<'_> {
+    fn drop(&mut self) {
+        let mut t = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut t[self.1 as usize];
+        e.0 += self.2.elapsed().as_secs_f64() * 1e3;
+        e.1 += 1;
+    }
 }
 
 impl<'a> Cpu<'a> {
     /// Inference: no gradients.
     pub fn new(params: &'a Params) -> Self {
-        Self { params, grads: None, loss_sum: 0.0, loss_rows: 0 }
+        Self { params, grads: None, loss_sum: 0.0, loss_rows: 0, prof: None }
     }
     pub fn with_grads(params: &'a Params, grads: &'a mut [Vec<f32>]) -> Self {
         assert_eq!(grads.len(), params.len(), "grads must be shaped like the parameters");
-        Self { params, grads: Some(grads), loss_sum: 0.0, loss_rows: 0 }
+        Self { params, grads: Some(grads), loss_sum: 0.0, loss_rows: 0, prof: None }
+    }
+    /// Every operation's wall time added to `prof` (None: not timed).
+    pub fn profiled(self, prof: Option<&'a CpuProfile>) -> Self {
+        Self { prof, ..self }
+    }
+    /// A timer for one operation of `family`, when profiling.
+    fn time(&self, family: Family) -> Option<OpTimer<'a>> {
+        self.prof.map(|p| p.time(family))
     }
     fn grads(&mut self) -> Result<&mut [Vec<f32>]> {
         match self.grads.as_deref_mut() {
@@ -173,6 +213,7 @@ impl Backend for Cpu<'_> {
     }
 
     fn embedding_fwd(&mut self, x: &mut Vec<f32>, table: ParamId, b: &CpuBatch) -> Result<()> {
+        let _t = self.time(Family::Other);
         let e = &self.params[table];
         let d = e.len() / self.params.tensors[table.0].shape[0];
         for (r, &id) in b.ids.iter().enumerate() {
@@ -182,6 +223,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn embedding_bwd(&mut self, table: ParamId, dx: &Vec<f32>, b: &CpuBatch) -> Result<()> {
+        let _t = self.time(Family::Other);
         let d = self.params[table].len() / self.params.tensors[table.0].shape[0];
         if let Some(ge) = self.grad_of(table)? {
             for (r, &id) in b.ids.iter().enumerate() {
@@ -192,6 +234,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn linear_fwd(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, w: &Linear, rows: usize) -> Result<()> {
+        let _t = self.time(Family::Gemm);
         matmul::linear_fwd(y, x, &self.params[w.weight], rows, w.in_features, w.out_features);
         Ok(())
     }
@@ -207,6 +250,7 @@ impl Backend for Cpu<'_> {
         accumulate: bool,
         rows: usize,
     ) -> Result<()> {
+        let _t = self.time(Family::Gemm);
         let (k, n) = (w.in_features, w.out_features);
         let params = self.params;
         let wt = &params[w.weight];
@@ -229,6 +273,7 @@ impl Backend for Cpu<'_> {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         rmsnorm::rms_norm_fwd(y, rstd, x, &self.params[w], dim, eps);
         Ok(())
     }
@@ -242,6 +287,7 @@ impl Backend for Cpu<'_> {
         rstd: &Vec<f32>,
         dim: usize,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         let params = self.params;
         let g = &mut self.grads()?[w.0];
         rmsnorm::rms_norm_bwd(dx, accumulate, g, dy, x, rstd, &params[w], dim);
@@ -249,22 +295,27 @@ impl Backend for Cpu<'_> {
     }
 
     fn add(&mut self, y: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         y.iter_mut().zip(a.iter().zip(b)).for_each(|(y, (a, b))| *y = a + b);
         Ok(())
     }
     fn add_inplace(&mut self, y: &mut Vec<f32>, x: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
         Ok(())
     }
     fn copy(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         dst.copy_from_slice(src);
         Ok(())
     }
     fn sigmoid_inplace(&mut self, x: &mut Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         gate::sigmoid_inplace(x);
         Ok(())
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         dy.iter_mut().zip(y).for_each(|(d, &y)| *d *= y * (1.0 - y));
         Ok(())
     }
@@ -273,6 +324,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn swiglu_fwd(&mut self, h: &mut Vec<f32>, gu: &Vec<f32>, _rows: usize, inter: usize) -> Result<()> {
+        let _t = self.time(Family::Other);
         swiglu::swiglu_fwd(h, gu, inter);
         Ok(())
     }
@@ -284,10 +336,12 @@ impl Backend for Cpu<'_> {
         _rows: usize,
         inter: usize,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         swiglu::swiglu_bwd(dgu, dh, gu, inter);
         Ok(())
     }
     fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         gate::gate_mul_fwd(z, pre, g);
         Ok(())
     }
@@ -299,10 +353,12 @@ impl Backend for Cpu<'_> {
         pre: &Vec<f32>,
         g: &Vec<f32>,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         gate::gate_mul_bwd(dpre, dg, dz, pre, g);
         Ok(())
     }
     fn cast_to_act(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         dst.copy_from_slice(src);
         Ok(())
     }
@@ -318,6 +374,7 @@ impl Backend for Cpu<'_> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         let prev = match cache {
             Some(c) if c.len > 0 => Some(if value { c.v_shift.as_slice() } else { c.k_shift.as_slice() }),
             _ => None,
@@ -336,6 +393,7 @@ impl Backend for Cpu<'_> {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         kv_shift::kv_shift_bwd(dx, dalpha, dout, x, alpha, b.start.as_deref(), b.seq, heads, head_dim);
         Ok(())
     }
@@ -348,6 +406,7 @@ impl Backend for Cpu<'_> {
         base: f64,
         inverse: bool,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         let t = b.seq;
         let pos: Vec<i64> = (0..b.batch * t)
             .map(|r| (b.past + r % t) as i64 - b.start.as_ref().map_or(0, |s| s[r / t] as i64))
@@ -357,6 +416,7 @@ impl Backend for Cpu<'_> {
     }
 
     fn fgate_bias(&mut self, logit: &mut Vec<f32>, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()> {
+        let _t = self.time(Family::Other);
         let bv = &self.params[bias];
         for row in logit[..rows * heads].chunks_exact_mut(heads) {
             for (l, &b) in row.iter_mut().zip(bv) {
@@ -366,6 +426,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &Vec<f32>, rows: usize, heads: usize) -> Result<()> {
+        let _t = self.time(Family::Other);
         if let Some(gb) = self.grad_of(bias)? {
             for row in dlogit[..rows * heads].chunks_exact(heads) {
                 gb.iter_mut().zip(row).for_each(|(g, v)| *g += v);
@@ -374,10 +435,12 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn log_fgate_fwd(&mut self, a: &mut Vec<f32>, logit: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         fgate::log_fgate_fwd(a, logit);
         Ok(())
     }
     fn log_fgate_bwd(&mut self, dlogit: &mut Vec<f32>, da: &Vec<f32>, logit: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
         fgate::log_fgate_bwd(dlogit, da, logit);
         Ok(())
     }
@@ -389,6 +452,7 @@ impl Backend for Cpu<'_> {
         cache: Option<&LayerCache>,
         heads: usize,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         let t = b.seq;
         fgate::prefix_sum_fwd(c, a, b.chunk_start(), t, heads);
         if let Some(cache) = cache {
@@ -402,6 +466,7 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
     fn prefix_sum_bwd(&mut self, da: &mut Vec<f32>, dc: &Vec<f32>, b: &CpuBatch, heads: usize) -> Result<()> {
+        let _t = self.time(Family::Other);
         fgate::prefix_sum_bwd(da, dc, b.start.as_deref(), b.seq, heads);
         Ok(())
     }
@@ -417,6 +482,7 @@ impl Backend for Cpu<'_> {
         n_keys: usize,
         log_eps: f32,
     ) -> Result<()> {
+        let _t = self.time(Family::Attention);
         let (heads, hd) = (shape.heads, shape.head_dim);
         let group = heads / shape.kv_heads;
         let u: Vec<f32> = match qk_norm {
@@ -452,6 +518,7 @@ impl Backend for Cpu<'_> {
         cache: Option<&mut LayerCache>,
         shape: AttnShape,
     ) -> Result<Tiles> {
+        let _t = self.time(Family::Attention);
         let prune = prune.map(|p| p.as_slice());
         let st = match cache {
             None => fa::forward(&problem(b, q, k, v, c, prune, shape), o),
@@ -498,6 +565,7 @@ impl Backend for Cpu<'_> {
         b: &CpuBatch,
         shape: AttnShape,
     ) -> Result<()> {
+        let _t = self.time(Family::Attention);
         let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), shape);
         let fa::Grads { dq, dk, dv, dcq, dck } = fa::backward(&pr, o, dout, lse);
         (*g.dq, *g.dk, *g.dv) = (dq, dk, dv);
@@ -511,6 +579,7 @@ impl Backend for Cpu<'_> {
         v_lin: &Vec<f32>,
         b: &CpuBatch,
     ) -> Result<()> {
+        let _t = self.time(Family::Other);
         let d = cache.kv_heads * cache.head_dim;
         let t = b.seq;
         if k_lin.len() < b.batch * t * d || v_lin.len() < b.batch * t * d {
@@ -533,6 +602,7 @@ impl Backend for Cpu<'_> {
         b: &CpuBatch,
         weight: f32,
     ) -> Result<()> {
+        let _t = self.time(Family::Head);
         let (d, vocab) = (lm_head.in_features, lm_head.out_features);
         let targets = &b.targets;
         let params = self.params;

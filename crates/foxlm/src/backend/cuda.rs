@@ -136,22 +136,7 @@ struct F32Attn {
 /// Events that can be timed (cudarc's default disables timing).
 const TIMING: cudarc_event::sys::CUevent_flags = cudarc_event::sys::CUevent_flags::CU_EVENT_DEFAULT;
 
-/// Kinds of work in a step, for the per-kernel-family breakdown of `foxlm bench train`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    /// cuBLASLt GEMMs of the blocks (projections, MLP).
-    Gemm,
-    /// Forgetting Attention forward and backward (with ACP thresholds).
-    Attention,
-    /// The output head's GEMMs, chunk by chunk.
-    Head,
-    /// The fused softmax cross-entropy over the vocabulary and the head's chunk copies.
-    CrossEntropy,
-    /// Gradient norm, clipping and AdamW.
-    Optimizer,
-    /// Everything else: norms, KV-shift, RoPE, gates, SwiGLU, residuals, embedding, copies.
-    Other,
-}
+pub use super::Family;
 
 pub struct Cuda<T: Elem> {
     pub gpu: Arc<Gpu>,

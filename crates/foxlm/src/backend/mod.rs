@@ -17,6 +17,30 @@ use crate::model::Linear;
 use crate::tensor::ParamId;
 use anyhow::Result;
 
+/// Kinds of work in a step, for the breakdown of `foxlm bench train` (GPU: the time between CUDA
+/// events; CPU: each operation's wall time, [`cpu::CpuProfile`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// GEMMs of the blocks (projections, MLP): cuBLASLt, or the `gemm` crate on the CPU.
+    Gemm,
+    /// Forgetting Attention forward and backward (with ACP thresholds).
+    Attention,
+    /// The output head's GEMMs, chunk by chunk (on the CPU: the whole fused head, its
+    /// cross-entropy included).
+    Head,
+    /// The fused softmax cross-entropy over the vocabulary and the head's chunk copies (GPU).
+    CrossEntropy,
+    /// Gradient norm, clipping and AdamW.
+    Optimizer,
+    /// Everything else: norms, KV-shift, RoPE, gates, SwiGLU, residuals, embedding, copies.
+    Other,
+}
+
+impl Family {
+    pub const ALL: [Family; 6] =
+        [Family::Gemm, Family::Attention, Family::Head, Family::CrossEntropy, Family::Optimizer, Family::Other];
+}
+
 /// A batch as the backend sees it: token ids, targets and left padding in the backend's memory,
 /// prepared once per forward ([`Backend::prepare`]).
 pub struct BatchInfo<'a> {

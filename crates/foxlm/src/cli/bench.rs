@@ -22,6 +22,8 @@ pub enum What {
     Attention(AttentionArgs),
     /// A training step of a model on the GPU: tokens/s, step time, achieved TFLOP/s, peak memory
     /// and where the time goes (GEMMs, attention, output head, optimizer, the rest), ACP off and on.
+    /// With --device cpu: the CPU engine's f32 step against the gemm crate's peak, and where its
+    /// time goes.
     Train(TrainArgs),
     /// Generation on the GPU: prefill tokens/s, then decode tokens/s (batch 1 and batched) after a
     /// long prompt, with random weights, next to the GPU's memory-bandwidth roofline; and where a
@@ -402,6 +404,7 @@ fn cpu_train_bench(a: &TrainArgs) -> Result<()> {
     let row =
         crate::cpu_bench::measure(&a.preset, &preset.model, a.batch, a.context, a.warmup, a.steps, &mut refs, true)?;
     print!("{}", crate::cpu_bench::table(std::slice::from_ref(&row)));
+    print!("{}", crate::cpu_bench::breakdown(&row));
     if let Some(j) = &a.json {
         std::fs::write(j, serde_json::to_string_pretty(&[row])?).with_context(|| format!("--json {}", j.display()))?;
     }
@@ -664,7 +667,7 @@ fn scaling_table(one: &[TrainRow], many: &[TrainRow]) -> String {
 struct BenchResult {
     step_s: f64,
     peak_gib: f64,
-    profile: Vec<(crate::backend::cuda::Family, f64, usize)>,
+    profile: Vec<(crate::backend::Family, f64, usize)>,
     comm_ms: Option<f64>,
     losses: Vec<f64>,
 }

@@ -6,6 +6,10 @@
 
 use rayon::prelude::*;
 
+/// Positions per parallel task (of all rows' positions): a batch of one sequence still splits
+/// over the threads.
+const ROWS_PER_TASK: usize = 16;
+
 /// x: [B, T, H·D] unmixed k̃, alpha: [B, T, H], out: [B, T, H·D].
 #[allow(clippy::too_many_arguments)]
 pub fn kv_shift_fwd(
@@ -20,13 +24,14 @@ pub fn kv_shift_fwd(
     d: usize,
 ) {
     let hd = h * d;
-    out.par_chunks_mut(t * hd).enumerate().for_each(|(bi, ob)| {
-        let s = start.map_or(0, |s| s[bi]);
-        for ti in 0..t {
+    out[..b * t * hd].par_chunks_mut(ROWS_PER_TASK * hd).enumerate().for_each(|(task, ob)| {
+        for (j, orow) in ob.chunks_mut(hd).enumerate() {
+            let (bi, ti) = ((task * ROWS_PER_TASK + j) / t, (task * ROWS_PER_TASK + j) % t);
+            let s = start.map_or(0, |s| s[bi]);
             for hi in 0..h {
                 let a = alpha[(bi * t + ti) * h + hi];
                 let cur = &x[(bi * t + ti) * hd + hi * d..][..d];
-                let o = &mut ob[ti * hd + hi * d..][..d];
+                let o = &mut orow[hi * d..][..d];
                 if ti < s {
                     o.copy_from_slice(cur);
                     continue;
@@ -52,7 +57,6 @@ pub fn kv_shift_fwd(
                 }
             }
         }
-        let _ = b;
     });
 }
 
@@ -70,16 +74,18 @@ pub fn kv_shift_bwd(
     d: usize,
 ) {
     let hd = h * d;
-    dx.par_chunks_mut(t * hd).zip(dalpha.par_chunks_mut(t * h)).enumerate().for_each(|(bi, (dxb, dab))| {
-        let s = start.map_or(0, |s| s[bi]);
-        for ti in 0..t {
+    let tasks = dx.par_chunks_mut(ROWS_PER_TASK * hd).zip(dalpha.par_chunks_mut(ROWS_PER_TASK * h));
+    tasks.enumerate().for_each(|(task, (dxs, das))| {
+        for (j, (dxr, dar)) in dxs.chunks_mut(hd).zip(das.chunks_mut(h)).enumerate() {
+            let (bi, ti) = ((task * ROWS_PER_TASK + j) / t, (task * ROWS_PER_TASK + j) % t);
+            let s = start.map_or(0, |s| s[bi]);
             for hi in 0..h {
                 let base = (bi * t + ti) * hd + hi * d;
-                let dcur = &mut dxb[ti * hd + hi * d..][..d];
+                let dcur = &mut dxr[hi * d..][..d];
                 let go = &dout[base..base + d];
                 if ti < s {
                     dcur.copy_from_slice(go);
-                    dab[ti * h + hi] = 0.0;
+                    dar[hi] = 0.0;
                     continue;
                 }
                 let a = alpha[(bi * t + ti) * h + hi];
@@ -96,7 +102,7 @@ pub fn kv_shift_bwd(
                         da -= go[c] * cur[c];
                     }
                 }
-                dab[ti * h + hi] = da;
+                dar[hi] = da;
                 // k̃_t feeds k_t with (1−α_t) and k_{t+1} with α_{t+1}.
                 let next_a = if ti + 1 < t { alpha[(bi * t + ti + 1) * h + hi] } else { 0.0 };
                 for c in 0..d {
@@ -134,16 +140,31 @@ mod tests {
         out.iter().zip(w).map(|(a, b)| *a as f64 * *b as f64).sum()
     }
 
-    /// dx and dalpha by central differences, with and without left padding (row 1 starts at 3).
+    /// dx and dalpha by central differences, with and without left padding (row 1 starts at 3);
+    /// 21 positions a row, so tasks of 16 positions end inside both rows. The forward against
+    /// its formula, bit for bit.
     #[test]
     fn backward_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(13);
-        let (b, t, h, d) = (2, 7, 2, 3);
+        let (b, t, h, d) = (2, 21, 2, 3);
         let x: Vec<f32> = (0..b * t * h * d).map(|_| rng.sample(StandardNormal)).collect();
         let alpha: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.05..0.95)).collect();
         let w: Vec<f32> = (0..x.len()).map(|_| rng.sample(StandardNormal)).collect();
         let start = [0usize, 3];
         for st in [None, Some(&start[..])] {
+            let mut out = vec![f32::NAN; x.len()];
+            kv_shift_fwd(&mut out, &x, &alpha, None, st, b, t, h, d);
+            for (i, &o) in out.iter().enumerate() {
+                let (bi, ti, hi) = (i / (t * h * d), i / (h * d) % t, i / d % h);
+                let s = st.map_or(0, |s| s[bi]);
+                let a = alpha[(bi * t + ti) * h + hi];
+                let want = match ti {
+                    _ if ti < s => x[i],
+                    _ if ti == s => (1.0 - a) * x[i],
+                    _ => a * x[i - h * d] + (1.0 - a) * x[i],
+                };
+                assert_eq!(o.to_bits(), want.to_bits(), "{st:?}: out[{i}]");
+            }
             let mut dx = vec![f32::NAN; x.len()];
             let mut dalpha = vec![f32::NAN; alpha.len()];
             kv_shift_bwd(&mut dx, &mut dalpha, &w, &x, &alpha, st, t, h, d);

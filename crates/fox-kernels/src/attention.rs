@@ -305,15 +305,24 @@ fn exp_logits(
 /// as one product, the softmax of each row over its keys (exact maximum, no rescaling), and the
 /// output as a second product.
 pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
+    let mut lse = vec![0.0; p.batch * p.heads * p.tq];
+    let (tiles_visited, tiles_pruned) = forward_into(p, out, &mut lse);
+    Stats { lse, tiles_visited, tiles_pruned }
+}
+
+/// [`forward`] with the log-sum-exp written into `lse` ([B, H, tq]); returns the key tiles
+/// visited and pruned. For callers that keep their buffers between calls.
+pub fn forward_into(p: &Problem, out: &mut [f32], lse: &mut [f32]) -> (usize, usize) {
     p.check();
     let (hh, d, tq) = (p.heads, p.head_dim, p.tq);
     assert_eq!(out.len(), p.batch * tq * hh * d);
     assert_eq!(p.cq.len(), p.batch * hh * tq);
     assert_eq!(p.ck.len(), p.batch * hh * p.tk);
+    assert_eq!(lse.len(), p.batch * hh * tq, "attention: lse must be [B, H, tq]");
     let tiling = Tiling::new(p);
-    let mut lse = vec![f32::NEG_INFINITY; p.batch * hh * tq];
+    lse.fill(f32::NEG_INFINITY);
     let outp = SharedMut::new(out);
-    let lsep = SharedMut::new(&mut lse);
+    let lsep = SharedMut::new(lse);
     // `keys` is per rayon task, reused block after block (`tiling.block` clears it).
     blocks(p, hh, ROWS, tq).par_iter().for_each_init(
         || Vec::with_capacity(ROWS),
@@ -362,7 +371,7 @@ pub fn forward(p: &Problem, out: &mut [f32]) -> Stats {
             });
         },
     );
-    Stats { lse, tiles_visited: tiling.visited, tiles_pruned: tiling.pruned }
+    (tiling.visited, tiling.pruned)
 }
 
 /// Gradients of the attention inputs.
@@ -390,18 +399,51 @@ pub struct Grads {
 /// arithmetic but kept so the result is the exact gradient of the computed function) and the
 /// column sums (key term) of dS.
 pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
+    let (bb, hh, hkv, d, tq, tk) = (p.batch, p.heads, p.kv_heads, p.head_dim, p.tq, p.tk);
+    let mut g = Grads {
+        dq: vec![0.0; bb * tq * hh * d],
+        dk: vec![0.0; bb * tk * hkv * d],
+        dv: vec![0.0; bb * tk * hkv * d],
+        dcq: vec![0.0; bb * hh * tq],
+        dck: vec![0.0; bb * hh * tk],
+    };
+    let Grads { dq, dk, dv, dcq, dck } = &mut g;
+    backward_into(p, o, dout, lse, GradsMut { dq, dk, dv, dcq, dck });
+    g
+}
+
+/// Where [`backward_into`] writes: the buffers of [`Grads`], of the same shapes, overwritten.
+pub struct GradsMut<'a> {
+    pub dq: &'a mut [f32],
+    pub dk: &'a mut [f32],
+    pub dv: &'a mut [f32],
+    pub dcq: &'a mut [f32],
+    pub dck: &'a mut [f32],
+}
+
+/// [`backward`] into the caller's buffers (kept between calls: fresh ones of a long sequence
+/// cost a page fault per 4 KiB every call).
+pub fn backward_into(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32], g: GradsMut<'_>) {
     p.check();
     let (bb, hh, hkv, d, tq, tk) = (p.batch, p.heads, p.kv_heads, p.head_dim, p.tq, p.tk);
     assert!(o.len() == bb * tq * hh * d && dout.len() == o.len() && lse.len() == bb * hh * tq);
+    let GradsMut { dq, dk, dv, dcq, dck } = g;
+    assert!(
+        dq.len() == bb * tq * hh * d
+            && dk.len() == bb * tk * hkv * d
+            && dv.len() == dk.len()
+            && dcq.len() == bb * hh * tq
+            && dck.len() == bb * hh * tk,
+        "attention: gradient buffers of the wrong shapes"
+    );
+    // dk, dv and dck are sums over blocks; dq and dcq rows without keys stay 0.
+    for buf in [&mut *dq, &mut *dk, &mut *dv, &mut *dcq, &mut *dck] {
+        buf.fill(0.0);
+    }
     let group = hh / hkv;
     let tiling = Tiling::new(p);
-    let mut dq = vec![0.0f32; bb * tq * hh * d];
-    let mut dk = vec![0.0f32; bb * tk * hkv * d];
-    let mut dv = vec![0.0f32; bb * tk * hkv * d];
-    let mut dcq = vec![0.0f32; bb * hh * tq];
-    let mut dck = vec![0.0f32; bb * hh * tk];
-    let (dqp, dkp, dvp) = (SharedMut::new(&mut dq), SharedMut::new(&mut dk), SharedMut::new(&mut dv));
-    let (dcqp, dckp) = (SharedMut::new(&mut dcq), SharedMut::new(&mut dck));
+    let (dqp, dkp, dvp) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
+    let (dcqp, dckp) = (SharedMut::new(dcq), SharedMut::new(dck));
     (0..bb * hkv).into_par_iter().for_each(|bk| {
         let (b, hk) = (bk / hkv, bk % hkv);
         let kv_at = |j: usize| ((b * tk + j) * hkv + hk) * d;
@@ -475,7 +517,6 @@ pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
             }
         }
     });
-    Grads { dq, dk, dv, dcq, dck }
 }
 
 /// ACP thresholds δ = −(2U + ln N) + ln ε per (b, h), with U bounding |scale·q·k|.
@@ -847,6 +888,22 @@ mod tests {
         });
         let g = g.unwrap();
         assert!(g.dq.iter().any(|&x| x != 0.0));
+        // Into buffers left over from another call (NaN here): the same bits, as into fresh
+        // zeros; the forward's lse too.
+        with(&cs, &mut |p| {
+            let mut out = vec![0.0; cs.q.len()];
+            let mut lse = vec![f32::NAN; b * h * t];
+            forward_into(p, &mut out, &mut lse);
+            let nans = |n: usize| vec![f32::NAN; n];
+            let (mut dq, mut dk, mut dv) = (nans(g.dq.len()), nans(g.dk.len()), nans(g.dv.len()));
+            let (mut dcq, mut dck) = (nans(g.dcq.len()), nans(g.dck.len()));
+            let out_g = GradsMut { dq: &mut dq, dk: &mut dk, dv: &mut dv, dcq: &mut dcq, dck: &mut dck };
+            backward_into(p, &out, &w, &lse, out_g);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&dq), bits(&g.dq));
+            assert_eq!((bits(&dk), bits(&dv)), (bits(&g.dk), bits(&g.dv)));
+            assert_eq!((bits(&dcq), bits(&dck)), (bits(&g.dcq), bits(&g.dck)));
+        });
         let eps = 2e-2f32;
         for (name, which, grad) in [("q", 0, &g.dq), ("k", 1, &g.dk), ("v", 2, &g.dv)] {
             for idx in (0..grad.len()).step_by(grad.len() / 29 + 1) {

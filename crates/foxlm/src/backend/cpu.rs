@@ -7,6 +7,7 @@ use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
+use fox_kernels::par::with_buffer;
 use fox_kernels::{fgate, gate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -19,6 +20,11 @@ pub struct Cpu<'a> {
     loss_sum: f64,
     loss_rows: usize,
     prof: Option<&'a CpuProfile>,
+}
+
+thread_local! {
+    /// The attention backward's key term of dc, per thread (kept between calls).
+    static DCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Wall time of CPU operations by [`Family`] (`foxlm bench train --device cpu`). Each operation
@@ -520,8 +526,9 @@ impl Backend for Cpu<'_> {
     ) -> Result<Tiles> {
         let _t = self.time(Family::Attention);
         let prune = prune.map(|p| p.as_slice());
-        let st = match cache {
-            None => fa::forward(&problem(b, q, k, v, c, prune, shape), o),
+        lse.resize(b.batch * shape.heads * b.seq, 0.0);
+        let (visited, pruned) = match cache {
+            None => fa::forward_into(&problem(b, q, k, v, c, prune, shape), o, lse),
             Some(cache) => {
                 if (cache.heads, cache.kv_heads, cache.head_dim) != (shape.heads, shape.kv_heads, shape.head_dim) {
                     bail!(
@@ -545,11 +552,10 @@ impl Backend for Cpu<'_> {
                     ck: &ck,
                     ..problem(b, q, k, v, c, prune, shape)
                 };
-                fa::forward(&pr, o)
+                fa::forward_into(&pr, o, lse)
             }
         };
-        *lse = st.lse;
-        Ok(Tiles { visited: st.tiles_visited, pruned: st.tiles_pruned })
+        Ok(Tiles { visited, pruned })
     }
     fn attention_bwd(
         &mut self,
@@ -567,9 +573,17 @@ impl Backend for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), shape);
-        let fa::Grads { dq, dk, dv, dcq, dck } = fa::backward(&pr, o, dout, lse);
-        (*g.dq, *g.dk, *g.dv) = (dq, dk, dv);
-        g.dc.iter_mut().zip(dcq.iter().zip(&dck)).for_each(|(d, (x, y))| *d = x + y);
+        let n = b.batch * b.seq;
+        g.dq.resize(n * shape.heads * shape.head_dim, 0.0);
+        g.dk.resize(n * shape.kv_heads * shape.head_dim, 0.0);
+        g.dv.resize(n * shape.kv_heads * shape.head_dim, 0.0);
+        g.dc.resize(n * shape.heads, 0.0);
+        // dc = dcq + dck: dcq straight into dc, dck in this thread's scratch.
+        with_buffer(&DCK, n * shape.heads, |dck| {
+            let out = fa::GradsMut { dq: g.dq, dk: g.dk, dv: g.dv, dcq: g.dc, dck };
+            fa::backward_into(&pr, o, dout, lse, out);
+            g.dc.iter_mut().zip(dck.iter()).for_each(|(d, y)| *d += y);
+        });
         Ok(())
     }
     fn cache_shift_states(

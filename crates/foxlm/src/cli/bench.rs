@@ -249,7 +249,16 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                 };
                 let th = acp.then(|| fa::prune_thresholds(&fa::logit_bound_from_norms(&p), t, -10.0));
                 p.prune = th.as_deref();
+                // Outputs and gradients kept between iterations, as the trainer keeps them.
                 let mut out = vec![0.0; n];
+                let mut lse = vec![0.0; b * h * t];
+                let mut gr = fa::Grads {
+                    dq: vec![0.0; n],
+                    dk: vec![0.0; n],
+                    dv: vec![0.0; n],
+                    dcq: vec![0.0; b * h * t],
+                    dck: vec![0.0; b * h * t],
+                };
                 let flops = 2.0 * (b * h * t * t * d) as f64;
                 let iters = a.iters.clamp(1, 3);
                 let mut tf = Vec::new();
@@ -257,12 +266,13 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                 let mut pruned = 0.0;
                 for it in 0..=iters {
                     let s = Instant::now();
-                    let st = fa::forward(&p, &mut out);
+                    let (visited, pr) = fa::forward_into(&p, &mut out, &mut lse);
                     let f = s.elapsed().as_secs_f64();
-                    pruned = st.tiles_pruned as f64 / (st.tiles_pruned + st.tiles_visited).max(1) as f64;
+                    pruned = pr as f64 / (pr + visited).max(1) as f64;
                     let s = Instant::now();
                     if !a.fwd_only {
-                        fa::backward(&p, &out, &q, &st.lse);
+                        let fa::Grads { dq, dk, dv, dcq, dck } = &mut gr;
+                        fa::backward_into(&p, &out, &q, &lse, fa::GradsMut { dq, dk, dv, dcq, dck });
                     }
                     let bw = s.elapsed().as_secs_f64();
                     if it > 0 {

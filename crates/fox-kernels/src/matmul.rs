@@ -61,76 +61,34 @@ pub fn gemm_strided(
         return;
     }
     let d = SharedMut::new(dst);
+    // SAFETY (both): bounds checked above; each task writes its own columns (rows) of dst.
+    let by_cols = |cols: usize| {
+        (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
+            let (c, b) = (cols.min(n - c0), b.as_ptr().add(c0 * b_cs));
+            gemm_seq(m, c, k, d.ptr().add(c0), dst_rs, accumulate, a.as_ptr(), a_rs, a_cs, b, b_rs, b_cs)
+        })
+    };
+    let by_rows = |rows: usize| {
+        (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
+            let (r, a) = (rows.min(m - r0), a.as_ptr().add(r0 * a_rs));
+            gemm_seq(r, n, k, d.ptr().add(r0 * dst_rs), dst_rs, accumulate, a, a_rs, a_cs, b.as_ptr(), b_rs, b_cs)
+        })
+    };
     // B stored transposed (b_rs = 1, a Linear's wᵀ): the crate packs B (its rows are not the
     // layout the micro-kernel reads), and with tasks of rows each would pack all of B. So columns
-    // of dst, one task per thread, each packing only its own part of B, whatever the size. At
-    // 125M, 256 rows, 2 threads: 147 → 173-185 GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768).
+    // of dst, one task per thread, each packing only its own part of B, whatever the size (in
+    // whole 64-column panels, the micro-kernel's height over B's columns). At 125M, 256 rows,
+    // 2 threads: 147 → 173-185 GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768).
     let tasks = rayon::current_num_threads();
     if b_rs == 1 && tasks >= 2 && n >= 128 * tasks {
-        // Whole 64-column panels (the micro-kernel's height over B's columns) per task.
-        let cols = n.div_ceil(tasks).next_multiple_of(64);
-        // SAFETY: bounds checked above; each task writes its own columns of dst.
-        (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
-            let c = cols.min(n - c0);
-            gemm_seq(
-                m,
-                c,
-                k,
-                d.ptr().add(c0),
-                dst_rs,
-                accumulate,
-                a.as_ptr(),
-                a_rs,
-                a_cs,
-                b.as_ptr().add(c0 * b_cs),
-                b_rs,
-                b_cs,
-            )
-        });
-        return;
+        return by_cols(n.div_ceil(tasks).next_multiple_of(64));
     }
     if size <= SPLIT {
         if let Some(rows) = split(m, k * n) {
-            // SAFETY: bounds checked above; each task writes its own rows of dst.
-            (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
-                let r = rows.min(m - r0);
-                gemm_seq(
-                    r,
-                    n,
-                    k,
-                    d.ptr().add(r0 * dst_rs),
-                    dst_rs,
-                    accumulate,
-                    a.as_ptr().add(r0 * a_rs),
-                    a_rs,
-                    a_cs,
-                    b.as_ptr(),
-                    b_rs,
-                    b_cs,
-                )
-            });
-            return;
+            return by_rows(rows);
         }
         if let Some(cols) = split(n, m * k) {
-            // SAFETY: bounds checked above; each task writes its own columns of dst.
-            (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
-                let c = cols.min(n - c0);
-                gemm_seq(
-                    m,
-                    c,
-                    k,
-                    d.ptr().add(c0),
-                    dst_rs,
-                    accumulate,
-                    a.as_ptr(),
-                    a_rs,
-                    a_cs,
-                    b.as_ptr().add(c0 * b_cs),
-                    b_rs,
-                    b_cs,
-                )
-            });
-            return;
+            return by_cols(cols);
         }
     }
     whole(dst, Parallelism::Rayon(0));

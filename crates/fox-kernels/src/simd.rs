@@ -200,11 +200,13 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// exp of 8 lanes: the arithmetic of `scalar::fast_exp` (x = n·ln2 + r, a degree-6
-    /// polynomial for e^r, 2^n from the exponent bits) with FMAs. NaN lanes stay NaN (the clamp's
-    /// operand order keeps them).
+    /// polynomial for e^r, 2^n from the exponent bits) with FMAs; 0 below -87.3, as there. NaN
+    /// lanes stay NaN (the clamp's operand order and the ordered compare keep them).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn exp8(x: __m256) -> __m256 {
+        // Lanes below -87.3 become 0 at the end (ordered compare: NaN lanes are kept).
+        let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
         let x = _mm256_min_ps(_mm256_set1_ps(88.0), _mm256_max_ps(_mm256_set1_ps(-87.3), x));
         let magic = _mm256_set1_ps(12_582_912.0);
         let t = _mm256_fmadd_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E), magic);
@@ -220,7 +222,7 @@ mod avx2 {
             _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic)),
             _mm256_set1_epi32(127),
         );
-        _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)))
+        _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))))
     }
 
     #[inline]
@@ -355,6 +357,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     fn exp16(x: __m512) -> __m512 {
+        let kept = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-87.3));
         let x = _mm512_min_ps(_mm512_set1_ps(88.0), _mm512_max_ps(_mm512_set1_ps(-87.3), x));
         let magic = _mm512_set1_ps(12_582_912.0);
         let t = _mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), magic);
@@ -365,7 +368,7 @@ mod avx512 {
         for c in [0.008_333_334f32, 0.041_666_668, 0.166_666_67, 0.5, 1.0, 1.0] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
-        _mm512_scalef_ps(p, n)
+        _mm512_maskz_mov_ps(kept, _mm512_scalef_ps(p, n))
     }
 
     /// Σ of the 16 lanes as avx2 sums its two accumulators: (lanes 0–7) + (lanes 8–15), then
@@ -480,6 +483,27 @@ mod tests {
         x[21] = 0.0;
         x[39] = f32::NAN;
         assert!(sum_exp(&x, max(&x)).is_nan());
+    }
+
+    /// Below f32's normal range the exps are exactly 0 (never a denormal, which Intel cores
+    /// multiply in microcode), in the vector body and the tails alike; NaN stays NaN.
+    #[test]
+    fn exps_below_the_normal_range_are_zero() {
+        let edge = [-87.29f32, -87.3, -87.31, -90.0, -103.9, -1e4, f32::NEG_INFINITY, f32::NAN, 0.0];
+        for n in [9usize, 16, 17, 40] {
+            let x: Vec<f32> = (0..n).map(|i| edge[i % edge.len()]).collect();
+            let mut e = x.clone();
+            exp_in_place(&mut e, 0.0);
+            for (&v, &r) in x.iter().zip(&e) {
+                match v {
+                    v if v.is_nan() => assert!(r.is_nan()),
+                    v if v < -87.3 => assert_eq!(r.to_bits(), 0, "exp({v}), n={n}"),
+                    v => assert!(
+                        r >= f32::MIN_POSITIVE && (r as f64 - (v as f64).exp()).abs() <= 1e-6 * (v as f64).exp()
+                    ),
+                }
+            }
+        }
     }
 
     /// The AVX-512 loops give the AVX2 loops' bits (same lanes, same order), on every tail

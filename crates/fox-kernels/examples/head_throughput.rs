@@ -8,6 +8,8 @@ use fox_kernels::matmul::{peak_now, peak_references};
 use std::time::Instant;
 
 fn main() {
+    // As the foxlm binary runs: workers that flush denormals.
+    fox_kernels::par::init_pool().expect("rayon's pool, before anything else used it");
     let args: Vec<String> = std::env::args().collect();
     let reps = args.iter().position(|a| a == "--reps").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(10);
     let mut refs = peak_references();

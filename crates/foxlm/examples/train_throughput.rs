@@ -10,6 +10,8 @@ use foxlm::cpu_bench;
 use foxlm::presets;
 
 fn main() -> anyhow::Result<()> {
+    // As the foxlm binary runs: workers that flush denormals.
+    fox_kernels::par::init_pool()?;
     let args: Vec<String> = std::env::args().collect();
     let arg = |k: &str, d: usize| -> usize {
         args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(d)

@@ -42,6 +42,10 @@ enum Command {
 }
 
 fn main() {
+    // Before anything uses rayon: its workers flush denormals (see fox_kernels::par::init_pool).
+    if let Err(e) = fox_kernels::par::init_pool() {
+        eprintln!("warning: rayon's thread pool: {e}");
+    }
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Generate(a) => cli::generate::run(a),

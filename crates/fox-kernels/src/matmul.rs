@@ -17,10 +17,48 @@ const SPLIT: usize = 1 << 28;
 /// operand (`other` values), so tasks get at least 128 rows unless that operand is small. Each
 /// element of dst is computed by exactly one GEMM over the whole of k either way, and the crate
 /// blocks k by k alone, so the result does not depend on the split.
-fn split(len: usize, other: usize) -> Option<usize> {
+///
+/// `width` is dst's other dimension: where it is at most 64 and k above 512, tasks get more than
+/// 64 rows, as the crate blocks the k of products of at most 64 × 64 otherwise (at 512).
+fn split(len: usize, width: usize, k: usize) -> Option<usize> {
+    let other = width * k;
     let min_rows = if other <= 1 << 16 { 32 } else { 128 };
+    let min_rows = if width <= 64 && k > 512 { min_rows.max(72) } else { min_rows };
     let tasks = (len / min_rows).min(4 * rayon::current_num_threads());
     (tasks >= 2).then(|| len.div_ceil(tasks).next_multiple_of(8))
+}
+
+/// Tiles of dst for `threads` > 2 threads: the tiles' first rows and first columns (each list
+/// ending with m or n), at least `threads` tiles where the product allows, or None (one tile, or
+/// a product above SPLIT whose B is not transposed: the crate's own threading). With B
+/// transposed, columns first (each tile packs only its columns of B); otherwise rows first (each
+/// tile packs its rows of A).
+///
+/// The result must not depend on the tiling: every tile is one GEMM over the whole of k, and the
+/// crate blocks k by k alone, except for products of at most 64 × 64, whose k it cuts at 512.
+/// So tiles are at least 128 columns wide (whole 64-column panels, the last one taking the
+/// remainder), or, where n is narrower, at least 65 rows tall.
+fn grid(m: usize, n: usize, threads: usize, b_transposed: bool, size: usize) -> Option<(Vec<usize>, Vec<usize>)> {
+    if size > SPLIT && !b_transposed {
+        return None;
+    }
+    let wide = n >= 128;
+    let max_ct = if wide { n / 128 } else { 1 };
+    let max_rt = (m / if wide { 32 } else { 65 }).max(1);
+    let (rt, ct) = if b_transposed {
+        let ct = threads.min(max_ct);
+        (threads.div_ceil(ct).min(max_rt), ct)
+    } else {
+        let rt = threads.min(max_rt);
+        (rt, threads.div_ceil(rt).min(max_ct))
+    };
+    if rt * ct < 2 {
+        return None;
+    }
+    let rows = (0..=rt).map(|i| i * m / rt).collect();
+    let panels = n / 64;
+    let cols = (0..=ct).map(|i| if i == ct { n } else { i * panels / ct * 64 }).collect();
+    Some((rows, cols))
 }
 
 /// dst[m, n] (row stride dst_rs) = (accumulate ? dst : 0) + A[m, k] · B[k, n], with arbitrary
@@ -61,34 +99,42 @@ pub fn gemm_strided(
         return;
     }
     let d = SharedMut::new(dst);
-    // SAFETY (both): bounds checked above; each task writes its own columns (rows) of dst.
-    let by_cols = |cols: usize| {
-        (0..n).step_by(cols).collect::<Vec<_>>().into_par_iter().for_each(|c0| unsafe {
-            let (c, b) = (cols.min(n - c0), b.as_ptr().add(c0 * b_cs));
-            gemm_seq(m, c, k, d.ptr().add(c0), dst_rs, accumulate, a.as_ptr(), a_rs, a_cs, b, b_rs, b_cs)
+    // Tiles between consecutive row and column starts (each list ending with m or n), a
+    // single-threaded GEMM each over the whole of k.
+    let by_tiles = |rows: Vec<usize>, cols: Vec<usize>| {
+        let tiles: Vec<(usize, usize, usize, usize)> =
+            rows.windows(2).flat_map(|r| cols.windows(2).map(move |c| (r[0], r[1], c[0], c[1]))).collect();
+        // SAFETY: bounds checked above; each task writes its own tile of dst.
+        tiles.into_par_iter().for_each(|(r0, r1, c0, c1)| unsafe {
+            let (a, b) = (a.as_ptr().add(r0 * a_rs), b.as_ptr().add(c0 * b_cs));
+            let dst = d.ptr().add(r0 * dst_rs + c0);
+            gemm_seq(r1 - r0, c1 - c0, k, dst, dst_rs, accumulate, a, a_rs, a_cs, b, b_rs, b_cs)
         })
     };
-    let by_rows = |rows: usize| {
-        (0..m).step_by(rows).collect::<Vec<_>>().into_par_iter().for_each(|r0| unsafe {
-            let (r, a) = (rows.min(m - r0), a.as_ptr().add(r0 * a_rs));
-            gemm_seq(r, n, k, d.ptr().add(r0 * dst_rs), dst_rs, accumulate, a, a_rs, a_cs, b.as_ptr(), b_rs, b_cs)
-        })
-    };
+    // Blocks of `size` from 0 (the last one shorter), as starts ending with `len`.
+    let steps = |len: usize, size: usize| (0..len).step_by(size).chain([len]).collect::<Vec<_>>();
+    let threads = rayon::current_num_threads();
+    // More than two threads: tiles in two dimensions, as the splits below would leave threads
+    // idle on the products of a short batch (256 rows: two row tasks).
+    if threads > 2 {
+        if let Some((rows, cols)) = grid(m, n, threads, b_rs == 1, size) {
+            return by_tiles(rows, cols);
+        }
+    }
     // B stored transposed (b_rs = 1, a Linear's wᵀ): the crate packs B (its rows are not the
     // layout the micro-kernel reads), and with tasks of rows each would pack all of B. So columns
     // of dst, one task per thread, each packing only its own part of B, whatever the size (in
     // whole 64-column panels, the micro-kernel's height over B's columns). At 125M, 256 rows,
     // 2 threads: 147 → 173-185 GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768).
-    let tasks = rayon::current_num_threads();
-    if b_rs == 1 && tasks >= 2 && n >= 128 * tasks {
-        return by_cols(n.div_ceil(tasks).next_multiple_of(64));
+    if b_rs == 1 && threads >= 2 && n >= 128 * threads {
+        return by_tiles(vec![0, m], steps(n, n.div_ceil(threads).next_multiple_of(64)));
     }
     if size <= SPLIT {
-        if let Some(rows) = split(m, k * n) {
-            return by_rows(rows);
+        if let Some(rows) = split(m, n, k) {
+            return by_tiles(steps(m, rows), vec![0, n]);
         }
-        if let Some(cols) = split(n, m * k) {
-            return by_cols(cols);
+        if let Some(cols) = split(n, m, k) {
+            return by_tiles(vec![0, m], steps(n, cols));
         }
     }
     whole(dst, Parallelism::Rayon(0));
@@ -264,7 +310,9 @@ mod tests {
     /// (what makes results independent of the thread count), accumulating or not.
     #[test]
     fn split_products_equal_one_gemm_bitwise() {
-        for (m, n, k) in [(1024usize, 64usize, 64usize), (40, 700, 96), (333, 130, 1029), (8, 5000, 64)] {
+        for (m, n, k) in
+            [(1024usize, 64usize, 64usize), (40, 700, 96), (333, 130, 1029), (8, 5000, 64), (333, 60, 1029)]
+        {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1013) as f32 / 1013.0 - 0.5).collect();
             for acc in [false, true] {
@@ -274,8 +322,39 @@ mod tests {
                 let mut got = vec![0.25f32; m * n];
                 gemm_strided(m, n, k, &mut got, n, acc, &a, k, 1, &b, n, 1);
                 assert!(got == want, "{m}x{n}x{k} accumulate={acc}");
+                // Two-dimensional tiles (more than two threads), B as stored and transposed.
+                let bt: Vec<f32> = (0..k * n).map(|i| b[(i % k) * n + i / k]).collect();
+                for threads in [3, 6, 16] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    let mut got = vec![0.25f32; m * n];
+                    pool.install(|| gemm_strided(m, n, k, &mut got, n, acc, &a, k, 1, &b, n, 1));
+                    assert!(got == want, "{m}x{n}x{k} accumulate={acc}, {threads} threads");
+                    let mut got = vec![0.25f32; m * n];
+                    pool.install(|| gemm_strided(m, n, k, &mut got, n, acc, &a, k, 1, &bt, 1, k));
+                    assert!(got == want, "{m}x{n}x{k} accumulate={acc}, {threads} threads, B transposed");
+                }
             }
         }
+    }
+
+    /// The tiles of a short batch's products on 16 threads: at least 16 of them (the 1-D splits
+    /// gave 2 row tasks for 256 rows), columns first when B is transposed, never a tile of at
+    /// most 64 × 64 (whose k the crate blocks otherwise).
+    #[test]
+    fn grids_fill_the_threads() {
+        let tiles = |g: Option<(Vec<usize>, Vec<usize>)>| g.map(|(r, c)| (r.len() - 1, c.len() - 1, r, c));
+        let (rt, ct, rows, cols) = tiles(grid(256, 768, 16, true, 256 * 768 * 768)).unwrap();
+        assert_eq!((rt, ct, rows, cols), (3, 6, vec![0, 85, 170, 256], vec![0, 128, 256, 384, 512, 640, 768]));
+        let (rt, ct, rows, cols) = tiles(grid(256, 768, 16, false, 256 * 768 * 768)).unwrap();
+        assert_eq!((rt, ct, rows[1], cols), (8, 2, 32, vec![0, 384, 768]));
+        assert_eq!(tiles(grid(768, 768, 16, false, 768 * 768 * 256)).unwrap().0, 16);
+        // The remainder stays in the last panel: 330 columns are 128 + 202.
+        assert_eq!(tiles(grid(333, 330, 6, true, 333 * 330 * 1029)).unwrap().3, vec![0, 128, 330]);
+        // Narrow: rows of at least 65.
+        assert_eq!(tiles(grid(333, 64, 16, false, 333 * 64 * 1029)).unwrap().2, vec![0, 66, 133, 199, 266, 333]);
+        // A large product with B as stored goes to the crate's threading; one tile is no split.
+        assert_eq!(grid(4096, 4096, 16, false, 4096 * 4096 * 4096), None);
+        assert_eq!(grid(16, 60, 16, true, 16 * 60 * 768), None);
     }
 
     /// Products with B transposed (linear_fwd's) split by columns (with a short last task) give

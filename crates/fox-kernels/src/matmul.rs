@@ -37,7 +37,8 @@ fn split(len: usize, width: usize, k: usize) -> Option<usize> {
 /// The result must not depend on the tiling: every tile is one GEMM over the whole of k, and the
 /// crate blocks k by k alone, except for products of at most 64 × 64, whose k it cuts at 512.
 /// So tiles are at least 128 columns wide (whole 64-column panels, the last one taking the
-/// remainder), or, where n is narrower, at least 65 rows tall.
+/// remainder), or, where n is narrower, at least 65 rows tall; `gemm_strided` checks the crate's
+/// other special paths ([`same_path`]) before it uses a tiling.
 fn grid(m: usize, n: usize, threads: usize, b_transposed: bool, size: usize) -> Option<(Vec<usize>, Vec<usize>)> {
     if size > SPLIT && !b_transposed {
         return None;
@@ -61,6 +62,16 @@ fn grid(m: usize, n: usize, threads: usize, b_transposed: bool, size: usize) -> 
     Some((rows, cols))
 }
 
+/// Whether every tile between the row starts `rows` and column starts `cols` takes the crate's
+/// code path that the whole m × n product takes, and so sums k in the same order: it has
+/// special paths for products of at most 256 elements (one accumulator per element), of one row
+/// or one column (gemv), and of at most 64 × 64 (k cut at 512 instead of by k alone).
+fn same_path(rows: &[usize], cols: &[usize], m: usize, n: usize, k: usize) -> bool {
+    let class = |r: usize, c: usize| (r * c <= 256, r <= 1, c <= 1, k > 512 && r <= 64 && c <= 64);
+    let whole = class(m, n);
+    rows.windows(2).all(|r| cols.windows(2).all(|c| class(r[1] - r[0], c[1] - c[0]) == whole))
+}
+
 /// dst[m, n] (row stride dst_rs) = (accumulate ? dst : 0) + A[m, k] · B[k, n], with arbitrary
 /// element strides for A and B (row stride, column stride).
 #[allow(clippy::too_many_arguments)]
@@ -82,6 +93,7 @@ pub fn gemm_strided(
         return;
     }
     assert!(dst.len() >= (m - 1) * dst_rs + n, "gemm: dst too small");
+    assert!(m == 1 || dst_rs >= n, "gemm: dst's rows overlap (row stride {dst_rs} < {n} columns)");
     if k > 0 {
         assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs, "gemm: A too small");
         assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs, "gemm: B too small");
@@ -100,8 +112,12 @@ pub fn gemm_strided(
     }
     let d = SharedMut::new(dst);
     // Tiles between consecutive row and column starts (each list ending with m or n), a
-    // single-threaded GEMM each over the whole of k.
+    // single-threaded GEMM each over the whole of k; false (nothing done) where a tile would
+    // take another of the crate's paths than the whole product ([`same_path`]).
     let by_tiles = |rows: Vec<usize>, cols: Vec<usize>| {
+        if !same_path(&rows, &cols, m, n, k) {
+            return false;
+        }
         let tiles: Vec<(usize, usize, usize, usize)> =
             rows.windows(2).flat_map(|r| cols.windows(2).map(move |c| (r[0], r[1], c[0], c[1]))).collect();
         // SAFETY: bounds checked above; each task writes its own tile of dst.
@@ -109,7 +125,8 @@ pub fn gemm_strided(
             let (a, b) = (a.as_ptr().add(r0 * a_rs), b.as_ptr().add(c0 * b_cs));
             let dst = d.ptr().add(r0 * dst_rs + c0);
             gemm_seq(r1 - r0, c1 - c0, k, dst, dst_rs, accumulate, a, a_rs, a_cs, b, b_rs, b_cs)
-        })
+        });
+        true
     };
     // Blocks of `size` from 0 (the last one shorter), as starts ending with `len`.
     let steps = |len: usize, size: usize| (0..len).step_by(size).chain([len]).collect::<Vec<_>>();
@@ -118,7 +135,9 @@ pub fn gemm_strided(
     // idle on the products of a short batch (256 rows: two row tasks).
     if threads > 2 {
         if let Some((rows, cols)) = grid(m, n, threads, b_rs == 1, size) {
-            return by_tiles(rows, cols);
+            if by_tiles(rows, cols) {
+                return;
+            }
         }
     }
     // B stored transposed (b_rs = 1, a Linear's wᵀ): the crate packs B (its rows are not the
@@ -126,15 +145,23 @@ pub fn gemm_strided(
     // of dst, one task per thread, each packing only its own part of B, whatever the size (in
     // whole 64-column panels, the micro-kernel's height over B's columns). At 125M, 256 rows,
     // 2 threads: 147 → 173-185 GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768).
-    if b_rs == 1 && threads >= 2 && n >= 128 * threads {
-        return by_tiles(vec![0, m], steps(n, n.div_ceil(threads).next_multiple_of(64)));
+    if b_rs == 1
+        && threads >= 2
+        && n >= 128 * threads
+        && by_tiles(vec![0, m], steps(n, n.div_ceil(threads).next_multiple_of(64)))
+    {
+        return;
     }
     if size <= SPLIT {
         if let Some(rows) = split(m, n, k) {
-            return by_tiles(steps(m, rows), vec![0, n]);
+            if by_tiles(steps(m, rows), vec![0, n]) {
+                return;
+            }
         }
         if let Some(cols) = split(n, m, k) {
-            return by_tiles(vec![0, m], steps(n, cols));
+            if by_tiles(vec![0, m], steps(n, cols)) {
+                return;
+            }
         }
     }
     whole(dst, Parallelism::Rayon(0));
@@ -355,6 +382,22 @@ mod tests {
         // A large product with B as stored goes to the crate's threading; one tile is no split.
         assert_eq!(grid(4096, 4096, 16, false, 4096 * 4096 * 4096), None);
         assert_eq!(grid(16, 60, 16, true, 16 * 60 * 768), None);
+    }
+
+    /// Tilings that would put a tile on another of the crate's paths than the whole product are
+    /// refused: a 33 × 64 tile of a 333 × 130 product with k = 1029 (k cut at 512; bits that
+    /// differ, seen before this check), 1 × 128 tiles of one row of 768 (at most 256 elements
+    /// against a gemv), 2048 × 1 tiles of two columns.
+    #[test]
+    fn tilings_keep_the_crates_path() {
+        assert!(!same_path(&[0, 33, 66, 333], &[0, 64, 130], 333, 130, 1029));
+        assert!(same_path(&[0, 111, 222, 333], &[0, 130], 333, 130, 1029));
+        assert!(same_path(&[0, 33, 66, 333], &[0, 64, 130], 333, 130, 512));
+        let cols: Vec<usize> = (0..=6).map(|i| i * 128).collect();
+        assert!(!same_path(&[0, 1], &cols, 1, 768, 768));
+        assert!(same_path(&[0, 1], &[0, 384, 768], 1, 768, 768));
+        assert!(!same_path(&[0, 2048], &[0, 1, 2], 2048, 2, 768));
+        assert!(same_path(&[0, 1024, 2048], &[0, 2], 2048, 2, 768));
     }
 
     /// Products with B transposed (linear_fwd's) split by columns (with a short last task) give

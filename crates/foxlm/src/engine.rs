@@ -120,7 +120,7 @@ impl CpuEngine {
     pub fn new(model: &Model, micro: usize) -> Self {
         let rows = model.params.tensors[model.embeddings.0].shape[0];
         Self {
-            grads: model.params.zeros_like(),
+            grads: model.params.written_zeros_like(),
             grad_scale: 1.0,
             zeroed: true,
             micro,
@@ -239,6 +239,12 @@ impl Engine for CpuEngine {
     }
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
         let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
+        if opt.step == 0 {
+            // A fresh optimizer's moments are zeros that no one has written yet: written now,
+            // so that AdamW's first read-then-write takes no copy-on-write faults (see
+            // `Params::written_zeros_like`).
+            (opt.m, opt.v) = (model.params.written_zeros_like(), model.params.written_zeros_like());
+        }
         let sparse = sparse_rows(model, &self.touched);
         let (grads, scale) = (&mut self.grads, self.grad_scale);
         on_pool(|| opt.update_scaled_and_zero(&mut model.params, grads, lr, scale, Some(&sparse)));

@@ -63,18 +63,21 @@ impl Params {
     pub fn numel(&self) -> usize {
         self.tensors.iter().map(|t| t.numel()).sum()
     }
-    /// Gradient buffers shaped like the parameters, zeroed.
-    /// Zeroed buffers shaped like the parameters (gradients, optimizer moments), written now.
-    /// `vec![0.0; n]` would map the kernel's shared zero page, and the first write to each 4 KiB
-    /// page after a read (accumulating into a gradient, AdamW's moments) would then take a
-    /// copy-on-write fault and a TLB shoot-down on every core: at 125M, about 5 s of system time
-    /// in the first step. Writing the zeros faults each page in once, on rayon's threads.
+    /// Gradient buffers shaped like the parameters, zeroed (pages mapped when first touched).
     pub fn zeros_like(&self) -> Vec<Vec<f32>> {
+        self.tensors.iter().map(|t| vec![0.0; t.numel()]).collect()
+    }
+    /// [`Params::zeros_like`] with every page written now, for buffers that a CPU training step
+    /// reads and then writes (gradients, AdamW's moments). `vec![0.0; n]` maps the kernel's
+    /// shared zero page, and the first write after a read then takes a copy-on-write fault and a
+    /// TLB shoot-down on every core for each 4 KiB: at 125M, about 5 s of system time in the
+    /// first step. Not for buffers that stay mostly untouched (a GPU run's host copies).
+    pub fn written_zeros_like(&self) -> Vec<Vec<f32>> {
         self.tensors.iter().map(|t| written_zeros(t.numel())).collect()
     }
 }
 
-/// n zeros, every page written (see [`Params::zeros_like`]).
+/// n zeros, every page written (see [`Params::written_zeros_like`]).
 pub fn written_zeros(n: usize) -> Vec<f32> {
     let mut v: Vec<f32> = Vec::with_capacity(n);
     v.spare_capacity_mut().par_chunks_mut(1 << 14).for_each(|c| {

@@ -389,6 +389,26 @@ pub struct Grads {
     pub dck: Vec<f32>,
 }
 
+impl Grads {
+    /// Zeroed gradients of `p`'s shapes.
+    pub fn zeros(p: &Problem) -> Self {
+        let (bb, hh, hkv, d, tq, tk) = (p.batch, p.heads, p.kv_heads, p.head_dim, p.tq, p.tk);
+        Grads {
+            dq: vec![0.0; bb * tq * hh * d],
+            dk: vec![0.0; bb * tk * hkv * d],
+            dv: vec![0.0; bb * tk * hkv * d],
+            dcq: vec![0.0; bb * hh * tq],
+            dck: vec![0.0; bb * hh * tk],
+        }
+    }
+
+    /// The buffers, for [`backward_into`].
+    pub fn as_mut(&mut self) -> GradsMut<'_> {
+        let Grads { dq, dk, dv, dcq, dck } = self;
+        GradsMut { dq, dk, dv, dcq, dck }
+    }
+}
+
 /// Backward. `o` and `dout` are [B, tq, H, D]; `lse` from the forward's `Stats`.
 ///
 /// One task per (batch, k/v head), over its query heads and their blocks of `ROWS` rows in a
@@ -399,16 +419,8 @@ pub struct Grads {
 /// arithmetic but kept so the result is the exact gradient of the computed function) and the
 /// column sums (key term) of dS.
 pub fn backward(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32]) -> Grads {
-    let (bb, hh, hkv, d, tq, tk) = (p.batch, p.heads, p.kv_heads, p.head_dim, p.tq, p.tk);
-    let mut g = Grads {
-        dq: vec![0.0; bb * tq * hh * d],
-        dk: vec![0.0; bb * tk * hkv * d],
-        dv: vec![0.0; bb * tk * hkv * d],
-        dcq: vec![0.0; bb * hh * tq],
-        dck: vec![0.0; bb * hh * tk],
-    };
-    let Grads { dq, dk, dv, dcq, dck } = &mut g;
-    backward_into(p, o, dout, lse, GradsMut { dq, dk, dv, dcq, dck });
+    let mut g = Grads::zeros(p);
+    backward_into(p, o, dout, lse, g.as_mut());
     g
 }
 

@@ -21,14 +21,7 @@ use std::time::Instant;
 /// (2·in·out each) including the output head, plus attention's QKᵀ and PV (2·2·T/2·d per layer
 /// on average under the causal mask).
 pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
-    let p = &model.params;
-    let linear: usize = p
-        .names
-        .iter()
-        .zip(&p.tensors)
-        .filter(|(n, t)| t.shape.len() == 2 && !n.contains("embeddings"))
-        .map(|(_, t)| t.numel())
-        .sum();
+    let linear = model.linear_numel();
     let cfg = &model.config;
     let attn = cfg.num_hidden_layers as f64 * 2.0 * context as f64 * cfg.hidden_size as f64;
     3.0 * (2.0 * linear as f64 + attn)

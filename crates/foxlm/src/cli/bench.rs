@@ -252,13 +252,7 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                 // Outputs and gradients kept between iterations, as the trainer keeps them.
                 let mut out = vec![0.0; n];
                 let mut lse = vec![0.0; b * h * t];
-                let mut gr = fa::Grads {
-                    dq: vec![0.0; n],
-                    dk: vec![0.0; n],
-                    dv: vec![0.0; n],
-                    dcq: vec![0.0; b * h * t],
-                    dck: vec![0.0; b * h * t],
-                };
+                let mut gr = fa::Grads::zeros(&p);
                 let flops = 2.0 * (b * h * t * t * d) as f64;
                 let iters = a.iters.clamp(1, 3);
                 let mut tf = Vec::new();
@@ -271,8 +265,7 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
                     pruned = pr as f64 / (pr + visited).max(1) as f64;
                     let s = Instant::now();
                     if !a.fwd_only {
-                        let fa::Grads { dq, dk, dv, dcq, dck } = &mut gr;
-                        fa::backward_into(&p, &out, &q, &lse, fa::GradsMut { dq, dk, dv, dcq, dck });
+                        fa::backward_into(&p, &out, &q, &lse, gr.as_mut());
                     }
                     let bw = s.elapsed().as_secs_f64();
                     if it > 0 {
@@ -305,15 +298,7 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
 /// is a lookup), plus causal attention counted as half of the full T² work: fwd 2·B·H·T²·D per
 /// layer (two products), backward 2.5× that.
 pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usize) -> f64 {
-    let p = &model.params;
-    let matmul: usize = p
-        .tensors
-        .iter()
-        .zip(&p.names)
-        .zip(&p.kinds)
-        .filter(|((_, n), k)| **k == crate::tensor::ParamKind::Matrix && n.as_str() != "model.embeddings.weight")
-        .map(|((t, _), _)| t.numel())
-        .sum();
+    let matmul = model.linear_numel();
     let c = &model.config;
     let tokens = (batch * context) as f64;
     let attn = c.num_hidden_layers as f64

@@ -362,6 +362,14 @@ impl Model {
         be.grads_ready(self.embeddings.0..self.embeddings.0 + 1)
     }
 
+    /// Elements of the Linear weights (the blocks' projections and the output head: the
+    /// matrices but the embedding, a lookup), what a step's matrix products are counted on.
+    pub fn linear_numel(&self) -> usize {
+        let p = &self.params;
+        let linear = |i: usize| p.kinds[i] == ParamKind::Matrix && i != self.embeddings.0;
+        (0..p.len()).filter(|&i| linear(i)).map(|i| p.tensors[i].numel()).sum()
+    }
+
     /// The ids of block `li`'s parameters (they are added block by block, see [`Model::new`]).
     pub fn layer_params(&self, li: usize) -> std::ops::Range<usize> {
         let end = self.layers.get(li + 1).map_or(self.norm.0, |b| b.attn_norm.0);

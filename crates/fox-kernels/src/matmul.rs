@@ -128,8 +128,8 @@ pub fn gemm_strided(
         });
         true
     };
-    // Blocks of `size` from 0 (the last one shorter), as starts ending with `len`.
-    let steps = |len: usize, size: usize| (0..len).step_by(size).chain([len]).collect::<Vec<_>>();
+    // Blocks of `block` from 0 (the last one shorter), as starts ending with `len`.
+    let steps = |len: usize, block: usize| (0..len).step_by(block).chain([len]).collect::<Vec<_>>();
     let threads = rayon::current_num_threads();
     // More than two threads: tiles in two dimensions, as the splits below would leave threads
     // idle on the products of a short batch (256 rows: two row tasks).

@@ -3,7 +3,7 @@
 //! checkpoints and metrics; the model, its parameters and AdamW's state live on the host between
 //! steps on the CPU, and on the device on the GPU (copied back for checkpoints).
 
-use crate::backend::cpu::{Cpu, CpuBatch, CpuProfile};
+use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo, Family};
 use crate::data::{Dataset, Loader, Split};
@@ -143,7 +143,7 @@ impl CpuEngine {
     /// Zero gradients to accumulate into (AdamW leaves them zeroed; a step that did not reach
     /// the update did not).
     fn begin_step(&mut self) {
-        let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
+        let _t = timer(self.profile.as_ref(), Family::Optimizer);
         if !self.zeroed {
             self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
         }
@@ -152,7 +152,7 @@ impl CpuEngine {
 
     /// The global gradient norm and the clipping factor AdamW will apply.
     fn clip(&mut self, model: &Model, max_norm: f64) -> f64 {
-        let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
+        let _t = timer(self.profile.as_ref(), Family::Optimizer);
         let (grads, touched) = (&self.grads, &self.touched);
         let grad_norm = on_pool(|| global_norm_sparse(grads, &model.params, Some(&sparse_rows(model, touched))));
         self.grad_scale = clip_coef(grad_norm, max_norm);
@@ -238,7 +238,7 @@ impl Engine for CpuEngine {
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
     }
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()> {
-        let _t = self.profile.as_ref().map(|p| p.time(Family::Optimizer));
+        let _t = timer(self.profile.as_ref(), Family::Optimizer);
         if opt.step == 0 {
             // A fresh optimizer's moments are zeros that no one has written yet: written now,
             // so that AdamW's first read-then-write takes no copy-on-write faults (see

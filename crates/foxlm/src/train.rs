@@ -24,7 +24,7 @@ use crate::config::{Config, FgateType};
 use crate::data::{Dataset, Loader, LoaderState, Split};
 use crate::engine::{format_plan, memory_plan, CpuEngine, Dtype, Engine, GpuEngine};
 use crate::eval::text::TEXT_FORMAT_KEY;
-use crate::model::{Ctx, Model};
+use crate::model::{Ctx, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig, Schedule};
 use crate::plot::{LinePlot, Series};
 use crate::tensor::ParamKind;
@@ -708,21 +708,7 @@ fn make_engine(
             if opts.verbose {
                 eprint!("{}", format_plan(&plan, 1));
             }
-            Ok(match dtype {
-                Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(
-                    gpu,
-                    model,
-                    opt,
-                    micro,
-                    context,
-                    opts.recompute,
-                    &plan,
-                    None,
-                )?),
-                Dtype::F32 => {
-                    Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, opts.recompute, &plan, None)?)
-                }
-            })
+            gpu_engine(dtype, gpu, model, opt, micro, context, opts.recompute, &plan, None)
         }
     }
 }
@@ -755,13 +741,25 @@ fn make_rank_engine(
     }
     let nccl = fox_kernels::cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
     crate::dist::heartbeat();
+    gpu_engine(dtype, gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))
+}
+
+/// The GPU engine for `dtype`: one GPU alone (`nccl` None) or one rank of a data-parallel run.
+#[allow(clippy::too_many_arguments)]
+fn gpu_engine(
+    dtype: Dtype,
+    gpu: std::sync::Arc<fox_kernels::cuda::Gpu>,
+    model: &Model,
+    opt: &AdamW,
+    micro: usize,
+    context: usize,
+    recompute: bool,
+    plan: &MemoryPlan,
+    nccl: Option<fox_kernels::cuda::nccl::Nccl>,
+) -> Result<Box<dyn Engine>> {
     Ok(match dtype {
-        Dtype::Bf16 => {
-            Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))?)
-        }
-        Dtype::F32 => {
-            Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))?)
-        }
+        Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, recompute, plan, nccl)?),
+        Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, recompute, plan, nccl)?),
     })
 }
 

@@ -47,6 +47,11 @@ impl CpuProfile {
     }
 }
 
+/// A timer for one operation of `family` into `prof`, if there is one.
+pub fn timer(prof: Option<&CpuProfile>, family: Family) -> Option<OpTimer<'_>> {
+    prof.map(|p| p.time(family))
+}
+
 impl Drop for OpTimer<'_> {
     fn drop(&mut self) {
         let mut t = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
@@ -71,7 +76,7 @@ impl<'a> Cpu<'a> {
     }
     /// A timer for one operation of `family`, when profiling.
     fn time(&self, family: Family) -> Option<OpTimer<'a>> {
-        self.prof.map(|p| p.time(family))
+        timer(self.prof, family)
     }
     fn grads(&mut self) -> Result<&mut [Vec<f32>]> {
         match self.grads.as_deref_mut() {

@@ -21,8 +21,16 @@ fn main() {
         let (mut dx, mut dw) = (vec![0.0f32; rows * d], vec![0.0f32; vocab * d]);
         let mut run = || {
             let t0 = Instant::now();
-            linear_cross_entropy(&x, &w, &tg, d, vocab, 1.0, Some(HeadGrads { dx: &mut dx, dw: Some(&mut dw) }))
-                .expect("head");
+            linear_cross_entropy(
+                &x,
+                &w,
+                &tg,
+                d,
+                vocab,
+                1.0,
+                Some(HeadGrads { dx: &mut dx, dw: Some(&mut dw), dw_add: true }),
+            )
+            .expect("head");
             t0.elapsed().as_secs_f64()
         };
         run();

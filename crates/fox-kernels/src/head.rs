@@ -51,8 +51,10 @@ thread_local! {
 pub struct HeadGrads<'a> {
     /// d loss / d x, [rows, d]: overwritten.
     pub dx: &'a mut [f32],
-    /// d loss / d W, [vocab, d]: added to; None for a frozen head.
+    /// d loss / d W, [vocab, d]: added to (overwritten where not `dw_add`); None for a frozen
+    /// head.
     pub dw: Option<&'a mut [f32]>,
+    pub dw_add: bool,
 }
 
 /// Σ over the rows with a target of the cross-entropy of logits = x · wᵀ (x: [rows, d],
@@ -97,7 +99,8 @@ pub fn linear_cross_entropy(
         total += match grads.as_mut() {
             Some(g) => {
                 let dx = &mut g.dx[r0 * d..r1 * d];
-                let dw = g.dw.as_deref_mut();
+                // Overwriting dW holds for the first chunk of rows only; the others add to it.
+                let dw = g.dw.as_deref_mut().map(|dw| (dw, g.dw_add || r0 > 0));
                 with_buffer(&LOGITS, tg.len() * vocab, |logits| {
                     chunk_with_grads(xs, w, tg, d, vocab, weight, logits, dx, dw)
                 })
@@ -214,7 +217,7 @@ fn chunk_with_grads(
     weight: f32,
     logits: &mut [f32],
     dx: &mut [f32],
-    dw: Option<&mut [f32]>,
+    dw: Option<(&mut [f32], bool)>,
 ) -> f64 {
     let m = tg.len();
     let mut ref_max = vec![0.0f32; vocab.div_ceil(VB) * m];
@@ -222,7 +225,10 @@ fn chunk_with_grads(
     let (lse, loss) = merge(&stats, tg);
     let (kept, ref_max): (&[f32], &[f32]) = (logits, &ref_max);
     let row_weight: Vec<f32> = tg.iter().map(|t| if t.is_some() { weight } else { 0.0 }).collect();
-    let dw = dw.map(SharedMut::new);
+    let (dw, dw_add) = match dw {
+        Some((dw, add)) => (Some(SharedMut::new(dw)), add),
+        None => (None, true),
+    };
     let partial: Vec<Vec<f32>> = ranges(vocab)
         .par_iter()
         .map(|&(a, b)| {
@@ -254,7 +260,7 @@ fn chunk_with_grads(
                         }
                     }
                     if let Some(dw) = dw {
-                        // dW[s0..s1] += dlogits[:, s0..s1]ᵀ · x: one product per GRAD_COLS
+                        // dW[s0..s1] (+)= dlogits[:, s0..s1]ᵀ · x: one product per GRAD_COLS
                         // words, so that x is packed once for all of them.
                         // SAFETY: rows s0..s1 of dW belong to this task; g holds m rows of
                         // GRAD_COLS, x is [m, d].
@@ -265,7 +271,7 @@ fn chunk_with_grads(
                                 m,
                                 dw.ptr().add(s0 * d),
                                 d,
-                                true,
+                                dw_add,
                                 g.as_ptr(),
                                 1,
                                 GRAD_COLS,
@@ -358,9 +364,16 @@ mod tests {
         let (want_loss, want_dx, want_dw) = reference(&x, &w, &tg, d, vocab, weight as f64);
         let mut dx = vec![f32::NAN; rows * d];
         let mut dw = vec![1.0f32; vocab * d];
-        let loss =
-            linear_cross_entropy(&x, &w, &tg, d, vocab, weight, Some(HeadGrads { dx: &mut dx, dw: Some(&mut dw) }))
-                .unwrap();
+        let loss = linear_cross_entropy(
+            &x,
+            &w,
+            &tg,
+            d,
+            vocab,
+            weight,
+            Some(HeadGrads { dx: &mut dx, dw: Some(&mut dw), dw_add: true }),
+        )
+        .unwrap();
         assert!((loss - want_loss).abs() < 1e-5 * want_loss, "loss {loss} vs {want_loss}");
         for (i, (a, b)) in dx.iter().zip(&want_dx).enumerate() {
             assert!((*a as f64 - b).abs() < 1e-5, "dx[{i}] {a} vs {b}");
@@ -372,7 +385,8 @@ mod tests {
         let l2 = linear_cross_entropy(&x, &w, &tg, d, vocab, weight, None).unwrap();
         assert!((l2 - loss).abs() < 1e-9 * loss.abs());
         let mut dx2 = vec![0.0f32; rows * d];
-        linear_cross_entropy(&x, &w, &tg, d, vocab, weight, Some(HeadGrads { dx: &mut dx2, dw: None })).unwrap();
+        linear_cross_entropy(&x, &w, &tg, d, vocab, weight, Some(HeadGrads { dx: &mut dx2, dw: None, dw_add: true }))
+            .unwrap();
         assert_eq!(dx, dx2);
     }
 
@@ -384,7 +398,15 @@ mod tests {
         assert!(linear_cross_entropy(&x, &w, &[Some(1); 2], 4, 2, 1.0, None).is_err(), "w is not [2, 4]");
         // Without any target: no loss, dx = 0.
         let mut dx = vec![1.0f32; 8];
-        let l = linear_cross_entropy(&x, &w, &[None, None], 4, 3, 1.0, Some(HeadGrads { dx: &mut dx, dw: None }));
+        let l = linear_cross_entropy(
+            &x,
+            &w,
+            &[None, None],
+            4,
+            3,
+            1.0,
+            Some(HeadGrads { dx: &mut dx, dw: None, dw_add: true }),
+        );
         assert_eq!(l.unwrap(), 0.0);
         assert!(dx.iter().all(|&v| v == 0.0));
     }

@@ -309,12 +309,14 @@ pub fn linear_fwd(y: &mut [f32], x: &[f32], w: &[f32], m: usize, k: usize, n: us
     gemm_strided(m, n, k, y, n, false, x, k, 1, w, 1, k);
 }
 
-/// Backward of `linear_fwd`: dx[m, k] (+)= dy · w, dw[n, k] += dyᵀ · x.
+/// Backward of `linear_fwd`: dx[m, k] (+)= dy · w, dw[n, k] (+)= dyᵀ · x (added to where
+/// `accumulate_dx` / `accumulate_dw`, else overwritten).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_bwd(
     dx: Option<&mut [f32]>,
     accumulate_dx: bool,
     dw: &mut [f32],
+    accumulate_dw: bool,
     dy: &[f32],
     x: &[f32],
     w: &[f32],
@@ -326,7 +328,7 @@ pub fn linear_bwd(
         gemm_strided(m, k, n, dx, k, accumulate_dx, dy, n, 1, w, k, 1);
     }
     // dw[n, k] = dyᵀ[n, m] · x[m, k]
-    gemm_strided(n, k, m, dw, k, true, dy, 1, n, x, k, 1);
+    gemm_strided(n, k, m, dw, k, accumulate_dw, dy, 1, n, x, k, 1);
 }
 
 #[cfg(test)]
@@ -447,7 +449,7 @@ mod tests {
         let dy: Vec<f32> = (0..m * n).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
         let mut dx = vec![0.0; m * k];
         let mut dw = vec![0.0; n * k];
-        linear_bwd(Some(&mut dx), false, &mut dw, &dy, &x, &w, m, k, n);
+        linear_bwd(Some(&mut dx), false, &mut dw, true, &dy, &x, &w, m, k, n);
         for i in 0..m {
             for p in 0..k {
                 let e: f32 = (0..n).map(|j| dy[i * n + j] * w[j * k + p]).sum();

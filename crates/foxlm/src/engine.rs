@@ -3,12 +3,12 @@
 //! checkpoints and metrics; the model, its parameters and AdamW's state live on the host between
 //! steps on the CPU, and on the device on the GPU (copied back for checkpoints).
 
-use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile};
+use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile, GradLedger};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo, Family};
 use crate::data::{Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
-use crate::optim::{clip_coef, global_norm_sparse, AdamW, SparseRows};
+use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::par::on_pool;
@@ -90,8 +90,15 @@ pub struct CpuEngine {
     grads: Vec<Vec<f32>>,
     /// The clipping factor of the last `grads`, applied inside AdamW.
     grad_scale: f32,
-    /// The gradients are all zero (AdamW zeroed them after the last update).
+    /// The gradients are all zero (AdamW zeroed them after the last update, or left them stale
+    /// in the ledger).
     zeroed: bool,
+    /// Which gradients are stale (zero, to be overwritten) and the sums of squares taken during
+    /// the last micro-batch's backward.
+    ledger: GradLedger,
+    /// The parameters whose gradients AdamW leaves stale instead of zeroing: the Linear weights
+    /// (the blocks' projections and the output head), which a product overwrites.
+    leave_stale: Vec<bool>,
     micro: usize,
     /// Activations and backward buffers for [batch, seq], kept between steps: allocating them
     /// afresh costs a page fault per 4 KiB every step.
@@ -119,10 +126,13 @@ struct CpuBuffers {
 impl CpuEngine {
     pub fn new(model: &Model, micro: usize) -> Self {
         let rows = model.params.tensors[model.embeddings.0].shape[0];
+        let p = &model.params;
         Self {
-            grads: model.params.written_zeros_like(),
+            grads: p.written_zeros_like(),
             grad_scale: 1.0,
             zeroed: true,
+            ledger: GradLedger::new(p.len()),
+            leave_stale: (0..p.len()).map(|i| model.is_linear(i)).collect(),
             micro,
             bufs: None,
             touched: vec![false; rows],
@@ -146,6 +156,7 @@ impl CpuEngine {
         let _t = timer(self.profile.as_ref(), Family::Optimizer);
         if !self.zeroed {
             self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
+            self.ledger.stale.fill(false);
         }
         self.zeroed = false;
     }
@@ -153,8 +164,16 @@ impl CpuEngine {
     /// The global gradient norm and the clipping factor AdamW will apply.
     fn clip(&mut self, model: &Model, max_norm: f64) -> f64 {
         let _t = timer(self.profile.as_ref(), Family::Optimizer);
+        // A gradient still stale was not written by this step: it is zero.
+        for (g, stale) in self.grads.iter_mut().zip(&mut self.ledger.stale) {
+            if std::mem::take(stale) {
+                g.fill(0.0);
+            }
+        }
+        let known = self.ledger.sum_squares.take();
         let (grads, touched) = (&self.grads, &self.touched);
-        let grad_norm = on_pool(|| global_norm_sparse(grads, &model.params, Some(&sparse_rows(model, touched))));
+        let sparse = sparse_rows(model, touched);
+        let grad_norm = on_pool(|| global_norm_with(grads, &model.params, Some(&sparse), known.as_deref()));
         self.grad_scale = clip_coef(grad_norm, max_norm);
         grad_norm
     }
@@ -162,7 +181,8 @@ impl CpuEngine {
     /// Forward and backward of one micro-batch of `accum`, gradients added (weighted so that
     /// `accum` micro-batches add up to the mean over all their targets); returns its mean loss.
     /// What `Model::loss_and_grads` does, on buffers kept between steps, on rayon's pool
-    /// ([`on_pool`]).
+    /// ([`on_pool`]). On the `last` micro-batch the backward also takes the sums of squares of
+    /// the gradients it finishes, for the norm.
     fn micro_step(
         &mut self,
         model: &Model,
@@ -170,6 +190,7 @@ impl CpuEngine {
         targets: &[Option<u32>],
         batch: usize,
         accum: usize,
+        last: bool,
     ) -> Result<f64> {
         on_pool(|| {
             let n_targets = targets.iter().filter(|t| t.is_some()).count();
@@ -177,7 +198,10 @@ impl CpuEngine {
                 return Ok(0.0);
             }
             let seq = ids.len() / batch.max(1);
-            let mut be = Cpu::with_grads(&model.params, &mut self.grads).profiled(self.profile.as_ref());
+            self.ledger.sum_squares = last.then(|| vec![None; model.params.len()]);
+            let mut be = Cpu::with_grads(&model.params, &mut self.grads)
+                .with_ledger(&mut self.ledger)
+                .profiled(self.profile.as_ref());
             let bufs = match self.bufs.take() {
                 Some(b) if b.batch == batch && b.seq == seq => b,
                 _ => CpuBuffers {
@@ -212,7 +236,7 @@ impl CpuEngine {
         lr: f64,
     ) -> Result<StepStats> {
         self.begin_step();
-        let loss = self.micro_step(model, ids, targets, batch, 1)?;
+        let loss = self.micro_step(model, ids, targets, batch, 1, true)?;
         let grad_norm = self.clip(model, max_norm);
         self.update(model, opt, lr)?;
         Ok(StepStats { loss, grad_norm })
@@ -230,9 +254,9 @@ impl Engine for CpuEngine {
     ) -> Result<StepStats> {
         self.begin_step();
         let mut loss_sum = 0.0f64;
-        for _ in 0..accum {
+        for i in 0..accum {
             let b = loader.next_batch(micro);
-            loss_sum += self.micro_step(model, &b.ids, &b.targets, micro, accum)?;
+            loss_sum += self.micro_step(model, &b.ids, &b.targets, micro, accum, i + 1 == accum)?;
         }
         let grad_norm = self.clip(model, max_norm);
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
@@ -246,8 +270,9 @@ impl Engine for CpuEngine {
             (opt.m, opt.v) = (model.params.written_zeros_like(), model.params.written_zeros_like());
         }
         let sparse = sparse_rows(model, &self.touched);
-        let (grads, scale) = (&mut self.grads, self.grad_scale);
-        on_pool(|| opt.update_scaled_and_zero(&mut model.params, grads, lr, scale, Some(&sparse)));
+        let (grads, scale, leave) = (&mut self.grads, self.grad_scale, &self.leave_stale);
+        on_pool(|| opt.update_scaled_and_zero(&mut model.params, grads, lr, scale, Some(&sparse), Some(leave)));
+        self.ledger.stale.copy_from_slice(&self.leave_stale);
         self.touched.fill(false);
         self.zeroed = true;
         Ok(())

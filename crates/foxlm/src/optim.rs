@@ -62,8 +62,10 @@ impl AdamW {
     /// gradients in place and calling `update`), after which the gradients are set to zero for
     /// the next step's accumulation while they are still in cache. With `sparse`, the rows of
     /// that parameter outside its touched set have a zero gradient: AdamW runs on them with a
-    /// zero gradient it does not read (the same bits), and they are not zeroed again.
-    #[allow(clippy::needless_range_loop)]
+    /// zero gradient it does not read (the same bits), and they are not zeroed again. The
+    /// gradients of the parameters that `leave` marks are left as they are (their next step
+    /// overwrites them, see `backend::cpu::GradLedger`).
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     pub fn update_scaled_and_zero(
         &mut self,
         params: &mut Params,
@@ -71,6 +73,7 @@ impl AdamW {
         lr: f64,
         grad_scale: f32,
         sparse: Option<&SparseRows>,
+        leave: Option<&[bool]>,
     ) {
         let (bc1, bc2) = self.begin(params, grads.len());
         for i in 0..params.len() {
@@ -108,14 +111,18 @@ impl AdamW {
                             }
                         });
                 }
-                None => p
-                    .par_chunks_mut(CHUNK)
-                    .zip(g.par_chunks_mut(CHUNK))
-                    .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-                    .for_each(|((p, g), (m, v))| {
-                        simd::adamw(p, g, m, v, &h);
-                        g.fill(0.0);
-                    }),
+                None => {
+                    let zero = !leave.is_some_and(|l| l[i]);
+                    p.par_chunks_mut(CHUNK)
+                        .zip(g.par_chunks_mut(CHUNK))
+                        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+                        .for_each(|((p, g), (m, v))| {
+                            simd::adamw(p, g, m, v, &h);
+                            if zero {
+                                g.fill(0.0);
+                            }
+                        })
+                }
             }
         }
     }
@@ -182,13 +189,25 @@ pub fn global_norm(grads: &[Vec<f32>], params: &Params) -> f64 {
 
 /// [`global_norm`], reading only the touched rows of `sparse`'s parameter (the others are zero).
 pub fn global_norm_sparse(grads: &[Vec<f32>], params: &Params, sparse: Option<&SparseRows>) -> f64 {
+    global_norm_with(grads, params, sparse, None)
+}
+
+/// [`global_norm_sparse`] with the parameters' sums of squares that are known already (the
+/// same bits: [`sum_squares`] of their gradients) taken from `known`.
+pub fn global_norm_with(
+    grads: &[Vec<f32>],
+    params: &Params,
+    sparse: Option<&SparseRows>,
+    known: Option<&[Option<f64>]>,
+) -> f64 {
     grads
         .iter()
         .zip(&params.kinds)
         .enumerate()
         .filter(|(_, (_, k))| **k != ParamKind::Frozen)
-        .map(|(i, (g, _))| match sparse.filter(|s| s.param == i) {
-            Some(sp) => {
+        .map(|(i, (g, _))| match (known.and_then(|k| k[i]), sparse.filter(|s| s.param == i)) {
+            (Some(sum), _) => sum,
+            (None, Some(sp)) => {
                 // Tasks of CHUNK values' worth of rows; each row's sum, added in row order.
                 let cols = sp.cols.max(1);
                 let rows = (CHUNK / cols).max(1);
@@ -205,7 +224,7 @@ pub fn global_norm_sparse(grads: &[Vec<f32>], params: &Params, sparse: Option<&S
                     .flatten()
                     .sum::<f64>()
             }
-            None => sum_squares(g),
+            (None, None) => sum_squares(g),
         })
         .sum::<f64>()
         .sqrt()
@@ -363,10 +382,16 @@ mod tests {
             clip_grad_norm(&mut a, &p1, 1.0);
             o1.update(&mut p1, &a, 0.01);
             let mut b = g.clone();
-            let coef = clip_coef(global_norm(&b, &p2), 1.0);
+            let n = global_norm(&b, &p2);
+            // A sum of squares known beforehand is used as is: the same bits.
+            let known = [None, Some(sum_squares(&b[1])), None];
+            assert_eq!(global_norm_with(&b, &p2, None, Some(&known)), n);
+            let coef = clip_coef(n, 1.0);
             assert!(coef < 1.0);
-            o2.update_scaled_and_zero(&mut p2, &mut b, 0.01, coef, None);
-            assert!(b[..2].iter().all(|t| t.iter().all(|&x| x == 0.0)), "gradients zeroed");
+            // The second gradient is left as it is (stale), not zeroed.
+            o2.update_scaled_and_zero(&mut p2, &mut b, 0.01, coef, None, Some(&[false, true, false]));
+            assert!(b[0].iter().all(|&x| x == 0.0), "gradients zeroed");
+            assert_eq!(b[1], g[1], "a gradient left stale");
             for (x, y) in p1.tensors.iter().zip(&p2.tensors) {
                 assert_eq!(x.data, y.data, "step {step}");
             }
@@ -403,8 +428,8 @@ mod tests {
             assert!((global_norm_sparse(&g, &p2, Some(&sp)) - n).abs() <= 1e-12 * n);
             let coef = clip_coef(n, 1.0);
             let (mut g1, mut g2) = (g.clone(), g);
-            o1.update_scaled_and_zero(&mut p1, &mut g1, 0.01, coef, None);
-            o2.update_scaled_and_zero(&mut p2, &mut g2, 0.01, coef, Some(&sp));
+            o1.update_scaled_and_zero(&mut p1, &mut g1, 0.01, coef, None, None);
+            o2.update_scaled_and_zero(&mut p2, &mut g2, 0.01, coef, Some(&sp), None);
             assert!(g2.iter().all(|t| t.iter().all(|&x| x == 0.0)), "gradients zeroed");
             assert_eq!(p1.tensors[0].data, p2.tensors[0].data, "step {step}");
             assert_eq!(p1.tensors[1].data, p2.tensors[1].data);

@@ -75,7 +75,7 @@ fn single(ds: &Dataset, model: &mut Model, opt: &mut AdamW, loader_at: LoaderSta
             let batches: Vec<_> = (0..ACCUM).map(|_| loader.next_batch(MICRO)).collect();
             let loss = grads_of(model, &batches, &mut grads) / ACCUM as f64;
             let norm = global_norm(&grads, &model.params);
-            opt.update_scaled_and_zero(&mut model.params, &mut grads, LR, clip_coef(norm, MAX_NORM), None);
+            opt.update_scaled_and_zero(&mut model.params, &mut grads, LR, clip_coef(norm, MAX_NORM), None, None);
             Step { ids: batches.iter().flat_map(|b| b.ids.clone()).collect(), loss, norm, loader: loader.state() }
         })
         .collect()
@@ -207,6 +207,41 @@ fn zero1_ranks_reproduce_the_single_process_steps() {
 
 // ---------------------------------------------------------------------------------------------
 // The binary's multi-process errors.
+
+/// The single-process reference above is what `foxlm train`'s CPU engine computes: over
+/// steps of four accumulated micro-batches (the Linear weights' gradients left stale by AdamW
+/// and overwritten by the next step's first product, the norm's sums of squares taken during
+/// the last micro-batch's backward, the embedding's untouched rows skipped), the same windows,
+/// losses, norms and weights (the losses to f32's rounding; the norms and weights to a last-bit
+/// difference: the engine sums the embedding's part of the norm by touched rows, not by chunks).
+#[test]
+fn cpu_engine_takes_the_single_process_steps() {
+    use foxlm::engine::{CpuEngine, Engine};
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(&small_data(tmp.path())).unwrap();
+    let at = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap().state();
+    let steps = 3;
+    let (mut ref_model, mut ref_opt) = (model(), adamw(&model()));
+    let want = single(&ds, &mut ref_model, &mut ref_opt, at, steps);
+    assert!(want.iter().any(|s| s.norm > MAX_NORM), "clipping should be exercised: {want:?}");
+    let (mut m, mut opt) = (model(), adamw(&model()));
+    let mut engine = CpuEngine::new(&m, MICRO);
+    let mut loader = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap();
+    loader.set_state(at);
+    for (s, w) in want.iter().enumerate() {
+        let st = engine.grads(&mut m, &mut loader, MICRO, ACCUM, MAX_NORM).unwrap();
+        engine.update(&mut m, &mut opt, LR).unwrap();
+        assert_eq!(loader.state(), w.loader, "step {s}: the loader ends elsewhere");
+        let (dl, dn) = ((st.loss - w.loss).abs() / w.loss, (st.grad_norm - w.norm).abs() / w.norm);
+        // The reference's losses are f32 (`Model::loss_and_grads`), the engine's f64.
+        assert!(dl < 1e-7 && dn < 1e-12, "step {s}: loss rel Δ {dl:e}, norm rel Δ {dn:e}");
+    }
+    // A gradient added to a stale buffer, or a norm missing a micro-batch, moves weights by
+    // about the learning rate (1e-3); the norm's last bit, by far less than 1e-8.
+    let d = max_diff(&m, &ref_model);
+    assert!(d < 1e-8, "max |Δ weight| {d:e}");
+    assert_eq!(opt.step, ref_opt.step);
+}
 
 fn foxlm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_foxlm"));

@@ -816,7 +816,7 @@ mod tests {
         let mut dx = vec![1.0; m * k];
         colmajor_gemm(GemmOp::Dx, cm, cn, ck, &w, &dy, &mut dx, 1.0);
         let (mut rdx, mut rdw) = (vec![1.0; m * k], vec![2.0; n * k]);
-        crate::matmul::linear_bwd(Some(&mut rdx), true, &mut rdw, &dy, &x, &w, m, k, n);
+        crate::matmul::linear_bwd(Some(&mut rdx), true, &mut rdw, true, &dy, &x, &w, m, k, n);
         assert!(close(&dx, &rdx), "dx {dx:?} vs {rdx:?}");
 
         let (cm, cn, ck) = lt_dims(GemmOp::Dw, m, k, n);

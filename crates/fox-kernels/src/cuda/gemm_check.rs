@@ -145,7 +145,7 @@ fn gemm_case<T: Elem>(
     g.linear_bwd_dw::<T>(&mut dwd, &dyd, &xd, m, k, n)?;
     let mut rdw = dw0.clone();
     let mut rdx = vec![0.0f32; m * k];
-    crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, &dy, &x, &w, m, k, n);
+    crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, true, &dy, &x, &w, m, k, n);
     let e = rel_l2(&down(gpu, &dwd, n * k)?, &rdw);
     out.add(
         "dw += dyᵀ·x (f32)",
@@ -231,7 +231,7 @@ fn views(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Table) -> Result<(
         let mut ry = vec![0.0f32; m * n];
         crate::matmul::linear_fwd(&mut ry, &x, &w, m, k, n);
         let (mut rdx, mut rdw) = (vec![0.0f32; m * k], vec![0.0f32; n * k]);
-        crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, &dy, &x, &w, m, k, n);
+        crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, true, &dy, &x, &w, m, k, n);
         out.add(
             &format!("views n={n}: fwd f32 out by row chunks"),
             rel_l2(&gpu.download(&yd)?, &ry),

@@ -20,6 +20,28 @@ pub struct Cpu<'a> {
     loss_sum: f64,
     loss_rows: usize,
     prof: Option<&'a CpuProfile>,
+    ledger: Option<&'a mut GradLedger>,
+}
+
+/// What a training step knows of its gradient buffers besides their values (the CPU engine's,
+/// kept between steps), so that the products that make most of the gradients do less work.
+#[derive(Debug, Default)]
+pub struct GradLedger {
+    /// Per parameter: the buffer holds last step's values, and its gradient is zero. The
+    /// optimizer leaves the Linear weights' gradients so instead of zeroing them: their first
+    /// product of the next step writes instead of adding (a pass over them saved, and the
+    /// product reads nothing back). Any other use zeroes the buffer first ([`Cpu::grad_of`]).
+    pub stale: Vec<bool>,
+    /// Per parameter, Σ g² of its finished gradient ([`crate::optim::sum_squares`], the norm's
+    /// own sum), taken right after the product that finished it while it is still in cache.
+    /// Some only on the last micro-batch of a step, when the gradients are final.
+    pub sum_squares: Option<Vec<Option<f64>>>,
+}
+
+impl GradLedger {
+    pub fn new(params: usize) -> Self {
+        Self { stale: vec![false; params], sum_squares: None }
+    }
 }
 
 thread_local! {
@@ -64,11 +86,17 @@ impl Drop for OpTimer<'_> {
 impl<'a> Cpu<'a> {
     /// Inference: no gradients.
     pub fn new(params: &'a Params) -> Self {
-        Self { params, grads: None, loss_sum: 0.0, loss_rows: 0, prof: None }
+        Self { params, grads: None, loss_sum: 0.0, loss_rows: 0, prof: None, ledger: None }
     }
     pub fn with_grads(params: &'a Params, grads: &'a mut [Vec<f32>]) -> Self {
         assert_eq!(grads.len(), params.len(), "grads must be shaped like the parameters");
-        Self { params, grads: Some(grads), loss_sum: 0.0, loss_rows: 0, prof: None }
+        Self { params, grads: Some(grads), loss_sum: 0.0, loss_rows: 0, prof: None, ledger: None }
+    }
+    /// The gradients' [`GradLedger`]: stale buffers are overwritten (or zeroed before use), and
+    /// sums of squares are taken where it asks.
+    pub fn with_ledger(self, ledger: &'a mut GradLedger) -> Self {
+        assert_eq!(ledger.stale.len(), self.params.len(), "the ledger must cover the parameters");
+        Self { ledger: Some(ledger), ..self }
     }
     /// Every operation's wall time added to `prof` (None: not timed).
     pub fn profiled(self, prof: Option<&'a CpuProfile>) -> Self {
@@ -84,11 +112,40 @@ impl<'a> Cpu<'a> {
             None => bail!("a backward pass needs gradient buffers (Cpu::with_grads)"),
         }
     }
-    /// The gradient buffer of `id`, or None for a frozen parameter.
+    /// The gradient buffer of `id` to add to (zeroed first if the ledger has it stale), or None
+    /// for a frozen parameter.
     fn grad_of(&mut self, id: ParamId) -> Result<Option<&mut [f32]>> {
-        let frozen = self.params.kinds[id.0] == ParamKind::Frozen;
-        let g = self.grads()?;
-        Ok((!frozen).then(|| g[id.0].as_mut_slice()))
+        Ok(self.grad_to_write(id)?.map(|(g, add)| {
+            if !add {
+                g.fill(0.0);
+            }
+            g
+        }))
+    }
+    /// The gradient buffer of `id` and whether to add to it (false: it is stale, overwrite it),
+    /// or None for a frozen parameter. The buffer counts as written from then on.
+    fn grad_to_write(&mut self, id: ParamId) -> Result<Option<(&mut [f32], bool)>> {
+        if self.params.kinds[id.0] == ParamKind::Frozen {
+            return Ok(None);
+        }
+        let stale = match self.ledger.as_deref_mut() {
+            Some(l) => {
+                // A sum of squares taken before this write is out of date.
+                if let Some(sums) = l.sum_squares.as_mut() {
+                    sums[id.0] = None;
+                }
+                std::mem::take(&mut l.stale[id.0])
+            }
+            None => false,
+        };
+        Ok(Some((self.grads()?[id.0].as_mut_slice(), !stale)))
+    }
+    /// Σ g² of `id`'s gradient into the ledger, where it asks for sums (the gradient is final).
+    fn take_sum_squares(&mut self, id: ParamId) {
+        let Some(grads) = self.grads.as_deref() else { return };
+        if let Some(sums) = self.ledger.as_deref_mut().and_then(|l| l.sum_squares.as_mut()) {
+            sums[id.0] = Some(crate::optim::sum_squares(&grads[id.0]));
+        }
     }
 }
 
@@ -265,8 +322,11 @@ impl Backend for Cpu<'_> {
         let (k, n) = (w.in_features, w.out_features);
         let params = self.params;
         let wt = &params[w.weight];
-        match self.grad_of(w.weight)? {
-            Some(gw) => matmul::linear_bwd(dx.map(|v| v.as_mut_slice()), accumulate, gw, dy, x, wt, rows, k, n),
+        match self.grad_to_write(w.weight)? {
+            Some((gw, add)) => {
+                matmul::linear_bwd(dx.map(|v| v.as_mut_slice()), accumulate, gw, add, dy, x, wt, rows, k, n);
+                self.take_sum_squares(w.weight);
+            }
             None => {
                 if let Some(dx) = dx {
                     matmul::gemm_strided(rows, k, n, dx, k, accumulate, dy, n, 1, wt, k, 1);
@@ -300,7 +360,12 @@ impl Backend for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         let params = self.params;
-        let g = &mut self.grads()?[w.0];
+        // A frozen norm weight's gradient is computed all the same (the kernel adds to it), unread.
+        let g = if params.kinds[w.0] == ParamKind::Frozen {
+            &mut self.grads()?[w.0]
+        } else {
+            self.grad_of(w)?.expect("a trainable parameter has a gradient")
+        };
         rmsnorm::rms_norm_bwd(dx, accumulate, g, dy, x, rstd, &params[w], dim);
         Ok(())
     }
@@ -627,7 +692,10 @@ impl Backend for Cpu<'_> {
         let params = self.params;
         let wt = &params[lm_head.weight];
         let grads = match dhidden {
-            Some(dh) => Some(head::HeadGrads { dx: dh.as_mut_slice(), dw: self.grad_of(lm_head.weight)? }),
+            Some(dh) => {
+                let (dw, dw_add) = self.grad_to_write(lm_head.weight)?.map_or((None, true), |(g, add)| (Some(g), add));
+                Some(head::HeadGrads { dx: dh.as_mut_slice(), dw, dw_add })
+            }
             None => None,
         };
         // GEMM, softmax cross-entropy and both gradient GEMMs in one op, blocked over the vocabulary.

@@ -366,8 +366,12 @@ impl Model {
     /// matrices but the embedding, a lookup), what a step's matrix products are counted on.
     pub fn linear_numel(&self) -> usize {
         let p = &self.params;
-        let linear = |i: usize| p.kinds[i] == ParamKind::Matrix && i != self.embeddings.0;
-        (0..p.len()).filter(|&i| linear(i)).map(|i| p.tensors[i].numel()).sum()
+        (0..p.len()).filter(|&i| self.is_linear(i)).map(|i| p.tensors[i].numel()).sum()
+    }
+
+    /// Whether parameter `i` is a Linear weight (a matrix but the embedding).
+    pub fn is_linear(&self, i: usize) -> bool {
+        self.params.kinds[i] == ParamKind::Matrix && i != self.embeddings.0
     }
 
     /// The ids of block `li`'s parameters (they are added block by block, see [`Model::new`]).

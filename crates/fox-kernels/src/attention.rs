@@ -18,8 +18,9 @@
 use crate::matmul::gemm_seq;
 use crate::par::{with_buffer, SharedMut};
 use crate::simd;
+use crate::small_gemm::{self as sg, Limit};
 use rayon::prelude::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// Query rows per ACP decision: pruning skips key tiles of BLOCK_K keys per block of BLOCK_Q rows.
 pub const BLOCK_Q: usize = 32;
@@ -274,6 +275,91 @@ impl Tiling {
 thread_local! {
     /// A task's score blocks (per worker thread, kept between calls).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Transposed keys (and values), packed for `small_gemm`: the forward's for every head, on
+    /// the calling thread; a backward task's for its head.
+    static PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The B operand of one of a block's products.
+#[derive(Clone, Copy)]
+enum Operand {
+    /// Rows of contiguous columns with this row stride (V, K, dO, Q as B).
+    Rows(*const f32, usize),
+    /// The transpose of [n, k] rows with this row stride (Kᵀ, Vᵀ), and the same packed by
+    /// `small_gemm::pack_transposed` from the block's first key (null without AVX-512).
+    Transposed(*const f32, usize, *const f32),
+}
+
+thread_local! {
+    /// Tests: the calls made from this thread run their block products through the gemm crate.
+    static CRATE_PRODUCTS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `f` with the attention calls made from this thread on the gemm crate's products even where
+/// the CPU has AVX-512 (tests compare the two paths).
+#[doc(hidden)]
+pub fn with_crate_products<R>(f: impl FnOnce() -> R) -> R {
+    let before = CRATE_PRODUCTS.replace(true);
+    let r = f();
+    CRATE_PRODUCTS.set(before);
+    r
+}
+
+/// Whether the block products run on `small_gemm`'s tiles (AVX-512) instead of the gemm crate.
+/// Decided once per call, on the calling thread.
+fn use_tiles() -> bool {
+    cfg!(target_arch = "x86_64") && simd::has_avx512() && !CRATE_PRODUCTS.get()
+}
+
+/// C[m, n] (+)= A · B, one of a block's products, restricted per tile of rows by `span` as
+/// `limit` says (see `small_gemm::gemm`): on small_gemm's tiles with `tiles` ([`use_tiles`]),
+/// else one call of the gemm crate over the whole rectangle (the values outside the spans are
+/// zeros of P or dS, or columns that the softmax overwrites).
+///
+/// # Safety
+/// As `small_gemm::gemm` and `gemm_seq` for these shapes; with `tiles`, a `Transposed` operand's
+/// packed pointer is valid.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product(
+    tiles: bool,
+    (m, n, k): (usize, usize, usize),
+    c: *mut f32,
+    c_rs: usize,
+    acc: bool,
+    (a, a_rs, a_cs): (*const f32, usize, usize),
+    b: Operand,
+    limit: Limit,
+    span: impl Fn(usize, usize) -> (usize, usize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if tiles {
+        let b = match b {
+            Operand::Rows(p, rs) => sg::B::rows(p, rs),
+            Operand::Transposed(_, _, packed) => sg::B::packed(packed, k),
+        };
+        return sg::gemm(m, n, k, c, c_rs, acc, a, a_rs, a_cs, b, limit, span);
+    }
+    let _ = (tiles, limit, span);
+    let (b, b_rs, b_cs) = match b {
+        Operand::Rows(p, rs) => (p, rs, 1),
+        Operand::Transposed(p, rs, _) => (p, 1, rs),
+    };
+    gemm_seq(m, n, k, c, c_rs, acc, a, a_rs, a_cs, b, b_rs, b_cs)
+}
+
+/// The span of local columns [lo − klo, hi − klo) that rows [i0, i1) of a block see together
+/// (empty: (0, 0)).
+fn row_span(keys: &[(usize, usize)], klo: usize, i0: usize, i1: usize) -> (usize, usize) {
+    let live = keys[i0..i1].iter().filter(|k| k.0 < k.1);
+    let lo = live.clone().map(|k| k.0).min();
+    lo.map_or((0, 0), |lo| (lo - klo, live.map(|k| k.1).max().unwrap_or(lo) - klo))
+}
+
+/// The rows of a block that see some key among local keys [j0, j1) (empty: (0, 0)).
+fn key_span(keys: &[(usize, usize)], klo: usize, j0: usize, j1: usize) -> (usize, usize) {
+    let (a, z) = (klo + j0, klo + j1);
+    let mut rows = keys.iter().enumerate().filter(|(_, k)| k.0 < k.1 && k.0 < z && k.1 > a).map(|(i, _)| i);
+    rows.next().map_or((0, 0), |first| (first, rows.next_back().unwrap_or(first) + 1))
 }
 
 /// Row i of a [rows, nk] score block whose columns are keys klo..: the logits
@@ -323,54 +409,97 @@ pub fn forward_into(p: &Problem, out: &mut [f32], lse: &mut [f32]) -> (usize, us
     lse.fill(f32::NEG_INFINITY);
     let outp = SharedMut::new(out);
     let lsep = SharedMut::new(lse);
-    // `keys` is per rayon task, reused block after block (`tiling.block` clears it).
-    blocks(p, hh, ROWS, tq).par_iter().for_each_init(
-        || Vec::with_capacity(ROWS),
-        |keys, blk| {
-            let Block { b, h, r0, r1 } = *blk;
-            let (hk, n) = (p.kv_head(h), r1 - r0);
-            let (ch, ckh) = ((b * hh + h) * tq, (b * hh + h) * p.tk);
-            let o_at = |r: usize| ((b * tq + r) * hh + h) * d;
-            let Some((klo, khi)) = tiling.block(p, b, h, r0, r1, keys) else {
-                // SAFETY: each (b, r, h) output row belongs to exactly one block.
-                (r0..r1).for_each(|r| unsafe { outp.slice(o_at(r), d).fill(0.0) });
-                return;
-            };
-            let nk = khi - klo;
-            with_buffer(&SCRATCH, n * nk, |s| {
-                // S = Q_blk · K[klo..khi]ᵀ
-                // SAFETY: s is [n, nk]; the views hold rows r0..r1 of (b, h) and keys klo..khi of (b, hk).
-                unsafe {
-                    let (q, k) = (p.q.ptr(b, h, r0, n, d), p.k.ptr(b, hk, klo, nk, d));
-                    gemm_seq(n, nk, d, s.as_mut_ptr(), nk, false, q, p.q.st, 1, k, 1, p.k.st);
-                }
-                let mut inv = [0.0f32; ROWS];
-                for (i, &kr) in keys.iter().enumerate() {
-                    let row = &mut s[i * nk..(i + 1) * nk];
-                    if kr.0 >= kr.1 {
-                        row.fill(0.0);
-                        continue;
-                    }
-                    let r = r0 + i;
-                    let (m, l) = exp_logits(row, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], None);
-                    inv[i] = 1.0 / l;
-                    // SAFETY: each (b, h, r) entry belongs to exactly one block.
-                    unsafe { *lsep.get(ch + r) = m + l.ln() };
-                }
-                // O_blk = P · V[klo..khi], each row then divided by its Σexp.
-                // SAFETY: output rows r0..r1 of (b, h) are this block's alone, stride H·D.
-                unsafe {
-                    let v = p.v.ptr(b, hk, klo, nk, d);
-                    gemm_seq(n, d, nk, outp.ptr().add(o_at(r0)), hh * d, false, s.as_ptr(), nk, 1, v, p.v.st, 1);
-                }
-                for (i, &c) in inv[..n].iter().enumerate() {
-                    // SAFETY: as above.
-                    let o = unsafe { outp.slice(o_at(r0 + i), d) };
-                    o.iter_mut().for_each(|x| *x *= c);
-                }
+    let tiles = use_tiles();
+    let per_head = if tiles { sg::packed_len(p.tk, d) } else { 0 };
+    with_buffer(&PACK, p.batch * p.kv_heads * per_head, |kt| {
+        if tiles {
+            // Every head's Kᵀ, packed once for all its blocks.
+            kt.par_chunks_mut(per_head).enumerate().for_each(|(bk, dst)| {
+                let (b, hk) = (bk / p.kv_heads, bk % p.kv_heads);
+                // SAFETY: the view holds tk keys of (b, hk); dst holds one packed head.
+                unsafe { sg::pack_transposed(dst.as_mut_ptr(), p.k.ptr(b, hk, 0, p.tk, d), p.k.st, p.tk, d) };
             });
-        },
-    );
+        }
+        let kt: &[f32] = kt;
+        // `keys` is per rayon task, reused block after block (`tiling.block` clears it).
+        blocks(p, hh, ROWS, tq).par_iter().for_each_init(
+            || Vec::with_capacity(ROWS),
+            |keys, blk| {
+                let Block { b, h, r0, r1 } = *blk;
+                let (hk, n) = (p.kv_head(h), r1 - r0);
+                let (ch, ckh) = ((b * hh + h) * tq, (b * hh + h) * p.tk);
+                let o_at = |r: usize| ((b * tq + r) * hh + h) * d;
+                let Some((klo, khi)) = tiling.block(p, b, h, r0, r1, keys) else {
+                    // SAFETY: each (b, r, h) output row belongs to exactly one block.
+                    (r0..r1).for_each(|r| unsafe { outp.slice(o_at(r), d).fill(0.0) });
+                    return;
+                };
+                // The tiles read packed keys from a panel's start: the block starts there too (the
+                // keys before its own are outside every row's, zeros of P).
+                let klo = if tiles { klo / sg::PANEL * sg::PANEL } else { klo };
+                let nk = khi - klo;
+                let kt_blk = if tiles {
+                    kt[(b * p.kv_heads + hk) * per_head + klo / sg::PANEL * d * sg::PANEL..].as_ptr()
+                } else {
+                    std::ptr::null()
+                };
+                with_buffer(&SCRATCH, n * nk, |s| {
+                    let span = |i0, i1| row_span(keys, klo, i0, i1);
+                    // S = Q_blk · K[klo..khi]ᵀ
+                    // SAFETY: s is [n, nk]; the views hold rows r0..r1 of (b, h) and keys klo..khi of (b, hk).
+                    unsafe {
+                        let (q, k) = (p.q.ptr(b, h, r0, n, d), p.k.ptr(b, hk, klo, nk, d));
+                        product(
+                            tiles,
+                            (n, nk, d),
+                            s.as_mut_ptr(),
+                            nk,
+                            false,
+                            (q, p.q.st, 1),
+                            Operand::Transposed(k, p.k.st, kt_blk),
+                            Limit::Cols,
+                            span,
+                        );
+                    }
+                    let mut inv = [0.0f32; ROWS];
+                    for (i, &kr) in keys.iter().enumerate() {
+                        let row = &mut s[i * nk..(i + 1) * nk];
+                        if kr.0 >= kr.1 {
+                            row.fill(0.0);
+                            continue;
+                        }
+                        let r = r0 + i;
+                        let (m, l) = exp_logits(row, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], None);
+                        inv[i] = 1.0 / l;
+                        // SAFETY: each (b, h, r) entry belongs to exactly one block.
+                        unsafe { *lsep.get(ch + r) = m + l.ln() };
+                    }
+                    // O_blk = P · V[klo..khi], each row then divided by its Σexp.
+                    // SAFETY: output rows r0..r1 of (b, h) are this block's alone, stride H·D.
+                    unsafe {
+                        let v = p.v.ptr(b, hk, klo, nk, d);
+                        let o = outp.ptr().add(o_at(r0));
+                        product(
+                            tiles,
+                            (n, d, nk),
+                            o,
+                            hh * d,
+                            false,
+                            (s.as_ptr(), nk, 1),
+                            Operand::Rows(v, p.v.st),
+                            Limit::Depth,
+                            span,
+                        );
+                    }
+                    for (i, &c) in inv[..n].iter().enumerate() {
+                        // SAFETY: as above.
+                        let o = unsafe { outp.slice(o_at(r0 + i), d) };
+                        o.iter_mut().for_each(|x| *x *= c);
+                    }
+                });
+            },
+        );
+    });
     (tiling.visited, tiling.pruned)
 }
 
@@ -456,78 +585,134 @@ pub fn backward_into(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32], g: Grads
     let tiling = Tiling::new(p);
     let (dqp, dkp, dvp) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let (dcqp, dckp) = (SharedMut::new(dcq), SharedMut::new(dck));
+    let tiles = use_tiles();
     (0..bb * hkv).into_par_iter().for_each(|bk| {
         let (b, hk) = (bk / hkv, bk % hkv);
         let kv_at = |j: usize| ((b * tk + j) * hkv + hk) * d;
         let mut keys = Vec::with_capacity(ROWS);
-        for h in hk * group..(hk + 1) * group {
-            let (ch, ckh) = ((b * hh + h) * tq, (b * hh + h) * tk);
-            let o_at = |r: usize| ((b * tq + r) * hh + h) * d;
-            // SAFETY: the (b, h) entries of dck and dcq belong to this task alone.
-            let (dck_h, dcq_h) = unsafe { (dckp.slice(ckh, tk), dcqp.slice(ch, tq)) };
-            for r0 in (0..tq).step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(tq);
-                let n = r1 - r0;
-                let Some((klo, khi)) = tiling.block(p, b, h, r0, r1, &mut keys) else { continue };
-                let nk = khi - klo;
-                with_buffer(&SCRATCH, 2 * n * nk, |buf| {
-                    let (pm, ds) = buf.split_at_mut(n * nk);
-                    // SAFETY (products below): pm and ds are [n, nk]; the views hold rows r0..r1
-                    // of (b, h) and keys klo..khi of (b, hk); dout is [B, tq, H, D]; rows
-                    // klo..khi of dk and dv for (b, hk), and rows r0..r1 of dq for (b, h),
-                    // belong to this task.
-                    let (q, k, v) = (p.q.ptr(b, h, r0, n, d), p.k.ptr(b, hk, klo, nk, d), p.v.ptr(b, hk, klo, nk, d));
-                    let dob = dout[o_at(r0)..].as_ptr();
-                    unsafe {
-                        gemm_seq(n, nk, d, pm.as_mut_ptr(), nk, false, q, p.q.st, 1, k, 1, p.k.st);
-                        gemm_seq(n, nk, d, ds.as_mut_ptr(), nk, false, dob, hh * d, 1, v, 1, p.v.st);
-                    }
-                    for (i, &kr) in keys.iter().enumerate() {
-                        let (prow, drow) = (&mut pm[i * nk..(i + 1) * nk], &mut ds[i * nk..(i + 1) * nk]);
-                        if kr.0 >= kr.1 {
-                            prow.fill(0.0);
-                            drow.fill(0.0);
-                            continue;
-                        }
-                        let r = r0 + i;
-                        exp_logits(prow, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], Some(lse[ch + r]));
-                        // delta = Σ_j P_ij dP_ij (= dO_i · O_i) from the same dP values: a row that
-                        // sees one key (P = 1) gets dS = 0 exactly, as the gradient is, instead
-                        // of the rounding difference of two dot products in other orders
-                        let delta = prow.iter().zip(drow.iter()).map(|(&pij, &x)| pij * x).sum::<f32>();
-                        let mut dci = 0.0f32;
-                        for ((x, &pij), dcj) in drow.iter_mut().zip(prow.iter()).zip(&mut dck_h[klo..khi]) {
-                            // Outside the row's keys P is 0, and so is dS.
-                            let dsij = pij * (*x - delta);
-                            dci += dsij;
-                            *dcj -= dsij;
-                            *x = dsij * p.scale;
-                        }
-                        dcq_h[r] = dci;
-                    }
-                    unsafe {
-                        // dV[klo..khi] += Pᵀ · dO_blk, dK[klo..khi] += (scale·dS)ᵀ · Q_blk
-                        gemm_seq(
-                            nk,
-                            d,
-                            n,
-                            dvp.ptr().add(kv_at(klo)),
-                            hkv * d,
-                            true,
-                            pm.as_ptr(),
-                            1,
-                            nk,
-                            dob,
-                            hh * d,
-                            1,
-                        );
-                        gemm_seq(nk, d, n, dkp.ptr().add(kv_at(klo)), hkv * d, true, ds.as_ptr(), 1, nk, q, p.q.st, 1);
-                        // dQ_blk = (scale·dS) · K[klo..khi]
-                        gemm_seq(n, d, nk, dqp.ptr().add(o_at(r0)), hh * d, false, ds.as_ptr(), nk, 1, k, p.k.st, 1);
-                    }
-                });
+        let per_head = if tiles { sg::packed_len(tk, d) } else { 0 };
+        with_buffer(&PACK, 2 * per_head, |kvt| {
+            if tiles {
+                // This head's Kᵀ and Vᵀ, packed once for all its blocks.
+                // SAFETY: the views hold tk keys of (b, hk); kvt holds two packed heads.
+                unsafe {
+                    sg::pack_transposed(kvt.as_mut_ptr(), p.k.ptr(b, hk, 0, tk, d), p.k.st, tk, d);
+                    sg::pack_transposed(kvt[per_head..].as_mut_ptr(), p.v.ptr(b, hk, 0, tk, d), p.v.st, tk, d);
+                }
             }
-        }
+            let kvt: &[f32] = kvt;
+            for h in hk * group..(hk + 1) * group {
+                let (ch, ckh) = ((b * hh + h) * tq, (b * hh + h) * tk);
+                let o_at = |r: usize| ((b * tq + r) * hh + h) * d;
+                // SAFETY: the (b, h) entries of dck and dcq belong to this task alone.
+                let (dck_h, dcq_h) = unsafe { (dckp.slice(ckh, tk), dcqp.slice(ch, tq)) };
+                for r0 in (0..tq).step_by(ROWS) {
+                    let r1 = (r0 + ROWS).min(tq);
+                    let n = r1 - r0;
+                    let Some((klo, khi)) = tiling.block(p, b, h, r0, r1, &mut keys) else { continue };
+                    // From a panel's start for the tiles, as in the forward.
+                    let klo = if tiles { klo / sg::PANEL * sg::PANEL } else { klo };
+                    let nk = khi - klo;
+                    let packed = |at: usize| {
+                        if tiles {
+                            kvt[at + klo / sg::PANEL * d * sg::PANEL..].as_ptr()
+                        } else {
+                            std::ptr::null()
+                        }
+                    };
+                    with_buffer(&SCRATCH, 2 * n * nk, |buf| {
+                        let (pm, ds) = buf.split_at_mut(n * nk);
+                        // SAFETY (products below): pm and ds are [n, nk]; the views hold rows r0..r1
+                        // of (b, h) and keys klo..khi of (b, hk); dout is [B, tq, H, D]; rows
+                        // klo..khi of dk and dv for (b, hk), and rows r0..r1 of dq for (b, h),
+                        // belong to this task.
+                        let (q, k, v) =
+                            (p.q.ptr(b, h, r0, n, d), p.k.ptr(b, hk, klo, nk, d), p.v.ptr(b, hk, klo, nk, d));
+                        let dob = dout[o_at(r0)..].as_ptr();
+                        let rows = |i0, i1| row_span(&keys, klo, i0, i1);
+                        let cols = |j0, j1| key_span(&keys, klo, j0, j1);
+                        unsafe {
+                            let kt = Operand::Transposed(k, p.k.st, packed(0));
+                            product(
+                                tiles,
+                                (n, nk, d),
+                                pm.as_mut_ptr(),
+                                nk,
+                                false,
+                                (q, p.q.st, 1),
+                                kt,
+                                Limit::Cols,
+                                rows,
+                            );
+                            let vt = Operand::Transposed(v, p.v.st, packed(per_head));
+                            product(
+                                tiles,
+                                (n, nk, d),
+                                ds.as_mut_ptr(),
+                                nk,
+                                false,
+                                (dob, hh * d, 1),
+                                vt,
+                                Limit::Cols,
+                                rows,
+                            );
+                        }
+                        for (i, &kr) in keys.iter().enumerate() {
+                            let (prow, drow) = (&mut pm[i * nk..(i + 1) * nk], &mut ds[i * nk..(i + 1) * nk]);
+                            if kr.0 >= kr.1 {
+                                prow.fill(0.0);
+                                drow.fill(0.0);
+                                continue;
+                            }
+                            let r = r0 + i;
+                            exp_logits(prow, klo, kr, p.scale, p.cq[ch + r], &p.ck[ckh..], Some(lse[ch + r]));
+                            // delta = Σ_j P_ij dP_ij (= dO_i · O_i) from the same dP values: a row
+                            // that sees one key (P = 1) gets dS = 0 exactly, as the gradient is,
+                            // instead of the rounding difference of two dot products in other
+                            // orders. Over the row's keys only: outside them P is 0 and so is dS
+                            // (and dP there may not have been computed).
+                            let (a, z) = (kr.0 - klo, kr.1 - klo);
+                            let delta = dot(&prow[a..z], &drow[a..z]);
+                            drow[..a].fill(0.0);
+                            drow[z..].fill(0.0);
+                            let dci = ds_row(&mut drow[a..z], &prow[a..z], &mut dck_h[kr.0..kr.1], delta, p.scale);
+                            dcq_h[r] = dci;
+                        }
+                        unsafe {
+                            // dV[klo..khi] += Pᵀ · dO_blk, dK[klo..khi] += (scale·dS)ᵀ · Q_blk
+                            let (dv, dk) = (dvp.ptr().add(kv_at(klo)), dkp.ptr().add(kv_at(klo)));
+                            let dot = Operand::Rows(dob, hh * d);
+                            product(
+                                tiles,
+                                (nk, d, n),
+                                dv,
+                                hkv * d,
+                                true,
+                                (pm.as_ptr(), 1, nk),
+                                dot,
+                                Limit::Depth,
+                                cols,
+                            );
+                            let qb = Operand::Rows(q, p.q.st);
+                            product(tiles, (nk, d, n), dk, hkv * d, true, (ds.as_ptr(), 1, nk), qb, Limit::Depth, cols);
+                            // dQ_blk = (scale·dS) · K[klo..khi]
+                            let dq = dqp.ptr().add(o_at(r0));
+                            product(
+                                tiles,
+                                (n, d, nk),
+                                dq,
+                                hh * d,
+                                false,
+                                (ds.as_ptr(), nk, 1),
+                                Operand::Rows(k, p.k.st),
+                                Limit::Depth,
+                                rows,
+                            );
+                        }
+                    });
+                }
+            }
+        });
     });
 }
 
@@ -599,6 +784,29 @@ pub mod naive {
         }
         (out, probs)
     }
+}
+
+/// dS = P ⊙ (dP − delta) in place of dP (times scale), the row's sum returned, and subtracted
+/// from dck per column.
+#[inline]
+fn ds_row(drow: &mut [f32], prow: &[f32], dck: &mut [f32], delta: f32, scale: f32) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let n = drow.len() / 16 * 16;
+    for c in (0..n).step_by(16) {
+        for l in 0..16 {
+            let dsij = prow[c + l] * (drow[c + l] - delta);
+            acc[l] += dsij;
+            dck[c + l] -= dsij;
+            drow[c + l] = dsij * scale;
+        }
+    }
+    for j in n..drow.len() {
+        let dsij = prow[j] * (drow[j] - delta);
+        acc[j - n] += dsij;
+        dck[j] -= dsij;
+        drow[j] = dsij * scale;
+    }
+    acc.iter().sum()
 }
 
 #[cfg(test)]
@@ -680,6 +888,46 @@ mod tests {
                     let row1 = &out[cs.t * cs.h * cs.d..][..37 * cs.h * cs.d];
                     assert!(row1.iter().all(|&x| x == 0.0));
                     assert!(st.lse[cs.h * cs.t] == f32::NEG_INFINITY);
+                }
+            }
+        }
+    }
+
+    /// The block products on small_gemm's tiles (where the CPU has AVX-512) and through the gemm
+    /// crate give the same attention and gradients to rounding, with every restriction of the
+    /// tiles' spans in play: padding, a window, ACP, grouped heads, and head sizes that fill
+    /// part of a vector (8) or whole panels (64).
+    #[test]
+    fn tile_and_crate_products_agree() {
+        for (d, t) in [(8, 150), (64, 200)] {
+            let (b, h, hkv) = (2, 4, 2);
+            let cs = case_gqa(31, b, h, hkv, d, t, 1.0);
+            let pad = [0usize, 29];
+            let th = vec![-5.0f32; b * h];
+            for (window, prune) in [(None, None), (Some(70), Some(&th[..]))] {
+                let p = Problem { window, prune, ..problem(&cs, Visibility::LeftPadded(&pad)) };
+                let run = || {
+                    let mut out = vec![0.0; cs.q.len()];
+                    let st = forward(&p, &mut out);
+                    let w: Vec<f32> = (0..out.len()).map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0).collect();
+                    let g = backward(&p, &out, &w, &st.lse);
+                    (out, st.lse, g)
+                };
+                let (o1, l1, g1) = run();
+                let (o2, l2, g2) = with_crate_products(run);
+                assert!(max_diff(&o1, &o2) < 2e-5, "d {d}, window {window:?}: {}", max_diff(&o1, &o2));
+                if prune.is_none() {
+                    let (r, _) = naive::forward(&p);
+                    assert!(max_diff(&o1, &r) < 2e-5, "d {d}: {}", max_diff(&o1, &r));
+                }
+                assert!(max_diff(&l1, &l2) < 1e-5, "d {d}, window {window:?}: lse");
+                for (name, x, y) in [("dq", &g1.dq, &g2.dq), ("dk", &g1.dk, &g2.dk), ("dv", &g1.dv, &g2.dv)] {
+                    let scale = y.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                    assert!(max_diff(x, y) < 1e-5 * scale, "d {d}, window {window:?}: {name} {}", max_diff(x, y));
+                }
+                for (name, x, y) in [("dcq", &g1.dcq, &g2.dcq), ("dck", &g1.dck, &g2.dck)] {
+                    let scale = y.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                    assert!(max_diff(x, y) < 1e-5 * scale, "d {d}, window {window:?}: {name} {}", max_diff(x, y));
                 }
             }
         }

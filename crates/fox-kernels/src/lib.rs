@@ -17,4 +17,5 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod scalar;
 pub mod simd;
+pub mod small_gemm;
 pub mod swiglu;

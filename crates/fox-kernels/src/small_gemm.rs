@@ -19,6 +19,8 @@ use std::arch::x86_64::*;
 pub const PANEL: usize = 64;
 /// Rows per tile.
 const MR: usize = 6;
+/// Depth per pass over the row tiles.
+const KC: usize = 256;
 
 /// What a row tile's span limits.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -52,12 +54,53 @@ pub fn packed_len(t: usize, d: usize) -> usize {
 /// # Safety
 /// src must be readable at j·src_rs + p for j < t, p < d; dst must hold `packed_len(t, d)` values.
 pub unsafe fn pack_transposed(dst: *mut f32, src: *const f32, src_rs: usize, t: usize, d: usize) {
+    let at = |j: usize, p: usize| dst.add(j / PANEL * d * PANEL + p * PANEL + j % PANEL);
+    // Whole 16 × 16 blocks through registers where the CPU has AVX-512 (a 16-row group never
+    // straddles a panel: 16 divides 64), the rest one value at a time.
+    let (t16, d16) =
+        if cfg!(target_arch = "x86_64") && crate::simd::has_avx512() { (t / 16 * 16, d / 16 * 16) } else { (0, 0) };
+    #[cfg(target_arch = "x86_64")]
+    for j in (0..t16).step_by(16) {
+        for p in (0..d16).step_by(16) {
+            transpose16(src.add(j * src_rs + p), src_rs, at(j, p), PANEL);
+        }
+    }
     for j in 0..t {
         let row = src.add(j * src_rs);
-        let out = dst.add(j / PANEL * d * PANEL + j % PANEL);
-        for p in 0..d {
-            *out.add(p * PANEL) = *row.add(p);
+        let from = if j < t16 { d16 } else { 0 };
+        for p in from..d {
+            *at(j, p) = *row.add(p);
         }
+    }
+}
+
+/// dst[q·dst_rs + r] = src[r·src_rs + q] for r, q < 16: four rounds of shuffles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(src: *const f32, src_rs: usize, dst: *mut f32, dst_rs: usize) {
+    let mut r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(src.add(i * src_rs)));
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let pd = _mm512_castps_pd;
+    for i in 0..4 {
+        let (a, b, c, e) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(e)));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(e)));
+    }
+    for i in 0..2 {
+        for j in 0..4 {
+            t[8 * i + j] = _mm512_shuffle_f32x4::<0x88>(r[8 * i + j], r[8 * i + j + 4]);
+            t[8 * i + j + 4] = _mm512_shuffle_f32x4::<0xDD>(r[8 * i + j], r[8 * i + j + 4]);
+        }
+    }
+    for j in 0..8 {
+        _mm512_storeu_ps(dst.add(j * dst_rs), _mm512_shuffle_f32x4::<0x88>(t[j], t[j + 8]));
+        _mm512_storeu_ps(dst.add((j + 8) * dst_rs), _mm512_shuffle_f32x4::<0xDD>(t[j], t[j + 8]));
     }
 }
 
@@ -98,46 +141,57 @@ pub unsafe fn gemm(
     limit: Limit,
     span: impl Fn(usize, usize) -> (usize, usize),
 ) {
+    // Depth in blocks of KC: a block of a panel of B stays in L2 while every row tile reads it.
+    // A tile's sum goes on through C between blocks, which keeps its bits.
     for v0 in (0..n).step_by(PANEL) {
         let bp = b.ptr.add(v0 / PANEL * b.panel);
-        let mut i0 = 0;
-        while i0 < m {
-            let i1 = (i0 + MR).min(m);
-            let (lo, hi) = span(i0, i1);
-            // Columns [c0, c1) of this panel: vectors from v0 + 16·first, the last one masked.
-            let (mut c1, mut first, mut k0, mut k1) = ((v0 + PANEL).min(n), 0, 0, k);
-            match limit {
-                Limit::Cols => {
-                    if hi <= lo || hi <= v0 || lo >= c1 {
-                        i0 = i1;
-                        continue;
+        for kb in (0..k.max(1)).step_by(KC) {
+            let ke = (kb + KC).min(k);
+            let mut i0 = 0;
+            while i0 < m {
+                let i1 = (i0 + MR).min(m);
+                let (lo, hi) = span(i0, i1);
+                // Columns [c0, c1) of this panel: vectors from v0 + 16·first, the last one masked.
+                let (mut c1, mut first, mut k0, mut k1) = ((v0 + PANEL).min(n), 0, 0, k);
+                match limit {
+                    Limit::Cols => {
+                        if hi <= lo || hi <= v0 || lo >= c1 {
+                            i0 = i1;
+                            continue;
+                        }
+                        c1 = c1.min(hi);
+                        first = lo.saturating_sub(v0) / 16;
                     }
-                    c1 = c1.min(hi);
-                    first = lo.saturating_sub(v0) / 16;
+                    Limit::Depth => (k0, k1) = (lo.min(k), hi.min(k).max(lo.min(k))),
                 }
-                Limit::Depth => (k0, k1) = (lo.min(k), hi.min(k).max(lo.min(k))),
+                // This block's part of the tile's depth; an empty depth is written (0, or C
+                // left) in the first block only.
+                let (d0, d1) = (k0.max(kb), k1.min(ke));
+                if d0 >= d1 && !(k0 >= k1 && kb == 0) {
+                    i0 = i1;
+                    continue;
+                }
+                let c0 = v0 + 16 * first;
+                let nv = (c1 - c0).div_ceil(16);
+                let last = (c1 - c0) - 16 * (nv - 1);
+                let mut masks = [0xffffu16; 4];
+                masks[nv - 1] = if last == 16 { 0xffff } else { (1u16 << last) - 1 };
+                let t = Tile {
+                    k0: d0,
+                    k1: d1.max(d0),
+                    c: c.add(i0 * c_rs + c0),
+                    c_rs,
+                    acc: acc || d0 > k0,
+                    a: a.add(i0 * a_rs),
+                    a_rs,
+                    a_cs,
+                    b: bp.add(16 * first),
+                    b_rs: b.rs,
+                    masks,
+                };
+                dispatch(i1 - i0, nv, &t);
+                i0 = i1;
             }
-            let c0 = v0 + 16 * first;
-            let nv = (c1 - c0).div_ceil(16);
-            let last = (c1 - c0) - 16 * (nv - 1);
-            let masks = [0xffffu16, 0xffff, 0xffff, 0xffff];
-            let mut masks = masks;
-            masks[nv - 1] = if last == 16 { 0xffff } else { (1u16 << last) - 1 };
-            let t = Tile {
-                k0,
-                k1,
-                c: c.add(i0 * c_rs + c0),
-                c_rs,
-                acc,
-                a: a.add(i0 * a_rs),
-                a_rs,
-                a_cs,
-                b: bp.add(16 * first),
-                b_rs: b.rs,
-                masks,
-            };
-            dispatch(i1 - i0, nv, &t);
-            i0 = i1;
         }
     }
 }
@@ -218,6 +272,27 @@ mod tests {
         ((i * s) % 1009) as f32 / 504.5 - 1.0
     }
 
+    /// The packed panels hold the transpose, value for value, on shapes with and without whole
+    /// 16 × 16 blocks.
+    #[test]
+    fn packing_transposes() {
+        for (t, d, rs) in [(64usize, 64usize, 64usize), (150, 40, 45), (17, 16, 16), (5, 3, 7), (200, 64, 768)] {
+            let src: Vec<f32> = (0..t * rs).map(|i| i as f32).collect();
+            let mut dst = vec![f32::NAN; packed_len(t, d)];
+            // SAFETY: src holds t rows of stride rs ≥ d; dst holds packed_len(t, d).
+            unsafe { pack_transposed(dst.as_mut_ptr(), src.as_ptr(), rs, t, d) };
+            for j in 0..t {
+                for p in 0..d {
+                    assert_eq!(
+                        dst[j / PANEL * d * PANEL + p * PANEL + j % PANEL],
+                        src[j * rs + p],
+                        "{t}x{d}: ({j}, {p})"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every tile shape (1–6 rows, 1–4 vectors, partial vectors), both limits, accumulating or
     /// not, B as rows and as packed panels, against an f64 product over each tile's span: the
     /// computed columns match, and with `Cols` the columns outside the span's vectors (and past
@@ -245,11 +320,16 @@ mod tests {
             for limit in [Limit::Cols, Limit::Depth] {
                 let len = if limit == Limit::Cols { n } else { k };
                 for acc in [false, true] {
-                    for (which, bop) in [("rows", B::rows(b.as_ptr(), brs)), ("packed", B::packed(packed.as_ptr(), k))] {
+                    for (which, bop) in [("rows", B::rows(b.as_ptr(), brs)), ("packed", B::packed(packed.as_ptr(), k))]
+                    {
                         let init: Vec<f32> = (0..m * n).map(|i| val(i, 31)).collect();
                         let mut c = init.clone();
                         // SAFETY: c is [m, n], a is [m, k] (row stride k), B as built above.
-                        unsafe { gemm(m, n, k, c.as_mut_ptr(), n, acc, a.as_ptr(), k, 1, bop, limit, |i0, i1| span(i0, i1, len)) };
+                        unsafe {
+                            gemm(m, n, k, c.as_mut_ptr(), n, acc, a.as_ptr(), k, 1, bop, limit, |i0, i1| {
+                                span(i0, i1, len)
+                            })
+                        };
                         for i in 0..m {
                             let i0 = i / 6 * 6;
                             let (lo, hi) = span(i0, (i0 + 6).min(m), len);
@@ -266,7 +346,11 @@ mod tests {
                                 };
                                 let got = c[i * n + j];
                                 if !computed {
-                                    assert_eq!(got.to_bits(), init[i * n + j].to_bits(), "{which} {limit:?} ({i}, {j}) touched");
+                                    assert_eq!(
+                                        got.to_bits(),
+                                        init[i * n + j].to_bits(),
+                                        "{which} {limit:?} ({i}, {j}) touched"
+                                    );
                                     continue;
                                 }
                                 let mut want = if acc { init[i * n + j] as f64 } else { 0.0 };

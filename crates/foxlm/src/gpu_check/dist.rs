@@ -45,9 +45,11 @@ fn collective_rows(world: usize) -> Result<Vec<CheckRow>> {
                     let e2 = (r * shard..(r + 1) * shard)
                         .map(|i| (got[i] - (i % 97) as f32 * tri).abs())
                         .fold(0.0, f32::max);
-                    // All-gather of bf16: rank r's shard holds r·1000 + j (exact in bf16 for j < 8).
+                    // All-gather of bf16: rank r's shard holds 16·r + j, integers below 256 and so
+                    // exact in bf16 up to 16 ranks (r·1000 + j was not: bf16 steps by 4 near 1000,
+                    // which the first two-GPU run read as an error of 2).
                     let vals: Vec<half::bf16> = (0..world * 8)
-                        .map(|i| half::bf16::from_f32(if i / 8 == r { (r * 1000 + i % 8) as f32 } else { -1.0 }))
+                        .map(|i| half::bf16::from_f32(if i / 8 == r { (16 * r + i % 8) as f32 } else { -1.0 }))
                         .collect();
                     let mut b = gpu.upload(&vals)?;
                     comm.after()?;
@@ -57,7 +59,7 @@ fn collective_rows(world: usize) -> Result<Vec<CheckRow>> {
                     let e3 = got
                         .iter()
                         .enumerate()
-                        .map(|(i, v)| (v.to_f32() - ((i / 8) * 1000 + i % 8) as f32).abs())
+                        .map(|(i, v)| (v.to_f32() - (16 * (i / 8) + i % 8) as f32).abs())
                         .fold(0.0, f32::max);
                     Ok([e1 as f64, e2 as f64, e3 as f64])
                 })
@@ -111,7 +113,7 @@ pub fn run_dist_checks(data: &Path, work: &Path, steps: u64, run: &RunConfig) ->
     if gpus >= 2 {
         rows.extend(collective_rows(gpus)?);
     }
-    let mut run = run.clone();
+    let mut run = dist_run(run, gpus.clamp(1, 2))?;
     run.train.total_tokens = steps * run.train.tokens_per_step();
     run.train.log_every = 1;
     let config = work.join("dist-run.json");
@@ -190,27 +192,54 @@ pub fn run_dist_checks(data: &Path, work: &Path, steps: u64, run: &RunConfig) ->
         return Ok(rows);
     }
     // Two ranks against one with the same global batch: the same windows; the gradients are
-    // summed in another order (two ranks' fp32 sums), which bf16 weights carry on.
-    launch(&exe, 2, &config, data, &dir("dist-2"), &[])?;
+    // summed in another order (two ranks' fp32 sums), which bf16 weights carry on. A run that
+    // fails is a failed row with its message, so the rows before it are still printed.
+    let case = format!("--gpus 2 vs single GPU, {steps} steps (bf16)");
+    let metric = "max |Δ| train loss over the steps";
+    if let Err(e) = launch(&exe, 2, &config, data, &dir("dist-2"), &[]) {
+        rows.push(row(case, metric, f64::INFINITY, 2e-2, format!("{e:#}")));
+        return Ok(rows);
+    }
     let two = losses(&dir("dist-2"));
-    rows.push(row(
-        format!("--gpus 2 vs single GPU, {steps} steps (bf16)"),
-        "max |Δ| train loss over the steps",
-        worst_gap(&plain, &two, 0),
-        2e-2,
-        format!("{} steps logged", two.len()),
-    ));
-    launch(&exe, 2, &config, data, &dir("dist-2-stop"), &["--stop-after", &half.to_string()])?;
-    train(Some(run.clone()), &TrainOptions { resume: true, ..opts("dist-2-stop", DeviceArg::Cuda(0)) })?;
-    rows.push(row(
-        format!("--gpus 2 checkpoint at step {half} resumed on 1 GPU"),
-        "max |Δ| loss vs 2 ranks uninterrupted, later steps",
-        worst_gap(&two, &losses(&dir("dist-2-stop")), half),
-        2e-2,
-        String::new(),
-    ));
+    let first = first_difference(&plain, &two)
+        .map_or("the same losses".to_string(), |(s, d)| format!("first differs at step {s} by {d:.1e}"));
+    rows.push(row(case, metric, worst_gap(&plain, &two, 0), 2e-2, format!("{} steps logged; {first}", two.len())));
+    let case = format!("--gpus 2 checkpoint at step {half} resumed on 1 GPU");
+    let metric = "max |Δ| loss vs 2 ranks uninterrupted, later steps";
+    let resumed =
+        launch(&exe, 2, &config, data, &dir("dist-2-stop"), &["--stop-after", &half.to_string()]).and_then(|_| {
+            train(Some(run.clone()), &TrainOptions { resume: true, ..opts("dist-2-stop", DeviceArg::Cuda(0)) })
+        });
+    match resumed {
+        Ok(_) => rows.push(row(case, metric, worst_gap(&two, &losses(&dir("dist-2-stop")), half), 2e-2, String::new())),
+        Err(e) => rows.push(row(case, metric, f64::INFINITY, 2e-2, format!("{e:#}"))),
+    }
     rows.push(kill_row(&exe, &config, data, &dir("dist-kill"))?);
     Ok(rows)
+}
+
+/// The first step at which `b` logged another loss than `a`, and by how much.
+fn first_difference(a: &[(u64, f64)], b: &[(u64, f64)]) -> Option<(u64, f64)> {
+    a.iter().find_map(|(s, l)| {
+        let m = b.iter().find(|(t, _)| t == s)?.1;
+        (m != *l).then(|| (*s, (m - l).abs()))
+    })
+}
+
+/// The check's run for a world of up to `world` ranks: the same global batch in micro-batches
+/// that split evenly over the ranks (the tiny preset's one micro-batch of 8 becomes two of 4,
+/// so the single-GPU runs accumulate and each of two ranks takes one).
+fn dist_run(run: &RunConfig, world: usize) -> Result<RunConfig> {
+    let mut run = run.clone();
+    let b = run.train.batch_size;
+    let accum = b / run.train.micro_batch;
+    if !accum.is_multiple_of(world) {
+        if !b.is_multiple_of(world) {
+            return Err(anyhow!("the check's batch of {b} sequences cannot be split over {world} ranks"));
+        }
+        run.train.micro_batch = b / world;
+    }
+    Ok(run)
 }
 
 /// Starts a long 2-rank run, kills rank 1 with SIGKILL once training is under way, and checks
@@ -273,4 +302,36 @@ fn children(pid: u32) -> Vec<u32> {
 
 fn environ_has(pid: u32, var: &str) -> bool {
     std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == var.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::StepSlice;
+
+    #[test]
+    fn dist_run_splits_the_same_global_batch_over_two_ranks() {
+        let base = crate::gpu_check::check_run(100);
+        assert_eq!((base.train.batch_size, base.train.micro_batch), (8, 8));
+        for world in [1, 2] {
+            let run = dist_run(&base, world).unwrap();
+            assert_eq!(run.train.batch_size, 8);
+            assert_eq!(run.train.tokens_per_step(), base.train.tokens_per_step());
+            let accum = run.train.batch_size / run.train.micro_batch;
+            for rank in 0..world {
+                assert!(StepSlice::new(run.train.micro_batch, accum, rank, world).is_ok(), "world {world}");
+            }
+        }
+        assert_eq!(dist_run(&base, 2).unwrap().train.micro_batch, 4);
+        // The unchanged configuration is what two ranks refused on the H100 pair (2026-11-25).
+        assert!(StepSlice::new(8, 1, 0, 2).is_err());
+    }
+
+    #[test]
+    fn first_difference_names_the_step() {
+        let a = [(1, 2.0), (2, 1.5), (3, 1.25)];
+        assert_eq!(first_difference(&a, &a), None);
+        assert_eq!(first_difference(&a, &[(1, 2.0), (2, 1.75), (3, 1.0)]), Some((2, 0.25)));
+        assert_eq!(first_difference(&a, &[(2, 1.5), (3, 1.0)]), Some((3, 0.25)));
+    }
 }

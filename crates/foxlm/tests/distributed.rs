@@ -158,6 +158,25 @@ fn max_diff(a: &Model, b: &Model) -> f32 {
     a.iter().zip(b).flat_map(|(x, y)| x.data.iter().zip(&y.data).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
 }
 
+/// The reference for the tests below: the small dataset (in `tmp`), where its loader starts,
+/// and `steps` single-process steps from a fresh model, which must clip at least once.
+struct Reference {
+    ds: Dataset,
+    at: LoaderState,
+    want: Vec<Step>,
+    model: Model,
+    opt: AdamW,
+}
+
+fn reference(tmp: &Path, steps: usize) -> Reference {
+    let ds = Dataset::open(&small_data(tmp)).unwrap();
+    let at = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap().state();
+    let (mut model, mut opt) = (model(), adamw(&model()));
+    let want = single(&ds, &mut model, &mut opt, at, steps);
+    assert!(want.iter().any(|s| s.norm > MAX_NORM), "clipping should be exercised: {want:?}");
+    Reference { ds, at, want, model, opt }
+}
+
 /// The headline of the issue on the CPU: 1, 2 and 4 ranks with ZeRO-1 take the single-process
 /// run's steps: the same windows in the same order (exactly), the same loader positions
 /// (exactly), and the same losses, norms and weights (one rank: bitwise; more: within the
@@ -166,12 +185,8 @@ fn max_diff(a: &Model, b: &Model) -> f32 {
 #[test]
 fn zero1_ranks_reproduce_the_single_process_steps() {
     let tmp = tempfile::tempdir().unwrap();
-    let ds = Dataset::open(&small_data(tmp.path())).unwrap();
-    let at = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap().state();
     let steps = 3;
-    let (mut ref_model, mut ref_opt) = (model(), adamw(&model()));
-    let want = single(&ds, &mut ref_model, &mut ref_opt, at, steps);
-    assert!(want.iter().any(|s| s.norm > MAX_NORM), "clipping should be exercised: {want:?}");
+    let Reference { ds, at, want, model: ref_model, opt: ref_opt } = reference(tmp.path(), steps);
     for world in [1, 2, 4] {
         let (m, opt, got) = ranks(&ds, &model(), &adamw(&model()), at, world, steps);
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -218,12 +233,7 @@ fn zero1_ranks_reproduce_the_single_process_steps() {
 fn cpu_engine_takes_the_single_process_steps() {
     use foxlm::engine::{CpuEngine, Engine};
     let tmp = tempfile::tempdir().unwrap();
-    let ds = Dataset::open(&small_data(tmp.path())).unwrap();
-    let at = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap().state();
-    let steps = 3;
-    let (mut ref_model, mut ref_opt) = (model(), adamw(&model()));
-    let want = single(&ds, &mut ref_model, &mut ref_opt, at, steps);
-    assert!(want.iter().any(|s| s.norm > MAX_NORM), "clipping should be exercised: {want:?}");
+    let Reference { ds, at, want, model: ref_model, opt: ref_opt } = reference(tmp.path(), 3);
     let (mut m, mut opt) = (model(), adamw(&model()));
     let mut engine = CpuEngine::new(&m, MICRO);
     let mut loader = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap();

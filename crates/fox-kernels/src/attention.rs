@@ -255,6 +255,19 @@ impl Tiling {
 
     /// Each row's keys for rows [r0, r1) into `keys`, and the span [klo, khi) that covers them
     /// (None when no row sees a key).
+    /// The lowest key any query row of k/v head `hk` of batch row `b` sees (a lower bound for
+    /// every block's first key): what the forward packs from.
+    fn first_key(&self, p: &Problem, b: usize, hk: usize) -> usize {
+        (0..p.heads)
+            .filter(|&h| p.kv_head(h) == hk)
+            .flat_map(|h| {
+                let at = (b * p.heads + h) * self.blocks_per_head;
+                self.first[at..at + self.blocks_per_head].iter().copied()
+            })
+            .min()
+            .map_or(0, |k| k.min(p.tk))
+    }
+
     fn block(
         &self,
         p: &Problem,
@@ -307,9 +320,15 @@ pub fn with_crate_products<R>(f: impl FnOnce() -> R) -> R {
 
 /// Whether the block products run on `small_gemm`'s tiles (AVX-512) instead of the gemm crate.
 /// Decided once per call, on the calling thread.
-fn use_tiles() -> bool {
-    cfg!(target_arch = "x86_64") && simd::has_avx512() && !CRATE_PRODUCTS.get()
+fn use_tiles(p: &Problem) -> bool {
+    cfg!(target_arch = "x86_64") && simd::has_avx512() && !CRATE_PRODUCTS.get() && p.tq >= TILE_QUERIES && p.tk > 0
 }
+
+/// The fewest query rows for which the keys are packed for the tiles: fewer rows read each
+/// packed key too few times to pay for packing it. A 2-core Zen 4, 12 heads of 64, 4096 keys,
+/// tiles against the crate (2026-11-25): 1 row 2.2 against 1.0 ms, 4-64 rows within 15% either
+/// way, 128 rows 12.5 against 16.1 ms.
+const TILE_QUERIES: usize = 2 * BLOCK_Q;
 
 /// C[m, n] (+)= A · B, one of a block's products, restricted per tile of rows by `span` as
 /// `limit` says (see `small_gemm::gemm`): on small_gemm's tiles with `tiles` ([`use_tiles`]),
@@ -409,15 +428,26 @@ pub fn forward_into(p: &Problem, out: &mut [f32], lse: &mut [f32]) -> (usize, us
     lse.fill(f32::NEG_INFINITY);
     let outp = SharedMut::new(out);
     let lsep = SharedMut::new(lse);
-    let tiles = use_tiles();
-    let per_head = if tiles { sg::packed_len(p.tk, d) } else { 0 };
+    let tiles = use_tiles(p);
+    // Every head's Kᵀ is packed once for all its blocks, from the panel of the first key any of
+    // them sees: a decode step with a sliding window reads about a window of keys, not the cache.
+    let base: Vec<usize> = if tiles {
+        (0..p.batch * p.kv_heads)
+            .map(|bk| tiling.first_key(p, bk / p.kv_heads, bk % p.kv_heads) / sg::PANEL * sg::PANEL)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let per_head = base.iter().min().map_or(0, |&lo| sg::packed_len(p.tk - lo, d));
     with_buffer(&PACK, p.batch * p.kv_heads * per_head, |kt| {
-        if tiles {
-            // Every head's Kᵀ, packed once for all its blocks.
+        if per_head > 0 {
             kt.par_chunks_mut(per_head).enumerate().for_each(|(bk, dst)| {
-                let (b, hk) = (bk / p.kv_heads, bk % p.kv_heads);
-                // SAFETY: the view holds tk keys of (b, hk); dst holds one packed head.
-                unsafe { sg::pack_transposed(dst.as_mut_ptr(), p.k.ptr(b, hk, 0, p.tk, d), p.k.st, p.tk, d) };
+                let (b, hk, lo) = (bk / p.kv_heads, bk % p.kv_heads, base[bk]);
+                // SAFETY: the view holds keys lo..tk of (b, hk); dst holds one packed head of at
+                // least tk − lo keys.
+                unsafe {
+                    sg::pack_transposed(dst.as_mut_ptr(), p.k.ptr(b, hk, lo, p.tk - lo, d), p.k.st, p.tk - lo, d)
+                };
             });
         }
         let kt: &[f32] = kt;
@@ -439,7 +469,8 @@ pub fn forward_into(p: &Problem, out: &mut [f32], lse: &mut [f32]) -> (usize, us
                 let klo = if tiles { klo / sg::PANEL * sg::PANEL } else { klo };
                 let nk = khi - klo;
                 let kt_blk = if tiles {
-                    kt[(b * p.kv_heads + hk) * per_head + klo / sg::PANEL * d * sg::PANEL..].as_ptr()
+                    let bk = b * p.kv_heads + hk;
+                    kt[bk * per_head + (klo - base[bk]) / sg::PANEL * d * sg::PANEL..].as_ptr()
                 } else {
                     std::ptr::null()
                 };
@@ -585,7 +616,7 @@ pub fn backward_into(p: &Problem, o: &[f32], dout: &[f32], lse: &[f32], g: Grads
     let tiling = Tiling::new(p);
     let (dqp, dkp, dvp) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let (dcqp, dckp) = (SharedMut::new(dcq), SharedMut::new(dck));
-    let tiles = use_tiles();
+    let tiles = use_tiles(p);
     (0..bb * hkv).into_par_iter().for_each(|bk| {
         let (b, hk) = (bk / hkv, bk % hkv);
         let kv_at = |j: usize| ((b * tk + j) * hkv + hk) * d;
@@ -947,6 +978,32 @@ mod tests {
         let mut out = vec![0.0; tq * cs.h * cs.d];
         forward(&p2, &mut out);
         assert!(max_diff(&out, &full[(cs.t - tq) * cs.h * cs.d..]) < 1e-6);
+    }
+
+    /// The last rows alone with a sliding window far into the keys: the forward packs keys only
+    /// from the panel of the first one any row sees (here key 192 of 300), and gives the full
+    /// forward's rows, on the tiles and through the crate alike.
+    #[test]
+    fn last_rows_with_a_window_match_full_forward() {
+        let (b, h, hkv, d, t, tq) = (2, 4, 2, 64, 300, TILE_QUERIES);
+        let cs = case_gqa(37, b, h, hkv, d, t, 1.0);
+        let p = Problem { window: Some(40), ..problem(&cs, Visibility::All) };
+        let mut full = vec![0.0; cs.q.len()];
+        forward(&p, &mut full);
+        let q_last: Vec<f32> =
+            (0..b).flat_map(|bi| cs.q[(bi * t + t - tq) * h * d..(bi + 1) * t * h * d].to_vec()).collect();
+        let cq: Vec<f32> = (0..b * h).flat_map(|bh| cs.c[bh * t + t - tq..(bh + 1) * t].to_vec()).collect();
+        let p2 = Problem { tq, q_pos0: t - tq, q: View::bthd(&q_last, tq, h, d), cq: &cq, ..p };
+        let want: Vec<f32> =
+            (0..b).flat_map(|bi| full[(bi * t + t - tq) * h * d..(bi + 1) * t * h * d].to_vec()).collect();
+        let run = || {
+            let mut out = vec![f32::NAN; tq * b * h * d];
+            forward(&p2, &mut out);
+            out
+        };
+        let (tiles, krate) = (run(), with_crate_products(run));
+        assert!(max_diff(&tiles, &want) < 1e-6, "tiles: {}", max_diff(&tiles, &want));
+        assert!(max_diff(&krate, &want) < 1e-6, "crate: {}", max_diff(&krate, &want));
     }
 
     #[test]

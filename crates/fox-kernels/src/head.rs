@@ -92,6 +92,8 @@ pub fn linear_cross_entropy(
     }
     let chunk = (MAX_LOGITS / vocab).clamp(1, rows.max(1));
     let mut total = 0.0;
+    // Overwriting dW holds for the first chunk of rows that has a target; the others add to it.
+    let mut dw_written = grads.as_ref().is_none_or(|g| g.dw_add);
     for r0 in (0..rows).step_by(chunk) {
         let r1 = (r0 + chunk).min(rows);
         let tg = &targets[r0..r1];
@@ -105,8 +107,8 @@ pub fn linear_cross_entropy(
         total += match grads.as_mut() {
             Some(g) => {
                 let dx = &mut g.dx[r0 * d..r1 * d];
-                // Overwriting dW holds for the first chunk of rows only; the others add to it.
-                let dw = g.dw.as_deref_mut().map(|dw| (dw, g.dw_add || r0 > 0));
+                let dw = g.dw.as_deref_mut().map(|dw| (dw, dw_written));
+                dw_written = true;
                 with_buffer(&LOGITS, tg.len() * vocab, |logits| {
                     chunk_with_grads(xs, w, tg, d, vocab, weight, logits, dx, dw)
                 })
@@ -116,6 +118,10 @@ pub fn linear_cross_entropy(
                 merge(&stats, tg).1
             }
         };
+    }
+    // No row had a target: an overwritten dW is zero.
+    if let Some(dw) = grads.and_then(|g| g.dw).filter(|_| !dw_written) {
+        dw.fill(0.0);
     }
     Ok(total)
 }
@@ -434,6 +440,33 @@ mod tests {
         );
         assert_eq!(l.unwrap(), 0.0);
         assert!(dx.iter().all(|&v| v == 0.0));
+    }
+
+    /// With rows in two chunks (a vocabulary of 2^20 leaves 64 rows of logits per chunk), the
+    /// first without a target, an overwritten dW is the second chunk's alone (it was added onto
+    /// whatever dW held); with no target at all it is zero.
+    #[test]
+    fn overwritten_dw_when_the_first_chunk_has_no_target() {
+        let (d, vocab, rows) = (2, 1 << 20, 128);
+        assert_eq!(MAX_LOGITS / vocab, 64);
+        let x: Vec<f32> = (0..rows * d).map(|i| ((i * 37) % 19) as f32 / 19.0 - 0.5).collect();
+        let w: Vec<f32> = (0..vocab * d).map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5).collect();
+        let tg: Vec<Option<u32>> = (0..rows).map(|r| (r >= 64).then_some((r * 8191) as u32 % vocab as u32)).collect();
+        let call = |x: &[f32], tg: &[Option<u32>]| {
+            let (mut dx, mut dw) = (vec![f32::NAN; tg.len() * d], vec![f32::NAN; vocab * d]);
+            let g = HeadGrads { dx: &mut dx, dw: Some(&mut dw), dw_add: false };
+            let l = linear_cross_entropy(x, &w, tg, d, vocab, 1.0, Some(g)).unwrap();
+            (l, dx, dw)
+        };
+        let (l, dx, dw) = call(&x, &tg);
+        let (l2, dx2, dw2) = call(&x[64 * d..], &tg[64..]);
+        assert_eq!(l, l2);
+        assert!(dx[..64 * d].iter().all(|&v| v == 0.0));
+        assert_eq!(&dx[64 * d..], &dx2[..]);
+        assert!(dw == dw2, "dW differs from the second chunk's alone");
+        let (l, dx, dw) = call(&x, &[None; 128]);
+        assert_eq!(l, 0.0);
+        assert!(dx.iter().chain(&dw).all(|&v| v == 0.0));
     }
 
     /// A NaN in the hidden states gives a NaN loss, not a finite one.

@@ -3,7 +3,6 @@
 use crate::par::SharedMut;
 use gemm::Parallelism;
 use rayon::prelude::*;
-use std::cell::RefCell;
 
 /// Products below this many multiply-adds run on one thread: threading a tiny product costs more
 /// than it saves (decoding runs many of them).
@@ -320,9 +319,10 @@ pub fn linear_fwd(y: &mut [f32], x: &[f32], w: &[f32], m: usize, k: usize, n: us
 /// than the crate's product (decoding runs a few rows at a time).
 pub const TILE_ROWS: usize = 48;
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     /// A task's columns of wᵀ, packed for the tiles (per worker thread, kept between calls).
-    static PACKED_W: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PACKED_W: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// [`linear_fwd`] on `small_gemm`'s tiles: tasks of rows × 64-column panels of y (one per

@@ -303,7 +303,9 @@ mod tests {
             eprintln!("no AVX-512 on this CPU: the tiles are not used here");
             return;
         }
-        for (m, n, k) in [(13usize, 130usize, 64usize), (6, 64, 7), (1, 15, 3), (11, 17, 0), (20, 200, 33)] {
+        for (m, n, k) in
+            [(13usize, 130usize, 64usize), (6, 64, 7), (1, 15, 3), (11, 17, 0), (20, 200, 33), (13, 130, 600)]
+        {
             let a: Vec<f32> = (0..m * k).map(|i| val(i, 7919)).collect();
             // B [k, n] as rows (stride n + 3) and its transpose [n, k] packed.
             let brs = n + 3;

@@ -158,6 +158,8 @@ impl CpuEngine {
             self.grads.iter_mut().for_each(|g| g.par_iter_mut().for_each(|x| *x = 0.0));
             self.ledger.stale.fill(false);
         }
+        // Sums of squares from a step that failed before its norm are not this step's.
+        self.ledger.sum_squares = None;
         self.zeroed = false;
     }
 

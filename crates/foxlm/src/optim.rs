@@ -383,9 +383,15 @@ mod tests {
             o1.update(&mut p1, &a, 0.01);
             let mut b = g.clone();
             let n = global_norm(&b, &p2);
-            // A sum of squares known beforehand is used as is: the same bits.
+            // A sum of squares known beforehand is used as is: the same bits when it is the
+            // gradient's, and the given value in place of the gradient's (0: as if it were zero).
             let known = [None, Some(sum_squares(&b[1])), None];
             assert_eq!(global_norm_with(&b, &p2, None, Some(&known)), n);
+            let mut without = b.clone();
+            without[1].fill(0.0);
+            let zero = [None, Some(0.0), None];
+            assert_eq!(global_norm_with(&b, &p2, None, Some(&zero)), global_norm(&without, &p2));
+            assert!(global_norm(&without, &p2) < n);
             let coef = clip_coef(n, 1.0);
             assert!(coef < 1.0);
             // The second gradient is left as it is (stale), not zeroed.

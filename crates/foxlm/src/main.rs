@@ -25,7 +25,7 @@ enum Command {
     Data(cli::data::Args),
     /// Train a model (--preset NAME or --config FILE) on a prepared dataset, with checkpoints and --resume.
     Train(cli::train::Args),
-    /// Tokenize the Moby-Dick sample, train a tiny FoX (Pro) on CPU for a few minutes, and sample from it.
+    /// Tokenize the Moby-Dick sample, train a tiny FoX (Pro) for about a minute and a half on two CPU cores, and sample from it.
     Demo(cli::demo::Args),
     /// Evaluate models: per-token loss and perplexity over context length (loss), needle in a haystack (niah).
     Eval(cli::eval::Args),

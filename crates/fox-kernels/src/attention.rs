@@ -253,8 +253,6 @@ impl Tiling {
         (lo, (pos + 1).min(p.tk).max(lo))
     }
 
-    /// Each row's keys for rows [r0, r1) into `keys`, and the span [klo, khi) that covers them
-    /// (None when no row sees a key).
     /// The lowest key any query row of k/v head `hk` of batch row `b` sees (a lower bound for
     /// every block's first key): what the forward packs from.
     fn first_key(&self, p: &Problem, b: usize, hk: usize) -> usize {
@@ -268,6 +266,8 @@ impl Tiling {
             .map_or(0, |k| k.min(p.tk))
     }
 
+    /// Each row's keys for rows [r0, r1) into `keys`, and the span [klo, khi) that covers them
+    /// (None when no row sees a key).
     fn block(
         &self,
         p: &Problem,

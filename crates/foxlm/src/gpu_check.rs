@@ -543,13 +543,23 @@ fn worst_gap(a: &[(u64, f64)], b: &[(u64, f64)], from: u64) -> f64 {
     let gaps: Vec<f64> = a
         .iter()
         .filter(|(s, _)| *s > from)
-        .map(|(s, l)| b.iter().find(|(t, _)| t == s).map_or(f64::INFINITY, |(_, m)| (m - l).abs()))
+        .map(|(s, l)| loss_at(b, *s).map_or(f64::INFINITY, |m| (m - l).abs()))
         .collect();
     if gaps.is_empty() {
         f64::INFINITY
     } else {
         gaps.into_iter().fold(0.0, f64::max)
     }
+}
+
+/// The first step at which `b` logged another loss than `a`, and by how much.
+fn first_difference(a: &[(u64, f64)], b: &[(u64, f64)]) -> Option<(u64, f64)> {
+    a.iter().find_map(|&(s, l)| loss_at(b, s).filter(|&m| m != l).map(|m| (s, (m - l).abs())))
+}
+
+/// The loss `run` logged at `step`, if it logged one.
+fn loss_at(run: &[(u64, f64)], step: u64) -> Option<f64> {
+    run.iter().find(|(t, _)| *t == step).map(|(_, l)| *l)
 }
 
 /// The training losses a run logged in `dir`'s metrics, by step.
@@ -563,7 +573,7 @@ fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{gqa_window_models, max_abs_diff, rms_diff, worst_gap};
+    use super::{first_difference, gqa_window_models, max_abs_diff, rms_diff, worst_gap};
     use crate::config::Config;
     use crate::model::{Ctx, Model};
 
@@ -576,6 +586,15 @@ mod tests {
         assert_eq!(worst_gap(&a, &[(1, 2.0), (3, 1.25)], 0), f64::INFINITY);
         assert_eq!(worst_gap(&a, &a, 3), f64::INFINITY);
         assert_eq!(worst_gap(&a, &a, 0), 0.0);
+    }
+
+    /// The first step whose loss differs, skipping steps the compared run did not log.
+    #[test]
+    fn first_difference_names_the_step() {
+        let a = [(1, 2.0), (2, 1.5), (3, 1.25)];
+        assert_eq!(first_difference(&a, &a), None);
+        assert_eq!(first_difference(&a, &[(1, 2.0), (2, 1.75), (3, 1.0)]), Some((2, 0.25)));
+        assert_eq!(first_difference(&a, &[(2, 1.5), (3, 1.0)]), Some((3, 0.25)));
     }
 
     fn with_config(m: &Model, c: Config) -> Model {

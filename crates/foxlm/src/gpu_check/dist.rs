@@ -5,7 +5,7 @@
 //! more: 2 ranks against 1 with the same global batch, resume 2 → 1, and a killed rank stopping
 //! the run. The checks that need two GPUs are skipped with a notice on one.
 
-use super::{row, train_losses as losses, worst_gap};
+use super::{first_difference, row, train_losses as losses, worst_gap};
 use crate::train::{train, RunConfig, TrainOptions};
 use anyhow::{anyhow, Context, Result};
 use fox_kernels::cuda::check::CheckRow;
@@ -218,14 +218,6 @@ pub fn run_dist_checks(data: &Path, work: &Path, steps: u64, run: &RunConfig) ->
     Ok(rows)
 }
 
-/// The first step at which `b` logged another loss than `a`, and by how much.
-fn first_difference(a: &[(u64, f64)], b: &[(u64, f64)]) -> Option<(u64, f64)> {
-    a.iter().find_map(|(s, l)| {
-        let m = b.iter().find(|(t, _)| t == s)?.1;
-        (m != *l).then(|| (*s, (m - l).abs()))
-    })
-}
-
 /// The check's run for a world of up to `world` ranks: the same global batch in micro-batches
 /// that split evenly over the ranks (the tiny preset's one micro-batch of 8 becomes two of 4,
 /// so the single-GPU runs accumulate and each of two ranks takes one).
@@ -325,13 +317,5 @@ mod tests {
         assert_eq!(dist_run(&base, 2).unwrap().train.micro_batch, 4);
         // The unchanged configuration is what two ranks refused on the H100 pair (2026-11-25).
         assert!(StepSlice::new(8, 1, 0, 2).is_err());
-    }
-
-    #[test]
-    fn first_difference_names_the_step() {
-        let a = [(1, 2.0), (2, 1.5), (3, 1.25)];
-        assert_eq!(first_difference(&a, &a), None);
-        assert_eq!(first_difference(&a, &[(1, 2.0), (2, 1.75), (3, 1.0)]), Some((2, 0.25)));
-        assert_eq!(first_difference(&a, &[(2, 1.5), (3, 1.0)]), Some((3, 0.25)));
     }
 }

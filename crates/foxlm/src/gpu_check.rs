@@ -212,7 +212,7 @@ fn gpu_thresholds<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx
     model.forward_on(&mut be, &batch, &mut acts, None)?;
     acts.blocks
         .iter()
-        .map(|blk| gpu.download(blk.attn.prune.as_ref().context("a layer without ACP thresholds")?))
+        .map(|blk| gpu.download(blk.attn().and_then(|a| a.prune.as_ref()).context("a layer without ACP thresholds")?))
         .collect()
 }
 
@@ -226,8 +226,11 @@ fn acp_rows(gpu: &Arc<Gpu>, m: &CheckModel) -> Result<Vec<CheckRow>> {
     let ctx = Ctx { batch: m.b, seq: m.t, start: None };
     let (_, acts) = m.model.forward_hidden(&m.ids, &ctx, None, true);
     let acts = acts.context("the CPU forward kept no activations")?;
-    let (pruned, visited): (usize, usize) =
-        acts.blocks.iter().fold((0, 0), |(p, s), blk| (p + blk.attn.tiles_pruned, s + blk.attn.tiles_visited));
+    let (pruned, visited): (usize, usize) = acts
+        .blocks
+        .iter()
+        .filter_map(|blk| blk.attn())
+        .fold((0, 0), |(p, s), a| (p + a.tiles_pruned, s + a.tiles_visited));
     let mut rows = vec![row(
         format!("{v} CPU"),
         "ACP prunes no key tile (1: the ACP rows prove nothing)",
@@ -235,7 +238,8 @@ fn acp_rows(gpu: &Arc<Gpu>, m: &CheckModel) -> Result<Vec<CheckRow>> {
         0.0,
         format!("{pruned} of {} key tiles pruned", pruned + visited),
     )];
-    let cpu: Vec<Vec<f32>> = acts.blocks.iter().map(|blk| blk.attn.prune.clone().unwrap_or_default()).collect();
+    let cpu: Vec<Vec<f32>> =
+        acts.blocks.iter().map(|blk| blk.attn().and_then(|a| a.prune.clone()).unwrap_or_default()).collect();
     let qk = m.model.config.qk_norm;
     for (dtype, gpu_th) in [
         ("f32", gpu_thresholds::<f32>(gpu, &m.model, &m.ids, &ctx)?),
@@ -625,10 +629,10 @@ mod tests {
                 assert!(e > 0.08, "{}: without the window the logits move by only RMS {e:.3}", m.name);
             }
             if c.log_pruning_tolerance.is_some() {
-                let pruned: usize = acts.blocks.iter().map(|b| b.attn.tiles_pruned).sum();
+                let pruned: usize = acts.blocks.iter().filter_map(|b| b.attn()).map(|a| a.tiles_pruned).sum();
                 assert!(pruned > 0, "{}: ACP prunes nothing", m.name);
                 if c.qk_norm {
-                    let th = acts.blocks[0].attn.prune.as_ref().unwrap();
+                    let th = acts.blocks[0].attn().and_then(|a| a.prune.as_ref()).unwrap();
                     let h = c.num_heads;
                     assert!((1..h).all(|i| th[i] != th[0]), "{}: the same threshold for every head {th:?}", m.name);
                 }

@@ -9,7 +9,7 @@
 //! costs one forward of one position per row plus the output head of the last positions; the next
 //! token is chosen on the device, and only the chosen ids come back to the host.
 
-use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache};
+use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache, GpuLayerState};
 use crate::backend::{Backend, BatchInfo};
 use crate::engine::Dtype;
 use crate::eval::loss::{batch_token_losses, Chunking};
@@ -210,7 +210,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.kv_heads(), c.head_dim(), positions)
     }
 
-    fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuCache<T>>> {
+    fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuLayerState<T>>> {
         let need = Self::cache_bytes(self.model, batch, positions);
         let (free, _) = self.be.gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
         if need + (256 << 20) > free {
@@ -238,10 +238,10 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         t: usize,
         start: Option<&[usize]>,
         targets: Option<&[Option<u32>]>,
-        caches: Option<&mut [GpuCache<T>]>,
+        caches: Option<&mut [GpuLayerState<T>]>,
         step: bool,
     ) -> Result<()> {
-        let past = caches.as_ref().and_then(|c| c.first()).map_or(0, |c| c.len);
+        let past = caches.as_ref().and_then(|c| c.first()).map_or(0, |c| c.len());
         let info = BatchInfo { batch: b, seq: t, start, past };
         self.be.prepare(&mut self.batch, &info, ids, targets)?;
         let acts = if step { &mut self.step } else { &mut self.acts };
@@ -262,7 +262,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         b: usize,
         t: usize,
         start: Option<&[usize]>,
-        caches: &mut [GpuCache<T>],
+        caches: &mut [GpuLayerState<T>],
         each: &mut dyn FnMut(&mut Self, usize, usize) -> Result<()>,
     ) -> Result<()> {
         let chunk = self.plan.chunk;
@@ -292,7 +292,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         &mut self,
         b: usize,
         start: Option<&[usize]>,
-        caches: &mut [GpuCache<T>],
+        caches: &mut [GpuLayerState<T>],
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
@@ -309,7 +309,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let mut graphs = self.graphs && !acp && T::NAME == "bf16" && (hd == 64 || hd == 128);
         let mut graph: Option<CudaGraph> = None;
         self.graph_steps = 0;
-        let mut len = caches.first().map_or(0, |c| c.len);
+        let mut len = caches.first().map_or(0, |c| c.len());
         let mut out = vec![Vec::new(); b];
         let mut done = vec![false; b];
         let mut host = vec![0i32; b];
@@ -342,8 +342,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                                 graphs = false;
                                 self.be.end_device_positions()?;
                                 for c in caches.iter_mut() {
-                                    c.len = len;
-                                    c.staged = false;
+                                    c.reset_len(len);
                                 }
                             }
                         }
@@ -383,8 +382,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let device_len = self.be.end_device_positions();
         drop(graph);
         for c in caches.iter_mut() {
-            c.len = len;
-            c.staged = false;
+            c.reset_len(len);
         }
         result?;
         device_len?;
@@ -400,7 +398,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         start: Option<&[usize]>,
         len: usize,
         next: &[u32],
-        caches: &mut [GpuCache<T>],
+        caches: &mut [GpuLayerState<T>],
         s: &DeviceSampling,
     ) -> Result<CudaGraph> {
         let lm_head = self.model.lm_head;
@@ -589,12 +587,15 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
             |s: &CudaSlice<T>| -> Result<Vec<f32>> { Ok(gpu.download(s)?.into_iter().map(|v| v.to_f32()).collect()) };
         let mut out = CpuActs::default();
         for blk in &acts.blocks {
-            let mut b = crate::model::BlockActs::default();
-            b.attn.fgate_logit = f32s(&blk.attn.fgate_logit)?;
-            b.attn.c = f32s(&blk.attn.c)?;
-            b.attn.q = act(&blk.attn.q)?;
-            b.attn.k = act(&blk.attn.k)?;
-            out.blocks.push(b);
+            // The gates, prefix sums, q and k of attention layers (what gate maps draw).
+            let mut a = crate::model::attention::AttnActs::default();
+            if let Some(at) = blk.attn() {
+                a.fgate_logit = f32s(&at.fgate_logit)?;
+                a.c = f32s(&at.c)?;
+                a.q = act(&at.q)?;
+                a.k = act(&at.k)?;
+            }
+            out.blocks.push(crate::model::BlockActs::with_mixer(crate::model::MixerActs::Attention(a)));
         }
         Ok(out)
     }

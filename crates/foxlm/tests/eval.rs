@@ -285,7 +285,7 @@ fn gate_maps_reproduce_the_attention_the_model_computed() {
         let stats = gates::gate_stats(&acts, h, t);
         assert_eq!(stats.len(), cfg.num_hidden_layers * h);
         for (l, blk) in acts.blocks.iter().enumerate() {
-            let a = &blk.attn;
+            let a = blk.attn().expect("an attention layer");
             for head in 0..h {
                 let c: Vec<f32> = if a.c.is_empty() { vec![0.0; h * t] } else { a.c.clone() };
                 let p = gates::attention_map(&a.q, &a.k, &c, h, h, hd, None, head, t);

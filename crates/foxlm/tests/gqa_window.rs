@@ -263,7 +263,8 @@ fn attention_maps_follow_gqa_and_the_window() {
     let model = random_model(&tiny("fox_pro", 1, Some(kv), Some(w), false), 51);
     let ids = random_ids(52, t, 61);
     let (_, acts) = model.forward_hidden(&ids, &Ctx { batch: 1, seq: t, start: None }, None, true);
-    let a = &acts.unwrap().blocks[0].attn;
+    let acts = acts.unwrap();
+    let a = acts.blocks[0].attn().expect("an attention layer");
     let (h, hd) = (4, model.config.head_dim());
     for head in 0..h {
         let p = gates::attention_map(&a.q, &a.k, &a.c, h, kv, hd, Some(w), head, t);

@@ -203,8 +203,11 @@ fn finite_differences_through_the_model_with_acp_on() {
     // ACP must actually prune in this setting, or the test proves nothing.
     let (_, acts) = model.forward_hidden(&ids, &ctx, None, true);
     let acts = acts.unwrap();
-    let (pruned, visited): (usize, usize) =
-        acts.blocks.iter().fold((0, 0), |(p, v), ba| (p + ba.attn.tiles_pruned, v + ba.attn.tiles_visited));
+    let (pruned, visited): (usize, usize) = acts
+        .blocks
+        .iter()
+        .filter_map(|ba| ba.attn())
+        .fold((0, 0), |(p, v), a| (p + a.tiles_pruned, v + a.tiles_visited));
     assert!(pruned > 0, "ACP pruned no tile ({visited} visited)");
 
     let mut grads = model.params.zeros_like();
@@ -233,7 +236,7 @@ fn finite_differences_through_the_model_with_acp_on() {
     // And ACP is lossless within ε: the same model without pruning has nearly the same gradient.
     let full = random_model(&tiny_config(false), 3, 0.3);
     let (_, acts_full) = full.forward_hidden(&ids, &ctx, None, true);
-    assert!(acts_full.unwrap().blocks.iter().all(|ba| ba.attn.tiles_pruned == 0));
+    assert!(acts_full.unwrap().blocks.iter().all(|ba| ba.attn().is_some_and(|a| a.tiles_pruned == 0)));
     let mut g_full = full.params.zeros_like();
     full.loss_and_grads(&ids, &targets, &ctx, &mut g_full, 1.0);
     let mut worst = 0.0f64;

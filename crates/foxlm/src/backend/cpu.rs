@@ -1,14 +1,13 @@
 //! The CPU backend: f32 everywhere, the `fox_kernels` CPU ops, parameters borrowed from the model.
 //! It is the exact reference that the CUDA backend is checked against.
 
-use super::{Alloc, AttnGrads, AttnShape, Backend, BatchInfo, Family, Tiles};
-use crate::model::cache::LayerCache;
+use super::{Alloc, Backend, BatchInfo, Family};
+use crate::model::attention::ops::AttnShape;
 use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
-use fox_kernels::par::with_buffer;
-use fox_kernels::{fgate, gate, head, kv_shift, matmul, rmsnorm, rope, swiglu};
+use fox_kernels::{gate, head, matmul, rmsnorm, swiglu};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -46,7 +45,7 @@ impl GradLedger {
 
 thread_local! {
     /// The attention backward's key term of dc, per thread (kept between calls).
-    static DCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    pub(crate) static DCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Wall time of CPU operations by [`Family`] (`foxlm bench train --device cpu`). Each operation
@@ -103,7 +102,7 @@ impl<'a> Cpu<'a> {
         Self { prof, ..self }
     }
     /// A timer for one operation of `family`, when profiling.
-    fn time(&self, family: Family) -> Option<OpTimer<'a>> {
+    pub(crate) fn time(&self, family: Family) -> Option<OpTimer<'a>> {
         timer(self.prof, family)
     }
     fn grads(&mut self) -> Result<&mut [Vec<f32>]> {
@@ -114,7 +113,7 @@ impl<'a> Cpu<'a> {
     }
     /// The gradient buffer of `id` to add to (zeroed first if the ledger has it stale), or None
     /// for a frozen parameter.
-    fn grad_of(&mut self, id: ParamId) -> Result<Option<&mut [f32]>> {
+    pub(crate) fn grad_of(&mut self, id: ParamId) -> Result<Option<&mut [f32]>> {
         Ok(self.grad_to_write(id)?.map(|(g, add)| {
             if !add {
                 g.fill(0.0);
@@ -124,7 +123,7 @@ impl<'a> Cpu<'a> {
     }
     /// The gradient buffer of `id` and whether to add to it (false: it is stale, overwrite it),
     /// or None for a frozen parameter. The buffer counts as written from then on.
-    fn grad_to_write(&mut self, id: ParamId) -> Result<Option<(&mut [f32], bool)>> {
+    pub(crate) fn grad_to_write(&mut self, id: ParamId) -> Result<Option<(&mut [f32], bool)>> {
         if self.params.kinds[id.0] == ParamKind::Frozen {
             return Ok(None);
         }
@@ -141,7 +140,7 @@ impl<'a> Cpu<'a> {
         Ok(Some((self.grads()?[id.0].as_mut_slice(), !stale)))
     }
     /// Σ g² of `id`'s gradient into the ledger, where it asks for sums (the gradient is final).
-    fn take_sum_squares(&mut self, id: ParamId) {
+    pub(crate) fn take_sum_squares(&mut self, id: ParamId) {
         let Some(grads) = self.grads.as_deref() else { return };
         if let Some(sums) = self.ledger.as_deref_mut().and_then(|l| l.sum_squares.as_mut()) {
             sums[id.0] = Some(crate::optim::sum_squares(&grads[id.0]));
@@ -163,14 +162,14 @@ pub struct CpuBatch {
 impl CpuBatch {
     /// Start of row b for operations on this chunk: left padding matters only on the chunk that
     /// starts the sequence (KV-shift, prefix sums).
-    fn chunk_start(&self) -> Option<&[usize]> {
+    pub(crate) fn chunk_start(&self) -> Option<&[usize]> {
         if self.past == 0 {
             self.start.as_deref()
         } else {
             None
         }
     }
-    fn vis(&self) -> Visibility<'_> {
+    pub(crate) fn vis(&self) -> Visibility<'_> {
         match &self.start {
             Some(s) => Visibility::LeftPadded(s),
             None => Visibility::All,
@@ -179,7 +178,7 @@ impl CpuBatch {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn problem<'p>(
+pub(crate) fn problem<'p>(
     b: &'p CpuBatch,
     q: &'p [f32],
     k: &'p [f32],
@@ -244,7 +243,6 @@ impl Alloc for Cpu<'_> {
 
 impl Backend for Cpu<'_> {
     type Batch = CpuBatch;
-    type LayerCache = LayerCache;
 
     fn new_batch(&self, _max_rows: usize, _batch: usize) -> Result<CpuBatch> {
         Ok(CpuBatch::default())
@@ -436,245 +434,6 @@ impl Backend for Cpu<'_> {
     fn cast_to_act(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
         let _t = self.time(Family::Other);
         dst.copy_from_slice(src);
-        Ok(())
-    }
-
-    fn kv_shift_fwd(
-        &mut self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        alpha: &Vec<f32>,
-        b: &CpuBatch,
-        cache: Option<&LayerCache>,
-        value: bool,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let prev = match cache {
-            Some(c) if c.len > 0 => Some(if value { c.v_shift.as_slice() } else { c.k_shift.as_slice() }),
-            _ => None,
-        };
-        kv_shift::kv_shift_fwd(out, x, alpha, prev, b.chunk_start(), b.batch, b.seq, heads, head_dim);
-        Ok(())
-    }
-    fn kv_shift_bwd(
-        &mut self,
-        dx: &mut Vec<f32>,
-        dalpha: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        x: &Vec<f32>,
-        alpha: &Vec<f32>,
-        b: &CpuBatch,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        kv_shift::kv_shift_bwd(dx, dalpha, dout, x, alpha, b.start.as_deref(), b.seq, heads, head_dim);
-        Ok(())
-    }
-    fn rope(
-        &mut self,
-        x: &mut Vec<f32>,
-        b: &CpuBatch,
-        heads: usize,
-        head_dim: usize,
-        base: f64,
-        inverse: bool,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let t = b.seq;
-        let pos: Vec<i64> = (0..b.batch * t)
-            .map(|r| (b.past + r % t) as i64 - b.start.as_ref().map_or(0, |s| s[r / t] as i64))
-            .collect();
-        rope::rope_apply(x, &pos, heads, head_dim, base, inverse);
-        Ok(())
-    }
-
-    fn fgate_bias(&mut self, logit: &mut Vec<f32>, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let bv = &self.params[bias];
-        for row in logit[..rows * heads].chunks_exact_mut(heads) {
-            for (l, &b) in row.iter_mut().zip(bv) {
-                *l = if add { *l + b } else { b };
-            }
-        }
-        Ok(())
-    }
-    fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &Vec<f32>, rows: usize, heads: usize) -> Result<()> {
-        let _t = self.time(Family::Other);
-        if let Some(gb) = self.grad_of(bias)? {
-            for row in dlogit[..rows * heads].chunks_exact(heads) {
-                gb.iter_mut().zip(row).for_each(|(g, v)| *g += v);
-            }
-        }
-        Ok(())
-    }
-    fn log_fgate_fwd(&mut self, a: &mut Vec<f32>, logit: &Vec<f32>) -> Result<()> {
-        let _t = self.time(Family::Other);
-        fgate::log_fgate_fwd(a, logit);
-        Ok(())
-    }
-    fn log_fgate_bwd(&mut self, dlogit: &mut Vec<f32>, da: &Vec<f32>, logit: &Vec<f32>) -> Result<()> {
-        let _t = self.time(Family::Other);
-        fgate::log_fgate_bwd(dlogit, da, logit);
-        Ok(())
-    }
-    fn prefix_sum_fwd(
-        &mut self,
-        c: &mut Vec<f32>,
-        a: &Vec<f32>,
-        b: &CpuBatch,
-        cache: Option<&LayerCache>,
-        heads: usize,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let t = b.seq;
-        fgate::prefix_sum_fwd(c, a, b.chunk_start(), t, heads);
-        if let Some(cache) = cache {
-            if cache.len > 0 {
-                for bh in 0..b.batch * heads {
-                    let last = cache.c_at(bh, cache.len - 1);
-                    c[bh * t..(bh + 1) * t].iter_mut().for_each(|v| *v += last);
-                }
-            }
-        }
-        Ok(())
-    }
-    fn prefix_sum_bwd(&mut self, da: &mut Vec<f32>, dc: &Vec<f32>, b: &CpuBatch, heads: usize) -> Result<()> {
-        let _t = self.time(Family::Other);
-        fgate::prefix_sum_bwd(da, dc, b.start.as_deref(), b.seq, heads);
-        Ok(())
-    }
-
-    fn acp_thresholds(
-        &mut self,
-        prune: &mut Vec<f32>,
-        qk_norm: Option<(ParamId, ParamId)>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        b: &CpuBatch,
-        shape: AttnShape,
-        n_keys: usize,
-        log_eps: f32,
-    ) -> Result<()> {
-        let _t = self.time(Family::Attention);
-        let (heads, hd) = (shape.heads, shape.head_dim);
-        let group = heads / shape.kv_heads;
-        let u: Vec<f32> = match qk_norm {
-            Some((qn, kn)) => {
-                let (wq, wk) = (&self.params[qn], &self.params[kn]);
-                // a per-head weight: q_norm has H heads, k_norm H_kv (query head h reads h / group)
-                let per_head = |w: &[f32], hi: usize| -> f32 {
-                    let s = if w.len() == hd { w } else { &w[hi * hd..(hi + 1) * hd] };
-                    s.iter().fold(0.0f32, |m, v| m.max(v.abs()))
-                };
-                (0..b.batch * heads)
-                    .map(|bh| (hd as f32).sqrt() * per_head(wq, bh % heads) * per_head(wk, bh % heads / group))
-                    .collect()
-            }
-            None => {
-                *prune = norm_thresholds(q, k, b.batch, b.seq, b.start.as_deref(), shape, n_keys, log_eps);
-                return Ok(());
-            }
-        };
-        *prune = fa::prune_thresholds(&u, n_keys, log_eps);
-        Ok(())
-    }
-    fn attention_fwd(
-        &mut self,
-        o: &mut Vec<f32>,
-        lse: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        c: &Vec<f32>,
-        prune: Option<&Vec<f32>>,
-        b: &CpuBatch,
-        cache: Option<&mut LayerCache>,
-        shape: AttnShape,
-    ) -> Result<Tiles> {
-        let _t = self.time(Family::Attention);
-        let prune = prune.map(|p| p.as_slice());
-        lse.resize(b.batch * shape.heads * b.seq, 0.0);
-        let (visited, pruned) = match cache {
-            None => fa::forward_into(&problem(b, q, k, v, c, prune, shape), o, lse),
-            Some(cache) => {
-                if (cache.heads, cache.kv_heads, cache.head_dim) != (shape.heads, shape.kv_heads, shape.head_dim) {
-                    bail!(
-                        "decode cache of {} query / {} k/v heads of {} for a layer of {} / {} of {}",
-                        cache.heads,
-                        cache.kv_heads,
-                        cache.head_dim,
-                        shape.heads,
-                        shape.kv_heads,
-                        shape.head_dim
-                    );
-                }
-                let past = cache.len;
-                cache.append(k, v, c, b.seq);
-                let ck = cache.c_compact();
-                let pr = fa::Problem {
-                    tk: cache.len,
-                    q_pos0: past,
-                    k: cache.k_view(),
-                    v: cache.v_view(),
-                    ck: &ck,
-                    ..problem(b, q, k, v, c, prune, shape)
-                };
-                fa::forward_into(&pr, o, lse)
-            }
-        };
-        Ok(Tiles { visited, pruned })
-    }
-    fn attention_bwd(
-        &mut self,
-        g: AttnGrads<'_, Self>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        c: &Vec<f32>,
-        prune: Option<&Vec<f32>>,
-        o: &Vec<f32>,
-        dout: &Vec<f32>,
-        lse: &Vec<f32>,
-        b: &CpuBatch,
-        shape: AttnShape,
-    ) -> Result<()> {
-        let _t = self.time(Family::Attention);
-        let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), shape);
-        let n = b.batch * b.seq;
-        g.dq.resize(n * shape.heads * shape.head_dim, 0.0);
-        g.dk.resize(n * shape.kv_heads * shape.head_dim, 0.0);
-        g.dv.resize(n * shape.kv_heads * shape.head_dim, 0.0);
-        g.dc.resize(n * shape.heads, 0.0);
-        // dc = dcq + dck: dcq straight into dc, dck in this thread's scratch.
-        with_buffer(&DCK, n * shape.heads, |dck| {
-            let out = fa::GradsMut { dq: g.dq, dk: g.dk, dv: g.dv, dcq: g.dc, dck };
-            fa::backward_into(&pr, o, dout, lse, out);
-            g.dc.iter_mut().zip(dck.iter()).for_each(|(d, y)| *d += y);
-        });
-        Ok(())
-    }
-    fn cache_shift_states(
-        &mut self,
-        cache: &mut LayerCache,
-        k_lin: &Vec<f32>,
-        v_lin: &Vec<f32>,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let d = cache.kv_heads * cache.head_dim;
-        let t = b.seq;
-        if k_lin.len() < b.batch * t * d || v_lin.len() < b.batch * t * d {
-            // Without KV-shift the unmixed projections are not kept: nothing to remember.
-            return Ok(());
-        }
-        for bi in 0..b.batch {
-            let r = (bi * t + t - 1) * d;
-            cache.k_shift[bi * d..(bi + 1) * d].copy_from_slice(&k_lin[r..r + d]);
-            cache.v_shift[bi * d..(bi + 1) * d].copy_from_slice(&v_lin[r..r + d]);
-        }
         Ok(())
     }
 

@@ -7,22 +7,24 @@
 //! Everything a step touches is allocated in [`Cuda::new`], [`Cuda::new_batch`] and the model's
 //! `ModelActs::new` / `Scratch::new`: the step itself allocates nothing on the device.
 
-use super::{Alloc, AttnGrads, AttnShape, Backend, BatchInfo, Tiles};
+use super::{Alloc, Backend, BatchInfo};
+use crate::model::attention::ops::AttnShape;
+use crate::model::cache::LayerState;
 use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
+use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility};
 use fox_kernels::cuda::compile::MODEL;
 use fox_kernels::cuda::cudarc::driver as cudarc_event;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use fox_kernels::cuda::gemm::Gemm;
 use fox_kernels::cuda::nccl::{self, Nccl};
 use fox_kernels::cuda::ops::{self, EmbeddingIndex};
-use fox_kernels::cuda::{attention_f32, Elem, Gpu};
+use fox_kernels::cuda::{Elem, Gpu};
 use std::sync::Arc;
 
-mod decode;
+pub(crate) mod decode;
 mod fused;
 pub use decode::DeviceSampling;
 pub use fused::fused_decode_covers;
@@ -59,6 +61,33 @@ pub struct CacheLens {
     pub c: usize,
     /// k_shift and v_shift, each.
     pub shift: usize,
+}
+
+/// One layer's inference state on the GPU.
+pub type GpuLayerState<T> = LayerState<GpuCache<T>>;
+
+impl<T> LayerState<GpuCache<T>> {
+    /// Tokens this layer has seen (host side).
+    pub fn len(&self) -> usize {
+        match self {
+            LayerState::Attention(c) => c.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The host-side length again after CUDA graph replays (which advanced only the device's),
+    /// with nothing staged.
+    pub fn reset_len(&mut self, len: usize) {
+        match self {
+            LayerState::Attention(c) => {
+                c.len = len;
+                c.staged = false;
+            }
+        }
+    }
 }
 
 impl<T: Elem> GpuCache<T> {
@@ -104,7 +133,7 @@ pub struct Zero1 {
 impl Zero1 {
     /// Marks the start or the end of a group of collectives on the NCCL stream (when timed). A
     /// start recorded after [`Nccl::after`] completes when the stream is free to run the group.
-    fn comm_mark(&mut self) -> Result<()> {
+    pub(crate) fn comm_mark(&mut self) -> Result<()> {
         if let Some(m) = self.comm_marks.as_mut() {
             m.push(self.nccl.stream().record_event(Some(TIMING)).map_err(|e| anyhow!("recording an event: {e:?}"))?);
         }
@@ -122,15 +151,15 @@ pub struct DeviceAdamW {
 
 /// The simple f32 attention runs on f32 copies when activations are bf16 but the fast kernels
 /// do not cover the head dim (the tiny fixtures' 32).
-struct F32Attn {
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    o: CudaSlice<f32>,
-    dout: CudaSlice<f32>,
-    dq: CudaSlice<f32>,
-    dk: CudaSlice<f32>,
-    dv: CudaSlice<f32>,
+pub(crate) struct F32Attn {
+    pub(crate) q: CudaSlice<f32>,
+    pub(crate) k: CudaSlice<f32>,
+    pub(crate) v: CudaSlice<f32>,
+    pub(crate) o: CudaSlice<f32>,
+    pub(crate) dout: CudaSlice<f32>,
+    pub(crate) dq: CudaSlice<f32>,
+    pub(crate) dk: CudaSlice<f32>,
+    pub(crate) dv: CudaSlice<f32>,
 }
 
 /// Events that can be timed (cudarc's default disables timing).
@@ -141,44 +170,44 @@ pub use super::Family;
 pub struct Cuda<T: Elem> {
     pub gpu: Arc<Gpu>,
     /// With profiling on, an event at the start of every operation, with its family.
-    prof: Option<Vec<(Family, cudarc_event::CudaEvent)>>,
-    gemm: Gemm,
+    pub(crate) prof: Option<Vec<(Family, cudarc_event::CudaEvent)>>,
+    pub(crate) gemm: Gemm,
     pub params: Vec<DeviceParam<T>>,
     pub kinds: Vec<ParamKind>,
     pub names: Vec<String>,
     pub opt: Option<DeviceAdamW>,
     /// Output head: rows per chunk, the chunk's f32 logits and T dlogits, its hidden rows, their
     /// gradient, targets and losses.
-    head_rows: usize,
-    head_logits: CudaSlice<f32>,
-    head_dlogits: CudaSlice<T>,
-    head_x: CudaSlice<T>,
-    head_dx: CudaSlice<T>,
-    head_targets: CudaSlice<i32>,
-    head_losses: CudaSlice<f32>,
+    pub(crate) head_rows: usize,
+    pub(crate) head_logits: CudaSlice<f32>,
+    pub(crate) head_dlogits: CudaSlice<T>,
+    pub(crate) head_x: CudaSlice<T>,
+    pub(crate) head_dx: CudaSlice<T>,
+    pub(crate) head_targets: CudaSlice<i32>,
+    pub(crate) head_losses: CudaSlice<f32>,
     /// Per-row losses of the current micro-step and the number of rows with a target.
-    losses: CudaSlice<f32>,
-    loss_rows: usize,
-    loss_targets: usize,
-    loss_host: Vec<f32>,
+    pub(crate) losses: CudaSlice<f32>,
+    pub(crate) loss_rows: usize,
+    pub(crate) loss_targets: usize,
+    pub(crate) loss_host: Vec<f32>,
     /// Attention backward: dck and delta [B·H·T] (the kernel's query and key terms of dc apart).
-    dck: CudaSlice<f32>,
-    delta: CudaSlice<f32>,
-    f32_attn: Option<F32Attn>,
+    pub(crate) dck: CudaSlice<f32>,
+    pub(crate) delta: CudaSlice<f32>,
+    pub(crate) f32_attn: Option<F32Attn>,
     /// Sum of squares of each gradient (one slot per parameter), for the global norm.
-    sumsq: CudaSlice<f32>,
-    max_rows: usize,
-    d_model: usize,
-    vocab: usize,
+    pub(crate) sumsq: CudaSlice<f32>,
+    pub(crate) max_rows: usize,
+    pub(crate) d_model: usize,
+    pub(crate) vocab: usize,
     /// The head's rows on the device (vocab rounded up to a multiple of 64).
-    vocab_pad: usize,
+    pub(crate) vocab_pad: usize,
     /// Each parameter's element count on the host (the head's device buffers are longer).
-    numel: Vec<usize>,
+    pub(crate) numel: Vec<usize>,
     /// Decoding: the split-K kernel's partials, sized on first use.
-    decode_scratch: Option<ga::DecodeScratch>,
+    pub(crate) decode_scratch: Option<ga::DecodeScratch>,
     /// While a decode step is captured as a CUDA graph: the cached length on the device, which
     /// the cache kernels and the decode kernel read instead of the host's.
-    decode_pos: Option<CudaSlice<i32>>,
+    pub(crate) decode_pos: Option<CudaSlice<i32>>,
     /// Linears of at most `ops::GEMV_ROWS` rows (decode steps) through the matrix-vector kernel
     /// instead of cuBLASLt; on by default.
     pub gemv: bool,
@@ -192,23 +221,23 @@ pub struct Cuda<T: Elem> {
 pub struct GpuBatch {
     pub batch: usize,
     pub seq: usize,
-    ids: CudaSlice<i32>,
-    targets: CudaSlice<i32>,
-    start: CudaSlice<i32>,
-    start_host: Option<Vec<usize>>,
-    positions: CudaSlice<i32>,
-    emb: EmbeddingIndex,
+    pub(crate) ids: CudaSlice<i32>,
+    pub(crate) targets: CudaSlice<i32>,
+    pub(crate) start: CudaSlice<i32>,
+    pub(crate) start_host: Option<Vec<usize>>,
+    pub(crate) positions: CudaSlice<i32>,
+    pub(crate) emb: EmbeddingIndex,
     host_i32: Vec<i32>,
-    n_targets: usize,
+    pub(crate) n_targets: usize,
     /// Positions already in the decode cache before this batch's tokens.
-    past: usize,
+    pub(crate) past: usize,
 }
 
-fn fast_attention_dims(head_dim: usize) -> bool {
+pub(crate) fn fast_attention_dims(head_dim: usize) -> bool {
     head_dim == 64 || head_dim == 128
 }
 
-fn bf16<T: Elem>() -> bool {
+pub(crate) fn bf16<T: Elem>() -> bool {
     T::NAME == "bf16"
 }
 
@@ -351,7 +380,7 @@ impl<T: Elem> Cuda<T> {
         Ok(out.into_iter().map(|(f, (ms, n))| (f, ms, n)).collect())
     }
 
-    fn mark(&mut self, family: Family) -> Result<()> {
+    pub(crate) fn mark(&mut self, family: Family) -> Result<()> {
         if let Some(p) = self.prof.as_mut() {
             let e = self.gpu.stream().record_event(Some(TIMING)).map_err(|e| anyhow!("recording an event: {e:?}"))?;
             p.push((family, e));
@@ -579,7 +608,7 @@ impl<T: Elem> Cuda<T> {
 
     /// Starts the reduce-scatter of the gradients of `ids` not yet reduced this step, on the
     /// NCCL stream after the work queued so far.
-    fn reduce_grads(&mut self, ids: std::ops::Range<usize>) -> Result<()> {
+    pub(crate) fn reduce_grads(&mut self, ids: std::ops::Range<usize>) -> Result<()> {
         let Some(z) = self.zero.as_mut() else { return Ok(()) };
         if !ids.clone().any(|i| z.pending[i]) {
             return Ok(());
@@ -621,7 +650,13 @@ impl<T: Elem> Cuda<T> {
 
     /// Tensor `i` of a sharded `buf` (this rank's shard at `at` of a buffer of the padded
     /// tensor, or the shard alone) gathered whole into the host `out`.
-    fn gather_to_host(&self, i: usize, shard_buf: &CudaSlice<f32>, at: usize, out: &mut [f32]) -> Result<()> {
+    pub(crate) fn gather_to_host(
+        &self,
+        i: usize,
+        shard_buf: &CudaSlice<f32>,
+        at: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
         let z = self.zero.as_ref().ok_or_else(|| anyhow!("gather without ZeRO-1"))?;
         let (shard, own) = (z.shards.shard[i], z.shards.own(i));
         let mut whole = self.gpu.zeros::<f32>(z.shards.padded(i))?;
@@ -678,7 +713,7 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    fn copy_of(&self, id: ParamId) -> Result<&CudaSlice<T>> {
+    pub(crate) fn copy_of(&self, id: ParamId) -> Result<&CudaSlice<T>> {
         self.params[id.0]
             .copy
             .as_ref()
@@ -686,7 +721,7 @@ impl<T: Elem> Cuda<T> {
     }
 
     /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
-    fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
+    pub(crate) fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
         let f = self.gpu.function(&MODEL, name)?;
         let cfg = grid(n);
         let n = n as i64;
@@ -704,7 +739,13 @@ impl<T: Elem> Cuda<T> {
 
     /// y = x · Wᵀ into Y (T or f32): the matrix-vector kernel for a decode step's few rows,
     /// cuBLASLt otherwise.
-    fn linear_into<Y: Elem>(&mut self, y: &mut CudaSlice<Y>, x: &CudaSlice<T>, w: &Linear, rows: usize) -> Result<()> {
+    pub(crate) fn linear_into<Y: Elem>(
+        &mut self,
+        y: &mut CudaSlice<Y>,
+        x: &CudaSlice<T>,
+        w: &Linear,
+        rows: usize,
+    ) -> Result<()> {
         self.mark(Family::Gemm)?;
         let (k, n) = (w.in_features, w.out_features);
         if self.gemv && ops::gemv_fits::<T>(rows, k) {
@@ -713,14 +754,14 @@ impl<T: Elem> Cuda<T> {
         self.gemm.linear_fwd::<T, Y>(y, false, x, self.copy_of(w.weight)?, rows, k, n)
     }
 
-    fn dptr<U>(&self, s: &CudaSlice<U>) -> u64 {
+    pub(crate) fn dptr<U>(&self, s: &CudaSlice<U>) -> u64 {
         let (p, _g) = s.device_ptr(self.gpu.stream());
         p
     }
 
     /// The fused cross-entropy of kernels/model.cu over the head chunk's `m` rows of `vocab`
     /// logits stored `ld` apart.
-    fn cross_entropy_ld(&mut self, weight: f32, m: usize, vocab: usize, ld: usize) -> Result<()> {
+    pub(crate) fn cross_entropy_ld(&mut self, weight: f32, m: usize, vocab: usize, ld: usize) -> Result<()> {
         ensure!(
             self.head_logits.len() >= m * ld && self.head_dlogits.len() >= m * ld && self.head_losses.len() >= m,
             "head chunk buffers too short"
@@ -741,14 +782,14 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    fn vis<'a>(&self, b: &'a GpuBatch) -> DevVisibility<'a> {
+    pub(crate) fn vis<'a>(&self, b: &'a GpuBatch) -> DevVisibility<'a> {
         match b.start_host {
             Some(_) => DevVisibility::LeftPadded(&b.start),
             None => DevVisibility::All,
         }
     }
 
-    fn start<'a>(&self, b: &'a GpuBatch) -> Option<&'a CudaSlice<i32>> {
+    pub(crate) fn start<'a>(&self, b: &'a GpuBatch) -> Option<&'a CudaSlice<i32>> {
         b.start_host.as_ref().map(|_| &b.start)
     }
 }
@@ -816,17 +857,17 @@ fn dtod<U: DeviceRepr>(
 }
 
 /// The same buffer as f32, when T is f32.
-fn as_f32<T: Elem>(s: &CudaSlice<T>) -> Option<&CudaSlice<f32>> {
+pub(crate) fn as_f32<T: Elem>(s: &CudaSlice<T>) -> Option<&CudaSlice<f32>> {
     (s as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>()
 }
-fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
+pub(crate) fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
     (s as &mut dyn std::any::Any).downcast_mut::<CudaSlice<f32>>()
 }
 
 /// The fast kernels' problem for a full-sequence batch: q, k, v as [B, T, H·D] 16-bit views,
 /// c [B, H, T], the batch's left padding.
 #[allow(clippy::too_many_arguments)]
-fn dev_problem<'a>(
+pub(crate) fn dev_problem<'a>(
     b: &'a GpuBatch,
     q: &'a CudaView<'a, u16>,
     k: &'a CudaView<'a, u16>,
@@ -861,12 +902,12 @@ fn dev_problem<'a>(
 }
 
 /// The attention kernels' options for a layer's shape.
-fn attn_options(shape: AttnShape) -> ga::AttnOptions {
+pub(crate) fn attn_options(shape: AttnShape) -> ga::AttnOptions {
     ga::AttnOptions { kv_heads: (shape.kv_heads != shape.heads).then_some(shape.kv_heads), window: shape.window }
 }
 
 /// Views of bf16 activations as the 16-bit words the attention kernels take.
-fn words<T: Elem>(s: &CudaSlice<T>) -> Result<CudaView<'_, u16>> {
+pub(crate) fn words<T: Elem>(s: &CudaSlice<T>) -> Result<CudaView<'_, u16>> {
     ensure!(std::mem::size_of::<T>() == 2, "the fast attention kernels take 16-bit activations");
     // SAFETY: T is bf16 (2 bytes, checked): the same bytes seen as u16 words.
     unsafe { s.transmute::<u16>(s.len()) }.ok_or_else(|| anyhow!("cannot view a bf16 buffer as u16"))
@@ -885,7 +926,6 @@ impl<T: Elem> Alloc for Cuda<T> {
 
 impl<T: Elem> Backend for Cuda<T> {
     type Batch = GpuBatch;
-    type LayerCache = GpuCache<T>;
 
     fn new_batch(&self, max_rows: usize, batch: usize) -> Result<GpuBatch> {
         Ok(GpuBatch {
@@ -1121,378 +1161,6 @@ impl<T: Elem> Backend for Cuda<T> {
         ops::cast_from_f32(&self.gpu, dst, src, src.len().min(dst.len()))
     }
 
-    fn kv_shift_fwd(
-        &mut self,
-        out: &mut CudaSlice<T>,
-        x: &CudaSlice<T>,
-        alpha: &CudaSlice<T>,
-        b: &GpuBatch,
-        cache: Option<&GpuCache<T>>,
-        value: bool,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        // Left padding matters only on the chunk that starts the sequence.
-        let start = if b.past == 0 { self.start(b) } else { None };
-        ops::kv_shift_fwd(&self.gpu, out, x, alpha, start, b.batch, b.seq, heads, head_dim)?;
-        match cache {
-            Some(c) if c.len > 0 => {
-                let prev = if value { &c.v_shift } else { &c.k_shift };
-                self.kv_shift_prev(out, x, alpha, prev, b, heads, head_dim, c.len)
-            }
-            _ => Ok(()),
-        }
-    }
-    fn kv_shift_bwd(
-        &mut self,
-        dx: &mut CudaSlice<T>,
-        dalpha: &mut CudaSlice<T>,
-        dout: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        alpha: &CudaSlice<T>,
-        b: &GpuBatch,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
-    }
-    fn rope(
-        &mut self,
-        x: &mut CudaSlice<T>,
-        b: &GpuBatch,
-        heads: usize,
-        head_dim: usize,
-        base: f64,
-        inverse: bool,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        ops::rope_apply(&self.gpu, x, &b.positions, b.batch * b.seq, heads, head_dim, base, inverse)
-    }
-
-    fn fgate_bias(
-        &mut self,
-        logit: &mut CudaSlice<f32>,
-        bias: ParamId,
-        rows: usize,
-        heads: usize,
-        add: bool,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        let bv = &self.params[bias.0].master;
-        if add {
-            ops::add_bias_rows(&self.gpu, logit, bv, rows, heads)
-        } else {
-            ops::fill_rows(&self.gpu, logit, bv, rows, heads)
-        }
-    }
-    fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &CudaSlice<f32>, rows: usize, heads: usize) -> Result<()> {
-        self.mark(Family::Other)?;
-        if self.kinds[bias.0] == ParamKind::Frozen {
-            return Ok(());
-        }
-        ops::col_sum_acc(&self.gpu, &mut self.params[bias.0].grad, dlogit, rows, heads)
-    }
-    fn log_fgate_fwd(&mut self, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
-        self.mark(Family::Other)?;
-        ops::log_fgate_fwd(&self.gpu, a, logit, logit.len())
-    }
-    fn log_fgate_bwd(
-        &mut self,
-        dlogit: &mut CudaSlice<f32>,
-        da: &CudaSlice<f32>,
-        logit: &CudaSlice<f32>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        ops::log_fgate_bwd(&self.gpu, dlogit, da, logit, logit.len())
-    }
-    fn prefix_sum_fwd(
-        &mut self,
-        c: &mut CudaSlice<f32>,
-        a: &CudaSlice<f32>,
-        b: &GpuBatch,
-        cache: Option<&GpuCache<T>>,
-        heads: usize,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        let vis = if b.past == 0 { self.vis(b) } else { DevVisibility::All };
-        ga::fgate_prefix_sum_fwd(&self.gpu, a, c, vis, b.batch, b.seq, heads)?;
-        match cache {
-            Some(cache) if cache.len > 0 => self.cache_c_offset(c, cache, b, heads),
-            _ => Ok(()),
-        }
-    }
-    fn prefix_sum_bwd(
-        &mut self,
-        da: &mut CudaSlice<f32>,
-        dc: &CudaSlice<f32>,
-        b: &GpuBatch,
-        heads: usize,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        ga::fgate_prefix_sum_bwd(&self.gpu, dc, None, da, self.vis(b), b.batch, b.seq, heads)
-    }
-
-    fn acp_thresholds(
-        &mut self,
-        prune: &mut CudaSlice<f32>,
-        qk_norm: Option<(ParamId, ParamId)>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        b: &GpuBatch,
-        shape: AttnShape,
-        n_keys: usize,
-        log_eps: f32,
-    ) -> Result<()> {
-        // A window only shortens the rows the bound is for: it holds as it is.
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
-        ensure!(
-            kv_heads > 0 && heads.is_multiple_of(kv_heads),
-            "ACP thresholds: num_kv_heads {kv_heads} must divide num_heads {heads}"
-        );
-        ensure!(prune.len() >= b.batch * heads, "ACP thresholds: buffer too short");
-        self.mark(Family::Attention)?;
-        let ln_n = (n_keys as f32).ln();
-        match qk_norm {
-            Some((qn, kn)) => {
-                // q_norm is [H·d] or [d], k_norm [H_kv·d] or [d]: query head h reads k/v head
-                // h / (H / H_kv), as the CPU's bound.
-                let (wq_len, wk_len) = (self.numel[qn.0], self.numel[kn.0]);
-                for (id, len, per_head, what) in
-                    [(qn, wq_len, heads, "num_heads"), (kn, wk_len, kv_heads, "num_kv_heads")]
-                {
-                    ensure!(
-                        len == head_dim || len == per_head * head_dim,
-                        "ACP thresholds: {} holds {len} weights, neither head_dim {head_dim} (shared) nor {what} \
-                         {per_head} × {head_dim}",
-                        self.names[id.0]
-                    );
-                }
-                let (wq, wk) = (&self.params[qn.0].master, &self.params[kn.0].master);
-                let (pq, pk, po) = (self.dptr(wq), self.dptr(wk), self.dptr(prune));
-                let f = self.gpu.function(&MODEL, "fox_acp_from_qk_norm")?;
-                let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
-                let mut l = self.gpu.stream().launch_builder(&f);
-                let (lq, lk, h, hkv) = (wq_len as i32, wk_len as i32, heads as i32, kv_heads as i32);
-                let (d, bb) = (head_dim as i32, b.batch as i32);
-                l.arg(&pq).arg(&pk).arg(&lq).arg(&lk).arg(&h).arg(&hkv).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps);
-                l.arg(&po);
-                // SAFETY: arguments as in kernels/model.cu; the weights hold the lengths passed
-                // (checked against H·d, H_kv·d or d above), prune B·H floats (checked above).
-                unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching the ACP threshold kernel: {e:?}"))?;
-                Ok(())
-            }
-            None if bf16::<T>() && fast_attention_dims(head_dim) => {
-                let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
-                let (qv, kv) = (words(q)?, words(k)?);
-                let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, kv_heads, head_dim);
-                ga::acp_thresholds_from_norms_opts(&self.gpu, &p, attn_options(shape), n_keys, log_eps, prune)
-            }
-            None => {
-                // f32 checks and other head dims: the CPU's bound from the largest norms (q is
-                // [B, T, H·D], k [B, T, H_kv·D]).
-                let (qh, kh) = (self.gpu.download(q)?, self.gpu.download(k)?);
-                let n = b.batch * b.seq;
-                let (dq, dk) = (n * heads * head_dim, n * kv_heads * head_dim);
-                ensure!(qh.len() >= dq && kh.len() >= dk, "ACP thresholds: q or k shorter than the batch");
-                let (qh, kh): (Vec<f32>, Vec<f32>) =
-                    (qh[..dq].iter().map(|v| v.to_f32()).collect(), kh[..dk].iter().map(|v| v.to_f32()).collect());
-                let start = b.start_host.as_deref();
-                let th = super::cpu::norm_thresholds(&qh, &kh, b.batch, b.seq, start, shape, n_keys, log_eps);
-                self.gpu.write(prune, &th)
-            }
-        }
-    }
-
-    fn attention_fwd(
-        &mut self,
-        o: &mut CudaSlice<T>,
-        lse: &mut CudaSlice<f32>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
-        b: &GpuBatch,
-        cache: Option<&mut GpuCache<T>>,
-        shape: AttnShape,
-    ) -> Result<Tiles> {
-        self.mark(Family::Attention)?;
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
-        if let Some(cache) = cache {
-            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, shape);
-        }
-        let (bb, t) = (b.batch, b.seq);
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
-        let opts = attn_options(shape);
-        if bf16::<T>() && fast_attention_dims(head_dim) {
-            let (qv, kv, vv, ov) = (words(q)?, words(k)?, words(v)?, words(o)?);
-            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, kv_heads, head_dim);
-            ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
-            return Ok(Tiles::default());
-        }
-        let start = self.start(b);
-        let (g, d) = (&self.gpu, head_dim);
-        match self.f32_attn.as_mut() {
-            None => {
-                let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
-                let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
-                let o = as_f32_mut(o).ok_or_else(err)?;
-                attention_f32::forward_f32(g, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, lse)?;
-            }
-            Some(f) => {
-                ops::cast_to_f32(g, &mut f.q, q, n)?;
-                ops::cast_to_f32(g, &mut f.k, k, nkv)?;
-                ops::cast_to_f32(g, &mut f.v, v, nkv)?;
-                let (fq, fk, fv, fo) = (&f.q, &f.k, &f.v, &mut f.o);
-                attention_f32::forward_f32(g, bb, heads, t, d, opts, fq, fk, fv, c, start, scale, prune, fo, lse)?;
-                ops::cast_from_f32(g, o, &f.o, n)?;
-            }
-        }
-        Ok(Tiles::default())
-    }
-
-    fn attention_bwd(
-        &mut self,
-        g: AttnGrads<'_, Self>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
-        o: &CudaSlice<T>,
-        dout: &CudaSlice<T>,
-        lse: &CudaSlice<f32>,
-        b: &GpuBatch,
-        shape: AttnShape,
-    ) -> Result<()> {
-        self.mark(Family::Attention)?;
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
-        let (bb, t) = (b.batch, b.seq);
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
-        let opts = attn_options(shape);
-        if bf16::<T>() && fast_attention_dims(head_dim) {
-            let (qv, kv, vv, ov, dov) = (words(q)?, words(k)?, words(v)?, words(o)?, words(dout)?);
-            let (dqv, dkv, dvv) = (words(g.dq)?, words(g.dk)?, words(g.dv)?);
-            let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, kv_heads, head_dim);
-            let out = ga::BwdOut { dq: &dqv, dk: &dkv, dv: &dvv, dcq: g.dc, dck: &self.dck, delta: &self.delta };
-            ga::backward_into_opts(&self.gpu, &p, opts, &ov, &dov, lse, out)?;
-            // dc = dcq + dck (the reverse prefix sum wants their sum).
-            let m = bb * heads * t;
-            return ops::add_inplace::<f32>(&self.gpu, g.dc, &self.dck, m);
-        }
-        let start = self.start(b);
-        // The f32 kernel's delta scratch is the one planned for the fast kernels (B·H·T).
-        let (gpu, d) = (&self.gpu, head_dim);
-        match self.f32_attn.as_mut() {
-            None => {
-                let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
-                let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
-                let (o, dout) = (as_f32(o).ok_or_else(err)?, as_f32(dout).ok_or_else(err)?);
-                let dq = as_f32_mut(g.dq).ok_or_else(err)?;
-                let dk = as_f32_mut(g.dk).ok_or_else(err)?;
-                let dv = as_f32_mut(g.dv).ok_or_else(err)?;
-                let (dc, delta) = (g.dc, &mut self.delta);
-                attention_f32::backward_f32(
-                    gpu,
-                    bb,
-                    heads,
-                    t,
-                    d,
-                    opts,
-                    q,
-                    k,
-                    v,
-                    c,
-                    start,
-                    scale,
-                    prune,
-                    o,
-                    dout,
-                    lse,
-                    dq,
-                    dk,
-                    dv,
-                    dc,
-                    Some(delta),
-                )
-            }
-            Some(f) => {
-                for (dst, src, len) in
-                    [(&mut f.q, q, n), (&mut f.k, k, nkv), (&mut f.v, v, nkv), (&mut f.o, o, n), (&mut f.dout, dout, n)]
-                {
-                    ops::cast_to_f32(gpu, dst, src, len)?;
-                }
-                let (dc, delta) = (&mut *g.dc, &mut self.delta);
-                attention_f32::backward_f32(
-                    gpu,
-                    bb,
-                    heads,
-                    t,
-                    d,
-                    opts,
-                    &f.q,
-                    &f.k,
-                    &f.v,
-                    c,
-                    start,
-                    scale,
-                    prune,
-                    &f.o,
-                    &f.dout,
-                    lse,
-                    &mut f.dq,
-                    &mut f.dk,
-                    &mut f.dv,
-                    dc,
-                    Some(delta),
-                )?;
-                ops::cast_from_f32(gpu, g.dq, &f.dq, n)?;
-                ops::cast_from_f32(gpu, g.dk, &f.dk, nkv)?;
-                ops::cast_from_f32(gpu, g.dv, &f.dv, nkv)
-            }
-        }
-    }
-    fn cache_shift_states(
-        &mut self,
-        cache: &mut GpuCache<T>,
-        k_lin: &CudaSlice<T>,
-        v_lin: &CudaSlice<T>,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        // k̃, ṽ are [B, T, H_kv·D]
-        let w = cache.kv_heads * cache.head_dim;
-        if k_lin.len() < b.batch * b.seq * w || v_lin.len() < b.batch * b.seq * w {
-            // Without KV-shift the unmixed projections are not kept: nothing to remember.
-            return Ok(());
-        }
-        decode::last_rows_on(&self.gpu, &mut cache.k_shift, k_lin, b.batch, b.seq, w)?;
-        decode::last_rows_on(&self.gpu, &mut cache.v_shift, v_lin, b.batch, b.seq, w)
-    }
-
-    fn decode_attn_inputs(
-        &mut self,
-        layer: &crate::model::attention::ForgettingAttention,
-        x: &CudaSlice<T>,
-        b: &GpuBatch,
-        a: &mut crate::model::attention::AttnActs<CudaSlice<T>, CudaSlice<f32>>,
-        cache: &mut GpuCache<T>,
-    ) -> Result<bool> {
-        self.fused_inputs(layer, x, b, a, cache)
-    }
-    fn decode_attn_output(
-        &mut self,
-        layer: &crate::model::attention::ForgettingAttention,
-        b: &GpuBatch,
-        a: &mut crate::model::attention::AttnActs<CudaSlice<T>, CudaSlice<f32>>,
-    ) -> Result<bool> {
-        self.fused_output(layer, a, b.batch * b.seq)
-    }
-
     fn head_loss(
         &mut self,
         mut dhidden: Option<&mut CudaSlice<T>>,
@@ -1564,7 +1232,7 @@ impl<T: Elem> Backend for Cuda<T> {
 #[cfg(test)]
 mod tests {
     use super::GpuCache;
-    use crate::model::cache::LayerCache;
+    use crate::model::attention::kv_cache::KvCache;
 
     /// The GPU cache holds what the CPU's holds (k, v and the KV-shift states per k/v head, c per
     /// query head), in the activation dtype for k, v and the shift states.
@@ -1573,7 +1241,7 @@ mod tests {
         for (b, h, hkv, d, cap) in [(1, 4, 4, 16, 9), (2, 4, 2, 64, 300), (3, 8, 1, 128, 17), (2, 6, 3, 24, 1)] {
             let l = GpuCache::<f32>::lens(b, h, hkv, d, cap);
             assert_eq!((l.kv, l.c, l.shift), (b * hkv * cap * d, b * h * cap, b * hkv * d));
-            assert_eq!(GpuCache::<f32>::bytes(b, h, hkv, d, cap), LayerCache::bytes_for(b, h, hkv, d, cap));
+            assert_eq!(GpuCache::<f32>::bytes(b, h, hkv, d, cap), KvCache::bytes_for(b, h, hkv, d, cap));
             let bf16 = GpuCache::<half::bf16>::bytes(b, h, hkv, d, cap);
             assert_eq!(bf16, 2 * (2 * l.kv + 2 * l.shift) + 4 * l.c);
         }

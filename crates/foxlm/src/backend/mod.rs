@@ -2,6 +2,11 @@
 //! (f32, the exact reference; [`cpu::Cpu`]) and CUDA (bf16 or f32 activations on one GPU;
 //! [`cuda::Cuda`]).
 //!
+//! [`Backend`] holds the family-neutral operations (embedding, Linear, norms, elementwise, the
+//! head and its loss); each mixer family's own operations are a trait of the family's, beside its
+//! layer (`model/attention/ops.rs`: [`crate::model::attention::ops::AttnOps`]), with its CPU and
+//! CUDA implementations there too.
+//!
 //! The model says *what* happens (model/*.rs reads like SPEC §2); a backend says where the
 //! numbers live and how each operation runs. Parameters and their gradients belong to the backend
 //! and are named by [`ParamId`]; activations are buffers the model allocates through
@@ -12,7 +17,6 @@
 pub mod cpu;
 pub mod cuda;
 
-use crate::model::attention::{AttnActs, ForgettingAttention};
 use crate::model::Linear;
 use crate::tensor::ParamId;
 use anyhow::Result;
@@ -50,24 +54,6 @@ pub struct BatchInfo<'a> {
     pub start: Option<&'a [usize]>,
     /// Tokens already in the cache before this forward (decoding), 0 for a fresh sequence.
     pub past: usize,
-}
-
-/// Key tiles the attention visited and skipped (ACP), for reporting.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tiles {
-    pub visited: usize,
-    pub pruned: usize,
-}
-
-/// An attention layer's heads and key window: `kv_heads` k/v heads shared by groups of query
-/// heads (grouped-query attention) and an optional sliding window (the query at position i sees
-/// keys i − w < j ≤ i).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub window: Option<usize>,
 }
 
 /// Allocation of a backend's buffers (also implemented by [`Sizer`], which only counts).
@@ -110,8 +96,6 @@ impl Alloc for Sizer {
 pub trait Backend: Alloc {
     /// The batch in the backend's memory: ids, targets, left padding, RoPE positions.
     type Batch;
-    /// One layer's decode cache (k, v, running gate sum, KV-shift states).
-    type LayerCache;
 
     /// Uploads ids [B·T] and targets (None: no loss at that position) for a forward.
     fn prepare(
@@ -225,148 +209,6 @@ pub trait Backend: Alloc {
     ) -> Result<()>;
     fn cast_to_act(&mut self, dst: &mut Self::Act, src: &Self::F32) -> Result<()>;
 
-    // Positions.
-    /// KV-shift over [B, T, H·D] with mixing weights α [B, T, H]; `cache` supplies the previous
-    /// chunk's last k̃ (decoding), `value` picks its ṽ instead of its k̃.
-    #[allow(clippy::too_many_arguments)]
-    fn kv_shift_fwd(
-        &mut self,
-        out: &mut Self::Act,
-        x: &Self::Act,
-        alpha: &Self::Act,
-        batch: &Self::Batch,
-        cache: Option<&Self::LayerCache>,
-        value: bool,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    fn kv_shift_bwd(
-        &mut self,
-        dx: &mut Self::Act,
-        dalpha: &mut Self::Act,
-        dout: &Self::Act,
-        x: &Self::Act,
-        alpha: &Self::Act,
-        batch: &Self::Batch,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<()>;
-    /// RoPE at positions relative to each row's first real token (continuing after the cache).
-    fn rope(
-        &mut self,
-        x: &mut Self::Act,
-        batch: &Self::Batch,
-        heads: usize,
-        head_dim: usize,
-        base: f64,
-        inverse: bool,
-    ) -> Result<()>;
-
-    // The forget gate (f32).
-    /// logit [rows, H] += bias (full gate), or = bias on every row (bias-only and fixed gates).
-    fn fgate_bias(&mut self, logit: &mut Self::F32, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()>;
-    /// grad(bias) += column sums of dlogit [rows, H].
-    fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &Self::F32, rows: usize, heads: usize) -> Result<()>;
-    fn log_fgate_fwd(&mut self, a: &mut Self::F32, logit: &Self::F32) -> Result<()>;
-    fn log_fgate_bwd(&mut self, dlogit: &mut Self::F32, da: &Self::F32, logit: &Self::F32) -> Result<()>;
-    /// c [B, H, T] = prefix sum of a [B, T, H] per row (from its first real token), continuing
-    /// the cache's running sum when decoding.
-    fn prefix_sum_fwd(
-        &mut self,
-        c: &mut Self::F32,
-        a: &Self::F32,
-        batch: &Self::Batch,
-        cache: Option<&Self::LayerCache>,
-        heads: usize,
-    ) -> Result<()>;
-    /// da [B, T, H] = reverse prefix sum of dc [B, H, T].
-    fn prefix_sum_bwd(&mut self, da: &mut Self::F32, dc: &Self::F32, batch: &Self::Batch, heads: usize) -> Result<()>;
-
-    // Forgetting Attention, for a layer of any [`AttnShape`]: k, v [B, T, H_kv·D] (grouped-query
-    // attention when H_kv < H) and an optional sliding window.
-    /// ACP thresholds δ per (b, h) into `prune` [B·H]: U from the QK-norm weights when given,
-    /// else from the largest query and key norms (query head h with the k/v head it reads).
-    #[allow(clippy::too_many_arguments)]
-    fn acp_thresholds(
-        &mut self,
-        prune: &mut Self::F32,
-        qk_norm: Option<(ParamId, ParamId)>,
-        q: &Self::Act,
-        k: &Self::Act,
-        batch: &Self::Batch,
-        shape: AttnShape,
-        n_keys: usize,
-        log_eps: f32,
-    ) -> Result<()>;
-    /// o [B, T, H·D], lse [B, H, T]; with `cache`, k, v and c are appended to it first and the
-    /// queries attend to every cached key (the window applies to cached keys too).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_fwd(
-        &mut self,
-        o: &mut Self::Act,
-        lse: &mut Self::F32,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        c: &Self::F32,
-        prune: Option<&Self::F32>,
-        batch: &Self::Batch,
-        cache: Option<&mut Self::LayerCache>,
-        shape: AttnShape,
-    ) -> Result<Tiles>;
-    /// dq [B, T, H·D], dk, dv [B, T, H_kv·D] (each summed over its group of query heads) and dc
-    /// [B, H, T] (query and key terms summed).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_bwd(
-        &mut self,
-        grads: AttnGrads<'_, Self>,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        c: &Self::F32,
-        prune: Option<&Self::F32>,
-        o: &Self::Act,
-        dout: &Self::Act,
-        lse: &Self::F32,
-        batch: &Self::Batch,
-        shape: AttnShape,
-    ) -> Result<()>;
-    /// After a forward with a cache: remember the last unmixed k̃, ṽ of each row for KV-shift.
-    fn cache_shift_states(
-        &mut self,
-        cache: &mut Self::LayerCache,
-        k_lin: &Self::Act,
-        v_lin: &Self::Act,
-        batch: &Self::Batch,
-    ) -> Result<()>;
-
-    /// A decode step's attention inputs in as few launches as the backend can: for one position
-    /// per row continuing `cache`, the layer's q (after QK-norm and RoPE) into `a.q` and its gate
-    /// sums into `a.c`, with k, v and c already appended to the cache (its attention then only
-    /// reads) and the KV-shift states advanced. `Ok(false)`: not done here (the default), and the
-    /// layer runs its operations one by one.
-    fn decode_attn_inputs(
-        &mut self,
-        _layer: &ForgettingAttention,
-        _x: &Self::Act,
-        _batch: &Self::Batch,
-        _a: &mut AttnActs<Self::Act, Self::F32>,
-        _cache: &mut Self::LayerCache,
-    ) -> Result<bool> {
-        Ok(false)
-    }
-    /// After a fused [`Backend::decode_attn_inputs`] and the attention: the input of o_proj,
-    /// `a.z` = output norm (per head) and output gate of `a.o`. `Ok(false)`: not done here.
-    fn decode_attn_output(
-        &mut self,
-        _layer: &ForgettingAttention,
-        _batch: &Self::Batch,
-        _a: &mut AttnActs<Self::Act, Self::F32>,
-    ) -> Result<bool> {
-        Ok(false)
-    }
-
     // The output head and the loss.
     /// Σ over rows with a target of the cross-entropy of `hidden` [B·T, d] · lm_headᵀ, added to
     /// the backend's running loss ([`Backend::take_loss`]); grad(lm_head) += weight · d(Σ loss)/dW
@@ -389,12 +231,4 @@ pub trait Backend: Alloc {
     fn grads_ready(&mut self, _ids: std::ops::Range<usize>) -> Result<()> {
         Ok(())
     }
-}
-
-/// The attention backward's outputs, grouped (they are written together).
-pub struct AttnGrads<'a, B: Backend + ?Sized> {
-    pub dq: &'a mut B::Act,
-    pub dk: &'a mut B::Act,
-    pub dv: &'a mut B::Act,
-    pub dc: &'a mut B::F32,
 }

@@ -135,7 +135,9 @@ fn run_gates(a: GatesArgs) -> Result<()> {
     // Maps of the chosen heads, one figure per layer.
     let mut written = vec!["gates.csv".to_string(), "gates.json".into(), "gates-memory.png".into()];
     for &l in &layers {
-        let at = &acts.blocks[l].attn;
+        let at = acts.blocks[l]
+            .attn()
+            .with_context(|| format!("layer {l} is not an attention layer: it has no gates to draw"))?;
         let c: Vec<f32> = if at.c.is_empty() { vec![0.0; h * t] } else { at.c.clone() };
         let panels: Vec<(usize, Vec<f32>, Vec<f32>)> = heads
             .iter()

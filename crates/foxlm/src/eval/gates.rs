@@ -48,8 +48,10 @@ pub fn head_gates(fgate_logit: &[f32], heads: usize, head: usize, t: usize) -> V
 pub fn gate_stats(acts: &CpuActs, heads: usize, t: usize) -> Vec<HeadGate> {
     let mut out = vec![];
     for (layer, b) in acts.blocks.iter().enumerate() {
+        // Only attention layers have a forget gate.
+        let Some(at) = b.attn() else { continue };
         for head in 0..heads {
-            let f = head_gates(&b.attn.fgate_logit, heads, head, t);
+            let f = head_gates(&at.fgate_logit, heads, head, t);
             let used = if f.len() > 1 { &f[1..] } else { &f[..] };
             let mean_f = used.iter().sum::<f64>() / used.len() as f64;
             let memory_length = if mean_f >= 1.0 { f64::INFINITY } else { 1.0 / (1.0 - mean_f) };

@@ -1,9 +1,12 @@
-//! The FoX / Transformer language model (SPEC §2): pre-norm blocks
-//! h = h + Attn(RMSNorm(h)); h = h + MLP(RMSNorm(h)); a final RMSNorm; an untied output head.
+//! The language model (SPEC §2, §7): pre-norm blocks h = h + Mixer(RMSNorm(h)) and, where the
+//! block has one, h = h + MLP(RMSNorm(h)); a final RMSNorm; an untied output head. The token mixer
+//! is a family of its own ([`Mixer`]): Forgetting Attention (FoX and the Transformer) or a
+//! recurrent layer, chosen per layer from config.json, so a hybrid is a list of layer kinds.
 //!
-//! Written once against [`Backend`]: the CPU backend (f32, the reference) and the CUDA backend run
-//! this same code. Each block's forward writes into its activation struct and its backward reads
-//! it; every buffer is allocated up front ([`ModelActs::new`], [`Scratch::new`]).
+//! Written once against the backend traits: [`Backend`] (the family-neutral ops) and each
+//! family's own ([`attention::ops::AttnOps`]); the CPU backend (f32, the reference) and the CUDA
+//! backend run this same code. Each block's forward writes into its activation struct and its
+//! backward reads it; every buffer is allocated up front ([`ModelActs::new`], [`Scratch::new`]).
 
 pub mod attention;
 pub mod cache;
@@ -14,9 +17,17 @@ use crate::backend::{Alloc, Backend, BatchInfo, Sizer};
 use crate::config::Config;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
+use attention::ops::AttnOps;
 use attention::{AttnActs, AttnScratch, ForgettingAttention};
-use cache::{Cache, LayerCache};
+use cache::{Cache, LayerState};
 use mlp::{Mlp, MlpActs, MlpScratch};
+
+/// A backend that runs every mixer family: what the model's forward and backward need.
+pub trait ModelOps: Backend + AttnOps {}
+impl<B: Backend + AttnOps> ModelOps for B {}
+
+/// One layer's inference state on backend B.
+pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache>;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -42,27 +53,79 @@ pub struct Ctx {
     pub start: Option<Vec<usize>>,
 }
 
+/// A block's token mixer, by family.
 #[derive(Clone, Debug)]
-pub struct Block {
-    pub attn_norm: ParamId,
-    pub attn: ForgettingAttention,
-    pub mlp_norm: ParamId,
+pub enum Mixer {
+    /// Forgetting Attention (FoX), or softmax attention with RoPE (the Transformer).
+    Attention(ForgettingAttention),
+}
+
+/// The MLP sublayer of a block: its RMSNorm and the SwiGLU MLP.
+#[derive(Clone, Debug)]
+pub struct MlpSublayer {
+    pub norm: ParamId,
     pub mlp: Mlp,
 }
 
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// The RMSNorm before the mixer (FoX's `attn_norm`).
+    pub mixer_norm: ParamId,
+    pub mixer: Mixer,
+    /// None in blocks that are a mixer alone (Mamba-2's).
+    pub mlp: Option<MlpSublayer>,
+}
+
+/// A mixer's saved activations, by family.
+#[derive(Clone, Debug)]
+pub enum MixerActs<A, F> {
+    Attention(AttnActs<A, F>),
+}
+
+/// A mixer's backward buffers, by family (shared by the layers of that family).
+pub enum MixerScratch<A, F> {
+    Attention(AttnScratch<A, F>),
+}
+
 /// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct BlockActs<A, F> {
     /// The block input (residual stream), [B, T, d].
     pub x: A,
-    pub attn_norm_out: A,
-    pub attn_norm_rstd: F,
-    pub attn: AttnActs<A, F>,
-    /// Residual stream after attention, [B, T, d].
+    pub mixer_norm_out: A,
+    pub mixer_norm_rstd: F,
+    pub mixer: MixerActs<A, F>,
+    /// Residual stream after the mixer, [B, T, d] (empty in a block without an MLP).
     pub h: A,
     pub mlp_norm_out: A,
     pub mlp_norm_rstd: F,
-    pub mlp: MlpActs<A>,
+    /// Empty in a block without an MLP.
+    pub mlp: Option<MlpActs<A>>,
+}
+
+impl<A: Default, F: Default> BlockActs<A, F> {
+    /// Empty buffers around a mixer's (for activations copied from another backend).
+    pub fn with_mixer(mixer: MixerActs<A, F>) -> Self {
+        Self {
+            x: A::default(),
+            mixer_norm_out: A::default(),
+            mixer_norm_rstd: F::default(),
+            mixer,
+            h: A::default(),
+            mlp_norm_out: A::default(),
+            mlp_norm_rstd: F::default(),
+            mlp: None,
+        }
+    }
+}
+
+impl<A, F> BlockActs<A, F> {
+    /// The attention layer's activations, in an attention block.
+    pub fn attn(&self) -> Option<&AttnActs<A, F>> {
+        match &self.mixer {
+            MixerActs::Attention(a) => Some(a),
+        }
+    }
 }
 
 /// The whole model's saved activations.
@@ -92,8 +155,9 @@ pub struct Scratch<A, F> {
     /// d loss / d (residual stream), carried down the blocks, and a second one for a norm's input.
     pub dx: A,
     pub dnorm: A,
-    pub attn: AttnScratch<A, F>,
-    pub mlp: MlpScratch<A>,
+    /// One per slot ([`Model::slots`]): the mixer's and the MLP's (None without an MLP).
+    pub mixers: Vec<MixerScratch<A, F>>,
+    pub mlps: Vec<Option<MlpScratch<A>>>,
 }
 
 /// Bytes of each named buffer, for the memory plan `foxlm train` prints.
@@ -112,17 +176,20 @@ impl MemoryPlan {
 }
 
 impl<A, F> BlockActs<A, F> {
-    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, blk: &Block, n: usize, b: usize, t: usize) -> Result<Self> {
-        let d = blk.attn.heads * blk.attn.head_dim;
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, blk: &Block, d: usize, b: usize, t: usize) -> Result<Self> {
+        let n = b * t;
+        let with_mlp = if blk.mlp.is_some() { n } else { 0 };
         Ok(Self {
             x: be.alloc(n * d)?,
-            attn_norm_out: be.alloc(n * d)?,
-            attn_norm_rstd: be.alloc_f32(n)?,
-            attn: AttnActs::new(be, &blk.attn, b, t)?,
-            h: be.alloc(n * d)?,
-            mlp_norm_out: be.alloc(n * d)?,
-            mlp_norm_rstd: be.alloc_f32(n)?,
-            mlp: MlpActs::new(be, &blk.mlp, n)?,
+            mixer_norm_out: be.alloc(n * d)?,
+            mixer_norm_rstd: be.alloc_f32(n)?,
+            mixer: match &blk.mixer {
+                Mixer::Attention(l) => MixerActs::Attention(AttnActs::new(be, l, b, t)?),
+            },
+            h: be.alloc(with_mlp * d)?,
+            mlp_norm_out: be.alloc(with_mlp * d)?,
+            mlp_norm_rstd: be.alloc_f32(with_mlp)?,
+            mlp: blk.mlp.as_ref().map(|m| MlpActs::new(be, &m.mlp, n)).transpose()?,
         })
     }
 }
@@ -133,9 +200,10 @@ impl<A, F> ModelActs<A, F> {
     pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, model: &Model, b: usize, t: usize, keep: bool) -> Result<Self> {
         let n = b * t;
         let d = model.config.hidden_size;
-        let count = if keep { model.layers.len() } else { model.layers.len().min(1) };
+        // Inference keeps one block's buffers per slot, reused by the slot's layers.
+        let blocks: Vec<&Block> = if keep { model.layers.iter().collect() } else { model.slot_blocks() };
         Ok(Self {
-            blocks: model.layers[..count].iter().map(|blk| BlockActs::new(be, blk, n, b, t)).collect::<Result<_>>()?,
+            blocks: blocks.into_iter().map(|blk| BlockActs::new(be, blk, d, b, t)).collect::<Result<_>>()?,
             final_x: be.alloc(n * d)?,
             final_rstd: be.alloc_f32(n)?,
             final_out: be.alloc(n * d)?,
@@ -145,7 +213,8 @@ impl<A, F> ModelActs<A, F> {
     }
 
     /// Buffers for training with per-block recomputation: every block's input and one block's
-    /// activations (the backward runs each block's forward again just before its backward).
+    /// activations per slot (the backward runs each block's forward again just before its
+    /// backward).
     pub fn recompute<B: Alloc<Act = A, F32 = F>>(be: &B, model: &Model, b: usize, t: usize) -> Result<Self> {
         let mut acts = Self::new(be, model, b, t, false)?;
         let nd = b * t * model.config.hidden_size;
@@ -158,12 +227,23 @@ impl<A, F> Scratch<A, F> {
     pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, model: &Model, b: usize, t: usize) -> Result<Self> {
         let n = b * t;
         let d = model.config.hidden_size;
-        let blk = model.layers.first().ok_or_else(|| anyhow::anyhow!("the model has no layers"))?;
+        anyhow::ensure!(!model.layers.is_empty(), "the model has no layers");
+        let slots = model.slot_blocks();
         Ok(Self {
             dx: be.alloc(n * d)?,
             dnorm: be.alloc(n * d)?,
-            attn: AttnScratch::new(be, &blk.attn, b, t)?,
-            mlp: MlpScratch::new(be, &blk.mlp, n)?,
+            mixers: slots
+                .iter()
+                .map(|blk| {
+                    Ok(match &blk.mixer {
+                        Mixer::Attention(l) => MixerScratch::Attention(AttnScratch::new(be, l, b, t)?),
+                    })
+                })
+                .collect::<Result<_>>()?,
+            mlps: slots
+                .iter()
+                .map(|blk| blk.mlp.as_ref().map(|m| MlpScratch::new(be, &m.mlp, n)).transpose())
+                .collect::<Result<_>>()?,
         })
     }
 }
@@ -180,19 +260,27 @@ pub fn activation_plan(
 ) -> Result<()> {
     let s = Sizer::default();
     let n = b * t;
-    let blk = model.layers.first().ok_or_else(|| anyhow::anyhow!("the model has no layers"))?;
-    BlockActs::new(&s, blk, n, b, t)?;
-    let per_block = s.take_bytes(act_bytes);
+    anyhow::ensure!(!model.layers.is_empty(), "the model has no layers");
     let layers = model.layers.len();
     let d = model.config.hidden_size;
+    // Bytes of each slot's block, and how many layers the slot has.
+    let mut per_slot = Vec::new();
+    for blk in model.slot_blocks() {
+        BlockActs::new(&s, blk, d, b, t)?;
+        per_slot.push(s.take_bytes(act_bytes));
+    }
+    let counts: Vec<usize> = (0..per_slot.len()).map(|k| model.slots.iter().filter(|&&s| s == k).count()).collect();
     if recompute {
-        plan.add(format!("activations of one block (recomputed): {:.1} MiB", per_block as f64 / 1048576.0), per_block);
+        let one: usize = per_slot.iter().sum();
+        plan.add(format!("activations of one block per kind (recomputed): {:.1} MiB", one as f64 / 1048576.0), one);
         plan.add(
             format!("block inputs: {layers} × {:.1} MiB", (n * d * act_bytes) as f64 / 1048576.0),
             layers * n * d * act_bytes,
         );
     } else {
-        plan.add(format!("activations: {layers} blocks × {:.1} MiB", per_block as f64 / 1048576.0), per_block * layers);
+        for (bytes, count) in per_slot.iter().zip(&counts) {
+            plan.add(format!("activations: {count} blocks × {:.1} MiB", *bytes as f64 / 1048576.0), bytes * count);
+        }
     }
     ModelActs::new(&s, model, b, t, false)?;
     let _ = s.take_bytes(act_bytes);
@@ -208,6 +296,9 @@ pub struct Model {
     pub params: Params,
     pub embeddings: ParamId,
     pub layers: Vec<Block>,
+    /// Layer li's slot: layers of one slot have the same kind and sizes, and share inference
+    /// buffers and backward scratch (FoX: every layer is slot 0).
+    pub slots: Vec<usize>,
     pub norm: ParamId,
     pub lm_head: Linear,
 }
@@ -222,23 +313,44 @@ impl Model {
             .map(|i| {
                 let pre = format!("model.layers.{i}");
                 Block {
-                    attn_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
-                    attn: ForgettingAttention::new(&mut p, cfg, &format!("{pre}.attn")),
-                    mlp_norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
-                    mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
+                    mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
+                    mixer: Mixer::Attention(ForgettingAttention::new(&mut p, cfg, &format!("{pre}.attn"))),
+                    mlp: Some(MlpSublayer {
+                        norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
+                        mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
+                    }),
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
         let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
-        Self { config: cfg.clone(), params: p, embeddings, layers, norm, lm_head }
+        let slots = slots(&layers);
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
     }
 
+    /// The first block of each slot, in slot order.
+    pub fn slot_blocks(&self) -> Vec<&Block> {
+        let mut out = Vec::new();
+        for (blk, &s) in self.layers.iter().zip(&self.slots) {
+            if s == out.len() {
+                out.push(blk);
+            }
+        }
+        out
+    }
+
+    /// The CPU inference state of every layer, for `batch` rows of up to `capacity` positions
+    /// (the KV caches grow past it).
     pub fn new_cache(&self, batch: usize, capacity: usize, start: Option<Vec<usize>>) -> Cache {
-        let c = &self.config;
         Cache {
-            layers: (0..c.num_hidden_layers)
-                .map(|_| LayerCache::new(batch, c.num_heads, c.kv_heads(), c.head_dim(), capacity))
+            layers: self
+                .layers
+                .iter()
+                .map(|blk| match &blk.mixer {
+                    Mixer::Attention(l) => LayerState::Attention(attention::kv_cache::KvCache::new(
+                        batch, l.heads, l.kv_heads, l.head_dim, capacity,
+                    )),
+                })
                 .collect(),
             start,
         }
@@ -246,19 +358,21 @@ impl Model {
 
     /// The forward on any backend: embedding, blocks, final norm; the final hidden states are
     /// `acts.final_out`. With `caches` (one per layer) the tokens continue the cached sequence.
-    /// When `acts` holds one block only (inference), that block's buffers serve every layer.
-    pub fn forward_on<B: Backend>(
+    /// When `acts` holds one block per slot only (inference), the slot's buffers serve each of
+    /// its layers.
+    pub fn forward_on<B: ModelOps>(
         &self,
         be: &mut B,
         batch: &B::Batch,
         acts: &mut Acts<B>,
-        mut caches: Option<&mut [B::LayerCache]>,
+        mut caches: Option<&mut [LayerStateOf<B>]>,
     ) -> Result<()> {
         let d = self.config.hidden_size;
         let eps = self.config.norm_eps as f32;
         let info = be.batch_info(batch);
         let n = info.batch * info.seq;
         let keep = acts.blocks.len() == self.layers.len();
+        let slot = |li: usize| if keep { li } else { self.slots[li] };
         {
             let x0 = match acts.blocks.first_mut() {
                 Some(b0) => &mut b0.x,
@@ -267,53 +381,59 @@ impl Model {
             be.embedding_fwd(x0, self.embeddings, batch)?;
         }
         if let (Some(first), Some(b0)) = (self.layers.first(), acts.blocks.first_mut()) {
-            be.rms_norm_fwd(&mut b0.attn_norm_out, &mut b0.attn_norm_rstd, &b0.x, first.attn_norm, d, eps)?;
+            be.rms_norm_fwd(&mut b0.mixer_norm_out, &mut b0.mixer_norm_rstd, &b0.x, first.mixer_norm, d, eps)?;
         }
         for (li, blk) in self.layers.iter().enumerate() {
-            let ai = if keep { li } else { 0 };
+            let ai = slot(li);
             let cache = caches.as_deref_mut().map(|c| &mut c[li]);
-            let (cur, rest) = acts.blocks[ai..].split_first_mut().expect("a block's activations");
             if let Some(input) = acts.inputs.get_mut(li) {
-                be.copy(input, &cur.x)?;
+                be.copy(input, &acts.blocks[ai].x)?;
             }
-            blk.forward(be, batch, cur, &mut acts.out, cache, n, d, eps)?;
-            // The block's output h + MLP(...) is the next block's input, normalised in the same
-            // pass (or the final norm's input).
+            blk.forward(be, batch, &mut acts.blocks[ai], &mut acts.out, cache, n, d, eps)?;
+            // The block's output (h + MLP(...), or x + Mixer(...) without an MLP) is the next
+            // block's input, normalised in the same pass (or the final norm's input).
             let out = &acts.out;
             match self.layers.get(li + 1) {
-                None => be.add_rms_norm_fwd(
-                    &mut acts.final_x,
-                    &mut acts.final_out,
-                    &mut acts.final_rstd,
-                    &cur.h,
-                    out,
-                    self.norm,
-                    d,
-                    eps,
-                )?,
-                Some(nb) => match rest.first_mut().filter(|_| keep) {
-                    Some(nx) => be.add_rms_norm_fwd(
-                        &mut nx.x,
-                        &mut nx.attn_norm_out,
-                        &mut nx.attn_norm_rstd,
-                        &cur.h,
+                None => {
+                    let cur = &acts.blocks[ai];
+                    be.add_rms_norm_fwd(
+                        &mut acts.final_x,
+                        &mut acts.final_out,
+                        &mut acts.final_rstd,
+                        blk.residual(cur),
                         out,
-                        nb.attn_norm,
+                        self.norm,
                         d,
                         eps,
-                    )?,
-                    // Inference: one block's buffers; its own x takes the output.
-                    None => be.add_rms_norm_fwd(
-                        &mut cur.x,
-                        &mut cur.attn_norm_out,
-                        &mut cur.attn_norm_rstd,
-                        &cur.h,
-                        out,
-                        nb.attn_norm,
-                        d,
-                        eps,
-                    )?,
-                },
+                    )?
+                }
+                Some(nb) => {
+                    let ni = slot(li + 1);
+                    if ni == ai {
+                        // Inference within one slot: the block's own x takes the output (in
+                        // place when x is the residual: the add, then the norm).
+                        let cur = &mut acts.blocks[ai];
+                        let BlockActs { x, mixer_norm_out, mixer_norm_rstd, h, .. } = cur;
+                        if blk.mlp.is_some() {
+                            be.add_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, h, out, nb.mixer_norm, d, eps)?
+                        } else {
+                            be.add_inplace(x, out)?;
+                            be.rms_norm_fwd(mixer_norm_out, mixer_norm_rstd, x, nb.mixer_norm, d, eps)?
+                        }
+                    } else {
+                        let (cur, nx) = two_mut(&mut acts.blocks, ai, ni);
+                        be.add_rms_norm_fwd(
+                            &mut nx.x,
+                            &mut nx.mixer_norm_out,
+                            &mut nx.mixer_norm_rstd,
+                            blk.residual(cur),
+                            out,
+                            nb.mixer_norm,
+                            d,
+                            eps,
+                        )?
+                    }
+                }
             }
         }
         if self.layers.is_empty() {
@@ -325,7 +445,7 @@ impl Model {
     /// The backward on any backend, after `forward_on` with every block's activations (or every
     /// block's input, with recomputation): from `scratch.dx` = d loss / d (final hidden states),
     /// adds every parameter's gradient to the backend's gradient buffers (frozen ones excepted).
-    pub fn backward_on<B: Backend>(
+    pub fn backward_on<B: ModelOps>(
         &self,
         be: &mut B,
         batch: &B::Batch,
@@ -338,7 +458,7 @@ impl Model {
             recompute || acts.blocks.len() == self.layers.len(),
             "backward needs the activations (or, with recomputation, the inputs) of every block"
         );
-        let Scratch { dx, dnorm, attn, mlp } = scratch;
+        let Scratch { dx, dnorm, mixers, mlps } = scratch;
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
         be.grads_ready(self.head_params())?;
         std::mem::swap(dx, dnorm);
@@ -346,15 +466,17 @@ impl Model {
         let n = info.batch * info.seq;
         let eps = self.config.norm_eps as f32;
         for (li, blk) in self.layers.iter().enumerate().rev() {
+            let s = self.slots[li];
+            let (mixer, mlp) = (&mut mixers[s], mlps[s].as_mut());
             if recompute {
-                // The block's forward again, from its saved input, into the one block's buffers.
-                let ws = &mut acts.blocks[0];
+                // The block's forward again, from its saved input, into its slot's buffers.
+                let ws = &mut acts.blocks[s];
                 be.copy(&mut ws.x, &acts.inputs[li])?;
-                be.rms_norm_fwd(&mut ws.attn_norm_out, &mut ws.attn_norm_rstd, &ws.x, blk.attn_norm, d, eps)?;
+                be.rms_norm_fwd(&mut ws.mixer_norm_out, &mut ws.mixer_norm_rstd, &ws.x, blk.mixer_norm, d, eps)?;
                 blk.forward(be, batch, ws, &mut acts.out, None, n, d, eps)?;
-                blk.backward(be, batch, ws, dx, dnorm, attn, mlp, d)?;
+                blk.backward(be, batch, ws, dx, dnorm, mixer, mlp, d)?;
             } else {
-                blk.backward(be, batch, &acts.blocks[li], dx, dnorm, attn, mlp, d)?;
+                blk.backward(be, batch, &acts.blocks[li], dx, dnorm, mixer, mlp, d)?;
             }
             be.grads_ready(self.layer_params(li))?;
         }
@@ -376,8 +498,8 @@ impl Model {
 
     /// The ids of block `li`'s parameters (they are added block by block, see [`Model::new`]).
     pub fn layer_params(&self, li: usize) -> std::ops::Range<usize> {
-        let end = self.layers.get(li + 1).map_or(self.norm.0, |b| b.attn_norm.0);
-        self.layers[li].attn_norm.0..end
+        let end = self.layers.get(li + 1).map_or(self.norm.0, |b| b.mixer_norm.0);
+        self.layers[li].mixer_norm.0..end
     }
 
     /// The ids of the final norm and the output head (the last parameters added).
@@ -387,7 +509,7 @@ impl Model {
 
     /// One training micro-step on any backend: forward, the output head's loss (weighted by
     /// `weight` per target) and the backward. The loss is left in the backend ([`Backend::take_loss`]).
-    pub fn loss_and_grads_on<B: Backend>(
+    pub fn loss_and_grads_on<B: ModelOps>(
         &self,
         be: &mut B,
         batch: &B::Batch,
@@ -492,47 +614,131 @@ impl Model {
     }
 }
 
+/// Layers of the same kind and sizes share a slot (their inference buffers and backward scratch
+/// are interchangeable); slots are numbered in order of first appearance.
+fn slots(layers: &[Block]) -> Vec<usize> {
+    let mut keys: Vec<String> = Vec::new();
+    layers
+        .iter()
+        .map(|blk| {
+            let key = blk.kind_key();
+            keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                keys.push(key);
+                keys.len() - 1
+            })
+        })
+        .collect()
+}
+
+/// Mutable references to two different elements.
+fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
+    assert_ne!(a, b, "two_mut of one element");
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        (&mut lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        (&mut hi[0], &mut lo[b])
+    }
+}
+
 impl Block {
-    /// Forward of one block into `a`: a.h = x + Attn(RMSNorm(x)); out = MLP(RMSNorm(h)) (the
-    /// caller adds the residual: the block's output is a.h + out). `a.attn_norm_out` = RMSNorm(x)
-    /// is the caller's too (the previous block's residual add does it in the same pass).
+    /// What makes two blocks' buffers interchangeable: the mixer's family and everything that
+    /// sizes its activations, and the MLP's width.
+    fn kind_key(&self) -> String {
+        let mixer = match &self.mixer {
+            Mixer::Attention(l) => format!(
+                "attention h{} kv{} d{} ks{} vs{} qk{} gate{} on{} og{} acp{}",
+                l.heads,
+                l.kv_heads,
+                l.head_dim,
+                l.k_proj.shift_proj.is_some(),
+                l.v_proj.shift_proj.is_some(),
+                l.qk_norm.is_some(),
+                !matches!(l.fgate, attention::Fgate::None),
+                l.output_norm.is_some(),
+                l.ogate_proj.is_some(),
+                l.log_pruning_tolerance.is_some()
+            ),
+        };
+        format!("{mixer} mlp{:?}", self.mlp.as_ref().map(|m| m.mlp.intermediate))
+    }
+
+    /// The attention layer of an attention block.
+    pub fn attn(&self) -> Option<&ForgettingAttention> {
+        match &self.mixer {
+            Mixer::Attention(l) => Some(l),
+        }
+    }
+
+    /// The residual stream that the block's last sublayer output is added to: h (after the
+    /// mixer) with an MLP, else the block input x.
+    fn residual<'a, A, F>(&self, a: &'a BlockActs<A, F>) -> &'a A {
+        if self.mlp.is_some() {
+            &a.h
+        } else {
+            &a.x
+        }
+    }
+
+    /// Forward of one block into `a`: the mixer's output, and with an MLP a.h = x + Mixer(RMSNorm(x))
+    /// and out = MLP(RMSNorm(h)); the caller adds the residual ([`Block::residual`] + out).
+    /// `a.mixer_norm_out` = RMSNorm(x) is the caller's too (the previous block's residual add does
+    /// it in the same pass).
     #[allow(clippy::too_many_arguments)]
-    fn forward<B: Backend>(
+    fn forward<B: ModelOps>(
         &self,
         be: &mut B,
         batch: &B::Batch,
         a: &mut BlockActs<B::Act, B::F32>,
         out: &mut B::Act,
-        cache: Option<&mut B::LayerCache>,
+        cache: Option<&mut LayerStateOf<B>>,
         n: usize,
         d: usize,
         eps: f32,
     ) -> Result<()> {
-        self.attn.forward(be, &a.attn_norm_out, batch, &mut a.attn, out, cache)?;
-        be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, self.mlp_norm, d, eps)?;
-        self.mlp.forward(be, &a.mlp_norm_out, &mut a.mlp, out, n)
+        match (&self.mixer, &mut a.mixer) {
+            (Mixer::Attention(l), MixerActs::Attention(acts)) => {
+                let cache = match cache {
+                    None => None,
+                    Some(LayerState::Attention(c)) => Some(c),
+                };
+                l.forward(be, &a.mixer_norm_out, batch, acts, out, cache)?
+            }
+        }
+        if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
+            be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, m.norm, d, eps)?;
+            m.mlp.forward(be, &a.mlp_norm_out, acts, out, n)?;
+        }
+        Ok(())
     }
 
     /// Backward of one block: `dx` holds d loss / d (block output) on entry and d loss / d (block
     /// input) on return; parameter gradients are added in the backend.
     #[allow(clippy::too_many_arguments)]
-    fn backward<B: Backend>(
+    fn backward<B: ModelOps>(
         &self,
         be: &mut B,
         batch: &B::Batch,
         a: &BlockActs<B::Act, B::F32>,
         dx: &mut B::Act,
         dnorm: &mut B::Act,
-        attn: &mut AttnScratch<B::Act, B::F32>,
-        mlp: &mut MlpScratch<B::Act>,
+        mixer: &mut MixerScratch<B::Act, B::F32>,
+        mlp: Option<&mut MlpScratch<B::Act>>,
         d: usize,
     ) -> Result<()> {
         let n = be.batch_info(batch).batch * be.batch_info(batch).seq;
         // out = h + MLP(RMSNorm(h)): dh = dout + RMSNorm_bwd(MLP_bwd(dout)).
-        self.mlp.backward(be, &a.mlp_norm_out, &a.mlp, dx, dnorm, mlp, n)?;
-        be.rms_norm_bwd(dx, true, self.mlp_norm, dnorm, &a.h, &a.mlp_norm_rstd, d)?;
-        // h = x + Attn(RMSNorm(x)).
-        self.attn.backward(be, &a.attn_norm_out, batch, &a.attn, dx, dnorm, attn)?;
-        be.rms_norm_bwd(dx, true, self.attn_norm, dnorm, &a.x, &a.attn_norm_rstd, d)
+        if let (Some(m), Some(acts), Some(s)) = (&self.mlp, a.mlp.as_ref(), mlp) {
+            m.mlp.backward(be, &a.mlp_norm_out, acts, dx, dnorm, s, n)?;
+            be.rms_norm_bwd(dx, true, m.norm, dnorm, &a.h, &a.mlp_norm_rstd, d)?;
+        }
+        // h = x + Mixer(RMSNorm(x)).
+        match (&self.mixer, &a.mixer, mixer) {
+            (Mixer::Attention(l), MixerActs::Attention(acts), MixerScratch::Attention(s)) => {
+                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
+            }
+        }
+        be.rms_norm_bwd(dx, true, self.mixer_norm, dnorm, &a.x, &a.mixer_norm_rstd, d)
     }
 }

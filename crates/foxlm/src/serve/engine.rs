@@ -252,7 +252,7 @@ fn advance(
         stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
     }
     // Rebuild the batch cache when sequences joined or left since the last step.
-    let rows_in_cache = cache.as_ref().and_then(|c| c.layers.first()).map_or(0, |l| l.batch);
+    let rows_in_cache = cache.as_ref().and_then(|c| c.layers.first()).map_or(0, |l| l.batch());
     let in_place = rows_in_cache == running.len() && running.iter().enumerate().all(|(i, r)| r.row == i);
     if !joined.is_empty() || !in_place {
         let merged = {

@@ -1,8 +1,10 @@
 //! Inference on the CUDA backend: the decode cache (kernels/decode.cu), attention of a chunk
 //! against it, the output head's logits without a loss, and choosing tokens on the device.
 
-use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache};
-use crate::backend::{AttnShape, Tiles};
+use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache, GpuLayerState};
+use crate::model::attention::ops::{AttnShape, Tiles};
+use crate::model::cache::LayerState;
+use crate::model::Mixer;
 use crate::model::{Linear, Model};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
@@ -20,7 +22,7 @@ pub struct DeviceSampling {
 }
 
 /// dst [b, w] = src [b, t, w] at position t − 1.
-pub(super) fn last_rows_on<T: Elem>(
+pub(crate) fn last_rows_on<T: Elem>(
     gpu: &Gpu,
     dst: &mut CudaSlice<T>,
     src: &CudaSlice<T>,
@@ -45,37 +47,41 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
 }
 
 impl<T: Elem> Cuda<T> {
-    /// An empty decode cache for every layer: `batch` rows of up to `cap` positions (k, v of the
-    /// H_kv k/v heads, c of the H query heads; every position even with a sliding window).
-    pub fn new_caches(&self, model: &Model, batch: usize, cap: usize) -> Result<Vec<GpuCache<T>>> {
-        let c = &model.config;
-        let (h, hkv, d) = (c.num_heads, c.kv_heads(), c.head_dim());
+    /// An empty inference state for every layer: `batch` rows of up to `cap` positions (an
+    /// attention layer's k, v of the H_kv k/v heads and c of the H query heads; every position
+    /// even with a sliding window).
+    pub fn new_caches(&self, model: &Model, batch: usize, cap: usize) -> Result<Vec<GpuLayerState<T>>> {
         let cap = cap.max(1);
-        // The kernels index rows of c [B·H·cap] and of k, v [B·H_kv·cap] in 32 bits (H ≥ H_kv).
-        i32_of(batch * h * cap, "batch × heads × cache positions")?;
-        let n = GpuCache::<T>::lens(batch, h, hkv, d, cap);
-        (0..c.num_hidden_layers)
-            .map(|_| {
-                Ok(GpuCache {
-                    k: self.gpu.zeros(n.kv)?,
-                    v: self.gpu.zeros(n.kv)?,
-                    c: self.gpu.zeros(n.c)?,
-                    k_shift: self.gpu.zeros(n.shift)?,
-                    v_shift: self.gpu.zeros(n.shift)?,
-                    len: 0,
-                    cap,
-                    batch,
-                    heads: h,
-                    kv_heads: hkv,
-                    head_dim: d,
-                    staged: false,
-                })
+        model
+            .layers
+            .iter()
+            .map(|blk| match &blk.mixer {
+                Mixer::Attention(l) => {
+                    let (h, hkv, d) = (l.heads, l.kv_heads, l.head_dim);
+                    // The kernels index rows of c [B·H·cap] and of k, v [B·H_kv·cap] in 32 bits (H ≥ H_kv).
+                    i32_of(batch * h * cap, "batch × heads × cache positions")?;
+                    let n = GpuCache::<T>::lens(batch, h, hkv, d, cap);
+                    Ok(LayerState::Attention(GpuCache {
+                        k: self.gpu.zeros(n.kv)?,
+                        v: self.gpu.zeros(n.kv)?,
+                        c: self.gpu.zeros(n.c)?,
+                        k_shift: self.gpu.zeros(n.shift)?,
+                        v_shift: self.gpu.zeros(n.shift)?,
+                        len: 0,
+                        cap,
+                        batch,
+                        heads: h,
+                        kv_heads: hkv,
+                        head_dim: d,
+                        staged: false,
+                    }))
+                }
             })
             .collect()
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn kv_shift_prev(
+    pub(crate) fn kv_shift_prev(
         &mut self,
         out: &mut CudaSlice<T>,
         x: &CudaSlice<T>,
@@ -102,7 +108,7 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    pub(super) fn cache_c_offset(
+    pub(crate) fn cache_c_offset(
         &mut self,
         c: &mut CudaSlice<f32>,
         cache: &GpuCache<T>,
@@ -125,7 +131,7 @@ impl<T: Elem> Cuda<T> {
     /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key (the
     /// kernels mask the keys outside a sliding window; query head h reads k/v head h / (H / H_kv)).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_cached(
+    pub(crate) fn attention_cached(
         &mut self,
         o: &mut CudaSlice<T>,
         lse: &mut CudaSlice<f32>,
@@ -368,7 +374,7 @@ impl<T: Elem> Cuda<T> {
         Ok(())
     }
 
-    pub(super) fn lenp(&self) -> u64 {
+    pub(crate) fn lenp(&self) -> u64 {
         self.decode_pos.as_ref().map_or(0, |c| self.dptr(c))
     }
 

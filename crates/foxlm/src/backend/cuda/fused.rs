@@ -123,8 +123,8 @@ impl<T: Elem> Cuda<T> {
         let stacked: usize = model
             .layers
             .iter()
-            .map(|b| {
-                let l = &b.attn;
+            .filter_map(|b| b.attn())
+            .map(|l| {
                 let shifts = [&l.k_proj.shift_proj, &l.v_proj.shift_proj].iter().filter_map(|s| s.as_ref()).count();
                 let gates = usize::from(matches!(l.fgate, Fgate::Full { .. })) * l.heads
                     + l.ogate_proj.as_ref().map_or(0, |g| g.out_features);
@@ -143,8 +143,7 @@ impl<T: Elem> Cuda<T> {
         }
         let mut layers = Vec::with_capacity(model.layers.len());
         let mut widest = 0;
-        for blk in &model.layers {
-            let l = &blk.attn;
+        for l in model.layers.iter().filter_map(|b| b.attn()) {
             let mut parts: Vec<Linear> = Vec::new();
             let mut width = 0;
             let mut place = |lin: &Linear| {
@@ -183,7 +182,7 @@ impl<T: Elem> Cuda<T> {
     }
 
     /// [`crate::backend::Backend::decode_attn_inputs`] on the GPU.
-    pub(super) fn fused_inputs(
+    pub(crate) fn fused_inputs(
         &mut self,
         l: &ForgettingAttention,
         x: &CudaSlice<T>,
@@ -286,7 +285,7 @@ impl<T: Elem> Cuda<T> {
     }
 
     /// [`crate::backend::Backend::decode_attn_output`] on the GPU.
-    pub(super) fn fused_output(
+    pub(crate) fn fused_output(
         &mut self,
         l: &ForgettingAttention,
         a: &mut AttnActs<CudaSlice<T>, CudaSlice<f32>>,

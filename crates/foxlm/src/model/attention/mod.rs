@@ -1,10 +1,19 @@
-//! The Forgetting Attention layer (SPEC §2, "Attention layer, in order").
+//! The attention family (SPEC §2, "Attention layer, in order"): the Forgetting Attention layer of
+//! FoX, which with the gate off and RoPE on is the Transformer's. Its backend operations are
+//! [`ops::AttnOps`] (CPU: `cpu.rs`, CUDA: `cuda.rs`); its inference state is the KV cache
+//! ([`kv_cache::KvCache`] on the CPU).
+
+pub mod cpu;
+pub mod cuda;
+pub mod kv_cache;
+pub mod ops;
 
 use super::Linear;
-use crate::backend::{Alloc, AttnGrads, AttnShape, Backend};
+use crate::backend::Alloc;
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
+use ops::{AttnGrads, AttnOps, AttnShape};
 
 /// k_proj / v_proj: a Linear, or with KV-shift a Linear plus its per-head mixing gate.
 #[derive(Clone, Debug)]
@@ -240,14 +249,14 @@ impl ForgettingAttention {
 
     /// Forward over x: [B, T, d] (the attn_norm output), saving into `a`, the output into `out`. With
     /// a cache, the T tokens are appended after the cached ones and attend to them too.
-    pub fn forward<B: Backend>(
+    pub fn forward<B: AttnOps>(
         &self,
         be: &mut B,
         x: &B::Act,
         batch: &B::Batch,
         a: &mut AttnActs<B::Act, B::F32>,
         out: &mut B::Act,
-        mut cache: Option<&mut B::LayerCache>,
+        mut cache: Option<&mut B::KvCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let n = info.batch * info.seq;
@@ -277,13 +286,13 @@ impl ForgettingAttention {
 
     /// The attention's inputs from x, op by op: q, k (KV-shifted), v, QK-norm, RoPE, and the
     /// forget gate's prefix sums c (continuing the cache's, whose KV-shift states advance).
-    fn inputs<B: Backend>(
+    fn inputs<B: AttnOps>(
         &self,
         be: &mut B,
         x: &B::Act,
         batch: &B::Batch,
         a: &mut AttnActs<B::Act, B::F32>,
-        mut cache: Option<&mut B::LayerCache>,
+        mut cache: Option<&mut B::KvCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
@@ -350,7 +359,7 @@ impl ForgettingAttention {
 
     /// The input of o_proj, op by op: per-head RMSNorm of the attention output (× sigmoid output
     /// gate), or the gate alone, into `a.z`.
-    fn output<B: Backend>(&self, be: &mut B, x: &B::Act, a: &mut AttnActs<B::Act, B::F32>, n: usize) -> Result<()> {
+    fn output<B: AttnOps>(&self, be: &mut B, x: &B::Act, a: &mut AttnActs<B::Act, B::F32>, n: usize) -> Result<()> {
         let hd = self.head_dim;
         let pre = match self.output_norm {
             Some(w) => {
@@ -373,7 +382,7 @@ impl ForgettingAttention {
     /// from dy [B, T, d] writes dx [B, T, d] and adds every parameter's gradient in the backend.
     /// ACP thresholds are constants of the forward: the backward skips the tiles it skipped.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward<B: Backend>(
+    pub fn backward<B: AttnOps>(
         &self,
         be: &mut B,
         x: &B::Act,

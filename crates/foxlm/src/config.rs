@@ -5,6 +5,17 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 pub const MODEL_TYPE: &str = "forgetting_transformer-project_fox";
+/// The authors' Mamba-2 baseline (a Hugging Face Mamba2 with `backbone.*` tensor names).
+pub const MAMBA2_MODEL_TYPE: &str = "mamba2-project_fox";
+
+/// Which model a config.json describes, from its `model_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// FoX and the Transformer: attention blocks with an MLP.
+    Fox,
+    /// Mamba-2 (SPEC §7): blocks of a Mamba-2 mixer alone, no MLP.
+    Mamba2,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -38,7 +49,8 @@ pub struct Config {
     pub intermediate_size: Option<usize>,
     #[serde(default = "default_act")]
     pub hidden_act: String,
-    #[serde(default = "default_norm_eps")]
+    /// `layer_norm_epsilon` in the authors' Mamba-2 configs.
+    #[serde(default = "default_norm_eps", alias = "layer_norm_epsilon")]
     pub norm_eps: f64,
     #[serde(default)]
     pub use_rope: bool,
@@ -81,6 +93,32 @@ pub struct Config {
     pub eos_token_id: Option<u32>,
     #[serde(default = "default_init_range")]
     pub initializer_range: f64,
+    // Mamba-2 (the authors' Mamba2Config names; absent in FoX configs). `num_heads` is then the
+    // number of SSM heads.
+    /// Channels per SSM head P (config.json `head_dim`).
+    #[serde(default, rename = "head_dim", skip_serializing_if = "Option::is_none")]
+    pub ssm_head_dim: Option<usize>,
+    /// State size N per head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_size: Option<usize>,
+    /// The mixer's inner width is expand · hidden_size = num_heads · head_dim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expand: Option<usize>,
+    /// Width of the causal depthwise convolution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_kernel: Option<usize>,
+    /// Groups of B and C (heads per group share them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_groups: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_conv_bias: Option<bool>,
+    /// The range of dt at initialisation (log-uniform) and its floor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_step_min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_step_max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_step_floor: Option<f64>,
     /// Everything else in config.json (kept so a round trip preserves it).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -108,8 +146,91 @@ fn default_init_range() -> f64 {
     0.02
 }
 
+/// The sizes of a Mamba-2 mixer ([`Config::mamba2`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mamba2Sizes {
+    /// SSM heads H, channels per head P, state size N, groups of B/C G, conv width W.
+    pub heads: usize,
+    pub head_dim: usize,
+    pub state: usize,
+    pub groups: usize,
+    pub conv: usize,
+    pub expand: usize,
+    /// Inner width H·P (= expand · hidden_size).
+    pub inner: usize,
+    pub conv_bias: bool,
+    pub dt_min: f64,
+    pub dt_max: f64,
+    pub dt_floor: f64,
+}
+
+impl Mamba2Sizes {
+    /// Channels of the convolution: x, B and C.
+    pub fn conv_dim(&self) -> usize {
+        self.inner + 2 * self.groups * self.state
+    }
+
+    /// in_proj's outputs: z, xBC and dt.
+    pub fn in_proj_dim(&self) -> usize {
+        self.inner + self.conv_dim() + self.heads
+    }
+
+    /// The mixer's tensors under `prefix` (e.g. `backbone.layers.0.mixer`), in the model's order.
+    pub fn mixer_layout(&self, prefix: &str, d: usize) -> Vec<(String, Vec<usize>)> {
+        let mut out = vec![
+            (format!("{prefix}.in_proj.weight"), vec![self.in_proj_dim(), d]),
+            (format!("{prefix}.conv1d.weight"), vec![self.conv_dim(), 1, self.conv]),
+        ];
+        if self.conv_bias {
+            out.push((format!("{prefix}.conv1d.bias"), vec![self.conv_dim()]));
+        }
+        for name in ["dt_bias", "A_log", "D"] {
+            out.push((format!("{prefix}.{name}"), vec![self.heads]));
+        }
+        out.push((format!("{prefix}.norm.weight"), vec![self.inner]));
+        out.push((format!("{prefix}.out_proj.weight"), vec![d, self.inner]));
+        out
+    }
+}
+
 /// QK-norm's epsilon in the reference implementation (its RMSNorm default), not `norm_eps`.
 pub const QK_NORM_EPS: f32 = 1e-5;
+
+fn bound(field: &str, v: usize, max: usize) -> Result<()> {
+    if v == 0 || v > max {
+        bail!("{field} is {v}; expected 1 to {max}");
+    }
+    Ok(())
+}
+
+/// `Infinity`, `-Infinity` and `NaN` outside strings replaced by `null`.
+fn non_finite_to_null(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_str, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(ch) = rest.chars().next() {
+        if in_str {
+            out.push(ch);
+            rest = &rest[ch.len_utf8()..];
+            match (escaped, ch) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        if let Some(word) = ["-Infinity", "Infinity", "NaN"].iter().find(|w| rest.starts_with(*w)) {
+            out.push_str("null");
+            rest = &rest[word.len()..];
+            continue;
+        }
+        in_str = ch == '"';
+        out.push(ch);
+        rest = &rest[ch.len_utf8()..];
+    }
+    out
+}
 
 /// Bounds on config.json's sizes: generous (the largest released models are far inside them)
 /// but small enough that every product of them is computed without overflow.
@@ -126,6 +247,9 @@ pub const MIN_DECAY_TIME: f64 = 0.01;
 impl Config {
     pub fn load(path: &Path) -> Result<Self> {
         let text = crate::validate::read_text(path)?;
+        // Python's json writes float("inf") as Infinity (Mamba-2's time_step_limit), which JSON
+        // has no word for.
+        let text = non_finite_to_null(&text);
         let de = &mut serde_json::Deserializer::from_str(&text);
         let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
@@ -141,7 +265,24 @@ impl Config {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("config serialises")
+        let mut v = serde_json::to_value(self).expect("config serialises");
+        if self.arch() == Arch::Mamba2 {
+            // The authors' Mamba2Config reads the norm's epsilon under this name.
+            if let Some(o) = v.as_object_mut() {
+                o.remove("norm_eps");
+                o.insert("layer_norm_epsilon".into(), self.norm_eps.into());
+            }
+        }
+        serde_json::to_string_pretty(&v).expect("config serialises")
+    }
+
+    /// The model family, from `model_type` (validate() refuses any other).
+    pub fn arch(&self) -> Arch {
+        if self.model_type == MAMBA2_MODEL_TYPE {
+            Arch::Mamba2
+        } else {
+            Arch::Fox
+        }
     }
 
     /// Checks every field before anything is sized from it: bounds, consistency between fields,
@@ -150,18 +291,15 @@ impl Config {
     // The negated comparisons are deliberate: they reject NaN too.
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<()> {
-        if self.model_type != MODEL_TYPE {
-            bail!("model_type is {:?}; foxlm reads {MODEL_TYPE:?}", self.model_type);
+        if self.model_type != MODEL_TYPE && self.model_type != MAMBA2_MODEL_TYPE {
+            bail!("model_type is {:?}; foxlm reads {MODEL_TYPE:?} and {MAMBA2_MODEL_TYPE:?}", self.model_type);
         }
-        let bound = |field: &str, v: usize, max: usize| -> Result<()> {
-            if v == 0 || v > max {
-                bail!("{field} is {v}; expected 1 to {max}");
-            }
-            Ok(())
-        };
         bound("vocab_size", self.vocab_size, MAX_VOCAB)?;
         bound("hidden_size", self.hidden_size, MAX_HIDDEN)?;
         bound("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
+        if self.arch() == Arch::Mamba2 {
+            return self.validate_mamba2();
+        }
         bound("num_heads", self.num_heads, self.hidden_size)?;
         if !self.hidden_size.is_multiple_of(self.num_heads) {
             bail!("hidden_size {} must be a positive multiple of num_heads {}", self.hidden_size, self.num_heads);
@@ -249,10 +387,112 @@ impl Config {
         Ok(())
     }
 
+    /// The Mamba-2 fields' checks (the common sizes are checked by `validate`).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_mamba2(&self) -> Result<()> {
+        let m = self.mamba2();
+        bound("num_heads", self.num_heads, MAX_HIDDEN)?;
+        bound("head_dim", m.head_dim, MAX_HIDDEN)?;
+        bound("state_size", m.state, 1 << 12)?;
+        bound("expand", m.expand, 16)?;
+        bound("conv_kernel", m.conv, 64)?;
+        bound("n_groups", m.groups, self.num_heads)?;
+        if !self.num_heads.is_multiple_of(m.groups) {
+            bail!("n_groups is {}; expected a divisor of num_heads {}", m.groups, self.num_heads);
+        }
+        if self.num_heads * m.head_dim != m.expand * self.hidden_size {
+            bail!(
+                "num_heads {} × head_dim {} must equal expand {} × hidden_size {} (the mixer's inner width)",
+                self.num_heads,
+                m.head_dim,
+                m.expand,
+                self.hidden_size
+            );
+        }
+        if self.hidden_act != "silu" && self.hidden_act != "swish" {
+            bail!("hidden_act {:?}: only \"silu\" is supported", self.hidden_act);
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            bail!("layer_norm_epsilon is {:?}; expected a number in (0, 1)", self.norm_eps);
+        }
+        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
+            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
+        }
+        if self.tie_word_embeddings {
+            bail!("tie_word_embeddings: the output head is untied (must be false)");
+        }
+        let (lo, hi, floor) = (m.dt_min, m.dt_max, m.dt_floor);
+        if !(lo > 0.0 && lo <= hi && hi.is_finite() && floor >= 0.0 && floor.is_finite()) {
+            bail!("time_step_min {lo:?}, time_step_max {hi:?}, time_step_floor {floor:?}: expected 0 < min <= max, floor >= 0");
+        }
+        // What the mixer implements: no in/out projection biases, the gated RMSNorm, dt unclamped.
+        let flag = |k: &str| self.extra.get(k).and_then(|v| v.as_bool());
+        if flag("use_bias") == Some(true) {
+            bail!("use_bias true: Mamba-2 projections with biases are not supported");
+        }
+        if flag("rms_norm") == Some(false) {
+            bail!("rms_norm false: only the gated RMSNorm is supported");
+        }
+        if let Some(lim) = self.extra.get("time_step_limit") {
+            let ok = lim.as_array().is_some_and(|a| {
+                a.len() == 2 && a[0].as_f64() == Some(0.0) && (a[1].is_null() || a[1].as_f64() == Some(f64::INFINITY))
+            });
+            if !ok {
+                bail!("time_step_limit {lim}: only (0, inf), dt unclamped, is supported");
+            }
+        }
+        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
+            if let Some(id) = id {
+                if id as usize >= self.vocab_size {
+                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
+                }
+            }
+        }
+        let bytes = self.param_bytes();
+        if bytes > isize::MAX as u128 {
+            bail!(
+                "the parameters would take {} (f32), more than any machine can address",
+                crate::validate::human_bytes(bytes)
+            );
+        }
+        Ok(())
+    }
+
+    /// A Mamba-2 config's sizes, with the authors' defaults for absent fields.
+    pub fn mamba2(&self) -> Mamba2Sizes {
+        let head_dim = self.ssm_head_dim.unwrap_or(64);
+        let expand = self.expand.unwrap_or(2);
+        Mamba2Sizes {
+            heads: self.num_heads,
+            head_dim,
+            state: self.state_size.unwrap_or(128),
+            groups: self.n_groups.unwrap_or(1),
+            conv: self.conv_kernel.unwrap_or(4),
+            expand,
+            inner: self.num_heads.saturating_mul(head_dim),
+            conv_bias: self.use_conv_bias.unwrap_or(true),
+            dt_min: self.time_step_min.unwrap_or(0.001),
+            dt_max: self.time_step_max.unwrap_or(0.1),
+            dt_floor: self.time_step_floor.unwrap_or(1e-4),
+        }
+    }
+
     /// Every parameter tensor's name and shape, in the order [`crate::model::Model::new`] creates
     /// them, computed without allocating the tensors: checkpoints are compared with this before a
     /// byte of weights is read. Call after [`Config::validate`].
     pub fn param_layout(&self) -> Vec<(String, Vec<usize>)> {
+        if self.arch() == Arch::Mamba2 {
+            let (v, d, m) = (self.vocab_size, self.hidden_size, self.mamba2());
+            let mut out = vec![("backbone.embeddings.weight".to_string(), vec![v, d])];
+            for l in 0..self.num_hidden_layers {
+                let pre = format!("backbone.layers.{l}");
+                out.push((format!("{pre}.norm.weight"), vec![d]));
+                out.extend(m.mixer_layout(&format!("{pre}.mixer"), d));
+            }
+            out.push(("backbone.norm_f.weight".into(), vec![d]));
+            out.push(("lm_head.weight".into(), vec![v, d]));
+            return out;
+        }
         let (v, d, hd, i) = (self.vocab_size, self.hidden_size, self.head_dim(), self.intermediate());
         let h = self.num_heads;
         // k and v (and their KV-shift gates and per-head k_norm) have the k/v heads
@@ -303,6 +543,28 @@ impl Config {
     /// Bytes of all parameters in f32, computed without building the layout (so a config with
     /// absurd sizes costs nothing to check); saturating, so any config gives an answer.
     pub fn param_bytes(&self) -> u128 {
+        if self.arch() == Arch::Mamba2 {
+            let (v, d, l) = (self.vocab_size as u128, self.hidden_size as u128, self.num_hidden_layers as u128);
+            let m = self.mamba2();
+            let (h, p, n, g, w) =
+                (m.heads as u128, m.head_dim as u128, m.state as u128, m.groups as u128, m.conv as u128);
+            let s = |a: u128, b: u128| a.saturating_mul(b);
+            let inner = s(h, p);
+            let conv_dim = inner.saturating_add(s(2, s(g, n)));
+            let in_proj = s(d, inner.saturating_add(conv_dim).saturating_add(h));
+            let per_layer = [
+                d,                                      // norm
+                in_proj,                                // in_proj
+                s(conv_dim, w),                         // conv1d weight
+                if m.conv_bias { conv_dim } else { 0 }, // conv1d bias
+                s(3, h),                                // dt_bias, A_log, D
+                inner,                                  // gated norm
+                s(inner, d),                            // out_proj
+            ]
+            .iter()
+            .fold(0u128, |a, &t| a.saturating_add(t));
+            return s(s(2, s(v, d)).saturating_add(d).saturating_add(s(per_layer, l)), 4);
+        }
         let (v, d, h, l) =
             (self.vocab_size as u128, self.hidden_size as u128, self.num_heads as u128, self.num_hidden_layers as u128);
         let hd = d.checked_div(h).unwrap_or(0);
@@ -330,8 +592,12 @@ impl Config {
         m(total, 4)
     }
 
+    /// Channels per head: an attention head's (hidden_size / num_heads), or an SSM head's P.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
+        match self.arch() {
+            Arch::Fox => self.hidden_size / self.num_heads,
+            Arch::Mamba2 => self.mamba2().head_dim,
+        }
     }
 
     /// k/v heads: num_kv_heads, or num_heads without grouped-query attention.

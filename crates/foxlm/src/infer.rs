@@ -15,6 +15,8 @@ use crate::engine::Dtype;
 use crate::eval::loss::{batch_token_losses, Chunking};
 use crate::eval::niah::greedy_answer;
 use crate::generate::{generate, GenerateOptions};
+use crate::model::mamba2::state::Mamba2State;
+use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -206,8 +208,14 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
 
     /// Device bytes of a decode cache of `batch` rows × `positions` for this model.
     pub fn cache_bytes(model: &Model, batch: usize, positions: usize) -> usize {
-        let c = &model.config;
-        c.num_hidden_layers * GpuCache::<T>::bytes(batch, c.num_heads, c.kv_heads(), c.head_dim(), positions)
+        model
+            .layers
+            .iter()
+            .map(|blk| match &blk.mixer {
+                Mixer::Attention(l) => GpuCache::<T>::bytes(batch, l.heads, l.kv_heads, l.head_dim, positions),
+                Mixer::Mamba2(l) => Mamba2State::bytes_for(batch, l.sizes()),
+            })
+            .sum()
     }
 
     fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuLayerState<T>>> {

@@ -6,7 +6,7 @@
 //! experiment's seven (experiments/small-scale): `{fox,transformer}-{llama,pro}-small`,
 //! `transformer-llama-norope-small`, `fox-llama-biasonly-small` and `fox-llama-fixed-small`.
 
-use crate::config::{Config, FgateType, MODEL_TYPE};
+use crate::config::{Config, FgateType, MAMBA2_MODEL_TYPE, MODEL_TYPE};
 use crate::tokenizer::{BOS_ID, EOS_ID, GPT2_VOCAB};
 use crate::train::TrainConfig;
 use anyhow::{bail, Result};
@@ -83,6 +83,15 @@ impl Variant {
             bos_token_id: Some(BOS_ID),
             eos_token_id: Some(EOS_ID),
             initializer_range: 0.02,
+            ssm_head_dim: None,
+            state_size: None,
+            expand: None,
+            conv_kernel: None,
+            n_groups: None,
+            use_conv_bias: None,
+            time_step_min: None,
+            time_step_max: None,
+            time_step_floor: None,
             extra: Default::default(),
         }
     }
@@ -133,6 +142,7 @@ pub fn names() -> Vec<String> {
         }
     }
     v.extend(SMALL.iter().map(|s| s.to_string()));
+    v.extend(MAMBA2.iter().map(|s| s.to_string()));
     v
 }
 
@@ -283,6 +293,9 @@ pub fn preset(name: &str) -> Result<Preset> {
     if let Some(p) = small(name) {
         return Ok(p);
     }
+    if let Some(p) = mamba2(name) {
+        return Ok(p);
+    }
     let Some((var, size)) = name.rsplit_once('-') else {
         bail!("unknown preset {name:?}; presets: {}", names().join(", "));
     };
@@ -307,6 +320,58 @@ pub fn preset(name: &str) -> Result<Preset> {
             tokens
         ),
         model,
+        train: paper_train(lr, tokens, micro),
+    })
+}
+
+/// The Mamba-2 presets: the paper's sizes and the small experiment's.
+pub const MAMBA2: [&str; 4] = ["mamba2-125m", "mamba2-360m", "mamba2-760m", "mamba2-small"];
+
+/// A Mamba-2 model in the authors' configuration (their configs/model/mamba2.py): expand 2, heads
+/// of 64 channels, state 128, one group of B and C, convolution width 4, ε 1e-5.
+pub fn mamba2_config(hidden_size: usize, layers: usize) -> Config {
+    let mut c = Variant::FoxLlama.config(hidden_size, layers, 2 * hidden_size / 64);
+    c.model_type = MAMBA2_MODEL_TYPE.into();
+    c.norm_eps = 1e-5;
+    c.hidden_act = "silu".into();
+    c.hidden_ratio = None;
+    c.use_rope = false;
+    (c.ssm_head_dim, c.state_size, c.expand, c.conv_kernel, c.n_groups) =
+        (Some(64), Some(128), Some(2), Some(4), Some(1));
+    c.use_conv_bias = Some(true);
+    (c.time_step_min, c.time_step_max, c.time_step_floor) = (Some(0.001), Some(0.1), Some(1e-4));
+    c.extra.insert("chunk_size".into(), 256.into());
+    c
+}
+
+/// `mamba2-{125m,360m,760m}` (the authors' experiment configs: 24 layers of d = 768, 48 of 1024,
+/// 48 of 1536 — no MLP, so twice the FoX layers at about the same size — with their peak LRs and
+/// the 2.5Gi/7Gi/15Gi-token runs of the ablation table) and `mamba2-small` (experiments/small-scale:
+/// d = 384 with 12 layers, the small FoX's parameter count, and its recipe).
+fn mamba2(name: &str) -> Option<Preset> {
+    let (d, layers, lr, tokens, micro) = match name {
+        "mamba2-125m" => (768, 24, 2e-3, 2560 * MI, 2),
+        "mamba2-360m" => (1024, 48, 2e-3, 7168 * MI, 1),
+        "mamba2-760m" => (1536, 48, 1e-3, 15360 * MI, 1),
+        "mamba2-small" => {
+            let mut p = small("fox-llama-small")?;
+            p.name = name.into();
+            p.model = mamba2_config(384, 12);
+            p.description = p.description.replace(
+                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
+                "Mamba-2: d=384, 12 layers, 12 SSM heads of 64, state 128",
+            );
+            return Some(p);
+        }
+        _ => return None,
+    };
+    Some(Preset {
+        name: name.into(),
+        description: format!(
+            "Mamba-2 {}: {layers} layers of d={d}, SSM heads of 64, state 128; the paper's recipe ({tokens} tokens, peak LR {lr})",
+            name.trim_start_matches("mamba2-").to_uppercase()
+        ),
+        model: mamba2_config(d, layers),
         train: paper_train(lr, tokens, micro),
     })
 }

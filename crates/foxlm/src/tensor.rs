@@ -96,3 +96,9 @@ impl std::ops::Index<ParamId> for Params {
         &self.tensors[id.0].data
     }
 }
+
+impl std::ops::IndexMut<ParamId> for Params {
+    fn index_mut(&mut self, id: ParamId) -> &mut [f32] {
+        &mut self.tensors[id.0].data
+    }
+}

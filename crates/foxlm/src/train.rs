@@ -245,6 +245,19 @@ pub fn init_model(cfg: &Config, seed: u64) -> Model {
             _ => data.fill(0.0),
         }
     }
+    // Families with their own initialisation (after the generic pass, so FoX's draws are as they were).
+    let n_layers = cfg.num_hidden_layers;
+    for i in 0..model.layers.len() {
+        if let crate::model::Mixer::Mamba2(l) = &model.layers[i].mixer {
+            let l = l.clone();
+            l.init(&mut model.params, n_layers, &mut rng);
+        }
+    }
+    if cfg.arch() == crate::config::Arch::Mamba2 {
+        // The authors' Mamba-2 leaves the output head at PyTorch's Linear default.
+        let d = cfg.hidden_size;
+        crate::model::mamba2::uniform(&mut model.params[model.lm_head.weight], 1.0 / (d as f32).sqrt(), &mut rng);
+    }
     model
 }
 

@@ -132,6 +132,13 @@ pub fn file_in_dir(dir: &Path, rel: &str, listing: &Path) -> Result<PathBuf> {
 /// Bytes of the KV cache (k, v per layer and k/v head, the gate's prefix sum per query head) for
 /// `batch` sequences of `tokens` tokens, as `model::cache` allocates it; saturating.
 pub fn kv_cache_bytes(cfg: &crate::config::Config, batch: usize, tokens: usize) -> u128 {
+    if cfg.arch() == crate::config::Arch::Mamba2 {
+        // A fixed-size state per layer, whatever the number of tokens.
+        let m = cfg.mamba2();
+        let per_row = (m.heads as u128).saturating_mul(m.head_dim as u128).saturating_mul(m.state as u128)
+            + (m.conv.saturating_sub(1) as u128).saturating_mul(m.conv_dim() as u128);
+        return per_row.saturating_mul(batch as u128).saturating_mul(cfg.num_hidden_layers as u128).saturating_mul(4);
+    }
     let (b, h, hd, t) = (batch as u128, cfg.num_heads as u128, cfg.head_dim() as u128, tokens.max(1) as u128);
     let hkv = cfg.kv_heads() as u128;
     let m = |a: u128, b: u128| a.saturating_mul(b);

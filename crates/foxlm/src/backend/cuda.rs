@@ -10,6 +10,7 @@
 use super::{Alloc, Backend, BatchInfo};
 use crate::model::attention::ops::AttnShape;
 use crate::model::cache::LayerState;
+use crate::model::mamba2::cuda::GpuMamba2State;
 use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::{ParamId, ParamKind, Params};
@@ -64,13 +65,14 @@ pub struct CacheLens {
 }
 
 /// One layer's inference state on the GPU.
-pub type GpuLayerState<T> = LayerState<GpuCache<T>>;
+pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State>;
 
-impl<T> LayerState<GpuCache<T>> {
+impl<T> LayerState<GpuCache<T>, GpuMamba2State> {
     /// Tokens this layer has seen (host side).
     pub fn len(&self) -> usize {
         match self {
             LayerState::Attention(c) => c.len,
+            LayerState::Mamba2(s) => s.len,
         }
     }
 
@@ -86,6 +88,7 @@ impl<T> LayerState<GpuCache<T>> {
                 c.len = len;
                 c.staged = false;
             }
+            LayerState::Mamba2(s) => s.len = len,
         }
     }
 }

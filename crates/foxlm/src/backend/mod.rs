@@ -15,6 +15,7 @@
 //! accumulated (`+=`).
 
 pub mod cpu;
+mod cpu_model;
 pub mod cuda;
 
 use crate::model::Linear;

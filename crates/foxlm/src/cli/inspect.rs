@@ -1,7 +1,7 @@
 //! `foxlm inspect`: a model's configuration, parameter counts per component, and memory needs.
 
 use crate::checkpoint::load_model;
-use crate::config::{Config, FgateType};
+use crate::config::{Arch, Config, FgateType};
 use crate::model::Model;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -22,6 +22,9 @@ pub struct Args {
 
 /// The variant's name in the paper's terms.
 pub fn variant_name(c: &Config) -> &'static str {
+    if c.arch() == Arch::Mamba2 {
+        return "Mamba-2";
+    }
     let pro = c.qk_norm || c.use_output_gate || c.use_output_norm || c.use_k_shift || c.use_v_shift;
     match (c.fgate_type, pro) {
         (FgateType::None, false) => "Transformer (LLaMA)",
@@ -51,6 +54,12 @@ fn component(name: &str) -> &'static str {
         "attention: output_norm"
     } else if name.contains(".attn.") {
         "attention: q/k/v/o"
+    } else if name.contains(".mixer.in_proj") || name.contains(".mixer.out_proj") {
+        "mamba2: in_proj/out_proj"
+    } else if name.contains(".mixer.conv1d") {
+        "mamba2: conv1d"
+    } else if name.contains(".mixer.") {
+        "mamba2: dt, A, D, norm"
     } else if name.contains(".mlp.") {
         "mlp"
     } else {
@@ -85,6 +94,17 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
     let on = |b: bool| if b { "on" } else { "off" };
     s += &format!("variant            {}\n", variant_name(c));
     s += &format!("vocab / d_model    {} / {}\n", c.vocab_size, c.hidden_size);
+    if c.arch() == Arch::Mamba2 {
+        let m = c.mamba2();
+        s += &format!("layers             {} (a Mamba-2 mixer each, no MLP)\n", c.num_hidden_layers);
+        s += &format!(
+            "SSM heads          {} of {} channels (inner width {}, expand {})\n",
+            m.heads, m.head_dim, m.inner, m.expand
+        );
+        s += &format!("state / groups     {} / {}\n", m.state, m.groups);
+        s += &format!("conv width         {}{}\n", m.conv, if m.conv_bias { " (with bias)" } else { "" });
+        return s + &counts_and_memory(model, decode_tokens, batch);
+    }
     s += &format!("layers / heads     {} / {} (head_dim {})\n", c.num_hidden_layers, c.num_heads, c.head_dim());
     if c.kv_heads() != c.num_heads {
         s += &format!("k/v heads (GQA)    {}\n", c.kv_heads());
@@ -113,6 +133,13 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
     if let Some(t) = c.train_context() {
         s += &format!("training context   {t}\n");
     }
+    s + &counts_and_memory(model, decode_tokens, batch)
+}
+
+/// The parameter counts per component and the memory to load and decode.
+fn counts_and_memory(model: &Model, decode_tokens: usize, batch: usize) -> String {
+    let c = &model.config;
+    let mut s = String::new();
     let mut comps: BTreeMap<&str, usize> = BTreeMap::new();
     for (n, t) in model.params.names.iter().zip(&model.params.tensors) {
         *comps.entry(component(n)).or_default() += t.numel();
@@ -129,10 +156,17 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
     let cache = crate::validate::kv_cache_bytes(c, batch, decode_tokens);
     s += "\nmemory (f32)\n";
     s += &format!("  to load                  {}\n", human(total as f64 * 4.0));
-    s += &format!(
-        "  KV cache, {decode_tokens} tokens × {batch}  {}  (k, v, gate prefix sum per layer and head)\n",
-        human(cache as f64)
-    );
+    if c.arch() == Arch::Mamba2 {
+        s += &format!(
+            "  state, any tokens × {batch}    {}  (SSM and convolution states per layer: no KV cache)\n",
+            human(cache as f64)
+        );
+    } else {
+        s += &format!(
+            "  KV cache, {decode_tokens} tokens × {batch}  {}  (k, v, gate prefix sum per layer and head)\n",
+            human(cache as f64)
+        );
+    }
     s += &format!("  to decode, total         {}\n", human(total as f64 * 4.0 + cache as f64));
     s
 }

@@ -1,21 +1,24 @@
 //! A model's inference state: per layer, what its mixer family keeps between forwards (an
-//! attention layer's KV cache with its gate sums and KV-shift states), and the batch's left
-//! padding. The CPU's is [`Cache`]; a GPU backend keeps its own per-layer states in the same
+//! attention layer's KV cache with its gate sums and KV-shift states; a Mamba-2 layer's SSM and
+//! convolution states, fixed in size), and the batch's left padding. The CPU's is [`Cache`]; a GPU backend keeps its own per-layer states in the same
 //! [`LayerState`] shape.
 
 use super::attention::kv_cache::KvCache;
+use super::mamba2::state::Mamba2State;
 
-/// One layer's inference state, by family (K: the attention's KV cache).
+/// One layer's inference state, by family (K: the attention's KV cache, M: Mamba-2's state).
 #[derive(Clone, Debug)]
-pub enum LayerState<K> {
+pub enum LayerState<K, M> {
     Attention(K),
+    Mamba2(M),
 }
 
-impl LayerState<KvCache> {
+impl LayerState<KvCache, Mamba2State> {
     /// Tokens this layer has seen.
     pub fn len(&self) -> usize {
         match self {
             LayerState::Attention(c) => c.len,
+            LayerState::Mamba2(s) => s.len,
         }
     }
 
@@ -27,6 +30,7 @@ impl LayerState<KvCache> {
     pub fn batch(&self) -> usize {
         match self {
             LayerState::Attention(c) => c.batch,
+            LayerState::Mamba2(s) => s.batch,
         }
     }
 
@@ -34,6 +38,7 @@ impl LayerState<KvCache> {
     pub fn kv(&self) -> Option<&KvCache> {
         match self {
             LayerState::Attention(c) => Some(c),
+            LayerState::Mamba2(_) => None,
         }
     }
 }
@@ -41,7 +46,7 @@ impl LayerState<KvCache> {
 /// The CPU inference state of a whole model plus the batch's left padding.
 #[derive(Clone, Debug)]
 pub struct Cache {
-    pub layers: Vec<LayerState<KvCache>>,
+    pub layers: Vec<LayerState<KvCache, Mamba2State>>,
     /// First real position of each batch row (left padding), if any row is padded.
     pub start: Option<Vec<usize>>,
 }
@@ -70,13 +75,19 @@ impl Cache {
         let layers = (0..n_layers)
             .map(|li| match &rows[0].0.layers[li] {
                 LayerState::Attention(_) => {
-                    let src: Vec<(&KvCache, usize, usize)> = rows
+                    let src: Vec<(&KvCache, usize, usize)> =
+                        rows.iter().filter_map(|&(c, r)| c.layers[li].kv().map(|k| (k, r, c.row_start(r)))).collect();
+                    LayerState::Attention(KvCache::gather(&src, len, len + extra))
+                }
+                LayerState::Mamba2(_) => {
+                    let src: Vec<(&Mamba2State, usize)> = rows
                         .iter()
-                        .map(|&(c, r)| match &c.layers[li] {
-                            LayerState::Attention(k) => (k, r, c.row_start(r)),
+                        .filter_map(|&(c, r)| match &c.layers[li] {
+                            LayerState::Mamba2(s) => Some((s, r)),
+                            LayerState::Attention(_) => None,
                         })
                         .collect();
-                    LayerState::Attention(KvCache::gather(&src, len, len + extra))
+                    LayerState::Mamba2(Mamba2State::gather(&src, len))
                 }
             })
             .collect();

@@ -10,24 +10,26 @@
 
 pub mod attention;
 pub mod cache;
+pub mod mamba2;
 pub mod mlp;
 
-use crate::backend::cpu::{Cpu, CpuBatch};
-use crate::backend::{Alloc, Backend, BatchInfo, Sizer};
-use crate::config::Config;
+use crate::backend::{Alloc, Backend, Sizer};
+use crate::config::{Arch, Config};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
 use attention::ops::AttnOps;
 use attention::{AttnActs, AttnScratch, ForgettingAttention};
 use cache::{Cache, LayerState};
+use mamba2::ops::Mamba2Ops;
+use mamba2::{Mamba2Acts, Mamba2Mixer, Mamba2Scratch};
 use mlp::{Mlp, MlpActs, MlpScratch};
 
 /// A backend that runs every mixer family: what the model's forward and backward need.
-pub trait ModelOps: Backend + AttnOps {}
-impl<B: Backend + AttnOps> ModelOps for B {}
+pub trait ModelOps: Backend + AttnOps + Mamba2Ops {}
+impl<B: Backend + AttnOps + Mamba2Ops> ModelOps for B {}
 
 /// One layer's inference state on backend B.
-pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache>;
+pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache, <B as Mamba2Ops>::Mamba2State>;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +60,8 @@ pub struct Ctx {
 pub enum Mixer {
     /// Forgetting Attention (FoX), or softmax attention with RoPE (the Transformer).
     Attention(ForgettingAttention),
+    /// Mamba-2's SSD layer.
+    Mamba2(Mamba2Mixer),
 }
 
 /// The MLP sublayer of a block: its RMSNorm and the SwiGLU MLP.
@@ -80,11 +84,13 @@ pub struct Block {
 #[derive(Clone, Debug)]
 pub enum MixerActs<A, F> {
     Attention(AttnActs<A, F>),
+    Mamba2(Mamba2Acts<A, F>),
 }
 
 /// A mixer's backward buffers, by family (shared by the layers of that family).
 pub enum MixerScratch<A, F> {
     Attention(AttnScratch<A, F>),
+    Mamba2(Mamba2Scratch<A, F>),
 }
 
 /// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).
@@ -124,6 +130,7 @@ impl<A, F> BlockActs<A, F> {
     pub fn attn(&self) -> Option<&AttnActs<A, F>> {
         match &self.mixer {
             MixerActs::Attention(a) => Some(a),
+            MixerActs::Mamba2(_) => None,
         }
     }
 }
@@ -185,6 +192,7 @@ impl<A, F> BlockActs<A, F> {
             mixer_norm_rstd: be.alloc_f32(n)?,
             mixer: match &blk.mixer {
                 Mixer::Attention(l) => MixerActs::Attention(AttnActs::new(be, l, b, t)?),
+                Mixer::Mamba2(l) => MixerActs::Mamba2(Mamba2Acts::new(be, l, b, t)?),
             },
             h: be.alloc(with_mlp * d)?,
             mlp_norm_out: be.alloc(with_mlp * d)?,
@@ -237,6 +245,7 @@ impl<A, F> Scratch<A, F> {
                 .map(|blk| {
                     Ok(match &blk.mixer {
                         Mixer::Attention(l) => MixerScratch::Attention(AttnScratch::new(be, l, b, t)?),
+                        Mixer::Mamba2(l) => MixerScratch::Mamba2(Mamba2Scratch::new(be, l, b, t)?),
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -306,6 +315,9 @@ pub struct Model {
 impl Model {
     /// The parameter layout of `cfg`, all zeros (load or initialise next).
     pub fn new(cfg: &Config) -> Self {
+        if cfg.arch() == Arch::Mamba2 {
+            return Self::new_mamba2(cfg);
+        }
         let mut p = Params::default();
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
         let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
@@ -323,6 +335,27 @@ impl Model {
             })
             .collect::<Vec<_>>();
         let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
+        let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
+        let slots = slots(&layers);
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+    }
+
+    /// Mamba-2 (the authors' `backbone.*` names): blocks of a norm and a mixer, no MLP.
+    fn new_mamba2(cfg: &Config) -> Self {
+        let mut p = Params::default();
+        let (v, d) = (cfg.vocab_size, cfg.hidden_size);
+        let embeddings = p.add("backbone.embeddings.weight", &[v, d], ParamKind::Matrix);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let pre = format!("backbone.layers.{i}");
+                Block {
+                    mixer_norm: p.add(&format!("{pre}.norm.weight"), &[d], ParamKind::NoDecay),
+                    mixer: Mixer::Mamba2(Mamba2Mixer::new(&mut p, cfg, &format!("{pre}.mixer"))),
+                    mlp: None,
+                }
+            })
+            .collect::<Vec<_>>();
+        let norm = p.add("backbone.norm_f.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
         Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
@@ -350,6 +383,7 @@ impl Model {
                     Mixer::Attention(l) => LayerState::Attention(attention::kv_cache::KvCache::new(
                         batch, l.heads, l.kv_heads, l.head_dim, capacity,
                     )),
+                    Mixer::Mamba2(l) => LayerState::Mamba2(mamba2::state::Mamba2State::new(batch, *l.sizes())),
                 })
                 .collect(),
             start,
@@ -493,7 +527,8 @@ impl Model {
 
     /// Whether parameter `i` is a Linear weight (a matrix but the embedding).
     pub fn is_linear(&self, i: usize) -> bool {
-        self.params.kinds[i] == ParamKind::Matrix && i != self.embeddings.0
+        // 2-D: Mamba-2's decayed convolution weights are 3-D.
+        self.params.kinds[i] == ParamKind::Matrix && i != self.embeddings.0 && self.params.tensors[i].shape.len() == 2
     }
 
     /// The ids of block `li`'s parameters (they are added block by block, see [`Model::new`]).
@@ -520,97 +555,6 @@ impl Model {
         self.forward_on(be, batch, acts, None)?;
         be.head_loss(Some(&mut scratch.dx), &acts.final_out, &self.lm_head, batch, weight)?;
         self.backward_on(be, batch, acts, scratch)
-    }
-
-    // ---- The CPU API (f32, allocation per call): inference, evaluation and tests. ----
-
-    fn cpu_batch(
-        &self,
-        be: &mut Cpu,
-        ids: &[u32],
-        targets: Option<&[Option<u32>]>,
-        ctx: &Ctx,
-        past: usize,
-    ) -> CpuBatch {
-        let mut b = CpuBatch::default();
-        let info = BatchInfo { batch: ctx.batch, seq: ctx.seq, start: ctx.start.as_deref(), past };
-        if let Err(e) = be.prepare(&mut b, &info, ids, targets) {
-            panic!("{e:#}");
-        }
-        b
-    }
-
-    /// The final hidden states (after the last RMSNorm), [B, T, d]. With `cache`, the tokens
-    /// continue the cached sequence. With `keep`, the activations for backward are returned.
-    pub fn forward_hidden(
-        &self,
-        ids: &[u32],
-        ctx: &Ctx,
-        cache: Option<&mut Cache>,
-        keep: bool,
-    ) -> (Vec<f32>, Option<CpuActs>) {
-        let mut be = Cpu::new(&self.params);
-        let past = cache.as_ref().map_or(0, |c| c.len());
-        let batch = self.cpu_batch(&mut be, ids, None, ctx, past);
-        let mut acts = ModelActs::new(&be, self, ctx.batch, ctx.seq, keep).expect("CPU buffers");
-        let layers = cache.map(|c| c.layers.as_mut_slice());
-        if let Err(e) = self.forward_on(&mut be, &batch, &mut acts, layers) {
-            panic!("{e:#}");
-        }
-        let y = std::mem::take(&mut acts.final_out);
-        (y, keep.then_some(acts))
-    }
-
-    /// Logits [rows, V] of final hidden states [rows, d].
-    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
-        let rows = hidden.len() / self.config.hidden_size;
-        let mut y = vec![0.0; rows * self.lm_head.out_features];
-        fox_kernels::matmul::linear_fwd(
-            &mut y,
-            hidden,
-            &self.params[self.lm_head.weight],
-            rows,
-            self.lm_head.in_features,
-            self.lm_head.out_features,
-        );
-        y
-    }
-
-    /// Logits [B, T, V] of a batch (no cache).
-    pub fn forward(&self, ids: &[u32], ctx: &Ctx) -> Vec<f32> {
-        let (h, _) = self.forward_hidden(ids, ctx, None, false);
-        self.logits(&h)
-    }
-
-    /// Mean cross-entropy over the rows whose target is Some, and — accumulated into `grads`
-    /// (shaped like self.params, see Params::zeros_like), scaled by `grad_scale` — the gradient of
-    /// that mean with respect to every parameter. Frozen parameters (ParamKind::Frozen) get no
-    /// gradient. ids/targets: [B, T] row-major; ctx.start for left padding (rows before start have
-    /// target None). With no target at all the loss is 0 and `grads` is left as it was.
-    pub fn loss_and_grads(
-        &self,
-        ids: &[u32],
-        targets: &[Option<u32>],
-        ctx: &Ctx,
-        grads: &mut [Vec<f32>],
-        grad_scale: f32,
-    ) -> f32 {
-        let n_targets = targets.iter().filter(|t| t.is_some()).count();
-        if n_targets == 0 {
-            return 0.0;
-        }
-        let mut be = Cpu::with_grads(&self.params, grads);
-        let batch = self.cpu_batch(&mut be, ids, Some(targets), ctx, 0);
-        let run = |be: &mut Cpu| -> Result<f64> {
-            let mut acts = ModelActs::new(&*be, self, ctx.batch, ctx.seq, true)?;
-            let mut scratch = Scratch::new(&*be, self, ctx.batch, ctx.seq)?;
-            self.loss_and_grads_on(be, &batch, &mut acts, &mut scratch, grad_scale / n_targets as f32)?;
-            Ok(be.take_loss()?.0)
-        };
-        match run(&mut be) {
-            Ok(loss_sum) => (loss_sum / n_targets as f64) as f32,
-            Err(e) => panic!("{e:#}"),
-        }
     }
 }
 
@@ -660,6 +604,7 @@ impl Block {
                 l.ogate_proj.is_some(),
                 l.log_pruning_tolerance.is_some()
             ),
+            Mixer::Mamba2(l) => format!("mamba2 {:?}", l.sizes()),
         };
         format!("{mixer} mlp{:?}", self.mlp.as_ref().map(|m| m.mlp.intermediate))
     }
@@ -668,6 +613,7 @@ impl Block {
     pub fn attn(&self) -> Option<&ForgettingAttention> {
         match &self.mixer {
             Mixer::Attention(l) => Some(l),
+            Mixer::Mamba2(_) => None,
         }
     }
 
@@ -702,9 +648,19 @@ impl Block {
                 let cache = match cache {
                     None => None,
                     Some(LayerState::Attention(c)) => Some(c),
+                    Some(_) => anyhow::bail!("an attention layer was given another family's state"),
                 };
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, cache)?
             }
+            (Mixer::Mamba2(l), MixerActs::Mamba2(acts)) => {
+                let state = match cache {
+                    None => None,
+                    Some(LayerState::Mamba2(s)) => Some(s),
+                    Some(_) => anyhow::bail!("a Mamba-2 layer was given another family's state"),
+                };
+                l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
+            }
+            _ => anyhow::bail!("a block's activations are of another family than its mixer"),
         }
         if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
             be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, m.norm, d, eps)?;
@@ -738,6 +694,10 @@ impl Block {
             (Mixer::Attention(l), MixerActs::Attention(acts), MixerScratch::Attention(s)) => {
                 l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
             }
+            (Mixer::Mamba2(l), MixerActs::Mamba2(acts), MixerScratch::Mamba2(s)) => {
+                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
+            }
+            _ => anyhow::bail!("a block's activations or scratch are of another family than its mixer"),
         }
         be.rms_norm_bwd(dx, true, self.mixer_norm, dnorm, &a.x, &a.mixer_norm_rstd, d)
     }

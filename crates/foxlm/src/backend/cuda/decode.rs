@@ -4,6 +4,7 @@
 use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache, GpuLayerState};
 use crate::model::attention::ops::{AttnShape, Tiles};
 use crate::model::cache::LayerState;
+use crate::model::mamba2::cuda::GpuMamba2State;
 use crate::model::Mixer;
 use crate::model::{Linear, Model};
 use anyhow::{anyhow, ensure, Result};
@@ -76,6 +77,7 @@ impl<T: Elem> Cuda<T> {
                         staged: false,
                     }))
                 }
+                Mixer::Mamba2(l) => Ok(LayerState::Mamba2(GpuMamba2State::new(&self.gpu, batch, *l.sizes())?)),
             })
             .collect()
     }

@@ -1,0 +1,108 @@
+//! The Mamba-2 family's operations: what a backend supplies so that a [`super::Mamba2Mixer`] runs
+//! on it. They work on the layer's buffers as the layer lays them out: in_proj's output
+//! `zxbcdt` [B·T, in_proj_dim] holds z (columns 0..Di), the convolution's input xBC (Di..Di+C)
+//! and the raw dt (the last H columns); the convolution's output `xbc` [B·T, C] holds x (H·P
+//! columns), B and C (G·N each). Gradients of parameters are accumulated (`+=`); gradients of
+//! activations are written into their columns of `dzxbcdt` / `dxbc`.
+
+use crate::backend::Backend;
+use crate::config::Mamba2Sizes;
+use crate::tensor::ParamId;
+use anyhow::Result;
+
+/// A Mamba-2 layer's parameters other than its projections.
+#[derive(Clone, Copy, Debug)]
+pub struct Mamba2Params {
+    /// conv1d weight [C, 1, W] and bias [C].
+    pub conv_w: ParamId,
+    pub conv_b: Option<ParamId>,
+    /// Per head: dt's bias, log(−A) and the skip D.
+    pub dt_bias: ParamId,
+    pub a_log: ParamId,
+    pub d_skip: ParamId,
+    /// The gated RMSNorm's weight [Di] and epsilon.
+    pub norm: ParamId,
+    pub eps: f32,
+    pub sizes: Mamba2Sizes,
+}
+
+pub trait Mamba2Ops: Backend {
+    /// One layer's inference state: the SSM state [B, H, P, N] and the last W − 1 inputs of the
+    /// convolution [B, W − 1, C], with the tokens seen.
+    type Mamba2State;
+
+    /// xbc = SiLU(conv1d(xBC) + bias), causal per row from its first real token; with `state`,
+    /// continuing its convolution inputs (which it then advances).
+    fn mamba2_conv_fwd(
+        &mut self,
+        xbc: &mut Self::Act,
+        zxbcdt: &Self::Act,
+        p: &Mamba2Params,
+        batch: &Self::Batch,
+        state: Option<&mut Self::Mamba2State>,
+    ) -> Result<()>;
+    /// From dxbc, writes d(xBC) into its columns of `dzxbcdt` and adds the conv's gradients.
+    fn mamba2_conv_bwd(
+        &mut self,
+        dzxbcdt: &mut Self::Act,
+        dxbc: &Self::Act,
+        zxbcdt: &Self::Act,
+        p: &Mamba2Params,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+    /// dt [B·T, H] (f32) = softplus(dt_raw + dt_bias).
+    fn mamba2_dt_fwd(&mut self, dt: &mut Self::F32, zxbcdt: &Self::Act, p: &Mamba2Params) -> Result<()>;
+    /// From d dt, writes d dt_raw into its columns of `dzxbcdt` and adds dt_bias's gradient.
+    fn mamba2_dt_bwd(
+        &mut self,
+        dzxbcdt: &mut Self::Act,
+        ddt: &Self::F32,
+        zxbcdt: &Self::Act,
+        p: &Mamba2Params,
+    ) -> Result<()>;
+    /// y [B·T, H·P] = SSD(x, dt, A = −exp(A_log), B, C) + D·x; with `state`, continuing its SSM
+    /// state (which it then advances: the decode step when T = 1).
+    fn ssd_fwd(
+        &mut self,
+        y: &mut Self::Act,
+        xbc: &Self::Act,
+        dt: &Self::F32,
+        p: &Mamba2Params,
+        batch: &Self::Batch,
+        state: Option<&mut Self::Mamba2State>,
+    ) -> Result<()>;
+    /// The SSD's backward from dy: writes dx, dB, dC into `dxbc` and d dt, adds A_log's and D's
+    /// gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn ssd_bwd(
+        &mut self,
+        dxbc: &mut Self::Act,
+        ddt: &mut Self::F32,
+        dy: &Self::Act,
+        xbc: &Self::Act,
+        dt: &Self::F32,
+        p: &Mamba2Params,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+    /// g = RMSNorm(y ⊙ SiLU(z)) · w, saving 1/rms per row into `rstd`.
+    fn gated_norm_fwd(
+        &mut self,
+        g: &mut Self::Act,
+        rstd: &mut Self::F32,
+        y: &Self::Act,
+        zxbcdt: &Self::Act,
+        p: &Mamba2Params,
+    ) -> Result<()>;
+    /// From dg: dy, dz (into its columns of `dzxbcdt`), and the norm weight's gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_norm_bwd(
+        &mut self,
+        dy: &mut Self::Act,
+        dzxbcdt: &mut Self::Act,
+        dg: &Self::Act,
+        y: &Self::Act,
+        zxbcdt: &Self::Act,
+        rstd: &Self::F32,
+        p: &Mamba2Params,
+    ) -> Result<()>;
+}

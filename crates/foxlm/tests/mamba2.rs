@@ -1,0 +1,213 @@
+//! The Mamba-2 family through the whole model on the CPU: its config.json and tensor layout,
+//! finite differences of every kind of parameter, decoding through the fixed-size state against
+//! the full forward, chunked prefill, and left padding.
+
+mod common;
+
+use foxlm::config::{Arch, Config};
+use foxlm::model::{Ctx, Model};
+use foxlm::presets::mamba2_config;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+/// A small Mamba-2: d = 32, 2 layers, 4 heads of 16 channels (inner 64), state 8, 2 groups of B
+/// and C (2 heads each), convolution width 4, vocabulary 97.
+fn tiny_config() -> Config {
+    let mut c = mamba2_config(32, 2);
+    c.vocab_size = 97;
+    (c.num_heads, c.ssm_head_dim, c.state_size, c.n_groups) = (4, Some(16), Some(8), Some(2));
+    (c.bos_token_id, c.eos_token_id) = (None, None);
+    c.validate().unwrap();
+    c
+}
+
+/// Random weights far from initialisation so that every component moves the output: matrices
+/// N(0, 0.15), norm weights 1 ± 0.3, A_log and dt_bias spread so that heads forget at different
+/// rates (dt from about 0.05 to 1.5), D around 1.
+fn random_model(cfg: &Config, seed: u64) -> Model {
+    let mut m = Model::new(cfg);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for (i, name) in m.params.names.clone().iter().enumerate() {
+        for x in m.params.tensors[i].data.iter_mut() {
+            let z: f32 = rng.sample(StandardNormal);
+            *x = if name.ends_with("norm.weight") || name.ends_with(".D") || name.ends_with("norm_f.weight") {
+                1.0 + 0.3 * z
+            } else if name.ends_with("A_log") {
+                0.5 * z
+            } else if name.ends_with("dt_bias") {
+                -1.0 + 0.7 * z
+            } else {
+                0.15 * z
+            };
+        }
+    }
+    m
+}
+
+fn ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn config_layout_and_json_round_trip() {
+    let c = tiny_config();
+    assert_eq!(c.arch(), Arch::Mamba2);
+    let m = Model::new(&c);
+    let want: Vec<(String, Vec<usize>)> =
+        m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
+    assert_eq!(c.param_layout(), want);
+    assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128);
+    // in_proj: z (64) + xBC (64 + 2·2·8) + dt (4) outputs.
+    assert_eq!(m.params.tensors[m.params.id("backbone.layers.0.mixer.in_proj.weight").unwrap().0].shape, vec![164, 32]);
+    assert_eq!(m.params.tensors[m.params.id("backbone.layers.1.mixer.conv1d.weight").unwrap().0].shape, vec![96, 1, 4]);
+    assert!(m.layers.iter().all(|b| b.mlp.is_none()));
+    // The authors' config.json, as Python writes it (Infinity in time_step_limit), reads back.
+    let mut j: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+    assert_eq!(j["layer_norm_epsilon"], serde_json::json!(1e-5));
+    assert_eq!(j["head_dim"], serde_json::json!(16));
+    j["time_step_limit"] = serde_json::json!([0.0, "INF"]);
+    let text = serde_json::to_string_pretty(&j).unwrap().replace("\"INF\"", "Infinity");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), &text).unwrap();
+    let back = Config::load(&dir.path().join("config.json")).unwrap();
+    assert_eq!((back.num_heads, back.ssm_head_dim, back.state_size, back.n_groups), (4, Some(16), Some(8), Some(2)));
+    assert_eq!(back.norm_eps, 1e-5);
+    // What the mixer does not implement is refused by name.
+    for (field, value, want) in [
+        ("use_bias", serde_json::json!(true), "use_bias"),
+        ("time_step_limit", serde_json::json!([0.0, 0.5]), "time_step_limit"),
+        ("num_heads", serde_json::json!(6), "num_heads 6 × head_dim 16 must equal expand 2 × hidden_size 32"),
+        ("n_groups", serde_json::json!(3), "n_groups is 3; expected a divisor of num_heads 4"),
+    ] {
+        let mut j: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        j[field] = value;
+        std::fs::write(dir.path().join("config.json"), serde_json::to_string(&j).unwrap()).unwrap();
+        let e = format!("{:#}", Config::load(&dir.path().join("config.json")).unwrap_err());
+        assert!(e.contains(want) && e.contains("config.json"), "{field}: {e}");
+    }
+}
+
+/// Finite differences of the loss through the whole model: every kind of Mamba-2 parameter.
+#[test]
+fn finite_differences_through_the_model() {
+    let cfg = tiny_config();
+    let model = random_model(&cfg, 1);
+    let (b, t) = (2, 40);
+    let ids = ids(cfg.vocab_size, b * t, 2);
+    let targets: Vec<Option<u32>> = (0..b * t).map(|r| (r % t + 1 < t).then(|| ids[r + 1])).collect();
+    // Row 1 is left-padded by 5: its padding must take no part.
+    let ctx = Ctx { batch: b, seq: t, start: Some(vec![0, 5]) };
+    let targets: Vec<Option<u32>> =
+        targets.iter().enumerate().map(|(r, tg)| if (t..t + 5).contains(&r) { None } else { *tg }).collect();
+    let mut grads = model.params.zeros_like();
+    model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
+    let loss_at = |m: &Model| -> f64 {
+        let mut g = m.params.zeros_like();
+        m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
+    };
+    let names = [
+        "backbone.embeddings.weight",
+        "backbone.layers.0.norm.weight",
+        "backbone.layers.0.mixer.in_proj.weight",
+        "backbone.layers.1.mixer.in_proj.weight",
+        "backbone.layers.0.mixer.conv1d.weight",
+        "backbone.layers.1.mixer.conv1d.bias",
+        "backbone.layers.0.mixer.dt_bias",
+        "backbone.layers.1.mixer.A_log",
+        "backbone.layers.0.mixer.D",
+        "backbone.layers.1.mixer.norm.weight",
+        "backbone.layers.0.mixer.out_proj.weight",
+        "backbone.norm_f.weight",
+        "lm_head.weight",
+    ];
+    let checked = common::check_finite_differences(&model, &grads, &names, loss_at);
+    assert_eq!(checked, 2 * names.len());
+}
+
+/// Decoding token by token through the state, and prefilling in chunks, give the logits of the
+/// full forward; so does a left-padded row.
+#[test]
+fn state_decoding_chunked_prefill_and_padding_match_the_full_forward() {
+    let cfg = tiny_config();
+    let model = random_model(&cfg, 5);
+    let t = 30;
+    let seq = ids(cfg.vocab_size, t, 6);
+    let full = model.forward(&seq, &Ctx { batch: 1, seq: t, start: None });
+    let v = cfg.vocab_size;
+
+    // Prefill 7 (shorter than nothing in particular), then one token at a time.
+    let mut cache = model.new_cache(1, t, None);
+    let (h, _) = model.forward_hidden(&seq[..7], &Ctx { batch: 1, seq: 7, start: None }, Some(&mut cache), false);
+    let mut got = model.logits(&h);
+    for i in 7..t {
+        let (h, _) =
+            model.forward_hidden(&seq[i..i + 1], &Ctx { batch: 1, seq: 1, start: None }, Some(&mut cache), false);
+        got.extend(model.logits(&h));
+    }
+    assert_eq!(cache.len(), t);
+    let e = max_abs_diff(&got, &full);
+    assert!(e < 2e-4, "decoding through the state: max |Δ logit| {e:.2e}");
+
+    // Chunks of 2 (shorter than the convolution's width) and of 11.
+    for chunk in [2, 11] {
+        let mut cache = model.new_cache(1, t, None);
+        let mut got = Vec::new();
+        for s in (0..t).step_by(chunk) {
+            let n = chunk.min(t - s);
+            let (h, _) =
+                model.forward_hidden(&seq[s..s + n], &Ctx { batch: 1, seq: n, start: None }, Some(&mut cache), false);
+            got.extend(model.logits(&h));
+        }
+        let e = max_abs_diff(&got, &full);
+        assert!(e < 2e-4, "prefill in chunks of {chunk}: max |Δ logit| {e:.2e}");
+    }
+
+    // A batch of the row and the same row left-padded by 6 (with junk ids in the padding).
+    let pad = 6;
+    let mut two = seq.clone();
+    two.extend((0..pad).map(|i| (i * 13 % v) as u32));
+    two.extend_from_slice(&seq[..t - pad]);
+    let both = model.forward(&two, &Ctx { batch: 2, seq: t, start: Some(vec![0, pad]) });
+    assert!(max_abs_diff(&both[..t * v], &full) < 1e-5);
+    let short = model.forward(&seq[..t - pad], &Ctx { batch: 1, seq: t - pad, start: None });
+    let e = max_abs_diff(&both[(t + pad) * v..], &short);
+    assert!(e < 1e-4, "left padding changes the row: max |Δ logit| {e:.2e}");
+
+    // The state's size does not grow with the tokens.
+    let bytes = foxlm::model::mamba2::state::Mamba2State::bytes_for(1, &cfg.mamba2());
+    assert_eq!(bytes, 4 * (4 * 16 * 8 + 3 * 96));
+}
+
+/// Greedy generation through the state equals the argmax of a full forward at every step, alone
+/// and as the shorter row of a left-padded batch.
+#[test]
+fn greedy_generation_matches_full_forwards() {
+    use foxlm::generate::{generate, GenerateOptions};
+    use foxlm::sampling::Sampling;
+    let cfg = tiny_config();
+    let model = random_model(&cfg, 7);
+    let v = cfg.vocab_size;
+    let prompt = ids(v, 12, 8);
+    let mut seq = prompt.clone();
+    let mut want = Vec::new();
+    for _ in 0..10 {
+        let logits = model.forward(&seq, &Ctx { batch: 1, seq: seq.len(), start: None });
+        let last = &logits[(seq.len() - 1) * v..];
+        let next = (0..v).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
+        want.push(next);
+        seq.push(next);
+    }
+    let opts = GenerateOptions { max_new_tokens: 10, sampling: Sampling::default(), seed: 0, eos: None };
+    let got = generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {});
+    assert_eq!(got[0], want);
+    let longer = ids(v, 19, 9);
+    let got2 = generate(&model, &[longer, prompt], &opts, |_, _| {});
+    assert_eq!(got2[1], want, "the left-padded row");
+}

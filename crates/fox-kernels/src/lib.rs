@@ -5,6 +5,7 @@
 //! the model is a fixed, known set of operations and each one's buffers are visible at its call.
 
 pub mod attention;
+pub mod conv1d;
 pub mod cross_entropy;
 pub mod cuda;
 pub mod fgate;
@@ -13,9 +14,11 @@ pub mod head;
 pub mod kv_shift;
 pub mod matmul;
 pub mod par;
+pub mod rms_norm_gated;
 pub mod rmsnorm;
 pub mod rope;
 pub mod scalar;
 pub mod simd;
 pub mod small_gemm;
+pub mod ssd;
 pub mod swiglu;

@@ -4,9 +4,11 @@
 //! g = x ⊙ silu(z),   y = g · rsqrt(mean(g²) + eps) · w
 //! ```
 //!
-//! over rows of `dim` values (Mamba-2: all Di channels of a token, one group). x and y are
-//! contiguous [rows, dim]; z is read in place from a wider buffer (row stride `z_stride`, e.g. the
-//! in_proj output whose first Di columns are z), and dz written into the same layout.
+//! over rows of `dim` values: a token's Di channels in `groups` groups of dim = Di / groups (the
+//! authors' Mamba-2 has one group; fla's normalises each group of B/C's heads apart). x and y
+//! are contiguous [tokens, Di] = [rows, dim] with rows = tokens · groups; z is read in place from
+//! a wider buffer (token stride `z_stride`, e.g. the in_proj output whose first Di columns are z),
+//! and dz written into the same layout; w is [Di] (group g's weights at g·dim).
 
 use crate::scalar::{sigmoid, silu};
 use anyhow::{ensure, Result};
@@ -14,14 +16,20 @@ use rayon::prelude::*;
 
 const ROWS_PER_TASK: usize = 32;
 
-fn check(n: usize, z: usize, z_stride: usize, w: usize, dim: usize) -> Result<()> {
-    ensure!(dim > 0 && n.is_multiple_of(dim), "rms_norm_gated: {n} values are not rows of {dim}");
-    ensure!(w == dim, "rms_norm_gated: weight has {w} values, not dim = {dim}");
-    ensure!(z_stride >= dim, "rms_norm_gated: z_stride {z_stride} < dim {dim}");
-    let rows = n / dim;
-    let need = if rows == 0 { 0 } else { (rows - 1) * z_stride + dim };
+fn check(n: usize, z: usize, z_stride: usize, w: usize, dim: usize, groups: usize) -> Result<()> {
+    let width = dim * groups;
+    ensure!(width > 0 && n.is_multiple_of(width), "rms_norm_gated: {n} values are not tokens of {groups} × {dim}");
+    ensure!(w == width, "rms_norm_gated: weight has {w} values, not groups × dim = {width}");
+    ensure!(z_stride >= width, "rms_norm_gated: z_stride {z_stride} < groups × dim {width}");
+    let tokens = n / width;
+    let need = if tokens == 0 { 0 } else { (tokens - 1) * z_stride + width };
     ensure!(z >= need, "rms_norm_gated: z holds {z} values, needs {need}");
     Ok(())
+}
+
+/// Where row `row`'s z (and dz) start, and its weights'.
+fn z_at(row: usize, z_stride: usize, dim: usize, groups: usize) -> (usize, usize) {
+    ((row / groups) * z_stride + (row % groups) * dim, (row % groups) * dim)
 }
 
 /// Forward: y [rows, dim]; `rstd` [rows] (1 / rms of x ⊙ silu(z)) kept for the backward.
@@ -34,23 +42,25 @@ pub fn rms_norm_gated_fwd(
     z_stride: usize,
     w: &[f32],
     dim: usize,
+    groups: usize,
     eps: f32,
 ) -> Result<()> {
-    check(x.len(), z.len(), z_stride, w.len(), dim)?;
+    check(x.len(), z.len(), z_stride, w.len(), dim, groups)?;
     ensure!(y.len() == x.len(), "rms_norm_gated: y has {} values, not {}", y.len(), x.len());
     ensure!(rstd.len() == x.len() / dim, "rms_norm_gated: rstd has {} values, not rows", rstd.len());
     y.par_chunks_mut(dim * ROWS_PER_TASK).zip(rstd.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(
         |(task, (ys, rs))| {
             for (i, (yr, r)) in ys.chunks_mut(dim).zip(rs.iter_mut()).enumerate() {
                 let row = task * ROWS_PER_TASK + i;
-                let (xr, zr) = (&x[row * dim..][..dim], &z[row * z_stride..][..dim]);
+                let (zo, wo) = z_at(row, z_stride, dim, groups);
+                let (xr, zr) = (&x[row * dim..][..dim], &z[zo..][..dim]);
                 for k in 0..dim {
                     yr[k] = xr[k] * silu(zr[k]);
                 }
                 let ms = yr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
                 let s = 1.0 / (ms + eps).sqrt();
                 *r = s;
-                for (v, &wv) in yr.iter_mut().zip(w) {
+                for (v, &wv) in yr.iter_mut().zip(&w[wo..wo + dim]) {
                     *v = *v * s * wv;
                 }
             }
@@ -75,9 +85,10 @@ pub fn rms_norm_gated_bwd(
     rstd: &[f32],
     w: &[f32],
     dim: usize,
+    groups: usize,
 ) -> Result<()> {
-    check(x.len(), z.len(), z_stride, w.len(), dim)?;
-    check(x.len(), dz.len(), z_stride, dw.len(), dim)?;
+    check(x.len(), z.len(), z_stride, w.len(), dim, groups)?;
+    check(x.len(), dz.len(), z_stride, dw.len(), dim, groups)?;
     ensure!(dx.len() == x.len() && dy.len() == x.len(), "rms_norm_gated: dx and dy must match x");
     ensure!(rstd.len() == x.len() / dim, "rms_norm_gated: rstd has {} values, not rows", rstd.len());
     let dzp = crate::par::SharedMut::new(dz);
@@ -85,24 +96,26 @@ pub fn rms_norm_gated_bwd(
         .par_chunks_mut(dim * ROWS_PER_TASK)
         .enumerate()
         .map(|(task, dxs)| {
-            let mut dwp = vec![0.0f32; dim];
+            let mut dwp = vec![0.0f32; dim * groups];
             let mut gbuf = vec![0.0f32; dim];
             for (i, dxr) in dxs.chunks_mut(dim).enumerate() {
                 let row = task * ROWS_PER_TASK + i;
-                let (xr, zr, dyr) = (&x[row * dim..][..dim], &z[row * z_stride..][..dim], &dy[row * dim..][..dim]);
+                let (zo, wo) = z_at(row, z_stride, dim, groups);
+                let (xr, zr, dyr) = (&x[row * dim..][..dim], &z[zo..][..dim], &dy[row * dim..][..dim]);
+                let (wr, dwr) = (&w[wo..wo + dim], &mut dwp[wo..wo + dim]);
                 let s = rstd[row];
                 let mut mean = 0.0f32;
                 for k in 0..dim {
                     gbuf[k] = xr[k] * silu(zr[k]);
                     let n = gbuf[k] * s;
-                    mean += w[k] * dyr[k] * n;
-                    dwp[k] += dyr[k] * n;
+                    mean += wr[k] * dyr[k] * n;
+                    dwr[k] += dyr[k] * n;
                 }
                 mean /= dim as f32;
-                // SAFETY: this task alone writes these rows of dz.
-                let dzr = unsafe { dzp.slice(row * z_stride, dim) };
+                // SAFETY: this task alone writes these rows' dz.
+                let dzr = unsafe { dzp.slice(zo, dim) };
                 for k in 0..dim {
-                    let dg = s * (w[k] * dyr[k] - gbuf[k] * s * mean);
+                    let dg = s * (wr[k] * dyr[k] - gbuf[k] * s * mean);
                     let sg = sigmoid(zr[k]);
                     dxr[k] = dg * zr[k] * sg;
                     dzr[k] = dg * xr[k] * sg * (1.0 + zr[k] * (1.0 - sg));
@@ -140,7 +153,7 @@ mod tests {
         let g = rn(&mut rng, rows * dim);
         let fwd = |x: &[f32], z: &[f32], w: &[f32]| -> (Vec<f32>, Vec<f32>) {
             let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
-            rms_norm_gated_fwd(&mut y, &mut r, x, z, zs, w, dim, eps).unwrap();
+            rms_norm_gated_fwd(&mut y, &mut r, x, z, zs, w, dim, 1, eps).unwrap();
             (y, r)
         };
         let (y, rstd) = fwd(&x, &z, &w);
@@ -160,7 +173,7 @@ mod tests {
         let mut dx = vec![f32::NAN; x.len()];
         let mut dz = vec![5.0; z.len()];
         let mut dw = vec![0.5; dim];
-        rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &g, &x, &z, zs, &rstd, &w, dim).unwrap();
+        rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &g, &x, &z, zs, &rstd, &w, dim, 1).unwrap();
         let e = 1e-2f32;
         let tol = 3e-3;
         for i in (0..x.len()).step_by(5) {
@@ -189,6 +202,40 @@ mod tests {
             let got = dw[k] - 0.5;
             assert!((fd - got).abs() < tol * (1.0 + fd.abs()), "dw[{k}]: fd {fd} vs {got}");
         }
-        assert!(rms_norm_gated_fwd(&mut [0.0; 5], &mut [0.0; 1], &x[..5], &z, zs, &w, dim, eps).is_err());
+        assert!(rms_norm_gated_fwd(&mut [0.0; 5], &mut [0.0; 1], &x[..5], &z, zs, &w, dim, 1, eps).is_err());
+    }
+
+    /// Two groups: each token's channels normalised group by group with the group's weights, the
+    /// same as the one-group op on each group alone (z taken from the token's columns of the group).
+    #[test]
+    fn groups_normalise_apart() {
+        let mut rng = ChaCha8Rng::seed_from_u64(43);
+        let (tokens, dim, g, zs, eps) = (37, 6, 2, 15, 1e-5f32);
+        let rn = |rng: &mut ChaCha8Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample(StandardNormal)).collect() };
+        let x = rn(&mut rng, tokens * g * dim);
+        let z = rn(&mut rng, tokens * zs);
+        let w = rn(&mut rng, g * dim);
+        let dy = rn(&mut rng, tokens * g * dim);
+        let (mut y, mut rs) = (vec![0.0; x.len()], vec![0.0; tokens * g]);
+        rms_norm_gated_fwd(&mut y, &mut rs, &x, &z, zs, &w, dim, g, eps).unwrap();
+        let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![0.0; z.len()], vec![0.0; g * dim]);
+        rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &rs, &w, dim, g).unwrap();
+        for gi in 0..g {
+            let pick = |v: &[f32], stride: usize| -> Vec<f32> {
+                (0..tokens).flat_map(|t| v[t * stride + gi * dim..][..dim].to_vec()).collect()
+            };
+            let (xg, zg, dyg, wg) =
+                (pick(&x, g * dim), pick(&z, zs), pick(&dy, g * dim), w[gi * dim..][..dim].to_vec());
+            let (mut y1, mut r1) = (vec![0.0; tokens * dim], vec![0.0; tokens]);
+            rms_norm_gated_fwd(&mut y1, &mut r1, &xg, &zg, dim, &wg, dim, 1, eps).unwrap();
+            assert_eq!(pick(&y, g * dim), y1, "group {gi}: y");
+            let (mut dx1, mut dz1, mut dw1) = (vec![0.0; xg.len()], vec![0.0; zg.len()], vec![0.0; dim]);
+            rms_norm_gated_bwd(&mut dx1, &mut dz1, &mut dw1, &dyg, &xg, &zg, dim, &r1, &wg, dim, 1).unwrap();
+            assert_eq!(pick(&dx, g * dim), dx1, "group {gi}: dx");
+            assert_eq!(pick(&dz, zs), dz1, "group {gi}: dz");
+            for k in 0..dim {
+                assert!((dw[gi * dim + k] - dw1[k]).abs() <= 1e-5 * (1.0 + dw1[k].abs()), "group {gi}: dw[{k}]");
+            }
+        }
     }
 }

@@ -434,9 +434,11 @@ impl Config {
             bail!("rms_norm false: only the gated RMSNorm is supported");
         }
         if let Some(lim) = self.extra.get("time_step_limit") {
-            let ok = lim.as_array().is_some_and(|a| {
-                a.len() == 2 && a[0].as_f64() == Some(0.0) && (a[1].is_null() || a[1].as_f64() == Some(f64::INFINITY))
-            });
+            // inf as Python's json writes it (Infinity, read as null here) or as transformers 5
+            // does ({"__float__": "Infinity"}).
+            let inf =
+                |v: &serde_json::Value| v.is_null() || v.get("__float__").and_then(|s| s.as_str()) == Some("Infinity");
+            let ok = lim.as_array().is_some_and(|a| a.len() == 2 && a[0].as_f64() == Some(0.0) && inf(&a[1]));
             if !ok {
                 bail!("time_step_limit {lim}: only (0, inf), dt unclamped, is supported");
             }

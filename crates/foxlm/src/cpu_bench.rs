@@ -19,12 +19,22 @@ use std::time::Instant;
 
 /// Matmul FLOPs of one training step per token (forward + backward = 3 × forward): every Linear
 /// (2·in·out each) including the output head, plus attention's QKᵀ and PV (2·2·T/2·d per layer
-/// on average under the causal mask).
+/// on average under the causal mask) or a Mamba-2 layer's recurrence (4·P·N per head).
 pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
     let linear = model.linear_numel();
-    let cfg = &model.config;
-    let attn = cfg.num_hidden_layers as f64 * 2.0 * context as f64 * cfg.hidden_size as f64;
-    3.0 * (2.0 * linear as f64 + attn)
+    let mixers: f64 = model
+        .layers
+        .iter()
+        .map(|blk| match &blk.mixer {
+            crate::model::Mixer::Attention(l) => 2.0 * context as f64 * (l.heads * l.head_dim) as f64,
+            // The recurrence: the state update and its read-out, 4·P·N per head.
+            crate::model::Mixer::Mamba2(l) => {
+                let s = l.sizes();
+                4.0 * (s.heads * s.head_dim * s.state) as f64
+            }
+        })
+        .sum();
+    3.0 * (2.0 * linear as f64 + mixers)
 }
 
 /// One model's row.

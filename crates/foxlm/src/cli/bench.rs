@@ -299,16 +299,24 @@ fn cpu_bench(a: &AttentionArgs) -> Result<()> {
 /// layer (two products), backward 2.5× that.
 pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usize) -> f64 {
     let matmul = model.linear_numel();
-    let c = &model.config;
     let tokens = (batch * context) as f64;
-    let attn = c.num_hidden_layers as f64
-        * 3.5
-        * 2.0
-        * batch as f64
-        * c.num_heads as f64
-        * (context as f64).powi(2)
-        * c.head_dim() as f64;
-    6.0 * tokens * matmul as f64 + attn
+    let mixers: f64 = model
+        .layers
+        .iter()
+        .map(|blk| match &blk.mixer {
+            // Causal attention, 2·B·H·T²·D forward; the backward counted as 2.5 times that.
+            crate::model::Mixer::Attention(l) => {
+                3.5 * 2.0 * batch as f64 * l.heads as f64 * (context as f64).powi(2) * l.head_dim as f64
+            }
+            // The recurrence's arithmetic: per token and head, the state update and its read-out
+            // (4·P·N) forward, twice that backward (the chunked form does more, in matrix units).
+            crate::model::Mixer::Mamba2(l) => {
+                let s = l.sizes();
+                3.0 * 4.0 * tokens * (s.heads * s.head_dim * s.state) as f64
+            }
+        })
+        .sum();
+    6.0 * tokens * matmul as f64 + mixers
 }
 
 /// One row of `bench train` (also its JSON, and what a process started by `--gpus` reports).

@@ -705,7 +705,15 @@ fn make_engine(
     if let Some(d) = &opts.dist {
         return make_rank_engine(model, opt, opts, micro, context, d);
     }
-    match fox_kernels::cuda::select(opts.device)? {
+    let mut device = fox_kernels::cuda::select(opts.device)?;
+    if let (true, Some(why)) = (device.is_cuda(), crate::backend::cuda::unsupported(model, true)) {
+        if opts.device != fox_kernels::cuda::DeviceArg::Auto {
+            bail!("--device {:?}: {why}", opts.device);
+        }
+        eprintln!("note: training on the CPU: {why}");
+        device = Device::Cpu;
+    }
+    match device {
         Device::Cpu => {
             if opts.dtype == Some(Dtype::Bf16) {
                 bail!("--dtype bf16 needs a GPU (--device cuda): the CPU trains in f32");

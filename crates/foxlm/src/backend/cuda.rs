@@ -64,6 +64,17 @@ pub struct CacheLens {
     pub shift: usize,
 }
 
+/// Why the CUDA backend cannot run `model` (for training when `training`), if it cannot: a layer
+/// family whose CUDA operations do not exist yet.
+pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
+    model.layers.iter().find_map(|blk| match &blk.mixer {
+        crate::model::Mixer::Attention(_) => None,
+        crate::model::Mixer::Mamba2(_) => {
+            Some("Mamba-2 layers have no CUDA kernels yet (they run on the CPU: --device cpu)".to_string())
+        }
+    })
+}
+
 /// One layer's inference state on the GPU.
 pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State>;
 

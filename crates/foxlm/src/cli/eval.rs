@@ -225,6 +225,8 @@ fn run_loss(a: LossArgs) -> Result<()> {
         pb.set_message(format!("{name}: loading"));
         let model = load_model(path)?;
         let cfg = &model.config;
+        // A model whose layers the GPU cannot run yet goes to the CPU (auto) or is refused (cuda).
+        let device = if device.is_cuda() { a.device.select_for(&model)? } else { device.clone() };
         if !device.is_cuda() {
             let need = crate::validate::kv_cache_bytes(cfg, a.batch_size, n + 1)
                 .saturating_add(crate::validate::forward_bytes(cfg, a.batch_size, a.chunk.min(n + 1), false));
@@ -441,7 +443,7 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         );
     }
     let max_len = a.lengths.iter().copied().max().unwrap_or(0);
-    let device = a.device.select()?;
+    let device = a.device.select_for(&model)?;
     if !device.is_cuda() {
         let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
             .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false))

@@ -135,7 +135,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.with_grads && matches!(a.device.device, DeviceArg::Cuda(_)) {
         bail!("--with-grads computes gradients on the CPU (the f32 reference): use --device cpu or auto");
     }
-    let device = if a.with_grads { Device::Cpu } else { a.device.select()? };
+    let device = if a.with_grads { Device::Cpu } else { a.device.select_for(&model)? };
     let logits = if device.is_cuda() {
         // Chunks of positions through the decode cache when [B, T] exceeds one forward's plan.
         let plan = Plan { batch: b, chunk: t.min((DEFAULT_GPU_ROWS / b.max(1)).max(1)) };

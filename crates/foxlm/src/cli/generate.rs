@@ -77,7 +77,7 @@ pub fn run(a: Args) -> Result<()> {
     let model = load_model(&a.model)?;
     let vocab = model.config.vocab_size;
     let sampling = Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p };
-    let device = a.device.select()?;
+    let device = a.device.select_for(&model)?;
     // The engine: the CPU, or the GPU planned for this batch of prompts.
     let open = |prompts: usize, longest: usize| {
         let plan = Plan { batch: prompts, chunk: longest.min((DEFAULT_GPU_ROWS / prompts.max(1)).max(1)) };

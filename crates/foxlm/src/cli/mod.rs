@@ -39,4 +39,22 @@ impl DeviceArgs {
         }
         Ok(d)
     }
+
+    /// The device to run `model` on: as [`DeviceArgs::select`], and where the GPU backend cannot
+    /// run one of the model's layer families yet, the CPU for `auto` (with a note) and an error
+    /// naming the family for `cuda`.
+    pub fn select_for(&self, model: &crate::model::Model) -> Result<Device> {
+        let d = self.select()?;
+        match (d.is_cuda(), crate::backend::cuda::unsupported(model, false)) {
+            (true, Some(why)) if self.device == DeviceArg::Auto => {
+                eprintln!("note: running on the CPU: {why}");
+                if self.dtype == Some(Dtype::Bf16) {
+                    bail!("--dtype bf16 needs the GPU, which cannot run this model: {why}");
+                }
+                Ok(Device::Cpu)
+            }
+            (true, Some(why)) => bail!("--device {:?}: {why}", self.device),
+            _ => Ok(d),
+        }
+    }
 }

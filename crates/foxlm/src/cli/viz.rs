@@ -95,7 +95,7 @@ fn run_gates(a: GatesArgs) -> Result<()> {
     if t < 2 {
         bail!("{}: the text is empty", a.text.display());
     }
-    let device = a.device.select()?;
+    let device = a.device.select_for(&model)?;
     let acts = infer::open(&model, &device, a.device.dtype, Plan { batch: 1, chunk: t })?.gate_acts(&ids)?;
     let h = cfg.num_heads;
     let hd = cfg.head_dim();

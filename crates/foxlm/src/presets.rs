@@ -325,7 +325,7 @@ pub fn preset(name: &str) -> Result<Preset> {
 }
 
 /// The Mamba-2 presets: the paper's sizes and the small experiment's.
-pub const MAMBA2: [&str; 4] = ["mamba2-125m", "mamba2-360m", "mamba2-760m", "mamba2-small"];
+pub const MAMBA2: [&str; 5] = ["mamba2-125m", "mamba2-360m", "mamba2-760m", "mamba2-small", "mamba2-tiny"];
 
 /// A Mamba-2 model in the authors' configuration (their configs/model/mamba2.py): expand 2, heads
 /// of 64 channels, state 128, one group of B and C, convolution width 4, ε 1e-5.
@@ -346,13 +346,25 @@ pub fn mamba2_config(hidden_size: usize, layers: usize) -> Config {
 
 /// `mamba2-{125m,360m,760m}` (the authors' experiment configs: 24 layers of d = 768, 48 of 1024,
 /// 48 of 1536 — no MLP, so twice the FoX layers at about the same size — with their peak LRs and
-/// the 2.5Gi/7Gi/15Gi-token runs of the ablation table) and `mamba2-small` (experiments/small-scale:
-/// d = 384 with 12 layers, the small FoX's parameter count, and its recipe).
+/// the 2.5Gi/7Gi/15Gi-token runs of the ablation table), `mamba2-small` (experiments/small-scale:
+/// d = 384 with 12 layers, the small FoX's parameter count, and its recipe) and `mamba2-tiny`
+/// (tiny's recipe for a CPU).
 fn mamba2(name: &str) -> Option<Preset> {
     let (d, layers, lr, tokens, micro) = match name {
         "mamba2-125m" => (768, 24, 2e-3, 2560 * MI, 2),
         "mamba2-360m" => (1024, 48, 2e-3, 7168 * MI, 1),
         "mamba2-760m" => (1536, 48, 1e-3, 15360 * MI, 1),
+        "mamba2-tiny" => {
+            // tiny's recipe and width, for a CPU: 4 layers of d = 64, 2 SSM heads of 64, state 32.
+            let mut p = tiny();
+            p.name = name.into();
+            p.model = mamba2_config(64, 4);
+            p.model.state_size = Some(32);
+            p.description = "Mamba-2, d=64, 4 layers, 2 SSM heads of 64, state 32, context 128, 500 steps of 8 \
+                             windows: trains on a 2-core CPU in minutes"
+                .into();
+            return Some(p);
+        }
         "mamba2-small" => {
             let mut p = small("fox-llama-small")?;
             p.name = name.into();
@@ -380,6 +392,33 @@ fn mamba2(name: &str) -> Option<Preset> {
 mod tests {
     use super::*;
     use crate::model::Model;
+
+    /// The Mamba-2 presets are the authors' experiment configs (configs/experiment/longcrawl64/
+    /// mamba2/*.yaml: d, layers, heads of 64, state 128, peak LR, tokens).
+    #[test]
+    fn mamba2_presets_follow_the_authors() {
+        for (name, d, layers, lr, gi) in [
+            ("mamba2-125m", 768, 24, 2e-3, 2.5),
+            ("mamba2-360m", 1024, 48, 2e-3, 7.0),
+            ("mamba2-760m", 1536, 48, 1e-3, 15.0),
+        ] {
+            let p = preset(name).unwrap();
+            let m = p.model.mamba2();
+            assert_eq!(p.model.arch(), crate::config::Arch::Mamba2, "{name}");
+            assert_eq!((p.model.hidden_size, p.model.num_hidden_layers, m.heads), (d, layers, 2 * d / 64), "{name}");
+            assert_eq!((m.head_dim, m.state, m.groups, m.conv, m.expand), (64, 128, 1, 4, 2), "{name}");
+            assert_eq!(p.train.peak_lr, lr, "{name}");
+            assert_eq!(p.train.total_tokens, (gi * 1024.0) as u64 * MI, "{name}");
+        }
+        // 24 × (norm 768 + in_proj 768·3352 + conv 1792·(4 + 1) + dt_bias, A_log, D 3·24 + norm
+        // 1536 + out_proj 1536·768) + the embedding, the head and the final norm.
+        let p = preset("mamba2-125m").unwrap();
+        assert_eq!(p.model.param_bytes() / 4, 167_563_200);
+        assert_eq!(Model::new(&p.model).params.numel(), 167_563_200);
+        let t = preset("mamba2-tiny").unwrap();
+        assert_eq!((t.model.hidden_size, t.model.num_hidden_layers, t.model.state_size), (64, 4, Some(32)));
+        assert_eq!(t.train.context, tiny().train.context);
+    }
 
     #[test]
     fn every_preset_is_valid_and_sized_as_in_the_paper() {

@@ -35,7 +35,7 @@ pub enum Command {
     Forward(forward::Args),
     /// Show a model's configuration, parameter counts per component and memory needs.
     Inspect(inspect::Args),
-    /// Prepare token shards from text (prepare) and summarise them (inspect).
+    /// Datasets: token shards from text (prepare), from token arrays others ship (import), and their summary (inspect).
     Data(data::Args),
     /// Train a model (--preset NAME or --config FILE) on a prepared dataset, with checkpoints and --resume.
     Train(train::Args),

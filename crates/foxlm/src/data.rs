@@ -25,12 +25,18 @@
 //! f of the kept bytes. Every file's fate is listed in `files.jsonl`. The walk is sorted and
 //! every decision is taken in that order, so the same tree gives byte-identical shards.
 //!
+//! `data import` (the [`import`] module) writes the same layout from token arrays that are
+//! already tokenized (nanoGPT .bin, .npy, LongCrawl64 rows), without re-tokenizing.
+//!
 //! Training windows (SPEC §3): the split's documents, in a seeded order that changes each epoch,
 //! form one stream `doc EOS doc EOS ...`; window k is BOS followed by the stream's tokens
 //! [kT, kT + T): the model reads its first T tokens and predicts its last T. Documents longer
 //! than a window span several windows; shorter ones are packed with EOS between them. The window
 //! order within an epoch is a seeded permutation too, so a batch mixes distant parts of the
-//! corpus. The position ([`LoaderState`]) is saved in checkpoints.
+//! corpus. The position ([`LoaderState`]) is saved in checkpoints. A dataset of rows
+//! (`row_tokens` in the manifest: imported LongCrawl64) is never joined: window w is BOS and
+//! the (w mod k)-th stretch of T tokens of row w / k, k = row_tokens / T, as the LongCrawl64
+//! authors cut them.
 
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{anyhow, bail, Context, Result};

@@ -63,7 +63,7 @@ fn nanogpt_bin16_splits_at_eot_and_the_loader_gives_back_the_file_stream() {
     let vb = put(tmp.path(), "val.bin", &le16(&val));
     let out = tmp.path().join("ds");
     let opts = ImportOptions { val: vec![vb.clone()], ..ImportOptions::new(ImportFormat::Bin16) };
-    let m = import(&[tb.clone()], &out, &opts).unwrap();
+    let m = import(std::slice::from_ref(&tb), &out, &opts).unwrap();
     let ds = Dataset::open(&out).unwrap();
     assert_eq!(ds.manifest(), &m);
     assert_eq!(m.text_format, TextFormat::Plain);
@@ -89,7 +89,7 @@ fn nanogpt_bin16_splits_at_eot_and_the_loader_gives_back_the_file_stream() {
     // --separator none: the file is one document; --train-tokens cuts it and stops reading.
     let out2 = tmp.path().join("ds2");
     let opts2 = ImportOptions { separator: None, train_tokens: Some(10), ..opts.clone() };
-    let m = import(&[tb.clone()], &out2, &opts2).unwrap();
+    let m = import(std::slice::from_ref(&tb), &out2, &opts2).unwrap();
     let ds = Dataset::open(&out2).unwrap();
     assert_eq!(docs(&ds, Split::Train), vec![train[..10].to_vec()]);
     assert_eq!(m.import.unwrap().tokens_read, 10 + 5);
@@ -120,7 +120,7 @@ fn bin32_and_npy_read_value_for_value_and_hold_out_evenly_spaced_documents() {
     for (k, (format, path)) in inputs.iter().enumerate() {
         let out = tmp.path().join(format!("ds{k}"));
         let opts = ImportOptions { val_fraction: 0.1, ..ImportOptions::new(*format) };
-        import(&[path.clone()], &out, &opts).unwrap();
+        import(std::slice::from_ref(path), &out, &opts).unwrap();
         let ds = Dataset::open(&out).unwrap();
         // Documents 9 and 19 are held out (as `data prepare` holds out).
         let train: Vec<Vec<u32>> =
@@ -164,7 +164,7 @@ fn longcrawl64_rows_subsets_prefixes_roll_and_windows_inside_rows() {
     };
     for (k, input) in [&tn, &tb].into_iter().enumerate() {
         let out = tmp.path().join(format!("lc{k}"));
-        let m = import(&[input.clone()], &out, &opts).unwrap();
+        let m = import(std::slice::from_ref(input), &out, &opts).unwrap();
         assert_eq!(m.row_tokens, Some(16384));
         assert_eq!(m.text_format, TextFormat::JsonEscaped);
         assert_eq!((m.train.documents, m.train.tokens, m.val.documents, m.val.tokens), (4, 65536, 2, 32768));
@@ -181,7 +181,7 @@ fn longcrawl64_rows_subsets_prefixes_roll_and_windows_inside_rows() {
     let out = tmp.path().join("rolled");
     let rolled =
         ImportOptions { row_tokens: None, train_tokens: None, val_tokens: None, roll_seed: Some(5), ..opts.clone() };
-    import(&[tn.clone()], &out, &rolled).unwrap();
+    import(std::slice::from_ref(&tn), &out, &rolled).unwrap();
     let ds = Dataset::open(&out).unwrap();
     assert_eq!(ds.manifest().row_tokens, Some(row));
     let mut shifts = vec![];
@@ -227,7 +227,7 @@ fn bad_inputs_are_errors_naming_the_file() {
     let bin16 = ImportOptions::new(ImportFormat::Bin16);
     let npyo = ImportOptions::new(ImportFormat::Npy);
     let check = |path: &PathBuf, opts: &ImportOptions, want: &[&str]| {
-        let e = err(import(&[path.clone()], &out, opts));
+        let e = err(import(std::slice::from_ref(path), &out, opts));
         assert!(e.contains(&path.display().to_string()), "{e}");
         for w in want {
             assert!(e.contains(w), "{e}: wants {w:?}");
@@ -275,16 +275,21 @@ fn bad_inputs_are_errors_naming_the_file() {
     let short_rows = put(tmp.path(), "rows.npy", &npy("<u2", &[2, 3], false, &data, 1));
     check(&short_rows, &lc, &["rows of 3 tokens", "65536"]);
     let rows = put(tmp.path(), "lc.npy", &npy("<u2", &[2, LONGCRAWL64_ROW], false, &le16(&lc_rows(0, 2)), 1));
-    let e = err(import(&[rows.clone()], &out, &ImportOptions { train_tokens: Some(1000), ..lc.clone() }));
+    let e = err(import(std::slice::from_ref(&rows), &out, &ImportOptions { train_tokens: Some(1000), ..lc.clone() }));
     assert!(e.contains("--train-tokens 1000") && e.contains("whole number of rows"), "{e}");
-    let e = err(import(&[rows.clone()], &out, &ImportOptions { train_tokens: Some(3 << 16), ..lc.clone() }));
+    let e =
+        err(import(std::slice::from_ref(&rows), &out, &ImportOptions { train_tokens: Some(3 << 16), ..lc.clone() }));
     assert!(e.contains("--train-tokens 196608") && e.contains("only 131072"), "{e}");
     let e = err(import(&[rows], &out, &ImportOptions { row_tokens: Some(70000), ..lc }));
     assert!(e.contains("--row-tokens 70000"), "{e}");
     // Options that do not go together.
-    let e = err(import(&[good.clone()], &out, &ImportOptions { row_tokens: Some(4), ..npyo.clone() }));
+    let e = err(import(std::slice::from_ref(&good), &out, &ImportOptions { row_tokens: Some(4), ..npyo.clone() }));
     assert!(e.contains("--row-tokens"), "{e}");
-    let e = err(import(&[good.clone()], &out, &ImportOptions { val: vec![good.clone()], val_fraction: 0.1, ..npyo }));
+    let e = err(import(
+        std::slice::from_ref(&good),
+        &out,
+        &ImportOptions { val: vec![good.clone()], val_fraction: 0.1, ..npyo },
+    ));
     assert!(e.contains("--val-fraction"), "{e}");
 }
 

@@ -33,8 +33,8 @@
 //! [kT, kT + T): the model reads its first T tokens and predicts its last T. Documents longer
 //! than a window span several windows; shorter ones are packed with EOS between them. The window
 //! order within an epoch is a seeded permutation too, so a batch mixes distant parts of the
-//! corpus. The position ([`LoaderState`]) is saved in checkpoints. A dataset of rows
-//! (`row_tokens` in the manifest: imported LongCrawl64) is never joined: window w is BOS and
+//! corpus. The position ([`LoaderState`]) is saved in checkpoints. A split of rows (its
+//! `row_tokens` in the manifest: imported LongCrawl64) is never joined: window w is BOS and
 //! the (w mod k)-th stretch of T tokens of row w / k, k = row_tokens / T, as the LongCrawl64
 //! authors cut them.
 
@@ -117,6 +117,10 @@ pub struct ShardInfo {
 pub struct SplitInfo {
     pub documents: usize,
     pub tokens: usize,
+    /// Every document is a row of exactly this many tokens (imported LongCrawl64): windows are
+    /// cut inside rows, at multiples of the window length, never across two rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_tokens: Option<usize>,
     pub shards: Vec<ShardInfo>,
 }
 
@@ -146,10 +150,6 @@ pub struct Manifest {
     /// is in `files.jsonl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<TreeSummary>,
-    /// Every document is a row of exactly this many tokens (imported LongCrawl64): training
-    /// windows are cut inside rows, at multiples of the window length, never across two rows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub row_tokens: Option<usize>,
     /// What `data import` read (absent for `data prepare`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub import: Option<import::ImportSummary>,
@@ -263,15 +263,15 @@ impl Dataset {
             let info = manifest.split(split);
             let (mut shards, mut cum) = (Vec::new(), vec![0usize]);
             let (mut docs, mut toks) = (0usize, 0usize);
-            if manifest.row_tokens == Some(0) {
-                bail!("{}: row_tokens is 0", mpath.display());
+            if info.row_tokens == Some(0) {
+                bail!("{}: {split} split: row_tokens is 0", mpath.display());
             }
             for sh in &info.shards {
                 let shard = Self::open_shard(dir, &mpath, &manifest, sh, verify)?;
-                if let Some(r) = manifest.row_tokens {
+                if let Some(r) = info.row_tokens {
                     if let Some(w) = shard.offsets.windows(2).find(|w| w[1] - w[0] != r as u64) {
                         bail!(
-                            "{}: a document of {} tokens in {}, but the manifest says every row has {r}",
+                            "{}: a document of {} tokens in {}, but the manifest says every row of the {split} split has {r}",
                             mpath.display(),
                             w[1] - w[0],
                             sh.tokens_file
@@ -460,8 +460,10 @@ impl Dataset {
                 if n > 0 { t as f64 / n as f64 } else { 0.0 },
             );
         }
-        if let Some(r) = m.row_tokens {
-            s += &format!("rows        every document is a row of {r} tokens; training windows stay inside rows\n");
+        for split in [Split::Train, Split::Val] {
+            if let Some(r) = m.split(split).row_tokens {
+                s += &format!("rows        {split}: every document is a row of {r} tokens; windows stay inside rows\n");
+            }
         }
         if let Some(i) = &m.import {
             s += &format!("imported    {}\n", i.describe());
@@ -647,9 +649,12 @@ impl ShardWriter {
         (format!("{}-{n:05}.tokens", self.split.as_str()), format!("{}-{n:05}.index", self.split.as_str()))
     }
 
-    /// Starts a document of `len` tokens, in a new shard when it would overfill this one.
+    /// Starts a document of `len` tokens, in a new shard when it would overfill this one. A
+    /// shard holds at most `max_tokens` documents too, so that empty documents (a run of
+    /// separators in an imported stream) cannot grow its index without bound.
     fn begin_document(&mut self, len: usize) -> Result<()> {
-        if self.cur_count > 0 && self.cur_count.saturating_add(len) > self.max_tokens {
+        let docs = self.cur_offsets.len() - 1;
+        if (self.cur_count > 0 && self.cur_count.saturating_add(len) > self.max_tokens) || docs >= self.max_tokens {
             self.flush()?;
         }
         Ok(())
@@ -725,7 +730,7 @@ impl ShardWriter {
 
     fn finish(mut self) -> Result<SplitInfo> {
         self.flush()?;
-        Ok(SplitInfo { documents: self.documents, tokens: self.tokens, shards: self.shards })
+        Ok(SplitInfo { documents: self.documents, tokens: self.tokens, row_tokens: None, shards: self.shards })
     }
 }
 
@@ -863,10 +868,9 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
         globs: opts.globs.clone(),
         val_by: opts.val_by,
         tree: None,
-        row_tokens: None,
         import: None,
-        train: SplitInfo { documents: 0, tokens: 0, shards: vec![] },
-        val: SplitInfo { documents: 0, tokens: 0, shards: vec![] },
+        train: SplitInfo { documents: 0, tokens: 0, row_tokens: None, shards: vec![] },
+        val: SplitInfo { documents: 0, tokens: 0, row_tokens: None, shards: vec![] },
     };
     match source {
         Source::Files(files) => manifest.skipped_empty = tokenize_files(files, &tok, opts, &mut w)?,
@@ -1534,7 +1538,7 @@ pub struct Loader<'a> {
 /// How many windows of `seq` tokens a split yields per epoch: of the stream `doc EOS doc EOS
 /// ...`, or with rows (LongCrawl64) `row_tokens / seq` per row, the rest of each row dropped.
 pub fn windows_per_epoch(data: &Dataset, split: Split, seq: usize) -> u64 {
-    match data.manifest().row_tokens {
+    match data.manifest().split(split).row_tokens {
         Some(r) => data.num_documents(split) as u64 * (r / seq.max(1)) as u64,
         None => (data.num_tokens(split) + data.num_documents(split)) as u64 / seq.max(1) as u64,
     }
@@ -1547,10 +1551,10 @@ impl<'a> Loader<'a> {
         if seq < 2 {
             bail!("window length {seq} is too short (at least 2 tokens)");
         }
-        if let Some(r) = data.manifest().row_tokens {
+        if let Some(r) = data.manifest().split(split).row_tokens {
             if seq > r {
                 bail!(
-                    "{}: windows of {seq} tokens do not fit its rows of {r} tokens (windows never cross rows, as \
+                    "{}: windows of {seq} tokens do not fit the {split} split's rows of {r} tokens (windows never cross rows, as \
                      in the LongCrawl64 authors' loader): use --context {r} or less",
                     data.dir().display()
                 );
@@ -1583,7 +1587,7 @@ impl<'a> Loader<'a> {
     }
 
     pub fn windows_per_epoch(&self) -> u64 {
-        match self.data.manifest().row_tokens {
+        match self.data.manifest().split(self.split).row_tokens {
             Some(_) => windows_per_epoch(self.data, self.split, self.seq),
             None => self.stream_len / self.seq as u64,
         }
@@ -1647,7 +1651,7 @@ impl<'a> Loader<'a> {
         self.state.index += 1;
         let mut out = Vec::with_capacity(self.seq + 1);
         out.push(BOS_ID);
-        match self.data.manifest().row_tokens {
+        match self.data.manifest().split(self.split).row_tokens {
             // Window w is the (w mod per_row)-th stretch of `seq` tokens of row w / per_row.
             Some(r) => {
                 let per_row = (r / self.seq) as u64;

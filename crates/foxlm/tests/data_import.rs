@@ -101,6 +101,26 @@ fn nanogpt_bin16_splits_at_eot_and_the_loader_gives_back_the_file_stream() {
     let ds3 = Dataset::open(&out3).unwrap();
     assert!(ds3.manifest().train.shards.len() >= 3);
     assert_eq!(docs(&ds3, Split::Train), docs(&Dataset::open(&out).unwrap(), Split::Train));
+
+    // Nothing but separators: ten empty documents, at most four to a shard (the index of a
+    // shard stays bounded), and no training tokens: an error.
+    let eots = put(tmp.path(), "eots.bin", &le16(&[EOT; 10]));
+    let e = err(import(
+        &[eots],
+        &tmp.path().join("ds4"),
+        &ImportOptions { shard_tokens: 4, ..ImportOptions::new(ImportFormat::Bin16) },
+    ));
+    assert!(e.contains("no tokens for training"), "{e}");
+    let names: Vec<String> = std::fs::read_dir(tmp.path().join("ds4"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".index"))
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    for n in names {
+        let len = std::fs::metadata(tmp.path().join("ds4").join(&n)).unwrap().len();
+        assert!(len <= 5 * 8, "{n}: {len} bytes");
+    }
 }
 
 #[test]
@@ -154,27 +174,42 @@ fn longcrawl64_rows_subsets_prefixes_roll_and_windows_inside_rows() {
     let tb = put(tmp.path(), "train.bin", &le16(&train));
     let hn = put(tmp.path(), "heldout.npy", &npy("<u2", &[3, row], false, &le16(&held), 1));
     // The paper's selection, scaled down: the first 4 rows' first 16,384 tokens for training,
-    // the first 2 rows of the held-out file for validation (the prefix applies to both).
+    // the first 2 whole rows of the held-out file for validation.
     let opts = ImportOptions {
         val: vec![hn.clone()],
         train_tokens: Some(4 * 16384),
-        val_tokens: Some(2 * 16384),
+        val_tokens: Some(2 * row as u64),
         row_tokens: Some(16384),
         ..ImportOptions::new(ImportFormat::Longcrawl64)
     };
     for (k, input) in [&tn, &tb].into_iter().enumerate() {
         let out = tmp.path().join(format!("lc{k}"));
         let m = import(std::slice::from_ref(input), &out, &opts).unwrap();
-        assert_eq!(m.row_tokens, Some(16384));
+        assert_eq!((m.train.row_tokens, m.val.row_tokens), (Some(16384), Some(row)));
         assert_eq!(m.text_format, TextFormat::JsonEscaped);
-        assert_eq!((m.train.documents, m.train.tokens, m.val.documents, m.val.tokens), (4, 65536, 2, 32768));
+        assert_eq!((m.train.documents, m.train.tokens, m.val.documents, m.val.tokens), (4, 65536, 2, 131072));
         let ds = Dataset::open(&out).unwrap();
         for r in 0..4 {
             assert_eq!(ds.document(Split::Train, r), train[r * row..r * row + 16384], "{}: row {r}", input.display());
         }
         for r in 0..2 {
-            assert_eq!(ds.document(Split::Val, r), held[r * row..r * row + 16384]);
+            assert_eq!(ds.document(Split::Val, r), held[r * row..(r + 1) * row]);
         }
+        // Training windows may not be longer than the training rows; validation's may.
+        assert!(err(Loader::new(&ds, Split::Train, 16385, 0, false)).contains("train split's rows of 16384"));
+        assert_eq!(Loader::new(&ds, Split::Val, row, 0, false).unwrap().windows_per_epoch(), 2);
+    }
+
+    // Held out by --val-fraction: the held-out rows are whole, the training rows cut.
+    let out = tmp.path().join("fraction");
+    let frac = ImportOptions { val: vec![], val_fraction: 0.5, train_tokens: None, val_tokens: None, ..opts.clone() };
+    import(std::slice::from_ref(&tn), &out, &frac).unwrap();
+    let ds = Dataset::open(&out).unwrap();
+    for (k, r) in [0, 2, 4].into_iter().enumerate() {
+        assert_eq!(ds.document(Split::Train, k), train[r * row..r * row + 16384], "row {r}");
+    }
+    for (k, r) in [1, 3, 5].into_iter().enumerate() {
+        assert_eq!(ds.document(Split::Val, k), train[r * row..(r + 1) * row], "row {r}");
     }
 
     // Whole rows, rolled: document r is numpy.roll(row r, shift r).
@@ -183,7 +218,7 @@ fn longcrawl64_rows_subsets_prefixes_roll_and_windows_inside_rows() {
         ImportOptions { row_tokens: None, train_tokens: None, val_tokens: None, roll_seed: Some(5), ..opts.clone() };
     import(std::slice::from_ref(&tn), &out, &rolled).unwrap();
     let ds = Dataset::open(&out).unwrap();
-    assert_eq!(ds.manifest().row_tokens, Some(row));
+    assert_eq!((ds.manifest().train.row_tokens, ds.manifest().val.row_tokens), (Some(row), Some(row)));
     let mut shifts = vec![];
     for r in 0..6 {
         let s = roll_shift(5, r as u64, row);
@@ -210,14 +245,14 @@ fn longcrawl64_rows_subsets_prefixes_roll_and_windows_inside_rows() {
         assert_eq!(&got[1..], &doc[c * seq..(c + 1) * seq], "window {w}");
     }
     let e = err(Loader::new(&ds, Split::Train, row + 1, 0, false));
-    assert!(e.contains("do not fit its rows of 65536"), "{e}");
+    assert!(e.contains("do not fit the train split's rows of 65536"), "{e}");
 
     // A manifest whose rows are not all row_tokens long is refused.
     let mpath = out.join(MANIFEST_FILE);
     let text = std::fs::read_to_string(&mpath).unwrap();
     std::fs::write(&mpath, text.replace("\"row_tokens\": 65536", "\"row_tokens\": 65535")).unwrap();
     let e = err(Dataset::open(&out));
-    assert!(e.contains("manifest.json") && e.contains("every row has 65535"), "{e}");
+    assert!(e.contains("manifest.json") && e.contains("every row of the train split has 65535"), "{e}");
 }
 
 #[test]

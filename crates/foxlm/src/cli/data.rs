@@ -105,8 +105,9 @@ pub struct ImportArgs {
     /// between documents), or "none": every file is one document.
     #[arg(long, default_value = "50256", value_parser = parse_separator, value_name = "ID|none")]
     pub separator: Separator,
-    /// longcrawl64: keep only the first N tokens of every row (e.g. 16384: what the authors'
-    /// loader reads of each row at 16k context) [default: the whole row].
+    /// longcrawl64: keep only the first N tokens of every training row (e.g. 16384: what the
+    /// authors' loader reads of each row at 16k context; then --train-tokens is a multiple of
+    /// N). Validation rows stay whole, as the authors evaluate them [default: the whole row].
     #[arg(long, value_name = "N")]
     pub row_tokens: Option<usize>,
     /// longcrawl64: rotate every row by a random amount (numpy.roll semantics; ChaCha8 seeded by

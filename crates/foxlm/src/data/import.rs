@@ -11,8 +11,10 @@
 //!   a document.
 //! - `longcrawl64`: rows of 65,536 GPT-2 tokens, as a `[rows, 65536]` .npy or a flat uint16 file
 //!   of whole rows (the zarr arrays of the release, exported). Every row is a document and the
-//!   manifest says so (`row_tokens`): training windows are cut inside rows at multiples of the
-//!   window length, never across rows, and start with BOS, as the authors' loader cuts them.
+//!   manifest says so (each split's `row_tokens`): windows are cut inside rows at multiples of
+//!   the window length, never across rows, and start with BOS, as the authors' loader cuts them.
+//!   `--row-tokens N` keeps the first N tokens of each training row (validation rows stay whole,
+//!   as the authors evaluate them).
 //!
 //! Inputs are memory-mapped and read once, in order; tokens are checked (negative ids, ids at or
 //! past the GPT-2 vocabulary: errors naming the file and the token's index) and streamed into
@@ -69,7 +71,7 @@ pub struct ImportOptions {
     pub val_tokens: Option<u64>,
     /// Flat formats: the token that ends a document (dropped); None: every file is one document.
     pub separator: Option<u32>,
-    /// Row formats: keep the first this many tokens of each row.
+    /// Row formats: keep the first this many tokens of each training row.
     pub row_tokens: Option<usize>,
     /// Row formats: rotate each row by a seeded random amount before taking it.
     pub roll_seed: Option<u64>,
@@ -326,12 +328,22 @@ impl Importer<'_> {
 
     /// Writes elements [from, to) of `f` as one document of the split chosen for it, cut to
     /// what the split may still take. Returns false when that split is full.
-    fn document(&mut self, f: &TokenFile, pieces: &[(usize, usize)], split: Option<Split>) -> Result<bool> {
+    /// Whether the next document goes to validation.
+    fn next_held_out(&mut self, split: Option<Split>) -> bool {
         let held_out = match split {
             Some(s) => s == Split::Val,
             None => is_val_document(self.doc_index, self.opts.val_fraction),
         };
         self.doc_index += 1;
+        held_out
+    }
+
+    fn document(&mut self, f: &TokenFile, pieces: &[(usize, usize)], split: Option<Split>) -> Result<bool> {
+        let held_out = self.next_held_out(split);
+        self.write_document(f, pieces, held_out)
+    }
+
+    fn write_document(&mut self, f: &TokenFile, pieces: &[(usize, usize)], held_out: bool) -> Result<bool> {
         let total: usize = pieces.iter().map(|(a, b)| b - a).sum();
         let room = self.sink(held_out).room();
         if room == 0 {
@@ -371,7 +383,8 @@ impl Importer<'_> {
         Ok(())
     }
 
-    /// Rows: every row (its first `take` tokens, after the roll) is one document.
+    /// Rows: every row is one document: after the roll, its first `take` tokens in training,
+    /// the whole row in validation.
     fn rows(&mut self, f: &TokenFile, split: Option<Split>, take: usize) -> Result<()> {
         let cols = f.cols.expect("a 2-D array");
         for r in 0..f.rows() {
@@ -384,6 +397,8 @@ impl Importer<'_> {
                 None => 0,
             };
             self.row_index += 1;
+            let held_out = self.next_held_out(split);
+            let take = if held_out { cols } else { take };
             // np.roll(row, shift): out[i] = row[(i - shift) mod cols], i.e. the row's last
             // `shift` tokens first.
             let (a, b) = ((base + cols - shift, base + cols), (base, base + cols - shift));
@@ -396,7 +411,7 @@ impl Importer<'_> {
                     left -= n;
                 }
             }
-            self.document(f, &pieces, split)?;
+            self.write_document(f, &pieces, held_out)?;
         }
         Ok(())
     }
@@ -468,8 +483,8 @@ pub fn import(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<Ma
         (Some(r), None) => Some(r),
         (None, _) => None,
     };
-    if let Some(t) = take {
-        for (flag, cap) in [("--train-tokens", opts.train_tokens), ("--val-tokens", opts.val_tokens)] {
+    if let (Some(t), Some(r)) = (take, row) {
+        for (flag, cap, t) in [("--train-tokens", opts.train_tokens, t), ("--val-tokens", opts.val_tokens, r)] {
             if let Some(c) = cap.filter(|c| c % t as u64 != 0) {
                 bail!("{flag} {c} is not a whole number of rows of {t} tokens: give a multiple of {t}");
             }
@@ -521,7 +536,9 @@ pub fn import(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<Ma
     }
     imp.pb.finish_and_clear();
     let tokens_read = imp.tokens_read;
-    let (train, val): (SplitInfo, SplitInfo) = (imp.train.w.finish()?, imp.val.w.finish()?);
+    let (mut train, mut val): (SplitInfo, SplitInfo) = (imp.train.w.finish()?, imp.val.w.finish()?);
+    // Rows: the loader cuts windows inside them; validation rows are whole.
+    (train.row_tokens, val.row_tokens) = (take, row);
     for (flag, cap, got, split) in [
         ("--train-tokens", opts.train_tokens, train.tokens, "training"),
         ("--val-tokens", opts.val_tokens, val.tokens, "validation"),
@@ -547,7 +564,6 @@ pub fn import(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<Ma
         globs: vec![],
         val_by: super::ValBy::Document,
         tree: None,
-        row_tokens: take,
         import: Some(ImportSummary {
             format: opts.format,
             train_inputs: inputs.iter().map(show).collect(),

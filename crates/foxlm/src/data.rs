@@ -25,12 +25,18 @@
 //! f of the kept bytes. Every file's fate is listed in `files.jsonl`. The walk is sorted and
 //! every decision is taken in that order, so the same tree gives byte-identical shards.
 //!
+//! `data import` (the [`import`] module) writes the same layout from token arrays that are
+//! already tokenized (nanoGPT .bin, .npy, LongCrawl64 rows), without re-tokenizing.
+//!
 //! Training windows (SPEC §3): the split's documents, in a seeded order that changes each epoch,
 //! form one stream `doc EOS doc EOS ...`; window k is BOS followed by the stream's tokens
 //! [kT, kT + T): the model reads its first T tokens and predicts its last T. Documents longer
 //! than a window span several windows; shorter ones are packed with EOS between them. The window
 //! order within an epoch is a seeded permutation too, so a batch mixes distant parts of the
-//! corpus. The position ([`LoaderState`]) is saved in checkpoints.
+//! corpus. The position ([`LoaderState`]) is saved in checkpoints. A split of rows (its
+//! `row_tokens` in the manifest: imported LongCrawl64) is never joined: window w is BOS and
+//! the (w mod k)-th stretch of T tokens of row w / k, k = row_tokens / T, as the LongCrawl64
+//! authors cut them.
 
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{anyhow, bail, Context, Result};
@@ -42,6 +48,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+
+pub mod import;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const FORMAT_NAME: &str = "foxlm-token-shards";
@@ -109,6 +117,10 @@ pub struct ShardInfo {
 pub struct SplitInfo {
     pub documents: usize,
     pub tokens: usize,
+    /// Every document is a row of exactly this many tokens (imported LongCrawl64): windows are
+    /// cut inside rows, at multiples of the window length, never across two rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_tokens: Option<usize>,
     pub shards: Vec<ShardInfo>,
 }
 
@@ -138,6 +150,9 @@ pub struct Manifest {
     /// is in `files.jsonl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<TreeSummary>,
+    /// What `data import` read (absent for `data prepare`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<import::ImportSummary>,
     pub train: SplitInfo,
     pub val: SplitInfo,
 }
@@ -248,8 +263,22 @@ impl Dataset {
             let info = manifest.split(split);
             let (mut shards, mut cum) = (Vec::new(), vec![0usize]);
             let (mut docs, mut toks) = (0usize, 0usize);
+            if info.row_tokens == Some(0) {
+                bail!("{}: {split} split: row_tokens is 0", mpath.display());
+            }
             for sh in &info.shards {
-                shards.push(Self::open_shard(dir, &mpath, &manifest, sh, verify)?);
+                let shard = Self::open_shard(dir, &mpath, &manifest, sh, verify)?;
+                if let Some(r) = info.row_tokens {
+                    if let Some(w) = shard.offsets.windows(2).find(|w| w[1] - w[0] != r as u64) {
+                        bail!(
+                            "{}: a document of {} tokens in {}, but the manifest says every row of the {split} split has {r}",
+                            mpath.display(),
+                            w[1] - w[0],
+                            sh.tokens_file
+                        );
+                    }
+                }
+                shards.push(shard);
                 let overflow = || anyhow!("{}: {split} split: document or token counts overflow", mpath.display());
                 docs = docs.checked_add(sh.documents).ok_or_else(overflow)?;
                 toks = toks.checked_add(sh.tokens).ok_or_else(overflow)?;
@@ -431,6 +460,14 @@ impl Dataset {
                 if n > 0 { t as f64 / n as f64 } else { 0.0 },
             );
         }
+        for split in [Split::Train, Split::Val] {
+            if let Some(r) = m.split(split).row_tokens {
+                s += &format!("rows        {split}: every document is a row of {r} tokens; windows stay inside rows\n");
+            }
+        }
+        if let Some(i) = &m.import {
+            s += &format!("imported    {}\n", i.describe());
+        }
         if m.skipped_empty > 0 {
             s += &format!("skipped     {} empty document(s)\n", m.skipped_empty);
         }
@@ -567,17 +604,27 @@ pub fn is_val_document(i: usize, val_fraction: f64) -> bool {
     ((i + 1) as f64 * val_fraction).floor() > (i as f64 * val_fraction).floor()
 }
 
+/// Writes a split's shards. Tokens stream to the open shard's file (hashed on the way), so a
+/// shard never has to fit in memory; a document never spans two shards.
 struct ShardWriter {
     dir: PathBuf,
     split: Split,
     dtype: TokenDtype,
     max_tokens: usize,
     shards: Vec<ShardInfo>,
-    cur_tokens: Vec<u8>,
+    open: Option<OpenShard>,
+    /// Encoding buffer, reused.
+    buf: Vec<u8>,
     cur_offsets: Vec<u64>,
     cur_count: usize,
     documents: usize,
     tokens: usize,
+}
+
+struct OpenShard {
+    path: PathBuf,
+    file: std::io::BufWriter<std::fs::File>,
+    hash: Sha256,
 }
 
 impl ShardWriter {
@@ -588,7 +635,8 @@ impl ShardWriter {
             dtype,
             max_tokens: max_tokens.max(1),
             shards: Vec::new(),
-            cur_tokens: Vec::new(),
+            open: None,
+            buf: Vec::new(),
             cur_offsets: vec![0],
             cur_count: 0,
             documents: 0,
@@ -596,18 +644,52 @@ impl ShardWriter {
         }
     }
 
-    fn push(&mut self, doc: &[u32]) -> Result<()> {
-        if self.cur_count > 0 && self.cur_count + doc.len() > self.max_tokens {
+    fn file_names(&self) -> (String, String) {
+        let n = self.shards.len();
+        (format!("{}-{n:05}.tokens", self.split.as_str()), format!("{}-{n:05}.index", self.split.as_str()))
+    }
+
+    /// Starts a document of `len` tokens, in a new shard when it would overfill this one. A
+    /// shard holds at most `max_tokens` documents too, so that empty documents (a run of
+    /// separators in an imported stream) cannot grow its index without bound.
+    fn begin_document(&mut self, len: usize) -> Result<()> {
+        let docs = self.cur_offsets.len() - 1;
+        if (self.cur_count > 0 && self.cur_count.saturating_add(len) > self.max_tokens) || docs >= self.max_tokens {
             self.flush()?;
         }
-        match self.dtype {
-            TokenDtype::U16 => doc.iter().for_each(|&t| self.cur_tokens.extend_from_slice(&(t as u16).to_le_bytes())),
-            TokenDtype::U32 => doc.iter().for_each(|&t| self.cur_tokens.extend_from_slice(&t.to_le_bytes())),
+        Ok(())
+    }
+
+    /// Appends tokens to the current document (ids already checked against the vocabulary).
+    fn write_tokens(&mut self, toks: &[u32]) -> Result<()> {
+        if self.open.is_none() {
+            let path = self.dir.join(self.file_names().0);
+            let f = std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+            self.open =
+                Some(OpenShard { path, file: std::io::BufWriter::with_capacity(1 << 20, f), hash: Sha256::new() });
         }
-        self.cur_count += doc.len();
+        self.buf.clear();
+        match self.dtype {
+            TokenDtype::U16 => toks.iter().for_each(|&t| self.buf.extend_from_slice(&(t as u16).to_le_bytes())),
+            TokenDtype::U32 => toks.iter().for_each(|&t| self.buf.extend_from_slice(&t.to_le_bytes())),
+        }
+        let open = self.open.as_mut().expect("opened above");
+        open.file.write_all(&self.buf).with_context(|| format!("cannot write {} (disk full?)", open.path.display()))?;
+        open.hash.update(&self.buf);
+        self.cur_count += toks.len();
+        self.tokens += toks.len();
+        Ok(())
+    }
+
+    fn end_document(&mut self) {
         self.cur_offsets.push(self.cur_count as u64);
         self.documents += 1;
-        self.tokens += doc.len();
+    }
+
+    fn push(&mut self, doc: &[u32]) -> Result<()> {
+        self.begin_document(doc.len())?;
+        self.write_tokens(doc)?;
+        self.end_document();
         Ok(())
     }
 
@@ -616,21 +698,31 @@ impl ShardWriter {
         if docs == 0 {
             return Ok(());
         }
-        let n = self.shards.len();
-        let tokens_file = format!("{}-{n:05}.tokens", self.split.as_str());
-        let index_file = format!("{}-{n:05}.index", self.split.as_str());
+        let (tokens_file, index_file) = self.file_names();
+        let tokens_sha256 = match self.open.take() {
+            Some(OpenShard { path, file, hash }) => {
+                let f = file
+                    .into_inner()
+                    .map_err(|e| anyhow!("cannot write {} (disk full?): {}", path.display(), e.error()))?;
+                f.sync_all().with_context(|| format!("cannot write {}", path.display()))?;
+                hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+            }
+            // Only empty documents: an empty tokens file.
+            None => {
+                write_file(&self.dir.join(&tokens_file), &[])?;
+                sha256_hex(&[])
+            }
+        };
         let index: Vec<u8> = self.cur_offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-        write_file(&self.dir.join(&tokens_file), &self.cur_tokens)?;
         write_file(&self.dir.join(&index_file), &index)?;
         self.shards.push(ShardInfo {
             tokens_file,
             index_file,
             documents: docs,
             tokens: self.cur_count,
-            tokens_sha256: sha256_hex(&self.cur_tokens),
+            tokens_sha256,
             index_sha256: sha256_hex(&index),
         });
-        self.cur_tokens.clear();
         self.cur_offsets = vec![0];
         self.cur_count = 0;
         Ok(())
@@ -638,7 +730,7 @@ impl ShardWriter {
 
     fn finish(mut self) -> Result<SplitInfo> {
         self.flush()?;
-        Ok(SplitInfo { documents: self.documents, tokens: self.tokens, shards: self.shards })
+        Ok(SplitInfo { documents: self.documents, tokens: self.tokens, row_tokens: None, shards: self.shards })
     }
 }
 
@@ -701,6 +793,24 @@ impl DocReader {
     }
 }
 
+/// Creates the output folder of `data prepare` / `data import`; an existing dataset there is
+/// an error unless `overwrite`.
+fn create_output(out: &Path, overwrite: bool) -> Result<()> {
+    if out.join(MANIFEST_FILE).exists() && !overwrite {
+        bail!("{} already holds a dataset (pass --overwrite to replace it)", out.display());
+    }
+    if out.exists() && !out.is_dir() {
+        bail!("{}: exists and is not a folder", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    if overwrite {
+        // Remove the old manifest first so a failure below never leaves a stale one describing
+        // new shards; old shards of the same names are overwritten.
+        let _ = std::fs::remove_file(out.join(MANIFEST_FILE));
+    }
+    Ok(())
+}
+
 /// Tokenizes `inputs` into a dataset in `out` (see the module docs); returns its manifest.
 pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<Manifest> {
     if inputs.is_empty() {
@@ -737,18 +847,7 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
         }
         Source::Tree(files)
     };
-    if out.join(MANIFEST_FILE).exists() && !opts.overwrite {
-        bail!("{} already holds a dataset (pass --overwrite to replace it)", out.display());
-    }
-    if out.exists() && !out.is_dir() {
-        bail!("{}: exists and is not a folder", out.display());
-    }
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    if opts.overwrite {
-        // Remove the old manifest first so a failure below never leaves a stale one describing
-        // new shards; old shards of the same names are overwritten.
-        let _ = std::fs::remove_file(out.join(MANIFEST_FILE));
-    }
+    create_output(out, opts.overwrite)?;
     let tok = Tokenizer::gpt2(opts.text_format)?;
     let vocab = GPT2_VOCAB;
     let dtype = TokenDtype::for_vocab(vocab);
@@ -769,8 +868,9 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
         globs: opts.globs.clone(),
         val_by: opts.val_by,
         tree: None,
-        train: SplitInfo { documents: 0, tokens: 0, shards: vec![] },
-        val: SplitInfo { documents: 0, tokens: 0, shards: vec![] },
+        import: None,
+        train: SplitInfo { documents: 0, tokens: 0, row_tokens: None, shards: vec![] },
+        val: SplitInfo { documents: 0, tokens: 0, row_tokens: None, shards: vec![] },
     };
     match source {
         Source::Files(files) => manifest.skipped_empty = tokenize_files(files, &tok, opts, &mut w)?,
@@ -1435,10 +1535,13 @@ pub struct Loader<'a> {
     stream_len: u64,
 }
 
-/// How many windows of `seq` tokens a split yields per epoch.
+/// How many windows of `seq` tokens a split yields per epoch: of the stream `doc EOS doc EOS
+/// ...`, or with rows (LongCrawl64) `row_tokens / seq` per row, the rest of each row dropped.
 pub fn windows_per_epoch(data: &Dataset, split: Split, seq: usize) -> u64 {
-    let stream = (data.num_tokens(split) + data.num_documents(split)) as u64;
-    stream / seq as u64
+    match data.manifest().split(split).row_tokens {
+        Some(r) => data.num_documents(split) as u64 * (r / seq.max(1)) as u64,
+        None => (data.num_tokens(split) + data.num_documents(split)) as u64 / seq.max(1) as u64,
+    }
 }
 
 impl<'a> Loader<'a> {
@@ -1448,8 +1551,18 @@ impl<'a> Loader<'a> {
         if seq < 2 {
             bail!("window length {seq} is too short (at least 2 tokens)");
         }
+        if let Some(r) = data.manifest().split(split).row_tokens {
+            if seq > r {
+                bail!(
+                    "{}: windows of {seq} tokens do not fit the {split} split's rows of {r} tokens (windows never cross rows, as \
+                     in the LongCrawl64 authors' loader): use --context {r} or less",
+                    data.dir().display()
+                );
+            }
+        }
         let stream_len = (data.num_tokens(split) + data.num_documents(split)) as u64;
-        if stream_len < seq as u64 {
+        let windows = windows_per_epoch(data, split, seq);
+        if windows == 0 {
             bail!(
                 "{}: the {split} split has {} tokens in {} documents, fewer than one window of {seq} tokens \
                  (use a shorter --context or more text)",
@@ -1458,12 +1571,8 @@ impl<'a> Loader<'a> {
                 data.num_documents(split)
             );
         }
-        if stream_len / seq as u64 > u32::MAX as u64 {
-            bail!(
-                "{}: {} windows of {seq} tokens per epoch, more than foxlm can index",
-                data.dir().display(),
-                stream_len / seq as u64
-            );
+        if windows > u32::MAX as u64 {
+            bail!("{}: {windows} windows of {seq} tokens per epoch, more than foxlm can index", data.dir().display());
         }
         Ok(Self { data, split, seq, shuffle, state: LoaderState { seed, epoch: 0, index: 0 }, plan: None, stream_len })
     }
@@ -1478,7 +1587,10 @@ impl<'a> Loader<'a> {
     }
 
     pub fn windows_per_epoch(&self) -> u64 {
-        self.stream_len / self.seq as u64
+        match self.data.manifest().split(self.split).row_tokens {
+            Some(_) => windows_per_epoch(self.data, self.split, self.seq),
+            None => self.stream_len / self.seq as u64,
+        }
     }
 
     fn plan(&mut self) -> &Epoch {
@@ -1539,7 +1651,15 @@ impl<'a> Loader<'a> {
         self.state.index += 1;
         let mut out = Vec::with_capacity(self.seq + 1);
         out.push(BOS_ID);
-        self.stream(w * self.seq as u64, self.seq, &mut out);
+        match self.data.manifest().split(self.split).row_tokens {
+            // Window w is the (w mod per_row)-th stretch of `seq` tokens of row w / per_row.
+            Some(r) => {
+                let per_row = (r / self.seq) as u64;
+                let from = (w % per_row) as usize * self.seq;
+                self.data.document_range_into(self.split, (w / per_row) as usize, from, from + self.seq, &mut out);
+            }
+            None => self.stream(w * self.seq as u64, self.seq, &mut out),
+        }
         out
     }
 

@@ -1,5 +1,7 @@
-//! `foxlm data prepare|inspect`: tokenize text into memory-mapped shards, and summarise them.
+//! `foxlm data prepare|import|inspect`: tokenize text into memory-mapped shards, import token
+//! arrays others ship, and summarise a dataset.
 
+use crate::data::import::{import, parse_tokens, ImportFormat, ImportOptions};
 use crate::data::{prepare, Dataset, PrepareOptions, Split, ValBy};
 use crate::tokenizer::{TextFormat, Tokenizer};
 use anyhow::Result;
@@ -17,6 +19,10 @@ pub enum Command {
     /// its "text" field) into token shards with a manifest, split into train/validation by
     /// whole documents.
     Prepare(PrepareArgs),
+    /// Import pre-tokenized GPT-2 token arrays (nanoGPT .bin, NumPy .npy, LongCrawl64 rows) into
+    /// a dataset, without re-tokenizing.
+    #[command(after_help = IMPORT_EXAMPLES)]
+    Import(ImportArgs),
     /// Summarise a prepared dataset: documents, tokens, shards, and the start of a document.
     Inspect(InspectArgs),
 }
@@ -60,6 +66,86 @@ pub struct PrepareArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+}
+
+const IMPORT_EXAMPLES: &str = "Examples:
+  foxlm data import --format bin16 --input train.bin --val val.bin --output runs/owt
+      nanoGPT's OpenWebText: documents end at EOT (50256), which the loader puts back
+  foxlm data import --format npy --input tokens.npy --val-fraction 0.01 --output runs/npy
+  foxlm data import --format longcrawl64 --input train.npy --val heldout.npy \\
+      --train-tokens 45Gi --val-tokens 2Gi --row-tokens 16384 --output runs/lc64
+      the paper's 48B-token run: the first 16,384 tokens of the first 2,949,120 rows (what the
+      authors' loader reads at 16k context), and 32,768 whole validation rows";
+
+#[derive(clap::Args, Debug)]
+pub struct ImportArgs {
+    /// bin16 (flat little-endian uint16, nanoGPT's .bin), bin32 (flat uint32), npy (1-D: a
+    /// stream like bin16; 2-D: one document per row), longcrawl64 (rows of 65,536 tokens: a
+    /// [rows, 65536] .npy or flat uint16 of whole rows; training windows stay inside rows).
+    #[arg(long, value_enum)]
+    pub format: ImportFormat,
+    /// Token files for training, read in order; repeatable.
+    #[arg(long, required = true, num_args = 1..)]
+    pub input: Vec<PathBuf>,
+    /// Token files for validation; repeatable. Without them, --val-fraction of the documents of
+    /// --input are held out (evenly spaced).
+    #[arg(long, num_args = 1..)]
+    pub val: Vec<PathBuf>,
+    /// Without --val: the fraction of documents (rows) held out for validation [default: 0.05].
+    #[arg(long)]
+    pub val_fraction: Option<f64>,
+    /// Keep only the first N training tokens (K/M/G/T = 2^10/2^20/2^30/2^40, e.g. 45Gi); with
+    /// rows a whole number of rows. Reading stops there.
+    #[arg(long, value_parser = parse_tokens, value_name = "N")]
+    pub train_tokens: Option<u64>,
+    /// Keep only the first N validation tokens (as --train-tokens).
+    #[arg(long, value_parser = parse_tokens, value_name = "N")]
+    pub val_tokens: Option<u64>,
+    /// Flat inputs: the token id that ends each document (dropped; the loader puts an EOS back
+    /// between documents), or "none": every file is one document.
+    #[arg(long, default_value = "50256", value_parser = parse_separator, value_name = "ID|none")]
+    pub separator: Separator,
+    /// longcrawl64: keep only the first N tokens of every training row (e.g. 16384: what the
+    /// authors' loader reads of each row at 16k context; then --train-tokens is a multiple of
+    /// N). Validation rows stay whole, as the authors evaluate them [default: the whole row].
+    #[arg(long, value_name = "N")]
+    pub row_tokens: Option<usize>,
+    /// longcrawl64: rotate every row by a random amount (numpy.roll semantics; ChaCha8 seeded by
+    /// this and the row's index) before taking it. The release's rows are used as stored
+    /// without it, as the authors' loader does.
+    #[arg(long, value_name = "SEED")]
+    pub roll_seed: Option<u64>,
+    /// How the tokens' text was escaped before BPE (recorded for decoding) [default: plain;
+    /// json-escaped for longcrawl64].
+    #[arg(long)]
+    pub text_format: Option<TextFormat>,
+    /// Output folder (created; must not already hold a dataset unless --overwrite).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Most tokens per shard file.
+    #[arg(long, default_value_t = 1 << 28)]
+    pub shard_tokens: usize,
+    /// Replace a dataset already in the output folder.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `--separator`: a token id, or none.
+#[derive(Clone, Copy, Debug)]
+pub struct Separator(pub Option<u32>);
+
+fn parse_separator(s: &str) -> std::result::Result<Separator, String> {
+    if s == "none" {
+        return Ok(Separator(None));
+    }
+    s.parse::<u32>()
+        .ok()
+        .filter(|&id| (id as usize) < crate::tokenizer::GPT2_VOCAB)
+        .map(|id| Separator(Some(id)))
+        .ok_or_else(|| format!("{s:?} is not a GPT-2 token id (0 to 50256) or \"none\""))
 }
 
 #[derive(clap::Args, Debug)]
@@ -115,6 +201,33 @@ pub fn run(a: Args) -> Result<()> {
             eprintln!(
                 "wrote {}: train {} documents / {} tokens, val {} documents / {} tokens ({}, {:.1} s)",
                 p.output.display(),
+                m.train.documents,
+                m.train.tokens,
+                m.val.documents,
+                m.val.tokens,
+                m.text_format,
+                t0.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Command::Import(a) => {
+            let t0 = std::time::Instant::now();
+            let mut opts = ImportOptions::new(a.format);
+            opts.val_fraction = a.val_fraction.unwrap_or(if a.val.is_empty() { 0.05 } else { 0.0 });
+            opts.val = a.val;
+            opts.train_tokens = a.train_tokens;
+            opts.val_tokens = a.val_tokens;
+            opts.separator = a.separator.0;
+            opts.row_tokens = a.row_tokens;
+            opts.roll_seed = a.roll_seed;
+            opts.text_format = a.text_format.unwrap_or(opts.text_format);
+            opts.shard_tokens = a.shard_tokens;
+            opts.overwrite = a.overwrite;
+            opts.progress = !a.quiet;
+            let m = import(&a.input, &a.output, &opts)?;
+            eprintln!(
+                "wrote {}: train {} documents / {} tokens, val {} documents / {} tokens ({}, {:.1} s)",
+                a.output.display(),
                 m.train.documents,
                 m.train.tokens,
                 m.val.documents,

@@ -18,6 +18,43 @@ use crate::engine::Dtype;
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{self, Device, DeviceArg};
 
+/// The whole `foxlm` command line (main.rs runs it; tests parse the documentation's commands with it).
+#[derive(clap::Parser)]
+#[command(name = "foxlm", version, about = "The Forgetting Transformer (FoX): train, evaluate and run FoX language models", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(clap::Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; boxing would only obscure the clap derive
+pub enum Command {
+    /// Generate text (or token ids) from a model, streaming to stdout.
+    Generate(generate::Args),
+    /// Run a forward pass on ids from a safetensors file and write the logits (to compare implementations).
+    Forward(forward::Args),
+    /// Show a model's configuration, parameter counts per component and memory needs.
+    Inspect(inspect::Args),
+    /// Datasets: token shards from text (prepare), from token arrays others ship (import), and their summary (inspect).
+    Data(data::Args),
+    /// Train a model (--preset NAME or --config FILE) on a prepared dataset, with checkpoints and --resume.
+    Train(train::Args),
+    /// Tokenize the Moby-Dick sample, train a tiny FoX (Pro) for about a minute and a half on two CPU cores, and sample from it.
+    Demo(demo::Args),
+    /// Evaluate models: per-token loss and perplexity over context length (loss), needle in a haystack (niah).
+    Eval(eval::Args),
+    /// Visualise a model: forget-gate matrices, attention maps and memory lengths per head (gates).
+    Viz(viz::Args),
+    /// Check the whole model on the GPU against the CPU reference (fixtures, training, resume): a pass/fail table.
+    GpuCheck(gpu_check::Args),
+    /// Benchmarks: Forgetting Attention throughput on GPU (vs PyTorch SDPA) or CPU (attention); a training step (train); the server under load (serve).
+    Bench(bench::Args),
+    /// Serve a model over HTTP with the OpenAI completions API (for the openai client and lm-evaluation-harness).
+    Serve(serve::Args),
+    /// Tokenizer files: write tokenizer.json + tokenizer_config.json into a model folder (export).
+    Tokenizer(tokenizer::Args),
+}
+
 /// `--device` and `--dtype` of the commands that run a trained model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {

@@ -1,0 +1,839 @@
+//! `foxlm data import`: token arrays that others ship, turned into a foxlm dataset (manifest and
+//! shards, as `data prepare` writes) without re-tokenizing.
+//!
+//! Formats:
+//! - `bin16` / `bin32`: flat little-endian uint16 / uint32 tokens (nanoGPT's train.bin and
+//!   val.bin are bin16), documents separated by a token (EOT 50256 by default, which nanoGPT
+//!   appends to every document) that is dropped: foxlm's loader puts an EOS (the same id) back
+//!   after every document, so the training stream is the file's stream.
+//! - `npy`: a NumPy array, version 1, 2 or 3, C order, of little-endian integers (u1, u2, u4, u8,
+//!   i2, i4, i8). One dimension: as bin16 (documents split at the separator); two: every row is
+//!   a document.
+//! - `longcrawl64`: rows of 65,536 GPT-2 tokens, as a `[rows, 65536]` .npy or a flat uint16 file
+//!   of whole rows (the zarr arrays of the release, exported). Every row is a document and the
+//!   manifest says so (each split's `row_tokens`): windows are cut inside rows at multiples of
+//!   the window length, never across rows, and start with BOS, as the authors' loader cuts them.
+//!   `--row-tokens N` keeps the first N tokens of each training row (validation rows stay whole,
+//!   as the authors evaluate them).
+//!
+//! Inputs are memory-mapped and read once, in order; tokens are checked (negative ids, ids at or
+//! past the GPT-2 vocabulary: errors naming the file and the token's index) and streamed into
+//! the shards. Reading stops once the `--train-tokens` / `--val-tokens` subsets are complete, so
+//! importing 45 GiT of LongCrawl64's 435 reads only those.
+
+use super::{
+    create_output, is_val_document, map_file, progress_bar, Manifest, ShardWriter, Split, SplitInfo, TokenDtype,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
+};
+use crate::tokenizer::{TextFormat, EOS_ID, GPT2_VOCAB};
+use anyhow::{bail, Context, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// LongCrawl64's row length.
+pub const LONGCRAWL64_ROW: usize = 65536;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ImportFormat {
+    /// Flat little-endian uint16 (nanoGPT's .bin).
+    Bin16,
+    /// Flat little-endian uint32.
+    Bin32,
+    /// NumPy .npy: 1-D like bin16, 2-D one document per row.
+    Npy,
+    /// Rows of 65,536 tokens: a [rows, 65536] .npy, or flat uint16 of whole rows.
+    Longcrawl64,
+}
+
+impl ImportFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImportFormat::Bin16 => "bin16",
+            ImportFormat::Bin32 => "bin32",
+            ImportFormat::Npy => "npy",
+            ImportFormat::Longcrawl64 => "longcrawl64",
+        }
+    }
+}
+
+/// Options of `data import`.
+#[derive(Clone, Debug)]
+pub struct ImportOptions {
+    pub format: ImportFormat,
+    /// Validation files; none: documents of the inputs held out by `val_fraction`.
+    pub val: Vec<PathBuf>,
+    pub val_fraction: f64,
+    /// Keep only the first this many tokens of each split (whole rows for row formats).
+    pub train_tokens: Option<u64>,
+    pub val_tokens: Option<u64>,
+    /// Flat formats: the token that ends a document (dropped); None: every file is one document.
+    pub separator: Option<u32>,
+    /// Row formats: keep the first this many tokens of each training row.
+    pub row_tokens: Option<usize>,
+    /// Row formats: rotate each row by a seeded random amount before taking it.
+    pub roll_seed: Option<u64>,
+    pub text_format: TextFormat,
+    pub shard_tokens: usize,
+    pub overwrite: bool,
+    pub progress: bool,
+}
+
+impl ImportOptions {
+    pub fn new(format: ImportFormat) -> Self {
+        Self {
+            format,
+            val: vec![],
+            val_fraction: 0.0,
+            train_tokens: None,
+            val_tokens: None,
+            separator: Some(EOS_ID),
+            row_tokens: None,
+            roll_seed: None,
+            text_format: match format {
+                // LongCrawl64 was tokenized JSON-escaped (the released models' format).
+                ImportFormat::Longcrawl64 => TextFormat::JsonEscaped,
+                _ => TextFormat::Plain,
+            },
+            shard_tokens: 1 << 28,
+            overwrite: false,
+            progress: false,
+        }
+    }
+}
+
+/// In the manifest: what was imported and how.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImportSummary {
+    pub format: ImportFormat,
+    pub train_inputs: Vec<String>,
+    pub val_inputs: Vec<String>,
+    /// The document separator of flat inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub separator: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll_seed: Option<u64>,
+    /// Tokens read from the inputs (what the subsets needed, not necessarily all).
+    pub tokens_read: u64,
+}
+
+impl ImportSummary {
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} from {}", self.format.as_str(), self.train_inputs.join(", "));
+        if !self.val_inputs.is_empty() {
+            s += &format!(" (validation: {})", self.val_inputs.join(", "));
+        }
+        if let Some(sep) = self.separator {
+            s += &format!(", documents split at token {sep}");
+        }
+        if let Some(seed) = self.roll_seed {
+            s += &format!(", rows rolled with seed {seed}");
+        }
+        s + &format!(", {} tokens read", self.tokens_read)
+    }
+}
+
+/// Integer types of token arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Elem {
+    U8,
+    U16,
+    U32,
+    U64,
+    I16,
+    I32,
+    I64,
+}
+
+impl Elem {
+    fn size(self) -> usize {
+        match self {
+            Elem::U8 => 1,
+            Elem::U16 | Elem::I16 => 2,
+            Elem::U32 | Elem::I32 => 4,
+            Elem::U64 | Elem::I64 => 8,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Elem::U8 => "uint8",
+            Elem::U16 => "uint16",
+            Elem::U32 => "uint32",
+            Elem::U64 => "uint64",
+            Elem::I16 => "int16",
+            Elem::I32 => "int32",
+            Elem::I64 => "int64",
+        }
+    }
+    /// The value of one little-endian element (signed types sign-extended).
+    fn read(self, b: &[u8]) -> i128 {
+        match self {
+            Elem::U8 => b[0] as i128,
+            Elem::U16 => u16::from_le_bytes([b[0], b[1]]) as i128,
+            Elem::I16 => i16::from_le_bytes([b[0], b[1]]) as i128,
+            Elem::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i128,
+            Elem::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i128,
+            Elem::U64 => u64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as i128,
+            Elem::I64 => i64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as i128,
+        }
+    }
+}
+
+/// A memory-mapped token array: `len` elements from byte `offset`, flat or `rows` x `cols`.
+struct TokenFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    offset: usize,
+    elem: Elem,
+    len: usize,
+    /// Columns of a 2-D array.
+    cols: Option<usize>,
+}
+
+impl TokenFile {
+    /// A flat file of little-endian `elem`s: its size must be a whole number of them.
+    fn flat(path: &Path, elem: Elem) -> Result<TokenFile> {
+        let map = map_file(path)?;
+        if map.len() % elem.size() != 0 {
+            bail!(
+                "{}: {} bytes, not a whole number of {}-byte {} tokens: truncated, or not this format",
+                path.display(),
+                map.len(),
+                elem.size(),
+                elem.name()
+            );
+        }
+        let len = map.len() / elem.size();
+        Ok(TokenFile { path: path.to_path_buf(), map, offset: 0, elem, len, cols: None })
+    }
+
+    fn npy(path: &Path) -> Result<TokenFile> {
+        let map = map_file(path)?;
+        let h = npy::parse_header(&map)
+            .with_context(|| format!("{}: not a NumPy .npy array we can read", path.display()))?;
+        let count = h.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let bytes = count.and_then(|c| c.checked_mul(h.elem.size()));
+        let avail = map.len() - h.data_offset;
+        match bytes {
+            Some(b) if b == avail => {}
+            _ => bail!(
+                "{}: shape {:?} of {} needs {} bytes of data, the file has {avail} after its header: truncated or corrupt",
+                path.display(),
+                h.shape,
+                h.elem.name(),
+                bytes.map_or("more than 2^64".to_string(), |b| b.to_string()),
+            ),
+        }
+        let len = count.expect("checked above");
+        let cols = match h.shape.len() {
+            1 => None,
+            2 => Some(h.shape[1]),
+            n => bail!("{}: a {n}-dimensional array; token arrays have 1 (a stream) or 2 (rows)", path.display()),
+        };
+        Ok(TokenFile { path: path.to_path_buf(), map, offset: h.data_offset, elem: h.elem, len, cols })
+    }
+
+    fn rows(&self) -> usize {
+        self.cols.map_or(0, |c| self.len.checked_div(c).unwrap_or(0))
+    }
+
+    fn raw(&self, i: usize) -> i128 {
+        let w = self.elem.size();
+        self.elem.read(&self.map[self.offset + i * w..self.offset + (i + 1) * w])
+    }
+
+    /// Where element `i` is, for messages.
+    fn position(&self, i: usize) -> String {
+        match self.cols {
+            Some(c) if c > 0 => format!("token {i} (row {}, column {})", i / c, i % c),
+            _ => format!("token {i}"),
+        }
+    }
+
+    /// Elements [from, to) as token ids, each checked: not negative, below the vocabulary.
+    fn read_into(&self, from: usize, to: usize, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        for i in from..to {
+            let v = self.raw(i);
+            if v < 0 || v >= GPT2_VOCAB as i128 {
+                bail!(
+                    "{}: {} is {v}, {}",
+                    self.path.display(),
+                    self.position(i),
+                    if v < 0 {
+                        "negative: not a token id".to_string()
+                    } else {
+                        format!("outside the GPT-2 vocabulary of {GPT2_VOCAB}")
+                    }
+                );
+            }
+            out.push(v as u32);
+        }
+        Ok(())
+    }
+
+    /// The first element at or after `from` equal to `sep`, else `len`.
+    fn find(&self, from: usize, sep: u32) -> usize {
+        (from..self.len).find(|&i| self.raw(i) == sep as i128).unwrap_or(self.len)
+    }
+}
+
+/// Per split: its shard writer, the cap on its tokens, and whether it is full.
+struct Sink {
+    w: ShardWriter,
+    cap: u64,
+}
+
+impl Sink {
+    fn room(&self) -> u64 {
+        self.cap.saturating_sub(self.w.tokens as u64)
+    }
+}
+
+/// Tokens of a document are converted and written in pieces of this many.
+const PIECE: usize = 1 << 20;
+
+struct Importer<'a> {
+    opts: &'a ImportOptions,
+    train: Sink,
+    val: Sink,
+    /// Documents seen so far (for the evenly spaced hold-out).
+    doc_index: usize,
+    /// Rows seen so far in the current split's files (for the roll's seed).
+    row_index: u64,
+    tokens_read: u64,
+    buf: Vec<u32>,
+    pb: indicatif::ProgressBar,
+}
+
+impl Importer<'_> {
+    fn sink(&mut self, held_out: bool) -> &mut Sink {
+        if held_out {
+            &mut self.val
+        } else {
+            &mut self.train
+        }
+    }
+
+    /// Whether the split(s) a file feeds can take no more tokens (then reading stops).
+    fn done(&self, split: Option<Split>) -> bool {
+        match split {
+            Some(Split::Train) => self.train.room() == 0,
+            Some(Split::Val) => self.val.room() == 0,
+            None => self.train.room() == 0 && (self.val.room() == 0 || self.opts.val_fraction == 0.0),
+        }
+    }
+
+    /// Writes elements [from, to) of `f` as one document of the split chosen for it, cut to
+    /// what the split may still take. Returns false when that split is full.
+    /// Whether the next document goes to validation.
+    fn next_held_out(&mut self, split: Option<Split>) -> bool {
+        let held_out = match split {
+            Some(s) => s == Split::Val,
+            None => is_val_document(self.doc_index, self.opts.val_fraction),
+        };
+        self.doc_index += 1;
+        held_out
+    }
+
+    fn document(&mut self, f: &TokenFile, pieces: &[(usize, usize)], split: Option<Split>) -> Result<bool> {
+        let held_out = self.next_held_out(split);
+        self.write_document(f, pieces, held_out)
+    }
+
+    fn write_document(&mut self, f: &TokenFile, pieces: &[(usize, usize)], held_out: bool) -> Result<bool> {
+        let total: usize = pieces.iter().map(|(a, b)| b - a).sum();
+        let room = self.sink(held_out).room();
+        if room == 0 {
+            return Ok(false);
+        }
+        let mut left = (total as u64).min(room) as usize;
+        self.sink(held_out).w.begin_document(left)?;
+        let mut buf = std::mem::take(&mut self.buf);
+        for &(a, b) in pieces {
+            let mut i = a;
+            while i < b && left > 0 {
+                let j = (i + PIECE).min(b).min(i + left);
+                f.read_into(i, j, &mut buf)?;
+                self.sink(held_out).w.write_tokens(&buf)?;
+                self.pb.inc(((j - i) * f.elem.size()) as u64);
+                self.tokens_read += (j - i) as u64;
+                left -= j - i;
+                i = j;
+            }
+        }
+        self.buf = buf;
+        self.sink(held_out).w.end_document();
+        Ok(true)
+    }
+
+    /// A flat stream: documents end at the separator (dropped), or the file is one document.
+    fn flat(&mut self, f: &TokenFile, split: Option<Split>) -> Result<()> {
+        let mut pos = 0;
+        while pos < f.len && !self.done(split) {
+            let end = match self.opts.separator {
+                Some(sep) => f.find(pos, sep),
+                None => f.len,
+            };
+            self.document(f, &[(pos, end)], split)?;
+            pos = end + 1;
+        }
+        Ok(())
+    }
+
+    /// Rows: every row is one document: after the roll, its first `take` tokens in training,
+    /// the whole row in validation.
+    fn rows(&mut self, f: &TokenFile, split: Option<Split>, take: usize) -> Result<()> {
+        let cols = f.cols.expect("a 2-D array");
+        for r in 0..f.rows() {
+            if self.done(split) {
+                break;
+            }
+            let base = r * cols;
+            let shift = match self.opts.roll_seed {
+                Some(seed) => roll_shift(seed, self.row_index, cols),
+                None => 0,
+            };
+            self.row_index += 1;
+            let held_out = self.next_held_out(split);
+            let take = if held_out { cols } else { take };
+            // np.roll(row, shift): out[i] = row[(i - shift) mod cols], i.e. the row's last
+            // `shift` tokens first.
+            let (a, b) = ((base + cols - shift, base + cols), (base, base + cols - shift));
+            let mut pieces = vec![];
+            let mut left = take;
+            for (x, y) in [a, b] {
+                let n = (y - x).min(left);
+                if n > 0 {
+                    pieces.push((x, x + n));
+                    left -= n;
+                }
+            }
+            self.write_document(f, &pieces, held_out)?;
+        }
+        Ok(())
+    }
+}
+
+/// The roll of row `row` (counted over a split's files in order): uniform in [0, cols), from a
+/// ChaCha8 stream seeded by the seed and the row, so a row's roll does not depend on the subset.
+pub fn roll_shift(seed: u64, row: u64, cols: usize) -> usize {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ row.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    rng.gen_range(0..cols.max(1))
+}
+
+fn open_input(path: &Path, format: ImportFormat) -> Result<TokenFile> {
+    if !path.is_file() {
+        bail!("{}: no such file", path.display());
+    }
+    let is_npy = path.extension().is_some_and(|e| e == "npy");
+    let f = match format {
+        ImportFormat::Bin16 => TokenFile::flat(path, Elem::U16)?,
+        ImportFormat::Bin32 => TokenFile::flat(path, Elem::U32)?,
+        ImportFormat::Npy => TokenFile::npy(path)?,
+        ImportFormat::Longcrawl64 => {
+            let mut f = if is_npy { TokenFile::npy(path)? } else { TokenFile::flat(path, Elem::U16)? };
+            match f.cols {
+                Some(LONGCRAWL64_ROW) => {}
+                Some(c) => bail!(
+                    "{}: rows of {c} tokens; LongCrawl64 rows have {LONGCRAWL64_ROW} (--format npy takes other rows)",
+                    path.display()
+                ),
+                None if !is_npy && f.len % LONGCRAWL64_ROW == 0 => f.cols = Some(LONGCRAWL64_ROW),
+                None => bail!(
+                    "{}: {} tokens, not whole rows of {LONGCRAWL64_ROW} (LongCrawl64 rows: a [rows, {LONGCRAWL64_ROW}] .npy \
+                     or a flat uint16 file of whole rows)",
+                    path.display(),
+                    f.len
+                ),
+            }
+            f
+        }
+    };
+    if matches!(format, ImportFormat::Bin16 | ImportFormat::Bin32) && is_npy {
+        bail!("{}: a .npy file given as --format {}: use --format npy", path.display(), format.as_str());
+    }
+    Ok(f)
+}
+
+/// Imports token arrays into a dataset in `out` (see the module docs); returns its manifest.
+pub fn import(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<Manifest> {
+    if inputs.is_empty() {
+        bail!("no input given: name token files with --input");
+    }
+    if !(0.0..1.0).contains(&opts.val_fraction) {
+        bail!("--val-fraction must be in [0, 1), got {}", opts.val_fraction);
+    }
+    if !opts.val.is_empty() && opts.val_fraction > 0.0 {
+        bail!("--val names the validation files; --val-fraction (holding out documents of --input) goes without it");
+    }
+    let row_format = opts.format == ImportFormat::Longcrawl64;
+    if !row_format && (opts.row_tokens.is_some() || opts.roll_seed.is_some()) {
+        bail!("--row-tokens and --roll-seed are for rows (--format longcrawl64)");
+    }
+    // Open and check every input before the output folder is touched.
+    let open_all = |paths: &[PathBuf]| paths.iter().map(|p| open_input(p, opts.format)).collect::<Result<Vec<_>>>();
+    let (train_files, val_files) = (open_all(inputs)?, open_all(&opts.val)?);
+    let row = if row_format { Some(LONGCRAWL64_ROW) } else { None };
+    let take = match (row, opts.row_tokens) {
+        (Some(r), Some(t)) if t == 0 || t > r => bail!("--row-tokens {t}: must be 1 to {r}, the row length"),
+        (Some(_), Some(t)) => Some(t),
+        (Some(r), None) => Some(r),
+        (None, _) => None,
+    };
+    if let (Some(t), Some(r)) = (take, row) {
+        for (flag, cap, t) in [("--train-tokens", opts.train_tokens, t), ("--val-tokens", opts.val_tokens, r)] {
+            if let Some(c) = cap.filter(|c| c % t as u64 != 0) {
+                bail!("{flag} {c} is not a whole number of rows of {t} tokens: give a multiple of {t}");
+            }
+        }
+    }
+    create_output(out, opts.overwrite)?;
+    let dtype = TokenDtype::for_vocab(GPT2_VOCAB);
+    let total_bytes: u64 = train_files.iter().chain(&val_files).map(|f| (f.len * f.elem.size()) as u64).sum();
+    let mut imp = Importer {
+        opts,
+        train: Sink {
+            w: ShardWriter::new(out, Split::Train, dtype, opts.shard_tokens),
+            cap: opts.train_tokens.unwrap_or(u64::MAX),
+        },
+        val: Sink {
+            w: ShardWriter::new(out, Split::Val, dtype, opts.shard_tokens),
+            cap: opts.val_tokens.unwrap_or(u64::MAX),
+        },
+        doc_index: 0,
+        row_index: 0,
+        tokens_read: 0,
+        buf: Vec::new(),
+        pb: progress_bar(opts.progress, total_bytes, "importing "),
+    };
+    for (files, split) in
+        [(&train_files, if opts.val.is_empty() { None } else { Some(Split::Train) }), (&val_files, Some(Split::Val))]
+    {
+        imp.row_index = 0;
+        for f in files.iter() {
+            match take {
+                Some(t) => imp.rows(f, split, t)?,
+                None if f.cols.is_some() => {
+                    // A 2-D .npy: every row is a document, whole.
+                    let cols = f.cols.expect("2-D");
+                    for r in 0..f.rows() {
+                        if imp.done(split) {
+                            break;
+                        }
+                        imp.document(f, &[(r * cols, (r + 1) * cols)], split)?;
+                    }
+                }
+                None => imp.flat(f, split)?,
+            }
+        }
+        if split.is_none() {
+            // --val-fraction: both splits came from the inputs.
+            break;
+        }
+    }
+    imp.pb.finish_and_clear();
+    let tokens_read = imp.tokens_read;
+    let (mut train, mut val): (SplitInfo, SplitInfo) = (imp.train.w.finish()?, imp.val.w.finish()?);
+    // Rows: the loader cuts windows inside them; validation rows are whole.
+    (train.row_tokens, val.row_tokens) = (take, row);
+    for (flag, cap, got, split) in [
+        ("--train-tokens", opts.train_tokens, train.tokens, "training"),
+        ("--val-tokens", opts.val_tokens, val.tokens, "validation"),
+    ] {
+        if let Some(c) = cap.filter(|&c| got as u64 != c) {
+            bail!("{flag} {c}: the inputs hold only {got} {split} tokens");
+        }
+    }
+    if train.tokens == 0 {
+        bail!("the inputs hold no tokens for training: nothing to train on");
+    }
+    let show = |p: &PathBuf| p.display().to_string();
+    let manifest = Manifest {
+        format: FORMAT_NAME.into(),
+        version: FORMAT_VERSION,
+        tokenizer: "gpt2".into(),
+        text_format: opts.text_format,
+        vocab_size: GPT2_VOCAB,
+        dtype,
+        val_fraction: opts.val_fraction,
+        sources: inputs.iter().chain(&opts.val).map(show).collect(),
+        skipped_empty: 0,
+        globs: vec![],
+        val_by: super::ValBy::Document,
+        tree: None,
+        import: Some(ImportSummary {
+            format: opts.format,
+            train_inputs: inputs.iter().map(show).collect(),
+            val_inputs: opts.val.iter().map(show).collect(),
+            separator: if take.is_none() && train_files.iter().chain(&val_files).any(|f| f.cols.is_none()) {
+                opts.separator
+            } else {
+                None
+            },
+            roll_seed: opts.roll_seed,
+            tokens_read,
+        }),
+        train,
+        val,
+    };
+    let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
+    Ok(manifest)
+}
+
+/// Token counts on the command line: an integer with an optional K, M, G or T (powers of 1024,
+/// `Ki`-style spellings too): `45G` = `45Gi` = 45 * 2^30.
+pub fn parse_tokens(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix(['i', 'I']).filter(|r| r.ends_with(|c: char| "kKmMgGtT".contains(c))).unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("{s:?} is not a token count (e.g. 1000000, 512K, 45Gi)"))
+}
+
+/// The NumPy .npy header: magic, version, header length, and a Python dict literal with
+/// 'descr', 'fortran_order' and 'shape'.
+mod npy {
+    use super::Elem;
+    use anyhow::{bail, Result};
+
+    pub struct Header {
+        pub elem: Elem,
+        pub shape: Vec<usize>,
+        pub data_offset: usize,
+    }
+
+    pub fn parse_header(b: &[u8]) -> Result<Header> {
+        const MAGIC: &[u8] = b"\x93NUMPY";
+        if b.len() < 10 || &b[..6] != MAGIC {
+            bail!("no .npy magic (\\x93NUMPY) at the start");
+        }
+        let (major, minor) = (b[6], b[7]);
+        let (len, start) = match major {
+            1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
+            2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+            2 | 3 => bail!("truncated header"),
+            _ => bail!("format version {major}.{minor}; versions 1, 2 and 3 are read"),
+        };
+        let end = start.checked_add(len).filter(|&e| e <= b.len());
+        let Some(end) = end else { bail!("the header says it has {len} bytes, more than the file holds") };
+        let text = std::str::from_utf8(&b[start..end]).map_err(|_| anyhow::anyhow!("the header is not text"))?;
+        let mut p = Parser { s: text.as_bytes(), i: 0 };
+        let dict = p.value()?;
+        let Value::Dict(items) = dict else { bail!("the header is not a dict: {}", text.trim()) };
+        let (mut descr, mut fortran, mut shape) = (None, None, None);
+        for (k, v) in items {
+            match (k.as_str(), v) {
+                ("descr", Value::Str(s)) => descr = Some(s),
+                ("fortran_order", Value::Bool(f)) => fortran = Some(f),
+                ("shape", Value::Tuple(dims)) => {
+                    shape = Some(
+                        dims.into_iter()
+                            .map(|d| match d {
+                                Value::Int(n) => {
+                                    usize::try_from(n).map_err(|_| anyhow::anyhow!("shape dimension {n} too large"))
+                                }
+                                _ => bail!("shape holds something other than integers"),
+                            })
+                            .collect::<Result<Vec<_>>>()?,
+                    )
+                }
+                (k, _) => bail!("header field {k:?} is unknown or of the wrong type"),
+            }
+        }
+        let (Some(descr), Some(fortran), Some(shape)) = (descr, fortran, shape) else {
+            bail!("the header lacks 'descr', 'fortran_order' or 'shape': {}", text.trim())
+        };
+        if fortran {
+            bail!("fortran_order is True: save the array in C order (numpy.ascontiguousarray)");
+        }
+        let elem = match descr.as_str() {
+            "|u1" | "<u1" | "u1" => Elem::U8,
+            "<u2" => Elem::U16,
+            "<u4" => Elem::U32,
+            "<u8" => Elem::U64,
+            "<i2" => Elem::I16,
+            "<i4" => Elem::I32,
+            "<i8" => Elem::I64,
+            d => {
+                bail!("dtype {d:?}: token arrays must be little-endian integers (<u2, <u4, <u8, <i2, <i4, <i8 or |u1)")
+            }
+        };
+        Ok(Header { elem, shape, data_offset: end })
+    }
+
+    #[derive(Debug)]
+    enum Value {
+        Str(String),
+        Bool(bool),
+        Int(u64),
+        Tuple(Vec<Value>),
+        Dict(Vec<(String, Value)>),
+    }
+
+    /// The few Python literals a .npy header holds.
+    struct Parser<'a> {
+        s: &'a [u8],
+        i: usize,
+    }
+
+    impl Parser<'_> {
+        fn skip_ws(&mut self) {
+            while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+                self.i += 1;
+            }
+        }
+        fn peek(&mut self) -> Option<u8> {
+            self.skip_ws();
+            self.s.get(self.i).copied()
+        }
+        fn expect(&mut self, c: u8) -> Result<()> {
+            if self.peek() != Some(c) {
+                bail!("expected '{}' at byte {} of the header", c as char, self.i);
+            }
+            self.i += 1;
+            Ok(())
+        }
+        /// Items up to `close`, separated by commas (a trailing comma allowed).
+        fn items<T>(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Result<T>) -> Result<Vec<T>> {
+            let mut out = vec![];
+            loop {
+                if self.peek() == Some(close) {
+                    self.i += 1;
+                    return Ok(out);
+                }
+                out.push(item(self)?);
+                match self.peek() {
+                    Some(b',') => self.i += 1,
+                    Some(c) if c == close => {}
+                    _ => bail!("expected ',' or '{}' at byte {} of the header", close as char, self.i),
+                }
+            }
+        }
+        fn value(&mut self) -> Result<Value> {
+            match self.peek() {
+                Some(b'{') => {
+                    self.i += 1;
+                    let items = self.items(b'}', |p| {
+                        let Value::Str(k) = p.value()? else { bail!("a dict key that is not a string") };
+                        p.expect(b':')?;
+                        Ok((k, p.value()?))
+                    })?;
+                    Ok(Value::Dict(items))
+                }
+                Some(b'(') => {
+                    self.i += 1;
+                    Ok(Value::Tuple(self.items(b')', |p| p.value())?))
+                }
+                Some(q @ (b'\'' | b'"')) => {
+                    let start = self.i + 1;
+                    let len = self.s[start..].iter().position(|&c| c == q);
+                    let Some(len) = len else { bail!("unterminated string in the header") };
+                    self.i = start + len + 1;
+                    Ok(Value::Str(String::from_utf8_lossy(&self.s[start..start + len]).into_owned()))
+                }
+                Some(c) if c.is_ascii_digit() => {
+                    let start = self.i;
+                    while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
+                        self.i += 1;
+                    }
+                    let digits = std::str::from_utf8(&self.s[start..self.i]).expect("ASCII digits");
+                    // A trailing L (Python 2 longs) is allowed.
+                    if self.s.get(self.i) == Some(&b'L') {
+                        self.i += 1;
+                    }
+                    digits.parse().map(Value::Int).map_err(|_| anyhow::anyhow!("integer {digits} too large"))
+                }
+                Some(_) if self.s[self.i..].starts_with(b"True") => {
+                    self.i += 4;
+                    Ok(Value::Bool(true))
+                }
+                Some(_) if self.s[self.i..].starts_with(b"False") => {
+                    self.i += 5;
+                    Ok(Value::Bool(false))
+                }
+                Some(c) => bail!("unexpected '{}' at byte {} of the header", c as char, self.i),
+                None => bail!("the header ends early"),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn npy(header: &str, major: u8) -> Vec<u8> {
+            let mut b = b"\x93NUMPY".to_vec();
+            b.extend([major, 0]);
+            if major == 1 {
+                b.extend((header.len() as u16).to_le_bytes());
+            } else {
+                b.extend((header.len() as u32).to_le_bytes());
+            }
+            b.extend(header.as_bytes());
+            b
+        }
+
+        #[test]
+        fn headers() {
+            let h = parse_header(&npy("{'descr': '<u2', 'fortran_order': False, 'shape': (3, 4), }  \n", 1)).unwrap();
+            assert_eq!((h.elem, h.shape.as_slice(), h.data_offset), (Elem::U16, &[3usize, 4][..], 10 + 62));
+            let h = parse_header(&npy("{\"descr\": \"<i8\", \"shape\": (7,), \"fortran_order\": False}", 3)).unwrap();
+            assert_eq!((h.elem, h.shape), (Elem::I64, vec![7]));
+            let e = |hdr: &str| format!("{:#}", parse_header(&npy(hdr, 1)).err().expect("an error"));
+            assert!(e("{'descr': '<u2', 'fortran_order': True, 'shape': (3,)}").contains("fortran_order"));
+            assert!(e("{'descr': '>u2', 'fortran_order': False, 'shape': (3,)}").contains("\">u2\""));
+            assert!(e("{'descr': '<f4', 'fortran_order': False, 'shape': (3,)}").contains("\"<f4\""));
+            assert!(e("{'descr': '<u2', 'shape': (3,)}").contains("lacks"));
+            assert!(e("{'descr': '<u2', 'fortran_order': False, 'shape': (3,), 'x': 1}").contains("\"x\""));
+            assert!(e("{'descr': '<u2', 'fortran_order': False, 'shape': (3,").contains("ends early"));
+            assert!(e("{'descr': '<u2', 'fortran_order': False, 'shape': (-3,)}").contains("unexpected '-'"));
+            let mut bad = npy("{}", 1);
+            bad[6] = 4;
+            assert!(format!("{:#}", parse_header(&bad).err().unwrap()).contains("version 4"));
+            let mut short = npy("{'descr': '<u2', 'fortran_order': False, 'shape': (3,)}", 1);
+            short.truncate(30);
+            assert!(format!("{:#}", parse_header(&short).err().unwrap()).contains("more than the file holds"));
+            assert!(parse_header(b"PK\x03\x04 not npy").is_err());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_counts() {
+        assert_eq!(parse_tokens("45Gi"), Ok(45 << 30));
+        assert_eq!(parse_tokens("45G"), Ok(45 << 30));
+        assert_eq!(parse_tokens("2gi"), Ok(2 << 30));
+        assert_eq!(parse_tokens("512K"), Ok(512 << 10));
+        assert_eq!(parse_tokens("1000"), Ok(1000));
+        for bad in ["", "1.5G", "-3", "Gi", "99999999999T", "4i"] {
+            assert!(parse_tokens(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn roll_shifts_are_seeded_per_row_and_in_range() {
+        let a: Vec<usize> = (0..64).map(|r| roll_shift(7, r, 65536)).collect();
+        assert_eq!(a, (0..64).map(|r| roll_shift(7, r, 65536)).collect::<Vec<_>>());
+        assert!(a.iter().all(|&s| s < 65536));
+        // Different rows and seeds roll differently (64 equal draws of 65536 would be a broken RNG).
+        assert!(a.iter().collect::<std::collections::BTreeSet<_>>().len() > 60);
+        assert_ne!(a, (0..64).map(|r| roll_shift(8, r, 65536)).collect::<Vec<_>>());
+    }
+}

@@ -187,10 +187,16 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 24, 64, 128, 1),
             };
-            let ms = ssd_check::bench_fwd(&gpu, shape, 3, 20)?;
+            let (ms, fb, steps) = ssd_check::bench_fwd(&gpu, shape, 3, 20)?;
             println!(
-                "SSD forward on {}, [B, T, H, P, N, G] = {shape:?}: {ms:.3} ms (median of 20, CUDA events)",
-                gpu.describe()
+                "SSD on {}, [B, T, H, P, N, G] = {shape:?}: forward {ms:.3} ms, forward + backward {fb:.3} ms \
+                 (medians of 20, CUDA events); forward kernels alone: C Bᵀ {:.3}, chunk states {:.3}, \
+                 state passing {:.3}, chunk outputs {:.3} ms",
+                gpu.describe(),
+                steps[0],
+                steps[1],
+                steps[2],
+                steps[3]
             );
             Ok(())
         }

@@ -22,6 +22,7 @@ use rand_distr::StandardNormal;
 
 const TOL_SSD: f64 = 2e-5;
 const TOL_ELEM: f64 = 1e-5;
+const TOL_SSD_BWD: f64 = 1e-4;
 
 fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     if x.len() != r.len() {
@@ -131,6 +132,51 @@ fn ssd_case(
     let y2 = gpu.download(&gy)?;
     let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    // Backward, with a gradient on the final state and the initial state's gradient out.
+    let dyv = c.randn(y.len(), 1.0);
+    let dfin = c.randn(fin.len(), 1.0);
+    let (mut dxbc, mut ddt, mut dav, mut ddv, mut dinit) =
+        (vec![0.0f32; xbc.len()], vec![0.0f32; dt.len()], vec![0.0f32; h], vec![0.0f32; h], vec![0.0f32; init.len()]);
+    crate::ssd::ssd_bwd(
+        &cpu,
+        &dyv,
+        Some(&init),
+        Some(&dfin),
+        crate::ssd::SsdGrads { dxbc: &mut dxbc, ddt: &mut ddt, da: &mut dav, dd: &mut ddv, dinit: Some(&mut dinit) },
+    )?;
+    let (gdy, gdfin) = (gpu.upload(&dyv)?, gpu.upload(&dfin)?);
+    let mut sc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
+    let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {
+        let gpu = c.gpu;
+        let (mut gdx, mut gddt, mut gda, mut gdd, mut gdi) = (
+            gpu.zeros::<f32>(xbc.len())?,
+            gpu.zeros::<f32>(dt.len())?,
+            gpu.zeros::<f32>(h)?,
+            gpu.zeros::<f32>(h)?,
+            gpu.zeros::<f32>(init.len())?,
+        );
+        let grads =
+            ssd::DevSsdGrads { dxbc: &mut gdx, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: Some(&mut gdi) };
+        ssd::ssd_bwd(gpu, &dev, &gdy, Some(&di), Some(&gdfin), grads, &mut sc)?;
+        Ok(vec![
+            gpu.download(&gdx)?,
+            gpu.download(&gddt)?,
+            gpu.download(&gda)?,
+            gpu.download(&gdd)?,
+            gpu.download(&gdi)?,
+        ])
+    };
+    let got = run(c)?;
+    let bname = name.replace("fwd", "bwd");
+    for (k, (what, want)) in
+        [("dxbc", &dxbc), ("ddt", &ddt), ("dA", &dav), ("dD", &ddv), ("dinit", &dinit)].into_iter().enumerate()
+    {
+        c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(&got[k], want), TOL_SSD_BWD, "");
+    }
+    let again = run(c)?;
+    let diff: usize =
+        got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
+    c.add(&bname, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
     Ok(())
 }
 
@@ -213,6 +259,38 @@ fn conv_case(c: &mut Ctx, name: &str) -> Result<()> {
         (gpu.upload(&x)?, gpu.upload(&weight)?, gpu.upload(&bias)?, gpu.upload(&prev)?, gpu.upload(&[0i32, 6])?);
     ssd::conv1d_fwd(gpu, &mut gout, &gx, stride, &gw, Some(&gb), Some(&gs), Some(&gp), (b, t, ch, w), true)?;
     c.add(name, "out rel L2", rel_l2(&gpu.download(&gout)?, &out), TOL_ELEM, "SiLU, padding, previous state");
+    // Backward: dx (the columns past C keep their value), dweight and dbias accumulated onto 0.5.
+    let dout = c.randn(b * t * ch, 1.0);
+    let mut dx = vec![3.0f32; x.len()];
+    let (mut dw, mut db) = (vec![0.5f32; ch * w], vec![0.5f32; ch]);
+    crate::conv1d::conv1d_bwd(&p, &dout, Some(&prev), &mut dx, &mut dw, Some(&mut db))?;
+    let (gdout, mut gdx, mut gdw, mut gdb) = (
+        gpu.upload(&dout)?,
+        gpu.upload(&vec![3.0f32; x.len()])?,
+        gpu.upload(&vec![0.5f32; ch * w])?,
+        gpu.upload(&vec![0.5f32; ch])?,
+    );
+    let mut scratch = gpu.zeros::<f32>(ssd::conv1d_bwd_scratch_len(b, t, ch, w))?;
+    ssd::conv1d_bwd(
+        gpu,
+        &mut gdx,
+        &mut gdw,
+        Some(&mut gdb),
+        &mut scratch,
+        &gdout,
+        &gx,
+        stride,
+        &gw,
+        Some(&gb),
+        Some(&gs),
+        Some(&gp),
+        (b, t, ch, w),
+        true,
+    )?;
+    let bname = name.replace("fwd", "bwd");
+    c.add(&bname, "dx rel L2", rel_l2(&gpu.download(&gdx)?, &dx), TOL_ELEM, "");
+    c.add(&bname, "dweight rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
+    c.add(&bname, "dbias rel L2", rel_l2(&gpu.download(&gdb)?, &db), TOL_ELEM, "");
     Ok(())
 }
 
@@ -229,6 +307,24 @@ fn norm_case(c: &mut Ctx, name: &str) -> Result<()> {
     ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, &gx, &gz, zs, &gw, rows, dim, eps)?;
     c.add(name, "y rel L2", rel_l2(&gpu.download(&gy)?, &y), TOL_ELEM, "");
     c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
+    // Backward; rows = 300 > 256 for two partial sums of dw.
+    let rows2 = 300;
+    let x = c.randn(rows2 * dim, 1.0);
+    let z = c.randn(rows2 * zs, 1.0);
+    let dy = c.randn(rows2 * dim, 1.0);
+    let (mut y, mut r) = (vec![0.0; rows2 * dim], vec![0.0; rows2]);
+    crate::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, eps)?;
+    let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![2.0; z.len()], vec![0.5; dim]);
+    crate::rms_norm_gated::rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &r, &w, dim)?;
+    let (gx, gz, gdy, gr) = (gpu.upload(&x)?, gpu.upload(&z)?, gpu.upload(&dy)?, gpu.upload(&r)?);
+    let (mut gdx, mut gdz, mut gdw) =
+        (gpu.zeros::<f32>(x.len())?, gpu.upload(&vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
+    let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows2, dim))?;
+    ssd::rms_norm_gated_bwd(gpu, &mut gdx, &mut gdz, &mut gdw, &mut scratch, &gdy, &gx, &gz, zs, &gr, &gw, rows2, dim)?;
+    let bname = "ssd rms_norm_gated bwd 300x1536";
+    c.add(bname, "dx rel L2", rel_l2(&gpu.download(&gdx)?, &dx), TOL_ELEM, "");
+    c.add(bname, "dz rel L2", rel_l2(&gpu.download(&gdz)?, &dz), TOL_ELEM, "columns past dim kept");
+    c.add(bname, "dw rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
     Ok(())
 }
 
@@ -244,13 +340,14 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 }
 
 /// Median ms (CUDA events, after warm-up) of the SSD forward (all four kernels) at
-/// [B, T, H, P, N, G], on random inputs, no initial state.
+/// [B, T, H, P, N, G], on random inputs, no initial state; and of each of its four kernels alone
+/// (C Bᵀ, chunk states, state passing, chunk outputs); and of forward + backward.
 pub fn bench_fwd(
     gpu: &Gpu,
     shape: (usize, usize, usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
-) -> Result<f64> {
+) -> Result<(f64, f64, [f64; 4])> {
     let (b, t, h, p, n, g) = shape;
     let stride = h * p + 2 * g * n;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -275,5 +372,19 @@ pub fn bench_fwd(
     };
     let mut y = gpu.zeros::<f32>(b * t * h * p)?;
     let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
-    super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))
+    let all = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))?;
+    let dy = gpu.upload(&(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
+    let mut bsc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
+    let (mut gx, mut gdt, mut gda, mut gdd) =
+        (gpu.zeros::<f32>(xbc.len())?, gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
+    let fwdbwd = super::bench::time_ms(gpu, warmup, iters, || {
+        ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb)?;
+        let grads = ssd::DevSsdGrads { dxbc: &mut gx, ddt: &mut gdt, da: &mut gda, dd: &mut gdd, dinit: None };
+        ssd::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
+    })?;
+    let mut steps = [0.0; 4];
+    for (k, ms) in steps.iter_mut().enumerate() {
+        *ms = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd_step(gpu, &dev, &mut y, &mut cb, k))?;
+    }
+    Ok((all, fwdbwd, steps))
 }

@@ -12,9 +12,10 @@
 //!   fox-attn check-gemm [--seed N]                  cuBLASLt GEMMs and f32 attention vs the CPU
 //!   fox-attn bench-gemm [--d 768,1536] [--tokens 32768] [--vocab 50257] [--iters 20] [--warmup 3]
 //!                                                   bf16 TFLOP/s of the FoX (Pro) Linear shapes
+//!   fox-attn bench-ssd [--shape B,T,H,P,N,G]        Mamba-2's SSD forward (default 2,16384,24,64,128,1)
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, bench, check, compile, gemm, gemm_check, ops_check};
+use fox_kernels::cuda::{self, bench, check, compile, gemm, gemm_check, ops_check, ssd_check};
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -86,8 +87,14 @@ fn main() -> Result<()> {
             };
             println!("GPU ops check on {} (seed {seed})", gpu.describe());
             let t0 = std::time::Instant::now();
-            let mut rows = ops_check::run_all(&gpu, seed);
-            if let Some(f) = arg_value(&args, "--filter") {
+            // Mamba-2's rows (cases named "ssd ..."); a filter beginning with "ssd" runs only them.
+            let filter = arg_value(&args, "--filter");
+            let mut rows = match &filter {
+                Some(f) if f.starts_with("ssd") => Vec::new(),
+                _ => ops_check::run_all(&gpu, seed),
+            };
+            rows.extend(ssd_check::run_all(&gpu, seed));
+            if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
             }
             println!("{}", check::format_table(&rows));
@@ -166,6 +173,31 @@ fn main() -> Result<()> {
             if rows.iter().any(|r| !r.pass) {
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        "bench-ssd" => {
+            // Mamba-2's SSD forward at the issue's shape (fla's chunk_simple_gla forward: 0.99 ms
+            // on an H100 there). Override with --shape B,T,H,P,N,G.
+            let gpu = cuda::Gpu::new(0)?;
+            let shape = match arg_value(&args, "--shape") {
+                Some(s) => {
+                    let v = list(&s)?;
+                    anyhow::ensure!(v.len() == 6, "--shape takes B,T,H,P,N,G");
+                    (v[0], v[1], v[2], v[3], v[4], v[5])
+                }
+                None => (2, 16384, 24, 64, 128, 1),
+            };
+            let (ms, fb, steps) = ssd_check::bench_fwd(&gpu, shape, 3, 20)?;
+            println!(
+                "SSD on {}, [B, T, H, P, N, G] = {shape:?}: forward {ms:.3} ms, forward + backward {fb:.3} ms \
+                 (medians of 20, CUDA events); forward kernels alone: C Bᵀ {:.3}, chunk states {:.3}, \
+                 state passing {:.3}, chunk outputs {:.3} ms",
+                gpu.describe(),
+                steps[0],
+                steps[1],
+                steps[2],
+                steps[3]
+            );
             Ok(())
         }
         "bench-gemm" => {

@@ -53,7 +53,10 @@ pub static ATTENTION_F32: Source =
 /// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling.
 pub static DECODE: Source = Source { name: "decode", files: &[ELEM, include_str!("../../kernels/decode.cu")] };
 
-pub static SOURCES: [&Source; 6] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE];
+/// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward, decode step), gated RMSNorm.
+pub static SSD: Source = Source { name: "ssd", files: &[include_str!("../../kernels/ssd.cu")] };
+
+pub static SOURCES: [&Source; 7] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

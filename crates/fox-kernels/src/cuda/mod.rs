@@ -19,6 +19,8 @@ pub mod gemm_check;
 pub mod nccl;
 pub mod ops;
 pub mod ops_check;
+pub mod ssd;
+pub mod ssd_check;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};

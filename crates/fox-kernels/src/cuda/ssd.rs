@@ -1,0 +1,670 @@
+//! Mamba-2's ops on the GPU (kernels/ssd.cu), f32 in and out with f32 state and accumulation: the
+//! twins of [`crate::ssd`], [`crate::conv1d`] and [`crate::rms_norm_gated`], with the same
+//! layouts (see those modules). Each function launches on `gpu.stream()` without waiting and
+//! returns an error (never panics) when a buffer is shorter than the shapes say. Deterministic:
+//! no atomics, fixed-order sums.
+//!
+//! The SSD forward runs in four kernels over a scratch buffer ([`ssd_fwd_scratch_len`] floats):
+//! C Bᵀ per (batch row, group, chunk of 64), each chunk's own state, the state passing over
+//! chunks (the one sequential step, one thread per state element), the chunk outputs. Limits of
+//! this first version: P ≤ 64, N ≤ 128; no backward on the GPU yet.
+
+use super::compile::SSD;
+use super::Gpu;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+/// Chunk length of the GPU forward (as [`crate::ssd::CHUNK`]).
+const L: usize = 64;
+/// Largest head dim P of the forward's shared tiles.
+const PMAX: usize = 64;
+const NMAX: usize = 128;
+const SROW: usize = 129;
+/// Row stride of the backward's x and dy tiles.
+const XROW: usize = 65;
+
+enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    s.map_or(0, |s| ptr(gpu, s))
+}
+
+fn launch(gpu: &Gpu, name: &str, grid: usize, smem: usize, args: &[Arg]) -> Result<()> {
+    launch2(gpu, name, (grid, 1), smem, args)
+}
+
+/// [`launch`] on a two-dimensional grid (x, y).
+fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+    ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
+    ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
+    let f = gpu.function(&SSD, name)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    let mut b = gpu.stream().launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::P(v) => b.arg(v),
+            Arg::I(v) => b.arg(v),
+            Arg::L(v) => b.arg(v),
+            Arg::F(v) => b.arg(v),
+        };
+    }
+    let cfg =
+        LaunchConfig { grid_dim: (grid as u32, gy as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
+    // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ssd.cu, in order,
+    // with pointers into buffers whose lengths were checked against the launch's shapes.
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
+    Ok(())
+}
+
+fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
+    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    Ok(())
+}
+
+fn int(op: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
+}
+
+/// One SSD problem on the device: as [`crate::ssd::Ssd`], with `start` as i32.
+#[derive(Clone, Copy)]
+pub struct DevSsd<'a> {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub state: usize,
+    pub groups: usize,
+    /// [B, T, xbc_stride]: x (H·P) | B (G·N) | C (G·N) per row.
+    pub xbc: &'a CudaSlice<f32>,
+    pub xbc_stride: usize,
+    /// [B, T, H], post-softplus.
+    pub dt: &'a CudaSlice<f32>,
+    /// [H]
+    pub a: &'a CudaSlice<f32>,
+    /// [H]
+    pub d: &'a CudaSlice<f32>,
+    /// [B] or none.
+    pub start: Option<&'a CudaSlice<i32>>,
+}
+
+impl DevSsd<'_> {
+    fn check(&self, op: &str) -> Result<()> {
+        let (b, t, h, p, n, g) = (self.batch, self.seq, self.heads, self.head_dim, self.state, self.groups);
+        ensure!(g > 0 && h.is_multiple_of(g), "{op}: groups {g} must divide heads {h}");
+        ensure!(p > 0 && n > 0, "{op}: head_dim and state must be positive");
+        let width = h * p + 2 * g * n;
+        ensure!(self.xbc_stride >= width, "{op}: xbc_stride {} < H·P + 2·G·N = {width}", self.xbc_stride);
+        need(op, "xbc", self.xbc, if b * t == 0 { 0 } else { (b * t - 1) * self.xbc_stride + width })?;
+        need(op, "dt", self.dt, b * t * h)?;
+        need(op, "a", self.a, h)?;
+        need(op, "d", self.d, h)?;
+        if let Some(s) = self.start {
+            need(op, "start", s, b)?;
+        }
+        int(op, b * t * self.xbc_stride)?;
+        Ok(())
+    }
+    fn states(&self) -> usize {
+        self.batch * self.heads * self.head_dim * self.state
+    }
+}
+
+/// Floats of the scratch of [`ssd_fwd`]: C Bᵀ per (batch row, group, chunk) (B·G·nch·64²), the
+/// chunk states (B·H·nch·P·N) and their decays (B·H·nch), nch = ⌈T / 64⌉. At B = 2, T = 16384,
+/// H = 24, P = 64, N = 128: 409 MB.
+pub fn ssd_fwd_scratch_len(
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+    state: usize,
+    groups: usize,
+) -> usize {
+    let nch = seq.div_ceil(L);
+    batch * groups * nch * L * L + batch * heads * nch * (head_dim * state + 1)
+}
+
+/// The chunked SSD forward, as [`crate::ssd::ssd_fwd`]: y [B, T, H·P]; `init`, `final_state`
+/// [B, H, P, N] or none; `scratch` of [`ssd_fwd_scratch_len`] floats. Four kernels: C Bᵀ per
+/// chunk, each chunk's own state, the state passing over chunks, the chunk outputs (see
+/// kernels/ssd.cu). P ≤ 64, N ≤ 128.
+pub fn ssd_fwd(
+    gpu: &Gpu,
+    p: &DevSsd,
+    y: &mut CudaSlice<f32>,
+    init: Option<&CudaSlice<f32>>,
+    final_state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    ssd_fwd_steps(gpu, p, Some(y), init, final_state, scratch, &[0, 1, 2, 3])
+}
+
+/// One of the forward's four kernels alone (0: C Bᵀ, 1: chunk states, 2: state passing, 3: chunk
+/// outputs), for timing each (`fox-attn bench-ssd`); the others' results are whatever the
+/// scratch holds.
+pub fn ssd_fwd_step(
+    gpu: &Gpu,
+    p: &DevSsd,
+    y: &mut CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    step: usize,
+) -> Result<()> {
+    ssd_fwd_steps(gpu, p, Some(y), None, None, scratch, &[step])
+}
+
+fn ssd_fwd_steps(
+    gpu: &Gpu,
+    p: &DevSsd,
+    y: Option<&mut CudaSlice<f32>>,
+    init: Option<&CudaSlice<f32>>,
+    final_state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+    steps: &[usize],
+) -> Result<()> {
+    let run = |k: usize| steps.contains(&k);
+    let op = "ssd_fwd";
+    p.check(op)?;
+    ensure!(p.head_dim <= PMAX, "{op}: head_dim {} is above {PMAX}", p.head_dim);
+    ensure!(p.state <= NMAX, "{op}: state {} is above {NMAX}", p.state);
+    if let Some(y) = &y {
+        need(op, "y", y, p.batch * p.seq * p.heads * p.head_dim)?;
+    }
+    if let Some(i) = init {
+        need(op, "init", i, p.states())?;
+    }
+    if let Some(f) = &final_state {
+        need(op, "final_state", f, p.states())?;
+    }
+    let (b, t, h, pd, n, g) = (p.batch, p.seq, p.heads, p.head_dim, p.state, p.groups);
+    need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, pd, n, g))?;
+    if b * t == 0 {
+        return Ok(());
+    }
+    let nch = t.div_ceil(L);
+    int(op, b * h * nch * pd * n)?;
+    let base = ptr(gpu, scratch);
+    let cb = base;
+    let states = cb + 4 * (b * g * nch * L * L) as u64;
+    let decay = states + 4 * (b * h * nch * pd * n) as u64;
+    let dims = |v: &mut Vec<Arg>| -> Result<()> {
+        for x in [b, t, h, pd, n, g, nch] {
+            v.push(Arg::I(int(op, x)?));
+        }
+        Ok(())
+    };
+    let (xbc, stride) = (ptr(gpu, p.xbc), p.xbc_stride as i64);
+    let mut args = vec![Arg::P(cb), Arg::P(xbc), Arg::L(stride)];
+    dims(&mut args)?;
+    if run(0) {
+        launch(gpu, "ssd_cb_f32", b * g * nch, 0, &args)?;
+    }
+    let (dt, a, start) = (ptr(gpu, p.dt), ptr(gpu, p.a), opt_ptr(gpu, p.start));
+    let mut args =
+        vec![Arg::P(states), Arg::P(decay), Arg::P(xbc), Arg::L(stride), Arg::P(dt), Arg::P(a), Arg::P(start)];
+    dims(&mut args)?;
+    if run(1) {
+        launch(gpu, "ssd_chunk_state_f32", b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
+    }
+    let args = [
+        Arg::P(states),
+        Arg::P(final_state.map_or(0, |f| ptr(gpu, f))),
+        Arg::P(opt_ptr(gpu, init)),
+        Arg::P(decay),
+        Arg::I(int(op, b * h)?),
+        Arg::I(int(op, pd * n)?),
+        Arg::I(int(op, nch)?),
+    ];
+    if run(2) {
+        launch(gpu, "ssd_state_pass_f32", (b * h * pd * n).div_ceil(256), 0, &args)?;
+    }
+    if !run(3) {
+        return Ok(());
+    }
+    let y = y.ok_or_else(|| anyhow!("{op}: no output buffer"))?;
+    let mut args = vec![
+        Arg::P(ptr(gpu, y)),
+        Arg::P(xbc),
+        Arg::L(stride),
+        Arg::P(dt),
+        Arg::P(a),
+        Arg::P(ptr(gpu, p.d)),
+        Arg::P(start),
+        Arg::P(cb),
+        Arg::P(states),
+    ];
+    dims(&mut args)?;
+    launch(gpu, "ssd_chunk_scan_f32", b * h * nch, 4 * (L * (L + 1) + L * PMAX + L * NMAX + PMAX * SROW + 2 * L), &args)
+}
+
+/// One decoding step, as [`crate::ssd::ssd_decode_step`]: `p.seq` = 1, state [B, H, P, N] in
+/// place, y [B, H·P].
+pub fn ssd_decode_step(gpu: &Gpu, p: &DevSsd, state: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
+    let op = "ssd_decode_step";
+    p.check(op)?;
+    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
+    need(op, "state", state, p.states())?;
+    need(op, "y", y, p.batch * p.heads * p.head_dim)?;
+    let args = [
+        Arg::P(ptr(gpu, state)),
+        Arg::P(ptr(gpu, y)),
+        Arg::P(ptr(gpu, p.xbc)),
+        Arg::L(p.xbc_stride as i64),
+        Arg::P(ptr(gpu, p.dt)),
+        Arg::P(ptr(gpu, p.a)),
+        Arg::P(ptr(gpu, p.d)),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, p.heads)?),
+        Arg::I(int(op, p.head_dim)?),
+        Arg::I(int(op, p.state)?),
+        Arg::I(int(op, p.groups)?),
+    ];
+    launch(gpu, "ssd_decode_f32", p.batch * p.heads, 0, &args)
+}
+
+/// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
+/// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W]; bias [C], start [B], prev
+/// [B, W − 1, C] optional.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_fwd(
+    gpu: &Gpu,
+    out: &mut CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    x_stride: usize,
+    weight: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    start: Option<&CudaSlice<i32>>,
+    prev: Option<&CudaSlice<f32>>,
+    (batch, seq, channels, width): (usize, usize, usize, usize),
+    silu: bool,
+) -> Result<()> {
+    let op = "conv1d_fwd";
+    ensure!(width >= 1 && x_stride >= channels, "{op}: width ≥ 1 and x_stride ≥ channels");
+    let rows = batch * seq;
+    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+    need(op, "out", out, rows * channels)?;
+    need(op, "weight", weight, channels * width)?;
+    if let Some(b) = bias {
+        need(op, "bias", b, channels)?;
+    }
+    if let Some(s) = start {
+        need(op, "start", s, batch)?;
+    }
+    if let Some(pv) = prev {
+        need(op, "prev", pv, batch * (width - 1) * channels)?;
+    }
+    if rows * channels == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::P(ptr(gpu, out)),
+        Arg::P(ptr(gpu, x)),
+        Arg::L(x_stride as i64),
+        Arg::P(ptr(gpu, weight)),
+        Arg::P(opt_ptr(gpu, bias)),
+        Arg::P(opt_ptr(gpu, start)),
+        Arg::P(opt_ptr(gpu, prev)),
+        Arg::I(int(op, batch)?),
+        Arg::I(int(op, seq)?),
+        Arg::I(int(op, channels)?),
+        Arg::I(int(op, width)?),
+        Arg::I(silu as i32),
+    ];
+    launch(gpu, "ssd_conv1d_fwd_f32", (rows * channels).div_ceil(256), 0, &args)
+}
+
+/// Gated RMSNorm forward, as [`crate::rms_norm_gated::rms_norm_gated_fwd`]: y, x [rows, dim],
+/// z rows of stride `z_stride`, w [dim], rstd [rows].
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_gated_fwd(
+    gpu: &Gpu,
+    y: &mut CudaSlice<f32>,
+    rstd: &mut CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    z: &CudaSlice<f32>,
+    z_stride: usize,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    let op = "rms_norm_gated_fwd";
+    ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
+    need(op, "x", x, rows * dim)?;
+    need(op, "y", y, rows * dim)?;
+    need(op, "z", z, if rows == 0 { 0 } else { (rows - 1) * z_stride + dim })?;
+    need(op, "w", w, dim)?;
+    need(op, "rstd", rstd, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::P(ptr(gpu, y)),
+        Arg::P(ptr(gpu, rstd)),
+        Arg::P(ptr(gpu, x)),
+        Arg::P(ptr(gpu, z)),
+        Arg::L(z_stride as i64),
+        Arg::P(ptr(gpu, w)),
+        Arg::I(int(op, dim)?),
+        Arg::F(eps),
+    ];
+    launch(gpu, "ssd_rms_norm_gated_fwd_f32", rows, 0, &args)
+}
+
+/// Rows per partial sum of the backward's parameter gradients (conv1d, gated RMSNorm).
+const ROWS_PER_PART: usize = 256;
+
+/// Floats of the scratch of [`conv1d_bwd`]: ⌈B·T / 256⌉ · C · (W + 1).
+pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
+    (batch * seq).div_ceil(ROWS_PER_PART).max(1) * channels * (width + 1)
+}
+
+/// conv1d backward, as [`crate::conv1d::conv1d_bwd`] (the pre-activation recomputed): dx in x's
+/// layout (row stride `x_stride`, channels 0..C overwritten), dweight [C, W] and dbias [C]
+/// accumulated through per-256-row partial sums added in order (deterministic). W ≤ 8.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_bwd(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<f32>,
+    dweight: &mut CudaSlice<f32>,
+    dbias: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    x_stride: usize,
+    weight: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    start: Option<&CudaSlice<i32>>,
+    prev: Option<&CudaSlice<f32>>,
+    (batch, seq, channels, width): (usize, usize, usize, usize),
+    silu: bool,
+) -> Result<()> {
+    let op = "conv1d_bwd";
+    ensure!((1..=8).contains(&width) && x_stride >= channels, "{op}: 1 ≤ width ≤ 8 and x_stride ≥ channels");
+    let rows = batch * seq;
+    let span = if rows == 0 { 0 } else { (rows - 1) * x_stride + channels };
+    need(op, "x", x, span)?;
+    need(op, "dx", dx, span)?;
+    need(op, "dout", dout, rows * channels)?;
+    need(op, "weight", weight, channels * width)?;
+    need(op, "dweight", dweight, channels * width)?;
+    if let Some(b) = bias {
+        need(op, "bias", b, channels)?;
+    }
+    if let Some(b) = &dbias {
+        need(op, "dbias", b, channels)?;
+    }
+    if let Some(s) = start {
+        need(op, "start", s, batch)?;
+    }
+    if let Some(pv) = prev {
+        need(op, "prev", pv, batch * (width - 1) * channels)?;
+    }
+    need(op, "scratch", scratch, conv1d_bwd_scratch_len(batch, seq, channels, width))?;
+    if rows * channels == 0 {
+        return Ok(());
+    }
+    let common = |v: &mut Vec<Arg>| -> Result<()> {
+        v.extend([
+            Arg::P(ptr(gpu, dout)),
+            Arg::P(ptr(gpu, x)),
+            Arg::L(x_stride as i64),
+            Arg::P(ptr(gpu, weight)),
+            Arg::P(opt_ptr(gpu, bias)),
+            Arg::P(opt_ptr(gpu, start)),
+            Arg::P(opt_ptr(gpu, prev)),
+            Arg::I(int(op, batch)?),
+            Arg::I(int(op, seq)?),
+            Arg::I(int(op, channels)?),
+            Arg::I(int(op, width)?),
+            Arg::I(silu as i32),
+        ]);
+        Ok(())
+    };
+    int(op, rows * x_stride)?;
+    let mut args = vec![Arg::P(ptr(gpu, dx))];
+    common(&mut args)?;
+    launch(gpu, "ssd_conv1d_bwd_dx_f32", (rows * channels).div_ceil(256), 0, &args)?;
+    let parts = rows.div_ceil(ROWS_PER_PART);
+    let part = ptr(gpu, scratch);
+    let mut args = vec![Arg::P(part)];
+    common(&mut args)?;
+    args.push(Arg::I(ROWS_PER_PART as i32));
+    launch2(gpu, "ssd_conv1d_bwd_dw_f32", (channels.div_ceil(256), parts), 0, &args)?;
+    let stride = (channels * width + channels) as i64;
+    let args = [
+        Arg::P(ptr(gpu, dweight)),
+        Arg::P(part),
+        Arg::I(int(op, parts)?),
+        Arg::I(int(op, channels * width)?),
+        Arg::L(stride),
+    ];
+    launch(gpu, "ssd_colsum_acc_f32", (channels * width).div_ceil(256), 0, &args)?;
+    if let Some(db) = dbias {
+        let args = [
+            Arg::P(ptr(gpu, db)),
+            Arg::P(part + 4 * (channels * width) as u64),
+            Arg::I(int(op, parts)?),
+            Arg::I(int(op, channels)?),
+            Arg::L(stride),
+        ];
+        launch(gpu, "ssd_colsum_acc_f32", channels.div_ceil(256), 0, &args)?;
+    }
+    Ok(())
+}
+
+/// Floats of the scratch of [`rms_norm_gated_bwd`]: ⌈rows / 256⌉ · dim.
+pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
+    rows.div_ceil(ROWS_PER_PART).max(1) * dim
+}
+
+/// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`]: dx [rows, dim]
+/// overwritten, dz (rows of stride `z_stride`, `dim` columns overwritten), dw [dim] accumulated
+/// through per-256-row partial sums added in order (deterministic).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_gated_bwd(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<f32>,
+    dz: &mut CudaSlice<f32>,
+    dw: &mut CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    dy: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    z: &CudaSlice<f32>,
+    z_stride: usize,
+    rstd: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    let op = "rms_norm_gated_bwd";
+    ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
+    let zspan = if rows == 0 { 0 } else { (rows - 1) * z_stride + dim };
+    need(op, "x", x, rows * dim)?;
+    need(op, "dx", dx, rows * dim)?;
+    need(op, "dy", dy, rows * dim)?;
+    need(op, "z", z, zspan)?;
+    need(op, "dz", dz, zspan)?;
+    need(op, "w", w, dim)?;
+    need(op, "dw", dw, dim)?;
+    need(op, "rstd", rstd, rows)?;
+    need(op, "scratch", scratch, rms_norm_gated_bwd_scratch_len(rows, dim))?;
+    if rows == 0 {
+        return Ok(());
+    }
+    int(op, zspan)?;
+    let parts = rows.div_ceil(ROWS_PER_PART);
+    let part = ptr(gpu, scratch);
+    let args = [
+        Arg::P(ptr(gpu, dx)),
+        Arg::P(ptr(gpu, dz)),
+        Arg::P(part),
+        Arg::P(ptr(gpu, dy)),
+        Arg::P(ptr(gpu, x)),
+        Arg::P(ptr(gpu, z)),
+        Arg::L(z_stride as i64),
+        Arg::P(ptr(gpu, rstd)),
+        Arg::P(ptr(gpu, w)),
+        Arg::I(int(op, dim)?),
+        Arg::I(int(op, rows)?),
+        Arg::I(ROWS_PER_PART as i32),
+    ];
+    launch(gpu, "ssd_rms_norm_gated_bwd_f32", parts, 0, &args)?;
+    let args = [Arg::P(ptr(gpu, dw)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, dim)?), Arg::L(dim as i64)];
+    launch(gpu, "ssd_colsum_acc_f32", dim.div_ceil(256), 0, &args)
+}
+
+/// Gradients of the device SSD's inputs, as [`crate::ssd::SsdGrads`]: dxbc (layout of xbc; the x,
+/// B and C columns overwritten), ddt [B, T, H] overwritten, da and dd [H] accumulated, dinit
+/// [B, H, P, N] overwritten when wanted.
+pub struct DevSsdGrads<'a> {
+    pub dxbc: &'a mut CudaSlice<f32>,
+    pub ddt: &'a mut CudaSlice<f32>,
+    pub da: &'a mut CudaSlice<f32>,
+    pub dd: &'a mut CudaSlice<f32>,
+    pub dinit: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// Floats of the scratch of [`ssd_bwd`]: the forward's ([`ssd_fwd_scratch_len`]), then the
+/// state gradients (B·H·nch·P·N), per-head dB and dC (2·B·H·T·N) and per-chunk dA, dD shares
+/// (2·B·H·nch). At B = 2, T = 16384, H = 24, P = 64, N = 128: 1.0 GB.
+pub fn ssd_bwd_scratch_len(
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+    state: usize,
+    groups: usize,
+) -> usize {
+    let nch = seq.div_ceil(L);
+    ssd_fwd_scratch_len(batch, seq, heads, head_dim, state, groups)
+        + batch * heads * (nch * head_dim * state + 2 * seq * state + 2 * nch)
+}
+
+/// The chunked SSD backward, as [`crate::ssd::ssd_bwd`]: dy [B, T, H·P] (its padded rows
+/// ignored); `init` as given to the forward; `dfinal` [B, H, P, N] or none (0). Recomputes the
+/// forward's chunk states, then four kernels (see kernels/ssd.cu); no atomics.
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_bwd(
+    gpu: &Gpu,
+    p: &DevSsd,
+    dy: &CudaSlice<f32>,
+    init: Option<&CudaSlice<f32>>,
+    dfinal: Option<&CudaSlice<f32>>,
+    g: DevSsdGrads,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let op = "ssd_bwd";
+    p.check(op)?;
+    let (b, t, h, pd, n, gr) = (p.batch, p.seq, p.heads, p.head_dim, p.state, p.groups);
+    need(op, "dy", dy, b * t * h * pd)?;
+    if let Some(f) = dfinal {
+        need(op, "dfinal", f, p.states())?;
+    }
+    let width = h * pd + 2 * gr * n;
+    need(op, "dxbc", g.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
+    need(op, "ddt", g.ddt, b * t * h)?;
+    need(op, "da", g.da, h)?;
+    need(op, "dd", g.dd, h)?;
+    if let Some(d) = &g.dinit {
+        need(op, "dinit", d, p.states())?;
+    }
+    need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, pd, n, gr))?;
+    if b * t == 0 {
+        return Ok(());
+    }
+    // The forward's C Bᵀ, chunk states (S_c entering each chunk) and decays.
+    ssd_fwd_steps(gpu, p, None, init, None, scratch, &[0, 1, 2])?;
+    let nch = t.div_ceil(L);
+    int(op, b * h * t * n)?;
+    let base = ptr(gpu, scratch);
+    let cb = base;
+    let states = cb + 4 * (b * gr * nch * L * L) as u64;
+    let decay = states + 4 * (b * h * nch * pd * n) as u64;
+    let gbuf = base + 4 * ssd_fwd_scratch_len(b, t, h, pd, n, gr) as u64;
+    let dbh = gbuf + 4 * (b * h * nch * pd * n) as u64;
+    let dch = dbh + 4 * (b * h * t * n) as u64;
+    let dapart = dch + 4 * (b * h * t * n) as u64;
+    let ddpart = dapart + 4 * (b * h * nch) as u64;
+    let dims = |v: &mut Vec<Arg>| -> Result<()> {
+        for x in [b, t, h, pd, n, gr, nch] {
+            v.push(Arg::I(int(op, x)?));
+        }
+        Ok(())
+    };
+    let (xbc, stride) = (ptr(gpu, p.xbc), p.xbc_stride as i64);
+    let (dt, a, start, dyp) = (ptr(gpu, p.dt), ptr(gpu, p.a), opt_ptr(gpu, p.start), ptr(gpu, dy));
+    let mut args = vec![Arg::P(gbuf), Arg::P(dyp), Arg::P(xbc), Arg::L(stride), Arg::P(dt), Arg::P(a), Arg::P(start)];
+    dims(&mut args)?;
+    launch(gpu, "ssd_chunk_dstate_f32", b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
+    let args = [
+        Arg::P(gbuf),
+        Arg::P(g.dinit.map_or(0, |d| ptr(gpu, d))),
+        Arg::P(opt_ptr(gpu, dfinal)),
+        Arg::P(decay),
+        Arg::I(int(op, b * h)?),
+        Arg::I(int(op, pd * n)?),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, "ssd_state_pass_rev_f32", (b * h * pd * n).div_ceil(256), 0, &args)?;
+    let dxp = ptr(gpu, g.dxbc);
+    let mut args = vec![
+        Arg::P(dxp),
+        Arg::P(dbh),
+        Arg::P(dch),
+        Arg::P(ptr(gpu, g.ddt)),
+        Arg::P(dapart),
+        Arg::P(ddpart),
+        Arg::P(dyp),
+        Arg::P(xbc),
+        Arg::L(stride),
+        Arg::P(dt),
+        Arg::P(a),
+        Arg::P(ptr(gpu, p.d)),
+        Arg::P(start),
+        Arg::P(cb),
+        Arg::P(states),
+        Arg::P(gbuf),
+    ];
+    dims(&mut args)?;
+    let smem = 4 * (2 * L * XROW + 2 * L * NMAX + 2 * PMAX * SROW + 2 * L * (L + 1) + 5 * L + 256);
+    launch(gpu, "ssd_chunk_bwd_f32", b * h * nch, smem, &args)?;
+    let args = [
+        Arg::P(dxp),
+        Arg::L(stride),
+        Arg::P(dbh),
+        Arg::P(dch),
+        Arg::I(int(op, b)?),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, pd)?),
+        Arg::I(int(op, n)?),
+        Arg::I(int(op, gr)?),
+    ];
+    launch(gpu, "ssd_bc_reduce_f32", (b * t * gr * n).div_ceil(256), 0, &args)?;
+    let args = [
+        Arg::P(ptr(gpu, g.da)),
+        Arg::P(ptr(gpu, g.dd)),
+        Arg::P(dapart),
+        Arg::P(ddpart),
+        Arg::I(int(op, b)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, "ssd_head_reduce_f32", h.div_ceil(256), 0, &args)
+}

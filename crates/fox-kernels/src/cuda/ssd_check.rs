@@ -1,0 +1,390 @@
+//! The GPU check of Mamba-2's ops ([`super::ssd`]) against their CPU twins on fresh random
+//! inputs, rows for `fox-attn check-ops` (case names begin with "ssd"), and the SSD timing of
+//! `fox-attn bench-ssd`.
+//!
+//! Errors are relative L2 norms ‖gpu − cpu‖ / ‖cpu‖. Tolerances, and why:
+//! - SSD forward (y, final state): 2e-5. Both sides are f32 with f32 accumulation, but sum in
+//!   other orders (the CPU's gemm blocks vs the kernel's loops; cum by a warp scan vs a running
+//!   sum) over sums of up to L + N = 192 terms, with __expf (2 ulp) for exp, and the state carried
+//!   over several chunks: ~1e-6 expected.
+//! - Decode step, conv1d, gated RMSNorm: 1e-5: the same f32 formula per element, in another
+//!   order of at most N terms, __expf in SiLU and the decay.
+//! - Determinism: the forward runs twice; the metric is the number of elements whose bits
+//!   differ, tolerance 0.
+
+use super::check::CheckRow;
+use super::ssd::{self, DevSsd};
+use super::Gpu;
+use anyhow::Result;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+const TOL_SSD: f64 = 2e-5;
+const TOL_ELEM: f64 = 1e-5;
+const TOL_SSD_BWD: f64 = 1e-4;
+
+fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
+    if x.len() != r.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(r) {
+        num += (*a as f64 - *b as f64).powi(2);
+        den += (*b as f64).powi(2);
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+struct Ctx<'a> {
+    gpu: &'a Gpu,
+    rng: ChaCha8Rng,
+    rows: Vec<CheckRow>,
+}
+
+impl Ctx<'_> {
+    fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
+        let pass = err.is_finite() && err <= tol;
+        self.rows.push(CheckRow { case: case.into(), metric: metric.into(), err, tol, pass, note: note.into() });
+    }
+    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
+    }
+    fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
+        if let Err(e) = f(self, name) {
+            self.add(name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
+        }
+    }
+}
+
+/// Random SSD inputs at a trained layer's scale: (xbc, dt, A, D, init).
+type SsdInputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn ssd_inputs(c: &mut Ctx, b: usize, t: usize, h: usize, p: usize, n: usize, stride: usize) -> SsdInputs {
+    let xbc = c.randn(b * t * stride, 1.0);
+    let dt: Vec<f32> = (0..b * t * h).map(|_| c.rng.gen_range(0.01..0.6f32)).collect();
+    let a: Vec<f32> = (0..h).map(|i| if i == 0 { -0.02 } else { -c.rng.gen_range(0.05..3.0f32) }).collect();
+    let d = c.randn(h, 1.0);
+    let init = c.randn(b * h * p * n, 1.0);
+    (xbc, dt, a, d, init)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ssd_case(
+    c: &mut Ctx,
+    name: &str,
+    b: usize,
+    t: usize,
+    h: usize,
+    p: usize,
+    n: usize,
+    g: usize,
+    start: Option<Vec<usize>>,
+) -> Result<()> {
+    let stride = h * p + 2 * g * n + 5;
+    let (xbc, dt, a, d, init) = ssd_inputs(c, b, t, h, p, n, stride);
+    let cpu = crate::ssd::Ssd {
+        batch: b,
+        seq: t,
+        heads: h,
+        head_dim: p,
+        state: n,
+        groups: g,
+        xbc: &xbc,
+        xbc_stride: stride,
+        dt: &dt,
+        a: &a,
+        d: &d,
+        start: start.as_deref(),
+    };
+    let (mut y, mut fin) = (vec![0.0; b * t * h * p], vec![0.0; b * h * p * n]);
+    crate::ssd::ssd_fwd(&cpu, &mut y, Some(&init), Some(&mut fin))?;
+    let gpu = c.gpu;
+    let (dx, ddt, da, dd, di) =
+        (gpu.upload(&xbc)?, gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?, gpu.upload(&init)?);
+    let ds = match &start {
+        Some(s) => Some(gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())?),
+        None => None,
+    };
+    let dev = DevSsd {
+        batch: b,
+        seq: t,
+        heads: h,
+        head_dim: p,
+        state: n,
+        groups: g,
+        xbc: &dx,
+        xbc_stride: stride,
+        dt: &ddt,
+        a: &da,
+        d: &dd,
+        start: ds.as_ref(),
+    };
+    let mut gy = gpu.zeros::<f32>(y.len())?;
+    let mut gf = gpu.zeros::<f32>(fin.len())?;
+    let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
+    ssd::ssd_fwd(gpu, &dev, &mut gy, Some(&di), Some(&mut gf), &mut cb)?;
+    let y1 = gpu.download(&gy)?;
+    let f1 = gpu.download(&gf)?;
+    c.add(name, "y rel L2 vs CPU chunked", rel_l2(&y1, &y), TOL_SSD, "");
+    c.add(name, "final state rel L2", rel_l2(&f1, &fin), TOL_SSD, "");
+    ssd::ssd_fwd(gpu, &dev, &mut gy, Some(&di), Some(&mut gf), &mut cb)?;
+    let y2 = gpu.download(&gy)?;
+    let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    // Backward, with a gradient on the final state and the initial state's gradient out.
+    let dyv = c.randn(y.len(), 1.0);
+    let dfin = c.randn(fin.len(), 1.0);
+    let (mut dxbc, mut ddt, mut dav, mut ddv, mut dinit) =
+        (vec![0.0f32; xbc.len()], vec![0.0f32; dt.len()], vec![0.0f32; h], vec![0.0f32; h], vec![0.0f32; init.len()]);
+    crate::ssd::ssd_bwd(
+        &cpu,
+        &dyv,
+        Some(&init),
+        Some(&dfin),
+        crate::ssd::SsdGrads { dxbc: &mut dxbc, ddt: &mut ddt, da: &mut dav, dd: &mut ddv, dinit: Some(&mut dinit) },
+    )?;
+    let (gdy, gdfin) = (gpu.upload(&dyv)?, gpu.upload(&dfin)?);
+    let mut sc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
+    let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {
+        let gpu = c.gpu;
+        let (mut gdx, mut gddt, mut gda, mut gdd, mut gdi) = (
+            gpu.zeros::<f32>(xbc.len())?,
+            gpu.zeros::<f32>(dt.len())?,
+            gpu.zeros::<f32>(h)?,
+            gpu.zeros::<f32>(h)?,
+            gpu.zeros::<f32>(init.len())?,
+        );
+        let grads =
+            ssd::DevSsdGrads { dxbc: &mut gdx, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: Some(&mut gdi) };
+        ssd::ssd_bwd(gpu, &dev, &gdy, Some(&di), Some(&gdfin), grads, &mut sc)?;
+        Ok(vec![
+            gpu.download(&gdx)?,
+            gpu.download(&gddt)?,
+            gpu.download(&gda)?,
+            gpu.download(&gdd)?,
+            gpu.download(&gdi)?,
+        ])
+    };
+    let got = run(c)?;
+    let bname = name.replace("fwd", "bwd");
+    for (k, (what, want)) in
+        [("dxbc", &dxbc), ("ddt", &ddt), ("dA", &dav), ("dD", &ddv), ("dinit", &dinit)].into_iter().enumerate()
+    {
+        c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(&got[k], want), TOL_SSD_BWD, "");
+    }
+    let again = run(c)?;
+    let diff: usize =
+        got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
+    c.add(&bname, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    Ok(())
+}
+
+fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
+    let (b, h, p, n, g, steps) = (2, 4, 64, 128, 2, 5);
+    let stride = h * p + 2 * g * n;
+    let mut state = c.randn(b * h * p * n, 1.0);
+    let gpu = c.gpu;
+    let mut gstate = gpu.upload(&state)?;
+    let start = [0usize, 1];
+    let dstart = gpu.upload(&[0i32, 1])?;
+    let (mut ey, mut es) = (0.0f64, 0.0f64);
+    for _ in 0..steps {
+        let (xbc, dt, a, d, _) = ssd_inputs(c, b, 1, h, p, n, stride);
+        let cpu = crate::ssd::Ssd {
+            batch: b,
+            seq: 1,
+            heads: h,
+            head_dim: p,
+            state: n,
+            groups: g,
+            xbc: &xbc,
+            xbc_stride: stride,
+            dt: &dt,
+            a: &a,
+            d: &d,
+            start: Some(&start),
+        };
+        let mut y = vec![0.0; b * h * p];
+        crate::ssd::ssd_decode_step(&cpu, &mut state, &mut y)?;
+        let (dx, ddt, da, dd) = (gpu.upload(&xbc)?, gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
+        let dev = DevSsd {
+            batch: b,
+            seq: 1,
+            heads: h,
+            head_dim: p,
+            state: n,
+            groups: g,
+            xbc: &dx,
+            xbc_stride: stride,
+            dt: &ddt,
+            a: &da,
+            d: &dd,
+            start: Some(&dstart),
+        };
+        let mut gy = gpu.zeros::<f32>(y.len())?;
+        ssd::ssd_decode_step(gpu, &dev, &mut gstate, &mut gy)?;
+        ey = ey.max(rel_l2(&gpu.download(&gy)?, &y));
+        es = es.max(rel_l2(&gpu.download(&gstate)?, &state));
+    }
+    c.add(name, "y rel L2 (worst of 5 steps)", ey, TOL_ELEM, "row 1 padding");
+    c.add(name, "state rel L2 (worst of 5 steps)", es, TOL_ELEM, "");
+    Ok(())
+}
+
+fn conv_case(c: &mut Ctx, name: &str) -> Result<()> {
+    let (b, t, ch, w, stride) = (2, 77, 300, 4, 311);
+    let x = c.randn(b * t * stride, 1.0);
+    let weight = c.randn(ch * w, 0.5);
+    let bias = c.randn(ch, 0.5);
+    let prev = c.randn(b * (w - 1) * ch, 1.0);
+    let start = [0usize, 6];
+    let p = crate::conv1d::Conv1d {
+        batch: b,
+        seq: t,
+        channels: ch,
+        width: w,
+        x: &x,
+        x_stride: stride,
+        weight: &weight,
+        bias: Some(&bias),
+        start: Some(&start),
+        silu: true,
+    };
+    let mut out = vec![0.0; b * t * ch];
+    crate::conv1d::conv1d_fwd(&p, &mut out, Some(&prev), None)?;
+    let gpu = c.gpu;
+    let mut gout = gpu.zeros::<f32>(out.len())?;
+    let (gx, gw, gb, gp, gs) =
+        (gpu.upload(&x)?, gpu.upload(&weight)?, gpu.upload(&bias)?, gpu.upload(&prev)?, gpu.upload(&[0i32, 6])?);
+    ssd::conv1d_fwd(gpu, &mut gout, &gx, stride, &gw, Some(&gb), Some(&gs), Some(&gp), (b, t, ch, w), true)?;
+    c.add(name, "out rel L2", rel_l2(&gpu.download(&gout)?, &out), TOL_ELEM, "SiLU, padding, previous state");
+    // Backward: dx (the columns past C keep their value), dweight and dbias accumulated onto 0.5.
+    let dout = c.randn(b * t * ch, 1.0);
+    let mut dx = vec![3.0f32; x.len()];
+    let (mut dw, mut db) = (vec![0.5f32; ch * w], vec![0.5f32; ch]);
+    crate::conv1d::conv1d_bwd(&p, &dout, Some(&prev), &mut dx, &mut dw, Some(&mut db))?;
+    let (gdout, mut gdx, mut gdw, mut gdb) = (
+        gpu.upload(&dout)?,
+        gpu.upload(&vec![3.0f32; x.len()])?,
+        gpu.upload(&vec![0.5f32; ch * w])?,
+        gpu.upload(&vec![0.5f32; ch])?,
+    );
+    let mut scratch = gpu.zeros::<f32>(ssd::conv1d_bwd_scratch_len(b, t, ch, w))?;
+    ssd::conv1d_bwd(
+        gpu,
+        &mut gdx,
+        &mut gdw,
+        Some(&mut gdb),
+        &mut scratch,
+        &gdout,
+        &gx,
+        stride,
+        &gw,
+        Some(&gb),
+        Some(&gs),
+        Some(&gp),
+        (b, t, ch, w),
+        true,
+    )?;
+    let bname = name.replace("fwd", "bwd");
+    c.add(&bname, "dx rel L2", rel_l2(&gpu.download(&gdx)?, &dx), TOL_ELEM, "");
+    c.add(&bname, "dweight rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
+    c.add(&bname, "dbias rel L2", rel_l2(&gpu.download(&gdb)?, &db), TOL_ELEM, "");
+    Ok(())
+}
+
+fn norm_case(c: &mut Ctx, name: &str) -> Result<()> {
+    let (rows, dim, zs, eps) = (37, 1536, 3200, 1e-5f32);
+    let x = c.randn(rows * dim, 1.0);
+    let z = c.randn(rows * zs, 1.0);
+    let w = c.randn(dim, 0.3).iter().map(|v| 1.0 + v).collect::<Vec<_>>();
+    let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
+    crate::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, 1, eps)?;
+    let gpu = c.gpu;
+    let (gx, gz, gw) = (gpu.upload(&x)?, gpu.upload(&z)?, gpu.upload(&w)?);
+    let (mut gy, mut gr) = (gpu.zeros::<f32>(y.len())?, gpu.zeros::<f32>(rows)?);
+    ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, &gx, &gz, zs, &gw, rows, dim, eps)?;
+    c.add(name, "y rel L2", rel_l2(&gpu.download(&gy)?, &y), TOL_ELEM, "");
+    c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
+    // Backward; rows = 300 > 256 for two partial sums of dw.
+    let rows2 = 300;
+    let x = c.randn(rows2 * dim, 1.0);
+    let z = c.randn(rows2 * zs, 1.0);
+    let dy = c.randn(rows2 * dim, 1.0);
+    let (mut y, mut r) = (vec![0.0; rows2 * dim], vec![0.0; rows2]);
+    crate::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, 1, eps)?;
+    let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![2.0; z.len()], vec![0.5; dim]);
+    crate::rms_norm_gated::rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &r, &w, dim, 1)?;
+    let (gx, gz, gdy, gr) = (gpu.upload(&x)?, gpu.upload(&z)?, gpu.upload(&dy)?, gpu.upload(&r)?);
+    let (mut gdx, mut gdz, mut gdw) =
+        (gpu.zeros::<f32>(x.len())?, gpu.upload(&vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
+    let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows2, dim))?;
+    ssd::rms_norm_gated_bwd(gpu, &mut gdx, &mut gdz, &mut gdw, &mut scratch, &gdy, &gx, &gz, zs, &gr, &gw, rows2, dim)?;
+    let bname = "ssd rms_norm_gated bwd 300x1536";
+    c.add(bname, "dx rel L2", rel_l2(&gpu.download(&gdx)?, &dx), TOL_ELEM, "");
+    c.add(bname, "dz rel L2", rel_l2(&gpu.download(&gdz)?, &dz), TOL_ELEM, "columns past dim kept");
+    c.add(bname, "dw rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
+    Ok(())
+}
+
+/// Every Mamba-2 check row.
+pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
+    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x55d), rows: Vec::new() };
+    c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| ssd_case(c, n, 2, 300, 4, 64, 128, 2, Some(vec![0, 70])));
+    c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, 1, 50, 2, 32, 48, 1, None));
+    c.case("ssd decode B2 H4 P64 N128 G2", decode_case);
+    c.case("ssd conv1d fwd B2 T77 C300 W4", conv_case);
+    c.case("ssd rms_norm_gated fwd 37x1536", norm_case);
+    c.rows
+}
+
+/// Median ms (CUDA events, after warm-up) of the SSD forward (all four kernels) at
+/// [B, T, H, P, N, G], on random inputs, no initial state; and of each of its four kernels alone
+/// (C Bᵀ, chunk states, state passing, chunk outputs); and of forward + backward.
+pub fn bench_fwd(
+    gpu: &Gpu,
+    shape: (usize, usize, usize, usize, usize, usize),
+    warmup: usize,
+    iters: usize,
+) -> Result<(f64, f64, [f64; 4])> {
+    let (b, t, h, p, n, g) = shape;
+    let stride = h * p + 2 * g * n;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
+    let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
+    let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
+    let d = vec![1.0f32; h];
+    let (dx, ddt, da, dd) = (gpu.upload(&xbc)?, gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
+    let dev = DevSsd {
+        batch: b,
+        seq: t,
+        heads: h,
+        head_dim: p,
+        state: n,
+        groups: g,
+        xbc: &dx,
+        xbc_stride: stride,
+        dt: &ddt,
+        a: &da,
+        d: &dd,
+        start: None,
+    };
+    let mut y = gpu.zeros::<f32>(b * t * h * p)?;
+    let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
+    let all = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))?;
+    let dy = gpu.upload(&(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
+    let mut bsc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
+    let (mut gx, mut gdt, mut gda, mut gdd) =
+        (gpu.zeros::<f32>(xbc.len())?, gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
+    let fwdbwd = super::bench::time_ms(gpu, warmup, iters, || {
+        ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb)?;
+        let grads = ssd::DevSsdGrads { dxbc: &mut gx, ddt: &mut gdt, da: &mut gda, dd: &mut gdd, dinit: None };
+        ssd::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
+    })?;
+    let mut steps = [0.0; 4];
+    for (k, ms) in steps.iter_mut().enumerate() {
+        *ms = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd_step(gpu, &dev, &mut y, &mut cb, k))?;
+    }
+    Ok((all, fwdbwd, steps))
+}

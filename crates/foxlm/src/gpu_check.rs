@@ -404,6 +404,8 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
         dtype,
         recompute: false,
         dist: None,
+        init_from: None,
+        tensorboard: None,
     };
     for d in ["cpu", "gpu", "gpu32", "gpu-stop", "cpu-resume"] {
         let _ = std::fs::remove_dir_all(work.join(d));

@@ -29,16 +29,32 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Also mark each point with a dot (for sparse series such as periodic validation).
     pub markers: bool,
+    /// The palette colour to draw it in (None: its index), so two series can share one.
+    pub color: Option<usize>,
+    /// Draw the line dashed (e.g. validation beside the training curve of the same colour).
+    pub dashed: bool,
 }
 
 impl Series {
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
-        Self { name: name.into(), points, markers: false }
+        Self { name: name.into(), points, markers: false, color: None, dashed: false }
     }
 
     /// The same series with each point marked.
     pub fn with_markers(mut self) -> Self {
         self.markers = true;
+        self
+    }
+
+    /// The same series with a dashed line.
+    pub fn dashed(mut self) -> Self {
+        self.dashed = true;
+        self
+    }
+
+    /// The same series in palette colour `i`.
+    pub fn with_color(mut self, i: usize) -> Self {
+        self.color = Some(i);
         self
     }
 }
@@ -138,7 +154,7 @@ impl LinePlot {
                     .light_line_style(RGBColor(235, 235, 235))
                     .draw()?;
                 for (i, s) in self.series.iter().enumerate() {
-                    let color = Palette99::pick(i).to_rgba();
+                    let color = Palette99::pick(s.color.unwrap_or(i)).to_rgba();
                     let data: Vec<(f64, f64)> = s
                         .points
                         .iter()
@@ -151,10 +167,19 @@ impl LinePlot {
                     if s.markers {
                         chart.draw_series(data.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
                     }
-                    let drawn = chart.draw_series(LineSeries::new(data, style))?;
+                    let dashed = s.dashed;
+                    let drawn = match dashed {
+                        true => chart.draw_series(DashedLineSeries::new(data, 6, 5, style))?,
+                        false => chart.draw_series(LineSeries::new(data, style))?,
+                    };
                     if !s.name.is_empty() {
                         drawn.label(s.name.clone()).legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 20, y)], ShapeStyle::from(&color).stroke_width(2))
+                            let st = ShapeStyle::from(&color).stroke_width(2);
+                            // two segments, with a gap when dashed
+                            let (a, b) = if dashed { (7, 12) } else { (10, 10) };
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (a, 0)], st)
+                                + PathElement::new(vec![(b, 0), (20, 0)], st)
                         });
                     }
                 }

@@ -2,7 +2,9 @@
 //! hyper-parameters (their `configs/experiment/longcrawl64/*` files), and `tiny`, a small
 //! FoX (Pro) that trains on CPU in minutes.
 //!
-//! Names: `{fox,transformer}-{llama,pro}-{125m,360m,760m}`, `tiny`, and the small-scale
+//! Names: `{fox,transformer}-{llama,pro}-{125m,360m,760m}` (the 760M ones are the paper's 16B-token
+//! ablation runs), `{fox,transformer}-{llama,pro}-760m-48b` (its main 48B-token runs, with their own
+//! learning rates), `tiny`, and the small-scale
 //! experiment's seven (experiments/small-scale): `{fox,transformer}-{llama,pro}-small`,
 //! `transformer-llama-norope-small`, `fox-llama-biasonly-small` and `fox-llama-fixed-small`.
 
@@ -136,7 +138,7 @@ fn paper_train(peak_lr: f64, total_tokens: u64, micro_batch: usize) -> TrainConf
 /// Every preset name.
 pub fn names() -> Vec<String> {
     let mut v = vec!["tiny".to_string()];
-    for size in ["125m", "360m", "760m"] {
+    for size in ["125m", "360m", "760m", "760m-48b"] {
         for var in Variant::ALL {
             v.push(format!("{}-{size}", var.name()));
         }
@@ -296,6 +298,29 @@ pub fn preset(name: &str) -> Result<Preset> {
     if let Some(p) = mamba2(name) {
         return Ok(p);
     }
+    // The paper's main runs: 760M models on 48B tokens (45Gi), each with its own peak LR (the
+    // authors' configs/experiment/longcrawl64/*/*_760m_48b.yaml; the paper's Table 5).
+    if let Some(base) = name.strip_suffix("-760m-48b") {
+        let Some(variant) = Variant::ALL.into_iter().find(|v| v.name() == base) else {
+            bail!("unknown preset {name:?}; presets: {}", names().join(", "));
+        };
+        let lr = match variant {
+            Variant::FoxLlama => 1e-3,
+            Variant::FoxPro => 2e-3,
+            Variant::TransformerLlama => 5e-4,
+            Variant::TransformerPro => 1e-3,
+        };
+        let tokens = 46080 * MI;
+        return Ok(Preset {
+            name: name.into(),
+            description: format!(
+                "{} 760M, the paper's main run: 48B tokens ({tokens}), peak LR {lr}; the released checkpoints' recipe",
+                variant.title()
+            ),
+            model: variant.config(1536, 24, if variant.is_fox() { 24 } else { 12 }),
+            train: paper_train(lr, tokens, 1),
+        });
+    }
     let Some((var, size)) = name.rsplit_once('-') else {
         bail!("unknown preset {name:?}; presets: {}", names().join(", "));
     };
@@ -303,7 +328,8 @@ pub fn preset(name: &str) -> Result<Preset> {
         bail!("unknown preset {name:?}; presets: {}", names().join(", "));
     };
     // (d_model, layers, heads, peak LR, tokens, micro-batch) from the authors' configs:
-    // 125M 2.5Gi tokens, 360M 7Gi, 760M 15Gi; the 760M Transformers use 12 heads of 128.
+    // 125M 2.5Gi tokens, 360M 7Gi, 760M 15Gi (the 16B-token ablation runs; the main runs are the
+    // -48b presets above); the 760M Transformers use 12 heads of 128.
     let (d, layers, heads, lr, tokens, micro) = match size {
         "125m" => (768, 12, 12, 2e-3, 2560 * MI, 2),
         "360m" => (1024, 24, 16, 2e-3, 7168 * MI, 1),
@@ -311,14 +337,16 @@ pub fn preset(name: &str) -> Result<Preset> {
         _ => bail!("unknown preset {name:?}; presets: {}", names().join(", ")),
     };
     let model = variant.config(d, layers, heads);
+    let run = match size {
+        "760m" => format!(
+            "the paper's 16B-token ablation run ({tokens} tokens, peak LR {lr}; the main run is {}-760m-48b)",
+            variant.name()
+        ),
+        _ => format!("the paper's recipe ({tokens} tokens, peak LR {lr})"),
+    };
     Ok(Preset {
         name: name.into(),
-        description: format!(
-            "{} {}: the paper's recipe ({} tokens, peak LR {lr})",
-            variant.title(),
-            size.to_uppercase(),
-            tokens
-        ),
+        description: format!("{} {}: {run}", variant.title(), size.to_uppercase()),
         model,
         train: paper_train(lr, tokens, micro),
     })
@@ -430,7 +458,7 @@ mod tests {
             if n != "tiny" {
                 assert_eq!(
                     p.model.head_dim(),
-                    if n.starts_with("transformer") && n.ends_with("760m") { 128 } else { 64 },
+                    if n.starts_with("transformer") && n.contains("760m") { 128 } else { 64 },
                     "{n}"
                 );
             }
@@ -444,6 +472,37 @@ mod tests {
         assert_eq!(t.model.num_hidden_layers, 24);
         assert!(preset("fox-pro-1b").is_err() && preset("gpt-125m").is_err());
         assert!(preset("fox-pro-norope-small").is_err() && preset("small").is_err());
+    }
+
+    #[test]
+    fn main_run_presets_carry_the_authors_48b_learning_rates() {
+        // Peak LRs of configs/experiment/longcrawl64/{forgetting_transformer,transformer}/
+        // {llama,pro}_760m_48b.yaml; max_tokens 48318382080 there.
+        for (name, lr, heads, fox, pro) in [
+            ("fox-llama-760m-48b", 1e-3, 24, true, false),
+            ("fox-pro-760m-48b", 2e-3, 24, true, true),
+            ("transformer-llama-760m-48b", 5e-4, 12, false, false),
+            ("transformer-pro-760m-48b", 1e-3, 12, false, true),
+        ] {
+            let p = preset(name).unwrap();
+            assert!(names().contains(&name.to_string()), "{name}");
+            assert_eq!(p.name, name);
+            assert_eq!(p.train.peak_lr, lr, "{name}");
+            assert_eq!(p.train.total_tokens, 48_318_382_080, "{name}");
+            assert_eq!((p.train.context, p.train.batch_size, p.train.warmup_tokens), (16384, 32, 256 << 20), "{name}");
+            let m = &p.model;
+            assert_eq!((m.hidden_size, m.num_hidden_layers, m.num_heads), (1536, 24, heads), "{name}");
+            assert_eq!((m.fgate_type == FgateType::Full, m.use_rope), (fox, !fox), "{name}");
+            assert_eq!(m.use_k_shift && m.use_v_shift && m.qk_norm && m.use_output_gate && m.use_output_norm, pro);
+            assert_eq!(m.hidden_ratio, Some(if pro { 3.5 } else { 4.0 }), "{name}");
+            // the same model as the 16B ablation preset, trained three times longer
+            let ablation = preset(name.strip_suffix("-48b").unwrap()).unwrap();
+            assert_eq!(&ablation.model, m, "{name}");
+            assert_eq!(ablation.train.total_tokens, 16_106_127_360, "{name}");
+            assert!(ablation.description.contains("16B-token ablation") && ablation.description.contains(name));
+            assert!(p.description.contains("main run") && p.description.contains(&format!("peak LR {lr}")));
+        }
+        assert!(preset("fox-pro-360m-48b").is_err() && preset("fox-760m-48b").is_err());
     }
 
     #[test]

@@ -278,6 +278,9 @@ pub struct TrainerState {
     /// The last validation loss, if any.
     pub last_val_loss: Option<f64>,
     pub finished: bool,
+    /// The model folder whose weights the run started from (`--init-from`; informative).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -559,6 +562,11 @@ pub struct TrainOptions {
     /// This process is one rank of a data-parallel run (GPU `world.local_rank`, NCCL): it reads
     /// its part of each step's windows; only rank 0 writes metrics and checkpoints.
     pub dist: Option<crate::dist::DistRun>,
+    /// Start from this model folder's weights instead of a random initialisation (`--init-from`,
+    /// see [`crate::init_from`]); the run's architecture must keep every tensor's shape.
+    pub init_from: Option<PathBuf>,
+    /// Also write the metrics as TensorBoard event files into this folder (`--tensorboard`).
+    pub tensorboard: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -584,6 +592,8 @@ pub struct TrainReport {
     /// Tokens per second over this invocation's steps.
     pub tokens_per_s: f64,
     pub elapsed_s: f64,
+    /// With `--init-from`: the architecture fields the run changed, "field: old -> new".
+    pub init_changes: Vec<String>,
 }
 
 /// One metrics line.
@@ -639,12 +649,14 @@ pub fn plot_losses(out: &Path, title: &str) -> Result<()> {
 struct MetricsLog {
     file: std::fs::File,
     path: PathBuf,
+    /// The same metrics as TensorBoard events (`--tensorboard`).
+    events: Option<crate::tensorboard::EventWriter>,
 }
 
 impl MetricsLog {
     /// Opens OUT/metrics.jsonl for appending, first dropping lines past `step` (left by a run
-    /// that went on after its last checkpoint).
-    fn open(out: &Path, keep_until_step: Option<u64>) -> Result<Self> {
+    /// that went on after its last checkpoint), and a new event file in `tensorboard`.
+    fn open(out: &Path, keep_until_step: Option<u64>, tensorboard: Option<&Path>) -> Result<Self> {
         let path = out.join(METRICS_FILE);
         match keep_until_step {
             Some(s) => {
@@ -662,12 +674,28 @@ impl MetricsLog {
             .append(true)
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        Ok(Self { file, path })
+        let events = tensorboard.map(crate::tensorboard::EventWriter::create).transpose()?;
+        Ok(Self { file, path, events })
     }
 
     fn write(&mut self, m: &Metric) -> Result<()> {
         let line = serde_json::to_string(m).unwrap() + "\n";
-        self.file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", self.path.display()))
+        self.file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", self.path.display()))?;
+        if let Some(ev) = self.events.as_mut() {
+            let scalars: Vec<(&str, f32)> = [
+                ("train/loss", m.loss),
+                ("train/lr", m.lr),
+                ("train/grad_norm", m.grad_norm),
+                ("train/tokens_per_s", m.tokens_per_s),
+                ("train/tokens_seen", (m.kind == "train").then_some(m.tokens as f64)),
+                ("val/loss", m.val_loss),
+            ]
+            .into_iter()
+            .filter_map(|(tag, v)| Some((tag, v? as f32)))
+            .collect();
+            ev.scalars(crate::tensorboard::now(), m.step, &scalars)?;
+        }
+        Ok(())
     }
 }
 
@@ -790,6 +818,12 @@ fn gpu_engine(
 pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport> {
     let out = &opts.out;
     let t_start = Instant::now();
+    if opts.resume && opts.init_from.is_some() {
+        bail!(
+            "--resume and --init-from together: a resumed run continues from its checkpoint's weights; drop \
+             --init-from to continue it, or choose a new --out to start again from the model"
+        );
+    }
     // Resume: find the checkpoint first (it may supply the configuration).
     let resumed = if opts.resume {
         let Some(dir) = latest_checkpoint(out)? else {
@@ -813,6 +847,16 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     };
     run.model.validate().context("model configuration")?;
     run.train.validate().context("training configuration")?;
+    // Fine-tuning: the source's config against the run's, before anything heavy.
+    let init = match &opts.init_from {
+        None => None,
+        Some(dir) => {
+            let src = crate::init_from::read_source(dir)?;
+            let changes = crate::init_from::architecture_changes(&src.config, &run.model)
+                .with_context(|| format!("--init-from {}", dir.display()))?;
+            Some((src, changes.iter().map(|c| c.to_string()).collect::<Vec<_>>()))
+        }
+    };
     // In a data-parallel run only rank 0 writes (metrics, plots, checkpoints).
     let rank0 = opts.dist.as_ref().is_none_or(|d| d.world.rank == 0);
     if let Some(d) = &opts.dist {
@@ -878,7 +922,20 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             (ck.model, ck.opt, ck.state)
         }
         None => {
-            let model = init_model(&run.model, tc.seed);
+            let model = match &init {
+                Some((src, changes)) => {
+                    let m = crate::init_from::load_initial_model(src, &run.model)
+                        .with_context(|| format!("--init-from {}", src.dir.display()))?;
+                    if opts.verbose {
+                        eprintln!("initial weights: {} ({} parameters)", src.dir.display(), m.params.numel());
+                        for c in changes {
+                            eprintln!("changed: {c}");
+                        }
+                    }
+                    m
+                }
+                None => init_model(&run.model, tc.seed),
+            };
             let opt = AdamW::new(tc.adamw(), &model.params);
             let state = TrainerState {
                 step: 0,
@@ -890,6 +947,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
                 elapsed_s: 0.0,
                 last_val_loss: None,
                 finished: false,
+                init_from: init.as_ref().map(|(src, _)| src.dir.display().to_string()),
             };
             (model, opt, state)
         }
@@ -931,10 +989,15 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             last_train_loss: None,
             tokens_per_s: 0.0,
             elapsed_s: 0.0,
+            init_changes: vec![],
         });
     }
     let mut metrics = match rank0 {
-        true => Some(MetricsLog::open(out, if state.step > 0 || opts.resume { Some(state.step) } else { None })?),
+        true => Some(MetricsLog::open(
+            out,
+            if state.step > 0 || opts.resume { Some(state.step) } else { None },
+            opts.tensorboard.as_deref(),
+        )?),
         false => None,
     };
     let schedule = tc.schedule();
@@ -1120,6 +1183,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         last_train_loss: last_loss,
         tokens_per_s: steps_this_run as f64 * tc.tokens_per_step() as f64 / run_start.elapsed().as_secs_f64().max(1e-9),
         elapsed_s: elapsed,
+        init_changes: init.map(|(_, c)| c).unwrap_or_default(),
     })
 }
 

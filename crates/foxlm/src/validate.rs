@@ -222,14 +222,26 @@ pub fn check_trainer_state(
 
 /// "field: a vs b" for the architecture fields on which two configs differ (extra keys ignored).
 fn config_diff(a: &crate::config::Config, b: &crate::config::Config) -> Vec<String> {
+    differing_fields(a, b).into_iter().map(|(k, v, w)| format!("{k}: {v} vs {w}")).collect()
+}
+
+/// The config.json fields on which two configs differ (extra keys ignored): name, a's value and
+/// b's, as JSON, in name order.
+pub(crate) fn differing_fields(
+    a: &crate::config::Config,
+    b: &crate::config::Config,
+) -> Vec<(String, serde_json::Value, serde_json::Value)> {
     let strip = |c: &crate::config::Config| {
         let mut c = c.clone();
         c.extra.clear();
         serde_json::to_value(&c).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default()
     };
     let (a, b) = (strip(a), strip(b));
-    let shown = |v: Option<&serde_json::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
-    a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).map(|(k, v)| format!("{k}: {v} vs {}", shown(b.get(k)))).collect()
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let get = |m: &serde_json::Map<String, serde_json::Value>, k: &str| m.get(k).cloned().unwrap_or_default();
+    keys.into_iter().filter(|k| a.get(*k) != b.get(*k)).map(|k| (k.clone(), get(&a, k), get(&b, k))).collect()
 }
 
 #[cfg(test)]

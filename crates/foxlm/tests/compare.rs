@@ -152,3 +152,99 @@ fn compare_without_runs_and_its_errors() {
     let e = fails(&["eval", "compare", "--input", &p("bad.json"), "--train-context", "4", "--out", &p("c3")]);
     assert!(e.contains("bad.json") && e.contains("loss[1]"), "{e}");
 }
+
+/// Two training folders: "fast" logs loss 10 - 0.5k at 10k tokens (k = 1..10), "slow" 10 - 0.2k,
+/// each validated at 50 and 100 tokens.
+fn train_runs(dir: &Path) {
+    for (name, rate, val) in [("fast", 0.5, 6.0), ("slow", 0.2, 8.5)] {
+        let mut text = String::new();
+        for k in 1..=10u64 {
+            let l = 10.0 - rate * k as f64;
+            let line = serde_json::json!({"kind": "train", "step": k, "tokens": 10 * k, "loss": l, "lr": 1e-3,
+                                          "elapsed_s": k as f64});
+            text += &format!("{line}\n");
+            if k % 5 == 0 {
+                let v = serde_json::json!({"kind": "val", "step": k, "tokens": 10 * k, "val_loss": val + 0.1 * (10 - k) as f64,
+                                           "elapsed_s": k as f64 + 0.5});
+                text += &format!("{v}\n");
+            }
+        }
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("metrics.jsonl"), text).unwrap();
+    }
+}
+
+#[test]
+fn compare_overlays_training_curves_smoothed_over_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    train_runs(d);
+    let p = |s: &str| d.join(s).display().to_string();
+    let stdout = ok(&[
+        "eval",
+        "compare",
+        "--run",
+        &p("fast"),
+        "--run",
+        &p("slow"),
+        "--smooth-tokens",
+        "20",
+        "--val-loss",
+        "--out",
+        &p("c"),
+    ]);
+    // The table: the last two logged losses' mean (a 20-token window holds two 10-token steps).
+    assert!(stdout.contains("| fast | 10 | 100 | 5.2500 | 6.0000 | 11 s |"), "{stdout}");
+    assert!(stdout.contains("| slow | 10 | 100 | 8.1000 | 8.5000 | 11 s |"), "{stdout}");
+    let csv = std::fs::read_to_string(d.join("c/compare-train.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "run,tokens,train_loss,train_loss_smoothed,val_loss");
+    assert_eq!(rows.len(), 1 + 2 * (10 + 2));
+    assert_eq!(rows[1], "fast,10,9.5,9.5,");
+    assert_eq!(rows[2], "fast,20,9,9.25,");
+    assert_eq!(rows[11], "fast,50,,,6.5");
+    let last_slow: Vec<f64> = rows[22].split(',').skip(1).take(3).map(|x| x.parse().unwrap()).collect();
+    assert!(rows[22].starts_with("slow,100,") && (last_slow[2] - 8.1).abs() < 1e-12, "{csv}");
+    assert_eq!(rows[24], "slow,100,,,8.5");
+    assert_eq!(std::fs::read_to_string(d.join("c/compare-train.md")).unwrap().lines().count(), 4);
+    let img = image::open(d.join("c/compare-train.png")).unwrap().to_rgb8();
+    assert_eq!(img.dimensions(), (1000, 640));
+    // Both runs are drawn, each in its own palette colour (Palette99's first two).
+    let has = |c: [u8; 3]| img.pixels().any(|p| p.0 == c);
+    assert!(has([230, 25, 75]) && has([60, 180, 75]), "the two curves' colours");
+
+    // Without --input the default smoothing is 2% of the longest run; errors name what is wrong.
+    ok(&["eval", "compare", "--run", &p("fast"), "--out", &p("c2")]);
+    let e = fails(&["eval", "compare", "--run", &p("fast"), "--smooth-tokens", "0", "--out", &p("c3")]);
+    assert!(e.contains("--smooth-tokens"), "{e}");
+    std::fs::create_dir_all(d.join("empty")).unwrap();
+    std::fs::write(
+        d.join("empty/metrics.jsonl"),
+        "{\"kind\": \"val\", \"step\": 0, \"tokens\": 0, \"val_loss\": 1.0, \"elapsed_s\": 0}\n",
+    )
+    .unwrap();
+    let e = fails(&["eval", "compare", "--run", &p("empty"), "--out", &p("c3")]);
+    assert!(e.contains("empty") && e.contains("no training loss line"), "{e}");
+    let e = fails(&["eval", "compare", "--out", &p("c3")]);
+    assert!(e.contains("--input") || e.contains("--run"), "{e}");
+}
+
+#[test]
+fn with_inputs_the_training_curves_take_the_models_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    inputs(d);
+    let p = |s: &str| d.join(s).display().to_string();
+    let args = ["eval", "compare", "--input", &p("a"), "--input", &p("b/loss.csv"), "--run", &p("runs/fox")];
+    let mut args: Vec<&str> = args.to_vec();
+    let (tr, nr, out) = (p("runs/transformer"), p("runs/norope"), p("c"));
+    args.extend(["--run", &tr, "--run", &nr, "--out", &out]);
+    ok(&args);
+    let md = std::fs::read_to_string(d.join("c/compare-train.md")).unwrap();
+    for row in
+        ["| fox | 100 | 6400 | 2.0000 | 1.5000 |", "| transformer |", "| no, rope | 100 | 6400 | 2.0000 | 2.9000 |"]
+    {
+        assert!(md.contains(row), "{row}: {md}");
+    }
+    assert!(d.join("c/compare-loss.png").is_file() && d.join("c/compare-train.png").is_file());
+}

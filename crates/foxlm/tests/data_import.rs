@@ -387,6 +387,8 @@ fn the_cli_imports_and_a_model_trains_on_the_result() {
         dtype: None,
         recompute: false,
         dist: None,
+        init_from: None,
+        tensorboard: None,
     };
     let r = train(Some(RunConfig { model, train: t }), &opts).unwrap();
     assert_eq!(r.outcome, Outcome::Finished);

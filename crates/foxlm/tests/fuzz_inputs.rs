@@ -202,6 +202,7 @@ fn make_pristine() -> Pristine {
         elapsed_s: 1.5,
         last_val_loss: Some(6.0),
         finished: false,
+        init_from: None,
     };
     let checkpoint = save_checkpoint(&root.join("run"), "checkpoint-3", &model, &opt, &state).unwrap();
     load_checkpoint(&checkpoint).expect("the pristine checkpoint loads");

@@ -165,6 +165,7 @@ fn checkpoint(dir: &Path) -> PathBuf {
         elapsed_s: 1.0,
         last_val_loss: None,
         finished: false,
+        init_from: None,
     };
     save_checkpoint(dir, "checkpoint-2", &model, &opt, &state).unwrap()
 }

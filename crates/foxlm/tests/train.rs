@@ -56,6 +56,8 @@ fn opts(data: &Path, out: &Path) -> TrainOptions {
         dtype: None,
         recompute: false,
         dist: None,
+        init_from: None,
+        tensorboard: None,
     }
 }
 

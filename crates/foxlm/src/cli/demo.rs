@@ -125,6 +125,8 @@ pub fn run(a: Args) -> Result<()> {
         dtype: None,
         recompute: false,
         dist: None,
+        init_from: None,
+        tensorboard: None,
     };
     let r = train::train(Some(run), &opts)?;
     if r.outcome != Outcome::Finished {

@@ -1,5 +1,6 @@
 //! `foxlm eval compare`: overlays the L(i) curves of separate `foxlm eval loss` runs, plots their
-//! differences to a baseline, and tabulates range means (see [`crate::eval::compare`]).
+//! differences to a baseline, and tabulates range means (see [`crate::eval::compare`]); and
+//! overlays training runs' loss curves against tokens seen (the paper's Figure 25).
 
 use crate::eval::compare::{self, Curve};
 use crate::eval::plots::LineChart;
@@ -12,12 +13,20 @@ use std::path::PathBuf;
 pub struct CompareArgs {
     /// An `eval loss` output: its folder, its loss.json or its loss.csv; repeatable. Every model
     /// in each is compared, in order.
-    #[arg(long, required = true, num_args = 1..)]
+    #[arg(long, required_unless_present = "run", num_args = 1..)]
     pub input: Vec<PathBuf>,
-    /// Training folder (`foxlm train --out`) of each model, in the same order, for the table's
-    /// final validation loss and training time (metrics.jsonl); give all or none.
+    /// Training folder (`foxlm train --out`); repeatable. Their training curves (loss against
+    /// tokens seen, from metrics.jsonl) are overlaid in compare-train.png, with compare-train.csv
+    /// and compare-train.md. With --input, give one per model, in the same order: the L(i)
+    /// table then shows each one's final validation loss and training time.
     #[arg(long)]
     pub run: Vec<PathBuf>,
+    /// Training curves: the trailing mean over this many tokens (default: 2% of the longest run).
+    #[arg(long, value_name = "TOKENS")]
+    pub smooth_tokens: Option<u64>,
+    /// Training curves: also draw each run's validation losses (dots on a dashed line in its colour).
+    #[arg(long)]
+    pub val_loss: bool,
     /// The model the differences are taken against (its name in the inputs; default the first).
     #[arg(long)]
     pub baseline: Option<String>,
@@ -31,7 +40,8 @@ pub struct CompareArgs {
     /// Clip the plotted differences to ±this many nats (a diverging model would flatten the others).
     #[arg(long)]
     pub diff_clip: Option<f64>,
-    /// Output folder: compare-loss.png, compare-diff.png, compare.md, compare.json.
+    /// Output folder: compare-loss.png, compare-diff.png, compare.md, compare.json (L(i));
+    /// compare-train.png, compare-train.csv, compare-train.md (training curves, with --run).
     #[arg(long, default_value = "eval-out")]
     pub out: PathBuf,
 }
@@ -45,6 +55,76 @@ pub fn run(a: CompareArgs) -> Result<()> {
             bail!("--diff-clip {c}: expected a positive number of nats");
         }
     }
+    if a.smooth_tokens == Some(0) {
+        bail!("--smooth-tokens must be at least 1");
+    }
+    let names = match a.input.is_empty() {
+        true => None,
+        false => Some(compare_losses(&a)?),
+    };
+    if !a.run.is_empty() {
+        compare_training(&a, names)?;
+    }
+    Ok(())
+}
+
+/// The training curves of --run: overlay, CSV, table. `names`: the models of --input, in order.
+fn compare_training(a: &CompareArgs, names: Option<Vec<String>>) -> Result<()> {
+    let mut curves = a.run.iter().map(|r| compare::read_train_curve(r)).collect::<Result<Vec<_>>>()?;
+    match names {
+        Some(n) => curves.iter_mut().zip(n).for_each(|(c, n)| c.name = n),
+        None => {
+            let mut seen: Vec<String> = vec![];
+            for c in curves.iter_mut() {
+                let base = c.name.clone();
+                let mut k = 2;
+                while seen.contains(&c.name) {
+                    c.name = format!("{base} ({k})");
+                    k += 1;
+                }
+                seen.push(c.name.clone());
+            }
+        }
+    }
+    let longest = curves.iter().filter_map(|c| c.train.last().map(|p| p.0)).max().unwrap_or(0);
+    let window = a.smooth_tokens.unwrap_or((longest / 50).max(1));
+    let smoothed: Vec<Vec<(u64, f64)>> = curves.iter().map(|c| compare::smooth_by_tokens(&c.train, window)).collect();
+    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create output folder {}", a.out.display()))?;
+    let write = |name: &str, bytes: &[u8]| {
+        let p = a.out.join(name);
+        std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
+    };
+    let md = compare::train_markdown(&curves, &smoothed, window);
+    write("compare-train.md", md.as_bytes())?;
+    write("compare-train.csv", compare::train_csv(&curves, &smoothed).as_bytes())?;
+    let mut plot = crate::plot::LinePlot::new(
+        format!("Training loss (mean over {} tokens)", crate::plot::tick(window as f64)),
+        "tokens seen",
+        "loss (nats/token)",
+    );
+    for (i, (c, sm)) in curves.iter().zip(&smoothed).enumerate() {
+        let pts = sm.iter().map(|&(t, l)| (t as f64, l)).collect();
+        plot = plot.series(crate::plot::Series::new(c.name.clone(), pts).with_color(i));
+        if a.val_loss && !c.val.is_empty() {
+            let pts = c.val.iter().map(|&(t, l)| (t as f64, l)).collect();
+            let s = crate::plot::Series::new(format!("{} (validation)", c.name), pts);
+            plot = plot.series(s.with_markers().dashed().with_color(i));
+        }
+    }
+    let val: Vec<&[(u64, f64)]> = match a.val_loss {
+        true => curves.iter().map(|c| &c.val[..]).collect(),
+        false => vec![],
+    };
+    plot.y_range = compare::train_y_range(&smoothed, &val, 0.05);
+    plot.save(&a.out.join("compare-train.png"))?;
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{md}")?;
+    writeln!(stdout, "wrote compare-train.md, compare-train.csv, compare-train.png to {}", a.out.display())?;
+    Ok(())
+}
+
+/// The L(i) comparison of --input; returns the models' names, in order.
+fn compare_losses(a: &CompareArgs) -> Result<Vec<String>> {
     let mut curves: Vec<Curve> = vec![];
     for p in &a.input {
         curves.extend(compare::read_curves(p)?);
@@ -154,5 +234,5 @@ pub fn run(a: CompareArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     write!(stdout, "{md}")?;
     writeln!(stdout, "wrote compare.md, compare.json, compare-loss.png, compare-diff.png to {}", a.out.display())?;
-    Ok(())
+    Ok(curves.into_iter().map(|c| c.name).collect())
 }

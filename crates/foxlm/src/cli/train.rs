@@ -88,8 +88,9 @@ impl Overrides {
 #[command(group(clap::ArgGroup::new("model_source").args(["preset", "config"])))]
 pub struct Args {
     /// A named set-up: tiny (a small FoX (Pro) for CPU), {fox,transformer}-{llama,pro}-{125m,360m,760m}
-    /// with the paper's hyper-parameters, or the small-scale experiment's *-small models.
-    /// --list-presets shows them.
+    /// with the paper's hyper-parameters (760m: the 16B-token ablation runs), *-760m-48b (the
+    /// paper's main 48B-token runs), or the small-scale experiment's *-small models.
+    /// --list-presets shows them. With --init-from, only its recipe is used.
     #[arg(long)]
     pub preset: Option<String>,
     /// A run configuration: JSON {"model": <config.json fields>, "train": {...}} as written to
@@ -105,8 +106,20 @@ pub struct Args {
     pub out: Option<PathBuf>,
     /// Continue the run in --out from its latest checkpoint (the configuration must match; with
     /// no --preset/--config, the checkpoint's is used).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "init_from")]
     pub resume: bool,
+    /// Fine-tune: start a new run (fresh optimizer, step 0, its own recipe, context and data) from
+    /// the weights of a model folder: config.json + model.safetensors in the authors' layout (e.g.
+    /// the released fox-pro-760m-longcrawl64-48b), a foxlm checkpoint, or a foxlm run folder. The
+    /// architecture is the folder's; --preset/--config give the recipe (a foxlm checkpoint has its
+    /// own). Fields that keep every tensor's shape may change (--acp, --sliding-window,
+    /// --rope-base, or a --config model) and are printed; others are refused.
+    #[arg(long, value_name = "MODEL_DIR")]
+    pub init_from: Option<PathBuf>,
+    /// Also write the metrics (loss, learning rate, gradient norm, tokens/s, validation loss) as
+    /// TensorBoard event files into DIR (`tensorboard --logdir DIR`).
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     #[command(flatten)]
     pub overrides: Overrides,
     /// Stop after this many steps in total, saving a checkpoint (as Ctrl-C does).
@@ -145,6 +158,10 @@ pub struct Args {
     /// (config.json's window_size).
     #[arg(long, value_name = "W")]
     pub sliding_window: Option<usize>,
+    /// RoPE's base θ (config.json's rope_base; RoPE models only), e.g. raised for long-context
+    /// fine-tuning with --init-from.
+    #[arg(long, value_name = "THETA")]
+    pub rope_base: Option<f64>,
     #[command(flatten)]
     pub dist: DistArgs,
 }
@@ -204,6 +221,9 @@ pub fn read_config_file(path: &Path) -> Result<RunConfig> {
 
 /// The run configuration that the arguments describe (None: take the checkpoint's on --resume).
 pub fn run_config(a: &Args) -> Result<Option<RunConfig>> {
+    if let Some(dir) = &a.init_from {
+        return init_run_config(a, dir).map(Some);
+    }
     let base = match (&a.preset, &a.config) {
         (Some(p), _) => {
             let p = presets::preset(p)?;
@@ -216,6 +236,47 @@ pub fn run_config(a: &Args) -> Result<Option<RunConfig>> {
         a.overrides.apply(&mut r.train);
         r
     }))
+}
+
+/// The run configuration of `--init-from DIR`: DIR's architecture (or --config's model, checked
+/// against DIR's weights when training starts), and the recipe of --preset, --config or DIR's
+/// own run, with the overrides.
+fn init_run_config(a: &Args, dir: &Path) -> Result<RunConfig> {
+    let src = crate::init_from::read_source(dir)?;
+    let (model, mut train) = match (&a.preset, &a.config) {
+        (Some(p), _) => {
+            let p = presets::preset(p)?;
+            let differ = crate::init_from::field_changes(&src.config, &p.model);
+            if !differ.is_empty() && !a.quiet {
+                eprintln!(
+                    "note: --preset {} describes another architecture than {} ({}): the weights' is kept, \
+                     the preset gives the recipe",
+                    p.name,
+                    src.dir.display(),
+                    differ
+                        .iter()
+                        .map(|c| format!("{}: {} (model) vs {} (preset)", c.field, c.old, c.new))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            (src.config.clone(), p.train)
+        }
+        (None, Some(c)) => {
+            let r = read_config_file(c)?;
+            (r.model, r.train)
+        }
+        (None, None) => match src.recipe.clone() {
+            Some(t) => (src.config.clone(), t),
+            None => bail!(
+                "--init-from {}: the folder holds no training recipe (it is not a foxlm checkpoint): give --preset \
+                 NAME for one (e.g. tiny, fox-pro-760m-48b) or --config FILE, and override it with --lr, --tokens, ...",
+                dir.display()
+            ),
+        },
+    };
+    a.overrides.apply(&mut train);
+    Ok(RunConfig { model, train })
 }
 
 /// What `foxlm train` is in a multi-GPU run: the launcher of `--gpus N`, one rank, or neither.
@@ -330,7 +391,10 @@ fn run_one(a: Args, dist: Option<crate::dist::DistRun>) -> Result<bool> {
         if a.sliding_window.is_some() {
             r.model.window_size = a.sliding_window;
         }
-        r.model.validate().context("--num-kv-heads / --sliding-window")?;
+        if let Some(b) = a.rope_base {
+            r.model.rope_base = b;
+        }
+        r.model.validate().context("--num-kv-heads / --sliding-window / --rope-base")?;
     }
     if run.is_none() && a.resume {
         // Overrides apply on top of the checkpoint's configuration.
@@ -379,6 +443,8 @@ fn run_one(a: Args, dist: Option<crate::dist::DistRun>) -> Result<bool> {
         dtype: a.dtype,
         recompute: a.recompute,
         dist,
+        init_from: a.init_from.clone(),
+        tensorboard: a.tensorboard.clone(),
     };
     let r = train::train(run, &opts)?;
     match r.outcome {

@@ -157,6 +157,111 @@ pub fn read_run(dir: &Path) -> Result<RunInfo> {
     })
 }
 
+/// A run's training curve (the paper's Figure 25): training loss and validation loss against
+/// tokens seen, from its metrics.jsonl.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainCurve {
+    pub name: String,
+    /// (tokens seen, training loss) of each logged step.
+    pub train: Vec<(u64, f64)>,
+    /// (tokens seen, validation loss) of each validation.
+    pub val: Vec<(u64, f64)>,
+    pub info: RunInfo,
+}
+
+/// Reads a training folder's curve; it is named after the folder.
+pub fn read_train_curve(dir: &Path) -> Result<TrainCurve> {
+    let info = read_run(dir)?;
+    let ms = crate::train::read_metrics(dir);
+    let finite = |x: Option<f64>| x.filter(|v| v.is_finite());
+    let train: Vec<(u64, f64)> =
+        ms.iter().filter(|m| m.kind == "train").filter_map(|m| Some((m.tokens, finite(m.loss)?))).collect();
+    let val = ms.iter().filter(|m| m.kind == "val").filter_map(|m| Some((m.tokens, finite(m.val_loss)?))).collect();
+    if train.is_empty() {
+        bail!("--run {}: {} has no training loss line", dir.display(), crate::train::METRICS_FILE);
+    }
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+        .unwrap_or_else(|| dir.display().to_string());
+    Ok(TrainCurve { name, train, val, info })
+}
+
+/// Trailing mean of the losses logged in the last `window` tokens (t - window, t] at each point:
+/// the same span of training for runs that log at different intervals.
+pub fn smooth_by_tokens(points: &[(u64, f64)], window: u64) -> Vec<(u64, f64)> {
+    let mut lo = 0usize;
+    points
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, _))| {
+            while lo < i && points[lo].0.saturating_add(window) <= t {
+                lo += 1;
+            }
+            // Summed afresh (not a running sum, whose round-off would drift over a long run).
+            let w = &points[lo..=i];
+            (t, w.iter().map(|p| p.1).sum::<f64>() / w.len() as f64)
+        })
+        .collect()
+}
+
+/// Quotes a CSV field when it needs it.
+fn csv_field(s: &str) -> String {
+    match s.contains([',', '"', '\n']) {
+        true => format!("\"{}\"", s.replace('"', "\"\"")),
+        false => s.to_string(),
+    }
+}
+
+/// The curves as CSV, one row per logged step and per validation:
+/// `run,tokens,train_loss,train_loss_smoothed,val_loss` (blank where a row has no such value).
+pub fn train_csv(curves: &[TrainCurve], smoothed: &[Vec<(u64, f64)>]) -> String {
+    let mut s = String::from("run,tokens,train_loss,train_loss_smoothed,val_loss\n");
+    for (c, sm) in curves.iter().zip(smoothed) {
+        let name = csv_field(&c.name);
+        for (&(t, l), &(_, m)) in c.train.iter().zip(sm) {
+            s += &format!("{name},{t},{l},{m},\n");
+        }
+        for &(t, v) in &c.val {
+            s += &format!("{name},{t},,,{v}\n");
+        }
+    }
+    s
+}
+
+/// The runs' table in Markdown: budget, final smoothed training loss, final validation loss, time.
+pub fn train_markdown(curves: &[TrainCurve], smoothed: &[Vec<(u64, f64)>], window: u64) -> String {
+    let mut s = format!(
+        "| run | steps | tokens | final training loss (mean of last {window} tokens) | final val. loss | training time |\n\
+         |---|---|---|---|---|---|\n"
+    );
+    for (c, sm) in curves.iter().zip(smoothed) {
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            c.name.replace('|', "\\|"),
+            c.info.steps,
+            c.info.tokens,
+            sm.last().map_or("–".into(), |p| format!("{:.4}", p.1)),
+            c.info.final_val_loss.map_or("–".into(), |v| format!("{v:.4}")),
+            duration(c.info.elapsed_s)
+        );
+    }
+    s
+}
+
+/// The y range that shows the curves past their first `skip` fraction of tokens (the first
+/// steps' loss, near ln V, would flatten the rest), with a margin.
+pub fn train_y_range(smoothed: &[Vec<(u64, f64)>], val: &[&[(u64, f64)]], skip: f64) -> Option<(f64, f64)> {
+    let end = smoothed.iter().flat_map(|s| s.last()).map(|p| p.0).max()?;
+    let from = (end as f64 * skip) as u64;
+    let ys = smoothed.iter().flat_map(|s| s.iter()).chain(val.iter().flat_map(|v| v.iter()));
+    let (lo, hi) = ys
+        .filter(|p| p.0 >= from && p.1.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    (lo.is_finite() && hi > lo).then_some((lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)))
+}
+
 /// Mean of `loss[lo..hi]`; None when the range is empty or not fully inside the curve.
 pub fn range_mean(loss: &[f64], lo: usize, hi: usize) -> Option<f64> {
     (lo < hi && hi <= loss.len()).then(|| loss[lo..hi].iter().sum::<f64>() / (hi - lo) as f64)
@@ -320,6 +425,28 @@ mod tests {
     fn csv_fields_handle_quotes() {
         assert_eq!(csv_fields("a,\"b,c\",\"d \"\"e\"\"\""), vec!["a", "b,c", "d \"e\""]);
         assert_eq!(csv_fields("1,,2"), vec!["1", "", "2"]);
+    }
+
+    #[test]
+    fn training_curves_are_smoothed_over_the_same_tokens() {
+        let p = [(10, 4.0), (20, 2.0), (30, 6.0), (40, 0.0)];
+        // window 20: (t - 20, t] holds this point and the one before it
+        assert_eq!(smooth_by_tokens(&p, 20), vec![(10, 4.0), (20, 3.0), (30, 4.0), (40, 3.0)]);
+        assert_eq!(smooth_by_tokens(&p, 1), p.to_vec());
+        assert_eq!(smooth_by_tokens(&p, 1000).last(), Some(&(40, 3.0)));
+        let info = RunInfo { final_val_loss: Some(5.5), steps: 4, tokens: 40, elapsed_s: 61.0 };
+        let c = TrainCurve { name: "a,b".into(), train: p.to_vec(), val: vec![(40, 5.5)], info };
+        let sm = vec![smooth_by_tokens(&c.train, 20)];
+        let csv = train_csv(std::slice::from_ref(&c), &sm);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], "run,tokens,train_loss,train_loss_smoothed,val_loss");
+        assert_eq!(lines[2], "\"a,b\",20,2,3,");
+        assert_eq!(lines[5], "\"a,b\",40,,,5.5");
+        let md = train_markdown(std::slice::from_ref(&c), &sm, 20);
+        assert!(md.contains("| a,b | 4 | 40 | 3.0000 | 5.5000 | 1 min 01 s |"), "{md}");
+        // past the first half: smoothed 4.0, 3.0 and the validation 5.5
+        let (lo, hi) = train_y_range(&sm, &[&c.val], 0.5).unwrap();
+        assert!((lo - 2.875).abs() < 1e-12 && (hi - 5.625).abs() < 1e-12, "{lo} {hi}");
     }
 
     #[test]

@@ -134,6 +134,8 @@ pub fn run_dist_checks(data: &Path, work: &Path, steps: u64, run: &RunConfig) ->
         dtype: None,
         recompute: false,
         dist: None,
+        init_from: None,
+        tensorboard: None,
     };
     // One rank through NCCL against the plain single-GPU trainer: the same arithmetic.
     let t0 = Instant::now();

@@ -736,7 +736,7 @@ fn make_engine(
     let mut device = fox_kernels::cuda::select(opts.device)?;
     if let (true, Some(why)) = (device.is_cuda(), crate::backend::cuda::unsupported(model, true)) {
         if opts.device != fox_kernels::cuda::DeviceArg::Auto {
-            bail!("--device {:?}: {why}", opts.device);
+            bail!("--device {}: {why}", opts.device);
         }
         eprintln!("note: training on the CPU: {why}");
         device = Device::Cpu;

@@ -90,7 +90,7 @@ impl DeviceArgs {
                 }
                 Ok(Device::Cpu)
             }
-            (true, Some(why)) => bail!("--device {:?}: {why}", self.device),
+            (true, Some(why)) => bail!("--device {}: {why}", self.device),
             _ => Ok(d),
         }
     }

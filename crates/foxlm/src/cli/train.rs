@@ -89,8 +89,8 @@ impl Overrides {
 pub struct Args {
     /// A named set-up: tiny (a small FoX (Pro) for CPU), {fox,transformer}-{llama,pro}-{125m,360m,760m}
     /// with the paper's hyper-parameters (760m: the 16B-token ablation runs), *-760m-48b (the
-    /// paper's main 48B-token runs), or the small-scale experiment's *-small models.
-    /// --list-presets shows them. With --init-from, only its recipe is used.
+    /// paper's main 48B-token runs), the small-scale experiment's *-small models, or Mamba-2:
+    /// mamba2-{125m,360m,760m,small,tiny}. --list-presets shows them. With --init-from, only its recipe is used.
     #[arg(long)]
     pub preset: Option<String>,
     /// A run configuration: JSON {"model": <config.json fields>, "train": {...}} as written to

@@ -16,6 +16,7 @@ pub mod par;
 pub mod rmsnorm;
 pub mod rope;
 pub mod scalar;
+pub mod selective_scan;
 pub mod simd;
 pub mod small_gemm;
 pub mod swiglu;

@@ -12,7 +12,9 @@
 // The forward saves h at the start of every 64 positions ([B, ceil(T/64), Di, N], the CPU
 // layout, so the check compares them). The backward walks the chunks in reverse, each in two
 // halves of 32 (second half first): it recomputes the half's states from the chunk's saved start
-// into registers (hs[32], ys[32], fully unrolled), then runs the half's reverse-time recurrence.
+// into registers (hs[32], fully unrolled; y per channel in shared memory), then runs the half's
+// reverse-time recurrence. Both read their inputs from a shared-memory stage of 32 positions
+// (ScanStage below).
 // dB and dC are sums over every channel: per position, the two channels of a warp add with one
 // shuffle, the 8 warps of the block in order through shared memory, and a last kernel adds the
 // blocks in block order: no float atomics, the same bits on every run.
@@ -84,8 +86,60 @@ __device__ __forceinline__ ScanIn scan_load(const ScanParams& p, int b, int t, i
     return x;
 }
 
+// A block's inputs for SCAN_HALF positions, staged in shared memory: every load of a group is
+// issued at once (cooperatively, 16 consecutive channels of a row together) instead of one
+// position at a time inside the recurrence, where each position's loads waited for the last
+// one's stores (the compiler cannot tell the buffers apart) and the scan ran at global-memory
+// latency per step (17 ms for the forward at B=2, T=16384, Di=1536 on an H200).
+struct ScanStage {
+    float dl[SCAN_HALF * SCAN_CH], u[SCAN_HALF * SCAN_CH], z[SCAN_HALF * SCAN_CH], go[SCAN_HALF * SCAN_CH];
+    float y[SCAN_HALF * SCAN_CH];  // y of each (position, channel), written by the recurrence
+    float bc[SCAN_HALF * 32];      // B_t (0..15), C_t (16..31)
+};
+
+// One thread's share of a stage, in registers (loads in flight while the block computes).
+struct ScanFetch {
+    float dl[2], u[2], z[2], go[2], bc[4];
+};
+
+// Entry e of a [position][channel] array is (e / 16, e % 16); of bc, (e / 32, e % 32). Values are
+// 0 where the position does not run (padding, past T, channels past Di, states past N).
+template <typename T>
+__device__ __forceinline__ void scan_fetch(ScanFetch& f, const ScanParams& p, int b, int s, int t0, bool grads) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int e = threadIdx.x + k * SCAN_THREADS, t = t0 + (e >> 4), d = blockIdx.x * SCAN_CH + (e & 15);
+        const bool ok = d < p.Di && t < p.T && t >= s;
+        const long long row = ((long long)b * p.T + t) * p.Di + d;
+        f.dl[k] = ok ? ld((const T*)p.delta, row) : 0.f;
+        f.u[k] = ok ? ld((const T*)p.u, row) : 0.f;
+        f.z[k] = (ok && p.z) ? ld((const T*)p.z, row) : 0.f;
+        f.go[k] = (ok && grads) ? ld((const T*)p.dout, row) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int e = threadIdx.x + k * SCAN_THREADS, t = t0 + (e >> 5), c = e & 31, n = c & 15;
+        const bool ok = t < p.T && t >= s && n < p.N;
+        f.bc[k] = ok ? ld((const T*)p.bc, b * p.sb + t * p.st + (c < 16 ? p.b_off : p.c_off) + n) : 0.f;
+    }
+}
+
+__device__ __forceinline__ void scan_put(ScanStage& sm, const ScanFetch& f) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int e = threadIdx.x + k * SCAN_THREADS;
+        sm.dl[e] = f.dl[k];
+        sm.u[e] = f.u[k];
+        sm.z[e] = f.z[k];
+        sm.go[e] = f.go[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sm.bc[threadIdx.x + k * SCAN_THREADS] = f.bc[k];
+}
+
 template <typename T>
 __device__ void scan_fwd(const ScanParams& p) {
+    __shared__ ScanStage sm;
     const int g = threadIdx.x >> 4, n = threadIdx.x & 15;
     const int d = blockIdx.x * SCAN_CH + g, b = blockIdx.y;
     const bool chan = d < p.Di, live = chan && n < p.N;
@@ -95,26 +149,49 @@ __device__ void scan_fwd(const ScanParams& p) {
     float h = (live && p.h0) ? p.h0[hi] : 0.f;
     const float a = live ? p.A[d * p.N + n] : 0.f;
     const float dsk = chan ? p.D[d] : 0.f;
-#pragma unroll 4
-    for (int t = 0; t < p.T; ++t) {
-        if (t % SCAN_CHUNK == 0 && live) p.saved[(((long long)b * K + t / SCAN_CHUNK) * p.Di + d) * p.N + n] = h;
-        const bool real = chan && t >= s;
-        const ScanIn x = scan_load<T>(p, b, t, d, n, real);
-        const float e = __expf(x.dl * a);
-        h = e * h + (x.dl * x.u) * x.b;
-        const float y = sum16(h * x.c) + dsk * x.u;
-        if (chan && n == 0) {
-            const long long row = ((long long)b * p.T + t) * p.Di + d;
-            float o = 0.f;
-            if (real) o = p.z ? y * (ld((const T*)p.z, row) * scan_sigmoid(ld((const T*)p.z, row))) : y;
-            st((T*)p.out, row, o);
+    ScanFetch f;
+    scan_fetch<T>(f, p, b, s, 0, false);
+    for (int t0 = 0; t0 < p.T; t0 += SCAN_HALF) {
+        __syncthreads();  // the last group's outputs are read
+        scan_put(sm, f);
+        __syncthreads();
+        if (t0 + SCAN_HALF < p.T) scan_fetch<T>(f, p, b, s, t0 + SCAN_HALF, false);
+        if (t0 % SCAN_CHUNK == 0 && live) p.saved[(((long long)b * K + t0 / SCAN_CHUNK) * p.Di + d) * p.N + n] = h;
+#pragma unroll 8
+        for (int i = 0; i < SCAN_HALF; ++i) {
+            const float dl = sm.dl[i * SCAN_CH + g], uu = sm.u[i * SCAN_CH + g];
+            h = __expf(dl * a) * h + (dl * uu) * sm.bc[i * 32 + n];
+            const float y = sum16(h * sm.bc[i * 32 + 16 + n]) + dsk * uu;
+            if (n == 0) sm.y[i * SCAN_CH + g] = y;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int e = threadIdx.x + k * SCAN_THREADS, t = t0 + (e >> 4), dd = blockIdx.x * SCAN_CH + (e & 15);
+            if (dd < p.Di && t < p.T) {
+                const float y = sm.y[e], zz = sm.z[e];
+                float o = 0.f;
+                if (t >= s) o = p.z ? y * (zz * scan_sigmoid(zz)) : y;
+                st((T*)p.out, ((long long)b * p.T + t) * p.Di + dd, o);
+            }
         }
     }
     if (live && p.h_last) p.h_last[hi] = h;
 }
 
+// Loads the stage of positions t0.. into shared memory (loads issued before the barrier).
+template <typename T>
+__device__ __forceinline__ void scan_stage(ScanStage& sm, const ScanParams& p, int b, int s, int t0) {
+    ScanFetch f;
+    scan_fetch<T>(f, p, b, s, t0, true);
+    __syncthreads();  // everyone is done with the last stage (and with red)
+    scan_put(sm, f);
+    __syncthreads();
+}
+
 template <typename T>
 __device__ void scan_bwd(const ScanParams& p) {
+    __shared__ ScanStage sm;
     __shared__ float red[SCAN_THREADS / 32][SCAN_HALF][32];
     const int g = threadIdx.x >> 4, n = threadIdx.x & 15;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -134,53 +211,57 @@ __device__ void scan_bwd(const ScanParams& p) {
             if (t0 >= p.T) continue;  // the same for the whole block
             float h = hstart;
             if (half == 1) {
-#pragma unroll 4
+                // The state at the chunk's midpoint, from its start.
+                scan_stage<T>(sm, p, b, s, c0);
+#pragma unroll 8
                 for (int i = 0; i < SCAN_HALF; ++i) {
-                    const int t = c0 + i;
-                    const ScanIn x = scan_load<T>(p, b, t, d, n, chan && t >= s);
-                    h = __expf(x.dl * a) * h + (x.dl * x.u) * x.b;
+                    const float dl = sm.dl[i * SCAN_CH + g];
+                    h = __expf(dl * a) * h + (dl * sm.u[i * SCAN_CH + g]) * sm.bc[i * 32 + n];
                 }
             }
+            scan_stage<T>(sm, p, b, s, t0);
             const float hin = h;
-            float hs[SCAN_HALF], ys[SCAN_HALF];
+            float hs[SCAN_HALF];
 #pragma unroll
             for (int i = 0; i < SCAN_HALF; ++i) {
-                const int t = t0 + i;
-                const ScanIn x = scan_load<T>(p, b, t, d, n, chan && t >= s && t < p.T);
-                h = __expf(x.dl * a) * h + (x.dl * x.u) * x.b;
+                const float dl = sm.dl[i * SCAN_CH + g], uu = sm.u[i * SCAN_CH + g];
+                h = __expf(dl * a) * h + (dl * uu) * sm.bc[i * 32 + n];
                 hs[i] = h;
-                ys[i] = sum16(h * x.c) + dsk * x.u;
+                const float y = sum16(h * sm.bc[i * 32 + 16 + n]) + dsk * uu;
+                if (n == 0) sm.y[i * SCAN_CH + g] = y;
             }
+            __syncwarp();  // y of a channel is read by the 16 lanes of its own warp
 #pragma unroll
             for (int i = SCAN_HALF - 1; i >= 0; --i) {
                 const int t = t0 + i;
                 const bool in = chan && t < p.T, real = in && t >= s;
                 const long long row = ((long long)b * p.T + t) * p.Di + d;
-                const ScanIn x = scan_load<T>(p, b, t, d, n, real);
-                const float go = real ? ld((const T*)p.dout, row) : 0.f;
+                const int e = i * SCAN_CH + g;
+                const float dl = sm.dl[e], uu = sm.u[e], go = sm.go[e];
+                const float bn = sm.bc[i * 32 + n], cn = sm.bc[i * 32 + 16 + n];
                 float dy = go;
                 if (p.z) {
                     // dz = dout·y·SiLU'(z), SiLU'(z) = σ(z)·(1 + z·(1 − σ(z))); dy = dout·SiLU(z).
-                    const float zz = real ? ld((const T*)p.z, row) : 0.f;
+                    const float zz = sm.z[e];
                     const float sg = scan_sigmoid(zz);
-                    const float dzv = go * ys[i] * (sg * (1.f + zz * (1.f - sg)));
+                    const float dzv = go * sm.y[e] * (sg * (1.f + zz * (1.f - sg)));
                     dy = go * (zz * sg);
                     if (in && n == 0) st((T*)p.dz, row, real ? dzv : 0.f);
                 }
-                dd += dy * x.u;
+                dd += dy * uu;
                 const float hp = i ? hs[i - 1] : hin;
-                const float e = __expf(x.dl * a);
-                dh += dy * x.c;
+                const float ex = __expf(dl * a);
+                dh += dy * cn;
                 const float vc = dy * hs[i];
-                const float vb = dh * (x.dl * x.u);
-                const float ge = dh * hp * e;
-                da += ge * x.dl;
+                const float vb = dh * (dl * uu);
+                const float ge = dh * hp * ex;
+                da += ge * dl;
                 const float sa = sum16(ge * a);
-                const float sbv = sum16(dh * x.b);
-                dh *= e;
+                const float sbv = sum16(dh * bn);
+                dh *= ex;
                 if (in && n == 0) {
-                    st((T*)p.du, row, real ? sbv * x.dl + dy * dsk : 0.f);
-                    st((T*)p.ddelta, row, real ? sa + sbv * x.u : 0.f);
+                    st((T*)p.du, row, real ? sbv * dl + dy * dsk : 0.f);
+                    st((T*)p.ddelta, row, real ? sa + sbv * uu : 0.f);
                 }
                 const float wb = vb + __shfl_xor_sync(0xffffffffu, vb, 16);
                 const float wc = vc + __shfl_xor_sync(0xffffffffu, vc, 16);
@@ -197,7 +278,6 @@ __device__ void scan_bwd(const ScanParams& p) {
                 for (int w = 0; w < SCAN_THREADS / 32; ++w) sum += red[w][i][c];
                 if (t < p.T) p.part_bc[(((long long)blockIdx.x * p.B + b) * p.T + t) * 32 + c] = sum;
             }
-            __syncthreads();
         }
     }
     if (live) {
@@ -264,7 +344,7 @@ __device__ void scan_decode(const ScanParams& p) {
     extern "C" __global__ void __launch_bounds__(SCAN_THREADS) fox_scan_fwd_##NAME(ScanParams p) {         \
         scan_fwd<T>(p);                                                                                    \
     }                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(SCAN_THREADS) fox_scan_bwd_##NAME(ScanParams p) {         \
+    extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2) fox_scan_bwd_##NAME(ScanParams p) {      \
         scan_bwd<T>(p);                                                                                    \
     }                                                                                                      \
     extern "C" __global__ void fox_scan_bwd_bc_##NAME(ScanParams p, int blocks) { scan_bwd_bc<T>(p, blocks); } \

@@ -206,7 +206,7 @@ fn main() -> Result<()> {
                 include_str!("fox-attn.rs")
                     .lines()
                     .skip(2)
-                    .take(12)
+                    .take(14)
                     .map(|l| l.trim_start_matches("//!"))
                     .collect::<Vec<_>>()
                     .join("\n")

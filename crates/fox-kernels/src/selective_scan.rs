@@ -30,6 +30,22 @@
 //!
 //! `reference_forward` / `reference_backward` are the oracle: the plain recurrence in f64 and its
 //! backward through time with every state kept, for tests.
+//!
+//! In a Mamba layer (fla's MambaMixer, which Samba uses), with x_proj's output `xp` [B, T, R + 2N]
+//! (R = dt_rank) and `BcLayout::x_proj(T, R, N)`:
+//!
+//! ```text
+//!   forward:  δ = softplus(dt_proj(xp[.., :R]) + dt_bias); A = −exp(A_log)
+//!             forward(&Scan { u, delta: δ, a: A, bc: xp, bc_layout, d: D, z: Some(z), start }, None,
+//!                     y, saved, None)                                  → out_proj(y)
+//!   backward: backward(&scan, saved, dy, GradsMut { dbc: dxp, .. })   → dxp's B, C columns;
+//!             dA_log += dA ⊙ A (dA starts at 0); dδ → softplus' → dt_proj's backward, which
+//!             writes dxp's first R columns; du → the conv's backward; dz → in_proj's.
+//!   decoding: decode_step with len = 1 and `BcLayout::x_proj(1, R, N)` on the cached state
+//!             [B, Di, N] (the conv state is the conv op's).
+//! ```
+//!
+//! The GPU twin is `crate::cuda::selective_scan` (same layouts, N ≤ 16 there).
 
 use crate::par::SharedMut;
 use crate::scalar::{fast_exp, fast_sigmoid};

@@ -393,6 +393,11 @@ pub fn backward(p: &Scan, saved: &[f32], dout: &[f32], g: GradsMut) {
     let mut dbc_part = vec![0.0f32; bn * blocks * t_len * 2 * ns];
     let mut da_part = vec![0.0f32; bn * di * ns];
     let mut dd_part = vec![0.0f32; bn * di];
+    let mut g = g;
+    if let Some(dh0) = g.dh0.as_deref_mut() {
+        // Every task overwrites its part; with T = 0 there are no tasks and the gradient is 0.
+        dh0.fill(0.0);
+    }
     {
         let outs = Outs {
             du: SharedMut::new(g.du),
@@ -909,11 +914,20 @@ mod tests {
         (out, saved, h_last)
     }
 
-    /// max |a − b| / max |b|: the error relative to the tensor's scale.
+    /// max |a − b| / max |b|: the error relative to the tensor's scale (∞ if a NaN is met:
+    /// f32::max would skip it).
     fn rel_err(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
         let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-30);
-        a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+        let worst = a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
+            let d = (x - y).abs();
+            if d.is_nan() {
+                f32::INFINITY
+            } else {
+                m.max(d)
+            }
+        });
+        worst / scale
     }
 
     fn weights(seed: u64, n: usize) -> Vec<f32> {
@@ -922,13 +936,15 @@ mod tests {
 
     /// The cases the fast path is compared on: T a multiple of CHUNK and not, T < CHUNK, Di a
     /// multiple of LANES and not (a partial block), N = 16 (Samba) and odd, left padding that
-    /// ends inside a chunk, on a chunk boundary, and covers a whole row, an initial state.
+    /// ends inside a chunk, on a chunk boundary, and covers a whole row, an initial state, T = 0.
     fn cases() -> Vec<Case> {
         vec![
             Case::new(1, 2, 150, 37, 16, true, Some(vec![0, 70]), true),
             Case::new(2, 1, 20, 40, 5, false, None, false),
             Case::new(3, 3, 128, 32, 16, true, Some(vec![1, 64, 128]), false),
             Case::new(4, 2, 65, 70, 3, false, Some(vec![5, 0]), true),
+            // An empty sequence: out is empty, h_last = h0, dh0 = 0.
+            Case::new(5, 2, 0, 37, 16, true, None, true),
         ]
     }
 

@@ -382,6 +382,8 @@ unsafe fn store_state(h: &[Lanes], dst: SharedMut<f32>, at: usize, w: usize, ns:
 }
 
 /// The backward, from the forward's `saved` buffer and the output gradient `dout` [B, T, Di].
+/// Besides its outputs it allocates the per-block sums of dB and dC, B·ceil(Di/32)·T·2N floats
+/// (B·T·Di at N = 16, as much as u), and per task a chunk's states and decays, (2·CHUNK + 1)·N·32.
 pub fn backward(p: &Scan, saved: &[f32], dout: &[f32], g: GradsMut) {
     p.check();
     g.check(p);

@@ -53,7 +53,11 @@ pub static ATTENTION_F32: Source =
 /// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling.
 pub static DECODE: Source = Source { name: "decode", files: &[ELEM, include_str!("../../kernels/decode.cu")] };
 
-pub static SOURCES: [&Source; 6] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE];
+/// Mamba's selective scan (Samba's SSM): forward, backward, decode step.
+pub static SELECTIVE_SCAN: Source =
+    Source { name: "selective_scan", files: &[ELEM, include_str!("../../kernels/selective_scan.cu")] };
+
+pub static SOURCES: [&Source; 7] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SELECTIVE_SCAN];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

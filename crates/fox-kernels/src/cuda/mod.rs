@@ -19,6 +19,7 @@ pub mod gemm_check;
 pub mod nccl;
 pub mod ops;
 pub mod ops_check;
+pub mod selective_scan;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};

@@ -10,6 +10,7 @@
 use super::{Alloc, Backend, BatchInfo};
 use crate::model::attention::ops::AttnShape;
 use crate::model::cache::LayerState;
+use crate::model::mamba::cuda::GpuMambaState;
 use crate::model::mamba2::cuda::GpuMamba2State;
 use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
@@ -65,14 +66,15 @@ pub struct CacheLens {
 }
 
 /// One layer's inference state on the GPU.
-pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State>;
+pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State, GpuMambaState>;
 
-impl<T> LayerState<GpuCache<T>, GpuMamba2State> {
+impl<T> GpuLayerState<T> {
     /// Tokens this layer has seen (host side).
     pub fn len(&self) -> usize {
         match self {
             LayerState::Attention(c) => c.len,
             LayerState::Mamba2(s) => s.len,
+            LayerState::Mamba(s) => s.len,
         }
     }
 
@@ -89,6 +91,7 @@ impl<T> LayerState<GpuCache<T>, GpuMamba2State> {
                 c.staged = false;
             }
             LayerState::Mamba2(s) => s.len = len,
+            LayerState::Mamba(s) => s.len = len,
         }
     }
 }

@@ -98,7 +98,7 @@ pub enum MixerActs<A, F> {
 pub enum MixerScratch<A, F> {
     Attention(AttnScratch<A, F>),
     Mamba2(Mamba2Scratch<A, F>),
-    Mamba(MambaScratch<A, F>),
+    Mamba(MambaScratch<A>),
 }
 
 /// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).

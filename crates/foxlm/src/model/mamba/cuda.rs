@@ -1,7 +1,10 @@
 //! The Mamba family on the CUDA backend: its inference state on the device, and its
-//! operations. `fox_kernels::cuda::selective_scan` exists (the scan, N ≤ 16), but the layer's
-//! causal depthwise conv1d + SiLU has no CUDA kernel yet, so every operation refuses with an
-//! error that says what is missing, rather than running half of the layer on the device.
+//! operations. `fox_kernels::cuda::selective_scan` exists (the scan, N ≤ 16) and the layer's
+//! buffers are laid out as it reads them (u, δ in the activation type, x_proj's output read in
+//! place through `BcLayout::x_proj`), but the layer's causal depthwise conv1d + SiLU has no CUDA
+//! kernel yet (nor do the small column-copy and softplus kernels around dt_proj), so every
+//! operation refuses with an error that says what is missing, rather than running part of the
+//! layer on the device.
 
 use super::ops::{MambaOps, MambaParams};
 use super::state::MambaState;
@@ -62,13 +65,13 @@ impl<T: Elem> MambaOps for Cuda<T> {
     fn mamba_dt_merge(&mut self, _dxp: &mut CudaSlice<T>, _d_dt_low: &CudaSlice<T>, _p: &MambaParams) -> Result<()> {
         bail!(NO_KERNELS)
     }
-    fn mamba_delta_fwd(&mut self, _delta: &mut CudaSlice<f32>, _dt_pre: &CudaSlice<T>, _p: &MambaParams) -> Result<()> {
+    fn mamba_delta_fwd(&mut self, _delta: &mut CudaSlice<T>, _dt_pre: &CudaSlice<T>, _p: &MambaParams) -> Result<()> {
         bail!(NO_KERNELS)
     }
     fn mamba_delta_bwd(
         &mut self,
         _d_dt_pre: &mut CudaSlice<T>,
-        _ddelta: &CudaSlice<f32>,
+        _ddelta: &CudaSlice<T>,
         _dt_pre: &CudaSlice<T>,
         _p: &MambaParams,
     ) -> Result<()> {
@@ -79,7 +82,7 @@ impl<T: Elem> MambaOps for Cuda<T> {
         _y: &mut CudaSlice<T>,
         _saved: &mut CudaSlice<f32>,
         _u: &CudaSlice<T>,
-        _delta: &CudaSlice<f32>,
+        _delta: &CudaSlice<T>,
         _xp: &CudaSlice<T>,
         _xz: &CudaSlice<T>,
         _p: &MambaParams,
@@ -91,13 +94,13 @@ impl<T: Elem> MambaOps for Cuda<T> {
     fn selective_scan_bwd(
         &mut self,
         _du: &mut CudaSlice<T>,
-        _ddelta: &mut CudaSlice<f32>,
+        _ddelta: &mut CudaSlice<T>,
         _dxp: &mut CudaSlice<T>,
         _dxz: &mut CudaSlice<T>,
         _dy: &CudaSlice<T>,
         _saved: &CudaSlice<f32>,
         _u: &CudaSlice<T>,
-        _delta: &CudaSlice<f32>,
+        _delta: &CudaSlice<T>,
         _xp: &CudaSlice<T>,
         _xz: &CudaSlice<T>,
         _p: &MambaParams,

@@ -45,8 +45,8 @@ pub struct MambaActs<A, F> {
     pub dt_low: A,
     /// dt_proj's output without its bias, [B·T, Di].
     pub dt_pre: A,
-    /// δ = softplus(dt_pre + bias), [B·T, Di] (f32).
-    pub delta: F,
+    /// δ = softplus(dt_pre + bias), [B·T, Di].
+    pub delta: A,
     /// The scan's states at chunk starts, for its backward (`selective_scan::saved_len`).
     pub saved: F,
     /// The gated scan output, out_proj's input, [B·T, Di].
@@ -54,13 +54,13 @@ pub struct MambaActs<A, F> {
 }
 
 /// The mixer's backward buffers, shared by the layers of a slot.
-pub struct MambaScratch<A, F> {
+pub struct MambaScratch<A> {
     pub dxz: A,
     pub du: A,
     pub dxp: A,
     pub d_dt_low: A,
     pub d_dt_pre: A,
-    pub ddelta: F,
+    pub ddelta: A,
     pub dy: A,
 }
 
@@ -78,15 +78,15 @@ impl<A, F> MambaActs<A, F> {
             xp: be.alloc(n * s.x_proj_dim())?,
             dt_low: be.alloc(n * s.dt_rank)?,
             dt_pre: be.alloc(n * s.inner)?,
-            delta: be.alloc_f32(n * s.inner)?,
+            delta: be.alloc(n * s.inner)?,
             saved: be.alloc_f32(saved_len(s, b, t))?,
             y: be.alloc(n * s.inner)?,
         })
     }
 }
 
-impl<A, F> MambaScratch<A, F> {
-    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &MambaMixer, b: usize, t: usize) -> Result<Self> {
+impl<A> MambaScratch<A> {
+    pub fn new<B: Alloc<Act = A>>(be: &B, l: &MambaMixer, b: usize, t: usize) -> Result<Self> {
         let (n, s) = (b * t, &l.p.sizes);
         Ok(Self {
             dxz: be.alloc(n * 2 * s.inner)?,
@@ -94,7 +94,7 @@ impl<A, F> MambaScratch<A, F> {
             dxp: be.alloc(n * s.x_proj_dim())?,
             d_dt_low: be.alloc(n * s.dt_rank)?,
             d_dt_pre: be.alloc(n * s.inner)?,
-            ddelta: be.alloc_f32(n * s.inner)?,
+            ddelta: be.alloc(n * s.inner)?,
             dy: be.alloc(n * s.inner)?,
         })
     }
@@ -189,7 +189,7 @@ impl MambaMixer {
         a: &MambaActs<B::Act, B::F32>,
         dy: &B::Act,
         dx: &mut B::Act,
-        s: &mut MambaScratch<B::Act, B::F32>,
+        s: &mut MambaScratch<B::Act>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let n = info.batch * info.seq;

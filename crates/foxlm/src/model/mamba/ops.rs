@@ -52,13 +52,14 @@ pub trait MambaOps: Backend {
     fn mamba_dt_split(&mut self, dt_low: &mut Self::Act, xp: &Self::Act, p: &MambaParams) -> Result<()>;
     /// xp's first R columns of `dxp` = d_dt_low.
     fn mamba_dt_merge(&mut self, dxp: &mut Self::Act, d_dt_low: &Self::Act, p: &MambaParams) -> Result<()>;
-    /// δ [B·T, Di] (f32) = softplus(dt_pre + dt_proj.bias).
-    fn mamba_delta_fwd(&mut self, delta: &mut Self::F32, dt_pre: &Self::Act, p: &MambaParams) -> Result<()>;
+    /// δ [B·T, Di] = softplus(dt_pre + dt_proj.bias) (in the activation type, as the GPU scan
+    /// reads it).
+    fn mamba_delta_fwd(&mut self, delta: &mut Self::Act, dt_pre: &Self::Act, p: &MambaParams) -> Result<()>;
     /// From dδ: d dt_pre, and dt_proj.bias's gradient.
     fn mamba_delta_bwd(
         &mut self,
         d_dt_pre: &mut Self::Act,
-        ddelta: &Self::F32,
+        ddelta: &Self::Act,
         dt_pre: &Self::Act,
         p: &MambaParams,
     ) -> Result<()>;
@@ -71,7 +72,7 @@ pub trait MambaOps: Backend {
         y: &mut Self::Act,
         saved: &mut Self::F32,
         u: &Self::Act,
-        delta: &Self::F32,
+        delta: &Self::Act,
         xp: &Self::Act,
         xz: &Self::Act,
         p: &MambaParams,
@@ -84,13 +85,13 @@ pub trait MambaOps: Backend {
     fn selective_scan_bwd(
         &mut self,
         du: &mut Self::Act,
-        ddelta: &mut Self::F32,
+        ddelta: &mut Self::Act,
         dxp: &mut Self::Act,
         dxz: &mut Self::Act,
         dy: &Self::Act,
         saved: &Self::F32,
         u: &Self::Act,
-        delta: &Self::F32,
+        delta: &Self::Act,
         xp: &Self::Act,
         xz: &Self::Act,
         p: &MambaParams,

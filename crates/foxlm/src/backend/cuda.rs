@@ -254,7 +254,9 @@ impl<T: Elem> Cuda<T> {
         let p = &model.params;
         let gemm = Gemm::new(&gpu).context("cuBLASLt")?;
         let cfg = &model.config;
-        let (rows, vocab, d, h) = (batch * seq, cfg.vocab_size, cfg.hidden_size, cfg.num_heads);
+        // Attention heads (Samba's are its attention layers', not a top-level num_heads).
+        let h = if cfg.arch() == crate::config::Arch::Samba { cfg.samba_attn().0 } else { cfg.num_heads };
+        let (rows, vocab, d) = (batch * seq, cfg.vocab_size, cfg.hidden_size);
         let vocab_pad = padded_vocab(vocab);
         let head = model.lm_head.weight.0;
         let mut params = Vec::with_capacity(p.len());

@@ -376,3 +376,57 @@ fn initialisation_and_a_few_training_steps() {
     assert!(losses.iter().all(|l| l.is_finite()));
     assert!(losses[24] < losses[0] - 1.0, "losses {losses:?}");
 }
+
+/// A config.json as the authors' SambaConfig.save_pretrained writes it (time_step_rank resolved
+/// to a number, intermediate_size the Mamba width, Hugging Face's own keys) loads, builds the
+/// authors' layout, and a saved model round-trips through `foxlm inspect` and `load_model`.
+#[test]
+fn the_authors_config_json_loads_and_a_saved_model_inspects() {
+    let text = r#"{
+      "architectures": ["SambaForCausalLM"],
+      "attn": {"layers": null, "num_heads": 4, "num_kv_heads": 2, "window_size": 16},
+      "attn_hidden_ratio": 4, "mamba_hidden_ratio": 3,
+      "bos_token_id": null, "eos_token_id": null, "pad_token_id": null,
+      "conv_kernel": 4, "expand": 2, "fuse_cross_entropy": false, "fuse_norm": false,
+      "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+      "intermediate_size": 128, "max_position_embeddings": 2048,
+      "model_type": "samba-project_fox", "norm_eps": 1e-05, "num_hidden_layers": 4,
+      "rescale_prenorm_residual": true, "residual_in_fp32": false, "rope_base": 10000.0,
+      "state_size": 16, "tie_word_embeddings": false, "time_step_floor": 0.0001,
+      "time_step_init_scheme": "random", "time_step_max": 0.1, "time_step_min": 0.001,
+      "time_step_rank": 4, "time_step_scale": 1.0, "transformers_version": "5.17.0",
+      "use_bias": false, "use_cache": false, "use_conv_bias": true, "vocab_size": 256
+    }"#;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), text).unwrap();
+    let c = Config::load(&dir.path().join("config.json")).unwrap();
+    assert_eq!(c.arch(), Arch::Samba);
+    assert_eq!((c.mamba().inner, c.mamba().state, c.mamba().dt_rank), (128, 16, 4));
+    assert_eq!((c.samba_attn(), c.head_dim(), c.rope_base), ((4, 2, Some(16)), 16, 10000.0));
+    let m = Model::new(&c);
+    assert_eq!(shape(&m, "backbone.layers.0.mixer.x_proj.weight"), [4 + 32, 128]);
+    assert_eq!(shape(&m, "backbone.layers.1.mixer.k_proj.weight"), [32, 64]);
+    assert_eq!(shape(&m, "backbone.layers.1.mlp.gate_proj.weight"), [512, 64]);
+    assert_eq!(shape(&m, "backbone.layers.2.mlp.down_proj.weight"), [64, 256]);
+
+    let model = foxlm::train::init_model(&c, 0);
+    let out = dir.path().join("model");
+    foxlm::checkpoint::save_model(&model, &c, &out).unwrap();
+    let back = foxlm::checkpoint::load_model(&out).unwrap();
+    assert_eq!(back.config, c);
+    assert_eq!(back.params.tensors[5].data, model.params.tensors[5].data);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
+        .args(["inspect", "--model", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for want in [
+        "variant            Samba",
+        "sliding window     16 keys",
+        "state 16, dt rank 4",
+        "256 (attention blocks) / 256 (Mamba blocks)",
+    ] {
+        assert!(s.contains(want), "{want:?} missing from:\n{s}");
+    }
+}

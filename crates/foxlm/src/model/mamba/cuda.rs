@@ -1,10 +1,12 @@
 //! The Mamba family on the CUDA backend: its inference state on the device, and its
 //! operations. `fox_kernels::cuda::selective_scan` exists (the scan, N ≤ 16) and the layer's
 //! buffers are laid out as it reads them (u, δ in the activation type, x_proj's output read in
-//! place through `BcLayout::x_proj`), but the layer's causal depthwise conv1d + SiLU has no CUDA
-//! kernel yet (nor do the small column-copy and softplus kernels around dt_proj), so every
-//! operation refuses with an error that says what is missing, rather than running part of the
-//! layer on the device.
+//! place through `BcLayout::x_proj`), but the layer needs device kernels that do not exist yet:
+//! the causal depthwise conv1d + SiLU (forward, backward, state, decode step), softplus(x + bias)
+//! per channel and its backward (Mamba-2's dt op has no CUDA twin either), strided column copies
+//! (dt_low out of x_proj's output and its gradient back, z out of in_proj's output for the scan
+//! and dz back), and A = −exp(A_log) with dA_log = dA ⊙ A. Every operation refuses with an error
+//! that says so, rather than running part of the layer on the device.
 
 use super::ops::{MambaOps, MambaParams};
 use super::state::MambaState;

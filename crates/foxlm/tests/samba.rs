@@ -430,3 +430,38 @@ fn the_authors_config_json_loads_and_a_saved_model_inspects() {
         assert!(s.contains(want), "{want:?} missing from:\n{s}");
     }
 }
+
+/// Continuous batching: rows gathered from separate caches (`Cache::gather_rows`, what the server
+/// does between steps: KV caches right-aligned, Mamba states copied) decode as they would in their
+/// own caches, past the window.
+#[test]
+fn gathered_rows_continue_as_in_their_own_caches() {
+    use foxlm::model::cache::Cache;
+    let cfg = tiny_config();
+    let model = random_model(&cfg, 21);
+    let v = cfg.vocab_size;
+    let prefill = |s: &[u32]| {
+        let mut c = model.new_cache(1, 64, None);
+        model.forward_hidden(s, &Ctx { batch: 1, seq: s.len(), start: None }, Some(&mut c), false);
+        c
+    };
+    let (a, b) = (ids(v, 13, 22), ids(v, 20, 23));
+    let (ca, cb) = (prefill(&a), prefill(&b));
+    let mut g = Cache::gather_rows(&[(&ca, 0), (&cb, 0)], 8);
+    assert_eq!(g.start, Some(vec![7, 0]));
+    let mut own = [ca, cb];
+    let mut toks = [5u32, 9];
+    for step in 0..4 {
+        let (h, _) =
+            model.forward_hidden(&toks, &Ctx { batch: 2, seq: 1, start: g.start.clone() }, Some(&mut g), false);
+        let got = model.logits(&h);
+        for (row, c) in own.iter_mut().enumerate() {
+            let (h, _) =
+                model.forward_hidden(&toks[row..row + 1], &Ctx { batch: 1, seq: 1, start: None }, Some(c), false);
+            let want = model.logits(&h);
+            let e = max_abs_diff(&got[row * v..(row + 1) * v], &want);
+            assert!(e < 1e-4, "step {step}, row {row}: max |Δ logit| {e:.2e}");
+        }
+        toks = [(toks[0] * 7 + 1) % v as u32, (toks[1] * 5 + 3) % v as u32];
+    }
+}

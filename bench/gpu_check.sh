@@ -7,6 +7,7 @@
 # docs/distributed.md.
 #
 #   bench/gpu_check.sh                      # everything
+#   (ops: the small ops and Mamba's selective scan, fox-attn check-ops)
 #   bench/gpu_check.sh ops gemm model dist  # some parts: attention, ops, gemm, model, dist
 #
 # Uses $FOX_ATTN and $FOXLM (built binaries) if set, else builds them with cargo.

@@ -18,6 +18,7 @@ pub mod rms_norm_gated;
 pub mod rmsnorm;
 pub mod rope;
 pub mod scalar;
+pub mod selective_scan;
 pub mod simd;
 pub mod small_gemm;
 pub mod ssd;

@@ -1,7 +1,8 @@
-//! Kernels without a GPU: the small-op kernels (kernels/ops.cu) and the f32 attention kernels
-//! (kernels/attention_f32.cu) compiled as C++ against an emulation of the CUDA built-ins they use
-//! (tests/host_emu/mock.h: a thread per CUDA thread, barriers for __syncthreads and warp
-//! shuffles) and compared with plain loops (tests/host_emu/*_emu.cpp). This checks index
+//! Kernels without a GPU: the small-op kernels (kernels/ops.cu), the f32 attention kernels
+//! (kernels/attention_f32.cu) and Mamba's selective scan (kernels/selective_scan.cu) compiled as
+//! C++ against an emulation of the CUDA built-ins they use (tests/host_emu/mock.h: a thread per
+//! CUDA thread, barriers for __syncthreads and warp shuffles) and compared with plain loops
+//! (tests/host_emu/*_emu.cpp). This checks index
 //! arithmetic, bounds, vector tails, the reductions, and for attention the grouped-query and
 //! sliding-window paths, on every machine; it does not replace the GPU check (`fox-attn
 //! check-ops`, `check-gemm`): no FMA contraction, no GPU memory model, no NVRTC. Needs a C++20
@@ -48,4 +49,11 @@ fn ops_kernels_under_host_emulation() {
 #[test]
 fn f32_attention_kernels_under_host_emulation() {
     run_emulation("attention_f32_emu.cpp", "attention_f32_emu");
+}
+
+/// The selective scan's forward, backward (every gradient), decode step and bf16 forward against an
+/// f64 reference, with left padding, an initial state, the gate, a partial channel block, N < 16.
+#[test]
+fn selective_scan_kernels_under_host_emulation() {
+    run_emulation("selective_scan_emu.cpp", "selective_scan_emu");
 }

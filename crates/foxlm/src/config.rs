@@ -7,6 +7,8 @@ use std::path::Path;
 pub const MODEL_TYPE: &str = "forgetting_transformer-project_fox";
 /// The authors' Mamba-2 baseline (a Hugging Face Mamba2 with `backbone.*` tensor names).
 pub const MAMBA2_MODEL_TYPE: &str = "mamba2-project_fox";
+/// The authors' Samba baseline (Mamba layers alternating with sliding-window attention).
+pub const SAMBA_MODEL_TYPE: &str = "samba-project_fox";
 
 /// Which model a config.json describes, from its `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +17,25 @@ pub enum Arch {
     Fox,
     /// Mamba-2 (SPEC §7): blocks of a Mamba-2 mixer alone, no MLP.
     Mamba2,
+    /// Samba (SPEC §7): Mamba layers (even indices) and sliding-window attention layers (odd),
+    /// each block with its SwiGLU MLP.
+    Samba,
+}
+
+/// Samba's `attn` dict: its attention layers' heads and window, and which layers they are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SambaAttn {
+    pub num_heads: usize,
+    #[serde(default)]
+    pub num_kv_heads: Option<usize>,
+    /// The query at position i sees keys i − w < j ≤ i; null: every earlier key.
+    #[serde(default)]
+    pub window_size: Option<usize>,
+    /// null: the odd layers are attention (the only form the authors' code builds).
+    #[serde(default)]
+    pub layers: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +58,8 @@ pub struct Config {
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
+    /// Attention (or Mamba-2 SSM) heads; absent in Samba configs (their heads are `attn`'s).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub num_heads: usize,
     /// Grouped-query attention: k/v heads, a divisor of num_heads (query head h reads k/v head
     /// h / (num_heads / num_kv_heads)); k_proj and v_proj have num_kv_heads·head_dim outputs.
@@ -119,11 +142,26 @@ pub struct Config {
     pub time_step_max: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_step_floor: Option<f64>,
+    // Samba (the authors' SambaConfig names; absent in other configs).
+    /// The attention layers' heads, window and placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn: Option<SambaAttn>,
+    /// MLP width ratios of attention blocks and of Mamba blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_hidden_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mamba_hidden_ratio: Option<f64>,
+    /// dt's low rank R: "auto" (ceil(hidden_size / 16)) or a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_step_rank: Option<serde_json::Value>,
     /// Everything else in config.json (kept so a round trip preserves it).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
 fn default_model_type() -> String {
     MODEL_TYPE.into()
 }
@@ -191,6 +229,53 @@ impl Mamba2Sizes {
         out.push((format!("{prefix}.out_proj.weight"), vec![d, self.inner]));
         out
     }
+}
+
+/// The sizes of a Mamba (selective SSM) mixer of Samba ([`Config::mamba`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MambaSizes {
+    /// Inner width Di = expand · hidden_size, state size N, conv width W, dt's rank R.
+    pub inner: usize,
+    pub state: usize,
+    pub conv: usize,
+    pub dt_rank: usize,
+    pub conv_bias: bool,
+    /// dt at initialisation: log-uniform in [dt_min, dt_max], floored; dt_proj's weight
+    /// U(±dt_scale/√R) ("random") or the constant dt_scale/√R ("constant").
+    pub dt_min: f64,
+    pub dt_max: f64,
+    pub dt_floor: f64,
+    pub dt_scale: f64,
+    pub dt_init_random: bool,
+}
+
+impl MambaSizes {
+    /// x_proj's outputs: [dt_low (R) | B (N) | C (N)].
+    pub fn x_proj_dim(&self) -> usize {
+        self.dt_rank + 2 * self.state
+    }
+
+    /// The mixer's tensors under `prefix`, in the model's order (the authors' module order).
+    pub fn mixer_layout(&self, prefix: &str, d: usize) -> Vec<(String, Vec<usize>)> {
+        let mut out = vec![(format!("{prefix}.conv1d.weight"), vec![self.inner, 1, self.conv])];
+        if self.conv_bias {
+            out.push((format!("{prefix}.conv1d.bias"), vec![self.inner]));
+        }
+        out.push((format!("{prefix}.in_proj.weight"), vec![2 * self.inner, d]));
+        out.push((format!("{prefix}.x_proj.weight"), vec![self.x_proj_dim(), self.inner]));
+        out.push((format!("{prefix}.dt_proj.weight"), vec![self.inner, self.dt_rank]));
+        out.push((format!("{prefix}.dt_proj.bias"), vec![self.inner]));
+        out.push((format!("{prefix}.A_log"), vec![self.inner, self.state]));
+        out.push((format!("{prefix}.D"), vec![self.inner]));
+        out.push((format!("{prefix}.out_proj.weight"), vec![d, self.inner]));
+        out
+    }
+}
+
+/// int(d · ratio · 2/3) rounded up to a multiple of 256 (the MLP width rule); saturating.
+pub fn mlp_width(d: usize, ratio: f64) -> usize {
+    let i = (d as f64 * ratio * 2.0 / 3.0) as usize;
+    i.div_ceil(256).saturating_mul(256)
 }
 
 /// QK-norm's epsilon in the reference implementation (its RMSNorm default), not `norm_eps`.
@@ -266,6 +351,31 @@ impl Config {
 
     pub fn to_json(&self) -> String {
         let mut v = serde_json::to_value(self).expect("config serialises");
+        if self.arch() == Arch::Samba {
+            // FoX's switches, which a Samba config does not have (validate() refuses them on).
+            if let Some(o) = v.as_object_mut() {
+                for k in [
+                    "num_kv_heads",
+                    "hidden_ratio",
+                    "use_rope",
+                    "fgate_type",
+                    "fgate_bias_init",
+                    "decay_time_min",
+                    "decay_time_max",
+                    "use_output_gate",
+                    "ogate_act",
+                    "use_output_norm",
+                    "qk_norm",
+                    "qk_norm_share_param_across_head",
+                    "use_k_shift",
+                    "use_v_shift",
+                    "log_pruning_tolerance",
+                    "window_size",
+                ] {
+                    o.remove(k);
+                }
+            }
+        }
         if self.arch() == Arch::Mamba2 {
             // The authors' Mamba2Config reads the norm's epsilon under this name.
             if let Some(o) = v.as_object_mut() {
@@ -280,6 +390,8 @@ impl Config {
     pub fn arch(&self) -> Arch {
         if self.model_type == MAMBA2_MODEL_TYPE {
             Arch::Mamba2
+        } else if self.model_type == SAMBA_MODEL_TYPE {
+            Arch::Samba
         } else {
             Arch::Fox
         }
@@ -291,14 +403,20 @@ impl Config {
     // The negated comparisons are deliberate: they reject NaN too.
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<()> {
-        if self.model_type != MODEL_TYPE && self.model_type != MAMBA2_MODEL_TYPE {
-            bail!("model_type is {:?}; foxlm reads {MODEL_TYPE:?} and {MAMBA2_MODEL_TYPE:?}", self.model_type);
+        if ![MODEL_TYPE, MAMBA2_MODEL_TYPE, SAMBA_MODEL_TYPE].contains(&self.model_type.as_str()) {
+            bail!(
+                "model_type is {:?}; foxlm reads {MODEL_TYPE:?}, {MAMBA2_MODEL_TYPE:?} and {SAMBA_MODEL_TYPE:?}",
+                self.model_type
+            );
         }
         bound("vocab_size", self.vocab_size, MAX_VOCAB)?;
         bound("hidden_size", self.hidden_size, MAX_HIDDEN)?;
         bound("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
         if self.arch() == Arch::Mamba2 {
             return self.validate_mamba2();
+        }
+        if self.arch() == Arch::Samba {
+            return self.validate_samba();
         }
         bound("num_heads", self.num_heads, self.hidden_size)?;
         if !self.hidden_size.is_multiple_of(self.num_heads) {
@@ -460,6 +578,185 @@ impl Config {
         Ok(())
     }
 
+    /// The Samba fields' checks (the common sizes are checked by `validate`).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_samba(&self) -> Result<()> {
+        let Some(a) = &self.attn else {
+            bail!("attn is missing: a Samba config needs its attention layers' num_heads, window_size and layers");
+        };
+        if let Some(l) = &a.layers {
+            if !l.is_null() {
+                bail!("attn.layers is {l}; only null (the odd layers are attention) is supported, as in the authors' code");
+            }
+        }
+        bound("attn.num_heads", a.num_heads, self.hidden_size)?;
+        if !self.hidden_size.is_multiple_of(a.num_heads) {
+            bail!("hidden_size {} must be a multiple of attn.num_heads {}", self.hidden_size, a.num_heads);
+        }
+        if !(self.hidden_size / a.num_heads).is_multiple_of(2) {
+            bail!("head_dim {} (hidden_size / attn.num_heads) must be even for RoPE", self.hidden_size / a.num_heads);
+        }
+        if let Some(kv) = a.num_kv_heads {
+            if kv == 0 || !a.num_heads.is_multiple_of(kv) {
+                bail!("attn.num_kv_heads is {kv}; expected a divisor of attn.num_heads {} (or null)", a.num_heads);
+            }
+        }
+        if let Some(w) = a.window_size {
+            bound("attn.window_size", w, MAX_WINDOW)?;
+        }
+        if self.num_heads != 0 {
+            bail!("num_heads is {}; a Samba config gives its heads in attn.num_heads", self.num_heads);
+        }
+        if self.window_size.is_some() {
+            bail!("window_size: a Samba config gives its window in attn.window_size");
+        }
+        for (field, r) in
+            [("attn_hidden_ratio", self.attn_hidden_ratio), ("mamba_hidden_ratio", self.mamba_hidden_ratio)]
+        {
+            if let Some(r) = r {
+                if !(r > 0.0 && r <= MAX_HIDDEN_RATIO) {
+                    bail!("{field} is {r:?}; expected a number in (0, {MAX_HIDDEN_RATIO}]");
+                }
+                let i = mlp_width(self.hidden_size, r);
+                if i == 0 || i > MAX_INTERMEDIATE {
+                    bail!(
+                        "{field} {r:?} with hidden_size {} gives an MLP width of {i}; expected 1 to {MAX_INTERMEDIATE}",
+                        self.hidden_size
+                    );
+                }
+            }
+        }
+        if self.hidden_ratio.is_some() {
+            bail!("hidden_ratio: a Samba config gives attn_hidden_ratio and mamba_hidden_ratio");
+        }
+        if !(self.rope_base > 1.0 && self.rope_base.is_finite()) {
+            bail!("rope_base is {:?}; expected a finite number > 1", self.rope_base);
+        }
+        match &self.time_step_rank {
+            None => {}
+            Some(v) if v.as_str() == Some("auto") => {}
+            Some(v) => match v.as_u64() {
+                Some(r) if r >= 1 && r <= MAX_HIDDEN as u64 => {}
+                _ => bail!("time_step_rank is {v}; expected \"auto\" or a whole number from 1 to {MAX_HIDDEN}"),
+            },
+        }
+        let m = self.mamba();
+        bound("state_size", m.state, 1 << 12)?;
+        bound("expand", self.expand.unwrap_or(2), 16)?;
+        bound("conv_kernel", m.conv, 64)?;
+        if let Some(i) = self.intermediate_size {
+            if i != m.inner {
+                bail!(
+                    "intermediate_size is {i}; in a Samba config it is the Mamba layers' width, expand {} × hidden_size {} = {}",
+                    self.expand.unwrap_or(2),
+                    self.hidden_size,
+                    m.inner
+                );
+            }
+        }
+        if self.hidden_act != "silu" && self.hidden_act != "swish" {
+            bail!("hidden_act {:?}: only \"silu\" is supported", self.hidden_act);
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            bail!("norm_eps is {:?}; expected a number in (0, 1)", self.norm_eps);
+        }
+        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
+            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
+        }
+        if self.tie_word_embeddings {
+            bail!("tie_word_embeddings: the output head is untied (must be false)");
+        }
+        let (lo, hi, floor) = (m.dt_min, m.dt_max, m.dt_floor);
+        if !(lo > 0.0 && lo <= hi && hi.is_finite() && floor >= 0.0 && floor.is_finite()) {
+            bail!("time_step_min {lo:?}, time_step_max {hi:?}, time_step_floor {floor:?}: expected 0 < min <= max, floor >= 0");
+        }
+        if !(m.dt_scale >= 0.0 && m.dt_scale.is_finite()) {
+            bail!("time_step_scale is {:?}; expected a finite number >= 0", m.dt_scale);
+        }
+        if let Some(v) = self.extra.get("time_step_init_scheme") {
+            if v.as_str() != Some("random") && v.as_str() != Some("constant") {
+                bail!("time_step_init_scheme is {v}; expected \"random\" or \"constant\"");
+            }
+        }
+        if self.extra.get("use_bias").and_then(|v| v.as_bool()) == Some(true) {
+            bail!("use_bias true: Mamba projections with biases are not supported");
+        }
+        // FoX's switches are not Samba's (its attention is fixed: RoPE, no gate, norms or shifts):
+        // absent (their defaults) or off.
+        let fox_on = [
+            ("qk_norm", self.qk_norm),
+            ("use_output_gate", self.use_output_gate),
+            ("use_output_norm", self.use_output_norm),
+            ("use_k_shift", self.use_k_shift),
+            ("use_v_shift", self.use_v_shift),
+            ("fgate_bias_init", self.fgate_bias_init),
+        ];
+        if let Some((field, _)) = fox_on.iter().find(|(_, on)| *on) {
+            bail!(
+                "{field} is true: not a Samba field (its attention layers are RoPE attention without gates or norms)"
+            );
+        }
+        if self.num_kv_heads.is_some() || self.log_pruning_tolerance.is_some() {
+            bail!("num_kv_heads / log_pruning_tolerance: a Samba config gives attn.num_kv_heads, and has no pruning");
+        }
+        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
+            if let Some(id) = id {
+                if id as usize >= self.vocab_size {
+                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
+                }
+            }
+        }
+        let bytes = self.param_bytes();
+        if bytes > isize::MAX as u128 {
+            bail!(
+                "the parameters would take {} (f32), more than any machine can address",
+                crate::validate::human_bytes(bytes)
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether Samba's layer `i` is attention (attn.layers null: the odd layers).
+    pub fn samba_is_attention(&self, i: usize) -> bool {
+        i % 2 == 1
+    }
+
+    /// Samba's attention heads, k/v heads and window (zeros and None outside Samba).
+    pub fn samba_attn(&self) -> (usize, usize, Option<usize>) {
+        match &self.attn {
+            Some(a) => (a.num_heads, a.num_kv_heads.unwrap_or(a.num_heads), a.window_size),
+            None => (0, 0, None),
+        }
+    }
+
+    /// Samba's MLP width of an attention block (`attention`) or a Mamba block.
+    pub fn samba_mlp_width(&self, attention: bool) -> usize {
+        let r = if attention { self.attn_hidden_ratio.unwrap_or(4.0) } else { self.mamba_hidden_ratio.unwrap_or(3.0) };
+        mlp_width(self.hidden_size, r)
+    }
+
+    /// A Samba config's Mamba sizes, with the authors' defaults for absent fields.
+    pub fn mamba(&self) -> MambaSizes {
+        let d = self.hidden_size;
+        let dt_rank = match self.time_step_rank.as_ref().and_then(|v| v.as_u64()) {
+            Some(r) => r as usize,
+            None => d.div_ceil(16),
+        };
+        let f = |k: &str| self.extra.get(k).and_then(|v| v.as_f64());
+        MambaSizes {
+            inner: self.expand.unwrap_or(2).saturating_mul(d),
+            state: self.state_size.unwrap_or(16),
+            conv: self.conv_kernel.unwrap_or(4),
+            dt_rank,
+            conv_bias: self.use_conv_bias.unwrap_or(true),
+            dt_min: self.time_step_min.unwrap_or(0.001),
+            dt_max: self.time_step_max.unwrap_or(0.1),
+            dt_floor: self.time_step_floor.unwrap_or(1e-4),
+            dt_scale: f("time_step_scale").unwrap_or(1.0),
+            dt_init_random: self.extra.get("time_step_init_scheme").and_then(|v| v.as_str()) != Some("constant"),
+        }
+    }
+
     /// A Mamba-2 config's sizes, with the authors' defaults for absent fields.
     pub fn mamba2(&self) -> Mamba2Sizes {
         let head_dim = self.ssm_head_dim.unwrap_or(64);
@@ -490,6 +787,31 @@ impl Config {
                 let pre = format!("backbone.layers.{l}");
                 out.push((format!("{pre}.norm.weight"), vec![d]));
                 out.extend(m.mixer_layout(&format!("{pre}.mixer"), d));
+            }
+            out.push(("backbone.norm_f.weight".into(), vec![d]));
+            out.push(("lm_head.weight".into(), vec![v, d]));
+            return out;
+        }
+        if self.arch() == Arch::Samba {
+            let (v, d, m) = (self.vocab_size, self.hidden_size, self.mamba());
+            let (h, hkv, _) = self.samba_attn();
+            let dkv = hkv * (d / h.max(1));
+            let mut out = vec![("backbone.embeddings.weight".to_string(), vec![v, d])];
+            for l in 0..self.num_hidden_layers {
+                let pre = format!("backbone.layers.{l}");
+                out.push((format!("{pre}.mixer_norm.weight"), vec![d]));
+                let attention = self.samba_is_attention(l);
+                if attention {
+                    for (name, rows) in [("q_proj", d), ("k_proj", dkv), ("v_proj", dkv), ("o_proj", d)] {
+                        out.push((format!("{pre}.mixer.{name}.weight"), vec![rows, d]));
+                    }
+                } else {
+                    out.extend(m.mixer_layout(&format!("{pre}.mixer"), d));
+                }
+                let i = self.samba_mlp_width(attention);
+                out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
+                out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
+                out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));
             }
             out.push(("backbone.norm_f.weight".into(), vec![d]));
             out.push(("lm_head.weight".into(), vec![v, d]));
@@ -567,6 +889,34 @@ impl Config {
             .fold(0u128, |a, &t| a.saturating_add(t));
             return s(s(2, s(v, d)).saturating_add(d).saturating_add(s(per_layer, l)), 4);
         }
+        if self.arch() == Arch::Samba {
+            let (v, d) = (self.vocab_size as u128, self.hidden_size as u128);
+            let s = |a: u128, b: u128| a.saturating_mul(b);
+            let m = self.mamba();
+            let (di, n, w, r) = (m.inner as u128, m.state as u128, m.conv as u128, m.dt_rank as u128);
+            let (h, hkv, _) = self.samba_attn();
+            let dkv = s(hkv as u128, d.checked_div(h as u128).unwrap_or(0));
+            let attn = s(2, s(d, d)).saturating_add(s(2, s(dkv, d)));
+            let mamba = [
+                s(di, w),                         // conv1d weight
+                if m.conv_bias { di } else { 0 }, // conv1d bias
+                s(2, s(di, d)),                   // in_proj
+                s(r.saturating_add(s(2, n)), di), // x_proj
+                s(di, r).saturating_add(di),      // dt_proj
+                s(di, n).saturating_add(di),      // A_log, D
+                s(d, di),                         // out_proj
+            ]
+            .iter()
+            .fold(0u128, |a, &t| a.saturating_add(t));
+            // attn.layers null: the odd layers are attention, the even ones Mamba.
+            let n_attn = (self.num_hidden_layers / 2) as u128;
+            let n_mamba = self.num_hidden_layers as u128 - n_attn;
+            let block = |mixer: u128, attention: bool| {
+                s(2, d).saturating_add(mixer).saturating_add(s(3, s(d, self.samba_mlp_width(attention) as u128)))
+            };
+            let blocks = s(n_attn, block(attn, true)).saturating_add(s(n_mamba, block(mamba, false)));
+            return s(s(2, s(v, d)).saturating_add(d).saturating_add(blocks), 4);
+        }
         let (v, d, h, l) =
             (self.vocab_size as u128, self.hidden_size as u128, self.num_heads as u128, self.num_hidden_layers as u128);
         let hd = d.checked_div(h).unwrap_or(0);
@@ -599,16 +949,25 @@ impl Config {
         match self.arch() {
             Arch::Fox => self.hidden_size / self.num_heads,
             Arch::Mamba2 => self.mamba2().head_dim,
+            Arch::Samba => self.hidden_size / self.samba_attn().0.max(1),
         }
     }
 
-    /// k/v heads: num_kv_heads, or num_heads without grouped-query attention.
+    /// k/v heads: num_kv_heads, or num_heads without grouped-query attention (Samba: its
+    /// attention layers').
     pub fn kv_heads(&self) -> usize {
+        if self.arch() == Arch::Samba {
+            return self.samba_attn().1;
+        }
         self.num_kv_heads.unwrap_or(self.num_heads)
     }
 
     /// intermediate_size if given, else int(d · hidden_ratio · 2/3) rounded up to a multiple of 256.
+    /// Samba: the wider of its two MLP widths, the attention blocks'.
     pub fn intermediate(&self) -> usize {
+        if self.arch() == Arch::Samba {
+            return self.samba_mlp_width(true).max(self.samba_mlp_width(false));
+        }
         if let Some(i) = self.intermediate_size {
             return i;
         }

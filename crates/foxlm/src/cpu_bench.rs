@@ -19,22 +19,40 @@ use std::time::Instant;
 
 /// Matmul FLOPs of one training step per token (forward + backward = 3 × forward): every Linear
 /// (2·in·out each) including the output head, plus attention's QKᵀ and PV (2·2·T/2·d per layer
-/// on average under the causal mask) or a Mamba-2 layer's recurrence (4·P·N per head).
+/// on average under the causal mask, fewer keys under a sliding window) or a Mamba-2 layer's recurrence (4·P·N per head).
 pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
     let linear = model.linear_numel();
     let mixers: f64 = model
         .layers
         .iter()
         .map(|blk| match &blk.mixer {
-            crate::model::Mixer::Attention(l) => 2.0 * context as f64 * (l.heads * l.head_dim) as f64,
+            crate::model::Mixer::Attention(l) => 4.0 * mean_keys(context, l.window) * (l.heads * l.head_dim) as f64,
             // The recurrence: the state update and its read-out, 4·P·N per head.
             crate::model::Mixer::Mamba2(l) => {
                 let s = l.sizes();
                 4.0 * (s.heads * s.head_dim * s.state) as f64
             }
+            // Mamba's selective scan: 4·Di·N per token.
+            crate::model::Mixer::Mamba(l) => {
+                let s = l.sizes();
+                4.0 * (s.inner * s.state) as f64
+            }
         })
         .sum();
     3.0 * (2.0 * linear as f64 + mixers)
+}
+
+/// Keys a query attends to, averaged over the T positions of a causal window: T/2 (as the
+/// FLOP counts have always taken it) without a sliding window, else the mean of min(i + 1, w).
+pub fn mean_keys(context: usize, window: Option<usize>) -> f64 {
+    let t = context as f64;
+    match window {
+        Some(w) if w < context => {
+            let w = w as f64;
+            (w * (w + 1.0) / 2.0 + (t - w) * w) / t
+        }
+        _ => t / 2.0,
+    }
 }
 
 /// One model's row.

@@ -15,6 +15,7 @@ use crate::engine::Dtype;
 use crate::eval::loss::{batch_token_losses, Chunking};
 use crate::eval::niah::greedy_answer;
 use crate::generate::{generate, GenerateOptions};
+use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
@@ -214,6 +215,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             .map(|blk| match &blk.mixer {
                 Mixer::Attention(l) => GpuCache::<T>::bytes(batch, l.heads, l.kv_heads, l.head_dim, positions),
                 Mixer::Mamba2(l) => Mamba2State::bytes_for(batch, l.sizes()),
+                Mixer::Mamba(l) => MambaState::bytes_for(batch, l.sizes()),
             })
             .sum()
     }

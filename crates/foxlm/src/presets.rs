@@ -8,7 +8,7 @@
 //! experiment's seven (experiments/small-scale): `{fox,transformer}-{llama,pro}-small`,
 //! `transformer-llama-norope-small`, `fox-llama-biasonly-small` and `fox-llama-fixed-small`.
 
-use crate::config::{Config, FgateType, MAMBA2_MODEL_TYPE, MODEL_TYPE};
+use crate::config::{Config, FgateType, SambaAttn, MAMBA2_MODEL_TYPE, MODEL_TYPE, SAMBA_MODEL_TYPE};
 use crate::tokenizer::{BOS_ID, EOS_ID, GPT2_VOCAB};
 use crate::train::TrainConfig;
 use anyhow::{bail, Result};
@@ -94,6 +94,10 @@ impl Variant {
             time_step_min: None,
             time_step_max: None,
             time_step_floor: None,
+            attn: None,
+            attn_hidden_ratio: None,
+            mamba_hidden_ratio: None,
+            time_step_rank: None,
             extra: Default::default(),
         }
     }
@@ -145,6 +149,7 @@ pub fn names() -> Vec<String> {
     }
     v.extend(SMALL.iter().map(|s| s.to_string()));
     v.extend(MAMBA2.iter().map(|s| s.to_string()));
+    v.extend(SAMBA.iter().map(|s| s.to_string()));
     v
 }
 
@@ -298,6 +303,9 @@ pub fn preset(name: &str) -> Result<Preset> {
     if let Some(p) = mamba2(name) {
         return Ok(p);
     }
+    if let Some(p) = samba(name) {
+        return Ok(p);
+    }
     // The paper's main runs: 760M models on 48B tokens (45Gi), each with its own peak LR (the
     // authors' configs/experiment/longcrawl64/*/*_760m_48b.yaml; the paper's Table 5).
     if let Some(base) = name.strip_suffix("-760m-48b") {
@@ -416,6 +424,81 @@ fn mamba2(name: &str) -> Option<Preset> {
     })
 }
 
+/// The Samba presets: the authors' 760M, the FoX sizes below it, and the small experiment's.
+pub const SAMBA: [&str; 4] = ["samba-125m", "samba-360m", "samba-760m", "samba-small"];
+
+/// A Samba model in the authors' configuration (their configs/model/samba.py with
+/// configs/experiment/longcrawl64/samba/760m_16b.yaml): Mamba layers of expand 2, state 16,
+/// conv width 4 and dt rank ceil(d/16), alternating (from layer 0) with sliding-window RoPE
+/// attention layers (`attn.layers` null: the odd ones) of `heads` heads; SwiGLU MLPs of ratio 4
+/// after attention and 3 after Mamba; ε 1e-5, RoPE θ 500000, the residual outputs rescaled at
+/// initialisation.
+pub fn samba_config(hidden_size: usize, layers: usize, heads: usize, window: usize) -> Config {
+    let mut c = Variant::FoxLlama.config(hidden_size, layers, heads);
+    c.model_type = SAMBA_MODEL_TYPE.into();
+    c.num_heads = 0;
+    c.fgate_type = FgateType::Full; // not a Samba field: absent from its config.json (the default)
+    c.hidden_ratio = None;
+    c.norm_eps = 1e-5;
+    c.hidden_act = "silu".into();
+    c.attn = Some(SambaAttn {
+        num_heads: heads,
+        num_kv_heads: None,
+        window_size: Some(window),
+        layers: None,
+        extra: Default::default(),
+    });
+    (c.attn_hidden_ratio, c.mamba_hidden_ratio) = (Some(4.0), Some(3.0));
+    (c.state_size, c.expand, c.conv_kernel, c.use_conv_bias) = (Some(16), Some(2), Some(4), Some(true));
+    c.intermediate_size = Some(2 * hidden_size); // SambaConfig writes the Mamba width under this name
+    c.time_step_rank = Some("auto".into());
+    (c.time_step_min, c.time_step_max, c.time_step_floor) = (Some(0.001), Some(0.1), Some(1e-4));
+    c.extra.insert("time_step_scale".into(), 1.0.into());
+    c.extra.insert("time_step_init_scheme".into(), "random".into());
+    c.extra.insert("use_bias".into(), false.into());
+    c.extra.insert("rescale_prenorm_residual".into(), true.into());
+    c
+}
+
+/// `samba-760m` is the authors' only Samba (760m_16b: d = 1536, 24 layers, attention 12 heads of
+/// 128, window 2048, peak LR 1e-3, 15Gi tokens). `samba-125m` and `samba-360m` are not theirs:
+/// they take FoX's d and layer counts at those sizes (768 × 12, 1024 × 24) with attention heads
+/// of 128 as in the 760M, window 2048, and FoX's peak LR 2e-3 and token budgets there.
+/// `samba-small` (experiments/small-scale): d = 384, 6 layers (3 Mamba, 3 attention of 6 heads of
+/// 64, the small FoX's heads), within 0.6% of the small FoX (LLaMA)'s parameter count, and its
+/// recipe; its window is 512, a quarter of the 2048-token context, so that the window binds as
+/// the paper's 2048 does at 16384 (a window of 2048 at this context would be full attention).
+fn samba(name: &str) -> Option<Preset> {
+    let (d, layers, heads, lr, tokens, micro) = match name {
+        "samba-125m" => (768, 12, 6, 2e-3, 2560 * MI, 2),
+        "samba-360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
+        "samba-760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
+        "samba-small" => {
+            let mut p = small("fox-llama-small")?;
+            p.name = name.into();
+            p.model = samba_config(384, 6, 6, 512);
+            p.description = p.description.replace(
+                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
+                "Samba: d=384, 6 layers (3 Mamba of state 16, 3 attention of 6 heads of 64, window 512)",
+            );
+            return Some(p);
+        }
+        _ => return None,
+    };
+    let origin =
+        if name == "samba-760m" { "the authors' 760m_16b" } else { "scaled like FoX's sizes, not the authors'" };
+    Some(Preset {
+        name: name.into(),
+        description: format!(
+            "Samba {}: {layers} layers of d={d} (Mamba state 16 / attention {heads} heads of 128, window 2048), \
+             {origin}; the paper's recipe ({tokens} tokens, peak LR {lr})",
+            name.trim_start_matches("samba-").to_uppercase()
+        ),
+        model: samba_config(d, layers, heads, 2048),
+        train: paper_train(lr, tokens, micro),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,8 +537,11 @@ mod tests {
             let p = preset(&n).unwrap();
             p.model.validate().unwrap();
             p.train.validate().unwrap();
-            // the paper's sizes; tiny is a CPU model of its own (head_dim 32)
-            if n != "tiny" {
+            // the paper's sizes; tiny is a CPU model of its own (head_dim 32); Samba's attention
+            // heads are 128 wide (64 in samba-small, as the small FoX's)
+            if n.starts_with("samba") {
+                assert_eq!(p.model.head_dim(), if n == "samba-small" { 64 } else { 128 }, "{n}");
+            } else if n != "tiny" {
                 assert_eq!(
                     p.model.head_dim(),
                     if n.starts_with("transformer") && n.contains("760m") { 128 } else { 64 },

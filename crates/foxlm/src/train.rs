@@ -219,6 +219,40 @@ fn config_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
     out
 }
 
+/// Samba's initialisation, as the authors' SambaPreTrainedModel._init_weights leaves it (the
+/// embedding keeps its N(0, initializer_range)): every Linear at PyTorch's default U(±1/√in)
+/// (the output head too), the residual outputs (o_proj, down_proj, out_proj) rescaled by
+/// 1/√(2·layers), and the Mamba layers' own parameters ([`crate::model::mamba::MambaMixer::init`]).
+fn init_samba(model: &mut Model, rng: &mut ChaCha8Rng) {
+    use crate::model::mamba2::uniform;
+    use crate::model::{Linear, Mixer};
+    let layers = model.layers.len();
+    let rescale = 1.0 / ((2 * layers.max(1)) as f32).sqrt();
+    let default = |p: &mut crate::tensor::Params, l: &Linear, scale: f32, rng: &mut ChaCha8Rng| {
+        uniform(&mut p[l.weight], scale / (l.in_features as f32).sqrt(), rng)
+    };
+    for i in 0..layers {
+        let blk = model.layers[i].clone();
+        let p = &mut model.params;
+        match &blk.mixer {
+            Mixer::Attention(a) => {
+                for l in [&a.q_proj, &a.k_proj.linear, &a.v_proj.linear] {
+                    default(p, l, 1.0, rng);
+                }
+                default(p, &a.o_proj, rescale, rng);
+            }
+            Mixer::Mamba(m) => m.init(p, layers, rng),
+            Mixer::Mamba2(_) => {}
+        }
+        if let Some(m) = &blk.mlp {
+            default(p, &m.mlp.gate_proj, 1.0, rng);
+            default(p, &m.mlp.down_proj, rescale, rng);
+        }
+    }
+    let head = model.lm_head;
+    default(&mut model.params, &head, 1.0, rng);
+}
+
 /// Initialises `cfg`'s parameters (SPEC §2): every Linear and the embedding ~ N(0, std), norm
 /// weights 1, biases 0; the fixed forget gate's bias from its decay times. Seeded.
 pub fn init_model(cfg: &Config, seed: u64) -> Model {
@@ -252,6 +286,9 @@ pub fn init_model(cfg: &Config, seed: u64) -> Model {
             let l = l.clone();
             l.init(&mut model.params, n_layers, &mut rng);
         }
+    }
+    if cfg.arch() == crate::config::Arch::Samba {
+        init_samba(&mut model, &mut rng);
     }
     if cfg.arch() == crate::config::Arch::Mamba2 {
         // The authors' Mamba-2 leaves the output head at PyTorch's Linear default.

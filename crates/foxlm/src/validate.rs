@@ -139,6 +139,24 @@ pub fn kv_cache_bytes(cfg: &crate::config::Config, batch: usize, tokens: usize) 
             + (m.conv.saturating_sub(1) as u128).saturating_mul(m.conv_dim() as u128);
         return per_row.saturating_mul(batch as u128).saturating_mul(cfg.num_hidden_layers as u128).saturating_mul(4);
     }
+    if cfg.arch() == crate::config::Arch::Samba {
+        // The attention layers' KV caches (every position is kept; the window masks) and the
+        // Mamba layers' fixed states.
+        let (h, hkv, _) = cfg.samba_attn();
+        let m = cfg.mamba();
+        let (b, t, hd) = (batch as u128, tokens.max(1) as u128, cfg.head_dim() as u128);
+        let s = |a: u128, b: u128| a.saturating_mul(b);
+        let attn =
+            s(s(b, t), s(2 * hkv as u128, hd).saturating_add(h as u128)).saturating_add(s(s(2 * b, hkv as u128), hd));
+        let mamba = s(
+            b,
+            s(m.inner as u128, m.state as u128).saturating_add(s(m.conv.saturating_sub(1) as u128, m.inner as u128)),
+        );
+        // attn.layers null: the odd layers are attention.
+        let n_attn = (cfg.num_hidden_layers / 2) as u128;
+        let n_mamba = cfg.num_hidden_layers as u128 - n_attn;
+        return s(s(attn, n_attn).saturating_add(s(mamba, n_mamba)), 4);
+    }
     let (b, h, hd, t) = (batch as u128, cfg.num_heads as u128, cfg.head_dim() as u128, tokens.max(1) as u128);
     let hkv = cfg.kv_heads() as u128;
     let m = |a: u128, b: u128| a.saturating_mul(b);

@@ -6,7 +6,6 @@
 
 mod common;
 
-use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::config::{Arch, Config};
 use foxlm::model::{Ctx, Model};
 use foxlm::presets::mamba2_config;
@@ -215,76 +214,13 @@ fn greedy_generation_matches_full_forwards() {
     assert_eq!(got2[1], want, "the left-padded row");
 }
 
-fn fixture() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-mamba2-tiny/mamba2")
-}
-
-fn fixture_tensor(file: &str, name: &str) -> (Vec<usize>, Vec<u8>, safetensors::Dtype) {
-    let bytes = std::fs::read(fixture().join(file)).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing from {file}"));
-    (t.shape().to_vec(), t.data().to_vec(), t.dtype())
-}
-
 /// The authors' Mamba-2 (their Mamba2ForCausalLM, computed in float64; see the fixture's
-/// README): logits within 1e-4, the loss within 1e-5, per-position losses, the gradient of every
-/// parameter within 1e-4 relative, and the 24 greedy tokens, through foxlm's chunked SSD (chunks
-/// of 64 over 96 positions: two chunks, where the fixture ran one of 256).
+/// README) through foxlm's chunked SSD (chunks of 64 over 96 positions: two chunks, where the
+/// fixture ran one of 256).
 #[test]
 fn matches_the_authors_mamba2() {
-    let model = load_model(&fixture()).unwrap();
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-mamba2-tiny/mamba2");
+    let model = common::matches_reference_fixture(&dir);
     assert_eq!(model.config.arch(), Arch::Mamba2);
-    let (shape, ids, _) = fixture_tensor("expected.safetensors", "input_ids");
-    let (b, t) = (shape[0], shape[1]);
-    let ids: Vec<u32> = ids.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
-    let (_, want, dt) = fixture_tensor("expected.safetensors", "logits");
-    let want = to_f32(dt, &want, "logits").unwrap();
-    let ctx = Ctx { batch: b, seq: t, start: None };
-    let logits = model.forward(&ids, &ctx);
-    let e = max_abs_diff(&logits, &want);
-    assert!(e < 1e-4, "logits: max |Δ| {e:.2e}");
-
-    let targets: Vec<Option<u32>> = (0..b * t).map(|r| (r % t + 1 < t).then(|| ids[r + 1])).collect();
-    let mut grads = model.params.zeros_like();
-    let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0) as f64;
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
-    let want_loss = j["loss"].as_f64().unwrap();
-    assert!((loss - want_loss).abs() < 1e-5, "loss {loss} vs {want_loss}");
-
-    // Per position: the mean over the batch of the cross-entropy at position i.
-    let (_, ppl, dt) = fixture_tensor("expected.safetensors", "per_position_loss");
-    let ppl = to_f32(dt, &ppl, "per_position_loss").unwrap();
-    let v = model.config.vocab_size;
-    for (i, &w) in ppl.iter().enumerate() {
-        let mut sum = 0.0f64;
-        for r in 0..b {
-            let row = &logits[(r * t + i) * v..(r * t + i + 1) * v];
-            let m = row.iter().fold(f32::MIN, |a, &x| a.max(x)) as f64;
-            let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
-            sum += lse - row[ids[r * t + i + 1] as usize] as f64;
-        }
-        assert!((sum / b as f64 - w as f64).abs() < 1e-4, "per-position loss at {i}");
-    }
-
-    let mut checked = 0;
-    for (i, name) in model.params.names.iter().enumerate() {
-        let key = format!("grad.{name}");
-        let (_, r, dt) = fixture_tensor("expected_grads.safetensors", &key);
-        let r = to_f32(dt, &r, &key).unwrap();
-        let norm = r.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
-        let diff = grads[i].iter().zip(&r).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>().sqrt();
-        assert!(diff / norm.max(1e-30) < 1e-4, "{name}: relative error {:.2e}", diff / norm);
-        checked += 1;
-    }
-    assert_eq!(checked, model.params.len());
-
-    use foxlm::generate::{generate, GenerateOptions};
-    use foxlm::sampling::Sampling;
-    let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
-    let want: Vec<u32> =
-        j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-    let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::default(), seed: 0, eos: None };
-    let got = generate(&model, &[ids[..plen].to_vec()], &opts, |_, _| {});
-    assert_eq!(got[0], want, "greedy tokens through the state");
 }

@@ -13,9 +13,11 @@
 //!   fox-attn bench-gemm [--d 768,1536] [--tokens 32768] [--vocab 50257] [--iters 20] [--warmup 3]
 //!                                                   bf16 TFLOP/s of the FoX (Pro) Linear shapes
 //!   fox-attn bench-ssd [--shape B,T,H,P,N,G]        Mamba-2's SSD forward (default 2,16384,24,64,128,1)
+//!   fox-attn bench-scan [--b 2] [--t 16384] [--di 1536] [--n 16] [--iters 20] [--warmup 3]
+//!                                                   Mamba's selective scan (Samba), fwd and fwd+bwd
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, bench, check, compile, gemm, gemm_check, ops_check, ssd_check};
+use fox_kernels::cuda::{self, bench, check, compile, gemm, gemm_check, ops_check, selective_scan, ssd_check};
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -220,19 +222,31 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        "bench-scan" => {
+            let gpu = cuda::Gpu::new(0)?;
+            let get = |name: &str, default: usize| -> Result<usize> {
+                Ok(arg_value(&args, name).map(|s| s.parse()).transpose()?.unwrap_or(default))
+            };
+            let (b, t, di, n) = (get("--b", 2)?, get("--t", 16384)?, get("--di", 1536)?, get("--n", 16)?);
+            let (iters, warmup) = (get("--iters", 20)?, get("--warmup", 3)?);
+            println!("{}", selective_scan::bench(&gpu, b, t, di, n, warmup, iters)?);
+            Ok(())
+        }
         "help" | "-h" | "--help" => {
             println!(
                 "{}",
                 include_str!("fox-attn.rs")
                     .lines()
                     .skip(2)
-                    .take(10)
+                    .take(14)
                     .map(|l| l.trim_start_matches("//!"))
                     .collect::<Vec<_>>()
                     .join("\n")
             );
             Ok(())
         }
-        other => bail!("unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, compile, info)"),
+        other => bail!(
+            "unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, bench-scan, compile, info)"
+        ),
     }
 }

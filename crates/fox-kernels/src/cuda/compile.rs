@@ -56,7 +56,11 @@ pub static DECODE: Source = Source { name: "decode", files: &[ELEM, include_str!
 /// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward, decode step), gated RMSNorm.
 pub static SSD: Source = Source { name: "ssd", files: &[include_str!("../../kernels/ssd.cu")] };
 
-pub static SOURCES: [&Source; 7] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD];
+/// Mamba's selective scan (Samba's SSM): forward, backward, decode step.
+pub static SELECTIVE_SCAN: Source =
+    Source { name: "selective_scan", files: &[ELEM, include_str!("../../kernels/selective_scan.cu")] };
+
+pub static SOURCES: [&Source; 8] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SELECTIVE_SCAN];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

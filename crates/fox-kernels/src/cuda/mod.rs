@@ -19,6 +19,7 @@ pub mod gemm_check;
 pub mod nccl;
 pub mod ops;
 pub mod ops_check;
+pub mod selective_scan;
 pub mod ssd;
 pub mod ssd_check;
 

@@ -140,6 +140,8 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     typed::<f32>(&mut c);
     typed::<half::bf16>(&mut c);
     f32_only(&mut c);
+    let seed = c.rng.gen();
+    c.rows.extend(super::selective_scan::check(gpu, seed));
     c.rows
 }
 

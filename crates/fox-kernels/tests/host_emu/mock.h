@@ -1,4 +1,4 @@
-// Host emulation of the CUDA subset that kernels/ops.cu and kernels/attention_f32.cu use, so the kernels' logic can be tested
+// Host emulation of the CUDA subset that kernels/ops.cu, attention_f32.cu and selective_scan.cu use, so the kernels' logic can be tested
 // without a GPU: one std::thread per CUDA thread, the blocks of a grid one after the other
 // (so `__shared__` can be a function-local static), a std::barrier per block for __syncthreads
 // and per warp for the warp shuffles, ballots and __syncwarp. Threads that return early drop out
@@ -22,7 +22,7 @@ typedef unsigned long long u64;
 #define __device__
 #define __global__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define NEG_INF (-INFINITY)
 struct dim3e { unsigned x = 0, y = 0, z = 0; };

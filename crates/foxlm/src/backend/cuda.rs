@@ -10,6 +10,7 @@
 use super::{Alloc, Backend, BatchInfo};
 use crate::model::attention::ops::AttnShape;
 use crate::model::cache::LayerState;
+use crate::model::mamba::cuda::GpuMambaState;
 use crate::model::mamba2::cuda::GpuMamba2State;
 use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
@@ -72,18 +73,22 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
         crate::model::Mixer::Mamba2(_) => {
             Some("Mamba-2 layers have no CUDA kernels yet (they run on the CPU: --device cpu)".to_string())
         }
+        crate::model::Mixer::Mamba(_) => {
+            Some("Samba's Mamba layers have no CUDA kernels yet (they run on the CPU: --device cpu)".to_string())
+        }
     })
 }
 
 /// One layer's inference state on the GPU.
-pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State>;
+pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State, GpuMambaState>;
 
-impl<T> LayerState<GpuCache<T>, GpuMamba2State> {
+impl<T> GpuLayerState<T> {
     /// Tokens this layer has seen (host side).
     pub fn len(&self) -> usize {
         match self {
             LayerState::Attention(c) => c.len,
             LayerState::Mamba2(s) => s.len,
+            LayerState::Mamba(s) => s.len,
         }
     }
 
@@ -100,6 +105,7 @@ impl<T> LayerState<GpuCache<T>, GpuMamba2State> {
                 c.staged = false;
             }
             LayerState::Mamba2(s) => s.len = len,
+            LayerState::Mamba(s) => s.len = len,
         }
     }
 }
@@ -262,7 +268,9 @@ impl<T: Elem> Cuda<T> {
         let p = &model.params;
         let gemm = Gemm::new(&gpu).context("cuBLASLt")?;
         let cfg = &model.config;
-        let (rows, vocab, d, h) = (batch * seq, cfg.vocab_size, cfg.hidden_size, cfg.num_heads);
+        // Attention heads (Samba's are its attention layers', not a top-level num_heads).
+        let h = if cfg.arch() == crate::config::Arch::Samba { cfg.samba_attn().0 } else { cfg.num_heads };
+        let (rows, vocab, d) = (batch * seq, cfg.vocab_size, cfg.hidden_size);
         let vocab_pad = padded_vocab(vocab);
         let head = model.lm_head.weight.0;
         let mut params = Vec::with_capacity(p.len());

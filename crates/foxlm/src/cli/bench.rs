@@ -305,14 +305,23 @@ pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usiz
         .iter()
         .map(|blk| match &blk.mixer {
             // Causal attention, 2·B·H·T²·D forward; the backward counted as 2.5 times that.
+            // A sliding window (Samba's) bounds the keys: the mean over queries of min(i + 1, w),
+            // against T/2 for full causal attention.
             crate::model::Mixer::Attention(l) => {
-                3.5 * 2.0 * batch as f64 * l.heads as f64 * (context as f64).powi(2) * l.head_dim as f64
+                let keys = crate::cpu_bench::mean_keys(context, l.window);
+                3.5 * 4.0 * batch as f64 * l.heads as f64 * context as f64 * keys * l.head_dim as f64
             }
             // The recurrence's arithmetic: per token and head, the state update and its read-out
             // (4·P·N) forward, twice that backward (the chunked form does more, in matrix units).
             crate::model::Mixer::Mamba2(l) => {
                 let s = l.sizes();
                 3.0 * 4.0 * tokens * (s.heads * s.head_dim * s.state) as f64
+            }
+            // Mamba's selective scan: per token, channel and state the update and the read-out
+            // (4·Di·N) forward, twice that backward.
+            crate::model::Mixer::Mamba(l) => {
+                let s = l.sizes();
+                3.0 * 4.0 * tokens * (s.inner * s.state) as f64
             }
         })
         .sum();

@@ -22,8 +22,10 @@ pub struct Args {
 
 /// The variant's name in the paper's terms.
 pub fn variant_name(c: &Config) -> &'static str {
-    if c.arch() == Arch::Mamba2 {
-        return "Mamba-2";
+    match c.arch() {
+        Arch::Mamba2 => return "Mamba-2",
+        Arch::Samba => return "Samba",
+        Arch::Fox => {}
     }
     let pro = c.qk_norm || c.use_output_gate || c.use_output_norm || c.use_k_shift || c.use_v_shift;
     match (c.fgate_type, pro) {
@@ -38,6 +40,7 @@ pub fn variant_name(c: &Config) -> &'static str {
 
 /// Which component a parameter belongs to, for the counts table.
 fn component(name: &str) -> &'static str {
+    let mixer_attn = [".mixer.q_proj", ".mixer.k_proj", ".mixer.v_proj", ".mixer.o_proj"];
     if name.contains("embeddings") {
         "embeddings"
     } else if name.starts_with("lm_head") {
@@ -52,14 +55,16 @@ fn component(name: &str) -> &'static str {
         "attention: qk_norm"
     } else if name.contains("output_norm") {
         "attention: output_norm"
-    } else if name.contains(".attn.") {
+    } else if name.contains(".attn.") || mixer_attn.iter().any(|m| name.contains(m)) {
         "attention: q/k/v/o"
+    } else if name.contains(".mixer.x_proj") || name.contains(".mixer.dt_proj") {
+        "mamba: x_proj/dt_proj"
     } else if name.contains(".mixer.in_proj") || name.contains(".mixer.out_proj") {
-        "mamba2: in_proj/out_proj"
+        "mamba(2): in_proj/out_proj"
     } else if name.contains(".mixer.conv1d") {
-        "mamba2: conv1d"
+        "mamba(2): conv1d"
     } else if name.contains(".mixer.") {
-        "mamba2: dt, A, D, norm"
+        "mamba(2): dt, A, D, norm"
     } else if name.contains(".mlp.") {
         "mlp"
     } else {
@@ -103,6 +108,35 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
         );
         s += &format!("state / groups     {} / {}\n", m.state, m.groups);
         s += &format!("conv width         {}{}\n", m.conv, if m.conv_bias { " (with bias)" } else { "" });
+        return s + &counts_and_memory(model, decode_tokens, batch);
+    }
+    if c.arch() == Arch::Samba {
+        let (m, (h, hkv, window)) = (c.mamba(), c.samba_attn());
+        let attn = (0..c.num_hidden_layers).filter(|&i| c.samba_is_attention(i)).count();
+        s += &format!(
+            "layers             {} ({} Mamba, {attn} sliding-window attention: the odd ones), each with an MLP\n",
+            c.num_hidden_layers,
+            c.num_hidden_layers - attn
+        );
+        s +=
+            &format!("attention heads    {h} of {} (k/v heads {hkv}), RoPE theta {}\n", c.hidden_size / h, c.rope_base);
+        s += &format!(
+            "sliding window     {}\n",
+            window.map_or("none (full causal)".to_string(), |w| format!("{w} keys"))
+        );
+        s += &format!(
+            "mamba              inner width {}, state {}, dt rank {}, conv width {}{}\n",
+            m.inner,
+            m.state,
+            m.dt_rank,
+            m.conv,
+            if m.conv_bias { " (with bias)" } else { "" }
+        );
+        s += &format!(
+            "mlp intermediate   {} (attention blocks) / {} (Mamba blocks)\n",
+            c.samba_mlp_width(true),
+            c.samba_mlp_width(false)
+        );
         return s + &counts_and_memory(model, decode_tokens, batch);
     }
     s += &format!("layers / heads     {} / {} (head_dim {})\n", c.num_hidden_layers, c.num_heads, c.head_dim());
@@ -159,6 +193,11 @@ fn counts_and_memory(model: &Model, decode_tokens: usize, batch: usize) -> Strin
     if c.arch() == Arch::Mamba2 {
         s += &format!(
             "  state, any tokens × {batch}    {}  (SSM and convolution states per layer: no KV cache)\n",
+            human(cache as f64)
+        );
+    } else if c.arch() == Arch::Samba {
+        s += &format!(
+            "  KV cache + states, {decode_tokens} tokens × {batch}  {}  (attention layers: k, v, gate sums; Mamba layers: fixed states)\n",
             human(cache as f64)
         );
     } else {

@@ -1,24 +1,31 @@
 //! A model's inference state: per layer, what its mixer family keeps between forwards (an
-//! attention layer's KV cache with its gate sums and KV-shift states; a Mamba-2 layer's SSM and
+//! attention layer's KV cache with its gate sums and KV-shift states; a Mamba-2 or Mamba layer's SSM and
 //! convolution states, fixed in size), and the batch's left padding. The CPU's is [`Cache`]; a GPU backend keeps its own per-layer states in the same
 //! [`LayerState`] shape.
 
 use super::attention::kv_cache::KvCache;
+use super::mamba::state::MambaState;
 use super::mamba2::state::Mamba2State;
 
-/// One layer's inference state, by family (K: the attention's KV cache, M: Mamba-2's state).
+/// One layer's inference state, by family (K: the attention's KV cache, M: Mamba-2's state,
+/// S: Mamba's).
 #[derive(Clone, Debug)]
-pub enum LayerState<K, M> {
+pub enum LayerState<K, M, S> {
     Attention(K),
     Mamba2(M),
+    Mamba(S),
 }
 
-impl LayerState<KvCache, Mamba2State> {
+/// One layer's CPU inference state.
+pub type CpuLayerState = LayerState<KvCache, Mamba2State, MambaState>;
+
+impl CpuLayerState {
     /// Tokens this layer has seen.
     pub fn len(&self) -> usize {
         match self {
             LayerState::Attention(c) => c.len,
             LayerState::Mamba2(s) => s.len,
+            LayerState::Mamba(s) => s.len,
         }
     }
 
@@ -31,6 +38,7 @@ impl LayerState<KvCache, Mamba2State> {
         match self {
             LayerState::Attention(c) => c.batch,
             LayerState::Mamba2(s) => s.batch,
+            LayerState::Mamba(s) => s.batch,
         }
     }
 
@@ -38,7 +46,7 @@ impl LayerState<KvCache, Mamba2State> {
     pub fn kv(&self) -> Option<&KvCache> {
         match self {
             LayerState::Attention(c) => Some(c),
-            LayerState::Mamba2(_) => None,
+            LayerState::Mamba2(_) | LayerState::Mamba(_) => None,
         }
     }
 }
@@ -46,7 +54,7 @@ impl LayerState<KvCache, Mamba2State> {
 /// The CPU inference state of a whole model plus the batch's left padding.
 #[derive(Clone, Debug)]
 pub struct Cache {
-    pub layers: Vec<LayerState<KvCache, Mamba2State>>,
+    pub layers: Vec<CpuLayerState>,
     /// First real position of each batch row (left padding), if any row is padded.
     pub start: Option<Vec<usize>>,
 }
@@ -84,10 +92,20 @@ impl Cache {
                         .iter()
                         .filter_map(|&(c, r)| match &c.layers[li] {
                             LayerState::Mamba2(s) => Some((s, r)),
-                            LayerState::Attention(_) => None,
+                            _ => None,
                         })
                         .collect();
                     LayerState::Mamba2(Mamba2State::gather(&src, len))
+                }
+                LayerState::Mamba(_) => {
+                    let src: Vec<(&MambaState, usize)> = rows
+                        .iter()
+                        .filter_map(|&(c, r)| match &c.layers[li] {
+                            LayerState::Mamba(s) => Some((s, r)),
+                            _ => None,
+                        })
+                        .collect();
+                    LayerState::Mamba(MambaState::gather(&src, len))
                 }
             })
             .collect();

@@ -43,7 +43,11 @@ impl<A> MlpScratch<A> {
 
 impl Mlp {
     pub fn new(p: &mut Params, cfg: &Config, prefix: &str) -> Self {
-        let (d, i) = (cfg.hidden_size, cfg.intermediate());
+        Self::with_width(p, cfg.hidden_size, cfg.intermediate(), prefix)
+    }
+
+    /// A SwiGLU MLP d → 2I → d (a hybrid's blocks differ in I).
+    pub fn with_width(p: &mut Params, d: usize, i: usize, prefix: &str) -> Self {
         Self {
             gate_proj: Linear::new(p, &format!("{prefix}.gate_proj.weight"), 2 * i, d),
             down_proj: Linear::new(p, &format!("{prefix}.down_proj.weight"), d, i),

@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod cache;
+pub mod mamba;
 pub mod mamba2;
 pub mod mlp;
 
@@ -18,18 +19,21 @@ use crate::config::{Arch, Config};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
 use attention::ops::AttnOps;
-use attention::{AttnActs, AttnScratch, ForgettingAttention};
+use attention::{AttnActs, AttnConfig, AttnScratch, ForgettingAttention};
 use cache::{Cache, LayerState};
+use mamba::ops::MambaOps;
+use mamba::{MambaActs, MambaMixer, MambaScratch};
 use mamba2::ops::Mamba2Ops;
 use mamba2::{Mamba2Acts, Mamba2Mixer, Mamba2Scratch};
 use mlp::{Mlp, MlpActs, MlpScratch};
 
 /// A backend that runs every mixer family: what the model's forward and backward need.
-pub trait ModelOps: Backend + AttnOps + Mamba2Ops {}
-impl<B: Backend + AttnOps + Mamba2Ops> ModelOps for B {}
+pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps {}
+impl<B: Backend + AttnOps + Mamba2Ops + MambaOps> ModelOps for B {}
 
 /// One layer's inference state on backend B.
-pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache, <B as Mamba2Ops>::Mamba2State>;
+pub type LayerStateOf<B> =
+    LayerState<<B as AttnOps>::KvCache, <B as Mamba2Ops>::Mamba2State, <B as MambaOps>::MambaState>;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +66,8 @@ pub enum Mixer {
     Attention(ForgettingAttention),
     /// Mamba-2's SSD layer.
     Mamba2(Mamba2Mixer),
+    /// Mamba's selective SSM (Samba's recurrent layers).
+    Mamba(MambaMixer),
 }
 
 /// The MLP sublayer of a block: its RMSNorm and the SwiGLU MLP.
@@ -85,12 +91,14 @@ pub struct Block {
 pub enum MixerActs<A, F> {
     Attention(AttnActs<A, F>),
     Mamba2(Mamba2Acts<A, F>),
+    Mamba(MambaActs<A, F>),
 }
 
 /// A mixer's backward buffers, by family (shared by the layers of that family).
 pub enum MixerScratch<A, F> {
     Attention(AttnScratch<A, F>),
     Mamba2(Mamba2Scratch<A, F>),
+    Mamba(MambaScratch<A>),
 }
 
 /// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).
@@ -130,7 +138,7 @@ impl<A, F> BlockActs<A, F> {
     pub fn attn(&self) -> Option<&AttnActs<A, F>> {
         match &self.mixer {
             MixerActs::Attention(a) => Some(a),
-            MixerActs::Mamba2(_) => None,
+            MixerActs::Mamba2(_) | MixerActs::Mamba(_) => None,
         }
     }
 }
@@ -193,6 +201,7 @@ impl<A, F> BlockActs<A, F> {
             mixer: match &blk.mixer {
                 Mixer::Attention(l) => MixerActs::Attention(AttnActs::new(be, l, b, t)?),
                 Mixer::Mamba2(l) => MixerActs::Mamba2(Mamba2Acts::new(be, l, b, t)?),
+                Mixer::Mamba(l) => MixerActs::Mamba(MambaActs::new(be, l, b, t)?),
             },
             h: be.alloc(with_mlp * d)?,
             mlp_norm_out: be.alloc(with_mlp * d)?,
@@ -246,6 +255,7 @@ impl<A, F> Scratch<A, F> {
                     Ok(match &blk.mixer {
                         Mixer::Attention(l) => MixerScratch::Attention(AttnScratch::new(be, l, b, t)?),
                         Mixer::Mamba2(l) => MixerScratch::Mamba2(Mamba2Scratch::new(be, l, b, t)?),
+                        Mixer::Mamba(l) => MixerScratch::Mamba(MambaScratch::new(be, l, b, t)?),
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -315,18 +325,21 @@ pub struct Model {
 impl Model {
     /// The parameter layout of `cfg`, all zeros (load or initialise next).
     pub fn new(cfg: &Config) -> Self {
-        if cfg.arch() == Arch::Mamba2 {
-            return Self::new_mamba2(cfg);
+        match cfg.arch() {
+            Arch::Mamba2 => return Self::new_mamba2(cfg),
+            Arch::Samba => return Self::new_samba(cfg),
+            Arch::Fox => {}
         }
         let mut p = Params::default();
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
         let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
+        let attn_cfg = AttnConfig::from_config(cfg);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let pre = format!("model.layers.{i}");
                 Block {
                     mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
-                    mixer: Mixer::Attention(ForgettingAttention::new(&mut p, cfg, &format!("{pre}.attn"))),
+                    mixer: Mixer::Attention(ForgettingAttention::new(&mut p, &attn_cfg, &format!("{pre}.attn"))),
                     mlp: Some(MlpSublayer {
                         norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
                         mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
@@ -361,6 +374,36 @@ impl Model {
         Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
     }
 
+    /// Samba (the authors' `backbone.*` names): Mamba blocks and sliding-window attention blocks
+    /// (the odd layers), each with its MLP (widths by attn_hidden_ratio / mamba_hidden_ratio).
+    fn new_samba(cfg: &Config) -> Self {
+        let mut p = Params::default();
+        let (v, d) = (cfg.vocab_size, cfg.hidden_size);
+        let (h, hkv, window) = cfg.samba_attn();
+        let attn_cfg = AttnConfig::rope(d, h, hkv, window, cfg.rope_base, cfg.norm_eps as f32);
+        let sizes = cfg.mamba();
+        let embeddings = p.add("backbone.embeddings.weight", &[v, d], ParamKind::Matrix);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let pre = format!("backbone.layers.{i}");
+                let attention = cfg.samba_is_attention(i);
+                let mixer_norm = p.add(&format!("{pre}.mixer_norm.weight"), &[d], ParamKind::NoDecay);
+                let mixer = if attention {
+                    Mixer::Attention(ForgettingAttention::new(&mut p, &attn_cfg, &format!("{pre}.mixer")))
+                } else {
+                    Mixer::Mamba(MambaMixer::new(&mut p, sizes, d, &format!("{pre}.mixer")))
+                };
+                let norm = p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay);
+                let mlp = Mlp::with_width(&mut p, d, cfg.samba_mlp_width(attention), &format!("{pre}.mlp"));
+                Block { mixer_norm, mixer, mlp: Some(MlpSublayer { norm, mlp }) }
+            })
+            .collect::<Vec<_>>();
+        let norm = p.add("backbone.norm_f.weight", &[d], ParamKind::NoDecay);
+        let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
+        let slots = slots(&layers);
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+    }
+
     /// The first block of each slot, in slot order.
     pub fn slot_blocks(&self) -> Vec<&Block> {
         let mut out = Vec::new();
@@ -384,6 +427,7 @@ impl Model {
                         batch, l.heads, l.kv_heads, l.head_dim, capacity,
                     )),
                     Mixer::Mamba2(l) => LayerState::Mamba2(mamba2::state::Mamba2State::new(batch, *l.sizes())),
+                    Mixer::Mamba(l) => LayerState::Mamba(mamba::state::MambaState::new(batch, *l.sizes())),
                 })
                 .collect(),
             start,
@@ -605,6 +649,7 @@ impl Block {
                 l.log_pruning_tolerance.is_some()
             ),
             Mixer::Mamba2(l) => format!("mamba2 {:?}", l.sizes()),
+            Mixer::Mamba(l) => format!("mamba {:?}", l.sizes()),
         };
         format!("{mixer} mlp{:?}", self.mlp.as_ref().map(|m| m.mlp.intermediate))
     }
@@ -613,7 +658,7 @@ impl Block {
     pub fn attn(&self) -> Option<&ForgettingAttention> {
         match &self.mixer {
             Mixer::Attention(l) => Some(l),
-            Mixer::Mamba2(_) => None,
+            Mixer::Mamba2(_) | Mixer::Mamba(_) => None,
         }
     }
 
@@ -660,6 +705,14 @@ impl Block {
                 };
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
             }
+            (Mixer::Mamba(l), MixerActs::Mamba(acts)) => {
+                let state = match cache {
+                    None => None,
+                    Some(LayerState::Mamba(s)) => Some(s),
+                    Some(_) => anyhow::bail!("a Mamba layer was given another family's state"),
+                };
+                l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
+            }
             _ => anyhow::bail!("a block's activations are of another family than its mixer"),
         }
         if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
@@ -695,6 +748,9 @@ impl Block {
                 l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
             }
             (Mixer::Mamba2(l), MixerActs::Mamba2(acts), MixerScratch::Mamba2(s)) => {
+                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
+            }
+            (Mixer::Mamba(l), MixerActs::Mamba(acts), MixerScratch::Mamba(s)) => {
                 l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
             }
             _ => anyhow::bail!("a block's activations or scratch are of another family than its mixer"),

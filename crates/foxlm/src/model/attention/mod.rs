@@ -183,13 +183,84 @@ impl<A, F> AttnScratch<A, F> {
     }
 }
 
+/// One attention layer's switches and sizes: FoX's from its config.json
+/// ([`AttnConfig::from_config`]), or a hybrid's attention layers' (Samba's).
+#[derive(Clone, Debug)]
+pub struct AttnConfig {
+    pub hidden_size: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub k_shift: bool,
+    pub v_shift: bool,
+    pub fgate: FgateType,
+    pub output_gate: bool,
+    pub output_norm: bool,
+    pub qk_norm: bool,
+    pub qk_norm_shared: bool,
+    pub window: Option<usize>,
+    /// RoPE's theta, None without RoPE.
+    pub rope_base: Option<f64>,
+    pub norm_eps: f32,
+    pub log_pruning_tolerance: Option<f32>,
+}
+
+impl AttnConfig {
+    /// The attention layers of a FoX / Transformer config.
+    pub fn from_config(cfg: &Config) -> Self {
+        Self {
+            hidden_size: cfg.hidden_size,
+            heads: cfg.num_heads,
+            kv_heads: cfg.kv_heads(),
+            k_shift: cfg.use_k_shift,
+            v_shift: cfg.use_v_shift,
+            fgate: cfg.fgate_type,
+            output_gate: cfg.use_output_gate,
+            output_norm: cfg.use_output_norm,
+            qk_norm: cfg.qk_norm,
+            qk_norm_shared: cfg.qk_norm_share_param_across_head,
+            window: cfg.window_size,
+            rope_base: cfg.use_rope.then_some(cfg.rope_base),
+            norm_eps: cfg.norm_eps as f32,
+            log_pruning_tolerance: cfg.log_pruning_tolerance.map(|v| v as f32),
+        }
+    }
+
+    /// Plain softmax attention with RoPE: the Transformer's layer without its options (Samba's
+    /// sliding-window layers).
+    pub fn rope(
+        hidden_size: usize,
+        heads: usize,
+        kv_heads: usize,
+        window: Option<usize>,
+        rope_base: f64,
+        norm_eps: f32,
+    ) -> Self {
+        Self {
+            hidden_size,
+            heads,
+            kv_heads,
+            k_shift: false,
+            v_shift: false,
+            fgate: FgateType::None,
+            output_gate: false,
+            output_norm: false,
+            qk_norm: false,
+            qk_norm_shared: false,
+            window,
+            rope_base: Some(rope_base),
+            norm_eps,
+            log_pruning_tolerance: None,
+        }
+    }
+}
+
 impl ForgettingAttention {
-    pub fn new(p: &mut Params, cfg: &Config, prefix: &str) -> Self {
+    pub fn new(p: &mut Params, cfg: &AttnConfig, prefix: &str) -> Self {
         let d = cfg.hidden_size;
-        let h = cfg.num_heads;
-        let hd = cfg.head_dim();
+        let h = cfg.heads;
+        let hd = d / h.max(1);
         // k and v: H_kv heads, each with its own KV-shift gate
-        let (hkv, dkv) = (cfg.kv_heads(), cfg.kv_heads() * hd);
+        let (hkv, dkv) = (cfg.kv_heads, cfg.kv_heads * hd);
         let shift = |p: &mut Params, name: &str, on: bool| {
             if on {
                 ShiftLinear {
@@ -201,10 +272,10 @@ impl ForgettingAttention {
             }
         };
         let q_proj = Linear::new(p, &format!("{prefix}.q_proj.weight"), d, d);
-        let k_proj = shift(p, "k_proj", cfg.use_k_shift);
-        let v_proj = shift(p, "v_proj", cfg.use_v_shift);
+        let k_proj = shift(p, "k_proj", cfg.k_shift);
+        let v_proj = shift(p, "v_proj", cfg.v_shift);
         let o_proj = Linear::new(p, &format!("{prefix}.o_proj.weight"), d, d);
-        let fgate = match cfg.fgate_type {
+        let fgate = match cfg.fgate {
             FgateType::Full => Fgate::Full {
                 proj: Linear::new(p, &format!("{prefix}.fgate_proj.weight"), h, d),
                 bias: p.add(&format!("{prefix}.fgate_proj.bias"), &[h], ParamKind::NoDecay),
@@ -213,11 +284,11 @@ impl ForgettingAttention {
             FgateType::Fixed => Fgate::Bias(p.add(&format!("{prefix}.fgate_bias"), &[h], ParamKind::Frozen)),
             FgateType::None => Fgate::None,
         };
-        let ogate_proj = cfg.use_output_gate.then(|| Linear::new(p, &format!("{prefix}.ogate_proj.weight"), d, d));
+        let ogate_proj = cfg.output_gate.then(|| Linear::new(p, &format!("{prefix}.ogate_proj.weight"), d, d));
         let output_norm =
-            cfg.use_output_norm.then(|| p.add(&format!("{prefix}.output_norm.weight"), &[d], ParamKind::NoDecay));
+            cfg.output_norm.then(|| p.add(&format!("{prefix}.output_norm.weight"), &[d], ParamKind::NoDecay));
         let qk_norm = cfg.qk_norm.then(|| {
-            let shared = cfg.qk_norm_share_param_across_head;
+            let shared = cfg.qk_norm_shared;
             (
                 p.add(&format!("{prefix}.q_norm.weight"), &[if shared { hd } else { d }], ParamKind::NoDecay),
                 p.add(&format!("{prefix}.k_norm.weight"), &[if shared { hd } else { dkv }], ParamKind::NoDecay),
@@ -235,10 +306,10 @@ impl ForgettingAttention {
             heads: h,
             kv_heads: hkv,
             head_dim: hd,
-            window: cfg.window_size,
-            rope_base: cfg.use_rope.then_some(cfg.rope_base),
-            norm_eps: cfg.norm_eps as f32,
-            log_pruning_tolerance: cfg.log_pruning_tolerance.map(|v| v as f32),
+            window: cfg.window,
+            rope_base: cfg.rope_base,
+            norm_eps: cfg.norm_eps,
+            log_pruning_tolerance: cfg.log_pruning_tolerance,
         }
     }
 

@@ -233,7 +233,7 @@ impl Mamba2Ops for Cpu<'_> {
 }
 
 /// grad(id) += g (nothing for a frozen parameter).
-fn add_grad(be: &mut Cpu, id: crate::tensor::ParamId, g: &[f32]) -> Result<()> {
+pub(crate) fn add_grad(be: &mut Cpu, id: crate::tensor::ParamId, g: &[f32]) -> Result<()> {
     if let Some(dst) = be.grad_of(id)? {
         ensure!(dst.len() == g.len(), "a gradient of {} values for a parameter of {}", g.len(), dst.len());
         dst.iter_mut().zip(g).for_each(|(a, b)| *a += b);

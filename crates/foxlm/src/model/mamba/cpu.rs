@@ -1,0 +1,249 @@
+//! The Mamba family's operations on the CPU backend (f32, the reference): `fox_kernels`'
+//! conv1d and selective scan (with their decode steps) on the layer's buffers.
+
+use super::ops::{MambaOps, MambaParams};
+use super::state::MambaState;
+use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::Family;
+use crate::config::MambaSizes;
+use crate::model::mamba2::cpu::add_grad;
+use anyhow::{ensure, Result};
+use fox_kernels::conv1d::{conv1d_bwd, conv1d_decode_step, conv1d_fwd, Conv1d};
+use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
+use fox_kernels::ssd;
+
+/// Each row's left padding within this forward's positions (a row's padding is in the chunk that
+/// starts its sequence; later chunks have none).
+fn pads(b: &CpuBatch) -> Option<Vec<usize>> {
+    b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
+}
+
+/// The convolution over xz's x columns.
+fn conv<'a>(
+    s: &MambaSizes,
+    b: &CpuBatch,
+    xz: &'a [f32],
+    w: &'a [f32],
+    bias: Option<&'a [f32]>,
+    start: Option<&'a [usize]>,
+) -> Conv1d<'a> {
+    Conv1d {
+        batch: b.batch,
+        seq: b.seq,
+        channels: s.inner,
+        width: s.conv,
+        x: xz,
+        x_stride: 2 * s.inner,
+        weight: w,
+        bias,
+        start,
+        silu: true,
+    }
+}
+
+/// z, xz's last Di columns, as a contiguous [B·T, Di] (the scan's layout).
+fn gate(s: &MambaSizes, xz: &[f32]) -> Vec<f32> {
+    xz.chunks(2 * s.inner).flat_map(|row| row[s.inner..].iter().copied()).collect()
+}
+
+impl Cpu<'_> {
+    fn mamba_neg_exp(&self, p: &MambaParams) -> Vec<f32> {
+        self.params[p.a_log].iter().map(|v| -v.exp()).collect()
+    }
+}
+
+/// The scan problem of one forward.
+#[allow(clippy::too_many_arguments)]
+fn scan<'a>(
+    s: &MambaSizes,
+    b: &CpuBatch,
+    u: &'a [f32],
+    delta: &'a [f32],
+    a: &'a [f32],
+    xp: &'a [f32],
+    d: &'a [f32],
+    z: &'a [f32],
+    start: Option<&'a [usize]>,
+) -> Scan<'a> {
+    Scan {
+        batch: b.batch,
+        len: b.seq,
+        channels: s.inner,
+        state: s.state,
+        u,
+        delta,
+        a,
+        bc: xp,
+        bc_layout: BcLayout::x_proj(b.seq, s.dt_rank, s.state),
+        d,
+        z: Some(z),
+        start,
+    }
+}
+
+impl MambaOps for Cpu<'_> {
+    type MambaState = MambaState;
+
+    fn mamba_conv_fwd(
+        &mut self,
+        u: &mut Vec<f32>,
+        xz: &Vec<f32>,
+        p: &MambaParams,
+        b: &CpuBatch,
+        state: Option<&mut MambaState>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let pads = pads(b);
+        let bias = p.conv_b.map(|id| &self.params[id]);
+        let c = conv(&p.sizes, b, xz, &self.params[p.conv_w], bias, pads.as_deref());
+        match state {
+            None => conv1d_fwd(&c, u, None, None),
+            Some(st) => {
+                ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
+                if b.seq == 1 {
+                    conv1d_decode_step(&c, &mut st.conv, u)
+                } else {
+                    let mut next = vec![0.0; st.conv.len()];
+                    conv1d_fwd(&c, u, Some(&st.conv), Some(&mut next))?;
+                    st.conv = next;
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn mamba_conv_bwd(
+        &mut self,
+        dxz: &mut Vec<f32>,
+        du: &Vec<f32>,
+        xz: &Vec<f32>,
+        p: &MambaParams,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let pads = pads(b);
+        let (w, bias) = (self.params[p.conv_w].to_vec(), p.conv_b.map(|id| self.params[id].to_vec()));
+        let c = conv(&p.sizes, b, xz, &w, bias.as_deref(), pads.as_deref());
+        let mut dw = vec![0.0; w.len()];
+        let mut db = bias.as_ref().map(|v| vec![0.0; v.len()]);
+        conv1d_bwd(&c, du, None, dxz, &mut dw, db.as_deref_mut())?;
+        add_grad(self, p.conv_w, &dw)?;
+        if let (Some(id), Some(db)) = (p.conv_b, db) {
+            add_grad(self, id, &db)?;
+        }
+        Ok(())
+    }
+
+    fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
+        ensure!(dt_low.len() * w == xp.len() * r, "Mamba dt split: {} values for {} of x_proj", dt_low.len(), xp.len());
+        for (dst, src) in dt_low.chunks_mut(r.max(1)).zip(xp.chunks(w)) {
+            dst.copy_from_slice(&src[..r]);
+        }
+        Ok(())
+    }
+
+    fn mamba_dt_merge(&mut self, dxp: &mut Vec<f32>, d_dt_low: &Vec<f32>, p: &MambaParams) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
+        ensure!(d_dt_low.len() * w == dxp.len() * r, "Mamba dt merge: {} values for {}", d_dt_low.len(), dxp.len());
+        for (dst, src) in dxp.chunks_mut(w).zip(d_dt_low.chunks(r.max(1))) {
+            dst[..r].copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn mamba_delta_fwd(&mut self, delta: &mut Vec<f32>, dt_pre: &Vec<f32>, p: &MambaParams) -> Result<()> {
+        let _t = self.time(Family::Other);
+        ssd::dt_fwd(delta, dt_pre, p.sizes.inner, &self.params[p.dt_bias])
+    }
+
+    fn mamba_delta_bwd(
+        &mut self,
+        d_dt_pre: &mut Vec<f32>,
+        ddelta: &Vec<f32>,
+        dt_pre: &Vec<f32>,
+        p: &MambaParams,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let di = p.sizes.inner;
+        let mut db = vec![0.0; di];
+        ssd::dt_bwd(d_dt_pre, di, &mut db, ddelta, dt_pre, &self.params[p.dt_bias])?;
+        add_grad(self, p.dt_bias, &db)
+    }
+
+    fn selective_scan_fwd(
+        &mut self,
+        y: &mut Vec<f32>,
+        saved: &mut Vec<f32>,
+        u: &Vec<f32>,
+        delta: &Vec<f32>,
+        xp: &Vec<f32>,
+        xz: &Vec<f32>,
+        p: &MambaParams,
+        b: &CpuBatch,
+        state: Option<&mut MambaState>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Attention);
+        let s = &p.sizes;
+        let a = self.mamba_neg_exp(p);
+        let z = gate(s, xz);
+        let pads = pads(b);
+        let prob = scan(s, b, u, delta, &a, xp, &self.params[p.d_skip], &z, pads.as_deref());
+        ensure!(
+            saved.len() == selective_scan::saved_len(&prob),
+            "Mamba scan buffers sized for another batch ({} saved values, {} needed)",
+            saved.len(),
+            selective_scan::saved_len(&prob)
+        );
+        match state {
+            None => selective_scan::forward(&prob, None, y, saved, None),
+            Some(st) => {
+                ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
+                if b.seq == 1 {
+                    selective_scan::decode_step(&prob, &mut st.ssm, y);
+                } else {
+                    let mut next = vec![0.0; st.ssm.len()];
+                    selective_scan::forward(&prob, Some(&st.ssm), y, saved, Some(&mut next));
+                    st.ssm = next;
+                }
+                st.len += b.seq;
+            }
+        }
+        Ok(())
+    }
+
+    fn selective_scan_bwd(
+        &mut self,
+        du: &mut Vec<f32>,
+        ddelta: &mut Vec<f32>,
+        dxp: &mut Vec<f32>,
+        dxz: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        saved: &Vec<f32>,
+        u: &Vec<f32>,
+        delta: &Vec<f32>,
+        xp: &Vec<f32>,
+        xz: &Vec<f32>,
+        p: &MambaParams,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Attention);
+        let s = &p.sizes;
+        let a = self.mamba_neg_exp(p);
+        let z = gate(s, xz);
+        let pads = pads(b);
+        let prob = scan(s, b, u, delta, &a, xp, &self.params[p.d_skip], &z, pads.as_deref());
+        let (mut da, mut dd, mut dz) = (vec![0.0; a.len()], vec![0.0; s.inner], vec![0.0; z.len()]);
+        let g = GradsMut { du, ddelta, da: &mut da, dbc: dxp, dd: &mut dd, dz: Some(&mut dz), dh0: None };
+        selective_scan::backward(&prob, saved, dy, g);
+        for (row, src) in dxz.chunks_mut(2 * s.inner).zip(dz.chunks(s.inner.max(1))) {
+            row[s.inner..].copy_from_slice(src);
+        }
+        // A = −exp(A_log): dA_log = dA · A.
+        let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
+        add_grad(self, p.a_log, &da_log)?;
+        add_grad(self, p.d_skip, &dd)
+    }
+}

@@ -1,0 +1,100 @@
+//! The Mamba family's operations (Samba's Mamba layers): what a backend supplies so that a
+//! [`super::MambaMixer`] runs on it. They work on the layer's buffers as the layer lays them
+//! out: in_proj's output `xz` [B·T, 2·Di] holds the convolution's input x (columns 0..Di) and
+//! the gate z (Di..2·Di); x_proj's output `xp` [B·T, R + 2N] holds dt's low-rank input (R
+//! columns), then B and C. Gradients of parameters are accumulated (`+=`); gradients of
+//! activations are written into their columns of `dxz` / `dxp`.
+
+use crate::backend::Backend;
+use crate::config::MambaSizes;
+use crate::tensor::ParamId;
+use anyhow::Result;
+
+/// A Mamba layer's parameters other than its projections.
+#[derive(Clone, Copy, Debug)]
+pub struct MambaParams {
+    /// conv1d weight [Di, 1, W] and bias [Di].
+    pub conv_w: ParamId,
+    pub conv_b: Option<ParamId>,
+    /// dt_proj's bias [Di] (dt_proj's weight is a Linear of the layer).
+    pub dt_bias: ParamId,
+    /// log(−A) [Di, N] and the skip D [Di].
+    pub a_log: ParamId,
+    pub d_skip: ParamId,
+    pub sizes: MambaSizes,
+}
+
+pub trait MambaOps: Backend {
+    /// One layer's inference state: the scan state [B, Di, N] and the last W − 1 inputs of the
+    /// convolution [B, W − 1, Di], with the tokens seen.
+    type MambaState;
+
+    /// u = SiLU(conv1d(x) + bias) over xz's x columns, causal per row from its first real token;
+    /// with `state`, continuing its convolution inputs (which it then advances).
+    fn mamba_conv_fwd(
+        &mut self,
+        u: &mut Self::Act,
+        xz: &Self::Act,
+        p: &MambaParams,
+        batch: &Self::Batch,
+        state: Option<&mut Self::MambaState>,
+    ) -> Result<()>;
+    /// From du, writes dx into xz's x columns of `dxz` and adds the conv's gradients.
+    fn mamba_conv_bwd(
+        &mut self,
+        dxz: &mut Self::Act,
+        du: &Self::Act,
+        xz: &Self::Act,
+        p: &MambaParams,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+    /// dt_low [B·T, R] = xp's first R columns (dt_proj's input).
+    fn mamba_dt_split(&mut self, dt_low: &mut Self::Act, xp: &Self::Act, p: &MambaParams) -> Result<()>;
+    /// xp's first R columns of `dxp` = d_dt_low.
+    fn mamba_dt_merge(&mut self, dxp: &mut Self::Act, d_dt_low: &Self::Act, p: &MambaParams) -> Result<()>;
+    /// δ [B·T, Di] = softplus(dt_pre + dt_proj.bias) (in the activation type, as the GPU scan
+    /// reads it).
+    fn mamba_delta_fwd(&mut self, delta: &mut Self::Act, dt_pre: &Self::Act, p: &MambaParams) -> Result<()>;
+    /// From dδ: d dt_pre, and dt_proj.bias's gradient.
+    fn mamba_delta_bwd(
+        &mut self,
+        d_dt_pre: &mut Self::Act,
+        ddelta: &Self::Act,
+        dt_pre: &Self::Act,
+        p: &MambaParams,
+    ) -> Result<()>;
+    /// y [B·T, Di] = (scan(u, δ, A = −exp(A_log), B, C) + D·u) · SiLU(z), saving the states the
+    /// backward needs into `saved`; with `state`, continuing its scan state (which it then
+    /// advances: the decode step when T = 1).
+    #[allow(clippy::too_many_arguments)]
+    fn selective_scan_fwd(
+        &mut self,
+        y: &mut Self::Act,
+        saved: &mut Self::F32,
+        u: &Self::Act,
+        delta: &Self::Act,
+        xp: &Self::Act,
+        xz: &Self::Act,
+        p: &MambaParams,
+        batch: &Self::Batch,
+        state: Option<&mut Self::MambaState>,
+    ) -> Result<()>;
+    /// The scan's backward from dy: writes du, dδ, dB and dC (into `dxp`), dz (into `dxz`'s z
+    /// columns), adds A_log's and D's gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn selective_scan_bwd(
+        &mut self,
+        du: &mut Self::Act,
+        ddelta: &mut Self::Act,
+        dxp: &mut Self::Act,
+        dxz: &mut Self::Act,
+        dy: &Self::Act,
+        saved: &Self::F32,
+        u: &Self::Act,
+        delta: &Self::Act,
+        xp: &Self::Act,
+        xz: &Self::Act,
+        p: &MambaParams,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+}

@@ -7,6 +7,7 @@ use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
+use fox_kernels::conv1d::{conv1d_bwd, conv1d_decode_step, conv1d_fwd, Conv1d};
 use fox_kernels::{gate, head, matmul, rmsnorm, swiglu};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -466,5 +467,58 @@ impl Backend for Cpu<'_> {
         let r = (self.loss_sum, self.loss_rows);
         (self.loss_sum, self.loss_rows) = (0.0, 0);
         Ok(r)
+    }
+}
+
+/// Each row's left padding within this forward's positions, for the recurrent families' ops (a
+/// row's padding lies in the chunk that starts its sequence; later chunks have none).
+pub(crate) fn chunk_pads(b: &CpuBatch) -> Option<Vec<usize>> {
+    b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
+}
+
+/// A short causal convolution (Mamba's and Mamba-2's): without an inference state a fresh
+/// sequence; with one, continuing its last inputs and advancing them (the decode step for one
+/// position).
+pub(crate) fn conv1d_continuing(c: &Conv1d, out: &mut [f32], state: Option<&mut Vec<f32>>) -> Result<()> {
+    match state {
+        None => conv1d_fwd(c, out, None, None),
+        Some(st) if c.seq == 1 => conv1d_decode_step(c, st, out),
+        Some(st) => {
+            let mut next = vec![0.0; st.len()];
+            conv1d_fwd(c, out, Some(st), Some(&mut next))?;
+            *st = next;
+            Ok(())
+        }
+    }
+}
+
+impl Cpu<'_> {
+    /// grad(id) += g (nothing for a frozen parameter).
+    pub(crate) fn add_grad(&mut self, id: ParamId, g: &[f32]) -> Result<()> {
+        if let Some(dst) = self.grad_of(id)? {
+            anyhow::ensure!(dst.len() == g.len(), "a gradient of {} values for a parameter of {}", g.len(), dst.len());
+            dst.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+
+    /// A short convolution's backward (`c` over copies of its weights): d input into `dx`'s
+    /// columns, and the weight's and bias's gradients added to `w` and `b`.
+    pub(crate) fn conv1d_grads(
+        &mut self,
+        c: &Conv1d,
+        dout: &[f32],
+        dx: &mut [f32],
+        w: ParamId,
+        b: Option<ParamId>,
+    ) -> Result<()> {
+        let mut dw = vec![0.0; c.weight.len()];
+        let mut db = c.bias.map(|v| vec![0.0; v.len()]);
+        conv1d_bwd(c, dout, None, dx, &mut dw, db.as_deref_mut())?;
+        self.add_grad(w, &dw)?;
+        if let (Some(id), Some(db)) = (b, db) {
+            self.add_grad(id, &db)?;
+        }
+        Ok(())
     }
 }

@@ -3,20 +3,13 @@
 
 use super::ops::{MambaOps, MambaParams};
 use super::state::MambaState;
-use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
-use crate::model::mamba2::cpu::add_grad;
 use anyhow::{ensure, Result};
-use fox_kernels::conv1d::{conv1d_bwd, conv1d_decode_step, conv1d_fwd, Conv1d};
+use fox_kernels::conv1d::Conv1d;
 use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
 use fox_kernels::ssd;
-
-/// Each row's left padding within this forward's positions (a row's padding is in the chunk that
-/// starts its sequence; later chunks have none).
-fn pads(b: &CpuBatch) -> Option<Vec<usize>> {
-    b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
-}
 
 /// The convolution over xz's x columns.
 fn conv<'a>(
@@ -93,23 +86,13 @@ impl MambaOps for Cpu<'_> {
         state: Option<&mut MambaState>,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let bias = p.conv_b.map(|id| &self.params[id]);
         let c = conv(&p.sizes, b, xz, &self.params[p.conv_w], bias, pads.as_deref());
-        match state {
-            None => conv1d_fwd(&c, u, None, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    conv1d_decode_step(&c, &mut st.conv, u)
-                } else {
-                    let mut next = vec![0.0; st.conv.len()];
-                    conv1d_fwd(&c, u, Some(&st.conv), Some(&mut next))?;
-                    st.conv = next;
-                    Ok(())
-                }
-            }
+        if let Some(st) = &state {
+            ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
         }
+        conv1d_continuing(&c, u, state.map(|st| &mut st.conv))
     }
 
     fn mamba_conv_bwd(
@@ -121,17 +104,10 @@ impl MambaOps for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let (w, bias) = (self.params[p.conv_w].to_vec(), p.conv_b.map(|id| self.params[id].to_vec()));
         let c = conv(&p.sizes, b, xz, &w, bias.as_deref(), pads.as_deref());
-        let mut dw = vec![0.0; w.len()];
-        let mut db = bias.as_ref().map(|v| vec![0.0; v.len()]);
-        conv1d_bwd(&c, du, None, dxz, &mut dw, db.as_deref_mut())?;
-        add_grad(self, p.conv_w, &dw)?;
-        if let (Some(id), Some(db)) = (p.conv_b, db) {
-            add_grad(self, id, &db)?;
-        }
-        Ok(())
+        self.conv1d_grads(&c, du, dxz, p.conv_w, p.conv_b)
     }
 
     fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams) -> Result<()> {
@@ -170,7 +146,7 @@ impl MambaOps for Cpu<'_> {
         let di = p.sizes.inner;
         let mut db = vec![0.0; di];
         ssd::dt_bwd(d_dt_pre, di, &mut db, ddelta, dt_pre, &self.params[p.dt_bias])?;
-        add_grad(self, p.dt_bias, &db)
+        self.add_grad(p.dt_bias, &db)
     }
 
     fn selective_scan_fwd(
@@ -189,7 +165,7 @@ impl MambaOps for Cpu<'_> {
         let s = &p.sizes;
         let a = self.mamba_neg_exp(p);
         let z = gate(s, xz);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let prob = scan(s, b, u, delta, &a, xp, &self.params[p.d_skip], &z, pads.as_deref());
         ensure!(
             saved.len() == selective_scan::saved_len(&prob),
@@ -233,7 +209,7 @@ impl MambaOps for Cpu<'_> {
         let s = &p.sizes;
         let a = self.mamba_neg_exp(p);
         let z = gate(s, xz);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let prob = scan(s, b, u, delta, &a, xp, &self.params[p.d_skip], &z, pads.as_deref());
         let (mut da, mut dd, mut dz) = (vec![0.0; a.len()], vec![0.0; s.inner], vec![0.0; z.len()]);
         let g = GradsMut { du, ddelta, da: &mut da, dbc: dxp, dd: &mut dd, dz: Some(&mut dz), dh0: None };
@@ -243,7 +219,7 @@ impl MambaOps for Cpu<'_> {
         }
         // A = −exp(A_log): dA_log = dA · A.
         let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
-        add_grad(self, p.a_log, &da_log)?;
-        add_grad(self, p.d_skip, &dd)
+        self.add_grad(p.a_log, &da_log)?;
+        self.add_grad(p.d_skip, &dd)
     }
 }

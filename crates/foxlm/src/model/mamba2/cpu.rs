@@ -3,19 +3,13 @@
 
 use super::ops::{Mamba2Ops, Mamba2Params};
 use super::state::Mamba2State;
-use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
 use anyhow::{ensure, Result};
-use fox_kernels::conv1d::{conv1d_bwd, conv1d_decode_step, conv1d_fwd, Conv1d};
+use fox_kernels::conv1d::Conv1d;
 use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
-
-/// Each row's left padding within this forward's positions (a row's padding is in the chunk that
-/// starts its sequence; later chunks have none).
-fn pads(b: &CpuBatch) -> Option<Vec<usize>> {
-    b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
-}
 
 /// The convolution over xBC's columns of zxbcdt.
 fn conv<'a>(
@@ -85,19 +79,10 @@ impl Mamba2Ops for Cpu<'_> {
         state: Option<&mut Mamba2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let bias = p.conv_b.map(|id| &self.params[id]);
         let c = conv(&p.sizes, b, zxbcdt, &self.params[p.conv_w], bias, pads.as_deref());
-        match state {
-            None => conv1d_fwd(&c, xbc, None, None),
-            Some(st) if b.seq == 1 => conv1d_decode_step(&c, &mut st.conv, xbc),
-            Some(st) => {
-                let mut next = vec![0.0; st.conv.len()];
-                conv1d_fwd(&c, xbc, Some(&st.conv), Some(&mut next))?;
-                st.conv = next;
-                Ok(())
-            }
-        }
+        conv1d_continuing(&c, xbc, state.map(|st| &mut st.conv))
     }
 
     fn mamba2_conv_bwd(
@@ -110,17 +95,10 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = p.sizes;
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let (w, bias) = (self.params[p.conv_w].to_vec(), p.conv_b.map(|id| self.params[id].to_vec()));
         let c = conv(&s, b, zxbcdt, &w, bias.as_deref(), pads.as_deref());
-        let mut dw = vec![0.0; w.len()];
-        let mut db = bias.as_ref().map(|v| vec![0.0; v.len()]);
-        conv1d_bwd(&c, dxbc, None, &mut dzxbcdt[s.inner..], &mut dw, db.as_deref_mut())?;
-        add_grad(self, p.conv_w, &dw)?;
-        if let (Some(id), Some(db)) = (p.conv_b, db) {
-            add_grad(self, id, &db)?;
-        }
-        Ok(())
+        self.conv1d_grads(&c, dxbc, &mut dzxbcdt[s.inner..], p.conv_w, p.conv_b)
     }
 
     fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params) -> Result<()> {
@@ -141,7 +119,7 @@ impl Mamba2Ops for Cpu<'_> {
         let at = s.inner + s.conv_dim();
         let mut db = vec![0.0; s.heads];
         ssd::dt_bwd(&mut dzxbcdt[at..], s.in_proj_dim(), &mut db, ddt, &zxbcdt[at..], &self.params[p.dt_bias])?;
-        add_grad(self, p.dt_bias, &db)
+        self.add_grad(p.dt_bias, &db)
     }
 
     fn ssd_fwd(
@@ -155,7 +133,7 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let a = self.neg_exp(p);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let prob = ssd(&p.sizes, b, xbc, dt, &a, &self.params[p.d_skip], pads.as_deref());
         match state {
             None => ssd::ssd_fwd(&prob, y, None, None),
@@ -187,15 +165,15 @@ impl Mamba2Ops for Cpu<'_> {
         let _t = self.time(Family::Attention);
         let h = p.sizes.heads;
         let a = self.neg_exp(p);
-        let pads = pads(b);
+        let pads = chunk_pads(b);
         let (mut da, mut dd) = (vec![0.0; h], vec![0.0; h]);
         let prob = ssd(&p.sizes, b, xbc, dt, &a, &self.params[p.d_skip], pads.as_deref());
         let grads = SsdGrads { dxbc, ddt, da: &mut da, dd: &mut dd, dinit: None };
         ssd::ssd_bwd(&prob, dy, None, None, grads)?;
         // A = −exp(A_log): dA_log = dA · A.
         let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
-        add_grad(self, p.a_log, &da_log)?;
-        add_grad(self, p.d_skip, &dd)
+        self.add_grad(p.a_log, &da_log)?;
+        self.add_grad(p.d_skip, &dd)
     }
 
     fn gated_norm_fwd(
@@ -228,15 +206,6 @@ impl Mamba2Ops for Cpu<'_> {
         let mut dw = vec![0.0; s.inner];
         let w = self.params[p.norm].to_vec();
         rms_norm_gated_bwd(dy, dzxbcdt, &mut dw, dg, y, zxbcdt, s.in_proj_dim(), rstd, &w, dim, s.groups)?;
-        add_grad(self, p.norm, &dw)
+        self.add_grad(p.norm, &dw)
     }
-}
-
-/// grad(id) += g (nothing for a frozen parameter).
-pub(crate) fn add_grad(be: &mut Cpu, id: crate::tensor::ParamId, g: &[f32]) -> Result<()> {
-    if let Some(dst) = be.grad_of(id)? {
-        ensure!(dst.len() == g.len(), "a gradient of {} values for a parameter of {}", g.len(), dst.len());
-        dst.iter_mut().zip(g).for_each(|(a, b)| *a += b);
-    }
-    Ok(())
 }

@@ -6,12 +6,10 @@
 
 mod common;
 
+use common::{max_abs_diff, random_ids as ids, random_recurrent_model as random_model};
 use foxlm::config::{Arch, Config};
 use foxlm::model::{Ctx, Model};
 use foxlm::presets::mamba2_config;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 
 /// A small Mamba-2: d = 32, 2 layers, 4 heads of 16 channels (inner 64), state 8, 2 groups of B
 /// and C (2 heads each), convolution width 4, vocabulary 97.
@@ -22,39 +20,6 @@ fn tiny_config() -> Config {
     (c.bos_token_id, c.eos_token_id) = (None, None);
     c.validate().unwrap();
     c
-}
-
-/// Random weights far from initialisation so that every component moves the output: matrices
-/// N(0, 0.15), norm weights 1 ± 0.3, A_log and dt_bias spread so that heads forget at different
-/// rates (dt from about 0.05 to 1.5), D around 1.
-fn random_model(cfg: &Config, seed: u64) -> Model {
-    let mut m = Model::new(cfg);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    for (i, name) in m.params.names.clone().iter().enumerate() {
-        for x in m.params.tensors[i].data.iter_mut() {
-            let z: f32 = rng.sample(StandardNormal);
-            *x = if name.ends_with("norm.weight") || name.ends_with(".D") || name.ends_with("norm_f.weight") {
-                1.0 + 0.3 * z
-            } else if name.ends_with("A_log") {
-                0.5 * z
-            } else if name.ends_with("dt_bias") {
-                -1.0 + 0.7 * z
-            } else {
-                0.15 * z
-            };
-        }
-    }
-    m
-}
-
-fn ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]

@@ -6,12 +6,10 @@
 
 mod common;
 
+use common::{max_abs_diff, random_ids as ids, random_recurrent_model as random_model};
 use foxlm::config::{Arch, Config};
 use foxlm::model::{Ctx, Mixer, Model};
 use foxlm::presets::{preset, samba_config};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 
 /// A small Samba: d = 32, 4 layers (Mamba, attention, Mamba, attention), attention 4 heads of 8
 /// with 2 k/v heads (GQA) and a window of 8, Mamba inner width 64 (two 32-channel scan blocks),
@@ -24,39 +22,6 @@ fn tiny_config() -> Config {
     (c.bos_token_id, c.eos_token_id) = (None, None);
     c.validate().unwrap();
     c
-}
-
-/// Random weights far from initialisation so that every component moves the output: matrices
-/// N(0, 0.15), norm weights and D 1 ± 0.3, A = exp(A_log) around 1 (0.5 N(0,1) in the log),
-/// dt_proj's bias around −1 (δ from about 0.1 to 1).
-fn random_model(cfg: &Config, seed: u64) -> Model {
-    let mut m = Model::new(cfg);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    for (i, name) in m.params.names.clone().iter().enumerate() {
-        for x in m.params.tensors[i].data.iter_mut() {
-            let z: f32 = rng.sample(StandardNormal);
-            *x = if name.ends_with("norm.weight") || name.ends_with(".D") || name.ends_with("norm_f.weight") {
-                1.0 + 0.3 * z
-            } else if name.ends_with("A_log") {
-                0.5 * z
-            } else if name.ends_with("dt_proj.bias") {
-                -1.0 + 0.7 * z
-            } else {
-                0.15 * z
-            };
-        }
-    }
-    m
-}
-
-fn ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 fn shape(m: &Model, name: &str) -> Vec<usize> {

@@ -105,3 +105,44 @@ pub fn matches_reference_fixture(dir: &std::path::Path) -> Model {
     assert_eq!(got[0], want, "{}: greedy tokens through the inference state", dir.display());
     model
 }
+
+/// Random weights of a recurrent model far from initialisation, so that every component moves the
+/// output: matrices N(0, 0.15), norm weights and D 1 ± 0.3, A = exp(A_log) around 1 (0.5 N(0, 1)
+/// in the log), dt's bias (Mamba-2's dt_bias, Mamba's dt_proj.bias) around −1 (dt from about 0.05
+/// to 1.5).
+#[allow(dead_code)]
+pub fn random_recurrent_model(cfg: &foxlm::config::Config, seed: u64) -> Model {
+    use rand::{Rng, SeedableRng};
+    let mut m = Model::new(cfg);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for (i, name) in m.params.names.clone().iter().enumerate() {
+        for x in m.params.tensors[i].data.iter_mut() {
+            let z: f32 = rng.sample(rand_distr::StandardNormal);
+            *x = if name.ends_with("norm.weight") || name.ends_with(".D") || name.ends_with("norm_f.weight") {
+                1.0 + 0.3 * z
+            } else if name.ends_with("A_log") {
+                0.5 * z
+            } else if name.ends_with("dt_bias") || name.ends_with("dt_proj.bias") {
+                -1.0 + 0.7 * z
+            } else {
+                0.15 * z
+            };
+        }
+    }
+    m
+}
+
+/// `n` token ids drawn uniformly below `vocab`.
+#[allow(dead_code)]
+pub fn random_ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
+}
+
+/// The largest absolute difference of two equally long slices.
+#[allow(dead_code)]
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}

@@ -103,24 +103,21 @@ fn tiny_model_beats_unigram_entropy_on_held_out_chapters() {
     assert_eq!(ms.iter().filter(|m| m.kind == "val").count(), 2);
 }
 
-#[test]
-fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exactly() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = moby_dick(tmp.path());
-    let run = small_run(6);
-
-    // Uninterrupted.
-    let a = tmp.path().join("a");
-    let ra = train(Some(run.clone()), &opts(&data, &a)).unwrap();
+/// Trains `run` (6 steps) uninterrupted into `dir`/a, and into `dir`/b interrupted after 4 steps
+/// then resumed: the same losses step for step, bit for bit (the CPU is deterministic), the same
+/// final weights, optimizer state and data position. Returns `dir`/a.
+fn assert_resume_reproduces(dir: &Path, data: &Path, run: &RunConfig) -> PathBuf {
+    let a = dir.join("a");
+    let ra = train(Some(run.clone()), &opts(data, &a)).unwrap();
     assert_eq!((ra.outcome, ra.step), (Outcome::Finished, 6));
 
     // Interrupted after 4 steps (as Ctrl-C does: a checkpoint is saved; step 4 also validates),
     // then resumed.
-    let b = tmp.path().join("b");
-    let rb1 = train(Some(run.clone()), &TrainOptions { stop_after: Some(4), ..opts(&data, &b) }).unwrap();
+    let b = dir.join("b");
+    let rb1 = train(Some(run.clone()), &TrainOptions { stop_after: Some(4), ..opts(data, &b) }).unwrap();
     assert_eq!((rb1.outcome, rb1.step), (Outcome::Interrupted, 4));
     assert!(rb1.checkpoint.ends_with("checkpoint-000004"));
-    let rb2 = train(Some(run.clone()), &TrainOptions { resume: true, ..opts(&data, &b) }).unwrap();
+    let rb2 = train(Some(run.clone()), &TrainOptions { resume: true, ..opts(data, &b) }).unwrap();
     assert_eq!((rb2.outcome, rb2.step), (Outcome::Finished, 6));
 
     // Same losses, step for step, bit for bit (CPU is deterministic).
@@ -136,10 +133,19 @@ fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exact
     assert_eq!((ca.opt.m.clone(), ca.opt.v.clone(), ca.opt.step), (cb.opt.m.clone(), cb.opt.v.clone(), cb.opt.step));
     assert_eq!(ca.state.data, cb.state.data);
     assert_eq!(ca.state.tokens_seen, 6 * 4 * 32);
-
     // Resuming a finished run does nothing.
-    let rc = train(Some(run.clone()), &TrainOptions { resume: true, ..opts(&data, &b) }).unwrap();
+    let rc = train(Some(run.clone()), &TrainOptions { resume: true, ..opts(data, &b) }).unwrap();
     assert_eq!(rc.outcome, Outcome::AlreadyFinished);
+    a
+}
+
+#[test]
+fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = moby_dick(tmp.path());
+    let run = small_run(6);
+    let a = assert_resume_reproduces(tmp.path(), &data, &run);
+    let ca = load_checkpoint(&a.join("final")).unwrap();
 
     // The final model folder is a model folder in the authors' layout: it reloads bit-exactly,
     // records the training context, and gives the same logits as the model that wrote it.
@@ -160,6 +166,28 @@ fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exact
     assert_eq!(kept, vec![2, 4]);
     assert_eq!(std::fs::read_to_string(a.join("latest")).unwrap(), "final");
     assert_eq!(latest_checkpoint(&a).unwrap().unwrap(), a.join("final"));
+}
+
+/// The recurrent families train, checkpoint and resume as FoX does: Mamba-2 (2 layers of d = 64)
+/// and Samba (a Mamba layer and a windowed attention layer), each resumed bit for bit, and the final
+/// folder reloads as the same family in the authors' layout.
+#[test]
+fn recurrent_models_resume_bit_exactly_and_reload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = moby_dick(tmp.path());
+    for (name, model, model_type) in [
+        ("mamba2", presets::mamba2_config(64, 2), "mamba2-project_fox"),
+        ("samba", presets::samba_config(64, 2, 2, 16), "samba-project_fox"),
+    ] {
+        let run = RunConfig { model, ..small_run(6) };
+        let a = assert_resume_reproduces(&tmp.path().join(name), &data, &run);
+        let m = load_model(&a.join("final")).unwrap();
+        assert_eq!(m.config.arch(), run.model.arch(), "{name}");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(a.join("final/config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["model_type"], model_type, "{name}");
+        assert!(read_metrics(&a).iter().any(|l| l.kind == "train" && l.loss.is_some_and(|v| v.is_finite())), "{name}");
+    }
 }
 
 #[test]

@@ -681,3 +681,45 @@ fn the_binary_serves_and_sigterm_finishes_requests_in_flight() {
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     assert!(rest.contains("every request in flight was answered"), "{rest}");
 }
+
+/// The recurrent families behind the server: the authors' Mamba-2 and Samba fixtures (vocabulary
+/// 256). Concurrent requests of different lengths join and leave one running batch (their states
+/// gathered row by row between steps), and each gets `generate`'s greedy tokens; echoed
+/// log-probabilities are the forward pass's.
+#[test]
+fn recurrent_models_serve_as_generate() {
+    for name in ["official-mamba2-tiny/mamba2", "official-samba-tiny/samba"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name);
+        let model = load_model(&dir).expect("fixture model");
+        let srv = server(&dir, |_| {});
+        let prompts: Vec<Vec<u32>> =
+            prompts_fixture().into_iter().map(|p| p.iter().map(|t| t % 256).collect()).collect();
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (addr, p) = (srv.addr, p.clone());
+                std::thread::spawn(move || {
+                    let n = 6 + 3 * i;
+                    let v = complete(
+                        addr,
+                        json!({"prompt": p, "max_tokens": n, "temperature": 0, "return_token_ids": true}),
+                    );
+                    (n, ids_of(&v["choices"][0]["token_ids"]))
+                })
+            })
+            .collect();
+        for (p, h) in prompts.iter().zip(handles) {
+            let (n, got) = h.join().expect("client thread");
+            assert_eq!(got, reference(&model, p, n), "{name}: prompt {p:?}");
+        }
+        let p = &prompts[1];
+        let lp = forward_logprobs(&model, p);
+        let v = complete(srv.addr, json!({"prompt": p, "max_tokens": 0, "echo": true, "logprobs": 1}));
+        let tl = v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().clone();
+        for i in 1..p.len() {
+            let (got, want) = (tl[i].as_f64().unwrap(), lp[i - 1][p[i] as usize]);
+            assert!((got - want).abs() < 1e-5, "{name}: position {i}: {got} vs {want}");
+        }
+    }
+}

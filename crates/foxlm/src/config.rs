@@ -412,12 +412,31 @@ impl Config {
         bound("vocab_size", self.vocab_size, MAX_VOCAB)?;
         bound("hidden_size", self.hidden_size, MAX_HIDDEN)?;
         bound("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
-        if self.arch() == Arch::Mamba2 {
-            return self.validate_mamba2();
+        match self.arch() {
+            Arch::Fox => self.validate_fox()?,
+            Arch::Mamba2 => self.validate_mamba2()?,
+            Arch::Samba => self.validate_samba()?,
         }
-        if self.arch() == Arch::Samba {
-            return self.validate_samba();
+        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
+            if let Some(id) = id {
+                if id as usize >= self.vocab_size {
+                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
+                }
+            }
         }
+        let bytes = self.param_bytes();
+        if bytes > isize::MAX as u128 {
+            bail!(
+                "the parameters would take {} (f32), more than any machine can address",
+                crate::validate::human_bytes(bytes)
+            );
+        }
+        Ok(())
+    }
+
+    /// FoX's and the Transformer's fields (the common sizes are checked by `validate`).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_fox(&self) -> Result<()> {
         bound("num_heads", self.num_heads, self.hidden_size)?;
         if !self.hidden_size.is_multiple_of(self.num_heads) {
             bail!("hidden_size {} must be a positive multiple of num_heads {}", self.hidden_size, self.num_heads);
@@ -488,19 +507,27 @@ impl Config {
             }
             _ => {}
         }
-        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
-            if let Some(id) = id {
-                if id as usize >= self.vocab_size {
-                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
-                }
-            }
+        Ok(())
+    }
+
+    /// What Mamba-2 and Samba's Mamba layers check alike: SiLU, the norm's epsilon (under the
+    /// config's name for it), the initialiser's range, an untied head, dt's initial range.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_ssm_common(&self, eps_name: &str, (lo, hi, floor): (f64, f64, f64)) -> Result<()> {
+        if self.hidden_act != "silu" && self.hidden_act != "swish" {
+            bail!("hidden_act {:?}: only \"silu\" is supported", self.hidden_act);
         }
-        let bytes = self.param_bytes();
-        if bytes > isize::MAX as u128 {
-            bail!(
-                "the parameters would take {} (f32), more than any machine can address",
-                crate::validate::human_bytes(bytes)
-            );
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            bail!("{eps_name} is {:?}; expected a number in (0, 1)", self.norm_eps);
+        }
+        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
+            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
+        }
+        if self.tie_word_embeddings {
+            bail!("tie_word_embeddings: the output head is untied (must be false)");
+        }
+        if !(lo > 0.0 && lo <= hi && hi.is_finite() && floor >= 0.0 && floor.is_finite()) {
+            bail!("time_step_min {lo:?}, time_step_max {hi:?}, time_step_floor {floor:?}: expected 0 < min <= max, floor >= 0");
         }
         Ok(())
     }
@@ -527,22 +554,7 @@ impl Config {
                 self.hidden_size
             );
         }
-        if self.hidden_act != "silu" && self.hidden_act != "swish" {
-            bail!("hidden_act {:?}: only \"silu\" is supported", self.hidden_act);
-        }
-        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
-            bail!("layer_norm_epsilon is {:?}; expected a number in (0, 1)", self.norm_eps);
-        }
-        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
-            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
-        }
-        if self.tie_word_embeddings {
-            bail!("tie_word_embeddings: the output head is untied (must be false)");
-        }
-        let (lo, hi, floor) = (m.dt_min, m.dt_max, m.dt_floor);
-        if !(lo > 0.0 && lo <= hi && hi.is_finite() && floor >= 0.0 && floor.is_finite()) {
-            bail!("time_step_min {lo:?}, time_step_max {hi:?}, time_step_floor {floor:?}: expected 0 < min <= max, floor >= 0");
-        }
+        self.validate_ssm_common("layer_norm_epsilon", (m.dt_min, m.dt_max, m.dt_floor))?;
         // What the mixer implements: no in/out projection biases, the gated RMSNorm, dt unclamped.
         let flag = |k: &str| self.extra.get(k).and_then(|v| v.as_bool());
         if flag("use_bias") == Some(true) {
@@ -560,20 +572,6 @@ impl Config {
             if !ok {
                 bail!("time_step_limit {lim}: only (0, inf), dt unclamped, is supported");
             }
-        }
-        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
-            if let Some(id) = id {
-                if id as usize >= self.vocab_size {
-                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
-                }
-            }
-        }
-        let bytes = self.param_bytes();
-        if bytes > isize::MAX as u128 {
-            bail!(
-                "the parameters would take {} (f32), more than any machine can address",
-                crate::validate::human_bytes(bytes)
-            );
         }
         Ok(())
     }
@@ -654,22 +652,7 @@ impl Config {
                 );
             }
         }
-        if self.hidden_act != "silu" && self.hidden_act != "swish" {
-            bail!("hidden_act {:?}: only \"silu\" is supported", self.hidden_act);
-        }
-        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
-            bail!("norm_eps is {:?}; expected a number in (0, 1)", self.norm_eps);
-        }
-        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
-            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
-        }
-        if self.tie_word_embeddings {
-            bail!("tie_word_embeddings: the output head is untied (must be false)");
-        }
-        let (lo, hi, floor) = (m.dt_min, m.dt_max, m.dt_floor);
-        if !(lo > 0.0 && lo <= hi && hi.is_finite() && floor >= 0.0 && floor.is_finite()) {
-            bail!("time_step_min {lo:?}, time_step_max {hi:?}, time_step_floor {floor:?}: expected 0 < min <= max, floor >= 0");
-        }
+        self.validate_ssm_common("norm_eps", (m.dt_min, m.dt_max, m.dt_floor))?;
         if !(m.dt_scale >= 0.0 && m.dt_scale.is_finite()) {
             bail!("time_step_scale is {:?}; expected a finite number >= 0", m.dt_scale);
         }
@@ -698,20 +681,6 @@ impl Config {
         }
         if self.num_kv_heads.is_some() || self.log_pruning_tolerance.is_some() {
             bail!("num_kv_heads / log_pruning_tolerance: a Samba config gives attn.num_kv_heads, and has no pruning");
-        }
-        for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
-            if let Some(id) = id {
-                if id as usize >= self.vocab_size {
-                    bail!("{field} is {id}, outside the vocabulary of vocab_size {}", self.vocab_size);
-                }
-            }
-        }
-        let bytes = self.param_bytes();
-        if bytes > isize::MAX as u128 {
-            bail!(
-                "the parameters would take {} (f32), more than any machine can address",
-                crate::validate::human_bytes(bytes)
-            );
         }
         Ok(())
     }

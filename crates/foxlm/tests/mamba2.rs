@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{max_abs_diff, random_ids as ids, random_recurrent_model as random_model};
+use common::{random_ids as ids, random_recurrent_model as random_model};
 use foxlm::config::{Arch, Config};
 use foxlm::model::{Ctx, Model};
 use foxlm::presets::mamba2_config;
@@ -64,21 +64,7 @@ fn config_layout_and_json_round_trip() {
 /// Finite differences of the loss through the whole model: every kind of Mamba-2 parameter.
 #[test]
 fn finite_differences_through_the_model() {
-    let cfg = tiny_config();
-    let model = random_model(&cfg, 1);
-    let (b, t) = (2, 40);
-    let ids = ids(cfg.vocab_size, b * t, 2);
-    let targets: Vec<Option<u32>> = (0..b * t).map(|r| (r % t + 1 < t).then(|| ids[r + 1])).collect();
-    // Row 1 is left-padded by 5: its padding must take no part.
-    let ctx = Ctx { batch: b, seq: t, start: Some(vec![0, 5]) };
-    let targets: Vec<Option<u32>> =
-        targets.iter().enumerate().map(|(r, tg)| if (t..t + 5).contains(&r) { None } else { *tg }).collect();
-    let mut grads = model.params.zeros_like();
-    model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
-    let loss_at = |m: &Model| -> f64 {
-        let mut g = m.params.zeros_like();
-        m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
-    };
+    let model = random_model(&tiny_config(), 1);
     let names = [
         "backbone.embeddings.weight",
         "backbone.layers.0.norm.weight",
@@ -94,8 +80,7 @@ fn finite_differences_through_the_model() {
         "backbone.norm_f.weight",
         "lm_head.weight",
     ];
-    let checked = common::check_finite_differences(&model, &grads, &names, loss_at);
-    assert_eq!(checked, 2 * names.len());
+    assert_eq!(common::finite_differences_with_a_padded_row(&model, &names), 2 * names.len());
 }
 
 /// Decoding token by token through the state, and prefilling in chunks, give the logits of the
@@ -104,48 +89,8 @@ fn finite_differences_through_the_model() {
 fn state_decoding_chunked_prefill_and_padding_match_the_full_forward() {
     let cfg = tiny_config();
     let model = random_model(&cfg, 5);
-    let t = 30;
-    let seq = ids(cfg.vocab_size, t, 6);
-    let full = model.forward(&seq, &Ctx { batch: 1, seq: t, start: None });
-    let v = cfg.vocab_size;
-
-    // Prefill 7 (shorter than nothing in particular), then one token at a time.
-    let mut cache = model.new_cache(1, t, None);
-    let (h, _) = model.forward_hidden(&seq[..7], &Ctx { batch: 1, seq: 7, start: None }, Some(&mut cache), false);
-    let mut got = model.logits(&h);
-    for i in 7..t {
-        let (h, _) =
-            model.forward_hidden(&seq[i..i + 1], &Ctx { batch: 1, seq: 1, start: None }, Some(&mut cache), false);
-        got.extend(model.logits(&h));
-    }
-    assert_eq!(cache.len(), t);
-    let e = max_abs_diff(&got, &full);
-    assert!(e < 2e-4, "decoding through the state: max |Δ logit| {e:.2e}");
-
     // Chunks of 2 (shorter than the convolution's width) and of 11.
-    for chunk in [2, 11] {
-        let mut cache = model.new_cache(1, t, None);
-        let mut got = Vec::new();
-        for s in (0..t).step_by(chunk) {
-            let n = chunk.min(t - s);
-            let (h, _) =
-                model.forward_hidden(&seq[s..s + n], &Ctx { batch: 1, seq: n, start: None }, Some(&mut cache), false);
-            got.extend(model.logits(&h));
-        }
-        let e = max_abs_diff(&got, &full);
-        assert!(e < 2e-4, "prefill in chunks of {chunk}: max |Δ logit| {e:.2e}");
-    }
-
-    // A batch of the row and the same row left-padded by 6 (with junk ids in the padding).
-    let pad = 6;
-    let mut two = seq.clone();
-    two.extend((0..pad).map(|i| (i * 13 % v) as u32));
-    two.extend_from_slice(&seq[..t - pad]);
-    let both = model.forward(&two, &Ctx { batch: 2, seq: t, start: Some(vec![0, pad]) });
-    assert!(max_abs_diff(&both[..t * v], &full) < 1e-5);
-    let short = model.forward(&seq[..t - pad], &Ctx { batch: 1, seq: t - pad, start: None });
-    let e = max_abs_diff(&both[(t + pad) * v..], &short);
-    assert!(e < 1e-4, "left padding changes the row: max |Δ logit| {e:.2e}");
+    common::inference_state_matches_the_full_forward(&model, &[(2, 30, 6), (11, 30, 6)]);
 
     // The state's size does not grow with the tokens.
     let bytes = foxlm::model::mamba2::state::Mamba2State::bytes_for(1, &cfg.mamba2());

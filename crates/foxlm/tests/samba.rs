@@ -153,20 +153,7 @@ fn presets_are_sized_as_documented() {
 /// Finite differences of the loss through the whole model: every kind of parameter.
 #[test]
 fn finite_differences_through_the_model() {
-    let cfg = tiny_config();
-    let model = random_model(&cfg, 1);
-    let (b, t) = (2, 40);
-    let ids = ids(cfg.vocab_size, b * t, 2);
-    // Row 1 is left-padded by 5: its padding must take no part.
-    let ctx = Ctx { batch: b, seq: t, start: Some(vec![0, 5]) };
-    let targets: Vec<Option<u32>> =
-        (0..b * t).map(|r| if (t..t + 5).contains(&r) || r % t + 1 >= t { None } else { Some(ids[r + 1]) }).collect();
-    let mut grads = model.params.zeros_like();
-    model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
-    let loss_at = |m: &Model| -> f64 {
-        let mut g = m.params.zeros_like();
-        m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
-    };
+    let model = random_model(&tiny_config(), 1);
     let names = [
         "backbone.embeddings.weight",
         "backbone.layers.0.mixer_norm.weight",
@@ -189,8 +176,7 @@ fn finite_differences_through_the_model() {
         "backbone.norm_f.weight",
         "lm_head.weight",
     ];
-    let checked = common::check_finite_differences(&model, &grads, &names, loss_at);
-    assert_eq!(checked, 2 * names.len());
+    assert_eq!(common::finite_differences_with_a_padded_row(&model, &names), 2 * names.len());
 }
 
 /// Decoding token by token through the states, and prefilling in chunks, give the logits of the
@@ -199,51 +185,10 @@ fn finite_differences_through_the_model() {
 fn state_decoding_chunked_prefill_and_padding_match_the_full_forward() {
     let cfg = tiny_config();
     let model = random_model(&cfg, 5);
-    let t = 30;
-    let seq = ids(cfg.vocab_size, t, 6);
-    let full = model.forward(&seq, &Ctx { batch: 1, seq: t, start: None });
-    let v = cfg.vocab_size;
-
-    let mut cache = model.new_cache(1, t, None);
-    let (h, _) = model.forward_hidden(&seq[..7], &Ctx { batch: 1, seq: 7, start: None }, Some(&mut cache), false);
-    let mut got = model.logits(&h);
-    for i in 7..t {
-        let (h, _) =
-            model.forward_hidden(&seq[i..i + 1], &Ctx { batch: 1, seq: 1, start: None }, Some(&mut cache), false);
-        got.extend(model.logits(&h));
-    }
-    assert_eq!(cache.len(), t);
-    assert!(cache.layers.iter().all(|l| l.len() == t));
-    let e = max_abs_diff(&got, &full);
-    assert!(e < 2e-4, "decoding through the states: max |Δ logit| {e:.2e}");
-
     // Chunks of 2 (shorter than the convolution's width), 11 (longer than the window) and 70
     // (past the scan's 64-position chunk on a longer sequence).
-    for (chunk, len) in [(2, t), (11, t), (70, 100)] {
-        let seq = ids(cfg.vocab_size, len, 16);
-        let full = model.forward(&seq, &Ctx { batch: 1, seq: len, start: None });
-        let mut cache = model.new_cache(1, len, None);
-        let mut got = Vec::new();
-        for s in (0..len).step_by(chunk) {
-            let n = chunk.min(len - s);
-            let (h, _) =
-                model.forward_hidden(&seq[s..s + n], &Ctx { batch: 1, seq: n, start: None }, Some(&mut cache), false);
-            got.extend(model.logits(&h));
-        }
-        let e = max_abs_diff(&got, &full);
-        assert!(e < 2e-4, "prefill in chunks of {chunk}: max |Δ logit| {e:.2e}");
-    }
-
-    // A batch of the row and the same row left-padded by 6 (junk ids in the padding).
-    let pad = 6;
-    let mut two = seq.clone();
-    two.extend((0..pad).map(|i| (i * 13 % v) as u32));
-    two.extend_from_slice(&seq[..t - pad]);
-    let both = model.forward(&two, &Ctx { batch: 2, seq: t, start: Some(vec![0, pad]) });
-    assert!(max_abs_diff(&both[..t * v], &full) < 1e-5);
-    let short = model.forward(&seq[..t - pad], &Ctx { batch: 1, seq: t - pad, start: None });
-    let e = max_abs_diff(&both[(t + pad) * v..], &short);
-    assert!(e < 1e-4, "left padding changes the row: max |Δ logit| {e:.2e}");
+    let cache = common::inference_state_matches_the_full_forward(&model, &[(2, 30, 16), (11, 30, 16), (70, 100, 16)]);
+    assert!(cache.layers.iter().all(|l| l.len() == 30));
 
     // A Mamba layer's state does not grow with the tokens: [Di, N] + [W − 1, Di] per row.
     let bytes = foxlm::model::mamba::state::MambaState::bytes_for(1, &cfg.mamba());

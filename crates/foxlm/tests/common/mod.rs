@@ -146,3 +146,75 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// Finite differences through the whole model on 2 rows of 40 random tokens, row 1 left-padded by
+/// 5 (its padding takes no part), for the named tensors (see [`check_finite_differences`]).
+/// Returns how many entries were checked.
+#[allow(dead_code)]
+pub fn finite_differences_with_a_padded_row(model: &Model, names: &[&str]) -> usize {
+    use foxlm::model::Ctx;
+    let (b, t, pad) = (2, 40, 5);
+    let ids = random_ids(model.config.vocab_size, b * t, 2);
+    let ctx = Ctx { batch: b, seq: t, start: Some(vec![0, pad]) };
+    let targets: Vec<Option<u32>> =
+        (0..b * t).map(|r| if (t..t + pad).contains(&r) || r % t + 1 >= t { None } else { Some(ids[r + 1]) }).collect();
+    let mut grads = model.params.zeros_like();
+    model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
+    let loss_at = |m: &Model| -> f64 {
+        let mut g = m.params.zeros_like();
+        m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
+    };
+    check_finite_differences(model, &grads, names, loss_at)
+}
+
+/// A model with an inference state (any family) against its full forward: prefilling 7 tokens of
+/// a 30-token row then decoding one at a time, and prefilling in chunks (chunk, length, seed of
+/// the row) give the full forward's logits (max |Δ| < 2e-4); the same row beside itself
+/// left-padded by 6 (junk ids in the padding) keeps its logits. Returns the decoding run's cache.
+#[allow(dead_code)]
+pub fn inference_state_matches_the_full_forward(
+    model: &Model,
+    chunks: &[(usize, usize, u64)],
+) -> foxlm::model::cache::Cache {
+    use foxlm::model::Ctx;
+    let v = model.config.vocab_size;
+    let t = 30;
+    let one = |n: usize| Ctx { batch: 1, seq: n, start: None };
+    let seq = random_ids(v, t, 6);
+    let full = model.forward(&seq, &one(t));
+    let mut cache = model.new_cache(1, t, None);
+    let (h, _) = model.forward_hidden(&seq[..7], &one(7), Some(&mut cache), false);
+    let mut got = model.logits(&h);
+    for i in 7..t {
+        let (h, _) = model.forward_hidden(&seq[i..i + 1], &one(1), Some(&mut cache), false);
+        got.extend(model.logits(&h));
+    }
+    assert_eq!(cache.len(), t);
+    let e = max_abs_diff(&got, &full);
+    assert!(e < 2e-4, "decoding through the state: max |Δ logit| {e:.2e}");
+
+    for &(chunk, len, seed) in chunks {
+        let seq = random_ids(v, len, seed);
+        let full = model.forward(&seq, &one(len));
+        let mut c = model.new_cache(1, len, None);
+        let mut got = Vec::new();
+        for s in (0..len).step_by(chunk) {
+            let n = chunk.min(len - s);
+            let (h, _) = model.forward_hidden(&seq[s..s + n], &one(n), Some(&mut c), false);
+            got.extend(model.logits(&h));
+        }
+        let e = max_abs_diff(&got, &full);
+        assert!(e < 2e-4, "prefill in chunks of {chunk}: max |Δ logit| {e:.2e}");
+    }
+
+    let pad = 6;
+    let mut two = seq.clone();
+    two.extend((0..pad).map(|i| (i * 13 % v) as u32));
+    two.extend_from_slice(&seq[..t - pad]);
+    let both = model.forward(&two, &Ctx { batch: 2, seq: t, start: Some(vec![0, pad]) });
+    assert!(max_abs_diff(&both[..t * v], &full) < 1e-5);
+    let short = model.forward(&seq[..t - pad], &one(t - pad));
+    let e = max_abs_diff(&both[(t + pad) * v..], &short);
+    assert!(e < 1e-4, "left padding changes the row: max |Δ logit| {e:.2e}");
+    cache
+}

@@ -222,27 +222,7 @@ fn the_window_bounds_what_attention_sees() {
 /// and as the shorter row of a left-padded batch; it runs past the window.
 #[test]
 fn greedy_generation_matches_full_forwards() {
-    use foxlm::generate::{generate, GenerateOptions};
-    use foxlm::sampling::Sampling;
-    let cfg = tiny_config();
-    let model = random_model(&cfg, 7);
-    let v = cfg.vocab_size;
-    let prompt = ids(v, 12, 8);
-    let mut seq = prompt.clone();
-    let mut want = Vec::new();
-    for _ in 0..10 {
-        let logits = model.forward(&seq, &Ctx { batch: 1, seq: seq.len(), start: None });
-        let last = &logits[(seq.len() - 1) * v..];
-        let next = (0..v).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
-        want.push(next);
-        seq.push(next);
-    }
-    let opts = GenerateOptions { max_new_tokens: 10, sampling: Sampling::default(), seed: 0, eos: None };
-    let got = generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {});
-    assert_eq!(got[0], want);
-    let longer = ids(v, 19, 9);
-    let got2 = generate(&model, &[longer, prompt], &opts, |_, _| {});
-    assert_eq!(got2[1], want, "the left-padded row");
+    common::greedy_generation_matches_full_forwards(&random_model(&tiny_config(), 7));
 }
 
 /// The authors' initialisation: A = 1..N per channel, D = 1, δ at init within

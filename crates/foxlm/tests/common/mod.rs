@@ -218,3 +218,29 @@ pub fn inference_state_matches_the_full_forward(
     assert!(e < 1e-4, "left padding changes the row: max |Δ logit| {e:.2e}");
     cache
 }
+
+/// Greedy generation through the model's inference state equals the argmax of a full forward at
+/// every step (10 tokens after 12), alone and as the shorter row of a left-padded batch.
+#[allow(dead_code)]
+pub fn greedy_generation_matches_full_forwards(model: &Model) {
+    use foxlm::generate::{generate, GenerateOptions};
+    use foxlm::model::Ctx;
+    use foxlm::sampling::Sampling;
+    let v = model.config.vocab_size;
+    let prompt = random_ids(v, 12, 8);
+    let mut seq = prompt.clone();
+    let mut want = Vec::new();
+    for _ in 0..10 {
+        let logits = model.forward(&seq, &Ctx { batch: 1, seq: seq.len(), start: None });
+        let last = &logits[(seq.len() - 1) * v..];
+        let next = (0..v).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
+        want.push(next);
+        seq.push(next);
+    }
+    let opts = GenerateOptions { max_new_tokens: 10, sampling: Sampling::default(), seed: 0, eos: None };
+    let got = generate(model, std::slice::from_ref(&prompt), &opts, |_, _| {});
+    assert_eq!(got[0], want);
+    let longer = random_ids(v, 19, 9);
+    let got2 = generate(model, &[longer, prompt], &opts, |_, _| {});
+    assert_eq!(got2[1], want, "the left-padded row");
+}

@@ -1,81 +1,18 @@
-// Mamba-2's SSD and its companions on the GPU, f32 in and out with f32 state and accumulation:
-// the twins of crate::ssd, crate::conv1d and crate::rms_norm_gated (layouts as documented there).
-// Deterministic: no atomics; every sum runs in a fixed order.
+// Mamba-2's SSD and its companions on the GPU: the twins of crate::ssd, crate::conv1d and
+// crate::rms_norm_gated (layouts as documented there). Activations (xbc, y, dy, dxbc, the conv's
+// input and output, the norm's x, z, y and their gradients) are ET: this file is compiled twice
+// (cuda/compile.rs), with ET = float and KN(name) = name_f32, then ET = u16 (bf16 bits, see
+// elem.cuh) and KN(name) = name_bf16. Everything else (dt, A, D, states, statistics, the conv's
+// state, every partial sum) is f32, and all arithmetic is f32. Deterministic: no atomics; every
+// sum runs in a fixed order. The element-independent part below is compiled once.
 
+#ifndef SSD_ONCE
+#define SSD_ONCE
 #define SSD_L 64      // chunk length (crate::ssd::CHUNK)
 #define SSD_NMAX 128  // largest state size N the forward's shared tiles hold
 #define SSD_SROW 129  // state row stride in shared memory: 16 rows of one column fall in 16 banks
 
 __device__ __forceinline__ float ssd_silu(float x) { return x / (1.0f + __expf(-x)); }
-
-// Causal depthwise conv1d (+SiLU), one thread per output (b, t, c). x rows of stride x_stride;
-// w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
-// prev [B, W-1, C] or null (inputs before position 0, read only where start[b] == 0).
-extern "C" __global__ void ssd_conv1d_fwd_f32(float* out, const float* x, long x_stride, const float* w,
-                                              const float* bias, const int* start, const float* prev, int B,
-                                              int T, int C, int W, int silu) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * C) return;
-    int c = (int)(i % C);
-    long bt = i / C;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    int s = start ? start[b] : 0;
-    if (t < s) {
-        out[i] = 0.0f;
-        return;
-    }
-    float acc = bias ? bias[c] : 0.0f;
-    for (int k = 0; k < W; ++k) {
-        int pos = t - (W - 1) + k;
-        float v = 0.0f;
-        if (pos >= 0) {
-            if (pos >= s) v = x[((long)b * T + pos) * x_stride + c];
-        } else if (s == 0 && prev) {
-            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
-        }
-        acc += w[c * W + k] * v;
-    }
-    out[i] = silu ? ssd_silu(acc) : acc;
-}
-
-// C Bᵀ of every (batch row, group, chunk): cb [B, G, nch, L, L], one block of 256 threads per
-// chunk, each thread 16 entries (row (tid / 64) * 16 + k, column tid % 64), k-sum in order over N.
-extern "C" __global__ void __launch_bounds__(256) ssd_cb_f32(float* cb, const float* xbc, long stride, int B,
-                                                              int T, int H, int P, int N, int G, int nch) {
-    __shared__ float cs[SSD_L][33];
-    __shared__ float bs[SSD_L][33];
-    int idx = blockIdx.x;
-    int c = idx % nch, g = (idx / nch) % G, b = idx / (nch * G);
-    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
-    int tid = threadIdx.x, col = tid % SSD_L, r0 = (tid / SSD_L) * 16;
-    long bo = (long)H * P + (long)g * N, co = bo + (long)G * N;
-    float acc[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) acc[k] = 0.0f;
-    for (int n0 = 0; n0 < N; n0 += 32) {
-        __syncthreads();
-        for (int e = tid; e < SSD_L * 32; e += 256) {
-            int r = e / 32, n = e % 32;
-            float cv = 0.0f, bv = 0.0f;
-            if (r < len && n0 + n < N) {
-                const float* row = xbc + ((long)b * T + t0 + r) * stride;
-                cv = row[co + n0 + n];
-                bv = row[bo + n0 + n];
-            }
-            cs[r][n] = cv;
-            bs[r][n] = bv;
-        }
-        __syncthreads();
-        for (int n = 0; n < 32; ++n) {
-            float bv = bs[col][n];
-#pragma unroll
-            for (int k = 0; k < 16; ++k) acc[k] += cs[r0 + k][n] * bv;
-        }
-    }
-    float* dst = cb + (long)idx * SSD_L * SSD_L;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) dst[(r0 + k) * SSD_L + col] = acc[k];
-}
 
 // The chunked SSD forward in three parallel steps (after ssd_cb_f32), per (b, h, chunk c):
 //   1. ssd_chunk_state_f32: the chunk's own state ΔS_c = Σ_j e^{cum_L − cum_j} dt_j x_j B_jᵀ
@@ -116,8 +53,188 @@ __device__ __forceinline__ void ssd_chunk_cum(float* dtm, float* cum, const floa
     __syncthreads();
 }
 
+// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces
+// ΔS_c and S_{c+1} = decay_c · S_c + ΔS_c; fin gets S_nch.
+extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const float* init, const float* decay,
+                                              int BH, int PN, int nch) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)BH * PN) return;
+    long bh = i / PN, e = i % PN;
+    float s = init ? init[i] : 0.0f;
+    float* p = states + bh * nch * PN + e;
+    const float* d = decay + bh * nch;
+#pragma unroll 8
+    for (int c = 0; c < nch; ++c) {
+        float ds = p[(long)c * PN];
+        p[(long)c * PN] = s;
+        s = d[c] * s + ds;
+    }
+    if (fin) fin[i] = s;
+}
+
+// dst[j] += Σ_p part[p · part_stride + j] for j < width, p in order: pass 2 of the column sums.
+extern "C" __global__ void ssd_colsum_acc_f32(float* dst, const float* part, int nparts, int width,
+                                              long part_stride) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) return;
+    float s = 0.0f;
+    for (int p = 0; p < nparts; ++p) s += part[(long)p * part_stride + j];
+    dst[j] += s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The chunked SSD backward (after the forward's ssd_cb_f32, ssd_chunk_state_f32 and
+// ssd_state_pass_f32 have left S_c, the state entering each chunk, in `states`):
+//   1. ssd_chunk_dstate_f32: ΔG_c = (diag(e^cum) dY_c)ᵀ C_c [P, N] into gbuf [B, H, nch, P, N];
+//   2. ssd_state_pass_rev_f32: in reverse chunk order, gbuf[c] becomes dS_c, the gradient of the
+//      state leaving chunk c (dS_{nch−1} = dfinal), dS_{c−1} = decay_c · dS_c + ΔG_c; the last
+//      one is d(init);
+//   3. ssd_chunk_bwd_f32: every gradient of chunk c from S_c and dS_c (formulas in crate::ssd);
+//      dB, dC per head into [B, H, T, N], dA and dD per chunk into [B, H, nch];
+//   4. ssd_bc_reduce_f32, ssd_head_reduce_f32: the sums over a group's heads and over chunks,
+//      in order.
+
+#define SSD_XROW 65  // row stride of the x and dy tiles: a column of 16 rows falls in 16 banks
+
+
+extern "C" __global__ void ssd_state_pass_rev_f32(float* gbuf, float* dinit, const float* dfinal, const float* decay,
+                                                  int BH, int PN, int nch) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)BH * PN) return;
+    long bh = i / PN, e = i % PN;
+    float gs = dfinal ? dfinal[i] : 0.0f;
+    float* p = gbuf + bh * nch * PN + e;
+    const float* d = decay + bh * nch;
+    for (int c = nch - 1; c >= 0; --c) {
+        float dg = p[(long)c * PN];
+        p[(long)c * PN] = gs;
+        gs = d[c] * gs + dg;
+    }
+    if (dinit) dinit[i] = gs;
+}
+
+// Sum of v over the 16 lanes of a half-warp, in a fixed tree (every lane gets it).
+__device__ __forceinline__ float ssd_half_sum(float v) {
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block's 256 threads in a fixed tree; `red` holds 256 floats.
+__device__ __forceinline__ float ssd_block_sum(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    float s = red[0];
+    __syncthreads();
+    return s;
+}
+
+// dA[h] += Σ_b Σ_c dapart[b, h, c], dD likewise, in order.
+extern "C" __global__ void ssd_head_reduce_f32(float* da, float* dd, const float* dapart, const float* ddpart, int B,
+                                               int H, int nch) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    float sa = 0.0f, sd = 0.0f;
+    for (int b = 0; b < B; ++b)
+        for (int c = 0; c < nch; ++c) {
+            sa += dapart[((long)b * H + h) * nch + c];
+            sd += ddpart[((long)b * H + h) * nch + c];
+        }
+    da[h] += sa;
+    dd[h] += sd;
+}
+// A = −exp(A_log) per head (the SSD's decay rate).
+extern "C" __global__ void ssd_neg_exp_f32(float* a, const float* a_log, int H) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h < H) a[h] = -expf(a_log[h]);
+}
+
+// dst[i] += x[i] · y[i]: dA_log = dA · A, since A = −exp(A_log).
+extern "C" __global__ void ssd_mul_acc_f32(float* dst, const float* x, const float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += x[i] * y[i];
+}
+
+// PyTorch's softplus (linear above 20), as crate::ssd's.
+__device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+#endif  // SSD_ONCE
+
+// ---- per element type ET ----
+
+// Causal depthwise conv1d (+SiLU), one thread per output (b, t, c). x rows of stride x_stride;
+// w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
+// prev [B, W-1, C] or null (inputs before position 0, read only where start[b] == 0).
+extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_stride, const float* w,
+                                              const float* bias, const int* start, const float* prev, int B,
+                                              int T, int C, int W, int silu) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * T * C) return;
+    int c = (int)(i % C);
+    long bt = i / C;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    int s = start ? start[b] : 0;
+    if (t < s) {
+        st(out, i, 0.0f);
+        return;
+    }
+    float acc = bias ? bias[c] : 0.0f;
+    for (int k = 0; k < W; ++k) {
+        int pos = t - (W - 1) + k;
+        float v = 0.0f;
+        if (pos >= 0) {
+            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
+        } else if (s == 0 && prev) {
+            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
+        }
+        acc += w[c * W + k] * v;
+    }
+    st(out, i, silu ? ssd_silu(acc) : acc);
+}
+
+// C Bᵀ of every (batch row, group, chunk): cb [B, G, nch, L, L], one block of 256 threads per
+// chunk, each thread 16 entries (row (tid / 64) * 16 + k, column tid % 64), k-sum in order over N.
+extern "C" __global__ void __launch_bounds__(256) KN(ssd_cb)(float* cb, const ET* xbc, long stride, int B,
+                                                              int T, int H, int P, int N, int G, int nch) {
+    __shared__ float cs[SSD_L][33];
+    __shared__ float bs[SSD_L][33];
+    int idx = blockIdx.x;
+    int c = idx % nch, g = (idx / nch) % G, b = idx / (nch * G);
+    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
+    int tid = threadIdx.x, col = tid % SSD_L, r0 = (tid / SSD_L) * 16;
+    long bo = (long)H * P + (long)g * N, co = bo + (long)G * N;
+    float acc[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) acc[k] = 0.0f;
+    for (int n0 = 0; n0 < N; n0 += 32) {
+        __syncthreads();
+        for (int e = tid; e < SSD_L * 32; e += 256) {
+            int r = e / 32, n = e % 32;
+            float cv = 0.0f, bv = 0.0f;
+            if (r < len && n0 + n < N) {
+                const ET* row = xbc + ((long)b * T + t0 + r) * stride;
+                cv = ld(row, co + n0 + n);
+                bv = ld(row, bo + n0 + n);
+            }
+            cs[r][n] = cv;
+            bs[r][n] = bv;
+        }
+        __syncthreads();
+        for (int n = 0; n < 32; ++n) {
+            float bv = bs[col][n];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) acc[k] += cs[r0 + k][n] * bv;
+        }
+    }
+    float* dst = cb + (long)idx * SSD_L * SSD_L;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) dst[(r0 + k) * SSD_L + col] = acc[k];
+}
+
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_chunk_state_f32(float* states, float* decay, const float* xbc, long stride, const float* dt,
+    KN(ssd_chunk_state)(float* states, float* decay, const ET* xbc, long stride, const float* dt,
                         const float* A, const int* start, int B, int T, int H, int P, int N, int G, int nch) {
     extern __shared__ float sm[];
     float* Xw = sm;                          // [L][PMAX]
@@ -135,12 +252,12 @@ extern "C" __global__ void __launch_bounds__(256)
     long rowbase = ((long)b * T + t0) * stride;
     for (int i = tid; i < SSD_L * SSD_NMAX; i += 256) {
         int r = i / SSD_NMAX, n = i % SSD_NMAX;
-        Bs[i] = (r < len && n < N) ? xbc[rowbase + (long)r * stride + (long)H * P + (long)g * N + n] : 0.0f;
+        Bs[i] = (r < len && n < N) ? ld(xbc, rowbase + (long)r * stride + (long)H * P + (long)g * N + n) : 0.0f;
     }
     for (int i = tid; i < SSD_L * SSD_PMAX; i += 256) {
         int r = i / SSD_PMAX, p = i % SSD_PMAX;
         float v = 0.0f;
-        if (r < len && p < P) v = __expf(last - cum[r]) * dtm[r] * xbc[rowbase + (long)r * stride + (long)h * P + p];
+        if (r < len && p < P) v = __expf(last - cum[r]) * dtm[r] * ld(xbc, rowbase + (long)r * stride + (long)h * P + p);
         Xw[i] = v;
     }
     __syncthreads();
@@ -173,27 +290,8 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tid == 0) decay[idx] = __expf(last);
 }
 
-// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces
-// ΔS_c and S_{c+1} = decay_c · S_c + ΔS_c; fin gets S_nch.
-extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const float* init, const float* decay,
-                                              int BH, int PN, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)BH * PN) return;
-    long bh = i / PN, e = i % PN;
-    float s = init ? init[i] : 0.0f;
-    float* p = states + bh * nch * PN + e;
-    const float* d = decay + bh * nch;
-#pragma unroll 8
-    for (int c = 0; c < nch; ++c) {
-        float ds = p[(long)c * PN];
-        p[(long)c * PN] = s;
-        s = d[c] * s + ds;
-    }
-    if (fin) fin[i] = s;
-}
-
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_chunk_scan_f32(float* y, const float* xbc, long stride, const float* dt, const float* A, const float* D,
+    KN(ssd_chunk_scan)(ET* y, const ET* xbc, long stride, const float* dt, const float* A, const float* D,
                        const int* start, const float* cb, const float* states, int B, int T, int H, int P,
                        int N, int G, int nch) {
     extern __shared__ float sm[];
@@ -214,11 +312,11 @@ extern "C" __global__ void __launch_bounds__(256)
     const float* sc = states + (long)idx * P * N;
     for (int i = tid; i < SSD_L * SSD_NMAX; i += 256) {
         int r = i / SSD_NMAX, n = i % SSD_NMAX;
-        Cs[i] = (r < len && n < N) ? xbc[rowbase + (long)r * stride + HP + (long)G * N + (long)g * N + n] : 0.0f;
+        Cs[i] = (r < len && n < N) ? ld(xbc, rowbase + (long)r * stride + HP + (long)G * N + (long)g * N + n) : 0.0f;
     }
     for (int i = tid; i < SSD_L * SSD_PMAX; i += 256) {
         int r = i / SSD_PMAX, p = i % SSD_PMAX;
-        Xs[i] = (r < len && p < P) ? xbc[rowbase + (long)r * stride + (long)h * P + p] : 0.0f;
+        Xs[i] = (r < len && p < P) ? ld(xbc, rowbase + (long)r * stride + (long)h * P + p) : 0.0f;
     }
     for (int i = tid; i < SSD_PMAX * SSD_NMAX; i += 256) {
         int p = i / SSD_NMAX, n = i % SSD_NMAX;
@@ -277,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (p >= P) continue;
             float o = 0.0f;
             if (t >= st) o = acc[k][q] + e * acc2[k][q] + dskip * Xs[r * SSD_PMAX + p];
-            y[((long)b * T + t) * HP + (long)h * P + p] = o;
+            ::st(y, ((long)b * T + t) * HP + (long)h * P + p, o);
         }
     }
 }
@@ -286,47 +384,45 @@ extern "C" __global__ void __launch_bounds__(256)
 // One block of 256 threads per (b, h); warp w handles rows p = w, w + 8, ...; lanes split N and
 // reduce y with a fixed shuffle tree. start [B] or null: a row with start[b] > 0 is padding.
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_decode_f32(float* state, float* y, const float* xbc, long stride, const float* dt, const float* A,
+    KN(ssd_decode)(float* state, ET* y, const ET* xbc, long stride, const float* dt, const float* A,
                    const float* D, const int* start, int H, int P, int N, int G) {
     int bh = blockIdx.x, h = bh % H, b = bh / H;
     int g = h / (H / G);
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const float* row = xbc + (long)b * stride;
-    const float* x = row + (long)h * P;
-    const float* bv = row + (long)H * P + (long)g * N;
-    const float* cv = bv + (long)G * N;
+    const ET* row = xbc + (long)b * stride;
+    const ET* x = row + (long)h * P;
+    const ET* bv = row + (long)H * P + (long)g * N;
+    const ET* cv = bv + (long)G * N;
     bool pad = start && start[b] > 0;
     float dtv = dt[bh], decay = __expf(dtv * A[h]);
     for (int p = warp; p < P; p += 8) {
         float* s = state + ((long)bh * P + p) * N;
-        float xv = dtv * x[p];
+        float xv = dtv * ld(x, p);
         float acc = 0.0f;
         if (!pad) {
             for (int n = lane; n < N; n += 32) {
-                float v = decay * s[n] + xv * bv[n];
+                float v = decay * s[n] + xv * ld(bv, n);
                 s[n] = v;
-                acc += v * cv[n];
+                acc += v * ld(cv, n);
             }
         }
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) y[(long)bh * P + p] = pad ? 0.0f : acc + D[h] * x[p];
+        if (lane == 0) st(y, (long)bh * P + p, pad ? 0.0f : acc + D[h] * ld(x, p));
     }
 }
 
 // Gated RMSNorm forward: y = (x ⊙ silu(z)) · rstd · w over rows of dim; one block of 256 threads
 // per row, the sum of squares by a fixed tree. x, y [rows, dim]; z rows of stride z_stride.
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_rms_norm_gated_fwd_f32(float* y, float* rstd, const float* x, const float* z, long z_stride,
+    KN(ssd_rms_norm_gated_fwd)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride,
                                const float* w, int dim, float eps) {
     __shared__ float red[256];
     long r = blockIdx.x;
-    const float* xr = x + r * dim;
-    const float* zr = z + r * z_stride;
-    float* yr = y + r * dim;
+    const ET* xr = x + r * dim;
+    const ET* zr = z + r * z_stride;
     float ss = 0.0f;
     for (int k = threadIdx.x; k < dim; k += 256) {
-        float gv = xr[k] * ssd_silu(zr[k]);
-        yr[k] = gv;
+        float gv = ld(xr, k) * ssd_silu(ld(zr, k));
         ss += gv * gv;
     }
     red[threadIdx.x] = ss;
@@ -337,11 +433,11 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     float s = rsqrtf(red[0] / dim + eps);
     if (threadIdx.x == 0) rstd[r] = s;
-    for (int k = threadIdx.x; k < dim; k += 256) yr[k] = yr[k] * s * w[k];
+    for (int k = threadIdx.x; k < dim; k += 256) st(y, r * dim + k, ld(xr, k) * ssd_silu(ld(zr, k)) * s * w[k]);
 }
 
 // conv1d's pre-activation at (b, t, c), as ssd_conv1d_fwd_f32 computes it (t ≥ start[b]).
-__device__ __forceinline__ float ssd_conv_pre(const float* x, long x_stride, const float* w, const float* bias,
+__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const float* w, const float* bias,
                                               const float* prev, int s, int b, int t, int c, int T, int C,
                                               int W) {
     float acc = bias ? bias[c] : 0.0f;
@@ -349,7 +445,7 @@ __device__ __forceinline__ float ssd_conv_pre(const float* x, long x_stride, con
         int pos = t - (W - 1) + k;
         float v = 0.0f;
         if (pos >= 0) {
-            if (pos >= s) v = x[((long)b * T + pos) * x_stride + c];
+            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
         } else if (s == 0 && prev) {
             v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
         }
@@ -359,10 +455,10 @@ __device__ __forceinline__ float ssd_conv_pre(const float* x, long x_stride, con
 }
 
 // The gradient of the pre-activation at (b, t, c): dout, times silu'(pre) when silu.
-__device__ __forceinline__ float ssd_conv_g(const float* dout, const float* x, long x_stride, const float* w,
+__device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const float* w,
                                             const float* bias, const float* prev, int s, int b, int t, int c,
                                             int T, int C, int W, int silu) {
-    float d = dout[((long)b * T + t) * C + c];
+    float d = ld(dout, ((long)b * T + t) * C + c);
     if (!silu) return d;
     float pre = ssd_conv_pre(x, x_stride, w, bias, prev, s, b, t, c, T, C, W);
     float sg = 1.0f / (1.0f + __expf(-pre));
@@ -370,7 +466,7 @@ __device__ __forceinline__ float ssd_conv_g(const float* dout, const float* x, l
 }
 
 // conv1d backward, dx: one thread per (b, t, c); dx rows of stride x_stride, 0 at padding.
-extern "C" __global__ void ssd_conv1d_bwd_dx_f32(float* dx, const float* dout, const float* x, long x_stride,
+extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const ET* dout, const ET* x, long x_stride,
                                                  const float* w, const float* bias, const int* start,
                                                  const float* prev, int B, int T, int C, int W, int silu) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -386,12 +482,12 @@ extern "C" __global__ void ssd_conv1d_bwd_dx_f32(float* dx, const float* dout, c
             if (to < T) acc += w[c * W + k] * ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, to, c, T, C, W, silu);
         }
     }
-    dx[bt * x_stride + c] = acc;
+    st(dx, bt * x_stride + c, acc);
 }
 
 // conv1d backward, per-chunk partial sums of dweight and dbias: thread (chunk, c) walks rows
 // chunk·rows_per_chunk .. in order; part [chunks, C·W + C] (dw at c·W + k, db at C·W + c).
-extern "C" __global__ void ssd_conv1d_bwd_dw_f32(float* part, const float* dout, const float* x, long x_stride,
+extern "C" __global__ void KN(ssd_conv1d_bwd_dw)(float* part, const ET* dout, const ET* x, long x_stride,
                                                  const float* w, const float* bias, const int* start,
                                                  const float* prev, int B, int T, int C, int W, int silu,
                                                  int rows_per_chunk) {
@@ -411,7 +507,7 @@ extern "C" __global__ void ssd_conv1d_bwd_dw_f32(float* part, const float* dout,
             int pos = t - (W - 1) + k;
             float v = 0.0f;
             if (pos >= 0) {
-                if (pos >= s) v = x[((long)b * T + pos) * x_stride + c];
+                if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
             } else if (s == 0 && prev) {
                 v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
             }
@@ -423,20 +519,10 @@ extern "C" __global__ void ssd_conv1d_bwd_dw_f32(float* part, const float* dout,
     p[C * W + c] = db;
 }
 
-// dst[j] += Σ_p part[p · part_stride + j] for j < width, p in order: pass 2 of the column sums.
-extern "C" __global__ void ssd_colsum_acc_f32(float* dst, const float* part, int nparts, int width,
-                                              long part_stride) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= width) return;
-    float s = 0.0f;
-    for (int p = 0; p < nparts; ++p) s += part[(long)p * part_stride + j];
-    dst[j] += s;
-}
-
 // Gated RMSNorm backward: one block of 256 threads per rows_per_block rows, in order; dx [rows,
 // dim]; dz rows of stride z_stride; dw's partial sum of the block's rows into part [blocks, dim].
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_rms_norm_gated_bwd_f32(float* dx, float* dz, float* part, const float* dy, const float* x, const float* z,
+    KN(ssd_rms_norm_gated_bwd)(ET* dx, ET* dz, float* part, const ET* dy, const ET* x, const ET* z,
                                long z_stride, const float* rstd, const float* w, int dim, int rows,
                                int rows_per_block) {
     __shared__ float red[256];
@@ -444,15 +530,15 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int k = threadIdx.x; k < dim; k += 256) pw[k] = 0.0f;
     int r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
     for (int r = r0; r < r1; ++r) {
-        const float* xr = x + (long)r * dim;
-        const float* zr = z + (long)r * z_stride;
-        const float* dyr = dy + (long)r * dim;
+        const ET* xr = x + (long)r * dim;
+        const ET* zr = z + (long)r * z_stride;
+        const ET* dyr = dy + (long)r * dim;
         float s = rstd[r];
         float m = 0.0f;
         for (int k = threadIdx.x; k < dim; k += 256) {
-            float n = xr[k] * ssd_silu(zr[k]) * s;
-            m += w[k] * dyr[k] * n;
-            pw[k] += dyr[k] * n;
+            float n = ld(xr, k) * ssd_silu(ld(zr, k)) * s, dyk = ld(dyr, k);
+            m += w[k] * dyk * n;
+            pw[k] += dyk * n;
         }
         red[threadIdx.x] = m;
         __syncthreads();
@@ -463,31 +549,17 @@ extern "C" __global__ void __launch_bounds__(256)
         float mean = red[0] / dim;
         __syncthreads();
         for (int k = threadIdx.x; k < dim; k += 256) {
-            float sg = 1.0f / (1.0f + __expf(-zr[k]));
-            float gv = xr[k] * zr[k] * sg;
-            float dg = s * (w[k] * dyr[k] - gv * s * mean);
-            dx[(long)r * dim + k] = dg * zr[k] * sg;
-            dz[(long)r * z_stride + k] = dg * xr[k] * sg * (1.0f + zr[k] * (1.0f - sg));
+            float xk = ld(xr, k), zk = ld(zr, k);
+            float sg = 1.0f / (1.0f + __expf(-zk));
+            float gv = xk * zk * sg;
+            float dg = s * (w[k] * ld(dyr, k) - gv * s * mean);
+            st(dx, (long)r * dim + k, dg * zk * sg);
+            st(dz, (long)r * z_stride + k, dg * xk * sg * (1.0f + zk * (1.0f - sg)));
         }
     }
 }
-
-// ------------------------------------------------------------------------------------------------
-// The chunked SSD backward (after the forward's ssd_cb_f32, ssd_chunk_state_f32 and
-// ssd_state_pass_f32 have left S_c, the state entering each chunk, in `states`):
-//   1. ssd_chunk_dstate_f32: ΔG_c = (diag(e^cum) dY_c)ᵀ C_c [P, N] into gbuf [B, H, nch, P, N];
-//   2. ssd_state_pass_rev_f32: in reverse chunk order, gbuf[c] becomes dS_c, the gradient of the
-//      state leaving chunk c (dS_{nch−1} = dfinal), dS_{c−1} = decay_c · dS_c + ΔG_c; the last
-//      one is d(init);
-//   3. ssd_chunk_bwd_f32: every gradient of chunk c from S_c and dS_c (formulas in crate::ssd);
-//      dB, dC per head into [B, H, T, N], dA and dD per chunk into [B, H, nch];
-//   4. ssd_bc_reduce_f32, ssd_head_reduce_f32: the sums over a group's heads and over chunks,
-//      in order.
-
-#define SSD_XROW 65  // row stride of the x and dy tiles: a column of 16 rows falls in 16 banks
-
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_chunk_dstate_f32(float* gbuf, const float* dy, const float* xbc, long stride, const float* dt,
+    KN(ssd_chunk_dstate)(float* gbuf, const ET* dy, const ET* xbc, long stride, const float* dt,
                          const float* A, const int* start, int B, int T, int H, int P, int N, int G, int nch) {
     extern __shared__ float sm[];
     float* Ye = sm;                          // [L][PMAX]
@@ -505,12 +577,12 @@ extern "C" __global__ void __launch_bounds__(256)
     long HP = (long)H * P;
     for (int i = tid; i < SSD_L * SSD_NMAX; i += 256) {
         int r = i / SSD_NMAX, n = i % SSD_NMAX;
-        Cs[i] = (r < len && n < N) ? xbc[rowbase + (long)r * stride + HP + (long)G * N + (long)g * N + n] : 0.0f;
+        Cs[i] = (r < len && n < N) ? ld(xbc, rowbase + (long)r * stride + HP + (long)G * N + (long)g * N + n) : 0.0f;
     }
     for (int i = tid; i < SSD_L * SSD_PMAX; i += 256) {
         int r = i / SSD_PMAX, p = i % SSD_PMAX;
         float v = 0.0f;
-        if (r < len && p < P && t0 + r >= st) v = __expf(cum[r]) * dy[((long)b * T + t0 + r) * HP + (long)h * P + p];
+        if (r < len && p < P && t0 + r >= st) v = __expf(cum[r]) * ld(dy, ((long)b * T + t0 + r) * HP + (long)h * P + p);
         Ye[i] = v;
     }
     __syncthreads();
@@ -541,44 +613,9 @@ extern "C" __global__ void __launch_bounds__(256)
         }
 }
 
-extern "C" __global__ void ssd_state_pass_rev_f32(float* gbuf, float* dinit, const float* dfinal, const float* decay,
-                                                  int BH, int PN, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)BH * PN) return;
-    long bh = i / PN, e = i % PN;
-    float gs = dfinal ? dfinal[i] : 0.0f;
-    float* p = gbuf + bh * nch * PN + e;
-    const float* d = decay + bh * nch;
-    for (int c = nch - 1; c >= 0; --c) {
-        float dg = p[(long)c * PN];
-        p[(long)c * PN] = gs;
-        gs = d[c] * gs + dg;
-    }
-    if (dinit) dinit[i] = gs;
-}
-
-// Sum of v over the 16 lanes of a half-warp, in a fixed tree (every lane gets it).
-__device__ __forceinline__ float ssd_half_sum(float v) {
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Sum over the block's 256 threads in a fixed tree; `red` holds 256 floats.
-__device__ __forceinline__ float ssd_block_sum(float v, float* red) {
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
-        __syncthreads();
-    }
-    float s = red[0];
-    __syncthreads();
-    return s;
-}
-
 extern "C" __global__ void __launch_bounds__(256)
-    ssd_chunk_bwd_f32(float* dxbc, float* dbh, float* dch, float* ddt, float* dapart, float* ddpart, const float* dy,
-                      const float* xbc, long stride, const float* dt, const float* A, const float* D,
+    KN(ssd_chunk_bwd)(ET* dxbc, float* dbh, float* dch, float* ddt, float* dapart, float* ddpart, const ET* dy,
+                      const ET* xbc, long stride, const float* dt, const float* A, const float* D,
                       const int* start, const float* cb, const float* states, const float* gbuf, int B, int T,
                       int H, int P, int N, int G, int nch) {
     extern __shared__ float sm[];
@@ -610,9 +647,9 @@ extern "C" __global__ void __launch_bounds__(256)
         int r = i / SSD_NMAX, n = i % SSD_NMAX;
         float bv = 0.0f, cv = 0.0f;
         if (r < len && n < N) {
-            const float* row = xbc + rowbase + (long)r * stride + HP + (long)g * N;
-            bv = row[n];
-            cv = row[(long)G * N + n];
+            const ET* row = xbc + rowbase + (long)r * stride + HP + (long)g * N;
+            bv = ld(row, n);
+            cv = ld(row, (long)G * N + n);
         }
         Bs[i] = bv;
         Cs[i] = cv;
@@ -620,8 +657,8 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int i = tid; i < SSD_L * SSD_PMAX; i += 256) {
         int r = i / SSD_PMAX, p = i % SSD_PMAX;
         bool ok = r < len && p < P;
-        Xs[r * SSD_XROW + p] = ok ? xbc[rowbase + (long)r * stride + (long)h * P + p] : 0.0f;
-        Ys[r * SSD_XROW + p] = (ok && t0 + r >= st) ? dy[((long)b * T + t0 + r) * HP + (long)h * P + p] : 0.0f;
+        Xs[r * SSD_XROW + p] = ok ? ld(xbc, rowbase + (long)r * stride + (long)h * P + p) : 0.0f;
+        Ys[r * SSD_XROW + p] = (ok && t0 + r >= st) ? ld(dy, ((long)b * T + t0 + r) * HP + (long)h * P + p) : 0.0f;
     }
     for (int i = tid; i < SSD_PMAX * SSD_NMAX; i += 256) {
         int p = i / SSD_NMAX, n = i % SSD_NMAX;
@@ -689,10 +726,10 @@ extern "C" __global__ void __launch_bounds__(256)
         if (pl == 0) dwv[j] = dwp;
         if (j < len && pl < P) {
             // dx of the rows of this chunk (0 at padding: there dY, dt and so every term are 0).
-            float* dxr = dxbc + rowbase + (long)j * stride + (long)h * P;
+            ET* dxr = dxbc + rowbase + (long)j * stride + (long)h * P;
 #pragma unroll
             for (int q = 0; q < 4; ++q)
-                if (pl + 16 * q < P) dxr[pl + 16 * q] = dx[k][q];
+                if (pl + 16 * q < P) ::st(dxr, pl + 16 * q, dx[k][q]);
         }
     }
     // yint = C S0ᵀ, dotted with dY for rowA.
@@ -867,7 +904,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // dB, dC of each (b, t, group, n): the sum over the group's heads in head order, into dxbc.
-extern "C" __global__ void ssd_bc_reduce_f32(float* dxbc, long stride, const float* dbh, const float* dch, int B,
+extern "C" __global__ void KN(ssd_bc_reduce)(ET* dxbc, long stride, const float* dbh, const float* dch, int B,
                                              int T, int H, int P, int N, int G) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * G * N) return;
@@ -883,22 +920,59 @@ extern "C" __global__ void ssd_bc_reduce_f32(float* dxbc, long stride, const flo
         sb += dbh[o];
         sc += dch[o];
     }
-    float* row = dxbc + bt * stride + (long)H * P;
-    row[(long)g * N + n] = sb;
-    row[(long)G * N + (long)g * N + n] = sc;
+    ET* row = dxbc + bt * stride + (long)H * P;
+    st(row, (long)g * N + n, sb);
+    st(row, (long)G * N + (long)g * N + n, sc);
 }
 
-// dA[h] += Σ_b Σ_c dapart[b, h, c], dD likewise, in order.
-extern "C" __global__ void ssd_head_reduce_f32(float* da, float* dd, const float* dapart, const float* ddpart, int B,
-                                               int H, int nch) {
-    int h = blockIdx.x * blockDim.x + threadIdx.x;
-    if (h >= H) return;
-    float sa = 0.0f, sd = 0.0f;
-    for (int b = 0; b < B; ++b)
-        for (int c = 0; c < nch; ++c) {
-            sa += dapart[((long)b * H + h) * nch + c];
-            sd += ddpart[((long)b * H + h) * nch + c];
+// dt [rows, H] = softplus(raw + bias) (f32), raw rows of stride `stride`: one thread per value.
+extern "C" __global__ void KN(ssd_dt_fwd)(float* dt, const ET* raw, long stride, const float* bias, int rows, int H) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)rows * H) return;
+    int k = (int)(i % H);
+    long r = i / H;
+    dt[i] = ssd_softplus(ld(raw, r * stride + k) + bias[k]);
+}
+
+// dt's backward: draw (H columns of rows of stride `stride`) = ddt · sigmoid(raw + bias) (1 above
+// 20); thread (part, k) walks rows part·rows_per_part .. in order and writes its share of dbias
+// into part[part · H + k] (summed in order by ssd_colsum_acc_f32).
+extern "C" __global__ void KN(ssd_dt_bwd)(ET* draw, float* part, const float* ddt, const ET* raw, long stride,
+                                          const float* bias, int rows, int H, int rows_per_part) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    int chunk = blockIdx.y;
+    if (k >= H) return;
+    float acc = 0.0f;
+    long r0 = (long)chunk * rows_per_part, r1 = min((long)rows, r0 + rows_per_part);
+    for (long r = r0; r < r1; ++r) {
+        float v = ld(raw, r * stride + k) + bias[k];
+        float g = ddt[r * H + k] * (v > 20.0f ? 1.0f : 1.0f / (1.0f + expf(-v)));
+        st(draw, r * stride + k, g);
+        acc += g;
+    }
+    part[(long)chunk * H + k] = acc;
+}
+
+// The convolution's state after a chunk of T positions (x rows of stride x_stride): the last W − 1
+// inputs of each row, oldest first, from `state` itself where T < W − 1 (its previous inputs), 0
+// where padding. One thread per (b, c) reads its column before writing it, so it runs in place.
+extern "C" __global__ void KN(ssd_conv_state)(float* state, const ET* x, long x_stride, const int* start, int B,
+                                              int T, int C, int W) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * C) return;
+    int c = (int)(i % C), b = (int)(i / C);
+    int s = start ? start[b] : 0;
+    float old[8], nw[8];  // W ≤ 8
+    for (int k = 0; k < W - 1; ++k) old[k] = state[((long)b * (W - 1) + k) * C + c];
+    for (int k = 0; k < W - 1; ++k) {
+        int pos = T - (W - 1) + k;
+        float v = 0.0f;
+        if (pos >= 0) {
+            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
+        } else if (s == 0) {
+            v = old[W - 1 + pos];
         }
-    da[h] += sa;
-    dd[h] += sd;
+        nw[k] = v;
+    }
+    for (int k = 0; k < W - 1; ++k) state[((long)b * (W - 1) + k) * C + c] = nw[k];
 }

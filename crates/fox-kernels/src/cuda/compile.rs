@@ -53,8 +53,20 @@ pub static ATTENTION_F32: Source =
 /// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling.
 pub static DECODE: Source = Source { name: "decode", files: &[ELEM, include_str!("../../kernels/decode.cu")] };
 
-/// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward, decode step), gated RMSNorm.
-pub static SSD: Source = Source { name: "ssd", files: &[include_str!("../../kernels/ssd.cu")] };
+const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
+/// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward and backward, decode step),
+/// gated RMSNorm, dt's softplus; ssd.cu twice, its activations f32 (`name_f32`), then bf16
+/// (`name_bf16`).
+pub static SSD: Source = Source {
+    name: "ssd",
+    files: &[
+        ELEM,
+        "#define ET float\n#define KN(name) name##_f32\n",
+        SSD_CU,
+        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
+        SSD_CU,
+    ],
+};
 
 /// Mamba's selective scan (Samba's SSM): forward, backward, decode step.
 pub static SELECTIVE_SCAN: Source =

@@ -1,6 +1,6 @@
-//! Mamba-2's ops on the GPU (kernels/ssd.cu), f32 in and out with f32 state and accumulation: the
-//! twins of [`crate::ssd`], [`crate::conv1d`] and [`crate::rms_norm_gated`], with the same
-//! layouts (see those modules). Each function launches on `gpu.stream()` without waiting and
+//! Mamba-2's ops on the GPU (kernels/ssd.cu), activations in `T` (f32 or bf16) with f32 dt, A, D,
+//! states and accumulation: the twins of [`crate::ssd`], [`crate::conv1d`] and
+//! [`crate::rms_norm_gated`], with the same layouts (see those modules). Each function launches on `gpu.stream()` without waiting and
 //! returns an error (never panics) when a buffer is shorter than the shapes say. Deterministic:
 //! no atomics, fixed-order sums.
 //!
@@ -10,7 +10,7 @@
 //! this first version: P ≤ 64, N ≤ 128; no backward on the GPU yet.
 
 use super::compile::SSD;
-use super::Gpu;
+use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -72,6 +72,12 @@ fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args:
     Ok(())
 }
 
+/// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once
+/// per type).
+fn kname<T: Elem>(base: &str) -> String {
+    format!("{base}_{}", T::NAME)
+}
+
 fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
     ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
     Ok(())
@@ -83,7 +89,7 @@ fn int(op: &str, v: usize) -> Result<i32> {
 
 /// One SSD problem on the device: as [`crate::ssd::Ssd`], with `start` as i32.
 #[derive(Clone, Copy)]
-pub struct DevSsd<'a> {
+pub struct DevSsd<'a, T: Elem = f32> {
     pub batch: usize,
     pub seq: usize,
     pub heads: usize,
@@ -91,7 +97,7 @@ pub struct DevSsd<'a> {
     pub state: usize,
     pub groups: usize,
     /// [B, T, xbc_stride]: x (H·P) | B (G·N) | C (G·N) per row.
-    pub xbc: &'a CudaSlice<f32>,
+    pub xbc: &'a CudaSlice<T>,
     pub xbc_stride: usize,
     /// [B, T, H], post-softplus.
     pub dt: &'a CudaSlice<f32>,
@@ -103,7 +109,7 @@ pub struct DevSsd<'a> {
     pub start: Option<&'a CudaSlice<i32>>,
 }
 
-impl DevSsd<'_> {
+impl<T: Elem> DevSsd<'_, T> {
     fn check(&self, op: &str) -> Result<()> {
         let (b, t, h, p, n, g) = (self.batch, self.seq, self.heads, self.head_dim, self.state, self.groups);
         ensure!(g > 0 && h.is_multiple_of(g), "{op}: groups {g} must divide heads {h}");
@@ -144,10 +150,10 @@ pub fn ssd_fwd_scratch_len(
 /// [B, H, P, N] or none; `scratch` of [`ssd_fwd_scratch_len`] floats. Four kernels: C Bᵀ per
 /// chunk, each chunk's own state, the state passing over chunks, the chunk outputs (see
 /// kernels/ssd.cu). P ≤ 64, N ≤ 128.
-pub fn ssd_fwd(
+pub fn ssd_fwd<T: Elem>(
     gpu: &Gpu,
-    p: &DevSsd,
-    y: &mut CudaSlice<f32>,
+    p: &DevSsd<T>,
+    y: &mut CudaSlice<T>,
     init: Option<&CudaSlice<f32>>,
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
@@ -158,20 +164,20 @@ pub fn ssd_fwd(
 /// One of the forward's four kernels alone (0: C Bᵀ, 1: chunk states, 2: state passing, 3: chunk
 /// outputs), for timing each (`fox-attn bench-ssd`); the others' results are whatever the
 /// scratch holds.
-pub fn ssd_fwd_step(
+pub fn ssd_fwd_step<T: Elem>(
     gpu: &Gpu,
-    p: &DevSsd,
-    y: &mut CudaSlice<f32>,
+    p: &DevSsd<T>,
+    y: &mut CudaSlice<T>,
     scratch: &mut CudaSlice<f32>,
     step: usize,
 ) -> Result<()> {
     ssd_fwd_steps(gpu, p, Some(y), None, None, scratch, &[step])
 }
 
-fn ssd_fwd_steps(
+fn ssd_fwd_steps<T: Elem>(
     gpu: &Gpu,
-    p: &DevSsd,
-    y: Option<&mut CudaSlice<f32>>,
+    p: &DevSsd<T>,
+    y: Option<&mut CudaSlice<T>>,
     init: Option<&CudaSlice<f32>>,
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
@@ -212,14 +218,14 @@ fn ssd_fwd_steps(
     let mut args = vec![Arg::P(cb), Arg::P(xbc), Arg::L(stride)];
     dims(&mut args)?;
     if run(0) {
-        launch(gpu, "ssd_cb_f32", b * g * nch, 0, &args)?;
+        launch(gpu, &kname::<T>("ssd_cb"), b * g * nch, 0, &args)?;
     }
     let (dt, a, start) = (ptr(gpu, p.dt), ptr(gpu, p.a), opt_ptr(gpu, p.start));
     let mut args =
         vec![Arg::P(states), Arg::P(decay), Arg::P(xbc), Arg::L(stride), Arg::P(dt), Arg::P(a), Arg::P(start)];
     dims(&mut args)?;
     if run(1) {
-        launch(gpu, "ssd_chunk_state_f32", b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
+        launch(gpu, &kname::<T>("ssd_chunk_state"), b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
     }
     let args = [
         Arg::P(states),
@@ -249,12 +255,23 @@ fn ssd_fwd_steps(
         Arg::P(states),
     ];
     dims(&mut args)?;
-    launch(gpu, "ssd_chunk_scan_f32", b * h * nch, 4 * (L * (L + 1) + L * PMAX + L * NMAX + PMAX * SROW + 2 * L), &args)
+    launch(
+        gpu,
+        &kname::<T>("ssd_chunk_scan"),
+        b * h * nch,
+        4 * (L * (L + 1) + L * PMAX + L * NMAX + PMAX * SROW + 2 * L),
+        &args,
+    )
 }
 
 /// One decoding step, as [`crate::ssd::ssd_decode_step`]: `p.seq` = 1, state [B, H, P, N] in
 /// place, y [B, H·P].
-pub fn ssd_decode_step(gpu: &Gpu, p: &DevSsd, state: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<()> {
+pub fn ssd_decode_step<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    state: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<T>,
+) -> Result<()> {
     let op = "ssd_decode_step";
     p.check(op)?;
     ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
@@ -274,17 +291,17 @@ pub fn ssd_decode_step(gpu: &Gpu, p: &DevSsd, state: &mut CudaSlice<f32>, y: &mu
         Arg::I(int(op, p.state)?),
         Arg::I(int(op, p.groups)?),
     ];
-    launch(gpu, "ssd_decode_f32", p.batch * p.heads, 0, &args)
+    launch(gpu, &kname::<T>("ssd_decode"), p.batch * p.heads, 0, &args)
 }
 
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
 /// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W]; bias [C], start [B], prev
 /// [B, W − 1, C] optional.
 #[allow(clippy::too_many_arguments)]
-pub fn conv1d_fwd(
+pub fn conv1d_fwd<T: Elem>(
     gpu: &Gpu,
-    out: &mut CudaSlice<f32>,
-    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<T>,
+    x: &CudaSlice<T>,
     x_stride: usize,
     weight: &CudaSlice<f32>,
     bias: Option<&CudaSlice<f32>>,
@@ -325,18 +342,56 @@ pub fn conv1d_fwd(
         Arg::I(int(op, width)?),
         Arg::I(silu as i32),
     ];
-    launch(gpu, "ssd_conv1d_fwd_f32", (rows * channels).div_ceil(256), 0, &args)
+    launch(gpu, &kname::<T>("ssd_conv1d_fwd"), (rows * channels).div_ceil(256), 0, &args)
+}
+
+/// The convolution's state after a chunk, as [`crate::conv1d::conv1d_fwd`]'s `new_state`: `state`
+/// [B, W − 1, C] f32 holds the inputs before the chunk and is replaced, in place, by its last
+/// W − 1 inputs (x rows of stride `x_stride`; 0 at padding). Launched after [`conv1d_fwd`] has
+/// read the old state.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_state<T: Elem>(
+    gpu: &Gpu,
+    state: &mut CudaSlice<f32>,
+    x: &CudaSlice<T>,
+    x_stride: usize,
+    start: Option<&CudaSlice<i32>>,
+    (batch, seq, channels, width): (usize, usize, usize, usize),
+) -> Result<()> {
+    let op = "conv1d_state";
+    ensure!((1..=8).contains(&width) && x_stride >= channels, "{op}: 1 ≤ width ≤ 8 and x_stride ≥ channels");
+    let rows = batch * seq;
+    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+    need(op, "state", state, batch * (width - 1) * channels)?;
+    if let Some(s) = start {
+        need(op, "start", s, batch)?;
+    }
+    if batch * channels == 0 || width == 1 {
+        return Ok(());
+    }
+    int(op, rows * x_stride)?;
+    let args = [
+        Arg::P(ptr(gpu, state)),
+        Arg::P(ptr(gpu, x)),
+        Arg::L(x_stride as i64),
+        Arg::P(opt_ptr(gpu, start)),
+        Arg::I(int(op, batch)?),
+        Arg::I(int(op, seq)?),
+        Arg::I(int(op, channels)?),
+        Arg::I(int(op, width)?),
+    ];
+    launch(gpu, &kname::<T>("ssd_conv_state"), (batch * channels).div_ceil(256), 0, &args)
 }
 
 /// Gated RMSNorm forward, as [`crate::rms_norm_gated::rms_norm_gated_fwd`]: y, x [rows, dim],
 /// z rows of stride `z_stride`, w [dim], rstd [rows].
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm_gated_fwd(
+pub fn rms_norm_gated_fwd<T: Elem>(
     gpu: &Gpu,
-    y: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
-    x: &CudaSlice<f32>,
-    z: &CudaSlice<f32>,
+    x: &CudaSlice<T>,
+    z: &CudaSlice<T>,
     z_stride: usize,
     w: &CudaSlice<f32>,
     rows: usize,
@@ -363,7 +418,7 @@ pub fn rms_norm_gated_fwd(
         Arg::I(int(op, dim)?),
         Arg::F(eps),
     ];
-    launch(gpu, "ssd_rms_norm_gated_fwd_f32", rows, 0, &args)
+    launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows, 0, &args)
 }
 
 /// Rows per partial sum of the backward's parameter gradients (conv1d, gated RMSNorm).
@@ -378,14 +433,14 @@ pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: 
 /// layout (row stride `x_stride`, channels 0..C overwritten), dweight [C, W] and dbias [C]
 /// accumulated through per-256-row partial sums added in order (deterministic). W ≤ 8.
 #[allow(clippy::too_many_arguments)]
-pub fn conv1d_bwd(
+pub fn conv1d_bwd<T: Elem>(
     gpu: &Gpu,
-    dx: &mut CudaSlice<f32>,
+    dx: &mut CudaSlice<T>,
     dweight: &mut CudaSlice<f32>,
     dbias: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
-    dout: &CudaSlice<f32>,
-    x: &CudaSlice<f32>,
+    dout: &CudaSlice<T>,
+    x: &CudaSlice<T>,
     x_stride: usize,
     weight: &CudaSlice<f32>,
     bias: Option<&CudaSlice<f32>>,
@@ -439,13 +494,13 @@ pub fn conv1d_bwd(
     int(op, rows * x_stride)?;
     let mut args = vec![Arg::P(ptr(gpu, dx))];
     common(&mut args)?;
-    launch(gpu, "ssd_conv1d_bwd_dx_f32", (rows * channels).div_ceil(256), 0, &args)?;
+    launch(gpu, &kname::<T>("ssd_conv1d_bwd_dx"), (rows * channels).div_ceil(256), 0, &args)?;
     let parts = rows.div_ceil(ROWS_PER_PART);
     let part = ptr(gpu, scratch);
     let mut args = vec![Arg::P(part)];
     common(&mut args)?;
     args.push(Arg::I(ROWS_PER_PART as i32));
-    launch2(gpu, "ssd_conv1d_bwd_dw_f32", (channels.div_ceil(256), parts), 0, &args)?;
+    launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dw"), (channels.div_ceil(256), parts), 0, &args)?;
     let stride = (channels * width + channels) as i64;
     let args = [
         Arg::P(ptr(gpu, dweight)),
@@ -477,15 +532,15 @@ pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
 /// overwritten, dz (rows of stride `z_stride`, `dim` columns overwritten), dw [dim] accumulated
 /// through per-256-row partial sums added in order (deterministic).
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm_gated_bwd(
+pub fn rms_norm_gated_bwd<T: Elem>(
     gpu: &Gpu,
-    dx: &mut CudaSlice<f32>,
-    dz: &mut CudaSlice<f32>,
+    dx: &mut CudaSlice<T>,
+    dz: &mut CudaSlice<T>,
     dw: &mut CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
-    dy: &CudaSlice<f32>,
-    x: &CudaSlice<f32>,
-    z: &CudaSlice<f32>,
+    dy: &CudaSlice<T>,
+    x: &CudaSlice<T>,
+    z: &CudaSlice<T>,
     z_stride: usize,
     rstd: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
@@ -524,7 +579,7 @@ pub fn rms_norm_gated_bwd(
         Arg::I(int(op, rows)?),
         Arg::I(ROWS_PER_PART as i32),
     ];
-    launch(gpu, "ssd_rms_norm_gated_bwd_f32", parts, 0, &args)?;
+    launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 0, &args)?;
     let args = [Arg::P(ptr(gpu, dw)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, dim)?), Arg::L(dim as i64)];
     launch(gpu, "ssd_colsum_acc_f32", dim.div_ceil(256), 0, &args)
 }
@@ -532,8 +587,8 @@ pub fn rms_norm_gated_bwd(
 /// Gradients of the device SSD's inputs, as [`crate::ssd::SsdGrads`]: dxbc (layout of xbc; the x,
 /// B and C columns overwritten), ddt [B, T, H] overwritten, da and dd [H] accumulated, dinit
 /// [B, H, P, N] overwritten when wanted.
-pub struct DevSsdGrads<'a> {
-    pub dxbc: &'a mut CudaSlice<f32>,
+pub struct DevSsdGrads<'a, T: Elem = f32> {
+    pub dxbc: &'a mut CudaSlice<T>,
     pub ddt: &'a mut CudaSlice<f32>,
     pub da: &'a mut CudaSlice<f32>,
     pub dd: &'a mut CudaSlice<f32>,
@@ -560,13 +615,13 @@ pub fn ssd_bwd_scratch_len(
 /// ignored); `init` as given to the forward; `dfinal` [B, H, P, N] or none (0). Recomputes the
 /// forward's chunk states, then four kernels (see kernels/ssd.cu); no atomics.
 #[allow(clippy::too_many_arguments)]
-pub fn ssd_bwd(
+pub fn ssd_bwd<T: Elem>(
     gpu: &Gpu,
-    p: &DevSsd,
-    dy: &CudaSlice<f32>,
+    p: &DevSsd<T>,
+    dy: &CudaSlice<T>,
     init: Option<&CudaSlice<f32>>,
     dfinal: Option<&CudaSlice<f32>>,
-    g: DevSsdGrads,
+    g: DevSsdGrads<T>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let op = "ssd_bwd";
@@ -611,7 +666,7 @@ pub fn ssd_bwd(
     let (dt, a, start, dyp) = (ptr(gpu, p.dt), ptr(gpu, p.a), opt_ptr(gpu, p.start), ptr(gpu, dy));
     let mut args = vec![Arg::P(gbuf), Arg::P(dyp), Arg::P(xbc), Arg::L(stride), Arg::P(dt), Arg::P(a), Arg::P(start)];
     dims(&mut args)?;
-    launch(gpu, "ssd_chunk_dstate_f32", b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
+    launch(gpu, &kname::<T>("ssd_chunk_dstate"), b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
     let args = [
         Arg::P(gbuf),
         Arg::P(g.dinit.map_or(0, |d| ptr(gpu, d))),
@@ -643,7 +698,7 @@ pub fn ssd_bwd(
     ];
     dims(&mut args)?;
     let smem = 4 * (2 * L * XROW + 2 * L * NMAX + 2 * PMAX * SROW + 2 * L * (L + 1) + 5 * L + 256);
-    launch(gpu, "ssd_chunk_bwd_f32", b * h * nch, smem, &args)?;
+    launch(gpu, &kname::<T>("ssd_chunk_bwd"), b * h * nch, smem, &args)?;
     let args = [
         Arg::P(dxp),
         Arg::L(stride),
@@ -656,7 +711,7 @@ pub fn ssd_bwd(
         Arg::I(int(op, n)?),
         Arg::I(int(op, gr)?),
     ];
-    launch(gpu, "ssd_bc_reduce_f32", (b * t * gr * n).div_ceil(256), 0, &args)?;
+    launch(gpu, &kname::<T>("ssd_bc_reduce"), (b * t * gr * n).div_ceil(256), 0, &args)?;
     let args = [
         Arg::P(ptr(gpu, g.da)),
         Arg::P(ptr(gpu, g.dd)),
@@ -667,4 +722,108 @@ pub fn ssd_bwd(
         Arg::I(int(op, nch)?),
     ];
     launch(gpu, "ssd_head_reduce_f32", h.div_ceil(256), 0, &args)
+}
+
+/// dt [rows, H] (f32) = softplus(raw + bias), as [`crate::ssd::dt_fwd`]: raw rows of stride
+/// `stride` (the dt columns of in_proj's output).
+pub fn dt_fwd<T: Elem>(
+    gpu: &Gpu,
+    dt: &mut CudaSlice<f32>,
+    raw: &CudaSlice<T>,
+    stride: usize,
+    bias: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<()> {
+    let op = "dt_fwd";
+    let h = bias.len();
+    ensure!(h > 0 && stride >= h, "{op}: stride {stride} < H = {h}");
+    need(op, "dt", dt, rows * h)?;
+    need(op, "raw", raw, if rows == 0 { 0 } else { (rows - 1) * stride + h })?;
+    if rows == 0 {
+        return Ok(());
+    }
+    int(op, rows * stride)?;
+    let args = [
+        Arg::P(ptr(gpu, dt)),
+        Arg::P(ptr(gpu, raw)),
+        Arg::L(stride as i64),
+        Arg::P(ptr(gpu, bias)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, h)?),
+    ];
+    launch(gpu, &kname::<T>("ssd_dt_fwd"), (rows * h).div_ceil(256), 0, &args)
+}
+
+/// Floats of the scratch of [`dt_bwd`]: ⌈rows / 256⌉ · H.
+pub fn dt_bwd_scratch_len(rows: usize, heads: usize) -> usize {
+    rows.div_ceil(ROWS_PER_PART).max(1) * heads
+}
+
+/// Backward of [`dt_fwd`], as [`crate::ssd::dt_bwd`]: draw's H columns (rows of stride `stride`)
+/// overwritten, dbias [H] accumulated through per-256-row partial sums added in order.
+#[allow(clippy::too_many_arguments)]
+pub fn dt_bwd<T: Elem>(
+    gpu: &Gpu,
+    draw: &mut CudaSlice<T>,
+    dbias: &mut CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    ddt: &CudaSlice<f32>,
+    raw: &CudaSlice<T>,
+    stride: usize,
+    bias: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<()> {
+    let op = "dt_bwd";
+    let h = bias.len();
+    ensure!(h > 0 && stride >= h, "{op}: stride {stride} < H = {h}");
+    let span = if rows == 0 { 0 } else { (rows - 1) * stride + h };
+    need(op, "ddt", ddt, rows * h)?;
+    need(op, "raw", raw, span)?;
+    need(op, "draw", draw, span)?;
+    need(op, "dbias", dbias, h)?;
+    need(op, "scratch", scratch, dt_bwd_scratch_len(rows, h))?;
+    if rows == 0 {
+        return Ok(());
+    }
+    int(op, rows * stride)?;
+    let parts = rows.div_ceil(ROWS_PER_PART);
+    let part = ptr(gpu, scratch);
+    let args = [
+        Arg::P(ptr(gpu, draw)),
+        Arg::P(part),
+        Arg::P(ptr(gpu, ddt)),
+        Arg::P(ptr(gpu, raw)),
+        Arg::L(stride as i64),
+        Arg::P(ptr(gpu, bias)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, h)?),
+        Arg::I(ROWS_PER_PART as i32),
+    ];
+    launch2(gpu, &kname::<T>("ssd_dt_bwd"), (h.div_ceil(256), parts), 0, &args)?;
+    let args = [Arg::P(ptr(gpu, dbias)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, h)?), Arg::L(h as i64)];
+    launch(gpu, "ssd_colsum_acc_f32", h.div_ceil(256), 0, &args)
+}
+
+/// a [H] = −exp(a_log) (Mamba-2's A from its parameter A_log).
+pub fn neg_exp(gpu: &Gpu, a: &mut CudaSlice<f32>, a_log: &CudaSlice<f32>) -> Result<()> {
+    let h = a_log.len();
+    need("neg_exp", "a", a, h)?;
+    if h == 0 {
+        return Ok(());
+    }
+    let args = [Arg::P(ptr(gpu, a)), Arg::P(ptr(gpu, a_log)), Arg::I(int("neg_exp", h)?)];
+    launch(gpu, "ssd_neg_exp_f32", h.div_ceil(256), 0, &args)
+}
+
+/// dst[i] += x[i] · y[i] for i < n (dA_log = dA · A).
+pub fn mul_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, x: &CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
+    for (what, s) in [("x", x), ("y", y)] {
+        need("mul_acc", what, s, n)?;
+    }
+    need("mul_acc", "dst", dst, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let args = [Arg::P(ptr(gpu, dst)), Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, y)), Arg::I(int("mul_acc", n)?)];
+    launch(gpu, "ssd_mul_acc_f32", n.div_ceil(256), 0, &args)
 }

@@ -167,7 +167,7 @@ __device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : 
 // Causal depthwise conv1d (+SiLU), one thread per output (b, t, c). x rows of stride x_stride;
 // w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
 // prev [B, W-1, C] or null (inputs before position 0, read only where start[b] == 0).
-extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_stride, const float* w,
+extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_stride, const ET* w,
                                               const float* bias, const int* start, const float* prev, int B,
                                               int T, int C, int W, int silu) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -189,7 +189,7 @@ extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_strid
         } else if (s == 0 && prev) {
             v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
         }
-        acc += w[c * W + k] * v;
+        acc += ld(w, c * W + k) * v;
     }
     st(out, i, silu ? ssd_silu(acc) : acc);
 }
@@ -437,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // conv1d's pre-activation at (b, t, c), as ssd_conv1d_fwd_f32 computes it (t ≥ start[b]).
-__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const float* w, const float* bias,
+__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const ET* w, const float* bias,
                                               const float* prev, int s, int b, int t, int c, int T, int C,
                                               int W) {
     float acc = bias ? bias[c] : 0.0f;
@@ -449,13 +449,13 @@ __device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const 
         } else if (s == 0 && prev) {
             v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
         }
-        acc += w[c * W + k] * v;
+        acc += ld(w, c * W + k) * v;
     }
     return acc;
 }
 
 // The gradient of the pre-activation at (b, t, c): dout, times silu'(pre) when silu.
-__device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const float* w,
+__device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const ET* w,
                                             const float* bias, const float* prev, int s, int b, int t, int c,
                                             int T, int C, int W, int silu) {
     float d = ld(dout, ((long)b * T + t) * C + c);
@@ -467,7 +467,7 @@ __device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_
 
 // conv1d backward, dx: one thread per (b, t, c); dx rows of stride x_stride, 0 at padding.
 extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const ET* dout, const ET* x, long x_stride,
-                                                 const float* w, const float* bias, const int* start,
+                                                 const ET* w, const float* bias, const int* start,
                                                  const float* prev, int B, int T, int C, int W, int silu) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * C) return;
@@ -479,7 +479,7 @@ extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const ET* dout, const E
     if (t >= s) {
         for (int k = 0; k < W; ++k) {
             int to = t + W - 1 - k;
-            if (to < T) acc += w[c * W + k] * ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, to, c, T, C, W, silu);
+            if (to < T) acc += ld(w, c * W + k) * ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, to, c, T, C, W, silu);
         }
     }
     st(dx, bt * x_stride + c, acc);
@@ -488,7 +488,7 @@ extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const ET* dout, const E
 // conv1d backward, per-chunk partial sums of dweight and dbias: thread (chunk, c) walks rows
 // chunk·rows_per_chunk .. in order; part [chunks, C·W + C] (dw at c·W + k, db at C·W + c).
 extern "C" __global__ void KN(ssd_conv1d_bwd_dw)(float* part, const ET* dout, const ET* x, long x_stride,
-                                                 const float* w, const float* bias, const int* start,
+                                                 const ET* w, const float* bias, const int* start,
                                                  const float* prev, int B, int T, int C, int W, int silu,
                                                  int rows_per_chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;

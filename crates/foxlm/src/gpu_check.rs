@@ -128,7 +128,40 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
             rows.extend(acp_rows(gpu, &m)?);
         }
     }
+    // The recurrent families: the same rows (f32 and bf16 logits, left padding, loss, gradients).
+    for m in recurrent_models(fixtures)? {
+        rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
+    }
     Ok(rows)
+}
+
+/// The recurrent models of the GPU check: the authors' Mamba-2 fixture (official-mamba2-tiny,
+/// beside `fixtures`; P = 32, N = 16, its 2 × 96 ids), and a Mamba-2 at the paper's head shape
+/// (P = 64, N = 128: the kernels' full tiles; 4 heads, d = 128) over 2 × 200 positions (four
+/// chunks, the last partial), initialised as for training. Row 1 of each is left-padded by 30.
+pub fn recurrent_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
+    let dir = fixtures.parent().unwrap_or(fixtures).join("official-mamba2-tiny/mamba2");
+    let fixture = load_model(&dir)?;
+    let (b, t, ids) = {
+        let path = dir.join("expected.safetensors");
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let st = SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+        let x = st.tensor("input_ids").with_context(|| format!("{}: no tensor input_ids", path.display()))?;
+        let ids: Vec<u32> =
+            x.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32).collect();
+        (x.shape()[0], x.shape()[1], ids)
+    };
+    let mut cfg = fixture.config.clone();
+    (cfg.hidden_size, cfg.num_heads, cfg.ssm_head_dim, cfg.state_size, cfg.vocab_size) =
+        (128, 4, Some(64), Some(128), 512);
+    cfg.validate()?;
+    let big = crate::train::init_model(&cfg, 11);
+    let t2 = 200;
+    let ids2: Vec<u32> = (0..2 * t2).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
+    Ok(vec![
+        CheckModel { name: "mamba2 fixture".into(), model: fixture, b, t, ids, start: vec![0, 30] },
+        CheckModel { name: "mamba2 P=64 N=128".into(), model: big, b: 2, t: t2, ids: ids2, start: vec![0, 30] },
+    ])
 }
 
 /// A model of the grouped-query attention, window and ACP rows (none has a fixture), with its

@@ -265,7 +265,8 @@ pub fn init_model(cfg: &Config, seed: u64) -> Model {
         let data = &mut p.tensors[i].data;
         match p.kinds[i] {
             ParamKind::Matrix => data.iter_mut().for_each(|x| *x = normal.sample(&mut rng)),
-            _ if name.ends_with("norm.weight") => data.fill(1.0),
+            // Every RMSNorm weight starts at 1, the recurrent models' final norm_f too.
+            _ if name.ends_with("norm.weight") || name.ends_with("norm_f.weight") => data.fill(1.0),
             _ if name.ends_with(".fgate_bias") && cfg.fgate_type == FgateType::Fixed => {
                 data.copy_from_slice(&fixed_fgate_bias(cfg))
             }

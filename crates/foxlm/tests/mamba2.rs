@@ -114,3 +114,28 @@ fn matches_the_authors_mamba2() {
     let model = common::matches_reference_fixture(&dir);
     assert_eq!(model.config.arch(), Arch::Mamba2);
 }
+
+/// The authors' initialisation: A = −(1..H), D = 1, every RMSNorm weight 1 (the final norm_f
+/// included: it was 0 until 2026-11-27, which made every logit 0 at step 0), dt = softplus(dt_bias)
+/// within [time_step_min, time_step_max], and a fresh model's loss near ln(vocab) but not equal
+/// to it (the logits are not all zero).
+#[test]
+fn initialisation() {
+    let cfg = tiny_config();
+    let model = foxlm::train::init_model(&cfg, 3);
+    let get = |n: &str| model.params.tensors[model.params.id(n).unwrap().0].data.clone();
+    let a_log = get("backbone.layers.0.mixer.A_log");
+    assert!(a_log.iter().enumerate().all(|(h, &v)| (v - ((h + 1) as f32).ln()).abs() < 1e-6));
+    assert!(get("backbone.layers.1.mixer.D").iter().all(|&v| v == 1.0));
+    for n in ["backbone.norm_f.weight", "backbone.layers.0.norm.weight", "backbone.layers.1.mixer.norm.weight"] {
+        assert!(get(n).iter().all(|&v| v == 1.0), "{n}");
+    }
+    for &b in &get("backbone.layers.0.mixer.dt_bias") {
+        let dt = (b as f64).exp().ln_1p();
+        assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
+    }
+    let ids: Vec<u32> = (0..32).map(|i| (i * 7 % cfg.vocab_size) as u32).collect();
+    let logits = model.forward(&ids, &foxlm::model::Ctx { batch: 1, seq: 32, start: None });
+    let spread = logits.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    assert!(spread > 0.05, "a fresh model's logits are all near 0 (max |logit| {spread})");
+}

@@ -12,7 +12,7 @@
 use super::compile::SSD;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg};
 
 /// Chunk length of the GPU forward (as [`crate::ssd::CHUNK`]).
 const L: usize = 64;
@@ -30,8 +30,14 @@ enum Arg {
     F(f32),
 }
 
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+fn ptr<T>(gpu: &Gpu, s: &impl DevicePtr<T>) -> u64 {
     let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+/// A buffer or view the kernel writes.
+fn ptr_mut<T>(gpu: &Gpu, s: &mut impl DevicePtrMut<T>) -> u64 {
+    let (p, _g) = s.device_ptr_mut(gpu.stream());
     p
 }
 
@@ -78,7 +84,7 @@ fn kname<T: Elem>(base: &str) -> String {
     format!("{base}_{}", T::NAME)
 }
 
-fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
+fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
     ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
     Ok(())
 }
@@ -189,13 +195,13 @@ fn ssd_fwd_steps<T: Elem>(
     ensure!(p.head_dim <= PMAX, "{op}: head_dim {} is above {PMAX}", p.head_dim);
     ensure!(p.state <= NMAX, "{op}: state {} is above {NMAX}", p.state);
     if let Some(y) = &y {
-        need(op, "y", y, p.batch * p.seq * p.heads * p.head_dim)?;
+        need(op, "y", &**y, p.batch * p.seq * p.heads * p.head_dim)?;
     }
     if let Some(i) = init {
         need(op, "init", i, p.states())?;
     }
     if let Some(f) = &final_state {
-        need(op, "final_state", f, p.states())?;
+        need(op, "final_state", &**f, p.states())?;
     }
     let (b, t, h, pd, n, g) = (p.batch, p.seq, p.heads, p.head_dim, p.state, p.groups);
     need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, pd, n, g))?;
@@ -295,15 +301,16 @@ pub fn ssd_decode_step<T: Elem>(
 }
 
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
-/// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W]; bias [C], start [B], prev
+/// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W] (in T: the working copy);
+/// bias [C], start [B], prev
 /// [B, W − 1, C] optional.
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_fwd<T: Elem>(
     gpu: &Gpu,
     out: &mut CudaSlice<T>,
-    x: &CudaSlice<T>,
+    x: &impl DevicePtr<T>,
     x_stride: usize,
-    weight: &CudaSlice<f32>,
+    weight: &CudaSlice<T>,
     bias: Option<&CudaSlice<f32>>,
     start: Option<&CudaSlice<i32>>,
     prev: Option<&CudaSlice<f32>>,
@@ -353,7 +360,7 @@ pub fn conv1d_fwd<T: Elem>(
 pub fn conv1d_state<T: Elem>(
     gpu: &Gpu,
     state: &mut CudaSlice<f32>,
-    x: &CudaSlice<T>,
+    x: &impl DevicePtr<T>,
     x_stride: usize,
     start: Option<&CudaSlice<i32>>,
     (batch, seq, channels, width): (usize, usize, usize, usize),
@@ -391,7 +398,7 @@ pub fn rms_norm_gated_fwd<T: Elem>(
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     x: &CudaSlice<T>,
-    z: &CudaSlice<T>,
+    z: &impl DevicePtr<T>,
     z_stride: usize,
     w: &CudaSlice<f32>,
     rows: usize,
@@ -435,14 +442,14 @@ pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: 
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_bwd<T: Elem>(
     gpu: &Gpu,
-    dx: &mut CudaSlice<T>,
+    dx: &mut impl DevicePtrMut<T>,
     dweight: &mut CudaSlice<f32>,
     dbias: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
     dout: &CudaSlice<T>,
-    x: &CudaSlice<T>,
+    x: &impl DevicePtr<T>,
     x_stride: usize,
-    weight: &CudaSlice<f32>,
+    weight: &CudaSlice<T>,
     bias: Option<&CudaSlice<f32>>,
     start: Option<&CudaSlice<i32>>,
     prev: Option<&CudaSlice<f32>>,
@@ -462,7 +469,7 @@ pub fn conv1d_bwd<T: Elem>(
         need(op, "bias", b, channels)?;
     }
     if let Some(b) = &dbias {
-        need(op, "dbias", b, channels)?;
+        need(op, "dbias", &**b, channels)?;
     }
     if let Some(s) = start {
         need(op, "start", s, batch)?;
@@ -492,7 +499,7 @@ pub fn conv1d_bwd<T: Elem>(
         Ok(())
     };
     int(op, rows * x_stride)?;
-    let mut args = vec![Arg::P(ptr(gpu, dx))];
+    let mut args = vec![Arg::P(ptr_mut(gpu, dx))];
     common(&mut args)?;
     launch(gpu, &kname::<T>("ssd_conv1d_bwd_dx"), (rows * channels).div_ceil(256), 0, &args)?;
     let parts = rows.div_ceil(ROWS_PER_PART);
@@ -535,12 +542,12 @@ pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
 pub fn rms_norm_gated_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut CudaSlice<T>,
-    dz: &mut CudaSlice<T>,
+    dz: &mut impl DevicePtrMut<T>,
     dw: &mut CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
     dy: &CudaSlice<T>,
     x: &CudaSlice<T>,
-    z: &CudaSlice<T>,
+    z: &impl DevicePtr<T>,
     z_stride: usize,
     rstd: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
@@ -567,7 +574,7 @@ pub fn rms_norm_gated_bwd<T: Elem>(
     let part = ptr(gpu, scratch);
     let args = [
         Arg::P(ptr(gpu, dx)),
-        Arg::P(ptr(gpu, dz)),
+        Arg::P(ptr_mut(gpu, dz)),
         Arg::P(part),
         Arg::P(ptr(gpu, dy)),
         Arg::P(ptr(gpu, x)),
@@ -637,7 +644,7 @@ pub fn ssd_bwd<T: Elem>(
     need(op, "da", g.da, h)?;
     need(op, "dd", g.dd, h)?;
     if let Some(d) = &g.dinit {
-        need(op, "dinit", d, p.states())?;
+        need(op, "dinit", &**d, p.states())?;
     }
     need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, pd, n, gr))?;
     if b * t == 0 {
@@ -729,7 +736,7 @@ pub fn ssd_bwd<T: Elem>(
 pub fn dt_fwd<T: Elem>(
     gpu: &Gpu,
     dt: &mut CudaSlice<f32>,
-    raw: &CudaSlice<T>,
+    raw: &impl DevicePtr<T>,
     stride: usize,
     bias: &CudaSlice<f32>,
     rows: usize,
@@ -764,11 +771,11 @@ pub fn dt_bwd_scratch_len(rows: usize, heads: usize) -> usize {
 #[allow(clippy::too_many_arguments)]
 pub fn dt_bwd<T: Elem>(
     gpu: &Gpu,
-    draw: &mut CudaSlice<T>,
+    draw: &mut impl DevicePtrMut<T>,
     dbias: &mut CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
     ddt: &CudaSlice<f32>,
-    raw: &CudaSlice<T>,
+    raw: &impl DevicePtr<T>,
     stride: usize,
     bias: &CudaSlice<f32>,
     rows: usize,
@@ -789,7 +796,7 @@ pub fn dt_bwd<T: Elem>(
     let parts = rows.div_ceil(ROWS_PER_PART);
     let part = ptr(gpu, scratch);
     let args = [
-        Arg::P(ptr(gpu, draw)),
+        Arg::P(ptr_mut(gpu, draw)),
         Arg::P(part),
         Arg::P(ptr(gpu, ddt)),
         Arg::P(ptr(gpu, raw)),

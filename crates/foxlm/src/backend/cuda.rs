@@ -70,8 +70,16 @@ pub struct CacheLens {
 pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
     model.layers.iter().find_map(|blk| match &blk.mixer {
         crate::model::Mixer::Attention(_) => None,
-        crate::model::Mixer::Mamba2(_) => {
-            Some("Mamba-2 layers have no CUDA kernels yet (they run on the CPU: --device cpu)".to_string())
+        crate::model::Mixer::Mamba2(l) => {
+            let s = l.sizes();
+            let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
+            (!ok).then(|| {
+                format!(
+                    "the GPU's Mamba-2 kernels take head_dim ≤ 64, state_size ≤ 128, conv_kernel ≤ 8 and n_groups = 1 \
+                     (this model: {}, {}, {}, {}); run it with --device cpu",
+                    s.head_dim, s.state, s.conv, s.groups
+                )
+            })
         }
         crate::model::Mixer::Mamba(_) => {
             Some("Samba's Mamba layers have no CUDA kernels yet (they run on the CPU: --device cpu)".to_string())
@@ -182,6 +190,60 @@ pub(crate) struct F32Attn {
     pub(crate) dv: CudaSlice<f32>,
 }
 
+/// Scratch of the recurrent layers' kernels (Mamba-2's SSD and the partial sums of its
+/// parameter gradients), shared by every layer: sized in [`Cuda::new`] for the planned step (so
+/// a training step allocates nothing) and grown by a call that needs more (an inference shape
+/// beyond the plan).
+#[derive(Default)]
+pub(crate) struct SsmScratch {
+    /// The SSD's chunk products and states (forward, or forward and backward).
+    pub(crate) big: Option<CudaSlice<f32>>,
+    /// Per-256-row partial sums of the conv, norm and dt gradients.
+    pub(crate) small: Option<CudaSlice<f32>>,
+    /// A = −exp(A_log) and dA, [H] each.
+    pub(crate) a: Option<CudaSlice<f32>>,
+    pub(crate) da: Option<CudaSlice<f32>>,
+    /// The SSM state a chunked prefill leaves, before it replaces the layer's.
+    pub(crate) next: Option<CudaSlice<f32>>,
+}
+
+/// `slot` holding at least `n` floats (allocated, or reallocated larger, when it does not).
+pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usize) -> Result<&'a mut CudaSlice<f32>> {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        *slot = None;
+        *slot = Some(gpu.zeros(n.max(1)).with_context(|| format!("recurrent layers' scratch of {n} floats"))?);
+    }
+    slot.as_mut().ok_or_else(|| anyhow!("scratch"))
+}
+
+/// Floats of [`SsmScratch`]'s `big` and `small` for a step of [batch, seq] (training when
+/// `train`): the largest over the model's Mamba-2 layers.
+pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train: bool) -> (usize, usize) {
+    use fox_kernels::cuda::ssd;
+    let rows = batch * seq;
+    let mut out = (0, 0);
+    for blk in &model.layers {
+        if let crate::model::Mixer::Mamba2(l) = &blk.mixer {
+            let s = l.sizes();
+            let shape = (batch, seq, s.heads, s.head_dim, s.state, s.groups);
+            let big = if train {
+                ssd::ssd_bwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
+            } else {
+                ssd::ssd_fwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
+            };
+            let small = if train {
+                ssd::conv1d_bwd_scratch_len(batch, seq, s.conv_dim(), s.conv)
+                    .max(ssd::rms_norm_gated_bwd_scratch_len(rows * s.groups, s.inner / s.groups))
+                    .max(ssd::dt_bwd_scratch_len(rows, s.heads))
+            } else {
+                0
+            };
+            out = (out.0.max(big), out.1.max(small));
+        }
+    }
+    out
+}
+
 /// Events that can be timed (cudarc's default disables timing).
 const TIMING: cudarc_event::sys::CUevent_flags = cudarc_event::sys::CUevent_flags::CU_EVENT_DEFAULT;
 
@@ -235,6 +297,7 @@ pub struct Cuda<T: Elem> {
     fused: fused::FusedDecode<T>,
     /// Data-parallel training with sharded optimizer state ([`Cuda::enable_zero1`]).
     pub zero: Option<Zero1>,
+    pub(crate) ssm: SsmScratch,
 }
 
 /// The batch on the device.
@@ -245,12 +308,25 @@ pub struct GpuBatch {
     pub(crate) targets: CudaSlice<i32>,
     pub(crate) start: CudaSlice<i32>,
     pub(crate) start_host: Option<Vec<usize>>,
+    /// Each row's first real position within this batch's T positions (start − past, clipped
+    /// to 0..T): what the recurrent layers' kernels read. Set only where some row has padding
+    /// here.
+    pub(crate) chunk_start: CudaSlice<i32>,
+    pub(crate) chunk_padded: bool,
     pub(crate) positions: CudaSlice<i32>,
     pub(crate) emb: EmbeddingIndex,
     host_i32: Vec<i32>,
     pub(crate) n_targets: usize,
     /// Positions already in the decode cache before this batch's tokens.
     pub(crate) past: usize,
+}
+
+impl GpuBatch {
+    /// The rows' first real positions within this batch (see `chunk_start`), or none where no
+    /// row is padded here.
+    pub(crate) fn chunk_start(&self) -> Option<&CudaSlice<i32>> {
+        self.chunk_padded.then_some(&self.chunk_start)
+    }
 }
 
 pub(crate) fn fast_attention_dims(head_dim: usize) -> bool {
@@ -292,7 +368,8 @@ impl<T: Elem> Cuda<T> {
         }
         let head_rows = head_chunk_rows(vocab_pad, rows);
         let hd = cfg.head_dim();
-        let f32_attn = if bf16::<T>() && !fast_attention_dims(hd) {
+        let has_attention = model.layers.iter().any(|b| b.attn().is_some());
+        let f32_attn = if bf16::<T>() && has_attention && !fast_attention_dims(hd) {
             let n = rows * d;
             Some(F32Attn {
                 q: gpu.zeros(n)?,
@@ -309,7 +386,16 @@ impl<T: Elem> Cuda<T> {
         };
         // The small ops' reductions (RMSNorm weight gradients, bias sums) share one scratch.
         ops::reserve_scratch(&gpu, ops::scratch_floats(rows * h, d.max(vocab.min(4096))))?;
+        let mut ssm = SsmScratch::default();
+        let (big, small) = ssm_scratch_floats(model, batch, seq, train);
+        if big > 0 {
+            grown(&gpu, &mut ssm.big, big)?;
+        }
+        if small > 0 {
+            grown(&gpu, &mut ssm.small, small)?;
+        }
         Ok(Self {
+            ssm,
             head_rows,
             head_logits: gpu.zeros(head_rows * vocab_pad)?,
             head_dlogits: gpu.zeros(head_rows * vocab_pad)?,
@@ -378,6 +464,10 @@ impl<T: Elem> Cuda<T> {
         let head_rows = head_chunk_rows(vocab, batch * seq);
         plan.add(format!("output head chunk ({head_rows} rows × {vocab} logits)"), head_rows * vocab * (4 + tb));
         plan.add("cuBLASLt workspace", 32 << 20);
+        let (big, small) = ssm_scratch_floats(model, batch, seq, train);
+        if big + small > 0 {
+            plan.add("Mamba-2 SSD scratch (chunk products and states, partial sums)", 4 * (big + small));
+        }
     }
 
     /// Starts recording an event before every operation (a little slower; for `bench train`).
@@ -864,7 +954,7 @@ fn upload_into(gpu: &Gpu, src: &[f32], dst: &mut CudaSlice<f32>) -> Result<()> {
 }
 
 /// dst[d0..d0+n] = src[s0..s0+n] on the stream.
-fn dtod<U: DeviceRepr>(
+pub(crate) fn dtod<U: DeviceRepr>(
     gpu: &Gpu,
     src: &CudaSlice<U>,
     s0: usize,
@@ -957,6 +1047,8 @@ impl<T: Elem> Backend for Cuda<T> {
             targets: self.gpu.zeros(max_rows)?,
             start: self.gpu.zeros(batch.max(1))?,
             start_host: None,
+            chunk_start: self.gpu.zeros(batch.max(1))?,
+            chunk_padded: false,
             positions: self.gpu.zeros(max_rows)?,
             emb: EmbeddingIndex::new(&self.gpu, max_rows)?,
             host_i32: Vec::with_capacity(max_rows),
@@ -1001,8 +1093,17 @@ impl<T: Elem> Backend for Cuda<T> {
                 b.host_i32.extend(s.iter().map(|&v| v as i32));
                 self.gpu.write(&mut b.start, &b.host_i32)?;
                 b.start_host = Some(s.to_vec());
+                b.host_i32.clear();
+                b.host_i32.extend(s.iter().map(|&v| v.saturating_sub(info.past).min(info.seq) as i32));
+                b.chunk_padded = b.host_i32.iter().any(|&v| v > 0);
+                if b.chunk_padded {
+                    self.gpu.write(&mut b.chunk_start, &b.host_i32)?;
+                }
             }
-            None => b.start_host = None,
+            None => {
+                b.start_host = None;
+                b.chunk_padded = false;
+            }
         }
         // RoPE positions relative to each row's first real token (continuing after the cache).
         b.host_i32.clear();

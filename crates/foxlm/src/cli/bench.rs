@@ -434,6 +434,8 @@ fn bench_rows(
     use crate::engine::{memory_plan, Dtype};
     let preset = crate::presets::preset(&a.preset)?;
     let acps: Vec<bool> = match a.acp.as_str() {
+        // ACP prunes Forgetting Attention: the recurrent families have none to prune.
+        _ if preset.model.arch() != crate::config::Arch::Fox => vec![false],
         "off" => vec![false],
         "on" => vec![true],
         _ => vec![false, true],

@@ -145,6 +145,10 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }
+    for m in super::recurrent_models(fixtures)? {
+        eprintln!("inference checks: {}", m.name);
+        rows.extend(gqa_window_rows(gpu, &m)?);
+    }
     Ok(rows)
 }
 

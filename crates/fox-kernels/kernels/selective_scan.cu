@@ -33,7 +33,7 @@ struct ScanParams {
     const float* A;     // [Di, N]
     const void* bc;     // B_t[n] at b·sb + t·st + b_off + n, C_t[n] at … + c_off + n; T
     const float* D;     // [Di]
-    const void* z;      // [B, T, Di] T, or null
+    const void* z;      // [B, T, Di] T in rows of stride zs, or null
     const int* start;   // [B], or null
     const float* h0;    // [B, Di, N], or null (forward); the state updated in place (decode)
     void* out;          // [B, T, Di] T
@@ -42,7 +42,7 @@ struct ScanParams {
     const void* dout;   // [B, T, Di] T
     void* du;           // [B, T, Di] T
     void* ddelta;       // [B, T, Di] T
-    void* dz;           // [B, T, Di] T, or null
+    void* dz;           // as z, or null
     void* dbc;          // as bc, T
     float* dh0;         // [B, Di, N], or null
     float* part_bc;     // [blocks, B, T, 32]: per channel block, Σ dB_t (0..15), Σ dC_t (16..31)
@@ -51,6 +51,7 @@ struct ScanParams {
     float* da;          // [Di, N], added to
     float* dd;          // [Di], added to
     long long sb, st;
+    long long zs;       // row stride of z and dz (Di when contiguous)
     int b_off, c_off;
     int B, T, Di, N;
 };
@@ -113,7 +114,7 @@ __device__ __forceinline__ void scan_fetch(ScanFetch& f, const ScanParams& p, in
         const long long row = ((long long)b * p.T + t) * p.Di + d;
         f.dl[k] = ok ? ld((const T*)p.delta, row) : 0.f;
         f.u[k] = ok ? ld((const T*)p.u, row) : 0.f;
-        f.z[k] = (ok && p.z) ? ld((const T*)p.z, row) : 0.f;
+        f.z[k] = (ok && p.z) ? ld((const T*)p.z, ((long long)b * p.T + t) * p.zs + d) : 0.f;
         f.go[k] = (ok && grads) ? ld((const T*)p.dout, row) : 0.f;
     }
 #pragma unroll
@@ -246,7 +247,7 @@ __device__ void scan_bwd(const ScanParams& p) {
                     const float sg = scan_sigmoid(zz);
                     const float dzv = go * sm.y[e] * (sg * (1.f + zz * (1.f - sg)));
                     dy = go * (zz * sg);
-                    if (in && n == 0) st((T*)p.dz, row, real ? dzv : 0.f);
+                    if (in && n == 0) st((T*)p.dz, ((long long)b * p.T + t) * p.zs + d, real ? dzv : 0.f);
                 }
                 dd += dy * uu;
                 const float hp = i ? hs[i - 1] : hin;
@@ -335,7 +336,12 @@ __device__ void scan_decode(const ScanParams& p) {
     if (chan && n == 0) {
         const long long row = (long long)b * p.Di + d;
         float o = 0.f;
-        if (real) o = p.z ? y * (ld((const T*)p.z, row) * scan_sigmoid(ld((const T*)p.z, row))) : y;
+        if (real && p.z) {
+            const float zz = ld((const T*)p.z, (long long)b * p.zs + d);
+            o = y * (zz * scan_sigmoid(zz));
+        } else if (real) {
+            o = y;
+        }
         st((T*)p.out, row, o);
     }
 }

@@ -381,33 +381,70 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // One decoding step: state [B, H, P, N] updated in place, y [B, H·P]; xbc [B, stride], dt [B, H].
-// One block of 256 threads per (b, h); warp w handles rows p = w, w + 8, ...; lanes split N and
-// reduce y with a fixed shuffle tree. start [B] or null: a row with start[b] > 0 is padding.
+// Blocks of 256 threads on a grid (B·H, ⌈P / 8⌉): warp w of block (bh, j) handles row p = 8j + w,
+// its lanes split N and reduce y with a fixed shuffle tree (8 rows per block, so that a batch of
+// one still fills the GPU). start [B] or null: a row with start[b] > 0 is padding. With a_log set,
+// A holds A_log and the kernel takes A = −exp(A_log) itself (one launch fewer per decode step).
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_decode)(float* state, ET* y, const ET* xbc, long stride, const float* dt, const float* A,
-                   const float* D, const int* start, int H, int P, int N, int G) {
+                   const float* D, const int* start, int H, int P, int N, int G, int a_log) {
     int bh = blockIdx.x, h = bh % H, b = bh / H;
     int g = h / (H / G);
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32, p = blockIdx.y * 8 + threadIdx.x / 32;
+    if (p >= P) return;
     const ET* row = xbc + (long)b * stride;
     const ET* x = row + (long)h * P;
     const ET* bv = row + (long)H * P + (long)g * N;
     const ET* cv = bv + (long)G * N;
     bool pad = start && start[b] > 0;
-    float dtv = dt[bh], decay = __expf(dtv * A[h]);
-    for (int p = warp; p < P; p += 8) {
-        float* s = state + ((long)bh * P + p) * N;
-        float xv = dtv * ld(x, p);
-        float acc = 0.0f;
-        if (!pad) {
-            for (int n = lane; n < N; n += 32) {
-                float v = decay * s[n] + xv * ld(bv, n);
-                s[n] = v;
-                acc += v * ld(cv, n);
-            }
+    float a = a_log ? -expf(A[h]) : A[h];
+    float dtv = dt[bh], decay = __expf(dtv * a);
+    float* s = state + ((long)bh * P + p) * N;
+    float xv = dtv * ld(x, p);
+    float acc = 0.0f;
+    if (!pad) {
+        for (int n = lane; n < N; n += 32) {
+            float v = decay * s[n] + xv * ld(bv, n);
+            s[n] = v;
+            acc += v * ld(cv, n);
         }
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) st(y, (long)bh * P + p, pad ? 0.0f : acc + D[h] * ld(x, p));
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) st(y, (long)bh * P + p, pad ? 0.0f : acc + D[h] * ld(x, p));
+}
+
+// The inputs of a Mamba-2 decode step (one position per row), in one launch: the convolution of
+// xBC (columns conv_off.. of zxbcdt's rows, stride `stride`) continuing its state [B, W − 1, C]
+// (advanced in place: each thread reads its column before writing it) with SiLU, into xbc [B, C];
+// dt [B, H] = softplus(dt_raw + dt_bias) from columns dt_off... Threads 0..B·C convolve, the next
+// B·H take dt. A row with start[b] > 0 is padding: its xbc 0 and its conv state kept (as
+// crate::conv1d::conv1d_decode_step).
+extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, float* dt, const ET* zxbcdt,
+                                                 long stride, long conv_off, long dt_off, const ET* w,
+                                                 const float* bias, const float* dt_bias, const int* start,
+                                                 int B, int C, int W, int H) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long)B * C) {
+        int c = (int)(i % C), b = (int)(i / C);
+        bool pad = start && start[b] > 0;
+        if (pad) {
+            st(xbc, i, 0.0f);
+            return;
+        }
+        float* sc = conv_state + (long)b * (W - 1) * C + c;
+        float x = ld(zxbcdt, (long)b * stride + conv_off + c);
+        float acc = bias ? bias[c] : 0.0f;
+        for (int k = 0; k < W - 1; ++k) acc += ld(w, c * W + k) * sc[(long)k * C];
+        acc += ld(w, c * W + W - 1) * x;
+        for (int k = 0; k + 1 < W - 1; ++k) sc[(long)k * C] = sc[(long)(k + 1) * C];
+        if (W > 1) sc[(long)(W - 2) * C] = x;
+        st(xbc, i, ssd_silu(acc));
+        return;
+    }
+    i -= (long)B * C;
+    if (i < (long)B * H) {
+        int k = (int)(i % H), b = (int)(i / H);
+        dt[i] = ssd_softplus(ld(zxbcdt, (long)b * stride + dt_off + k) + dt_bias[k]);
     }
 }
 
@@ -925,20 +962,30 @@ extern "C" __global__ void KN(ssd_bc_reduce)(ET* dxbc, long stride, const float*
     st(row, (long)G * N + (long)g * N + n, sc);
 }
 
-// dt [rows, H] = softplus(raw + bias) (f32), raw rows of stride `stride`: one thread per value.
-extern "C" __global__ void KN(ssd_dt_fwd)(float* dt, const ET* raw, long stride, const float* bias, int rows, int H) {
+// dt [rows, H] = softplus(raw + bias), raw rows of stride `stride`: one thread per value. dt in
+// f32 (Mamba-2's, ssd_dt_fwd) or in ET (Mamba's δ, which its scan reads: ssd_dt_fwd_act).
+template <typename O>
+__device__ __forceinline__ void ssd_dt_fwd_impl(O* dt, const ET* raw, long stride, const float* bias, int rows, int H) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * H) return;
     int k = (int)(i % H);
     long r = i / H;
-    dt[i] = ssd_softplus(ld(raw, r * stride + k) + bias[k]);
+    st(dt, i, ssd_softplus(ld(raw, r * stride + k) + bias[k]));
+}
+extern "C" __global__ void KN(ssd_dt_fwd)(float* dt, const ET* raw, long stride, const float* bias, int rows, int H) {
+    ssd_dt_fwd_impl(dt, raw, stride, bias, rows, H);
+}
+extern "C" __global__ void KN(ssd_dt_fwd_act)(ET* dt, const ET* raw, long stride, const float* bias, int rows, int H) {
+    ssd_dt_fwd_impl(dt, raw, stride, bias, rows, H);
 }
 
 // dt's backward: draw (H columns of rows of stride `stride`) = ddt · sigmoid(raw + bias) (1 above
 // 20); thread (part, k) walks rows part·rows_per_part .. in order and writes its share of dbias
-// into part[part · H + k] (summed in order by ssd_colsum_acc_f32).
-extern "C" __global__ void KN(ssd_dt_bwd)(ET* draw, float* part, const float* ddt, const ET* raw, long stride,
-                                          const float* bias, int rows, int H, int rows_per_part) {
+// into part[part · H + k] (summed in order by ssd_colsum_acc_f32). ddt f32 (ssd_dt_bwd) or ET
+// (ssd_dt_bwd_act).
+template <typename G>
+__device__ __forceinline__ void ssd_dt_bwd_impl(ET* draw, float* part, const G* ddt, const ET* raw, long stride,
+                                                const float* bias, int rows, int H, int rows_per_part) {
     int k = blockIdx.x * blockDim.x + threadIdx.x;
     int chunk = blockIdx.y;
     if (k >= H) return;
@@ -946,11 +993,30 @@ extern "C" __global__ void KN(ssd_dt_bwd)(ET* draw, float* part, const float* dd
     long r0 = (long)chunk * rows_per_part, r1 = min((long)rows, r0 + rows_per_part);
     for (long r = r0; r < r1; ++r) {
         float v = ld(raw, r * stride + k) + bias[k];
-        float g = ddt[r * H + k] * (v > 20.0f ? 1.0f : 1.0f / (1.0f + expf(-v)));
+        float g = ld(ddt, r * H + k) * (v > 20.0f ? 1.0f : 1.0f / (1.0f + expf(-v)));
         st(draw, r * stride + k, g);
         acc += g;
     }
     part[(long)chunk * H + k] = acc;
+}
+extern "C" __global__ void KN(ssd_dt_bwd)(ET* draw, float* part, const float* ddt, const ET* raw, long stride,
+                                          const float* bias, int rows, int H, int rows_per_part) {
+    ssd_dt_bwd_impl(draw, part, ddt, raw, stride, bias, rows, H, rows_per_part);
+}
+extern "C" __global__ void KN(ssd_dt_bwd_act)(ET* draw, float* part, const ET* ddt, const ET* raw, long stride,
+                                              const float* bias, int rows, int H, int rows_per_part) {
+    ssd_dt_bwd_impl(draw, part, ddt, raw, stride, bias, rows, H, rows_per_part);
+}
+
+// dst[r, 0..cols) = src[r, 0..cols) for r < rows, rows of strides dst_stride and src_stride: a
+// block of columns out of (or into) a wider matrix. One thread per value.
+extern "C" __global__ void KN(ssd_copy_cols)(ET* dst, long dst_stride, const ET* src, long src_stride, int rows,
+                                             int cols) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)rows * cols) return;
+    long r = i / cols;
+    int c = (int)(i % cols);
+    dst[r * dst_stride + c] = src[r * src_stride + c];
 }
 
 // The convolution's state after a chunk of T positions (x rows of stride x_stride): the last W − 1

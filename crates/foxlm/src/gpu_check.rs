@@ -135,33 +135,48 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
     Ok(rows)
 }
 
-/// The recurrent models of the GPU check: the authors' Mamba-2 fixture (official-mamba2-tiny,
-/// beside `fixtures`; P = 32, N = 16, its 2 × 96 ids), and a Mamba-2 at the paper's head shape
-/// (P = 64, N = 128: the kernels' full tiles; 4 heads, d = 128) over 2 × 200 positions (four
-/// chunks, the last partial), initialised as for training. Row 1 of each is left-padded by 30.
+/// The input ids [b, t] of a recurrent fixture's expected.safetensors.
+fn fixture_ids(dir: &Path) -> Result<(usize, usize, Vec<u32>)> {
+    let path = dir.join("expected.safetensors");
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+    let x = st.tensor("input_ids").with_context(|| format!("{}: no tensor input_ids", path.display()))?;
+    anyhow::ensure!(x.shape().len() == 2 && x.shape()[0] >= 2, "{}: input_ids is not [b ≥ 2, t]", path.display());
+    let ids = x.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32).collect();
+    Ok((x.shape()[0], x.shape()[1], ids))
+}
+
+/// The recurrent models of the GPU check: the authors' Mamba-2 and Samba fixtures
+/// (official-mamba2-tiny, official-samba-tiny beside `fixtures`: Mamba-2 P = 32, N = 16; Samba
+/// N = 16, attention window 16; their 2 × 96 ids); a Mamba-2 at the paper's head shape (P = 64,
+/// N = 128: the kernels' full tiles; 4 heads, d = 128) and a Samba with attention heads of 64
+/// (the fast kernels and CUDA graphs; d = 128, 4 layers, window 64), each over 2 × 200 positions
+/// (four chunks of 64, the last partial), initialised as for training. Row 1 of each is
+/// left-padded by 30.
 pub fn recurrent_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
-    let dir = fixtures.parent().unwrap_or(fixtures).join("official-mamba2-tiny/mamba2");
-    let fixture = load_model(&dir)?;
-    let (b, t, ids) = {
-        let path = dir.join("expected.safetensors");
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let st = SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", path.display()))?;
-        let x = st.tensor("input_ids").with_context(|| format!("{}: no tensor input_ids", path.display()))?;
-        let ids: Vec<u32> =
-            x.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32).collect();
-        (x.shape()[0], x.shape()[1], ids)
-    };
-    let mut cfg = fixture.config.clone();
-    (cfg.hidden_size, cfg.num_heads, cfg.ssm_head_dim, cfg.state_size, cfg.vocab_size) =
-        (128, 4, Some(64), Some(128), 512);
-    cfg.validate()?;
-    let big = crate::train::init_model(&cfg, 11);
-    let t2 = 200;
-    let ids2: Vec<u32> = (0..2 * t2).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
-    Ok(vec![
-        CheckModel { name: "mamba2 fixture".into(), model: fixture, b, t, ids, start: vec![0, 30] },
-        CheckModel { name: "mamba2 P=64 N=128".into(), model: big, b: 2, t: t2, ids: ids2, start: vec![0, 30] },
-    ])
+    let root = fixtures.parent().unwrap_or(fixtures);
+    let mut out = Vec::new();
+    for (name, dir) in
+        [("mamba2 fixture", "official-mamba2-tiny/mamba2"), ("samba fixture", "official-samba-tiny/samba")]
+    {
+        let dir = root.join(dir);
+        let model = load_model(&dir)?;
+        let (b, t, ids) = fixture_ids(&dir)?;
+        out.push(CheckModel { name: name.into(), model, b, t, ids, start: vec![0, 30] });
+    }
+    let mut m2 = load_model(&root.join("official-mamba2-tiny/mamba2"))?.config;
+    (m2.hidden_size, m2.num_heads, m2.ssm_head_dim, m2.state_size, m2.vocab_size) = (128, 4, Some(64), Some(128), 512);
+    let mut sb = crate::presets::samba_config(128, 4, 2, 64);
+    sb.vocab_size = 512;
+    (sb.bos_token_id, sb.eos_token_id) = (None, None);
+    let t = 200;
+    let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
+    for (name, cfg) in [("mamba2 P=64 N=128", m2), ("samba d=128 attention heads of 64 window=64", sb)] {
+        cfg.validate()?;
+        let model = crate::train::init_model(&cfg, 11);
+        out.push(CheckModel { name: name.into(), model, b: 2, t, ids: ids.clone(), start: vec![0, 30] });
+    }
+    Ok(out)
 }
 
 /// A model of the grouped-query attention, window and ACP rows (none has a fixture), with its
@@ -612,7 +627,7 @@ fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{first_difference, gqa_window_models, max_abs_diff, rms_diff, worst_gap};
+    use super::{first_difference, gqa_window_models, max_abs_diff, recurrent_models, rms_diff, worst_gap};
     use crate::config::Config;
     use crate::model::{Ctx, Model};
 
@@ -672,6 +687,29 @@ mod tests {
                     assert!((1..h).all(|i| th[i] != th[0]), "{}: the same threshold for every head {th:?}", m.name);
                 }
             }
+        }
+    }
+
+    /// The GPU check's recurrent models load beside the FoX fixtures, have the shapes their
+    /// names say, and are sensitive: their logits are not near zero (a zero final norm once made
+    /// every row pass trivially) and left padding changes the padded row's logits.
+    #[test]
+    fn the_recurrent_check_models_are_sensitive() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny");
+        let models = recurrent_models(&fixtures).unwrap();
+        let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        let big = models[2].model.config.mamba2();
+        assert_eq!((big.head_dim, big.state, big.heads), (64, 128, 4));
+        for m in &models {
+            let (b, t) = (m.b, m.t);
+            let plain = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: None });
+            let padded = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: Some(m.start.clone()) });
+            let spread = plain.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+            assert!(spread > 0.05, "{}: logits all near 0 (max {spread})", m.name);
+            let v = m.model.config.vocab_size;
+            let row1 = |l: &[f32]| l[(t + t - 1) * v..(t + t) * v].to_vec();
+            assert!(max_abs_diff(&row1(&plain), &row1(&padded)) > 1e-4, "{}: padding changes nothing", m.name);
         }
     }
 }

@@ -44,6 +44,11 @@ pub struct DevScan<'a, T> {
     pub bc_layout: BcLayout,
     pub d: &'a CudaSlice<f32>,
     pub z: Option<&'a CudaSlice<T>>,
+    /// Where z's rows are in `z`: the first at element `z_offset`, then every `z_stride` (Di for
+    /// a contiguous [B, T, Di]; 2·Di and offset Di for the gate half of Mamba's in_proj output).
+    /// dz is written in the same layout.
+    pub z_offset: usize,
+    pub z_stride: usize,
     /// [B] first real position of each row (left padding), as i32.
     pub start: Option<&'a CudaSlice<i32>>,
 }
@@ -88,6 +93,7 @@ struct Params {
     dd: u64,
     sb: i64,
     st: i64,
+    zs: i64,
     b_off: i32,
     c_off: i32,
     b: i32,
@@ -114,6 +120,14 @@ pub fn scratch_floats(batch: usize, len: usize, channels: usize, state: usize) -
     channels.div_ceil(CHANNELS_PER_BLOCK) * batch * len * 32 + batch * channels * (state + 1)
 }
 
+/// The end of z's last row (+1): what z and dz must hold.
+fn z_end<T>(p: &DevScan<T>) -> usize {
+    if p.batch * p.len == 0 {
+        return 0;
+    }
+    p.z_offset + (p.batch * p.len - 1) * p.z_stride + p.channels
+}
+
 /// The end of the B/C layout's last row (+1): what bc and dbc must hold.
 fn bc_end<T>(p: &DevScan<T>) -> usize {
     let l = &p.bc_layout;
@@ -132,8 +146,9 @@ fn base<T: Elem>(gpu: &Gpu, p: &DevScan<T>) -> Result<Params> {
     for (what, s) in [("u", p.u), ("delta", p.delta)] {
         need(what, s, b * t * di)?;
     }
+    ensure!(p.z_stride >= di, "selective scan: z_stride {} < Di = {di}", p.z_stride);
     if let Some(z) = p.z {
-        need("z", z, b * t * di)?;
+        need("z", z, z_end(p))?;
     }
     need("bc", p.bc, bc_end(p))?;
     need("A", p.a, di * n)?;
@@ -147,10 +162,11 @@ fn base<T: Elem>(gpu: &Gpu, p: &DevScan<T>) -> Result<Params> {
         a: ptr(gpu, p.a),
         bc: ptr(gpu, p.bc),
         d: ptr(gpu, p.d),
-        z: p.z.map_or(0, |z| ptr(gpu, z)),
+        z: p.z.map_or(0, |z| ptr(gpu, z) + (p.z_offset * std::mem::size_of::<T>()) as u64),
         start: p.start.map_or(0, |s| ptr(gpu, s)),
         sb: l.sb as i64,
         st: l.st as i64,
+        zs: p.z_stride as i64,
         b_off: l.b_off as i32,
         c_off: l.c_off as i32,
         b: b as i32,
@@ -231,8 +247,8 @@ pub fn backward<T: Elem>(
     need("scratch", scratch, scratch_floats(b, t, di, n))?;
     ensure!(g.dz.is_some() == p.z.is_some(), "selective scan: dz is needed exactly when z is given");
     if let Some(dz) = &g.dz {
-        need("dz", dz, b * t * di)?;
-        prm.dz = ptr(gpu, *dz);
+        need("dz", dz, z_end(p))?;
+        prm.dz = ptr(gpu, *dz) + (p.z_offset * std::mem::size_of::<T>()) as u64;
     }
     if let Some(dh0) = &g.dh0 {
         need("dh0", dh0, b * di * n)?;
@@ -442,6 +458,8 @@ impl<T: Elem> DevInputs<T> {
             bc_layout: BcLayout::x_proj(c.t, DT_RANK, c.n),
             d: &self.d,
             z: self.z.as_ref(),
+            z_offset: 0,
+            z_stride: c.di,
             start: self.start.as_ref(),
         }
     }
@@ -593,6 +611,8 @@ fn decode_case<T: Elem>(gpu: &Gpu, name: &str, c: &Inputs, rows: &mut Vec<CheckR
             bc_layout: BcLayout::x_proj(1, DT_RANK, n),
             d: &dsk,
             z: gz.as_ref(),
+            z_offset: 0,
+            z_stride: di,
             start: None,
         };
         let mut go = gpu.zeros::<T>(b * di)?;
@@ -695,6 +715,8 @@ fn bench_typed<T: Elem>(
         bc_layout: BcLayout::x_proj(t, dt_rank, n),
         d: &d,
         z: Some(&z),
+        z_offset: 0,
+        z_stride: di,
         start: None,
     };
     let mut out = gpu.zeros::<T>(m)?;

@@ -278,11 +278,35 @@ pub fn ssd_decode_step<T: Elem>(
     state: &mut CudaSlice<f32>,
     y: &mut CudaSlice<T>,
 ) -> Result<()> {
+    decode_step(gpu, p, state, y, false)
+}
+
+/// [`ssd_decode_step`] with `p.a` holding A_log: the kernel takes A = −exp(A_log) itself (the
+/// model's decode step, one launch fewer).
+pub fn ssd_decode_step_a_log<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    state: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<T>,
+) -> Result<()> {
+    decode_step(gpu, p, state, y, true)
+}
+
+fn decode_step<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    state: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<T>,
+    a_log: bool,
+) -> Result<()> {
     let op = "ssd_decode_step";
     p.check(op)?;
     ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
     need(op, "state", state, p.states())?;
     need(op, "y", y, p.batch * p.heads * p.head_dim)?;
+    if p.batch == 0 {
+        return Ok(());
+    }
     let args = [
         Arg::P(ptr(gpu, state)),
         Arg::P(ptr(gpu, y)),
@@ -296,8 +320,79 @@ pub fn ssd_decode_step<T: Elem>(
         Arg::I(int(op, p.head_dim)?),
         Arg::I(int(op, p.state)?),
         Arg::I(int(op, p.groups)?),
+        Arg::I(a_log as i32),
     ];
-    launch(gpu, &kname::<T>("ssd_decode"), p.batch * p.heads, 0, &args)
+    launch2(gpu, &kname::<T>("ssd_decode"), (p.batch * p.heads, p.head_dim.div_ceil(8)), 0, &args)
+}
+
+/// Where a Mamba-2 decode step's inputs are in in_proj's output [B, stride]: xBC's C columns
+/// from `conv_off`, dt_raw's H columns from `dt_off`.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeInputs {
+    pub batch: usize,
+    pub stride: usize,
+    pub conv_off: usize,
+    pub channels: usize,
+    pub width: usize,
+    pub dt_off: usize,
+    pub heads: usize,
+}
+
+/// The inputs of a Mamba-2 decode step in one launch, as [`conv1d_fwd`] + [`conv1d_state`] +
+/// [`dt_fwd`] at T = 1 (a padded row's conv state is kept, as [`crate::conv1d::conv1d_decode_step`]
+/// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing `conv_state` [B, W − 1, C] (advanced),
+/// dt [B, H] = softplus(dt_raw + dt_bias).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_inputs<T: Elem>(
+    gpu: &Gpu,
+    xbc: &mut CudaSlice<T>,
+    conv_state: &mut CudaSlice<f32>,
+    dt: &mut CudaSlice<f32>,
+    zxbcdt: &CudaSlice<T>,
+    weight: &CudaSlice<T>,
+    bias: Option<&CudaSlice<f32>>,
+    dt_bias: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    d: DecodeInputs,
+) -> Result<()> {
+    let op = "decode_inputs";
+    let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
+    ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
+    ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
+    need(op, "zxbcdt", zxbcdt, b * d.stride)?;
+    need(op, "xbc", xbc, b * c)?;
+    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
+    need(op, "dt", dt, b * h)?;
+    need(op, "weight", weight, c * w)?;
+    need(op, "dt_bias", dt_bias, h)?;
+    if let Some(x) = bias {
+        need(op, "bias", x, c)?;
+    }
+    if let Some(s) = start {
+        need(op, "start", s, b)?;
+    }
+    if b == 0 {
+        return Ok(());
+    }
+    int(op, b * d.stride + b * (w - 1) * c)?;
+    let args = [
+        Arg::P(ptr(gpu, xbc)),
+        Arg::P(ptr(gpu, conv_state)),
+        Arg::P(ptr(gpu, dt)),
+        Arg::P(ptr(gpu, zxbcdt)),
+        Arg::L(d.stride as i64),
+        Arg::L(d.conv_off as i64),
+        Arg::L(d.dt_off as i64),
+        Arg::P(ptr(gpu, weight)),
+        Arg::P(opt_ptr(gpu, bias)),
+        Arg::P(ptr(gpu, dt_bias)),
+        Arg::P(opt_ptr(gpu, start)),
+        Arg::I(int(op, b)?),
+        Arg::I(int(op, c)?),
+        Arg::I(int(op, w)?),
+        Arg::I(int(op, h)?),
+    ];
+    launch(gpu, &kname::<T>("ssd_decode_inputs"), (b * (c + h)).div_ceil(256), 0, &args)
 }
 
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
@@ -731,11 +826,21 @@ pub fn ssd_bwd<T: Elem>(
     launch(gpu, "ssd_head_reduce_f32", h.div_ceil(256), 0, &args)
 }
 
-/// dt [rows, H] (f32) = softplus(raw + bias), as [`crate::ssd::dt_fwd`]: raw rows of stride
-/// `stride` (the dt columns of in_proj's output).
-pub fn dt_fwd<T: Elem>(
+/// The instantiation of a dt kernel whose f32 operand (`dt` of the forward, `ddt` of the
+/// backward) is O: f32 (Mamba-2's dt), or T itself (Mamba's δ, in the activation type).
+fn dt_kernel<T: Elem, O: Elem>(base: &str) -> Result<String> {
+    match O::NAME {
+        "f32" => Ok(kname::<T>(base)),
+        o if o == T::NAME => Ok(kname::<T>(&format!("{base}_act"))),
+        o => Err(anyhow!("{base}: dt in {o} with activations in {}", T::NAME)),
+    }
+}
+
+/// dt [rows, H] = softplus(raw + bias), as [`crate::ssd::dt_fwd`]: raw rows of stride `stride`
+/// (the dt columns of in_proj's output); dt in f32 or in the activation type T.
+pub fn dt_fwd<T: Elem, O: Elem>(
     gpu: &Gpu,
-    dt: &mut CudaSlice<f32>,
+    dt: &mut CudaSlice<O>,
     raw: &impl DevicePtr<T>,
     stride: usize,
     bias: &CudaSlice<f32>,
@@ -758,7 +863,7 @@ pub fn dt_fwd<T: Elem>(
         Arg::I(int(op, rows)?),
         Arg::I(int(op, h)?),
     ];
-    launch(gpu, &kname::<T>("ssd_dt_fwd"), (rows * h).div_ceil(256), 0, &args)
+    launch(gpu, &dt_kernel::<T, O>("ssd_dt_fwd")?, (rows * h).div_ceil(256), 0, &args)
 }
 
 /// Floats of the scratch of [`dt_bwd`]: ⌈rows / 256⌉ · H.
@@ -769,12 +874,12 @@ pub fn dt_bwd_scratch_len(rows: usize, heads: usize) -> usize {
 /// Backward of [`dt_fwd`], as [`crate::ssd::dt_bwd`]: draw's H columns (rows of stride `stride`)
 /// overwritten, dbias [H] accumulated through per-256-row partial sums added in order.
 #[allow(clippy::too_many_arguments)]
-pub fn dt_bwd<T: Elem>(
+pub fn dt_bwd<T: Elem, O: Elem>(
     gpu: &Gpu,
     draw: &mut impl DevicePtrMut<T>,
     dbias: &mut CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
-    ddt: &CudaSlice<f32>,
+    ddt: &CudaSlice<O>,
     raw: &impl DevicePtr<T>,
     stride: usize,
     bias: &CudaSlice<f32>,
@@ -806,7 +911,7 @@ pub fn dt_bwd<T: Elem>(
         Arg::I(int(op, h)?),
         Arg::I(ROWS_PER_PART as i32),
     ];
-    launch2(gpu, &kname::<T>("ssd_dt_bwd"), (h.div_ceil(256), parts), 0, &args)?;
+    launch2(gpu, &dt_kernel::<T, O>("ssd_dt_bwd")?, (h.div_ceil(256), parts), 0, &args)?;
     let args = [Arg::P(ptr(gpu, dbias)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, h)?), Arg::L(h as i64)];
     launch(gpu, "ssd_colsum_acc_f32", h.div_ceil(256), 0, &args)
 }
@@ -833,4 +938,34 @@ pub fn mul_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, x: &CudaSlice<f32>, y: &Cuda
     }
     let args = [Arg::P(ptr(gpu, dst)), Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, y)), Arg::I(int("mul_acc", n)?)];
     launch(gpu, "ssd_mul_acc_f32", n.div_ceil(256), 0, &args)
+}
+
+/// dst[r, 0..cols) = src[r, 0..cols) for r < rows, rows of strides `dst_stride` and
+/// `src_stride`: a block of columns out of, or into, a wider matrix.
+pub fn copy_cols<T: Elem>(
+    gpu: &Gpu,
+    dst: &mut impl DevicePtrMut<T>,
+    dst_stride: usize,
+    src: &impl DevicePtr<T>,
+    src_stride: usize,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    let op = "copy_cols";
+    ensure!(cols <= dst_stride && cols <= src_stride, "{op}: {cols} columns in rows of {dst_stride} and {src_stride}");
+    let span = |stride: usize| if rows * cols == 0 { 0 } else { (rows - 1) * stride + cols };
+    need(op, "dst", dst, span(dst_stride))?;
+    need(op, "src", src, span(src_stride))?;
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    int(op, rows * dst_stride.max(src_stride))?;
+    let args = [
+        Arg::P(ptr_mut(gpu, dst)),
+        Arg::L(dst_stride as i64),
+        Arg::P(ptr(gpu, src)),
+        Arg::L(src_stride as i64),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, cols)?),
+    ];
+    launch(gpu, &kname::<T>("ssd_copy_cols"), (rows * cols).div_ceil(256), 0, &args)
 }

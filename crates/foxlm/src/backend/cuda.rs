@@ -28,8 +28,10 @@ use std::sync::Arc;
 
 pub(crate) mod decode;
 mod fused;
+pub(crate) mod recurrent;
 pub use decode::DeviceSampling;
 pub use fused::fused_decode_covers;
+pub(crate) use recurrent::{grown, ssm_scratch_floats, SsmScratch};
 
 /// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H_kv, cap, D]
 /// in the activation dtype, the running gate sums c [B, H, cap] in f32 (per query head, as the
@@ -66,7 +68,7 @@ pub struct CacheLens {
 }
 
 /// Why the CUDA backend cannot run `model` (for training when `training`), if it cannot: a layer
-/// family whose CUDA operations do not exist yet.
+/// whose sizes the CUDA kernels do not take.
 pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
     model.layers.iter().find_map(|blk| match &blk.mixer {
         crate::model::Mixer::Attention(_) => None,
@@ -81,8 +83,18 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
                 )
             })
         }
-        crate::model::Mixer::Mamba(_) => {
-            Some("Samba's Mamba layers have no CUDA kernels yet (they run on the CPU: --device cpu)".to_string())
+        crate::model::Mixer::Mamba(l) => {
+            let s = l.sizes();
+            let ok = s.state <= fox_kernels::cuda::selective_scan::MAX_STATE && (1..=8).contains(&s.conv);
+            (!ok).then(|| {
+                format!(
+                    "the GPU's Mamba kernels take state_size ≤ {} and conv_kernel ≤ 8 (this model: {}, {}); run it \
+                     with --device cpu",
+                    fox_kernels::cuda::selective_scan::MAX_STATE,
+                    s.state,
+                    s.conv
+                )
+            })
         }
     })
 }
@@ -188,60 +200,6 @@ pub(crate) struct F32Attn {
     pub(crate) dq: CudaSlice<f32>,
     pub(crate) dk: CudaSlice<f32>,
     pub(crate) dv: CudaSlice<f32>,
-}
-
-/// Scratch of the recurrent layers' kernels (Mamba-2's SSD and the partial sums of its
-/// parameter gradients), shared by every layer: sized in [`Cuda::new`] for the planned step (so
-/// a training step allocates nothing) and grown by a call that needs more (an inference shape
-/// beyond the plan).
-#[derive(Default)]
-pub(crate) struct SsmScratch {
-    /// The SSD's chunk products and states (forward, or forward and backward).
-    pub(crate) big: Option<CudaSlice<f32>>,
-    /// Per-256-row partial sums of the conv, norm and dt gradients.
-    pub(crate) small: Option<CudaSlice<f32>>,
-    /// A = −exp(A_log) and dA, [H] each.
-    pub(crate) a: Option<CudaSlice<f32>>,
-    pub(crate) da: Option<CudaSlice<f32>>,
-    /// The SSM state a chunked prefill leaves, before it replaces the layer's.
-    pub(crate) next: Option<CudaSlice<f32>>,
-}
-
-/// `slot` holding at least `n` floats (allocated, or reallocated larger, when it does not).
-pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usize) -> Result<&'a mut CudaSlice<f32>> {
-    if slot.as_ref().is_none_or(|s| s.len() < n) {
-        *slot = None;
-        *slot = Some(gpu.zeros(n.max(1)).with_context(|| format!("recurrent layers' scratch of {n} floats"))?);
-    }
-    slot.as_mut().ok_or_else(|| anyhow!("scratch"))
-}
-
-/// Floats of [`SsmScratch`]'s `big` and `small` for a step of [batch, seq] (training when
-/// `train`): the largest over the model's Mamba-2 layers.
-pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train: bool) -> (usize, usize) {
-    use fox_kernels::cuda::ssd;
-    let rows = batch * seq;
-    let mut out = (0, 0);
-    for blk in &model.layers {
-        if let crate::model::Mixer::Mamba2(l) = &blk.mixer {
-            let s = l.sizes();
-            let shape = (batch, seq, s.heads, s.head_dim, s.state, s.groups);
-            let big = if train {
-                ssd::ssd_bwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
-            } else {
-                ssd::ssd_fwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
-            };
-            let small = if train {
-                ssd::conv1d_bwd_scratch_len(batch, seq, s.conv_dim(), s.conv)
-                    .max(ssd::rms_norm_gated_bwd_scratch_len(rows * s.groups, s.inner / s.groups))
-                    .max(ssd::dt_bwd_scratch_len(rows, s.heads))
-            } else {
-                0
-            };
-            out = (out.0.max(big), out.1.max(small));
-        }
-    }
-    out
 }
 
 /// Events that can be timed (cudarc's default disables timing).

@@ -784,7 +784,9 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
         let model = crate::train::init_model(&preset.model, 0);
         let c = &model.config;
         // Bytes a decode step must read at batch 1: every bf16 matrix but the embedding (one row
-        // of it), the f32 norm weights, and the cache's keys and values at the mean length.
+        // of it), the f32 norm weights, and each layer's state: the cache's keys and values at the
+        // mean length (within the window), a recurrent layer's fixed-size f32 state (read and
+        // written).
         let emb = model.params.tensors[model.embeddings.0].numel();
         let matrices: usize = model
             .params
@@ -797,9 +799,18 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
         let others = model.params.numel() - matrices;
         let weight_bytes = 2 * (matrices - emb) + 4 * others;
         let mean_len = a.prompt + a.new_tokens / 2;
-        // keys and values per k/v head (grouped-query attention keeps fewer); every position is
-        // kept, a window only masks
-        let cache_bytes = c.num_hidden_layers * 2 * c.kv_heads() * mean_len * c.head_dim() * 2;
+        let cache_bytes: usize = model
+            .layers
+            .iter()
+            .map(|blk| match &blk.mixer {
+                // bf16 keys and values per k/v head (grouped-query attention keeps fewer)
+                crate::model::Mixer::Attention(l) => {
+                    2 * l.kv_heads * mean_len.min(l.window.unwrap_or(usize::MAX)) * l.head_dim * 2
+                }
+                crate::model::Mixer::Mamba2(l) => 2 * crate::model::mamba2::state::Mamba2State::bytes_for(1, l.sizes()),
+                crate::model::Mixer::Mamba(l) => 2 * crate::model::mamba::state::MambaState::bytes_for(1, l.sizes()),
+            })
+            .sum();
         // The roofline: the bytes a step reads over the measured copy bandwidth.
         let roofline = bw / (weight_bytes + cache_bytes) as f64;
         println!(

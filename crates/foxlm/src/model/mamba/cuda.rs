@@ -1,20 +1,20 @@
-//! The Mamba family on the CUDA backend: its inference state on the device, and its
-//! operations. `fox_kernels::cuda::selective_scan` exists (the scan, N ≤ 16) and the layer's
-//! buffers are laid out as it reads them (u, δ in the activation type, x_proj's output read in
-//! place through `BcLayout::x_proj`), but the layer needs device kernels that do not exist yet:
-//! the causal depthwise conv1d + SiLU (forward, backward, state, decode step), softplus(x + bias)
-//! per channel and its backward (Mamba-2's dt op has no CUDA twin either), strided column copies
-//! (dt_low out of x_proj's output and its gradient back, z out of in_proj's output for the scan
-//! and dz back), and A = −exp(A_log) with dA_log = dA ⊙ A. Every operation refuses with an error
-//! that says so, rather than running part of the layer on the device.
+//! The Mamba family on the CUDA backend (Samba's Mamba layers): its inference state on the
+//! device, and its operations: the short convolution shared with Mamba-2
+//! (`backend/cuda/recurrent.rs`), dt_low's columns and δ = softplus(·) from
+//! `fox_kernels::cuda::ssd`, and `fox_kernels::cuda::selective_scan` (N ≤ 16) reading x_proj's
+//! B and C and in_proj's gate z in place.
 
 use super::ops::{MambaOps, MambaParams};
 use super::state::MambaState;
-use crate::backend::cuda::{Cuda, GpuBatch};
+use crate::backend::cuda::recurrent::ShortConv;
+use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
+use crate::backend::Family;
 use crate::config::MambaSizes;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
-use fox_kernels::cuda::{Elem, Gpu};
+use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
+use fox_kernels::cuda::{ssd, Elem, Gpu};
+use fox_kernels::selective_scan::BcLayout;
 
 /// A Mamba layer's inference state on the GPU, in f32: the scan state [B, Di, N] and the
 /// convolution's last W − 1 inputs [B, W − 1, Di] (as [`MambaState`] on the CPU).
@@ -33,81 +33,181 @@ impl GpuMambaState {
     }
 }
 
-/// Why a Samba model cannot run on the GPU yet.
-const NO_KERNELS: &str = "Samba's Mamba layers need a CUDA causal conv1d (depthwise, with SiLU, its state and \
-     decode step), which does not exist yet (fox_kernels::cuda has the selective scan only): run this model with \
-     --device cpu";
+/// The convolution over xz's x columns.
+fn conv(p: &MambaParams) -> ShortConv {
+    let s = &p.sizes;
+    ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.inner, width: s.conv, stride: 2 * s.inner }
+}
+
+impl<T: Elem> Cuda<T> {
+    /// A = −exp(A_log) [Di, N] into the scratch's `a`.
+    fn mamba_a(&mut self, p: &MambaParams) -> Result<()> {
+        let a = grown(&self.gpu, &mut self.ssm.a, p.sizes.inner * p.sizes.state)?;
+        ssd::neg_exp(&self.gpu, a, &self.params[p.a_log.0].master)
+    }
+}
+
+/// The scan over the layer's buffers: u, δ [B·T, Di], B and C in x_proj's output, the gate z in
+/// xz's last Di columns.
+#[allow(clippy::too_many_arguments)]
+fn problem<'a, T: Elem>(
+    s: &MambaSizes,
+    b: &'a GpuBatch,
+    u: &'a CudaSlice<T>,
+    delta: &'a CudaSlice<T>,
+    a: &'a CudaSlice<f32>,
+    xp: &'a CudaSlice<T>,
+    d: &'a CudaSlice<f32>,
+    xz: &'a CudaSlice<T>,
+) -> DevScan<'a, T> {
+    DevScan {
+        batch: b.batch,
+        len: b.seq,
+        channels: s.inner,
+        state: s.state,
+        u,
+        delta,
+        a,
+        bc: xp,
+        bc_layout: BcLayout::x_proj(b.seq, s.dt_rank, s.state),
+        d,
+        z: Some(xz),
+        z_offset: s.inner,
+        z_stride: 2 * s.inner,
+        start: b.chunk_start(),
+    }
+}
 
 impl<T: Elem> MambaOps for Cuda<T> {
     type MambaState = GpuMambaState;
 
     fn mamba_conv_fwd(
         &mut self,
-        _u: &mut CudaSlice<T>,
-        _xz: &CudaSlice<T>,
-        _p: &MambaParams,
-        _batch: &GpuBatch,
-        _state: Option<&mut GpuMambaState>,
+        u: &mut CudaSlice<T>,
+        xz: &CudaSlice<T>,
+        p: &MambaParams,
+        b: &GpuBatch,
+        state: Option<&mut GpuMambaState>,
     ) -> Result<()> {
-        bail!(NO_KERNELS)
+        self.mark(Family::Other)?;
+        if let Some(st) = &state {
+            ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
+        }
+        self.short_conv_fwd(u, &xz.slice(..), &conv(p), b, state.map(|st| &mut st.conv))
     }
+
     fn mamba_conv_bwd(
         &mut self,
-        _dxz: &mut CudaSlice<T>,
-        _du: &CudaSlice<T>,
-        _xz: &CudaSlice<T>,
-        _p: &MambaParams,
-        _batch: &GpuBatch,
+        dxz: &mut CudaSlice<T>,
+        du: &CudaSlice<T>,
+        xz: &CudaSlice<T>,
+        p: &MambaParams,
+        b: &GpuBatch,
     ) -> Result<()> {
-        bail!(NO_KERNELS)
+        self.mark(Family::Other)?;
+        self.short_conv_bwd(&mut dxz.slice_mut(..), du, &xz.slice(..), &conv(p), b)
     }
-    fn mamba_dt_split(&mut self, _dt_low: &mut CudaSlice<T>, _xp: &CudaSlice<T>, _p: &MambaParams) -> Result<()> {
-        bail!(NO_KERNELS)
+
+    fn mamba_dt_split(&mut self, dt_low: &mut CudaSlice<T>, xp: &CudaSlice<T>, p: &MambaParams) -> Result<()> {
+        self.mark(Family::Other)?;
+        let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
+        ensure!(r > 0, "Mamba dt split: dt_rank 0");
+        ssd::copy_cols(&self.gpu, dt_low, r, xp, w, (dt_low.len() / r, r))
     }
-    fn mamba_dt_merge(&mut self, _dxp: &mut CudaSlice<T>, _d_dt_low: &CudaSlice<T>, _p: &MambaParams) -> Result<()> {
-        bail!(NO_KERNELS)
+
+    fn mamba_dt_merge(&mut self, dxp: &mut CudaSlice<T>, d_dt_low: &CudaSlice<T>, p: &MambaParams) -> Result<()> {
+        self.mark(Family::Other)?;
+        let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
+        ensure!(r > 0, "Mamba dt merge: dt_rank 0");
+        ssd::copy_cols(&self.gpu, dxp, w, d_dt_low, r, (d_dt_low.len() / r, r))
     }
-    fn mamba_delta_fwd(&mut self, _delta: &mut CudaSlice<T>, _dt_pre: &CudaSlice<T>, _p: &MambaParams) -> Result<()> {
-        bail!(NO_KERNELS)
+
+    fn mamba_delta_fwd(&mut self, delta: &mut CudaSlice<T>, dt_pre: &CudaSlice<T>, p: &MambaParams) -> Result<()> {
+        self.mark(Family::Other)?;
+        let di = p.sizes.inner;
+        ssd::dt_fwd(&self.gpu, delta, dt_pre, di, &self.params[p.dt_bias.0].master, dt_pre.len() / di)
     }
+
     fn mamba_delta_bwd(
         &mut self,
-        _d_dt_pre: &mut CudaSlice<T>,
-        _ddelta: &CudaSlice<T>,
-        _dt_pre: &CudaSlice<T>,
-        _p: &MambaParams,
+        d_dt_pre: &mut CudaSlice<T>,
+        ddelta: &CudaSlice<T>,
+        dt_pre: &CudaSlice<T>,
+        p: &MambaParams,
     ) -> Result<()> {
-        bail!(NO_KERNELS)
+        self.mark(Family::Other)?;
+        let di = p.sizes.inner;
+        let rows = dt_pre.len() / di;
+        let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::dt_bwd_scratch_len(rows, di))?;
+        let bias = &mut self.params[p.dt_bias.0];
+        ssd::dt_bwd(&self.gpu, d_dt_pre, &mut bias.grad, scratch, ddelta, dt_pre, di, &bias.master, rows)
     }
+
     fn selective_scan_fwd(
         &mut self,
-        _y: &mut CudaSlice<T>,
-        _saved: &mut CudaSlice<f32>,
-        _u: &CudaSlice<T>,
-        _delta: &CudaSlice<T>,
-        _xp: &CudaSlice<T>,
-        _xz: &CudaSlice<T>,
-        _p: &MambaParams,
-        _batch: &GpuBatch,
-        _state: Option<&mut GpuMambaState>,
+        y: &mut CudaSlice<T>,
+        saved: &mut CudaSlice<f32>,
+        u: &CudaSlice<T>,
+        delta: &CudaSlice<T>,
+        xp: &CudaSlice<T>,
+        xz: &CudaSlice<T>,
+        p: &MambaParams,
+        b: &GpuBatch,
+        state: Option<&mut GpuMambaState>,
     ) -> Result<()> {
-        bail!(NO_KERNELS)
+        self.mark(Family::Attention)?;
+        self.mamba_a(p)?;
+        let s = &p.sizes;
+        let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
+        let prob = problem(s, b, u, delta, a, xp, &self.params[p.d_skip.0].master, xz);
+        match state {
+            None => scan::forward(&self.gpu, &prob, None, y, saved, None),
+            Some(st) => {
+                ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
+                if b.seq == 1 {
+                    scan::decode_step(&self.gpu, &prob, &mut st.ssm, y)?;
+                } else {
+                    let next = grown(&self.gpu, &mut self.ssm.next, st.ssm.len())?;
+                    scan::forward(&self.gpu, &prob, Some(&st.ssm), y, saved, Some(&mut *next))?;
+                    let n = st.ssm.len();
+                    dtod(&self.gpu, next, 0, &mut st.ssm, 0, n)?;
+                }
+                st.len += b.seq;
+                Ok(())
+            }
+        }
     }
+
     fn selective_scan_bwd(
         &mut self,
-        _du: &mut CudaSlice<T>,
-        _ddelta: &mut CudaSlice<T>,
-        _dxp: &mut CudaSlice<T>,
-        _dxz: &mut CudaSlice<T>,
-        _dy: &CudaSlice<T>,
-        _saved: &CudaSlice<f32>,
-        _u: &CudaSlice<T>,
-        _delta: &CudaSlice<T>,
-        _xp: &CudaSlice<T>,
-        _xz: &CudaSlice<T>,
-        _p: &MambaParams,
-        _batch: &GpuBatch,
+        du: &mut CudaSlice<T>,
+        ddelta: &mut CudaSlice<T>,
+        dxp: &mut CudaSlice<T>,
+        dxz: &mut CudaSlice<T>,
+        dy: &CudaSlice<T>,
+        saved: &CudaSlice<f32>,
+        u: &CudaSlice<T>,
+        delta: &CudaSlice<T>,
+        xp: &CudaSlice<T>,
+        xz: &CudaSlice<T>,
+        p: &MambaParams,
+        b: &GpuBatch,
     ) -> Result<()> {
-        bail!(NO_KERNELS)
+        self.mark(Family::Attention)?;
+        self.mamba_a(p)?;
+        let s = &p.sizes;
+        let an = s.inner * s.state;
+        let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
+        // The scan adds dA into `da`: from zero.
+        let da = grown(&self.gpu, &mut self.ssm.da, an)?;
+        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))?;
+        let scratch = grown(&self.gpu, &mut self.ssm.big, scan::scratch_floats(b.batch, b.seq, s.inner, s.state))?;
+        let dp = &mut self.params[p.d_skip.0];
+        let prob = problem(s, b, u, delta, a, xp, &dp.master, xz);
+        let g = DevGrads { du, ddelta, da, dbc: dxp, dd: &mut dp.grad, dz: Some(dxz), dh0: None };
+        scan::backward(&self.gpu, &prob, saved, dy, g, scratch)?;
+        // A = −exp(A_log): dA_log += dA · A.
+        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
+        ssd::mul_acc(&self.gpu, &mut self.params[p.a_log.0].grad, da, a, an)
     }
 }

@@ -5,6 +5,7 @@
 
 use super::ops::{Mamba2Ops, Mamba2Params};
 use super::state::Mamba2State;
+use crate::backend::cuda::recurrent::{two_mut, ShortConv};
 use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
@@ -30,9 +31,10 @@ impl GpuMamba2State {
     }
 }
 
-/// The conv's (batch, seq, channels, width) over xBC's columns.
-fn conv_dims(s: &Mamba2Sizes, b: &GpuBatch) -> (usize, usize, usize, usize) {
-    (b.batch, b.seq, s.conv_dim(), s.conv)
+/// The convolution over xBC's columns of zxbcdt.
+fn conv(p: &Mamba2Params) -> ShortConv {
+    let s = &p.sizes;
+    ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.conv_dim(), width: s.conv, stride: s.in_proj_dim() }
 }
 
 impl<T: Elem> Cuda<T> {
@@ -55,20 +57,11 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         state: Option<&mut GpuMamba2State>,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let s = p.sizes;
-        let x = zxbcdt.slice(s.inner..);
-        let dims = conv_dims(&s, b);
-        let w = self.copy_of(p.conv_w)?;
-        let bias = p.conv_b.map(|id| &self.params[id.0].master);
-        let start = b.chunk_start();
-        match state {
-            None => ssd::conv1d_fwd(&self.gpu, xbc, &x, s.in_proj_dim(), w, bias, start, None, dims, true),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
-                ssd::conv1d_fwd(&self.gpu, xbc, &x, s.in_proj_dim(), w, bias, start, Some(&st.conv), dims, true)?;
-                ssd::conv1d_state(&self.gpu, &mut st.conv, &x, s.in_proj_dim(), start, dims)
-            }
+        if let Some(st) = &state {
+            ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
         }
+        let x = zxbcdt.slice(p.sizes.inner..);
+        self.short_conv_fwd(xbc, &x, &conv(p), b, state.map(|st| &mut st.conv))
     }
 
     fn mamba2_conv_bwd(
@@ -80,38 +73,41 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
+        let at = p.sizes.inner;
+        self.short_conv_bwd(&mut dzxbcdt.slice_mut(at..), dxbc, &zxbcdt.slice(at..), &conv(p), b)
+    }
+
+    fn mamba2_step_inputs(
+        &mut self,
+        xbc: &mut CudaSlice<T>,
+        dt: &mut CudaSlice<f32>,
+        zxbcdt: &CudaSlice<T>,
+        p: &Mamba2Params,
+        b: &GpuBatch,
+        st: &mut GpuMamba2State,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        ensure!(
+            st.batch == b.batch && b.seq == 1,
+            "a Mamba-2 decode step of {} × {} on a state of {} rows",
+            b.batch,
+            b.seq,
+            st.batch
+        );
         let s = p.sizes;
-        let dims = conv_dims(&s, b);
-        let scratch =
-            grown(&self.gpu, &mut self.ssm.small, ssd::conv1d_bwd_scratch_len(dims.0, dims.1, dims.2, dims.3))?;
-        let (w, bias) = match p.conv_b {
-            Some(id) => {
-                let (w, bias) = two_mut(&mut self.params, p.conv_w.0, id.0)?;
-                (w, Some(bias))
-            }
-            None => (&mut self.params[p.conv_w.0], None),
+        let d = ssd::DecodeInputs {
+            batch: b.batch,
+            stride: s.in_proj_dim(),
+            conv_off: s.inner,
+            channels: s.conv_dim(),
+            width: s.conv,
+            dt_off: s.inner + s.conv_dim(),
+            heads: s.heads,
         };
-        let copy = w.copy.as_ref().ok_or_else(|| anyhow!("conv1d weight without a working copy"))?;
-        let (bias, dbias) = match bias {
-            Some(d) => (Some(&d.master), Some(&mut d.grad)),
-            None => (None, None),
-        };
-        ssd::conv1d_bwd(
-            &self.gpu,
-            &mut dzxbcdt.slice_mut(s.inner..),
-            &mut w.grad,
-            dbias,
-            scratch,
-            dxbc,
-            &zxbcdt.slice(s.inner..),
-            s.in_proj_dim(),
-            copy,
-            bias,
-            b.chunk_start(),
-            None,
-            dims,
-            true,
-        )
+        let w = self.copy_of(p.conv_w)?;
+        let bias = p.conv_b.map(|id| &self.params[id.0].master);
+        let dt_bias = &self.params[p.dt_bias.0].master;
+        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv, dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
     }
 
     fn mamba2_dt_fwd(&mut self, dt: &mut CudaSlice<f32>, zxbcdt: &CudaSlice<T>, p: &Mamba2Params) -> Result<()> {
@@ -160,9 +156,14 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         state: Option<&mut GpuMamba2State>,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba2_a(p)?;
         let s = p.sizes;
-        let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
+        // A decode step's kernel takes A = −exp(A_log) itself; the chunked forward reads A.
+        let decode = state.is_some() && b.seq == 1;
+        if !decode {
+            self.mamba2_a(p)?;
+        }
+        let a =
+            if decode { &self.params[p.a_log.0].master } else { self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))? };
         let prob = DevSsd {
             batch: b.batch,
             seq: b.seq,
@@ -186,7 +187,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             Some(st) => {
                 ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
                 if b.seq == 1 {
-                    ssd::ssd_decode_step(&self.gpu, &prob, &mut st.ssm, y)?;
+                    ssd::ssd_decode_step_a_log(&self.gpu, &prob, &mut st.ssm, y)?;
                 } else {
                     let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
                     let next = grown(&self.gpu, &mut self.ssm.next, st.ssm.len())?;
@@ -294,16 +295,4 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             dim,
         )
     }
-}
-
-/// Two distinct elements of `v`, both mutable.
-fn two_mut<U>(v: &mut [U], i: usize, j: usize) -> Result<(&mut U, &mut U)> {
-    ensure!(i != j && i.max(j) < v.len(), "two_mut: {i} and {j} of {}", v.len());
-    Ok(if i < j {
-        let (l, r) = v.split_at_mut(j);
-        (&mut l[i], &mut r[0])
-    } else {
-        let (l, r) = v.split_at_mut(i);
-        (&mut r[0], &mut l[j])
-    })
 }

@@ -149,8 +149,13 @@ impl Mamba2Mixer {
         let n = info.batch * info.seq;
         let p = &self.p;
         be.linear_fwd(&mut a.zxbcdt, x, &self.in_proj, n)?;
-        be.mamba2_conv_fwd(&mut a.xbc, &a.zxbcdt, p, batch, state.as_deref_mut())?;
-        be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p)?;
+        match state.as_deref_mut() {
+            Some(st) if info.seq == 1 => be.mamba2_step_inputs(&mut a.xbc, &mut a.dt, &a.zxbcdt, p, batch, st)?,
+            st => {
+                be.mamba2_conv_fwd(&mut a.xbc, &a.zxbcdt, p, batch, st)?;
+                be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p)?;
+            }
+        }
         be.ssd_fwd(&mut a.y, &a.xbc, &a.dt, p, batch, state)?;
         be.gated_norm_fwd(&mut a.g, &mut a.rstd, &a.y, &a.zxbcdt, p)?;
         be.linear_fwd(out, &a.g, &self.out_proj, n)

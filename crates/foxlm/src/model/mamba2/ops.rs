@@ -50,6 +50,21 @@ pub trait Mamba2Ops: Backend {
         p: &Mamba2Params,
         batch: &Self::Batch,
     ) -> Result<()>;
+    /// A decode step's inputs (one position per row, continuing `state`): xbc as
+    /// [`Mamba2Ops::mamba2_conv_fwd`] and dt as [`Mamba2Ops::mamba2_dt_fwd`] compute them, which
+    /// a backend may do in one pass.
+    fn mamba2_step_inputs(
+        &mut self,
+        xbc: &mut Self::Act,
+        dt: &mut Self::F32,
+        zxbcdt: &Self::Act,
+        p: &Mamba2Params,
+        batch: &Self::Batch,
+        state: &mut Self::Mamba2State,
+    ) -> Result<()> {
+        self.mamba2_conv_fwd(xbc, zxbcdt, p, batch, Some(state))?;
+        self.mamba2_dt_fwd(dt, zxbcdt, p)
+    }
     /// dt [B·T, H] (f32) = softplus(dt_raw + dt_bias).
     fn mamba2_dt_fwd(&mut self, dt: &mut Self::F32, zxbcdt: &Self::Act, p: &Mamba2Params) -> Result<()>;
     /// From d dt, writes d dt_raw into its columns of `dzxbcdt` and adds dt_bias's gradient.

@@ -1,0 +1,167 @@
+//! What the recurrent families (Mamba-2, Mamba) share on the CUDA backend: one grown scratch
+//! for their kernels, and the short causal convolution (depthwise, with SiLU) over a block of
+//! columns of in_proj's output, with its inference state and its backward.
+
+use super::{Cuda, GpuBatch};
+use crate::model::Model;
+use crate::tensor::ParamId;
+use anyhow::{anyhow, ensure, Context, Result};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use fox_kernels::cuda::ssd;
+use fox_kernels::cuda::{Elem, Gpu};
+
+/// Scratch of the recurrent layers' kernels (Mamba-2's SSD and the partial sums of its
+/// parameter gradients), shared by every layer: sized in [`Cuda::new`] for the planned step (so
+/// a training step allocates nothing) and grown by a call that needs more (an inference shape
+/// beyond the plan).
+#[derive(Default)]
+pub(crate) struct SsmScratch {
+    /// The SSD's chunk products and states (forward, or forward and backward).
+    pub(crate) big: Option<CudaSlice<f32>>,
+    /// Per-256-row partial sums of the conv, norm and dt gradients.
+    pub(crate) small: Option<CudaSlice<f32>>,
+    /// A = −exp(A_log) and dA, [H] each.
+    pub(crate) a: Option<CudaSlice<f32>>,
+    pub(crate) da: Option<CudaSlice<f32>>,
+    /// The SSM state a chunked prefill leaves, before it replaces the layer's.
+    pub(crate) next: Option<CudaSlice<f32>>,
+}
+
+/// `slot` holding at least `n` floats (allocated, or reallocated larger, when it does not).
+pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usize) -> Result<&'a mut CudaSlice<f32>> {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        *slot = None;
+        *slot = Some(gpu.zeros(n.max(1)).with_context(|| format!("recurrent layers' scratch of {n} floats"))?);
+    }
+    slot.as_mut().ok_or_else(|| anyhow!("scratch"))
+}
+
+/// Floats of [`SsmScratch`]'s `big` and `small` for a step of [batch, seq] (training when
+/// `train`): the largest over the model's Mamba-2 and Mamba layers.
+pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train: bool) -> (usize, usize) {
+    use fox_kernels::cuda::ssd;
+    let rows = batch * seq;
+    let mut out = (0, 0);
+    for blk in &model.layers {
+        if let crate::model::Mixer::Mamba2(l) = &blk.mixer {
+            let s = l.sizes();
+            let shape = (batch, seq, s.heads, s.head_dim, s.state, s.groups);
+            let big = if train {
+                ssd::ssd_bwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
+            } else {
+                ssd::ssd_fwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
+            };
+            let small = if train {
+                ssd::conv1d_bwd_scratch_len(batch, seq, s.conv_dim(), s.conv)
+                    .max(ssd::rms_norm_gated_bwd_scratch_len(rows * s.groups, s.inner / s.groups))
+                    .max(ssd::dt_bwd_scratch_len(rows, s.heads))
+            } else {
+                0
+            };
+            out = (out.0.max(big), out.1.max(small));
+        }
+        if let crate::model::Mixer::Mamba(l) = &blk.mixer {
+            let s = l.sizes();
+            if train {
+                let big = fox_kernels::cuda::selective_scan::scratch_floats(batch, seq, s.inner, s.state);
+                let small = ssd::conv1d_bwd_scratch_len(batch, seq, s.inner, s.conv)
+                    .max(ssd::dt_bwd_scratch_len(rows, s.inner));
+                out = (out.0.max(big), out.1.max(small));
+            }
+        }
+    }
+    out
+}
+
+/// A short causal convolution over `channels` columns of rows of stride `stride` (Mamba-2's xBC,
+/// Mamba's x), width `width`, with its weight and optional bias.
+#[derive(Clone, Copy)]
+pub(crate) struct ShortConv {
+    pub weight: ParamId,
+    pub bias: Option<ParamId>,
+    pub channels: usize,
+    pub width: usize,
+    pub stride: usize,
+}
+
+impl<T: Elem> Cuda<T> {
+    /// out [B·T, channels] = SiLU(conv(x) + bias), causal per row from its first real token of
+    /// this batch; with `state` (the last W − 1 inputs [B, W − 1, C]), continuing it and then
+    /// advancing it. The weight is read from its T working copy, as the GEMMs read theirs.
+    pub(crate) fn short_conv_fwd(
+        &mut self,
+        out: &mut CudaSlice<T>,
+        x: &CudaView<T>,
+        c: &ShortConv,
+        b: &GpuBatch,
+        state: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        let dims = (b.batch, b.seq, c.channels, c.width);
+        let w = self.copy_of(c.weight)?;
+        let bias = c.bias.map(|id| &self.params[id.0].master);
+        let start = b.chunk_start();
+        match state {
+            None => ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, None, dims, true),
+            Some(st) => {
+                ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, Some(&*st), dims, true)?;
+                ssd::conv1d_state(&self.gpu, st, x, c.stride, start, dims)
+            }
+        }
+    }
+
+    /// From dout, writes dx (the conv's columns of rows of stride `c.stride`) and adds the
+    /// weight's and bias's gradients.
+    pub(crate) fn short_conv_bwd(
+        &mut self,
+        dx: &mut CudaViewMut<T>,
+        dout: &CudaSlice<T>,
+        x: &CudaView<T>,
+        c: &ShortConv,
+        b: &GpuBatch,
+    ) -> Result<()> {
+        let dims = (b.batch, b.seq, c.channels, c.width);
+        let scratch =
+            grown(&self.gpu, &mut self.ssm.small, ssd::conv1d_bwd_scratch_len(dims.0, dims.1, dims.2, dims.3))?;
+        let (w, bias) = match c.bias {
+            Some(id) => {
+                let (w, bias) = two_mut(&mut self.params, c.weight.0, id.0)?;
+                (w, Some(bias))
+            }
+            None => (&mut self.params[c.weight.0], None),
+        };
+        let copy = w.copy.as_ref().ok_or_else(|| anyhow!("a conv1d weight without a working copy"))?;
+        let (bias, dbias) = match bias {
+            Some(d) => (Some(&d.master), Some(&mut d.grad)),
+            None => (None, None),
+        };
+        let start = b.chunk_start();
+        ssd::conv1d_bwd(
+            &self.gpu,
+            dx,
+            &mut w.grad,
+            dbias,
+            scratch,
+            dout,
+            x,
+            c.stride,
+            copy,
+            bias,
+            start,
+            None,
+            dims,
+            true,
+        )
+    }
+}
+
+/// Two distinct elements of `v`, both mutable.
+pub(crate) fn two_mut<U>(v: &mut [U], i: usize, j: usize) -> Result<(&mut U, &mut U)> {
+    ensure!(i != j && i.max(j) < v.len(), "two_mut: {i} and {j} of {}", v.len());
+    Ok(if i < j {
+        let (l, r) = v.split_at_mut(j);
+        (&mut l[i], &mut r[0])
+    } else {
+        let (l, r) = v.split_at_mut(i);
+        (&mut r[0], &mut l[j])
+    })
+}

@@ -164,34 +164,36 @@ __device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : 
 
 // ---- per element type ET ----
 
-// Causal depthwise conv1d (+SiLU), one thread per output (b, t, c). x rows of stride x_stride;
-// w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
+// Causal depthwise conv1d (+SiLU), one thread per output (b, t, c): blocks of 256 channels (x) by
+// rows b·T + t (y, striding by gridDim.y), so that no thread divides a 64-bit index (as the
+// backward's g and dx kernels). x rows of stride x_stride; w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
 // prev [B, W-1, C] or null (inputs before position 0, read only where start[b] == 0).
 extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_stride, const ET* w,
                                               const float* bias, const int* start, const float* prev, int B,
                                               int T, int C, int W, int silu) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * C) return;
-    int c = (int)(i % C);
-    long bt = i / C;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    int s = start ? start[b] : 0;
-    if (t < s) {
-        st(out, i, 0.0f);
-        return;
-    }
-    float acc = bias ? bias[c] : 0.0f;
-    for (int k = 0; k < W; ++k) {
-        int pos = t - (W - 1) + k;
-        float v = 0.0f;
-        if (pos >= 0) {
-            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
-        } else if (s == 0 && prev) {
-            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
+        int t = bt % T, b = bt / T;
+        long i = (long)bt * C + c;
+        int s = start ? start[b] : 0;
+        if (t < s) {
+            st(out, i, 0.0f);
+            continue;
         }
-        acc += ld(w, c * W + k) * v;
+        float acc = bias ? bias[c] : 0.0f;
+        for (int k = 0; k < W; ++k) {
+            int pos = t - (W - 1) + k;
+            float v = 0.0f;
+            if (pos >= 0) {
+                if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
+            } else if (s == 0 && prev) {
+                v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
+            }
+            acc += ld(w, c * W + k) * v;
+        }
+        st(out, i, silu ? ssd_silu(acc) : acc);
     }
-    st(out, i, silu ? ssd_silu(acc) : acc);
 }
 
 // C Bᵀ of every (batch row, group, chunk): cb [B, G, nch, L, L], one block of 256 threads per
@@ -502,90 +504,114 @@ __device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_
     return d * sg * (1.0f + pre * (1.0f - sg));
 }
 
-// conv1d backward, dx: one thread per (b, t, c); dx rows of stride x_stride, 0 at padding.
-extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const ET* dout, const ET* x, long x_stride,
-                                                 const ET* w, const float* bias, const int* start,
-                                                 const float* prev, int B, int T, int C, int W, int silu) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * C) return;
-    int c = (int)(i % C);
-    long bt = i / C;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    int s = start ? start[b] : 0;
-    float acc = 0.0f;
-    if (t >= s) {
-        for (int k = 0; k < W; ++k) {
-            int to = t + W - 1 - k;
-            if (to < T) acc += ld(w, c * W + k) * ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, to, c, T, C, W, silu);
-        }
+// conv1d backward in three kernels over g [B, T, C] f32, the gradient of the pre-activation
+// (dout · SiLU'(pre), pre recomputed), computed once by ssd_conv1d_bwd_g; then dx and the
+// partial sums of dweight and dbias read g.
+extern "C" __global__ void KN(ssd_conv1d_bwd_g)(float* g, const ET* dout, const ET* x, long x_stride,
+                                                const ET* w, const float* bias, const int* start,
+                                                const float* prev, int B, int T, int C, int W, int silu) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
+        int t = bt % T, b = bt / T;
+        long i = (long)bt * C + c;
+        int s = start ? start[b] : 0;
+        g[i] = t >= s ? ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, t, c, T, C, W, silu) : 0.0f;
     }
-    st(dx, bt * x_stride + c, acc);
 }
 
-// conv1d backward, per-chunk partial sums of dweight and dbias: thread (chunk, c) walks rows
-// chunk·rows_per_chunk .. in order; part [chunks, C·W + C] (dw at c·W + k, db at C·W + c).
-extern "C" __global__ void KN(ssd_conv1d_bwd_dw)(float* part, const ET* dout, const ET* x, long x_stride,
-                                                 const ET* w, const float* bias, const int* start,
-                                                 const float* prev, int B, int T, int C, int W, int silu,
+// dx: one thread per (b, t, c), dx = Σ_k w[k] · g(t + W − 1 − k); rows of stride x_stride, 0 at
+// padding.
+extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const float* g, const ET* w, const int* start, int B,
+                                                 int T, int C, int W, long x_stride) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
+        int t = bt % T, b = bt / T;
+        int s = start ? start[b] : 0;
+        float acc = 0.0f;
+        if (t >= s) {
+            for (int k = 0; k < W; ++k) {
+                int to = t + W - 1 - k;
+                if (to < T) acc += ld(w, c * W + k) * g[((long)b * T + to) * C + c];
+            }
+        }
+        st(dx, bt * x_stride + c, acc);
+    }
+}
+
+// The input at (b, pos, c) as the forward read it: x, 0 before start, prev before position 0.
+__device__ __forceinline__ float ssd_conv_in(const ET* x, long x_stride, const float* prev, int s, int b, int pos,
+                                             int c, int T, int C, int W) {
+    if (pos >= 0) return pos >= s ? ld(x, ((long)b * T + pos) * x_stride + c) : 0.0f;
+    return (s == 0 && prev) ? prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c] : 0.0f;
+}
+
+// Per-chunk partial sums of dweight and dbias: thread (chunk, c) walks rows chunk·rows_per_chunk
+// .. in order, keeping its last W inputs in registers (xs[j] = input at t − j); part
+// [chunks, C·W + C] (dw at c·W + k, db at C·W + c).
+extern "C" __global__ void KN(ssd_conv1d_bwd_dw)(float* part, const float* g, const ET* x, long x_stride,
+                                                 const int* start, const float* prev, int B, int T, int C, int W,
                                                  int rows_per_chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int chunk = blockIdx.y;
     if (c >= C) return;
-    float dw[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // W ≤ 8
+    float dwr[8], xs[8];  // W ≤ 8; dwr[j] is dw[W − 1 − j]
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dwr[j] = xs[j] = 0.0f;
     float db = 0.0f;
     long r0 = (long)chunk * rows_per_chunk, r1 = min((long)B * T, r0 + rows_per_chunk);
     for (long r = r0; r < r1; ++r) {
         int b = (int)(r / T), t = (int)(r % T);
         int s = start ? start[b] : 0;
-        if (t < s) continue;
-        float g = ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, t, c, T, C, W, silu);
-        db += g;
-        for (int k = 0; k < W; ++k) {
-            int pos = t - (W - 1) + k;
-            float v = 0.0f;
-            if (pos >= 0) {
-                if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
-            } else if (s == 0 && prev) {
-                v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
-            }
-            dw[k] += g * v;
+        if (r == r0 || t == 0) {
+#pragma unroll
+            for (int j = 1; j < 8; ++j) xs[j] = j < W ? ssd_conv_in(x, x_stride, prev, s, b, t - j, c, T, C, W) : 0.0f;
+        } else {
+#pragma unroll
+            for (int j = 7; j > 0; --j) xs[j] = xs[j - 1];
         }
+        xs[0] = ssd_conv_in(x, x_stride, prev, s, b, t, c, T, C, W);
+        if (t < s) continue;
+        float gv = g[r * C + c];
+        db += gv;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dwr[j] += gv * xs[j];
     }
     float* p = part + (long)chunk * (C * W + C);
-    for (int k = 0; k < W; ++k) p[c * W + k] = dw[k];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if (j < W) p[c * W + (W - 1 - j)] = dwr[j];
     p[C * W + c] = db;
 }
 
-// Gated RMSNorm backward: one block of 256 threads per rows_per_block rows, in order; dx [rows,
-// dim]; dz rows of stride z_stride; dw's partial sum of the block's rows into part [blocks, dim].
+// Gated RMSNorm backward: one block of 256 threads (8 warps) per rows_per_block rows; warp w
+// takes rows r0 + w, r0 + w + 8, ... (each row's sum by a shuffle tree, no block barrier) and adds
+// its share of dw into its own slice of shared memory [8][dim]; the block then adds the 8 slices,
+// in order, into part [blocks, dim]. dx [rows, dim]; dz rows of stride z_stride.
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_rms_norm_gated_bwd)(ET* dx, ET* dz, float* part, const ET* dy, const ET* x, const ET* z,
                                long z_stride, const float* rstd, const float* w, int dim, int rows,
                                int rows_per_block) {
-    __shared__ float red[256];
-    float* pw = part + (long)blockIdx.x * dim;
-    for (int k = threadIdx.x; k < dim; k += 256) pw[k] = 0.0f;
+    extern __shared__ float pws[];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* pw = pws + (long)warp * dim;
+    for (int k = lane; k < dim; k += 32) pw[k] = 0.0f;
     int r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
-    for (int r = r0; r < r1; ++r) {
+    for (int r = r0 + warp; r < r1; r += 8) {
         const ET* xr = x + (long)r * dim;
         const ET* zr = z + (long)r * z_stride;
         const ET* dyr = dy + (long)r * dim;
         float s = rstd[r];
         float m = 0.0f;
-        for (int k = threadIdx.x; k < dim; k += 256) {
+        for (int k = lane; k < dim; k += 32) {
             float n = ld(xr, k) * ssd_silu(ld(zr, k)) * s, dyk = ld(dyr, k);
             m += w[k] * dyk * n;
             pw[k] += dyk * n;
         }
-        red[threadIdx.x] = m;
-        __syncthreads();
-        for (int o = 128; o > 0; o >>= 1) {
-            if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
-            __syncthreads();
-        }
-        float mean = red[0] / dim;
-        __syncthreads();
-        for (int k = threadIdx.x; k < dim; k += 256) {
+        for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+        float mean = m / dim;
+        for (int k = lane; k < dim; k += 32) {
             float xk = ld(xr, k), zk = ld(zr, k);
             float sg = 1.0f / (1.0f + __expf(-zk));
             float gv = xk * zk * sg;
@@ -593,6 +619,12 @@ extern "C" __global__ void __launch_bounds__(256)
             st(dx, (long)r * dim + k, dg * zk * sg);
             st(dz, (long)r * z_stride + k, dg * xk * sg * (1.0f + zk * (1.0f - sg)));
         }
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < dim; k += 256) {
+        float acc = 0.0f;
+        for (int v = 0; v < 8; ++v) acc += pws[(long)v * dim + k];
+        part[(long)blockIdx.x * dim + k] = acc;
     }
 }
 extern "C" __global__ void __launch_bounds__(256)

@@ -84,6 +84,12 @@ fn kname<T: Elem>(base: &str) -> String {
     format!("{base}_{}", T::NAME)
 }
 
+/// The grid of the conv kernels: blocks of 256 channels by rows (at most 65,535; the kernels
+/// stride over the rest).
+fn row_grid(rows: usize, channels: usize) -> (usize, usize) {
+    (channels.div_ceil(256), rows.clamp(1, 65535))
+}
+
 fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
     ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
     Ok(())
@@ -444,7 +450,8 @@ pub fn conv1d_fwd<T: Elem>(
         Arg::I(int(op, width)?),
         Arg::I(silu as i32),
     ];
-    launch(gpu, &kname::<T>("ssd_conv1d_fwd"), (rows * channels).div_ceil(256), 0, &args)
+    int(op, rows * x_stride.max(channels))?;
+    launch2(gpu, &kname::<T>("ssd_conv1d_fwd"), row_grid(rows, channels), 0, &args)
 }
 
 /// The convolution's state after a chunk, as [`crate::conv1d::conv1d_fwd`]'s `new_state`: `state`
@@ -526,8 +533,13 @@ pub fn rms_norm_gated_fwd<T: Elem>(
 /// Rows per partial sum of the backward's parameter gradients (conv1d, gated RMSNorm).
 const ROWS_PER_PART: usize = 256;
 
-/// Floats of the scratch of [`conv1d_bwd`]: ⌈B·T / 256⌉ · C · (W + 1).
+/// Floats of the scratch of [`conv1d_bwd`]: the partial sums, ⌈B·T / 256⌉ · C · (W + 1), then
+/// the pre-activation's gradient g [B, T, C].
 pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
+    conv1d_parts_len(batch, seq, channels, width) + batch * seq * channels
+}
+
+fn conv1d_parts_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
     (batch * seq).div_ceil(ROWS_PER_PART).max(1) * channels * (width + 1)
 }
 
@@ -593,14 +605,26 @@ pub fn conv1d_bwd<T: Elem>(
         ]);
         Ok(())
     };
-    int(op, rows * x_stride)?;
-    let mut args = vec![Arg::P(ptr_mut(gpu, dx))];
-    common(&mut args)?;
-    launch(gpu, &kname::<T>("ssd_conv1d_bwd_dx"), (rows * channels).div_ceil(256), 0, &args)?;
-    let parts = rows.div_ceil(ROWS_PER_PART);
+    int(op, rows * x_stride.max(channels))?;
     let part = ptr(gpu, scratch);
-    let mut args = vec![Arg::P(part)];
+    let gbuf = part + 4 * conv1d_parts_len(batch, seq, channels, width) as u64;
+    let mut args = vec![Arg::P(gbuf)];
     common(&mut args)?;
+    launch2(gpu, &kname::<T>("ssd_conv1d_bwd_g"), row_grid(rows, channels), 0, &args)?;
+    let dims = |v: &mut Vec<Arg>| -> Result<()> {
+        for d in [batch, seq, channels, width] {
+            v.push(Arg::I(int(op, d)?));
+        }
+        Ok(())
+    };
+    let mut args = vec![Arg::P(ptr_mut(gpu, dx)), Arg::P(gbuf), Arg::P(ptr(gpu, weight)), Arg::P(opt_ptr(gpu, start))];
+    dims(&mut args)?;
+    args.push(Arg::L(x_stride as i64));
+    launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dx"), row_grid(rows, channels), 0, &args)?;
+    let parts = rows.div_ceil(ROWS_PER_PART);
+    let mut args = vec![Arg::P(part), Arg::P(gbuf), Arg::P(ptr(gpu, x)), Arg::L(x_stride as i64)];
+    args.extend([Arg::P(opt_ptr(gpu, start)), Arg::P(opt_ptr(gpu, prev))]);
+    dims(&mut args)?;
     args.push(Arg::I(ROWS_PER_PART as i32));
     launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dw"), (channels.div_ceil(256), parts), 0, &args)?;
     let stride = (channels * width + channels) as i64;
@@ -625,14 +649,21 @@ pub fn conv1d_bwd<T: Elem>(
     Ok(())
 }
 
-/// Floats of the scratch of [`rms_norm_gated_bwd`]: ⌈rows / 256⌉ · dim.
+/// The widest row of [`rms_norm_gated_bwd`]: 8 rows of dw partial sums in 227 KiB of shared memory.
+pub const RMS_BWD_MAX_DIM: usize = 227 * 1024 / 32;
+
+/// Rows per block of the gated RMSNorm's backward (each of its 8 warps takes 4): enough blocks
+/// to fill the GPU at B·T = 32768 (1024), few enough partial sums to add.
+const NORM_ROWS_PER_PART: usize = 32;
+
+/// Floats of the scratch of [`rms_norm_gated_bwd`]: ⌈rows / 32⌉ · dim.
 pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
-    rows.div_ceil(ROWS_PER_PART).max(1) * dim
+    rows.div_ceil(NORM_ROWS_PER_PART).max(1) * dim
 }
 
 /// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`]: dx [rows, dim]
 /// overwritten, dz (rows of stride `z_stride`, `dim` columns overwritten), dw [dim] accumulated
-/// through per-256-row partial sums added in order (deterministic).
+/// through per-32-row partial sums added in order (deterministic).
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_gated_bwd<T: Elem>(
     gpu: &Gpu,
@@ -651,6 +682,8 @@ pub fn rms_norm_gated_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "rms_norm_gated_bwd";
     ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
+    // Each of a block's 8 warps keeps its share of dw in shared memory.
+    ensure!(dim <= RMS_BWD_MAX_DIM, "{op}: dim {dim} is above {RMS_BWD_MAX_DIM}");
     let zspan = if rows == 0 { 0 } else { (rows - 1) * z_stride + dim };
     need(op, "x", x, rows * dim)?;
     need(op, "dx", dx, rows * dim)?;
@@ -665,7 +698,7 @@ pub fn rms_norm_gated_bwd<T: Elem>(
         return Ok(());
     }
     int(op, zspan)?;
-    let parts = rows.div_ceil(ROWS_PER_PART);
+    let parts = rows.div_ceil(NORM_ROWS_PER_PART);
     let part = ptr(gpu, scratch);
     let args = [
         Arg::P(ptr(gpu, dx)),
@@ -679,9 +712,9 @@ pub fn rms_norm_gated_bwd<T: Elem>(
         Arg::P(ptr(gpu, w)),
         Arg::I(int(op, dim)?),
         Arg::I(int(op, rows)?),
-        Arg::I(ROWS_PER_PART as i32),
+        Arg::I(NORM_ROWS_PER_PART as i32),
     ];
-    launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 0, &args)?;
+    launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 8 * 4 * dim, &args)?;
     let args = [Arg::P(ptr(gpu, dw)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, dim)?), Arg::L(dim as i64)];
     launch(gpu, "ssd_colsum_acc_f32", dim.div_ceil(256), 0, &args)
 }

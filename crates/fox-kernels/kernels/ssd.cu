@@ -450,29 +450,26 @@ extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, flo
     }
 }
 
-// Gated RMSNorm forward: y = (x ⊙ silu(z)) · rstd · w over rows of dim; one block of 256 threads
-// per row, the sum of squares by a fixed tree. x, y [rows, dim]; z rows of stride z_stride.
+// Gated RMSNorm forward: y = (x ⊙ silu(z)) · rstd · w over rows of dim; one warp per row, 8 rows
+// per block of 256 threads, the sum of squares by a shuffle tree. x, y [rows, dim]; z rows of
+// stride z_stride.
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_rms_norm_gated_fwd)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride,
-                               const float* w, int dim, float eps) {
-    __shared__ float red[256];
-    long r = blockIdx.x;
+                               const float* w, int dim, float eps, int rows) {
+    int lane = threadIdx.x % 32;
+    long r = (long)blockIdx.x * 8 + threadIdx.x / 32;
+    if (r >= rows) return;
     const ET* xr = x + r * dim;
     const ET* zr = z + r * z_stride;
     float ss = 0.0f;
-    for (int k = threadIdx.x; k < dim; k += 256) {
+    for (int k = lane; k < dim; k += 32) {
         float gv = ld(xr, k) * ssd_silu(ld(zr, k));
         ss += gv * gv;
     }
-    red[threadIdx.x] = ss;
-    __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
-        __syncthreads();
-    }
-    float s = rsqrtf(red[0] / dim + eps);
-    if (threadIdx.x == 0) rstd[r] = s;
-    for (int k = threadIdx.x; k < dim; k += 256) st(y, r * dim + k, ld(xr, k) * ssd_silu(ld(zr, k)) * s * w[k]);
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float s = rsqrtf(ss / dim + eps);
+    if (lane == 0) rstd[r] = s;
+    for (int k = lane; k < dim; k += 32) st(y, r * dim + k, ld(xr, k) * ssd_silu(ld(zr, k)) * s * w[k]);
 }
 
 // conv1d's pre-activation at (b, t, c), as ssd_conv1d_fwd_f32 computes it (t ≥ start[b]).

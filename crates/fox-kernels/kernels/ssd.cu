@@ -25,6 +25,7 @@ __device__ __forceinline__ float ssd_silu(float x) { return x / (1.0f + __expf(-
 // run one block per chunk. Limits: P ≤ 64, N ≤ 128 (the shared tiles).
 
 #define SSD_PMAX 64
+#define SSD_AHEAD 16  // chunks whose loads the state passing issues together
 
 // dt (0 at padding and past the chunk's end) and cum, its inclusive prefix sum times A, for the
 // chunk starting at t0 of (b, h); all 256 threads call it (warp 0 scans), then __syncthreads.
@@ -63,11 +64,23 @@ extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const f
     float s = init ? init[i] : 0.0f;
     float* p = states + bh * nch * PN + e;
     const float* d = decay + bh * nch;
-#pragma unroll 8
-    for (int c = 0; c < nch; ++c) {
-        float ds = p[(long)c * PN];
-        p[(long)c * PN] = s;
-        s = d[c] * s + ds;
+    // Loads of SSD_AHEAD chunks at once, then their updates: one memory latency per group, not
+    // per chunk (the compiler cannot hoist the loads over the stores to the same array itself).
+    for (int c0 = 0; c0 < nch; c0 += SSD_AHEAD) {
+        float ds[SSD_AHEAD], dc[SSD_AHEAD];
+#pragma unroll
+        for (int k = 0; k < SSD_AHEAD; ++k) {
+            bool in = c0 + k < nch;
+            ds[k] = in ? p[(long)(c0 + k) * PN] : 0.0f;
+            dc[k] = in ? d[c0 + k] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < SSD_AHEAD; ++k) {
+            if (c0 + k < nch) {
+                p[(long)(c0 + k) * PN] = s;
+                s = dc[k] * s + ds[k];
+            }
+        }
     }
     if (fin) fin[i] = s;
 }
@@ -105,10 +118,22 @@ extern "C" __global__ void ssd_state_pass_rev_f32(float* gbuf, float* dinit, con
     float gs = dfinal ? dfinal[i] : 0.0f;
     float* p = gbuf + bh * nch * PN + e;
     const float* d = decay + bh * nch;
-    for (int c = nch - 1; c >= 0; --c) {
-        float dg = p[(long)c * PN];
-        p[(long)c * PN] = gs;
-        gs = d[c] * gs + dg;
+    // As ssd_state_pass_f32, in reverse chunk order: SSD_AHEAD chunks' loads at once.
+    for (int c1 = nch - 1; c1 >= 0; c1 -= SSD_AHEAD) {
+        float dg[SSD_AHEAD], dc[SSD_AHEAD];
+#pragma unroll
+        for (int k = 0; k < SSD_AHEAD; ++k) {
+            bool in = c1 - k >= 0;
+            dg[k] = in ? p[(long)(c1 - k) * PN] : 0.0f;
+            dc[k] = in ? d[c1 - k] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < SSD_AHEAD; ++k) {
+            if (c1 - k >= 0) {
+                p[(long)(c1 - k) * PN] = gs;
+                gs = dc[k] * gs + dg[k];
+            }
+        }
     }
     if (dinit) dinit[i] = gs;
 }
@@ -448,6 +473,32 @@ extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, flo
         int k = (int)(i % H), b = (int)(i / H);
         dt[i] = ssd_softplus(ld(zxbcdt, (long)b * stride + dt_off + k) + dt_bias[k]);
     }
+}
+
+// The gated RMSNorm forward of few rows (decode steps): one block of 256 threads per row, the
+// sum of squares by a fixed tree (one warp per row, below, leaves a row of a decode step to 32
+// threads: 2.5x slower per Mamba-2 125M decode step on an H100).
+extern "C" __global__ void __launch_bounds__(256)
+    KN(ssd_rms_norm_gated_fwd_wide)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride,
+                                    const float* w, int dim, float eps) {
+    __shared__ float red[256];
+    long r = blockIdx.x;
+    const ET* xr = x + r * dim;
+    const ET* zr = z + r * z_stride;
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < dim; k += 256) {
+        float gv = ld(xr, k) * ssd_silu(ld(zr, k));
+        ss += gv * gv;
+    }
+    red[threadIdx.x] = ss;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    float s = rsqrtf(red[0] / dim + eps);
+    if (threadIdx.x == 0) rstd[r] = s;
+    for (int k = threadIdx.x; k < dim; k += 256) st(y, r * dim + k, ld(xr, k) * ssd_silu(ld(zr, k)) * s * w[k]);
 }
 
 // Gated RMSNorm forward: y = (x ⊙ silu(z)) · rstd · w over rows of dim; one warp per row, 8 rows

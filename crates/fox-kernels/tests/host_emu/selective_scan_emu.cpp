@@ -152,6 +152,7 @@ int main() {
         p.dd = dD.data();
         p.sb = (long long)T * st;
         p.st = st;
+        p.zs = Di;  // z and dz contiguous [B, T, Di]
         p.b_off = c.dt_rank;
         p.c_off = c.dt_rank + N;
         p.B = B;

@@ -527,18 +527,9 @@ pub fn rms_norm_gated_fwd<T: Elem>(
         Arg::P(ptr(gpu, w)),
         Arg::I(int(op, dim)?),
         Arg::F(eps),
-        Arg::I(int(op, rows)?),
     ];
-    // Few rows (decode steps): a block per row; else a warp per row.
-    if rows < WIDE_NORM_ROWS {
-        launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd_wide"), rows, 0, &args[..args.len() - 1])
-    } else {
-        launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows.div_ceil(8), 0, &args)
-    }
+    launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows, 0, &args)
 }
-
-/// Below this many rows the gated RMSNorm's forward gives each row a block of 256 threads.
-const WIDE_NORM_ROWS: usize = 1024;
 
 /// Rows per partial sum of the backward's parameter gradients (conv1d, gated RMSNorm).
 const ROWS_PER_PART: usize = 256;

@@ -531,22 +531,25 @@ pub fn rms_norm_gated_fwd<T: Elem>(
     launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows, 0, &args)
 }
 
-/// Rows per partial sum of the backward's parameter gradients (conv1d, gated RMSNorm).
+/// Rows per partial sum of dt_bias's gradient.
 const ROWS_PER_PART: usize = 256;
+/// Rows per partial sum of the conv's weight gradient: each thread walks its rows in order, so
+/// shorter walks (more blocks) hide their memory latency better.
+const CONV_ROWS_PER_PART: usize = 64;
 
-/// Floats of the scratch of [`conv1d_bwd`]: the partial sums, ⌈B·T / 256⌉ · C · (W + 1), then
+/// Floats of the scratch of [`conv1d_bwd`]: the partial sums, ⌈B·T / 64⌉ · C · (W + 1), then
 /// the pre-activation's gradient g [B, T, C].
 pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
     conv1d_parts_len(batch, seq, channels, width) + batch * seq * channels
 }
 
 fn conv1d_parts_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
-    (batch * seq).div_ceil(ROWS_PER_PART).max(1) * channels * (width + 1)
+    (batch * seq).div_ceil(CONV_ROWS_PER_PART).max(1) * channels * (width + 1)
 }
 
 /// conv1d backward, as [`crate::conv1d::conv1d_bwd`] (the pre-activation recomputed): dx in x's
 /// layout (row stride `x_stride`, channels 0..C overwritten), dweight [C, W] and dbias [C]
-/// accumulated through per-256-row partial sums added in order (deterministic). W ≤ 8.
+/// accumulated through per-64-row partial sums added in order (deterministic). W ≤ 8.
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_bwd<T: Elem>(
     gpu: &Gpu,
@@ -622,11 +625,11 @@ pub fn conv1d_bwd<T: Elem>(
     dims(&mut args)?;
     args.push(Arg::L(x_stride as i64));
     launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dx"), row_grid(rows, channels), 0, &args)?;
-    let parts = rows.div_ceil(ROWS_PER_PART);
+    let parts = rows.div_ceil(CONV_ROWS_PER_PART);
     let mut args = vec![Arg::P(part), Arg::P(gbuf), Arg::P(ptr(gpu, x)), Arg::L(x_stride as i64)];
     args.extend([Arg::P(opt_ptr(gpu, start)), Arg::P(opt_ptr(gpu, prev))]);
     dims(&mut args)?;
-    args.push(Arg::I(ROWS_PER_PART as i32));
+    args.push(Arg::I(CONV_ROWS_PER_PART as i32));
     launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dw"), (channels.div_ceil(256), parts), 0, &args)?;
     let stride = (channels * width + channels) as i64;
     let args = [

@@ -189,37 +189,6 @@ __device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : 
 
 // ---- per element type ET ----
 
-// A channel's conv taps w[c, 0..W) (zero beyond W, up to 8) and bias, read once per thread: the
-// kernels below walk many rows of one channel, and reading the weights again for every row made
-// them bound by the number of load instructions.
-__device__ __forceinline__ void ssd_conv_taps(float* wk, float& bias0, const ET* w, const float* bias, int c, int W) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) wk[k] = k < W ? ld(w, c * W + k) : 0.0f;
-    bias0 = bias ? bias[c] : 0.0f;
-}
-
-// conv1d's pre-activation at (b, t, c) (t ≥ start[b]): bias + Σ_k w[c, k]·input(t − W + 1 + k),
-// the input 0 before start and `prev` before position 0; taps from ssd_conv_taps.
-__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const float* wk, float bias0,
-                                              const float* prev, int s, int b, int t, int c, int T, int C,
-                                              int W) {
-    float acc = bias0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {  // to 8 with constant indices: wk stays in registers
-        if (k < W) {
-            int pos = t - (W - 1) + k;
-            float v = 0.0f;
-            if (pos >= 0) {
-                if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
-            } else if (s == 0 && prev) {
-                v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
-            }
-            acc += wk[k] * v;
-        }
-    }
-    return acc;
-}
-
 // Causal depthwise conv1d (+SiLU), one thread per output (b, t, c): blocks of 256 channels (x) by
 // rows b·T + t (y, striding by gridDim.y), so that no thread divides a 64-bit index (as the
 // backward's g and dx kernels). x rows of stride x_stride; w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
@@ -229,8 +198,6 @@ extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_strid
                                               int T, int C, int W, int silu) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float wk[8], bias0;
-    ssd_conv_taps(wk, bias0, w, bias, c, W);
     for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
         int t = bt % T, b = bt / T;
         long i = (long)bt * C + c;
@@ -239,7 +206,17 @@ extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_strid
             st(out, i, 0.0f);
             continue;
         }
-        float acc = ssd_conv_pre(x, x_stride, wk, bias0, prev, s, b, t, c, T, C, W);
+        float acc = bias ? bias[c] : 0.0f;
+        for (int k = 0; k < W; ++k) {
+            int pos = t - (W - 1) + k;
+            float v = 0.0f;
+            if (pos >= 0) {
+                if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
+            } else if (s == 0 && prev) {
+                v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
+            }
+            acc += ld(w, c * W + k) * v;
+        }
         st(out, i, silu ? ssd_silu(acc) : acc);
     }
 }
@@ -526,14 +503,31 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 
+// conv1d's pre-activation at (b, t, c), as ssd_conv1d_fwd_f32 computes it (t ≥ start[b]).
+__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const ET* w, const float* bias,
+                                              const float* prev, int s, int b, int t, int c, int T, int C,
+                                              int W) {
+    float acc = bias ? bias[c] : 0.0f;
+    for (int k = 0; k < W; ++k) {
+        int pos = t - (W - 1) + k;
+        float v = 0.0f;
+        if (pos >= 0) {
+            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
+        } else if (s == 0 && prev) {
+            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
+        }
+        acc += ld(w, c * W + k) * v;
+    }
+    return acc;
+}
 
 // The gradient of the pre-activation at (b, t, c): dout, times silu'(pre) when silu.
-__device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const float* wk,
-                                            float bias0, const float* prev, int s, int b, int t, int c, int T,
-                                            int C, int W, int silu) {
+__device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const ET* w,
+                                            const float* bias, const float* prev, int s, int b, int t, int c,
+                                            int T, int C, int W, int silu) {
     float d = ld(dout, ((long)b * T + t) * C + c);
     if (!silu) return d;
-    float pre = ssd_conv_pre(x, x_stride, wk, bias0, prev, s, b, t, c, T, C, W);
+    float pre = ssd_conv_pre(x, x_stride, w, bias, prev, s, b, t, c, T, C, W);
     float sg = 1.0f / (1.0f + __expf(-pre));
     return d * sg * (1.0f + pre * (1.0f - sg));
 }
@@ -546,13 +540,11 @@ extern "C" __global__ void KN(ssd_conv1d_bwd_g)(float* g, const ET* dout, const 
                                                 const float* prev, int B, int T, int C, int W, int silu) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float wk[8], bias0;
-    ssd_conv_taps(wk, bias0, w, bias, c, W);
     for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
         int t = bt % T, b = bt / T;
         long i = (long)bt * C + c;
         int s = start ? start[b] : 0;
-        g[i] = t >= s ? ssd_conv_g(dout, x, x_stride, wk, bias0, prev, s, b, t, c, T, C, W, silu) : 0.0f;
+        g[i] = t >= s ? ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, t, c, T, C, W, silu) : 0.0f;
     }
 }
 
@@ -562,17 +554,14 @@ extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const float* g, const E
                                                  int T, int C, int W, long x_stride) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float wk[8], bias0;
-    ssd_conv_taps(wk, bias0, w, nullptr, c, W);
     for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
         int t = bt % T, b = bt / T;
         int s = start ? start[b] : 0;
         float acc = 0.0f;
         if (t >= s) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
+            for (int k = 0; k < W; ++k) {
                 int to = t + W - 1 - k;
-                if (k < W && to < T) acc += wk[k] * g[((long)b * T + to) * C + c];
+                if (to < T) acc += ld(w, c * W + k) * g[((long)b * T + to) * C + c];
             }
         }
         st(dx, bt * x_stride + c, acc);

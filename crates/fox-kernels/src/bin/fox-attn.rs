@@ -17,7 +17,9 @@
 //!                                                   Mamba's selective scan (Samba), fwd and fwd+bwd
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, bench, check, compile, gemm, gemm_check, ops_check, selective_scan, ssd_check};
+use fox_kernels::cuda::{
+    self, bench, check, compile, gemm, gemm_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
+};
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -96,6 +98,7 @@ fn main() -> Result<()> {
                 _ => ops_check::run_all(&gpu, seed),
             };
             rows.extend(ssd_check::run_all(&gpu, seed));
+            rows.extend(ssd_tc_check::run_all(&gpu, seed));
             if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
             }
@@ -200,6 +203,17 @@ fn main() -> Result<()> {
                 steps[2],
                 steps[3]
             );
+            // Version 2, tensor cores, bf16 and f32 inputs.
+            for bf in [true, false] {
+                let (fwd, fb) = if bf {
+                    ssd_tc_check::bench::<half::bf16>(&gpu, shape, 3, 20)?
+                } else {
+                    ssd_tc_check::bench::<f32>(&gpu, shape, 3, 20)?
+                };
+                let fb = fb.map_or("not run".to_string(), |v| format!("{v:.3} ms"));
+                let dt = if bf { "bf16" } else { "f32" };
+                println!("SSD tensor cores ({dt} inputs): forward {fwd:.3} ms, forward + backward {fb}");
+            }
             Ok(())
         }
         "bench-gemm" => {

@@ -68,11 +68,16 @@ pub static SSD: Source = Source {
     ],
 };
 
+/// Mamba-2's SSD on tensor cores (bf16 mma.sync, f32 sums): the state walks, the chunk outputs
+/// and the chunk backward; see [`super::ssd_tc`].
+pub static SSD_TC: Source = Source { name: "ssd_tc", files: &[ELEM, include_str!("../../kernels/ssd_tc.cu")] };
+
 /// Mamba's selective scan (Samba's SSM): forward, backward, decode step.
 pub static SELECTIVE_SCAN: Source =
     Source { name: "selective_scan", files: &[ELEM, include_str!("../../kernels/selective_scan.cu")] };
 
-pub static SOURCES: [&Source; 8] = [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SELECTIVE_SCAN];
+pub static SOURCES: [&Source; 9] =
+    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

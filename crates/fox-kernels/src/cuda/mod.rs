@@ -22,6 +22,8 @@ pub mod ops_check;
 pub mod selective_scan;
 pub mod ssd;
 pub mod ssd_check;
+pub mod ssd_tc;
+pub mod ssd_tc_check;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};

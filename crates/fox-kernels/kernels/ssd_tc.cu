@@ -1,0 +1,494 @@
+// Mamba-2's SSD on tensor cores (version 2 of the GPU SSD; version 1, f32 on CUDA cores, is
+// ssd.cu). Compiled after elem.cuh (ld/st of f32 and bf16 elements).
+//
+// Per (batch row b, head h), chunks of L = 64 positions, cum_i = Σ_{s ≤ i} dt_s·A within the
+// chunk, S_c the state [P, N] entering chunk c:
+//
+//   Y_c     = (C Bᵀ ∘ E ∘ dt_j) X + diag(e^cum) C S_cᵀ + D X,   E_ij = e^{cum_i − cum_j}, j ≤ i
+//   S_{c+1} = e^{cum_L} S_c + Σ_j e^{cum_L − cum_j} dt_j x_j B_jᵀ
+//
+// Forward, two kernels:
+//   1. ssd_tc_states_*: per (b, h, 32 state columns) one block walks the chunks in order with the
+//      state in registers (f32 mma accumulators): the chunk's own term by mma.sync (A = (w∘X)ᵀ,
+//      B = B), the state entering each chunk stored as bf16 [B, H, nch, P, N]; the loads of the
+//      next three chunks are in flight (cp.async, four stages), so the walk is not latency-bound.
+//      The same kernel with REV runs the backward's state-gradient walk (value dY, key C, weight
+//      e^{cum_j}), chunks in reverse.
+//   2. ssd_tc_out_*: per (b, chunk, block of heads of one group): C Bᵀ once (shared by the heads),
+//      then per head the inter-chunk term C S_cᵀ and the intra-chunk (C Bᵀ ∘ E ∘ dt) X, mma.sync
+//      bf16 with f32 accumulation; the next head's tiles load while this one computes.
+// Backward: the reverse walk, then ssd_tc_chunk_bwd_* (see there), then ordered reductions.
+//
+// Inputs travel as T (float or bf16 bits); the tensor-core operands are bf16 (f32 inputs are
+// rounded to bf16 on their way into shared memory), every sum is f32. Deterministic: no atomics.
+// Fixed sizes: P = 64, N = 64 or 128 (template).
+
+#define TC_L 64
+#define TC_P 64
+#define TC_FULL 0xffffffffu
+
+typedef unsigned int u32;
+
+struct TcParams {
+    const void* xbc;
+    const float* dt;
+    const float* A;
+    const float* D;
+    const int* start;
+    const float* init;  // forward: initial state; backward: gradient of the final state (f32, [B, H, P, N])
+    float* fin;         // forward: final state; backward: gradient of the initial state
+    u16* states;        // [B, H, nch, P, N] bf16: the state entering each chunk
+    u16* dstates;       // [B, H, nch, P, N] bf16: the gradient of the state leaving each chunk
+    void* y;
+    const void* dy;
+    void* dxbc;
+    float* ddt;
+    float* part_bc;  // [hblocks, B·T, 2·G·N]: per head block, dB then dC of its group
+    float* part_ad;  // [B·nch, H, 2]: dA and dD shares of each (b, chunk, head)
+    float* da;
+    float* dd;
+    long long stride;
+    int B, T, H, P, N, G, nch, hb, vec;
+};
+
+__device__ __forceinline__ u32 tc_sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void tc_cp16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_sa(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void tc_cp4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(tc_sa(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int K>
+__device__ __forceinline__ void tc_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(K));
+}
+__device__ __forceinline__ void ldsm(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_sa(p)));
+}
+__device__ __forceinline__ void ldsm_t(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_sa(p)));
+}
+// c (16x8 f32) += a (16x16 bf16, row-major) · b (16x8 bf16, column-major).
+__device__ __forceinline__ void tc_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats -> bf16x2 (round to nearest even), `lo` in the low half (the smaller index).
+__device__ __forceinline__ u32 pk(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float bf_lo(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float bf1(u16 v) { return __uint_as_float(((u32)v) << 16); }
+
+// ldmatrix addresses of lane (r = lane & 7, m = lane >> 3) for the four 8x8 pieces of one
+// mma operand, in tiles of row stride RS elements:
+//   a_at:  A (16 rows x 16 k) from a row-major [row][k] tile, at (row0, k0)
+//   at_at: A = Zᵀ from a [k][row] tile (with ldsm_t), at (row0, k0)
+//   b_at:  B (16 k x two 8-column tiles) from an [n][k] tile, at (k0, n0): regs 0, 1 = tile n0,
+//          regs 2, 3 = tile n0 + 8
+//   bt_at: the same from a [k][n] tile (with ldsm_t)
+__device__ __forceinline__ const u16* a_at(const u16* s, int rs, int row0, int k0) {
+    const int l = threadIdx.x & 31, r = l & 7, m = l >> 3;
+    return s + (row0 + r + (m & 1) * 8) * rs + k0 + (m >> 1) * 8;
+}
+__device__ __forceinline__ const u16* at_at(const u16* s, int rs, int row0, int k0) {
+    const int l = threadIdx.x & 31, r = l & 7, m = l >> 3;
+    return s + (k0 + r + (m >> 1) * 8) * rs + row0 + (m & 1) * 8;
+}
+__device__ __forceinline__ const u16* b_at(const u16* s, int rs, int k0, int n0) {
+    const int l = threadIdx.x & 31, r = l & 7, m = l >> 3;
+    return s + (n0 + r + (m >> 1) * 8) * rs + k0 + (m & 1) * 8;
+}
+__device__ __forceinline__ const u16* bt_at(const u16* s, int rs, int k0, int n0) {
+    const int l = threadIdx.x & 31, r = l & 7, m = l >> 3;
+    return s + (k0 + r + (m & 1) * 8) * rs + n0 + (m >> 1) * 8;
+}
+
+// Rows [0, 64) of a [rows, COLS] matrix of T (row stride gs) into a bf16 shared tile of row
+// stride RS; rows ≥ nvalid are zero-filled. bf16 rows 16-byte aligned (vec) go by cp.async,
+// others through registers (rounded to bf16).
+template <typename E, int COLS, int RS, int NT>
+__device__ __forceinline__ void tc_load_rows(u16* s, const E* g, long long gs, int nvalid, bool vec) {
+    constexpr int CH = COLS / 8;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < TC_L * CH; i += NT) {
+        const int r = i / CH, c = i % CH;
+        const bool ok = r < nvalid;
+        u16* d = s + r * RS + c * 8;
+        const E* src = g + (long long)r * gs + c * 8;
+        if (sizeof(E) == 2 && vec) {
+            tc_cp16(d, ok ? (const void*)src : (const void*)g, ok);
+        } else {
+            u32 w[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w[k] = ok ? pk(ld(src, 2 * k), ld(src, 2 * k + 1)) : 0u;
+            *(uint4*)d = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+// dt of the chunk's 64 positions (stride H) into shared memory; 0 past T.
+__device__ __forceinline__ void tc_load_dt(float* s, const float* dtb, int H, int t0, int nvalid) {
+    const int i = threadIdx.x;
+    if (i < TC_L) tc_cp4(s + i, i < nvalid ? dtb + (long long)(t0 + i) * H : dtb, i < nvalid);
+}
+
+// Per warp (every lane): dt of positions lane and lane + 32 of the chunk (0 at padding and past
+// T) and cum, the inclusive prefix sum of dt·A.
+__device__ __forceinline__ void tc_scan(const float* sdt, float a, int t0, int T, int st, float& d0, float& d1,
+                                        float& c0, float& c1) {
+    const int lane = threadIdx.x & 31;
+    d0 = sdt[lane];
+    d1 = sdt[lane + 32];
+    if (t0 + lane < st || t0 + lane >= T) d0 = 0.f;
+    if (t0 + lane + 32 < st || t0 + lane + 32 >= T) d1 = 0.f;
+    float s0 = d0 * a, s1 = d1 * a;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float u0 = __shfl_up_sync(TC_FULL, s0, o), u1 = __shfl_up_sync(TC_FULL, s1, o);
+        if (lane >= o) {
+            s0 += u0;
+            s1 += u1;
+        }
+    }
+    c0 = s0;
+    c1 = s1 + __shfl_sync(TC_FULL, s0, 31);
+}
+
+// The value at chunk position j (held by lane j & 31 in v0 for j < 32, else v1); j's half must
+// be the same on every lane.
+__device__ __forceinline__ float tc_at(float v0, float v1, int j) { return __shfl_sync(TC_FULL, j < 32 ? v0 : v1, j & 31); }
+
+template <typename T>
+__device__ __forceinline__ void tc_st2(T* p, long long i, float a, float b);
+template <>
+__device__ __forceinline__ void tc_st2<float>(float* p, long long i, float a, float b) {
+    *(float2*)(p + i) = make_float2(a, b);
+}
+template <>
+__device__ __forceinline__ void tc_st2<u16>(u16* p, long long i, float a, float b) {
+    *(u32*)(p + i) = pk(a, b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The state walk. Forward (REV = false): value X (head h's x), key B, weight
+//    w_j = e^{cum_L − cum_j}·dt_j, chunks in order, storing the state entering each chunk.
+//    Reverse: value dY (0 at padding), key C, weight e^{cum_j}, chunks from the last, storing the
+//    gradient of the state leaving each chunk: G ← e^{cum_L} G + Σ_j e^{cum_j} dy_j C_jᵀ.
+//    Grid (B·H, N / 32), 128 threads: warp w holds state rows 16w.. of the block's 32 columns.
+
+#define TC_ST_STAGES 4
+#define TC_ST_NB 32
+
+
+template <typename E, int N, bool REV>
+__device__ __forceinline__ void tc_states(const TcParams& p) {
+    constexpr int VRS = TC_P + 8, KRS = TC_ST_NB + 8;
+    constexpr int VSZ = TC_L * VRS, KSZ = TC_L * KRS;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    u16* sv = (u16*)tc_sm;
+    u16* sk = sv + TC_ST_STAGES * VSZ;
+    float* sdt = (float*)(sk + TC_ST_STAGES * KSZ);
+    u16* stg = (u16*)(sdt + TC_ST_STAGES * TC_L);
+    const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, g = h / (p.H / p.G);
+    const int n0 = blockIdx.y * TC_ST_NB;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, q = lane & 3;
+    const int T = p.T, nch = p.nch;
+    const int st = p.start ? p.start[b] : 0;
+    const float a = p.A[h];
+    const long long HP = (long long)p.H * TC_P;
+    const E* vbase;
+    long long vs;
+    bool vvec;
+    if (REV) {
+        vbase = (const E*)p.dy + (long long)b * T * HP + (long long)h * TC_P;
+        vs = HP;
+        vvec = (p.vec & 2) != 0;
+    } else {
+        vbase = (const E*)p.xbc + (long long)b * T * p.stride + (long long)h * TC_P;
+        vs = p.stride;
+        vvec = (p.vec & 1) != 0;
+    }
+    const E* kbase = (const E*)p.xbc + (long long)b * T * p.stride + HP + (long long)(REV ? p.G + g : g) * N + n0;
+    const bool kvec = (p.vec & 1) != 0;
+    const float* dtb = p.dt + (long long)b * T * p.H + h;
+    auto load = [&](int cc, int stage) {
+        if (cc < nch) {
+            const int c = REV ? nch - 1 - cc : cc;
+            const int t0 = c * TC_L, nv = min(TC_L, T - t0);
+            tc_load_rows<E, TC_P, VRS, 128>(sv + stage * VSZ, vbase + (long long)t0 * vs, vs, nv, vvec);
+            tc_load_rows<E, TC_ST_NB, KRS, 128>(sk + stage * KSZ, kbase + (long long)t0 * p.stride, p.stride, nv, kvec);
+            tc_load_dt(sdt + stage * TC_L, dtb, p.H, t0, nv);
+        }
+        tc_commit();
+    };
+    // The state fragment: rows 16w + gq (+8), columns n0 + 8nt + 2q (+1).
+    float s[4][4];
+    const long long sbase = (long long)bh * TC_P * N;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * w + gq + (e >> 1) * 8, col = n0 + 8 * nt + 2 * q + (e & 1);
+            s[nt][e] = p.init ? p.init[sbase + (long long)row * N + col] : 0.f;
+        }
+#pragma unroll
+    for (int k = 0; k < TC_ST_STAGES - 1; ++k) load(k, k);
+    u16* out = REV ? p.dstates : p.states;
+    u16* sg = stg + w * 16 * KRS;
+    for (int cc = 0; cc < nch; ++cc) {
+        tc_wait<TC_ST_STAGES - 2>();
+        __syncthreads();
+        load(cc + TC_ST_STAGES - 1, (cc + TC_ST_STAGES - 1) % TC_ST_STAGES);
+        const int stage = cc % TC_ST_STAGES;
+        const int c = REV ? nch - 1 - cc : cc;
+        const int t0 = c * TC_L;
+        float d0, d1, c0, c1;
+        tc_scan(sdt + stage * TC_L, a, t0, T, st, d0, d1, c0, c1);
+        const float cl = __shfl_sync(TC_FULL, c1, 31);
+        float w0, w1;
+        if (REV) {
+            w0 = (t0 + lane >= st) ? __expf(c0) : 0.f;
+            w1 = (t0 + lane + 32 >= st) ? __expf(c1) : 0.f;
+        } else {
+            w0 = __expf(cl - c0) * d0;
+            w1 = __expf(cl - c1) * d1;
+        }
+        const float decay = __expf(cl);
+        const u16* V = sv + stage * VSZ;
+        const u16* K = sk + stage * KSZ;
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            u32 af[4];
+            ldsm_t(af, at_at(V, VRS, 16 * w, 16 * ks));
+            const float ws = ks < 2 ? w0 : w1;
+            const int j = (16 * ks & 31) + 2 * q;
+            const float wa = __shfl_sync(TC_FULL, ws, j), wb = __shfl_sync(TC_FULL, ws, j + 1);
+            const float wc = __shfl_sync(TC_FULL, ws, j + 8), wd = __shfl_sync(TC_FULL, ws, j + 9);
+            af[0] = pk(bf_lo(af[0]) * wa, bf_hi(af[0]) * wb);
+            af[1] = pk(bf_lo(af[1]) * wa, bf_hi(af[1]) * wb);
+            af[2] = pk(bf_lo(af[2]) * wc, bf_hi(af[2]) * wd);
+            af[3] = pk(bf_lo(af[3]) * wc, bf_hi(af[3]) * wd);
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+                u32 bf[4];
+                ldsm_t(bf, bt_at(K, KRS, 16 * ks, 16 * np));
+                tc_mma(acc[2 * np], af, bf[0], bf[1]);
+                tc_mma(acc[2 * np + 1], af, bf[2], bf[3]);
+            }
+        }
+        // Store the current state (bf16) through the warp's staging tile: 16 rows of 64 bytes.
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            *(u32*)(sg + gq * KRS + 8 * nt + 2 * q) = pk(s[nt][0], s[nt][1]);
+            *(u32*)(sg + (gq + 8) * KRS + 8 * nt + 2 * q) = pk(s[nt][2], s[nt][3]);
+        }
+        __syncwarp();
+        u16* dst = out + ((long long)bh * nch + c) * TC_P * N + (long long)(16 * w) * N + n0;
+#pragma unroll
+        for (int i = lane; i < 64; i += 32) {
+            const int row = i >> 2, ch = i & 3;
+            *(uint4*)(dst + (long long)row * N + ch * 8) = *(const uint4*)(sg + row * KRS + ch * 8);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = decay * s[nt][e] + acc[nt][e];
+    }
+    tc_wait<0>();
+    if (p.fin) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = 16 * w + gq + (e >> 1) * 8, col = n0 + 8 * nt + 2 * q + (e & 1);
+                p.fin[sbase + (long long)row * N + col] = s[nt][e];
+            }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The chunk outputs. Grid (B·nch, H / hb), 128 threads; the block's hb heads share a group.
+//    Warp w computes rows 16w.. of the chunk: C Bᵀ (its causal part) once, then per head
+//    Y = e^{cum_i} (C S_cᵀ) + M X + D x, M = C Bᵀ ∘ E ∘ dt_j (j ≤ i) built in registers and fed to
+//    the mma as its A operand. y is 0 at padding.
+
+
+template <typename E, int N>
+__device__ __forceinline__ void tc_out(const TcParams& p) {
+    constexpr int NRS = N + 8, XRS = TC_P + 8, YRS = TC_P + 4;
+    constexpr int XSZ = TC_L * XRS, SSZ = TC_P * NRS;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    u16* cs = (u16*)tc_sm;
+    u16* bs = cs + TC_L * NRS;
+    u16* xs = bs + TC_L * NRS;  // [2][L][XRS]
+    u16* ss = xs + 2 * XSZ;     // [2][P][NRS]
+    float* dts = (float*)(ss + 2 * SSZ);
+    float* ystg = dts + 2 * TC_L;
+    const int b = blockIdx.x / p.nch, c = blockIdx.x % p.nch;
+    const int h0 = blockIdx.y * p.hb, g = h0 / (p.H / p.G);
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, q = lane & 3;
+    const int T = p.T, t0 = c * TC_L, nv = min(TC_L, T - t0);
+    const int st = p.start ? p.start[b] : 0;
+    const long long HP = (long long)p.H * TC_P;
+    const bool vec = (p.vec & 1) != 0;
+    const E* xrow = (const E*)p.xbc + ((long long)b * T + t0) * p.stride;
+    tc_load_rows<E, N, NRS, 128>(cs, xrow + HP + (long long)(p.G + g) * N, p.stride, nv, vec);
+    tc_load_rows<E, N, NRS, 128>(bs, xrow + HP + (long long)g * N, p.stride, nv, vec);
+    auto load_head = [&](int k, int s) {
+        const int h = h0 + k;
+        tc_load_rows<E, TC_P, XRS, 128>(xs + s * XSZ, xrow + (long long)h * TC_P, p.stride, nv, vec);
+        tc_load_rows<u16, N, NRS, 128>(ss + s * SSZ, p.states + (((long long)b * p.H + h) * p.nch + c) * TC_P * N,
+                                       N, TC_P, true);
+        tc_load_dt(dts + s * TC_L, p.dt + (long long)b * T * p.H + h, p.H, t0, nv);
+    };
+    load_head(0, 0);
+    tc_commit();
+    float cb[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cb[nt][e] = 0.f;
+    const int i1 = 16 * w + gq, i2 = i1 + 8;
+    for (int k = 0; k < p.hb; ++k) {
+        if (k + 1 < p.hb) {
+            load_head(k + 1, (k + 1) & 1);
+            tc_commit();
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
+        }
+        __syncthreads();
+        if (k == 0) {
+#pragma unroll
+            for (int ks = 0; ks < N / 16; ++ks) {
+                u32 af[4];
+                ldsm(af, a_at(cs, NRS, 16 * w, 16 * ks));
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    if (np <= w) {
+                        u32 bf[4];
+                        ldsm(bf, b_at(bs, NRS, 16 * ks, 16 * np));
+                        tc_mma(cb[2 * np], af, bf[0], bf[1]);
+                        tc_mma(cb[2 * np + 1], af, bf[2], bf[3]);
+                    }
+                }
+            }
+        }
+        const int s = k & 1, h = h0 + k;
+        const u16* X = xs + s * XSZ;
+        const u16* S = ss + s * SSZ;
+        float d0, d1, c0, c1;
+        tc_scan(dts + s * TC_L, p.A[h], t0, T, st, d0, d1, c0, c1);
+        const float ci1 = tc_at(c0, c1, i1), ci2 = tc_at(c0, c1, i2);
+        float y[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) y[nt][e] = 0.f;
+        // Inter-chunk: C S_cᵀ, then rows scaled by e^{cum_i}.
+#pragma unroll
+        for (int ks = 0; ks < N / 16; ++ks) {
+            u32 af[4];
+            ldsm(af, a_at(cs, NRS, 16 * w, 16 * ks));
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                u32 bf[4];
+                ldsm(bf, b_at(S, NRS, 16 * ks, 16 * np));
+                tc_mma(y[2 * np], af, bf[0], bf[1]);
+                tc_mma(y[2 * np + 1], af, bf[2], bf[3]);
+            }
+        }
+        const float e1 = __expf(ci1), e2 = __expf(ci2);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            y[nt][0] *= e1;
+            y[nt][1] *= e1;
+            y[nt][2] *= e2;
+            y[nt][3] *= e2;
+        }
+        // Intra-chunk: M X over the key blocks kk ≤ w.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            if (kk <= w) {
+                u32 af[4];
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int nt = 2 * kk + hf, j = 8 * nt + 2 * q;
+                    const float ca = tc_at(c0, c1, j), cbb = tc_at(c0, c1, j + 1);
+                    const float da = tc_at(d0, d1, j), db = tc_at(d0, d1, j + 1);
+                    const float m0 = j <= i1 ? cb[nt][0] * __expf(fminf(ci1 - ca, 0.f)) * da : 0.f;
+                    const float m1 = j + 1 <= i1 ? cb[nt][1] * __expf(fminf(ci1 - cbb, 0.f)) * db : 0.f;
+                    const float m2 = j <= i2 ? cb[nt][2] * __expf(fminf(ci2 - ca, 0.f)) * da : 0.f;
+                    const float m3 = j + 1 <= i2 ? cb[nt][3] * __expf(fminf(ci2 - cbb, 0.f)) * db : 0.f;
+                    af[2 * hf] = pk(m0, m1);
+                    af[2 * hf + 1] = pk(m2, m3);
+                }
+#pragma unroll
+                for (int np = 0; np < 4; ++np) {
+                    u32 bf[4];
+                    ldsm_t(bf, bt_at(X, XRS, 16 * kk, 16 * np));
+                    tc_mma(y[2 * np], af, bf[0], bf[1]);
+                    tc_mma(y[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+        }
+        // The skip D x (x as given for f32 inputs), padding rows 0, then the rows out.
+        const float dsk = p.D[h];
+        float* ys = ystg + w * 16 * YRS;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int rl = gq + (e >> 1) * 8, i = 16 * w + rl, col = 8 * nt + 2 * q + (e & 1);
+                float x;
+                if (sizeof(E) == 4) {
+                    x = i < nv ? ld(xrow + (long long)i * p.stride + (long long)h * TC_P, col) : 0.f;
+                } else {
+                    x = bf1(X[i * XRS + col]);
+                }
+                float v = y[nt][e] + dsk * x;
+                if (t0 + i < st) v = 0.f;
+                ys[rl * YRS + col] = v;
+            }
+        __syncwarp();
+        E* yb = (E*)p.y + ((long long)b * T + t0) * HP + (long long)h * TC_P;
+#pragma unroll 4
+        for (int r = 0; r < 16; ++r) {
+            const int i = 16 * w + r;
+            if (i < nv) tc_st2<E>(yb, (long long)i * HP + 2 * lane, ys[r * YRS + 2 * lane], ys[r * YRS + 2 * lane + 1]);
+        }
+        __syncthreads();
+    }
+}
+
+#define TC_FWD_FOR(NAME, T, N)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) ssd_tc_states_n##N##_##NAME(TcParams p) {            \
+        tc_states<T, N, false>(p);                                                                         \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) ssd_tc_dstates_n##N##_##NAME(TcParams p) {           \
+        tc_states<T, N, true>(p);                                                                          \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) ssd_tc_out_n##N##_##NAME(TcParams p) { tc_out<T, N>(p); }
+
+TC_FWD_FOR(f32, float, 64)
+TC_FWD_FOR(f32, float, 128)
+TC_FWD_FOR(bf16, u16, 64)
+TC_FWD_FOR(bf16, u16, 128)

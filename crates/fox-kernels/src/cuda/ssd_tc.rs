@@ -1,0 +1,273 @@
+//! Mamba-2's SSD on tensor cores (kernels/ssd_tc.cu), version 2 of the GPU SSD: the same
+//! contract as [`super::ssd::ssd_fwd`] / [`super::ssd::ssd_bwd`] (and the CPU [`crate::ssd`]),
+//! inputs and outputs of element type T (f32 or bf16), dt, A, D, states and parameter gradients
+//! f32. The products run as bf16 `mma.sync` with f32 accumulation (f32 inputs are rounded to
+//! bf16 on their way into the tensor cores, so `T = f32` has bf16-level error, not f32's); the
+//! states passed between chunks are stored as bf16. Deterministic: no atomics, fixed-order sums.
+//! Each function launches on `gpu.stream()` without waiting and returns an error (never panics)
+//! when a buffer is shorter than the shapes say or a size overflows the kernels' 32-bit indices.
+//!
+//! Shapes: head dim P = 64 and state N = 64 or 128 ([`supported`]); anything else goes to the
+//! version-1 kernels ([`super::ssd`]).
+//!
+//! Forward: the state walk (one block per (b, h, 32 state columns), chunks in order, the state in
+//! registers, loads four chunks deep) then the chunk outputs (one block per (b, chunk, heads of a
+//! group), C Bᵀ once per block). Backward: the reverse walk for the state gradients, the chunk
+//! backward (one block per (b, chunk, heads of a group), dB and dC summed over the block's heads
+//! in registers), then ordered reductions of dB/dC over head blocks and of dA/dD over chunks.
+
+use super::compile::SSD_TC;
+use super::{Elem, Gpu};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// Chunk length.
+const L: usize = 64;
+/// The head dim the kernels take.
+const P: usize = 64;
+/// State columns per block of the state walk.
+const NB: usize = 32;
+/// Heads per block of the chunk backward at most.
+const BWD_HEADS: usize = 32;
+
+/// One SSD problem on the device, as [`crate::ssd::Ssd`] with `xbc` of element type T and
+/// `start` as i32.
+#[derive(Clone, Copy)]
+pub struct DevSsd<'a, T> {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub state: usize,
+    pub groups: usize,
+    /// [B, T, xbc_stride]: x (H·P) | B (G·N) | C (G·N) per row.
+    pub xbc: &'a CudaSlice<T>,
+    pub xbc_stride: usize,
+    /// [B, T, H], post-softplus.
+    pub dt: &'a CudaSlice<f32>,
+    /// [H]
+    pub a: &'a CudaSlice<f32>,
+    /// [H]
+    pub d: &'a CudaSlice<f32>,
+    /// [B] or none.
+    pub start: Option<&'a CudaSlice<i32>>,
+}
+
+/// Gradients, as [`crate::ssd::SsdGrads`]: dxbc (layout of xbc; the x, B and C columns
+/// overwritten), ddt [B, T, H] overwritten, da and dd [H] accumulated, dinit [B, H, P, N]
+/// overwritten when wanted.
+pub struct DevSsdGrads<'a, T> {
+    pub dxbc: &'a mut CudaSlice<T>,
+    pub ddt: &'a mut CudaSlice<f32>,
+    pub da: &'a mut CudaSlice<f32>,
+    pub dd: &'a mut CudaSlice<f32>,
+    pub dinit: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// The kernels' parameter block (TcParams in kernels/ssd_tc.cu, field for field).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Params {
+    xbc: u64,
+    dt: u64,
+    a: u64,
+    d: u64,
+    start: u64,
+    init: u64,
+    fin: u64,
+    states: u64,
+    dstates: u64,
+    y: u64,
+    dy: u64,
+    dxbc: u64,
+    ddt: u64,
+    part_bc: u64,
+    part_ad: u64,
+    da: u64,
+    dd: u64,
+    stride: i64,
+    b: i32,
+    t: i32,
+    h: i32,
+    p: i32,
+    n: i32,
+    g: i32,
+    nch: i32,
+    hb: i32,
+    vec: i32,
+}
+
+// SAFETY: plain data in the kernel's C struct layout (8-byte fields, then 4-byte ones).
+unsafe impl DeviceRepr for Params {}
+
+fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
+    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    Ok(())
+}
+
+fn int(op: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
+}
+
+/// Whether the tensor-core kernels take this shape: P = 64, N = 64 or 128.
+pub fn supported<T>(p: &DevSsd<T>) -> bool {
+    p.head_dim == P && (p.state == 64 || p.state == 128)
+}
+
+fn chunks(seq: usize) -> usize {
+    seq.div_ceil(L)
+}
+
+/// f32 words of bf16 states [B, H, nch, P, N] (rounded up to 16 bytes).
+fn states_words(batch: usize, seq: usize, heads: usize, state: usize) -> usize {
+    (batch * heads * chunks(seq) * P * state).div_ceil(8) * 4
+}
+
+/// Heads per block: the largest divisor of the group's H / G heads that is at most `cap`.
+fn heads_per_block(heads: usize, groups: usize, cap: usize) -> usize {
+    let hpg = heads / groups;
+    (1..=cap.min(hpg)).rev().find(|k| hpg.is_multiple_of(*k)).unwrap_or(1)
+}
+
+/// f32 elements of the scratch of [`ssd_fwd`]: the bf16 states entering each chunk. At B = 2,
+/// T = 16384, H = 24, N = 128: 201 MB.
+pub fn ssd_fwd_scratch_len(batch: usize, seq: usize, heads: usize, state: usize) -> usize {
+    states_words(batch, seq, heads, state)
+}
+
+/// f32 elements of the scratch of [`ssd_bwd`]: the states and their gradients (bf16), the
+/// per-head-block dB, dC ([hblocks, B·T, 2·G·N]) and the per-(b, chunk, head) dA, dD shares.
+pub fn ssd_bwd_scratch_len(batch: usize, seq: usize, heads: usize, state: usize, groups: usize) -> usize {
+    let hblocks = heads / heads_per_block(heads, groups.max(1), BWD_HEADS);
+    2 * states_words(batch, seq, heads, state)
+        + hblocks * batch * seq * 2 * groups * state
+        + batch * chunks(seq) * heads * 2
+}
+
+impl<T: Elem> DevSsd<'_, T> {
+    fn check(&self, op: &str) -> Result<()> {
+        let (b, t, h, p, n, g) = (self.batch, self.seq, self.heads, self.head_dim, self.state, self.groups);
+        ensure!(g > 0 && h.is_multiple_of(g), "{op}: groups {g} must divide heads {h}");
+        ensure!(supported(self), "{op}: the tensor-core SSD takes P = 64 and N = 64 or 128, not P = {p}, N = {n}");
+        let width = h * p + 2 * g * n;
+        ensure!(self.xbc_stride >= width, "{op}: xbc_stride {} < H·P + 2·G·N = {width}", self.xbc_stride);
+        need(op, "xbc", self.xbc, if b * t == 0 { 0 } else { (b * t - 1) * self.xbc_stride + width })?;
+        need(op, "dt", self.dt, b * t * h)?;
+        need(op, "a", self.a, h)?;
+        need(op, "d", self.d, h)?;
+        if let Some(s) = self.start {
+            need(op, "start", s, b)?;
+        }
+        int(op, b * t * self.xbc_stride)?;
+        int(op, b * t * h * p)?;
+        int(op, b * h * chunks(t) * p * n)?;
+        int(op, (b * chunks(t)).max(b * h))?;
+        Ok(())
+    }
+    fn states(&self) -> usize {
+        self.batch * self.heads * self.head_dim * self.state
+    }
+    fn params(&self, gpu: &Gpu, hb: usize) -> Params {
+        let xbc = ptr(gpu, self.xbc);
+        // bf16 rows go by 16-byte copies when the rows and the base are 16-byte aligned.
+        let vec = (self.xbc_stride * std::mem::size_of::<T>()).is_multiple_of(16) && xbc.is_multiple_of(16);
+        Params {
+            xbc,
+            dt: ptr(gpu, self.dt),
+            a: ptr(gpu, self.a),
+            d: ptr(gpu, self.d),
+            start: self.start.map_or(0, |s| ptr(gpu, s)),
+            stride: self.xbc_stride as i64,
+            b: self.batch as i32,
+            t: self.seq as i32,
+            h: self.heads as i32,
+            p: self.head_dim as i32,
+            n: self.state as i32,
+            g: self.groups as i32,
+            nch: chunks(self.seq) as i32,
+            hb: hb as i32,
+            vec: vec as i32,
+            ..Default::default()
+        }
+    }
+}
+
+fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), threads: u32, smem: usize, prm: &Params) -> Result<()> {
+    ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
+    ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
+    let f = gpu.function(&SSD_TC, name)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(prm);
+    // SAFETY: the parameter block matches the kernel's TcParams; the callers checked every buffer
+    // against the sizes the kernels index (and that those fit 32-bit ints where used as such).
+    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
+    Ok(())
+}
+
+/// Shared memory of the state walk: four stages of a value tile [64, P + 8], a key tile
+/// [64, 40] (bf16) and dt [64], and the warps' staging tiles [4, 16, 40] (bf16).
+fn states_smem() -> usize {
+    4 * L * ((P + 8) + (NB + 8)) * 2 + 4 * L * 4 + 4 * 16 * (NB + 8) * 2
+}
+
+/// Shared memory of the chunk outputs: C and B tiles [64, N + 8], two stages of x [64, P + 8]
+/// and S [P, N + 8] (bf16) and dt, the warps' output staging [4, 16, P + 4] (f32).
+fn out_smem(n: usize) -> usize {
+    2 * L * (n + 8) * 2 + 2 * (L * (P + 8) * 2 + P * (n + 8) * 2 + L * 4) + 4 * 16 * (P + 4) * 4
+}
+
+/// The forward, as [`crate::ssd::ssd_fwd`]: y [B, T, H·P] (0 at padding); `init`,
+/// `final_state` [B, H, P, N] f32 or none; `scratch` of [`ssd_fwd_scratch_len`] f32 elements.
+pub fn ssd_fwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    y: &mut CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    final_state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let op = "ssd_tc_fwd";
+    p.check(op)?;
+    let (b, t, h, n, g) = (p.batch, p.seq, p.heads, p.state, p.groups);
+    need(op, "y", y, b * t * h * P)?;
+    need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, n))?;
+    let hb = heads_per_block(h, g, 4);
+    let mut prm = p.params(gpu, hb);
+    if let Some(i) = init {
+        need(op, "init", i, p.states())?;
+        prm.init = ptr(gpu, i);
+    }
+    if let Some(f) = &final_state {
+        need(op, "final_state", f, p.states())?;
+        prm.fin = ptr(gpu, *f);
+    }
+    if b * h == 0 {
+        return Ok(());
+    }
+    prm.states = ptr(gpu, scratch);
+    prm.y = ptr(gpu, y);
+    let sfx = format!("n{n}_{}", T::NAME);
+    // With T = 0 the walk only copies the initial state to the final one.
+    launch(gpu, &format!("ssd_tc_states_{sfx}"), (b * h, n / NB), 128, states_smem(), &prm)?;
+    if t == 0 {
+        return Ok(());
+    }
+    launch(gpu, &format!("ssd_tc_out_{sfx}"), (b * chunks(t), h / hb), 128, out_smem(n), &prm)
+}

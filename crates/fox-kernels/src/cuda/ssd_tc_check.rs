@@ -1,0 +1,205 @@
+//! The GPU check of the tensor-core SSD ([`super::ssd_tc`]) against the CPU chunked SSD
+//! ([`crate::ssd`], f32) on the same inputs rounded to T, rows for `fox-attn check-ops` (case
+//! names begin with "ssd tc"), and its timing for `fox-attn bench-ssd`.
+//!
+//! Errors are relative L2 norms ‖gpu − cpu‖ / ‖cpu‖. Tolerances, and why:
+//! - Forward y and final state, T = bf16 or f32: 1e-2. The products take bf16 operands (f32
+//!   inputs are rounded), so each of M = C Bᵀ ∘ E ∘ dt, w·x and the bf16 states passed between
+//!   chunks carries a rounding of relative rms ≈ 2⁻⁹/√3 ≈ 1.1e-3, y (bf16) one more; sums of up
+//!   to 192 such terms keep that relative size: ~3e-3 expected, 1e-2 leaves a factor 3.
+//! - Backward (dx, dB, dC, ddt, dA, dD, dinit): 2e-2: the same roundings, plus dY and the state
+//!   gradients as bf16 operands, and dA, dD, ddt sums over differences of such products.
+//! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
+
+use super::check::CheckRow;
+use super::ssd_tc::{self, DevSsd};
+use super::{Elem, Gpu};
+use anyhow::Result;
+use cudarc::driver::CudaSlice;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+const TOL_FWD: f64 = 1e-2;
+
+fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
+    if x.len() != r.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(r) {
+        num += (*a as f64 - *b as f64).powi(2);
+        den += (*b as f64).powi(2);
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
+    x.into_iter().map(|v| T::from_f32(v).to_f32()).collect()
+}
+
+fn up<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<CudaSlice<T>> {
+    gpu.upload(&x.iter().map(|v| T::from_f32(*v)).collect::<Vec<T>>())
+}
+
+fn down<T: Elem>(gpu: &Gpu, s: &CudaSlice<T>) -> Result<Vec<f32>> {
+    Ok(gpu.download(s)?.iter().map(|v| v.to_f32()).collect())
+}
+
+struct Ctx<'a> {
+    gpu: &'a Gpu,
+    rng: ChaCha8Rng,
+    rows: Vec<CheckRow>,
+}
+
+impl Ctx<'_> {
+    fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
+        let pass = err.is_finite() && err <= tol;
+        self.rows.push(CheckRow { case: case.into(), metric: metric.into(), err, tol, pass, note: note.into() });
+    }
+    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
+    }
+}
+
+/// One case's shape: B, T, H, N, G, left padding, extra xbc columns (not a multiple of 8: the
+/// unaligned load path), whether to pass an initial state.
+struct Shape {
+    b: usize,
+    t: usize,
+    h: usize,
+    n: usize,
+    g: usize,
+    start: Option<Vec<usize>>,
+    extra: usize,
+    init: bool,
+}
+
+fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
+    let (b, t, h, p, n, g) = (s.b, s.t, s.h, 64, s.n, s.g);
+    let stride = h * p + 2 * g * n + s.extra;
+    let xbc = rounded::<T>(c.randn(b * t * stride, 1.0));
+    let dt: Vec<f32> = (0..b * t * h).map(|_| c.rng.gen_range(0.01..0.6f32)).collect();
+    let a: Vec<f32> = (0..h).map(|i| if i == 0 { -0.02 } else { -c.rng.gen_range(0.05..3.0f32) }).collect();
+    let d = c.randn(h, 1.0);
+    let init = s.init.then(|| c.randn(b * h * p * n, 1.0));
+    let cpu = crate::ssd::Ssd {
+        batch: b,
+        seq: t,
+        heads: h,
+        head_dim: p,
+        state: n,
+        groups: g,
+        xbc: &xbc,
+        xbc_stride: stride,
+        dt: &dt,
+        a: &a,
+        d: &d,
+        start: s.start.as_deref(),
+    };
+    let (mut y, mut fin) = (vec![0.0; b * t * h * p], vec![0.0; b * h * p * n]);
+    crate::ssd::ssd_fwd(&cpu, &mut y, init.as_deref(), Some(&mut fin))?;
+    let gpu = c.gpu;
+    let gx = up::<T>(gpu, &xbc)?;
+    let (gdt, ga, gd) = (gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
+    let ginit = init.as_ref().map(|i| gpu.upload(i)).transpose()?;
+    let gstart = s.start.as_ref().map(|v| gpu.upload(&v.iter().map(|&x| x as i32).collect::<Vec<_>>())).transpose()?;
+    let dev = DevSsd {
+        batch: b,
+        seq: t,
+        heads: h,
+        head_dim: p,
+        state: n,
+        groups: g,
+        xbc: &gx,
+        xbc_stride: stride,
+        dt: &gdt,
+        a: &ga,
+        d: &gd,
+        start: gstart.as_ref(),
+    };
+    let mut gy = gpu.zeros::<T>(y.len())?;
+    let mut gf = gpu.zeros::<f32>(fin.len())?;
+    let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
+    ssd_tc::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc)?;
+    let (y1, f1) = (down(gpu, &gy)?, gpu.download(&gf)?);
+    c.add(name, "y rel L2 vs CPU chunked", rel_l2(&y1, &y), TOL_FWD, "");
+    c.add(name, "final state rel L2", rel_l2(&f1, &fin), TOL_FWD, "");
+    ssd_tc::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc)?;
+    let y2 = down(gpu, &gy)?;
+    let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    Ok(())
+}
+
+/// Every tensor-core SSD row.
+pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
+    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7c55d), rows: Vec::new() };
+    let shapes = [
+        (
+            "B2 T300 H4 N128 G2 pad init unaligned",
+            Shape { b: 2, t: 300, h: 4, n: 128, g: 2, start: Some(vec![0, 70]), extra: 5, init: true },
+        ),
+        ("B1 T50 H2 N64 G1 (T < L)", Shape { b: 1, t: 50, h: 2, n: 64, g: 1, start: None, extra: 0, init: false }),
+        (
+            "B2 T256 H8 N128 G1 pad",
+            Shape { b: 2, t: 256, h: 8, n: 128, g: 1, start: Some(vec![130, 0]), extra: 8, init: false },
+        ),
+        (
+            "B2 T200 H6 N64 G3 pad init",
+            Shape { b: 2, t: 200, h: 6, n: 64, g: 3, start: Some(vec![3, 0]), extra: 0, init: true },
+        ),
+    ];
+    for (k, (name, s)) in shapes.iter().enumerate() {
+        let bf = format!("ssd tc fwd bf16 {name}");
+        if let Err(e) = case::<half::bf16>(&mut c, &bf, s) {
+            c.add(&bf, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
+        }
+        // f32 inputs on two of the shapes.
+        if k % 2 == 0 {
+            let f = format!("ssd tc fwd f32 {name}");
+            if let Err(e) = case::<f32>(&mut c, &f, s) {
+                c.add(&f, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
+            }
+        }
+    }
+    c.rows
+}
+
+/// Median ms (CUDA events, after warm-up) of the tensor-core SSD forward with inputs of T at
+/// [B, T, H, P, N, G], random inputs, no initial state; and of forward + backward (none when the
+/// backward is not there yet).
+pub fn bench<T: Elem>(
+    gpu: &Gpu,
+    shape: (usize, usize, usize, usize, usize, usize),
+    warmup: usize,
+    iters: usize,
+) -> Result<(f64, Option<f64>)> {
+    let (b, t, h, p, n, g) = shape;
+    let stride = h * p + 2 * g * n;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
+    let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
+    let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
+    let d = vec![1.0f32; h];
+    let gx = up::<T>(gpu, &xbc)?;
+    let (gdt, ga, gd) = (gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
+    let dev = DevSsd {
+        batch: b,
+        seq: t,
+        heads: h,
+        head_dim: p,
+        state: n,
+        groups: g,
+        xbc: &gx,
+        xbc_stride: stride,
+        dt: &gdt,
+        a: &ga,
+        d: &gd,
+        start: None,
+    };
+    let mut y = gpu.zeros::<T>(b * t * h * p)?;
+    let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
+    let fwd = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc))?;
+    Ok((fwd, None))
+}

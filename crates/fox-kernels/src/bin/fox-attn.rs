@@ -205,14 +205,18 @@ fn main() -> Result<()> {
             );
             // Version 2, tensor cores, bf16 and f32 inputs.
             for bf in [true, false] {
-                let (fwd, fb) = if bf {
+                let (fwd, fb, st) = if bf {
                     ssd_tc_check::bench::<half::bf16>(&gpu, shape, 3, 20)?
                 } else {
                     ssd_tc_check::bench::<f32>(&gpu, shape, 3, 20)?
                 };
-                let fb = fb.map_or("not run".to_string(), |v| format!("{v:.3} ms"));
                 let dt = if bf { "bf16" } else { "f32" };
-                println!("SSD tensor cores ({dt} inputs): forward {fwd:.3} ms, forward + backward {fb}");
+                println!(
+                    "SSD tensor cores ({dt} inputs): forward {fwd:.3} ms, forward + backward {fb:.3} ms; \
+                     alone: state walk {:.3}, chunk outputs {:.3}; backward: walks {:.3}, chunk backward \
+                     {:.3}, reductions {:.3} ms",
+                    st[0], st[1], st[2], st[3], st[4]
+                );
             }
             Ok(())
         }

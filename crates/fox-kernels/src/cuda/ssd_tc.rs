@@ -27,6 +27,9 @@ const L: usize = 64;
 const P: usize = 64;
 /// State columns per block of the state walk.
 const NB: usize = 32;
+/// Warps per block of the chunk outputs (4 took 0.348 ms, 8 took 0.289 ms at the benchmark's
+/// shape on an H100).
+const OUT_WARPS: usize = 8;
 /// Heads per block of the chunk backward at most.
 const BWD_HEADS: usize = 32;
 
@@ -75,6 +78,8 @@ struct Params {
     start: u64,
     init: u64,
     fin: u64,
+    dfinal: u64,
+    dinit: u64,
     states: u64,
     dstates: u64,
     y: u64,
@@ -141,12 +146,12 @@ pub fn ssd_fwd_scratch_len(batch: usize, seq: usize, heads: usize, state: usize)
 }
 
 /// f32 elements of the scratch of [`ssd_bwd`]: the states and their gradients (bf16), the
-/// per-head-block dB, dC ([hblocks, B·T, 2·G·N]) and the per-(b, chunk, head) dA, dD shares.
+/// per-head-block dB, dC ([hblocks, B·T, 2·N], only when a group has more than one head block) and the per-(b, chunk, head) dA, dD shares.
 pub fn ssd_bwd_scratch_len(batch: usize, seq: usize, heads: usize, state: usize, groups: usize) -> usize {
     let hblocks = heads / heads_per_block(heads, groups.max(1), BWD_HEADS);
-    2 * states_words(batch, seq, heads, state)
-        + hblocks * batch * seq * 2 * groups * state
-        + batch * chunks(seq) * heads * 2
+    // A group with one head block writes dB and dC straight into dxbc.
+    let parts = if hblocks == groups { 0 } else { hblocks };
+    2 * states_words(batch, seq, heads, state) + parts * batch * seq * 2 * state + batch * chunks(seq) * heads * 2
 }
 
 impl<T: Elem> DevSsd<'_, T> {
@@ -197,7 +202,7 @@ impl<T: Elem> DevSsd<'_, T> {
     }
 }
 
-fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), threads: u32, smem: usize, prm: &Params) -> Result<()> {
+fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), threads: u32, smem: usize, prm: &Params) -> Result<()> {
     ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
     ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
     let f = gpu.function(&SSD_TC, name)?;
@@ -209,7 +214,7 @@ fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), threads: u32, smem: usize
         .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
     }
     let cfg = LaunchConfig {
-        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
@@ -221,16 +226,29 @@ fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), threads: u32, smem: usize
     Ok(())
 }
 
-/// Shared memory of the state walk: four stages of a value tile [64, P + 8], a key tile
-/// [64, 40] (bf16) and dt [64], and the warps' staging tiles [4, 16, 40] (bf16).
-fn states_smem() -> usize {
-    4 * L * ((P + 8) + (NB + 8)) * 2 + 4 * L * 4 + 4 * 16 * (NB + 8) * 2
+/// Shared memory of the state walk over `nb` state columns per block: four stages of a value
+/// tile [64, P + 8], a key tile [64, nb + 8] (bf16) and dt [64], and the warps' staging tiles
+/// [4, 16, nb + 8] (bf16).
+fn states_smem(nb: usize) -> usize {
+    4 * L * ((P + 8) + (nb + 8)) * 2 + 4 * L * 4 + 4 * 16 * (nb + 8) * 2
 }
 
-/// Shared memory of the chunk outputs: C and B tiles [64, N + 8], two stages of x [64, P + 8]
-/// and S [P, N + 8] (bf16) and dt, the warps' output staging [4, 16, P + 4] (f32).
-fn out_smem(n: usize) -> usize {
-    2 * L * (n + 8) * 2 + 2 * (L * (P + 8) * 2 + P * (n + 8) * 2 + L * 4) + 4 * 16 * (P + 4) * 4
+/// Shared memory of the chunk outputs with `nw` warps: C and B tiles [64, N + 8], two stages of
+/// x [64, P + 8] and S [P, N + 8] (bf16) and dt, the warps' output staging [16, 4P/nw + 4] (f32).
+fn out_smem(n: usize, nw: usize) -> usize {
+    2 * L * (n + 8) * 2 + 2 * (L * (P + 8) * 2 + P * (n + 8) * 2 + L * 4) + nw * 16 * (4 * P / nw + 4) * 4
+}
+
+/// One of the forward's two kernels alone, for timing each (`fox-attn bench-ssd`; the other's
+/// results are whatever the scratch holds): 0 the state walk, 1 the chunk outputs.
+pub fn ssd_fwd_step<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    y: &mut CudaSlice<T>,
+    scratch: &mut CudaSlice<f32>,
+    step: usize,
+) -> Result<()> {
+    fwd_steps(gpu, p, y, None, None, scratch, [step == 0, step == 1])
 }
 
 /// The forward, as [`crate::ssd::ssd_fwd`]: y [B, T, H·P] (0 at padding); `init`,
@@ -242,6 +260,18 @@ pub fn ssd_fwd<T: Elem>(
     init: Option<&CudaSlice<f32>>,
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    fwd_steps(gpu, p, y, init, final_state, scratch, [true, true])
+}
+
+fn fwd_steps<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    y: &mut CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    final_state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+    run: [bool; 2],
 ) -> Result<()> {
     let op = "ssd_tc_fwd";
     p.check(op)?;
@@ -265,9 +295,151 @@ pub fn ssd_fwd<T: Elem>(
     prm.y = ptr(gpu, y);
     let sfx = format!("n{n}_{}", T::NAME);
     // With T = 0 the walk only copies the initial state to the final one.
-    launch(gpu, &format!("ssd_tc_states_{sfx}"), (b * h, n / NB), 128, states_smem(), &prm)?;
+    if run[0] {
+        launch(gpu, &format!("ssd_tc_states_{sfx}"), (b * h, n / NB, 1), 128, states_smem(NB), &prm)?;
+    }
     if t == 0 {
         return Ok(());
     }
-    launch(gpu, &format!("ssd_tc_out_{sfx}"), (b * chunks(t), h / hb), 128, out_smem(n), &prm)
+    if run[1] {
+        launch(gpu, &format!("ssd_tc_out_{sfx}"), (b * chunks(t), h / hb, 1), 256, out_smem(n, OUT_WARPS), &prm)?;
+    }
+    Ok(())
+}
+
+/// Shared memory of the chunk backward: C and B tiles [64, N + 8], two stages of x, dy
+/// [64, P + 8], S_0, dS [P, N + 8] (bf16), M and dG [64, P + 8] (bf16), dt [2, 64] and the
+/// per-warp slots (5 · 8 · 64 + 16 f32).
+fn bwd_smem(n: usize) -> usize {
+    2 * L * (n + 8) * 2
+        + 2 * (2 * L * (P + 8) + 2 * P * (n + 8)) * 2
+        + 2 * L * (P + 8) * 2
+        + 2 * L * 4
+        + (5 * 8 * L + 16) * 4
+}
+
+/// The backward, as [`crate::ssd::ssd_bwd`]: dy [B, T, H·P] (its padded rows ignored); `init`
+/// as given to the forward; `dfinal` [B, H, P, N] or none (0); `scratch` of
+/// [`ssd_bwd_scratch_len`] f32 elements. Recomputes the forward's states (the walk), walks the
+/// state gradients back, then the chunk backward and the ordered reductions.
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_bwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    dy: &CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    dfinal: Option<&CudaSlice<f32>>,
+    g: DevSsdGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    bwd_steps(gpu, p, dy, init, dfinal, g, scratch, [true; 3])
+}
+
+/// One of the backward's steps alone, for timing (`fox-attn bench-ssd`): 0 the two state walks,
+/// 1 the chunk backward, 2 the reductions.
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_bwd_step<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    dy: &CudaSlice<T>,
+    g: DevSsdGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+    step: usize,
+) -> Result<()> {
+    bwd_steps(gpu, p, dy, None, None, g, scratch, [step == 0, step == 1, step == 2])
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bwd_steps<T: Elem>(
+    gpu: &Gpu,
+    p: &DevSsd<T>,
+    dy: &CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    dfinal: Option<&CudaSlice<f32>>,
+    g: DevSsdGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+    run: [bool; 3],
+) -> Result<()> {
+    let op = "ssd_tc_bwd";
+    p.check(op)?;
+    let (b, t, h, n, gr) = (p.batch, p.seq, p.heads, p.state, p.groups);
+    need(op, "dy", dy, b * t * h * P)?;
+    let width = h * P + 2 * gr * n;
+    need(op, "dxbc", g.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
+    need(op, "ddt", g.ddt, b * t * h)?;
+    need(op, "da", g.da, h)?;
+    need(op, "dd", g.dd, h)?;
+    need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, n, gr))?;
+    let hb = heads_per_block(h, gr, BWD_HEADS);
+    let hblocks = h / hb;
+    int(op, hblocks * b * t * 2 * n)?;
+    int(op, b * t * gr * 2 * n)?;
+    let mut prm = p.params(gpu, hb);
+    if let Some(i) = init {
+        need(op, "init", i, p.states())?;
+        prm.init = ptr(gpu, i);
+    }
+    if let Some(f) = dfinal {
+        need(op, "dfinal", f, p.states())?;
+    }
+    if let Some(d) = &g.dinit {
+        need(op, "dinit", d, p.states())?;
+    }
+    if b * h == 0 {
+        return Ok(());
+    }
+    let base = ptr(gpu, scratch);
+    let sw = states_words(b, t, h, n) as u64;
+    prm.states = base;
+    prm.dstates = base + 4 * sw;
+    let parts = if hblocks == gr { 0 } else { hblocks };
+    prm.part_ad = base + 8 * sw + 4 * (parts * b * t * 2 * n) as u64;
+    if parts > 0 {
+        prm.part_bc = base + 8 * sw;
+    }
+    prm.dy = ptr(gpu, dy);
+    if prm.dy.is_multiple_of(16) {
+        prm.vec |= 2;
+    }
+    prm.dxbc = ptr(gpu, g.dxbc);
+    prm.ddt = ptr(gpu, g.ddt);
+    prm.da = ptr(gpu, g.da);
+    prm.dd = ptr(gpu, g.dd);
+    let sfx = format!("n{n}_{}", T::NAME);
+    // The forward's states (no final state) and the state gradients (from dfinal to dinit), the
+    // two walks in one launch.
+    prm.dfinal = dfinal.map_or(0, |f| ptr(gpu, f));
+    prm.dinit = g.dinit.map_or(0, |d| ptr(gpu, d));
+    if run[0] {
+        launch(gpu, &format!("ssd_tc_walks_{sfx}"), (b * h, n / NB, 2), 128, states_smem(NB), &prm)?;
+    }
+    if t == 0 {
+        return Ok(());
+    }
+    if run[1] {
+        launch(gpu, &format!("ssd_tc_chunk_bwd_{sfx}"), (b * chunks(t), hblocks, 1), 256, bwd_smem(n), &prm)?;
+    }
+    if !run[2] {
+        return Ok(());
+    }
+    let hbpg = hblocks / gr;
+    if parts > 0 {
+        reduce_bc::<T>(gpu, &prm, b * t * gr * 2 * n, hbpg)?;
+    }
+    launch(gpu, "ssd_tc_ad_reduce", (h.div_ceil(8), 1, 1), 256, 0, &prm)
+}
+
+/// dB, dC: the sum over each group's `hbpg` head blocks, into dxbc.
+fn reduce_bc<T: Elem>(gpu: &Gpu, prm: &Params, total: usize, hbpg: usize) -> Result<()> {
+    let f = gpu.function(&SSD_TC, &format!("ssd_tc_bc_reduce_{}", T::NAME))?;
+    let cfg =
+        LaunchConfig { grid_dim: (total.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let hbpg = hbpg as i32;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(prm);
+    l.arg(&hbpg);
+    // SAFETY: TcParams and the int of the kernel's signature; part_bc holds hblocks · B·T · 2N
+    // values and dxbc the rows the caller checked.
+    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching ssd_tc_bc_reduce: {e:?}"))?;
+    Ok(())
 }

@@ -7,12 +7,15 @@
 //!   inputs are rounded), so each of M = C Bᵀ ∘ E ∘ dt, w·x and the bf16 states passed between
 //!   chunks carries a rounding of relative rms ≈ 2⁻⁹/√3 ≈ 1.1e-3, y (bf16) one more; sums of up
 //!   to 192 such terms keep that relative size: ~3e-3 expected, 1e-2 leaves a factor 3.
-//! - Backward (dx, dB, dC, ddt, dA, dD, dinit): 2e-2: the same roundings, plus dY and the state
-//!   gradients as bf16 operands, and dA, dD, ddt sums over differences of such products.
+//! - Backward (dx, dB, dC, ddt, dD, dinit): 2e-2: the same roundings, plus dY, M, dG and the
+//!   state gradients as bf16 operands: ~3e-3 seen. dA: 5e-2: each head's dA is one sum over
+//!   B·T positions of dt·(reverse prefix sum of dcum), terms of both signs that cancel to a
+//!   result far smaller than their magnitude, so the terms' ~3e-3 relative error grows: 2e-3 to
+//!   2.4e-2 seen over seeds and shapes (a wrong term would give O(1)).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
 use super::check::CheckRow;
-use super::ssd_tc::{self, DevSsd};
+use super::ssd_tc::{self, DevSsd, DevSsdGrads};
 use super::{Elem, Gpu};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
@@ -21,6 +24,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
 const TOL_FWD: f64 = 1e-2;
+const TOL_BWD: f64 = 2e-2;
+const TOL_DA: f64 = 5e-2;
 
 fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     if x.len() != r.len() {
@@ -129,6 +134,64 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let y2 = down(gpu, &gy)?;
     let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    // Backward, with a gradient on the final state and the initial state's gradient out; dxbc
+    // starts at 3 so that columns past the x, B, C ones must keep it.
+    let dyv = rounded::<T>(c.randn(y.len(), 1.0));
+    let dfin = c.randn(fin.len(), 1.0);
+    let (mut dxbc, mut ddt) = (vec![3.0f32; xbc.len()], vec![0.0f32; dt.len()]);
+    let (mut dav, mut ddv, mut dinit) = (vec![0.5f32; h], vec![0.5f32; h], vec![0.0f32; fin.len()]);
+    crate::ssd::ssd_bwd(
+        &cpu,
+        &dyv,
+        init.as_deref(),
+        Some(&dfin),
+        crate::ssd::SsdGrads { dxbc: &mut dxbc, ddt: &mut ddt, da: &mut dav, dd: &mut ddv, dinit: Some(&mut dinit) },
+    )?;
+    let (gdy, gdfin) = (up::<T>(gpu, &dyv)?, gpu.upload(&dfin)?);
+    let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
+    let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {
+        let gpu = c.gpu;
+        let mut gdx = up::<T>(gpu, &vec![3.0f32; xbc.len()])?;
+        let (mut gddt, mut gda, mut gdd, mut gdi) = (
+            gpu.zeros::<f32>(dt.len())?,
+            gpu.upload(&vec![0.5f32; h])?,
+            gpu.upload(&vec![0.5f32; h])?,
+            gpu.zeros::<f32>(fin.len())?,
+        );
+        let grads = DevSsdGrads { dxbc: &mut gdx, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: Some(&mut gdi) };
+        ssd_tc::ssd_bwd(gpu, &dev, &gdy, ginit.as_ref(), Some(&gdfin), grads, &mut bsc)?;
+        Ok(vec![down(gpu, &gdx)?, gpu.download(&gddt)?, gpu.download(&gda)?, gpu.download(&gdd)?, gpu.download(&gdi)?])
+    };
+    let got = run(c)?;
+    let bname = name.replace("fwd", "bwd");
+    // dxbc split into its x, B and C columns (and the columns past them, which must stay 3).
+    let (hp, gn) = (h * p, g * n);
+    let cols = |v: &[f32], lo: usize, hi: usize| -> Vec<f32> {
+        (0..b * t).flat_map(|r| v[r * stride + lo..r * stride + hi].to_vec()).collect()
+    };
+    for (what, lo, hi) in [("dx", 0, hp), ("dB", hp, hp + gn), ("dC", hp + gn, hp + 2 * gn)] {
+        c.add(
+            &bname,
+            &format!("{what} rel L2 vs CPU chunked"),
+            rel_l2(&cols(&got[0], lo, hi), &cols(&dxbc, lo, hi)),
+            TOL_BWD,
+            "",
+        );
+    }
+    if stride > hp + 2 * gn {
+        let kept = cols(&got[0], hp + 2 * gn, stride).iter().filter(|&&v| v != 3.0).count();
+        c.add(&bname, "dxbc columns past C kept", kept as f64, 0.0, "elements changed");
+    }
+    for (k, (what, want)) in
+        [("ddt", &ddt), ("dA (onto 0.5)", &dav), ("dD (onto 0.5)", &ddv), ("dinit", &dinit)].into_iter().enumerate()
+    {
+        let tol = if k == 1 { TOL_DA } else { TOL_BWD };
+        c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(&got[k + 1], want), tol, "");
+    }
+    let again = run(c)?;
+    let diff: usize =
+        got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
+    c.add(&bname, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
     Ok(())
 }
 
@@ -149,6 +212,12 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
             "B2 T200 H6 N64 G3 pad init",
             Shape { b: 2, t: 200, h: 6, n: 64, g: 3, start: Some(vec![3, 0]), extra: 0, init: true },
         ),
+        // 34 heads in one group: two head blocks of 17 in the backward, dB and dC through the
+        // ordered reduction.
+        (
+            "B1 T130 H34 N64 G1 (two head blocks)",
+            Shape { b: 1, t: 130, h: 34, n: 64, g: 1, start: None, extra: 0, init: false },
+        ),
     ];
     for (k, (name, s)) in shapes.iter().enumerate() {
         let bf = format!("ssd tc fwd bf16 {name}");
@@ -167,14 +236,15 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 }
 
 /// Median ms (CUDA events, after warm-up) of the tensor-core SSD forward with inputs of T at
-/// [B, T, H, P, N, G], random inputs, no initial state; and of forward + backward (none when the
-/// backward is not there yet).
+/// [B, T, H, P, N, G], random inputs, no initial state; of forward + backward; and of steps
+/// alone: the forward's state walk and chunk outputs; the backward's two walks, chunk backward,
+/// reductions.
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     shape: (usize, usize, usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
-) -> Result<(f64, Option<f64>)> {
+) -> Result<(f64, f64, [f64; 5])> {
     let (b, t, h, p, n, g) = shape;
     let stride = h * p + 2 * g * n;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -201,5 +271,24 @@ pub fn bench<T: Elem>(
     let mut y = gpu.zeros::<T>(b * t * h * p)?;
     let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
     let fwd = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc))?;
-    Ok((fwd, None))
+    let dy = up::<T>(gpu, &(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
+    let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
+    let mut gx2 = gpu.zeros::<T>(xbc.len())?;
+    let (mut gddt, mut gda, mut gdd) = (gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
+    let fb = super::bench::time_ms(gpu, warmup, iters, || {
+        ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc)?;
+        let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
+        ssd_tc::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
+    })?;
+    let mut steps = [0.0; 5];
+    for (k, ms) in steps.iter_mut().enumerate().take(2) {
+        *ms = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd_step(gpu, &dev, &mut y, &mut sc, k))?;
+    }
+    for k in 0..3 {
+        steps[2 + k] = super::bench::time_ms(gpu, warmup, iters, || {
+            let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
+            ssd_tc::ssd_bwd_step(gpu, &dev, &dy, grads, &mut bsc, k)
+        })?;
+    }
+    Ok((fwd, fb, steps))
 }

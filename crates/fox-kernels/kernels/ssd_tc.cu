@@ -205,9 +205,11 @@ __device__ __forceinline__ void tc_st2v(T* p, long long i, float a, float b, boo
 #define TC_ST_STAGES 4
 
 
-template <typename E, int N, int NB, bool REV>
+template <typename E, int N, int NB, int NW, bool REV>
 __device__ __forceinline__ void tc_states(const TcParams& p) {
-    constexpr int VRS = TC_P + 8, KRS = NB + 8, NTL = NB / 8;
+    // NW / 4 warps per 16 state rows, each over 32 of the block's NB columns.
+    constexpr int NTH = 32 * NW, VRS = TC_P + 8, KRS = NB + 8, NTL = 4;
+    static_assert(NB == 8 * NW, "a warp takes 32 columns");
     constexpr int VSZ = TC_L * VRS, KSZ = TC_L * KRS;
     extern __shared__ __align__(16) unsigned char tc_sm[];
     u16* sv = (u16*)tc_sm;
@@ -215,8 +217,9 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
     float* sdt = (float*)(sk + TC_ST_STAGES * KSZ);
     u16* stg = (u16*)(sdt + TC_ST_STAGES * TC_L);
     const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, g = h / (p.H / p.G);
-    const int n0 = blockIdx.y * NB;
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, q = lane & 3;
+    const int tid = threadIdx.x, w = (tid >> 5) & 3, lane = tid & 31, gq = lane >> 2, q = lane & 3;
+    const int wn = (tid >> 7) * 32;              // the warp's first column in the block's tile
+    const int n0 = blockIdx.y * NB + wn;         // ... and in the state
     const int T = p.T, nch = p.nch;
     const int st = p.start ? p.start[b] : 0;
     const float a = p.A[h];
@@ -233,15 +236,15 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
         vs = p.stride;
         vvec = (p.vec & 1) != 0;
     }
-    const E* kbase = (const E*)p.xbc + (long long)b * T * p.stride + HP + (long long)(REV ? p.G + g : g) * N + n0;
+    const E* kbase = (const E*)p.xbc + (long long)b * T * p.stride + HP + (long long)(REV ? p.G + g : g) * N + blockIdx.y * NB;
     const bool kvec = (p.vec & 1) != 0;
     const float* dtb = p.dt + (long long)b * T * p.H + h;
     auto load = [&](int cc, int stage) {
         if (cc < nch) {
             const int c = REV ? nch - 1 - cc : cc;
             const int t0 = c * TC_L, nv = min(TC_L, T - t0);
-            tc_load_rows<E, TC_P, VRS, 128>(sv + stage * VSZ, vbase + (long long)t0 * vs, vs, nv, vvec);
-            tc_load_rows<E, NB, KRS, 128>(sk + stage * KSZ, kbase + (long long)t0 * p.stride, p.stride, nv, kvec);
+            tc_load_rows<E, TC_P, VRS, NTH>(sv + stage * VSZ, vbase + (long long)t0 * vs, vs, nv, vvec);
+            tc_load_rows<E, NB, KRS, NTH>(sk + stage * KSZ, kbase + (long long)t0 * p.stride, p.stride, nv, kvec);
             tc_load_dt(sdt + stage * TC_L, dtb, p.H, t0, nv);
         }
         tc_commit();
@@ -261,7 +264,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
 #pragma unroll
     for (int k = 0; k < TC_ST_STAGES - 1; ++k) load(k, k);
     u16* out = REV ? p.dstates : p.states;
-    u16* sg = stg + w * 16 * KRS;
+    u16* sg = stg + (tid >> 5) * 16 * 40;
     for (int cc = 0; cc < nch; ++cc) {
         tc_wait<TC_ST_STAGES - 2>();
         __syncthreads();
@@ -303,7 +306,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
 #pragma unroll
             for (int np = 0; np < NTL / 2; ++np) {
                 u32 bf[4];
-                ldsm_t(bf, bt_at(K, KRS, 16 * ks, 16 * np));
+                ldsm_t(bf, bt_at(K, KRS, 16 * ks, wn + 16 * np));
                 tc_mma(acc[2 * np], af, bf[0], bf[1]);
                 tc_mma(acc[2 * np + 1], af, bf[2], bf[3]);
             }
@@ -311,15 +314,15 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
         // Store the current state (bf16) through the warp's staging tile: 16 rows of 64 bytes.
 #pragma unroll
         for (int nt = 0; nt < NTL; ++nt) {
-            *(u32*)(sg + gq * KRS + 8 * nt + 2 * q) = pk(s[nt][0], s[nt][1]);
-            *(u32*)(sg + (gq + 8) * KRS + 8 * nt + 2 * q) = pk(s[nt][2], s[nt][3]);
+            *(u32*)(sg + gq * 40 + 8 * nt + 2 * q) = pk(s[nt][0], s[nt][1]);
+            *(u32*)(sg + (gq + 8) * 40 + 8 * nt + 2 * q) = pk(s[nt][2], s[nt][3]);
         }
         __syncwarp();
         u16* dst = out + ((long long)bh * nch + c) * TC_P * N + (long long)(16 * w) * N + n0;
 #pragma unroll
         for (int i = lane; i < 16 * NTL; i += 32) {
             const int row = i / NTL, ch = i % NTL;
-            *(uint4*)(dst + (long long)row * N + ch * 8) = *(const uint4*)(sg + row * KRS + ch * 8);
+            *(uint4*)(dst + (long long)row * N + ch * 8) = *(const uint4*)(sg + row * 40 + ch * 8);
         }
         __syncwarp();
 #pragma unroll
@@ -1025,13 +1028,22 @@ extern "C" __global__ void ssd_tc_ad_reduce(TcParams p) { tc_ad_reduce(p); }
 
 #define TC_FWD_FOR(NAME, T, N)                                                                            \
     extern "C" __global__ void __launch_bounds__(128) ssd_tc_states_n##N##_##NAME(TcParams p) {            \
-        tc_states<T, N, 32, false>(p);                                                                     \
+        tc_states<T, N, 32, 4, false>(p);                                                                  \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) ssd_tc_states8_n##N##_##NAME(TcParams p) {           \
+        tc_states<T, N, 64, 8, false>(p);                                                                  \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(128) ssd_tc_walks_n##N##_##NAME(TcParams p) {             \
         if (blockIdx.z == 0)                                                                               \
-            tc_states<T, N, 32, false>(p);                                                                 \
+            tc_states<T, N, 32, 4, false>(p);                                                              \
         else                                                                                               \
-            tc_states<T, N, 32, true>(p);                                                                  \
+            tc_states<T, N, 32, 4, true>(p);                                                               \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) ssd_tc_walks8_n##N##_##NAME(TcParams p) {            \
+        if (blockIdx.z == 0)                                                                               \
+            tc_states<T, N, 64, 8, false>(p);                                                              \
+        else                                                                                               \
+            tc_states<T, N, 64, 8, true>(p);                                                               \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) ssd_tc_out_n##N##_##NAME(TcParams p) {              \
         tc_out<T, N, 8>(p);                                                                                \

@@ -123,7 +123,7 @@ pub struct DevSsd<'a, T: Elem = f32> {
 }
 
 impl<T: Elem> DevSsd<'_, T> {
-    fn check(&self, op: &str) -> Result<()> {
+    pub(super) fn check(&self, op: &str) -> Result<()> {
         let (b, t, h, p, n, g) = (self.batch, self.seq, self.heads, self.head_dim, self.state, self.groups);
         ensure!(g > 0 && h.is_multiple_of(g), "{op}: groups {g} must divide heads {h}");
         ensure!(p > 0 && n > 0, "{op}: head_dim and state must be positive");
@@ -139,7 +139,7 @@ impl<T: Elem> DevSsd<'_, T> {
         int(op, b * t * self.xbc_stride)?;
         Ok(())
     }
-    fn states(&self) -> usize {
+    pub(super) fn states(&self) -> usize {
         self.batch * self.heads * self.head_dim * self.state
     }
 }

@@ -31,39 +31,8 @@ const OUT_WARPS: usize = 8;
 /// Heads per block of the chunk backward at most.
 const BWD_HEADS: usize = 32;
 
-/// One SSD problem on the device, as [`crate::ssd::Ssd`] with `xbc` of element type T and
-/// `start` as i32.
-#[derive(Clone, Copy)]
-pub struct DevSsd<'a, T> {
-    pub batch: usize,
-    pub seq: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub state: usize,
-    pub groups: usize,
-    /// [B, T, xbc_stride]: x (H·P) | B (G·N) | C (G·N) per row.
-    pub xbc: &'a CudaSlice<T>,
-    pub xbc_stride: usize,
-    /// [B, T, H], post-softplus.
-    pub dt: &'a CudaSlice<f32>,
-    /// [H]
-    pub a: &'a CudaSlice<f32>,
-    /// [H]
-    pub d: &'a CudaSlice<f32>,
-    /// [B] or none.
-    pub start: Option<&'a CudaSlice<i32>>,
-}
-
-/// Gradients, as [`crate::ssd::SsdGrads`]: dxbc (layout of xbc; the x, B and C columns
-/// overwritten), ddt [B, T, H] overwritten, da and dd [H] accumulated, dinit [B, H, P, N]
-/// overwritten when wanted.
-pub struct DevSsdGrads<'a, T> {
-    pub dxbc: &'a mut CudaSlice<T>,
-    pub ddt: &'a mut CudaSlice<f32>,
-    pub da: &'a mut CudaSlice<f32>,
-    pub dd: &'a mut CudaSlice<f32>,
-    pub dinit: Option<&'a mut CudaSlice<f32>>,
-}
+/// The problem and its gradients are version 1's (the same contract).
+pub use super::ssd::{DevSsd, DevSsdGrads};
 
 /// The kernels' parameter block (TcParams in kernels/ssd_tc.cu, field for field).
 #[repr(C)]
@@ -118,7 +87,7 @@ fn int(op: &str, v: usize) -> Result<i32> {
 }
 
 /// Whether the tensor-core kernels take this shape: P = 64, N = 64 or 128.
-pub fn supported<T>(p: &DevSsd<T>) -> bool {
+pub fn supported<T: Elem>(p: &DevSsd<T>) -> bool {
     p.head_dim == P && (p.state == 64 || p.state == 128)
 }
 
@@ -152,29 +121,29 @@ pub fn ssd_bwd_scratch_len(batch: usize, seq: usize, heads: usize, state: usize,
     2 * states_words(batch, seq, heads, state) + parts * batch * seq * 2 * state + batch * chunks(seq) * heads * 2
 }
 
-impl<T: Elem> DevSsd<'_, T> {
-    fn check(&self, op: &str) -> Result<()> {
-        let (b, t, h, p, n, g) = (self.batch, self.seq, self.heads, self.head_dim, self.state, self.groups);
-        ensure!(g > 0 && h.is_multiple_of(g), "{op}: groups {g} must divide heads {h}");
+/// What the tensor-core kernels add to version 1's checks of a problem.
+trait TcChecks {
+    fn check_tc(&self, op: &str) -> Result<()>;
+}
+
+impl<T: Elem> TcChecks for DevSsd<'_, T> {
+    fn check_tc(&self, op: &str) -> Result<()> {
+        self.check(op)?;
+        let (b, t, h, p, n) = (self.batch, self.seq, self.heads, self.head_dim, self.state);
         ensure!(supported(self), "{op}: the tensor-core SSD takes P = 64 and N = 64 or 128, not P = {p}, N = {n}");
-        let width = h * p + 2 * g * n;
-        ensure!(self.xbc_stride >= width, "{op}: xbc_stride {} < H·P + 2·G·N = {width}", self.xbc_stride);
-        need(op, "xbc", self.xbc, if b * t == 0 { 0 } else { (b * t - 1) * self.xbc_stride + width })?;
-        need(op, "dt", self.dt, b * t * h)?;
-        need(op, "a", self.a, h)?;
-        need(op, "d", self.d, h)?;
-        if let Some(s) = self.start {
-            need(op, "start", s, b)?;
-        }
-        int(op, b * t * self.xbc_stride)?;
         int(op, b * t * h * p)?;
         int(op, b * h * chunks(t) * p * n)?;
         int(op, (b * chunks(t)).max(b * h))?;
         Ok(())
     }
-    fn states(&self) -> usize {
-        self.batch * self.heads * self.head_dim * self.state
-    }
+}
+
+/// The kernels' parameter block of a problem (`hb` heads per block).
+trait TcParams {
+    fn params(&self, gpu: &Gpu, hb: usize) -> Params;
+}
+
+impl<T: Elem> TcParams for DevSsd<'_, T> {
     fn params(&self, gpu: &Gpu, hb: usize) -> Params {
         let xbc = ptr(gpu, self.xbc);
         // bf16 rows go by 16-byte copies when the rows and the base are 16-byte aligned.
@@ -325,7 +294,7 @@ fn fwd_steps<T: Elem>(
     walk: Walk,
 ) -> Result<()> {
     let op = "ssd_tc_fwd";
-    p.check(op)?;
+    p.check_tc(op)?;
     let (b, t, h, n, g) = (p.batch, p.seq, p.heads, p.state, p.groups);
     need(op, "y", y, b * t * h * P)?;
     need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, n))?;
@@ -429,7 +398,7 @@ fn bwd_steps<T: Elem>(
     walk: Walk,
 ) -> Result<()> {
     let op = "ssd_tc_bwd";
-    p.check(op)?;
+    p.check_tc(op)?;
     let (b, t, h, n, gr) = (p.batch, p.seq, p.heads, p.state, p.groups);
     need(op, "dy", dy, b * t * h * P)?;
     let width = h * P + 2 * gr * n;

@@ -189,6 +189,25 @@ __device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : 
 
 // ---- per element type ET ----
 
+// conv1d's pre-activation at (b, t, c) (t ≥ start[b]): bias + Σ_k w[c, k]·input(t − W + 1 + k), the
+// input 0 before start and `prev` before position 0 (the forward's, and the backward's recomputation).
+__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const ET* w, const float* bias,
+                                              const float* prev, int s, int b, int t, int c, int T, int C,
+                                              int W) {
+    float acc = bias ? bias[c] : 0.0f;
+    for (int k = 0; k < W; ++k) {
+        int pos = t - (W - 1) + k;
+        float v = 0.0f;
+        if (pos >= 0) {
+            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
+        } else if (s == 0 && prev) {
+            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
+        }
+        acc += ld(w, c * W + k) * v;
+    }
+    return acc;
+}
+
 // Causal depthwise conv1d (+SiLU), one thread per output (b, t, c): blocks of 256 channels (x) by
 // rows b·T + t (y, striding by gridDim.y), so that no thread divides a 64-bit index (as the
 // backward's g and dx kernels). x rows of stride x_stride; w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
@@ -206,17 +225,7 @@ extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_strid
             st(out, i, 0.0f);
             continue;
         }
-        float acc = bias ? bias[c] : 0.0f;
-        for (int k = 0; k < W; ++k) {
-            int pos = t - (W - 1) + k;
-            float v = 0.0f;
-            if (pos >= 0) {
-                if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
-            } else if (s == 0 && prev) {
-                v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
-            }
-            acc += ld(w, c * W + k) * v;
-        }
+        float acc = ssd_conv_pre(x, x_stride, w, bias, prev, s, b, t, c, T, C, W);
         st(out, i, silu ? ssd_silu(acc) : acc);
     }
 }
@@ -502,24 +511,6 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int k = threadIdx.x; k < dim; k += 256) st(y, r * dim + k, ld(xr, k) * ssd_silu(ld(zr, k)) * s * w[k]);
 }
 
-
-// conv1d's pre-activation at (b, t, c), as ssd_conv1d_fwd_f32 computes it (t ≥ start[b]).
-__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const ET* w, const float* bias,
-                                              const float* prev, int s, int b, int t, int c, int T, int C,
-                                              int W) {
-    float acc = bias ? bias[c] : 0.0f;
-    for (int k = 0; k < W; ++k) {
-        int pos = t - (W - 1) + k;
-        float v = 0.0f;
-        if (pos >= 0) {
-            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
-        } else if (s == 0 && prev) {
-            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
-        }
-        acc += ld(w, c * W + k) * v;
-    }
-    return acc;
-}
 
 // The gradient of the pre-activation at (b, t, c): dout, times silu'(pre) when silu.
 __device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const ET* w,

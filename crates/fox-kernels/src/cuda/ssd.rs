@@ -402,6 +402,50 @@ pub fn decode_inputs<T: Elem>(
     launch(gpu, &kname::<T>("ssd_decode_inputs"), (b * (c + h)).div_ceil(256), 0, &args)
 }
 
+/// The checks and kernel arguments the conv kernels share, after their output pointer(s):
+/// x, its row stride, the weight, bias, start and prev, B, T, C, W and SiLU.
+#[allow(clippy::too_many_arguments)]
+fn conv_args<T: Elem>(
+    gpu: &Gpu,
+    op: &str,
+    x: &impl DevicePtr<T>,
+    x_stride: usize,
+    weight: &CudaSlice<T>,
+    bias: Option<&CudaSlice<f32>>,
+    start: Option<&CudaSlice<i32>>,
+    prev: Option<&CudaSlice<f32>>,
+    (batch, seq, channels, width): (usize, usize, usize, usize),
+    silu: bool,
+) -> Result<Vec<Arg>> {
+    ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
+    let rows = batch * seq;
+    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+    need(op, "weight", weight, channels * width)?;
+    if let Some(b) = bias {
+        need(op, "bias", b, channels)?;
+    }
+    if let Some(s) = start {
+        need(op, "start", s, batch)?;
+    }
+    if let Some(pv) = prev {
+        need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
+    }
+    int(op, rows * x_stride.max(channels))?;
+    Ok(vec![
+        Arg::P(ptr(gpu, x)),
+        Arg::L(x_stride as i64),
+        Arg::P(ptr(gpu, weight)),
+        Arg::P(opt_ptr(gpu, bias)),
+        Arg::P(opt_ptr(gpu, start)),
+        Arg::P(opt_ptr(gpu, prev)),
+        Arg::I(int(op, batch)?),
+        Arg::I(int(op, seq)?),
+        Arg::I(int(op, channels)?),
+        Arg::I(int(op, width)?),
+        Arg::I(silu as i32),
+    ])
+}
+
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
 /// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W] (in T: the working copy);
 /// bias [C], start [B], prev
@@ -420,38 +464,15 @@ pub fn conv1d_fwd<T: Elem>(
     silu: bool,
 ) -> Result<()> {
     let op = "conv1d_fwd";
-    ensure!(width >= 1 && x_stride >= channels, "{op}: width ≥ 1 and x_stride ≥ channels");
+    ensure!(width >= 1, "{op}: width ≥ 1");
     let rows = batch * seq;
-    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
     need(op, "out", out, rows * channels)?;
-    need(op, "weight", weight, channels * width)?;
-    if let Some(b) = bias {
-        need(op, "bias", b, channels)?;
-    }
-    if let Some(s) = start {
-        need(op, "start", s, batch)?;
-    }
-    if let Some(pv) = prev {
-        need(op, "prev", pv, batch * (width - 1) * channels)?;
-    }
+    let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, out)),
-        Arg::P(ptr(gpu, x)),
-        Arg::L(x_stride as i64),
-        Arg::P(ptr(gpu, weight)),
-        Arg::P(opt_ptr(gpu, bias)),
-        Arg::P(opt_ptr(gpu, start)),
-        Arg::P(opt_ptr(gpu, prev)),
-        Arg::I(int(op, batch)?),
-        Arg::I(int(op, seq)?),
-        Arg::I(int(op, channels)?),
-        Arg::I(int(op, width)?),
-        Arg::I(silu as i32),
-    ];
-    int(op, rows * x_stride.max(channels))?;
+    let mut args = vec![Arg::P(ptr(gpu, out))];
+    args.extend(tail);
     launch2(gpu, &kname::<T>("ssd_conv1d_fwd"), row_grid(rows, channels), 0, &args)
 }
 
@@ -568,52 +589,23 @@ pub fn conv1d_bwd<T: Elem>(
     silu: bool,
 ) -> Result<()> {
     let op = "conv1d_bwd";
-    ensure!((1..=8).contains(&width) && x_stride >= channels, "{op}: 1 ≤ width ≤ 8 and x_stride ≥ channels");
+    ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
-    let span = if rows == 0 { 0 } else { (rows - 1) * x_stride + channels };
-    need(op, "x", x, span)?;
-    need(op, "dx", dx, span)?;
+    need(op, "dx", dx, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
     need(op, "dout", dout, rows * channels)?;
-    need(op, "weight", weight, channels * width)?;
     need(op, "dweight", dweight, channels * width)?;
-    if let Some(b) = bias {
-        need(op, "bias", b, channels)?;
-    }
     if let Some(b) = &dbias {
         need(op, "dbias", &**b, channels)?;
     }
-    if let Some(s) = start {
-        need(op, "start", s, batch)?;
-    }
-    if let Some(pv) = prev {
-        need(op, "prev", pv, batch * (width - 1) * channels)?;
-    }
     need(op, "scratch", scratch, conv1d_bwd_scratch_len(batch, seq, channels, width))?;
+    let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let common = |v: &mut Vec<Arg>| -> Result<()> {
-        v.extend([
-            Arg::P(ptr(gpu, dout)),
-            Arg::P(ptr(gpu, x)),
-            Arg::L(x_stride as i64),
-            Arg::P(ptr(gpu, weight)),
-            Arg::P(opt_ptr(gpu, bias)),
-            Arg::P(opt_ptr(gpu, start)),
-            Arg::P(opt_ptr(gpu, prev)),
-            Arg::I(int(op, batch)?),
-            Arg::I(int(op, seq)?),
-            Arg::I(int(op, channels)?),
-            Arg::I(int(op, width)?),
-            Arg::I(silu as i32),
-        ]);
-        Ok(())
-    };
-    int(op, rows * x_stride.max(channels))?;
     let part = ptr(gpu, scratch);
     let gbuf = part + 4 * conv1d_parts_len(batch, seq, channels, width) as u64;
-    let mut args = vec![Arg::P(gbuf)];
-    common(&mut args)?;
+    let mut args = vec![Arg::P(gbuf), Arg::P(ptr(gpu, dout))];
+    args.extend(tail);
     launch2(gpu, &kname::<T>("ssd_conv1d_bwd_g"), row_grid(rows, channels), 0, &args)?;
     let dims = |v: &mut Vec<Arg>| -> Result<()> {
         for d in [batch, seq, channels, width] {

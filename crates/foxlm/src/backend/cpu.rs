@@ -476,6 +476,20 @@ pub(crate) fn chunk_pads(b: &CpuBatch) -> Option<Vec<usize>> {
     b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
 }
 
+/// The recurrent layers' short causal convolution (depthwise, with SiLU) over `channels` columns
+/// of `x`'s rows of stride `x_stride`, width `width`, for the batch `b`.
+pub(crate) fn short_conv<'a>(
+    b: &CpuBatch,
+    x: &'a [f32],
+    x_stride: usize,
+    (channels, width): (usize, usize),
+    weight: &'a [f32],
+    bias: Option<&'a [f32]>,
+    start: Option<&'a [usize]>,
+) -> Conv1d<'a> {
+    Conv1d { batch: b.batch, seq: b.seq, channels, width, x, x_stride, weight, bias, start, silu: true }
+}
+
 /// A short causal convolution (Mamba's and Mamba-2's): without an inference state a fresh
 /// sequence; with one, continuing its last inputs and advancing them (the decode step for one
 /// position).

@@ -3,7 +3,7 @@
 
 use super::ops::{MambaOps, MambaParams};
 use super::state::MambaState;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
 use anyhow::{ensure, Result};
@@ -20,18 +20,7 @@ fn conv<'a>(
     bias: Option<&'a [f32]>,
     start: Option<&'a [usize]>,
 ) -> Conv1d<'a> {
-    Conv1d {
-        batch: b.batch,
-        seq: b.seq,
-        channels: s.inner,
-        width: s.conv,
-        x: xz,
-        x_stride: 2 * s.inner,
-        weight: w,
-        bias,
-        start,
-        silu: true,
-    }
+    short_conv(b, xz, 2 * s.inner, (s.inner, s.conv), w, bias, start)
 }
 
 /// z, xz's last Di columns, as a contiguous [B·T, Di] (the scan's layout).

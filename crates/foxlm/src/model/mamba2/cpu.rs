@@ -3,7 +3,7 @@
 
 use super::ops::{Mamba2Ops, Mamba2Params};
 use super::state::Mamba2State;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
 use anyhow::{ensure, Result};
@@ -20,18 +20,7 @@ fn conv<'a>(
     bias: Option<&'a [f32]>,
     start: Option<&'a [usize]>,
 ) -> Conv1d<'a> {
-    Conv1d {
-        batch: b.batch,
-        seq: b.seq,
-        channels: s.conv_dim(),
-        width: s.conv,
-        x: &zxbcdt[s.inner..],
-        x_stride: s.in_proj_dim(),
-        weight: w,
-        bias,
-        start,
-        silu: true,
-    }
+    short_conv(b, &zxbcdt[s.inner..], s.in_proj_dim(), (s.conv_dim(), s.conv), w, bias, start)
 }
 
 /// The SSD problem over the conv output.

@@ -7,7 +7,9 @@
 //! The SSD forward runs in four kernels over a scratch buffer ([`ssd_fwd_scratch_len`] floats):
 //! C Bᵀ per (batch row, group, chunk of 64), each chunk's own state, the state passing over
 //! chunks (the one sequential step, one thread per state element), the chunk outputs. Limits of
-//! this first version: P ≤ 64, N ≤ 128; no backward on the GPU yet.
+//! this first version: P ≤ 64, N ≤ 128. For bf16 activations with P = 64 and N = 64 or 128,
+//! [`ssd_fwd`] and [`ssd_bwd`] run version 2 instead, on tensor cores ([`super::ssd_tc`], see
+//! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
 use super::{Elem, Gpu};
@@ -171,7 +173,21 @@ pub fn ssd_fwd<T: Elem>(
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    if uses_tensor_cores(p) {
+        return super::ssd_tc::ssd_fwd(gpu, p, y, init, final_state, scratch);
+    }
     ssd_fwd_steps(gpu, p, Some(y), init, final_state, scratch, &[0, 1, 2, 3])
+}
+
+/// Whether [`ssd_fwd`] and [`ssd_bwd`] run version 2, the tensor-core kernels of
+/// [`super::ssd_tc`] (bf16 products, bf16 states between chunks, f32 sums): for bf16 activations
+/// with P = 64 and N = 64 or 128, unless the environment sets `FOXLM_SSD=v1`. Version 1 (these
+/// kernels, f32 arithmetic) serves f32 activations, other shapes, and the decode step. The
+/// scratch lengths of this module cover both.
+pub fn uses_tensor_cores<T: Elem>(p: &DevSsd<T>) -> bool {
+    static FORCE_V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v1 = *FORCE_V1.get_or_init(|| std::env::var("FOXLM_SSD").is_ok_and(|v| v == "v1"));
+    T::NAME == "bf16" && super::ssd_tc::supported(p) && !v1
 }
 
 /// One of the forward's four kernels alone (0: C Bᵀ, 1: chunk states, 2: state passing, 3: chunk
@@ -755,6 +771,9 @@ pub fn ssd_bwd<T: Elem>(
     g: DevSsdGrads<T>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    if uses_tensor_cores(p) {
+        return super::ssd_tc::ssd_bwd(gpu, p, dy, init, dfinal, g, scratch);
+    }
     let op = "ssd_bwd";
     p.check(op)?;
     let (b, t, h, pd, n, gr) = (p.batch, p.seq, p.heads, p.head_dim, p.state, p.groups);

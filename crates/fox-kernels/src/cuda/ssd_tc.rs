@@ -7,8 +7,9 @@
 //! Each function launches on `gpu.stream()` without waiting and returns an error (never panics)
 //! when a buffer is shorter than the shapes say or a size overflows the kernels' 32-bit indices.
 //!
-//! Shapes: head dim P = 64 and state N = 64 or 128 ([`supported`]); anything else goes to the
-//! version-1 kernels ([`super::ssd`]).
+//! Shapes: head dim P = 64 and state N = 64 or 128 ([`supported`]). [`super::ssd::ssd_fwd`] and
+//! [`super::ssd::ssd_bwd`] run these kernels for bf16 activations of those shapes (see
+//! [`super::ssd::uses_tensor_cores`]) and their version 1 otherwise.
 //!
 //! Forward: the state walk (one block per (b, h, 32 state columns), chunks in order, the state in
 //! registers, loads four chunks deep) then the chunk outputs (one block per (b, chunk, heads of a
@@ -31,7 +32,6 @@ const OUT_WARPS: usize = 8;
 /// Heads per block of the chunk backward at most.
 const BWD_HEADS: usize = 32;
 
-/// The problem and its gradients are version 1's (the same contract).
 pub use super::ssd::{DevSsd, DevSsdGrads};
 
 /// The kernels' parameter block (TcParams in kernels/ssd_tc.cu, field for field).
@@ -121,30 +121,20 @@ pub fn ssd_bwd_scratch_len(batch: usize, seq: usize, heads: usize, state: usize,
     2 * states_words(batch, seq, heads, state) + parts * batch * seq * 2 * state + batch * chunks(seq) * heads * 2
 }
 
-/// What the tensor-core kernels add to version 1's checks of a problem.
-trait TcChecks {
-    fn check_tc(&self, op: &str) -> Result<()>;
-}
-
-impl<T: Elem> TcChecks for DevSsd<'_, T> {
-    fn check_tc(&self, op: &str) -> Result<()> {
-        self.check(op)?;
-        let (b, t, h, p, n) = (self.batch, self.seq, self.heads, self.head_dim, self.state);
+impl<T: Elem> DevSsd<'_, T> {
+    fn tc_check(&self, op: &str) -> Result<()> {
+        let (b, t, h, p, n, g) = (self.batch, self.seq, self.heads, self.head_dim, self.state, self.groups);
+        ensure!(g > 0 && h.is_multiple_of(g), "{op}: groups {g} must divide heads {h}");
         ensure!(supported(self), "{op}: the tensor-core SSD takes P = 64 and N = 64 or 128, not P = {p}, N = {n}");
         int(op, b * t * h * p)?;
         int(op, b * h * chunks(t) * p * n)?;
         int(op, (b * chunks(t)).max(b * h))?;
         Ok(())
     }
-}
-
-/// The kernels' parameter block of a problem (`hb` heads per block).
-trait TcParams {
-    fn params(&self, gpu: &Gpu, hb: usize) -> Params;
-}
-
-impl<T: Elem> TcParams for DevSsd<'_, T> {
-    fn params(&self, gpu: &Gpu, hb: usize) -> Params {
+    fn tc_states(&self) -> usize {
+        self.batch * self.heads * self.head_dim * self.state
+    }
+    fn tc_params(&self, gpu: &Gpu, hb: usize) -> Params {
         let xbc = ptr(gpu, self.xbc);
         // bf16 rows go by 16-byte copies when the rows and the base are 16-byte aligned.
         let vec = (self.xbc_stride * std::mem::size_of::<T>()).is_multiple_of(16) && xbc.is_multiple_of(16);
@@ -294,18 +284,18 @@ fn fwd_steps<T: Elem>(
     walk: Walk,
 ) -> Result<()> {
     let op = "ssd_tc_fwd";
-    p.check_tc(op)?;
+    p.tc_check(op)?;
     let (b, t, h, n, g) = (p.batch, p.seq, p.heads, p.state, p.groups);
     need(op, "y", y, b * t * h * P)?;
     need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, n))?;
     let hb = heads_per_block(h, g, 4);
-    let mut prm = p.params(gpu, hb);
+    let mut prm = p.tc_params(gpu, hb);
     if let Some(i) = init {
-        need(op, "init", i, p.states())?;
+        need(op, "init", i, p.tc_states())?;
         prm.init = ptr(gpu, i);
     }
     if let Some(f) = &final_state {
-        need(op, "final_state", f, p.states())?;
+        need(op, "final_state", f, p.tc_states())?;
         prm.fin = ptr(gpu, *f);
     }
     if b * h == 0 {
@@ -398,7 +388,7 @@ fn bwd_steps<T: Elem>(
     walk: Walk,
 ) -> Result<()> {
     let op = "ssd_tc_bwd";
-    p.check_tc(op)?;
+    p.tc_check(op)?;
     let (b, t, h, n, gr) = (p.batch, p.seq, p.heads, p.state, p.groups);
     need(op, "dy", dy, b * t * h * P)?;
     let width = h * P + 2 * gr * n;
@@ -411,16 +401,16 @@ fn bwd_steps<T: Elem>(
     let hblocks = h / hb;
     int(op, hblocks * b * t * 2 * n)?;
     int(op, b * t * gr * 2 * n)?;
-    let mut prm = p.params(gpu, hb);
+    let mut prm = p.tc_params(gpu, hb);
     if let Some(i) = init {
-        need(op, "init", i, p.states())?;
+        need(op, "init", i, p.tc_states())?;
         prm.init = ptr(gpu, i);
     }
     if let Some(f) = dfinal {
-        need(op, "dfinal", f, p.states())?;
+        need(op, "dfinal", f, p.tc_states())?;
     }
     if let Some(d) = &g.dinit {
-        need(op, "dinit", d, p.states())?;
+        need(op, "dinit", d, p.tc_states())?;
     }
     if b * h == 0 {
         return Ok(());
@@ -480,4 +470,26 @@ fn reduce_bc<T: Elem>(gpu: &Gpu, prm: &Params, total: usize, hbpg: usize) -> Res
     // values and dxbc the rows the caller checked.
     unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching ssd_tc_bc_reduce: {e:?}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `cuda::ssd::ssd_fwd` / `ssd_bwd` hand their callers' scratch (sized by version 1's
+    /// lengths) to these kernels: it must be enough.
+    #[test]
+    fn version_1_scratch_covers_version_2() {
+        for (b, t, h, n, g) in
+            [(2, 16384, 24, 128, 1), (1, 1, 1, 64, 1), (3, 65, 34, 64, 1), (2, 300, 4, 128, 2), (1, 0, 2, 64, 1)]
+        {
+            let p = super::P;
+            assert!(
+                super::super::ssd::ssd_fwd_scratch_len(b, t, h, p, n, g) >= super::ssd_fwd_scratch_len(b, t, h, n),
+                "forward {b} {t} {h} {n} {g}"
+            );
+            assert!(
+                super::super::ssd::ssd_bwd_scratch_len(b, t, h, p, n, g) >= super::ssd_bwd_scratch_len(b, t, h, n, g),
+                "backward {b} {t} {h} {n} {g}"
+            );
+        }
+    }
 }

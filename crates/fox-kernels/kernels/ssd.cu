@@ -185,50 +185,358 @@ extern "C" __global__ void ssd_mul_acc_f32(float* dst, const float* x, const flo
 
 // PyTorch's softplus (linear above 20), as crate::ssd's.
 __device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+
+// ---- The short convolution (conv1d), on vectors of V channels by runs of rows ----
+// One thread takes V consecutive channels (one 16- or 8-byte load per row where the layout allows
+// it, else V = 1) over a run of SSD_CONV_R consecutive rows of one sequence, and keeps those rows'
+// inputs, plus a halo of MW − 1 rows, in registers: each input is read once per run instead of
+// once per tap, and the run's loads are all in flight together. A block is 32 channel vectors
+// (threadIdx.x % 32) by 8 runs (threadIdx.x / 32); blockIdx.z is the batch row. MW is W (≤ 8)
+// rounded up to 4 or 8; taps at lags W..MW − 1 are skipped, so every sum is the taps' in order.
+#define SSD_CONV_R 8      // rows per run of the forward
+#define SSD_CONV_BR 4     // rows per run of the backward (its registers: 202 per thread at 8)
+#define SSD_CONV_RUNS 8   // runs per block
+#define SSD_CONV_LOOPS 8  // backward: runs per thread, so one partial dw per 256 rows of a block
+
+// V elements of type E as raw 32-bit words (a bf16 pair per word).
+template <class E, int V>
+struct SsdRaw {
+    unsigned w[(V * (int)sizeof(E) + 3) / 4];
+};
+
+template <class E, int V>
+__device__ __forceinline__ void ssd_raw_ld(SsdRaw<E, V>& r, const E* p) {
+    constexpr int NB = V * (int)sizeof(E);
+    if constexpr (NB == 16) {
+        const uint4 u = *(const uint4*)p;
+        r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+    } else if constexpr (NB == 8) {
+        const uint2 u = *(const uint2*)p;
+        r.w[0] = u.x, r.w[1] = u.y;
+    } else if constexpr (NB == 4) {
+        r.w[0] = *(const unsigned*)p;
+    } else {
+        r.w[0] = *(const u16*)p;
+    }
+}
+
+template <class E, int V>
+__device__ __forceinline__ float ssd_raw_at(const SsdRaw<E, V>& r, int j) {
+    if constexpr (sizeof(E) == 4) {
+        return __uint_as_float(r.w[j]);
+    } else {
+        return __uint_as_float((j & 1) ? (r.w[j >> 1] & 0xffff0000u) : (r.w[j >> 1] << 16));
+    }
+}
+
+// Stores V floats rounded to E (as st) in one vector store, packed in registers (a local array
+// reinterpreted as a vector would live in local memory).
+template <class E, int V>
+__device__ __forceinline__ void ssd_vec_st(E* p, const float* v) {
+    if constexpr (sizeof(E) == 2 && V == 1) {
+        st(p, 0, v[0]);
+    } else {
+        SsdRaw<E, V> r;
+        if constexpr (sizeof(E) == 4) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) r.w[j] = __float_as_uint(v[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < V / 2; ++j) {
+                E lo, hi;
+                st(&lo, 0, v[2 * j]);
+                st(&hi, 0, v[2 * j + 1]);
+                r.w[j] = (unsigned)lo | ((unsigned)hi << 16);
+            }
+        }
+        constexpr int NB = V * (int)sizeof(E);
+        if constexpr (NB == 16) {
+            *(uint4*)p = make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]);
+        } else if constexpr (NB == 8) {
+            *(uint2*)p = make_uint2(r.w[0], r.w[1]);
+        } else {
+            *(unsigned*)p = r.w[0];
+        }
+    }
+}
+
+// The input at (b, pos, c + v) as the forward reads it: x (raw, loaded where pos ≥ max(start, 0)),
+// 0 before start, `prev` [B, W − 1, C] before position 0 (where start is 0).
+template <class E, int V>
+__device__ __forceinline__ float ssd_conv_x(const SsdRaw<E, V>& in, int v, int pos, int s, const float* prev, int b,
+                                            int c, int C, int W) {
+    if (pos >= 0) return pos >= s ? ssd_raw_at(in, v) : 0.0f;
+    return (s == 0 && prev && W - 1 + pos >= 0) ? prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c + v] : 0.0f;
+}
+
+// Loads the raw inputs of rows first .. first + N − 1 (zero where the input is not x).
+template <class E, int V, int N>
+__device__ __forceinline__ void ssd_conv_rows(SsdRaw<E, V> (&in)[N], const E* x, long xs, int b, int first, int s,
+                                              int T, int c) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int pos = first + i;
+#pragma unroll
+        for (int k = 0; k < (int)(sizeof(in[i].w) / 4); ++k) in[i].w[k] = 0u;
+        if (pos >= s && pos >= 0 && pos < T) ssd_raw_ld(in[i], x + ((long)b * T + pos) * xs + c);
+    }
+}
+
+// The weights by lag (wr[j][v] = w[c + v, W − 1 − j], 0 past W) and the bias.
+template <class E, int V, int MW>
+__device__ __forceinline__ void ssd_conv_weights(float (&wr)[MW][V], float (&bb)[V], const E* w, const float* bias,
+                                                 int c, int W) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        bb[v] = bias ? bias[c + v] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < MW; ++j) wr[j][v] = j < W ? ld(w, (long)(c + v) * W + (W - 1 - j)) : 0.0f;
+    }
+}
+
+// Forward: out [B, T, C] = SiLU?(bias + Σ_k w[c, k] · input(t − W + 1 + k)), 0 before start.
+template <class E, int V, int MW>
+__device__ __forceinline__ void ssd_conv_fwd_run(E* __restrict__ out, const E* __restrict__ x, long xs,
+                                                 const E* __restrict__ w, const float* __restrict__ bias,
+                                                 const int* __restrict__ start, const float* __restrict__ prev,
+                                                 int T, int C, int W, int silu) {
+    const int c = (blockIdx.x * 32 + (threadIdx.x & 31)) * V;
+    const int b = blockIdx.z;
+    const int t0 = (blockIdx.y * SSD_CONV_RUNS + (threadIdx.x >> 5)) * SSD_CONV_R;
+    if (c >= C || t0 >= T) return;
+    const int s = start ? start[b] : 0;
+    float wr[MW][V], bb[V];
+    ssd_conv_weights<E, V, MW>(wr, bb, w, bias, c, W);
+    constexpr int NI = SSD_CONV_R + MW - 1;  // rows t0 − MW + 1 .. t0 + R − 1
+    SsdRaw<E, V> in[NI];
+    ssd_conv_rows<E, V, NI>(in, x, xs, b, t0 - (MW - 1), s, T, c);
+#pragma unroll
+    for (int r = 0; r < SSD_CONV_R; ++r) {
+        const int t = t0 + r;
+        if (t >= T) break;
+        float o[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            float acc = bb[v];
+#pragma unroll
+            for (int j = MW - 1; j >= 0; --j)
+                if (j < W) acc += wr[j][v] * ssd_conv_x(in[r + MW - 1 - j], v, t - j, s, prev, b, c, C, W);
+            o[v] = t < s ? 0.0f : (silu ? ssd_silu(acc) : acc);
+        }
+        ssd_vec_st<E, V>(out + ((long)b * T + t) * C + c, o);
+    }
+}
+
+// Backward, fused: g = dout · SiLU'(pre) (pre recomputed) over the run and a halo of MW − 1 rows
+// after it, then dx(t) = Σ_k w[k] · g(t + W − 1 − k) (rows of stride xs, 0 at padding), and the
+// run's dw[c, k] = Σ_t g(t) · input(t − W + 1 + k) and db = Σ_t g(t) summed over the thread's
+// SSD_CONV_LOOPS runs, then over the block's 8 runs in order into part [blocks, C·W + C] (block
+// b · gridDim.y + blockIdx.y; dw at c·W + k, db at C·W + c).
+template <class E, int V, int MW>
+__device__ __forceinline__ void ssd_conv_bwd_run(E* __restrict__ dx, float* __restrict__ part,
+                                                 const E* __restrict__ dout, const E* __restrict__ x, long xs,
+                                                 const E* __restrict__ w, const float* __restrict__ bias,
+                                                 const int* __restrict__ start, const float* __restrict__ prev,
+                                                 int T, int C, int W, int silu, float* red) {
+    constexpr int NR = (MW + 1) * V;  // partial sums per thread in red [runs, 32, NR]
+    const int lane = threadIdx.x & 31, run = threadIdx.x >> 5;
+    const int c = (blockIdx.x * 32 + lane) * V;
+    const int b = blockIdx.z;
+    const int s = start ? start[b] : 0;
+    float dw[MW][V], db[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        db[v] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MW; ++j) dw[j][v] = 0.0f;
+    }
+    if (c < C) {
+        float wr[MW][V], bb[V];
+        ssd_conv_weights<E, V, MW>(wr, bb, w, bias, c, W);
+#pragma unroll 1
+        for (int l = 0; l < SSD_CONV_LOOPS; ++l) {
+            const int t0 = ((blockIdx.y * SSD_CONV_LOOPS + l) * SSD_CONV_RUNS + run) * SSD_CONV_BR;
+            if (t0 >= T) break;
+            constexpr int NG = SSD_CONV_BR + MW - 1;  // g at rows t0 .. t0 + R + MW − 2
+            constexpr int NX = NG + MW - 1;          // inputs at rows t0 − MW + 1 ..
+            SsdRaw<E, V> in[NX], dy[NG];
+            ssd_conv_rows<E, V, NX>(in, x, xs, b, t0 - (MW - 1), s, T, c);
+            ssd_conv_rows<E, V, NG>(dy, dout, C, b, t0, s, T, c);
+            float g[NG][V];
+#pragma unroll
+            for (int i = 0; i < NG; ++i) {
+                const int u = t0 + i;
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    const float d = ssd_raw_at(dy[i], v);  // 0 at padding and past T
+                    if (silu && u >= s && u < T) {
+                        float pre = bb[v];
+#pragma unroll
+                        for (int j = MW - 1; j >= 0; --j)
+                            if (j < W) pre += wr[j][v] * ssd_conv_x(in[i + MW - 1 - j], v, u - j, s, prev, b, c, C, W);
+                        const float sg = 1.0f / (1.0f + __expf(-pre));
+                        g[i][v] = d * sg * (1.0f + pre * (1.0f - sg));
+                    } else {
+                        g[i][v] = d;
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < SSD_CONV_BR; ++r) {
+                const int t = t0 + r;
+                if (t >= T) break;
+                float o[V];
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int j = MW - 1; j >= 0; --j)
+                        if (j < W) acc += wr[j][v] * g[r + j][v];
+                    o[v] = t < s ? 0.0f : acc;
+                    db[v] += g[r][v];
+#pragma unroll
+                    for (int j = 0; j < MW; ++j)
+                        if (j < W) dw[j][v] += g[r][v] * ssd_conv_x(in[r + MW - 1 - j], v, t - j, s, prev, b, c, C, W);
+                }
+                ssd_vec_st<E, V>(dx + ((long)b * T + t) * xs + c, o);
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+#pragma unroll
+        for (int j = 0; j < MW; ++j) red[(run * 32 + lane) * NR + j * V + v] = dw[j][v];
+        red[(run * 32 + lane) * NR + MW * V + v] = db[v];
+    }
+    __syncthreads();
+    if (run != 0 || c >= C) return;
+    float* p = part + ((long)b * gridDim.y + blockIdx.y) * ((long)C * W + C);
+#pragma unroll
+    for (int e = 0; e < NR; ++e) {
+        const int j = e / V, v = e % V;
+        if (j < MW && j >= W) continue;
+        float sum = 0.0f;
+        for (int k = 0; k < SSD_CONV_RUNS; ++k) sum += red[(k * 32 + lane) * NR + e];
+        if (j < MW)
+            p[(long)(c + v) * W + (W - 1 - j)] = sum;
+        else
+            p[(long)C * W + c + v] = sum;
+    }
+}
+
+// ---- Gated RMSNorm, on vectors of V elements (16 bytes where the layout allows it, else 1) ----
+
+// Forward of row blockIdx.x (256 threads): y = (x ⊙ silu(z)) · rstd · w, rstd = 1 / √(mean + eps);
+// the sum of squares by warp shuffles, then the 8 warps' sums in order (red [8]).
+template <class E, int V>
+__device__ __forceinline__ void ssd_norm_gated_fwd_row(E* __restrict__ y, float* __restrict__ rstd,
+                                                       const E* __restrict__ x, const E* __restrict__ z, long zs,
+                                                       const float* __restrict__ w, int dim, float eps, float* red) {
+    const long r = blockIdx.x;
+    const E* xr = x + r * dim;
+    const E* zr = z + r * zs;
+    float ss = 0.0f;
+    for (int k = threadIdx.x * V; k < dim; k += 256 * V) {
+        SsdRaw<E, V> xv, zv;
+        ssd_raw_ld(xv, xr + k);
+        ssd_raw_ld(zv, zr + k);
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const float g = ssd_raw_at(xv, v) * ssd_silu(ssd_raw_at(zv, v));
+            ss += g * g;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += red[i];
+    const float s = rsqrtf(tot / dim + eps);
+    if (threadIdx.x == 0) rstd[r] = s;
+    for (int k = threadIdx.x * V; k < dim; k += 256 * V) {
+        SsdRaw<E, V> xv, zv;
+        ssd_raw_ld(xv, xr + k);
+        ssd_raw_ld(zv, zr + k);
+        float o[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) o[v] = ssd_raw_at(xv, v) * ssd_silu(ssd_raw_at(zv, v)) * s * w[k + v];
+        ssd_vec_st<E, V>(y + r * dim + k, o);
+    }
+}
+
+// Backward of rows r0 + warp, r0 + warp + 8, .. < r1 by one warp each (the row's sum by a shuffle
+// tree); the warp adds its share of dw into its own slice pw [dim] of shared memory.
+template <class E, int V>
+__device__ __forceinline__ void ssd_norm_gated_bwd_rows(E* __restrict__ dx, E* __restrict__ dz, float* pw,
+                                                        const E* __restrict__ dy, const E* __restrict__ x,
+                                                        const E* __restrict__ z, long zs,
+                                                        const float* __restrict__ rstd,
+                                                        const float* __restrict__ w, int dim, int r0, int r1) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = r0 + warp; r < r1; r += 8) {
+        const E* xr = x + (long)r * dim;
+        const E* zr = z + (long)r * zs;
+        const E* dyr = dy + (long)r * dim;
+        const float s = rstd[r];
+        float m = 0.0f;
+        for (int k = lane * V; k < dim; k += 32 * V) {
+            SsdRaw<E, V> xv, zv, dv;
+            ssd_raw_ld(xv, xr + k);
+            ssd_raw_ld(zv, zr + k);
+            ssd_raw_ld(dv, dyr + k);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const float n = ssd_raw_at(xv, v) * ssd_silu(ssd_raw_at(zv, v)) * s, d = ssd_raw_at(dv, v);
+                m += w[k + v] * d * n;
+                pw[k + v] += d * n;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+        const float mean = m / dim;
+        for (int k = lane * V; k < dim; k += 32 * V) {
+            SsdRaw<E, V> xv, zv, dv;
+            ssd_raw_ld(xv, xr + k);
+            ssd_raw_ld(zv, zr + k);
+            ssd_raw_ld(dv, dyr + k);
+            float ox[V], oz[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const float xk = ssd_raw_at(xv, v), zk = ssd_raw_at(zv, v);
+                const float sg = 1.0f / (1.0f + __expf(-zk));
+                const float gv = xk * zk * sg;
+                const float dg = s * (w[k + v] * ssd_raw_at(dv, v) - gv * s * mean);
+                ox[v] = dg * zk * sg;
+                oz[v] = dg * xk * sg * (1.0f + zk * (1.0f - sg));
+            }
+            ssd_vec_st<E, V>(dx + (long)r * dim + k, ox);
+            ssd_vec_st<E, V>(dz + (long)r * zs + k, oz);
+        }
+    }
+}
 #endif  // SSD_ONCE
 
 // ---- per element type ET ----
 
-// conv1d's pre-activation at (b, t, c) (t ≥ start[b]): bias + Σ_k w[c, k]·input(t − W + 1 + k), the
-// input 0 before start and `prev` before position 0 (the forward's, and the backward's recomputation).
-__device__ __forceinline__ float ssd_conv_pre(const ET* x, long x_stride, const ET* w, const float* bias,
-                                              const float* prev, int s, int b, int t, int c, int T, int C,
-                                              int W) {
-    float acc = bias ? bias[c] : 0.0f;
-    for (int k = 0; k < W; ++k) {
-        int pos = t - (W - 1) + k;
-        float v = 0.0f;
-        if (pos >= 0) {
-            if (pos >= s) v = ld(x, ((long)b * T + pos) * x_stride + c);
-        } else if (s == 0 && prev) {
-            v = prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c];
-        }
-        acc += ld(w, c * W + k) * v;
+// Causal depthwise conv1d (+SiLU) forward (see ssd_conv_fwd_run): grid (⌈C / 32V⌉, ⌈T / 64⌉, B).
+// x rows of stride x_stride; w [C, W]; bias [C], start [B] (positions before start[b] are 0 in and
+// out) and prev [B, W − 1, C] (inputs before position 0, read where start[b] is 0) or null.
+// Kernels by vector (vec: V = 4 channels, x, its stride, out and C aligned to 4 elements; one:
+// V = 1; 8 bf16 channels per thread took 146 registers, one block per SM) and by taps (w4: W ≤ 4; w8: W ≤ 8), each its own so that none takes the registers of the
+// widest.
+#define SSD_CONV_FWD(NAME, V, MW)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        KN(NAME)(ET* out, const ET* x, long x_stride, const ET* w, const float* bias, const int* start,         \
+                 const float* prev, int B, int T, int C, int W, int silu) {                                     \
+        ssd_conv_fwd_run<ET, V, MW>(out, x, x_stride, w, bias, start, prev, T, C, W, silu);                     \
     }
-    return acc;
-}
-
-// Causal depthwise conv1d (+SiLU), one thread per output (b, t, c): blocks of 256 channels (x) by
-// rows b·T + t (y, striding by gridDim.y), so that no thread divides a 64-bit index (as the
-// backward's g and dx kernels). x rows of stride x_stride; w [C, W]; bias [C] or null; start [B] or null (positions before start[b] are 0 in and out);
-// prev [B, W-1, C] or null (inputs before position 0, read only where start[b] == 0).
-extern "C" __global__ void KN(ssd_conv1d_fwd)(ET* out, const ET* x, long x_stride, const ET* w,
-                                              const float* bias, const int* start, const float* prev, int B,
-                                              int T, int C, int W, int silu) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
-        int t = bt % T, b = bt / T;
-        long i = (long)bt * C + c;
-        int s = start ? start[b] : 0;
-        if (t < s) {
-            st(out, i, 0.0f);
-            continue;
-        }
-        float acc = ssd_conv_pre(x, x_stride, w, bias, prev, s, b, t, c, T, C, W);
-        st(out, i, silu ? ssd_silu(acc) : acc);
-    }
-}
+SSD_CONV_FWD(ssd_conv1d_fwd_vec_w4, 4, 4)
+SSD_CONV_FWD(ssd_conv1d_fwd_vec_w8, 4, 8)
+SSD_CONV_FWD(ssd_conv1d_fwd_one_w4, 1, 4)
+SSD_CONV_FWD(ssd_conv1d_fwd_one_w8, 1, 8)
+#undef SSD_CONV_FWD
 
 // C Bᵀ of every (batch row, group, chunk): cb [B, G, nch, L, L], one block of 256 threads per
 // chunk, each thread 16 entries (row (tid / 64) * 16 + k, column tid % 64), k-sum in order over N.
@@ -484,161 +792,51 @@ extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, flo
     }
 }
 
-// Gated RMSNorm forward: y = (x ⊙ silu(z)) · rstd · w over rows of dim; one block of 256 threads
-// per row, the sum of squares by a fixed tree. x, y [rows, dim]; z rows of stride z_stride. (One
-// warp per row, tried on 2026-11-27, was slower on an H100 both in training, 293 against 207 µs
-// at 32768 rows of 1536, and in decode steps, where it left a row to 32 threads.)
+// Gated RMSNorm forward (ssd_norm_gated_fwd_row): one block of 256 threads per row. x, y [rows,
+// dim]; z rows of stride z_stride. vec: 16-byte vectors (x, y, z, z_stride and dim aligned to
+// them), else one element per thread. (One warp per row, tried on 2026-11-27, was slower on an
+// H100 both in training and in decode steps, where it left a row to 32 threads.)
 extern "C" __global__ void __launch_bounds__(256)
-    KN(ssd_rms_norm_gated_fwd)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride,
-                                    const float* w, int dim, float eps) {
-    __shared__ float red[256];
-    long r = blockIdx.x;
-    const ET* xr = x + r * dim;
-    const ET* zr = z + r * z_stride;
-    float ss = 0.0f;
-    for (int k = threadIdx.x; k < dim; k += 256) {
-        float gv = ld(xr, k) * ssd_silu(ld(zr, k));
-        ss += gv * gv;
+    KN(ssd_rms_norm_gated_fwd)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride, const float* w, int dim,
+                               float eps, int vec) {
+    __shared__ float red[8];
+    if (vec) ssd_norm_gated_fwd_row<ET, 16 / (int)sizeof(ET)>(y, rstd, x, z, z_stride, w, dim, eps, red);
+    else ssd_norm_gated_fwd_row<ET, 1>(y, rstd, x, z, z_stride, w, dim, eps, red);
+}
+
+
+// conv1d backward in one pass (see ssd_conv_bwd_run): grid (⌈C / 32V⌉, ⌈T / 256⌉, B); dx in x's
+// layout (rows of stride x_stride), the partial sums of dweight and dbias into part. Kernels as
+// the forward's, with vec: V = 2 channels (x, dx, their stride, dout and C aligned to 2 elements;
+// 4 took 202 registers per thread).
+#define SSD_CONV_BWD(NAME, V, MW)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
+        KN(NAME)(ET* dx, float* part, const ET* dout, const ET* x, long x_stride, const ET* w, const float* bias, \
+                 const int* start, const float* prev, int B, int T, int C, int W, int silu) {                   \
+        __shared__ float red[SSD_CONV_RUNS * 32 * (MW + 1) * V];                                                \
+        ssd_conv_bwd_run<ET, V, MW>(dx, part, dout, x, x_stride, w, bias, start, prev, T, C, W, silu, red);     \
     }
-    red[threadIdx.x] = ss;
-    __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
-        __syncthreads();
-    }
-    float s = rsqrtf(red[0] / dim + eps);
-    if (threadIdx.x == 0) rstd[r] = s;
-    for (int k = threadIdx.x; k < dim; k += 256) st(y, r * dim + k, ld(xr, k) * ssd_silu(ld(zr, k)) * s * w[k]);
-}
+SSD_CONV_BWD(ssd_conv1d_bwd_vec_w4, 2, 4)
+SSD_CONV_BWD(ssd_conv1d_bwd_vec_w8, 2, 8)
+SSD_CONV_BWD(ssd_conv1d_bwd_one_w4, 1, 4)
+SSD_CONV_BWD(ssd_conv1d_bwd_one_w8, 1, 8)
+#undef SSD_CONV_BWD
 
-
-// The gradient of the pre-activation at (b, t, c): dout, times silu'(pre) when silu.
-__device__ __forceinline__ float ssd_conv_g(const ET* dout, const ET* x, long x_stride, const ET* w,
-                                            const float* bias, const float* prev, int s, int b, int t, int c,
-                                            int T, int C, int W, int silu) {
-    float d = ld(dout, ((long)b * T + t) * C + c);
-    if (!silu) return d;
-    float pre = ssd_conv_pre(x, x_stride, w, bias, prev, s, b, t, c, T, C, W);
-    float sg = 1.0f / (1.0f + __expf(-pre));
-    return d * sg * (1.0f + pre * (1.0f - sg));
-}
-
-// conv1d backward in three kernels over g [B, T, C] f32, the gradient of the pre-activation
-// (dout · SiLU'(pre), pre recomputed), computed once by ssd_conv1d_bwd_g; then dx and the
-// partial sums of dweight and dbias read g.
-extern "C" __global__ void KN(ssd_conv1d_bwd_g)(float* g, const ET* dout, const ET* x, long x_stride,
-                                                const ET* w, const float* bias, const int* start,
-                                                const float* prev, int B, int T, int C, int W, int silu) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
-        int t = bt % T, b = bt / T;
-        long i = (long)bt * C + c;
-        int s = start ? start[b] : 0;
-        g[i] = t >= s ? ssd_conv_g(dout, x, x_stride, w, bias, prev, s, b, t, c, T, C, W, silu) : 0.0f;
-    }
-}
-
-// dx: one thread per (b, t, c), dx = Σ_k w[k] · g(t + W − 1 − k); rows of stride x_stride, 0 at
-// padding.
-extern "C" __global__ void KN(ssd_conv1d_bwd_dx)(ET* dx, const float* g, const ET* w, const int* start, int B,
-                                                 int T, int C, int W, long x_stride) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int bt = blockIdx.y; bt < B * T; bt += gridDim.y) {
-        int t = bt % T, b = bt / T;
-        int s = start ? start[b] : 0;
-        float acc = 0.0f;
-        if (t >= s) {
-            for (int k = 0; k < W; ++k) {
-                int to = t + W - 1 - k;
-                if (to < T) acc += ld(w, c * W + k) * g[((long)b * T + to) * C + c];
-            }
-        }
-        st(dx, bt * x_stride + c, acc);
-    }
-}
-
-// The input at (b, pos, c) as the forward read it: x, 0 before start, prev before position 0.
-__device__ __forceinline__ float ssd_conv_in(const ET* x, long x_stride, const float* prev, int s, int b, int pos,
-                                             int c, int T, int C, int W) {
-    if (pos >= 0) return pos >= s ? ld(x, ((long)b * T + pos) * x_stride + c) : 0.0f;
-    return (s == 0 && prev) ? prev[((long)b * (W - 1) + (W - 1 + pos)) * C + c] : 0.0f;
-}
-
-// Per-chunk partial sums of dweight and dbias: thread (chunk, c) walks rows chunk·rows_per_chunk
-// .. in order, keeping its last W inputs in registers (xs[j] = input at t − j); part
-// [chunks, C·W + C] (dw at c·W + k, db at C·W + c).
-extern "C" __global__ void KN(ssd_conv1d_bwd_dw)(float* part, const float* g, const ET* x, long x_stride,
-                                                 const int* start, const float* prev, int B, int T, int C, int W,
-                                                 int rows_per_chunk) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    int chunk = blockIdx.y;
-    if (c >= C) return;
-    float dwr[8], xs[8];  // W ≤ 8; dwr[j] is dw[W − 1 − j]
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dwr[j] = xs[j] = 0.0f;
-    float db = 0.0f;
-    long r0 = (long)chunk * rows_per_chunk, r1 = min((long)B * T, r0 + rows_per_chunk);
-    for (long r = r0; r < r1; ++r) {
-        int b = (int)(r / T), t = (int)(r % T);
-        int s = start ? start[b] : 0;
-        if (r == r0 || t == 0) {
-#pragma unroll
-            for (int j = 1; j < 8; ++j) xs[j] = j < W ? ssd_conv_in(x, x_stride, prev, s, b, t - j, c, T, C, W) : 0.0f;
-        } else {
-#pragma unroll
-            for (int j = 7; j > 0; --j) xs[j] = xs[j - 1];
-        }
-        xs[0] = ssd_conv_in(x, x_stride, prev, s, b, t, c, T, C, W);
-        if (t < s) continue;
-        float gv = g[r * C + c];
-        db += gv;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dwr[j] += gv * xs[j];
-    }
-    float* p = part + (long)chunk * (C * W + C);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-        if (j < W) p[c * W + (W - 1 - j)] = dwr[j];
-    p[C * W + c] = db;
-}
-
-// Gated RMSNorm backward: one block of 256 threads (8 warps) per rows_per_block rows; warp w
-// takes rows r0 + w, r0 + w + 8, ... (each row's sum by a shuffle tree, no block barrier) and adds
-// its share of dw into its own slice of shared memory [8][dim]; the block then adds the 8 slices,
-// in order, into part [blocks, dim]. dx [rows, dim]; dz rows of stride z_stride.
+// Gated RMSNorm backward: one block of 256 threads (8 warps) per rows_per_block rows
+// (ssd_norm_gated_bwd_rows); the block then adds its 8 warps' slices of dw, in order, into part
+// [blocks, dim]. dx [rows, dim]; dz rows of stride z_stride. vec as the forward's.
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_rms_norm_gated_bwd)(ET* dx, ET* dz, float* part, const ET* dy, const ET* x, const ET* z,
                                long z_stride, const float* rstd, const float* w, int dim, int rows,
-                               int rows_per_block) {
+                               int rows_per_block, int vec) {
     extern __shared__ float pws[];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x >> 5;
     float* pw = pws + (long)warp * dim;
-    for (int k = lane; k < dim; k += 32) pw[k] = 0.0f;
-    int r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
-    for (int r = r0 + warp; r < r1; r += 8) {
-        const ET* xr = x + (long)r * dim;
-        const ET* zr = z + (long)r * z_stride;
-        const ET* dyr = dy + (long)r * dim;
-        float s = rstd[r];
-        float m = 0.0f;
-        for (int k = lane; k < dim; k += 32) {
-            float n = ld(xr, k) * ssd_silu(ld(zr, k)) * s, dyk = ld(dyr, k);
-            m += w[k] * dyk * n;
-            pw[k] += dyk * n;
-        }
-        for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
-        float mean = m / dim;
-        for (int k = lane; k < dim; k += 32) {
-            float xk = ld(xr, k), zk = ld(zr, k);
-            float sg = 1.0f / (1.0f + __expf(-zk));
-            float gv = xk * zk * sg;
-            float dg = s * (w[k] * ld(dyr, k) - gv * s * mean);
-            st(dx, (long)r * dim + k, dg * zk * sg);
-            st(dz, (long)r * z_stride + k, dg * xk * sg * (1.0f + zk * (1.0f - sg)));
-        }
-    }
+    for (int k = threadIdx.x & 31; k < dim; k += 32) pw[k] = 0.0f;
+    __syncwarp();
+    const int r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
+    if (vec) ssd_norm_gated_bwd_rows<ET, 16 / (int)sizeof(ET)>(dx, dz, pw, dy, x, z, z_stride, rstd, w, dim, r0, r1);
+    else ssd_norm_gated_bwd_rows<ET, 1>(dx, dz, pw, dy, x, z, z_stride, rstd, w, dim, r0, r1);
     __syncthreads();
     for (int k = threadIdx.x; k < dim; k += 256) {
         float acc = 0.0f;

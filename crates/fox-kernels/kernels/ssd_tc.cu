@@ -1030,20 +1030,11 @@ extern "C" __global__ void ssd_tc_ad_reduce(TcParams p) { tc_ad_reduce(p); }
     extern "C" __global__ void __launch_bounds__(128) ssd_tc_states_n##N##_##NAME(TcParams p) {            \
         tc_states<T, N, 32, 4, false>(p);                                                                  \
     }                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) ssd_tc_states8_n##N##_##NAME(TcParams p) {           \
-        tc_states<T, N, 64, 8, false>(p);                                                                  \
-    }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(128) ssd_tc_walks_n##N##_##NAME(TcParams p) {             \
         if (blockIdx.z == 0)                                                                               \
             tc_states<T, N, 32, 4, false>(p);                                                              \
         else                                                                                               \
             tc_states<T, N, 32, 4, true>(p);                                                               \
-    }                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) ssd_tc_walks8_n##N##_##NAME(TcParams p) {            \
-        if (blockIdx.z == 0)                                                                               \
-            tc_states<T, N, 64, 8, false>(p);                                                              \
-        else                                                                                               \
-            tc_states<T, N, 64, 8, true>(p);                                                               \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) ssd_tc_out_n##N##_##NAME(TcParams p) {              \
         tc_out<T, N, 8>(p);                                                                                \

@@ -213,18 +213,9 @@ fn main() -> Result<()> {
                 let dt = if bf { "bf16" } else { "f32" };
                 println!(
                     "SSD tensor cores ({dt} inputs): forward {fwd:.3} ms, forward + backward {fb:.3} ms; \
-                     alone: state walk {:.3} (the other walk {:.3}), chunk outputs {:.3}; backward: walks \
-                     {:.3}, chunk backward {:.3}, reductions {:.3} ms; with the other walk ({:?}): forward \
-                     {:.3} ms, forward + backward {:.3} ms",
-                    st[0],
-                    st[2],
-                    st[1],
-                    st[3],
-                    st[4],
-                    st[5],
-                    if cuda::ssd_tc::WALK == cuda::ssd_tc::Walk::W4 { "8 warps" } else { "4 warps" },
-                    st[6],
-                    st[7]
+                     alone: state walk {:.3}, chunk outputs {:.3}; backward: walks {:.3}, chunk backward \
+                     {:.3}, reductions {:.3} ms",
+                    st[0], st[1], st[2], st[3], st[4]
                 );
             }
             Ok(())

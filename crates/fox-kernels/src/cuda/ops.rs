@@ -196,7 +196,7 @@ pub fn rms_norm_fwd<T: Elem>(
         return Ok(());
     }
     if rows <= WIDE_ROWS {
-        return rms_wide(gpu, y, rstd, None, x, w, rows, dim, groups, eps);
+        return rms_wide(gpu, y, rstd, None, ptr(gpu, x), w, rows, dim, groups, eps);
     }
     launch(
         gpu,
@@ -220,14 +220,15 @@ pub fn rms_norm_fwd<T: Elem>(
 /// one row per sequence would leave a warp-per-row kernel a single warp's worth of loads.
 const WIDE_ROWS: usize = 64;
 
-/// RMSNorm of rows ≤ [`WIDE_ROWS`] (after h = a + b with `h_b`), one block per row.
+/// RMSNorm of rows ≤ [`WIDE_ROWS`] of `a` (after h = a + b with `h_b` = (h, b); h may be a),
+/// one block per row (device pointers of checked buffers).
 #[allow(clippy::too_many_arguments)]
 fn rms_wide<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
-    h_b: Option<(&mut CudaSlice<T>, &CudaSlice<T>)>,
-    a: &CudaSlice<T>,
+    h_b: Option<(u64, u64)>,
+    pa: u64,
     w: &CudaSlice<f32>,
     rows: usize,
     dim: usize,
@@ -235,10 +236,7 @@ fn rms_wide<T: Elem>(
     eps: f32,
 ) -> Result<()> {
     let op = "rms_norm_fwd_wide";
-    let (ph, pb) = match h_b {
-        Some((h, b)) => (ptr(gpu, h), ptr(gpu, b)),
-        None => (0, 0),
-    };
+    let (ph, pb) = h_b.unwrap_or((0, 0));
     launch_dependent(
         gpu,
         &kname::<T>(op),
@@ -248,7 +246,7 @@ fn rms_wide<T: Elem>(
             Arg::P(ptr(gpu, y)),
             Arg::P(ptr(gpu, rstd)),
             Arg::P(ph),
-            Arg::P(ptr(gpu, a)),
+            Arg::P(pa),
             Arg::P(pb),
             Arg::P(ptr(gpu, w)),
             Arg::I(int(op, "dim", dim)?),
@@ -273,29 +271,66 @@ pub fn add_rms_norm_fwd<T: Elem>(
     dim: usize,
     eps: f32,
 ) -> Result<()> {
-    let op = "add_rms_norm_fwd";
+    add_rms(gpu, h, y, rstd, Some(a), b, w, rows, dim, eps)
+}
+
+/// [`add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm(h), bitwise as [`add_inplace`]
+/// then [`rms_norm_fwd`] (each thread reads h and b where it then writes h).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_inplace<T: Elem>(
+    gpu: &Gpu,
+    h: &mut CudaSlice<T>,
+    y: &mut CudaSlice<T>,
+    rstd: &mut CudaSlice<f32>,
+    b: &CudaSlice<T>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    add_rms(gpu, h, y, rstd, None, b, w, rows, dim, eps)
+}
+
+/// h = a + b (a = None: h itself), then y, rstd = RMSNorm(h).
+#[allow(clippy::too_many_arguments)]
+fn add_rms<T: Elem>(
+    gpu: &Gpu,
+    h: &mut CudaSlice<T>,
+    y: &mut CudaSlice<T>,
+    rstd: &mut CudaSlice<f32>,
+    a: Option<&CudaSlice<T>>,
+    b: &CudaSlice<T>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    let op = if a.is_some() { "add_rms_norm_fwd" } else { "add_rms_norm_inplace" };
     ensure!(norm_groups(op, w, dim)? == 1, "{op}: weight length {} is not dim {dim}", w.len());
-    for (what, len) in [("h", h.len()), ("y", y.len()), ("a", a.len()), ("b", b.len())] {
+    let a_len = a.map_or(h.len(), |a| a.len());
+    for (what, len) in [("h", h.len()), ("y", y.len()), ("a", a_len), ("b", b.len())] {
         ensure!(len >= rows * dim, "{op}: `{what}` holds {len} elements but the shapes need {}", rows * dim);
     }
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
         return Ok(());
     }
+    let ph = ptr(gpu, h);
+    let (pa, pb) = (a.map_or(ph, |a| ptr(gpu, a)), ptr(gpu, b));
     if rows <= WIDE_ROWS {
-        return rms_wide(gpu, y, rstd, Some((h, b)), a, w, rows, dim, 1, eps);
+        return rms_wide(gpu, y, rstd, Some((ph, pb)), pa, w, rows, dim, 1, eps);
     }
     launch(
         gpu,
-        &kname::<T>(op),
+        &kname::<T>("add_rms_norm_fwd"),
         warp_rows_grid(rows)?,
         256,
         &[
-            Arg::P(ptr(gpu, h)),
+            Arg::P(ph),
             Arg::P(ptr(gpu, y)),
             Arg::P(ptr(gpu, rstd)),
-            Arg::P(ptr(gpu, a)),
-            Arg::P(ptr(gpu, b)),
+            Arg::P(pa),
+            Arg::P(pb),
             Arg::P(ptr(gpu, w)),
             Arg::I(int(op, "rows", rows)?),
             Arg::I(int(op, "dim", dim)?),

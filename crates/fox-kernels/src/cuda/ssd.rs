@@ -48,13 +48,19 @@ fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
 }
 
 fn launch(gpu: &Gpu, name: &str, grid: usize, smem: usize, args: &[Arg]) -> Result<()> {
-    launch2(gpu, name, (grid, 1), smem, args)
+    launch3(gpu, name, (grid, 1, 1), smem, args)
 }
 
 /// [`launch`] on a two-dimensional grid (x, y).
 fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+    launch3(gpu, name, (grid, gy, 1), smem, args)
+}
+
+/// [`launch`] on a three-dimensional grid (x, y, z).
+fn launch3(gpu: &Gpu, name: &str, (grid, gy, gz): (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
     ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
     ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
+    ensure!(gz > 0 && gz <= 65535, "{name}: launch of {gz} blocks in z is out of range");
     let f = gpu.function(&SSD, name)?;
     if smem > 48 * 1024 {
         f.set_attribute(
@@ -72,8 +78,11 @@ fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args:
             Arg::F(v) => b.arg(v),
         };
     }
-    let cfg =
-        LaunchConfig { grid_dim: (grid as u32, gy as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
+    let cfg = LaunchConfig {
+        grid_dim: (grid as u32, gy as u32, gz as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
     // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ssd.cu, in order,
     // with pointers into buffers whose lengths were checked against the launch's shapes.
     unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
@@ -86,11 +95,33 @@ fn kname<T: Elem>(base: &str) -> String {
     format!("{base}_{}", T::NAME)
 }
 
-/// The grid of the conv kernels: blocks of 256 channels by groups of rows, each block striding
-/// over 16 rows or more (tiny blocks of one row each spent more time being scheduled than
-/// computing: 0.49 ms for a Mamba-2 125M layer's forward at B·T = 32768, H100).
-fn row_grid(rows: usize, channels: usize) -> (usize, usize) {
-    (channels.div_ceil(256), rows.div_ceil(16).clamp(1, 65535))
+/// Rows of a conv kernel's block (kernels/ssd.cu: 8 runs of 8 rows), and of the backward's (4
+/// runs per thread): one partial sum of dweight per 256 rows of a sequence.
+const CONV_BLOCK_ROWS: usize = 64;
+const CONV_BWD_BLOCK_ROWS: usize = 256;
+
+/// Channels per thread of the conv kernels: `v` where every pointer (addresses in bytes), the row
+/// stride and C allow loads of v elements at once, else 1.
+fn conv_vec<T>(v: usize, ptrs: &[u64], x_stride: usize, channels: usize) -> bool {
+    let bytes = (v * std::mem::size_of::<T>()) as u64;
+    ptrs.iter().all(|p| p.is_multiple_of(bytes)) && x_stride.is_multiple_of(v) && channels.is_multiple_of(v)
+}
+
+/// The conv kernel `base`_{vec|one}_{w4|w8} for the layout and the taps (kernels/ssd.cu).
+fn conv_kernel<T: Elem>(base: &str, vec: bool, width: usize) -> String {
+    kname::<T>(&format!("{base}_{}_w{}", if vec { "vec" } else { "one" }, if width <= 4 { 4 } else { 8 }))
+}
+
+/// The grid of a conv kernel: 32 channel vectors by `block_rows` rows of one sequence by batch.
+fn conv_grid(
+    op: &str,
+    (batch, seq, channels): (usize, usize, usize),
+    v: usize,
+    block_rows: usize,
+) -> Result<(usize, usize, usize)> {
+    let gy = seq.div_ceil(block_rows);
+    ensure!(gy <= 65535 && batch <= 65535, "{op}: {batch} sequences of {seq} positions exceed the launch grid");
+    Ok((channels.div_ceil(32 * v), gy, batch))
 }
 
 fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
@@ -480,16 +511,20 @@ pub fn conv1d_fwd<T: Elem>(
     silu: bool,
 ) -> Result<()> {
     let op = "conv1d_fwd";
-    ensure!(width >= 1, "{op}: width ≥ 1");
+    ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
     need(op, "out", out, rows * channels)?;
     let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let mut args = vec![Arg::P(ptr(gpu, out))];
+    let (po, px) = (ptr(gpu, out), ptr(gpu, x));
+    let v = 4;
+    let vec = conv_vec::<T>(v, &[po, px], x_stride, channels);
+    let mut args = vec![Arg::P(po)];
     args.extend(tail);
-    launch2(gpu, &kname::<T>("ssd_conv1d_fwd"), row_grid(rows, channels), 0, &args)
+    let grid = conv_grid(op, (batch, seq, channels), if vec { v } else { 1 }, CONV_BLOCK_ROWS)?;
+    launch3(gpu, &conv_kernel::<T>("ssd_conv1d_fwd", vec, width), grid, 0, &args)
 }
 
 /// The convolution's state after a chunk, as [`crate::conv1d::conv1d_fwd`]'s `new_state`: `state`
@@ -564,29 +599,29 @@ pub fn rms_norm_gated_fwd<T: Elem>(
         Arg::P(ptr(gpu, w)),
         Arg::I(int(op, dim)?),
         Arg::F(eps),
+        Arg::I(norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32),
     ];
     launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows, 0, &args)
 }
 
-/// Rows per partial sum of dt_bias's gradient.
-const ROWS_PER_PART: usize = 256;
-/// Rows per partial sum of the conv's weight gradient: each thread walks its rows in order, so
-/// shorter walks (more blocks) hide their memory latency better.
-const CONV_ROWS_PER_PART: usize = 64;
-
-/// Floats of the scratch of [`conv1d_bwd`]: the partial sums, ⌈B·T / 64⌉ · C · (W + 1), then
-/// the pre-activation's gradient g [B, T, C].
-pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
-    conv1d_parts_len(batch, seq, channels, width) + batch * seq * channels
+/// Whether the gated RMSNorm's kernels take 16-byte vectors: every pointer, z's row stride and dim
+/// aligned to them.
+fn norm_vec<T>(ptrs: &[u64], z_stride: usize, dim: usize) -> bool {
+    conv_vec::<T>(16 / std::mem::size_of::<T>(), ptrs, z_stride, dim)
 }
 
-fn conv1d_parts_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
-    (batch * seq).div_ceil(CONV_ROWS_PER_PART).max(1) * channels * (width + 1)
+/// Rows per partial sum of dt_bias's gradient.
+const ROWS_PER_PART: usize = 256;
+
+/// Floats of the scratch of [`conv1d_bwd`]: its partial sums of dweight and dbias, one row of
+/// C · (W + 1) per 256 positions of each sequence.
+pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: usize) -> usize {
+    (batch * seq.div_ceil(CONV_BWD_BLOCK_ROWS)).max(1) * channels * (width + 1)
 }
 
 /// conv1d backward, as [`crate::conv1d::conv1d_bwd`] (the pre-activation recomputed): dx in x's
 /// layout (row stride `x_stride`, channels 0..C overwritten), dweight [C, W] and dbias [C]
-/// accumulated through per-64-row partial sums added in order (deterministic). W ≤ 8.
+/// accumulated through partial sums per 256 positions added in order (deterministic). W ≤ 8.
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_bwd<T: Elem>(
     gpu: &Gpu,
@@ -618,27 +653,14 @@ pub fn conv1d_bwd<T: Elem>(
     if rows * channels == 0 {
         return Ok(());
     }
+    let (pdx, pdy, px) = (ptr_mut(gpu, dx), ptr(gpu, dout), ptr(gpu, x));
+    let vec = conv_vec::<T>(2, &[pdx, pdy, px], x_stride, channels);
     let part = ptr(gpu, scratch);
-    let gbuf = part + 4 * conv1d_parts_len(batch, seq, channels, width) as u64;
-    let mut args = vec![Arg::P(gbuf), Arg::P(ptr(gpu, dout))];
+    let mut args = vec![Arg::P(pdx), Arg::P(part), Arg::P(pdy)];
     args.extend(tail);
-    launch2(gpu, &kname::<T>("ssd_conv1d_bwd_g"), row_grid(rows, channels), 0, &args)?;
-    let dims = |v: &mut Vec<Arg>| -> Result<()> {
-        for d in [batch, seq, channels, width] {
-            v.push(Arg::I(int(op, d)?));
-        }
-        Ok(())
-    };
-    let mut args = vec![Arg::P(ptr_mut(gpu, dx)), Arg::P(gbuf), Arg::P(ptr(gpu, weight)), Arg::P(opt_ptr(gpu, start))];
-    dims(&mut args)?;
-    args.push(Arg::L(x_stride as i64));
-    launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dx"), row_grid(rows, channels), 0, &args)?;
-    let parts = rows.div_ceil(CONV_ROWS_PER_PART);
-    let mut args = vec![Arg::P(part), Arg::P(gbuf), Arg::P(ptr(gpu, x)), Arg::L(x_stride as i64)];
-    args.extend([Arg::P(opt_ptr(gpu, start)), Arg::P(opt_ptr(gpu, prev))]);
-    dims(&mut args)?;
-    args.push(Arg::I(CONV_ROWS_PER_PART as i32));
-    launch2(gpu, &kname::<T>("ssd_conv1d_bwd_dw"), (channels.div_ceil(256), parts), 0, &args)?;
+    let grid = conv_grid(op, (batch, seq, channels), if vec { 2 } else { 1 }, CONV_BWD_BLOCK_ROWS)?;
+    launch3(gpu, &conv_kernel::<T>("ssd_conv1d_bwd", vec, width), grid, 0, &args)?;
+    let parts = batch * grid.1;
     let stride = (channels * width + channels) as i64;
     let args = [
         Arg::P(ptr(gpu, dweight)),
@@ -725,6 +747,8 @@ pub fn rms_norm_gated_bwd<T: Elem>(
         Arg::I(int(op, dim)?),
         Arg::I(int(op, rows)?),
         Arg::I(NORM_ROWS_PER_PART as i32),
+        Arg::I(norm_vec::<T>(&[ptr(gpu, dx), ptr_mut(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim)
+            as i32),
     ];
     launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 8 * 4 * dim, &args)?;
     let args = [Arg::P(ptr(gpu, dw)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, dim)?), Arg::L(dim as i64)];

@@ -14,7 +14,7 @@
 
 use super::check::CheckRow;
 use super::ssd::{self, DevSsd};
-use super::Gpu;
+use super::{Elem, Gpu};
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -232,10 +232,29 @@ fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn conv_case(c: &mut Ctx, name: &str) -> Result<()> {
-    let (b, t, ch, w, stride) = (2, 77, 300, 4, 311);
-    let x = c.randn(b * t * stride, 1.0);
-    let weight = c.randn(ch * w, 0.5);
+/// Values rounded to T and widened again (the inputs both sides see).
+fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
+    x.into_iter().map(|v| T::from_f32(v).to_f32()).collect()
+}
+
+fn upload_as<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<T>> {
+    gpu.upload(&x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>())
+}
+
+fn download_f32<T: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<T>) -> Result<Vec<f32>> {
+    Ok(gpu.download(x)?.into_iter().map(T::to_f32).collect())
+}
+
+/// conv1d forward and backward in T against the CPU on T-rounded inputs: B = 2 (row 1 left-padded
+/// by 6), the previous state, SiLU. A row stride and C that are multiples of 8 take the kernels'
+/// vector loads, others one channel per thread; W ≤ 4 and 4 < W ≤ 8 take their two tap counts.
+/// Tolerance: 1e-5 in f32; in bf16 the out and dx are rounded once to bf16 (relative rms
+/// 2⁻⁹/√3 ≈ 1.1e-3): 4e-3; dweight and dbias are f32 sums of exact products: 1e-5.
+fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize, usize, usize)) -> Result<()> {
+    let b = 2;
+    let tol = if T::NAME == "f32" { TOL_ELEM } else { 4e-3 };
+    let x = rounded::<T>(c.randn(b * t * stride, 1.0));
+    let weight = rounded::<T>(c.randn(ch * w, 0.5));
     let bias = c.randn(ch, 0.5);
     let prev = c.randn(b * (w - 1) * ch, 1.0);
     let start = [0usize, 6];
@@ -254,19 +273,19 @@ fn conv_case(c: &mut Ctx, name: &str) -> Result<()> {
     let mut out = vec![0.0; b * t * ch];
     crate::conv1d::conv1d_fwd(&p, &mut out, Some(&prev), None)?;
     let gpu = c.gpu;
-    let mut gout = gpu.zeros::<f32>(out.len())?;
-    let (gx, gw, gb, gp, gs) =
-        (gpu.upload(&x)?, gpu.upload(&weight)?, gpu.upload(&bias)?, gpu.upload(&prev)?, gpu.upload(&[0i32, 6])?);
+    let mut gout = gpu.zeros::<T>(out.len())?;
+    let (gx, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &weight)?);
+    let (gb, gp, gs) = (gpu.upload(&bias)?, gpu.upload(&prev)?, gpu.upload(&[0i32, 6])?);
     ssd::conv1d_fwd(gpu, &mut gout, &gx, stride, &gw, Some(&gb), Some(&gs), Some(&gp), (b, t, ch, w), true)?;
-    c.add(name, "out rel L2", rel_l2(&gpu.download(&gout)?, &out), TOL_ELEM, "SiLU, padding, previous state");
+    c.add(name, "out rel L2", rel_l2(&download_f32(gpu, &gout)?, &out), tol, "SiLU, padding, previous state");
     // Backward: dx (the columns past C keep their value), dweight and dbias accumulated onto 0.5.
-    let dout = c.randn(b * t * ch, 1.0);
+    let dout = rounded::<T>(c.randn(b * t * ch, 1.0));
     let mut dx = vec![3.0f32; x.len()];
     let (mut dw, mut db) = (vec![0.5f32; ch * w], vec![0.5f32; ch]);
     crate::conv1d::conv1d_bwd(&p, &dout, Some(&prev), &mut dx, &mut dw, Some(&mut db))?;
     let (gdout, mut gdx, mut gdw, mut gdb) = (
-        gpu.upload(&dout)?,
-        gpu.upload(&vec![3.0f32; x.len()])?,
+        upload_as::<T>(gpu, &dout)?,
+        upload_as::<T>(gpu, &vec![3.0f32; x.len()])?,
         gpu.upload(&vec![0.5f32; ch * w])?,
         gpu.upload(&vec![0.5f32; ch])?,
     );
@@ -288,43 +307,41 @@ fn conv_case(c: &mut Ctx, name: &str) -> Result<()> {
         true,
     )?;
     let bname = name.replace("fwd", "bwd");
-    c.add(&bname, "dx rel L2", rel_l2(&gpu.download(&gdx)?, &dx), TOL_ELEM, "");
+    c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
     c.add(&bname, "dweight rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
     c.add(&bname, "dbias rel L2", rel_l2(&gpu.download(&gdb)?, &db), TOL_ELEM, "");
     Ok(())
 }
 
-fn norm_case(c: &mut Ctx, name: &str) -> Result<()> {
-    let (rows, dim, zs, eps) = (37, 1536, 3200, 1e-5f32);
-    let x = c.randn(rows * dim, 1.0);
-    let z = c.randn(rows * zs, 1.0);
+/// Gated RMSNorm forward and backward in T against the CPU on T-rounded inputs (tolerances as
+/// [`conv_case`]'s: y, dx and dz are rounded once to T; rstd and dw are f32). The backward's rows
+/// are past one block's 32, for several partial sums of dw.
+fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, usize)) -> Result<()> {
+    let eps = 1e-5f32;
+    let tol = if T::NAME == "f32" { TOL_ELEM } else { 4e-3 };
+    let x = rounded::<T>(c.randn(rows * dim, 1.0));
+    let z = rounded::<T>(c.randn(rows * zs, 1.0));
     let w = c.randn(dim, 0.3).iter().map(|v| 1.0 + v).collect::<Vec<_>>();
     let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
     crate::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, 1, eps)?;
     let gpu = c.gpu;
-    let (gx, gz, gw) = (gpu.upload(&x)?, gpu.upload(&z)?, gpu.upload(&w)?);
-    let (mut gy, mut gr) = (gpu.zeros::<f32>(y.len())?, gpu.zeros::<f32>(rows)?);
+    let (gx, gz, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &z)?, gpu.upload(&w)?);
+    let (mut gy, mut gr) = (gpu.zeros::<T>(y.len())?, gpu.zeros::<f32>(rows)?);
     ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, &gx, &gz, zs, &gw, rows, dim, eps)?;
-    c.add(name, "y rel L2", rel_l2(&gpu.download(&gy)?, &y), TOL_ELEM, "");
+    c.add(name, "y rel L2", rel_l2(&download_f32(gpu, &gy)?, &y), tol, "");
     c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
-    // Backward; rows = 300 > 256 for two partial sums of dw.
-    let rows2 = 300;
-    let x = c.randn(rows2 * dim, 1.0);
-    let z = c.randn(rows2 * zs, 1.0);
-    let dy = c.randn(rows2 * dim, 1.0);
-    let (mut y, mut r) = (vec![0.0; rows2 * dim], vec![0.0; rows2]);
-    crate::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, 1, eps)?;
+    let dy = rounded::<T>(c.randn(rows * dim, 1.0));
     let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![2.0; z.len()], vec![0.5; dim]);
     crate::rms_norm_gated::rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &r, &w, dim, 1)?;
-    let (gx, gz, gdy, gr) = (gpu.upload(&x)?, gpu.upload(&z)?, gpu.upload(&dy)?, gpu.upload(&r)?);
+    let gdy = upload_as::<T>(gpu, &dy)?;
     let (mut gdx, mut gdz, mut gdw) =
-        (gpu.zeros::<f32>(x.len())?, gpu.upload(&vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
-    let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows2, dim))?;
-    ssd::rms_norm_gated_bwd(gpu, &mut gdx, &mut gdz, &mut gdw, &mut scratch, &gdy, &gx, &gz, zs, &gr, &gw, rows2, dim)?;
-    let bname = "ssd rms_norm_gated bwd 300x1536";
-    c.add(bname, "dx rel L2", rel_l2(&gpu.download(&gdx)?, &dx), TOL_ELEM, "");
-    c.add(bname, "dz rel L2", rel_l2(&gpu.download(&gdz)?, &dz), TOL_ELEM, "columns past dim kept");
-    c.add(bname, "dw rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
+        (gpu.zeros::<T>(x.len())?, upload_as::<T>(gpu, &vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
+    let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
+    ssd::rms_norm_gated_bwd(gpu, &mut gdx, &mut gdz, &mut gdw, &mut scratch, &gdy, &gx, &gz, zs, &gr, &gw, rows, dim)?;
+    let bname = name.replace("fwd", "bwd");
+    c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
+    c.add(&bname, "dz rel L2", rel_l2(&download_f32(gpu, &gdz)?, &dz), tol, "columns past dim kept");
+    c.add(&bname, "dw rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
     Ok(())
 }
 
@@ -334,8 +351,20 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| ssd_case(c, n, 2, 300, 4, 64, 128, 2, Some(vec![0, 70])));
     c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, 1, 50, 2, 32, 48, 1, None));
     c.case("ssd decode B2 H4 P64 N128 G2", decode_case);
-    c.case("ssd conv1d fwd B2 T77 C300 W4", conv_case);
-    c.case("ssd rms_norm_gated fwd 37x1536", norm_case);
+    // (T, C, W, row stride): one channel per thread (stride 311), vectors (stride 3352, Mamba-2
+    // 125M's zxbcdt rows, C 1792); T past one backward block (256 positions) and not a multiple of
+    // a run; W of 2 and 6.
+    for (t, ch, w, stride) in [(77, 300, 4, 311), (600, 1792, 4, 3352), (300, 296, 2, 304), (130, 300, 6, 300)] {
+        let shape = format!("B2 T{t} C{ch} W{w} stride {stride}");
+        c.case(&format!("ssd conv1d fwd f32 {shape}"), |c, n| conv_case::<f32>(c, n, (t, ch, w, stride)));
+        c.case(&format!("ssd conv1d fwd bf16 {shape}"), |c, n| conv_case::<half::bf16>(c, n, (t, ch, w, stride)));
+    }
+    // (rows, dim, z's row stride): 16-byte vectors (stride 3200), one element per thread (3201).
+    for (rows, dim, zs) in [(300, 1536, 3200), (77, 1536, 3201), (37, 200, 200)] {
+        let shape = format!("{rows}x{dim} z stride {zs}");
+        c.case(&format!("ssd rms_norm_gated fwd f32 {shape}"), |c, n| norm_case::<f32>(c, n, (rows, dim, zs)));
+        c.case(&format!("ssd rms_norm_gated fwd bf16 {shape}"), |c, n| norm_case::<half::bf16>(c, n, (rows, dim, zs)));
+    }
     c.rows
 }
 

@@ -183,40 +183,16 @@ fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), threads: u32, smem
     Ok(())
 }
 
-/// The state walk's blocks: 4 warps over 32 state columns, or 8 warps over 64 (half the blocks,
-/// each x tile read by half as many blocks).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Walk {
-    W4,
-    W8,
-}
+/// The state walk's blocks: 4 warps over 32 state columns (8 warps over 64 was slower and
+/// failed a check of dA; see BENCHMARKS.md).
+const WALK_WARPS: usize = 4;
+const WALK_COLS: usize = 8 * WALK_WARPS;
 
-impl Walk {
-    fn warps(self) -> usize {
-        match self {
-            Walk::W4 => 4,
-            Walk::W8 => 8,
-        }
-    }
-    fn sfx(self) -> &'static str {
-        match self {
-            Walk::W4 => "",
-            Walk::W8 => "8",
-        }
-    }
-    /// State columns per block.
-    fn cols(self) -> usize {
-        8 * self.warps()
-    }
-    /// Shared memory: four stages of a value tile [64, P + 8], a key tile [64, cols + 8] (bf16)
-    /// and dt [64], and the warps' staging tiles [16, 40] (bf16).
-    fn smem(self) -> usize {
-        4 * L * ((P + 8) + (self.cols() + 8)) * 2 + 4 * L * 4 + self.warps() * 16 * 40 * 2
-    }
+/// Shared memory of a walk block: four stages of a value tile [64, P + 8], a key tile
+/// [64, cols + 8] (bf16) and dt [64], and the warps' staging tiles [16, 40] (bf16).
+fn walk_smem() -> usize {
+    4 * L * ((P + 8) + (WALK_COLS + 8)) * 2 + 4 * L * 4 + WALK_WARPS * 16 * 40 * 2
 }
-
-/// The walk [`ssd_fwd`] and [`ssd_bwd`] use.
-pub const WALK: Walk = Walk::W4;
 
 /// Shared memory of the chunk outputs with `nw` warps: C and B tiles [64, N + 8], two stages of
 /// x [64, P + 8] and S [P, N + 8] (bf16) and dt, the warps' output staging [16, 4P/nw + 4] (f32).
@@ -225,8 +201,7 @@ fn out_smem(n: usize, nw: usize) -> usize {
 }
 
 /// One of the forward's two kernels alone, for timing each (`fox-attn bench-ssd`; the other's
-/// results are whatever the scratch holds): 0 the state walk, 1 the chunk outputs, 2 the walk
-/// [`Walk::W8`].
+/// results are whatever the scratch holds): 0 the state walk, 1 the chunk outputs.
 pub fn ssd_fwd_step<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -234,16 +209,7 @@ pub fn ssd_fwd_step<T: Elem>(
     scratch: &mut CudaSlice<f32>,
     step: usize,
 ) -> Result<()> {
-    fwd_steps(
-        gpu,
-        p,
-        y,
-        None,
-        None,
-        scratch,
-        [step == 0 || step == 2, step == 1],
-        if step == 2 { Walk::W8 } else { WALK },
-    )
+    fwd_steps(gpu, p, y, None, None, scratch, [step == 0, step == 1])
 }
 
 /// The forward, as [`crate::ssd::ssd_fwd`]: y [B, T, H·P] (0 at padding); `init`,
@@ -256,20 +222,7 @@ pub fn ssd_fwd<T: Elem>(
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    fwd_steps(gpu, p, y, init, final_state, scratch, [true, true], WALK)
-}
-
-/// [`ssd_fwd`] with the given walk (for the check and `fox-attn bench-ssd`).
-pub fn ssd_fwd_walk<T: Elem>(
-    gpu: &Gpu,
-    p: &DevSsd<T>,
-    y: &mut CudaSlice<T>,
-    init: Option<&CudaSlice<f32>>,
-    final_state: Option<&mut CudaSlice<f32>>,
-    scratch: &mut CudaSlice<f32>,
-    walk: Walk,
-) -> Result<()> {
-    fwd_steps(gpu, p, y, init, final_state, scratch, [true, true], walk)
+    fwd_steps(gpu, p, y, init, final_state, scratch, [true, true])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -281,7 +234,6 @@ fn fwd_steps<T: Elem>(
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
     run: [bool; 2],
-    walk: Walk,
 ) -> Result<()> {
     let op = "ssd_tc_fwd";
     p.tc_check(op)?;
@@ -306,8 +258,8 @@ fn fwd_steps<T: Elem>(
     let sfx = format!("n{n}_{}", T::NAME);
     // With T = 0 the walk only copies the initial state to the final one.
     if run[0] {
-        let name = format!("ssd_tc_states{}_{sfx}", walk.sfx());
-        launch(gpu, &name, (b * h, n / walk.cols(), 1), 32 * walk.warps() as u32, walk.smem(), &prm)?;
+        let name = format!("ssd_tc_states_{sfx}");
+        launch(gpu, &name, (b * h, n / WALK_COLS, 1), 32 * WALK_WARPS as u32, walk_smem(), &prm)?;
     }
     if t == 0 {
         return Ok(());
@@ -343,22 +295,7 @@ pub fn ssd_bwd<T: Elem>(
     g: DevSsdGrads<T>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    bwd_steps(gpu, p, dy, init, dfinal, g, scratch, [true; 3], WALK)
-}
-
-/// [`ssd_bwd`] with the given walk (for the check and `fox-attn bench-ssd`).
-#[allow(clippy::too_many_arguments)]
-pub fn ssd_bwd_walk<T: Elem>(
-    gpu: &Gpu,
-    p: &DevSsd<T>,
-    dy: &CudaSlice<T>,
-    init: Option<&CudaSlice<f32>>,
-    dfinal: Option<&CudaSlice<f32>>,
-    g: DevSsdGrads<T>,
-    scratch: &mut CudaSlice<f32>,
-    walk: Walk,
-) -> Result<()> {
-    bwd_steps(gpu, p, dy, init, dfinal, g, scratch, [true; 3], walk)
+    bwd_steps(gpu, p, dy, init, dfinal, g, scratch, [true; 3])
 }
 
 /// One of the backward's steps alone, for timing (`fox-attn bench-ssd`): 0 the two state walks,
@@ -372,7 +309,7 @@ pub fn ssd_bwd_step<T: Elem>(
     scratch: &mut CudaSlice<f32>,
     step: usize,
 ) -> Result<()> {
-    bwd_steps(gpu, p, dy, None, None, g, scratch, [step == 0, step == 1, step == 2], WALK)
+    bwd_steps(gpu, p, dy, None, None, g, scratch, [step == 0, step == 1, step == 2])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -385,7 +322,6 @@ fn bwd_steps<T: Elem>(
     g: DevSsdGrads<T>,
     scratch: &mut CudaSlice<f32>,
     run: [bool; 3],
-    walk: Walk,
 ) -> Result<()> {
     let op = "ssd_tc_bwd";
     p.tc_check(op)?;
@@ -438,8 +374,8 @@ fn bwd_steps<T: Elem>(
     prm.dfinal = dfinal.map_or(0, |f| ptr(gpu, f));
     prm.dinit = g.dinit.map_or(0, |d| ptr(gpu, d));
     if run[0] {
-        let name = format!("ssd_tc_walks{}_{sfx}", walk.sfx());
-        launch(gpu, &name, (b * h, n / walk.cols(), 2), 32 * walk.warps() as u32, walk.smem(), &prm)?;
+        let name = format!("ssd_tc_walks_{sfx}");
+        launch(gpu, &name, (b * h, n / WALK_COLS, 2), 32 * WALK_WARPS as u32, walk_smem(), &prm)?;
     }
     if t == 0 {
         return Ok(());

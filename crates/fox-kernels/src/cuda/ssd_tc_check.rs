@@ -15,7 +15,7 @@
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
 use super::check::CheckRow;
-use super::ssd_tc::{self, DevSsd, DevSsdGrads, Walk};
+use super::ssd_tc::{self, DevSsd, DevSsdGrads};
 use super::{Elem, Gpu};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
@@ -80,7 +80,7 @@ struct Shape {
     init: bool,
 }
 
-fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, walk: Walk) -> Result<()> {
+fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let (b, t, h, p, n, g) = (s.b, s.t, s.h, 64, s.n, s.g);
     let stride = h * p + 2 * g * n + s.extra;
     let xbc = rounded::<T>(c.randn(b * t * stride, 1.0));
@@ -126,15 +126,15 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, walk: Walk) -> Result<()> {
     let mut gy = gpu.zeros::<T>(y.len())?;
     let mut gf = gpu.zeros::<f32>(fin.len())?;
     let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
-    ssd_tc::ssd_fwd_walk(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc, walk)?;
+    ssd_tc::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc)?;
     let (y1, f1) = (down(gpu, &gy)?, gpu.download(&gf)?);
     c.add(name, "y rel L2 vs CPU chunked", rel_l2(&y1, &y), TOL_FWD, "");
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), TOL_FWD, "");
-    ssd_tc::ssd_fwd_walk(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc, walk)?;
+    ssd_tc::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc)?;
     let y2 = down(gpu, &gy)?;
     let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
-    if super::ssd::uses_tensor_cores(&dev) && walk == ssd_tc::WALK {
+    if super::ssd::uses_tensor_cores(&dev) {
         // cuda::ssd::ssd_fwd hands bf16 problems of these shapes to version 2, in its own scratch.
         let mut sc1 = gpu.zeros::<f32>(super::ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
         super::ssd::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc1)?;
@@ -167,7 +167,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, walk: Walk) -> Result<()> {
             gpu.zeros::<f32>(fin.len())?,
         );
         let grads = DevSsdGrads { dxbc: &mut gdx, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: Some(&mut gdi) };
-        ssd_tc::ssd_bwd_walk(gpu, &dev, &gdy, ginit.as_ref(), Some(&gdfin), grads, &mut bsc, walk)?;
+        ssd_tc::ssd_bwd(gpu, &dev, &gdy, ginit.as_ref(), Some(&gdfin), grads, &mut bsc)?;
         Ok(vec![down(gpu, &gdx)?, gpu.download(&gddt)?, gpu.download(&gda)?, gpu.download(&gdd)?, gpu.download(&gdi)?])
     };
     let got = run(c)?;
@@ -229,21 +229,13 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     ];
     for (k, (name, s)) in shapes.iter().enumerate() {
         let bf = format!("ssd tc fwd bf16 {name}");
-        if let Err(e) = case::<half::bf16>(&mut c, &bf, s, ssd_tc::WALK) {
+        if let Err(e) = case::<half::bf16>(&mut c, &bf, s) {
             c.add(&bf, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-        }
-        // The other walk on the N = 128 shapes.
-        if s.n == 128 {
-            let other = if ssd_tc::WALK == Walk::W4 { Walk::W8 } else { Walk::W4 };
-            let bf = format!("ssd tc fwd bf16 {name} walk {other:?}");
-            if let Err(e) = case::<half::bf16>(&mut c, &bf, s, other) {
-                c.add(&bf, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-            }
         }
         // f32 inputs on two of the shapes.
         if k % 2 == 0 {
             let f = format!("ssd tc fwd f32 {name}");
-            if let Err(e) = case::<f32>(&mut c, &f, s, ssd_tc::WALK) {
+            if let Err(e) = case::<f32>(&mut c, &f, s) {
                 c.add(&f, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
             }
         }
@@ -253,15 +245,14 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 
 /// Median ms (CUDA events, after warm-up) of the tensor-core SSD forward with inputs of T at
 /// [B, T, H, P, N, G], random inputs, no initial state; of forward + backward; and of steps
-/// alone: the forward's state walk and chunk outputs, the other walk ([`ssd_tc::Walk`]); the
-/// backward's two walks, chunk backward, reductions; then forward and forward + backward with the
-/// other walk.
+/// alone: the forward's state walk and chunk outputs; the backward's two walks, chunk backward,
+/// reductions.
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     shape: (usize, usize, usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
-) -> Result<(f64, f64, [f64; 8])> {
+) -> Result<(f64, f64, [f64; 5])> {
     let (b, t, h, p, n, g) = shape;
     let stride = h * p + 2 * g * n;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -297,24 +288,12 @@ pub fn bench<T: Elem>(
         let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
         ssd_tc::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
     })?;
-    // The other walk's forward and forward + backward.
-    let other = if ssd_tc::WALK == Walk::W4 { Walk::W8 } else { Walk::W4 };
-    let fwd2 = super::bench::time_ms(gpu, warmup, iters, || {
-        ssd_tc::ssd_fwd_walk(gpu, &dev, &mut y, None, None, &mut sc, other)
-    })?;
-    let fb2 = super::bench::time_ms(gpu, warmup, iters, || {
-        ssd_tc::ssd_fwd_walk(gpu, &dev, &mut y, None, None, &mut sc, other)?;
-        let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
-        ssd_tc::ssd_bwd_walk(gpu, &dev, &dy, None, None, grads, &mut bsc, other)
-    })?;
-    let mut steps = [0.0; 8];
-    for (k, ms) in steps.iter_mut().enumerate().take(3) {
+    let mut steps = [0.0; 5];
+    for (k, ms) in steps.iter_mut().enumerate().take(2) {
         *ms = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd_step(gpu, &dev, &mut y, &mut sc, k))?;
     }
-    steps[6] = fwd2;
-    steps[7] = fb2;
     for k in 0..3 {
-        steps[3 + k] = super::bench::time_ms(gpu, warmup, iters, || {
+        steps[2 + k] = super::bench::time_ms(gpu, warmup, iters, || {
             let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
             ssd_tc::ssd_bwd_step(gpu, &dev, &dy, grads, &mut bsc, k)
         })?;

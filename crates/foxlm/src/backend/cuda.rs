@@ -1162,6 +1162,20 @@ impl<T: Elem> Backend for Cuda<T> {
         let rows = a.len() / dim;
         ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, &self.params[w.0].master, rows, dim, eps)
     }
+    fn add_inplace_rms_norm_fwd(
+        &mut self,
+        h: &mut CudaSlice<T>,
+        y: &mut CudaSlice<T>,
+        rstd: &mut CudaSlice<f32>,
+        b: &CudaSlice<T>,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        let rows = h.len() / dim;
+        ops::add_rms_norm_inplace(&self.gpu, h, y, rstd, b, &self.params[w.0].master, rows, dim, eps)
+    }
     fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<()> {
         self.mark(Family::Other)?;
         ops::add(&self.gpu, y, a, b, a.len())

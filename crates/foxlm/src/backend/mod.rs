@@ -167,6 +167,22 @@ pub trait Backend: Alloc {
         self.rms_norm_fwd(y, rstd, h, w, dim, eps)
     }
 
+    /// [`Self::add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm(h).
+    #[allow(clippy::too_many_arguments)]
+    fn add_inplace_rms_norm_fwd(
+        &mut self,
+        h: &mut Self::Act,
+        y: &mut Self::Act,
+        rstd: &mut Self::F32,
+        b: &Self::Act,
+        w: ParamId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.add_inplace(h, b)?;
+        self.rms_norm_fwd(y, rstd, h, w, dim, eps)
+    }
+
     // Elementwise.
     fn add(&mut self, y: &mut Self::Act, a: &Self::Act, b: &Self::Act) -> Result<()>;
     fn add_inplace(&mut self, y: &mut Self::Act, x: &Self::Act) -> Result<()>;

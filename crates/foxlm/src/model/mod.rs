@@ -495,8 +495,7 @@ impl Model {
                         if blk.mlp.is_some() {
                             be.add_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, h, out, nb.mixer_norm, d, eps)?
                         } else {
-                            be.add_inplace(x, out)?;
-                            be.rms_norm_fwd(mixer_norm_out, mixer_norm_rstd, x, nb.mixer_norm, d, eps)?
+                            be.add_inplace_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, out, nb.mixer_norm, d, eps)?
                         }
                     } else {
                         let (cur, nx) = two_mut(&mut acts.blocks, ai, ni);

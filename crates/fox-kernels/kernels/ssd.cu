@@ -747,10 +747,24 @@ extern "C" __global__ void __launch_bounds__(256)
     float xv = dtv * ld(x, p);
     float acc = 0.0f;
     if (!pad) {
-        for (int n = lane; n < N; n += 32) {
-            float v = decay * s[n] + xv * ld(bv, n);
-            s[n] = v;
-            acc += v * ld(cv, n);
+        // N ≤ 128: at most 4 columns per lane, all loaded before any store.
+        float sv[4], bn[4], cn[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int n = lane + 32 * k;
+            const bool in = n < N;
+            sv[k] = in ? s[n] : 0.0f;
+            bn[k] = in ? ld(bv, n) : 0.0f;
+            cn[k] = in ? ld(cv, n) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int n = lane + 32 * k;
+            if (n < N) {
+                float v = decay * sv[k] + xv * bn[k];
+                s[n] = v;
+                acc += v * cn[k];
+            }
         }
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

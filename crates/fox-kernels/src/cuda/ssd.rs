@@ -356,6 +356,7 @@ fn decode_step<T: Elem>(
     let op = "ssd_decode_step";
     p.check(op)?;
     ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
+    ensure!(p.state <= NMAX, "{op}: state {} is above {NMAX} (four columns per lane)", p.state);
     need(op, "state", state, p.states())?;
     need(op, "y", y, p.batch * p.heads * p.head_dim)?;
     if p.batch == 0 {

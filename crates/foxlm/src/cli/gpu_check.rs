@@ -28,6 +28,10 @@ pub struct Args {
     /// Steps of the data-parallel comparisons (--only dist).
     #[arg(long, default_value_t = 100)]
     pub dist_steps: u64,
+    /// The family of the data-parallel checks' model (--only dist): a FoX (Pro), a Mamba-2 (heads
+    /// of 64, state 128) or a Samba (attention heads of 64, window 64), each d = 128, 2 layers.
+    #[arg(long, default_value = "fox", value_parser = ["fox", "mamba2", "samba"])]
+    pub dist_model: String,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -46,7 +50,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.only.as_deref() == Some("dist") {
         let data = crate::gpu_check::check_data(&a.sample, &a.work)?;
-        let run = crate::gpu_check::check_run(a.dist_steps);
+        let mut run = crate::gpu_check::check_run(a.dist_steps);
+        run.model = match a.dist_model.as_str() {
+            "mamba2" => crate::presets::mamba2_config(128, 2),
+            "samba" => crate::presets::samba_config(128, 2, 2, 64),
+            _ => run.model,
+        };
         rows.extend(crate::gpu_check::dist::run_dist_checks(&data, &a.work, a.dist_steps, &run)?);
     }
     print!("{}", format_table(&rows));

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod conv1d;
 pub mod cross_entropy;
 pub mod cuda;
+pub mod delta_rule;
 pub mod fgate;
 pub mod gate;
 pub mod head;

@@ -224,6 +224,7 @@ fn chunk(x: &Head, c0: usize, len: usize, s0: &[f32], kd: usize, vd: usize) -> C
     Chunk { len, cum, gam, kk, qk, a, s0k, u }
 }
 
+#[allow(clippy::too_many_arguments)]
 /// The chunk's outputs o [L, V] (with `out`) and the state leaving it (into `s`, which held S_0).
 fn chunk_fwd(
     x: &Head,

@@ -1,3 +1,4 @@
+#![allow(clippy::needless_range_loop)] // index loops read as the formulas do
 use super::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

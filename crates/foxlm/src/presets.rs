@@ -8,7 +8,10 @@
 //! experiment's seven (experiments/small-scale): `{fox,transformer}-{llama,pro}-small`,
 //! `transformer-llama-norope-small`, `fox-llama-biasonly-small` and `fox-llama-fixed-small`.
 
-use crate::config::{Config, FgateType, SambaAttn, MAMBA2_MODEL_TYPE, MODEL_TYPE, SAMBA_MODEL_TYPE};
+use crate::config::{
+    Config, FgateType, SambaAttn, DELTANET_MODEL_TYPE, GATED_DELTANET_MODEL_TYPE, MAMBA2_MODEL_TYPE, MODEL_TYPE,
+    SAMBA_MODEL_TYPE,
+};
 use crate::tokenizer::{BOS_ID, EOS_ID, GPT2_VOCAB};
 use crate::train::TrainConfig;
 use anyhow::{bail, Result};
@@ -98,6 +101,15 @@ impl Variant {
             attn_hidden_ratio: None,
             mamba_hidden_ratio: None,
             time_step_rank: None,
+            expand_k: None,
+            expand_v: None,
+            use_gate: None,
+            use_short_conv: None,
+            conv_size: None,
+            use_beta: None,
+            qk_activation: None,
+            allow_neg_eigval: None,
+            num_v_heads: None,
             extra: Default::default(),
         }
     }
@@ -150,6 +162,7 @@ pub fn names() -> Vec<String> {
     v.extend(SMALL.iter().map(|s| s.to_string()));
     v.extend(MAMBA2.iter().map(|s| s.to_string()));
     v.extend(SAMBA.iter().map(|s| s.to_string()));
+    v.extend(DELTANET.iter().map(|s| s.to_string()));
     v
 }
 
@@ -306,6 +319,9 @@ pub fn preset(name: &str) -> Result<Preset> {
     if let Some(p) = samba(name) {
         return Ok(p);
     }
+    if let Some(p) = deltanet(name) {
+        return Ok(p);
+    }
     // The paper's main runs: 760M models on 48B tokens (45Gi), each with its own peak LR (the
     // authors' configs/experiment/longcrawl64/*/*_760m_48b.yaml; the paper's Table 5).
     if let Some(base) = name.strip_suffix("-760m-48b") {
@@ -420,6 +436,94 @@ fn mamba2(name: &str) -> Option<Preset> {
             name.trim_start_matches("mamba2-").to_uppercase()
         ),
         model: mamba2_config(d, layers),
+        train: paper_train(lr, tokens, micro),
+    })
+}
+
+/// The DeltaNet and Gated DeltaNet presets: the paper's sizes, the small experiment's and tiny's.
+pub const DELTANET: [&str; 10] = [
+    "deltanet-125m",
+    "deltanet-360m",
+    "deltanet-760m",
+    "deltanet-small",
+    "deltanet-tiny",
+    "gated-deltanet-125m",
+    "gated-deltanet-360m",
+    "gated-deltanet-760m",
+    "gated-deltanet-small",
+    "gated-deltanet-tiny",
+];
+
+/// A DeltaNet model in the authors' configuration (their configs/model/delta_net.py: expand_k
+/// and expand_v 1, short convolutions of width 4, β, q/k SiLU and L2 norm, no output gate, SwiGLU
+/// MLPs of ratio 4, ε 1e-6), or with `gated` a Gated DeltaNet of the same heads (head_dim
+/// d / heads, expand_v 1) with fla's output gate and decay.
+pub fn deltanet_config(hidden_size: usize, layers: usize, heads: usize, gated: bool) -> Config {
+    let mut c = Variant::FoxLlama.config(hidden_size, layers, heads);
+    c.model_type = if gated { GATED_DELTANET_MODEL_TYPE } else { DELTANET_MODEL_TYPE }.into();
+    c.use_rope = false;
+    c.fgate_type = FgateType::None;
+    c.qk_norm = true;
+    c.use_output_norm = true;
+    if gated {
+        c.ssm_head_dim = Some(hidden_size / heads);
+        c.expand_v = Some(1.0);
+        c.use_gate = Some(true);
+    } else {
+        (c.expand_k, c.expand_v) = (Some(1.0), Some(1.0));
+        c.use_gate = Some(false);
+        c.use_beta = Some(true);
+    }
+    c.use_short_conv = Some(true);
+    c.conv_size = Some(4);
+    c.qk_activation = Some("silu".into());
+    c
+}
+
+/// `deltanet-{125m,360m,760m}` (the authors' configs/experiment/longcrawl64/delta_net: 12 layers
+/// of d = 768 with 6 heads, 24 of 1024 with 8, 24 of 1536 with 12 — heads of 128 — their peak LRs
+/// and the 2.5Gi/7Gi/15Gi-token runs), `deltanet-small` (experiments/small-scale: d = 384, 6
+/// layers, 3 heads of 128, the small FoX's recipe) and `deltanet-tiny` (tiny's recipe, 2 heads of
+/// 32); `gated-deltanet-*` the same with Gated DeltaNet layers (the paper has no Gated DeltaNet
+/// run: same sizes and recipe, not a published configuration).
+fn deltanet(name: &str) -> Option<Preset> {
+    let (gated, size) = match name.strip_prefix("gated-deltanet-") {
+        Some(size) => (true, size),
+        None => (false, name.strip_prefix("deltanet-")?),
+    };
+    let title = if gated { "Gated DeltaNet" } else { "DeltaNet" };
+    let (d, layers, heads, lr, tokens, micro) = match size {
+        "125m" => (768, 12, 6, 2e-3, 2560 * MI, 2),
+        "360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
+        "760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
+        "tiny" => {
+            let mut p = tiny();
+            p.name = name.into();
+            p.model = deltanet_config(64, 4, 2, gated);
+            p.description = format!(
+                "{title}, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
+            );
+            return Some(p);
+        }
+        "small" => {
+            let mut p = small("fox-llama-small")?;
+            p.name = name.into();
+            p.model = deltanet_config(384, 6, 3, gated);
+            p.description = p.description.replace(
+                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
+                &format!("{title}: d=384, 6 layers, 3 heads of 128"),
+            );
+            return Some(p);
+        }
+        _ => return None,
+    };
+    Some(Preset {
+        name: name.into(),
+        description: format!(
+            "{title} {}: {layers} layers of d={d}, {heads} heads of 128; the paper's recipe ({tokens} tokens, peak LR {lr})",
+            size.to_uppercase()
+        ),
+        model: deltanet_config(d, layers, heads, gated),
         train: paper_train(lr, tokens, micro),
     })
 }

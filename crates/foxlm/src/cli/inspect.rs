@@ -25,6 +25,8 @@ pub fn variant_name(c: &Config) -> &'static str {
     match c.arch() {
         Arch::Mamba2 => return "Mamba-2",
         Arch::Samba => return "Samba",
+        Arch::DeltaNet => return "DeltaNet",
+        Arch::GatedDeltaNet => return "Gated DeltaNet",
         Arch::Fox => {}
     }
     let pro = c.qk_norm || c.use_output_gate || c.use_output_norm || c.use_k_shift || c.use_v_shift;
@@ -110,6 +112,15 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
         s += &format!("conv width         {}{}\n", m.conv, if m.conv_bias { " (with bias)" } else { "" });
         return s + &counts_and_memory(model, decode_tokens, batch);
     }
+    if c.is_deltanet() {
+        let m = c.deltanet();
+        s += &format!("layers             {} (a DeltaNet layer and an MLP each)\n", c.num_hidden_layers);
+        s += &format!("heads              {} (key width {}, value width {})\n", m.heads, m.head_k, m.head_v);
+        s += &format!("conv width         {} (q, k, v)\n", m.conv);
+        s += &format!("output gate        {}\n", on(m.use_gate));
+        s += &format!("MLP width          {}\n", c.intermediate());
+        return s + &counts_and_memory(model, decode_tokens, batch);
+    }
     if c.arch() == Arch::Samba {
         let (m, (h, hkv, window)) = (c.mamba(), c.samba_attn());
         let attn = (0..c.num_hidden_layers).filter(|&i| c.samba_is_attention(i)).count();
@@ -193,6 +204,11 @@ fn counts_and_memory(model: &Model, decode_tokens: usize, batch: usize) -> Strin
     if c.arch() == Arch::Mamba2 {
         s += &format!(
             "  state, any tokens × {batch}    {}  (SSM and convolution states per layer: no KV cache)\n",
+            human(cache as f64)
+        );
+    } else if c.is_deltanet() {
+        s += &format!(
+            "  state, any tokens × {batch}    {}  (delta-rule and convolution states per layer: no KV cache)\n",
             human(cache as f64)
         );
     } else if c.arch() == Arch::Samba {

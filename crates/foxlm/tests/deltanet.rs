@@ -197,3 +197,29 @@ fn initialisation() {
         assert!((loss - uniform).abs() < 0.05, "fresh loss {loss} vs ln(vocab) {uniform}");
     }
 }
+
+/// fla's own DeltaNet and Gated DeltaNet (DeltaNetForCausalLM / GatedDeltaNetForCausalLM with
+/// its kernels in plain PyTorch, computed in float64; see tests/fixtures/README.md) through
+/// foxlm's chunked delta rule (72 positions: a chunk of 64 and one of 8): logits, loss,
+/// per-position loss, every parameter's gradient, greedy tokens through the inference state.
+#[test]
+fn matches_fla() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/fla-deltanet-tiny");
+    for (name, arch) in [("deltanet", Arch::DeltaNet), ("gated_deltanet", Arch::GatedDeltaNet)] {
+        let model = common::matches_reference_fixture(&root.join(name));
+        assert_eq!(model.config.arch(), arch);
+    }
+}
+
+/// The GPU backend has no DeltaNet kernels yet, and says so by family: `--device auto` then runs
+/// on the CPU with this note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
+#[test]
+fn the_gpu_backend_names_the_family_it_cannot_run() {
+    for (cfg, family) in [(deltanet_tiny(), "DeltaNet"), (gated_tiny(), "Gated DeltaNet")] {
+        let model = Model::new(&cfg);
+        for training in [false, true] {
+            let why = foxlm::backend::cuda::unsupported(&model, training).expect("refused");
+            assert!(why.starts_with(&format!("{family}: ")) && why.contains("--device cpu"), "{why}");
+        }
+    }
+}

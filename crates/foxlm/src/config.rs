@@ -504,7 +504,6 @@ impl Config {
                     o.remove(k);
                 }
                 o.insert("qk_norm".into(), "l2".into());
-                o.insert("use_output_norm".into(), true.into());
             }
         }
         if self.arch() == Arch::Mamba2 {

@@ -461,10 +461,11 @@ pub const DELTANET: [&str; 10] = [
 pub fn deltanet_config(hidden_size: usize, layers: usize, heads: usize, gated: bool) -> Config {
     let mut c = Variant::FoxLlama.config(hidden_size, layers, heads);
     c.model_type = if gated { GATED_DELTANET_MODEL_TYPE } else { DELTANET_MODEL_TYPE }.into();
+    // FoX's fields at their defaults (config.json leaves them out; see Config::to_json).
     c.use_rope = false;
-    c.fgate_type = FgateType::None;
     c.qk_norm = true;
-    c.use_output_norm = true;
+    // fla's DeltaNetConfig field (always on in the layer); GatedDeltaNetConfig has none.
+    c.use_output_norm = !gated;
     if gated {
         c.ssm_head_dim = Some(hidden_size / heads);
         c.expand_v = Some(1.0);

@@ -412,9 +412,7 @@ pub fn save_checkpoint(out: &Path, name: &str, model: &Model, opt: &AdamW, state
     let res = (|| -> Result<()> {
         std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         let p = &model.params;
-        let weights = tensors_bytes(
-            (0..p.len()).map(|i| (p.names[i].clone(), p.tensors[i].shape.clone(), &p.tensors[i].data[..])).collect(),
-        )?;
+        let weights = tensors_bytes(checkpoint::export_tensors(model))?;
         write_synced(&tmp.join(WEIGHTS_FILE), &weights)?;
         drop(weights);
         write_synced(&tmp.join(CONFIG_FILE), state.run.saved_model_config().to_json().as_bytes())?;

@@ -223,3 +223,44 @@ fn the_gpu_backend_names_the_family_it_cannot_run() {
         }
     }
 }
+
+/// A DeltaNet folder is written with fla's tensor names (each MLP's gate_proj and up_proj apart,
+/// [I, d] each, as fla's GatedMLP holds them) and reads back bit for bit; a folder with the
+/// projection fused ([2I, d], the FoX authors' DeltaNet and the fla fixture's files) reads too.
+#[test]
+fn checkpoints_hold_fla_s_mlp_names_and_either_form_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    for cfg in [deltanet_tiny(), gated_tiny()] {
+        let model = random_model(&cfg, 9);
+        let out = dir.path().join(&cfg.model_type);
+        foxlm::checkpoint::save_model(&model, &cfg, &out).unwrap();
+        let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for l in 0..2 {
+            for half in ["gate_proj", "up_proj"] {
+                let t = st.tensor(&format!("model.layers.{l}.mlp.{half}.weight")).unwrap();
+                assert_eq!(t.shape(), &[48, 32]);
+            }
+        }
+        let gate = st.tensor("model.layers.1.mlp.up_proj.weight").unwrap();
+        let id = model.params.id("model.layers.1.mlp.gate_proj.weight").unwrap().0;
+        let want: Vec<u8> = model.params.tensors[id].data[48 * 32..].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(gate.data(), &want[..], "up_proj holds rows I..2I of the fused projection");
+        let back = foxlm::checkpoint::load_model(&out).unwrap();
+        for (a, b) in back.params.tensors.iter().zip(&model.params.tensors) {
+            assert_eq!(a.data, b.data);
+        }
+    }
+    // Half of a split pair missing is named.
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/fla-deltanet-tiny");
+    let out = dir.path().join("broken");
+    let model = foxlm::checkpoint::load_model(&root.join("deltanet")).unwrap();
+    foxlm::checkpoint::save_model(&model, &model.config, &out).unwrap();
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let keep: Vec<(String, safetensors::tensor::TensorView)> =
+        st.tensors().into_iter().filter(|(n, _)| n != "model.layers.0.mlp.up_proj.weight").collect();
+    std::fs::write(out.join("model.safetensors"), safetensors::serialize(keep, None).unwrap()).unwrap();
+    let e = format!("{:#}", foxlm::checkpoint::load_model(&out).unwrap_err());
+    assert!(e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("missing"), "{e}");
+}

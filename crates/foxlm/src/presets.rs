@@ -636,6 +636,46 @@ mod tests {
         assert_eq!(t.train.context, tiny().train.context);
     }
 
+    /// The DeltaNet presets are the authors' experiment configs (configs/experiment/longcrawl64/
+    /// delta_net/*.yaml: d, layers, heads, peak LR, tokens; configs/model/delta_net.py: expand_k
+    /// and expand_v 1, no output gate, MLP ratio 4); Gated DeltaNet's have the same heads with
+    /// fla's output gate and decay; the small ones match the small FoX's parameter count.
+    #[test]
+    fn deltanet_presets_follow_the_authors() {
+        for (size, d, layers, heads, lr, gi) in
+            [("125m", 768, 12, 6, 2e-3, 2.5), ("360m", 1024, 24, 8, 2e-3, 7.0), ("760m", 1536, 24, 12, 1e-3, 15.0)]
+        {
+            for gated in [false, true] {
+                let name = format!("{}deltanet-{size}", if gated { "gated-" } else { "" });
+                let p = preset(&name).unwrap();
+                let s = p.model.deltanet();
+                assert!(p.model.is_deltanet() && s.gated == gated, "{name}");
+                assert_eq!((p.model.hidden_size, p.model.num_hidden_layers, s.heads), (d, layers, heads), "{name}");
+                assert_eq!((s.head_k, s.head_v, s.conv, s.use_gate), (128, 128, 4, gated), "{name}");
+                assert_eq!(p.model.intermediate(), crate::config::mlp_width(d, 4.0), "{name}");
+                assert_eq!(p.train.peak_lr, lr, "{name}");
+                assert_eq!(p.train.total_tokens, (gi * 1024.0) as u64 * MI, "{name}");
+            }
+        }
+        // 12 × (norms 2·768 + q, k, v, o 4·768² + b_proj 6·768 + convolutions 3·768·4 + o_norm
+        // 128 + MLP 3·768·2048) + the embedding, the head and the final norm.
+        let p = preset("deltanet-125m").unwrap();
+        let per_layer = 2 * 768 + 4 * 768 * 768 + 6 * 768 + 3 * 768 * 4 + 128 + 3 * 768 * 2048;
+        let want = 12 * per_layer + 2 * GPT2_VOCAB * 768 + 768;
+        assert_eq!(p.model.param_bytes() / 4, want as u128);
+        assert_eq!(Model::new(&p.model).params.numel(), want);
+        let fox = preset("fox-llama-small").unwrap().model.param_bytes();
+        for n in ["deltanet-small", "gated-deltanet-small"] {
+            let p = preset(n).unwrap();
+            let rel = (p.model.param_bytes() as f64 - fox as f64).abs() / fox as f64;
+            assert!(rel < if n.starts_with("gated") { 0.05 } else { 0.005 }, "{n}: {rel}");
+            assert_eq!(p.train.total_tokens, preset("fox-llama-small").unwrap().train.total_tokens);
+        }
+        let t = preset("gated-deltanet-tiny").unwrap();
+        assert_eq!((t.model.hidden_size, t.model.num_hidden_layers, t.model.deltanet().head_k), (64, 4, 32));
+        assert_eq!(t.train.context, tiny().train.context);
+    }
+
     #[test]
     fn every_preset_is_valid_and_sized_as_in_the_paper() {
         for n in names() {
@@ -646,6 +686,9 @@ mod tests {
             // heads are 128 wide (64 in samba-small, as the small FoX's)
             if n.starts_with("samba") {
                 assert_eq!(p.model.head_dim(), if n == "samba-small" { 64 } else { 128 }, "{n}");
+            } else if n.contains("deltanet") {
+                // the authors' DeltaNet heads of 128; the tiny ones' of 32
+                assert_eq!(p.model.head_dim(), if n.ends_with("-tiny") { 32 } else { 128 }, "{n}");
             } else if n != "tiny" {
                 assert_eq!(
                     p.model.head_dim(),

@@ -6,6 +6,7 @@ use foxlm::model::Model;
 /// the two entries with the largest gradient of each named tensor; panics on a mismatch beyond
 /// 2% + 2e-4 (truncation O(ε²) plus f32 round-off ~1e-7·loss/ε ≈ 5e-5). Returns how many entries
 /// were checked.
+#[allow(dead_code)]
 pub fn check_finite_differences(
     model: &Model,
     grads: &[Vec<f32>],

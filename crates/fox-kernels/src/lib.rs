@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod delta_rule;
 pub mod fgate;
 pub mod gate;
+pub mod gla;
 pub mod head;
 pub mod kv_shift;
 pub mod matmul;

@@ -57,6 +57,12 @@ fn component(name: &str) -> &'static str {
         "attention: qk_norm"
     } else if name.contains("output_norm") {
         "attention: output_norm"
+    } else if name.contains(".attn.") && name.contains("_conv1d.") {
+        "deltanet: short conv"
+    } else if [".attn.b_proj.", ".attn.a_proj.", ".attn.A_log", ".attn.dt_bias"].iter().any(|m| name.contains(m)) {
+        "deltanet: beta, decay"
+    } else if name.contains(".attn.g_proj.") || name.contains(".attn.o_norm.") {
+        "deltanet: gate, o_norm"
     } else if name.contains(".attn.") || mixer_attn.iter().any(|m| name.contains(m)) {
         "attention: q/k/v/o"
     } else if name.contains(".mixer.x_proj") || name.contains(".mixer.dt_proj") {

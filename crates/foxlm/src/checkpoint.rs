@@ -271,11 +271,63 @@ pub fn fixed_fgate_bias(cfg: &Config) -> Vec<f32> {
         .collect()
 }
 
+/// Whether parameter `name` is an MLP's fused [gate | up] projection that fla's DeltaNet
+/// checkpoints keep as two tensors (`mlp.gate_proj.weight` and `mlp.up_proj.weight`, [I, d] each).
+fn is_split_mlp(cfg: &Config, name: &str) -> bool {
+    cfg.is_deltanet() && name.ends_with(".mlp.gate_proj.weight")
+}
+
+/// fla's name of the up half of a fused MLP projection.
+fn up_proj_name(gate: &str) -> String {
+    format!("{}.mlp.up_proj.weight", gate.trim_end_matches(".mlp.gate_proj.weight"))
+}
+
+/// The tensors of `layout` as a checkpoint holds them: with `split`, each fused MLP projection
+/// [2I, d] of a DeltaNet model as fla's gate_proj and up_proj, [I, d] each (rows 0..I and I..2I).
+fn file_layout(cfg: &Config, layout: &[(String, Vec<usize>)], split: bool) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::with_capacity(layout.len());
+    for (name, shape) in layout {
+        if split && is_split_mlp(cfg, name) {
+            let half = vec![shape[0] / 2, shape[1]];
+            out.push((name.clone(), half.clone()));
+            out.push((up_proj_name(name), half));
+        } else {
+            out.push((name.clone(), shape.clone()));
+        }
+    }
+    out
+}
+
+/// The parameters as model.safetensors holds them, by name: each parameter, except that a
+/// DeltaNet model's fused MLP projection is written as fla's gate_proj and up_proj (fla's
+/// from_pretrained reads the folder; [`load_model`] reads either form).
+pub fn export_tensors(model: &Model) -> Vec<(String, Vec<usize>, &[f32])> {
+    let p = &model.params;
+    let mut out = Vec::with_capacity(p.len());
+    for i in 0..p.len() {
+        let (name, t) = (&p.names[i], &p.tensors[i]);
+        if is_split_mlp(&model.config, name) {
+            let (gate, up) = t.data.split_at(t.data.len() / 2);
+            let half = vec![t.shape[0] / 2, t.shape[1]];
+            out.push((name.clone(), half.clone(), gate));
+            out.push((up_proj_name(name), half, up));
+        } else {
+            out.push((name.clone(), t.shape.clone(), &t.data[..]));
+        }
+    }
+    out
+}
+
 /// Checks a model folder without allocating its weights: config.json's fields, the parameter
 /// layout it implies against the safetensors headers (and the shard index), and the memory the
-/// parameters need against what the machine has. Returns the config, the opened files and, per
-/// parameter of the layout, the file that holds it.
-pub fn check_model_folder(dir: &Path) -> Result<(Config, Vec<TensorFile>, Vec<Option<usize>>)> {
+/// parameters need against what the machine has. Returns the config, the opened files, the
+/// tensors the files hold for the layout (see [`file_layout`]: a DeltaNet checkpoint's MLP
+/// projections fused as foxlm writes them or split as fla does) and, per tensor, the file that
+/// holds it.
+#[allow(clippy::type_complexity)]
+pub fn check_model_folder(
+    dir: &Path,
+) -> Result<(Config, Vec<TensorFile>, Vec<(String, Vec<usize>)>, Vec<Option<usize>>)> {
     if !dir.is_dir() {
         bail!("{}: not a model folder (expected config.json and model.safetensors)", dir.display());
     }
@@ -307,19 +359,20 @@ pub fn check_model_folder(dir: &Path) -> Result<(Config, Vec<TensorFile>, Vec<Op
             }
         }
     }
-    let layout = cfg.param_layout();
+    let split = cfg.is_deltanet() && files.iter().any(|f| f.entries.keys().any(|k| k.ends_with(".mlp.up_proj.weight")));
+    let layout = file_layout(&cfg, &cfg.param_layout(), split);
     let fixed = cfg.fgate_type == FgateType::Fixed;
     // The fixed gate's bias is a buffer some exports omit: it is a pure function of the config.
     let source = cfg_path.display().to_string();
     let placed = match_layout(&files, &layout, |n| fixed && n.ends_with(".attn.fgate_bias"), &source)?;
     crate::validate::check_memory(cfg.param_bytes(), &format!("{}: the model's parameters (f32)", dir.display()))?;
-    Ok((cfg, files, placed))
+    Ok((cfg, files, layout, placed))
 }
 
 /// Loads config.json and the weights of a model folder, checking everything first (see
 /// [`check_model_folder`]).
 pub fn load_model(dir: &Path) -> Result<Model> {
-    let (cfg, files, placed) = check_model_folder(dir)?;
+    let (cfg, files, in_files, placed) = check_model_folder(dir)?;
     let layout = cfg.param_layout();
     let mut model = Model::new(&cfg);
     if model.params.len() != layout.len()
@@ -328,12 +381,19 @@ pub fn load_model(dir: &Path) -> Result<Model> {
     {
         bail!("internal error: Config::param_layout disagrees with Model::new for {}", dir.display());
     }
+    // Each parameter from its tensor, or from its two halves where the files split it.
+    let mut j = 0;
     for (i, (name, _)) in layout.iter().enumerate() {
         let data = &mut model.params.tensors[i].data;
-        match placed[i] {
-            Some(fi) => files[fi].decode_into(name, data)?,
-            None => data.copy_from_slice(&fixed_fgate_bias(&cfg)),
+        let parts = if in_files.get(j).is_some_and(|(n, _)| n == name) && in_files[j].1 == layout[i].1 { 1 } else { 2 };
+        let n = data.len() / parts;
+        for (k, chunk) in data.chunks_mut(n.max(1)).enumerate().take(parts) {
+            match placed[j + k] {
+                Some(fi) => files[fi].decode_into(&in_files[j + k].0, chunk)?,
+                None => chunk.copy_from_slice(&fixed_fgate_bias(&cfg)),
+            }
         }
+        j += parts;
     }
     Ok(model)
 }
@@ -343,10 +403,9 @@ pub fn load_model(dir: &Path) -> Result<Model> {
 pub fn save_model(model: &Model, config: &Config, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut named: HashMap<String, (Vec<usize>, Vec<u8>)> = HashMap::new();
-    for (i, name) in model.params.names.iter().enumerate() {
-        let t = &model.params.tensors[i];
-        let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        named.insert(name.clone(), (t.shape.clone(), bytes));
+    for (name, shape, data) in export_tensors(model) {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        named.insert(name, (shape, bytes));
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = named
         .iter()

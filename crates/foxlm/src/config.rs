@@ -9,6 +9,10 @@ pub const MODEL_TYPE: &str = "forgetting_transformer-project_fox";
 pub const MAMBA2_MODEL_TYPE: &str = "mamba2-project_fox";
 /// The authors' Samba baseline (Mamba layers alternating with sliding-window attention).
 pub const SAMBA_MODEL_TYPE: &str = "samba-project_fox";
+/// fla's DeltaNet (`DeltaNetForCausalLM`, `model.*` tensor names as FoX's).
+pub const DELTANET_MODEL_TYPE: &str = "delta_net";
+/// fla's Gated DeltaNet (`GatedDeltaNetForCausalLM`).
+pub const GATED_DELTANET_MODEL_TYPE: &str = "gated_deltanet";
 
 /// Which model a config.json describes, from its `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +24,10 @@ pub enum Arch {
     /// Samba (SPEC §7): Mamba layers (even indices) and sliding-window attention layers (odd),
     /// each block with its SwiGLU MLP.
     Samba,
+    /// DeltaNet (SPEC §7): delta-rule blocks with FoX's SwiGLU MLP and block norms.
+    DeltaNet,
+    /// Gated DeltaNet: DeltaNet with a scalar decay per head and token.
+    GatedDeltaNet,
 }
 
 /// Samba's `attn` dict: its attention layers' heads and window, and which layers they are.
@@ -93,7 +101,9 @@ pub struct Config {
     pub ogate_act: String,
     #[serde(default)]
     pub use_output_norm: bool,
-    #[serde(default)]
+    /// FoX: RMSNorm on q and k. In a DeltaNet config fla's string "l2" (read as true; the only
+    /// normalisation foxlm's DeltaNet implements).
+    #[serde(default, deserialize_with = "bool_or_l2")]
     pub qk_norm: bool,
     #[serde(default)]
     pub qk_norm_share_param_across_head: bool,
@@ -154,9 +164,49 @@ pub struct Config {
     /// dt's low rank R: "auto" (ceil(hidden_size / 16)) or a number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_step_rank: Option<serde_json::Value>,
+    // DeltaNet and Gated DeltaNet (fla's DeltaNetConfig / GatedDeltaNetConfig names; absent in
+    // other configs). Gated DeltaNet's key head width is `head_dim` (above).
+    /// DeltaNet: key_dim = expand_k · hidden_size, value_dim = expand_v · hidden_size; Gated
+    /// DeltaNet: a value head is expand_v · head_dim wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expand_k: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expand_v: Option<f64>,
+    /// The output gate: o_norm(o, g_proj(x)) = RMSNorm(o)·w·SiLU(g).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_gate: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_short_conv: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_beta: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_activation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_neg_eigval: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_v_heads: Option<usize>,
     /// Everything else in config.json (kept so a round trip preserves it).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// FoX's boolean `qk_norm`, or DeltaNet's string: "l2" reads as true; any other string is refused.
+fn bool_or_l2<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrName {
+        Bool(bool),
+        Name(String),
+    }
+    match BoolOrName::deserialize(d)? {
+        BoolOrName::Bool(b) => Ok(b),
+        BoolOrName::Name(n) if n == "l2" => Ok(true),
+        BoolOrName::Name(n) => Err(serde::de::Error::custom(format!(
+            "{n:?}: expected a boolean (FoX) or \"l2\" (DeltaNet: the only q/k normalisation supported)"
+        ))),
+    }
 }
 
 fn is_zero(v: &usize) -> bool {
@@ -227,6 +277,62 @@ impl Mamba2Sizes {
         }
         out.push((format!("{prefix}.norm.weight"), vec![self.inner]));
         out.push((format!("{prefix}.out_proj.weight"), vec![d, self.inner]));
+        out
+    }
+}
+
+/// The sizes of a DeltaNet or Gated DeltaNet layer ([`Config::deltanet`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNetSizes {
+    /// Gated DeltaNet (a_proj, A_log, dt_bias: the decay).
+    pub gated: bool,
+    /// Heads H, a head's key width K (q and k) and value width V.
+    pub heads: usize,
+    pub head_k: usize,
+    pub head_v: usize,
+    /// The short convolutions' width.
+    pub conv: usize,
+    /// The output gate g_proj (o_norm(o, g) = RMSNorm(o)·w·SiLU(g)).
+    pub use_gate: bool,
+    /// The output norm's epsilon.
+    pub eps: f64,
+}
+
+impl DeltaNetSizes {
+    /// q's and k's width H·K.
+    pub fn key_dim(&self) -> usize {
+        self.heads * self.head_k
+    }
+    /// v's width H·V.
+    pub fn value_dim(&self) -> usize {
+        self.heads * self.head_v
+    }
+
+    /// The layer's tensors under `prefix` (e.g. `model.layers.0.attn`), in the model's order
+    /// (fla's module order).
+    pub fn mixer_layout(&self, prefix: &str, d: usize) -> Vec<(String, Vec<usize>)> {
+        let (k, v, h, w) = (self.key_dim(), self.value_dim(), self.heads, self.conv);
+        let mut out = vec![
+            (format!("{prefix}.q_proj.weight"), vec![k, d]),
+            (format!("{prefix}.k_proj.weight"), vec![k, d]),
+            (format!("{prefix}.v_proj.weight"), vec![v, d]),
+        ];
+        if self.gated {
+            out.push((format!("{prefix}.a_proj.weight"), vec![h, d]));
+        }
+        out.push((format!("{prefix}.b_proj.weight"), vec![h, d]));
+        if self.gated {
+            out.push((format!("{prefix}.A_log"), vec![h]));
+            out.push((format!("{prefix}.dt_bias"), vec![h]));
+        }
+        out.push((format!("{prefix}.q_conv1d.weight"), vec![k, 1, w]));
+        out.push((format!("{prefix}.k_conv1d.weight"), vec![k, 1, w]));
+        out.push((format!("{prefix}.v_conv1d.weight"), vec![v, 1, w]));
+        if self.use_gate {
+            out.push((format!("{prefix}.g_proj.weight"), vec![v, d]));
+        }
+        out.push((format!("{prefix}.o_norm.weight"), vec![self.head_v]));
+        out.push((format!("{prefix}.o_proj.weight"), vec![d, v]));
         out
     }
 }
@@ -376,6 +482,30 @@ impl Config {
                 }
             }
         }
+        if self.is_deltanet() {
+            // FoX's switches, which a DeltaNet config does not have, and fla's qk_norm string.
+            if let Some(o) = v.as_object_mut() {
+                for k in [
+                    "num_kv_heads",
+                    "use_rope",
+                    "rope_base",
+                    "fgate_type",
+                    "fgate_bias_init",
+                    "decay_time_min",
+                    "decay_time_max",
+                    "use_output_gate",
+                    "ogate_act",
+                    "qk_norm_share_param_across_head",
+                    "use_k_shift",
+                    "use_v_shift",
+                    "log_pruning_tolerance",
+                    "window_size",
+                ] {
+                    o.remove(k);
+                }
+                o.insert("qk_norm".into(), "l2".into());
+            }
+        }
         if self.arch() == Arch::Mamba2 {
             // The authors' Mamba2Config reads the norm's epsilon under this name.
             if let Some(o) = v.as_object_mut() {
@@ -392,9 +522,18 @@ impl Config {
             Arch::Mamba2
         } else if self.model_type == SAMBA_MODEL_TYPE {
             Arch::Samba
+        } else if self.model_type == DELTANET_MODEL_TYPE {
+            Arch::DeltaNet
+        } else if self.model_type == GATED_DELTANET_MODEL_TYPE {
+            Arch::GatedDeltaNet
         } else {
             Arch::Fox
         }
+    }
+
+    /// DeltaNet or Gated DeltaNet.
+    pub fn is_deltanet(&self) -> bool {
+        matches!(self.arch(), Arch::DeltaNet | Arch::GatedDeltaNet)
     }
 
     /// Checks every field before anything is sized from it: bounds, consistency between fields,
@@ -403,9 +542,11 @@ impl Config {
     // The negated comparisons are deliberate: they reject NaN too.
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<()> {
-        if ![MODEL_TYPE, MAMBA2_MODEL_TYPE, SAMBA_MODEL_TYPE].contains(&self.model_type.as_str()) {
+        let known = [MODEL_TYPE, MAMBA2_MODEL_TYPE, SAMBA_MODEL_TYPE, DELTANET_MODEL_TYPE, GATED_DELTANET_MODEL_TYPE];
+        if !known.contains(&self.model_type.as_str()) {
             bail!(
-                "model_type is {:?}; foxlm reads {MODEL_TYPE:?}, {MAMBA2_MODEL_TYPE:?} and {SAMBA_MODEL_TYPE:?}",
+                "model_type is {:?}; foxlm reads {MODEL_TYPE:?}, {MAMBA2_MODEL_TYPE:?}, {SAMBA_MODEL_TYPE:?}, \
+                 {DELTANET_MODEL_TYPE:?} and {GATED_DELTANET_MODEL_TYPE:?}",
                 self.model_type
             );
         }
@@ -416,6 +557,7 @@ impl Config {
             Arch::Fox => self.validate_fox()?,
             Arch::Mamba2 => self.validate_mamba2()?,
             Arch::Samba => self.validate_samba()?,
+            Arch::DeltaNet | Arch::GatedDeltaNet => self.validate_deltanet()?,
         }
         for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
             if let Some(id) = id {
@@ -508,6 +650,134 @@ impl Config {
             _ => {}
         }
         Ok(())
+    }
+
+    /// DeltaNet's and Gated DeltaNet's fields (the common sizes are checked by `validate`): what
+    /// fla's layers build that foxlm implements (short convolutions with SiLU, β, q/k L2 norm).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_deltanet(&self) -> Result<()> {
+        bound("num_heads", self.num_heads, MAX_HIDDEN)?;
+        let gated = self.arch() == Arch::GatedDeltaNet;
+        for (field, v) in [("expand_k", self.expand_k), ("expand_v", self.expand_v)] {
+            if let Some(r) = v {
+                if !(r > 0.0 && r <= 16.0) {
+                    bail!("{field} is {r:?}; expected a number in (0, 16]");
+                }
+            }
+        }
+        if gated {
+            if self.expand_k.is_some() {
+                bail!("expand_k: a Gated DeltaNet config gives its key head width in head_dim");
+            }
+            let hd = self.ssm_head_dim.unwrap_or(256);
+            bound("head_dim", hd, MAX_HIDDEN)?;
+            let v = hd as f64 * self.expand_v.unwrap_or(2.0);
+            if v.fract() != 0.0 || v < 1.0 {
+                bail!("head_dim {hd} × expand_v {:?} = {v} is not a whole value head width", self.expand_v);
+            }
+            if let Some(nv) = self.num_v_heads {
+                if nv != self.num_heads {
+                    bail!("num_v_heads is {nv}; only num_v_heads = num_heads ({}) is supported", self.num_heads);
+                }
+            }
+        } else {
+            if self.ssm_head_dim.is_some() || self.num_v_heads.is_some() {
+                bail!("head_dim / num_v_heads: a DeltaNet config sizes its heads by expand_k and expand_v");
+            }
+            for (field, r) in [("expand_k", self.expand_k), ("expand_v", self.expand_v)] {
+                let w = (self.hidden_size as f64 * r.unwrap_or(1.0)) as usize;
+                if w == 0 || !w.is_multiple_of(self.num_heads) {
+                    bail!(
+                        "{field} {:?} × hidden_size {} = {w}: expected a positive multiple of num_heads {}",
+                        r.unwrap_or(1.0),
+                        self.hidden_size,
+                        self.num_heads
+                    );
+                }
+            }
+        }
+        let s = self.deltanet();
+        bound("conv_size", s.conv, 64)?;
+        bound("value head width", s.head_v, MAX_HIDDEN)?;
+        let must = [
+            ("use_short_conv", self.use_short_conv, true, "the short convolutions are always on"),
+            ("use_beta", self.use_beta, true, "beta = sigmoid(b_proj(x)) is always on"),
+            ("allow_neg_eigval", self.allow_neg_eigval, false, "beta in (0, 2) is not supported"),
+        ];
+        for (field, v, want, why) in must {
+            if v.is_some_and(|v| v != want) {
+                bail!("{field} is {}: {why}", !want);
+            }
+        }
+        if let Some(a) = &self.qk_activation {
+            if a != "silu" {
+                bail!("qk_activation {a:?}: only \"silu\" is supported");
+            }
+        }
+        if self.extra.get("conv_bias").and_then(|v| v.as_bool()) == Some(true) {
+            bail!("conv_bias true: the short convolutions have no bias in fla's models");
+        }
+        if self.attn.is_some() {
+            bail!("attn: hybrid DeltaNet models (attention layers among the DeltaNet layers) are not supported");
+        }
+        let fox_on = [
+            ("use_rope", self.use_rope),
+            ("use_output_gate", self.use_output_gate),
+            ("use_k_shift", self.use_k_shift),
+            ("use_v_shift", self.use_v_shift),
+            ("qk_norm_share_param_across_head", self.qk_norm_share_param_across_head),
+            ("fgate_bias_init", self.fgate_bias_init),
+        ];
+        if let Some((field, _)) = fox_on.iter().find(|(_, on)| *on) {
+            bail!("{field} is true: not a DeltaNet field");
+        }
+        if self.num_kv_heads.is_some() || self.window_size.is_some() || self.log_pruning_tolerance.is_some() {
+            bail!("num_kv_heads / window_size / log_pruning_tolerance: not DeltaNet fields");
+        }
+        if self.hidden_act != "swish" && self.hidden_act != "silu" {
+            bail!("hidden_act {:?}: only \"swish\" is supported", self.hidden_act);
+        }
+        if self.tie_word_embeddings {
+            bail!("tie_word_embeddings: the output head is untied (must be false)");
+        }
+        if let Some(r) = self.hidden_ratio {
+            if !(r > 0.0 && r <= MAX_HIDDEN_RATIO) {
+                bail!("hidden_ratio is {r:?}; expected a number in (0, {MAX_HIDDEN_RATIO}]");
+            }
+        }
+        let i = self.intermediate();
+        if i == 0 || i > MAX_INTERMEDIATE {
+            bail!("the MLP width is {i} (intermediate_size or hidden_ratio); expected 1 to {MAX_INTERMEDIATE}");
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            bail!("norm_eps is {:?}; expected a number in (0, 1)", self.norm_eps);
+        }
+        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
+            bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
+        }
+        Ok(())
+    }
+
+    /// A DeltaNet or Gated DeltaNet config's layer sizes, with fla's defaults for absent fields.
+    pub fn deltanet(&self) -> DeltaNetSizes {
+        let gated = self.arch() == Arch::GatedDeltaNet;
+        let h = self.num_heads.max(1);
+        let (head_k, head_v) = if gated {
+            let hd = self.ssm_head_dim.unwrap_or(256);
+            (hd, (hd as f64 * self.expand_v.unwrap_or(2.0)) as usize)
+        } else {
+            let w = |r: Option<f64>| (self.hidden_size as f64 * r.unwrap_or(1.0)) as usize / h;
+            (w(self.expand_k), w(self.expand_v))
+        };
+        DeltaNetSizes {
+            gated,
+            heads: self.num_heads,
+            head_k,
+            head_v,
+            conv: self.conv_size.unwrap_or(4),
+            use_gate: self.use_gate.unwrap_or(gated),
+            eps: self.norm_eps,
+        }
     }
 
     /// What Mamba-2 and Samba's Mamba layers check alike: SiLU, the norm's epsilon (under the
@@ -761,6 +1031,21 @@ impl Config {
             out.push(("lm_head.weight".into(), vec![v, d]));
             return out;
         }
+        if self.is_deltanet() {
+            let (v, d, s, i) = (self.vocab_size, self.hidden_size, self.deltanet(), self.intermediate());
+            let mut out = vec![("model.embeddings.weight".to_string(), vec![v, d])];
+            for l in 0..self.num_hidden_layers {
+                let pre = format!("model.layers.{l}");
+                out.push((format!("{pre}.attn_norm.weight"), vec![d]));
+                out.extend(s.mixer_layout(&format!("{pre}.attn"), d));
+                out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
+                out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
+                out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));
+            }
+            out.push(("model.norm.weight".into(), vec![d]));
+            out.push(("lm_head.weight".into(), vec![v, d]));
+            return out;
+        }
         if self.arch() == Arch::Samba {
             let (v, d, m) = (self.vocab_size, self.hidden_size, self.mamba());
             let (h, hkv, _) = self.samba_attn();
@@ -858,6 +1143,27 @@ impl Config {
             .fold(0u128, |a, &t| a.saturating_add(t));
             return s(s(2, s(v, d)).saturating_add(d).saturating_add(s(per_layer, l)), 4);
         }
+        if self.is_deltanet() {
+            let s = |a: u128, b: u128| a.saturating_mul(b);
+            let (v, d, l) = (self.vocab_size as u128, self.hidden_size as u128, self.num_hidden_layers as u128);
+            let m = self.deltanet();
+            let (h, hk, hv, w) = (m.heads as u128, m.head_k as u128, m.head_v as u128, m.conv as u128);
+            let (kd, vd) = (s(h, hk), s(h, hv));
+            let i = self.intermediate() as u128;
+            let per_layer = [
+                s(2, d),                                                   // attn_norm, mlp_norm
+                s(s(2, kd).saturating_add(vd), d),                         // q, k, v
+                s(h, d),                                                   // b_proj
+                if m.gated { s(h, d).saturating_add(s(2, h)) } else { 0 }, // a_proj, A_log, dt_bias
+                s(s(2, kd).saturating_add(vd), w),                         // convolutions
+                if m.use_gate { s(vd, d) } else { 0 },                     // g_proj
+                hv.saturating_add(s(vd, d)),                               // o_norm, o_proj
+                s(3, s(d, i)),                                             // MLP
+            ]
+            .iter()
+            .fold(0u128, |a, &t| a.saturating_add(t));
+            return s(s(2, s(v, d)).saturating_add(d).saturating_add(s(per_layer, l)), 4);
+        }
         if self.arch() == Arch::Samba {
             let (v, d) = (self.vocab_size as u128, self.hidden_size as u128);
             let s = |a: u128, b: u128| a.saturating_mul(b);
@@ -919,6 +1225,7 @@ impl Config {
             Arch::Fox => self.hidden_size / self.num_heads,
             Arch::Mamba2 => self.mamba2().head_dim,
             Arch::Samba => self.hidden_size / self.samba_attn().0.max(1),
+            Arch::DeltaNet | Arch::GatedDeltaNet => self.deltanet().head_k,
         }
     }
 

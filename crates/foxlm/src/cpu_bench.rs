@@ -37,6 +37,11 @@ pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
                 let s = l.sizes();
                 4.0 * (s.inner * s.state) as f64
             }
+            // The delta rule: the state's read at k, its update and its read at q, 6·K·V per head.
+            crate::model::Mixer::DeltaNet(l) => {
+                let s = l.sizes();
+                6.0 * (s.heads * s.head_k * s.head_v) as f64
+            }
         })
         .sum();
     3.0 * (2.0 * linear as f64 + mixers)

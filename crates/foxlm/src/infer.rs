@@ -216,6 +216,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 Mixer::Attention(l) => GpuCache::<T>::bytes(batch, l.heads, l.kv_heads, l.head_dim, positions),
                 Mixer::Mamba2(l) => Mamba2State::bytes_for(batch, l.sizes()),
                 Mixer::Mamba(l) => MambaState::bytes_for(batch, l.sizes()),
+                Mixer::DeltaNet(l) => crate::model::deltanet::state::DeltaNetState::bytes_for(batch, l.sizes()),
             })
             .sum()
     }

@@ -8,7 +8,10 @@
 //! experiment's seven (experiments/small-scale): `{fox,transformer}-{llama,pro}-small`,
 //! `transformer-llama-norope-small`, `fox-llama-biasonly-small` and `fox-llama-fixed-small`.
 
-use crate::config::{Config, FgateType, SambaAttn, MAMBA2_MODEL_TYPE, MODEL_TYPE, SAMBA_MODEL_TYPE};
+use crate::config::{
+    Config, FgateType, SambaAttn, DELTANET_MODEL_TYPE, GATED_DELTANET_MODEL_TYPE, MAMBA2_MODEL_TYPE, MODEL_TYPE,
+    SAMBA_MODEL_TYPE,
+};
 use crate::tokenizer::{BOS_ID, EOS_ID, GPT2_VOCAB};
 use crate::train::TrainConfig;
 use anyhow::{bail, Result};
@@ -98,6 +101,15 @@ impl Variant {
             attn_hidden_ratio: None,
             mamba_hidden_ratio: None,
             time_step_rank: None,
+            expand_k: None,
+            expand_v: None,
+            use_gate: None,
+            use_short_conv: None,
+            conv_size: None,
+            use_beta: None,
+            qk_activation: None,
+            allow_neg_eigval: None,
+            num_v_heads: None,
             extra: Default::default(),
         }
     }
@@ -150,6 +162,7 @@ pub fn names() -> Vec<String> {
     v.extend(SMALL.iter().map(|s| s.to_string()));
     v.extend(MAMBA2.iter().map(|s| s.to_string()));
     v.extend(SAMBA.iter().map(|s| s.to_string()));
+    v.extend(DELTANET.iter().map(|s| s.to_string()));
     v
 }
 
@@ -306,6 +319,9 @@ pub fn preset(name: &str) -> Result<Preset> {
     if let Some(p) = samba(name) {
         return Ok(p);
     }
+    if let Some(p) = deltanet(name) {
+        return Ok(p);
+    }
     // The paper's main runs: 760M models on 48B tokens (45Gi), each with its own peak LR (the
     // authors' configs/experiment/longcrawl64/*/*_760m_48b.yaml; the paper's Table 5).
     if let Some(base) = name.strip_suffix("-760m-48b") {
@@ -424,6 +440,95 @@ fn mamba2(name: &str) -> Option<Preset> {
     })
 }
 
+/// The DeltaNet and Gated DeltaNet presets: the paper's sizes, the small experiment's and tiny's.
+pub const DELTANET: [&str; 10] = [
+    "deltanet-125m",
+    "deltanet-360m",
+    "deltanet-760m",
+    "deltanet-small",
+    "deltanet-tiny",
+    "gated-deltanet-125m",
+    "gated-deltanet-360m",
+    "gated-deltanet-760m",
+    "gated-deltanet-small",
+    "gated-deltanet-tiny",
+];
+
+/// A DeltaNet model in the authors' configuration (their configs/model/delta_net.py: expand_k
+/// and expand_v 1, short convolutions of width 4, β, q/k SiLU and L2 norm, no output gate, SwiGLU
+/// MLPs of ratio 4, ε 1e-6), or with `gated` a Gated DeltaNet of the same heads (head_dim
+/// d / heads, expand_v 1) with fla's output gate and decay.
+pub fn deltanet_config(hidden_size: usize, layers: usize, heads: usize, gated: bool) -> Config {
+    let mut c = Variant::FoxLlama.config(hidden_size, layers, heads);
+    c.model_type = if gated { GATED_DELTANET_MODEL_TYPE } else { DELTANET_MODEL_TYPE }.into();
+    // FoX's fields at their defaults (config.json leaves them out; see Config::to_json).
+    c.use_rope = false;
+    c.qk_norm = true;
+    // fla's DeltaNetConfig field (always on in the layer); GatedDeltaNetConfig has none.
+    c.use_output_norm = !gated;
+    if gated {
+        c.ssm_head_dim = Some(hidden_size / heads);
+        c.expand_v = Some(1.0);
+        c.use_gate = Some(true);
+    } else {
+        (c.expand_k, c.expand_v) = (Some(1.0), Some(1.0));
+        c.use_gate = Some(false);
+        c.use_beta = Some(true);
+    }
+    c.use_short_conv = Some(true);
+    c.conv_size = Some(4);
+    c.qk_activation = Some("silu".into());
+    c
+}
+
+/// `deltanet-{125m,360m,760m}` (the authors' configs/experiment/longcrawl64/delta_net: 12 layers
+/// of d = 768 with 6 heads, 24 of 1024 with 8, 24 of 1536 with 12 — heads of 128 — their peak LRs
+/// and the 2.5Gi/7Gi/15Gi-token runs), `deltanet-small` (experiments/small-scale: d = 384, 6
+/// layers, 3 heads of 128, the small FoX's recipe) and `deltanet-tiny` (tiny's recipe, 2 heads of
+/// 32); `gated-deltanet-*` the same with Gated DeltaNet layers (the paper has no Gated DeltaNet
+/// run: same sizes and recipe, not a published configuration).
+fn deltanet(name: &str) -> Option<Preset> {
+    let (gated, size) = match name.strip_prefix("gated-deltanet-") {
+        Some(size) => (true, size),
+        None => (false, name.strip_prefix("deltanet-")?),
+    };
+    let title = if gated { "Gated DeltaNet" } else { "DeltaNet" };
+    let (d, layers, heads, lr, tokens, micro) = match size {
+        "125m" => (768, 12, 6, 2e-3, 2560 * MI, 2),
+        "360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
+        "760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
+        "tiny" => {
+            let mut p = tiny();
+            p.name = name.into();
+            p.model = deltanet_config(64, 4, 2, gated);
+            p.description = format!(
+                "{title}, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
+            );
+            return Some(p);
+        }
+        "small" => {
+            let mut p = small("fox-llama-small")?;
+            p.name = name.into();
+            p.model = deltanet_config(384, 6, 3, gated);
+            p.description = p.description.replace(
+                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
+                &format!("{title}: d=384, 6 layers, 3 heads of 128"),
+            );
+            return Some(p);
+        }
+        _ => return None,
+    };
+    Some(Preset {
+        name: name.into(),
+        description: format!(
+            "{title} {}: {layers} layers of d={d}, {heads} heads of 128; the paper's recipe ({tokens} tokens, peak LR {lr})",
+            size.to_uppercase()
+        ),
+        model: deltanet_config(d, layers, heads, gated),
+        train: paper_train(lr, tokens, micro),
+    })
+}
+
 /// The Samba presets: the authors' 760M, the FoX sizes below it, and the small experiment's.
 pub const SAMBA: [&str; 4] = ["samba-125m", "samba-360m", "samba-760m", "samba-small"];
 
@@ -531,6 +636,46 @@ mod tests {
         assert_eq!(t.train.context, tiny().train.context);
     }
 
+    /// The DeltaNet presets are the authors' experiment configs (configs/experiment/longcrawl64/
+    /// delta_net/*.yaml: d, layers, heads, peak LR, tokens; configs/model/delta_net.py: expand_k
+    /// and expand_v 1, no output gate, MLP ratio 4); Gated DeltaNet's have the same heads with
+    /// fla's output gate and decay; the small ones match the small FoX's parameter count.
+    #[test]
+    fn deltanet_presets_follow_the_authors() {
+        for (size, d, layers, heads, lr, gi) in
+            [("125m", 768, 12, 6, 2e-3, 2.5), ("360m", 1024, 24, 8, 2e-3, 7.0), ("760m", 1536, 24, 12, 1e-3, 15.0)]
+        {
+            for gated in [false, true] {
+                let name = format!("{}deltanet-{size}", if gated { "gated-" } else { "" });
+                let p = preset(&name).unwrap();
+                let s = p.model.deltanet();
+                assert!(p.model.is_deltanet() && s.gated == gated, "{name}");
+                assert_eq!((p.model.hidden_size, p.model.num_hidden_layers, s.heads), (d, layers, heads), "{name}");
+                assert_eq!((s.head_k, s.head_v, s.conv, s.use_gate), (128, 128, 4, gated), "{name}");
+                assert_eq!(p.model.intermediate(), crate::config::mlp_width(d, 4.0), "{name}");
+                assert_eq!(p.train.peak_lr, lr, "{name}");
+                assert_eq!(p.train.total_tokens, (gi * 1024.0) as u64 * MI, "{name}");
+            }
+        }
+        // 12 × (norms 2·768 + q, k, v, o 4·768² + b_proj 6·768 + convolutions 3·768·4 + o_norm
+        // 128 + MLP 3·768·2048) + the embedding, the head and the final norm.
+        let p = preset("deltanet-125m").unwrap();
+        let per_layer = 2 * 768 + 4 * 768 * 768 + 6 * 768 + 3 * 768 * 4 + 128 + 3 * 768 * 2048;
+        let want = 12 * per_layer + 2 * GPT2_VOCAB * 768 + 768;
+        assert_eq!(p.model.param_bytes() / 4, want as u128);
+        assert_eq!(Model::new(&p.model).params.numel(), want);
+        let fox = preset("fox-llama-small").unwrap().model.param_bytes();
+        for n in ["deltanet-small", "gated-deltanet-small"] {
+            let p = preset(n).unwrap();
+            let rel = (p.model.param_bytes() as f64 - fox as f64).abs() / fox as f64;
+            assert!(rel < if n.starts_with("gated") { 0.05 } else { 0.005 }, "{n}: {rel}");
+            assert_eq!(p.train.total_tokens, preset("fox-llama-small").unwrap().train.total_tokens);
+        }
+        let t = preset("gated-deltanet-tiny").unwrap();
+        assert_eq!((t.model.hidden_size, t.model.num_hidden_layers, t.model.deltanet().head_k), (64, 4, 32));
+        assert_eq!(t.train.context, tiny().train.context);
+    }
+
     #[test]
     fn every_preset_is_valid_and_sized_as_in_the_paper() {
         for n in names() {
@@ -541,6 +686,9 @@ mod tests {
             // heads are 128 wide (64 in samba-small, as the small FoX's)
             if n.starts_with("samba") {
                 assert_eq!(p.model.head_dim(), if n == "samba-small" { 64 } else { 128 }, "{n}");
+            } else if n.contains("deltanet") {
+                // the authors' DeltaNet heads of 128; the tiny ones' of 32
+                assert_eq!(p.model.head_dim(), if n.ends_with("-tiny") { 32 } else { 128 }, "{n}");
             } else if n != "tiny" {
                 assert_eq!(
                     p.model.head_dim(),

@@ -242,7 +242,7 @@ fn init_samba(model: &mut Model, rng: &mut ChaCha8Rng) {
                 default(p, &a.o_proj, rescale, rng);
             }
             Mixer::Mamba(m) => m.init(p, layers, rng),
-            Mixer::Mamba2(_) => {}
+            Mixer::Mamba2(_) | Mixer::DeltaNet(_) => {}
         }
         if let Some(m) = &blk.mlp {
             default(p, &m.mlp.gate_proj, 1.0, rng);
@@ -251,6 +251,24 @@ fn init_samba(model: &mut Model, rng: &mut ChaCha8Rng) {
     }
     let head = model.lm_head;
     default(&mut model.params, &head, 1.0, rng);
+}
+
+/// DeltaNet's and Gated DeltaNet's initialisation beyond the generic draw: the authors' DeltaNet
+/// divides o_proj and down_proj by √(2·layers) (GPT-2's residual rescaling), and each layer draws
+/// its own decay parameters ([`crate::model::deltanet::DeltaNetMixer::init`]).
+fn init_deltanet(model: &mut Model, rng: &mut ChaCha8Rng) {
+    let layers = model.layers.len();
+    let rescale = 1.0 / ((2 * layers.max(1)) as f32).sqrt();
+    for i in 0..layers {
+        let blk = model.layers[i].clone();
+        let p = &mut model.params;
+        if let crate::model::Mixer::DeltaNet(l) = &blk.mixer {
+            l.init(p, layers, rng);
+        }
+        if let Some(m) = &blk.mlp {
+            p[m.mlp.down_proj.weight].iter_mut().for_each(|w| *w *= rescale);
+        }
+    }
 }
 
 /// Initialises `cfg`'s parameters (SPEC §2): every Linear and the embedding ~ N(0, std), norm
@@ -290,6 +308,9 @@ pub fn init_model(cfg: &Config, seed: u64) -> Model {
     }
     if cfg.arch() == crate::config::Arch::Samba {
         init_samba(&mut model, &mut rng);
+    }
+    if cfg.is_deltanet() {
+        init_deltanet(&mut model, &mut rng);
     }
     if cfg.arch() == crate::config::Arch::Mamba2 {
         // The authors' Mamba-2 leaves the output head at PyTorch's Linear default.
@@ -391,9 +412,7 @@ pub fn save_checkpoint(out: &Path, name: &str, model: &Model, opt: &AdamW, state
     let res = (|| -> Result<()> {
         std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         let p = &model.params;
-        let weights = tensors_bytes(
-            (0..p.len()).map(|i| (p.names[i].clone(), p.tensors[i].shape.clone(), &p.tensors[i].data[..])).collect(),
-        )?;
+        let weights = tensors_bytes(checkpoint::export_tensors(model))?;
         write_synced(&tmp.join(WEIGHTS_FILE), &weights)?;
         drop(weights);
         write_synced(&tmp.join(CONFIG_FILE), state.run.saved_model_config().to_json().as_bytes())?;

@@ -139,6 +139,14 @@ pub fn kv_cache_bytes(cfg: &crate::config::Config, batch: usize, tokens: usize) 
             + (m.conv.saturating_sub(1) as u128).saturating_mul(m.conv_dim() as u128);
         return per_row.saturating_mul(batch as u128).saturating_mul(cfg.num_hidden_layers as u128).saturating_mul(4);
     }
+    if cfg.is_deltanet() {
+        // A fixed-size state per layer: S [H, K, V] and the three convolutions' last inputs.
+        let m = cfg.deltanet();
+        let s = |a: u128, b: u128| a.saturating_mul(b);
+        let (h, k, v) = (m.heads as u128, m.head_k as u128, m.head_v as u128);
+        let per_row = s(s(h, k), v).saturating_add(s(m.conv.saturating_sub(1) as u128, s(h, 2 * k + v)));
+        return s(s(s(per_row, batch as u128), cfg.num_hidden_layers as u128), 4);
+    }
     if cfg.arch() == crate::config::Arch::Samba {
         // The attention layers' KV caches (every position is kept; the window masks) and the
         // Mamba layers' fixed states.

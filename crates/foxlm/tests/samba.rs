@@ -45,6 +45,7 @@ fn config_layout_and_json_round_trip() {
             Mixer::Mamba(_) => "mamba",
             Mixer::Attention(_) => "attention",
             Mixer::Mamba2(_) => "mamba2",
+            Mixer::DeltaNet(_) => "deltanet",
         })
         .collect();
     assert_eq!(kinds, ["mamba", "attention", "mamba", "attention"]);

@@ -683,17 +683,22 @@ fn the_binary_serves_and_sigterm_finishes_requests_in_flight() {
 }
 
 /// The recurrent families behind the server: the authors' Mamba-2 and Samba fixtures (vocabulary
-/// 256). Concurrent requests of different lengths join and leave one running batch (their states
+/// 256) and fla's DeltaNet and Gated DeltaNet (vocabulary 48). Concurrent requests of different lengths join and leave one running batch (their states
 /// gathered row by row between steps), and each gets `generate`'s greedy tokens; echoed
 /// log-probabilities are the forward pass's.
 #[test]
 fn recurrent_models_serve_as_generate() {
-    for name in ["official-mamba2-tiny/mamba2", "official-samba-tiny/samba"] {
+    for name in [
+        "official-mamba2-tiny/mamba2",
+        "official-samba-tiny/samba",
+        "fla-deltanet-tiny/deltanet",
+        "fla-deltanet-tiny/gated_deltanet",
+    ] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name);
         let model = load_model(&dir).expect("fixture model");
         let srv = server(&dir, |_| {});
-        let prompts: Vec<Vec<u32>> =
-            prompts_fixture().into_iter().map(|p| p.iter().map(|t| t % 256).collect()).collect();
+        let v = model.config.vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = prompts_fixture().into_iter().map(|p| p.iter().map(|t| t % v).collect()).collect();
         let handles: Vec<_> = prompts
             .iter()
             .enumerate()

@@ -168,9 +168,10 @@ fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exact
     assert_eq!(latest_checkpoint(&a).unwrap().unwrap(), a.join("final"));
 }
 
-/// The recurrent families train, checkpoint and resume as FoX does: Mamba-2 (2 layers of d = 64)
-/// and Samba (a Mamba layer and a windowed attention layer), each resumed bit for bit, and the final
-/// folder reloads as the same family in the authors' layout.
+/// The recurrent families train, checkpoint and resume as FoX does: Mamba-2 (2 layers of d = 64),
+/// Samba (a Mamba layer and a windowed attention layer), DeltaNet and Gated DeltaNet (2 layers of
+/// 2 heads of 32), each resumed bit for bit, and the final folder reloads as the same family in its
+/// reference's layout.
 #[test]
 fn recurrent_models_resume_bit_exactly_and_reload() {
     let tmp = tempfile::tempdir().unwrap();
@@ -178,6 +179,8 @@ fn recurrent_models_resume_bit_exactly_and_reload() {
     for (name, model, model_type) in [
         ("mamba2", presets::mamba2_config(64, 2), "mamba2-project_fox"),
         ("samba", presets::samba_config(64, 2, 2, 16), "samba-project_fox"),
+        ("deltanet", presets::deltanet_config(64, 2, 2, false), "delta_net"),
+        ("gated_deltanet", presets::deltanet_config(64, 2, 2, true), "gated_deltanet"),
     ] {
         let run = RunConfig { model, ..small_run(6) };
         let a = assert_resume_reproduces(&tmp.path().join(name), &data, &run);

@@ -72,6 +72,11 @@ pub struct CacheLens {
 pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
     model.layers.iter().find_map(|blk| match &blk.mixer {
         crate::model::Mixer::Attention(_) => None,
+        crate::model::Mixer::DeltaNet(l) => Some(format!(
+            "{}: {}",
+            if l.sizes().gated { "Gated DeltaNet" } else { "DeltaNet" },
+            crate::model::deltanet::cuda::NO_GPU_KERNELS
+        )),
         crate::model::Mixer::Mamba2(l) => {
             let s = l.sizes();
             let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
@@ -100,7 +105,8 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
 }
 
 /// One layer's inference state on the GPU.
-pub type GpuLayerState<T> = LayerState<GpuCache<T>, GpuMamba2State, GpuMambaState>;
+pub type GpuLayerState<T> =
+    LayerState<GpuCache<T>, GpuMamba2State, GpuMambaState, crate::model::deltanet::cuda::GpuDeltaNetState>;
 
 impl<T> GpuLayerState<T> {
     /// Tokens this layer has seen (host side).
@@ -109,6 +115,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Attention(c) => c.len,
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
+            LayerState::DeltaNet(s) => match *s {},
         }
     }
 
@@ -126,6 +133,7 @@ impl<T> GpuLayerState<T> {
             }
             LayerState::Mamba2(s) => s.len = len,
             LayerState::Mamba(s) => s.len = len,
+            LayerState::DeltaNet(s) => match *s {},
         }
     }
 }

@@ -323,6 +323,12 @@ pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usiz
                 let s = l.sizes();
                 3.0 * 4.0 * tokens * (s.inner * s.state) as f64
             }
+            // The delta rule: per token and head, the state's read at k, its update and its read
+            // at q (6·K·V) forward, twice that backward.
+            crate::model::Mixer::DeltaNet(l) => {
+                let s = l.sizes();
+                3.0 * 6.0 * tokens * (s.heads * s.head_k * s.head_v) as f64
+            }
         })
         .sum();
     6.0 * tokens * matmul as f64 + mixers
@@ -809,6 +815,9 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
                 }
                 crate::model::Mixer::Mamba2(l) => 2 * crate::model::mamba2::state::Mamba2State::bytes_for(1, l.sizes()),
                 crate::model::Mixer::Mamba(l) => 2 * crate::model::mamba::state::MambaState::bytes_for(1, l.sizes()),
+                crate::model::Mixer::DeltaNet(l) => {
+                    2 * crate::model::deltanet::state::DeltaNetState::bytes_for(1, l.sizes())
+                }
             })
             .sum();
         // The roofline: the bytes a step reads over the measured copy bandwidth.

@@ -25,6 +25,8 @@ pub fn variant_name(c: &Config) -> &'static str {
     match c.arch() {
         Arch::Mamba2 => return "Mamba-2",
         Arch::Samba => return "Samba",
+        Arch::DeltaNet => return "DeltaNet",
+        Arch::GatedDeltaNet => return "Gated DeltaNet",
         Arch::Fox => {}
     }
     let pro = c.qk_norm || c.use_output_gate || c.use_output_norm || c.use_k_shift || c.use_v_shift;
@@ -55,6 +57,12 @@ fn component(name: &str) -> &'static str {
         "attention: qk_norm"
     } else if name.contains("output_norm") {
         "attention: output_norm"
+    } else if name.contains(".attn.") && name.contains("_conv1d.") {
+        "deltanet: short conv"
+    } else if [".attn.b_proj.", ".attn.a_proj.", ".attn.A_log", ".attn.dt_bias"].iter().any(|m| name.contains(m)) {
+        "deltanet: beta, decay"
+    } else if name.contains(".attn.g_proj.") || name.contains(".attn.o_norm.") {
+        "deltanet: gate, o_norm"
     } else if name.contains(".attn.") || mixer_attn.iter().any(|m| name.contains(m)) {
         "attention: q/k/v/o"
     } else if name.contains(".mixer.x_proj") || name.contains(".mixer.dt_proj") {
@@ -108,6 +116,15 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
         );
         s += &format!("state / groups     {} / {}\n", m.state, m.groups);
         s += &format!("conv width         {}{}\n", m.conv, if m.conv_bias { " (with bias)" } else { "" });
+        return s + &counts_and_memory(model, decode_tokens, batch);
+    }
+    if c.is_deltanet() {
+        let m = c.deltanet();
+        s += &format!("layers             {} (a DeltaNet layer and an MLP each)\n", c.num_hidden_layers);
+        s += &format!("heads              {} (key width {}, value width {})\n", m.heads, m.head_k, m.head_v);
+        s += &format!("conv width         {} (q, k, v)\n", m.conv);
+        s += &format!("output gate        {}\n", on(m.use_gate));
+        s += &format!("MLP width          {}\n", c.intermediate());
         return s + &counts_and_memory(model, decode_tokens, batch);
     }
     if c.arch() == Arch::Samba {
@@ -193,6 +210,11 @@ fn counts_and_memory(model: &Model, decode_tokens: usize, batch: usize) -> Strin
     if c.arch() == Arch::Mamba2 {
         s += &format!(
             "  state, any tokens × {batch}    {}  (SSM and convolution states per layer: no KV cache)\n",
+            human(cache as f64)
+        );
+    } else if c.is_deltanet() {
+        s += &format!(
+            "  state, any tokens × {batch}    {}  (delta-rule and convolution states per layer: no KV cache)\n",
             human(cache as f64)
         );
     } else if c.arch() == Arch::Samba {

@@ -4,20 +4,22 @@
 //! [`LayerState`] shape.
 
 use super::attention::kv_cache::KvCache;
+use super::deltanet::state::DeltaNetState;
 use super::mamba::state::MambaState;
 use super::mamba2::state::Mamba2State;
 
 /// One layer's inference state, by family (K: the attention's KV cache, M: Mamba-2's state,
-/// S: Mamba's).
+/// S: Mamba's, D: DeltaNet's).
 #[derive(Clone, Debug)]
-pub enum LayerState<K, M, S> {
+pub enum LayerState<K, M, S, D> {
     Attention(K),
     Mamba2(M),
     Mamba(S),
+    DeltaNet(D),
 }
 
 /// One layer's CPU inference state.
-pub type CpuLayerState = LayerState<KvCache, Mamba2State, MambaState>;
+pub type CpuLayerState = LayerState<KvCache, Mamba2State, MambaState, DeltaNetState>;
 
 impl CpuLayerState {
     /// Tokens this layer has seen.
@@ -26,6 +28,7 @@ impl CpuLayerState {
             LayerState::Attention(c) => c.len,
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
+            LayerState::DeltaNet(s) => s.len,
         }
     }
 
@@ -39,6 +42,7 @@ impl CpuLayerState {
             LayerState::Attention(c) => c.batch,
             LayerState::Mamba2(s) => s.batch,
             LayerState::Mamba(s) => s.batch,
+            LayerState::DeltaNet(s) => s.batch,
         }
     }
 
@@ -46,7 +50,7 @@ impl CpuLayerState {
     pub fn kv(&self) -> Option<&KvCache> {
         match self {
             LayerState::Attention(c) => Some(c),
-            LayerState::Mamba2(_) | LayerState::Mamba(_) => None,
+            LayerState::Mamba2(_) | LayerState::Mamba(_) | LayerState::DeltaNet(_) => None,
         }
     }
 }
@@ -106,6 +110,16 @@ impl Cache {
                         })
                         .collect();
                     LayerState::Mamba(MambaState::gather(&src, len))
+                }
+                LayerState::DeltaNet(_) => {
+                    let src: Vec<(&DeltaNetState, usize)> = rows
+                        .iter()
+                        .filter_map(|&(c, r)| match &c.layers[li] {
+                            LayerState::DeltaNet(s) => Some((s, r)),
+                            _ => None,
+                        })
+                        .collect();
+                    LayerState::DeltaNet(DeltaNetState::gather(&src, len))
                 }
             })
             .collect();

@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod cache;
+pub mod deltanet;
 pub mod mamba;
 pub mod mamba2;
 pub mod mlp;
@@ -21,6 +22,8 @@ use anyhow::Result;
 use attention::ops::AttnOps;
 use attention::{AttnActs, AttnConfig, AttnScratch, ForgettingAttention};
 use cache::{Cache, LayerState};
+use deltanet::ops::DeltaNetOps;
+use deltanet::{DeltaNetActs, DeltaNetMixer, DeltaNetScratch};
 use mamba::ops::MambaOps;
 use mamba::{MambaActs, MambaMixer, MambaScratch};
 use mamba2::ops::Mamba2Ops;
@@ -28,12 +31,16 @@ use mamba2::{Mamba2Acts, Mamba2Mixer, Mamba2Scratch};
 use mlp::{Mlp, MlpActs, MlpScratch};
 
 /// A backend that runs every mixer family: what the model's forward and backward need.
-pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps {}
-impl<B: Backend + AttnOps + Mamba2Ops + MambaOps> ModelOps for B {}
+pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps {}
+impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps> ModelOps for B {}
 
 /// One layer's inference state on backend B.
-pub type LayerStateOf<B> =
-    LayerState<<B as AttnOps>::KvCache, <B as Mamba2Ops>::Mamba2State, <B as MambaOps>::MambaState>;
+pub type LayerStateOf<B> = LayerState<
+    <B as AttnOps>::KvCache,
+    <B as Mamba2Ops>::Mamba2State,
+    <B as MambaOps>::MambaState,
+    <B as DeltaNetOps>::DeltaNetState,
+>;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +75,8 @@ pub enum Mixer {
     Mamba2(Mamba2Mixer),
     /// Mamba's selective SSM (Samba's recurrent layers).
     Mamba(MambaMixer),
+    /// DeltaNet's or Gated DeltaNet's delta rule.
+    DeltaNet(DeltaNetMixer),
 }
 
 /// The MLP sublayer of a block: its RMSNorm and the SwiGLU MLP.
@@ -92,6 +101,7 @@ pub enum MixerActs<A, F> {
     Attention(AttnActs<A, F>),
     Mamba2(Mamba2Acts<A, F>),
     Mamba(MambaActs<A, F>),
+    DeltaNet(DeltaNetActs<A, F>),
 }
 
 /// A mixer's backward buffers, by family (shared by the layers of that family).
@@ -99,6 +109,7 @@ pub enum MixerScratch<A, F> {
     Attention(AttnScratch<A, F>),
     Mamba2(Mamba2Scratch<A, F>),
     Mamba(MambaScratch<A>),
+    DeltaNet(DeltaNetScratch<A>),
 }
 
 /// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).
@@ -138,7 +149,7 @@ impl<A, F> BlockActs<A, F> {
     pub fn attn(&self) -> Option<&AttnActs<A, F>> {
         match &self.mixer {
             MixerActs::Attention(a) => Some(a),
-            MixerActs::Mamba2(_) | MixerActs::Mamba(_) => None,
+            MixerActs::Mamba2(_) | MixerActs::Mamba(_) | MixerActs::DeltaNet(_) => None,
         }
     }
 }
@@ -202,6 +213,7 @@ impl<A, F> BlockActs<A, F> {
                 Mixer::Attention(l) => MixerActs::Attention(AttnActs::new(be, l, b, t)?),
                 Mixer::Mamba2(l) => MixerActs::Mamba2(Mamba2Acts::new(be, l, b, t)?),
                 Mixer::Mamba(l) => MixerActs::Mamba(MambaActs::new(be, l, b, t)?),
+                Mixer::DeltaNet(l) => MixerActs::DeltaNet(DeltaNetActs::new(be, l, b, t)?),
             },
             h: be.alloc(with_mlp * d)?,
             mlp_norm_out: be.alloc(with_mlp * d)?,
@@ -256,6 +268,7 @@ impl<A, F> Scratch<A, F> {
                         Mixer::Attention(l) => MixerScratch::Attention(AttnScratch::new(be, l, b, t)?),
                         Mixer::Mamba2(l) => MixerScratch::Mamba2(Mamba2Scratch::new(be, l, b, t)?),
                         Mixer::Mamba(l) => MixerScratch::Mamba(MambaScratch::new(be, l, b, t)?),
+                        Mixer::DeltaNet(l) => MixerScratch::DeltaNet(DeltaNetScratch::new(be, l, b, t)?),
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -328,6 +341,7 @@ impl Model {
         match cfg.arch() {
             Arch::Mamba2 => return Self::new_mamba2(cfg),
             Arch::Samba => return Self::new_samba(cfg),
+            Arch::DeltaNet | Arch::GatedDeltaNet => return Self::new_deltanet(cfg),
             Arch::Fox => {}
         }
         let mut p = Params::default();
@@ -369,6 +383,31 @@ impl Model {
             })
             .collect::<Vec<_>>();
         let norm = p.add("backbone.norm_f.weight", &[d], ParamKind::NoDecay);
+        let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
+        let slots = slots(&layers);
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+    }
+
+    /// DeltaNet and Gated DeltaNet (fla's `model.*` names, FoX's block layout): a DeltaNet
+    /// layer under `attn`, then the SwiGLU MLP.
+    fn new_deltanet(cfg: &Config) -> Self {
+        let mut p = Params::default();
+        let (v, d) = (cfg.vocab_size, cfg.hidden_size);
+        let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let pre = format!("model.layers.{i}");
+                Block {
+                    mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
+                    mixer: Mixer::DeltaNet(DeltaNetMixer::new(&mut p, cfg, &format!("{pre}.attn"))),
+                    mlp: Some(MlpSublayer {
+                        norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
+                        mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
+                    }),
+                }
+            })
+            .collect::<Vec<_>>();
+        let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
         Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
@@ -428,6 +467,7 @@ impl Model {
                     )),
                     Mixer::Mamba2(l) => LayerState::Mamba2(mamba2::state::Mamba2State::new(batch, *l.sizes())),
                     Mixer::Mamba(l) => LayerState::Mamba(mamba::state::MambaState::new(batch, *l.sizes())),
+                    Mixer::DeltaNet(l) => LayerState::DeltaNet(deltanet::state::DeltaNetState::new(batch, *l.sizes())),
                 })
                 .collect(),
             start,
@@ -649,6 +689,7 @@ impl Block {
             ),
             Mixer::Mamba2(l) => format!("mamba2 {:?}", l.sizes()),
             Mixer::Mamba(l) => format!("mamba {:?}", l.sizes()),
+            Mixer::DeltaNet(l) => format!("deltanet {:?}", l.sizes()),
         };
         format!("{mixer} mlp{:?}", self.mlp.as_ref().map(|m| m.mlp.intermediate))
     }
@@ -657,7 +698,7 @@ impl Block {
     pub fn attn(&self) -> Option<&ForgettingAttention> {
         match &self.mixer {
             Mixer::Attention(l) => Some(l),
-            Mixer::Mamba2(_) | Mixer::Mamba(_) => None,
+            Mixer::Mamba2(_) | Mixer::Mamba(_) | Mixer::DeltaNet(_) => None,
         }
     }
 
@@ -712,6 +753,14 @@ impl Block {
                 };
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
             }
+            (Mixer::DeltaNet(l), MixerActs::DeltaNet(acts)) => {
+                let state = match cache {
+                    None => None,
+                    Some(LayerState::DeltaNet(s)) => Some(s),
+                    Some(_) => anyhow::bail!("a DeltaNet layer was given another family's state"),
+                };
+                l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
+            }
             _ => anyhow::bail!("a block's activations are of another family than its mixer"),
         }
         if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
@@ -750,6 +799,9 @@ impl Block {
                 l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
             }
             (Mixer::Mamba(l), MixerActs::Mamba(acts), MixerScratch::Mamba(s)) => {
+                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
+            }
+            (Mixer::DeltaNet(l), MixerActs::DeltaNet(acts), MixerScratch::DeltaNet(s)) => {
                 l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
             }
             _ => anyhow::bail!("a block's activations or scratch are of another family than its mixer"),

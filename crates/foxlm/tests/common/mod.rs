@@ -6,13 +6,25 @@ use foxlm::model::Model;
 /// the two entries with the largest gradient of each named tensor; panics on a mismatch beyond
 /// 2% + 2e-4 (truncation O(ε²) plus f32 round-off ~1e-7·loss/ε ≈ 5e-5). Returns how many entries
 /// were checked.
+#[allow(dead_code)]
 pub fn check_finite_differences(
     model: &Model,
     grads: &[Vec<f32>],
     names: &[&str],
     loss_at: impl Fn(&Model) -> f64,
 ) -> usize {
-    let eps = 1e-2f32;
+    check_finite_differences_eps(model, grads, names, loss_at, 1e-2)
+}
+
+/// [`check_finite_differences`] with a step `eps` of one's own (a smaller one for a model whose
+/// loss curves more: its O(ε²) error shrinks, f32 round-off ~1e-7·loss/ε grows).
+pub fn check_finite_differences_eps(
+    model: &Model,
+    grads: &[Vec<f32>],
+    names: &[&str],
+    loss_at: impl Fn(&Model) -> f64,
+    eps: f32,
+) -> usize {
     let mut checked = 0;
     for &name in names {
         let id = model.params.id(name).unwrap_or_else(|| panic!("{name}"));
@@ -152,6 +164,12 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Returns how many entries were checked.
 #[allow(dead_code)]
 pub fn finite_differences_with_a_padded_row(model: &Model, names: &[&str]) -> usize {
+    finite_differences_with_a_padded_row_eps(model, names, 1e-2)
+}
+
+/// [`finite_differences_with_a_padded_row`] with a step `eps` of one's own.
+#[allow(dead_code)]
+pub fn finite_differences_with_a_padded_row_eps(model: &Model, names: &[&str], eps: f32) -> usize {
     use foxlm::model::Ctx;
     let (b, t, pad) = (2, 40, 5);
     let ids = random_ids(model.config.vocab_size, b * t, 2);
@@ -164,7 +182,7 @@ pub fn finite_differences_with_a_padded_row(model: &Model, names: &[&str]) -> us
         let mut g = m.params.zeros_like();
         m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
     };
-    check_finite_differences(model, &grads, names, loss_at)
+    check_finite_differences_eps(model, &grads, names, loss_at, eps)
 }
 
 /// A model with an inference state (any family) against its full forward: prefilling 7 tokens of

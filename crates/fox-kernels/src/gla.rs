@@ -1,0 +1,459 @@
+//! Gated linear attention with a per-channel forget gate (GLA; HGRN2's token mixer, Qin et al.
+//! 2024, as fla's `chunk_gla` computes it), f32: per batch row b and head h, with a state S of
+//! [K, V],
+//!
+//! ```text
+//! S_t = Diag(exp(g_t)) · S_{t−1} + k_t v_tᵀ,      o_t = scale · S_tᵀ q_t
+//! ```
+//!
+//! with q_t, k_t and the log forget gate g_t ≤ 0 [K] (HGRN2: k = 1 − exp(g), the input as v),
+//! v_t [V].
+//!
+//! Layouts (row-major): q, k and g [B, T, H, K]; v and o [B, T, H, V]; states (initial, final,
+//! decode) [B, H, K, V]. `start` [B]: positions t < start[b] are left padding: the state passes
+//! through them unchanged, their outputs are 0 and nothing there gets a gradient.
+//!
+//! Two implementations: the plain recurrence step by step in f64 (`reference`, the tests'
+//! oracle) and [`gla_fwd`] / [`gla_bwd`], the chunked form: within a chunk of L = [`CHUNK`]
+//! positions (G_i = Σ_{s ≤ i} g_s per channel from the chunk's start, S_0 the state entering it),
+//!
+//! ```text
+//! A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc}   (j ≤ i)
+//! o_i  = scale · (Σ_c q_ic e^{G_ic} S_0[c, :] + Σ_{j ≤ i} A_ij v_j)
+//! S_L[c, :] = e^{G_Lc} S_0[c, :] + Σ_j e^{G_Lc − G_jc} k_jc v_j
+//! ```
+//!
+//! (every exponent ≤ 0, so nothing overflows in f32; fla splits the chunk further on the GPU for
+//! the same reason), across chunks the state passed on. The backward runs the chunks in reverse,
+//! differentiating these lines explicitly, the states entering each chunk recomputed by a forward
+//! pass over the states alone. One rayon task per (b, h), chunks in order: the same bits whatever
+//! the thread count.
+
+use anyhow::{ensure, Result};
+use rayon::prelude::*;
+
+/// Positions per chunk (fla's `chunk_gla`).
+pub const CHUNK: usize = 64;
+
+/// One GLA problem: sizes and the inputs the forward and backward read.
+#[derive(Clone, Copy, Debug)]
+pub struct Gla<'a> {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    /// K (q, k and g per head)
+    pub k_dim: usize,
+    /// V (v and o per head)
+    pub v_dim: usize,
+    /// [B, T, H, K]
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    /// [B, T, H, V]
+    pub v: &'a [f32],
+    /// [B, T, H, K], the log forget gate (≤ 0).
+    pub g: &'a [f32],
+    /// o's factor (fla: K^−½).
+    pub scale: f32,
+    /// [B]: first real position of each row (left padding); none: all real.
+    pub start: Option<&'a [usize]>,
+}
+
+/// Gradients of the GLA's inputs, overwritten (0 at padding).
+pub struct GlaGrads<'a> {
+    pub dq: &'a mut [f32],
+    pub dk: &'a mut [f32],
+    pub dv: &'a mut [f32],
+    pub dg: &'a mut [f32],
+    /// [B, H, K, V]: the gradient of the initial state, when wanted.
+    pub dinit: Option<&'a mut [f32]>,
+}
+
+impl Gla<'_> {
+    fn check(&self) -> Result<()> {
+        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
+        ensure!(h > 0 && kd > 0 && vd > 0, "gla: heads, k_dim and v_dim must be positive");
+        let n = b * t * h;
+        for (what, len, w) in [("q", self.q.len(), kd), ("k", self.k.len(), kd), ("g", self.g.len(), kd)] {
+            ensure!(len == n * w, "gla: {what} has {len} values, not B·T·H·K = {}", n * w);
+        }
+        ensure!(self.v.len() == n * vd, "gla: v has {} values, not B·T·H·V = {}", self.v.len(), n * vd);
+        if let Some(s) = self.start {
+            ensure!(s.len() == b, "gla: start has {} rows, not B = {b}", s.len());
+        }
+        Ok(())
+    }
+    fn state_len(&self) -> usize {
+        self.batch * self.heads * self.k_dim * self.v_dim
+    }
+    fn check_state(&self, n: usize, what: &str) -> Result<()> {
+        ensure!(n == self.state_len(), "gla: {what} has {n} values, not B·H·K·V = {}", self.state_len());
+        Ok(())
+    }
+    fn start(&self, b: usize) -> usize {
+        self.start.map_or(0, |s| s[b].min(self.seq))
+    }
+
+    /// Row b's real positions of head h, gathered contiguously.
+    fn head(&self, b: usize, h: usize) -> Head {
+        let (t, hs, kd, vd) = (self.seq, self.heads, self.k_dim, self.v_dim);
+        let st = self.start(b);
+        let n = t - st;
+        let mut x = Head {
+            n,
+            q: Vec::with_capacity(n * kd),
+            k: Vec::with_capacity(n * kd),
+            v: Vec::with_capacity(n * vd),
+            g: Vec::with_capacity(n * kd),
+        };
+        for ti in st..t {
+            let r = (b * t + ti) * hs + h;
+            x.q.extend_from_slice(&self.q[r * kd..][..kd]);
+            x.k.extend_from_slice(&self.k[r * kd..][..kd]);
+            x.v.extend_from_slice(&self.v[r * vd..][..vd]);
+            x.g.extend_from_slice(&self.g[r * kd..][..kd]);
+        }
+        x
+    }
+}
+
+/// One (b, h)'s real positions: q, k, g [n, K], v [n, V].
+struct Head {
+    n: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+}
+
+/// Σ a_i b_i over 8 interleaved partial sums (so that the compiler keeps them in vector
+/// registers; a single running sum is one dependent add after another), then the tail.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a[..n].chunks_exact(8), b[..n].chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// G [L, K]: the gate's cumulative sums over chunk [c0, c0 + len).
+fn cumulative(x: &Head, c0: usize, len: usize, kd: usize) -> Vec<f32> {
+    let mut cum = vec![0.0f32; len * kd];
+    for i in 0..len {
+        for c in 0..kd {
+            let prev = if i == 0 { 0.0 } else { cum[(i - 1) * kd + c] };
+            cum[i * kd + c] = prev + x.g[(c0 + i) * kd + c];
+        }
+    }
+    cum
+}
+
+/// A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc} for j ≤ i, [L, L].
+fn scores(x: &Head, c0: usize, len: usize, cum: &[f32], kd: usize) -> Vec<f32> {
+    let (q, k) = (&x.q[c0 * kd..], &x.k[c0 * kd..]);
+    let mut a = vec![0.0f32; len * len];
+    for i in 0..len {
+        for j in 0..=i {
+            let mut s = 0.0f32;
+            for c in 0..kd {
+                s += q[i * kd + c] * k[j * kd + c] * (cum[i * kd + c] - cum[j * kd + c]).exp();
+            }
+            a[i * len + j] = s;
+        }
+    }
+    a
+}
+
+/// The chunk's outputs (with `out`) and the state leaving it (into `s`, which held S_0).
+#[allow(clippy::too_many_arguments)]
+fn chunk_fwd(
+    x: &Head,
+    c0: usize,
+    len: usize,
+    s: &mut [f32],
+    out: Option<&mut [f32]>,
+    kd: usize,
+    vd: usize,
+    scale: f32,
+) {
+    let cum = cumulative(x, c0, len, kd);
+    let (q, k, v) = (&x.q[c0 * kd..], &x.k[c0 * kd..], &x.v[c0 * vd..]);
+    if let Some(o) = out {
+        let a = scores(x, c0, len, &cum, kd);
+        for i in 0..len {
+            let oi = &mut o[i * vd..][..vd];
+            oi.fill(0.0);
+            for c in 0..kd {
+                axpy(oi, q[i * kd + c] * cum[i * kd + c].exp(), &s[c * vd..][..vd]);
+            }
+            for j in 0..=i {
+                axpy(oi, a[i * len + j], &v[j * vd..][..vd]);
+            }
+            oi.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+    let last = &cum[(len - 1) * kd..][..kd];
+    for c in 0..kd {
+        let row = &mut s[c * vd..][..vd];
+        let d = last[c].exp();
+        row.iter_mut().for_each(|x| *x *= d);
+        for j in 0..len {
+            let w = (last[c] - cum[j * kd + c]).exp() * k[j * kd + c];
+            axpy(row, w, &v[j * vd..][..vd]);
+        }
+    }
+}
+
+/// Gradients of one head: dq, dk, dg [n, K], dv [n, V], and the initial state's.
+struct HeadGrads {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    dg: Vec<f32>,
+    dinit: Vec<f32>,
+}
+
+/// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
+fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
+    let n = x.n;
+    let nc = n.div_ceil(CHUNK);
+    let mut states = vec![0.0f32; nc.max(1) * kd * vd];
+    let mut s = init.to_vec();
+    for c in 0..nc {
+        states[c * kd * vd..][..kd * vd].copy_from_slice(&s);
+        let c0 = c * CHUNK;
+        chunk_fwd(x, c0, CHUNK.min(n - c0), &mut s, None, kd, vd, scale);
+    }
+    let mut gr = HeadGrads {
+        dq: vec![0.0; n * kd],
+        dk: vec![0.0; n * kd],
+        dv: vec![0.0; n * vd],
+        dg: vec![0.0; n * kd],
+        dinit: dfinal.to_vec(),
+    };
+    for c in (0..nc).rev() {
+        let c0 = c * CHUNK;
+        let len = CHUNK.min(n - c0);
+        let s0 = &states[c * kd * vd..][..kd * vd];
+        let ds = std::mem::take(&mut gr.dinit);
+        gr.dinit = chunk_bwd(x, c0, len, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr, kd, vd, scale);
+    }
+    gr
+}
+
+/// One chunk's backward: adds into `gr`'s rows of the chunk, returns dS_0.
+#[allow(clippy::too_many_arguments)]
+fn chunk_bwd(
+    x: &Head,
+    c0: usize,
+    len: usize,
+    s0: &[f32],
+    dout: &[f32],
+    ds: &[f32],
+    gr: &mut HeadGrads,
+    kd: usize,
+    vd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let cum = cumulative(x, c0, len, kd);
+    let a = scores(x, c0, len, &cum, kd);
+    let (q, k, v) = (&x.q[c0 * kd..], &x.k[c0 * kd..], &x.v[c0 * vd..]);
+    let dq = &mut gr.dq[c0 * kd..][..len * kd];
+    let dk = &mut gr.dk[c0 * kd..][..len * kd];
+    let dv = &mut gr.dv[c0 * vd..][..len * vd];
+    let mut dcum = vec![0.0f32; len * kd];
+    let last = &cum[(len - 1) * kd..][..kd];
+    // S_L[c, :] = e^{G_Lc} S_0[c, :] + Σ_j e^{G_Lc − G_jc} k_jc v_j.
+    let mut ds0 = vec![0.0f32; kd * vd];
+    for c in 0..kd {
+        let (dsr, s0r) = (&ds[c * vd..][..vd], &s0[c * vd..][..vd]);
+        let d = last[c].exp();
+        axpy(&mut ds0[c * vd..][..vd], d, dsr);
+        dcum[(len - 1) * kd + c] += d * dot(dsr, s0r);
+        for j in 0..len {
+            let w = (last[c] - cum[j * kd + c]).exp();
+            let dsv = dot(dsr, &v[j * vd..][..vd]);
+            dk[j * kd + c] += w * dsv;
+            axpy(&mut dv[j * vd..][..vd], w * k[j * kd + c], dsr);
+            let t = w * k[j * kd + c] * dsv;
+            dcum[(len - 1) * kd + c] += t;
+            dcum[j * kd + c] -= t;
+        }
+    }
+    for i in 0..len {
+        let doi = &dout[i * vd..][..vd];
+        // The state's term: scale Σ_c q_ic e^{G_ic} S_0[c, :].
+        for c in 0..kd {
+            let e = cum[i * kd + c].exp();
+            let sd = dot(&s0[c * vd..][..vd], doi);
+            dq[i * kd + c] += scale * e * sd;
+            dcum[i * kd + c] += scale * q[i * kd + c] * e * sd;
+            axpy(&mut ds0[c * vd..][..vd], scale * q[i * kd + c] * e, doi);
+        }
+        // The chunk's own term: scale Σ_{j ≤ i} A_ij v_j.
+        for j in 0..=i {
+            let da = scale * dot(doi, &v[j * vd..][..vd]);
+            axpy(&mut dv[j * vd..][..vd], scale * a[i * len + j], doi);
+            for c in 0..kd {
+                let e = (cum[i * kd + c] - cum[j * kd + c]).exp();
+                dq[i * kd + c] += da * k[j * kd + c] * e;
+                dk[j * kd + c] += da * q[i * kd + c] * e;
+                let t = da * q[i * kd + c] * k[j * kd + c] * e;
+                dcum[i * kd + c] += t;
+                dcum[j * kd + c] -= t;
+            }
+        }
+    }
+    // G_i = Σ_{s ≤ i} g_s per channel: dg_s = Σ_{i ≥ s} dG_i.
+    let dg = &mut gr.dg[c0 * kd..][..len * kd];
+    for c in 0..kd {
+        let mut acc = 0.0f32;
+        for i in (0..len).rev() {
+            acc += dcum[i * kd + c];
+            dg[i * kd + c] += acc;
+        }
+    }
+    ds0
+}
+
+fn check_out(p: &Gla, o: usize, init: Option<usize>, fin: Option<usize>) -> Result<()> {
+    let n = p.batch * p.seq * p.heads * p.v_dim;
+    ensure!(o == n, "gla: o has {o} values, not B·T·H·V = {n}");
+    if let Some(s) = init {
+        p.check_state(s, "the initial state")?;
+    }
+    if let Some(s) = fin {
+        p.check_state(s, "the final state")?;
+    }
+    Ok(())
+}
+
+/// The chunked forward: o [B, T, H, V] (0 at padding); `init` and `final_state` [B, H, K, V]
+/// (none: a zero initial state / not wanted).
+pub fn gla_fwd(p: &Gla, o: &mut [f32], init: Option<&[f32]>, final_state: Option<&mut [f32]>) -> Result<()> {
+    p.check()?;
+    check_out(p, o.len(), init.map(|s| s.len()), final_state.as_ref().map(|s| s.len()))?;
+    let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
+    let sn = kd * vd;
+    let per: Vec<(Vec<f32>, Vec<f32>)> = (0..p.batch * h)
+        .into_par_iter()
+        .map(|bh| {
+            let x = p.head(bh / h, bh % h);
+            let mut s = init.map_or_else(|| vec![0.0; sn], |i| i[bh * sn..][..sn].to_vec());
+            let mut out = vec![0.0; x.n * vd];
+            let mut c0 = 0;
+            while c0 < x.n {
+                let len = CHUNK.min(x.n - c0);
+                chunk_fwd(&x, c0, len, &mut s, Some(&mut out[c0 * vd..][..len * vd]), kd, vd, p.scale);
+                c0 += len;
+            }
+            (out, s)
+        })
+        .collect();
+    o.fill(0.0);
+    for (bh, (out, _)) in per.iter().enumerate() {
+        let (b, hi) = (bh / h, bh % h);
+        for (i, ti) in (p.start(b)..t).enumerate() {
+            o[((b * t + ti) * h + hi) * vd..][..vd].copy_from_slice(&out[i * vd..][..vd]);
+        }
+    }
+    if let Some(f) = final_state {
+        for (bh, (_, s)) in per.iter().enumerate() {
+            f[bh * sn..][..sn].copy_from_slice(s);
+        }
+    }
+    Ok(())
+}
+
+/// The chunked backward from do [B, T, H, V] (and the final state's gradient `dfinal`, if the
+/// final state was used): writes every gradient of `g` (0 at padding).
+pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>, g: GlaGrads) -> Result<()> {
+    p.check()?;
+    check_out(p, dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
+    let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
+    let (nk, nv) = (p.batch * t * h * kd, p.batch * t * h * vd);
+    ensure!(
+        g.dq.len() == nk && g.dk.len() == nk && g.dg.len() == nk,
+        "gla_bwd: dq, dk and dg must have B·T·H·K = {nk} values"
+    );
+    ensure!(g.dv.len() == nv, "gla_bwd: dv must have B·T·H·V = {nv} values");
+    if let Some(d) = &g.dinit {
+        p.check_state(d.len(), "dinit")?;
+    }
+    let sn = kd * vd;
+    let per: Vec<HeadGrads> = (0..p.batch * h)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, hi) = (bh / h, bh % h);
+            let x = p.head(b, hi);
+            let mut d = Vec::with_capacity(x.n * vd);
+            for ti in p.start(b)..t {
+                d.extend_from_slice(&dout[((b * t + ti) * h + hi) * vd..][..vd]);
+            }
+            let zero = vec![0.0; sn];
+            let s0 = init.map_or(&zero[..], |i| &i[bh * sn..][..sn]);
+            let df = dfinal.map_or(&zero[..], |f| &f[bh * sn..][..sn]);
+            head_bwd(&x, s0, &d, df, kd, vd, p.scale)
+        })
+        .collect();
+    let GlaGrads { dq, dk, dv, dg, dinit } = g;
+    dq.fill(0.0);
+    dk.fill(0.0);
+    dv.fill(0.0);
+    dg.fill(0.0);
+    for (bh, hg) in per.iter().enumerate() {
+        let (b, hi) = (bh / h, bh % h);
+        for (i, ti) in (p.start(b)..t).enumerate() {
+            let r = (b * t + ti) * h + hi;
+            dq[r * kd..][..kd].copy_from_slice(&hg.dq[i * kd..][..kd]);
+            dk[r * kd..][..kd].copy_from_slice(&hg.dk[i * kd..][..kd]);
+            dg[r * kd..][..kd].copy_from_slice(&hg.dg[i * kd..][..kd]);
+            dv[r * vd..][..vd].copy_from_slice(&hg.dv[i * vd..][..vd]);
+        }
+    }
+    if let Some(d) = dinit {
+        for (bh, hg) in per.iter().enumerate() {
+            d[bh * sn..][..sn].copy_from_slice(&hg.dinit);
+        }
+    }
+    Ok(())
+}
+
+/// One decoding step: `p.seq` must be 1 (q, k, g [B, H, K], v [B, H, V]); `state` [B, H, K, V] is
+/// updated in place and o [B, H, V] written. A row with start[b] > 0 is padding: o = 0, its
+/// state unchanged.
+pub fn gla_decode_step(p: &Gla, state: &mut [f32], o: &mut [f32]) -> Result<()> {
+    p.check()?;
+    ensure!(p.seq == 1, "gla_decode_step: one position per row, not {}", p.seq);
+    check_out(p, o.len(), Some(state.len()), None)?;
+    let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
+    state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
+        or.fill(0.0);
+        if p.start(bh / h) > 0 {
+            return;
+        }
+        let (q, k, v, g) = (&p.q[bh * kd..][..kd], &p.k[bh * kd..][..kd], &p.v[bh * vd..][..vd], &p.g[bh * kd..][..kd]);
+        for c in 0..kd {
+            let row = &mut s[c * vd..][..vd];
+            let d = g[c].exp();
+            row.iter_mut().for_each(|x| *x *= d);
+            axpy(row, k[c], v);
+            axpy(or, p.scale * q[c], row);
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

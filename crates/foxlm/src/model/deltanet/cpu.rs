@@ -1,0 +1,232 @@
+//! The DeltaNet family's operations on the CPU backend (f32, the reference): `fox_kernels`'
+//! conv1d, L2 norm and chunked delta rule (with its decode step) on the layer's buffers.
+
+use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf};
+use super::state::DeltaNetState;
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
+use crate::backend::Family;
+use anyhow::{anyhow, ensure, Result};
+use fox_kernels::delta_rule::{self as dr, DeltaRule, DeltaRuleGrads};
+use fox_kernels::scalar::{sigmoid, silu};
+use fox_kernels::ssd;
+
+/// fla's l2norm epsilon (inside the square root).
+pub const L2NORM_EPS: f32 = 1e-6;
+
+/// The delta-rule problem over the layer's buffers.
+#[allow(clippy::too_many_arguments)]
+fn problem<'a>(
+    p: &DeltaNetParams,
+    b: &CpuBatch,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    beta: &'a [f32],
+    g: Option<&'a [f32]>,
+    start: Option<&'a [usize]>,
+) -> DeltaRule<'a> {
+    let s = &p.sizes;
+    DeltaRule {
+        batch: b.batch,
+        seq: b.seq,
+        heads: s.heads,
+        k_dim: s.head_k,
+        v_dim: s.head_v,
+        q,
+        k,
+        v,
+        beta,
+        g,
+        scale: 1.0 / (s.head_k as f32).sqrt(),
+        start,
+    }
+}
+
+impl Cpu<'_> {
+    /// −exp(A_log) per head.
+    fn deltanet_neg_exp(&self, p: &DeltaNetParams) -> Result<Vec<f32>> {
+        let id = p.a_log.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no A_log"))?;
+        Ok(self.params[id].iter().map(|v| -v.exp()).collect())
+    }
+}
+
+impl DeltaNetOps for Cpu<'_> {
+    type DeltaNetState = DeltaNetState;
+
+    fn deltanet_conv_fwd(
+        &mut self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        which: ConvOf,
+        p: &DeltaNetParams,
+        b: &CpuBatch,
+        state: Option<&mut DeltaNetState>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        if let Some(st) = &state {
+            ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
+        }
+        let (w, channels) = p.conv(which);
+        let pads = chunk_pads(b);
+        let c = short_conv(b, x, channels, (channels, p.sizes.conv), &self.params[w], None, pads.as_deref());
+        let st = state.map(|st| match which {
+            ConvOf::Q => &mut st.conv_q,
+            ConvOf::K => &mut st.conv_k,
+            ConvOf::V => &mut st.conv_v,
+        });
+        conv1d_continuing(&c, out, st)
+    }
+
+    fn deltanet_conv_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        x: &Vec<f32>,
+        which: ConvOf,
+        p: &DeltaNetParams,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let (w, channels) = p.conv(which);
+        let pads = chunk_pads(b);
+        let weight = self.params[w].to_vec();
+        let c = short_conv(b, x, channels, (channels, p.sizes.conv), &weight, None, pads.as_deref());
+        self.conv1d_grads(&c, dout, dx, w, None)
+    }
+
+    fn l2norm_fwd(&mut self, y: &mut Vec<f32>, rstd: &mut Vec<f32>, x: &Vec<f32>, dim: usize) -> Result<()> {
+        let _t = self.time(Family::Other);
+        dr::l2norm_fwd(y, rstd, x, dim, L2NORM_EPS)
+    }
+
+    fn l2norm_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        y: &Vec<f32>,
+        rstd: &Vec<f32>,
+        dim: usize,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        dr::l2norm_bwd(dx, dy, y, rstd, dim)
+    }
+
+    fn deltanet_decay_fwd(&mut self, g: &mut Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let h = p.sizes.heads;
+        let neg_a = self.deltanet_neg_exp(p)?;
+        let bias = p.dt_bias.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no dt_bias"))?;
+        ssd::dt_fwd(g, a, h, &self.params[bias])?;
+        for row in g.chunks_mut(h) {
+            row.iter_mut().zip(&neg_a).for_each(|(v, a)| *v *= a);
+        }
+        Ok(())
+    }
+
+    fn deltanet_decay_bwd(&mut self, da: &mut Vec<f32>, dg: &Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let h = p.sizes.heads;
+        let neg_a = self.deltanet_neg_exp(p)?;
+        let (a_log, bias) = match (p.a_log, p.dt_bias) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
+        };
+        // g = A·dt with dt = softplus(a + dt_bias), A = −exp(A_log): d dt = dg·A,
+        // dA = Σ dg·dt, dA_log = dA·A.
+        let mut dt = vec![0.0; dg.len()];
+        ssd::dt_fwd(&mut dt, a, h, &self.params[bias])?;
+        let mut da_log = vec![0.0f32; h];
+        let mut ddt = vec![0.0; dg.len()];
+        for ((dgr, dtr), ddr) in dg.chunks(h).zip(dt.chunks(h)).zip(ddt.chunks_mut(h)) {
+            for j in 0..h {
+                da_log[j] += dgr[j] * dtr[j];
+                ddr[j] = dgr[j] * neg_a[j];
+            }
+        }
+        da_log.iter_mut().zip(&neg_a).for_each(|(d, a)| *d *= a);
+        let mut dbias = vec![0.0; h];
+        let bias_v = self.params[bias].to_vec();
+        ssd::dt_bwd(da, h, &mut dbias, &ddt, a, &bias_v)?;
+        self.add_grad(a_log, &da_log)?;
+        self.add_grad(bias, &dbias)
+    }
+
+    fn delta_rule_fwd(
+        &mut self,
+        o: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        beta: &Vec<f32>,
+        g: Option<&Vec<f32>>,
+        p: &DeltaNetParams,
+        b: &CpuBatch,
+        state: Option<&mut DeltaNetState>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Attention);
+        let pads = chunk_pads(b);
+        let prob = problem(p, b, q, k, v, beta, g.map(|g| &g[..]), pads.as_deref());
+        match state {
+            None => dr::delta_rule_fwd(&prob, o, None, None),
+            Some(st) => {
+                ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
+                if b.seq == 1 {
+                    dr::delta_rule_decode_step(&prob, &mut st.ssm, o)?;
+                } else {
+                    let mut next = vec![0.0; st.ssm.len()];
+                    dr::delta_rule_fwd(&prob, o, Some(&st.ssm), Some(&mut next))?;
+                    st.ssm = next;
+                }
+                st.len += b.seq;
+                Ok(())
+            }
+        }
+    }
+
+    fn delta_rule_bwd(
+        &mut self,
+        grads: DeltaRuleGradsOf<'_, Vec<f32>>,
+        dout: &Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        beta: &Vec<f32>,
+        g: Option<&Vec<f32>>,
+        p: &DeltaNetParams,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Attention);
+        let pads = chunk_pads(b);
+        let prob = problem(p, b, q, k, v, beta, g.map(|g| &g[..]), pads.as_deref());
+        let DeltaRuleGradsOf { dq, dk, dv, dbeta, dg } = grads;
+        let out = DeltaRuleGrads { dq, dk, dv, dbeta, dg: dg.map(|d| &mut d[..]), dinit: None };
+        dr::delta_rule_bwd(&prob, dout, None, None, out)
+    }
+
+    fn swish_gate_fwd(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, gate: &Vec<f32>) -> Result<()> {
+        let _t = self.time(Family::Other);
+        ensure!(y.len() == x.len() && gate.len() == x.len(), "swish gate: y, x and gate differ in length");
+        y.iter_mut().zip(x).zip(gate).for_each(|((y, x), g)| *y = x * silu(*g));
+        Ok(())
+    }
+
+    fn swish_gate_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dgate: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        gate: &Vec<f32>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let n = x.len();
+        ensure!(dx.len() == n && dgate.len() == n && dy.len() == n && gate.len() == n, "swish gate: lengths differ");
+        for i in 0..n {
+            let s = sigmoid(gate[i]);
+            dx[i] = dy[i] * gate[i] * s;
+            // d silu(g)/dg = σ(g)(1 + g(1 − σ(g))).
+            dgate[i] = dy[i] * x[i] * s * (1.0 + gate[i] * (1.0 - s));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! The DeltaNet family's operations: what a backend supplies so that a [`super::DeltaNetMixer`]
+//! runs on it (DeltaNet and Gated DeltaNet alike). Buffers are the layer's: q, k [B·T, H·K], v
+//! and o [B·T, H·V], β, the raw decay input and g [B·T, H]. Gradients of parameters are
+//! accumulated (`+=`); gradients of activations are overwritten.
+
+use crate::backend::Backend;
+use crate::config::DeltaNetSizes;
+use crate::tensor::ParamId;
+use anyhow::Result;
+
+/// Which of the layer's three short convolutions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvOf {
+    Q,
+    K,
+    V,
+}
+
+/// A DeltaNet layer's parameters other than its projections.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaNetParams {
+    /// The short convolutions' weights [C, 1, W] (no bias, as fla's).
+    pub q_conv: ParamId,
+    pub k_conv: ParamId,
+    pub v_conv: ParamId,
+    /// Gated DeltaNet: log(−A) and dt's bias per head.
+    pub a_log: Option<ParamId>,
+    pub dt_bias: Option<ParamId>,
+    /// The output norm's weight [V] (shared by the heads) and epsilon.
+    pub o_norm: ParamId,
+    pub eps: f32,
+    pub sizes: DeltaNetSizes,
+}
+
+impl DeltaNetParams {
+    /// The convolution's weight and channels.
+    pub fn conv(&self, which: ConvOf) -> (ParamId, usize) {
+        match which {
+            ConvOf::Q => (self.q_conv, self.sizes.key_dim()),
+            ConvOf::K => (self.k_conv, self.sizes.key_dim()),
+            ConvOf::V => (self.v_conv, self.sizes.value_dim()),
+        }
+    }
+}
+
+pub trait DeltaNetOps: Backend {
+    /// One layer's inference state: the delta-rule state [B, H, K, V] and the three
+    /// convolutions' last W − 1 inputs, with the tokens seen.
+    type DeltaNetState;
+
+    /// out = SiLU(conv1d(x)) of convolution `which`, causal per row from its first real token;
+    /// with `state`, continuing its inputs (which it then advances).
+    fn deltanet_conv_fwd(
+        &mut self,
+        out: &mut Self::Act,
+        x: &Self::Act,
+        which: ConvOf,
+        p: &DeltaNetParams,
+        batch: &Self::Batch,
+        state: Option<&mut Self::DeltaNetState>,
+    ) -> Result<()>;
+    /// From dout, writes dx and adds the convolution weight's gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn deltanet_conv_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        dout: &Self::Act,
+        x: &Self::Act,
+        which: ConvOf,
+        p: &DeltaNetParams,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+    /// y = x / √(Σ x² + 1e-6) over rows of `dim`, 1/√(Σ x² + 1e-6) per row into `rstd`.
+    fn l2norm_fwd(&mut self, y: &mut Self::Act, rstd: &mut Self::F32, x: &Self::Act, dim: usize) -> Result<()>;
+    fn l2norm_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        dy: &Self::Act,
+        y: &Self::Act,
+        rstd: &Self::F32,
+        dim: usize,
+    ) -> Result<()>;
+    /// Gated DeltaNet's log-decay g [B·T, H] = −exp(A_log) · softplus(a + dt_bias).
+    fn deltanet_decay_fwd(&mut self, g: &mut Self::Act, a: &Self::Act, p: &DeltaNetParams) -> Result<()>;
+    /// From dg, writes da and adds A_log's and dt_bias's gradients.
+    fn deltanet_decay_bwd(
+        &mut self,
+        da: &mut Self::Act,
+        dg: &Self::Act,
+        a: &Self::Act,
+        p: &DeltaNetParams,
+    ) -> Result<()>;
+    /// o [B·T, H·V] = the delta rule over (q, k, v, β, g) with scale K^−½; with `state`,
+    /// continuing its state (which it then advances: the decode step when T = 1).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule_fwd(
+        &mut self,
+        o: &mut Self::Act,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        beta: &Self::Act,
+        g: Option<&Self::Act>,
+        p: &DeltaNetParams,
+        batch: &Self::Batch,
+        state: Option<&mut Self::DeltaNetState>,
+    ) -> Result<()>;
+    /// The delta rule's backward from do (a full-sequence forward, no state).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule_bwd(
+        &mut self,
+        grads: DeltaRuleGradsOf<'_, Self::Act>,
+        dout: &Self::Act,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        beta: &Self::Act,
+        g: Option<&Self::Act>,
+        p: &DeltaNetParams,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+    /// y = x ⊙ SiLU(gate) (fla's o_norm with g_proj: the norm's output times SiLU of the gate).
+    fn swish_gate_fwd(&mut self, y: &mut Self::Act, x: &Self::Act, gate: &Self::Act) -> Result<()>;
+    fn swish_gate_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        dgate: &mut Self::Act,
+        dy: &Self::Act,
+        x: &Self::Act,
+        gate: &Self::Act,
+    ) -> Result<()>;
+}
+
+/// Where the delta rule's backward writes its gradients.
+pub struct DeltaRuleGradsOf<'a, A> {
+    pub dq: &'a mut A,
+    pub dk: &'a mut A,
+    pub dv: &'a mut A,
+    pub dbeta: &'a mut A,
+    /// Gated DeltaNet's.
+    pub dg: Option<&'a mut A>,
+}

@@ -203,6 +203,7 @@ fn streaming_equals_non_streaming() {
     let full = complete(addr, body.clone());
     let mut b = body.clone();
     b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
     let events = stream(addr, b);
     for (ci, choice) in full["choices"].as_array().unwrap().iter().enumerate() {
         let mut tokens = Vec::new();
@@ -234,6 +235,7 @@ fn streaming_equals_non_streaming() {
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let full = complete(addr, body.clone());
         body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
         let events = stream(addr, body);
         for (ci, choice) in full["choices"].as_array().unwrap().iter().enumerate() {
             let text: String = events
@@ -246,6 +248,49 @@ fn streaming_equals_non_streaming() {
         }
         assert_eq!(events.last().unwrap()["usage"], full["usage"]);
     }
+}
+
+#[test]
+fn the_usage_chunk_comes_only_when_asked_for() {
+    // OpenAI's and vLLM's streams: a last chunk with empty `choices` and the usage only with
+    // stream_options.include_usage (then every other chunk has "usage": null); without it every
+    // chunk has a choice, so `chunk.choices[0]` never fails.
+    let addr = fixture_server();
+    let body = json!({"prompt": [[0, 5, 6, 7], [9, 8]], "max_tokens": 5, "temperature": 0, "n": 2, "stream": true});
+    let plain = stream(addr, body.clone());
+    assert!(!plain.is_empty());
+    for e in &plain {
+        assert_eq!(e["choices"].as_array().map(|c| c.len()), Some(1), "{e}");
+        assert!(e.get("usage").is_none(), "usage in a chunk not asked for it: {e}");
+    }
+    let finished = plain.iter().filter(|e| !e["choices"][0]["finish_reason"].is_null()).count();
+    assert_eq!(finished, 4, "one finishing chunk per choice");
+
+    let mut b = body.clone();
+    b["stream_options"] = json!({"include_usage": true});
+    let with = stream(addr, b);
+    let (last, rest) = with.split_last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], json!({"prompt_tokens": 6, "completion_tokens": 20, "total_tokens": 26}));
+    for e in rest {
+        assert_eq!(e["choices"].as_array().map(|c| c.len()), Some(1), "{e}");
+        assert_eq!(e["usage"], Value::Null, "{e}");
+        assert!(e.as_object().unwrap().contains_key("usage"));
+    }
+    // include_usage false: as without stream_options.
+    let mut b = body.clone();
+    b["stream_options"] = json!({"include_usage": false});
+    assert_eq!(stream(addr, b).len(), plain.len());
+
+    let bad = |extra: Value, param: &str, msg: &str| {
+        let mut b = body.clone();
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        assert_error(addr, b, 400, param, msg);
+    };
+    bad(json!({"stream": false, "stream_options": {"include_usage": true}}), "stream_options", "only allowed");
+    bad(json!({"stream_options": {"include_usage": "yes"}}), "stream_options.include_usage", "boolean");
+    bad(json!({"stream_options": {"continuous_usage_stats": true}}), "stream_options.continuous_usage_stats", "not supported");
+    bad(json!({"stream_options": [1]}), "stream_options", "must be an object");
 }
 
 #[test]

@@ -240,6 +240,9 @@ struct Completion {
     echo: bool,
     logprobs: Option<usize>,
     stream: bool,
+    /// `stream_options.include_usage`: end the stream with a usage-only chunk (empty `choices`),
+    /// and give every other chunk `"usage": null`, as OpenAI and vLLM do.
+    include_usage: bool,
     ignore_eos: bool,
     return_token_ids: bool,
 }
@@ -327,6 +330,7 @@ fn parse_completion(app: &App, body: &Value) -> Result<Completion, ApiError> {
     }
     let logprobs = f.int("logprobs", 0, MAX_LOGPROBS)?.map(|k| k as usize);
     let stream = f.bool("stream", false)?;
+    let include_usage = stream_options(&f, stream)?;
     Ok(Completion {
         max_tokens,
         sampling: Sampling { temperature: temperature as f32, top_k, top_p: top_p as f32 },
@@ -336,10 +340,28 @@ fn parse_completion(app: &App, body: &Value) -> Result<Completion, ApiError> {
         echo: f.bool("echo", false)?,
         logprobs,
         stream,
+        include_usage,
         ignore_eos: f.bool("ignore_eos", false)?,
         return_token_ids: f.bool("return_token_ids", false)?,
         prompts: ps,
     })
+}
+
+/// `stream_options` (an object, only with `stream: true`): whether the stream ends with a usage
+/// chunk. Unknown keys are refused, as every option foxlm does not have.
+fn stream_options(f: &Fields, stream: bool) -> Result<bool, ApiError> {
+    let Some(v) = f.get("stream_options") else { return Ok(false) };
+    if !stream {
+        return Err(ApiError::invalid("stream_options", "'stream_options' is only allowed with 'stream': true"));
+    }
+    let o = Fields::parse(v).map_err(|_| ApiError::invalid("stream_options", "'stream_options' must be an object"))?;
+    if let Some(k) = o.keys().find(|k| *k != "include_usage") {
+        return Err(ApiError::invalid(
+            &format!("stream_options.{k}"),
+            format!("'stream_options.{k}' is not supported by foxlm serve (only 'include_usage')"),
+        ));
+    }
+    o.bool("include_usage", false).map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })
 }
 
 /// OpenAI's legacy `logprobs` object, built up token by token.
@@ -433,6 +455,9 @@ async fn run_choice(
         let (_, head) = sink?;
         let mut chunk = head.clone();
         chunk["choices"] = json!([{"index": spec.index, "text": piece, "logprobs": logprobs, "finish_reason": finish}]);
+        if c.include_usage {
+            chunk["usage"] = Value::Null;
+        }
         Some(Bytes::from(format!("data: {chunk}\n\n")))
     };
     macro_rules! emit {
@@ -609,11 +634,13 @@ async fn completions(
         if outs.iter().any(|o| o.is_none()) {
             return;
         }
-        let completion_tokens: usize = outs.iter().flatten().map(|o| o.tokens).sum();
-        let mut last = head.clone();
-        last["choices"] = json!([]);
-        last["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-        let _ = btx.send(Bytes::from(format!("data: {last}\n\n"))).await;
+        if c.include_usage {
+            let completion_tokens: usize = outs.iter().flatten().map(|o| o.tokens).sum();
+            let mut last = head.clone();
+            last["choices"] = json!([]);
+            last["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
+            let _ = btx.send(Bytes::from(format!("data: {last}\n\n"))).await;
+        }
         let _ = btx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     });
     let stream = futures_util::stream::unfold(brx, |mut rx| async move {

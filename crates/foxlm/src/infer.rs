@@ -47,6 +47,14 @@ pub struct Timed {
     pub families: Vec<(crate::backend::Family, f64, usize)>,
 }
 
+/// What a serving decode step gives back ([`GpuInfer::step`]).
+pub(crate) enum StepOut {
+    /// Logits [b, V].
+    Logits(Vec<f32>),
+    /// Each row's greedy token.
+    Chosen(Vec<u32>),
+}
+
 /// A model ready to run on one device.
 pub trait Infer {
     /// The device, in words (printed by the commands).
@@ -220,7 +228,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             .sum()
     }
 
-    fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuLayerState<T>>> {
+    pub(crate) fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuLayerState<T>>> {
         let need = Self::cache_bytes(self.model, batch, positions);
         let (free, _) = self.be.gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
         if need + (256 << 20) > free {
@@ -266,7 +274,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// Prefills left-padded prompts `ids` [b, t] through `caches`, a chunk at a time, calling
     /// `each(self, first position, length)` after each chunk's forward; the hidden states of the
     /// last chunk stay in `acts`.
-    fn prefill(
+    pub(crate) fn prefill(
         &mut self,
         ids: &[u32],
         b: usize,
@@ -293,6 +301,58 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             p0 += tc;
         }
         Ok(())
+    }
+
+    /// The plan the engine was built for.
+    pub fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    /// Host logits [rows, V] of the last forward's (prefill chunk's) final hidden states, rows
+    /// `row0..row0 + rows` of its [b·t] positions.
+    pub(crate) fn chunk_logits(&mut self, row0: usize, rows: usize) -> Result<Vec<f32>> {
+        let lm_head = self.model.lm_head;
+        self.be.logits_from(&self.acts.final_out, &lm_head, row0, rows)
+    }
+
+    /// Host logits [b, V] of each row's last position after a prefill.
+    pub(crate) fn prefill_last_logits(&mut self) -> Result<Vec<f32>> {
+        let lm_head = self.model.lm_head;
+        self.be
+            .last_logits(&self.acts.final_out, &lm_head, &self.batch, true)?
+            .ok_or_else(|| anyhow!("the head's logits were not downloaded"))
+    }
+
+    /// One decode step of `ids` (one token per row of `caches`, whose rows are left-padded to
+    /// `start`): the logits [b, V] on the host, or (`greedy`) only each row's most likely token,
+    /// chosen on the device (the first on ties, as on the host).
+    pub(crate) fn step(
+        &mut self,
+        ids: &[u32],
+        start: &[usize],
+        caches: &mut [GpuLayerState<T>],
+        greedy: bool,
+    ) -> Result<StepOut> {
+        let b = ids.len();
+        self.check_batch(b)?;
+        self.forward(ids, b, 1, Some(start), None, Some(caches), true)?;
+        let lm_head = self.model.lm_head;
+        if !greedy {
+            let l = self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, true)?;
+            return Ok(StepOut::Logits(l.ok_or_else(|| anyhow!("the head's logits were not downloaded"))?));
+        }
+        self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let len = caches.first().map_or(0, |c| c.len());
+        self.be.sample(&mut self.chosen, None, b, &s, len)?;
+        let mut host = vec![0i32; b];
+        self.be
+            .gpu
+            .stream()
+            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
+            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
+        self.be.gpu.sync()?;
+        Ok(StepOut::Chosen(host.iter().map(|&v| v.max(0) as u32).collect()))
     }
 
     /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`

@@ -605,12 +605,23 @@ fn shutdown_finishes_requests_in_flight() {
 }
 
 #[test]
-fn cuda_device_is_a_clear_error_for_now() {
+fn cuda_device_without_a_gpu_is_a_clear_error() {
+    // On a machine with a GPU, serving on it is checked by `foxlm gpu-check` (its serve rows).
+    if fox_kernels::cuda::probe().is_ok() {
+        eprintln!("skipped: this machine has a GPU (the serve rows of `foxlm gpu-check` cover it)");
+        return;
+    }
     let mut o = ServeOptions::new(fixture_dir());
     o.port = 0;
     o.device = "cuda".parse().unwrap();
-    let e = start(&o).err().expect("refused").to_string();
-    assert!(e.contains("GPU inference is not available yet"), "{e}");
+    let e = format!("{:#}", start(&o).err().expect("refused"));
+    assert!(e.contains("--device cuda:0 was asked for but cannot be used"), "{e}");
+    // auto falls back to the CPU.
+    o.device = "auto".parse().unwrap();
+    let s = start(&o).expect("auto serves on the CPU");
+    let (st, v) = post(s.addr, "/v1/completions", json!({"prompt": [1, 2], "max_tokens": 2, "temperature": 0}));
+    assert_eq!(st, 200, "{v}");
+    s.shutdown().unwrap();
 }
 
 /// Byte-pair encoding of one pre-token with tokenizer.json's vocabulary and merges (what a Hugging

@@ -355,6 +355,84 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(StepOut::Chosen(host.iter().map(|&v| v.max(0) as u32).collect()))
     }
 
+    /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
+    /// attention kernels (head dim 64 or 128), no ACP, and attention layers only (a recurrent
+    /// layer's scratch grows with the prefills in between, which a graph would not follow).
+    pub(crate) fn step_graphs_possible(&self) -> bool {
+        let hd = self.model.config.head_dim();
+        self.graphs
+            && T::NAME == "bf16"
+            && (hd == 64 || hd == 128)
+            && self.model.config.log_pruning_tolerance.is_none()
+            && self.model.layers.iter().all(|b| matches!(b.mixer, Mixer::Attention(_)))
+    }
+
+    /// [`GpuInfer::step`] (greedy) as a CUDA graph replay: the first call captures the step
+    /// (forward, head, argmax) into `graph`; later calls upload the step's ids, left padding and
+    /// positions into the same buffers, set the device-side length, and replay it. Between steps
+    /// the device-side length is parked in `parked` so that the other work (prefills, sampled
+    /// steps) runs on host-side lengths. The caller drops `graph` when the caches (or anything
+    /// else it points to) are reallocated.
+    pub(crate) fn step_graph(
+        &mut self,
+        ids: &[u32],
+        start: &[usize],
+        caches: &mut [GpuLayerState<T>],
+        graph: &mut Option<CudaGraph>,
+        parked: &mut Option<CudaSlice<i32>>,
+    ) -> Result<Vec<u32>> {
+        let b = ids.len();
+        self.check_batch(b)?;
+        let len = caches.first().map_or(0, |c| c.len());
+        let lm_head = self.model.lm_head;
+        let info = BatchInfo { batch: b, seq: 1, start: Some(start), past: len };
+        self.be.prepare(&mut self.batch, &info, ids, None)?;
+        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let run = (|| -> Result<()> {
+            if graph.is_none() {
+                self.be.begin_device_positions(len)?;
+                let stream = self.be.gpu.stream().clone();
+                stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
+                let captured = (|| -> Result<()> {
+                    self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
+                    self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+                    self.be.sample(&mut self.chosen, None, b, &s, len + 1)
+                })();
+                let g = stream.end_capture(CUgraphInstantiate_flags(0));
+                captured?;
+                *graph = Some(
+                    g.map_err(|e| anyhow!("instantiating the serving step's CUDA graph: {e:?}"))?
+                        .ok_or_else(|| anyhow!("the serving step's CUDA graph is empty"))?,
+                );
+            } else {
+                let mut p = parked.take().ok_or_else(|| anyhow!("a serving graph without its device-side length"))?;
+                self.be.gpu.write(&mut p, &[i32::try_from(len).map_err(|_| anyhow!("cache length {len}"))?])?;
+                self.be.decode_pos = Some(p);
+            }
+            let g = graph.as_ref().ok_or_else(|| anyhow!("no serving graph"))?;
+            g.launch().map_err(|e| anyhow!("replaying the serving step: {e:?}"))
+        })();
+        // Park the device-side length whatever happened (host-side lengths from here on).
+        *parked = self.be.decode_pos.take();
+        for c in caches.iter_mut() {
+            c.reset_len(len + 1);
+        }
+        if let Err(e) = run {
+            *graph = None;
+            return Err(e);
+        }
+        let mut host = vec![0i32; b];
+        self.be
+            .gpu
+            .stream()
+            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
+            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
+        self.be.gpu.sync()?;
+        Ok(host.iter().map(|&v| v.max(0) as u32).collect())
+    }
+
     /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`
     /// times or until every row has produced `eos`. With the bf16 kernels, from the third token on
     /// a whole step (forward, head, sampling, position update) is one CUDA graph replay.

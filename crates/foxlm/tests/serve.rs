@@ -8,7 +8,7 @@ use foxlm::checkpoint::{load_model, save_model};
 use foxlm::generate::{generate, GenerateOptions};
 use foxlm::model::{Ctx, Model};
 use foxlm::sampling::Sampling;
-use foxlm::serve::client::{json_request, raw_request, sse_request};
+use foxlm::serve::client::{json_request, raw_request, sse_request, text_request};
 use foxlm::serve::{start, RunningServer, ServeOptions};
 use foxlm::tokenizer::{TextFormat, Tokenizer, BOS_ID};
 use serde_json::{json, Value};
@@ -289,8 +289,71 @@ fn the_usage_chunk_comes_only_when_asked_for() {
     };
     bad(json!({"stream": false, "stream_options": {"include_usage": true}}), "stream_options", "only allowed");
     bad(json!({"stream_options": {"include_usage": "yes"}}), "stream_options.include_usage", "boolean");
-    bad(json!({"stream_options": {"continuous_usage_stats": true}}), "stream_options.continuous_usage_stats", "not supported");
+    bad(
+        json!({"stream_options": {"continuous_usage_stats": true}}),
+        "stream_options.continuous_usage_stats",
+        "not supported",
+    );
     bad(json!({"stream_options": [1]}), "stream_options", "must be an object");
+}
+
+/// `GET /metrics` as Prometheus parses it: `name{labels} value` lines (comments skipped).
+fn metrics(addr: SocketAddr) -> std::collections::HashMap<String, f64> {
+    let (status, body) = text_request(addr, "/metrics", None).expect("metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("name value");
+            (k.to_string(), v.parse::<f64>().expect("a number"))
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_count_requests_tokens_and_latencies() {
+    let s = server(&fixture_dir(), |o| o.max_batch = 4);
+    let addr = s.addr;
+    let m0 = metrics(addr);
+    assert_eq!(m0["foxlm_requests_total"], 0.0);
+    assert_eq!(m0["foxlm_max_batch"], 4.0);
+    assert_eq!(m0["foxlm_time_to_first_token_seconds_count"], 0.0);
+    // Two prompts × n = 2 of 5 tokens (ignore_eos), then a streamed one of 3, then a scoring one.
+    complete(
+        addr,
+        json!({"prompt": [[0, 5, 6, 7], [9, 8]], "max_tokens": 5, "n": 2, "temperature": 0, "ignore_eos": true}),
+    );
+    stream(addr, json!({"prompt": [3, 4], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "stream": true}));
+    complete(addr, json!({"prompt": [3, 4, 5], "max_tokens": 0, "echo": true, "logprobs": 1}));
+    let m = metrics(addr);
+    assert_eq!(m["foxlm_requests_total"], 3.0);
+    assert_eq!(m["foxlm_prompt_tokens_total"], 6.0 + 2.0 + 3.0);
+    assert_eq!(m["foxlm_generation_tokens_total"], 4.0 * 5.0 + 3.0);
+    // A first token per generating choice (5), every later token an inter-token gap.
+    assert_eq!(m["foxlm_time_to_first_token_seconds_count"], 5.0);
+    assert_eq!(m["foxlm_inter_token_latency_seconds_count"], 23.0 - 5.0);
+    for h in ["foxlm_time_to_first_token_seconds", "foxlm_inter_token_latency_seconds"] {
+        let mut buckets: Vec<(f64, f64)> = m
+            .iter()
+            .filter_map(|(k, v)| {
+                let le = k.strip_prefix(&format!("{h}_bucket{{le=\"")).and_then(|r| r.strip_suffix("\"}"))?;
+                Some((if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() }, *v))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert_eq!(buckets.len(), 15, "{h}");
+        assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{h}: buckets must be cumulative");
+        assert_eq!(buckets.last().unwrap().1, m[&format!("{h}_count")]);
+        assert!(m[&format!("{h}_sum")] > 0.0 && m[&format!("{h}_sum")] < 60.0 * buckets.last().unwrap().1);
+    }
+    assert_eq!(m["foxlm_queue_length"], 0.0);
+    assert_eq!(m["foxlm_running_sequences"], 0.0);
+    assert_eq!(m["foxlm_batch_occupancy"], 0.0);
+    assert_eq!(m["foxlm_sequences_finished_total"], 6.0);
+    assert!(m["foxlm_decode_steps_total"] >= 4.0);
+    // No GPU here: no GPU memory lines.
+    assert!(!m.contains_key("foxlm_gpu_memory_used_bytes"));
+    s.shutdown().unwrap();
 }
 
 #[test]

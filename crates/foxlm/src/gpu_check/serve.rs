@@ -11,6 +11,8 @@
 //! - echoed prompt log-probabilities (`max_tokens: 0`, `echo`, `logprobs`) against the f32 CPU
 //!   forward's log-softmax, within 0.1 nats (the inference check's bf16 per-position tolerance);
 //! - streaming text equal to the plain answer, `n: 2` with a seed twice the same, and the usage;
+//! - greedy steps replay the CUDA graph where the batcher uses one (attention with heads of 64);
+//! - `GET /metrics` reports the GPU's memory and the latency histograms;
 //! - a cache plan too large for the GPU is an error at start, not a crash.
 
 use super::row;
@@ -102,6 +104,12 @@ pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path) -> Result<
 
 fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     let model = load_model(dir)?;
+    // The batcher's condition (serve/gpu.rs): bf16 attention with heads of 64 or 128, no ACP, no
+    // recurrent layer.
+    let hd = model.config.head_dim();
+    let graphs_expected = (hd == 64 || hd == 128)
+        && model.config.log_pruning_tolerance.is_none()
+        && model.layers.iter().all(|b| matches!(b.mixer, crate::model::Mixer::Attention(_)));
     let vocab = model.config.vocab_size as u32;
     let mut rows = Vec::new();
     let mut o = ServeOptions::new(dir.to_path_buf());
@@ -115,7 +123,8 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     let wave2: Vec<(Vec<u32>, usize)> = (4..8).map(|i| (prompt(i, 30 + 5 * i), 24)).collect();
     let served: Vec<Result<Vec<u32>>> = std::thread::scope(|sc| {
         let go = |p: &Vec<u32>, n: usize| {
-            let body = json!({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": true, "return_token_ids": true});
+            let body =
+                json!({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": true, "return_token_ids": true});
             post(addr, &body).map(|v| ids_of(&v["choices"][0]["token_ids"]))
         };
         let h1: Vec<_> = wave1.iter().map(|(p, n)| sc.spawn(move || go(p, *n))).collect();
@@ -155,13 +164,14 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     }
     let st = json_request(addr, "/stats", None, None)?.1;
     let relocations = st["relocations"].as_u64().unwrap_or(0);
+    let graph_steps = st["graph_steps"].as_u64().unwrap_or(0);
     rows.push(row(
         format!("serve {name}: greedy of 8 concurrent requests (2 waves)"),
         "tokens unlike generate --device cuda",
         worst as f64,
         0.0,
         format!(
-            "{total} tokens; {} steps, {} rows decoded, {relocations} relocations{}",
+            "{total} tokens; {} steps ({graph_steps} CUDA graph replays), {} rows decoded, {relocations} relocations{}",
             st["steps"],
             st["rows_decoded"],
             if parted.is_empty() { String::new() } else { format!("; {}", parted.join(", ")) }
@@ -174,6 +184,16 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         0.0,
         format!("{relocations} relocations"),
     ));
+
+    if graphs_expected {
+        rows.push(row(
+            format!("serve {name}: greedy steps replay the CUDA graph"),
+            "steps not replayed",
+            if graph_steps * 2 >= st["steps"].as_u64().unwrap_or(0) { 0.0 } else { 1.0 },
+            0.0,
+            format!("{graph_steps} of {} steps", st["steps"]),
+        ));
+    }
 
     // Echoed log-probabilities of scoring requests (several in one request: one batched prefill).
     let scored: Vec<Vec<u32>> = (0..3).map(|i| prompt(20 + i, 40 + 30 * i)).collect();
@@ -241,6 +261,23 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         if ok { 0.0 } else { 1.0 },
         0.0,
         "4 choices of 12 sampled tokens, the same both times; choices of a prompt differ".into(),
+    ));
+    // GET /metrics on the GPU: its memory and the latency histograms.
+    let (_, text) = crate::serve::client::text_request(addr, "/metrics", None)?;
+    let metric = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let (used, ttft) = (metric("foxlm_gpu_memory_used_bytes"), metric("foxlm_time_to_first_token_seconds_count"));
+    let ok = used > 0.0 && used <= metric("foxlm_gpu_memory_total_bytes") && ttft >= 8.0;
+    rows.push(row(
+        format!("serve {name}: GET /metrics"),
+        "GPU memory or latencies missing",
+        if ok { 0.0 } else { 1.0 },
+        0.0,
+        format!("{:.2} GiB in use, {ttft} first tokens timed", used / (1u64 << 30) as f64),
     ));
     server.shutdown()?;
     Ok(rows)

@@ -94,6 +94,11 @@ pub struct EngineStats {
     /// moved to a fresh cache (see serve/gpu.rs).
     pub gpu_cache_bytes: AtomicUsize,
     pub relocations: AtomicUsize,
+    /// GPU: decode steps that replayed the CUDA graph.
+    pub graph_steps: AtomicUsize,
+    /// GPU: memory in use and in all (bytes), as last read by the engine.
+    pub gpu_mem_used: AtomicUsize,
+    pub gpu_mem_total: AtomicUsize,
 }
 
 impl EngineStats {
@@ -104,6 +109,7 @@ impl EngineStats {
             "rows_decoded": g(&self.rows_decoded), "prefills": g(&self.prefills), "prefilled": g(&self.prefilled),
             "finished": g(&self.finished), "cancelled": g(&self.cancelled),
             "gpu_cache_bytes": g(&self.gpu_cache_bytes), "relocations": g(&self.relocations),
+            "graph_steps": g(&self.graph_steps),
         })
     }
 }

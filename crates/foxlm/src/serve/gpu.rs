@@ -11,7 +11,7 @@
 //!   each is copied into a free slot at L − n .. L: only the newcomer's positions move.
 //! - Only when L would pass the slots' capacity, or a newcomer is longer than L, are the running
 //!   rows moved (to a fresh cache, right-aligned at the longest row): a relocation, rare since the
-//!   capacity is planned at twice the context where memory allows.
+//!   capacity is planned at 4096 positions or twice the context where memory allows.
 //! - Requests with `max_tokens: 0` (scoring: echo + logprobs) take no slot: their prefill gives
 //!   their log-probabilities and they are answered without entering the decode loop.
 //!
@@ -21,13 +21,14 @@
 
 use super::engine::{emit_next, emit_token, token_logprob, Batcher, EngineOptions, EngineStats, Event, Finish};
 use super::engine::{Running, SeqRequest, Step};
-use crate::backend::cuda::{dtod, GpuLayerState};
+use crate::backend::cuda::{dtod, dtod_2d, GpuLayerState};
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::LayerState;
 use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
+use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
 use fox_kernels::cuda::Gpu;
 use half::bf16;
 use rayon::prelude::*;
@@ -51,11 +52,20 @@ pub struct GpuBatcher<'m> {
     stats: Arc<EngineStats>,
     /// Relocations of the running rows (a count for the tests and /stats).
     pub relocations: usize,
+    /// Greedy steps replay one CUDA graph (the batch is always the S slots), captured at the
+    /// first such step and again after each relocation; `parked` holds its device-side length.
+    graphs: bool,
+    graph: Option<CudaGraph>,
+    parked: Option<CudaSlice<i32>>,
+    /// A step has run eagerly since the start (or the last failure), so that every buffer a step
+    /// allocates on first use (the attention's split-K scratch) exists before a capture: an
+    /// allocation inside the capture would belong to the graph and go with it.
+    warm: bool,
 }
 
 impl<'m> GpuBatcher<'m> {
-    /// Loads `model` onto `gpu` and plans the cache: `slots` rows of up to twice `max_model_len`
-    /// positions where memory allows (at least `max_model_len` + 1), plus room for a prefill's
+    /// Loads `model` onto `gpu` and plans the cache: `slots` rows of 4096 positions or twice
+    /// `max_model_len` where memory allows (at least `max_model_len` + 1), plus room for a prefill's
     /// cache and a relocation. Prints the plan; not enough memory is an error naming the options.
     pub fn new(
         gpu: Arc<Gpu>,
@@ -65,8 +75,9 @@ impl<'m> GpuBatcher<'m> {
         stats: Arc<EngineStats>,
     ) -> Result<Self> {
         let chunk = (DEFAULT_GPU_ROWS / slots.max(1)).clamp(1, max_model_len.max(1));
-        let inf = GpuInfer::<bf16>::new(gpu.clone(), model, Plan { batch: slots, chunk })
-            .with_context(|| format!("--max-batch {slots}: the model and its buffers for {slots} × {chunk} positions"))?;
+        let inf = GpuInfer::<bf16>::new(gpu.clone(), model, Plan { batch: slots, chunk }).with_context(|| {
+            format!("--max-batch {slots}: the model and its buffers for {slots} × {chunk} positions")
+        })?;
         let (free, total) = gpu.context().mem_get_info().unwrap_or((0, 0));
         let bytes = |b: usize, p: usize| GpuInfer::<bf16>::cache_bytes(model, b, p);
         // The slots' cache, a relocation's second copy of it, a full prefill's cache, and a margin.
@@ -82,7 +93,16 @@ impl<'m> GpuBatcher<'m> {
                 total as f64 / GIB
             );
         }
-        let cap = if need(2 * max_model_len) <= free { 2 * max_model_len } else { min_cap };
+        // Running rows move when L reaches the capacity, so more positions mean rarer moves: at
+        // least 4096 (or twice the context) where that takes at most half the free memory.
+        let roomy = (2 * max_model_len).max(4096);
+        let cap = if need(roomy) <= free / 2 {
+            roomy
+        } else if need(2 * max_model_len) <= free {
+            2 * max_model_len
+        } else {
+            min_cap
+        };
         let caches = inf.caches(slots, cap).context("allocating the slots' decode cache")?;
         eprintln!(
             "GPU cache plan on {}: {slots} slots × {cap} positions = {:.2} GiB, + {:.2} GiB kept free for \
@@ -94,7 +114,25 @@ impl<'m> GpuBatcher<'m> {
             total as f64 / GIB
         );
         stats.gpu_cache_bytes.store(bytes(slots, cap), Ordering::Relaxed);
-        Ok(Self { model, inf, caches, cap, len: 0, slots: vec![None; slots], stats, relocations: 0 })
+        if let Ok((free, total)) = gpu.context().mem_get_info() {
+            stats.gpu_mem_used.store(total - free, Ordering::Relaxed);
+            stats.gpu_mem_total.store(total, Ordering::Relaxed);
+        }
+        let graphs = inf.step_graphs_possible() && std::env::var("FOXLM_SERVE_GRAPHS").map_or(true, |v| v != "0");
+        Ok(Self {
+            model,
+            inf,
+            caches,
+            cap,
+            len: 0,
+            slots: vec![None; slots],
+            stats,
+            relocations: 0,
+            graphs,
+            graph: None,
+            parked: None,
+            warm: false,
+        })
     }
 
     fn gpu(&self) -> Arc<Gpu> {
@@ -117,15 +155,13 @@ impl<'m> GpuBatcher<'m> {
         for (a, b) in src.iter().zip(dst.iter_mut()) {
             match (a, b) {
                 (LayerState::Attention(x), LayerState::Attention(y)) => {
+                    // k, v [B, H_kv, cap, D] and c [B, H, cap]: one pitched copy each, a run per head.
                     let (h, hkv, d) = (x.heads, x.kv_heads, x.head_dim);
-                    for kh in 0..hkv {
-                        let (s, t) = (((sr * hkv + kh) * x.cap + from) * d, ((dr * hkv + kh) * y.cap + to) * d);
-                        dtod(gpu, &x.k, s, &mut y.k, t, n * d)?;
-                        dtod(gpu, &x.v, s, &mut y.v, t, n * d)?;
-                    }
-                    for qh in 0..h {
-                        dtod(gpu, &x.c, (sr * h + qh) * x.cap + from, &mut y.c, (dr * h + qh) * y.cap + to, n)?;
-                    }
+                    let (s, t) = ((sr * hkv * x.cap + from) * d, (dr * hkv * y.cap + to) * d);
+                    dtod_2d(gpu, &x.k, s, x.cap * d, &mut y.k, t, y.cap * d, n * d, hkv)?;
+                    dtod_2d(gpu, &x.v, s, x.cap * d, &mut y.v, t, y.cap * d, n * d, hkv)?;
+                    let (s, t) = (sr * h * x.cap + from, dr * h * y.cap + to);
+                    dtod_2d(gpu, &x.c, s, x.cap, &mut y.c, t, y.cap, n, h)?;
                     let w = hkv * d;
                     dtod(gpu, &x.k_shift, sr * w, &mut y.k_shift, dr * w, w)?;
                     dtod(gpu, &x.v_shift, sr * w, &mut y.v_shift, dr * w, w)?;
@@ -155,6 +191,8 @@ impl<'m> GpuBatcher<'m> {
                 Self::copy_row(&gpu, &self.caches, s, self.len - n, &mut fresh, s, new_len - n, n)?;
             }
         }
+        // The graph points to the old cache.
+        self.graph = None;
         self.caches = fresh;
         self.len = new_len;
         self.relocations += 1;
@@ -169,18 +207,39 @@ impl<'m> GpuBatcher<'m> {
     /// Prefills `group` together (left-padded), answers the scoring-only sequences, sends each
     /// other's first token and places those that go on into free slots.
     fn prefill(&mut self, group: Vec<SeqRequest>, running: &mut Vec<Running>) -> Result<()> {
-        let v = self.model.config.vocab_size;
         let prompts: Vec<Vec<u32>> = group.iter().map(|s| s.prompt.clone()).collect();
         let (ids, t, start) = crate::generate::left_pad(&prompts);
         let b = group.len();
         let mut pcache = self.inf.caches(b, t).context("a prefill's cache")?;
+        // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
+        let scratch = self.inf.be.decode_scratch.take();
+        let r = self.prefill_rows(group, running, &mut pcache, &prompts, &ids, t, start.as_deref());
+        if scratch.is_some() {
+            self.inf.be.decode_scratch = scratch;
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_rows(
+        &mut self,
+        group: Vec<SeqRequest>,
+        running: &mut Vec<Running>,
+        pcache: &mut [GpuLayerState<bf16>],
+        prompts: &[Vec<u32>],
+        ids: &[u32],
+        t: usize,
+        start: Option<&[usize]>,
+    ) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        let b = group.len();
         let starts: Vec<usize> = group.iter().map(|s| t - s.prompt.len()).collect();
         // Prompt log-probabilities, chunk by chunk, for the rows that ask for them.
         let mut lps: Vec<Vec<super::engine::TokenLogprob>> = vec![Vec::new(); b];
         let asks: Vec<Option<usize>> = group.iter().map(|s| s.prompt_logprobs).collect();
         let any = asks.iter().any(|a| a.is_some());
-        let prompts_ref = &prompts;
-        self.inf.prefill(&ids, b, t, start.as_deref(), &mut pcache, &mut |e, p0, tc| {
+        let prompts_ref = prompts;
+        self.inf.prefill(ids, b, t, start, pcache, &mut |e, p0, tc| {
             if !any {
                 return Ok(());
             }
@@ -238,7 +297,7 @@ impl<'m> GpuBatcher<'m> {
                 let to = p.max(self.longest());
                 self.relocate(to)?;
             }
-            Self::copy_row(&gpu, &pcache, row, t - p, &mut self.caches, slot, self.len - p, p)?;
+            Self::copy_row(&gpu, pcache, row, t - p, &mut self.caches, slot, self.len - p, p)?;
             self.slots[slot] = Some(p);
             r.row = slot;
             running.push(r);
@@ -265,7 +324,15 @@ impl<'m> GpuBatcher<'m> {
             c.reset_len(self.len);
         }
         let greedy = running.iter().all(|r| r.req.sampling.temperature <= 0.0 && r.req.logprobs.is_none());
-        let out = self.inf.step(&ids, &start, &mut self.caches, greedy)?;
+        let out = if greedy && self.graphs && self.warm {
+            let c = self.inf.step_graph(&ids, &start, &mut self.caches, &mut self.graph, &mut self.parked)?;
+            self.stats.graph_steps.fetch_add(1, Ordering::Relaxed);
+            StepOut::Chosen(c)
+        } else {
+            let o = self.inf.step(&ids, &start, &mut self.caches, greedy)?;
+            self.warm = true;
+            o
+        };
         self.len += 1;
         for r in running.iter() {
             if let Some(n) = self.slots[r.row].as_mut() {
@@ -273,7 +340,9 @@ impl<'m> GpuBatcher<'m> {
             }
         }
         let steps: Vec<Step> = match &out {
-            StepOut::Logits(l) => running.par_iter_mut().map(|r| emit_next(r, &l[r.row * v..(r.row + 1) * v])).collect(),
+            StepOut::Logits(l) => {
+                running.par_iter_mut().map(|r| emit_next(r, &l[r.row * v..(r.row + 1) * v])).collect()
+            }
             StepOut::Chosen(c) => running.iter_mut().map(|r| emit_token(r, &[], Some(c[r.row]))).collect(),
         };
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -328,6 +397,10 @@ impl Batcher for GpuBatcher<'_> {
             stats.prefills.fetch_add(1, Ordering::Relaxed);
             stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
             self.prefill(group, running)?;
+            // GPU memory for /metrics, read while the prefill's cache is still counted.
+            if let Ok((free, total)) = self.inf.be.gpu.context().mem_get_info() {
+                stats.gpu_mem_used.store(total - free, Ordering::Relaxed);
+            }
         }
         stats.running.store(running.len(), Ordering::Relaxed);
         stats.waiting.store(waiting.len(), Ordering::Relaxed);
@@ -343,5 +416,10 @@ impl Batcher for GpuBatcher<'_> {
     fn reset(&mut self) {
         self.slots.iter_mut().for_each(|s| *s = None);
         self.len = 0;
+        self.graph = None;
+        self.parked = None;
+        self.warm = false;
+        // Whatever the failed step left half-made goes too (made again on first use).
+        self.inf.be.decode_scratch = None;
     }
 }

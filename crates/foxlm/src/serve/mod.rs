@@ -8,12 +8,13 @@ pub mod client;
 pub mod engine;
 pub mod gpu;
 pub mod http;
+pub mod metrics;
 
 use crate::checkpoint::load_model;
 use crate::eval::text::text_format_for;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
-use fox_kernels::cuda::{DeviceArg, Device};
+use fox_kernels::cuda::{Device, DeviceArg};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -116,6 +117,8 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         next_id: AtomicU64::new(0),
+        metrics: metrics::Metrics::default(),
+        max_batch: o.max_batch,
     };
     Ok((Arc::new(app), thread))
 }

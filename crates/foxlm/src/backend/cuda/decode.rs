@@ -289,7 +289,13 @@ impl<T: Elem> Cuda<T> {
     }
 
     /// [`Cuda::logits`] of rows `row0..row0 + rows` of `hidden`.
-    pub fn logits_from(&mut self, hidden: &CudaSlice<T>, lm_head: &Linear, row0: usize, rows: usize) -> Result<Vec<f32>> {
+    pub fn logits_from(
+        &mut self,
+        hidden: &CudaSlice<T>,
+        lm_head: &Linear,
+        row0: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>> {
         self.mark(Family::Head)?;
         let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
         ensure!(

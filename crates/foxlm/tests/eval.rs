@@ -556,6 +556,85 @@ fn eval_niah_runs_end_to_end_and_writes_the_grid_and_heatmap() {
 }
 
 #[test]
+fn ruler_runs_end_to_end_and_scores_what_it_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = foxlm(&[
+        "eval",
+        "ruler",
+        "--model",
+        fixture("fox_pro").to_str().unwrap(),
+        "--haystack",
+        sample_text().to_str().unwrap(),
+        "--lengths",
+        "300,700",
+        "--tasks",
+        "multikey,vt,cwe",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--fold-vocab",
+        "--device",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("multikey") && stdout.contains("cwe"), "{stdout}");
+    let j = read_json(&out.join("ruler.json"));
+    let cells = j["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 3 * 2 * 2);
+    for c in cells {
+        let (task, len, n) =
+            (c["task"].as_str().unwrap(), c["length"].as_u64().unwrap(), c["prompt_tokens"].as_u64().unwrap());
+        if task == "cwe" {
+            assert!(n <= len && n > len / 2, "cwe prompt of {n} tokens for {len}");
+        } else {
+            assert_eq!(n, len, "{task}");
+        }
+        let answers: Vec<String> =
+            c["answers"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+        assert_eq!(
+            answers.len(),
+            match task {
+                "multikey" => 1,
+                "vt" => 5,
+                _ => 10,
+            }
+        );
+        let score = foxlm::eval::ruler::score(c["response"].as_str().unwrap(), &answers);
+        assert_eq!(c["score"].as_f64().unwrap(), score);
+    }
+    // The table is each task and length's mean, in percent.
+    for (task, row) in j["scores_percent"].as_object().unwrap() {
+        for (li, len) in [300u64, 700].iter().enumerate() {
+            let mean: f64 = cells
+                .iter()
+                .filter(|c| c["task"] == task.as_str() && c["length"] == *len)
+                .map(|c| c["score"].as_f64().unwrap())
+                .sum::<f64>()
+                / 2.0;
+            assert!((row[li].as_f64().unwrap() - 100.0 * mean).abs() < 1e-9);
+        }
+    }
+    // A length with no room is an error naming the task.
+    let bad = Command::new(BIN)
+        .args(["eval", "ruler", "--model", fixture("fox_pro").to_str().unwrap(), "--haystack"])
+        .arg(sample_text())
+        .args(["--lengths", "40", "--tasks", "multikey", "--fold-vocab", "--device", "cpu", "--out"])
+        .arg(tmp.path().join("bad"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("multikey at length 40"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+#[test]
 fn viz_gates_runs_end_to_end_and_writes_maps_and_the_table() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");

@@ -29,6 +29,10 @@ pub enum Command {
     /// Needle in a haystack: a grid of context lengths × needle depths, answered greedily and
     /// scored 0-10; JSON and a heatmap PNG.
     Niah(NiahArgs),
+    /// RULER-style synthetic tasks at chosen lengths over any haystack: multi-key and multi-value
+    /// needles, variable tracking, common-word extraction; answered greedily, scored by string
+    /// match; JSON and a table.
+    Ruler(RulerArgs),
     /// Compare the L(i) curves of separate `eval loss` runs: overlay, differences to a baseline,
     /// and a Markdown table of range means (with final validation loss from training folders).
     Compare(crate::cli::eval_compare::CompareArgs),
@@ -118,10 +122,126 @@ pub struct NiahArgs {
     pub device: super::DeviceArgs,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct RulerArgs {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Filler text (and the words of cwe): a text file, or a folder of .txt files; repeated when
+    /// shorter than the longest prompt.
+    #[arg(long)]
+    pub haystack: PathBuf,
+    /// Prompt lengths in tokens, comma-separated.
+    #[arg(long, required = true, value_delimiter = ',', num_args = 1..)]
+    pub lengths: Vec<usize>,
+    /// Tasks, comma-separated (default: all four).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1.., default_value = "multikey,multivalue,vt,cwe")]
+    pub tasks: Vec<crate::eval::ruler::Task>,
+    /// Samples per task and length.
+    #[arg(long, default_value_t = 4)]
+    pub samples: usize,
+    /// Seed of the needles, keys, values and lists.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Most tokens of each greedy answer.
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
+    #[arg(long)]
+    pub text_format: Option<TextFormat>,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// Output folder (ruler.json).
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
+    #[arg(long, hide = true)]
+    pub fold_vocab: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
+}
+
+fn run_ruler(a: RulerArgs) -> Result<()> {
+    use crate::eval::ruler;
+    ruler::check_lengths(&a.lengths, a.samples)?;
+    let model = load_model(&a.model)?;
+    let cfg = &model.config;
+    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let max_len = a.lengths.iter().copied().max().unwrap_or(0);
+    let device = a.device.select_for(&model)?;
+    if !device.is_cuda() {
+        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
+            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false));
+        crate::validate::check_memory(need, &format!("--lengths {max_len}: the KV cache"))?;
+    }
+    let text = read_haystack(&a.haystack)?;
+    let hay = Haystack::from_text(&text, max_len, |s| enc.encode(s))?;
+    let words = ruler::word_pool(&text);
+    let sizes = ruler::Sizes::default();
+    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
+    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+    eprintln!("device: {}", engine.describe());
+    create_out(&a.out)?;
+    let encode = |s: &str| enc.encode(s);
+    let mut cells = vec![];
+    let mut table = vec![vec![f64::NAN; a.lengths.len()]; a.tasks.len()];
+    let total = (a.tasks.len() * a.lengths.len() * a.samples) as u64;
+    let pb = progress_bar(total, "samples");
+    for (ti, &task) in a.tasks.iter().enumerate() {
+        for (li, &len) in a.lengths.iter().enumerate() {
+            let mut sum = 0.0;
+            for i in 0..a.samples {
+                pb.set_message(format!("{} at {len}", task.name()));
+                let s = ruler::build(task, &hay, &words, &sizes, &encode, enc.bos, len, a.seed, i as u64)
+                    .with_context(|| format!("{} at length {len}", task.name()))?;
+                let ids = engine.greedy(&s.ids, a.max_new_tokens, a.chunk, enc.eos, &mut |_| {})?;
+                let response = enc.decode(&ids);
+                let sc = ruler::score(&response, &s.answers);
+                sum += sc;
+                cells.push(json!({
+                    "task": task, "length": len, "sample": i, "prompt_tokens": s.ids.len(),
+                    "answers": s.answers, "response": response, "score": sc,
+                }));
+                pb.inc(1);
+            }
+            table[ti][li] = 100.0 * sum / a.samples as f64;
+        }
+    }
+    pb.finish_and_clear();
+    let report = json!({
+        "model": a.model.display().to_string(),
+        "text_format": enc.format(),
+        "vocab_folded": enc.fold,
+        "lengths": a.lengths,
+        "tasks": a.tasks,
+        "samples": a.samples,
+        "seed": a.seed,
+        "sizes": sizes,
+        "scores_percent": a.tasks.iter().zip(&table).map(|(t, r)| (t.name().to_string(), json!(r))).collect::<serde_json::Map<_, _>>(),
+        "cells": cells,
+    });
+    write_file(&a.out.join("ruler.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{:>10}  {}", "task", a.lengths.iter().map(|l| format!("{l:>7}")).collect::<Vec<_>>().join(" "))?;
+    for (t, row) in a.tasks.iter().zip(&table) {
+        let cells: Vec<String> = row.iter().map(|v| format!("{v:>7.1}")).collect();
+        writeln!(stdout, "{:>10}  {}", t.name(), cells.join(" "))?;
+    }
+    writeln!(
+        stdout,
+        "scores: % of expected strings found, {} samples each; wrote ruler.json to {}",
+        a.samples,
+        a.out.display()
+    )?;
+    Ok(())
+}
+
 pub fn run(a: Args) -> Result<()> {
     match a.command {
         Command::Loss(a) => run_loss(a),
         Command::Niah(a) => run_niah(a),
+        Command::Ruler(a) => run_ruler(a),
         Command::Compare(a) => crate::cli::eval_compare::run(a),
     }
 }

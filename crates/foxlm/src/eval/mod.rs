@@ -9,4 +9,5 @@ pub mod gates;
 pub mod loss;
 pub mod niah;
 pub mod plots;
+pub mod ruler;
 pub mod text;

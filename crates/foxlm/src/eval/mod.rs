@@ -6,6 +6,7 @@
 
 pub mod compare;
 pub mod gates;
+pub mod longbench;
 pub mod loss;
 pub mod niah;
 pub mod plots;

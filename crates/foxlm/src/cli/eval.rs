@@ -1,5 +1,6 @@
-//! `foxlm eval`: per-token loss and perplexity over context length (`loss`), and the needle in a
-//! haystack test (`niah`). See docs/evaluation.md.
+//! `foxlm eval`: per-token loss and perplexity over context length (`loss`), the needle in a
+//! haystack test (`niah`), RULER-style synthetic tasks (`ruler`) and LongBench (`longbench`). See
+//! docs/evaluation.md.
 
 use crate::checkpoint::load_model;
 use crate::config::Config;

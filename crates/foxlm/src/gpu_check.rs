@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 pub mod dist;
 pub mod infer;
+pub mod serve;
 
 pub const VARIANTS: [&str; 7] = [
     "fox_llama",

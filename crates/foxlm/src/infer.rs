@@ -47,6 +47,14 @@ pub struct Timed {
     pub families: Vec<(crate::backend::Family, f64, usize)>,
 }
 
+/// What a serving decode step gives back ([`GpuInfer::step`]).
+pub(crate) enum StepOut {
+    /// Logits [b, V].
+    Logits(Vec<f32>),
+    /// Each row's greedy token.
+    Chosen(Vec<u32>),
+}
+
 /// A model ready to run on one device.
 pub trait Infer {
     /// The device, in words (printed by the commands).
@@ -221,7 +229,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             .sum()
     }
 
-    fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuLayerState<T>>> {
+    pub(crate) fn caches(&self, batch: usize, positions: usize) -> Result<Vec<GpuLayerState<T>>> {
         let need = Self::cache_bytes(self.model, batch, positions);
         let (free, _) = self.be.gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));
         if need + (256 << 20) > free {
@@ -267,7 +275,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// Prefills left-padded prompts `ids` [b, t] through `caches`, a chunk at a time, calling
     /// `each(self, first position, length)` after each chunk's forward; the hidden states of the
     /// last chunk stay in `acts`.
-    fn prefill(
+    pub(crate) fn prefill(
         &mut self,
         ids: &[u32],
         b: usize,
@@ -294,6 +302,136 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             p0 += tc;
         }
         Ok(())
+    }
+
+    /// The plan the engine was built for.
+    pub fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    /// Host logits [rows, V] of the last forward's (prefill chunk's) final hidden states, rows
+    /// `row0..row0 + rows` of its [b·t] positions.
+    pub(crate) fn chunk_logits(&mut self, row0: usize, rows: usize) -> Result<Vec<f32>> {
+        let lm_head = self.model.lm_head;
+        self.be.logits_from(&self.acts.final_out, &lm_head, row0, rows)
+    }
+
+    /// Host logits [b, V] of each row's last position after a prefill.
+    pub(crate) fn prefill_last_logits(&mut self) -> Result<Vec<f32>> {
+        let lm_head = self.model.lm_head;
+        self.be
+            .last_logits(&self.acts.final_out, &lm_head, &self.batch, true)?
+            .ok_or_else(|| anyhow!("the head's logits were not downloaded"))
+    }
+
+    /// One decode step of `ids` (one token per row of `caches`, whose rows are left-padded to
+    /// `start`): the logits [b, V] on the host, or (`greedy`) only each row's most likely token,
+    /// chosen on the device (the first on ties, as on the host).
+    pub(crate) fn step(
+        &mut self,
+        ids: &[u32],
+        start: &[usize],
+        caches: &mut [GpuLayerState<T>],
+        greedy: bool,
+    ) -> Result<StepOut> {
+        let b = ids.len();
+        self.check_batch(b)?;
+        self.forward(ids, b, 1, Some(start), None, Some(caches), true)?;
+        let lm_head = self.model.lm_head;
+        if !greedy {
+            let l = self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, true)?;
+            return Ok(StepOut::Logits(l.ok_or_else(|| anyhow!("the head's logits were not downloaded"))?));
+        }
+        self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let len = caches.first().map_or(0, |c| c.len());
+        self.be.sample(&mut self.chosen, None, b, &s, len)?;
+        let mut host = vec![0i32; b];
+        self.be
+            .gpu
+            .stream()
+            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
+            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
+        self.be.gpu.sync()?;
+        Ok(StepOut::Chosen(host.iter().map(|&v| v.max(0) as u32).collect()))
+    }
+
+    /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
+    /// attention kernels (head dim 64 or 128), no ACP, and attention layers only (a recurrent
+    /// layer's scratch grows with the prefills in between, which a graph would not follow).
+    pub(crate) fn step_graphs_possible(&self) -> bool {
+        let hd = self.model.config.head_dim();
+        self.graphs
+            && T::NAME == "bf16"
+            && (hd == 64 || hd == 128)
+            && self.model.config.log_pruning_tolerance.is_none()
+            && self.model.layers.iter().all(|b| matches!(b.mixer, Mixer::Attention(_)))
+    }
+
+    /// [`GpuInfer::step`] (greedy) as a CUDA graph replay: the first call captures the step
+    /// (forward, head, argmax) into `graph`; later calls upload the step's ids, left padding and
+    /// positions into the same buffers, set the device-side length, and replay it. Between steps
+    /// the device-side length is parked in `parked` so that the other work (prefills, sampled
+    /// steps) runs on host-side lengths. The caller drops `graph` when the caches (or anything
+    /// else it points to) are reallocated.
+    pub(crate) fn step_graph(
+        &mut self,
+        ids: &[u32],
+        start: &[usize],
+        caches: &mut [GpuLayerState<T>],
+        graph: &mut Option<CudaGraph>,
+        parked: &mut Option<CudaSlice<i32>>,
+    ) -> Result<Vec<u32>> {
+        let b = ids.len();
+        self.check_batch(b)?;
+        let len = caches.first().map_or(0, |c| c.len());
+        let lm_head = self.model.lm_head;
+        let info = BatchInfo { batch: b, seq: 1, start: Some(start), past: len };
+        self.be.prepare(&mut self.batch, &info, ids, None)?;
+        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let run = (|| -> Result<()> {
+            if graph.is_none() {
+                self.be.begin_device_positions(len)?;
+                let stream = self.be.gpu.stream().clone();
+                stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
+                let captured = (|| -> Result<()> {
+                    self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
+                    self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
+                    self.be.sample(&mut self.chosen, None, b, &s, len + 1)
+                })();
+                let g = stream.end_capture(CUgraphInstantiate_flags(0));
+                captured?;
+                *graph = Some(
+                    g.map_err(|e| anyhow!("instantiating the serving step's CUDA graph: {e:?}"))?
+                        .ok_or_else(|| anyhow!("the serving step's CUDA graph is empty"))?,
+                );
+            } else {
+                let mut p = parked.take().ok_or_else(|| anyhow!("a serving graph without its device-side length"))?;
+                self.be.gpu.write(&mut p, &[i32::try_from(len).map_err(|_| anyhow!("cache length {len}"))?])?;
+                self.be.decode_pos = Some(p);
+            }
+            let g = graph.as_ref().ok_or_else(|| anyhow!("no serving graph"))?;
+            g.launch().map_err(|e| anyhow!("replaying the serving step: {e:?}"))
+        })();
+        // Park the device-side length whatever happened (host-side lengths from here on).
+        *parked = self.be.decode_pos.take();
+        for c in caches.iter_mut() {
+            c.reset_len(len + 1);
+        }
+        if let Err(e) = run {
+            *graph = None;
+            return Err(e);
+        }
+        let mut host = vec![0i32; b];
+        self.be
+            .gpu
+            .stream()
+            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
+            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
+        self.be.gpu.sync()?;
+        Ok(host.iter().map(|&v| v.max(0) as u32).collect())
     }
 
     /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`

@@ -556,6 +556,172 @@ fn eval_niah_runs_end_to_end_and_writes_the_grid_and_heatmap() {
 }
 
 #[test]
+fn ruler_runs_end_to_end_and_scores_what_it_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = foxlm(&[
+        "eval",
+        "ruler",
+        "--model",
+        fixture("fox_pro").to_str().unwrap(),
+        "--haystack",
+        sample_text().to_str().unwrap(),
+        "--lengths",
+        "300,700",
+        "--tasks",
+        "multikey,vt,cwe",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--fold-vocab",
+        "--device",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("multikey") && stdout.contains("cwe"), "{stdout}");
+    let j = read_json(&out.join("ruler.json"));
+    let cells = j["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 3 * 2 * 2);
+    for c in cells {
+        let (task, len, n) =
+            (c["task"].as_str().unwrap(), c["length"].as_u64().unwrap(), c["prompt_tokens"].as_u64().unwrap());
+        if task == "cwe" {
+            assert!(n <= len && n > len / 2, "cwe prompt of {n} tokens for {len}");
+        } else {
+            assert_eq!(n, len, "{task}");
+        }
+        let answers: Vec<String> =
+            c["answers"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+        assert_eq!(
+            answers.len(),
+            match task {
+                "multikey" => 1,
+                "vt" => 5,
+                _ => 10,
+            }
+        );
+        let score = foxlm::eval::ruler::score(c["response"].as_str().unwrap(), &answers);
+        assert_eq!(c["score"].as_f64().unwrap(), score);
+    }
+    // The table is each task and length's mean, in percent.
+    for (task, row) in j["scores_percent"].as_object().unwrap() {
+        for (li, len) in [300u64, 700].iter().enumerate() {
+            let mean: f64 = cells
+                .iter()
+                .filter(|c| c["task"] == task.as_str() && c["length"] == *len)
+                .map(|c| c["score"].as_f64().unwrap())
+                .sum::<f64>()
+                / 2.0;
+            assert!((row[li].as_f64().unwrap() - 100.0 * mean).abs() < 1e-9);
+        }
+    }
+    // A length with no room is an error naming the task.
+    let bad = Command::new(BIN)
+        .args(["eval", "ruler", "--model", fixture("fox_pro").to_str().unwrap(), "--haystack"])
+        .arg(sample_text())
+        .args(["--lengths", "40", "--tasks", "multikey", "--fold-vocab", "--device", "cpu", "--out"])
+        .arg(tmp.path().join("bad"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("multikey at length 40"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+#[test]
+fn longbench_runs_official_format_files_truncates_and_scores() {
+    use foxlm::eval::longbench as lb;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let ctx = "Passage 1: Moby-Dick is a novel by Herman Melville, published in 1851. ".repeat(6);
+    let lines = |rows: &[serde_json::Value]| rows.iter().map(|r| r.to_string() + "\n").collect::<String>();
+    std::fs::write(
+        data.join("hotpotqa.jsonl"),
+        lines(&[
+            serde_json::json!({"input": "Who wrote Moby-Dick?", "context": ctx, "answers": ["Herman Melville"], "length": 80, "dataset": "hotpotqa", "all_classes": null, "_id": "a"}),
+            serde_json::json!({"input": "When?", "context": ctx, "answers": ["1851", "in 1851"], "all_classes": null}),
+        ]),
+    )
+    .unwrap();
+    std::fs::write(
+        data.join("trec.jsonl"),
+        lines(&[serde_json::json!({"input": "Question: How far is the moon?\nType:", "context": "Question: Where is Paris?\nType: Location", "answers": ["Number"], "all_classes": ["Location", "Number", "Date"]})]),
+    )
+    .unwrap();
+    std::fs::write(
+        data.join("lcc.jsonl"),
+        lines(&[serde_json::json!({"input": "", "context": "fn main() {\n    let x = 1;\n", "answers": ["    println!(\"{x}\");"]})]),
+    )
+    .unwrap();
+    let out = tmp.path().join("out");
+    let o = foxlm(&[
+        "eval",
+        "longbench",
+        "--model",
+        fixture("fox_pro").to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--max-length",
+        "40",
+        "--fold-vocab",
+        "--device",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("| hotpotqa | qa_f1 | 2 |"));
+    let j = read_json(&out.join("longbench.json"));
+    let ds = j["datasets"].as_object().unwrap();
+    assert_eq!(ds.len(), 3);
+    for (name, d) in ds {
+        let task = lb::dataset(name).unwrap();
+        let samples = lb::read_jsonl(&data.join(format!("{name}.jsonl"))).unwrap();
+        let cells = d["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), samples.len());
+        let mut sum = 0.0;
+        for (c, s) in cells.iter().zip(&samples) {
+            let (full, kept) = (c["prompt_tokens"].as_u64().unwrap(), c["kept_tokens"].as_u64().unwrap());
+            assert_eq!(kept, full.min(40), "{name}: truncated in the middle to --max-length");
+            let sc = lb::best_score(task.metric, c["prediction"].as_str().unwrap(), s);
+            assert_eq!(c["score"].as_f64().unwrap(), sc);
+            sum += sc;
+        }
+        assert!((d["score"].as_f64().unwrap() - 100.0 * sum / samples.len() as f64).abs() < 1e-9);
+    }
+    assert!(ds["hotpotqa"]["cells"][0]["prompt_tokens"].as_u64().unwrap() > 40, "the long prompt was cut");
+    // Errors name the file, the line and the field.
+    let bad = tmp.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("qasper.jsonl"),
+        "{\"input\": \"q\", \"context\": \"c\", \"answers\": [\"x\"]}\n{\"input\": \"q\"}\n",
+    )
+    .unwrap();
+    let e = Command::new(BIN)
+        .args(["eval", "longbench", "--model", fixture("fox_pro").to_str().unwrap(), "--fold-vocab", "--data"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(!e.status.success() && msg.contains("qasper.jsonl:2") && msg.contains("'answers'"), "{msg}");
+    std::fs::write(bad.join("qasper.jsonl"), "").unwrap();
+    std::fs::rename(bad.join("qasper.jsonl"), bad.join("mystery.jsonl")).unwrap();
+    let e = Command::new(BIN)
+        .args(["eval", "longbench", "--model", fixture("fox_pro").to_str().unwrap(), "--fold-vocab", "--data"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&e.stderr).contains("unknown LongBench dataset 'mystery'"));
+}
+
+#[test]
 fn viz_gates_runs_end_to_end_and_writes_maps_and_the_table() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");

@@ -8,7 +8,7 @@ use foxlm::checkpoint::{load_model, save_model};
 use foxlm::generate::{generate, GenerateOptions};
 use foxlm::model::{Ctx, Model};
 use foxlm::sampling::Sampling;
-use foxlm::serve::client::{json_request, raw_request, sse_request};
+use foxlm::serve::client::{json_request, raw_request, sse_request, text_request};
 use foxlm::serve::{start, RunningServer, ServeOptions};
 use foxlm::tokenizer::{TextFormat, Tokenizer, BOS_ID};
 use serde_json::{json, Value};
@@ -43,6 +43,9 @@ fn gpt2_dir() -> &'static Path {
 fn server(dir: &Path, f: impl FnOnce(&mut ServeOptions)) -> RunningServer {
     let mut o = ServeOptions::new(dir.to_path_buf());
     o.port = 0;
+    // The CPU engine (bit-exact against the CPU references) even on a machine with a GPU, whose
+    // serving `foxlm gpu-check --only serve` checks.
+    o.device = fox_kernels::cuda::DeviceArg::Cpu;
     f(&mut o);
     start(&o).expect("server starts")
 }
@@ -203,6 +206,7 @@ fn streaming_equals_non_streaming() {
     let full = complete(addr, body.clone());
     let mut b = body.clone();
     b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
     let events = stream(addr, b);
     for (ci, choice) in full["choices"].as_array().unwrap().iter().enumerate() {
         let mut tokens = Vec::new();
@@ -234,6 +238,7 @@ fn streaming_equals_non_streaming() {
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let full = complete(addr, body.clone());
         body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
         let events = stream(addr, body);
         for (ci, choice) in full["choices"].as_array().unwrap().iter().enumerate() {
             let text: String = events
@@ -246,6 +251,114 @@ fn streaming_equals_non_streaming() {
         }
         assert_eq!(events.last().unwrap()["usage"], full["usage"]);
     }
+}
+
+#[test]
+fn the_usage_chunk_comes_only_when_asked_for() {
+    // OpenAI's and vLLM's streams: a last chunk with empty `choices` and the usage only with
+    // stream_options.include_usage (then every other chunk has "usage": null); without it every
+    // chunk has a choice, so `chunk.choices[0]` never fails.
+    let addr = fixture_server();
+    let body = json!({"prompt": [[0, 5, 6, 7], [9, 8]], "max_tokens": 5, "temperature": 0, "n": 2, "stream": true});
+    let plain = stream(addr, body.clone());
+    assert!(!plain.is_empty());
+    for e in &plain {
+        assert_eq!(e["choices"].as_array().map(|c| c.len()), Some(1), "{e}");
+        assert!(e.get("usage").is_none(), "usage in a chunk not asked for it: {e}");
+    }
+    let finished = plain.iter().filter(|e| !e["choices"][0]["finish_reason"].is_null()).count();
+    assert_eq!(finished, 4, "one finishing chunk per choice");
+
+    let mut b = body.clone();
+    b["stream_options"] = json!({"include_usage": true});
+    let with = stream(addr, b);
+    let (last, rest) = with.split_last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], json!({"prompt_tokens": 6, "completion_tokens": 20, "total_tokens": 26}));
+    for e in rest {
+        assert_eq!(e["choices"].as_array().map(|c| c.len()), Some(1), "{e}");
+        assert_eq!(e["usage"], Value::Null, "{e}");
+        assert!(e.as_object().unwrap().contains_key("usage"));
+    }
+    // include_usage false: as without stream_options.
+    let mut b = body.clone();
+    b["stream_options"] = json!({"include_usage": false});
+    assert_eq!(stream(addr, b).len(), plain.len());
+
+    let bad = |extra: Value, param: &str, msg: &str| {
+        let mut b = body.clone();
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        assert_error(addr, b, 400, param, msg);
+    };
+    bad(json!({"stream": false, "stream_options": {"include_usage": true}}), "stream_options", "only allowed");
+    bad(json!({"stream_options": {"include_usage": "yes"}}), "stream_options.include_usage", "boolean");
+    bad(
+        json!({"stream_options": {"continuous_usage_stats": true}}),
+        "stream_options.continuous_usage_stats",
+        "not supported",
+    );
+    bad(json!({"stream_options": [1]}), "stream_options", "must be an object");
+}
+
+/// `GET /metrics` as Prometheus parses it: `name{labels} value` lines (comments skipped).
+fn metrics(addr: SocketAddr) -> std::collections::HashMap<String, f64> {
+    let (status, body) = text_request(addr, "/metrics", None).expect("metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("name value");
+            (k.to_string(), v.parse::<f64>().expect("a number"))
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_count_requests_tokens_and_latencies() {
+    let s = server(&fixture_dir(), |o| o.max_batch = 4);
+    let addr = s.addr;
+    let m0 = metrics(addr);
+    assert_eq!(m0["foxlm_requests_total"], 0.0);
+    assert_eq!(m0["foxlm_max_batch"], 4.0);
+    assert_eq!(m0["foxlm_time_to_first_token_seconds_count"], 0.0);
+    // Two prompts × n = 2 of 5 tokens (ignore_eos), then a streamed one of 3, then a scoring one.
+    complete(
+        addr,
+        json!({"prompt": [[0, 5, 6, 7], [9, 8]], "max_tokens": 5, "n": 2, "temperature": 0, "ignore_eos": true}),
+    );
+    stream(addr, json!({"prompt": [3, 4], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "stream": true}));
+    complete(addr, json!({"prompt": [3, 4, 5], "max_tokens": 0, "echo": true, "logprobs": 1}));
+    let m = metrics(addr);
+    assert_eq!(m["foxlm_requests_total"], 3.0);
+    assert_eq!(m["foxlm_prompt_tokens_total"], 6.0 + 2.0 + 3.0);
+    assert_eq!(m["foxlm_generation_tokens_total"], 4.0 * 5.0 + 3.0);
+    // A first token per generating choice (5), every later token an inter-token gap.
+    assert_eq!(m["foxlm_time_to_first_token_seconds_count"], 5.0);
+    assert_eq!(m["foxlm_inter_token_latency_seconds_count"], 23.0 - 5.0);
+    for h in ["foxlm_time_to_first_token_seconds", "foxlm_inter_token_latency_seconds"] {
+        let mut buckets: Vec<(f64, f64)> = m
+            .iter()
+            .filter_map(|(k, v)| {
+                let le = k.strip_prefix(&format!("{h}_bucket{{le=\"")).and_then(|r| r.strip_suffix("\"}"))?;
+                Some((if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() }, *v))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert_eq!(buckets.len(), 15, "{h}");
+        assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{h}: buckets must be cumulative");
+        assert_eq!(buckets.last().unwrap().1, m[&format!("{h}_count")]);
+        assert!(m[&format!("{h}_sum")] > 0.0 && m[&format!("{h}_sum")] < 60.0 * buckets.last().unwrap().1);
+    }
+    assert_eq!(m["foxlm_queue_length"], 0.0);
+    assert_eq!(m["foxlm_running_sequences"], 0.0);
+    assert_eq!(m["foxlm_batch_occupancy"], 0.0);
+    // The engine counts a sequence as finished just after sending its end, which the client may
+    // see first.
+    wait_for("six finished sequences", || metrics(addr)["foxlm_sequences_finished_total"] == 6.0);
+    assert!(m["foxlm_decode_steps_total"] >= 4.0);
+    // No GPU here: no GPU memory lines.
+    assert!(!m.contains_key("foxlm_gpu_memory_used_bytes"));
+    s.shutdown().unwrap();
 }
 
 #[test]
@@ -560,12 +673,23 @@ fn shutdown_finishes_requests_in_flight() {
 }
 
 #[test]
-fn cuda_device_is_a_clear_error_for_now() {
+fn cuda_device_without_a_gpu_is_a_clear_error() {
+    // On a machine with a GPU, serving on it is checked by `foxlm gpu-check` (its serve rows).
+    if fox_kernels::cuda::probe().is_ok() {
+        eprintln!("skipped: this machine has a GPU (the serve rows of `foxlm gpu-check` cover it)");
+        return;
+    }
     let mut o = ServeOptions::new(fixture_dir());
     o.port = 0;
     o.device = "cuda".parse().unwrap();
-    let e = start(&o).err().expect("refused").to_string();
-    assert!(e.contains("GPU inference is not available yet"), "{e}");
+    let e = format!("{:#}", start(&o).err().expect("refused"));
+    assert!(e.contains("--device cuda:0 was asked for but cannot be used"), "{e}");
+    // auto falls back to the CPU.
+    o.device = "auto".parse().unwrap();
+    let s = start(&o).expect("auto serves on the CPU");
+    let (st, v) = post(s.addr, "/v1/completions", json!({"prompt": [1, 2], "max_tokens": 2, "temperature": 0}));
+    assert_eq!(st, 200, "{v}");
+    s.shutdown().unwrap();
 }
 
 /// Byte-pair encoding of one pre-token with tokenizer.json's vocabulary and merges (what a Hugging

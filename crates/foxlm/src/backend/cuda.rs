@@ -934,6 +934,60 @@ pub(crate) fn dtod<U: DeviceRepr>(
     gpu.stream().memcpy_dtod(&sv, &mut dv).map_err(|e| anyhow!("device copy: {e:?}"))
 }
 
+/// A pitched device copy: `height` runs of `width` elements, run r from `s0 + r·spitch` of `src`
+/// to `d0 + r·dpitch` of `dst` (one driver call for what would be `height` copies: a cache row's
+/// positions across its heads).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dtod_2d<U: DeviceRepr>(
+    gpu: &Gpu,
+    src: &CudaSlice<U>,
+    s0: usize,
+    spitch: usize,
+    dst: &mut CudaSlice<U>,
+    d0: usize,
+    dpitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<()> {
+    use fox_kernels::cuda::cudarc::driver::{sys, DevicePtrMut};
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    ensure!(width <= spitch && width <= dpitch, "pitched copy: runs of {width} wider than their pitch");
+    ensure!(
+        s0 + (height - 1) * spitch + width <= src.len() && d0 + (height - 1) * dpitch + width <= dst.len(),
+        "pitched device copy out of bounds"
+    );
+    let e = std::mem::size_of::<U>();
+    let stream = gpu.stream();
+    let (ps, _gs) = src.device_ptr(stream);
+    let (pd, _gd) = dst.device_ptr_mut(stream);
+    // Every field spelled out (the memory-type enum has no zero value, so no mem::zeroed).
+    let c = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: ps + (s0 * e) as u64,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: spitch * e,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: pd + (d0 * e) as u64,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dpitch * e,
+        WidthInBytes: width * e,
+        Height: height,
+    };
+    gpu.context().bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+    // SAFETY: both ranges lie inside their allocations (checked above), on the buffers' stream.
+    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream.cu_stream()) }
+        .result()
+        .map_err(|e| anyhow!("pitched device copy: {e:?}"))
+}
+
 /// The same buffer as f32, when T is f32.
 pub(crate) fn as_f32<T: Elem>(s: &CudaSlice<T>) -> Option<&CudaSlice<f32>> {
     (s as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>()

@@ -1,5 +1,6 @@
-//! `foxlm eval`: per-token loss and perplexity over context length (`loss`), and the needle in a
-//! haystack test (`niah`). See docs/evaluation.md.
+//! `foxlm eval`: per-token loss and perplexity over context length (`loss`), the needle in a
+//! haystack test (`niah`), RULER-style synthetic tasks (`ruler`) and LongBench (`longbench`). See
+//! docs/evaluation.md.
 
 use crate::checkpoint::load_model;
 use crate::config::Config;
@@ -29,6 +30,13 @@ pub enum Command {
     /// Needle in a haystack: a grid of context lengths × needle depths, answered greedily and
     /// scored 0-10; JSON and a heatmap PNG.
     Niah(NiahArgs),
+    /// RULER-style synthetic tasks at chosen lengths over any haystack: multi-key and multi-value
+    /// needles, variable tracking, common-word extraction; answered greedily, scored by string
+    /// match; JSON and a table.
+    Ruler(RulerArgs),
+    /// LongBench from its released jsonl files: a prompt per dataset, truncation in the middle,
+    /// greedy answers, the benchmark's metric per dataset; JSON and a table.
+    Longbench(LongbenchArgs),
     /// Compare the L(i) curves of separate `eval loss` runs: overlay, differences to a baseline,
     /// and a Markdown table of range means (with final validation loss from training folders).
     Compare(crate::cli::eval_compare::CompareArgs),
@@ -118,10 +126,255 @@ pub struct NiahArgs {
     pub device: super::DeviceArgs,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct RulerArgs {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Filler text (and the words of cwe): a text file, or a folder of .txt files; repeated when
+    /// shorter than the longest prompt.
+    #[arg(long)]
+    pub haystack: PathBuf,
+    /// Prompt lengths in tokens, comma-separated.
+    #[arg(long, required = true, value_delimiter = ',', num_args = 1..)]
+    pub lengths: Vec<usize>,
+    /// Tasks, comma-separated (default: all four).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1.., default_value = "multikey,multivalue,vt,cwe")]
+    pub tasks: Vec<crate::eval::ruler::Task>,
+    /// Samples per task and length.
+    #[arg(long, default_value_t = 4)]
+    pub samples: usize,
+    /// Seed of the needles, keys, values and lists.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Most tokens of each greedy answer.
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
+    #[arg(long)]
+    pub text_format: Option<TextFormat>,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// Output folder (ruler.json).
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
+    #[arg(long, hide = true)]
+    pub fold_vocab: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LongbenchArgs {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A task file (DATASET.jsonl, as LongBench releases them) or a folder of them.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Only these datasets (file stems), comma-separated.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub datasets: Vec<String>,
+    /// Longest prompt in tokens: longer ones keep their first and last halves (default: the
+    /// model's training context, else 2048).
+    #[arg(long)]
+    pub max_length: Option<usize>,
+    /// At most this many samples per dataset (default: all).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
+    #[arg(long)]
+    pub text_format: Option<TextFormat>,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// Output folder (longbench.json).
+    #[arg(long, default_value = "eval-out")]
+    pub out: PathBuf,
+    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
+    #[arg(long, hide = true)]
+    pub fold_vocab: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
+}
+
+fn run_longbench(a: LongbenchArgs) -> Result<()> {
+    use crate::eval::longbench as lb;
+    let mut files: Vec<PathBuf> = if a.data.is_dir() {
+        crate::data::list_inputs(std::slice::from_ref(&a.data))?
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect()
+    } else {
+        vec![a.data.clone()]
+    };
+    let stem = |p: &Path| p.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    if !a.datasets.is_empty() {
+        for d in &a.datasets {
+            if !files.iter().any(|f| &stem(f) == d) {
+                bail!("--datasets {d}: no {d}.jsonl in {}", a.data.display());
+            }
+        }
+        files.retain(|f| a.datasets.contains(&stem(f)));
+    }
+    if files.is_empty() {
+        bail!("--data {}: no .jsonl task files", a.data.display());
+    }
+    let mut tasks = Vec::new();
+    for f in &files {
+        let d =
+            lb::dataset(&stem(f)).with_context(|| format!("{} (the file's name names its dataset)", f.display()))?;
+        let mut samples = lb::read_jsonl(f)?;
+        if let Some(n) = a.limit {
+            samples.truncate(n);
+        }
+        tasks.push((d, samples));
+    }
+    let model = load_model(&a.model)?;
+    let cfg = &model.config;
+    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let max_len = a.max_length.or(cfg.train_context()).unwrap_or(2048);
+    if max_len < 2 {
+        bail!("--max-length must be at least 2");
+    }
+    let device = a.device.select_for(&model)?;
+    if !device.is_cuda() {
+        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(512))
+            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false));
+        crate::validate::check_memory(need, &format!("--max-length {max_len}: the KV cache"))?;
+    }
+    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
+    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+    eprintln!("device: {}", engine.describe());
+    create_out(&a.out)?;
+    let total: u64 = tasks.iter().map(|(_, s)| s.len() as u64).sum();
+    let pb = progress_bar(total, "samples");
+    let mut results = serde_json::Map::new();
+    let mut rows = Vec::new();
+    for (d, samples) in &tasks {
+        let mut cells = Vec::new();
+        let mut sum = 0.0;
+        for (i, s) in samples.iter().enumerate() {
+            pb.set_message(d.name.to_string());
+            let mut ids = vec![enc.bos];
+            ids.extend(enc.encode(&lb::prompt(d, s)));
+            let full = ids.len();
+            let ids = lb::truncate_middle(&ids, max_len);
+            let out = engine.greedy(&ids, d.max_new_tokens, a.chunk, enc.eos, &mut |_| {})?;
+            let pred = enc.decode(&out);
+            let sc = lb::best_score(d.metric, &pred, s);
+            sum += sc;
+            cells.push(json!({"index": i, "prompt_tokens": full, "kept_tokens": ids.len(), "prediction": pred, "answers": s.answers, "score": sc}));
+            pb.inc(1);
+        }
+        let mean = if samples.is_empty() { f64::NAN } else { 100.0 * sum / samples.len() as f64 };
+        rows.push((d.name, d.metric, samples.len(), mean));
+        results.insert(
+            d.name.to_string(),
+            json!({"metric": d.metric, "max_new_tokens": d.max_new_tokens, "samples": samples.len(), "score": mean, "cells": cells}),
+        );
+    }
+    pb.finish_and_clear();
+    let report = json!({
+        "model": a.model.display().to_string(),
+        "text_format": enc.format(),
+        "vocab_folded": enc.fold,
+        "max_length": max_len,
+        "datasets": results,
+    });
+    write_file(&a.out.join("longbench.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "| dataset | metric | samples | score |\n|---|---|---:|---:|")?;
+    for (name, metric, n, mean) in rows {
+        writeln!(stdout, "| {name} | {} | {n} | {mean:.2} |", serde_json::to_value(metric)?.as_str().unwrap_or(""))?;
+    }
+    writeln!(stdout, "wrote longbench.json to {}", a.out.display())?;
+    Ok(())
+}
+
+fn run_ruler(a: RulerArgs) -> Result<()> {
+    use crate::eval::ruler;
+    ruler::check_lengths(&a.lengths, a.samples)?;
+    let model = load_model(&a.model)?;
+    let cfg = &model.config;
+    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let max_len = a.lengths.iter().copied().max().unwrap_or(0);
+    let device = a.device.select_for(&model)?;
+    if !device.is_cuda() {
+        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
+            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false));
+        crate::validate::check_memory(need, &format!("--lengths {max_len}: the KV cache"))?;
+    }
+    let text = read_haystack(&a.haystack)?;
+    let hay = Haystack::from_text(&text, max_len, |s| enc.encode(s))?;
+    let words = ruler::word_pool(&text);
+    let sizes = ruler::Sizes::default();
+    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
+    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+    eprintln!("device: {}", engine.describe());
+    create_out(&a.out)?;
+    let encode = |s: &str| enc.encode(s);
+    let mut cells = vec![];
+    let mut table = vec![vec![f64::NAN; a.lengths.len()]; a.tasks.len()];
+    let total = (a.tasks.len() * a.lengths.len() * a.samples) as u64;
+    let pb = progress_bar(total, "samples");
+    for (ti, &task) in a.tasks.iter().enumerate() {
+        for (li, &len) in a.lengths.iter().enumerate() {
+            let mut sum = 0.0;
+            for i in 0..a.samples {
+                pb.set_message(format!("{} at {len}", task.name()));
+                let s = ruler::build(task, &hay, &words, &sizes, &encode, enc.bos, len, a.seed, i as u64)
+                    .with_context(|| format!("{} at length {len}", task.name()))?;
+                let ids = engine.greedy(&s.ids, a.max_new_tokens, a.chunk, enc.eos, &mut |_| {})?;
+                let response = enc.decode(&ids);
+                let sc = ruler::score(&response, &s.answers);
+                sum += sc;
+                cells.push(json!({
+                    "task": task, "length": len, "sample": i, "prompt_tokens": s.ids.len(),
+                    "answers": s.answers, "response": response, "score": sc,
+                }));
+                pb.inc(1);
+            }
+            table[ti][li] = 100.0 * sum / a.samples as f64;
+        }
+    }
+    pb.finish_and_clear();
+    let report = json!({
+        "model": a.model.display().to_string(),
+        "text_format": enc.format(),
+        "vocab_folded": enc.fold,
+        "lengths": a.lengths,
+        "tasks": a.tasks,
+        "samples": a.samples,
+        "seed": a.seed,
+        "sizes": sizes,
+        "scores_percent": a.tasks.iter().zip(&table).map(|(t, r)| (t.name().to_string(), json!(r))).collect::<serde_json::Map<_, _>>(),
+        "cells": cells,
+    });
+    write_file(&a.out.join("ruler.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{:>10}  {}", "task", a.lengths.iter().map(|l| format!("{l:>7}")).collect::<Vec<_>>().join(" "))?;
+    for (t, row) in a.tasks.iter().zip(&table) {
+        let cells: Vec<String> = row.iter().map(|v| format!("{v:>7.1}")).collect();
+        writeln!(stdout, "{:>10}  {}", t.name(), cells.join(" "))?;
+    }
+    writeln!(
+        stdout,
+        "scores: % of expected strings found, {} samples each; wrote ruler.json to {}",
+        a.samples,
+        a.out.display()
+    )?;
+    Ok(())
+}
+
 pub fn run(a: Args) -> Result<()> {
     match a.command {
         Command::Loss(a) => run_loss(a),
         Command::Niah(a) => run_niah(a),
+        Command::Ruler(a) => run_ruler(a),
+        Command::Longbench(a) => run_longbench(a),
         Command::Compare(a) => crate::cli::eval_compare::run(a),
     }
 }

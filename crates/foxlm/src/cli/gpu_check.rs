@@ -20,10 +20,11 @@ pub struct Args {
     /// Steps of the training comparison (0: skip the training checks).
     #[arg(long, default_value_t = 300)]
     pub train_steps: u64,
-    /// Only the fixture checks, the inference checks, the training checks, or the data-parallel
+    /// Only the fixture checks, the inference checks, the serving checks (`foxlm serve` on the GPU),
+    /// the training checks, or the data-parallel
     /// checks (dist: NCCL, `train --gpus 1` against one GPU; with two GPUs, 2 ranks against 1,
     /// resume 2 → 1, a killed rank). dist runs only when asked for.
-    #[arg(long, value_parser = ["fixtures", "infer", "train", "dist"])]
+    #[arg(long, value_parser = ["fixtures", "infer", "serve", "train", "dist"])]
     pub only: Option<String>,
     /// Steps of the data-parallel comparisons (--only dist).
     #[arg(long, default_value_t = 100)]
@@ -44,6 +45,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if only("infer") {
         rows.extend(crate::gpu_check::infer::run_inference_checks(&gpu, &a.fixtures)?);
+    }
+    if only("serve") {
+        rows.extend(crate::gpu_check::serve::run_serve_checks(&gpu, &a.fixtures, &a.work)?);
     }
     if only("train") && a.train_steps > 0 {
         rows.extend(crate::gpu_check::run_training_checks(&a.sample, &a.work, a.train_steps)?);

@@ -18,7 +18,7 @@ pub struct Args {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// cpu or auto (GPU inference is not available yet; auto uses the CPU).
+    /// cpu, cuda, cuda:N, or auto (the GPU when there is one and it can run the model, else the CPU).
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
     /// Require `Authorization: Bearer KEY` on every request (or set FOXLM_API_KEY).
@@ -68,11 +68,18 @@ pub fn run(a: Args) -> Result<()> {
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Model folder to serve in this process (port 0); or use --url.
-    #[arg(long, required_unless_present = "url")]
+    /// Model folder to serve in this process (port 0); or use --url or --preset.
+    #[arg(long, required_unless_present_any = ["url", "preset"])]
     pub model: Option<PathBuf>,
+    /// Serve a preset's shape with random weights (as `bench decode`), e.g. fox-pro-125m: saved to
+    /// a temporary folder first.
+    #[arg(long, conflicts_with_all = ["model", "url"])]
+    pub preset: Option<String>,
+    /// cpu, cuda, cuda:N or auto (the GPU when there is one) for the in-process server.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
     /// A server already running, e.g. http://127.0.0.1:8000 (peak memory is then not measured).
-    #[arg(long, conflicts_with = "model")]
+    #[arg(long, conflicts_with_all = ["model", "preset"])]
     pub url: Option<String>,
     /// Concurrent streaming clients; a list runs each in turn (e.g. 1,32).
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
@@ -96,6 +103,15 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
 }
 
+/// A folder this process made, removed when it goes.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `host:port` of an http:// URL.
 fn url_addr(url: &str) -> Result<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
@@ -116,10 +132,25 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         bail!("--duration must be a positive number of seconds");
     }
     let mut server = None;
-    let addr = match (&a.model, &a.url) {
+    let mut _preset_dir = None;
+    let model_dir = match (&a.model, &a.preset) {
+        (Some(m), _) => Some(m.clone()),
+        (None, Some(p)) => {
+            let preset = crate::presets::preset(p)?;
+            let model = crate::train::init_model(&preset.model, 0);
+            let dir = RemovedOnDrop(std::env::temp_dir().join(format!("foxlm-bench-serve-{}", std::process::id())));
+            let path = dir.0.join(p);
+            crate::checkpoint::save_model(&model, &preset.model, &path)?;
+            _preset_dir = Some(dir);
+            Some(path)
+        }
+        (None, None) => None,
+    };
+    let addr = match (&model_dir, &a.url) {
         (Some(m), _) => {
             let mut o = ServeOptions::new(m.clone());
             o.port = 0;
+            o.device = a.device;
             o.max_batch = a.max_batch;
             o.max_queue = 4 * a.clients.iter().max().copied().unwrap_or(1) + 16;
             o.max_model_len = Some(a.prompt_tokens + a.max_tokens + 1);
@@ -130,7 +161,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             addr
         }
         (None, Some(u)) => url_addr(u)?,
-        (None, None) => bail!("give --model or --url"),
+        (None, None) => bail!("give --model, --preset or --url"),
     };
     let (model, vocab) = model_info(addr, a.api_key.as_deref())?;
     eprintln!(

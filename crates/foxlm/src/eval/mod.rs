@@ -6,7 +6,9 @@
 
 pub mod compare;
 pub mod gates;
+pub mod longbench;
 pub mod loss;
 pub mod niah;
 pub mod plots;
+pub mod ruler;
 pub mod text;

@@ -70,6 +70,11 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// The names of the fields present (null ones included).
+    pub fn keys(&self) -> impl Iterator<Item = &'a str> {
+        self.map.keys().map(|k| k.as_str())
+    }
+
     /// The field's value; null counts as absent.
     pub fn get(&self, name: &str) -> Option<&'a Value> {
         self.map.get(name).filter(|v| !v.is_null())

@@ -132,7 +132,7 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
                         (0..o.prompt_tokens).map(|i| (i * 7919 + ci * 104729 + k * 13) % o.vocab).collect();
                     let body = json!({
                         "model": o.model, "prompt": prompt, "max_tokens": o.max_tokens, "temperature": 0,
-                        "stream": true, "ignore_eos": true,
+                        "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
                     });
                     let (mut ttft, mut itl) = (Vec::new(), Vec::new());
                     let r = one_request(addr, &body, o.api_key.as_deref(), &mut ttft, &mut itl);

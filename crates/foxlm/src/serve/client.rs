@@ -100,6 +100,17 @@ pub fn json_request(addr: SocketAddr, path: &str, body: Option<&Value>, key: Opt
     raw_request(addr, if bytes.is_some() { "POST" } else { "GET" }, path, bytes.as_deref().unwrap_or(&[]), key)
 }
 
+/// Status and text body of a GET (e.g. `/metrics`).
+pub fn text_request(addr: SocketAddr, path: &str, key: Option<&str>) -> Result<(u16, String)> {
+    let (status, h, mut r) = send(addr, "GET", path, key, &[])?;
+    let mut out = Vec::new();
+    read_body(&h, &mut r, |b| {
+        out.extend_from_slice(b);
+        true
+    })?;
+    Ok((status, String::from_utf8_lossy(&out).into_owned()))
+}
+
 /// Status and JSON body of a request with a raw body.
 pub fn raw_request(addr: SocketAddr, method: &str, path: &str, body: &[u8], key: Option<&str>) -> Result<(u16, Value)> {
     let (status, h, mut r) = send(addr, method, path, key, body)?;

@@ -90,6 +90,15 @@ pub struct EngineStats {
     /// Sequences that ended (finished or cut short by their client).
     pub finished: AtomicUsize,
     pub cancelled: AtomicUsize,
+    /// GPU: the slots' decode cache in bytes (0 on the CPU), and how often the running rows were
+    /// moved to a fresh cache (see serve/gpu.rs).
+    pub gpu_cache_bytes: AtomicUsize,
+    pub relocations: AtomicUsize,
+    /// GPU: decode steps that replayed the CUDA graph.
+    pub graph_steps: AtomicUsize,
+    /// GPU: memory in use and in all (bytes), as last read by the engine.
+    pub gpu_mem_used: AtomicUsize,
+    pub gpu_mem_total: AtomicUsize,
 }
 
 impl EngineStats {
@@ -99,6 +108,8 @@ impl EngineStats {
             "queued": g(&self.queued), "running": g(&self.running), "waiting": g(&self.waiting), "steps": g(&self.steps),
             "rows_decoded": g(&self.rows_decoded), "prefills": g(&self.prefills), "prefilled": g(&self.prefilled),
             "finished": g(&self.finished), "cancelled": g(&self.cancelled),
+            "gpu_cache_bytes": g(&self.gpu_cache_bytes), "relocations": g(&self.relocations),
+            "graph_steps": g(&self.graph_steps),
         })
     }
 }
@@ -129,24 +140,115 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine thread. It runs until every handle is dropped and its work is done.
-pub fn start(model: Arc<Model>, opts: EngineOptions) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+/// What runs the model for the engine: it admits waiting sequences into its batch (prefilling
+/// them) and runs one decode step over the batch, sending each sequence's events. The CPU's
+/// ([`CpuBatcher`]) keeps a host cache that it rebuilds row by row; the GPU's
+/// ([`super::gpu::GpuBatcher`]) keeps device caches in slots.
+pub trait Batcher {
+    /// Admits what fits from `waiting` (sequences with `max_tokens: 0` are scored and answered at
+    /// once) and runs one decode step over `running`, removing the sequences that end.
+    fn advance(
+        &mut self,
+        opts: &EngineOptions,
+        stats: &EngineStats,
+        running: &mut Vec<Running>,
+        waiting: &mut std::collections::VecDeque<SeqRequest>,
+    ) -> anyhow::Result<()>;
+    /// Forgets the batch after a failed step (its sequences are gone).
+    fn reset(&mut self);
+}
+
+/// The engine thread's start: [`Launch::run`] with the batcher built on that thread (a GPU's
+/// state belongs to it), or [`Launch::fail`] with why it could not be built.
+pub struct Launch {
+    ready: std::sync::mpsc::Sender<anyhow::Result<()>>,
+    opts: EngineOptions,
+    rx: Receiver<Job>,
+    stats: Arc<EngineStats>,
+}
+
+impl Launch {
+    /// Serves with `b` until every handle is dropped and the work is done.
+    pub fn run(self, b: &mut dyn Batcher) {
+        let _ = self.ready.send(Ok(()));
+        run(b, &self.opts, self.rx, &self.stats)
+    }
+    pub fn fail(self, e: anyhow::Error) {
+        let _ = self.ready.send(Err(e));
+    }
+    pub fn stats(&self) -> &Arc<EngineStats> {
+        &self.stats
+    }
+}
+
+/// Starts the engine thread, which calls `body` (that builds the batcher and runs it through
+/// [`Launch`]); returns once the batcher is built, or its error, before anything is served.
+pub fn start(
+    body: impl FnOnce(Launch) + Send + 'static,
+    opts: EngineOptions,
+) -> anyhow::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(opts.max_queue.max(1));
     let stats = Arc::new(EngineStats::default());
-    let st = stats.clone();
-    let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || run(&model, &opts, rx, &st))?;
-    Ok((EngineHandle { tx, stats }, th))
+    let (ready, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let launch = Launch { ready, opts, rx, stats: stats.clone() };
+    let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || body(launch))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok((EngineHandle { tx, stats }, th)),
+        Ok(Err(e)) => {
+            let _ = th.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = th.join();
+            anyhow::bail!("the engine thread failed while starting")
+        }
+    }
+}
+
+/// The CPU's batcher: the f32 model with a host cache rebuilt (`Cache::gather_rows`) when
+/// sequences join or leave.
+pub struct CpuBatcher {
+    pub model: Arc<Model>,
+    cache: Option<Cache>,
+}
+
+impl CpuBatcher {
+    pub fn new(model: Arc<Model>) -> Self {
+        Self { model, cache: None }
+    }
+}
+
+impl Batcher for CpuBatcher {
+    fn advance(
+        &mut self,
+        opts: &EngineOptions,
+        stats: &EngineStats,
+        running: &mut Vec<Running>,
+        waiting: &mut std::collections::VecDeque<SeqRequest>,
+    ) -> anyhow::Result<()> {
+        advance(&self.model, opts, stats, running, &mut self.cache, waiting);
+        Ok(())
+    }
+    fn reset(&mut self) {
+        self.cache = None;
+    }
 }
 
 /// A running sequence: its row in the batch cache and the token it feeds next.
-struct Running {
+pub struct Running {
     /// Its row in the batch cache. Rows of finished sequences stay in the cache until the next
     /// rebuild, so that a step that both loses and gains sequences rebuilds the cache once.
-    row: usize,
-    req: SeqRequest,
-    rng: ChaCha8Rng,
-    generated: usize,
-    next: u32,
+    pub row: usize,
+    pub req: SeqRequest,
+    pub rng: ChaCha8Rng,
+    pub generated: usize,
+    pub next: u32,
+}
+
+impl Running {
+    pub fn new(req: SeqRequest) -> Self {
+        Self { row: 0, rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 }
+    }
 }
 
 /// log-softmax of one row of logits: the log-probability of `id` and the `k` most likely tokens.
@@ -168,9 +270,8 @@ pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
     TokenLogprob { id, logprob: lp(id as usize), top }
 }
 
-fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineStats) {
+fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineStats) {
     let mut running: Vec<Running> = Vec::new();
-    let mut cache: Option<Cache> = None;
     let mut waiting: std::collections::VecDeque<SeqRequest> = Default::default();
     let mut closed = false;
     loop {
@@ -213,16 +314,21 @@ fn run(model: &Model, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineSta
             running.retain(|_| k.next().copied().unwrap_or(false));
         }
 
-        // A panic in a step (a bug: every input is checked before it gets here) costs the
-        // sequences of that step, not the server.
+        // A panic in a step (a bug: every input is checked before it gets here) or an error (the
+        // GPU out of memory, say) costs the sequences of that step, not the server.
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            advance(model, opts, stats, &mut running, &mut cache, &mut waiting)
+            batcher.advance(opts, stats, &mut running, &mut waiting)
         }));
-        if res.is_err() {
-            eprintln!("error: the engine failed in a decode step; its {} sequences were dropped", running.len());
+        let failed = match res {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(_) => Some("a panic".to_string()),
+        };
+        if let Some(why) = failed {
+            eprintln!("error: the engine failed in a step ({why}); its {} sequences were dropped", running.len());
             stats.cancelled.fetch_add(running.len(), Ordering::Relaxed);
             running.clear();
-            cache = None;
+            batcher.reset();
             stats.running.store(0, Ordering::Relaxed);
         }
     }
@@ -300,7 +406,7 @@ fn advance(
 
 /// What became of a sequence after a step.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Step {
+pub enum Step {
     GoesOn,
     Finished,
     /// Its client is gone.
@@ -323,9 +429,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// Samples the next token of `r` from `logits` and sends it.
-fn emit_next(r: &mut Running, logits: &[f32]) -> Step {
-    let tok =
-        if r.req.sampling.temperature <= 0.0 { argmax(logits) } else { sample(logits, &r.req.sampling, &mut r.rng) };
+pub fn emit_next(r: &mut Running, logits: &[f32]) -> Step {
+    emit_token(r, logits, None)
+}
+
+/// [`emit_next`] with the token chosen already (on the GPU) when `chosen`; `logits` are then only
+/// read for log-probabilities when the sequence asks for them.
+pub fn emit_token(r: &mut Running, logits: &[f32], chosen: Option<u32>) -> Step {
+    let tok = match chosen {
+        Some(t) => t,
+        None if r.req.sampling.temperature <= 0.0 => argmax(logits),
+        None => sample(logits, &r.req.sampling, &mut r.rng),
+    };
     if Some(tok) == r.req.eos {
         let _ = r.req.events.send(Event::Done(Finish::Stop));
         return Step::Finished;
@@ -386,7 +501,7 @@ fn prefill(model: &Model, batch: Vec<SeqRequest>) -> (Option<Cache>, Vec<(usize,
         }
         let last = &hidden[(row * t + t - 1) * d..(row * t + t) * d];
         let logits = model.logits(last);
-        let mut r = Running { row: 0, rng: ChaCha8Rng::seed_from_u64(req.seed), req, generated: 0, next: 0 };
+        let mut r = Running::new(req);
         if emit_next(&mut r, &logits) == Step::GoesOn {
             joined.push((row, r));
         }

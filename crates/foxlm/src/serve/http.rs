@@ -38,6 +38,9 @@ pub struct App {
     pub eos: Option<u32>,
     pub api_key: Option<String>,
     pub created: u64,
+    /// What `GET /metrics` reports beside the engine's counters.
+    pub metrics: super::metrics::Metrics,
+    pub max_batch: usize,
     pub next_id: AtomicU64,
 }
 
@@ -111,6 +114,7 @@ pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/tokenize", post(tokenize))
@@ -177,6 +181,11 @@ async fn stats(State(app): State<Arc<App>>) -> Json<Value> {
     Json(app.engine.stats.to_json())
 }
 
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let text = super::metrics::render(&app.metrics, &app.engine.stats, app.max_batch);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({
         "object": "list",
@@ -240,6 +249,9 @@ struct Completion {
     echo: bool,
     logprobs: Option<usize>,
     stream: bool,
+    /// `stream_options.include_usage`: end the stream with a usage-only chunk (empty `choices`),
+    /// and give every other chunk `"usage": null`, as OpenAI and vLLM do.
+    include_usage: bool,
     ignore_eos: bool,
     return_token_ids: bool,
 }
@@ -327,6 +339,7 @@ fn parse_completion(app: &App, body: &Value) -> Result<Completion, ApiError> {
     }
     let logprobs = f.int("logprobs", 0, MAX_LOGPROBS)?.map(|k| k as usize);
     let stream = f.bool("stream", false)?;
+    let include_usage = stream_options(&f, stream)?;
     Ok(Completion {
         max_tokens,
         sampling: Sampling { temperature: temperature as f32, top_k, top_p: top_p as f32 },
@@ -336,10 +349,28 @@ fn parse_completion(app: &App, body: &Value) -> Result<Completion, ApiError> {
         echo: f.bool("echo", false)?,
         logprobs,
         stream,
+        include_usage,
         ignore_eos: f.bool("ignore_eos", false)?,
         return_token_ids: f.bool("return_token_ids", false)?,
         prompts: ps,
     })
+}
+
+/// `stream_options` (an object, only with `stream: true`): whether the stream ends with a usage
+/// chunk. Unknown keys are refused, as every option foxlm does not have.
+fn stream_options(f: &Fields, stream: bool) -> Result<bool, ApiError> {
+    let Some(v) = f.get("stream_options") else { return Ok(false) };
+    if !stream {
+        return Err(ApiError::invalid("stream_options", "'stream_options' is only allowed with 'stream': true"));
+    }
+    let o = Fields::parse(v).map_err(|_| ApiError::invalid("stream_options", "'stream_options' must be an object"))?;
+    if let Some(k) = o.keys().find(|k| *k != "include_usage") {
+        return Err(ApiError::invalid(
+            &format!("stream_options.{k}"),
+            format!("'stream_options.{k}' is not supported by foxlm serve (only 'include_usage')"),
+        ));
+    }
+    o.bool("include_usage", false).map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })
 }
 
 /// OpenAI's legacy `logprobs` object, built up token by token.
@@ -405,6 +436,8 @@ struct ChoiceOut {
 /// Everything one choice needs besides its event channel.
 struct ChoiceSpec {
     index: usize,
+    /// When the request arrived (time to first token counts from here).
+    arrived: std::time::Instant,
     prompt_text: String,
     prompt_ids: Vec<u32>,
 }
@@ -428,11 +461,15 @@ async fn run_choice(
     let mut echo_text = String::new();
     let mut finish = "length";
     let mut stopped = false;
+    let mut last_token: Option<std::time::Instant> = None;
 
     let send = |piece: &str, logprobs: Option<Value>, finish: Option<&str>| -> Option<Bytes> {
         let (_, head) = sink?;
         let mut chunk = head.clone();
         chunk["choices"] = json!([{"index": spec.index, "text": piece, "logprobs": logprobs, "finish_reason": finish}]);
+        if c.include_usage {
+            chunk["usage"] = Value::Null;
+        }
         Some(Bytes::from(format!("data: {chunk}\n\n")))
     };
     macro_rules! emit {
@@ -472,6 +509,13 @@ async fn run_choice(
                 emit!(&echo_text, lp, None);
             }
             Event::Token(id, lp) => {
+                let now = std::time::Instant::now();
+                match last_token {
+                    None => app.metrics.ttft.observe(now.duration_since(spec.arrived)),
+                    Some(t) => app.metrics.itl.observe(now.duration_since(t)),
+                }
+                last_token = Some(now);
+                app.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
                 token_ids.push(id);
                 if c.logprobs.is_some() {
                     lps.push(app, id, lp.as_ref(), chars);
@@ -531,6 +575,7 @@ async fn completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let arrived = std::time::Instant::now();
     let body = json_body(body)?;
     let c = parse_completion(&app, &body)?;
     let seed = c.seed.unwrap_or_else(rand::random);
@@ -555,15 +600,18 @@ async fn completions(
                 Prompt::Text(s) => s.clone(),
                 Prompt::Ids(ids) => app.decode(ids),
             };
-            specs.push((ChoiceSpec { index: pi * c.n + j, prompt_text, prompt_ids: ids.clone() }, rx));
+            specs.push((ChoiceSpec { index: pi * c.n + j, arrived, prompt_text, prompt_ids: ids.clone() }, rx));
         }
     }
     app.engine.submit(job).map_err(|e| match e {
-        SubmitError::QueueFull => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_overloaded",
-            "the server's request queue is full (--max-queue); retry later",
-        ),
+        SubmitError::QueueFull => {
+            app.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_overloaded",
+                "the server's request queue is full (--max-queue); retry later",
+            )
+        }
         SubmitError::Stopped => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
         }
@@ -571,6 +619,8 @@ async fn completions(
     let id = format!("cmpl-{}", app.next_id.fetch_add(1, Ordering::Relaxed));
     let created = now_s();
     let prompt_tokens: usize = c.prompts.iter().map(|(_, ids)| ids.len()).sum();
+    app.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    app.metrics.prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
     let head = json!({"id": id, "object": "text_completion", "created": created, "model": app.model_name});
 
     if !c.stream {
@@ -581,7 +631,11 @@ async fn completions(
         let mut completion_tokens = 0;
         for (i, o) in outs.into_iter().enumerate() {
             let o = o.ok_or_else(|| {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "the engine stopped this request: the server is shutting down, or a step failed (see its log)",
+                )
             })?;
             completion_tokens += o.tokens;
             let mut ch = json!({"index": i, "text": o.text, "logprobs": o.logprobs, "finish_reason": o.finish});
@@ -609,11 +663,13 @@ async fn completions(
         if outs.iter().any(|o| o.is_none()) {
             return;
         }
-        let completion_tokens: usize = outs.iter().flatten().map(|o| o.tokens).sum();
-        let mut last = head.clone();
-        last["choices"] = json!([]);
-        last["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-        let _ = btx.send(Bytes::from(format!("data: {last}\n\n"))).await;
+        if c.include_usage {
+            let completion_tokens: usize = outs.iter().flatten().map(|o| o.tokens).sum();
+            let mut last = head.clone();
+            last["choices"] = json!([]);
+            last["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
+            let _ = btx.send(Bytes::from(format!("data: {last}\n\n"))).await;
+        }
         let _ = btx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     });
     let stream = futures_util::stream::unfold(brx, |mut rx| async move {

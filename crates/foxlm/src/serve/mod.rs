@@ -6,13 +6,15 @@ pub mod api;
 pub mod bench;
 pub mod client;
 pub mod engine;
+pub mod gpu;
 pub mod http;
+pub mod metrics;
 
 use crate::checkpoint::load_model;
 use crate::eval::text::text_format_for;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
-use fox_kernels::cuda::DeviceArg;
+use fox_kernels::cuda::{Device, DeviceArg};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -59,10 +61,6 @@ impl ServeOptions {
 
 /// Loads the model, starts the engine and builds the shared state.
 fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()>)> {
-    match o.device {
-        DeviceArg::Cuda(_) => bail!("--device: GPU inference is not available yet; use --device cpu (or auto)"),
-        DeviceArg::Cpu | DeviceArg::Auto => {}
-    }
     if o.max_batch == 0 || o.max_queue == 0 {
         bail!("--max-batch and --max-queue must be at least 1");
     }
@@ -89,9 +87,24 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         let canon = o.model.canonicalize().unwrap_or_else(|_| o.model.clone());
         canon.file_name().map_or_else(|| "foxlm".to_string(), |n| n.to_string_lossy().into_owned())
     });
-    let (engine, thread) =
-        engine::start(Arc::new(model), engine::EngineOptions { max_batch: o.max_batch, max_queue: o.max_queue })
-            .context("cannot start the engine thread")?;
+    let device = crate::cli::DeviceArgs { device: o.device, dtype: None }.select_for(&model)?;
+    let eopts = engine::EngineOptions { max_batch: o.max_batch, max_queue: o.max_queue };
+    let model = Arc::new(model);
+    let on = device.describe();
+    let (engine, thread) = match device {
+        Device::Cpu => engine::start(move |l| l.run(&mut engine::CpuBatcher::new(model)), eopts),
+        Device::Cuda(gpu) => {
+            let (slots, len) = (o.max_batch, max_model_len);
+            engine::start(
+                move |l| match gpu::GpuBatcher::new(gpu, &model, slots, len, l.stats().clone()) {
+                    Ok(mut b) => l.run(&mut b),
+                    Err(e) => l.fail(e),
+                },
+                eopts,
+            )
+        }
+    }
+    .with_context(|| format!("cannot start the engine on {on}"))?;
     let app = http::App {
         engine,
         model_name: name,
@@ -104,6 +117,8 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         next_id: AtomicU64::new(0),
+        metrics: metrics::Metrics::default(),
+        max_batch: o.max_batch,
     };
     Ok((Arc::new(app), thread))
 }

@@ -286,15 +286,31 @@ impl<T: Elem> Cuda<T> {
     /// Logits [rows, vocab] (f32, on the host) of final hidden states [rows, d], a chunk of the
     /// head's rows at a time.
     pub fn logits(&mut self, hidden: &CudaSlice<T>, lm_head: &Linear, rows: usize) -> Result<Vec<f32>> {
+        self.logits_from(hidden, lm_head, 0, rows)
+    }
+
+    /// [`Cuda::logits`] of rows `row0..row0 + rows` of `hidden`.
+    pub fn logits_from(
+        &mut self,
+        hidden: &CudaSlice<T>,
+        lm_head: &Linear,
+        row0: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>> {
         self.mark(Family::Head)?;
         let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
-        ensure!(hidden.len() >= rows * d, "logits: hidden holds {} values, {rows}×{d} expected", hidden.len());
+        ensure!(
+            hidden.len() >= (row0 + rows) * d,
+            "logits: hidden holds {} values, {}×{d} expected",
+            hidden.len(),
+            row0 + rows
+        );
         let mut out = Vec::with_capacity(rows * vocab);
         let mut host = vec![0f32; self.head_rows * vpad];
         let gpu = self.gpu.clone();
         for r0 in (0..rows).step_by(self.head_rows) {
             let m = self.head_rows.min(rows - r0);
-            dtod(&gpu, hidden, r0 * d, &mut self.head_x, 0, m * d)?;
+            dtod(&gpu, hidden, (row0 + r0) * d, &mut self.head_x, 0, m * d)?;
             let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
             self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vpad)?;
             gpu.stream()

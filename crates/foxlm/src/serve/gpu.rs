@@ -1,0 +1,425 @@
+//! The serving engine's GPU batcher: continuous batching over device caches kept in slots.
+//!
+//! The batch is `--max-batch` slots of one device cache ([S, cap] positions per attention layer,
+//! one state per recurrent layer). Every slot's positions end at a common length L (the
+//! attention kernels take one length and per-row left padding), so a sequence of n positions
+//! occupies positions L − n .. L of its slot and the positions before are padding. A decode step
+//! feeds one token per slot (free slots a dummy token, fully padded) and appends at L.
+//!
+//! - A finished sequence frees its slot: nothing is copied and the other rows stay where they are.
+//! - Newcomers are prefilled together (left-padded, in chunks, through a cache of their own) and
+//!   each is copied into a free slot at L − n .. L: only the newcomer's positions move.
+//! - Only when L would pass the slots' capacity, or a newcomer is longer than L, are the running
+//!   rows moved (to a fresh cache, right-aligned at the longest row): a relocation, rare since the
+//!   capacity is planned at 4096 positions or twice the context where memory allows.
+//! - Requests with `max_tokens: 0` (scoring: echo + logprobs) take no slot: their prefill gives
+//!   their log-probabilities and they are answered without entering the decode loop.
+//!
+//! Greedy steps without log-probabilities choose the tokens on the device (the first index on
+//! ties, as the host's argmax); otherwise the logits come to the host and the engine's sampler
+//! (the same as the CPU's, one generator per sequence) chooses.
+
+use super::engine::{emit_next, emit_token, token_logprob, Batcher, EngineOptions, EngineStats, Event, Finish};
+use super::engine::{Running, SeqRequest, Step};
+use crate::backend::cuda::{dtod, dtod_2d, GpuLayerState};
+use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
+use crate::model::cache::LayerState;
+use crate::model::mamba::state::MambaState;
+use crate::model::mamba2::state::Mamba2State;
+use crate::model::Model;
+use anyhow::{bail, Context, Result};
+use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
+use fox_kernels::cuda::Gpu;
+use half::bf16;
+use rayon::prelude::*;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The GPU batcher (bf16).
+pub struct GpuBatcher<'m> {
+    model: &'m Model,
+    inf: GpuInfer<'m, bf16>,
+    caches: Vec<GpuLayerState<bf16>>,
+    /// Positions per slot.
+    cap: usize,
+    /// The common end of every slot's positions.
+    len: usize,
+    /// Each slot's filled positions (None: free).
+    slots: Vec<Option<usize>>,
+    stats: Arc<EngineStats>,
+    /// Relocations of the running rows (a count for the tests and /stats).
+    pub relocations: usize,
+    /// Greedy steps replay one CUDA graph (the batch is always the S slots), captured at the
+    /// first such step and again after each relocation; `parked` holds its device-side length.
+    graphs: bool,
+    graph: Option<CudaGraph>,
+    parked: Option<CudaSlice<i32>>,
+    /// A step has run eagerly since the start (or the last failure), so that every buffer a step
+    /// allocates on first use (the attention's split-K scratch) exists before a capture: an
+    /// allocation inside the capture would belong to the graph and go with it.
+    warm: bool,
+}
+
+impl<'m> GpuBatcher<'m> {
+    /// Loads `model` onto `gpu` and plans the cache: `slots` rows of 4096 positions or twice
+    /// `max_model_len` where memory allows (at least `max_model_len` + 1), plus room for a prefill's
+    /// cache and a relocation. Prints the plan; not enough memory is an error naming the options.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        model: &'m Model,
+        slots: usize,
+        max_model_len: usize,
+        stats: Arc<EngineStats>,
+    ) -> Result<Self> {
+        let chunk = (DEFAULT_GPU_ROWS / slots.max(1)).clamp(1, max_model_len.max(1));
+        let inf = GpuInfer::<bf16>::new(gpu.clone(), model, Plan { batch: slots, chunk }).with_context(|| {
+            format!("--max-batch {slots}: the model and its buffers for {slots} × {chunk} positions")
+        })?;
+        let (free, total) = gpu.context().mem_get_info().unwrap_or((0, 0));
+        let bytes = |b: usize, p: usize| GpuInfer::<bf16>::cache_bytes(model, b, p);
+        // The slots' cache, a relocation's second copy of it, a full prefill's cache, and a margin.
+        let need = |cap: usize| 2 * bytes(slots, cap) + bytes(slots, max_model_len) + (512 << 20);
+        let min_cap = max_model_len + 1;
+        if need(min_cap) > free {
+            bail!(
+                "--max-batch {slots} × --max-model-len {max_model_len}: the decode cache needs {:.2} GiB (slots, a \
+                 relocation and a prefill), and {} has {:.2} of {:.2} GiB free; lower --max-batch or --max-model-len",
+                need(min_cap) as f64 / GIB,
+                gpu.name(),
+                free as f64 / GIB,
+                total as f64 / GIB
+            );
+        }
+        // Running rows move when L reaches the capacity, so more positions mean rarer moves: at
+        // least 4096 (or twice the context) where that takes at most half the free memory.
+        let roomy = (2 * max_model_len).max(4096);
+        let cap = if need(roomy) <= free / 2 {
+            roomy
+        } else if need(2 * max_model_len) <= free {
+            2 * max_model_len
+        } else {
+            min_cap
+        };
+        let caches = inf.caches(slots, cap).context("allocating the slots' decode cache")?;
+        eprintln!(
+            "GPU cache plan on {}: {slots} slots × {cap} positions = {:.2} GiB, + {:.2} GiB kept free for \
+             prefills and relocations; {:.2} of {:.2} GiB were free after the weights",
+            gpu.name(),
+            bytes(slots, cap) as f64 / GIB,
+            (need(cap) - bytes(slots, cap)) as f64 / GIB,
+            free as f64 / GIB,
+            total as f64 / GIB
+        );
+        stats.gpu_cache_bytes.store(bytes(slots, cap), Ordering::Relaxed);
+        if let Ok((free, total)) = gpu.context().mem_get_info() {
+            stats.gpu_mem_used.store(total - free, Ordering::Relaxed);
+            stats.gpu_mem_total.store(total, Ordering::Relaxed);
+        }
+        let graphs = inf.step_graphs_possible() && std::env::var("FOXLM_SERVE_GRAPHS").map_or(true, |v| v != "0");
+        Ok(Self {
+            model,
+            inf,
+            caches,
+            cap,
+            len: 0,
+            slots: vec![None; slots],
+            stats,
+            relocations: 0,
+            graphs,
+            graph: None,
+            parked: None,
+            warm: false,
+        })
+    }
+
+    fn gpu(&self) -> Arc<Gpu> {
+        self.inf.be.gpu.clone()
+    }
+
+    /// Copies positions `from..from + n` of row `sr` of `src` to `to..to + n` of row `dr` of
+    /// `dst` (keys, values and gate sums), with the row's KV-shift and recurrent states.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_row(
+        gpu: &Gpu,
+        src: &[GpuLayerState<bf16>],
+        sr: usize,
+        from: usize,
+        dst: &mut [GpuLayerState<bf16>],
+        dr: usize,
+        to: usize,
+        n: usize,
+    ) -> Result<()> {
+        for (a, b) in src.iter().zip(dst.iter_mut()) {
+            match (a, b) {
+                (LayerState::Attention(x), LayerState::Attention(y)) => {
+                    // k, v [B, H_kv, cap, D] and c [B, H, cap]: one pitched copy each, a run per head.
+                    let (h, hkv, d) = (x.heads, x.kv_heads, x.head_dim);
+                    let (s, t) = ((sr * hkv * x.cap + from) * d, (dr * hkv * y.cap + to) * d);
+                    dtod_2d(gpu, &x.k, s, x.cap * d, &mut y.k, t, y.cap * d, n * d, hkv)?;
+                    dtod_2d(gpu, &x.v, s, x.cap * d, &mut y.v, t, y.cap * d, n * d, hkv)?;
+                    let (s, t) = (sr * h * x.cap + from, dr * h * y.cap + to);
+                    dtod_2d(gpu, &x.c, s, x.cap, &mut y.c, t, y.cap, n, h)?;
+                    let w = hkv * d;
+                    dtod(gpu, &x.k_shift, sr * w, &mut y.k_shift, dr * w, w)?;
+                    dtod(gpu, &x.v_shift, sr * w, &mut y.v_shift, dr * w, w)?;
+                }
+                (LayerState::Mamba2(x), LayerState::Mamba2(y)) => {
+                    let (ns, nc) = Mamba2State::lens(1, &x.sizes);
+                    dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
+                    dtod(gpu, &x.conv, sr * nc, &mut y.conv, dr * nc, nc)?;
+                }
+                (LayerState::Mamba(x), LayerState::Mamba(y)) => {
+                    let (ns, nc) = MambaState::lens(1, &x.sizes);
+                    dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
+                    dtod(gpu, &x.conv, sr * nc, &mut y.conv, dr * nc, nc)?;
+                }
+                _ => bail!("copying a row between caches of different layer kinds"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every running row to a fresh cache, right-aligned at `new_len`.
+    fn relocate(&mut self, new_len: usize) -> Result<()> {
+        let gpu = self.gpu();
+        let mut fresh = self.inf.caches(self.slots.len(), self.cap).context("relocating the running rows")?;
+        for (s, n) in self.slots.iter().enumerate() {
+            if let Some(n) = *n {
+                Self::copy_row(&gpu, &self.caches, s, self.len - n, &mut fresh, s, new_len - n, n)?;
+            }
+        }
+        // The graph points to the old cache.
+        self.graph = None;
+        self.caches = fresh;
+        self.len = new_len;
+        self.relocations += 1;
+        self.stats.relocations.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn longest(&self) -> usize {
+        self.slots.iter().flatten().copied().max().unwrap_or(0)
+    }
+
+    /// Prefills `group` together (left-padded), answers the scoring-only sequences, sends each
+    /// other's first token and places those that go on into free slots.
+    fn prefill(&mut self, group: Vec<SeqRequest>, running: &mut Vec<Running>) -> Result<()> {
+        let prompts: Vec<Vec<u32>> = group.iter().map(|s| s.prompt.clone()).collect();
+        let (ids, t, start) = crate::generate::left_pad(&prompts);
+        let b = group.len();
+        let mut pcache = self.inf.caches(b, t).context("a prefill's cache")?;
+        // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
+        let scratch = self.inf.be.decode_scratch.take();
+        let r = self.prefill_rows(group, running, &mut pcache, &prompts, &ids, t, start.as_deref());
+        if scratch.is_some() {
+            self.inf.be.decode_scratch = scratch;
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_rows(
+        &mut self,
+        group: Vec<SeqRequest>,
+        running: &mut Vec<Running>,
+        pcache: &mut [GpuLayerState<bf16>],
+        prompts: &[Vec<u32>],
+        ids: &[u32],
+        t: usize,
+        start: Option<&[usize]>,
+    ) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        let b = group.len();
+        let starts: Vec<usize> = group.iter().map(|s| t - s.prompt.len()).collect();
+        // Prompt log-probabilities, chunk by chunk, for the rows that ask for them.
+        let mut lps: Vec<Vec<super::engine::TokenLogprob>> = vec![Vec::new(); b];
+        let asks: Vec<Option<usize>> = group.iter().map(|s| s.prompt_logprobs).collect();
+        let any = asks.iter().any(|a| a.is_some());
+        let prompts_ref = prompts;
+        self.inf.prefill(ids, b, t, start, pcache, &mut |e, p0, tc| {
+            if !any {
+                return Ok(());
+            }
+            for row in 0..b {
+                let Some(k) = asks[row] else { continue };
+                let p = &prompts_ref[row];
+                // Position i (of the padded row) is prompt token j = i − start; its logits predict
+                // token j + 1.
+                let lo = p0.max(starts[row]);
+                let hi = (p0 + tc).min(t - 1);
+                let mut i0 = lo;
+                while i0 < hi {
+                    let i1 = (i0 + 64).min(hi);
+                    let lg = e.chunk_logits(row * tc + (i0 - p0), i1 - i0)?;
+                    for i in i0..i1 {
+                        let j = i - starts[row];
+                        lps[row].push(token_logprob(&lg[(i - i0) * v..(i - i0 + 1) * v], p[j + 1], k));
+                    }
+                    i0 = i1;
+                }
+            }
+            Ok(())
+        })?;
+        let last = self.inf.prefill_last_logits()?;
+        let gpu = self.gpu();
+        for (row, req) in group.into_iter().enumerate() {
+            let p = req.prompt.len();
+            if req.prompt_logprobs.is_some() && req.events.send(Event::Prompt(std::mem::take(&mut lps[row]))).is_err() {
+                self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if req.max_tokens == 0 {
+                let _ = req.events.send(Event::Done(Finish::Length));
+                self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let mut r = Running::new(req);
+            match emit_next(&mut r, &last[row * v..(row + 1) * v]) {
+                Step::GoesOn => {}
+                Step::Finished => {
+                    self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Step::Gone => {
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
+            let Some(slot) = self.slots.iter().position(|s| s.is_none()) else {
+                bail!("no free slot for a prefilled sequence (the admission counted wrong)")
+            };
+            if self.slots.iter().all(|s| s.is_none()) {
+                self.len = p;
+            } else if self.len < p {
+                let to = p.max(self.longest());
+                self.relocate(to)?;
+            }
+            Self::copy_row(&gpu, pcache, row, t - p, &mut self.caches, slot, self.len - p, p)?;
+            self.slots[slot] = Some(p);
+            r.row = slot;
+            running.push(r);
+        }
+        Ok(())
+    }
+
+    /// One decode step over every slot.
+    fn step(&mut self, running: &mut Vec<Running>) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        if self.len + 1 > self.cap {
+            let to = self.longest();
+            self.relocate(to)?;
+        }
+        let s = self.slots.len();
+        let mut ids = vec![0u32; s];
+        // Free slots: fully padded (their one position is the step's own).
+        let mut start = vec![self.len; s];
+        for r in running.iter() {
+            ids[r.row] = r.next;
+            start[r.row] = self.len - self.slots[r.row].unwrap_or(0);
+        }
+        for c in self.caches.iter_mut() {
+            c.reset_len(self.len);
+        }
+        let greedy = running.iter().all(|r| r.req.sampling.temperature <= 0.0 && r.req.logprobs.is_none());
+        let out = if greedy && self.graphs && self.warm {
+            let c = self.inf.step_graph(&ids, &start, &mut self.caches, &mut self.graph, &mut self.parked)?;
+            self.stats.graph_steps.fetch_add(1, Ordering::Relaxed);
+            StepOut::Chosen(c)
+        } else {
+            let o = self.inf.step(&ids, &start, &mut self.caches, greedy)?;
+            self.warm = true;
+            o
+        };
+        self.len += 1;
+        for r in running.iter() {
+            if let Some(n) = self.slots[r.row].as_mut() {
+                *n += 1;
+            }
+        }
+        let steps: Vec<Step> = match &out {
+            StepOut::Logits(l) => {
+                running.par_iter_mut().map(|r| emit_next(r, &l[r.row * v..(r.row + 1) * v])).collect()
+            }
+            StepOut::Chosen(c) => running.iter_mut().map(|r| emit_token(r, &[], Some(c[r.row]))).collect(),
+        };
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.stats.rows_decoded.fetch_add(running.len(), Ordering::Relaxed);
+        let count = |k: Step| steps.iter().filter(|&&x| x == k).count();
+        self.stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
+        self.stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
+        for (r, st) in running.iter().zip(&steps) {
+            if *st != Step::GoesOn {
+                self.slots[r.row] = None;
+            }
+        }
+        let mut k = steps.iter();
+        running.retain(|_| k.next().is_some_and(|&x| x == Step::GoesOn));
+        Ok(())
+    }
+}
+
+impl Batcher for GpuBatcher<'_> {
+    fn advance(
+        &mut self,
+        _opts: &EngineOptions,
+        stats: &EngineStats,
+        running: &mut Vec<Running>,
+        waiting: &mut VecDeque<SeqRequest>,
+    ) -> Result<()> {
+        // Free the slots of sequences the engine dropped (clients gone).
+        let held: Vec<usize> = running.iter().map(|r| r.row).collect();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.is_some() && !held.contains(&i) {
+                *s = None;
+            }
+        }
+        // Admit one prefill group: sequences in order while slots last (scoring takes none),
+        // at most the planned batch, with left padding inside one prefill chunk.
+        let plan = self.inf.plan();
+        let mut free = self.slots.iter().filter(|s| s.is_none()).count();
+        let mut group: Vec<SeqRequest> = Vec::new();
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        while let Some(front) = waiting.front() {
+            let p = front.prompt.len();
+            let takes = front.max_tokens > 0;
+            let (nlo, nhi) = (lo.min(p), hi.max(p));
+            if (takes && free == 0) || group.len() == plan.batch || (nhi > plan.chunk && nhi - nlo >= plan.chunk) {
+                break;
+            }
+            (lo, hi) = (nlo, nhi);
+            free -= takes as usize;
+            group.extend(waiting.pop_front());
+        }
+        if !group.is_empty() {
+            stats.prefills.fetch_add(1, Ordering::Relaxed);
+            stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
+            self.prefill(group, running)?;
+            // GPU memory for /metrics, read while the prefill's cache is still counted.
+            if let Ok((free, total)) = self.inf.be.gpu.context().mem_get_info() {
+                stats.gpu_mem_used.store(total - free, Ordering::Relaxed);
+            }
+        }
+        stats.running.store(running.len(), Ordering::Relaxed);
+        stats.waiting.store(waiting.len(), Ordering::Relaxed);
+        if running.is_empty() {
+            self.len = 0;
+            return Ok(());
+        }
+        self.step(running)?;
+        stats.running.store(running.len(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.slots.iter_mut().for_each(|s| *s = None);
+        self.len = 0;
+        self.graph = None;
+        self.parked = None;
+        self.warm = false;
+        // Whatever the failed step left half-made goes too (made again on first use).
+        self.inf.be.decode_scratch = None;
+    }
+}

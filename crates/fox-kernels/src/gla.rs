@@ -29,6 +29,7 @@
 //! pass over the states alone. One rayon task per (b, h), chunks in order: the same bits whatever
 //! the thread count.
 
+use crate::linalg::{axpy, dot};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -123,28 +124,6 @@ struct Head {
     k: Vec<f32>,
     v: Vec<f32>,
     g: Vec<f32>,
-}
-
-/// Σ a_i b_i over 8 interleaved partial sums (so that the compiler keeps them in vector
-/// registers; a single running sum is one dependent add after another), then the tail.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a[..n].chunks_exact(8), b[..n].chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
-}
-
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
 }
 
 /// G [L, K]: the gate's cumulative sums over chunk [c0, c0 + len).

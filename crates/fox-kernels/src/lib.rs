@@ -14,6 +14,7 @@ pub mod gate;
 pub mod gla;
 pub mod head;
 pub mod kv_shift;
+mod linalg;
 pub mod matmul;
 pub mod par;
 pub mod rms_norm_gated;

@@ -24,7 +24,8 @@ const TOL_SSD: f64 = 2e-5;
 const TOL_ELEM: f64 = 1e-5;
 const TOL_SSD_BWD: f64 = 1e-4;
 
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
+/// ‖x − r‖ / ‖r‖ (∞ for a length mismatch); also the tensor-core check's metric.
+pub(super) fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     if x.len() != r.len() {
         return f64::INFINITY;
     }
@@ -36,18 +37,19 @@ fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     (num / den.max(1e-300)).sqrt()
 }
 
-struct Ctx<'a> {
-    gpu: &'a Gpu,
-    rng: ChaCha8Rng,
-    rows: Vec<CheckRow>,
+/// The rows of a check run and the random source of its inputs (also the tensor-core check's).
+pub(super) struct Ctx<'a> {
+    pub(super) gpu: &'a Gpu,
+    pub(super) rng: ChaCha8Rng,
+    pub(super) rows: Vec<CheckRow>,
 }
 
 impl Ctx<'_> {
-    fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
+    pub(super) fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
         let pass = err.is_finite() && err <= tol;
         self.rows.push(CheckRow { case: case.into(), metric: metric.into(), err, tol, pass, note: note.into() });
     }
-    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(super) fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
     }
     fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
@@ -233,15 +235,15 @@ fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
 }
 
 /// Values rounded to T and widened again (the inputs both sides see).
-fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
+pub(super) fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
     x.into_iter().map(|v| T::from_f32(v).to_f32()).collect()
 }
 
-fn upload_as<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<T>> {
+pub(super) fn upload_as<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<T>> {
     gpu.upload(&x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>())
 }
 
-fn download_f32<T: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<T>) -> Result<Vec<f32>> {
+pub(super) fn download_f32<T: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<T>) -> Result<Vec<f32>> {
     Ok(gpu.download(x)?.into_iter().map(T::to_f32).collect())
 }
 

@@ -15,10 +15,10 @@
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
 use super::check::CheckRow;
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
 use super::ssd_tc::{self, DevSsd, DevSsdGrads};
 use super::{Elem, Gpu};
 use anyhow::Result;
-use cudarc::driver::CudaSlice;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -26,46 +26,6 @@ use rand_distr::StandardNormal;
 const TOL_FWD: f64 = 1e-2;
 const TOL_BWD: f64 = 2e-2;
 const TOL_DA: f64 = 5e-2;
-
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        num += (*a as f64 - *b as f64).powi(2);
-        den += (*b as f64).powi(2);
-    }
-    (num / den.max(1e-300)).sqrt()
-}
-
-fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
-    x.into_iter().map(|v| T::from_f32(v).to_f32()).collect()
-}
-
-fn up<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<CudaSlice<T>> {
-    gpu.upload(&x.iter().map(|v| T::from_f32(*v)).collect::<Vec<T>>())
-}
-
-fn down<T: Elem>(gpu: &Gpu, s: &CudaSlice<T>) -> Result<Vec<f32>> {
-    Ok(gpu.download(s)?.iter().map(|v| v.to_f32()).collect())
-}
-
-struct Ctx<'a> {
-    gpu: &'a Gpu,
-    rng: ChaCha8Rng,
-    rows: Vec<CheckRow>,
-}
-
-impl Ctx<'_> {
-    fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
-        let pass = err.is_finite() && err <= tol;
-        self.rows.push(CheckRow { case: case.into(), metric: metric.into(), err, tol, pass, note: note.into() });
-    }
-    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
-    }
-}
 
 /// One case's shape: B, T, H, N, G, left padding, extra xbc columns (not a multiple of 8: the
 /// unaligned load path), whether to pass an initial state.

@@ -235,8 +235,52 @@ __device__ __forceinline__ void ld16(const bf16* p, float* o) {
     o[6] = bf16_lo(v.w);
     o[7] = bf16_hi(v.w);
 }
-template <class T, class Y, bool GLU>
-__device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, int rows, int in, int out, int ks) {
+// Mamba-2's decode-step inputs after in_proj (STEP: a decode step's in_proj, one position per row
+// r = batch row b): the thread that stores output column j of row b also takes, from that stored
+// (rounded) value, the convolution of column j when j is one of xBC's C columns (continuing its
+// state [B, W − 1, C], advanced in place; SiLU; into xbc [B, C]; a row with start[b] > 0 is
+// padding: xbc 0, state kept) or dt when j is one of dt_raw's H columns (softplus(dt_raw +
+// dt_bias) into dt [B, H]): kernels/ssd.cu's ssd_decode_inputs in the same formulas and order, so
+// bitwise equal to in_proj's GEMV followed by it. Each column belongs to one thread: the state
+// needs no ordering between blocks.
+struct StepIn {
+    void* xbc;
+    float* conv_state;
+    float* dt;
+    const void* cw;
+    const float* cb;
+    const float* dt_bias;
+    const int* start;
+    int conv_off, C, W, dt_off, H;
+};
+
+template <class T>
+__device__ __forceinline__ void step_in_column(const StepIn& m, int b, i64 j, float x) {
+    if (j >= m.conv_off && j < m.conv_off + m.C) {
+        const int c = (int)(j - m.conv_off);
+        T* xbc = (T*)m.xbc;
+        if (m.start && m.start[b] > 0) {
+            st(xbc, (i64)b * m.C + c, 0.0f);
+            return;
+        }
+        const T* w = (const T*)m.cw;
+        float* sc = m.conv_state + (i64)b * (m.W - 1) * m.C + c;
+        float acc = m.cb ? m.cb[c] : 0.0f;
+        for (int k = 0; k < m.W - 1; ++k) acc += ld(w, (i64)c * m.W + k) * sc[(i64)k * m.C];
+        acc += ld(w, (i64)c * m.W + m.W - 1) * x;
+        for (int k = 0; k + 1 < m.W - 1; ++k) sc[(i64)k * m.C] = sc[(i64)(k + 1) * m.C];
+        if (m.W > 1) sc[(i64)(m.W - 2) * m.C] = x;
+        st(xbc, (i64)b * m.C + c, acc / (1.0f + __expf(-acc)));
+    } else if (j >= m.dt_off && j < m.dt_off + m.H) {
+        const int k = (int)(j - m.dt_off);
+        const float v = x + m.dt_bias[k];
+        m.dt[(i64)b * m.H + k] = v > 20.0f ? v : fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));
+    }
+}
+
+template <class T, class Y, bool GLU, bool STEP = false>
+__device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, int rows, int in, int out, int ks,
+                                          StepIn step = {}) {
     constexpr int S = 16 / sizeof(T);
     __shared__ float red[8][GEMV_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_block = 8 / ks;
@@ -297,7 +341,10 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
         }
     } else {
         const i64 oo = (i64)blockIdx.x * per_block + ol;
-        if (ol < per_block && oo < out) st(y, (i64)r * out + oo, total(ol));
+        if (ol < per_block && oo < out) {
+            st(y, (i64)r * out + oo, total(ol));
+            if (STEP) step_in_column<T>(step, r, oo, ld(y, (i64)r * out + oo));
+        }
     }
 }
 #define GEMV_KERNEL(NAME, T, Y, SW)                                                                                \
@@ -310,6 +357,16 @@ GEMV_KERNEL(gemv_bf16_bf16, bf16, bf16, false)
 GEMV_KERNEL(gemv_bf16_f32, bf16, float, false)
 GEMV_KERNEL(gemv_glu_f32, float, float, true)
 GEMV_KERNEL(gemv_glu_bf16, bf16, bf16, true)
+#define GEMV_STEP_KERNEL(NAME, T)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        NAME(T* y, const T* x, const T* w, int rows, int in, int out, int ks, T* xbc, float* conv_state, float* dt, \
+             const T* cw, const float* cb, const float* dt_bias, const int* start, int conv_off, int C, int W,      \
+             int dt_off, int H) {                                                                                  \
+        gemv_impl<T, T, false, true>(y, nullptr, x, w, rows, in, out, ks,                                          \
+                                     StepIn{xbc, conv_state, dt, cw, cb, dt_bias, start, conv_off, C, W, dt_off, H}); \
+    }
+GEMV_STEP_KERNEL(gemv_step_in_f32, float)
+GEMV_STEP_KERNEL(gemv_step_in_bf16, bf16)
 
 // dx = rstd (w dy - x^ mean(w dy x^)), x^ = x rstd; overwritten or added (accumulate).
 template <class T>

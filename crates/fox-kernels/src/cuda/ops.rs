@@ -400,6 +400,65 @@ pub fn gemv<T: Elem, Y: Elem>(
     gemv_launch(gpu, &name, ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w), rows, in_features, out_features, size_of::<T>())
 }
 
+/// A Mamba-2 decode step's in_proj with its inputs in the same pass, for at most [`GEMV_ROWS`]
+/// rows (one position per batch row): zxbcdt [B, out] = x · wᵀ, then xbc, dt and the conv state
+/// from it as [`super::ssd::decode_inputs`] computes them (bitwise as [`gemv`] then that).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_step_in<T: Elem>(
+    gpu: &Gpu,
+    zxbcdt: &mut CudaSlice<T>,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<T>,
+    in_features: usize,
+    xbc: &mut CudaSlice<T>,
+    conv_state: &mut CudaSlice<f32>,
+    dt: &mut CudaSlice<f32>,
+    conv_w: &CudaSlice<T>,
+    conv_b: Option<&CudaSlice<f32>>,
+    dt_bias: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    d: super::ssd::DecodeInputs,
+) -> Result<()> {
+    let op = "gemv_step_in";
+    let (rows, out) = (d.batch, d.stride);
+    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
+    super::ssd::check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, conv_w, conv_b, dt_bias, start, &d)?;
+    need(op, "x", x, rows * in_features)?;
+    need(op, "w", w, out * in_features)?;
+    if out == 0 {
+        return Ok(());
+    }
+    let ks = gemv_split(in_features, out, size_of::<T>());
+    let opt = |p: Option<u64>| p.unwrap_or(0);
+    launch_dependent(
+        gpu,
+        &kname::<T>(op),
+        grid1(out.div_ceil(8 / ks))?,
+        256,
+        &[
+            Arg::P(ptr(gpu, zxbcdt)),
+            Arg::P(ptr(gpu, x)),
+            Arg::P(ptr(gpu, w)),
+            Arg::I(rows as i32),
+            Arg::I(int(op, "in_features", in_features)?),
+            Arg::I(int(op, "out_features", out)?),
+            Arg::I(ks as i32),
+            Arg::P(ptr(gpu, xbc)),
+            Arg::P(ptr(gpu, conv_state)),
+            Arg::P(ptr(gpu, dt)),
+            Arg::P(ptr(gpu, conv_w)),
+            Arg::P(opt(conv_b.map(|b| ptr(gpu, b)))),
+            Arg::P(ptr(gpu, dt_bias)),
+            Arg::P(opt(start.map(|s| ptr(gpu, s)))),
+            Arg::I(int(op, "conv_off", d.conv_off)?),
+            Arg::I(int(op, "channels", d.channels)?),
+            Arg::I(int(op, "width", d.width)?),
+            Arg::I(int(op, "dt_off", d.dt_off)?),
+            Arg::I(int(op, "heads", d.heads)?),
+        ],
+    )
+}
+
 /// Warps per output of the matrix-vector kernels (1, 2 or 4): enough warps to fill the GPU twice
 /// over, each with at least a whole pass of 16-byte loads along the row.
 fn gemv_split(in_features: usize, out_features: usize, elem_bytes: usize) -> usize {

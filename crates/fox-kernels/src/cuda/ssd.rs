@@ -393,6 +393,39 @@ pub struct DecodeInputs {
     pub heads: usize,
 }
 
+/// The checks of [`decode_inputs`] (also [`super::ops::gemv_step_in`]'s, which computes the same).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn check_decode_inputs<T: Elem>(
+    op: &str,
+    xbc: &CudaSlice<T>,
+    conv_state: &CudaSlice<f32>,
+    dt: &CudaSlice<f32>,
+    zxbcdt: &CudaSlice<T>,
+    weight: &CudaSlice<T>,
+    bias: Option<&CudaSlice<f32>>,
+    dt_bias: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    d: &DecodeInputs,
+) -> Result<()> {
+    let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
+    ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
+    ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
+    need(op, "zxbcdt", zxbcdt, b * d.stride)?;
+    need(op, "xbc", xbc, b * c)?;
+    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
+    need(op, "dt", dt, b * h)?;
+    need(op, "weight", weight, c * w)?;
+    need(op, "dt_bias", dt_bias, h)?;
+    if let Some(x) = bias {
+        need(op, "bias", x, c)?;
+    }
+    if let Some(s) = start {
+        need(op, "start", s, b)?;
+    }
+    int(op, b * d.stride + b * (w - 1) * c)?;
+    Ok(())
+}
+
 /// The inputs of a Mamba-2 decode step in one launch, as [`conv1d_fwd`] + [`conv1d_state`] +
 /// [`dt_fwd`] at T = 1 (a padded row's conv state is kept, as [`crate::conv1d::conv1d_decode_step`]
 /// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing `conv_state` [B, W − 1, C] (advanced),
@@ -411,25 +444,11 @@ pub fn decode_inputs<T: Elem>(
     d: DecodeInputs,
 ) -> Result<()> {
     let op = "decode_inputs";
+    check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, weight, bias, dt_bias, start, &d)?;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
-    ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
-    ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
-    need(op, "zxbcdt", zxbcdt, b * d.stride)?;
-    need(op, "xbc", xbc, b * c)?;
-    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
-    need(op, "dt", dt, b * h)?;
-    need(op, "weight", weight, c * w)?;
-    need(op, "dt_bias", dt_bias, h)?;
-    if let Some(x) = bias {
-        need(op, "bias", x, c)?;
-    }
-    if let Some(s) = start {
-        need(op, "start", s, b)?;
-    }
     if b == 0 {
         return Ok(());
     }
-    int(op, b * d.stride + b * (w - 1) * c)?;
     let args = [
         Arg::P(ptr(gpu, xbc)),
         Arg::P(ptr(gpu, conv_state)),

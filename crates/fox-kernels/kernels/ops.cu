@@ -254,27 +254,67 @@ struct StepIn {
     int conv_off, C, W, dt_off, H;
 };
 
+// A value as a store into T leaves it (f32_to_bf16's rounding), without the store and load.
+__device__ __forceinline__ float as_stored(const float*, float v) { return v; }
+__device__ __forceinline__ float as_stored(const bf16*, float v) { return __uint_as_float((u32)f32_to_bf16(v) << 16); }
+
+// What the thread of column j of row b reads for its step before its value is known: the conv
+// column's taps, bias and state (W ≤ 8) or dt's bias. The weights are read before the kernel's
+// wait for the one before it, the state after it.
+struct StepPre {
+    float w[8], s[7], bias;
+    bool conv, dt, pad;
+};
+
 template <class T>
-__device__ __forceinline__ void step_in_column(const StepIn& m, int b, i64 j, float x) {
-    if (j >= m.conv_off && j < m.conv_off + m.C) {
+__device__ __forceinline__ void step_in_weights(const StepIn& m, int b, i64 j, StepPre& q) {
+    q.conv = j >= m.conv_off && j < m.conv_off + m.C;
+    q.dt = j >= m.dt_off && j < m.dt_off + m.H;
+    q.pad = m.start && m.start[b] > 0;
+    if (q.conv) {
+        const int c = (int)(j - m.conv_off);
+        const T* w = (const T*)m.cw;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) q.w[k] = k < m.W ? ld(w, (i64)c * m.W + k) : 0.0f;
+        q.bias = m.cb ? m.cb[c] : 0.0f;
+    } else if (q.dt) {
+        q.bias = m.dt_bias[j - m.dt_off];
+    }
+}
+
+__device__ __forceinline__ void step_in_state(const StepIn& m, int b, i64 j, StepPre& q) {
+    if (!q.conv || q.pad) return;
+    const float* sc = m.conv_state + (i64)b * (m.W - 1) * m.C + (j - m.conv_off);
+#pragma unroll
+    for (int k = 0; k < 7; ++k) q.s[k] = k < m.W - 1 ? sc[(i64)k * m.C] : 0.0f;
+}
+
+// The step of column j from its stored value x: the sums in the order of ssd_decode_inputs.
+template <class T>
+__device__ __forceinline__ void step_in_column(const StepIn& m, int b, i64 j, float x, const StepPre& q) {
+    if (q.conv) {
         const int c = (int)(j - m.conv_off);
         T* xbc = (T*)m.xbc;
-        if (m.start && m.start[b] > 0) {
+        if (q.pad) {
             st(xbc, (i64)b * m.C + c, 0.0f);
             return;
         }
-        const T* w = (const T*)m.cw;
         float* sc = m.conv_state + (i64)b * (m.W - 1) * m.C + c;
-        float acc = m.cb ? m.cb[c] : 0.0f;
-        for (int k = 0; k < m.W - 1; ++k) acc += ld(w, (i64)c * m.W + k) * sc[(i64)k * m.C];
-        acc += ld(w, (i64)c * m.W + m.W - 1) * x;
-        for (int k = 0; k + 1 < m.W - 1; ++k) sc[(i64)k * m.C] = sc[(i64)(k + 1) * m.C];
+        float acc = q.bias;
+#pragma unroll
+        for (int k = 0; k < 7; ++k)
+            if (k < m.W - 1) acc += q.w[k] * q.s[k];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (k == m.W - 1) acc += q.w[k] * x;
+#pragma unroll
+        for (int k = 0; k < 6; ++k)
+            if (k + 1 < m.W - 1) sc[(i64)k * m.C] = q.s[k + 1];
         if (m.W > 1) sc[(i64)(m.W - 2) * m.C] = x;
         st(xbc, (i64)b * m.C + c, acc / (1.0f + __expf(-acc)));
-    } else if (j >= m.dt_off && j < m.dt_off + m.H) {
-        const int k = (int)(j - m.dt_off);
-        const float v = x + m.dt_bias[k];
-        m.dt[(i64)b * m.H + k] = v > 20.0f ? v : fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));
+    } else if (q.dt) {
+        const float v = x + q.bias;
+        m.dt[(i64)b * m.H + (j - m.dt_off)] = v > 20.0f ? v : fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));
     }
 }
 
@@ -297,7 +337,14 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
     const int c0 = (part * 32 + lane) * S;
     float w0[S];
     if (on && c0 < in) ld16(wr + c0, w0);
+    // STEP: the column this thread stores at the end (ol, r as below), and its step's inputs.
+    StepPre pre;
+    const int sol = threadIdx.x / GEMV_ROWS, sr = threadIdx.x % GEMV_ROWS;
+    const i64 so = (i64)blockIdx.x * per_block + sol;
+    const bool stepper = STEP && sol < per_block && so < out && sr < rows;
+    if (stepper) step_in_weights<T>(step, sr, so, pre);
     pdl_wait();
+    if (stepper) step_in_state(step, sr, so, pre);
     if (on) {
 #pragma unroll 2
         for (int c = c0; c < in; c += ks * 32 * S) {
@@ -342,8 +389,9 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
     } else {
         const i64 oo = (i64)blockIdx.x * per_block + ol;
         if (ol < per_block && oo < out) {
-            st(y, (i64)r * out + oo, total(ol));
-            if (STEP) step_in_column<T>(step, r, oo, ld(y, (i64)r * out + oo));
+            const float v = total(ol);
+            st(y, (i64)r * out + oo, v);
+            if (STEP) step_in_column<T>(step, r, oo, as_stored(y, v), pre);
         }
     }
 }

@@ -428,7 +428,7 @@ pub fn gemv_step_in<T: Elem>(
     if out == 0 {
         return Ok(());
     }
-    let ks = gemv_split(in_features, out, size_of::<T>());
+    let ks = gemv_split(gpu, in_features, out, size_of::<T>());
     let opt = |p: Option<u64>| p.unwrap_or(0);
     launch_dependent(
         gpu,
@@ -460,11 +460,21 @@ pub fn gemv_step_in<T: Elem>(
 }
 
 /// Warps per output of the matrix-vector kernels (1, 2 or 4): enough warps to fill the GPU twice
-/// over, each with at least a whole pass of 16-byte loads along the row.
-fn gemv_split(in_features: usize, out_features: usize, elem_bytes: usize) -> usize {
+/// over, each with at least a whole pass of 16-byte loads along the row, and no more blocks (of
+/// 8 / ks outputs; the GLU kernel's as many) than 4 per SM can hold at once: one wave of the
+/// 64-register kernels. (Mamba-2 125M's in_proj, 3352 outputs, went in two waves of 838 blocks at
+/// ks = 2.) `FOXLM_GEMV_WAVES=0` drops the wave bound (for comparisons).
+fn gemv_split(gpu: &Gpu, in_features: usize, out_features: usize, elem_bytes: usize) -> usize {
+    static WAVES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let waves = *WAVES.get_or_init(|| std::env::var("FOXLM_GEMV_WAVES").map_or(true, |v| v != "0"));
     let pass = 32 * 16 / elem_bytes;
+    let resident = 4 * gpu.sm_count();
     let mut ks = 1;
-    while ks < 4 && out_features * ks * 2 <= 16384 && pass * ks * 2 <= in_features {
+    while ks < 4
+        && out_features * ks * 2 <= 16384
+        && pass * ks * 2 <= in_features
+        && (!waves || out_features.div_ceil(8 / (ks * 2)) <= resident)
+    {
         ks *= 2;
     }
     ks
@@ -483,7 +493,7 @@ fn gemv_launch(
     out_features: usize,
     elem_bytes: usize,
 ) -> Result<()> {
-    let ks = gemv_split(in_features, out_features, elem_bytes);
+    let ks = gemv_split(gpu, in_features, out_features, elem_bytes);
     // A GLU block takes (8 / ks) / 2 gate rows and their up rows.
     let blocks = if h != 0 { (out_features / 2).div_ceil(4 / ks) } else { out_features.div_ceil(8 / ks) };
     launch_dependent(

@@ -89,6 +89,27 @@ fn launch3(gpu: &Gpu, name: &str, (grid, gy, gz): (usize, usize, usize), smem: u
     Ok(())
 }
 
+/// [`launch2`] with programmatic dependent launch (no dynamic shared memory): for kernels that
+/// wait (pdl_wait_prev) before reading what earlier kernels write, so that their launch overlaps
+/// the kernel before them (a decode step's chain of small kernels).
+fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) -> Result<()> {
+    ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
+    ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
+    let f = gpu.function(&SSD, name)?;
+    let mut ptrs: Vec<*mut std::ffi::c_void> = args
+        .iter()
+        .map(|a| match a {
+            Arg::P(v) => v as *const u64 as *mut std::ffi::c_void,
+            Arg::I(v) => v as *const i32 as *mut std::ffi::c_void,
+            Arg::L(v) => v as *const i64 as *mut std::ffi::c_void,
+            Arg::F(v) => v as *const f32 as *mut std::ffi::c_void,
+        })
+        .collect();
+    let cfg = LaunchConfig { grid_dim: (grid as u32, gy as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: as in `launch3`; the pointers point into `args`, alive for the call.
+    unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))
+}
+
 /// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once
 /// per type).
 fn kname<T: Elem>(base: &str) -> String {
@@ -377,7 +398,7 @@ fn decode_step<T: Elem>(
         Arg::I(int(op, p.groups)?),
         Arg::I(a_log as i32),
     ];
-    launch2(gpu, &kname::<T>("ssd_decode"), (p.batch * p.heads, p.head_dim.div_ceil(8)), 0, &args)
+    launch2_pdl(gpu, &kname::<T>("ssd_decode"), (p.batch * p.heads, p.head_dim.div_ceil(8)), &args)
 }
 
 /// Where a Mamba-2 decode step's inputs are in in_proj's output [B, stride]: xBC's C columns
@@ -621,7 +642,7 @@ pub fn rms_norm_gated_fwd<T: Elem>(
         Arg::F(eps),
         Arg::I(norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32),
     ];
-    launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows, 0, &args)
+    launch2_pdl(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), (rows, 1), &args)
 }
 
 /// Whether the gated RMSNorm's kernels take 16-byte vectors: every pointer, z's row stride and dim

@@ -92,7 +92,8 @@ fn parse_dtype(dtype: &str) -> Result<DType> {
 
 /// One `Gpu` per (device, stream): the primary context with PyTorch's stream, its kernels loaded
 /// once.
-static GPUS: Mutex<Option<HashMap<(usize, u64), Arc<Gpu>>>> = Mutex::new(None);
+type GpuTable = HashMap<(usize, u64), Arc<Gpu>>;
+static GPUS: Mutex<Option<GpuTable>> = Mutex::new(None);
 
 fn gpu_for(device: usize, stream: u64) -> Result<Arc<Gpu>> {
     let mut g = GPUS.lock().map_err(|_| anyhow!("the GPU table was poisoned by an earlier failure"))?;
@@ -133,6 +134,7 @@ struct DevInputs {
 
 /// # Safety
 /// Every address is a live device buffer of the shape and strides given.
+#[allow(clippy::too_many_arguments)]
 unsafe fn dev_inputs(
     gpu: &Gpu,
     shape: Shape,
@@ -209,7 +211,7 @@ fn dev_problem<'a>(
         ck: &ins.c,
         vis,
         scale,
-        prune: ins.prune.as_ref().map(|p| &**p),
+        prune: ins.prune.as_deref(),
     }
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The foxlm Python package on a GPU: checks and the swapped-in training benchmark.
 
-Parts (--parts, default all three):
+Parts (--parts, default all four):
   ops    foxlm.ops.forgetting_attention (bf16, forward + backward) against a float32 PyTorch
          reference of the same math and against the FoX authors' Triton kernel on the same inputs:
          head dims 64 and 128, head_first, left padding (seq_start), grouped-query heads, packed
@@ -11,6 +11,8 @@ Parts (--parts, default all three):
          foxlm's swapped in (one assignment: their module's `forgetting_attention`), then with the
          float32 reference: the same weights and tokens, loss and every parameter's gradient
          compared (relative L2 error per parameter; the largest is reported).
+  attn   the attention alone at the benchmark's shape (B x 12 heads x T, head dim 64, head_first
+         strided views as their model passes them), forward and forward + backward, both kernels.
   bench  the authors' 125M FoX (Pro) training step at T = 16384 (their recipe as in
          bench/authors_fox.py: bf16 autocast, fp32 weights, fused AdamW, clipping) with their
          kernel and with foxlm's, the same model init, the same batches, in this one process:
@@ -35,7 +37,7 @@ import types
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="ops,model,bench")
+    ap.add_argument("--parts", default="ops,model,attn,bench")
     ap.add_argument("--authors-src", required=True, help="folder holding forgetting_transformer/")
     ap.add_argument("--tol", type=float, default=0.05, help="largest relative error that passes")
     ap.add_argument("--bench-context", type=int, default=16384)
@@ -286,7 +288,7 @@ def model_part(torch, foxlm, modeling, Config, theirs, tol):
         model.zero_grad(set_to_none=True)
         loss = loss_of(torch, model, ids, labels)
         loss.backward()
-        results[name] = (float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        results[name] = (float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
     modeling.forgetting_attention = theirs
 
     def grad_err(a, b):
@@ -392,6 +394,38 @@ def bench_part(torch, foxlm, modeling, Config, theirs, a):
     return out
 
 
+# ------------------------------------------------------------------------------------------------
+# the attention alone, as the 125M model calls it (what the step's difference is made of)
+
+
+def attn_part(torch, foxlm, theirs, a):
+    dev = torch.device("cuda")
+    b, t, h, d = a.bench_batch, a.bench_context, 12, 64
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    # head_first views of [B, T, H*D] projections, as their model passes them
+    q, k, v, do = [torch.randn(b, t, h * d, generator=gen).to(dev, torch.bfloat16).view(b, t, h, d).transpose(1, 2) for _ in range(4)]
+    g = torch.nn.functional.logsigmoid(torch.randn(b, t, h, generator=gen) + 3.0).to(dev).transpose(1, 2)
+    out = {"shape": f"B={b} H={h} T={t} D={d}, head_first strided, bf16", "gpu": torch.cuda.get_device_name(0)}
+    for name, fn in [("authors", theirs), ("foxlm", foxlm.ops.forgetting_attention)]:
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
+        fwd, both = [], []
+        for i in range(13):
+            s0, s1, s2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            s0.record()
+            o = fn(*xs, head_first=True, sm_scale=d**-0.5)
+            s1.record()
+            torch.autograd.grad(o, xs, do)
+            s2.record()
+            s2.synchronize()
+            if i >= 3:
+                fwd.append(s0.elapsed_time(s1))
+                both.append(s0.elapsed_time(s2))
+        out[name] = {"fwd_ms": round(statistics.median(fwd), 3), "fwd_bwd_ms": round(statistics.median(both), 3)}
+    out["speedup_fwd_bwd"] = round(out["authors"]["fwd_bwd_ms"] / out["foxlm"]["fwd_bwd_ms"], 3)
+    print("attn", json.dumps(out), flush=True)
+    return out
+
+
 def main():
     a = parse_args()
     import torch
@@ -418,10 +452,12 @@ def main():
                 r = model_part(torch, foxlm, modeling, Config, theirs, a.tol)
                 res["model"] = r
                 ok &= r["ok"]
+            elif p == "attn":
+                res["attn"] = attn_part(torch, foxlm, theirs, a)
             elif p == "bench":
                 res["bench"] = bench_part(torch, foxlm, modeling, Config, theirs, a)
             else:
-                raise ValueError(f"unknown part {p} (ops, model, bench)")
+                raise ValueError(f"unknown part {p} (ops, model, attn, bench)")
         except Exception as e:  # report and go on to the next part
             import traceback
 

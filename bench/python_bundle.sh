@@ -27,12 +27,12 @@ cat > "$out/run.sh" <<'RUN'
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 w=/tmp/foxlm-py && rm -rf $w && mkdir -p $w/site $w/authors
-cp -r "$here/foxlm" $w/ && xz -d $w/foxlm/_foxlm.abi3.so.xz
+cp -r "$here/foxlm" "$here/gpu_check.py" $w/ && xz -d $w/foxlm/_foxlm.abi3.so.xz
 tar -C $w/authors -xJf "$here/authors.tar.xz"
 if ls "$here"/einops-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target $w/site "$here"/einops-*.whl
 fi
 export PYTHONPATH=$w:$w/site:${PYTHONPATH:-} FOXLM_KERNEL_CACHE=${FOXLM_KERNEL_CACHE:-/tmp/kc} PYTHONUNBUFFERED=1
-python3 "$here/gpu_check.py" --authors-src $w/authors/src "$@"
+python3 $w/gpu_check.py --authors-src $w/authors/src "$@"
 RUN
 du -sh "$out"/* >&2

@@ -2,8 +2,9 @@
 //! run is put beside a copy of `python/foxlm` as `foxlm/_foxlm.abi3.so` in a temporary folder, and
 //! python3 runs `python/tests/test_cpu.py` there (NumPy only: the op against a float64 reference
 //! and finite differences, the authors' tiny FoX against their reference logits, loss and greedy
-//! tokens, and the errors). No maturin or network needed. A machine without python3 or NumPy
-//! fails this test with the reason: it never skips.
+//! tokens, and the errors); and, where python3 has torch, `python/tests/test_torch_cpu.py`. No
+//! maturin or network needed. A machine without python3 or NumPy fails this test with the reason:
+//! it never skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -68,18 +69,32 @@ fn python_package_cpu_path() {
         ),
         Ok(_) => {}
     }
-    let out = Command::new(&py)
-        .arg(here.join("python/tests/test_cpu.py"))
-        .env("PYTHONPATH", tmp.path())
+    run_script(&py, &here.join("python/tests/test_cpu.py"), tmp.path(), repo);
+
+    // The torch autograd op on CPU tensors, where this python3 has torch (CI's has not: NumPy
+    // covers the kernels there; the GPU check covers the CUDA op).
+    let has_torch = Command::new(&py).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    if has_torch {
+        run_script(&py, &here.join("python/tests/test_torch_cpu.py"), tmp.path(), repo);
+    } else {
+        eprintln!("note: `{py}` has no torch: python/tests/test_torch_cpu.py was not run (NumPy tests were)");
+    }
+}
+
+/// Runs one of the package's test scripts with the package on PYTHONPATH; asserts that every test
+/// in it ran and passed (its last line is the count).
+fn run_script(py: &str, script: &Path, pythonpath: &Path, repo: &Path) {
+    let out = Command::new(py)
+        .arg(script)
+        .env("PYTHONPATH", pythonpath)
         .env("FOXLM_REPO", repo)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("running python3");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "the Python package's CPU tests failed:\n{stdout}\n{stderr}");
-    // every test ran and passed (the script's last line is its count)
+    eprintln!("{}:\n{stdout}{stderr}", script.display());
+    assert!(out.status.success(), "{} failed:\n{stdout}\n{stderr}", script.display());
     let last = stdout.lines().last().unwrap_or("");
     assert!(last.ends_with(" passed, 0 failed") && !last.starts_with("0 "), "unexpected summary: {last}");
 }

@@ -18,9 +18,9 @@ of 8 elements with the last dimension contiguous; others are copied once). What 
 any float dtype and head dim is accepted and computed in float32.
 
 Not supported (a clear error says so): seqlen_q != seqlen_k (the authors allow queries at the end
-of a longer key sequence), the authors' `adaptive_threshold` (use `acp=<log tolerance>`, the
-authors' `log_pruning_tolerance`, e.g. -10.0), fla's `head_first` keyword of older releases with a
-`cu_seqlens` batch other than 1.
+of a longer key sequence); the authors' `adaptive_threshold` (use `acp=<log tolerance>`, the
+authors' `log_pruning_tolerance`, e.g. -10.0); `cu_seqlens` with a batch other than 1; on CUDA,
+head dims other than 64 and 128 and dtypes other than bfloat16 and float16.
 """
 
 import math

@@ -188,12 +188,10 @@ fn gpu_engine(
     })
 }
 
-/// Trains `run` on the dataset in `opts.data`, writing into `opts.out`. With `opts.resume`, the
-/// run continues from the latest checkpoint in `opts.out` (and `run` must match its
-/// configuration); `run` may then be None to take the checkpoint's.
-pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport> {
+/// The run's configuration (given, or the checkpoint's on a resume without one), checked, and the
+/// checkpoint it resumes from, if any.
+fn resolve_run(run: Option<RunConfig>, opts: &TrainOptions) -> Result<(RunConfig, Option<Checkpoint>)> {
     let out = &opts.out;
-    let t_start = Instant::now();
     if opts.resume && opts.init_from.is_some() {
         bail!(
             "--resume and --init-from together: a resumed run continues from its checkpoint's weights; drop \
@@ -216,15 +214,20 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         }
         None
     };
-    let mut run = match (run, &resumed) {
+    let run = match (run, &resumed) {
         (Some(r), _) => r,
         (None, Some(ck)) => ck.state.run.clone(),
         (None, None) => bail!("no configuration: give --preset or --config"),
     };
     run.model.validate().context("model configuration")?;
     run.train.validate().context("training configuration")?;
-    // Fine-tuning: the source's config against the run's, before anything heavy.
-    let init = match &opts.init_from {
+    Ok((run, resumed))
+}
+
+/// With `--init-from`: the source model and the architecture fields the run changes, checked
+/// before anything heavy.
+fn init_source(opts: &TrainOptions, run: &RunConfig) -> Result<Option<(crate::init_from::InitSource, Vec<String>)>> {
+    Ok(match &opts.init_from {
         None => None,
         Some(dir) => {
             let src = crate::init_from::read_source(dir)?;
@@ -232,9 +235,12 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
                 .with_context(|| format!("--init-from {}", dir.display()))?;
             Some((src, changes.iter().map(|c| c.to_string()).collect::<Vec<_>>()))
         }
-    };
-    // In a data-parallel run only rank 0 writes (metrics, plots, checkpoints).
-    let rank0 = opts.dist.as_ref().is_none_or(|d| d.world.rank == 0);
+    })
+}
+
+/// Checks, before anything is allocated, that the batch splits over the data-parallel ranks and
+/// that the parameters, gradients and AdamW's two moments fit in memory.
+fn check_fits(run: &RunConfig, opts: &TrainOptions) -> Result<()> {
     if let Some(d) = &opts.dist {
         crate::dist::StepSlice::new(
             run.train.micro_batch,
@@ -244,13 +250,16 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         )
         .context("training configuration")?;
     }
-    // Parameters, gradients and AdamW's two moments, before anything is allocated.
     crate::validate::check_memory(
         4 * run.model.param_bytes(),
         "the model's parameters, gradients and optimizer state",
     )?;
-    let tc = run.train.clone();
+    Ok(())
+}
 
+/// Opens the training data and checks it against the model; records its text format in the
+/// model's config.json keys.
+fn open_dataset(opts: &TrainOptions, run: &mut RunConfig) -> Result<Dataset> {
     let ds = Dataset::open(&opts.data)?;
     if ds.manifest().vocab_size > run.model.vocab_size {
         bail!(
@@ -265,16 +274,24 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     }
     // Evaluation reads the text format back from config.json (not part of the run's identity).
     run.model.extra.insert(TEXT_FORMAT_KEY.into(), serde_json::json!(ds.manifest().text_format.as_str()));
-    let mut loader = Loader::new(&ds, Split::Train, tc.context, tc.seed, true)?;
-    let hash = config_hash(&run, &data_fingerprint(&ds));
-    if rank0 {
-        check_output_dir(out)?;
-    }
+    Ok(ds)
+}
 
-    let (mut model, mut opt, mut state) = match resumed {
+/// The model, optimizer and trainer state to start from: the checkpoint's on a resume (its
+/// configuration hash must match), else a new model (initialised, or `--init-from`'s weights).
+fn starting_point(
+    resumed: Option<Checkpoint>,
+    init: Option<&(crate::init_from::InitSource, Vec<String>)>,
+    run: &RunConfig,
+    hash: &str,
+    loader: &mut Loader,
+    opts: &TrainOptions,
+) -> Result<(Model, AdamW, TrainerState)> {
+    let tc = &run.train;
+    Ok(match resumed {
         Some(ck) => {
             if ck.state.config_hash != hash {
-                let diff = config_diff(&ck.state.run, &run);
+                let diff = config_diff(&ck.state.run, run);
                 let detail = if diff.is_empty() {
                     format!(
                         "the training data differ (checkpoint trained on {}, now {})",
@@ -298,7 +315,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             (ck.model, ck.opt, ck.state)
         }
         None => {
-            let model = match &init {
+            let model = match init {
                 Some((src, changes)) => {
                     let m = crate::init_from::load_initial_model(src, &run.model)
                         .with_context(|| format!("--init-from {}", src.dir.display()))?;
@@ -317,28 +334,22 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
                 step: 0,
                 tokens_seen: 0,
                 data: loader.state(),
-                config_hash: hash.clone(),
+                config_hash: hash.to_string(),
                 run: run.clone(),
                 data_dir: opts.data.display().to_string(),
                 elapsed_s: 0.0,
                 last_val_loss: None,
                 finished: false,
-                init_from: init.as_ref().map(|(src, _)| src.dir.display().to_string()),
+                init_from: init.map(|(src, _)| src.dir.display().to_string()),
             };
             (model, opt, state)
         }
-    };
-    // Cadence settings may change on resume; the state records the run as now configured.
-    state.run = run.clone();
-    state.data_dir = opts.data.display().to_string();
-    if rank0 {
-        let run_json = serde_json::to_string_pretty(&run).unwrap();
-        replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
-    }
+    })
+}
 
-    let total_steps = tc.total_steps();
-    let title = format!("{} {}", run.model.num_hidden_layers, "layers");
-    let plot_title = format!(
+/// The loss plot's title: the variant, its size and the data's first source.
+fn plot_title(run: &RunConfig, ds: &Dataset, opts: &TrainOptions) -> String {
+    format!(
         "{} (d={}, {} layers) on {}",
         variant_title(&run.model),
         run.model.hidden_size,
@@ -348,25 +359,82 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             .first()
             .and_then(|s| Path::new(s).file_name().map(|n| n.to_string_lossy().to_string()))
             .unwrap_or_else(|| opts.data.display().to_string())
-    );
-    let _ = title;
+    )
+}
+
+/// The progress bar of `--progress` (hidden without it), at `step` of `total_steps`.
+fn progress_bar(opts: &TrainOptions, total_steps: u64, step: u64) -> indicatif::ProgressBar {
+    if opts.progress {
+        let pb = indicatif::ProgressBar::new(total_steps);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:28} {pos}/{len} steps | {msg} | ETA {eta}",
+            )
+            .expect("template")
+            .progress_chars("=> "),
+        );
+        pb.set_position(step);
+        pb.reset_eta();
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
+}
+
+/// The report of a run that had already finished when `train` was called.
+fn already_finished(state: &TrainerState, opts: &TrainOptions) -> Result<TrainReport> {
+    let out = &opts.out;
+    if opts.verbose {
+        eprintln!("the run in {} is already complete ({} steps)", out.display(), state.step);
+    }
+    let ck = latest_checkpoint(out)?.unwrap_or_else(|| out.join(FINAL_DIR));
+    Ok(TrainReport {
+        outcome: Outcome::AlreadyFinished,
+        step: state.step,
+        tokens_seen: state.tokens_seen,
+        checkpoint: ck,
+        first_val_loss: None,
+        last_val_loss: state.last_val_loss,
+        last_train_loss: None,
+        tokens_per_s: 0.0,
+        elapsed_s: 0.0,
+        init_changes: vec![],
+    })
+}
+
+/// Trains `run` on the dataset in `opts.data`, writing into `opts.out`. With `opts.resume`, the
+/// run continues from the latest checkpoint in `opts.out` (and `run` must match its
+/// configuration); `run` may then be None to take the checkpoint's.
+pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport> {
+    let out = &opts.out;
+    let t_start = Instant::now();
+    let (mut run, resumed) = resolve_run(run, opts)?;
+    let init = init_source(opts, &run)?;
+    // In a data-parallel run only rank 0 writes (metrics, plots, checkpoints).
+    let rank0 = opts.dist.as_ref().is_none_or(|d| d.world.rank == 0);
+    check_fits(&run, opts)?;
+    let tc = run.train.clone();
+
+    let ds = open_dataset(opts, &mut run)?;
+    let mut loader = Loader::new(&ds, Split::Train, tc.context, tc.seed, true)?;
+    let hash = config_hash(&run, &data_fingerprint(&ds));
+    if rank0 {
+        check_output_dir(out)?;
+    }
+
+    let (mut model, mut opt, mut state) = starting_point(resumed, init.as_ref(), &run, &hash, &mut loader, opts)?;
+    // Cadence settings may change on resume; the state records the run as now configured.
+    state.run = run.clone();
+    state.data_dir = opts.data.display().to_string();
+    if rank0 {
+        let run_json = serde_json::to_string_pretty(&run).unwrap();
+        replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
+    }
+
+    let total_steps = tc.total_steps();
+    let plot_title = plot_title(&run, &ds, opts);
     if state.finished || state.step >= total_steps {
-        if opts.verbose {
-            eprintln!("the run in {} is already complete ({} steps)", out.display(), state.step);
-        }
-        let ck = latest_checkpoint(out)?.unwrap_or_else(|| out.join(FINAL_DIR));
-        return Ok(TrainReport {
-            outcome: Outcome::AlreadyFinished,
-            step: state.step,
-            tokens_seen: state.tokens_seen,
-            checkpoint: ck,
-            first_val_loss: None,
-            last_val_loss: state.last_val_loss,
-            last_train_loss: None,
-            tokens_per_s: 0.0,
-            elapsed_s: 0.0,
-            init_changes: vec![],
-        });
+        return already_finished(&state, opts);
     }
     let mut metrics = match rank0 {
         true => Some(MetricsLog::open(
@@ -380,21 +448,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     let accum = tc.batch_size / tc.micro_batch;
     let mut engine = make_engine(&model, &opt, opts, tc.micro_batch, tc.context)?;
 
-    let pb = if opts.progress {
-        let pb = indicatif::ProgressBar::new(total_steps);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:28} {pos}/{len} steps | {msg} | ETA {eta}",
-            )
-            .expect("template")
-            .progress_chars("=> "),
-        );
-        pb.set_position(state.step);
-        pb.reset_eta();
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = progress_bar(opts, total_steps, state.step);
     let say = |s: String| {
         if opts.verbose {
             if pb.is_hidden() {

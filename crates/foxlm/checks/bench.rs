@@ -232,7 +232,7 @@ struct ProfileRow {
 }
 
 fn train_bench(a: TrainArgs) -> Result<()> {
-    use foxlm::dist::launch::LAUNCHED_ENV;
+    use foxlm::distributed::launch::LAUNCHED_ENV;
     let rows = if let Some(n) = a.gpus {
         scaling(&a, n)?
     } else if std::env::var_os(LAUNCHED_ENV).is_some() && std::env::var_os("WORLD_SIZE").is_some() {
@@ -395,18 +395,18 @@ fn print_row(r: &TrainRow) {
 /// A rank started by `--gpus`: the rendezvous and watchdog of `foxlm train`'s ranks, then the
 /// rows through NCCL on GPU LOCAL_RANK; rank 0 alone prints and returns them.
 fn bench_rank(a: &TrainArgs) -> Result<Option<Vec<TrainRow>>> {
-    let w = foxlm::dist::World::from_env().context("a rank of `bench train --gpus`")?;
+    let w = foxlm::distributed::World::from_env().context("a rank of `bench train --gpus`")?;
     cuda::nccl::nvls_off()?;
     // The first steps compile the kernels; a stuck collective still ends every rank.
     let (rendezvous, collective) = (std::time::Duration::from_secs(60), std::time::Duration::from_secs(600));
-    let rows = foxlm::dist::as_rank(&w, rendezvous, collective, |d| {
+    let rows = foxlm::distributed::as_rank(&w, rendezvous, collective, |d| {
         let ordinal = w.gpu(cuda::probe()?)?;
         let gpu = cuda::Gpu::new(ordinal)?;
         if w.rank == 0 {
             eprintln!("device: {} (rank 0 of {})", gpu.describe(), w.size);
         }
         let nccl = cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
-        foxlm::dist::heartbeat();
+        foxlm::distributed::heartbeat();
         bench_rows(a, &gpu, Some(nccl), w.rank == 0)
     })
     .map_err(|e| e.context(format!("rank {} of {}", w.rank, w.size)))?;
@@ -417,7 +417,7 @@ fn bench_rank(a: &TrainArgs) -> Result<Option<Vec<TrainRow>>> {
 /// as `foxlm train --gpus` starts them, each from a fresh process so that neither run's memory
 /// is in the other's way; then the scaling table.
 fn scaling(a: &TrainArgs, n: usize) -> Result<Vec<TrainRow>> {
-    use foxlm::dist::launch::{launch_local, Ended, LAUNCHED_ENV};
+    use foxlm::distributed::launch::{launch_local, Ended, LAUNCHED_ENV};
     if n == 0 {
         bail!("--gpus 0: give at least 1 (or drop --gpus to measure one GPU)");
     }

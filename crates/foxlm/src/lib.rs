@@ -6,7 +6,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
-pub mod dist;
+pub mod distributed;
 pub mod engine;
 pub mod eval;
 pub mod generate;

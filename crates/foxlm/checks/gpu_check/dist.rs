@@ -301,7 +301,7 @@ fn environ_has(pid: u32, var: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use foxlm::dist::StepSlice;
+    use foxlm::distributed::StepSlice;
 
     #[test]
     fn dist_run_splits_the_same_global_batch_over_two_ranks() {

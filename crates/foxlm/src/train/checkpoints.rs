@@ -8,7 +8,7 @@ use crate::data::LoaderState;
 use crate::model::Model;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::ParamKind;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -150,7 +150,7 @@ pub struct Checkpoint {
 }
 
 /// Loads a checkpoint folder written by [`save_checkpoint`], checking the trainer state
-/// against the checkpoint's config (see [`crate::validate::check_trainer_state`]) and the
+/// against the checkpoint's config (see [`check_trainer_state`]) and the
 /// optimizer file's header against the model's parameters before reading any state.
 pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
     let tpath = dir.join(TRAINER_FILE);
@@ -163,7 +163,7 @@ pub fn load_checkpoint(dir: &Path) -> Result<Checkpoint> {
         .with_context(|| format!("{}: corrupt optimizer settings", tpath.display()))?;
     let opt_step = v["optimizer_step"].as_u64().ok_or_else(|| anyhow!("{}: no optimizer_step", tpath.display()))?;
     let cfg = Config::load(&dir.join(CONFIG_FILE))?;
-    crate::validate::check_trainer_state(&state, &adamw, opt_step, &cfg, &tpath)?;
+    check_trainer_state(&state, &adamw, opt_step, &cfg, &tpath)?;
     let model = load_model(dir)?;
     let opath = dir.join(OPTIMIZER_FILE);
     let ofile = [checkpoint::TensorFile::open(&opath)?];
@@ -228,4 +228,64 @@ pub(super) fn prune_checkpoints(out: &Path, keep: usize) {
             let _ = std::fs::remove_dir_all(p);
         }
     }
+}
+
+/// Checks a checkpoint's trainer state (trainer.json at `path`) before the checkpoint is used
+/// to resume: its run configuration valid, its model the one in the checkpoint's config.json
+/// (`model`), and its counters consistent with each other (a state from another run, or edited,
+/// would otherwise resume silently wrong).
+pub fn check_trainer_state(
+    state: &TrainerState,
+    adamw: &crate::optim::AdamWConfig,
+    optimizer_step: u64,
+    model: &crate::config::Config,
+    path: &Path,
+) -> Result<()> {
+    let p = path.display();
+    state.run.model.validate().with_context(|| format!("{p}: run.model"))?;
+    let t = &state.run.train;
+    // Bound the sizes first so the recipe's own arithmetic (tokens per step) cannot overflow.
+    for (field, v) in [("context", t.context), ("batch_size", t.batch_size), ("micro_batch", t.micro_batch)] {
+        if v > 1 << 32 {
+            bail!("{p}: run.train.{field} is {v}; expected at most {}", 1u64 << 32);
+        }
+    }
+    t.validate().with_context(|| format!("{p}: run.train"))?;
+    let diff = crate::config::config_diff(&state.run.model, model);
+    if !diff.is_empty() {
+        bail!(
+            "{p}: the state belongs to another model than this checkpoint's config.json ({}): is it from another run?",
+            diff.join("; ")
+        );
+    }
+    let per_step = t.tokens_per_step();
+    if state.step.checked_mul(per_step) != Some(state.tokens_seen) {
+        bail!(
+            "{p}: tokens_seen is {} but step {} x {per_step} tokens per step is {}",
+            state.tokens_seen,
+            state.step,
+            state.step as u128 * per_step as u128
+        );
+    }
+    if state.step > t.total_steps() {
+        bail!("{p}: step is {}, past the run's last step {}", state.step, t.total_steps());
+    }
+    if optimizer_step != state.step {
+        bail!("{p}: optimizer_step is {optimizer_step} but the trainer is at step {}", state.step);
+    }
+    if adamw != &t.adamw() {
+        bail!("{p}: adamw settings {adamw:?} differ from the run's {:?}", t.adamw());
+    }
+    if state.data.seed != t.seed {
+        bail!("{p}: data.seed is {} but the run's seed is {}", state.data.seed, t.seed);
+    }
+    if !(state.elapsed_s.is_finite() && state.elapsed_s >= 0.0) {
+        bail!("{p}: elapsed_s is {:?}; expected a finite time >= 0", state.elapsed_s);
+    }
+    if let Some(l) = state.last_val_loss {
+        if !l.is_finite() || l < 0.0 {
+            bail!("{p}: last_val_loss is {l:?}; expected a finite loss >= 0");
+        }
+    }
+    Ok(())
 }

@@ -140,7 +140,7 @@ pub fn config_hash(run: &RunConfig, data_fingerprint: &str) -> String {
     hex(&Sha256::digest(v.to_string().as_bytes()))
 }
 
-/// Lower-case hex of bytes (checksums here, the NCCL id in `dist::rendezvous`).
+/// Lower-case hex of bytes (checksums here, the NCCL id in `distributed::rendezvous`).
 pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -164,15 +164,9 @@ pub(super) fn config_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
         ("model", model_identity(&old.model), model_identity(&new.model)),
         ("train", old.train.identity(), new.train.identity()),
     ] {
-        let (a, b) = (a.as_object().unwrap().clone(), b.as_object().unwrap().clone());
-        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-        keys.sort();
-        keys.dedup();
-        for k in keys {
-            if a.get(k) != b.get(k) {
-                let show = |v: Option<&serde_json::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
-                out.push(format!("{section}.{k}: {} (checkpoint) vs {} (now)", show(a.get(k)), show(b.get(k))));
-            }
+        let show = |v: Option<serde_json::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
+        for (k, a, b) in crate::config::json_field_diff(a.as_object().unwrap(), b.as_object().unwrap()) {
+            out.push(format!("{section}.{k}: {} (checkpoint) vs {} (now)", show(a), show(b)));
         }
     }
     out

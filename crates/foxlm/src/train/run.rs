@@ -1,11 +1,12 @@
 //! The training loop: [`train`] and the engine it drives.
 
 use super::*;
+use crate::backend::Dtype;
 use crate::data::{Dataset, Loader, Split};
-use crate::engine::{format_plan, memory_plan, CpuEngine, Dtype, Engine, GpuEngine};
-use crate::eval::text::TEXT_FORMAT_KEY;
+use crate::engine::{format_plan, memory_plan, CpuEngine, Engine, GpuEngine};
 use crate::model::{MemoryPlan, Model};
 use crate::optim::AdamW;
+use crate::tokenizer::TEXT_FORMAT_KEY;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +49,7 @@ pub struct TrainOptions {
     pub recompute: bool,
     /// This process is one rank of a data-parallel run (GPU `world.local_rank`, NCCL): it reads
     /// its part of each step's windows; only rank 0 writes metrics and checkpoints.
-    pub dist: Option<crate::dist::DistRun>,
+    pub dist: Option<crate::distributed::DistRun>,
     /// Start from this model folder's weights instead of a random initialisation (`--init-from`,
     /// see [`crate::init_from`]); the run's architecture must keep every tensor's shape.
     pub init_from: Option<PathBuf>,
@@ -119,9 +120,7 @@ fn make_engine(
     }
     match device {
         Device::Cpu => {
-            if opts.dtype == Some(Dtype::Bf16) {
-                bail!("--dtype bf16 needs a GPU (--device cuda): the CPU trains in f32");
-            }
+            Dtype::refuse_bf16_on_cpu(opts.dtype, "trains")?;
             if opts.recompute {
                 bail!("--recompute saves GPU memory; on the CPU the activations are kept (drop --recompute)");
             }
@@ -146,7 +145,7 @@ fn make_rank_engine(
     opts: &TrainOptions,
     micro: usize,
     context: usize,
-    d: &crate::dist::DistRun,
+    d: &crate::distributed::DistRun,
 ) -> Result<Box<dyn Engine>> {
     let w = &d.world;
     let ordinal = w.gpu(fox_kernels::cuda::probe().context("training on several GPUs")?)?;
@@ -165,7 +164,7 @@ fn make_rank_engine(
         eprint!("{}", format_plan(&plan, w.size));
     }
     let nccl = fox_kernels::cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
-    crate::dist::heartbeat();
+    crate::distributed::heartbeat();
     gpu_engine(dtype, gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))
 }
 
@@ -242,7 +241,7 @@ fn init_source(opts: &TrainOptions, run: &RunConfig) -> Result<Option<(crate::in
 /// that the parameters, gradients and AdamW's two moments fit in memory.
 fn check_fits(run: &RunConfig, opts: &TrainOptions) -> Result<()> {
     if let Some(d) = &opts.dist {
-        crate::dist::StepSlice::new(
+        crate::distributed::StepSlice::new(
             run.train.micro_batch,
             run.train.batch_size / run.train.micro_batch,
             0,
@@ -592,7 +591,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             prune_checkpoints(out, tc.keep_last);
             last_saved = Some(p);
         }
-        crate::dist::heartbeat();
+        crate::distributed::heartbeat();
         if stop {
             outcome = Outcome::Interrupted;
             break;

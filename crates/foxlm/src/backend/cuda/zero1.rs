@@ -3,13 +3,13 @@
 
 use super::*;
 
-/// ZeRO-1 over the ranks of a data-parallel run (see `crate::dist`): every tensor is cut into
+/// ZeRO-1 over the ranks of a data-parallel run (see `crate::distributed`): every tensor is cut into
 /// `world` shards. Each rank keeps the whole gradients and working copies (padded to `world`
 /// shards), the whole fp32 weights of the vectors (norms, biases: the forward reads them), but
 /// only its shard of the matrices' fp32 master weights and of every AdamW moment.
 pub struct Zero1 {
     pub nccl: Nccl,
-    pub shards: crate::dist::Shards,
+    pub shards: crate::distributed::Shards,
     /// Reduce each bucket of gradients as soon as the backward is done with it (set for the
     /// last micro-batch of a step).
     pub reduce: bool,
@@ -40,7 +40,7 @@ impl<T: Elem> Cuda<T> {
     pub fn enable_zero1(&mut self, nccl: Nccl) -> Result<()> {
         ensure!(self.opt.is_none(), "enable_zero1 must come before init_optimizer");
         let (rank, world) = (nccl.rank, nccl.world);
-        let shards = crate::dist::Shards::new(self.params.iter().map(|p| p.master.len()), rank, world);
+        let shards = crate::distributed::Shards::new(self.params.iter().map(|p| p.master.len()), rank, world);
         let gpu = self.gpu.clone();
         for (i, p) in self.params.iter_mut().enumerate() {
             let (cap, pad, own) = (p.master.len(), shards.padded(i), shards.own(i));

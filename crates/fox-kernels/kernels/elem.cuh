@@ -42,3 +42,10 @@ __device__ __forceinline__ void pdl_trigger_next() {
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+// In a kernel launched with programmatic dependent launch: waits until the kernel before it has
+// completed and its writes are visible (ops.cu's pdl_wait). A no-op otherwise.
+__device__ __forceinline__ void pdl_wait_prev() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -235,8 +235,92 @@ __device__ __forceinline__ void ld16(const bf16* p, float* o) {
     o[6] = bf16_lo(v.w);
     o[7] = bf16_hi(v.w);
 }
-template <class T, class Y, bool GLU>
-__device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, int rows, int in, int out, int ks) {
+// Mamba-2's decode-step inputs after in_proj (STEP: a decode step's in_proj, one position per row
+// r = batch row b): the thread that stores output column j of row b also takes, from that stored
+// (rounded) value, the convolution of column j when j is one of xBC's C columns (continuing its
+// state [B, W − 1, C], advanced in place; SiLU; into xbc [B, C]; a row with start[b] > 0 is
+// padding: xbc 0, state kept) or dt when j is one of dt_raw's H columns (softplus(dt_raw +
+// dt_bias) into dt [B, H]): kernels/ssd.cu's ssd_decode_inputs in the same formulas and order, so
+// bitwise equal to in_proj's GEMV followed by it. Each column belongs to one thread: the state
+// needs no ordering between blocks.
+struct StepIn {
+    void* xbc;
+    float* conv_state;
+    float* dt;
+    const void* cw;
+    const float* cb;
+    const float* dt_bias;
+    const int* start;
+    int conv_off, C, W, dt_off, H;
+};
+
+// A value as a store into T leaves it (f32_to_bf16's rounding), without the store and load.
+__device__ __forceinline__ float as_stored(const float*, float v) { return v; }
+__device__ __forceinline__ float as_stored(const bf16*, float v) { return __uint_as_float((u32)f32_to_bf16(v) << 16); }
+
+// What the thread of column j of row b reads for its step before its value is known: the conv
+// column's taps, bias and state (W ≤ 8) or dt's bias. The weights are read before the kernel's
+// wait for the one before it, the state after it.
+struct StepPre {
+    float w[8], s[7], bias;
+    bool conv, dt, pad;
+};
+
+template <class T>
+__device__ __forceinline__ void step_in_weights(const StepIn& m, int b, i64 j, StepPre& q) {
+    q.conv = j >= m.conv_off && j < m.conv_off + m.C;
+    q.dt = j >= m.dt_off && j < m.dt_off + m.H;
+    q.pad = m.start && m.start[b] > 0;
+    if (q.conv) {
+        const int c = (int)(j - m.conv_off);
+        const T* w = (const T*)m.cw;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) q.w[k] = k < m.W ? ld(w, (i64)c * m.W + k) : 0.0f;
+        q.bias = m.cb ? m.cb[c] : 0.0f;
+    } else if (q.dt) {
+        q.bias = m.dt_bias[j - m.dt_off];
+    }
+}
+
+__device__ __forceinline__ void step_in_state(const StepIn& m, int b, i64 j, StepPre& q) {
+    if (!q.conv || q.pad) return;
+    const float* sc = m.conv_state + (i64)b * (m.W - 1) * m.C + (j - m.conv_off);
+#pragma unroll
+    for (int k = 0; k < 7; ++k) q.s[k] = k < m.W - 1 ? sc[(i64)k * m.C] : 0.0f;
+}
+
+// The step of column j from its stored value x: the sums in the order of ssd_decode_inputs.
+template <class T>
+__device__ __forceinline__ void step_in_column(const StepIn& m, int b, i64 j, float x, const StepPre& q) {
+    if (q.conv) {
+        const int c = (int)(j - m.conv_off);
+        T* xbc = (T*)m.xbc;
+        if (q.pad) {
+            st(xbc, (i64)b * m.C + c, 0.0f);
+            return;
+        }
+        float* sc = m.conv_state + (i64)b * (m.W - 1) * m.C + c;
+        float acc = q.bias;
+#pragma unroll
+        for (int k = 0; k < 7; ++k)
+            if (k < m.W - 1) acc += q.w[k] * q.s[k];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (k == m.W - 1) acc += q.w[k] * x;
+#pragma unroll
+        for (int k = 0; k < 6; ++k)
+            if (k + 1 < m.W - 1) sc[(i64)k * m.C] = q.s[k + 1];
+        if (m.W > 1) sc[(i64)(m.W - 2) * m.C] = x;
+        st(xbc, (i64)b * m.C + c, acc / (1.0f + __expf(-acc)));
+    } else if (q.dt) {
+        const float v = x + q.bias;
+        m.dt[(i64)b * m.H + (j - m.dt_off)] = v > 20.0f ? v : fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));
+    }
+}
+
+template <class T, class Y, bool GLU, bool STEP = false>
+__device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, int rows, int in, int out, int ks,
+                                          StepIn step = {}) {
     constexpr int S = 16 / sizeof(T);
     __shared__ float red[8][GEMV_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_block = 8 / ks;
@@ -253,7 +337,14 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
     const int c0 = (part * 32 + lane) * S;
     float w0[S];
     if (on && c0 < in) ld16(wr + c0, w0);
+    // STEP: the column this thread stores at the end (ol, r as below), and its step's inputs.
+    StepPre pre;
+    const int sol = threadIdx.x / GEMV_ROWS, sr = threadIdx.x % GEMV_ROWS;
+    const i64 so = (i64)blockIdx.x * per_block + sol;
+    const bool stepper = STEP && sol < per_block && so < out && sr < rows;
+    if (stepper) step_in_weights<T>(step, sr, so, pre);
     pdl_wait();
+    if (stepper) step_in_state(step, sr, so, pre);
     if (on) {
 #pragma unroll 2
         for (int c = c0; c < in; c += ks * 32 * S) {
@@ -297,7 +388,11 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
         }
     } else {
         const i64 oo = (i64)blockIdx.x * per_block + ol;
-        if (ol < per_block && oo < out) st(y, (i64)r * out + oo, total(ol));
+        if (ol < per_block && oo < out) {
+            const float v = total(ol);
+            st(y, (i64)r * out + oo, v);
+            if (STEP) step_in_column<T>(step, r, oo, as_stored(y, v), pre);
+        }
     }
 }
 #define GEMV_KERNEL(NAME, T, Y, SW)                                                                                \
@@ -310,6 +405,16 @@ GEMV_KERNEL(gemv_bf16_bf16, bf16, bf16, false)
 GEMV_KERNEL(gemv_bf16_f32, bf16, float, false)
 GEMV_KERNEL(gemv_glu_f32, float, float, true)
 GEMV_KERNEL(gemv_glu_bf16, bf16, bf16, true)
+#define GEMV_STEP_KERNEL(NAME, T)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        NAME(T* y, const T* x, const T* w, int rows, int in, int out, int ks, T* xbc, float* conv_state, float* dt, \
+             const T* cw, const float* cb, const float* dt_bias, const int* start, int conv_off, int C, int W,      \
+             int dt_off, int H) {                                                                                  \
+        gemv_impl<T, T, false, true>(y, nullptr, x, w, rows, in, out, ks,                                          \
+                                     StepIn{xbc, conv_state, dt, cw, cb, dt_bias, start, conv_off, C, W, dt_off, H}); \
+    }
+GEMV_STEP_KERNEL(gemv_step_in_f32, float)
+GEMV_STEP_KERNEL(gemv_step_in_bf16, bf16)
 
 // dx = rstd (w dy - x^ mean(w dy x^)), x^ = x rstd; overwritten or added (accumulate).
 template <class T>

@@ -729,9 +729,11 @@ extern "C" __global__ void __launch_bounds__(256)
 // its lanes split N and reduce y with a fixed shuffle tree (8 rows per block, so that a batch of
 // one still fills the GPU). start [B] or null: a row with start[b] > 0 is padding. With a_log set,
 // A holds A_log and the kernel takes A = −exp(A_log) itself (one launch fewer per decode step).
+// Launched with programmatic dependent launch.
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_decode)(float* state, ET* y, const ET* xbc, long stride, const float* dt, const float* A,
                    const float* D, const int* start, int H, int P, int N, int G, int a_log) {
+    pdl_trigger_next();
     int bh = blockIdx.x, h = bh % H, b = bh / H;
     int g = h / (H / G);
     int lane = threadIdx.x % 32, p = blockIdx.y * 8 + threadIdx.x / 32;
@@ -740,8 +742,10 @@ extern "C" __global__ void __launch_bounds__(256)
     const ET* x = row + (long)h * P;
     const ET* bv = row + (long)H * P + (long)g * N;
     const ET* cv = bv + (long)G * N;
-    bool pad = start && start[b] > 0;
+    pdl_wait_prev();
     float a = a_log ? -expf(A[h]) : A[h];
+    const float dskip = D[h];
+    bool pad = start && start[b] > 0;
     float dtv = dt[bh], decay = __expf(dtv * a);
     float* s = state + ((long)bh * P + p) * N;
     float xv = dtv * ld(x, p);
@@ -768,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) st(y, (long)bh * P + p, pad ? 0.0f : acc + D[h] * ld(x, p));
+    if (lane == 0) st(y, (long)bh * P + p, pad ? 0.0f : acc + dskip * ld(x, p));
 }
 
 // The inputs of a Mamba-2 decode step (one position per row), in one launch: the convolution of
@@ -809,11 +813,14 @@ extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, flo
 // Gated RMSNorm forward (ssd_norm_gated_fwd_row): one block of 256 threads per row. x, y [rows,
 // dim]; z rows of stride z_stride. vec: 16-byte vectors (x, y, z, z_stride and dim aligned to
 // them), else one element per thread. (One warp per row, tried on 2026-11-27, was slower on an
-// H100 both in training and in decode steps, where it left a row to 32 threads.)
+// H100 both in training and in decode steps, where it left a row to 32 threads.) Launched with
+// programmatic dependent launch.
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_rms_norm_gated_fwd)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride, const float* w, int dim,
                                float eps, int vec) {
     __shared__ float red[8];
+    pdl_trigger_next();
+    pdl_wait_prev();
     if (vec) ssd_norm_gated_fwd_row<ET, 16 / (int)sizeof(ET)>(y, rstd, x, z, z_stride, w, dim, eps, red);
     else ssd_norm_gated_fwd_row<ET, 1>(y, rstd, x, z, z_stride, w, dim, eps, red);
 }

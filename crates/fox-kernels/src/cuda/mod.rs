@@ -16,6 +16,7 @@ pub mod check;
 pub mod compile;
 pub mod gemm;
 pub mod gemm_check;
+mod kargs;
 pub mod nccl;
 pub mod ops;
 pub mod ops_check;

@@ -11,20 +11,12 @@
 //! held in a per-stream scratch buffer, see [`reserve_scratch`]).
 
 use super::compile::OPS;
+use super::kargs::{self, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use std::mem::size_of;
 use std::sync::{Arc, Mutex};
-
-/// A kernel argument, in the order of the kernel's C signature.
-enum Arg {
-    P(u64),
-    I(i32),
-    L(i64),
-    F(f32),
-    D(f64),
-}
 
 fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
     let (p, _g) = s.device_ptr(gpu.stream());
@@ -32,42 +24,15 @@ fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
 }
 
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-    let f = gpu.function(&OPS, name)?;
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::P(v) => b.arg(v),
-            Arg::I(v) => b.arg(v),
-            Arg::L(v) => b.arg(v),
-            Arg::F(v) => b.arg(v),
-            Arg::D(v) => b.arg(v),
-        };
-    }
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ops.cu, in order,
-    // with pointers into buffers whose lengths were checked against the launch's shapes.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching the `{name}` kernel: {e:?}"))?;
-    Ok(())
+    kargs::launch(gpu, &OPS, name, cfg, args)
 }
 
-/// [`launch`] allowing programmatic dependent launch ([`Gpu::launch_dependent`]): for the
-/// kernels of a decode step that wait with `pdl_wait` (ops.cu) before reading their inputs.
+/// [`launch`] allowing programmatic dependent launch: for the kernels of a decode step that wait
+/// with `pdl_wait` (ops.cu) before reading their inputs.
 fn launch_dependent(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-    let f = gpu.function(&OPS, name)?;
-    let mut ptrs: Vec<*mut std::ffi::c_void> = args
-        .iter()
-        .map(|a| match a {
-            Arg::P(v) => v as *const u64 as *mut std::ffi::c_void,
-            Arg::I(v) => v as *const i32 as *mut std::ffi::c_void,
-            Arg::L(v) => v as *const i64 as *mut std::ffi::c_void,
-            Arg::F(v) => v as *const f32 as *mut std::ffi::c_void,
-            Arg::D(v) => v as *const f64 as *mut std::ffi::c_void,
-        })
-        .collect();
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: as in `launch`; the pointers point into `args`, alive for the call, and the kernels
-    // launched this way execute pdl_wait before touching anything earlier kernels write.
-    unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))
+    kargs::launch_pdl(gpu, &OPS, name, cfg, args)
 }
 
 fn kname<T: Elem>(base: &str) -> String {
@@ -400,12 +365,81 @@ pub fn gemv<T: Elem, Y: Elem>(
     gemv_launch(gpu, &name, ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w), rows, in_features, out_features, size_of::<T>())
 }
 
+/// A Mamba-2 decode step's in_proj with its inputs in the same pass, for at most [`GEMV_ROWS`]
+/// rows (one position per batch row): zxbcdt [B, out] = x · wᵀ, then xbc, dt and the conv state
+/// from it as [`super::ssd::decode_inputs`] computes them (bitwise as [`gemv`] then that).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_step_in<T: Elem>(
+    gpu: &Gpu,
+    zxbcdt: &mut CudaSlice<T>,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<T>,
+    in_features: usize,
+    xbc: &mut CudaSlice<T>,
+    conv_state: &mut CudaSlice<f32>,
+    dt: &mut CudaSlice<f32>,
+    conv_w: &CudaSlice<T>,
+    conv_b: Option<&CudaSlice<f32>>,
+    dt_bias: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    d: super::ssd::DecodeInputs,
+) -> Result<()> {
+    let op = "gemv_step_in";
+    let (rows, out) = (d.batch, d.stride);
+    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
+    super::ssd::check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, conv_w, conv_b, dt_bias, start, &d)?;
+    need(op, "x", x, rows * in_features)?;
+    need(op, "w", w, out * in_features)?;
+    if out == 0 {
+        return Ok(());
+    }
+    let ks = gemv_split(gpu, in_features, out, size_of::<T>());
+    let opt = |p: Option<u64>| p.unwrap_or(0);
+    launch_dependent(
+        gpu,
+        &kname::<T>(op),
+        grid1(out.div_ceil(8 / ks))?,
+        256,
+        &[
+            Arg::P(ptr(gpu, zxbcdt)),
+            Arg::P(ptr(gpu, x)),
+            Arg::P(ptr(gpu, w)),
+            Arg::I(rows as i32),
+            Arg::I(int(op, "in_features", in_features)?),
+            Arg::I(int(op, "out_features", out)?),
+            Arg::I(ks as i32),
+            Arg::P(ptr(gpu, xbc)),
+            Arg::P(ptr(gpu, conv_state)),
+            Arg::P(ptr(gpu, dt)),
+            Arg::P(ptr(gpu, conv_w)),
+            Arg::P(opt(conv_b.map(|b| ptr(gpu, b)))),
+            Arg::P(ptr(gpu, dt_bias)),
+            Arg::P(opt(start.map(|s| ptr(gpu, s)))),
+            Arg::I(int(op, "conv_off", d.conv_off)?),
+            Arg::I(int(op, "channels", d.channels)?),
+            Arg::I(int(op, "width", d.width)?),
+            Arg::I(int(op, "dt_off", d.dt_off)?),
+            Arg::I(int(op, "heads", d.heads)?),
+        ],
+    )
+}
+
 /// Warps per output of the matrix-vector kernels (1, 2 or 4): enough warps to fill the GPU twice
-/// over, each with at least a whole pass of 16-byte loads along the row.
-fn gemv_split(in_features: usize, out_features: usize, elem_bytes: usize) -> usize {
+/// over, each with at least a whole pass of 16-byte loads along the row, and no more blocks (of
+/// 8 / ks outputs; the GLU kernel's as many) than 4 per SM can hold at once: one wave of the
+/// 64-register kernels. (Mamba-2 125M's in_proj, 3352 outputs, went in two waves of 838 blocks at
+/// ks = 2.) `FOXLM_GEMV_WAVES=0` drops the wave bound (for comparisons).
+fn gemv_split(gpu: &Gpu, in_features: usize, out_features: usize, elem_bytes: usize) -> usize {
+    static WAVES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let waves = *WAVES.get_or_init(|| std::env::var("FOXLM_GEMV_WAVES").map_or(true, |v| v != "0"));
     let pass = 32 * 16 / elem_bytes;
+    let resident = 4 * gpu.sm_count();
     let mut ks = 1;
-    while ks < 4 && out_features * ks * 2 <= 16384 && pass * ks * 2 <= in_features {
+    while ks < 4
+        && out_features * ks * 2 <= 16384
+        && pass * ks * 2 <= in_features
+        && (!waves || out_features.div_ceil(8 / (ks * 2)) <= resident)
+    {
         ks *= 2;
     }
     ks
@@ -424,7 +458,7 @@ fn gemv_launch(
     out_features: usize,
     elem_bytes: usize,
 ) -> Result<()> {
-    let ks = gemv_split(in_features, out_features, elem_bytes);
+    let ks = gemv_split(gpu, in_features, out_features, elem_bytes);
     // A GLU block takes (8 / ks) / 2 gate rows and their up rows.
     let blocks = if h != 0 { (out_features / 2).div_ceil(4 / ks) } else { out_features.div_ceil(8 / ks) };
     launch_dependent(

@@ -12,9 +12,10 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
+use super::kargs::{self, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
 
 /// Chunk length of the GPU forward (as [`crate::ssd::CHUNK`]).
 const L: usize = 64;
@@ -24,13 +25,6 @@ const NMAX: usize = 128;
 const SROW: usize = 129;
 /// Row stride of the backward's x and dy tiles.
 const XROW: usize = 65;
-
-enum Arg {
-    P(u64),
-    I(i32),
-    L(i64),
-    F(f32),
-}
 
 fn ptr<T>(gpu: &Gpu, s: &impl DevicePtr<T>) -> u64 {
     let (p, _g) = s.device_ptr(gpu.stream());
@@ -56,37 +50,35 @@ fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args:
     launch3(gpu, name, (grid, gy, 1), smem, args)
 }
 
-/// [`launch`] on a three-dimensional grid (x, y, z).
-fn launch3(gpu: &Gpu, name: &str, (grid, gy, gz): (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+/// A grid of (x, y, z) blocks, each in the driver's range.
+fn grid3(name: &str, (grid, gy, gz): (usize, usize, usize)) -> Result<(u32, u32, u32)> {
     ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
     ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
     ensure!(gz > 0 && gz <= 65535, "{name}: launch of {gz} blocks in z is out of range");
-    let f = gpu.function(&SSD, name)?;
+    Ok((grid as u32, gy as u32, gz as u32))
+}
+
+/// [`launch`] on a three-dimensional grid (x, y, z).
+fn launch3(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+    let grid_dim = grid3(name, grid)?;
     if smem > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+        gpu.function(&SSD, name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
     }
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::P(v) => b.arg(v),
-            Arg::I(v) => b.arg(v),
-            Arg::L(v) => b.arg(v),
-            Arg::F(v) => b.arg(v),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (grid as u32, gy as u32, gz as u32),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ssd.cu, in order,
-    // with pointers into buffers whose lengths were checked against the launch's shapes.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
-    Ok(())
+    let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
+    kargs::launch(gpu, &SSD, name, cfg, args)
+}
+
+/// [`launch2`] with programmatic dependent launch (no dynamic shared memory): for kernels that
+/// wait (pdl_wait_prev) before reading what earlier kernels write, so that their launch overlaps
+/// the kernel before them (a decode step's chain of small kernels).
+fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) -> Result<()> {
+    let cfg = LaunchConfig { grid_dim: grid3(name, (grid, gy, 1))?, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    kargs::launch_pdl(gpu, &SSD, name, cfg, args)
 }
 
 /// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once
@@ -377,7 +369,7 @@ fn decode_step<T: Elem>(
         Arg::I(int(op, p.groups)?),
         Arg::I(a_log as i32),
     ];
-    launch2(gpu, &kname::<T>("ssd_decode"), (p.batch * p.heads, p.head_dim.div_ceil(8)), 0, &args)
+    launch2_pdl(gpu, &kname::<T>("ssd_decode"), (p.batch * p.heads, p.head_dim.div_ceil(8)), &args)
 }
 
 /// Where a Mamba-2 decode step's inputs are in in_proj's output [B, stride]: xBC's C columns
@@ -391,6 +383,39 @@ pub struct DecodeInputs {
     pub width: usize,
     pub dt_off: usize,
     pub heads: usize,
+}
+
+/// The checks of [`decode_inputs`] (also [`super::ops::gemv_step_in`]'s, which computes the same).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn check_decode_inputs<T: Elem>(
+    op: &str,
+    xbc: &CudaSlice<T>,
+    conv_state: &CudaSlice<f32>,
+    dt: &CudaSlice<f32>,
+    zxbcdt: &CudaSlice<T>,
+    weight: &CudaSlice<T>,
+    bias: Option<&CudaSlice<f32>>,
+    dt_bias: &CudaSlice<f32>,
+    start: Option<&CudaSlice<i32>>,
+    d: &DecodeInputs,
+) -> Result<()> {
+    let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
+    ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
+    ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
+    need(op, "zxbcdt", zxbcdt, b * d.stride)?;
+    need(op, "xbc", xbc, b * c)?;
+    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
+    need(op, "dt", dt, b * h)?;
+    need(op, "weight", weight, c * w)?;
+    need(op, "dt_bias", dt_bias, h)?;
+    if let Some(x) = bias {
+        need(op, "bias", x, c)?;
+    }
+    if let Some(s) = start {
+        need(op, "start", s, b)?;
+    }
+    int(op, b * d.stride + b * (w - 1) * c)?;
+    Ok(())
 }
 
 /// The inputs of a Mamba-2 decode step in one launch, as [`conv1d_fwd`] + [`conv1d_state`] +
@@ -411,25 +436,11 @@ pub fn decode_inputs<T: Elem>(
     d: DecodeInputs,
 ) -> Result<()> {
     let op = "decode_inputs";
+    check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, weight, bias, dt_bias, start, &d)?;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
-    ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
-    ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
-    need(op, "zxbcdt", zxbcdt, b * d.stride)?;
-    need(op, "xbc", xbc, b * c)?;
-    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
-    need(op, "dt", dt, b * h)?;
-    need(op, "weight", weight, c * w)?;
-    need(op, "dt_bias", dt_bias, h)?;
-    if let Some(x) = bias {
-        need(op, "bias", x, c)?;
-    }
-    if let Some(s) = start {
-        need(op, "start", s, b)?;
-    }
     if b == 0 {
         return Ok(());
     }
-    int(op, b * d.stride + b * (w - 1) * c)?;
     let args = [
         Arg::P(ptr(gpu, xbc)),
         Arg::P(ptr(gpu, conv_state)),
@@ -602,7 +613,7 @@ pub fn rms_norm_gated_fwd<T: Elem>(
         Arg::F(eps),
         Arg::I(norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32),
     ];
-    launch(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), rows, 0, &args)
+    launch2_pdl(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), (rows, 1), &args)
 }
 
 /// Whether the gated RMSNorm's kernels take 16-byte vectors: every pointer, z's row stride and dim

@@ -347,6 +347,66 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     Ok(())
 }
 
+/// A decode step's in_proj with its inputs in one kernel ([`super::ops::gemv_step_in`]) against
+/// in_proj's GEMV then [`ssd::decode_inputs`] (Mamba-2 125M's shapes; row 1 of 3 is padding):
+/// zxbcdt, xbc, dt and the advanced conv state with the same bits (tolerance 0 differing elements).
+fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
+    let (k, h, p, n, w) = (768, 24, 64, 128, 4);
+    let (inner, conv) = (h * p, h * p + 2 * n);
+    let out = 2 * inner + 2 * n + h;
+    let d = ssd::DecodeInputs {
+        batch: rows,
+        stride: out,
+        conv_off: inner,
+        channels: conv,
+        width: w,
+        dt_off: inner + conv,
+        heads: h,
+    };
+    let gpu = c.gpu;
+    let x = upload_as::<T>(gpu, &c.randn(rows * k, 1.0))?;
+    let wt = upload_as::<T>(gpu, &c.randn(out * k, 0.04))?;
+    let cw = upload_as::<T>(gpu, &c.randn(conv * w, 0.5))?;
+    let (cb, dtb) = (gpu.upload(&c.randn(conv, 0.5))?, gpu.upload(&c.randn(h, 1.0))?);
+    let state0 = c.randn(rows * (w - 1) * conv, 1.0);
+    let start: Vec<i32> = (0..rows as i32).map(|r| if r == 1 { 1 } else { 0 }).collect();
+    let gs = gpu.upload(&start)?;
+    let mut got = Vec::new();
+    for fused in [true, false] {
+        let (mut z, mut xbc, mut dt) =
+            (gpu.zeros::<T>(rows * out)?, gpu.zeros::<T>(rows * conv)?, gpu.zeros::<f32>(rows * h)?);
+        let mut st = gpu.upload(&state0)?;
+        if fused {
+            super::ops::gemv_step_in(
+                gpu,
+                &mut z,
+                &x,
+                &wt,
+                k,
+                &mut xbc,
+                &mut st,
+                &mut dt,
+                &cw,
+                Some(&cb),
+                &dtb,
+                Some(&gs),
+                d,
+            )?;
+        } else {
+            super::ops::gemv(gpu, &mut z, &x, &wt, rows, k, out)?;
+            ssd::decode_inputs(gpu, &mut xbc, &mut st, &mut dt, &z, &cw, Some(&cb), &dtb, Some(&gs), d)?;
+        }
+        got.push([download_f32(gpu, &z)?, download_f32(gpu, &xbc)?, gpu.download(&dt)?, gpu.download(&st)?]);
+    }
+    for (i, what) in ["zxbcdt", "xbc", "dt", "conv state"].into_iter().enumerate() {
+        let diff = got[0][i].iter().zip(&got[1][i]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        c.add(name, &format!("{what} vs gemv + decode_inputs"), diff as f64, 0.0, "elements with other bits");
+    }
+    let moved = got[0][3].iter().zip(&state0).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    c.add(name, "conv state advanced", if moved > 0 { 0.0 } else { 1.0 }, 0.0, &format!("{moved} values changed"));
+    Ok(())
+}
+
 /// Every Mamba-2 check row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x55d), rows: Vec::new() };
@@ -366,6 +426,10 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
         let shape = format!("{rows}x{dim} z stride {zs}");
         c.case(&format!("ssd rms_norm_gated fwd f32 {shape}"), |c, n| norm_case::<f32>(c, n, (rows, dim, zs)));
         c.case(&format!("ssd rms_norm_gated fwd bf16 {shape}"), |c, n| norm_case::<half::bf16>(c, n, (rows, dim, zs)));
+    }
+    for rows in [1, 3] {
+        c.case(&format!("ssd gemv_step_in f32 rows {rows}"), |c, n| step_in_case::<f32>(c, n, rows));
+        c.case(&format!("ssd gemv_step_in bf16 rows {rows}"), |c, n| step_in_case::<half::bf16>(c, n, rows));
     }
     c.rows
 }

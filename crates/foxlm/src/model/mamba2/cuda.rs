@@ -9,8 +9,10 @@ use crate::backend::cuda::recurrent::{two_mut, ShortConv};
 use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
+use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
+use fox_kernels::cuda::ops;
 use fox_kernels::cuda::ssd::{self, DevSsd, DevSsdGrads};
 use fox_kernels::cuda::{Elem, Gpu};
 
@@ -77,16 +79,17 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         self.short_conv_bwd(&mut dzxbcdt.slice_mut(at..), dxbc, &zxbcdt.slice(at..), &conv(p), b)
     }
 
-    fn mamba2_step_inputs(
+    fn mamba2_step_in(
         &mut self,
+        zxbcdt: &mut CudaSlice<T>,
         xbc: &mut CudaSlice<T>,
         dt: &mut CudaSlice<f32>,
-        zxbcdt: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        in_proj: &Linear,
         p: &Mamba2Params,
         b: &GpuBatch,
         st: &mut GpuMamba2State,
     ) -> Result<()> {
-        self.mark(Family::Other)?;
         ensure!(
             st.batch == b.batch && b.seq == 1,
             "a Mamba-2 decode step of {} × {} on a state of {} rows",
@@ -104,6 +107,33 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             dt_off: s.inner + s.conv_dim(),
             heads: s.heads,
         };
+        // In one pass with the GEMV where a decode step's rows take it; else in_proj, then the
+        // inputs in one launch.
+        if self.gemv && ops::gemv_fits::<T>(b.batch, in_proj.in_features) {
+            self.mark(Family::Gemm)?;
+            let w = self.copy_of(in_proj.weight)?;
+            let cw = self.copy_of(p.conv_w)?;
+            let bias = p.conv_b.map(|id| &self.params[id.0].master);
+            let dt_bias = &self.params[p.dt_bias.0].master;
+            let k = in_proj.in_features;
+            return ops::gemv_step_in(
+                &self.gpu,
+                zxbcdt,
+                x,
+                w,
+                k,
+                xbc,
+                &mut st.conv,
+                dt,
+                cw,
+                bias,
+                dt_bias,
+                b.chunk_start(),
+                d,
+            );
+        }
+        self.linear_into(zxbcdt, x, in_proj, b.batch)?;
+        self.mark(Family::Other)?;
         let w = self.copy_of(p.conv_w)?;
         let bias = p.conv_b.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;

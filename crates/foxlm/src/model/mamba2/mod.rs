@@ -148,10 +148,12 @@ impl Mamba2Mixer {
         let info = be.batch_info(batch);
         let n = info.batch * info.seq;
         let p = &self.p;
-        be.linear_fwd(&mut a.zxbcdt, x, &self.in_proj, n)?;
         match state.as_deref_mut() {
-            Some(st) if info.seq == 1 => be.mamba2_step_inputs(&mut a.xbc, &mut a.dt, &a.zxbcdt, p, batch, st)?,
+            Some(st) if info.seq == 1 => {
+                be.mamba2_step_in(&mut a.zxbcdt, &mut a.xbc, &mut a.dt, x, &self.in_proj, p, batch, st)?
+            }
             st => {
+                be.linear_fwd(&mut a.zxbcdt, x, &self.in_proj, n)?;
                 be.mamba2_conv_fwd(&mut a.xbc, &a.zxbcdt, p, batch, st)?;
                 be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p)?;
             }

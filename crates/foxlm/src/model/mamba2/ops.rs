@@ -7,6 +7,7 @@
 
 use crate::backend::Backend;
 use crate::config::Mamba2Sizes;
+use crate::model::Linear;
 use crate::tensor::ParamId;
 use anyhow::Result;
 
@@ -50,18 +51,23 @@ pub trait Mamba2Ops: Backend {
         p: &Mamba2Params,
         batch: &Self::Batch,
     ) -> Result<()>;
-    /// A decode step's inputs (one position per row, continuing `state`): xbc as
-    /// [`Mamba2Ops::mamba2_conv_fwd`] and dt as [`Mamba2Ops::mamba2_dt_fwd`] compute them, which
-    /// a backend may do in one pass.
-    fn mamba2_step_inputs(
+    /// A decode step's in_proj and inputs (one position per row, continuing `state`): zxbcdt =
+    /// in_proj(x), then xbc as [`Mamba2Ops::mamba2_conv_fwd`] and dt as
+    /// [`Mamba2Ops::mamba2_dt_fwd`] compute them, which a backend may do in one pass.
+    #[allow(clippy::too_many_arguments)]
+    fn mamba2_step_in(
         &mut self,
+        zxbcdt: &mut Self::Act,
         xbc: &mut Self::Act,
         dt: &mut Self::F32,
-        zxbcdt: &Self::Act,
+        x: &Self::Act,
+        in_proj: &Linear,
         p: &Mamba2Params,
         batch: &Self::Batch,
         state: &mut Self::Mamba2State,
     ) -> Result<()> {
+        let rows = self.batch_info(batch).batch;
+        self.linear_fwd(zxbcdt, x, in_proj, rows)?;
         self.mamba2_conv_fwd(xbc, zxbcdt, p, batch, Some(state))?;
         self.mamba2_dt_fwd(dt, zxbcdt, p)
     }

@@ -581,8 +581,8 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
             }
             // this warp's column sums of dS^T over its 16 keys (its share of dcq). At D = 64, where
             // per-score instructions are the limit, by a transposing butterfly (lane (g, t4) ends
-            // with columns rev3(g)·8 + 2·t4 + {0, 1}; +5%); at D = 128 that measured 5% slower
-            // than reducing each column onto lanes g = 0 (H100, 2026-11-24)
+            // with columns rev3(g)·8 + 2·t4 + {0, 1}); at D = 128 by reducing each column onto
+            // lanes g = 0, which is faster there (docs/kernel-notes.md)
             float cs[2 * NTQ];
 #pragma unroll
             for (int k = 0; k < 2 * NTQ; ++k) cs[k] = DS[4 * (k >> 1) + (k & 1)] + DS[4 * (k >> 1) + 2 + (k & 1)];

@@ -812,8 +812,8 @@ extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, flo
 
 // Gated RMSNorm forward (ssd_norm_gated_fwd_row): one block of 256 threads per row. x, y [rows,
 // dim]; z rows of stride z_stride. vec: 16-byte vectors (x, y, z, z_stride and dim aligned to
-// them), else one element per thread. (One warp per row, tried on 2026-11-27, was slower on an
-// H100 both in training and in decode steps, where it left a row to 32 threads.) Launched with
+// them), else one element per thread. A block, not a warp, per row: a decode step's single row
+// would otherwise get 32 threads (docs/kernel-notes.md). Launched with
 // programmatic dependent launch.
 extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_rms_norm_gated_fwd)(ET* y, float* rstd, const ET* x, const ET* z, long z_stride, const float* w, int dim,

@@ -325,9 +325,8 @@ fn use_tiles(p: &Problem) -> bool {
 }
 
 /// The fewest query rows for which the keys are packed for the tiles: fewer rows read each
-/// packed key too few times to pay for packing it. A 2-core Zen 4, 12 heads of 64, 4096 keys,
-/// tiles against the crate (2026-11-25): 1 row 2.2 against 1.0 ms, 4-64 rows within 15% either
-/// way, 128 rows 12.5 against 16.1 ms.
+/// packed key too few times to pay for packing it (the crossover measured on a 2-core Zen 4 is in
+/// docs/kernel-notes.md).
 const TILE_QUERIES: usize = 2 * BLOCK_Q;
 
 /// C[m, n] (+)= A · B, one of a block's products, restricted per tile of rows by `span` as

@@ -6,9 +6,9 @@ use std::cell::RefCell;
 
 /// Sets this thread to flush denormal floats (below 1.18e-38) to zero, as results (FTZ) and as
 /// operands (DAZ): x86-64's MXCSR bits; elsewhere nothing. Intel cores compute each operation
-/// that meets a denormal in microcode, a hundred times slower: on the GPU host's 16-core Xeon
-/// (2026-11-25) the attention of fox-pro-125m's CPU step took 189 ms without them and 54 ms with
-/// them (52 ms on the Zen 4 VM, which pays little for denormals). Values that are normal floats
+/// that meets a denormal in microcode, a hundred times slower (the attention of a CPU step, whose
+/// decayed scores underflow, ran 3.5x slower on a Xeon without them: docs/kernel-notes.md,
+/// "Measurements behind choices in the code"). Values that are normal floats
 /// are computed as before, bit for bit; only what would be a denormal becomes 0 (TensorFlow's
 /// default on CPUs, `torch.set_flush_denormal(True)` in PyTorch).
 pub fn flush_denormals_here() {
@@ -33,9 +33,8 @@ pub fn init_pool() -> Result<(), rayon::ThreadPoolBuildError> {
 /// Runs `f` on a thread of rayon's global pool (directly when already on one). The parallel loops
 /// and products inside `f` then split their work from a worker, which takes a share itself and
 /// whose partner is often still spinning, instead of being injected from outside while the
-/// calling thread sleeps until each is done. A training step is hundreds of such loops; on the
-/// 2-core VM (2026-11-25) the tiny model's small ops went from 16.0 to 12.5 ms a step this way
-/// (Linears 12.2 → 10.5, RMSNorm 2.1 → 1.2, SwiGLU 1.6 → 1.4, KV-shift 0.8 → 0.5).
+/// calling thread sleeps until each is done. A training step is hundreds of such loops, so each
+/// hand-off saved counts (docs/kernel-notes.md has the measurement).
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let mut out = None;
     // rayon::scope runs its closure on a worker of the global pool.

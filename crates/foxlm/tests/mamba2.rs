@@ -116,7 +116,7 @@ fn matches_the_authors_mamba2() {
 }
 
 /// The authors' initialisation: A = −(1..H), D = 1, every RMSNorm weight 1 (the final norm_f
-/// included: it was 0 until 2026-11-27, which made every logit 0 at step 0), dt = softplus(dt_bias)
+/// included: at 0 every logit is 0 at step 0), dt = softplus(dt_bias)
 /// within [time_step_min, time_step_max], and a fresh model's loss near ln(vocab) but not equal
 /// to it (the logits are not all zero).
 #[test]

@@ -242,7 +242,7 @@ fn initialisation_and_a_few_training_steps() {
         assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
     }
     assert!(get("backbone.layers.1.mlp_norm.weight").iter().all(|&v| v == 1.0));
-    // The final norm too (it was 0 until 2026-11-27, which zeroed every logit at step 0).
+    // The final norm too (at 0 every logit is 0 at step 0).
     assert!(get("backbone.norm_f.weight").iter().all(|&v| v == 1.0));
     let bound = |n: &str| get(n).iter().fold(0.0f32, |a, &v| a.max(v.abs()));
     // o_proj U(±1/√d / √(2·4)), q_proj U(±1/√d), dt_proj U(±1/√R).

@@ -682,8 +682,8 @@ fn view_map(
 }
 
 /// Key tile and pipeline stages of the v4 forward (must match the FOX_V4 instances). D=128 takes
-/// three stages, which just fit (231,992 of 232,448 bytes of shared memory): 394 -> 489-526
-/// TFLOP/s at T=16384 against two (H100, 2026-11-24); the kernel waited on its loads.
+/// three stages, which just fit (231,992 of 232,448 bytes of shared memory): with two, the kernel
+/// waits on its loads (docs/kernel-notes.md).
 const V4_BQ: usize = 128;
 const V4_BK: usize = 128;
 fn v4_stages(d: usize) -> usize {

@@ -427,8 +427,8 @@ pub fn gemv_step_in<T: Elem>(
 /// Warps per output of the matrix-vector kernels (1, 2 or 4): enough warps to fill the GPU twice
 /// over, each with at least a whole pass of 16-byte loads along the row, and no more blocks (of
 /// 8 / ks outputs; the GLU kernel's as many) than 4 per SM can hold at once: one wave of the
-/// 64-register kernels. (Mamba-2 125M's in_proj, 3352 outputs, went in two waves of 838 blocks at
-/// ks = 2.) `FOXLM_GEMV_WAVES=0` drops the wave bound (for comparisons).
+/// 64-register kernels, since a second wave costs a whole block's latency again
+/// (docs/kernel-notes.md). `FOXLM_GEMV_WAVES=0` drops the wave bound (for comparisons).
 fn gemv_split(gpu: &Gpu, in_features: usize, out_features: usize, elem_bytes: usize) -> usize {
     static WAVES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let waves = *WAVES.get_or_init(|| std::env::var("FOXLM_GEMV_WAVES").map_or(true, |v| v != "0"));

@@ -491,8 +491,8 @@ fn matrix_numel(p: &crate::tensor::Params) -> usize {
 }
 
 /// The output head's rows on the GPU: the vocabulary rounded up to a multiple of 64. With 50257
-/// rows (an odd leading dimension) cuBLASLt falls back to kernels 5x slower than with 50304
-/// (measured on an H100, 2026-11-24: about 100 against 520-700 TFLOP/s).
+/// rows (an odd leading dimension) cuBLASLt falls back to kernels about 5x slower than with 50304
+/// (docs/kernel-notes.md).
 pub fn padded_vocab(vocab: usize) -> usize {
     vocab.next_multiple_of(64)
 }

@@ -329,6 +329,12 @@ pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usiz
                 let s = l.sizes();
                 3.0 * 6.0 * tokens * (s.heads * s.head_k * s.head_v) as f64
             }
+            // GLA: per token and head, the state's decay and update and its read at q (4·K·V)
+            // forward, twice that backward.
+            crate::model::Mixer::Hgrn2(l) => {
+                let s = l.sizes();
+                3.0 * 4.0 * tokens * (s.heads * s.head_dim * s.head_dim) as f64
+            }
         })
         .sum();
     6.0 * tokens * matmul as f64 + mixers
@@ -818,6 +824,7 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
                 crate::model::Mixer::DeltaNet(l) => {
                     2 * crate::model::deltanet::state::DeltaNetState::bytes_for(1, l.sizes())
                 }
+                crate::model::Mixer::Hgrn2(l) => 2 * crate::model::hgrn2::state::Hgrn2State::bytes_for(1, l.sizes()),
             })
             .sum();
         // The roofline: the bytes a step reads over the measured copy bandwidth.

@@ -47,7 +47,7 @@ fn component(name: &str) -> &'static str {
     if name.contains("embeddings") {
         "embeddings"
     } else if name.contains("lower_bounds") || name.contains(".attn.f_proj.") || name.contains(".attn.g_norm.") {
-        "hgrn2: forget gate, lower bounds, g_norm"
+        "hgrn2: f_proj, bounds, g_norm"
     } else if name.starts_with("lm_head") {
         "lm_head"
     } else if name.contains("shift_proj") {

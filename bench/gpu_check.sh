@@ -9,6 +9,13 @@
 #   bench/gpu_check.sh                      # everything
 #   (ops: the small ops and Mamba's selective scan, fox-attn check-ops)
 #   bench/gpu_check.sh ops gemm model dist  # some parts: attention, ops, gemm, model, dist
+#   bench/gpu_check.sh python               # the Python package's CUDA path (not in the default
+#                                           # list: needs python3 with torch and the authors' code)
+#
+# python: foxlm.ops.forgetting_attention against PyTorch and the authors' kernel, their model with
+# it swapped in, and their 125M step with either kernel (crates/foxlm-py/python/tests/gpu_check.py;
+# $AUTHORS_SRC: the folder holding their forgetting_transformer/, default .device-bundle/authors/src;
+# $FOXLM_PY_EXT: a built extension, else cargo builds it; $GPU_CHECK_PY_ARGS: more options).
 #
 # Uses $FOX_ATTN and $FOXLM (built binaries) if set, else builds them with cargo.
 set -uo pipefail
@@ -22,6 +29,7 @@ build=()
 [ -z "$FA" ] && [[ " ${parts[*]} " == *" attention "* || " ${parts[*]} " == *" ops "* || " ${parts[*]} " == *" gemm "* ]] \
     && build+=(-p fox-kernels --bin fox-attn)
 [ -z "$FL" ] && [[ " ${parts[*]} " == *" model "* || " ${parts[*]} " == *" dist "* ]] && build+=(-p foxlm --bin foxlm)
+[ -z "${FOXLM_PY_EXT:-}" ] && [[ " ${parts[*]} " == *" python "* ]] && build+=(-p foxlm-py)
 if [ ${#build[@]} -gt 0 ]; then
     cargo build --release "${build[@]}" >&2 || exit 1
 fi
@@ -36,7 +44,15 @@ for p in "${parts[@]}"; do
         gemm) "$FA" check-gemm || rc=1 ;;
         model) "$FL" gpu-check || rc=1 ;;
         dist) "$FL" gpu-check --only dist || rc=1 ;;
-        *) echo "unknown part $p (attention, ops, gemm, model, dist)"; rc=2 ;;
+        python)
+            pydir=$(mktemp -d)
+            cp -r crates/foxlm-py/python/foxlm "$pydir/"
+            cp "${FOXLM_PY_EXT:-target/release/libfoxlm_py.so}" "$pydir/foxlm/_foxlm.abi3.so"
+            # shellcheck disable=SC2086
+            PYTHONPATH="$pydir:${PYTHONPATH:-}" python3 crates/foxlm-py/python/tests/gpu_check.py \
+                --authors-src "${AUTHORS_SRC:-.device-bundle/authors/src}" ${GPU_CHECK_PY_ARGS:-} || rc=1
+            rm -rf "$pydir" ;;
+        *) echo "unknown part $p (attention, ops, gemm, model, dist, python)"; rc=2 ;;
     esac
 done
 exit $rc

@@ -16,6 +16,7 @@ pub mod check;
 pub mod compile;
 pub mod gemm;
 pub mod gemm_check;
+mod kargs;
 pub mod nccl;
 pub mod ops;
 pub mod ops_check;
@@ -224,6 +225,21 @@ pub struct Gpu {
 impl Gpu {
     /// Open GPU `ordinal`. Errors say why (no driver, no such device, too old, no NVRTC).
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
+        Self::open(ordinal, None)
+    }
+
+    /// Open GPU `ordinal` on its primary context (the one PyTorch and the CUDA runtime use) with
+    /// work issued on a stream that belongs to another library, such as PyTorch's current stream
+    /// (0 is the legacy default stream). Nothing here creates or destroys that stream.
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream of device `ordinal`'s primary context, and its owner must
+    /// keep it alive as long as the returned `Gpu` (or anything made from it) is used.
+    pub unsafe fn on_stream(ordinal: usize, stream: cudarc::driver::sys::CUstream) -> Result<Arc<Gpu>> {
+        Self::open(ordinal, Some(stream))
+    }
+
+    fn open(ordinal: usize, borrowed: Option<cudarc::driver::sys::CUstream>) -> Result<Arc<Gpu>> {
         let n = probe()?;
         if ordinal >= n {
             bail!("GPU {ordinal} does not exist: this machine has {n} CUDA device(s)");
@@ -248,7 +264,11 @@ impl Gpu {
         let arch = compile::arch_for(cc);
         // A stream of our own rather than the legacy default stream, which cannot be captured
         // into a CUDA graph (decode steps are replayed as graphs).
-        let stream = ctx.new_stream().map_err(|e| anyhow!("could not create a stream on GPU {ordinal}: {e:?}"))?;
+        let stream = match borrowed {
+            // SAFETY: the caller of `on_stream` vouches for the handle and its lifetime.
+            Some(s) => unsafe { ctx.wrap_borrowed_stream(s) },
+            None => ctx.new_stream().map_err(|e| anyhow!("could not create a stream on GPU {ordinal}: {e:?}"))?,
+        };
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -392,6 +412,44 @@ impl Gpu {
     /// Wait for all queued work; surfaces asynchronous kernel faults.
     pub fn sync(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| anyhow!("GPU error (a kernel faulted or the device failed): {e:?}"))
+    }
+}
+
+/// A device buffer owned by another library (a PyTorch tensor's storage, say), seen as a
+/// [`CudaSlice`] of `len` elements on `gpu`'s stream so that the launch API can take it. Dropping
+/// it frees nothing: the owner keeps the memory.
+pub struct Borrowed<T>(Option<CudaSlice<T>>);
+
+impl<T> Borrowed<T> {
+    /// # Safety
+    /// `ptr` must be a device allocation of `gpu`'s context holding at least `len` elements of
+    /// `T`, alive (and not written by others without ordering on `gpu`'s stream) while this
+    /// view is used.
+    pub unsafe fn new(gpu: &Gpu, ptr: u64, len: usize) -> Self {
+        // SAFETY: the caller's contract; the slice is leaked rather than freed on drop.
+        Self(Some(unsafe { gpu.stream.upgrade_device_ptr(ptr, len) }))
+    }
+}
+
+impl<T> std::ops::Deref for Borrowed<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        self.0.as_ref().expect("a Borrowed buffer is only emptied by its drop")
+    }
+}
+
+impl<T> std::ops::DerefMut for Borrowed<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        self.0.as_mut().expect("a Borrowed buffer is only emptied by its drop")
+    }
+}
+
+impl<T> Drop for Borrowed<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            // The memory is the owner's: give the pointer back without freeing it.
+            let _ = s.leak();
+        }
     }
 }
 

@@ -11,20 +11,12 @@
 //! held in a per-stream scratch buffer, see [`reserve_scratch`]).
 
 use super::compile::OPS;
+use super::kargs::{self, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use std::mem::size_of;
 use std::sync::{Arc, Mutex};
-
-/// A kernel argument, in the order of the kernel's C signature.
-enum Arg {
-    P(u64),
-    I(i32),
-    L(i64),
-    F(f32),
-    D(f64),
-}
 
 fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
     let (p, _g) = s.device_ptr(gpu.stream());
@@ -32,42 +24,15 @@ fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
 }
 
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-    let f = gpu.function(&OPS, name)?;
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::P(v) => b.arg(v),
-            Arg::I(v) => b.arg(v),
-            Arg::L(v) => b.arg(v),
-            Arg::F(v) => b.arg(v),
-            Arg::D(v) => b.arg(v),
-        };
-    }
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ops.cu, in order,
-    // with pointers into buffers whose lengths were checked against the launch's shapes.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching the `{name}` kernel: {e:?}"))?;
-    Ok(())
+    kargs::launch(gpu, &OPS, name, cfg, args)
 }
 
-/// [`launch`] allowing programmatic dependent launch ([`Gpu::launch_dependent`]): for the
-/// kernels of a decode step that wait with `pdl_wait` (ops.cu) before reading their inputs.
+/// [`launch`] allowing programmatic dependent launch: for the kernels of a decode step that wait
+/// with `pdl_wait` (ops.cu) before reading their inputs.
 fn launch_dependent(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-    let f = gpu.function(&OPS, name)?;
-    let mut ptrs: Vec<*mut std::ffi::c_void> = args
-        .iter()
-        .map(|a| match a {
-            Arg::P(v) => v as *const u64 as *mut std::ffi::c_void,
-            Arg::I(v) => v as *const i32 as *mut std::ffi::c_void,
-            Arg::L(v) => v as *const i64 as *mut std::ffi::c_void,
-            Arg::F(v) => v as *const f32 as *mut std::ffi::c_void,
-            Arg::D(v) => v as *const f64 as *mut std::ffi::c_void,
-        })
-        .collect();
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: as in `launch`; the pointers point into `args`, alive for the call, and the kernels
-    // launched this way execute pdl_wait before touching anything earlier kernels write.
-    unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))
+    kargs::launch_pdl(gpu, &OPS, name, cfg, args)
 }
 
 fn kname<T: Elem>(base: &str) -> String {

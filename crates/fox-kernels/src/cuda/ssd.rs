@@ -12,9 +12,10 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
+use super::kargs::{self, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
 
 /// Chunk length of the GPU forward (as [`crate::ssd::CHUNK`]).
 const L: usize = 64;
@@ -24,13 +25,6 @@ const NMAX: usize = 128;
 const SROW: usize = 129;
 /// Row stride of the backward's x and dy tiles.
 const XROW: usize = 65;
-
-enum Arg {
-    P(u64),
-    I(i32),
-    L(i64),
-    F(f32),
-}
 
 fn ptr<T>(gpu: &Gpu, s: &impl DevicePtr<T>) -> u64 {
     let (p, _g) = s.device_ptr(gpu.stream());
@@ -56,58 +50,35 @@ fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args:
     launch3(gpu, name, (grid, gy, 1), smem, args)
 }
 
-/// [`launch`] on a three-dimensional grid (x, y, z).
-fn launch3(gpu: &Gpu, name: &str, (grid, gy, gz): (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+/// A grid of (x, y, z) blocks, each in the driver's range.
+fn grid3(name: &str, (grid, gy, gz): (usize, usize, usize)) -> Result<(u32, u32, u32)> {
     ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
     ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
     ensure!(gz > 0 && gz <= 65535, "{name}: launch of {gz} blocks in z is out of range");
-    let f = gpu.function(&SSD, name)?;
+    Ok((grid as u32, gy as u32, gz as u32))
+}
+
+/// [`launch`] on a three-dimensional grid (x, y, z).
+fn launch3(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+    let grid_dim = grid3(name, grid)?;
     if smem > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+        gpu.function(&SSD, name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
     }
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::P(v) => b.arg(v),
-            Arg::I(v) => b.arg(v),
-            Arg::L(v) => b.arg(v),
-            Arg::F(v) => b.arg(v),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (grid as u32, gy as u32, gz as u32),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    // SAFETY: each caller passes the arguments of `name`'s signature in kernels/ssd.cu, in order,
-    // with pointers into buffers whose lengths were checked against the launch's shapes.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
-    Ok(())
+    let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
+    kargs::launch(gpu, &SSD, name, cfg, args)
 }
 
 /// [`launch2`] with programmatic dependent launch (no dynamic shared memory): for kernels that
 /// wait (pdl_wait_prev) before reading what earlier kernels write, so that their launch overlaps
 /// the kernel before them (a decode step's chain of small kernels).
 fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) -> Result<()> {
-    ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
-    ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
-    let f = gpu.function(&SSD, name)?;
-    let mut ptrs: Vec<*mut std::ffi::c_void> = args
-        .iter()
-        .map(|a| match a {
-            Arg::P(v) => v as *const u64 as *mut std::ffi::c_void,
-            Arg::I(v) => v as *const i32 as *mut std::ffi::c_void,
-            Arg::L(v) => v as *const i64 as *mut std::ffi::c_void,
-            Arg::F(v) => v as *const f32 as *mut std::ffi::c_void,
-        })
-        .collect();
-    let cfg = LaunchConfig { grid_dim: (grid as u32, gy as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: as in `launch3`; the pointers point into `args`, alive for the call.
-    unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))
+    let cfg = LaunchConfig { grid_dim: grid3(name, (grid, gy, 1))?, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    kargs::launch_pdl(gpu, &SSD, name, cfg, args)
 }
 
 /// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once

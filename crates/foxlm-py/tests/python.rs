@@ -1,0 +1,100 @@
+//! The Python package's CPU path under `cargo test`: the extension that cargo built for this test
+//! run is put beside a copy of `python/foxlm` as `foxlm/_foxlm.abi3.so` in a temporary folder, and
+//! python3 runs `python/tests/test_cpu.py` there (NumPy only: the op against a float64 reference
+//! and finite differences, the authors' tiny FoX against their reference logits, loss and greedy
+//! tokens, and the errors); and, where python3 has torch, `python/tests/test_torch_cpu.py`. No
+//! maturin or network needed. A machine without python3 or NumPy fails this test with the reason:
+//! it never skips.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The cdylib of this package in the target folder of the running test binary
+/// (target/<profile>/deps/python-<hash> → target/<profile>/deps/libfoxlm_py.so).
+fn extension() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("deps folder");
+    let profile = deps.parent().expect("profile folder");
+    // The one cargo built for this run is in deps/ (the copy beside it in the profile folder is
+    // refreshed only by `cargo build`): take the newest.
+    let newest = [deps, profile]
+        .iter()
+        .map(|d| d.join("libfoxlm_py.so"))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return p;
+    }
+    panic!(
+        "the extension libfoxlm_py.so was not found in {} or {}: cargo builds it with this test \
+         (cargo test -p foxlm-py); was the crate-type changed?",
+        profile.display(),
+        deps.display()
+    )
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        if name.to_string_lossy() == "__pycache__" {
+            continue;
+        }
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &dst.join(&name));
+        } else {
+            std::fs::copy(&p, dst.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn python_package_cpu_path() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = here.parent().and_then(|p| p.parent()).expect("the workspace root");
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = tmp.path().join("foxlm");
+    copy_dir(&here.join("python/foxlm"), &pkg);
+    std::fs::copy(extension(), pkg.join("_foxlm.abi3.so")).unwrap();
+
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&py).args(["-c", "import numpy; print(numpy.__version__)"]).output();
+    match probe {
+        Err(e) => panic!("`{py}` could not be run ({e}): the Python package's tests need python3 with NumPy"),
+        Ok(o) if !o.status.success() => panic!(
+            "`{py}` has no NumPy (pip install numpy): the Python package's tests need it\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Ok(_) => {}
+    }
+    run_script(&py, &here.join("python/tests/test_cpu.py"), tmp.path(), repo);
+
+    // The torch autograd op on CPU tensors, where this python3 has torch (CI's has not: NumPy
+    // covers the kernels there; the GPU check covers the CUDA op).
+    let has_torch = Command::new(&py).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    if has_torch {
+        run_script(&py, &here.join("python/tests/test_torch_cpu.py"), tmp.path(), repo);
+    } else {
+        eprintln!("note: `{py}` has no torch: python/tests/test_torch_cpu.py was not run (NumPy tests were)");
+    }
+}
+
+/// Runs one of the package's test scripts with the package on PYTHONPATH; asserts that every test
+/// in it ran and passed (its last line is the count).
+fn run_script(py: &str, script: &Path, pythonpath: &Path, repo: &Path) {
+    let out = Command::new(py)
+        .arg(script)
+        .env("PYTHONPATH", pythonpath)
+        .env("FOXLM_REPO", repo)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("running python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{}:\n{stdout}{stderr}", script.display());
+    assert!(out.status.success(), "{} failed:\n{stdout}\n{stderr}", script.display());
+    let last = stdout.lines().last().unwrap_or("");
+    assert!(last.ends_with(" passed, 0 failed") && !last.starts_with("0 "), "unexpected summary: {last}");
+}

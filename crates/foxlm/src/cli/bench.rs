@@ -329,11 +329,11 @@ pub fn train_step_flops(model: &crate::model::Model, batch: usize, context: usiz
                 let s = l.sizes();
                 3.0 * 6.0 * tokens * (s.heads * s.head_k * s.head_v) as f64
             }
-            // GLA: per token and head, the state's decay and update and its read at q (4·K·V)
+            // GLA: per token and head, the state's decay (K·V), update and read at q (2·K·V each)
             // forward, twice that backward.
             crate::model::Mixer::Hgrn2(l) => {
                 let s = l.sizes();
-                3.0 * 4.0 * tokens * (s.heads * s.head_dim * s.head_dim) as f64
+                3.0 * 5.0 * tokens * (s.heads * s.head_dim * s.head_dim) as f64
             }
         })
         .sum();

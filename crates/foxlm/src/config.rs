@@ -362,18 +362,27 @@ pub struct Hgrn2Sizes {
     pub head_dim: usize,
     /// Whether the model has `model.lower_bounds`.
     pub lower_bound: bool,
+    /// The short convolutions' width W (q, f and i each through a causal depthwise convolution,
+    /// no bias, no activation) when use_short_conv; none without them (fla's default).
+    pub conv: Option<usize>,
 }
 
 impl Hgrn2Sizes {
     /// The layer's tensors under `prefix` (e.g. `model.layers.0.attn`), in fla's module order.
     pub fn mixer_layout(&self, prefix: &str, d: usize) -> Vec<(String, Vec<usize>)> {
-        vec![
+        let mut out = vec![
             (format!("{prefix}.q_proj.weight"), vec![d, d]),
             (format!("{prefix}.f_proj.weight"), vec![d, d]),
             (format!("{prefix}.i_proj.weight"), vec![d, d]),
-            (format!("{prefix}.g_norm.weight"), vec![d]),
-            (format!("{prefix}.o_proj.weight"), vec![d, d]),
-        ]
+        ];
+        if let Some(w) = self.conv {
+            for c in ["q", "f", "i"] {
+                out.push((format!("{prefix}.{c}_conv1d.weight"), vec![d, 1, w]));
+            }
+        }
+        out.push((format!("{prefix}.g_norm.weight"), vec![d]));
+        out.push((format!("{prefix}.o_proj.weight"), vec![d, d]));
+        out
     }
 }
 
@@ -847,7 +856,7 @@ impl Config {
     }
 
     /// HGRN2's fields (the common sizes are checked by `validate`): what fla's HGRN2 layer builds
-    /// that foxlm implements (no short convolutions, the output norm's weight).
+    /// that foxlm implements (the short convolutions without bias, the output norm's weight).
     fn validate_hgrn2(&self) -> Result<()> {
         let d = self.hidden_size;
         if let Some(e) = self.expand_ratio {
@@ -867,8 +876,11 @@ impl Config {
                 s.heads
             );
         }
-        if self.use_short_conv == Some(true) {
-            bail!("use_short_conv is true: foxlm's HGRN2 has no short convolutions yet (fla's default, false, only)");
+        if let Some(w) = s.conv {
+            bound("conv_size", w, 64)?;
+        }
+        if self.extra.get("conv_bias").and_then(|v| v.as_bool()) == Some(true) {
+            bail!("conv_bias true: the short convolutions have no bias in fla's HGRN2");
         }
         let extra = |k: &str| self.extra.get(k).filter(|v| !v.is_null());
         if extra("elementwise_affine").and_then(|v| v.as_bool()) == Some(false) {
@@ -902,6 +914,7 @@ impl Config {
             heads: d.checked_div(head_dim).unwrap_or(0),
             head_dim,
             lower_bound: self.use_lower_bound.unwrap_or(true),
+            conv: (self.use_short_conv == Some(true)).then(|| self.conv_size.unwrap_or(4)),
         }
     }
 
@@ -1333,8 +1346,9 @@ impl Config {
             let s = |a: u128, b: u128| a.saturating_mul(b);
             let (v, d, l) = (self.vocab_size as u128, self.hidden_size as u128, self.num_hidden_layers as u128);
             let i = self.intermediate() as u128;
-            // attn_norm, mlp_norm, g_norm; q, f, i, o; the MLP
-            let per_layer = s(3, d).saturating_add(s(4, s(d, d))).saturating_add(s(3, s(d, i)));
+            // attn_norm, mlp_norm, g_norm; q, f, i, o; the short convolutions; the MLP
+            let conv = s(3, s(d, self.hgrn2().conv.unwrap_or(0) as u128));
+            let per_layer = s(3, d).saturating_add(s(4, s(d, d))).saturating_add(conv).saturating_add(s(3, s(d, i)));
             let lower = if self.hgrn2().lower_bound { s(l, d) } else { 0 };
             return s(s(2, s(v, d)).saturating_add(d).saturating_add(lower).saturating_add(s(per_layer, l)), 4);
         }

@@ -61,7 +61,7 @@ fn component(name: &str) -> &'static str {
     } else if name.contains("output_norm") {
         "attention: output_norm"
     } else if name.contains(".attn.") && name.contains("_conv1d.") {
-        "deltanet: short conv"
+        "short conv (DeltaNet, HGRN2)"
     } else if [".attn.b_proj.", ".attn.a_proj.", ".attn.A_log", ".attn.dt_bias"].iter().any(|m| name.contains(m)) {
         "deltanet: beta, decay"
     } else if name.contains(".attn.g_proj.") || name.contains(".attn.o_norm.") {
@@ -138,6 +138,9 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
             m.heads, m.head_dim, m.head_dim, m.head_dim
         );
         s += &format!("lower bounds       {}\n", on(m.lower_bound));
+        if let Some(w) = m.conv {
+            s += &format!("conv width         {w} (q, f, i)\n");
+        }
         s += &format!("MLP width          {}\n", c.intermediate());
         return s + &counts_and_memory(model, decode_tokens, batch);
     }

@@ -2,12 +2,13 @@
 //! lower bounds elementwise here, `fox_kernels`' chunked GLA (with its decode step) on the
 //! layer's buffers.
 
-use super::ops::{GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+use super::ops::{ConvOf, GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::tensor::ParamId;
-use anyhow::{ensure, Result};
+use anyhow::{anyhow, ensure, Result};
+use fox_kernels::conv1d::Conv1d;
 use fox_kernels::gla::{self, Gla, GlaGrads};
 use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 
@@ -36,6 +37,20 @@ fn problem<'a>(
         scale: 1.0 / (s.head_dim as f32).sqrt(),
         start,
     }
+}
+
+/// A short convolution over the layer's [B·T, d] buffer: fla's ShortConvolution in HGRN2 (no
+/// bias, no activation), from each row's first real token.
+fn short_conv<'a>(
+    p: &Hgrn2Params,
+    b: &CpuBatch,
+    x: &'a [f32],
+    weight: &'a [f32],
+    start: Option<&'a [usize]>,
+) -> Conv1d<'a> {
+    let d = p.sizes.heads * p.sizes.head_dim;
+    let width = p.sizes.conv.unwrap_or(1);
+    Conv1d { batch: b.batch, seq: b.seq, channels: d, width, x, x_stride: d, weight, bias: None, start, silu: false }
 }
 
 /// The softmax over layers of `raw` [L, d] (f64), per column.
@@ -75,6 +90,49 @@ impl Cpu<'_> {
 
 impl Hgrn2Ops for Cpu<'_> {
     type Hgrn2State = Hgrn2State;
+
+    fn hgrn2_conv_fwd(
+        &mut self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        which: ConvOf,
+        p: &Hgrn2Params,
+        b: &CpuBatch,
+        state: Option<&mut Hgrn2State>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        if let Some(st) = &state {
+            ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
+        }
+        let w =
+            p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
+        let pads = chunk_pads(b);
+        let c = short_conv(p, b, x, &self.params[w], pads.as_deref());
+        let st = state.map(|st| match which {
+            ConvOf::Q => &mut st.conv_q,
+            ConvOf::F => &mut st.conv_f,
+            ConvOf::I => &mut st.conv_i,
+        });
+        conv1d_continuing(&c, out, st)
+    }
+
+    fn hgrn2_conv_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        x: &Vec<f32>,
+        which: ConvOf,
+        p: &Hgrn2Params,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let w =
+            p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
+        let pads = chunk_pads(b);
+        let weight = self.params[w].to_vec();
+        let c = short_conv(p, b, x, &weight, pads.as_deref());
+        self.conv1d_grads(&c, dout, dx, w, None)
+    }
 
     fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut Vec<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {
         let _t = self.time(Family::Other);

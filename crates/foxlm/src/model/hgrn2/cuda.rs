@@ -3,7 +3,7 @@
 //! refuses them before a step runs; the operations below are never reached through the CLI, and
 //! each refuses if called directly.
 
-use super::ops::{GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+use super::ops::{ConvOf, GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::tensor::ParamId;
 use anyhow::{bail, Result};
@@ -18,6 +18,29 @@ pub enum GpuHgrn2State {}
 
 impl<T: Elem> Hgrn2Ops for Cuda<T> {
     type Hgrn2State = GpuHgrn2State;
+
+    fn hgrn2_conv_fwd(
+        &mut self,
+        _: &mut CudaSlice<T>,
+        _: &CudaSlice<T>,
+        _: ConvOf,
+        _: &Hgrn2Params,
+        _: &GpuBatch,
+        _: Option<&mut GpuHgrn2State>,
+    ) -> Result<()> {
+        bail!(NO_GPU_KERNELS)
+    }
+    fn hgrn2_conv_bwd(
+        &mut self,
+        _: &mut CudaSlice<T>,
+        _: &CudaSlice<T>,
+        _: &CudaSlice<T>,
+        _: ConvOf,
+        _: &Hgrn2Params,
+        _: &GpuBatch,
+    ) -> Result<()> {
+        bail!(NO_GPU_KERNELS)
+    }
 
     fn hgrn2_lower_bounds_fwd(&mut self, _: &mut CudaSlice<f32>, _: ParamId, _: usize) -> Result<()> {
         bail!(NO_GPU_KERNELS)

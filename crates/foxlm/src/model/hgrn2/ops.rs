@@ -8,9 +8,19 @@ use crate::config::Hgrn2Sizes;
 use crate::tensor::ParamId;
 use anyhow::Result;
 
+/// Which of the layer's three short convolutions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvOf {
+    Q,
+    F,
+    I,
+}
+
 /// An HGRN2 layer's parameters other than its projections, and where it sits in the model.
 #[derive(Clone, Copy, Debug)]
 pub struct Hgrn2Params {
+    /// With short convolutions: q's, f's and i's weights [d, 1, W] (no bias, as fla's).
+    pub convs: Option<[ParamId; 3]>,
     /// The output norm's weight [d] (RMSNorm over the whole width, ε [`crate::config::HGRN2_G_NORM_EPS`]).
     pub g_norm: ParamId,
     /// The layer's index: its row of the lower bounds (layer 0 has none).
@@ -23,11 +33,43 @@ impl Hgrn2Params {
     pub fn bounded(&self) -> bool {
         self.sizes.lower_bound && self.layer > 0
     }
+
+    /// The convolution's weight, when the layer has short convolutions.
+    pub fn conv(&self, which: ConvOf) -> Option<ParamId> {
+        self.convs.map(|[q, f, i]| match which {
+            ConvOf::Q => q,
+            ConvOf::F => f,
+            ConvOf::I => i,
+        })
+    }
 }
 
 pub trait Hgrn2Ops: Backend {
     /// One layer's inference state: the GLA state [B, H, K, V], with the tokens seen.
     type Hgrn2State;
+
+    /// out = conv1d(x) of short convolution `which` (causal, depthwise, no activation) per row
+    /// from its first real token; with `state`, continuing its inputs (which it then advances).
+    #[allow(clippy::too_many_arguments)]
+    fn hgrn2_conv_fwd(
+        &mut self,
+        out: &mut Self::Act,
+        x: &Self::Act,
+        which: ConvOf,
+        p: &Hgrn2Params,
+        batch: &Self::Batch,
+        state: Option<&mut Self::Hgrn2State>,
+    ) -> Result<()>;
+    /// From dout, writes dx and adds the convolution weight's gradient.
+    fn hgrn2_conv_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        dout: &Self::Act,
+        x: &Self::Act,
+        which: ConvOf,
+        p: &Hgrn2Params,
+        batch: &Self::Batch,
+    ) -> Result<()>;
 
     /// lb [L, d] = the softmax of `lower_bounds` [L, d] over layers, its cumulative sum over
     /// layers less the first row (row 0 is 0; row l = Σ_{1 ≤ j ≤ l} softmax_j).

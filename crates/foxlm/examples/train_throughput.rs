@@ -2,12 +2,16 @@
 //! (forward, backward, clipping, AdamW) for the tiny preset and for fox-pro-125m at a short
 //! context, the matmul GFLOP/s those steps reach, and — in the same run, as the reference — the
 //! `gemm` crate's own GFLOP/s on square products, sampled again before every timed step (see
-//! `foxlm::cpu_bench`). `foxlm bench train --device cpu` measures one preset the same way.
+//! crates/foxlm/checks/cpu_bench.rs). `foxlm bench train --device cpu` measures one preset the same way.
 //!
 //!     cargo run --release --example train_throughput [-- --steps N --context-125m T --json FILE --only tiny|125m]
 
-use foxlm::cpu_bench;
 use foxlm::presets;
+
+/// The measurement `foxlm bench train --device cpu` makes (beside the library, in checks/).
+#[path = "../checks/cpu_bench.rs"]
+#[allow(dead_code)]
+mod cpu_bench;
 
 fn main() -> anyhow::Result<()> {
     // As the foxlm binary runs: workers that flush denormals.

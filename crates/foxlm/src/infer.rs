@@ -10,8 +10,8 @@
 //! token is chosen on the device, and only the chosen ids come back to the host.
 
 use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache, GpuLayerState};
+use crate::backend::Dtype;
 use crate::backend::{Backend, BatchInfo};
-use crate::engine::Dtype;
 use crate::eval::loss::{batch_token_losses, Chunking};
 use crate::eval::niah::greedy_answer;
 use crate::generate::{generate, GenerateOptions};
@@ -100,9 +100,7 @@ pub fn open<'m>(
 ) -> Result<Box<dyn Infer + 'm>> {
     match device {
         cuda::Device::Cpu => {
-            if dtype == Some(Dtype::Bf16) {
-                bail!("--dtype bf16 needs a GPU (--device cuda): the CPU runs in f32");
-            }
+            Dtype::refuse_bf16_on_cpu(dtype, "runs")?;
             Ok(Box::new(CpuInfer { model }))
         }
         cuda::Device::Cuda(gpu) => Ok(match dtype.unwrap_or_default() {

@@ -72,7 +72,7 @@ impl std::fmt::Display for Change {
 
 /// The config.json fields (extra keys aside) on which `a` and `b` differ, in name order.
 pub fn field_changes(a: &Config, b: &Config) -> Vec<Change> {
-    crate::validate::differing_fields(a, b)
+    crate::config::differing_fields(a, b)
         .into_iter()
         .map(|(field, old, new)| Change { field, old: old.to_string(), new: new.to_string() })
         .collect()

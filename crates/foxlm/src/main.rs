@@ -5,6 +5,10 @@
 use clap::Parser;
 use foxlm::cli::{self, Cli, Command};
 
+/// `foxlm gpu-check` and `foxlm bench`: beside the library, in the binary only.
+#[path = "../checks/mod.rs"]
+mod checks;
+
 fn main() {
     // Before anything uses rayon: its workers flush denormals (see fox_kernels::par::init_pool).
     if let Err(e) = fox_kernels::par::init_pool() {
@@ -20,8 +24,8 @@ fn main() {
         Command::Demo(a) => cli::demo::run(a),
         Command::Eval(a) => cli::eval::run(a),
         Command::Viz(a) => cli::viz::run(a),
-        Command::Bench(a) => cli::bench::run(a),
-        Command::GpuCheck(a) => cli::gpu_check::run(a),
+        Command::Bench(a) => checks::bench::run(a),
+        Command::GpuCheck(a) => checks::gpu_check::run(a),
         Command::Serve(a) => cli::serve::run(a),
         Command::Tokenizer(a) => cli::tokenizer::run(a),
     };

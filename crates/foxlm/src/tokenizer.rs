@@ -18,6 +18,22 @@ use std::sync::{Arc, OnceLock};
 use anyhow::{anyhow, Context};
 use tiktoken_rs::CoreBPE;
 
+/// The config.json key in which a model may record its text format ("plain" / "json-escaped").
+pub const TEXT_FORMAT_KEY: &str = "foxlm_text_format";
+
+/// The text format to use for a model: the one asked for, else the one its config.json records,
+/// else json-escaped (the released FoX checkpoints' format).
+pub fn text_format_for(cfg: &crate::config::Config, asked: Option<TextFormat>) -> TextFormat {
+    if let Some(f) = asked {
+        return f;
+    }
+    cfg.extra
+        .get(TEXT_FORMAT_KEY)
+        .and_then(|v| v.as_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(TextFormat::JsonEscaped)
+}
+
 /// The id of `<|endoftext|>`, used as beginning-of-sequence.
 pub const BOS_ID: u32 = 50256;
 /// The id of `<|endoftext|>`, used as end-of-sequence.

@@ -13,7 +13,7 @@
 //! see docs/serving.md), which is exact.
 
 use crate::config::Config;
-use crate::eval::text::text_format_for;
+use crate::tokenizer::text_format_for;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, GPT2_VOCAB};
 use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};

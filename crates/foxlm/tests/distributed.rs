@@ -1,4 +1,4 @@
-//! Data-parallel training without GPUs: the ZeRO-1 step and the data order of `foxlm::dist` run
+//! Data-parallel training without GPUs: the ZeRO-1 step and the data order of `foxlm::distributed` run
 //! with ranks as threads (`ThreadGroup`) against the single-process trainer's arithmetic, and the
 //! `foxlm train` binary's multi-process errors (no GPUs, a missing peer) end quickly and clearly.
 //! The same algorithm runs through NCCL on GPUs: `foxlm gpu-check --part dist`.
@@ -7,7 +7,7 @@ use foxlm::data::{prepare, Dataset, Loader, LoaderState, PrepareOptions, Split};
 #[path = "common/zero1.rs"]
 mod zero1;
 
-use foxlm::dist::StepSlice;
+use foxlm::distributed::StepSlice;
 use foxlm::model::{Ctx, Model};
 use foxlm::optim::{clip_coef, global_norm, AdamW, AdamWConfig};
 use foxlm::presets::Variant;

@@ -1,9 +1,10 @@
 //! The whole model on the GPU against the CPU reference on the seven fixtures (f32 and bf16), and
 //! GPU training against CPU training. Runs where a CUDA GPU is usable; prints a notice and passes
-//! elsewhere (CI has no GPU). The same rows, as a table: `foxlm gpu-check` (bench/gpu_check.sh).
+//! elsewhere (CI has no GPU). They run `foxlm gpu-check` (whose checks live in crates/foxlm/checks), as bench/gpu_check.sh does.
 
-use fox_kernels::cuda::{check::format_table, Gpu};
+use fox_kernels::cuda::Gpu;
 use std::path::PathBuf;
+use std::process::Command;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -20,27 +21,47 @@ fn gpu() -> Option<std::sync::Arc<Gpu>> {
     }
 }
 
+/// Runs `foxlm gpu-check --only <only>` (the checks live beside the library, in the command) in
+/// `work`; returns its table's (passed, failed) counts after printing its output.
+fn gpu_check(only: &str, work: &std::path::Path, extra: &[&str]) -> (usize, usize) {
+    let out = Command::new(env!("CARGO_BIN_EXE_foxlm"))
+        .current_dir(root())
+        .args(["gpu-check", "--only", only, "--work"])
+        .arg(work)
+        .args(extra)
+        .output()
+        .expect("running foxlm gpu-check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let last = stdout.lines().rev().find(|l| l.ends_with(" failed")).expect("the table's summary line");
+    let n: Vec<usize> = last.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(out.status.success(), n[1] == 0, "exit status against the table: {last}");
+    (n[0], n[1])
+}
+
 #[test]
 fn fixtures_on_the_gpu_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let rows = foxlm::gpu_check::run_fixture_checks(&g, &root().join("tests/fixtures/official-fox-tiny")).unwrap();
-    println!("{}", format_table(&rows));
+    if gpu().is_none() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (passed, failed) = gpu_check("fixtures", work.path(), &[]);
     // seven rows per model (the fixtures and the four GQA / window / ACP models), three more per
     // model with ACP
-    assert_eq!(rows.len(), (7 + 4) * 7 + 2 * 3, "rows of the fixture checks");
-    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
-    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(passed + failed, (7 + 4) * 7 + 2 * 3, "rows of the fixture checks");
+    assert_eq!(failed, 0);
 }
 
 #[test]
 fn inference_on_the_gpu_matches_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let rows =
-        foxlm::gpu_check::infer::run_inference_checks(&g, &root().join("tests/fixtures/official-fox-tiny")).unwrap();
-    println!("{}", format_table(&rows));
-    assert!(rows.len() >= 7 * 7, "seven rows per fixture and the sampler's");
-    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
-    assert!(failed.is_empty(), "{failed:?}");
+    if gpu().is_none() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (passed, failed) = gpu_check("infer", work.path(), &[]);
+    assert!(passed + failed >= 7 * 7, "seven rows per fixture and the sampler's");
+    assert_eq!(failed, 0);
 }
 
 #[test]
@@ -49,8 +70,6 @@ fn training_on_the_gpu_matches_the_cpu_and_resumes() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let rows = foxlm::gpu_check::run_training_checks(&root().join("data/sample/moby-dick"), work.path(), 300).unwrap();
-    println!("{}", format_table(&rows));
-    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
-    assert!(failed.is_empty(), "{failed:?}");
+    let (_, failed) = gpu_check("train", work.path(), &["--train-steps", "300"]);
+    assert_eq!(failed, 0);
 }

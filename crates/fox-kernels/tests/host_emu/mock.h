@@ -35,6 +35,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 inline u32 __float_as_uint(float f) { u32 u; memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __expf(float x) { return expf(x); }
 inline u16 mock_rne(float v) {
     u32 u = __float_as_uint(v);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);

@@ -3,7 +3,6 @@
 // two-pass reductions; tolerances are ~1e-6 relative L2 (the same f32 arithmetic in another
 // summation order), 0 where the kernel must be exact, 1e-2 for outputs rounded to bf16.
 #include "mock.h"
-inline float __expf(float x) { return expf(x); }
 #include "../../kernels/ops.cu"
 
 static std::mt19937 rng(42);
@@ -162,6 +161,45 @@ int main() {
         launch(g1((inter + 1) / 2), 256, [&] { gemv_glu_f32(gu.data(), h.data(), x.data(), wg.data(), rows, in, 2 * inter, 2); });
         cmp("gemv glu gu", gu, gur, 1e-5);
         cmp("gemv glu h", h, hr, 1e-5);
+    }
+    // ---- gemv_step_in (a Mamba-2 decode step's in_proj with its conv and dt): rows 3 (row 1
+    // padding), out = z 8 | xBC 12 | dt 3 columns, conv width 4, against the GEMV loop then the
+    // conv (continuing the state, SiLU) and softplus(dt_raw + bias); the state advanced in place.
+    {
+        const int rows = 3, in = 64, zc = 8, C = 12, W = 4, H = 3, out = zc + C + H;
+        auto x = randn(rows * in), w = randn(out * in, 0.1f), cw = randn(C * W, 0.5f), cb = randn(C, 0.5f);
+        auto dtb = randn(H), st0 = randn(rows * (W - 1) * C);
+        int start[rows] = {0, 1, 0};
+        std::vector<float> zr(rows * out), xbcr(rows * C), dtr(rows * H), str = st0;
+        for (int r = 0; r < rows; ++r) {
+            for (int o = 0; o < out; ++o) {
+                double s = 0;
+                for (int k = 0; k < in; ++k) s += (double)x[r * in + k] * w[o * in + k];
+                zr[r * out + o] = s;
+            }
+            for (int c = 0; c < C; ++c) {
+                if (start[r] > 0) continue;
+                float* sc = &str[(r * (W - 1)) * C + c];
+                const float v = zr[r * out + zc + c];
+                double acc = cb[c];
+                for (int k = 0; k < W - 1; ++k) acc += (double)cw[c * W + k] * sc[k * C];
+                acc += (double)cw[c * W + W - 1] * v;
+                for (int k = 0; k + 1 < W - 1; ++k) sc[k * C] = sc[(k + 1) * C];
+                sc[(W - 2) * C] = v;
+                xbcr[r * C + c] = acc / (1.0 + exp(-acc));
+            }
+            for (int h = 0; h < H; ++h) dtr[r * H + h] = log1p(exp((double)zr[r * out + zc + C + h] + dtb[h]));
+        }
+        std::vector<float> z(rows * out), xbc(rows * C, 7.f), dt(rows * H), st = st0;
+        launch(g1((out + 7) / 8), 256, [&] {
+            gemv_step_in_f32(z.data(), x.data(), w.data(), rows, in, out, 1, xbc.data(), st.data(), dt.data(),
+                             cw.data(), cb.data(), dtb.data(), start, zc, C, W, zc + C, H);
+        });
+        for (int c = 0; c < C; ++c) xbcr[1 * C + c] = 0.f;  // the padding row's xbc is 0
+        cmp("gemv_step_in zxbcdt", z, zr, 1e-5);
+        cmp("gemv_step_in xbc", xbc, xbcr, 1e-5);
+        cmp("gemv_step_in dt", dt, dtr, 1e-5);
+        cmp("gemv_step_in conv state", st, str, 1e-5);
     }
     // ---- KV-shift B=2 T=9 H=3, D = 40 (4-wide) and 10 (single elements), start {0, 4}
     for (int D : {40, 10}) {

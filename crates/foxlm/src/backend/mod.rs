@@ -14,6 +14,8 @@
 //! CPU op of the same name in `fox_kernels`, whose comments define it; parameter gradients are
 //! accumulated (`+=`).
 
+mod dtype;
+pub use dtype::Dtype;
 pub mod cpu;
 mod cpu_model;
 pub mod cuda;

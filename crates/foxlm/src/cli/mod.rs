@@ -14,7 +14,7 @@ pub mod tokenizer;
 pub mod train;
 pub mod viz;
 
-use crate::engine::Dtype;
+use crate::backend::Dtype;
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{self, Device, DeviceArg};
 
@@ -71,8 +71,8 @@ impl DeviceArgs {
     /// The device to run on; bf16 on the CPU is refused.
     pub fn select(&self) -> Result<Device> {
         let d = cuda::select(self.device)?;
-        if !d.is_cuda() && self.dtype == Some(Dtype::Bf16) {
-            bail!("--dtype bf16 needs a GPU (--device cuda): the CPU runs in f32");
+        if !d.is_cuda() {
+            Dtype::refuse_bf16_on_cpu(self.dtype, "runs")?;
         }
         Ok(d)
     }

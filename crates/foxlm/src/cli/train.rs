@@ -188,7 +188,7 @@ pub struct DistArgs {
     #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
     pub master_addr: String,
     /// The rendezvous port on MASTER_ADDR (torchrun's MASTER_PORT).
-    #[arg(long, env = "MASTER_PORT", default_value_t = crate::dist::DEFAULT_MASTER_PORT)]
+    #[arg(long, env = "MASTER_PORT", default_value_t = crate::distributed::DEFAULT_MASTER_PORT)]
     pub master_port: u16,
     /// Seconds to wait for every rank at the rendezvous before giving up.
     #[arg(long, env = "FOXLM_RENDEZVOUS_TIMEOUT", default_value_t = 60, value_name = "SECONDS")]
@@ -283,12 +283,12 @@ fn init_run_config(a: &Args, dir: &Path) -> Result<RunConfig> {
 enum Role {
     Single,
     Launcher(usize),
-    Rank(crate::dist::World),
+    Rank(crate::distributed::World),
 }
 
 fn role(a: &Args) -> Result<Role> {
     let d = &a.dist;
-    let launched = std::env::var_os(crate::dist::launch::LAUNCHED_ENV).is_some();
+    let launched = std::env::var_os(crate::distributed::launch::LAUNCHED_ENV).is_some();
     let distributed = d.world_size.is_some() || d.rank.is_some();
     match (d.gpus, distributed) {
         (Some(0), _) => bail!("--gpus 0: give at least 1 (or drop --gpus to train on one device)"),
@@ -301,7 +301,13 @@ fn role(a: &Args) -> Result<Role> {
             let (Some(rank), Some(size)) = (d.rank, d.world_size) else {
                 bail!("a multi-process run needs both RANK and WORLD_SIZE (or --rank and --world-size)");
             };
-            Ok(Role::Rank(crate::dist::World::new(rank, d.local_rank, size, d.master_addr.clone(), d.master_port)?))
+            Ok(Role::Rank(crate::distributed::World::new(
+                rank,
+                d.local_rank,
+                size,
+                d.master_addr.clone(),
+                d.master_port,
+            )?))
         }
         (None, false) => Ok(Role::Single),
     }
@@ -328,9 +334,9 @@ pub fn run(a: Args) -> Result<()> {
             if !a.quiet {
                 eprintln!("starting {n} rank{} (one per GPU)", if n == 1 { "" } else { "s" });
             }
-            match crate::dist::launch::launch_local(n, &args)? {
-                crate::dist::launch::Ended::Ok => Ok(()),
-                crate::dist::launch::Ended::Interrupted => std::process::exit(130),
+            match crate::distributed::launch::launch_local(n, &args)? {
+                crate::distributed::launch::Ended::Ok => Ok(()),
+                crate::distributed::launch::Ended::Interrupted => std::process::exit(130),
             }
         }
         Role::Launcher(_) => run_one(a, None).map(exit_if_interrupted),
@@ -340,7 +346,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// One rank of a multi-process run: the rendezvous, the watchdog, then training; a failure is
 /// reported to the other ranks (and to the launcher) before this process exits.
-fn run_rank(mut a: Args, w: crate::dist::World) -> Result<()> {
+fn run_rank(mut a: Args, w: crate::distributed::World) -> Result<()> {
     if a.device == fox_kernels::cuda::DeviceArg::Cpu {
         bail!("--device cpu: a multi-process run (WORLD_SIZE {}) trains on GPUs through NCCL", w.size);
     }
@@ -355,7 +361,7 @@ fn run_rank(mut a: Args, w: crate::dist::World) -> Result<()> {
     }
     let rendezvous = std::time::Duration::from_secs(a.dist.rendezvous_timeout);
     let collective = std::time::Duration::from_secs(a.dist.collective_timeout);
-    let res = crate::dist::as_rank(&w, rendezvous, collective, |d| run_one(a, Some(d)));
+    let res = crate::distributed::as_rank(&w, rendezvous, collective, |d| run_one(a, Some(d)));
     res.map(exit_if_interrupted).map_err(|e| e.context(format!("rank {} of {}", w.rank, w.size)))
 }
 
@@ -367,7 +373,7 @@ fn exit_if_interrupted(interrupted: bool) {
 }
 
 /// Trains as the arguments say; Ok(true) when Ctrl-C stopped the run (after its checkpoint).
-fn run_one(a: Args, dist: Option<crate::dist::DistRun>) -> Result<bool> {
+fn run_one(a: Args, dist: Option<crate::distributed::DistRun>) -> Result<bool> {
     if a.list_presets {
         use std::io::Write;
         let names = presets::names();

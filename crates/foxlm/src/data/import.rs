@@ -21,10 +21,9 @@
 //! the shards. Reading stops once the `--train-tokens` / `--val-tokens` subsets are complete, so
 //! importing 45 GiT of LongCrawl64's 435 reads only those.
 
-use super::{
-    create_output, is_val_document, map_file, progress_bar, Manifest, ShardWriter, Split, SplitInfo, TokenDtype,
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
-};
+use super::dataset::map_file;
+use super::format::{Manifest, Split, SplitInfo, TokenDtype, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+use super::prepare::{create_output, is_val_document, progress_bar, ShardWriter};
 use crate::tokenizer::{TextFormat, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};

@@ -10,21 +10,7 @@ use crate::config::Config;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Result};
 
-/// The config.json key in which a model may record its text format ("plain" / "json-escaped").
-pub const TEXT_FORMAT_KEY: &str = "foxlm_text_format";
-
-/// The text format to use for a model: the one asked for, else the one its config.json records,
-/// else json-escaped (the released FoX checkpoints' format).
-pub fn text_format_for(cfg: &Config, asked: Option<TextFormat>) -> TextFormat {
-    if let Some(f) = asked {
-        return f;
-    }
-    cfg.extra
-        .get(TEXT_FORMAT_KEY)
-        .and_then(|v| v.as_str())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(TextFormat::JsonEscaped)
-}
+pub use crate::tokenizer::{text_format_for, TEXT_FORMAT_KEY};
 
 /// A GPT-2 tokenizer bound to one model's vocabulary.
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ pub mod http;
 pub mod metrics;
 
 use crate::checkpoint::load_model;
-use crate::eval::text::text_format_for;
+use crate::tokenizer::text_format_for;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::{Device, DeviceArg};

@@ -16,16 +16,16 @@
 //! - a cache plan too large for the GPU is an error at start, not a crash.
 
 use super::row;
-use crate::checkpoint::{load_model, save_model};
-use crate::generate::GenerateOptions;
-use crate::infer::{GpuInfer, Infer, Plan};
-use crate::model::{Ctx, Model};
-use crate::sampling::Sampling;
-use crate::serve::client::{json_request, sse_request};
-use crate::serve::{start, ServeOptions};
 use anyhow::{anyhow, Context, Result};
 use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::{DeviceArg, Gpu};
+use foxlm::checkpoint::{load_model, save_model};
+use foxlm::generate::GenerateOptions;
+use foxlm::infer::{GpuInfer, Infer, Plan};
+use foxlm::model::{Ctx, Model};
+use foxlm::sampling::Sampling;
+use foxlm::serve::client::{json_request, sse_request};
+use foxlm::serve::{start, ServeOptions};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -68,11 +68,11 @@ fn models(fixtures: &Path, work: &Path) -> Result<Vec<(String, PathBuf)>> {
         ("mamba2 fixture".to_string(), root.join("official-mamba2-tiny/mamba2")),
     ];
     // FoX (Pro), d 256, 4 heads of 64 (the fast bf16 attention kernels), 4 layers.
-    let mut cfg = crate::presets::tiny().model;
+    let mut cfg = foxlm::presets::tiny().model;
     (cfg.hidden_size, cfg.num_heads, cfg.num_hidden_layers, cfg.vocab_size) = (256, 4, 4, 512);
     (cfg.bos_token_id, cfg.eos_token_id) = (None, None);
     cfg.validate()?;
-    let model = crate::train::init_model(&cfg, 7);
+    let model = foxlm::train::init_model(&cfg, 7);
     let dir = work.join("serve-fox-pro-heads-64");
     save_model(&model, &cfg, &dir).with_context(|| format!("saving {}", dir.display()))?;
     out.push(("fox_pro d=256 heads of 64".to_string(), dir));
@@ -109,7 +109,7 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     let hd = model.config.head_dim();
     let graphs_expected = (hd == 64 || hd == 128)
         && model.config.log_pruning_tolerance.is_none()
-        && model.layers.iter().all(|b| matches!(b.mixer, crate::model::Mixer::Attention(_)));
+        && model.layers.iter().all(|b| matches!(b.mixer, foxlm::model::Mixer::Attention(_)));
     let vocab = model.config.vocab_size as u32;
     let mut rows = Vec::new();
     let mut o = ServeOptions::new(dir.to_path_buf());
@@ -263,7 +263,7 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         "4 choices of 12 sampled tokens, the same both times; choices of a prompt differ".into(),
     ));
     // GET /metrics on the GPU: its memory and the latency histograms.
-    let (_, text) = crate::serve::client::text_request(addr, "/metrics", None)?;
+    let (_, text) = foxlm::serve::client::text_request(addr, "/metrics", None)?;
     let metric = |name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))

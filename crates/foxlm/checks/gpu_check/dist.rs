@@ -6,11 +6,11 @@
 //! the run. The checks that need two GPUs are skipped with a notice on one.
 
 use super::{first_difference, row, train_losses as losses, worst_gap};
-use crate::train::{train, RunConfig, TrainOptions};
 use anyhow::{anyhow, Context, Result};
 use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::nccl::{self, Nccl};
 use fox_kernels::cuda::{DeviceArg, Gpu};
+use foxlm::train::{train, RunConfig, TrainOptions};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -101,7 +101,7 @@ fn launch(exe: &Path, gpus: usize, config: &Path, data: &Path, out: &Path, extra
 }
 
 fn weights(dir: &Path) -> Result<Vec<u8>> {
-    std::fs::read(dir.join(crate::checkpoint::WEIGHTS_FILE)).with_context(|| format!("reading {}", dir.display()))
+    std::fs::read(dir.join(foxlm::checkpoint::WEIGHTS_FILE)).with_context(|| format!("reading {}", dir.display()))
 }
 
 /// The data-parallel checks; `data` is a prepared dataset, `work` a scratch folder.
@@ -301,11 +301,11 @@ fn environ_has(pid: u32, var: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::StepSlice;
+    use foxlm::distributed::StepSlice;
 
     #[test]
     fn dist_run_splits_the_same_global_batch_over_two_ranks() {
-        let base = crate::gpu_check::check_run(100);
+        let base = super::super::check_run(100);
         assert_eq!((base.train.batch_size, base.train.micro_batch), (8, 8));
         for world in [1, 2] {
             let run = dist_run(&base, world).unwrap();

@@ -8,13 +8,13 @@
 //! far less, so a peak taken once decided the share. The share reported is the median over the
 //! steps of (the step's GFLOP/s / the peak sampled right before it).
 
-use crate::config::Config;
-use crate::engine::CpuEngine;
-use crate::model::Model;
-use crate::optim::AdamW;
-use crate::train::init_model;
 use anyhow::{Context, Result};
 use fox_kernels::matmul::{peak_now, GemmReference};
+use foxlm::config::Config;
+use foxlm::engine::CpuEngine;
+use foxlm::model::Model;
+use foxlm::optim::AdamW;
+use foxlm::train::init_model;
 use std::time::Instant;
 
 /// Matmul FLOPs of one training step per token (forward + backward = 3 × forward): every Linear
@@ -26,24 +26,24 @@ pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
         .layers
         .iter()
         .map(|blk| match &blk.mixer {
-            crate::model::Mixer::Attention(l) => 4.0 * mean_keys(context, l.window) * (l.heads * l.head_dim) as f64,
+            foxlm::model::Mixer::Attention(l) => 4.0 * mean_keys(context, l.window) * (l.heads * l.head_dim) as f64,
             // The recurrence: the state update and its read-out, 4·P·N per head.
-            crate::model::Mixer::Mamba2(l) => {
+            foxlm::model::Mixer::Mamba2(l) => {
                 let s = l.sizes();
                 4.0 * (s.heads * s.head_dim * s.state) as f64
             }
             // Mamba's selective scan: 4·Di·N per token.
-            crate::model::Mixer::Mamba(l) => {
+            foxlm::model::Mixer::Mamba(l) => {
                 let s = l.sizes();
                 4.0 * (s.inner * s.state) as f64
             }
             // The delta rule: the state's read at k, its update and its read at q, 6·K·V per head.
-            crate::model::Mixer::DeltaNet(l) => {
+            foxlm::model::Mixer::DeltaNet(l) => {
                 let s = l.sizes();
                 6.0 * (s.heads * s.head_k * s.head_v) as f64
             }
             // GLA: the state's decay (K·V), its update (2·K·V) and its read at q (2·K·V) per head.
-            crate::model::Mixer::Hgrn2(l) => {
+            foxlm::model::Mixer::Hgrn2(l) => {
                 let s = l.sizes();
                 5.0 * (s.heads * s.head_dim * s.head_dim) as f64
             }
@@ -86,7 +86,7 @@ pub struct CpuTrainRow {
     pub profile: Vec<CpuProfileRow>,
 }
 
-/// One kind of operation's share of a step ([`crate::backend::Family`]).
+/// One kind of operation's share of a step ([`foxlm::backend::Family`]).
 #[derive(serde::Serialize, Clone, Debug)]
 pub struct CpuProfileRow {
     pub family: String,
@@ -122,12 +122,12 @@ pub fn measure(
     let vocab = cfg.vocab_size.clamp(1, 50_000);
     // Parameters, gradients and AdamW's moments, then the step's activations, the head's logits
     // and the gemm scratch, against the machine's memory before they are allocated.
-    crate::validate::check_memory(4 * cfg.param_bytes(), "the model's parameters, gradients and optimizer state")?;
+    foxlm::validate::check_memory(4 * cfg.param_bytes(), "the model's parameters, gradients and optimizer state")?;
     let mut model = init_model(cfg, 0);
-    let mut plan = crate::model::MemoryPlan::default();
-    crate::model::activation_plan(&model, batch, context, 4, false, &mut plan)?;
+    let mut plan = foxlm::model::MemoryPlan::default();
+    foxlm::model::activation_plan(&model, batch, context, 4, false, &mut plan)?;
     let logits = n.saturating_mul(cfg.vocab_size).min(1 << 26) * 4;
-    crate::validate::check_memory(
+    foxlm::validate::check_memory(
         (plan.total() + logits) as u128,
         &format!("the activations of a {batch} x {context} step"),
     )?;
@@ -242,7 +242,7 @@ mod tests {
     /// causal attention term.
     #[test]
     fn flops_per_token_count_the_linears_and_attention() {
-        let cfg = crate::presets::tiny().model;
+        let cfg = foxlm::presets::tiny().model;
         let m = Model::new(&cfg);
         let linear: usize = m
             .params
@@ -263,7 +263,7 @@ mod tests {
     /// machine's peak, so the share itself may exceed 1.)
     #[test]
     fn a_small_measurement_is_consistent() {
-        let mut cfg = crate::presets::tiny().model;
+        let mut cfg = foxlm::presets::tiny().model;
         cfg.vocab_size = 1000;
         let mut refs = vec![GemmReference::new(64)];
         let r = measure("t", &cfg, 2, 16, 1, 3, &mut refs, false).unwrap();

@@ -9,43 +9,16 @@ use crate::backend::{Backend, BatchInfo, Family};
 use crate::data::{Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::par::on_pool;
 use rayon::prelude::*;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
-/// Activation precision on the GPU (`--dtype`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Dtype {
-    /// bf16 activations and weight copies, fp32 master weights and optimizer state.
-    #[default]
-    Bf16,
-    /// f32 throughout (to check the GPU against the CPU).
-    F32,
-}
+pub use crate::backend::Dtype;
 
-impl FromStr for Dtype {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            "f32" | "fp32" | "float32" => Ok(Self::F32),
-            _ => bail!("unknown dtype `{s}`: expected bf16 or f32"),
-        }
-    }
-}
-
-impl fmt::Display for Dtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Bf16 => "bf16",
-            Self::F32 => "f32",
-        })
-    }
-}
+mod validation;
+pub use validation::{sum_loss, validation_loss};
 
 /// One optimizer step's results before the update.
 pub struct StepStats {
@@ -290,7 +263,7 @@ impl Engine for CpuEngine {
         max_tokens: u64,
     ) -> Result<Option<f64>> {
         let micro = self.micro.max(1);
-        on_pool(|| crate::train::validation_loss(model, ds, context, max_tokens, micro))
+        on_pool(|| validation_loss(model, ds, context, max_tokens, micro))
     }
     fn describe(&self) -> String {
         format!("cpu ({} threads, f32)", rayon::current_num_threads())
@@ -492,7 +465,7 @@ impl<T: Elem> GpuEngine<T> {
         let mut loss_sum = [loss_sum];
         self.be.dist_sum(&mut loss_sum)?;
         let grad_norm = self.clip(max_norm)?;
-        crate::dist::heartbeat();
+        crate::distributed::heartbeat();
         Ok(StepStats { loss: loss_sum[0] / accum as f64, grad_norm })
     }
 
@@ -514,7 +487,7 @@ impl<T: Elem> Engine for GpuEngine<T> {
         self.be.zero_grads()?;
         // Each rank reads its part of the step's windows (all of them on one GPU).
         let (rank, world) = self.be.world();
-        let slice = crate::dist::StepSlice::new(micro, accum, rank, world)?;
+        let slice = crate::distributed::StepSlice::new(micro, accum, rank, world)?;
         let mut loss_sum = 0.0;
         slice.read_each(loader, micro, |b, last| {
             loss_sum += self.rank_micro_step(model, &b.ids, &b.targets, accum, last)?;
@@ -557,7 +530,7 @@ impl<T: Elem> Engine for GpuEngine<T> {
             sum += s;
             count += n;
             done += b;
-            crate::dist::heartbeat();
+            crate::distributed::heartbeat();
         }
         Ok((count > 0).then(|| sum / count as f64))
     }

@@ -9,20 +9,22 @@
 //! bf16 loss within 2e-2 and logits RMS error at most 0.04, about 3x the 0.011-0.013 RMS that the
 //! authors' bf16 attention kernel alone shows on these fixtures (fixtures README).
 
-use crate::backend::cuda::Cuda;
-use crate::backend::{Alloc, Backend, BatchInfo};
-use crate::checkpoint::load_model;
-use crate::model::{Ctx, Model, ModelActs, Scratch};
 use anyhow::{Context, Result};
 use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::{Elem, Gpu};
+use foxlm::backend::cuda::Cuda;
+use foxlm::backend::{Alloc, Backend, BatchInfo};
+use foxlm::checkpoint::load_model;
+use foxlm::model::{Ctx, Model, ModelActs, Scratch};
 use safetensors::SafeTensors;
 use std::path::Path;
 use std::sync::Arc;
 
+mod command;
 pub mod dist;
 pub mod infer;
 pub mod serve;
+pub use command::run;
 
 pub const VARIANTS: [&str; 7] = [
     "fox_llama",
@@ -167,14 +169,14 @@ pub fn recurrent_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
     }
     let mut m2 = load_model(&root.join("official-mamba2-tiny/mamba2"))?.config;
     (m2.hidden_size, m2.num_heads, m2.ssm_head_dim, m2.state_size, m2.vocab_size) = (128, 4, Some(64), Some(128), 512);
-    let mut sb = crate::presets::samba_config(128, 4, 2, 64);
+    let mut sb = foxlm::presets::samba_config(128, 4, 2, 64);
     sb.vocab_size = 512;
     (sb.bos_token_id, sb.eos_token_id) = (None, None);
     let t = 200;
     let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
     for (name, cfg) in [("mamba2 P=64 N=128", m2), ("samba d=128 attention heads of 64 window=64", sb)] {
         cfg.validate()?;
-        let model = crate::train::init_model(&cfg, 11);
+        let model = foxlm::train::init_model(&cfg, 11);
         out.push(CheckModel { name: name.into(), model, b: 2, t, ids: ids.clone(), start: vec![0, 30] });
     }
     Ok(out)
@@ -207,7 +209,7 @@ const SLOW_GATE_BIAS: f32 = 5.0;
 /// ones ACP prunes. QK-norm weights differ by head (1 + 0.25·head, varied per channel), so the
 /// ACP bound differs by head and a wrong k_norm head shows in the thresholds.
 pub fn gqa_window_models() -> Result<Vec<CheckModel>> {
-    use crate::presets::Variant;
+    use foxlm::presets::Variant;
     let specs = [
         (Variant::FoxPro, 128, 2, 1, Some(37), None, 150),
         (Variant::FoxPro, 64, 4, 2, Some(20), None, 150),
@@ -223,7 +225,7 @@ pub fn gqa_window_models() -> Result<Vec<CheckModel>> {
         cfg.window_size = window;
         cfg.log_pruning_tolerance = acp;
         cfg.validate()?;
-        let mut model = crate::train::init_model(&cfg, 11);
+        let mut model = foxlm::train::init_model(&cfg, 11);
         let hd = cfg.head_dim();
         for (i, name) in model.params.names.clone().iter().enumerate() {
             let data = &mut model.params.tensors[i].data;
@@ -410,9 +412,9 @@ fn model_rows(
 /// losses, up to 1e-5) and on the CPU (a GPU checkpoint must resume there).
 /// The training checks' dataset (the sample, prepared once into `work`/data).
 pub fn check_data(sample: &Path, work: &Path) -> Result<std::path::PathBuf> {
-    use crate::data::{prepare, PrepareOptions};
+    use foxlm::data::{prepare, PrepareOptions};
     let data = work.join("data");
-    if !data.join(crate::data::MANIFEST_FILE).exists() {
+    if !data.join(foxlm::data::MANIFEST_FILE).exists() {
         prepare(&[sample.to_path_buf()], &data, &PrepareOptions { progress: false, ..Default::default() })?;
     }
     Ok(data)
@@ -420,9 +422,9 @@ pub fn check_data(sample: &Path, work: &Path) -> Result<std::path::PathBuf> {
 
 /// The training checks' run: a FoX (Pro) with d = 128, 2 layers, head dim 64, for `steps` steps
 /// of the tiny preset's batch.
-pub fn check_run(steps: u64) -> crate::train::RunConfig {
-    let p = crate::presets::tiny();
-    let mut run = crate::train::RunConfig { model: crate::presets::Variant::FoxPro.config(128, 2, 2), train: p.train };
+pub fn check_run(steps: u64) -> foxlm::train::RunConfig {
+    let p = foxlm::presets::tiny();
+    let mut run = foxlm::train::RunConfig { model: foxlm::presets::Variant::FoxPro.config(128, 2, 2), train: p.train };
     run.train.total_tokens = steps * run.train.tokens_per_step();
     // A long warm-up to a moderate peak: the tiny preset's 1e-2 reached in 15 steps gives a loss
     // spike that amplifies summation-order differences (measured on an H100, 2026-11-24: then f32
@@ -436,9 +438,9 @@ pub fn check_run(steps: u64) -> crate::train::RunConfig {
 }
 
 pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec<CheckRow>> {
-    use crate::engine::Dtype;
-    use crate::train::{train, TrainOptions};
     use fox_kernels::cuda::DeviceArg;
+    use foxlm::engine::Dtype;
+    use foxlm::train::{train, TrainOptions};
     let mut rows = Vec::new();
     let data = check_data(sample, work)?;
     let run = check_run(steps);
@@ -461,7 +463,7 @@ pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec
     }
     // One step of the training model (fast bf16 attention kernels at head dim 64) vs the CPU.
     {
-        let model = crate::train::init_model(&run.model, 1);
+        let model = foxlm::train::init_model(&run.model, 1);
         let (b, t) = (4, 256);
         let ids: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % 50000) as u32).collect();
         let targets: Vec<Option<u32>> =
@@ -619,7 +621,7 @@ fn loss_at(run: &[(u64, f64)], step: u64) -> Option<f64> {
 
 /// The training losses a run logged in `dir`'s metrics, by step.
 fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
-    crate::train::read_metrics(dir)
+    foxlm::train::read_metrics(dir)
         .iter()
         .filter(|m| m.kind == "train")
         .filter_map(|m| Some((m.step, m.loss?)))
@@ -629,8 +631,8 @@ fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::{first_difference, gqa_window_models, max_abs_diff, recurrent_models, rms_diff, worst_gap};
-    use crate::config::Config;
-    use crate::model::{Ctx, Model};
+    use foxlm::config::Config;
+    use foxlm::model::{Ctx, Model};
 
     /// A step the compared run did not log fails the row (∞), as does nothing to compare.
     #[test]

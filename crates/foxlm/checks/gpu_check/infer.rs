@@ -11,15 +11,15 @@
 //! 0.04 (as the full forward).
 
 use super::{input_ids, max_abs_diff, rms_diff, row, VARIANTS};
-use crate::checkpoint::load_model;
-use crate::eval::loss::{batch_token_losses, Chunking};
-use crate::generate::{generate, GenerateOptions};
-use crate::infer::{GpuInfer, Infer, Plan};
-use crate::model::{Ctx, Model};
-use crate::sampling::Sampling;
 use anyhow::Result;
 use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::{Elem, Gpu};
+use foxlm::checkpoint::load_model;
+use foxlm::eval::loss::{batch_token_losses, Chunking};
+use foxlm::generate::{generate, GenerateOptions};
+use foxlm::infer::{GpuInfer, Infer, Plan};
+use foxlm::model::{Ctx, Model};
+use foxlm::sampling::Sampling;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -417,9 +417,9 @@ fn sampler_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
 /// and the split-K decode kernel against the cache: logits one position per step against the CPU.
 fn head_dim_64_checks(gpu: &Arc<Gpu>) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    let mut cfg = crate::presets::Variant::FoxPro.config(128, 2, 2);
+    let mut cfg = foxlm::presets::Variant::FoxPro.config(128, 2, 2);
     cfg.vocab_size = 512;
-    let model = crate::train::init_model(&cfg, 7);
+    let model = foxlm::train::init_model(&cfg, 7);
     let (b, t) = (2, 300);
     let ids: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
     let ctx = Ctx { batch: b, seq: t, start: None };

@@ -1,0 +1,693 @@
+//! The CUDA backend: activations in `T` (bf16 for training, f32 to check against the CPU), fp32
+//! master weights with `T` working copies of the matrices, fp32 gradients and AdamW state, all on
+//! one GPU. GEMMs through cuBLASLt (`fox_kernels::cuda::gemm`), the small ops from
+//! `fox_kernels::cuda::ops`, Forgetting Attention from the FlashAttention-style kernels (bf16,
+//! head dim 64/128) or the simple f32 kernel (f32, and other head dims).
+//!
+//! Everything a step touches is allocated in [`Cuda::new`], [`Cuda::new_batch`] and the model's
+//! `ModelActs::new` / `Scratch::new`: the step itself allocates nothing on the device.
+
+use super::{Alloc, Backend, BatchInfo};
+use crate::model::attention::ops::AttnShape;
+use crate::model::cache::LayerState;
+use crate::model::mamba::cuda::GpuMambaState;
+use crate::model::mamba2::cuda::GpuMamba2State;
+use crate::model::{Linear, MemoryPlan, Model};
+use crate::optim::{AdamW, AdamWConfig};
+use crate::tensor::{ParamId, ParamKind, Params};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility};
+use fox_kernels::cuda::compile::MODEL;
+use fox_kernels::cuda::cudarc::driver as cudarc_event;
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::gemm::Gemm;
+use fox_kernels::cuda::nccl::{self, Nccl};
+use fox_kernels::cuda::ops::{self, EmbeddingIndex};
+use fox_kernels::cuda::{Elem, Gpu};
+use std::sync::Arc;
+
+mod adamw;
+mod backend_ops;
+pub(crate) mod decode;
+mod fused;
+mod params;
+mod profile;
+pub(crate) mod recurrent;
+mod zero1;
+pub use adamw::DeviceAdamW;
+pub use decode::DeviceSampling;
+pub use fused::fused_decode_covers;
+pub use params::DeviceParam;
+pub(crate) use recurrent::{grown, ssm_scratch_floats, SsmScratch};
+pub use zero1::Zero1;
+
+/// One layer's decode cache on the device (kernels/decode.cu): keys and values [B, H_kv, cap, D]
+/// in the activation dtype, the running gate sums c [B, H, cap] in f32 (per query head, as the
+/// gate; so a step adds one log f and never recomputes a prefix sum), and each row's last unmixed
+/// k̃, ṽ [B, H_kv·D] for KV-shift. A sliding window keeps every position: the attention kernels
+/// mask the keys outside it.
+pub struct GpuCache<T> {
+    pub k: CudaSlice<T>,
+    pub v: CudaSlice<T>,
+    pub c: CudaSlice<f32>,
+    pub k_shift: CudaSlice<T>,
+    pub v_shift: CudaSlice<T>,
+    /// Positions filled (the same for every row: rows are left-padded to a common length).
+    pub len: usize,
+    pub cap: usize,
+    pub batch: usize,
+    /// Query heads H (of c) and k/v heads H_kv (of k, v and the KV-shift states).
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The current step's k, v and c are in the cache already (a fused decode step wrote them),
+    /// so its attention only reads.
+    pub staged: bool,
+}
+
+/// Element counts of one layer's cache buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLens {
+    /// k and v, each.
+    pub kv: usize,
+    pub c: usize,
+    /// k_shift and v_shift, each.
+    pub shift: usize,
+}
+
+/// Why the CUDA backend cannot run `model` (for training when `training`), if it cannot: a layer
+/// whose sizes the CUDA kernels do not take.
+pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
+    model.layers.iter().find_map(|blk| match &blk.mixer {
+        crate::model::Mixer::Attention(_) => None,
+        crate::model::Mixer::DeltaNet(l) => Some(format!(
+            "{}: {}",
+            if l.sizes().gated { "Gated DeltaNet" } else { "DeltaNet" },
+            crate::model::deltanet::cuda::NO_GPU_KERNELS
+        )),
+        crate::model::Mixer::Hgrn2(_) => Some(format!("HGRN2: {}", crate::model::hgrn2::cuda::NO_GPU_KERNELS)),
+        crate::model::Mixer::Mamba2(l) => {
+            let s = l.sizes();
+            let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
+            (!ok).then(|| {
+                format!(
+                    "the GPU's Mamba-2 kernels take head_dim ≤ 64, state_size ≤ 128, conv_kernel ≤ 8 and n_groups = 1 \
+                     (this model: {}, {}, {}, {}); run it with --device cpu",
+                    s.head_dim, s.state, s.conv, s.groups
+                )
+            })
+        }
+        crate::model::Mixer::Mamba(l) => {
+            let s = l.sizes();
+            let ok = s.state <= fox_kernels::cuda::selective_scan::MAX_STATE && (1..=8).contains(&s.conv);
+            (!ok).then(|| {
+                format!(
+                    "the GPU's Mamba kernels take state_size ≤ {} and conv_kernel ≤ 8 (this model: {}, {}); run it \
+                     with --device cpu",
+                    fox_kernels::cuda::selective_scan::MAX_STATE,
+                    s.state,
+                    s.conv
+                )
+            })
+        }
+    })
+}
+
+/// One layer's inference state on the GPU.
+pub type GpuLayerState<T> = LayerState<
+    GpuCache<T>,
+    GpuMamba2State,
+    GpuMambaState,
+    crate::model::deltanet::cuda::GpuDeltaNetState,
+    crate::model::hgrn2::cuda::GpuHgrn2State,
+>;
+
+impl<T> GpuLayerState<T> {
+    /// Tokens this layer has seen (host side).
+    pub fn len(&self) -> usize {
+        match self {
+            LayerState::Attention(c) => c.len,
+            LayerState::Mamba2(s) => s.len,
+            LayerState::Mamba(s) => s.len,
+            LayerState::DeltaNet(s) => match *s {},
+            LayerState::Hgrn2(s) => match *s {},
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The host-side length again after CUDA graph replays (which advanced only the device's),
+    /// with nothing staged.
+    pub fn reset_len(&mut self, len: usize) {
+        match self {
+            LayerState::Attention(c) => {
+                c.len = len;
+                c.staged = false;
+            }
+            LayerState::Mamba2(s) => s.len = len,
+            LayerState::Mamba(s) => s.len = len,
+            LayerState::DeltaNet(s) => match *s {},
+            LayerState::Hgrn2(s) => match *s {},
+        }
+    }
+}
+
+impl<T: Elem> GpuCache<T> {
+    /// What [`Cuda::new_caches`] allocates per layer for `batch` rows of `cap` positions.
+    pub fn lens(batch: usize, heads: usize, kv_heads: usize, head_dim: usize, cap: usize) -> CacheLens {
+        CacheLens { kv: batch * kv_heads * cap * head_dim, c: batch * heads * cap, shift: batch * kv_heads * head_dim }
+    }
+
+    /// Device bytes of one layer's cache.
+    pub fn bytes(batch: usize, heads: usize, kv_heads: usize, head_dim: usize, cap: usize) -> usize {
+        let l = Self::lens(batch, heads, kv_heads, head_dim, cap);
+        (2 * l.kv + 2 * l.shift) * std::mem::size_of::<T>() + l.c * std::mem::size_of::<f32>()
+    }
+}
+
+/// The simple f32 attention runs on f32 copies when activations are bf16 but the fast kernels
+/// do not cover the head dim (the tiny fixtures' 32).
+pub(crate) struct F32Attn {
+    pub(crate) q: CudaSlice<f32>,
+    pub(crate) k: CudaSlice<f32>,
+    pub(crate) v: CudaSlice<f32>,
+    pub(crate) o: CudaSlice<f32>,
+    pub(crate) dout: CudaSlice<f32>,
+    pub(crate) dq: CudaSlice<f32>,
+    pub(crate) dk: CudaSlice<f32>,
+    pub(crate) dv: CudaSlice<f32>,
+}
+
+/// Events that can be timed (cudarc's default disables timing).
+const TIMING: cudarc_event::sys::CUevent_flags = cudarc_event::sys::CUevent_flags::CU_EVENT_DEFAULT;
+
+pub use super::Family;
+
+pub struct Cuda<T: Elem> {
+    pub gpu: Arc<Gpu>,
+    /// With profiling on, an event at the start of every operation, with its family.
+    pub(crate) prof: Option<Vec<(Family, cudarc_event::CudaEvent)>>,
+    pub(crate) gemm: Gemm,
+    pub params: Vec<DeviceParam<T>>,
+    pub kinds: Vec<ParamKind>,
+    pub names: Vec<String>,
+    pub opt: Option<DeviceAdamW>,
+    /// Output head: rows per chunk, the chunk's f32 logits and T dlogits, its hidden rows, their
+    /// gradient, targets and losses.
+    pub(crate) head_rows: usize,
+    pub(crate) head_logits: CudaSlice<f32>,
+    pub(crate) head_dlogits: CudaSlice<T>,
+    pub(crate) head_x: CudaSlice<T>,
+    pub(crate) head_dx: CudaSlice<T>,
+    pub(crate) head_targets: CudaSlice<i32>,
+    pub(crate) head_losses: CudaSlice<f32>,
+    /// Per-row losses of the current micro-step and the number of rows with a target.
+    pub(crate) losses: CudaSlice<f32>,
+    pub(crate) loss_rows: usize,
+    pub(crate) loss_targets: usize,
+    pub(crate) loss_host: Vec<f32>,
+    /// Attention backward: dck and delta [B·H·T] (the kernel's query and key terms of dc apart).
+    pub(crate) dck: CudaSlice<f32>,
+    pub(crate) delta: CudaSlice<f32>,
+    pub(crate) f32_attn: Option<F32Attn>,
+    /// Sum of squares of each gradient (one slot per parameter), for the global norm.
+    pub(crate) sumsq: CudaSlice<f32>,
+    pub(crate) max_rows: usize,
+    pub(crate) d_model: usize,
+    pub(crate) vocab: usize,
+    /// The head's rows on the device (vocab rounded up to a multiple of 64).
+    pub(crate) vocab_pad: usize,
+    /// Each parameter's element count on the host (the head's device buffers are longer).
+    pub(crate) numel: Vec<usize>,
+    /// Decoding: the split-K kernel's partials, sized on first use.
+    pub(crate) decode_scratch: Option<ga::DecodeScratch>,
+    /// While a decode step is captured as a CUDA graph: the cached length on the device, which
+    /// the cache kernels and the decode kernel read instead of the host's.
+    pub(crate) decode_pos: Option<CudaSlice<i32>>,
+    /// Linears of at most `ops::GEMV_ROWS` rows (decode steps) through the matrix-vector kernel
+    /// instead of cuBLASLt; on by default.
+    pub gemv: bool,
+    /// Stacked projections for fused decode steps ([`Cuda::prepare_fused_decode`]).
+    fused: fused::FusedDecode<T>,
+    /// Data-parallel training with sharded optimizer state ([`Cuda::enable_zero1`]).
+    pub zero: Option<Zero1>,
+    pub(crate) ssm: SsmScratch,
+}
+
+/// The batch on the device.
+pub struct GpuBatch {
+    pub batch: usize,
+    pub seq: usize,
+    pub(crate) ids: CudaSlice<i32>,
+    pub(crate) targets: CudaSlice<i32>,
+    pub(crate) start: CudaSlice<i32>,
+    pub(crate) start_host: Option<Vec<usize>>,
+    /// Each row's first real position within this batch's T positions (start − past, clipped
+    /// to 0..T): what the recurrent layers' kernels read. Set only where some row has padding
+    /// here.
+    pub(crate) chunk_start: CudaSlice<i32>,
+    pub(crate) chunk_padded: bool,
+    pub(crate) positions: CudaSlice<i32>,
+    pub(crate) emb: EmbeddingIndex,
+    host_i32: Vec<i32>,
+    pub(crate) n_targets: usize,
+    /// Positions already in the decode cache before this batch's tokens.
+    pub(crate) past: usize,
+}
+
+impl GpuBatch {
+    /// The rows' first real positions within this batch (see `chunk_start`), or none where no
+    /// row is padded here.
+    pub(crate) fn chunk_start(&self) -> Option<&CudaSlice<i32>> {
+        self.chunk_padded.then_some(&self.chunk_start)
+    }
+}
+
+pub(crate) fn fast_attention_dims(head_dim: usize) -> bool {
+    head_dim == 64 || head_dim == 128
+}
+
+pub(crate) fn bf16<T: Elem>() -> bool {
+    T::NAME == "bf16"
+}
+
+impl<T: Elem> Cuda<T> {
+    /// Uploads the model's parameters and plans every buffer of a step on [batch, seq] tokens
+    /// (the activations are planned by the model: `ModelActs::new`, `Scratch::new`).
+    pub fn new(gpu: Arc<Gpu>, model: &Model, batch: usize, seq: usize, train: bool) -> Result<Self> {
+        let p = &model.params;
+        let gemm = Gemm::new(&gpu).context("cuBLASLt")?;
+        let cfg = &model.config;
+        // Attention heads (Samba's are its attention layers', not a top-level num_heads).
+        let h = if cfg.arch() == crate::config::Arch::Samba { cfg.samba_attn().0 } else { cfg.num_heads };
+        let (rows, vocab, d) = (batch * seq, cfg.vocab_size, cfg.hidden_size);
+        let vocab_pad = padded_vocab(vocab);
+        let head = model.lm_head.weight.0;
+        let mut params = Vec::with_capacity(p.len());
+        for (i, t) in p.tensors.iter().enumerate() {
+            // The head's rows are padded with zeros to a multiple of 64 (see `padded_vocab`);
+            // padded rows get zero gradients, so AdamW keeps them zero.
+            let cap = if i == head { vocab_pad * d } else { t.numel() };
+            let mut master = gpu.zeros::<f32>(cap)?;
+            upload_into(&gpu, &t.data, &mut master).with_context(|| format!("uploading {}", p.names[i]))?;
+            let copy = if p.kinds[i] == ParamKind::Matrix {
+                let mut c = gpu.zeros::<T>(cap)?;
+                ops::cast_from_f32(&gpu, &mut c, &master, cap)?;
+                Some(c)
+            } else {
+                None
+            };
+            let grad = gpu.zeros::<f32>(if train { cap } else { 1 })?;
+            params.push(DeviceParam { master, copy, grad });
+        }
+        let head_rows = head_chunk_rows(vocab_pad, rows);
+        let hd = cfg.head_dim();
+        let has_attention = model.layers.iter().any(|b| b.attn().is_some());
+        let f32_attn = if bf16::<T>() && has_attention && !fast_attention_dims(hd) {
+            let n = rows * d;
+            Some(F32Attn {
+                q: gpu.zeros(n)?,
+                k: gpu.zeros(n)?,
+                v: gpu.zeros(n)?,
+                o: gpu.zeros(n)?,
+                dout: gpu.zeros(n)?,
+                dq: gpu.zeros(n)?,
+                dk: gpu.zeros(n)?,
+                dv: gpu.zeros(n)?,
+            })
+        } else {
+            None
+        };
+        // The small ops' reductions (RMSNorm weight gradients, bias sums) share one scratch.
+        ops::reserve_scratch(&gpu, ops::scratch_floats(rows * h, d.max(vocab.min(4096))))?;
+        let mut ssm = SsmScratch::default();
+        let (big, small) = ssm_scratch_floats(model, batch, seq, train);
+        if big > 0 {
+            grown(&gpu, &mut ssm.big, big)?;
+        }
+        if small > 0 {
+            grown(&gpu, &mut ssm.small, small)?;
+        }
+        Ok(Self {
+            ssm,
+            head_rows,
+            head_logits: gpu.zeros(head_rows * vocab_pad)?,
+            head_dlogits: gpu.zeros(head_rows * vocab_pad)?,
+            head_x: gpu.zeros(head_rows * d)?,
+            head_dx: gpu.zeros(head_rows * d)?,
+            head_targets: gpu.zeros(head_rows)?,
+            head_losses: gpu.zeros(head_rows)?,
+            losses: gpu.zeros(rows)?,
+            loss_rows: 0,
+            loss_targets: 0,
+            loss_host: Vec::with_capacity(rows),
+            dck: gpu.zeros(rows * h)?,
+            delta: gpu.zeros(rows * h)?,
+            f32_attn,
+            sumsq: gpu.zeros(p.len())?,
+            max_rows: rows,
+            d_model: d,
+            vocab,
+            vocab_pad,
+            numel: p.tensors.iter().map(|t| t.numel()).collect(),
+            decode_scratch: None,
+            decode_pos: None,
+            gemv: true,
+            fused: Default::default(),
+            zero: None,
+            gemm,
+            params,
+            kinds: p.kinds.clone(),
+            names: p.names.clone(),
+            opt: None,
+            prof: None,
+            gpu,
+        })
+    }
+
+    /// Device memory of parameters, gradients, optimizer state and the head's chunk, by name,
+    /// on each of `world` ranks (ZeRO-1 shards the matrices' master weights and the moments).
+    pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, world: usize, plan: &mut MemoryPlan) {
+        let p = &model.params;
+        let numel = p.numel();
+        let matrix = matrix_numel(p);
+        let tb = std::mem::size_of::<T>();
+        let (master, moments) = optimizer_state_bytes(model, world);
+        if world > 1 && train {
+            let largest = p.tensors.iter().map(|t| t.numel()).max().unwrap_or(0);
+            plan.add(
+                format!(
+                    "fp32 master weights: 1/{world} of the matrices, all vectors ({:.1} M in all)",
+                    numel as f64 / 1e6
+                ),
+                master,
+            );
+            plan.add(format!("{} weight copies of the matrices (whole)", T::NAME), tb * matrix);
+            plan.add("fp32 gradients (whole)", 4 * numel);
+            plan.add(format!("AdamW moments (fp32 m, v): 1/{world}"), moments);
+            plan.add("checkpoint gather buffer (largest tensor)", 4 * largest);
+        } else {
+            plan.add(format!("fp32 master weights ({:.1} M)", numel as f64 / 1e6), master);
+            plan.add(format!("{} weight copies of the matrices", T::NAME), tb * matrix);
+            if train {
+                plan.add("fp32 gradients", 4 * numel);
+                plan.add("AdamW moments (fp32 m, v)", moments);
+            }
+        }
+        let vocab = padded_vocab(model.config.vocab_size);
+        let head_rows = head_chunk_rows(vocab, batch * seq);
+        plan.add(format!("output head chunk ({head_rows} rows × {vocab} logits)"), head_rows * vocab * (4 + tb));
+        plan.add("cuBLASLt workspace", 32 << 20);
+        let (big, small) = ssm_scratch_floats(model, batch, seq, train);
+        if big + small > 0 {
+            plan.add("Mamba-2 SSD scratch (chunk products and states, partial sums)", 4 * (big + small));
+        }
+    }
+
+    /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
+    pub(crate) fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
+        let f = self.gpu.function(&MODEL, name)?;
+        let cfg = grid(n);
+        let n = n as i64;
+        let mut b = self.gpu.stream().launch_builder(&f);
+        b.arg(&p1);
+        if let Some(p2) = &p2 {
+            b.arg(p2);
+        }
+        b.arg(&n);
+        // SAFETY: the kernels take (T*, [const T*,] long long n) over buffers of at least n
+        // elements (the callers' lengths).
+        unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
+        Ok(())
+    }
+
+    /// y = x · Wᵀ into Y (T or f32): the matrix-vector kernel for a decode step's few rows,
+    /// cuBLASLt otherwise.
+    pub(crate) fn linear_into<Y: Elem>(
+        &mut self,
+        y: &mut CudaSlice<Y>,
+        x: &CudaSlice<T>,
+        w: &Linear,
+        rows: usize,
+    ) -> Result<()> {
+        self.mark(Family::Gemm)?;
+        let (k, n) = (w.in_features, w.out_features);
+        if self.gemv && ops::gemv_fits::<T>(rows, k) {
+            return ops::gemv::<T, Y>(&self.gpu, y, x, self.copy_of(w.weight)?, rows, k, n);
+        }
+        self.gemm.linear_fwd::<T, Y>(y, false, x, self.copy_of(w.weight)?, rows, k, n)
+    }
+
+    pub(crate) fn dptr<U>(&self, s: &CudaSlice<U>) -> u64 {
+        let (p, _g) = s.device_ptr(self.gpu.stream());
+        p
+    }
+
+    /// The fused cross-entropy of kernels/model.cu over the head chunk's `m` rows of `vocab`
+    /// logits stored `ld` apart.
+    pub(crate) fn cross_entropy_ld(&mut self, weight: f32, m: usize, vocab: usize, ld: usize) -> Result<()> {
+        ensure!(
+            self.head_logits.len() >= m * ld && self.head_dlogits.len() >= m * ld && self.head_losses.len() >= m,
+            "head chunk buffers too short"
+        );
+        let f = self.gpu.function(&MODEL, &format!("fox_cross_entropy_ld_{}", T::NAME))?;
+        let cfg = LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+        let (pd, pl, px, pt) = (
+            self.dptr(&self.head_dlogits),
+            self.dptr(&self.head_losses),
+            self.dptr(&self.head_logits),
+            self.dptr(&self.head_targets),
+        );
+        let (v, l) = (vocab as i32, ld as i32);
+        let mut b = self.gpu.stream().launch_builder(&f);
+        b.arg(&pd).arg(&pl).arg(&px).arg(&pt).arg(&weight).arg(&v).arg(&l);
+        // SAFETY: arguments as in kernels/model.cu; buffer lengths checked above.
+        unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching the cross-entropy kernel: {e:?}"))?;
+        Ok(())
+    }
+
+    pub(crate) fn vis<'a>(&self, b: &'a GpuBatch) -> DevVisibility<'a> {
+        match b.start_host {
+            Some(_) => DevVisibility::LeftPadded(&b.start),
+            None => DevVisibility::All,
+        }
+    }
+
+    pub(crate) fn start<'a>(&self, b: &'a GpuBatch) -> Option<&'a CudaSlice<i32>> {
+        b.start_host.as_ref().map(|_| &b.start)
+    }
+}
+
+/// The optimizer's state on each of `world` ranks, in bytes: (fp32 master weights, AdamW
+/// moments). ZeRO-1 keeps 1/world of the matrices' master weights (the vectors whole: the forward
+/// reads them) and 1/world of every moment; one rank holds all of it.
+pub fn optimizer_state_bytes(model: &Model, world: usize) -> (usize, usize) {
+    let p = &model.params;
+    let (numel, matrix) = (p.numel(), matrix_numel(p));
+    if world <= 1 {
+        return (4 * numel, 8 * numel);
+    }
+    let shard = |n: usize| n.div_ceil(world);
+    (4 * (shard(matrix) + numel - matrix), 8 * shard(numel))
+}
+
+/// Elements of the matrices (the parameters that get bf16 copies and sharded master weights).
+fn matrix_numel(p: &crate::tensor::Params) -> usize {
+    p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum()
+}
+
+/// The output head's rows on the GPU: the vocabulary rounded up to a multiple of 64. With 50257
+/// rows (an odd leading dimension) cuBLASLt falls back to kernels 5x slower than with 50304
+/// (measured on an H100, 2026-11-24: about 100 against 520-700 TFLOP/s).
+pub fn padded_vocab(vocab: usize) -> usize {
+    vocab.next_multiple_of(64)
+}
+
+/// Rows of the output head per chunk: about 64 M logits at a time.
+fn head_chunk_rows(vocab_pad: usize, rows: usize) -> usize {
+    ((1usize << 26) / vocab_pad.max(1)).clamp(1, rows.max(1))
+}
+
+/// A grid-stride launch of 256-thread blocks over n elements (the small kernels of model.cu and
+/// decode.cu).
+fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Host data into the start of a (possibly longer) device buffer.
+fn upload_into(gpu: &Gpu, src: &[f32], dst: &mut CudaSlice<f32>) -> Result<()> {
+    ensure!(src.len() <= dst.len(), "upload of {} values into a buffer of {}", src.len(), dst.len());
+    if src.is_empty() {
+        return Ok(());
+    }
+    let mut v = dst.slice_mut(0..src.len());
+    gpu.stream().memcpy_htod(src, &mut v).map_err(|e| anyhow!("host-to-device copy: {e:?}"))
+}
+
+/// dst[d0..d0+n] = src[s0..s0+n] on the stream.
+pub(crate) fn dtod<U: DeviceRepr>(
+    gpu: &Gpu,
+    src: &CudaSlice<U>,
+    s0: usize,
+    dst: &mut CudaSlice<U>,
+    d0: usize,
+    n: usize,
+) -> Result<()> {
+    ensure!(s0 + n <= src.len() && d0 + n <= dst.len(), "device copy out of bounds");
+    let sv = src.slice(s0..s0 + n);
+    let mut dv = dst.slice_mut(d0..d0 + n);
+    gpu.stream().memcpy_dtod(&sv, &mut dv).map_err(|e| anyhow!("device copy: {e:?}"))
+}
+
+/// A pitched device copy: `height` runs of `width` elements, run r from `s0 + r·spitch` of `src`
+/// to `d0 + r·dpitch` of `dst` (one driver call for what would be `height` copies: a cache row's
+/// positions across its heads).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dtod_2d<U: DeviceRepr>(
+    gpu: &Gpu,
+    src: &CudaSlice<U>,
+    s0: usize,
+    spitch: usize,
+    dst: &mut CudaSlice<U>,
+    d0: usize,
+    dpitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<()> {
+    use fox_kernels::cuda::cudarc::driver::{sys, DevicePtrMut};
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    ensure!(width <= spitch && width <= dpitch, "pitched copy: runs of {width} wider than their pitch");
+    ensure!(
+        s0 + (height - 1) * spitch + width <= src.len() && d0 + (height - 1) * dpitch + width <= dst.len(),
+        "pitched device copy out of bounds"
+    );
+    let e = std::mem::size_of::<U>();
+    let stream = gpu.stream();
+    let (ps, _gs) = src.device_ptr(stream);
+    let (pd, _gd) = dst.device_ptr_mut(stream);
+    // Every field spelled out (the memory-type enum has no zero value, so no mem::zeroed).
+    let c = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: ps + (s0 * e) as u64,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: spitch * e,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: pd + (d0 * e) as u64,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dpitch * e,
+        WidthInBytes: width * e,
+        Height: height,
+    };
+    gpu.context().bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+    // SAFETY: both ranges lie inside their allocations (checked above), on the buffers' stream.
+    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream.cu_stream()) }
+        .result()
+        .map_err(|e| anyhow!("pitched device copy: {e:?}"))
+}
+
+/// The same buffer as f32, when T is f32.
+pub(crate) fn as_f32<T: Elem>(s: &CudaSlice<T>) -> Option<&CudaSlice<f32>> {
+    (s as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>()
+}
+pub(crate) fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
+    (s as &mut dyn std::any::Any).downcast_mut::<CudaSlice<f32>>()
+}
+
+/// The fast kernels' problem for a full-sequence batch: q, k, v as [B, T, H·D] 16-bit views,
+/// c [B, H, T], the batch's left padding.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dev_problem<'a>(
+    b: &'a GpuBatch,
+    q: &'a CudaView<'a, u16>,
+    k: &'a CudaView<'a, u16>,
+    v: &'a CudaView<'a, u16>,
+    c: &'a CudaSlice<f32>,
+    prune: Option<&'a CudaSlice<f32>>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> DevProblem<'a> {
+    let t = b.seq;
+    DevProblem {
+        batch: b.batch,
+        heads,
+        head_dim,
+        tq: t,
+        tk: t,
+        q_pos0: 0,
+        dtype: DType::Bf16,
+        q: DevView::bthd(q, t, heads, head_dim),
+        k: DevView::bthd(k, t, kv_heads, head_dim),
+        v: DevView::bthd(v, t, kv_heads, head_dim),
+        cq: c,
+        ck: c,
+        vis: match b.start_host {
+            Some(_) => DevVisibility::LeftPadded(&b.start),
+            None => DevVisibility::All,
+        },
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        prune,
+    }
+}
+
+/// The attention kernels' options for a layer's shape.
+pub(crate) fn attn_options(shape: AttnShape) -> ga::AttnOptions {
+    ga::AttnOptions { kv_heads: (shape.kv_heads != shape.heads).then_some(shape.kv_heads), window: shape.window }
+}
+
+/// Views of bf16 activations as the 16-bit words the attention kernels take.
+pub(crate) fn words<T: Elem>(s: &CudaSlice<T>) -> Result<CudaView<'_, u16>> {
+    ensure!(std::mem::size_of::<T>() == 2, "the fast attention kernels take 16-bit activations");
+    // SAFETY: T is bf16 (2 bytes, checked): the same bytes seen as u16 words.
+    unsafe { s.transmute::<u16>(s.len()) }.ok_or_else(|| anyhow!("cannot view a bf16 buffer as u16"))
+}
+
+impl<T: Elem> Alloc for Cuda<T> {
+    type Act = CudaSlice<T>;
+    type F32 = CudaSlice<f32>;
+    fn alloc(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.gpu.zeros(n)
+    }
+    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.gpu.zeros(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuCache;
+    use crate::model::attention::kv_cache::KvCache;
+
+    /// The GPU cache holds what the CPU's holds (k, v and the KV-shift states per k/v head, c per
+    /// query head), in the activation dtype for k, v and the shift states.
+    #[test]
+    fn gpu_cache_sizes_follow_the_kv_heads() {
+        for (b, h, hkv, d, cap) in [(1, 4, 4, 16, 9), (2, 4, 2, 64, 300), (3, 8, 1, 128, 17), (2, 6, 3, 24, 1)] {
+            let l = GpuCache::<f32>::lens(b, h, hkv, d, cap);
+            assert_eq!((l.kv, l.c, l.shift), (b * hkv * cap * d, b * h * cap, b * hkv * d));
+            assert_eq!(GpuCache::<f32>::bytes(b, h, hkv, d, cap), KvCache::bytes_for(b, h, hkv, d, cap));
+            let bf16 = GpuCache::<half::bf16>::bytes(b, h, hkv, d, cap);
+            assert_eq!(bf16, 2 * (2 * l.kv + 2 * l.shift) + 4 * l.c);
+        }
+        // The memory checks of the commands count the same bytes (f32).
+        let mut cfg = crate::presets::Variant::FoxPro.config(256, 3, 8);
+        cfg.num_kv_heads = Some(2);
+        let per_layer = GpuCache::<f32>::bytes(2, 8, 2, 32, 50) as u128;
+        assert_eq!(3 * per_layer, crate::validate::kv_cache_bytes(&cfg, 2, 50));
+        // Grouped-query attention shrinks k and v by the group, not c.
+        let (mha, gqa) =
+            (GpuCache::<half::bf16>::lens(2, 8, 8, 64, 100), GpuCache::<half::bf16>::lens(2, 8, 2, 64, 100));
+        assert_eq!((mha.kv / gqa.kv, mha.shift / gqa.shift, mha.c), (4, 4, gqa.c));
+    }
+}

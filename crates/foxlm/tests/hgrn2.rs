@@ -311,3 +311,43 @@ fn checkpoints_hold_fla_s_names_and_either_form_loads() {
         assert_eq!(a.data, b.data);
     }
 }
+
+/// The short convolutions, which fla's fixture does not have, against an independent NumPy
+/// float64 reference written from the definitions (bench/make_hgrn2_numpy_fixture.py; the same
+/// reference matches fla's fixture's logits to 1.7e-6): 2 layers with lower bounds and
+/// convolutions of 4 taps, 70 positions (GLA's chunk of 64 crossed), row 1 left-padded by 5.
+/// Logits at every real position within 1e-4, the loss within 1e-5.
+#[test]
+fn short_convolutions_match_a_numpy_reference() {
+    use foxlm::checkpoint::{load_model, to_f32};
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/numpy-hgrn2-conv-tiny");
+    let model = load_model(&dir).unwrap();
+    assert_eq!(model.config.hgrn2().conv, Some(4));
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("input_ids").unwrap();
+    let (b, n) = (t.shape()[0], t.shape()[1]);
+    let ids: Vec<u32> = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
+    let t = st.tensor("logits").unwrap();
+    let want = to_f32(t.dtype(), t.data(), "logits").unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let start: Vec<usize> = j["start"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let ctx = foxlm::model::Ctx { batch: b, seq: n, start: Some(start.clone()) };
+    let logits = model.forward(&ids, &ctx);
+    let v = model.config.vocab_size;
+    let mut worst = 0.0f32;
+    for r in 0..b {
+        for i in start[r]..n {
+            let at = (r * n + i) * v;
+            worst = worst.max(common::max_abs_diff(&logits[at..at + v], &want[at..at + v]));
+        }
+    }
+    assert!(worst < 1e-4, "logits: max |Δ| {worst:.2e}");
+    let targets: Vec<Option<u32>> =
+        (0..b * n).map(|q| (q % n >= start[q / n] && q % n + 1 < n).then(|| ids[q + 1])).collect();
+    let mut g = model.params.zeros_like();
+    let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut g, 1.0) as f64;
+    let want_loss = j["loss"].as_f64().unwrap();
+    assert!((loss - want_loss).abs() < 1e-5, "loss {loss} vs {want_loss}");
+}

@@ -21,7 +21,9 @@ The model, per row b from its first real position (padding takes no part, as fla
     x = x + down(silu(gate(RMSNorm(x))) * up(RMSNorm(x)));
   logits = RMSNorm(x) (weight norm) lm_headᵀ.
 
-Run anywhere with NumPy: python3 bench/make_hgrn2_numpy_fixture.py [--out DIR]
+Run anywhere with NumPy: python3 bench/make_hgrn2_numpy_fixture.py [--out DIR]; with
+--check-fla tests/fixtures/fla-hgrn2-tiny/hgrn2 it runs (without convolutions) on fla's fixture instead and
+prints the largest difference from fla's logits (1.7e-6).
 """
 import argparse
 import json
@@ -124,11 +126,32 @@ def save_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def load_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, base = json.loads(raw[8 : 8 + n]), 8 + n
+    dtypes = {"F32": np.float32, "I64": np.int64}
+    return {k: np.frombuffer(raw[base + v["data_offsets"][0] : base + v["data_offsets"][1]], dtype=dtypes[v["dtype"]])
+            .reshape(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def check_fla(folder):
+    """This reference (without convolutions) on fla's own fixture: max |logits - fla's| over row 0."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    p = {k: v.astype(np.float64) for k, v in load_safetensors(os.path.join(folder, "model.safetensors")).items()}
+    e = load_safetensors(os.path.join(folder, "expected.safetensors"))
+    lg = forward_row(p, e["input_ids"][0], H=cfg["hidden_size"] // cfg["expand_ratio"])
+    print("max |logits - fla's| (row 0): %.2e" % np.abs(lg - e["logits"][0]).max())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "tests", "fixtures", "numpy-hgrn2-conv-tiny"))
     ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--check-fla", metavar="DIR", help="instead: compare with fla's fixture (tests/fixtures/fla-hgrn2-tiny/hgrn2)")
     args = ap.parse_args()
+    if args.check_fla:
+        return check_fla(args.check_fla)
     rng = np.random.default_rng(args.seed)
     p = params(rng)
     p32 = {n: t.astype(np.float32) for n, t in p.items()}

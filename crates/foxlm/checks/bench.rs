@@ -185,6 +185,12 @@ pub fn train_step_flops(model: &foxlm::model::Model, batch: usize, context: usiz
                 let s = l.sizes();
                 3.0 * 6.0 * tokens * (s.heads * s.head_k * s.head_v) as f64
             }
+            // GLA: per token and head, the state's decay (K·V), update and read at q (2·K·V each)
+            // forward, twice that backward.
+            foxlm::model::Mixer::Hgrn2(l) => {
+                let s = l.sizes();
+                3.0 * 5.0 * tokens * (s.heads * s.head_dim * s.head_dim) as f64
+            }
         })
         .sum();
     6.0 * tokens * matmul as f64 + mixers
@@ -674,6 +680,7 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
                 foxlm::model::Mixer::DeltaNet(l) => {
                     2 * foxlm::model::deltanet::state::DeltaNetState::bytes_for(1, l.sizes())
                 }
+                foxlm::model::Mixer::Hgrn2(l) => 2 * foxlm::model::hgrn2::state::Hgrn2State::bytes_for(1, l.sizes()),
             })
             .sum();
         // The roofline: the bytes a step reads over the measured copy bandwidth.

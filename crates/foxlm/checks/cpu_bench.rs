@@ -42,6 +42,11 @@ pub fn matmul_flops_per_token(model: &Model, context: usize) -> f64 {
                 let s = l.sizes();
                 6.0 * (s.heads * s.head_k * s.head_v) as f64
             }
+            // GLA: the state's decay (K·V), its update (2·K·V) and its read at q (2·K·V) per head.
+            foxlm::model::Mixer::Hgrn2(l) => {
+                let s = l.sizes();
+                5.0 * (s.heads * s.head_dim * s.head_dim) as f64
+            }
         })
         .sum();
     3.0 * (2.0 * linear as f64 + mixers)

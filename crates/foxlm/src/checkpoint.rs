@@ -271,10 +271,10 @@ pub fn fixed_fgate_bias(cfg: &Config) -> Vec<f32> {
         .collect()
 }
 
-/// Whether parameter `name` is an MLP's fused [gate | up] projection that fla's DeltaNet
+/// Whether parameter `name` is an MLP's fused [gate | up] projection that fla's DeltaNet and HGRN2
 /// checkpoints keep as two tensors (`mlp.gate_proj.weight` and `mlp.up_proj.weight`, [I, d] each).
 fn is_split_mlp(cfg: &Config, name: &str) -> bool {
-    cfg.is_deltanet() && name.ends_with(".mlp.gate_proj.weight")
+    cfg.fla_split_mlp() && name.ends_with(".mlp.gate_proj.weight")
 }
 
 /// fla's name of the up half of a fused MLP projection.
@@ -359,7 +359,8 @@ pub fn check_model_folder(
             }
         }
     }
-    let split = cfg.is_deltanet() && files.iter().any(|f| f.entries.keys().any(|k| k.ends_with(".mlp.up_proj.weight")));
+    let split =
+        cfg.fla_split_mlp() && files.iter().any(|f| f.entries.keys().any(|k| k.ends_with(".mlp.up_proj.weight")));
     let layout = file_layout(&cfg, &cfg.param_layout(), split);
     let fixed = cfg.fgate_type == FgateType::Fixed;
     // The fixed gate's bias is a buffer some exports omit: it is a pure function of the config.

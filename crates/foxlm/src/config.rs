@@ -13,6 +13,11 @@ pub const SAMBA_MODEL_TYPE: &str = "samba-project_fox";
 pub const DELTANET_MODEL_TYPE: &str = "delta_net";
 /// fla's Gated DeltaNet (`GatedDeltaNetForCausalLM`).
 pub const GATED_DELTANET_MODEL_TYPE: &str = "gated_deltanet";
+/// fla's HGRN2 (`HGRN2ForCausalLM`, `model.*` tensor names as FoX's, `model.lower_bounds`).
+pub const HGRN2_MODEL_TYPE: &str = "hgrn2";
+/// The epsilon of HGRN2's output norm: fla's layer calls `rms_norm_linear` without one, whose
+/// default is 1e-5 (not the config's norm_eps, which only the block norms use).
+pub const HGRN2_G_NORM_EPS: f32 = 1e-5;
 
 /// Which model a config.json describes, from its `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +33,9 @@ pub enum Arch {
     DeltaNet,
     /// Gated DeltaNet: DeltaNet with a scalar decay per head and token.
     GatedDeltaNet,
+    /// HGRN2 (SPEC §7): gated linear attention with a per-channel forget gate bounded below by
+    /// a model-level lower bound per layer, FoX's SwiGLU MLP and block norms.
+    Hgrn2,
 }
 
 /// Samba's `attn` dict: its attention layers' heads and window, and which layers they are.
@@ -187,6 +195,14 @@ pub struct Config {
     pub allow_neg_eigval: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_v_heads: Option<usize>,
+    // HGRN2 (fla's HGRN2Config names; absent in other configs). `use_short_conv` and `conv_size`
+    // are DeltaNet's fields above.
+    /// A head's width (q, the gate and k per head; v's head is hidden_size / num_heads, the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expand_ratio: Option<usize>,
+    /// The model-level lower bounds of the forget gates (`model.lower_bounds` [L, d]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_lower_bound: Option<bool>,
     /// Everything else in config.json (kept so a round trip preserves it).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -333,6 +349,39 @@ impl DeltaNetSizes {
         }
         out.push((format!("{prefix}.o_norm.weight"), vec![self.head_v]));
         out.push((format!("{prefix}.o_proj.weight"), vec![d, v]));
+        out
+    }
+}
+
+/// The sizes of an HGRN2 layer ([`Config::hgrn2`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hgrn2Sizes {
+    /// Heads H and a head's width (fla's expand_ratio: q, k, the gate and v alike); H · width
+    /// is hidden_size.
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Whether the model has `model.lower_bounds`.
+    pub lower_bound: bool,
+    /// The short convolutions' width W (q, f and i each through a causal depthwise convolution,
+    /// no bias, no activation) when use_short_conv; none without them (fla's default).
+    pub conv: Option<usize>,
+}
+
+impl Hgrn2Sizes {
+    /// The layer's tensors under `prefix` (e.g. `model.layers.0.attn`), in fla's module order.
+    pub fn mixer_layout(&self, prefix: &str, d: usize) -> Vec<(String, Vec<usize>)> {
+        let mut out = vec![
+            (format!("{prefix}.q_proj.weight"), vec![d, d]),
+            (format!("{prefix}.f_proj.weight"), vec![d, d]),
+            (format!("{prefix}.i_proj.weight"), vec![d, d]),
+        ];
+        if let Some(w) = self.conv {
+            for c in ["q", "f", "i"] {
+                out.push((format!("{prefix}.{c}_conv1d.weight"), vec![d, 1, w]));
+            }
+        }
+        out.push((format!("{prefix}.g_norm.weight"), vec![d]));
+        out.push((format!("{prefix}.o_proj.weight"), vec![d, d]));
         out
     }
 }
@@ -506,6 +555,31 @@ impl Config {
                 o.insert("qk_norm".into(), "l2".into());
             }
         }
+        if self.arch() == Arch::Hgrn2 {
+            // FoX's switches, which an HGRN2 config does not have.
+            if let Some(o) = v.as_object_mut() {
+                for k in [
+                    "num_kv_heads",
+                    "use_rope",
+                    "rope_base",
+                    "fgate_type",
+                    "fgate_bias_init",
+                    "decay_time_min",
+                    "decay_time_max",
+                    "use_output_gate",
+                    "ogate_act",
+                    "use_output_norm",
+                    "qk_norm",
+                    "qk_norm_share_param_across_head",
+                    "use_k_shift",
+                    "use_v_shift",
+                    "log_pruning_tolerance",
+                    "window_size",
+                ] {
+                    o.remove(k);
+                }
+            }
+        }
         if self.arch() == Arch::Mamba2 {
             // The authors' Mamba2Config reads the norm's epsilon under this name.
             if let Some(o) = v.as_object_mut() {
@@ -526,6 +600,8 @@ impl Config {
             Arch::DeltaNet
         } else if self.model_type == GATED_DELTANET_MODEL_TYPE {
             Arch::GatedDeltaNet
+        } else if self.model_type == HGRN2_MODEL_TYPE {
+            Arch::Hgrn2
         } else {
             Arch::Fox
         }
@@ -536,17 +612,30 @@ impl Config {
         matches!(self.arch(), Arch::DeltaNet | Arch::GatedDeltaNet)
     }
 
+    /// A model of fla's whose checkpoints keep each MLP's gate_proj and up_proj apart (fla's
+    /// GatedMLP): DeltaNet, Gated DeltaNet and HGRN2.
+    pub fn fla_split_mlp(&self) -> bool {
+        self.is_deltanet() || self.arch() == Arch::Hgrn2
+    }
+
     /// Checks every field before anything is sized from it: bounds, consistency between fields,
     /// and that the parameter layout's size is computable (see [`Config::param_layout`]). Errors
     /// name the field, its value and what was expected.
     // The negated comparisons are deliberate: they reject NaN too.
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<()> {
-        let known = [MODEL_TYPE, MAMBA2_MODEL_TYPE, SAMBA_MODEL_TYPE, DELTANET_MODEL_TYPE, GATED_DELTANET_MODEL_TYPE];
+        let known = [
+            MODEL_TYPE,
+            MAMBA2_MODEL_TYPE,
+            SAMBA_MODEL_TYPE,
+            DELTANET_MODEL_TYPE,
+            GATED_DELTANET_MODEL_TYPE,
+            HGRN2_MODEL_TYPE,
+        ];
         if !known.contains(&self.model_type.as_str()) {
             bail!(
                 "model_type is {:?}; foxlm reads {MODEL_TYPE:?}, {MAMBA2_MODEL_TYPE:?}, {SAMBA_MODEL_TYPE:?}, \
-                 {DELTANET_MODEL_TYPE:?} and {GATED_DELTANET_MODEL_TYPE:?}",
+                 {DELTANET_MODEL_TYPE:?}, {GATED_DELTANET_MODEL_TYPE:?} and {HGRN2_MODEL_TYPE:?}",
                 self.model_type
             );
         }
@@ -558,6 +647,7 @@ impl Config {
             Arch::Mamba2 => self.validate_mamba2()?,
             Arch::Samba => self.validate_samba()?,
             Arch::DeltaNet | Arch::GatedDeltaNet => self.validate_deltanet()?,
+            Arch::Hgrn2 => self.validate_hgrn2()?,
         }
         for (field, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
             if let Some(id) = id {
@@ -720,6 +810,13 @@ impl Config {
         if self.attn.is_some() {
             bail!("attn: hybrid DeltaNet models (attention layers among the DeltaNet layers) are not supported");
         }
+        self.validate_fla_common("DeltaNet")
+    }
+
+    /// What fla's DeltaNet and HGRN2 configs check alike: none of FoX's switches on, SwiGLU, an
+    /// untied head, the MLP's width, the norms' epsilon, the initialiser's range.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    fn validate_fla_common(&self, family: &str) -> Result<()> {
         let fox_on = [
             ("use_rope", self.use_rope),
             ("use_output_gate", self.use_output_gate),
@@ -729,10 +826,10 @@ impl Config {
             ("fgate_bias_init", self.fgate_bias_init),
         ];
         if let Some((field, _)) = fox_on.iter().find(|(_, on)| *on) {
-            bail!("{field} is true: not a DeltaNet field");
+            bail!("{field} is true: not a {family} field");
         }
         if self.num_kv_heads.is_some() || self.window_size.is_some() || self.log_pruning_tolerance.is_some() {
-            bail!("num_kv_heads / window_size / log_pruning_tolerance: not DeltaNet fields");
+            bail!("num_kv_heads / window_size / log_pruning_tolerance: not {family} fields");
         }
         if self.hidden_act != "swish" && self.hidden_act != "silu" {
             bail!("hidden_act {:?}: only \"swish\" is supported", self.hidden_act);
@@ -756,6 +853,69 @@ impl Config {
             bail!("initializer_range is {:?}; expected a finite number >= 0", self.initializer_range);
         }
         Ok(())
+    }
+
+    /// HGRN2's fields (the common sizes are checked by `validate`): what fla's HGRN2 layer builds
+    /// that foxlm implements (the short convolutions without bias, the output norm's weight).
+    fn validate_hgrn2(&self) -> Result<()> {
+        let d = self.hidden_size;
+        if let Some(e) = self.expand_ratio {
+            bound("expand_ratio", e, d)?;
+        } else if self.num_heads == 0 {
+            bail!("expand_ratio and num_heads are both absent: HGRN2 needs one of them");
+        }
+        let s = self.hgrn2();
+        if s.head_dim == 0 || !d.is_multiple_of(s.head_dim) {
+            bail!("expand_ratio {} must divide hidden_size {d} (fla's lower bounds are hidden_size wide)", s.head_dim);
+        }
+        if self.num_heads != 0 && self.num_heads != s.heads {
+            bail!(
+                "num_heads {} with expand_ratio {}: fla's layer has hidden_size / expand_ratio = {} heads",
+                self.num_heads,
+                s.head_dim,
+                s.heads
+            );
+        }
+        if let Some(w) = s.conv {
+            bound("conv_size", w, 64)?;
+        }
+        if self.extra.get("conv_bias").and_then(|v| v.as_bool()) == Some(true) {
+            bail!("conv_bias true: the short convolutions have no bias in fla's HGRN2");
+        }
+        let extra = |k: &str| self.extra.get(k).filter(|v| !v.is_null());
+        if extra("elementwise_affine").and_then(|v| v.as_bool()) == Some(false) {
+            bail!("elementwise_affine is false: foxlm's HGRN2 output norm always has its weight");
+        }
+        if let Some(b) = extra("attnres_block_size") {
+            bail!("attnres_block_size is {b}: attention residuals are not supported");
+        }
+        if extra("use_l2warp").and_then(|v| v.as_bool()) == Some(true) {
+            bail!("use_l2warp is true: not supported");
+        }
+        if self.attn.is_some() {
+            bail!("attn: hybrid HGRN2 models (attention layers among the HGRN2 layers) are not supported");
+        }
+        if self.use_rope || self.qk_norm || self.use_output_norm {
+            bail!("use_rope / qk_norm / use_output_norm: not HGRN2 fields");
+        }
+        self.validate_fla_common("HGRN2")
+    }
+
+    /// An HGRN2 config's layer sizes, with fla's defaults (expand_ratio 128 when neither it nor
+    /// num_heads is given; heads = hidden_size / expand_ratio).
+    pub fn hgrn2(&self) -> Hgrn2Sizes {
+        let d = self.hidden_size;
+        let head_dim = match (self.expand_ratio, self.num_heads) {
+            (Some(e), _) => e,
+            (None, 0) => 128,
+            (None, h) => d / h,
+        };
+        Hgrn2Sizes {
+            heads: d.checked_div(head_dim).unwrap_or(0),
+            head_dim,
+            lower_bound: self.use_lower_bound.unwrap_or(true),
+            conv: (self.use_short_conv == Some(true)).then(|| self.conv_size.unwrap_or(4)),
+        }
     }
 
     /// A DeltaNet or Gated DeltaNet config's layer sizes, with fla's defaults for absent fields.
@@ -1046,6 +1206,24 @@ impl Config {
             out.push(("lm_head.weight".into(), vec![v, d]));
             return out;
         }
+        if self.arch() == Arch::Hgrn2 {
+            let (v, d, s, i) = (self.vocab_size, self.hidden_size, self.hgrn2(), self.intermediate());
+            let mut out = vec![("model.embeddings.weight".to_string(), vec![v, d])];
+            if s.lower_bound {
+                out.push(("model.lower_bounds".into(), vec![self.num_hidden_layers, d]));
+            }
+            for l in 0..self.num_hidden_layers {
+                let pre = format!("model.layers.{l}");
+                out.push((format!("{pre}.attn_norm.weight"), vec![d]));
+                out.extend(s.mixer_layout(&format!("{pre}.attn"), d));
+                out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
+                out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
+                out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));
+            }
+            out.push(("model.norm.weight".into(), vec![d]));
+            out.push(("lm_head.weight".into(), vec![v, d]));
+            return out;
+        }
         if self.arch() == Arch::Samba {
             let (v, d, m) = (self.vocab_size, self.hidden_size, self.mamba());
             let (h, hkv, _) = self.samba_attn();
@@ -1164,6 +1342,16 @@ impl Config {
             .fold(0u128, |a, &t| a.saturating_add(t));
             return s(s(2, s(v, d)).saturating_add(d).saturating_add(s(per_layer, l)), 4);
         }
+        if self.arch() == Arch::Hgrn2 {
+            let s = |a: u128, b: u128| a.saturating_mul(b);
+            let (v, d, l) = (self.vocab_size as u128, self.hidden_size as u128, self.num_hidden_layers as u128);
+            let i = self.intermediate() as u128;
+            // attn_norm, mlp_norm, g_norm; q, f, i, o; the short convolutions; the MLP
+            let conv = s(3, s(d, self.hgrn2().conv.unwrap_or(0) as u128));
+            let per_layer = s(3, d).saturating_add(s(4, s(d, d))).saturating_add(conv).saturating_add(s(3, s(d, i)));
+            let lower = if self.hgrn2().lower_bound { s(l, d) } else { 0 };
+            return s(s(2, s(v, d)).saturating_add(d).saturating_add(lower).saturating_add(s(per_layer, l)), 4);
+        }
         if self.arch() == Arch::Samba {
             let (v, d) = (self.vocab_size as u128, self.hidden_size as u128);
             let s = |a: u128, b: u128| a.saturating_mul(b);
@@ -1226,6 +1414,7 @@ impl Config {
             Arch::Mamba2 => self.mamba2().head_dim,
             Arch::Samba => self.hidden_size / self.samba_attn().0.max(1),
             Arch::DeltaNet | Arch::GatedDeltaNet => self.deltanet().head_k,
+            Arch::Hgrn2 => self.hgrn2().head_dim,
         }
     }
 

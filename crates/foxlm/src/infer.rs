@@ -223,6 +223,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 Mixer::Mamba2(l) => Mamba2State::bytes_for(batch, l.sizes()),
                 Mixer::Mamba(l) => MambaState::bytes_for(batch, l.sizes()),
                 Mixer::DeltaNet(l) => crate::model::deltanet::state::DeltaNetState::bytes_for(batch, l.sizes()),
+                Mixer::Hgrn2(l) => crate::model::hgrn2::state::Hgrn2State::bytes_for(batch, l.sizes()),
             })
             .sum()
     }

@@ -9,8 +9,8 @@
 //! `transformer-llama-norope-small`, `fox-llama-biasonly-small` and `fox-llama-fixed-small`.
 
 use crate::config::{
-    Config, FgateType, SambaAttn, DELTANET_MODEL_TYPE, GATED_DELTANET_MODEL_TYPE, MAMBA2_MODEL_TYPE, MODEL_TYPE,
-    SAMBA_MODEL_TYPE,
+    Config, FgateType, SambaAttn, DELTANET_MODEL_TYPE, GATED_DELTANET_MODEL_TYPE, HGRN2_MODEL_TYPE, MAMBA2_MODEL_TYPE,
+    MODEL_TYPE, SAMBA_MODEL_TYPE,
 };
 use crate::tokenizer::{BOS_ID, EOS_ID, GPT2_VOCAB};
 use crate::train::TrainConfig;
@@ -110,6 +110,8 @@ impl Variant {
             qk_activation: None,
             allow_neg_eigval: None,
             num_v_heads: None,
+            expand_ratio: None,
+            use_lower_bound: None,
             extra: Default::default(),
         }
     }
@@ -163,6 +165,7 @@ pub fn names() -> Vec<String> {
     v.extend(MAMBA2.iter().map(|s| s.to_string()));
     v.extend(SAMBA.iter().map(|s| s.to_string()));
     v.extend(DELTANET.iter().map(|s| s.to_string()));
+    v.extend(HGRN2.iter().map(|s| s.to_string()));
     v
 }
 
@@ -320,6 +323,9 @@ pub fn preset(name: &str) -> Result<Preset> {
         return Ok(p);
     }
     if let Some(p) = deltanet(name) {
+        return Ok(p);
+    }
+    if let Some(p) = hgrn2(name) {
         return Ok(p);
     }
     // The paper's main runs: 760M models on 48B tokens (45Gi), each with its own peak LR (the
@@ -529,6 +535,64 @@ fn deltanet(name: &str) -> Option<Preset> {
     })
 }
 
+/// The HGRN2 presets: the paper's sizes, the small experiment's and tiny's.
+pub const HGRN2: [&str; 5] = ["hgrn2-125m", "hgrn2-360m", "hgrn2-760m", "hgrn2-small", "hgrn2-tiny"];
+
+/// An HGRN2 model in the authors' configuration (their configs/model/hgrn2.py: heads of
+/// expand_ratio channels, no short convolutions, the lower bounds, SwiGLU MLPs of ratio 4, ε 1e-6).
+pub fn hgrn2_config(hidden_size: usize, layers: usize, expand_ratio: usize) -> Config {
+    let mut c = Variant::FoxLlama.config(hidden_size, layers, hidden_size / expand_ratio);
+    c.model_type = HGRN2_MODEL_TYPE.into();
+    // FoX's fields at their defaults (config.json leaves them out; see Config::to_json).
+    (c.use_rope, c.qk_norm, c.use_output_norm) = (false, false, false);
+    c.expand_ratio = Some(expand_ratio);
+    c.use_lower_bound = Some(true);
+    c.use_short_conv = Some(false);
+    c.conv_size = Some(4);
+    c
+}
+
+/// `hgrn2-{125m,360m,760m}` (the authors' configs/experiment/longcrawl64/hgrn2: 12 layers of
+/// d = 768, 24 of 1024, 24 of 1536, expand_ratio 128, their peak LRs and the 2.5Gi/7Gi/15Gi-token
+/// runs), `hgrn2-small` (d = 384, 6 layers, 3 heads of 128, the small FoX's recipe) and
+/// `hgrn2-tiny` (tiny's recipe, 2 heads of 32).
+fn hgrn2(name: &str) -> Option<Preset> {
+    let (d, layers, lr, tokens, micro) = match name.strip_prefix("hgrn2-")? {
+        "125m" => (768, 12, 2e-3, 2560 * MI, 2),
+        "360m" => (1024, 24, 2e-3, 7168 * MI, 1),
+        "760m" => (1536, 24, 1e-3, 15360 * MI, 1),
+        "tiny" => {
+            let mut p = tiny();
+            p.name = name.into();
+            p.model = hgrn2_config(64, 4, 32);
+            p.description =
+                "HGRN2, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
+                    .into();
+            return Some(p);
+        }
+        "small" => {
+            let mut p = small("fox-llama-small")?;
+            p.name = name.into();
+            p.model = hgrn2_config(384, 6, 128);
+            p.description = p
+                .description
+                .replace("FoX (LLaMA): d=384, 6 layers, 6 heads of 64", "HGRN2: d=384, 6 layers, 3 heads of 128");
+            return Some(p);
+        }
+        _ => return None,
+    };
+    Some(Preset {
+        name: name.into(),
+        description: format!(
+            "HGRN2 {}: {layers} layers of d={d}, {} heads of 128; the paper's recipe ({tokens} tokens, peak LR {lr})",
+            name.trim_start_matches("hgrn2-").to_uppercase(),
+            d / 128
+        ),
+        model: hgrn2_config(d, layers, 128),
+        train: paper_train(lr, tokens, micro),
+    })
+}
+
 /// The Samba presets: the authors' 760M, the FoX sizes below it, and the small experiment's.
 pub const SAMBA: [&str; 4] = ["samba-125m", "samba-360m", "samba-760m", "samba-small"];
 
@@ -676,6 +740,45 @@ mod tests {
         assert_eq!(t.train.context, tiny().train.context);
     }
 
+    /// The HGRN2 presets are the authors' experiment configs (configs/experiment/longcrawl64/
+    /// hgrn2/*.yaml: d, layers, expand_ratio 128, peak LR, tokens, micro-batches from
+    /// grad_acc_tokens; configs/model/hgrn2.py: no short convolutions, lower bounds, MLP ratio 4).
+    #[test]
+    fn hgrn2_presets_follow_the_authors() {
+        for (size, d, layers, lr, gi, micro) in
+            [("125m", 768, 12, 2e-3, 2.5, 2), ("360m", 1024, 24, 2e-3, 7.0, 1), ("760m", 1536, 24, 1e-3, 15.0, 1)]
+        {
+            let name = format!("hgrn2-{size}");
+            let p = preset(&name).unwrap();
+            let s = p.model.hgrn2();
+            assert_eq!(p.model.arch(), crate::config::Arch::Hgrn2, "{name}");
+            assert_eq!(
+                (p.model.hidden_size, p.model.num_hidden_layers, s.head_dim, s.heads),
+                (d, layers, 128, d / 128)
+            );
+            assert!(s.lower_bound && p.model.use_short_conv == Some(false), "{name}");
+            assert_eq!(p.model.intermediate(), crate::config::mlp_width(d, 4.0), "{name}");
+            assert_eq!(p.train.peak_lr, lr, "{name}");
+            assert_eq!(p.train.total_tokens, (gi * 1024.0) as u64 * MI, "{name}");
+            assert_eq!(p.train.micro_batch, micro, "{name}"); // grad_acc_tokens / 16384
+        }
+        // 12 × (norms 3·768 + q, f, i, o 4·768² + MLP 3·768·2048) + lower bounds 12·768 + the
+        // embedding, the head and the final norm.
+        let p = preset("hgrn2-125m").unwrap();
+        let want = 12 * (3 * 768 + 4 * 768 * 768 + 3 * 768 * 2048) + 12 * 768 + 2 * GPT2_VOCAB * 768 + 768;
+        assert_eq!(p.model.param_bytes() / 4, want as u128);
+        assert_eq!(Model::new(&p.model).params.numel(), want);
+        let small = preset("hgrn2-small").unwrap();
+        let fox = preset("fox-llama-small").unwrap();
+        let rel =
+            (small.model.param_bytes() as f64 - fox.model.param_bytes() as f64).abs() / fox.model.param_bytes() as f64;
+        assert!(rel < 0.005, "hgrn2-small: {rel}");
+        assert_eq!(small.train.total_tokens, fox.train.total_tokens);
+        let t = preset("hgrn2-tiny").unwrap();
+        assert_eq!((t.model.hidden_size, t.model.num_hidden_layers, t.model.hgrn2().head_dim), (64, 4, 32));
+        assert_eq!(t.train.context, tiny().train.context);
+    }
+
     #[test]
     fn every_preset_is_valid_and_sized_as_in_the_paper() {
         for n in names() {
@@ -686,8 +789,8 @@ mod tests {
             // heads are 128 wide (64 in samba-small, as the small FoX's)
             if n.starts_with("samba") {
                 assert_eq!(p.model.head_dim(), if n == "samba-small" { 64 } else { 128 }, "{n}");
-            } else if n.contains("deltanet") {
-                // the authors' DeltaNet heads of 128; the tiny ones' of 32
+            } else if n.contains("deltanet") || n.starts_with("hgrn2") {
+                // the authors' DeltaNet and HGRN2 heads of 128; the tiny ones' of 32
                 assert_eq!(p.model.head_dim(), if n.ends_with("-tiny") { 32 } else { 128 }, "{n}");
             } else if n != "tiny" {
                 assert_eq!(

@@ -147,6 +147,14 @@ pub fn kv_cache_bytes(cfg: &crate::config::Config, batch: usize, tokens: usize) 
         let per_row = s(s(h, k), v).saturating_add(s(m.conv.saturating_sub(1) as u128, s(h, 2 * k + v)));
         return s(s(s(per_row, batch as u128), cfg.num_hidden_layers as u128), 4);
     }
+    if cfg.arch() == crate::config::Arch::Hgrn2 {
+        // A fixed-size state per layer: S [H, K, K] and the three convolutions' last inputs.
+        let m = cfg.hgrn2();
+        let s = |a: u128, b: u128| a.saturating_mul(b);
+        let conv = s(m.conv.map_or(0, |w| w.saturating_sub(1)) as u128, s(3, cfg.hidden_size as u128));
+        let per_row = s(s(m.heads as u128, m.head_dim as u128), m.head_dim as u128).saturating_add(conv);
+        return s(s(s(per_row, batch as u128), cfg.num_hidden_layers as u128), 4);
+    }
     if cfg.arch() == crate::config::Arch::Samba {
         // The attention layers' KV caches (every position is kept; the window masks) and the
         // Mamba layers' fixed states.

@@ -46,6 +46,7 @@ fn config_layout_and_json_round_trip() {
             Mixer::Attention(_) => "attention",
             Mixer::Mamba2(_) => "mamba2",
             Mixer::DeltaNet(_) => "deltanet",
+            Mixer::Hgrn2(_) => "hgrn2",
         })
         .collect();
     assert_eq!(kinds, ["mamba", "attention", "mamba", "attention"]);

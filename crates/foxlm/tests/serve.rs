@@ -807,7 +807,7 @@ fn the_binary_serves_and_sigterm_finishes_requests_in_flight() {
 }
 
 /// The recurrent families behind the server: the authors' Mamba-2 and Samba fixtures (vocabulary
-/// 256) and fla's DeltaNet and Gated DeltaNet (vocabulary 48). Concurrent requests of different lengths join and leave one running batch (their states
+/// 256) and fla's DeltaNet, Gated DeltaNet and HGRN2 (vocabulary 48). Concurrent requests of different lengths join and leave one running batch (their states
 /// gathered row by row between steps), and each gets `generate`'s greedy tokens; echoed
 /// log-probabilities are the forward pass's.
 #[test]
@@ -817,6 +817,7 @@ fn recurrent_models_serve_as_generate() {
         "official-samba-tiny/samba",
         "fla-deltanet-tiny/deltanet",
         "fla-deltanet-tiny/gated_deltanet",
+        "fla-hgrn2-tiny/hgrn2",
     ] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name);
         let model = load_model(&dir).expect("fixture model");

@@ -169,8 +169,8 @@ fn resumed_run_reproduces_the_uninterrupted_run_and_checkpoints_reload_bit_exact
 }
 
 /// The recurrent families train, checkpoint and resume as FoX does: Mamba-2 (2 layers of d = 64),
-/// Samba (a Mamba layer and a windowed attention layer), DeltaNet and Gated DeltaNet (2 layers of
-/// 2 heads of 32), each resumed bit for bit, and the final folder reloads as the same family in its
+/// Samba (a Mamba layer and a windowed attention layer), DeltaNet, Gated DeltaNet and HGRN2 (2
+/// layers of 2 heads of 32; HGRN2's lower bounds a model-level parameter), each resumed bit for bit, and the final folder reloads as the same family in its
 /// reference's layout.
 #[test]
 fn recurrent_models_resume_bit_exactly_and_reload() {
@@ -181,6 +181,7 @@ fn recurrent_models_resume_bit_exactly_and_reload() {
         ("samba", presets::samba_config(64, 2, 2, 16), "samba-project_fox"),
         ("deltanet", presets::deltanet_config(64, 2, 2, false), "delta_net"),
         ("gated_deltanet", presets::deltanet_config(64, 2, 2, true), "gated_deltanet"),
+        ("hgrn2", presets::hgrn2_config(64, 2, 32), "hgrn2"),
     ] {
         let run = RunConfig { model, ..small_run(6) };
         let a = assert_resume_reproduces(&tmp.path().join(name), &data, &run);

@@ -27,6 +27,7 @@ pub fn variant_name(c: &Config) -> &'static str {
         Arch::Samba => return "Samba",
         Arch::DeltaNet => return "DeltaNet",
         Arch::GatedDeltaNet => return "Gated DeltaNet",
+        Arch::Hgrn2 => return "HGRN2",
         Arch::Fox => {}
     }
     let pro = c.qk_norm || c.use_output_gate || c.use_output_norm || c.use_k_shift || c.use_v_shift;
@@ -45,6 +46,8 @@ fn component(name: &str) -> &'static str {
     let mixer_attn = [".mixer.q_proj", ".mixer.k_proj", ".mixer.v_proj", ".mixer.o_proj"];
     if name.contains("embeddings") {
         "embeddings"
+    } else if name.contains("lower_bounds") || name.contains(".attn.f_proj.") || name.contains(".attn.g_norm.") {
+        "hgrn2: f_proj, bounds, g_norm"
     } else if name.starts_with("lm_head") {
         "lm_head"
     } else if name.contains("shift_proj") {
@@ -58,7 +61,7 @@ fn component(name: &str) -> &'static str {
     } else if name.contains("output_norm") {
         "attention: output_norm"
     } else if name.contains(".attn.") && name.contains("_conv1d.") {
-        "deltanet: short conv"
+        "short conv (DeltaNet, HGRN2)"
     } else if [".attn.b_proj.", ".attn.a_proj.", ".attn.A_log", ".attn.dt_bias"].iter().any(|m| name.contains(m)) {
         "deltanet: beta, decay"
     } else if name.contains(".attn.g_proj.") || name.contains(".attn.o_norm.") {
@@ -124,6 +127,20 @@ pub fn report(model: &Model, decode_tokens: usize, batch: usize) -> String {
         s += &format!("heads              {} (key width {}, value width {})\n", m.heads, m.head_k, m.head_v);
         s += &format!("conv width         {} (q, k, v)\n", m.conv);
         s += &format!("output gate        {}\n", on(m.use_gate));
+        s += &format!("MLP width          {}\n", c.intermediate());
+        return s + &counts_and_memory(model, decode_tokens, batch);
+    }
+    if c.arch() == Arch::Hgrn2 {
+        let m = c.hgrn2();
+        s += &format!("layers             {} (an HGRN2 layer and an MLP each)\n", c.num_hidden_layers);
+        s += &format!(
+            "heads              {} of {} (state {}×{} per head)\n",
+            m.heads, m.head_dim, m.head_dim, m.head_dim
+        );
+        s += &format!("lower bounds       {}\n", on(m.lower_bound));
+        if let Some(w) = m.conv {
+            s += &format!("conv width         {w} (q, f, i)\n");
+        }
         s += &format!("MLP width          {}\n", c.intermediate());
         return s + &counts_and_memory(model, decode_tokens, batch);
     }
@@ -215,6 +232,11 @@ fn counts_and_memory(model: &Model, decode_tokens: usize, batch: usize) -> Strin
     } else if c.is_deltanet() {
         s += &format!(
             "  state, any tokens × {batch}    {}  (delta-rule and convolution states per layer: no KV cache)\n",
+            human(cache as f64)
+        );
+    } else if c.arch() == Arch::Hgrn2 {
+        s += &format!(
+            "  state, any tokens × {batch}    {}  (the GLA state per layer: no KV cache)\n",
             human(cache as f64)
         );
     } else if c.arch() == Arch::Samba {

@@ -5,21 +5,23 @@
 
 use super::attention::kv_cache::KvCache;
 use super::deltanet::state::DeltaNetState;
+use super::hgrn2::state::Hgrn2State;
 use super::mamba::state::MambaState;
 use super::mamba2::state::Mamba2State;
 
 /// One layer's inference state, by family (K: the attention's KV cache, M: Mamba-2's state,
-/// S: Mamba's, D: DeltaNet's).
+/// S: Mamba's, D: DeltaNet's, H: HGRN2's).
 #[derive(Clone, Debug)]
-pub enum LayerState<K, M, S, D> {
+pub enum LayerState<K, M, S, D, H> {
     Attention(K),
     Mamba2(M),
     Mamba(S),
     DeltaNet(D),
+    Hgrn2(H),
 }
 
 /// One layer's CPU inference state.
-pub type CpuLayerState = LayerState<KvCache, Mamba2State, MambaState, DeltaNetState>;
+pub type CpuLayerState = LayerState<KvCache, Mamba2State, MambaState, DeltaNetState, Hgrn2State>;
 
 impl CpuLayerState {
     /// Tokens this layer has seen.
@@ -29,6 +31,7 @@ impl CpuLayerState {
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
             LayerState::DeltaNet(s) => s.len,
+            LayerState::Hgrn2(s) => s.len,
         }
     }
 
@@ -43,6 +46,7 @@ impl CpuLayerState {
             LayerState::Mamba2(s) => s.batch,
             LayerState::Mamba(s) => s.batch,
             LayerState::DeltaNet(s) => s.batch,
+            LayerState::Hgrn2(s) => s.batch,
         }
     }
 
@@ -50,7 +54,7 @@ impl CpuLayerState {
     pub fn kv(&self) -> Option<&KvCache> {
         match self {
             LayerState::Attention(c) => Some(c),
-            LayerState::Mamba2(_) | LayerState::Mamba(_) | LayerState::DeltaNet(_) => None,
+            LayerState::Mamba2(_) | LayerState::Mamba(_) | LayerState::DeltaNet(_) | LayerState::Hgrn2(_) => None,
         }
     }
 }
@@ -120,6 +124,16 @@ impl Cache {
                         })
                         .collect();
                     LayerState::DeltaNet(DeltaNetState::gather(&src, len))
+                }
+                LayerState::Hgrn2(_) => {
+                    let src: Vec<(&Hgrn2State, usize)> = rows
+                        .iter()
+                        .filter_map(|&(c, r)| match &c.layers[li] {
+                            LayerState::Hgrn2(s) => Some((s, r)),
+                            _ => None,
+                        })
+                        .collect();
+                    LayerState::Hgrn2(Hgrn2State::gather(&src, len))
                 }
             })
             .collect();

@@ -11,6 +11,7 @@
 pub mod attention;
 pub mod cache;
 pub mod deltanet;
+pub mod hgrn2;
 pub mod mamba;
 pub mod mamba2;
 pub mod mlp;
@@ -24,6 +25,8 @@ use attention::{AttnActs, AttnConfig, AttnScratch, ForgettingAttention};
 use cache::{Cache, LayerState};
 use deltanet::ops::DeltaNetOps;
 use deltanet::{DeltaNetActs, DeltaNetMixer, DeltaNetScratch};
+use hgrn2::ops::Hgrn2Ops;
+use hgrn2::{Hgrn2Acts, Hgrn2Mixer, Hgrn2Scratch};
 use mamba::ops::MambaOps;
 use mamba::{MambaActs, MambaMixer, MambaScratch};
 use mamba2::ops::Mamba2Ops;
@@ -31,8 +34,8 @@ use mamba2::{Mamba2Acts, Mamba2Mixer, Mamba2Scratch};
 use mlp::{Mlp, MlpActs, MlpScratch};
 
 /// A backend that runs every mixer family: what the model's forward and backward need.
-pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps {}
-impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps> ModelOps for B {}
+pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops {}
+impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops> ModelOps for B {}
 
 /// One layer's inference state on backend B.
 pub type LayerStateOf<B> = LayerState<
@@ -40,6 +43,7 @@ pub type LayerStateOf<B> = LayerState<
     <B as Mamba2Ops>::Mamba2State,
     <B as MambaOps>::MambaState,
     <B as DeltaNetOps>::DeltaNetState,
+    <B as Hgrn2Ops>::Hgrn2State,
 >;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
@@ -77,6 +81,8 @@ pub enum Mixer {
     Mamba(MambaMixer),
     /// DeltaNet's or Gated DeltaNet's delta rule.
     DeltaNet(DeltaNetMixer),
+    /// HGRN2's gated linear attention.
+    Hgrn2(Hgrn2Mixer),
 }
 
 /// The MLP sublayer of a block: its RMSNorm and the SwiGLU MLP.
@@ -102,6 +108,7 @@ pub enum MixerActs<A, F> {
     Mamba2(Mamba2Acts<A, F>),
     Mamba(MambaActs<A, F>),
     DeltaNet(DeltaNetActs<A, F>),
+    Hgrn2(Hgrn2Acts<A, F>),
 }
 
 /// A mixer's backward buffers, by family (shared by the layers of that family).
@@ -110,6 +117,7 @@ pub enum MixerScratch<A, F> {
     Mamba2(Mamba2Scratch<A, F>),
     Mamba(MambaScratch<A>),
     DeltaNet(DeltaNetScratch<A>),
+    Hgrn2(Hgrn2Scratch<A>),
 }
 
 /// A block's saved activations (A: activation buffers, F: f32 buffers of the backend).
@@ -149,7 +157,7 @@ impl<A, F> BlockActs<A, F> {
     pub fn attn(&self) -> Option<&AttnActs<A, F>> {
         match &self.mixer {
             MixerActs::Attention(a) => Some(a),
-            MixerActs::Mamba2(_) | MixerActs::Mamba(_) | MixerActs::DeltaNet(_) => None,
+            MixerActs::Mamba2(_) | MixerActs::Mamba(_) | MixerActs::DeltaNet(_) | MixerActs::Hgrn2(_) => None,
         }
     }
 }
@@ -168,6 +176,9 @@ pub struct ModelActs<A, F> {
     /// With recomputation (`ModelActs::recompute`): each block's input, [B, T, d]; `blocks` then
     /// holds one block's buffers, refilled by a second forward of each block during the backward.
     pub inputs: Vec<A>,
+    /// HGRN2's lower bounds [L, d], computed from the model's `lower_bounds` before the blocks
+    /// (empty in other models).
+    pub lower_bounds: F,
 }
 
 /// The activations of the CPU backend (f32 buffers).
@@ -184,6 +195,8 @@ pub struct Scratch<A, F> {
     /// One per slot ([`Model::slots`]): the mixer's and the MLP's (None without an MLP).
     pub mixers: Vec<MixerScratch<A, F>>,
     pub mlps: Vec<Option<MlpScratch<A>>>,
+    /// The gradient of HGRN2's lower bounds [L, d] (empty in other models).
+    pub dlower_bounds: F,
 }
 
 /// Bytes of each named buffer, for the memory plan `foxlm train` prints.
@@ -214,6 +227,7 @@ impl<A, F> BlockActs<A, F> {
                 Mixer::Mamba2(l) => MixerActs::Mamba2(Mamba2Acts::new(be, l, b, t)?),
                 Mixer::Mamba(l) => MixerActs::Mamba(MambaActs::new(be, l, b, t)?),
                 Mixer::DeltaNet(l) => MixerActs::DeltaNet(DeltaNetActs::new(be, l, b, t)?),
+                Mixer::Hgrn2(l) => MixerActs::Hgrn2(Hgrn2Acts::new(be, l, b, t)?),
             },
             h: be.alloc(with_mlp * d)?,
             mlp_norm_out: be.alloc(with_mlp * d)?,
@@ -238,6 +252,7 @@ impl<A, F> ModelActs<A, F> {
             final_out: be.alloc(n * d)?,
             out: be.alloc(n * d)?,
             inputs: Vec::new(),
+            lower_bounds: be.alloc_f32(model.lower_bounds_len())?,
         })
     }
 
@@ -269,6 +284,7 @@ impl<A, F> Scratch<A, F> {
                         Mixer::Mamba2(l) => MixerScratch::Mamba2(Mamba2Scratch::new(be, l, b, t)?),
                         Mixer::Mamba(l) => MixerScratch::Mamba(MambaScratch::new(be, l, b, t)?),
                         Mixer::DeltaNet(l) => MixerScratch::DeltaNet(DeltaNetScratch::new(be, l, b, t)?),
+                        Mixer::Hgrn2(l) => MixerScratch::Hgrn2(Hgrn2Scratch::new(be, l, b, t)?),
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -276,6 +292,7 @@ impl<A, F> Scratch<A, F> {
                 .iter()
                 .map(|blk| blk.mlp.as_ref().map(|m| MlpScratch::new(be, &m.mlp, n)).transpose())
                 .collect::<Result<_>>()?,
+            dlower_bounds: be.alloc_f32(model.lower_bounds_len())?,
         })
     }
 }
@@ -333,6 +350,9 @@ pub struct Model {
     pub slots: Vec<usize>,
     pub norm: ParamId,
     pub lm_head: Linear,
+    /// HGRN2's `model.lower_bounds` [L, d]: a parameter of the model, not of a layer (every
+    /// bounded layer reads its row), added after the embedding.
+    pub lower_bounds: Option<ParamId>,
 }
 
 impl Model {
@@ -342,6 +362,7 @@ impl Model {
             Arch::Mamba2 => return Self::new_mamba2(cfg),
             Arch::Samba => return Self::new_samba(cfg),
             Arch::DeltaNet | Arch::GatedDeltaNet => return Self::new_deltanet(cfg),
+            Arch::Hgrn2 => return Self::new_hgrn2(cfg),
             Arch::Fox => {}
         }
         let mut p = Params::default();
@@ -364,7 +385,7 @@ impl Model {
         let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds: None }
     }
 
     /// Mamba-2 (the authors' `backbone.*` names): blocks of a norm and a mixer, no MLP.
@@ -385,7 +406,7 @@ impl Model {
         let norm = p.add("backbone.norm_f.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds: None }
     }
 
     /// DeltaNet and Gated DeltaNet (fla's `model.*` names, FoX's block layout): a DeltaNet
@@ -410,7 +431,38 @@ impl Model {
         let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds: None }
+    }
+
+    /// HGRN2 (fla's `model.*` names, FoX's block layout): the lower bounds after the embedding,
+    /// an HGRN2 layer under `attn`, then the SwiGLU MLP.
+    fn new_hgrn2(cfg: &Config) -> Self {
+        let mut p = Params::default();
+        let (v, d, l) = (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers);
+        let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
+        let lower_bounds = cfg.hgrn2().lower_bound.then(|| p.add("model.lower_bounds", &[l, d], ParamKind::NoDecay));
+        let layers = (0..l)
+            .map(|i| {
+                let pre = format!("model.layers.{i}");
+                Block {
+                    mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
+                    mixer: Mixer::Hgrn2(Hgrn2Mixer::new(&mut p, cfg, &format!("{pre}.attn"), i)),
+                    mlp: Some(MlpSublayer {
+                        norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
+                        mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
+                    }),
+                }
+            })
+            .collect::<Vec<_>>();
+        let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
+        let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
+        let slots = slots(&layers);
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds }
+    }
+
+    /// Elements of the lower bounds (HGRN2's [L, d]; 0 without them).
+    pub fn lower_bounds_len(&self) -> usize {
+        self.lower_bounds.map_or(0, |id| self.params.tensors[id.0].numel())
     }
 
     /// Samba (the authors' `backbone.*` names): Mamba blocks and sliding-window attention blocks
@@ -440,7 +492,7 @@ impl Model {
         let norm = p.add("backbone.norm_f.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head }
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds: None }
     }
 
     /// The first block of each slot, in slot order.
@@ -468,6 +520,7 @@ impl Model {
                     Mixer::Mamba2(l) => LayerState::Mamba2(mamba2::state::Mamba2State::new(batch, *l.sizes())),
                     Mixer::Mamba(l) => LayerState::Mamba(mamba::state::MambaState::new(batch, *l.sizes())),
                     Mixer::DeltaNet(l) => LayerState::DeltaNet(deltanet::state::DeltaNetState::new(batch, *l.sizes())),
+                    Mixer::Hgrn2(l) => LayerState::Hgrn2(hgrn2::state::Hgrn2State::new(batch, *l.sizes())),
                 })
                 .collect(),
             start,
@@ -498,6 +551,9 @@ impl Model {
             };
             be.embedding_fwd(x0, self.embeddings, batch)?;
         }
+        if let Some(id) = self.lower_bounds {
+            be.hgrn2_lower_bounds_fwd(&mut acts.lower_bounds, id, self.layers.len())?;
+        }
         if let (Some(first), Some(b0)) = (self.layers.first(), acts.blocks.first_mut()) {
             be.rms_norm_fwd(&mut b0.mixer_norm_out, &mut b0.mixer_norm_rstd, &b0.x, first.mixer_norm, d, eps)?;
         }
@@ -507,7 +563,7 @@ impl Model {
             if let Some(input) = acts.inputs.get_mut(li) {
                 be.copy(input, &acts.blocks[ai].x)?;
             }
-            blk.forward(be, batch, &mut acts.blocks[ai], &mut acts.out, cache, n, d, eps)?;
+            blk.forward(be, batch, &mut acts.blocks[ai], &mut acts.out, cache, &acts.lower_bounds, n, d, eps)?;
             // The block's output (h + MLP(...), or x + Mixer(...) without an MLP) is the next
             // block's input, normalised in the same pass (or the final norm's input).
             let out = &acts.out;
@@ -575,7 +631,7 @@ impl Model {
             recompute || acts.blocks.len() == self.layers.len(),
             "backward needs the activations (or, with recomputation, the inputs) of every block"
         );
-        let Scratch { dx, dnorm, mixers, mlps } = scratch;
+        let Scratch { dx, dnorm, mixers, mlps, dlower_bounds } = scratch;
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
         be.grads_ready(self.head_params())?;
         std::mem::swap(dx, dnorm);
@@ -590,12 +646,18 @@ impl Model {
                 let ws = &mut acts.blocks[s];
                 be.copy(&mut ws.x, &acts.inputs[li])?;
                 be.rms_norm_fwd(&mut ws.mixer_norm_out, &mut ws.mixer_norm_rstd, &ws.x, blk.mixer_norm, d, eps)?;
-                blk.forward(be, batch, ws, &mut acts.out, None, n, d, eps)?;
-                blk.backward(be, batch, ws, dx, dnorm, mixer, mlp, d)?;
+                blk.forward(be, batch, ws, &mut acts.out, None, &acts.lower_bounds, n, d, eps)?;
+                blk.backward(be, batch, ws, dx, dnorm, mixer, mlp, (&acts.lower_bounds, dlower_bounds), d)?;
             } else {
-                blk.backward(be, batch, &acts.blocks[li], dx, dnorm, mixer, mlp, d)?;
+                let lb = (&acts.lower_bounds, &mut *dlower_bounds);
+                blk.backward(be, batch, &acts.blocks[li], dx, dnorm, mixer, mlp, lb, d)?;
             }
             be.grads_ready(self.layer_params(li))?;
+        }
+        // HGRN2's lower bounds: every bounded layer has written its row of their gradient.
+        if let Some(id) = self.lower_bounds {
+            be.hgrn2_lower_bounds_bwd(dlower_bounds, id, self.layers.len())?;
+            be.grads_ready(id.0..id.0 + 1)?;
         }
         be.embedding_bwd(self.embeddings, dx, batch)?;
         be.grads_ready(self.embeddings.0..self.embeddings.0 + 1)
@@ -690,6 +752,8 @@ impl Block {
             Mixer::Mamba2(l) => format!("mamba2 {:?}", l.sizes()),
             Mixer::Mamba(l) => format!("mamba {:?}", l.sizes()),
             Mixer::DeltaNet(l) => format!("deltanet {:?}", l.sizes()),
+            // Each HGRN2 layer has its own row of the lower bounds, but the same buffers.
+            Mixer::Hgrn2(l) => format!("hgrn2 {:?}", l.sizes()),
         };
         format!("{mixer} mlp{:?}", self.mlp.as_ref().map(|m| m.mlp.intermediate))
     }
@@ -698,7 +762,7 @@ impl Block {
     pub fn attn(&self) -> Option<&ForgettingAttention> {
         match &self.mixer {
             Mixer::Attention(l) => Some(l),
-            Mixer::Mamba2(_) | Mixer::Mamba(_) | Mixer::DeltaNet(_) => None,
+            Mixer::Mamba2(_) | Mixer::Mamba(_) | Mixer::DeltaNet(_) | Mixer::Hgrn2(_) => None,
         }
     }
 
@@ -724,6 +788,7 @@ impl Block {
         a: &mut BlockActs<B::Act, B::F32>,
         out: &mut B::Act,
         cache: Option<&mut LayerStateOf<B>>,
+        lower_bounds: &B::F32,
         n: usize,
         d: usize,
         eps: f32,
@@ -761,6 +826,14 @@ impl Block {
                 };
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
             }
+            (Mixer::Hgrn2(l), MixerActs::Hgrn2(acts)) => {
+                let state = match cache {
+                    None => None,
+                    Some(LayerState::Hgrn2(s)) => Some(s),
+                    Some(_) => anyhow::bail!("an HGRN2 layer was given another family's state"),
+                };
+                l.forward(be, &a.mixer_norm_out, batch, acts, out, state, lower_bounds)?
+            }
             _ => anyhow::bail!("a block's activations are of another family than its mixer"),
         }
         if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
@@ -771,7 +844,8 @@ impl Block {
     }
 
     /// Backward of one block: `dx` holds d loss / d (block output) on entry and d loss / d (block
-    /// input) on return; parameter gradients are added in the backend.
+    /// input) on return; parameter gradients are added in the backend. `lower_bounds`: HGRN2's
+    /// lower bounds and their gradient, of which a bounded layer writes its row.
     #[allow(clippy::too_many_arguments)]
     fn backward<B: ModelOps>(
         &self,
@@ -782,6 +856,7 @@ impl Block {
         dnorm: &mut B::Act,
         mixer: &mut MixerScratch<B::Act, B::F32>,
         mlp: Option<&mut MlpScratch<B::Act>>,
+        lower_bounds: (&B::F32, &mut B::F32),
         d: usize,
     ) -> Result<()> {
         let n = be.batch_info(batch).batch * be.batch_info(batch).seq;
@@ -803,6 +878,10 @@ impl Block {
             }
             (Mixer::DeltaNet(l), MixerActs::DeltaNet(acts), MixerScratch::DeltaNet(s)) => {
                 l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
+            }
+            (Mixer::Hgrn2(l), MixerActs::Hgrn2(acts), MixerScratch::Hgrn2(s)) => {
+                let (lb, dlb) = lower_bounds;
+                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s, lb, dlb)?
             }
             _ => anyhow::bail!("a block's activations or scratch are of another family than its mixer"),
         }

@@ -31,7 +31,7 @@ fn init_samba(model: &mut Model, rng: &mut ChaCha8Rng) {
                 default(p, &a.o_proj, rescale, rng);
             }
             Mixer::Mamba(m) => m.init(p, layers, rng),
-            Mixer::Mamba2(_) | Mixer::DeltaNet(_) => {}
+            Mixer::Mamba2(_) | Mixer::DeltaNet(_) | Mixer::Hgrn2(_) => {}
         }
         if let Some(m) = &blk.mlp {
             default(p, &m.mlp.gate_proj, 1.0, rng);
@@ -42,17 +42,20 @@ fn init_samba(model: &mut Model, rng: &mut ChaCha8Rng) {
     default(&mut model.params, &head, 1.0, rng);
 }
 
-/// DeltaNet's and Gated DeltaNet's initialisation beyond the generic draw: the authors' DeltaNet
-/// divides o_proj and down_proj by √(2·layers) (GPT-2's residual rescaling), and each layer draws
-/// its own decay parameters ([`crate::model::deltanet::DeltaNetMixer::init`]).
+/// DeltaNet's, Gated DeltaNet's and HGRN2's initialisation beyond the generic draw: the authors'
+/// DeltaNet and HGRN2 divide o_proj and down_proj by √(2·layers) (GPT-2's residual rescaling),
+/// and each DeltaNet layer draws its own decay parameters
+/// ([`crate::model::deltanet::DeltaNetMixer::init`], [`crate::model::hgrn2::Hgrn2Mixer::init`]).
 fn init_deltanet(model: &mut Model, rng: &mut ChaCha8Rng) {
     let layers = model.layers.len();
     let rescale = 1.0 / ((2 * layers.max(1)) as f32).sqrt();
     for i in 0..layers {
         let blk = model.layers[i].clone();
         let p = &mut model.params;
-        if let crate::model::Mixer::DeltaNet(l) = &blk.mixer {
-            l.init(p, layers, rng);
+        match &blk.mixer {
+            crate::model::Mixer::DeltaNet(l) => l.init(p, layers, rng),
+            crate::model::Mixer::Hgrn2(l) => l.init(p, layers),
+            _ => {}
         }
         if let Some(m) = &blk.mlp {
             p[m.mlp.down_proj.weight].iter_mut().for_each(|w| *w *= rescale);
@@ -98,7 +101,7 @@ pub fn init_model(cfg: &Config, seed: u64) -> Model {
     if cfg.arch() == crate::config::Arch::Samba {
         init_samba(&mut model, &mut rng);
     }
-    if cfg.is_deltanet() {
+    if cfg.is_deltanet() || cfg.arch() == crate::config::Arch::Hgrn2 {
         init_deltanet(&mut model, &mut rng);
     }
     if cfg.arch() == crate::config::Arch::Mamba2 {

@@ -85,6 +85,7 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
             if l.sizes().gated { "Gated DeltaNet" } else { "DeltaNet" },
             crate::model::deltanet::cuda::NO_GPU_KERNELS
         )),
+        crate::model::Mixer::Hgrn2(_) => Some(format!("HGRN2: {}", crate::model::hgrn2::cuda::NO_GPU_KERNELS)),
         crate::model::Mixer::Mamba2(l) => {
             let s = l.sizes();
             let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
@@ -113,8 +114,13 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
 }
 
 /// One layer's inference state on the GPU.
-pub type GpuLayerState<T> =
-    LayerState<GpuCache<T>, GpuMamba2State, GpuMambaState, crate::model::deltanet::cuda::GpuDeltaNetState>;
+pub type GpuLayerState<T> = LayerState<
+    GpuCache<T>,
+    GpuMamba2State,
+    GpuMambaState,
+    crate::model::deltanet::cuda::GpuDeltaNetState,
+    crate::model::hgrn2::cuda::GpuHgrn2State,
+>;
 
 impl<T> GpuLayerState<T> {
     /// Tokens this layer has seen (host side).
@@ -124,6 +130,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
             LayerState::DeltaNet(s) => match *s {},
+            LayerState::Hgrn2(s) => match *s {},
         }
     }
 
@@ -142,6 +149,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Mamba2(s) => s.len = len,
             LayerState::Mamba(s) => s.len = len,
             LayerState::DeltaNet(s) => match *s {},
+            LayerState::Hgrn2(s) => match *s {},
         }
     }
 }

@@ -3,8 +3,9 @@
 //! python3 runs `python/tests/test_cpu.py` there (NumPy only: the op against a float64 reference
 //! and finite differences, the authors' tiny FoX against their reference logits, loss and greedy
 //! tokens, and the errors); and, where python3 has torch, `python/tests/test_torch_cpu.py`. No
-//! maturin or network needed. A machine without python3 or NumPy fails this test with the reason:
-//! it never skips.
+//! maturin needed; where python3 has no NumPy, pip installs it into the target folder (PyPI).
+//! A machine without python3, or where that install fails, fails this test with the reason: it
+//! never skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,30 +61,63 @@ fn python_package_cpu_path() {
     std::fs::copy(extension(), pkg.join("_foxlm.abi3.so")).unwrap();
 
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let probe = Command::new(&py).args(["-c", "import numpy; print(numpy.__version__)"]).output();
-    match probe {
-        Err(e) => panic!("`{py}` could not be run ({e}): the Python package's tests need python3 with NumPy"),
-        Ok(o) if !o.status.success() => panic!(
-            "`{py}` has no NumPy (pip install numpy): the Python package's tests need it\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Ok(_) => {}
-    }
-    run_script(&py, &here.join("python/tests/test_cpu.py"), tmp.path(), repo);
+    let pythonpath = with_numpy(&py, tmp.path());
+    run_script(&py, &here.join("python/tests/test_cpu.py"), &pythonpath, repo);
 
     // The torch autograd op on CPU tensors, where this python3 has torch (CI's has not: NumPy
     // covers the kernels there; the GPU check covers the CUDA op).
-    let has_torch = Command::new(&py).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    let has_torch = Command::new(&py)
+        .args(["-c", "import torch"])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .is_ok_and(|o| o.status.success());
     if has_torch {
-        run_script(&py, &here.join("python/tests/test_torch_cpu.py"), tmp.path(), repo);
+        run_script(&py, &here.join("python/tests/test_torch_cpu.py"), &pythonpath, repo);
     } else {
         eprintln!("note: `{py}` has no torch: python/tests/test_torch_cpu.py was not run (NumPy tests were)");
     }
 }
 
-/// Runs one of the package's test scripts with the package on PYTHONPATH; asserts that every test
-/// in it ran and passed (its last line is the count).
-fn run_script(py: &str, script: &Path, pythonpath: &Path, repo: &Path) {
+/// The PYTHONPATH for the scripts: the package's folder, and where `py` has no NumPy of its own,
+/// a NumPy that pip installs (from PyPI, once) into the target folder, so that a fresh machine
+/// with python3 and pip needs no install step by hand. Fails with the reason when neither works.
+fn with_numpy(py: &str, pkg_dir: &Path) -> std::ffi::OsString {
+    let probe = |path: &std::ffi::OsStr| Command::new(py).args(["-c", "import numpy"]).env("PYTHONPATH", path).output();
+    match probe(pkg_dir.as_os_str()) {
+        Err(e) => panic!("`{py}` could not be run ({e}): the Python package's tests need python3 with NumPy"),
+        Ok(o) if o.status.success() => return pkg_dir.as_os_str().to_owned(),
+        Ok(_) => {}
+    }
+    let deps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-deps");
+    let path = std::env::join_paths([pkg_dir, deps.as_path()]).expect("a PYTHONPATH of two folders");
+    if !probe(&path).is_ok_and(|o| o.status.success()) {
+        let out = Command::new(py)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--target"])
+            .arg(&deps)
+            .arg("numpy")
+            .output()
+            .expect("running pip");
+        assert!(
+            out.status.success(),
+            "`{py}` has no NumPy and `{py} -m pip install --target {} numpy` failed: the Python \
+             package's tests need NumPy\n{}",
+            deps.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let again = probe(&path).expect("running python3");
+        assert!(
+            again.status.success(),
+            "NumPy installed into {} does not import:\n{}",
+            deps.display(),
+            String::from_utf8_lossy(&again.stderr)
+        );
+    }
+    path
+}
+
+/// Runs one of the package's test scripts with `pythonpath` (the package, NumPy); asserts that
+/// every test in it ran and passed (its last line is the count).
+fn run_script(py: &str, script: &Path, pythonpath: &std::ffi::OsStr, repo: &Path) {
     let out = Command::new(py)
         .arg(script)
         .env("PYTHONPATH", pythonpath)

@@ -365,16 +365,29 @@ impl Model {
             Arch::Hgrn2 => return Self::new_hgrn2(cfg),
             Arch::Fox => {}
         }
+        let attn_cfg = AttnConfig::from_config(cfg);
+        Self::new_model_layout(cfg, |_| None, |p, pre, _| Mixer::Attention(ForgettingAttention::new(p, &attn_cfg, pre)))
+    }
+
+    /// The `model.*` layout of FoX's and fla's models: the embedding, `extra` (parameters
+    /// registered right after it), then per layer `attn_norm`, the mixer under `attn` (`mixer`
+    /// gets its prefix and the layer's index), `mlp_norm` and the SwiGLU MLP; the final norm and
+    /// the head. The order of registration is the checkpoint's and the initialisation's.
+    fn new_model_layout(
+        cfg: &Config,
+        extra: impl FnOnce(&mut Params) -> Option<ParamId>,
+        mut mixer: impl FnMut(&mut Params, &str, usize) -> Mixer,
+    ) -> Self {
         let mut p = Params::default();
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
         let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
-        let attn_cfg = AttnConfig::from_config(cfg);
+        let lower_bounds = extra(&mut p);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let pre = format!("model.layers.{i}");
                 Block {
                     mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
-                    mixer: Mixer::Attention(ForgettingAttention::new(&mut p, &attn_cfg, &format!("{pre}.attn"))),
+                    mixer: mixer(&mut p, &format!("{pre}.attn"), i),
                     mlp: Some(MlpSublayer {
                         norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
                         mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
@@ -385,7 +398,7 @@ impl Model {
         let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
         let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
         let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds: None }
+        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds }
     }
 
     /// Mamba-2 (the authors' `backbone.*` names): blocks of a norm and a mixer, no MLP.
@@ -412,52 +425,18 @@ impl Model {
     /// DeltaNet and Gated DeltaNet (fla's `model.*` names, FoX's block layout): a DeltaNet
     /// layer under `attn`, then the SwiGLU MLP.
     fn new_deltanet(cfg: &Config) -> Self {
-        let mut p = Params::default();
-        let (v, d) = (cfg.vocab_size, cfg.hidden_size);
-        let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
-        let layers = (0..cfg.num_hidden_layers)
-            .map(|i| {
-                let pre = format!("model.layers.{i}");
-                Block {
-                    mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
-                    mixer: Mixer::DeltaNet(DeltaNetMixer::new(&mut p, cfg, &format!("{pre}.attn"))),
-                    mlp: Some(MlpSublayer {
-                        norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
-                        mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
-                    }),
-                }
-            })
-            .collect::<Vec<_>>();
-        let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
-        let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
-        let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds: None }
+        Self::new_model_layout(cfg, |_| None, |p, pre, _| Mixer::DeltaNet(DeltaNetMixer::new(p, cfg, pre)))
     }
 
     /// HGRN2 (fla's `model.*` names, FoX's block layout): the lower bounds after the embedding,
     /// an HGRN2 layer under `attn`, then the SwiGLU MLP.
     fn new_hgrn2(cfg: &Config) -> Self {
-        let mut p = Params::default();
-        let (v, d, l) = (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers);
-        let embeddings = p.add("model.embeddings.weight", &[v, d], ParamKind::Matrix);
-        let lower_bounds = cfg.hgrn2().lower_bound.then(|| p.add("model.lower_bounds", &[l, d], ParamKind::NoDecay));
-        let layers = (0..l)
-            .map(|i| {
-                let pre = format!("model.layers.{i}");
-                Block {
-                    mixer_norm: p.add(&format!("{pre}.attn_norm.weight"), &[d], ParamKind::NoDecay),
-                    mixer: Mixer::Hgrn2(Hgrn2Mixer::new(&mut p, cfg, &format!("{pre}.attn"), i)),
-                    mlp: Some(MlpSublayer {
-                        norm: p.add(&format!("{pre}.mlp_norm.weight"), &[d], ParamKind::NoDecay),
-                        mlp: Mlp::new(&mut p, cfg, &format!("{pre}.mlp")),
-                    }),
-                }
-            })
-            .collect::<Vec<_>>();
-        let norm = p.add("model.norm.weight", &[d], ParamKind::NoDecay);
-        let lm_head = Linear::new(&mut p, "lm_head.weight", v, d);
-        let slots = slots(&layers);
-        Self { config: cfg.clone(), params: p, embeddings, layers, slots, norm, lm_head, lower_bounds }
+        let (l, d) = (cfg.num_hidden_layers, cfg.hidden_size);
+        Self::new_model_layout(
+            cfg,
+            |p| cfg.hgrn2().lower_bound.then(|| p.add("model.lower_bounds", &[l, d], ParamKind::NoDecay)),
+            |p, pre, i| Mixer::Hgrn2(Hgrn2Mixer::new(p, cfg, pre, i)),
+        )
     }
 
     /// Elements of the lower bounds (HGRN2's [L, d]; 0 without them).

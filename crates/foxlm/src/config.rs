@@ -506,77 +506,37 @@ impl Config {
 
     pub fn to_json(&self) -> String {
         let mut v = serde_json::to_value(self).expect("config serialises");
-        if self.arch() == Arch::Samba {
-            // FoX's switches, which a Samba config does not have (validate() refuses them on).
+        // FoX's switches, which the other families' configs (but Mamba-2's, whose fields are its
+        // own) do not have; each family's own fields stay.
+        const FOX_SWITCHES: [&str; 13] = [
+            "num_kv_heads",
+            "use_rope",
+            "fgate_type",
+            "fgate_bias_init",
+            "decay_time_min",
+            "decay_time_max",
+            "use_output_gate",
+            "ogate_act",
+            "qk_norm_share_param_across_head",
+            "use_k_shift",
+            "use_v_shift",
+            "log_pruning_tolerance",
+            "window_size",
+        ];
+        let also: &[&str] = match self.arch() {
+            Arch::Samba => &["hidden_ratio", "use_output_norm", "qk_norm"],
+            // fla's DeltaNet takes qk_norm as a string (set below).
+            Arch::DeltaNet | Arch::GatedDeltaNet => &["rope_base"],
+            Arch::Hgrn2 => &["rope_base", "use_output_norm", "qk_norm"],
+            Arch::Fox | Arch::Mamba2 => &[],
+        };
+        if !matches!(self.arch(), Arch::Fox | Arch::Mamba2) {
             if let Some(o) = v.as_object_mut() {
-                for k in [
-                    "num_kv_heads",
-                    "hidden_ratio",
-                    "use_rope",
-                    "fgate_type",
-                    "fgate_bias_init",
-                    "decay_time_min",
-                    "decay_time_max",
-                    "use_output_gate",
-                    "ogate_act",
-                    "use_output_norm",
-                    "qk_norm",
-                    "qk_norm_share_param_across_head",
-                    "use_k_shift",
-                    "use_v_shift",
-                    "log_pruning_tolerance",
-                    "window_size",
-                ] {
-                    o.remove(k);
+                for k in FOX_SWITCHES.iter().chain(also) {
+                    o.remove(*k);
                 }
-            }
-        }
-        if self.is_deltanet() {
-            // FoX's switches, which a DeltaNet config does not have, and fla's qk_norm string.
-            if let Some(o) = v.as_object_mut() {
-                for k in [
-                    "num_kv_heads",
-                    "use_rope",
-                    "rope_base",
-                    "fgate_type",
-                    "fgate_bias_init",
-                    "decay_time_min",
-                    "decay_time_max",
-                    "use_output_gate",
-                    "ogate_act",
-                    "qk_norm_share_param_across_head",
-                    "use_k_shift",
-                    "use_v_shift",
-                    "log_pruning_tolerance",
-                    "window_size",
-                ] {
-                    o.remove(k);
-                }
-                o.insert("qk_norm".into(), "l2".into());
-            }
-        }
-        if self.arch() == Arch::Hgrn2 {
-            // FoX's switches, which an HGRN2 config does not have.
-            if let Some(o) = v.as_object_mut() {
-                for k in [
-                    "num_kv_heads",
-                    "use_rope",
-                    "rope_base",
-                    "fgate_type",
-                    "fgate_bias_init",
-                    "decay_time_min",
-                    "decay_time_max",
-                    "use_output_gate",
-                    "ogate_act",
-                    "use_output_norm",
-                    "qk_norm",
-                    "qk_norm_share_param_across_head",
-                    "use_k_shift",
-                    "use_v_shift",
-                    "log_pruning_tolerance",
-                    "window_size",
-                ] {
-                    o.remove(k);
+                if self.is_deltanet() {
+                    o.insert("qk_norm".into(), "l2".into());
                 }
             }
         }

@@ -177,9 +177,21 @@ fn ref_fwd64(p: &Ssd, xbc: &[f64], dt: &[f64], a: &[f64], d: &[f64], init: Optio
     (y, fin)
 }
 
-/// Gradients of the f64 recurrence, by reverse-time recurrence over the stored states:
-/// (dxbc, ddt, da, dd, dinit), dxbc over the xbc layout (other columns 0).
-#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+/// Gradients of the f64 recurrence, dxbc over the xbc layout (other columns 0).
+struct Grads64 {
+    dxbc: Vec<f64>,
+    ddt: Vec<f64>,
+    da: Vec<f64>,
+    /// Per head, √Σ of its dA terms squared (one term per position: dt · decay · ∂ℓ/∂decay).
+    /// dA's terms have both signs and cancel, so a computed dA carries an error of the terms'
+    /// relative rounding times this, not times |dA|: the scale the GPU check measures it on.
+    da_terms_l2: Vec<f64>,
+    dd: Vec<f64>,
+    dinit: Vec<f64>,
+}
+
+/// Gradients of the f64 recurrence, by reverse-time recurrence over the stored states.
+#[allow(clippy::too_many_arguments)]
 fn ref_bwd64(
     p: &Ssd,
     xbc: &[f64],
@@ -189,11 +201,11 @@ fn ref_bwd64(
     init: Option<&[f64]>,
     dy: &[f64],
     dfinal: Option<&[f64]>,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+) -> Grads64 {
     let (bsz, t, h, pd, n) = (p.batch, p.seq, p.heads, p.head_dim, p.state);
     let mut dxbc = vec![0.0; xbc.len()];
     let mut ddt = vec![0.0; dt.len()];
-    let (mut da, mut dd) = (vec![0.0; h], vec![0.0; h]);
+    let (mut da, mut da_sq, mut dd) = (vec![0.0; h], vec![0.0f64; h], vec![0.0; h]);
     let mut dinit = vec![0.0; bsz * h * pd * n];
     for b in 0..bsz {
         let st = p.start(b);
@@ -251,12 +263,14 @@ fn ref_bwd64(
                     }
                 }
                 ddt[(b * t + ti) * h + hi] = ddtv + ddecay * decay * a[hi];
-                da[hi] += ddecay * decay * dtv;
+                let term = ddecay * decay * dtv;
+                da[hi] += term;
+                da_sq[hi] += term * term;
             }
             dinit[(b * h + hi) * pd * n..][..pd * n].copy_from_slice(&ds);
         }
     }
-    (dxbc, ddt, da, dd, dinit)
+    Grads64 { dxbc, ddt, da, da_terms_l2: da_sq.iter().map(|v| v.sqrt()).collect(), dd, dinit }
 }
 
 fn to64(v: &[f32]) -> Vec<f64> {
@@ -279,14 +293,10 @@ pub fn ssd_reference(p: &Ssd, y: &mut [f32], init: Option<&[f32]>, final_state: 
     Ok(())
 }
 
-/// The oracle's backward (reverse-time recurrence, f64, O(T·P·N) memory per (b, h): tests only).
-/// Same contract as [`ssd_bwd`].
-pub fn ssd_reference_bwd(p: &Ssd, dy: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>, g: SsdGrads) -> Result<()> {
-    p.check()?;
-    check_grads(p, dy, init, dfinal, &g)?;
+fn ref_bwd64_of(p: &Ssd, dy: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>) -> Grads64 {
     let dt: Vec<f64> =
         (0..p.dt.len()).map(|i| p.dt_at(i / (p.seq * p.heads), i / p.heads % p.seq, i % p.heads) as f64).collect();
-    let (dx, ddt, da, dd, dinit) = ref_bwd64(
+    ref_bwd64(
         p,
         &to64(p.xbc),
         &dt,
@@ -295,7 +305,29 @@ pub fn ssd_reference_bwd(p: &Ssd, dy: &[f32], init: Option<&[f32]>, dfinal: Opti
         init.map(to64).as_deref(),
         &to64(dy),
         dfinal.map(to64).as_deref(),
-    );
+    )
+}
+
+/// The oracle's dA (f64) and, per head, the L2 norm of the per-position terms it sums (see
+/// `Grads64::da_terms_l2`): what a low-precision dA's error is measured against.
+pub fn ssd_reference_da(
+    p: &Ssd,
+    dy: &[f32],
+    init: Option<&[f32]>,
+    dfinal: Option<&[f32]>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    p.check()?;
+    check_io(p, dy, init, dfinal)?;
+    let r = ref_bwd64_of(p, dy, init, dfinal);
+    Ok((r.da, r.da_terms_l2))
+}
+
+/// The oracle's backward (reverse-time recurrence, f64, O(T·P·N) memory per (b, h): tests only).
+/// Same contract as [`ssd_bwd`].
+pub fn ssd_reference_bwd(p: &Ssd, dy: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>, g: SsdGrads) -> Result<()> {
+    p.check()?;
+    check_grads(p, dy, init, dfinal, &g)?;
+    let Grads64 { dxbc: dx, ddt, da, dd, dinit, .. } = ref_bwd64_of(p, dy, init, dfinal);
     let width = p.heads * p.head_dim + 2 * p.groups * p.state;
     for r in 0..p.batch * p.seq {
         for c in 0..width {

@@ -8,10 +8,19 @@
 //!   chunks carries a rounding of relative rms ≈ 2⁻⁹/√3 ≈ 1.1e-3, y (bf16) one more; sums of up
 //!   to 192 such terms keep that relative size: ~3e-3 expected, 1e-2 leaves a factor 3.
 //! - Backward (dx, dB, dC, ddt, dD, dinit): 2e-2: the same roundings, plus dY, M, dG and the
-//!   state gradients as bf16 operands: ~3e-3 seen. dA: 5e-2: each head's dA is one sum over
-//!   B·T positions of dt·(reverse prefix sum of dcum), terms of both signs that cancel to a
-//!   result far smaller than their magnitude, so the terms' ~3e-3 relative error grows: 2e-3 to
-//!   2.4e-2 seen over seeds and shapes (a wrong term would give O(1)).
+//!   state gradients as bf16 operands: ~3e-3 seen.
+//! - dA: each head's dA is one sum over B·T positions of terms dt·decay·∂ℓ/∂decay of both signs
+//!   that cancel to a result far smaller than their magnitude, so an error relative to |dA|
+//!   measures the cancellation, not the kernel: the old row (relative L2 against the CPU over
+//!   the H values) went from 1e-5 to 2.4e-1 over seeds. The error is measured instead per head
+//!   against the L2 norm of those terms in the f64 recurrence. It is still wide (H200,
+//!   2026-11-27, 181 seeds: mostly 1e-3 to 3e-2, the worst seen 1.2e-1), because the chunked
+//!   form reaches each position's ∂ℓ/∂cum as a reverse prefix sum of pair contributions that
+//!   cancel too, and the states S_0 and dS enter <dS, S_0> and C S_0 as bf16 (as in fla). What
+//!   the row must catch is the reduction: a missing (b, chunk) share or a share added to the
+//!   wrong head is an error the size of that share: for 64 of ~600 terms of random signs about
+//!   √(64/600) ≈ 0.33 of the terms' L2, a whole head's dA O(1). TOL_DA = 0.25. Each position's ∂ℓ/∂cum itself is checked through
+//!   ddt (ddt = dt's input term + A·decay·∂ℓ/∂decay, within TOL_BWD).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
 use super::check::CheckRow;
@@ -25,7 +34,7 @@ use rand_distr::StandardNormal;
 
 const TOL_FWD: f64 = 1e-2;
 const TOL_BWD: f64 = 2e-2;
-const TOL_DA: f64 = 5e-2;
+const TOL_DA: f64 = 0.25;
 
 /// One case's shape: B, T, H, N, G, left padding, extra xbc columns (not a multiple of 8: the
 /// unaligned load path), whether to pass an initial state.
@@ -150,12 +159,21 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         let kept = cols(&got[0], hp + 2 * gn, stride).iter().filter(|&&v| v != 3.0).count();
         c.add(&bname, "dxbc columns past C kept", kept as f64, 0.0, "elements changed");
     }
-    for (k, (what, want)) in
-        [("ddt", &ddt), ("dA (onto 0.5)", &dav), ("dD (onto 0.5)", &ddv), ("dinit", &dinit)].into_iter().enumerate()
-    {
-        let tol = if k == 1 { TOL_DA } else { TOL_BWD };
-        c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(&got[k + 1], want), tol, "");
+    for (k, (what, want)) in [("ddt", &ddt), ("dD (onto 0.5)", &ddv), ("dinit", &dinit)].into_iter().enumerate() {
+        let got = &got[[1, 3, 4][k]];
+        c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(got, want), TOL_BWD, "");
     }
+    // dA against the f64 recurrence, per head on the scale of its terms (see TOL_DA).
+    let (da64, scale) = crate::ssd::ssd_reference_da(&cpu, &dyv, init.as_deref(), Some(&dfin))?;
+    let err =
+        (0..h).map(|i| (got[2][i] as f64 - 0.5 - da64[i]).abs() / scale[i].max(f64::MIN_POSITIVE)).fold(0.0, f64::max);
+    c.add(
+        &bname,
+        "dA (onto 0.5) err / terms' L2, worst head",
+        err,
+        TOL_DA,
+        &format!("rel L2 vs CPU chunked {:.1e}", rel_l2(&got[2], &dav)),
+    );
     let again = run(c)?;
     let diff: usize =
         got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();

@@ -209,7 +209,8 @@ fn reference_backward_matches_finite_differences() {
         let (y, fin) = ref_fwd64(&p, xbc, dt, a, dd, Some(init));
         y.iter().zip(&dy64).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(&dfin64).map(|(a, b)| a * b).sum::<f64>()
     };
-    let (gx, gdt, ga, gd, gi) = ref_bwd64(&p, &xbc, &dt, &a, &dd, Some(&init), &dy64, Some(&dfin64));
+    let Grads64 { dxbc: gx, ddt: gdt, da: ga, dd: gd, dinit: gi, .. } =
+        ref_bwd64(&p, &xbc, &dt, &a, &dd, Some(&init), &dy64, Some(&dfin64));
     let e = 1e-6;
     let check = |an: f64, fd: f64, what: &str| {
         assert!((an - fd).abs() <= 1e-6 * (1.0 + fd.abs()), "{what}: analytic {an} vs fd {fd}");
@@ -267,6 +268,51 @@ fn reference_backward_matches_finite_differences() {
             (loss(&xbc, &dt, &a, &dd, &pl) - loss(&xbc, &dt, &a, &dd, &mi)) / (2.0 * e),
             &format!("dinit[{i}]"),
         );
+    }
+}
+
+/// dA's per-position terms (whose L2 norm the GPU check measures dA's error against), against
+/// central differences: with D = 0, moving dt_t while scaling x_t to keep dt_t·x_t fixed moves
+/// only decay_t, so dt_t/A · ∂ℓ/∂dt_t is that position's term, dt_t · decay_t · ∂ℓ/∂decay_t.
+#[test]
+fn reference_da_terms_match_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(34);
+    let c = Case { b: 2, t: 6, h: 2, p: 3, n: 4, g: 1, l: 4, start: Some(vec![0, 2]) };
+    let d = data(&mut rng, &c);
+    let p = prob(&c, &d);
+    let (dy, dfin) = grads_in(&mut rng, &c);
+    let dt: Vec<f64> = (0..d.dt.len()).map(|i| p.dt_at(i / (c.t * c.h), i / c.h % c.t, i % c.h) as f64).collect();
+    let (xbc, a, init) = (to64(&d.xbc), to64(&d.a), to64(&d.init));
+    let dd = vec![0.0; c.h];
+    let (dy64, dfin64) = (to64(&dy), to64(&dfin));
+    let loss = |xbc: &[f64], dt: &[f64]| -> f64 {
+        let (y, fin) = ref_fwd64(&p, xbc, dt, &a, &dd, Some(&init));
+        y.iter().zip(&dy64).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(&dfin64).map(|(a, b)| a * b).sum::<f64>()
+    };
+    let got = ref_bwd64(&p, &xbc, &dt, &a, &dd, Some(&init), &dy64, Some(&dfin64));
+    let e = 1e-6;
+    let mut sq = vec![0.0f64; c.h];
+    for i in 0..dt.len() {
+        let (bi, ti, hi) = (i / (c.t * c.h), i / c.h % c.t, i % c.h);
+        if ti < c.start.as_ref().unwrap()[bi] {
+            continue;
+        }
+        let moved = |de: f64| {
+            let (mut x2, mut dt2) = (xbc.clone(), dt.clone());
+            dt2[i] += de;
+            for v in &mut x2[p.x_at(bi, ti, hi)..][..c.p] {
+                *v *= dt[i] / dt2[i];
+            }
+            loss(&x2, &dt2)
+        };
+        let term = dt[i] / a[hi] * (moved(e) - moved(-e)) / (2.0 * e);
+        sq[hi] += term * term;
+    }
+    for (hi, sq) in sq.iter().enumerate() {
+        let want = sq.sqrt();
+        assert!(want > 1e-3, "head {hi}: terms too small to test");
+        let rel = (got.da_terms_l2[hi] - want).abs() / want;
+        assert!(rel < 1e-5, "head {hi}: da_terms_l2 {} vs fd {want}", got.da_terms_l2[hi]);
     }
 }
 

@@ -73,6 +73,106 @@ __device__ void last_rows(T* dst, const T* src, int B, int t, int w) {
     }
 }
 
+// Many device-to-device copies in one launch (serving: a newcomer's cache rows into its slot, a
+// relocation): run r copies runs[r].bytes from runs[r].src to runs[r].dst, one block per run (the
+// grid strides over them), 16 bytes a thread where the run allows, else bytes. One driver call
+// per run cost about as much as the prefill the runs come from.
+struct CopyRun {
+    unsigned long long src, dst, bytes;
+};
+extern "C" __global__ void __launch_bounds__(256) fox_copy_runs(const CopyRun* runs, int n) {
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        const CopyRun c = runs[r];
+        if (((c.src | c.dst | c.bytes) & 15) == 0) {
+            const uint4* s = (const uint4*)c.src;
+            uint4* d = (uint4*)c.dst;
+            for (unsigned long long i = threadIdx.x; i < c.bytes / 16; i += blockDim.x) d[i] = s[i];
+        } else {
+            const unsigned char* s = (const unsigned char*)c.src;
+            unsigned char* d = (unsigned char*)c.dst;
+            for (unsigned long long i = threadIdx.x; i < c.bytes; i += blockDim.x) d[i] = s[i];
+        }
+    }
+}
+
+// Scoring (echo + logprobs) on the device: per row of logits [rows, ld], the log-probability of
+// the row's target token (NaN for a target outside the vocabulary) and the k most likely tokens
+// with theirs, in the host's order (larger logit first, then smaller id). One 256-thread block per
+// row; the top k as k passes of a block-wide arg-max over the tokens ranked after the last one
+// chosen. Only (1 + 2k) numbers a position go to the host instead of the vocabulary's logits.
+#define LP_INF __int_as_float(0x7f800000)
+__device__ __forceinline__ bool lp_ranks_before(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float* logits, int ld, int V,
+                                                                     const int* targets, int k, float* lp,
+                                                                     int* top_i, float* top_lp) {
+    __shared__ float shv[8];
+    __shared__ int shi[8];
+    const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const float* x = logits + (long long)row * ld;
+    float m = -LP_INF;
+    for (int i = tid; i < V; i += 256) m = fmaxf(m, x[i]);
+    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+    if (lane == 0) shv[w] = m;
+    __syncthreads();
+    m = shv[0];
+    for (int j = 1; j < 8; ++j) m = fmaxf(m, shv[j]);
+    __syncthreads();
+    float s = 0.f;
+    for (int i = tid; i < V; i += 256) s += expf(x[i] - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) shv[w] = s;
+    __syncthreads();
+    s = 0.f;
+    for (int j = 0; j < 8; ++j) s += shv[j];
+    const float lse = m + logf(s);
+    if (tid == 0) {
+        const int t = targets[row];
+        lp[row] = (t >= 0 && t < V) ? x[t] - lse : __int_as_float(0x7fc00000);
+    }
+    float pv = LP_INF;
+    int pi = -1;
+    for (int j = 0; j < k; ++j) {
+        float bv = -LP_INF;
+        int bi = 0x7fffffff;
+        for (int i = tid; i < V; i += 256) {
+            const float v = x[i];
+            if ((v < pv || (v == pv && i > pi)) && lp_ranks_before(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (lp_ranks_before(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        __syncthreads();
+        if (lane == 0) {
+            shv[w] = bv;
+            shi[w] = bi;
+        }
+        __syncthreads();
+        bv = shv[0];
+        bi = shi[0];
+        for (int u = 1; u < 8; ++u)
+            if (lp_ranks_before(shv[u], shi[u], bv, bi)) {
+                bv = shv[u];
+                bi = shi[u];
+            }
+        if (tid == 0) {
+            top_i[(long long)row * k + j] = bi;
+            top_lp[(long long)row * k + j] = bv - lse;
+        }
+        pv = bv;
+        pi = bi;
+    }
+}
+
 // Advances the device-side cached length and RoPE positions by one (the end of a decode step).
 extern "C" __global__ void fox_decode_advance(int* lenp, int* positions, int B) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -308,11 +308,18 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.plan
     }
 
-    /// Host logits [rows, V] of the last forward's (prefill chunk's) final hidden states, rows
-    /// `row0..row0 + rows` of its [b·t] positions.
-    pub(crate) fn chunk_logits(&mut self, row0: usize, rows: usize) -> Result<Vec<f32>> {
+    /// Scoring of the last forward's positions `row0..row0 + targets.len()` on the device: each
+    /// position's log-probability of its target and its `k` most likely tokens (see
+    /// [`Cuda::token_logprobs`]).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn chunk_token_logprobs(
+        &mut self,
+        row0: usize,
+        targets: &[u32],
+        k: usize,
+    ) -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
         let lm_head = self.model.lm_head;
-        self.be.logits_from(&self.acts.final_out, &lm_head, row0, rows)
+        self.be.token_logprobs(&self.acts.final_out, &lm_head, row0, targets, k)
     }
 
     /// Host logits [b, V] of each row's last position after a prefill.

@@ -197,17 +197,32 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
 
     // Echoed log-probabilities of scoring requests (several in one request: one batched prefill).
     let scored: Vec<Vec<u32>> = (0..3).map(|i| prompt(20 + i, 40 + 30 * i)).collect();
-    let v = post(addr, &json!({"prompt": scored, "max_tokens": 0, "echo": true, "logprobs": 1}))?;
-    let mut err = 0f64;
+    let v = post(addr, &json!({"prompt": scored, "max_tokens": 0, "echo": true, "logprobs": 3}))?;
+    let (mut err, mut top_err) = (0f64, 0f64);
     let mut n = 0;
     for (i, p) in scored.iter().enumerate() {
         let lp = &v["choices"][i]["logprobs"]["token_logprobs"];
+        let tops = &v["choices"][i]["logprobs"]["top_logprobs"];
         let vsz = model.config.vocab_size;
         let l = model.forward(p, &Ctx { batch: 1, seq: p.len(), start: None });
         for j in 1..p.len() {
-            let want = log_softmax(&l[(j - 1) * vsz..j * vsz])[p[j] as usize];
+            let ls = log_softmax(&l[(j - 1) * vsz..j * vsz]);
+            let want = ls[p[j] as usize];
             let got = lp[j].as_f64().unwrap_or(f64::INFINITY);
             err = err.max((got - want).abs());
+            // The top 3 (chosen on the device): three values, the largest log-probabilities in order.
+            let mut best = ls.clone();
+            best.sort_by(|a, b| b.total_cmp(a));
+            let mut got_top: Vec<f64> =
+                tops[j].as_object().map_or(Vec::new(), |o| o.values().filter_map(|x| x.as_f64()).collect());
+            got_top.sort_by(|a, b| b.total_cmp(a));
+            // (Two tokens of one spelling share a key: then fewer than 3 entries.)
+            top_err = if (1..=3).contains(&got_top.len()) {
+                let near = |g: &f64| best[..3].iter().map(|w| (g - w).abs()).fold(f64::INFINITY, f64::min);
+                got_top.iter().map(near).fold(top_err.max((got_top[0] - best[0]).abs()), f64::max)
+            } else {
+                f64::INFINITY
+            };
             n += 1;
         }
         if !lp[0].is_null() {
@@ -220,6 +235,13 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         err,
         LOGPROB_TOL,
         format!("{n} positions of 3 prompts of 40-100 tokens"),
+    ));
+    rows.push(row(
+        format!("serve {name}: echoed top-3 log-probabilities"),
+        "max |Δ logprob| vs f32 CPU forward's 3 largest",
+        top_err,
+        LOGPROB_TOL,
+        format!("{n} positions, the most likely first"),
     ));
 
     // Streaming equals the plain answer; n = 2 with a seed is reproducible; usage adds up.

@@ -42,6 +42,10 @@ pub struct Args {
     /// Largest request body in bytes; larger ones are answered 413.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// On the GPU, how long new requests may wait while others stream, to be prefilled together
+    /// (each prefill pauses every running stream once); 0 admits them at the next step.
+    #[arg(long, default_value_t = serve::DEFAULT_ADMIT_DELAY_MS)]
+    pub admit_delay_ms: f64,
 }
 
 impl Args {
@@ -58,6 +62,7 @@ impl Args {
             max_batch: self.max_batch,
             max_queue: self.max_queue,
             max_body_bytes: self.max_body_bytes,
+            admit_delay_ms: self.admit_delay_ms,
         }
     }
 }
@@ -96,6 +101,14 @@ pub struct BenchArgs {
     /// Most sequences per batch of the in-process server.
     #[arg(long, default_value_t = 64)]
     pub max_batch: usize,
+    /// Scoring load instead of generation: requests with max_tokens 0, echo and logprobs (as
+    /// lm-evaluation-harness's loglikelihood), not streamed; tokens/s counts prompt tokens scored
+    /// and TTFT is each request's whole time.
+    #[arg(long)]
+    pub score: bool,
+    /// The in-process server's --admit-delay-ms.
+    #[arg(long, default_value_t = serve::DEFAULT_ADMIT_DELAY_MS)]
+    pub admit_delay_ms: f64,
     #[arg(long, env = "FOXLM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Also write the rows as JSON here.
@@ -152,6 +165,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             o.port = 0;
             o.device = a.device;
             o.max_batch = a.max_batch;
+            o.admit_delay_ms = a.admit_delay_ms;
             o.max_queue = 4 * a.clients.iter().max().copied().unwrap_or(1) + 16;
             o.max_model_len = Some(a.prompt_tokens + a.max_tokens + 1);
             o.api_key = a.api_key.clone();
@@ -165,8 +179,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     };
     let (model, vocab) = model_info(addr, a.api_key.as_deref())?;
     eprintln!(
-        "bench serve: '{model}', {} prompt tokens, {} generated per request, {} s per run",
-        a.prompt_tokens, a.max_tokens, a.duration
+        "bench serve: '{model}', {} prompt tokens, {} generated per request{}, {} s per run",
+        a.prompt_tokens,
+        if a.score { 0 } else { a.max_tokens },
+        if a.score { " (scoring: echo + logprobs; tokens/s counts prompt tokens)" } else { "" },
+        a.duration
     );
     let mut rows: Vec<LoadReport> = Vec::new();
     for &c in &a.clients {
@@ -178,6 +195,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             vocab,
             model: model.clone(),
             api_key: a.api_key.clone(),
+            score: a.score,
         };
         let r = run_load(addr, &o);
         if let Some(e) = &r.first_error {
@@ -191,12 +209,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let base = rows.first().map(|r| r.tokens_per_s).unwrap_or(f64::NAN);
     println!(
-        "| clients | requests | errors | req/s | gen tok/s | vs first row | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | steps/s | rows/step |"
+        "| clients | requests | errors | req/s | gen tok/s | vs first row | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | steps/s | rows/step | ms/step | prefills/s | rows/prefill | ms/prefill |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.1}x | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.1}x | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.3} | {:.0} | {:.1} | {:.3} |",
             r.clients,
             r.requests,
             r.errors,
@@ -208,7 +226,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             r.itl_p50_ms,
             r.itl_p99_ms,
             r.steps_per_s,
-            r.mean_batch
+            r.mean_batch,
+            r.step_ms,
+            r.prefills_per_s,
+            r.mean_prefill_group,
+            r.prefill_ms
         );
     }
     match peak {

@@ -19,6 +19,10 @@ pub struct LoadOptions {
     pub vocab: usize,
     pub model: String,
     pub api_key: Option<String>,
+    /// Scoring load instead: each request asks for no tokens, only the echoed prompt's
+    /// log-probabilities (what lm-evaluation-harness's loglikelihood sends), not streamed; the
+    /// report's tokens are then prompt tokens scored.
+    pub score: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -36,6 +40,12 @@ pub struct LoadReport {
     /// Decode steps per second and the mean rows per step (from the server's /stats).
     pub steps_per_s: f64,
     pub mean_batch: f64,
+    /// Prefill passes per second, sequences per prefill, and the engine's milliseconds per
+    /// prefill and per decode step (the GPU batcher times them; NaN where it does not).
+    pub prefills_per_s: f64,
+    pub mean_prefill_group: f64,
+    pub prefill_ms: f64,
+    pub step_ms: f64,
     pub first_error: Option<String>,
 }
 
@@ -60,6 +70,24 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
 }
 
 /// One streaming request: Ok(generated tokens) or an error message.
+/// A scoring request: the prompt's token count from its usage.
+fn one_score(addr: SocketAddr, body: &Value, key: Option<&str>, ttft: &mut Vec<f64>) -> Result<usize, String> {
+    let t0 = Instant::now();
+    match super::client::json_request(addr, "/v1/completions", Some(body), key) {
+        Err(e) => Err(format!("{e:#}")),
+        Ok((200, v)) => {
+            let lps = v.pointer("/choices/0/logprobs/token_logprobs").and_then(|l| l.as_array()).map_or(0, |l| l.len());
+            let n = v.pointer("/usage/prompt_tokens").and_then(|n| n.as_u64()).unwrap_or(0) as usize;
+            if n == 0 || lps != n {
+                return Err(format!("{n} prompt tokens but {lps} log-probabilities in {v}"));
+            }
+            ttft.push(t0.elapsed().as_secs_f64() * 1e3);
+            Ok(n)
+        }
+        Ok((status, v)) => Err(format!("HTTP {status}: {v}")),
+    }
+}
+
 fn one_request(
     addr: SocketAddr,
     body: &Value,
@@ -112,12 +140,12 @@ fn one_request(
 /// Holds `o.clients` clients, each sending streaming requests back to back, for `o.duration`;
 /// requests started before the end are waited for and counted.
 pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
-    let counters = || -> (f64, f64) {
-        super::client::json_request(addr, "/stats", None, o.api_key.as_deref())
-            .map(|(_, v)| (v["steps"].as_f64().unwrap_or(0.0), v["rows_decoded"].as_f64().unwrap_or(0.0)))
-            .unwrap_or((0.0, 0.0))
+    const KEYS: [&str; 6] = ["steps", "rows_decoded", "prefills", "prefilled", "prefill_us", "step_us"];
+    let counters = || -> [f64; 6] {
+        let v = super::client::json_request(addr, "/stats", None, o.api_key.as_deref()).map(|(_, v)| v).ok();
+        KEYS.map(|k| v.as_ref().and_then(|v| v[k].as_f64()).unwrap_or(0.0))
     };
-    let (steps0, rows0) = counters();
+    let before = counters();
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let t0 = Instant::now();
@@ -130,12 +158,17 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
                     // Different prompts per client and request, ids spread over the vocabulary.
                     let prompt: Vec<usize> =
                         (0..o.prompt_tokens).map(|i| (i * 7919 + ci * 104729 + k * 13) % o.vocab).collect();
-                    let body = json!({
-                        "model": o.model, "prompt": prompt, "max_tokens": o.max_tokens, "temperature": 0,
-                        "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
-                    });
                     let (mut ttft, mut itl) = (Vec::new(), Vec::new());
-                    let r = one_request(addr, &body, o.api_key.as_deref(), &mut ttft, &mut itl);
+                    let r = if o.score {
+                        let body = json!({"model": o.model, "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1});
+                        one_score(addr, &body, o.api_key.as_deref(), &mut ttft)
+                    } else {
+                        let body = json!({
+                            "model": o.model, "prompt": prompt, "max_tokens": o.max_tokens, "temperature": 0,
+                            "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
+                        });
+                        one_request(addr, &body, o.api_key.as_deref(), &mut ttft, &mut itl)
+                    };
                     let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
                     t.requests += 1;
                     match r {
@@ -160,7 +193,9 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
         let _ = t.join();
     }
     let secs = t0.elapsed().as_secs_f64();
-    let (steps1, rows1) = counters();
+    let after = counters();
+    let [steps, rows, prefills, prefilled, prefill_us, step_us] = std::array::from_fn(|i| after[i] - before[i]);
+    let per = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
     let mut t = std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
     LoadReport {
         clients: o.clients,
@@ -173,8 +208,12 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
         ttft_p99_ms: quantile(&mut t.ttft, 0.99),
         itl_p50_ms: quantile(&mut t.itl, 0.5),
         itl_p99_ms: quantile(&mut t.itl, 0.99),
-        steps_per_s: (steps1 - steps0) / secs,
-        mean_batch: (rows1 - rows0) / (steps1 - steps0).max(1.0),
+        steps_per_s: steps / secs,
+        mean_batch: rows / steps.max(1.0),
+        prefills_per_s: prefills / secs,
+        mean_prefill_group: per(prefilled, prefills),
+        prefill_ms: per(prefill_us / 1e3, prefills),
+        step_ms: per(step_us / 1e3, steps),
         first_error: t.first_error,
     }
 }

@@ -59,6 +59,8 @@ pub struct SeqRequest {
     /// Send each new token's log-probability with this many alternatives.
     pub logprobs: Option<usize>,
     pub events: UnboundedSender<Event>,
+    /// When the request reached the server (the GPU batcher's admission waits from here).
+    pub arrived: std::time::Instant,
 }
 
 /// A group of sequences submitted together (one HTTP request).
@@ -70,6 +72,9 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Most jobs waiting to start.
     pub max_queue: usize,
+    /// How long the GPU batcher may hold newcomers back while streams run, to prefill them
+    /// together (zero: every step admits what has arrived).
+    pub admit_delay: Duration,
 }
 
 /// Counters the engine keeps (served at `GET /stats`): what runs now and what it has done.
@@ -99,6 +104,9 @@ pub struct EngineStats {
     /// GPU: memory in use and in all (bytes), as last read by the engine.
     pub gpu_mem_used: AtomicUsize,
     pub gpu_mem_total: AtomicUsize,
+    /// GPU: microseconds spent in prefills and in decode steps.
+    pub prefill_us: AtomicUsize,
+    pub step_us: AtomicUsize,
 }
 
 impl EngineStats {
@@ -109,7 +117,7 @@ impl EngineStats {
             "rows_decoded": g(&self.rows_decoded), "prefills": g(&self.prefills), "prefilled": g(&self.prefilled),
             "finished": g(&self.finished), "cancelled": g(&self.cancelled),
             "gpu_cache_bytes": g(&self.gpu_cache_bytes), "relocations": g(&self.relocations),
-            "graph_steps": g(&self.graph_steps),
+            "graph_steps": g(&self.graph_steps), "prefill_us": g(&self.prefill_us), "step_us": g(&self.step_us),
         })
     }
 }

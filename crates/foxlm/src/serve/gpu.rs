@@ -19,9 +19,9 @@
 //! ties, as the host's argmax); otherwise the logits come to the host and the engine's sampler
 //! (the same as the CPU's, one generator per sequence) chooses.
 
-use super::engine::{emit_next, emit_token, token_logprob, Batcher, EngineOptions, EngineStats, Event, Finish};
+use super::engine::{emit_next, emit_token, Batcher, EngineOptions, EngineStats, Event, Finish};
 use super::engine::{Running, SeqRequest, Step};
-use crate::backend::cuda::{dtod, dtod_2d, GpuLayerState};
+use crate::backend::cuda::{CopyRuns, GpuLayerState};
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::LayerState;
 use crate::model::mamba::state::MambaState;
@@ -61,6 +61,16 @@ pub struct GpuBatcher<'m> {
     /// allocates on first use (the attention's split-K scratch) exists before a capture: an
     /// allocation inside the capture would belong to the graph and go with it.
     warm: bool,
+    /// Copies between caches, made in one launch per prefill or relocation.
+    runs: CopyRuns,
+    /// Attention-only models: one prefill cache of `slots` × `max_model_len` positions, kept
+    /// (the plan counts it) and reused for every prefill group instead of allocating one each.
+    prefill_cache: Option<Vec<GpuLayerState<bf16>>>,
+    reuse_prefill_cache: bool,
+    max_model_len: usize,
+    /// `FOXLM_SERVE_PROFILE=1`: seconds and counts per phase (the device synchronised at each
+    /// phase's end), printed when the batcher goes.
+    profile: Option<Vec<(&'static str, f64, usize)>>,
 }
 
 impl<'m> GpuBatcher<'m> {
@@ -105,8 +115,8 @@ impl<'m> GpuBatcher<'m> {
         };
         let caches = inf.caches(slots, cap).context("allocating the slots' decode cache")?;
         eprintln!(
-            "GPU cache plan on {}: {slots} slots × {cap} positions = {:.2} GiB, + {:.2} GiB kept free for \
-             prefills and relocations; {:.2} of {:.2} GiB were free after the weights",
+            "GPU cache plan on {}: {slots} slots × {cap} positions = {:.2} GiB, + {:.2} GiB for a prefill's \
+             cache and a relocation; {:.2} of {:.2} GiB were free after the weights",
             gpu.name(),
             bytes(slots, cap) as f64 / GIB,
             (need(cap) - bytes(slots, cap)) as f64 / GIB,
@@ -132,17 +142,40 @@ impl<'m> GpuBatcher<'m> {
             graph: None,
             parked: None,
             warm: false,
+            runs: CopyRuns::default(),
+            prefill_cache: None,
+            reuse_prefill_cache: model.layers.iter().all(|b| matches!(b.mixer, crate::model::Mixer::Attention(_)))
+                && std::env::var("FOXLM_SERVE_PREFILL_CACHE").map_or(true, |v| v != "fresh"),
+            max_model_len,
+            profile: std::env::var("FOXLM_SERVE_PROFILE").is_ok_and(|v| v == "1").then(Vec::new),
         })
+    }
+
+    /// Profiling: charges the time since `*t0` (after a device synchronisation) to `phase`.
+    fn mark(&mut self, phase: &'static str, t0: &mut std::time::Instant) {
+        let Some(p) = self.profile.as_mut() else { return };
+        let _ = self.inf.be.gpu.sync();
+        let dt = t0.elapsed().as_secs_f64();
+        match p.iter_mut().find(|e| e.0 == phase) {
+            Some(e) => {
+                e.1 += dt;
+                e.2 += 1;
+            }
+            None => p.push((phase, dt, 1)),
+        }
+        *t0 = std::time::Instant::now();
     }
 
     fn gpu(&self) -> Arc<Gpu> {
         self.inf.be.gpu.clone()
     }
 
-    /// Copies positions `from..from + n` of row `sr` of `src` to `to..to + n` of row `dr` of
-    /// `dst` (keys, values and gate sums), with the row's KV-shift and recurrent states.
+    /// Adds to `runs` the copy of positions `from..from + n` of row `sr` of `src` to `to..to + n`
+    /// of row `dr` of `dst` (keys, values and gate sums), with the row's KV-shift and recurrent
+    /// states; made at the next `runs.launch`.
     #[allow(clippy::too_many_arguments)]
-    fn copy_row(
+    fn push_row(
+        runs: &mut CopyRuns,
         gpu: &Gpu,
         src: &[GpuLayerState<bf16>],
         sr: usize,
@@ -155,26 +188,26 @@ impl<'m> GpuBatcher<'m> {
         for (a, b) in src.iter().zip(dst.iter_mut()) {
             match (a, b) {
                 (LayerState::Attention(x), LayerState::Attention(y)) => {
-                    // k, v [B, H_kv, cap, D] and c [B, H, cap]: one pitched copy each, a run per head.
+                    // k, v [B, H_kv, cap, D] and c [B, H, cap]: a run per head.
                     let (h, hkv, d) = (x.heads, x.kv_heads, x.head_dim);
                     let (s, t) = ((sr * hkv * x.cap + from) * d, (dr * hkv * y.cap + to) * d);
-                    dtod_2d(gpu, &x.k, s, x.cap * d, &mut y.k, t, y.cap * d, n * d, hkv)?;
-                    dtod_2d(gpu, &x.v, s, x.cap * d, &mut y.v, t, y.cap * d, n * d, hkv)?;
+                    runs.push(gpu, &x.k, s, x.cap * d, &mut y.k, t, y.cap * d, n * d, hkv)?;
+                    runs.push(gpu, &x.v, s, x.cap * d, &mut y.v, t, y.cap * d, n * d, hkv)?;
                     let (s, t) = (sr * h * x.cap + from, dr * h * y.cap + to);
-                    dtod_2d(gpu, &x.c, s, x.cap, &mut y.c, t, y.cap, n, h)?;
+                    runs.push(gpu, &x.c, s, x.cap, &mut y.c, t, y.cap, n, h)?;
                     let w = hkv * d;
-                    dtod(gpu, &x.k_shift, sr * w, &mut y.k_shift, dr * w, w)?;
-                    dtod(gpu, &x.v_shift, sr * w, &mut y.v_shift, dr * w, w)?;
+                    runs.push(gpu, &x.k_shift, sr * w, w, &mut y.k_shift, dr * w, w, w, 1)?;
+                    runs.push(gpu, &x.v_shift, sr * w, w, &mut y.v_shift, dr * w, w, w, 1)?;
                 }
                 (LayerState::Mamba2(x), LayerState::Mamba2(y)) => {
                     let (ns, nc) = Mamba2State::lens(1, &x.sizes);
-                    dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
-                    dtod(gpu, &x.conv, sr * nc, &mut y.conv, dr * nc, nc)?;
+                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
+                    runs.push(gpu, &x.conv, sr * nc, nc, &mut y.conv, dr * nc, nc, nc, 1)?;
                 }
                 (LayerState::Mamba(x), LayerState::Mamba(y)) => {
                     let (ns, nc) = MambaState::lens(1, &x.sizes);
-                    dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
-                    dtod(gpu, &x.conv, sr * nc, &mut y.conv, dr * nc, nc)?;
+                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
+                    runs.push(gpu, &x.conv, sr * nc, nc, &mut y.conv, dr * nc, nc, nc, 1)?;
                 }
                 _ => bail!("copying a row between caches of different layer kinds"),
             }
@@ -186,11 +219,14 @@ impl<'m> GpuBatcher<'m> {
     fn relocate(&mut self, new_len: usize) -> Result<()> {
         let gpu = self.gpu();
         let mut fresh = self.inf.caches(self.slots.len(), self.cap).context("relocating the running rows")?;
+        // Copies still pending into the old cache go first.
+        self.runs.launch(&gpu)?;
         for (s, n) in self.slots.iter().enumerate() {
             if let Some(n) = *n {
-                Self::copy_row(&gpu, &self.caches, s, self.len - n, &mut fresh, s, new_len - n, n)?;
+                Self::push_row(&mut self.runs, &gpu, &self.caches, s, self.len - n, &mut fresh, s, new_len - n, n)?;
             }
         }
+        self.runs.launch(&gpu)?;
         // The graph points to the old cache.
         self.graph = None;
         self.caches = fresh;
@@ -198,6 +234,20 @@ impl<'m> GpuBatcher<'m> {
         self.relocations += 1;
         self.stats.relocations.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether to prefill the waiting requests now. A prefill of short prompts costs about the
+    /// same for one as for several (its launches bound it, not its arithmetic), and every running
+    /// stream waits for it, so while streams run newcomers are held back (at most
+    /// `opts.admit_delay` from their arrival) until they can fill the free slots or a quarter of
+    /// all slots.
+    fn admit_now(&self, opts: &EngineOptions, running: &[Running], waiting: &VecDeque<SeqRequest>, free: usize) -> bool {
+        let Some(front) = waiting.front() else { return false };
+        if running.is_empty() || opts.admit_delay.is_zero() {
+            return true;
+        }
+        let takers = waiting.iter().filter(|s| s.max_tokens > 0).count();
+        takers >= free.min((self.slots.len() / 4).max(1)) || front.arrived.elapsed() >= opts.admit_delay
     }
 
     fn longest(&self) -> usize {
@@ -210,12 +260,26 @@ impl<'m> GpuBatcher<'m> {
         let prompts: Vec<Vec<u32>> = group.iter().map(|s| s.prompt.clone()).collect();
         let (ids, t, start) = crate::generate::left_pad(&prompts);
         let b = group.len();
-        let mut pcache = self.inf.caches(b, t).context("a prefill's cache")?;
+        let mut t0 = std::time::Instant::now();
+        let mut pcache = match self.prefill_cache.take() {
+            Some(c) => c,
+            None if self.reuse_prefill_cache => {
+                self.inf.caches(self.slots.len(), self.max_model_len).context("the prefill cache")?
+            }
+            None => self.inf.caches(b, t).context("a prefill's cache")?,
+        };
+        for c in pcache.iter_mut() {
+            c.reset_len(0);
+        }
+        self.mark("prefill: cache", &mut t0);
         // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
         let scratch = self.inf.be.decode_scratch.take();
         let r = self.prefill_rows(group, running, &mut pcache, &prompts, &ids, t, start.as_deref());
         if scratch.is_some() {
             self.inf.be.decode_scratch = scratch;
+        }
+        if self.reuse_prefill_cache {
+            self.prefill_cache = Some(pcache);
         }
         r
     }
@@ -233,6 +297,7 @@ impl<'m> GpuBatcher<'m> {
     ) -> Result<()> {
         let v = self.model.config.vocab_size;
         let b = group.len();
+        let mut t0 = std::time::Instant::now();
         let starts: Vec<usize> = group.iter().map(|s| t - s.prompt.len()).collect();
         // Prompt log-probabilities, chunk by chunk, for the rows that ask for them.
         let mut lps: Vec<Vec<super::engine::TokenLogprob>> = vec![Vec::new(); b];
@@ -250,20 +315,22 @@ impl<'m> GpuBatcher<'m> {
                 // token j + 1.
                 let lo = p0.max(starts[row]);
                 let hi = (p0 + tc).min(t - 1);
-                let mut i0 = lo;
-                while i0 < hi {
-                    let i1 = (i0 + 64).min(hi);
-                    let lg = e.chunk_logits(row * tc + (i0 - p0), i1 - i0)?;
-                    for i in i0..i1 {
-                        let j = i - starts[row];
-                        lps[row].push(token_logprob(&lg[(i - i0) * v..(i - i0 + 1) * v], p[j + 1], k));
-                    }
-                    i0 = i1;
+                if lo >= hi {
+                    continue;
+                }
+                // On the device: only each position's log-probability and top k come back.
+                let targets: Vec<u32> = (lo..hi).map(|i| p[i - starts[row] + 1]).collect();
+                let (lp, ids, tops) = e.chunk_token_logprobs(row * tc + (lo - p0), &targets, k)?;
+                for (n, &id) in targets.iter().enumerate() {
+                    let top = (0..k.min(v)).map(|q| (ids[n * k.min(v) + q], tops[n * k.min(v) + q])).collect();
+                    lps[row].push(super::engine::TokenLogprob { id, logprob: lp[n], top });
                 }
             }
             Ok(())
         })?;
+        self.mark("prefill: forward", &mut t0);
         let last = self.inf.prefill_last_logits()?;
+        self.mark("prefill: last logits", &mut t0);
         let gpu = self.gpu();
         for (row, req) in group.into_iter().enumerate() {
             let p = req.prompt.len();
@@ -297,11 +364,13 @@ impl<'m> GpuBatcher<'m> {
                 let to = p.max(self.longest());
                 self.relocate(to)?;
             }
-            Self::copy_row(&gpu, pcache, row, t - p, &mut self.caches, slot, self.len - p, p)?;
+            Self::push_row(&mut self.runs, &gpu, pcache, row, t - p, &mut self.caches, slot, self.len - p, p)?;
             self.slots[slot] = Some(p);
             r.row = slot;
             running.push(r);
         }
+        self.runs.launch(&gpu)?;
+        self.mark("prefill: first tokens, rows into slots", &mut t0);
         Ok(())
     }
 
@@ -361,10 +430,21 @@ impl<'m> GpuBatcher<'m> {
     }
 }
 
+impl Drop for GpuBatcher<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprintln!("serving profile (FOXLM_SERVE_PROFILE=1; the device synchronised at each phase's end):");
+            for (phase, secs, n) in p {
+                eprintln!("  {phase:<40} {n:>8} × {:>9.3} ms = {secs:>8.3} s", 1e3 * secs / (*n).max(1) as f64);
+            }
+        }
+    }
+}
+
 impl Batcher for GpuBatcher<'_> {
     fn advance(
         &mut self,
-        _opts: &EngineOptions,
+        opts: &EngineOptions,
         stats: &EngineStats,
         running: &mut Vec<Running>,
         waiting: &mut VecDeque<SeqRequest>,
@@ -381,8 +461,9 @@ impl Batcher for GpuBatcher<'_> {
         let plan = self.inf.plan();
         let mut free = self.slots.iter().filter(|s| s.is_none()).count();
         let mut group: Vec<SeqRequest> = Vec::new();
+        let admit = self.admit_now(opts, running, waiting, free);
         let (mut lo, mut hi) = (usize::MAX, 0);
-        while let Some(front) = waiting.front() {
+        while let Some(front) = waiting.front().filter(|_| admit) {
             let p = front.prompt.len();
             let takes = front.max_tokens > 0;
             let (nlo, nhi) = (lo.min(p), hi.max(p));
@@ -396,7 +477,9 @@ impl Batcher for GpuBatcher<'_> {
         if !group.is_empty() {
             stats.prefills.fetch_add(1, Ordering::Relaxed);
             stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
+            let t0 = std::time::Instant::now();
             self.prefill(group, running)?;
+            stats.prefill_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
             // GPU memory for /metrics, read while the prefill's cache is still counted.
             if let Ok((free, total)) = self.inf.be.gpu.context().mem_get_info() {
                 stats.gpu_mem_used.store(total - free, Ordering::Relaxed);
@@ -408,7 +491,10 @@ impl Batcher for GpuBatcher<'_> {
             self.len = 0;
             return Ok(());
         }
+        let mut t0 = std::time::Instant::now();
         self.step(running)?;
+        stats.step_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
+        self.mark("decode step", &mut t0);
         stats.running.store(running.len(), Ordering::Relaxed);
         Ok(())
     }

@@ -595,6 +595,7 @@ async fn completions(
                 prompt_logprobs: if c.echo { c.logprobs } else { None },
                 logprobs: c.logprobs,
                 events: tx,
+                arrived,
             });
             let prompt_text = match p {
                 Prompt::Text(s) => s.clone(),

@@ -22,6 +22,8 @@ use std::sync::Arc;
 
 /// Context length when the model records none (FoX has no positional embedding to bound it).
 pub const DEFAULT_MAX_MODEL_LEN: usize = 2048;
+/// `--admit-delay-ms`: a few decode steps' worth at 125M, far under a first token's target.
+pub const DEFAULT_ADMIT_DELAY_MS: f64 = 2.0;
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -39,6 +41,8 @@ pub struct ServeOptions {
     pub max_batch: usize,
     pub max_queue: usize,
     pub max_body_bytes: usize,
+    /// See `EngineOptions::admit_delay`.
+    pub admit_delay_ms: f64,
 }
 
 impl ServeOptions {
@@ -55,6 +59,7 @@ impl ServeOptions {
             max_batch: 64,
             max_queue: 256,
             max_body_bytes: 4 << 20,
+            admit_delay_ms: DEFAULT_ADMIT_DELAY_MS,
         }
     }
 }
@@ -88,7 +93,11 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         canon.file_name().map_or_else(|| "foxlm".to_string(), |n| n.to_string_lossy().into_owned())
     });
     let device = crate::cli::DeviceArgs { device: o.device, dtype: None }.select_for(&model)?;
-    let eopts = engine::EngineOptions { max_batch: o.max_batch, max_queue: o.max_queue };
+    let eopts = engine::EngineOptions {
+        max_batch: o.max_batch,
+        max_queue: o.max_queue,
+        admit_delay: std::time::Duration::from_secs_f64(o.admit_delay_ms.clamp(0.0, 1e6) / 1e3),
+    };
     let model = Arc::new(model);
     let on = device.describe();
     let (engine, thread) = match device {

@@ -153,8 +153,10 @@ impl<T: Elem> Cuda<T> {
         let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         let (bb, t) = (b.batch, b.seq);
         let (past, cap) = (cache.len, cache.cap);
+        // A cache of more rows serves the first bb (serving reuses one prefill cache for groups
+        // of any size).
         ensure!(
-            (bb, heads, kv_heads, head_dim) == (cache.batch, cache.heads, cache.kv_heads, cache.head_dim),
+            bb <= cache.batch && (heads, kv_heads, head_dim) == (cache.heads, cache.kv_heads, cache.head_dim),
             "decode cache of [batch {}, heads {}, kv_heads {}, head_dim {}] used for a layer of [{bb}, {heads}, \
              {kv_heads}, {head_dim}]",
             cache.batch,
@@ -323,6 +325,60 @@ impl<T: Elem> Cuda<T> {
             }
         }
         Ok(out)
+    }
+
+    /// Scoring on the device: for rows `row0..row0 + rows` of `hidden`, the log-probability of
+    /// each row's target (NaN for a target outside the vocabulary) and its `k` most likely tokens
+    /// with theirs (`fox_token_logprobs` in kernels/decode.cu): (logprob [rows], ids [rows, k],
+    /// logprobs [rows, k]). What `logits_from` + a host log-softmax give, without moving the
+    /// vocabulary's logits to the host.
+    #[allow(clippy::type_complexity)]
+    pub fn token_logprobs(
+        &mut self,
+        hidden: &CudaSlice<T>,
+        lm_head: &Linear,
+        row0: usize,
+        targets: &[u32],
+        k: usize,
+    ) -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
+        self.mark(Family::Head)?;
+        let rows = targets.len();
+        let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
+        ensure!(
+            hidden.len() >= (row0 + rows) * d,
+            "logprobs: hidden holds {} values, {}×{d} expected",
+            hidden.len(),
+            row0 + rows
+        );
+        let k = k.min(vocab);
+        if rows == 0 {
+            return Ok((Vec::new(), Vec::new(), Vec::new()));
+        }
+        let gpu = self.gpu.clone();
+        let tg: Vec<i32> = targets.iter().map(|&t| i32::try_from(t).unwrap_or(-1)).collect();
+        let dt = gpu.upload(&tg)?;
+        let lp = gpu.zeros::<f32>(rows)?;
+        let (ti, tl) = (gpu.zeros::<i32>((rows * k).max(1))?, gpu.zeros::<f32>((rows * k).max(1))?);
+        let f = gpu.function(&DECODE, "fox_token_logprobs")?;
+        for r0 in (0..rows).step_by(self.head_rows) {
+            let m = self.head_rows.min(rows - r0);
+            dtod(&gpu, hidden, (row0 + r0) * d, &mut self.head_x, 0, m * d)?;
+            let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
+            self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vpad)?;
+            let (pl, ldi, vi, ki) = (self.dptr(&self.head_logits), vpad as i32, vocab as i32, k as i32);
+            let (pt, plp) = (self.dptr(&dt) + 4 * r0 as u64, self.dptr(&lp) + 4 * r0 as u64);
+            let (pti, ptl) = (self.dptr(&ti) + 4 * (r0 * k) as u64, self.dptr(&tl) + 4 * (r0 * k) as u64);
+            let mut l = gpu.stream().launch_builder(&f);
+            l.arg(&pl).arg(&ldi).arg(&vi).arg(&pt).arg(&ki).arg(&plp).arg(&pti).arg(&ptl);
+            let cfg = LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: m rows of vpad logits in head_logits; targets, lp, ti, tl hold rows (× k)
+            // values and the offsets stay below them (r0 + m <= rows).
+            unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching fox_token_logprobs: {e:?}"))?;
+        }
+        let (lp, ti, tl) = (gpu.download(&lp)?, gpu.download(&ti)?, gpu.download(&tl)?);
+        gpu.sync()?;
+        let n = rows * k;
+        Ok((lp, ti[..n].iter().map(|&i| i.max(0) as u32).collect(), tl[..n].to_vec()))
     }
 
     /// The logits of each row's last position, left on the device in the head's chunk buffer

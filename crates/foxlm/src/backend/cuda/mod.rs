@@ -17,7 +17,7 @@ use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility};
-use fox_kernels::cuda::compile::MODEL;
+use fox_kernels::cuda::compile::{DECODE, MODEL};
 use fox_kernels::cuda::cudarc::driver as cudarc_event;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use fox_kernels::cuda::gemm::Gemm;
@@ -542,58 +542,75 @@ pub(crate) fn dtod<U: DeviceRepr>(
     gpu.stream().memcpy_dtod(&sv, &mut dv).map_err(|e| anyhow!("device copy: {e:?}"))
 }
 
-/// A pitched device copy: `height` runs of `width` elements, run r from `s0 + r·spitch` of `src`
-/// to `d0 + r·dpitch` of `dst` (one driver call for what would be `height` copies: a cache row's
-/// positions across its heads).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn dtod_2d<U: DeviceRepr>(
-    gpu: &Gpu,
-    src: &CudaSlice<U>,
-    s0: usize,
-    spitch: usize,
-    dst: &mut CudaSlice<U>,
-    d0: usize,
-    dpitch: usize,
-    width: usize,
-    height: usize,
-) -> Result<()> {
-    use fox_kernels::cuda::cudarc::driver::{sys, DevicePtrMut};
-    if width == 0 || height == 0 {
-        return Ok(());
+/// Device-to-device copies gathered on the host and made in one launch (`fox_copy_runs` in
+/// kernels/decode.cu): serving moves a newcomer's cache rows as hundreds of small runs (a run per
+/// head, layer and tensor), and a driver call for each cost as much as the prefill itself.
+#[derive(Default)]
+pub(crate) struct CopyRuns {
+    /// (src, dst, bytes) per run, device addresses.
+    runs: Vec<u64>,
+    /// The runs on the device (grown as needed, kept between launches).
+    dev: Option<CudaSlice<u64>>,
+}
+
+impl CopyRuns {
+    /// `height` runs of `width` elements, run r from `s0 + r·spitch` of `src` to `d0 + r·dpitch`
+    /// of `dst` (height 1: one plain copy).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push<U: DeviceRepr>(
+        &mut self,
+        gpu: &Gpu,
+        src: &CudaSlice<U>,
+        s0: usize,
+        spitch: usize,
+        dst: &mut CudaSlice<U>,
+        d0: usize,
+        dpitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        use fox_kernels::cuda::cudarc::driver::DevicePtrMut;
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        ensure!(height == 1 || (width <= spitch && width <= dpitch), "copy runs of {width} wider than their pitch");
+        ensure!(
+            s0 + (height - 1) * spitch + width <= src.len() && d0 + (height - 1) * dpitch + width <= dst.len(),
+            "device copy out of bounds"
+        );
+        let e = std::mem::size_of::<U>() as u64;
+        let (ps, _gs) = src.device_ptr(gpu.stream());
+        let (pd, _gd) = dst.device_ptr_mut(gpu.stream());
+        for r in 0..height {
+            let (s, d) = ((s0 + r * spitch) as u64, (d0 + r * dpitch) as u64);
+            self.runs.extend([ps + s * e, pd + d * e, width as u64 * e]);
+        }
+        Ok(())
     }
-    ensure!(width <= spitch && width <= dpitch, "pitched copy: runs of {width} wider than their pitch");
-    ensure!(
-        s0 + (height - 1) * spitch + width <= src.len() && d0 + (height - 1) * dpitch + width <= dst.len(),
-        "pitched device copy out of bounds"
-    );
-    let e = std::mem::size_of::<U>();
-    let stream = gpu.stream();
-    let (ps, _gs) = src.device_ptr(stream);
-    let (pd, _gd) = dst.device_ptr_mut(stream);
-    // Every field spelled out (the memory-type enum has no zero value, so no mem::zeroed).
-    let c = sys::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: ps + (s0 * e) as u64,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: spitch * e,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: pd + (d0 * e) as u64,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: dpitch * e,
-        WidthInBytes: width * e,
-        Height: height,
-    };
-    gpu.context().bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
-    // SAFETY: both ranges lie inside their allocations (checked above), on the buffers' stream.
-    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream.cu_stream()) }
-        .result()
-        .map_err(|e| anyhow!("pitched device copy: {e:?}"))
+
+    /// Makes every pushed copy (in one launch, on the stream) and forgets them.
+    pub(crate) fn launch(&mut self, gpu: &Gpu) -> Result<()> {
+        let n = self.runs.len() / 3;
+        if n == 0 {
+            return Ok(());
+        }
+        if self.dev.as_ref().is_none_or(|d| d.len() < self.runs.len()) {
+            self.dev = Some(gpu.zeros::<u64>(self.runs.len().next_power_of_two())?);
+        }
+        let dev = self.dev.as_mut().ok_or_else(|| anyhow!("copy runs buffer"))?;
+        gpu.stream()
+            .memcpy_htod(&self.runs, &mut dev.slice_mut(0..self.runs.len()))
+            .map_err(|e| anyhow!("uploading copy runs: {e:?}"))?;
+        let f = gpu.function(&DECODE, "fox_copy_runs")?;
+        let (pr, ni) = (dev.device_ptr(gpu.stream()).0, i32::try_from(n).map_err(|_| anyhow!("{n} copy runs"))?);
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(&pr).arg(&ni);
+        let cfg = LaunchConfig { grid_dim: (n.min(8192) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: every run lies inside its allocation (checked in push), both on this stream.
+        unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching fox_copy_runs: {e:?}"))?;
+        self.runs.clear();
+        Ok(())
+    }
 }
 
 /// The same buffer as f32, when T is f32.

@@ -322,6 +322,24 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.be.token_logprobs(&self.acts.final_out, &lm_head, row0, targets, k)
     }
 
+    /// Each row's most likely next token after a prefill, chosen on the device (the first on
+    /// ties, as on the host): b ids come to the host instead of b × V logits.
+    pub(crate) fn prefill_last_chosen(&mut self) -> Result<Vec<u32>> {
+        let lm_head = self.model.lm_head;
+        let b = self.batch.batch;
+        self.be.last_logits(&self.acts.final_out, &lm_head, &self.batch, false)?;
+        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        self.be.sample(&mut self.chosen, None, b, &s, 0)?;
+        let mut host = vec![0i32; b];
+        self.be
+            .gpu
+            .stream()
+            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
+            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
+        self.be.gpu.sync()?;
+        Ok(host.iter().map(|&v| v.max(0) as u32).collect())
+    }
+
     /// Host logits [b, V] of each row's last position after a prefill.
     pub(crate) fn prefill_last_logits(&mut self) -> Result<Vec<f32>> {
         let lm_head = self.model.lm_head;

@@ -160,7 +160,8 @@ pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
                         (0..o.prompt_tokens).map(|i| (i * 7919 + ci * 104729 + k * 13) % o.vocab).collect();
                     let (mut ttft, mut itl) = (Vec::new(), Vec::new());
                     let r = if o.score {
-                        let body = json!({"model": o.model, "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1});
+                        let body =
+                            json!({"model": o.model, "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1});
                         one_score(addr, &body, o.api_key.as_deref(), &mut ttft)
                     } else {
                         let body = json!({

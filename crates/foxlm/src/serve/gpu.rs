@@ -155,14 +155,7 @@ impl<'m> GpuBatcher<'m> {
     fn mark(&mut self, phase: &'static str, t0: &mut std::time::Instant) {
         let Some(p) = self.profile.as_mut() else { return };
         let _ = self.inf.be.gpu.sync();
-        let dt = t0.elapsed().as_secs_f64();
-        match p.iter_mut().find(|e| e.0 == phase) {
-            Some(e) => {
-                e.1 += dt;
-                e.2 += 1;
-            }
-            None => p.push((phase, dt, 1)),
-        }
+        charge(p, phase, t0.elapsed().as_secs_f64());
         *t0 = std::time::Instant::now();
     }
 
@@ -241,7 +234,13 @@ impl<'m> GpuBatcher<'m> {
     /// stream waits for it, so while streams run newcomers are held back (at most
     /// `opts.admit_delay` from their arrival) until they can fill the free slots or a quarter of
     /// all slots.
-    fn admit_now(&self, opts: &EngineOptions, running: &[Running], waiting: &VecDeque<SeqRequest>, free: usize) -> bool {
+    fn admit_now(
+        &self,
+        opts: &EngineOptions,
+        running: &[Running],
+        waiting: &VecDeque<SeqRequest>,
+        free: usize,
+    ) -> bool {
         let Some(front) = waiting.front() else { return false };
         if running.is_empty() || opts.admit_delay.is_zero() {
             return true;
@@ -304,10 +303,13 @@ impl<'m> GpuBatcher<'m> {
         let asks: Vec<Option<usize>> = group.iter().map(|s| s.prompt_logprobs).collect();
         let any = asks.iter().any(|a| a.is_some());
         let prompts_ref = prompts;
+        // Profiling: the scoring inside the prefill's chunks, timed apart from the forward.
+        let (prof, mut scoring) = (self.profile.is_some(), 0.0f64);
         self.inf.prefill(ids, b, t, start, pcache, &mut |e, p0, tc| {
             if !any {
                 return Ok(());
             }
+            let ts = prof.then(|| e.be.gpu.sync().map(|_| std::time::Instant::now())).transpose()?;
             for row in 0..b {
                 let Some(k) = asks[row] else { continue };
                 let p = &prompts_ref[row];
@@ -326,10 +328,23 @@ impl<'m> GpuBatcher<'m> {
                     lps[row].push(super::engine::TokenLogprob { id, logprob: lp[n], top });
                 }
             }
+            if let Some(ts) = ts {
+                e.be.gpu.sync()?;
+                scoring += ts.elapsed().as_secs_f64();
+            }
             Ok(())
         })?;
+        if let Some(p) = self.profile.as_mut().filter(|_| any) {
+            charge(p, "prefill: of which scoring (head + log-probs)", scoring);
+        }
         self.mark("prefill: forward", &mut t0);
-        let last = self.inf.prefill_last_logits()?;
+        // Greedy newcomers without log-probabilities take their first token from the device.
+        let greedy = group.iter().all(|r| r.max_tokens == 0 || (r.sampling.temperature <= 0.0 && r.logprobs.is_none()));
+        let (last, chosen) = if greedy {
+            (Vec::new(), Some(self.inf.prefill_last_chosen()?))
+        } else {
+            (self.inf.prefill_last_logits()?, None)
+        };
         self.mark("prefill: last logits", &mut t0);
         let gpu = self.gpu();
         for (row, req) in group.into_iter().enumerate() {
@@ -344,7 +359,11 @@ impl<'m> GpuBatcher<'m> {
                 continue;
             }
             let mut r = Running::new(req);
-            match emit_next(&mut r, &last[row * v..(row + 1) * v]) {
+            let next = match &chosen {
+                Some(c) => emit_token(&mut r, &[], Some(c[row])),
+                None => emit_next(&mut r, &last[row * v..(row + 1) * v]),
+            };
+            match next {
                 Step::GoesOn => {}
                 Step::Finished => {
                     self.stats.finished.fetch_add(1, Ordering::Relaxed);
@@ -427,6 +446,17 @@ impl<'m> GpuBatcher<'m> {
         let mut k = steps.iter();
         running.retain(|_| k.next().is_some_and(|&x| x == Step::GoesOn));
         Ok(())
+    }
+}
+
+/// Adds `secs` and one count to `phase` of a profile.
+fn charge(p: &mut Vec<(&'static str, f64, usize)>, phase: &'static str, secs: f64) {
+    match p.iter_mut().find(|e| e.0 == phase) {
+        Some(e) => {
+            e.1 += secs;
+            e.2 += 1;
+        }
+        None => p.push((phase, secs, 1)),
     }
 }
 

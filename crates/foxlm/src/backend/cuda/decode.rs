@@ -409,10 +409,7 @@ impl<T: Elem> Cuda<T> {
         if !download {
             return Ok(None);
         }
-        let host =
-            self.gpu.stream().clone_dtoh(&self.head_logits.slice(0..b.batch * vpad)).map_err(|e| anyhow!("{e:?}"))?;
-        self.gpu.sync()?;
-        Ok(Some((0..b.batch).flat_map(|r| host[r * vpad..r * vpad + vocab].to_vec()).collect()))
+        Ok(Some(self.download_logits(b.batch, vocab)?))
     }
 
     /// Chooses each row's next token from the logits of [`Cuda::last_logits`] into `out` [B]; with

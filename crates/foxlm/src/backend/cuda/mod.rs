@@ -198,6 +198,9 @@ pub struct Cuda<T: Elem> {
     /// gradient, targets and losses.
     pub(crate) head_rows: usize,
     pub(crate) head_logits: CudaSlice<f32>,
+    /// Page-locked host memory that logits come down through (grown as needed): a copy into
+    /// pageable memory ran at about 1 GB/s (3.3 ms for 16 rows of GPT-2's vocabulary, H200).
+    pub(crate) host_logits: Option<cudarc_event::PinnedHostSlice<f32>>,
     pub(crate) head_dlogits: CudaSlice<T>,
     pub(crate) head_x: CudaSlice<T>,
     pub(crate) head_dx: CudaSlice<T>,
@@ -334,6 +337,7 @@ impl<T: Elem> Cuda<T> {
             ssm,
             head_rows,
             head_logits: gpu.zeros(head_rows * vocab_pad)?,
+            host_logits: None,
             head_dlogits: gpu.zeros(head_rows * vocab_pad)?,
             head_x: gpu.zeros(head_rows * d)?,
             head_dx: gpu.zeros(head_rows * d)?,
@@ -540,6 +544,31 @@ pub(crate) fn dtod<U: DeviceRepr>(
     let sv = src.slice(s0..s0 + n);
     let mut dv = dst.slice_mut(d0..d0 + n);
     gpu.stream().memcpy_dtod(&sv, &mut dv).map_err(|e| anyhow!("device copy: {e:?}"))
+}
+
+impl<T: Elem> Cuda<T> {
+    /// The first `rows` rows of `vocab` of the head's logits (rows `vpad` apart), through the
+    /// page-locked staging buffer.
+    pub(crate) fn download_logits(&mut self, rows: usize, vocab: usize) -> Result<Vec<f32>> {
+        let vpad = self.vocab_pad;
+        let n = rows * vpad;
+        ensure!(n <= self.head_logits.len() && vocab <= vpad, "download_logits: {rows} rows do not fit");
+        if self.host_logits.as_ref().is_none_or(|h| h.len() < n) {
+            // SAFETY: the staging buffer is written by the copy below before any read.
+            let h = unsafe { self.gpu.context().alloc_pinned::<f32>(n.next_power_of_two()) }
+                .map_err(|e| anyhow!("allocating page-locked memory for logits: {e:?}"))?;
+            self.host_logits = Some(h);
+        }
+        let h = self.host_logits.as_mut().ok_or_else(|| anyhow!("logits staging"))?;
+        let dst = h.as_mut_slice().map_err(|e| anyhow!("{e:?}"))?;
+        self.gpu
+            .stream()
+            .memcpy_dtoh(&self.head_logits.slice(0..n), &mut dst[..n])
+            .map_err(|e| anyhow!("downloading logits: {e:?}"))?;
+        self.gpu.sync()?;
+        let host = h.as_slice().map_err(|e| anyhow!("{e:?}"))?;
+        Ok((0..rows).flat_map(|r| host[r * vpad..r * vpad + vocab].iter().copied()).collect())
+    }
 }
 
 /// Device-to-device copies gathered on the host and made in one launch (`fox_copy_runs` in

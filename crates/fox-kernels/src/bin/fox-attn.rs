@@ -20,8 +20,7 @@
 
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{
-    self, bench, check, compile, delta_rule_check, gemm, gemm_check, ops_check, selective_scan, ssd_check,
-    ssd_tc_check,
+    self, bench, check, compile, delta_rule_check, gemm, gemm_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
 };
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {

@@ -178,7 +178,7 @@ fn layout(batch: usize, seq: usize, heads: usize, k: usize, v: usize, es: usize)
 
 /// f32 elements of [`delta_rule_fwd`]'s scratch: G [B·H, T'] f32, W [B·H, T', K'], U [B·H, T', V']
 /// and the chunk states [B·H, T'/64, K', V'] in T (T' = T rounded up to chunks, K' = K padded to
-/// 32/64/128, V' to 32). At B = 2, T = 16384, H = 6, K = V = 128, bf16: 201 MB.
+/// 32/64/128, V' to 32). At B = 2, T = 16384, H = 6, K = V = 128, bf16: 202 MB.
 pub fn fwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).fwd_end.div_ceil(4)
 }
@@ -659,7 +659,7 @@ mod tests {
         let l = layout(2, 16384, 6, 128, 128, 2);
         let r = [l.gc, l.w, l.u, l.states, l.tm, l.dstates, l.du, l.bwd_end];
         assert!(r.windows(2).all(|w| w[0] < w[1] && w[1] % 16 == 0), "{r:?}");
-        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 201);
+        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 202);
         assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 428);
         // A partial chunk and padded K and V.
         let l = layout(1, 70, 2, 20, 24, 4);

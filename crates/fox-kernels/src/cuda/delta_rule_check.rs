@@ -130,7 +130,13 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), tol_f, "");
     let f2 = run_fwd(&mut go, &mut sc)?;
     let o2 = down(gpu, &go)?;
-    c.add(name, "determinism fwd (rerun)", bits_differ(&o1, &o2) + bits_differ(&f1, &f2), 0.0, "elements with other bits");
+    c.add(
+        name,
+        "determinism fwd (rerun)",
+        bits_differ(&o1, &o2) + bits_differ(&f1, &f2),
+        0.0,
+        "elements with other bits",
+    );
     // Without a state argument: a zero initial state.
     if init.is_none() {
         dr::delta_rule_fwd(gpu, &dev, &mut go, None, &mut sc)?;
@@ -180,8 +186,14 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     };
     let got = run_bwd(c)?;
     let bname = name.replace("fwd", "bwd");
-    let want: [(&str, &Vec<f32>, f64); 6] =
-        [("dq", &dq, tol_b), ("dk", &dk, tol_b), ("dv", &dv, tol_b), ("dbeta", &db, tol_b), ("dg", &dg, tol_g), ("dinit", &dinit, tol_b)];
+    let want: [(&str, &Vec<f32>, f64); 6] = [
+        ("dq", &dq, tol_b),
+        ("dk", &dk, tol_b),
+        ("dv", &dv, tol_b),
+        ("dbeta", &db, tol_b),
+        ("dg", &dg, tol_g),
+        ("dinit", &dinit, tol_b),
+    ];
     for (i, (what, w, tol)) in want.iter().enumerate() {
         if *what == "dg" && !s.gated {
             continue;
@@ -267,7 +279,8 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
         let (mut y, mut rs, mut dx) = (vec![0.0; rows * dim], vec![0.0; rows], vec![0.0; rows * dim]);
         crate::delta_rule::l2norm_fwd(&mut y, &mut rs, &x, dim, 1e-6)?;
         let (gx, gdy) = (up::<T>(gpu, &x)?, up::<T>(gpu, &dy)?);
-        let (mut gy, mut grs, mut gdx) = (gpu.zeros::<T>(rows * dim)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<T>(rows * dim)?);
+        let (mut gy, mut grs, mut gdx) =
+            (gpu.zeros::<T>(rows * dim)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<T>(rows * dim)?);
         dr::l2norm_fwd(gpu, &mut gy, &mut grs, &gx, rows, dim)?;
         let ygpu = down(gpu, &gy)?;
         c.add(&name, &format!("l2norm y (dim {dim}) rel L2"), rel_l2(&ygpu, &y), tol, "");
@@ -300,7 +313,8 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
     let mut gg = gpu.zeros::<f32>(rows * h)?;
     dr::decay_fwd(gpu, &mut gg, &ga, &galog, &gbias, rows)?;
     c.add(&name, "decay g rel L2", rel_l2(&gpu.download(&gg)?, &g), TOL_ELEM, "");
-    let (mut gda, mut gdl, mut gdb) = (gpu.zeros::<T>(rows * h)?, gpu.upload(&vec![0.25f32; h])?, gpu.upload(&vec![0.5f32; h])?);
+    let (mut gda, mut gdl, mut gdb) =
+        (gpu.zeros::<T>(rows * h)?, gpu.upload(&vec![0.25f32; h])?, gpu.upload(&vec![0.5f32; h])?);
     let mut sc = gpu.zeros::<f32>(dr::decay_bwd_scratch_len(rows, h))?;
     dr::decay_bwd(gpu, &mut gda, &mut gdl, &mut gdb, &mut sc, &gdg, &ga, &galog, &gbias, rows)?;
     c.add(&name, "decay da rel L2", rel_l2(&down(gpu, &gda)?, &da), tol, "");
@@ -312,8 +326,7 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
     let sig = |z: f32| crate::scalar::sigmoid(z);
     let y: Vec<f32> = (0..m).map(|i| x[i] * crate::scalar::silu(gate[i])).collect();
     let dx: Vec<f32> = (0..m).map(|i| dy[i] * gate[i] * sig(gate[i])).collect();
-    let dgt: Vec<f32> =
-        (0..m).map(|i| dy[i] * x[i] * sig(gate[i]) * (1.0 + gate[i] * (1.0 - sig(gate[i])))).collect();
+    let dgt: Vec<f32> = (0..m).map(|i| dy[i] * x[i] * sig(gate[i]) * (1.0 + gate[i] * (1.0 - sig(gate[i])))).collect();
     let (gx, ggt, gdy) = (up::<T>(gpu, &x)?, up::<T>(gpu, &gate)?, up::<T>(gpu, &dy)?);
     let (mut gy, mut gdx, mut gdg) = (gpu.zeros::<T>(m)?, gpu.zeros::<T>(m)?, gpu.zeros::<T>(m)?);
     dr::swish_gate_fwd(gpu, &mut gy, &gx, &ggt, m)?;
@@ -339,7 +352,10 @@ fn shapes() -> Vec<(&'static str, Shape)> {
             "B2 T130 H4 K64 V96 pad init",
             Shape { b: 2, t: 130, h: 4, k: 64, v: 96, gated: false, start: Some(vec![5, 0]), init: true },
         ),
-        ("B1 T50 H2 K16 V32 gated (T < L)", Shape { b: 1, t: 50, h: 2, k: 16, v: 32, gated: true, start: None, init: false }),
+        (
+            "B1 T50 H2 K16 V32 gated (T < L)",
+            Shape { b: 1, t: 50, h: 2, k: 16, v: 32, gated: true, start: None, init: false },
+        ),
         (
             "B1 T2048 H2 K128 V128 gated init",
             Shape { b: 1, t: 2048, h: 2, k: 128, v: 128, gated: true, start: None, init: true },
@@ -383,7 +399,8 @@ pub fn bench(
     let (gq, gk) = (up::<T>(gpu, &unit_rows::<T>(&mut c, n, kd))?, up::<T>(gpu, &unit_rows::<T>(&mut c, n, kd))?);
     let gv = up::<T>(gpu, &c.randn(n * vd, 1.0))?;
     let gb = up::<T>(gpu, &(0..n).map(|_| c.rng.gen_range(0.05..0.95f32)).collect::<Vec<_>>())?;
-    let gg = gated.then(|| gpu.upload(&(0..n).map(|_| -c.rng.gen_range(0.001..0.4f32)).collect::<Vec<_>>())).transpose()?;
+    let gg =
+        gated.then(|| gpu.upload(&(0..n).map(|_| -c.rng.gen_range(0.001..0.4f32)).collect::<Vec<_>>())).transpose()?;
     let dev = DevDeltaRule {
         batch: b,
         seq: t,
@@ -404,7 +421,8 @@ pub fn bench(
     drop(sc);
     let gdo = up::<T>(gpu, &c.randn(n * vd, 1.0))?;
     let mut bsc = gpu.zeros::<f32>(dr::bwd_scratch_len::<T>(b, t, h, kd, vd))?;
-    let (mut dq, mut dk, mut dv, mut db) = (gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * vd)?, gpu.zeros::<T>(n)?);
+    let (mut dq, mut dk, mut dv, mut db) =
+        (gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * vd)?, gpu.zeros::<T>(n)?);
     let mut dg = gpu.zeros::<f32>(n)?;
     let fb = super::bench::time_ms(gpu, warmup, iters, || {
         dr::delta_rule_fwd(gpu, &dev, &mut o, None, &mut bsc)?;

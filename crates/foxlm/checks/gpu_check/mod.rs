@@ -113,10 +113,16 @@ fn input_ids(dir: &Path) -> Result<(usize, usize, Vec<u32>, Vec<usize>)> {
     Ok((b, t, ids.iter().map(|&x| x as u32).collect(), start))
 }
 
-/// Every fixture under `fixtures` (the folders named in [`VARIANTS`]) in f32 and bf16.
-pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
+/// Whether the check of model `name` runs under `--models` (none: every model).
+pub fn wanted(models: Option<&str>, name: &str) -> bool {
+    models.is_none_or(|m| name.contains(m))
+}
+
+/// Every fixture under `fixtures` (the folders named in [`VARIANTS`]) in f32 and bf16, and the
+/// other check models; only those whose names contain `models` when given.
+pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str>) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    for v in VARIANTS {
+    for v in VARIANTS.into_iter().filter(|v| wanted(models, v)) {
         let dir = fixtures.join(v);
         let model = load_model(&dir)?;
         let (b, t, ids, start) = input_ids(&dir)?;
@@ -125,14 +131,17 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
     // Grouped-query attention, sliding windows and ACP: the fast bf16 kernels (head dim 64) and
     // the f32 kernel (head dim 16, also for bf16), each against the CPU model; with ACP also the
     // thresholds themselves, and that the CPU prunes at all (else the ACP rows prove nothing).
-    for m in gqa_window_models()? {
+    for m in gqa_window_models()?.into_iter().filter(|m| wanted(models, &m.name)) {
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
         if m.model.config.log_pruning_tolerance.is_some() {
             rows.extend(acp_rows(gpu, &m)?);
         }
     }
     // The recurrent families: the same rows (f32 and bf16 logits, left padding, loss, gradients).
-    for m in recurrent_models(fixtures)? {
+    for m in recurrent_models(fixtures)?.into_iter().filter(|m| wanted(models, &m.name)) {
+        rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
+    }
+    for m in deltanet_models(fixtures)?.into_iter().filter(|m| wanted(models, &m.name)) {
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
     }
     Ok(rows)
@@ -175,6 +184,39 @@ pub fn recurrent_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
     let t = 200;
     let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
     for (name, cfg) in [("mamba2 P=64 N=128", m2), ("samba d=128 attention heads of 64 window=64", sb)] {
+        cfg.validate()?;
+        let model = foxlm::train::init_model(&cfg, 11);
+        out.push(CheckModel { name: name.into(), model, b: 2, t, ids: ids.clone(), start: vec![0, 30] });
+    }
+    Ok(out)
+}
+
+/// The DeltaNet models of the GPU check: fla's DeltaNet and Gated DeltaNet fixtures
+/// (fla-deltanet-tiny beside `fixtures`: keys of 16 and of 8, values of 16, the output gate; their
+/// 2 × 72 ids: a chunk and a part), a DeltaNet with heads of 128 (d = 256, 2 heads: the kernels'
+/// widest tiles) and a Gated DeltaNet with heads of 64 (d = 256, 4 heads, the decay and the output
+/// gate), each over 2 × 200 positions (four chunks of 64, the last partial), initialised as for
+/// training. Row 1 of each is left-padded by 30.
+pub fn deltanet_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
+    let root = fixtures.parent().unwrap_or(fixtures);
+    let mut out = Vec::new();
+    for (name, dir) in [
+        ("deltanet fixture", "fla-deltanet-tiny/deltanet"),
+        ("gated deltanet fixture", "fla-deltanet-tiny/gated_deltanet"),
+    ] {
+        let dir = root.join(dir);
+        let model = load_model(&dir)?;
+        let (b, t, ids) = fixture_ids(&dir)?;
+        out.push(CheckModel { name: name.into(), model, b, t, ids, start: vec![0, 30] });
+    }
+    let t = 200;
+    let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
+    for (name, heads, gated) in
+        [("deltanet d=256 heads of 128", 2, false), ("gated deltanet d=256 heads of 64", 4, true)]
+    {
+        let mut cfg = foxlm::presets::deltanet_config(256, 2, heads, gated);
+        cfg.vocab_size = 512;
+        (cfg.bos_token_id, cfg.eos_token_id) = (None, None);
         cfg.validate()?;
         let model = foxlm::train::init_model(&cfg, 11);
         out.push(CheckModel { name: name.into(), model, b: 2, t, ids: ids.clone(), start: vec![0, 30] });
@@ -690,6 +732,32 @@ mod tests {
                     assert!((1..h).all(|i| th[i] != th[0]), "{}: the same threshold for every head {th:?}", m.name);
                 }
             }
+        }
+    }
+
+    /// The GPU check's DeltaNet models load beside the FoX fixtures, have the heads their names
+    /// say, and are sensitive (logits not near zero, left padding changes the padded row).
+    #[test]
+    fn the_deltanet_check_models_are_sensitive() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny");
+        let models = super::deltanet_models(&fixtures).unwrap();
+        let heads: Vec<(bool, usize, usize)> = models
+            .iter()
+            .map(|m| {
+                let s = m.model.config.deltanet();
+                (s.gated, s.head_k, s.head_v)
+            })
+            .collect();
+        assert_eq!(heads, [(false, 16, 16), (true, 8, 16), (false, 128, 128), (true, 64, 64)]);
+        for m in &models {
+            let (b, t) = (m.b, m.t);
+            let plain = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: None });
+            let padded = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: Some(m.start.clone()) });
+            let spread = plain.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+            assert!(spread > 0.05, "{}: logits all near 0 (max {spread})", m.name);
+            let v = m.model.config.vocab_size;
+            let row1 = |l: &[f32]| l[(t + t - 1) * v..(t + t) * v].to_vec();
+            assert!(max_abs_diff(&row1(&plain), &row1(&padded)) > 1e-4, "{}: padding changes nothing", m.name);
         }
     }
 

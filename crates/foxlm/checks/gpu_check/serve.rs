@@ -1,8 +1,8 @@
 //! `foxlm serve` on the GPU against `foxlm generate --device cuda` and the forward pass (issue 32):
 //! the server is started in-process on the GPU and driven over HTTP.
 //!
-//! Per model (the FoX (Pro) fixture, the Mamba-2 fixture, and a FoX (Pro) with heads of 64, whose
-//! attention runs the fast bf16 kernels as fox-pro-125m's does):
+//! Per model (the FoX (Pro) fixture, the Mamba-2 fixture, fla's Gated DeltaNet fixture, and a FoX
+//! (Pro) with heads of 64, whose attention runs the fast bf16 kernels as fox-pro-125m's does):
 //! - greedy tokens of concurrent requests (two waves: short prompts, then longer ones that join
 //!   the running batch, which moves the running rows once, and different lengths that leave at
 //!   different steps) against `GpuInfer::generate` of each prompt alone (what `foxlm generate
@@ -66,6 +66,7 @@ fn models(fixtures: &Path, work: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut out = vec![
         ("fox_pro fixture".to_string(), fixtures.join("fox_pro")),
         ("mamba2 fixture".to_string(), root.join("official-mamba2-tiny/mamba2")),
+        ("gated deltanet fixture".to_string(), root.join("fla-deltanet-tiny/gated_deltanet")),
     ];
     // FoX (Pro), d 256, 4 heads of 64 (the fast bf16 attention kernels), 4 layers.
     let mut cfg = foxlm::presets::tiny().model;
@@ -79,11 +80,14 @@ fn models(fixtures: &Path, work: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
-pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path) -> Result<Vec<CheckRow>> {
+pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path, only: Option<&str>) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    for (name, dir) in models(fixtures, work)? {
+    for (name, dir) in models(fixtures, work)?.into_iter().filter(|(n, _)| super::wanted(only, n)) {
         eprintln!("serve checks: {name}");
         rows.extend(model_rows(gpu, &name, &dir).with_context(|| format!("serve checks of {name}"))?);
+    }
+    if only.is_some() {
+        return Ok(rows);
     }
     // A plan that cannot fit: refused at start with the options named.
     let mut o = ServeOptions::new(fixtures.join("fox_pro"));

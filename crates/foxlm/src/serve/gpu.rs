@@ -176,6 +176,13 @@ impl<'m> GpuBatcher<'m> {
                     dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
                     dtod(gpu, &x.conv, sr * nc, &mut y.conv, dr * nc, nc)?;
                 }
+                (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
+                    let [ns, nq, nv] = crate::model::deltanet::state::DeltaNetState::lens(1, &x.sizes);
+                    dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
+                    dtod(gpu, &x.conv_q, sr * nq, &mut y.conv_q, dr * nq, nq)?;
+                    dtod(gpu, &x.conv_k, sr * nq, &mut y.conv_k, dr * nq, nq)?;
+                    dtod(gpu, &x.conv_v, sr * nv, &mut y.conv_v, dr * nv, nv)?;
+                }
                 _ => bail!("copying a row between caches of different layer kinds"),
             }
         }

@@ -62,6 +62,7 @@ struct DrParams {
     float* dg;  // or null
     float scale;
     int B, T, H, K, V, Tp, nch, Vp;
+    int vk, vv;  // q, k (and v, o, do) rows load by 16-byte copies: K (V) a multiple of 16 bytes, aligned
 };
 
 template <typename E>
@@ -79,19 +80,23 @@ struct DrPad<u16> {
 // each tile so that the fragment loads of a warp fall in distinct banks.
 template <typename E, int KP>
 struct DrLayout {
-    static constexpr int P = DrPad<E>::v, LK = KP + P, LL = DR_L + P, LV = DR_BV + P;
+    static constexpr int P = DrPad<E>::v, LK = KP + P, LL = DR_L + P, LV = DR_BV + P, LVF = DR_BV + 4;
     static constexpr int ES = (int)sizeof(E);
     static constexpr int TK = DR_L * LK * ES;  // [64][KP]
     static constexpr int TL = DR_L * LL * ES;  // [64][64]
     static constexpr int TV = DR_L * LV * ES;  // [64][BV]
     static constexpr int TS = KP * LV * ES;    // [KP][BV]
+    static constexpr int DV = DR_L * LVF * 4;  // f32 [64][BV]
     static constexpr int F65 = DR_L * 65 * 4;  // f32 [64][65]
     static constexpr int ROWS = DR_L * 4;      // f32 [64]
-    static constexpr int prep = 2 * TK + TL + 2 * F65 + 2 * ROWS;
-    static constexpr int walk_fwd = 2 * TK + TS + TV + ROWS;
+    static constexpr int prep = TK + TV + 2 * TL + 2 * F65 + 2 * ROWS;
+    static constexpr int walk_fwd = 2 * (2 * TK + TV + ROWS) + TS + TV;
+    // The reverse walk's tiles of one chunk, twice where two sets fit 227 KB.
+    static constexpr int WB_SET = 3 * TK + TV + DV + ROWS;
+    static constexpr int NB_BWD = 2 * WB_SET + TS + 2 * TV <= 227 * 1024 ? 2 : 1;
+    static constexpr int walk_bwd = NB_BWD * WB_SET + TS + 2 * TV;
     static constexpr int out = 2 * TK + TL + TS + TV + ROWS;
-    static constexpr int walk_bwd = 3 * TK + TS + 2 * TV + ROWS;
-    static constexpr int grads_b = 2 * TS + 6 * TV > 3 * F65 + 2 * TL ? 2 * TS + 6 * TV : 3 * F65 + 2 * TL;
+    static constexpr int grads_b = 2 * TS + 7 * TV + DV > 3 * F65 + 2 * TL ? 2 * TS + 7 * TV + DV : 3 * F65 + 2 * TL;
     // sb, sG, sdG, sdb, stmp [64], part [8][64], red [256], sX [4]
     static constexpr int grads_small = (5 * DR_L + DR_NW * DR_L + DR_NT + 4) * 4;
     static constexpr int grads = 2 * TK + TL + grads_b + grads_small;
@@ -109,6 +114,16 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4],
 #define DR_SMEM_DECL                                      \
     extern __shared__ __align__(16) unsigned char dr_smem_[]; \
     unsigned char* smem = dr_smem_;
+// 16 bytes from global to shared memory, asynchronously (zeros when !valid).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 // Traps when the launch gave less dynamic shared memory than the layout needs.
 __device__ __forceinline__ void dr_need_smem(int bytes) {
     unsigned n;
@@ -254,15 +269,6 @@ __device__ __forceinline__ void dr_load(E* s, int lds, const E* x, int dim, int 
     }
 }
 
-// Rows row0.. of a scratch matrix of `width` columns: columns c0..c0 + NC of ROWS rows into s [ROWS][ld].
-template <int ROWS, int NC, typename E, typename X>
-__device__ __forceinline__ void dr_load_scr(E* s, int lds, const X* x, long long row0, int width, int c0) {
-    for (int i = threadIdx.x; i < ROWS * NC; i += DR_NT) {
-        const int r = i / NC, cc = i % NC;
-        st(s, (long long)r * lds + cc, ld(x, (row0 + r) * width + c0 + cc));
-    }
-}
-
 __device__ __forceinline__ float dr_one(int) { return 1.f; }
 
 struct DrBlock {
@@ -279,6 +285,35 @@ __device__ __forceinline__ DrBlock dr_block(const DrParams& p) {
     return k;
 }
 
+// dr_load of chunk t0 of head (b, h) as it is, by 16-byte asynchronous copies (zeros outside
+// lo ≤ t < hi and past dim) where `vec`, else element by element now. The caller commits and waits.
+template <int NC, typename E>
+__device__ __forceinline__ void dr_in(E* s, int lds, const E* x, int dim, int c0, const DrParams& p, const DrBlock& k,
+                                      int t0, int vec) {
+    constexpr int CE = 16 / (int)sizeof(E), CH = NC / CE;
+    if (vec) {
+        for (int i = threadIdx.x; i < DR_L * CH; i += DR_NT) {
+            const int r = i / CH, cc = i % CH * CE, t = t0 + r, col = c0 + cc;
+            const bool ok = t >= k.lo && t < k.hi && col < dim;
+            cp_async16(s + r * lds + cc, ok ? x + (((long long)k.b * p.T + t) * p.H + k.h) * dim + col : x, ok);
+        }
+    } else {
+        dr_load<NC>(s, lds, x, dim, c0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
+    }
+}
+
+// Rows row0..row0 + ROWS, columns c0..c0 + NC of a scratch matrix of `width` columns into s
+// [ROWS][lds], by 16-byte asynchronous copies (the scratch's rows and column blocks are 16-byte
+// aligned). The caller commits and waits.
+template <int ROWS, int NC, typename E>
+__device__ __forceinline__ void dr_scr(E* s, int lds, const E* x, long long row0, int width, int c0) {
+    constexpr int CE = 16 / (int)sizeof(E), CH = NC / CE;
+    for (int i = threadIdx.x; i < ROWS * CH; i += DR_NT) {
+        const int r = i / CH, cc = i % CH * CE;
+        cp_async16(s + r * lds + cc, x + (row0 + r) * width + c0 + cc, true);
+    }
+}
+
 // ---- dr_prep: per chunk G, A, T = (I + A)⁻¹, W = T diag(βγ) K, Ũ = T diag(β) V ----
 template <typename E, int KP>
 __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
@@ -286,14 +321,17 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     DR_SMEM_DECL
     dr_need_smem(Lay::prep);
     E* Ks = (E*)smem;
-    E* Xs = (E*)(smem + Lay::TK);
-    E* Te = (E*)(smem + 2 * Lay::TK);
-    float* Af = (float*)(smem + 2 * Lay::TK + Lay::TL);
+    E* Vs = (E*)(smem + Lay::TK);
+    E* Tb = (E*)(smem + Lay::TK + Lay::TV);
+    E* Tv = (E*)(smem + Lay::TK + Lay::TV + Lay::TL);
+    float* Af = (float*)(smem + Lay::TK + Lay::TV + 2 * Lay::TL);
     float* Tf = Af + DR_L * 65;
     float* sb = Tf + DR_L * 65;
     float* sG = sb + DR_L;
     const DrBlock k = dr_block(p);
     const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
     if (tid < DR_L) {
         const int t = t0 + tid;
         const bool ok = t >= k.lo && t < k.hi;
@@ -309,12 +347,9 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
             sG[i] = acc;
         }
     }
+    cp_async_wait<0>();
     __syncthreads();
     if (tid < DR_L) p.gc[(long long)k.bh * p.Tp + t0 + tid] = sG[tid];
-    const E* kx = (const E*)p.k;
-    dr_load<KP>(Ks, Lay::LK, kx, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
-    dr_load<KP>(Xs, Lay::LK, kx, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi, [&](int r) { return sb[r] * __expf(sG[r]); });
-    __syncthreads();
     {
         DrAcc<DR_L, DR_L> kk;
         kk.zero();
@@ -338,12 +373,14 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
         }
     }
     __syncthreads();
+    // T diag(βγ) and T diag(β): W and Ũ from K and V as they are.
     E* tm = (E*)p.tm;
     const long long tbase = ((long long)k.bh * p.nch + c) * (DR_L * DR_L);
     for (int i = tid; i < DR_L * DR_L; i += DR_NT) {
         const int r = i / DR_L, cc = i % DR_L;
         const float v = Tf[r * 65 + cc];
-        st(Te, r * Lay::LL + cc, v);
+        st(Tb, r * Lay::LL + cc, v * sb[cc] * __expf(sG[cc]));
+        st(Tv, r * Lay::LL + cc, v * sb[cc]);
         if (keep_t) st(tm, tbase + i, v);
     }
     __syncthreads();
@@ -351,21 +388,22 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     {
         DrAcc<DR_L, KP> w;
         w.zero();
-        w.template mma<false, false>(Te, Lay::LL, Xs, Lay::LK, DR_L);
+        w.template mma<false, false>(Tb, Lay::LL, Ks, Lay::LK, DR_L);
         E* W = (E*)p.w;
 #pragma unroll
         for (int i = 0; i < w.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) st(W, (row0 + w.row(i, r)) * KP + w.col(i, r), w.c[i][r]);
     }
-    __syncthreads();
     E* U = (E*)p.u;
     for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_load<DR_BV>(Xs, Lay::LV, (const E*)p.v, p.V, v0, p, k.b, k.h, t0, k.lo, k.hi, [&](int r) { return sb[r]; });
+        dr_in<DR_BV>(Vs, Lay::LV, (const E*)p.v, p.V, v0, p, k, t0, p.vv);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         DrAcc<DR_L, DR_BV> u;
         u.zero();
-        u.template mma<false, false>(Te, Lay::LL, Xs, Lay::LV, DR_L);
+        u.template mma<false, false>(Tv, Lay::LL, Vs, Lay::LV, DR_L);
 #pragma unroll
         for (int i = 0; i < u.TPW; ++i)
 #pragma unroll
@@ -375,18 +413,35 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
 }
 
 // ---- dr_walk_fwd: per (b, h, 32 columns of V), the chunks in order ----
+// U = Ũ − W S_0 (stored over Ũ); S_L = γ_L S_0 + Kᵀ (diag(e^{G_L − G}) U). The next chunk's W, K, Ũ
+// and G load (asynchronously) while this one computes.
 template <typename E, int KP>
 __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
     typedef DrLayout<E, KP> Lay;
     DR_SMEM_DECL
     dr_need_smem(Lay::walk_fwd);
-    E* Ws = (E*)smem;
-    E* Kt = (E*)(smem + Lay::TK);
-    E* Ss = (E*)(smem + 2 * Lay::TK);
-    E* Us = (E*)(smem + 2 * Lay::TK + Lay::TS);
-    float* sG = (float*)(smem + 2 * Lay::TK + Lay::TS + Lay::TV);
+    // Two sets of W, K, Ũ and G tiles (set i at smem + i·SET).
+    constexpr int SET = 2 * Lay::TK + Lay::TV + Lay::ROWS;
+    auto Wb = [&](int i) { return (E*)(smem + i * SET); };
+    auto Kb = [&](int i) { return (E*)(smem + i * SET + Lay::TK); };
+    auto Ub = [&](int i) { return (E*)(smem + i * SET + 2 * Lay::TK); };
+    auto Gb = [&](int i) { return (float*)(smem + i * SET + 2 * Lay::TK + Lay::TV); };
+    unsigned char* rest = smem + 2 * SET;
+    E* Ss = (E*)rest;
+    E* Us = (E*)(rest + Lay::TS);
     const DrBlock k = dr_block(p);
-    const int v0 = blockIdx.x * DR_BV, tid = threadIdx.x;
+    const int v0 = blockIdx.x * DR_BV;
+    E* states = (E*)p.states;
+    const E* W = (const E*)p.w;
+    E* U = (E*)p.u;
+    auto issue = [&](int c, int bi) {
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        dr_scr<DR_L, KP>(Wb(bi), Lay::LK, W, row0, KP, 0);
+        dr_in<KP>(Kb(bi), Lay::LK, (const E*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
+        dr_scr<DR_L, DR_BV>(Ub(bi), Lay::LV, (const E*)U, row0, p.Vp, v0);
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        cp_async_commit();
+    };
     DrAcc<KP, DR_BV> S;
 #pragma unroll
     for (int i = 0; i < S.TPW; ++i)
@@ -395,12 +450,16 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
             const int kd = S.row(i, r), vc = v0 + S.col(i, r);
             S.c[i][r] = p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    E* states = (E*)p.states;
-    const E* W = (const E*)p.w;
-    E* U = (E*)p.u;
+    issue(0, 0);
     for (int c = 0; c < p.nch; ++c) {
-        const int t0 = c * DR_L;
-        const long long row0 = (long long)k.bh * p.Tp + t0;
+        const int cur = c & 1;
+        if (c + 1 < p.nch) {
+            issue(c + 1, cur ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
 #pragma unroll
         for (int i = 0; i < S.TPW; ++i)
@@ -410,23 +469,20 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
                 st(Ss, kd * Lay::LV + vc, S.c[i][r]);
                 st(states, (sbase + kd) * p.Vp + v0 + vc, S.c[i][r]);
             }
-        if (tid < DR_L) sG[tid] = p.gc[row0 + tid];
-        dr_load_scr<DR_L, KP>(Ws, Lay::LK, W, row0, KP, 0);
         __syncthreads();
+        const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
-        dr_load<KP>(Kt, Lay::LK, (const E*)p.k, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi,
-                    [&](int r) { return __expf(gl - sG[r]); });
         DrAcc<DR_L, DR_BV> u;
         u.zero();
-        u.template mma<false, false>(Ws, Lay::LK, Ss, Lay::LV, KP);
+        u.template mma<false, false>(Wb(cur), Lay::LK, Ss, Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < u.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const long long gi = (row0 + u.row(i, r)) * p.Vp + v0 + u.col(i, r);
-                const float val = ld(U, gi) - u.c[i][r];
-                st(U, gi, val);
-                st(Us, u.row(i, r) * Lay::LV + u.col(i, r), val);
+                const int row = u.row(i, r), col = u.col(i, r);
+                const float val = ld(Ub(cur), row * Lay::LV + col) - u.c[i][r];
+                st(U, (row0 + row) * p.Vp + v0 + col, val);
+                st(Us, row * Lay::LV + col, __expf(gl - sG[row]) * val);
             }
         __syncthreads();
         const float egl = __expf(gl);
@@ -434,7 +490,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
         for (int i = 0; i < S.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) S.c[i][r] *= egl;
-        S.template mma<true, false>(Kt, Lay::LK, Us, Lay::LV, DR_L);
+        S.template mma<true, false>(Kb(cur), Lay::LK, Us, Lay::LV, DR_L);
         __syncthreads();
     }
     if (p.fin) {
@@ -452,9 +508,11 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
 template <typename E, int KP>
 __device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, int t0, E* Qs, E* Ks, E* Ms, float* sG) {
     typedef DrLayout<E, KP> Lay;
+    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
     if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[(long long)k.bh * p.Tp + t0 + threadIdx.x];
-    dr_load<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
-    dr_load<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
+    cp_async_wait<0>();
     __syncthreads();
     DrAcc<DR_L, DR_L> m;
     m.zero();
@@ -482,13 +540,15 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
     const DrBlock k = dr_block(p);
     const int c = blockIdx.x, t0 = c * DR_L;
-    dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+    dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
     E* O = (E*)p.o;
     for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_load_scr<KP, DR_BV>(Ss, Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
-        dr_load_scr<DR_L, DR_BV>(Us, Lay::LV, (const E*)p.u, row0, p.Vp, v0);
+        dr_scr<KP, DR_BV>(Ss, Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Us, Lay::LV, (const E*)p.u, row0, p.Vp, v0);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         DrAcc<DR_L, DR_BV> o;
         o.zero();
@@ -526,7 +586,9 @@ __device__ __forceinline__ void dr_dvl(const DrParams& p) {
     dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
     const long long row0 = (long long)k.bh * p.Tp + t0;
     for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_load<DR_BV>(Os, Lay::LV, (const E*)p.dout, p.V, v0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
+        dr_in<DR_BV>(Os, Lay::LV, (const E*)p.dout, p.V, v0, p, k, t0, p.vv);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         DrAcc<DR_L, DR_BV> d;
         d.zero();
@@ -540,21 +602,40 @@ __device__ __forceinline__ void dr_dvl(const DrParams& p) {
 }
 
 // ---- dr_walk_bwd: per (b, h, 32 columns of V), the chunks in reverse ----
-// dU = scale Mᵀ dO + K̃ dS_L (K̃ = diag(e^{G_L − G}) K); dS_0 = γ_L dS_L + scale (diag(γ) Q)ᵀ dO − Wᵀ dU.
+// dU = scale Mᵀ dO + diag(e^{G_L − G}) K dS_L; dS_0 = γ_L dS_L + Qᵀ diag(scale γ) dO − Wᵀ dU. With NB = 2
+// the next chunk's tiles load while this one computes (NB = 1 where two sets of tiles do not fit).
 template <typename E, int KP>
 __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
     typedef DrLayout<E, KP> Lay;
+    constexpr int NB = Lay::NB_BWD;
     DR_SMEM_DECL
     dr_need_smem(Lay::walk_bwd);
-    E* Kt = (E*)smem;
-    E* Qt = (E*)(smem + Lay::TK);
-    E* Ws = (E*)(smem + 2 * Lay::TK);
-    E* dSs = (E*)(smem + 3 * Lay::TK);
-    E* dOs = (E*)(smem + 3 * Lay::TK + Lay::TS);
-    E* dUn = (E*)(smem + 3 * Lay::TK + Lay::TS + Lay::TV);
-    float* sG = (float*)(smem + 3 * Lay::TK + Lay::TS + 2 * Lay::TV);
+    // NB sets of K, Q, W, dO, du and G tiles (set i at smem + i·WB_SET).
+    constexpr int SET = Lay::WB_SET;
+    auto Kb = [&](int i) { return (E*)(smem + i * SET); };
+    auto Qb = [&](int i) { return (E*)(smem + i * SET + Lay::TK); };
+    auto Wb = [&](int i) { return (E*)(smem + i * SET + 2 * Lay::TK); };
+    auto Ob = [&](int i) { return (E*)(smem + i * SET + 3 * Lay::TK); };
+    auto Db = [&](int i) { return (float*)(smem + i * SET + 3 * Lay::TK + Lay::TV); };
+    auto Gb = [&](int i) { return (float*)(smem + i * SET + 3 * Lay::TK + Lay::TV + Lay::DV); };
+    unsigned char* rest = smem + NB * Lay::WB_SET;
+    E* dSs = (E*)rest;
+    E* dUn = (E*)(rest + Lay::TS);
+    E* dOt = (E*)(rest + Lay::TS + Lay::TV);
     const DrBlock k = dr_block(p);
     const int v0 = blockIdx.x * DR_BV, tid = threadIdx.x;
+    E* dstates = (E*)p.dstates;
+    const E* W = (const E*)p.w;
+    auto issue = [&](int c, int bi) {
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        dr_in<KP>(Kb(bi), Lay::LK, (const E*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
+        dr_in<KP>(Qb(bi), Lay::LK, (const E*)p.q, p.K, 0, p, k, c * DR_L, p.vk);
+        dr_scr<DR_L, KP>(Wb(bi), Lay::LK, W, row0, KP, 0);
+        dr_in<DR_BV>(Ob(bi), Lay::LV, (const E*)p.dout, p.V, v0, p, k, c * DR_L, p.vv);
+        dr_scr<DR_L, DR_BV>(Db(bi), Lay::LVF, (const float*)p.du, row0, p.Vp, v0);
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        cp_async_commit();
+    };
     DrAcc<KP, DR_BV> dS;
 #pragma unroll
     for (int i = 0; i < dS.TPW; ++i)
@@ -563,11 +644,16 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
             const int kd = dS.row(i, r), vc = v0 + dS.col(i, r);
             dS.c[i][r] = p.dfin && kd < p.K && vc < p.V ? p.dfin[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    E* dstates = (E*)p.dstates;
-    const E* W = (const E*)p.w;
-    for (int c = p.nch - 1; c >= 0; --c) {
-        const int t0 = c * DR_L;
-        const long long row0 = (long long)k.bh * p.Tp + t0;
+    issue(p.nch - 1, 0);
+    for (int j = 0; j < p.nch; ++j) {
+        const int c = p.nch - 1 - j, cur = NB == 2 ? (j & 1) : 0;
+        if (NB == 2 && c > 0) {
+            issue(c - 1, cur ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
 #pragma unroll
         for (int i = 0; i < dS.TPW; ++i)
@@ -577,37 +663,35 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
                 st(dSs, kd * Lay::LV + vc, dS.c[i][r]);
                 st(dstates, (sbase + kd) * p.Vp + v0 + vc, dS.c[i][r]);
             }
-        if (tid < DR_L) sG[tid] = p.gc[row0 + tid];
-        dr_load_scr<DR_L, KP>(Ws, Lay::LK, W, row0, KP, 0);
-        dr_load<DR_BV>(dOs, Lay::LV, (const E*)p.dout, p.V, v0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
         __syncthreads();
+        const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
-        dr_load<KP>(Kt, Lay::LK, (const E*)p.k, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi,
-                    [&](int r) { return __expf(gl - sG[r]); });
-        dr_load<KP>(Qt, Lay::LK, (const E*)p.q, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi,
-                    [&](int r) { return p.scale * __expf(sG[r]); });
-        __syncthreads();
         DrAcc<DR_L, DR_BV> du;
         du.zero();
-        du.template mma<false, false>(Kt, Lay::LK, dSs, Lay::LV, KP);
+        du.template mma<false, false>(Kb(cur), Lay::LK, dSs, Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < du.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const long long gi = (row0 + du.row(i, r)) * p.Vp + v0 + du.col(i, r);
-                const float val = p.du[gi] + du.c[i][r];
-                p.du[gi] = val;
-                st(dUn, du.row(i, r) * Lay::LV + du.col(i, r), -val);
+                const int row = du.row(i, r), col = du.col(i, r);
+                const float val = Db(cur)[row * Lay::LVF + col] + __expf(gl - sG[row]) * du.c[i][r];
+                p.du[(row0 + row) * p.Vp + v0 + col] = val;
+                st(dUn, row * Lay::LV + col, -val);
             }
+        for (int i = tid; i < DR_L * DR_BV; i += DR_NT) {
+            const int r = i / DR_BV, cc = i % DR_BV;
+            st(dOt, r * Lay::LV + cc, ld(Ob(cur), r * Lay::LV + cc) * p.scale * __expf(sG[r]));
+        }
         __syncthreads();
         const float egl = __expf(gl);
 #pragma unroll
         for (int i = 0; i < dS.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) dS.c[i][r] *= egl;
-        dS.template mma<true, false>(Qt, Lay::LK, dOs, Lay::LV, DR_L);
-        dS.template mma<true, false>(Ws, Lay::LK, dUn, Lay::LV, DR_L);
+        dS.template mma<true, false>(Qb(cur), Lay::LK, dOt, Lay::LV, DR_L);
+        dS.template mma<true, false>(Wb(cur), Lay::LK, dUn, Lay::LV, DR_L);
         __syncthreads();
+        if (NB == 1 && c > 0) issue(c - 1, 0);
     }
     if (p.dinit) {
 #pragma unroll
@@ -644,6 +728,8 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     E* dUs = (E*)(rb + 2 * Lay::TS + 3 * Lay::TV);
     E* dRs = (E*)(rb + 2 * Lay::TS + 4 * Lay::TV);
     E* dRn = (E*)(rb + 2 * Lay::TS + 5 * Lay::TV);
+    E* Vs = (E*)(rb + 2 * Lay::TS + 6 * Lay::TV);
+    float* Df = (float*)(rb + 2 * Lay::TS + 7 * Lay::TV);
     // After the blocks of V, in the same space.
     float* F1 = (float*)rb;
     float* F2 = F1 + DR_L * 65;
@@ -663,6 +749,10 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+    dr_in<KP>(Qs, LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    dr_scr<DR_L, DR_L>(Te, LL, (const E*)p.tm, ((long long)k.bh * p.nch + c) * DR_L, DR_L, 0);
+    cp_async_commit();
     if (tid < DR_L) {
         const int t = t0 + tid;
         const bool ok = t >= k.lo && t < k.hi;
@@ -672,11 +762,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
         sdb[tid] = 0.f;
     }
     if (tid == 0) sX[0] = 0.f;
-    dr_load<KP>(Qs, LK, (const E*)p.q, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
-    dr_load<KP>(Ks, LK, (const E*)p.k, p.K, 0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
-    dr_load_scr<DR_L, DR_L>(Te, LL, (const E*)p.tm, ((long long)k.bh * p.nch + c) * DR_L, DR_L, 0);
-    __syncthreads();
-    const float gl = sG[DR_L - 1], egl = __expf(gl);
+    const float gl = p.gc[row0 + DR_L - 1], egl = __expf(gl);
     DrAcc<DR_L, DR_L> dM, dA;
     DrAcc<DR_L, KP> dQ, dK;
     dM.zero();
@@ -685,14 +771,19 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     dK.zero();
     typedef DrAcc<DR_L, DR_BV> AV;
     for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_load_scr<KP, DR_BV>(Ss, LV, (const E*)p.states, sbase, p.Vp, v0);
-        dr_load_scr<KP, DR_BV>(dSs, LV, (const E*)p.dstates, sbase, p.Vp, v0);
-        dr_load_scr<DR_L, DR_BV>(Us, LV, (const E*)p.u, row0, p.Vp, v0);
-        dr_load_scr<DR_L, DR_BV>(dUs, LV, p.du, row0, p.Vp, v0);
-        dr_load<DR_BV>(dOs, LV, (const E*)p.dout, p.V, v0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
+        dr_scr<KP, DR_BV>(Ss, LV, (const E*)p.states, sbase, p.Vp, v0);
+        dr_scr<KP, DR_BV>(dSs, LV, (const E*)p.dstates, sbase, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Us, LV, (const E*)p.u, row0, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Df, Lay::LVF, (const float*)p.du, row0, p.Vp, v0);
+        dr_in<DR_BV>(dOs, LV, (const E*)p.dout, p.V, v0, p, k, t0, p.vv);
+        dr_in<DR_BV>(Vs, LV, (const E*)p.v, p.V, v0, p, k, t0, p.vv);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
         for (int i = tid; i < DR_L * DR_BV; i += DR_NT) {
             const int r = i / DR_BV, cc = i % DR_BV;
-            st(Ut, r * LV + cc, ld((const E*)p.u, (row0 + r) * p.Vp + v0 + cc) * __expf(gl - sG[r]));
+            st(dUs, r * LV + cc, Df[r * Lay::LVF + cc]);
+            st(Ut, r * LV + cc, ld(Us, r * LV + cc) * __expf(gl - sG[r]));
         }
         __syncthreads();
         dM.template mma<false, true>(dOs, LV, Us, LV, DR_BV);
@@ -722,8 +813,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
                 for (int r = 0; r < 4; ++r) {
                     const int row = dr.row(i, r), col = dr.col(i, r), t = t0 + row, gcol = v0 + col;
                     const float d = dr.c[i][r], kv = ks.c[i][r], gam = __expf(sG[row]), be = sb[row];
-                    const bool real = t >= k.lo && t < k.hi && gcol < p.V;
-                    const float vv = real ? ld((const E*)p.v, (((long long)k.b * p.T + t) * p.H + k.h) * p.V + gcol) : 0.f;
+                    const float vv = ld(Vs, row * LV + col);
                     if (t < p.T && gcol < p.V) st(dV, (((long long)k.b * p.T + t) * p.H + k.h) * p.V + gcol, be * d);
                     vals[i][r] = d * (vv - gam * kv);
                     vals2[i][r] = -be * gam * d * kv;

@@ -242,12 +242,19 @@ fn main() -> Result<()> {
                 None => (2, 16384, 6, 128, 128),
             };
             for gated in [false, true] {
-                let (fwd, fb) = delta_rule_check::bench(&gpu, shape, gated, 3, 20)?;
+                let (fwd, fb, st) = delta_rule_check::bench(&gpu, shape, gated, 3, 20)?;
                 println!(
                     "{} (bf16) on {}, [B, T, H, K, V] = {shape:?}: forward {fwd:.3} ms, forward + backward {fb:.3} ms \
-                     (medians of 20, CUDA events)",
+                     (medians of 20, CUDA events); alone: WY {:.3}, walk {:.3}, outputs {:.3}; dU {:.3}, reverse \
+                     walk {:.3}, gradients {:.3} ms",
                     if gated { "gated delta rule" } else { "delta rule" },
-                    gpu.describe()
+                    gpu.describe(),
+                    st[0],
+                    st[1],
+                    st[2],
+                    st[3],
+                    st[4],
+                    st[5]
                 );
             }
             Ok(())

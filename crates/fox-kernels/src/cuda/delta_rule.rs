@@ -82,6 +82,8 @@ struct Params {
     tp: i32,
     nch: i32,
     vp: i32,
+    vk: i32,
+    vv: i32,
 }
 
 // SAFETY: plain data in the kernel's C struct layout (8-byte pointers, then 4-byte fields).
@@ -193,20 +195,25 @@ pub fn bwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: u
 /// the kernels trap when given less).
 fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     let pad = if es == 2 { 8 } else { 4 };
-    let (lk, ll, lv) = (kp + pad, CHUNK + pad, BV + pad);
+    let (lk, ll, lv, lvf) = (kp + pad, CHUNK + pad, BV + pad, BV + 4);
     let tk = CHUNK * lk * es;
     let tl = CHUNK * ll * es;
     let tv = CHUNK * lv * es;
     let ts = kp * lv * es;
+    let dv = CHUNK * lvf * 4;
     let f65 = CHUNK * 65 * 4;
     let rows = CHUNK * 4;
     match kind {
-        "prep" => 2 * tk + tl + 2 * f65 + 2 * rows,
-        "walk_fwd" => 2 * tk + ts + tv + rows,
+        "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
+        "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
+        "walk_bwd" => {
+            let set = 3 * tk + tv + dv + rows;
+            let nb = if 2 * set + ts + 2 * tv <= 227 * 1024 { 2 } else { 1 };
+            nb * set + ts + 2 * tv
+        }
         "out" | "dvl" => 2 * tk + tl + ts + tv + rows,
-        "walk_bwd" => 3 * tk + ts + 2 * tv + rows,
         _ => {
-            let b = (2 * ts + 6 * tv).max(3 * f65 + 2 * tl);
+            let b = (2 * ts + 7 * tv + dv).max(3 * f65 + 2 * tl);
             2 * tk + tl + b + (5 * CHUNK + 8 * CHUNK + THREADS as usize + 4) * 4
         }
     }
@@ -279,12 +286,20 @@ impl<T: Elem> DevDeltaRule<'_, T> {
             tp: int(op, lay.tp)?,
             nch: int(op, lay.nch)?,
             vp: int(op, lay.vp)?,
+            // Rows of 16-byte multiples at 16-byte aligned buffers load by asynchronous copies.
+            vk: (rows16::<T>(self.k_dim) && [self.q, self.k].iter().all(|s| ptr(gpu, *s).is_multiple_of(16))) as i32,
+            vv: (rows16::<T>(self.v_dim) && ptr(gpu, self.v).is_multiple_of(16)) as i32,
             ..Default::default()
         })
     }
     fn layout(&self) -> Layout {
         layout(self.batch, self.seq, self.heads, self.k_dim, self.v_dim, std::mem::size_of::<T>())
     }
+}
+
+/// Whether rows of `dim` elements of T are whole 16-byte copies.
+fn rows16<T>(dim: usize) -> bool {
+    (dim * std::mem::size_of::<T>()).is_multiple_of(16)
 }
 
 /// The scratch's regions as device addresses.
@@ -391,6 +406,7 @@ pub fn delta_rule_bwd<T: Elem>(
     prm.dfin = opt_ptr(gpu, dfinal);
     prm.dinit = g.dinit.as_ref().map_or(0, |d| ptr(gpu, *d));
     prm.dout = ptr(gpu, dout);
+    prm.vv &= prm.dout.is_multiple_of(16) as i32;
     prm.dq = ptr(gpu, g.dq);
     prm.dk = ptr(gpu, g.dk);
     prm.dv = ptr(gpu, g.dv);
@@ -403,6 +419,50 @@ pub fn delta_rule_bwd<T: Elem>(
     launch(gpu, &format!("dr_dvl_{sfx}"), (lay.nch, bh), smem_bytes("dvl", lay.kp, es), &prm, None)?;
     launch(gpu, &format!("dr_walk_bwd_{sfx}"), (lay.vp / BV, bh), smem_bytes("walk_bwd", lay.kp, es), &prm, None)?;
     launch(gpu, &format!("dr_grads_{sfx}"), (lay.nch, bh), smem_bytes("grads", lay.kp, es), &prm, None)
+}
+
+/// Each kernel of the forward and backward alone (ms, medians of `iters` after `warmup`, CUDA
+/// events), for `fox-attn bench-delta`: the WY transform, the state walk, the chunk outputs, the
+/// state-free dU, the reverse walk, the chunk gradients. The gradients land in `g`; `scratch` of
+/// [`bwd_scratch_len`] floats.
+pub fn kernel_ms<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    o: &mut CudaSlice<T>,
+    dout: &CudaSlice<T>,
+    g: DevDeltaRuleGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+    warmup: usize,
+    iters: usize,
+) -> Result<[f64; 6]> {
+    let op = "delta_rule kernel_ms";
+    p.check(op)?;
+    let lay = p.layout();
+    need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
+    need(op, "o", o, p.batch * p.seq * p.heads * p.v_dim)?;
+    let mut prm = p.params(gpu, &lay)?;
+    with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
+    prm.o = ptr(gpu, o);
+    prm.dout = ptr(gpu, dout);
+    prm.vv &= prm.dout.is_multiple_of(16) as i32;
+    prm.dq = ptr(gpu, g.dq);
+    prm.dk = ptr(gpu, g.dk);
+    prm.dv = ptr(gpu, g.dv);
+    prm.dbeta = ptr(gpu, g.dbeta);
+    prm.dg = g.dg.as_ref().map_or(0, |d| ptr(gpu, *d));
+    let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
+    let sfx = format!("k{}_{}", lay.kp, T::NAME);
+    let mut out = [0.0; 6];
+    let steps: [(&str, bool); 6] =
+        [("prep", true), ("walk_fwd", false), ("out", true), ("dvl", true), ("walk_bwd", false), ("grads", true)];
+    for (i, (kind, chunked)) in steps.iter().enumerate() {
+        let grid = if *chunked { (lay.nch, bh) } else { (lay.vp / BV, bh) };
+        let extra = (*kind == "prep").then_some(1);
+        let name = format!("dr_{kind}_{sfx}");
+        let smem = smem_bytes(kind, lay.kp, es);
+        out[i] = super::bench::time_ms(gpu, warmup, iters, || launch(gpu, &name, grid, smem, &prm, extra))?;
+    }
+    Ok(out)
 }
 
 /// One decoding step, as [`crate::delta_rule::delta_rule_decode_step`]: `p.seq` = 1; `state`

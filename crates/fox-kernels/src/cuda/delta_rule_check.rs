@@ -385,14 +385,15 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 }
 
 /// Forward and forward + backward times (ms, medians of `iters` after `warmup`, CUDA events) of
-/// the delta rule at [B, T, H, K, V], with the decay when `gated`, bf16.
+/// the delta rule at [B, T, H, K, V], with the decay when `gated`, bf16; and each kernel alone
+/// ([`dr::kernel_ms`]).
 pub fn bench(
     gpu: &Gpu,
     (b, t, h, kd, vd): (usize, usize, usize, usize, usize),
     gated: bool,
     warmup: usize,
     iters: usize,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, [f64; 6])> {
     type T = half::bf16;
     let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
     let n = b * t * h;
@@ -436,5 +437,14 @@ pub fn bench(
         };
         dr::delta_rule_bwd(gpu, &dev, &gdo, None, None, grads, &mut bsc)
     })?;
-    Ok((fwd, fb))
+    let grads = DevDeltaRuleGrads {
+        dq: &mut dq,
+        dk: &mut dk,
+        dv: &mut dv,
+        dbeta: &mut db,
+        dg: gated.then_some(&mut dg),
+        dinit: None,
+    };
+    let steps = dr::kernel_ms(gpu, &dev, &mut o, &gdo, grads, &mut bsc, warmup, iters)?;
+    Ok((fwd, fb, steps))
 }

@@ -79,6 +79,16 @@ inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 // Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.
 #define FOX_HOST_EMU 1
 alignas(16) static unsigned char dyn_smem[232 * 1024];
+// cp.async of 16 bytes (zeros when !valid), done at once; commits and waits have nothing to do.
+inline void cp_async16(void* dst, const void* src, bool valid) {
+    if (valid)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the warp's fragments (PTX ISA's layout:
 // lane = 4·group + t; A's registers 0-3 hold (group, 2t..2t+1), (group + 8, ·), (group, 2t + 8..),
 // (group + 8, 2t + 8..); B's (k = 2t..2t+1, n = group), (k = 2t + 8.., group); C's (group, 2t..2t+1),

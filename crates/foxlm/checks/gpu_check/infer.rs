@@ -152,7 +152,7 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }
-    for m in super::deltanet_models(fixtures)?.into_iter().filter(wanted) {
+    for m in super::deltanet_models()?.into_iter().filter(wanted) {
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }

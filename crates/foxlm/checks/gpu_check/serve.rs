@@ -1,8 +1,9 @@
 //! `foxlm serve` on the GPU against `foxlm generate --device cuda` and the forward pass (issue 32):
 //! the server is started in-process on the GPU and driven over HTTP.
 //!
-//! Per model (the FoX (Pro) fixture, the Mamba-2 fixture, fla's Gated DeltaNet fixture, and a FoX
-//! (Pro) with heads of 64, whose attention runs the fast bf16 kernels as fox-pro-125m's does):
+//! Per model (the FoX (Pro) fixture, the Mamba-2 fixture, a FoX (Pro) with heads of 64, whose
+//! attention runs the fast bf16 kernels as fox-pro-125m's does, and a Gated DeltaNet with heads of
+//! 64):
 //! - greedy tokens of concurrent requests (two waves: short prompts, then longer ones that join
 //!   the running batch, which moves the running rows once, and different lengths that leave at
 //!   different steps) against `GpuInfer::generate` of each prompt alone (what `foxlm generate
@@ -66,7 +67,6 @@ fn models(fixtures: &Path, work: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut out = vec![
         ("fox_pro fixture".to_string(), fixtures.join("fox_pro")),
         ("mamba2 fixture".to_string(), root.join("official-mamba2-tiny/mamba2")),
-        ("gated deltanet fixture".to_string(), root.join("fla-deltanet-tiny/gated_deltanet")),
     ];
     // FoX (Pro), d 256, 4 heads of 64 (the fast bf16 attention kernels), 4 layers.
     let mut cfg = foxlm::presets::tiny().model;
@@ -77,6 +77,13 @@ fn models(fixtures: &Path, work: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = work.join("serve-fox-pro-heads-64");
     save_model(&model, &cfg, &dir).with_context(|| format!("saving {}", dir.display()))?;
     out.push(("fox_pro d=256 heads of 64".to_string(), dir));
+    // Gated DeltaNet with heads of 64: its GPU state through prefills, decode steps and the rows'
+    // moves between caches.
+    let name = "gated deltanet d=256 heads of 64";
+    let m = super::deltanet_models()?.into_iter().find(|m| m.name == name).context("the Gated DeltaNet check model")?;
+    let dir = work.join("serve-gated-deltanet-heads-64");
+    save_model(&m.model, &m.model.config, &dir).with_context(|| format!("saving {}", dir.display()))?;
+    out.push((name.to_string(), dir));
     Ok(out)
 }
 

@@ -425,6 +425,7 @@ pub fn delta_rule_bwd<T: Elem>(
 /// events), for `fox-attn bench-delta`: the WY transform, the state walk, the chunk outputs, the
 /// state-free dU, the reverse walk, the chunk gradients. The gradients land in `g`; `scratch` of
 /// [`bwd_scratch_len`] floats.
+#[allow(clippy::too_many_arguments)]
 pub fn kernel_ms<T: Elem>(
     gpu: &Gpu,
     p: &DevDeltaRule<T>,

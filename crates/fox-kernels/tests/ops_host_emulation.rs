@@ -1,7 +1,8 @@
 //! Kernels without a GPU: the small-op kernels (kernels/ops.cu), the f32 attention kernels
-//! (kernels/attention_f32.cu) and Mamba's selective scan (kernels/selective_scan.cu) compiled as
-//! C++ against an emulation of the CUDA built-ins they use (tests/host_emu/mock.h: a thread per
-//! CUDA thread, barriers for __syncthreads and warp shuffles) and compared with plain loops
+//! (kernels/attention_f32.cu), Mamba's selective scan (kernels/selective_scan.cu) and the delta rule
+//! (kernels/delta_rule.cu) compiled as C++ against an emulation of the CUDA built-ins they use
+//! (tests/host_emu/mock.h: a thread per CUDA thread, barriers for __syncthreads, warp shuffles and
+//! mma.sync) and compared with plain loops
 //! (tests/host_emu/*_emu.cpp). This checks index
 //! arithmetic, bounds, vector tails, the reductions, and for attention the grouped-query and
 //! sliding-window paths, on every machine; it does not replace the GPU check (`fox-attn
@@ -56,4 +57,13 @@ fn f32_attention_kernels_under_host_emulation() {
 #[test]
 fn selective_scan_kernels_under_host_emulation() {
     run_emulation("selective_scan_emu.cpp", "selective_scan_emu");
+}
+
+/// The delta rule's chunked forward and backward (every gradient, with left padding, an initial
+/// state and a final-state gradient), its decode step, and the L2 norm, decay and swish gate of
+/// DeltaNet's layer, in f32 (CUDA-core products) and bf16 (mma.sync emulated lane by lane), K of
+/// 20, 64 and 128, against an f64 recurrence.
+#[test]
+fn delta_rule_kernels_under_host_emulation() {
+    run_emulation("delta_rule_emu.cpp", "delta_rule_emu");
 }

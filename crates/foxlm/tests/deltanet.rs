@@ -211,16 +211,32 @@ fn matches_fla() {
     }
 }
 
-/// The GPU backend has no DeltaNet kernels yet, and says so by family: `--device auto` then runs
-/// on the CPU with this note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
+/// The GPU backend runs DeltaNet and Gated DeltaNet layers whose key heads its kernels take (K ≤
+/// 128, as every preset), and refuses wider ones by family: `--device auto` then runs on the CPU
+/// with this note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
 #[test]
-fn the_gpu_backend_names_the_family_it_cannot_run() {
+fn the_gpu_backend_takes_the_presets_and_names_the_family_it_cannot_run() {
     for (cfg, family) in [(deltanet_tiny(), "DeltaNet"), (gated_tiny(), "Gated DeltaNet")] {
         let model = Model::new(&cfg);
+        for training in [false, true] {
+            assert_eq!(foxlm::backend::cuda::unsupported(&model, training), None, "{family}");
+        }
+        let mut wide = cfg.clone();
+        wide.hidden_size = 512;
+        wide.num_heads = 2;
+        if cfg.arch() == Arch::GatedDeltaNet {
+            wide.ssm_head_dim = Some(256);
+        }
+        wide.validate().unwrap();
+        let model = Model::new(&wide);
         for training in [false, true] {
             let why = foxlm::backend::cuda::unsupported(&model, training).expect("refused");
             assert!(why.starts_with(&format!("{family}: ")) && why.contains("--device cpu"), "{why}");
         }
+    }
+    for name in foxlm::presets::DELTANET {
+        let p = foxlm::presets::preset(name).unwrap();
+        assert_eq!(foxlm::model::deltanet::cuda::unsupported(&p.model.deltanet()), None, "{name}");
     }
 }
 

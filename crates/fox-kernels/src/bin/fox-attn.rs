@@ -15,10 +15,12 @@
 //!   fox-attn bench-ssd [--shape B,T,H,P,N,G]        Mamba-2's SSD forward (default 2,16384,24,64,128,1)
 //!   fox-attn bench-scan [--b 2] [--t 16384] [--di 1536] [--n 16] [--iters 20] [--warmup 3]
 //!                                                   Mamba's selective scan (Samba), fwd and fwd+bwd
+//!   fox-attn bench-delta [--shape B,T,H,K,V]        the delta rule (DeltaNet, Gated DeltaNet), bf16,
+//!                                                   fwd and fwd+bwd (default 2,16384,6,128,128)
 
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{
-    self, bench, check, compile, gemm, gemm_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
+    self, bench, check, compile, delta_rule_check, gemm, gemm_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
 };
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
@@ -91,14 +93,21 @@ fn main() -> Result<()> {
             };
             println!("GPU ops check on {} (seed {seed})", gpu.describe());
             let t0 = std::time::Instant::now();
-            // Mamba-2's rows (cases named "ssd ..."); a filter beginning with "ssd" runs only them.
+            // Mamba-2's rows (cases named "ssd ..."); a filter beginning with "ssd" runs only them,
+            // one beginning with "delta" only the delta rule's.
             let filter = arg_value(&args, "--filter");
+            let delta_only = filter.as_deref().is_some_and(|f| f.starts_with("delta"));
             let mut rows = match &filter {
-                Some(f) if f.starts_with("ssd") => Vec::new(),
+                Some(f) if f.starts_with("ssd") || delta_only => Vec::new(),
                 _ => ops_check::run_all(&gpu, seed),
             };
-            rows.extend(ssd_check::run_all(&gpu, seed));
-            rows.extend(ssd_tc_check::run_all(&gpu, seed));
+            if !delta_only {
+                rows.extend(ssd_check::run_all(&gpu, seed));
+                rows.extend(ssd_tc_check::run_all(&gpu, seed));
+            }
+            if filter.as_deref().is_none_or(|f| delta_only || !f.starts_with("ssd")) {
+                rows.extend(delta_rule_check::run_all(&gpu, seed));
+            }
             if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
             }
@@ -216,6 +225,36 @@ fn main() -> Result<()> {
                      alone: state walk {:.3}, chunk outputs {:.3}; backward: walks {:.3}, chunk backward \
                      {:.3}, reductions {:.3} ms",
                     st[0], st[1], st[2], st[3], st[4]
+                );
+            }
+            Ok(())
+        }
+        "bench-delta" => {
+            // The delta rule at the 125M models' widths (6 heads of 128; fla's chunk_delta_rule /
+            // chunk_gated_delta_rule forwards in the same call for comparison).
+            let gpu = cuda::Gpu::new(0)?;
+            let shape = match arg_value(&args, "--shape") {
+                Some(s) => {
+                    let v = list(&s)?;
+                    anyhow::ensure!(v.len() == 5, "--shape takes B,T,H,K,V");
+                    (v[0], v[1], v[2], v[3], v[4])
+                }
+                None => (2, 16384, 6, 128, 128),
+            };
+            for gated in [false, true] {
+                let (fwd, fb, st) = delta_rule_check::bench(&gpu, shape, gated, 3, 20)?;
+                println!(
+                    "{} (bf16) on {}, [B, T, H, K, V] = {shape:?}: forward {fwd:.3} ms, forward + backward {fb:.3} ms \
+                     (medians of 20, CUDA events); alone: WY {:.3}, walk {:.3}, outputs {:.3}; dU {:.3}, reverse \
+                     walk {:.3}, gradients {:.3} ms",
+                    if gated { "gated delta rule" } else { "delta rule" },
+                    gpu.describe(),
+                    st[0],
+                    st[1],
+                    st[2],
+                    st[3],
+                    st[4],
+                    st[5]
                 );
             }
             Ok(())

@@ -76,8 +76,13 @@ pub static SSD_TC: Source = Source { name: "ssd_tc", files: &[ELEM, include_str!
 pub static SELECTIVE_SCAN: Source =
     Source { name: "selective_scan", files: &[ELEM, include_str!("../../kernels/selective_scan.cu")] };
 
-pub static SOURCES: [&Source; 9] =
-    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN];
+/// DeltaNet's and Gated DeltaNet's delta rule (chunked forward and backward, decode step) and the
+/// layer's L2 norm, decay and swish gate: see [`super::delta_rule`].
+pub static DELTA_RULE: Source =
+    Source { name: "delta_rule", files: &[ELEM, include_str!("../../kernels/delta_rule.cu")] };
+
+pub static SOURCES: [&Source; 10] =
+    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN, &DELTA_RULE];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

@@ -14,6 +14,8 @@ pub mod attention_f32;
 pub mod bench;
 pub mod check;
 pub mod compile;
+pub mod delta_rule;
+pub mod delta_rule_check;
 pub mod gemm;
 pub mod gemm_check;
 mod kargs;

@@ -1,4 +1,4 @@
-// Host emulation of the CUDA subset that kernels/ops.cu, attention_f32.cu and selective_scan.cu use, so the kernels' logic can be tested
+// Host emulation of the CUDA subset that kernels/ops.cu, attention_f32.cu, selective_scan.cu and delta_rule.cu use, so the kernels' logic can be tested
 // without a GPU: one std::thread per CUDA thread, the blocks of a grid one after the other
 // (so `__shared__` can be a function-local static), a std::barrier per block for __syncthreads
 // and per warp for the warp shuffles, ballots and __syncwarp. Threads that return early drop out
@@ -43,7 +43,7 @@ inline u16 mock_rne(float v) {
 }
 template <bool BF> inline u32 pack2(float lo, float hi) { return (u32)mock_rne(lo) | ((u32)mock_rne(hi) << 16); }
 std::barrier<>* g_block_bar;
-struct Warp { std::barrier<>* bar; double vals[32]; };
+struct Warp { std::barrier<>* bar; double vals[32]; u32 ma[32][4], mb[32][2]; };
 std::vector<Warp> g_warps;
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
@@ -76,6 +76,42 @@ inline unsigned __ballot_sync(unsigned, bool pred) {
     return r;
 }
 inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
+// Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.
+#define FOX_HOST_EMU 1
+alignas(16) static unsigned char dyn_smem[232 * 1024];
+// cp.async of 16 bytes (zeros when !valid), done at once; commits and waits have nothing to do.
+inline void cp_async16(void* dst, const void* src, bool valid) {
+    if (valid)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the warp's fragments (PTX ISA's layout:
+// lane = 4·group + t; A's registers 0-3 hold (group, 2t..2t+1), (group + 8, ·), (group, 2t + 8..),
+// (group + 8, 2t + 8..); B's (k = 2t..2t+1, n = group), (k = 2t + 8.., group); C's (group, 2t..2t+1),
+// (group + 8, 2t..2t+1)), products summed in f32.
+inline float mock_bf(u32 w, int hi) { return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16)); }
+inline void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    const int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    for (int i = 0; i < 4; ++i) w.ma[lane][i] = a[i];
+    w.mb[lane][0] = b0;
+    w.mb[lane][1] = b1;
+    w.bar->arrive_and_wait();
+    auto A = [&](int r, int k) { return mock_bf(w.ma[(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k & 1); };
+    auto B = [&](int k, int n) { return mock_bf(w.mb[n * 4 + (k % 8) / 2][k >= 8], k & 1); };
+    const int g = lane >> 2, t = lane & 3;
+    for (int r = 0; r < 4; ++r) {
+        const int row = g + (r >> 1) * 8, col = 2 * t + (r & 1);
+        float s = 0.f;
+        for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
+        c[r] += s;
+    }
+    w.bar->arrive_and_wait();
+}
 template <class F> void launch(dim3e grid, unsigned block, F f) {
     gridDim = grid;
     blockDim = {block, 1, 1};

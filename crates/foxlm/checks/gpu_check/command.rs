@@ -11,13 +11,13 @@ pub fn run(a: Args) -> Result<()> {
     let mut rows = Vec::new();
     let only = |what: &str| a.only.as_deref().is_none_or(|o| o == what);
     if only("fixtures") {
-        rows.extend(super::run_fixture_checks(&gpu, &a.fixtures)?);
+        rows.extend(super::run_fixture_checks(&gpu, &a.fixtures, a.models.as_deref())?);
     }
     if only("infer") {
-        rows.extend(super::infer::run_inference_checks(&gpu, &a.fixtures)?);
+        rows.extend(super::infer::run_inference_checks(&gpu, &a.fixtures, a.models.as_deref())?);
     }
     if only("serve") {
-        rows.extend(super::serve::run_serve_checks(&gpu, &a.fixtures, &a.work)?);
+        rows.extend(super::serve::run_serve_checks(&gpu, &a.fixtures, &a.work, a.models.as_deref())?);
     }
     if only("train") && a.train_steps > 0 {
         rows.extend(super::run_training_checks(&a.sample, &a.work, a.train_steps)?);

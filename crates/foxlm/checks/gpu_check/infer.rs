@@ -67,9 +67,9 @@ fn agreeing_prefix(a: &[u32], b: &[u32]) -> usize {
 
 /// The inference rows for every fixture under `fixtures`, the device sampler, and a model with
 /// head dim 64 (the fast bf16 kernels: tiled prefill and the split-K decode kernel).
-pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
+pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str>) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    for v in VARIANTS {
+    for v in VARIANTS.into_iter().filter(|v| super::wanted(models, v)) {
         eprintln!("inference checks: {v}");
         let dir = fixtures.join(v);
         let model = load_model(&dir)?;
@@ -137,15 +137,22 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<Check
 
         rows.extend(eval_loss_rows(gpu, &model, v, &ids, b, t)?);
     }
-    eprintln!("inference checks: the sampler");
-    rows.extend(sampler_checks(gpu, fixtures)?);
-    eprintln!("inference checks: head dim 64");
-    rows.extend(head_dim_64_checks(gpu)?);
-    for m in super::gqa_window_models()? {
+    if models.is_none() {
+        eprintln!("inference checks: the sampler");
+        rows.extend(sampler_checks(gpu, fixtures)?);
+        eprintln!("inference checks: head dim 64");
+        rows.extend(head_dim_64_checks(gpu)?);
+    }
+    let wanted = |m: &super::CheckModel| super::wanted(models, &m.name);
+    for m in super::gqa_window_models()?.into_iter().filter(wanted) {
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }
-    for m in super::recurrent_models(fixtures)? {
+    for m in super::recurrent_models(fixtures)?.into_iter().filter(wanted) {
+        eprintln!("inference checks: {}", m.name);
+        rows.extend(gqa_window_rows(gpu, &m)?);
+    }
+    for m in super::deltanet_models()?.into_iter().filter(wanted) {
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }

@@ -1,8 +1,9 @@
 //! `foxlm serve` on the GPU against `foxlm generate --device cuda` and the forward pass (issue 32):
 //! the server is started in-process on the GPU and driven over HTTP.
 //!
-//! Per model (the FoX (Pro) fixture, the Mamba-2 fixture, and a FoX (Pro) with heads of 64, whose
-//! attention runs the fast bf16 kernels as fox-pro-125m's does):
+//! Per model (the FoX (Pro) fixture, the Mamba-2 fixture, a FoX (Pro) with heads of 64, whose
+//! attention runs the fast bf16 kernels as fox-pro-125m's does, and a Gated DeltaNet with heads of
+//! 64):
 //! - greedy tokens of concurrent requests (two waves: short prompts, then longer ones that join
 //!   the running batch, which moves the running rows once, and different lengths that leave at
 //!   different steps) against `GpuInfer::generate` of each prompt alone (what `foxlm generate
@@ -76,14 +77,24 @@ fn models(fixtures: &Path, work: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = work.join("serve-fox-pro-heads-64");
     save_model(&model, &cfg, &dir).with_context(|| format!("saving {}", dir.display()))?;
     out.push(("fox_pro d=256 heads of 64".to_string(), dir));
+    // Gated DeltaNet with heads of 64: its GPU state through prefills, decode steps and the rows'
+    // moves between caches.
+    let name = "gated deltanet d=256 heads of 64";
+    let m = super::deltanet_models()?.into_iter().find(|m| m.name == name).context("the Gated DeltaNet check model")?;
+    let dir = work.join("serve-gated-deltanet-heads-64");
+    save_model(&m.model, &m.model.config, &dir).with_context(|| format!("saving {}", dir.display()))?;
+    out.push((name.to_string(), dir));
     Ok(out)
 }
 
-pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path) -> Result<Vec<CheckRow>> {
+pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path, only: Option<&str>) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    for (name, dir) in models(fixtures, work)? {
+    for (name, dir) in models(fixtures, work)?.into_iter().filter(|(n, _)| super::wanted(only, n)) {
         eprintln!("serve checks: {name}");
         rows.extend(model_rows(gpu, &name, &dir).with_context(|| format!("serve checks of {name}"))?);
+    }
+    if only.is_some() {
+        return Ok(rows);
     }
     // A plan that cannot fit: refused at start with the options named.
     let mut o = ServeOptions::new(fixtures.join("fox_pro"));

@@ -30,4 +30,8 @@ pub struct Args {
     /// of 64, state 128) or a Samba (attention heads of 64, window 64), each d = 128, 2 layers.
     #[arg(long, default_value = "fox", value_parser = ["fox", "mamba2", "samba"])]
     pub dist_model: String,
+    /// Only the models whose check name contains this text (the fixture, inference and serving
+    /// checks; e.g. `deltanet`); the sampler's and head-dim-64 rows run only without it.
+    #[arg(long)]
+    pub models: Option<String>,
 }

@@ -116,7 +116,7 @@ pub enum MixerScratch<A, F> {
     Attention(AttnScratch<A, F>),
     Mamba2(Mamba2Scratch<A, F>),
     Mamba(MambaScratch<A>),
-    DeltaNet(DeltaNetScratch<A>),
+    DeltaNet(DeltaNetScratch<A, F>),
     Hgrn2(Hgrn2Scratch<A>),
 }
 

@@ -202,6 +202,13 @@ impl<'m> GpuBatcher<'m> {
                     runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
                     runs.push(gpu, &x.conv, sr * nc, nc, &mut y.conv, dr * nc, nc, nc, 1)?;
                 }
+                (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
+                    let [ns, nq, nv] = crate::model::deltanet::state::DeltaNetState::lens(1, &x.sizes);
+                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
+                    runs.push(gpu, &x.conv_q, sr * nq, nq, &mut y.conv_q, dr * nq, nq, nq, 1)?;
+                    runs.push(gpu, &x.conv_k, sr * nq, nq, &mut y.conv_k, dr * nq, nq, nq, 1)?;
+                    runs.push(gpu, &x.conv_v, sr * nv, nv, &mut y.conv_v, dr * nv, nv, nv, 1)?;
+                }
                 _ => bail!("copying a row between caches of different layer kinds"),
             }
         }

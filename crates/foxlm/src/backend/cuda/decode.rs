@@ -80,7 +80,11 @@ impl<T: Elem> Cuda<T> {
                 }
                 Mixer::Mamba2(l) => Ok(LayerState::Mamba2(GpuMamba2State::new(&self.gpu, batch, *l.sizes())?)),
                 Mixer::Mamba(l) => Ok(LayerState::Mamba(GpuMambaState::new(&self.gpu, batch, *l.sizes())?)),
-                Mixer::DeltaNet(_) => anyhow::bail!(crate::model::deltanet::cuda::NO_GPU_KERNELS),
+                Mixer::DeltaNet(l) => Ok(LayerState::DeltaNet(crate::model::deltanet::cuda::GpuDeltaNetState::new(
+                    &self.gpu,
+                    batch,
+                    *l.sizes(),
+                )?)),
                 Mixer::Hgrn2(_) => anyhow::bail!(crate::model::hgrn2::cuda::NO_GPU_KERNELS),
             })
             .collect()

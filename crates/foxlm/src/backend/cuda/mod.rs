@@ -80,11 +80,7 @@ pub struct CacheLens {
 pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
     model.layers.iter().find_map(|blk| match &blk.mixer {
         crate::model::Mixer::Attention(_) => None,
-        crate::model::Mixer::DeltaNet(l) => Some(format!(
-            "{}: {}",
-            if l.sizes().gated { "Gated DeltaNet" } else { "DeltaNet" },
-            crate::model::deltanet::cuda::NO_GPU_KERNELS
-        )),
+        crate::model::Mixer::DeltaNet(l) => crate::model::deltanet::cuda::unsupported(l.sizes()),
         crate::model::Mixer::Hgrn2(_) => Some(format!("HGRN2: {}", crate::model::hgrn2::cuda::NO_GPU_KERNELS)),
         crate::model::Mixer::Mamba2(l) => {
             let s = l.sizes();
@@ -129,7 +125,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Attention(c) => c.len,
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
-            LayerState::DeltaNet(s) => match *s {},
+            LayerState::DeltaNet(s) => s.len,
             LayerState::Hgrn2(s) => match *s {},
         }
     }
@@ -148,7 +144,7 @@ impl<T> GpuLayerState<T> {
             }
             LayerState::Mamba2(s) => s.len = len,
             LayerState::Mamba(s) => s.len = len,
-            LayerState::DeltaNet(s) => match *s {},
+            LayerState::DeltaNet(s) => s.len = len,
             LayerState::Hgrn2(s) => match *s {},
         }
     }
@@ -327,6 +323,8 @@ impl<T: Elem> Cuda<T> {
         ops::reserve_scratch(&gpu, ops::scratch_floats(rows * h, d.max(vocab.min(4096))))?;
         let mut ssm = SsmScratch::default();
         let (big, small) = ssm_scratch_floats(model, batch, seq, train);
+        let tb = std::mem::size_of::<T>();
+        let (big, small) = crate::model::deltanet::cuda::scratch_floats(model, batch, seq, train, tb, (big, small));
         if big > 0 {
             grown(&gpu, &mut ssm.big, big)?;
         }
@@ -405,6 +403,7 @@ impl<T: Elem> Cuda<T> {
         plan.add(format!("output head chunk ({head_rows} rows × {vocab} logits)"), head_rows * vocab * (4 + tb));
         plan.add("cuBLASLt workspace", 32 << 20);
         let (big, small) = ssm_scratch_floats(model, batch, seq, train);
+        let (big, small) = crate::model::deltanet::cuda::scratch_floats(model, batch, seq, train, tb, (big, small));
         if big + small > 0 {
             plan.add("Mamba-2 SSD scratch (chunk products and states, partial sums)", 4 * (big + small));
         }

@@ -185,7 +185,7 @@ impl DeltaNetOps for Cpu<'_> {
 
     fn delta_rule_bwd(
         &mut self,
-        grads: DeltaRuleGradsOf<'_, Vec<f32>>,
+        grads: DeltaRuleGradsOf<'_, Vec<f32>, Vec<f32>>,
         dout: &Vec<f32>,
         q: &Vec<f32>,
         k: &Vec<f32>,

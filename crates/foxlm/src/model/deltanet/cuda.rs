@@ -1,110 +1,297 @@
-//! The DeltaNet family on the CUDA backend: no GPU kernels yet. `backend::cuda::unsupported`
-//! names the family, so `--device auto` runs these models on the CPU (with a note) and
-//! `--device cuda` refuses them before a step runs; the operations below are never reached
-//! through the CLI, and each refuses if called directly.
+//! The DeltaNet family on the CUDA backend: its inference state on the device, and its
+//! operations on `fox_kernels::cuda::delta_rule`'s kernels (activations in T; g, the states and
+//! the parameters' gradients in f32) and Mamba-2's short convolution (`ssd::conv1d_*` through
+//! the backend's `short_conv_*`, the same contract: depthwise, causal per row from its first
+//! real token, SiLU, the last W − 1 inputs as the state).
 
 use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf};
-use crate::backend::cuda::{Cuda, GpuBatch};
-use anyhow::{bail, Result};
+use super::state::DeltaNetState;
+use crate::backend::cuda::recurrent::{two_mut, ShortConv};
+use crate::backend::cuda::{grown, Cuda, GpuBatch};
+use crate::backend::Family;
+use crate::config::DeltaNetSizes;
+use crate::model::{Mixer, Model};
+use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
-use fox_kernels::cuda::Elem;
+use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
+use fox_kernels::cuda::{Elem, Gpu};
 
-/// Why the GPU backend cannot run a DeltaNet layer.
-pub const NO_GPU_KERNELS: &str =
-    "the GPU backend has no DeltaNet / Gated DeltaNet kernels yet; run it with --device cpu";
+/// A DeltaNet layer's inference state on the GPU, in f32: the delta-rule state [B, H, K, V] and
+/// the three convolutions' last W − 1 inputs [B, W − 1, C] (as [`DeltaNetState`] on the CPU).
+pub struct GpuDeltaNetState {
+    pub batch: usize,
+    pub sizes: DeltaNetSizes,
+    pub len: usize,
+    pub ssm: CudaSlice<f32>,
+    pub conv_q: CudaSlice<f32>,
+    pub conv_k: CudaSlice<f32>,
+    pub conv_v: CudaSlice<f32>,
+}
 
-/// The GPU state type the trait asks for; never built (see the module's doc).
-pub enum GpuDeltaNetState {}
+impl GpuDeltaNetState {
+    pub fn new(gpu: &Gpu, batch: usize, sizes: DeltaNetSizes) -> Result<Self> {
+        let [s, q, v] = DeltaNetState::lens(batch, &sizes);
+        Ok(Self {
+            batch,
+            sizes,
+            len: 0,
+            ssm: gpu.zeros(s.max(1))?,
+            conv_q: gpu.zeros(q.max(1))?,
+            conv_k: gpu.zeros(q.max(1))?,
+            conv_v: gpu.zeros(v.max(1))?,
+        })
+    }
+}
+
+/// Why the GPU kernels cannot run a DeltaNet layer of these sizes, if they cannot.
+pub fn unsupported(s: &DeltaNetSizes) -> Option<String> {
+    let ok = dr::supported(s.head_k, s.head_v) && (1..=8).contains(&s.conv);
+    (!ok).then(|| {
+        format!(
+            "{}: the GPU's DeltaNet kernels take a key head dim ≤ {} and conv_size ≤ 8 (this model: {}, {}); run it \
+             with --device cpu",
+            if s.gated { "Gated DeltaNet" } else { "DeltaNet" },
+            dr::MAX_K,
+            s.head_k,
+            s.conv
+        )
+    })
+}
+
+/// The backend's recurrent scratch (`big`, `small` in f32 elements) raised to what the model's
+/// DeltaNet layers need for a step of [batch, seq] with activations of `elem_bytes` (training
+/// when `train`): the delta rule's chunk buffers, the convolutions' and the decay's partial sums.
+pub(crate) fn scratch_floats(
+    model: &Model,
+    batch: usize,
+    seq: usize,
+    train: bool,
+    elem_bytes: usize,
+    (big, small): (usize, usize),
+) -> (usize, usize) {
+    let mut out = (big, small);
+    for blk in &model.layers {
+        if let Mixer::DeltaNet(l) = &blk.mixer {
+            let s = l.sizes();
+            let (h, k, v) = (s.heads, s.head_k, s.head_v);
+            let chunk = if elem_bytes == 2 {
+                if train {
+                    dr::bwd_scratch_len::<half::bf16>(batch, seq, h, k, v)
+                } else {
+                    dr::fwd_scratch_len::<half::bf16>(batch, seq, h, k, v)
+                }
+            } else if train {
+                dr::bwd_scratch_len::<f32>(batch, seq, h, k, v)
+            } else {
+                dr::fwd_scratch_len::<f32>(batch, seq, h, k, v)
+            };
+            let partial = if train {
+                let conv =
+                    fox_kernels::cuda::ssd::conv1d_bwd_scratch_len(batch, seq, s.key_dim().max(s.value_dim()), s.conv);
+                conv.max(dr::decay_bwd_scratch_len(batch * seq, h))
+            } else {
+                0
+            };
+            out = (out.0.max(chunk), out.1.max(partial));
+        }
+    }
+    out
+}
+
+/// Convolution `which` of the layer: its own buffer, no bias.
+fn conv(which: ConvOf, p: &DeltaNetParams) -> ShortConv {
+    let (weight, channels) = p.conv(which);
+    ShortConv { weight, bias: None, channels, width: p.sizes.conv, stride: channels }
+}
+
+/// The delta-rule problem over the layer's buffers.
+#[allow(clippy::too_many_arguments)]
+fn problem<'a, T: Elem>(
+    p: &DeltaNetParams,
+    b: &'a GpuBatch,
+    q: &'a CudaSlice<T>,
+    k: &'a CudaSlice<T>,
+    v: &'a CudaSlice<T>,
+    beta: &'a CudaSlice<T>,
+    g: Option<&'a CudaSlice<f32>>,
+) -> DevDeltaRule<'a, T> {
+    let s = &p.sizes;
+    DevDeltaRule {
+        batch: b.batch,
+        seq: b.seq,
+        heads: s.heads,
+        k_dim: s.head_k,
+        v_dim: s.head_v,
+        q,
+        k,
+        v,
+        beta,
+        g,
+        scale: 1.0 / (s.head_k as f32).sqrt(),
+        start: b.chunk_start(),
+    }
+}
 
 impl<T: Elem> DeltaNetOps for Cuda<T> {
     type DeltaNetState = GpuDeltaNetState;
 
     fn deltanet_conv_fwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: ConvOf,
-        _: &DeltaNetParams,
-        _: &GpuBatch,
-        _: Option<&mut GpuDeltaNetState>,
+        out: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        which: ConvOf,
+        p: &DeltaNetParams,
+        b: &GpuBatch,
+        state: Option<&mut GpuDeltaNetState>,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        if let Some(st) = &state {
+            ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
+        }
+        let st = state.map(|st| match which {
+            ConvOf::Q => &mut st.conv_q,
+            ConvOf::K => &mut st.conv_k,
+            ConvOf::V => &mut st.conv_v,
+        });
+        self.short_conv_fwd(out, &x.slice(..), &conv(which, p), b, st)
     }
+
     fn deltanet_conv_bwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: ConvOf,
-        _: &DeltaNetParams,
-        _: &GpuBatch,
+        dx: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        which: ConvOf,
+        p: &DeltaNetParams,
+        b: &GpuBatch,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &conv(which, p), b)
     }
-    fn l2norm_fwd(&mut self, _: &mut CudaSlice<T>, _: &mut CudaSlice<f32>, _: &CudaSlice<T>, _: usize) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+
+    fn l2norm_fwd(
+        &mut self,
+        y: &mut CudaSlice<T>,
+        rstd: &mut CudaSlice<f32>,
+        x: &CudaSlice<T>,
+        dim: usize,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        dr::l2norm_fwd(&self.gpu, y, rstd, x, x.len() / dim.max(1), dim)
     }
+
     fn l2norm_bwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<f32>,
-        _: usize,
+        dx: &mut CudaSlice<T>,
+        dy: &CudaSlice<T>,
+        y: &CudaSlice<T>,
+        rstd: &CudaSlice<f32>,
+        dim: usize,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        dr::l2norm_bwd(&self.gpu, dx, dy, y, rstd, y.len() / dim.max(1), dim)
     }
-    fn deltanet_decay_fwd(&mut self, _: &mut CudaSlice<T>, _: &CudaSlice<T>, _: &DeltaNetParams) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+
+    fn deltanet_decay_fwd(&mut self, g: &mut CudaSlice<f32>, a: &CudaSlice<T>, p: &DeltaNetParams) -> Result<()> {
+        self.mark(Family::Other)?;
+        let (a_log, bias) = match (p.a_log, p.dt_bias) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
+        };
+        let rows = a.len() / p.sizes.heads;
+        dr::decay_fwd(&self.gpu, g, a, &self.params[a_log.0].master, &self.params[bias.0].master, rows)
     }
+
     fn deltanet_decay_bwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &DeltaNetParams,
+        da: &mut CudaSlice<T>,
+        dg: &CudaSlice<f32>,
+        a: &CudaSlice<T>,
+        p: &DeltaNetParams,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        let (a_log, bias) = match (p.a_log, p.dt_bias) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
+        };
+        let h = p.sizes.heads;
+        let rows = a.len() / h;
+        let scratch = grown(&self.gpu, &mut self.ssm.small, dr::decay_bwd_scratch_len(rows, h))?;
+        let (pa, pb) = two_mut(&mut self.params, a_log.0, bias.0)?;
+        dr::decay_bwd(&self.gpu, da, &mut pa.grad, &mut pb.grad, scratch, dg, a, &pa.master, &pb.master, rows)
     }
+
     fn delta_rule_fwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: Option<&CudaSlice<T>>,
-        _: &DeltaNetParams,
-        _: &GpuBatch,
-        _: Option<&mut GpuDeltaNetState>,
+        o: &mut CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        beta: &CudaSlice<T>,
+        g: Option<&CudaSlice<f32>>,
+        p: &DeltaNetParams,
+        b: &GpuBatch,
+        state: Option<&mut GpuDeltaNetState>,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Attention)?;
+        let s = &p.sizes;
+        let prob = problem(p, b, q, k, v, beta, g);
+        let len = dr::fwd_scratch_len::<T>(b.batch, b.seq, s.heads, s.head_k, s.head_v);
+        match state {
+            None => {
+                let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
+                dr::delta_rule_fwd(&self.gpu, &prob, o, None, scratch)
+            }
+            Some(st) => {
+                ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
+                if b.seq == 1 {
+                    dr::delta_rule_decode_step(&self.gpu, &prob, &mut st.ssm, o)?;
+                } else {
+                    let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
+                    dr::delta_rule_fwd(&self.gpu, &prob, o, Some(&mut st.ssm), scratch)?;
+                }
+                st.len += b.seq;
+                Ok(())
+            }
+        }
     }
+
     fn delta_rule_bwd(
         &mut self,
-        _: DeltaRuleGradsOf<'_, CudaSlice<T>>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: Option<&CudaSlice<T>>,
-        _: &DeltaNetParams,
-        _: &GpuBatch,
+        grads: DeltaRuleGradsOf<'_, CudaSlice<T>, CudaSlice<f32>>,
+        dout: &CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        beta: &CudaSlice<T>,
+        g: Option<&CudaSlice<f32>>,
+        p: &DeltaNetParams,
+        b: &GpuBatch,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Attention)?;
+        let s = &p.sizes;
+        let prob = problem(p, b, q, k, v, beta, g);
+        let len = dr::bwd_scratch_len::<T>(b.batch, b.seq, s.heads, s.head_k, s.head_v);
+        let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
+        let DeltaRuleGradsOf { dq, dk, dv, dbeta, dg } = grads;
+        let out = DevDeltaRuleGrads { dq, dk, dv, dbeta, dg, dinit: None };
+        dr::delta_rule_bwd(&self.gpu, &prob, dout, None, None, out, scratch)
     }
-    fn swish_gate_fwd(&mut self, _: &mut CudaSlice<T>, _: &CudaSlice<T>, _: &CudaSlice<T>) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+
+    fn swish_gate_fwd(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, gate: &CudaSlice<T>) -> Result<()> {
+        self.mark(Family::Other)?;
+        dr::swish_gate_fwd(&self.gpu, y, x, gate, x.len())
     }
+
     fn swish_gate_bwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
+        dx: &mut CudaSlice<T>,
+        dgate: &mut CudaSlice<T>,
+        dy: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        gate: &CudaSlice<T>,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        dr::swish_gate_bwd(&self.gpu, dx, dgate, dy, x, gate, x.len())
     }
 }

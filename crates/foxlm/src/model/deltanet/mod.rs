@@ -7,8 +7,8 @@
 //! β = sigmoid(b_proj(x)); Gated DeltaNet's log-decay g = −exp(A_log)·softplus(a_proj(x) + dt_bias);
 //! o = the delta rule ([`fox_kernels::delta_rule`]; scale K^−½); per head RMSNorm(o)·w, times
 //! SiLU(g_proj(x)) when the layer has the output gate; o_proj. Its backend operations are
-//! [`ops::DeltaNetOps`] (CPU: `cpu.rs`; the CUDA backend has none yet: `cuda.rs`); its inference
-//! state is the delta-rule state and the convolutions' last inputs, fixed in size (`state.rs`).
+//! [`ops::DeltaNetOps`] (CPU: `cpu.rs`; CUDA: `cuda.rs`); its inference state is the delta-rule
+//! state and the convolutions' last inputs, fixed in size (`state.rs`; on the GPU `cuda.rs`).
 
 pub mod cpu;
 pub mod cuda;
@@ -54,9 +54,9 @@ pub struct DeltaNetActs<A, F> {
     pub k_rstd: F,
     /// b_proj(x), then β = sigmoid of it, [B·T, H].
     pub beta: A,
-    /// Gated DeltaNet: a_proj(x) and the log-decay g, [B·T, H] (empty otherwise).
+    /// Gated DeltaNet: a_proj(x) and the log-decay g (f32), [B·T, H] (empty otherwise).
     pub a: A,
-    pub g: A,
+    pub g: F,
     /// The delta rule's output [B·T, H·V], its per-head RMSNorm and 1/rms [B·T·H].
     pub o: A,
     pub o_norm: A,
@@ -66,8 +66,8 @@ pub struct DeltaNetActs<A, F> {
     pub y: A,
 }
 
-/// The layer's backward buffers, shared by the layers of a slot.
-pub struct DeltaNetScratch<A> {
+/// The layer's backward buffers, shared by the layers of a slot (A: activations, F: f32).
+pub struct DeltaNetScratch<A, F> {
     pub dy: A,
     pub dgate: A,
     pub do_norm: A,
@@ -76,7 +76,7 @@ pub struct DeltaNetScratch<A> {
     pub dk: A,
     pub dv: A,
     pub dbeta: A,
-    pub dg: A,
+    pub dg: F,
     pub da: A,
     pub dq_conv: A,
     pub dk_conv: A,
@@ -104,7 +104,7 @@ impl<A, F> DeltaNetActs<A, F> {
             k_rstd: be.alloc_f32(n * h)?,
             beta: be.alloc(n * h)?,
             a: be.alloc(gated)?,
-            g: be.alloc(gated)?,
+            g: be.alloc_f32(gated)?,
             o: be.alloc(n * vd)?,
             o_norm: be.alloc(n * vd)?,
             o_rstd: be.alloc_f32(n * h)?,
@@ -114,8 +114,8 @@ impl<A, F> DeltaNetActs<A, F> {
     }
 }
 
-impl<A> DeltaNetScratch<A> {
-    pub fn new<B: Alloc<Act = A>>(be: &B, l: &DeltaNetMixer, b: usize, t: usize) -> Result<Self> {
+impl<A, F> DeltaNetScratch<A, F> {
+    pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &DeltaNetMixer, b: usize, t: usize) -> Result<Self> {
         let (n, s) = (b * t, &l.p.sizes);
         let (kd, vd, h) = (s.key_dim(), s.value_dim(), s.heads);
         let gated = if s.gated { n * h } else { 0 };
@@ -129,7 +129,7 @@ impl<A> DeltaNetScratch<A> {
             dk: be.alloc(n * kd)?,
             dv: be.alloc(n * vd)?,
             dbeta: be.alloc(n * h)?,
-            dg: be.alloc(gated)?,
+            dg: be.alloc_f32(gated)?,
             da: be.alloc(gated)?,
             dq_conv: be.alloc(n * kd)?,
             dk_conv: be.alloc(n * kd)?,
@@ -243,7 +243,7 @@ impl DeltaNetMixer {
         a: &DeltaNetActs<B::Act, B::F32>,
         dy: &B::Act,
         dx: &mut B::Act,
-        sc: &mut DeltaNetScratch<B::Act>,
+        sc: &mut DeltaNetScratch<B::Act, B::F32>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let n = info.batch * info.seq;

@@ -1,7 +1,9 @@
 //! The DeltaNet family's operations: what a backend supplies so that a [`super::DeltaNetMixer`]
 //! runs on it (DeltaNet and Gated DeltaNet alike). Buffers are the layer's: q, k [B·T, H·K], v
-//! and o [B·T, H·V], β, the raw decay input and g [B·T, H]. Gradients of parameters are
-//! accumulated (`+=`); gradients of activations are overwritten.
+//! and o [B·T, H·V], β and the raw decay input [B·T, H] (activations), the log-decay g and its
+//! gradient [B·T, H] in f32 (as fla's layer computes g in float32: its prefix sums over a chunk
+//! set every decay). Gradients of parameters are accumulated (`+=`); gradients of activations
+//! are overwritten.
 
 use crate::backend::Backend;
 use crate::config::DeltaNetSizes;
@@ -81,12 +83,12 @@ pub trait DeltaNetOps: Backend {
         dim: usize,
     ) -> Result<()>;
     /// Gated DeltaNet's log-decay g [B·T, H] = −exp(A_log) · softplus(a + dt_bias).
-    fn deltanet_decay_fwd(&mut self, g: &mut Self::Act, a: &Self::Act, p: &DeltaNetParams) -> Result<()>;
+    fn deltanet_decay_fwd(&mut self, g: &mut Self::F32, a: &Self::Act, p: &DeltaNetParams) -> Result<()>;
     /// From dg, writes da and adds A_log's and dt_bias's gradients.
     fn deltanet_decay_bwd(
         &mut self,
         da: &mut Self::Act,
-        dg: &Self::Act,
+        dg: &Self::F32,
         a: &Self::Act,
         p: &DeltaNetParams,
     ) -> Result<()>;
@@ -100,7 +102,7 @@ pub trait DeltaNetOps: Backend {
         k: &Self::Act,
         v: &Self::Act,
         beta: &Self::Act,
-        g: Option<&Self::Act>,
+        g: Option<&Self::F32>,
         p: &DeltaNetParams,
         batch: &Self::Batch,
         state: Option<&mut Self::DeltaNetState>,
@@ -109,13 +111,13 @@ pub trait DeltaNetOps: Backend {
     #[allow(clippy::too_many_arguments)]
     fn delta_rule_bwd(
         &mut self,
-        grads: DeltaRuleGradsOf<'_, Self::Act>,
+        grads: DeltaRuleGradsOf<'_, Self::Act, Self::F32>,
         dout: &Self::Act,
         q: &Self::Act,
         k: &Self::Act,
         v: &Self::Act,
         beta: &Self::Act,
-        g: Option<&Self::Act>,
+        g: Option<&Self::F32>,
         p: &DeltaNetParams,
         batch: &Self::Batch,
     ) -> Result<()>;
@@ -131,12 +133,12 @@ pub trait DeltaNetOps: Backend {
     ) -> Result<()>;
 }
 
-/// Where the delta rule's backward writes its gradients.
-pub struct DeltaRuleGradsOf<'a, A> {
+/// Where the delta rule's backward writes its gradients (A: activations, F: f32).
+pub struct DeltaRuleGradsOf<'a, A, F> {
     pub dq: &'a mut A,
     pub dk: &'a mut A,
     pub dv: &'a mut A,
     pub dbeta: &'a mut A,
     /// Gated DeltaNet's.
-    pub dg: Option<&'a mut A>,
+    pub dg: Option<&'a mut F>,
 }

@@ -1,0 +1,1127 @@
+// The delta rule of DeltaNet and Gated DeltaNet (crate::delta_rule), chunked, and the layer's
+// small ops (L2 norm, the decay, the swish gate). Compiled after elem.cuh.
+//
+// Per (batch row b, head h) with state S [K, V], chunks of L = 64 positions from position 0,
+// G_i = Σ_{s ≤ i} g_s within the chunk, γ_i = e^{G_i}, D_ij = e^{G_i − G_j} (j ≤ i), S_0 the state
+// entering the chunk (the WY form; see crate::delta_rule):
+//
+//   A_ij = β_i D_ij k_i·k_j (j < i),   T = (I + A)⁻¹,   W = T diag(βγ) K,   Ũ = T diag(β) V
+//   U    = Ũ − W S_0
+//   O    = scale · (diag(γ) Q S_0 + (D ∘ Q Kᵀ) U)
+//   S_L  = γ_L S_0 + Kᵀ diag(e^{G_L − G}) U
+//
+// Left padding (t < start[b]) and the positions past T in the last chunk enter as q = k = v = 0,
+// β = 0, g = 0: the state passes through them unchanged; their outputs and gradients are written
+// as 0 (or not at all past T).
+//
+// Forward, three kernels: dr_prep (per chunk: G, A, T by forward substitution in f32, W and Ũ),
+// dr_walk_fwd (per (b, h, 32 columns of V): the chunks in order with S in f32 registers; stores
+// the state entering each chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
+// dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
+// not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
+// (per chunk: every input's gradient from S_0, dS_L, U, dU and T).
+//
+// The block products run on a common 16x8-tile layout (DrAcc: each warp holds tiles of the output
+// in registers). With bf16 activations the tiles are bf16 in shared memory and each 16x8x16 step is
+// one mma.sync (f32 accumulation); with f32 activations the same tiles are f32 and the same steps
+// are f32 FMAs, so T = f32 keeps f32 accuracy (the CPU check's precision). Scratch (W, U, the
+// chunk states, T, dS) is stored in the activation type, dU and G in f32. No atomics: every sum
+// has a fixed order, so results are the same bits run after run.
+
+#define DR_L 64
+#define DR_BV 32   // columns of V per block of the walks and per step of the chunk kernels
+#define DR_NW 8    // warps per block of the chunk kernels and walks
+#define DR_NT 256
+
+typedef unsigned int u32;
+
+struct DrParams {
+    const void* q;      // [B, T, H, K]
+    const void* k;      // [B, T, H, K]
+    const void* v;      // [B, T, H, V]
+    const void* beta;   // [B, T, H]
+    const float* g;     // [B, T, H] log-decay, or null (DeltaNet)
+    const int* start;   // [B] or null
+    const float* init;  // [B, H, K, V] initial state or null
+    float* fin;         // [B, H, K, V] final state or null (may be init); the decode step's state
+    const float* dfin;  // backward: gradient of the final state or null
+    float* dinit;       // backward: gradient of the initial state or null
+    float* gc;          // [B·H, Tp] G per chunk
+    void* w;            // [B·H, Tp, KP]
+    void* u;            // [B·H, Tp, Vp]: Ũ, then U
+    void* states;       // [B·H, nch, KP, Vp]: the state entering each chunk
+    void* tm;           // [B·H, nch, 64, 64]: T
+    void* dstates;      // [B·H, nch, KP, Vp]: the gradient of the state leaving each chunk
+    float* du;          // [B·H, Tp, Vp]
+    void* o;            // [B, T, H, V]
+    const void* dout;   // [B, T, H, V]
+    void* dq;
+    void* dk;
+    void* dv;
+    void* dbeta;
+    float* dg;  // or null
+    float scale;
+    int B, T, H, K, V, Tp, nch, Vp;
+    int vk, vv;  // q, k (and v, o, do) rows load by 16-byte copies: K (V) a multiple of 16 bytes, aligned
+};
+
+template <typename E>
+struct DrPad;
+template <>
+struct DrPad<float> {
+    static constexpr int v = 4;
+};
+template <>
+struct DrPad<u16> {
+    static constexpr int v = 8;
+};
+
+// Shared-memory layouts (bytes), mirrored by src/cuda/delta_rule.rs (smem_bytes). Row strides pad
+// each tile so that the fragment loads of a warp fall in distinct banks.
+template <typename E, int KP>
+struct DrLayout {
+    static constexpr int P = DrPad<E>::v, LK = KP + P, LL = DR_L + P, LV = DR_BV + P, LVF = DR_BV + 4;
+    static constexpr int ES = (int)sizeof(E);
+    static constexpr int TK = DR_L * LK * ES;  // [64][KP]
+    static constexpr int TL = DR_L * LL * ES;  // [64][64]
+    static constexpr int TV = DR_L * LV * ES;  // [64][BV]
+    static constexpr int TS = KP * LV * ES;    // [KP][BV]
+    static constexpr int DV = DR_L * LVF * 4;  // f32 [64][BV]
+    static constexpr int F65 = DR_L * 65 * 4;  // f32 [64][65]
+    static constexpr int ROWS = DR_L * 4;      // f32 [64]
+    static constexpr int prep = TK + TV + 2 * TL + 2 * F65 + 2 * ROWS;
+    static constexpr int walk_fwd = 2 * (2 * TK + TV + ROWS) + TS + TV;
+    // The reverse walk's tiles of one chunk, twice where two sets fit 227 KB.
+    static constexpr int WB_SET = 3 * TK + TV + DV + ROWS;
+    static constexpr int NB_BWD = 2 * WB_SET + TS + 2 * TV <= 227 * 1024 ? 2 : 1;
+    static constexpr int walk_bwd = NB_BWD * WB_SET + TS + 2 * TV;
+    static constexpr int out = 2 * TK + TL + TS + TV + ROWS;
+    static constexpr int grads_b = 2 * TS + 7 * TV + DV > 3 * F65 + 2 * TL ? 2 * TS + 7 * TV + DV : 3 * F65 + 2 * TL;
+    // sb, sG, sdG, sdb, stmp [64], part [8][64], red [256], sX [4]
+    static constexpr int grads_small = (5 * DR_L + DR_NW * DR_L + DR_NT + 4) * 4;
+    static constexpr int grads = 2 * TK + TL + grads_b + grads_small;
+};
+
+#ifndef FOX_HOST_EMU
+// c (16x8 f32) += a (16x16 bf16, row-major fragment) · b (16x8 bf16, column fragment).
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#define DR_SMEM_DECL                                      \
+    extern __shared__ __align__(16) unsigned char dr_smem_[]; \
+    unsigned char* smem = dr_smem_;
+// 16 bytes from global to shared memory, asynchronously (zeros when !valid).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// Traps when the launch gave less dynamic shared memory than the layout needs.
+__device__ __forceinline__ void dr_need_smem(int bytes) {
+    unsigned n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    if (n < (unsigned)bytes) __trap();
+}
+#else
+#define DR_SMEM_DECL unsigned char* smem = dyn_smem;
+inline void dr_need_smem(int bytes) {
+    if (bytes > (int)sizeof(dyn_smem)) abort();
+}
+#endif
+
+__device__ __forceinline__ u32 dr_pack(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
+
+// c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
+// A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
+template <bool AT, bool BT>
+__device__ __forceinline__ void dr_tile(float (&c)[4], const u16* A, int lda, const u16* B, int ldb, int r0, int c0,
+                                        int kdim) {
+    const int lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        const int ka = k0 + 2 * tq;
+        u32 a[4];
+        if (AT) {
+            a[0] = dr_pack(A[ka * lda + r0 + gr], A[(ka + 1) * lda + r0 + gr]);
+            a[1] = dr_pack(A[ka * lda + r0 + gr + 8], A[(ka + 1) * lda + r0 + gr + 8]);
+            a[2] = dr_pack(A[(ka + 8) * lda + r0 + gr], A[(ka + 9) * lda + r0 + gr]);
+            a[3] = dr_pack(A[(ka + 8) * lda + r0 + gr + 8], A[(ka + 9) * lda + r0 + gr + 8]);
+        } else {
+            a[0] = *(const u32*)(A + (r0 + gr) * lda + ka);
+            a[1] = *(const u32*)(A + (r0 + gr + 8) * lda + ka);
+            a[2] = *(const u32*)(A + (r0 + gr) * lda + ka + 8);
+            a[3] = *(const u32*)(A + (r0 + gr + 8) * lda + ka + 8);
+        }
+        u32 b0, b1;
+        if (BT) {
+            b0 = *(const u32*)(B + (c0 + gr) * ldb + ka);
+            b1 = *(const u32*)(B + (c0 + gr) * ldb + ka + 8);
+        } else {
+            b0 = dr_pack(B[ka * ldb + c0 + gr], B[(ka + 1) * ldb + c0 + gr]);
+            b1 = dr_pack(B[(ka + 8) * ldb + c0 + gr], B[(ka + 9) * ldb + c0 + gr]);
+        }
+        mma_bf16_16816(c, a, b0, b1);
+    }
+}
+
+// The same tile in f32 on the CUDA cores: lane (g, t) owns rows g, g + 8 and columns 2t, 2t + 1.
+template <bool AT, bool BT>
+__device__ __forceinline__ void dr_tile(float (&c)[4], const float* A, int lda, const float* B, int ldb, int r0, int c0,
+                                        int kdim) {
+    const int lane = threadIdx.x & 31;
+    const int ra = r0 + (lane >> 2), rb = ra + 8, ca = c0 + 2 * (lane & 3), cb = ca + 1;
+#pragma unroll 4
+    for (int k = 0; k < kdim; ++k) {
+        const float a0 = AT ? A[k * lda + ra] : A[ra * lda + k];
+        const float a1 = AT ? A[k * lda + rb] : A[rb * lda + k];
+        const float b0 = BT ? B[ca * ldb + k] : B[k * ldb + ca];
+        const float b1 = BT ? B[cb * ldb + k] : B[k * ldb + cb];
+        c[0] = fmaf(a0, b0, c[0]);
+        c[1] = fmaf(a0, b1, c[1]);
+        c[2] = fmaf(a1, b0, c[2]);
+        c[3] = fmaf(a1, b1, c[3]);
+    }
+}
+
+// An M x N f32 block result spread over the block's warps in 16x8 tiles: warp w holds tiles
+// w·TPW .. w·TPW + TPW − 1 in row-major tile order, all in one 16-row band; element r of tile i is
+// (row(i, r), col(i, r)).
+template <int M, int N>
+struct DrAcc {
+    static constexpr int CT = N / 8;
+    static constexpr int TPW = (M / 16) * CT / DR_NW;
+    static_assert(TPW >= 1 && (M / 16) * CT % DR_NW == 0 && CT % TPW == 0, "DrAcc: tiles do not divide");
+    float c[TPW][4];
+    __device__ __forceinline__ int tile(int i) const { return (int)(threadIdx.x >> 5) * TPW + i; }
+    __device__ __forceinline__ int row(int i, int r) const {
+        return tile(i) / CT * 16 + (int)((threadIdx.x & 31) >> 2) + (r >> 1) * 8;
+    }
+    __device__ __forceinline__ int col(int i, int r) const { return tile(i) % CT * 8 + 2 * (int)(threadIdx.x & 3) + (r & 1); }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) c[i][r] = 0.f;
+    }
+    template <bool AT, bool BT, typename S>
+    __device__ __forceinline__ void mma(const S* A, int lda, const S* B, int ldb, int kdim) {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) dr_tile<AT, BT>(c[i], A, lda, B, ldb, tile(i) / CT * 16, tile(i) % CT * 8, kdim);
+    }
+    template <typename S>
+    __device__ __forceinline__ void store(S* s, int lds) const {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) st(s, (long long)row(i, r) * lds + col(i, r), c[i][r]);
+    }
+};
+
+// out[row] += mul(row) · Σ over the row's columns of v (values laid out as DrAcc<M, N>), for every
+// row: lanes of a row sum by a fixed butterfly, the warps of a band through `part` in order. All
+// threads call it.
+template <int M, int N, typename F>
+__device__ __forceinline__ void dr_rowsum(const float (&v)[DrAcc<M, N>::TPW][4], float* part, float* out, F mul) {
+    typedef DrAcc<M, N> A;
+    constexpr int WPR = A::CT / A::TPW;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, tile0 = w * A::TPW;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < A::TPW; ++i) {
+        s0 += v[i][0] + v[i][1];
+        s1 += v[i][2] + v[i][3];
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if ((lane & 3) == 0) {
+        const int row = tile0 / A::CT * 16 + (lane >> 2), j = tile0 % A::CT / A::TPW;
+        part[j * M + row] = s0;
+        part[j * M + row + 8] = s1;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < M; t += DR_NT) {
+        float s = 0.f;
+        for (int j = 0; j < WPR; ++j) s += part[j * M + t];
+        out[t] += mul(t) * s;
+    }
+    __syncthreads();
+}
+
+// Head (b, h) of an input [B, T, H, dim]: rows t0..t0 + 63, columns c0..c0 + NC of the tile s
+// [64][ld]; zero outside lo ≤ t < hi and past dim; row r times f(r).
+template <int NC, typename E, typename F>
+__device__ __forceinline__ void dr_load(E* s, int lds, const E* x, int dim, int c0, const DrParams& p, int b, int h, int t0,
+                                        int lo, int hi, F f) {
+    for (int i = threadIdx.x; i < DR_L * NC; i += DR_NT) {
+        const int r = i / NC, cc = i % NC, t = t0 + r, col = c0 + cc;
+        float v = 0.f;
+        if (t >= lo && t < hi && col < dim) v = ld(x, (((long long)b * p.T + t) * p.H + h) * dim + col) * f(r);
+        st(s, (long long)r * lds + cc, v);
+    }
+}
+
+__device__ __forceinline__ float dr_one(int) { return 1.f; }
+
+struct DrBlock {
+    int b, h, bh, lo, hi;
+};
+
+__device__ __forceinline__ DrBlock dr_block(const DrParams& p) {
+    DrBlock k;
+    k.bh = blockIdx.y;
+    k.b = k.bh / p.H;
+    k.h = k.bh % p.H;
+    k.lo = p.start ? min(max(p.start[k.b], 0), p.T) : 0;
+    k.hi = p.T;
+    return k;
+}
+
+// dr_load of chunk t0 of head (b, h) as it is, by 16-byte asynchronous copies (zeros outside
+// lo ≤ t < hi and past dim) where `vec`, else element by element now. The caller commits and waits.
+template <int NC, typename E>
+__device__ __forceinline__ void dr_in(E* s, int lds, const E* x, int dim, int c0, const DrParams& p, const DrBlock& k,
+                                      int t0, int vec) {
+    constexpr int CE = 16 / (int)sizeof(E), CH = NC / CE;
+    if (vec) {
+        for (int i = threadIdx.x; i < DR_L * CH; i += DR_NT) {
+            const int r = i / CH, cc = i % CH * CE, t = t0 + r, col = c0 + cc;
+            const bool ok = t >= k.lo && t < k.hi && col < dim;
+            cp_async16(s + r * lds + cc, ok ? x + (((long long)k.b * p.T + t) * p.H + k.h) * dim + col : x, ok);
+        }
+    } else {
+        dr_load<NC>(s, lds, x, dim, c0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
+    }
+}
+
+// Rows row0..row0 + ROWS, columns c0..c0 + NC of a scratch matrix of `width` columns into s
+// [ROWS][lds], by 16-byte asynchronous copies (the scratch's rows and column blocks are 16-byte
+// aligned). The caller commits and waits.
+template <int ROWS, int NC, typename E>
+__device__ __forceinline__ void dr_scr(E* s, int lds, const E* x, long long row0, int width, int c0) {
+    constexpr int CE = 16 / (int)sizeof(E), CH = NC / CE;
+    for (int i = threadIdx.x; i < ROWS * CH; i += DR_NT) {
+        const int r = i / CH, cc = i % CH * CE;
+        cp_async16(s + r * lds + cc, x + (row0 + r) * width + c0 + cc, true);
+    }
+}
+
+// ---- dr_prep: per chunk G, A, T = (I + A)⁻¹, W = T diag(βγ) K, Ũ = T diag(β) V ----
+template <typename E, int KP>
+__device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
+    typedef DrLayout<E, KP> Lay;
+    DR_SMEM_DECL
+    dr_need_smem(Lay::prep);
+    E* Ks = (E*)smem;
+    E* Vs = (E*)(smem + Lay::TK);
+    E* Tb = (E*)(smem + Lay::TK + Lay::TV);
+    E* Tv = (E*)(smem + Lay::TK + Lay::TV + Lay::TL);
+    float* Af = (float*)(smem + Lay::TK + Lay::TV + 2 * Lay::TL);
+    float* Tf = Af + DR_L * 65;
+    float* sb = Tf + DR_L * 65;
+    float* sG = sb + DR_L;
+    const DrBlock k = dr_block(p);
+    const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
+    if (tid < DR_L) {
+        const int t = t0 + tid;
+        const bool ok = t >= k.lo && t < k.hi;
+        const long long r = ((long long)k.b * p.T + t) * p.H + k.h;
+        sb[tid] = ok ? ld((const E*)p.beta, r) : 0.f;
+        sG[tid] = ok && p.g ? p.g[r] : 0.f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.f;
+        for (int i = 0; i < DR_L; ++i) {
+            acc += sG[i];
+            sG[i] = acc;
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (tid < DR_L) p.gc[(long long)k.bh * p.Tp + t0 + tid] = sG[tid];
+    {
+        DrAcc<DR_L, DR_L> kk;
+        kk.zero();
+        kk.template mma<false, true>(Ks, Lay::LK, Ks, Lay::LK, KP);
+#pragma unroll
+        for (int i = 0; i < kk.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int ii = kk.row(i, r), j = kk.col(i, r);
+                Af[ii * 65 + j] = j < ii ? sb[ii] * __expf(sG[ii] - sG[j]) * kk.c[i][r] : 0.f;
+            }
+    }
+    __syncthreads();
+    // Forward substitution, one column of T per thread: T_ic = δ_ic − Σ_{c ≤ j < i} A_ij T_jc.
+    if (tid < DR_L) {
+        const int cc = tid;
+        for (int i = 0; i < DR_L; ++i) {
+            float s = i == cc ? 1.f : 0.f;
+            for (int j = cc; j < i; ++j) s -= Af[i * 65 + j] * Tf[j * 65 + cc];
+            Tf[i * 65 + cc] = i >= cc ? s : 0.f;
+        }
+    }
+    __syncthreads();
+    // T diag(βγ) and T diag(β): W and Ũ from K and V as they are.
+    E* tm = (E*)p.tm;
+    const long long tbase = ((long long)k.bh * p.nch + c) * (DR_L * DR_L);
+    for (int i = tid; i < DR_L * DR_L; i += DR_NT) {
+        const int r = i / DR_L, cc = i % DR_L;
+        const float v = Tf[r * 65 + cc];
+        st(Tb, r * Lay::LL + cc, v * sb[cc] * __expf(sG[cc]));
+        st(Tv, r * Lay::LL + cc, v * sb[cc]);
+        if (keep_t) st(tm, tbase + i, v);
+    }
+    __syncthreads();
+    const long long row0 = (long long)k.bh * p.Tp + t0;
+    {
+        DrAcc<DR_L, KP> w;
+        w.zero();
+        w.template mma<false, false>(Tb, Lay::LL, Ks, Lay::LK, DR_L);
+        E* W = (E*)p.w;
+#pragma unroll
+        for (int i = 0; i < w.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) st(W, (row0 + w.row(i, r)) * KP + w.col(i, r), w.c[i][r]);
+    }
+    E* U = (E*)p.u;
+    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
+        dr_in<DR_BV>(Vs, Lay::LV, (const E*)p.v, p.V, v0, p, k, t0, p.vv);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        DrAcc<DR_L, DR_BV> u;
+        u.zero();
+        u.template mma<false, false>(Tv, Lay::LL, Vs, Lay::LV, DR_L);
+#pragma unroll
+        for (int i = 0; i < u.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) st(U, (row0 + u.row(i, r)) * p.Vp + v0 + u.col(i, r), u.c[i][r]);
+        __syncthreads();
+    }
+}
+
+// ---- dr_walk_fwd: per (b, h, 32 columns of V), the chunks in order ----
+// U = Ũ − W S_0 (stored over Ũ); S_L = γ_L S_0 + Kᵀ (diag(e^{G_L − G}) U). The next chunk's W, K, Ũ
+// and G load (asynchronously) while this one computes.
+template <typename E, int KP>
+__device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
+    typedef DrLayout<E, KP> Lay;
+    DR_SMEM_DECL
+    dr_need_smem(Lay::walk_fwd);
+    // Two sets of W, K, Ũ and G tiles (set i at smem + i·SET).
+    constexpr int SET = 2 * Lay::TK + Lay::TV + Lay::ROWS;
+    auto Wb = [&](int i) { return (E*)(smem + i * SET); };
+    auto Kb = [&](int i) { return (E*)(smem + i * SET + Lay::TK); };
+    auto Ub = [&](int i) { return (E*)(smem + i * SET + 2 * Lay::TK); };
+    auto Gb = [&](int i) { return (float*)(smem + i * SET + 2 * Lay::TK + Lay::TV); };
+    unsigned char* rest = smem + 2 * SET;
+    E* Ss = (E*)rest;
+    E* Us = (E*)(rest + Lay::TS);
+    const DrBlock k = dr_block(p);
+    const int v0 = blockIdx.x * DR_BV;
+    E* states = (E*)p.states;
+    const E* W = (const E*)p.w;
+    E* U = (E*)p.u;
+    auto issue = [&](int c, int bi) {
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        dr_scr<DR_L, KP>(Wb(bi), Lay::LK, W, row0, KP, 0);
+        dr_in<KP>(Kb(bi), Lay::LK, (const E*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
+        dr_scr<DR_L, DR_BV>(Ub(bi), Lay::LV, (const E*)U, row0, p.Vp, v0);
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        cp_async_commit();
+    };
+    DrAcc<KP, DR_BV> S;
+#pragma unroll
+    for (int i = 0; i < S.TPW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kd = S.row(i, r), vc = v0 + S.col(i, r);
+            S.c[i][r] = p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
+        }
+    issue(0, 0);
+    for (int c = 0; c < p.nch; ++c) {
+        const int cur = c & 1;
+        if (c + 1 < p.nch) {
+            issue(c + 1, cur ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+#pragma unroll
+        for (int i = 0; i < S.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = S.row(i, r), vc = S.col(i, r);
+                st(Ss, kd * Lay::LV + vc, S.c[i][r]);
+                st(states, (sbase + kd) * p.Vp + v0 + vc, S.c[i][r]);
+            }
+        __syncthreads();
+        const float* sG = Gb(cur);
+        const float gl = sG[DR_L - 1];
+        DrAcc<DR_L, DR_BV> u;
+        u.zero();
+        u.template mma<false, false>(Wb(cur), Lay::LK, Ss, Lay::LV, KP);
+#pragma unroll
+        for (int i = 0; i < u.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int row = u.row(i, r), col = u.col(i, r);
+                const float val = ld(Ub(cur), row * Lay::LV + col) - u.c[i][r];
+                st(U, (row0 + row) * p.Vp + v0 + col, val);
+                st(Us, row * Lay::LV + col, __expf(gl - sG[row]) * val);
+            }
+        __syncthreads();
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int i = 0; i < S.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) S.c[i][r] *= egl;
+        S.template mma<true, false>(Kb(cur), Lay::LK, Us, Lay::LV, DR_L);
+        __syncthreads();
+    }
+    if (p.fin) {
+#pragma unroll
+        for (int i = 0; i < S.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = S.row(i, r), vc = v0 + S.col(i, r);
+                if (kd < p.K && vc < p.V) p.fin[((long long)k.bh * p.K + kd) * p.V + vc] = S.c[i][r];
+            }
+    }
+}
+
+// M = D ∘ Q Kᵀ (j ≤ i) of chunk c into Ms (E), with Q and K loaded into Qs, Ks and G into sG.
+template <typename E, int KP>
+__device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, int t0, E* Qs, E* Ks, E* Ms, float* sG) {
+    typedef DrLayout<E, KP> Lay;
+    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
+    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[(long long)k.bh * p.Tp + t0 + threadIdx.x];
+    cp_async_wait<0>();
+    __syncthreads();
+    DrAcc<DR_L, DR_L> m;
+    m.zero();
+    m.template mma<false, true>(Qs, Lay::LK, Ks, Lay::LK, KP);
+#pragma unroll
+    for (int i = 0; i < m.TPW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int ii = m.row(i, r), j = m.col(i, r);
+            st(Ms, ii * Lay::LL + j, j <= ii ? __expf(sG[ii] - sG[j]) * m.c[i][r] : 0.f);
+        }
+}
+
+// ---- dr_out: O = scale (diag(γ) Q S_0 + M U) per chunk ----
+template <typename E, int KP>
+__device__ __forceinline__ void dr_out(const DrParams& p) {
+    typedef DrLayout<E, KP> Lay;
+    DR_SMEM_DECL
+    dr_need_smem(Lay::out);
+    E* Qs = (E*)smem;
+    E* Ks = (E*)(smem + Lay::TK);
+    E* Ms = (E*)(smem + 2 * Lay::TK);
+    E* Ss = (E*)(smem + 2 * Lay::TK + Lay::TL);
+    E* Us = (E*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS);
+    float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
+    const DrBlock k = dr_block(p);
+    const int c = blockIdx.x, t0 = c * DR_L;
+    const long long row0 = (long long)k.bh * p.Tp + t0;
+    const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+    dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
+    E* O = (E*)p.o;
+    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
+        dr_scr<KP, DR_BV>(Ss, Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Us, Lay::LV, (const E*)p.u, row0, p.Vp, v0);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        DrAcc<DR_L, DR_BV> o;
+        o.zero();
+        o.template mma<false, false>(Qs, Lay::LK, Ss, Lay::LV, KP);
+#pragma unroll
+        for (int i = 0; i < o.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) o.c[i][r] *= __expf(sG[o.row(i, r)]);
+        o.template mma<false, false>(Ms, Lay::LL, Us, Lay::LV, DR_L);
+#pragma unroll
+        for (int i = 0; i < o.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int t = t0 + o.row(i, r), col = v0 + o.col(i, r);
+                if (t < p.T && col < p.V)
+                    st(O, (((long long)k.b * p.T + t) * p.H + k.h) * p.V + col, t >= k.lo ? p.scale * o.c[i][r] : 0.f);
+            }
+        __syncthreads();
+    }
+}
+
+// ---- dr_dvl: dU's state-free part, scale Mᵀ dO, per chunk (f32 into du) ----
+template <typename E, int KP>
+__device__ __forceinline__ void dr_dvl(const DrParams& p) {
+    typedef DrLayout<E, KP> Lay;
+    DR_SMEM_DECL
+    dr_need_smem(Lay::out);
+    E* Qs = (E*)smem;
+    E* Ks = (E*)(smem + Lay::TK);
+    E* Ms = (E*)(smem + 2 * Lay::TK);
+    E* Os = (E*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS);
+    float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
+    const DrBlock k = dr_block(p);
+    const int c = blockIdx.x, t0 = c * DR_L;
+    dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
+    const long long row0 = (long long)k.bh * p.Tp + t0;
+    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
+        dr_in<DR_BV>(Os, Lay::LV, (const E*)p.dout, p.V, v0, p, k, t0, p.vv);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        DrAcc<DR_L, DR_BV> d;
+        d.zero();
+        d.template mma<true, false>(Ms, Lay::LL, Os, Lay::LV, DR_L);
+#pragma unroll
+        for (int i = 0; i < d.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) p.du[(row0 + d.row(i, r)) * p.Vp + v0 + d.col(i, r)] = p.scale * d.c[i][r];
+        __syncthreads();
+    }
+}
+
+// ---- dr_walk_bwd: per (b, h, 32 columns of V), the chunks in reverse ----
+// dU = scale Mᵀ dO + diag(e^{G_L − G}) K dS_L; dS_0 = γ_L dS_L + Qᵀ diag(scale γ) dO − Wᵀ dU. With NB = 2
+// the next chunk's tiles load while this one computes (NB = 1 where two sets of tiles do not fit).
+template <typename E, int KP>
+__device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
+    typedef DrLayout<E, KP> Lay;
+    constexpr int NB = Lay::NB_BWD;
+    DR_SMEM_DECL
+    dr_need_smem(Lay::walk_bwd);
+    // NB sets of K, Q, W, dO, du and G tiles (set i at smem + i·WB_SET).
+    constexpr int SET = Lay::WB_SET;
+    auto Kb = [&](int i) { return (E*)(smem + i * SET); };
+    auto Qb = [&](int i) { return (E*)(smem + i * SET + Lay::TK); };
+    auto Wb = [&](int i) { return (E*)(smem + i * SET + 2 * Lay::TK); };
+    auto Ob = [&](int i) { return (E*)(smem + i * SET + 3 * Lay::TK); };
+    auto Db = [&](int i) { return (float*)(smem + i * SET + 3 * Lay::TK + Lay::TV); };
+    auto Gb = [&](int i) { return (float*)(smem + i * SET + 3 * Lay::TK + Lay::TV + Lay::DV); };
+    unsigned char* rest = smem + NB * Lay::WB_SET;
+    E* dSs = (E*)rest;
+    E* dUn = (E*)(rest + Lay::TS);
+    E* dOt = (E*)(rest + Lay::TS + Lay::TV);
+    const DrBlock k = dr_block(p);
+    const int v0 = blockIdx.x * DR_BV, tid = threadIdx.x;
+    E* dstates = (E*)p.dstates;
+    const E* W = (const E*)p.w;
+    auto issue = [&](int c, int bi) {
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        dr_in<KP>(Kb(bi), Lay::LK, (const E*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
+        dr_in<KP>(Qb(bi), Lay::LK, (const E*)p.q, p.K, 0, p, k, c * DR_L, p.vk);
+        dr_scr<DR_L, KP>(Wb(bi), Lay::LK, W, row0, KP, 0);
+        dr_in<DR_BV>(Ob(bi), Lay::LV, (const E*)p.dout, p.V, v0, p, k, c * DR_L, p.vv);
+        dr_scr<DR_L, DR_BV>(Db(bi), Lay::LVF, (const float*)p.du, row0, p.Vp, v0);
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        cp_async_commit();
+    };
+    DrAcc<KP, DR_BV> dS;
+#pragma unroll
+    for (int i = 0; i < dS.TPW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kd = dS.row(i, r), vc = v0 + dS.col(i, r);
+            dS.c[i][r] = p.dfin && kd < p.K && vc < p.V ? p.dfin[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
+        }
+    issue(p.nch - 1, 0);
+    for (int j = 0; j < p.nch; ++j) {
+        const int c = p.nch - 1 - j, cur = NB == 2 ? (j & 1) : 0;
+        if (NB == 2 && c > 0) {
+            issue(c - 1, cur ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+#pragma unroll
+        for (int i = 0; i < dS.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = dS.row(i, r), vc = dS.col(i, r);
+                st(dSs, kd * Lay::LV + vc, dS.c[i][r]);
+                st(dstates, (sbase + kd) * p.Vp + v0 + vc, dS.c[i][r]);
+            }
+        __syncthreads();
+        const float* sG = Gb(cur);
+        const float gl = sG[DR_L - 1];
+        DrAcc<DR_L, DR_BV> du;
+        du.zero();
+        du.template mma<false, false>(Kb(cur), Lay::LK, dSs, Lay::LV, KP);
+#pragma unroll
+        for (int i = 0; i < du.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int row = du.row(i, r), col = du.col(i, r);
+                const float val = Db(cur)[row * Lay::LVF + col] + __expf(gl - sG[row]) * du.c[i][r];
+                p.du[(row0 + row) * p.Vp + v0 + col] = val;
+                st(dUn, row * Lay::LV + col, -val);
+            }
+        for (int i = tid; i < DR_L * DR_BV; i += DR_NT) {
+            const int r = i / DR_BV, cc = i % DR_BV;
+            st(dOt, r * Lay::LV + cc, ld(Ob(cur), r * Lay::LV + cc) * p.scale * __expf(sG[r]));
+        }
+        __syncthreads();
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int i = 0; i < dS.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) dS.c[i][r] *= egl;
+        dS.template mma<true, false>(Qb(cur), Lay::LK, dOt, Lay::LV, DR_L);
+        dS.template mma<true, false>(Wb(cur), Lay::LK, dUn, Lay::LV, DR_L);
+        __syncthreads();
+        if (NB == 1 && c > 0) issue(c - 1, 0);
+    }
+    if (p.dinit) {
+#pragma unroll
+        for (int i = 0; i < dS.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = dS.row(i, r), vc = v0 + dS.col(i, r);
+                if (kd < p.K && vc < p.V) p.dinit[((long long)k.bh * p.K + kd) * p.V + vc] = dS.c[i][r];
+            }
+    }
+}
+
+// ---- dr_grads: every input's gradient of chunk c ----
+// From U = T R, R = diag(β)(V − diag(γ) K S_0): dR = Tᵀ dU, dV = diag(β) dR, dA = −dR Uᵀ (j < i);
+// from O: dQ = scale diag(γ) dO S_0ᵀ + dMD K, dK += dMDᵀ Q with dMD = scale (dO Uᵀ) ∘ D; from S_L:
+// dK += diag(e^{G_L − G}) U dS_Lᵀ; from A: dK += (dKK + dKKᵀ) K with dKK = dA ∘ β_i D ∘ (j < i);
+// dβ and dG from each, dg the reverse prefix sum of dG.
+template <typename E, int KP>
+__device__ __forceinline__ void dr_grads(const DrParams& p) {
+    typedef DrLayout<E, KP> Lay;
+    constexpr int LK = Lay::LK, LL = Lay::LL, LV = Lay::LV;
+    DR_SMEM_DECL
+    dr_need_smem(Lay::grads);
+    E* Qs = (E*)smem;
+    E* Ks = (E*)(smem + Lay::TK);
+    E* Te = (E*)(smem + 2 * Lay::TK);
+    unsigned char* rb = smem + 2 * Lay::TK + Lay::TL;
+    // Per block of V.
+    E* Ss = (E*)rb;
+    E* dSs = (E*)(rb + Lay::TS);
+    E* Us = (E*)(rb + 2 * Lay::TS);
+    E* Ut = (E*)(rb + 2 * Lay::TS + Lay::TV);
+    E* dOs = (E*)(rb + 2 * Lay::TS + 2 * Lay::TV);
+    E* dUs = (E*)(rb + 2 * Lay::TS + 3 * Lay::TV);
+    E* dRs = (E*)(rb + 2 * Lay::TS + 4 * Lay::TV);
+    E* dRn = (E*)(rb + 2 * Lay::TS + 5 * Lay::TV);
+    E* Vs = (E*)(rb + 2 * Lay::TS + 6 * Lay::TV);
+    float* Df = (float*)(rb + 2 * Lay::TS + 7 * Lay::TV);
+    // After the blocks of V, in the same space.
+    float* F1 = (float*)rb;
+    float* F2 = F1 + DR_L * 65;
+    float* F3 = F2 + DR_L * 65;
+    E* dMDs = (E*)(rb + 3 * Lay::F65);
+    E* Zs = (E*)(rb + 3 * Lay::F65 + Lay::TL);
+    float* sb = (float*)(rb + Lay::grads_b);
+    float* sG = sb + DR_L;
+    float* sdG = sG + DR_L;
+    float* sdb = sdG + DR_L;
+    float* stmp = sdb + DR_L;
+    float* part = stmp + DR_L;
+    float* red = part + DR_NW * DR_L;
+    float* sX = red + DR_NT;
+
+    const DrBlock k = dr_block(p);
+    const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    const long long row0 = (long long)k.bh * p.Tp + t0;
+    const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+    dr_in<KP>(Qs, LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    dr_scr<DR_L, DR_L>(Te, LL, (const E*)p.tm, ((long long)k.bh * p.nch + c) * DR_L, DR_L, 0);
+    cp_async_commit();
+    if (tid < DR_L) {
+        const int t = t0 + tid;
+        const bool ok = t >= k.lo && t < k.hi;
+        sb[tid] = ok ? ld((const E*)p.beta, ((long long)k.b * p.T + t) * p.H + k.h) : 0.f;
+        sG[tid] = p.gc[row0 + tid];
+        sdG[tid] = 0.f;
+        sdb[tid] = 0.f;
+    }
+    if (tid == 0) sX[0] = 0.f;
+    const float gl = p.gc[row0 + DR_L - 1], egl = __expf(gl);
+    DrAcc<DR_L, DR_L> dM, dA;
+    DrAcc<DR_L, KP> dQ, dK;
+    dM.zero();
+    dA.zero();
+    dQ.zero();
+    dK.zero();
+    typedef DrAcc<DR_L, DR_BV> AV;
+    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
+        dr_scr<KP, DR_BV>(Ss, LV, (const E*)p.states, sbase, p.Vp, v0);
+        dr_scr<KP, DR_BV>(dSs, LV, (const E*)p.dstates, sbase, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Us, LV, (const E*)p.u, row0, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Df, Lay::LVF, (const float*)p.du, row0, p.Vp, v0);
+        dr_in<DR_BV>(dOs, LV, (const E*)p.dout, p.V, v0, p, k, t0, p.vv);
+        dr_in<DR_BV>(Vs, LV, (const E*)p.v, p.V, v0, p, k, t0, p.vv);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int i = tid; i < DR_L * DR_BV; i += DR_NT) {
+            const int r = i / DR_BV, cc = i % DR_BV;
+            st(dUs, r * LV + cc, Df[r * Lay::LVF + cc]);
+            st(Ut, r * LV + cc, ld(Us, r * LV + cc) * __expf(gl - sG[r]));
+        }
+        __syncthreads();
+        dM.template mma<false, true>(dOs, LV, Us, LV, DR_BV);
+        dQ.template mma<false, true>(dOs, LV, Ss, LV, DR_BV);
+        float vals[AV::TPW][4], vals2[AV::TPW][4];
+        {
+            // dG_i += scale γ_i dO_i · (S_0ᵀ q_i)
+            AV qs;
+            qs.zero();
+            qs.template mma<false, false>(Qs, LK, Ss, LV, KP);
+#pragma unroll
+            for (int i = 0; i < AV::TPW; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) vals[i][r] = ld(dOs, qs.row(i, r) * LV + qs.col(i, r)) * qs.c[i][r];
+            dr_rowsum<DR_L, DR_BV>(vals, part, sdG, [&](int t) { return p.scale * __expf(sG[t]); });
+        }
+        {
+            AV ks, dr;
+            ks.zero();
+            ks.template mma<false, false>(Ks, LK, Ss, LV, KP);
+            dr.zero();
+            dr.template mma<true, false>(Te, LL, dUs, LV, DR_L);
+            E* dV = (E*)p.dv;
+#pragma unroll
+            for (int i = 0; i < AV::TPW; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int row = dr.row(i, r), col = dr.col(i, r), t = t0 + row, gcol = v0 + col;
+                    const float d = dr.c[i][r], kv = ks.c[i][r], gam = __expf(sG[row]), be = sb[row];
+                    const float vv = ld(Vs, row * LV + col);
+                    if (t < p.T && gcol < p.V) st(dV, (((long long)k.b * p.T + t) * p.H + k.h) * p.V + gcol, be * d);
+                    vals[i][r] = d * (vv - gam * kv);
+                    vals2[i][r] = -be * gam * d * kv;
+                    st(dRs, row * LV + col, -be * gam * d);
+                    st(dRn, row * LV + col, -d);
+                }
+            dr_rowsum<DR_L, DR_BV>(vals, part, sdb, dr_one);
+            dr_rowsum<DR_L, DR_BV>(vals2, part, sdG, dr_one);
+        }
+        {
+            // dG_j −= e^{G_L − G_j} k_j·(dS_L u_j); dG_L += the same, and γ_L ⟨dS_L, S_0⟩.
+            AV kds;
+            kds.zero();
+            kds.template mma<false, false>(Ks, LK, dSs, LV, KP);
+#pragma unroll
+            for (int i = 0; i < AV::TPW; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) vals[i][r] = -ld(Ut, kds.row(i, r) * LV + kds.col(i, r)) * kds.c[i][r];
+            if (tid < DR_L) stmp[tid] = 0.f;
+            dr_rowsum<DR_L, DR_BV>(vals, part, stmp, dr_one);
+            float s = 0.f;
+            for (int i = tid; i < KP * DR_BV; i += DR_NT) {
+                const int r = i / DR_BV, cc = i % DR_BV;
+                s += ld(Ss, r * LV + cc) * ld(dSs, r * LV + cc);
+            }
+            red[tid] = s;
+            if (tid < DR_L) sdG[tid] += stmp[tid];
+            __syncthreads();
+            if (tid == 0) {
+                float a = 0.f, e = 0.f;
+                for (int i = 0; i < DR_NT; ++i) a += red[i];
+                for (int i = 0; i < DR_L; ++i) e += stmp[i];
+                sX[0] += egl * a - e;
+            }
+        }
+        __syncthreads();
+        dK.template mma<false, true>(dRs, LV, Ss, LV, DR_BV);
+        dK.template mma<false, true>(Ut, LV, dSs, LV, DR_BV);
+        dA.template mma<false, true>(dRn, LV, Us, LV, DR_BV);
+        __syncthreads();
+    }
+    // The L x L terms, in the space of the blocks of V.
+    {
+        DrAcc<DR_L, DR_L> qk;
+        qk.zero();
+        qk.template mma<false, true>(Qs, LK, Ks, LK, KP);
+#pragma unroll
+        for (int i = 0; i < qk.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int ii = qk.row(i, r), j = qk.col(i, r);
+                const float d = j <= ii ? p.scale * dM.c[i][r] * __expf(sG[ii] - sG[j]) : 0.f;
+                st(dMDs, ii * LL + j, d);
+                F1[ii * 65 + j] = d * qk.c[i][r];
+            }
+    }
+    {
+        DrAcc<DR_L, DR_L> kk;
+        kk.zero();
+        kk.template mma<false, true>(Ks, LK, Ks, LK, KP);
+        float vb[DrAcc<DR_L, DR_L>::TPW][4];
+#pragma unroll
+        for (int i = 0; i < kk.TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int ii = kk.row(i, r), j = kk.col(i, r);
+                float f = 0.f, z = 0.f, gb = 0.f;
+                if (j < ii) {
+                    const float dec = __expf(sG[ii] - sG[j]), da = dA.c[i][r];
+                    f = da * sb[ii] * dec * kk.c[i][r];
+                    gb = da * dec * kk.c[i][r];
+                    z = da * sb[ii] * dec;
+                }
+                F2[ii * 65 + j] = f;
+                F3[ii * 65 + j] = z;
+                vb[i][r] = gb;
+            }
+        dr_rowsum<DR_L, DR_L>(vb, part, sdb, dr_one);
+    }
+    if (tid < DR_L) {
+        float s = 0.f;
+        for (int j = 0; j < DR_L; ++j) s += F1[tid * 65 + j] + F2[tid * 65 + j] - F1[j * 65 + tid] - F2[j * 65 + tid];
+        sdG[tid] += s;
+    }
+    for (int i = tid; i < DR_L * DR_L; i += DR_NT) {
+        const int r = i / DR_L, cc = i % DR_L;
+        st(Zs, r * LL + cc, F3[r * 65 + cc] + F3[cc * 65 + r]);
+    }
+#pragma unroll
+    for (int i = 0; i < dQ.TPW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dQ.c[i][r] *= p.scale * __expf(sG[dQ.row(i, r)]);
+    __syncthreads();
+    dQ.template mma<false, false>(dMDs, LL, Ks, LK, DR_L);
+    dK.template mma<false, false>(Zs, LL, Ks, LK, DR_L);
+    dK.template mma<true, false>(dMDs, LL, Qs, LK, DR_L);
+    E* dq = (E*)p.dq;
+    E* dk = (E*)p.dk;
+#pragma unroll
+    for (int i = 0; i < dQ.TPW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int t = t0 + dQ.row(i, r), col = dQ.col(i, r);
+            if (t < p.T && col < p.K) {
+                const long long o = (((long long)k.b * p.T + t) * p.H + k.h) * p.K + col;
+                const bool real = t >= k.lo;
+                st(dq, o, real ? dQ.c[i][r] : 0.f);
+                st(dk, o, real ? dK.c[i][r] : 0.f);
+            }
+        }
+    if (tid < DR_L) {
+        const int t = t0 + tid;
+        if (t < p.T) st((E*)p.dbeta, ((long long)k.b * p.T + t) * p.H + k.h, t >= k.lo ? sdb[tid] : 0.f);
+    }
+    if (tid == 0 && p.dg) {
+        sdG[DR_L - 1] += sX[0];
+        float acc = 0.f;
+        for (int i = DR_L - 1; i >= 0; --i) {
+            acc += sdG[i];
+            const int t = t0 + i;
+            if (t < p.T) p.dg[((long long)k.b * p.T + t) * p.H + k.h] = t >= k.lo ? acc : 0.f;
+        }
+    }
+}
+
+// ---- The decode step: one position per row, S [B, H, K, V] (p.fin) in place ----
+// One thread per column v of S; a row padded at this position (start[b] > 0) keeps its state, o = 0.
+template <typename E>
+__device__ __forceinline__ void dr_decode(const DrParams& p) {
+    __shared__ float sq[256], sk[256];
+    const int bh = blockIdx.y, b = bh / p.H, vc = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int i = threadIdx.x; i < p.K; i += blockDim.x) {
+        sq[i] = ld((const E*)p.q, (long long)bh * p.K + i);
+        sk[i] = ld((const E*)p.k, (long long)bh * p.K + i);
+    }
+    __syncthreads();
+    if (vc >= p.V) return;
+    E* O = (E*)p.o;
+    if (p.start && p.start[b] > 0) {
+        st(O, (long long)bh * p.V + vc, 0.f);
+        return;
+    }
+    float* S = p.fin + (long long)bh * p.K * p.V + vc;
+    const float alpha = p.g ? __expf(p.g[bh]) : 1.f, beta = ld((const E*)p.beta, bh);
+    float sk_ = 0.f;
+    for (int kd = 0; kd < p.K; ++kd) sk_ += S[(long long)kd * p.V] * sk[kd];
+    const float u = beta * (ld((const E*)p.v, (long long)bh * p.V + vc) - alpha * sk_);
+    float o = 0.f;
+    for (int kd = 0; kd < p.K; ++kd) {
+        const float s = alpha * S[(long long)kd * p.V] + sk[kd] * u;
+        S[(long long)kd * p.V] = s;
+        o += sq[kd] * s;
+    }
+    st(O, (long long)bh * p.V + vc, p.scale * o);
+}
+
+// ---- The small ops ----
+
+// y = x / √(Σ x² + 1e-6) per row of `dim` (fla's l2norm), 1/√(…) into rstd: one warp per row.
+template <typename E>
+__device__ __forceinline__ void dr_l2norm_fwd(E* y, float* rstd, const E* x, int rows, int dim) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const long long o = (long long)row * dim;
+    float s = 0.f;
+    for (int c = lane; c < dim; c += 32) {
+        const float v = ld(x, o + c);
+        s += v * v;
+    }
+    for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    const float r = 1.f / sqrtf(s + 1e-6f);
+    if (lane == 0) rstd[row] = r;
+    for (int c = lane; c < dim; c += 32) st(y, o + c, ld(x, o + c) * r);
+}
+
+// dx = rstd · (dy − y (y·dy)).
+template <typename E>
+__device__ __forceinline__ void dr_l2norm_bwd(E* dx, const E* dy, const E* y, const float* rstd, int rows, int dim) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const long long o = (long long)row * dim;
+    float s = 0.f;
+    for (int c = lane; c < dim; c += 32) s += ld(y, o + c) * ld(dy, o + c);
+    for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    const float r = rstd[row];
+    for (int c = lane; c < dim; c += 32) st(dx, o + c, r * (ld(dy, o + c) - ld(y, o + c) * s));
+}
+
+// PyTorch's softplus (linear above 20), as crate::ssd's.
+__device__ __forceinline__ float dr_softplus(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+
+// g [rows, H] = −exp(A_log) · softplus(a + dt_bias): one thread per value.
+template <typename E>
+__device__ __forceinline__ void dr_decay_fwd(float* g, const E* a, const float* a_log, const float* bias, int rows, int H) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * H) return;
+    const int h = (int)(i % H);
+    g[i] = dr_softplus(ld(a, i) + bias[h]) * -expf(a_log[h]);
+}
+
+// da = dg · A · σ(a + dt_bias) (A = −exp(A_log)); the terms of dt_bias's gradient (da) and of
+// A_log's (dg · softplus(a + dt_bias)) into tb and tl [rows, H], summed by dr_decay_reduce.
+template <typename E>
+__device__ __forceinline__ void dr_decay_bwd(E* da, float* tb, float* tl, const float* dg, const E* a, const float* a_log,
+                                             const float* bias, int rows, int H) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * H) return;
+    const int h = (int)(i % H);
+    const float x = ld(a, i) + bias[h], d = dg[i];
+    const float v = d * -expf(a_log[h]) * (x > 20.f ? 1.f : sigmoid_gate(x));
+    st(da, i, v);
+    tb[i] = v;
+    tl[i] = d * dr_softplus(x);
+}
+
+// dt_bias[h] += Σ_r tb[r, h]; A_log[h] += A_h · Σ_r tl[r, h]: one block per head, each thread a
+// strided run of rows in order, then a fixed tree.
+__device__ __forceinline__ void dr_decay_reduce_impl(float* dbias, float* da_log, const float* tb, const float* tl,
+                                                const float* a_log, int rows, int H) {
+    __shared__ float s1[256], s2[256];
+    const int h = blockIdx.x, tid = threadIdx.x;
+    float x = 0.f, y = 0.f;
+    for (int r = tid; r < rows; r += 256) {
+        x += tb[(long long)r * H + h];
+        y += tl[(long long)r * H + h];
+    }
+    s1[tid] = x;
+    s2[tid] = y;
+    __syncthreads();
+    for (int m = 128; m > 0; m >>= 1) {
+        if (tid < m) {
+            s1[tid] += s1[tid + m];
+            s2[tid] += s2[tid + m];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        dbias[h] += s1[0];
+        da_log[h] += s2[0] * -expf(a_log[h]);
+    }
+}
+
+// y = x · SiLU(gate); its backward: dx = dy · SiLU(gate), dgate = dy · x · σ(gate)(1 + gate(1 − σ(gate))).
+template <typename E>
+__device__ __forceinline__ void dr_swish_fwd(E* y, const E* x, const E* gate, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = ld(gate, i);
+    st(y, i, ld(x, i) * (g * sigmoid_gate(g)));
+}
+
+template <typename E>
+__device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const E* x, const E* gate, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = ld(gate, i), s = sigmoid_gate(g), d = ld(dy, i);
+    st(dx, i, d * g * s);
+    st(dgate, i, d * ld(x, i) * s * (1.f + g * (1.f - s)));
+}
+
+#define DR_CHUNK_KERNELS(NAME, E, KP)                                                                           \
+    extern "C" __global__ void __launch_bounds__(DR_NT) dr_prep_k##KP##_##NAME(DrParams p, int keep_t) {       \
+        dr_prep<E, KP>(p, keep_t);                                                                             \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DR_NT) dr_walk_fwd_k##KP##_##NAME(DrParams p) {               \
+        dr_walk_fwd<E, KP>(p);                                                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DR_NT) dr_out_k##KP##_##NAME(DrParams p) { dr_out<E, KP>(p); } \
+    extern "C" __global__ void __launch_bounds__(DR_NT) dr_dvl_k##KP##_##NAME(DrParams p) { dr_dvl<E, KP>(p); } \
+    extern "C" __global__ void __launch_bounds__(DR_NT) dr_walk_bwd_k##KP##_##NAME(DrParams p) {               \
+        dr_walk_bwd<E, KP>(p);                                                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DR_NT, 1) dr_grads_k##KP##_##NAME(DrParams p) {               \
+        dr_grads<E, KP>(p);                                                                                    \
+    }
+
+#define DR_KERNELS(NAME, E)                                                                                     \
+    DR_CHUNK_KERNELS(NAME, E, 32)                                                                              \
+    DR_CHUNK_KERNELS(NAME, E, 64)                                                                              \
+    DR_CHUNK_KERNELS(NAME, E, 128)                                                                             \
+    extern "C" __global__ void dr_decode_##NAME(DrParams p) { dr_decode<E>(p); }                              \
+    extern "C" __global__ void dr_l2norm_fwd_##NAME(E* y, float* rstd, const E* x, int rows, int dim) {       \
+        dr_l2norm_fwd<E>(y, rstd, x, rows, dim);                                                               \
+    }                                                                                                          \
+    extern "C" __global__ void dr_l2norm_bwd_##NAME(E* dx, const E* dy, const E* y, const float* rstd, int rows, \
+                                                    int dim) {                                                 \
+        dr_l2norm_bwd<E>(dx, dy, y, rstd, rows, dim);                                                          \
+    }                                                                                                          \
+    extern "C" __global__ void dr_decay_fwd_##NAME(float* g, const E* a, const float* a_log, const float* bias, \
+                                                   int rows, int H) {                                          \
+        dr_decay_fwd<E>(g, a, a_log, bias, rows, H);                                                           \
+    }                                                                                                          \
+    extern "C" __global__ void dr_decay_bwd_##NAME(E* da, float* tb, float* tl, const float* dg, const E* a,   \
+                                                   const float* a_log, const float* bias, int rows, int H) {   \
+        dr_decay_bwd<E>(da, tb, tl, dg, a, a_log, bias, rows, H);                                              \
+    }                                                                                                          \
+    extern "C" __global__ void dr_swish_fwd_##NAME(E* y, const E* x, const E* gate, long long n) {            \
+        dr_swish_fwd<E>(y, x, gate, n);                                                                        \
+    }                                                                                                          \
+    extern "C" __global__ void dr_swish_bwd_##NAME(E* dx, E* dgate, const E* dy, const E* x, const E* gate,    \
+                                                   long long n) {                                              \
+        dr_swish_bwd<E>(dx, dgate, dy, x, gate, n);                                                            \
+    }
+
+DR_KERNELS(f32, float)
+DR_KERNELS(bf16, u16)
+
+extern "C" __global__ void dr_decay_reduce(float* dbias, float* da_log, const float* tb, const float* tl,
+                                           const float* a_log, int rows, int H) {
+    dr_decay_reduce_impl(dbias, da_log, tb, tl, a_log, rows, H);
+}

@@ -1,0 +1,743 @@
+//! The delta rule of DeltaNet and Gated DeltaNet on the GPU (kernels/delta_rule.cu), the twin of
+//! [`crate::delta_rule`]: the same layouts (q, k [B, T, H, K], v and o [B, T, H, V], β [B, T, H],
+//! states [B, H, K, V] f32), activations in `T` (f32 or bf16), the log-decay g and its gradient in
+//! f32. Also the layer's small ops: the L2 norm, the decay g = −exp(A_log)·softplus(a + dt_bias)
+//! and the swish output gate. Each function launches on `gpu.stream()` without waiting and returns
+//! an error (never panics) when a buffer is shorter than the shapes say. Deterministic: no
+//! atomics, fixed-order sums.
+//!
+//! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
+//! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
+//! chunks per (b, h, 32 columns of V), the chunk outputs); backward in five (the first two again,
+//! then the state-free part of dU, the reverse walk for the state gradients, every input's
+//! gradient per chunk) over [`bwd_scratch_len`]. With bf16 activations the block products run on
+//! tensor cores (bf16 `mma.sync`, f32 sums) and the scratch holds bf16; with f32 the same products
+//! run in f32 on the CUDA cores. Limits: K ≤ 128 (q and k tiles of 32, 64 or 128 columns), any V
+//! (blocks of 32 columns); the decode step K ≤ 256.
+
+use super::compile::DELTA_RULE;
+use super::kargs::{self, Arg};
+use super::{Elem, Gpu};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// Positions per chunk (as [`crate::delta_rule::CHUNK`]).
+pub const CHUNK: usize = 64;
+/// Columns of V per block of the walks.
+const BV: usize = 32;
+/// The largest K of the chunked kernels, and of the decode step.
+pub const MAX_K: usize = 128;
+const MAX_K_DECODE: usize = 256;
+/// Threads of the chunk kernels and walks.
+const THREADS: u32 = 256;
+
+/// Whether the kernels take heads of K key and V value columns.
+pub fn supported(k_dim: usize, v_dim: usize) -> bool {
+    (1..=MAX_K).contains(&k_dim) && v_dim >= 1
+}
+
+/// K padded to the tiles' widths.
+fn kp(k: usize) -> usize {
+    match k {
+        0..=32 => 32,
+        33..=64 => 64,
+        _ => 128,
+    }
+}
+
+/// The kernels' parameter block (DrParams in kernels/delta_rule.cu, field for field).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Params {
+    q: u64,
+    k: u64,
+    v: u64,
+    beta: u64,
+    g: u64,
+    start: u64,
+    init: u64,
+    fin: u64,
+    dfin: u64,
+    dinit: u64,
+    gc: u64,
+    w: u64,
+    u: u64,
+    states: u64,
+    tm: u64,
+    dstates: u64,
+    du: u64,
+    o: u64,
+    dout: u64,
+    dq: u64,
+    dk: u64,
+    dv: u64,
+    dbeta: u64,
+    dg: u64,
+    scale: f32,
+    b: i32,
+    t: i32,
+    h: i32,
+    kd: i32,
+    vd: i32,
+    tp: i32,
+    nch: i32,
+    vp: i32,
+    vk: i32,
+    vv: i32,
+}
+
+// SAFETY: plain data in the kernel's C struct layout (8-byte pointers, then 4-byte fields).
+unsafe impl DeviceRepr for Params {}
+
+fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    s.map_or(0, |s| ptr(gpu, s))
+}
+
+fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
+    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    Ok(())
+}
+
+fn int(op: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
+}
+
+/// One delta-rule problem on the device: as [`crate::delta_rule::DeltaRule`], with g in f32 and
+/// `start` as i32.
+#[derive(Clone, Copy)]
+pub struct DevDeltaRule<'a, T: Elem> {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    /// [B, T, H, K], L2-normalised.
+    pub q: &'a CudaSlice<T>,
+    pub k: &'a CudaSlice<T>,
+    /// [B, T, H, V]
+    pub v: &'a CudaSlice<T>,
+    /// [B, T, H]
+    pub beta: &'a CudaSlice<T>,
+    /// [B, T, H], the log-decay (Gated DeltaNet); none: α = 1.
+    pub g: Option<&'a CudaSlice<f32>>,
+    pub scale: f32,
+    /// [B] first real position per row; none: all real.
+    pub start: Option<&'a CudaSlice<i32>>,
+}
+
+/// Where [`delta_rule_bwd`] writes its gradients (overwritten; 0 at padding).
+pub struct DevDeltaRuleGrads<'a, T: Elem> {
+    pub dq: &'a mut CudaSlice<T>,
+    pub dk: &'a mut CudaSlice<T>,
+    pub dv: &'a mut CudaSlice<T>,
+    pub dbeta: &'a mut CudaSlice<T>,
+    /// Wanted exactly when the problem has g.
+    pub dg: Option<&'a mut CudaSlice<f32>>,
+    /// [B, H, K, V], when wanted.
+    pub dinit: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// The scratch's regions (byte offsets) for a shape.
+struct Layout {
+    nch: usize,
+    tp: usize,
+    vp: usize,
+    kp: usize,
+    gc: usize,
+    w: usize,
+    u: usize,
+    states: usize,
+    tm: usize,
+    dstates: usize,
+    du: usize,
+    fwd_end: usize,
+    bwd_end: usize,
+}
+
+fn align(x: usize) -> usize {
+    x.div_ceil(16) * 16
+}
+
+fn layout(batch: usize, seq: usize, heads: usize, k: usize, v: usize, es: usize) -> Layout {
+    let (nch, bh) = (seq.div_ceil(CHUNK), batch * heads);
+    let (tp, vp, kp) = (nch * CHUNK, v.div_ceil(BV) * BV, kp(k));
+    let gc = 0;
+    let w = gc + align(bh * tp * 4);
+    let u = w + align(bh * tp * kp * es);
+    let states = u + align(bh * tp * vp * es);
+    let fwd_end = states + align(bh * nch * kp * vp * es);
+    let tm = fwd_end;
+    let dstates = tm + align(bh * nch * CHUNK * CHUNK * es);
+    let du = dstates + align(bh * nch * kp * vp * es);
+    let bwd_end = du + align(bh * tp * vp * 4);
+    Layout { nch, tp, vp, kp, gc, w, u, states, tm, dstates, du, fwd_end, bwd_end }
+}
+
+/// f32 elements of [`delta_rule_fwd`]'s scratch: G [B·H, T'] f32, W [B·H, T', K'], U [B·H, T', V']
+/// and the chunk states [B·H, T'/64, K', V'] in T (T' = T rounded up to chunks, K' = K padded to
+/// 32/64/128, V' to 32). At B = 2, T = 16384, H = 6, K = V = 128, bf16: 202 MB.
+pub fn fwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
+    layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).fwd_end.div_ceil(4)
+}
+
+/// f32 elements of [`delta_rule_bwd`]'s scratch: the forward's, T per chunk [B·H, T'/64, 64, 64]
+/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 428 MB.
+pub fn bwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
+    layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).bwd_end.div_ceil(4)
+}
+
+/// Dynamic shared memory of each chunk kernel (DrLayout in kernels/delta_rule.cu, term for term;
+/// the kernels trap when given less).
+fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
+    let pad = if es == 2 { 8 } else { 4 };
+    let (lk, ll, lv, lvf) = (kp + pad, CHUNK + pad, BV + pad, BV + 4);
+    let tk = CHUNK * lk * es;
+    let tl = CHUNK * ll * es;
+    let tv = CHUNK * lv * es;
+    let ts = kp * lv * es;
+    let dv = CHUNK * lvf * 4;
+    let f65 = CHUNK * 65 * 4;
+    let rows = CHUNK * 4;
+    match kind {
+        "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
+        "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
+        "walk_bwd" => {
+            let set = 3 * tk + tv + dv + rows;
+            let nb = if 2 * set + ts + 2 * tv <= 227 * 1024 { 2 } else { 1 };
+            nb * set + ts + 2 * tv
+        }
+        "out" | "dvl" => 2 * tk + tl + ts + tv + rows,
+        _ => {
+            let b = (2 * ts + 7 * tv + dv).max(3 * f65 + 2 * tl);
+            2 * tk + tl + b + (5 * CHUNK + 8 * CHUNK + THREADS as usize + 4) * 4
+        }
+    }
+}
+
+fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), smem: usize, prm: &Params, extra: Option<i32>) -> Result<()> {
+    ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
+    ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
+    let f = gpu.function(&DELTA_RULE, name)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(prm);
+    if let Some(x) = &extra {
+        l.arg(x);
+    }
+    // SAFETY: the parameter block matches the kernel's DrParams; the callers checked every buffer
+    // against the sizes the kernels index, and the sizes against 32-bit ints.
+    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
+    Ok(())
+}
+
+impl<T: Elem> DevDeltaRule<'_, T> {
+    fn check(&self, op: &str) -> Result<()> {
+        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
+        ensure!(h > 0 && kd > 0 && vd > 0, "{op}: heads, k_dim and v_dim must be positive");
+        let n = b * t * h;
+        need(op, "q", self.q, n * kd)?;
+        need(op, "k", self.k, n * kd)?;
+        need(op, "v", self.v, n * vd)?;
+        need(op, "beta", self.beta, n)?;
+        if let Some(g) = self.g {
+            need(op, "g", g, n)?;
+        }
+        if let Some(s) = self.start {
+            need(op, "start", s, b)?;
+        }
+        int(op, n * kd.max(vd))?;
+        int(op, b * h)?;
+        Ok(())
+    }
+    fn states(&self) -> usize {
+        self.batch * self.heads * self.k_dim * self.v_dim
+    }
+    fn params(&self, gpu: &Gpu, lay: &Layout) -> Result<Params> {
+        let op = "delta_rule";
+        Ok(Params {
+            q: ptr(gpu, self.q),
+            k: ptr(gpu, self.k),
+            v: ptr(gpu, self.v),
+            beta: ptr(gpu, self.beta),
+            g: opt_ptr(gpu, self.g),
+            start: opt_ptr(gpu, self.start),
+            scale: self.scale,
+            b: int(op, self.batch)?,
+            t: int(op, self.seq)?,
+            h: int(op, self.heads)?,
+            kd: int(op, self.k_dim)?,
+            vd: int(op, self.v_dim)?,
+            tp: int(op, lay.tp)?,
+            nch: int(op, lay.nch)?,
+            vp: int(op, lay.vp)?,
+            // Rows of 16-byte multiples at 16-byte aligned buffers load by asynchronous copies.
+            vk: (rows16::<T>(self.k_dim) && [self.q, self.k].iter().all(|s| ptr(gpu, *s).is_multiple_of(16))) as i32,
+            vv: (rows16::<T>(self.v_dim) && ptr(gpu, self.v).is_multiple_of(16)) as i32,
+            ..Default::default()
+        })
+    }
+    fn layout(&self) -> Layout {
+        layout(self.batch, self.seq, self.heads, self.k_dim, self.v_dim, std::mem::size_of::<T>())
+    }
+}
+
+/// Whether rows of `dim` elements of T are whole 16-byte copies.
+fn rows16<T>(dim: usize) -> bool {
+    (dim * std::mem::size_of::<T>()).is_multiple_of(16)
+}
+
+/// The scratch's regions as device addresses.
+fn with_scratch(prm: &mut Params, base: u64, lay: &Layout, bwd: bool) {
+    prm.gc = base + lay.gc as u64;
+    prm.w = base + lay.w as u64;
+    prm.u = base + lay.u as u64;
+    prm.states = base + lay.states as u64;
+    if bwd {
+        prm.tm = base + lay.tm as u64;
+        prm.dstates = base + lay.dstates as u64;
+        prm.du = base + lay.du as u64;
+    }
+}
+
+/// The forward's first two kernels (the WY transform per chunk, the state walk): G, W, U and the
+/// chunk states in the scratch; with `keep_t`, T per chunk too.
+fn prep_and_walk<T: Elem>(gpu: &Gpu, p: &DevDeltaRule<T>, prm: &Params, lay: &Layout, keep_t: bool) -> Result<()> {
+    let es = std::mem::size_of::<T>();
+    let bh = p.batch * p.heads;
+    let sfx = format!("k{}_{}", lay.kp, T::NAME);
+    launch(gpu, &format!("dr_prep_{sfx}"), (lay.nch, bh), smem_bytes("prep", lay.kp, es), prm, Some(keep_t as i32))?;
+    launch(gpu, &format!("dr_walk_fwd_{sfx}"), (lay.vp / BV, bh), smem_bytes("walk_fwd", lay.kp, es), prm, None)
+}
+
+/// The chunked forward, as [`crate::delta_rule::delta_rule_fwd`]: o [B, T, H, V] (0 at padding).
+/// `state` [B, H, K, V]: read as the initial state and overwritten with the final one (none: a
+/// zero initial state, the final one not kept). `scratch` of [`fwd_scratch_len`] floats.
+pub fn delta_rule_fwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    o: &mut CudaSlice<T>,
+    state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let op = "delta_rule_fwd";
+    p.check(op)?;
+    ensure!(supported(p.k_dim, p.v_dim), "{op}: the GPU kernels take K ≤ {MAX_K}, not {}", p.k_dim);
+    need(op, "o", o, p.batch * p.seq * p.heads * p.v_dim)?;
+    let lay = p.layout();
+    need(op, "scratch", scratch, lay.fwd_end.div_ceil(4))?;
+    let mut prm = p.params(gpu, &lay)?;
+    if let Some(s) = &state {
+        need(op, "state", s, p.states())?;
+        prm.init = ptr(gpu, *s);
+        prm.fin = prm.init;
+    }
+    if p.batch * p.seq == 0 {
+        return Ok(());
+    }
+    int(op, p.batch * p.heads * lay.tp * lay.kp.max(lay.vp))?;
+    int(op, p.batch * p.heads * lay.nch * lay.kp * lay.vp)?;
+    with_scratch(&mut prm, ptr(gpu, scratch), &lay, false);
+    prm.o = ptr(gpu, o);
+    prep_and_walk(gpu, p, &prm, &lay, false)?;
+    let sfx = format!("k{}_{}", lay.kp, T::NAME);
+    let es = std::mem::size_of::<T>();
+    launch(gpu, &format!("dr_out_{sfx}"), (lay.nch, p.batch * p.heads), smem_bytes("out", lay.kp, es), &prm, None)
+}
+
+/// The chunked backward, as [`crate::delta_rule::delta_rule_bwd`], from do [B, T, H, V] and the
+/// final state's gradient `dfinal` (none: 0), with the forward's initial state `init` (none: 0):
+/// every gradient of `g`. `scratch` of [`bwd_scratch_len`] floats. Recomputes the forward's
+/// chunk states.
+pub fn delta_rule_bwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    dout: &CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    dfinal: Option<&CudaSlice<f32>>,
+    g: DevDeltaRuleGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let op = "delta_rule_bwd";
+    p.check(op)?;
+    ensure!(supported(p.k_dim, p.v_dim), "{op}: the GPU kernels take K ≤ {MAX_K}, not {}", p.k_dim);
+    let (n, kd, vd) = (p.batch * p.seq * p.heads, p.k_dim, p.v_dim);
+    need(op, "dout", dout, n * vd)?;
+    need(op, "dq", g.dq, n * kd)?;
+    need(op, "dk", g.dk, n * kd)?;
+    need(op, "dv", g.dv, n * vd)?;
+    need(op, "dbeta", g.dbeta, n)?;
+    ensure!(g.dg.is_some() == p.g.is_some(), "{op}: dg is wanted exactly when the problem has g");
+    if let Some(d) = &g.dg {
+        need(op, "dg", d, n)?;
+    }
+    for (what, s) in [("init", init), ("dfinal", dfinal)] {
+        if let Some(s) = s {
+            need(op, what, s, p.states())?;
+        }
+    }
+    if let Some(d) = &g.dinit {
+        need(op, "dinit", d, p.states())?;
+    }
+    let lay = p.layout();
+    need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
+    let mut prm = p.params(gpu, &lay)?;
+    if p.batch * p.seq == 0 {
+        return Ok(());
+    }
+    int(op, p.batch * p.heads * lay.tp * lay.kp.max(lay.vp))?;
+    int(op, p.batch * p.heads * lay.nch * lay.kp * lay.vp)?;
+    prm.init = opt_ptr(gpu, init);
+    prm.dfin = opt_ptr(gpu, dfinal);
+    prm.dinit = g.dinit.as_ref().map_or(0, |d| ptr(gpu, *d));
+    prm.dout = ptr(gpu, dout);
+    prm.vv &= prm.dout.is_multiple_of(16) as i32;
+    prm.dq = ptr(gpu, g.dq);
+    prm.dk = ptr(gpu, g.dk);
+    prm.dv = ptr(gpu, g.dv);
+    prm.dbeta = ptr(gpu, g.dbeta);
+    prm.dg = g.dg.as_ref().map_or(0, |d| ptr(gpu, *d));
+    with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
+    prep_and_walk(gpu, p, &prm, &lay, true)?;
+    let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
+    let sfx = format!("k{}_{}", lay.kp, T::NAME);
+    launch(gpu, &format!("dr_dvl_{sfx}"), (lay.nch, bh), smem_bytes("dvl", lay.kp, es), &prm, None)?;
+    launch(gpu, &format!("dr_walk_bwd_{sfx}"), (lay.vp / BV, bh), smem_bytes("walk_bwd", lay.kp, es), &prm, None)?;
+    launch(gpu, &format!("dr_grads_{sfx}"), (lay.nch, bh), smem_bytes("grads", lay.kp, es), &prm, None)
+}
+
+/// Each kernel of the forward and backward alone (ms, medians of `iters` after `warmup`, CUDA
+/// events), for `fox-attn bench-delta`: the WY transform, the state walk, the chunk outputs, the
+/// state-free dU, the reverse walk, the chunk gradients. The gradients land in `g`; `scratch` of
+/// [`bwd_scratch_len`] floats.
+#[allow(clippy::too_many_arguments)]
+pub fn kernel_ms<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    o: &mut CudaSlice<T>,
+    dout: &CudaSlice<T>,
+    g: DevDeltaRuleGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+    warmup: usize,
+    iters: usize,
+) -> Result<[f64; 6]> {
+    let op = "delta_rule kernel_ms";
+    p.check(op)?;
+    let lay = p.layout();
+    need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
+    need(op, "o", o, p.batch * p.seq * p.heads * p.v_dim)?;
+    let mut prm = p.params(gpu, &lay)?;
+    with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
+    prm.o = ptr(gpu, o);
+    prm.dout = ptr(gpu, dout);
+    prm.vv &= prm.dout.is_multiple_of(16) as i32;
+    prm.dq = ptr(gpu, g.dq);
+    prm.dk = ptr(gpu, g.dk);
+    prm.dv = ptr(gpu, g.dv);
+    prm.dbeta = ptr(gpu, g.dbeta);
+    prm.dg = g.dg.as_ref().map_or(0, |d| ptr(gpu, *d));
+    let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
+    let sfx = format!("k{}_{}", lay.kp, T::NAME);
+    let mut out = [0.0; 6];
+    let steps: [(&str, bool); 6] =
+        [("prep", true), ("walk_fwd", false), ("out", true), ("dvl", true), ("walk_bwd", false), ("grads", true)];
+    for (i, (kind, chunked)) in steps.iter().enumerate() {
+        let grid = if *chunked { (lay.nch, bh) } else { (lay.vp / BV, bh) };
+        let extra = (*kind == "prep").then_some(1);
+        let name = format!("dr_{kind}_{sfx}");
+        let smem = smem_bytes(kind, lay.kp, es);
+        out[i] = super::bench::time_ms(gpu, warmup, iters, || launch(gpu, &name, grid, smem, &prm, extra))?;
+    }
+    Ok(out)
+}
+
+/// One decoding step, as [`crate::delta_rule::delta_rule_decode_step`]: `p.seq` = 1; `state`
+/// [B, H, K, V] updated in place, o [B, H, V] written; a row with start[b] > 0 is padding (o = 0,
+/// its state unchanged). K ≤ 256.
+pub fn delta_rule_decode_step<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    state: &mut CudaSlice<f32>,
+    o: &mut CudaSlice<T>,
+) -> Result<()> {
+    let op = "delta_rule_decode_step";
+    p.check(op)?;
+    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
+    ensure!(p.k_dim <= MAX_K_DECODE, "{op}: K ≤ {MAX_K_DECODE}, not {}", p.k_dim);
+    need(op, "state", state, p.states())?;
+    need(op, "o", o, p.batch * p.heads * p.v_dim)?;
+    if p.batch == 0 {
+        return Ok(());
+    }
+    int(op, p.states())?;
+    let lay = p.layout();
+    let mut prm = p.params(gpu, &lay)?;
+    prm.fin = ptr(gpu, state);
+    prm.o = ptr(gpu, o);
+    let bh = p.batch * p.heads;
+    ensure!(bh <= 65535, "{op}: {bh} rows × heads exceed the launch grid");
+    let f = gpu.function(&DELTA_RULE, &format!("dr_decode_{}", T::NAME))?;
+    let cfg = LaunchConfig {
+        grid_dim: (p.v_dim.div_ceil(128) as u32, bh as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&prm);
+    // SAFETY: as in `launch`.
+    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching dr_decode: {e:?}"))?;
+    Ok(())
+}
+
+fn grid1(n: usize, per: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(per) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// y = x / √(Σ x² + 1e-6) over rows of `dim` (as [`crate::delta_rule::l2norm_fwd`], eps 1e-6), the
+/// rows' 1/√(…) into `rstd`.
+pub fn l2norm_fwd<T: Elem>(
+    gpu: &Gpu,
+    y: &mut CudaSlice<T>,
+    rstd: &mut CudaSlice<f32>,
+    x: &CudaSlice<T>,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    let op = "l2norm_fwd";
+    ensure!(dim > 0, "{op}: dim must be positive");
+    need(op, "x", x, rows * dim)?;
+    need(op, "y", y, rows * dim)?;
+    need(op, "rstd", rstd, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    int(op, rows * dim)?;
+    let args = [
+        Arg::P(ptr(gpu, y)),
+        Arg::P(ptr(gpu, rstd)),
+        Arg::P(ptr(gpu, x)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, dim)?),
+    ];
+    kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_fwd_{}", T::NAME), grid1(rows, 8), &args)
+}
+
+/// Backward of [`l2norm_fwd`] from its output: dx = rstd · (dy − y (y·dy)), overwritten.
+pub fn l2norm_bwd<T: Elem>(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<T>,
+    dy: &CudaSlice<T>,
+    y: &CudaSlice<T>,
+    rstd: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    let op = "l2norm_bwd";
+    ensure!(dim > 0, "{op}: dim must be positive");
+    for (what, s) in [("dy", dy), ("y", y)] {
+        need(op, what, s, rows * dim)?;
+    }
+    need(op, "dx", dx, rows * dim)?;
+    need(op, "rstd", rstd, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    int(op, rows * dim)?;
+    let args = [
+        Arg::P(ptr(gpu, dx)),
+        Arg::P(ptr(gpu, dy)),
+        Arg::P(ptr(gpu, y)),
+        Arg::P(ptr(gpu, rstd)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, dim)?),
+    ];
+    kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_bwd_{}", T::NAME), grid1(rows, 8), &args)
+}
+
+/// Gated DeltaNet's log-decay g [rows, H] = −exp(A_log) · softplus(a + dt_bias), f32 (the CPU
+/// layer's formula: ssd's softplus times −exp(A_log)).
+pub fn decay_fwd<T: Elem>(
+    gpu: &Gpu,
+    g: &mut CudaSlice<f32>,
+    a: &CudaSlice<T>,
+    a_log: &CudaSlice<f32>,
+    dt_bias: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<()> {
+    let op = "decay_fwd";
+    let h = a_log.len();
+    ensure!(h > 0 && dt_bias.len() == h, "{op}: A_log and dt_bias must both have H > 0 values");
+    need(op, "a", a, rows * h)?;
+    need(op, "g", g, rows * h)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::P(ptr(gpu, g)),
+        Arg::P(ptr(gpu, a)),
+        Arg::P(ptr(gpu, a_log)),
+        Arg::P(ptr(gpu, dt_bias)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, h)?),
+    ];
+    int(op, rows * h)?;
+    kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_fwd_{}", T::NAME), grid1(rows * h, 256), &args)
+}
+
+/// f32 elements of [`decay_bwd`]'s scratch.
+pub fn decay_bwd_scratch_len(rows: usize, heads: usize) -> usize {
+    2 * rows * heads
+}
+
+/// Backward of [`decay_fwd`] from dg [rows, H]: da (T) overwritten; dt_bias's and A_log's
+/// gradients accumulated through per-thread runs of rows and a fixed tree per head.
+#[allow(clippy::too_many_arguments)]
+pub fn decay_bwd<T: Elem>(
+    gpu: &Gpu,
+    da: &mut CudaSlice<T>,
+    da_log: &mut CudaSlice<f32>,
+    ddt_bias: &mut CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    dg: &CudaSlice<f32>,
+    a: &CudaSlice<T>,
+    a_log: &CudaSlice<f32>,
+    dt_bias: &CudaSlice<f32>,
+    rows: usize,
+) -> Result<()> {
+    let op = "decay_bwd";
+    let h = a_log.len();
+    ensure!(h > 0 && dt_bias.len() == h, "{op}: A_log and dt_bias must both have H > 0 values");
+    need(op, "da_log", da_log, h)?;
+    need(op, "ddt_bias", ddt_bias, h)?;
+    need(op, "a", a, rows * h)?;
+    need(op, "da", da, rows * h)?;
+    need(op, "dg", dg, rows * h)?;
+    need(op, "scratch", scratch, decay_bwd_scratch_len(rows, h))?;
+    if rows == 0 {
+        return Ok(());
+    }
+    int(op, 2 * rows * h)?;
+    let base = ptr(gpu, scratch);
+    let (tb, tl) = (base, base + (rows * h * 4) as u64);
+    let args = [
+        Arg::P(ptr(gpu, da)),
+        Arg::P(tb),
+        Arg::P(tl),
+        Arg::P(ptr(gpu, dg)),
+        Arg::P(ptr(gpu, a)),
+        Arg::P(ptr(gpu, a_log)),
+        Arg::P(ptr(gpu, dt_bias)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, h)?),
+    ];
+    kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_bwd_{}", T::NAME), grid1(rows * h, 256), &args)?;
+    let args = [
+        Arg::P(ptr(gpu, ddt_bias)),
+        Arg::P(ptr(gpu, da_log)),
+        Arg::P(tb),
+        Arg::P(tl),
+        Arg::P(ptr(gpu, a_log)),
+        Arg::I(int(op, rows)?),
+        Arg::I(int(op, h)?),
+    ];
+    let cfg = LaunchConfig { grid_dim: (h as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    kargs::launch(gpu, &DELTA_RULE, "dr_decay_reduce", cfg, &args)
+}
+
+/// y = x ⊙ SiLU(gate) (fla's o_norm with g_proj), n elements.
+pub fn swish_gate_fwd<T: Elem>(
+    gpu: &Gpu,
+    y: &mut CudaSlice<T>,
+    x: &CudaSlice<T>,
+    gate: &CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    let op = "swish_gate_fwd";
+    for (what, s) in [("x", x), ("gate", gate)] {
+        need(op, what, s, n)?;
+    }
+    need(op, "y", y, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let args = [Arg::P(ptr(gpu, y)), Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, gate)), Arg::L(n as i64)];
+    kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_fwd_{}", T::NAME), grid1(n, 256), &args)
+}
+
+/// Backward of [`swish_gate_fwd`]: dx and dgate overwritten.
+pub fn swish_gate_bwd<T: Elem>(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<T>,
+    dgate: &mut CudaSlice<T>,
+    dy: &CudaSlice<T>,
+    x: &CudaSlice<T>,
+    gate: &CudaSlice<T>,
+    n: usize,
+) -> Result<()> {
+    let op = "swish_gate_bwd";
+    for (what, s) in [("dy", dy), ("x", x), ("gate", gate)] {
+        need(op, what, s, n)?;
+    }
+    need(op, "dx", dx, n)?;
+    need(op, "dgate", dgate, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::P(ptr(gpu, dx)),
+        Arg::P(ptr(gpu, dgate)),
+        Arg::P(ptr(gpu, dy)),
+        Arg::P(ptr(gpu, x)),
+        Arg::P(ptr(gpu, gate)),
+        Arg::L(n as i64),
+    ];
+    kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_bwd_{}", T::NAME), grid1(n, 256), &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scratch's regions follow one another without overlap, 16-byte aligned, and the
+    /// documented sizes hold at the 125M shape.
+    #[test]
+    fn scratch_regions_are_disjoint_and_sized() {
+        let l = layout(2, 16384, 6, 128, 128, 2);
+        let r = [l.gc, l.w, l.u, l.states, l.tm, l.dstates, l.du, l.bwd_end];
+        assert!(r.windows(2).all(|w| w[0] < w[1] && w[1] % 16 == 0), "{r:?}");
+        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 202);
+        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 428);
+        // A partial chunk and padded K and V.
+        let l = layout(1, 70, 2, 20, 24, 4);
+        assert_eq!((l.nch, l.tp, l.kp, l.vp), (2, 128, 32, 32));
+        assert_eq!(l.w - l.gc, 2 * 128 * 4);
+    }
+
+    /// The shared memory of the largest kernels fits an H100's 227 KB per block.
+    #[test]
+    fn shared_memory_fits() {
+        for kind in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"] {
+            for kp in [32, 64, 128] {
+                for es in [2, 4] {
+                    let b = smem_bytes(kind, kp, es);
+                    assert!(b <= 227 * 1024, "{kind} K'={kp} {es}-byte: {b} bytes");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! The delta rule's GPU ops (fox_kernels::cuda::delta_rule: the chunked forward and backward, the
+//! decode step, the L2 norm, the decay, the swish gate) against their CPU ops. Runs where a CUDA
+//! GPU is usable; prints a notice and passes elsewhere (CI has no GPU). Tolerances and why:
+//! `fox_kernels::cuda::delta_rule_check`. On a GPU machine: `cargo test -p fox-kernels --release
+//! --test gpu_delta_rule -- --nocapture` (or `fox-attn check-ops --filter delta`, the same table).
+
+use fox_kernels::cuda::{check, delta_rule_check, Gpu};
+
+#[test]
+fn every_delta_rule_op_matches_its_cpu_op() {
+    let g = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "NOTICE: GPU delta rule test skipped, no usable GPU: {e:#}");
+            return;
+        }
+    };
+    let seed = check::fresh_seed();
+    let rows = delta_rule_check::run_all(&g, seed);
+    println!("seed {seed}\n{}", check::format_table(&rows));
+    // 6 shapes × 2 types × (9-10 forward and backward rows + 2 decode rows), and the small ops.
+    assert!(rows.len() >= 150, "only {} check rows", rows.len());
+    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
+    assert!(failed.is_empty(), "{} check(s) failed: {failed:?}", failed.len());
+}

@@ -15,10 +15,11 @@
 //!   fox-attn bench-ssd [--shape B,T,H,P,N,G]        Mamba-2's SSD forward (default 2,16384,24,64,128,1)
 //!   fox-attn bench-scan [--b 2] [--t 16384] [--di 1536] [--n 16] [--iters 20] [--warmup 3]
 //!                                                   Mamba's selective scan (Samba), fwd and fwd+bwd
+//!   fox-attn bench-gla [--shape B,T,H,D]            HGRN2's GLA, fwd and fwd+bwd (default 2,16384,6,128)
 
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{
-    self, bench, check, compile, gemm, gemm_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
+    self, bench, check, compile, gemm, gemm_check, gla_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
 };
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
@@ -91,14 +92,19 @@ fn main() -> Result<()> {
             };
             println!("GPU ops check on {} (seed {seed})", gpu.describe());
             let t0 = std::time::Instant::now();
-            // Mamba-2's rows (cases named "ssd ..."); a filter beginning with "ssd" runs only them.
+            // Mamba-2's rows (cases named "ssd ..."), HGRN2's ("gla ...", "hgrn2 ..."): a filter
+            // beginning with one of those names runs only that family's rows.
             let filter = arg_value(&args, "--filter");
-            let mut rows = match &filter {
-                Some(f) if f.starts_with("ssd") => Vec::new(),
-                _ => ops_check::run_all(&gpu, seed),
-            };
-            rows.extend(ssd_check::run_all(&gpu, seed));
-            rows.extend(ssd_tc_check::run_all(&gpu, seed));
+            let family = |name: &str| filter.as_deref().is_some_and(|f| f.starts_with(name));
+            let hgrn2 = family("gla") || family("hgrn2");
+            let mut rows = if family("ssd") || hgrn2 { Vec::new() } else { ops_check::run_all(&gpu, seed) };
+            if !hgrn2 {
+                rows.extend(ssd_check::run_all(&gpu, seed));
+                rows.extend(ssd_tc_check::run_all(&gpu, seed));
+            }
+            if !family("ssd") {
+                rows.extend(gla_check::run_all(&gpu, seed));
+            }
             if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
             }
@@ -220,6 +226,32 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        "bench-gla" => {
+            // HGRN2's gated linear attention at 125M's widths (H = 6 heads of K = V = 128).
+            let gpu = cuda::Gpu::new(0)?;
+            let shape = match arg_value(&args, "--shape") {
+                Some(s) => {
+                    let v = list(&s)?;
+                    anyhow::ensure!(v.len() == 4, "--shape takes B,T,H,D");
+                    (v[0], v[1], v[2], v[3])
+                }
+                None => (2, 16384, 6, 128),
+            };
+            for bf in [true, false] {
+                let (fwd, fb) = if bf {
+                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20)?
+                } else {
+                    gla_check::bench::<f32>(&gpu, shape, 3, 20)?
+                };
+                println!(
+                    "GLA on {}, [B, T, H, K = V] = {shape:?}, {} inputs: forward {fwd:.3} ms, forward + backward \
+                     {fb:.3} ms (medians of 20, CUDA events)",
+                    gpu.describe(),
+                    if bf { "bf16" } else { "f32" }
+                );
+            }
+            Ok(())
+        }
         "bench-gemm" => {
             let gpu = cuda::Gpu::new(0)?;
             let dims = match arg_value(&args, "--d") {
@@ -256,7 +288,7 @@ fn main() -> Result<()> {
                 include_str!("fox-attn.rs")
                     .lines()
                     .skip(2)
-                    .take(14)
+                    .take(15)
                     .map(|l| l.trim_start_matches("//!"))
                     .collect::<Vec<_>>()
                     .join("\n")
@@ -264,7 +296,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         other => bail!(
-            "unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, bench-scan, compile, info)"
+            "unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, bench-scan, bench-ssd, bench-gla, compile, info)"
         ),
     }
 }

@@ -76,8 +76,22 @@ pub static SSD_TC: Source = Source { name: "ssd_tc", files: &[ELEM, include_str!
 pub static SELECTIVE_SCAN: Source =
     Source { name: "selective_scan", files: &[ELEM, include_str!("../../kernels/selective_scan.cu")] };
 
-pub static SOURCES: [&Source; 9] =
-    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN];
+const GLA_CU: &str = include_str!("../../kernels/gla.cu");
+/// HGRN2's ops: gated linear attention with per-channel decay (chunked forward and backward,
+/// decode step), the gates and the lower bounds; gla.cu twice, as ssd.cu.
+pub static GLA: Source = Source {
+    name: "gla",
+    files: &[
+        ELEM,
+        "#define ET float\n#define KN(name) name##_f32\n",
+        GLA_CU,
+        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
+        GLA_CU,
+    ],
+};
+
+pub static SOURCES: [&Source; 10] =
+    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN, &GLA];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

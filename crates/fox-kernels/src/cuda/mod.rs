@@ -16,6 +16,8 @@ pub mod check;
 pub mod compile;
 pub mod gemm;
 pub mod gemm_check;
+pub mod gla;
+pub mod gla_check;
 mod kargs;
 pub mod nccl;
 pub mod ops;

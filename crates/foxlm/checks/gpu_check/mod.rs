@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 mod command;
 pub mod dist;
+pub mod hgrn2;
 pub mod infer;
 pub mod serve;
 pub use command::run;
@@ -132,7 +133,7 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRo
         }
     }
     // The recurrent families: the same rows (f32 and bf16 logits, left padding, loss, gradients).
-    for m in recurrent_models(fixtures)? {
+    for m in recurrent_models(fixtures)?.into_iter().chain(hgrn2::models(fixtures)?) {
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
     }
     Ok(rows)

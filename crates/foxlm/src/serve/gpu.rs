@@ -176,6 +176,17 @@ impl<'m> GpuBatcher<'m> {
                     dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
                     dtod(gpu, &x.conv, sr * nc, &mut y.conv, dr * nc, nc)?;
                 }
+                (LayerState::Hgrn2(x), LayerState::Hgrn2(y)) => {
+                    let [ns, nc] = crate::model::hgrn2::state::Hgrn2State::lens(1, &x.sizes);
+                    dtod(gpu, &x.ssm, sr * ns, &mut y.ssm, dr * ns, ns)?;
+                    if nc > 0 {
+                        for (a, c) in
+                            [(&x.conv_q, &mut y.conv_q), (&x.conv_f, &mut y.conv_f), (&x.conv_i, &mut y.conv_i)]
+                        {
+                            dtod(gpu, a, sr * nc, c, dr * nc, nc)?;
+                        }
+                    }
+                }
                 _ => bail!("copying a row between caches of different layer kinds"),
             }
         }

@@ -85,7 +85,7 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
             if l.sizes().gated { "Gated DeltaNet" } else { "DeltaNet" },
             crate::model::deltanet::cuda::NO_GPU_KERNELS
         )),
-        crate::model::Mixer::Hgrn2(_) => Some(format!("HGRN2: {}", crate::model::hgrn2::cuda::NO_GPU_KERNELS)),
+        crate::model::Mixer::Hgrn2(l) => crate::model::hgrn2::cuda::unsupported(l.sizes()),
         crate::model::Mixer::Mamba2(l) => {
             let s = l.sizes();
             let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
@@ -130,7 +130,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
             LayerState::DeltaNet(s) => match *s {},
-            LayerState::Hgrn2(s) => match *s {},
+            LayerState::Hgrn2(s) => s.len,
         }
     }
 
@@ -149,7 +149,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Mamba2(s) => s.len = len,
             LayerState::Mamba(s) => s.len = len,
             LayerState::DeltaNet(s) => match *s {},
-            LayerState::Hgrn2(s) => match *s {},
+            LayerState::Hgrn2(s) => s.len = len,
         }
     }
 }

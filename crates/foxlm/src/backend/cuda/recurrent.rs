@@ -60,6 +60,25 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
             };
             out = (out.0.max(big), out.1.max(small));
         }
+        if let crate::model::Mixer::Hgrn2(l) = &blk.mixer {
+            // HGRN2's GLA (forward, or forward and backward) and its gates' and convolutions'
+            // partial sums.
+            use fox_kernels::cuda::gla;
+            let s = l.sizes();
+            let (h, k, d) = (s.heads, s.head_dim, s.heads * s.head_dim);
+            let big = if train {
+                gla::gla_bwd_scratch_len(batch, seq, h, k, k)
+            } else {
+                gla::gla_fwd_scratch_len(batch, seq, h, k, k)
+            };
+            let small = if train {
+                let conv = s.conv.map_or(0, |w| ssd::conv1d_bwd_scratch_len(batch, seq, d, w));
+                gla::hgrn2_gates_bwd_scratch_len(rows, d).max(conv)
+            } else {
+                0
+            };
+            out = (out.0.max(big), out.1.max(small));
+        }
         if let crate::model::Mixer::Mamba(l) = &blk.mixer {
             let s = l.sizes();
             if train {

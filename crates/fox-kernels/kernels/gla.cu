@@ -725,14 +725,16 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // One decoding step per (b, h) (q, k, g [B, H, K], v, o [B, H, V]; state [B, H, K, V] in place):
 // S = Diag(e^g) S + k vᵀ, o = scale Sᵀ q. A row whose start is past its one position is padding:
-// o = 0, state unchanged. Threads take value columns; the channels are split between groups of
-// threads whose partial o are added in a fixed order. K ≤ GLA_DECODE_KMAX. Grid B·H, 256 threads.
+// o = 0, state unchanged. A block takes 32 value columns of one (b, h) (grid (B·H, ⌈V/32⌉)): a
+// warp's lanes a row's 32 columns, the 8 warps every 8th row, their partial o added in warp
+// order. K ≤ GLA_DECODE_KMAX.
 extern "C" __global__ void __launch_bounds__(256)
     KN(gla_decode)(float* S, ET* o, const ET* q, const ET* k, const ET* v, const ET* g, const int* start, int H,
                    int K, int V, float scale) {
     __shared__ float qs[GLA_DECODE_KMAX], ks[GLA_DECODE_KMAX], ds[GLA_DECODE_KMAX];
-    __shared__ float part[256];
-    const int bh = blockIdx.x, b = bh / H, tid = threadIdx.x;
+    __shared__ float part[8][32];
+    const int bh = blockIdx.x, b = bh / H, tid = threadIdx.x, lane = tid % 32, w = tid / 32;
+    const int vv = blockIdx.y * 32 + lane;
     const bool pad = start && start[b] > 0;
     for (int c = tid; c < K; c += 256) {
         const long i = (long)bh * K + c;
@@ -741,27 +743,24 @@ extern "C" __global__ void __launch_bounds__(256)
         ds[c] = __expf(ld(g, i));
     }
     __syncthreads();
-    const int nv = min(V, 256), parts = 256 / nv, p = tid / nv, vl = tid % nv;
-    float* Sb = S + (long)bh * K * V;
-    for (int v0 = 0; v0 < V; v0 += nv) {
-        const int vv = v0 + vl;
-        float acc = 0.0f;
-        if (!pad && p < parts && vv < V) {
-            const float x = ld(v, (long)bh * V + vv);
-            for (int c = p; c < K; c += parts) {
-                const float s = Sb[(long)c * V + vv] * ds[c] + ks[c] * x;
-                Sb[(long)c * V + vv] = s;
-                acc += qs[c] * s;
-            }
+    float acc = 0.0f;
+    if (!pad && vv < V) {
+        float* Sb = S + (long)bh * K * V + vv;
+        const float x = ld(v, (long)bh * V + vv);
+#pragma unroll 4
+        for (int c = w; c < K; c += 8) {
+            const float s = Sb[(long)c * V] * ds[c] + ks[c] * x;
+            Sb[(long)c * V] = s;
+            acc += qs[c] * s;
         }
-        part[tid] = acc;
-        __syncthreads();
-        if (p == 0 && vv < V) {
-            float s = 0.0f;
-            for (int pp = 0; pp < parts; ++pp) s += part[pp * nv + vl];
-            st(o, (long)bh * V + vv, pad ? 0.0f : scale * s);
-        }
-        __syncthreads();
+    }
+    part[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && vv < V) {
+        float s = 0.0f;
+#pragma unroll
+        for (int p = 0; p < 8; ++p) s += part[p][lane];
+        st(o, (long)bh * V + vv, pad ? 0.0f : scale * s);
     }
 }
 

@@ -444,7 +444,7 @@ pub fn gla_decode_step<T: Elem>(
         Arg::I(int(op, p.v_dim)?),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_decode"), (p.batch * p.heads, 1, 1), 0, &args)
+    launch(gpu, &kname::<T>("gla_decode"), (p.batch * p.heads, p.v_dim.div_ceil(32), 1), 0, &args)
 }
 
 /// A row of the lower bounds [L, d]: the buffer and the row's first element.

@@ -336,7 +336,7 @@ static void decode_case(int K, int V, int T, int pad) {
         };
         auto qs = row(q, K), ks = row(k, K), vs = row(v, V), gs = row(g, K);
         std::vector<float> os((size_t)B * H * V, 7.f);
-        launch({(unsigned)(B * H), 1, 1}, 256, [&] {
+        launch({(unsigned)(B * H), (unsigned)((V + 31) / 32), 1}, 256, [&] {
             gla_decode_f32(state.data(), os.data(), qs.data(), ks.data(), vs.data(), gs.data(), nullptr, H, K, V, scale);
         });
         for (int b = 0; b < B; ++b)
@@ -351,7 +351,7 @@ static void decode_case(int K, int V, int T, int pad) {
     std::vector<float> before = state, os((size_t)B * H * V, 7.f);
     auto qs = randn((size_t)B * H * K), vs = randn((size_t)B * H * V);
     std::vector<float> gs((size_t)B * H * K, -0.5f), ks((size_t)B * H * K, 0.4f);
-    launch({(unsigned)(B * H), 1, 1}, 256, [&] {
+    launch({(unsigned)(B * H), (unsigned)((V + 31) / 32), 1}, 256, [&] {
         gla_decode_f32(state.data(), os.data(), qs.data(), ks.data(), vs.data(), gs.data(), st2, H, K, V, scale);
     });
     double moved = 0, out = 0;

@@ -6,7 +6,7 @@ Median of --iters CUDA-event timings after --warmup calls (fla's Triton autotuni
 warm-up), forward alone, then forward + backward (its backward may refuse on some Triton versions:
 the error is printed instead). Run it in the same call as `fox-attn bench-gla` and compare there.
 
-    python3 bench/fla_gla.py [--shape 2,16384,6,128] [--iters 20] [--warmup 3]
+    python3 bench/fla_gla.py [--shape 2,16384,6,128] [--iters 20] [--warmup 3] [--fwd-only]
 """
 import argparse
 import statistics
@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--shape", default="2,16384,6,128")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--fwd-only", action="store_true", help="skip the backward")
     a = ap.parse_args()
     B, T, H, D = (int(x) for x in a.shape.split(","))
     from fla.ops.gla import chunk_gla
@@ -51,6 +52,8 @@ def main():
         fwd = median_ms(lambda: chunk_gla(q, k, v, g, scale=D**-0.5), a.warmup, a.iters)
     print(f"fla chunk_gla on {name}, [B, T, H, K = V] = ({B}, {T}, {H}, {D}), bf16: forward {fwd:.3f} ms "
           f"(median of {a.iters}, CUDA events)", flush=True)
+    if a.fwd_only:
+        return
     qg, kg, vg, gg = (x.detach().clone().requires_grad_() for x in (q, k, v, g))
     do = torch.randn_like(v)
 

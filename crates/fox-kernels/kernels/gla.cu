@@ -160,6 +160,50 @@ __device__ __forceinline__ float gla_g(const float* G, int b, int t0, int r, int
                                        int kc) {
     return G[gla_row(b, t0 + min(r, len - 1), T, H, h) * K + kc];
 }
+// ---- Version 2's tensor-core products (bf16 operands, f32 sums), for bf16 activations ----
+// A block's 8 warps share a 64 × 64 product: warp w the 16 rows from 16 (w % 4) and the 32 columns
+// from 32 (w / 4), as four m16n8k16 tiles. Operands are bf16 tiles in shared memory with the
+// inner (k) index contiguous: A as [m][k], B as [n][k], row stride GLA_TS halves (the 8-half pad
+// puts the 32 lanes of a fragment load in 32 banks).
+typedef unsigned int u32;
+#define GLA_TS 72
+#ifndef GLA_MMA_EMULATED
+// c (16x8 f32) += a (16x16 bf16, row-major) · b (16x8 bf16, column-major).
+__device__ __forceinline__ void gla_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+// acc[j] (mma's C layout: lane (g, t) = (lane / 4, lane % 4) holds rows m0 + g, m0 + g + 8 and
+// columns n0 + 8j + 2t, + 1) += A[m0.., 0..kdim) · B[n0 + 8j.., 0..kdim)ᵀ.
+__device__ __forceinline__ void gla_tc_gemm(float (&acc)[4][4], const u16* A, const u16* B, int kdim) {
+    const int l = threadIdx.x & 31, g = l >> 2, t = l & 3, w = threadIdx.x >> 5;
+    const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        const u16* pa = A + (m0 + g) * GLA_TS + k0 + 2 * t;
+        const u32 a[4] = {*(const u32*)pa, *(const u32*)(pa + 8 * GLA_TS), *(const u32*)(pa + 8),
+                          *(const u32*)(pa + 8 * GLA_TS + 8)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u16* pb = B + (n0 + 8 * j + g) * GLA_TS + k0 + 2 * t;
+            gla_mma(acc[j], a, *(const u32*)pb, *(const u32*)(pb + 8));
+        }
+    }
+}
+// The (row, column) of element e (0..15) of this lane's acc: acc[e / 4][e % 4].
+__device__ __forceinline__ int gla_tc_row(int e) {
+    const int l = threadIdx.x & 31;
+    return 16 * ((threadIdx.x >> 5) & 3) + (l >> 2) + 8 * ((e & 3) >> 1);
+}
+__device__ __forceinline__ int gla_tc_col(int e) {
+    const int l = threadIdx.x & 31;
+    return 32 * (threadIdx.x >> 7) + 8 * (e >> 2) + 2 * (l & 3) + (e & 1);
+}
+// x rounded to bf16 into a shared tile.
+__device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i, x); }
 #endif  // GLA_ONCE
 
 // G [B, T, H, K] (f32) = the gate's inclusive prefix sums within each chunk, per channel; 0 at
@@ -237,6 +281,49 @@ extern "C" __global__ void __launch_bounds__(256)
             const int kc = k0 + ty + 16 * i, vv = v0 + tx + 16 * j;
             if (kc < K && vv < V) o[(long)kc * V + vv] = acc[i][j];
         }
+}
+
+// Version 2 of gla_chunk_h (tensor cores): the same product with X̃ᵀ [kc][t] and Yᵀ [v][t] staged
+// as bf16.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_chunk_h_tc)(float* out, int nslots, const ET* x, const ET* y, const float* G, const int* start, int T,
+                       int H, int K, int V, int mode, float scale) {
+    __shared__ u32 x32[64 * GLA_TS / 2], y32[64 * GLA_TS / 2];
+    __shared__ float gl[64];
+    u16* xt = (u16*)x32;
+    u16* yt = (u16*)y32;
+    const int nvb = (V + 63) / 64;
+    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
+    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
+    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
+    __syncthreads();
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        const bool real = r < len && t >= first;
+        float xv = 0.0f, yv = 0.0f;
+        if (real) {
+            const long row = gla_row(b, t, T, H, h);
+            if (k0 + cc < K) {
+                const float gv = G[row * K + k0 + cc], xr = ld(x, row * K + k0 + cc);
+                xv = mode == 0 ? xr * __expf(gl[cc] - gv) : scale * xr * __expf(gv);
+            }
+            if (v0 + cc < V) yv = ld(y, row * V + v0 + cc);
+        }
+        gla_put(xt, cc * GLA_TS + r, xv);
+        gla_put(yt, cc * GLA_TS + r, yv);
+    }
+    __syncthreads();
+    float acc[4][4] = {};
+    gla_tc_gemm(acc, xt, yt, GLA_L);
+    float* o = out + ((long)bh * nslots + c) * K * V;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int kc = k0 + gla_tc_row(e), vv = v0 + gla_tc_col(e);
+        if (kc < K && vv < V) o[(long)kc * V + vv] = acc[e >> 2][e & 3];
+    }
 }
 
 // A [B, H, chunks, 64, 64] (row i, column j; 0 for j > i): A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc}.
@@ -379,6 +466,52 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// Version 2 of gla_fwd_o (tensor cores): q ⊙ e^G [t][c] against S_cᵀ [v][c], then A [t][j]
+// against Vᵀ [v][j], bf16 operands in shared memory, f32 sums.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_fwd_o_tc)(ET* o, const ET* q, const ET* v, const float* G, const float* hs, const float* A,
+                     const int* start, int T, int H, int K, int V, int nch, float scale) {
+    __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
+    u16* as_ = (u16*)a32;
+    u16* bs = (u16*)b32;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, v0 = vb * 64;
+    const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < K; c0 += 64) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * 64; e += 256) {
+            const int r = e / 64, cc = e % 64, t = t0 + r;
+            const bool real = c0 + cc < K && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
+            gla_put(as_, r * GLA_TS + cc, real ? ld(q, i) * __expf(G[i]) : 0.0f);
+            // S_c[c0 + r, v0 + cc] as B [v][c].
+            const bool in = c0 + r < K && v0 + cc < V;
+            gla_put(bs, cc * GLA_TS + r, in ? S[(long)(c0 + r) * V + v0 + cc] : 0.0f);
+        }
+        __syncthreads();
+        gla_tc_gemm(acc, as_, bs, 64);
+    }
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    __syncthreads();
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        gla_put(as_, r * GLA_TS + cc, Ac[r * GLA_L + cc]);
+        // v[position r, column v0 + cc] as B [v][j].
+        const bool real = v0 + cc < V && r < len && t >= first;
+        gla_put(bs, cc * GLA_TS + r, real ? ld(v, gla_row(b, t, T, H, h) * V + v0 + cc) : 0.0f);
+    }
+    __syncthreads();
+    gla_tc_gemm(acc, as_, bs, GLA_L);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
+        if (r < len && vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, t >= first ? scale * acc[e >> 2][e & 3] : 0.0f);
+    }
+}
+
 // dA [B, H, chunks, 64, 64] = scale · do_i·v_j for j ≤ i (0 above the diagonal and at padding).
 // Grid (chunks, B·H).
 extern "C" __global__ void __launch_bounds__(256)
@@ -423,6 +556,38 @@ extern "C" __global__ void __launch_bounds__(256)
             const bool keep = bb < a || (bb == a && tx <= ty);
             out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? scale * acc[a][bb] : 0.0f;
         }
+}
+
+// Version 2 of gla_dscores (tensor cores): do [i][v] against v [j][v], bf16 operands, f32 sums.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_dscores_tc)(float* dA, const ET* dout, const ET* v, const int* start, int T, int H, int V, int nch,
+                       float scale) {
+    __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
+    u16* as_ = (u16*)a32;
+    u16* bs = (u16*)b32;
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < V; c0 += 64) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * 64; e += 256) {
+            const int r = e / 64, cc = e % 64, t = t0 + r;
+            const bool real = c0 + cc < V && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * V + c0 + cc;
+            gla_put(as_, r * GLA_TS + cc, real ? ld(dout, i) : 0.0f);
+            gla_put(bs, r * GLA_TS + cc, real ? ld(v, i) : 0.0f);
+        }
+        __syncthreads();
+        gla_tc_gemm(acc, as_, bs, 64);
+    }
+    float* out = dA + ((long)bh * nch + c) * GLA_L * GLA_L;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int i = gla_tc_row(e), j = gla_tc_col(e);
+        out[i * GLA_L + j] = j <= i ? scale * acc[e >> 2][e & 3] : 0.0f;
+    }
 }
 
 // dv[:, vb] = scale · Aᵀ do[:, vb] + (k ⊙ e^{G_L − G}) dH_c[:, vb] for a tile of 64 value
@@ -514,6 +679,58 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// Version 2 of gla_bwd_dv (tensor cores): Aᵀ [j][i] against doᵀ [v][i], then (k ⊙ e^{G_L − G})
+// [j][c] against dH_cᵀ [v][c], bf16 operands, f32 sums.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dv_tc)(ET* dv, const ET* k, const ET* dout, const float* G, const float* A, const float* dhs,
+                      const int* start, int T, int H, int K, int V, int nch, float scale) {
+    __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
+    __shared__ float gl[64];
+    u16* as_ = (u16*)a32;
+    u16* bs = (u16*)b32;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, v0 = vb * 64;
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int i = e / 64, j = e % 64, t = t0 + i;
+        gla_put(as_, j * GLA_TS + i, Ac[i * GLA_L + j]);
+        // do[position i, column v0 + j] as B [v][i].
+        const bool real = v0 + j < V && i < len && t >= first;
+        gla_put(bs, j * GLA_TS + i, real ? ld(dout, gla_row(b, t, T, H, h) * V + v0 + j) : 0.0f);
+    }
+    __syncthreads();
+    float acc[4][4] = {};
+    gla_tc_gemm(acc, as_, bs, GLA_L);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] *= scale;
+    const float* D = dhs + ((long)bh * nch + c) * K * V;
+    for (int c0 = 0; c0 < K; c0 += 64) {
+        __syncthreads();
+        if (tid < 64) gl[tid] = c0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, c0 + tid) : 0.0f;
+        __syncthreads();
+        for (int e = tid; e < GLA_L * 64; e += 256) {
+            const int r = e / 64, cc = e % 64, t = t0 + r;
+            const bool real = c0 + cc < K && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
+            gla_put(as_, r * GLA_TS + cc, real ? ld(k, i) * __expf(gl[cc] - G[i]) : 0.0f);
+            // dH_c[c0 + r, v0 + cc] as B [v][c].
+            const bool in = c0 + r < K && v0 + cc < V;
+            gla_put(bs, cc * GLA_TS + r, in ? D[(long)(c0 + r) * V + v0 + cc] : 0.0f);
+        }
+        __syncthreads();
+        gla_tc_gemm(acc, as_, bs, 64);
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
+        if (r < len && vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, t >= first ? acc[e >> 2][e & 3] : 0.0f);
+    }
+}
+
 // Shared memory of gla_bwd_dqk, in floats: dA, q, k, G [64][65] each, then a region for the state
 // products' tiles (4 × [32][65]) that the intra-chunk terms reuse for kp / qp (3 × [48][65]),
 // then G_L and the final-term sums [64] each.
@@ -532,10 +749,11 @@ extern "C" __global__ void __launch_bounds__(256)
 // first row of the query's sub-chunk a, as in gla_scores); for dk, r = 16a + 15 (the last row of
 // the key's sub-chunk a). Grid (⌈K/64⌉, chunks, B·H), 256 threads, dynamic shared memory of
 // GLA_DQK_SMEM_FLOATS floats.
-extern "C" __global__ void __launch_bounds__(256)
-    KN(gla_bwd_dqk)(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v, const ET* dout, const float* G,
-                    const float* hs, const float* dhs, const float* dA, const int* start, int T, int H, int K, int V,
-                    int nch, float scale) {
+template <bool TC>
+__device__ __forceinline__ void gla_bwd_dqk_impl(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v,
+                                                 const ET* dout, const float* G, const float* hs, const float* dhs,
+                                                 const float* dA, const int* start, int T, int H, int K, int V,
+                                                 int nch, float scale) {
     GLA_DSMEM(sm);
     float(*das)[GLA_P] = (float(*)[GLA_P])sm;
     float(*qr)[GLA_P] = (float(*)[GLA_P])(sm + GLA_L * GLA_P);
@@ -583,7 +801,48 @@ extern "C" __global__ void __launch_bounds__(256)
 
     // The state terms: aq = do S_cᵀ, ak = v dH_cᵀ over the value columns.
     float aq[4][4] = {}, ak[4][4] = {};
-    for (int v0 = 0; v0 < V; v0 += GLA_KT) {
+    if (TC) {
+        // Version 2: do, v [t][v] and S_c, dH_c [kc][v] as bf16 tiles, 64 value columns at a time;
+        // the products through shared memory into this thread's elements.
+        u16* s_do = (u16*)region;
+        u16* s_s = s_do + 64 * GLA_TS;
+        u16* s_v = s_s + 64 * GLA_TS;
+        u16* s_h = s_v + 64 * GLA_TS;
+        float fq[4][4] = {}, fk[4][4] = {};
+        for (int v0 = 0; v0 < V; v0 += 64) {
+            __syncthreads();
+            for (int e = tid; e < GLA_L * 64; e += 256) {
+                const int r = e / 64, vv = e % 64, t = t0 + r;
+                const bool real = v0 + vv < V && r < len && t >= first;
+                const long i = gla_row(b, t, T, H, h) * V + v0 + vv;
+                gla_put(s_do, r * GLA_TS + vv, real ? ld(dout, i) : 0.0f);
+                gla_put(s_v, r * GLA_TS + vv, real ? ld(v, i) : 0.0f);
+                const bool in = v0 + vv < V && k0 + r < K;
+                gla_put(s_s, r * GLA_TS + vv, in ? S0[(long)(k0 + r) * V + v0 + vv] : 0.0f);
+                gla_put(s_h, r * GLA_TS + vv, in ? D[(long)(k0 + r) * V + v0 + vv] : 0.0f);
+            }
+            __syncthreads();
+            gla_tc_gemm(fq, s_do, s_s, 64);
+            gla_tc_gemm(fk, s_v, s_h, 64);
+        }
+        __syncthreads();
+        float(*sq)[GLA_P] = (float(*)[GLA_P])region;
+        float(*sk)[GLA_P] = (float(*)[GLA_P])(region + GLA_L * GLA_P);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            sq[gla_tc_row(e)][gla_tc_col(e)] = fq[e >> 2][e & 3];
+            sk[gla_tc_row(e)][gla_tc_col(e)] = fk[e >> 2][e & 3];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int bb = 0; bb < 4; ++bb) {
+                aq[a][bb] = sq[ty + 16 * a][tx + 16 * bb];
+                ak[a][bb] = sk[ty + 16 * a][tx + 16 * bb];
+            }
+    }
+    for (int v0 = 0; v0 < (TC ? 0 : V); v0 += GLA_KT) {
         __syncthreads();
         for (int e = tid; e < GLA_L * GLA_KT; e += 256) {
             const int r = e / GLA_KT, vv = e % GLA_KT, t = t0 + r;
@@ -721,6 +980,20 @@ extern "C" __global__ void __launch_bounds__(256)
         const int r = e / 64, cc = e % 64, t = t0 + r;
         if (r < len && k0 + cc < K) st(dg, gla_row(b, t, T, H, h) * K + k0 + cc, t >= first ? das[r][cc] : 0.0f);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dqk)(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v, const ET* dout, const float* G,
+                    const float* hs, const float* dhs, const float* dA, const int* start, int T, int H, int K, int V,
+                    int nch, float scale) {
+    gla_bwd_dqk_impl<false>(dq, dk, dg, q, k, v, dout, G, hs, dhs, dA, start, T, H, K, V, nch, scale);
+}
+// Version 2: the state terms on tensor cores (bf16 operands, f32 sums), the rest as version 1.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dqk_tc)(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v, const ET* dout,
+                       const float* G, const float* hs, const float* dhs, const float* dA, const int* start, int T,
+                       int H, int K, int V, int nch, float scale) {
+    gla_bwd_dqk_impl<true>(dq, dk, dg, q, k, v, dout, G, hs, dhs, dA, start, T, H, K, V, nch, scale);
 }
 
 // One decoding step per (b, h) (q, k, g [B, H, K], v, o [B, H, V]; state [B, H, K, V] in place):

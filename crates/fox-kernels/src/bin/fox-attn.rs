@@ -237,17 +237,18 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 6, 128),
             };
-            for bf in [true, false] {
+            // Version 2 (tensor cores, bf16's default), version 1 on bf16 and on f32.
+            for (what, bf, tc) in [("bf16, tensor cores", true, true), ("bf16, v1", true, false), ("f32, v1", false, false)]
+            {
                 let (fwd, fb) = if bf {
-                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20)?
+                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, tc)?
                 } else {
-                    gla_check::bench::<f32>(&gpu, shape, 3, 20)?
+                    gla_check::bench::<f32>(&gpu, shape, 3, 20, tc)?
                 };
                 println!(
-                    "GLA on {}, [B, T, H, K = V] = {shape:?}, {} inputs: forward {fwd:.3} ms, forward + backward \
+                    "GLA on {}, [B, T, H, K = V] = {shape:?}, {what}: forward {fwd:.3} ms, forward + backward \
                      {fb:.3} ms (medians of 20, CUDA events)",
-                    gpu.describe(),
-                    if bf { "bf16" } else { "f32" }
+                    gpu.describe()
                 );
             }
             Ok(())

@@ -6,10 +6,14 @@
 //! returns an error (never panics) when a buffer is shorter than the shapes say. Deterministic:
 //! no atomics, fixed-order sums.
 //!
-//! Version 1, on CUDA cores: the chunked form of [`crate::gla`] (chunks of 64, the state passed
-//! between chunks by one sequential kernel, everything else one block per chunk and 64-wide
-//! tile), the products as shared-memory tiles in f32. No tensor cores yet: a bf16 run reads and
-//! writes bf16 but computes as the f32 one does.
+//! The chunked form of [`crate::gla`]: chunks of 64, the state passed between chunks by one
+//! sequential kernel, everything else one block per chunk and 64-wide tile. Version 1 computes
+//! every product on CUDA cores in f32 (f32 activations, and bf16 with `FOXLM_GLA=v1`). Version 2
+//! (bf16 activations, the default there; see [`uses_tensor_cores`]) runs the dense products on
+//! tensor cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's,
+//! the output's state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of
+//! dq and dk; the intra-chunk scores and the intra-chunk terms of dq and dk (each with its
+//! decays) stay on CUDA cores in f32, as does the state passing.
 
 use super::compile::GLA;
 use super::kargs::{self, Arg};
@@ -86,6 +90,25 @@ pub struct DevGla<'a, T: Elem = f32> {
     pub g: &'a CudaSlice<T>,
     pub scale: f32,
     pub start: Option<&'a CudaSlice<i32>>,
+    /// Version 2 (tensor cores) or 1; none: [`uses_tensor_cores`]'s choice.
+    pub tensor_cores: Option<bool>,
+}
+
+/// Whether `p` runs on tensor cores (version 2): as `p.tensor_cores` says, else for bf16
+/// activations unless the environment sets `FOXLM_GLA=v1`.
+pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
+    static FORCE_V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v1 = *FORCE_V1.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v1"));
+    p.tensor_cores.unwrap_or(T::NAME == "bf16" && !v1)
+}
+
+/// Kernel `base` of the version `p` runs (version 2's are `base`_tc).
+fn vname<T: Elem>(p: &DevGla<T>, base: &str) -> String {
+    if uses_tensor_cores(p) {
+        kname::<T>(&format!("{base}_tc"))
+    } else {
+        kname::<T>(base)
+    }
 }
 
 impl<T: Elem> DevGla<'_, T> {
@@ -188,7 +211,7 @@ fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, sco
         Arg::I(0),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_chunk_h"), (tiles, nch, b * h), 0, &args)?;
+    launch(gpu, &vname(p, "gla_chunk_h"), (tiles, nch, b * h), 0, &args)?;
     let args = [
         Arg::P(s.hs),
         Arg::P(fin),
@@ -291,7 +314,7 @@ fn fwd<T: Elem>(
         Arg::I(int(op, nch)?),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_fwd_o"), (vd.div_ceil(64), nch, b * h), 0, &args)
+    launch(gpu, &vname(p, "gla_fwd_o"), (vd.div_ceil(64), nch, b * h), 0, &args)
 }
 
 /// The chunked backward, as [`crate::gla::gla_bwd`]: from do [B, T, H, V] (its padded rows
@@ -348,7 +371,7 @@ pub fn gla_bwd<T: Elem>(
         Arg::I(1),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_chunk_h"), (kd.div_ceil(64) * vd.div_ceil(64), nch, b * h), 0, &args)?;
+    launch(gpu, &vname(p, "gla_chunk_h"), (kd.div_ceil(64) * vd.div_ceil(64), nch, b * h), 0, &args)?;
     let args = [
         Arg::P(s.dhs),
         Arg::P(g.dinit.map_or(0, |d| ptr(gpu, d))),
@@ -373,7 +396,7 @@ pub fn gla_bwd<T: Elem>(
         Arg::I(ni),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_dscores"), (nch, b * h, 1), 0, &args)?;
+    launch(gpu, &vname(p, "gla_dscores"), (nch, b * h, 1), 0, &args)?;
     let args = [
         Arg::P(ptr(gpu, g.dv)),
         Arg::P(ptr(gpu, p.k)),
@@ -389,7 +412,7 @@ pub fn gla_bwd<T: Elem>(
         Arg::I(ni),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_bwd_dv"), (vd.div_ceil(64), nch, b * h), 0, &args)?;
+    launch(gpu, &vname(p, "gla_bwd_dv"), (vd.div_ceil(64), nch, b * h), 0, &args)?;
     let args = [
         Arg::P(ptr(gpu, g.dq)),
         Arg::P(ptr(gpu, g.dk)),
@@ -410,7 +433,7 @@ pub fn gla_bwd<T: Elem>(
         Arg::I(ni),
         Arg::F(p.scale),
     ];
-    launch(gpu, &kname::<T>("gla_bwd_dqk"), (kd.div_ceil(64), nch, b * h), 4 * DQK_SMEM_FLOATS, &args)
+    launch(gpu, &vname(p, "gla_bwd_dqk"), (kd.div_ceil(64), nch, b * h), 4 * DQK_SMEM_FLOATS, &args)
 }
 
 /// One decoding step, as [`crate::gla::gla_decode_step`]: `p.seq` = 1, state [B, H, K, V] in

@@ -10,11 +10,45 @@
 //
 // Tolerances: relative L2 1e-5 for f32 outputs and states, 1e-4 for gradients (f32 sums of up to
 // 128 channels and 64 positions against f64, states carried over chunks; the gate's gradient is a
-// difference of such sums); observed ≤ 2e-6. The bf16 forward runs once against the f64
-// reference of its rounded inputs: 1e-2 (the output rounded to bf16, 2^-9 relative).
+// difference of such sums); observed ≤ 4.3e-6. bf16 runs against the f64 reference of its rounded
+// inputs, through version 1 (f32 products; the outputs rounded once to bf16, 2^-9 relative) and
+// version 2 (tensor cores, emulated here per PTX's m16n8k16 fragment layouts: the products'
+// operands rounded to bf16 as well): 1e-2, the gate's gradient 2e-2 (a difference of sums);
+// observed ≤ 2.9e-3, dg ≤ 9.7e-3 (strong decays, version 2).
 #include "mock.h"
 #include "../../kernels/elem.cuh"
 #define GLA_DSMEM(name) static float name[GLA_DQK_SMEM_FLOATS]
+// mma.sync m16n8k16 (bf16 in, f32 sums) for one warp: the lanes leave their fragments in the
+// warp's slot and each computes its four outputs from everyone's (PTX ISA's fragment layouts:
+// A's register i holds rows g + 8 (i & 1), columns 2t + 8 (i >> 1) and + 1; B's register i rows
+// 2t + 8i and + 1, column g; C rows g and g + 8, columns 2t and 2t + 1; g = lane / 4, t = lane % 4).
+#define GLA_MMA_EMULATED
+struct MmaSlot {
+    u32 a[32][4];
+    u32 b[32][2];
+};
+static MmaSlot g_mma[8];
+static float bf_half(u32 v, int hi) { return __uint_as_float(hi ? (v & 0xffff0000u) : (v << 16)); }
+inline void gla_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    MmaSlot& X = g_mma[w];
+    for (int i = 0; i < 4; ++i) X.a[lane][i] = a[i];
+    X.b[lane][0] = b0;
+    X.b[lane][1] = b1;
+    g_warps[w].bar->arrive_and_wait();
+    auto A = [&](int r, int k) { return bf_half(X.a[(r & 7) * 4 + (k & 7) / 2][(r >= 8) + 2 * (k >= 8)], k & 1); };
+    auto B = [&](int k, int n) { return bf_half(X.b[n * 4 + (k & 7) / 2][k >= 8], k & 1); };
+    const int g = lane >> 2, t = lane & 3;
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+        float s = c[e];
+        for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+        out[e] = s;
+    }
+    g_warps[w].bar->arrive_and_wait();
+    for (int e = 0; e < 4; ++e) c[e] = out[e];
+}
 #define ET float
 #define KN(name) name##_f32
 #include "../../kernels/gla.cu"
@@ -56,6 +90,7 @@ struct Case {
     std::vector<int> start;
     bool init;
     double gate_bias, gate_scale;
+    bool bf16_v1;  // bf16 through version 1 as well as the tensor cores
 };
 
 struct Ref {
@@ -140,6 +175,11 @@ struct Kern<float> {
     static constexpr auto dscores = gla_dscores_f32;
     static constexpr auto bwd_dv = gla_bwd_dv_f32;
     static constexpr auto bwd_dqk = gla_bwd_dqk_f32;
+    static constexpr auto chunk_h_tc = gla_chunk_h_tc_f32;
+    static constexpr auto dscores_tc = gla_dscores_tc_f32;
+    static constexpr auto fwd_o_tc = gla_fwd_o_tc_f32;
+    static constexpr auto bwd_dv_tc = gla_bwd_dv_tc_f32;
+    static constexpr auto bwd_dqk_tc = gla_bwd_dqk_tc_f32;
     static constexpr auto decode = gla_decode_f32;
     static constexpr auto gates_fwd = hgrn2_gates_fwd_f32;
     static constexpr auto gates_bwd = hgrn2_gates_bwd_f32;
@@ -152,6 +192,14 @@ struct Kern<u16> {
     static constexpr auto chunk_h = gla_chunk_h_bf16;
     static constexpr auto scores = gla_scores_bf16;
     static constexpr auto fwd_o = gla_fwd_o_bf16;
+    static constexpr auto dscores = gla_dscores_bf16;
+    static constexpr auto bwd_dv = gla_bwd_dv_bf16;
+    static constexpr auto bwd_dqk = gla_bwd_dqk_bf16;
+    static constexpr auto chunk_h_tc = gla_chunk_h_tc_bf16;
+    static constexpr auto dscores_tc = gla_dscores_tc_bf16;
+    static constexpr auto fwd_o_tc = gla_fwd_o_tc_bf16;
+    static constexpr auto bwd_dv_tc = gla_bwd_dv_tc_bf16;
+    static constexpr auto bwd_dqk_tc = gla_bwd_dqk_tc_bf16;
     static constexpr auto decode = gla_decode_bf16;
     static u16 to(float x) { return mock_rne(x); }
     static float from(u16 x) { return __uint_as_float((u32)x << 16); }
@@ -188,12 +236,14 @@ struct Dev {
         dhs.assign((size_t)B * H * nch * K * V, 0.f);
         dA.assign(A.size(), 0.f);
     }
+    bool tc = false;
     void states(const float* init, float* fin) {
         const unsigned nc = nch, bh = B * H;
         launch({(unsigned)((H * K + 255) / 256), nc, (unsigned)B}, 256,
                [&] { Kern<E>::cumsum(G.data(), g.data(), start, T, H, K); });
         launch({(unsigned)(((K + 63) / 64) * ((V + 63) / 64)), nc, bh}, 256, [&] {
-            Kern<E>::chunk_h(hs.data(), nch + 1, k.data(), v.data(), G.data(), start, T, H, K, V, 0, scale);
+            (tc ? Kern<E>::chunk_h_tc : Kern<E>::chunk_h)(hs.data(), nch + 1, k.data(), v.data(), G.data(), start, T,
+                                                        H, K, V, 0, scale);
         });
         launch({(unsigned)((B * H * K * V + 255) / 256), 1, 1}, 256,
                [&] { gla_scan_fwd(hs.data(), fin, init, G.data(), B, T, H, K, V, nch); });
@@ -204,35 +254,46 @@ struct Dev {
         states(init, fin);
         std::vector<E> o((size_t)B * T * H * V, Kern<E>::to(7.f));
         launch({(unsigned)((V + 63) / 64), (unsigned)nch, (unsigned)(B * H)}, 256, [&] {
-            Kern<E>::fwd_o(o.data(), q.data(), v.data(), G.data(), hs.data(), A.data(), start, T, H, K, V, nch,
-                           scale);
+            (tc ? Kern<E>::fwd_o_tc : Kern<E>::fwd_o)(o.data(), q.data(), v.data(), G.data(), hs.data(), A.data(),
+                                                      start, T, H, K, V, nch, scale);
         });
         return back<E>(o);
     }
 };
 
-static void bwd(Dev<float>& d, const float* init, const std::vector<float>& dout, const float* dfin,
-                std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv, std::vector<float>& dg,
+// The backward as cuda/gla.rs launches it; gradients come back as f32.
+template <class E>
+static void bwd(Dev<E>& d, const float* init, const std::vector<float>& dout_f, const float* dfin,
+                std::vector<float>& dq_f, std::vector<float>& dk_f, std::vector<float>& dv_f, std::vector<float>& dg_f,
                 std::vector<float>& dinit) {
     const int B = d.B, T = d.T, H = d.H, K = d.K, V = d.V, nch = d.nch;
     const unsigned nc = nch, bh = B * H;
+    auto dout = conv<E>(dout_f);
+    std::vector<E> dq(dq_f.size()), dk(dk_f.size()), dv(dv_f.size()), dg(dg_f.size());
     d.states(init, nullptr);
     launch({(unsigned)(((K + 63) / 64) * ((V + 63) / 64)), nc, bh}, 256, [&] {
-        gla_chunk_h_f32(d.dhs.data(), nch, d.q.data(), dout.data(), d.G.data(), d.start, T, H, K, V, 1, d.scale);
+        (d.tc ? Kern<E>::chunk_h_tc : Kern<E>::chunk_h)(d.dhs.data(), nch, d.q.data(), dout.data(), d.G.data(),
+                                                        d.start, T, H, K, V, 1, d.scale);
     });
     launch({(unsigned)((B * H * K * V + 255) / 256), 1, 1}, 256,
            [&] { gla_scan_bwd(d.dhs.data(), dinit.data(), dfin, d.G.data(), B, T, H, K, V, nch); });
     launch({nc, bh, 1}, 256, [&] {
-        gla_dscores_f32(d.dA.data(), dout.data(), d.v.data(), d.start, T, H, V, nch, d.scale);
+        (d.tc ? Kern<E>::dscores_tc : Kern<E>::dscores)(d.dA.data(), dout.data(), d.v.data(), d.start, T, H, V,
+                                                        nch, d.scale);
     });
     launch({(unsigned)((V + 63) / 64), nc, bh}, 256, [&] {
-        gla_bwd_dv_f32(dv.data(), d.k.data(), dout.data(), d.G.data(), d.A.data(), d.dhs.data(), d.start, T, H, K, V,
-                       nch, d.scale);
+        (d.tc ? Kern<E>::bwd_dv_tc : Kern<E>::bwd_dv)(dv.data(), d.k.data(), dout.data(), d.G.data(), d.A.data(),
+                                                      d.dhs.data(), d.start, T, H, K, V, nch, d.scale);
     });
     launch({(unsigned)((K + 63) / 64), nc, bh}, 256, [&] {
-        gla_bwd_dqk_f32(dq.data(), dk.data(), dg.data(), d.q.data(), d.k.data(), d.v.data(), dout.data(), d.G.data(),
-                        d.hs.data(), d.dhs.data(), d.dA.data(), d.start, T, H, K, V, nch, d.scale);
+        (d.tc ? Kern<E>::bwd_dqk_tc : Kern<E>::bwd_dqk)(dq.data(), dk.data(), dg.data(), d.q.data(), d.k.data(),
+                                                        d.v.data(), dout.data(), d.G.data(), d.hs.data(),
+                                                        d.dhs.data(), d.dA.data(), d.start, T, H, K, V, nch, d.scale);
     });
+    dq_f = back<E>(dq);
+    dk_f = back<E>(dk);
+    dv_f = back<E>(dv);
+    dg_f = back<E>(dg);
 }
 
 static std::vector<double> widen(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
@@ -281,13 +342,33 @@ static void gla_case(const Case& c) {
     cmp(c.name, "dg, no dfinal", dg, r0.dg, 1e-4);
     cmp(c.name, "dk, no dfinal", dk, r0.dk, 1e-4);
 
-    // The bf16 forward on rounded inputs.
+    // bf16 on rounded inputs: version 1 (f32 products) and version 2 (tensor cores; the same
+    // kernels with the f32 tiles too, as a check of their arithmetic on f32 inputs).
     auto rq = back<u16>(conv<u16>(q)), rk = back<u16>(conv<u16>(k)), rv = back<u16>(conv<u16>(v)),
-         rg = back<u16>(conv<u16>(g));
-    Ref rb = reference(c, rq, rk, rv, rg, init, dout, dfin, scale);
-    Dev<u16> d16(c, q, k, v, g, sp, scale);
-    auto o16 = d16.fwd(c.init ? init.data() : nullptr, nullptr);
-    cmp(c.name, "o bf16", o16, rb.o, 1e-2);
+         rg = back<u16>(conv<u16>(g)), rdo = back<u16>(conv<u16>(dout));
+    Ref rb = reference(c, rq, rk, rv, rg, init, rdo, dfin, scale);
+    for (int tc = c.bf16_v1 ? 0 : 1; tc < 2; ++tc) {
+        Dev<u16> d16(c, q, k, v, g, sp, scale);
+        d16.tc = tc;
+        std::vector<float> f16(ns, 5.f);
+        auto o16 = d16.fwd(c.init ? init.data() : nullptr, f16.data());
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s bf16 %s", c.name, tc ? "tc" : "v1");
+        cmp(nm, "o", o16, rb.o, 1e-2);
+        cmp(nm, "final state", f16, rb.fin, tc ? 1e-2 : 1e-5);
+        bwd(d16, c.init ? init.data() : nullptr, dout, dfin.data(), dq, dk, dv, dg, dinit);
+        cmp(nm, "dq", dq, rb.dq, 1e-2);
+        cmp(nm, "dk", dk, rb.dk, 1e-2);
+        cmp(nm, "dv", dv, rb.dv, 1e-2);
+        cmp(nm, "dg", dg, rb.dg, 2e-2);
+        cmp(nm, "dinit", dinit, rb.dinit, tc ? 1e-2 : 1e-4);
+    }
+    if (c.bf16_v1) {
+        Dev<float> dt(c, q, k, v, g, sp, scale);
+        dt.tc = true;
+        auto ot = dt.fwd(c.init ? init.data() : nullptr, fin.data());
+        cmp(c.name, "o, f32 through tc", ot, r.o, 1e-2);
+    }
 }
 
 // A prefill of T − 3 positions through the chunked forward with the final state, then 3 decode
@@ -303,7 +384,7 @@ static void decode_case(int K, int V, int T, int pad) {
         k[i] = 1.f - expf(g[i]);
     }
     const float scale = 1.f / sqrtf((float)K);
-    Case c{"decode", B, T, H, K, V, {0, pad}, true, 0, 1};
+    Case c{"decode", B, T, H, K, V, {0, pad}, true, 0, 1, false};
     auto init = randn(ns);
     std::vector<float> zeros(nv, 0.f), zs(ns, 0.f);
     Ref r = reference(c, q, k, v, g, init, zeros, zs, scale);
@@ -440,13 +521,13 @@ int main() {
     const Case cases[] = {
         // Row 1 starts mid-chunk (its first chunk all padding), an initial state, K and V past one
         // tile, partial tiles, T = 150 (two chunks and a part).
-        {"B2 T150 H2 K=V=40 pad init", 2, 150, 2, 40, 40, {0, 70}, true, 1.0, 2.0},
+        {"B2 T150 H2 K=V=40 pad init", 2, 150, 2, 40, 40, {0, 70}, true, 1.0, 2.0, true},
         // Strong decays: g from about −12 to −0.1 (the products underflow across sub-chunks).
-        {"B1 T100 H1 K16 V80 strong decay", 1, 100, 1, 16, 80, {}, false, -3.0, 4.0},
+        {"B1 T100 H1 K16 V80 strong decay", 1, 100, 1, 16, 80, {}, false, -3.0, 4.0, false},
         // Weak decays (g ≈ −1e-3), full 128-wide tiles.
-        {"B1 T70 H1 K=V=128 weak decay init", 1, 70, 1, 128, 128, {}, true, 7.0, 0.3},
+        {"B1 T70 H1 K=V=128 weak decay init", 1, 70, 1, 128, 128, {}, true, 7.0, 0.3, false},
         // The fla fixture's head width.
-        {"B2 T33 H2 K=V=8 pad", 2, 33, 2, 8, 8, {0, 5}, false, 0.5, 1.0},
+        {"B2 T33 H2 K=V=8 pad", 2, 33, 2, 8, 8, {0, 5}, false, 0.5, 1.0, false},
     };
     for (const Case& c : cases) gla_case(c);
     decode_case(40, 24, 70, 3);

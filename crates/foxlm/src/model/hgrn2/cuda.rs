@@ -1,6 +1,6 @@
 //! The HGRN2 family on the CUDA backend: its inference state on the device, and its operations
-//! on `fox_kernels::cuda::gla`'s kernels (the gated linear attention, its decode step, the gates
-//! and the lower bounds) and Mamba-2's causal conv1d (`cuda::ssd`, without bias or SiLU, as fla's
+//! on `fox_kernels::cuda::gla`'s kernels (the gated linear attention, on tensor cores for bf16
+//! activations; its decode step, the gates and the lower bounds) and Mamba-2's causal conv1d (`cuda::ssd`, without bias or SiLU, as fla's
 //! ShortConvolution in HGRN2). Activations in T; the GLA state, the convolutions' states, the
 //! lower bounds and every sum in f32; the convolutions' weights from their T working copies, as
 //! the GEMMs read theirs.
@@ -79,6 +79,7 @@ fn problem<'a, T: Elem>(
         g,
         scale: 1.0 / (s.head_dim as f32).sqrt(),
         start: b.chunk_start(),
+        tensor_cores: None,
     }
 }
 

@@ -402,7 +402,7 @@ impl<T: Elem> Cuda<T> {
         plan.add("cuBLASLt workspace", 32 << 20);
         let (big, small) = ssm_scratch_floats(model, batch, seq, train);
         if big + small > 0 {
-            plan.add("Mamba-2 SSD scratch (chunk products and states, partial sums)", 4 * (big + small));
+            plan.add("recurrent layers' scratch (chunk products and states, partial sums)", 4 * (big + small));
         }
     }
 

@@ -1,6 +1,7 @@
 //! HGRN2 on the GPU against the CPU reference: the models of the fixture and inference rows
 //! (`run_fixture_checks`, `infer::run_inference_checks`), and `foxlm gpu-check --only hgrn2`, which
-//! runs only their rows. The models: fla's own HGRN2 (tests/fixtures/fla-hgrn2-tiny: 3 layers, 4
+//! runs only their rows, after HGRN2's kernel rows (`fox_kernels::cuda::gla_check`, as `fox-attn
+//! check-ops --filter gla` and `--filter hgrn2` run them). The models: fla's own HGRN2 (tests/fixtures/fla-hgrn2-tiny: 3 layers, 4
 //! heads of 8, lower bounds; 2 × 72 ids), the short-convolution fixture
 //! (numpy-hgrn2-conv-tiny: 2 heads of 8, convolutions of 4 taps; 2 × 70 ids) and an initialised
 //! HGRN2 at the presets' head width (d = 256, 2 heads of 128, 2 layers, so one with a lower
@@ -52,9 +53,11 @@ pub fn models(fixtures: &Path) -> Result<Vec<CheckModel>> {
     Ok(out)
 }
 
-/// The fixture rows and the inference rows of the HGRN2 models only.
+/// HGRN2's kernel rows (`fox-attn check-ops`' "gla" and "hgrn2" cases), then the fixture rows and
+/// the inference rows of the HGRN2 models.
 pub fn rows(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
-    let mut rows = Vec::new();
+    eprintln!("HGRN2 checks: the kernels");
+    let mut rows = fox_kernels::cuda::gla_check::run_all(gpu, fox_kernels::cuda::check::fresh_seed());
     for m in models(fixtures)? {
         eprintln!("HGRN2 checks: {}", m.name);
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);

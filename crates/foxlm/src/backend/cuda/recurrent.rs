@@ -37,7 +37,7 @@ pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usiz
 }
 
 /// Floats of [`SsmScratch`]'s `big` and `small` for a step of [batch, seq] (training when
-/// `train`): the largest over the model's Mamba-2 and Mamba layers.
+/// `train`): the largest over the model's Mamba-2, HGRN2 and Mamba layers.
 pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train: bool) -> (usize, usize) {
     use fox_kernels::cuda::ssd;
     let rows = batch * seq;

@@ -1,8 +1,9 @@
 //! Kernels without a GPU: the small-op kernels (kernels/ops.cu), the f32 attention kernels
-//! (kernels/attention_f32.cu), Mamba's selective scan (kernels/selective_scan.cu) and the delta rule
-//! (kernels/delta_rule.cu) compiled as C++ against an emulation of the CUDA built-ins they use
-//! (tests/host_emu/mock.h: a thread per CUDA thread, barriers for __syncthreads, warp shuffles and
-//! mma.sync) and compared with plain loops
+//! (kernels/attention_f32.cu), Mamba's selective scan (kernels/selective_scan.cu), the delta rule
+//! (kernels/delta_rule.cu) and HGRN2's gated linear attention with its gates (kernels/gla.cu)
+//! compiled as C++ against an emulation of the CUDA built-ins they use (tests/host_emu/mock.h: a
+//! thread per CUDA thread, barriers for __syncthreads, warp shuffles and mma.sync) and compared
+//! with plain loops
 //! (tests/host_emu/*_emu.cpp). This checks index
 //! arithmetic, bounds, vector tails, the reductions, and for attention the grouped-query and
 //! sliding-window paths, on every machine; it does not replace the GPU check (`fox-attn
@@ -66,4 +67,13 @@ fn selective_scan_kernels_under_host_emulation() {
 #[test]
 fn delta_rule_kernels_under_host_emulation() {
     run_emulation("delta_rule_emu.cpp", "delta_rule_emu");
+}
+
+/// The chunked GLA's forward, backward (every gradient, with and without a final state's
+/// gradient), bf16 forward and decode steps against an f64 reference, with left padding, an
+/// initial state, strong and weak decays, partial tiles and head widths 8 to 128; HGRN2's gates
+/// and lower bounds against plain loops.
+#[test]
+fn gla_kernels_under_host_emulation() {
+    run_emulation("gla_emu.cpp", "gla_emu");
 }

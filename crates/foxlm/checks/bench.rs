@@ -11,10 +11,36 @@ use std::time::Instant;
 pub fn run(a: Args) -> Result<()> {
     match a.what {
         What::Attention(a) => attention(a),
+        What::Gla(a) => gla(a),
         What::Train(a) => train_bench(a),
         What::Decode(a) => decode_bench(a),
         What::Serve(a) => foxlm::cli::serve::bench(a),
     }
+}
+
+/// `fox-attn bench-gla`'s timings: HGRN2's GLA at one shape, version 2 (tensor cores) on bf16 and
+/// version 1 on bf16 and f32.
+fn gla(a: GlaArgs) -> Result<()> {
+    use fox_kernels::cuda::gla_check::bench;
+    let gpu = match cuda::select(a.device)? {
+        cuda::Device::Cuda(g) => g,
+        cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
+    };
+    let [b, t, h, d] = a.shape[..] else { bail!("--shape takes B,T,H,D") };
+    for (what, bf, tc) in [("bf16, tensor cores", true, true), ("bf16, v1", true, false), ("f32, v1", false, false)] {
+        let (fwd, fb) = if bf {
+            bench::<half::bf16>(&gpu, (b, t, h, d), a.warmup, a.iters, tc)?
+        } else {
+            bench::<f32>(&gpu, (b, t, h, d), a.warmup, a.iters, tc)?
+        };
+        println!(
+            "GLA on {}, [B, T, H, K = V] = ({b}, {t}, {h}, {d}), {what}: forward {fwd:.3} ms, forward + backward \
+             {fb:.3} ms (medians of {}, CUDA events)",
+            gpu.describe(),
+            a.iters
+        );
+    }
+    Ok(())
 }
 
 fn attention(a: AttentionArgs) -> Result<()> {

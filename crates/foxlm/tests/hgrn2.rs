@@ -277,15 +277,30 @@ fn matches_fla() {
     assert!(model.lower_bounds.is_some());
 }
 
-/// The GPU backend has no HGRN2 kernels yet, and says so by family: `--device auto` then runs on
-/// the CPU with this note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
+/// The GPU backend runs HGRN2 (the presets' heads of 128, the small models' of 8 and 32, short
+/// convolutions of up to 8 taps) and refuses, by family, only sizes its kernels do not take
+/// (heads wider than the decode step's 256 channels): `--device auto` then runs on the CPU with
+/// the note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
 #[test]
-fn the_gpu_backend_names_the_family_it_cannot_run() {
-    let model = Model::new(&hgrn2_tiny());
-    for training in [false, true] {
-        let why = foxlm::backend::cuda::unsupported(&model, training).expect("refused");
-        assert!(why.starts_with("HGRN2: ") && why.contains("--device cpu"), "{why}");
+fn the_gpu_backend_takes_hgrn2_and_names_what_it_cannot_run() {
+    for name in foxlm::presets::HGRN2 {
+        let cfg = foxlm::presets::preset(name).unwrap().model;
+        assert_eq!(foxlm::model::hgrn2::cuda::unsupported(&cfg.hgrn2()), None, "{name}");
     }
+    let mut conv = hgrn2_tiny();
+    (conv.use_short_conv, conv.conv_size) = (Some(true), Some(8));
+    for cfg in [hgrn2_tiny(), unbounded_tiny(), conv] {
+        let model = Model::new(&cfg);
+        for training in [false, true] {
+            assert_eq!(foxlm::backend::cuda::unsupported(&model, training), None);
+        }
+    }
+    let mut wide = hgrn2_config(512, 2, 512);
+    wide.vocab_size = 97;
+    (wide.bos_token_id, wide.eos_token_id) = (None, None);
+    wide.validate().unwrap();
+    let why = foxlm::backend::cuda::unsupported(&Model::new(&wide), true).expect("refused");
+    assert!(why.starts_with("HGRN2: ") && why.contains("512") && why.contains("--device cpu"), "{why}");
 }
 
 /// An HGRN2 folder is written with fla's tensor names (each MLP's gate_proj and up_proj apart, as

@@ -17,10 +17,12 @@
 //!                                                   Mamba's selective scan (Samba), fwd and fwd+bwd
 //!   fox-attn bench-delta [--shape B,T,H,K,V]        the delta rule (DeltaNet, Gated DeltaNet), bf16,
 //!                                                   fwd and fwd+bwd (default 2,16384,6,128,128)
+//!   fox-attn bench-gla [--shape B,T,H,D]            HGRN2's GLA, fwd and fwd+bwd (default 2,16384,6,128)
 
 use anyhow::{bail, Result};
 use fox_kernels::cuda::{
-    self, bench, check, compile, delta_rule_check, gemm, gemm_check, ops_check, selective_scan, ssd_check, ssd_tc_check,
+    self, bench, check, compile, delta_rule_check, gemm, gemm_check, gla_check, ops_check, selective_scan, ssd_check,
+    ssd_tc_check,
 };
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
@@ -93,20 +95,23 @@ fn main() -> Result<()> {
             };
             println!("GPU ops check on {} (seed {seed})", gpu.describe());
             let t0 = std::time::Instant::now();
-            // Mamba-2's rows (cases named "ssd ..."); a filter beginning with "ssd" runs only them,
-            // one beginning with "delta" only the delta rule's.
+            // Mamba-2's rows (cases named "ssd ..."), the delta rule's ("delta ..."), HGRN2's
+            // ("gla ...", "hgrn2 ..."): a filter beginning with one of those names runs only that
+            // family's rows.
             let filter = arg_value(&args, "--filter");
-            let delta_only = filter.as_deref().is_some_and(|f| f.starts_with("delta"));
-            let mut rows = match &filter {
-                Some(f) if f.starts_with("ssd") || delta_only => Vec::new(),
-                _ => ops_check::run_all(&gpu, seed),
-            };
-            if !delta_only {
+            let family = |name: &str| filter.as_deref().is_some_and(|f| f.starts_with(name));
+            let (ssd, delta, hgrn2) = (family("ssd"), family("delta"), family("gla") || family("hgrn2"));
+            let all = !(ssd || delta || hgrn2);
+            let mut rows = if all { ops_check::run_all(&gpu, seed) } else { Vec::new() };
+            if all || ssd {
                 rows.extend(ssd_check::run_all(&gpu, seed));
                 rows.extend(ssd_tc_check::run_all(&gpu, seed));
             }
-            if filter.as_deref().is_none_or(|f| delta_only || !f.starts_with("ssd")) {
+            if all || delta {
                 rows.extend(delta_rule_check::run_all(&gpu, seed));
+            }
+            if all || hgrn2 {
+                rows.extend(gla_check::run_all(&gpu, seed));
             }
             if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
@@ -259,6 +264,33 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        "bench-gla" => {
+            // HGRN2's gated linear attention at 125M's widths (H = 6 heads of K = V = 128).
+            let gpu = cuda::Gpu::new(0)?;
+            let shape = match arg_value(&args, "--shape") {
+                Some(s) => {
+                    let v = list(&s)?;
+                    anyhow::ensure!(v.len() == 4, "--shape takes B,T,H,D");
+                    (v[0], v[1], v[2], v[3])
+                }
+                None => (2, 16384, 6, 128),
+            };
+            // Version 2 (tensor cores, bf16's default), version 1 on bf16 and on f32.
+            for (what, bf, tc) in [("bf16, tensor cores", true, true), ("bf16, v1", true, false), ("f32, v1", false, false)]
+            {
+                let (fwd, fb) = if bf {
+                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, tc)?
+                } else {
+                    gla_check::bench::<f32>(&gpu, shape, 3, 20, tc)?
+                };
+                println!(
+                    "GLA on {}, [B, T, H, K = V] = {shape:?}, {what}: forward {fwd:.3} ms, forward + backward \
+                     {fb:.3} ms (medians of 20, CUDA events)",
+                    gpu.describe()
+                );
+            }
+            Ok(())
+        }
         "bench-gemm" => {
             let gpu = cuda::Gpu::new(0)?;
             let dims = match arg_value(&args, "--d") {
@@ -295,7 +327,7 @@ fn main() -> Result<()> {
                 include_str!("fox-attn.rs")
                     .lines()
                     .skip(2)
-                    .take(14)
+                    .take(15)
                     .map(|l| l.trim_start_matches("//!"))
                     .collect::<Vec<_>>()
                     .join("\n")
@@ -303,7 +335,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         other => bail!(
-            "unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, bench-scan, compile, info)"
+            "unknown command `{other}` (check, check-ops, check-gemm, bench, bench-gemm, bench-scan, bench-ssd, bench-delta, bench-gla, compile, info)"
         ),
     }
 }

@@ -81,8 +81,22 @@ pub static SELECTIVE_SCAN: Source =
 pub static DELTA_RULE: Source =
     Source { name: "delta_rule", files: &[ELEM, include_str!("../../kernels/delta_rule.cu")] };
 
-pub static SOURCES: [&Source; 10] =
-    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN, &DELTA_RULE];
+const GLA_CU: &str = include_str!("../../kernels/gla.cu");
+/// HGRN2's ops: gated linear attention with per-channel decay (chunked forward and backward,
+/// decode step), the gates and the lower bounds; gla.cu twice, as ssd.cu.
+pub static GLA: Source = Source {
+    name: "gla",
+    files: &[
+        ELEM,
+        "#define ET float\n#define KN(name) name##_f32\n",
+        GLA_CU,
+        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
+        GLA_CU,
+    ],
+};
+
+pub static SOURCES: [&Source; 11] =
+    [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN, &DELTA_RULE, &GLA];
 
 const OPTIONS: &[&str] = &["--std=c++17", "-lineinfo", "--fmad=true"];
 

@@ -18,6 +18,8 @@ pub mod delta_rule;
 pub mod delta_rule_check;
 pub mod gemm;
 pub mod gemm_check;
+pub mod gla;
+pub mod gla_check;
 mod kargs;
 pub mod nccl;
 pub mod ops;

@@ -22,6 +22,9 @@ pub fn run(a: Args) -> Result<()> {
     if only("train") && a.train_steps > 0 {
         rows.extend(super::run_training_checks(&a.sample, &a.work, a.train_steps)?);
     }
+    if a.only.as_deref() == Some("hgrn2") {
+        rows.extend(super::hgrn2::rows(&gpu, &a.fixtures)?);
+    }
     if a.only.as_deref() == Some("dist") {
         let data = super::check_data(&a.sample, &a.work)?;
         let mut run = super::check_run(a.dist_steps);

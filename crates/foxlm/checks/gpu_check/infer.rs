@@ -152,7 +152,7 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }
-    for m in super::deltanet_models()?.into_iter().filter(wanted) {
+    for m in super::deltanet_models()?.into_iter().chain(super::hgrn2::models(fixtures)?).filter(wanted) {
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }
@@ -217,7 +217,7 @@ fn top2_margin(model: &Model, prompt: &[u32], prefix: &[u32]) -> f64 {
 /// to a near-tie below the f32 logits' 1e-3: these initialised models have close logits; bf16
 /// against f32 as the fixtures), a CUDA graph against launches (bf16 at head dim 64/128 without
 /// ACP; the row fails if no step ran as a graph), and per-position evaluation losses.
-fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow>> {
+pub(super) fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
     let (v, model, b, t, ids, start) = (&m.name, &m.model, m.b, m.t, &m.ids, &m.start);
     let cfg = &model.config;

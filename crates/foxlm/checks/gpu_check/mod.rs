@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 mod command;
 pub mod dist;
+pub mod hgrn2;
 pub mod infer;
 pub mod serve;
 pub use command::run;
@@ -141,7 +142,7 @@ pub fn run_fixture_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str>)
     for m in recurrent_models(fixtures)?.into_iter().filter(|m| wanted(models, &m.name)) {
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
     }
-    for m in deltanet_models()?.into_iter().filter(|m| wanted(models, &m.name)) {
+    for m in deltanet_models()?.into_iter().chain(hgrn2::models(fixtures)?).filter(|m| wanted(models, &m.name)) {
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);
     }
     Ok(rows)

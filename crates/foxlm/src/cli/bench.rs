@@ -1,4 +1,4 @@
-//! The flags of `foxlm bench` (attention, train, decode); the benchmarks themselves are beside the
+//! The flags of `foxlm bench` (attention, gla, train, decode, serve); the benchmarks themselves are beside the
 //! library, in crates/foxlm/checks/bench.rs.
 
 use fox_kernels::cuda::DeviceArg;
@@ -25,6 +25,9 @@ pub enum What {
     /// long prompt, with random weights, next to the GPU's memory-bandwidth roofline; and where a
     /// decode step's time goes (kernels per token, GPU time per kernel family, launch gaps).
     Decode(DecodeArgs),
+    /// HGRN2's gated linear attention (kernels/gla.cu), forward and forward + backward, through
+    /// tensor cores (version 2, bf16) and the CUDA cores (version 1, bf16 and f32): milliseconds.
+    Gla(GlaArgs),
     /// `foxlm serve` under load: N concurrent streaming clients for a fixed time; requests/s,
     /// generated tokens/s, time to first token and inter-token latency (p50/p99), errors, peak memory.
     Serve(crate::cli::serve::BenchArgs),
@@ -102,6 +105,20 @@ pub struct DecodeArgs {
     /// Also write the rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GlaArgs {
+    /// cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    pub device: DeviceArg,
+    /// B,T,H,D: batch, positions, heads, head width (K = V); hgrn2-125m's layer by default.
+    #[arg(long, value_delimiter = ',', default_value = "2,16384,6,128")]
+    pub shape: Vec<usize>,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
 }
 
 #[derive(clap::Args, Debug)]

@@ -20,8 +20,9 @@ pub struct Args {
     /// Only the fixture checks, the inference checks, the serving checks (`foxlm serve` on the GPU),
     /// the training checks, or the data-parallel
     /// checks (dist: NCCL, `train --gpus 1` against one GPU; with two GPUs, 2 ranks against 1,
-    /// resume 2 → 1, a killed rank). dist runs only when asked for.
-    #[arg(long, value_parser = ["fixtures", "infer", "serve", "train", "dist"])]
+    /// resume 2 → 1, a killed rank). dist runs only when asked for; so does hgrn2 (HGRN2's kernel
+    /// rows, then the fixture and inference rows of the HGRN2 models alone).
+    #[arg(long, value_parser = ["fixtures", "infer", "serve", "train", "dist", "hgrn2"])]
     pub only: Option<String>,
     /// Steps of the data-parallel comparisons (--only dist).
     #[arg(long, default_value_t = 100)]

@@ -209,6 +209,17 @@ impl<'m> GpuBatcher<'m> {
                     runs.push(gpu, &x.conv_k, sr * nq, nq, &mut y.conv_k, dr * nq, nq, nq, 1)?;
                     runs.push(gpu, &x.conv_v, sr * nv, nv, &mut y.conv_v, dr * nv, nv, nv, 1)?;
                 }
+                (LayerState::Hgrn2(x), LayerState::Hgrn2(y)) => {
+                    let [ns, nc] = crate::model::hgrn2::state::Hgrn2State::lens(1, &x.sizes);
+                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
+                    if nc > 0 {
+                        for (a, c) in
+                            [(&x.conv_q, &mut y.conv_q), (&x.conv_f, &mut y.conv_f), (&x.conv_i, &mut y.conv_i)]
+                        {
+                            runs.push(gpu, a, sr * nc, nc, c, dr * nc, nc, nc, 1)?;
+                        }
+                    }
+                }
                 _ => bail!("copying a row between caches of different layer kinds"),
             }
         }

@@ -4,6 +4,7 @@
 use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache, GpuLayerState};
 use crate::model::attention::ops::{AttnShape, Tiles};
 use crate::model::cache::LayerState;
+use crate::model::hgrn2::cuda::GpuHgrn2State;
 use crate::model::mamba::cuda::GpuMambaState;
 use crate::model::mamba2::cuda::GpuMamba2State;
 use crate::model::Mixer;
@@ -85,7 +86,7 @@ impl<T: Elem> Cuda<T> {
                     batch,
                     *l.sizes(),
                 )?)),
-                Mixer::Hgrn2(_) => anyhow::bail!(crate::model::hgrn2::cuda::NO_GPU_KERNELS),
+                Mixer::Hgrn2(l) => Ok(LayerState::Hgrn2(GpuHgrn2State::new(&self.gpu, batch, *l.sizes())?)),
             })
             .collect()
     }

@@ -81,7 +81,7 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
     model.layers.iter().find_map(|blk| match &blk.mixer {
         crate::model::Mixer::Attention(_) => None,
         crate::model::Mixer::DeltaNet(l) => crate::model::deltanet::cuda::unsupported(l.sizes()),
-        crate::model::Mixer::Hgrn2(_) => Some(format!("HGRN2: {}", crate::model::hgrn2::cuda::NO_GPU_KERNELS)),
+        crate::model::Mixer::Hgrn2(l) => crate::model::hgrn2::cuda::unsupported(l.sizes()),
         crate::model::Mixer::Mamba2(l) => {
             let s = l.sizes();
             let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
@@ -126,7 +126,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Mamba2(s) => s.len,
             LayerState::Mamba(s) => s.len,
             LayerState::DeltaNet(s) => s.len,
-            LayerState::Hgrn2(s) => match *s {},
+            LayerState::Hgrn2(s) => s.len,
         }
     }
 
@@ -145,7 +145,7 @@ impl<T> GpuLayerState<T> {
             LayerState::Mamba2(s) => s.len = len,
             LayerState::Mamba(s) => s.len = len,
             LayerState::DeltaNet(s) => s.len = len,
-            LayerState::Hgrn2(s) => match *s {},
+            LayerState::Hgrn2(s) => s.len = len,
         }
     }
 }
@@ -405,7 +405,7 @@ impl<T: Elem> Cuda<T> {
         let (big, small) = ssm_scratch_floats(model, batch, seq, train);
         let (big, small) = crate::model::deltanet::cuda::scratch_floats(model, batch, seq, train, tb, (big, small));
         if big + small > 0 {
-            plan.add("Mamba-2 SSD scratch (chunk products and states, partial sums)", 4 * (big + small));
+            plan.add("recurrent layers' scratch (chunk products and states, partial sums)", 4 * (big + small));
         }
     }
 

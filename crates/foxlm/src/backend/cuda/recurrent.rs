@@ -37,7 +37,7 @@ pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usiz
 }
 
 /// Floats of [`SsmScratch`]'s `big` and `small` for a step of [batch, seq] (training when
-/// `train`): the largest over the model's Mamba-2 and Mamba layers.
+/// `train`): the largest over the model's Mamba-2, HGRN2 and Mamba layers.
 pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train: bool) -> (usize, usize) {
     use fox_kernels::cuda::ssd;
     let rows = batch * seq;
@@ -55,6 +55,25 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
                 ssd::conv1d_bwd_scratch_len(batch, seq, s.conv_dim(), s.conv)
                     .max(ssd::rms_norm_gated_bwd_scratch_len(rows * s.groups, s.inner / s.groups))
                     .max(ssd::dt_bwd_scratch_len(rows, s.heads))
+            } else {
+                0
+            };
+            out = (out.0.max(big), out.1.max(small));
+        }
+        if let crate::model::Mixer::Hgrn2(l) = &blk.mixer {
+            // HGRN2's GLA (forward, or forward and backward) and its gates' and convolutions'
+            // partial sums.
+            use fox_kernels::cuda::gla;
+            let s = l.sizes();
+            let (h, k, d) = (s.heads, s.head_dim, s.heads * s.head_dim);
+            let big = if train {
+                gla::gla_bwd_scratch_len(batch, seq, h, k, k)
+            } else {
+                gla::gla_fwd_scratch_len(batch, seq, h, k, k)
+            };
+            let small = if train {
+                let conv = s.conv.map_or(0, |w| ssd::conv1d_bwd_scratch_len(batch, seq, d, w));
+                gla::hgrn2_gates_bwd_scratch_len(rows, d).max(conv)
             } else {
                 0
             };

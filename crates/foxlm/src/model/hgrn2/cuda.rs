@@ -1,97 +1,276 @@
-//! The HGRN2 family on the CUDA backend: no GPU kernels yet. `backend::cuda::unsupported` names
-//! the family, so `--device auto` runs these models on the CPU (with a note) and `--device cuda`
-//! refuses them before a step runs; the operations below are never reached through the CLI, and
-//! each refuses if called directly.
+//! The HGRN2 family on the CUDA backend: its inference state on the device, and its operations
+//! on `fox_kernels::cuda::gla`'s kernels (the gated linear attention, on tensor cores for bf16
+//! activations; its decode step, the gates and the lower bounds) and Mamba-2's causal conv1d (`cuda::ssd`, without bias or SiLU, as fla's
+//! ShortConvolution in HGRN2). Activations in T; the GLA state, the convolutions' states, the
+//! lower bounds and every sum in f32; the convolutions' weights from their T working copies, as
+//! the GEMMs read theirs.
 
 use super::ops::{ConvOf, GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
-use crate::backend::cuda::{Cuda, GpuBatch};
+use super::state::Hgrn2State;
+use crate::backend::cuda::{grown, Cuda, GpuBatch};
+use crate::backend::Family;
+use crate::config::Hgrn2Sizes;
 use crate::tensor::ParamId;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
-use fox_kernels::cuda::Elem;
+use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
+use fox_kernels::cuda::{ssd, Elem, Gpu};
 
-/// Why the GPU backend cannot run an HGRN2 layer.
-pub const NO_GPU_KERNELS: &str = "the GPU backend has no HGRN2 kernels yet; run it with --device cpu";
+/// An HGRN2 layer's inference state on the GPU, in f32: the GLA state [B, H, K, V] and, with short
+/// convolutions, each one's last W − 1 inputs [B, W − 1, d] (as [`Hgrn2State`] on the CPU).
+pub struct GpuHgrn2State {
+    pub batch: usize,
+    pub sizes: Hgrn2Sizes,
+    pub len: usize,
+    pub ssm: CudaSlice<f32>,
+    pub conv_q: CudaSlice<f32>,
+    pub conv_f: CudaSlice<f32>,
+    pub conv_i: CudaSlice<f32>,
+}
 
-/// The GPU state type the trait asks for; never built (see the module's doc).
-pub enum GpuHgrn2State {}
+impl GpuHgrn2State {
+    pub fn new(gpu: &Gpu, batch: usize, sizes: Hgrn2Sizes) -> Result<Self> {
+        let [s, c] = Hgrn2State::lens(batch, &sizes);
+        Ok(Self {
+            batch,
+            sizes,
+            len: 0,
+            ssm: gpu.zeros(s.max(1))?,
+            conv_q: gpu.zeros(c.max(1))?,
+            conv_f: gpu.zeros(c.max(1))?,
+            conv_i: gpu.zeros(c.max(1))?,
+        })
+    }
+}
+
+/// Why the CUDA kernels cannot run an HGRN2 layer of these sizes, if they cannot.
+pub fn unsupported(s: &Hgrn2Sizes) -> Option<String> {
+    let ok = s.head_dim <= gla::DECODE_KMAX && s.conv.is_none_or(|w| (1..=8).contains(&w));
+    (!ok).then(|| {
+        format!(
+            "HGRN2: the GPU's kernels take head widths (expand_ratio) ≤ {} and conv_size ≤ 8 (this model: {}, {:?}); \
+             run it with --device cpu",
+            gla::DECODE_KMAX,
+            s.head_dim,
+            s.conv
+        )
+    })
+}
+
+/// The GLA problem over the layer's buffers (heads of K = V = the head width, scale K^−½).
+fn problem<'a, T: Elem>(
+    p: &Hgrn2Params,
+    b: &'a GpuBatch,
+    q: &'a CudaSlice<T>,
+    k: &'a CudaSlice<T>,
+    v: &'a CudaSlice<T>,
+    g: &'a CudaSlice<T>,
+) -> DevGla<'a, T> {
+    let s = &p.sizes;
+    DevGla {
+        batch: b.batch,
+        seq: b.seq,
+        heads: s.heads,
+        k_dim: s.head_dim,
+        v_dim: s.head_dim,
+        q,
+        k,
+        v,
+        g,
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        start: b.chunk_start(),
+        tensor_cores: None,
+    }
+}
+
+/// The convolution's weight and the (batch, seq, channels, width) its kernels take.
+fn conv_of(p: &Hgrn2Params, which: ConvOf, b: &GpuBatch) -> Result<(ParamId, (usize, usize, usize, usize))> {
+    let w = p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
+    let width = p.sizes.conv.unwrap_or(1);
+    Ok((w, (b.batch, b.seq, p.sizes.heads * p.sizes.head_dim, width)))
+}
+
+/// The layer's row of the lower bounds (its first element), in a bounded layer.
+fn lb_row(p: &Hgrn2Params, lb: &CudaSlice<f32>) -> Result<Option<usize>> {
+    if !p.bounded() {
+        return Ok(None);
+    }
+    let d = p.sizes.heads * p.sizes.head_dim;
+    ensure!(
+        lb.len() >= (p.layer + 1) * d,
+        "HGRN2 layer {}: the lower bounds hold {} values, not a row {d} wide for it",
+        p.layer,
+        lb.len()
+    );
+    Ok(Some(p.layer * d))
+}
 
 impl<T: Elem> Hgrn2Ops for Cuda<T> {
     type Hgrn2State = GpuHgrn2State;
 
     fn hgrn2_conv_fwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: ConvOf,
-        _: &Hgrn2Params,
-        _: &GpuBatch,
-        _: Option<&mut GpuHgrn2State>,
+        out: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        which: ConvOf,
+        p: &Hgrn2Params,
+        b: &GpuBatch,
+        state: Option<&mut GpuHgrn2State>,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
-    }
-    fn hgrn2_conv_bwd(
-        &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: ConvOf,
-        _: &Hgrn2Params,
-        _: &GpuBatch,
-    ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        let (w, dims) = conv_of(p, which, b)?;
+        let weight = self.copy_of(w)?;
+        let start = b.chunk_start();
+        match state {
+            None => ssd::conv1d_fwd(&self.gpu, out, x, dims.2, weight, None, start, None, dims, false),
+            Some(st) => {
+                ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
+                let s = match which {
+                    ConvOf::Q => &mut st.conv_q,
+                    ConvOf::F => &mut st.conv_f,
+                    ConvOf::I => &mut st.conv_i,
+                };
+                ssd::conv1d_fwd(&self.gpu, out, x, dims.2, weight, None, start, Some(&*s), dims, false)?;
+                ssd::conv1d_state(&self.gpu, s, x, dims.2, start, dims)
+            }
+        }
     }
 
-    fn hgrn2_lower_bounds_fwd(&mut self, _: &mut CudaSlice<f32>, _: ParamId, _: usize) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+    fn hgrn2_conv_bwd(
+        &mut self,
+        dx: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        which: ConvOf,
+        p: &Hgrn2Params,
+        b: &GpuBatch,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        let (w, dims) = conv_of(p, which, b)?;
+        let scratch =
+            grown(&self.gpu, &mut self.ssm.small, ssd::conv1d_bwd_scratch_len(dims.0, dims.1, dims.2, dims.3))?;
+        let wp = &mut self.params[w.0];
+        let copy = wp.copy.as_ref().ok_or_else(|| anyhow!("an HGRN2 conv1d weight without a working copy"))?;
+        let start = b.chunk_start();
+        ssd::conv1d_bwd(
+            &self.gpu,
+            dx,
+            &mut wp.grad,
+            None,
+            scratch,
+            dout,
+            x,
+            dims.2,
+            copy,
+            None,
+            start,
+            None,
+            dims,
+            false,
+        )
     }
-    fn hgrn2_lower_bounds_bwd(&mut self, _: &CudaSlice<f32>, _: ParamId, _: usize) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+
+    fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut CudaSlice<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {
+        self.mark(Family::Other)?;
+        gla::hgrn2_lower_bounds_fwd(&self.gpu, lb, &self.params[lower_bounds.0].master, layers)
     }
+
+    fn hgrn2_lower_bounds_bwd(&mut self, dlb: &CudaSlice<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {
+        self.mark(Family::Other)?;
+        let pr = &mut self.params[lower_bounds.0];
+        gla::hgrn2_lower_bounds_bwd(&self.gpu, &mut pr.grad, dlb, &pr.master, layers)
+    }
+
     fn hgrn2_gates_fwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &mut CudaSlice<T>,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<f32>,
-        _: &Hgrn2Params,
+        q: &mut CudaSlice<T>,
+        k: &mut CudaSlice<T>,
+        g: &mut CudaSlice<T>,
+        q_in: &CudaSlice<T>,
+        f: &CudaSlice<T>,
+        lb: &CudaSlice<f32>,
+        p: &Hgrn2Params,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        let d = p.sizes.heads * p.sizes.head_dim;
+        // Every row of the buffers (as the CPU): those past a smaller batch are never read.
+        let n = f.len() / d * d;
+        let row = lb_row(p, lb)?.map(|at| (lb, at));
+        gla::hgrn2_gates_fwd(&self.gpu, q, k, g, q_in, f, row, n, d)
     }
+
     fn hgrn2_gates_bwd(
         &mut self,
-        _: Hgrn2GateGradsOf<'_, CudaSlice<T>, CudaSlice<f32>>,
-        _: Hgrn2GatesOf<'_, CudaSlice<T>, CudaSlice<f32>>,
-        _: &Hgrn2Params,
+        grads: Hgrn2GateGradsOf<'_, CudaSlice<T>, CudaSlice<f32>>,
+        x: Hgrn2GatesOf<'_, CudaSlice<T>, CudaSlice<f32>>,
+        p: &Hgrn2Params,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Other)?;
+        let Hgrn2GateGradsOf { dq_in, df, dlb, dq, dk, dg } = grads;
+        let d = p.sizes.heads * p.sizes.head_dim;
+        let rows = x.f.len() / d;
+        let at = lb_row(p, x.lb)?;
+        if let Some(a) = at {
+            ensure!(dlb.len() >= a + d, "HGRN2 layer {}: the lower bounds' gradient has no row for it", p.layer);
+        }
+        let scratch = grown(&self.gpu, &mut self.ssm.small, gla::hgrn2_gates_bwd_scratch_len(rows, d))?;
+        let inputs = GateInputs { dq, dk, dg, q_in: x.q_in, f: x.f, g: x.g };
+        let lb = at.map(|a| (x.lb, a));
+        let dlb = at.map(|a| (dlb, a));
+        gla::hgrn2_gates_bwd(&self.gpu, dq_in, df, inputs, lb, dlb, scratch, rows, d)
     }
+
     fn hgrn2_gla_fwd(
         &mut self,
-        _: &mut CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &Hgrn2Params,
-        _: &GpuBatch,
-        _: Option<&mut GpuHgrn2State>,
+        o: &mut CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        g: &CudaSlice<T>,
+        p: &Hgrn2Params,
+        b: &GpuBatch,
+        state: Option<&mut GpuHgrn2State>,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Attention)?;
+        let s = &p.sizes;
+        let prob = problem(p, b, q, k, v, g);
+        let len = gla::gla_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.head_dim);
+        match state {
+            None => {
+                let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
+                gla::gla_fwd(&self.gpu, &prob, o, None, None, scratch)
+            }
+            Some(st) => {
+                ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
+                if b.seq == 1 {
+                    gla::gla_decode_step(&self.gpu, &prob, &mut st.ssm, o)?;
+                } else {
+                    let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
+                    gla::gla_fwd_continuing(&self.gpu, &prob, o, &mut st.ssm, scratch)?;
+                }
+                st.len += b.seq;
+                Ok(())
+            }
+        }
     }
+
     fn hgrn2_gla_bwd(
         &mut self,
-        _: GlaGradsOf<'_, CudaSlice<T>>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &CudaSlice<T>,
-        _: &Hgrn2Params,
-        _: &GpuBatch,
+        grads: GlaGradsOf<'_, CudaSlice<T>>,
+        dout: &CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        g: &CudaSlice<T>,
+        p: &Hgrn2Params,
+        b: &GpuBatch,
     ) -> Result<()> {
-        bail!(NO_GPU_KERNELS)
+        self.mark(Family::Attention)?;
+        let s = &p.sizes;
+        let prob = problem(p, b, q, k, v, g);
+        let len = gla::gla_bwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.head_dim);
+        let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
+        let GlaGradsOf { dq, dk, dv, dg } = grads;
+        gla::gla_bwd(&self.gpu, &prob, dout, None, None, DevGlaGrads { dq, dk, dv, dg, dinit: None }, scratch)
     }
 }

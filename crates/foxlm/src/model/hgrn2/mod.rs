@@ -13,8 +13,8 @@
 //! layers, cumulative sum less the first row, computed once per forward before the blocks
 //! ([`crate::model::Model::forward_on`]); each bounded layer reads its row and writes its row's
 //! gradient, which the model turns into the parameter's after the last block's backward. Its
-//! backend operations are [`ops::Hgrn2Ops`] (CPU: `cpu.rs`; the CUDA backend has none yet:
-//! `cuda.rs`); its inference state is the GLA state, fixed in size (`state.rs`).
+//! backend operations are [`ops::Hgrn2Ops`] (CPU: `cpu.rs`; CUDA: `cuda.rs`, on
+//! `fox_kernels::cuda::gla`); its inference state is the GLA state, fixed in size (`state.rs`).
 
 pub mod cpu;
 pub mod cuda;

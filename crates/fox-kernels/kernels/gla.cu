@@ -1,0 +1,1086 @@
+// Gated linear attention with a per-channel forget gate (GLA, HGRN2's token mixer) and HGRN2's
+// gates and lower bounds on the GPU: the twins of crate::gla and of the elementwise ops of
+// foxlm's model/hgrn2/cpu.rs (layouts as documented there: q, k, g [B, T, H, K], v, o [B, T, H, V],
+// states [B, H, K, V]). Activations are ET: this file is compiled twice (cuda/compile.rs), with
+// ET = float and KN(name) = name_f32, then ET = u16 (bf16 bits, see elem.cuh) and KN(name) =
+// name_bf16. Everything else (the gate's prefix sums, states, scores, partial sums) is f32, and
+// all arithmetic is f32 on CUDA cores (version 1: no tensor cores). Deterministic: no atomics;
+// every sum runs in a fixed order. The element-independent part below is compiled once.
+//
+// The chunked form, per (b, h) and chunk of L = 64 positions (G_i = Σ_{s ≤ i} g_s from the chunk's
+// start, per channel; S_c the state entering chunk c):
+//   o_i = scale · (Σ_c q_ic e^{G_ic} S_c[c, :] + Σ_{j ≤ i} A_ij v_j),  A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc}
+//   S_{c+1} = Diag(e^{G_L}) S_c + Σ_j (k_j ⊙ e^{G_L − G_j}) v_jᵀ
+// Every exponent is ≤ 0. The products of A between different sub-chunks of 16 (i in sub-chunk I,
+// j in J < I) factor through a reference point r inside the chunk, q_ic e^{G_ic − G_rc} times
+// k_jc e^{G_rc − G_jc} with r the first position of I (both factors ≤ 1, so neither overflows),
+// which makes them matrix products; within a sub-chunk A_ij takes e^{G_ic − G_jc} per element.
+// Positions before a row's start (left padding) and past T read as q = k = v = g = 0: the state
+// passes through them, and their outputs and gradients are written as 0.
+//
+// Forward (gla_fwd in cuda/gla.rs): gla_cumsum (G), gla_chunk_h (each chunk's own state), the
+// state passing gla_scan_fwd (the one sequential step, one thread per state element),
+// gla_scores (A), gla_fwd_o (o). Backward: the same states again, gla_chunk_h on (q, do) and the
+// reverse passing gla_scan_bwd (dH_c, the gradient of the state leaving chunk c), gla_dscores
+// (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there).
+
+#ifndef GLA_ONCE
+#define GLA_ONCE
+#define GLA_L 64      // chunk (crate::gla::CHUNK)
+#define GLA_KT 32     // inner tile of the products
+#define GLA_AHEAD 16  // chunks whose loads the state passing issues together
+#define GLA_DECODE_KMAX 256
+// Dynamic shared memory of gla_bwd_dqk (the host emulation declares its own).
+#ifndef GLA_DSMEM
+#define GLA_DSMEM(name) extern __shared__ float name[]
+#endif
+
+// The row of position t of (b, h) in a [B, T, H, ·] tensor.
+__device__ __forceinline__ long gla_row(int b, int t, int T, int H, int h) { return ((long)b * T + t) * H + h; }
+
+// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces the
+// chunk's own state in slot c of hs [B, H, nch + 1, K, V] and S_{c+1} = e^{G_L,c} S_c + (that);
+// slot nch and fin (if any) get the final state. fin may be init (each thread reads its element
+// before it writes it).
+extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init, const float* G, int B, int T,
+                                        int H, int K, int V, int nch) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long KV = (long)K * V;
+    if (i >= (long)B * H * KV) return;
+    long bh = i / KV, e = i % KV;
+    int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
+    float s = init ? init[i] : 0.0f;
+    float* p = hs + bh * (nch + 1) * KV + e;
+    for (int c0 = 0; c0 < nch; c0 += GLA_AHEAD) {
+        float ds[GLA_AHEAD], dc[GLA_AHEAD];
+#pragma unroll
+        for (int k = 0; k < GLA_AHEAD; ++k) {
+            int c = c0 + k;
+            bool in = c < nch;
+            int last = min(c * GLA_L + GLA_L - 1, T - 1);
+            ds[k] = in ? p[(long)c * KV] : 0.0f;
+            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < GLA_AHEAD; ++k) {
+            if (c0 + k < nch) {
+                p[(long)(c0 + k) * KV] = s;
+                s = dc[k] * s + ds[k];
+            }
+        }
+    }
+    p[(long)nch * KV] = s;
+    if (fin) fin[i] = s;
+}
+
+// The reverse passing: slot c of dhs [B, H, nch, K, V] holds the chunk's own ΔdS_c = scale ·
+// (q ⊙ e^G)ᵀ do and becomes dH_c, the gradient of the state leaving chunk c (dH_{nch−1} = dfin or
+// 0; dH_{c−1} = e^{G_L,c} dH_c + ΔdS_c); dinit (if any) gets e^{G_L,0} dH_0 + ΔdS_0.
+extern "C" __global__ void gla_scan_bwd(float* dhs, float* dinit, const float* dfin, const float* G, int B, int T,
+                                        int H, int K, int V, int nch) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long KV = (long)K * V;
+    if (i >= (long)B * H * KV) return;
+    long bh = i / KV, e = i % KV;
+    int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
+    float d = dfin ? dfin[i] : 0.0f;
+    float* p = dhs + bh * nch * KV + e;
+    for (int c0 = nch - 1; c0 >= 0; c0 -= GLA_AHEAD) {
+        float ds[GLA_AHEAD], dc[GLA_AHEAD];
+#pragma unroll
+        for (int k = 0; k < GLA_AHEAD; ++k) {
+            int c = c0 - k;
+            bool in = c >= 0;
+            int last = in ? min(c * GLA_L + GLA_L - 1, T - 1) : 0;
+            ds[k] = in ? p[(long)c * KV] : 0.0f;
+            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < GLA_AHEAD; ++k) {
+            if (c0 - k >= 0) {
+                p[(long)(c0 - k) * KV] = d;
+                d = dc[k] * d + ds[k];
+            }
+        }
+    }
+    if (dinit) dinit[i] = d;
+}
+
+// dst[j] = Σ_p part[p · width + j] for j < width, p in order (the lower bound's gradient row).
+extern "C" __global__ void gla_colsum_set(float* dst, const float* part, int nparts, int width) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) return;
+    float s = 0.0f;
+    for (int p = 0; p < nparts; ++p) s += part[(long)p * width + j];
+    dst[j] = s;
+}
+
+// HGRN2's lower bounds, one thread per column c of raw [L, d] (in f64, as the CPU): p = the
+// softmax over layers; lb[0] = 0, lb[l] = Σ_{1 ≤ j ≤ l} p_j.
+extern "C" __global__ void hgrn2_lower_bounds_fwd(float* lb, const float* raw, int L, int d) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= d) return;
+    double m = raw[c];
+    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
+    double z = 0.0;
+    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+    double sum = 0.0;
+    lb[c] = 0.0f;
+    for (int l = 1; l < L; ++l) {
+        sum += exp((double)raw[(long)l * d + c] - m) / z;
+        lb[(long)l * d + c] = (float)sum;
+    }
+}
+
+// The lower bounds' backward: grad [L, d] += the softmax's backward of dp_j = Σ_{l ≥ j} dlb_l
+// (j ≥ 1; dp_0 = 0), draw_j = p_j (dp_j − Σ_i p_i dp_i). Row 0 of dlb is not read.
+extern "C" __global__ void hgrn2_lower_bounds_bwd(float* grad, const float* dlb, const float* raw, int L, int d) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= d) return;
+    double m = raw[c];
+    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
+    double z = 0.0;
+    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+    // dot = Σ_j p_j dp_j, with dp_j the suffix sums (from the last layer down).
+    double suffix = 0.0, dot = 0.0;
+    for (int j = L - 1; j >= 1; --j) {
+        suffix += (double)dlb[(long)j * d + c];
+        dot += exp((double)raw[(long)j * d + c] - m) / z * suffix;
+    }
+    suffix = 0.0;
+    for (int j = L - 1; j >= 0; --j) {
+        if (j >= 1) suffix += (double)dlb[(long)j * d + c];
+        const double p = exp((double)raw[(long)j * d + c] - m) / z, dp = j >= 1 ? suffix : 0.0;
+        grad[(long)j * d + c] += (float)(p * (dp - dot));
+    }
+}
+// G of chunk row r (clamped to the chunk's last real row: past T the prefix sums stay put),
+// column kc of (b, h).
+__device__ __forceinline__ float gla_g(const float* G, int b, int t0, int r, int len, int T, int H, int h, int K,
+                                       int kc) {
+    return G[gla_row(b, t0 + min(r, len - 1), T, H, h) * K + kc];
+}
+// ---- Version 2's tensor-core products (bf16 operands, f32 sums), for bf16 activations ----
+// A block's 8 warps share a 64 × 64 product: warp w the 16 rows from 16 (w % 4) and the 32 columns
+// from 32 (w / 4), as four m16n8k16 tiles. Operands are bf16 tiles in shared memory with the
+// inner (k) index contiguous: A as [m][k], B as [n][k], row stride GLA_TS halves (the 8-half pad
+// puts the 32 lanes of a fragment load in 32 banks).
+typedef unsigned int u32;
+#define GLA_TS 72
+#ifndef GLA_MMA_EMULATED
+// c (16x8 f32) += a (16x16 bf16, row-major) · b (16x8 bf16, column-major).
+__device__ __forceinline__ void gla_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+// acc[j] (mma's C layout: lane (g, t) = (lane / 4, lane % 4) holds rows m0 + g, m0 + g + 8 and
+// columns n0 + 8j + 2t, + 1) += A[m0.., 0..kdim) · B[n0 + 8j.., 0..kdim)ᵀ.
+__device__ __forceinline__ void gla_tc_gemm(float (&acc)[4][4], const u16* A, const u16* B, int kdim) {
+    const int l = threadIdx.x & 31, g = l >> 2, t = l & 3, w = threadIdx.x >> 5;
+    const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        const u16* pa = A + (m0 + g) * GLA_TS + k0 + 2 * t;
+        const u32 a[4] = {*(const u32*)pa, *(const u32*)(pa + 8 * GLA_TS), *(const u32*)(pa + 8),
+                          *(const u32*)(pa + 8 * GLA_TS + 8)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u16* pb = B + (n0 + 8 * j + g) * GLA_TS + k0 + 2 * t;
+            gla_mma(acc[j], a, *(const u32*)pb, *(const u32*)(pb + 8));
+        }
+    }
+}
+// The (row, column) of element e (0..15) of this lane's acc: acc[e / 4][e % 4].
+__device__ __forceinline__ int gla_tc_row(int e) {
+    const int l = threadIdx.x & 31;
+    return 16 * ((threadIdx.x >> 5) & 3) + (l >> 2) + 8 * ((e & 3) >> 1);
+}
+__device__ __forceinline__ int gla_tc_col(int e) {
+    const int l = threadIdx.x & 31;
+    return 32 * (threadIdx.x >> 7) + 8 * (e >> 2) + 2 * (l & 3) + (e & 1);
+}
+// x rounded to bf16 into a shared tile.
+__device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i, x); }
+#endif  // GLA_ONCE
+
+// G [B, T, H, K] (f32) = the gate's inclusive prefix sums within each chunk, per channel; 0 at
+// padding (padding comes first, so G stays 0 until a row's start) and left unwritten past T.
+// Grid (⌈H·K / 256⌉, chunks, B); a thread per column, in position order.
+extern "C" __global__ void KN(gla_cumsum)(float* G, const ET* g, const int* start, int T, int H, int K) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.y, b = blockIdx.z;
+    if (col >= H * K) return;
+    int t0 = c * GLA_L, t1 = min(T, t0 + GLA_L);
+    int first = start ? start[b] : 0;
+    long HK = (long)H * K;
+    float s = 0.0f;
+    for (int t = t0; t < t1; ++t) {
+        long i = ((long)b * T + t) * HK + col;
+        if (t >= first) s += ld(g, i);
+        G[i] = s;
+    }
+}
+
+// One chunk's own state product, out[kc, v] = Σ_t X_t[kc] Y_t[v] for a 64 × 64 tile (kb, vb):
+// mode 0 (the forward's state): X = k ⊙ e^{G_L − G}, Y = v, into slot c of `out` [B, H, nslots,
+// K, V]; mode 1 (the backward's ΔdS_c): X = scale · q ⊙ e^G, Y = do. Grid (⌈K/64⌉·⌈V/64⌉,
+// chunks, B·H).
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_chunk_h)(float* out, int nslots, const ET* x, const ET* y, const float* G, const int* start, int T,
+                    int H, int K, int V, int mode, float scale) {
+    __shared__ float xs[GLA_L][64];
+    __shared__ float ys[GLA_L][64];
+    __shared__ float gl[64];
+    const int nvb = (V + 63) / 64;
+    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
+    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
+    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
+    __syncthreads();
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        const bool real = r < len && t >= first;
+        float xv = 0.0f, yv = 0.0f;
+        if (real) {
+            const long row = gla_row(b, t, T, H, h);
+            if (k0 + cc < K) {
+                const float gv = G[row * K + k0 + cc], xr = ld(x, row * K + k0 + cc);
+                xv = mode == 0 ? xr * __expf(gl[cc] - gv) : scale * xr * __expf(gv);
+            }
+            if (v0 + cc < V) yv = ld(y, row * V + v0 + cc);
+        }
+        xs[r][cc] = xv;
+        ys[r][cc] = yv;
+    }
+    __syncthreads();
+    const int ty = tid / 16, tx = tid % 16;
+    float acc[4][4] = {};
+#pragma unroll 4
+    for (int r = 0; r < GLA_L; ++r) {
+        float a[4], w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[i] = xs[r][ty + 16 * i];
+            w[i] = ys[r][tx + 16 * i];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
+    }
+    float* o = out + ((long)bh * nslots + c) * K * V;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int kc = k0 + ty + 16 * i, vv = v0 + tx + 16 * j;
+            if (kc < K && vv < V) o[(long)kc * V + vv] = acc[i][j];
+        }
+}
+
+// Version 2 of gla_chunk_h (tensor cores): the same product with X̃ᵀ [kc][t] and Yᵀ [v][t] staged
+// as bf16.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_chunk_h_tc)(float* out, int nslots, const ET* x, const ET* y, const float* G, const int* start, int T,
+                       int H, int K, int V, int mode, float scale) {
+    __shared__ u32 x32[64 * GLA_TS / 2], y32[64 * GLA_TS / 2];
+    __shared__ float gl[64];
+    u16* xt = (u16*)x32;
+    u16* yt = (u16*)y32;
+    const int nvb = (V + 63) / 64;
+    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
+    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
+    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
+    __syncthreads();
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        const bool real = r < len && t >= first;
+        float xv = 0.0f, yv = 0.0f;
+        if (real) {
+            const long row = gla_row(b, t, T, H, h);
+            if (k0 + cc < K) {
+                const float gv = G[row * K + k0 + cc], xr = ld(x, row * K + k0 + cc);
+                xv = mode == 0 ? xr * __expf(gl[cc] - gv) : scale * xr * __expf(gv);
+            }
+            if (v0 + cc < V) yv = ld(y, row * V + v0 + cc);
+        }
+        gla_put(xt, cc * GLA_TS + r, xv);
+        gla_put(yt, cc * GLA_TS + r, yv);
+    }
+    __syncthreads();
+    float acc[4][4] = {};
+    gla_tc_gemm(acc, xt, yt, GLA_L);
+    float* o = out + ((long)bh * nslots + c) * K * V;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int kc = k0 + gla_tc_row(e), vv = v0 + gla_tc_col(e);
+        if (kc < K && vv < V) o[(long)kc * V + vv] = acc[e >> 2][e & 3];
+    }
+}
+
+// A [B, H, chunks, 64, 64] (row i, column j; 0 for j > i): A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc}.
+// Thread (ty, tx) holds A[ty + 16a][tx + 16b]: block (a, b) of sub-chunks. Off the diagonal (b < a)
+// through the reference r = 16a: qs = q e^{G − G_r(row)}, kp[a − 1] = k e^{G_r(a) − G} for the rows
+// j < 16a; on it, e^{G_i − G_j} per element. Grid (chunks, B·H), channels in tiles of 16.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_scores)(float* A, const ET* q, const ET* k, const float* G, const int* start, int T, int H, int K,
+                   int nch) {
+    const int KT = 16;
+    __shared__ float qr[GLA_L][KT + 1], kr[GLA_L][KT + 1], gs[GLA_L][KT + 1], qs[GLA_L][KT + 1];
+    __shared__ float kp[3][48][KT + 1];
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < K; c0 += KT) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * KT; e += 256) {
+            const int r = e / KT, cc = e % KT, t = t0 + r;
+            const bool in = c0 + cc < K, real = in && r < len && t >= first;
+            const long row = gla_row(b, t, T, H, h);
+            qr[r][cc] = real ? ld(q, row * K + c0 + cc) : 0.0f;
+            kr[r][cc] = real ? ld(k, row * K + c0 + cc) : 0.0f;
+            gs[r][cc] = in ? gla_g(G, b, t0, r, len, T, H, h, K, c0 + cc) : 0.0f;
+        }
+        __syncthreads();
+        for (int e = tid; e < GLA_L * KT; e += 256) {
+            const int r = e / KT, cc = e % KT;
+            qs[r][cc] = qr[r][cc] * __expf(gs[r][cc] - gs[r & ~15][cc]);
+            if (r < 48)
+                for (int a = r / 16 + 1; a < 4; ++a) kp[a - 1][r][cc] = kr[r][cc] * __expf(gs[16 * a][cc] - gs[r][cc]);
+        }
+        __syncthreads();
+        for (int cc = 0; cc < KT; ++cc) {
+            float qa[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) qa[a] = qs[ty + 16 * a][cc];
+#pragma unroll
+            for (int a = 1; a < 4; ++a)
+#pragma unroll
+                for (int bb = 0; bb < a; ++bb) acc[a][bb] += qa[a] * kp[a - 1][tx + 16 * bb][cc];
+            if (tx <= ty) {
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    const int i = ty + 16 * a, j = tx + 16 * a;
+                    acc[a][a] += qr[i][cc] * kr[j][cc] * __expf(gs[i][cc] - gs[j][cc]);
+                }
+            }
+        }
+    }
+    float* out = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const bool keep = bb < a || (bb == a && tx <= ty);
+            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? acc[a][bb] : 0.0f;
+        }
+}
+
+// o[:, vb] = scale · ((q ⊙ e^G) S_c[:, vb] + A V[:, vb]) for a tile of 64 value columns; 0 at
+// padding. Grid (⌈V/64⌉, chunks, B·H).
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_fwd_o)(ET* o, const ET* q, const ET* v, const float* G, const float* hs, const float* A,
+                  const int* start, int T, int H, int K, int V, int nch, float scale) {
+    __shared__ float as[GLA_KT][GLA_L + 1];
+    __shared__ float bs[GLA_KT][64];
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, v0 = vb * 64;
+    const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < K; c0 += GLA_KT) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * GLA_KT; e += 256) {
+            const int r = e / GLA_KT, cc = e % GLA_KT, t = t0 + r;
+            const bool real = c0 + cc < K && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
+            as[cc][r] = real ? ld(q, i) * __expf(G[i]) : 0.0f;
+        }
+        for (int e = tid; e < GLA_KT * 64; e += 256) {
+            const int cc = e / 64, vv = e % 64;
+            bs[cc][vv] = c0 + cc < K && v0 + vv < V ? S[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GLA_KT; ++kk) {
+            float a[4], w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = as[kk][ty + 16 * i];
+                w[i] = bs[kk][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
+        }
+    }
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    for (int j0 = 0; j0 < GLA_L; j0 += GLA_KT) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * GLA_KT; e += 256) {
+            const int r = e / GLA_KT, jj = e % GLA_KT;
+            as[jj][r] = Ac[r * GLA_L + j0 + jj];
+        }
+        for (int e = tid; e < GLA_KT * 64; e += 256) {
+            const int jj = e / 64, vv = e % 64, t = t0 + j0 + jj;
+            const bool real = v0 + vv < V && j0 + jj < len && t >= first;
+            bs[jj][vv] = real ? ld(v, gla_row(b, t, T, H, h) * V + v0 + vv) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GLA_KT; ++kk) {
+            float a[4], w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = as[kk][ty + 16 * i];
+                w[i] = bs[kk][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = ty + 16 * i, t = t0 + r;
+        if (r >= len) continue;
+        const bool real = t >= first;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int vv = v0 + tx + 16 * j;
+            if (vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, real ? scale * acc[i][j] : 0.0f);
+        }
+    }
+}
+
+// Version 2 of gla_fwd_o (tensor cores): q ⊙ e^G [t][c] against S_cᵀ [v][c], then A [t][j]
+// against Vᵀ [v][j], bf16 operands in shared memory, f32 sums.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_fwd_o_tc)(ET* o, const ET* q, const ET* v, const float* G, const float* hs, const float* A,
+                     const int* start, int T, int H, int K, int V, int nch, float scale) {
+    __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
+    u16* as_ = (u16*)a32;
+    u16* bs = (u16*)b32;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, v0 = vb * 64;
+    const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < K; c0 += 64) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * 64; e += 256) {
+            const int r = e / 64, cc = e % 64, t = t0 + r;
+            const bool real = c0 + cc < K && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
+            gla_put(as_, r * GLA_TS + cc, real ? ld(q, i) * __expf(G[i]) : 0.0f);
+            // S_c[c0 + r, v0 + cc] as B [v][c].
+            const bool in = c0 + r < K && v0 + cc < V;
+            gla_put(bs, cc * GLA_TS + r, in ? S[(long)(c0 + r) * V + v0 + cc] : 0.0f);
+        }
+        __syncthreads();
+        gla_tc_gemm(acc, as_, bs, 64);
+    }
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    __syncthreads();
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        gla_put(as_, r * GLA_TS + cc, Ac[r * GLA_L + cc]);
+        // v[position r, column v0 + cc] as B [v][j].
+        const bool real = v0 + cc < V && r < len && t >= first;
+        gla_put(bs, cc * GLA_TS + r, real ? ld(v, gla_row(b, t, T, H, h) * V + v0 + cc) : 0.0f);
+    }
+    __syncthreads();
+    gla_tc_gemm(acc, as_, bs, GLA_L);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
+        if (r < len && vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, t >= first ? scale * acc[e >> 2][e & 3] : 0.0f);
+    }
+}
+
+// dA [B, H, chunks, 64, 64] = scale · do_i·v_j for j ≤ i (0 above the diagonal and at padding).
+// Grid (chunks, B·H).
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_dscores)(float* dA, const ET* dout, const ET* v, const int* start, int T, int H, int V, int nch,
+                    float scale) {
+    __shared__ float as[GLA_KT][GLA_L + 1];
+    __shared__ float bs[GLA_KT][GLA_L + 1];
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < V; c0 += GLA_KT) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * GLA_KT; e += 256) {
+            const int r = e / GLA_KT, cc = e % GLA_KT, t = t0 + r;
+            const bool real = c0 + cc < V && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * V + c0 + cc;
+            as[cc][r] = real ? ld(dout, i) : 0.0f;
+            bs[cc][r] = real ? ld(v, i) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GLA_KT; ++kk) {
+            float a[4], w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = as[kk][ty + 16 * i];
+                w[i] = bs[kk][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
+        }
+    }
+    float* out = dA + ((long)bh * nch + c) * GLA_L * GLA_L;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const bool keep = bb < a || (bb == a && tx <= ty);
+            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? scale * acc[a][bb] : 0.0f;
+        }
+}
+
+// Version 2 of gla_dscores (tensor cores): do [i][v] against v [j][v], bf16 operands, f32 sums.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_dscores_tc)(float* dA, const ET* dout, const ET* v, const int* start, int T, int H, int V, int nch,
+                       float scale) {
+    __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
+    u16* as_ = (u16*)a32;
+    u16* bs = (u16*)b32;
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < V; c0 += 64) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * 64; e += 256) {
+            const int r = e / 64, cc = e % 64, t = t0 + r;
+            const bool real = c0 + cc < V && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * V + c0 + cc;
+            gla_put(as_, r * GLA_TS + cc, real ? ld(dout, i) : 0.0f);
+            gla_put(bs, r * GLA_TS + cc, real ? ld(v, i) : 0.0f);
+        }
+        __syncthreads();
+        gla_tc_gemm(acc, as_, bs, 64);
+    }
+    float* out = dA + ((long)bh * nch + c) * GLA_L * GLA_L;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int i = gla_tc_row(e), j = gla_tc_col(e);
+        out[i * GLA_L + j] = j <= i ? scale * acc[e >> 2][e & 3] : 0.0f;
+    }
+}
+
+// dv[:, vb] = scale · Aᵀ do[:, vb] + (k ⊙ e^{G_L − G}) dH_c[:, vb] for a tile of 64 value
+// columns; 0 at padding. Grid (⌈V/64⌉, chunks, B·H).
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dv)(ET* dv, const ET* k, const ET* dout, const float* G, const float* A, const float* dhs,
+                   const int* start, int T, int H, int K, int V, int nch, float scale) {
+    __shared__ float as[GLA_KT][GLA_L + 1];
+    __shared__ float bs[GLA_KT][64];
+    __shared__ float gl[GLA_KT];
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, v0 = vb * 64;
+    float acc[4][4] = {};
+    // Σ_i A_ij do_i (A's rows i are the inner index).
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    for (int i0 = 0; i0 < GLA_L; i0 += GLA_KT) {
+        __syncthreads();
+        for (int e = tid; e < GLA_KT * GLA_L; e += 256) {
+            const int ii = e / GLA_L, j = e % GLA_L;
+            as[ii][j] = Ac[(i0 + ii) * GLA_L + j];
+        }
+        for (int e = tid; e < GLA_KT * 64; e += 256) {
+            const int ii = e / 64, vv = e % 64, t = t0 + i0 + ii;
+            const bool real = v0 + vv < V && i0 + ii < len && t >= first;
+            bs[ii][vv] = real ? ld(dout, gla_row(b, t, T, H, h) * V + v0 + vv) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GLA_KT; ++kk) {
+            float a[4], w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = as[kk][ty + 16 * i];
+                w[i] = bs[kk][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] *= scale;
+    // Σ_c k̃_jc dH_c[c, v].
+    const float* D = dhs + ((long)bh * nch + c) * K * V;
+    for (int c0 = 0; c0 < K; c0 += GLA_KT) {
+        __syncthreads();
+        if (tid < GLA_KT) gl[tid] = c0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, c0 + tid) : 0.0f;
+        __syncthreads();
+        for (int e = tid; e < GLA_L * GLA_KT; e += 256) {
+            const int r = e / GLA_KT, cc = e % GLA_KT, t = t0 + r;
+            const bool real = c0 + cc < K && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
+            as[cc][r] = real ? ld(k, i) * __expf(gl[cc] - G[i]) : 0.0f;
+        }
+        for (int e = tid; e < GLA_KT * 64; e += 256) {
+            const int cc = e / 64, vv = e % 64;
+            bs[cc][vv] = c0 + cc < K && v0 + vv < V ? D[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GLA_KT; ++kk) {
+            float a[4], w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = as[kk][ty + 16 * i];
+                w[i] = bs[kk][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = ty + 16 * i, t = t0 + r;
+        if (r >= len) continue;
+        const bool real = t >= first;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int vv = v0 + tx + 16 * j;
+            if (vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, real ? acc[i][j] : 0.0f);
+        }
+    }
+}
+
+// Version 2 of gla_bwd_dv (tensor cores): Aᵀ [j][i] against doᵀ [v][i], then (k ⊙ e^{G_L − G})
+// [j][c] against dH_cᵀ [v][c], bf16 operands, f32 sums.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dv_tc)(ET* dv, const ET* k, const ET* dout, const float* G, const float* A, const float* dhs,
+                      const int* start, int T, int H, int K, int V, int nch, float scale) {
+    __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
+    __shared__ float gl[64];
+    u16* as_ = (u16*)a32;
+    u16* bs = (u16*)b32;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, v0 = vb * 64;
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int i = e / 64, j = e % 64, t = t0 + i;
+        gla_put(as_, j * GLA_TS + i, Ac[i * GLA_L + j]);
+        // do[position i, column v0 + j] as B [v][i].
+        const bool real = v0 + j < V && i < len && t >= first;
+        gla_put(bs, j * GLA_TS + i, real ? ld(dout, gla_row(b, t, T, H, h) * V + v0 + j) : 0.0f);
+    }
+    __syncthreads();
+    float acc[4][4] = {};
+    gla_tc_gemm(acc, as_, bs, GLA_L);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] *= scale;
+    const float* D = dhs + ((long)bh * nch + c) * K * V;
+    for (int c0 = 0; c0 < K; c0 += 64) {
+        __syncthreads();
+        if (tid < 64) gl[tid] = c0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, c0 + tid) : 0.0f;
+        __syncthreads();
+        for (int e = tid; e < GLA_L * 64; e += 256) {
+            const int r = e / 64, cc = e % 64, t = t0 + r;
+            const bool real = c0 + cc < K && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
+            gla_put(as_, r * GLA_TS + cc, real ? ld(k, i) * __expf(gl[cc] - G[i]) : 0.0f);
+            // dH_c[c0 + r, v0 + cc] as B [v][c].
+            const bool in = c0 + r < K && v0 + cc < V;
+            gla_put(bs, cc * GLA_TS + r, in ? D[(long)(c0 + r) * V + v0 + cc] : 0.0f);
+        }
+        __syncthreads();
+        gla_tc_gemm(acc, as_, bs, 64);
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
+        if (r < len && vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, t >= first ? acc[e >> 2][e & 3] : 0.0f);
+    }
+}
+
+// Shared memory of gla_bwd_dqk, in floats: dA, q, k, G [64][65] each, then a region for the state
+// products' tiles (4 × [32][65]) that the intra-chunk terms reuse for kp / qp (3 × [48][65]),
+// then G_L and the final-term sums [64] each.
+#define GLA_P 65
+#define GLA_DQK_REGION (3 * 48 * GLA_P)
+#define GLA_DQK_SMEM_FLOATS (4 * GLA_L * GLA_P + GLA_DQK_REGION + 2 * 64)
+
+// dq, dk and dg for a tile of 64 channels (kb) of chunk c, from S_c (hs slot c), S_{c+1} (slot
+// c + 1), dH_c (dhs slot c) and dA:
+//   dq_i = scale (do_i S_cᵀ) ⊙ e^{G_i} + Σ_{j ≤ i} dA_ij k_j ⊙ e^{G_i − G_j}
+//   dk_j = (v_j dH_cᵀ) ⊙ e^{G_L − G_j} + Σ_{i ≥ j} dA_ij q_i ⊙ e^{G_i − G_j}
+//   dG_i = q_i ⊙ dq_i − k_i ⊙ dk_i, plus at the chunk's end Σ_v S_{c+1}[:, v] ⊙ dH_c[:, v] (the
+//   gradient of the chunk-local prefix sums: each of them appears only as these exponents); dg
+//   is dG's reverse prefix sum within the chunk.
+// The off-diagonal sub-chunk blocks factor through a reference point: for dq, r = 16a (the
+// first row of the query's sub-chunk a, as in gla_scores); for dk, r = 16a + 15 (the last row of
+// the key's sub-chunk a). Grid (⌈K/64⌉, chunks, B·H), 256 threads, dynamic shared memory of
+// GLA_DQK_SMEM_FLOATS floats.
+template <bool TC>
+__device__ __forceinline__ void gla_bwd_dqk_impl(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v,
+                                                 const ET* dout, const float* G, const float* hs, const float* dhs,
+                                                 const float* dA, const int* start, int T, int H, int K, int V,
+                                                 int nch, float scale) {
+    GLA_DSMEM(sm);
+    float(*das)[GLA_P] = (float(*)[GLA_P])sm;
+    float(*qr)[GLA_P] = (float(*)[GLA_P])(sm + GLA_L * GLA_P);
+    float(*kr)[GLA_P] = (float(*)[GLA_P])(sm + 2 * GLA_L * GLA_P);
+    float(*gs)[GLA_P] = (float(*)[GLA_P])(sm + 3 * GLA_L * GLA_P);
+    float* region = sm + 4 * GLA_L * GLA_P;
+    float* gl = region + GLA_DQK_REGION;
+    float* fterm = gl + 64;
+    float(*t_do)[GLA_P] = (float(*)[GLA_P])region;  // [32][65] each: do, v, S_c, dH_c transposed
+    float(*t_v)[GLA_P] = (float(*)[GLA_P])(region + GLA_KT * GLA_P);
+    float(*t_s)[GLA_P] = (float(*)[GLA_P])(region + 2 * GLA_KT * GLA_P);
+    float(*t_h)[GLA_P] = (float(*)[GLA_P])(region + 3 * GLA_KT * GLA_P);
+    float(*kp)[48][GLA_P] = (float(*)[48][GLA_P])region;  // [3][48][65], then qp in the same place
+
+    const int kb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, k0 = kb * 64;
+    const float* S0 = hs + ((long)bh * (nch + 1) + c) * K * V;
+    const float* S1 = S0 + (long)K * V;
+    const float* D = dhs + ((long)bh * nch + c) * K * V;
+
+    // q, k (0 at padding, past T and past K) and G of the tile; dA.
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        const bool in = k0 + cc < K, real = in && r < len && t >= first;
+        const long i = gla_row(b, t, T, H, h) * K + k0 + cc;
+        qr[r][cc] = real ? ld(q, i) : 0.0f;
+        kr[r][cc] = real ? ld(k, i) : 0.0f;
+        gs[r][cc] = in ? gla_g(G, b, t0, r, len, T, H, h, K, k0 + cc) : 0.0f;
+        das[r][cc] = dA[((long)bh * nch + c) * GLA_L * GLA_L + e];
+    }
+    // The end-of-chunk term Σ_v S_{c+1}[kc, v] dH_c[kc, v]: four threads per channel, their
+    // strided partial sums combined in a fixed order.
+    {
+        const int cc = tid / 4, part = tid % 4, kc = k0 + cc;
+        float s = 0.0f;
+        if (kc < K)
+            for (int vv = part; vv < V; vv += 4) s += S1[(long)kc * V + vv] * D[(long)kc * V + vv];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (part == 0) fterm[cc] = s;
+    }
+    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
+
+    // The state terms: aq = do S_cᵀ, ak = v dH_cᵀ over the value columns.
+    float aq[4][4] = {}, ak[4][4] = {};
+    if (TC) {
+        // Version 2: do, v [t][v] and S_c, dH_c [kc][v] as bf16 tiles, 64 value columns at a time;
+        // the products through shared memory into this thread's elements.
+        u16* s_do = (u16*)region;
+        u16* s_s = s_do + 64 * GLA_TS;
+        u16* s_v = s_s + 64 * GLA_TS;
+        u16* s_h = s_v + 64 * GLA_TS;
+        float fq[4][4] = {}, fk[4][4] = {};
+        for (int v0 = 0; v0 < V; v0 += 64) {
+            __syncthreads();
+            for (int e = tid; e < GLA_L * 64; e += 256) {
+                const int r = e / 64, vv = e % 64, t = t0 + r;
+                const bool real = v0 + vv < V && r < len && t >= first;
+                const long i = gla_row(b, t, T, H, h) * V + v0 + vv;
+                gla_put(s_do, r * GLA_TS + vv, real ? ld(dout, i) : 0.0f);
+                gla_put(s_v, r * GLA_TS + vv, real ? ld(v, i) : 0.0f);
+                const bool in = v0 + vv < V && k0 + r < K;
+                gla_put(s_s, r * GLA_TS + vv, in ? S0[(long)(k0 + r) * V + v0 + vv] : 0.0f);
+                gla_put(s_h, r * GLA_TS + vv, in ? D[(long)(k0 + r) * V + v0 + vv] : 0.0f);
+            }
+            __syncthreads();
+            gla_tc_gemm(fq, s_do, s_s, 64);
+            gla_tc_gemm(fk, s_v, s_h, 64);
+        }
+        __syncthreads();
+        float(*sq)[GLA_P] = (float(*)[GLA_P])region;
+        float(*sk)[GLA_P] = (float(*)[GLA_P])(region + GLA_L * GLA_P);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            sq[gla_tc_row(e)][gla_tc_col(e)] = fq[e >> 2][e & 3];
+            sk[gla_tc_row(e)][gla_tc_col(e)] = fk[e >> 2][e & 3];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int bb = 0; bb < 4; ++bb) {
+                aq[a][bb] = sq[ty + 16 * a][tx + 16 * bb];
+                ak[a][bb] = sk[ty + 16 * a][tx + 16 * bb];
+            }
+    }
+    for (int v0 = 0; v0 < (TC ? 0 : V); v0 += GLA_KT) {
+        __syncthreads();
+        for (int e = tid; e < GLA_L * GLA_KT; e += 256) {
+            const int r = e / GLA_KT, vv = e % GLA_KT, t = t0 + r;
+            const bool real = v0 + vv < V && r < len && t >= first;
+            const long i = gla_row(b, t, T, H, h) * V + v0 + vv;
+            t_do[vv][r] = real ? ld(dout, i) : 0.0f;
+            t_v[vv][r] = real ? ld(v, i) : 0.0f;
+            const bool in = v0 + vv < V && k0 + r < K;
+            t_s[vv][r] = in ? S0[(long)(k0 + r) * V + v0 + vv] : 0.0f;
+            t_h[vv][r] = in ? D[(long)(k0 + r) * V + v0 + vv] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = 0; kk < GLA_KT; ++kk) {
+            float a1[4], w1[4], a2[4], w2[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a1[i] = t_do[kk][ty + 16 * i];
+                w1[i] = t_s[kk][tx + 16 * i];
+                a2[i] = t_v[kk][ty + 16 * i];
+                w2[i] = t_h[kk][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    aq[i][j] += a1[i] * w1[j];
+                    ak[i][j] += a2[i] * w2[j];
+                }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int i = ty + 16 * a, cc = tx + 16 * bb;
+            aq[a][bb] *= scale * __expf(gs[i][cc]);
+            ak[a][bb] *= __expf(gl[cc] - gs[i][cc]);
+        }
+
+    // dq's intra-chunk term. kp[a − 1][j] = k_j e^{G_16a − G_j} for j < 16a.
+    for (int e = tid; e < 48 * 64; e += 256) {
+        const int r = e / 64, cc = e % 64;
+        for (int a = r / 16 + 1; a < 4; ++a) kp[a - 1][r][cc] = kr[r][cc] * __expf(gs[16 * a][cc] - gs[r][cc]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 1; a < 4; ++a) {
+        float t4[4] = {};
+        const int i = ty + 16 * a;
+        for (int j = 0; j < 16 * a; ++j) {
+            const float d = das[i][j];
+#pragma unroll
+            for (int bb = 0; bb < 4; ++bb) t4[bb] += d * kp[a - 1][j][tx + 16 * bb];
+        }
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int cc = tx + 16 * bb;
+            aq[a][bb] += t4[bb] * __expf(gs[i][cc] - gs[16 * a][cc]);
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const int i = ty + 16 * a;
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int cc = tx + 16 * bb;
+            float s = 0.0f;
+            for (int j = 16 * a; j <= i; ++j) s += das[i][j] * kr[j][cc] * __expf(gs[i][cc] - gs[j][cc]);
+            aq[a][bb] += s;
+        }
+    }
+    __syncthreads();
+    // dk's intra-chunk term. qp[a][i − 16(a + 1)] = q_i e^{G_i − G_{16a+15}} for i ≥ 16(a + 1).
+    for (int e = tid; e < 48 * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, i = 16 + r;
+        for (int a = 0; 16 * (a + 1) <= i; ++a)
+            kp[a][i - 16 * (a + 1)][cc] = qr[i][cc] * __expf(gs[i][cc] - gs[16 * a + 15][cc]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+        float t4[4] = {};
+        const int j = ty + 16 * a;
+        for (int i = 16 * (a + 1); i < GLA_L; ++i) {
+            const float d = das[i][j];
+#pragma unroll
+            for (int bb = 0; bb < 4; ++bb) t4[bb] += d * kp[a][i - 16 * (a + 1)][tx + 16 * bb];
+        }
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int cc = tx + 16 * bb;
+            ak[a][bb] += t4[bb] * __expf(gs[16 * a + 15][cc] - gs[j][cc]);
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const int j = ty + 16 * a;
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int cc = tx + 16 * bb;
+            float s = 0.0f;
+            for (int i = j; i < 16 * a + 16; ++i) s += das[i][j] * qr[i][cc] * __expf(gs[i][cc] - gs[j][cc]);
+            ak[a][bb] += s;
+        }
+    }
+    // dq, dk out; dG = q dq − k dk into das (free now), then its reverse prefix sums.
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const int r = ty + 16 * a, t = t0 + r;
+        const bool real = r < len && t >= first;
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int cc = tx + 16 * bb;
+            das[r][cc] = qr[r][cc] * aq[a][bb] - kr[r][cc] * ak[a][bb];
+            if (r < len && k0 + cc < K) {
+                const long i = gla_row(b, t, T, H, h) * K + k0 + cc;
+                st(dq, i, real ? aq[a][bb] : 0.0f);
+                st(dk, i, real ? ak[a][bb] : 0.0f);
+            }
+        }
+    }
+    __syncthreads();
+    if (tid < 64) {
+        float s = fterm[tid];
+        for (int r = GLA_L - 1; r >= 0; --r) {
+            s += das[r][tid];
+            das[r][tid] = s;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < GLA_L * 64; e += 256) {
+        const int r = e / 64, cc = e % 64, t = t0 + r;
+        if (r < len && k0 + cc < K) st(dg, gla_row(b, t, T, H, h) * K + k0 + cc, t >= first ? das[r][cc] : 0.0f);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dqk)(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v, const ET* dout, const float* G,
+                    const float* hs, const float* dhs, const float* dA, const int* start, int T, int H, int K, int V,
+                    int nch, float scale) {
+    gla_bwd_dqk_impl<false>(dq, dk, dg, q, k, v, dout, G, hs, dhs, dA, start, T, H, K, V, nch, scale);
+}
+// Version 2: the state terms on tensor cores (bf16 operands, f32 sums), the rest as version 1.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_bwd_dqk_tc)(ET* dq, ET* dk, ET* dg, const ET* q, const ET* k, const ET* v, const ET* dout,
+                       const float* G, const float* hs, const float* dhs, const float* dA, const int* start, int T,
+                       int H, int K, int V, int nch, float scale) {
+    gla_bwd_dqk_impl<true>(dq, dk, dg, q, k, v, dout, G, hs, dhs, dA, start, T, H, K, V, nch, scale);
+}
+
+// One decoding step per (b, h) (q, k, g [B, H, K], v, o [B, H, V]; state [B, H, K, V] in place):
+// S = Diag(e^g) S + k vᵀ, o = scale Sᵀ q. A row whose start is past its one position is padding:
+// o = 0, state unchanged. A block takes 32 value columns of one (b, h) (grid (B·H, ⌈V/32⌉)): a
+// warp's lanes a row's 32 columns, the 8 warps every 8th row, their partial o added in warp
+// order. K ≤ GLA_DECODE_KMAX.
+extern "C" __global__ void __launch_bounds__(256)
+    KN(gla_decode)(float* S, ET* o, const ET* q, const ET* k, const ET* v, const ET* g, const int* start, int H,
+                   int K, int V, float scale) {
+    __shared__ float qs[GLA_DECODE_KMAX], ks[GLA_DECODE_KMAX], ds[GLA_DECODE_KMAX];
+    __shared__ float part[8][32];
+    const int bh = blockIdx.x, b = bh / H, tid = threadIdx.x, lane = tid % 32, w = tid / 32;
+    const int vv = blockIdx.y * 32 + lane;
+    const bool pad = start && start[b] > 0;
+    for (int c = tid; c < K; c += 256) {
+        const long i = (long)bh * K + c;
+        qs[c] = ld(q, i);
+        ks[c] = ld(k, i);
+        ds[c] = __expf(ld(g, i));
+    }
+    __syncthreads();
+    float acc = 0.0f;
+    if (!pad && vv < V) {
+        float* Sb = S + (long)bh * K * V + vv;
+        const float x = ld(v, (long)bh * V + vv);
+#pragma unroll 4
+        for (int c = w; c < K; c += 8) {
+            const float s = Sb[(long)c * V] * ds[c] + ks[c] * x;
+            Sb[(long)c * V] = s;
+            acc += qs[c] * s;
+        }
+    }
+    part[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && vv < V) {
+        float s = 0.0f;
+#pragma unroll
+        for (int p = 0; p < 8; ++p) s += part[p][lane];
+        st(o, (long)bh * V + vv, pad ? 0.0f : scale * s);
+    }
+}
+
+// HGRN2's gates, elementwise over n values of rows of d (lb: the layer's row of the lower bounds,
+// or null in an unbounded layer): q = silu(q_in); g = logsigmoid(f), bounded logaddexp(ln lb,
+// ln(1 − lb) + logsigmoid(f)); k = 1 − e^g.
+extern "C" __global__ void KN(hgrn2_gates_fwd)(ET* q, ET* k, ET* g, const ET* q_in, const ET* f, const float* lb,
+                                               long n, int d) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const float x = ld(q_in, i);
+        st(q, i, x * sigmoid_gate(x));
+        const float ls = log_sigmoidf_(ld(f, i));
+        float gv = ls;
+        if (lb) {
+            const float l = lb[i % d], a = logf(l), c = log1pf(-l) + ls;
+            gv = fmaxf(a, c) + log1pf(expf(-fabsf(a - c)));
+        }
+        st(g, i, gv);
+        st(k, i, -expm1f(gv));
+    }
+}
+
+// The gates' backward over rows of d: a thread per column, rows_per_part rows of it (grid
+// (⌈d/256⌉, parts)). dq_in = dq σ(x)(1 + x(1 − σ(x))); the gate's total gradient dgt = dg − dk e^g;
+// df = dgt (1 − σ(f)), bounded dgt (1 − lb) σ(1 − σ) e^{−g}; in a bounded layer also the part's
+// sum of dgt (1 − σ) e^{−g} (the lower bound's gradient) into part [parts, d].
+extern "C" __global__ void KN(hgrn2_gates_bwd)(ET* dq_in, ET* df, float* part, const ET* dq, const ET* dk,
+                                               const ET* dg, const ET* q_in, const ET* f, const ET* g,
+                                               const float* lb, long rows, int d, int rows_per_part) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= d) return;
+    const long r0 = (long)blockIdx.y * rows_per_part, r1 = min(rows, r0 + rows_per_part);
+    const float l = lb ? lb[c] : 0.0f;
+    float acc = 0.0f;
+    for (long r = r0; r < r1; ++r) {
+        const long i = r * d + c;
+        const float x = ld(q_in, i), s = sigmoid_gate(x);
+        st(dq_in, i, ld(dq, i) * s * (1.0f + x * (1.0f - s)));
+        const float gv = ld(g, i), sf = sigmoid_gate(ld(f, i));
+        const float dgt = ld(dg, i) - ld(dk, i) * expf(gv);
+        if (lb) {
+            const float inv = expf(-gv);
+            acc += dgt * (1.0f - sf) * inv;
+            st(df, i, dgt * (1.0f - l) * sf * (1.0f - sf) * inv);
+        } else {
+            st(df, i, dgt * (1.0f - sf));
+        }
+    }
+    if (part) part[(long)blockIdx.y * d + c] = acc;
+}

@@ -1,0 +1,645 @@
+//! Gated linear attention with per-channel decay (HGRN2's token mixer) and HGRN2's gates and
+//! lower bounds on the GPU (kernels/gla.cu): the twins of [`crate::gla`] and of foxlm's CPU
+//! HGRN2 ops, with the same layouts (q, k, g [B, T, H, K], v and o [B, T, H, V], states
+//! [B, H, K, V], start [B]). Activations in `T` (f32 or bf16), the gate's prefix sums, states,
+//! scores and every sum in f32. Each function launches on `gpu.stream()` without waiting and
+//! returns an error (never panics) when a buffer is shorter than the shapes say. Deterministic:
+//! no atomics, fixed-order sums.
+//!
+//! The chunked form of [`crate::gla`]: chunks of 64, the state passed between chunks by one
+//! sequential kernel, everything else one block per chunk and 64-wide tile. Version 1 computes
+//! every product on CUDA cores in f32 (f32 activations, and bf16 with `FOXLM_GLA=v1`). Version 2
+//! (bf16 activations, the default there; see [`uses_tensor_cores`]) runs the dense products on
+//! tensor cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's,
+//! the output's state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of
+//! dq and dk; the intra-chunk scores and the intra-chunk terms of dq and dk (each with its
+//! decays) stay on CUDA cores in f32, as does the state passing.
+
+use super::compile::GLA;
+use super::kargs::{self, Arg};
+use super::{Elem, Gpu};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceSlice, LaunchConfig};
+
+/// Chunk length (as [`crate::gla::CHUNK`]).
+pub const CHUNK: usize = 64;
+/// The widest key of a decode step (its shared arrays).
+pub const DECODE_KMAX: usize = 256;
+/// Floats of gla_bwd_dqk's dynamic shared memory (kernels/gla.cu's GLA_DQK_SMEM_FLOATS).
+const DQK_SMEM_FLOATS: usize = 4 * CHUNK * 65 + 3 * 48 * 65 + 2 * 64;
+/// Rows of the gates' backward per partial sum of the lower bound's gradient.
+const GATE_ROWS_PER_PART: usize = 256;
+
+fn ptr<T>(gpu: &Gpu, s: &impl DevicePtr<T>) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    s.map_or(0, |s| ptr(gpu, s))
+}
+
+fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
+    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    Ok(())
+}
+
+fn int(op: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
+}
+
+fn kname<T: Elem>(base: &str) -> String {
+    format!("{base}_{}", T::NAME)
+}
+
+fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+    let (x, y, z) = grid;
+    ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
+    ensure!(y > 0 && y <= 65535 && z > 0 && z <= 65535, "{name}: launch of ({x}, {y}, {z}) blocks is out of range");
+    if smem > 48 * 1024 {
+        gpu.function(&GLA, name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (x as u32, y as u32, z as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    kargs::launch(gpu, &GLA, name, cfg, args)
+}
+
+/// One GLA problem on the device: as [`crate::gla::Gla`], with `start` as i32 (positions before
+/// it are left padding).
+#[derive(Clone, Copy)]
+pub struct DevGla<'a, T: Elem = f32> {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    /// [B, T, H, K]
+    pub q: &'a CudaSlice<T>,
+    pub k: &'a CudaSlice<T>,
+    /// [B, T, H, V]
+    pub v: &'a CudaSlice<T>,
+    /// [B, T, H, K], the log forget gate (≤ 0).
+    pub g: &'a CudaSlice<T>,
+    pub scale: f32,
+    pub start: Option<&'a CudaSlice<i32>>,
+    /// Version 2 (tensor cores) or 1; none: [`uses_tensor_cores`]'s choice.
+    pub tensor_cores: Option<bool>,
+}
+
+/// Whether `p` runs on tensor cores (version 2): as `p.tensor_cores` says, else for bf16
+/// activations unless the environment sets `FOXLM_GLA=v1`.
+pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
+    static FORCE_V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v1 = *FORCE_V1.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v1"));
+    p.tensor_cores.unwrap_or(T::NAME == "bf16" && !v1)
+}
+
+/// Kernel `base` of the version `p` runs (version 2's are `base`_tc).
+fn vname<T: Elem>(p: &DevGla<T>, base: &str) -> String {
+    if uses_tensor_cores(p) {
+        kname::<T>(&format!("{base}_tc"))
+    } else {
+        kname::<T>(base)
+    }
+}
+
+impl<T: Elem> DevGla<'_, T> {
+    fn check(&self, op: &str) -> Result<()> {
+        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
+        ensure!(h > 0 && kd > 0 && vd > 0, "{op}: heads, k_dim and v_dim must be positive");
+        let n = b * t * h;
+        need(op, "q", self.q, n * kd)?;
+        need(op, "k", self.k, n * kd)?;
+        need(op, "g", self.g, n * kd)?;
+        need(op, "v", self.v, n * vd)?;
+        if let Some(s) = self.start {
+            need(op, "start", s, b)?;
+        }
+        int(op, n * kd.max(vd))?;
+        int(op, self.states() * (t.div_ceil(CHUNK) + 1))?;
+        ensure!(
+            b * h <= 65535 && t.div_ceil(CHUNK) <= 65535,
+            "{op}: B·H = {} or T = {t} beyond the launch grid",
+            b * h
+        );
+        Ok(())
+    }
+    fn states(&self) -> usize {
+        self.batch * self.heads * self.k_dim * self.v_dim
+    }
+    fn nch(&self) -> usize {
+        self.seq.div_ceil(CHUNK)
+    }
+}
+
+/// Gradients of the device GLA's inputs, overwritten (0 at padding); dinit [B, H, K, V] when
+/// wanted.
+pub struct DevGlaGrads<'a, T: Elem = f32> {
+    pub dq: &'a mut CudaSlice<T>,
+    pub dk: &'a mut CudaSlice<T>,
+    pub dv: &'a mut CudaSlice<T>,
+    pub dg: &'a mut CudaSlice<T>,
+    pub dinit: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// Floats of the scratch of [`gla_fwd`]: the gate's chunk prefix sums (B·T·H·K), the states
+/// entering each chunk and the final one (B·H·(nch + 1)·K·V) and the chunk scores (B·H·nch·64²),
+/// nch = ⌈T / 64⌉. At B = 2, T = 16384, H = 6, K = V = 128 (HGRN2 125M): 352 MB.
+pub fn gla_fwd_scratch_len(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
+    let nch = seq.div_ceil(CHUNK);
+    batch * seq * heads * k_dim + batch * heads * (nch + 1) * k_dim * v_dim + batch * heads * nch * CHUNK * CHUNK
+}
+
+/// Floats of the scratch of [`gla_bwd`]: the forward's, then the state gradients
+/// (B·H·nch·K·V) and the scores' gradients (B·H·nch·64²). At HGRN2 125M's B = 2, T = 16384:
+/// 604 MB.
+pub fn gla_bwd_scratch_len(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
+    let nch = seq.div_ceil(CHUNK);
+    gla_fwd_scratch_len(batch, seq, heads, k_dim, v_dim)
+        + batch * heads * nch * k_dim * v_dim
+        + batch * heads * nch * CHUNK * CHUNK
+}
+
+/// Device addresses of the scratch's parts.
+struct Parts {
+    cum: u64,
+    hs: u64,
+    scores: u64,
+    dhs: u64,
+    dscores: u64,
+}
+
+fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let cum = ptr(gpu, scratch);
+    let hs = cum + 4 * (b * t * h * kd) as u64;
+    let scores = hs + 4 * (b * h * (nch + 1) * kd * vd) as u64;
+    let dhs = scores + 4 * (b * h * nch * CHUNK * CHUNK) as u64;
+    let dscores = dhs + 4 * (b * h * nch * kd * vd) as u64;
+    Parts { cum, hs, scores, dhs, dscores }
+}
+
+/// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
+/// into slot nch and `fin`), and with `scores` the chunk scores A.
+fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, scores: bool) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let start = opt_ptr(gpu, p.start);
+    let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
+    let args = [Arg::P(s.cum), Arg::P(ptr(gpu, p.g)), Arg::P(start), Arg::I(ti), Arg::I(hi), Arg::I(ki)];
+    launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)?;
+    let tiles = kd.div_ceil(64) * vd.div_ceil(64);
+    let args = [
+        Arg::P(s.hs),
+        Arg::I(int(op, nch + 1)?),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(s.cum),
+        Arg::P(start),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(ki),
+        Arg::I(vi),
+        Arg::I(0),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &vname(p, "gla_chunk_h"), (tiles, nch, b * h), 0, &args)?;
+    let args = [
+        Arg::P(s.hs),
+        Arg::P(fin),
+        Arg::P(init),
+        Arg::P(s.cum),
+        Arg::I(int(op, b)?),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(ki),
+        Arg::I(vi),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, "gla_scan_fwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
+    if scores {
+        let args = [
+            Arg::P(s.scores),
+            Arg::P(ptr(gpu, p.q)),
+            Arg::P(ptr(gpu, p.k)),
+            Arg::P(s.cum),
+            Arg::P(start),
+            Arg::I(ti),
+            Arg::I(hi),
+            Arg::I(ki),
+            Arg::I(int(op, nch)?),
+        ];
+        launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)?;
+    }
+    Ok(())
+}
+
+/// The chunked forward, as [`crate::gla::gla_fwd`]: o [B, T, H, V] (0 at padding); `init` and
+/// `final_state` [B, H, K, V] (none: a zero initial state / not wanted); `scratch` of
+/// [`gla_fwd_scratch_len`] floats.
+pub fn gla_fwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    o: &mut CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    final_state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    if let Some(i) = init {
+        need("gla_fwd", "init", i, p.states())?;
+    }
+    let fin = match final_state {
+        Some(f) => {
+            need("gla_fwd", "final_state", &*f, p.states())?;
+            ptr(gpu, f)
+        }
+        None => 0,
+    };
+    fwd(gpu, p, o, opt_ptr(gpu, init), fin, scratch)
+}
+
+/// [`gla_fwd`] continuing `state` [B, H, K, V]: the initial state, replaced by the final one
+/// (a chunked prefill with a state).
+pub fn gla_fwd_continuing<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    o: &mut CudaSlice<T>,
+    state: &mut CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    need("gla_fwd", "state", state, p.states())?;
+    // gla_scan_fwd reads each element of init before it writes that element of fin.
+    let s = ptr(gpu, state);
+    fwd(gpu, p, o, s, s, scratch)
+}
+
+fn fwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    o: &mut CudaSlice<T>,
+    init: u64,
+    fin: u64,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let op = "gla_fwd";
+    p.check(op)?;
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    need(op, "o", o, b * t * h * vd)?;
+    need(op, "scratch", scratch, gla_fwd_scratch_len(b, t, h, kd, vd))?;
+    if b * t == 0 {
+        return Ok(());
+    }
+    let s = parts(gpu, p, scratch);
+    states(gpu, p, &s, init, fin, true)?;
+    let args = [
+        Arg::P(ptr(gpu, o)),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(s.cum),
+        Arg::P(s.hs),
+        Arg::P(s.scores),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, vd)?),
+        Arg::I(int(op, nch)?),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &vname(p, "gla_fwd_o"), (vd.div_ceil(64), nch, b * h), 0, &args)
+}
+
+/// The chunked backward, as [`crate::gla::gla_bwd`]: from do [B, T, H, V] (its padded rows
+/// ignored), the forward's `init` and the final state's gradient `dfinal` (none: 0), writes
+/// every gradient of `g` (0 at padding); `scratch` of [`gla_bwd_scratch_len`] floats.
+/// Recomputes the forward's states and scores.
+pub fn gla_bwd<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    dout: &CudaSlice<T>,
+    init: Option<&CudaSlice<f32>>,
+    dfinal: Option<&CudaSlice<f32>>,
+    g: DevGlaGrads<T>,
+    scratch: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let op = "gla_bwd";
+    p.check(op)?;
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let (nk, nv) = (b * t * h * kd, b * t * h * vd);
+    need(op, "dout", dout, nv)?;
+    need(op, "dq", g.dq, nk)?;
+    need(op, "dk", g.dk, nk)?;
+    need(op, "dg", g.dg, nk)?;
+    need(op, "dv", g.dv, nv)?;
+    for (what, s) in [("init", init), ("dfinal", dfinal)] {
+        if let Some(s) = s {
+            need(op, what, s, p.states())?;
+        }
+    }
+    if let Some(d) = &g.dinit {
+        need(op, "dinit", &**d, p.states())?;
+    }
+    need(op, "scratch", scratch, gla_bwd_scratch_len(b, t, h, kd, vd))?;
+    if b * t == 0 {
+        return Ok(());
+    }
+    let s = parts(gpu, p, scratch);
+    states(gpu, p, &s, opt_ptr(gpu, init), 0, true)?;
+    let start = opt_ptr(gpu, p.start);
+    let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
+    let pdo = ptr(gpu, dout);
+    // ΔdS_c = scale (q ⊙ e^G)ᵀ do per chunk, then the reverse passing into dH_c.
+    let args = [
+        Arg::P(s.dhs),
+        Arg::I(ni),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(pdo),
+        Arg::P(s.cum),
+        Arg::P(start),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(ki),
+        Arg::I(vi),
+        Arg::I(1),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &vname(p, "gla_chunk_h"), (kd.div_ceil(64) * vd.div_ceil(64), nch, b * h), 0, &args)?;
+    let args = [
+        Arg::P(s.dhs),
+        Arg::P(g.dinit.map_or(0, |d| ptr(gpu, d))),
+        Arg::P(opt_ptr(gpu, dfinal)),
+        Arg::P(s.cum),
+        Arg::I(int(op, b)?),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(ki),
+        Arg::I(vi),
+        Arg::I(ni),
+    ];
+    launch(gpu, "gla_scan_bwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
+    let args = [
+        Arg::P(s.dscores),
+        Arg::P(pdo),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(start),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(vi),
+        Arg::I(ni),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &vname(p, "gla_dscores"), (nch, b * h, 1), 0, &args)?;
+    let args = [
+        Arg::P(ptr(gpu, g.dv)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(pdo),
+        Arg::P(s.cum),
+        Arg::P(s.scores),
+        Arg::P(s.dhs),
+        Arg::P(start),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(ki),
+        Arg::I(vi),
+        Arg::I(ni),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &vname(p, "gla_bwd_dv"), (vd.div_ceil(64), nch, b * h), 0, &args)?;
+    let args = [
+        Arg::P(ptr(gpu, g.dq)),
+        Arg::P(ptr(gpu, g.dk)),
+        Arg::P(ptr(gpu, g.dg)),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(pdo),
+        Arg::P(s.cum),
+        Arg::P(s.hs),
+        Arg::P(s.dhs),
+        Arg::P(s.dscores),
+        Arg::P(start),
+        Arg::I(ti),
+        Arg::I(hi),
+        Arg::I(ki),
+        Arg::I(vi),
+        Arg::I(ni),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &vname(p, "gla_bwd_dqk"), (kd.div_ceil(64), nch, b * h), 4 * DQK_SMEM_FLOATS, &args)
+}
+
+/// One decoding step, as [`crate::gla::gla_decode_step`]: `p.seq` = 1, state [B, H, K, V] in
+/// place, o [B, H, V]; a row with start > 0 is padding (o = 0, state unchanged). K ≤
+/// [`DECODE_KMAX`].
+pub fn gla_decode_step<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    state: &mut CudaSlice<f32>,
+    o: &mut CudaSlice<T>,
+) -> Result<()> {
+    let op = "gla_decode_step";
+    p.check(op)?;
+    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
+    ensure!(p.k_dim <= DECODE_KMAX, "{op}: k_dim {} is above {DECODE_KMAX}", p.k_dim);
+    need(op, "state", state, p.states())?;
+    need(op, "o", o, p.batch * p.heads * p.v_dim)?;
+    if p.batch == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::P(ptr(gpu, state)),
+        Arg::P(ptr(gpu, o)),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(ptr(gpu, p.g)),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, p.heads)?),
+        Arg::I(int(op, p.k_dim)?),
+        Arg::I(int(op, p.v_dim)?),
+        Arg::F(p.scale),
+    ];
+    launch(gpu, &kname::<T>("gla_decode"), (p.batch * p.heads, p.v_dim.div_ceil(32), 1), 0, &args)
+}
+
+/// A row of the lower bounds [L, d]: the buffer and the row's first element.
+pub type LbRow<'a> = (&'a CudaSlice<f32>, usize);
+
+/// HGRN2's gates over n values in rows of d, as foxlm's CPU `hgrn2_gates_fwd`: q = silu(q_in);
+/// g = logsigmoid(f), with a lower-bound row ln(lb + (1 − lb)·σ(f)) (fla's logaddexp form);
+/// k = 1 − e^g.
+#[allow(clippy::too_many_arguments)]
+pub fn hgrn2_gates_fwd<T: Elem>(
+    gpu: &Gpu,
+    q: &mut CudaSlice<T>,
+    k: &mut CudaSlice<T>,
+    g: &mut CudaSlice<T>,
+    q_in: &CudaSlice<T>,
+    f: &CudaSlice<T>,
+    lb: Option<LbRow>,
+    n: usize,
+    d: usize,
+) -> Result<()> {
+    let op = "hgrn2_gates_fwd";
+    ensure!(d > 0 && n.is_multiple_of(d), "{op}: {n} values are not rows of {d}");
+    for (what, len) in [("q", q.len()), ("k", k.len()), ("g", g.len()), ("q_in", q_in.len()), ("f", f.len())] {
+        ensure!(len >= n, "{op}: `{what}` holds {len} elements, not {n}");
+    }
+    let lbp = lb_ptr(gpu, op, lb, d)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::P(ptr(gpu, q)),
+        Arg::P(ptr(gpu, k)),
+        Arg::P(ptr(gpu, g)),
+        Arg::P(ptr(gpu, q_in)),
+        Arg::P(ptr(gpu, f)),
+        Arg::P(lbp),
+        Arg::L(n as i64),
+        Arg::I(int(op, d)?),
+    ];
+    launch(gpu, &kname::<T>("hgrn2_gates_fwd"), (n.div_ceil(256).min(65536), 1, 1), 0, &args)
+}
+
+fn lb_ptr(gpu: &Gpu, op: &str, lb: Option<LbRow>, d: usize) -> Result<u64> {
+    Ok(match lb {
+        Some((s, at)) => {
+            need(op, "lower bounds", s, at + d)?;
+            ptr(gpu, s) + 4 * at as u64
+        }
+        None => 0,
+    })
+}
+
+/// Floats of the scratch of [`hgrn2_gates_bwd`]: one partial sum of the lower bound's gradient
+/// per 256 rows and column.
+pub fn hgrn2_gates_bwd_scratch_len(rows: usize, d: usize) -> usize {
+    rows.div_ceil(GATE_ROWS_PER_PART).max(1) * d
+}
+
+/// What [`hgrn2_gates_bwd`] reads: the gates' gradients and the forward's inputs and g.
+pub struct GateInputs<'a, T: Elem> {
+    pub dq: &'a CudaSlice<T>,
+    pub dk: &'a CudaSlice<T>,
+    pub dg: &'a CudaSlice<T>,
+    pub q_in: &'a CudaSlice<T>,
+    pub f: &'a CudaSlice<T>,
+    pub g: &'a CudaSlice<T>,
+}
+
+/// The gates' backward over `rows` rows of d, as foxlm's CPU `hgrn2_gates_bwd`: writes dq_in and
+/// df; with a lower-bound row `lb`, overwrites row `dlb` (the buffer and the row's first element)
+/// with that bound's gradient, summed over the rows in a fixed order through `scratch` of
+/// [`hgrn2_gates_bwd_scratch_len`] floats.
+#[allow(clippy::too_many_arguments)]
+pub fn hgrn2_gates_bwd<T: Elem>(
+    gpu: &Gpu,
+    dq_in: &mut CudaSlice<T>,
+    df: &mut CudaSlice<T>,
+    x: GateInputs<T>,
+    lb: Option<LbRow>,
+    dlb: Option<(&mut CudaSlice<f32>, usize)>,
+    scratch: &mut CudaSlice<f32>,
+    rows: usize,
+    d: usize,
+) -> Result<()> {
+    let op = "hgrn2_gates_bwd";
+    let n = rows * d;
+    for (what, len) in [
+        ("dq_in", dq_in.len()),
+        ("df", df.len()),
+        ("dq", x.dq.len()),
+        ("dk", x.dk.len()),
+        ("dg", x.dg.len()),
+        ("q_in", x.q_in.len()),
+        ("f", x.f.len()),
+        ("g", x.g.len()),
+    ] {
+        ensure!(len >= n, "{op}: `{what}` holds {len} elements, not {n}");
+    }
+    ensure!(lb.is_some() == dlb.is_some(), "{op}: a lower-bound row needs its gradient row, and only it");
+    let lbp = lb_ptr(gpu, op, lb, d)?;
+    let nparts = rows.div_ceil(GATE_ROWS_PER_PART).max(1);
+    need(op, "scratch", scratch, hgrn2_gates_bwd_scratch_len(rows, d))?;
+    let dst = match dlb {
+        Some((s, at)) => {
+            need(op, "dlb", &*s, at + d)?;
+            ptr(gpu, s) + 4 * at as u64
+        }
+        None => 0,
+    };
+    let part = if lbp != 0 { ptr(gpu, scratch) } else { 0 };
+    if n > 0 {
+        let args = [
+            Arg::P(ptr(gpu, dq_in)),
+            Arg::P(ptr(gpu, df)),
+            Arg::P(part),
+            Arg::P(ptr(gpu, x.dq)),
+            Arg::P(ptr(gpu, x.dk)),
+            Arg::P(ptr(gpu, x.dg)),
+            Arg::P(ptr(gpu, x.q_in)),
+            Arg::P(ptr(gpu, x.f)),
+            Arg::P(ptr(gpu, x.g)),
+            Arg::P(lbp),
+            Arg::L(rows as i64),
+            Arg::I(int(op, d)?),
+            Arg::I(GATE_ROWS_PER_PART as i32),
+        ];
+        launch(gpu, &kname::<T>("hgrn2_gates_bwd"), (d.div_ceil(256), nparts, 1), 0, &args)?;
+    }
+    if dst != 0 {
+        if n == 0 {
+            gpu.stream()
+                .memset_zeros(&mut scratch.slice_mut(0..d))
+                .map_err(|e| anyhow!("{op}: zeroing the partial sums: {e:?}"))?;
+        }
+        let args = [Arg::P(dst), Arg::P(ptr(gpu, scratch)), Arg::I(int(op, nparts)?), Arg::I(int(op, d)?)];
+        launch(gpu, "gla_colsum_set", (d.div_ceil(256), 1, 1), 0, &args)?;
+    }
+    Ok(())
+}
+
+/// HGRN2's lower bounds [L, d] from the parameter `raw` [L, d], as foxlm's CPU
+/// `hgrn2_lower_bounds_fwd` (in f64): the softmax over layers, its cumulative sum less the first
+/// row.
+pub fn hgrn2_lower_bounds_fwd(gpu: &Gpu, lb: &mut CudaSlice<f32>, raw: &CudaSlice<f32>, layers: usize) -> Result<()> {
+    let (op, n) = ("hgrn2_lower_bounds_fwd", raw.len());
+    ensure!(layers > 0 && n.is_multiple_of(layers), "{op}: {n} values for {layers} layers");
+    need(op, "lb", lb, n)?;
+    let d = n / layers;
+    let args = [Arg::P(ptr(gpu, lb)), Arg::P(ptr(gpu, raw)), Arg::I(int(op, layers)?), Arg::I(int(op, d)?)];
+    launch(gpu, "hgrn2_lower_bounds_fwd", (d.div_ceil(256), 1, 1), 0, &args)
+}
+
+/// The lower bounds' backward: from dlb [L, d] (row 0 not read) adds the parameter's gradient
+/// into `grad` [L, d].
+pub fn hgrn2_lower_bounds_bwd(
+    gpu: &Gpu,
+    grad: &mut CudaSlice<f32>,
+    dlb: &CudaSlice<f32>,
+    raw: &CudaSlice<f32>,
+    layers: usize,
+) -> Result<()> {
+    let (op, n) = ("hgrn2_lower_bounds_bwd", raw.len());
+    ensure!(layers > 0 && n.is_multiple_of(layers), "{op}: {n} values for {layers} layers");
+    need(op, "grad", grad, n)?;
+    need(op, "dlb", dlb, n)?;
+    let d = n / layers;
+    let args = [
+        Arg::P(ptr(gpu, grad)),
+        Arg::P(ptr(gpu, dlb)),
+        Arg::P(ptr(gpu, raw)),
+        Arg::I(int(op, layers)?),
+        Arg::I(int(op, d)?),
+    ];
+    launch(gpu, "hgrn2_lower_bounds_bwd", (d.div_ceil(256), 1, 1), 0, &args)
+}

@@ -855,3 +855,36 @@ fn recurrent_models_serve_as_generate() {
         }
     }
 }
+
+/// `foxlm bench serve`'s load generator, both loads: streaming generation (every request's
+/// `max_tokens` counted, prefill and step counters read from /stats) and scoring (`--score`:
+/// max_tokens 0 with echo and logprobs, every prompt token scored and counted).
+#[test]
+fn bench_serve_loads_generate_and_score() {
+    use foxlm::serve::bench::{model_info, run_load, LoadOptions};
+    let s = server(&fixture_dir(), |_| {});
+    let (model, vocab) = model_info(s.addr, None).unwrap();
+    let o = |score: bool| LoadOptions {
+        clients: 2,
+        duration: Duration::from_millis(700),
+        prompt_tokens: 12,
+        max_tokens: 5,
+        vocab,
+        model: model.clone(),
+        api_key: None,
+        score,
+    };
+    let g = run_load(s.addr, &o(false));
+    assert_eq!(g.errors, 0, "{:?}", g.first_error);
+    assert!(g.requests >= 2, "{} requests", g.requests);
+    // Every request generates its 5 tokens (end of text ignored).
+    assert!((g.tokens_per_s * g.seconds - 5.0 * g.requests as f64).abs() < 1e-6);
+    assert!(g.steps_per_s > 0.0 && g.prefills_per_s > 0.0 && g.mean_prefill_group >= 1.0);
+    let sc = run_load(s.addr, &o(true));
+    assert_eq!(sc.errors, 0, "{:?}", sc.first_error);
+    assert!(sc.requests >= 2, "{} requests", sc.requests);
+    // Scoring counts prompt tokens (12 each, every one with its log-probability) and never decodes.
+    assert!((sc.tokens_per_s * sc.seconds - 12.0 * sc.requests as f64).abs() < 1e-6);
+    assert_eq!(sc.steps_per_s, 0.0);
+    assert!(sc.ttft_p50_ms > 0.0);
+}

@@ -880,6 +880,7 @@ fn bench_serve_loads_generate_and_score() {
     // Every request generates its 5 tokens (end of text ignored).
     assert!((g.tokens_per_s * g.seconds - 5.0 * g.requests as f64).abs() < 1e-6);
     assert!(g.steps_per_s > 0.0 && g.prefills_per_s > 0.0 && g.mean_prefill_group >= 1.0);
+    assert!(g.step_ms > 0.0 && g.prefill_ms > 0.0, "engine times {} / {} ms", g.step_ms, g.prefill_ms);
     let sc = run_load(s.addr, &o(true));
     assert_eq!(sc.errors, 0, "{:?}", sc.first_error);
     assert!(sc.requests >= 2, "{} requests", sc.requests);

@@ -41,7 +41,7 @@ pub struct LoadReport {
     pub steps_per_s: f64,
     pub mean_batch: f64,
     /// Prefill passes per second, sequences per prefill, and the engine's milliseconds per
-    /// prefill and per decode step (the GPU batcher times them; NaN where it does not).
+    /// prefill and per decode step (NaN where none ran).
     pub prefills_per_s: f64,
     pub mean_prefill_group: f64,
     pub prefill_ms: f64,

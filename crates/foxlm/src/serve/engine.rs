@@ -104,7 +104,8 @@ pub struct EngineStats {
     /// GPU: memory in use and in all (bytes), as last read by the engine.
     pub gpu_mem_used: AtomicUsize,
     pub gpu_mem_total: AtomicUsize,
-    /// GPU: microseconds spent in prefills and in decode steps.
+    /// Microseconds spent in prefills and in decode steps (the GPU's: with its rows placed into
+    /// slots; the CPU's: without the batch cache's regathering).
     pub prefill_us: AtomicUsize,
     pub step_us: AtomicUsize,
 }
@@ -362,7 +363,9 @@ fn advance(
         stats.prefills.fetch_add(1, Ordering::Relaxed);
         stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
         let n_new = batch.len();
+        let t0 = std::time::Instant::now();
         (new_cache, joined) = prefill(model, batch);
+        stats.prefill_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
         stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
     }
     // Rebuild the batch cache when sequences joined or left since the last step.
@@ -394,6 +397,7 @@ fn advance(
 
     // One decode step for every running sequence.
     let Some(c) = cache.as_mut() else { return };
+    let t0 = std::time::Instant::now();
     let b = running.len();
     let ids: Vec<u32> = running.iter().map(|r| r.next).collect();
     let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
@@ -402,6 +406,7 @@ fn advance(
     // Sampling (a pass over the vocabulary per row) in parallel: each row has its own generator.
     let steps: Vec<Step> = running.par_iter_mut().zip(logits.par_chunks(v)).map(|(r, l)| emit_next(r, l)).collect();
     let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
+    stats.step_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
     stats.steps.fetch_add(1, Ordering::Relaxed);
     stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
     let count = |k: Step| steps.iter().filter(|&&s| s == k).count();

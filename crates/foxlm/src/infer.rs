@@ -325,11 +325,23 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// Each row's most likely next token after a prefill, chosen on the device (the first on
     /// ties, as on the host): b ids come to the host instead of b × V logits.
     pub(crate) fn prefill_last_chosen(&mut self) -> Result<Vec<u32>> {
+        self.greedy_on_device(false, 0)
+    }
+
+    /// The head on each row's last position of the last forward (`step`: a decode step's
+    /// buffers, else a prefill's) and each row's most likely token chosen on the device.
+    fn greedy_on_device(&mut self, step: bool, len: usize) -> Result<Vec<u32>> {
         let lm_head = self.model.lm_head;
         let b = self.batch.batch;
-        self.be.last_logits(&self.acts.final_out, &lm_head, &self.batch, false)?;
+        let hidden = if step { &self.step.final_out } else { &self.acts.final_out };
+        self.be.last_logits(hidden, &lm_head, &self.batch, false)?;
         let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
-        self.be.sample(&mut self.chosen, None, b, &s, 0)?;
+        self.be.sample(&mut self.chosen, None, b, &s, len)?;
+        self.chosen_to_host(b)
+    }
+
+    /// The first `b` ids the device chose (negative ids, none chosen, as 0).
+    fn chosen_to_host(&mut self, b: usize) -> Result<Vec<u32>> {
         let mut host = vec![0i32; b];
         self.be
             .gpu
@@ -366,18 +378,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             let l = self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, true)?;
             return Ok(StepOut::Logits(l.ok_or_else(|| anyhow!("the head's logits were not downloaded"))?));
         }
-        self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
         let len = caches.first().map_or(0, |c| c.len());
-        self.be.sample(&mut self.chosen, None, b, &s, len)?;
-        let mut host = vec![0i32; b];
-        self.be
-            .gpu
-            .stream()
-            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
-            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
-        self.be.gpu.sync()?;
-        Ok(StepOut::Chosen(host.iter().map(|&v| v.max(0) as u32).collect()))
+        Ok(StepOut::Chosen(self.greedy_on_device(true, len)?))
     }
 
     /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
@@ -448,14 +450,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             *graph = None;
             return Err(e);
         }
-        let mut host = vec![0i32; b];
-        self.be
-            .gpu
-            .stream()
-            .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
-            .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
-        self.be.gpu.sync()?;
-        Ok(host.iter().map(|&v| v.max(0) as u32).collect())
+        self.chosen_to_host(b)
     }
 
     /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`
@@ -485,7 +480,6 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let mut len = caches.first().map_or(0, |c| c.len());
         let mut out = vec![Vec::new(); b];
         let mut done = vec![false; b];
-        let mut host = vec![0i32; b];
         let mut next: Vec<u32> = Vec::new();
         let result = (|| -> Result<()> {
             for step in 0..opts.max_new_tokens {
@@ -527,13 +521,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                         self.be.sample(&mut self.chosen, None, b, &s, len)?;
                     }
                 }
-                self.be
-                    .gpu
-                    .stream()
-                    .memcpy_dtoh(&self.chosen.slice(0..b), host.as_mut_slice())
-                    .map_err(|e| anyhow!("downloading the chosen tokens: {e:?}"))?;
-                self.be.gpu.sync()?;
-                next = host.iter().map(|&v| v.max(0) as u32).collect();
+                next = self.chosen_to_host(b)?;
                 for r in 0..b {
                     if done[r] {
                         continue;

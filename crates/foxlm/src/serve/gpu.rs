@@ -189,34 +189,34 @@ impl<'m> GpuBatcher<'m> {
                     let (s, t) = (sr * h * x.cap + from, dr * h * y.cap + to);
                     runs.push(gpu, &x.c, s, x.cap, &mut y.c, t, y.cap, n, h)?;
                     let w = hkv * d;
-                    runs.push(gpu, &x.k_shift, sr * w, w, &mut y.k_shift, dr * w, w, w, 1)?;
-                    runs.push(gpu, &x.v_shift, sr * w, w, &mut y.v_shift, dr * w, w, w, 1)?;
+                    runs.push_row(gpu, &x.k_shift, sr, &mut y.k_shift, dr, w)?;
+                    runs.push_row(gpu, &x.v_shift, sr, &mut y.v_shift, dr, w)?;
                 }
                 (LayerState::Mamba2(x), LayerState::Mamba2(y)) => {
                     let (ns, nc) = Mamba2State::lens(1, &x.sizes);
-                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
-                    runs.push(gpu, &x.conv, sr * nc, nc, &mut y.conv, dr * nc, nc, nc, 1)?;
+                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
+                    runs.push_row(gpu, &x.conv, sr, &mut y.conv, dr, nc)?;
                 }
                 (LayerState::Mamba(x), LayerState::Mamba(y)) => {
                     let (ns, nc) = MambaState::lens(1, &x.sizes);
-                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
-                    runs.push(gpu, &x.conv, sr * nc, nc, &mut y.conv, dr * nc, nc, nc, 1)?;
+                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
+                    runs.push_row(gpu, &x.conv, sr, &mut y.conv, dr, nc)?;
                 }
                 (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
                     let [ns, nq, nv] = crate::model::deltanet::state::DeltaNetState::lens(1, &x.sizes);
-                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
-                    runs.push(gpu, &x.conv_q, sr * nq, nq, &mut y.conv_q, dr * nq, nq, nq, 1)?;
-                    runs.push(gpu, &x.conv_k, sr * nq, nq, &mut y.conv_k, dr * nq, nq, nq, 1)?;
-                    runs.push(gpu, &x.conv_v, sr * nv, nv, &mut y.conv_v, dr * nv, nv, nv, 1)?;
+                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
+                    runs.push_row(gpu, &x.conv_q, sr, &mut y.conv_q, dr, nq)?;
+                    runs.push_row(gpu, &x.conv_k, sr, &mut y.conv_k, dr, nq)?;
+                    runs.push_row(gpu, &x.conv_v, sr, &mut y.conv_v, dr, nv)?;
                 }
                 (LayerState::Hgrn2(x), LayerState::Hgrn2(y)) => {
                     let [ns, nc] = crate::model::hgrn2::state::Hgrn2State::lens(1, &x.sizes);
-                    runs.push(gpu, &x.ssm, sr * ns, ns, &mut y.ssm, dr * ns, ns, ns, 1)?;
+                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
                     if nc > 0 {
                         for (a, c) in
                             [(&x.conv_q, &mut y.conv_q), (&x.conv_f, &mut y.conv_f), (&x.conv_i, &mut y.conv_i)]
                         {
-                            runs.push(gpu, a, sr * nc, nc, c, dr * nc, nc, nc, 1)?;
+                            runs.push_row(gpu, a, sr, c, dr, nc)?;
                         }
                     }
                 }

@@ -306,7 +306,7 @@ impl<T: Elem> Cuda<T> {
         rows: usize,
     ) -> Result<Vec<f32>> {
         self.mark(Family::Head)?;
-        let (d, vocab, vpad) = (lm_head.in_features, lm_head.out_features, self.vocab_pad);
+        let (d, vocab) = (lm_head.in_features, lm_head.out_features);
         ensure!(
             hidden.len() >= (row0 + rows) * d,
             "logits: hidden holds {} values, {}×{d} expected",
@@ -314,22 +314,22 @@ impl<T: Elem> Cuda<T> {
             row0 + rows
         );
         let mut out = Vec::with_capacity(rows * vocab);
-        let mut host = vec![0f32; self.head_rows * vpad];
-        let gpu = self.gpu.clone();
         for r0 in (0..rows).step_by(self.head_rows) {
             let m = self.head_rows.min(rows - r0);
-            dtod(&gpu, hidden, (row0 + r0) * d, &mut self.head_x, 0, m * d)?;
-            let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
-            self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vpad)?;
-            gpu.stream()
-                .memcpy_dtoh(&self.head_logits.slice(0..m * vpad), &mut host[..m * vpad])
-                .map_err(|e| anyhow!("downloading logits: {e:?}"))?;
-            gpu.sync()?;
-            for r in 0..m {
-                out.extend_from_slice(&host[r * vpad..r * vpad + vocab]);
-            }
+            self.head_on_rows(hidden, lm_head, row0 + r0, m)?;
+            out.extend(self.download_logits(m, vocab)?);
         }
         Ok(out)
+    }
+
+    /// The head's f32 logits of rows `row0..row0 + m` of `hidden` (m ≤ head_rows) into the head
+    /// chunk buffer, `vocab_pad` apart.
+    fn head_on_rows(&mut self, hidden: &CudaSlice<T>, lm_head: &Linear, row0: usize, m: usize) -> Result<()> {
+        let (d, vpad) = (lm_head.in_features, self.vocab_pad);
+        ensure!(m <= self.head_rows, "{m} rows exceed the head's chunk of {}", self.head_rows);
+        dtod(&self.gpu, hidden, row0 * d, &mut self.head_x, 0, m * d)?;
+        let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
+        self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vpad)
     }
 
     /// Scoring on the device: for rows `row0..row0 + rows` of `hidden`, the log-probability of
@@ -367,9 +367,7 @@ impl<T: Elem> Cuda<T> {
         let f = gpu.function(&DECODE, "fox_token_logprobs")?;
         for r0 in (0..rows).step_by(self.head_rows) {
             let m = self.head_rows.min(rows - r0);
-            dtod(&gpu, hidden, (row0 + r0) * d, &mut self.head_x, 0, m * d)?;
-            let w = self.params[lm_head.weight.0].copy.as_ref().ok_or_else(|| anyhow!("lm_head has no copy"))?;
-            self.gemm.linear_fwd::<T, f32>(&mut self.head_logits, false, &self.head_x, w, m, d, vpad)?;
+            self.head_on_rows(hidden, lm_head, row0 + r0, m)?;
             let (pl, ldi, vi, ki) = (self.dptr(&self.head_logits), vpad as i32, vocab as i32, k as i32);
             let (pt, plp) = (self.dptr(&dt) + 4 * r0 as u64, self.dptr(&lp) + 4 * r0 as u64);
             let (pti, ptl) = (self.dptr(&ti) + 4 * (r0 * k) as u64, self.dptr(&tl) + 4 * (r0 * k) as u64);

@@ -616,6 +616,19 @@ impl CopyRuns {
         Ok(())
     }
 
+    /// Row `sr` of `src` to row `dr` of `dst`, rows of `n` elements (a recurrent state's).
+    pub(crate) fn push_row<U: DeviceRepr>(
+        &mut self,
+        gpu: &Gpu,
+        src: &CudaSlice<U>,
+        sr: usize,
+        dst: &mut CudaSlice<U>,
+        dr: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.push(gpu, src, sr * n, n, dst, dr * n, n, n, 1)
+    }
+
     /// Makes every pushed copy (in one launch, on the stream) and forgets them.
     pub(crate) fn launch(&mut self, gpu: &Gpu) -> Result<()> {
         let n = self.runs.len() / 3;

@@ -63,11 +63,6 @@ pub struct GpuBatcher<'m> {
     warm: bool,
     /// Copies between caches, made in one launch per prefill or relocation.
     runs: CopyRuns,
-    /// Attention-only models: one prefill cache of `slots` × `max_model_len` positions, kept
-    /// (the plan counts it) and reused for every prefill group instead of allocating one each.
-    prefill_cache: Option<Vec<GpuLayerState<bf16>>>,
-    reuse_prefill_cache: bool,
-    max_model_len: usize,
     /// `FOXLM_SERVE_PROFILE=1`: seconds and counts per phase (the device synchronised at each
     /// phase's end), printed when the batcher goes.
     profile: Option<Vec<(&'static str, f64, usize)>>,
@@ -143,10 +138,6 @@ impl<'m> GpuBatcher<'m> {
             parked: None,
             warm: false,
             runs: CopyRuns::default(),
-            prefill_cache: None,
-            reuse_prefill_cache: model.layers.iter().all(|b| matches!(b.mixer, crate::model::Mixer::Attention(_)))
-                && std::env::var("FOXLM_SERVE_PREFILL_CACHE").map_or(true, |v| v != "fresh"),
-            max_model_len,
             profile: std::env::var("FOXLM_SERVE_PROFILE").is_ok_and(|v| v == "1").then(Vec::new),
         })
     }
@@ -278,25 +269,13 @@ impl<'m> GpuBatcher<'m> {
         let (ids, t, start) = crate::generate::left_pad(&prompts);
         let b = group.len();
         let mut t0 = std::time::Instant::now();
-        let mut pcache = match self.prefill_cache.take() {
-            Some(c) => c,
-            None if self.reuse_prefill_cache => {
-                self.inf.caches(self.slots.len(), self.max_model_len).context("the prefill cache")?
-            }
-            None => self.inf.caches(b, t).context("a prefill's cache")?,
-        };
-        for c in pcache.iter_mut() {
-            c.reset_len(0);
-        }
+        let mut pcache = self.inf.caches(b, t).context("a prefill's cache")?;
         self.mark("prefill: cache", &mut t0);
         // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
         let scratch = self.inf.be.decode_scratch.take();
         let r = self.prefill_rows(group, running, &mut pcache, &prompts, &ids, t, start.as_deref());
         if scratch.is_some() {
             self.inf.be.decode_scratch = scratch;
-        }
-        if self.reuse_prefill_cache {
-            self.prefill_cache = Some(pcache);
         }
         r
     }

@@ -158,10 +158,8 @@ impl<T: Elem> Cuda<T> {
         let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         let (bb, t) = (b.batch, b.seq);
         let (past, cap) = (cache.len, cache.cap);
-        // A cache of more rows serves the first bb (serving reuses one prefill cache for groups
-        // of any size).
         ensure!(
-            bb <= cache.batch && (heads, kv_heads, head_dim) == (cache.heads, cache.kv_heads, cache.head_dim),
+            (bb, heads, kv_heads, head_dim) == (cache.batch, cache.heads, cache.kv_heads, cache.head_dim),
             "decode cache of [batch {}, heads {}, kv_heads {}, head_dim {}] used for a layer of [{bb}, {heads}, \
              {kv_heads}, {head_dim}]",
             cache.batch,

@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# The small-scale experiment (see README.md): tokenize the machine's Python site-packages, train
-# seven ~49M-parameter models on the same tokens, evaluate each with foxlm's own commands, and
-# compare them.
+# The small-scale experiments (see README.md): seven ~49M-parameter models trained on the same
+# tokens, each evaluated with foxlm's own commands, then compared.
+#   EXPERIMENT=ablations (default)  FoX, the Transformer and the gate ablations, on the machine's
+#                                   Python site-packages;
+#   EXPERIMENT=recurrent            FoX and the Transformer (Pro) against Mamba-2, DeltaNet, Gated
+#                                   DeltaNet, HGRN2 and Samba, on prose and code mixed (the prose of
+#                                   get-corpora.sh in $CORPORA and a share of site-packages), so that
+#                                   the needle test has models that read prose.
 #
 #   FOXLM=target/release/foxlm experiments/small-scale/run.sh STEP [ARGS] [STEP [ARGS]] ...
 #
 # Steps (run in the order given; each skips what is already done, so a cut run can be repeated):
-#   data                 tokenize $SOURCES (default: site-packages) into $WORK/data
+#   data                 tokenize $SOURCES (default: site-packages) into $WORK/data; recurrent: the
+#                        prose of $CORPORA, one folder per work, and $CODE_BYTES of whole packages
 #   train MODEL...       train the named models (preset names; NAME@SEED for another seed)
 #   eval MODEL...        per-token loss, needle test and (FoX) gate maps of the named models
 #   model MODEL...       train, then evaluate, each named model in turn
 #   compare              tables and overlays of every model evaluated so far
 #   all                  data, model (all seven), compare
-# MODEL may be "all" for the seven presets.
+# MODEL may be "all" for the experiment's seven presets.
 #
 # Settings (environment):
 #   FOXLM            the foxlm binary (required)
 #   DEVICE           cuda (default) or cpu
-#   WORK             data, checkpoints and full outputs (default experiments/small-scale/work)
+#   EXPERIMENT       ablations (default) or recurrent
+#   WORK             data, checkpoints and full outputs (default experiments/small-scale/work, or
+#                    work-recurrent)
 #   RESULTS          the small files worth keeping: metrics, evaluations, plots, tables
-#                    (default experiments/small-scale/results)
+#                    (default experiments/small-scale/results, or results-recurrent)
 #   SOURCES          folders to tokenize, space-separated (default: python3's site-packages)
-#   GLOB             file pattern (default '**/*.py')
-#   VAL_BY           top (whole packages, default), dir (whole folders) or document
+#   GLOB             file patterns, space-separated (default '**/*.py'; recurrent sets its own)
+#   CORPORA          recurrent: get-corpora.sh's output folder (its prose: sotu, shakespeare, python-docs)
+#   CODE_BYTES       recurrent: bytes of .py taken from SOURCES, whole packages in the order of a
+#                    SHA-256 of their names, none over half of it (default 60000000)
+#   VAL_BY           top (whole packages or works, default), dir (whole folders) or document
 #   VAL_FRACTION     held-out share of the bytes (default 0.05)
 #   MAX_FILE_BYTES   skip larger files, mostly generated tables (default 1M)
 #   TRAIN_ARGS       extra `foxlm train` options, e.g. "--tokens 150000000" or "--lr 1e-3"
@@ -46,8 +57,14 @@ REPO="$(cd "$HERE/../.." && pwd)"
 [ -x "$FOXLM" ] || die "FOXLM=$FOXLM is not an executable"
 FOXLM="$(cd "$(dirname "$FOXLM")" && pwd)/$(basename "$FOXLM")"
 DEVICE="${DEVICE:-cuda}"
-WORK="${WORK:-$HERE/work}"
-RESULTS="${RESULTS:-$HERE/results}"
+EXPERIMENT="${EXPERIMENT:-ablations}"
+case "$EXPERIMENT" in
+    ablations) suffix="" ;;
+    recurrent) suffix="-recurrent" ;;
+    *) die "EXPERIMENT=$EXPERIMENT: ablations or recurrent" ;;
+esac
+WORK="${WORK:-$HERE/work$suffix}"
+RESULTS="${RESULTS:-$HERE/results$suffix}"
 GLOB="${GLOB:-**/*.py}"
 VAL_BY="${VAL_BY:-top}"
 VAL_FRACTION="${VAL_FRACTION:-0.05}"
@@ -61,8 +78,15 @@ NIAH_DEPTHS="${NIAH_DEPTHS:-0,10,20,30,40,50,60,70,80,90,100}"
 HAYSTACK="${HAYSTACK:-$REPO/data/sample/moby-dick}"
 GATE_TOKENS="${GATE_TOKENS:-512}"
 GATE_LAYERS="${GATE_LAYERS:-0,5}"
-ALL_MODELS=(fox-pro-small transformer-pro-small fox-llama-small transformer-llama-small
-    transformer-llama-norope-small fox-llama-biasonly-small fox-llama-fixed-small)
+CODE_BYTES="${CODE_BYTES:-60000000}"
+case "$EXPERIMENT" in
+    ablations)
+        ALL_MODELS=(fox-pro-small transformer-pro-small fox-llama-small transformer-llama-small
+            transformer-llama-norope-small fox-llama-biasonly-small fox-llama-fixed-small) ;;
+    recurrent)
+        ALL_MODELS=(fox-pro-small transformer-pro-small mamba2-small deltanet-small gated-deltanet-small
+            hgrn2-small samba-small) ;;
+esac
 DATA="$WORK/data"
 mkdir -p "$WORK" "$RESULTS"
 
@@ -95,6 +119,70 @@ site_packages() {
     python3 -c 'import site, os; print("\n".join(p for p in site.getsitepackages() if os.path.isdir(p)))'
 }
 
+# The prose of get-corpora.sh, one top-level folder per work so that --val-by top holds out whole
+# works: both editions of a Shakespeare play (the Gutenberg text and the First Folio's, "_gut_f")
+# go together, as do Milton's shorter poems, which come in several collections.
+prose_layout() { # out
+    local out="$1"
+    [ -d "$out" ] && return
+    [ -n "${CORPORA:-}" ] || die "EXPERIMENT=recurrent: set CORPORA to get-corpora.sh's output (prose)"
+    for c in sotu shakespeare python-docs; do
+        [ -d "$CORPORA/$c" ] || die "CORPORA=$CORPORA has no $c/ (run: get-corpora.sh \$CORPORA prose)"
+    done
+    rm -rf "$out.tmp"
+    python3 - "$CORPORA" "$out.tmp" <<'EOF'
+import os, re, shutil, sys
+src, out = sys.argv[1], sys.argv[2]
+same = {"alls_well_that_ends_well": "all_is_well_that_ends_well", "anthonie_and_cleopatra": "antony_and_cleopatra",
+        "comedy_of_errours": "comedy_of_errors", "loves_labours_lost": "loves_labour_lost",
+        "midsummer_nights_dreame": "midsummer_nights_dream", "paradiselost": "paradise_lost_(no_introduction)",
+        "paradiseregained": "paradise_regained", "tragedy_of_titus_andronicus": "titus_andronicus",
+        "twelfe-night": "twelfth_night", "allegro": "comus", "lallegro_il_penseroso_comus_and_lycidas": "comus"}
+for corpus in ("sotu", "shakespeare", "python-docs"):
+    for name in sorted(os.listdir(os.path.join(src, corpus))):
+        if not name.endswith(".txt"):
+            continue
+        work = name[:-4]
+        if corpus == "shakespeare":
+            work = re.sub(r"_gut(_f)?$", "", work)
+            work = same.get(work, work)
+        d = os.path.join(out, f"prose-{corpus}-{work}")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(src, corpus, name), d)
+EOF
+    mv "$out.tmp" "$out"
+}
+
+# Packages of site-packages worth about CODE_BYTES of .py, comma-separated: in the order of a
+# SHA-256 of their names (an arbitrary but fixed choice), skipping any over half the budget so that
+# no single package (torch) makes up the code.
+code_packages() { # site-packages folders...
+    python3 - "$CODE_BYTES" "$@" <<'EOF'
+import hashlib, os, sys
+budget = int(sys.argv[1])
+sizes = {}
+for root in sys.argv[2:]:
+    for top in os.listdir(root):
+        p = os.path.join(root, top)
+        if not os.path.isdir(p) or os.path.islink(p) or top.startswith(".") or any(c in top for c in ",{}*?["):
+            continue
+        n = 0
+        for d, dirs, files in os.walk(p):
+            dirs[:] = [x for x in dirs if not x.startswith(".")]
+            n += sum(os.path.getsize(os.path.join(d, f)) for f in files if f.endswith(".py"))
+        if n:
+            sizes[top] = sizes.get(top, 0) + n
+taken, total = [], 0
+for top in sorted(sizes, key=lambda t: hashlib.sha256(t.encode()).hexdigest()):
+    if sizes[top] > budget // 2 or total + sizes[top] > budget:
+        continue
+    taken.append(top)
+    total += sizes[top]
+print(",".join(sorted(taken)))
+print(f"code: {len(taken)} packages, {total} bytes of .py", file=sys.stderr)
+EOF
+}
+
 step_data() {
     if [ -f "$DATA/manifest.json" ]; then
         echo "== data: $DATA exists"
@@ -107,9 +195,20 @@ step_data() {
         mapfile -t sources < <(site_packages)
     fi
     [ "${#sources[@]}" -gt 0 ] || die "no site-packages found; set SOURCES"
-    local inputs=()
+    local globs=()
+    read -r -a globs <<< "$GLOB"
+    if [ "$EXPERIMENT" = recurrent ]; then
+        prose_layout "$WORK/prose"
+        local pkgs
+        pkgs="$(code_packages "${sources[@]}")"
+        [ -n "$pkgs" ] || die "no package of at most CODE_BYTES/2 of .py under ${sources[*]}"
+        sources=("$WORK/prose" "${sources[@]}")
+        globs=('prose-*/*.txt' "{$pkgs}/**/*.py")
+    fi
+    local inputs=() g=()
     for s in "${sources[@]}"; do inputs+=(--input "$s"); done
-    timed data "$FOXLM" data prepare "${inputs[@]}" --glob "$GLOB" --val-by "$VAL_BY" \
+    for p in "${globs[@]}"; do g+=(--glob "$p"); done
+    timed data "$FOXLM" data prepare "${inputs[@]}" "${g[@]}" --val-by "$VAL_BY" \
         --val-fraction "$VAL_FRACTION" --max-file-bytes "$MAX_FILE_BYTES" --text-format plain --output "$DATA"
     mkdir -p "$RESULTS/data"
     cp "$DATA/manifest.json" "$RESULTS/data/"
@@ -171,6 +270,27 @@ step_train() {
     gpu_name > "$RESULTS/$RUN/train/device.txt"
 }
 
+# Recurrent: the held-out prose alone as a dataset of its own (every document in its validation
+# split), so that L(i) is also measured on prose, the needle test's domain.
+prose_val_data() {
+    local out="$WORK/prose-val"
+    [ -f "$out/data/manifest.json" ] && return
+    rm -rf "$out"
+    python3 - "$DATA" "$out/src" <<'EOF'
+import json, os, shutil, sys
+data, out = sys.argv[1], sys.argv[2]
+roots = json.load(open(os.path.join(data, "manifest.json")))["sources"]
+for line in open(os.path.join(data, "files.jsonl")):
+    f = json.loads(line)
+    if f["status"] == "val" and os.path.basename(roots[f["input"]]) == "prose":
+        dst = os.path.join(out, f["path"])
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy(os.path.join(roots[f["input"]], f["path"]), dst)
+EOF
+    "$FOXLM" data prepare --input "$out/src" --glob '**/*.txt' --val-by document --val-fraction 0.999 \
+        --text-format plain --quiet --output "$out/data"
+}
+
 # A held-out file for the gate maps: the first validation file of at least 8 KB.
 gate_text() {
     python3 - "$DATA" <<'EOF'
@@ -200,6 +320,17 @@ step_eval() {
             --context "$EVAL_CONTEXT" --sequences "$EVAL_SEQUENCES" --batch-size "$EVAL_BATCH" \
             --out "$res/eval-loss" $(device_opt eval loss)
     fi
+    if [ "$EXPERIMENT" = recurrent ]; then
+        if [ "${FORCE:-0}" != 1 ] && [ -f "$res/eval-loss-prose/loss.json" ]; then
+            echo "== eval loss (prose) $RUN: done before ($res/eval-loss-prose)"
+        else
+            prose_val_data
+            # shellcheck disable=SC2046
+            timed "eval loss (prose) $RUN" "$FOXLM" eval loss --model "$model" --name "$RUN" \
+                --data "$WORK/prose-val/data" --context "$EVAL_CONTEXT" --sequences "$EVAL_SEQUENCES" \
+                --batch-size "$EVAL_BATCH" --out "$res/eval-loss-prose" $(device_opt eval loss)
+        fi
+    fi
     if [ "${FORCE:-0}" != 1 ] && [ -f "$res/niah/niah.json" ]; then
         echo "== eval niah $RUN: done before ($res/niah)"
     else
@@ -225,12 +356,12 @@ step_eval() {
 
 # Overlays and tables of what has been evaluated: all models against the Transformer (Pro), and
 # the LLaMA family (gate ablations) against FoX (LLaMA).
-compare_set() { # out baseline models...
+compare_set() { # out baseline models... (EVAL_DIR: which evaluation, default eval-loss)
     local out="$1" base="$2"; shift 2
-    local args=() have_base=0
+    local args=() have_base=0 ev="${EVAL_DIR:-eval-loss}"
     for m in "$@"; do
-        if [ -f "$RESULTS/$m/eval-loss/loss.json" ] && [ -f "$RESULTS/$m/train/metrics.jsonl" ]; then
-            args+=(--input "$RESULTS/$m/eval-loss" --run "$RESULTS/$m/train")
+        if [ -f "$RESULTS/$m/$ev/loss.json" ] && [ -f "$RESULTS/$m/train/metrics.jsonl" ]; then
+            args+=(--input "$RESULTS/$m/$ev" --run "$RESULTS/$m/train")
             [ "$m" = "$base" ] && have_base=1
         fi
     done
@@ -248,6 +379,10 @@ step_compare() {
     # Second seeds, when trained, join the comparison.
     for d in "$RESULTS"/*-seed*; do [ -d "$d" ] && all+=("$(basename "$d")"); done
     compare_set compare-all transformer-pro-small "${all[@]}"
+    if [ "$EXPERIMENT" = recurrent ]; then
+        EVAL_DIR=eval-loss-prose compare_set compare-prose transformer-pro-small "${all[@]}"
+        return
+    fi
     compare_set compare-llama fox-llama-small fox-llama-small transformer-llama-small \
         transformer-llama-norope-small fox-llama-biasonly-small fox-llama-fixed-small
 }

@@ -378,11 +378,13 @@ step_compare() {
     local all=("${ALL_MODELS[@]}")
     # Second seeds, when trained, join the comparison.
     for d in "$RESULTS"/*-seed*; do [ -d "$d" ] && all+=("$(basename "$d")"); done
-    compare_set compare-all transformer-pro-small "${all[@]}"
     if [ "$EXPERIMENT" = recurrent ]; then
-        EVAL_DIR=eval-loss-prose compare_set compare-prose transformer-pro-small "${all[@]}"
+        # FoX is the reference the recurrent models are read against, as in the paper's figures.
+        compare_set compare-all fox-pro-small "${all[@]}"
+        EVAL_DIR=eval-loss-prose compare_set compare-prose fox-pro-small "${all[@]}"
         return
     fi
+    compare_set compare-all transformer-pro-small "${all[@]}"
     compare_set compare-llama fox-llama-small fox-llama-small transformer-llama-small \
         transformer-llama-norope-small fox-llama-biasonly-small fox-llama-fixed-small
 }

@@ -90,7 +90,8 @@ fn compare_tabulates_range_means_and_differences() {
     let md = std::fs::read_to_string(out.join("compare.md")).unwrap();
     assert!(stdout.contains(&md));
     let lines: Vec<&str> = md.lines().collect();
-    assert_eq!(lines.len(), 5, "{md}");
+    // the range table, then the bands' means and their differences to the baseline
+    assert_eq!(lines.len(), 17, "{md}");
     assert_eq!(
         lines[0],
         "| model | final val. loss | L(i), i ∈ [6, 8) | L(i), i ∈ [8, 16) | Δ [6, 8) vs transformer | \
@@ -101,6 +102,13 @@ fn compare_tabulates_range_means_and_differences() {
     assert_eq!(lines[2], "| fox | 1.5000 | 1.6750 | 1.4250 | +0.0000 | -0.9250 | 100 | 6400 | 4 min 32 s |");
     assert_eq!(lines[3], "| transformer | 1.6000 | 1.6750 | 2.3500 | +0.0000 | +0.0000 | 100 | 6400 | 4 min 10 s |");
     assert_eq!(lines[4], "| no, rope | 2.9000 | 3.0000 | 3.0000 | +1.3250 | +0.6500 | 100 | 6400 | 1 min 01 s |");
+    // bands of T = 8 over 16 positions: [0, T/32) is empty at this T and dropped
+    assert_eq!(lines[6], "| mean L(i), i ∈ | [0, 1) | [1, 2) | [2, 4) | [4, 8) | [8, 12) | [12, 16) |");
+    assert_eq!(lines[8], "| fox | 2.0000 | 1.9500 | 1.8750 | 1.7250 | 1.5250 | 1.3250 |");
+    assert_eq!(lines[9], "| transformer | 2.0000 | 1.9500 | 1.8750 | 1.7250 | 2.1500 | 2.5500 |");
+    assert_eq!(lines[12], "| Δ vs transformer | [0, 1) | [1, 2) | [2, 4) | [4, 8) | [8, 12) | [12, 16) |");
+    assert_eq!(lines[14], "| fox | +0.0000 | +0.0000 | +0.0000 | +0.0000 | -0.6250 | -1.2250 |");
+    assert_eq!(lines[16], "| no, rope | +1.0000 | +1.0500 | +1.1250 | +1.2750 | +0.8500 | +0.4500 |");
 
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("compare.json")).unwrap()).unwrap();
@@ -111,6 +119,8 @@ fn compare_tabulates_range_means_and_differences() {
     assert!(close(&j["models"][0]["extrapolated_diff"], -0.925));
     assert!(close(&j["models"][2]["late_diff"], 1.325));
     assert!(close(&j["models"][1]["train_seconds"], 250.0));
+    assert_eq!(j["bands"], serde_json::json!([[0, 1], [1, 2], [2, 4], [4, 8], [8, 12], [12, 16]]));
+    assert!(close(&j["models"][1]["band_means"][5], 2.55));
 
     for png in ["compare-loss.png", "compare-diff.png"] {
         let img = image::open(out.join(png)).unwrap();

@@ -182,7 +182,13 @@ fn compare_losses(a: &CompareArgs) -> Result<Vec<String>> {
     }
     let rows = compare::table(&curves, baseline, train_context, &runs);
     let base_name = curves[baseline].name.clone();
-    let md = compare::markdown(&rows, &base_name, train_context, n);
+    let bands = compare::position_bands(train_context, n);
+    let md = format!(
+        "{}\n{}",
+        compare::markdown(&rows, &base_name, train_context, n),
+        compare::bands_markdown(&curves, baseline, &bands)
+    );
+    let band_means = compare::band_means(&curves, &bands);
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create output folder {}", a.out.display()))?;
     let write = |name: &str, bytes: &[u8]| {
         let p = a.out.join(name);
@@ -195,7 +201,8 @@ fn compare_losses(a: &CompareArgs) -> Result<Vec<String>> {
         "positions": n,
         "late_range": [compare::late_start(train_context), train_context],
         "extrapolated_range": [train_context, n],
-        "models": rows.iter().zip(&curves).map(|(r, c)| json!({
+        "bands": bands.iter().map(|&(lo, hi)| [lo, hi]).collect::<Vec<_>>(),
+        "models": rows.iter().zip(&curves).zip(&band_means).map(|((r, c), bm)| json!({
             "name": r.name,
             "source": c.source.display().to_string(),
             "final_val_loss": r.final_val_loss,
@@ -203,6 +210,7 @@ fn compare_losses(a: &CompareArgs) -> Result<Vec<String>> {
             "extrapolated_mean": r.extrapolated,
             "late_diff": r.late_diff,
             "extrapolated_diff": r.extrapolated_diff,
+            "band_means": bm,
             "train_steps": r.run.as_ref().map(|x| x.steps),
             "train_tokens": r.run.as_ref().map(|x| x.tokens),
             "train_seconds": r.run.as_ref().map(|x| x.elapsed_s),

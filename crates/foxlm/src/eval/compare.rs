@@ -313,6 +313,54 @@ pub fn table(curves: &[Curve], baseline: usize, train_context: usize, runs: &[Op
         .collect()
 }
 
+/// Position bands for the table of L(i) over the context: [0, T/32), [T/32, T/8), [T/8, T/4),
+/// [T/4, T/2), [T/2, T) inside the training context T, then beyond it [T, 3T/2), [3T/2, 2T), ...
+/// up to the evaluated n (the last band cut at n). Where a model's gap to the baseline grows from
+/// band to band, its L(i) flattens where the baseline's still falls (SPEC §5's reading of L(i)).
+pub fn position_bands(train_context: usize, n: usize) -> Vec<(usize, usize)> {
+    let t = train_context;
+    let mut edges: Vec<usize> = [0, t / 32, t / 8, t / 4, t / 2, t].iter().map(|&e| e.min(n)).collect();
+    let mut e = t;
+    while e < n {
+        e = e.saturating_add((t / 2).max(1)).min(n);
+        edges.push(e);
+    }
+    edges.dedup();
+    edges.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
+/// Mean L(i) per band for each curve (None where a band is not inside the curve).
+pub fn band_means(curves: &[Curve], bands: &[(usize, usize)]) -> Vec<Vec<Option<f64>>> {
+    curves.iter().map(|c| bands.iter().map(|&(lo, hi)| range_mean(&c.loss, lo, hi)).collect()).collect()
+}
+
+/// The bands as a Markdown table: each model's mean L(i) per band and, below, its difference to the
+/// baseline's.
+pub fn bands_markdown(curves: &[Curve], baseline: usize, bands: &[(usize, usize)]) -> String {
+    let means = band_means(curves, bands);
+    let esc = |s: &str| s.replace('|', "\\|");
+    let head: String = bands.iter().map(|(lo, hi)| format!(" [{lo}, {hi}) |")).collect();
+    let rule: String = "---|".repeat(bands.len());
+    let mut s = format!("| mean L(i), i ∈ |{head}\n|---|{rule}\n");
+    for (c, m) in curves.iter().zip(&means) {
+        let cells: String = m.iter().map(|v| v.map_or(" – |".to_string(), |v| format!(" {v:.4} |"))).collect();
+        s += &format!("| {} |{cells}\n", esc(&c.name));
+    }
+    s += &format!("\n| Δ vs {} |{head}\n|---|{rule}\n", esc(&curves[baseline].name));
+    for (c, m) in curves.iter().zip(&means) {
+        let cells: String = m
+            .iter()
+            .zip(&means[baseline])
+            .map(|(a, b)| match (a, b) {
+                (Some(a), Some(b)) => format!(" {:+.4} |", a - b),
+                _ => " – |".to_string(),
+            })
+            .collect();
+        s += &format!("| {} |{cells}\n", esc(&c.name));
+    }
+    s
+}
+
 /// Minutes and seconds: "4 min 32 s".
 fn duration(s: f64) -> String {
     let s = s.round() as u64;
@@ -447,6 +495,34 @@ mod tests {
         // past the first half: smoothed 4.0, 3.0 and the validation 5.5
         let (lo, hi) = train_y_range(&sm, &[&c.val], 0.5).unwrap();
         assert!((lo - 2.875).abs() < 1e-12 && (hi - 5.625).abs() < 1e-12, "{lo} {hi}");
+    }
+
+    #[test]
+    fn position_bands_cover_the_context_then_halves_beyond_it() {
+        assert_eq!(
+            position_bands(2048, 4096),
+            vec![(0, 64), (64, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 3072), (3072, 4096)]
+        );
+        // cut at n, inside or just past the training context
+        assert_eq!(position_bands(2048, 1500), vec![(0, 64), (64, 256), (256, 512), (512, 1024), (1024, 1500)]);
+        assert_eq!(position_bands(4, 0), vec![]);
+        assert_eq!(position_bands(2048, 2500).last(), Some(&(2048, 2500)));
+        assert_eq!(position_bands(8, 12), vec![(0, 1), (1, 2), (2, 4), (4, 8), (8, 12)]);
+        let curve = |name: &str, loss: Vec<f64>| Curve {
+            name: name.into(),
+            loss,
+            train_context: Some(4),
+            source: std::path::PathBuf::from(name),
+        };
+        let a = curve("a", vec![4.0, 3.0, 2.0, 2.0, 1.0, 1.0]);
+        let b = curve("b|c", vec![4.0, 3.5, 3.0, 3.0, 2.5]);
+        let bands = position_bands(4, 6);
+        assert_eq!(bands, vec![(0, 1), (1, 2), (2, 4), (4, 6)]);
+        let md = bands_markdown(&[a, b], 0, &bands);
+        assert!(md.contains("| a | 4.0000 | 3.0000 | 2.0000 | 1.0000 |"), "{md}");
+        assert!(md.contains("| b\\|c | 4.0000 | 3.5000 | 3.0000 | – |"), "{md}");
+        assert!(md.contains("| Δ vs a | [0, 1) | [1, 2) | [2, 4) | [4, 6) |"), "{md}");
+        assert!(md.contains("| b\\|c | +0.0000 | +0.5000 | +1.0000 | – |"), "{md}");
     }
 
     #[test]

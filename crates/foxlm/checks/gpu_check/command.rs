@@ -31,6 +31,9 @@ pub fn run(a: Args) -> Result<()> {
         run.model = match a.dist_model.as_str() {
             "mamba2" => foxlm::presets::mamba2_config(128, 2),
             "samba" => foxlm::presets::samba_config(128, 2, 2, 64),
+            "deltanet" => foxlm::presets::deltanet_config(128, 2, 2, false),
+            "gated-deltanet" => foxlm::presets::deltanet_config(128, 2, 2, true),
+            "hgrn2" => foxlm::presets::hgrn2_config(128, 2, 64),
             _ => run.model,
         };
         rows.extend(super::dist::run_dist_checks(&data, &a.work, a.dist_steps, &run)?);

@@ -28,8 +28,9 @@ pub struct Args {
     #[arg(long, default_value_t = 100)]
     pub dist_steps: u64,
     /// The family of the data-parallel checks' model (--only dist): a FoX (Pro), a Mamba-2 (heads
-    /// of 64, state 128) or a Samba (attention heads of 64, window 64), each d = 128, 2 layers.
-    #[arg(long, default_value = "fox", value_parser = ["fox", "mamba2", "samba"])]
+    /// of 64, state 128), a Samba (attention heads of 64, window 64), a DeltaNet or Gated DeltaNet
+    /// (heads of 64) or an HGRN2 (heads of 64), each d = 128, 2 layers.
+    #[arg(long, default_value = "fox", value_parser = ["fox", "mamba2", "samba", "deltanet", "gated-deltanet", "hgrn2"])]
     pub dist_model: String,
     /// Only the models whose check name contains this text (the fixture, inference and serving
     /// checks; e.g. `deltanet`); the sampler's and head-dim-64 rows run only without it.

@@ -1151,31 +1151,21 @@ impl Config {
             out.push(("lm_head.weight".into(), vec![v, d]));
             return out;
         }
-        if self.is_deltanet() {
-            let (v, d, s, i) = (self.vocab_size, self.hidden_size, self.deltanet(), self.intermediate());
+        if self.is_deltanet() || self.arch() == Arch::Hgrn2 {
+            // fla's layout: the same blocks around each family's token mixer.
+            let (v, d, i) = (self.vocab_size, self.hidden_size, self.intermediate());
+            let mixer = |pre: &str| match self.is_deltanet() {
+                true => self.deltanet().mixer_layout(pre, d),
+                false => self.hgrn2().mixer_layout(pre, d),
+            };
             let mut out = vec![("model.embeddings.weight".to_string(), vec![v, d])];
-            for l in 0..self.num_hidden_layers {
-                let pre = format!("model.layers.{l}");
-                out.push((format!("{pre}.attn_norm.weight"), vec![d]));
-                out.extend(s.mixer_layout(&format!("{pre}.attn"), d));
-                out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
-                out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
-                out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));
-            }
-            out.push(("model.norm.weight".into(), vec![d]));
-            out.push(("lm_head.weight".into(), vec![v, d]));
-            return out;
-        }
-        if self.arch() == Arch::Hgrn2 {
-            let (v, d, s, i) = (self.vocab_size, self.hidden_size, self.hgrn2(), self.intermediate());
-            let mut out = vec![("model.embeddings.weight".to_string(), vec![v, d])];
-            if s.lower_bound {
+            if !self.is_deltanet() && self.hgrn2().lower_bound {
                 out.push(("model.lower_bounds".into(), vec![self.num_hidden_layers, d]));
             }
             for l in 0..self.num_hidden_layers {
                 let pre = format!("model.layers.{l}");
                 out.push((format!("{pre}.attn_norm.weight"), vec![d]));
-                out.extend(s.mixer_layout(&format!("{pre}.attn"), d));
+                out.extend(mixer(&format!("{pre}.attn")));
                 out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
                 out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
                 out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));

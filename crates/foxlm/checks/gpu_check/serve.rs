@@ -22,7 +22,7 @@ use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::{DeviceArg, Gpu};
 use foxlm::checkpoint::{load_model, save_model};
 use foxlm::generate::GenerateOptions;
-use foxlm::infer::{GpuInfer, Infer, Plan};
+use foxlm::infer::{GpuInfer, Plan};
 use foxlm::model::{Ctx, Model};
 use foxlm::sampling::Sampling;
 use foxlm::serve::client::{json_request, sse_request};
@@ -125,6 +125,9 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
     let mut o = ServeOptions::new(dir.to_path_buf());
     (o.port, o.device, o.max_batch, o.max_model_len) = (0, DeviceArg::Cuda(0), 8, Some(160));
+    // Chunks of 16 positions: the second wave's prompts (50-65 tokens) are prefilled in 4-5 chunks
+    // with decode steps of the first wave between them.
+    o.prefill_chunk = 16;
     let server = start(&o)?;
     let addr = server.addr;
 
@@ -157,7 +160,8 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         let got = got?;
         let opts = GenerateOptions { max_new_tokens: *n, sampling: Sampling::default(), seed: 0, eos: None };
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: p.len() })?;
-        let want = e.generate(std::slice::from_ref(p), &opts, &mut |_, _| {})?.remove(0);
+        // The kernel-level reference loop (not the serving scheduler): a batch of one, prefilled whole.
+        let want = e.reference_generate(std::slice::from_ref(p), &opts, &mut |_, _| {})?.remove(0);
         total += want.len();
         if got.len() != want.len() {
             worst = worst.max(want.len());
@@ -194,6 +198,14 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         if relocations >= 1 { 0.0 } else { 1.0 },
         0.0,
         format!("{relocations} relocations"),
+    ));
+    let (prefills, chunks) = (st["prefills"].as_u64().unwrap_or(0), st["prefill_chunks"].as_u64().unwrap_or(0));
+    rows.push(row(
+        format!("serve {name}: long prompts prefilled in chunks of 16 between decode steps"),
+        "no prefill ran in several chunks",
+        if chunks > prefills { 0.0 } else { 1.0 },
+        0.0,
+        format!("{prefills} prefills in {chunks} chunks"),
     ));
 
     if graphs_expected {

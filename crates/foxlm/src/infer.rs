@@ -410,15 +410,12 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     }
 
     /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
-    /// attention kernels (head dim 64 or 128), no ACP, and attention layers only (a recurrent
-    /// layer's scratch grows with the prefills in between, which a graph would not follow).
+    /// attention kernels (head dim 64 or 128) and no ACP, as the reference decode loop's graphs.
+    /// Every family: a recurrent layer's scratch may be reallocated larger by a prefill in
+    /// between, so the batcher drops its graph when that happens (`SsmScratch::lens`).
     pub(crate) fn step_graphs_possible(&self) -> bool {
         let hd = self.model.config.head_dim();
-        self.graphs
-            && T::NAME == "bf16"
-            && (hd == 64 || hd == 128)
-            && self.model.config.log_pruning_tolerance.is_none()
-            && self.model.layers.iter().all(|b| matches!(b.mixer, Mixer::Attention(_)))
+        self.graphs && T::NAME == "bf16" && (hd == 64 || hd == 128) && self.model.config.log_pruning_tolerance.is_none()
     }
 
     /// [`GpuInfer::step`] (greedy) as a CUDA graph replay: the first call captures the step

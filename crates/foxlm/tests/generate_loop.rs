@@ -214,8 +214,8 @@ fn running_stream_decodes_between_prefill_chunks() {
         assert_eq!(chunked.len(), 8, "{name}: {trace:?}");
         assert!(chunked.iter().all(|(_, a)| *a == 1), "{name}: a stream waited for a chunk: {trace:?}");
         assert_eq!(stats.prefill_positions.load(Ordering::Relaxed), 4 + 60, "{name}");
-        assert_eq!(a_out, generate(&model, &[short.clone()], &greedy(40, None), |_, _| {})[0], "{name}");
-        assert_eq!(n_out, generate(&model, &[long.clone()], &greedy(5, None), |_, _| {})[0], "{name}");
+        assert_eq!(a_out, generate(&model, std::slice::from_ref(&short), &greedy(40, None), |_, _| {})[0], "{name}");
+        assert_eq!(n_out, generate(&model, std::slice::from_ref(&long), &greedy(5, None), |_, _| {})[0], "{name}");
     }
 }
 

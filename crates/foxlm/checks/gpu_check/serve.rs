@@ -6,13 +6,14 @@
 //! 64):
 //! - greedy tokens of concurrent requests (two waves: short prompts, then longer ones that join
 //!   the running batch, which moves the running rows once, and different lengths that leave at
-//!   different steps) against `GpuInfer::generate` of each prompt alone (what `foxlm generate
-//!   --device cuda` runs). Identical, or parted at a near-tie: where they part, the f32 CPU
+//!   different steps; the longer ones prefilled in chunks of 16 between decode steps) against
+//!   `GpuInfer::reference_generate` of each prompt alone (the fixed-batch loop of `bench decode`). Identical, or parted at a near-tie: where they part, the f32 CPU
 //!   logits' two best tokens are within 0.05 nats (the inference check's rule);
 //! - echoed prompt log-probabilities (`max_tokens: 0`, `echo`, `logprobs`) against the f32 CPU
 //!   forward's log-softmax, within 0.1 nats (the inference check's bf16 per-position tolerance);
 //! - streaming text equal to the plain answer, `n: 2` with a seed twice the same, and the usage;
-//! - greedy steps replay the CUDA graph where the batcher uses one (attention with heads of 64);
+//! - greedy steps replay the CUDA graph where the batcher uses one (heads of 64: the FoX and the
+//!   Gated DeltaNet models);
 //! - `GET /metrics` reports the GPU's memory and the latency histograms;
 //! - a cache plan too large for the GPU is an error at start, not a crash.
 
@@ -115,12 +116,9 @@ pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path, only: Opti
 
 fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     let model = load_model(dir)?;
-    // The batcher's condition (serve/gpu.rs): bf16 attention with heads of 64 or 128, no ACP, no
-    // recurrent layer.
+    // The batcher's condition (serve/gpu.rs): bf16, heads of 64 or 128, no ACP (any family).
     let hd = model.config.head_dim();
-    let graphs_expected = (hd == 64 || hd == 128)
-        && model.config.log_pruning_tolerance.is_none()
-        && model.layers.iter().all(|b| matches!(b.mixer, foxlm::model::Mixer::Attention(_)));
+    let graphs_expected = (hd == 64 || hd == 128) && model.config.log_pruning_tolerance.is_none();
     let vocab = model.config.vocab_size as u32;
     let mut rows = Vec::new();
     let mut o = ServeOptions::new(dir.to_path_buf());

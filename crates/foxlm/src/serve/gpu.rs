@@ -17,7 +17,8 @@
 //! - Requests with `max_tokens: 0` (scoring: echo + logprobs) take no slot: their prefill gives
 //!   their log-probabilities and they are answered without entering the decode loop.
 //!
-//! Greedy steps without log-probabilities choose the tokens on the device (the first index on
+//! Greedy steps without log-probabilities replay one CUDA graph (every family; captured again
+//! after a relocation, or after a prefill that reallocated a recurrent layer's scratch), and choose the tokens on the device (the first index on
 //! ties, as the host's argmax); otherwise the logits come to the host and the engine's sampler
 //! (the same as the CPU's, one generator per sequence) chooses.
 
@@ -295,9 +296,15 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         let Some(mut p) = self.prefilling.take() else { return Ok(0) };
         // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
         let scratch = self.inf.be.decode_scratch.take();
+        let ssm = self.inf.be.ssm.lens();
         let r = self.prefill_chunk_of(&mut p, chunk);
         if scratch.is_some() {
             self.inf.be.decode_scratch = scratch;
+        }
+        // A recurrent layer's scratch that the chunk reallocated larger: the graph points to the
+        // old one, so the next greedy step captures again.
+        if self.inf.be.ssm.lens() != ssm {
+            self.graph = None;
         }
         let tc = r?;
         if p.done < p.t {

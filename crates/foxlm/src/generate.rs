@@ -32,6 +32,11 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<u32>, usize, Option<Vec<usize>>) {
     (ids, t, padded.then_some(start))
 }
 
+/// `run_prompts`'s prefill chunk when every prompt starts together, as `foxlm generate`'s do: no
+/// stream runs yet that a long prefill would stall, so each group is prefilled whole (one
+/// left-padded batch, as before the engine ran `generate`).
+pub const WHOLE: usize = usize::MAX;
+
 /// Runs `prompts` as one job on `batcher` with every prompt in the batch (prefill chunks of
 /// `prefill_chunk` positions). `on_token(row, id)` sees each new token as its step ends;
 /// `progress(n)` the prompt positions each prefill chunk covered. Returns each row's new tokens.
@@ -80,8 +85,7 @@ pub fn generate(
     mut on_token: impl FnMut(usize, u32),
 ) -> Vec<Vec<u32>> {
     let mut b = CpuBatcher::new(model);
-    let chunk = crate::serve::engine::DEFAULT_PREFILL_CHUNK;
-    match run_prompts(&mut b, prompts, opts, chunk, &mut on_token, &mut |_| {}) {
+    match run_prompts(&mut b, prompts, opts, WHOLE, &mut on_token, &mut |_| {}) {
         Ok(out) => out,
         // The CPU batcher's steps return no errors (a panic propagates as before).
         Err(e) => unreachable!("the CPU batcher failed: {e:#}"),

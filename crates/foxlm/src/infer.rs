@@ -18,7 +18,7 @@ use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
-use crate::serve::engine::{CpuBatcher, DEFAULT_PREFILL_CHUNK};
+use crate::serve::engine::CpuBatcher;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
@@ -139,7 +139,7 @@ impl Infer for CpuInfer<'_> {
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
         let mut b = CpuBatcher::new(self.model);
-        run_prompts(&mut b, prompts, opts, DEFAULT_PREFILL_CHUNK, on_token, &mut |_| {})
+        run_prompts(&mut b, prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
     }
     fn greedy(
         &mut self,
@@ -755,7 +755,8 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
-        let chunk = DEFAULT_PREFILL_CHUNK.min(self.plan.chunk);
+        // Every prompt starts together: the planned chunks, as the prefill of the reference loop.
+        let chunk = self.plan.chunk;
         self.through_engine(prompts, opts, chunk, on_token, &mut |_| {})
     }
 

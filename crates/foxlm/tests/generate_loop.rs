@@ -58,6 +58,33 @@ fn old_generate(model: &Model, prompts: &[Vec<u32>], opts: &GenerateOptions) -> 
     out
 }
 
+/// The evaluations' greedy loop before it drove the engine (eval/niah.rs's `greedy_answer`):
+/// the prompt through the cache in chunks, then a token at a time.
+fn old_greedy_answer(model: &Model, prompt: &[u32], max_new: usize, chunk: usize, eos: Option<u32>) -> Vec<u32> {
+    let d = model.config.hidden_size;
+    let mut cache = model.new_cache(1, prompt.len() + max_new, None);
+    let mut last = vec![];
+    for c in prompt.chunks(chunk) {
+        let (hidden, _) =
+            model.forward_hidden(c, &Ctx { batch: 1, seq: c.len(), start: None }, Some(&mut cache), false);
+        last = hidden[(c.len() - 1) * d..].to_vec();
+    }
+    let mut out = vec![];
+    for step in 0..max_new {
+        let tok = foxlm::sampling::argmax(&model.logits(&last));
+        if Some(tok) == eos {
+            break;
+        }
+        out.push(tok);
+        if step + 1 == max_new {
+            break;
+        }
+        let (hidden, _) = model.forward_hidden(&[tok], &Ctx { batch: 1, seq: 1, start: None }, Some(&mut cache), false);
+        last = hidden;
+    }
+    out
+}
+
 fn small(mut c: Config) -> Config {
     c.vocab_size = 97;
     (c.bos_token_id, c.eos_token_id) = (None, None);
@@ -122,6 +149,28 @@ fn greedy_equals_the_old_loop_for_every_family() {
         for n in [0, 1, 2] {
             assert_eq!(generate(&model, &ps, &greedy(n, None), |_, _| {}), old_generate(&model, &ps, &greedy(n, None)));
         }
+    }
+}
+
+/// What `eval niah`, `eval ruler` and `eval longbench` run (`Infer::greedy`): the old chunked loop's
+/// tokens, with the progress of every prefilled position.
+#[test]
+fn evaluation_greedy_equals_the_old_chunked_loop() {
+    use foxlm::infer::Infer;
+    for (name, model) in families() {
+        let v = model.config.vocab_size;
+        let prompt = random_ids(v, 45, 41);
+        let want = old_greedy_answer(&model, &prompt, 12, 10, None);
+        let mut e = foxlm::infer::CpuInfer { model: &model };
+        let mut seen = Vec::new();
+        let got = e.greedy(&prompt, 12, 10, None, &mut |n| seen.push(n)).unwrap();
+        assert_eq!(got, want, "{name}");
+        assert_eq!(seen, vec![10, 10, 10, 10, 5], "{name}: progress per chunk");
+        let eos = Some(want[4]);
+        assert_eq!(
+            e.greedy(&prompt, 12, 10, eos, &mut |_| {}).unwrap(),
+            old_greedy_answer(&model, &prompt, 12, 10, eos)
+        );
     }
 }
 

@@ -718,6 +718,9 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
             roofline
         );
         for &b in &a.batch {
+            // The kernel-level reference loop (`GpuInfer::decode`: a fixed batch, nothing joining or
+            // leaving), not the serving scheduler that `generate` and `serve` drive: the rate the
+            // serving targets are measured against.
             let mut eng = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: b, chunk: a.prompt })?;
             eng.graphs = !a.no_graphs;
             eng.set_fused(!a.unfused)?;

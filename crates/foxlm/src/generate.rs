@@ -1,15 +1,17 @@
-//! Decoding with the KV cache: prefill the (left-padded) prompts once, then one token per step,
-//! each step costing O(context) attention and O(1) gate work.
+//! Generation through the serving engine's scheduler: the prompts are submitted in-process as one
+//! job to the batcher `serve` runs (the CPU's or the GPU's), which prefills them (left-padded
+//! groups, in chunks) and decodes one token per step for every running sequence.
 
-use crate::model::{Ctx, Model};
-use crate::sampling::{sample, Sampling};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use crate::model::Model;
+use crate::sampling::Sampling;
+use crate::serve::engine::{drive, Batcher, CpuBatcher, EngineOptions, EngineStats, Event, SeqRequest};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     pub sampling: Sampling,
+    /// Row r samples from its own generator seeded with `seed + r` (as the server's `n` choices),
+    /// so a row's tokens do not depend on the other rows of the batch.
     pub seed: u64,
     /// Stop a row when it produces this token (it is not included in the output).
     pub eos: Option<u32>,
@@ -30,51 +32,62 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<u32>, usize, Option<Vec<usize>>) {
     (ids, t, padded.then_some(start))
 }
 
-/// Generates continuations of `prompts` (any lengths, batched with left padding). `on_token(row,
-/// id)` sees each new token as it is chosen. Returns each row's new tokens.
+/// `run_prompts`'s prefill chunk when every prompt starts together, as `foxlm generate`'s do: no
+/// stream runs yet that a long prefill would stall, so each group is prefilled whole (one
+/// left-padded batch, as before the engine ran `generate`).
+pub const WHOLE: usize = usize::MAX;
+
+/// Runs `prompts` as one job on `batcher` with every prompt in the batch (prefill chunks of
+/// `prefill_chunk` positions). `on_token(row, id)` sees each new token as its step ends;
+/// `progress(n)` the prompt positions each prefill chunk covered. Returns each row's new tokens.
+pub fn run_prompts(
+    batcher: &mut dyn Batcher,
+    prompts: &[Vec<u32>],
+    opts: &GenerateOptions,
+    prefill_chunk: usize,
+    on_token: &mut dyn FnMut(usize, u32),
+    progress: &mut dyn FnMut(usize),
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let eopts = EngineOptions::in_process(prompts.len(), prefill_chunk);
+    let stats = EngineStats::default();
+    let seqs = prompts
+        .iter()
+        .enumerate()
+        .map(|(r, p)| {
+            // An empty prompt starts from token 0, as the left padding's filler.
+            let p = if p.is_empty() { vec![0] } else { p.clone() };
+            SeqRequest::new(p, opts.max_new_tokens, opts.sampling.clone(), opts.seed.wrapping_add(r as u64), opts.eos)
+        })
+        .collect();
+    let mut out = vec![Vec::new(); prompts.len()];
+    drive(
+        batcher,
+        &eopts,
+        &stats,
+        seqs,
+        &mut |r, ev| {
+            if let Event::Token(id, _) = ev {
+                out[r].push(id);
+                on_token(r, id);
+            }
+        },
+        progress,
+    )?;
+    Ok(out)
+}
+
+/// Generates continuations of `prompts` on the CPU (any lengths, batched with left padding).
+/// `on_token(row, id)` sees each new token as it is chosen. Returns each row's new tokens.
 pub fn generate(
     model: &Model,
     prompts: &[Vec<u32>],
     opts: &GenerateOptions,
     mut on_token: impl FnMut(usize, u32),
 ) -> Vec<Vec<u32>> {
-    let b = prompts.len();
-    if b == 0 {
-        return vec![];
+    let mut b = CpuBatcher::new(model);
+    match run_prompts(&mut b, prompts, opts, WHOLE, &mut on_token, &mut |_| {}) {
+        Ok(out) => out,
+        // The CPU batcher's steps return no errors (a panic propagates as before).
+        Err(e) => unreachable!("the CPU batcher failed: {e:#}"),
     }
-    let (ids, t, start) = left_pad(prompts);
-    let mut cache = model.new_cache(b, t + opts.max_new_tokens, start.clone());
-    let ctx = Ctx { batch: b, seq: t, start: start.clone() };
-    let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut cache), false);
-    let d = model.config.hidden_size;
-    // Only the last position's logits are needed.
-    let last: Vec<f32> = (0..b).flat_map(|r| hidden[((r + 1) * t - 1) * d..(r + 1) * t * d].to_vec()).collect();
-    let mut logits = model.logits(&last);
-    let v = model.config.vocab_size;
-    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-    let mut out = vec![Vec::new(); b];
-    let mut done = vec![false; b];
-    for step in 0..opts.max_new_tokens {
-        let mut next = vec![0u32; b];
-        for r in 0..b {
-            let tok = sample(&logits[r * v..(r + 1) * v], &opts.sampling, &mut rng);
-            next[r] = tok;
-            if done[r] {
-                continue;
-            }
-            if Some(tok) == opts.eos {
-                done[r] = true;
-                continue;
-            }
-            out[r].push(tok);
-            on_token(r, tok);
-        }
-        if done.iter().all(|&x| x) || step + 1 == opts.max_new_tokens {
-            break;
-        }
-        let ctx = Ctx { batch: b, seq: 1, start: start.clone() };
-        let (hidden, _) = model.forward_hidden(&next, &ctx, Some(&mut cache), false);
-        logits = model.logits(&hidden);
-    }
-    out
 }

@@ -13,12 +13,12 @@ use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache, GpuLayerSta
 use crate::backend::Dtype;
 use crate::backend::{Backend, BatchInfo};
 use crate::eval::loss::{batch_token_losses, Chunking};
-use crate::eval::niah::greedy_answer;
-use crate::generate::{generate, GenerateOptions};
+use crate::generate::{run_prompts, GenerateOptions};
 use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
+use crate::serve::engine::CpuBatcher;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
@@ -69,15 +69,16 @@ pub trait Infer {
         chunk: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f64>>>;
-    /// Continuations of `prompts` (left-padded into one batch), as [`generate`]; `on_token(row,
-    /// id)` sees each token as it is chosen.
+    /// Continuations of `prompts`, all in one batch of the serving engine's scheduler (as
+    /// [`crate::generate::generate`]); `on_token(row, id)` sees each token as it is chosen.
     fn generate(
         &mut self,
         prompts: &[Vec<u32>],
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>>;
-    /// Greedy continuation of one prompt, prefilled in chunks, as [`greedy_answer`].
+    /// Greedy continuation of one prompt through the serving engine's scheduler, prefilled in
+    /// chunks of `chunk` positions (`progress(n)` after each).
     fn greedy(
         &mut self,
         prompt: &[u32],
@@ -137,7 +138,8 @@ impl Infer for CpuInfer<'_> {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
-        Ok(generate(self.model, prompts, opts, on_token))
+        let mut b = CpuBatcher::new(self.model);
+        run_prompts(&mut b, prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
     }
     fn greedy(
         &mut self,
@@ -147,8 +149,11 @@ impl Infer for CpuInfer<'_> {
         eos: Option<u32>,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<u32>> {
-        let chunking = Chunking::new(chunk, self.model.config.vocab_size);
-        Ok(greedy_answer(self.model, prompt, max_new, chunking, eos, progress))
+        ensure!(!prompt.is_empty(), "an empty prompt");
+        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
+        let mut b = CpuBatcher::new(self.model);
+        let mut out = run_prompts(&mut b, &[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
+        Ok(out.pop().unwrap_or_default())
     }
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {
         let ctx = Ctx { batch: 1, seq: ids.len(), start: None };
@@ -284,23 +289,45 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         each: &mut dyn FnMut(&mut Self, usize, usize) -> Result<()>,
     ) -> Result<()> {
         let chunk = self.plan.chunk;
-        if let Some(s) = start {
-            let most = s.iter().copied().max().unwrap_or(0);
-            // Padding must end inside the first chunk (later chunks continue real positions).
-            ensure!(
-                t <= chunk || most < chunk,
-                "left padding of {most} positions exceeds a prefill chunk of {chunk}: batch prompts of closer lengths"
-            );
-        }
         let mut p0 = 0;
         while p0 < t {
             let tc = chunk.min(t - p0);
-            let cid = Self::chunk_ids(ids, b, t, p0, tc);
-            self.forward(&cid, b, tc, start, None, Some(&mut *caches), false)?;
+            self.prefill_chunk(ids, b, t, start, caches, p0, tc)?;
             each(self, p0, tc)?;
             p0 += tc;
         }
         Ok(())
+    }
+
+    /// One chunk of a prefill: positions `p0..p0 + tc` of the left-padded prompts `ids` [b, t]
+    /// through `caches` (which hold positions `..p0`); its hidden states stay in `acts`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn prefill_chunk(
+        &mut self,
+        ids: &[u32],
+        b: usize,
+        t: usize,
+        start: Option<&[usize]>,
+        caches: &mut [GpuLayerState<T>],
+        p0: usize,
+        tc: usize,
+    ) -> Result<()> {
+        if let (Some(s), true) = (start, p0 == 0 && t > tc) {
+            let most = s.iter().copied().max().unwrap_or(0);
+            // Padding must end inside the first chunk (later chunks continue real positions).
+            ensure!(
+                most < tc,
+                "left padding of {most} positions exceeds a prefill chunk of {tc}: batch prompts of closer lengths"
+            );
+        }
+        ensure!(tc >= 1 && tc <= self.plan.chunk && p0 + tc <= t, "a prefill chunk of {tc} at {p0} of {t}");
+        let cid = Self::chunk_ids(ids, b, t, p0, tc);
+        self.forward(&cid, b, tc, start, None, Some(caches), false)
+    }
+
+    /// The model this engine runs.
+    pub fn model(&self) -> &'m Model {
+        self.model
     }
 
     /// The plan the engine was built for.
@@ -383,15 +410,12 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     }
 
     /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
-    /// attention kernels (head dim 64 or 128), no ACP, and attention layers only (a recurrent
-    /// layer's scratch grows with the prefills in between, which a graph would not follow).
+    /// attention kernels (head dim 64 or 128) and no ACP, as the reference decode loop's graphs.
+    /// Every family: a recurrent layer's scratch may be reallocated larger by a prefill in
+    /// between, so the batcher drops its graph when that happens (`SsmScratch::lens`).
     pub(crate) fn step_graphs_possible(&self) -> bool {
         let hd = self.model.config.head_dim();
-        self.graphs
-            && T::NAME == "bf16"
-            && (hd == 64 || hd == 128)
-            && self.model.config.log_pruning_tolerance.is_none()
-            && self.model.layers.iter().all(|b| matches!(b.mixer, Mixer::Attention(_)))
+        self.graphs && T::NAME == "bf16" && (hd == 64 || hd == 128) && self.model.config.log_pruning_tolerance.is_none()
     }
 
     /// [`GpuInfer::step`] (greedy) as a CUDA graph replay: the first call captures the step
@@ -454,7 +478,11 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     }
 
     /// Decodes after a prefill: chooses a token per row on the device, feeds it back, `max_new`
-    /// times or until every row has produced `eos`. With the bf16 kernels, from the third token on
+    /// times or until every row has produced `eos`. This is the kernel-level reference loop behind
+    /// `bench decode` (and the GPU checks of the device sampler and decode graphs): the batch
+    /// stays fixed, nothing joins or leaves, so it measures what the serving scheduler (which
+    /// `generate` and `serve` drive) is measured against; it is the only generation loop besides
+    /// that scheduler. With the bf16 kernels, from the third token on
     /// a whole step (forward, head, sampling, position update) is one CUDA graph replay.
     fn decode(
         &mut self,
@@ -583,7 +611,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             .ok_or_else(|| anyhow!("the decode step's CUDA graph is empty"))
     }
 
-    /// [`Infer::generate`] timed for `foxlm bench decode`: the prefill and the decode separately
+    /// [`GpuInfer::reference_generate`] timed for `foxlm bench decode`: the prefill and the decode separately
     /// (wall clock, the GPU synchronised at both ends), with a per-family profile of the decode
     /// when `profile` (events around every operation, so no CUDA graphs then).
     pub fn timed_generate(&mut self, prompts: &[Vec<u32>], opts: &GenerateOptions, profile: bool) -> Result<Timed> {
@@ -612,20 +640,46 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(Timed { prefill_s, decode_s, steps: out.iter().map(|o| o.len()).max().unwrap_or(0), families })
     }
 
-    fn greedy_chunked(
+    /// `prompts` as one job on the serving engine's GPU batcher ([`crate::serve::gpu::GpuBatcher`]),
+    /// with a slot per prompt holding its prompt and new tokens.
+    fn through_engine(
         &mut self,
-        prompt: &[u32],
-        max_new: usize,
-        eos: Option<u32>,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        chunk: usize,
+        on_token: &mut dyn FnMut(usize, u32),
         progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<u32>> {
-        let mut caches = self.caches(1, prompt.len() + max_new)?;
-        self.prefill(prompt, 1, prompt.len(), None, &mut caches, &mut |_, _, tc| {
-            progress(tc);
-            Ok(())
-        })?;
-        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
-        Ok(self.decode(1, None, &mut caches, &opts, &mut |_, _| {})?.pop().unwrap_or_default())
+    ) -> Result<Vec<Vec<u32>>> {
+        let b = prompts.len();
+        if b == 0 {
+            return Ok(vec![]);
+        }
+        self.check_batch(b)?;
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(1).max(1);
+        let cap = longest.saturating_add(opts.max_new_tokens).saturating_add(1);
+        let stats = crate::serve::engine::EngineStats::default();
+        let mut batcher = crate::serve::gpu::GpuBatcher::with_cap(self, b, cap, &stats)?;
+        run_prompts(&mut batcher, prompts, opts, chunk, on_token, progress)
+    }
+
+    /// Continuations of equally planned prompts through the kernel-level reference loop
+    /// ([`GpuInfer::decode`]): one left-padded batch prefilled in the planned chunks, decoded
+    /// with the device sampler, and (bf16) CUDA graphs from the third token on.
+    pub fn reference_generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Vec<Vec<u32>>> {
+        let b = prompts.len();
+        if b == 0 {
+            return Ok(vec![]);
+        }
+        self.check_batch(b)?;
+        let (ids, t, start) = crate::generate::left_pad(prompts);
+        let mut caches = self.caches(b, t + opts.max_new_tokens)?;
+        self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_, _, _| Ok(()))?;
+        self.decode(b, start.as_deref(), &mut caches, opts, on_token)
     }
 }
 
@@ -701,15 +755,9 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
-        let b = prompts.len();
-        if b == 0 {
-            return Ok(vec![]);
-        }
-        self.check_batch(b)?;
-        let (ids, t, start) = crate::generate::left_pad(prompts);
-        let mut caches = self.caches(b, t + opts.max_new_tokens)?;
-        self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_, _, _| Ok(()))?;
-        self.decode(b, start.as_deref(), &mut caches, opts, on_token)
+        // Every prompt starts together: the planned chunks, as the prefill of the reference loop.
+        let chunk = self.plan.chunk;
+        self.through_engine(prompts, opts, chunk, on_token, &mut |_| {})
     }
 
     fn greedy(
@@ -721,12 +769,11 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<u32>> {
         ensure!(!prompt.is_empty(), "an empty prompt");
+        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
         // The prefill goes in chunks of `chunk` (at most the planned one), as on the CPU.
-        let saved = self.plan.chunk;
-        self.plan.chunk = chunk.clamp(1, saved);
-        let r = self.greedy_chunked(prompt, max_new, eos, progress);
-        self.plan.chunk = saved;
-        r
+        let chunk = chunk.clamp(1, self.plan.chunk);
+        let mut out = self.through_engine(&[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
+        Ok(out.pop().unwrap_or_default())
     }
 
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {

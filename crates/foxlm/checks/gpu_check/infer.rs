@@ -271,10 +271,10 @@ pub(super) fn gqa_window_rows(gpu: &Arc<Gpu>, m: &super::CheckModel) -> Result<V
         let o = GenerateOptions { max_new_tokens: 40, sampling: Sampling::default(), seed: 5, eos: None };
         let prompts = [long.clone(), short.clone()];
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 2, chunk: t })?;
-        let with = e.generate(&prompts, &o, &mut |_, _| {})?;
+        let with = e.reference_generate(&prompts, &o, &mut |_, _| {})?;
         let replayed = e.graph_steps;
         e.graphs = false;
-        let without = e.generate(&prompts, &o, &mut |_, _| {})?;
+        let without = e.reference_generate(&prompts, &o, &mut |_, _| {})?;
         let diff: usize = with.iter().zip(&without).map(|(a, c)| mismatches(a, c)).sum();
         rows.push(row(
             format!("{v} bf16 decode"),
@@ -351,7 +351,8 @@ fn sampler_checks(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
     let mut e = GpuInfer::<f32>::new(gpu.clone(), &model, Plan { batch: 1, chunk: prompt.len() })?;
     let sampled = |e: &mut GpuInfer<f32>, s: Sampling, seed: u64, n: usize| -> Result<Vec<u32>> {
         let o = GenerateOptions { max_new_tokens: n, sampling: s, seed, eos: None };
-        Ok(e.generate(std::slice::from_ref(&prompt), &o, &mut |_, _| {})?.remove(0))
+        // The device sampler runs in the kernel-level loop (the serving scheduler samples on the host).
+        Ok(e.reference_generate(std::slice::from_ref(&prompt), &o, &mut |_, _| {})?.remove(0))
     };
     let greedy_ids = sampled(&mut e, Sampling::default(), 0, 16)?;
     let top1 = sampled(&mut e, Sampling { temperature: 1.0, top_k: 1, top_p: 1.0 }, 3, 16)?;
@@ -439,9 +440,9 @@ fn head_dim_64_checks(gpu: &Arc<Gpu>) -> Result<Vec<CheckRow>> {
     {
         let o = GenerateOptions { max_new_tokens: 40, sampling: s, seed: 5, eos: None };
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 2, chunk: t })?;
-        let with = e.generate(&prompts, &o, &mut |_, _| {})?;
+        let with = e.reference_generate(&prompts, &o, &mut |_, _| {})?;
         e.graphs = false;
-        let without = e.generate(&prompts, &o, &mut |_, _| {})?;
+        let without = e.reference_generate(&prompts, &o, &mut |_, _| {})?;
         let diff: usize = with.iter().zip(&without).map(|(a, b)| mismatches(a, b)).sum();
         rows.push(row(
             "d=128 hd=64 bf16 decode".into(),

@@ -6,13 +6,14 @@
 //! 64):
 //! - greedy tokens of concurrent requests (two waves: short prompts, then longer ones that join
 //!   the running batch, which moves the running rows once, and different lengths that leave at
-//!   different steps) against `GpuInfer::generate` of each prompt alone (what `foxlm generate
-//!   --device cuda` runs). Identical, or parted at a near-tie: where they part, the f32 CPU
+//!   different steps; the longer ones prefilled in chunks of 16 between decode steps) against
+//!   `GpuInfer::reference_generate` of each prompt alone (the fixed-batch loop of `bench decode`). Identical, or parted at a near-tie: where they part, the f32 CPU
 //!   logits' two best tokens are within 0.05 nats (the inference check's rule);
 //! - echoed prompt log-probabilities (`max_tokens: 0`, `echo`, `logprobs`) against the f32 CPU
 //!   forward's log-softmax, within 0.1 nats (the inference check's bf16 per-position tolerance);
 //! - streaming text equal to the plain answer, `n: 2` with a seed twice the same, and the usage;
-//! - greedy steps replay the CUDA graph where the batcher uses one (attention with heads of 64);
+//! - greedy steps replay the CUDA graph where the batcher uses one (heads of 64: the FoX and the
+//!   Gated DeltaNet models);
 //! - `GET /metrics` reports the GPU's memory and the latency histograms;
 //! - a cache plan too large for the GPU is an error at start, not a crash.
 
@@ -22,7 +23,7 @@ use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::{DeviceArg, Gpu};
 use foxlm::checkpoint::{load_model, save_model};
 use foxlm::generate::GenerateOptions;
-use foxlm::infer::{GpuInfer, Infer, Plan};
+use foxlm::infer::{GpuInfer, Plan};
 use foxlm::model::{Ctx, Model};
 use foxlm::sampling::Sampling;
 use foxlm::serve::client::{json_request, sse_request};
@@ -115,16 +116,16 @@ pub fn run_serve_checks(gpu: &Arc<Gpu>, fixtures: &Path, work: &Path, only: Opti
 
 fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
     let model = load_model(dir)?;
-    // The batcher's condition (serve/gpu.rs): bf16 attention with heads of 64 or 128, no ACP, no
-    // recurrent layer.
+    // The batcher's condition (serve/gpu.rs): bf16, heads of 64 or 128, no ACP (any family).
     let hd = model.config.head_dim();
-    let graphs_expected = (hd == 64 || hd == 128)
-        && model.config.log_pruning_tolerance.is_none()
-        && model.layers.iter().all(|b| matches!(b.mixer, foxlm::model::Mixer::Attention(_)));
+    let graphs_expected = (hd == 64 || hd == 128) && model.config.log_pruning_tolerance.is_none();
     let vocab = model.config.vocab_size as u32;
     let mut rows = Vec::new();
     let mut o = ServeOptions::new(dir.to_path_buf());
     (o.port, o.device, o.max_batch, o.max_model_len) = (0, DeviceArg::Cuda(0), 8, Some(160));
+    // Chunks of 16 positions: the second wave's prompts (50-65 tokens) are prefilled in 4-5 chunks
+    // with decode steps of the first wave between them.
+    o.prefill_chunk = 16;
     let server = start(&o)?;
     let addr = server.addr;
 
@@ -157,7 +158,8 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         let got = got?;
         let opts = GenerateOptions { max_new_tokens: *n, sampling: Sampling::default(), seed: 0, eos: None };
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: p.len() })?;
-        let want = e.generate(std::slice::from_ref(p), &opts, &mut |_, _| {})?.remove(0);
+        // The kernel-level reference loop (not the serving scheduler): a batch of one, prefilled whole.
+        let want = e.reference_generate(std::slice::from_ref(p), &opts, &mut |_, _| {})?.remove(0);
         total += want.len();
         if got.len() != want.len() {
             worst = worst.max(want.len());
@@ -194,6 +196,14 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
         if relocations >= 1 { 0.0 } else { 1.0 },
         0.0,
         format!("{relocations} relocations"),
+    ));
+    let (prefills, chunks) = (st["prefills"].as_u64().unwrap_or(0), st["prefill_chunks"].as_u64().unwrap_or(0));
+    rows.push(row(
+        format!("serve {name}: long prompts prefilled in chunks of 16 between decode steps"),
+        "no prefill ran in several chunks",
+        if chunks > prefills { 0.0 } else { 1.0 },
+        0.0,
+        format!("{prefills} prefills in {chunks} chunks"),
     ));
 
     if graphs_expected {

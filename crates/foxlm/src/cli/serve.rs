@@ -1,6 +1,7 @@
 //! `foxlm serve` (an OpenAI-compatible server) and `foxlm bench serve` (its load generator).
 
 use crate::serve::bench::{model_info, peak_rss_mib, run_load, LoadOptions, LoadReport};
+use crate::serve::engine::DEFAULT_PREFILL_CHUNK;
 use crate::serve::{self, ServeOptions};
 use crate::tokenizer::TextFormat;
 use anyhow::{bail, Context, Result};
@@ -46,6 +47,10 @@ pub struct Args {
     /// (each prefill pauses every running stream once); 0 admits them at the next step.
     #[arg(long, default_value_t = serve::DEFAULT_ADMIT_DELAY_MS)]
     pub admit_delay_ms: f64,
+    /// Prompt positions per prefill chunk: a longer prompt is prefilled a chunk at a time, with a
+    /// decode step of the running streams between chunks, so they never wait for its whole prefill.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
 }
 
 impl Args {
@@ -63,6 +68,7 @@ impl Args {
             max_queue: self.max_queue,
             max_body_bytes: self.max_body_bytes,
             admit_delay_ms: self.admit_delay_ms,
+            prefill_chunk: self.prefill_chunk,
         }
     }
 }
@@ -109,6 +115,9 @@ pub struct BenchArgs {
     /// The in-process server's --admit-delay-ms.
     #[arg(long, default_value_t = serve::DEFAULT_ADMIT_DELAY_MS)]
     pub admit_delay_ms: f64,
+    /// The in-process server's --prefill-chunk.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     #[arg(long, env = "FOXLM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Also write the rows as JSON here.
@@ -166,6 +175,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             o.device = a.device;
             o.max_batch = a.max_batch;
             o.admit_delay_ms = a.admit_delay_ms;
+            o.prefill_chunk = a.prefill_chunk;
             o.max_queue = 4 * a.clients.iter().max().copied().unwrap_or(1) + 16;
             o.max_model_len = Some(a.prompt_tokens + a.max_tokens + 1);
             o.api_key = a.api_key.clone();

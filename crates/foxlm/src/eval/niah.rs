@@ -12,9 +12,6 @@
 //! easy mode the needle carries the question too. The model answers greedily; the answer is scored
 //! by [`score_answer`]: 10 × the fraction of the needle's answer words it reproduces, in order.
 
-use crate::eval::loss::Chunking;
-use crate::model::{Ctx, Model};
-use crate::sampling::argmax;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
@@ -201,42 +198,6 @@ pub fn score_answer(response: &str, answer: &str) -> f64 {
         }
     }
     10.0 * row[r.len()] as f64 / a.len() as f64
-}
-
-/// Greedy continuation of `prompt`: chunked prefill through the KV cache, then one token at a
-/// time until `eos` or `max_new` tokens.
-pub fn greedy_answer(
-    model: &Model,
-    prompt: &[u32],
-    max_new: usize,
-    chunking: Chunking,
-    eos: Option<u32>,
-    mut progress: impl FnMut(usize),
-) -> Vec<u32> {
-    assert!(!prompt.is_empty());
-    let d = model.config.hidden_size;
-    let mut cache = model.new_cache(1, prompt.len() + max_new, None);
-    let mut last = vec![];
-    for chunk in prompt.chunks(chunking.chunk) {
-        let (hidden, _) =
-            model.forward_hidden(chunk, &Ctx { batch: 1, seq: chunk.len(), start: None }, Some(&mut cache), false);
-        last = hidden[(chunk.len() - 1) * d..].to_vec();
-        progress(chunk.len());
-    }
-    let mut out = vec![];
-    for step in 0..max_new {
-        let tok = argmax(&model.logits(&last));
-        if Some(tok) == eos {
-            break;
-        }
-        out.push(tok);
-        if step + 1 == max_new {
-            break;
-        }
-        let (hidden, _) = model.forward_hidden(&[tok], &Ctx { batch: 1, seq: 1, start: None }, Some(&mut cache), false);
-        last = hidden;
-    }
-    out
 }
 
 #[cfg(test)]

@@ -75,6 +75,23 @@ pub struct EngineOptions {
     /// How long the GPU batcher may hold newcomers back while streams run, to prefill them
     /// together (zero: every step admits what has arrived).
     pub admit_delay: Duration,
+    /// Positions per row of one prefill chunk: a prompt longer than this is prefilled a chunk
+    /// per engine step, with a decode step of the running batch after each chunk, so that
+    /// running streams never wait for a whole long prefill.
+    pub prefill_chunk: usize,
+}
+
+/// `--prefill-chunk`'s default: long enough that a chunk's forward is efficient (on the GPU a
+/// 125M chunk of 512 positions costs a few decode steps), short enough that the streams running
+/// beside it keep flowing.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+impl EngineOptions {
+    /// In-process use (`foxlm generate`, the evaluations): every sequence in one batch of `batch`,
+    /// admitted at once.
+    pub fn in_process(batch: usize, prefill_chunk: usize) -> Self {
+        Self { max_batch: batch.max(1), max_queue: 1, admit_delay: Duration::ZERO, prefill_chunk: prefill_chunk.max(1) }
+    }
 }
 
 /// Counters the engine keeps (served at `GET /stats`): what runs now and what it has done.
@@ -89,9 +106,12 @@ pub struct EngineStats {
     /// Decode steps (forward passes over the running batch) and the rows they decoded.
     pub steps: AtomicUsize,
     pub rows_decoded: AtomicUsize,
-    /// Prefill passes and the sequences they started.
+    /// Prefill groups and the sequences they started; the chunks they ran (a forward each) and
+    /// the prompt positions (per row, padding included) those chunks covered.
     pub prefills: AtomicUsize,
     pub prefilled: AtomicUsize,
+    pub prefill_chunks: AtomicUsize,
+    pub prefill_positions: AtomicUsize,
     /// Sequences that ended (finished or cut short by their client).
     pub finished: AtomicUsize,
     pub cancelled: AtomicUsize,
@@ -116,6 +136,7 @@ impl EngineStats {
         serde_json::json!({
             "queued": g(&self.queued), "running": g(&self.running), "waiting": g(&self.waiting), "steps": g(&self.steps),
             "rows_decoded": g(&self.rows_decoded), "prefills": g(&self.prefills), "prefilled": g(&self.prefilled),
+            "prefill_chunks": g(&self.prefill_chunks), "prefill_positions": g(&self.prefill_positions),
             "finished": g(&self.finished), "cancelled": g(&self.cancelled),
             "gpu_cache_bytes": g(&self.gpu_cache_bytes), "relocations": g(&self.relocations),
             "graph_steps": g(&self.graph_steps), "prefill_us": g(&self.prefill_us), "step_us": g(&self.step_us),
@@ -163,8 +184,99 @@ pub trait Batcher {
         running: &mut Vec<Running>,
         waiting: &mut std::collections::VecDeque<SeqRequest>,
     ) -> anyhow::Result<()>;
-    /// Forgets the batch after a failed step (its sequences are gone).
+    /// Sequences taken from `waiting` whose prefill is still under way (a chunk per `advance`).
+    fn pending(&self) -> usize;
+    /// Forgets the batch and any prefill under way after a failed step (its sequences are gone).
     fn reset(&mut self);
+}
+
+/// Takes the next prefill group off the front of `waiting`: sequences in order while `free` batch
+/// places last (scoring-only sequences, `max_tokens: 0`, take none), at most `most`, and, when a
+/// prompt is longer than one `chunk`, lengths within a chunk of each other (left padding must end
+/// inside the first chunk, since later chunks continue real positions).
+pub fn take_group(
+    waiting: &mut std::collections::VecDeque<SeqRequest>,
+    mut free: usize,
+    most: usize,
+    chunk: usize,
+) -> Vec<SeqRequest> {
+    let mut group = Vec::new();
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    while let Some(front) = waiting.front() {
+        let p = front.prompt.len().max(1);
+        let takes = front.max_tokens > 0;
+        let (nlo, nhi) = (lo.min(p), hi.max(p));
+        if (takes && free == 0) || group.len() == most || (nhi > chunk && nhi - nlo >= chunk) {
+            break;
+        }
+        (lo, hi) = (nlo, nhi);
+        free -= takes as usize;
+        group.extend(waiting.pop_front());
+    }
+    group
+}
+
+impl SeqRequest {
+    /// A sequence submitted in-process, with the receiver of its events (no log-probabilities).
+    pub fn new(
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        sampling: Sampling,
+        seed: u64,
+        eos: Option<u32>,
+    ) -> (Self, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Self {
+            prompt,
+            max_tokens,
+            sampling,
+            seed,
+            eos,
+            prompt_logprobs: None,
+            logprobs: None,
+            events,
+            arrived: std::time::Instant::now(),
+        };
+        (req, rx)
+    }
+}
+
+/// Runs `seqs` to their end on `batcher` in the calling thread: the scheduler `serve` runs, without
+/// its queue or HTTP (what `foxlm generate` and the evaluations use). After each engine step,
+/// `on_event(i, event)` sees the events of sequence i that the step made, in order, and
+/// `progress(n)` the n prompt positions prefilled in it.
+pub fn drive(
+    batcher: &mut dyn Batcher,
+    opts: &EngineOptions,
+    stats: &EngineStats,
+    seqs: Vec<(SeqRequest, tokio::sync::mpsc::UnboundedReceiver<Event>)>,
+    on_event: &mut dyn FnMut(usize, Event),
+    progress: &mut dyn FnMut(usize),
+) -> anyhow::Result<()> {
+    let (reqs, mut rxs): (std::collections::VecDeque<SeqRequest>, Vec<_>) = seqs.into_iter().unzip();
+    let mut waiting = reqs;
+    let mut running: Vec<Running> = Vec::new();
+    let mut prefilled = stats.prefill_positions.load(Ordering::Relaxed);
+    let res = (|| {
+        while !(running.is_empty() && waiting.is_empty() && batcher.pending() == 0) {
+            batcher.advance(opts, stats, &mut running, &mut waiting)?;
+            let now = stats.prefill_positions.load(Ordering::Relaxed);
+            if now > prefilled {
+                progress(now - prefilled);
+                prefilled = now;
+            }
+            for (i, rx) in rxs.iter_mut().enumerate() {
+                while let Ok(ev) = rx.try_recv() {
+                    on_event(i, ev);
+                }
+            }
+        }
+        anyhow::Ok(())
+    })();
+    if res.is_err() {
+        batcher.reset();
+    }
+    res
 }
 
 /// The engine thread's start: [`Launch::run`] with the batcher built on that thread (a GPU's
@@ -215,19 +327,20 @@ pub fn start(
 }
 
 /// The CPU's batcher: the f32 model with a host cache rebuilt (`Cache::gather_rows`) when
-/// sequences join or leave.
-pub struct CpuBatcher {
-    pub model: Arc<Model>,
+/// sequences join or leave, and at most one prefill group under way, a chunk per step.
+pub struct CpuBatcher<'m> {
+    pub model: &'m Model,
     cache: Option<Cache>,
+    prefilling: Option<CpuPrefill>,
 }
 
-impl CpuBatcher {
-    pub fn new(model: Arc<Model>) -> Self {
-        Self { model, cache: None }
+impl<'m> CpuBatcher<'m> {
+    pub fn new(model: &'m Model) -> Self {
+        Self { model, cache: None, prefilling: None }
     }
 }
 
-impl Batcher for CpuBatcher {
+impl Batcher for CpuBatcher<'_> {
     fn advance(
         &mut self,
         opts: &EngineOptions,
@@ -235,11 +348,15 @@ impl Batcher for CpuBatcher {
         running: &mut Vec<Running>,
         waiting: &mut std::collections::VecDeque<SeqRequest>,
     ) -> anyhow::Result<()> {
-        advance(&self.model, opts, stats, running, &mut self.cache, waiting);
+        advance(self.model, opts, stats, running, &mut self.cache, &mut self.prefilling, waiting);
         Ok(())
+    }
+    fn pending(&self) -> usize {
+        self.prefilling.as_ref().map_or(0, |p| p.batch.len())
     }
     fn reset(&mut self) {
         self.cache = None;
+        self.prefilling = None;
     }
 }
 
@@ -285,7 +402,7 @@ fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats
     let mut closed = false;
     loop {
         // Admit: block only when there is nothing to do.
-        if running.is_empty() && waiting.is_empty() {
+        if running.is_empty() && waiting.is_empty() && batcher.pending() == 0 {
             if closed {
                 return;
             }
@@ -299,7 +416,7 @@ fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats
         }
         // Take jobs off the queue only while there is room in the batch, so that the bounded
         // queue is what holds the others (and a full queue answers 503).
-        while running.len() + waiting.len() < opts.max_batch {
+        while running.len() + waiting.len() + batcher.pending() < opts.max_batch {
             match rx.recv_timeout(Duration::ZERO) {
                 Ok(job) => {
                     stats.queued.fetch_sub(1, Ordering::Relaxed);
@@ -334,8 +451,9 @@ fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats
             Err(_) => Some("a panic".to_string()),
         };
         if let Some(why) = failed {
-            eprintln!("error: the engine failed in a step ({why}); its {} sequences were dropped", running.len());
-            stats.cancelled.fetch_add(running.len(), Ordering::Relaxed);
+            let lost = running.len() + batcher.pending();
+            eprintln!("error: the engine failed in a step ({why}); its {lost} sequences were dropped");
+            stats.cancelled.fetch_add(lost, Ordering::Relaxed);
             running.clear();
             batcher.reset();
             stats.running.store(0, Ordering::Relaxed);
@@ -343,30 +461,42 @@ fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats
     }
 }
 
-/// Admits waiting sequences into the batch (prefilling them) and runs one decode step.
+/// Runs one chunk of the prefill under way (starting one from `waiting` if there is none and
+/// the batch has room), lets the sequences of a finished prefill join, and runs one decode step.
 fn advance(
     model: &Model,
     opts: &EngineOptions,
     stats: &EngineStats,
     running: &mut Vec<Running>,
     cache: &mut Option<Cache>,
+    prefilling: &mut Option<CpuPrefill>,
     waiting: &mut std::collections::VecDeque<SeqRequest>,
 ) {
-    let v = model.config.vocab_size;
-    // Prefill newcomers (together, left-padded) and let them join the batch.
-    let room = opts.max_batch.saturating_sub(running.len());
+    let chunk = opts.prefill_chunk.max(1);
+    if prefilling.is_none() {
+        let room = opts.max_batch.saturating_sub(running.len());
+        let group = take_group(waiting, room, opts.max_batch, chunk);
+        if !group.is_empty() {
+            stats.prefills.fetch_add(1, Ordering::Relaxed);
+            stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
+            *prefilling = Some(CpuPrefill::new(model, group));
+        }
+    }
     let mut new_cache = None;
     let mut joined = Vec::new();
-    if room > 0 && !waiting.is_empty() {
-        let take = room.min(waiting.len());
-        let batch: Vec<SeqRequest> = waiting.drain(..take).collect();
-        stats.prefills.fetch_add(1, Ordering::Relaxed);
-        stats.prefilled.fetch_add(batch.len(), Ordering::Relaxed);
-        let n_new = batch.len();
+    if let Some(p) = prefilling.as_mut() {
         let t0 = std::time::Instant::now();
-        (new_cache, joined) = prefill(model, batch);
+        let tc = p.chunk(model, chunk);
+        stats.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+        stats.prefill_positions.fetch_add(tc, Ordering::Relaxed);
+        if p.done == p.t {
+            let n_new = p.batch.len();
+            if let Some(p) = prefilling.take() {
+                (new_cache, joined) = p.finish(model);
+            }
+            stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
+        }
         stats.prefill_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
-        stats.finished.fetch_add(n_new - joined.len(), Ordering::Relaxed);
     }
     // Rebuild the batch cache when sequences joined or left since the last step.
     let rows_in_cache = cache.as_ref().and_then(|c| c.layers.first()).map_or(0, |l| l.batch());
@@ -389,7 +519,7 @@ fn advance(
         }
     }
     stats.running.store(running.len(), Ordering::Relaxed);
-    stats.waiting.store(waiting.len(), Ordering::Relaxed);
+    stats.waiting.store(waiting.len() + prefilling.as_ref().map_or(0, |p| p.batch.len()), Ordering::Relaxed);
     if running.is_empty() {
         *cache = None;
         return;
@@ -404,7 +534,8 @@ fn advance(
     let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
     let logits = model.logits(&hidden);
     // Sampling (a pass over the vocabulary per row) in parallel: each row has its own generator.
-    let steps: Vec<Step> = running.par_iter_mut().zip(logits.par_chunks(v)).map(|(r, l)| emit_next(r, l)).collect();
+    let steps: Vec<Step> =
+        running.par_iter_mut().zip(logits.par_chunks(model.config.vocab_size)).map(|(r, l)| emit_next(r, l)).collect();
     let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
     stats.step_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
     stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -471,53 +602,85 @@ pub fn emit_token(r: &mut Running, logits: &[f32], chosen: Option<u32>) -> Step 
     Step::GoesOn
 }
 
-/// Prefills a batch of new sequences. Sends prompt log-probabilities and each first token; returns
-/// the prefill cache and, for the sequences that go on decoding, their row in it.
-fn prefill(model: &Model, batch: Vec<SeqRequest>) -> (Option<Cache>, Vec<(usize, Running)>) {
-    let v = model.config.vocab_size;
-    let d = model.config.hidden_size;
-    let b = batch.len();
-    let t = batch.iter().map(|s| s.prompt.len()).max().unwrap_or(1).max(1);
-    let start: Vec<usize> = batch.iter().map(|s| t - s.prompt.len()).collect();
-    let mut ids = Vec::with_capacity(b * t);
-    for (s, &st) in batch.iter().zip(&start) {
-        // Padding positions hold any valid id; they are masked everywhere.
-        ids.extend(std::iter::repeat_n(s.prompt.first().copied().unwrap_or(0), st));
-        ids.extend_from_slice(&s.prompt);
+/// A prefill group under way on the CPU: its prompts left-padded into one batch [b, t], prefilled
+/// through its own cache a chunk at a time.
+struct CpuPrefill {
+    batch: Vec<SeqRequest>,
+    cache: Cache,
+    ids: Vec<u32>,
+    t: usize,
+    start: Option<Vec<usize>>,
+    /// Positions prefilled so far.
+    done: usize,
+    /// Prompt log-probabilities gathered chunk by chunk, per row.
+    lps: Vec<Vec<TokenLogprob>>,
+    /// Each row's hidden state at its last position, once the last chunk has run.
+    last: Vec<f32>,
+}
+
+impl CpuPrefill {
+    fn new(model: &Model, batch: Vec<SeqRequest>) -> Self {
+        let prompts: Vec<Vec<u32>> = batch.iter().map(|s| s.prompt.clone()).collect();
+        let (ids, t, start) = crate::generate::left_pad(&prompts);
+        let cache = model.new_cache(batch.len(), t, start.clone());
+        let lps = vec![Vec::new(); batch.len()];
+        Self { batch, cache, ids, t, start, done: 0, lps, last: Vec::new() }
     }
-    let start = start.iter().any(|&s| s > 0).then_some(start);
-    let mut cache = model.new_cache(b, t, start.clone());
-    let ctx = Ctx { batch: b, seq: t, start };
-    let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut cache), false);
-    let mut joined = Vec::new();
-    for (row, req) in batch.into_iter().enumerate() {
-        let p = req.prompt.len();
-        let off = t - p;
-        if let Some(k) = req.prompt_logprobs {
-            // Logits of positions off..t-1 predict prompt tokens 1..p; in chunks to bound memory.
-            let mut lps = Vec::with_capacity(p.saturating_sub(1));
-            for c0 in (0..p.saturating_sub(1)).step_by(64) {
-                let c1 = (c0 + 64).min(p - 1);
-                let h = &hidden[(row * t + off + c0) * d..(row * t + off + c1) * d];
+
+    /// Runs the next chunk (at most `chunk` positions per row); returns its length.
+    fn chunk(&mut self, model: &Model, chunk: usize) -> usize {
+        let (b, t, p0) = (self.batch.len(), self.t, self.done);
+        let tc = chunk.min(t - p0);
+        let v = model.config.vocab_size;
+        let d = model.config.hidden_size;
+        let ids: Vec<u32> = (0..b).flat_map(|r| self.ids[r * t + p0..r * t + p0 + tc].iter().copied()).collect();
+        let ctx = Ctx { batch: b, seq: tc, start: self.start.clone() };
+        let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut self.cache), false);
+        for (row, req) in self.batch.iter().enumerate() {
+            let Some(k) = req.prompt_logprobs else { continue };
+            // Position i of the padded row is prompt token i − off; its logits predict the next
+            // one. In pieces of 64 positions to bound the logits' memory.
+            let off = t - req.prompt.len();
+            let (lo, hi) = (p0.max(off), (p0 + tc).min(t - 1));
+            for c0 in (lo..hi).step_by(64) {
+                let c1 = (c0 + 64).min(hi);
+                let h = &hidden[(row * tc + c0 - p0) * d..(row * tc + c1 - p0) * d];
                 let lg = model.logits(h);
                 for i in c0..c1 {
-                    lps.push(token_logprob(&lg[(i - c0) * v..(i - c0 + 1) * v], req.prompt[i + 1], k));
+                    let l = &lg[(i - c0) * v..(i - c0 + 1) * v];
+                    self.lps[row].push(token_logprob(l, req.prompt[i - off + 1], k));
                 }
             }
-            if req.events.send(Event::Prompt(lps)).is_err() {
+        }
+        self.done += tc;
+        if self.done == t {
+            self.last = (0..b).flat_map(|r| hidden[(r * tc + tc - 1) * d..(r * tc + tc) * d].iter().copied()).collect();
+        }
+        tc
+    }
+
+    /// After the last chunk: sends prompt log-probabilities and each first token; returns the
+    /// prefill cache and, for the sequences that go on decoding, their row in it.
+    fn finish(mut self, model: &Model) -> (Option<Cache>, Vec<(usize, Running)>) {
+        let v = model.config.vocab_size;
+        let d = model.config.hidden_size;
+        let mut joined = Vec::new();
+        for (row, req) in self.batch.into_iter().enumerate() {
+            if req.prompt_logprobs.is_some()
+                && req.events.send(Event::Prompt(std::mem::take(&mut self.lps[row]))).is_err()
+            {
                 continue;
             }
+            if req.max_tokens == 0 {
+                let _ = req.events.send(Event::Done(Finish::Length));
+                continue;
+            }
+            let logits = model.logits(&self.last[row * d..(row + 1) * d]);
+            let mut r = Running::new(req);
+            if emit_next(&mut r, &logits[..v]) == Step::GoesOn {
+                joined.push((row, r));
+            }
         }
-        if req.max_tokens == 0 {
-            let _ = req.events.send(Event::Done(Finish::Length));
-            continue;
-        }
-        let last = &hidden[(row * t + t - 1) * d..(row * t + t) * d];
-        let logits = model.logits(last);
-        let mut r = Running::new(req);
-        if emit_next(&mut r, &logits) == Step::GoesOn {
-            joined.push((row, r));
-        }
+        (Some(self.cache), joined)
     }
-    (Some(cache), joined)
 }

@@ -7,20 +7,23 @@
 //! feeds one token per slot (free slots a dummy token, fully padded) and appends at L.
 //!
 //! - A finished sequence frees its slot: nothing is copied and the other rows stay where they are.
-//! - Newcomers are prefilled together (left-padded, in chunks, through a cache of their own) and
-//!   each is copied into a free slot at L − n .. L: only the newcomer's positions move.
+//! - Newcomers are prefilled together (left-padded, through a cache of their own) a chunk of
+//!   `--prefill-chunk` positions per engine step, with a decode step of the running slots after
+//!   each chunk; when the last chunk is done each is copied into a free slot at L − n .. L: only
+//!   the newcomer's positions move.
 //! - Only when L would pass the slots' capacity, or a newcomer is longer than L, are the running
 //!   rows moved (to a fresh cache, right-aligned at the longest row): a relocation, rare since the
 //!   capacity is planned at 4096 positions or twice the context where memory allows.
 //! - Requests with `max_tokens: 0` (scoring: echo + logprobs) take no slot: their prefill gives
 //!   their log-probabilities and they are answered without entering the decode loop.
 //!
-//! Greedy steps without log-probabilities choose the tokens on the device (the first index on
+//! Greedy steps without log-probabilities replay one CUDA graph (every family; captured again
+//! after a relocation, or after a prefill that reallocated a recurrent layer's scratch), and choose the tokens on the device (the first index on
 //! ties, as the host's argmax); otherwise the logits come to the host and the engine's sampler
 //! (the same as the CPU's, one generator per sequence) chooses.
 
-use super::engine::{emit_next, emit_token, Batcher, EngineOptions, EngineStats, Event, Finish};
-use super::engine::{Running, SeqRequest, Step};
+use super::engine::{emit_next, emit_token, take_group, Batcher, EngineOptions, EngineStats, Event, Finish};
+use super::engine::{Running, SeqRequest, Step, TokenLogprob};
 use crate::backend::cuda::{CopyRuns, GpuLayerState};
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::LayerState;
@@ -29,7 +32,7 @@ use crate::model::mamba2::state::Mamba2State;
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
-use fox_kernels::cuda::Gpu;
+use fox_kernels::cuda::{Elem, Gpu};
 use half::bf16;
 use rayon::prelude::*;
 use std::collections::VecDeque;
@@ -38,18 +41,19 @@ use std::sync::Arc;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The GPU batcher (bf16).
-pub struct GpuBatcher<'m> {
+/// The GPU batcher: serving runs it in bf16; `foxlm generate --dtype f32` and the GPU checks in f32.
+pub struct GpuBatcher<'a, 'm, T: Elem> {
     model: &'m Model,
-    inf: GpuInfer<'m, bf16>,
-    caches: Vec<GpuLayerState<bf16>>,
+    inf: &'a mut GpuInfer<'m, T>,
+    caches: Vec<GpuLayerState<T>>,
     /// Positions per slot.
     cap: usize,
     /// The common end of every slot's positions.
     len: usize,
     /// Each slot's filled positions (None: free).
     slots: Vec<Option<usize>>,
-    stats: Arc<EngineStats>,
+    /// The prefill group under way (a chunk per engine step).
+    prefilling: Option<GpuPrefill<T>>,
     /// Relocations of the running rows (a count for the tests and /stats).
     pub relocations: usize,
     /// Greedy steps replay one CUDA graph (the batch is always the S slots), captured at the
@@ -68,23 +72,24 @@ pub struct GpuBatcher<'m> {
     profile: Option<Vec<(&'static str, f64, usize)>>,
 }
 
-impl<'m> GpuBatcher<'m> {
-    /// Loads `model` onto `gpu` and plans the cache: `slots` rows of 4096 positions or twice
+/// The GPU engine serving plans for `slots` sequences of up to `max_model_len` positions (bf16):
+/// prefill chunks of at most 16384 rows of a forward in all.
+pub fn serving_infer(gpu: Arc<Gpu>, model: &Model, slots: usize, max_model_len: usize) -> Result<GpuInfer<'_, bf16>> {
+    let chunk = (DEFAULT_GPU_ROWS / slots.max(1)).clamp(1, max_model_len.max(1));
+    GpuInfer::<bf16>::new(gpu, model, Plan { batch: slots, chunk })
+        .with_context(|| format!("--max-batch {slots}: the model and its buffers for {slots} × {chunk} positions"))
+}
+
+impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
+    /// Serving: plans the cache for `inf`'s batch of slots: rows of 4096 positions or twice
     /// `max_model_len` where memory allows (at least `max_model_len` + 1), plus room for a prefill's
     /// cache and a relocation. Prints the plan; not enough memory is an error naming the options.
-    pub fn new(
-        gpu: Arc<Gpu>,
-        model: &'m Model,
-        slots: usize,
-        max_model_len: usize,
-        stats: Arc<EngineStats>,
-    ) -> Result<Self> {
-        let chunk = (DEFAULT_GPU_ROWS / slots.max(1)).clamp(1, max_model_len.max(1));
-        let inf = GpuInfer::<bf16>::new(gpu.clone(), model, Plan { batch: slots, chunk }).with_context(|| {
-            format!("--max-batch {slots}: the model and its buffers for {slots} × {chunk} positions")
-        })?;
+    pub fn new(inf: &'a mut GpuInfer<'m, T>, max_model_len: usize, stats: &EngineStats) -> Result<Self> {
+        let slots = inf.plan().batch;
+        let gpu = inf.be.gpu.clone();
+        let model = inf.model();
         let (free, total) = gpu.context().mem_get_info().unwrap_or((0, 0));
-        let bytes = |b: usize, p: usize| GpuInfer::<bf16>::cache_bytes(model, b, p);
+        let bytes = |b: usize, p: usize| GpuInfer::<T>::cache_bytes(model, b, p);
         // The slots' cache, a relocation's second copy of it, a full prefill's cache, and a margin.
         let need = |cap: usize| 2 * bytes(slots, cap) + bytes(slots, max_model_len) + (512 << 20);
         let min_cap = max_model_len + 1;
@@ -108,7 +113,7 @@ impl<'m> GpuBatcher<'m> {
         } else {
             min_cap
         };
-        let caches = inf.caches(slots, cap).context("allocating the slots' decode cache")?;
+        let b = Self::with_cap(inf, slots, cap, stats)?;
         eprintln!(
             "GPU cache plan on {}: {slots} slots × {cap} positions = {:.2} GiB, + {:.2} GiB for a prefill's \
              cache and a relocation; {:.2} of {:.2} GiB were free after the weights",
@@ -118,12 +123,21 @@ impl<'m> GpuBatcher<'m> {
             free as f64 / GIB,
             total as f64 / GIB
         );
-        stats.gpu_cache_bytes.store(bytes(slots, cap), Ordering::Relaxed);
-        if let Ok((free, total)) = gpu.context().mem_get_info() {
+        Ok(b)
+    }
+
+    /// `slots` slots of `cap` positions each (`foxlm generate`: the longest prompt plus the new
+    /// tokens), without a plan printed.
+    pub fn with_cap(inf: &'a mut GpuInfer<'m, T>, slots: usize, cap: usize, stats: &EngineStats) -> Result<Self> {
+        let model = inf.model();
+        let caches = inf.caches(slots, cap).context("allocating the slots' decode cache")?;
+        stats.gpu_cache_bytes.store(GpuInfer::<T>::cache_bytes(model, slots, cap), Ordering::Relaxed);
+        if let Ok((free, total)) = inf.be.gpu.context().mem_get_info() {
             stats.gpu_mem_used.store(total - free, Ordering::Relaxed);
             stats.gpu_mem_total.store(total, Ordering::Relaxed);
         }
         let graphs = inf.step_graphs_possible() && std::env::var("FOXLM_SERVE_GRAPHS").map_or(true, |v| v != "0");
+        inf.graph_steps = 0;
         Ok(Self {
             model,
             inf,
@@ -131,7 +145,7 @@ impl<'m> GpuBatcher<'m> {
             cap,
             len: 0,
             slots: vec![None; slots],
-            stats,
+            prefilling: None,
             relocations: 0,
             graphs,
             graph: None,
@@ -161,10 +175,10 @@ impl<'m> GpuBatcher<'m> {
     fn push_row(
         runs: &mut CopyRuns,
         gpu: &Gpu,
-        src: &[GpuLayerState<bf16>],
+        src: &[GpuLayerState<T>],
         sr: usize,
         from: usize,
-        dst: &mut [GpuLayerState<bf16>],
+        dst: &mut [GpuLayerState<T>],
         dr: usize,
         to: usize,
         n: usize,
@@ -218,7 +232,7 @@ impl<'m> GpuBatcher<'m> {
     }
 
     /// Moves every running row to a fresh cache, right-aligned at `new_len`.
-    fn relocate(&mut self, new_len: usize) -> Result<()> {
+    fn relocate(&mut self, new_len: usize, stats: &EngineStats) -> Result<()> {
         let gpu = self.gpu();
         let mut fresh = self.inf.caches(self.slots.len(), self.cap).context("relocating the running rows")?;
         // Copies still pending into the old cache go first.
@@ -234,7 +248,7 @@ impl<'m> GpuBatcher<'m> {
         self.caches = fresh;
         self.len = new_len;
         self.relocations += 1;
-        self.stats.relocations.fetch_add(1, Ordering::Relaxed);
+        stats.relocations.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -262,81 +276,87 @@ impl<'m> GpuBatcher<'m> {
         self.slots.iter().flatten().copied().max().unwrap_or(0)
     }
 
-    /// Prefills `group` together (left-padded), answers the scoring-only sequences, sends each
-    /// other's first token and places those that go on into free slots.
-    fn prefill(&mut self, group: Vec<SeqRequest>, running: &mut Vec<Running>) -> Result<()> {
+    /// Starts prefilling `group` together (left-padded) through a cache of its own.
+    fn start_prefill(&mut self, group: Vec<SeqRequest>) -> Result<()> {
         let prompts: Vec<Vec<u32>> = group.iter().map(|s| s.prompt.clone()).collect();
         let (ids, t, start) = crate::generate::left_pad(&prompts);
-        let b = group.len();
         let mut t0 = std::time::Instant::now();
-        let mut pcache = self.inf.caches(b, t).context("a prefill's cache")?;
+        let pcache = self.inf.caches(group.len(), t).context("a prefill's cache")?;
         self.mark("prefill: cache", &mut t0);
+        let lps = vec![Vec::new(); group.len()];
+        self.prefilling = Some(GpuPrefill { group, pcache, prompts, ids, t, start, done: 0, lps });
+        Ok(())
+    }
+
+    /// Runs the next chunk (at most `chunk` positions per row) of the prefill under way, with the
+    /// prompt log-probabilities of its positions for the rows that ask; after the last chunk,
+    /// answers the scoring-only sequences, sends each other's first token and places those that go
+    /// on into free slots. Returns the chunk's length.
+    fn prefill_chunk(&mut self, chunk: usize, running: &mut Vec<Running>, stats: &EngineStats) -> Result<usize> {
+        let Some(mut p) = self.prefilling.take() else { return Ok(0) };
         // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
         let scratch = self.inf.be.decode_scratch.take();
-        let r = self.prefill_rows(group, running, &mut pcache, &prompts, &ids, t, start.as_deref());
+        let ssm = self.inf.be.ssm.lens();
+        let r = self.prefill_chunk_of(&mut p, chunk);
         if scratch.is_some() {
             self.inf.be.decode_scratch = scratch;
         }
-        r
+        // A recurrent layer's scratch that the chunk reallocated larger: the graph points to the
+        // old one, so the next greedy step captures again.
+        if self.inf.be.ssm.lens() != ssm {
+            self.graph = None;
+        }
+        let tc = r?;
+        if p.done < p.t {
+            self.prefilling = Some(p);
+            return Ok(tc);
+        }
+        self.place_prefilled(p, running, stats)?;
+        Ok(tc)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn prefill_rows(
-        &mut self,
-        group: Vec<SeqRequest>,
-        running: &mut Vec<Running>,
-        pcache: &mut [GpuLayerState<bf16>],
-        prompts: &[Vec<u32>],
-        ids: &[u32],
-        t: usize,
-        start: Option<&[usize]>,
-    ) -> Result<()> {
+    fn prefill_chunk_of(&mut self, p: &mut GpuPrefill<T>, chunk: usize) -> Result<usize> {
         let v = self.model.config.vocab_size;
-        let b = group.len();
+        let b = p.group.len();
+        let t = p.t;
         let mut t0 = std::time::Instant::now();
-        let starts: Vec<usize> = group.iter().map(|s| t - s.prompt.len()).collect();
-        // Prompt log-probabilities, chunk by chunk, for the rows that ask for them.
-        let mut lps: Vec<Vec<super::engine::TokenLogprob>> = vec![Vec::new(); b];
-        let asks: Vec<Option<usize>> = group.iter().map(|s| s.prompt_logprobs).collect();
-        let any = asks.iter().any(|a| a.is_some());
-        let prompts_ref = prompts;
-        // Profiling: the scoring inside the prefill's chunks, timed apart from the forward.
-        let (prof, mut scoring) = (self.profile.is_some(), 0.0f64);
-        self.inf.prefill(ids, b, t, start, pcache, &mut |e, p0, tc| {
-            if !any {
-                return Ok(());
-            }
-            let ts = prof.then(|| e.be.gpu.sync().map(|_| std::time::Instant::now())).transpose()?;
-            for row in 0..b {
-                let Some(k) = asks[row] else { continue };
-                let p = &prompts_ref[row];
-                // Position i (of the padded row) is prompt token j = i − start; its logits predict
-                // token j + 1.
-                let lo = p0.max(starts[row]);
-                let hi = (p0 + tc).min(t - 1);
-                if lo >= hi {
-                    continue;
-                }
-                // On the device: only each position's log-probability and top k come back.
-                let targets: Vec<u32> = (lo..hi).map(|i| p[i - starts[row] + 1]).collect();
-                let (lp, ids, tops) = e.chunk_token_logprobs(row * tc + (lo - p0), &targets, k)?;
-                for (n, &id) in targets.iter().enumerate() {
-                    let top = (0..k.min(v)).map(|q| (ids[n * k.min(v) + q], tops[n * k.min(v) + q])).collect();
-                    lps[row].push(super::engine::TokenLogprob { id, logprob: lp[n], top });
-                }
-            }
-            if let Some(ts) = ts {
-                e.be.gpu.sync()?;
-                scoring += ts.elapsed().as_secs_f64();
-            }
-            Ok(())
-        })?;
-        if let Some(p) = self.profile.as_mut().filter(|_| any) {
-            charge(p, "prefill: of which scoring (head + log-probs)", scoring);
-        }
+        let (p0, tc) = (p.done, chunk.min(t - p.done));
+        self.inf.prefill_chunk(&p.ids, b, t, p.start.as_deref(), &mut p.pcache, p0, tc)?;
         self.mark("prefill: forward", &mut t0);
+        // Prompt log-probabilities of this chunk's positions, on the device: only each position's
+        // log-probability and top k come back.
+        for row in 0..b {
+            let Some(k) = p.group[row].prompt_logprobs else { continue };
+            let prompt = &p.prompts[row];
+            let off = t - prompt.len();
+            // Position i (of the padded row) is prompt token i − off; its logits predict the next.
+            let (lo, hi) = (p0.max(off), (p0 + tc).min(t - 1));
+            if lo >= hi {
+                continue;
+            }
+            let targets: Vec<u32> = (lo..hi).map(|i| prompt[i - off + 1]).collect();
+            let (lp, ids, tops) = self.inf.chunk_token_logprobs(row * tc + (lo - p0), &targets, k)?;
+            let kk = k.min(v);
+            for (n, &id) in targets.iter().enumerate() {
+                let top = (0..kk).map(|q| (ids[n * kk + q], tops[n * kk + q])).collect();
+                p.lps[row].push(TokenLogprob { id, logprob: lp[n], top });
+            }
+        }
+        if p.group.iter().any(|s| s.prompt_logprobs.is_some()) {
+            self.mark("prefill: scoring (head + log-probs)", &mut t0);
+        }
+        p.done += tc;
+        Ok(tc)
+    }
+
+    /// After a prefill's last chunk (its hidden states still in the engine's buffers).
+    fn place_prefilled(&mut self, mut p: GpuPrefill<T>, running: &mut Vec<Running>, stats: &EngineStats) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        let t = p.t;
+        let mut t0 = std::time::Instant::now();
         // Greedy newcomers without log-probabilities take their first token from the device.
-        let greedy = group.iter().all(|r| r.max_tokens == 0 || (r.sampling.temperature <= 0.0 && r.logprobs.is_none()));
+        let greedy =
+            p.group.iter().all(|r| r.max_tokens == 0 || (r.sampling.temperature <= 0.0 && r.logprobs.is_none()));
         let (last, chosen) = if greedy {
             (Vec::new(), Some(self.inf.prefill_last_chosen()?))
         } else {
@@ -344,15 +364,16 @@ impl<'m> GpuBatcher<'m> {
         };
         self.mark("prefill: last logits", &mut t0);
         let gpu = self.gpu();
-        for (row, req) in group.into_iter().enumerate() {
-            let p = req.prompt.len();
-            if req.prompt_logprobs.is_some() && req.events.send(Event::Prompt(std::mem::take(&mut lps[row]))).is_err() {
-                self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+        for (row, req) in std::mem::take(&mut p.group).into_iter().enumerate() {
+            let n = req.prompt.len();
+            if req.prompt_logprobs.is_some() && req.events.send(Event::Prompt(std::mem::take(&mut p.lps[row]))).is_err()
+            {
+                stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             if req.max_tokens == 0 {
                 let _ = req.events.send(Event::Done(Finish::Length));
-                self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                stats.finished.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let mut r = Running::new(req);
@@ -363,11 +384,11 @@ impl<'m> GpuBatcher<'m> {
             match next {
                 Step::GoesOn => {}
                 Step::Finished => {
-                    self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                    stats.finished.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 Step::Gone => {
-                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    stats.cancelled.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             }
@@ -375,13 +396,13 @@ impl<'m> GpuBatcher<'m> {
                 bail!("no free slot for a prefilled sequence (the admission counted wrong)")
             };
             if self.slots.iter().all(|s| s.is_none()) {
-                self.len = p;
-            } else if self.len < p {
-                let to = p.max(self.longest());
-                self.relocate(to)?;
+                self.len = n;
+            } else if self.len < n {
+                let to = n.max(self.longest());
+                self.relocate(to, stats)?;
             }
-            Self::push_row(&mut self.runs, &gpu, pcache, row, t - p, &mut self.caches, slot, self.len - p, p)?;
-            self.slots[slot] = Some(p);
+            Self::push_row(&mut self.runs, &gpu, &p.pcache, row, t - n, &mut self.caches, slot, self.len - n, n)?;
+            self.slots[slot] = Some(n);
             r.row = slot;
             running.push(r);
         }
@@ -391,11 +412,11 @@ impl<'m> GpuBatcher<'m> {
     }
 
     /// One decode step over every slot.
-    fn step(&mut self, running: &mut Vec<Running>) -> Result<()> {
+    fn step(&mut self, running: &mut Vec<Running>, stats: &EngineStats) -> Result<()> {
         let v = self.model.config.vocab_size;
         if self.len + 1 > self.cap {
             let to = self.longest();
-            self.relocate(to)?;
+            self.relocate(to, stats)?;
         }
         let s = self.slots.len();
         let mut ids = vec![0u32; s];
@@ -411,7 +432,8 @@ impl<'m> GpuBatcher<'m> {
         let greedy = running.iter().all(|r| r.req.sampling.temperature <= 0.0 && r.req.logprobs.is_none());
         let out = if greedy && self.graphs && self.warm {
             let c = self.inf.step_graph(&ids, &start, &mut self.caches, &mut self.graph, &mut self.parked)?;
-            self.stats.graph_steps.fetch_add(1, Ordering::Relaxed);
+            stats.graph_steps.fetch_add(1, Ordering::Relaxed);
+            self.inf.graph_steps += 1;
             StepOut::Chosen(c)
         } else {
             let o = self.inf.step(&ids, &start, &mut self.caches, greedy)?;
@@ -430,11 +452,11 @@ impl<'m> GpuBatcher<'m> {
             }
             StepOut::Chosen(c) => running.iter_mut().map(|r| emit_token(r, &[], Some(c[r.row]))).collect(),
         };
-        self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        self.stats.rows_decoded.fetch_add(running.len(), Ordering::Relaxed);
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.rows_decoded.fetch_add(running.len(), Ordering::Relaxed);
         let count = |k: Step| steps.iter().filter(|&&x| x == k).count();
-        self.stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
-        self.stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
+        stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
+        stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);
         for (r, st) in running.iter().zip(&steps) {
             if *st != Step::GoesOn {
                 self.slots[r.row] = None;
@@ -457,7 +479,7 @@ fn charge(p: &mut Vec<(&'static str, f64, usize)>, phase: &'static str, secs: f6
     }
 }
 
-impl Drop for GpuBatcher<'_> {
+impl<T: Elem> Drop for GpuBatcher<'_, '_, T> {
     fn drop(&mut self) {
         if let Some(p) = &self.profile {
             eprintln!("serving profile (FOXLM_SERVE_PROFILE=1; the device synchronised at each phase's end):");
@@ -468,7 +490,22 @@ impl Drop for GpuBatcher<'_> {
     }
 }
 
-impl Batcher for GpuBatcher<'_> {
+/// A prefill group under way on the GPU: its prompts left-padded into one batch [b, t] and
+/// prefilled through their own cache, a chunk per engine step.
+struct GpuPrefill<T: Elem> {
+    group: Vec<SeqRequest>,
+    pcache: Vec<GpuLayerState<T>>,
+    prompts: Vec<Vec<u32>>,
+    ids: Vec<u32>,
+    t: usize,
+    start: Option<Vec<usize>>,
+    /// Positions prefilled so far.
+    done: usize,
+    /// Prompt log-probabilities gathered chunk by chunk, per row.
+    lps: Vec<Vec<TokenLogprob>>,
+}
+
+impl<T: Elem> Batcher for GpuBatcher<'_, '_, T> {
     fn advance(
         &mut self,
         opts: &EngineOptions,
@@ -483,29 +520,26 @@ impl Batcher for GpuBatcher<'_> {
                 *s = None;
             }
         }
-        // Admit one prefill group: sequences in order while slots last (scoring takes none),
-        // at most the planned batch, with left padding inside one prefill chunk.
+        // Start one prefill group when none is under way: sequences in order while slots last
+        // (scoring takes none), at most the planned batch, with left padding inside one chunk.
         let plan = self.inf.plan();
-        let mut free = self.slots.iter().filter(|s| s.is_none()).count();
-        let mut group: Vec<SeqRequest> = Vec::new();
-        let admit = self.admit_now(opts, running, waiting, free);
-        let (mut lo, mut hi) = (usize::MAX, 0);
-        while let Some(front) = waiting.front().filter(|_| admit) {
-            let p = front.prompt.len();
-            let takes = front.max_tokens > 0;
-            let (nlo, nhi) = (lo.min(p), hi.max(p));
-            if (takes && free == 0) || group.len() == plan.batch || (nhi > plan.chunk && nhi - nlo >= plan.chunk) {
-                break;
+        let chunk = opts.prefill_chunk.clamp(1, plan.chunk);
+        if self.prefilling.is_none() {
+            let free = self.slots.iter().filter(|s| s.is_none()).count();
+            if self.admit_now(opts, running, waiting, free) {
+                let group = take_group(waiting, free, plan.batch, chunk);
+                if !group.is_empty() {
+                    stats.prefills.fetch_add(1, Ordering::Relaxed);
+                    stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
+                    self.start_prefill(group)?;
+                }
             }
-            (lo, hi) = (nlo, nhi);
-            free -= takes as usize;
-            group.extend(waiting.pop_front());
         }
-        if !group.is_empty() {
-            stats.prefills.fetch_add(1, Ordering::Relaxed);
-            stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
+        if self.prefilling.is_some() {
             let t0 = std::time::Instant::now();
-            self.prefill(group, running)?;
+            let tc = self.prefill_chunk(chunk, running, stats)?;
+            stats.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+            stats.prefill_positions.fetch_add(tc, Ordering::Relaxed);
             stats.prefill_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
             // GPU memory for /metrics, read while the prefill's cache is still counted.
             if let Ok((free, total)) = self.inf.be.gpu.context().mem_get_info() {
@@ -513,21 +547,28 @@ impl Batcher for GpuBatcher<'_> {
             }
         }
         stats.running.store(running.len(), Ordering::Relaxed);
-        stats.waiting.store(waiting.len(), Ordering::Relaxed);
+        stats.waiting.store(waiting.len() + self.pending(), Ordering::Relaxed);
         if running.is_empty() {
-            self.len = 0;
+            if self.prefilling.is_none() {
+                self.len = 0;
+            }
             return Ok(());
         }
         let mut t0 = std::time::Instant::now();
-        self.step(running)?;
+        self.step(running, stats)?;
         stats.step_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
         self.mark("decode step", &mut t0);
         stats.running.store(running.len(), Ordering::Relaxed);
         Ok(())
     }
 
+    fn pending(&self) -> usize {
+        self.prefilling.as_ref().map_or(0, |p| p.group.len())
+    }
+
     fn reset(&mut self) {
         self.slots.iter_mut().for_each(|s| *s = None);
+        self.prefilling = None;
         self.len = 0;
         self.graph = None;
         self.parked = None;

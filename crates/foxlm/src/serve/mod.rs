@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// See `EngineOptions::admit_delay`.
     pub admit_delay_ms: f64,
+    /// See `EngineOptions::prefill_chunk`.
+    pub prefill_chunk: usize,
 }
 
 impl ServeOptions {
@@ -60,14 +62,15 @@ impl ServeOptions {
             max_queue: 256,
             max_body_bytes: 4 << 20,
             admit_delay_ms: DEFAULT_ADMIT_DELAY_MS,
+            prefill_chunk: engine::DEFAULT_PREFILL_CHUNK,
         }
     }
 }
 
 /// Loads the model, starts the engine and builds the shared state.
 fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()>)> {
-    if o.max_batch == 0 || o.max_queue == 0 {
-        bail!("--max-batch and --max-queue must be at least 1");
+    if o.max_batch == 0 || o.max_queue == 0 || o.prefill_chunk == 0 {
+        bail!("--max-batch, --max-queue and --prefill-chunk must be at least 1");
     }
     let model = load_model(&o.model)?;
     let cfg = &model.config;
@@ -97,17 +100,25 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         max_batch: o.max_batch,
         max_queue: o.max_queue,
         admit_delay: std::time::Duration::from_secs_f64(o.admit_delay_ms.clamp(0.0, 1e6) / 1e3),
+        prefill_chunk: o.prefill_chunk,
     };
     let model = Arc::new(model);
     let on = device.describe();
     let (engine, thread) = match device {
-        Device::Cpu => engine::start(move |l| l.run(&mut engine::CpuBatcher::new(model)), eopts),
+        Device::Cpu => engine::start(move |l| l.run(&mut engine::CpuBatcher::new(&model)), eopts),
         Device::Cuda(gpu) => {
             let (slots, len) = (o.max_batch, max_model_len);
             engine::start(
-                move |l| match gpu::GpuBatcher::new(gpu, &model, slots, len, l.stats().clone()) {
-                    Ok(mut b) => l.run(&mut b),
-                    Err(e) => l.fail(e),
+                move |l| {
+                    let mut inf = match gpu::serving_infer(gpu, &model, slots, len) {
+                        Ok(inf) => inf,
+                        Err(e) => return l.fail(e),
+                    };
+                    let stats = l.stats().clone();
+                    match gpu::GpuBatcher::new(&mut inf, len, &stats) {
+                        Ok(mut b) => l.run(&mut b),
+                        Err(e) => l.fail(e),
+                    };
                 },
                 eopts,
             )

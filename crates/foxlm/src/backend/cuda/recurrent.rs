@@ -27,6 +27,15 @@ pub(crate) struct SsmScratch {
     pub(crate) next: Option<CudaSlice<f32>>,
 }
 
+impl SsmScratch {
+    /// Each buffer's length (0: none). A buffer is only ever replaced by a larger one, so equal
+    /// lengths mean the same buffers: what a captured CUDA graph, which holds their addresses,
+    /// needs to know after other work ran.
+    pub(crate) fn lens(&self) -> [usize; 5] {
+        [&self.big, &self.small, &self.a, &self.da, &self.next].map(|s| s.as_ref().map_or(0, |s| s.len()))
+    }
+}
+
 /// `slot` holding at least `n` floats (allocated, or reallocated larger, when it does not).
 pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usize) -> Result<&'a mut CudaSlice<f32>> {
     if slot.as_ref().is_none_or(|s| s.len() < n) {

@@ -220,6 +220,39 @@ fn zero1_ranks_reproduce_the_single_process_steps() {
     assert!(max_diff(&m2, &m1) < 1e-6, "resumed 4 → 2: max |Δ weight| {:e}", max_diff(&m2, &m1));
 }
 
+/// The same for the recurrent families' parameters (HGRN2's per-layer lower bounds, the delta
+/// rule's and Mamba-2's convolutions, decays and norms): 2 ranks with ZeRO-1 against the
+/// single-process steps, within the rounding of the other summation order. On GPUs the same
+/// rows run through NCCL (`foxlm gpu-check --only dist --dist-model hgrn2|deltanet|...`).
+#[test]
+fn zero1_ranks_reproduce_the_single_process_steps_for_every_family() {
+    use foxlm::presets::{deltanet_config, hgrn2_config, mamba2_config};
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(&small_data(tmp.path())).unwrap();
+    let at = Loader::new(&ds, Split::Train, CONTEXT, 0, true).unwrap().state();
+    let steps = 3;
+    for (name, cfg) in [
+        ("hgrn2", hgrn2_config(32, 2, 16)),
+        ("gated deltanet", deltanet_config(32, 2, 2, true)),
+        ("deltanet", deltanet_config(32, 2, 2, false)),
+        ("mamba2", mamba2_config(32, 2)),
+    ] {
+        cfg.validate().unwrap();
+        let start = init_model(&cfg, 3);
+        let (mut m1, mut o1) = (start.clone(), adamw(&start));
+        let want = single(&ds, &mut m1, &mut o1, at, steps);
+        let (m2, _, got) = ranks(&ds, &start, &adamw(&start), at, 2, steps);
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.ids, w.ids, "{name}, step {s}: other windows");
+            let (dl, dn) = ((g.loss - w.loss).abs(), (g.norm - w.norm).abs() / w.norm);
+            assert!(dl < 1e-6 && dn < 1e-5, "{name}, step {s}: loss Δ {dl:e}, norm rel Δ {dn:e}");
+        }
+        let d = max_diff(&m2, &m1);
+        assert!(d < 1e-6, "{name}: max |Δ weight| {d:e} after {steps} steps on 2 ranks");
+        eprintln!("{name}: 2 ranks, max |Δ weight| after {steps} steps = {d:e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The binary's multi-process errors.
 

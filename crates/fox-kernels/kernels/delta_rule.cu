@@ -114,6 +114,29 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4],
 #define DR_SMEM_DECL                                      \
     extern __shared__ __align__(16) unsigned char dr_smem_[]; \
     unsigned char* smem = dr_smem_;
+// ldmatrix: four (two) 8x8 pieces of 16-bit elements, lane l giving the address of row l % 8 of
+// piece l / 8; register i of lane l gets piece i's (row l / 4, columns 2 (l % 4) + {0, 1}), or with
+// .trans its (rows 2 (l % 4) + {0, 1}, column l / 4).
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x2(u32 (&r)[2], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x2_t(u32 (&r)[2], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
 // 16 bytes from global to shared memory, asynchronously (zeros when !valid).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
@@ -137,37 +160,31 @@ inline void dr_need_smem(int bytes) {
 }
 #endif
 
-__device__ __forceinline__ u32 dr_pack(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
-
 // c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
 // A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
+// c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
+// A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
+// Fragments by ldmatrix (.trans where the tile holds the operand's transpose): lane l points at row
+// l % 8 of 8x8 piece l / 8 (tile strides are multiples of 16 bytes, column offsets of 8 elements).
 template <bool AT, bool BT>
 __device__ __forceinline__ void dr_tile(float (&c)[4], const u16* A, int lda, const u16* B, int ldb, int r0, int c0,
                                         int kdim) {
-    const int lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    const int lane = threadIdx.x & 31, j = lane & 7, m = (lane >> 3) & 3;
+    // Piece m of A: rows r0 + 8 (m & 1), k k0 + 8 (m >> 1); of B: k k0 + 8 (m & 1), columns c0.
+    const u16* pa = AT ? A + (j + (m >> 1) * 8) * lda + r0 + (m & 1) * 8 : A + (r0 + j + (m & 1) * 8) * lda + (m >> 1) * 8;
+    const u16* pb = BT ? B + (c0 + j) * ldb + (m & 1) * 8 : B + (j + (m & 1) * 8) * ldb + c0;
+    const int sa = AT ? 16 * lda : 16, sb = BT ? 16 : 16 * ldb;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
-        const int ka = k0 + 2 * tq;
-        u32 a[4];
-        if (AT) {
-            a[0] = dr_pack(A[ka * lda + r0 + gr], A[(ka + 1) * lda + r0 + gr]);
-            a[1] = dr_pack(A[ka * lda + r0 + gr + 8], A[(ka + 1) * lda + r0 + gr + 8]);
-            a[2] = dr_pack(A[(ka + 8) * lda + r0 + gr], A[(ka + 9) * lda + r0 + gr]);
-            a[3] = dr_pack(A[(ka + 8) * lda + r0 + gr + 8], A[(ka + 9) * lda + r0 + gr + 8]);
-        } else {
-            a[0] = *(const u32*)(A + (r0 + gr) * lda + ka);
-            a[1] = *(const u32*)(A + (r0 + gr + 8) * lda + ka);
-            a[2] = *(const u32*)(A + (r0 + gr) * lda + ka + 8);
-            a[3] = *(const u32*)(A + (r0 + gr + 8) * lda + ka + 8);
-        }
-        u32 b0, b1;
-        if (BT) {
-            b0 = *(const u32*)(B + (c0 + gr) * ldb + ka);
-            b1 = *(const u32*)(B + (c0 + gr) * ldb + ka + 8);
-        } else {
-            b0 = dr_pack(B[ka * ldb + c0 + gr], B[(ka + 1) * ldb + c0 + gr]);
-            b1 = dr_pack(B[(ka + 8) * ldb + c0 + gr], B[(ka + 9) * ldb + c0 + gr]);
-        }
-        mma_bf16_16816(c, a, b0, b1);
+        u32 a[4], b[2];
+        if (AT)
+            ldsm_x4_t(a, pa + (k0 / 16) * sa);
+        else
+            ldsm_x4(a, pa + (k0 / 16) * sa);
+        if (BT)
+            ldsm_x2(b, pb + (k0 / 16) * sb);
+        else
+            ldsm_x2_t(b, pb + (k0 / 16) * sb);
+        mma_bf16_16816(c, a, b[0], b[1]);
     }
 }
 
@@ -363,13 +380,18 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
             }
     }
     __syncthreads();
-    // Forward substitution, one column of T per thread: T_ic = δ_ic − Σ_{c ≤ j < i} A_ij T_jc.
-    if (tid < DR_L) {
-        const int cc = tid;
+    static_assert(DR_NT == 4 * DR_L, "four threads per column of T");
+    // Forward substitution, T_ic = δ_ic − Σ_{c ≤ j < i} A_ij T_jc, row by row: four lanes of a warp
+    // per column c, each summing the j ≡ q (mod 4), then a fixed butterfly.
+    {
+        const int cc = tid >> 2, q = tid & 3;
         for (int i = 0; i < DR_L; ++i) {
-            float s = i == cc ? 1.f : 0.f;
-            for (int j = cc; j < i; ++j) s -= Af[i * 65 + j] * Tf[j * 65 + cc];
-            Tf[i * 65 + cc] = i >= cc ? s : 0.f;
+            float s = 0.f;
+            for (int j = cc + q; j < i; j += 4) s += Af[i * 65 + j] * Tf[j * 65 + cc];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            if (q == 0) Tf[i * 65 + cc] = i > cc ? -s : (i == cc ? 1.f : 0.f);
+            __syncwarp();
         }
     }
     __syncthreads();

@@ -43,7 +43,7 @@ inline u16 mock_rne(float v) {
 }
 template <bool BF> inline u32 pack2(float lo, float hi) { return (u32)mock_rne(lo) | ((u32)mock_rne(hi) << 16); }
 std::barrier<>* g_block_bar;
-struct Warp { std::barrier<>* bar; double vals[32]; u32 ma[32][4], mb[32][2]; };
+struct Warp { std::barrier<>* bar; double vals[32]; u32 ma[32][4], mb[32][2]; const u16* ptr[32]; };
 std::vector<Warp> g_warps;
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
@@ -87,6 +87,33 @@ inline void cp_async16(void* dst, const void* src, bool valid) {
         memset(dst, 0, 16);
 }
 inline void cp_async_commit() {}
+// ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].shared.b16: lane l points at row l % 8 of piece l / 8;
+// register i of lane l gets piece i's (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), transposed with
+// .trans (rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4).
+template <int N, bool TR>
+inline void mock_ldsm(u32* r, const u16* p) {
+    const int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.ptr[lane] = p;
+    w.bar->arrive_and_wait();
+    for (int i = 0; i < N; ++i) {
+        const int row = lane / 4, col = 2 * (lane % 4);
+        u16 lo, hi;
+        if (TR) {
+            lo = w.ptr[8 * i + col][row];
+            hi = w.ptr[8 * i + col + 1][row];
+        } else {
+            lo = w.ptr[8 * i + row][col];
+            hi = w.ptr[8 * i + row][col + 1];
+        }
+        r[i] = (u32)lo | ((u32)hi << 16);
+    }
+    w.bar->arrive_and_wait();
+}
+inline void ldsm_x4(u32 (&r)[4], const u16* p) { mock_ldsm<4, false>(r, p); }
+inline void ldsm_x4_t(u32 (&r)[4], const u16* p) { mock_ldsm<4, true>(r, p); }
+inline void ldsm_x2(u32 (&r)[2], const u16* p) { mock_ldsm<2, false>(r, p); }
+inline void ldsm_x2_t(u32 (&r)[2], const u16* p) { mock_ldsm<2, true>(r, p); }
 template <int N>
 inline void cp_async_wait() {}
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the warp's fragments (PTX ISA's layout:

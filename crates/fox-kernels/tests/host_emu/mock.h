@@ -110,6 +110,26 @@ inline void mock_ldsm(u32* r, const u16* p) {
     }
     w.bar->arrive_and_wait();
 }
+// stmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane l points at row l % 8 of piece l / 8;
+// register i of lane l holds piece i's (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), stored
+// transposed (into rows 2 (l % 4), 2 (l % 4) + 1, column l / 4).
+inline void stsm_x4_t(u16* p, const u32 (&r)[4]) {
+    const int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.ptr[lane] = p;
+    for (int i = 0; i < 4; ++i) w.ma[lane][i] = r[i];
+    w.bar->arrive_and_wait();
+    if (lane == 0)
+        for (int l = 0; l < 32; ++l)
+            for (int i = 0; i < 4; ++i) {
+                const int row = l / 4, col = 2 * (l % 4);
+                u16* a = const_cast<u16*>(w.ptr[8 * i + col]);
+                u16* b = const_cast<u16*>(w.ptr[8 * i + col + 1]);
+                a[row] = (u16)(w.ma[l][i] & 0xffffu);
+                b[row] = (u16)(w.ma[l][i] >> 16);
+            }
+    w.bar->arrive_and_wait();
+}
 inline void ldsm_x4(u32 (&r)[4], const u16* p) { mock_ldsm<4, false>(r, p); }
 inline void ldsm_x4_t(u32 (&r)[4], const u16* p) { mock_ldsm<4, true>(r, p); }
 inline void ldsm_x2(u32 (&r)[2], const u16* p) { mock_ldsm<2, false>(r, p); }

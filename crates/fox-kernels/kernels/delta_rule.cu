@@ -95,7 +95,8 @@ struct DrLayout {
     static constexpr int WB_SET = 3 * TK + TV + DV + ROWS;
     static constexpr int NB_BWD = 2 * WB_SET + TS + 2 * TV <= 227 * 1024 ? 2 : 1;
     static constexpr int walk_bwd = NB_BWD * WB_SET + TS + 2 * TV;
-    static constexpr int out = 2 * TK + TL + TS + TV + ROWS;
+    static constexpr int out = 2 * TK + TL + 2 * (TS + TV) + ROWS;
+    static constexpr int dvl = 2 * TK + TL + TS + TV + ROWS;
     static constexpr int grads_b = 2 * TS + 7 * TV + DV > 3 * F65 + 2 * TL ? 2 * TS + 7 * TV + DV : 3 * F65 + 2 * TL;
     // sb, sG, sdG, sdb, stmp [64], part [8][64], red [256], sX [4]
     static constexpr int grads_small = (5 * DR_L + DR_NW * DR_L + DR_NT + 4) * 4;
@@ -746,16 +747,10 @@ struct DrWalk<u16, KP> {
     static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
 };
 
-// M = D ∘ Q Kᵀ (j ≤ i) of chunk c into Ms (E), with Q and K loaded into Qs, Ks and G into sG.
+// M = D ∘ Q Kᵀ (j ≤ i) into Ms (E) from Qs, Ks and G in sG. The caller has waited for them.
 template <typename E, int KP>
-__device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, int t0, E* Qs, E* Ks, E* Ms, float* sG) {
+__device__ __forceinline__ void dr_m_of(const E* Qs, const E* Ks, E* Ms, const float* sG) {
     typedef DrLayout<E, KP> Lay;
-    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
-    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
-    cp_async_commit();
-    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[(long long)k.bh * p.Tp + t0 + threadIdx.x];
-    cp_async_wait<0>();
-    __syncthreads();
     DrAcc<DR_L, DR_L> m;
     m.zero();
     m.template mma<false, true>(Qs, Lay::LK, Ks, Lay::LK, KP);
@@ -768,7 +763,21 @@ __device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, 
         }
 }
 
+// M = D ∘ Q Kᵀ (j ≤ i) of chunk c into Ms (E), with Q and K loaded into Qs, Ks and G into sG.
+template <typename E, int KP>
+__device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, int t0, E* Qs, E* Ks, E* Ms, float* sG) {
+    typedef DrLayout<E, KP> Lay;
+    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
+    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[(long long)k.bh * p.Tp + t0 + threadIdx.x];
+    cp_async_wait<0>();
+    __syncthreads();
+    dr_m_of<E, KP>(Qs, Ks, Ms, sG);
+}
+
 // ---- dr_out: O = scale (diag(γ) Q S_0 + M U) per chunk ----
+// Q and K, then S and U block by block of V (two sets: the next block loads while this one computes).
 template <typename E, int KP>
 __device__ __forceinline__ void dr_out(const DrParams& p) {
     typedef DrLayout<E, KP> Lay;
@@ -777,29 +786,45 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     E* Qs = (E*)smem;
     E* Ks = (E*)(smem + Lay::TK);
     E* Ms = (E*)(smem + 2 * Lay::TK);
-    E* Ss = (E*)(smem + 2 * Lay::TK + Lay::TL);
-    E* Us = (E*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS);
-    float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
+    unsigned char* sets = smem + 2 * Lay::TK + Lay::TL;
+    auto Sb = [&](int i) { return (E*)(sets + i * (Lay::TS + Lay::TV)); };
+    auto Ub = [&](int i) { return (E*)(sets + i * (Lay::TS + Lay::TV) + Lay::TS); };
+    float* sG = (float*)(sets + 2 * (Lay::TS + Lay::TV));
     const DrBlock k = dr_block(p);
     const int c = blockIdx.x, t0 = c * DR_L;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-    dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
-    E* O = (E*)p.o;
-    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_scr<KP, DR_BV>(Ss, Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
-        dr_scr<DR_L, DR_BV>(Us, Lay::LV, (const E*)p.u, row0, p.Vp, v0);
+    auto issue = [&](int v0, int bi) {
+        dr_scr<KP, DR_BV>(Sb(bi), Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Ub(bi), Lay::LV, (const E*)p.u, row0, p.Vp, v0);
         cp_async_commit();
-        cp_async_wait<0>();
+    };
+    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
+    issue(0, 0);
+    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[row0 + threadIdx.x];
+    cp_async_wait<1>();
+    __syncthreads();
+    dr_m_of<E, KP>(Qs, Ks, Ms, sG);
+    E* O = (E*)p.o;
+    for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
+        const int cur = it & 1;
+        if (v0 + DR_BV < p.Vp) {
+            issue(v0 + DR_BV, cur ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
         DrAcc<DR_L, DR_BV> o;
         o.zero();
-        o.template mma<false, false>(Qs, Lay::LK, Ss, Lay::LV, KP);
+        o.template mma<false, false>(Qs, Lay::LK, Sb(cur), Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < o.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) o.c[i][r] *= __expf(sG[o.row(i, r)]);
-        o.template mma<false, false>(Ms, Lay::LL, Us, Lay::LV, DR_L);
+        o.template mma<false, false>(Ms, Lay::LL, Ub(cur), Lay::LV, DR_L);
 #pragma unroll
         for (int i = 0; i < o.TPW; ++i)
 #pragma unroll
@@ -817,7 +842,7 @@ template <typename E, int KP>
 __device__ __forceinline__ void dr_dvl(const DrParams& p) {
     typedef DrLayout<E, KP> Lay;
     DR_SMEM_DECL
-    dr_need_smem(Lay::out);
+    dr_need_smem(Lay::dvl);
     E* Qs = (E*)smem;
     E* Ks = (E*)(smem + Lay::TK);
     E* Ms = (E*)(smem + 2 * Lay::TK);

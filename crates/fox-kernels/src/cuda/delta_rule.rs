@@ -218,7 +218,8 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
             let nb = if 2 * set + ts + 2 * tv <= 227 * 1024 { 2 } else { 1 };
             nb * set + ts + 2 * tv
         }
-        "out" | "dvl" => 2 * tk + tl + ts + tv + rows,
+        "out" => 2 * tk + tl + 2 * (ts + tv) + rows,
+        "dvl" => 2 * tk + tl + ts + tv + rows,
         _ => {
             let b = (2 * ts + 7 * tv + dv).max(3 * f65 + 2 * tl);
             2 * tk + tl + b + (5 * CHUNK + 8 * CHUNK + THREADS as usize + 4) * 4

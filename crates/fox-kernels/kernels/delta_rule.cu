@@ -586,8 +586,6 @@ __device__ __forceinline__ u32 dr_bf2(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-// Barrier `id` (1-15) of the n threads (whole warps) that use it.
-__device__ __forceinline__ void dr_bar(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 #else
 inline u32 dr_bf2(float lo, float hi) {
     u16 a, b;
@@ -595,7 +593,6 @@ inline u32 dr_bf2(float lo, float hi) {
     st(&b, 0, hi);
     return (u32)a | ((u32)b << 16);
 }
-inline void dr_bar(int id, int n) { bar_sync(id, n); }
 #endif
 __device__ __forceinline__ void st2(u16* p, long long i, float a, float b) { *(u32*)(p + i) = dr_bf2(a, b); }
 __device__ __forceinline__ float dr_lo(u32 w) { return __uint_as_float(w << 16); }
@@ -672,7 +669,8 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         cp_async_wait<0>();
         __syncthreads();
         if (c + 1 < p.nch) issue(c + 1, cur ^ 1);
-        if (!act) continue;
+        // A group past V' computes on zeros (its Ũ columns load as 0) and stores nothing: every
+        // warp meets the block barrier of the exchange below.
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP + k0;
         // Sᵀ as bf16 A fragments (k-steps of 16 columns of K); S out to `states`.
@@ -686,7 +684,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
         }
         __syncwarp();
-        for (int i = lane; i < KW * 2; i += 32) {
+        for (int i = lane; act && i < KW * 2; i += 32) {
             const int r = i >> 1, h = i & 1;
             *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
         }
@@ -712,7 +710,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             for (int n = 0; n < 8; ++n)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) mine[(n * 4 + r) * 32 + lane] = u[n][r];
-            dr_bar(1 + grp, 32 * KS);
+            __syncthreads();
             const float* all = X + grp * KS * 1024;
 #pragma unroll
             for (int n = 0; n < 8; ++n)
@@ -745,7 +743,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             }
         }
         __syncwarp();
-        for (int i = lane; i < UR * 2; i += 32) {
+        for (int i = lane; act && i < UR * 2; i += 32) {
             const int r = i >> 1, h = i & 1;
             *(uint4*)(U + (row0 + kq * UR + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
         }

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -77,19 +76,6 @@ inline unsigned __ballot_sync(unsigned, bool pred) {
     return r;
 }
 inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
-// bar.sync id, n: barrier `id` of the block among n threads, made by the first thread to arrive
-// (launch clears them per block).
-std::unique_ptr<std::barrier<>> g_named[16];
-std::mutex g_named_mu;
-inline void bar_sync(int id, int n) {
-    std::barrier<>* b;
-    {
-        std::lock_guard<std::mutex> l(g_named_mu);
-        if (!g_named[id]) g_named[id].reset(new std::barrier<>(n));
-        b = g_named[id].get();
-    }
-    b->arrive_and_wait();
-}
 // Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.
 #define FOX_HOST_EMU 1
 alignas(16) static unsigned char dyn_smem[232 * 1024];
@@ -182,7 +168,6 @@ template <class F> void launch(dim3e grid, unsigned block, F f) {
                 blockIdx = {x, y, z};
                 std::barrier<> bb(block);
                 g_block_bar = &bb;
-                for (auto& nb : g_named) nb.reset();
                 std::vector<std::unique_ptr<std::barrier<>>> wb;
                 g_warps.assign(block / 32, Warp{});
                 for (unsigned w = 0; w < block / 32; ++w) {

@@ -599,32 +599,28 @@ __device__ __forceinline__ float dr_lo(u32 w) { return __uint_as_float(w << 16);
 __device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
 // ---- dr_walk_tc: the state walk with bf16 activations, on tensor cores ----
-// Per (b, h, 16·WW columns of V): WW groups of KS warps, group g owning the 16 columns
-// vw = v0 + 16g, warp q of a group the K/KS columns of K from q·K/KS. A warp keeps its part of Sᵀ
-// [16, K/KS] in f32 registers in the mma accumulator layout, which is also the A operand layout of
-// the next products (rounded to bf16): Uᵀ = Ũᵀ − Sᵀ Wᵀ (the group's KS partial products summed
-// through shared memory in a fixed order, so that every warp of the group holds the same U), then
-// Sᵀ ← γ_L Sᵀ + (U')ᵀ K on its columns. W, K, Ũ and G of the next chunk load while this one
-// computes (one block barrier per chunk); the entering states and U go out through a per-warp
-// staging tile (stmatrix .trans) as 16-byte rows. Same scratch and roundings as dr_walk_fwd.
-template <int KP, int KS, int WW>
+// Per (b, h, DR_WV columns of V), DR_WW warps, warp w owning the 16 columns vw = v0 + 16w: it keeps
+// Sᵀ [16, K'] in f32 registers in the mma accumulator layout, which is also the A operand layout of
+// the next products (rounded to bf16), so the chain Uᵀ = Ũᵀ − Sᵀ Wᵀ, Sᵀ ← γ_L Sᵀ + (U')ᵀ K never
+// leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next chunk load while this one
+// computes (one barrier per chunk); the entering states and U go out through a per-warp staging
+// tile (stmatrix .trans) as 16-byte rows. Same scratch and the same roundings as dr_walk_fwd.
+#define DR_WW 4
+#define DR_WV (16 * DR_WW)
+template <int KP>
 struct DrWalkTc {
-    static constexpr int KW = KP / KS, NW = WW * KS, WV = 16 * WW;
-    static_assert(KW % 32 == 0 || KS == 1, "dr_walk_tc: a warp's columns of K are a multiple of 32");
-    static constexpr int LK = KP + 8, LU = WV + 8, LS = 24;
+    static constexpr int LK = KP + 8, LU = DR_WV + 8, LS = 24;
     static constexpr int TK = DR_L * LK * 2;  // W or K [64][K']
-    static constexpr int TU = DR_L * LU * 2;  // Ũ [64][WV]
+    static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
     static constexpr int SET = 2 * TK + TU + DR_L * 4;
-    static constexpr int STG = (KW + DR_L / KS) * LS * 2;  // per warp: its rows of S [KW][16], of U [64/KS][16]
-    static constexpr int XCH = KS > 1 ? 32 * 32 * 4 : 0;   // per warp: its partial Sᵀ Wᵀ, 32 values a lane
-    static constexpr int bytes = 2 * SET + NW * (STG + XCH);
+    static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
+    static constexpr int bytes = 2 * SET + DR_WW * STG;
 };
 
-template <int KP, int KS, int WW>
+template <int KP>
 __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
-    typedef DrWalkTc<KP, KS, WW> Lw;
-    constexpr int KW = Lw::KW, NTW = 32 * Lw::NW, WV = Lw::WV, LK = Lw::LK, LU = Lw::LU, LS = Lw::LS;
-    constexpr int UR = DR_L / KS;  // rows of U this warp stores
+    typedef DrWalkTc<KP> Lw;
+    constexpr int NTW = 32 * DR_WW, LK = Lw::LK, LU = Lw::LU, LS = Lw::LS;
     DR_SMEM_DECL
     dr_need_smem(Lw::bytes);
     auto Wb = [&](int i) { return (u16*)(smem + i * Lw::SET); };
@@ -632,12 +628,11 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     auto Ub = [&](int i) { return (u16*)(smem + i * Lw::SET + 2 * Lw::TK); };
     auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + 2 * Lw::TK + Lw::TU); };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
-              m4 = lane >> 3, grp = warp / KS, kq = warp % KS, k0 = kq * KW;
+              m4 = lane >> 3;
     u16* Sst = (u16*)(smem + 2 * Lw::SET + warp * Lw::STG);
-    u16* Ust = Sst + KW * LS;
-    float* X = (float*)(smem + 2 * Lw::SET + Lw::NW * Lw::STG);
+    u16* Ust = Sst + KP * LS;
     const DrBlock k = dr_block(p);
-    const int v0 = blockIdx.x * WV, vw = v0 + 16 * grp;
+    const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
     const bool act = vw < p.Vp;
     u16* states = (u16*)p.states;
     const u16* W = (const u16*)p.w;
@@ -646,21 +641,21 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         dr_scr<DR_L, KP, NTW>(Wb(bi), LK, W, row0, KP, 0);
         dr_in<KP, NTW>(Kb(bi), LK, (const u16*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
-        for (int i = threadIdx.x; i < DR_L * (WV / 8); i += NTW) {
-            const int r = i / (WV / 8), cc = i % (WV / 8) * 8;
+        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
+            const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
             const bool ok = v0 + cc < p.Vp;
             cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
         }
         if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
         cp_async_commit();
     };
-    // s[n][·]: Sᵀ rows vw + g (0, 1) and vw + g + 8 (2, 3), columns k0 + 8n + 2t + {0, 1}.
-    float s[KW / 8][4];
+    // s[n][·]: Sᵀ rows vw + g (0, 1) and vw + g + 8 (2, 3), columns 8n + 2t + {0, 1}.
+    float s[KP / 8][4];
 #pragma unroll
-    for (int n = 0; n < KW / 8; ++n)
+    for (int n = 0; n < KP / 8; ++n)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+            const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
             s[n][r] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
     issue(0, 0);
@@ -669,14 +664,13 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         cp_async_wait<0>();
         __syncthreads();
         if (c + 1 < p.nch) issue(c + 1, cur ^ 1);
-        // A group past V' computes on zeros (its Ũ columns load as 0) and stores nothing: every
-        // warp meets the block barrier of the exchange below.
+        if (!act) continue;
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
-        const long long sbase = ((long long)k.bh * p.nch + c) * KP + k0;
+        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
         // Sᵀ as bf16 A fragments (k-steps of 16 columns of K); S out to `states`.
-        u32 sa[KW / 16][4];
+        u32 sa[KP / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < KW / 16; ++kk) {
+        for (int kk = 0; kk < KP / 16; ++kk) {
             sa[kk][0] = dr_bf2(s[2 * kk][0], s[2 * kk][1]);
             sa[kk][1] = dr_bf2(s[2 * kk][2], s[2 * kk][3]);
             sa[kk][2] = dr_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -684,7 +678,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
         }
         __syncwarp();
-        for (int i = lane; act && i < KW * 2; i += 32) {
+        for (int i = lane; i < KP * 2; i += 32) {
             const int r = i >> 1, h = i & 1;
             *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
         }
@@ -694,58 +688,38 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         for (int n = 0; n < 8; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) u[n][r] = 0.f;
-        const u16* Ws = Wb(cur) + k0;
+        const u16* Ws = Wb(cur);
 #pragma unroll
         for (int n = 0; n < 8; ++n)
 #pragma unroll
-            for (int k2 = 0; k2 < KW / 32; ++k2) {
+            for (int k2 = 0; k2 < KP / 32; ++k2) {
                 u32 b[4];
                 ldsm_x4(b, Ws + (n * 8 + j8) * LK + k2 * 32 + m4 * 8);
                 mma_bf16_16816(u[n], sa[2 * k2], b[0], b[1]);
                 mma_bf16_16816(u[n], sa[2 * k2 + 1], b[2], b[3]);
             }
-        if (KS > 1) {
-            float* mine = X + warp * 1024;
-#pragma unroll
-            for (int n = 0; n < 8; ++n)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) mine[(n * 4 + r) * 32 + lane] = u[n][r];
-            __syncthreads();
-            const float* all = X + grp * KS * 1024;
-#pragma unroll
-            for (int n = 0; n < 8; ++n)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    float a = 0.f;
-#pragma unroll
-                    for (int q = 0; q < KS; ++q) a += all[q * 1024 + (n * 4 + r) * 32 + lane];
-                    u[n][r] = a;
-                }
-        }
         const u16* Us = Ub(cur);
 #pragma unroll
         for (int n2 = 0; n2 < 4; ++n2) {
             u32 r[4];
-            ldsm_x4_t(r, Us + (n2 * 16 + (m4 >> 1) * 8 + j8) * LU + 16 * grp + (m4 & 1) * 8);
+            ldsm_x4_t(r, Us + (n2 * 16 + (m4 >> 1) * 8 + j8) * LU + 16 * warp + (m4 & 1) * 8);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
                 x[0] = dr_lo(r[i]) - x[0];
                 x[1] = dr_hi(r[i]) - x[1];
             }
-            if (n2 * 16 / UR == kq) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
-                    r[i] = dr_bf2(x[0], x[1]);
-                }
-                stsm_x4_t(Ust + (n2 * 16 - kq * UR + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
+            for (int i = 0; i < 4; ++i) {
+                const float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
+                r[i] = dr_bf2(x[0], x[1]);
             }
+            stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
         }
         __syncwarp();
-        for (int i = lane; act && i < UR * 2; i += 32) {
+        for (int i = lane; i < DR_L * 2; i += 32) {
             const int r = i >> 1, h = i & 1;
-            *(uint4*)(U + (row0 + kq * UR + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
+            *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
         }
         // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
         const float* sG = Gb(cur);
@@ -763,12 +737,12 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         }
         const float egl = __expf(gl);
 #pragma unroll
-        for (int n = 0; n < KW / 8; ++n)
+        for (int n = 0; n < KP / 8; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) s[n][r] *= egl;
-        const u16* Ks = Kb(cur) + k0;
+        const u16* Ks = Kb(cur);
 #pragma unroll
-        for (int n2 = 0; n2 < KW / 16; ++n2)
+        for (int n2 = 0; n2 < KP / 16; ++n2)
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 u32 b[4];
@@ -779,24 +753,14 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     }
     if (act && p.fin) {
 #pragma unroll
-        for (int n = 0; n < KW / 8; ++n)
+        for (int n = 0; n < KP / 8; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+                const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
                 if (kd < p.K && vc < p.V) p.fin[((long long)k.bh * p.K + kd) * p.V + vc] = s[n][r];
             }
     }
 }
-
-// The bf16 walk's split of K over warps: two warps per 16 columns of V from K' = 64.
-#ifndef DR_WALK_KS
-#define DR_WALK_KS 2
-#endif
-#define DR_WALK_WW 4
-template <int KP>
-struct DrWalkCfg {
-    static constexpr int KS = KP >= 64 ? (KP / DR_WALK_KS >= 32 ? DR_WALK_KS : KP / 32) : 1;
-};
 
 // The forward walk of an activation type: on tensor cores for bf16, dr_walk_fwd for f32.
 template <typename E, int KP>
@@ -805,7 +769,7 @@ struct DrWalk {
 };
 template <int KP>
 struct DrWalk<u16, KP> {
-    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP, DrWalkCfg<KP>::KS, DR_WALK_WW>(p); }
+    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
 };
 
 // M = D ∘ Q Kᵀ (j ≤ i) into Ms (E) from Qs, Ks and G in sG. The caller has waited for them.
@@ -1445,17 +1409,6 @@ __device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const
                                                    long long n) {                                              \
         dr_swish_bwd<E>(dx, dgate, dy, x, gate, n);                                                            \
     }
-
-// Other shapes of the bf16 walk at K' = 128, for `fox-attn bench-delta`'s comparison.
-#define DR_WALK_VARIANT(KS, WW)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * KS * WW) dr_walk_tc_k128_s##KS##_w##WW(DrParams p) { \
-        dr_walk_tc<128, KS, WW>(p);                                                                            \
-    }
-DR_WALK_VARIANT(1, 4)
-DR_WALK_VARIANT(2, 4)
-DR_WALK_VARIANT(4, 4)
-DR_WALK_VARIANT(2, 2)
-DR_WALK_VARIANT(4, 2)
 
 DR_KERNELS(f32, float)
 DR_KERNELS(bf16, u16)

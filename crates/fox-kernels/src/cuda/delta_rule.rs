@@ -30,46 +30,8 @@ pub const MAX_K: usize = 128;
 const MAX_K_DECODE: usize = 256;
 /// Threads of the chunk kernels and walks.
 const THREADS: u32 = 256;
-/// Groups of warps of the bf16 forward walk (DR_WALK_WW), each group owning 16 columns of V.
+/// Warps of the bf16 forward walk (DR_WW), each owning 16 columns of V.
 const WALK_TC_WARPS: usize = 4;
-
-/// Warps per group of the bf16 forward walk at K' (DrWalkCfg: K' split two ways from K' = 64).
-fn walk_tc_ks(kp: usize) -> usize {
-    if kp >= 64 {
-        2
-    } else {
-        1
-    }
-}
-
-/// The bf16 forward walk's shape (warps per group, groups) and kernel name at K' = 128 when
-/// FOXLM_DR_WALK names one of the kernel file's variants (`s4_w4`: 4 warps per group, 4 groups),
-/// for timing them against each other.
-fn walk_variant(kp: usize, es: usize) -> Option<(usize, usize, String)> {
-    let v = std::env::var("FOXLM_DR_WALK").ok()?;
-    if kp != 128 || es != 2 {
-        return None;
-    }
-    let (ks, ww) = match v.as_str() {
-        "s1_w4" => (1, 4),
-        "s2_w4" => (2, 4),
-        "s4_w4" => (4, 4),
-        "s2_w2" => (2, 2),
-        "s4_w2" => (4, 2),
-        _ => return None,
-    };
-    Some((ks, ww, format!("dr_walk_tc_k128_{v}")))
-}
-
-/// The bf16 walk's shared memory (DrWalkTc): two sets of W, K, Ũ and G tiles, per warp a staging
-/// tile and (when K is split) its partial product.
-fn walk_tc_smem(kp: usize, ks: usize, ww: usize) -> usize {
-    let rows = CHUNK * 4;
-    let set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * ww + 8) * 2 + rows;
-    let stg = (kp / ks + CHUNK / ks) * 24 * 2;
-    let xch = if ks > 1 { 32 * 32 * 4 } else { 0 };
-    2 * set + ks * ww * (stg + xch)
-}
 
 /// Whether the kernels take heads of K key and V value columns.
 pub fn supported(k_dim: usize, v_dim: usize) -> bool {
@@ -245,7 +207,11 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     let rows = CHUNK * 4;
     match kind {
         "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
-        "walk_fwd" if es == 2 => walk_tc_smem(kp, walk_tc_ks(kp), WALK_TC_WARPS),
+        // DrWalkTc: two sets of W, K, Ũ and G tiles, a staging tile per warp.
+        "walk_fwd" if es == 2 => {
+            let set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows;
+            2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
+        }
         "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
         "walk_bwd" => {
             let set = 3 * tk + tv + dv + rows;
@@ -280,11 +246,6 @@ fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
         "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
         _ => Cfg { grid: (lay.nch, bh), threads: THREADS, smem },
     }
-}
-
-/// The forward walk's kernel (a FOXLM_DR_WALK variant where one is named).
-fn walk_name(kp: usize, es: usize, sfx: &str) -> String {
-    walk_variant(kp, es).map_or_else(|| format!("dr_walk_fwd_{sfx}"), |(_, _, n)| n)
 }
 
 fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
@@ -391,7 +352,7 @@ fn prep_and_walk<T: Elem>(gpu: &Gpu, p: &DevDeltaRule<T>, prm: &Params, lay: &La
     let bh = p.batch * p.heads;
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     launch(gpu, &format!("dr_prep_{sfx}"), &cfg("prep", lay, bh, es), prm, Some(keep_t as i32))?;
-    launch(gpu, &walk_name(lay.kp, es, &sfx), &cfg("walk_fwd", lay, bh, es), prm, None)
+    launch(gpu, &format!("dr_walk_fwd_{sfx}"), &cfg("walk_fwd", lay, bh, es), prm, None)
 }
 
 /// The chunked forward, as [`crate::delta_rule::delta_rule_fwd`]: o [B, T, H, V] (0 at padding).
@@ -525,7 +486,7 @@ pub fn kernel_ms<T: Elem>(
     let mut out = [0.0; 6];
     for (i, kind) in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"].iter().enumerate() {
         let extra = (*kind == "prep").then_some(1);
-        let name = if *kind == "walk_fwd" { walk_name(lay.kp, es, &sfx) } else { format!("dr_{kind}_{sfx}") };
+        let name = format!("dr_{kind}_{sfx}");
         let c = cfg(kind, &lay, bh, es);
         out[i] = super::bench::time_ms(gpu, warmup, iters, || launch(gpu, &name, &c, &prm, extra))?;
     }

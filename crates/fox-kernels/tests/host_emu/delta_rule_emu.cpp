@@ -85,11 +85,8 @@ struct Kern {
     static void walk_fwd(DrParams p) { DrWalk<E, KP>::run(p); }
     // The forward walk's blocks and threads: bf16 on tensor cores, 16 columns of V per warp.
     static constexpr bool tc = sizeof(E) == 2;
-    static constexpr int ks = DrWalkCfg<KP>::KS;
-    static constexpr unsigned walk_threads = tc ? 32 * ks * DR_WALK_WW : 256;
-    static unsigned walk_blocks(int Vp) {
-        return tc ? (unsigned)((Vp + 16 * DR_WALK_WW - 1) / (16 * DR_WALK_WW)) : (unsigned)(Vp / 32);
-    }
+    static constexpr unsigned walk_threads = tc ? 32 * DR_WW : 256;
+    static unsigned walk_blocks(int Vp) { return tc ? (unsigned)((Vp + DR_WV - 1) / DR_WV) : (unsigned)(Vp / 32); }
     static void out(DrParams p) { dr_out<E, KP>(p); }
     static void dvl(DrParams p) { dr_dvl<E, KP>(p); }
     static void walk_bwd(DrParams p) { dr_walk_bwd<E, KP>(p); }

@@ -14,9 +14,10 @@
 // β = 0, g = 0: the state passes through them unchanged; their outputs and gradients are written
 // as 0 (or not at all past T).
 //
-// Forward, three kernels: dr_prep (per chunk: G, A, T by forward substitution in f32, W and Ũ),
-// dr_walk_fwd (per (b, h, 32 columns of V): the chunks in order with S in f32 registers; stores
-// the state entering each chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
+// Forward, three kernels: dr_prep (per chunk: G, A, T = (I + A)⁻¹ in f32 by 16x16 blocks, W and
+// Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, per (b, h, 16 columns of V) on a
+// warp each for bf16 (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each
+// chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
 // dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
 // not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
 // (per chunk: every input's gradient from S_0, dS_L, U, dU and T).

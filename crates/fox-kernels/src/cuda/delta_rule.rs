@@ -8,7 +8,8 @@
 //!
 //! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
 //! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
-//! chunks per (b, h, 32 columns of V), the chunk outputs); backward in five (the first two again,
+//! chunks per (b, h, 16 columns of V) on a warp each for bf16, per (b, h, 32 columns) for f32, the
+//! chunk outputs); backward in five (the first two again,
 //! then the state-free part of dU, the reverse walk for the state gradients, every input's
 //! gradient per chunk) over [`bwd_scratch_len`]. With bf16 activations the block products run on
 //! tensor cores (bf16 `mma.sync`, f32 sums) and the scratch holds bf16; with f32 the same products

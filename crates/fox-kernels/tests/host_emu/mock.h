@@ -79,7 +79,9 @@ inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 // Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.
 #define FOX_HOST_EMU 1
 alignas(16) static unsigned char dyn_smem[232 * 1024];
+#ifndef MOCK_LATE_CP_ASYNC
 // cp.async of 16 bytes (zeros when !valid), done at once; commits and waits have nothing to do.
+// Landing at once shows a buffer overwritten while it is still read (the copy lands early).
 inline void cp_async16(void* dst, const void* src, bool valid) {
     if (valid)
         memcpy(dst, src, 16);
@@ -87,6 +89,39 @@ inline void cp_async16(void* dst, const void* src, bool valid) {
         memset(dst, 0, 16);
 }
 inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+#else
+// With MOCK_LATE_CP_ASYNC the copies land as late as the GPU may let them: a thread's committed
+// groups at its cp.async.wait_group N (all but the N newest), which shows a tile read before its
+// wait (the copy lands late). The source is read at issue.
+struct MockCopy {
+    void* dst;
+    unsigned char data[16];
+};
+thread_local std::vector<MockCopy> t_open;
+thread_local std::vector<std::vector<MockCopy>> t_groups;
+inline void cp_async16(void* dst, const void* src, bool valid) {
+    MockCopy c;
+    c.dst = dst;
+    if (valid)
+        memcpy(c.data, src, 16);
+    else
+        memset(c.data, 0, 16);
+    t_open.push_back(c);
+}
+inline void cp_async_commit() {
+    t_groups.push_back(std::move(t_open));
+    t_open.clear();
+}
+template <int N>
+inline void cp_async_wait() {
+    while ((int)t_groups.size() > N) {
+        for (auto& c : t_groups.front()) memcpy(c.dst, c.data, 16);
+        t_groups.erase(t_groups.begin());
+    }
+}
+#endif
 // ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].shared.b16: lane l points at row l % 8 of piece l / 8;
 // register i of lane l gets piece i's (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), transposed with
 // .trans (rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4).
@@ -134,8 +169,6 @@ inline void ldsm_x4(u32 (&r)[4], const u16* p) { mock_ldsm<4, false>(r, p); }
 inline void ldsm_x4_t(u32 (&r)[4], const u16* p) { mock_ldsm<4, true>(r, p); }
 inline void ldsm_x2(u32 (&r)[2], const u16* p) { mock_ldsm<2, false>(r, p); }
 inline void ldsm_x2_t(u32 (&r)[2], const u16* p) { mock_ldsm<2, true>(r, p); }
-template <int N>
-inline void cp_async_wait() {}
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the warp's fragments (PTX ISA's layout:
 // lane = 4·group + t; A's registers 0-3 hold (group, 2t..2t+1), (group + 8, ·), (group, 2t + 8..),
 // (group + 8, 2t + 8..); B's (k = 2t..2t+1, n = group), (k = 2t + 8.., group); C's (group, 2t..2t+1),

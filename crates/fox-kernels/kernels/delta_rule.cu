@@ -14,9 +14,10 @@
 // β = 0, g = 0: the state passes through them unchanged; their outputs and gradients are written
 // as 0 (or not at all past T).
 //
-// Forward, three kernels: dr_prep (per chunk: G, A, T by forward substitution in f32, W and Ũ),
-// dr_walk_fwd (per (b, h, 32 columns of V): the chunks in order with S in f32 registers; stores
-// the state entering each chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
+// Forward, three kernels: dr_prep (per chunk: G, A, T = (I + A)⁻¹ in f32 by 16x16 blocks, W and
+// Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, per (b, h, 16 columns of V) on a
+// warp each for bf16 (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each
+// chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
 // dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
 // not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
 // (per chunk: every input's gradient from S_0, dS_L, U, dU and T).
@@ -95,7 +96,8 @@ struct DrLayout {
     static constexpr int WB_SET = 3 * TK + TV + DV + ROWS;
     static constexpr int NB_BWD = 2 * WB_SET + TS + 2 * TV <= 227 * 1024 ? 2 : 1;
     static constexpr int walk_bwd = NB_BWD * WB_SET + TS + 2 * TV;
-    static constexpr int out = 2 * TK + TL + TS + TV + ROWS;
+    static constexpr int out = 2 * TK + TL + 2 * (TS + TV) + ROWS;
+    static constexpr int dvl = 2 * TK + TL + TS + TV + ROWS;
     static constexpr int grads_b = 2 * TS + 7 * TV + DV > 3 * F65 + 2 * TL ? 2 * TS + 7 * TV + DV : 3 * F65 + 2 * TL;
     // sb, sG, sdG, sdb, stmp [64], part [8][64], red [256], sX [4]
     static constexpr int grads_small = (5 * DR_L + DR_NW * DR_L + DR_NT + 4) * 4;
@@ -114,6 +116,38 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4],
 #define DR_SMEM_DECL                                      \
     extern __shared__ __align__(16) unsigned char dr_smem_[]; \
     unsigned char* smem = dr_smem_;
+// ldmatrix: four (two) 8x8 pieces of 16-bit elements, lane l giving the address of row l % 8 of
+// piece l / 8; register i of lane l gets piece i's (row l / 4, columns 2 (l % 4) + {0, 1}), or with
+// .trans its (rows 2 (l % 4) + {0, 1}, column l / 4).
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x2(u32 (&r)[2], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x2_t(u32 (&r)[2], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+// stmatrix .trans: four 8x8 pieces, lane l giving the address of row l % 8 of piece l / 8; register
+// i of lane l holds piece i's (row l / 4, columns 2 (l % 4) + {0, 1}), stored transposed (that
+// element pair lands in rows 2 (l % 4) + {0, 1}, column l / 4).
+__device__ __forceinline__ void stsm_x4_t(u16* p, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(p)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 // 16 bytes from global to shared memory, asynchronously (zeros when !valid).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
@@ -137,37 +171,31 @@ inline void dr_need_smem(int bytes) {
 }
 #endif
 
-__device__ __forceinline__ u32 dr_pack(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
-
 // c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
 // A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
+// c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
+// A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
+// Fragments by ldmatrix (.trans where the tile holds the operand's transpose): lane l points at row
+// l % 8 of 8x8 piece l / 8 (tile strides are multiples of 16 bytes, column offsets of 8 elements).
 template <bool AT, bool BT>
 __device__ __forceinline__ void dr_tile(float (&c)[4], const u16* A, int lda, const u16* B, int ldb, int r0, int c0,
                                         int kdim) {
-    const int lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    const int lane = threadIdx.x & 31, j = lane & 7, m = (lane >> 3) & 3;
+    // Piece m of A: rows r0 + 8 (m & 1), k k0 + 8 (m >> 1); of B: k k0 + 8 (m & 1), columns c0.
+    const u16* pa = AT ? A + (j + (m >> 1) * 8) * lda + r0 + (m & 1) * 8 : A + (r0 + j + (m & 1) * 8) * lda + (m >> 1) * 8;
+    const u16* pb = BT ? B + (c0 + j) * ldb + (m & 1) * 8 : B + (j + (m & 1) * 8) * ldb + c0;
+    const int sa = AT ? 16 * lda : 16, sb = BT ? 16 : 16 * ldb;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
-        const int ka = k0 + 2 * tq;
-        u32 a[4];
-        if (AT) {
-            a[0] = dr_pack(A[ka * lda + r0 + gr], A[(ka + 1) * lda + r0 + gr]);
-            a[1] = dr_pack(A[ka * lda + r0 + gr + 8], A[(ka + 1) * lda + r0 + gr + 8]);
-            a[2] = dr_pack(A[(ka + 8) * lda + r0 + gr], A[(ka + 9) * lda + r0 + gr]);
-            a[3] = dr_pack(A[(ka + 8) * lda + r0 + gr + 8], A[(ka + 9) * lda + r0 + gr + 8]);
-        } else {
-            a[0] = *(const u32*)(A + (r0 + gr) * lda + ka);
-            a[1] = *(const u32*)(A + (r0 + gr + 8) * lda + ka);
-            a[2] = *(const u32*)(A + (r0 + gr) * lda + ka + 8);
-            a[3] = *(const u32*)(A + (r0 + gr + 8) * lda + ka + 8);
-        }
-        u32 b0, b1;
-        if (BT) {
-            b0 = *(const u32*)(B + (c0 + gr) * ldb + ka);
-            b1 = *(const u32*)(B + (c0 + gr) * ldb + ka + 8);
-        } else {
-            b0 = dr_pack(B[ka * ldb + c0 + gr], B[(ka + 1) * ldb + c0 + gr]);
-            b1 = dr_pack(B[(ka + 8) * ldb + c0 + gr], B[(ka + 9) * ldb + c0 + gr]);
-        }
-        mma_bf16_16816(c, a, b0, b1);
+        u32 a[4], b[2];
+        if (AT)
+            ldsm_x4_t(a, pa + (k0 / 16) * sa);
+        else
+            ldsm_x4(a, pa + (k0 / 16) * sa);
+        if (BT)
+            ldsm_x2(b, pb + (k0 / 16) * sb);
+        else
+            ldsm_x2_t(b, pb + (k0 / 16) * sb);
+        mma_bf16_16816(c, a, b[0], b[1]);
     }
 }
 
@@ -258,10 +286,10 @@ __device__ __forceinline__ void dr_rowsum(const float (&v)[DrAcc<M, N>::TPW][4],
 
 // Head (b, h) of an input [B, T, H, dim]: rows t0..t0 + 63, columns c0..c0 + NC of the tile s
 // [64][ld]; zero outside lo ≤ t < hi and past dim; row r times f(r).
-template <int NC, typename E, typename F>
+template <int NC, int NT = DR_NT, typename E, typename F>
 __device__ __forceinline__ void dr_load(E* s, int lds, const E* x, int dim, int c0, const DrParams& p, int b, int h, int t0,
                                         int lo, int hi, F f) {
-    for (int i = threadIdx.x; i < DR_L * NC; i += DR_NT) {
+    for (int i = threadIdx.x; i < DR_L * NC; i += NT) {
         const int r = i / NC, cc = i % NC, t = t0 + r, col = c0 + cc;
         float v = 0.f;
         if (t >= lo && t < hi && col < dim) v = ld(x, (((long long)b * p.T + t) * p.H + h) * dim + col) * f(r);
@@ -287,30 +315,75 @@ __device__ __forceinline__ DrBlock dr_block(const DrParams& p) {
 
 // dr_load of chunk t0 of head (b, h) as it is, by 16-byte asynchronous copies (zeros outside
 // lo ≤ t < hi and past dim) where `vec`, else element by element now. The caller commits and waits.
-template <int NC, typename E>
+template <int NC, int NT = DR_NT, typename E>
 __device__ __forceinline__ void dr_in(E* s, int lds, const E* x, int dim, int c0, const DrParams& p, const DrBlock& k,
                                       int t0, int vec) {
     constexpr int CE = 16 / (int)sizeof(E), CH = NC / CE;
     if (vec) {
-        for (int i = threadIdx.x; i < DR_L * CH; i += DR_NT) {
+        for (int i = threadIdx.x; i < DR_L * CH; i += NT) {
             const int r = i / CH, cc = i % CH * CE, t = t0 + r, col = c0 + cc;
             const bool ok = t >= k.lo && t < k.hi && col < dim;
             cp_async16(s + r * lds + cc, ok ? x + (((long long)k.b * p.T + t) * p.H + k.h) * dim + col : x, ok);
         }
     } else {
-        dr_load<NC>(s, lds, x, dim, c0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
+        dr_load<NC, NT>(s, lds, x, dim, c0, p, k.b, k.h, t0, k.lo, k.hi, dr_one);
     }
 }
 
 // Rows row0..row0 + ROWS, columns c0..c0 + NC of a scratch matrix of `width` columns into s
 // [ROWS][lds], by 16-byte asynchronous copies (the scratch's rows and column blocks are 16-byte
 // aligned). The caller commits and waits.
-template <int ROWS, int NC, typename E>
+template <int ROWS, int NC, int NT = DR_NT, typename E>
 __device__ __forceinline__ void dr_scr(E* s, int lds, const E* x, long long row0, int width, int c0) {
     constexpr int CE = 16 / (int)sizeof(E), CH = NC / CE;
-    for (int i = threadIdx.x; i < ROWS * CH; i += DR_NT) {
+    for (int i = threadIdx.x; i < ROWS * CH; i += NT) {
         const int r = i / CH, cc = i % CH * CE;
         cp_async16(s + r * lds + cc, x + (row0 + r) * width + c0 + cc, true);
+    }
+}
+
+// Two values at p[i], p[i + 1] (i even, p 4-byte aligned: the scratch's rows), rounded as st.
+__device__ __forceinline__ void st2(float* p, long long i, float a, float b) {
+    p[i] = a;
+    p[i + 1] = b;
+}
+__device__ __forceinline__ void st2(u16* p, long long i, float a, float b);
+
+// T = (I + A)⁻¹ for A [64][65] f32 strictly lower triangular, into Tf [64][65] (zero above the
+// diagonal), with X [3][16][16] f32 of scratch. All threads call it; it begins and ends with a barrier.
+__device__ __forceinline__ void dr_tril_inv(const float* Af, float* Tf, float* X) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < DR_L * DR_L; i += DR_NT) {
+        const int r = i / DR_L, c = i % DR_L;
+        if (r / 16 < c / 16) Tf[r * 65 + c] = 0.f;
+    }
+    if (tid < DR_L) {
+        const int o = tid & ~15, c = tid & 15;
+        for (int i = 0; i < c; ++i) Tf[(o + i) * 65 + o + c] = 0.f;
+        Tf[(o + c) * 65 + o + c] = 1.f;
+        for (int i = c + 1; i < 16; ++i) {
+            float s = 0.f;
+            for (int j = c; j < i; ++j) s += Af[(o + i) * 65 + o + j] * Tf[(o + j) * 65 + o + c];
+            Tf[(o + i) * 65 + o + c] = -s;
+        }
+    }
+    __syncthreads();
+    for (int d = 1; d < 4; ++d) {
+        const int n = (4 - d) * 256;
+        for (int e = tid; e < n; e += DR_NT) {
+            const int jb = e >> 8, r = (e >> 4) & 15, c = e & 15, ib = jb + d;
+            float s = 0.f;
+            for (int m = jb * 16; m < ib * 16; ++m) s += Af[(ib * 16 + r) * 65 + m] * Tf[m * 65 + jb * 16 + c];
+            X[e] = s;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += DR_NT) {
+            const int jb = e >> 8, r = (e >> 4) & 15, c = e & 15, ib = jb + d;
+            float s = 0.f;
+            for (int l = 0; l <= r; ++l) s += Tf[(ib * 16 + r) * 65 + ib * 16 + l] * X[(jb << 8) + (l << 4) + c];
+            Tf[(ib * 16 + r) * 65 + jb * 16 + c] = -s;
+        }
+        __syncthreads();
     }
 }
 
@@ -330,7 +403,10 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     float* sG = sb + DR_L;
     const DrBlock k = dr_block(p);
     const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    // V's blocks of DR_BV columns alternate between Vs and the space of A (free once T is known).
+    auto Vb = [&](int i) { return i ? (E*)Af : Vs; };
     dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    dr_in<DR_BV>(Vs, Lay::LV, (const E*)p.v, p.V, 0, p, k, t0, p.vv);
     cp_async_commit();
     if (tid < DR_L) {
         const int t = t0 + tid;
@@ -363,16 +439,10 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
             }
     }
     __syncthreads();
-    // Forward substitution, one column of T per thread: T_ic = δ_ic − Σ_{c ≤ j < i} A_ij T_jc.
-    if (tid < DR_L) {
-        const int cc = tid;
-        for (int i = 0; i < DR_L; ++i) {
-            float s = i == cc ? 1.f : 0.f;
-            for (int j = cc; j < i; ++j) s -= Af[i * 65 + j] * Tf[j * 65 + cc];
-            Tf[i * 65 + cc] = i >= cc ? s : 0.f;
-        }
-    }
-    __syncthreads();
+    // T = (I + A)⁻¹ by 16x16 blocks: the four diagonal blocks by forward substitution (a thread per
+    // column of each), then T_ij = −T_ii Σ_{j ≤ m < i} A_im T_mj one block diagonal at a time (three
+    // blocks below the diagonal, then two, then one). X (the sums) in the space of Tv.
+    dr_tril_inv(Af, Tf, (float*)Tv);
     // T diag(βγ) and T diag(β): W and Ũ from K and V as they are.
     E* tm = (E*)p.tm;
     const long long tbase = ((long long)k.bh * p.nch + c) * (DR_L * DR_L);
@@ -393,21 +463,27 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
 #pragma unroll
         for (int i = 0; i < w.TPW; ++i)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) st(W, (row0 + w.row(i, r)) * KP + w.col(i, r), w.c[i][r]);
+            for (int r = 0; r < 4; r += 2) st2(W, (row0 + w.row(i, r)) * KP + w.col(i, r), w.c[i][r], w.c[i][r + 1]);
     }
     E* U = (E*)p.u;
-    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_in<DR_BV>(Vs, Lay::LV, (const E*)p.v, p.V, v0, p, k, t0, p.vv);
-        cp_async_commit();
-        cp_async_wait<0>();
+    for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
+        const int cur = it & 1;
+        if (v0 + DR_BV < p.Vp) {
+            dr_in<DR_BV>(Vb(cur ^ 1), Lay::LV, (const E*)p.v, p.V, v0 + DR_BV, p, k, t0, p.vv);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
         DrAcc<DR_L, DR_BV> u;
         u.zero();
-        u.template mma<false, false>(Tv, Lay::LL, Vs, Lay::LV, DR_L);
+        u.template mma<false, false>(Tv, Lay::LL, Vb(cur), Lay::LV, DR_L);
 #pragma unroll
         for (int i = 0; i < u.TPW; ++i)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) st(U, (row0 + u.row(i, r)) * p.Vp + v0 + u.col(i, r), u.c[i][r]);
+            for (int r = 0; r < 4; r += 2)
+                st2(U, (row0 + u.row(i, r)) * p.Vp + v0 + u.col(i, r), u.c[i][r], u.c[i][r + 1]);
         __syncthreads();
     }
 }
@@ -504,16 +580,203 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
     }
 }
 
-// M = D ∘ Q Kᵀ (j ≤ i) of chunk c into Ms (E), with Q and K loaded into Qs, Ks and G into sG.
+// Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
+#ifndef FOX_HOST_EMU
+__device__ __forceinline__ u32 dr_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#else
+inline u32 dr_bf2(float lo, float hi) {
+    u16 a, b;
+    st(&a, 0, lo);
+    st(&b, 0, hi);
+    return (u32)a | ((u32)b << 16);
+}
+#endif
+__device__ __forceinline__ void st2(u16* p, long long i, float a, float b) { *(u32*)(p + i) = dr_bf2(a, b); }
+__device__ __forceinline__ float dr_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// ---- dr_walk_tc: the state walk with bf16 activations, on tensor cores ----
+// Per (b, h, DR_WV columns of V), DR_WW warps, warp w owning the 16 columns vw = v0 + 16w: it keeps
+// Sᵀ [16, K'] in f32 registers in the mma accumulator layout, which is also the A operand layout of
+// the next products (rounded to bf16), so the chain Uᵀ = Ũᵀ − Sᵀ Wᵀ, Sᵀ ← γ_L Sᵀ + (U')ᵀ K never
+// leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next chunk load while this one
+// computes (one barrier per chunk); the entering states and U go out through a per-warp staging
+// tile (stmatrix .trans) as 16-byte rows. Same scratch and the same roundings as dr_walk_fwd.
+#define DR_WW 4
+#define DR_WV (16 * DR_WW)
+template <int KP>
+struct DrWalkTc {
+    static constexpr int LK = KP + 8, LU = DR_WV + 8, LS = 24;
+    static constexpr int TK = DR_L * LK * 2;  // W or K [64][K']
+    static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
+    static constexpr int SET = 2 * TK + TU + DR_L * 4;
+    static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
+    static constexpr int bytes = 2 * SET + DR_WW * STG;
+};
+
+template <int KP>
+__device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
+    typedef DrWalkTc<KP> Lw;
+    constexpr int NTW = 32 * DR_WW, LK = Lw::LK, LU = Lw::LU, LS = Lw::LS;
+    DR_SMEM_DECL
+    dr_need_smem(Lw::bytes);
+    auto Wb = [&](int i) { return (u16*)(smem + i * Lw::SET); };
+    auto Kb = [&](int i) { return (u16*)(smem + i * Lw::SET + Lw::TK); };
+    auto Ub = [&](int i) { return (u16*)(smem + i * Lw::SET + 2 * Lw::TK); };
+    auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + 2 * Lw::TK + Lw::TU); };
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
+              m4 = lane >> 3;
+    u16* Sst = (u16*)(smem + 2 * Lw::SET + warp * Lw::STG);
+    u16* Ust = Sst + KP * LS;
+    const DrBlock k = dr_block(p);
+    const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
+    const bool act = vw < p.Vp;
+    u16* states = (u16*)p.states;
+    const u16* W = (const u16*)p.w;
+    u16* U = (u16*)p.u;
+    auto issue = [&](int c, int bi) {
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        dr_scr<DR_L, KP, NTW>(Wb(bi), LK, W, row0, KP, 0);
+        dr_in<KP, NTW>(Kb(bi), LK, (const u16*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
+        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
+            const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
+            const bool ok = v0 + cc < p.Vp;
+            cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
+        }
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        cp_async_commit();
+    };
+    // s[n][·]: Sᵀ rows vw + g (0, 1) and vw + g + 8 (2, 3), columns 8n + 2t + {0, 1}.
+    float s[KP / 8][4];
+#pragma unroll
+    for (int n = 0; n < KP / 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+            s[n][r] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
+        }
+    issue(0, 0);
+    for (int c = 0; c < p.nch; ++c) {
+        const int cur = c & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (c + 1 < p.nch) issue(c + 1, cur ^ 1);
+        if (!act) continue;
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+        // Sᵀ as bf16 A fragments (k-steps of 16 columns of K); S out to `states`.
+        u32 sa[KP / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < KP / 16; ++kk) {
+            sa[kk][0] = dr_bf2(s[2 * kk][0], s[2 * kk][1]);
+            sa[kk][1] = dr_bf2(s[2 * kk][2], s[2 * kk][3]);
+            sa[kk][2] = dr_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            sa[kk][3] = dr_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
+        }
+        __syncwarp();
+        for (int i = lane; i < KP * 2; i += 32) {
+            const int r = i >> 1, h = i & 1;
+            *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
+        }
+        // Uᵀ = Ũᵀ − Sᵀ Wᵀ: u[n] holds rows vw + g (+ 8), chunk positions 8n + 2t + {0, 1}.
+        float u[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) u[n][r] = 0.f;
+        const u16* Ws = Wb(cur);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int k2 = 0; k2 < KP / 32; ++k2) {
+                u32 b[4];
+                ldsm_x4(b, Ws + (n * 8 + j8) * LK + k2 * 32 + m4 * 8);
+                mma_bf16_16816(u[n], sa[2 * k2], b[0], b[1]);
+                mma_bf16_16816(u[n], sa[2 * k2 + 1], b[2], b[3]);
+            }
+        const u16* Us = Ub(cur);
+#pragma unroll
+        for (int n2 = 0; n2 < 4; ++n2) {
+            u32 r[4];
+            ldsm_x4_t(r, Us + (n2 * 16 + (m4 >> 1) * 8 + j8) * LU + 16 * warp + (m4 & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
+                x[0] = dr_lo(r[i]) - x[0];
+                x[1] = dr_hi(r[i]) - x[1];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
+                r[i] = dr_bf2(x[0], x[1]);
+            }
+            stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
+        }
+        __syncwarp();
+        for (int i = lane; i < DR_L * 2; i += 32) {
+            const int r = i >> 1, h = i & 1;
+            *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
+        }
+        // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
+        const float* sG = Gb(cur);
+        const float gl = sG[DR_L - 1];
+        u32 ua[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int p0 = kk * 16 + 2 * t;
+            const float d00 = __expf(gl - sG[p0]), d01 = __expf(gl - sG[p0 + 1]);
+            const float d10 = __expf(gl - sG[p0 + 8]), d11 = __expf(gl - sG[p0 + 9]);
+            ua[kk][0] = dr_bf2(u[2 * kk][0] * d00, u[2 * kk][1] * d01);
+            ua[kk][1] = dr_bf2(u[2 * kk][2] * d00, u[2 * kk][3] * d01);
+            ua[kk][2] = dr_bf2(u[2 * kk + 1][0] * d10, u[2 * kk + 1][1] * d11);
+            ua[kk][3] = dr_bf2(u[2 * kk + 1][2] * d10, u[2 * kk + 1][3] * d11);
+        }
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int n = 0; n < KP / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) s[n][r] *= egl;
+        const u16* Ks = Kb(cur);
+#pragma unroll
+        for (int n2 = 0; n2 < KP / 16; ++n2)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                u32 b[4];
+                ldsm_x4_t(b, Ks + (kk * 16 + (m4 & 1) * 8 + j8) * LK + n2 * 16 + (m4 >> 1) * 8);
+                mma_bf16_16816(s[2 * n2], ua[kk], b[0], b[1]);
+                mma_bf16_16816(s[2 * n2 + 1], ua[kk], b[2], b[3]);
+            }
+    }
+    if (act && p.fin) {
+#pragma unroll
+        for (int n = 0; n < KP / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+                if (kd < p.K && vc < p.V) p.fin[((long long)k.bh * p.K + kd) * p.V + vc] = s[n][r];
+            }
+    }
+}
+
+// The forward walk of an activation type: on tensor cores for bf16, dr_walk_fwd for f32.
 template <typename E, int KP>
-__device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, int t0, E* Qs, E* Ks, E* Ms, float* sG) {
+struct DrWalk {
+    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_fwd<E, KP>(p); }
+};
+template <int KP>
+struct DrWalk<u16, KP> {
+    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
+};
+
+// M = D ∘ Q Kᵀ (j ≤ i) into Ms (E) from Qs, Ks and G in sG. The caller has waited for them.
+template <typename E, int KP>
+__device__ __forceinline__ void dr_m_of(const E* Qs, const E* Ks, E* Ms, const float* sG) {
     typedef DrLayout<E, KP> Lay;
-    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
-    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
-    cp_async_commit();
-    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[(long long)k.bh * p.Tp + t0 + threadIdx.x];
-    cp_async_wait<0>();
-    __syncthreads();
     DrAcc<DR_L, DR_L> m;
     m.zero();
     m.template mma<false, true>(Qs, Lay::LK, Ks, Lay::LK, KP);
@@ -526,7 +789,21 @@ __device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, 
         }
 }
 
+// M = D ∘ Q Kᵀ (j ≤ i) of chunk c into Ms (E), with Q and K loaded into Qs, Ks and G into sG.
+template <typename E, int KP>
+__device__ __forceinline__ void dr_chunk_m(const DrParams& p, const DrBlock& k, int t0, E* Qs, E* Ks, E* Ms, float* sG) {
+    typedef DrLayout<E, KP> Lay;
+    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
+    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[(long long)k.bh * p.Tp + t0 + threadIdx.x];
+    cp_async_wait<0>();
+    __syncthreads();
+    dr_m_of<E, KP>(Qs, Ks, Ms, sG);
+}
+
 // ---- dr_out: O = scale (diag(γ) Q S_0 + M U) per chunk ----
+// Q and K, then S and U block by block of V (two sets: the next block loads while this one computes).
 template <typename E, int KP>
 __device__ __forceinline__ void dr_out(const DrParams& p) {
     typedef DrLayout<E, KP> Lay;
@@ -535,29 +812,45 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     E* Qs = (E*)smem;
     E* Ks = (E*)(smem + Lay::TK);
     E* Ms = (E*)(smem + 2 * Lay::TK);
-    E* Ss = (E*)(smem + 2 * Lay::TK + Lay::TL);
-    E* Us = (E*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS);
-    float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
+    unsigned char* sets = smem + 2 * Lay::TK + Lay::TL;
+    auto Sb = [&](int i) { return (E*)(sets + i * (Lay::TS + Lay::TV)); };
+    auto Ub = [&](int i) { return (E*)(sets + i * (Lay::TS + Lay::TV) + Lay::TS); };
+    float* sG = (float*)(sets + 2 * (Lay::TS + Lay::TV));
     const DrBlock k = dr_block(p);
     const int c = blockIdx.x, t0 = c * DR_L;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-    dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
-    E* O = (E*)p.o;
-    for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
-        dr_scr<KP, DR_BV>(Ss, Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
-        dr_scr<DR_L, DR_BV>(Us, Lay::LV, (const E*)p.u, row0, p.Vp, v0);
+    auto issue = [&](int v0, int bi) {
+        dr_scr<KP, DR_BV>(Sb(bi), Lay::LV, (const E*)p.states, sbase, p.Vp, v0);
+        dr_scr<DR_L, DR_BV>(Ub(bi), Lay::LV, (const E*)p.u, row0, p.Vp, v0);
         cp_async_commit();
-        cp_async_wait<0>();
+    };
+    dr_in<KP>(Qs, Lay::LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
+    dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
+    cp_async_commit();
+    issue(0, 0);
+    if (threadIdx.x < DR_L) sG[threadIdx.x] = p.gc[row0 + threadIdx.x];
+    cp_async_wait<1>();
+    __syncthreads();
+    dr_m_of<E, KP>(Qs, Ks, Ms, sG);
+    E* O = (E*)p.o;
+    for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
+        const int cur = it & 1;
+        if (v0 + DR_BV < p.Vp) {
+            issue(v0 + DR_BV, cur ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
         DrAcc<DR_L, DR_BV> o;
         o.zero();
-        o.template mma<false, false>(Qs, Lay::LK, Ss, Lay::LV, KP);
+        o.template mma<false, false>(Qs, Lay::LK, Sb(cur), Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < o.TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) o.c[i][r] *= __expf(sG[o.row(i, r)]);
-        o.template mma<false, false>(Ms, Lay::LL, Us, Lay::LV, DR_L);
+        o.template mma<false, false>(Ms, Lay::LL, Ub(cur), Lay::LV, DR_L);
 #pragma unroll
         for (int i = 0; i < o.TPW; ++i)
 #pragma unroll
@@ -575,7 +868,7 @@ template <typename E, int KP>
 __device__ __forceinline__ void dr_dvl(const DrParams& p) {
     typedef DrLayout<E, KP> Lay;
     DR_SMEM_DECL
-    dr_need_smem(Lay::out);
+    dr_need_smem(Lay::dvl);
     E* Qs = (E*)smem;
     E* Ks = (E*)(smem + Lay::TK);
     E* Ms = (E*)(smem + 2 * Lay::TK);
@@ -1079,7 +1372,7 @@ __device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const
         dr_prep<E, KP>(p, keep_t);                                                                             \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(DR_NT) dr_walk_fwd_k##KP##_##NAME(DrParams p) {               \
-        dr_walk_fwd<E, KP>(p);                                                                                 \
+        DrWalk<E, KP>::run(p);                                                                                 \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(DR_NT) dr_out_k##KP##_##NAME(DrParams p) { dr_out<E, KP>(p); } \
     extern "C" __global__ void __launch_bounds__(DR_NT) dr_dvl_k##KP##_##NAME(DrParams p) { dr_dvl<E, KP>(p); } \

@@ -14,6 +14,11 @@ use std::path::Path;
 use std::process::Command;
 
 fn run_emulation(source: &str, exe: &str) {
+    run_emulation_with(source, exe, &[]);
+}
+
+/// As run_emulation, with extra compiler arguments (`-D` switches of mock.h).
+fn run_emulation_with(source: &str, exe: &str, defines: &[&str]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host_emu");
     let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(exe);
     let Some(cxx) = ["c++", "g++", "clang++"]
@@ -26,7 +31,9 @@ fn run_emulation(source: &str, exe: &str) {
         return;
     };
     let out = Command::new(cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-w", "-o"])
+        .args(["-std=c++20", "-O1", "-pthread", "-w"])
+        .args(defines)
+        .arg("-o")
         .arg(&exe)
         .arg(dir.join(source))
         .output()
@@ -67,6 +74,14 @@ fn selective_scan_kernels_under_host_emulation() {
 #[test]
 fn delta_rule_kernels_under_host_emulation() {
     run_emulation("delta_rule_emu.cpp", "delta_rule_emu");
+}
+
+/// The same with every `cp.async` landing as late as the GPU may let it (at its thread's
+/// cp.async.wait_group; mock.h's MOCK_LATE_CP_ASYNC): a tile read before its wait comes out wrong,
+/// where the default emulation (copies landing at once) shows a tile overwritten while still read.
+#[test]
+fn delta_rule_kernels_under_host_emulation_with_late_copies() {
+    run_emulation_with("delta_rule_emu.cpp", "delta_rule_emu_late", &["-DMOCK_LATE_CP_ASYNC"]);
 }
 
 /// The chunked GLA's forward, backward (every gradient, with and without a final state's

@@ -8,7 +8,8 @@
 //!
 //! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
 //! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
-//! chunks per (b, h, 32 columns of V), the chunk outputs); backward in five (the first two again,
+//! chunks per (b, h, 16 columns of V) on a warp each for bf16, per (b, h, 32 columns) for f32, the
+//! chunk outputs); backward in five (the first two again,
 //! then the state-free part of dU, the reverse walk for the state gradients, every input's
 //! gradient per chunk) over [`bwd_scratch_len`]. With bf16 activations the block products run on
 //! tensor cores (bf16 `mma.sync`, f32 sums) and the scratch holds bf16; with f32 the same products
@@ -30,6 +31,8 @@ pub const MAX_K: usize = 128;
 const MAX_K_DECODE: usize = 256;
 /// Threads of the chunk kernels and walks.
 const THREADS: u32 = 256;
+/// Warps of the bf16 forward walk (DR_WW), each owning 16 columns of V.
+const WALK_TC_WARPS: usize = 4;
 
 /// Whether the kernels take heads of K key and V value columns.
 pub fn supported(k_dim: usize, v_dim: usize) -> bool {
@@ -205,13 +208,19 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     let rows = CHUNK * 4;
     match kind {
         "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
+        // DrWalkTc: two sets of W, K, Ũ and G tiles, a staging tile per warp.
+        "walk_fwd" if es == 2 => {
+            let set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows;
+            2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
+        }
         "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
         "walk_bwd" => {
             let set = 3 * tk + tv + dv + rows;
             let nb = if 2 * set + ts + 2 * tv <= 227 * 1024 { 2 } else { 1 };
             nb * set + ts + 2 * tv
         }
-        "out" | "dvl" => 2 * tk + tl + ts + tv + rows,
+        "out" => 2 * tk + tl + 2 * (ts + tv) + rows,
+        "dvl" => 2 * tk + tl + ts + tv + rows,
         _ => {
             let b = (2 * ts + 7 * tv + dv).max(3 * f65 + 2 * tl);
             2 * tk + tl + b + (5 * CHUNK + 8 * CHUNK + THREADS as usize + 4) * 4
@@ -219,7 +228,29 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     }
 }
 
-fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), smem: usize, prm: &Params, extra: Option<i32>) -> Result<()> {
+/// A chunk kernel's launch: its grid, threads per block and dynamic shared memory.
+struct Cfg {
+    grid: (usize, usize),
+    threads: u32,
+    smem: usize,
+}
+
+/// The launch of kernel `kind` at a layout: the chunk kernels one block per (chunk, b·h), the walks
+/// per (columns of V, b·h): 32 columns per block of 256 threads, or for the bf16 forward walk 16
+/// per warp of WALK_TC_WARPS.
+fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
+    let smem = smem_bytes(kind, lay.kp, es);
+    match kind {
+        "walk_fwd" if es == 2 => {
+            Cfg { grid: (lay.vp.div_ceil(16 * WALK_TC_WARPS), bh), threads: 32 * WALK_TC_WARPS as u32, smem }
+        }
+        "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
+        _ => Cfg { grid: (lay.nch, bh), threads: THREADS, smem },
+    }
+}
+
+fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
+    let (grid, smem) = (c.grid, c.smem);
     ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
     ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
     let f = gpu.function(&DELTA_RULE, name)?;
@@ -232,7 +263,7 @@ fn launch(gpu: &Gpu, name: &str, grid: (usize, usize), smem: usize, prm: &Params
     }
     let cfg = LaunchConfig {
         grid_dim: (grid.0 as u32, grid.1 as u32, 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (c.threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let mut l = gpu.stream().launch_builder(&f);
@@ -321,8 +352,8 @@ fn prep_and_walk<T: Elem>(gpu: &Gpu, p: &DevDeltaRule<T>, prm: &Params, lay: &La
     let es = std::mem::size_of::<T>();
     let bh = p.batch * p.heads;
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
-    launch(gpu, &format!("dr_prep_{sfx}"), (lay.nch, bh), smem_bytes("prep", lay.kp, es), prm, Some(keep_t as i32))?;
-    launch(gpu, &format!("dr_walk_fwd_{sfx}"), (lay.vp / BV, bh), smem_bytes("walk_fwd", lay.kp, es), prm, None)
+    launch(gpu, &format!("dr_prep_{sfx}"), &cfg("prep", lay, bh, es), prm, Some(keep_t as i32))?;
+    launch(gpu, &format!("dr_walk_fwd_{sfx}"), &cfg("walk_fwd", lay, bh, es), prm, None)
 }
 
 /// The chunked forward, as [`crate::delta_rule::delta_rule_fwd`]: o [B, T, H, V] (0 at padding).
@@ -357,7 +388,7 @@ pub fn delta_rule_fwd<T: Elem>(
     prep_and_walk(gpu, p, &prm, &lay, false)?;
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let es = std::mem::size_of::<T>();
-    launch(gpu, &format!("dr_out_{sfx}"), (lay.nch, p.batch * p.heads), smem_bytes("out", lay.kp, es), &prm, None)
+    launch(gpu, &format!("dr_out_{sfx}"), &cfg("out", &lay, p.batch * p.heads, es), &prm, None)
 }
 
 /// The chunked backward, as [`crate::delta_rule::delta_rule_bwd`], from do [B, T, H, V] and the
@@ -416,9 +447,9 @@ pub fn delta_rule_bwd<T: Elem>(
     prep_and_walk(gpu, p, &prm, &lay, true)?;
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
-    launch(gpu, &format!("dr_dvl_{sfx}"), (lay.nch, bh), smem_bytes("dvl", lay.kp, es), &prm, None)?;
-    launch(gpu, &format!("dr_walk_bwd_{sfx}"), (lay.vp / BV, bh), smem_bytes("walk_bwd", lay.kp, es), &prm, None)?;
-    launch(gpu, &format!("dr_grads_{sfx}"), (lay.nch, bh), smem_bytes("grads", lay.kp, es), &prm, None)
+    launch(gpu, &format!("dr_dvl_{sfx}"), &cfg("dvl", &lay, bh, es), &prm, None)?;
+    launch(gpu, &format!("dr_walk_bwd_{sfx}"), &cfg("walk_bwd", &lay, bh, es), &prm, None)?;
+    launch(gpu, &format!("dr_grads_{sfx}"), &cfg("grads", &lay, bh, es), &prm, None)
 }
 
 /// Each kernel of the forward and backward alone (ms, medians of `iters` after `warmup`, CUDA
@@ -454,14 +485,11 @@ pub fn kernel_ms<T: Elem>(
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let mut out = [0.0; 6];
-    let steps: [(&str, bool); 6] =
-        [("prep", true), ("walk_fwd", false), ("out", true), ("dvl", true), ("walk_bwd", false), ("grads", true)];
-    for (i, (kind, chunked)) in steps.iter().enumerate() {
-        let grid = if *chunked { (lay.nch, bh) } else { (lay.vp / BV, bh) };
+    for (i, kind) in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"].iter().enumerate() {
         let extra = (*kind == "prep").then_some(1);
         let name = format!("dr_{kind}_{sfx}");
-        let smem = smem_bytes(kind, lay.kp, es);
-        out[i] = super::bench::time_ms(gpu, warmup, iters, || launch(gpu, &name, grid, smem, &prm, extra))?;
+        let c = cfg(kind, &lay, bh, es);
+        out[i] = super::bench::time_ms(gpu, warmup, iters, || launch(gpu, &name, &c, &prm, extra))?;
     }
     Ok(out)
 }

@@ -43,7 +43,7 @@ inline u16 mock_rne(float v) {
 }
 template <bool BF> inline u32 pack2(float lo, float hi) { return (u32)mock_rne(lo) | ((u32)mock_rne(hi) << 16); }
 std::barrier<>* g_block_bar;
-struct Warp { std::barrier<>* bar; double vals[32]; u32 ma[32][4], mb[32][2]; };
+struct Warp { std::barrier<>* bar; double vals[32]; u32 ma[32][4], mb[32][2]; const u16* ptr[32]; };
 std::vector<Warp> g_warps;
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
@@ -79,7 +79,9 @@ inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 // Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.
 #define FOX_HOST_EMU 1
 alignas(16) static unsigned char dyn_smem[232 * 1024];
+#ifndef MOCK_LATE_CP_ASYNC
 // cp.async of 16 bytes (zeros when !valid), done at once; commits and waits have nothing to do.
+// Landing at once shows a buffer overwritten while it is still read (the copy lands early).
 inline void cp_async16(void* dst, const void* src, bool valid) {
     if (valid)
         memcpy(dst, src, 16);
@@ -89,6 +91,84 @@ inline void cp_async16(void* dst, const void* src, bool valid) {
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
+#else
+// With MOCK_LATE_CP_ASYNC the copies land as late as the GPU may let them: a thread's committed
+// groups at its cp.async.wait_group N (all but the N newest), which shows a tile read before its
+// wait (the copy lands late). The source is read at issue.
+struct MockCopy {
+    void* dst;
+    unsigned char data[16];
+};
+thread_local std::vector<MockCopy> t_open;
+thread_local std::vector<std::vector<MockCopy>> t_groups;
+inline void cp_async16(void* dst, const void* src, bool valid) {
+    MockCopy c;
+    c.dst = dst;
+    if (valid)
+        memcpy(c.data, src, 16);
+    else
+        memset(c.data, 0, 16);
+    t_open.push_back(c);
+}
+inline void cp_async_commit() {
+    t_groups.push_back(std::move(t_open));
+    t_open.clear();
+}
+template <int N>
+inline void cp_async_wait() {
+    while ((int)t_groups.size() > N) {
+        for (auto& c : t_groups.front()) memcpy(c.dst, c.data, 16);
+        t_groups.erase(t_groups.begin());
+    }
+}
+#endif
+// ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].shared.b16: lane l points at row l % 8 of piece l / 8;
+// register i of lane l gets piece i's (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), transposed with
+// .trans (rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4).
+template <int N, bool TR>
+inline void mock_ldsm(u32* r, const u16* p) {
+    const int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.ptr[lane] = p;
+    w.bar->arrive_and_wait();
+    for (int i = 0; i < N; ++i) {
+        const int row = lane / 4, col = 2 * (lane % 4);
+        u16 lo, hi;
+        if (TR) {
+            lo = w.ptr[8 * i + col][row];
+            hi = w.ptr[8 * i + col + 1][row];
+        } else {
+            lo = w.ptr[8 * i + row][col];
+            hi = w.ptr[8 * i + row][col + 1];
+        }
+        r[i] = (u32)lo | ((u32)hi << 16);
+    }
+    w.bar->arrive_and_wait();
+}
+// stmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane l points at row l % 8 of piece l / 8;
+// register i of lane l holds piece i's (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), stored
+// transposed (into rows 2 (l % 4), 2 (l % 4) + 1, column l / 4).
+inline void stsm_x4_t(u16* p, const u32 (&r)[4]) {
+    const int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.ptr[lane] = p;
+    for (int i = 0; i < 4; ++i) w.ma[lane][i] = r[i];
+    w.bar->arrive_and_wait();
+    if (lane == 0)
+        for (int l = 0; l < 32; ++l)
+            for (int i = 0; i < 4; ++i) {
+                const int row = l / 4, col = 2 * (l % 4);
+                u16* a = const_cast<u16*>(w.ptr[8 * i + col]);
+                u16* b = const_cast<u16*>(w.ptr[8 * i + col + 1]);
+                a[row] = (u16)(w.ma[l][i] & 0xffffu);
+                b[row] = (u16)(w.ma[l][i] >> 16);
+            }
+    w.bar->arrive_and_wait();
+}
+inline void ldsm_x4(u32 (&r)[4], const u16* p) { mock_ldsm<4, false>(r, p); }
+inline void ldsm_x4_t(u32 (&r)[4], const u16* p) { mock_ldsm<4, true>(r, p); }
+inline void ldsm_x2(u32 (&r)[2], const u16* p) { mock_ldsm<2, false>(r, p); }
+inline void ldsm_x2_t(u32 (&r)[2], const u16* p) { mock_ldsm<2, true>(r, p); }
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the warp's fragments (PTX ISA's layout:
 // lane = 4·group + t; A's registers 0-3 hold (group, 2t..2t+1), (group + 8, ·), (group, 2t + 8..),
 // (group + 8, 2t + 8..); B's (k = 2t..2t+1, n = group), (k = 2t + 8.., group); C's (group, 2t..2t+1),

@@ -34,7 +34,8 @@ pub struct Args {
     /// Nucleus sampling: the smallest set of tokens with this total probability (1: all).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
-    /// Random seed for sampling.
+    /// Random seed for sampling; the i-th prompt of a batch samples with seed + i (as the server's
+    /// `n` choices do): as it would alone with `--seed` seed + i, whatever the other prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// How text is turned into tokens: json-escaped (how the released FoX models were trained;

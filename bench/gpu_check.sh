@@ -2,7 +2,8 @@
 # The whole GPU check: every CUDA kernel against its CPU reference on fresh random inputs, then the
 # whole model on the GPU against the CPU (fixtures in f32 and bf16, training, resume), then
 # data-parallel training through NCCL (dist: on one GPU a world of one rank against the plain
-# trainer; with two GPUs also 2 ranks against 1, resume 2 -> 1 and a killed rank). Each part
+# trainer; with two GPUs also 2 ranks against 1, resume 2 -> 1 and a killed rank; for each
+# family, or those of $DIST_MODELS). Each part
 # prints a pass/fail table; the script exits non-zero if any row failed. See docs/gpu.md and
 # docs/distributed.md.
 #
@@ -43,7 +44,12 @@ for p in "${parts[@]}"; do
         ops) "$FA" check-ops || rc=1 ;;
         gemm) "$FA" check-gemm || rc=1 ;;
         model) "$FL" gpu-check || rc=1 ;;
-        dist) "$FL" gpu-check --only dist || rc=1 ;;
+        dist)
+            # every family's parameters through NCCL ($DIST_MODELS: a subset)
+            for m in ${DIST_MODELS:-fox mamba2 samba deltanet gated-deltanet hgrn2}; do
+                echo "--- dist: $m"
+                "$FL" gpu-check --only dist --dist-model "$m" || rc=1
+            done ;;
         python)
             pydir=$(mktemp -d)
             cp -r crates/foxlm-py/python/foxlm "$pydir/"

@@ -45,7 +45,7 @@ fn ref_fwd(p: &DeltaRule, x: &Inputs) -> (Vec<f64>, Vec<Vec<Vec<f64>>>) {
             let bh = b * h + hi;
             let mut s = x.init[bh * kd * vd..][..kd * vd].to_vec();
             let mut states = vec![s.clone()];
-            for ti in p.start(b)..t {
+            for ti in p.shape().start(b)..t {
                 let r = (b * t + ti) * h + hi;
                 let (q, k, v) = (&x.q[r * kd..][..kd], &x.k[r * kd..][..kd], &x.v[r * vd..][..vd]);
                 let alpha = x.g.as_ref().map_or(1.0, |g| g[r].exp());
@@ -86,7 +86,7 @@ fn ref_bwd(p: &DeltaRule, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads 
         dinit: vec![0.0; x.init.len()],
     };
     for b in 0..bsz {
-        let st = p.start(b);
+        let st = p.shape().start(b);
         for hi in 0..h {
             let bh = b * h + hi;
             let mut ds = dfinal[bh * kd * vd..][..kd * vd].to_vec();
@@ -257,7 +257,7 @@ fn chunked_forward_matches_the_recurrence() {
         assert!(eo < 2e-5 && es < 2e-5, "{c:?}: o {eo:e}, final state {es:e}");
         // Padding outputs 0.
         for b in 0..c.b {
-            for t in 0..p.start(b) {
+            for t in 0..p.shape().start(b) {
                 assert!(o[(b * c.t + t) * c.h * c.v..][..c.h * c.v].iter().all(|&v| v == 0.0), "{c:?}: pad output");
             }
         }

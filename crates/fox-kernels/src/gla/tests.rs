@@ -40,7 +40,7 @@ fn ref_fwd(p: &Gla, x: &Inputs) -> (Vec<f64>, Vec<Vec<Vec<f64>>>) {
             let bh = b * h + hi;
             let mut s = x.init[bh * kd * vd..][..kd * vd].to_vec();
             let mut states = vec![s.clone()];
-            for ti in p.start(b)..t {
+            for ti in p.shape().start(b)..t {
                 let r = (b * t + ti) * h + hi;
                 for c in 0..kd {
                     for e in 0..vd {
@@ -70,7 +70,7 @@ fn ref_bwd(p: &Gla, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads {
     };
     let sc = p.scale as f64;
     for b in 0..bsz {
-        let st = p.start(b);
+        let st = p.shape().start(b);
         for hi in 0..h {
             let bh = b * h + hi;
             let mut ds = dfinal[bh * kd * vd..][..kd * vd].to_vec();

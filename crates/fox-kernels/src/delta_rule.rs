@@ -455,28 +455,16 @@ pub fn delta_rule_bwd(
         sh.check_state(d.len(), "dinit")?;
     }
     let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df, kd, vd, p.scale));
-    let DeltaRuleGrads { dq, dk, dv, dbeta, mut dg, dinit } = g;
-    dq.fill(0.0);
-    dk.fill(0.0);
-    dv.fill(0.0);
-    dbeta.fill(0.0);
-    if let Some(dg) = dg.as_deref_mut() {
-        dg.fill(0.0);
-    }
-    for (bh, hg) in per.iter().enumerate() {
-        sh.scatter(dq, &hg.dq, kd, bh);
-        sh.scatter(dk, &hg.dk, kd, bh);
-        sh.scatter(dv, &hg.dv, vd, bh);
-        sh.scatter(dbeta, &hg.dbeta, 1, bh);
-        if let Some(dg) = dg.as_deref_mut() {
-            sh.scatter(dg, &hg.dg, 1, bh);
-        }
+    let DeltaRuleGrads { dq, dk, dv, dbeta, dg, dinit } = g;
+    sh.scatter(dq, per.iter().map(|hg| &hg.dq[..]), kd);
+    sh.scatter(dk, per.iter().map(|hg| &hg.dk[..]), kd);
+    sh.scatter(dv, per.iter().map(|hg| &hg.dv[..]), vd);
+    sh.scatter(dbeta, per.iter().map(|hg| &hg.dbeta[..]), 1);
+    if let Some(dg) = dg {
+        sh.scatter(dg, per.iter().map(|hg| &hg.dg[..]), 1);
     }
     if let Some(d) = dinit {
-        let sn = kd * vd;
-        for (bh, hg) in per.iter().enumerate() {
-            d[bh * sn..][..sn].copy_from_slice(&hg.dinit);
-        }
+        sh.put_states(d, per.iter().map(|hg| &hg.dinit[..]));
     }
     Ok(())
 }
@@ -486,9 +474,8 @@ pub fn delta_rule_bwd(
 /// o = 0, its state unchanged.
 pub fn delta_rule_decode_step(p: &DeltaRule, state: &mut [f32], o: &mut [f32]) -> Result<()> {
     p.check()?;
-    ensure!(p.seq == 1, "delta_rule_decode_step: one position per row, not {}", p.seq);
     let sh = p.shape();
-    sh.check_out(o.len(), Some(state.len()), None)?;
+    sh.check_decode(o.len(), state.len())?;
     let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
     state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
         if sh.start(bh / h) > 0 {

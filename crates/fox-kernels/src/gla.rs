@@ -321,21 +321,12 @@ pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32
     }
     let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df, kd, vd, p.scale));
     let GlaGrads { dq, dk, dv, dg, dinit } = g;
-    dq.fill(0.0);
-    dk.fill(0.0);
-    dv.fill(0.0);
-    dg.fill(0.0);
-    for (bh, hg) in per.iter().enumerate() {
-        sh.scatter(dq, &hg.dq, kd, bh);
-        sh.scatter(dk, &hg.dk, kd, bh);
-        sh.scatter(dg, &hg.dg, kd, bh);
-        sh.scatter(dv, &hg.dv, vd, bh);
-    }
+    sh.scatter(dq, per.iter().map(|hg| &hg.dq[..]), kd);
+    sh.scatter(dk, per.iter().map(|hg| &hg.dk[..]), kd);
+    sh.scatter(dg, per.iter().map(|hg| &hg.dg[..]), kd);
+    sh.scatter(dv, per.iter().map(|hg| &hg.dv[..]), vd);
     if let Some(d) = dinit {
-        let sn = kd * vd;
-        for (bh, hg) in per.iter().enumerate() {
-            d[bh * sn..][..sn].copy_from_slice(&hg.dinit);
-        }
+        sh.put_states(d, per.iter().map(|hg| &hg.dinit[..]));
     }
     Ok(())
 }
@@ -345,9 +336,8 @@ pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32
 /// state unchanged.
 pub fn gla_decode_step(p: &Gla, state: &mut [f32], o: &mut [f32]) -> Result<()> {
     p.check()?;
-    ensure!(p.seq == 1, "gla_decode_step: one position per row, not {}", p.seq);
     let sh = p.shape();
-    sh.check_out(o.len(), Some(state.len()), None)?;
+    sh.check_decode(o.len(), state.len())?;
     let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
     state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
         or.fill(0.0);

@@ -90,14 +90,31 @@ impl Shape<'_> {
         out
     }
 
-    /// The inverse of [`Shape::gather`] for head bh = b·H + h: writes its rows into x, padding
-    /// untouched.
-    pub fn scatter(&self, x: &mut [f32], src: &[f32], w: usize, bh: usize) {
+    /// The inverse of [`Shape::gather`] for every head in order bh = b·H + h: x [B, T, H, w], 0 at
+    /// padding.
+    pub fn scatter<'x>(&self, x: &mut [f32], heads: impl Iterator<Item = &'x [f32]>, w: usize) {
         let (t, hs) = (self.seq, self.heads);
-        let (b, h) = (bh / hs, bh % hs);
-        for (i, ti) in (self.start(b)..t).enumerate() {
-            x[((b * t + ti) * hs + h) * w..][..w].copy_from_slice(&src[i * w..][..w]);
+        x.fill(0.0);
+        for (bh, src) in heads.enumerate() {
+            let (b, h) = (bh / hs, bh % hs);
+            for (i, ti) in (self.start(b)..t).enumerate() {
+                x[((b * t + ti) * hs + h) * w..][..w].copy_from_slice(&src[i * w..][..w]);
+            }
         }
+    }
+
+    /// Every head's state [K, V] in order bh into states [B, H, K, V].
+    pub fn put_states<'x>(&self, states: &mut [f32], heads: impl Iterator<Item = &'x [f32]>) {
+        let sn = self.k_dim * self.v_dim;
+        for (bh, s) in heads.enumerate() {
+            states[bh * sn..][..sn].copy_from_slice(s);
+        }
+    }
+
+    /// A decoding step's sizes: one position per row, o [B, H, V] and the state.
+    pub fn check_decode(&self, o: usize, state: usize) -> Result<()> {
+        ensure!(self.seq == 1, "{}_decode_step: one position per row, not {}", self.op, self.seq);
+        self.check_out(o, Some(state), None)
     }
 
     /// Runs `head(b, h, state, out)` on every (b, h) in parallel from its initial state (zero
@@ -125,14 +142,9 @@ impl Shape<'_> {
                 (out, s)
             })
             .collect();
-        o.fill(0.0);
-        for (bh, (out, _)) in per.iter().enumerate() {
-            self.scatter(o, out, vd, bh);
-        }
+        self.scatter(o, per.iter().map(|(out, _)| &out[..]), vd);
         if let Some(f) = final_state {
-            for (bh, (_, s)) in per.iter().enumerate() {
-                f[bh * sn..][..sn].copy_from_slice(s);
-            }
+            self.put_states(f, per.iter().map(|(_, s)| &s[..]));
         }
         Ok(())
     }

@@ -171,3 +171,6 @@ impl Shape<'_> {
             .collect()
     }
 }
+
+#[cfg(test)]
+pub(crate) mod testing;

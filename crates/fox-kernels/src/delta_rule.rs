@@ -32,7 +32,7 @@
 //! thread count.
 
 use crate::linalg::{axpy, dot};
-use crate::linear_attention::{Shape, Width};
+use crate::linear_attention::{chunk_states, chunks, Shape, Width};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -244,12 +244,9 @@ fn chunk_fwd(
 
 /// Forward of one head over its real positions: o [n, V], the state `s` [K, V] advanced.
 fn head_fwd(x: &Head, s: &mut [f32], o: &mut [f32], kd: usize, vd: usize, scale: f32) {
-    let mut c0 = 0;
-    while c0 < x.n {
-        let len = CHUNK.min(x.n - c0);
+    for (c0, len) in chunks(x.n, CHUNK) {
         let ch = chunk(x, c0, len, s, kd, vd);
         chunk_fwd(x, c0, &ch, s, Some(&mut o[c0 * vd..][..len * vd]), kd, vd, scale);
-        c0 += len;
     }
 }
 
@@ -266,16 +263,10 @@ struct HeadGrads {
 /// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
 fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
     let n = x.n;
-    let nc = n.div_ceil(CHUNK);
-    // The states entering each chunk.
-    let mut states = vec![0.0f32; nc.max(1) * kd * vd];
-    let mut s = init.to_vec();
-    for c in 0..nc {
-        states[c * kd * vd..][..kd * vd].copy_from_slice(&s);
-        let c0 = c * CHUNK;
-        let ch = chunk(x, c0, CHUNK.min(n - c0), &s, kd, vd);
-        chunk_fwd(x, c0, &ch, &mut s, None, kd, vd, scale);
-    }
+    let states = chunk_states(n, CHUNK, init, |c0, len, s| {
+        let ch = chunk(x, c0, len, s, kd, vd);
+        chunk_fwd(x, c0, &ch, s, None, kd, vd, scale);
+    });
     let mut gr = HeadGrads {
         dq: vec![0.0; n * kd],
         dk: vec![0.0; n * kd],
@@ -284,9 +275,7 @@ fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd:
         dg: vec![0.0; n],
         dinit: dfinal.to_vec(),
     };
-    for c in (0..nc).rev() {
-        let c0 = c * CHUNK;
-        let len = CHUNK.min(n - c0);
+    for (c, (c0, len)) in chunks(n, CHUNK).enumerate().rev() {
         let s0 = &states[c * kd * vd..][..kd * vd];
         let ch = chunk(x, c0, len, s0, kd, vd);
         let ds = std::mem::take(&mut gr.dinit);

@@ -30,7 +30,7 @@
 //! the thread count.
 
 use crate::linalg::{axpy, dot};
-use crate::linear_attention::{Shape, Width};
+use crate::linear_attention::{chunk_states, chunks, Shape, Width};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -187,14 +187,7 @@ struct HeadGrads {
 /// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
 fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
     let n = x.n;
-    let nc = n.div_ceil(CHUNK);
-    let mut states = vec![0.0f32; nc.max(1) * kd * vd];
-    let mut s = init.to_vec();
-    for c in 0..nc {
-        states[c * kd * vd..][..kd * vd].copy_from_slice(&s);
-        let c0 = c * CHUNK;
-        chunk_fwd(x, c0, CHUNK.min(n - c0), &mut s, None, kd, vd, scale);
-    }
+    let states = chunk_states(n, CHUNK, init, |c0, len, s| chunk_fwd(x, c0, len, s, None, kd, vd, scale));
     let mut gr = HeadGrads {
         dq: vec![0.0; n * kd],
         dk: vec![0.0; n * kd],
@@ -202,9 +195,7 @@ fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd:
         dg: vec![0.0; n * kd],
         dinit: dfinal.to_vec(),
     };
-    for c in (0..nc).rev() {
-        let c0 = c * CHUNK;
-        let len = CHUNK.min(n - c0);
+    for (c, (c0, len)) in chunks(n, CHUNK).enumerate().rev() {
         let s0 = &states[c * kd * vd..][..kd * vd];
         let ds = std::mem::take(&mut gr.dinit);
         gr.dinit = chunk_bwd(x, c0, len, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr, kd, vd, scale);
@@ -294,11 +285,8 @@ pub fn gla_fwd(p: &Gla, o: &mut [f32], init: Option<&[f32]>, final_state: Option
     let (kd, vd) = (p.k_dim, p.v_dim);
     p.shape().forward(o, init, final_state, |b, h, s, out| {
         let x = p.head(b, h);
-        let mut c0 = 0;
-        while c0 < x.n {
-            let len = CHUNK.min(x.n - c0);
+        for (c0, len) in chunks(x.n, CHUNK) {
             chunk_fwd(&x, c0, len, s, Some(&mut out[c0 * vd..][..len * vd]), kd, vd, p.scale);
-            c0 += len;
         }
     })
 }

@@ -5,6 +5,28 @@
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
+/// The chunks [c0, c0 + len) of `chunk` positions that cover n, in order.
+pub(crate) fn chunks(n: usize, chunk: usize) -> impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator {
+    (0..n.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(n - c * chunk)))
+}
+
+/// The states [K, V] entering each chunk of n positions (for a backward, which walks the chunks in
+/// reverse), from `init`, `advance(c0, len, S)` carrying S over one chunk.
+pub(crate) fn chunk_states(
+    n: usize,
+    chunk: usize,
+    init: &[f32],
+    mut advance: impl FnMut(usize, usize, &mut [f32]),
+) -> Vec<f32> {
+    let mut states = Vec::with_capacity(n.div_ceil(chunk) * init.len());
+    let mut s = init.to_vec();
+    for (c0, len) in chunks(n, chunk) {
+        states.extend_from_slice(&s);
+        advance(c0, len, &mut s);
+    }
+    states
+}
+
 /// How many values one position of one head holds.
 #[derive(Clone, Copy)]
 pub(crate) enum Width {

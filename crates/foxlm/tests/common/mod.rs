@@ -152,6 +152,20 @@ pub fn random_ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
 }
 
+/// A freshly initialised model's loss on 32 tokens is within 0.05 of ln(vocab): its predictions
+/// are near uniform.
+#[allow(dead_code)]
+pub fn fresh_loss_is_uniform(model: &Model) {
+    let v = model.config.vocab_size;
+    let ids: Vec<u32> = (0..32).map(|i| (i * 7 % v) as u32).collect();
+    let ctx = foxlm::model::Ctx { batch: 1, seq: 32, start: None };
+    let targets: Vec<Option<u32>> = (0..32).map(|i| (i + 1 < 32).then(|| ids[i + 1])).collect();
+    let mut g = model.params.zeros_like();
+    let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut g, 1.0) as f64;
+    let uniform = (v as f64).ln();
+    assert!((loss - uniform).abs() < 0.05, "fresh loss {loss} vs ln(vocab) {uniform}");
+}
+
 /// The largest absolute difference of two equally long slices.
 #[allow(dead_code)]
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -2,26 +2,15 @@
 //! reports, and every way a model folder can be broken is an error naming the file and the tensor
 //! or field at fault (exit code 1), never a panic; usage errors exit with 2.
 
+mod common;
+
+use common::{fixture, VARIANTS};
 use foxlm::checkpoint::read_tensors;
 use safetensors::{Dtype, SafeTensors};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-const VARIANTS: [&str; 7] = [
-    "fox_llama",
-    "fox_pro",
-    "fox_pro_shared_qknorm",
-    "fox_bias_only",
-    "fox_fixed",
-    "transformer_llama",
-    "transformer_pro",
-];
-
-fn fixture(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
-
 fn foxlm(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run foxlm")
 }

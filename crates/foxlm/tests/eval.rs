@@ -4,6 +4,9 @@
 //! computed; and `eval loss`, `eval niah` and `viz gates` run end to end on fixture models and
 //! write well-formed CSV, JSON and PNG files.
 
+mod common;
+
+use common::fixture;
 use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::eval::gates;
 use foxlm::eval::loss::{self, Chunking};
@@ -14,10 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-
-fn fixture(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 fn sample_text() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/sample/moby-dick")

@@ -3,6 +3,9 @@
 //! batch), shape-keeping changes are printed, and shape-changing ones, mismatched tensors and
 //! `--resume` with `--init-from` are errors that name what is at fault.
 
+mod common;
+
+use common::fixture;
 use foxlm::checkpoint::load_model;
 use foxlm::data::{prepare, Dataset, Loader, PrepareOptions, Split};
 use foxlm::presets;
@@ -13,10 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-
-fn fixture(v: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 fn moby_dick(dir: &Path) -> PathBuf {
     let out = dir.join("md");

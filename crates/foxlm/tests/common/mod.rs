@@ -1,6 +1,25 @@
 //! Helpers shared by the integration tests.
 
 use foxlm::model::Model;
+use std::path::PathBuf;
+
+/// The official-fox-tiny fixtures: the authors' FoX and Transformer variants.
+#[allow(dead_code)]
+pub const VARIANTS: [&str; 7] = [
+    "fox_llama",
+    "fox_pro",
+    "fox_pro_shared_qknorm",
+    "fox_bias_only",
+    "fox_fixed",
+    "transformer_llama",
+    "transformer_pro",
+];
+
+/// The folder of an official-fox-tiny fixture.
+#[allow(dead_code)]
+pub fn fixture(v: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
+}
 
 /// Central finite differences (ε = 1e-2 in f32) of `loss_at` against the backward's `grads` for
 /// the two entries with the largest gradient of each named tensor; panics on a mismatch beyond
@@ -18,6 +37,7 @@ pub fn check_finite_differences(
 
 /// [`check_finite_differences`] with a step `eps` of one's own (a smaller one for a model whose
 /// loss curves more: its O(ε²) error shrinks, f32 round-off ~1e-7·loss/ε grows).
+#[allow(dead_code)]
 pub fn check_finite_differences_eps(
     model: &Model,
     grads: &[Vec<f32>],
@@ -49,6 +69,7 @@ pub fn check_finite_differences_eps(
     checked
 }
 
+#[allow(dead_code)]
 fn fixture_tensor(dir: &std::path::Path, file: &str, name: &str) -> (Vec<usize>, Vec<u8>, safetensors::Dtype) {
     let bytes = std::fs::read(dir.join(file)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();

@@ -72,18 +72,8 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
 
 fn opts(data: &Path, out: &Path, init: Option<&Path>) -> TrainOptions {
     TrainOptions {
-        data: data.into(),
-        out: out.into(),
-        resume: false,
-        progress: false,
-        stop_after: None,
-        verbose: false,
-        device: fox_kernels::cuda::DeviceArg::Cpu,
-        dtype: None,
-        recompute: false,
-        dist: None,
         init_from: init.map(Path::to_path_buf),
-        tensorboard: None,
+        ..TrainOptions::new(data, out, fox_kernels::cuda::DeviceArg::Cpu)
     }
 }
 

@@ -32,6 +32,7 @@
 //! thread count.
 
 use crate::linalg::{axpy, dot};
+use crate::linear_attention::{chunk_states, chunks, Shape, Width};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -76,55 +77,36 @@ pub struct DeltaRuleGrads<'a> {
 }
 
 impl DeltaRule<'_> {
+    fn shape(&self) -> Shape<'_> {
+        let (batch, seq, heads, k_dim, v_dim, start) =
+            (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.start);
+        Shape { op: "delta_rule", batch, seq, heads, k_dim, v_dim, start }
+    }
     fn check(&self) -> Result<()> {
-        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
-        ensure!(h > 0 && kd > 0 && vd > 0, "delta_rule: heads, k_dim and v_dim must be positive");
-        let n = b * t * h;
-        ensure!(self.q.len() == n * kd, "delta_rule: q has {} values, not B·T·H·K = {}", self.q.len(), n * kd);
-        ensure!(self.k.len() == n * kd, "delta_rule: k has {} values, not B·T·H·K = {}", self.k.len(), n * kd);
-        ensure!(self.v.len() == n * vd, "delta_rule: v has {} values, not B·T·H·V = {}", self.v.len(), n * vd);
-        ensure!(self.beta.len() == n, "delta_rule: beta has {} values, not B·T·H = {n}", self.beta.len());
+        let mut inputs = vec![
+            ("q", self.q.len(), Width::K),
+            ("k", self.k.len(), Width::K),
+            ("v", self.v.len(), Width::V),
+            ("beta", self.beta.len(), Width::One),
+        ];
         if let Some(g) = self.g {
-            ensure!(g.len() == n, "delta_rule: g has {} values, not B·T·H = {n}", g.len());
+            inputs.push(("g", g.len(), Width::One));
         }
-        if let Some(s) = self.start {
-            ensure!(s.len() == b, "delta_rule: start has {} rows, not B = {b}", s.len());
-        }
-        Ok(())
-    }
-    fn state_len(&self) -> usize {
-        self.batch * self.heads * self.k_dim * self.v_dim
-    }
-    fn check_state(&self, n: usize, what: &str) -> Result<()> {
-        ensure!(n == self.state_len(), "delta_rule: {what} has {n} values, not B·H·K·V = {}", self.state_len());
-        Ok(())
-    }
-    fn start(&self, b: usize) -> usize {
-        self.start.map_or(0, |s| s[b].min(self.seq))
+        self.shape().check(&inputs)
     }
 
     /// Row b's real positions of head h, gathered contiguously.
     fn head(&self, b: usize, h: usize) -> Head {
-        let (t, hs, kd, vd) = (self.seq, self.heads, self.k_dim, self.v_dim);
-        let st = self.start(b);
-        let n = t - st;
-        let mut x = Head {
+        let sh = self.shape();
+        let n = self.seq - sh.start(b);
+        Head {
             n,
-            q: Vec::with_capacity(n * kd),
-            k: Vec::with_capacity(n * kd),
-            v: Vec::with_capacity(n * vd),
-            beta: Vec::with_capacity(n),
-            g: Vec::with_capacity(n),
-        };
-        for ti in st..t {
-            let r = (b * t + ti) * hs + h;
-            x.q.extend_from_slice(&self.q[r * kd..][..kd]);
-            x.k.extend_from_slice(&self.k[r * kd..][..kd]);
-            x.v.extend_from_slice(&self.v[r * vd..][..vd]);
-            x.beta.push(self.beta[r]);
-            x.g.push(self.g.map_or(0.0, |g| g[r]));
+            q: sh.gather(self.q, self.k_dim, b, h),
+            k: sh.gather(self.k, self.k_dim, b, h),
+            v: sh.gather(self.v, self.v_dim, b, h),
+            beta: sh.gather(self.beta, 1, b, h),
+            g: self.g.map_or_else(|| vec![0.0; n], |g| sh.gather(g, 1, b, h)),
         }
-        x
     }
 }
 
@@ -262,12 +244,9 @@ fn chunk_fwd(
 
 /// Forward of one head over its real positions: o [n, V], the state `s` [K, V] advanced.
 fn head_fwd(x: &Head, s: &mut [f32], o: &mut [f32], kd: usize, vd: usize, scale: f32) {
-    let mut c0 = 0;
-    while c0 < x.n {
-        let len = CHUNK.min(x.n - c0);
+    for (c0, len) in chunks(x.n, CHUNK) {
         let ch = chunk(x, c0, len, s, kd, vd);
         chunk_fwd(x, c0, &ch, s, Some(&mut o[c0 * vd..][..len * vd]), kd, vd, scale);
-        c0 += len;
     }
 }
 
@@ -284,16 +263,10 @@ struct HeadGrads {
 /// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
 fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
     let n = x.n;
-    let nc = n.div_ceil(CHUNK);
-    // The states entering each chunk.
-    let mut states = vec![0.0f32; nc.max(1) * kd * vd];
-    let mut s = init.to_vec();
-    for c in 0..nc {
-        states[c * kd * vd..][..kd * vd].copy_from_slice(&s);
-        let c0 = c * CHUNK;
-        let ch = chunk(x, c0, CHUNK.min(n - c0), &s, kd, vd);
-        chunk_fwd(x, c0, &ch, &mut s, None, kd, vd, scale);
-    }
+    let states = chunk_states(n, CHUNK, init, |c0, len, s| {
+        let ch = chunk(x, c0, len, s, kd, vd);
+        chunk_fwd(x, c0, &ch, s, None, kd, vd, scale);
+    });
     let mut gr = HeadGrads {
         dq: vec![0.0; n * kd],
         dk: vec![0.0; n * kd],
@@ -302,9 +275,7 @@ fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd:
         dg: vec![0.0; n],
         dinit: dfinal.to_vec(),
     };
-    for c in (0..nc).rev() {
-        let c0 = c * CHUNK;
-        let len = CHUNK.min(n - c0);
+    for (c, (c0, len)) in chunks(n, CHUNK).enumerate().rev() {
         let s0 = &states[c * kd * vd..][..kd * vd];
         let ch = chunk(x, c0, len, s0, kd, vd);
         let ds = std::mem::take(&mut gr.dinit);
@@ -434,18 +405,6 @@ fn chunk_bwd(
     ds0
 }
 
-fn check_out(p: &DeltaRule, o: usize, init: Option<usize>, fin: Option<usize>) -> Result<()> {
-    let n = p.batch * p.seq * p.heads * p.v_dim;
-    ensure!(o == n, "delta_rule: o has {o} values, not B·T·H·V = {n}");
-    if let Some(s) = init {
-        p.check_state(s, "the initial state")?;
-    }
-    if let Some(s) = fin {
-        p.check_state(s, "the final state")?;
-    }
-    Ok(())
-}
-
 /// The chunked forward: o [B, T, H, V] (0 at padding); `init` and `final_state` [B, H, K, V] (none:
 /// a zero initial state / not wanted).
 pub fn delta_rule_fwd(
@@ -455,34 +414,9 @@ pub fn delta_rule_fwd(
     final_state: Option<&mut [f32]>,
 ) -> Result<()> {
     p.check()?;
-    check_out(p, o.len(), init.map(|s| s.len()), final_state.as_ref().map(|s| s.len()))?;
-    let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
-    let sn = kd * vd;
-    let per: Vec<(Vec<f32>, Vec<f32>)> = (0..p.batch * h)
-        .into_par_iter()
-        .map(|bh| {
-            let (b, hi) = (bh / h, bh % h);
-            let x = p.head(b, hi);
-            let mut s = init.map_or_else(|| vec![0.0; sn], |i| i[bh * sn..][..sn].to_vec());
-            let mut out = vec![0.0; x.n * vd];
-            head_fwd(&x, &mut s, &mut out, kd, vd, p.scale);
-            (out, s)
-        })
-        .collect();
-    o.fill(0.0);
-    for (bh, (out, _)) in per.iter().enumerate() {
-        let (b, hi) = (bh / h, bh % h);
-        let st = p.start(b);
-        for (i, ti) in (st..t).enumerate() {
-            o[((b * t + ti) * h + hi) * vd..][..vd].copy_from_slice(&out[i * vd..][..vd]);
-        }
-    }
-    if let Some(f) = final_state {
-        for (bh, (_, s)) in per.iter().enumerate() {
-            f[bh * sn..][..sn].copy_from_slice(s);
-        }
-    }
-    Ok(())
+    p.shape().forward(o, init, final_state, |b, h, s, out| {
+        head_fwd(&p.head(b, h), s, out, p.k_dim, p.v_dim, p.scale);
+    })
 }
 
 /// The chunked backward from do [B, T, H, V] (and the final state's gradient `dfinal`, if the
@@ -495,7 +429,8 @@ pub fn delta_rule_bwd(
     g: DeltaRuleGrads,
 ) -> Result<()> {
     p.check()?;
-    check_out(p, dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
+    let sh = p.shape();
+    sh.check_out(dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
     let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
     let (nq, nv, nb) = (p.batch * t * h * kd, p.batch * t * h * vd, p.batch * t * h);
     ensure!(g.dq.len() == nq && g.dk.len() == nq, "delta_rule_bwd: dq and dk must have B·T·H·K = {nq} values");
@@ -506,50 +441,19 @@ pub fn delta_rule_bwd(
         ensure!(dg.len() == nb, "delta_rule_bwd: dg must have B·T·H = {nb} values");
     }
     if let Some(d) = &g.dinit {
-        p.check_state(d.len(), "dinit")?;
+        sh.check_state(d.len(), "dinit")?;
     }
-    let sn = kd * vd;
-    let per: Vec<HeadGrads> = (0..p.batch * h)
-        .into_par_iter()
-        .map(|bh| {
-            let (b, hi) = (bh / h, bh % h);
-            let x = p.head(b, hi);
-            let st = p.start(b);
-            let mut d = Vec::with_capacity(x.n * vd);
-            for ti in st..t {
-                d.extend_from_slice(&dout[((b * t + ti) * h + hi) * vd..][..vd]);
-            }
-            let zero = vec![0.0; sn];
-            let s0 = init.map_or(&zero[..], |i| &i[bh * sn..][..sn]);
-            let df = dfinal.map_or(&zero[..], |f| &f[bh * sn..][..sn]);
-            head_bwd(&x, s0, &d, df, kd, vd, p.scale)
-        })
-        .collect();
-    let DeltaRuleGrads { dq, dk, dv, dbeta, mut dg, dinit } = g;
-    dq.fill(0.0);
-    dk.fill(0.0);
-    dv.fill(0.0);
-    dbeta.fill(0.0);
-    if let Some(dg) = dg.as_deref_mut() {
-        dg.fill(0.0);
-    }
-    for (bh, hg) in per.iter().enumerate() {
-        let (b, hi) = (bh / h, bh % h);
-        for (i, ti) in (p.start(b)..t).enumerate() {
-            let r = (b * t + ti) * h + hi;
-            dq[r * kd..][..kd].copy_from_slice(&hg.dq[i * kd..][..kd]);
-            dk[r * kd..][..kd].copy_from_slice(&hg.dk[i * kd..][..kd]);
-            dv[r * vd..][..vd].copy_from_slice(&hg.dv[i * vd..][..vd]);
-            dbeta[r] = hg.dbeta[i];
-            if let Some(dg) = dg.as_deref_mut() {
-                dg[r] = hg.dg[i];
-            }
-        }
+    let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df, kd, vd, p.scale));
+    let DeltaRuleGrads { dq, dk, dv, dbeta, dg, dinit } = g;
+    sh.scatter(dq, per.iter().map(|hg| &hg.dq[..]), kd);
+    sh.scatter(dk, per.iter().map(|hg| &hg.dk[..]), kd);
+    sh.scatter(dv, per.iter().map(|hg| &hg.dv[..]), vd);
+    sh.scatter(dbeta, per.iter().map(|hg| &hg.dbeta[..]), 1);
+    if let Some(dg) = dg {
+        sh.scatter(dg, per.iter().map(|hg| &hg.dg[..]), 1);
     }
     if let Some(d) = dinit {
-        for (bh, hg) in per.iter().enumerate() {
-            d[bh * sn..][..sn].copy_from_slice(&hg.dinit);
-        }
+        sh.put_states(d, per.iter().map(|hg| &hg.dinit[..]));
     }
     Ok(())
 }
@@ -559,11 +463,11 @@ pub fn delta_rule_bwd(
 /// o = 0, its state unchanged.
 pub fn delta_rule_decode_step(p: &DeltaRule, state: &mut [f32], o: &mut [f32]) -> Result<()> {
     p.check()?;
-    ensure!(p.seq == 1, "delta_rule_decode_step: one position per row, not {}", p.seq);
-    check_out(p, o.len(), Some(state.len()), None)?;
+    let sh = p.shape();
+    sh.check_decode(o.len(), state.len())?;
     let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
     state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
-        if p.start(bh / h) > 0 {
+        if sh.start(bh / h) > 0 {
             or.fill(0.0);
             return;
         }

@@ -30,6 +30,7 @@
 //! the thread count.
 
 use crate::linalg::{axpy, dot};
+use crate::linear_attention::{chunk_states, chunks, Shape, Width};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -70,50 +71,30 @@ pub struct GlaGrads<'a> {
 }
 
 impl Gla<'_> {
+    fn shape(&self) -> Shape<'_> {
+        let (batch, seq, heads, k_dim, v_dim, start) =
+            (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.start);
+        Shape { op: "gla", batch, seq, heads, k_dim, v_dim, start }
+    }
     fn check(&self) -> Result<()> {
-        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
-        ensure!(h > 0 && kd > 0 && vd > 0, "gla: heads, k_dim and v_dim must be positive");
-        let n = b * t * h;
-        for (what, len, w) in [("q", self.q.len(), kd), ("k", self.k.len(), kd), ("g", self.g.len(), kd)] {
-            ensure!(len == n * w, "gla: {what} has {len} values, not B·T·H·K = {}", n * w);
-        }
-        ensure!(self.v.len() == n * vd, "gla: v has {} values, not B·T·H·V = {}", self.v.len(), n * vd);
-        if let Some(s) = self.start {
-            ensure!(s.len() == b, "gla: start has {} rows, not B = {b}", s.len());
-        }
-        Ok(())
-    }
-    fn state_len(&self) -> usize {
-        self.batch * self.heads * self.k_dim * self.v_dim
-    }
-    fn check_state(&self, n: usize, what: &str) -> Result<()> {
-        ensure!(n == self.state_len(), "gla: {what} has {n} values, not B·H·K·V = {}", self.state_len());
-        Ok(())
-    }
-    fn start(&self, b: usize) -> usize {
-        self.start.map_or(0, |s| s[b].min(self.seq))
+        self.shape().check(&[
+            ("q", self.q.len(), Width::K),
+            ("k", self.k.len(), Width::K),
+            ("g", self.g.len(), Width::K),
+            ("v", self.v.len(), Width::V),
+        ])
     }
 
     /// Row b's real positions of head h, gathered contiguously.
     fn head(&self, b: usize, h: usize) -> Head {
-        let (t, hs, kd, vd) = (self.seq, self.heads, self.k_dim, self.v_dim);
-        let st = self.start(b);
-        let n = t - st;
-        let mut x = Head {
-            n,
-            q: Vec::with_capacity(n * kd),
-            k: Vec::with_capacity(n * kd),
-            v: Vec::with_capacity(n * vd),
-            g: Vec::with_capacity(n * kd),
-        };
-        for ti in st..t {
-            let r = (b * t + ti) * hs + h;
-            x.q.extend_from_slice(&self.q[r * kd..][..kd]);
-            x.k.extend_from_slice(&self.k[r * kd..][..kd]);
-            x.v.extend_from_slice(&self.v[r * vd..][..vd]);
-            x.g.extend_from_slice(&self.g[r * kd..][..kd]);
+        let sh = self.shape();
+        Head {
+            n: self.seq - sh.start(b),
+            q: sh.gather(self.q, self.k_dim, b, h),
+            k: sh.gather(self.k, self.k_dim, b, h),
+            v: sh.gather(self.v, self.v_dim, b, h),
+            g: sh.gather(self.g, self.k_dim, b, h),
         }
-        x
     }
 }
 
@@ -206,14 +187,7 @@ struct HeadGrads {
 /// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
 fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
     let n = x.n;
-    let nc = n.div_ceil(CHUNK);
-    let mut states = vec![0.0f32; nc.max(1) * kd * vd];
-    let mut s = init.to_vec();
-    for c in 0..nc {
-        states[c * kd * vd..][..kd * vd].copy_from_slice(&s);
-        let c0 = c * CHUNK;
-        chunk_fwd(x, c0, CHUNK.min(n - c0), &mut s, None, kd, vd, scale);
-    }
+    let states = chunk_states(n, CHUNK, init, |c0, len, s| chunk_fwd(x, c0, len, s, None, kd, vd, scale));
     let mut gr = HeadGrads {
         dq: vec![0.0; n * kd],
         dk: vec![0.0; n * kd],
@@ -221,9 +195,7 @@ fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd:
         dg: vec![0.0; n * kd],
         dinit: dfinal.to_vec(),
     };
-    for c in (0..nc).rev() {
-        let c0 = c * CHUNK;
-        let len = CHUNK.min(n - c0);
+    for (c, (c0, len)) in chunks(n, CHUNK).enumerate().rev() {
         let s0 = &states[c * kd * vd..][..kd * vd];
         let ds = std::mem::take(&mut gr.dinit);
         gr.dinit = chunk_bwd(x, c0, len, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr, kd, vd, scale);
@@ -306,60 +278,25 @@ fn chunk_bwd(
     ds0
 }
 
-fn check_out(p: &Gla, o: usize, init: Option<usize>, fin: Option<usize>) -> Result<()> {
-    let n = p.batch * p.seq * p.heads * p.v_dim;
-    ensure!(o == n, "gla: o has {o} values, not B·T·H·V = {n}");
-    if let Some(s) = init {
-        p.check_state(s, "the initial state")?;
-    }
-    if let Some(s) = fin {
-        p.check_state(s, "the final state")?;
-    }
-    Ok(())
-}
-
 /// The chunked forward: o [B, T, H, V] (0 at padding); `init` and `final_state` [B, H, K, V]
 /// (none: a zero initial state / not wanted).
 pub fn gla_fwd(p: &Gla, o: &mut [f32], init: Option<&[f32]>, final_state: Option<&mut [f32]>) -> Result<()> {
     p.check()?;
-    check_out(p, o.len(), init.map(|s| s.len()), final_state.as_ref().map(|s| s.len()))?;
-    let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
-    let sn = kd * vd;
-    let per: Vec<(Vec<f32>, Vec<f32>)> = (0..p.batch * h)
-        .into_par_iter()
-        .map(|bh| {
-            let x = p.head(bh / h, bh % h);
-            let mut s = init.map_or_else(|| vec![0.0; sn], |i| i[bh * sn..][..sn].to_vec());
-            let mut out = vec![0.0; x.n * vd];
-            let mut c0 = 0;
-            while c0 < x.n {
-                let len = CHUNK.min(x.n - c0);
-                chunk_fwd(&x, c0, len, &mut s, Some(&mut out[c0 * vd..][..len * vd]), kd, vd, p.scale);
-                c0 += len;
-            }
-            (out, s)
-        })
-        .collect();
-    o.fill(0.0);
-    for (bh, (out, _)) in per.iter().enumerate() {
-        let (b, hi) = (bh / h, bh % h);
-        for (i, ti) in (p.start(b)..t).enumerate() {
-            o[((b * t + ti) * h + hi) * vd..][..vd].copy_from_slice(&out[i * vd..][..vd]);
+    let (kd, vd) = (p.k_dim, p.v_dim);
+    p.shape().forward(o, init, final_state, |b, h, s, out| {
+        let x = p.head(b, h);
+        for (c0, len) in chunks(x.n, CHUNK) {
+            chunk_fwd(&x, c0, len, s, Some(&mut out[c0 * vd..][..len * vd]), kd, vd, p.scale);
         }
-    }
-    if let Some(f) = final_state {
-        for (bh, (_, s)) in per.iter().enumerate() {
-            f[bh * sn..][..sn].copy_from_slice(s);
-        }
-    }
-    Ok(())
+    })
 }
 
 /// The chunked backward from do [B, T, H, V] (and the final state's gradient `dfinal`, if the
 /// final state was used): writes every gradient of `g` (0 at padding).
 pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>, g: GlaGrads) -> Result<()> {
     p.check()?;
-    check_out(p, dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
+    let sh = p.shape();
+    sh.check_out(dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
     let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
     let (nk, nv) = (p.batch * t * h * kd, p.batch * t * h * vd);
     ensure!(
@@ -368,43 +305,16 @@ pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32
     );
     ensure!(g.dv.len() == nv, "gla_bwd: dv must have B·T·H·V = {nv} values");
     if let Some(d) = &g.dinit {
-        p.check_state(d.len(), "dinit")?;
+        sh.check_state(d.len(), "dinit")?;
     }
-    let sn = kd * vd;
-    let per: Vec<HeadGrads> = (0..p.batch * h)
-        .into_par_iter()
-        .map(|bh| {
-            let (b, hi) = (bh / h, bh % h);
-            let x = p.head(b, hi);
-            let mut d = Vec::with_capacity(x.n * vd);
-            for ti in p.start(b)..t {
-                d.extend_from_slice(&dout[((b * t + ti) * h + hi) * vd..][..vd]);
-            }
-            let zero = vec![0.0; sn];
-            let s0 = init.map_or(&zero[..], |i| &i[bh * sn..][..sn]);
-            let df = dfinal.map_or(&zero[..], |f| &f[bh * sn..][..sn]);
-            head_bwd(&x, s0, &d, df, kd, vd, p.scale)
-        })
-        .collect();
+    let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df, kd, vd, p.scale));
     let GlaGrads { dq, dk, dv, dg, dinit } = g;
-    dq.fill(0.0);
-    dk.fill(0.0);
-    dv.fill(0.0);
-    dg.fill(0.0);
-    for (bh, hg) in per.iter().enumerate() {
-        let (b, hi) = (bh / h, bh % h);
-        for (i, ti) in (p.start(b)..t).enumerate() {
-            let r = (b * t + ti) * h + hi;
-            dq[r * kd..][..kd].copy_from_slice(&hg.dq[i * kd..][..kd]);
-            dk[r * kd..][..kd].copy_from_slice(&hg.dk[i * kd..][..kd]);
-            dg[r * kd..][..kd].copy_from_slice(&hg.dg[i * kd..][..kd]);
-            dv[r * vd..][..vd].copy_from_slice(&hg.dv[i * vd..][..vd]);
-        }
-    }
+    sh.scatter(dq, per.iter().map(|hg| &hg.dq[..]), kd);
+    sh.scatter(dk, per.iter().map(|hg| &hg.dk[..]), kd);
+    sh.scatter(dg, per.iter().map(|hg| &hg.dg[..]), kd);
+    sh.scatter(dv, per.iter().map(|hg| &hg.dv[..]), vd);
     if let Some(d) = dinit {
-        for (bh, hg) in per.iter().enumerate() {
-            d[bh * sn..][..sn].copy_from_slice(&hg.dinit);
-        }
+        sh.put_states(d, per.iter().map(|hg| &hg.dinit[..]));
     }
     Ok(())
 }
@@ -414,12 +324,12 @@ pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32
 /// state unchanged.
 pub fn gla_decode_step(p: &Gla, state: &mut [f32], o: &mut [f32]) -> Result<()> {
     p.check()?;
-    ensure!(p.seq == 1, "gla_decode_step: one position per row, not {}", p.seq);
-    check_out(p, o.len(), Some(state.len()), None)?;
+    let sh = p.shape();
+    sh.check_decode(o.len(), state.len())?;
     let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
     state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
         or.fill(0.0);
-        if p.start(bh / h) > 0 {
+        if sh.start(bh / h) > 0 {
             return;
         }
         let (q, k, v, g) = (&p.q[bh * kd..][..kd], &p.k[bh * kd..][..kd], &p.v[bh * vd..][..vd], &p.g[bh * kd..][..kd]);

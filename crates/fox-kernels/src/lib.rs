@@ -15,6 +15,7 @@ pub mod gla;
 pub mod head;
 pub mod kv_shift;
 mod linalg;
+mod linear_attention;
 pub mod matmul;
 pub mod par;
 pub mod rms_norm_gated;

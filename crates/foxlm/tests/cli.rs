@@ -2,26 +2,15 @@
 //! reports, and every way a model folder can be broken is an error naming the file and the tensor
 //! or field at fault (exit code 1), never a panic; usage errors exit with 2.
 
+mod common;
+
+use common::{fixture, VARIANTS};
 use foxlm::checkpoint::read_tensors;
 use safetensors::{Dtype, SafeTensors};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-const VARIANTS: [&str; 7] = [
-    "fox_llama",
-    "fox_pro",
-    "fox_pro_shared_qknorm",
-    "fox_bias_only",
-    "fox_fixed",
-    "transformer_llama",
-    "transformer_pro",
-];
-
-fn fixture(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
-
 fn foxlm(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run foxlm")
 }
@@ -61,15 +50,11 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
         let input = tmp.path().join(format!("{v}-in.safetensors"));
         let output = tmp.path().join(format!("{v}-out.safetensors"));
         write_tensors(&input, vec![("input_ids", ids.0.clone(), ids.1, ids.2.clone())]);
-        let o = foxlm(&[
-            "forward",
-            "--model",
-            fixture(v).to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ]);
+        let forward = || {
+            let (m, i, o) = (fixture(v), input.to_str().unwrap(), output.to_str().unwrap());
+            foxlm(&["forward", "--model", m.to_str().unwrap(), "--input", i, "--output", o])
+        };
+        let o = forward();
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         let (shape, dt, got) = tensor_bytes(&output, "logits");
         assert_eq!((shape.clone(), dt), (vec![b, t, 512], Dtype::F32));
@@ -84,15 +69,7 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
                 ("attention_mask", mask.0.clone(), mask.1, mask.2.clone()),
             ],
         );
-        let o = foxlm(&[
-            "forward",
-            "--model",
-            fixture(v).to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ]);
+        let o = forward();
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         let got = f32s(&tensor_bytes(&output, "logits").2);
         let want = f32s(&tensor_bytes(&exp, "logits_left_padded").2);

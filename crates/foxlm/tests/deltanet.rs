@@ -188,13 +188,7 @@ fn initialisation() {
                 assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
             }
         }
-        let ids: Vec<u32> = (0..32).map(|i| (i * 7 % cfg.vocab_size) as u32).collect();
-        let ctx = foxlm::model::Ctx { batch: 1, seq: 32, start: None };
-        let targets: Vec<Option<u32>> = (0..32).map(|i| (i + 1 < 32).then(|| ids[i + 1])).collect();
-        let mut g = model.params.zeros_like();
-        let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut g, 1.0) as f64;
-        let uniform = (cfg.vocab_size as f64).ln();
-        assert!((loss - uniform).abs() < 0.05, "fresh loss {loss} vs ln(vocab) {uniform}");
+        common::fresh_loss_is_uniform(&model);
     }
 }
 

@@ -4,6 +4,9 @@
 //! computed; and `eval loss`, `eval niah` and `viz gates` run end to end on fixture models and
 //! write well-formed CSV, JSON and PNG files.
 
+mod common;
+
+use common::fixture;
 use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::eval::gates;
 use foxlm::eval::loss::{self, Chunking};
@@ -15,17 +18,24 @@ use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
 
-fn fixture(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
-
 fn sample_text() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/sample/moby-dick")
 }
 
-fn foxlm(args: &[&str]) -> Output {
-    let o = Command::new(BIN).args(args).output().expect("run foxlm");
-    assert!(o.status.success(), "foxlm {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+/// `foxlm` with the words of `line`, then each (flag, path) pair; it may fail.
+fn foxlm_run(line: &str, paths: &[(&str, &Path)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(line.split_whitespace());
+    for (flag, path) in paths {
+        c.arg(flag).arg(path);
+    }
+    c.output().expect("run foxlm")
+}
+
+/// The same, which must succeed.
+fn foxlm(line: &str, paths: &[(&str, &Path)]) -> Output {
+    let o = foxlm_run(line, paths);
+    assert!(o.status.success(), "foxlm {line} {paths:?} failed: {}", String::from_utf8_lossy(&o.stderr));
     o
 }
 
@@ -51,15 +61,7 @@ fn forward_cli_logits(model: &Path, ids: &[u32], b: usize, t: usize, dir: &Path)
     let view = safetensors::tensor::TensorView::new(Dtype::I64, vec![b, t], &bytes).unwrap();
     std::fs::write(&input, safetensors::serialize(vec![("input_ids".to_string(), view)], None).unwrap()).unwrap();
     let output = dir.join("logits.safetensors");
-    foxlm(&[
-        "forward",
-        "--model",
-        model.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-    ]);
+    foxlm("forward", &[("--model", model), ("--input", &input), ("--output", &output)]);
     let bytes = std::fs::read(&output).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let l = st.tensor("logits").unwrap();
@@ -343,31 +345,15 @@ fn eval_loss_runs_end_to_end_and_its_numbers_are_the_forward_cross_entropy() {
     let data = prepared_data(tmp.path());
     let out = tmp.path().join("out");
     let n = 300;
-    let o = foxlm(&[
-        "eval",
-        "loss",
-        "--model",
-        fixture("fox_pro").to_str().unwrap(),
-        "--model",
-        fixture("transformer_llama").to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--context",
-        &n.to_string(),
-        "--sequences",
-        "2",
-        "--window",
-        "11",
-        "--chunk",
-        "64",
-        "--train-context",
-        "128",
-        "--train-context",
-        "192",
-        "--fold-vocab",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = foxlm(
+        &format!("eval loss --context {n} --sequences 2 --window 11 --chunk 64 --train-context 128 --train-context 192 --fold-vocab"),
+        &[
+            ("--model", &fixture("fox_pro")),
+            ("--model", &fixture("transformer_llama")),
+            ("--data", &data),
+            ("--out", &out),
+        ],
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("folding"), "folding is announced");
     let j = read_json(&out.join("loss.json"));
     assert_eq!(j["context"], n);
@@ -429,24 +415,10 @@ fn eval_loss_runs_end_to_end_and_its_numbers_are_the_forward_cross_entropy() {
 
     // --pack cuts windows from the joined documents: more sequences than long documents.
     let out2 = tmp.path().join("out2");
-    foxlm(&[
-        "eval",
-        "loss",
-        "--model",
-        fixture("fox_llama").to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--context",
-        "1000",
-        "--sequences",
-        "4",
-        "--pack",
-        "--batch-size",
-        "2",
-        "--fold-vocab",
-        "--out",
-        out2.to_str().unwrap(),
-    ]);
+    foxlm(
+        "eval loss --context 1000 --sequences 4 --pack --batch-size 2 --fold-vocab",
+        &[("--model", &fixture("fox_llama")), ("--data", &data), ("--out", &out2)],
+    );
     let j2 = read_json(&out2.join("loss.json"));
     assert_eq!(j2["sequences"], 4);
     assert_eq!(j2["windows"], "packed");
@@ -457,40 +429,16 @@ fn eval_loss_runs_end_to_end_and_its_numbers_are_the_forward_cross_entropy() {
 fn eval_loss_refuses_data_the_model_cannot_read() {
     let tmp = tempfile::tempdir().unwrap();
     let data = prepared_data(tmp.path());
-    let o = Command::new(BIN)
-        .args([
-            "eval",
-            "loss",
-            "--model",
-            fixture("fox_pro").to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--context",
-            "64",
-        ])
-        .args(["--out", tmp.path().join("o").to_str().unwrap()])
-        .output()
-        .unwrap();
+    let (model, o_dir) = (fixture("fox_pro"), tmp.path().join("o"));
+    let paths = [("--model", model.as_path()), ("--data", &data), ("--out", &o_dir)];
+    let o = foxlm_run("eval loss --context 64", &paths);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("vocabulary has 512 tokens"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let o = Command::new(BIN)
-        .args([
-            "eval",
-            "loss",
-            "--model",
-            fixture("fox_pro").to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--context",
-            "100000",
-        ])
-        .args(["--fold-vocab", "--out", tmp.path().join("o").to_str().unwrap()])
-        .output()
-        .unwrap();
+    let o = foxlm_run("eval loss --context 100000 --fold-vocab", &paths);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--pack"), "{}", String::from_utf8_lossy(&o.stderr));
 }
@@ -501,27 +449,10 @@ fn eval_niah_runs_end_to_end_and_writes_the_grid_and_heatmap() {
     let out = tmp.path().join("out");
     let lengths = [200usize, 300, 450];
     let depths = [0.0, 50.0, 100.0];
-    let o = foxlm(&[
-        "eval",
-        "niah",
-        "--model",
-        fixture("fox_llama").to_str().unwrap(),
-        "--haystack",
-        sample_text().to_str().unwrap(),
-        "--mode",
-        "easy",
-        "--lengths",
-        "200,300,450",
-        "--depths",
-        "0,50,100",
-        "--max-new-tokens",
-        "6",
-        "--train-context",
-        "256",
-        "--fold-vocab",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = foxlm(
+        "eval niah --mode easy --lengths 200,300,450 --depths 0,50,100 --max-new-tokens 6 --train-context 256 --fold-vocab",
+        &[("--model", &fixture("fox_llama")), ("--haystack", &sample_text()), ("--out", &out)],
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("mean score"));
     let j = read_json(&out.join("niah.json"));
     assert_eq!(j["mode"], "easy");
@@ -559,27 +490,11 @@ fn eval_niah_runs_end_to_end_and_writes_the_grid_and_heatmap() {
 fn ruler_runs_end_to_end_and_scores_what_it_wrote() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let o = foxlm(&[
-        "eval",
-        "ruler",
-        "--model",
-        fixture("fox_pro").to_str().unwrap(),
-        "--haystack",
-        sample_text().to_str().unwrap(),
-        "--lengths",
-        "300,700",
-        "--tasks",
-        "multikey,vt,cwe",
-        "--samples",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--fold-vocab",
-        "--device",
-        "cpu",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (model, haystack) = (fixture("fox_pro"), sample_text());
+    let o = foxlm(
+        "eval ruler --lengths 300,700 --tasks multikey,vt,cwe --samples 2 --max-new-tokens 4 --fold-vocab --device cpu",
+        &[("--model", &model), ("--haystack", &haystack), ("--out", &out)],
+    );
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("multikey") && stdout.contains("cwe"), "{stdout}");
     let j = read_json(&out.join("ruler.json"));
@@ -619,13 +534,10 @@ fn ruler_runs_end_to_end_and_scores_what_it_wrote() {
         }
     }
     // A length with no room is an error naming the task.
-    let bad = Command::new(BIN)
-        .args(["eval", "ruler", "--model", fixture("fox_pro").to_str().unwrap(), "--haystack"])
-        .arg(sample_text())
-        .args(["--lengths", "40", "--tasks", "multikey", "--fold-vocab", "--device", "cpu", "--out"])
-        .arg(tmp.path().join("bad"))
-        .output()
-        .unwrap();
+    let bad = foxlm_run(
+        "eval ruler --lengths 40 --tasks multikey --fold-vocab --device cpu",
+        &[("--model", &model), ("--haystack", &haystack), ("--out", &tmp.path().join("bad"))],
+    );
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("multikey at length 40"),
@@ -661,21 +573,11 @@ fn longbench_runs_official_format_files_truncates_and_scores() {
     )
     .unwrap();
     let out = tmp.path().join("out");
-    let o = foxlm(&[
-        "eval",
-        "longbench",
-        "--model",
-        fixture("fox_pro").to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--max-length",
-        "40",
-        "--fold-vocab",
-        "--device",
-        "cpu",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let model = fixture("fox_pro");
+    let o = foxlm(
+        "eval longbench --max-length 40 --fold-vocab --device cpu",
+        &[("--model", &model), ("--data", &data), ("--out", &out)],
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("| hotpotqa | qa_f1 | 2 |"));
     let j = read_json(&out.join("longbench.json"));
     let ds = j["datasets"].as_object().unwrap();
@@ -704,20 +606,12 @@ fn longbench_runs_official_format_files_truncates_and_scores() {
         "{\"input\": \"q\", \"context\": \"c\", \"answers\": [\"x\"]}\n{\"input\": \"q\"}\n",
     )
     .unwrap();
-    let e = Command::new(BIN)
-        .args(["eval", "longbench", "--model", fixture("fox_pro").to_str().unwrap(), "--fold-vocab", "--data"])
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let e = foxlm_run("eval longbench --fold-vocab", &[("--model", &model), ("--data", &bad)]);
     let msg = String::from_utf8_lossy(&e.stderr);
     assert!(!e.status.success() && msg.contains("qasper.jsonl:2") && msg.contains("'answers'"), "{msg}");
     std::fs::write(bad.join("qasper.jsonl"), "").unwrap();
     std::fs::rename(bad.join("qasper.jsonl"), bad.join("mystery.jsonl")).unwrap();
-    let e = Command::new(BIN)
-        .args(["eval", "longbench", "--model", fixture("fox_pro").to_str().unwrap(), "--fold-vocab", "--data"])
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let e = foxlm_run("eval longbench --fold-vocab", &[("--model", &model), ("--data", &bad)]);
     assert!(String::from_utf8_lossy(&e.stderr).contains("unknown LongBench dataset 'mystery'"));
 }
 
@@ -726,23 +620,10 @@ fn viz_gates_runs_end_to_end_and_writes_maps_and_the_table() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let text = sample_text().join("chapter_1.txt");
-    let o = foxlm(&[
-        "viz",
-        "gates",
-        "--model",
-        fixture("fox_pro").to_str().unwrap(),
-        "--text",
-        text.to_str().unwrap(),
-        "--layers",
-        "1",
-        "--heads",
-        "0,3",
-        "--max-tokens",
-        "48",
-        "--fold-vocab",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = foxlm(
+        "viz gates --layers 1 --heads 0,3 --max-tokens 48 --fold-vocab",
+        &[("--model", &fixture("fox_pro")), ("--text", &text), ("--out", &out)],
+    );
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("memory length"), "{stdout}");
     let csv = std::fs::read_to_string(out.join("gates.csv")).unwrap();
@@ -763,19 +644,10 @@ fn viz_gates_runs_end_to_end_and_writes_maps_and_the_table() {
 
     // A Transformer has no forget gate: infinite memory everywhere ("inf"; null in JSON).
     let out2 = tmp.path().join("out2");
-    foxlm(&[
-        "viz",
-        "gates",
-        "--model",
-        fixture("transformer_pro").to_str().unwrap(),
-        "--text",
-        text.to_str().unwrap(),
-        "--max-tokens",
-        "16",
-        "--fold-vocab",
-        "--out",
-        out2.to_str().unwrap(),
-    ]);
+    foxlm(
+        "viz gates --max-tokens 16 --fold-vocab",
+        &[("--model", &fixture("transformer_pro")), ("--text", &text), ("--out", &out2)],
+    );
     let csv = std::fs::read_to_string(out2.join("gates.csv")).unwrap();
     assert!(csv.lines().skip(1).all(|l| l.split(',').nth(3) == Some("inf")), "{csv}");
     assert!(read_json(&out2.join("gates.json"))["heads"][0]["memory_length"].is_null());

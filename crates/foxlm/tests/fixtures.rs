@@ -1,25 +1,14 @@
 //! Parity with the authors' PyTorch implementation on the seven tiny fixture models.
 
+mod common;
+
+use common::{fixture, VARIANTS};
 use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::generate::{generate, GenerateOptions};
 use foxlm::model::Ctx;
 use foxlm::sampling::Sampling;
 use safetensors::SafeTensors;
 use std::path::PathBuf;
-
-pub const VARIANTS: [&str; 7] = [
-    "fox_llama",
-    "fox_pro",
-    "fox_pro_shared_qknorm",
-    "fox_bias_only",
-    "fox_fixed",
-    "transformer_llama",
-    "transformer_pro",
-];
-
-fn dir(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 fn i64_tensor(path: &PathBuf, name: &str) -> (Vec<usize>, Vec<i64>) {
     let bytes = std::fs::read(path).unwrap();
@@ -37,7 +26,7 @@ fn f32_tensor(path: &PathBuf, name: &str) -> Vec<f32> {
 }
 
 fn expected_json(v: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir(v).join("expected.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap()
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -62,8 +51,8 @@ fn losses(logits: &[f32], ids: &[u32], b: usize, t: usize, v: usize) -> (Vec<f32
 #[test]
 fn logits_loss_and_per_position_loss_match_reference() {
     for v in VARIANTS {
-        let model = load_model(&dir(v)).unwrap();
-        let exp = dir(v).join("expected.safetensors");
+        let model = load_model(&fixture(v)).unwrap();
+        let exp = fixture(v).join("expected.safetensors");
         let (shape, ids) = i64_tensor(&exp, "input_ids");
         let (b, t) = (shape[0], shape[1]);
         let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
@@ -85,8 +74,8 @@ fn logits_loss_and_per_position_loss_match_reference() {
 #[test]
 fn left_padded_logits_match_reference_at_unmasked_positions() {
     for v in VARIANTS {
-        let model = load_model(&dir(v)).unwrap();
-        let exp = dir(v).join("expected.safetensors");
+        let model = load_model(&fixture(v)).unwrap();
+        let exp = fixture(v).join("expected.safetensors");
         let (shape, ids) = i64_tensor(&exp, "input_ids");
         let (_, mask) = i64_tensor(&exp, "attention_mask_left_padded");
         let (b, t) = (shape[0], shape[1]);
@@ -111,8 +100,8 @@ fn left_padded_logits_match_reference_at_unmasked_positions() {
 #[test]
 fn greedy_continuation_through_kv_cache_matches_reference() {
     for v in VARIANTS {
-        let model = load_model(&dir(v)).unwrap();
-        let exp = dir(v).join("expected.safetensors");
+        let model = load_model(&fixture(v)).unwrap();
+        let exp = fixture(v).join("expected.safetensors");
         let (shape, ids) = i64_tensor(&exp, "input_ids");
         let j = expected_json(v);
         let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;

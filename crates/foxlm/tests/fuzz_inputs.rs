@@ -10,6 +10,9 @@
 //! `fuzz_inputs` runs FOXLM_FUZZ_CASES cases (default 3000) in CI; the ignored `fuzz_inputs_long`
 //! (bench/fuzz_inputs.sh) runs any count, default 1,000,000, and prints cases per second.
 
+mod common;
+
+use common::fixture;
 use foxlm::checkpoint::{load_model, CONFIG_FILE, WEIGHTS_FILE};
 use foxlm::config::Config;
 use foxlm::data::{prepare, Dataset, Loader, PrepareOptions, Split, MANIFEST_FILE};
@@ -112,10 +115,6 @@ static GLOBAL: BoundedAlloc = BoundedAlloc;
 
 // ---------------------------------------------------------------------------------------------
 // The pristine inputs, made once.
-
-fn fixture(v: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 /// The two fixture models the mutator damages.
 const MODELS: [&str; 2] = ["fox_llama", "fox_pro"];

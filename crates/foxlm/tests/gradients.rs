@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::{fixture, VARIANTS};
 use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::config::Config;
 use foxlm::model::{Ctx, Model};
@@ -11,25 +12,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use safetensors::SafeTensors;
-use std::path::PathBuf;
-
-const VARIANTS: [&str; 7] = [
-    "fox_llama",
-    "fox_pro",
-    "fox_pro_shared_qknorm",
-    "fox_bias_only",
-    "fox_fixed",
-    "transformer_llama",
-    "transformer_pro",
-];
-
-fn dir(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 /// input_ids [B, T] of a fixture.
 fn input_ids(v: &str) -> (usize, usize, Vec<u32>) {
-    let bytes = std::fs::read(dir(v).join("expected.safetensors")).unwrap();
+    let bytes = std::fs::read(fixture(v).join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("input_ids").unwrap();
     let ids = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
@@ -54,18 +40,18 @@ fn rel_err(g: &[f32], r: &[f32]) -> f64 {
 #[test]
 fn gradients_of_every_parameter_match_reference() {
     for v in VARIANTS {
-        let model = load_model(&dir(v)).unwrap();
+        let model = load_model(&fixture(v)).unwrap();
         let (b, t, ids) = input_ids(v);
         let targets = next_token_targets(&ids, b, t);
         let mut grads = model.params.zeros_like();
         let loss = model.loss_and_grads(&ids, &targets, &Ctx { batch: b, seq: t, start: None }, &mut grads, 1.0);
 
         let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir(v).join("expected.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
         let want_loss = j["loss"].as_f64().unwrap();
         assert!((loss as f64 - want_loss).abs() < 1e-5, "{v}: loss {loss} vs {want_loss}");
 
-        let bytes = std::fs::read(dir(v).join("expected_grads.safetensors")).unwrap();
+        let bytes = std::fs::read(fixture(v).join("expected_grads.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let mut worst = (0.0f64, String::new());
         let mut checked = 0;
@@ -100,7 +86,7 @@ fn gradients_of_every_parameter_match_reference() {
 #[test]
 fn left_padded_batch_gradient_equals_unpadded_rows() {
     for v in ["fox_pro", "transformer_pro", "fox_llama"] {
-        let model = load_model(&dir(v)).unwrap();
+        let model = load_model(&fixture(v)).unwrap();
         let (_, t, ids) = input_ids(v);
         let pad = 37;
         let row0: Vec<u32> = ids[..t].to_vec();
@@ -154,7 +140,7 @@ fn left_padded_batch_gradient_equals_unpadded_rows() {
 
 fn tiny_config(acp: bool) -> Config {
     let mut cfg: Config =
-        serde_json::from_str(&std::fs::read_to_string(dir("fox_pro").join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixture("fox_pro").join("config.json")).unwrap()).unwrap();
     cfg.vocab_size = 61;
     cfg.hidden_size = 32;
     cfg.num_heads = 2;
@@ -258,14 +244,14 @@ fn finite_differences_through_the_model_with_acp_on() {
 fn forward_command_with_grads_writes_reference_gradients() {
     let tmp = tempfile::tempdir().unwrap();
     for v in ["fox_pro", "fox_fixed"] {
-        let bytes = std::fs::read(dir(v).join("expected.safetensors")).unwrap();
+        let bytes = std::fs::read(fixture(v).join("expected.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let ids = st.tensor("input_ids").unwrap();
         let input = tmp.path().join(format!("{v}-in.safetensors"));
         let output = tmp.path().join(format!("{v}-out.safetensors"));
         std::fs::write(&input, safetensors::serialize([("input_ids", ids)], None).unwrap()).unwrap();
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_foxlm"))
-            .args(["forward", "--with-grads", "--model", dir(v).to_str().unwrap()])
+            .args(["forward", "--with-grads", "--model", fixture(v).to_str().unwrap()])
             .args(["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
             .output()
             .unwrap();
@@ -277,11 +263,11 @@ fn forward_command_with_grads_writes_reference_gradients() {
             to_f32(t.dtype(), t.data(), n).unwrap()
         };
         let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir(v).join("expected.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
         let loss = f32s(&got, "loss");
         assert_eq!(got.tensor("loss").unwrap().shape(), &[] as &[usize]);
         assert!((loss[0] as f64 - j["loss"].as_f64().unwrap()).abs() < 1e-5, "{v}: loss {}", loss[0]);
-        let ref_bytes = std::fs::read(dir(v).join("expected_grads.safetensors")).unwrap();
+        let ref_bytes = std::fs::read(fixture(v).join("expected_grads.safetensors")).unwrap();
         let refs = SafeTensors::deserialize(&ref_bytes).unwrap();
         let mut got_names: Vec<String> =
             got.names().into_iter().filter(|n| n.starts_with("grad.")).map(String::from).collect();
@@ -306,7 +292,7 @@ fn recomputation_gives_the_same_gradients() {
     use foxlm::backend::{Backend, BatchInfo};
     use foxlm::model::{ModelActs, Scratch};
     for v in ["fox_pro", "transformer_llama", "fox_bias_only"] {
-        let model = load_model(&dir(v)).unwrap();
+        let model = load_model(&fixture(v)).unwrap();
         let (b, t, ids) = input_ids(v);
         let targets = next_token_targets(&ids, b, t);
         let start = vec![0, 5];

@@ -256,13 +256,7 @@ fn initialisation() {
     assert!(get("model.lower_bounds").iter().all(|&v| v == 0.0));
     let kinds = &model.params.kinds[model.lower_bounds.unwrap().0];
     assert_eq!(*kinds, foxlm::tensor::ParamKind::NoDecay, "the authors exclude the lower bounds from weight decay");
-    let ids: Vec<u32> = (0..32).map(|i| (i * 7 % cfg.vocab_size) as u32).collect();
-    let ctx = foxlm::model::Ctx { batch: 1, seq: 32, start: None };
-    let targets: Vec<Option<u32>> = (0..32).map(|i| (i + 1 < 32).then(|| ids[i + 1])).collect();
-    let mut g = model.params.zeros_like();
-    let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut g, 1.0) as f64;
-    let uniform = (cfg.vocab_size as f64).ln();
-    assert!((loss - uniform).abs() < 0.05, "fresh loss {loss} vs ln(vocab) {uniform}");
+    common::fresh_loss_is_uniform(&model);
 }
 
 /// fla's own HGRN2 (HGRN2ForCausalLM with its kernels in plain PyTorch, computed in float64; see

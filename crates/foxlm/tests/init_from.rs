@@ -3,6 +3,9 @@
 //! batch), shape-keeping changes are printed, and shape-changing ones, mismatched tensors and
 //! `--resume` with `--init-from` are errors that name what is at fault.
 
+mod common;
+
+use common::fixture;
 use foxlm::checkpoint::load_model;
 use foxlm::data::{prepare, Dataset, Loader, PrepareOptions, Split};
 use foxlm::presets;
@@ -13,10 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-
-fn fixture(v: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 fn moby_dick(dir: &Path) -> PathBuf {
     let out = dir.join("md");
@@ -73,18 +72,8 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
 
 fn opts(data: &Path, out: &Path, init: Option<&Path>) -> TrainOptions {
     TrainOptions {
-        data: data.into(),
-        out: out.into(),
-        resume: false,
-        progress: false,
-        stop_after: None,
-        verbose: false,
-        device: fox_kernels::cuda::DeviceArg::Cpu,
-        dtype: None,
-        recompute: false,
-        dist: None,
         init_from: init.map(Path::to_path_buf),
-        tensorboard: None,
+        ..TrainOptions::new(data, out, fox_kernels::cuda::DeviceArg::Cpu)
     }
 }
 

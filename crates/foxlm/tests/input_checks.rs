@@ -3,6 +3,9 @@
 //! resume, `forward`'s input, text that is not UTF-8, and evaluation options that cannot work.
 //! Each asserts the error names the file or option and the values at fault.
 
+mod common;
+
+use common::fixture;
 use foxlm::data::{prepare, Dataset, PrepareOptions, MANIFEST_FILE};
 use foxlm::optim::AdamW;
 use foxlm::tokenizer::TextFormat;
@@ -14,10 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-
-fn fixture(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
-}
 
 fn err<T>(r: anyhow::Result<T>) -> String {
     match r {

@@ -148,18 +148,8 @@ fn event_files_hold_the_metrics_of_metrics_jsonl() {
     let run = RunConfig { model: Variant::FoxPro.config(64, 1, 1), train: t };
     let (out, tb) = (tmp.path().join("run"), tmp.path().join("tb"));
     let opts = TrainOptions {
-        data: data.clone(),
-        out: out.clone(),
-        resume: false,
-        progress: false,
-        stop_after: None,
-        verbose: false,
-        device: fox_kernels::cuda::DeviceArg::Cpu,
-        dtype: None,
-        recompute: false,
-        dist: None,
-        init_from: None,
         tensorboard: Some(tb.clone()),
+        ..TrainOptions::new(&data, &out, fox_kernels::cuda::DeviceArg::Cpu)
     };
     let t0 = foxlm::tensorboard::now();
     train(Some(run), &opts).unwrap();

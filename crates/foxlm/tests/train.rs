@@ -45,20 +45,7 @@ fn small_run(steps: u64) -> RunConfig {
 }
 
 fn opts(data: &Path, out: &Path) -> TrainOptions {
-    TrainOptions {
-        data: data.into(),
-        out: out.into(),
-        resume: false,
-        progress: false,
-        stop_after: None,
-        verbose: false,
-        device: fox_kernels::cuda::DeviceArg::Cpu,
-        dtype: None,
-        recompute: false,
-        dist: None,
-        init_from: None,
-        tensorboard: None,
-    }
+    TrainOptions::new(data, out, fox_kernels::cuda::DeviceArg::Cpu)
 }
 
 fn err_of<T>(r: anyhow::Result<T>) -> String {

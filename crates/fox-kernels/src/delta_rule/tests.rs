@@ -1,8 +1,8 @@
 #![allow(clippy::needless_range_loop)] // index loops read as the formulas do
 use super::*;
+use crate::linear_attention::testing::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 
 // ---------------------------------------------------------------------------------------------
 // The oracle: the recurrence step by step, in f64.
@@ -28,54 +28,33 @@ struct RefGrads {
     dinit: Vec<f64>,
 }
 
-fn to64(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
-}
-
 /// S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = scale S_tᵀ q_t, in f64; returns o
 /// [B, T, H, V] and every state after each real position, per (b, h): states[bh][i] = S after
 /// i real positions.
-#[allow(clippy::type_complexity)]
-fn ref_fwd(p: &DeltaRule, x: &Inputs) -> (Vec<f64>, Vec<Vec<Vec<f64>>>) {
-    let (bsz, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
-    let mut o = vec![0.0; bsz * t * h * vd];
-    let mut all = Vec::new();
-    for b in 0..bsz {
-        for hi in 0..h {
-            let bh = b * h + hi;
-            let mut s = x.init[bh * kd * vd..][..kd * vd].to_vec();
-            let mut states = vec![s.clone()];
-            for ti in p.start(b)..t {
-                let r = (b * t + ti) * h + hi;
-                let (q, k, v) = (&x.q[r * kd..][..kd], &x.k[r * kd..][..kd], &x.v[r * vd..][..vd]);
-                let alpha = x.g.as_ref().map_or(1.0, |g| g[r].exp());
-                let beta = x.beta[r];
-                // S k (the state read at k), then the rank-one update.
-                let mut sk = vec![0.0; vd];
-                for ki in 0..kd {
-                    for c in 0..vd {
-                        sk[c] += k[ki] * s[ki * vd + c];
-                    }
-                }
-                for ki in 0..kd {
-                    for c in 0..vd {
-                        s[ki * vd + c] = alpha * (s[ki * vd + c] - beta * k[ki] * sk[c]) + beta * k[ki] * v[c];
-                    }
-                }
-                for c in 0..vd {
-                    o[r * vd + c] = p.scale as f64 * (0..kd).map(|ki| s[ki * vd + c] * q[ki]).sum::<f64>();
-                }
-                states.push(s.clone());
+fn ref_fwd(p: &DeltaRule, x: &Inputs) -> (Vec<f64>, States) {
+    let (kd, vd) = (p.k_dim, p.v_dim);
+    ref_walk(&p.shape(), p.scale, &x.q, &x.init, |r, s| {
+        let (k, v) = (&x.k[r * kd..][..kd], &x.v[r * vd..][..vd]);
+        let alpha = x.g.as_ref().map_or(1.0, |g| g[r].exp());
+        let beta = x.beta[r];
+        // S k (the state read at k), then the rank-one update.
+        let mut sk = vec![0.0; vd];
+        for ki in 0..kd {
+            for c in 0..vd {
+                sk[c] += k[ki] * s[ki * vd + c];
             }
-            all.push(states);
         }
-    }
-    (o, all)
+        for ki in 0..kd {
+            for c in 0..vd {
+                s[ki * vd + c] = alpha * (s[ki * vd + c] - beta * k[ki] * sk[c]) + beta * k[ki] * v[c];
+            }
+        }
+    })
 }
 
 /// The oracle's gradients by reverse-time recurrence over the stored states.
 fn ref_bwd(p: &DeltaRule, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads {
-    let (bsz, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
+    let (kd, vd) = (p.k_dim, p.v_dim);
     let (_, states) = ref_fwd(p, x);
     let mut gr = RefGrads {
         dq: vec![0.0; x.q.len()],
@@ -85,61 +64,42 @@ fn ref_bwd(p: &DeltaRule, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads 
         dg: vec![0.0; x.beta.len()],
         dinit: vec![0.0; x.init.len()],
     };
-    for b in 0..bsz {
-        let st = p.start(b);
-        for hi in 0..h {
-            let bh = b * h + hi;
-            let mut ds = dfinal[bh * kd * vd..][..kd * vd].to_vec();
-            for ti in (st..t).rev() {
-                let i = ti - st;
-                let r = (b * t + ti) * h + hi;
-                let (q, k, v) = (&x.q[r * kd..][..kd], &x.k[r * kd..][..kd], &x.v[r * vd..][..vd]);
-                let (s_new, s_old) = (&states[bh][i + 1], &states[bh][i]);
-                let dor = &dout[r * vd..][..vd];
-                // o = scale S_tᵀ q.
-                for ki in 0..kd {
-                    for c in 0..vd {
-                        ds[ki * vd + c] += p.scale as f64 * q[ki] * dor[c];
-                        gr.dq[r * kd + ki] += p.scale as f64 * s_new[ki * vd + c] * dor[c];
-                    }
-                }
-                // S_t = α S_{t−1} + k uᵀ, u = β (v − α S_{t−1}ᵀ k).
-                let alpha = x.g.as_ref().map_or(1.0, |g| g[r].exp());
-                let beta = x.beta[r];
-                let mut sk = vec![0.0; vd];
-                let mut dsk = vec![0.0; vd]; // dSᵀ k
-                for ki in 0..kd {
-                    for c in 0..vd {
-                        sk[c] += k[ki] * s_old[ki * vd + c];
-                        dsk[c] += k[ki] * ds[ki * vd + c];
-                    }
-                }
-                let u: Vec<f64> = (0..vd).map(|c| beta * (v[c] - alpha * sk[c])).collect();
-                // dk = dS u − αβ S_{t−1} (dSᵀ k).
-                for ki in 0..kd {
-                    let mut acc = 0.0;
-                    for c in 0..vd {
-                        acc += ds[ki * vd + c] * u[c] - alpha * beta * s_old[ki * vd + c] * dsk[c];
-                    }
-                    gr.dk[r * kd + ki] += acc;
-                }
-                for c in 0..vd {
-                    gr.dv[r * vd + c] += beta * dsk[c];
-                }
-                gr.dbeta[r] += (0..vd).map(|c| dsk[c] * (v[c] - alpha * sk[c])).sum::<f64>();
-                let ss: f64 = ds.iter().zip(s_old.iter()).map(|(a, b)| a * b).sum();
-                let dalpha = ss - beta * (0..vd).map(|c| dsk[c] * sk[c]).sum::<f64>();
-                gr.dg[r] += alpha * dalpha;
-                // dS_{t−1} = α (dS − β k (dSᵀ k)ᵀ).
-                for ki in 0..kd {
-                    for c in 0..vd {
-                        ds[ki * vd + c] = alpha * (ds[ki * vd + c] - beta * k[ki] * dsk[c]);
-                    }
-                }
+    ref_walk_back(&p.shape(), p.scale, &x.q, &states, dout, dfinal, &mut gr.dq, &mut gr.dinit, |r, s_old, ds| {
+        // S_t = α S_{t−1} + k uᵀ, u = β (v − α S_{t−1}ᵀ k).
+        let (k, v) = (&x.k[r * kd..][..kd], &x.v[r * vd..][..vd]);
+        let alpha = x.g.as_ref().map_or(1.0, |g| g[r].exp());
+        let beta = x.beta[r];
+        let mut sk = vec![0.0; vd];
+        let mut dsk = vec![0.0; vd]; // dSᵀ k
+        for ki in 0..kd {
+            for c in 0..vd {
+                sk[c] += k[ki] * s_old[ki * vd + c];
+                dsk[c] += k[ki] * ds[ki * vd + c];
             }
-            gr.dinit[bh * kd * vd..][..kd * vd].copy_from_slice(&ds);
         }
-    }
+        let u: Vec<f64> = (0..vd).map(|c| beta * (v[c] - alpha * sk[c])).collect();
+        // dk = dS u − αβ S_{t−1} (dSᵀ k).
+        for ki in 0..kd {
+            let mut acc = 0.0;
+            for c in 0..vd {
+                acc += ds[ki * vd + c] * u[c] - alpha * beta * s_old[ki * vd + c] * dsk[c];
+            }
+            gr.dk[r * kd + ki] += acc;
+        }
+        for c in 0..vd {
+            gr.dv[r * vd + c] += beta * dsk[c];
+        }
+        gr.dbeta[r] += (0..vd).map(|c| dsk[c] * (v[c] - alpha * sk[c])).sum::<f64>();
+        let ss: f64 = ds.iter().zip(s_old.iter()).map(|(a, b)| a * b).sum();
+        let dalpha = ss - beta * (0..vd).map(|c| dsk[c] * sk[c]).sum::<f64>();
+        gr.dg[r] += alpha * dalpha;
+        // dS_{t−1} = α (dS − β k (dSᵀ k)ᵀ).
+        for ki in 0..kd {
+            for c in 0..vd {
+                ds[ki * vd + c] = alpha * (ds[ki * vd + c] - beta * k[ki] * dsk[c]);
+            }
+        }
+    });
     gr
 }
 
@@ -164,10 +124,6 @@ struct Data {
     beta: Vec<f32>,
     g: Vec<f32>,
     init: Vec<f32>,
-}
-
-fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample(StandardNormal)).collect()
 }
 
 fn l2rows(x: &mut [f32], dim: usize) {
@@ -223,13 +179,6 @@ fn inputs(c: &Case, d: &Data) -> Inputs {
     }
 }
 
-/// max |a − b| / (1 + max |b|).
-fn err(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = 1.0 + b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((*x as f64 - y).abs())) / scale
-}
-
 fn cases() -> Vec<Case> {
     let base = Case { b: 2, t: 150, h: 2, k: 8, v: 6, gated: false, start: None };
     vec![
@@ -252,12 +201,12 @@ fn chunked_forward_matches_the_recurrence() {
         let mut o = vec![f32::NAN; o_ref.len()];
         let mut fin = vec![0.0; d.init.len()];
         delta_rule_fwd(&p, &mut o, Some(&d.init), Some(&mut fin)).unwrap();
-        let fin_ref: Vec<f64> = states.iter().flat_map(|s| s.last().unwrap().clone()).collect();
+        let fin_ref = final_states(&states);
         let (eo, es) = (err(&o, &o_ref), err(&fin, &fin_ref));
         assert!(eo < 2e-5 && es < 2e-5, "{c:?}: o {eo:e}, final state {es:e}");
         // Padding outputs 0.
         for b in 0..c.b {
-            for t in 0..p.start(b) {
+            for t in 0..p.shape().start(b) {
                 assert!(o[(b * c.t + t) * c.h * c.v..][..c.h * c.v].iter().all(|&v| v == 0.0), "{c:?}: pad output");
             }
         }
@@ -314,14 +263,8 @@ fn oracle_backward_matches_finite_differences() {
     let x = inputs(&c, &d);
     let dout = to64(&randn(&mut rng, c.b * c.t * c.h * c.v));
     let dfinal = to64(&randn(&mut rng, d.init.len()));
-    let loss = |x: &Inputs| {
-        let (o, states) = ref_fwd(&p, x);
-        let fin: Vec<f64> = states.iter().flat_map(|s| s.last().unwrap().clone()).collect();
-        o.iter().zip(&dout).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(&dfinal).map(|(a, b)| a * b).sum::<f64>()
-    };
     let r = ref_bwd(&p, &x, &dout, &dfinal);
-    type Field = fn(&mut Inputs) -> &mut Vec<f64>;
-    let fields: [(&str, Field, &Vec<f64>); 6] = [
+    let fields: [Field<Inputs>; 6] = [
         ("q", |x| &mut x.q, &r.dq),
         ("k", |x| &mut x.k, &r.dk),
         ("v", |x| &mut x.v, &r.dv),
@@ -329,16 +272,10 @@ fn oracle_backward_matches_finite_differences() {
         ("g", |x| x.g.as_mut().unwrap(), &r.dg),
         ("init", |x| &mut x.init, &r.dinit),
     ];
-    let eps = 1e-6;
-    for (what, field, grad) in fields {
-        for i in 0..grad.len() {
-            let (mut a, mut b) = (x.clone(), x.clone());
-            field(&mut a)[i] += eps;
-            field(&mut b)[i] -= eps;
-            let fd = (loss(&a) - loss(&b)) / (2.0 * eps);
-            assert!((fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()), "{what}[{i}]: fd {fd} vs {}", grad[i]);
-        }
-    }
+    check_finite_differences(&x, &fields, |x| {
+        let (o, states) = ref_fwd(&p, x);
+        probe_loss(&o, &states, &dout, &dfinal)
+    });
 }
 
 #[test]
@@ -353,9 +290,7 @@ fn decode_steps_and_chunked_prefill_continue_the_state() {
     // Prefill 70 positions chunked, then 30 decode steps.
     let split = 70;
     let (kd, vd, h) = (c.k, c.v, c.h);
-    let rows = |x: &[f32], w: usize, t0: usize, t1: usize| -> Vec<f32> {
-        (0..c.b).flat_map(|b| x[(b * c.t + t0) * h * w..(b * c.t + t1) * h * w].to_vec()).collect()
-    };
+    let rows = |x: &[f32], w: usize, t0: usize, t1: usize| positions(x, (c.b, c.t, h, w), t0, t1);
     let sub = |t0: usize, t1: usize, start: &'_ Option<Vec<usize>>| {
         (
             rows(&d.q, kd, t0, t1),
@@ -373,7 +308,7 @@ fn decode_steps_and_chunked_prefill_continue_the_state() {
     let mut next = vec![0.0; state.len()];
     delta_rule_fwd(&pre, &mut o1, Some(&state), Some(&mut next)).unwrap();
     state = next;
-    let e = o1.iter().zip(rows(&o, vd, 0, split)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let e = max_diff(&o1, &rows(&o, vd, 0, split));
     assert!(e < 1e-5, "prefill output {e:e}");
     for t in split..c.t {
         let pads = c.start.as_ref().map(|s| s.iter().map(|&s| usize::from(s > t)).collect::<Vec<_>>());
@@ -381,10 +316,10 @@ fn decode_steps_and_chunked_prefill_continue_the_state() {
         let step = DeltaRule { seq: 1, q: &q, k: &k, v: &v, beta: &beta, g: Some(&g), start: pads.as_deref(), ..p };
         let mut ot = vec![0.0; c.b * h * vd];
         delta_rule_decode_step(&step, &mut state, &mut ot).unwrap();
-        let e = ot.iter().zip(rows(&o, vd, t, t + 1)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        let e = max_diff(&ot, &rows(&o, vd, t, t + 1));
         assert!(e < 1e-5, "step {t}: {e:e}");
     }
-    let e = state.iter().zip(&fin).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let e = max_diff(&state, &fin);
     assert!(e < 1e-5, "final state {e:e}");
 }
 
@@ -395,11 +330,7 @@ fn left_padding_is_the_unpadded_row() {
     let c = Case { b: 1, t: 90, h: 2, k: 8, v: 6, gated: true, start: None };
     let d = data(&mut rng, &c);
     let pad = 23;
-    let shift = |x: &[f32], w: usize| -> Vec<f32> {
-        let mut out = vec![7.0; pad * c.h * w];
-        out.extend_from_slice(x);
-        out
-    };
+    let shift = |x: &[f32], w: usize| left_pad(x, pad, c.h, w, 7.0);
     let (q, k, v, beta, g) = (shift(&d.q, c.k), shift(&d.k, c.k), shift(&d.v, c.v), shift(&d.beta, 1), shift(&d.g, 1));
     let start = [pad];
     let p = prob(&c, &d);

@@ -1,8 +1,8 @@
 #![allow(clippy::needless_range_loop)] // index loops read as the formulas do
 use super::*;
+use crate::linear_attention::testing::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 
 // ---------------------------------------------------------------------------------------------
 // The oracle: the recurrence step by step, in f64.
@@ -24,42 +24,21 @@ struct RefGrads {
     dinit: Vec<f64>,
 }
 
-fn to64(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
-}
-
 /// S_t = Diag(e^{g_t}) S_{t−1} + k_t v_tᵀ, o_t = scale S_tᵀ q_t in f64; o [B, T, H, V] and every
 /// state per (b, h) (states[bh][i]: after i real positions).
-#[allow(clippy::type_complexity)]
-fn ref_fwd(p: &Gla, x: &Inputs) -> (Vec<f64>, Vec<Vec<Vec<f64>>>) {
-    let (bsz, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
-    let mut o = vec![0.0; bsz * t * h * vd];
-    let mut all = Vec::new();
-    for b in 0..bsz {
-        for hi in 0..h {
-            let bh = b * h + hi;
-            let mut s = x.init[bh * kd * vd..][..kd * vd].to_vec();
-            let mut states = vec![s.clone()];
-            for ti in p.start(b)..t {
-                let r = (b * t + ti) * h + hi;
-                for c in 0..kd {
-                    for e in 0..vd {
-                        s[c * vd + e] = x.g[r * kd + c].exp() * s[c * vd + e] + x.k[r * kd + c] * x.v[r * vd + e];
-                    }
-                }
-                for e in 0..vd {
-                    o[r * vd + e] = p.scale as f64 * (0..kd).map(|c| s[c * vd + e] * x.q[r * kd + c]).sum::<f64>();
-                }
-                states.push(s.clone());
+fn ref_fwd(p: &Gla, x: &Inputs) -> (Vec<f64>, States) {
+    let (kd, vd) = (p.k_dim, p.v_dim);
+    ref_walk(&p.shape(), p.scale, &x.q, &x.init, |r, s| {
+        for c in 0..kd {
+            for e in 0..vd {
+                s[c * vd + e] = x.g[r * kd + c].exp() * s[c * vd + e] + x.k[r * kd + c] * x.v[r * vd + e];
             }
-            all.push(states);
         }
-    }
-    (o, all)
+    })
 }
 
 fn ref_bwd(p: &Gla, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads {
-    let (bsz, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
+    let (kd, vd) = (p.k_dim, p.v_dim);
     let (_, states) = ref_fwd(p, x);
     let mut gr = RefGrads {
         dq: vec![0.0; x.q.len()],
@@ -68,36 +47,18 @@ fn ref_bwd(p: &Gla, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads {
         dg: vec![0.0; x.g.len()],
         dinit: vec![0.0; x.init.len()],
     };
-    let sc = p.scale as f64;
-    for b in 0..bsz {
-        let st = p.start(b);
-        for hi in 0..h {
-            let bh = b * h + hi;
-            let mut ds = dfinal[bh * kd * vd..][..kd * vd].to_vec();
-            for ti in (st..t).rev() {
-                let i = ti - st;
-                let r = (b * t + ti) * h + hi;
-                let (s_new, s_old) = (&states[bh][i + 1], &states[bh][i]);
-                for c in 0..kd {
-                    for e in 0..vd {
-                        ds[c * vd + e] += sc * x.q[r * kd + c] * dout[r * vd + e];
-                        gr.dq[r * kd + c] += sc * s_new[c * vd + e] * dout[r * vd + e];
-                    }
-                }
-                for c in 0..kd {
-                    let d = x.g[r * kd + c].exp();
-                    for e in 0..vd {
-                        let g_ = ds[c * vd + e];
-                        gr.dk[r * kd + c] += g_ * x.v[r * vd + e];
-                        gr.dv[r * vd + e] += g_ * x.k[r * kd + c];
-                        gr.dg[r * kd + c] += d * g_ * s_old[c * vd + e];
-                        ds[c * vd + e] = d * g_;
-                    }
-                }
+    ref_walk_back(&p.shape(), p.scale, &x.q, &states, dout, dfinal, &mut gr.dq, &mut gr.dinit, |r, s_old, ds| {
+        for c in 0..kd {
+            let d = x.g[r * kd + c].exp();
+            for e in 0..vd {
+                let g_ = ds[c * vd + e];
+                gr.dk[r * kd + c] += g_ * x.v[r * vd + e];
+                gr.dv[r * vd + e] += g_ * x.k[r * kd + c];
+                gr.dg[r * kd + c] += d * g_ * s_old[c * vd + e];
+                ds[c * vd + e] = d * g_;
             }
-            gr.dinit[bh * kd * vd..][..kd * vd].copy_from_slice(&ds);
         }
-    }
+    });
     gr
 }
 
@@ -119,10 +80,6 @@ struct Data {
     v: Vec<f32>,
     g: Vec<f32>,
     init: Vec<f32>,
-}
-
-fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample(StandardNormal)).collect()
 }
 
 /// HGRN2's inputs: the forget gate f = σ(·) in (0.5, 0.999) per channel (channel 0 slow, 0.999:
@@ -159,13 +116,6 @@ fn inputs(d: &Data) -> Inputs {
     Inputs { q: to64(&d.q), k: to64(&d.k), v: to64(&d.v), g: to64(&d.g), init: to64(&d.init) }
 }
 
-/// max |a − b| / (1 + max |b|).
-fn err(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = 1.0 + b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((*x as f64 - y).abs())) / scale
-}
-
 fn cases() -> Vec<Case> {
     let base = Case { b: 2, t: 150, h: 2, k: 8, v: 6, start: None };
     vec![
@@ -186,7 +136,7 @@ fn chunked_forward_matches_the_recurrence() {
         let mut o = vec![f32::NAN; o_ref.len()];
         let mut fin = vec![0.0; d.init.len()];
         gla_fwd(&p, &mut o, Some(&d.init), Some(&mut fin)).unwrap();
-        let fin_ref: Vec<f64> = states.iter().flat_map(|s| s.last().unwrap().clone()).collect();
+        let fin_ref = final_states(&states);
         let (eo, es) = (err(&o, &o_ref), err(&fin, &fin_ref));
         assert!(eo < 2e-5 && es < 2e-5, "{c:?}: o {eo:e}, final state {es:e}");
     }
@@ -230,29 +180,18 @@ fn oracle_backward_matches_finite_differences() {
     let x = inputs(&d);
     let dout = to64(&randn(&mut rng, c.b * c.t * c.h * c.v));
     let dfinal = to64(&randn(&mut rng, d.init.len()));
-    let loss = |x: &Inputs| {
-        let (o, states) = ref_fwd(&p, x);
-        let fin: Vec<f64> = states.iter().flat_map(|s| s.last().unwrap().clone()).collect();
-        o.iter().zip(&dout).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(&dfinal).map(|(a, b)| a * b).sum::<f64>()
-    };
     let r = ref_bwd(&p, &x, &dout, &dfinal);
-    type Field = fn(&mut Inputs) -> &mut Vec<f64>;
-    let fields: [(&str, Field, &Vec<f64>); 5] = [
+    let fields: [Field<Inputs>; 5] = [
         ("q", |x| &mut x.q, &r.dq),
         ("k", |x| &mut x.k, &r.dk),
         ("v", |x| &mut x.v, &r.dv),
         ("g", |x| &mut x.g, &r.dg),
         ("init", |x| &mut x.init, &r.dinit),
     ];
-    for (what, field, grad) in fields {
-        for i in 0..grad.len() {
-            let (mut a, mut b) = (x.clone(), x.clone());
-            field(&mut a)[i] += 1e-6;
-            field(&mut b)[i] -= 1e-6;
-            let fd = (loss(&a) - loss(&b)) / 2e-6;
-            assert!((fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()), "{what}[{i}]: fd {fd} vs {}", grad[i]);
-        }
-    }
+    check_finite_differences(&x, &fields, |x| {
+        let (o, states) = ref_fwd(&p, x);
+        probe_loss(&o, &states, &dout, &dfinal)
+    });
 }
 
 /// Prefill in chunks continuing the state, then decode steps, give the full forward's outputs and
@@ -267,9 +206,7 @@ fn decode_steps_and_chunked_prefill_continue_the_state() {
     let mut fin = vec![0.0; d.init.len()];
     gla_fwd(&p, &mut o, Some(&d.init), Some(&mut fin)).unwrap();
     let (kd, vd, h) = (c.k, c.v, c.h);
-    let rows = |x: &[f32], w: usize, t0: usize, t1: usize| -> Vec<f32> {
-        (0..c.b).flat_map(|b| x[(b * c.t + t0) * h * w..(b * c.t + t1) * h * w].to_vec()).collect()
-    };
+    let rows = |x: &[f32], w: usize, t0: usize, t1: usize| positions(x, (c.b, c.t, h, w), t0, t1);
     let split = 70;
     let (q, k, v, g) =
         (rows(&d.q, kd, 0, split), rows(&d.k, kd, 0, split), rows(&d.v, vd, 0, split), rows(&d.g, kd, 0, split));
@@ -277,7 +214,7 @@ fn decode_steps_and_chunked_prefill_continue_the_state() {
     let mut o1 = vec![0.0; c.b * split * h * vd];
     let mut state = vec![0.0; d.init.len()];
     gla_fwd(&pre, &mut o1, Some(&d.init), Some(&mut state)).unwrap();
-    let e = o1.iter().zip(rows(&o, vd, 0, split)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let e = max_diff(&o1, &rows(&o, vd, 0, split));
     assert!(e < 1e-5, "prefill output {e:e}");
     for t in split..c.t {
         let (q, k, v, g) =
@@ -285,10 +222,10 @@ fn decode_steps_and_chunked_prefill_continue_the_state() {
         let step = Gla { seq: 1, q: &q, k: &k, v: &v, g: &g, start: None, ..p };
         let mut ot = vec![0.0; c.b * h * vd];
         gla_decode_step(&step, &mut state, &mut ot).unwrap();
-        let e = ot.iter().zip(rows(&o, vd, t, t + 1)).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        let e = max_diff(&ot, &rows(&o, vd, t, t + 1));
         assert!(e < 1e-5, "step {t}: {e:e}");
     }
-    let e = state.iter().zip(&fin).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let e = max_diff(&state, &fin);
     assert!(e < 1e-5, "final state {e:e}");
     // A row still in its padding: o = 0, the state unchanged.
     let (q, k, v, g) = (rows(&d.q, kd, 0, 1), rows(&d.k, kd, 0, 1), rows(&d.v, vd, 0, 1), rows(&d.g, kd, 0, 1));
@@ -307,11 +244,7 @@ fn left_padding_is_the_unpadded_row() {
     let c = Case { b: 1, t: 90, h: 2, k: 8, v: 6, start: None };
     let d = data(&mut rng, &c);
     let pad = 23;
-    let shift = |x: &[f32], w: usize| -> Vec<f32> {
-        let mut out = vec![0.3; pad * c.h * w];
-        out.extend_from_slice(x);
-        out
-    };
+    let shift = |x: &[f32], w: usize| left_pad(x, pad, c.h, w, 0.3);
     let (q, k, v, g) = (shift(&d.q, c.k), shift(&d.k, c.k), shift(&d.v, c.v), shift(&d.g, c.k));
     let start = [pad];
     let p = prob(&c, &d);

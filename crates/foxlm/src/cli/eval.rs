@@ -9,9 +9,11 @@ use crate::eval::loss::{self, LossCurve, Windows};
 use crate::eval::niah::{self, Haystack, Mode};
 use crate::eval::plots::{self, LineChart, Series};
 use crate::eval::text::{text_format_for, TextEncoder};
-use crate::infer::{self, Plan};
+use crate::infer::{self, Infer, Plan};
+use crate::model::Model;
 use crate::tokenizer::{TextFormat, BOS_ID, EOS_ID};
 use anyhow::{bail, Context, Result};
+use fox_kernels::cuda::Device;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -88,9 +90,8 @@ pub struct LossArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct NiahArgs {
-    /// Model folder (config.json + model.safetensors).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub common: GreedyArgs,
     /// Filler text: a text file, or a folder whose .txt files are joined in natural order. It is
     /// repeated when shorter than the longest context.
     #[arg(long)]
@@ -107,30 +108,15 @@ pub struct NiahArgs {
     /// Most tokens of the greedy answer.
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
-    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
-    #[arg(long)]
-    pub text_format: Option<TextFormat>,
-    /// Tokens per prefill chunk.
-    #[arg(long, default_value_t = 2048)]
-    pub chunk: usize,
     /// The model's training context for the heatmap's marker, where the checkpoint does not record it.
     #[arg(long)]
     pub train_context: Option<usize>,
-    /// Output folder.
-    #[arg(long, default_value = "eval-out")]
-    pub out: PathBuf,
-    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
-    #[arg(long, hide = true)]
-    pub fold_vocab: bool,
-    #[command(flatten)]
-    pub device: super::DeviceArgs,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct RulerArgs {
-    /// Model folder (config.json + model.safetensors).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub common: GreedyArgs,
     /// Filler text (and the words of cwe): a text file, or a folder of .txt files; repeated when
     /// shorter than the longest prompt.
     #[arg(long)]
@@ -150,27 +136,12 @@ pub struct RulerArgs {
     /// Most tokens of each greedy answer.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
-    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
-    #[arg(long)]
-    pub text_format: Option<TextFormat>,
-    /// Tokens per prefill chunk.
-    #[arg(long, default_value_t = 2048)]
-    pub chunk: usize,
-    /// Output folder (ruler.json).
-    #[arg(long, default_value = "eval-out")]
-    pub out: PathBuf,
-    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
-    #[arg(long, hide = true)]
-    pub fold_vocab: bool,
-    #[command(flatten)]
-    pub device: super::DeviceArgs,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct LongbenchArgs {
-    /// Model folder (config.json + model.safetensors).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub common: GreedyArgs,
     /// A task file (DATASET.jsonl, as LongBench releases them) or a folder of them.
     #[arg(long)]
     pub data: PathBuf,
@@ -184,13 +155,22 @@ pub struct LongbenchArgs {
     /// At most this many samples per dataset (default: all).
     #[arg(long)]
     pub limit: Option<usize>,
+}
+
+/// The arguments of the greedy evaluations (niah, ruler, longbench): a model answering prompts
+/// of its text, one at a time.
+#[derive(clap::Args, Debug)]
+pub struct GreedyArgs {
+    /// Model folder (config.json + model.safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
     /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
     #[arg(long)]
     pub text_format: Option<TextFormat>,
     /// Tokens per prefill chunk.
     #[arg(long, default_value_t = 2048)]
     pub chunk: usize,
-    /// Output folder (longbench.json).
+    /// Output folder (niah.json and niah.png, ruler.json, longbench.json).
     #[arg(long, default_value = "eval-out")]
     pub out: PathBuf,
     /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
@@ -198,6 +178,35 @@ pub struct LongbenchArgs {
     pub fold_vocab: bool,
     #[command(flatten)]
     pub device: super::DeviceArgs,
+}
+
+impl GreedyArgs {
+    fn encoder(&self, cfg: &Config) -> Result<TextEncoder> {
+        TextEncoder::for_model(cfg, text_format_for(cfg, self.text_format), self.fold_vocab)
+    }
+
+    /// The device; on the CPU, refused (naming `what`) when a KV cache of `kv_len` positions, a
+    /// prefill chunk of prompts up to `max_len` tokens and `extra` bytes would not fit in memory.
+    fn device(&self, model: &Model, max_len: usize, kv_len: usize, extra: u128, what: &str) -> Result<Device> {
+        let device = self.device.select_for(model)?;
+        if !device.is_cuda() {
+            let cfg = &model.config;
+            let need = crate::validate::kv_cache_bytes(cfg, 1, kv_len)
+                .saturating_add(crate::validate::forward_bytes(cfg, 1, self.chunk.clamp(1, max_len), false))
+                .saturating_add(extra);
+            crate::validate::check_memory(need, what)?;
+        }
+        Ok(device)
+    }
+
+    /// A one-prompt engine for prompts up to `max_len` tokens, and the output folder.
+    fn engine<'m>(&self, model: &'m Model, device: &Device, max_len: usize) -> Result<Box<dyn Infer + 'm>> {
+        let plan = Plan { batch: 1, chunk: self.chunk.clamp(1, max_len) };
+        let engine = infer::open(model, device, self.device.dtype, plan)?;
+        eprintln!("device: {}", engine.describe());
+        create_out(&self.out)?;
+        Ok(engine)
+    }
 }
 
 fn run_longbench(a: LongbenchArgs) -> Result<()> {
@@ -232,23 +241,17 @@ fn run_longbench(a: LongbenchArgs) -> Result<()> {
         }
         tasks.push((d, samples));
     }
-    let model = load_model(&a.model)?;
+    let c = &a.common;
+    let model = load_model(&c.model)?;
     let cfg = &model.config;
-    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let enc = c.encoder(cfg)?;
     let max_len = a.max_length.or(cfg.train_context()).unwrap_or(2048);
     if max_len < 2 {
         bail!("--max-length must be at least 2");
     }
-    let device = a.device.select_for(&model)?;
-    if !device.is_cuda() {
-        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(512))
-            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false));
-        crate::validate::check_memory(need, &format!("--max-length {max_len}: the KV cache"))?;
-    }
-    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
-    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
-    eprintln!("device: {}", engine.describe());
-    create_out(&a.out)?;
+    let what = format!("--max-length {max_len}: the KV cache");
+    let device = c.device(&model, max_len, max_len.saturating_add(512), 0, &what)?;
+    let mut engine = c.engine(&model, &device, max_len)?;
     let total: u64 = tasks.iter().map(|(_, s)| s.len() as u64).sum();
     let pb = progress_bar(total, "samples");
     let mut results = serde_json::Map::new();
@@ -262,7 +265,7 @@ fn run_longbench(a: LongbenchArgs) -> Result<()> {
             ids.extend(enc.encode(&lb::prompt(d, s)));
             let full = ids.len();
             let ids = lb::truncate_middle(&ids, max_len);
-            let out = engine.greedy(&ids, d.max_new_tokens, a.chunk, enc.eos, &mut |_| {})?;
+            let out = engine.greedy(&ids, d.max_new_tokens, c.chunk, enc.eos, &mut |_| {})?;
             let pred = enc.decode(&out);
             let sc = lb::best_score(d.metric, &pred, s);
             sum += sc;
@@ -278,43 +281,37 @@ fn run_longbench(a: LongbenchArgs) -> Result<()> {
     }
     pb.finish_and_clear();
     let report = json!({
-        "model": a.model.display().to_string(),
+        "model": c.model.display().to_string(),
         "text_format": enc.format(),
         "vocab_folded": enc.fold,
         "max_length": max_len,
         "datasets": results,
     });
-    write_file(&a.out.join("longbench.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    write_file(&c.out.join("longbench.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "| dataset | metric | samples | score |\n|---|---|---:|---:|")?;
     for (name, metric, n, mean) in rows {
         writeln!(stdout, "| {name} | {} | {n} | {mean:.2} |", serde_json::to_value(metric)?.as_str().unwrap_or(""))?;
     }
-    writeln!(stdout, "wrote longbench.json to {}", a.out.display())?;
+    writeln!(stdout, "wrote longbench.json to {}", c.out.display())?;
     Ok(())
 }
 
 fn run_ruler(a: RulerArgs) -> Result<()> {
     use crate::eval::ruler;
     ruler::check_lengths(&a.lengths, a.samples)?;
-    let model = load_model(&a.model)?;
+    let c = &a.common;
+    let model = load_model(&c.model)?;
     let cfg = &model.config;
-    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let enc = c.encoder(cfg)?;
     let max_len = a.lengths.iter().copied().max().unwrap_or(0);
-    let device = a.device.select_for(&model)?;
-    if !device.is_cuda() {
-        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
-            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false));
-        crate::validate::check_memory(need, &format!("--lengths {max_len}: the KV cache"))?;
-    }
+    let what = format!("--lengths {max_len}: the KV cache");
+    let device = c.device(&model, max_len, max_len.saturating_add(a.max_new_tokens), 0, &what)?;
     let text = read_haystack(&a.haystack)?;
     let hay = Haystack::from_text(&text, max_len, |s| enc.encode(s))?;
     let words = ruler::word_pool(&text);
     let sizes = ruler::Sizes::default();
-    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
-    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
-    eprintln!("device: {}", engine.describe());
-    create_out(&a.out)?;
+    let mut engine = c.engine(&model, &device, max_len)?;
     let encode = |s: &str| enc.encode(s);
     let mut cells = vec![];
     let mut table = vec![vec![f64::NAN; a.lengths.len()]; a.tasks.len()];
@@ -327,7 +324,7 @@ fn run_ruler(a: RulerArgs) -> Result<()> {
                 pb.set_message(format!("{} at {len}", task.name()));
                 let s = ruler::build(task, &hay, &words, &sizes, &encode, enc.bos, len, a.seed, i as u64)
                     .with_context(|| format!("{} at length {len}", task.name()))?;
-                let ids = engine.greedy(&s.ids, a.max_new_tokens, a.chunk, enc.eos, &mut |_| {})?;
+                let ids = engine.greedy(&s.ids, a.max_new_tokens, c.chunk, enc.eos, &mut |_| {})?;
                 let response = enc.decode(&ids);
                 let sc = ruler::score(&response, &s.answers);
                 sum += sc;
@@ -342,7 +339,7 @@ fn run_ruler(a: RulerArgs) -> Result<()> {
     }
     pb.finish_and_clear();
     let report = json!({
-        "model": a.model.display().to_string(),
+        "model": c.model.display().to_string(),
         "text_format": enc.format(),
         "vocab_folded": enc.fold,
         "lengths": a.lengths,
@@ -353,7 +350,7 @@ fn run_ruler(a: RulerArgs) -> Result<()> {
         "scores_percent": a.tasks.iter().zip(&table).map(|(t, r)| (t.name().to_string(), json!(r))).collect::<serde_json::Map<_, _>>(),
         "cells": cells,
     });
-    write_file(&a.out.join("ruler.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    write_file(&c.out.join("ruler.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{:>10}  {}", "task", a.lengths.iter().map(|l| format!("{l:>7}")).collect::<Vec<_>>().join(" "))?;
     for (t, row) in a.tasks.iter().zip(&table) {
@@ -364,7 +361,7 @@ fn run_ruler(a: RulerArgs) -> Result<()> {
         stdout,
         "scores: % of expected strings found, {} samples each; wrote ruler.json to {}",
         a.samples,
-        a.out.display()
+        c.out.display()
     )?;
     Ok(())
 }
@@ -679,9 +676,10 @@ fn run_niah(a: NiahArgs) -> Result<()> {
     if let Some(d) = a.depths.iter().find(|d| !(0.0..=100.0).contains(*d)) {
         bail!("--depths are percentages in [0, 100]; got {d}");
     }
-    let model = load_model(&a.model)?;
+    let c = &a.common;
+    let model = load_model(&c.model)?;
     let cfg = &model.config;
-    let enc = TextEncoder::for_model(cfg, text_format_for(cfg, a.text_format), a.fold_vocab)?;
+    let enc = c.encoder(cfg)?;
     let needle_text = a.mode.needle();
     let question_text = niah::question_suffix();
     let needle = enc.encode(&needle_text);
@@ -696,22 +694,11 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         );
     }
     let max_len = a.lengths.iter().copied().max().unwrap_or(0);
-    let device = a.device.select_for(&model)?;
-    if !device.is_cuda() {
-        let need = crate::validate::kv_cache_bytes(cfg, 1, max_len.saturating_add(a.max_new_tokens))
-            .saturating_add(crate::validate::forward_bytes(cfg, 1, a.chunk.clamp(1, max_len), false))
-            .saturating_add(max_len as u128 * 8);
-        crate::validate::check_memory(
-            need,
-            &format!("--lengths {max_len} with --max-new-tokens {}: the KV cache and haystack", a.max_new_tokens),
-        )?;
-    }
+    let what = format!("--lengths {max_len} with --max-new-tokens {}: the KV cache and haystack", a.max_new_tokens);
+    let device = c.device(&model, max_len, max_len.saturating_add(a.max_new_tokens), max_len as u128 * 8, &what)?;
     let hay = Haystack::from_text(&read_haystack(&a.haystack)?, max_len, |s| enc.encode(s))?;
     let train_context = cfg.train_context().or(a.train_context);
-    let plan = Plan { batch: 1, chunk: a.chunk.clamp(1, max_len) };
-    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
-    eprintln!("device: {}", engine.describe());
-    create_out(&a.out)?;
+    let mut engine = c.engine(&model, &device, max_len)?;
 
     let total: u64 = a.lengths.iter().map(|&l| (l * a.depths.len()) as u64).sum();
     let pb = progress_bar(total, "tokens");
@@ -721,7 +708,7 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         for (di, &depth) in a.depths.iter().enumerate() {
             pb.set_message(format!("length {len}, depth {depth}%"));
             let p = niah::build_prompt(&hay, &needle, &question, enc.bos, len, depth / 100.0)?;
-            let answer_ids = engine.greedy(&p.ids, a.max_new_tokens, a.chunk, enc.eos, &mut |t| pb.inc(t as u64))?;
+            let answer_ids = engine.greedy(&p.ids, a.max_new_tokens, c.chunk, enc.eos, &mut |t| pb.inc(t as u64))?;
             let response = enc.decode(&answer_ids);
             let score = niah::score_answer(&response, niah::ANSWER);
             scores[di * a.lengths.len() + li] = score;
@@ -739,9 +726,9 @@ fn run_niah(a: NiahArgs) -> Result<()> {
     }
     pb.finish_and_clear();
     let mean = scores.iter().sum::<f64>() / scores.len() as f64;
-    let name = model_name(&a.model);
+    let name = model_name(&c.model);
     let report = json!({
-        "model": a.model.display().to_string(),
+        "model": c.model.display().to_string(),
         "mode": a.mode,
         "text_format": enc.format(),
         "vocab_folded": enc.fold,
@@ -754,13 +741,13 @@ fn run_niah(a: NiahArgs) -> Result<()> {
         "mean_score": mean,
         "cells": cells,
     });
-    write_file(&a.out.join("niah.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    write_file(&c.out.join("niah.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
     let mode = match a.mode {
         Mode::Easy => "easy",
         Mode::Standard => "standard",
     };
     plots::niah_heatmap(
-        &a.out.join("niah.png"),
+        &c.out.join("niah.png"),
         &format!("Needle in a haystack ({mode}): {name}, mean score {mean:.2}"),
         &a.lengths,
         &a.depths,
@@ -780,6 +767,6 @@ fn run_niah(a: NiahArgs) -> Result<()> {
             (0..a.lengths.len()).map(|li| format!("{:>7.1}", scores[di * a.lengths.len() + li])).collect();
         writeln!(stdout, "{d:>8}  {}", row.join(" "))?;
     }
-    writeln!(stdout, "mean score {mean:.2} / 10; wrote niah.json and niah.png to {}", a.out.display())?;
+    writeln!(stdout, "mean score {mean:.2} / 10; wrote niah.json and niah.png to {}", c.out.display())?;
     Ok(())
 }

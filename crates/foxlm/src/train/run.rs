@@ -57,6 +57,26 @@ pub struct TrainOptions {
     pub tensorboard: Option<PathBuf>,
 }
 
+impl TrainOptions {
+    /// A fresh, quiet run of `data` into `out` on `device`, every other option off.
+    pub fn new(data: impl Into<PathBuf>, out: impl Into<PathBuf>, device: fox_kernels::cuda::DeviceArg) -> Self {
+        Self {
+            data: data.into(),
+            out: out.into(),
+            resume: false,
+            progress: false,
+            stop_after: None,
+            verbose: false,
+            device,
+            dtype: None,
+            recompute: false,
+            dist: None,
+            init_from: None,
+            tensorboard: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     /// The budget was reached; the final model is in OUT/final.

@@ -1,6 +1,25 @@
 //! Helpers shared by the integration tests.
 
 use foxlm::model::Model;
+use std::path::PathBuf;
+
+/// The official-fox-tiny fixtures: the authors' FoX and Transformer variants.
+#[allow(dead_code)]
+pub const VARIANTS: [&str; 7] = [
+    "fox_llama",
+    "fox_pro",
+    "fox_pro_shared_qknorm",
+    "fox_bias_only",
+    "fox_fixed",
+    "transformer_llama",
+    "transformer_pro",
+];
+
+/// The folder of an official-fox-tiny fixture.
+#[allow(dead_code)]
+pub fn fixture(v: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
+}
 
 /// Central finite differences (ε = 1e-2 in f32) of `loss_at` against the backward's `grads` for
 /// the two entries with the largest gradient of each named tensor; panics on a mismatch beyond
@@ -18,6 +37,7 @@ pub fn check_finite_differences(
 
 /// [`check_finite_differences`] with a step `eps` of one's own (a smaller one for a model whose
 /// loss curves more: its O(ε²) error shrinks, f32 round-off ~1e-7·loss/ε grows).
+#[allow(dead_code)]
 pub fn check_finite_differences_eps(
     model: &Model,
     grads: &[Vec<f32>],
@@ -49,6 +69,7 @@ pub fn check_finite_differences_eps(
     checked
 }
 
+#[allow(dead_code)]
 fn fixture_tensor(dir: &std::path::Path, file: &str, name: &str) -> (Vec<usize>, Vec<u8>, safetensors::Dtype) {
     let bytes = std::fs::read(dir.join(file)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -150,6 +171,20 @@ pub fn random_ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
+}
+
+/// A freshly initialised model's loss on 32 tokens is within 0.05 of ln(vocab): its predictions
+/// are near uniform.
+#[allow(dead_code)]
+pub fn fresh_loss_is_uniform(model: &Model) {
+    let v = model.config.vocab_size;
+    let ids: Vec<u32> = (0..32).map(|i| (i * 7 % v) as u32).collect();
+    let ctx = foxlm::model::Ctx { batch: 1, seq: 32, start: None };
+    let targets: Vec<Option<u32>> = (0..32).map(|i| (i + 1 < 32).then(|| ids[i + 1])).collect();
+    let mut g = model.params.zeros_like();
+    let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut g, 1.0) as f64;
+    let uniform = (v as f64).ln();
+    assert!((loss - uniform).abs() < 0.05, "fresh loss {loss} vs ln(vocab) {uniform}");
 }
 
 /// The largest absolute difference of two equally long slices.

@@ -85,29 +85,44 @@ pub struct DeltaNetScratch<A, F> {
     pub dv_in: A,
 }
 
+/// A [B, T] batch's buffer lengths (n = B·T positions): n·K, n·V, n·H, the decay's (n·H when
+/// gated, else none) and the output gate's (n·V with the gate, else none).
+struct Lens {
+    nk: usize,
+    nv: usize,
+    nh: usize,
+    gated: usize,
+    gate: usize,
+}
+
+impl Lens {
+    fn new(l: &DeltaNetMixer, n: usize) -> Self {
+        let s = &l.p.sizes;
+        let (nv, nh) = (n * s.value_dim(), n * s.heads);
+        Self { nk: n * s.key_dim(), nv, nh, gated: if s.gated { nh } else { 0 }, gate: if s.use_gate { nv } else { 0 } }
+    }
+}
+
 impl<A, F> DeltaNetActs<A, F> {
     pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &DeltaNetMixer, b: usize, t: usize) -> Result<Self> {
-        let (n, s) = (b * t, &l.p.sizes);
-        let (kd, vd, h) = (s.key_dim(), s.value_dim(), s.heads);
-        let gated = if s.gated { n * h } else { 0 };
-        let gate = if s.use_gate { n * vd } else { 0 };
+        let Lens { nk, nv, nh, gated, gate } = Lens::new(l, b * t);
         Ok(Self {
-            q_in: be.alloc(n * kd)?,
-            k_in: be.alloc(n * kd)?,
-            v_in: be.alloc(n * vd)?,
-            q_conv: be.alloc(n * kd)?,
-            k_conv: be.alloc(n * kd)?,
-            v: be.alloc(n * vd)?,
-            q: be.alloc(n * kd)?,
-            k: be.alloc(n * kd)?,
-            q_rstd: be.alloc_f32(n * h)?,
-            k_rstd: be.alloc_f32(n * h)?,
-            beta: be.alloc(n * h)?,
+            q_in: be.alloc(nk)?,
+            k_in: be.alloc(nk)?,
+            v_in: be.alloc(nv)?,
+            q_conv: be.alloc(nk)?,
+            k_conv: be.alloc(nk)?,
+            v: be.alloc(nv)?,
+            q: be.alloc(nk)?,
+            k: be.alloc(nk)?,
+            q_rstd: be.alloc_f32(nh)?,
+            k_rstd: be.alloc_f32(nh)?,
+            beta: be.alloc(nh)?,
             a: be.alloc(gated)?,
             g: be.alloc_f32(gated)?,
-            o: be.alloc(n * vd)?,
-            o_norm: be.alloc(n * vd)?,
-            o_rstd: be.alloc_f32(n * h)?,
+            o: be.alloc(nv)?,
+            o_norm: be.alloc(nv)?,
+            o_rstd: be.alloc_f32(nh)?,
             gate: be.alloc(gate)?,
             y: be.alloc(gate)?,
         })
@@ -116,26 +131,23 @@ impl<A, F> DeltaNetActs<A, F> {
 
 impl<A, F> DeltaNetScratch<A, F> {
     pub fn new<B: Alloc<Act = A, F32 = F>>(be: &B, l: &DeltaNetMixer, b: usize, t: usize) -> Result<Self> {
-        let (n, s) = (b * t, &l.p.sizes);
-        let (kd, vd, h) = (s.key_dim(), s.value_dim(), s.heads);
-        let gated = if s.gated { n * h } else { 0 };
-        let gate = if s.use_gate { n * vd } else { 0 };
+        let Lens { nk, nv, nh, gated, gate } = Lens::new(l, b * t);
         Ok(Self {
-            dy: be.alloc(n * vd)?,
+            dy: be.alloc(nv)?,
             dgate: be.alloc(gate)?,
             do_norm: be.alloc(gate)?,
-            d_o: be.alloc(n * vd)?,
-            dq: be.alloc(n * kd)?,
-            dk: be.alloc(n * kd)?,
-            dv: be.alloc(n * vd)?,
-            dbeta: be.alloc(n * h)?,
+            d_o: be.alloc(nv)?,
+            dq: be.alloc(nk)?,
+            dk: be.alloc(nk)?,
+            dv: be.alloc(nv)?,
+            dbeta: be.alloc(nh)?,
             dg: be.alloc_f32(gated)?,
             da: be.alloc(gated)?,
-            dq_conv: be.alloc(n * kd)?,
-            dk_conv: be.alloc(n * kd)?,
-            dq_in: be.alloc(n * kd)?,
-            dk_in: be.alloc(n * kd)?,
-            dv_in: be.alloc(n * vd)?,
+            dq_conv: be.alloc(nk)?,
+            dk_conv: be.alloc(nk)?,
+            dq_in: be.alloc(nk)?,
+            dk_in: be.alloc(nk)?,
+            dv_in: be.alloc(nv)?,
         })
     }
 }

@@ -1,0 +1,141 @@
+//! What the delta rule's and GLA's tests share: random inputs, error measures, and the oracle's
+//! loss and its check against finite differences.
+
+use crate::linear_attention::Shape;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+pub fn to64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+pub fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.sample(StandardNormal)).collect()
+}
+
+/// max |a − b| / (1 + max |b|).
+pub fn err(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = 1.0 + b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((*x as f64 - y).abs())) / scale
+}
+
+/// max |a − b|.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+}
+
+/// The last state of every (b, h) from the oracle's states[bh][i], as [B, H, K, V].
+pub fn final_states(states: &[Vec<Vec<f64>>]) -> Vec<f64> {
+    states.iter().flat_map(|s| s.last().unwrap().clone()).collect()
+}
+
+/// Positions [t0, t1) of every row of x [B, T, H, w].
+pub fn positions(x: &[f32], (b, t, h, w): (usize, usize, usize, usize), t0: usize, t1: usize) -> Vec<f32> {
+    (0..b).flat_map(|b| x[(b * t + t0) * h * w..(b * t + t1) * h * w].to_vec()).collect()
+}
+
+/// x [T, H, w] after `pad` positions of `value`.
+pub fn left_pad(x: &[f32], pad: usize, h: usize, w: usize, value: f32) -> Vec<f32> {
+    let mut out = vec![value; pad * h * w];
+    out.extend_from_slice(x);
+    out
+}
+
+/// Σ o·dout + Σ S_T·dfinal: the loss the oracle's backward differentiates.
+pub fn probe_loss(o: &[f64], states: &[Vec<Vec<f64>>], dout: &[f64], dfinal: &[f64]) -> f64 {
+    let fin = final_states(states);
+    o.iter().zip(dout).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(dfinal).map(|(a, b)| a * b).sum::<f64>()
+}
+
+/// One input of the oracle: its name, where it lives in the inputs, and its gradient.
+pub type Field<'a, X> = (&'a str, fn(&mut X) -> &mut Vec<f64>, &'a Vec<f64>);
+
+/// Each field's gradient against central differences of `loss` (f64, step 1e-6).
+pub fn check_finite_differences<X: Clone>(x: &X, fields: &[Field<X>], loss: impl Fn(&X) -> f64) {
+    let eps = 1e-6;
+    for &(what, field, grad) in fields {
+        for (i, &g) in grad.iter().enumerate() {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            field(&mut a)[i] += eps;
+            field(&mut b)[i] -= eps;
+            let fd = (loss(&a) - loss(&b)) / (2.0 * eps);
+            assert!((fd - g).abs() < 1e-6 * (1.0 + fd.abs()), "{what}[{i}]: fd {fd} vs {g}");
+        }
+    }
+}
+
+/// Every (b, h)'s states, states[bh][i] after i real positions.
+pub type States = Vec<Vec<Vec<f64>>>;
+
+/// The oracle's forward walk in f64: per (b, h) from its initial state, `step(r, S)` updates
+/// S [K, V] at each real position r = (b·T + t)·H + h, then o_t = scale · S_tᵀ q_t. Returns o
+/// [B, T, H, V] and every state.
+pub fn ref_walk(
+    sh: &Shape,
+    scale: f32,
+    q: &[f64],
+    init: &[f64],
+    mut step: impl FnMut(usize, &mut [f64]),
+) -> (Vec<f64>, States) {
+    let (t, h, kd, vd) = (sh.seq, sh.heads, sh.k_dim, sh.v_dim);
+    let mut o = vec![0.0; sh.batch * t * h * vd];
+    let mut all = Vec::new();
+    for b in 0..sh.batch {
+        for hi in 0..h {
+            let bh = b * h + hi;
+            let mut s = init[bh * kd * vd..][..kd * vd].to_vec();
+            let mut states = vec![s.clone()];
+            for ti in sh.start(b)..t {
+                let r = (b * t + ti) * h + hi;
+                step(r, &mut s);
+                for e in 0..vd {
+                    o[r * vd + e] = scale as f64 * (0..kd).map(|c| s[c * vd + e] * q[r * kd + c]).sum::<f64>();
+                }
+                states.push(s.clone());
+            }
+            all.push(states);
+        }
+    }
+    (o, all)
+}
+
+/// The reverse of [`ref_walk`] from do and the final states' gradient: per (b, h) and real
+/// position r, backwards, adds o's part to dS and dq, then `step(r, S_{t−1}, dS)` adds its inputs'
+/// gradients and turns dS into dS_{t−1}; what is left is written to dinit.
+#[allow(clippy::too_many_arguments)]
+pub fn ref_walk_back(
+    sh: &Shape,
+    scale: f32,
+    q: &[f64],
+    states: &States,
+    dout: &[f64],
+    dfinal: &[f64],
+    dq: &mut [f64],
+    dinit: &mut [f64],
+    mut step: impl FnMut(usize, &[f64], &mut [f64]),
+) {
+    let (t, h, kd, vd) = (sh.seq, sh.heads, sh.k_dim, sh.v_dim);
+    let sc = scale as f64;
+    for b in 0..sh.batch {
+        let st = sh.start(b);
+        for hi in 0..h {
+            let bh = b * h + hi;
+            let mut ds = dfinal[bh * kd * vd..][..kd * vd].to_vec();
+            for ti in (st..t).rev() {
+                let i = ti - st;
+                let r = (b * t + ti) * h + hi;
+                let (s_new, s_old) = (&states[bh][i + 1], &states[bh][i]);
+                for c in 0..kd {
+                    for e in 0..vd {
+                        ds[c * vd + e] += sc * q[r * kd + c] * dout[r * vd + e];
+                        dq[r * kd + c] += sc * s_new[c * vd + e] * dout[r * vd + e];
+                    }
+                }
+                step(r, s_old, &mut ds);
+            }
+            dinit[bh * kd * vd..][..kd * vd].copy_from_slice(&ds);
+        }
+    }
+}

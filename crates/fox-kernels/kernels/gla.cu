@@ -204,6 +204,184 @@ __device__ __forceinline__ int gla_tc_col(int e) {
 }
 // x rounded to bf16 into a shared tile.
 __device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i, x); }
+
+// ---- Version 3's state passing (bf16 activations): the walk on tensor cores ----
+// Replaces gla_chunk_h_tc + gla_scan_fwd (which write every chunk's own state in f32, then read and
+// rewrite it all in the scan): the rows of S evolve independently (the decay is diagonal), so a
+// block takes KB rows (channels) of S and GLA_WV of its columns for one (b, h) and walks the
+// chunks in order, warp w holding Sᵀ [16 value columns, KB channels] in f32 registers in the mma
+// accumulator layout: S_{c+1}ᵀ = Sᵀ ⊙ e^{G_L} (per column) + Vᵀ K̃, K̃ = k ⊙ e^{G_L − G} (bf16,
+// as gla_chunk_h_tc rounds it), one mma chain per warp with fragments by ldmatrix. The next chunk's
+// k, v and G tiles load by cp.async while this one computes (two sets); K̃ is made in place, so a
+// chunk takes two block barriers. Writes S_c to slot c of hs as the scan does, the final state to
+// slot nch and fin. Grid (⌈V / GLA_WV⌉, ⌈K / KB⌉, B·H), GLA_WW warps; K and V multiples of 8 (rows
+// of 16-byte copies; the wrapper falls back to version 2 otherwise).
+#define GLA_WW 4
+#define GLA_WV (16 * GLA_WW)
+#ifndef FOX_HOST_EMU
+__device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void gla_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void gla_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+// Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
+__device__ __forceinline__ u32 gla_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#define GLA_WALK_SMEM                                        \
+    extern __shared__ __align__(16) unsigned char gla_wsm_[]; \
+    unsigned char* smem = gla_wsm_;
+#else
+inline void gla_cp16(void* dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
+inline void gla_cp_commit() { cp_async_commit(); }
+inline void gla_cp_wait_all() { cp_async_wait<0>(); }
+inline void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) { ldsm_x4_t(r, p); }
+inline u32 gla_bf2(float lo, float hi) {
+    u16 a, b;
+    st(&a, 0, lo);
+    st(&b, 0, hi);
+    return (u32)a | ((u32)b << 16);
+}
+#define GLA_WALK_SMEM unsigned char* smem = dyn_smem;
+#endif
+
+// Shared memory of the walk, bytes (cuda/gla.rs's walk_smem mirrors it): two sets of k [64][KB],
+// v [64][GLA_WV] (bf16) and G [64][KB] (f32), rows padded so that ldmatrix's 8 rows fall in
+// distinct banks, then e^{G_L} [KB].
+template <int KB>
+struct GlaWalk {
+    static constexpr int LK = KB + 8, LV = GLA_WV + 8, LG = KB + 4;
+    static constexpr int TK = GLA_L * LK * 2, TV = GLA_L * LV * 2, TG = GLA_L * LG * 4;
+    static constexpr int SET = TK + TV + TG;
+    static constexpr int bytes = 2 * SET + KB * 4;
+};
+
+template <int KB>
+__device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* init, const u16* k, const u16* v,
+                                         const float* G, const int* start, int T, int H, int K, int V, int nch) {
+    typedef GlaWalk<KB> Lw;
+    constexpr int NT = 32 * GLA_WW, LK = Lw::LK, LV = Lw::LV, LG = Lw::LG;
+    GLA_WALK_SMEM
+    auto Kb = [&](int i) { return (u16*)(smem + i * Lw::SET); };
+    auto Vb = [&](int i) { return (u16*)(smem + i * Lw::SET + Lw::TK); };
+    auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + Lw::TK + Lw::TV); };
+    float* el = (float*)(smem + 2 * Lw::SET);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
+              m4 = lane >> 3;
+    const int bh = blockIdx.z, b = bh / H, h = bh % H, first = start ? start[b] : 0;
+    const int v0 = blockIdx.x * GLA_WV, vw = v0 + 16 * warp, k0 = blockIdx.y * KB;
+    const bool act = vw < V;
+    const long KV = (long)K * V;
+    float* hb = hs + (long)bh * (nch + 1) * KV;
+    // k and v rows are 0 at padding and past T, G's past T (unwritten there).
+    auto issue = [&](int c, int bi) {
+        const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+        u16* ks = Kb(bi);
+        u16* vs = Vb(bi);
+        float* gs = Gb(bi);
+        for (int i = threadIdx.x; i < GLA_L * (KB / 8); i += NT) {
+            const int r = i / (KB / 8), cc = i % (KB / 8) * 8, tt = t0 + r;
+            const bool ok = r < len && tt >= first && k0 + cc < K;
+            gla_cp16(ks + r * LK + cc, ok ? k + gla_row(b, tt, T, H, h) * K + k0 + cc : k, ok);
+        }
+        for (int i = threadIdx.x; i < GLA_L * (KB / 4); i += NT) {
+            const int r = i / (KB / 4), cc = i % (KB / 4) * 4;
+            const bool ok = r < len && k0 + cc < K;
+            gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + r, T, H, h) * K + k0 + cc : G, ok);
+        }
+        for (int i = threadIdx.x; i < GLA_L * (GLA_WV / 8); i += NT) {
+            const int r = i / (GLA_WV / 8), cc = i % (GLA_WV / 8) * 8, tt = t0 + r;
+            const bool ok = r < len && tt >= first && v0 + cc < V;
+            gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+        }
+        gla_cp_commit();
+    };
+    // s[n][·]: Sᵀ rows (value columns) vw + g (0, 1) and vw + g + 8 (2, 3), channels k0 + 8n + 2t + {0, 1}.
+    float s[KB / 8][4];
+#pragma unroll
+    for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+            s[n][r] = act && init && kd < K && vc < V ? init[(long)bh * KV + (long)kd * V + vc] : 0.0f;
+        }
+    issue(0, 0);
+    for (int c = 0; c < nch; ++c) {
+        const int cur = c & 1, len = min(GLA_L, T - c * GLA_L);
+        // This chunk's tiles have landed (every thread's copies) and the other set is free.
+        gla_cp_wait_all();
+        __syncthreads();
+        if (c + 1 < nch) issue(c + 1, cur ^ 1);
+        u16* ks = Kb(cur);
+        const float* gs = Gb(cur);
+        const float* gl = gs + (len - 1) * LG;
+        // K̃ = k ⊙ e^{G_L − G} in place (every exponent ≤ 0; 0 where k is) and e^{G_L}.
+        for (int i = threadIdx.x; i < GLA_L * (KB / 2); i += NT) {
+            const int r = i / (KB / 2), cc = i % (KB / 2) * 2;
+            u32* p = (u32*)(ks + r * LK + cc);
+            const u32 w = *p;
+            const float* gr = gs + r * LG + cc;
+            *p = gla_bf2(__uint_as_float(w << 16) * __expf(gl[cc] - gr[0]),
+                         __uint_as_float(w & 0xffff0000u) * __expf(gl[cc + 1] - gr[1]));
+        }
+        if (threadIdx.x < KB) el[threadIdx.x] = __expf(gl[threadIdx.x]);
+        __syncthreads();
+        if (!act) continue;
+        // S_c out (slot c), in f32 as the scan writes it.
+        float* hc = hb + (long)c * KV;
+#pragma unroll
+        for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+                if (kd < K && vc < V) hc[(long)kd * V + vc] = s[n][r];
+                s[n][r] *= el[n * 8 + 2 * t + (r & 1)];
+            }
+        // Sᵀ += Vᵀ K̃: Vᵀ's A fragments from v [t][v] and K̃'s B fragments from [t][kc], both .trans.
+        const u16* vs = Vb(cur);
+#pragma unroll
+        for (int kk = 0; kk < GLA_L / 16; ++kk) {
+            u32 a[4];
+            gla_ldsm_x4_t(a, vs + (kk * 16 + (m4 >> 1) * 8 + j8) * LV + 16 * warp + (m4 & 1) * 8);
+#pragma unroll
+            for (int n2 = 0; n2 < KB / 16; ++n2) {
+                u32 bb[4];
+                gla_ldsm_x4_t(bb, ks + (kk * 16 + (m4 & 1) * 8 + j8) * LK + n2 * 16 + (m4 >> 1) * 8);
+                gla_mma(s[2 * n2], a, bb[0], bb[1]);
+                gla_mma(s[2 * n2 + 1], a, bb[2], bb[3]);
+            }
+        }
+    }
+    if (!act) return;
+#pragma unroll
+    for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+            if (kd < K && vc < V) {
+                const long e = (long)kd * V + vc;
+                hb[(long)nch * KV + e] = s[n][r];
+                if (fin) fin[(long)bh * KV + e] = s[n][r];
+            }
+        }
+}
+#define GLA_WALK_KERNEL(KB)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * GLA_WW)                                                      \
+        gla_walk_tc_k##KB(float* hs, float* fin, const float* init, const u16* k, const u16* v, const float* G,     \
+                          const int* start, int T, int H, int K, int V, int nch) {                                 \
+        gla_walk<KB>(hs, fin, init, k, v, G, start, T, H, K, V, nch);                                              \
+    }
+GLA_WALK_KERNEL(16)
+GLA_WALK_KERNEL(32)
+GLA_WALK_KERNEL(64)
 #endif  // GLA_ONCE
 
 // G [B, T, H, K] (f32) = the gate's inclusive prefix sums within each chunk, per channel; 0 at

@@ -237,16 +237,26 @@ struct Dev {
         dA.assign(A.size(), 0.f);
     }
     bool tc = false;
+    int walk = 0;  // version 3: the walk's channels per block (16, 32, 64), with tc's other kernels
     void states(const float* init, float* fin) {
         const unsigned nc = nch, bh = B * H;
         launch({(unsigned)((H * K + 255) / 256), nc, (unsigned)B}, 256,
                [&] { Kern<E>::cumsum(G.data(), g.data(), start, T, H, K); });
-        launch({(unsigned)(((K + 63) / 64) * ((V + 63) / 64)), nc, bh}, 256, [&] {
-            (tc ? Kern<E>::chunk_h_tc : Kern<E>::chunk_h)(hs.data(), nch + 1, k.data(), v.data(), G.data(), start, T,
-                                                        H, K, V, 0, scale);
-        });
-        launch({(unsigned)((B * H * K * V + 255) / 256), 1, 1}, 256,
-               [&] { gla_scan_fwd(hs.data(), fin, init, G.data(), B, T, H, K, V, nch); });
+        if (walk) {
+            // Version 3's state passing (bf16 only): the walk over KB channels a block.
+            auto kern = walk == 16 ? gla_walk_tc_k16 : walk == 32 ? gla_walk_tc_k32 : gla_walk_tc_k64;
+            launch({(unsigned)((V + GLA_WV - 1) / GLA_WV), (unsigned)((K + walk - 1) / walk), bh}, 32 * GLA_WW, [&] {
+                kern(hs.data(), fin, init, (const u16*)k.data(), (const u16*)v.data(), G.data(), start, T, H, K, V,
+                     nch);
+            });
+        } else {
+            launch({(unsigned)(((K + 63) / 64) * ((V + 63) / 64)), nc, bh}, 256, [&] {
+                (tc ? Kern<E>::chunk_h_tc : Kern<E>::chunk_h)(hs.data(), nch + 1, k.data(), v.data(), G.data(), start,
+                                                            T, H, K, V, 0, scale);
+            });
+            launch({(unsigned)((B * H * K * V + 255) / 256), 1, 1}, 256,
+                   [&] { gla_scan_fwd(hs.data(), fin, init, G.data(), B, T, H, K, V, nch); });
+        }
         launch({nc, bh, 1}, 256,
                [&] { Kern<E>::scores(A.data(), q.data(), k.data(), G.data(), start, T, H, K, nch); });
     }
@@ -362,6 +372,36 @@ static void gla_case(const Case& c) {
         cmp(nm, "dv", dv, rb.dv, 1e-2);
         cmp(nm, "dg", dg, rb.dg, 2e-2);
         cmp(nm, "dinit", dinit, rb.dinit, tc ? 1e-2 : 1e-4);
+    }
+    // Version 3: version 2 with the state passing as the walk; every block width forward, the
+    // backward (which recomputes the states the same way) through KB = 32, and the state continued
+    // in place (fin == init) bit for bit the same forward.
+    for (int kb : {16, 32, 64}) {
+        Dev<u16> d16(c, q, k, v, g, sp, scale);
+        d16.tc = true;
+        d16.walk = kb;
+        std::vector<float> f16(ns, 5.f);
+        auto o16 = d16.fwd(c.init ? init.data() : nullptr, f16.data());
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s bf16 walk%d", c.name, kb);
+        cmp(nm, "o", o16, rb.o, 1e-2);
+        cmp(nm, "final state", f16, rb.fin, 1e-2);
+        if (c.init) {
+            std::vector<float> st = init;
+            auto o2 = d16.fwd(st.data(), st.data());
+            double diff = 0;
+            for (size_t i = 0; i < o2.size(); ++i) diff += o2[i] != o16[i];
+            for (size_t i = 0; i < st.size(); ++i) diff += st[i] != f16[i];
+            if (diff) fails++;
+            printf("%s %-44s %-12s %.0f\n", diff ? "FAIL" : "ok  ", nm, "in place", diff);
+        }
+        if (kb != 32) continue;
+        bwd(d16, c.init ? init.data() : nullptr, dout, dfin.data(), dq, dk, dv, dg, dinit);
+        cmp(nm, "dq", dq, rb.dq, 1e-2);
+        cmp(nm, "dk", dk, rb.dk, 1e-2);
+        cmp(nm, "dv", dv, rb.dv, 1e-2);
+        cmp(nm, "dg", dg, rb.dg, 2e-2);
+        cmp(nm, "dinit", dinit, rb.dinit, 1e-2);
     }
     if (c.bf16_v1) {
         Dev<float> dt(c, q, k, v, g, sp, scale);

@@ -238,7 +238,8 @@ struct Dev {
     }
     bool tc = false;
     int walk = 0;  // version 3: the walk's channels per block (16, 32, 64), with tc's other kernels
-    void states(const float* init, float* fin) {
+    // hs16: the walk leaves bf16 Sᵀ for gla_fwd_o_w (the forward's), else f32 S (the backward's).
+    void states(const float* init, float* fin, int hs16 = 0) {
         const unsigned nc = nch, bh = B * H;
         launch({(unsigned)((H * K + 255) / 256), nc, (unsigned)B}, 256,
                [&] { Kern<E>::cumsum(G.data(), g.data(), start, T, H, K); });
@@ -247,7 +248,7 @@ struct Dev {
             auto kern = walk == 16 ? gla_walk_tc_k16 : walk == 32 ? gla_walk_tc_k32 : gla_walk_tc_k64;
             launch({(unsigned)((V + GLA_WV - 1) / GLA_WV), (unsigned)((K + walk - 1) / walk), bh}, 32 * GLA_WW, [&] {
                 kern(hs.data(), fin, init, (const u16*)k.data(), (const u16*)v.data(), G.data(), start, T, H, K, V,
-                     nch);
+                     nch, hs16);
             });
         } else {
             launch({(unsigned)(((K + 63) / 64) * ((V + 63) / 64)), nc, bh}, 256, [&] {
@@ -261,8 +262,17 @@ struct Dev {
                [&] { Kern<E>::scores(A.data(), q.data(), k.data(), G.data(), start, T, H, K, nch); });
     }
     std::vector<float> fwd(const float* init, float* fin) {
-        states(init, fin);
         std::vector<E> o((size_t)B * T * H * V, Kern<E>::to(7.f));
+        if (walk && K <= 128) {
+            states(init, fin, 1);
+            auto kern = K <= 64 ? gla_fwd_o_w_k64 : gla_fwd_o_w_k128;
+            launch({(unsigned)((V + 63) / 64), (unsigned)nch, (unsigned)(B * H)}, 256, [&] {
+                kern((u16*)o.data(), (const u16*)q.data(), (const u16*)v.data(), G.data(), (const u16*)hs.data(),
+                     A.data(), start, T, H, K, V, nch, scale);
+            });
+            return back<E>(o);
+        }
+        states(init, fin);
         launch({(unsigned)((V + 63) / 64), (unsigned)nch, (unsigned)(B * H)}, 256, [&] {
             (tc ? Kern<E>::fwd_o_tc : Kern<E>::fwd_o)(o.data(), q.data(), v.data(), G.data(), hs.data(), A.data(),
                                                       start, T, H, K, V, nch, scale);

@@ -146,6 +146,12 @@ fn walk_smem(kb: usize) -> usize {
     2 * set + kb * 4
 }
 
+/// Dynamic shared memory of gla_fwd_o_w_k`kp` (kernels/gla.cu's GlaOutW): q ⊙ e^G [64][kp + 8],
+/// Sᵀ [64][kp + 8], v [64][72] and A [64][72], all bf16.
+fn out_w_smem(kp: usize) -> usize {
+    2 * (CHUNK * (kp + 8) * 2) + 2 * (CHUNK * 72 * 2)
+}
+
 /// Value columns per block of the walk (GLA_WV), 16 per warp.
 const WALK_V: usize = 64;
 
@@ -235,8 +241,17 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 }
 
 /// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
-/// into slot nch and `fin`), and with `scores` the chunk scores A.
-fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, scores: bool) -> Result<()> {
+/// into slot nch and `fin`), and with `scores` the chunk scores A. With `bf16_states` (the walk
+/// only) the slots hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V].
+fn states<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    s: &Parts,
+    init: u64,
+    fin: u64,
+    scores: bool,
+    bf16_states: bool,
+) -> Result<()> {
     let op = "gla";
     let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
     let start = opt_ptr(gpu, p.start);
@@ -258,6 +273,7 @@ fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, sco
             Arg::I(ki),
             Arg::I(vi),
             Arg::I(int(op, nch)?),
+            Arg::I(i32::from(bf16_states)),
         ];
         let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
         launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)?;
@@ -376,7 +392,29 @@ fn fwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    states(gpu, p, &s, init, fin, true)?;
+    // Version 3's output kernel takes K ≤ 128 (its tiles); wider keys keep version 2's.
+    let walk_out = uses_walk(p) && kd <= 128;
+    states(gpu, p, &s, init, fin, true, walk_out)?;
+    if walk_out {
+        let kp = if kd <= 64 { 64 } else { 128 };
+        let args = [
+            Arg::P(ptr(gpu, o)),
+            Arg::P(ptr(gpu, p.q)),
+            Arg::P(ptr(gpu, p.v)),
+            Arg::P(s.cum),
+            Arg::P(s.hs),
+            Arg::P(s.scores),
+            Arg::P(opt_ptr(gpu, p.start)),
+            Arg::I(int(op, t)?),
+            Arg::I(int(op, h)?),
+            Arg::I(int(op, kd)?),
+            Arg::I(int(op, vd)?),
+            Arg::I(int(op, nch)?),
+            Arg::F(p.scale),
+        ];
+        let name = format!("gla_fwd_o_w_k{kp}");
+        return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
+    }
     let args = [
         Arg::P(ptr(gpu, o)),
         Arg::P(ptr(gpu, p.q)),
@@ -430,7 +468,7 @@ pub fn gla_bwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    states(gpu, p, &s, opt_ptr(gpu, init), 0, true)?;
+    states(gpu, p, &s, opt_ptr(gpu, init), 0, true, false)?;
     let start = opt_ptr(gpu, p.start);
     let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
     let pdo = ptr(gpu, dout);

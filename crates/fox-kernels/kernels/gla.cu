@@ -212,13 +212,16 @@ __device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i,
 // chunks in order, warp w holding Sᵀ [16 value columns, KB channels] in f32 registers in the mma
 // accumulator layout: S_{c+1}ᵀ = Sᵀ ⊙ e^{G_L} (per column) + Vᵀ K̃, K̃ = k ⊙ e^{G_L − G} (bf16,
 // as gla_chunk_h_tc rounds it), one mma chain per warp with fragments by ldmatrix. The next chunk's
-// k, v and G tiles load by cp.async while this one computes (two sets); K̃ is made in place, so a
+// two chunks' k, v and G tiles load by cp.async while this one computes (a ring of GLA_WSETS
+// sets: the walk is one chain of dependent chunks, so a load has two chunks' time to land); K̃
+// is made in place, so a
 // chunk takes two block barriers. Writes S_c to slot c of hs as the scan does (f32 [K][V], for the
 // backward), or with hs16 as bf16 Sᵀ [V][K] for gla_fwd_o_w (the forward rounds S_c to bf16 for
 // its product anyway: half the bytes, and K contiguous is its B operand's layout); the final state
 // to slot nch (in the same form) and to fin (f32). Grid (⌈V / GLA_WV⌉, ⌈K / KB⌉, B·H), GLA_WW warps; K and V multiples of 8 (rows
 // of 16-byte copies; the wrapper falls back to version 2 otherwise).
 #define GLA_WW 4
+#define GLA_WSETS 3
 #define GLA_WV (16 * GLA_WW)
 #ifndef FOX_HOST_EMU
 __device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid) {
@@ -227,6 +230,7 @@ __device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid)
 }
 __device__ __forceinline__ void gla_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void gla_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void gla_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -250,6 +254,7 @@ __device__ __forceinline__ u32 gla_bf2(float lo, float hi) {
 inline void gla_cp16(void* dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
 inline void gla_cp_commit() { cp_async_commit(); }
 inline void gla_cp_wait_all() { cp_async_wait<0>(); }
+inline void gla_cp_wait_one() { cp_async_wait<1>(); }
 inline void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) { ldsm_x4_t(r, p); }
 inline void gla_ldsm_x4(u32 (&r)[4], const u16* p) { ldsm_x4(r, p); }
 inline u32 gla_bf2(float lo, float hi) {
@@ -261,7 +266,7 @@ inline u32 gla_bf2(float lo, float hi) {
 #define GLA_WALK_SMEM unsigned char* smem = dyn_smem;
 #endif
 
-// Shared memory of the walk, bytes (cuda/gla.rs's walk_smem mirrors it): two sets of k [64][KB],
+// Shared memory of the walk, bytes (cuda/gla.rs's walk_smem mirrors it): GLA_WSETS sets of k [64][KB],
 // v [64][GLA_WV] (bf16) and G [64][KB] (f32), rows padded so that ldmatrix's 8 rows fall in
 // distinct banks, then e^{G_L} [KB].
 template <int KB>
@@ -269,7 +274,7 @@ struct GlaWalk {
     static constexpr int LK = KB + 8, LV = GLA_WV + 8, LG = KB + 4;
     static constexpr int TK = GLA_L * LK * 2, TV = GLA_L * LV * 2, TG = GLA_L * LG * 4;
     static constexpr int SET = TK + TV + TG;
-    static constexpr int bytes = 2 * SET + KB * 4;
+    static constexpr int bytes = GLA_WSETS * SET + KB * 4;
 };
 
 template <int KB>
@@ -282,7 +287,7 @@ __device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* ini
     auto Kb = [&](int i) { return (u16*)(smem + i * Lw::SET); };
     auto Vb = [&](int i) { return (u16*)(smem + i * Lw::SET + Lw::TK); };
     auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + Lw::TK + Lw::TV); };
-    float* el = (float*)(smem + 2 * Lw::SET);
+    float* el = (float*)(smem + GLA_WSETS * Lw::SET);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
               m4 = lane >> 3;
     const int bh = blockIdx.z, b = bh / H, h = bh % H, first = start ? start[b] : 0;
@@ -340,12 +345,17 @@ __device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* ini
             }
     };
     issue(0, 0);
+    if (nch > 1) issue(1, 1);
     for (int c = 0; c < nch; ++c) {
-        const int cur = c & 1, len = min(GLA_L, T - c * GLA_L);
-        // This chunk's tiles have landed (every thread's copies) and the other set is free.
-        gla_cp_wait_all();
+        const int cur = c % GLA_WSETS, len = min(GLA_L, T - c * GLA_L);
+        // This chunk's tiles have landed (every thread's copies; the next chunk's may still be in
+        // flight), and after the barrier the set of chunk c − 1 is free for chunk c + 2.
+        if (c + 1 < nch)
+            gla_cp_wait_one();
+        else
+            gla_cp_wait_all();
         __syncthreads();
-        if (c + 1 < nch) issue(c + 1, cur ^ 1);
+        if (c + 2 < nch) issue(c + 2, (c + 2) % GLA_WSETS);
         u16* ks = Kb(cur);
         const float* gs = Gb(cur);
         const float* gl = gs + (len - 1) * LG;

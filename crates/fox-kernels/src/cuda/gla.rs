@@ -139,11 +139,11 @@ fn walk_kb() -> usize {
     })
 }
 
-/// Dynamic shared memory of gla_walk_tc_k`kb` (kernels/gla.cu's GlaWalk): two sets of k [64][kb + 8]
-/// and v [64][72] (bf16) and G [64][kb + 4] (f32), then e^{G_L} [kb].
+/// Dynamic shared memory of gla_walk_tc_k`kb` (kernels/gla.cu's GlaWalk): three sets (GLA_WSETS)
+/// of k [64][kb + 8] and v [64][72] (bf16) and G [64][kb + 4] (f32), then e^{G_L} [kb].
 fn walk_smem(kb: usize) -> usize {
     let set = CHUNK * (kb + 8) * 2 + CHUNK * (WALK_V + 8) * 2 + CHUNK * (kb + 4) * 4;
-    2 * set + kb * 4
+    3 * set + kb * 4
 }
 
 /// Dynamic shared memory of gla_fwd_o_w_k`kp` (kernels/gla.cu's GlaOutW): q ⊙ e^G [64][kp + 8],

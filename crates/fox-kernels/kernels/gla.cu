@@ -22,7 +22,9 @@
 // state passing gla_scan_fwd (the one sequential step, one thread per state element),
 // gla_scores (A), gla_fwd_o (o). Backward: the same states again, gla_chunk_h on (q, do) and the
 // reverse passing gla_scan_bwd (dH_c, the gradient of the state leaving chunk c), gla_dscores
-// (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there).
+// (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there). Version 3 (bf16)
+// replaces gla_chunk_h + gla_scan_fwd by the walk gla_walk_tc_k* and the forward's gla_fwd_o by
+// gla_fwd_o_w_k* (see there).
 
 #ifndef GLA_ONCE
 #define GLA_ONCE

@@ -18,8 +18,8 @@ pub fn run(a: Args) -> Result<()> {
     }
 }
 
-/// `fox-attn bench-gla`'s timings: HGRN2's GLA at one shape, version 3 (the walk) and 2 (tensor cores) on bf16 and
-/// version 1 on bf16 and f32.
+/// `fox-attn bench-gla`'s timings: HGRN2's GLA at one shape, versions 3 (the walk; its width from
+/// FOXLM_GLA_KB) and 2 (tensor cores) on bf16, version 1 on bf16 and f32.
 fn gla(a: GlaArgs) -> Result<()> {
     use fox_kernels::cuda::gla_check::bench;
     let gpu = match cuda::select(a.device)? {

@@ -13,7 +13,10 @@
 //! tensor cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's,
 //! the output's state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of
 //! dq and dk; the intra-chunk scores and the intra-chunk terms of dq and dk (each with its
-//! decays) stay on CUDA cores in f32, as does the state passing.
+//! decays) stay on CUDA cores in f32, as does the state passing. Version 3 (bf16, opt-in while
+//! unchecked on a GPU; see [`uses_walk`]) is version 2 with the state passing as one walk over
+//! the chunks on tensor cores (the state in registers) and, in the forward, bf16 chunk states read
+//! by its own output kernel.
 
 use super::compile::GLA;
 use super::kargs::{self, Arg};
@@ -125,7 +128,11 @@ pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
 pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
     static V3: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let v3 = *V3.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v3"));
-    uses_tensor_cores(p) && T::NAME == "bf16" && p.k_dim % 8 == 0 && p.v_dim % 8 == 0 && p.walk.unwrap_or(v3)
+    uses_tensor_cores(p)
+        && T::NAME == "bf16"
+        && p.k_dim.is_multiple_of(8)
+        && p.v_dim.is_multiple_of(8)
+        && p.walk.unwrap_or(v3)
 }
 
 /// Channels per block of the walk: `FOXLM_GLA_KB` = 16, 32 (the default) or 64 (its variants,

@@ -23,6 +23,9 @@
 //!   rms of 1.1e-3, in sums whose terms do not cancel: 1e-2 for every output and state; the gate's
 //!   gradient, a difference of such sums (q·dq − k·dk) summed again, 3e-2. Under host emulation
 //!   (PTX's fragment layouts): ≤ 2.9e-3, dg ≤ 9.7e-3 with strong decays.
+//! - bf16, version 3 (`walk: Some(true)`): version 2's roundings (the walk rounds k ⊙ e^{G_L − G}
+//!   and v as version 2's chunk states do, its output kernel S_c, q ⊙ e^G and A), sums in other
+//!   orders: version 2's tolerances. Under host emulation: the same errors as version 2.
 //! - Decode steps, gates, lower bounds: 1e-5 (f32: one formula per element, transcendentals
 //!   within a few ulp of libm's; the lower bounds in f64 on both sides); bf16 outputs rounded
 //!   once: 4e-3; the lower bound's gradient row (f32, fixed-order partial sums of 256 rows against

@@ -220,8 +220,9 @@ __device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i,
 // chunk takes two block barriers. Writes S_c to slot c of hs as the scan does (f32 [K][V], for the
 // backward), or with hs16 as bf16 Sᵀ [V][K] for gla_fwd_o_w (the forward rounds S_c to bf16 for
 // its product anyway: half the bytes, and K contiguous is its B operand's layout); the final state
-// to slot nch (in the same form) and to fin (f32). Grid (⌈V / GLA_WV⌉, ⌈K / KB⌉, B·H), GLA_WW warps; K and V multiples of 8 (rows
-// of 16-byte copies; the wrapper falls back to version 2 otherwise).
+// to slot nch (in the same form) and to fin (f32). Grid (⌈V / GLA_WV⌉, ⌈K / KB⌉, B·H), GLA_WW
+// warps; K and V multiples of 8 (rows of 16-byte copies; the wrapper falls back to version 2
+// otherwise).
 #define GLA_WW 4
 #define GLA_WSETS 3
 #define GLA_WV (16 * GLA_WW)

@@ -22,7 +22,9 @@
 // state passing gla_scan_fwd (the one sequential step, one thread per state element),
 // gla_scores (A), gla_fwd_o (o). Backward: the same states again, gla_chunk_h on (q, do) and the
 // reverse passing gla_scan_bwd (dH_c, the gradient of the state leaving chunk c), gla_dscores
-// (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there).
+// (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there). Version 3 (bf16)
+// replaces gla_chunk_h + gla_scan_fwd by the walk gla_walk_tc_k* and the forward's gla_fwd_o by
+// gla_fwd_o_w_k* (see there).
 
 #ifndef GLA_ONCE
 #define GLA_ONCE
@@ -204,6 +206,323 @@ __device__ __forceinline__ int gla_tc_col(int e) {
 }
 // x rounded to bf16 into a shared tile.
 __device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i, x); }
+
+// ---- Version 3's state passing (bf16 activations): the walk on tensor cores ----
+// Replaces gla_chunk_h_tc + gla_scan_fwd (which write every chunk's own state in f32, then read and
+// rewrite it all in the scan): the rows of S evolve independently (the decay is diagonal), so a
+// block takes KB rows (channels) of S and GLA_WV of its columns for one (b, h) and walks the
+// chunks in order, warp w holding Sᵀ [16 value columns, KB channels] in f32 registers in the mma
+// accumulator layout: S_{c+1}ᵀ = Sᵀ ⊙ e^{G_L} (per column) + Vᵀ K̃, K̃ = k ⊙ e^{G_L − G} (bf16,
+// as gla_chunk_h_tc rounds it), one mma chain per warp with fragments by ldmatrix. The next chunk's
+// two chunks' k, v and G tiles load by cp.async while this one computes (a ring of GLA_WSETS
+// sets: the walk is one chain of dependent chunks, so a load has two chunks' time to land); K̃
+// is made in place, so a
+// chunk takes two block barriers. Writes S_c to slot c of hs as the scan does (f32 [K][V], for the
+// backward), or with hs16 as bf16 Sᵀ [V][K] for gla_fwd_o_w (the forward rounds S_c to bf16 for
+// its product anyway: half the bytes, and K contiguous is its B operand's layout); the final state
+// to slot nch (in the same form) and to fin (f32). Grid (⌈V / GLA_WV⌉, ⌈K / KB⌉, B·H), GLA_WW
+// warps; K and V multiples of 8 (rows of 16-byte copies; the wrapper falls back to version 2
+// otherwise).
+#define GLA_WW 4
+#define GLA_WSETS 3
+#define GLA_WV (16 * GLA_WW)
+#ifndef FOX_HOST_EMU
+__device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void gla_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void gla_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void gla_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void gla_ldsm_x4(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+// Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
+__device__ __forceinline__ u32 gla_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#define GLA_WALK_SMEM                                        \
+    extern __shared__ __align__(16) unsigned char gla_wsm_[]; \
+    unsigned char* smem = gla_wsm_;
+#else
+inline void gla_cp16(void* dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
+inline void gla_cp_commit() { cp_async_commit(); }
+inline void gla_cp_wait_all() { cp_async_wait<0>(); }
+inline void gla_cp_wait_one() { cp_async_wait<1>(); }
+inline void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) { ldsm_x4_t(r, p); }
+inline void gla_ldsm_x4(u32 (&r)[4], const u16* p) { ldsm_x4(r, p); }
+inline u32 gla_bf2(float lo, float hi) {
+    u16 a, b;
+    st(&a, 0, lo);
+    st(&b, 0, hi);
+    return (u32)a | ((u32)b << 16);
+}
+#define GLA_WALK_SMEM unsigned char* smem = dyn_smem;
+#endif
+
+// Shared memory of the walk, bytes (cuda/gla.rs's walk_smem mirrors it): GLA_WSETS sets of k [64][KB],
+// v [64][GLA_WV] (bf16) and G [64][KB] (f32), rows padded so that ldmatrix's 8 rows fall in
+// distinct banks, then e^{G_L} [KB].
+template <int KB>
+struct GlaWalk {
+    static constexpr int LK = KB + 8, LV = GLA_WV + 8, LG = KB + 4;
+    static constexpr int TK = GLA_L * LK * 2, TV = GLA_L * LV * 2, TG = GLA_L * LG * 4;
+    static constexpr int SET = TK + TV + TG;
+    static constexpr int bytes = GLA_WSETS * SET + KB * 4;
+};
+
+template <int KB>
+__device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* init, const u16* k, const u16* v,
+                                         const float* G, const int* start, int T, int H, int K, int V, int nch,
+                                         int hs16) {
+    typedef GlaWalk<KB> Lw;
+    constexpr int NT = 32 * GLA_WW, LK = Lw::LK, LV = Lw::LV, LG = Lw::LG;
+    GLA_WALK_SMEM
+    auto Kb = [&](int i) { return (u16*)(smem + i * Lw::SET); };
+    auto Vb = [&](int i) { return (u16*)(smem + i * Lw::SET + Lw::TK); };
+    auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + Lw::TK + Lw::TV); };
+    float* el = (float*)(smem + GLA_WSETS * Lw::SET);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
+              m4 = lane >> 3;
+    const int bh = blockIdx.z, b = bh / H, h = bh % H, first = start ? start[b] : 0;
+    const int v0 = blockIdx.x * GLA_WV, vw = v0 + 16 * warp, k0 = blockIdx.y * KB;
+    const bool act = vw < V;
+    const long KV = (long)K * V;
+    float* hb = hs + (long)bh * (nch + 1) * KV;
+    u16* hb16 = (u16*)hs + (long)bh * (nch + 1) * KV;
+    // k and v rows are 0 at padding and past T, G's past T (unwritten there).
+    auto issue = [&](int c, int bi) {
+        const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+        u16* ks = Kb(bi);
+        u16* vs = Vb(bi);
+        float* gs = Gb(bi);
+        for (int i = threadIdx.x; i < GLA_L * (KB / 8); i += NT) {
+            const int r = i / (KB / 8), cc = i % (KB / 8) * 8, tt = t0 + r;
+            const bool ok = r < len && tt >= first && k0 + cc < K;
+            gla_cp16(ks + r * LK + cc, ok ? k + gla_row(b, tt, T, H, h) * K + k0 + cc : k, ok);
+        }
+        for (int i = threadIdx.x; i < GLA_L * (KB / 4); i += NT) {
+            const int r = i / (KB / 4), cc = i % (KB / 4) * 4;
+            const bool ok = r < len && k0 + cc < K;
+            gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + r, T, H, h) * K + k0 + cc : G, ok);
+        }
+        for (int i = threadIdx.x; i < GLA_L * (GLA_WV / 8); i += NT) {
+            const int r = i / (GLA_WV / 8), cc = i % (GLA_WV / 8) * 8, tt = t0 + r;
+            const bool ok = r < len && tt >= first && v0 + cc < V;
+            gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+        }
+        gla_cp_commit();
+    };
+    // s[n][·]: Sᵀ rows (value columns) vw + g (0, 1) and vw + g + 8 (2, 3), channels k0 + 8n + 2t + {0, 1}.
+    float s[KB / 8][4];
+#pragma unroll
+    for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+            s[n][r] = act && init && kd < K && vc < V ? init[(long)bh * KV + (long)kd * V + vc] : 0.0f;
+        }
+    // S out to slot c: f32 S [K][V], or bf16 Sᵀ [V][K] in channel pairs.
+    auto put = [&](int c) {
+#pragma unroll
+        for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int kd = k0 + n * 8 + 2 * t, vc = vw + g + rr * 8;
+                if (kd >= K || vc >= V) continue;
+                if (hs16) {
+                    *(u32*)(hb16 + (long)c * KV + (long)vc * K + kd) = gla_bf2(s[n][2 * rr], s[n][2 * rr + 1]);
+                } else {
+                    hb[(long)c * KV + (long)kd * V + vc] = s[n][2 * rr];
+                    hb[(long)c * KV + (long)(kd + 1) * V + vc] = s[n][2 * rr + 1];
+                }
+            }
+    };
+    issue(0, 0);
+    if (nch > 1) issue(1, 1);
+    for (int c = 0; c < nch; ++c) {
+        const int cur = c % GLA_WSETS, len = min(GLA_L, T - c * GLA_L);
+        // This chunk's tiles have landed (every thread's copies; the next chunk's may still be in
+        // flight), and after the barrier the set of chunk c − 1 is free for chunk c + 2.
+        if (c + 1 < nch)
+            gla_cp_wait_one();
+        else
+            gla_cp_wait_all();
+        __syncthreads();
+        if (c + 2 < nch) issue(c + 2, (c + 2) % GLA_WSETS);
+        u16* ks = Kb(cur);
+        const float* gs = Gb(cur);
+        const float* gl = gs + (len - 1) * LG;
+        // K̃ = k ⊙ e^{G_L − G} in place (every exponent ≤ 0; 0 where k is) and e^{G_L}.
+        for (int i = threadIdx.x; i < GLA_L * (KB / 2); i += NT) {
+            const int r = i / (KB / 2), cc = i % (KB / 2) * 2;
+            u32* p = (u32*)(ks + r * LK + cc);
+            const u32 w = *p;
+            const float* gr = gs + r * LG + cc;
+            *p = gla_bf2(__uint_as_float(w << 16) * __expf(gl[cc] - gr[0]),
+                         __uint_as_float(w & 0xffff0000u) * __expf(gl[cc + 1] - gr[1]));
+        }
+        if (threadIdx.x < KB) el[threadIdx.x] = __expf(gl[threadIdx.x]);
+        __syncthreads();
+        if (!act) continue;
+        put(c);
+#pragma unroll
+        for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) s[n][r] *= el[n * 8 + 2 * t + (r & 1)];
+        // Sᵀ += Vᵀ K̃: Vᵀ's A fragments from v [t][v] and K̃'s B fragments from [t][kc], both .trans.
+        const u16* vs = Vb(cur);
+#pragma unroll
+        for (int kk = 0; kk < GLA_L / 16; ++kk) {
+            u32 a[4];
+            gla_ldsm_x4_t(a, vs + (kk * 16 + (m4 >> 1) * 8 + j8) * LV + 16 * warp + (m4 & 1) * 8);
+#pragma unroll
+            for (int n2 = 0; n2 < KB / 16; ++n2) {
+                u32 bb[4];
+                gla_ldsm_x4_t(bb, ks + (kk * 16 + (m4 & 1) * 8 + j8) * LK + n2 * 16 + (m4 >> 1) * 8);
+                gla_mma(s[2 * n2], a, bb[0], bb[1]);
+                gla_mma(s[2 * n2 + 1], a, bb[2], bb[3]);
+            }
+        }
+    }
+    if (!act) return;
+    put(nch);
+    if (fin)
+#pragma unroll
+        for (int n = 0; n < KB / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = k0 + n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+                if (kd < K && vc < V) fin[(long)bh * KV + (long)kd * V + vc] = s[n][r];
+            }
+}
+#define GLA_WALK_KERNEL(KB)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * GLA_WW)                                                      \
+        gla_walk_tc_k##KB(float* hs, float* fin, const float* init, const u16* k, const u16* v, const float* G,     \
+                          const int* start, int T, int H, int K, int V, int nch, int hs16) {                       \
+        gla_walk<KB>(hs, fin, init, k, v, G, start, T, H, K, V, nch, hs16);                                        \
+    }
+GLA_WALK_KERNEL(16)
+GLA_WALK_KERNEL(32)
+GLA_WALK_KERNEL(64)
+
+// Version 3's output (bf16 activations): o[:, vb] = scale · ((q ⊙ e^G) S_c[:, vb] + A V[:, vb]) as
+// gla_fwd_o_tc, with S_c read as the walk's bf16 Sᵀ [V][K]. The S_c and v tiles load by cp.async
+// while the block makes q ⊙ e^G and A's bf16 tile from ordinary paired loads; fragments by
+// ldmatrix (S_c's and A's untransposed, v's .trans), o out in bf16 pairs. K ≤ KP; K and V
+// multiples of 8. Grid (⌈V/64⌉, chunks, B·H), 256 threads, GlaOutW<KP>::bytes of dynamic shared
+// memory; the warps share the 64 × 64 output as gla_tc_gemm's.
+template <int KP>
+struct GlaOutW {
+    static constexpr int LQ = KP + 8, LV = 64 + 8;
+    static constexpr int TQ = GLA_L * LQ * 2, TS = 64 * LQ * 2, TV = GLA_L * LV * 2, TA = GLA_L * LV * 2;
+    static constexpr int bytes = TQ + TS + TV + TA;
+};
+template <int KP>
+__device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16,
+                                            const float* A, const int* start, int T, int H, int K, int V, int nch,
+                                            float scale) {
+    typedef GlaOutW<KP> Lo;
+    constexpr int LQ = Lo::LQ, LV = Lo::LV;
+    GLA_WALK_SMEM
+    u16* qs = (u16*)smem;
+    u16* ss = (u16*)(smem + Lo::TQ);
+    u16* vs = (u16*)(smem + Lo::TQ + Lo::TS);
+    u16* as_ = (u16*)(smem + Lo::TQ + Lo::TS + Lo::TV);
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, v0 = vb * 64;
+    // Sᵀ rows v0.. (zero past V and past K) and v rows (zero at padding and past T).
+    const u16* S = hs16 + ((long)bh * (nch + 1) + c) * K * V;
+    for (int i = tid; i < 64 * (KP / 8); i += 256) {
+        const int r = i / (KP / 8), cc = i % (KP / 8) * 8;
+        const bool ok = v0 + r < V && cc < K;
+        gla_cp16(ss + r * LQ + cc, ok ? S + (long)(v0 + r) * K + cc : S, ok);
+    }
+    for (int i = tid; i < GLA_L * 8; i += 256) {
+        const int r = i / 8, cc = i % 8 * 8, tt = t0 + r;
+        const bool ok = r < len && tt >= first && v0 + cc < V;
+        gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+    }
+    gla_cp_commit();
+    // q ⊙ e^G (0 at padding, past T and past K) and A, as bf16 pairs.
+    for (int i = tid; i < GLA_L * (KP / 2); i += 256) {
+        const int r = i / (KP / 2), cc = i % (KP / 2) * 2, tt = t0 + r;
+        u32 w = 0;
+        if (r < len && tt >= first && cc < K) {
+            const long e = gla_row(b, tt, T, H, h) * K + cc;
+            const u32 qq = *(const u32*)(q + e);
+            const float2 gg = *(const float2*)(G + e);
+            w = gla_bf2(__uint_as_float(qq << 16) * __expf(gg.x), __uint_as_float(qq & 0xffff0000u) * __expf(gg.y));
+        }
+        *(u32*)(qs + r * LQ + cc) = w;
+    }
+    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
+    for (int i = tid; i < GLA_L * 32; i += 256) {
+        const int r = i / 32, cc = i % 32 * 2;
+        const float2 x = *(const float2*)(Ac + r * GLA_L + cc);
+        *(u32*)(as_ + r * LV + cc) = gla_bf2(x.x, x.y);
+    }
+    gla_cp_wait_all();
+    __syncthreads();
+    const int lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3, j8 = lane & 7, m4 = lane >> 3;
+    const int r0 = 16 * (w & 3), n0 = 32 * (w >> 2);
+    float acc[4][4] = {};
+    // (q ⊙ e^G) S_c: A fragments from [t][kc], B from Sᵀ [v][kc] (both untransposed).
+#pragma unroll
+    for (int kk = 0; kk < KP / 16; ++kk) {
+        u32 a[4];
+        gla_ldsm_x4(a, qs + (r0 + (m4 & 1) * 8 + j8) * LQ + kk * 16 + (m4 >> 1) * 8);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            u32 bb[4];
+            gla_ldsm_x4(bb, ss + (n0 + 16 * jj + (m4 >> 1) * 8 + j8) * LQ + kk * 16 + (m4 & 1) * 8);
+            gla_mma(acc[2 * jj], a, bb[0], bb[1]);
+            gla_mma(acc[2 * jj + 1], a, bb[2], bb[3]);
+        }
+    }
+    // A V: A's fragments from [i][j], v's from [j][v] (.trans).
+#pragma unroll
+    for (int kk = 0; kk < GLA_L / 16; ++kk) {
+        u32 a[4];
+        gla_ldsm_x4(a, as_ + (r0 + (m4 & 1) * 8 + j8) * LV + kk * 16 + (m4 >> 1) * 8);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            u32 bb[4];
+            gla_ldsm_x4_t(bb, vs + (kk * 16 + (m4 & 1) * 8 + j8) * LV + n0 + 16 * jj + (m4 >> 1) * 8);
+            gla_mma(acc[2 * jj], a, bb[0], bb[1]);
+            gla_mma(acc[2 * jj + 1], a, bb[2], bb[3]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int r = r0 + g + 8 * rr, vv = v0 + n0 + 8 * j + 2 * t, tt = t0 + r;
+            if (r >= len || vv >= V) continue;
+            const bool real = tt >= first;
+            *(u32*)(o + gla_row(b, tt, T, H, h) * V + vv) =
+                gla_bf2(real ? scale * acc[j][2 * rr] : 0.0f, real ? scale * acc[j][2 * rr + 1] : 0.0f);
+        }
+}
+#define GLA_OUT_W_KERNEL(KP)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        gla_fwd_o_w_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const float* A,    \
+                          const int* start, int T, int H, int K, int V, int nch, float scale) {                   \
+        gla_fwd_o_w<KP>(o, q, v, G, hs16, A, start, T, H, K, V, nch, scale);                                      \
+    }
+GLA_OUT_W_KERNEL(64)
+GLA_OUT_W_KERNEL(128)
 #endif  // GLA_ONCE
 
 // G [B, T, H, K] (f32) = the gate's inclusive prefix sums within each chunk, per channel; 0 at

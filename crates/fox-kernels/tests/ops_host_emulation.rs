@@ -86,9 +86,17 @@ fn delta_rule_kernels_under_host_emulation_with_late_copies() {
 
 /// The chunked GLA's forward, backward (every gradient, with and without a final state's
 /// gradient), bf16 forward and decode steps against an f64 reference, with left padding, an
-/// initial state, strong and weak decays, partial tiles and head widths 8 to 128; HGRN2's gates
-/// and lower bounds against plain loops.
+/// initial state, strong and weak decays, partial tiles and head widths 8 to 128, through versions
+/// 1, 2 and 3 (the walk at 16, 32 and 64 channels a block, its state continued in place); HGRN2's
+/// gates and lower bounds against plain loops.
 #[test]
 fn gla_kernels_under_host_emulation() {
     run_emulation("gla_emu.cpp", "gla_emu");
+}
+
+/// The same with every `cp.async` landing as late as the GPU may let it (MOCK_LATE_CP_ASYNC): the
+/// GLA walk's ring of tile sets and version 3's output kernel read no tile before its wait.
+#[test]
+fn gla_kernels_under_host_emulation_with_late_copies() {
+    run_emulation_with("gla_emu.cpp", "gla_emu_late", &["-DMOCK_LATE_CP_ASYNC"]);
 }

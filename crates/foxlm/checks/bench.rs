@@ -18,8 +18,8 @@ pub fn run(a: Args) -> Result<()> {
     }
 }
 
-/// `fox-attn bench-gla`'s timings: HGRN2's GLA at one shape, version 2 (tensor cores) on bf16 and
-/// version 1 on bf16 and f32.
+/// `fox-attn bench-gla`'s timings: HGRN2's GLA at one shape, versions 3 (the walk; its width from
+/// FOXLM_GLA_KB) and 2 (tensor cores) on bf16, version 1 on bf16 and f32.
 fn gla(a: GlaArgs) -> Result<()> {
     use fox_kernels::cuda::gla_check::bench;
     let gpu = match cuda::select(a.device)? {
@@ -27,11 +27,13 @@ fn gla(a: GlaArgs) -> Result<()> {
         cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
     };
     let [b, t, h, d] = a.shape[..] else { bail!("--shape takes B,T,H,D") };
-    for (what, bf, tc) in [("bf16, tensor cores", true, true), ("bf16, v1", true, false), ("f32, v1", false, false)] {
+    for (what, bf, version) in
+        [("bf16, v3 (walk)", true, 3), ("bf16, tensor cores", true, 2), ("bf16, v1", true, 1), ("f32, v1", false, 1)]
+    {
         let (fwd, fb) = if bf {
-            bench::<half::bf16>(&gpu, (b, t, h, d), a.warmup, a.iters, tc)?
+            bench::<half::bf16>(&gpu, (b, t, h, d), a.warmup, a.iters, version)?
         } else {
-            bench::<f32>(&gpu, (b, t, h, d), a.warmup, a.iters, tc)?
+            bench::<f32>(&gpu, (b, t, h, d), a.warmup, a.iters, version)?
         };
         println!(
             "GLA on {}, [B, T, H, K = V] = ({b}, {t}, {h}, {d}), {what}: forward {fwd:.3} ms, forward + backward \

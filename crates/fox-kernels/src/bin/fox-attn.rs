@@ -275,13 +275,18 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 6, 128),
             };
-            // Version 2 (tensor cores, bf16's default), version 1 on bf16 and on f32.
-            for (what, bf, tc) in [("bf16, tensor cores", true, true), ("bf16, v1", true, false), ("f32, v1", false, false)]
+            // Version 3 (the walk, FOXLM_GLA_KB's width), version 2 (tensor cores, bf16's default), version 1 on bf16 and f32.
+            for (what, bf, version) in [
+                ("bf16, v3 (walk)", true, 3),
+                ("bf16, tensor cores", true, 2),
+                ("bf16, v1", true, 1),
+                ("f32, v1", false, 1),
+            ]
             {
                 let (fwd, fb) = if bf {
-                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, tc)?
+                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, version)?
                 } else {
-                    gla_check::bench::<f32>(&gpu, shape, 3, 20, tc)?
+                    gla_check::bench::<f32>(&gpu, shape, 3, 20, version)?
                 };
                 println!(
                     "GLA on {}, [B, T, H, K = V] = {shape:?}, {what}: forward {fwd:.3} ms, forward + backward \

@@ -13,7 +13,10 @@
 //! tensor cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's,
 //! the output's state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of
 //! dq and dk; the intra-chunk scores and the intra-chunk terms of dq and dk (each with its
-//! decays) stay on CUDA cores in f32, as does the state passing.
+//! decays) stay on CUDA cores in f32, as does the state passing. Version 3 (bf16, opt-in while
+//! unchecked on a GPU; see [`uses_walk`]) is version 2 with the state passing as one walk over
+//! the chunks on tensor cores (the state in registers) and, in the forward, bf16 chunk states read
+//! by its own output kernel.
 
 use super::compile::GLA;
 use super::kargs::{self, Arg};
@@ -53,6 +56,17 @@ fn kname<T: Elem>(base: &str) -> String {
 }
 
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
+    launch_with(gpu, name, grid, 256, smem, args)
+}
+
+fn launch_with(
+    gpu: &Gpu,
+    name: &str,
+    grid: (usize, usize, usize),
+    threads: u32,
+    smem: usize,
+    args: &[Arg],
+) -> Result<()> {
     let (x, y, z) = grid;
     ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
     ensure!(y > 0 && y <= 65535 && z > 0 && z <= 65535, "{name}: launch of ({x}, {y}, {z}) blocks is out of range");
@@ -66,7 +80,7 @@ fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args:
     }
     let cfg = LaunchConfig {
         grid_dim: (x as u32, y as u32, z as u32),
-        block_dim: (256, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     kargs::launch(gpu, &GLA, name, cfg, args)
@@ -92,6 +106,9 @@ pub struct DevGla<'a, T: Elem = f32> {
     pub start: Option<&'a CudaSlice<i32>>,
     /// Version 2 (tensor cores) or 1; none: [`uses_tensor_cores`]'s choice.
     pub tensor_cores: Option<bool>,
+    /// Version 3: version 2 with the state passing as one walk over the chunks (see
+    /// [`uses_walk`]); none: as the environment says (`FOXLM_GLA=v3`).
+    pub walk: Option<bool>,
 }
 
 /// Whether `p` runs on tensor cores (version 2): as `p.tensor_cores` says, else for bf16
@@ -101,6 +118,49 @@ pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
     let v1 = *FORCE_V1.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v1"));
     p.tensor_cores.unwrap_or(T::NAME == "bf16" && !v1)
 }
+
+/// Whether `p`'s states pass as version 3's walk (`gla_walk_tc_k*`: per (b, h, KB channels, 64 value
+/// columns) a block walks the chunks in order with its part of the state in registers, instead of
+/// gla_chunk_h_tc's per-chunk states and gla_scan_fwd's f32 passing over them): on tensor cores
+/// with bf16 activations, K and V multiples of 8 (the rows load as 16-byte copies), when
+/// `p.walk` says so, else when the environment sets `FOXLM_GLA=v3`. Not yet the default: it
+/// has not run on a GPU (docs/gpu.md, "HGRN2 on the GPU").
+pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
+    static V3: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v3 = *V3.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v3"));
+    uses_tensor_cores(p)
+        && T::NAME == "bf16"
+        && p.k_dim.is_multiple_of(8)
+        && p.v_dim.is_multiple_of(8)
+        && p.walk.unwrap_or(v3)
+}
+
+/// Channels per block of the walk: `FOXLM_GLA_KB` = 16, 32 (the default) or 64 (its variants,
+/// to time them in one process); KB = 16 gives the most blocks, 64 reads v the fewest times.
+fn walk_kb() -> usize {
+    static KB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KB.get_or_init(|| match std::env::var("FOXLM_GLA_KB").ok().as_deref() {
+        Some("16") => 16,
+        Some("64") => 64,
+        _ => 32,
+    })
+}
+
+/// Dynamic shared memory of gla_walk_tc_k`kb` (kernels/gla.cu's GlaWalk): three sets (GLA_WSETS)
+/// of k [64][kb + 8] and v [64][72] (bf16) and G [64][kb + 4] (f32), then e^{G_L} [kb].
+fn walk_smem(kb: usize) -> usize {
+    let set = CHUNK * (kb + 8) * 2 + CHUNK * (WALK_V + 8) * 2 + CHUNK * (kb + 4) * 4;
+    3 * set + kb * 4
+}
+
+/// Dynamic shared memory of gla_fwd_o_w_k`kp` (kernels/gla.cu's GlaOutW): q ⊙ e^G [64][kp + 8],
+/// Sᵀ [64][kp + 8], v [64][72] and A [64][72], all bf16.
+fn out_w_smem(kp: usize) -> usize {
+    2 * (CHUNK * (kp + 8) * 2) + 2 * (CHUNK * 72 * 2)
+}
+
+/// Value columns per block of the walk (GLA_WV), 16 per warp.
+const WALK_V: usize = 64;
 
 /// Kernel `base` of the version `p` runs (version 2's are `base`_tc).
 fn vname<T: Elem>(p: &DevGla<T>, base: &str) -> String {
@@ -188,14 +248,69 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 }
 
 /// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
-/// into slot nch and `fin`), and with `scores` the chunk scores A.
-fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, scores: bool) -> Result<()> {
+/// into slot nch and `fin`), and with `scores` the chunk scores A. With `bf16_states` (the walk
+/// only) the slots hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V].
+fn states<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    s: &Parts,
+    init: u64,
+    fin: u64,
+    scores: bool,
+    bf16_states: bool,
+) -> Result<()> {
     let op = "gla";
     let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
     let start = opt_ptr(gpu, p.start);
     let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
     let args = [Arg::P(s.cum), Arg::P(ptr(gpu, p.g)), Arg::P(start), Arg::I(ti), Arg::I(hi), Arg::I(ki)];
     launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)?;
+    if uses_walk(p) {
+        let kb = walk_kb();
+        let args = [
+            Arg::P(s.hs),
+            Arg::P(fin),
+            Arg::P(init),
+            Arg::P(ptr(gpu, p.k)),
+            Arg::P(ptr(gpu, p.v)),
+            Arg::P(s.cum),
+            Arg::P(start),
+            Arg::I(ti),
+            Arg::I(hi),
+            Arg::I(ki),
+            Arg::I(vi),
+            Arg::I(int(op, nch)?),
+            Arg::I(i32::from(bf16_states)),
+        ];
+        let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
+        launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)?;
+    } else {
+        chunk_states(gpu, p, s, init, fin)?;
+    }
+    if scores {
+        let args = [
+            Arg::P(s.scores),
+            Arg::P(ptr(gpu, p.q)),
+            Arg::P(ptr(gpu, p.k)),
+            Arg::P(s.cum),
+            Arg::P(start),
+            Arg::I(ti),
+            Arg::I(hi),
+            Arg::I(ki),
+            Arg::I(int(op, nch)?),
+        ];
+        launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)?;
+    }
+    Ok(())
+}
+
+/// Versions 1 and 2's state passing: each chunk's own state (gla_chunk_h), then the sequential
+/// gla_scan_fwd turning slot c into the state entering chunk c.
+fn chunk_states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let start = opt_ptr(gpu, p.start);
+    let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
     let tiles = kd.div_ceil(64) * vd.div_ceil(64);
     let args = [
         Arg::P(s.hs),
@@ -225,20 +340,6 @@ fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, sco
         Arg::I(int(op, nch)?),
     ];
     launch(gpu, "gla_scan_fwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
-    if scores {
-        let args = [
-            Arg::P(s.scores),
-            Arg::P(ptr(gpu, p.q)),
-            Arg::P(ptr(gpu, p.k)),
-            Arg::P(s.cum),
-            Arg::P(start),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(ki),
-            Arg::I(int(op, nch)?),
-        ];
-        launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)?;
-    }
     Ok(())
 }
 
@@ -298,7 +399,29 @@ fn fwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    states(gpu, p, &s, init, fin, true)?;
+    // Version 3's output kernel takes K ≤ 128 (its tiles); wider keys keep version 2's.
+    let walk_out = uses_walk(p) && kd <= 128;
+    states(gpu, p, &s, init, fin, true, walk_out)?;
+    if walk_out {
+        let kp = if kd <= 64 { 64 } else { 128 };
+        let args = [
+            Arg::P(ptr(gpu, o)),
+            Arg::P(ptr(gpu, p.q)),
+            Arg::P(ptr(gpu, p.v)),
+            Arg::P(s.cum),
+            Arg::P(s.hs),
+            Arg::P(s.scores),
+            Arg::P(opt_ptr(gpu, p.start)),
+            Arg::I(int(op, t)?),
+            Arg::I(int(op, h)?),
+            Arg::I(int(op, kd)?),
+            Arg::I(int(op, vd)?),
+            Arg::I(int(op, nch)?),
+            Arg::F(p.scale),
+        ];
+        let name = format!("gla_fwd_o_w_k{kp}");
+        return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
+    }
     let args = [
         Arg::P(ptr(gpu, o)),
         Arg::P(ptr(gpu, p.q)),
@@ -352,7 +475,7 @@ pub fn gla_bwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    states(gpu, p, &s, opt_ptr(gpu, init), 0, true)?;
+    states(gpu, p, &s, opt_ptr(gpu, init), 0, true, false)?;
     let start = opt_ptr(gpu, p.start);
     let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
     let pdo = ptr(gpu, dout);

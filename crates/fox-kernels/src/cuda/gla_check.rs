@@ -23,6 +23,9 @@
 //!   rms of 1.1e-3, in sums whose terms do not cancel: 1e-2 for every output and state; the gate's
 //!   gradient, a difference of such sums (q·dq − k·dk) summed again, 3e-2. Under host emulation
 //!   (PTX's fragment layouts): ≤ 2.9e-3, dg ≤ 9.7e-3 with strong decays.
+//! - bf16, version 3 (`walk: Some(true)`): version 2's roundings (the walk rounds k ⊙ e^{G_L − G}
+//!   and v as version 2's chunk states do, its output kernel S_c, q ⊙ e^G and A), sums in other
+//!   orders: version 2's tolerances. Under host emulation: the same errors as version 2.
 //! - Decode steps, gates, lower bounds: 1e-5 (f32: one formula per element, transcendentals
 //!   within a few ulp of libm's; the lower bounds in f64 on both sides); bf16 outputs rounded
 //!   once: 4e-3; the lower bound's gradient row (f32, fixed-order partial sums of 256 rows against
@@ -79,8 +82,10 @@ fn inputs<T: Elem>(c: &mut Ctx, s: &Shape) -> [Vec<f32>; 4] {
     [rounded::<T>(c.randn(n, 1.0)), k, rounded::<T>(c.randn(n, 1.0)), g]
 }
 
-/// One case in T through version 2 (`tc`, tensor cores) or 1.
-fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, tc: bool) -> Result<()> {
+/// One case in T through `version` 1, 2 (tensor cores) or 3 (version 2 with the walk's state
+/// passing; bf16 only).
+fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<()> {
+    let tc = version >= 2;
     let (b, t, h, d) = (s.b, s.t, s.h, s.d);
     let [q, k, v, g] = inputs::<T>(c, s);
     let ns = b * h * d * d;
@@ -118,6 +123,7 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, tc: bool) -> Result<()>
         scale,
         start: gstart.as_ref(),
         tensor_cores: Some(tc),
+        walk: Some(version == 3),
     };
     let bf = T::NAME == "bf16";
     // Outputs in T (o, dq, dk, dv, dg) and in f32 (states, dinit).
@@ -226,6 +232,7 @@ fn decode_case(c: &mut Ctx, name: &str, d: usize) -> Result<()> {
             scale: cpu.scale,
             start: Some(&dstart),
             tensor_cores: None,
+            walk: None,
         };
         let mut go = gpu.zeros::<f32>(o.len())?;
         gla::gla_decode_step(gpu, &dev, &mut gstate, &mut go)?;
@@ -387,9 +394,11 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
         ("B1 T90 H1 K=V=80 init", Shape { b: 1, t: 90, h: 1, d: 80, start: None, init: true, gate: (2.0, 1.5) }),
     ];
     for (shape, s) in &shapes {
-        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, false));
-        case(&mut c, &format!("gla bf16 v1 {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, false));
-        case(&mut c, &format!("gla bf16 tc {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, true));
+        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, 1));
+        case(&mut c, &format!("gla bf16 v1 {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 1));
+        case(&mut c, &format!("gla bf16 tc {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 2));
+        // Version 3 (the walk's block width as FOXLM_GLA_KB says: run check-ops once per width).
+        case(&mut c, &format!("gla bf16 v3 {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 3));
     }
     for d in [32, 128] {
         case(&mut c, &format!("gla decode B2 H3 K=V={d}"), |c, n| decode_case(c, n, d));
@@ -405,14 +414,15 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
 /// [B, T, H, K = V] on random inputs (g = logsigmoid of N(0, 1) + 2), no initial state, in T,
-/// through version 2 (`tc`: tensor cores) or 1.
+/// through `version` 1, 2 (tensor cores) or 3 (version 2 with the walk).
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     (b, t, h, d): (usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
-    tc: bool,
+    version: u8,
 ) -> Result<(f64, f64)> {
+    let tc = version >= 2;
     let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
     let s = Shape { b, t, h, d, start: None, init: false, gate: (2.0, 1.0) };
     let [q, k, v, g] = inputs::<T>(&mut c, &s);
@@ -430,6 +440,7 @@ pub fn bench<T: Elem>(
         scale: 1.0 / (d as f32).sqrt(),
         start: None,
         tensor_cores: Some(tc),
+        walk: Some(version == 3),
     };
     let n = q.len();
     let mut o = gpu.zeros::<T>(n)?;

@@ -28,7 +28,8 @@ typedef unsigned long long u64;
 struct dim3e { unsigned x = 0, y = 0, z = 0; };
 thread_local dim3e threadIdx;
 dim3e blockIdx, blockDim, gridDim;
-struct float4 { float x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
 struct uint2 { u32 x, y; };
 struct uint4 { u32 x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }

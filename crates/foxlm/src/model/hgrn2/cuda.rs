@@ -80,6 +80,7 @@ fn problem<'a, T: Elem>(
         scale: 1.0 / (s.head_dim as f32).sqrt(),
         start: b.chunk_start(),
         tensor_cores: None,
+        walk: None,
     }
 }
 

@@ -1440,15 +1440,7 @@ mod tests {
         Config::load(&p.join("config.json")).unwrap()
     }
 
-    const VARIANTS: [&str; 7] = [
-        "fox_llama",
-        "fox_pro",
-        "fox_pro_shared_qknorm",
-        "fox_bias_only",
-        "fox_fixed",
-        "transformer_llama",
-        "transformer_pro",
-    ];
+    use crate::presets::OFFICIAL_FIXTURES as VARIANTS;
 
     fn err(c: &Config) -> String {
         format!("{:#}", c.validate().unwrap_err())

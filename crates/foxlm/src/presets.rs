@@ -16,6 +16,18 @@ use crate::tokenizer::{BOS_ID, EOS_ID, GPT2_VOCAB};
 use crate::train::TrainConfig;
 use anyhow::{bail, Result};
 
+/// The authors' seven tiny reference models, by their folder names under
+/// tests/fixtures/official-fox-tiny: what the fixture tests and the GPU check compare against.
+pub const OFFICIAL_FIXTURES: [&str; 7] = [
+    "fox_llama",
+    "fox_pro",
+    "fox_pro_shared_qknorm",
+    "fox_bias_only",
+    "fox_fixed",
+    "transformer_llama",
+    "transformer_pro",
+];
+
 /// The four architectures of SPEC §2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {

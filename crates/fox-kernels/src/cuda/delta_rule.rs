@@ -334,6 +334,18 @@ fn rows16<T>(dim: usize) -> bool {
 }
 
 /// The scratch's regions as device addresses.
+/// The backward's incoming gradient and the gradients it writes (dinit apart: only the backward
+/// proper takes it); dO's 16-byte alignment decides the vector loads with the others.
+fn with_grads<T: Elem>(gpu: &Gpu, prm: &mut Params, dout: &CudaSlice<T>, g: &DevDeltaRuleGrads<T>) {
+    prm.dout = ptr(gpu, dout);
+    prm.vv &= prm.dout.is_multiple_of(16) as i32;
+    prm.dq = ptr(gpu, g.dq);
+    prm.dk = ptr(gpu, g.dk);
+    prm.dv = ptr(gpu, g.dv);
+    prm.dbeta = ptr(gpu, g.dbeta);
+    prm.dg = g.dg.as_ref().map_or(0, |d| ptr(gpu, *d));
+}
+
 fn with_scratch(prm: &mut Params, base: u64, lay: &Layout, bwd: bool) {
     prm.gc = base + lay.gc as u64;
     prm.w = base + lay.w as u64;
@@ -436,13 +448,7 @@ pub fn delta_rule_bwd<T: Elem>(
     prm.init = opt_ptr(gpu, init);
     prm.dfin = opt_ptr(gpu, dfinal);
     prm.dinit = g.dinit.as_ref().map_or(0, |d| ptr(gpu, *d));
-    prm.dout = ptr(gpu, dout);
-    prm.vv &= prm.dout.is_multiple_of(16) as i32;
-    prm.dq = ptr(gpu, g.dq);
-    prm.dk = ptr(gpu, g.dk);
-    prm.dv = ptr(gpu, g.dv);
-    prm.dbeta = ptr(gpu, g.dbeta);
-    prm.dg = g.dg.as_ref().map_or(0, |d| ptr(gpu, *d));
+    with_grads(gpu, &mut prm, dout, &g);
     with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
     prep_and_walk(gpu, p, &prm, &lay, true)?;
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
@@ -475,13 +481,7 @@ pub fn kernel_ms<T: Elem>(
     let mut prm = p.params(gpu, &lay)?;
     with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
     prm.o = ptr(gpu, o);
-    prm.dout = ptr(gpu, dout);
-    prm.vv &= prm.dout.is_multiple_of(16) as i32;
-    prm.dq = ptr(gpu, g.dq);
-    prm.dk = ptr(gpu, g.dk);
-    prm.dv = ptr(gpu, g.dv);
-    prm.dbeta = ptr(gpu, g.dbeta);
-    prm.dg = g.dg.as_ref().map_or(0, |d| ptr(gpu, *d));
+    with_grads(gpu, &mut prm, dout, &g);
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let mut out = [0.0; 6];

@@ -123,20 +123,7 @@ pub fn run_dist_checks(data: &Path, work: &Path, steps: u64, run: &RunConfig) ->
     for d in ["dist-plain", "dist-1", "dist-1-stop", "dist-1-cpu", "dist-2", "dist-2-stop", "dist-kill"] {
         let _ = std::fs::remove_dir_all(dir(d));
     }
-    let opts = |out: &str, device: DeviceArg| TrainOptions {
-        data: data.to_path_buf(),
-        out: dir(out),
-        resume: false,
-        progress: false,
-        stop_after: None,
-        verbose: false,
-        device,
-        dtype: None,
-        recompute: false,
-        dist: None,
-        init_from: None,
-        tensorboard: None,
-    };
+    let opts = |out: &str, device: DeviceArg| TrainOptions::new(data, dir(out), device);
     // One rank through NCCL against the plain single-GPU trainer: the same arithmetic.
     let t0 = Instant::now();
     train(Some(run.clone()), &opts("dist-plain", DeviceArg::Cuda(0)))?;

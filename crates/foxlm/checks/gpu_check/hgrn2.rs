@@ -12,11 +12,10 @@
 //! and in chunks of 64, greedy continuations alone and as a padded row, a bf16 decode step as a
 //! CUDA graph (heads of 128), per-position losses; the tolerances of the other models.
 
-use super::{fixture_ids, model_rows, CheckModel};
+use super::{model_rows, CheckModel};
 use anyhow::Result;
 use fox_kernels::cuda::check::CheckRow;
 use fox_kernels::cuda::Gpu;
-use foxlm::checkpoint::load_model;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,20 +25,12 @@ const SLOW_LOWER_BOUND: f32 = 6.0;
 /// The HGRN2 check models; the fixtures are found beside `fixtures` (tests/fixtures/official-fox-tiny).
 pub fn models(fixtures: &Path) -> Result<Vec<CheckModel>> {
     let root = fixtures.parent().unwrap_or(fixtures);
-    let mut out = Vec::new();
-    for (name, dir) in
-        [("hgrn2 fla fixture", "fla-hgrn2-tiny/hgrn2"), ("hgrn2 short-conv fixture", "numpy-hgrn2-conv-tiny")]
-    {
-        let dir = root.join(dir);
-        let model = load_model(&dir)?;
-        let (b, t, ids) = fixture_ids(&dir)?;
-        out.push(CheckModel { name: name.into(), model, b, t, ids, start: vec![0, 30] });
-    }
-    let mut cfg = foxlm::presets::hgrn2_config(256, 2, 128);
-    cfg.vocab_size = 512;
-    (cfg.bos_token_id, cfg.eos_token_id) = (None, None);
-    cfg.validate()?;
-    let mut model = foxlm::train::init_model(&cfg, 11);
+    let mut out = CheckModel::from_fixtures(
+        root,
+        &[("hgrn2 fla fixture", "fla-hgrn2-tiny/hgrn2"), ("hgrn2 short-conv fixture", "numpy-hgrn2-conv-tiny")],
+    )?;
+    let mut m = CheckModel::initialised("hgrn2 d=256 heads of 128", foxlm::presets::hgrn2_config(256, 2, 128))?;
+    let model = &mut m.model;
     // Initialised, every gate forgets within some 50 positions, and nothing of the first 30 reaches
     // the last: every other channel of layer 1 gets a lower bound near 1 (raw 6 against layer 0's
     // 0: lb = 0.9975, g ≥ −0.0025), so that its state carries the whole sequence.
@@ -47,9 +38,7 @@ pub fn models(fixtures: &Path) -> Result<Vec<CheckModel>> {
     for (c, x) in model.params.tensors[id.0].data[256..].iter_mut().enumerate() {
         *x = if c % 2 == 0 { SLOW_LOWER_BOUND } else { 0.0 };
     }
-    let t = 200;
-    let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
-    out.push(CheckModel { name: "hgrn2 d=256 heads of 128".into(), model, b: 2, t, ids, start: vec![0, 30] });
+    out.push(m);
     Ok(out)
 }
 

@@ -27,15 +27,7 @@ pub mod infer;
 pub mod serve;
 pub use command::run;
 
-pub const VARIANTS: [&str; 7] = [
-    "fox_llama",
-    "fox_pro",
-    "fox_pro_shared_qknorm",
-    "fox_bias_only",
-    "fox_fixed",
-    "transformer_llama",
-    "transformer_pro",
-];
+pub use foxlm::presets::OFFICIAL_FIXTURES as VARIANTS;
 
 /// Logits [B·T, V] of the model on the GPU with activations in T.
 pub fn gpu_logits<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>> {
@@ -168,27 +160,15 @@ fn fixture_ids(dir: &Path) -> Result<(usize, usize, Vec<u32>)> {
 /// left-padded by 30.
 pub fn recurrent_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
     let root = fixtures.parent().unwrap_or(fixtures);
-    let mut out = Vec::new();
-    for (name, dir) in
-        [("mamba2 fixture", "official-mamba2-tiny/mamba2"), ("samba fixture", "official-samba-tiny/samba")]
-    {
-        let dir = root.join(dir);
-        let model = load_model(&dir)?;
-        let (b, t, ids) = fixture_ids(&dir)?;
-        out.push(CheckModel { name: name.into(), model, b, t, ids, start: vec![0, 30] });
-    }
+    let mut out = CheckModel::from_fixtures(
+        root,
+        &[("mamba2 fixture", "official-mamba2-tiny/mamba2"), ("samba fixture", "official-samba-tiny/samba")],
+    )?;
     let mut m2 = load_model(&root.join("official-mamba2-tiny/mamba2"))?.config;
-    (m2.hidden_size, m2.num_heads, m2.ssm_head_dim, m2.state_size, m2.vocab_size) = (128, 4, Some(64), Some(128), 512);
-    let mut sb = foxlm::presets::samba_config(128, 4, 2, 64);
-    sb.vocab_size = 512;
-    (sb.bos_token_id, sb.eos_token_id) = (None, None);
-    let t = 200;
-    let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
-    for (name, cfg) in [("mamba2 P=64 N=128", m2), ("samba d=128 attention heads of 64 window=64", sb)] {
-        cfg.validate()?;
-        let model = foxlm::train::init_model(&cfg, 11);
-        out.push(CheckModel { name: name.into(), model, b: 2, t, ids: ids.clone(), start: vec![0, 30] });
-    }
+    (m2.hidden_size, m2.num_heads, m2.ssm_head_dim, m2.state_size) = (128, 4, Some(64), Some(128));
+    out.push(CheckModel::initialised("mamba2 P=64 N=128", m2)?);
+    let sb = foxlm::presets::samba_config(128, 4, 2, 64);
+    out.push(CheckModel::initialised("samba d=128 attention heads of 64 window=64", sb)?);
     Ok(out)
 }
 
@@ -207,8 +187,6 @@ pub fn recurrent_models(fixtures: &Path) -> Result<Vec<CheckModel>> {
 /// tensor-core products: decoding them one position per step (the delta rule in f32 on an f32
 /// state) differs from the CPU as much (logits RMS 0.025 / 0.031 against 0.027 / 0.031 chunked).
 pub fn deltanet_models() -> Result<Vec<CheckModel>> {
-    let t = 200;
-    let ids: Vec<u32> = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
     let mut out = Vec::new();
     for (name, d, heads, gated) in [
         ("deltanet d=32 heads of 16", 32, 2, false),
@@ -220,11 +198,7 @@ pub fn deltanet_models() -> Result<Vec<CheckModel>> {
         if d == 32 && gated {
             (cfg.ssm_head_dim, cfg.expand_v) = (Some(8), Some(2.0));
         }
-        cfg.vocab_size = 512;
-        (cfg.bos_token_id, cfg.eos_token_id) = (None, None);
-        cfg.validate()?;
-        let model = foxlm::train::init_model(&cfg, 11);
-        out.push(CheckModel { name: name.into(), model, b: 2, t, ids: ids.clone(), start: vec![0, 30] });
+        out.push(CheckModel::initialised(name, cfg)?);
     }
     Ok(out)
 }
@@ -238,6 +212,39 @@ pub struct CheckModel {
     pub t: usize,
     pub ids: Vec<u32>,
     pub start: Vec<usize>,
+}
+
+impl CheckModel {
+    /// The fixtures' models under `root` (name, folder), each on its own ids with row 1
+    /// left-padded by 30.
+    pub fn from_fixtures(root: &Path, list: &[(&str, &str)]) -> Result<Vec<CheckModel>> {
+        list.iter()
+            .map(|&(name, dir)| {
+                let dir = root.join(dir);
+                let model = load_model(&dir)?;
+                let (b, t, ids) = fixture_ids(&dir)?;
+                Ok(CheckModel { name: name.into(), model, b, t, ids, start: vec![0, 30] })
+            })
+            .collect()
+    }
+
+    /// A model of `cfg` with vocabulary 512 and no BOS/EOS, initialised as for training (seed 11),
+    /// over 2 × 200 positions (four chunks of 64, the last partial), row 1 left-padded by 30.
+    pub fn initialised(name: &str, mut cfg: foxlm::config::Config) -> Result<CheckModel> {
+        cfg.vocab_size = 512;
+        (cfg.bos_token_id, cfg.eos_token_id) = (None, None);
+        cfg.validate()?;
+        let t = 200;
+        let ids = (0..2 * t).map(|i| ((i * 7919 + 13) % 512) as u32).collect();
+        Ok(CheckModel {
+            name: name.into(),
+            model: foxlm::train::init_model(&cfg, 11),
+            b: 2,
+            t,
+            ids,
+            start: vec![0, 30],
+        })
+    }
 }
 
 /// Forget-gate bias of the slow heads of [`gqa_window_models`]: σ(5) = 0.9933, so a key 120

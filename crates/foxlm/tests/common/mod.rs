@@ -4,16 +4,8 @@ use foxlm::model::Model;
 use std::path::PathBuf;
 
 /// The official-fox-tiny fixtures: the authors' FoX and Transformer variants.
-#[allow(dead_code)]
-pub const VARIANTS: [&str; 7] = [
-    "fox_llama",
-    "fox_pro",
-    "fox_pro_shared_qknorm",
-    "fox_bias_only",
-    "fox_fixed",
-    "transformer_llama",
-    "transformer_pro",
-];
+#[allow(unused_imports)]
+pub use foxlm::presets::OFFICIAL_FIXTURES as VARIANTS;
 
 /// The folder of an official-fox-tiny fixture.
 #[allow(dead_code)]

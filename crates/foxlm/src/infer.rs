@@ -37,6 +37,30 @@ pub struct Plan {
     pub chunk: usize,
 }
 
+impl Plan {
+    /// Whether a forward of `b` rows × `t` positions fits buffers planned for `self`. They are
+    /// sized by rows (batch × chunk) except Mamba's saved chunk states (b × ⌈t / 64⌉), so fewer
+    /// rows than planned may take longer chunks.
+    pub fn fits(&self, b: usize, t: usize) -> bool {
+        let chunks = fox_kernels::selective_scan::chunks;
+        b <= self.batch
+            && b.checked_mul(t).is_some_and(|n| n <= self.batch.saturating_mul(self.chunk))
+            && b.saturating_mul(chunks(t)) <= self.batch.saturating_mul(chunks(self.chunk))
+    }
+
+    /// The longest prefill chunk for `b` rows: the planned positions (batch × chunk) over the
+    /// rows, in whole 64-position blocks, where that is longer than the planned chunk.
+    pub fn widest_chunk(&self, b: usize) -> usize {
+        let block = fox_kernels::selective_scan::CHUNK;
+        let wide = self.batch.saturating_mul(self.chunk) / b.max(1) / block * block;
+        if wide > self.chunk && self.fits(b.max(1), wide) {
+            wide
+        } else {
+            self.chunk
+        }
+    }
+}
+
 /// Timings of one generation ([`GpuInfer::timed_generate`]).
 pub struct Timed {
     pub prefill_s: f64,
@@ -320,9 +344,26 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 "left padding of {most} positions exceeds a prefill chunk of {tc}: batch prompts of closer lengths"
             );
         }
-        ensure!(tc >= 1 && tc <= self.plan.chunk && p0 + tc <= t, "a prefill chunk of {tc} at {p0} of {t}");
+        ensure!(
+            tc >= 1 && p0 + tc <= t && self.plan.fits(b, tc),
+            "a prefill chunk of {b} × {tc} at {p0} of {t}; the engine was planned for {} × {}",
+            self.plan.batch,
+            self.plan.chunk
+        );
         let cid = Self::chunk_ids(ids, b, t, p0, tc);
         self.forward(&cid, b, tc, start, None, Some(caches), false)
+    }
+
+    /// One forward of the left-padded prompts `ids` [b, t] without a cache (scoring: nothing
+    /// continues from them); the hidden states stay in `acts`.
+    pub(crate) fn forward_uncached(&mut self, ids: &[u32], b: usize, t: usize, start: Option<&[usize]>) -> Result<()> {
+        ensure!(
+            self.plan.fits(b, t),
+            "a forward of {b} × {t}; the engine was planned for {} × {}",
+            self.plan.batch,
+            self.plan.chunk
+        );
+        self.forward(ids, b, t, start, None, None, false)
     }
 
     /// The model this engine runs.
@@ -806,5 +847,30 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
             out.blocks.push(crate::model::BlockActs::with_mixer(crate::model::MixerActs::Attention(a)));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plan;
+
+    #[test]
+    fn a_group_of_fewer_rows_takes_longer_chunks() {
+        // Serving's default plan: 32 slots of 512 positions (16,384 rows of a forward).
+        let p = Plan { batch: 32, chunk: 512 };
+        assert_eq!(p.widest_chunk(32), 512);
+        assert_eq!(p.widest_chunk(4), 4096);
+        assert_eq!(p.widest_chunk(1), 16384);
+        // Whole 64-position blocks: 16384 / 3 = 5461 → 5440.
+        assert_eq!(p.widest_chunk(3), 5440);
+        assert!(p.fits(3, 5440) && p.fits(4, 4096) && p.fits(32, 512));
+        assert!(!p.fits(4, 4097) && !p.fits(33, 1) && !p.fits(32, 513));
+        // Mamba's chunk states: 3 rows of 5461 would be 3 × 86 = 258 blocks of 64 > 256 planned.
+        assert!(!p.fits(3, 5461));
+        // A plan whose chunk is not a whole block: 5 × 100 rows; 250 each for 2 rows, in blocks.
+        let q = Plan { batch: 5, chunk: 100 };
+        assert_eq!(q.widest_chunk(5), 100);
+        assert_eq!(q.widest_chunk(2), 192);
+        assert!(!q.fits(1, usize::MAX));
     }
 }

@@ -218,7 +218,22 @@ fn model_rows(gpu: &Arc<Gpu>, name: &str, dir: &Path) -> Result<Vec<CheckRow>> {
 
     // Echoed log-probabilities of scoring requests (several in one request: one batched prefill).
     let scored: Vec<Vec<u32>> = (0..3).map(|i| prompt(20 + i, 40 + 30 * i)).collect();
+    let counts = |st: &Value| (st["prefills"].as_u64().unwrap_or(0), st["prefill_chunks"].as_u64().unwrap_or(0));
+    let before = counts(&json_request(addr, "/stats", None, None)?.1);
     let v = post(addr, &json!({"prompt": scored, "max_tokens": 0, "echo": true, "logprobs": 3}))?;
+    // The engine counts a chunk after answering it.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let after = counts(&json_request(addr, "/stats", None, None)?.1);
+    let (prefills, chunks) = (after.0 - before.0, after.1 - before.1);
+    // No stream decodes meanwhile, so each prefill takes the planned forward's whole width
+    // (8 slots × 160 positions over its rows), not --prefill-chunk's 16.
+    rows.push(row(
+        format!("serve {name}: scoring with no stream running prefilled whole"),
+        "prefill chunks beyond one per prefill",
+        chunks.saturating_sub(prefills) as f64,
+        0.0,
+        format!("{prefills} prefills in {chunks} chunks for prompts of 40-100 tokens"),
+    ));
     let (mut err, mut top_err) = (0f64, 0f64);
     let mut n = 0;
     for (i, p) in scored.iter().enumerate() {

@@ -49,6 +49,8 @@ pub struct Args {
     pub admit_delay_ms: f64,
     /// Prompt positions per prefill chunk: a longer prompt is prefilled a chunk at a time, with a
     /// decode step of the running streams between chunks, so they never wait for its whole prefill.
+    /// On the GPU, while no stream runs (scoring), a prefill takes the longest chunk the planned
+    /// forward allows (16,384 positions over the group's prompts).
     #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
     pub prefill_chunk: usize,
 }

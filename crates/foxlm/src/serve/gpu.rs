@@ -10,7 +10,8 @@
 //! - Newcomers are prefilled together (left-padded, through a cache of their own) a chunk of
 //!   `--prefill-chunk` positions per engine step, with a decode step of the running slots after
 //!   each chunk; when the last chunk is done each is copied into a free slot at L − n .. L: only
-//!   the newcomer's positions move.
+//!   the newcomer's positions move. While no slot decodes, a chunk is as long as the planned
+//!   forward allows for the group's rows ([`Plan::widest_chunk`]).
 //! - Only when L would pass the slots' capacity, or a newcomer is longer than L, are the running
 //!   rows moved (to a fresh cache, right-aligned at the longest row): a relocation, rare since the
 //!   capacity is planned at 4096 positions or twice the context where memory allows.
@@ -276,15 +277,18 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         self.slots.iter().flatten().copied().max().unwrap_or(0)
     }
 
-    /// Starts prefilling `group` together (left-padded) through a cache of its own.
-    fn start_prefill(&mut self, group: Vec<SeqRequest>) -> Result<()> {
+    /// Starts prefilling `group` together (left-padded) through a cache of its own; or, for a
+    /// scoring-only group that one forward can take while no stream decodes (`whole`), with no
+    /// cache at all: nothing continues from it.
+    fn start_prefill(&mut self, group: Vec<SeqRequest>, whole: usize) -> Result<()> {
         let prompts: Vec<Vec<u32>> = group.iter().map(|s| s.prompt.clone()).collect();
         let (ids, t, start) = crate::generate::left_pad(&prompts);
+        let cached = !(group.iter().all(|s| s.max_tokens == 0) && t <= whole);
         let mut t0 = std::time::Instant::now();
-        let pcache = self.inf.caches(group.len(), t).context("a prefill's cache")?;
+        let pcache = if cached { self.inf.caches(group.len(), t).context("a prefill's cache")? } else { Vec::new() };
         self.mark("prefill: cache", &mut t0);
         let lps = vec![Vec::new(); group.len()];
-        self.prefilling = Some(GpuPrefill { group, pcache, prompts, ids, t, start, done: 0, lps });
+        self.prefilling = Some(GpuPrefill { group, pcache, cached, prompts, ids, t, start, done: 0, lps });
         Ok(())
     }
 
@@ -320,29 +324,44 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         let b = p.group.len();
         let t = p.t;
         let mut t0 = std::time::Instant::now();
-        let (p0, tc) = (p.done, chunk.min(t - p.done));
-        self.inf.prefill_chunk(&p.ids, b, t, p.start.as_deref(), &mut p.pcache, p0, tc)?;
+        let p0 = p.done;
+        let tc = if p.cached {
+            let tc = chunk.min(t - p0);
+            self.inf.prefill_chunk(&p.ids, b, t, p.start.as_deref(), &mut p.pcache, p0, tc)?;
+            tc
+        } else {
+            self.inf.forward_uncached(&p.ids, b, t, p.start.as_deref())?;
+            t
+        };
         self.mark("prefill: forward", &mut t0);
-        // Prompt log-probabilities of this chunk's positions, on the device: only each position's
+        // Prompt log-probabilities of this chunk's positions, on the device, for the rows that ask
+        // (one pass over the span of them; other positions' targets are none): only each position's
         // log-probability and top k come back.
-        for row in 0..b {
-            let Some(k) = p.group[row].prompt_logprobs else { continue };
-            let prompt = &p.prompts[row];
-            let off = t - prompt.len();
-            // Position i (of the padded row) is prompt token i − off; its logits predict the next.
-            let (lo, hi) = (p0.max(off), (p0 + tc).min(t - 1));
-            if lo >= hi {
-                continue;
+        let asking: Vec<usize> = (0..b).filter(|&r| p.group[r].prompt_logprobs.is_some()).collect();
+        if let (Some(&first), Some(&last)) = (asking.first(), asking.last()) {
+            let k = asking.iter().filter_map(|&r| p.group[r].prompt_logprobs).max().unwrap_or(0).min(v);
+            // Position i (of a padded row) is prompt token i − off; its logits predict the next.
+            let span = |row: usize| {
+                let off = t - p.prompts[row].len();
+                (off, p0.max(off), (p0 + tc).min(t - 1))
+            };
+            let mut targets = vec![u32::MAX; (last + 1 - first) * tc];
+            for &row in &asking {
+                let (off, lo, hi) = span(row);
+                for i in lo..hi {
+                    targets[(row - first) * tc + i - p0] = p.prompts[row][i - off + 1];
+                }
             }
-            let targets: Vec<u32> = (lo..hi).map(|i| prompt[i - off + 1]).collect();
-            let (lp, ids, tops) = self.inf.chunk_token_logprobs(row * tc + (lo - p0), &targets, k)?;
-            let kk = k.min(v);
-            for (n, &id) in targets.iter().enumerate() {
-                let top = (0..kk).map(|q| (ids[n * kk + q], tops[n * kk + q])).collect();
-                p.lps[row].push(TokenLogprob { id, logprob: lp[n], top });
+            let (lp, ids, tops) = self.inf.chunk_token_logprobs(first * tc, &targets, k)?;
+            for &row in &asking {
+                let (_, lo, hi) = span(row);
+                let kk = p.group[row].prompt_logprobs.unwrap_or(0).min(v);
+                for i in lo..hi {
+                    let n = (row - first) * tc + i - p0;
+                    let top = (0..kk).map(|q| (ids[n * k + q], tops[n * k + q])).collect();
+                    p.lps[row].push(TokenLogprob { id: targets[n], logprob: lp[n], top });
+                }
             }
-        }
-        if p.group.iter().any(|s| s.prompt_logprobs.is_some()) {
             self.mark("prefill: scoring (head + log-probs)", &mut t0);
         }
         p.done += tc;
@@ -357,7 +376,10 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         // Greedy newcomers without log-probabilities take their first token from the device.
         let greedy =
             p.group.iter().all(|r| r.max_tokens == 0 || (r.sampling.temperature <= 0.0 && r.logprobs.is_none()));
-        let (last, chosen) = if greedy {
+        let (last, chosen) = if p.group.iter().all(|r| r.max_tokens == 0) {
+            // Scoring only: no first token to choose.
+            (Vec::new(), None)
+        } else if greedy {
             (Vec::new(), Some(self.inf.prefill_last_chosen()?))
         } else {
             (self.inf.prefill_last_logits()?, None)
@@ -494,7 +516,9 @@ impl<T: Elem> Drop for GpuBatcher<'_, '_, T> {
 /// prefilled through their own cache, a chunk per engine step.
 struct GpuPrefill<T: Elem> {
     group: Vec<SeqRequest>,
+    /// The prefill's cache (empty when not `cached`: one forward of the whole group, no cache).
     pcache: Vec<GpuLayerState<T>>,
+    cached: bool,
     prompts: Vec<Vec<u32>>,
     ids: Vec<u32>,
     t: usize,
@@ -531,11 +555,15 @@ impl<T: Elem> Batcher for GpuBatcher<'_, '_, T> {
                 if !group.is_empty() {
                     stats.prefills.fetch_add(1, Ordering::Relaxed);
                     stats.prefilled.fetch_add(group.len(), Ordering::Relaxed);
-                    self.start_prefill(group)?;
+                    let whole = if running.is_empty() { plan.widest_chunk(group.len()) } else { 0 };
+                    self.start_prefill(group, whole)?;
                 }
             }
         }
-        if self.prefilling.is_some() {
+        if let Some(rows) = self.prefilling.as_ref().map(|p| p.group.len()) {
+            // With no stream decoding there is nothing to interleave with: the prefill takes the
+            // plan's whole forward (scoring groups of a few long prompts run as one chunk).
+            let chunk = if running.is_empty() { plan.widest_chunk(rows).max(chunk) } else { chunk };
             let t0 = std::time::Instant::now();
             let tc = self.prefill_chunk(chunk, running, stats)?;
             stats.prefill_chunks.fetch_add(1, Ordering::Relaxed);

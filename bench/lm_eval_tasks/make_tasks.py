@@ -1,9 +1,11 @@
-"""Builds the two small lm-evaluation-harness tasks of bench/serve_clients.sh from the Moby-Dick
+"""Builds the three small lm-evaluation-harness tasks of bench/serve_clients.sh from the Moby-Dick
 sample in the repository (deterministic; the .jsonl files it writes are checked in).
 
 foxlm_cloze.jsonl: multiple choice. A sentence's first words are the context; its true ending and
 three endings of other sentences are the choices.
 foxlm_ppl.jsonl: paragraphs for a perplexity (loglikelihood_rolling) task.
+foxlm_next_word.jsonl: generation (generate_until). A sentence's first words are the context, the
+word after them the answer (chapters of their own, 100-119, so no item is another task's).
 """
 import json
 import random
@@ -43,4 +45,22 @@ paras = [p.strip() for p in (book / "chapter_133.txt").read_text().split("\n\n")
 with open(here / "foxlm_ppl.jsonl", "w") as f:
     for p in paras[:8]:
         f.write(json.dumps({"text": p}) + "\n")
-print(len(items), "cloze items,", min(8, len(paras)), "paragraphs")
+# Generation: sentences of chapters 100-119, cut where the next word is a plain word.
+text = "\n".join((book / f"chapter_{i}.txt").read_text() for i in range(100, 120))
+rng = random.Random(13)
+sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.replace("\n", " "))]
+sentences = [s for s in sentences if 60 <= len(s) <= 160 and '"' not in s]
+rng.shuffle(sentences)
+words_items = []
+for s in sentences:
+    words = s.split(" ")
+    cut = max(3, int(len(words) * 0.6))
+    word = re.sub(r"[^A-Za-z'-]", "", words[cut]) if cut < len(words) else ""
+    if re.fullmatch(r"[A-Za-z][A-Za-z'-]*", word or "-"):
+        words_items.append({"context": " ".join(words[:cut]), "word": word})
+    if len(words_items) == 40:
+        break
+with open(here / "foxlm_next_word.jsonl", "w") as f:
+    for it in words_items:
+        f.write(json.dumps(it) + "\n")
+print(len(items), "cloze items,", min(8, len(paras)), "paragraphs,", len(words_items), "next-word items")

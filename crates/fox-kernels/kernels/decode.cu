@@ -98,78 +98,107 @@ extern "C" __global__ void __launch_bounds__(256) fox_copy_runs(const CopyRun* r
 // Scoring (echo + logprobs) on the device: per row of logits [rows, ld], the log-probability of
 // the row's target token (NaN for a target outside the vocabulary) and the k most likely tokens
 // with theirs, in the host's order (larger logit first, then smaller id). One 256-thread block per
-// row; the top k as k passes of a block-wide arg-max over the tokens ranked after the last one
-// chosen. Only (1 + 2k) numbers a position go to the host instead of the vocabulary's logits.
+// row. One pass over the row gives its log-sum-exp (an online max and sum) and its most likely
+// token together, so k = 1 (what lm-evaluation-harness asks) reads the logits once; each further
+// token is one more pass, a block-wide arg-max over the tokens ranked after the last one chosen.
+// Only (1 + 2k) numbers a position go to the host instead of the vocabulary's logits.
 #define LP_INF __int_as_float(0x7f800000)
 __device__ __forceinline__ bool lp_ranks_before(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
+// e^(m − M) for a running max m under the new max M ≥ m (0 for an empty sum's m = −∞).
+__device__ __forceinline__ float lp_rescale(float m, float M) { return m == -LP_INF ? 0.f : expf(m - M); }
+// Folds (om, os, oi) into (m, s, i): max, sum of e^(x − max), the first index of the max.
+__device__ __forceinline__ void lp_fold(float& m, float& s, int& i, float om, float os, int oi) {
+    const float M = fmaxf(m, om);
+    s = s * lp_rescale(m, M) + os * lp_rescale(om, M);
+    if (lp_ranks_before(om, oi, m, i)) i = oi;
+    m = M;
+}
 extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float* logits, int ld, int V,
                                                                      const int* targets, int k, float* lp,
                                                                      int* top_i, float* top_lp) {
-    __shared__ float shv[8];
+    __shared__ float shv[8], shs[8];
     __shared__ int shi[8];
     const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const float* x = logits + (long long)row * ld;
-    float m = -LP_INF;
-    for (int i = tid; i < V; i += 256) m = fmaxf(m, x[i]);
-    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
-    if (lane == 0) shv[w] = m;
+    // This thread's tokens in increasing order: a strictly larger logit moves the max, so ties keep
+    // the first index.
+    float m = -LP_INF, s = 0.f;
+    int bi = 0x7fffffff;
+    for (int i = tid; i < V; i += 256) {
+        const float v = x[i];
+        if (v > m) {
+            s = s * lp_rescale(m, v) + 1.f;
+            m = v;
+            bi = i;
+        } else if (v > -LP_INF) {
+            s += expf(v - m);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        lp_fold(m, s, bi, om, os, oi);
+    }
+    if (lane == 0) {
+        shv[w] = m;
+        shs[w] = s;
+        shi[w] = bi;
+    }
     __syncthreads();
     m = shv[0];
-    for (int j = 1; j < 8; ++j) m = fmaxf(m, shv[j]);
-    __syncthreads();
-    float s = 0.f;
-    for (int i = tid; i < V; i += 256) s += expf(x[i] - m);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) shv[w] = s;
-    __syncthreads();
-    s = 0.f;
-    for (int j = 0; j < 8; ++j) s += shv[j];
+    s = shs[0];
+    bi = shi[0];
+    for (int j = 1; j < 8; ++j) lp_fold(m, s, bi, shv[j], shs[j], shi[j]);
     const float lse = m + logf(s);
     if (tid == 0) {
         const int t = targets[row];
         lp[row] = (t >= 0 && t < V) ? x[t] - lse : __int_as_float(0x7fc00000);
+        if (k > 0) {
+            top_i[(long long)row * k] = bi;
+            top_lp[(long long)row * k] = m - lse;
+        }
     }
-    float pv = LP_INF;
-    int pi = -1;
-    for (int j = 0; j < k; ++j) {
+    float pv = m;
+    int pi = bi;
+    for (int j = 1; j < k; ++j) {
         float bv = -LP_INF;
-        int bi = 0x7fffffff;
+        int bj = 0x7fffffff;
         for (int i = tid; i < V; i += 256) {
             const float v = x[i];
-            if ((v < pv || (v == pv && i > pi)) && lp_ranks_before(v, i, bv, bi)) {
+            if ((v < pv || (v == pv && i > pi)) && lp_ranks_before(v, i, bv, bj)) {
                 bv = v;
-                bi = i;
+                bj = i;
             }
         }
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (lp_ranks_before(ov, oi, bv, bi)) {
+            const int oi = __shfl_xor_sync(0xffffffffu, bj, o);
+            if (lp_ranks_before(ov, oi, bv, bj)) {
                 bv = ov;
-                bi = oi;
+                bj = oi;
             }
         }
         __syncthreads();
         if (lane == 0) {
             shv[w] = bv;
-            shi[w] = bi;
+            shi[w] = bj;
         }
         __syncthreads();
         bv = shv[0];
-        bi = shi[0];
+        bj = shi[0];
         for (int u = 1; u < 8; ++u)
-            if (lp_ranks_before(shv[u], shi[u], bv, bi)) {
+            if (lp_ranks_before(shv[u], shi[u], bv, bj)) {
                 bv = shv[u];
-                bi = shi[u];
+                bj = shi[u];
             }
         if (tid == 0) {
-            top_i[(long long)row * k + j] = bi;
+            top_i[(long long)row * k + j] = bj;
             top_lp[(long long)row * k + j] = bv - lse;
         }
         pv = bv;
-        pi = bi;
+        pi = bj;
     }
 }
 

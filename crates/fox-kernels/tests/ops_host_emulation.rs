@@ -1,6 +1,7 @@
 //! Kernels without a GPU: the small-op kernels (kernels/ops.cu), the f32 attention kernels
 //! (kernels/attention_f32.cu), Mamba's selective scan (kernels/selective_scan.cu), the delta rule
-//! (kernels/delta_rule.cu) and HGRN2's gated linear attention with its gates (kernels/gla.cu)
+//! (kernels/delta_rule.cu), HGRN2's gated linear attention with its gates (kernels/gla.cu) and
+//! serving's scoring kernel (kernels/decode.cu's fox_token_logprobs)
 //! compiled as C++ against an emulation of the CUDA built-ins they use (tests/host_emu/mock.h: a
 //! thread per CUDA thread, barriers for __syncthreads, warp shuffles and mma.sync) and compared
 //! with plain loops
@@ -89,6 +90,11 @@ fn delta_rule_kernels_under_host_emulation_with_late_copies() {
 /// initial state, strong and weak decays, partial tiles and head widths 8 to 128, through versions
 /// 1, 2 and 3 (the walk at 16, 32 and 64 channels a block, its state continued in place); HGRN2's
 /// gates and lower bounds against plain loops.
+#[test]
+fn decode_scoring_kernel_under_host_emulation() {
+    run_emulation("decode_emu.cpp", "decode_emu");
+}
+
 #[test]
 fn gla_kernels_under_host_emulation() {
     run_emulation("gla_emu.cpp", "gla_emu");

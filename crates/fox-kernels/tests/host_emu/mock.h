@@ -1,4 +1,4 @@
-// Host emulation of the CUDA subset that kernels/ops.cu, attention_f32.cu, selective_scan.cu and delta_rule.cu use, so the kernels' logic can be tested
+// Host emulation of the CUDA subset that kernels/ops.cu, attention_f32.cu, selective_scan.cu, delta_rule.cu, gla.cu and decode.cu use, so the kernels' logic can be tested
 // without a GPU: one std::thread per CUDA thread, the blocks of a grid one after the other
 // (so `__shared__` can be a function-local static), a std::barrier per block for __syncthreads
 // and per warp for the warp shuffles, ballots and __syncwarp. Threads that return early drop out
@@ -33,6 +33,7 @@ struct alignas(8) float2 { float x, y; };
 struct uint2 { u32 x, y; };
 struct uint4 { u32 x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 inline u32 __float_as_uint(float f) { u32 u; memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
@@ -62,6 +63,15 @@ template <class V> V __shfl_sync(unsigned, V v, int src) {
     w.vals[lane] = (double)v;
     w.bar->arrive_and_wait();
     V r = (V)w.vals[src & 31];
+    w.bar->arrive_and_wait();
+    return r;
+}
+template <class V> V __shfl_up_sync(unsigned, V v, int delta) {
+    int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    w.vals[lane] = (double)v;
+    w.bar->arrive_and_wait();
+    V r = lane >= delta ? (V)w.vals[lane - delta] : v;
     w.bar->arrive_and_wait();
     return r;
 }

@@ -333,6 +333,11 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
             self.inf.forward_uncached(&p.ids, b, t, p.start.as_deref())?;
             t
         };
+        // The host's time to launch the forward (no sync): near the phase's whole time when the
+        // launches, not the GPU, bound it.
+        if let Some(prof) = self.profile.as_mut() {
+            charge(prof, "prefill: forward's launches (host)", t0.elapsed().as_secs_f64());
+        }
         self.mark("prefill: forward", &mut t0);
         // Prompt log-probabilities of this chunk's positions, on the device, for the rows that ask
         // (one pass over the span of them; other positions' targets are none): only each position's

@@ -533,13 +533,14 @@ fn advance(
     let ctx = Ctx { batch: b, seq: 1, start: c.start.clone() };
     let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(c), false);
     let logits = model.logits(&hidden);
+    // Counted before the tokens go out: a client that has its last token finds the step in /stats.
+    stats.steps.fetch_add(1, Ordering::Relaxed);
+    stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
     // Sampling (a pass over the vocabulary per row) in parallel: each row has its own generator.
     let steps: Vec<Step> =
         running.par_iter_mut().zip(logits.par_chunks(model.config.vocab_size)).map(|(r, l)| emit_next(r, l)).collect();
     let keep: Vec<bool> = steps.iter().map(|&s| s == Step::GoesOn).collect();
     stats.step_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
-    stats.steps.fetch_add(1, Ordering::Relaxed);
-    stats.rows_decoded.fetch_add(b, Ordering::Relaxed);
     let count = |k: Step| steps.iter().filter(|&&s| s == k).count();
     stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
     stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);

@@ -473,14 +473,15 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
                 *n += 1;
             }
         }
+        // Counted before the tokens go out: a client that has its last token finds the step in /stats.
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.rows_decoded.fetch_add(running.len(), Ordering::Relaxed);
         let steps: Vec<Step> = match &out {
             StepOut::Logits(l) => {
                 running.par_iter_mut().map(|r| emit_next(r, &l[r.row * v..(r.row + 1) * v])).collect()
             }
             StepOut::Chosen(c) => running.iter_mut().map(|r| emit_token(r, &[], Some(c[r.row]))).collect(),
         };
-        stats.steps.fetch_add(1, Ordering::Relaxed);
-        stats.rows_decoded.fetch_add(running.len(), Ordering::Relaxed);
         let count = |k: Step| steps.iter().filter(|&&x| x == k).count();
         stats.finished.fetch_add(count(Step::Finished), Ordering::Relaxed);
         stats.cancelled.fetch_add(count(Step::Gone), Ordering::Relaxed);

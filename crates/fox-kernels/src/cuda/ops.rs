@@ -509,7 +509,10 @@ pub fn rms_norm_bwd<T: Elem>(
 /// registers), each row whole 128-wide chunks or dim/4 lanes of one.
 pub fn rms_norm_bwd_fuses(dim: usize, groups: usize) -> bool {
     let w = groups * dim;
-    w > 0 && w % 128 == 0 && w <= 128 * RMS_BWD_CHUNKS && (dim % 128 == 0 || (128 % dim == 0 && dim % 4 == 0))
+    w > 0
+        && w.is_multiple_of(128)
+        && w <= 128 * RMS_BWD_CHUNKS
+        && (dim.is_multiple_of(128) || (128 % dim == 0 && dim.is_multiple_of(4)))
 }
 
 /// The chunks of a super-row the fused backward keeps sums for (ops.cu's RMS_BWD_CHUNKS).
@@ -1280,7 +1283,7 @@ pub fn cross_entropy_staged_fits(gpu: &Gpu, ld: usize) -> bool {
         .context()
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .map_or(0, |v| v.max(0) as usize);
-    ld % 4 == 0 && 4 * ld + 1024 <= limit
+    ld.is_multiple_of(4) && 4 * ld + 1024 <= limit
 }
 
 // ------------------------------------------------------------------------------------------------

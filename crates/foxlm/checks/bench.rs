@@ -458,9 +458,11 @@ fn scaling(a: &TrainArgs, counts: &[usize]) -> Result<Vec<TrainRow>> {
     let most = counts.iter().copied().max().unwrap_or(1);
     if let DeviceArg::Cuda(k) = a.device {
         if k != 0 {
+            let list: Vec<String> = counts.iter().map(|n| n.to_string()).collect();
             bail!(
-                "--device cuda:{k} with --gpus: the runs use GPUs 0..{most} (choose others with CUDA_VISIBLE_DEVICES); \
-                 drop --device"
+                "--device cuda:{k} with --gpus {}: the runs use GPUs 0..{most} (choose others with \
+                 CUDA_VISIBLE_DEVICES); drop --device",
+                list.join(",")
             );
         }
     }

@@ -106,6 +106,58 @@ __device__ void cross_entropy_ld(T* dlogits, float* losses, const float* logits,
     if (threadIdx.x == 0) losses[r] = lse - x[t];
 }
 
+// The same with the row held in shared memory (ld floats of dynamic shared memory, ld a multiple
+// of 4; 512 threads as above): the logits cross memory once, in 16-byte loads, where the kernel above reads them three
+// times (the max, the sum, the gradient). The sum and the gradient walk the row in the order of
+// the kernel above, so losses and dlogits are bitwise the same.
+template <typename T>
+__device__ void cross_entropy_ld_smem(T* dlogits, float* losses, const float* logits, const int* targets, float weight,
+                                      int vocab, int ld) {
+    extern __shared__ float4 row4[];
+    float* row = (float*)row4;
+    __shared__ float sh[32];
+    const long long r = blockIdx.x;
+    const float* x = logits + r * ld;
+    T* dx = dlogits + r * ld;
+    const int t = targets[r];
+    if (t < 0) {
+        for (int c = threadIdx.x; c < ld; c += blockDim.x) st(dx, c, 0.f);
+        if (threadIdx.x == 0) losses[r] = 0.f;
+        return;
+    }
+    // Four 16-byte loads in flight per thread: one block per SM (the row fills shared memory).
+    float m = __int_as_float(0xff800000);
+    const float4* x4 = (const float4*)x;
+    const int n4 = ld / 4, step = blockDim.x;
+    for (int c0 = threadIdx.x; c0 < n4; c0 += 4 * step) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (c0 + u * step < n4) v[u] = x4[c0 + u * step];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c4 = c0 + u * step, c = 4 * c4;
+            if (c4 >= n4) break;
+            row4[c4] = v[u];
+            if (c < vocab) m = fmaxf(m, v[u].x);
+            if (c + 1 < vocab) m = fmaxf(m, v[u].y);
+            if (c + 2 < vocab) m = fmaxf(m, v[u].z);
+            if (c + 3 < vocab) m = fmaxf(m, v[u].w);
+        }
+    }
+    m = block_reduce(m, true, sh);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) s += __expf(row[c] - m);
+    s = block_reduce(s, false, sh);
+    const float lse = m + logf(s);
+    for (int c = threadIdx.x; c < ld; c += blockDim.x) {
+        float g = 0.f;
+        if (c < vocab) g = weight * (__expf(row[c] - lse) - (c == t ? 1.f : 0.f));
+        st(dx, c, g);
+    }
+    if (threadIdx.x == 0) losses[r] = lse - row[t];
+}
+
 extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_f32(float* dl, float* loss, const float* x,
                                                                            const int* t, float w, int vocab, int ld) {
     cross_entropy_ld(dl, loss, x, t, w, vocab, ld);
@@ -113,4 +165,14 @@ extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_f32(float
 extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_bf16(u16* dl, float* loss, const float* x,
                                                                             const int* t, float w, int vocab, int ld) {
     cross_entropy_ld(dl, loss, x, t, w, vocab, ld);
+}
+extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_smem_f32(float* dl, float* loss, const float* x,
+                                                                                 const int* t, float w, int vocab,
+                                                                                 int ld) {
+    cross_entropy_ld_smem(dl, loss, x, t, w, vocab, ld);
+}
+extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_smem_bf16(u16* dl, float* loss, const float* x,
+                                                                                  const int* t, float w, int vocab,
+                                                                                  int ld) {
+    cross_entropy_ld_smem(dl, loss, x, t, w, vocab, ld);
 }

@@ -449,6 +449,104 @@ __device__ __forceinline__ void rms_bwd_dx_impl(T* dx, int accumulate, const T* 
     });
 }
 
+// RMSNorm's backward in one pass over dy and x: dx as rms_bwd_dx_impl (the same arithmetic in the
+// same order, so the same bits) and the weight gradient's column sums (pass 1 of a column sum,
+// whose pass 2 is colsum_final), which otherwise read dy and x again. The input is viewed as
+// super-rows of W = groups*dim (row r = k*groups + g is super-row k's g-th row, weight row g); block
+// p takes super-rows [p*R, p*R + R), its warp w super-rows p*R + w, p*R + w + 8, ..., each whole.
+// A warp walks a super-row in 128-wide chunks (4 channels a lane, chunk i at columns 128 i + 4
+// lane), so each lane keeps the dw sums of its 4 W/128 columns in registers: W % 128 == 0, W <=
+// 128*RMS_BWD_CHUNKS, and a row is either whole chunks (dim % 128 == 0) or dim/4 lanes of one (128
+// % dim == 0, dim % 4 == 0; its sums then run over those lanes alone). The warps' sums are added in
+// warp order through shared memory into part[p, :].
+#define RMS_BWD_CHUNKS 12
+template <class T>
+__device__ __forceinline__ void rms_bwd_fused_impl(float* part, T* dx, int accumulate, const T* dy, const T* x,
+                                                   const float* rstd, const float* w, int rows, int dim, int groups,
+                                                   int R) {
+    __shared__ float red[128 * RMS_BWD_CHUNKS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int W = groups * dim, nch = W / 128;
+    const int SR = (rows + groups - 1) / groups;
+    const int k0 = blockIdx.x * R, k1 = min(k0 + R, SR);
+    // dim >= 128: chunks per row; else lanes per row (seg) and rows per chunk.
+    const bool whole = dim >= 128;
+    const int cpr = whole ? dim / 128 : 1, seg = whole ? 32 : dim / 4, rpc = whole ? 1 : 128 / dim;
+    float acc[4 * RMS_BWD_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < 4 * RMS_BWD_CHUNKS; ++i) acc[i] = 0.f;
+    for (int k = k0 + warp; k < k1; k += 8) {
+        const i64 base = (i64)k * W;
+        // Sweep 1: each chunk's row statistics (rstd, mean of w dy x^) for this lane.
+        float sv[RMS_BWD_CHUNKS], mv[RMS_BWD_CHUNKS];
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < RMS_BWD_CHUNKS; ++i) {
+            if (i >= nch) break;
+            const int g = whole ? i / cpr : i * rpc + (lane / seg);
+            const i64 r = (i64)k * groups + g;
+            const bool valid = r < rows;
+            const float s = valid ? rstd[r] : 0.f;
+            sv[i] = valid ? s : -1.f;
+            if (!whole || i % cpr == 0) dot = 0.f;
+            const int c = 128 * i + 4 * lane;
+            if (valid) {
+                float gg[4], v[4];
+                ld4(dy, base + c, gg);
+                ld4(x, base + c, v);
+                for (int q = 0; q < 4; ++q) dot += w[c + q] * gg[q] * (v[q] * s);
+            }
+            if (whole) {
+                if (i % cpr == cpr - 1) {
+                    // Every lane of the warp reaches this with the same i (a uniform branch).
+                    const float mean = warp_sum(dot) / (float)dim;
+#pragma unroll
+                    for (int i2 = 0; i2 < RMS_BWD_CHUNKS; ++i2)
+                        if (i2 / cpr == i / cpr) mv[i2] = mean;
+                }
+            } else {
+                float d2 = dot;
+                for (int off = seg / 2; off > 0; off >>= 1) d2 += __shfl_xor_sync(0xffffffffu, d2, off);
+                mv[i] = d2 / (float)dim;
+            }
+        }
+        // Sweep 2: dx, and dy x^ into the lane's column sums.
+#pragma unroll
+        for (int i = 0; i < RMS_BWD_CHUNKS; ++i) {
+            if (i >= nch) break;
+            if (sv[i] < 0.f) continue;
+            const float s = sv[i], mean = mv[i];
+            const int c = 128 * i + 4 * lane;
+            float gg[4], v[4], o[4];
+            ld4(dy, base + c, gg);
+            ld4(x, base + c, v);
+            if (accumulate) ld4(dx, base + c, o);
+            for (int q = 0; q < 4; ++q) {
+                const float d = s * (w[c + q] * gg[q] - v[q] * s * mean);
+                o[q] = accumulate ? o[q] + d : d;
+                acc[4 * i + q] += gg[q] * (v[q] * s);
+            }
+            st4(dx, base + c, o);
+        }
+    }
+    // The warps' column sums in warp order (0 + warp 0 + warp 1 + ...), as colsum_part_impl adds
+    // its 8 row lanes.
+    for (int wi = 0; wi < 8; ++wi) {
+        if (warp == wi) {
+#pragma unroll
+            for (int i = 0; i < RMS_BWD_CHUNKS; ++i) {
+                if (i >= nch) break;
+                for (int q = 0; q < 4; ++q) {
+                    const int j = 128 * i + 4 * lane + q;
+                    red[j] = (wi == 0 ? 0.f : red[j]) + acc[4 * i + q];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = threadIdx.x; j < W; j += blockDim.x) part[(i64)blockIdx.x * W + j] = red[j];
+}
+
 // Column sums, pass 1: the [SR, W] matrix of values val(k, j) is cut into chunks of R rows;
 // block (bx, p) sums columns [32 bx, 32 bx + 32) over the rows of chunk p into part[p, j].
 // Block: 256 threads = 32 columns x 8 row lanes; each warp reads 32 consecutive columns of a row.
@@ -695,9 +793,22 @@ __device__ __forceinline__ void cast_to_f32_impl(float* out, const T* x, i64 n) 
     });
 }
 
-// SwiGLU (as crate::swiglu): gu [rows, 2I] = [gate | up], h [rows, I]. One thread per (row, c).
+// SwiGLU (as crate::swiglu): gu [rows, 2I] = [gate | up], h [rows, I]. One thread per 4
+// channels of a row when I % 4 == 0 (vector loads and stores), else one per (row, c); the same
+// arithmetic per element either way.
 template <class T>
 __device__ __forceinline__ void swiglu_fwd_impl(T* h, const T* gu, int rows, int I) {
+    if ((I & 3) == 0) {
+        const i64 idx = flat_index() * 4;
+        if (idx >= (i64)rows * I) return;
+        const i64 r = idx / I, c = idx % I;
+        float a[4], u[4], o[4];
+        ld4(gu, r * 2 * I + c, a);
+        ld4(gu, r * 2 * I + I + c, u);
+        for (int k = 0; k < 4; ++k) o[k] = a[k] * sigm(a[k]) * u[k];
+        st4(h, idx, o);
+        return;
+    }
     const i64 idx = flat_index();
     if (idx >= (i64)rows * I) return;
     const i64 r = idx / I, c = idx % I;
@@ -707,6 +818,23 @@ __device__ __forceinline__ void swiglu_fwd_impl(T* h, const T* gu, int rows, int
 
 template <class T>
 __device__ __forceinline__ void swiglu_bwd_impl(T* dgu, const T* dh, const T* gu, int rows, int I) {
+    if ((I & 3) == 0) {
+        const i64 idx = flat_index() * 4;
+        if (idx >= (i64)rows * I) return;
+        const i64 r = idx / I, c = idx % I;
+        float a[4], u[4], g[4], da[4], du[4];
+        ld4(gu, r * 2 * I + c, a);
+        ld4(gu, r * 2 * I + I + c, u);
+        ld4(dh, idx, g);
+        for (int k = 0; k < 4; ++k) {
+            const float s = sigm(a[k]);
+            da[k] = g[k] * u[k] * s * (1.f + a[k] * (1.f - s));
+            du[k] = g[k] * a[k] * s;
+        }
+        st4(dgu, r * 2 * I + c, da);
+        st4(dgu, r * 2 * I + I + c, du);
+        return;
+    }
     const i64 idx = flat_index();
     if (idx >= (i64)rows * I) return;
     const i64 r = idx / I, c = idx % I;
@@ -918,6 +1046,11 @@ extern "C" __global__ void __launch_bounds__(256) sumsq_final(float* out, int sl
         T* dx, int accumulate, const T* dy, const T* x, const float* rstd, const float* w, int rows, int dim,      \
         int groups) {                                                                                              \
         rms_bwd_dx_impl<T>(dx, accumulate, dy, x, rstd, w, rows, dim, groups);                                     \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) rms_norm_bwd_fused_##S(                                      \
+        float* part, T* dx, int accumulate, const T* dy, const T* x, const float* rstd, const float* w, int rows,  \
+        int dim, int groups, int R) {                                                                              \
+        rms_bwd_fused_impl<T>(part, dx, accumulate, dy, x, rstd, w, rows, dim, groups, R);                         \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) rms_norm_dw_part_##S(                                        \
         float* part, const T* dy, const T* x, const float* rstd, int rows, int dim, int groups, int R) {           \

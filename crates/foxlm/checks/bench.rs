@@ -267,8 +267,8 @@ struct ProfileRow {
 
 fn train_bench(a: TrainArgs) -> Result<()> {
     use foxlm::distributed::launch::LAUNCHED_ENV;
-    let rows = if let Some(n) = a.gpus {
-        scaling(&a, n)?
+    let rows = if !a.gpus.is_empty() {
+        scaling(&a, &a.gpus)?
     } else if std::env::var_os(LAUNCHED_ENV).is_some() && std::env::var_os("WORLD_SIZE").is_some() {
         // A rank that `--gpus` started.
         let Some(rows) = bench_rank(&a)? else { return Ok(()) };
@@ -299,7 +299,7 @@ fn train_bench(a: TrainArgs) -> Result<()> {
 /// the preset at --batch × --context, against the gemm crate's peak sampled beside every step
 /// (`super::cpu_bench`). The GPU options (--dtype, --acp, --recompute, --gpus) do not apply.
 fn cpu_train_bench(a: &TrainArgs) -> Result<()> {
-    if a.gpus.is_some() || a.recompute || a.acp == "on" {
+    if !a.gpus.is_empty() || a.recompute || a.acp == "on" {
         bail!("bench train --device cpu: --gpus, --recompute and --acp on are GPU options");
     }
     let preset = foxlm::presets::preset(&a.preset)?;
@@ -447,28 +447,35 @@ fn bench_rank(a: &TrainArgs) -> Result<Option<Vec<TrainRow>>> {
     Ok((w.rank == 0).then_some(rows))
 }
 
-/// `bench train --gpus N`: the rows on one GPU (a process of their own), then on N ranks started
-/// as `foxlm train --gpus` starts them, each from a fresh process so that neither run's memory
-/// is in the other's way; then the scaling table.
-fn scaling(a: &TrainArgs, n: usize) -> Result<Vec<TrainRow>> {
+/// `bench train --gpus N[,M..]`: the rows on one GPU (a process of their own), then on N (then M..)
+/// ranks started as `foxlm train --gpus` starts them, each from a fresh process so that no run's
+/// memory is in another's way; then the scaling table.
+fn scaling(a: &TrainArgs, counts: &[usize]) -> Result<Vec<TrainRow>> {
     use foxlm::distributed::launch::{launch_local, Ended, LAUNCHED_ENV};
-    if n == 0 {
+    if counts.contains(&0) {
         bail!("--gpus 0: give at least 1 (or drop --gpus to measure one GPU)");
     }
+    let most = counts.iter().copied().max().unwrap_or(1);
     if let DeviceArg::Cuda(k) = a.device {
         if k != 0 {
+            let list: Vec<String> = counts.iter().map(|n| n.to_string()).collect();
             bail!(
-                "--device cuda:{k} with --gpus {n}: the runs use GPUs 0..{n} (choose others with CUDA_VISIBLE_DEVICES); \
-                 drop --device"
+                "--device cuda:{k} with --gpus {}: the runs use GPUs 0..{most} (choose others with \
+                 CUDA_VISIBLE_DEVICES); drop --device",
+                list.join(",")
             );
         }
     }
-    foxlm::cli::train::check_gpus(a.device, n)?;
+    foxlm::cli::train::check_gpus(a.device, most)?;
     let exe = std::env::current_exe().context("finding this program to start the benchmark's processes")?;
     let dir = std::env::temp_dir().join(format!("foxlm-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let read = |p: &std::path::Path| -> Result<Vec<TrainRow>> {
+        let text = std::fs::read_to_string(p).with_context(|| format!("no rows from the run ({})", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not the rows of bench train", p.display()))
+    };
     let run = || -> Result<(Vec<TrainRow>, Vec<TrainRow>)> {
-        let (one, many) = (dir.join("one.json"), dir.join("many.json"));
+        let one = dir.join("one.json");
         eprintln!("== 1 GPU: the single-GPU engine, {} sequences per step", a.batch);
         let status = std::process::Command::new(&exe)
             .args(child_args(a, &one))
@@ -478,21 +485,23 @@ fn scaling(a: &TrainArgs, n: usize) -> Result<Vec<TrainRow>> {
         if !status.success() {
             bail!("the 1-GPU run failed ({status}; its messages are above)");
         }
-        eprintln!(
-            "== {n} GPU{}: {n} rank{} through NCCL (ZeRO-1), {} sequences per GPU, global batch {}",
-            if n == 1 { "" } else { "s" },
-            if n == 1 { "" } else { "s" },
-            a.batch,
-            n * a.batch
-        );
-        if launch_local(n, &child_args(a, &many))? == Ended::Interrupted {
-            std::process::exit(130);
+        let one = read(&one)?;
+        let mut many = Vec::new();
+        for &n in counts {
+            eprintln!(
+                "== {n} GPU{}: {n} rank{} through NCCL (ZeRO-1), {} sequences per GPU, global batch {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "" } else { "s" },
+                a.batch,
+                n * a.batch
+            );
+            let rows = dir.join(format!("gpus{n}.json"));
+            if launch_local(n, &child_args(a, &rows))? == Ended::Interrupted {
+                std::process::exit(130);
+            }
+            many.extend(read(&rows)?);
         }
-        let read = |p: &std::path::Path| -> Result<Vec<TrainRow>> {
-            let text = std::fs::read_to_string(p).with_context(|| format!("no rows from the run ({})", p.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("{}: not the rows of bench train", p.display()))
-        };
-        Ok((read(&one)?, read(&many)?))
+        Ok((one, many))
     };
     let res = run();
     let _ = std::fs::remove_dir_all(&dir);
@@ -822,7 +831,7 @@ mod tests {
             "bench",
             "train",
             "--gpus",
-            "2",
+            "2,4",
             "--preset",
             "fox-pro-760m",
             "--batch",
@@ -845,8 +854,9 @@ mod tests {
         .map(Into::into)
         .collect();
         let a = parse(&argv);
+        assert_eq!(a.gpus, [2, 4]);
         let c = parse(&child_args(&a, std::path::Path::new("/tmp/r.json")));
-        assert_eq!((c.gpus, c.json, c.report), (None, None, Some(PathBuf::from("/tmp/r.json"))));
+        assert_eq!((c.gpus, c.json, c.report), (vec![], None, Some(PathBuf::from("/tmp/r.json"))));
         assert_eq!((c.preset.as_str(), c.batch, c.context, c.acp.as_str()), ("fox-pro-760m", 1, 8192, "off"));
         assert_eq!((c.steps, c.warmup, c.recompute, c.dtype), (5, 2, true, foxlm::engine::Dtype::F32));
     }
@@ -902,10 +912,11 @@ mod tests {
     #[test]
     fn scaling_efficiency_is_against_the_same_acp_row() {
         let one = [row(1, false, 100_000.0), row(1, true, 120_000.0)];
-        let mut many = [row(2, false, 190_000.0), row(2, true, 180_000.0)];
+        let mut many = [row(2, false, 190_000.0), row(2, true, 180_000.0), row(4, false, 380_000.0)];
         add_scaling(&one, &mut many);
         assert_eq!(many[0].scaling_efficiency, Some(0.95));
         assert_eq!(many[1].scaling_efficiency, Some(0.75));
+        assert_eq!(many[2].scaling_efficiency, Some(0.95));
         let t = scaling_table(&one, &many);
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[1].starts_with("fox-pro-125m T=16384 bf16 B=2 per GPU (N GPUs: global batch N×2)"), "{t}");
@@ -914,6 +925,8 @@ mod tests {
             cells,
             ["2", "off", "NCCL,", "ZeRO-1", "190000", "95000", "95.0%", "344.9", "10.00", "0.750", "12.5"]
         );
+        let cells: Vec<&str> = lines[7].split_whitespace().collect();
+        assert_eq!(cells[..7], ["4", "off", "NCCL,", "ZeRO-1", "380000", "95000", "95.0%"]);
         let cells: Vec<&str> = lines[3].split_whitespace().collect();
         assert_eq!(cells, ["1", "off", "single", "GPU", "100000", "100000", "-", "327.7", "10.00", "1.500", "-"]);
         // A row survives the trip through a --report file.

@@ -1,7 +1,8 @@
 //! fox-attn: the GPU check and the attention benchmark of fox-kernels, standalone.
 //!
 //!   fox-attn check [--filter TEXT] [--seed N]      pass/fail table, GPU vs CPU reference
-//!   fox-attn check-ops [--filter TEXT] [--seed N]  the same for the small training ops
+//!   fox-attn check-ops [--filter TEXT] [--seed N] [--small]  the same for the small training ops
+//!                                                  (--small: without the recurrent families' rows)
 //!   fox-attn bench [--d 64,128] [--t 1024,4096,16384] [--tokens 32768] [--hidden 2048]
 //!                  [--iters N] [--warmup N] [--no-sdpa] [--python python3] [--json FILE] [--fwd-only]
 //!                  [--no-fox-refs] [--bundle DIR]   the authors' and fla's kernels (code in DIR)
@@ -101,16 +102,19 @@ fn main() -> Result<()> {
             let filter = arg_value(&args, "--filter");
             let family = |name: &str| filter.as_deref().is_some_and(|f| f.starts_with(name));
             let (ssd, delta, hgrn2) = (family("ssd"), family("delta"), family("gla") || family("hgrn2"));
+            // --small: the small ops' rows alone (ops_check), not the recurrent families' kernels.
+            let small = args.iter().any(|a| a == "--small");
             let all = !(ssd || delta || hgrn2);
+            let (ssd, delta, hgrn2) = if small { (false, false, false) } else { (all || ssd, all || delta, all || hgrn2) };
             let mut rows = if all { ops_check::run_all(&gpu, seed) } else { Vec::new() };
-            if all || ssd {
+            if ssd {
                 rows.extend(ssd_check::run_all(&gpu, seed));
                 rows.extend(ssd_tc_check::run_all(&gpu, seed));
             }
-            if all || delta {
+            if delta {
                 rows.extend(delta_rule_check::run_all(&gpu, seed));
             }
-            if all || hgrn2 {
+            if hgrn2 {
                 rows.extend(gla_check::run_all(&gpu, seed));
             }
             if let Some(f) = filter {

@@ -481,6 +481,9 @@ fn gemv_launch(
 
 /// RMSNorm backward exactly as [`crate::rmsnorm::rms_norm_bwd`]: dx = rstd·(w·dy − x̂·mean(w·dy·x̂))
 /// (overwritten, or added when `accumulate`), dw += Σ_rows dy·x̂ (deterministic two-pass sum).
+/// Where the shapes allow ([`rms_norm_bwd_fuses`]) dx and dw's partial sums come from one pass
+/// over dy and x (`rms_norm_bwd_fused`: dx bitwise as the two-kernel path, dw summed in smaller
+/// chunks); else the dx kernel, then a column sum reading dy and x again.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_bwd<T: Elem>(
     gpu: &Gpu,
@@ -494,6 +497,43 @@ pub fn rms_norm_bwd<T: Elem>(
     rows: usize,
     dim: usize,
 ) -> Result<()> {
+    // FOXLM_RMS_BWD_FUSED=0: the two kernels everywhere (to compare).
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("FOXLM_RMS_BWD_FUSED").as_deref() == Ok("0"));
+    let fused = !off && !w.is_empty() && rms_norm_bwd_fuses(dim, w.len() / dim.max(1));
+    rms_norm_bwd_with(gpu, dx, accumulate, dw, dy, x, rstd, w, rows, dim, fused)
+}
+
+/// Whether [`rms_norm_bwd`] runs as one kernel for rows of `dim` with `groups` weight rows: a
+/// super-row of groups·dim a multiple of 128 and at most 1536 wide (a lane's column sums in
+/// registers), each row whole 128-wide chunks or dim/4 lanes of one.
+pub fn rms_norm_bwd_fuses(dim: usize, groups: usize) -> bool {
+    let w = groups * dim;
+    w > 0
+        && w.is_multiple_of(128)
+        && w <= 128 * RMS_BWD_CHUNKS
+        && (dim.is_multiple_of(128) || (128 % dim == 0 && dim.is_multiple_of(4)))
+}
+
+/// The chunks of a super-row the fused backward keeps sums for (ops.cu's RMS_BWD_CHUNKS).
+const RMS_BWD_CHUNKS: usize = 12;
+
+/// [`rms_norm_bwd`] through the fused kernel (`fused`, where [`rms_norm_bwd_fuses`]) or the two
+/// kernels: the GPU check compares the two.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_bwd_with<T: Elem>(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<T>,
+    accumulate: bool,
+    dw: &mut CudaSlice<f32>,
+    dy: &CudaSlice<T>,
+    x: &CudaSlice<T>,
+    rstd: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    fused: bool,
+) -> Result<()> {
     let op = "rms_norm_bwd";
     let groups = norm_groups(op, w, dim)?;
     need(op, "x", x, rows * dim)?;
@@ -506,6 +546,35 @@ pub fn rms_norm_bwd<T: Elem>(
     }
     let (rows_i, dim_i) = (int(op, "rows", rows)?, int(op, "dim", dim)?);
     let (px, pdy, prstd, pw) = (ptr(gpu, x), ptr(gpu, dy), ptr(gpu, rstd), ptr(gpu, w));
+    if fused {
+        ensure!(rms_norm_bwd_fuses(dim, groups), "{op}: dim {dim} with {groups} weight rows has no fused kernel");
+        // Chunks of 32 super-rows (at most 2048 chunks, as the scratch is planned): a warp takes
+        // four, so the grid fills the GPU where the column sum's chunks of 128 would not.
+        let (width, super_rows) = (w.len(), rows.div_ceil(groups));
+        let r = 32usize.max(super_rows.div_ceil(2048));
+        let p = super_rows.div_ceil(r).max(1);
+        let part = scratch(gpu, p * width)?;
+        launch(
+            gpu,
+            &kname::<T>("rms_norm_bwd_fused"),
+            grid1(p)?,
+            256,
+            &[
+                Arg::P(part),
+                Arg::P(ptr(gpu, dx)),
+                Arg::I(accumulate as i32),
+                Arg::P(pdy),
+                Arg::P(px),
+                Arg::P(prstd),
+                Arg::P(pw),
+                Arg::I(rows_i),
+                Arg::I(dim_i),
+                Arg::I(groups as i32),
+                Arg::I(r as i32),
+            ],
+        )?;
+        return colsum_final(gpu, ptr(gpu, dw), part, p, width);
+    }
     launch(
         gpu,
         &kname::<T>("rms_norm_bwd_dx"),
@@ -845,6 +914,16 @@ pub fn gate_mul_bwd<T: Elem>(
 
 /// SwiGLU forward exactly as [`crate::swiglu::swiglu_fwd`]: gu [rows, 2I] = [gate | up] →
 /// h [rows, I] = silu(gate)·up.
+/// Threads of the SwiGLU kernels: one per 4 channels when I % 4 == 0 (16- or 8-byte accesses),
+/// else one per channel.
+fn swiglu_threads(rows: usize, inter: usize) -> usize {
+    if inter.is_multiple_of(4) {
+        rows * inter / 4
+    } else {
+        rows * inter
+    }
+}
+
 pub fn swiglu_fwd<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
@@ -862,7 +941,7 @@ pub fn swiglu_fwd<T: Elem>(
     launch(
         gpu,
         &kname::<T>(op),
-        flat_grid(rows * inter)?,
+        flat_grid(swiglu_threads(rows, inter))?,
         256,
         &[Arg::P(ptr(gpu, h)), Arg::P(ptr(gpu, gu)), Arg::I(rows as i32), Arg::I(inter as i32)],
     )
@@ -888,7 +967,7 @@ pub fn swiglu_bwd<T: Elem>(
     launch(
         gpu,
         &kname::<T>(op),
-        flat_grid(rows * inter)?,
+        flat_grid(swiglu_threads(rows, inter))?,
         256,
         &[Arg::P(ptr(gpu, dgu)), Arg::P(ptr(gpu, dh)), Arg::P(ptr(gpu, gu)), Arg::I(rows as i32), Arg::I(inter as i32)],
     )
@@ -1135,6 +1214,76 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
             Arg::I(int(op, "vocab", vocab)?),
         ],
     )
+}
+
+/// The output head's fused softmax cross-entropy (kernels/model.cu) over rows of `vocab` logits
+/// stored `ld` apart (the head pads its rows): losses[r] = logsumexp − logits[r, target[r]],
+/// dlogits[r, c] = weight·(softmax − onehot) for c < vocab and 0 in the padding; rows with target
+/// < 0 get loss 0 and dlogits 0. `staged`: the row is read once into shared memory (4·ld bytes,
+/// see [`cross_entropy_staged_fits`]) rather than three times from memory; both give the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_padded<T: Elem>(
+    gpu: &Gpu,
+    dlogits: &mut CudaSlice<T>,
+    losses: &mut CudaSlice<f32>,
+    logits: &CudaSlice<f32>,
+    targets: &CudaSlice<i32>,
+    weight: f32,
+    rows: usize,
+    vocab: usize,
+    ld: usize,
+    staged: bool,
+) -> Result<()> {
+    let op = "cross_entropy_padded";
+    ensure!(vocab > 0 && vocab <= ld, "{op}: vocab {vocab} must be in 1..=ld ({ld})");
+    need(op, "logits", logits, rows * ld)?;
+    need(op, "dlogits", dlogits, rows * ld)?;
+    need(op, "losses", losses, rows)?;
+    need(op, "targets", targets, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let smem = if staged {
+        ensure!(cross_entropy_staged_fits(gpu, ld), "{op}: a row of {ld} logits does not fit shared memory");
+        4 * ld
+    } else {
+        0
+    };
+    let name = if staged { kname::<T>("fox_cross_entropy_ld_smem") } else { kname::<T>("fox_cross_entropy_ld") };
+    if staged {
+        gpu.function(&super::compile::MODEL, &name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    let cfg = LaunchConfig { grid_dim: grid1(rows)?, block_dim: (512, 1, 1), shared_mem_bytes: smem as u32 };
+    kargs::launch(
+        gpu,
+        &super::compile::MODEL,
+        &name,
+        cfg,
+        &[
+            Arg::P(ptr(gpu, dlogits)),
+            Arg::P(ptr(gpu, losses)),
+            Arg::P(ptr(gpu, logits)),
+            Arg::P(ptr(gpu, targets)),
+            Arg::F(weight),
+            Arg::I(int(op, "vocab", vocab)?),
+            Arg::I(int(op, "ld", ld)?),
+        ],
+    )
+}
+
+/// Whether [`cross_entropy_padded`] can stage a row of `ld` logits in shared memory on this GPU
+/// (`ld` a multiple of 4; 4·ld bytes within the opt-in limit, 1 KB left for the block's sums).
+pub fn cross_entropy_staged_fits(gpu: &Gpu, ld: usize) -> bool {
+    let limit = gpu
+        .context()
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_or(0, |v| v.max(0) as usize);
+    ld.is_multiple_of(4) && 4 * ld + 1024 <= limit
 }
 
 // ------------------------------------------------------------------------------------------------

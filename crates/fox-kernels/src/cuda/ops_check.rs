@@ -157,6 +157,10 @@ fn typed<T: Elem>(c: &mut Ctx) {
         (1, 768, 1, 1e-6, "one row (a block per row)"),
         (12, 64, 12, 1e-5, "a decode step's QK-norm (a block per row)"),
         (3, 37, 1, 1e-6, "few rows, odd dim"),
+        (333, 1536, 1, 1e-6, "block norm, 12 chunks"),
+        (2 * 37 * 24, 64, 24, 1e-5, "per-head QK-norm, 24 heads"),
+        (45, 32, 4, 1e-5, "dim 32, 4 groups"),
+        (40, 2048, 1, 1e-6, "wider than the one-pass backward"),
     ] {
         c.case(&format!("rms_norm {t} {what} rows={rows} dim={dim}"), |c, n| {
             rms_case::<T>(c, n, rows, dim, groups, eps)
@@ -201,6 +205,14 @@ fn typed<T: Elem>(c: &mut Ctx) {
     }
     for (rows, vocab) in [(37, 50257), (301, 1000), (5, 7)] {
         c.case(&format!("cross_entropy {t} rows={rows} vocab={vocab}"), |c, n| xent_case::<T>(c, n, rows, vocab));
+    }
+    // The output head's kernels: rows padded to ld (GPT-2's vocabulary to a multiple of 64), the
+    // row staged in shared memory and read three times from memory; ld not a multiple of 4 stages
+    // nothing.
+    for (rows, vocab, ld) in [(37, 50257, 50304), (301, 1000, 1024), (5, 7, 8), (9, 1001, 1001)] {
+        c.case(&format!("cross_entropy_padded {t} rows={rows} vocab={vocab} ld={ld}"), |c, n| {
+            xent_padded_case::<T>(c, n, rows, vocab, ld)
+        });
     }
     c.case(&format!("adamw {t} n=100003, 3 steps"), |c, n| adamw_case::<T>(c, n, 100_003));
 }
@@ -262,6 +274,23 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     let mut dwa = c.up(&dw0)?;
     ops::rms_norm_bwd(g, &mut dxa, true, &mut dwa, &dyd, &xd, &rstd_d, &wd, rows, dim)?;
     c.add_t::<T>(name, "bwd dx accumulate", &dl(g, &dxa, rows * dim)?, &dx_acc_ref);
+    // The one-pass backward (taken above where it applies) against the dx kernel and column sum.
+    if ops::rms_norm_bwd_fuses(dim, groups) {
+        let mut dxt = g.zeros::<T>(rows * dim)?;
+        let mut dwt = c.up(&dw0)?;
+        ops::rms_norm_bwd_with(g, &mut dxt, false, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, false)?;
+        c.add_same(name, "bwd one pass: dx bitwise = two kernels", &dxv, &dl(g, &dxt, rows * dim)?);
+        c.add(name, "bwd one pass: dw vs two kernels", rel_l2(&dwv, &dl(g, &dwt, w.len())?), tol, "other chunks");
+        let mut dxt = c.up(&dx0t)?;
+        let mut dwt = c.up(&dw0)?;
+        ops::rms_norm_bwd_with(g, &mut dxt, true, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, false)?;
+        c.add_same(
+            name,
+            "bwd one pass: dx accumulate bitwise = two kernels",
+            &dl(g, &dxa, rows * dim)?,
+            &dl(g, &dxt, rows * dim)?,
+        );
+    }
     Ok(())
 }
 
@@ -552,6 +581,49 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
     let mut lossd2 = g.zeros::<f32>(rows)?;
     ops::cross_entropy_fwd_bwd(g, &mut dd2, &mut lossd2, &ld, &tgd, weight, rows, vocab)?;
     c.add_same(name, "losses bitwise repeat", &g.download(&lossd2)?, &losses);
+    Ok(())
+}
+
+fn xent_padded_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize, ld: usize) -> Result<()> {
+    let g = c.gpu;
+    let logits = c.randn(rows * vocab, 3.0);
+    let targets: Vec<Option<u32>> = (0..rows)
+        .map(|r| match r % 5 {
+            1 => None,
+            2 => Some(0),
+            3 => Some(vocab as u32 - 1),
+            _ => Some(c.rng.gen_range(0..vocab as u32)),
+        })
+        .collect();
+    let weight = 1.0 / targets.iter().filter(|t| t.is_some()).count().max(1) as f32;
+    let (loss_ref, lse) = crate::cross_entropy::cross_entropy_fwd(&logits, &targets, vocab);
+    let mut d_ref = logits.clone();
+    crate::cross_entropy::cross_entropy_bwd(&mut d_ref, &lse, &targets, &vec![weight; rows], vocab);
+    // Padding columns hold large values: a kernel that reads them into its max or sum fails.
+    let mut padded = vec![1e4f32; rows * ld];
+    for r in 0..rows {
+        padded[r * ld..r * ld + vocab].copy_from_slice(&logits[r * vocab..(r + 1) * vocab]);
+    }
+    let ti: Vec<i32> = targets.iter().map(|t| t.map_or(-1, |v| v as i32)).collect();
+    let (ld_dev, tgd) = (c.up(&padded)?, c.up(&ti)?);
+    let run = |staged: bool| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut dd = g.upload(&vec![T::from_f32(7.0); rows * ld])?;
+        let mut lossd = g.zeros::<f32>(rows)?;
+        ops::cross_entropy_padded(g, &mut dd, &mut lossd, &ld_dev, &tgd, weight, rows, vocab, ld, staged)?;
+        Ok((g.download(&lossd)?, dl(g, &dd, rows * ld)?))
+    };
+    let (losses, dv) = run(false)?;
+    let unpad = |d: &[f32]| -> Vec<f32> { (0..rows).flat_map(|r| d[r * ld..r * ld + vocab].to_vec()).collect() };
+    c.add_f32(name, "losses (three passes)", &losses, &loss_ref);
+    c.add_t::<T>(name, "dlogits (three passes)", &unpad(&dv), &d_ref);
+    let pad_zero = (0..rows).all(|r| dv[r * ld + vocab..(r + 1) * ld].iter().all(|&v| v == 0.0));
+    c.add(name, "padding dlogits 0", if pad_zero { 0.0 } else { 1.0 }, 0.0, "");
+    if ops::cross_entropy_staged_fits(g, ld) {
+        let (ls, ds) = run(true)?;
+        c.add_f32(name, "losses (row in shared memory)", &ls, &loss_ref);
+        c.add_same(name, "staged = three passes: losses", &ls, &losses);
+        c.add_same(name, "staged = three passes: dlogits", &ds, &dv);
+    }
     Ok(())
 }
 

@@ -88,6 +88,62 @@ int main() {
         launch(g1((rows + 7) / 8), 256, [&] { rms_norm_fwd_bf16(yb.data(), rstd.data(), xb.data(), w.data(), rows, dim, groups, 1e-6f); });
         cmp("rms fwd bf16 y", fromb(yb), yr2, 1e-2);
     }
+    // ---- RMSNorm backward in one kernel (dx and the dw partial sums): rows of whole 128-wide
+    // chunks (dim 128 with 3 groups, dim 256), rows of 16 and 8 lanes (dim 64 with 12 groups, dim
+    // 32 with 4), partial last super-rows, chunks of 3 super-rows over several blocks and warps
+    // with nothing to do; dx bitwise as the dx kernel, dw against the loop
+    for (auto [rows, dim, groups] : {std::tuple{37, 128, 3}, std::tuple{20, 256, 1}, std::tuple{50, 64, 12},
+                                     std::tuple{45, 32, 4}, std::tuple{200, 768, 1}}) {
+        auto x = randn(rows * dim), w = randn(groups * dim), dy = randn(rows * dim), dx0 = randn(rows * dim);
+        auto dw0 = randn(groups * dim);
+        std::vector<float> rr(rows);
+        for (int r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int c = 0; c < dim; ++c) ss += x[r * dim + c] * x[r * dim + c];
+            rr[r] = 1.0 / sqrt(ss / dim + 1e-6);
+        }
+        for (int acc : {0, 1}) {
+            std::vector<float> dxr(rows * dim), dwr = dw0;
+            for (int r = 0; r < rows; ++r) {
+                int g = r % groups;
+                double dot = 0;
+                for (int c = 0; c < dim; ++c) dot += w[g * dim + c] * dy[r * dim + c] * x[r * dim + c] * rr[r];
+                double mean = dot / dim;
+                for (int c = 0; c < dim; ++c) {
+                    dxr[r * dim + c] = (acc ? dx0[r * dim + c] : 0.f) +
+                                       rr[r] * (w[g * dim + c] * dy[r * dim + c] - x[r * dim + c] * rr[r] * mean);
+                    dwr[g * dim + c] += dy[r * dim + c] * x[r * dim + c] * rr[r];
+                }
+            }
+            int W = groups * dim, SR = (rows + groups - 1) / groups, R = 3, P = (SR + R - 1) / R;
+            std::vector<float> part(P * W, NAN), dw = dw0, dx = dx0, dx2 = dx0;
+            launch(g1(P), 256, [&] {
+                rms_norm_bwd_fused_f32(part.data(), dx.data(), acc, dy.data(), x.data(), rr.data(), w.data(), rows, dim,
+                                       groups, R);
+            });
+            launch(g1(W), 256, [&] { colsum_final(dw.data(), part.data(), P, W); });
+            launch(g1((rows + 7) / 8), 256, [&] {
+                rms_norm_bwd_dx_f32(dx2.data(), acc, dy.data(), x.data(), rr.data(), w.data(), rows, dim, groups);
+            });
+            char what[96];
+            snprintf(what, sizeof what, "rms bwd fused dim %d groups %d acc %d", dim, groups, acc);
+            cmp((std::string(what) + " dx").c_str(), dx, dxr, 1e-6);
+            cmp((std::string(what) + " dw").c_str(), dw, dwr, 1e-6);
+            cmp((std::string(what) + " dx = dx kernel").c_str(), dx, dx2, 0);
+        }
+        // bf16: dx bitwise as the bf16 dx kernel
+        auto xb = tob(x), dyb = tob(dy), dxb = tob(dx0), dxb2 = tob(dx0);
+        int W = groups * dim, SR = (rows + groups - 1) / groups, R = 3, P = (SR + R - 1) / R;
+        std::vector<float> part(P * W);
+        launch(g1(P), 256, [&] {
+            rms_norm_bwd_fused_bf16(part.data(), dxb.data(), 1, dyb.data(), xb.data(), rr.data(), w.data(), rows, dim,
+                                    groups, R);
+        });
+        launch(g1((rows + 7) / 8), 256, [&] {
+            rms_norm_bwd_dx_bf16(dxb2.data(), 1, dyb.data(), xb.data(), rr.data(), w.data(), rows, dim, groups);
+        });
+        cmp("rms bwd fused bf16 dx = dx kernel", fromb(dxb), fromb(dxb2), 0);
+    }
     // ---- a decode step's norms: a block per row, alone and after a residual add (dim 72: 4-wide
     // loads, 37: single elements), against plain loops
     for (int dim : {72, 37}) {
@@ -327,22 +383,34 @@ int main() {
         for (long i = 0; i < rows * cols; ++i) dr[i % cols] += x[i];
         cmp("col_sum_acc", d, dr, 1e-5);
     }
-    // ---- SwiGLU rows 3 I 37
-    {
-        int rows = 3, I = 37;
+    // ---- SwiGLU rows 3, I 37 (a thread per channel) and I 44 (a thread per 4 channels), f32; bf16
+    // at I 44 against the loop on the rounded inputs
+    for (int I : {37, 44}) {
+        int rows = 3;
+        const long threads = I % 4 == 0 ? rows * I / 4 : rows * I;
         auto gu = randn(rows * 2 * I, 2), dh = randn(rows * I);
-        std::vector<float> h(rows * I), hr(rows * I), dgu(rows * 2 * I), dr(rows * 2 * I);
-        launch(g1((rows * I + 255) / 256), 256, [&] { swiglu_fwd_f32(h.data(), gu.data(), rows, I); });
-        for (int r = 0; r < rows; ++r)
-            for (int c = 0; c < I; ++c) {
-                float a = gu[r * 2 * I + c], u = gu[r * 2 * I + I + c], s = sg(a);
-                hr[r * I + c] = a * s * u;
-                dr[r * 2 * I + c] = dh[r * I + c] * u * s * (1 + a * (1 - s));
-                dr[r * 2 * I + I + c] = dh[r * I + c] * a * s;
-            }
-        cmp("swiglu fwd", h, hr, 1e-6);
-        launch(g1((rows * I + 255) / 256), 256, [&] { swiglu_bwd_f32(dgu.data(), dh.data(), gu.data(), rows, I); });
-        cmp("swiglu bwd", dgu, dr, 1e-6);
+        std::vector<float> h(rows * I, NAN), hr(rows * I), dgu(rows * 2 * I, NAN), dr(rows * 2 * I);
+        launch(g1((threads + 255) / 256), 256, [&] { swiglu_fwd_f32(h.data(), gu.data(), rows, I); });
+        auto loops = [&](const std::vector<float>& g_, const std::vector<float>& d_) {
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < I; ++c) {
+                    float a = g_[r * 2 * I + c], u = g_[r * 2 * I + I + c], s = sg(a);
+                    hr[r * I + c] = a * s * u;
+                    dr[r * 2 * I + c] = d_[r * I + c] * u * s * (1 + a * (1 - s));
+                    dr[r * 2 * I + I + c] = d_[r * I + c] * a * s;
+                }
+        };
+        loops(gu, dh);
+        cmp(I % 4 ? "swiglu fwd (per channel)" : "swiglu fwd (4 channels a thread)", h, hr, 1e-6);
+        launch(g1((threads + 255) / 256), 256, [&] { swiglu_bwd_f32(dgu.data(), dh.data(), gu.data(), rows, I); });
+        cmp(I % 4 ? "swiglu bwd (per channel)" : "swiglu bwd (4 channels a thread)", dgu, dr, 1e-6);
+        auto gub = tob(gu), dhb = tob(dh);
+        std::vector<bf16> hb(rows * I), dgub(rows * 2 * I);
+        launch(g1((threads + 255) / 256), 256, [&] { swiglu_fwd_bf16(hb.data(), gub.data(), rows, I); });
+        launch(g1((threads + 255) / 256), 256, [&] { swiglu_bwd_bf16(dgub.data(), dhb.data(), gub.data(), rows, I); });
+        loops(fromb(gub), fromb(dhb));
+        cmp("swiglu fwd bf16", fromb(hb), hr, 1e-2);
+        cmp("swiglu bwd bf16", fromb(dgub), dr, 1e-2);
     }
     // ---- embedding fwd/bwd, vocab 11, d 40, rows 30 (host grouping as in ops.rs)
     {

@@ -66,9 +66,10 @@ pub struct TrainArgs {
     /// then as N ranks through NCCL (gradient buckets reduced during the backward, ZeRO-1), each
     /// rank with --batch sequences, so the N-GPU step's global batch is N × --batch. Prints
     /// tokens/s, scaling efficiency, memory and optimizer state per GPU. `--gpus 1` runs a
-    /// world of one rank through NCCL.
-    #[arg(long, value_name = "N")]
-    pub gpus: Option<usize>,
+    /// world of one rank through NCCL. Several counts (`--gpus 2,4`) share the one 1-GPU run
+    /// and go in the order given.
+    #[arg(long, value_name = "N", value_delimiter = ',')]
+    pub gpus: Vec<usize>,
     /// Where a process started by --gpus leaves its rows for the launcher (internal).
     #[arg(long, hide = true)]
     pub report: Option<PathBuf>,

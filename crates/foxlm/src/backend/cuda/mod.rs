@@ -194,6 +194,9 @@ pub struct Cuda<T: Elem> {
     /// gradient, targets and losses.
     pub(crate) head_rows: usize,
     pub(crate) head_logits: CudaSlice<f32>,
+    /// The cross-entropy holds a row of logits in shared memory where it fits; off with
+    /// FOXLM_XENT_SMEM=0 (the three-pass kernel, to compare).
+    pub(crate) xent_staged: bool,
     /// Page-locked host memory that logits come down through (grown as needed): a copy into
     /// pageable memory ran at about 1 GB/s (3.3 ms for 16 rows of GPT-2's vocabulary, H200).
     pub(crate) host_logits: Option<cudarc_event::PinnedHostSlice<f32>>,
@@ -331,9 +334,11 @@ impl<T: Elem> Cuda<T> {
         if small > 0 {
             grown(&gpu, &mut ssm.small, small)?;
         }
+        let xent_staged = std::env::var("FOXLM_XENT_SMEM").as_deref() != Ok("0");
         Ok(Self {
             ssm,
             head_rows,
+            xent_staged,
             head_logits: gpu.zeros(head_rows * vocab_pad)?,
             host_logits: None,
             head_dlogits: gpu.zeros(head_rows * vocab_pad)?,
@@ -451,24 +456,21 @@ impl<T: Elem> Cuda<T> {
     /// The fused cross-entropy of kernels/model.cu over the head chunk's `m` rows of `vocab`
     /// logits stored `ld` apart.
     pub(crate) fn cross_entropy_ld(&mut self, weight: f32, m: usize, vocab: usize, ld: usize) -> Result<()> {
-        ensure!(
-            self.head_logits.len() >= m * ld && self.head_dlogits.len() >= m * ld && self.head_losses.len() >= m,
-            "head chunk buffers too short"
-        );
-        let f = self.gpu.function(&MODEL, &format!("fox_cross_entropy_ld_{}", T::NAME))?;
-        let cfg = LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
-        let (pd, pl, px, pt) = (
-            self.dptr(&self.head_dlogits),
-            self.dptr(&self.head_losses),
-            self.dptr(&self.head_logits),
-            self.dptr(&self.head_targets),
-        );
-        let (v, l) = (vocab as i32, ld as i32);
-        let mut b = self.gpu.stream().launch_builder(&f);
-        b.arg(&pd).arg(&pl).arg(&px).arg(&pt).arg(&weight).arg(&v).arg(&l);
-        // SAFETY: arguments as in kernels/model.cu; buffer lengths checked above.
-        unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching the cross-entropy kernel: {e:?}"))?;
-        Ok(())
+        // The row in shared memory where it fits: one read of the logits instead of three.
+        let staged = self.xent_staged && ops::cross_entropy_staged_fits(&self.gpu, ld);
+        let (gpu, t) = (&self.gpu, &self.head_targets);
+        ops::cross_entropy_padded(
+            gpu,
+            &mut self.head_dlogits,
+            &mut self.head_losses,
+            &self.head_logits,
+            t,
+            weight,
+            m,
+            vocab,
+            ld,
+            staged,
+        )
     }
 
     pub(crate) fn vis<'a>(&self, b: &'a GpuBatch) -> DevVisibility<'a> {

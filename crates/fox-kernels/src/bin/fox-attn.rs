@@ -283,15 +283,20 @@ fn main() -> Result<()> {
                 ("f32, v1", false, 1),
             ]
             {
-                let (fwd, fb) = if bf {
+                let (fwd, fb, st) = if bf {
                     gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, version)?
                 } else {
                     gla_check::bench::<f32>(&gpu, shape, 3, 20, version)?
                 };
                 println!(
                     "GLA on {}, [B, T, H, K = V] = {shape:?}, {what}: forward {fwd:.3} ms, forward + backward \
-                     {fb:.3} ms (medians of 20, CUDA events)",
-                    gpu.describe()
+                     {fb:.3} ms (medians of 20, CUDA events); forward kernels alone: cumsum {:.3}, states {:.3}, \
+                     scores {:.3}, output {:.3} ms",
+                    gpu.describe(),
+                    st[0],
+                    st[1],
+                    st[2],
+                    st[3]
                 );
             }
             Ok(())

@@ -259,49 +259,73 @@ fn states<T: Elem>(
     scores: bool,
     bf16_states: bool,
 ) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
-    let start = opt_ptr(gpu, p.start);
-    let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
-    let args = [Arg::P(s.cum), Arg::P(ptr(gpu, p.g)), Arg::P(start), Arg::I(ti), Arg::I(hi), Arg::I(ki)];
-    launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)?;
-    if uses_walk(p) {
-        let kb = walk_kb();
-        let args = [
-            Arg::P(s.hs),
-            Arg::P(fin),
-            Arg::P(init),
-            Arg::P(ptr(gpu, p.k)),
-            Arg::P(ptr(gpu, p.v)),
-            Arg::P(s.cum),
-            Arg::P(start),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(ki),
-            Arg::I(vi),
-            Arg::I(int(op, nch)?),
-            Arg::I(i32::from(bf16_states)),
-        ];
-        let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
-        launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)?;
-    } else {
-        chunk_states(gpu, p, s, init, fin)?;
-    }
+    cumsum(gpu, p, s)?;
+    passing(gpu, p, s, init, fin, bf16_states)?;
     if scores {
-        let args = [
-            Arg::P(s.scores),
-            Arg::P(ptr(gpu, p.q)),
-            Arg::P(ptr(gpu, p.k)),
-            Arg::P(s.cum),
-            Arg::P(start),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(ki),
-            Arg::I(int(op, nch)?),
-        ];
-        launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)?;
+        chunk_scores(gpu, p, s)?;
     }
     Ok(())
+}
+
+/// The gate's prefix sums within each chunk (gla_cumsum).
+fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let start = opt_ptr(gpu, p.start);
+    let args = [
+        Arg::P(s.cum),
+        Arg::P(ptr(gpu, p.g)),
+        Arg::P(start),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+    ];
+    launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)
+}
+
+/// The states entering each chunk: version 3's walk or versions 1 and 2's [`chunk_states`].
+fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf16_states: bool) -> Result<()> {
+    let op = "gla";
+    if !uses_walk(p) {
+        return chunk_states(gpu, p, s, init, fin);
+    }
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let kb = walk_kb();
+    let args = [
+        Arg::P(s.hs),
+        Arg::P(fin),
+        Arg::P(init),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(s.cum),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, vd)?),
+        Arg::I(int(op, nch)?),
+        Arg::I(i32::from(bf16_states)),
+    ];
+    let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
+    launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
+}
+
+/// The chunk scores A (gla_scores).
+fn chunk_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let args = [
+        Arg::P(s.scores),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(s.cum),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)
 }
 
 /// Versions 1 and 2's state passing: each chunk's own state (gla_chunk_h), then the sequential
@@ -392,7 +416,7 @@ fn fwd<T: Elem>(
 ) -> Result<()> {
     let op = "gla_fwd";
     p.check(op)?;
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let (b, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
     need(op, "o", o, b * t * h * vd)?;
     need(op, "scratch", scratch, gla_fwd_scratch_len(b, t, h, kd, vd))?;
     if b * t == 0 {
@@ -400,28 +424,19 @@ fn fwd<T: Elem>(
     }
     let s = parts(gpu, p, scratch);
     // Version 3's output kernel takes K ≤ 128 (its tiles); wider keys keep version 2's.
-    let walk_out = uses_walk(p) && kd <= 128;
-    states(gpu, p, &s, init, fin, true, walk_out)?;
-    if walk_out {
-        let kp = if kd <= 64 { 64 } else { 128 };
-        let args = [
-            Arg::P(ptr(gpu, o)),
-            Arg::P(ptr(gpu, p.q)),
-            Arg::P(ptr(gpu, p.v)),
-            Arg::P(s.cum),
-            Arg::P(s.hs),
-            Arg::P(s.scores),
-            Arg::P(opt_ptr(gpu, p.start)),
-            Arg::I(int(op, t)?),
-            Arg::I(int(op, h)?),
-            Arg::I(int(op, kd)?),
-            Arg::I(int(op, vd)?),
-            Arg::I(int(op, nch)?),
-            Arg::F(p.scale),
-        ];
-        let name = format!("gla_fwd_o_w_k{kp}");
-        return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
-    }
+    states(gpu, p, &s, init, fin, true, walk_out(p))?;
+    output(gpu, p, o, &s)
+}
+
+/// Whether the forward's states go to version 3's output kernel (bf16 Sᵀ; K ≤ 128, its tiles).
+fn walk_out<T: Elem>(p: &DevGla<T>) -> bool {
+    uses_walk(p) && p.k_dim <= 128
+}
+
+/// The forward's outputs from the chunk states and scores.
+fn output<T: Elem>(gpu: &Gpu, p: &DevGla<T>, o: &mut CudaSlice<T>, s: &Parts) -> Result<()> {
+    let op = "gla_fwd";
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
     let args = [
         Arg::P(ptr(gpu, o)),
         Arg::P(ptr(gpu, p.q)),
@@ -437,7 +452,38 @@ fn fwd<T: Elem>(
         Arg::I(int(op, nch)?),
         Arg::F(p.scale),
     ];
+    if walk_out(p) {
+        let kp = if kd <= 64 { 64 } else { 128 };
+        let name = format!("gla_fwd_o_w_k{kp}");
+        return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
+    }
     launch(gpu, &vname(p, "gla_fwd_o"), (vd.div_ceil(64), nch, b * h), 0, &args)
+}
+
+/// Each kernel of the forward alone (ms, medians of `iters` after `warmup`, CUDA events), for
+/// `fox-attn bench-gla`: the gate's prefix sums, the state passing (the walk, or the chunk states
+/// and the scan), the scores, the outputs. `scratch` of [`gla_fwd_scratch_len`] floats.
+pub fn fwd_kernel_ms<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    o: &mut CudaSlice<T>,
+    scratch: &mut CudaSlice<f32>,
+    warmup: usize,
+    iters: usize,
+) -> Result<[f64; 4]> {
+    let op = "gla_fwd kernel_ms";
+    p.check(op)?;
+    let (b, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
+    need(op, "o", o, b * t * h * vd)?;
+    need(op, "scratch", scratch, gla_fwd_scratch_len(b, t, h, kd, vd))?;
+    let s = parts(gpu, p, scratch);
+    let tm = |f: &mut dyn FnMut() -> Result<()>| super::bench::time_ms(gpu, warmup, iters, f);
+    Ok([
+        tm(&mut || cumsum(gpu, p, &s))?,
+        tm(&mut || passing(gpu, p, &s, 0, 0, walk_out(p)))?,
+        tm(&mut || chunk_scores(gpu, p, &s))?,
+        tm(&mut || output(gpu, p, o, &s))?,
+    ])
 }
 
 /// The chunked backward, as [`crate::gla::gla_bwd`]: from do [B, T, H, V] (its padded rows

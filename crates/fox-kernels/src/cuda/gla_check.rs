@@ -414,14 +414,15 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
 /// [B, T, H, K = V] on random inputs (g = logsigmoid of N(0, 1) + 2), no initial state, in T,
-/// through `version` 1, 2 (tensor cores) or 3 (version 2 with the walk).
+/// through `version` 1, 2 (tensor cores) or 3 (version 2 with the walk); then each forward kernel
+/// alone ([`gla::fwd_kernel_ms`]).
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     (b, t, h, d): (usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
     version: u8,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, [f64; 4])> {
     let tc = version >= 2;
     let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
     let s = Shape { b, t, h, d, start: None, init: false, gate: (2.0, 1.0) };
@@ -446,6 +447,7 @@ pub fn bench<T: Elem>(
     let mut o = gpu.zeros::<T>(n)?;
     let mut sc = gpu.zeros::<f32>(gla::gla_bwd_scratch_len(b, t, h, d, d))?;
     let fwd = super::bench::time_ms(gpu, warmup, iters, || gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc))?;
+    let stages = gla::fwd_kernel_ms(gpu, &dev, &mut o, &mut sc, warmup, iters)?;
     let gdo = up::<T>(gpu, &c.randn(n, 1.0))?;
     let mut bufs = [gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?];
     let fb = super::bench::time_ms(gpu, warmup, iters, || {
@@ -454,5 +456,5 @@ pub fn bench<T: Elem>(
         let grads = DevGlaGrads { dq: a, dk: bb, dv: cc, dg: dd, dinit: None };
         gla::gla_bwd(gpu, &dev, &gdo, None, None, grads, &mut sc)
     })?;
-    Ok((fwd, fb))
+    Ok((fwd, fb, stages))
 }

@@ -275,7 +275,7 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 6, 128),
             };
-            // Version 3 (the walk, FOXLM_GLA_KB's width), version 2 (tensor cores, bf16's default), version 1 on bf16 and f32.
+            // Version 3 (the walk, FOXLM_GLA_KB's width; bf16's default), version 2 (tensor cores), version 1 on bf16 and f32.
             for (what, bf, version) in [
                 ("bf16, v3 (walk)", true, 3),
                 ("bf16, tensor cores", true, 2),

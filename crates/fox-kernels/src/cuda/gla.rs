@@ -162,6 +162,12 @@ fn out_w_smem(kp: usize) -> usize {
     2 * (CHUNK * (kp + 8) * 2) + 2 * (CHUNK * 72 * 2)
 }
 
+/// Dynamic shared memory of gla_scores_w_k`kp` (kernels/gla.cu's GlaScoresW): q, k and q̃
+/// [64][kp + 8] (bf16), G [64][kp + 4] (f32), the three k ⊙ e^{G_r − G} (96 rows of kp + 8, bf16).
+fn scores_w_smem(kp: usize) -> usize {
+    3 * CHUNK * (kp + 8) * 2 + CHUNK * (kp + 4) * 4 + 96 * (kp + 8) * 2
+}
+
 /// Value columns per block of the walk (GLA_WV), 16 per warp.
 const WALK_V: usize = 64;
 
@@ -251,23 +257,16 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 }
 
 /// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
-/// into slot nch and `fin`), and with `scores` the chunk scores A. With `bf16_states` (the walk
-/// only) the slots hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V].
-fn states<T: Elem>(
-    gpu: &Gpu,
-    p: &DevGla<T>,
-    s: &Parts,
-    init: u64,
-    fin: u64,
-    scores: bool,
-    bf16_states: bool,
-) -> Result<()> {
+/// into slot nch and `fin`) and the chunk scores A. With `fwd_w` (version 3's forward) the slots
+/// hold bf16 Sᵀ [V, K] and A is bf16, for gla_fwd_o_w; else f32 S [K, V] and f32 A.
+fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd_w: bool) -> Result<()> {
     cumsum(gpu, p, s)?;
-    passing(gpu, p, s, init, fin, bf16_states)?;
-    if scores {
-        chunk_scores(gpu, p, s)?;
+    passing(gpu, p, s, init, fin, fwd_w)?;
+    if fwd_w {
+        scores_w(gpu, p, s)
+    } else {
+        chunk_scores(gpu, p, s)
     }
-    Ok(())
 }
 
 /// The gate's prefix sums within each chunk (gla_cumsum).
@@ -311,6 +310,25 @@ fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf
     ];
     let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
     launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
+}
+
+/// Version 3's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.
+fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let kp = if kd <= 64 { 64 } else { 128 };
+    let args = [
+        Arg::P(s.scores),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(s.cum),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, &format!("gla_scores_w_k{kp}"), (nch, b * h, 1), scores_w_smem(kp), &args)
 }
 
 /// The chunk scores A (gla_scores).
@@ -427,7 +445,7 @@ fn fwd<T: Elem>(
     }
     let s = parts(gpu, p, scratch);
     // Version 3's output kernel takes K ≤ 128 (its tiles); wider keys keep version 2's.
-    states(gpu, p, &s, init, fin, true, walk_out(p))?;
+    states(gpu, p, &s, init, fin, walk_out(p))?;
     output(gpu, p, o, &s)
 }
 
@@ -484,7 +502,7 @@ pub fn fwd_kernel_ms<T: Elem>(
     Ok([
         tm(&mut || cumsum(gpu, p, &s))?,
         tm(&mut || passing(gpu, p, &s, 0, 0, walk_out(p)))?,
-        tm(&mut || chunk_scores(gpu, p, &s))?,
+        tm(&mut || if walk_out(p) { scores_w(gpu, p, &s) } else { chunk_scores(gpu, p, &s) })?,
         tm(&mut || output(gpu, p, o, &s))?,
     ])
 }
@@ -524,7 +542,7 @@ pub fn gla_bwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    states(gpu, p, &s, opt_ptr(gpu, init), 0, true, false)?;
+    states(gpu, p, &s, opt_ptr(gpu, init), 0, false)?;
     let start = opt_ptr(gpu, p.start);
     let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
     let pdo = ptr(gpu, dout);

@@ -15,7 +15,8 @@
 // version 2 (tensor cores, emulated here per PTX's m16n8k16 fragment layouts: the products'
 // operands rounded to bf16 as well): 1e-2, the gate's gradient 2e-2 (a difference of sums);
 // observed ≤ 2.9e-3, dg ≤ 9.7e-3 (strong decays, version 2). Version 3 (the walk, with
-// ldmatrix and cp.async from mock.h) under the same tolerances: the same errors as version 2.
+// ldmatrix and cp.async from mock.h; its forward's scores by gla_scores_w) under the same
+// tolerances: the same errors as version 2.
 #include "mock.h"
 #include "../../kernels/elem.cuh"
 #define GLA_DSMEM(name) static float name[GLA_DQK_SMEM_FLOATS]
@@ -227,6 +228,7 @@ struct Dev {
     const int* start;
     float scale;
     std::vector<float> G, hs, A, dhs, dA;
+    std::vector<u16> A16;  // version 3's forward scores (bf16)
     Dev(const Case& c, const std::vector<float>& q_, const std::vector<float>& k_, const std::vector<float>& v_,
         const std::vector<float>& g_, const int* st, float sc)
         : B(c.B), T(c.T), H(c.H), K(c.K), V(c.V), nch((c.T + 63) / 64), q(conv<E>(q_)), k(conv<E>(k_)),
@@ -234,6 +236,7 @@ struct Dev {
         G.assign((size_t)B * T * H * K, 0.f);
         hs.assign((size_t)B * H * (nch + 1) * K * V, 0.f);
         A.assign((size_t)B * H * nch * 64 * 64, 0.f);
+        A16.assign(A.size(), 0x7fc0);  // NaN: every element must be written
         dhs.assign((size_t)B * H * nch * K * V, 0.f);
         dA.assign(A.size(), 0.f);
     }
@@ -259,8 +262,16 @@ struct Dev {
             launch({(unsigned)((B * H * K * V + 255) / 256), 1, 1}, 256,
                    [&] { gla_scan_fwd(hs.data(), fin, init, G.data(), B, T, H, K, V, nch); });
         }
-        launch({nc, bh, 1}, 256,
-               [&] { Kern<E>::scores(A.data(), q.data(), k.data(), G.data(), start, T, H, K, nch); });
+        if (hs16) {
+            // Version 3's forward: bf16 A, between sub-chunks on (emulated) tensor cores.
+            auto kern = K <= 64 ? gla_scores_w_k64 : gla_scores_w_k128;
+            launch({nc, bh, 1}, 256, [&] {
+                kern(A16.data(), (const u16*)q.data(), (const u16*)k.data(), G.data(), start, T, H, K, nch);
+            });
+        } else {
+            launch({nc, bh, 1}, 256,
+                   [&] { Kern<E>::scores(A.data(), q.data(), k.data(), G.data(), start, T, H, K, nch); });
+        }
     }
     std::vector<float> fwd(const float* init, float* fin) {
         std::vector<E> o((size_t)B * T * H * V, Kern<E>::to(7.f));
@@ -269,7 +280,7 @@ struct Dev {
             auto kern = K <= 64 ? gla_fwd_o_w_k64 : gla_fwd_o_w_k128;
             launch({(unsigned)((V + 63) / 64), (unsigned)nch, (unsigned)(B * H)}, 256, [&] {
                 kern((u16*)o.data(), (const u16*)q.data(), (const u16*)v.data(), G.data(), (const u16*)hs.data(),
-                     A.data(), start, T, H, K, V, nch, scale);
+                     A16.data(), start, T, H, K, V, nch, scale);
             });
             return back<E>(o);
         }

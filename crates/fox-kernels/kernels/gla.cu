@@ -24,7 +24,8 @@
 // reverse passing gla_scan_bwd (dH_c, the gradient of the state leaving chunk c), gla_dscores
 // (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there). Version 3 (bf16)
 // replaces gla_chunk_h + gla_scan_fwd by the walk gla_walk_tc_k* and the forward's gla_fwd_o by
-// gla_fwd_o_w_k* (see there).
+// gla_fwd_o_w_k* (see there); opt-in, its forward's gla_scores by gla_scores_w_k* (tensor cores,
+// bf16 A) read by gla_fwd_o_w16_k*.
 
 #ifndef GLA_ONCE
 #define GLA_ONCE
@@ -416,8 +417,9 @@ GLA_WALK_KERNEL(32)
 GLA_WALK_KERNEL(64)
 
 // Version 3's output (bf16 activations): o[:, vb] = scale · ((q ⊙ e^G) S_c[:, vb] + A V[:, vb]) as
-// gla_fwd_o_tc, with S_c read as the walk's bf16 Sᵀ [V][K] and A as gla_scores_w's bf16 tiles. The
-// S_c, v and A tiles load by cp.async while the block makes q ⊙ e^G from paired loads; fragments by
+// gla_fwd_o_tc, with S_c read as the walk's bf16 Sᵀ [V][K]. The S_c and v tiles load by cp.async
+// while the block makes q ⊙ e^G and A's bf16 tile (from gla_scores' f32 A by paired loads, or with
+// A16 gla_scores_w's bf16 A, by cp.async with the others); fragments by
 // ldmatrix (S_c's and A's untransposed, v's .trans), o out in bf16 pairs. K ≤ KP; K and V
 // multiples of 8. Grid (⌈V/64⌉, chunks, B·H), 256 threads, GlaOutW<KP>::bytes of dynamic shared
 // memory; the warps share the 64 × 64 output as gla_tc_gemm's.
@@ -427,9 +429,9 @@ struct GlaOutW {
     static constexpr int TQ = GLA_L * LQ * 2, TS = 64 * LQ * 2, TV = GLA_L * LV * 2, TA = GLA_L * LV * 2;
     static constexpr int bytes = TQ + TS + TV + TA;
 };
-template <int KP>
+template <int KP, bool A16>
 __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16,
-                                            const u16* A16, const int* start, int T, int H, int K, int V, int nch,
+                                            const void* A, const int* start, int T, int H, int K, int V, int nch,
                                             float scale) {
     typedef GlaOutW<KP> Lo;
     constexpr int LQ = Lo::LQ, LV = Lo::LV;
@@ -454,10 +456,12 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
         const bool ok = r < len && tt >= first && v0 + cc < V;
         gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
     }
-    const u16* Ac = A16 + ((long)bh * nch + c) * GLA_L * GLA_L;
-    for (int i = tid; i < GLA_L * 8; i += 256) gla_cp16(as_ + i / 8 * LV + i % 8 * 8, Ac + i * 8, true);
+    const long a0 = ((long)bh * nch + c) * GLA_L * GLA_L;
+    if (A16)
+        for (int i = tid; i < GLA_L * 8; i += 256)
+            gla_cp16(as_ + i / 8 * LV + i % 8 * 8, (const u16*)A + a0 + i * 8, true);
     gla_cp_commit();
-    // q ⊙ e^G (0 at padding, past T and past K), as bf16 pairs.
+    // q ⊙ e^G (0 at padding, past T and past K) and (f32 A) A, as bf16 pairs.
     for (int i = tid; i < GLA_L * (KP / 2); i += 256) {
         const int r = i / (KP / 2), cc = i % (KP / 2) * 2, tt = t0 + r;
         u32 w = 0;
@@ -469,6 +473,12 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
         }
         *(u32*)(qs + r * LQ + cc) = w;
     }
+    if (!A16)
+        for (int i = tid; i < GLA_L * 32; i += 256) {
+            const int r = i / 32, cc = i % 32 * 2;
+            const float2 x = *(const float2*)((const float*)A + a0 + r * GLA_L + cc);
+            *(u32*)(as_ + r * LV + cc) = gla_bf2(x.x, x.y);
+        }
     gla_cp_wait_all();
     __syncthreads();
     const int lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3, j8 = lane & 7, m4 = lane >> 3;
@@ -513,14 +523,20 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
 }
 #define GLA_OUT_W_KERNEL(KP)                                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        gla_fwd_o_w_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const u16* A16,    \
+        gla_fwd_o_w_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const float* A,     \
                           const int* start, int T, int H, int K, int V, int nch, float scale) {                   \
-        gla_fwd_o_w<KP>(o, q, v, G, hs16, A16, start, T, H, K, V, nch, scale);                                    \
+        gla_fwd_o_w<KP, false>(o, q, v, G, hs16, A, start, T, H, K, V, nch, scale);                               \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        gla_fwd_o_w16_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const u16* A16,  \
+                            const int* start, int T, int H, int K, int V, int nch, float scale) {                 \
+        gla_fwd_o_w<KP, true>(o, q, v, G, hs16, A16, start, T, H, K, V, nch, scale);                              \
     }
 GLA_OUT_W_KERNEL(64)
 GLA_OUT_W_KERNEL(128)
 
-// Version 3's scores (bf16 activations): A [B, H, chunks, 64, 64] in bf16 (the output kernel rounds
+// Version 3's scores on tensor cores (bf16 activations; opt-in, not yet run on a GPU: cuda/gla.rs's
+// uses_scores_tc): A [B, H, chunks, 64, 64] in bf16 for gla_fwd_o_w16 (the output kernel rounds
 // A to bf16 for its product anyway), A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc} for j ≤ i, else 0, as
 // gla_scores. Between sub-chunks (i in a, j in b < a) on tensor cores through gla_scores'
 // reference r = 16a: q̃ = q e^{G − G_r(row)} against kp_a = k e^{G_16a − G} (bf16 operands as

@@ -278,6 +278,7 @@ fn main() -> Result<()> {
             // Version 3 (the walk, FOXLM_GLA_KB's width; bf16's default), version 2 (tensor cores), version 1 on bf16 and f32.
             for (what, bf, version) in [
                 ("bf16, v3 (walk)", true, 3),
+                ("bf16, v3 + tensor-core scores", true, 4),
                 ("bf16, tensor cores", true, 2),
                 ("bf16, v1", true, 1),
                 ("f32, v1", false, 1),

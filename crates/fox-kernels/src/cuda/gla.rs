@@ -109,6 +109,9 @@ pub struct DevGla<'a, T: Elem = f32> {
     /// Version 3: version 2 with the state passing as one walk over the chunks (see
     /// [`uses_walk`]); none: yes unless the environment says `FOXLM_GLA=v2` (or `v1`).
     pub walk: Option<bool>,
+    /// Version 3's forward with its scores on tensor cores (see [`uses_scores_tc`]); none: as the
+    /// environment says (`FOXLM_GLA_SCORES=tc`).
+    pub scores_tc: Option<bool>,
 }
 
 /// Whether `p` runs on tensor cores (version 2): as `p.tensor_cores` says, else for bf16
@@ -134,6 +137,18 @@ pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
         && p.k_dim.is_multiple_of(8)
         && p.v_dim.is_multiple_of(8)
         && p.walk.unwrap_or(!v2)
+}
+
+/// Whether `p`'s forward takes version 3's scores on tensor cores (gla_scores_w: bf16 A, the
+/// products between sub-chunks by mma.sync, the diagonal blocks on the CUDA cores with their
+/// channels over lanes) and the output kernel that reads them (gla_fwd_o_w16): with version 3's
+/// output kernel (K ≤ 128), as `p.scores_tc` says, else when the environment sets
+/// `FOXLM_GLA_SCORES=tc`. Opt-in: written 2026-11-27 after the H100 call that timed gla_scores at
+/// 0.479 ms of the 1.330 ms forward, checked under host emulation only (docs/gpu.md).
+pub fn uses_scores_tc<T: Elem>(p: &DevGla<T>) -> bool {
+    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let tc = *TC.get_or_init(|| std::env::var("FOXLM_GLA_SCORES").is_ok_and(|v| v == "tc"));
+    walk_out(p) && p.scores_tc.unwrap_or(tc)
 }
 
 /// Channels per block of the walk: `FOXLM_GLA_KB` = 16 (the default), 32 or 64 (its variants,
@@ -258,11 +273,18 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 
 /// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
 /// into slot nch and `fin`) and the chunk scores A. With `fwd_w` (version 3's forward) the slots
-/// hold bf16 Sᵀ [V, K] and A is bf16, for gla_fwd_o_w; else f32 S [K, V] and f32 A.
+/// hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V]; A is f32 unless `fwd_w` and
+/// [`uses_scores_tc`] (bf16).
 fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd_w: bool) -> Result<()> {
     cumsum(gpu, p, s)?;
     passing(gpu, p, s, init, fin, fwd_w)?;
-    if fwd_w {
+    fwd_scores(gpu, p, s, fwd_w)
+}
+
+/// The scores: version 3's on tensor cores for its forward where [`uses_scores_tc`] says so,
+/// else gla_scores.
+fn fwd_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, fwd_w: bool) -> Result<()> {
+    if fwd_w && uses_scores_tc(p) {
         scores_w(gpu, p, s)
     } else {
         chunk_scores(gpu, p, s)
@@ -475,7 +497,7 @@ fn output<T: Elem>(gpu: &Gpu, p: &DevGla<T>, o: &mut CudaSlice<T>, s: &Parts) ->
     ];
     if walk_out(p) {
         let kp = if kd <= 64 { 64 } else { 128 };
-        let name = format!("gla_fwd_o_w_k{kp}");
+        let name = format!("gla_fwd_o_w{}_k{kp}", if uses_scores_tc(p) { "16" } else { "" });
         return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
     }
     launch(gpu, &vname(p, "gla_fwd_o"), (vd.div_ceil(64), nch, b * h), 0, &args)
@@ -502,7 +524,7 @@ pub fn fwd_kernel_ms<T: Elem>(
     Ok([
         tm(&mut || cumsum(gpu, p, &s))?,
         tm(&mut || passing(gpu, p, &s, 0, 0, walk_out(p)))?,
-        tm(&mut || if walk_out(p) { scores_w(gpu, p, &s) } else { chunk_scores(gpu, p, &s) })?,
+        tm(&mut || fwd_scores(gpu, p, &s, walk_out(p)))?,
         tm(&mut || output(gpu, p, o, &s))?,
     ])
 }

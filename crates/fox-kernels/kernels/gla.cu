@@ -24,7 +24,8 @@
 // reverse passing gla_scan_bwd (dH_c, the gradient of the state leaving chunk c), gla_dscores
 // (dA_ij = scale · do_i·v_j), gla_bwd_dv, gla_bwd_dqk (dq, dk and dg; see there). Version 3 (bf16)
 // replaces gla_chunk_h + gla_scan_fwd by the walk gla_walk_tc_k* and the forward's gla_fwd_o by
-// gla_fwd_o_w_k* (see there).
+// gla_fwd_o_w_k* (see there); opt-in, its forward's gla_scores by gla_scores_w_k* (tensor cores,
+// bf16 A) read by gla_fwd_o_w16_k*.
 
 #ifndef GLA_ONCE
 #define GLA_ONCE
@@ -417,7 +418,8 @@ GLA_WALK_KERNEL(64)
 
 // Version 3's output (bf16 activations): o[:, vb] = scale · ((q ⊙ e^G) S_c[:, vb] + A V[:, vb]) as
 // gla_fwd_o_tc, with S_c read as the walk's bf16 Sᵀ [V][K]. The S_c and v tiles load by cp.async
-// while the block makes q ⊙ e^G and A's bf16 tile from ordinary paired loads; fragments by
+// while the block makes q ⊙ e^G and A's bf16 tile (from gla_scores' f32 A by paired loads, or with
+// A16 gla_scores_w's bf16 A, by cp.async with the others); fragments by
 // ldmatrix (S_c's and A's untransposed, v's .trans), o out in bf16 pairs. K ≤ KP; K and V
 // multiples of 8. Grid (⌈V/64⌉, chunks, B·H), 256 threads, GlaOutW<KP>::bytes of dynamic shared
 // memory; the warps share the 64 × 64 output as gla_tc_gemm's.
@@ -427,9 +429,9 @@ struct GlaOutW {
     static constexpr int TQ = GLA_L * LQ * 2, TS = 64 * LQ * 2, TV = GLA_L * LV * 2, TA = GLA_L * LV * 2;
     static constexpr int bytes = TQ + TS + TV + TA;
 };
-template <int KP>
+template <int KP, bool A16>
 __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16,
-                                            const float* A, const int* start, int T, int H, int K, int V, int nch,
+                                            const void* A, const int* start, int T, int H, int K, int V, int nch,
                                             float scale) {
     typedef GlaOutW<KP> Lo;
     constexpr int LQ = Lo::LQ, LV = Lo::LV;
@@ -454,8 +456,12 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
         const bool ok = r < len && tt >= first && v0 + cc < V;
         gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
     }
+    const long a0 = ((long)bh * nch + c) * GLA_L * GLA_L;
+    if (A16)
+        for (int i = tid; i < GLA_L * 8; i += 256)
+            gla_cp16(as_ + i / 8 * LV + i % 8 * 8, (const u16*)A + a0 + i * 8, true);
     gla_cp_commit();
-    // q ⊙ e^G (0 at padding, past T and past K) and A, as bf16 pairs.
+    // q ⊙ e^G (0 at padding, past T and past K) and (f32 A) A, as bf16 pairs.
     for (int i = tid; i < GLA_L * (KP / 2); i += 256) {
         const int r = i / (KP / 2), cc = i % (KP / 2) * 2, tt = t0 + r;
         u32 w = 0;
@@ -467,12 +473,12 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
         }
         *(u32*)(qs + r * LQ + cc) = w;
     }
-    const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
-    for (int i = tid; i < GLA_L * 32; i += 256) {
-        const int r = i / 32, cc = i % 32 * 2;
-        const float2 x = *(const float2*)(Ac + r * GLA_L + cc);
-        *(u32*)(as_ + r * LV + cc) = gla_bf2(x.x, x.y);
-    }
+    if (!A16)
+        for (int i = tid; i < GLA_L * 32; i += 256) {
+            const int r = i / 32, cc = i % 32 * 2;
+            const float2 x = *(const float2*)((const float*)A + a0 + r * GLA_L + cc);
+            *(u32*)(as_ + r * LV + cc) = gla_bf2(x.x, x.y);
+        }
     gla_cp_wait_all();
     __syncthreads();
     const int lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3, j8 = lane & 7, m4 = lane >> 3;
@@ -517,12 +523,178 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
 }
 #define GLA_OUT_W_KERNEL(KP)                                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        gla_fwd_o_w_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const float* A,    \
+        gla_fwd_o_w_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const float* A,     \
                           const int* start, int T, int H, int K, int V, int nch, float scale) {                   \
-        gla_fwd_o_w<KP>(o, q, v, G, hs16, A, start, T, H, K, V, nch, scale);                                      \
+        gla_fwd_o_w<KP, false>(o, q, v, G, hs16, A, start, T, H, K, V, nch, scale);                               \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        gla_fwd_o_w16_k##KP(u16* o, const u16* q, const u16* v, const float* G, const u16* hs16, const u16* A16,  \
+                            const int* start, int T, int H, int K, int V, int nch, float scale) {                 \
+        gla_fwd_o_w<KP, true>(o, q, v, G, hs16, A16, start, T, H, K, V, nch, scale);                              \
     }
 GLA_OUT_W_KERNEL(64)
 GLA_OUT_W_KERNEL(128)
+
+// Version 3's scores on tensor cores (bf16 activations; opt-in, not yet run on a GPU: cuda/gla.rs's
+// uses_scores_tc): A [B, H, chunks, 64, 64] in bf16 for gla_fwd_o_w16 (the output kernel rounds
+// A to bf16 for its product anyway), A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc} for j ≤ i, else 0, as
+// gla_scores. Between sub-chunks (i in a, j in b < a) on tensor cores through gla_scores'
+// reference r = 16a: q̃ = q e^{G − G_r(row)} against kp_a = k e^{G_16a − G} (bf16 operands as
+// version 2 rounds its others; every exponent ≤ 0), one warp per block (a, b). Within a sub-chunk
+// on the CUDA cores in f32 with e^{G_i − G_j} per element: the lower triangle in 2 × 2 tiles, a
+// tile's channels split over KP / 8 lanes (8 each, one 16-byte load per row) whose partial sums
+// meet by shuffles in a fixed order. q, k (0 at padding, past T and past K) and G (rows clamped to
+// the chunk's last real row, as gla_g) load by cp.async. K ≤ KP, K a multiple of 8. Grid (chunks,
+// B·H), 256 threads, GlaScoresW<KP>::bytes of dynamic shared memory.
+template <int KP>
+struct GlaScoresW {
+    static constexpr int LQ = KP + 8, LG = KP + 4;
+    static constexpr int TQ = GLA_L * LQ * 2, TG = GLA_L * LG * 4, TP = 96 * LQ * 2;
+    // q, k, G, q̃, then kp_1 (rows 0..15), kp_2 (0..31), kp_3 (0..47) one after the other.
+    static constexpr int bytes = 3 * TQ + TG + TP;
+};
+template <int KP>
+__device__ __forceinline__ void gla_scores_w(u16* A16, const u16* q, const u16* k, const float* G, const int* start,
+                                             int T, int H, int K, int nch) {
+    typedef GlaScoresW<KP> Ls;
+    constexpr int LQ = Ls::LQ, LG = Ls::LG, LPT = KP / 8;
+    GLA_WALK_SMEM
+    u16* qs = (u16*)smem;
+    u16* ks = (u16*)(smem + Ls::TQ);
+    float* gs = (float*)(smem + 2 * Ls::TQ);
+    u16* qt = (u16*)(smem + 2 * Ls::TQ + Ls::TG);
+    u16* kp = (u16*)(smem + 3 * Ls::TQ + Ls::TG);
+    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < GLA_L * (KP / 8); i += 256) {
+        const int r = i / (KP / 8), cc = i % (KP / 8) * 8, tt = t0 + r;
+        const bool ok = r < len && tt >= first && cc < K;
+        const long e = gla_row(b, tt, T, H, h) * K + cc;
+        gla_cp16(qs + r * LQ + cc, ok ? q + e : q, ok);
+        gla_cp16(ks + r * LQ + cc, ok ? k + e : k, ok);
+    }
+    for (int i = tid; i < GLA_L * (KP / 4); i += 256) {
+        const int r = i / (KP / 4), cc = i % (KP / 4) * 4;
+        const bool ok = cc < K;
+        gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + min(r, len - 1), T, H, h) * K + cc : G, ok);
+    }
+    gla_cp_commit();
+    gla_cp_wait_all();
+    __syncthreads();
+    // q̃ for rows 16..63, and kp_a (rows j < 16a at row 8a(a − 1) + j of kp), as bf16 pairs.
+    for (int i = tid; i < 144 * (KP / 2); i += 256) {
+        const int p = i / (KP / 2), cc = i % (KP / 2) * 2;
+        int r, ref;
+        const u16* src;
+        u16* dst;
+        if (p < 48) {
+            r = 16 + p;
+            ref = r & ~15;
+            src = qs;
+            dst = qt + r * LQ;
+        } else {
+            const int pk = p - 48, a = pk < 16 ? 1 : pk < 48 ? 2 : 3;
+            r = pk - 8 * a * (a - 1);
+            ref = 16 * a;
+            src = ks;
+            dst = kp + pk * LQ;
+        }
+        const u32 w = *(const u32*)(src + r * LQ + cc);
+        const float* gr = gs + r * LG + cc;
+        const float* g0 = gs + ref * LG + cc;
+        const float x0 = p < 48 ? gr[0] - g0[0] : g0[0] - gr[0], x1 = p < 48 ? gr[1] - g0[1] : g0[1] - gr[1];
+        *(u32*)(dst + cc) = gla_bf2(__uint_as_float(w << 16) * __expf(x0), __uint_as_float(w & 0xffff0000u) * __expf(x1));
+    }
+    __syncthreads();
+    u16* Ac = A16 + ((long)bh * nch + c) * GLA_L * GLA_L;
+    const int lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3, j8 = lane & 7, m4 = lane >> 3;
+    if (w < 6) {
+        // Block (a, bb), bb < a: warp 0 → (1, 0), 1, 2 → (2, 0..1), 3..5 → (3, 0..2).
+        const int a = w < 1 ? 1 : w < 3 ? 2 : 3, bb = w - a * (a - 1) / 2;
+        const u16* kpa = kp + 8 * a * (a - 1) * LQ;
+        float acc[2][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < KP / 16; ++kk) {
+            u32 af[4], bf[4];
+            gla_ldsm_x4(af, qt + (16 * a + (m4 & 1) * 8 + j8) * LQ + kk * 16 + (m4 >> 1) * 8);
+            gla_ldsm_x4(bf, kpa + (16 * bb + (m4 >> 1) * 8 + j8) * LQ + kk * 16 + (m4 & 1) * 8);
+            gla_mma(acc[0], af, bf[0], bf[1]);
+            gla_mma(acc[1], af, bf[2], bf[3]);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr)
+                *(u32*)(Ac + (16 * a + g + 8 * rr) * GLA_L + 16 * bb + 8 * n + 2 * t) =
+                    gla_bf2(acc[n][2 * rr], acc[n][2 * rr + 1]);
+    } else {
+        // The blocks above the diagonal are 0: 6 blocks of 16 rows × 16 columns, 8 columns a store.
+        for (int i = tid - 192; i < 6 * 16 * 2; i += 64) {
+            const int blk = i / 32, row = i % 32 / 2, half = i % 2;
+            const int a = blk < 3 ? 0 : blk < 5 ? 1 : 2, bb = a + 1 + blk - (a == 0 ? 0 : a == 1 ? 3 : 5);
+            *(uint4*)(Ac + (16 * a + row) * GLA_L + 16 * bb + 8 * half) = uint4{0, 0, 0, 0};
+        }
+    }
+    // Above the diagonal inside the diagonal blocks: 0 (pairs of columns 2J, 2J + 1 with J > row / 2).
+    for (int i = tid; i < 4 * 16 * 8; i += 256) {
+        const int a = i / 128, r = i / 8 % 16, J = i % 8;
+        if (J > r / 2) *(u32*)(Ac + (16 * a + r) * GLA_L + 16 * a + 2 * J) = 0u;
+    }
+    // The diagonal blocks: tile (I, J), J ≤ I, of sub-chunk a holds rows 16a + 2I (+1), columns
+    // 16a + 2J (+1); lane s of its LPT takes channels 8s..8s + 7.
+    const int s = tid % LPT;
+    for (int tile = tid / LPT; tile < 4 * 36; tile += 256 / LPT) {
+        const int a = tile / 36, u = tile % 36;
+        int I = 0;
+        while ((I + 1) * (I + 2) / 2 <= u) ++I;
+        const int J = u - I * (I + 1) / 2, i0 = 16 * a + 2 * I, j0 = 16 * a + 2 * J, cc = 8 * s;
+        float acc[4] = {};
+        const uint4 qv[2] = {*(const uint4*)(qs + i0 * LQ + cc), *(const uint4*)(qs + (i0 + 1) * LQ + cc)};
+        const uint4 kv[2] = {*(const uint4*)(ks + j0 * LQ + cc), *(const uint4*)(ks + (j0 + 1) * LQ + cc)};
+        float gi[2][8], gj[2][8];
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const float4 u = *(const float4*)(gs + (i0 + x) * LG + cc + 4 * hh);
+                const float4 v4 = *(const float4*)(gs + (j0 + x) * LG + cc + 4 * hh);
+                gi[x][4 * hh] = u.x, gi[x][4 * hh + 1] = u.y, gi[x][4 * hh + 2] = u.z, gi[x][4 * hh + 3] = u.w;
+                gj[x][4 * hh] = v4.x, gj[x][4 * hh + 1] = v4.y, gj[x][4 * hh + 2] = v4.z, gj[x][4 * hh + 3] = v4.w;
+            }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float qf[2], kf[2];
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                const u32 qw = (&qv[x].x)[e >> 1], kw = (&kv[x].x)[e >> 1];
+                qf[x] = __uint_as_float(e & 1 ? qw & 0xffff0000u : qw << 16);
+                kf[x] = __uint_as_float(e & 1 ? kw & 0xffff0000u : kw << 16);
+            }
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+#pragma unroll
+                for (int y = 0; y < 2; ++y) acc[2 * x + y] += qf[x] * kf[y] * __expf(gi[x][e] - gj[y][e]);
+        }
+#pragma unroll
+        for (int off = LPT / 2; off > 0; off >>= 1)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], off);
+        if (s == 0) {
+            *(u32*)(Ac + i0 * GLA_L + j0) = gla_bf2(acc[0], J < I ? acc[1] : 0.0f);
+            *(u32*)(Ac + (i0 + 1) * GLA_L + j0) = gla_bf2(acc[2], acc[3]);
+        }
+    }
+}
+#define GLA_SCORES_W_KERNEL(KP)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        gla_scores_w_k##KP(u16* A16, const u16* q, const u16* k, const float* G, const int* start, int T, int H,    \
+                           int K, int nch) {                                                                      \
+        gla_scores_w<KP>(A16, q, k, G, start, T, H, K, nch);                                                      \
+    }
+GLA_SCORES_W_KERNEL(64)
+GLA_SCORES_W_KERNEL(128)
 #endif  // GLA_ONCE
 
 // G [B, T, H, K] (f32) = the gate's inclusive prefix sums within each chunk, per channel; 0 at

@@ -27,19 +27,28 @@ fn gla(a: GlaArgs) -> Result<()> {
         cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
     };
     let [b, t, h, d] = a.shape[..] else { bail!("--shape takes B,T,H,D") };
-    for (what, bf, version) in
-        [("bf16, v3 (walk)", true, 3), ("bf16, tensor cores", true, 2), ("bf16, v1", true, 1), ("f32, v1", false, 1)]
-    {
-        let (fwd, fb) = if bf {
+    for (what, bf, version) in [
+        ("bf16, v3 (walk)", true, 3),
+        ("bf16, v3 + tensor-core scores", true, 4),
+        ("bf16, tensor cores", true, 2),
+        ("bf16, v1", true, 1),
+        ("f32, v1", false, 1),
+    ] {
+        let (fwd, fb, st) = if bf {
             bench::<half::bf16>(&gpu, (b, t, h, d), a.warmup, a.iters, version)?
         } else {
             bench::<f32>(&gpu, (b, t, h, d), a.warmup, a.iters, version)?
         };
         println!(
             "GLA on {}, [B, T, H, K = V] = ({b}, {t}, {h}, {d}), {what}: forward {fwd:.3} ms, forward + backward \
-             {fb:.3} ms (medians of {}, CUDA events)",
+             {fb:.3} ms (medians of {}, CUDA events); forward kernels alone: cumsum {:.3}, states {:.3}, scores \
+             {:.3}, output {:.3} ms",
             gpu.describe(),
-            a.iters
+            a.iters,
+            st[0],
+            st[1],
+            st[2],
+            st[3]
         );
     }
     Ok(())

@@ -279,23 +279,29 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 6, 128),
             };
-            // Version 3 (the walk, FOXLM_GLA_KB's width), version 2 (tensor cores, bf16's default), version 1 on bf16 and f32.
+            // Version 3 (the walk, FOXLM_GLA_KB's width; bf16's default), version 2 (tensor cores), version 1 on bf16 and f32.
             for (what, bf, version) in [
                 ("bf16, v3 (walk)", true, 3),
+                ("bf16, v3 + tensor-core scores", true, 4),
                 ("bf16, tensor cores", true, 2),
                 ("bf16, v1", true, 1),
                 ("f32, v1", false, 1),
             ]
             {
-                let (fwd, fb) = if bf {
+                let (fwd, fb, st) = if bf {
                     gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, version)?
                 } else {
                     gla_check::bench::<f32>(&gpu, shape, 3, 20, version)?
                 };
                 println!(
                     "GLA on {}, [B, T, H, K = V] = {shape:?}, {what}: forward {fwd:.3} ms, forward + backward \
-                     {fb:.3} ms (medians of 20, CUDA events)",
-                    gpu.describe()
+                     {fb:.3} ms (medians of 20, CUDA events); forward kernels alone: cumsum {:.3}, states {:.3}, \
+                     scores {:.3}, output {:.3} ms",
+                    gpu.describe(),
+                    st[0],
+                    st[1],
+                    st[2],
+                    st[3]
                 );
             }
             Ok(())

@@ -13,10 +13,10 @@
 //! tensor cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's,
 //! the output's state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of
 //! dq and dk; the intra-chunk scores and the intra-chunk terms of dq and dk (each with its
-//! decays) stay on CUDA cores in f32, as does the state passing. Version 3 (bf16, opt-in while
-//! unchecked on a GPU; see [`uses_walk`]) is version 2 with the state passing as one walk over
-//! the chunks on tensor cores (the state in registers) and, in the forward, bf16 chunk states read
-//! by its own output kernel.
+//! decays) stay on CUDA cores in f32, as does the state passing. Version 3 (bf16, the default
+//! there since an H100 checked and timed it; see [`uses_walk`]) is version 2 with the state
+//! passing as one walk over the chunks on tensor cores (the state in registers) and, in the
+//! forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
 use super::kargs::{self, Arg};
@@ -107,8 +107,11 @@ pub struct DevGla<'a, T: Elem = f32> {
     /// Version 2 (tensor cores) or 1; none: [`uses_tensor_cores`]'s choice.
     pub tensor_cores: Option<bool>,
     /// Version 3: version 2 with the state passing as one walk over the chunks (see
-    /// [`uses_walk`]); none: as the environment says (`FOXLM_GLA=v3`).
+    /// [`uses_walk`]); none: yes unless the environment says `FOXLM_GLA=v2` (or `v1`).
     pub walk: Option<bool>,
+    /// Version 3's forward with its scores on tensor cores (see [`uses_scores_tc`]); none: as the
+    /// environment says (`FOXLM_GLA_SCORES=tc`).
+    pub scores_tc: Option<bool>,
 }
 
 /// Whether `p` runs on tensor cores (version 2): as `p.tensor_cores` says, else for bf16
@@ -122,27 +125,42 @@ pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
 /// Whether `p`'s states pass as version 3's walk (`gla_walk_tc_k*`: per (b, h, KB channels, 64 value
 /// columns) a block walks the chunks in order with its part of the state in registers, instead of
 /// gla_chunk_h_tc's per-chunk states and gla_scan_fwd's f32 passing over them): on tensor cores
-/// with bf16 activations, K and V multiples of 8 (the rows load as 16-byte copies), when
-/// `p.walk` says so, else when the environment sets `FOXLM_GLA=v3`. Not yet the default: it
-/// has not run on a GPU (docs/gpu.md, "HGRN2 on the GPU").
+/// with bf16 activations, K and V multiples of 8 (the rows load as 16-byte copies), as `p.walk`
+/// says, else unless the environment sets `FOXLM_GLA=v2` (version 2's state passing, to time
+/// against). The default since 2026-11-27: it checked on an H100 and its forward took 1.330 ms
+/// against version 2's 1.836 (docs/gpu.md, "HGRN2 on the GPU").
 pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
-    static V3: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v3 = *V3.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v3"));
+    static V2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v2 = *V2.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v2"));
     uses_tensor_cores(p)
         && T::NAME == "bf16"
         && p.k_dim.is_multiple_of(8)
         && p.v_dim.is_multiple_of(8)
-        && p.walk.unwrap_or(v3)
+        && p.walk.unwrap_or(!v2)
 }
 
-/// Channels per block of the walk: `FOXLM_GLA_KB` = 16, 32 (the default) or 64 (its variants,
-/// to time them in one process); KB = 16 gives the most blocks, 64 reads v the fewest times.
+/// Whether `p`'s forward takes version 3's scores on tensor cores (gla_scores_w: bf16 A, the
+/// products between sub-chunks by mma.sync, the diagonal blocks on the CUDA cores with their
+/// channels over lanes) and the output kernel that reads them (gla_fwd_o_w16): with version 3's
+/// output kernel (K ≤ 128), as `p.scores_tc` says, else when the environment sets
+/// `FOXLM_GLA_SCORES=tc`. Opt-in: written 2026-11-27 after the H100 call that timed gla_scores at
+/// 0.479 ms of the 1.330 ms forward, checked under host emulation only (docs/gpu.md).
+pub fn uses_scores_tc<T: Elem>(p: &DevGla<T>) -> bool {
+    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let tc = *TC.get_or_init(|| std::env::var("FOXLM_GLA_SCORES").is_ok_and(|v| v == "tc"));
+    walk_out(p) && p.scores_tc.unwrap_or(tc)
+}
+
+/// Channels per block of the walk: `FOXLM_GLA_KB` = 16 (the default), 32 or 64 (its variants,
+/// to time them in one process). KB = 16 gives the most blocks (192 at B = 2, H = 6, K = V = 128)
+/// and the shortest chain per chunk: the walk took 0.545 ms against 0.647 at 32 and 0.987 at 64
+/// (H100, 2026-11-27), though 64 reads v the fewest times.
 fn walk_kb() -> usize {
     static KB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *KB.get_or_init(|| match std::env::var("FOXLM_GLA_KB").ok().as_deref() {
-        Some("16") => 16,
+        Some("32") => 32,
         Some("64") => 64,
-        _ => 32,
+        _ => 16,
     })
 }
 
@@ -157,6 +175,12 @@ fn walk_smem(kb: usize) -> usize {
 /// Sᵀ [64][kp + 8], v [64][72] and A [64][72], all bf16.
 fn out_w_smem(kp: usize) -> usize {
     2 * (CHUNK * (kp + 8) * 2) + 2 * (CHUNK * 72 * 2)
+}
+
+/// Dynamic shared memory of gla_scores_w_k`kp` (kernels/gla.cu's GlaScoresW): q, k and q̃
+/// [64][kp + 8] (bf16), G [64][kp + 4] (f32), the three k ⊙ e^{G_r − G} (96 rows of kp + 8, bf16).
+fn scores_w_smem(kp: usize) -> usize {
+    3 * CHUNK * (kp + 8) * 2 + CHUNK * (kp + 4) * 4 + 96 * (kp + 8) * 2
 }
 
 /// Value columns per block of the walk (GLA_WV), 16 per warp.
@@ -248,60 +272,103 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 }
 
 /// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
-/// into slot nch and `fin`), and with `scores` the chunk scores A. With `bf16_states` (the walk
-/// only) the slots hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V].
-fn states<T: Elem>(
-    gpu: &Gpu,
-    p: &DevGla<T>,
-    s: &Parts,
-    init: u64,
-    fin: u64,
-    scores: bool,
-    bf16_states: bool,
-) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
-    let start = opt_ptr(gpu, p.start);
-    let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
-    let args = [Arg::P(s.cum), Arg::P(ptr(gpu, p.g)), Arg::P(start), Arg::I(ti), Arg::I(hi), Arg::I(ki)];
-    launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)?;
-    if uses_walk(p) {
-        let kb = walk_kb();
-        let args = [
-            Arg::P(s.hs),
-            Arg::P(fin),
-            Arg::P(init),
-            Arg::P(ptr(gpu, p.k)),
-            Arg::P(ptr(gpu, p.v)),
-            Arg::P(s.cum),
-            Arg::P(start),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(ki),
-            Arg::I(vi),
-            Arg::I(int(op, nch)?),
-            Arg::I(i32::from(bf16_states)),
-        ];
-        let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
-        launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)?;
+/// into slot nch and `fin`) and the chunk scores A. With `fwd_w` (version 3's forward) the slots
+/// hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V]; A is f32 unless `fwd_w` and
+/// [`uses_scores_tc`] (bf16).
+fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd_w: bool) -> Result<()> {
+    cumsum(gpu, p, s)?;
+    passing(gpu, p, s, init, fin, fwd_w)?;
+    fwd_scores(gpu, p, s, fwd_w)
+}
+
+/// The scores: version 3's on tensor cores for its forward where [`uses_scores_tc`] says so,
+/// else gla_scores.
+fn fwd_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, fwd_w: bool) -> Result<()> {
+    if fwd_w && uses_scores_tc(p) {
+        scores_w(gpu, p, s)
     } else {
-        chunk_states(gpu, p, s, init, fin)?;
+        chunk_scores(gpu, p, s)
     }
-    if scores {
-        let args = [
-            Arg::P(s.scores),
-            Arg::P(ptr(gpu, p.q)),
-            Arg::P(ptr(gpu, p.k)),
-            Arg::P(s.cum),
-            Arg::P(start),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(ki),
-            Arg::I(int(op, nch)?),
-        ];
-        launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)?;
+}
+
+/// The gate's prefix sums within each chunk (gla_cumsum).
+fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let start = opt_ptr(gpu, p.start);
+    let args = [
+        Arg::P(s.cum),
+        Arg::P(ptr(gpu, p.g)),
+        Arg::P(start),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+    ];
+    launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)
+}
+
+/// The states entering each chunk: version 3's walk or versions 1 and 2's [`chunk_states`].
+fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf16_states: bool) -> Result<()> {
+    let op = "gla";
+    if !uses_walk(p) {
+        return chunk_states(gpu, p, s, init, fin);
     }
-    Ok(())
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let kb = walk_kb();
+    let args = [
+        Arg::P(s.hs),
+        Arg::P(fin),
+        Arg::P(init),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(ptr(gpu, p.v)),
+        Arg::P(s.cum),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, vd)?),
+        Arg::I(int(op, nch)?),
+        Arg::I(i32::from(bf16_states)),
+    ];
+    let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
+    launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
+}
+
+/// Version 3's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.
+fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let kp = if kd <= 64 { 64 } else { 128 };
+    let args = [
+        Arg::P(s.scores),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(s.cum),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, &format!("gla_scores_w_k{kp}"), (nch, b * h, 1), scores_w_smem(kp), &args)
+}
+
+/// The chunk scores A (gla_scores).
+fn chunk_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
+    let op = "gla";
+    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let args = [
+        Arg::P(s.scores),
+        Arg::P(ptr(gpu, p.q)),
+        Arg::P(ptr(gpu, p.k)),
+        Arg::P(s.cum),
+        Arg::P(opt_ptr(gpu, p.start)),
+        Arg::I(int(op, t)?),
+        Arg::I(int(op, h)?),
+        Arg::I(int(op, kd)?),
+        Arg::I(int(op, nch)?),
+    ];
+    launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)
 }
 
 /// Versions 1 and 2's state passing: each chunk's own state (gla_chunk_h), then the sequential
@@ -392,7 +459,7 @@ fn fwd<T: Elem>(
 ) -> Result<()> {
     let op = "gla_fwd";
     p.check(op)?;
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let (b, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
     need(op, "o", o, b * t * h * vd)?;
     need(op, "scratch", scratch, gla_fwd_scratch_len(b, t, h, kd, vd))?;
     if b * t == 0 {
@@ -400,28 +467,19 @@ fn fwd<T: Elem>(
     }
     let s = parts(gpu, p, scratch);
     // Version 3's output kernel takes K ≤ 128 (its tiles); wider keys keep version 2's.
-    let walk_out = uses_walk(p) && kd <= 128;
-    states(gpu, p, &s, init, fin, true, walk_out)?;
-    if walk_out {
-        let kp = if kd <= 64 { 64 } else { 128 };
-        let args = [
-            Arg::P(ptr(gpu, o)),
-            Arg::P(ptr(gpu, p.q)),
-            Arg::P(ptr(gpu, p.v)),
-            Arg::P(s.cum),
-            Arg::P(s.hs),
-            Arg::P(s.scores),
-            Arg::P(opt_ptr(gpu, p.start)),
-            Arg::I(int(op, t)?),
-            Arg::I(int(op, h)?),
-            Arg::I(int(op, kd)?),
-            Arg::I(int(op, vd)?),
-            Arg::I(int(op, nch)?),
-            Arg::F(p.scale),
-        ];
-        let name = format!("gla_fwd_o_w_k{kp}");
-        return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
-    }
+    states(gpu, p, &s, init, fin, walk_out(p))?;
+    output(gpu, p, o, &s)
+}
+
+/// Whether the forward's states go to version 3's output kernel (bf16 Sᵀ; K ≤ 128, its tiles).
+fn walk_out<T: Elem>(p: &DevGla<T>) -> bool {
+    uses_walk(p) && p.k_dim <= 128
+}
+
+/// The forward's outputs from the chunk states and scores.
+fn output<T: Elem>(gpu: &Gpu, p: &DevGla<T>, o: &mut CudaSlice<T>, s: &Parts) -> Result<()> {
+    let op = "gla_fwd";
+    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
     let args = [
         Arg::P(ptr(gpu, o)),
         Arg::P(ptr(gpu, p.q)),
@@ -437,7 +495,38 @@ fn fwd<T: Elem>(
         Arg::I(int(op, nch)?),
         Arg::F(p.scale),
     ];
+    if walk_out(p) {
+        let kp = if kd <= 64 { 64 } else { 128 };
+        let name = format!("gla_fwd_o_w{}_k{kp}", if uses_scores_tc(p) { "16" } else { "" });
+        return launch(gpu, &name, (vd.div_ceil(64), nch, b * h), out_w_smem(kp), &args);
+    }
     launch(gpu, &vname(p, "gla_fwd_o"), (vd.div_ceil(64), nch, b * h), 0, &args)
+}
+
+/// Each kernel of the forward alone (ms, medians of `iters` after `warmup`, CUDA events), for
+/// `fox-attn bench-gla`: the gate's prefix sums, the state passing (the walk, or the chunk states
+/// and the scan), the scores, the outputs. `scratch` of [`gla_fwd_scratch_len`] floats.
+pub fn fwd_kernel_ms<T: Elem>(
+    gpu: &Gpu,
+    p: &DevGla<T>,
+    o: &mut CudaSlice<T>,
+    scratch: &mut CudaSlice<f32>,
+    warmup: usize,
+    iters: usize,
+) -> Result<[f64; 4]> {
+    let op = "gla_fwd kernel_ms";
+    p.check(op)?;
+    let (b, t, h, kd, vd) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim);
+    need(op, "o", o, b * t * h * vd)?;
+    need(op, "scratch", scratch, gla_fwd_scratch_len(b, t, h, kd, vd))?;
+    let s = parts(gpu, p, scratch);
+    let tm = |f: &mut dyn FnMut() -> Result<()>| super::bench::time_ms(gpu, warmup, iters, f);
+    Ok([
+        tm(&mut || cumsum(gpu, p, &s))?,
+        tm(&mut || passing(gpu, p, &s, 0, 0, walk_out(p)))?,
+        tm(&mut || fwd_scores(gpu, p, &s, walk_out(p)))?,
+        tm(&mut || output(gpu, p, o, &s))?,
+    ])
 }
 
 /// The chunked backward, as [`crate::gla::gla_bwd`]: from do [B, T, H, V] (its padded rows
@@ -475,7 +564,7 @@ pub fn gla_bwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    states(gpu, p, &s, opt_ptr(gpu, init), 0, true, false)?;
+    states(gpu, p, &s, opt_ptr(gpu, init), 0, false)?;
     let start = opt_ptr(gpu, p.start);
     let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
     let pdo = ptr(gpu, dout);

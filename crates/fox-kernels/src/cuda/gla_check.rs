@@ -25,7 +25,11 @@
 //!   (PTX's fragment layouts): ≤ 2.9e-3, dg ≤ 9.7e-3 with strong decays.
 //! - bf16, version 3 (`walk: Some(true)`): version 2's roundings (the walk rounds k ⊙ e^{G_L − G}
 //!   and v as version 2's chunk states do, its output kernel S_c, q ⊙ e^G and A), sums in other
-//!   orders: version 2's tolerances. Under host emulation: the same errors as version 2.
+//!   orders: version 2's tolerances. Under host emulation: the same errors as version 2. With its
+//!   forward's scores on tensor cores (`scores_tc: Some(true)`, the `tc-scores` rows): between
+//!   sub-chunks the scores' operands q̃ and k ⊙ e^{G_r − G} rounded to bf16 too (one more relative
+//!   rms of 1.1e-3 in a sum whose terms do not cancel): the same tolerances; under host emulation
+//!   o moved by at most 2% of its error (2.821e-3 against 2.820e-3 at K = V = 128).
 //! - Decode steps, gates, lower bounds: 1e-5 (f32: one formula per element, transcendentals
 //!   within a few ulp of libm's; the lower bounds in f64 on both sides); bf16 outputs rounded
 //!   once: 4e-3; the lower bound's gradient row (f32, fixed-order partial sums of 256 rows against
@@ -82,8 +86,8 @@ fn inputs<T: Elem>(c: &mut Ctx, s: &Shape) -> [Vec<f32>; 4] {
     [rounded::<T>(c.randn(n, 1.0)), k, rounded::<T>(c.randn(n, 1.0)), g]
 }
 
-/// One case in T through `version` 1, 2 (tensor cores) or 3 (version 2 with the walk's state
-/// passing; bf16 only).
+/// One case in T through `version` 1, 2 (tensor cores), 3 (version 2 with the walk's state
+/// passing; bf16 only) or 4 (version 3 with the forward's scores on tensor cores).
 fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<()> {
     let tc = version >= 2;
     let (b, t, h, d) = (s.b, s.t, s.h, s.d);
@@ -123,7 +127,8 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
         scale,
         start: gstart.as_ref(),
         tensor_cores: Some(tc),
-        walk: Some(version == 3),
+        walk: Some(version >= 3),
+        scores_tc: Some(version == 4),
     };
     let bf = T::NAME == "bf16";
     // Outputs in T (o, dq, dk, dv, dg) and in f32 (states, dinit).
@@ -233,6 +238,7 @@ fn decode_case(c: &mut Ctx, name: &str, d: usize) -> Result<()> {
             start: Some(&dstart),
             tensor_cores: None,
             walk: None,
+            scores_tc: None,
         };
         let mut go = gpu.zeros::<f32>(o.len())?;
         gla::gla_decode_step(gpu, &dev, &mut gstate, &mut go)?;
@@ -399,6 +405,7 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
         case(&mut c, &format!("gla bf16 tc {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 2));
         // Version 3 (the walk's block width as FOXLM_GLA_KB says: run check-ops once per width).
         case(&mut c, &format!("gla bf16 v3 {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 3));
+        case(&mut c, &format!("gla bf16 v3 tc-scores {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 4));
     }
     for d in [32, 128] {
         case(&mut c, &format!("gla decode B2 H3 K=V={d}"), |c, n| decode_case(c, n, d));
@@ -414,14 +421,16 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
 /// [B, T, H, K = V] on random inputs (g = logsigmoid of N(0, 1) + 2), no initial state, in T,
-/// through `version` 1, 2 (tensor cores) or 3 (version 2 with the walk).
+/// through `version` 1, 2 (tensor cores), 3 (version 2 with the walk) or 4 (version 3 with the
+/// forward's scores on tensor cores); then each forward kernel
+/// alone ([`gla::fwd_kernel_ms`]).
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     (b, t, h, d): (usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
     version: u8,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, [f64; 4])> {
     let tc = version >= 2;
     let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
     let s = Shape { b, t, h, d, start: None, init: false, gate: (2.0, 1.0) };
@@ -440,12 +449,14 @@ pub fn bench<T: Elem>(
         scale: 1.0 / (d as f32).sqrt(),
         start: None,
         tensor_cores: Some(tc),
-        walk: Some(version == 3),
+        walk: Some(version >= 3),
+        scores_tc: Some(version == 4),
     };
     let n = q.len();
     let mut o = gpu.zeros::<T>(n)?;
     let mut sc = gpu.zeros::<f32>(gla::gla_bwd_scratch_len(b, t, h, d, d))?;
     let fwd = super::bench::time_ms(gpu, warmup, iters, || gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc))?;
+    let stages = gla::fwd_kernel_ms(gpu, &dev, &mut o, &mut sc, warmup, iters)?;
     let gdo = up::<T>(gpu, &c.randn(n, 1.0))?;
     let mut bufs = [gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?];
     let fb = super::bench::time_ms(gpu, warmup, iters, || {
@@ -454,5 +465,5 @@ pub fn bench<T: Elem>(
         let grads = DevGlaGrads { dq: a, dk: bb, dv: cc, dg: dd, dinit: None };
         gla::gla_bwd(gpu, &dev, &gdo, None, None, grads, &mut sc)
     })?;
-    Ok((fwd, fb))
+    Ok((fwd, fb, stages))
 }

@@ -15,7 +15,8 @@
 // version 2 (tensor cores, emulated here per PTX's m16n8k16 fragment layouts: the products'
 // operands rounded to bf16 as well): 1e-2, the gate's gradient 2e-2 (a difference of sums);
 // observed ≤ 2.9e-3, dg ≤ 9.7e-3 (strong decays, version 2). Version 3 (the walk, with
-// ldmatrix and cp.async from mock.h) under the same tolerances: the same errors as version 2.
+// ldmatrix and cp.async from mock.h, and with its forward's scores on tensor cores) under the same
+// tolerances: the same errors as version 2.
 #include "mock.h"
 #include "../../kernels/elem.cuh"
 #define GLA_DSMEM(name) static float name[GLA_DQK_SMEM_FLOATS]
@@ -227,6 +228,7 @@ struct Dev {
     const int* start;
     float scale;
     std::vector<float> G, hs, A, dhs, dA;
+    std::vector<u16> A16;  // version 3's forward scores (bf16)
     Dev(const Case& c, const std::vector<float>& q_, const std::vector<float>& k_, const std::vector<float>& v_,
         const std::vector<float>& g_, const int* st, float sc)
         : B(c.B), T(c.T), H(c.H), K(c.K), V(c.V), nch((c.T + 63) / 64), q(conv<E>(q_)), k(conv<E>(k_)),
@@ -234,11 +236,13 @@ struct Dev {
         G.assign((size_t)B * T * H * K, 0.f);
         hs.assign((size_t)B * H * (nch + 1) * K * V, 0.f);
         A.assign((size_t)B * H * nch * 64 * 64, 0.f);
+        A16.assign(A.size(), 0x7fc0);  // NaN: every element must be written
         dhs.assign((size_t)B * H * nch * K * V, 0.f);
         dA.assign(A.size(), 0.f);
     }
     bool tc = false;
     int walk = 0;  // version 3: the walk's channels per block (16, 32, 64), with tc's other kernels
+    bool stc = false;  // version 3's forward with its scores on tensor cores (bf16 A)
     // hs16: the walk leaves bf16 Sᵀ for gla_fwd_o_w (the forward's), else f32 S (the backward's).
     void states(const float* init, float* fin, int hs16 = 0) {
         const unsigned nc = nch, bh = B * H;
@@ -259,18 +263,35 @@ struct Dev {
             launch({(unsigned)((B * H * K * V + 255) / 256), 1, 1}, 256,
                    [&] { gla_scan_fwd(hs.data(), fin, init, G.data(), B, T, H, K, V, nch); });
         }
-        launch({nc, bh, 1}, 256,
-               [&] { Kern<E>::scores(A.data(), q.data(), k.data(), G.data(), start, T, H, K, nch); });
+        if (hs16 && stc) {
+            // Version 3's forward with bf16 A, between sub-chunks on (emulated) tensor cores.
+            auto kern = K <= 64 ? gla_scores_w_k64 : gla_scores_w_k128;
+            launch({nc, bh, 1}, 256, [&] {
+                kern(A16.data(), (const u16*)q.data(), (const u16*)k.data(), G.data(), start, T, H, K, nch);
+            });
+        } else {
+            launch({nc, bh, 1}, 256,
+                   [&] { Kern<E>::scores(A.data(), q.data(), k.data(), G.data(), start, T, H, K, nch); });
+        }
     }
     std::vector<float> fwd(const float* init, float* fin) {
         std::vector<E> o((size_t)B * T * H * V, Kern<E>::to(7.f));
         if (walk && K <= 128) {
             states(init, fin, 1);
-            auto kern = K <= 64 ? gla_fwd_o_w_k64 : gla_fwd_o_w_k128;
-            launch({(unsigned)((V + 63) / 64), (unsigned)nch, (unsigned)(B * H)}, 256, [&] {
-                kern((u16*)o.data(), (const u16*)q.data(), (const u16*)v.data(), G.data(), (const u16*)hs.data(),
-                     A.data(), start, T, H, K, V, nch, scale);
-            });
+            const dim3e grid{(unsigned)((V + 63) / 64), (unsigned)nch, (unsigned)(B * H)};
+            if (stc) {
+                auto kern = K <= 64 ? gla_fwd_o_w16_k64 : gla_fwd_o_w16_k128;
+                launch(grid, 256, [&] {
+                    kern((u16*)o.data(), (const u16*)q.data(), (const u16*)v.data(), G.data(), (const u16*)hs.data(),
+                         A16.data(), start, T, H, K, V, nch, scale);
+                });
+            } else {
+                auto kern = K <= 64 ? gla_fwd_o_w_k64 : gla_fwd_o_w_k128;
+                launch(grid, 256, [&] {
+                    kern((u16*)o.data(), (const u16*)q.data(), (const u16*)v.data(), G.data(), (const u16*)hs.data(),
+                         A.data(), start, T, H, K, V, nch, scale);
+                });
+            }
             return back<E>(o);
         }
         states(init, fin);
@@ -386,15 +407,18 @@ static void gla_case(const Case& c) {
     }
     // Version 3: version 2 with the state passing as the walk; every block width forward, the
     // backward (which recomputes the states the same way) through KB = 32, and the state continued
-    // in place (fin == init) bit for bit the same forward.
-    for (int kb : {16, 32, 64}) {
+    // in place (fin == init) bit for bit the same forward; then at KB = 16 with the forward's scores
+    // on tensor cores (gla_scores_w, gla_fwd_o_w16).
+    for (int vi = 0; vi < 4; ++vi) {
+        const int kb = vi < 3 ? 16 << vi : 16;
         Dev<u16> d16(c, q, k, v, g, sp, scale);
         d16.tc = true;
         d16.walk = kb;
+        d16.stc = vi == 3;
         std::vector<float> f16(ns, 5.f);
         auto o16 = d16.fwd(c.init ? init.data() : nullptr, f16.data());
         char nm[96];
-        snprintf(nm, sizeof nm, "%s bf16 walk%d", c.name, kb);
+        snprintf(nm, sizeof nm, "%s bf16 walk%d%s", c.name, kb, d16.stc ? " tc-scores" : "");
         cmp(nm, "o", o16, rb.o, 1e-2);
         cmp(nm, "final state", f16, rb.fin, 1e-2);
         if (c.init) {
@@ -406,7 +430,7 @@ static void gla_case(const Case& c) {
             if (diff) fails++;
             printf("%s %-44s %-12s %.0f\n", diff ? "FAIL" : "ok  ", nm, "in place", diff);
         }
-        if (kb != 32) continue;
+        if (kb != 32 || d16.stc) continue;
         bwd(d16, c.init ? init.data() : nullptr, dout, dfin.data(), dq, dk, dv, dg, dinit);
         cmp(nm, "dq", dq, rb.dq, 1e-2);
         cmp(nm, "dk", dk, rb.dk, 1e-2);

@@ -81,6 +81,7 @@ fn problem<'a, T: Elem>(
         start: b.chunk_start(),
         tensor_cores: None,
         walk: None,
+        scores_tc: None,
     }
 }
 

@@ -109,8 +109,8 @@ pub struct DevGla<'a, T: Elem = f32> {
     /// Version 3: version 2 with the state passing as one walk over the chunks (see
     /// [`uses_walk`]); none: yes unless the environment says `FOXLM_GLA=v2` (or `v1`).
     pub walk: Option<bool>,
-    /// Version 3's forward with its scores on tensor cores (see [`uses_scores_tc`]); none: as the
-    /// environment says (`FOXLM_GLA_SCORES=tc`).
+    /// Version 3's forward with its scores on tensor cores (see [`uses_scores_tc`]); none: yes
+    /// unless the environment says `FOXLM_GLA_SCORES=cuda`.
     pub scores_tc: Option<bool>,
 }
 
@@ -142,13 +142,14 @@ pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
 /// Whether `p`'s forward takes version 3's scores on tensor cores (gla_scores_w: bf16 A, the
 /// products between sub-chunks by mma.sync, the diagonal blocks on the CUDA cores with their
 /// channels over lanes) and the output kernel that reads them (gla_fwd_o_w16): with version 3's
-/// output kernel (K ≤ 128), as `p.scores_tc` says, else when the environment sets
-/// `FOXLM_GLA_SCORES=tc`. Opt-in: written 2026-11-27 after the H100 call that timed gla_scores at
-/// 0.479 ms of the 1.330 ms forward, checked under host emulation only (docs/gpu.md).
+/// output kernel (K ≤ 128), as `p.scores_tc` says, else unless the environment sets
+/// `FOXLM_GLA_SCORES=cuda` (gla_scores in f32 on the CUDA cores, to time against). The default
+/// since 2026-11-27: on an H100 it passed every check row and took the forward from 1.339 to
+/// 1.080 ms (BENCHMARKS.md, "HGRN2 on the GPU").
 pub fn uses_scores_tc<T: Elem>(p: &DevGla<T>) -> bool {
-    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let tc = *TC.get_or_init(|| std::env::var("FOXLM_GLA_SCORES").is_ok_and(|v| v == "tc"));
-    walk_out(p) && p.scores_tc.unwrap_or(tc)
+    static CUDA_CORES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *CUDA_CORES.get_or_init(|| std::env::var("FOXLM_GLA_SCORES").is_ok_and(|v| v == "cuda"));
+    walk_out(p) && p.scores_tc.unwrap_or(!off)
 }
 
 /// Channels per block of the walk: `FOXLM_GLA_KB` = 16 (the default), 32 or 64 (its variants,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The foxlm Python package on a GPU: checks and the swapped-in training benchmark.
 
-Parts (--parts, default all four):
+Parts (--parts, default ops, model, attn and bench):
   ops    foxlm.ops.forgetting_attention (bf16, forward + backward) against a float32 PyTorch
          reference of the same math and against the FoX authors' Triton kernel on the same inputs:
          head dims 64 and 128, head_first, left padding (seq_start), grouped-query heads, packed
@@ -17,6 +17,9 @@ Parts (--parts, default all four):
          bench/authors_fox.py: bf16 autocast, fp32 weights, fused AdamW, clipping) with their
          kernel and with foxlm's, the same model init, the same batches, in this one process:
          median step time (CUDA events) after warm-up, tokens/s, and both loss curves.
+  load   foxlm.load(--model-dir, device="cuda") in bf16 and f32 against the same folder on the
+         CPU: logits with left padding, per-token losses, torch tensors in and out on the GPU,
+         greedy generation of prompts of different lengths.
 
 Needs: torch with a GPU, the authors' source (--authors-src: the folder holding the package
 `forgetting_transformer`), einops and transformers (their model imports them), and `foxlm`
@@ -46,6 +49,8 @@ def parse_args():
     ap.add_argument("--bench-steps", type=int, default=10)
     ap.add_argument("--bench-size", default="125m", choices=["125m", "tiny"])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--model-dir", default="tests/fixtures/official-fox-tiny/fox_pro",
+                    help="a model folder for the load part (foxlm.load on the GPU against the CPU)")
     return ap.parse_args()
 
 
@@ -426,6 +431,53 @@ def attn_part(torch, foxlm, theirs, a):
     return out
 
 
+def load_part(torch, foxlm, model_dir, tol):
+    """foxlm.load(dir, device="cuda") against the same folder on the CPU: logits in bf16 and f32
+    (left padding included), per-token losses, and greedy generation of a batch of prompts of
+    different lengths (equal tokens wherever the CPU's top two logits are not near a tie)."""
+    import numpy as np
+
+    cpu = foxlm.load(model_dir, device="cpu")
+    gpu16 = foxlm.load(model_dir, device="cuda", dtype="bf16")
+    gpu32 = foxlm.load(model_dir, device="cuda", dtype="f32")
+    v = cpu.vocab_size
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, v, size=(3, 96)).astype(np.int64)
+    start = [0, 5, 40]
+    want = cpu.logits(ids, start=start)
+    rows = []
+
+    def record(name, err, limit):
+        rows.append({"case": name, "err": float(err), "tol": limit, "ok": bool(err <= limit)})
+        print(f"  {'ok  ' if err <= limit else 'FAIL'} {name}: {err:.3e} (tol {limit:g})", flush=True)
+
+    def real(a):  # the positions after each row's padding
+        return np.concatenate([a[b, s:].reshape(-1) for b, s in enumerate(start)])
+
+    for name, m, limit, loss_limit in [("f32", gpu32, 1e-4, 1e-3), ("bf16", gpu16, tol, 0.25)]:
+        got = m.logits(ids, start=start)
+        err = np.linalg.norm(real(got) - real(want)) / max(np.linalg.norm(real(want)), 1e-12)
+        record(f"load cuda {name}: logits rel L2 (left padding 0/5/40)", err, limit)
+        lc, lg = cpu.token_losses(ids), m.token_losses(ids)
+        record(f"load cuda {name}: per-token losses max |diff| (nats)", float(np.abs(lg - lc).max()), loss_limit)
+    # torch tensors in (here on the GPU), torch tensors out.
+    tt = gpu16.logits(torch.from_numpy(ids[:1]).cuda())
+    record("load cuda: torch in -> torch out", 0.0 if torch.is_tensor(tt) and tt.shape == (1, 96, v) else 1.0, 0.0)
+    prompts = [list(map(int, ids[0, :7])), list(map(int, ids[1, :30])), list(map(int, ids[2, :18]))]
+    g_cpu = cpu.generate(prompts, max_new_tokens=12)
+    g_gpu = gpu32.generate(prompts, max_new_tokens=12)
+    parted = 0
+    for p, a, b in zip(prompts, g_cpu, g_gpu):
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if k is None and len(a) == len(b):
+            continue
+        k = k if k is not None else min(len(a), len(b))
+        top = np.sort(cpu.logits(np.array([p + a[:k]]))[0, -1])[-2:]
+        parted += int(top[1] - top[0] > 1e-3)  # a real difference, not a near tie
+    record("load cuda f32: greedy tokens of 3 prompts unlike the CPU's (near ties excepted)", float(parted), 0.0)
+    return {"rows": rows, "ok": all(r["ok"] for r in rows)}
+
+
 def main():
     a = parse_args()
     import torch
@@ -456,8 +508,12 @@ def main():
                 res["attn"] = attn_part(torch, foxlm, theirs, a)
             elif p == "bench":
                 res["bench"] = bench_part(torch, foxlm, modeling, Config, theirs, a)
+            elif p == "load":
+                r = load_part(torch, foxlm, a.model_dir, a.tol)
+                res["load"] = r
+                ok &= r["ok"]
             else:
-                raise ValueError(f"unknown part {p} (ops, model, attn, bench)")
+                raise ValueError(f"unknown part {p} (ops, model, attn, bench, load)")
         except Exception as e:  # report and go on to the next part
             import traceback
 

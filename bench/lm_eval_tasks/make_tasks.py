@@ -14,12 +14,19 @@ from pathlib import Path
 
 here = Path(__file__).resolve().parent
 book = here.parent.parent / "data" / "sample" / "moby-dick"
-text = "\n".join((book / f"chapter_{i}.txt").read_text() for i in range(120, 136))
-rng = random.Random(12)
 
-sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.replace("\n", " "))]
-sentences = [s for s in sentences if 60 <= len(s) <= 160 and '"' not in s]
-rng.shuffle(sentences)
+
+def shuffled_sentences(chapters, rng):
+    """The chapters' sentences of 60-160 characters without quotes, shuffled by `rng`."""
+    text = "\n".join((book / f"chapter_{i}.txt").read_text() for i in chapters)
+    found = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.replace("\n", " "))]
+    found = [s for s in found if 60 <= len(s) <= 160 and '"' not in s]
+    rng.shuffle(found)
+    return found
+
+
+rng = random.Random(12)
+sentences = shuffled_sentences(range(120, 136), rng)
 items = []
 for s in sentences[:40]:
     words = s.split(" ")
@@ -46,13 +53,8 @@ with open(here / "foxlm_ppl.jsonl", "w") as f:
     for p in paras[:8]:
         f.write(json.dumps({"text": p}) + "\n")
 # Generation: sentences of chapters 100-119, cut where the next word is a plain word.
-text = "\n".join((book / f"chapter_{i}.txt").read_text() for i in range(100, 120))
-rng = random.Random(13)
-sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.replace("\n", " "))]
-sentences = [s for s in sentences if 60 <= len(s) <= 160 and '"' not in s]
-rng.shuffle(sentences)
 words_items = []
-for s in sentences:
+for s in shuffled_sentences(range(100, 120), random.Random(13)):
     words = s.split(" ")
     cut = max(3, int(len(words) * 0.6))
     word = re.sub(r"[^A-Za-z'-]", "", words[cut]) if cut < len(words) else ""

@@ -27,13 +27,7 @@ fn gla(a: GlaArgs) -> Result<()> {
         cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
     };
     let [b, t, h, d] = a.shape[..] else { bail!("--shape takes B,T,H,D") };
-    for (what, bf, version) in [
-        ("bf16, v3 (walk)", true, 3),
-        ("bf16, v3 + tensor-core scores", true, 4),
-        ("bf16, tensor cores", true, 2),
-        ("bf16, v1", true, 1),
-        ("f32, v1", false, 1),
-    ] {
+    for (what, bf, version) in fox_kernels::cuda::gla_check::BENCH_VERSIONS {
         let (fwd, fb, st) = if bf {
             bench::<half::bf16>(&gpu, (b, t, h, d), a.warmup, a.iters, version)?
         } else {

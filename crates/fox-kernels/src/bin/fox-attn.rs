@@ -279,15 +279,9 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 6, 128),
             };
-            // Version 3 (the walk, FOXLM_GLA_KB's width; bf16's default), version 2 (tensor cores), version 1 on bf16 and f32.
-            for (what, bf, version) in [
-                ("bf16, v3 (walk)", true, 3),
-                ("bf16, v3 + tensor-core scores", true, 4),
-                ("bf16, tensor cores", true, 2),
-                ("bf16, v1", true, 1),
-                ("f32, v1", false, 1),
-            ]
-            {
+            // Version 3 (the walk, FOXLM_GLA_KB's width) with and without its tensor-core scores,
+            // version 2 (tensor cores), version 1 on bf16 and f32.
+            for (what, bf, version) in gla_check::BENCH_VERSIONS {
                 let (fwd, fb, st) = if bf {
                     gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, version)?
                 } else {

@@ -419,6 +419,16 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     c.rows
 }
 
+/// What `fox-attn bench-gla` and `foxlm bench gla` time, in order: (label, bf16 inputs, the
+/// version [`bench`] takes).
+pub const BENCH_VERSIONS: [(&str, bool, u8); 5] = [
+    ("bf16, v3 + tensor-core scores (the default)", true, 4),
+    ("bf16, v3 with gla_scores", true, 3),
+    ("bf16, tensor cores", true, 2),
+    ("bf16, v1", true, 1),
+    ("f32, v1", false, 1),
+];
+
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
 /// [B, T, H, K = V] on random inputs (g = logsigmoid of N(0, 1) + 2), no initial state, in T,
 /// through `version` 1, 2 (tensor cores), 3 (version 2 with the walk) or 4 (version 3 with the

@@ -127,8 +127,7 @@ pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
 /// gla_chunk_h_tc's per-chunk states and gla_scan_fwd's f32 passing over them): on tensor cores
 /// with bf16 activations, K and V multiples of 8 (the rows load as 16-byte copies), as `p.walk`
 /// says, else unless the environment sets `FOXLM_GLA=v2` (version 2's state passing, to time
-/// against). The default since 2026-11-27: it checked on an H100 and its forward took 1.330 ms
-/// against version 2's 1.836 (docs/gpu.md, "HGRN2 on the GPU").
+/// against). The default because it is the faster (BENCHMARKS.md, "HGRN2 on the GPU").
 pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
     static V2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let v2 = *V2.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v2"));
@@ -144,8 +143,7 @@ pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
 /// channels over lanes) and the output kernel that reads them (gla_fwd_o_w16): with version 3's
 /// output kernel (K ≤ 128), as `p.scores_tc` says, else unless the environment sets
 /// `FOXLM_GLA_SCORES=cuda` (gla_scores in f32 on the CUDA cores, to time against). The default
-/// since 2026-11-27: on an H100 it passed every check row and took the forward from 1.339 to
-/// 1.080 ms (BENCHMARKS.md, "HGRN2 on the GPU").
+/// because it is the faster (BENCHMARKS.md, "HGRN2 on the GPU").
 pub fn uses_scores_tc<T: Elem>(p: &DevGla<T>) -> bool {
     static CUDA_CORES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *CUDA_CORES.get_or_init(|| std::env::var("FOXLM_GLA_SCORES").is_ok_and(|v| v == "cuda"));
@@ -154,8 +152,8 @@ pub fn uses_scores_tc<T: Elem>(p: &DevGla<T>) -> bool {
 
 /// Channels per block of the walk: `FOXLM_GLA_KB` = 16 (the default), 32 or 64 (its variants,
 /// to time them in one process). KB = 16 gives the most blocks (192 at B = 2, H = 6, K = V = 128)
-/// and the shortest chain per chunk: the walk took 0.545 ms against 0.647 at 32 and 0.987 at 64
-/// (H100, 2026-11-27), though 64 reads v the fewest times.
+/// and the shortest chain per chunk, the fastest of the three though 64 reads v the fewest times
+/// (BENCHMARKS.md, "HGRN2 on the GPU").
 fn walk_kb() -> usize {
     static KB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *KB.get_or_init(|| match std::env::var("FOXLM_GLA_KB").ok().as_deref() {

@@ -418,6 +418,40 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn run_loss(a: LossArgs) -> Result<()> {
+    check_loss_args(&a)?;
+    let data = Dataset::open(&a.data)?;
+    let n = a.context;
+    let seqs = loss_sequences(&a, &data)?;
+    create_out(&a.out)?;
+    let lengths = loss::power_of_two_lengths(n);
+    let device = a.device.select()?;
+    let pb = progress_bar((a.model.len() * seqs.len() * n) as u64, "tokens");
+    let mut done: Vec<ModelCurve> = vec![];
+    for (mi, path) in a.model.iter().enumerate() {
+        let mut name = a.name.get(mi).cloned().unwrap_or_else(|| model_name(path));
+        if done.iter().any(|d| d.name == name) {
+            name = format!("{name} ({})", mi + 1);
+        }
+        let curve = model_curve(&a, mi, path, name, &device, &data, &seqs, &lengths, &pb)?;
+        done.push(curve);
+    }
+    pb.finish_and_clear();
+    write_loss_tables(&a, &lengths, &seqs, &done)?;
+    draw_loss_plots(&a, &seqs, &done)?;
+    print_perplexity_table(&a, &lengths, &done)
+}
+
+/// One model's L(i) curve and perplexities, as `eval loss` reports them.
+struct ModelCurve {
+    name: String,
+    path: PathBuf,
+    train_context: Option<usize>,
+    loss: Vec<f64>,
+    smoothed: Vec<f64>,
+    ppl: Vec<(usize, f64)>,
+}
+
+fn check_loss_args(a: &LossArgs) -> Result<()> {
     if a.context < 1 {
         bail!("--context must be at least 1");
     }
@@ -430,8 +464,11 @@ fn run_loss(a: LossArgs) -> Result<()> {
     if !a.train_context.is_empty() && a.train_context.len() != a.model.len() {
         bail!("--train-context is given {} times for {} models", a.train_context.len(), a.model.len());
     }
-    let data = Dataset::open(&a.data)?;
-    let data_vocab = data.manifest().vocab_size;
+    Ok(())
+}
+
+/// The validation sequences of `--context` + 1 tokens (documents, or packed windows with --pack).
+fn loss_sequences(a: &LossArgs, data: &Dataset) -> Result<Vec<Vec<u32>>> {
     let n = a.context;
     // Packed windows are allocated before the split is read through; without --pack a context
     // longer than every document is reported below (with the hint to use --pack).
@@ -444,7 +481,7 @@ fn run_loss(a: LossArgs) -> Result<()> {
         );
     }
     let windows = if a.pack { Windows::Packed } else { Windows::Documents };
-    let seqs = loss::validation_sequences(&data, n, a.sequences, windows)?;
+    let seqs = loss::validation_sequences(data, n, a.sequences, windows)?;
     if seqs.len() < a.sequences {
         eprintln!(
             "warning: only {} validation documents have {n} tokens; averaging over {} sequences (--pack cuts more)",
@@ -452,104 +489,101 @@ fn run_loss(a: LossArgs) -> Result<()> {
             seqs.len()
         );
     }
-    create_out(&a.out)?;
+    Ok(seqs)
+}
 
-    struct Done {
-        name: String,
-        path: PathBuf,
-        train_context: Option<usize>,
-        loss: Vec<f64>,
-        smoothed: Vec<f64>,
-        ppl: Vec<(usize, f64)>,
+/// Loads model `mi` (at `path`) on its device and averages its per-token losses over `seqs`.
+#[allow(clippy::too_many_arguments)]
+fn model_curve(
+    a: &LossArgs,
+    mi: usize,
+    path: &Path,
+    name: String,
+    device: &Device,
+    data: &Dataset,
+    seqs: &[Vec<u32>],
+    lengths: &[usize],
+    pb: &indicatif::ProgressBar,
+) -> Result<ModelCurve> {
+    let n = a.context;
+    pb.set_message(format!("{name}: loading"));
+    let model = load_model(path)?;
+    let cfg = &model.config;
+    // A model whose layers the GPU cannot run yet goes to the CPU (auto) or is refused (cuda).
+    let device = if device.is_cuda() { a.device.select_for(&model)? } else { device.clone() };
+    if !device.is_cuda() {
+        let need = crate::validate::kv_cache_bytes(cfg, a.batch_size, n + 1)
+            .saturating_add(crate::validate::forward_bytes(cfg, a.batch_size, a.chunk.min(n + 1), false));
+        crate::validate::check_memory(
+            need,
+            &format!(
+                "{}: --context {n} with --batch-size {} (KV cache and a chunk's activations)",
+                path.display(),
+                a.batch_size
+            ),
+        )?;
     }
-    let mut done: Vec<Done> = vec![];
-    let lengths = loss::power_of_two_lengths(n);
-    let device = a.device.select()?;
-    let total = (a.model.len() * seqs.len() * n) as u64;
-    let pb = progress_bar(total, "tokens");
-    for (mi, path) in a.model.iter().enumerate() {
-        let mut name = a.name.get(mi).cloned().unwrap_or_else(|| model_name(path));
-        if done.iter().any(|d| d.name == name) {
-            name = format!("{name} ({})", mi + 1);
-        }
-        pb.set_message(format!("{name}: loading"));
-        let model = load_model(path)?;
-        let cfg = &model.config;
-        // A model whose layers the GPU cannot run yet goes to the CPU (auto) or is refused (cuda).
-        let device = if device.is_cuda() { a.device.select_for(&model)? } else { device.clone() };
-        if !device.is_cuda() {
-            let need = crate::validate::kv_cache_bytes(cfg, a.batch_size, n + 1)
-                .saturating_add(crate::validate::forward_bytes(cfg, a.batch_size, a.chunk.min(n + 1), false));
-            crate::validate::check_memory(
-                need,
-                &format!(
-                    "{}: --context {n} with --batch-size {} (KV cache and a chunk's activations)",
-                    path.display(),
-                    a.batch_size
-                ),
-            )?;
-        }
-        let plan = Plan { batch: a.batch_size.min(seqs.len()).max(1), chunk: a.chunk.min(n).max(1) };
-        let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
-        if mi == 0 {
-            pb.println(format!("device: {}", engine.describe()));
-        }
-        let map = id_mapper(cfg, data_vocab, a.fold_vocab, path)?;
-        let v = cfg.vocab_size as u32;
-        let fit = |id: u32| if id < v { id } else { id % v };
-        let bos = fit(cfg.bos_token_id.unwrap_or(BOS_ID));
-        let eos = fit(cfg.eos_token_id.unwrap_or(EOS_ID));
-        let mut curve = LossCurve::new(n);
-        pb.set_message(name.clone());
-        for batch in seqs.chunks(a.batch_size) {
-            let ids: Vec<Vec<u32>> = batch
-                .iter()
-                .map(|s| {
-                    std::iter::once(bos)
-                        .chain(s.iter().map(|&t| if t == EOS_ID && a.pack { eos } else { map(t) }))
-                        .collect()
-                })
-                .collect();
-            let losses = engine.token_losses(&ids, a.chunk, &mut |t| pb.inc((t * batch.len()) as u64))?;
-            for l in &losses {
-                curve.add(l);
-            }
-        }
-        let l = curve.mean();
-        let train_context = cfg.train_context().or(a.train_context.get(mi).copied());
-        done.push(Done {
-            name,
-            path: path.clone(),
-            train_context,
-            smoothed: loss::moving_average(&l, a.window),
-            ppl: loss::perplexity_at(&l, &lengths),
-            loss: l,
-        });
+    let plan = Plan { batch: a.batch_size.min(seqs.len()).max(1), chunk: a.chunk.min(n).max(1) };
+    let mut engine = infer::open(&model, &device, a.device.dtype, plan)?;
+    if mi == 0 {
+        pb.println(format!("device: {}", engine.describe()));
     }
-    pb.finish_and_clear();
+    let map = id_mapper(cfg, data.manifest().vocab_size, a.fold_vocab, path)?;
+    let v = cfg.vocab_size as u32;
+    let fit = |id: u32| if id < v { id } else { id % v };
+    let bos = fit(cfg.bos_token_id.unwrap_or(BOS_ID));
+    let eos = fit(cfg.eos_token_id.unwrap_or(EOS_ID));
+    let mut curve = LossCurve::new(n);
+    pb.set_message(name.clone());
+    for batch in seqs.chunks(a.batch_size) {
+        let ids: Vec<Vec<u32>> = batch
+            .iter()
+            .map(|s| {
+                std::iter::once(bos)
+                    .chain(s.iter().map(|&t| if t == EOS_ID && a.pack { eos } else { map(t) }))
+                    .collect()
+            })
+            .collect();
+        let losses = engine.token_losses(&ids, a.chunk, &mut |t| pb.inc((t * batch.len()) as u64))?;
+        for l in &losses {
+            curve.add(l);
+        }
+    }
+    let l = curve.mean();
+    Ok(ModelCurve {
+        name,
+        path: path.to_path_buf(),
+        train_context: cfg.train_context().or(a.train_context.get(mi).copied()),
+        smoothed: loss::moving_average(&l, a.window),
+        ppl: loss::perplexity_at(&l, lengths),
+        loss: l,
+    })
+}
 
-    // CSV: one row per position; one row per length.
+/// loss.csv (one row per position), perplexity.csv (one row per length) and loss.json.
+fn write_loss_tables(a: &LossArgs, lengths: &[usize], seqs: &[Vec<u32>], done: &[ModelCurve]) -> Result<()> {
+    let n = a.context;
     let mut csv = String::from("position");
-    for d in &done {
+    for d in done {
         csv += &format!(",{0},{0} (smoothed)", csv_field(&d.name));
     }
     csv.push('\n');
     for i in 0..n {
         csv += &i.to_string();
-        for d in &done {
+        for d in done {
             csv += &format!(",{},{}", d.loss[i], d.smoothed[i]);
         }
         csv.push('\n');
     }
     write_file(&a.out.join("loss.csv"), csv.as_bytes())?;
     let mut pcsv = String::from("length");
-    for d in &done {
+    for d in done {
         pcsv += &format!(",{}", csv_field(&d.name));
     }
     pcsv.push('\n');
     for (k, &l) in lengths.iter().enumerate() {
         pcsv += &l.to_string();
-        for d in &done {
+        for d in done {
             pcsv += &format!(",{}", d.ppl[k].1);
         }
         pcsv.push('\n');
@@ -578,9 +612,13 @@ fn run_loss(a: LossArgs) -> Result<()> {
         "moving_average_window": a.window,
         "models": models,
     });
-    write_file(&a.out.join("loss.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    write_file(&a.out.join("loss.json"), serde_json::to_string_pretty(&report)?.as_bytes())
+}
 
-    let marker = |d: &Done| d.train_context.filter(|&c| c >= 1 && c <= n).map(|c| c as f64);
+/// loss.png (the smoothed L(i)) and perplexity.png, each model's training context marked.
+fn draw_loss_plots(a: &LossArgs, seqs: &[Vec<u32>], done: &[ModelCurve]) -> Result<()> {
+    let n = a.context;
+    let marker = |d: &ModelCurve| d.train_context.filter(|&c| c >= 1 && c <= n).map(|c| c as f64);
     let loss_series: Vec<Series> = done
         .iter()
         .map(|d| Series {
@@ -614,8 +652,11 @@ fn run_loss(a: LossArgs) -> Result<()> {
         log_y: true,
         marker_label: "training context",
     }
-    .draw(&a.out.join("perplexity.png"), &ppl_series)?;
+    .draw(&a.out.join("perplexity.png"), &ppl_series)
+}
 
+/// The perplexity at each length, a column per model, on stdout.
+fn print_perplexity_table(a: &LossArgs, lengths: &[usize], done: &[ModelCurve]) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,

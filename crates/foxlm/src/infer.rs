@@ -270,6 +270,13 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.be.new_caches(self.model, batch, positions)
     }
 
+    /// A forward of `b` rows × `t` positions within the planned buffers ([`Plan::fits`]).
+    fn check_fits(&self, b: usize, t: usize) -> Result<()> {
+        let p = self.plan;
+        ensure!(p.fits(b, t), "a forward of {b} × {t}; the engine was planned for {} × {}", p.batch, p.chunk);
+        Ok(())
+    }
+
     fn check_batch(&self, b: usize) -> Result<()> {
         ensure!(b >= 1 && b <= self.plan.batch, "a batch of {b} rows; the engine was planned for {}", self.plan.batch);
         Ok(())
@@ -344,12 +351,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                 "left padding of {most} positions exceeds a prefill chunk of {tc}: batch prompts of closer lengths"
             );
         }
-        ensure!(
-            tc >= 1 && p0 + tc <= t && self.plan.fits(b, tc),
-            "a prefill chunk of {b} × {tc} at {p0} of {t}; the engine was planned for {} × {}",
-            self.plan.batch,
-            self.plan.chunk
-        );
+        ensure!(tc >= 1 && p0 + tc <= t, "a prefill chunk of {tc} at {p0} of {t}");
+        self.check_fits(b, tc)?;
         let cid = Self::chunk_ids(ids, b, t, p0, tc);
         self.forward(&cid, b, tc, start, None, Some(caches), false)
     }
@@ -357,12 +360,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// One forward of the left-padded prompts `ids` [b, t] without a cache (scoring: nothing
     /// continues from them); the hidden states stay in `acts`.
     pub(crate) fn forward_uncached(&mut self, ids: &[u32], b: usize, t: usize, start: Option<&[usize]>) -> Result<()> {
-        ensure!(
-            self.plan.fits(b, t),
-            "a forward of {b} × {t}; the engine was planned for {} × {}",
-            self.plan.batch,
-            self.plan.chunk
-        );
+        self.check_fits(b, t)?;
         self.forward(ids, b, t, start, None, None, false)
     }
 

@@ -39,33 +39,47 @@ static std::vector<float> fromb(const std::vector<bf16>& x) {
 static float sg(float x) { return x >= 0 ? 1.f / (1.f + expf(-x)) : expf(x) / (1.f + expf(x)); }
 static dim3e g1(long n) { return {(unsigned)n, 1, 1}; }
 
+// RMSNorm's loops: each row's 1/rms, and the backward (dx = acc·dx0 + rstd·(w·dy − x̂·mean(w·dy·x̂)),
+// dw = dw0 + Σ_rows dy·x̂) with weight row r % groups.
+static std::vector<float> rms_rstd(const std::vector<float>& x, int rows, int dim) {
+    std::vector<float> rr(rows);
+    for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int c = 0; c < dim; ++c) ss += x[r * dim + c] * x[r * dim + c];
+        rr[r] = 1.0 / sqrt(ss / dim + 1e-6);
+    }
+    return rr;
+}
+static void rms_bwd_loop(std::vector<float>& dxr, std::vector<float>& dwr, bool acc, const std::vector<float>& dx0,
+                         const std::vector<float>& dy, const std::vector<float>& x, const std::vector<float>& rr,
+                         const std::vector<float>& w, int rows, int dim, int groups) {
+    for (int r = 0; r < rows; ++r) {
+        int g = r % groups;
+        double dot = 0;
+        for (int c = 0; c < dim; ++c) dot += w[g * dim + c] * dy[r * dim + c] * x[r * dim + c] * rr[r];
+        double mean = dot / dim;
+        for (int c = 0; c < dim; ++c) {
+            dxr[r * dim + c] = (acc ? dx0[r * dim + c] : 0.f) +
+                               rr[r] * (w[g * dim + c] * dy[r * dim + c] - x[r * dim + c] * rr[r] * mean);
+            dwr[g * dim + c] += dy[r * dim + c] * x[r * dim + c] * rr[r];
+        }
+    }
+}
+
 int main() {
     // ---- RMSNorm fwd/bwd: dim 72 (4-wide loads), dim 37 (one element at a time), groups 3 with
     // a partial last super-row, and dim 136 (a second 128-element chunk)
     for (auto [rows, dim, groups] : {std::tuple{37, 72, 3}, std::tuple{37, 37, 3}, std::tuple{9, 136, 1}}) {
         auto x = randn(rows * dim), w = randn(groups * dim), dy = randn(rows * dim), dx0 = randn(rows * dim);
         auto dw0 = randn(groups * dim);
-        std::vector<float> y(rows * dim), rstd(rows), yr(rows * dim), rr(rows);
-        for (int r = 0; r < rows; ++r) {
-            double ss = 0;
-            for (int c = 0; c < dim; ++c) ss += x[r * dim + c] * x[r * dim + c];
-            rr[r] = 1.0 / sqrt(ss / dim + 1e-6);
+        std::vector<float> y(rows * dim), rstd(rows), yr(rows * dim), rr = rms_rstd(x, rows, dim);
+        for (int r = 0; r < rows; ++r)
             for (int c = 0; c < dim; ++c) yr[r * dim + c] = x[r * dim + c] * rr[r] * w[(r % groups) * dim + c];
-        }
         launch(g1((rows + 7) / 8), 256, [&] { rms_norm_fwd_f32(y.data(), rstd.data(), x.data(), w.data(), rows, dim, groups, 1e-6f); });
         cmp("rms fwd y", y, yr, 1e-6);
         cmp("rms fwd rstd", rstd, rr, 1e-6);
         std::vector<float> dxr(rows * dim), dwr = dw0;
-        for (int r = 0; r < rows; ++r) {
-            int g = r % groups;
-            double dot = 0;
-            for (int c = 0; c < dim; ++c) dot += w[g * dim + c] * dy[r * dim + c] * x[r * dim + c] * rr[r];
-            double mean = dot / dim;
-            for (int c = 0; c < dim; ++c) {
-                dxr[r * dim + c] = dx0[r * dim + c] + rr[r] * (w[g * dim + c] * dy[r * dim + c] - x[r * dim + c] * rr[r] * mean);
-                dwr[g * dim + c] += dy[r * dim + c] * x[r * dim + c] * rr[r];
-            }
-        }
+        rms_bwd_loop(dxr, dwr, true, dx0, dy, x, rr, w, rows, dim, groups);
         auto dx = dx0;
         launch(g1((rows + 7) / 8), 256, [&] { rms_norm_bwd_dx_f32(dx.data(), 1, dy.data(), x.data(), rr.data(), w.data(), rows, dim, groups); });
         cmp("rms bwd dx accumulate", dx, dxr, 1e-6);
@@ -96,25 +110,10 @@ int main() {
                                      std::tuple{45, 32, 4}, std::tuple{200, 768, 1}}) {
         auto x = randn(rows * dim), w = randn(groups * dim), dy = randn(rows * dim), dx0 = randn(rows * dim);
         auto dw0 = randn(groups * dim);
-        std::vector<float> rr(rows);
-        for (int r = 0; r < rows; ++r) {
-            double ss = 0;
-            for (int c = 0; c < dim; ++c) ss += x[r * dim + c] * x[r * dim + c];
-            rr[r] = 1.0 / sqrt(ss / dim + 1e-6);
-        }
+        std::vector<float> rr = rms_rstd(x, rows, dim);
         for (int acc : {0, 1}) {
             std::vector<float> dxr(rows * dim), dwr = dw0;
-            for (int r = 0; r < rows; ++r) {
-                int g = r % groups;
-                double dot = 0;
-                for (int c = 0; c < dim; ++c) dot += w[g * dim + c] * dy[r * dim + c] * x[r * dim + c] * rr[r];
-                double mean = dot / dim;
-                for (int c = 0; c < dim; ++c) {
-                    dxr[r * dim + c] = (acc ? dx0[r * dim + c] : 0.f) +
-                                       rr[r] * (w[g * dim + c] * dy[r * dim + c] - x[r * dim + c] * rr[r] * mean);
-                    dwr[g * dim + c] += dy[r * dim + c] * x[r * dim + c] * rr[r];
-                }
-            }
+            rms_bwd_loop(dxr, dwr, acc, dx0, dy, x, rr, w, rows, dim, groups);
             int W = groups * dim, SR = (rows + groups - 1) / groups, R = 3, P = (SR + R - 1) / R;
             std::vector<float> part(P * W, NAN), dw = dw0, dx = dx0, dx2 = dx0;
             launch(g1(P), 256, [&] {

@@ -795,10 +795,70 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
                 "families": prof.families.iter().map(|(f, ms, n)| serde_json::json!({"family": format!("{f:?}"), "ms_per_step": ms / steps, "ops_per_step": *n as f64 / steps})).collect::<Vec<_>>(),
                 "gpu": gpu.name(),
             }));
+            if a.score {
+                drop(eng);
+                score_rows(&gpu, &model, name, &prompts, &a, &mut rows)?;
+            }
         }
     }
     if let Some(j) = &a.json {
         std::fs::write(j, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
+}
+
+/// `bench decode --score`: a scoring pass over `prompts` on the benchmark's plan (the prompts'
+/// batch × length) and on the server's default plan (64 slots over 16384 positions), timed as
+/// the decode rows (median of the repeats) with a per-family profile of each forward.
+fn score_rows(
+    gpu: &std::sync::Arc<cuda::Gpu>,
+    model: &foxlm::model::Model,
+    name: &str,
+    prompts: &[Vec<u32>],
+    a: &DecodeArgs,
+    rows: &mut Vec<serde_json::Value>,
+) -> Result<()> {
+    let (b, t) = (prompts.len(), prompts.first().map_or(0, |p| p.len()));
+    use foxlm::infer::{GpuInfer, Plan};
+    let tokens = (b * t) as f64;
+    for (plan_name, slots, chunk) in [("this benchmark's plan", b, t), ("the server's plan", 64, 0)] {
+        let mut eng = if chunk > 0 {
+            GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: slots, chunk })?
+        } else {
+            foxlm::serve::gpu::serving_infer(gpu.clone(), model, slots, t + a.new_tokens + 1)?
+        };
+        let plan = eng.plan();
+        for _ in 0..a.warmup.max(1) {
+            eng.timed_score(prompts, false)?;
+        }
+        let mut runs = Vec::new();
+        for _ in 0..a.repeats.max(1) {
+            runs.push(eng.timed_score(prompts, false)?);
+        }
+        let median = |f: &dyn Fn(&foxlm::infer::TimedScore) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(|x, y| x.total_cmp(y));
+            v[v.len() / 2]
+        };
+        let (fwd, head) = (median(&|r| r.forward_s), median(&|r| r.head_s));
+        let prof = eng.timed_score(prompts, true)?;
+        println!(
+            "{name} B={b} T={t} scoring on {plan_name} ({} × {}): {:.0} tokens/s; forward {:.3} ms, head + log-probs {:.3} ms",
+            plan.batch,
+            plan.chunk,
+            tokens / (fwd + head),
+            fwd * 1e3,
+            head * 1e3
+        );
+        for (fam, ms, n) in &prof.families {
+            println!("    {:<12} {:>8.3} ms {:>6} ops (profiled forward)", format!("{fam:?}"), ms, n);
+        }
+        rows.push(serde_json::json!({
+            "preset": name, "batch": b, "prompt": t, "score_plan": [plan.batch, plan.chunk],
+            "score_tok_s": tokens / (fwd + head), "score_forward_ms": fwd * 1e3, "score_head_ms": head * 1e3,
+            "families": prof.families.iter().map(|(f, ms, n)| serde_json::json!({"family": format!("{f:?}"), "ms": ms, "ops": n})).collect::<Vec<_>>(),
+            "gpu": gpu.name(),
+        }));
     }
     Ok(())
 }

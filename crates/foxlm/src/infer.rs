@@ -71,6 +71,15 @@ pub struct Timed {
     pub families: Vec<(crate::backend::Family, f64, usize)>,
 }
 
+/// Timings of one scoring pass ([`GpuInfer::timed_score`]).
+pub struct TimedScore {
+    pub forward_s: f64,
+    /// The head and the log-probabilities, the download of them included.
+    pub head_s: f64,
+    /// With profiling: per kernel family, GPU milliseconds and operations over the forward.
+    pub families: Vec<(crate::backend::Family, f64, usize)>,
+}
+
 /// What a serving decode step gives back ([`GpuInfer::step`]).
 pub(crate) enum StepOut {
     /// Logits [b, V].
@@ -677,6 +686,34 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let families = if profile { self.be.take_profile()? } else { Vec::new() };
         let out = r?;
         Ok(Timed { prefill_s, decode_s, steps: out.iter().map(|o| o.len()).max().unwrap_or(0), families })
+    }
+
+    /// One scoring pass over equally long `prompts` as the server runs it for `max_tokens: 0`
+    /// requests ([`GpuInfer::forward_uncached`], then every position's log-probability of the
+    /// next token on the device), timed for `foxlm bench decode --score`: the forward and the
+    /// head separately (wall clock, the GPU synchronised at each end), with a per-family profile
+    /// of the forward when `profile`.
+    pub fn timed_score(&mut self, prompts: &[Vec<u32>], profile: bool) -> Result<TimedScore> {
+        let b = prompts.len();
+        let t = prompts.first().map_or(0, |p| p.len());
+        ensure!(b >= 1 && t >= 2 && prompts.iter().all(|p| p.len() == t), "scored prompts must be equally long");
+        let ids: Vec<u32> = prompts.iter().flatten().copied().collect();
+        let targets: Vec<u32> =
+            prompts.iter().flat_map(|p| p[1..].iter().copied().chain(std::iter::once(u32::MAX))).collect();
+        self.be.gpu.sync()?;
+        if profile {
+            self.be.start_profile();
+        }
+        let t0 = std::time::Instant::now();
+        self.forward_uncached(&ids, b, t, None)?;
+        self.be.gpu.sync()?;
+        let forward_s = t0.elapsed().as_secs_f64();
+        let families = if profile { self.be.take_profile()? } else { Vec::new() };
+        let t1 = std::time::Instant::now();
+        let (lp, _, _) = self.chunk_token_logprobs(0, &targets, 1)?;
+        let head_s = t1.elapsed().as_secs_f64();
+        ensure!(lp.len() == b * t, "{} log-probabilities for {} positions", lp.len(), b * t);
+        Ok(TimedScore { forward_s, head_s, families })
     }
 
     /// `prompts` as one job on the serving engine's GPU batcher ([`crate::serve::gpu::GpuBatcher`]),

@@ -5,7 +5,7 @@ use super::{Alloc, Backend, BatchInfo, Family};
 use crate::model::attention::ops::AttnShape;
 use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::conv1d::{conv1d_bwd, conv1d_decode_step, conv1d_fwd, Conv1d};
 use fox_kernels::{gate, head, matmul, rmsnorm, swiglu};
@@ -340,11 +340,14 @@ impl Backend for Cpu<'_> {
         rstd: &mut Vec<f32>,
         x: &Vec<f32>,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        rmsnorm::rms_norm_fwd(y, rstd, x, &self.params[w], dim, eps);
+        let n = first("RMSNorm", rows.checked_mul(dim), &[x.len(), y.len()])?;
+        ensure!(rstd.len() >= rows, "RMSNorm: {rows} rows, rstd holds {}", rstd.len());
+        rmsnorm::rms_norm_fwd(&mut y[..n], &mut rstd[..rows], &x[..n], &self.params[w], dim, eps);
         Ok(())
     }
     fn rms_norm_bwd(
@@ -369,24 +372,28 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
 
-    fn add(&mut self, y: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) -> Result<()> {
+    fn add(&mut self, y: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        y.iter_mut().zip(a.iter().zip(b)).for_each(|(y, (a, b))| *y = a + b);
+        let n = first("add", Some(n), &[y.len(), a.len(), b.len()])?;
+        y[..n].iter_mut().zip(a.iter().zip(b)).for_each(|(y, (a, b))| *y = a + b);
         Ok(())
     }
-    fn add_inplace(&mut self, y: &mut Vec<f32>, x: &Vec<f32>) -> Result<()> {
+    fn add_inplace(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
+        let n = first("add", Some(n), &[y.len(), x.len()])?;
+        y[..n].iter_mut().zip(x).for_each(|(y, x)| *y += x);
         Ok(())
     }
-    fn copy(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+    fn copy(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        dst.copy_from_slice(src);
+        let n = first("copy", Some(n), &[dst.len(), src.len()])?;
+        dst[..n].copy_from_slice(&src[..n]);
         Ok(())
     }
-    fn sigmoid_inplace(&mut self, x: &mut Vec<f32>) -> Result<()> {
+    fn sigmoid_inplace(&mut self, x: &mut Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        gate::sigmoid_inplace(x);
+        let n = first("sigmoid", Some(n), &[x.len()])?;
+        gate::sigmoid_inplace(&mut x[..n]);
         Ok(())
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
@@ -394,8 +401,9 @@ impl Backend for Cpu<'_> {
         dy.iter_mut().zip(y).for_each(|(d, &y)| *d *= y * (1.0 - y));
         Ok(())
     }
-    fn zero_f32(&mut self, x: &mut Vec<f32>) -> Result<()> {
-        x.fill(0.0);
+    fn zero_f32(&mut self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        let n = first("zeroing", Some(n), &[x.len()])?;
+        x[..n].fill(0.0);
         Ok(())
     }
     fn swiglu_fwd(&mut self, h: &mut Vec<f32>, gu: &Vec<f32>, _rows: usize, inter: usize) -> Result<()> {
@@ -415,9 +423,10 @@ impl Backend for Cpu<'_> {
         swiglu::swiglu_bwd(dgu, dh, gu, inter);
         Ok(())
     }
-    fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>) -> Result<()> {
+    fn gate_mul_fwd(&mut self, z: &mut Vec<f32>, pre: &Vec<f32>, g: &Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        gate::gate_mul_fwd(z, pre, g);
+        let n = first("output gate", Some(n), &[z.len(), pre.len(), g.len()])?;
+        gate::gate_mul_fwd(&mut z[..n], &pre[..n], &g[..n]);
         Ok(())
     }
     fn gate_mul_bwd(
@@ -535,4 +544,11 @@ impl Cpu<'_> {
         }
         Ok(())
     }
+}
+
+/// `n` (the elements a forward's op covers), checked against the buffers it reads and writes.
+pub(crate) fn first(op: &str, n: Option<usize>, lens: &[usize]) -> Result<usize> {
+    let n = n.ok_or_else(|| anyhow!("{op}: the element count overflows"))?;
+    ensure!(lens.iter().all(|&l| l >= n), "{op}: {n} elements asked of buffers of {lens:?}");
+    Ok(n)
 }

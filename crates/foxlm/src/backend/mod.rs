@@ -46,6 +46,18 @@ pub enum Family {
 impl Family {
     pub const ALL: [Family; 6] =
         [Family::Gemm, Family::Attention, Family::Head, Family::CrossEntropy, Family::Optimizer, Family::Other];
+
+    /// The family's line in a serving profile's forward (`FOXLM_SERVE_PROFILE=1`).
+    pub fn forward_phase(self) -> &'static str {
+        match self {
+            Family::Gemm => "  forward: GEMMs (events)",
+            Family::Attention => "  forward: attention (events)",
+            Family::Head => "  forward: head (events)",
+            Family::CrossEntropy => "  forward: cross-entropy (events)",
+            Family::Optimizer => "  forward: optimizer (events)",
+            Family::Other => "  forward: other ops (events)",
+        }
+    }
 }
 
 /// A batch as the backend sees it: token ids, targets and left padding in the backend's memory,
@@ -128,14 +140,18 @@ pub trait Backend: Alloc {
         accumulate: bool,
         rows: usize,
     ) -> Result<()>;
-    /// RMSNorm over rows of `dim` (weight row r % (len(w)/dim)): block norms, per-head and
-    /// shared QK-norm, the output norm.
+    /// RMSNorm over the first `rows` rows of `dim` (weight row r % (len(w)/dim)): block norms,
+    /// per-head and shared QK-norm, the output norm. The forward's ops take their rows (or
+    /// elements) from the model, not from the buffers: an inference engine's buffers are planned
+    /// for its largest forward, and a smaller one must not pay for the rest.
+    #[allow(clippy::too_many_arguments)]
     fn rms_norm_fwd(
         &mut self,
         y: &mut Self::Act,
         rstd: &mut Self::F32,
         x: &Self::Act,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()>;
@@ -162,11 +178,12 @@ pub trait Backend: Alloc {
         a: &Self::Act,
         b: &Self::Act,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        self.add(h, a, b)?;
-        self.rms_norm_fwd(y, rstd, h, w, dim, eps)
+        self.add(h, a, b, rows * dim)?;
+        self.rms_norm_fwd(y, rstd, h, w, rows, dim, eps)
     }
 
     /// [`Self::add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm(h).
@@ -178,21 +195,22 @@ pub trait Backend: Alloc {
         rstd: &mut Self::F32,
         b: &Self::Act,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        self.add_inplace(h, b)?;
-        self.rms_norm_fwd(y, rstd, h, w, dim, eps)
+        self.add_inplace(h, b, rows * dim)?;
+        self.rms_norm_fwd(y, rstd, h, w, rows, dim, eps)
     }
 
-    // Elementwise.
-    fn add(&mut self, y: &mut Self::Act, a: &Self::Act, b: &Self::Act) -> Result<()>;
-    fn add_inplace(&mut self, y: &mut Self::Act, x: &Self::Act) -> Result<()>;
-    fn copy(&mut self, dst: &mut Self::Act, src: &Self::Act) -> Result<()>;
-    fn sigmoid_inplace(&mut self, x: &mut Self::Act) -> Result<()>;
+    // Elementwise, over the first `n` elements.
+    fn add(&mut self, y: &mut Self::Act, a: &Self::Act, b: &Self::Act, n: usize) -> Result<()>;
+    fn add_inplace(&mut self, y: &mut Self::Act, x: &Self::Act, n: usize) -> Result<()>;
+    fn copy(&mut self, dst: &mut Self::Act, src: &Self::Act, n: usize) -> Result<()>;
+    fn sigmoid_inplace(&mut self, x: &mut Self::Act, n: usize) -> Result<()>;
     /// dy ·= y · (1 − y), the sigmoid's backward from its output y.
     fn sigmoid_bwd_inplace(&mut self, dy: &mut Self::Act, y: &Self::Act) -> Result<()>;
-    fn zero_f32(&mut self, x: &mut Self::F32) -> Result<()>;
+    fn zero_f32(&mut self, x: &mut Self::F32, n: usize) -> Result<()>;
     fn swiglu_fwd(&mut self, h: &mut Self::Act, gu: &Self::Act, rows: usize, inter: usize) -> Result<()>;
     /// SwiGLU's gate_proj and activation: gu = x · gate_projᵀ, h = silu(gate) · up (a backend may
     /// do both in one pass).
@@ -217,7 +235,7 @@ pub trait Backend: Alloc {
         inter: usize,
     ) -> Result<()>;
     /// z = pre · sigmoid(g)
-    fn gate_mul_fwd(&mut self, z: &mut Self::Act, pre: &Self::Act, g: &Self::Act) -> Result<()>;
+    fn gate_mul_fwd(&mut self, z: &mut Self::Act, pre: &Self::Act, g: &Self::Act, n: usize) -> Result<()>;
     fn gate_mul_bwd(
         &mut self,
         dpre: &mut Self::Act,

@@ -103,6 +103,11 @@ pub struct DecodeArgs {
     /// Timed generations; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Also time scoring (what `serve` runs for `max_tokens: 0` with echo and logprobs): one
+    /// forward of the prompts without a cache and every position's log-probability, on this
+    /// benchmark's plan and on the server's default plan (64 slots), with per-family profiles.
+    #[arg(long)]
+    pub score: bool,
     /// Also write the rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,

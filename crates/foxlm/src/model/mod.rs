@@ -534,13 +534,13 @@ impl Model {
             be.hgrn2_lower_bounds_fwd(&mut acts.lower_bounds, id, self.layers.len())?;
         }
         if let (Some(first), Some(b0)) = (self.layers.first(), acts.blocks.first_mut()) {
-            be.rms_norm_fwd(&mut b0.mixer_norm_out, &mut b0.mixer_norm_rstd, &b0.x, first.mixer_norm, d, eps)?;
+            be.rms_norm_fwd(&mut b0.mixer_norm_out, &mut b0.mixer_norm_rstd, &b0.x, first.mixer_norm, n, d, eps)?;
         }
         for (li, blk) in self.layers.iter().enumerate() {
             let ai = slot(li);
             let cache = caches.as_deref_mut().map(|c| &mut c[li]);
             if let Some(input) = acts.inputs.get_mut(li) {
-                be.copy(input, &acts.blocks[ai].x)?;
+                be.copy(input, &acts.blocks[ai].x, n * d)?;
             }
             blk.forward(be, batch, &mut acts.blocks[ai], &mut acts.out, cache, &acts.lower_bounds, n, d, eps)?;
             // The block's output (h + MLP(...), or x + Mixer(...) without an MLP) is the next
@@ -556,6 +556,7 @@ impl Model {
                         blk.residual(cur),
                         out,
                         self.norm,
+                        n,
                         d,
                         eps,
                     )?
@@ -568,9 +569,18 @@ impl Model {
                         let cur = &mut acts.blocks[ai];
                         let BlockActs { x, mixer_norm_out, mixer_norm_rstd, h, .. } = cur;
                         if blk.mlp.is_some() {
-                            be.add_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, h, out, nb.mixer_norm, d, eps)?
+                            be.add_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, h, out, nb.mixer_norm, n, d, eps)?
                         } else {
-                            be.add_inplace_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, out, nb.mixer_norm, d, eps)?
+                            be.add_inplace_rms_norm_fwd(
+                                x,
+                                mixer_norm_out,
+                                mixer_norm_rstd,
+                                out,
+                                nb.mixer_norm,
+                                n,
+                                d,
+                                eps,
+                            )?
                         }
                     } else {
                         let (cur, nx) = two_mut(&mut acts.blocks, ai, ni);
@@ -581,6 +591,7 @@ impl Model {
                             blk.residual(cur),
                             out,
                             nb.mixer_norm,
+                            n,
                             d,
                             eps,
                         )?
@@ -589,7 +600,7 @@ impl Model {
             }
         }
         if self.layers.is_empty() {
-            be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, d, eps)?;
+            be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, n, d, eps)?;
         }
         Ok(())
     }
@@ -623,8 +634,8 @@ impl Model {
             if recompute {
                 // The block's forward again, from its saved input, into its slot's buffers.
                 let ws = &mut acts.blocks[s];
-                be.copy(&mut ws.x, &acts.inputs[li])?;
-                be.rms_norm_fwd(&mut ws.mixer_norm_out, &mut ws.mixer_norm_rstd, &ws.x, blk.mixer_norm, d, eps)?;
+                be.copy(&mut ws.x, &acts.inputs[li], n * d)?;
+                be.rms_norm_fwd(&mut ws.mixer_norm_out, &mut ws.mixer_norm_rstd, &ws.x, blk.mixer_norm, n, d, eps)?;
                 blk.forward(be, batch, ws, &mut acts.out, None, &acts.lower_bounds, n, d, eps)?;
                 blk.backward(be, batch, ws, dx, dnorm, mixer, mlp, (&acts.lower_bounds, dlower_bounds), d)?;
             } else {
@@ -816,7 +827,7 @@ impl Block {
             _ => anyhow::bail!("a block's activations are of another family than its mixer"),
         }
         if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
-            be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, m.norm, d, eps)?;
+            be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, m.norm, n, d, eps)?;
             m.mlp.forward(be, &a.mlp_norm_out, acts, out, n)?;
         }
         Ok(())

@@ -325,6 +325,9 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         let t = p.t;
         let mut t0 = std::time::Instant::now();
         let p0 = p.done;
+        if self.profile.is_some() {
+            self.inf.be.start_profile();
+        }
         let tc = if p.cached {
             let tc = chunk.min(t - p0);
             self.inf.prefill_chunk(&p.ids, b, t, p.start.as_deref(), &mut p.pcache, p0, tc)?;
@@ -339,6 +342,16 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
             charge(prof, "prefill: forward's launches (host)", t0.elapsed().as_secs_f64());
         }
         self.mark("prefill: forward", &mut t0);
+        if self.profile.is_some() {
+            // Per kernel family, event to event (the events' own cost included).
+            let families = self.inf.be.take_profile()?;
+            if let Some(prof) = self.profile.as_mut() {
+                for (fam, ms, _) in families {
+                    charge(prof, fam.forward_phase(), ms / 1e3);
+                }
+            }
+            t0 = std::time::Instant::now();
+        }
         // Prompt log-probabilities of this chunk's positions, on the device, for the rows that ask
         // (one pass over the span of them; other positions' targets are none): only each position's
         // log-probability and top k come back.

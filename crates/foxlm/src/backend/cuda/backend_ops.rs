@@ -133,11 +133,11 @@ impl<T: Elem> Backend for Cuda<T> {
         rstd: &mut CudaSlice<f32>,
         x: &CudaSlice<T>,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let rows = x.len() / dim;
         ops::rms_norm_fwd(&self.gpu, y, rstd, x, &self.params[w.0].master, rows, dim, eps)
     }
     fn rms_norm_bwd(
@@ -164,11 +164,11 @@ impl<T: Elem> Backend for Cuda<T> {
         a: &CudaSlice<T>,
         b: &CudaSlice<T>,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let rows = a.len() / dim;
         ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, &self.params[w.0].master, rows, dim, eps)
     }
     fn add_inplace_rms_norm_fwd(
@@ -178,29 +178,29 @@ impl<T: Elem> Backend for Cuda<T> {
         rstd: &mut CudaSlice<f32>,
         b: &CudaSlice<T>,
         w: ParamId,
+        rows: usize,
         dim: usize,
         eps: f32,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let rows = h.len() / dim;
         ops::add_rms_norm_inplace(&self.gpu, h, y, rstd, b, &self.params[w.0].master, rows, dim, eps)
     }
-    fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<()> {
+    fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::add(&self.gpu, y, a, b, a.len())
+        ops::add(&self.gpu, y, a, b, n)
     }
-    fn add_inplace(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>) -> Result<()> {
+    fn add_inplace(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::add_inplace(&self.gpu, y, x, x.len())
+        ops::add_inplace(&self.gpu, y, x, n)
     }
-    fn copy(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<T>) -> Result<()> {
+    fn copy(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        let n = src.len().min(dst.len());
         dtod(&self.gpu, src, 0, dst, 0, n)
     }
-    fn sigmoid_inplace(&mut self, x: &mut CudaSlice<T>) -> Result<()> {
+    fn sigmoid_inplace(&mut self, x: &mut CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        let (n, p) = (x.len(), self.dptr(x));
+        ensure!(n <= x.len(), "sigmoid: {n} elements of a buffer of {}", x.len());
+        let p = self.dptr(x);
         self.launch_elementwise(&format!("fox_sigmoid_inplace_{}", T::NAME), p, None, n)
     }
     fn sigmoid_bwd_inplace(&mut self, dy: &mut CudaSlice<T>, y: &CudaSlice<T>) -> Result<()> {
@@ -209,9 +209,10 @@ impl<T: Elem> Backend for Cuda<T> {
         let (n, pd, py) = (dy.len(), self.dptr(dy), self.dptr(y));
         self.launch_elementwise(&format!("fox_sigmoid_bwd_inplace_{}", T::NAME), pd, Some(py), n)
     }
-    fn zero_f32(&mut self, x: &mut CudaSlice<f32>) -> Result<()> {
+    fn zero_f32(&mut self, x: &mut CudaSlice<f32>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        self.gpu.stream().memset_zeros(x).map_err(|e| anyhow!("zeroing: {e:?}"))
+        ensure!(n <= x.len(), "zeroing {n} elements of a buffer of {}", x.len());
+        self.gpu.stream().memset_zeros(&mut x.slice_mut(0..n)).map_err(|e| anyhow!("zeroing: {e:?}"))
     }
     fn swiglu_fwd(&mut self, h: &mut CudaSlice<T>, gu: &CudaSlice<T>, rows: usize, inter: usize) -> Result<()> {
         self.mark(Family::Other)?;
@@ -245,9 +246,9 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Other)?;
         ops::swiglu_bwd(&self.gpu, dgu, dh, gu, rows, inter)
     }
-    fn gate_mul_fwd(&mut self, z: &mut CudaSlice<T>, pre: &CudaSlice<T>, g: &CudaSlice<T>) -> Result<()> {
+    fn gate_mul_fwd(&mut self, z: &mut CudaSlice<T>, pre: &CudaSlice<T>, g: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::gate_mul_fwd(&self.gpu, z, pre, g, pre.len())
+        ops::gate_mul_fwd(&self.gpu, z, pre, g, n)
     }
     fn gate_mul_bwd(
         &mut self,

@@ -85,9 +85,10 @@ impl AttnOps for Cpu<'_> {
         }
         Ok(())
     }
-    fn log_fgate_fwd(&mut self, a: &mut Vec<f32>, logit: &Vec<f32>) -> Result<()> {
+    fn log_fgate_fwd(&mut self, a: &mut Vec<f32>, logit: &Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        fgate::log_fgate_fwd(a, logit);
+        let n = crate::backend::cpu::first("log forget gate", Some(n), &[a.len(), logit.len()])?;
+        fgate::log_fgate_fwd(&mut a[..n], &logit[..n]);
         Ok(())
     }
     fn log_fgate_bwd(&mut self, dlogit: &mut Vec<f32>, da: &Vec<f32>, logit: &Vec<f32>) -> Result<()> {

@@ -92,9 +92,9 @@ impl<T: Elem> AttnOps for Cuda<T> {
         }
         ops::col_sum_acc(&self.gpu, &mut self.params[bias.0].grad, dlogit, rows, heads)
     }
-    fn log_fgate_fwd(&mut self, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>) -> Result<()> {
+    fn log_fgate_fwd(&mut self, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::log_fgate_fwd(&self.gpu, a, logit, logit.len())
+        ops::log_fgate_fwd(&self.gpu, a, logit, n)
     }
     fn log_fgate_bwd(
         &mut self,

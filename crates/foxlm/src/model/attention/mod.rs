@@ -383,7 +383,7 @@ impl ForgettingAttention {
                     be.linear_fwd(lin, x, &sl.linear, n)?;
                     // α = sigmoid(shift_proj x), in place over the logits.
                     be.linear_fwd(alpha, x, sp, n)?;
-                    be.sigmoid_inplace(alpha)?;
+                    be.sigmoid_inplace(alpha, n * hkv)?;
                     be.kv_shift_fwd(out, lin, alpha, batch, cache.as_deref(), value, hkv, hd)?;
                 }
             }
@@ -395,12 +395,12 @@ impl ForgettingAttention {
         // QK-norm over each head's slice (eps 1e-5, as the reference's norm default).
         match self.qk_norm {
             Some((qn, kn)) => {
-                be.rms_norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_lin, qn, hd, QK_NORM_EPS)?;
-                be.rms_norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_mix, kn, hd, QK_NORM_EPS)?;
+                be.rms_norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_lin, qn, n * h, hd, QK_NORM_EPS)?;
+                be.rms_norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_mix, kn, n * hkv, hd, QK_NORM_EPS)?;
             }
             None => {
-                be.copy(&mut a.q, &a.q_lin)?;
-                be.copy(&mut a.k, &a.k_mix)?;
+                be.copy(&mut a.q, &a.q_lin, n * h * hd)?;
+                be.copy(&mut a.k, &a.k_mix, n * hkv * hd)?;
             }
         }
         if let Some(base) = self.rope_base {
@@ -410,7 +410,7 @@ impl ForgettingAttention {
 
         // Forget gate: a = logsigmoid(logit), c = running prefix sum (continued from the cache).
         match &self.fgate {
-            Fgate::None => be.zero_f32(&mut a.c)?,
+            Fgate::None => be.zero_f32(&mut a.c, n * h)?,
             gate => {
                 match gate {
                     Fgate::Full { proj, bias } => {
@@ -421,7 +421,7 @@ impl ForgettingAttention {
                     Fgate::None => unreachable!("handled above"),
                 }
                 // log f goes through `lse` as a scratch buffer (same size; overwritten below).
-                be.log_fgate_fwd(&mut a.lse, &a.fgate_logit)?;
+                be.log_fgate_fwd(&mut a.lse, &a.fgate_logit, n * h)?;
                 be.prefix_sum_fwd(&mut a.c, &a.lse, batch, cache.as_deref(), h)?;
             }
         }
@@ -431,10 +431,10 @@ impl ForgettingAttention {
     /// The input of o_proj, op by op: per-head RMSNorm of the attention output (× sigmoid output
     /// gate), or the gate alone, into `a.z`.
     fn output<B: AttnOps>(&self, be: &mut B, x: &B::Act, a: &mut AttnActs<B::Act, B::F32>, n: usize) -> Result<()> {
-        let hd = self.head_dim;
+        let (h, hd) = (self.heads, self.head_dim);
         let pre = match self.output_norm {
             Some(w) => {
-                be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, w, hd, self.norm_eps)?;
+                be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, w, n * h, hd, self.norm_eps)?;
                 &a.o_norm
             }
             None => &a.o,
@@ -442,9 +442,9 @@ impl ForgettingAttention {
         match &self.ogate_proj {
             Some(g) => {
                 be.linear_fwd(&mut a.ogate_logit, x, g, n)?;
-                be.gate_mul_fwd(&mut a.z, pre, &a.ogate_logit)?;
+                be.gate_mul_fwd(&mut a.z, pre, &a.ogate_logit, n * h * hd)?;
             }
-            None => be.copy(&mut a.z, pre)?,
+            None => be.copy(&mut a.z, pre, n * h * hd)?,
         }
         Ok(())
     }

@@ -73,7 +73,8 @@ pub trait AttnOps: Backend {
     fn fgate_bias(&mut self, logit: &mut Self::F32, bias: ParamId, rows: usize, heads: usize, add: bool) -> Result<()>;
     /// grad(bias) += column sums of dlogit [rows, H].
     fn fgate_bias_bwd(&mut self, bias: ParamId, dlogit: &Self::F32, rows: usize, heads: usize) -> Result<()>;
-    fn log_fgate_fwd(&mut self, a: &mut Self::F32, logit: &Self::F32) -> Result<()>;
+    /// a = log sigmoid(logit) over the first `n` values.
+    fn log_fgate_fwd(&mut self, a: &mut Self::F32, logit: &Self::F32, n: usize) -> Result<()>;
     fn log_fgate_bwd(&mut self, dlogit: &mut Self::F32, da: &Self::F32, logit: &Self::F32) -> Result<()>;
     /// c [B, H, T] = prefix sum of a [B, T, H] per row (from its first real token), continuing
     /// the cache's running sum when decoding.

@@ -94,9 +94,18 @@ impl DeltaNetOps for Cpu<'_> {
         self.conv1d_grads(&c, dout, dx, w, None)
     }
 
-    fn l2norm_fwd(&mut self, y: &mut Vec<f32>, rstd: &mut Vec<f32>, x: &Vec<f32>, dim: usize) -> Result<()> {
+    fn l2norm_fwd(
+        &mut self,
+        y: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        x: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
         let _t = self.time(Family::Other);
-        dr::l2norm_fwd(y, rstd, x, dim, L2NORM_EPS)
+        let n = crate::backend::cpu::first("L2 norm", rows.checked_mul(dim), &[y.len(), x.len()])?;
+        anyhow::ensure!(rstd.len() >= rows, "L2 norm: {rows} rows, rstd holds {}", rstd.len());
+        dr::l2norm_fwd(&mut y[..n], &mut rstd[..rows], &x[..n], dim, L2NORM_EPS)
     }
 
     fn l2norm_bwd(
@@ -111,12 +120,14 @@ impl DeltaNetOps for Cpu<'_> {
         dr::l2norm_bwd(dx, dy, y, rstd, dim)
     }
 
-    fn deltanet_decay_fwd(&mut self, g: &mut Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams) -> Result<()> {
+    fn deltanet_decay_fwd(&mut self, g: &mut Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
         let neg_a = self.deltanet_neg_exp(p)?;
         let bias = p.dt_bias.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no dt_bias"))?;
-        ssd::dt_fwd(g, a, h, &self.params[bias])?;
+        let n = crate::backend::cpu::first("decay", rows.checked_mul(h), &[g.len(), a.len()])?;
+        let g = &mut g[..n];
+        ssd::dt_fwd(g, &a[..n], h, &self.params[bias])?;
         for row in g.chunks_mut(h) {
             row.iter_mut().zip(&neg_a).for_each(|(v, a)| *v *= a);
         }
@@ -203,10 +214,10 @@ impl DeltaNetOps for Cpu<'_> {
         dr::delta_rule_bwd(&prob, dout, None, None, out)
     }
 
-    fn swish_gate_fwd(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, gate: &Vec<f32>) -> Result<()> {
+    fn swish_gate_fwd(&mut self, y: &mut Vec<f32>, x: &Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        ensure!(y.len() == x.len() && gate.len() == x.len(), "swish gate: y, x and gate differ in length");
-        y.iter_mut().zip(x).zip(gate).for_each(|((y, x), g)| *y = x * silu(*g));
+        let n = crate::backend::cpu::first("swish gate", Some(n), &[y.len(), x.len(), gate.len()])?;
+        y[..n].iter_mut().zip(x).zip(gate).for_each(|((y, x), g)| *y = x * silu(*g));
         Ok(())
     }
 

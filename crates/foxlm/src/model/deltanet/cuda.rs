@@ -174,10 +174,11 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         y: &mut CudaSlice<T>,
         rstd: &mut CudaSlice<f32>,
         x: &CudaSlice<T>,
+        rows: usize,
         dim: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        dr::l2norm_fwd(&self.gpu, y, rstd, x, x.len() / dim.max(1), dim)
+        dr::l2norm_fwd(&self.gpu, y, rstd, x, rows, dim)
     }
 
     fn l2norm_bwd(
@@ -192,13 +193,18 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         dr::l2norm_bwd(&self.gpu, dx, dy, y, rstd, y.len() / dim.max(1), dim)
     }
 
-    fn deltanet_decay_fwd(&mut self, g: &mut CudaSlice<f32>, a: &CudaSlice<T>, p: &DeltaNetParams) -> Result<()> {
+    fn deltanet_decay_fwd(
+        &mut self,
+        g: &mut CudaSlice<f32>,
+        a: &CudaSlice<T>,
+        p: &DeltaNetParams,
+        rows: usize,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         let (a_log, bias) = match (p.a_log, p.dt_bias) {
             (Some(a), Some(b)) => (a, b),
             _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
         };
-        let rows = a.len() / p.sizes.heads;
         dr::decay_fwd(&self.gpu, g, a, &self.params[a_log.0].master, &self.params[bias.0].master, rows)
     }
 
@@ -278,9 +284,9 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         dr::delta_rule_bwd(&self.gpu, &prob, dout, None, None, out, scratch)
     }
 
-    fn swish_gate_fwd(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, gate: &CudaSlice<T>) -> Result<()> {
+    fn swish_gate_fwd(&mut self, y: &mut CudaSlice<T>, x: &CudaSlice<T>, gate: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;
-        dr::swish_gate_fwd(&self.gpu, y, x, gate, x.len())
+        dr::swish_gate_fwd(&self.gpu, y, x, gate, n)
     }
 
     fn swish_gate_bwd(

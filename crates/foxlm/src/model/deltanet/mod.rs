@@ -223,21 +223,21 @@ impl DeltaNetMixer {
         be.deltanet_conv_fwd(&mut a.q_conv, &a.q_in, ConvOf::Q, p, batch, state.as_deref_mut())?;
         be.deltanet_conv_fwd(&mut a.k_conv, &a.k_in, ConvOf::K, p, batch, state.as_deref_mut())?;
         be.deltanet_conv_fwd(&mut a.v, &a.v_in, ConvOf::V, p, batch, state.as_deref_mut())?;
-        be.l2norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_conv, s.head_k)?;
-        be.l2norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_conv, s.head_k)?;
+        be.l2norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_conv, n * s.heads, s.head_k)?;
+        be.l2norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_conv, n * s.heads, s.head_k)?;
         be.linear_fwd(&mut a.beta, x, &self.b_proj, n)?;
-        be.sigmoid_inplace(&mut a.beta)?;
+        be.sigmoid_inplace(&mut a.beta, n * s.heads)?;
         if let Some(a_proj) = &self.a_proj {
             be.linear_fwd(&mut a.a, x, a_proj, n)?;
-            be.deltanet_decay_fwd(&mut a.g, &a.a, p)?;
+            be.deltanet_decay_fwd(&mut a.g, &a.a, p, n)?;
         }
         let g = self.a_proj.is_some().then_some(&a.g);
         be.delta_rule_fwd(&mut a.o, &a.q, &a.k, &a.v, &a.beta, g, p, batch, state)?;
-        be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.o_norm, s.head_v, p.eps)?;
+        be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.o_norm, n * s.heads, s.head_v, p.eps)?;
         match &self.g_proj {
             Some(g_proj) => {
                 be.linear_fwd(&mut a.gate, x, g_proj, n)?;
-                be.swish_gate_fwd(&mut a.y, &a.o_norm, &a.gate)?;
+                be.swish_gate_fwd(&mut a.y, &a.o_norm, &a.gate, n * s.value_dim())?;
                 be.linear_fwd(out, &a.y, &self.o_proj, n)
             }
             None => be.linear_fwd(out, &a.o_norm, &self.o_proj, n),

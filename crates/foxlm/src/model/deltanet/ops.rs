@@ -73,7 +73,15 @@ pub trait DeltaNetOps: Backend {
         batch: &Self::Batch,
     ) -> Result<()>;
     /// y = x / √(Σ x² + 1e-6) over rows of `dim`, 1/√(Σ x² + 1e-6) per row into `rstd`.
-    fn l2norm_fwd(&mut self, y: &mut Self::Act, rstd: &mut Self::F32, x: &Self::Act, dim: usize) -> Result<()>;
+    /// L2 norm over the first `rows` rows of `dim`.
+    fn l2norm_fwd(
+        &mut self,
+        y: &mut Self::Act,
+        rstd: &mut Self::F32,
+        x: &Self::Act,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()>;
     fn l2norm_bwd(
         &mut self,
         dx: &mut Self::Act,
@@ -83,7 +91,7 @@ pub trait DeltaNetOps: Backend {
         dim: usize,
     ) -> Result<()>;
     /// Gated DeltaNet's log-decay g [B·T, H] = −exp(A_log) · softplus(a + dt_bias).
-    fn deltanet_decay_fwd(&mut self, g: &mut Self::F32, a: &Self::Act, p: &DeltaNetParams) -> Result<()>;
+    fn deltanet_decay_fwd(&mut self, g: &mut Self::F32, a: &Self::Act, p: &DeltaNetParams, rows: usize) -> Result<()>;
     /// From dg, writes da and adds A_log's and dt_bias's gradients.
     fn deltanet_decay_bwd(
         &mut self,
@@ -122,7 +130,7 @@ pub trait DeltaNetOps: Backend {
         batch: &Self::Batch,
     ) -> Result<()>;
     /// y = x ⊙ SiLU(gate) (fla's o_norm with g_proj: the norm's output times SiLU of the gate).
-    fn swish_gate_fwd(&mut self, y: &mut Self::Act, x: &Self::Act, gate: &Self::Act) -> Result<()>;
+    fn swish_gate_fwd(&mut self, y: &mut Self::Act, x: &Self::Act, gate: &Self::Act, n: usize) -> Result<()>;
     fn swish_gate_bwd(
         &mut self,
         dx: &mut Self::Act,

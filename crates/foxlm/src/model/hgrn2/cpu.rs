@@ -189,14 +189,16 @@ impl Hgrn2Ops for Cpu<'_> {
         f: &Vec<f32>,
         lb: &Vec<f32>,
         p: &Hgrn2Params,
+        rows: usize,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         let d = p.sizes.heads * p.sizes.head_dim;
-        let n = f.len();
-        ensure!(
-            q.len() == n && k.len() == n && g.len() == n && q_in.len() == n && n.is_multiple_of(d),
-            "HGRN2 gates: q, k, g, q_in and f differ in length or are not rows of {d}"
-        );
+        let n = crate::backend::cpu::first(
+            "HGRN2 gates",
+            rows.checked_mul(d),
+            &[q.len(), k.len(), g.len(), q_in.len(), f.len()],
+        )?;
+        let (q, k, g, q_in, f) = (&mut q[..n], &mut k[..n], &mut g[..n], &q_in[..n], &f[..n]);
         q.iter_mut().zip(q_in).for_each(|(q, x)| *q = silu(*x));
         let row = Self::hgrn2_lb_row(lb, p, d)?;
         for ((gr, kr), fr) in g.chunks_mut(d).zip(k.chunks_mut(d)).zip(f.chunks(d)) {

@@ -192,11 +192,11 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         f: &CudaSlice<T>,
         lb: &CudaSlice<f32>,
         p: &Hgrn2Params,
+        rows: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let d = p.sizes.heads * p.sizes.head_dim;
-        // Every row of the buffers (as the CPU): those past a smaller batch are never read.
-        let n = f.len() / d * d;
+        let n = rows * d;
         let row = lb_row(p, lb)?.map(|at| (lb, at));
         gla::hgrn2_gates_fwd(&self.gpu, q, k, g, q_in, f, row, n, d)
     }

@@ -174,9 +174,9 @@ impl Hgrn2Mixer {
             be.linear_fwd(&mut a.f, x, &self.f_proj, n)?;
             be.linear_fwd(&mut a.v, x, &self.i_proj, n)?;
         }
-        be.hgrn2_gates_fwd(&mut a.q, &mut a.k, &mut a.g, &a.q_in, &a.f, lb, p)?;
+        be.hgrn2_gates_fwd(&mut a.q, &mut a.k, &mut a.g, &a.q_in, &a.f, lb, p, n)?;
         be.hgrn2_gla_fwd(&mut a.o, &a.q, &a.k, &a.v, &a.g, p, batch, state)?;
-        be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.g_norm, self.width(), HGRN2_G_NORM_EPS)?;
+        be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.g_norm, n, self.width(), HGRN2_G_NORM_EPS)?;
         be.linear_fwd(out, &a.o_norm, &self.o_proj, n)
     }
 

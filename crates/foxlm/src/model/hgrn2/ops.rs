@@ -89,6 +89,7 @@ pub trait Hgrn2Ops: Backend {
         f: &Self::Act,
         lb: &Self::F32,
         p: &Hgrn2Params,
+        rows: usize,
     ) -> Result<()>;
     /// From dq, dk and dg, writes dq_in and df, and in a bounded layer overwrites its row of dlb
     /// (the gradient of its lower bound, summed over tokens).

@@ -143,12 +143,25 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
     Ok((Arc::new(app), thread))
 }
 
+/// The HTTP side's threads: requests' JSON (a scored prompt's answer holds a few hundred bytes a
+/// token) is built and parsed there while the engine thread drives the model; a quarter of the
+/// cores, 2 to 8, leaves the CPU engine's thread pool the rest.
 fn runtime() -> Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads((cores / 4).clamp(2, 8))
         .enable_all()
         .build()
         .context("cannot start the async runtime")
+}
+
+/// Answers go out as they are written: without TCP_NODELAY a response's last small segment can
+/// wait for the client's delayed acknowledgement (tens of milliseconds on Linux).
+fn no_delay(l: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    l.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives.
@@ -193,7 +206,10 @@ pub fn serve(o: &ServeOptions) -> Result<()> {
             app.tokenizer.as_ref().map_or("token ids only", |t| t.format().as_str())
         );
         let router = http::router(app.clone(), o.max_body_bytes);
-        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await.context("HTTP server failed")?;
+        axum::serve(no_delay(listener), router)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("HTTP server failed")?;
         eprintln!("stopped: every request in flight was answered");
         anyhow::Ok(())
     })?;
@@ -245,7 +261,7 @@ pub fn start(o: &ServeOptions) -> Result<RunningServer> {
     let router = http::router(app.clone(), o.max_body_bytes);
     let thread = std::thread::Builder::new().name("foxlm-http".into()).spawn(move || {
         let res = rt.block_on(async move {
-            axum::serve(listener, router)
+            axum::serve(no_delay(listener), router)
                 .with_graceful_shutdown(async move {
                     let _ = stop_rx.await;
                 })

@@ -99,11 +99,12 @@ impl MambaOps for Cpu<'_> {
         self.conv1d_grads(&c, du, dxz, p.conv_w, p.conv_b)
     }
 
-    fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams) -> Result<()> {
+    fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
-        ensure!(dt_low.len() * w == xp.len() * r, "Mamba dt split: {} values for {} of x_proj", dt_low.len(), xp.len());
-        for (dst, src) in dt_low.chunks_mut(r.max(1)).zip(xp.chunks(w)) {
+        let n = crate::backend::cpu::first("Mamba dt split", rows.checked_mul(r), &[dt_low.len()])?;
+        crate::backend::cpu::first("Mamba dt split", rows.checked_mul(w), &[xp.len()])?;
+        for (dst, src) in dt_low[..n].chunks_mut(r.max(1)).zip(xp.chunks(w)) {
             dst.copy_from_slice(&src[..r]);
         }
         Ok(())
@@ -119,9 +120,11 @@ impl MambaOps for Cpu<'_> {
         Ok(())
     }
 
-    fn mamba_delta_fwd(&mut self, delta: &mut Vec<f32>, dt_pre: &Vec<f32>, p: &MambaParams) -> Result<()> {
+    fn mamba_delta_fwd(&mut self, delta: &mut Vec<f32>, dt_pre: &Vec<f32>, p: &MambaParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
-        ssd::dt_fwd(delta, dt_pre, p.sizes.inner, &self.params[p.dt_bias])
+        let di = p.sizes.inner;
+        let n = crate::backend::cpu::first("Mamba delta", rows.checked_mul(di), &[delta.len(), dt_pre.len()])?;
+        ssd::dt_fwd(&mut delta[..n], &dt_pre[..n], di, &self.params[p.dt_bias])
     }
 
     fn mamba_delta_bwd(

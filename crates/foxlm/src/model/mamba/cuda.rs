@@ -108,11 +108,17 @@ impl<T: Elem> MambaOps for Cuda<T> {
         self.short_conv_bwd(&mut dxz.slice_mut(..), du, &xz.slice(..), &conv(p), b)
     }
 
-    fn mamba_dt_split(&mut self, dt_low: &mut CudaSlice<T>, xp: &CudaSlice<T>, p: &MambaParams) -> Result<()> {
+    fn mamba_dt_split(
+        &mut self,
+        dt_low: &mut CudaSlice<T>,
+        xp: &CudaSlice<T>,
+        p: &MambaParams,
+        rows: usize,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
         ensure!(r > 0, "Mamba dt split: dt_rank 0");
-        ssd::copy_cols(&self.gpu, dt_low, r, xp, w, (dt_low.len() / r, r))
+        ssd::copy_cols(&self.gpu, dt_low, r, xp, w, (rows, r))
     }
 
     fn mamba_dt_merge(&mut self, dxp: &mut CudaSlice<T>, d_dt_low: &CudaSlice<T>, p: &MambaParams) -> Result<()> {
@@ -122,10 +128,16 @@ impl<T: Elem> MambaOps for Cuda<T> {
         ssd::copy_cols(&self.gpu, dxp, w, d_dt_low, r, (d_dt_low.len() / r, r))
     }
 
-    fn mamba_delta_fwd(&mut self, delta: &mut CudaSlice<T>, dt_pre: &CudaSlice<T>, p: &MambaParams) -> Result<()> {
+    fn mamba_delta_fwd(
+        &mut self,
+        delta: &mut CudaSlice<T>,
+        dt_pre: &CudaSlice<T>,
+        p: &MambaParams,
+        rows: usize,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         let di = p.sizes.inner;
-        ssd::dt_fwd(&self.gpu, delta, dt_pre, di, &self.params[p.dt_bias.0].master, dt_pre.len() / di)
+        ssd::dt_fwd(&self.gpu, delta, dt_pre, di, &self.params[p.dt_bias.0].master, rows)
     }
 
     fn mamba_delta_bwd(

@@ -171,9 +171,9 @@ impl MambaMixer {
         be.linear_fwd(&mut a.xz, x, &self.in_proj, n)?;
         be.mamba_conv_fwd(&mut a.u, &a.xz, p, batch, state.as_deref_mut())?;
         be.linear_fwd(&mut a.xp, &a.u, &self.x_proj, n)?;
-        be.mamba_dt_split(&mut a.dt_low, &a.xp, p)?;
+        be.mamba_dt_split(&mut a.dt_low, &a.xp, p, n)?;
         be.linear_fwd(&mut a.dt_pre, &a.dt_low, &self.dt_proj, n)?;
-        be.mamba_delta_fwd(&mut a.delta, &a.dt_pre, p)?;
+        be.mamba_delta_fwd(&mut a.delta, &a.dt_pre, p, n)?;
         be.selective_scan_fwd(&mut a.y, &mut a.saved, &a.u, &a.delta, &a.xp, &a.xz, p, batch, state)?;
         be.linear_fwd(out, &a.y, &self.out_proj, n)
     }

@@ -49,12 +49,18 @@ pub trait MambaOps: Backend {
         batch: &Self::Batch,
     ) -> Result<()>;
     /// dt_low [B·T, R] = xp's first R columns (dt_proj's input).
-    fn mamba_dt_split(&mut self, dt_low: &mut Self::Act, xp: &Self::Act, p: &MambaParams) -> Result<()>;
+    fn mamba_dt_split(&mut self, dt_low: &mut Self::Act, xp: &Self::Act, p: &MambaParams, rows: usize) -> Result<()>;
     /// xp's first R columns of `dxp` = d_dt_low.
     fn mamba_dt_merge(&mut self, dxp: &mut Self::Act, d_dt_low: &Self::Act, p: &MambaParams) -> Result<()>;
     /// δ [B·T, Di] = softplus(dt_pre + dt_proj.bias) (in the activation type, as the GPU scan
     /// reads it).
-    fn mamba_delta_fwd(&mut self, delta: &mut Self::Act, dt_pre: &Self::Act, p: &MambaParams) -> Result<()>;
+    fn mamba_delta_fwd(
+        &mut self,
+        delta: &mut Self::Act,
+        dt_pre: &Self::Act,
+        p: &MambaParams,
+        rows: usize,
+    ) -> Result<()>;
     /// From dδ: d dt_pre, and dt_proj.bias's gradient.
     fn mamba_delta_bwd(
         &mut self,

@@ -90,10 +90,11 @@ impl Mamba2Ops for Cpu<'_> {
         self.conv1d_grads(&c, dxbc, &mut dzxbcdt[s.inner..], p.conv_w, p.conv_b)
     }
 
-    fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params) -> Result<()> {
+    fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = &p.sizes;
-        ssd::dt_fwd(dt, &zxbcdt[s.inner + s.conv_dim()..], s.in_proj_dim(), &self.params[p.dt_bias])
+        let n = crate::backend::cpu::first("Mamba-2 dt", rows.checked_mul(s.heads), &[dt.len()])?;
+        ssd::dt_fwd(&mut dt[..n], &zxbcdt[s.inner + s.conv_dim()..], s.in_proj_dim(), &self.params[p.dt_bias])
     }
 
     fn mamba2_dt_bwd(
@@ -172,11 +173,16 @@ impl Mamba2Ops for Cpu<'_> {
         y: &Vec<f32>,
         zxbcdt: &Vec<f32>,
         p: &Mamba2Params,
+        rows: usize,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = &p.sizes;
         let dim = s.inner / s.groups;
-        rms_norm_gated_fwd(g, rstd, y, zxbcdt, s.in_proj_dim(), &self.params[p.norm], dim, s.groups, p.eps)
+        let n = crate::backend::cpu::first("gated norm", rows.checked_mul(s.inner), &[g.len(), y.len()])?;
+        let nz = crate::backend::cpu::first("gated norm", rows.checked_mul(s.in_proj_dim()), &[zxbcdt.len()])?;
+        crate::backend::cpu::first("gated norm", rows.checked_mul(s.groups), &[rstd.len()])?;
+        let (g, rstd, y, z) = (&mut g[..n], &mut rstd[..rows * s.groups], &y[..n], &zxbcdt[..nz]);
+        rms_norm_gated_fwd(g, rstd, y, z, s.in_proj_dim(), &self.params[p.norm], dim, s.groups, p.eps)
     }
 
     fn gated_norm_bwd(

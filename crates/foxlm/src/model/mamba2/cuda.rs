@@ -140,11 +140,16 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         ssd::decode_inputs(&self.gpu, xbc, &mut st.conv, dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
     }
 
-    fn mamba2_dt_fwd(&mut self, dt: &mut CudaSlice<f32>, zxbcdt: &CudaSlice<T>, p: &Mamba2Params) -> Result<()> {
+    fn mamba2_dt_fwd(
+        &mut self,
+        dt: &mut CudaSlice<f32>,
+        zxbcdt: &CudaSlice<T>,
+        p: &Mamba2Params,
+        rows: usize,
+    ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
         let at = s.inner + s.conv_dim();
-        let rows = dt.len() / s.heads;
         let raw = zxbcdt.slice(at..);
         ssd::dt_fwd(&self.gpu, dt, &raw, s.in_proj_dim(), &self.params[p.dt_bias.0].master, rows)
     }
@@ -280,11 +285,11 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         y: &CudaSlice<T>,
         zxbcdt: &CudaSlice<T>,
         p: &Mamba2Params,
+        rows: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
         let dim = s.inner / s.groups;
-        let rows = y.len() / dim;
         let w = &self.params[p.norm.0].master;
         // Each row of zxbcdt holds G groups of z: as rows of `dim` with stride in_proj_dim, group by
         // group, the groups' rows are not evenly strided unless G = 1.

@@ -155,11 +155,11 @@ impl Mamba2Mixer {
             st => {
                 be.linear_fwd(&mut a.zxbcdt, x, &self.in_proj, n)?;
                 be.mamba2_conv_fwd(&mut a.xbc, &a.zxbcdt, p, batch, st)?;
-                be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p)?;
+                be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p, n)?;
             }
         }
         be.ssd_fwd(&mut a.y, &a.xbc, &a.dt, p, batch, state)?;
-        be.gated_norm_fwd(&mut a.g, &mut a.rstd, &a.y, &a.zxbcdt, p)?;
+        be.gated_norm_fwd(&mut a.g, &mut a.rstd, &a.y, &a.zxbcdt, p, n)?;
         be.linear_fwd(out, &a.g, &self.out_proj, n)
     }
 

@@ -69,10 +69,10 @@ pub trait Mamba2Ops: Backend {
         let rows = self.batch_info(batch).batch;
         self.linear_fwd(zxbcdt, x, in_proj, rows)?;
         self.mamba2_conv_fwd(xbc, zxbcdt, p, batch, Some(state))?;
-        self.mamba2_dt_fwd(dt, zxbcdt, p)
+        self.mamba2_dt_fwd(dt, zxbcdt, p, rows)
     }
     /// dt [B·T, H] (f32) = softplus(dt_raw + dt_bias).
-    fn mamba2_dt_fwd(&mut self, dt: &mut Self::F32, zxbcdt: &Self::Act, p: &Mamba2Params) -> Result<()>;
+    fn mamba2_dt_fwd(&mut self, dt: &mut Self::F32, zxbcdt: &Self::Act, p: &Mamba2Params, rows: usize) -> Result<()>;
     /// From d dt, writes d dt_raw into its columns of `dzxbcdt` and adds dt_bias's gradient.
     fn mamba2_dt_bwd(
         &mut self,
@@ -105,7 +105,7 @@ pub trait Mamba2Ops: Backend {
         p: &Mamba2Params,
         batch: &Self::Batch,
     ) -> Result<()>;
-    /// g = RMSNorm(y ⊙ SiLU(z)) · w, saving 1/rms per row into `rstd`.
+    /// g = RMSNorm(y ⊙ SiLU(z)) · w over the first `rows` rows, saving 1/rms per row into `rstd`.
     fn gated_norm_fwd(
         &mut self,
         g: &mut Self::Act,
@@ -113,6 +113,7 @@ pub trait Mamba2Ops: Backend {
         y: &Self::Act,
         zxbcdt: &Self::Act,
         p: &Mamba2Params,
+        rows: usize,
     ) -> Result<()>;
     /// From dg: dy, dz (into its columns of `dzxbcdt`), and the norm weight's gradient.
     #[allow(clippy::too_many_arguments)]

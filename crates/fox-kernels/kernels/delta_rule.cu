@@ -64,6 +64,10 @@ struct DrParams {
     float scale;
     int B, T, H, K, V, Tp, nch, Vp;
     int vk, vv;  // q, k (and v, o, do) rows load by 16-byte copies: K (V) a multiple of 16 bytes, aligned
+    // The chunks of this launch: the chunk kernels take chunk c0 + blockIdx.x, the forward walk
+    // chunks c0..c1 from the state in init (its state after c1 into fin), so that the forward can
+    // run as segments of chunks, the walk of one beside the chunk kernels of others.
+    int c0, c1;
 };
 
 template <typename E>
@@ -402,7 +406,7 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     float* sb = Tf + DR_L * 65;
     float* sG = sb + DR_L;
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
     // V's blocks of DR_BV columns alternate between Vs and the space of A (free once T is known).
     auto Vb = [&](int i) { return i ? (E*)Af : Vs; };
     dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
@@ -526,10 +530,10 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
             const int kd = S.row(i, r), vc = v0 + S.col(i, r);
             S.c[i][r] = p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    issue(0, 0);
-    for (int c = 0; c < p.nch; ++c) {
-        const int cur = c & 1;
-        if (c + 1 < p.nch) {
+    issue(p.c0, 0);
+    for (int c = p.c0; c < p.c1; ++c) {
+        const int cur = (c - p.c0) & 1;
+        if (c + 1 < p.c1) {
             issue(c + 1, cur ^ 1);
             cp_async_wait<1>();
         } else {
@@ -603,24 +607,27 @@ __device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xfff
 // Per (b, h, DR_WV columns of V), DR_WW warps, warp w owning the 16 columns vw = v0 + 16w: it keeps
 // Sᵀ [16, K'] in f32 registers in the mma accumulator layout, which is also the A operand layout of
 // the next products (rounded to bf16), so the chain Uᵀ = Ũᵀ − Sᵀ Wᵀ, Sᵀ ← γ_L Sᵀ + (U')ᵀ K never
-// leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next chunk load while this one
-// computes (one barrier per chunk); the entering states and U go out through a per-warp staging
-// tile (stmatrix .trans) as 16-byte rows. Same scratch and the same roundings as dr_walk_fwd.
+// leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next NS − 1 chunks load while
+// this one computes (NS sets of tiles, one barrier per chunk; NS = 3 rides out longer load
+// latencies, as when the chunk kernels of other segments run beside the walk); the entering
+// states and U go out through a per-warp staging tile (stmatrix .trans) as 16-byte rows. Same
+// scratch and the same roundings as dr_walk_fwd.
 #define DR_WW 4
 #define DR_WV (16 * DR_WW)
-template <int KP>
+template <int KP, int NS = 2>
 struct DrWalkTc {
     static constexpr int LK = KP + 8, LU = DR_WV + 8, LS = 24;
     static constexpr int TK = DR_L * LK * 2;  // W or K [64][K']
     static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
     static constexpr int SET = 2 * TK + TU + DR_L * 4;
     static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
-    static constexpr int bytes = 2 * SET + DR_WW * STG;
+    static constexpr int bytes = NS * SET + DR_WW * STG;
 };
 
-template <int KP>
+template <int KP, int NS, bool LATE>
 __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
-    typedef DrWalkTc<KP> Lw;
+    static_assert(NS == 2 || NS == 3, "two or three sets of tiles");
+    typedef DrWalkTc<KP, NS> Lw;
     constexpr int NTW = 32 * DR_WW, LK = Lw::LK, LU = Lw::LU, LS = Lw::LS;
     DR_SMEM_DECL
     dr_need_smem(Lw::bytes);
@@ -630,7 +637,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + 2 * Lw::TK + Lw::TU); };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
               m4 = lane >> 3;
-    u16* Sst = (u16*)(smem + 2 * Lw::SET + warp * Lw::STG);
+    u16* Sst = (u16*)(smem + NS * Lw::SET + warp * Lw::STG);
     u16* Ust = Sst + KP * LS;
     const DrBlock k = dr_block(p);
     const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
@@ -659,12 +666,18 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
             s[n][r] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    issue(0, 0);
-    for (int c = 0; c < p.nch; ++c) {
-        const int cur = c & 1;
-        cp_async_wait<0>();
+    issue(p.c0, 0);
+    if (NS == 3 && p.c0 + 1 < p.c1) issue(p.c0 + 1, 1);
+    for (int c = p.c0; c < p.c1; ++c) {
+        const int cur = (c - p.c0) % NS;
+        // This chunk's tiles are in (the next chunk's may still be loading); the barrier also
+        // frees the set read at chunk c − 1 for chunk c + NS − 1.
+        if (NS == 3 && c + 1 < p.c1)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
         __syncthreads();
-        if (c + 1 < p.nch) issue(c + 1, cur ^ 1);
+        if (c + NS - 1 < p.c1) issue(c + NS - 1, (cur + NS - 1) % NS);
         if (!act) continue;
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
@@ -679,10 +692,21 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
         }
         __syncwarp();
-        for (int i = lane; i < KP * 2; i += 32) {
-            const int r = i >> 1, h = i & 1;
-            *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
-        }
+        // The staged tiles out to global memory: S (U) before its product, or with LATE after it,
+        // their loads and stores issuing while the product's mma are in flight.
+        auto states_out = [&] {
+            for (int i = lane; i < KP * 2; i += 32) {
+                const int r = i >> 1, h = i & 1;
+                *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
+            }
+        };
+        auto u_out = [&] {
+            for (int i = lane; i < DR_L * 2; i += 32) {
+                const int r = i >> 1, h = i & 1;
+                *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
+            }
+        };
+        if (!LATE) states_out();
         // Uᵀ = Ũᵀ − Sᵀ Wᵀ: u[n] holds rows vw + g (+ 8), chunk positions 8n + 2t + {0, 1}.
         float u[8][4];
 #pragma unroll
@@ -699,6 +723,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
                 mma_bf16_16816(u[n], sa[2 * k2], b[0], b[1]);
                 mma_bf16_16816(u[n], sa[2 * k2 + 1], b[2], b[3]);
             }
+        if (LATE) states_out();
         const u16* Us = Ub(cur);
 #pragma unroll
         for (int n2 = 0; n2 < 4; ++n2) {
@@ -718,10 +743,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
         }
         __syncwarp();
-        for (int i = lane; i < DR_L * 2; i += 32) {
-            const int r = i >> 1, h = i & 1;
-            *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
-        }
+        if (!LATE) u_out();
         // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
@@ -751,6 +773,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
                 mma_bf16_16816(s[2 * n2], ua[kk], b[0], b[1]);
                 mma_bf16_16816(s[2 * n2 + 1], ua[kk], b[2], b[3]);
             }
+        if (LATE) u_out();
     }
     if (act && p.fin) {
 #pragma unroll
@@ -763,14 +786,15 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     }
 }
 
-// The forward walk of an activation type: on tensor cores for bf16, dr_walk_fwd for f32.
-template <typename E, int KP>
+// The forward walk of an activation type: on tensor cores for bf16 (NS sets of tiles, the staged
+// tiles stored LATE or not), dr_walk_fwd for f32.
+template <typename E, int KP, int NS = 2, bool LATE = false>
 struct DrWalk {
     static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_fwd<E, KP>(p); }
 };
-template <int KP>
-struct DrWalk<u16, KP> {
-    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
+template <int KP, int NS, bool LATE>
+struct DrWalk<u16, KP, NS, LATE> {
+    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP, NS, LATE>(p); }
 };
 
 // M = D ∘ Q Kᵀ (j ≤ i) into Ms (E) from Qs, Ks and G in sG. The caller has waited for them.
@@ -817,7 +841,7 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     auto Ub = [&](int i) { return (E*)(sets + i * (Lay::TS + Lay::TV) + Lay::TS); };
     float* sG = (float*)(sets + 2 * (Lay::TS + Lay::TV));
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
     auto issue = [&](int v0, int bi) {
@@ -875,7 +899,7 @@ __device__ __forceinline__ void dr_dvl(const DrParams& p) {
     E* Os = (E*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS);
     float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L;
     dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
     const long long row0 = (long long)k.bh * p.Tp + t0;
     for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
@@ -1039,7 +1063,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     float* sX = red + DR_NT;
 
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
     dr_in<KP>(Qs, LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);
@@ -1413,6 +1437,20 @@ __device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const
 
 DR_KERNELS(f32, float)
 DR_KERNELS(bf16, u16)
+
+// Variants of the bf16 forward walk, for timing against dr_walk_fwd (two sets, stores early):
+// walk3 with three sets of tiles, walkl with the stores late, walk3l both.
+#define DR_WALK_VARIANT(V, KP, NS, LATE)                                                       \
+    extern "C" __global__ void __launch_bounds__(DR_NT) dr_##V##_fwd_k##KP##_bf16(DrParams p) { \
+        DrWalk<u16, KP, NS, LATE>::run(p);                                                     \
+    }
+#define DR_WALK_VARIANTS(KP)                \
+    DR_WALK_VARIANT(walk3, KP, 3, false)    \
+    DR_WALK_VARIANT(walkl, KP, 2, true)     \
+    DR_WALK_VARIANT(walk3l, KP, 3, true)
+DR_WALK_VARIANTS(32)
+DR_WALK_VARIANTS(64)
+DR_WALK_VARIANTS(128)
 
 extern "C" __global__ void dr_decay_reduce(float* dbias, float* da_log, const float* tb, const float* tl,
                                            const float* a_log, int rows, int H) {

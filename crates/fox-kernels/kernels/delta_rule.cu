@@ -17,7 +17,8 @@
 // Forward, three kernels: dr_prep (per chunk: G, A, T = (I + A)⁻¹ in f32 by 16x16 blocks, W and
 // Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, per (b, h, 16 columns of V) on a
 // warp each for bf16 (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each
-// chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
+// chunk and turns Ũ into U), dr_out (per chunk: O). Each launch covers chunks c0.. of DrParams:
+// the host runs long sequences as segments, the walk of one beside dr_prep and dr_out of others. Backward: dr_prep and
 // dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
 // not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
 // (per chunk: every input's gradient from S_0, dS_L, U, dU and T).
@@ -607,27 +608,24 @@ __device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xfff
 // Per (b, h, DR_WV columns of V), DR_WW warps, warp w owning the 16 columns vw = v0 + 16w: it keeps
 // Sᵀ [16, K'] in f32 registers in the mma accumulator layout, which is also the A operand layout of
 // the next products (rounded to bf16), so the chain Uᵀ = Ũᵀ − Sᵀ Wᵀ, Sᵀ ← γ_L Sᵀ + (U')ᵀ K never
-// leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next NS − 1 chunks load while
-// this one computes (NS sets of tiles, one barrier per chunk; NS = 3 rides out longer load
-// latencies, as when the chunk kernels of other segments run beside the walk); the entering
-// states and U go out through a per-warp staging tile (stmatrix .trans) as 16-byte rows. Same
-// scratch and the same roundings as dr_walk_fwd.
+// leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next chunk load while this one
+// computes (one barrier per chunk); the entering states and U go out through a per-warp staging
+// tile (stmatrix .trans) as 16-byte rows. Same scratch and the same roundings as dr_walk_fwd.
 #define DR_WW 4
 #define DR_WV (16 * DR_WW)
-template <int KP, int NS = 2>
+template <int KP>
 struct DrWalkTc {
     static constexpr int LK = KP + 8, LU = DR_WV + 8, LS = 24;
     static constexpr int TK = DR_L * LK * 2;  // W or K [64][K']
     static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
     static constexpr int SET = 2 * TK + TU + DR_L * 4;
     static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
-    static constexpr int bytes = NS * SET + DR_WW * STG;
+    static constexpr int bytes = 2 * SET + DR_WW * STG;
 };
 
-template <int KP, int NS, bool LATE>
+template <int KP>
 __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
-    static_assert(NS == 2 || NS == 3, "two or three sets of tiles");
-    typedef DrWalkTc<KP, NS> Lw;
+    typedef DrWalkTc<KP> Lw;
     constexpr int NTW = 32 * DR_WW, LK = Lw::LK, LU = Lw::LU, LS = Lw::LS;
     DR_SMEM_DECL
     dr_need_smem(Lw::bytes);
@@ -637,7 +635,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     auto Gb = [&](int i) { return (float*)(smem + i * Lw::SET + 2 * Lw::TK + Lw::TU); };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
               m4 = lane >> 3;
-    u16* Sst = (u16*)(smem + NS * Lw::SET + warp * Lw::STG);
+    u16* Sst = (u16*)(smem + 2 * Lw::SET + warp * Lw::STG);
     u16* Ust = Sst + KP * LS;
     const DrBlock k = dr_block(p);
     const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
@@ -667,17 +665,11 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             s[n][r] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
     issue(p.c0, 0);
-    if (NS == 3 && p.c0 + 1 < p.c1) issue(p.c0 + 1, 1);
     for (int c = p.c0; c < p.c1; ++c) {
-        const int cur = (c - p.c0) % NS;
-        // This chunk's tiles are in (the next chunk's may still be loading); the barrier also
-        // frees the set read at chunk c − 1 for chunk c + NS − 1.
-        if (NS == 3 && c + 1 < p.c1)
-            cp_async_wait<1>();
-        else
-            cp_async_wait<0>();
+        const int cur = (c - p.c0) & 1;
+        cp_async_wait<0>();
         __syncthreads();
-        if (c + NS - 1 < p.c1) issue(c + NS - 1, (cur + NS - 1) % NS);
+        if (c + 1 < p.c1) issue(c + 1, cur ^ 1);
         if (!act) continue;
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
@@ -692,21 +684,10 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
         }
         __syncwarp();
-        // The staged tiles out to global memory: S (U) before its product, or with LATE after it,
-        // their loads and stores issuing while the product's mma are in flight.
-        auto states_out = [&] {
-            for (int i = lane; i < KP * 2; i += 32) {
-                const int r = i >> 1, h = i & 1;
-                *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
-            }
-        };
-        auto u_out = [&] {
-            for (int i = lane; i < DR_L * 2; i += 32) {
-                const int r = i >> 1, h = i & 1;
-                *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
-            }
-        };
-        if (!LATE) states_out();
+        for (int i = lane; i < KP * 2; i += 32) {
+            const int r = i >> 1, h = i & 1;
+            *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
+        }
         // Uᵀ = Ũᵀ − Sᵀ Wᵀ: u[n] holds rows vw + g (+ 8), chunk positions 8n + 2t + {0, 1}.
         float u[8][4];
 #pragma unroll
@@ -723,7 +704,6 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
                 mma_bf16_16816(u[n], sa[2 * k2], b[0], b[1]);
                 mma_bf16_16816(u[n], sa[2 * k2 + 1], b[2], b[3]);
             }
-        if (LATE) states_out();
         const u16* Us = Ub(cur);
 #pragma unroll
         for (int n2 = 0; n2 < 4; ++n2) {
@@ -743,7 +723,10 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
         }
         __syncwarp();
-        if (!LATE) u_out();
+        for (int i = lane; i < DR_L * 2; i += 32) {
+            const int r = i >> 1, h = i & 1;
+            *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
+        }
         // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
@@ -773,7 +756,6 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
                 mma_bf16_16816(s[2 * n2], ua[kk], b[0], b[1]);
                 mma_bf16_16816(s[2 * n2 + 1], ua[kk], b[2], b[3]);
             }
-        if (LATE) u_out();
     }
     if (act && p.fin) {
 #pragma unroll
@@ -786,15 +768,14 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     }
 }
 
-// The forward walk of an activation type: on tensor cores for bf16 (NS sets of tiles, the staged
-// tiles stored LATE or not), dr_walk_fwd for f32.
-template <typename E, int KP, int NS = 2, bool LATE = false>
+// The forward walk of an activation type: on tensor cores for bf16, dr_walk_fwd for f32.
+template <typename E, int KP>
 struct DrWalk {
     static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_fwd<E, KP>(p); }
 };
-template <int KP, int NS, bool LATE>
-struct DrWalk<u16, KP, NS, LATE> {
-    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP, NS, LATE>(p); }
+template <int KP>
+struct DrWalk<u16, KP> {
+    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
 };
 
 // M = D ∘ Q Kᵀ (j ≤ i) into Ms (E) from Qs, Ks and G in sG. The caller has waited for them.
@@ -1437,20 +1418,6 @@ __device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const
 
 DR_KERNELS(f32, float)
 DR_KERNELS(bf16, u16)
-
-// Variants of the bf16 forward walk, for timing against dr_walk_fwd (two sets, stores early):
-// walk3 with three sets of tiles, walkl with the stores late, walk3l both.
-#define DR_WALK_VARIANT(V, KP, NS, LATE)                                                       \
-    extern "C" __global__ void __launch_bounds__(DR_NT) dr_##V##_fwd_k##KP##_bf16(DrParams p) { \
-        DrWalk<u16, KP, NS, LATE>::run(p);                                                     \
-    }
-#define DR_WALK_VARIANTS(KP)                \
-    DR_WALK_VARIANT(walk3, KP, 3, false)    \
-    DR_WALK_VARIANT(walkl, KP, 2, true)     \
-    DR_WALK_VARIANT(walk3l, KP, 3, true)
-DR_WALK_VARIANTS(32)
-DR_WALK_VARIANTS(64)
-DR_WALK_VARIANTS(128)
 
 extern "C" __global__ void dr_decay_reduce(float* dbias, float* da_log, const float* tb, const float* tl,
                                            const float* a_log, int rows, int H) {

@@ -2,14 +2,16 @@
 //! [`crate::delta_rule`]: the same layouts (q, k [B, T, H, K], v and o [B, T, H, V], β [B, T, H],
 //! states [B, H, K, V] f32), activations in `T` (f32 or bf16), the log-decay g and its gradient in
 //! f32. Also the layer's small ops: the L2 norm, the decay g = −exp(A_log)·softplus(a + dt_bias)
-//! and the swish output gate. Each function launches on `gpu.stream()` without waiting and returns
-//! an error (never panics) when a buffer is shorter than the shapes say. Deterministic: no
-//! atomics, fixed-order sums.
+//! and the swish output gate. Each function launches on `gpu.stream()` without waiting (the
+//! segmented forward and backward fork [`Gpu::side_streams`] from it and join them back before
+//! returning) and returns an error (never panics) when a buffer is shorter than the shapes say.
+//! Deterministic: no atomics, fixed-order sums.
 //!
 //! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
 //! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
 //! chunks per (b, h, 16 columns of V) on a warp each for bf16, per (b, h, 32 columns) for f32, the
-//! chunk outputs); backward in five (the first two again,
+//! chunk outputs), from 32 chunks on in segments whose walks run beside the other segments' chunk
+//! kernels ([`delta_rule_fwd_cut`]); backward in five (the first two again, in the same segments,
 //! then the state-free part of dU, the reverse walk for the state gradients, every input's
 //! gradient per chunk) over [`bwd_scratch_len`]. With bf16 activations the block products run on
 //! tensor cores (bf16 `mma.sync`, f32 sums) and the scratch holds bf16; with f32 the same products
@@ -199,11 +201,6 @@ pub fn bwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: u
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).bwd_end.div_ceil(4)
 }
 
-/// The forward walk's kernels: dr_walk_fwd, and the bf16 variants of [`Knobs::walk`].
-fn is_walk_fwd(kind: &str) -> bool {
-    matches!(kind, "walk_fwd" | "walk3_fwd" | "walkl_fwd" | "walk3l_fwd")
-}
-
 /// Dynamic shared memory of each chunk kernel (DrLayout in kernels/delta_rule.cu, term for term;
 /// the kernels trap when given less).
 fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
@@ -218,13 +215,12 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     let rows = CHUNK * 4;
     match kind {
         "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
-        // DrWalkTc: two (three for walk3*) sets of W, K, Ũ and G tiles, a staging tile per warp.
-        k if es == 2 && is_walk_fwd(k) => {
+        // DrWalkTc: two sets of W, K, Ũ and G tiles, a staging tile per warp.
+        "walk_fwd" if es == 2 => {
             let set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows;
-            let ns = if k.starts_with("walk3") { 3 } else { 2 };
-            ns * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
+            2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
         }
-        k if is_walk_fwd(k) => 2 * (2 * tk + tv + rows) + ts + tv,
+        "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
         "walk_bwd" => {
             let set = 3 * tk + tv + dv + rows;
             let nb = if 2 * set + ts + 2 * tv <= 227 * 1024 { 2 } else { 1 };
@@ -252,10 +248,10 @@ struct Cfg {
 fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
     let smem = smem_bytes(kind, lay.kp, es);
     match kind {
-        k if es == 2 && is_walk_fwd(k) => {
+        "walk_fwd" if es == 2 => {
             Cfg { grid: (lay.vp.div_ceil(16 * WALK_TC_WARPS), bh), threads: 32 * WALK_TC_WARPS as u32, smem }
         }
-        k if is_walk_fwd(k) || k == "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
+        "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
         _ => Cfg { grid: (lay.nch, bh), threads: THREADS, smem },
     }
 }
@@ -428,47 +424,12 @@ pub fn fwd_cuts(nch: usize) -> Vec<usize> {
     cuts
 }
 
-/// Knobs of the forward for `fox-attn bench-delta` (read once).
-struct Knobs {
-    /// FOXLM_DR_LEAD: how many segments the WY transform may run ahead of the walk (default 1:
-    /// segment s's while the walk does s − 1, so that its blocks never wait for resources when
-    /// the walk moves on).
-    lead: usize,
-    /// FOXLM_DR_WALK_SMEM: shared memory bytes the walk's blocks take at least (more than they
-    /// need keeps the chunk kernels' blocks off the walk's multiprocessors).
-    walk_smem: usize,
-    /// FOXLM_DR_WALK: a variant of the bf16 walk, `3` with three sets of tiles (two chunks loading
-    /// ahead), `l` with the staged S and U stored after the products that follow them, `3l` both.
-    walk: &'static str,
-    /// FOXLM_DR_TRACE=1: each segmented forward waits for its end and prints where its time went.
-    trace: bool,
-}
-
-/// The forward walk's kernel for activations of `es` bytes (the variants are bf16's).
-fn walk_kind(es: usize) -> &'static str {
-    if es == 2 {
-        knobs().walk
-    } else {
-        "walk_fwd"
-    }
-}
-
-fn knobs() -> &'static Knobs {
-    static K: std::sync::OnceLock<Knobs> = std::sync::OnceLock::new();
-    K.get_or_init(|| {
-        let var = |n: &str, d: usize| std::env::var(n).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-        Knobs {
-            lead: var("FOXLM_DR_LEAD", 1).max(1),
-            walk_smem: var("FOXLM_DR_WALK_SMEM", 0).min(227 * 1024),
-            walk: match std::env::var("FOXLM_DR_WALK").as_deref() {
-                Ok("3") => "walk3_fwd",
-                Ok("l") => "walkl_fwd",
-                Ok("3l") => "walk3l_fwd",
-                _ => "walk_fwd",
-            },
-            trace: var("FOXLM_DR_TRACE", 0) == 1,
-        }
-    })
+/// FOXLM_DR_TRACE=1: each segmented forward waits for its end and prints where its time went
+/// (before the first walk, each walk, the gaps between walks, after the last), for
+/// `fox-attn bench-delta` (read once).
+fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var("FOXLM_DR_TRACE").is_ok_and(|v| v == "1"))
 }
 
 /// [`delta_rule_fwd`] with the chunks cut into segments at `cuts` (increasing chunk indices inside
@@ -476,7 +437,7 @@ fn knobs() -> &'static Knobs {
 /// transform, the walk and the outputs of each segment are launches of their own on
 /// [`Gpu::side_streams`]: the walk (on the high-priority stream) goes from segment to segment,
 /// its state carried in f32 through the scratch, while the WY transform of the next segment and
-/// the outputs of the last one run beside it on the multiprocessors the walk leaves idle. Events
+/// the outputs of the one before run beside it on the multiprocessors the walk leaves idle. Events
 /// order them: segment s's walk after its WY transform, its outputs after its walk. The same bits
 /// as one segment.
 pub fn delta_rule_fwd_cut<T: Elem>(
@@ -538,17 +499,13 @@ fn fwd_kernels<T: Elem>(
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let keep_t = Some((tail == Tail::Dvl) as i32);
     let tk = if tail == Tail::Out { "out" } else { "dvl" };
-    let kn = knobs();
-    let wk = walk_kind(es);
-    let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_{wk}_{sfx}"), format!("dr_{tk}_{sfx}"));
-    let (cprep, mut cwalk, cout) = (cfg("prep", lay, bh, es), cfg(wk, lay, bh, es), cfg(tk, lay, bh, es));
+    let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_walk_fwd_{sfx}"), format!("dr_{tk}_{sfx}"));
+    let (cprep, cwalk, cout) = (cfg("prep", lay, bh, es), cfg("walk_fwd", lay, bh, es), cfg(tk, lay, bh, es));
     if cuts.is_empty() {
         launch(gpu, &prep, &cprep, prm, keep_t)?;
         launch(gpu, &walk, &cwalk, prm, None)?;
         return launch(gpu, &out, &cout, prm, None);
     }
-    let lead = kn.lead;
-    cwalk.smem = cwalk.smem.max(kn.walk_smem);
     let [ws, ps, os] = gpu.side_streams()?;
     let main = gpu.stream();
     let ev = |s: &CudaStream| s.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"));
@@ -561,7 +518,7 @@ fn fwd_kernels<T: Elem>(
     }
     // FOXLM_DR_TRACE: timing events at the fork, around each walk and at the join.
     let timed = |s: &CudaStream| -> Result<Option<cudarc::driver::CudaEvent>> {
-        if !kn.trace {
+        if !trace() {
             return Ok(None);
         }
         let e = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
@@ -583,14 +540,15 @@ fn fwd_kernels<T: Elem>(
     };
     let grid =
         |c: &Cfg, s: usize| Cfg { grid: (bounds[s + 1] - bounds[s], c.grid.1), threads: c.threads, smem: c.smem };
-    // Segment 0's WY transform leads the walk's stream; segment s's follows the end of walk
-    // s − 1 − lead (of segment 0's WY transform while there is none).
+    // Segment 0's WY transform leads the walk's stream; segment 1's follows it, segment s's the
+    // end of walk s − 2: each runs beside the walk of the segment before its own and (at the
+    // plan's sizes) is done before that walk ends, so that no block of it is waiting for room
+    // when the next walk starts. (All released after segment 0's, the forward took 5% longer.)
     launch_on(gpu, ws, &prep, &grid(&cprep, 0), &seg(0)?, keep_t)?;
-    let first = ev(ws)?;
     let mut prepped = vec![None];
-    for s in 1..nseg.min(lead + 1) {
-        wait(ps, &first)?;
-        launch_on(gpu, ps, &prep, &grid(&cprep, s), &seg(s)?, keep_t)?;
+    if nseg > 1 {
+        wait(ps, &ev(ws)?)?;
+        launch_on(gpu, ps, &prep, &grid(&cprep, 1), &seg(1)?, keep_t)?;
         prepped.push(Some(ev(ps)?));
     }
     for s in 0..nseg {
@@ -605,8 +563,8 @@ fn fwd_kernels<T: Elem>(
             wait(os, &done)?;
             launch_on(gpu, os, &out, &grid(&cout, s), &seg(s)?, None)?;
         }
-        // The WY transform of segment s + 1 + lead once this walk is done.
-        let next = s + 1 + lead;
+        // The WY transform of segment s + 2 once this walk is done.
+        let next = s + 2;
         if next < nseg {
             wait(ps, &done)?;
             launch_on(gpu, ps, &prep, &grid(&cprep, next), &seg(next)?, keep_t)?;
@@ -723,7 +681,7 @@ pub fn kernel_ms<T: Elem>(
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let mut out = [0.0; 6];
-    for (i, kind) in ["prep", walk_kind(es), "out", "dvl", "walk_bwd", "grads"].iter().enumerate() {
+    for (i, kind) in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"].iter().enumerate() {
         let extra = (*kind == "prep").then_some(1);
         let name = format!("dr_{kind}_{sfx}");
         let c = cfg(kind, &lay, bh, es);
@@ -998,7 +956,7 @@ mod tests {
     /// The shared memory of the largest kernels fits an H100's 227 KB per block.
     #[test]
     fn shared_memory_fits() {
-        for kind in ["prep", "walk_fwd", "walk3_fwd", "walkl_fwd", "walk3l_fwd", "out", "dvl", "walk_bwd", "grads"] {
+        for kind in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"] {
             for kp in [32, 64, 128] {
                 for es in [2, 4] {
                     let b = smem_bytes(kind, kp, es);

@@ -5,8 +5,7 @@
 // decay and the swish gate. Cases: left padding (a row starting mid-chunk), an initial state,
 // T = 70 (a chunk and a part), K and V below the tiles' sizes (zero padding of K and of V's
 // blocks), two blocks of V, K = 128, with and without the decay, f32 and bf16, five chunks (bf16).
-// The forward also runs in segments of one chunk each and with the walk's variants (three tile
-// sets, stores late), to the same bits.
+// The forward also runs in segments of one chunk each, to the same bits.
 //
 // Tolerances, relative L2 against f64: f32 1e-4 (f32 sums over at most 128 + 64 terms, states
 // carried over two chunks; observed ≤ 3e-6), dg 1e-3 (a reverse prefix sum of terms of both signs);
@@ -93,12 +92,6 @@ template <typename E, int KP>
 struct Kern {
     static void prep(DrParams p, int keep) { dr_prep<E, KP>(p, keep); }
     static void walk_fwd(DrParams p) { DrWalk<E, KP>::run(p); }
-    // The walk's variants: three tile sets, stores late, both.
-    static void walk_var(int v, DrParams p) {
-        if (v == 0) DrWalk<E, KP, 3, false>::run(p);
-        if (v == 1) DrWalk<E, KP, 2, true>::run(p);
-        if (v == 2) DrWalk<E, KP, 3, true>::run(p);
-    }
     // The forward walk's blocks and threads: bf16 on tensor cores, 16 columns of V per warp.
     static constexpr bool tc = sizeof(E) == 2;
     static constexpr unsigned walk_threads = tc ? 32 * DR_WW : 256;
@@ -243,8 +236,8 @@ static void run_case(const Case& c) {
     const double tol = bf ? 3e-2 : 1e-4, tolg = bf ? 3e-2 : 1e-3;
     cmp(name, "o", from_e(eo), o, tol);
     cmp(name, "final", state, fin, tol);
-    // The forward in segments of one chunk (the state carried in f32 from walk to walk), and in
-    // one segment with the walk's three sets of tiles: the same bits as in one walk.
+    // The forward in segments of one chunk (the state carried in f32 from walk to walk): the same
+    // bits as in one walk.
     if (nch > 1) {
         std::vector<E> eo1 = eo;
         std::vector<float> carry(ns), fin1(ns);
@@ -260,19 +253,6 @@ static void run_case(const Case& c) {
         }
         same_bits(name, "o (segments)", from_e(eo1), from_e(eo));
         same_bits(name, "final (segments)", fin1, state);
-        for (int v = 0; v < 3; ++v) {
-            const char* what[3][2] = {{"o (3 sets)", "final (3 sets)"}, {"o (late)", "final (late)"},
-                                      {"o (3, late)", "final (3, late)"}};
-            s = p;
-            s.o = eo1.data();
-            s.init = c.init ? init.data() : nullptr;
-            s.fin = fin1.data();
-            launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(s, 0); });
-            launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads, [&] { Kn::walk_var(v, s); });
-            launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::out(s); });
-            same_bits(name, what[v][0], from_e(eo1), from_e(eo));
-            same_bits(name, what[v][1], fin1, state);
-        }
     }
     // Backward: the forward recomputed (T kept, no final state), then the backward kernels.
     p.init = c.init ? init.data() : nullptr;
@@ -413,7 +393,7 @@ int main() {
     run_case<u16, 64>(b);
     run_case<float, 128>(d);
     run_case<u16, 128>(d);
-    // Five chunks: the walk's ring of three tile sets comes round, segments of one chunk.
+    // Five chunks, in segments of one chunk too.
     const Case e{"B=1 T=300 H=1 K=32 V=16 gated init", 1, 300, 1, 32, 16, 32, true, true, {}};
     run_case<u16, 32>(e);
     printf("%d failures\n", fails);

@@ -17,7 +17,8 @@
 // Forward, three kernels: dr_prep (per chunk: G, A, T = (I + A)⁻¹ in f32 by 16x16 blocks, W and
 // Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, per (b, h, 16 columns of V) on a
 // warp each for bf16 (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each
-// chunk and turns Ũ into U), dr_out (per chunk: O). Backward: dr_prep and
+// chunk and turns Ũ into U), dr_out (per chunk: O). Each launch covers chunks c0.. of DrParams:
+// the host runs long sequences as segments, the walk of one beside dr_prep and dr_out of others. Backward: dr_prep and
 // dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
 // not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
 // (per chunk: every input's gradient from S_0, dS_L, U, dU and T).
@@ -64,6 +65,10 @@ struct DrParams {
     float scale;
     int B, T, H, K, V, Tp, nch, Vp;
     int vk, vv;  // q, k (and v, o, do) rows load by 16-byte copies: K (V) a multiple of 16 bytes, aligned
+    // The chunks of this launch: the chunk kernels take chunk c0 + blockIdx.x, the forward walk
+    // chunks c0..c1 from the state in init (its state after c1 into fin), so that the forward can
+    // run as segments of chunks, the walk of one beside the chunk kernels of others.
+    int c0, c1;
 };
 
 template <typename E>
@@ -402,7 +407,7 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     float* sb = Tf + DR_L * 65;
     float* sG = sb + DR_L;
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
     // V's blocks of DR_BV columns alternate between Vs and the space of A (free once T is known).
     auto Vb = [&](int i) { return i ? (E*)Af : Vs; };
     dr_in<KP>(Ks, Lay::LK, (const E*)p.k, p.K, 0, p, k, t0, p.vk);
@@ -526,10 +531,10 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
             const int kd = S.row(i, r), vc = v0 + S.col(i, r);
             S.c[i][r] = p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    issue(0, 0);
-    for (int c = 0; c < p.nch; ++c) {
-        const int cur = c & 1;
-        if (c + 1 < p.nch) {
+    issue(p.c0, 0);
+    for (int c = p.c0; c < p.c1; ++c) {
+        const int cur = (c - p.c0) & 1;
+        if (c + 1 < p.c1) {
             issue(c + 1, cur ^ 1);
             cp_async_wait<1>();
         } else {
@@ -659,12 +664,12 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
             s[n][r] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    issue(0, 0);
-    for (int c = 0; c < p.nch; ++c) {
-        const int cur = c & 1;
+    issue(p.c0, 0);
+    for (int c = p.c0; c < p.c1; ++c) {
+        const int cur = (c - p.c0) & 1;
         cp_async_wait<0>();
         __syncthreads();
-        if (c + 1 < p.nch) issue(c + 1, cur ^ 1);
+        if (c + 1 < p.c1) issue(c + 1, cur ^ 1);
         if (!act) continue;
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
@@ -817,7 +822,7 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     auto Ub = [&](int i) { return (E*)(sets + i * (Lay::TS + Lay::TV) + Lay::TS); };
     float* sG = (float*)(sets + 2 * (Lay::TS + Lay::TV));
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
     auto issue = [&](int v0, int bi) {
@@ -875,7 +880,7 @@ __device__ __forceinline__ void dr_dvl(const DrParams& p) {
     E* Os = (E*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS);
     float* sG = (float*)(smem + 2 * Lay::TK + Lay::TL + Lay::TS + Lay::TV);
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L;
     dr_chunk_m<E, KP>(p, k, t0, Qs, Ks, Ms, sG);
     const long long row0 = (long long)k.bh * p.Tp + t0;
     for (int v0 = 0; v0 < p.Vp; v0 += DR_BV) {
@@ -1039,7 +1044,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     float* sX = red + DR_NT;
 
     const DrBlock k = dr_block(p);
-    const int c = blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
+    const int c = p.c0 + blockIdx.x, t0 = c * DR_L, tid = threadIdx.x;
     const long long row0 = (long long)k.bh * p.Tp + t0;
     const long long sbase = ((long long)k.bh * p.nch + c) * KP;
     dr_in<KP>(Qs, LK, (const E*)p.q, p.K, 0, p, k, t0, p.vk);

@@ -2,14 +2,16 @@
 //! [`crate::delta_rule`]: the same layouts (q, k [B, T, H, K], v and o [B, T, H, V], β [B, T, H],
 //! states [B, H, K, V] f32), activations in `T` (f32 or bf16), the log-decay g and its gradient in
 //! f32. Also the layer's small ops: the L2 norm, the decay g = −exp(A_log)·softplus(a + dt_bias)
-//! and the swish output gate. Each function launches on `gpu.stream()` without waiting and returns
-//! an error (never panics) when a buffer is shorter than the shapes say. Deterministic: no
-//! atomics, fixed-order sums.
+//! and the swish output gate. Each function launches on `gpu.stream()` without waiting (the
+//! segmented forward and backward fork [`Gpu::side_streams`] from it and join them back before
+//! returning) and returns an error (never panics) when a buffer is shorter than the shapes say.
+//! Deterministic: no atomics, fixed-order sums.
 //!
 //! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
 //! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
 //! chunks per (b, h, 16 columns of V) on a warp each for bf16, per (b, h, 32 columns) for f32, the
-//! chunk outputs); backward in five (the first two again,
+//! chunk outputs), from 32 chunks on in segments whose walks run beside the other segments' chunk
+//! kernels ([`delta_rule_fwd_cut`]); backward in five (the first two again, in the same segments,
 //! then the state-free part of dU, the reverse walk for the state gradients, every input's
 //! gradient per chunk) over [`bwd_scratch_len`]. With bf16 activations the block products run on
 //! tensor cores (bf16 `mma.sync`, f32 sums) and the scratch holds bf16; with f32 the same products
@@ -20,7 +22,7 @@ use super::compile::DELTA_RULE;
 use super::kargs::{self, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Positions per chunk (as [`crate::delta_rule::CHUNK`]).
 pub const CHUNK: usize = 64;
@@ -87,6 +89,8 @@ struct Params {
     vp: i32,
     vk: i32,
     vv: i32,
+    c0: i32,
+    c1: i32,
 }
 
 // SAFETY: plain data in the kernel's C struct layout (8-byte pointers, then 4-byte fields).
@@ -155,6 +159,7 @@ struct Layout {
     w: usize,
     u: usize,
     states: usize,
+    carry: usize,
     tm: usize,
     dstates: usize,
     du: usize,
@@ -173,23 +178,25 @@ fn layout(batch: usize, seq: usize, heads: usize, k: usize, v: usize, es: usize)
     let w = gc + align(bh * tp * 4);
     let u = w + align(bh * tp * kp * es);
     let states = u + align(bh * tp * vp * es);
-    let fwd_end = states + align(bh * nch * kp * vp * es);
+    let carry = states + align(bh * nch * kp * vp * es);
+    let fwd_end = carry + align(bh * k * v * 4);
     let tm = fwd_end;
     let dstates = tm + align(bh * nch * CHUNK * CHUNK * es);
     let du = dstates + align(bh * nch * kp * vp * es);
     let bwd_end = du + align(bh * tp * vp * 4);
-    Layout { nch, tp, vp, kp, gc, w, u, states, tm, dstates, du, fwd_end, bwd_end }
+    Layout { nch, tp, vp, kp, gc, w, u, states, carry, tm, dstates, du, fwd_end, bwd_end }
 }
 
 /// f32 elements of [`delta_rule_fwd`]'s scratch: G [B·H, T'] f32, W [B·H, T', K'], U [B·H, T', V']
 /// and the chunk states [B·H, T'/64, K', V'] in T (T' = T rounded up to chunks, K' = K padded to
-/// 32/64/128, V' to 32). At B = 2, T = 16384, H = 6, K = V = 128, bf16: 202 MB.
+/// 32/64/128, V' to 32), the state between two segments' walks [B·H, K, V] f32. At B = 2,
+/// T = 16384, H = 6, K = V = 128, bf16: 202 MB.
 pub fn fwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).fwd_end.div_ceil(4)
 }
 
 /// f32 elements of [`delta_rule_bwd`]'s scratch: the forward's, T per chunk [B·H, T'/64, 64, 64]
-/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 428 MB.
+/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 429 MB.
 pub fn bwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).bwd_end.div_ceil(4)
 }
@@ -250,6 +257,10 @@ fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
 }
 
 fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
+    launch_on(gpu, gpu.stream(), name, c, prm, extra)
+}
+
+fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
     let (grid, smem) = (c.grid, c.smem);
     ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
     ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
@@ -266,7 +277,7 @@ fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> R
         block_dim: (c.threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    let mut l = gpu.stream().launch_builder(&f);
+    let mut l = stream.launch_builder(&f);
     l.arg(prm);
     if let Some(x) = &extra {
         l.arg(x);
@@ -320,6 +331,8 @@ impl<T: Elem> DevDeltaRule<'_, T> {
             // Rows of 16-byte multiples at 16-byte aligned buffers load by asynchronous copies.
             vk: (rows16::<T>(self.k_dim) && [self.q, self.k].iter().all(|s| ptr(gpu, *s).is_multiple_of(16))) as i32,
             vv: (rows16::<T>(self.v_dim) && ptr(gpu, self.v).is_multiple_of(16)) as i32,
+            c0: 0,
+            c1: int(op, lay.nch)?,
             ..Default::default()
         })
     }
@@ -358,19 +371,10 @@ fn with_scratch(prm: &mut Params, base: u64, lay: &Layout, bwd: bool) {
     }
 }
 
-/// The forward's first two kernels (the WY transform per chunk, the state walk): G, W, U and the
-/// chunk states in the scratch; with `keep_t`, T per chunk too.
-fn prep_and_walk<T: Elem>(gpu: &Gpu, p: &DevDeltaRule<T>, prm: &Params, lay: &Layout, keep_t: bool) -> Result<()> {
-    let es = std::mem::size_of::<T>();
-    let bh = p.batch * p.heads;
-    let sfx = format!("k{}_{}", lay.kp, T::NAME);
-    launch(gpu, &format!("dr_prep_{sfx}"), &cfg("prep", lay, bh, es), prm, Some(keep_t as i32))?;
-    launch(gpu, &format!("dr_walk_fwd_{sfx}"), &cfg("walk_fwd", lay, bh, es), prm, None)
-}
-
 /// The chunked forward, as [`crate::delta_rule::delta_rule_fwd`]: o [B, T, H, V] (0 at padding).
 /// `state` [B, H, K, V]: read as the initial state and overwritten with the final one (none: a
-/// zero initial state, the final one not kept). `scratch` of [`fwd_scratch_len`] floats.
+/// zero initial state, the final one not kept). `scratch` of [`fwd_scratch_len`] floats. Long
+/// sequences run in segments ([`fwd_cuts`], [`delta_rule_fwd_cut`]).
 pub fn delta_rule_fwd<T: Elem>(
     gpu: &Gpu,
     p: &DevDeltaRule<T>,
@@ -378,12 +382,83 @@ pub fn delta_rule_fwd<T: Elem>(
     state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    let cuts = fwd_cuts(p.seq.div_ceil(CHUNK));
+    delta_rule_fwd_cut(gpu, p, o, state, scratch, &cuts)
+}
+
+/// Chunks per segment of the forward at 256 chunks (T = 16384), the last segment taking the
+/// rest: small at both ends, where the WY transform of the first segment and the outputs of the
+/// last run alone, each segment's WY transform shorter than the walk of the one before it.
+const SEGMENTS_256: [usize; 7] = [8, 16, 32, 64, 64, 40, 20];
+/// Fewer chunks run as one segment.
+const MIN_SEGMENTED: usize = 32;
+
+/// Where [`delta_rule_fwd`] cuts `nch` chunks into segments (chunk indices, increasing, inside
+/// 1..nch): [`SEGMENTS_256`] scaled to `nch`, none below [`MIN_SEGMENTED`] chunks. FOXLM_DR_SEGS
+/// (chunks per segment before the last, as "8,16,32"; "0": one segment) overrides it.
+pub fn fwd_cuts(nch: usize) -> Vec<usize> {
+    static SEGS: std::sync::OnceLock<Option<Vec<usize>>> = std::sync::OnceLock::new();
+    let env = SEGS.get_or_init(|| {
+        let v = std::env::var("FOXLM_DR_SEGS").ok()?;
+        Some(v.split(',').filter_map(|x| x.trim().parse::<usize>().ok()).filter(|&x| x > 0).collect())
+    });
+    let mut cuts = Vec::new();
+    let mut at = 0;
+    match env {
+        Some(sizes) => {
+            for n in sizes {
+                at += n;
+                cuts.push(at);
+            }
+        }
+        None if nch >= MIN_SEGMENTED => {
+            for n in SEGMENTS_256 {
+                at += n;
+                cuts.push((at * nch + 128) / 256);
+            }
+        }
+        None => {}
+    }
+    cuts.retain(|&c| c > 0 && c < nch);
+    cuts.dedup();
+    cuts
+}
+
+/// FOXLM_DR_TRACE=1: each segmented forward waits for its end and prints where its time went
+/// (before the first walk, each walk, the gaps between walks, after the last), for
+/// `fox-attn bench-delta` (read once).
+fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var("FOXLM_DR_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// [`delta_rule_fwd`] with the chunks cut into segments at `cuts` (increasing chunk indices inside
+/// 1..nch; none: one segment on [`Gpu::stream`], three kernels in a row). With cuts the WY
+/// transform, the walk and the outputs of each segment are launches of their own on
+/// [`Gpu::side_streams`]: the walk (on the high-priority stream) goes from segment to segment,
+/// its state carried in f32 through the scratch, while the WY transform of the next segment and
+/// the outputs of the one before run beside it on the multiprocessors the walk leaves idle. Events
+/// order them: segment s's walk after its WY transform, its outputs after its walk. The same bits
+/// as one segment.
+pub fn delta_rule_fwd_cut<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    o: &mut CudaSlice<T>,
+    state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+    cuts: &[usize],
+) -> Result<()> {
     let op = "delta_rule_fwd";
     p.check(op)?;
     ensure!(supported(p.k_dim, p.v_dim), "{op}: the GPU kernels take K ≤ {MAX_K}, not {}", p.k_dim);
     need(op, "o", o, p.batch * p.seq * p.heads * p.v_dim)?;
     let lay = p.layout();
     need(op, "scratch", scratch, lay.fwd_end.div_ceil(4))?;
+    ensure!(
+        cuts.windows(2).all(|w| w[0] < w[1]) && cuts.iter().all(|&c| c > 0 && c < lay.nch),
+        "{op}: segment cuts {cuts:?} must increase inside 1..{}",
+        lay.nch
+    );
     let mut prm = p.params(gpu, &lay)?;
     if let Some(s) = &state {
         need(op, "state", s, p.states())?;
@@ -397,10 +472,131 @@ pub fn delta_rule_fwd<T: Elem>(
     int(op, p.batch * p.heads * lay.nch * lay.kp * lay.vp)?;
     with_scratch(&mut prm, ptr(gpu, scratch), &lay, false);
     prm.o = ptr(gpu, o);
-    prep_and_walk(gpu, p, &prm, &lay, false)?;
+    fwd_kernels(gpu, p, &prm, &lay, cuts, Tail::Out)
+}
+
+/// What follows the walk in [`fwd_kernels`]: the outputs (the forward), or the backward's
+/// state-free dU, which needs only the WY transform's G (and T kept for the backward).
+#[derive(Clone, Copy, PartialEq)]
+enum Tail {
+    Out,
+    Dvl,
+}
+
+/// The WY transform, the walk and `tail` over segments cut at `cuts` (see [`delta_rule_fwd_cut`];
+/// no cuts: in a row on [`Gpu::stream`]). With [`Tail::Dvl`] the WY transform keeps T and dU's
+/// state-free part runs over all chunks once every WY transform is done, beside the walk.
+fn fwd_kernels<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    prm: &Params,
+    lay: &Layout,
+    cuts: &[usize],
+    tail: Tail,
+) -> Result<()> {
+    let op = "delta_rule";
+    let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
-    let es = std::mem::size_of::<T>();
-    launch(gpu, &format!("dr_out_{sfx}"), &cfg("out", &lay, p.batch * p.heads, es), &prm, None)
+    let keep_t = Some((tail == Tail::Dvl) as i32);
+    let tk = if tail == Tail::Out { "out" } else { "dvl" };
+    let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_walk_fwd_{sfx}"), format!("dr_{tk}_{sfx}"));
+    let (cprep, cwalk, cout) = (cfg("prep", lay, bh, es), cfg("walk_fwd", lay, bh, es), cfg(tk, lay, bh, es));
+    if cuts.is_empty() {
+        launch(gpu, &prep, &cprep, prm, keep_t)?;
+        launch(gpu, &walk, &cwalk, prm, None)?;
+        return launch(gpu, &out, &cout, prm, None);
+    }
+    let [ws, ps, os] = gpu.side_streams()?;
+    let main = gpu.stream();
+    let ev = |s: &CudaStream| s.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"));
+    let wait = |s: &CudaStream, e: &cudarc::driver::CudaEvent| {
+        s.wait(e).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))
+    };
+    let fork = ev(main)?;
+    for s in [ws, ps, os] {
+        wait(s, &fork)?;
+    }
+    // FOXLM_DR_TRACE: timing events at the fork, around each walk and at the join.
+    let timed = |s: &CudaStream| -> Result<Option<cudarc::driver::CudaEvent>> {
+        if !trace() {
+            return Ok(None);
+        }
+        let e = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+        Ok(Some(e.map_err(|e| anyhow!("{op}: recording a timing event: {e:?}"))?))
+    };
+    let t_fork = timed(main)?;
+    let mut t_walks = Vec::new();
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(lay.nch)).collect();
+    let nseg = bounds.len() - 1;
+    // The scratch begins with G.
+    let carry = prm.gc + (lay.carry - lay.gc) as u64;
+    let seg = |s: usize| -> Result<Params> {
+        let mut q = *prm;
+        q.c0 = int(op, bounds[s])?;
+        q.c1 = int(op, bounds[s + 1])?;
+        q.init = if s == 0 { prm.init } else { carry };
+        q.fin = if s + 1 == nseg { prm.fin } else { carry };
+        Ok(q)
+    };
+    let grid =
+        |c: &Cfg, s: usize| Cfg { grid: (bounds[s + 1] - bounds[s], c.grid.1), threads: c.threads, smem: c.smem };
+    // Segment 0's WY transform leads the walk's stream; segment 1's follows it, segment s's the
+    // end of walk s − 2: each runs beside the walk of the segment before its own and (at the
+    // plan's sizes) is done before that walk ends, so that no block of it is waiting for room
+    // when the next walk starts. (All released after segment 0's, the forward took 5% longer.)
+    launch_on(gpu, ws, &prep, &grid(&cprep, 0), &seg(0)?, keep_t)?;
+    let mut prepped = vec![None];
+    if nseg > 1 {
+        wait(ps, &ev(ws)?)?;
+        launch_on(gpu, ps, &prep, &grid(&cprep, 1), &seg(1)?, keep_t)?;
+        prepped.push(Some(ev(ps)?));
+    }
+    for s in 0..nseg {
+        if let Some(e) = &prepped[s] {
+            wait(ws, e)?;
+        }
+        let t0 = timed(ws)?;
+        launch_on(gpu, ws, &walk, &cwalk, &seg(s)?, None)?;
+        t_walks.push((t0, timed(ws)?));
+        let done = ev(ws)?;
+        if tail == Tail::Out {
+            wait(os, &done)?;
+            launch_on(gpu, os, &out, &grid(&cout, s), &seg(s)?, None)?;
+        }
+        // The WY transform of segment s + 2 once this walk is done.
+        let next = s + 2;
+        if next < nseg {
+            wait(ps, &done)?;
+            launch_on(gpu, ps, &prep, &grid(&cprep, next), &seg(next)?, keep_t)?;
+            prepped.push(Some(ev(ps)?));
+        }
+    }
+    if tail == Tail::Dvl {
+        wait(os, &ev(ps)?)?;
+        launch_on(gpu, os, &out, &cout, prm, None)?;
+    }
+    for s in [ws, ps, os] {
+        wait(main, &ev(s)?)?;
+    }
+    if let (Some(f), Some(end)) = (&t_fork, timed(main)?) {
+        let ms = |a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent| a.elapsed_ms(b).unwrap_or(f32::NAN);
+        end.synchronize().map_err(|e| anyhow!("{op}: {e:?}"))?;
+        let w: Vec<_> = t_walks.iter().filter_map(|(a, b)| Some((a.as_ref()?, b.as_ref()?))).collect();
+        let (Some(first), Some(last)) = (w.first(), w.last()) else { return Ok(()) };
+        let walks: Vec<String> = w.iter().map(|(a, b)| format!("{:.3}", ms(a, b))).collect();
+        let gaps: Vec<String> = w.windows(2).map(|p| format!("{:.3}", ms(p[0].1, p[1].0))).collect();
+        eprintln!(
+            "delta rule trace ({tk}): total {:.3} ms = before the first walk {:.3} + walks {:.3} + after {:.3}; \
+             walks [{}], gaps [{}]",
+            ms(f, &end),
+            ms(f, first.0),
+            ms(first.0, last.1),
+            ms(last.1, &end),
+            walks.join(" "),
+            gaps.join(" ")
+        );
+    }
+    Ok(())
 }
 
 /// The chunked backward, as [`crate::delta_rule::delta_rule_bwd`], from do [B, T, H, V] and the
@@ -450,10 +646,10 @@ pub fn delta_rule_bwd<T: Elem>(
     prm.dinit = g.dinit.as_ref().map_or(0, |d| ptr(gpu, *d));
     with_grads(gpu, &mut prm, dout, &g);
     with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
-    prep_and_walk(gpu, p, &prm, &lay, true)?;
+    // The forward's WY transform (keeping T) and walk again, and dU's state-free part.
+    fwd_kernels(gpu, p, &prm, &lay, &fwd_cuts(lay.nch), Tail::Dvl)?;
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
-    launch(gpu, &format!("dr_dvl_{sfx}"), &cfg("dvl", &lay, bh, es), &prm, None)?;
     launch(gpu, &format!("dr_walk_bwd_{sfx}"), &cfg("walk_bwd", &lay, bh, es), &prm, None)?;
     launch(gpu, &format!("dr_grads_{sfx}"), &cfg("grads", &lay, bh, es), &prm, None)
 }
@@ -746,14 +942,15 @@ mod tests {
     #[test]
     fn scratch_regions_are_disjoint_and_sized() {
         let l = layout(2, 16384, 6, 128, 128, 2);
-        let r = [l.gc, l.w, l.u, l.states, l.tm, l.dstates, l.du, l.bwd_end];
+        let r = [l.gc, l.w, l.u, l.states, l.carry, l.tm, l.dstates, l.du, l.bwd_end];
         assert!(r.windows(2).all(|w| w[0] < w[1] && w[1] % 16 == 0), "{r:?}");
         assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 202);
-        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 428);
+        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 429);
         // A partial chunk and padded K and V.
         let l = layout(1, 70, 2, 20, 24, 4);
         assert_eq!((l.nch, l.tp, l.kp, l.vp), (2, 128, 32, 32));
         assert_eq!(l.w - l.gc, 2 * 128 * 4);
+        assert_eq!(l.fwd_end - l.carry, 2 * 20 * 24 * 4);
     }
 
     /// The shared memory of the largest kernels fits an H100's 227 KB per block.

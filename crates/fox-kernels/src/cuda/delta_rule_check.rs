@@ -137,6 +137,18 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         0.0,
         "elements with other bits",
     );
+    // In segments (delta_rule_fwd_cut): one segment, and one per chunk, give the default's bits.
+    let nch = t.div_ceil(dr::CHUNK);
+    if nch > 1 {
+        let mut diff = 0.0;
+        let every: Vec<usize> = (1..nch).collect();
+        for cuts in [&[][..], &every[..]] {
+            let mut st = gpu.upload(init.as_deref().unwrap_or(&vec![0.0; ns]))?;
+            dr::delta_rule_fwd_cut(gpu, &dev, &mut go, Some(&mut st), &mut sc, cuts)?;
+            diff += bits_differ(&down(gpu, &go)?, &o1) + bits_differ(&gpu.download(&st)?, &f1);
+        }
+        c.add(name, "fwd in 1 and in every-chunk segments = default", diff, 0.0, "elements with other bits");
+    }
     // Without a state argument: a zero initial state.
     if init.is_none() {
         dr::delta_rule_fwd(gpu, &dev, &mut go, None, &mut sc)?;

@@ -224,6 +224,8 @@ pub struct Gpu {
     sms: usize,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     funcs: Mutex<HashMap<String, CudaFunction>>,
+    /// Streams beside `stream`, made at first use (see [`Gpu::side_streams`]).
+    side: std::sync::OnceLock<[Arc<CudaStream>; 3]>,
 }
 
 impl Gpu {
@@ -283,6 +285,7 @@ impl Gpu {
             sms,
             modules: Mutex::new(HashMap::new()),
             funcs: Mutex::new(HashMap::new()),
+            side: std::sync::OnceLock::new(),
         }))
     }
 
@@ -307,6 +310,25 @@ impl Gpu {
     }
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Three streams for kernels that run beside one another inside one operation, which forks
+    /// them from [`Gpu::stream`] and joins them back before it returns (so callers still see one
+    /// in-order stream): the first at the device's highest priority (its blocks are placed before
+    /// waiting blocks of the others), the other two at the lowest. Made at first use and kept.
+    pub fn side_streams(&self) -> Result<&[Arc<CudaStream>; 3]> {
+        if let Some(s) = self.side.get() {
+            return Ok(s);
+        }
+        let (least, greatest) = cudarc::driver::result::stream::get_priority_range()
+            .map_err(|e| anyhow!("reading the stream priorities: {e:?}"))?;
+        let make = |p: i32| {
+            self.ctx
+                .new_stream_with_priority(p)
+                .map_err(|e| anyhow!("could not create a stream on GPU {}: {e:?}", self.ordinal))
+        };
+        let made = [make(greatest)?, make(least)?, make(least)?];
+        Ok(self.side.get_or_init(|| made))
     }
 
     /// Launches `f` on the stream allowing programmatic dependent launch: its blocks may start

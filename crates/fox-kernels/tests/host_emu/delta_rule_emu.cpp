@@ -4,7 +4,8 @@
 // kept) with a final-state gradient and the initial state's, the decode step, the L2 norm, the
 // decay and the swish gate. Cases: left padding (a row starting mid-chunk), an initial state,
 // T = 70 (a chunk and a part), K and V below the tiles' sizes (zero padding of K and of V's
-// blocks), two blocks of V, K = 128, with and without the decay, f32 and bf16.
+// blocks), two blocks of V, K = 128, with and without the decay, f32 and bf16, five chunks (bf16).
+// The forward also runs in segments of one chunk each, to the same bits.
 //
 // Tolerances, relative L2 against f64: f32 1e-4 (f32 sums over at most 128 + 64 terms, states
 // carried over two chunks; observed ≤ 3e-6), dg 1e-3 (a reverse prefix sum of terms of both signs);
@@ -40,6 +41,14 @@ static void cmp(const std::string& name, const char* what, const std::vector<flo
     bool ok = e <= tol && got.size() == want.size();
     if (!ok) fails++;
     printf("%s %-44s %-10s %.3e\n", ok ? "ok  " : "FAIL", name.c_str(), what, e);
+}
+
+static void same_bits(const std::string& name, const char* what, const std::vector<float>& got,
+                      const std::vector<float>& want) {
+    size_t n = got.size() == want.size() ? 0 : 1;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i) n += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    if (n) fails++;
+    printf("%s %-44s %-10s %zu elements differ\n", n ? "FAIL" : "ok  ", name.c_str(), what, n);
 }
 
 // Values as the kernels see them: bf16-rounded for E = u16.
@@ -216,6 +225,7 @@ static void run_case(const Case& c) {
     // Rows of 16-byte multiples take the asynchronous copies (K = 20 in bf16 does not).
     p.vk = K * sizeof(E) % 16 == 0;
     p.vv = V * sizeof(E) % 16 == 0;
+    p.c0 = 0, p.c1 = nch;
     typedef Kern<E, KP> Kn;
     const unsigned gch = nch, gv = Vp / 32;
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(p, 0); });
@@ -226,6 +236,24 @@ static void run_case(const Case& c) {
     const double tol = bf ? 3e-2 : 1e-4, tolg = bf ? 3e-2 : 1e-3;
     cmp(name, "o", from_e(eo), o, tol);
     cmp(name, "final", state, fin, tol);
+    // The forward in segments of one chunk (the state carried in f32 from walk to walk): the same
+    // bits as in one walk.
+    if (nch > 1) {
+        std::vector<E> eo1 = eo;
+        std::vector<float> carry(ns), fin1(ns);
+        DrParams s = p;
+        s.o = eo1.data();
+        for (int c0 = 0; c0 < nch; ++c0) {
+            s.c0 = c0, s.c1 = c0 + 1;
+            s.init = c0 > 0 ? carry.data() : c.init ? init.data() : nullptr;
+            s.fin = c0 + 1 < nch ? carry.data() : fin1.data();
+            launch(dim3e{1, (unsigned)BH, 1}, 256, [&] { Kn::prep(s, 0); });
+            launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads, [&] { Kn::walk_fwd(s); });
+            launch(dim3e{1, (unsigned)BH, 1}, 256, [&] { Kn::out(s); });
+        }
+        same_bits(name, "o (segments)", from_e(eo1), from_e(eo));
+        same_bits(name, "final (segments)", fin1, state);
+    }
     // Backward: the forward recomputed (T kept, no final state), then the backward kernels.
     p.init = c.init ? init.data() : nullptr;
     p.fin = nullptr;
@@ -365,6 +393,9 @@ int main() {
     run_case<u16, 64>(b);
     run_case<float, 128>(d);
     run_case<u16, 128>(d);
+    // Five chunks, in segments of one chunk too.
+    const Case e{"B=1 T=300 H=1 K=32 V=16 gated init", 1, 300, 1, 32, 16, 32, true, true, {}};
+    run_case<u16, 32>(e);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

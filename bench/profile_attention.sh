@@ -3,7 +3,7 @@
 # speed of light, warp stall reasons, pipe utilisation. Needs ncu (Firecracker GPU machines).
 #
 #   bench/profile_attention.sh D T      (defaults 128 4096)
-#   KERNELS=fox_bwdv4_d COUNT=1 bench/profile_attention.sh 128 16384   (one kernel family)
+#   KERNELS=fox_bwdws_d COUNT=1 bench/profile_attention.sh 128 16384   (one kernel family)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FOX_ATTN:-target/release/fox-attn}

@@ -125,7 +125,7 @@ __device__ __forceinline__ void wgmma_s(float (&S)[NS], const u32 (&a)[4], u64 d
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pieces shared by the v3.1 wgmma kernels and v4 (attention_v4.cu).
+// Pieces shared by the wgmma kernels and the warp-specialised ones (attention_ws.cu).
 // ---------------------------------------------------------------------------------------------
 // Forward epilogue: O / l in the dtype and lse (natural log; -inf for rows that saw no key) for a
 // warp's rows `rows` (O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]).

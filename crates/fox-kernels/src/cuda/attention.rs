@@ -335,10 +335,11 @@ pub enum KernelPath {
     Auto,
     /// FlashAttention-2-style mma.sync kernels (any sm_80+ GPU).
     MmaSync,
-    /// Hopper wgmma kernels of v3.1 (sm_90a; falls back to mma.sync elsewhere).
+    /// Hopper wgmma kernels (kernels/wgmma.cu; sm_90a; falls back to mma.sync elsewhere).
     Wgmma,
-    /// The v4 forward (TMA, warp specialisation, ping-pong; sm_90a) with the wgmma backward.
-    V4,
+    /// The warp-specialised kernels (kernels/attention_ws.cu: TMA loads, a producer warpgroup and
+    /// two consumers, ping-pong; sm_90a).
+    WarpSpecialised,
 }
 
 static KERNEL_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -349,7 +350,7 @@ pub fn set_kernel_path(k: KernelPath) {
         KernelPath::Auto => 0,
         KernelPath::MmaSync => 1,
         KernelPath::Wgmma => 2,
-        KernelPath::V4 => 3,
+        KernelPath::WarpSpecialised => 3,
     };
     KERNEL_PATH.store(v, std::sync::atomic::Ordering::Relaxed);
 }
@@ -362,19 +363,19 @@ fn forced_path() -> Option<bool> {
     }
 }
 
-/// Whether the tiled forward uses the v4 kernel: sm_90a, by default (measured faster in
-/// BENCHMARKS.md); `FOX_FWD_V4=0` selects v3.1's wgmma kernel.
-fn use_v4(gpu: &Gpu) -> bool {
-    v4_chosen(gpu, "FOX_FWD_V4", "FOX_FWD_WGMMA")
+/// Whether the tiled forward uses the warp-specialised kernel: sm_90a, by default (measured
+/// faster in BENCHMARKS.md); `FOX_FWD_WS=0` selects the wgmma kernel.
+fn use_ws(gpu: &Gpu) -> bool {
+    ws_chosen(gpu, "FOX_FWD_WS", "FOX_FWD_WGMMA")
 }
 
-/// The v4 kernels run on sm_90a under the V4 kernel path, or by default unless the environment
-/// turns v4 (`v4_var`) or the wgmma family (`wgmma_var`) off.
-fn v4_chosen(gpu: &Gpu, v4_var: &str, wgmma_var: &str) -> bool {
+/// The warp-specialised kernels run on sm_90a under their kernel path, or by default unless the
+/// environment turns them (`ws_var`) or the wgmma family (`wgmma_var`) off.
+fn ws_chosen(gpu: &Gpu, ws_var: &str, wgmma_var: &str) -> bool {
     let on = |var: &str| std::env::var(var).map(|v| v != "0").unwrap_or(true);
     let chosen = match KERNEL_PATH.load(std::sync::atomic::Ordering::Relaxed) {
         3 => true,
-        0 => on(v4_var) && on(wgmma_var),
+        0 => on(ws_var) && on(wgmma_var),
         _ => false,
     };
     gpu.arch() == "sm_90a" && chosen
@@ -566,8 +567,8 @@ pub fn forward_opts(
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
         drop(scratch);
     } else {
-        if use_v4(gpu) {
-            forward_v4(gpu, p, prm)?;
+        if use_ws(gpu) {
+            forward_ws(gpu, p, prm)?;
             return tile_stats(gpu, counters);
         }
         let (name, warps, smem) = if use_wgmma(gpu, d) {
@@ -604,17 +605,17 @@ fn tile_stats(gpu: &Gpu, counters: Option<CudaSlice<u64>>) -> Result<TileStats> 
 #[derive(Clone, Copy)]
 struct TmaMap([u64; 16]);
 
-/// The v4 kernels' parameter block; must match `V4Params` in kernels/attention_v4.cu.
+/// The warp-specialised forward's parameter block; must match `WsParams` in kernels/attention_ws.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct V4Params {
+struct WsParams {
     a: AttnParams,
     q: TmaMap,
     k: TmaMap,
     v: TmaMap,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
-unsafe impl DeviceRepr for V4Params {}
+unsafe impl DeviceRepr for WsParams {}
 
 /// Encodes a tiled TMA descriptor of 16-bit elements, 128-byte swizzle: `dims` and `box_dims`
 /// innermost first, `strides` in bytes for
@@ -681,12 +682,12 @@ fn view_map(
     )
 }
 
-/// Key tile and pipeline stages of the v4 forward (must match the FOX_V4 instances). D=128 takes
+/// Key tile and pipeline stages of the warp-specialised forward (must match the FOX_WS instances). D=128 takes
 /// three stages, which just fit (231,992 of 232,448 bytes of shared memory): with two, the kernel
 /// waits on its loads (docs/kernel-notes.md).
-const V4_BQ: usize = 128;
-const V4_BK: usize = 128;
-fn v4_stages(d: usize) -> usize {
+const WS_BQ: usize = 128;
+const WS_BK: usize = 128;
+fn ws_stages(d: usize) -> usize {
     if d == 64 {
         4
     } else {
@@ -694,31 +695,31 @@ fn v4_stages(d: usize) -> usize {
     }
 }
 
-/// The v4 forward (kernels/attention_v4.cu): 384 threads, one producer and two consumer
-/// warpgroups of 64 query rows. `FOX_FWD_V4_PP=0` runs the variant without ping-pong.
-fn forward_v4(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
+/// The warp-specialised forward (kernels/attention_ws.cu): 384 threads, one producer and two consumer
+/// warpgroups of 64 query rows. `FOX_FWD_WS_PP=0` runs the variant without ping-pong.
+fn forward_ws(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
     let d = p.head_dim;
     let hkv = prm.hkv as usize;
-    let v4 = V4Params {
+    let ws = WsParams {
         a: prm,
-        q: view_map("q", p, strides(&p.q), prm.q, p.tq, p.heads, V4_BQ)?,
-        k: view_map("k", p, strides(&p.k), prm.k, p.tk, hkv, V4_BK)?,
-        v: view_map("v", p, strides(&p.v), prm.v, p.tk, hkv, V4_BK)?,
+        q: view_map("q", p, strides(&p.q), prm.q, p.tq, p.heads, WS_BQ)?,
+        k: view_map("k", p, strides(&p.k), prm.k, p.tk, hkv, WS_BK)?,
+        v: view_map("v", p, strides(&p.v), prm.v, p.tk, hkv, WS_BK)?,
     };
-    let nst = v4_stages(d);
-    let smem = 1024 + (V4_BQ * d * 2) + nst * (2 * V4_BK * d * 2 + V4_BK * 4) + (2 * nst + 1) * 8;
-    let pp = std::env::var("FOX_FWD_V4_PP").map(|v| v != "0").unwrap_or(true);
-    let f = kernel(gpu, if pp { "fwdv4" } else { "fwdv4np" }, p, smem)?;
+    let nst = ws_stages(d);
+    let smem = 1024 + (WS_BQ * d * 2) + nst * (2 * WS_BK * d * 2 + WS_BK * 4) + (2 * nst + 1) * 8;
+    let pp = std::env::var("FOX_FWD_WS_PP").map(|v| v != "0").unwrap_or(true);
+    let f = kernel(gpu, if pp { "fwdws" } else { "fwdwsnp" }, p, smem)?;
     let cfg = LaunchConfig {
-        grid_dim: (p.tq.div_ceil(V4_BQ) as u32, (p.batch * p.heads) as u32, 1),
+        grid_dim: (p.tq.div_ceil(WS_BQ) as u32, (p.batch * p.heads) as u32, 1),
         block_dim: (384, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&v4);
+    b.arg(&ws);
     // SAFETY: the parameter block matches the kernel's signature; the views were validated
     // against their buffers and the descriptors cover exactly those views.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 forward kernel: {e:?}"))?;
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the warp-specialised forward kernel: {e:?}"))?;
     Ok(())
 }
 
@@ -845,8 +846,8 @@ pub fn backward_into_opts(
     let f = kernel(gpu, "bwd_delta", p, 0)?;
     let rows = bb * p.tq * hh;
     launch(gpu, &f, (rows.div_ceil(8) as u32, 1, 1), 256, 0, &prm, "the backward delta kernel")?;
-    if use_v4_bwd(gpu) {
-        return backward_v4(gpu, p, prm, g.dq, g.dcq);
+    if use_ws_bwd(gpu) {
+        return backward_ws(gpu, p, prm, g.dq, g.dcq);
     }
 
     // wgmma kernels: 64 keys or query rows per warpgroup, 64-row query tiles in dk/dv, 64-key
@@ -870,16 +871,16 @@ pub fn backward_into_opts(
     Ok(())
 }
 
-/// Whether the backward uses the v4 one-pass kernel: sm_90a, by default (measured faster in
-/// BENCHMARKS.md); `FOX_BWD_V4=0` selects v3.1's two wgmma passes.
-fn use_v4_bwd(gpu: &Gpu) -> bool {
-    v4_chosen(gpu, "FOX_BWD_V4", "FOX_BWD_WGMMA")
+/// Whether the backward uses the warp-specialised one-pass kernel: sm_90a, by default (measured
+/// faster in BENCHMARKS.md); `FOX_BWD_WS=0` selects the two wgmma passes.
+fn use_ws_bwd(gpu: &Gpu) -> bool {
+    ws_chosen(gpu, "FOX_BWD_WS", "FOX_BWD_WGMMA")
 }
 
-/// Parameters of the v4 backward; must match `BwdV4Params` in kernels/attention_v4.cu.
+/// Parameters of the warp-specialised backward; must match `BwdWsParams` in kernels/attention_ws.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct BwdV4Params {
+struct BwdWsParams {
     a: AttnParams,
     acc: u64,
     sem: u64,
@@ -889,12 +890,12 @@ struct BwdV4Params {
     g: TmaMap,
 }
 // SAFETY: plain old data with the C layout the kernels expect.
-unsafe impl DeviceRepr for BwdV4Params {}
+unsafe impl DeviceRepr for BwdWsParams {}
 
-/// The v4 backward after the delta kernel: one pass over key blocks of 128 (dk, dv, dck; dq and
+/// The warp-specialised backward after the delta kernel: one pass over key blocks of 128 (dk, dv, dck; dq and
 /// dcq added into fp32 scratch [B, H, tq, D + 8] in key-block order), then dq = scale · scratch
 /// in the dtype and dcq from its last eight columns.
-fn backward_v4(
+fn backward_ws(
     gpu: &Gpu,
     p: &DevProblem,
     prm: AttnParams,
@@ -905,7 +906,7 @@ fn backward_v4(
     let acc = gpu.zeros::<f32>(bb * hh * p.tq * (d + 8))?;
     let sem = gpu.zeros::<u32>(bb * hh * p.tq.div_ceil(64))?;
     let hkv = prm.hkv as usize;
-    let v4 = BwdV4Params {
+    let ws = BwdWsParams {
         a: prm,
         acc: ptr(gpu, &acc),
         sem: ptr(gpu, &sem),
@@ -920,19 +921,19 @@ fn backward_v4(
     let ds_stages = if d == 64 { 2 } else { 1 };
     let smem =
         1024 + (2 * 128 * d + 4 * 64 * d + ds_stages * 2 * 64 * 64) * 2 + 2 * 64 * (d + 8) * 4 + 3 * 2 * 64 * 4 + 9 * 8;
-    let f = kernel(gpu, "bwdv4", p, smem)?;
+    let f = kernel(gpu, "bwdws", p, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1),
         block_dim: (384, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&v4);
+    b.arg(&ws);
     // SAFETY: the parameter block matches the kernel; the scratch holds B·H·tq rows of D + 8
     // floats and a counter per (b, h, 64-row query tile), as the kernel indexes them.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 backward kernel: {e:?}"))?;
+    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the warp-specialised backward kernel: {e:?}"))?;
 
-    let name = format!("fox_bwdv4_dq_d{d}_{}", p.dtype.suffix());
+    let name = format!("fox_bwdws_dq_d{d}_{}", p.dtype.suffix());
     let f = gpu.function(&ATTENTION, &name)?;
     let blocks = (bb * hh * p.tq * d / 4).div_ceil(256).min(8 * gpu.sm_count()).max(1);
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -941,7 +942,8 @@ fn backward_v4(
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&acc_p).arg(&dq_p).arg(&dcq_p).arg(&b_).arg(&h_).arg(&t_).arg(&p.scale);
     // SAFETY: dq holds B·tq·H·D and dcq B·H·tq elements (checked by the caller), acc as above.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the v4 dq epilogue: {e:?}"))?;
+    unsafe { b.launch(cfg) }
+        .map_err(|e| anyhow::anyhow!("launching the warp-specialised backward's dq epilogue: {e:?}"))?;
     // freeing is stream-ordered: the scratch outlives the kernels
     drop((acc, sem));
     Ok(())

@@ -675,7 +675,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let max_dcq = dcq.iter().fold(0.0f32, |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x.abs()) });
         let max_dck = grads_ref.dck.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         tab.add("dcq (rowsum dS ~ 0) max/max|dck|", (max_dcq / max_dck.max(1e-30)) as f64, tol_g, String::new());
-        // deterministic: the same inputs give the same bits (the v4 backward adds dq across key
+        // deterministic: the same inputs give the same bits (the warp-specialised backward adds dq across key
         // blocks in a fixed order)
         let mut g2 = DevGrads::new_opts(gpu, &dp, opts)?;
         g2.dq = poison(b * tq * h * d)?;
@@ -710,8 +710,8 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
 }
 
 /// Run all cases whose name contains `filter` (all when None). A case that errors is a failed row.
-/// On Hopper (sm_90a) every case runs three times: with the v4 forward and the wgmma backward (the
-/// default there), with v3.1's wgmma kernels, marked "[v3.1]", and with the mma.sync kernels (the
+/// On Hopper (sm_90a) every case runs three times: with the warp-specialised kernels (the default
+/// there), with the wgmma kernels, marked "[wgmma]", and with the mma.sync kernels (the
 /// default elsewhere), marked "[mma.sync]".
 pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
     use super::attention::{set_kernel_path, KernelPath};
@@ -719,7 +719,7 @@ pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
     static RUNNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     let paths: &[(KernelPath, &str)] = if gpu.arch() == "sm_90a" {
-        &[(KernelPath::V4, ""), (KernelPath::Wgmma, " [v3.1]"), (KernelPath::MmaSync, " [mma.sync]")]
+        &[(KernelPath::WarpSpecialised, ""), (KernelPath::Wgmma, " [wgmma]"), (KernelPath::MmaSync, " [mma.sync]")]
     } else {
         &[(KernelPath::Auto, "")]
     };

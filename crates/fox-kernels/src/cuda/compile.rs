@@ -27,14 +27,14 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// bf16/f32 loads and stores of the model's small kernels.
 const ELEM: &str = include_str!("../../kernels/elem.cuh");
 
-/// Forgetting Attention: forward, decode, backward; the wgmma kernels and the v4 forward (sm_90a only).
+/// Forgetting Attention: forward, decode, backward; the wgmma and warp-specialised kernels (sm_90a only).
 pub static ATTENTION: Source = Source {
     name: "attention",
     files: &[
         COMMON,
         include_str!("../../kernels/attention.cu"),
         include_str!("../../kernels/wgmma.cu"),
-        include_str!("../../kernels/attention_v4.cu"),
+        include_str!("../../kernels/attention_ws.cu"),
     ],
 };
 /// Forget-gate prefix sums and ACP thresholds.

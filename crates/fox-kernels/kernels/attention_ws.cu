@@ -1,4 +1,4 @@
-// Forgetting Attention v4 forward (sm_90a), included after wgmma.cu: FlashAttention-3's
+// Forgetting Attention's warp-specialised forward (sm_90a), included after wgmma.cu: FlashAttention-3's
 // scheduling with the forget gate.
 //   - Warp specialisation: warpgroup 0 is the producer (one thread issues every copy, the
 //     warpgroup gives its registers away with setmaxnreg), warpgroups 1 and 2 are consumers of 64
@@ -10,8 +10,8 @@
 //     softmax of tile j runs while the P V product is still in flight.
 //   - Ping-pong: two named barriers make the consumer warpgroups take turns issuing their matrix
 //     products, so one's exponentials run under the other's wgmma.
-// The bias c_i - c_j comes from c_i in registers and c_j in the stage, as in v3: no extra memory
-// traffic. Masks, ACP, GQA, windows, padding and packed documents are v3's (common.cuh); rows
+// The bias c_i - c_j comes from c_i in registers and c_j in the stage, as in wgmma.cu: no extra memory
+// traffic. Masks, ACP, GQA, windows, padding and packed documents are wgmma.cu's (common.cuh); rows
 // outside a view are zero-filled by the TMA unit, rows before a row's start are masked to -inf,
 // so they must be finite (the model's padding rows are).
 #ifdef FOX_HAVE_WGMMA
@@ -20,7 +20,7 @@
 struct __align__(128) TmaMap {
     u64 w[16];
 };
-struct V4Params {
+struct WsParams {
     AttnParams a;
     TmaMap q, k, v;  // 4-d (D, T, heads, B)
 };
@@ -82,7 +82,7 @@ __device__ __forceinline__ void wg_wait() {
 
 // S = Q K^T for one consumer warpgroup: Q rows at q_s (an atom of BQ rows), K at k_s.
 template <int D, bool BF, int BQ, int BK, int NS>
-__device__ __forceinline__ void v4_issue_s(float (&S)[NS], u32 q_s, u32 k_s) {
+__device__ __forceinline__ void ws_issue_s(float (&S)[NS], u32 q_s, u32 k_s) {
     wg_fence();
 #pragma unroll
     for (int s = 0; s < D / 16; ++s) {
@@ -94,7 +94,7 @@ __device__ __forceinline__ void v4_issue_s(float (&S)[NS], u32 q_s, u32 k_s) {
 }
 // O += P V with P as register A fragments and V (keys x D atoms) at v_s.
 template <int D, bool BF, int BK, int NA, int NT>
-__device__ __forceinline__ void v4_issue_pv(float (&O)[NA][32], const u32 (&a)[NT / 2][4], u32 v_s) {
+__device__ __forceinline__ void ws_issue_pv(float (&O)[NA][32], const u32 (&a)[NT / 2][4], u32 v_s) {
     wg_fence();
 #pragma unroll
     for (int at = 0; at < NA; ++at)
@@ -105,7 +105,7 @@ __device__ __forceinline__ void v4_issue_pv(float (&O)[NA][32], const u32 (&a)[N
 }
 
 template <int D, bool BF, int BK, int NST, bool PINGPONG>
-__device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
+__device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
     const AttnParams& p = P.a;
     constexpr int BQ = 128, NA = D / 64, NS = BK / 2, NT = BK / 8;
     constexpr u32 Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
@@ -216,7 +216,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         u32 a[NT / 2][4];
         // bias, mask and online softmax of tile i in S (S[4*nt + e] is mma.sync's S[nt][e]), in
         // log2 units: c_i and c_j come scaled by log2(e), so the bias costs a subtraction folded
-        // into the scaling's FMA (one multiply per score less than v3; the D = 64 forward is bound
+        // into the scaling's FMA (one multiply per score less than wgmma.cu; the D = 64 forward is bound
         // by these per-score instructions, BENCHMARKS.md); returns the rows' rescale factors
         auto softmax = [&](int i, float (&corr)[2]) {
             const int s = i % NST;
@@ -279,7 +279,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         mbar_wait(qbar, 0);
         mbar_wait(full(0), phase(0));
         if (PINGPONG) named_sync(mine);
-        v4_issue_s<D, BF, BQ, BK, NS>(S, q_s, k_at(0));
+        ws_issue_s<D, BF, BQ, BK, NS>(S, q_s, k_at(0));
         if (PINGPONG) named_arrive(other);
         wg_wait<0>();
         float corr[2];
@@ -288,8 +288,8 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
         for (int i = 1; i < n; ++i) {
             mbar_wait(full(i % NST), phase(i));
             if (PINGPONG) named_sync(mine);
-            v4_issue_s<D, BF, BQ, BK, NS>(S, q_s, k_at(i));
-            v4_issue_pv<D, BF, BK, NA, NT>(O, a, v_at(i - 1));
+            ws_issue_s<D, BF, BQ, BK, NS>(S, q_s, k_at(i));
+            ws_issue_pv<D, BF, BK, NA, NT>(O, a, v_at(i - 1));
             if (PINGPONG) named_arrive(other);
             wg_wait<1>();  // S of tile i (committed first)
             softmax(i, corr);
@@ -307,7 +307,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
             pack();
         }
         if (PINGPONG) named_sync(mine);
-        v4_issue_pv<D, BF, BK, NA, NT>(O, a, v_at(n - 1));
+        ws_issue_pv<D, BF, BK, NA, NT>(O, a, v_at(n - 1));
         if (PINGPONG && cw == 0) named_arrive(other);
         wg_wait<0>();
         release(n - 1);
@@ -316,8 +316,8 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// v4 backward: one pass per key block, warp-specialised. Two consumer warpgroups of 64 keys each
-// (128 keys a block) walk the query tiles of 64 rows that see the block, as v3.1's dk/dv pass
+// The warp-specialised backward: one pass per key block. Two consumer warpgroups of 64 keys each
+// (128 keys a block) walk the query tiles of 64 rows that see the block, as wgmma.cu's dk/dv pass
 // does, and each also forms its keys' share of dQ = dS K from its dS^T staged in shared memory: 5
 // matrix products per tile pair instead of 7, and no second pass. Warpgroup 0 holds a loader warp
 // (TMA for K, V, Q and dO into a two-stage ring with mbarriers; its lanes copy lse, delta and the
@@ -333,7 +333,7 @@ __device__ __forceinline__ void fwd_v4_impl(const V4Params& P) {
 // which started before it and reach each query tile two tiles sooner, so waits are rare (adding in
 // ascending order instead made every block wait for its predecessor: 1.5x slower, measured).
 // ---------------------------------------------------------------------------------------------
-struct BwdV4Params {
+struct BwdWsParams {
     AttnParams a;
     float* acc;     // [B, H, tq, D + 8] fp32: dq, then eight partial sums of dcq; zero at launch
     unsigned* sem;  // [B, H, ceil(tq / 64)], zero at launch
@@ -409,7 +409,7 @@ __device__ __forceinline__ void fold_half(float* v, int lane, int mask) {
 }
 
 template <int D, bool BF>
-__device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
+__device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
     const AttnParams& p = P.a;
     constexpr int BKB = 128, BQB = 64, NTQ = BQB / 8, NA = D / 64, DP = D + 8;
     // dS^T stages (two at D = 64; at D = 128 one, for shared memory) and two dQ staging tiles
@@ -665,51 +665,51 @@ __device__ __forceinline__ void bwd_v4_impl(const BwdV4Params& P) {
 }
 #endif
 
-// Kernels: fox_fwdv4_d{D}_{type} (128-key tiles; stages: 4 at D = 64, 2 at D = 128) and the
-// variant without ping-pong (fox_fwdv4np_*), kept for the measurements in BENCHMARKS.md.
-#define FOX_V4(D, TY, BF, NST)                                                                              \
-    extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdv4_d##D##_##TY(const __grid_constant__ V4Params p) {   \
-        FOX_V4_BODY(D, BF, NST, true)                                                                        \
+// Kernels: fox_fwdws_d{D}_{type} (128-key tiles; stages: 4 at D = 64, 2 at D = 128) and the
+// variant without ping-pong (fox_fwdwsnp_*), kept for the measurements in BENCHMARKS.md.
+#define FOX_WS(D, TY, BF, NST)                                                                              \
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdws_d##D##_##TY(const __grid_constant__ WsParams p) {   \
+        FOX_WS_BODY(D, BF, NST, true)                                                                        \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdv4np_d##D##_##TY(const __grid_constant__ V4Params p) { \
-        FOX_V4_BODY(D, BF, NST, false)                                                                       \
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdwsnp_d##D##_##TY(const __grid_constant__ WsParams p) { \
+        FOX_WS_BODY(D, BF, NST, false)                                                                       \
     }
 #ifdef FOX_HAVE_WGMMA
-#define FOX_V4_BODY(D, BF, NST, PP) fwd_v4_impl<D, BF, 128, NST, PP>(p);
+#define FOX_WS_BODY(D, BF, NST, PP) fwd_ws_impl<D, BF, 128, NST, PP>(p);
 #else
 struct __align__(128) TmaMap {
     u64 w[16];
 };
-struct V4Params {
+struct WsParams {
     AttnParams a;
     TmaMap q, k, v;
 };
-#define FOX_V4_BODY(D, BF, NST, PP) __trap();
+#define FOX_WS_BODY(D, BF, NST, PP) __trap();
 #endif
 #ifdef FOX_HAVE_WGMMA
-#define FOX_BWD_V4_BODY(D, BF) bwd_v4_impl<D, BF>(p);
+#define FOX_BWD_WS_BODY(D, BF) bwd_ws_impl<D, BF>(p);
 #else
-struct BwdV4Params {
+struct BwdWsParams {
     AttnParams a;
     float* acc;
     unsigned* sem;
     TmaMap k, v, q, g;
 };
-#define FOX_BWD_V4_BODY(D, BF) __trap();
+#define FOX_BWD_WS_BODY(D, BF) __trap();
 #endif
-// The one-pass backward (fox_bwdv4_d{D}_{type}, 384 threads: the writer's warpgroup and two
-// consumer warpgroups) and its epilogue (fox_bwdv4_dq_d{D}_{type}).
-#define FOX_BWD_V4(D, TY, BF)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdv4_d##D##_##TY(const __grid_constant__ BwdV4Params p) { FOX_BWD_V4_BODY(D, BF) }
-FOX_BWD_V4(64, bf16, true)
-FOX_BWD_V4(128, bf16, true)
-FOX_BWD_V4(64, f16, false)
-FOX_BWD_V4(128, f16, false)
+// The one-pass backward (fox_bwdws_d{D}_{type}, 384 threads: the writer's warpgroup and two
+// consumer warpgroups) and its epilogue (fox_bwdws_dq_d{D}_{type}).
+#define FOX_BWD_WS(D, TY, BF)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdws_d##D##_##TY(const __grid_constant__ BwdWsParams p) { FOX_BWD_WS_BODY(D, BF) }
+FOX_BWD_WS(64, bf16, true)
+FOX_BWD_WS(128, bf16, true)
+FOX_BWD_WS(64, f16, false)
+FOX_BWD_WS(128, f16, false)
 // dq [B, tq, H, D] = scale * acc's first D columns in the dtype; dcq [B, H, tq] = the sum of its
 // last four (each a warp's share, added in a fixed order).
 // One thread per 4 columns of a row.
 template <int D, bool BF>
-__device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq, int B, int H, int tq, float scale) {
+__device__ __forceinline__ void bwd_ws_dq(const float* acc, u16* dq, float* dcq, int B, int H, int tq, float scale) {
     const long long n = (long long)B * H * tq * (D / 4);
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -726,16 +726,16 @@ __device__ __forceinline__ void bwd_v4_dq(const float* acc, u16* dq, float* dcq,
         if (c == 0) dcq[row] = (((a[D] + a[D + 1]) + (a[D + 2] + a[D + 3])) + ((a[D + 4] + a[D + 5]) + (a[D + 6] + a[D + 7])));
     }
 }
-#define FOX_BWD_V4_DQ(D, TY, BF)                                                                            \
-    extern "C" __global__ void fox_bwdv4_dq_d##D##_##TY(const float* acc, u16* dq, float* dcq, int B, int H, int tq, \
+#define FOX_BWD_WS_DQ(D, TY, BF)                                                                            \
+    extern "C" __global__ void fox_bwdws_dq_d##D##_##TY(const float* acc, u16* dq, float* dcq, int B, int H, int tq, \
                                                         float scale) {                                      \
-        bwd_v4_dq<D, BF>(acc, dq, dcq, B, H, tq, scale);                                                    \
+        bwd_ws_dq<D, BF>(acc, dq, dcq, B, H, tq, scale);                                                    \
     }
-FOX_BWD_V4_DQ(64, bf16, true)
-FOX_BWD_V4_DQ(128, bf16, true)
-FOX_BWD_V4_DQ(64, f16, false)
-FOX_BWD_V4_DQ(128, f16, false)
-FOX_V4(64, bf16, true, 4)
-FOX_V4(128, bf16, true, 3)
-FOX_V4(64, f16, false, 4)
-FOX_V4(128, f16, false, 3)
+FOX_BWD_WS_DQ(64, bf16, true)
+FOX_BWD_WS_DQ(128, bf16, true)
+FOX_BWD_WS_DQ(64, f16, false)
+FOX_BWD_WS_DQ(128, f16, false)
+FOX_WS(64, bf16, true, 4)
+FOX_WS(128, bf16, true, 3)
+FOX_WS(64, f16, false, 4)
+FOX_WS(128, f16, false, 3)

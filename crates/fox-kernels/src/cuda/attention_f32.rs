@@ -11,9 +11,10 @@
 
 use super::attention::AttnOptions;
 use super::compile::ATTENTION_F32;
+use super::kargs::ptr;
 use super::Gpu;
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Must match `F32Params` in kernels/attention_f32.cu.
 #[repr(C)]
@@ -53,11 +54,6 @@ unsafe impl DeviceRepr for F32Params {}
 
 /// Warps (rows) per block; WARPS in the kernel source.
 const WARPS: usize = 4;
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
 
 #[allow(clippy::too_many_arguments)]
 fn validate(

@@ -15,10 +15,11 @@
 use super::bench::time_ms;
 use super::check::CheckRow;
 use super::compile::SELECTIVE_SCAN;
+use super::kargs::ptr;
 use super::{Elem, Gpu};
 use crate::selective_scan::{self as cpu, BcLayout, Scan};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -104,11 +105,6 @@ struct Params {
 
 // SAFETY: plain data of the kernel's C struct layout (8-byte fields, then 4-byte ones).
 unsafe impl DeviceRepr for Params {}
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
 
 fn need<T>(what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
     ensure!(s.len() >= n, "selective scan: `{what}` holds {} elements but the shapes need {n}", s.len());

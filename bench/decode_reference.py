@@ -55,20 +55,14 @@ Examples:
 """
 import argparse
 import contextlib
-import json
 import math
 import statistics
 import sys
 import time
 
-SIZES = {
-    # name: (hidden, layers, heads); head_dim 64 in both
-    "125m": (768, 12, 12),
-    "760m": (1536, 24, 24),
-}
-VOCAB = 50257
-ROPE_THETA = 500000.0
-NORM_EPS = 1e-6
+# bench/ is this script's folder; the models' sizes are train_reference.py's.
+from train_reference import NORM_EPS, ROPE_THETA, SIZES, VOCAB, write_result
+
 QK_NORM_EPS = 1e-5
 
 
@@ -511,10 +505,7 @@ def main():
         + (f" ({result['error']})" if "error" in result else ""),
         flush=True,
     )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0 if "error" not in result else 1
+    return write_result(a, result)
 
 
 if __name__ == "__main__":

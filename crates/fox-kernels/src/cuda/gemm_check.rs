@@ -20,7 +20,7 @@
 
 use super::attention::AttnOptions;
 use super::attention_f32::{backward_f32, forward_f32};
-use super::check::{host_prefix_fwd, lse_err, CheckRow, Table};
+use super::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
 use super::gemm::{Gemm, GemmOp};
 use super::{Elem, Gpu};
 use crate::attention::{self as ca, Problem, View, Visibility};
@@ -31,23 +31,6 @@ use rand_distr::StandardNormal;
 
 fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
-}
-
-pub fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        let d = *a as f64 - *b as f64;
-        num += if d.is_nan() { f64::INFINITY } else { d * d };
-        den += (*b as f64) * (*b as f64);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
 }
 
 fn failed(case: &str, e: anyhow::Error) -> CheckRow {

@@ -19,7 +19,7 @@
 //! column sums, sums of squares, and AdamW (foxlm::optim::AdamW::update's per-element formula:
 //! foxlm depends on this crate, not the other way round).
 
-use super::check::CheckRow;
+use super::check::{rel_l2, CheckRow};
 use super::ops::{self, EmbeddingIndex};
 use super::{Elem, Gpu};
 use crate::scalar::sigmoid;
@@ -111,23 +111,6 @@ fn dl<T: Elem>(gpu: &Gpu, s: &CudaSlice<T>, n: usize) -> Result<Vec<f32>> {
     let mut v: Vec<f32> = gpu.download(s)?.iter().map(|x| x.to_f32()).collect();
     v.truncate(n);
     Ok(v)
-}
-
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        let d = *a as f64 - *b as f64;
-        num += if d.is_nan() { f64::INFINITY } else { d * d };
-        den += (*b as f64) * (*b as f64);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
 }
 
 fn tag<T: Elem>() -> &'static str {

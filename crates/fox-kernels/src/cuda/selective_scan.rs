@@ -13,7 +13,7 @@
 //! run. At B = 2, T = 16384, Di = 1536 that is 400 MiB: B·T·Di·2 floats at N = 16.
 
 use super::bench::time_ms;
-use super::check::CheckRow;
+use super::check::{rel_l2, CheckRow};
 use super::compile::SELECTIVE_SCAN;
 use super::kargs::ptr;
 use super::{Elem, Gpu};
@@ -310,23 +310,6 @@ const TOL_F32_GRAD: f64 = 5e-5;
 const TOL_BF16: f64 = 1e-2;
 const DT_RANK: usize = 5;
 const SENTINEL: f32 = 7.25;
-
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        let d = *a as f64 - *b as f64;
-        num += if d.is_nan() { f64::INFINITY } else { d * d };
-        den += (*b as f64) * (*b as f64);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
 
 fn row(case: &str, metric: &str, err: f64, tol: f64, note: &str) -> CheckRow {
     CheckRow {

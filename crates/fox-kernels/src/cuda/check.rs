@@ -38,6 +38,54 @@ pub struct CheckRow {
     pub note: String,
 }
 
+impl CheckRow {
+    /// A row that passes when `err` is finite and at most `tol`.
+    pub fn new(case: impl Into<String>, metric: &str, err: f64, tol: f64, note: impl Into<String>) -> Self {
+        Self {
+            case: case.into(),
+            metric: metric.into(),
+            err,
+            tol,
+            pass: err.is_finite() && err <= tol,
+            note: note.into(),
+        }
+    }
+
+    /// The failed row of a case that could not run.
+    pub fn failed(case: impl Into<String>, e: &anyhow::Error) -> Self {
+        Self::new(case, "run", f64::INFINITY, 0.0, format!("error: {e:#}"))
+    }
+}
+
+/// The rows of a kernel check run and the random source of its inputs (the ops, SSD, GLA and
+/// delta-rule checks).
+pub(crate) struct Ctx<'a> {
+    pub(crate) gpu: &'a Gpu,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) rows: Vec<CheckRow>,
+}
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(gpu: &'a Gpu, seed: u64) -> Self {
+        Self { gpu, rng: ChaCha8Rng::seed_from_u64(seed), rows: Vec::new() }
+    }
+
+    pub(crate) fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
+        self.rows.push(CheckRow::new(case, metric, err, tol, note));
+    }
+
+    pub(crate) fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
+    }
+
+    /// Runs one case; an error becomes a failed row.
+    pub(crate) fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
+        if let Err(e) = f(self, name) {
+            self.rows.push(CheckRow::failed(name, &e));
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Gate {
     /// logit ~ N(0, 1) + bias for every head: +6 is slow forgetting (f ≈ 0.998), −3 strong.
@@ -406,14 +454,7 @@ pub struct Table<'a> {
 
 impl Table<'_> {
     pub fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
-        self.rows.push(CheckRow {
-            case: self.case.clone(),
-            metric: metric.into(),
-            err,
-            tol,
-            pass: err.is_finite() && err <= tol,
-            note,
-        });
+        self.rows.push(CheckRow::new(self.case.clone(), metric, err, tol, note));
     }
 }
 
@@ -746,14 +787,7 @@ pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
             let mut spec = s.clone();
             spec.name = format!("{}{tag}", s.name);
             if let Err(e) = run_case(gpu, &spec, case_seed, &mut rows) {
-                rows.push(CheckRow {
-                    case: spec.name.clone(),
-                    metric: "run".into(),
-                    err: f64::INFINITY,
-                    tol: 0.0,
-                    pass: false,
-                    note: format!("error: {e:#}"),
-                });
+                rows.push(CheckRow::failed(spec.name.clone(), &e));
             }
         }
     }

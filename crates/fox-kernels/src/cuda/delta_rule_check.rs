@@ -22,13 +22,12 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use super::{Elem, Gpu};
 use anyhow::Result;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 const TOL_F32: f64 = 1e-4;
 const TOL_F32_DG: f64 = 1e-3;
@@ -365,7 +364,7 @@ fn shapes() -> Vec<(&'static str, Shape)> {
 
 /// Every delta-rule row, f32 and bf16.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0xde17a), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0xde17a);
     for (name, s) in shapes() {
         for bf in [false, true] {
             let case_name = format!("delta rule fwd {} {name}", if bf { "bf16" } else { "f32" });
@@ -395,7 +394,7 @@ pub fn bench(
     iters: usize,
 ) -> Result<(f64, f64, [f64; 6])> {
     type T = half::bf16;
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, 1);
     let n = b * t * h;
     let (gq, gk) = (up::<T>(gpu, &unit_rows::<T>(&mut c, n, kd))?, up::<T>(gpu, &unit_rows::<T>(&mut c, n, kd))?);
     let gv = up::<T>(gpu, &c.randn(n * vd, 1.0))?;

@@ -33,17 +33,6 @@ fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
 }
 
-fn failed(case: &str, e: anyhow::Error) -> CheckRow {
-    CheckRow {
-        case: case.into(),
-        metric: "run".into(),
-        err: f64::INFINITY,
-        tol: 0.0,
-        pass: false,
-        note: format!("error: {e:#}"),
-    }
-}
-
 // ---------------------------------------------------------------- GEMM
 
 /// Round through the element type (identity for f32).
@@ -250,7 +239,7 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
     let g = match Gemm::on(gpu) {
         Ok(g) => g,
         Err(e) => {
-            rows.push(failed("GEMM (cuBLASLt)", e));
+            rows.push(CheckRow::failed("GEMM (cuBLASLt)", &e));
             return;
         }
     };
@@ -265,19 +254,19 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
                 gemm_case::<half::bf16>(gpu, &g, (m, k, n), 1e-2, 1e-4, &mut rng, &mut r)
             };
             if let Err(e) = res {
-                rows.push(failed(&case, e));
+                rows.push(CheckRow::failed(&case, &e));
             }
         }
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ffe);
     let mut r = Table { rows, case: "GEMM bf16 views m=300 k=768".into() };
     if let Err(e) = views(gpu, &g, &mut rng, &mut r) {
-        rows.push(failed("GEMM bf16 views", e));
+        rows.push(CheckRow::failed("GEMM bf16 views", &e));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let mut r = Table { rows, case: "GEMM bf16 determinism".into() };
     if let Err(e) = determinism(gpu, &g, &mut rng, &mut r) {
-        rows.push(failed("GEMM bf16 determinism", e));
+        rows.push(CheckRow::failed("GEMM bf16 determinism", &e));
     }
 }
 
@@ -546,7 +535,7 @@ fn run_attention(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
         let case_seed = seed.wrapping_mul(1_000_033).wrapping_add(i as u64);
         let mut r = Table { rows, case: s.name.into() };
         if let Err(e) = attention_case(gpu, s, case_seed, &mut r) {
-            rows.push(failed(s.name, e));
+            rows.push(CheckRow::failed(s.name, &e));
         }
     }
 }

@@ -37,15 +37,14 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::gla::{self, DevGla, DevGlaGrads, GateInputs};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use super::{Elem, Gpu};
 use crate::scalar::{log_sigmoid, sigmoid, silu};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 const TOL_FWD: f64 = 2e-5;
 const TOL_BWD: f64 = 1e-4;
@@ -373,7 +372,7 @@ fn lower_bounds_case(c: &mut Ctx, name: &str) -> Result<()> {
 }
 
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x61a), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0x61a);
     let shapes = [
         // Row 1 starts mid-chunk (its first chunk padding only), an initial state and a final
         // state's gradient, T not a multiple of 64, K = V = 64.
@@ -442,7 +441,7 @@ pub fn bench<T: Elem>(
     version: u8,
 ) -> Result<(f64, f64, [f64; 4])> {
     let tc = version >= 2;
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, 1);
     let s = Shape { b, t, h, d, start: None, init: false, gate: (2.0, 1.0) };
     let [q, k, v, g] = inputs::<T>(&mut c, &s);
     let (gq, gk, gv, gg) = (up::<T>(gpu, &q)?, up::<T>(gpu, &k)?, up::<T>(gpu, &v)?, up::<T>(gpu, &g)?);

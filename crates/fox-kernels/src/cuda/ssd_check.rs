@@ -12,7 +12,7 @@
 //! - Determinism: the forward runs twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::ssd::{self, DevSsd};
 use super::{Elem, Gpu};
 use anyhow::Result;
@@ -36,28 +36,6 @@ pub(super) fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
         den += (*b as f64).powi(2);
     }
     (num / den.max(1e-300)).sqrt()
-}
-
-/// The rows of a check run and the random source of its inputs (also the tensor-core check's).
-pub(super) struct Ctx<'a> {
-    pub(super) gpu: &'a Gpu,
-    pub(super) rng: ChaCha8Rng,
-    pub(super) rows: Vec<CheckRow>,
-}
-
-impl Ctx<'_> {
-    pub(super) fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
-        let pass = err.is_finite() && err <= tol;
-        self.rows.push(CheckRow { case: case.into(), metric: metric.into(), err, tol, pass, note: note.into() });
-    }
-    pub(super) fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
-    }
-    fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
-        if let Err(e) = f(self, name) {
-            self.add(name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-        }
-    }
 }
 
 /// The SSD problem of shape [B, T, H, P, N, G] over host buffers whose rows are `stride` wide.
@@ -409,7 +387,7 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
 
 /// Every Mamba-2 check row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x55d), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0x55d);
     c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| ssd_case(c, n, 2, 300, 4, 64, 128, 2, Some(vec![0, 70])));
     c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, 1, 50, 2, 32, 48, 1, None));
     c.case("ssd decode B2 H4 P64 N128 G2", decode_case);

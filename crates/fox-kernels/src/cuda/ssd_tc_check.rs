@@ -23,9 +23,9 @@
 //!   ddt (ddt = dt's input term + A·decay·∂ℓ/∂decay, within TOL_BWD).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::ssd_check::{bench_inputs, host_problem, DevInputs};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use super::ssd_tc::{self, DevSsdGrads};
 use super::{Elem, Gpu};
 use anyhow::Result;
@@ -156,7 +156,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
 
 /// Every tensor-core SSD row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7c55d), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0x7c55d);
     let shapes = [
         (
             "B2 T300 H4 N128 G2 pad init unaligned",

@@ -603,7 +603,7 @@ pub fn check(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     let mut rows = Vec::new();
     let run = |name: String, rows: &mut Vec<CheckRow>, f: &mut dyn FnMut(&mut Vec<CheckRow>) -> Result<()>| {
         if let Err(e) = f(rows) {
-            rows.push(CheckRow::new(&name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}")));
+            rows.push(CheckRow::failed(name, &e));
         }
     };
     macro_rules! typed {

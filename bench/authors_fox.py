@@ -28,7 +28,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_reference import check_sizes, finish_train, timed  # noqa: E402  (bench/ is this script's folder)
+# bench/ is this script's folder
+from train_reference import check_sizes, finish_train, timed, torch_on_device  # noqa: E402
 from authors_common import put_authors_on_path  # noqa: E402
 
 SIZES = {
@@ -117,14 +118,10 @@ def kernel_check(dev):
 
 def main():
     a = parse_args()
-    import torch
-
-    dev = torch.device(a.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("error: torch sees no GPU (use --device cpu --build-only for a check)", file=sys.stderr)
+    on_device = torch_on_device(a, "use --device cpu --build-only for a check")
+    if on_device is None:
         return 2
-    torch.manual_seed(a.seed)
-    torch.set_float32_matmul_precision("high")
+    torch, dev = on_device
     Config, CausalLM = import_authors(a.authors_dir)
 
     d, n_layers, n_heads = SIZES[a.size]

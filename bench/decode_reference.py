@@ -61,7 +61,7 @@ import sys
 import time
 
 # bench/ is this script's folder; the models' sizes are train_reference.py's.
-from train_reference import NORM_EPS, ROPE_THETA, SIZES, VOCAB, write_result
+from train_reference import NORM_EPS, ROPE_THETA, SIZES, VOCAB, torch_on_device, write_result
 
 QK_NORM_EPS = 1e-5
 
@@ -365,15 +365,11 @@ def decode_one_token(model, ids, input_pos):
 
 def main():
     a = parse_args()
-    import torch
-
-    dev = torch.device(a.device)
-    cuda = dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("error: torch sees no GPU (use --device cpu only for a smoke test)", file=sys.stderr)
+    on_device = torch_on_device(a, "use --device cpu only for a smoke test")
+    if on_device is None:
         return 2
-    torch.manual_seed(a.seed)
-    torch.set_float32_matmul_precision("high")
+    torch, dev = on_device
+    cuda = dev.type == "cuda"
     dtype = getattr(torch, a.dtype)
     if a.cd_tuning:
         import torch._inductor.config as ind

@@ -193,6 +193,20 @@ def training_step(torch, model, fwd, dev, batch, context, seed):
     return step
 
 
+def torch_on_device(a, hint):
+    """torch and --device, seeded with --seed and TF32 matmuls allowed ("high"); None, after an
+    error line that ends with `hint`, when --device is cuda and torch sees no GPU."""
+    import torch
+
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print(f"error: torch sees no GPU ({hint})", file=sys.stderr)
+        return None
+    torch.manual_seed(a.seed)
+    torch.set_float32_matmul_precision("high")
+    return torch, dev
+
+
 def finish_train(torch, dev, a, result, times, final_loss):
     """The end of a training benchmark (this one and authors_fox.py): the median step, tokens/s
     and final loss into `result` (an error when the loss is not finite), the peak memory, one
@@ -234,14 +248,10 @@ def write_result(a, result):
 
 def main():
     a = parse_args()
-    import torch
-
-    dev = torch.device(a.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("error: torch sees no GPU (use --device cpu only for a smoke test)", file=sys.stderr)
+    on_device = torch_on_device(a, "use --device cpu only for a smoke test")
+    if on_device is None:
         return 2
-    torch.manual_seed(a.seed)
-    torch.set_float32_matmul_precision("high")
+    torch, dev = on_device
 
     model, shape = build(a)
     model = model.to(dev)

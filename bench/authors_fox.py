@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # bench/ is this script's folder
-from train_reference import check_sizes, finish_train, timed, torch_on_device  # noqa: E402
+from train_reference import check_sizes, finish_train, timed_steps, torch_on_device  # noqa: E402
 from authors_common import put_authors_on_path  # noqa: E402
 
 SIZES = {
@@ -243,21 +243,9 @@ def main():
         result["kernel_check_rel_err"] = kernel_check(dev)
         print("kernel check (max |err| / max |ref|):", json.dumps(result["kernel_check_rel_err"]), flush=True)
 
-    times = []
-    final_loss = None
-    try:
-        for _ in range(a.warmup):
-            loss = step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        for _ in range(a.steps):
-            loss, sec = timed(torch, dev, step)
-            times.append(sec * 1e3)
-        final_loss = float(loss.detach().float().item())
+    times, final_loss = timed_steps(torch, dev, a, step, result)
+    if final_loss is not None:
         result["grad_norm_first_last"] = [round(float(grad_norms[0]), 4), round(float(grad_norms[-1]), 4)]
-    except torch.cuda.OutOfMemoryError as exc:
-        result["error"] = "out of memory: " + str(exc).splitlines()[0]
-
     return finish_train(torch, dev, a, result, times, final_loss)
 
 

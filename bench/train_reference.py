@@ -207,6 +207,24 @@ def torch_on_device(a, hint):
     return torch, dev
 
 
+def timed_steps(torch, dev, a, step, result):
+    """--warmup untimed calls of `step` (which returns the loss), then --steps timed ones: their
+    times in ms and the last loss; out of memory goes into `result` (the times so far, no loss)."""
+    times = []
+    try:
+        for _ in range(a.warmup):
+            loss = step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        for _ in range(a.steps):
+            loss, sec = timed(torch, dev, step)
+            times.append(sec * 1e3)
+        return times, float(loss.detach().float().item())
+    except torch.cuda.OutOfMemoryError as exc:
+        result["error"] = "out of memory: " + str(exc).splitlines()[0]
+        return times, None
+
+
 def finish_train(torch, dev, a, result, times, final_loss):
     """The end of a training benchmark (this one and authors_fox.py): the median step, tokens/s
     and final loss into `result` (an error when the loss is not finite), the peak memory, one
@@ -272,20 +290,7 @@ def main():
         "torch_version": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
     }
-    times = []
-    try:
-        for _ in range(a.warmup):
-            loss = step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        for _ in range(a.steps):
-            loss, sec = timed(torch, dev, step)
-            times.append(sec * 1e3)
-        final_loss = float(loss.detach().float().item())
-    except torch.cuda.OutOfMemoryError as exc:
-        result["error"] = "out of memory: " + str(exc).splitlines()[0]
-        final_loss = None
-
+    times, final_loss = timed_steps(torch, dev, a, step, result)
     return finish_train(torch, dev, a, result, times, final_loss)
 
 

@@ -24,14 +24,13 @@ Example (GPU): python3 bench/authors_fox.py --size 125m --json $OUT/authors-125m
 """
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_reference import check_sizes, timed  # noqa: E402  (bench/ is this script's folder)
+# bench/ is this script's folder
+from train_reference import check_sizes, finish_train, timed_steps, torch_on_device  # noqa: E402
+from authors_common import put_authors_on_path  # noqa: E402
 
 SIZES = {
     # name: (hidden, layers, heads); head_dim 64 in both
@@ -76,16 +75,7 @@ def parse_args():
 
 
 def import_authors(authors_dir):
-    src = os.path.join(authors_dir, "src")
-    if not os.path.isfile(os.path.join(src, "forgetting_transformer", "__init__.py")):
-        raise SystemExit(f"error: {src}/forgetting_transformer not found (carry .device-bundle/authors)")
-    sys.path.insert(0, src)
-    try:
-        import pytest  # noqa: F401  (their token_shift.py imports it for its own tests)
-    except ImportError:
-        stub = types.ModuleType("pytest")
-        stub.mark = types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f))
-        sys.modules["pytest"] = stub
+    put_authors_on_path(authors_dir, "__init__.py")
     import warnings
 
     with warnings.catch_warnings():
@@ -128,14 +118,10 @@ def kernel_check(dev):
 
 def main():
     a = parse_args()
-    import torch
-
-    dev = torch.device(a.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("error: torch sees no GPU (use --device cpu --build-only for a check)", file=sys.stderr)
+    on_device = torch_on_device(a, "use --device cpu --build-only for a check")
+    if on_device is None:
         return 2
-    torch.manual_seed(a.seed)
-    torch.set_float32_matmul_precision("high")
+    torch, dev = on_device
     Config, CausalLM = import_authors(a.authors_dir)
 
     d, n_layers, n_heads = SIZES[a.size]
@@ -257,49 +243,10 @@ def main():
         result["kernel_check_rel_err"] = kernel_check(dev)
         print("kernel check (max |err| / max |ref|):", json.dumps(result["kernel_check_rel_err"]), flush=True)
 
-    times = []
-    final_loss = None
-    try:
-        for _ in range(a.warmup):
-            loss = step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        for _ in range(a.steps):
-            loss, sec = timed(torch, dev, step)
-            times.append(sec * 1e3)
-        final_loss = float(loss.detach().float().item())
+    times, final_loss = timed_steps(torch, dev, a, step, result)
+    if final_loss is not None:
         result["grad_norm_first_last"] = [round(float(grad_norms[0]), 4), round(float(grad_norms[-1]), 4)]
-    except torch.cuda.OutOfMemoryError as exc:
-        result["error"] = "out of memory: " + str(exc).splitlines()[0]
-
-    if times and final_loss is not None:
-        med = statistics.median(times)
-        result["step_ms_median"] = round(med, 3)
-        result["step_ms_all"] = [round(t, 3) for t in times]
-        result["tokens_per_s"] = round(a.batch * a.context / (med / 1e3), 1)
-        result["loss"] = final_loss
-        if not math.isfinite(final_loss):
-            result["error"] = "loss is not finite"
-    else:
-        result["step_ms_median"] = None
-        result["tokens_per_s"] = None
-    result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3) if dev.type == "cuda" else None
-
-    print(
-        f"{result['name']} {a.size} ctx={a.context} batch={a.batch} compile={a.compile} "
-        f"checkpoint={a.checkpoint}: "
-        + (
-            f"{result['tokens_per_s']:.0f} tok/s, {result['step_ms_median']:.1f} ms/step, "
-            f"peak {result['peak_gib']} GiB, loss {final_loss:.3f}"
-            if result["tokens_per_s"] is not None
-            else f"FAILED ({result.get('error')}), peak {result['peak_gib']} GiB"
-        ),
-        flush=True,
-    )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0 if "error" not in result else 1
+    return finish_train(torch, dev, a, result, times, final_loss)
 
 
 if __name__ == "__main__":

@@ -55,20 +55,14 @@ Examples:
 """
 import argparse
 import contextlib
-import json
 import math
 import statistics
 import sys
 import time
 
-SIZES = {
-    # name: (hidden, layers, heads); head_dim 64 in both
-    "125m": (768, 12, 12),
-    "760m": (1536, 24, 24),
-}
-VOCAB = 50257
-ROPE_THETA = 500000.0
-NORM_EPS = 1e-6
+# bench/ is this script's folder; the models' sizes are train_reference.py's.
+from train_reference import NORM_EPS, ROPE_THETA, SIZES, VOCAB, torch_on_device, write_result
+
 QK_NORM_EPS = 1e-5
 
 
@@ -371,15 +365,11 @@ def decode_one_token(model, ids, input_pos):
 
 def main():
     a = parse_args()
-    import torch
-
-    dev = torch.device(a.device)
-    cuda = dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("error: torch sees no GPU (use --device cpu only for a smoke test)", file=sys.stderr)
+    on_device = torch_on_device(a, "use --device cpu only for a smoke test")
+    if on_device is None:
         return 2
-    torch.manual_seed(a.seed)
-    torch.set_float32_matmul_precision("high")
+    torch, dev = on_device
+    cuda = dev.type == "cuda"
     dtype = getattr(torch, a.dtype)
     if a.cd_tuning:
         import torch._inductor.config as ind
@@ -511,10 +501,7 @@ def main():
         + (f" ({result['error']})" if "error" in result else ""),
         flush=True,
     )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0 if "error" not in result else 1
+    return write_result(a, result)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ import sys
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from authors_common import authors_commit, put_authors_on_path, write_fixture_tensors  # noqa: E402
 ROOT = os.path.dirname(HERE)
 DEFAULT_AUTHORS = os.path.join(ROOT, ".device-bundle", "authors")
 DEFAULT_FLA = os.path.join(ROOT, ".device-bundle", "fla-eac7a47b")
@@ -231,16 +233,7 @@ def sdpa_window_attention(q, k, v, causal=True, window_size=(-1, -1), **_):
 
 
 def import_authors(authors_dir):
-    src = os.path.join(authors_dir, "src")
-    if not os.path.isfile(os.path.join(src, "forgetting_transformer", "model", "samba", "modeling_samba.py")):
-        raise SystemExit(f"error: {src}/forgetting_transformer not found (carry .device-bundle/authors)")
-    sys.path.insert(0, src)
-    try:
-        import pytest  # noqa: F401  (their token_shift.py imports it for its own tests)
-    except ImportError:
-        stub = types.ModuleType("pytest")
-        stub.mark = types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f))
-        sys.modules["pytest"] = stub
+    put_authors_on_path(authors_dir, "model", "samba", "modeling_samba.py")
     try:
         import omegaconf  # noqa: F401
     except ImportError:
@@ -360,9 +353,7 @@ def main():
     a = parse_args()
     import torch
     import torch.nn.functional as F
-    from safetensors.torch import save_file
 
-    sys.path.insert(0, HERE)
     from make_mamba2_fixtures import keep_float64_mode
 
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -479,28 +470,10 @@ def main():
     assert window_effect["inside_window_max_abs_diff"] < 1e-12 < window_effect["past_window_max_abs_diff"]
 
     # ---- write
-    outdir = os.path.join(a.out, "samba")
-    os.makedirs(outdir, exist_ok=True)
-    cfg.save_pretrained(outdir)
-    save_file(params, os.path.join(outdir, "model.safetensors"))
-    save_file(
-        {
-            "input_ids": ids.cpu().contiguous(),
-            "logits": logits64.detach().to(torch.float32).cpu().contiguous(),
-            "per_position_loss": ppl64.detach().to(torch.float32).cpu().contiguous(),
-        },
-        os.path.join(outdir, "expected.safetensors"),
-    )
-    save_file(
-        {f"grad.{nm}": gr.detach().to(torch.float32).cpu().contiguous() for nm, gr in zip(names, grads64)},
-        os.path.join(outdir, "expected_grads.safetensors"),
-    )
+    outdir = write_fixture_tensors(os.path.join(a.out, "samba"), cfg, params, names, ids, logits64, ppl64, grads64)
     import transformers
 
-    commit = None
-    cf = os.path.join(a.authors_dir, "COMMIT")
-    if os.path.isfile(cf):
-        commit = open(cf).read().strip()
+    commit = authors_commit(a.authors_dir)
     expected = {
         "loss": float(loss64),
         "greedy_prompt_len": PROMPT_LEN,

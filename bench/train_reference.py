@@ -193,16 +193,83 @@ def training_step(torch, model, fwd, dev, batch, context, seed):
     return step
 
 
-def main():
-    a = parse_args()
+def torch_on_device(a, hint):
+    """torch and --device, seeded with --seed and TF32 matmuls allowed ("high"); None, after an
+    error line that ends with `hint`, when --device is cuda and torch sees no GPU."""
     import torch
 
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        print("error: torch sees no GPU (use --device cpu only for a smoke test)", file=sys.stderr)
-        return 2
+        print(f"error: torch sees no GPU ({hint})", file=sys.stderr)
+        return None
     torch.manual_seed(a.seed)
     torch.set_float32_matmul_precision("high")
+    return torch, dev
+
+
+def timed_steps(torch, dev, a, step, result):
+    """--warmup untimed calls of `step` (which returns the loss), then --steps timed ones: their
+    times in ms and the last loss; out of memory goes into `result` (the times so far, no loss)."""
+    times = []
+    try:
+        for _ in range(a.warmup):
+            loss = step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        for _ in range(a.steps):
+            loss, sec = timed(torch, dev, step)
+            times.append(sec * 1e3)
+        return times, float(loss.detach().float().item())
+    except torch.cuda.OutOfMemoryError as exc:
+        result["error"] = "out of memory: " + str(exc).splitlines()[0]
+        return times, None
+
+
+def finish_train(torch, dev, a, result, times, final_loss):
+    """The end of a training benchmark (this one and authors_fox.py): the median step, tokens/s
+    and final loss into `result` (an error when the loss is not finite), the peak memory, one
+    summary line, then `result` written as --json; the exit code."""
+    if times and final_loss is not None:
+        med = statistics.median(times)
+        result["step_ms_median"] = round(med, 3)
+        result["step_ms_all"] = [round(t, 3) for t in times]
+        result["tokens_per_s"] = round(a.batch * a.context / (med / 1e3), 1)
+        result["loss"] = final_loss
+        if not math.isfinite(final_loss):
+            result["error"] = "loss is not finite"
+    else:
+        result["step_ms_median"] = None
+        result["tokens_per_s"] = None
+    result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3) if dev.type == "cuda" else None
+
+    print(
+        f"{result['name']} {a.size} ctx={a.context} batch={a.batch} compile={a.compile} "
+        f"checkpoint={a.checkpoint}: "
+        + (
+            f"{result['tokens_per_s']:.0f} tok/s, {result['step_ms_median']:.1f} ms/step, "
+            f"peak {result['peak_gib']} GiB, loss {final_loss:.3f}"
+            if result["tokens_per_s"] is not None
+            else f"FAILED ({result.get('error')}), peak {result['peak_gib']} GiB"
+        ),
+        flush=True,
+    )
+    return write_result(a, result)
+
+
+def write_result(a, result):
+    """`result` as JSON to --json (when given); the exit code: 1 when it holds an error."""
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0 if "error" not in result else 1
+
+
+def main():
+    a = parse_args()
+    on_device = torch_on_device(a, "use --device cpu only for a smoke test")
+    if on_device is None:
+        return 2
+    torch, dev = on_device
 
     model, shape = build(a)
     model = model.to(dev)
@@ -223,50 +290,8 @@ def main():
         "torch_version": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
     }
-    times = []
-    try:
-        for _ in range(a.warmup):
-            loss = step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        for _ in range(a.steps):
-            loss, sec = timed(torch, dev, step)
-            times.append(sec * 1e3)
-        final_loss = float(loss.detach().float().item())
-    except torch.cuda.OutOfMemoryError as exc:
-        result["error"] = "out of memory: " + str(exc).splitlines()[0]
-        final_loss = None
-
-    if times and final_loss is not None:
-        med = statistics.median(times)
-        result["step_ms_median"] = round(med, 3)
-        result["step_ms_all"] = [round(t, 3) for t in times]
-        result["tokens_per_s"] = round(a.batch * a.context / (med / 1e3), 1)
-        result["loss"] = final_loss
-        if final_loss is not None and not math.isfinite(final_loss):
-            result["error"] = "loss is not finite"
-    else:
-        result["step_ms_median"] = None
-        result["tokens_per_s"] = None
-    result["peak_gib"] = (
-        round(torch.cuda.max_memory_allocated() / 2**30, 3) if dev.type == "cuda" else None
-    )
-
-    print(
-        f"{result['name']} {a.size} ctx={a.context} batch={a.batch} compile={a.compile} "
-        f"checkpoint={a.checkpoint}: "
-        + (
-            f"{result['tokens_per_s']:.0f} tok/s, {result['step_ms_median']:.1f} ms/step, "
-            f"peak {result['peak_gib']} GiB, loss {final_loss:.3f}"
-            if result["tokens_per_s"] is not None
-            else f"FAILED ({result.get('error')}), peak {result['peak_gib']} GiB"
-        ),
-        flush=True,
-    )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0 if "error" not in result else 1
+    times, final_loss = timed_steps(torch, dev, a, step, result)
+    return finish_train(torch, dev, a, result, times, final_loss)
 
 
 if __name__ == "__main__":

@@ -465,12 +465,8 @@ pub fn delta_rule_decode_step(p: &DeltaRule, state: &mut [f32], o: &mut [f32]) -
     p.check()?;
     let sh = p.shape();
     sh.check_decode(o.len(), state.len())?;
-    let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
-    state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
-        if sh.start(bh / h) > 0 {
-            or.fill(0.0);
-            return;
-        }
+    let (kd, vd) = (p.k_dim, p.v_dim);
+    sh.decode(state, o, |bh, s, or| {
         let (q, k, v) = (&p.q[bh * kd..][..kd], &p.k[bh * kd..][..kd], &p.v[bh * vd..][..vd]);
         let alpha = p.g.map_or(1.0, |g| g[bh].exp());
         let beta = p.beta[bh];

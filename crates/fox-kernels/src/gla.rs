@@ -32,7 +32,6 @@
 use crate::linalg::{axpy, dot};
 use crate::linear_attention::{chunk_states, chunks, Shape, Width};
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 
 /// Positions per chunk (fla's `chunk_gla`).
 pub const CHUNK: usize = 64;
@@ -326,12 +325,8 @@ pub fn gla_decode_step(p: &Gla, state: &mut [f32], o: &mut [f32]) -> Result<()> 
     p.check()?;
     let sh = p.shape();
     sh.check_decode(o.len(), state.len())?;
-    let (h, kd, vd) = (p.heads, p.k_dim, p.v_dim);
-    state.par_chunks_mut(kd * vd).zip(o.par_chunks_mut(vd)).enumerate().for_each(|(bh, (s, or))| {
-        or.fill(0.0);
-        if sh.start(bh / h) > 0 {
-            return;
-        }
+    let (kd, vd) = (p.k_dim, p.v_dim);
+    sh.decode(state, o, |bh, s, or| {
         let (q, k, v, g) = (&p.q[bh * kd..][..kd], &p.k[bh * kd..][..kd], &p.v[bh * vd..][..vd], &p.g[bh * kd..][..kd]);
         for c in 0..kd {
             let row = &mut s[c * vd..][..vd];

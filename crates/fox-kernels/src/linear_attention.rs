@@ -139,6 +139,24 @@ impl Shape<'_> {
         self.check_out(o, Some(state), None)
     }
 
+    /// A decoding step over [`Shape::check_decode`]ed buffers: `head(bh, state, out)` on every
+    /// (b, h) in parallel, its state [K, V] and out [V] zeroed; a row still in its padding gets
+    /// o = 0 and keeps its state.
+    pub fn decode<F>(&self, state: &mut [f32], o: &mut [f32], head: F)
+    where
+        F: Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+    {
+        let h = self.heads;
+        state.par_chunks_mut(self.k_dim * self.v_dim).zip(o.par_chunks_mut(self.v_dim)).enumerate().for_each(
+            |(bh, (s, or))| {
+                or.fill(0.0);
+                if self.start(bh / h) == 0 {
+                    head(bh, s, or);
+                }
+            },
+        );
+    }
+
     /// Runs `head(b, h, state, out)` on every (b, h) in parallel from its initial state (zero
     /// without `init`) with out [n, V] zeroed, then writes o [B, T, H, V] (0 at padding) and the
     /// final states.

@@ -102,14 +102,29 @@ pub trait Infer {
         chunk: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f64>>>;
+    /// Continuations of `prompts`, all in one batch of the serving engine's scheduler
+    /// ([`crate::generate::run_prompts`] over the device's batcher), prefilled in chunks of
+    /// `chunk` positions (at most what the device planned; `progress(n)` after each);
+    /// `on_token(row, id)` sees each token as it is chosen.
+    fn run_prompts(
+        &mut self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        chunk: usize,
+        on_token: &mut dyn FnMut(usize, u32),
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<u32>>>;
     /// Continuations of `prompts`, all in one batch of the serving engine's scheduler (as
-    /// [`crate::generate::generate`]); `on_token(row, id)` sees each token as it is chosen.
+    /// [`crate::generate::generate`]), every prompt prefilled at once (the GPU: in its planned
+    /// chunks); `on_token(row, id)` sees each token as it is chosen.
     fn generate(
         &mut self,
         prompts: &[Vec<u32>],
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
-    ) -> Result<Vec<Vec<u32>>>;
+    ) -> Result<Vec<Vec<u32>>> {
+        self.run_prompts(prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
+    }
     /// Greedy continuation of one prompt through the serving engine's scheduler, prefilled in
     /// chunks of `chunk` positions (`progress(n)` after each).
     fn greedy(
@@ -119,7 +134,12 @@ pub trait Infer {
         chunk: usize,
         eos: Option<u32>,
         progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<u32>>;
+    ) -> Result<Vec<u32>> {
+        ensure!(!prompt.is_empty(), "an empty prompt");
+        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
+        let mut out = self.run_prompts(&[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
+        Ok(out.pop().unwrap_or_default())
+    }
     /// One sequence's attention activations for gate maps: per block the forget-gate logits, the
     /// prefix sums c, and the attention inputs q and k (f32 on the host; other fields empty).
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs>;
@@ -165,28 +185,16 @@ impl Infer for CpuInfer<'_> {
         let chunking = Chunking::new(chunk, self.model.config.vocab_size);
         Ok(batch_token_losses(self.model, seqs, chunking, progress))
     }
-    fn generate(
+    fn run_prompts(
         &mut self,
         prompts: &[Vec<u32>],
         opts: &GenerateOptions,
+        chunk: usize,
         on_token: &mut dyn FnMut(usize, u32),
+        progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<u32>>> {
         let mut b = CpuBatcher::new(self.model);
-        run_prompts(&mut b, prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
-    }
-    fn greedy(
-        &mut self,
-        prompt: &[u32],
-        max_new: usize,
-        chunk: usize,
-        eos: Option<u32>,
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<u32>> {
-        ensure!(!prompt.is_empty(), "an empty prompt");
-        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
-        let mut b = CpuBatcher::new(self.model);
-        let mut out = run_prompts(&mut b, &[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
-        Ok(out.pop().unwrap_or_default())
+        run_prompts(&mut b, prompts, opts, chunk, on_token, progress)
     }
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {
         let ctx = Ctx { batch: 1, seq: ids.len(), start: None };
@@ -825,31 +833,18 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         Ok(out)
     }
 
-    fn generate(
+    fn run_prompts(
         &mut self,
         prompts: &[Vec<u32>],
         opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(usize, u32),
-    ) -> Result<Vec<Vec<u32>>> {
-        // Every prompt starts together: the planned chunks, as the prefill of the reference loop.
-        let chunk = self.plan.chunk;
-        self.through_engine(prompts, opts, chunk, on_token, &mut |_| {})
-    }
-
-    fn greedy(
-        &mut self,
-        prompt: &[u32],
-        max_new: usize,
         chunk: usize,
-        eos: Option<u32>,
+        on_token: &mut dyn FnMut(usize, u32),
         progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<u32>> {
-        ensure!(!prompt.is_empty(), "an empty prompt");
-        let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
-        // The prefill goes in chunks of `chunk` (at most the planned one), as on the CPU.
+    ) -> Result<Vec<Vec<u32>>> {
+        // The prefill goes in chunks of `chunk`, at most the planned one (`generate`'s WHOLE: the
+        // planned chunks, as the prefill of the reference loop).
         let chunk = chunk.clamp(1, self.plan.chunk);
-        let mut out = self.through_engine(&[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
-        Ok(out.pop().unwrap_or_default())
+        self.through_engine(prompts, opts, chunk, on_token, progress)
     }
 
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {

@@ -196,12 +196,6 @@ fn finite_differences_through_the_model_with_acp_on() {
         .fold((0, 0), |(p, v), a| (p + a.tiles_pruned, v + a.tiles_visited));
     assert!(pruned > 0, "ACP pruned no tile ({visited} visited)");
 
-    let mut grads = model.params.zeros_like();
-    model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
-    let loss_at = |m: &Model| -> f64 {
-        let mut g = m.params.zeros_like();
-        m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
-    };
     // From each of these tensors, the entries with the largest gradients (well above f32 noise).
     let names = [
         "model.layers.0.attn.fgate_proj.bias",
@@ -218,7 +212,7 @@ fn finite_differences_through_the_model_with_acp_on() {
         "model.layers.0.mlp.gate_proj.weight",
         "model.embeddings.weight",
     ];
-    let checked = common::check_finite_differences(&model, &grads, &names, loss_at);
+    let (grads, checked) = common::batch_finite_differences(&model, (&ids, &targets, &ctx), &names, 1e-2);
     // And ACP is lossless within ε: the same model without pruning has nearly the same gradient.
     let full = random_model(&tiny_config(false), 3, 0.3);
     let (_, acts_full) = full.forward_hidden(&ids, &ctx, None, true);

@@ -15,6 +15,7 @@
 //! window, as before.
 
 use super::compile::{ATTENTION, FGATE};
+use super::kargs::ptr;
 use super::Gpu;
 use crate::attention::Visibility;
 use anyhow::{bail, ensure, Result};
@@ -207,11 +208,6 @@ struct ScanParams {
 }
 // SAFETY: as above (ScanParams in kernels/fgate.cu).
 unsafe impl DeviceRepr for ScanParams {}
-
-fn ptr<T, S: DevicePtr<T> + ?Sized>(gpu: &Gpu, s: &S) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
 
 /// Checks that hold for every launch.
 fn validate(p: &DevProblem, o: AttnOptions) -> Result<()> {

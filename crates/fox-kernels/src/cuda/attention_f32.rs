@@ -11,9 +11,10 @@
 
 use super::attention::AttnOptions;
 use super::compile::ATTENTION_F32;
+use super::kargs::ptr;
 use super::Gpu;
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Must match `F32Params` in kernels/attention_f32.cu.
 #[repr(C)]
@@ -51,13 +52,41 @@ struct F32Params {
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for F32Params {}
 
+impl F32Params {
+    /// The fields every kernel reads: q, k, v and c (the queries' gate sums), the optional
+    /// left-padding starts and ACP thresholds, the sizes (t: query rows), scale, kv heads and
+    /// window; the rest zero for the caller to set.
+    #[allow(clippy::too_many_arguments)]
+    fn common(
+        gpu: &Gpu,
+        (b, h, t, d): (usize, usize, usize, usize),
+        opts: AttnOptions,
+        scale: f32,
+        (q, k, v, c): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        start: Option<&CudaSlice<i32>>,
+        prune: Option<&CudaSlice<f32>>,
+    ) -> Self {
+        F32Params {
+            q: ptr(gpu, q),
+            k: ptr(gpu, k),
+            v: ptr(gpu, v),
+            c: ptr(gpu, c),
+            start: start.map_or(0, |s| ptr(gpu, s)),
+            prune: prune.map_or(0, |p| ptr(gpu, p)),
+            b: b as i32,
+            h: h as i32,
+            t: t as i32,
+            d: d as i32,
+            scale,
+            hkv: opts.kv_heads(h) as i32,
+            window: opts.window.map_or(0, |w| w as i32),
+            ..Default::default()
+        }
+    }
+}
+
 /// Warps (rows) per block; WARPS in the kernel source.
 const WARPS: usize = 4;
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
 
 #[allow(clippy::too_many_arguments)]
 fn validate(
@@ -152,25 +181,12 @@ pub fn forward_f32_cached(
         prune,
     )?;
     let prm = F32Params {
-        q: ptr(gpu, q),
-        k: ptr(gpu, kc),
-        v: ptr(gpu, vc),
-        c: ptr(gpu, cq),
         ck: ptr(gpu, ck),
-        start: start.map_or(0, |s| ptr(gpu, s)),
-        prune: prune.map_or(0, |p| ptr(gpu, p)),
         o: ptr(gpu, o),
         lse: ptr(gpu, lse),
-        b: b as i32,
-        h: h as i32,
-        t: tq as i32,
-        d: d as i32,
         q_pos0: q_pos0 as i32,
         cap: cap as i32,
-        hkv: hkv as i32,
-        window: opts.window.map_or(0, |w| w as i32),
-        scale,
-        ..Default::default()
+        ..F32Params::common(gpu, (b, h, tq, d), opts, scale, (q, kc, vc, cq), start, prune)
     };
     launch(gpu, "fox32_fwd_cached", s, &prm)
 }
@@ -215,22 +231,9 @@ pub fn forward_f32(
         prune,
     )?;
     let prm = F32Params {
-        q: ptr(gpu, q),
-        k: ptr(gpu, k),
-        v: ptr(gpu, v),
-        c: ptr(gpu, c),
-        start: start.map_or(0, |s| ptr(gpu, s)),
-        prune: prune.map_or(0, |p| ptr(gpu, p)),
         o: ptr(gpu, o),
         lse: ptr(gpu, lse),
-        b: b as i32,
-        h: h as i32,
-        t: t as i32,
-        d: d as i32,
-        scale,
-        hkv: opts.kv_heads(h) as i32,
-        window: opts.window.map_or(0, |w| w as i32),
-        ..Default::default()
+        ..F32Params::common(gpu, (b, h, t, d), opts, scale, (q, k, v, c), start, prune)
     };
     launch(gpu, "fox32_fwd", s, &prm)
 }
@@ -297,12 +300,6 @@ pub fn backward_f32(
         prune,
     )?;
     let prm = F32Params {
-        q: ptr(gpu, q),
-        k: ptr(gpu, k),
-        v: ptr(gpu, v),
-        c: ptr(gpu, c),
-        start: start.map_or(0, |s| ptr(gpu, s)),
-        prune: prune.map_or(0, |p| ptr(gpu, p)),
         lse: ptr(gpu, lse),
         o_in: ptr(gpu, o),
         dout: ptr(gpu, dout),
@@ -311,14 +308,7 @@ pub fn backward_f32(
         dk: ptr(gpu, dk),
         dv: ptr(gpu, dv),
         dc: ptr(gpu, dc),
-        b: b as i32,
-        h: h as i32,
-        t: t as i32,
-        d: d as i32,
-        scale,
-        hkv: hkv as i32,
-        window: opts.window.map_or(0, |w| w as i32),
-        ..Default::default()
+        ..F32Params::common(gpu, (b, h, t, d), opts, scale, (q, k, v, c), start, prune)
     };
     // dq pass writes delta and dc = dcq; the dk/dv pass reads delta and adds dck (same stream).
     launch(gpu, "fox32_bwd_dq", s, &prm)?;

@@ -38,6 +38,54 @@ pub struct CheckRow {
     pub note: String,
 }
 
+impl CheckRow {
+    /// A row that passes when `err` is finite and at most `tol`.
+    pub fn new(case: impl Into<String>, metric: &str, err: f64, tol: f64, note: impl Into<String>) -> Self {
+        Self {
+            case: case.into(),
+            metric: metric.into(),
+            err,
+            tol,
+            pass: err.is_finite() && err <= tol,
+            note: note.into(),
+        }
+    }
+
+    /// The failed row of a case that could not run.
+    pub fn failed(case: impl Into<String>, e: &anyhow::Error) -> Self {
+        Self::new(case, "run", f64::INFINITY, 0.0, format!("error: {e:#}"))
+    }
+}
+
+/// The rows of a kernel check run and the random source of its inputs (the ops, SSD, GLA and
+/// delta-rule checks).
+pub(crate) struct Ctx<'a> {
+    pub(crate) gpu: &'a Gpu,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) rows: Vec<CheckRow>,
+}
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(gpu: &'a Gpu, seed: u64) -> Self {
+        Self { gpu, rng: ChaCha8Rng::seed_from_u64(seed), rows: Vec::new() }
+    }
+
+    pub(crate) fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
+        self.rows.push(CheckRow::new(case, metric, err, tol, note));
+    }
+
+    pub(crate) fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
+    }
+
+    /// Runs one case; an error becomes a failed row.
+    pub(crate) fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
+        if let Err(e) = f(self, name) {
+            self.rows.push(CheckRow::failed(name, &e));
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Gate {
     /// logit ~ N(0, 1) + bias for every head: +6 is slow forgetting (f ≈ 0.998), −3 strong.
@@ -359,12 +407,16 @@ fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {
     Data { q, k, v, dout, a, c, starts }
 }
 
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    let mut num = 0.0f64;
-    let mut den = 0.0f64;
+/// ‖x − r‖ / ‖r‖ in f64 (‖x − r‖ where r is 0; a NaN counts as an infinite error; ∞ for a
+/// length mismatch): the GPU checks' metric (gemm, ops, selective scan, attention).
+pub fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
+    if x.len() != r.len() {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
     for (a, b) in x.iter().zip(r) {
-        let dlt = *a as f64 - *b as f64;
-        num += if dlt.is_nan() { f64::INFINITY } else { dlt * dlt };
+        let d = *a as f64 - *b as f64;
+        num += if d.is_nan() { f64::INFINITY } else { d * d };
         den += (*b as f64) * (*b as f64);
     }
     if den == 0.0 {
@@ -372,6 +424,12 @@ fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     } else {
         (num / den).sqrt()
     }
+}
+
+/// [`rel_l2`] over the entries both hold (a downloaded buffer may be longer than its reference).
+fn rel_l2_common(x: &[f32], r: &[f32]) -> f64 {
+    let n = x.len().min(r.len());
+    rel_l2(&x[..n], &r[..n])
 }
 
 /// Max |Δ| over entries finite in both; infinite where finiteness differs (padded rows' −∞).
@@ -396,14 +454,7 @@ pub struct Table<'a> {
 
 impl Table<'_> {
     pub fn add(&mut self, metric: &str, err: f64, tol: f64, note: String) {
-        self.rows.push(CheckRow {
-            case: self.case.clone(),
-            metric: metric.into(),
-            err,
-            tol,
-            pass: err.is_finite() && err <= tol,
-            note,
-        });
+        self.rows.push(CheckRow::new(self.case.clone(), metric, err, tol, note));
     }
 }
 
@@ -531,7 +582,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let mut c_d = poison_f(b * h * t)?;
         ga::fgate_prefix_sum_fwd(gpu, &a_d, &mut c_d, dvis, b, t, h)?;
         let c_gpu = gpu.download(&c_d)?;
-        tab.add("c = cumsum(log f)", rel_l2(&c_gpu, &data.c), 1e-5, String::new());
+        tab.add("c = cumsum(log f)", rel_l2_common(&c_gpu, &data.c), 1e-5, String::new());
     }
 
     let o_n = b * tq * h * d;
@@ -543,7 +594,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let o_gpu = from_half_bits(&gpu.download(&o_d)?, dt);
     let lse_gpu = gpu.download(&lse_d)?;
     let label = if s.decode { "o (tiled kernel)" } else { "o" };
-    tab.add(label, rel_l2(&o_gpu, &o_ref), tol_o, format!("{} key tiles", st0.tiles_visited));
+    tab.add(label, rel_l2_common(&o_gpu, &o_ref), tol_o, format!("{} key tiles", st0.tiles_visited));
     tab.add("lse max|Δ|", lse_err(&lse_gpu, &st_ref.lse), 2e-3, String::new());
 
     if s.decode {
@@ -553,7 +604,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         gpu.sync()?;
         let o_dec = from_half_bits(&gpu.download(&o2)?, dt);
         let l_dec = gpu.download(&l2)?;
-        tab.add("decode o vs tiled (same rows)", rel_l2(&o_dec, &o_gpu), 5e-3, String::new());
+        tab.add("decode o vs tiled (same rows)", rel_l2_common(&o_dec, &o_gpu), 5e-3, String::new());
         // the full forward over all T rows, last tq rows
         let qall = gpu.upload(&to_half_bits(&data.q, dt))?;
         let full_starts = data.starts.clone();
@@ -577,8 +628,8 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let full = from_half_bits(&gpu.download(&of)?, dt);
         let last: Vec<f32> =
             (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
-        tab.add("decode o vs full forward", rel_l2(&o_dec, &last), 5e-3, String::new());
-        tab.add("decode o vs CPU", rel_l2(&o_dec, &o_ref), tol_o, String::new());
+        tab.add("decode o vs full forward", rel_l2_common(&o_dec, &last), 5e-3, String::new());
+        tab.add("decode o vs CPU", rel_l2_common(&o_dec, &o_ref), tol_o, String::new());
         tab.add("decode lse max|Δ|", lse_err(&l_dec, &st_ref.lse), 2e-3, String::new());
     }
 
@@ -616,11 +667,11 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         };
         tab.add(
             "ACP on vs off: o",
-            rel_l2(&o_acp, &o_base),
+            rel_l2_common(&o_acp, &o_base),
             2e-3,
             format!("{:.0}% of key tiles pruned", 100.0 * st3.pruned_fraction()),
         );
-        tab.add("ACP on vs CPU: o", rel_l2(&o_acp, &o_ref), tol_o, String::new());
+        tab.add("ACP on vs CPU: o", rel_l2_common(&o_acp, &o_ref), tol_o, String::new());
         if !s.decode && matches!(s.gate, Gate::Bias(x) if x <= -1.0) {
             // strongly forgetting gates must actually prune
             tab.add(
@@ -642,11 +693,11 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             for (name, x0, x1) in [("dq", &g0.dq, &g1.dq), ("dk", &g0.dk, &g1.dk), ("dv", &g0.dv, &g1.dv)] {
                 let a0 = from_half_bits(&gpu.download(x0)?, dt);
                 let a1 = from_half_bits(&gpu.download(x1)?, dt);
-                tab.add(&format!("ACP on vs off: {name}"), rel_l2(&a1, &a0), 4e-3, String::new());
+                tab.add(&format!("ACP on vs off: {name}"), rel_l2_common(&a1, &a0), 4e-3, String::new());
             }
             let c0 = gpu.download(&g0.dck)?;
             let c1 = gpu.download(&g1.dck)?;
-            tab.add("ACP on vs off: dck", rel_l2(&c1, &c0), 4e-3, String::new());
+            tab.add("ACP on vs off: dck", rel_l2_common(&c1, &c0), 4e-3, String::new());
         }
         dp.prune = None;
     }
@@ -668,10 +719,10 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let dv = from_half_bits(&gpu.download(&g.dv)?, dt);
         let dcq = gpu.download(&g.dcq)?;
         let dck = gpu.download(&g.dck)?;
-        tab.add("dq", rel_l2(&dq, &grads_ref.dq), tol_g, String::new());
-        tab.add("dk", rel_l2(&dk, &grads_ref.dk), tol_g, String::new());
-        tab.add("dv", rel_l2(&dv, &grads_ref.dv), tol_g, String::new());
-        tab.add("dck (-colsum dS)", rel_l2(&dck, &grads_ref.dck), tol_g, String::new());
+        tab.add("dq", rel_l2_common(&dq, &grads_ref.dq), tol_g, String::new());
+        tab.add("dk", rel_l2_common(&dk, &grads_ref.dk), tol_g, String::new());
+        tab.add("dv", rel_l2_common(&dv, &grads_ref.dv), tol_g, String::new());
+        tab.add("dck (-colsum dS)", rel_l2_common(&dck, &grads_ref.dck), tol_g, String::new());
         let max_dcq = dcq.iter().fold(0.0f32, |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x.abs()) });
         let max_dck = grads_ref.dck.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         tab.add("dcq (rowsum dS ~ 0) max/max|dck|", (max_dcq / max_dck.max(1e-30)) as f64, tol_g, String::new());
@@ -697,12 +748,12 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             let da = gpu.download(&da_d)?;
             let dc_ref: Vec<f32> = grads_ref.dcq.iter().zip(&grads_ref.dck).map(|(a, b)| a + b).collect();
             let da_ref = host_prefix_bwd(&dc_ref, data.starts.as_deref(), b, t, h);
-            tab.add("d log f (rev. cumsum)", rel_l2(&da, &da_ref), tol_g, String::new());
+            tab.add("d log f (rev. cumsum)", rel_l2_common(&da, &da_ref), tol_g, String::new());
             // and the scan kernel alone on exact inputs
             let dc_d = gpu.upload(&dc_ref)?;
             let mut da2 = poison_f(b * t * h)?;
             ga::fgate_prefix_sum_bwd(gpu, &dc_d, None, &mut da2, dvis, b, t, h)?;
-            tab.add("rev. cumsum kernel", rel_l2(&gpu.download(&da2)?, &da_ref), 1e-5, String::new());
+            tab.add("rev. cumsum kernel", rel_l2_common(&gpu.download(&da2)?, &da_ref), 1e-5, String::new());
         }
     }
     drop(q_buf);
@@ -736,14 +787,7 @@ pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
             let mut spec = s.clone();
             spec.name = format!("{}{tag}", s.name);
             if let Err(e) = run_case(gpu, &spec, case_seed, &mut rows) {
-                rows.push(CheckRow {
-                    case: spec.name.clone(),
-                    metric: "run".into(),
-                    err: f64::INFINITY,
-                    tol: 0.0,
-                    pass: false,
-                    note: format!("error: {e:#}"),
-                });
+                rows.push(CheckRow::failed(spec.name.clone(), &e));
             }
         }
     }

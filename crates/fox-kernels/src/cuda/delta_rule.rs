@@ -19,10 +19,10 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, Arg};
+use super::kargs::{self, args, int, need, opt_ptr, ptr};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Positions per chunk (as [`crate::delta_rule::CHUNK`]).
 pub const CHUNK: usize = 64;
@@ -95,24 +95,6 @@ struct Params {
 
 // SAFETY: plain data in the kernel's C struct layout (8-byte pointers, then 4-byte fields).
 unsafe impl DeviceRepr for Params {}
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
-
-fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
-    s.map_or(0, |s| ptr(gpu, s))
-}
-
-fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
-    Ok(())
-}
-
-fn int(op: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
-}
 
 /// One delta-rule problem on the device: as [`crate::delta_rule::DeltaRule`], with g in f32 and
 /// `start` as i32.
@@ -461,7 +443,7 @@ pub fn delta_rule_fwd_cut<T: Elem>(
     );
     let mut prm = p.params(gpu, &lay)?;
     if let Some(s) = &state {
-        need(op, "state", s, p.states())?;
+        need(op, "state", &**s, p.states())?;
         prm.init = ptr(gpu, *s);
         prm.fin = prm.init;
     }
@@ -623,7 +605,7 @@ pub fn delta_rule_bwd<T: Elem>(
     need(op, "dbeta", g.dbeta, n)?;
     ensure!(g.dg.is_some() == p.g.is_some(), "{op}: dg is wanted exactly when the problem has g");
     if let Some(d) = &g.dg {
-        need(op, "dg", d, n)?;
+        need(op, "dg", &**d, n)?;
     }
     for (what, s) in [("init", init), ("dfinal", dfinal)] {
         if let Some(s) = s {
@@ -631,7 +613,7 @@ pub fn delta_rule_bwd<T: Elem>(
         }
     }
     if let Some(d) = &g.dinit {
-        need(op, "dinit", d, p.states())?;
+        need(op, "dinit", &**d, p.states())?;
     }
     let lay = p.layout();
     need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
@@ -751,13 +733,7 @@ pub fn l2norm_fwd<T: Elem>(
         return Ok(());
     }
     int(op, rows * dim)?;
-    let args = [
-        Arg::P(ptr(gpu, y)),
-        Arg::P(ptr(gpu, rstd)),
-        Arg::P(ptr(gpu, x)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, dim)?),
-    ];
+    let args = args![gpu; y, rstd, x, int(op, rows)?, int(op, dim)?];
     kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_fwd_{}", T::NAME), grid1(rows, 8), &args)
 }
 
@@ -782,14 +758,7 @@ pub fn l2norm_bwd<T: Elem>(
         return Ok(());
     }
     int(op, rows * dim)?;
-    let args = [
-        Arg::P(ptr(gpu, dx)),
-        Arg::P(ptr(gpu, dy)),
-        Arg::P(ptr(gpu, y)),
-        Arg::P(ptr(gpu, rstd)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, dim)?),
-    ];
+    let args = args![gpu; dx, dy, y, rstd, int(op, rows)?, int(op, dim)?];
     kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_bwd_{}", T::NAME), grid1(rows, 8), &args)
 }
 
@@ -811,14 +780,7 @@ pub fn decay_fwd<T: Elem>(
     if rows == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, g)),
-        Arg::P(ptr(gpu, a)),
-        Arg::P(ptr(gpu, a_log)),
-        Arg::P(ptr(gpu, dt_bias)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, h)?),
-    ];
+    let args = args![gpu; g, a, a_log, dt_bias, int(op, rows)?, int(op, h)?];
     int(op, rows * h)?;
     kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_fwd_{}", T::NAME), grid1(rows * h, 256), &args)
 }
@@ -858,27 +820,9 @@ pub fn decay_bwd<T: Elem>(
     int(op, 2 * rows * h)?;
     let base = ptr(gpu, scratch);
     let (tb, tl) = (base, base + (rows * h * 4) as u64);
-    let args = [
-        Arg::P(ptr(gpu, da)),
-        Arg::P(tb),
-        Arg::P(tl),
-        Arg::P(ptr(gpu, dg)),
-        Arg::P(ptr(gpu, a)),
-        Arg::P(ptr(gpu, a_log)),
-        Arg::P(ptr(gpu, dt_bias)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, h)?),
-    ];
+    let args = args![gpu; da, tb, tl, dg, a, a_log, dt_bias, int(op, rows)?, int(op, h)?];
     kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_bwd_{}", T::NAME), grid1(rows * h, 256), &args)?;
-    let args = [
-        Arg::P(ptr(gpu, ddt_bias)),
-        Arg::P(ptr(gpu, da_log)),
-        Arg::P(tb),
-        Arg::P(tl),
-        Arg::P(ptr(gpu, a_log)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, h)?),
-    ];
+    let args = args![gpu; ddt_bias, da_log, tb, tl, a_log, int(op, rows)?, int(op, h)?];
     let cfg = LaunchConfig { grid_dim: (h as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     kargs::launch(gpu, &DELTA_RULE, "dr_decay_reduce", cfg, &args)
 }
@@ -899,7 +843,7 @@ pub fn swish_gate_fwd<T: Elem>(
     if n == 0 {
         return Ok(());
     }
-    let args = [Arg::P(ptr(gpu, y)), Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, gate)), Arg::L(n as i64)];
+    let args = args![gpu; y, x, gate, n as i64];
     kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_fwd_{}", T::NAME), grid1(n, 256), &args)
 }
 
@@ -922,14 +866,7 @@ pub fn swish_gate_bwd<T: Elem>(
     if n == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, dx)),
-        Arg::P(ptr(gpu, dgate)),
-        Arg::P(ptr(gpu, dy)),
-        Arg::P(ptr(gpu, x)),
-        Arg::P(ptr(gpu, gate)),
-        Arg::L(n as i64),
-    ];
+    let args = args![gpu; dx, dgate, dy, x, gate, n as i64];
     kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_bwd_{}", T::NAME), grid1(n, 256), &args)
 }
 

@@ -22,13 +22,13 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use super::{Elem, Gpu};
 use anyhow::Result;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use cudarc::driver::CudaSlice;
+use rand::Rng;
 
 const TOL_F32: f64 = 1e-4;
 const TOL_F32_DG: f64 = 1e-3;
@@ -68,6 +68,54 @@ fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() as f64 + a.len().abs_diff(b.len()) as f64
 }
 
+/// The delta-rule problem [B, T, H] with keys of `kd` and values of `vd` over host buffers,
+/// scale 1/√K.
+fn host_problem<'a>(
+    (batch, seq, heads, k_dim, v_dim): (usize, usize, usize, usize, usize),
+    [q, k, v, beta]: [&'a [f32]; 4],
+    g: Option<&'a [f32]>,
+    start: Option<&'a [usize]>,
+) -> crate::delta_rule::DeltaRule<'a> {
+    let scale = 1.0 / (k_dim as f32).sqrt();
+    crate::delta_rule::DeltaRule { batch, seq, heads, k_dim, v_dim, q, k, v, beta, g, scale, start }
+}
+
+/// A CPU delta-rule problem's inputs on the device (q, k, v, β in `T`, g in f32, start as i32).
+struct DevInputs<T: Elem> {
+    q: CudaSlice<T>,
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    beta: CudaSlice<T>,
+    g: Option<CudaSlice<f32>>,
+    start: Option<CudaSlice<i32>>,
+}
+
+impl<T: Elem> DevInputs<T> {
+    fn upload(gpu: &Gpu, p: &crate::delta_rule::DeltaRule) -> Result<Self> {
+        let g = p.g.map(|g| gpu.upload(g)).transpose()?;
+        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, beta: up(gpu, p.beta)?, g, start })
+    }
+
+    /// The device problem of `p`'s sizes over these buffers.
+    fn problem(&self, p: &crate::delta_rule::DeltaRule) -> DevDeltaRule<'_, T> {
+        DevDeltaRule {
+            batch: p.batch,
+            seq: p.seq,
+            heads: p.heads,
+            k_dim: p.k_dim,
+            v_dim: p.v_dim,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            beta: &self.beta,
+            g: self.g.as_ref(),
+            scale: p.scale,
+            start: self.start.as_ref(),
+        }
+    }
+}
+
 fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let (b, t, h, kd, vd) = (s.b, s.t, s.h, s.k, s.v);
     let bf = is_bf16::<T>();
@@ -81,42 +129,13 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let g: Option<Vec<f32>> = s.gated.then(|| (0..n).map(|_| -c.rng.gen_range(0.001..0.4f32)).collect());
     let ns = b * h * kd * vd;
     let init = s.init.then(|| c.randn(ns, 0.5));
-    let scale = 1.0 / (kd as f32).sqrt();
-    let cpu = crate::delta_rule::DeltaRule {
-        batch: b,
-        seq: t,
-        heads: h,
-        k_dim: kd,
-        v_dim: vd,
-        q: &q,
-        k: &k,
-        v: &v,
-        beta: &beta,
-        g: g.as_deref(),
-        scale,
-        start: s.start.as_deref(),
-    };
+    let cpu = host_problem((b, t, h, kd, vd), [&q, &k, &v, &beta], g.as_deref(), s.start.as_deref());
     let (mut o, mut fin) = (vec![0.0; n * vd], vec![0.0; ns]);
     crate::delta_rule::delta_rule_fwd(&cpu, &mut o, init.as_deref(), Some(&mut fin))?;
 
     let gpu = c.gpu;
-    let (gq, gk, gv, gb) = (up::<T>(gpu, &q)?, up::<T>(gpu, &k)?, up::<T>(gpu, &v)?, up::<T>(gpu, &beta)?);
-    let gg = g.as_ref().map(|g| gpu.upload(g)).transpose()?;
-    let gstart = s.start.as_ref().map(|v| gpu.upload(&v.iter().map(|&x| x as i32).collect::<Vec<_>>())).transpose()?;
-    let dev = DevDeltaRule {
-        batch: b,
-        seq: t,
-        heads: h,
-        k_dim: kd,
-        v_dim: vd,
-        q: &gq,
-        k: &gk,
-        v: &gv,
-        beta: &gb,
-        g: gg.as_ref(),
-        scale,
-        start: gstart.as_ref(),
-    };
+    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
+    let dev = inputs.problem(&cpu);
     let mut go = gpu.zeros::<T>(n * vd)?;
     let mut sc = gpu.zeros::<f32>(dr::fwd_scratch_len::<T>(b, t, h, kd, vd))?;
     let run_fwd = |go: &mut _, sc: &mut _| -> Result<Vec<f32>> {
@@ -231,39 +250,11 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         if s.start.is_some() && step == 0 {
             st1[b - 1] = 1;
         }
-        let p1 = crate::delta_rule::DeltaRule {
-            batch: b,
-            seq: 1,
-            heads: h,
-            k_dim: kd,
-            v_dim: vd,
-            q: &q1,
-            k: &k1,
-            v: &v1,
-            beta: &b1,
-            g: g1.as_deref(),
-            scale,
-            start: Some(&st1),
-        };
+        let p1 = host_problem((b, 1, h, kd, vd), [&q1, &k1, &v1, &b1], g1.as_deref(), Some(&st1));
         let mut o1c = vec![0.0; m * vd];
         crate::delta_rule::delta_rule_decode_step(&p1, &mut cs, &mut o1c)?;
-        let (gq1, gk1, gv1, gb1) = (up::<T>(gpu, &q1)?, up::<T>(gpu, &k1)?, up::<T>(gpu, &v1)?, up::<T>(gpu, &b1)?);
-        let gg1 = g1.as_ref().map(|g| gpu.upload(g)).transpose()?;
-        let gst1 = gpu.upload(&st1.iter().map(|&x| x as i32).collect::<Vec<_>>())?;
-        let d1 = DevDeltaRule {
-            batch: b,
-            seq: 1,
-            heads: h,
-            k_dim: kd,
-            v_dim: vd,
-            q: &gq1,
-            k: &gk1,
-            v: &gv1,
-            beta: &gb1,
-            g: gg1.as_ref(),
-            scale,
-            start: Some(&gst1),
-        };
+        let inputs1 = DevInputs::<T>::upload(gpu, &p1)?;
+        let d1 = inputs1.problem(&p1);
         let mut go1 = gpu.zeros::<T>(m * vd)?;
         dr::delta_rule_decode_step(gpu, &d1, &mut gs, &mut go1)?;
         worst = worst.max(rel_l2(&down(gpu, &go1)?, &o1c));
@@ -377,7 +368,7 @@ fn shapes() -> Vec<(&'static str, Shape)> {
 
 /// Every delta-rule row, f32 and bf16.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0xde17a), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0xde17a);
     for (name, s) in shapes() {
         for bf in [false, true] {
             let case_name = format!("delta rule fwd {} {name}", if bf { "bf16" } else { "f32" });
@@ -407,27 +398,15 @@ pub fn bench(
     iters: usize,
 ) -> Result<(f64, f64, [f64; 6])> {
     type T = half::bf16;
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, 1);
     let n = b * t * h;
-    let (gq, gk) = (up::<T>(gpu, &unit_rows::<T>(&mut c, n, kd))?, up::<T>(gpu, &unit_rows::<T>(&mut c, n, kd))?);
-    let gv = up::<T>(gpu, &c.randn(n * vd, 1.0))?;
-    let gb = up::<T>(gpu, &(0..n).map(|_| c.rng.gen_range(0.05..0.95f32)).collect::<Vec<_>>())?;
-    let gg =
-        gated.then(|| gpu.upload(&(0..n).map(|_| -c.rng.gen_range(0.001..0.4f32)).collect::<Vec<_>>())).transpose()?;
-    let dev = DevDeltaRule {
-        batch: b,
-        seq: t,
-        heads: h,
-        k_dim: kd,
-        v_dim: vd,
-        q: &gq,
-        k: &gk,
-        v: &gv,
-        beta: &gb,
-        g: gg.as_ref(),
-        scale: 1.0 / (kd as f32).sqrt(),
-        start: None,
-    };
+    let (q, k) = (unit_rows::<T>(&mut c, n, kd), unit_rows::<T>(&mut c, n, kd));
+    let v = c.randn(n * vd, 1.0);
+    let beta: Vec<f32> = (0..n).map(|_| c.rng.gen_range(0.05..0.95f32)).collect();
+    let g = gated.then(|| (0..n).map(|_| -c.rng.gen_range(0.001..0.4f32)).collect::<Vec<_>>());
+    let cpu = host_problem((b, t, h, kd, vd), [&q, &k, &v, &beta], g.as_deref(), None);
+    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
+    let dev = inputs.problem(&cpu);
     let mut o = gpu.zeros::<T>(n * vd)?;
     let mut sc = gpu.zeros::<f32>(dr::fwd_scratch_len::<T>(b, t, h, kd, vd))?;
     let fwd = super::bench::time_ms(gpu, warmup, iters, || dr::delta_rule_fwd(gpu, &dev, &mut o, None, &mut sc))?;

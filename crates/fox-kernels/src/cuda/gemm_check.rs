@@ -20,7 +20,7 @@
 
 use super::attention::AttnOptions;
 use super::attention_f32::{backward_f32, forward_f32};
-use super::check::{host_prefix_fwd, lse_err, CheckRow, Table};
+use super::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
 use super::gemm::{Gemm, GemmOp};
 use super::{Elem, Gpu};
 use crate::attention::{self as ca, Problem, View, Visibility};
@@ -31,34 +31,6 @@ use rand_distr::StandardNormal;
 
 fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
-}
-
-pub fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        let d = *a as f64 - *b as f64;
-        num += if d.is_nan() { f64::INFINITY } else { d * d };
-        den += (*b as f64) * (*b as f64);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
-fn failed(case: &str, e: anyhow::Error) -> CheckRow {
-    CheckRow {
-        case: case.into(),
-        metric: "run".into(),
-        err: f64::INFINITY,
-        tol: 0.0,
-        pass: false,
-        note: format!("error: {e:#}"),
-    }
 }
 
 // ---------------------------------------------------------------- GEMM
@@ -267,7 +239,7 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
     let g = match Gemm::on(gpu) {
         Ok(g) => g,
         Err(e) => {
-            rows.push(failed("GEMM (cuBLASLt)", e));
+            rows.push(CheckRow::failed("GEMM (cuBLASLt)", &e));
             return;
         }
     };
@@ -282,19 +254,19 @@ fn run_gemm(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
                 gemm_case::<half::bf16>(gpu, &g, (m, k, n), 1e-2, 1e-4, &mut rng, &mut r)
             };
             if let Err(e) = res {
-                rows.push(failed(&case, e));
+                rows.push(CheckRow::failed(&case, &e));
             }
         }
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ffe);
     let mut r = Table { rows, case: "GEMM bf16 views m=300 k=768".into() };
     if let Err(e) = views(gpu, &g, &mut rng, &mut r) {
-        rows.push(failed("GEMM bf16 views", e));
+        rows.push(CheckRow::failed("GEMM bf16 views", &e));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
     let mut r = Table { rows, case: "GEMM bf16 determinism".into() };
     if let Err(e) = determinism(gpu, &g, &mut rng, &mut r) {
-        rows.push(failed("GEMM bf16 determinism", e));
+        rows.push(CheckRow::failed("GEMM bf16 determinism", &e));
     }
 }
 
@@ -563,7 +535,7 @@ fn run_attention(gpu: &Gpu, seed: u64, rows: &mut Vec<CheckRow>) {
         let case_seed = seed.wrapping_mul(1_000_033).wrapping_add(i as u64);
         let mut r = Table { rows, case: s.name.into() };
         if let Err(e) = attention_case(gpu, s, case_seed, &mut r) {
-            rows.push(failed(s.name, e));
+            rows.push(CheckRow::failed(s.name, &e));
         }
     }
 }

@@ -19,10 +19,10 @@
 //! forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, Arg};
+use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// Chunk length (as [`crate::gla::CHUNK`]).
 pub const CHUNK: usize = 64;
@@ -32,28 +32,6 @@ pub const DECODE_KMAX: usize = 256;
 const DQK_SMEM_FLOATS: usize = 4 * CHUNK * 65 + 3 * 48 * 65 + 2 * 64;
 /// Rows of the gates' backward per partial sum of the lower bound's gradient.
 const GATE_ROWS_PER_PART: usize = 256;
-
-fn ptr<T>(gpu: &Gpu, s: &impl DevicePtr<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
-
-fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
-    s.map_or(0, |s| ptr(gpu, s))
-}
-
-fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
-    Ok(())
-}
-
-fn int(op: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
-}
-
-fn kname<T: Elem>(base: &str) -> String {
-    format!("{base}_{}", T::NAME)
-}
 
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
     launch_with(gpu, name, grid, 256, smem, args)
@@ -295,14 +273,7 @@ fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
     let op = "gla";
     let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
     let start = opt_ptr(gpu, p.start);
-    let args = [
-        Arg::P(s.cum),
-        Arg::P(ptr(gpu, p.g)),
-        Arg::P(start),
-        Arg::I(int(op, t)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, kd)?),
-    ];
+    let args = args![gpu; s.cum, p.g, start, int(op, t)?, int(op, h)?, int(op, kd)?];
     launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)
 }
 
@@ -314,20 +285,10 @@ fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf
     }
     let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
     let kb = walk_kb();
-    let args = [
-        Arg::P(s.hs),
-        Arg::P(fin),
-        Arg::P(init),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(ptr(gpu, p.v)),
-        Arg::P(s.cum),
-        Arg::P(opt_ptr(gpu, p.start)),
-        Arg::I(int(op, t)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, kd)?),
-        Arg::I(int(op, vd)?),
-        Arg::I(int(op, nch)?),
-        Arg::I(i32::from(bf16_states)),
+    let args = args![
+        gpu;
+        s.hs, fin, init, p.k, p.v, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?,
+        i32::from(bf16_states),
     ];
     let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
     launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
@@ -338,17 +299,7 @@ fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
     let op = "gla";
     let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
     let kp = if kd <= 64 { 64 } else { 128 };
-    let args = [
-        Arg::P(s.scores),
-        Arg::P(ptr(gpu, p.q)),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(s.cum),
-        Arg::P(opt_ptr(gpu, p.start)),
-        Arg::I(int(op, t)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, kd)?),
-        Arg::I(int(op, nch)?),
-    ];
+    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, nch)?];
     launch(gpu, &format!("gla_scores_w_k{kp}"), (nch, b * h, 1), scores_w_smem(kp), &args)
 }
 
@@ -356,17 +307,7 @@ fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
 fn chunk_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
     let op = "gla";
     let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
-    let args = [
-        Arg::P(s.scores),
-        Arg::P(ptr(gpu, p.q)),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(s.cum),
-        Arg::P(opt_ptr(gpu, p.start)),
-        Arg::I(int(op, t)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, kd)?),
-        Arg::I(int(op, nch)?),
-    ];
+    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, nch)?];
     launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)
 }
 
@@ -378,33 +319,9 @@ fn chunk_states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u6
     let start = opt_ptr(gpu, p.start);
     let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
     let tiles = kd.div_ceil(64) * vd.div_ceil(64);
-    let args = [
-        Arg::P(s.hs),
-        Arg::I(int(op, nch + 1)?),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(ptr(gpu, p.v)),
-        Arg::P(s.cum),
-        Arg::P(start),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(ki),
-        Arg::I(vi),
-        Arg::I(0),
-        Arg::F(p.scale),
-    ];
+    let args = args![gpu; s.hs, int(op, nch + 1)?, p.k, p.v, s.cum, start, ti, hi, ki, vi, 0i32, p.scale];
     launch(gpu, &vname(p, "gla_chunk_h"), (tiles, nch, b * h), 0, &args)?;
-    let args = [
-        Arg::P(s.hs),
-        Arg::P(fin),
-        Arg::P(init),
-        Arg::P(s.cum),
-        Arg::I(int(op, b)?),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(ki),
-        Arg::I(vi),
-        Arg::I(int(op, nch)?),
-    ];
+    let args = args![gpu; s.hs, fin, init, s.cum, int(op, b)?, ti, hi, ki, vi, int(op, nch)?];
     launch(gpu, "gla_scan_fwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
     Ok(())
 }
@@ -479,20 +396,10 @@ fn walk_out<T: Elem>(p: &DevGla<T>) -> bool {
 fn output<T: Elem>(gpu: &Gpu, p: &DevGla<T>, o: &mut CudaSlice<T>, s: &Parts) -> Result<()> {
     let op = "gla_fwd";
     let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
-    let args = [
-        Arg::P(ptr(gpu, o)),
-        Arg::P(ptr(gpu, p.q)),
-        Arg::P(ptr(gpu, p.v)),
-        Arg::P(s.cum),
-        Arg::P(s.hs),
-        Arg::P(s.scores),
-        Arg::P(opt_ptr(gpu, p.start)),
-        Arg::I(int(op, t)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, kd)?),
-        Arg::I(int(op, vd)?),
-        Arg::I(int(op, nch)?),
-        Arg::F(p.scale),
+    let args = args![
+        gpu;
+        o, p.q, p.v, s.cum, s.hs, s.scores, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?,
+        int(op, nch)?, p.scale,
     ];
     if walk_out(p) {
         let kp = if kd <= 64 { 64 } else { 128 };
@@ -568,81 +475,17 @@ pub fn gla_bwd<T: Elem>(
     let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
     let pdo = ptr(gpu, dout);
     // ΔdS_c = scale (q ⊙ e^G)ᵀ do per chunk, then the reverse passing into dH_c.
-    let args = [
-        Arg::P(s.dhs),
-        Arg::I(ni),
-        Arg::P(ptr(gpu, p.q)),
-        Arg::P(pdo),
-        Arg::P(s.cum),
-        Arg::P(start),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(ki),
-        Arg::I(vi),
-        Arg::I(1),
-        Arg::F(p.scale),
-    ];
+    let args = args![gpu; s.dhs, ni, p.q, pdo, s.cum, start, ti, hi, ki, vi, 1i32, p.scale];
     launch(gpu, &vname(p, "gla_chunk_h"), (kd.div_ceil(64) * vd.div_ceil(64), nch, b * h), 0, &args)?;
-    let args = [
-        Arg::P(s.dhs),
-        Arg::P(g.dinit.map_or(0, |d| ptr(gpu, d))),
-        Arg::P(opt_ptr(gpu, dfinal)),
-        Arg::P(s.cum),
-        Arg::I(int(op, b)?),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(ki),
-        Arg::I(vi),
-        Arg::I(ni),
-    ];
+    let args = args![gpu; s.dhs, g.dinit, dfinal, s.cum, int(op, b)?, ti, hi, ki, vi, ni];
     launch(gpu, "gla_scan_bwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
-    let args = [
-        Arg::P(s.dscores),
-        Arg::P(pdo),
-        Arg::P(ptr(gpu, p.v)),
-        Arg::P(start),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(vi),
-        Arg::I(ni),
-        Arg::F(p.scale),
-    ];
+    let args = args![gpu; s.dscores, pdo, p.v, start, ti, hi, vi, ni, p.scale];
     launch(gpu, &vname(p, "gla_dscores"), (nch, b * h, 1), 0, &args)?;
-    let args = [
-        Arg::P(ptr(gpu, g.dv)),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(pdo),
-        Arg::P(s.cum),
-        Arg::P(s.scores),
-        Arg::P(s.dhs),
-        Arg::P(start),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(ki),
-        Arg::I(vi),
-        Arg::I(ni),
-        Arg::F(p.scale),
-    ];
+    let args = args![gpu; g.dv, p.k, pdo, s.cum, s.scores, s.dhs, start, ti, hi, ki, vi, ni, p.scale];
     launch(gpu, &vname(p, "gla_bwd_dv"), (vd.div_ceil(64), nch, b * h), 0, &args)?;
-    let args = [
-        Arg::P(ptr(gpu, g.dq)),
-        Arg::P(ptr(gpu, g.dk)),
-        Arg::P(ptr(gpu, g.dg)),
-        Arg::P(ptr(gpu, p.q)),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(ptr(gpu, p.v)),
-        Arg::P(pdo),
-        Arg::P(s.cum),
-        Arg::P(s.hs),
-        Arg::P(s.dhs),
-        Arg::P(s.dscores),
-        Arg::P(start),
-        Arg::I(ti),
-        Arg::I(hi),
-        Arg::I(ki),
-        Arg::I(vi),
-        Arg::I(ni),
-        Arg::F(p.scale),
+    let args = args![
+        gpu;
+        g.dq, g.dk, g.dg, p.q, p.k, p.v, pdo, s.cum, s.hs, s.dhs, s.dscores, start, ti, hi, ki, vi, ni, p.scale,
     ];
     launch(gpu, &vname(p, "gla_bwd_dqk"), (kd.div_ceil(64), nch, b * h), 4 * DQK_SMEM_FLOATS, &args)
 }
@@ -665,18 +508,9 @@ pub fn gla_decode_step<T: Elem>(
     if p.batch == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, state)),
-        Arg::P(ptr(gpu, o)),
-        Arg::P(ptr(gpu, p.q)),
-        Arg::P(ptr(gpu, p.k)),
-        Arg::P(ptr(gpu, p.v)),
-        Arg::P(ptr(gpu, p.g)),
-        Arg::P(opt_ptr(gpu, p.start)),
-        Arg::I(int(op, p.heads)?),
-        Arg::I(int(op, p.k_dim)?),
-        Arg::I(int(op, p.v_dim)?),
-        Arg::F(p.scale),
+    let args = args![
+        gpu;
+        state, o, p.q, p.k, p.v, p.g, p.start, int(op, p.heads)?, int(op, p.k_dim)?, int(op, p.v_dim)?, p.scale,
     ];
     launch(gpu, &kname::<T>("gla_decode"), (p.batch * p.heads, p.v_dim.div_ceil(32), 1), 0, &args)
 }
@@ -708,16 +542,7 @@ pub fn hgrn2_gates_fwd<T: Elem>(
     if n == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, q)),
-        Arg::P(ptr(gpu, k)),
-        Arg::P(ptr(gpu, g)),
-        Arg::P(ptr(gpu, q_in)),
-        Arg::P(ptr(gpu, f)),
-        Arg::P(lbp),
-        Arg::L(n as i64),
-        Arg::I(int(op, d)?),
-    ];
+    let args = args![gpu; q, k, g, q_in, f, lbp, n as i64, int(op, d)?];
     launch(gpu, &kname::<T>("hgrn2_gates_fwd"), (n.div_ceil(256).min(65536), 1, 1), 0, &args)
 }
 
@@ -790,20 +615,10 @@ pub fn hgrn2_gates_bwd<T: Elem>(
     };
     let part = if lbp != 0 { ptr(gpu, scratch) } else { 0 };
     if n > 0 {
-        let args = [
-            Arg::P(ptr(gpu, dq_in)),
-            Arg::P(ptr(gpu, df)),
-            Arg::P(part),
-            Arg::P(ptr(gpu, x.dq)),
-            Arg::P(ptr(gpu, x.dk)),
-            Arg::P(ptr(gpu, x.dg)),
-            Arg::P(ptr(gpu, x.q_in)),
-            Arg::P(ptr(gpu, x.f)),
-            Arg::P(ptr(gpu, x.g)),
-            Arg::P(lbp),
-            Arg::L(rows as i64),
-            Arg::I(int(op, d)?),
-            Arg::I(GATE_ROWS_PER_PART as i32),
+        let args = args![
+            gpu;
+            dq_in, df, part, x.dq, x.dk, x.dg, x.q_in, x.f, x.g, lbp, rows as i64, int(op, d)?,
+            GATE_ROWS_PER_PART as i32,
         ];
         launch(gpu, &kname::<T>("hgrn2_gates_bwd"), (d.div_ceil(256), nparts, 1), 0, &args)?;
     }
@@ -813,7 +628,7 @@ pub fn hgrn2_gates_bwd<T: Elem>(
                 .memset_zeros(&mut scratch.slice_mut(0..d))
                 .map_err(|e| anyhow!("{op}: zeroing the partial sums: {e:?}"))?;
         }
-        let args = [Arg::P(dst), Arg::P(ptr(gpu, scratch)), Arg::I(int(op, nparts)?), Arg::I(int(op, d)?)];
+        let args = args![gpu; dst, scratch, int(op, nparts)?, int(op, d)?];
         launch(gpu, "gla_colsum_set", (d.div_ceil(256), 1, 1), 0, &args)?;
     }
     Ok(())
@@ -827,7 +642,7 @@ pub fn hgrn2_lower_bounds_fwd(gpu: &Gpu, lb: &mut CudaSlice<f32>, raw: &CudaSlic
     ensure!(layers > 0 && n.is_multiple_of(layers), "{op}: {n} values for {layers} layers");
     need(op, "lb", lb, n)?;
     let d = n / layers;
-    let args = [Arg::P(ptr(gpu, lb)), Arg::P(ptr(gpu, raw)), Arg::I(int(op, layers)?), Arg::I(int(op, d)?)];
+    let args = args![gpu; lb, raw, int(op, layers)?, int(op, d)?];
     launch(gpu, "hgrn2_lower_bounds_fwd", (d.div_ceil(256), 1, 1), 0, &args)
 }
 
@@ -845,12 +660,6 @@ pub fn hgrn2_lower_bounds_bwd(
     need(op, "grad", grad, n)?;
     need(op, "dlb", dlb, n)?;
     let d = n / layers;
-    let args = [
-        Arg::P(ptr(gpu, grad)),
-        Arg::P(ptr(gpu, dlb)),
-        Arg::P(ptr(gpu, raw)),
-        Arg::I(int(op, layers)?),
-        Arg::I(int(op, d)?),
-    ];
+    let args = args![gpu; grad, dlb, raw, int(op, layers)?, int(op, d)?];
     launch(gpu, "hgrn2_lower_bounds_bwd", (d.div_ceil(256), 1, 1), 0, &args)
 }

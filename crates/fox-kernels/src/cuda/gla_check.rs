@@ -37,15 +37,14 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::gla::{self, DevGla, DevGlaGrads, GateInputs};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use super::{Elem, Gpu};
 use crate::scalar::{log_sigmoid, sigmoid, silu};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 const TOL_FWD: f64 = 2e-5;
 const TOL_BWD: f64 = 1e-4;
@@ -86,6 +85,51 @@ fn inputs<T: Elem>(c: &mut Ctx, s: &Shape) -> [Vec<f32>; 4] {
     [rounded::<T>(c.randn(n, 1.0)), k, rounded::<T>(c.randn(n, 1.0)), g]
 }
 
+/// The GLA problem [B, T, H, K = V = d] over host buffers q, k, v, g, scale 1/√d.
+fn host_problem<'a>(
+    (batch, seq, heads, d): (usize, usize, usize, usize),
+    [q, k, v, g]: [&'a [f32]; 4],
+    start: Option<&'a [usize]>,
+) -> crate::gla::Gla<'a> {
+    crate::gla::Gla { batch, seq, heads, k_dim: d, v_dim: d, q, k, v, g, scale: 1.0 / (d as f32).sqrt(), start }
+}
+
+/// A CPU GLA problem's inputs on the device (q, k, v, g in `T`, start as i32).
+struct DevInputs<T: Elem> {
+    q: CudaSlice<T>,
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    g: CudaSlice<T>,
+    start: Option<CudaSlice<i32>>,
+}
+
+impl<T: Elem> DevInputs<T> {
+    fn upload(gpu: &Gpu, p: &crate::gla::Gla) -> Result<Self> {
+        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, g: up(gpu, p.g)?, start })
+    }
+
+    /// The device problem of `p`'s sizes over these buffers, the kernel version by default.
+    fn problem(&self, p: &crate::gla::Gla) -> DevGla<'_, T> {
+        DevGla {
+            batch: p.batch,
+            seq: p.seq,
+            heads: p.heads,
+            k_dim: p.k_dim,
+            v_dim: p.v_dim,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            scale: p.scale,
+            start: self.start.as_ref(),
+            tensor_cores: None,
+            walk: None,
+            scores_tc: None,
+        }
+    }
+}
+
 /// One case in T through `version` 1, 2 (tensor cores), 3 (version 2 with the walk's state
 /// passing; bf16 only) or 4 (version 3 with the forward's scores on tensor cores).
 fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<()> {
@@ -94,41 +138,17 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     let [q, k, v, g] = inputs::<T>(c, s);
     let ns = b * h * d * d;
     let init = s.init.then(|| c.randn(ns, 1.0));
-    let scale = 1.0 / (d as f32).sqrt();
-    let cpu = crate::gla::Gla {
-        batch: b,
-        seq: t,
-        heads: h,
-        k_dim: d,
-        v_dim: d,
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        scale,
-        start: s.start.as_deref(),
-    };
+    let cpu = host_problem((b, t, h, d), [&q, &k, &v, &g], s.start.as_deref());
     let (mut o, mut fin) = (vec![0.0; q.len()], vec![0.0; ns]);
     crate::gla::gla_fwd(&cpu, &mut o, init.as_deref(), Some(&mut fin))?;
     let gpu = c.gpu;
-    let (gq, gk, gv, gg) = (up::<T>(gpu, &q)?, up::<T>(gpu, &k)?, up::<T>(gpu, &v)?, up::<T>(gpu, &g)?);
+    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let ginit = init.as_ref().map(|i| gpu.upload(i)).transpose()?;
-    let gstart = s.start.as_ref().map(|v| gpu.upload(&v.iter().map(|&x| x as i32).collect::<Vec<_>>())).transpose()?;
     let dev = DevGla {
-        batch: b,
-        seq: t,
-        heads: h,
-        k_dim: d,
-        v_dim: d,
-        q: &gq,
-        k: &gk,
-        v: &gv,
-        g: &gg,
-        scale,
-        start: gstart.as_ref(),
         tensor_cores: Some(tc),
         walk: Some(version >= 3),
         scores_tc: Some(version == 4),
+        ..inputs.problem(&cpu)
     };
     let bf = T::NAME == "bf16";
     // Outputs in T (o, dq, dk, dv, dg) and in f32 (states, dinit).
@@ -203,43 +223,15 @@ fn decode_case(c: &mut Ctx, name: &str, d: usize) -> Result<()> {
     let gpu = c.gpu;
     let mut gstate = gpu.upload(&state)?;
     let start = [0usize, 1];
-    let dstart = gpu.upload(&[0i32, 1])?;
     let (mut eo, mut es) = (0.0f64, 0.0f64);
     for _ in 0..steps {
         let s = Shape { b, t: 1, h, d, start: None, init: false, gate: (1.0, 2.0) };
         let [q, k, v, g] = inputs::<f32>(c, &s);
-        let cpu = crate::gla::Gla {
-            batch: b,
-            seq: 1,
-            heads: h,
-            k_dim: d,
-            v_dim: d,
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            scale: 1.0 / (d as f32).sqrt(),
-            start: Some(&start),
-        };
+        let cpu = host_problem((b, 1, h, d), [&q, &k, &v, &g], Some(&start));
         let mut o = vec![0.0; b * h * d];
         crate::gla::gla_decode_step(&cpu, &mut state, &mut o)?;
-        let (gq, gk, gv, gg) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?, gpu.upload(&g)?);
-        let dev = DevGla {
-            batch: b,
-            seq: 1,
-            heads: h,
-            k_dim: d,
-            v_dim: d,
-            q: &gq,
-            k: &gk,
-            v: &gv,
-            g: &gg,
-            scale: cpu.scale,
-            start: Some(&dstart),
-            tensor_cores: None,
-            walk: None,
-            scores_tc: None,
-        };
+        let inputs = DevInputs::<f32>::upload(gpu, &cpu)?;
+        let dev = inputs.problem(&cpu);
         let mut go = gpu.zeros::<f32>(o.len())?;
         gla::gla_decode_step(gpu, &dev, &mut gstate, &mut go)?;
         eo = eo.max(rel_l2(&gpu.download(&go)?, &o));
@@ -373,7 +365,7 @@ fn lower_bounds_case(c: &mut Ctx, name: &str) -> Result<()> {
 }
 
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x61a), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0x61a);
     let shapes = [
         // Row 1 starts mid-chunk (its first chunk padding only), an initial state and a final
         // state's gradient, T not a multiple of 64, K = V = 64.
@@ -442,25 +434,16 @@ pub fn bench<T: Elem>(
     version: u8,
 ) -> Result<(f64, f64, [f64; 4])> {
     let tc = version >= 2;
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(1), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, 1);
     let s = Shape { b, t, h, d, start: None, init: false, gate: (2.0, 1.0) };
     let [q, k, v, g] = inputs::<T>(&mut c, &s);
-    let (gq, gk, gv, gg) = (up::<T>(gpu, &q)?, up::<T>(gpu, &k)?, up::<T>(gpu, &v)?, up::<T>(gpu, &g)?);
+    let cpu = host_problem((b, t, h, d), [&q, &k, &v, &g], None);
+    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let dev = DevGla {
-        batch: b,
-        seq: t,
-        heads: h,
-        k_dim: d,
-        v_dim: d,
-        q: &gq,
-        k: &gk,
-        v: &gv,
-        g: &gg,
-        scale: 1.0 / (d as f32).sqrt(),
-        start: None,
         tensor_cores: Some(tc),
         walk: Some(version >= 3),
         scores_tc: Some(version == 4),
+        ..inputs.problem(&cpu)
     };
     let n = q.len();
     let mut o = gpu.zeros::<T>(n)?;

@@ -1,11 +1,40 @@
-//! Kernel arguments and launches of the small-kernel modules ([`super::ops`], [`super::ssd`]):
-//! one argument enum, launched in plain stream order or with programmatic dependent launch.
+//! Kernel arguments and launches of the kernel modules: a buffer's device address, the checks
+//! of buffer lengths and 32-bit sizes every launcher makes, one argument enum and the [`args!`]
+//! list that builds it from buffers and scalars, launched in plain stream order or with
+//! programmatic dependent launch.
 
 use super::compile::Source;
-use super::Gpu;
-use anyhow::{anyhow, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use super::{Elem, Gpu};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
+
+/// A buffer's device address on the GPU's stream.
+pub(crate) fn ptr<T, S: DevicePtr<T> + ?Sized>(gpu: &Gpu, s: &S) -> u64 {
+    let (p, _g) = s.device_ptr(gpu.stream());
+    p
+}
+
+/// [`ptr`] of an optional buffer, null when absent.
+pub(crate) fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
+    s.map_or(0, |s| ptr(gpu, s))
+}
+
+/// `s` holds at least `n` elements (buffers may be longer than a launch needs).
+pub(crate) fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
+    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    Ok(())
+}
+
+/// A size as the kernels' 32-bit `int`.
+pub(crate) fn int(op: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
+}
+
+/// The name of kernel `base` compiled for activation type `T` (`base_f32`, `base_bf16`).
+pub(crate) fn kname<T: Elem>(base: &str) -> String {
+    format!("{base}_{}", T::NAME)
+}
 
 /// A kernel argument, in the order of the kernel's C signature.
 pub(crate) enum Arg {
@@ -15,6 +44,81 @@ pub(crate) enum Arg {
     F(f32),
     D(f64),
 }
+
+/// A device buffer as a kernel argument: its address on the GPU's stream.
+pub(crate) trait Buffer {
+    fn addr(&self, gpu: &Gpu) -> u64;
+}
+
+impl<T> Buffer for CudaSlice<T> {
+    fn addr(&self, gpu: &Gpu) -> u64 {
+        ptr(gpu, self)
+    }
+}
+
+impl<T> Buffer for CudaView<'_, T> {
+    fn addr(&self, gpu: &Gpu) -> u64 {
+        ptr(gpu, self)
+    }
+}
+
+impl<T> Buffer for CudaViewMut<'_, T> {
+    fn addr(&self, gpu: &Gpu) -> u64 {
+        ptr(gpu, self)
+    }
+}
+
+impl<B: Buffer + ?Sized> Buffer for &B {
+    fn addr(&self, gpu: &Gpu) -> u64 {
+        (**self).addr(gpu)
+    }
+}
+
+impl<B: Buffer + ?Sized> Buffer for &mut B {
+    fn addr(&self, gpu: &Gpu) -> u64 {
+        (**self).addr(gpu)
+    }
+}
+
+/// What [`args!`] takes for one kernel parameter: a buffer (its address), an optional buffer
+/// (null when absent), a raw address (`u64`), or a scalar of the C parameter's type (`i32`,
+/// `i64`, `f32`, `f64`).
+pub(crate) trait IntoArg {
+    fn arg(&self, gpu: &Gpu) -> Arg;
+}
+
+impl<B: Buffer> IntoArg for B {
+    fn arg(&self, gpu: &Gpu) -> Arg {
+        Arg::P(self.addr(gpu))
+    }
+}
+
+impl<B: Buffer> IntoArg for Option<B> {
+    fn arg(&self, gpu: &Gpu) -> Arg {
+        Arg::P(self.as_ref().map_or(0, |b| b.addr(gpu)))
+    }
+}
+
+macro_rules! scalar_arg {
+    ($($t:ty => $v:ident),*) => {$(
+        impl IntoArg for $t {
+            fn arg(&self, _: &Gpu) -> Arg {
+                Arg::$v(*self)
+            }
+        }
+    )*};
+}
+scalar_arg!(u64 => P, i32 => I, i64 => L, f32 => F, f64 => D);
+
+/// A kernel's argument list, `[Arg; N]`, in the order of its C signature:
+/// `args![gpu; out, x, start, rows, eps]` passes each buffer's address on `gpu`'s stream (null
+/// for an absent `Option`), each scalar as its type's [`Arg`].
+macro_rules! args {
+    ($gpu:expr; $($a:expr),* $(,)?) => {
+        [$($crate::cuda::kargs::IntoArg::arg(&$a, $gpu)),*]
+    };
+}
+pub(crate) use args;
 
 impl Arg {
     /// The argument's address, as `cuLaunchKernelEx` takes it.

@@ -11,17 +11,12 @@
 //! held in a per-stream scratch buffer, see [`reserve_scratch`]).
 
 use super::compile::OPS;
-use super::kargs::{self, Arg};
+use super::kargs::{self, args, kname, need, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use std::mem::size_of;
 use std::sync::{Arc, Mutex};
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
 
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
@@ -35,16 +30,7 @@ fn launch_dependent(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, ar
     kargs::launch_pdl(gpu, &OPS, name, cfg, args)
 }
 
-fn kname<T: Elem>(base: &str) -> String {
-    format!("{base}_{}", T::NAME)
-}
-
 /// `s` holds at least `n` elements.
-fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
-    Ok(())
-}
-
 fn int(op: &str, what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{op}: `{what}` = {v} does not fit the kernels' 32-bit indices"))
 }
@@ -123,7 +109,7 @@ fn colsum_plan(rows: usize) -> (usize, usize) {
 
 /// Pass 2 of a column sum: dst[j] += Σ_p part[p, j].
 fn colsum_final(gpu: &Gpu, dst: u64, part: u64, p: usize, w: usize) -> Result<()> {
-    launch(gpu, "colsum_final", grid1(w)?, 256, &[Arg::P(dst), Arg::P(part), Arg::I(p as i32), Arg::I(w as i32)])
+    launch(gpu, "colsum_final", grid1(w)?, 256, &args![gpu; dst, part, p as i32, w as i32])
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -168,16 +154,7 @@ pub fn rms_norm_fwd<T: Elem>(
         &kname::<T>(op),
         warp_rows_grid(rows)?,
         256,
-        &[
-            Arg::P(ptr(gpu, y)),
-            Arg::P(ptr(gpu, rstd)),
-            Arg::P(ptr(gpu, x)),
-            Arg::P(ptr(gpu, w)),
-            Arg::I(int(op, "rows", rows)?),
-            Arg::I(int(op, "dim", dim)?),
-            Arg::I(groups as i32),
-            Arg::F(eps),
-        ],
+        &args![gpu; y, rstd, x, w, int(op, "rows", rows)?, int(op, "dim", dim)?, groups as i32, eps],
     )
 }
 
@@ -207,17 +184,7 @@ fn rms_wide<T: Elem>(
         &kname::<T>(op),
         grid1(rows)?,
         256,
-        &[
-            Arg::P(ptr(gpu, y)),
-            Arg::P(ptr(gpu, rstd)),
-            Arg::P(ph),
-            Arg::P(pa),
-            Arg::P(pb),
-            Arg::P(ptr(gpu, w)),
-            Arg::I(int(op, "dim", dim)?),
-            Arg::I(groups as i32),
-            Arg::F(eps),
-        ],
+        &args![gpu; y, rstd, ph, pa, pb, w, int(op, "dim", dim)?, groups as i32, eps],
     )
 }
 
@@ -290,17 +257,7 @@ fn add_rms<T: Elem>(
         &kname::<T>("add_rms_norm_fwd"),
         warp_rows_grid(rows)?,
         256,
-        &[
-            Arg::P(ph),
-            Arg::P(ptr(gpu, y)),
-            Arg::P(ptr(gpu, rstd)),
-            Arg::P(pa),
-            Arg::P(pb),
-            Arg::P(ptr(gpu, w)),
-            Arg::I(int(op, "rows", rows)?),
-            Arg::I(int(op, "dim", dim)?),
-            Arg::F(eps),
-        ],
+        &args![gpu; ph, y, rstd, pa, pb, w, int(op, "rows", rows)?, int(op, "dim", dim)?, eps],
     )
 }
 
@@ -400,26 +357,12 @@ pub fn gemv_step_in<T: Elem>(
         &kname::<T>(op),
         grid1(out.div_ceil(8 / ks))?,
         256,
-        &[
-            Arg::P(ptr(gpu, zxbcdt)),
-            Arg::P(ptr(gpu, x)),
-            Arg::P(ptr(gpu, w)),
-            Arg::I(rows as i32),
-            Arg::I(int(op, "in_features", in_features)?),
-            Arg::I(int(op, "out_features", out)?),
-            Arg::I(ks as i32),
-            Arg::P(ptr(gpu, xbc)),
-            Arg::P(ptr(gpu, conv_state)),
-            Arg::P(ptr(gpu, dt)),
-            Arg::P(ptr(gpu, conv_w)),
-            Arg::P(opt(conv_b.map(|b| ptr(gpu, b)))),
-            Arg::P(ptr(gpu, dt_bias)),
-            Arg::P(opt(start.map(|s| ptr(gpu, s)))),
-            Arg::I(int(op, "conv_off", d.conv_off)?),
-            Arg::I(int(op, "channels", d.channels)?),
-            Arg::I(int(op, "width", d.width)?),
-            Arg::I(int(op, "dt_off", d.dt_off)?),
-            Arg::I(int(op, "heads", d.heads)?),
+        &args![
+            gpu;
+            zxbcdt, x, w, rows as i32, int(op, "in_features", in_features)?, int(op, "out_features", out)?, ks as i32,
+            xbc, conv_state, dt, conv_w, opt(conv_b.map(|b| ptr(gpu, b))), dt_bias, opt(start.map(|s| ptr(gpu, s))),
+            int(op, "conv_off", d.conv_off)?, int(op, "channels", d.channels)?, int(op, "width", d.width)?,
+            int(op, "dt_off", d.dt_off)?, int(op, "heads", d.heads)?,
         ],
     )
 }
@@ -466,15 +409,10 @@ fn gemv_launch(
         name,
         grid1(blocks)?,
         256,
-        &[
-            Arg::P(y),
-            Arg::P(h),
-            Arg::P(x),
-            Arg::P(w),
-            Arg::I(rows as i32),
-            Arg::I(int(name, "in_features", in_features)?),
-            Arg::I(int(name, "out_features", out_features)?),
-            Arg::I(ks as i32),
+        &args![
+            gpu;
+            y, h, x, w, rows as i32, int(name, "in_features", in_features)?, int(name, "out_features", out_features)?,
+            ks as i32,
         ],
     )
 }
@@ -559,19 +497,7 @@ pub fn rms_norm_bwd_with<T: Elem>(
             &kname::<T>("rms_norm_bwd_fused"),
             grid1(p)?,
             256,
-            &[
-                Arg::P(part),
-                Arg::P(ptr(gpu, dx)),
-                Arg::I(accumulate as i32),
-                Arg::P(pdy),
-                Arg::P(px),
-                Arg::P(prstd),
-                Arg::P(pw),
-                Arg::I(rows_i),
-                Arg::I(dim_i),
-                Arg::I(groups as i32),
-                Arg::I(r as i32),
-            ],
+            &args![gpu; part, dx, accumulate as i32, pdy, px, prstd, pw, rows_i, dim_i, groups as i32, r as i32],
         )?;
         return colsum_final(gpu, ptr(gpu, dw), part, p, width);
     }
@@ -580,17 +506,7 @@ pub fn rms_norm_bwd_with<T: Elem>(
         &kname::<T>("rms_norm_bwd_dx"),
         warp_rows_grid(rows)?,
         256,
-        &[
-            Arg::P(ptr(gpu, dx)),
-            Arg::I(accumulate as i32),
-            Arg::P(pdy),
-            Arg::P(px),
-            Arg::P(prstd),
-            Arg::P(pw),
-            Arg::I(rows_i),
-            Arg::I(dim_i),
-            Arg::I(groups as i32),
-        ],
+        &args![gpu; dx, accumulate as i32, pdy, px, prstd, pw, rows_i, dim_i, groups as i32],
     )?;
     // dw: column sums over the input viewed as [ceil(rows/groups), groups·dim].
     let width = w.len();
@@ -602,16 +518,7 @@ pub fn rms_norm_bwd_with<T: Elem>(
         &kname::<T>("rms_norm_dw_part"),
         (width.div_ceil(32) as u32, p as u32, 1),
         256,
-        &[
-            Arg::P(part),
-            Arg::P(pdy),
-            Arg::P(px),
-            Arg::P(prstd),
-            Arg::I(rows_i),
-            Arg::I(dim_i),
-            Arg::I(groups as i32),
-            Arg::I(r as i32),
-        ],
+        &args![gpu; part, pdy, px, prstd, rows_i, dim_i, groups as i32, r as i32],
     )?;
     colsum_final(gpu, ptr(gpu, dw), part, p, width)
 }
@@ -657,22 +564,7 @@ pub fn kv_shift_fwd<T: Elem>(
     if b * t * h * d == 0 {
         return Ok(());
     }
-    launch(
-        gpu,
-        &kname::<T>(op),
-        warp_rows_grid(b * t * h)?,
-        256,
-        &[
-            Arg::P(ptr(gpu, out)),
-            Arg::P(ptr(gpu, x)),
-            Arg::P(ptr(gpu, alpha)),
-            Arg::P(start.map_or(0, |s| ptr(gpu, s))),
-            Arg::I(bi),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(di),
-        ],
-    )
+    launch(gpu, &kname::<T>(op), warp_rows_grid(b * t * h)?, 256, &args![gpu; out, x, alpha, start, bi, ti, hi, di])
 }
 
 /// KV-shift backward exactly as [`crate::kv_shift::kv_shift_bwd`]: dx [B, T, H·D] and dalpha
@@ -704,18 +596,7 @@ pub fn kv_shift_bwd<T: Elem>(
         &kname::<T>(op),
         warp_rows_grid(b * t * h)?,
         256,
-        &[
-            Arg::P(ptr(gpu, dx)),
-            Arg::P(ptr(gpu, dalpha)),
-            Arg::P(ptr(gpu, dout)),
-            Arg::P(ptr(gpu, x)),
-            Arg::P(ptr(gpu, alpha)),
-            Arg::P(start.map_or(0, |s| ptr(gpu, s))),
-            Arg::I(bi),
-            Arg::I(ti),
-            Arg::I(hi),
-            Arg::I(di),
-        ],
+        &args![gpu; dx, dalpha, dout, x, alpha, start, bi, ti, hi, di],
     )
 }
 
@@ -749,15 +630,7 @@ pub fn rope_apply<T: Elem>(
         &kname::<T>(op),
         flat_grid(rows * d / 2)?,
         256,
-        &[
-            Arg::P(ptr(gpu, x)),
-            Arg::P(ptr(gpu, positions)),
-            Arg::I(int(op, "rows", rows)?),
-            Arg::I(int(op, "h", h)?),
-            Arg::I(int(op, "d", d)?),
-            Arg::D(base),
-            Arg::I(inverse as i32),
-        ],
+        &args![gpu; x, positions, int(op, "rows", rows)?, int(op, "h", h)?, int(op, "d", d)?, base, inverse as i32],
     )
 }
 
@@ -808,13 +681,7 @@ pub fn add_bias_rows(gpu: &Gpu, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, r
     if rows * cols == 0 {
         return Ok(());
     }
-    launch(
-        gpu,
-        op,
-        flat_grid(rows * cols)?,
-        256,
-        &[Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, bias)), Arg::L(rows as i64), Arg::I(int(op, "cols", cols)?)],
-    )
+    launch(gpu, op, flat_grid(rows * cols)?, 256, &args![gpu; x, bias, rows as i64, int(op, "cols", cols)?])
 }
 
 /// x[r, c] = row[c] (the bias-only and fixed forget gates).
@@ -825,13 +692,7 @@ pub fn fill_rows(gpu: &Gpu, x: &mut CudaSlice<f32>, row: &CudaSlice<f32>, rows: 
     if rows * cols == 0 {
         return Ok(());
     }
-    launch(
-        gpu,
-        op,
-        flat_grid(rows * cols)?,
-        256,
-        &[Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, row)), Arg::L(rows as i64), Arg::I(int(op, "cols", cols)?)],
-    )
+    launch(gpu, op, flat_grid(rows * cols)?, 256, &args![gpu; x, row, rows as i64, int(op, "cols", cols)?])
 }
 
 /// a = logsigmoid(logit), as [`crate::fgate::log_fgate_fwd`].
@@ -873,7 +734,7 @@ pub fn col_sum_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, src: &CudaSlice<f32>, ro
         "colsum_part_f32",
         (cols.div_ceil(32) as u32, p as u32, 1),
         256,
-        &[Arg::P(part), Arg::P(ptr(gpu, src)), Arg::I(rows_i), Arg::I(cols_i), Arg::I(r as i32)],
+        &args![gpu; part, src, rows_i, cols_i, r as i32],
     )?;
     colsum_final(gpu, ptr(gpu, dst), part, p, cols)
 }
@@ -943,7 +804,7 @@ pub fn swiglu_fwd<T: Elem>(
         &kname::<T>(op),
         flat_grid(swiglu_threads(rows, inter))?,
         256,
-        &[Arg::P(ptr(gpu, h)), Arg::P(ptr(gpu, gu)), Arg::I(rows as i32), Arg::I(inter as i32)],
+        &args![gpu; h, gu, rows as i32, inter as i32],
     )
 }
 
@@ -969,7 +830,7 @@ pub fn swiglu_bwd<T: Elem>(
         &kname::<T>(op),
         flat_grid(swiglu_threads(rows, inter))?,
         256,
-        &[Arg::P(ptr(gpu, dgu)), Arg::P(ptr(gpu, dh)), Arg::P(ptr(gpu, gu)), Arg::I(rows as i32), Arg::I(inter as i32)],
+        &args![gpu; dgu, dh, gu, rows as i32, inter as i32],
     )
 }
 
@@ -1033,14 +894,7 @@ pub fn embedding_fwd<T: Elem>(
         &kname::<T>(op),
         flat_grid(rows * d)?,
         256,
-        &[
-            Arg::P(ptr(gpu, out)),
-            Arg::P(ptr(gpu, table)),
-            Arg::P(ptr(gpu, ids)),
-            Arg::I(rows as i32),
-            Arg::I(d as i32),
-            Arg::I(int(op, "vocab", vocab)?),
-        ],
+        &args![gpu; out, table, ids, rows as i32, d as i32, int(op, "vocab", vocab)?],
     )
 }
 
@@ -1161,14 +1015,7 @@ pub fn embedding_bwd<T: Elem>(
         &kname::<T>(op),
         grid1(idx.segments)?,
         256,
-        &[
-            Arg::P(ptr(gpu, dtable)),
-            Arg::P(ptr(gpu, dout)),
-            Arg::P(ptr(gpu, &idx.order)),
-            Arg::P(ptr(gpu, &idx.seg_tok)),
-            Arg::P(ptr(gpu, &idx.seg_start)),
-            Arg::I(d as i32),
-        ],
+        &args![gpu; dtable, dout, &idx.order, &idx.seg_tok, &idx.seg_start, d as i32],
     )
 }
 
@@ -1204,15 +1051,7 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
         &kname::<T>("cross_entropy"),
         grid1(rows)?,
         512,
-        &[
-            Arg::P(ptr(gpu, dlogits)),
-            Arg::P(ptr(gpu, losses)),
-            Arg::P(ptr(gpu, logits)),
-            Arg::P(ptr(gpu, targets)),
-            Arg::F(weight),
-            Arg::I(int(op, "rows", rows)?),
-            Arg::I(int(op, "vocab", vocab)?),
-        ],
+        &args![gpu; dlogits, losses, logits, targets, weight, int(op, "rows", rows)?, int(op, "vocab", vocab)?],
     )
 }
 
@@ -1264,15 +1103,7 @@ pub fn cross_entropy_padded<T: Elem>(
         &super::compile::MODEL,
         &name,
         cfg,
-        &[
-            Arg::P(ptr(gpu, dlogits)),
-            Arg::P(ptr(gpu, losses)),
-            Arg::P(ptr(gpu, logits)),
-            Arg::P(ptr(gpu, targets)),
-            Arg::F(weight),
-            Arg::I(int(op, "vocab", vocab)?),
-            Arg::I(int(op, "ld", ld)?),
-        ],
+        &args![gpu; dlogits, losses, logits, targets, weight, int(op, "vocab", vocab)?, int(op, "ld", ld)?],
     )
 }
 
@@ -1345,7 +1176,7 @@ pub fn adamw_shard<T: Elem>(
     need(op, "m", m, n)?;
     need(op, "v", v, n)?;
     if let Some((c, c0)) = &copy {
-        need(op, "copy", c, c0 + n)?;
+        need(op, "copy", &**c, c0 + n)?;
     }
     if n == 0 {
         return Ok(());
@@ -1363,20 +1194,10 @@ pub fn adamw_shard<T: Elem>(
         &kname::<T>(op),
         grid1(n.div_ceil(256).min(1 << 16))?,
         256,
-        &[
-            Arg::P(ptr(gpu, w) + (w0 * 4) as u64),
-            Arg::P(pcopy),
-            Arg::P(ptr(gpu, g) + (g0 * 4) as u64),
-            Arg::P(ptr(gpu, m)),
-            Arg::P(ptr(gpu, v)),
-            Arg::L(n as i64),
-            Arg::F(beta1),
-            Arg::F(beta2),
-            Arg::F(eps),
-            Arg::F(decay),
-            Arg::F(step_size),
-            Arg::F(bc2_sqrt),
-            Arg::F(grad_scale),
+        &args![
+            gpu;
+            ptr(gpu, w) + (w0 * 4) as u64, pcopy, ptr(gpu, g) + (g0 * 4) as u64, m, v, n as i64, beta1, beta2, eps,
+            decay, step_size, bc2_sqrt, grad_scale,
         ],
     )
 }
@@ -1405,14 +1226,8 @@ pub fn sum_squares_at(
     let blocks = n.div_ceil(2048).clamp(1, SUMSQ_MAX_BLOCKS);
     let part = scratch(gpu, 2 * blocks)?;
     let px = ptr(gpu, x) + (offset * 4) as u64;
-    launch(gpu, "sumsq_part", grid1(blocks)?, 256, &[Arg::P(part), Arg::P(px), Arg::L(n as i64)])?;
-    launch(
-        gpu,
-        "sumsq_final",
-        (1, 1, 1),
-        256,
-        &[Arg::P(ptr(gpu, out)), Arg::I(int(op, "slot", slot)?), Arg::P(part), Arg::I(blocks as i32)],
-    )
+    launch(gpu, "sumsq_part", grid1(blocks)?, 256, &args![gpu; part, px, n as i64])?;
+    launch(gpu, "sumsq_final", (1, 1, 1), 256, &args![gpu; out, int(op, "slot", slot)?, part, blocks as i32])
 }
 
 #[cfg(test)]

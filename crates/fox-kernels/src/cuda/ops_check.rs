@@ -19,15 +19,13 @@
 //! column sums, sums of squares, and AdamW (foxlm::optim::AdamW::update's per-element formula:
 //! foxlm depends on this crate, not the other way round).
 
-use super::check::CheckRow;
+use super::check::{rel_l2, CheckRow, Ctx};
 use super::ops::{self, EmbeddingIndex};
 use super::{Elem, Gpu};
 use crate::scalar::sigmoid;
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
+use rand::Rng;
 
 /// Relative L2 tolerance of an output stored in T (see the module comment).
 fn tol_t<T: Elem>() -> f64 {
@@ -42,24 +40,8 @@ const TOL_F32: f64 = 1e-5;
 /// f32 sums over more than 10^5 rows.
 const TOL_F32_LONG: f64 = 1e-4;
 
-struct Ctx<'a> {
-    gpu: &'a Gpu,
-    rng: ChaCha8Rng,
-    rows: Vec<CheckRow>,
-}
-
+/// The ops check's own rows and inputs.
 impl Ctx<'_> {
-    fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
-        self.rows.push(CheckRow {
-            case: case.into(),
-            metric: metric.into(),
-            err,
-            tol,
-            pass: err.is_finite() && err <= tol,
-            note: note.into(),
-        });
-    }
-
     /// `err` of a T output.
     fn add_t<T: Elem>(&mut self, case: &str, metric: &str, got: &[f32], want: &[f32]) {
         let note = if T::NAME == "f32" { "" } else { "output rounded to bf16" };
@@ -79,10 +61,6 @@ impl Ctx<'_> {
         self.add(case, metric, diff as f64, 0.0, "elements with other bits");
     }
 
-    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
-    }
-
     /// Random values rounded to T: the device copy's values and their f32 images.
     fn randn_t<T: Elem>(&mut self, n: usize, scale: f32) -> (Vec<T>, Vec<f32>) {
         let x = self.randn(n, scale);
@@ -91,13 +69,6 @@ impl Ctx<'_> {
 
     fn up<V: cudarc::driver::DeviceRepr>(&self, x: &[V]) -> Result<CudaSlice<V>> {
         self.gpu.upload(x)
-    }
-
-    /// Run one case; an error becomes a failed row.
-    fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
-        if let Err(e) = f(self, name) {
-            self.add(name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-        }
     }
 }
 
@@ -113,30 +84,13 @@ fn dl<T: Elem>(gpu: &Gpu, s: &CudaSlice<T>, n: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        let d = *a as f64 - *b as f64;
-        num += if d.is_nan() { f64::INFINITY } else { d * d };
-        den += (*b as f64) * (*b as f64);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
 fn tag<T: Elem>() -> &'static str {
     T::NAME
 }
 
 /// Run every case with fresh inputs drawn from `seed`; a case that errors is a failed row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed);
     typed::<f32>(&mut c);
     typed::<half::bf16>(&mut c);
     f32_only(&mut c);

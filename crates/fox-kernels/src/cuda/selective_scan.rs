@@ -13,12 +13,13 @@
 //! run. At B = 2, T = 16384, Di = 1536 that is 400 MiB: B·T·Di·2 floats at N = 16.
 
 use super::bench::time_ms;
-use super::check::CheckRow;
+use super::check::{rel_l2, CheckRow};
 use super::compile::SELECTIVE_SCAN;
+use super::kargs::ptr;
 use super::{Elem, Gpu};
 use crate::selective_scan::{self as cpu, BcLayout, Scan};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -104,11 +105,6 @@ struct Params {
 
 // SAFETY: plain data of the kernel's C struct layout (8-byte fields, then 4-byte ones).
 unsafe impl DeviceRepr for Params {}
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
 
 fn need<T>(what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
     ensure!(s.len() >= n, "selective scan: `{what}` holds {} elements but the shapes need {n}", s.len());
@@ -315,34 +311,6 @@ const TOL_BF16: f64 = 1e-2;
 const DT_RANK: usize = 5;
 const SENTINEL: f32 = 7.25;
 
-fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
-    if x.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in x.iter().zip(r) {
-        let d = *a as f64 - *b as f64;
-        num += if d.is_nan() { f64::INFINITY } else { d * d };
-        den += (*b as f64) * (*b as f64);
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
-fn row(case: &str, metric: &str, err: f64, tol: f64, note: &str) -> CheckRow {
-    CheckRow {
-        case: case.into(),
-        metric: metric.into(),
-        err,
-        tol,
-        pass: err.is_finite() && err <= tol,
-        note: note.into(),
-    }
-}
-
 fn dl<T: Elem>(gpu: &Gpu, s: &CudaSlice<T>, n: usize) -> Result<Vec<f32>> {
     let mut v: Vec<f32> = gpu.download(s)?.iter().map(|x| x.to_f32()).collect();
     v.truncate(n);
@@ -538,30 +506,30 @@ fn fwd_bwd_case<T: Elem>(gpu: &Gpu, name: &str, c: &Inputs, rows: &mut Vec<Check
         ])
     };
     let got = grads(&mut scratch)?;
-    rows.push(row(name, "out", rel_l2(&dl(gpu, &g_out, m)?, &out), tol_t, note_t));
-    rows.push(row(name, "final state", rel_l2(&dl(gpu, &g_hl, hs)?, &h_last), TOL_F32, ""));
-    rows.push(row(name, "saved states", rel_l2(&dl(gpu, &g_saved, saved.len())?, &saved), TOL_F32, ""));
-    rows.push(row(name, "du", rel_l2(&got[0], &du), tol_tg, note_t));
-    rows.push(row(name, "ddelta", rel_l2(&got[1], &ddelta), tol_tg, note_t));
+    rows.push(CheckRow::new(name, "out", rel_l2(&dl(gpu, &g_out, m)?, &out), tol_t, note_t));
+    rows.push(CheckRow::new(name, "final state", rel_l2(&dl(gpu, &g_hl, hs)?, &h_last), TOL_F32, ""));
+    rows.push(CheckRow::new(name, "saved states", rel_l2(&dl(gpu, &g_saved, saved.len())?, &saved), TOL_F32, ""));
+    rows.push(CheckRow::new(name, "du", rel_l2(&got[0], &du), tol_tg, note_t));
+    rows.push(CheckRow::new(name, "ddelta", rel_l2(&got[1], &ddelta), tol_tg, note_t));
     if c.z.is_some() {
-        rows.push(row(name, "dz", rel_l2(&got[2], &dz), tol_tg, note_t));
+        rows.push(CheckRow::new(name, "dz", rel_l2(&got[2], &dz), tol_tg, note_t));
     }
     // dB and dC in their places; the dt columns on their own.
     let st = DT_RANK + 2 * c.n;
     let pick = |v: &[f32], dt: bool| -> Vec<f32> {
         v.iter().enumerate().filter(|(i, _)| (i % st < DT_RANK) == dt).map(|(_, x)| *x).collect()
     };
-    rows.push(row(name, "dB, dC", rel_l2(&pick(&got[3], false), &pick(&dbc, false)), tol_tg, note_t));
+    rows.push(CheckRow::new(name, "dB, dC", rel_l2(&pick(&got[3], false), &pick(&dbc, false)), tol_tg, note_t));
     let changed = pick(&got[3], true).iter().filter(|&&v| v != SENTINEL).count();
-    rows.push(row(name, "dt columns of dbc changed", changed as f64, 0.0, "elements"));
+    rows.push(CheckRow::new(name, "dt columns of dbc changed", changed as f64, 0.0, "elements"));
     let less = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| x - 0.25).collect() };
-    rows.push(row(name, "dA (added to)", rel_l2(&less(&got[4]), &less(&da)), TOL_F32_GRAD, ""));
-    rows.push(row(name, "dD (added to)", rel_l2(&less(&got[5]), &less(&dd)), TOL_F32_GRAD, ""));
-    rows.push(row(name, "dh0", rel_l2(&got[6], &dh0), TOL_F32_GRAD, ""));
+    rows.push(CheckRow::new(name, "dA (added to)", rel_l2(&less(&got[4]), &less(&da)), TOL_F32_GRAD, ""));
+    rows.push(CheckRow::new(name, "dD (added to)", rel_l2(&less(&got[5]), &less(&dd)), TOL_F32_GRAD, ""));
+    rows.push(CheckRow::new(name, "dh0", rel_l2(&got[6], &dh0), TOL_F32_GRAD, ""));
     let again = grads(&mut scratch)?;
     let diff: usize =
         got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
-    rows.push(row(name, "backward twice: bits differing", diff as f64, 0.0, "elements"));
+    rows.push(CheckRow::new(name, "backward twice: bits differing", diff as f64, 0.0, "elements"));
     Ok(())
 }
 
@@ -623,9 +591,9 @@ fn decode_case<T: Elem>(gpu: &Gpu, name: &str, c: &Inputs, rows: &mut Vec<CheckR
         gpu_all.extend(got);
     }
     let (tol, note) = if bf16 { (TOL_BF16, "output rounded to bf16") } else { (TOL_F32, "") };
-    rows.push(row(name, "outputs, all steps", rel_l2(&gpu_all, &cpu_all), tol, note));
-    rows.push(row(name, "outputs, worst step", worst, tol, note));
-    rows.push(row(name, "state after the steps", rel_l2(&dl(gpu, &gh, b * di * n)?, &h), TOL_F32, ""));
+    rows.push(CheckRow::new(name, "outputs, all steps", rel_l2(&gpu_all, &cpu_all), tol, note));
+    rows.push(CheckRow::new(name, "outputs, worst step", worst, tol, note));
+    rows.push(CheckRow::new(name, "state after the steps", rel_l2(&dl(gpu, &gh, b * di * n)?, &h), TOL_F32, ""));
     Ok(())
 }
 
@@ -635,7 +603,7 @@ pub fn check(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     let mut rows = Vec::new();
     let run = |name: String, rows: &mut Vec<CheckRow>, f: &mut dyn FnMut(&mut Vec<CheckRow>) -> Result<()>| {
         if let Err(e) = f(rows) {
-            rows.push(row(&name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}")));
+            rows.push(CheckRow::failed(name, &e));
         }
     };
     macro_rules! typed {

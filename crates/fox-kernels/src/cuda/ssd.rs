@@ -12,10 +12,10 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
-use super::kargs::{self, Arg};
+use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Chunk length of the GPU forward (as [`crate::ssd::CHUNK`]).
 const L: usize = 64;
@@ -26,19 +26,10 @@ const SROW: usize = 129;
 /// Row stride of the backward's x and dy tiles.
 const XROW: usize = 65;
 
-fn ptr<T>(gpu: &Gpu, s: &impl DevicePtr<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
-
 /// A buffer or view the kernel writes.
 fn ptr_mut<T>(gpu: &Gpu, s: &mut impl DevicePtrMut<T>) -> u64 {
     let (p, _g) = s.device_ptr_mut(gpu.stream());
     p
-}
-
-fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
-    s.map_or(0, |s| ptr(gpu, s))
 }
 
 fn launch(gpu: &Gpu, name: &str, grid: usize, smem: usize, args: &[Arg]) -> Result<()> {
@@ -83,10 +74,6 @@ fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) 
 
 /// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once
 /// per type).
-fn kname<T: Elem>(base: &str) -> String {
-    format!("{base}_{}", T::NAME)
-}
-
 /// Rows of a conv kernel's block (kernels/ssd.cu: 8 runs of 8 rows), and of the backward's (4
 /// runs per thread): one partial sum of dweight per 256 rows of a sequence.
 const CONV_BLOCK_ROWS: usize = 64;
@@ -114,15 +101,6 @@ fn conv_grid(
     let gy = seq.div_ceil(block_rows);
     ensure!(gy <= 65535 && batch <= 65535, "{op}: {batch} sequences of {seq} positions exceed the launch grid");
     Ok((channels.div_ceil(32 * v), gy, batch))
-}
-
-fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
-    Ok(())
-}
-
-fn int(op: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
 }
 
 /// One SSD problem on the device: as [`crate::ssd::Ssd`], with `start` as i32.
@@ -267,27 +245,18 @@ fn ssd_fwd_steps<T: Elem>(
         Ok(())
     };
     let (xbc, stride) = (ptr(gpu, p.xbc), p.xbc_stride as i64);
-    let mut args = vec![Arg::P(cb), Arg::P(xbc), Arg::L(stride)];
+    let mut args = Vec::from(args![gpu; cb, xbc, stride]);
     dims(&mut args)?;
     if run(0) {
         launch(gpu, &kname::<T>("ssd_cb"), b * g * nch, 0, &args)?;
     }
     let (dt, a, start) = (ptr(gpu, p.dt), ptr(gpu, p.a), opt_ptr(gpu, p.start));
-    let mut args =
-        vec![Arg::P(states), Arg::P(decay), Arg::P(xbc), Arg::L(stride), Arg::P(dt), Arg::P(a), Arg::P(start)];
+    let mut args = Vec::from(args![gpu; states, decay, xbc, stride, dt, a, start]);
     dims(&mut args)?;
     if run(1) {
         launch(gpu, &kname::<T>("ssd_chunk_state"), b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
     }
-    let args = [
-        Arg::P(states),
-        Arg::P(final_state.map_or(0, |f| ptr(gpu, f))),
-        Arg::P(opt_ptr(gpu, init)),
-        Arg::P(decay),
-        Arg::I(int(op, b * h)?),
-        Arg::I(int(op, pd * n)?),
-        Arg::I(int(op, nch)?),
-    ];
+    let args = args![gpu; states, final_state, init, decay, int(op, b * h)?, int(op, pd * n)?, int(op, nch)?];
     if run(2) {
         launch(gpu, "ssd_state_pass_f32", (b * h * pd * n).div_ceil(256), 0, &args)?;
     }
@@ -295,17 +264,7 @@ fn ssd_fwd_steps<T: Elem>(
         return Ok(());
     }
     let y = y.ok_or_else(|| anyhow!("{op}: no output buffer"))?;
-    let mut args = vec![
-        Arg::P(ptr(gpu, y)),
-        Arg::P(xbc),
-        Arg::L(stride),
-        Arg::P(dt),
-        Arg::P(a),
-        Arg::P(ptr(gpu, p.d)),
-        Arg::P(start),
-        Arg::P(cb),
-        Arg::P(states),
-    ];
+    let mut args = Vec::from(args![gpu; y, xbc, stride, dt, a, p.d, start, cb, states]);
     dims(&mut args)?;
     launch(
         gpu,
@@ -354,20 +313,10 @@ fn decode_step<T: Elem>(
     if p.batch == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, state)),
-        Arg::P(ptr(gpu, y)),
-        Arg::P(ptr(gpu, p.xbc)),
-        Arg::L(p.xbc_stride as i64),
-        Arg::P(ptr(gpu, p.dt)),
-        Arg::P(ptr(gpu, p.a)),
-        Arg::P(ptr(gpu, p.d)),
-        Arg::P(opt_ptr(gpu, p.start)),
-        Arg::I(int(op, p.heads)?),
-        Arg::I(int(op, p.head_dim)?),
-        Arg::I(int(op, p.state)?),
-        Arg::I(int(op, p.groups)?),
-        Arg::I(a_log as i32),
+    let args = args![
+        gpu;
+        state, y, p.xbc, p.xbc_stride as i64, p.dt, p.a, p.d, p.start, int(op, p.heads)?, int(op, p.head_dim)?,
+        int(op, p.state)?, int(op, p.groups)?, a_log as i32,
     ];
     launch2_pdl(gpu, &kname::<T>("ssd_decode"), (p.batch * p.heads, p.head_dim.div_ceil(8)), &args)
 }
@@ -441,22 +390,10 @@ pub fn decode_inputs<T: Elem>(
     if b == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, xbc)),
-        Arg::P(ptr(gpu, conv_state)),
-        Arg::P(ptr(gpu, dt)),
-        Arg::P(ptr(gpu, zxbcdt)),
-        Arg::L(d.stride as i64),
-        Arg::L(d.conv_off as i64),
-        Arg::L(d.dt_off as i64),
-        Arg::P(ptr(gpu, weight)),
-        Arg::P(opt_ptr(gpu, bias)),
-        Arg::P(ptr(gpu, dt_bias)),
-        Arg::P(opt_ptr(gpu, start)),
-        Arg::I(int(op, b)?),
-        Arg::I(int(op, c)?),
-        Arg::I(int(op, w)?),
-        Arg::I(int(op, h)?),
+    let args = args![
+        gpu;
+        xbc, conv_state, dt, zxbcdt, d.stride as i64, d.conv_off as i64, d.dt_off as i64, weight, bias, dt_bias, start,
+        int(op, b)?, int(op, c)?, int(op, w)?, int(op, h)?,
     ];
     launch(gpu, &kname::<T>("ssd_decode_inputs"), (b * (c + h)).div_ceil(256), 0, &args)
 }
@@ -490,19 +427,11 @@ fn conv_args<T: Elem>(
         need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
     }
     int(op, rows * x_stride.max(channels))?;
-    Ok(vec![
-        Arg::P(ptr(gpu, x)),
-        Arg::L(x_stride as i64),
-        Arg::P(ptr(gpu, weight)),
-        Arg::P(opt_ptr(gpu, bias)),
-        Arg::P(opt_ptr(gpu, start)),
-        Arg::P(opt_ptr(gpu, prev)),
-        Arg::I(int(op, batch)?),
-        Arg::I(int(op, seq)?),
-        Arg::I(int(op, channels)?),
-        Arg::I(int(op, width)?),
-        Arg::I(silu as i32),
-    ])
+    Ok(Vec::from(args![
+        gpu;
+        ptr(gpu, x), x_stride as i64, weight, bias, start, prev, int(op, batch)?, int(op, seq)?, int(op, channels)?,
+        int(op, width)?, silu as i32,
+    ]))
 }
 
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
@@ -533,7 +462,7 @@ pub fn conv1d_fwd<T: Elem>(
     let (po, px) = (ptr(gpu, out), ptr(gpu, x));
     let v = 4;
     let vec = conv_vec::<T>(v, &[po, px], x_stride, channels);
-    let mut args = vec![Arg::P(po)];
+    let mut args = Vec::from(args![gpu; po]);
     args.extend(tail);
     let grid = conv_grid(op, (batch, seq, channels), if vec { v } else { 1 }, CONV_BLOCK_ROWS)?;
     launch3(gpu, &conv_kernel::<T>("ssd_conv1d_fwd", vec, width), grid, 0, &args)
@@ -564,15 +493,9 @@ pub fn conv1d_state<T: Elem>(
         return Ok(());
     }
     int(op, rows * x_stride)?;
-    let args = [
-        Arg::P(ptr(gpu, state)),
-        Arg::P(ptr(gpu, x)),
-        Arg::L(x_stride as i64),
-        Arg::P(opt_ptr(gpu, start)),
-        Arg::I(int(op, batch)?),
-        Arg::I(int(op, seq)?),
-        Arg::I(int(op, channels)?),
-        Arg::I(int(op, width)?),
+    let args = args![
+        gpu;
+        state, ptr(gpu, x), x_stride as i64, start, int(op, batch)?, int(op, seq)?, int(op, channels)?, int(op, width)?,
     ];
     launch(gpu, &kname::<T>("ssd_conv_state"), (batch * channels).div_ceil(256), 0, &args)
 }
@@ -602,16 +525,10 @@ pub fn rms_norm_gated_fwd<T: Elem>(
     if rows == 0 {
         return Ok(());
     }
-    let args = [
-        Arg::P(ptr(gpu, y)),
-        Arg::P(ptr(gpu, rstd)),
-        Arg::P(ptr(gpu, x)),
-        Arg::P(ptr(gpu, z)),
-        Arg::L(z_stride as i64),
-        Arg::P(ptr(gpu, w)),
-        Arg::I(int(op, dim)?),
-        Arg::F(eps),
-        Arg::I(norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32),
+    let args = args![
+        gpu;
+        y, rstd, x, ptr(gpu, z), z_stride as i64, w, int(op, dim)?, eps,
+        norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32,
     ];
     launch2_pdl(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), (rows, 1), &args)
 }
@@ -668,28 +585,16 @@ pub fn conv1d_bwd<T: Elem>(
     let (pdx, pdy, px) = (ptr_mut(gpu, dx), ptr(gpu, dout), ptr(gpu, x));
     let vec = conv_vec::<T>(2, &[pdx, pdy, px], x_stride, channels);
     let part = ptr(gpu, scratch);
-    let mut args = vec![Arg::P(pdx), Arg::P(part), Arg::P(pdy)];
+    let mut args = Vec::from(args![gpu; pdx, part, pdy]);
     args.extend(tail);
     let grid = conv_grid(op, (batch, seq, channels), if vec { 2 } else { 1 }, CONV_BWD_BLOCK_ROWS)?;
     launch3(gpu, &conv_kernel::<T>("ssd_conv1d_bwd", vec, width), grid, 0, &args)?;
     let parts = batch * grid.1;
     let stride = (channels * width + channels) as i64;
-    let args = [
-        Arg::P(ptr(gpu, dweight)),
-        Arg::P(part),
-        Arg::I(int(op, parts)?),
-        Arg::I(int(op, channels * width)?),
-        Arg::L(stride),
-    ];
+    let args = args![gpu; dweight, part, int(op, parts)?, int(op, channels * width)?, stride];
     launch(gpu, "ssd_colsum_acc_f32", (channels * width).div_ceil(256), 0, &args)?;
     if let Some(db) = dbias {
-        let args = [
-            Arg::P(ptr(gpu, db)),
-            Arg::P(part + 4 * (channels * width) as u64),
-            Arg::I(int(op, parts)?),
-            Arg::I(int(op, channels)?),
-            Arg::L(stride),
-        ];
+        let args = args![gpu; db, part + 4 * (channels * width) as u64, int(op, parts)?, int(op, channels)?, stride];
         launch(gpu, "ssd_colsum_acc_f32", channels.div_ceil(256), 0, &args)?;
     }
     Ok(())
@@ -746,24 +651,15 @@ pub fn rms_norm_gated_bwd<T: Elem>(
     int(op, zspan)?;
     let parts = rows.div_ceil(NORM_ROWS_PER_PART);
     let part = ptr(gpu, scratch);
-    let args = [
-        Arg::P(ptr(gpu, dx)),
-        Arg::P(ptr_mut(gpu, dz)),
-        Arg::P(part),
-        Arg::P(ptr(gpu, dy)),
-        Arg::P(ptr(gpu, x)),
-        Arg::P(ptr(gpu, z)),
-        Arg::L(z_stride as i64),
-        Arg::P(ptr(gpu, rstd)),
-        Arg::P(ptr(gpu, w)),
-        Arg::I(int(op, dim)?),
-        Arg::I(int(op, rows)?),
-        Arg::I(NORM_ROWS_PER_PART as i32),
-        Arg::I(norm_vec::<T>(&[ptr(gpu, dx), ptr_mut(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim)
-            as i32),
+    let args = args![
+        gpu;
+        dx, ptr_mut(gpu, dz), part, dy, x, ptr(gpu, z), z_stride as i64, rstd, w, int(op, dim)?, int(op, rows)?,
+        NORM_ROWS_PER_PART as i32,
+        norm_vec::<T>(&[ptr(gpu, dx), ptr_mut(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim)
+            as i32,
     ];
     launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 8 * 4 * dim, &args)?;
-    let args = [Arg::P(ptr(gpu, dw)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, dim)?), Arg::L(dim as i64)];
+    let args = args![gpu; dw, part, int(op, parts)?, int(op, dim)?, dim as i64];
     launch(gpu, "ssd_colsum_acc_f32", dim.div_ceil(256), 0, &args)
 }
 
@@ -850,63 +746,25 @@ pub fn ssd_bwd<T: Elem>(
     };
     let (xbc, stride) = (ptr(gpu, p.xbc), p.xbc_stride as i64);
     let (dt, a, start, dyp) = (ptr(gpu, p.dt), ptr(gpu, p.a), opt_ptr(gpu, p.start), ptr(gpu, dy));
-    let mut args = vec![Arg::P(gbuf), Arg::P(dyp), Arg::P(xbc), Arg::L(stride), Arg::P(dt), Arg::P(a), Arg::P(start)];
+    let mut args = Vec::from(args![gpu; gbuf, dyp, xbc, stride, dt, a, start]);
     dims(&mut args)?;
     launch(gpu, &kname::<T>("ssd_chunk_dstate"), b * h * nch, 4 * (L * PMAX + L * NMAX + 2 * L), &args)?;
-    let args = [
-        Arg::P(gbuf),
-        Arg::P(g.dinit.map_or(0, |d| ptr(gpu, d))),
-        Arg::P(opt_ptr(gpu, dfinal)),
-        Arg::P(decay),
-        Arg::I(int(op, b * h)?),
-        Arg::I(int(op, pd * n)?),
-        Arg::I(int(op, nch)?),
-    ];
+    let args = args![gpu; gbuf, g.dinit, dfinal, decay, int(op, b * h)?, int(op, pd * n)?, int(op, nch)?];
     launch(gpu, "ssd_state_pass_rev_f32", (b * h * pd * n).div_ceil(256), 0, &args)?;
     let dxp = ptr(gpu, g.dxbc);
-    let mut args = vec![
-        Arg::P(dxp),
-        Arg::P(dbh),
-        Arg::P(dch),
-        Arg::P(ptr(gpu, g.ddt)),
-        Arg::P(dapart),
-        Arg::P(ddpart),
-        Arg::P(dyp),
-        Arg::P(xbc),
-        Arg::L(stride),
-        Arg::P(dt),
-        Arg::P(a),
-        Arg::P(ptr(gpu, p.d)),
-        Arg::P(start),
-        Arg::P(cb),
-        Arg::P(states),
-        Arg::P(gbuf),
-    ];
+    let mut args = Vec::from(args![
+        gpu;
+        dxp, dbh, dch, g.ddt, dapart, ddpart, dyp, xbc, stride, dt, a, p.d, start, cb, states, gbuf,
+    ]);
     dims(&mut args)?;
     let smem = 4 * (2 * L * XROW + 2 * L * NMAX + 2 * PMAX * SROW + 2 * L * (L + 1) + 5 * L + 256);
     launch(gpu, &kname::<T>("ssd_chunk_bwd"), b * h * nch, smem, &args)?;
-    let args = [
-        Arg::P(dxp),
-        Arg::L(stride),
-        Arg::P(dbh),
-        Arg::P(dch),
-        Arg::I(int(op, b)?),
-        Arg::I(int(op, t)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, pd)?),
-        Arg::I(int(op, n)?),
-        Arg::I(int(op, gr)?),
+    let args = args![
+        gpu;
+        dxp, stride, dbh, dch, int(op, b)?, int(op, t)?, int(op, h)?, int(op, pd)?, int(op, n)?, int(op, gr)?,
     ];
     launch(gpu, &kname::<T>("ssd_bc_reduce"), (b * t * gr * n).div_ceil(256), 0, &args)?;
-    let args = [
-        Arg::P(ptr(gpu, g.da)),
-        Arg::P(ptr(gpu, g.dd)),
-        Arg::P(dapart),
-        Arg::P(ddpart),
-        Arg::I(int(op, b)?),
-        Arg::I(int(op, h)?),
-        Arg::I(int(op, nch)?),
-    ];
+    let args = args![gpu; g.da, g.dd, dapart, ddpart, int(op, b)?, int(op, h)?, int(op, nch)?];
     launch(gpu, "ssd_head_reduce_f32", h.div_ceil(256), 0, &args)
 }
 
@@ -939,14 +797,7 @@ pub fn dt_fwd<T: Elem, O: Elem>(
         return Ok(());
     }
     int(op, rows * stride)?;
-    let args = [
-        Arg::P(ptr(gpu, dt)),
-        Arg::P(ptr(gpu, raw)),
-        Arg::L(stride as i64),
-        Arg::P(ptr(gpu, bias)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, h)?),
-    ];
+    let args = args![gpu; dt, ptr(gpu, raw), stride as i64, bias, int(op, rows)?, int(op, h)?];
     launch(gpu, &dt_kernel::<T, O>("ssd_dt_fwd")?, (rows * h).div_ceil(256), 0, &args)
 }
 
@@ -984,19 +835,13 @@ pub fn dt_bwd<T: Elem, O: Elem>(
     int(op, rows * stride)?;
     let parts = rows.div_ceil(ROWS_PER_PART);
     let part = ptr(gpu, scratch);
-    let args = [
-        Arg::P(ptr_mut(gpu, draw)),
-        Arg::P(part),
-        Arg::P(ptr(gpu, ddt)),
-        Arg::P(ptr(gpu, raw)),
-        Arg::L(stride as i64),
-        Arg::P(ptr(gpu, bias)),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, h)?),
-        Arg::I(ROWS_PER_PART as i32),
+    let args = args![
+        gpu;
+        ptr_mut(gpu, draw), part, ddt, ptr(gpu, raw), stride as i64, bias, int(op, rows)?, int(op, h)?,
+        ROWS_PER_PART as i32,
     ];
     launch2(gpu, &dt_kernel::<T, O>("ssd_dt_bwd")?, (h.div_ceil(256), parts), 0, &args)?;
-    let args = [Arg::P(ptr(gpu, dbias)), Arg::P(part), Arg::I(int(op, parts)?), Arg::I(int(op, h)?), Arg::L(h as i64)];
+    let args = args![gpu; dbias, part, int(op, parts)?, int(op, h)?, h as i64];
     launch(gpu, "ssd_colsum_acc_f32", h.div_ceil(256), 0, &args)
 }
 
@@ -1007,7 +852,7 @@ pub fn neg_exp(gpu: &Gpu, a: &mut CudaSlice<f32>, a_log: &CudaSlice<f32>) -> Res
     if h == 0 {
         return Ok(());
     }
-    let args = [Arg::P(ptr(gpu, a)), Arg::P(ptr(gpu, a_log)), Arg::I(int("neg_exp", h)?)];
+    let args = args![gpu; a, a_log, int("neg_exp", h)?];
     launch(gpu, "ssd_neg_exp_f32", h.div_ceil(256), 0, &args)
 }
 
@@ -1020,7 +865,7 @@ pub fn mul_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, x: &CudaSlice<f32>, y: &Cuda
     if n == 0 {
         return Ok(());
     }
-    let args = [Arg::P(ptr(gpu, dst)), Arg::P(ptr(gpu, x)), Arg::P(ptr(gpu, y)), Arg::I(int("mul_acc", n)?)];
+    let args = args![gpu; dst, x, y, int("mul_acc", n)?];
     launch(gpu, "ssd_mul_acc_f32", n.div_ceil(256), 0, &args)
 }
 
@@ -1043,13 +888,9 @@ pub fn copy_cols<T: Elem>(
         return Ok(());
     }
     int(op, rows * dst_stride.max(src_stride))?;
-    let args = [
-        Arg::P(ptr_mut(gpu, dst)),
-        Arg::L(dst_stride as i64),
-        Arg::P(ptr(gpu, src)),
-        Arg::L(src_stride as i64),
-        Arg::I(int(op, rows)?),
-        Arg::I(int(op, cols)?),
+    let args = args![
+        gpu;
+        ptr_mut(gpu, dst), dst_stride as i64, ptr(gpu, src), src_stride as i64, int(op, rows)?, int(op, cols)?,
     ];
     launch(gpu, &kname::<T>("ssd_copy_cols"), (rows * cols).div_ceil(256), 0, &args)
 }

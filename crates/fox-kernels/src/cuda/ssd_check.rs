@@ -12,10 +12,11 @@
 //! - Determinism: the forward runs twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::CheckRow;
+use super::check::{CheckRow, Ctx};
 use super::ssd::{self, DevSsd};
 use super::{Elem, Gpu};
 use anyhow::Result;
+use cudarc::driver::CudaSlice;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -37,26 +38,61 @@ pub(super) fn rel_l2(x: &[f32], r: &[f32]) -> f64 {
     (num / den.max(1e-300)).sqrt()
 }
 
-/// The rows of a check run and the random source of its inputs (also the tensor-core check's).
-pub(super) struct Ctx<'a> {
-    pub(super) gpu: &'a Gpu,
-    pub(super) rng: ChaCha8Rng,
-    pub(super) rows: Vec<CheckRow>,
+/// The SSD problem of shape [B, T, H, P, N, G] over host buffers whose rows are `stride` wide.
+pub(super) fn host_problem<'a>(
+    (batch, seq, heads, head_dim, state, groups): (usize, usize, usize, usize, usize, usize),
+    stride: usize,
+    (xbc, dt, a, d): (&'a [f32], &'a [f32], &'a [f32], &'a [f32]),
+    start: Option<&'a [usize]>,
+) -> crate::ssd::Ssd<'a> {
+    crate::ssd::Ssd { batch, seq, heads, head_dim, state, groups, xbc, xbc_stride: stride, dt, a, d, start }
 }
 
-impl Ctx<'_> {
-    pub(super) fn add(&mut self, case: &str, metric: &str, err: f64, tol: f64, note: &str) {
-        let pass = err.is_finite() && err <= tol;
-        self.rows.push(CheckRow { case: case.into(), metric: metric.into(), err, tol, pass, note: note.into() });
+/// A CPU SSD problem's inputs on the device (x | B | C in `T`, the rest f32, start as i32): the
+/// device twin of each check's and benchmark's problem (also the tensor-core check's).
+pub(super) struct DevInputs<T: Elem> {
+    xbc: CudaSlice<T>,
+    dt: CudaSlice<f32>,
+    a: CudaSlice<f32>,
+    d: CudaSlice<f32>,
+    start: Option<CudaSlice<i32>>,
+}
+
+impl<T: Elem> DevInputs<T> {
+    pub(super) fn upload(gpu: &Gpu, p: &crate::ssd::Ssd) -> Result<Self> {
+        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        Ok(Self { xbc: upload_as(gpu, p.xbc)?, dt: gpu.upload(p.dt)?, a: gpu.upload(p.a)?, d: gpu.upload(p.d)?, start })
     }
-    pub(super) fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| scale * self.rng.sample::<f32, _>(StandardNormal)).collect()
-    }
-    fn case(&mut self, name: &str, f: impl FnOnce(&mut Self, &str) -> Result<()>) {
-        if let Err(e) = f(self, name) {
-            self.add(name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
+
+    /// The device problem of `p`'s sizes over these buffers.
+    pub(super) fn problem(&self, p: &crate::ssd::Ssd) -> DevSsd<'_, T> {
+        DevSsd {
+            batch: p.batch,
+            seq: p.seq,
+            heads: p.heads,
+            head_dim: p.head_dim,
+            state: p.state,
+            groups: p.groups,
+            xbc: &self.xbc,
+            xbc_stride: p.xbc_stride,
+            dt: &self.dt,
+            a: &self.a,
+            d: &self.d,
+            start: self.start.as_ref(),
         }
     }
+}
+
+/// A benchmark's SSD inputs from `rng`: xbc, dt, A and D = 1 (also the tensor-core benchmark's).
+pub(super) fn bench_inputs(
+    rng: &mut ChaCha8Rng,
+    (b, t, h, stride): (usize, usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
+    let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
+    let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
+    let d = vec![1.0f32; h];
+    (xbc, dt, a, d)
 }
 
 /// Random SSD inputs at a trained layer's scale: (xbc, dt, A, D, init).
@@ -85,43 +121,12 @@ fn ssd_case(
 ) -> Result<()> {
     let stride = h * p + 2 * g * n + 5;
     let (xbc, dt, a, d, init) = ssd_inputs(c, b, t, h, p, n, stride);
-    let cpu = crate::ssd::Ssd {
-        batch: b,
-        seq: t,
-        heads: h,
-        head_dim: p,
-        state: n,
-        groups: g,
-        xbc: &xbc,
-        xbc_stride: stride,
-        dt: &dt,
-        a: &a,
-        d: &d,
-        start: start.as_deref(),
-    };
+    let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), start.as_deref());
     let (mut y, mut fin) = (vec![0.0; b * t * h * p], vec![0.0; b * h * p * n]);
     crate::ssd::ssd_fwd(&cpu, &mut y, Some(&init), Some(&mut fin))?;
     let gpu = c.gpu;
-    let (dx, ddt, da, dd, di) =
-        (gpu.upload(&xbc)?, gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?, gpu.upload(&init)?);
-    let ds = match &start {
-        Some(s) => Some(gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())?),
-        None => None,
-    };
-    let dev = DevSsd {
-        batch: b,
-        seq: t,
-        heads: h,
-        head_dim: p,
-        state: n,
-        groups: g,
-        xbc: &dx,
-        xbc_stride: stride,
-        dt: &ddt,
-        a: &da,
-        d: &dd,
-        start: ds.as_ref(),
-    };
+    let (inputs, di) = (DevInputs::<f32>::upload(gpu, &cpu)?, gpu.upload(&init)?);
+    let dev = inputs.problem(&cpu);
     let mut gy = gpu.zeros::<f32>(y.len())?;
     let mut gf = gpu.zeros::<f32>(fin.len())?;
     let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
@@ -189,41 +194,14 @@ fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
     let gpu = c.gpu;
     let mut gstate = gpu.upload(&state)?;
     let start = [0usize, 1];
-    let dstart = gpu.upload(&[0i32, 1])?;
     let (mut ey, mut es) = (0.0f64, 0.0f64);
     for _ in 0..steps {
         let (xbc, dt, a, d, _) = ssd_inputs(c, b, 1, h, p, n, stride);
-        let cpu = crate::ssd::Ssd {
-            batch: b,
-            seq: 1,
-            heads: h,
-            head_dim: p,
-            state: n,
-            groups: g,
-            xbc: &xbc,
-            xbc_stride: stride,
-            dt: &dt,
-            a: &a,
-            d: &d,
-            start: Some(&start),
-        };
+        let cpu = host_problem((b, 1, h, p, n, g), stride, (&xbc, &dt, &a, &d), Some(&start));
         let mut y = vec![0.0; b * h * p];
         crate::ssd::ssd_decode_step(&cpu, &mut state, &mut y)?;
-        let (dx, ddt, da, dd) = (gpu.upload(&xbc)?, gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
-        let dev = DevSsd {
-            batch: b,
-            seq: 1,
-            heads: h,
-            head_dim: p,
-            state: n,
-            groups: g,
-            xbc: &dx,
-            xbc_stride: stride,
-            dt: &ddt,
-            a: &da,
-            d: &dd,
-            start: Some(&dstart),
-        };
+        let inputs = DevInputs::<f32>::upload(gpu, &cpu)?;
+        let dev = inputs.problem(&cpu);
         let mut gy = gpu.zeros::<f32>(y.len())?;
         ssd::ssd_decode_step(gpu, &dev, &mut gstate, &mut gy)?;
         ey = ey.max(rel_l2(&gpu.download(&gy)?, &y));
@@ -409,7 +387,7 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
 
 /// Every Mamba-2 check row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x55d), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0x55d);
     c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| ssd_case(c, n, 2, 300, 4, 64, 128, 2, Some(vec![0, 70])));
     c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, 1, 50, 2, 32, 48, 1, None));
     c.case("ssd decode B2 H4 P64 N128 G2", decode_case);
@@ -446,25 +424,10 @@ pub fn bench_fwd(
     let (b, t, h, p, n, g) = shape;
     let stride = h * p + 2 * g * n;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
-    let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
-    let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
-    let d = vec![1.0f32; h];
-    let (dx, ddt, da, dd) = (gpu.upload(&xbc)?, gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
-    let dev = DevSsd {
-        batch: b,
-        seq: t,
-        heads: h,
-        head_dim: p,
-        state: n,
-        groups: g,
-        xbc: &dx,
-        xbc_stride: stride,
-        dt: &ddt,
-        a: &da,
-        d: &dd,
-        start: None,
-    };
+    let (xbc, dt, a, d) = bench_inputs(&mut rng, (b, t, h, stride));
+    let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), None);
+    let inputs = DevInputs::<f32>::upload(gpu, &cpu)?;
+    let dev = inputs.problem(&cpu);
     let mut y = gpu.zeros::<f32>(b * t * h * p)?;
     let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
     let all = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))?;

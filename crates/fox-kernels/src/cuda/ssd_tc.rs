@@ -18,9 +18,10 @@
 //! in registers), then ordered reductions of dB/dC over head blocks and of dA/dD over chunks.
 
 use super::compile::SSD_TC;
+use super::kargs::{int, need, ptr};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Chunk length.
 const L: usize = 64;
@@ -71,20 +72,6 @@ struct Params {
 
 // SAFETY: plain data in the kernel's C struct layout (8-byte fields, then 4-byte ones).
 unsafe impl DeviceRepr for Params {}
-
-fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _g) = s.device_ptr(gpu.stream());
-    p
-}
-
-fn need<T>(op: &str, what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
-    Ok(())
-}
-
-fn int(op: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))
-}
 
 /// Whether the tensor-core kernels take this shape: P = 64, N = 64 or 128.
 pub fn supported<T: Elem>(p: &DevSsd<T>) -> bool {
@@ -247,7 +234,7 @@ fn fwd_steps<T: Elem>(
         prm.init = ptr(gpu, i);
     }
     if let Some(f) = &final_state {
-        need(op, "final_state", f, p.tc_states())?;
+        need(op, "final_state", &**f, p.tc_states())?;
         prm.fin = ptr(gpu, *f);
     }
     if b * h == 0 {
@@ -346,7 +333,7 @@ fn bwd_steps<T: Elem>(
         need(op, "dfinal", f, p.tc_states())?;
     }
     if let Some(d) = &g.dinit {
-        need(op, "dinit", d, p.tc_states())?;
+        need(op, "dinit", &**d, p.tc_states())?;
     }
     if b * h == 0 {
         return Ok(());

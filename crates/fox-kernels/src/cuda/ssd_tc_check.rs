@@ -23,9 +23,10 @@
 //!   ddt (ddt = dt's input term + A·decay·∂ℓ/∂decay, within TOL_BWD).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
-use super::check::CheckRow;
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up, Ctx};
-use super::ssd_tc::{self, DevSsd, DevSsdGrads};
+use super::check::{CheckRow, Ctx};
+use super::ssd_check::{bench_inputs, host_problem, DevInputs};
+use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
+use super::ssd_tc::{self, DevSsdGrads};
 use super::{Elem, Gpu};
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
@@ -57,41 +58,13 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let a: Vec<f32> = (0..h).map(|i| if i == 0 { -0.02 } else { -c.rng.gen_range(0.05..3.0f32) }).collect();
     let d = c.randn(h, 1.0);
     let init = s.init.then(|| c.randn(b * h * p * n, 1.0));
-    let cpu = crate::ssd::Ssd {
-        batch: b,
-        seq: t,
-        heads: h,
-        head_dim: p,
-        state: n,
-        groups: g,
-        xbc: &xbc,
-        xbc_stride: stride,
-        dt: &dt,
-        a: &a,
-        d: &d,
-        start: s.start.as_deref(),
-    };
+    let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), s.start.as_deref());
     let (mut y, mut fin) = (vec![0.0; b * t * h * p], vec![0.0; b * h * p * n]);
     crate::ssd::ssd_fwd(&cpu, &mut y, init.as_deref(), Some(&mut fin))?;
     let gpu = c.gpu;
-    let gx = up::<T>(gpu, &xbc)?;
-    let (gdt, ga, gd) = (gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
+    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let ginit = init.as_ref().map(|i| gpu.upload(i)).transpose()?;
-    let gstart = s.start.as_ref().map(|v| gpu.upload(&v.iter().map(|&x| x as i32).collect::<Vec<_>>())).transpose()?;
-    let dev = DevSsd {
-        batch: b,
-        seq: t,
-        heads: h,
-        head_dim: p,
-        state: n,
-        groups: g,
-        xbc: &gx,
-        xbc_stride: stride,
-        dt: &gdt,
-        a: &ga,
-        d: &gd,
-        start: gstart.as_ref(),
-    };
+    let dev = inputs.problem(&cpu);
     let mut gy = gpu.zeros::<T>(y.len())?;
     let mut gf = gpu.zeros::<f32>(fin.len())?;
     let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
@@ -183,7 +156,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
 
 /// Every tensor-core SSD row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
-    let mut c = Ctx { gpu, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7c55d), rows: Vec::new() };
+    let mut c = Ctx::new(gpu, seed ^ 0x7c55d);
     let shapes = [
         (
             "B2 T300 H4 N128 G2 pad init unaligned",
@@ -234,26 +207,10 @@ pub fn bench<T: Elem>(
     let (b, t, h, p, n, g) = shape;
     let stride = h * p + 2 * g * n;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
-    let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
-    let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
-    let d = vec![1.0f32; h];
-    let gx = up::<T>(gpu, &xbc)?;
-    let (gdt, ga, gd) = (gpu.upload(&dt)?, gpu.upload(&a)?, gpu.upload(&d)?);
-    let dev = DevSsd {
-        batch: b,
-        seq: t,
-        heads: h,
-        head_dim: p,
-        state: n,
-        groups: g,
-        xbc: &gx,
-        xbc_stride: stride,
-        dt: &gdt,
-        a: &ga,
-        d: &gd,
-        start: None,
-    };
+    let (xbc, dt, a, d) = bench_inputs(&mut rng, (b, t, h, stride));
+    let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), None);
+    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
+    let dev = inputs.problem(&cpu);
     let mut y = gpu.zeros::<T>(b * t * h * p)?;
     let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
     let fwd = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc))?;

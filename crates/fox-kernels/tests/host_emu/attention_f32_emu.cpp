@@ -6,25 +6,12 @@
 // (fox32_fwd_cached), with the same windows and ACP. Tolerance 1e-5 relative L2 (f32 against f64 on O(100) terms).
 #include "mock.h"
 #include "../../kernels/attention_f32.cu"
+#define EMU_SEED 7
+#include "check.h"
 
-static std::mt19937 rng(7);
-static std::vector<float> randn(size_t n, float s = 1.f) {
-    std::normal_distribution<float> d(0.f, s);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-static int fails = 0;
 static void cmp(const char* what, const char* name, const std::vector<float>& got, const std::vector<double>& want,
                 double tol) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (std::isinf(want[i]) && got[i] == want[i]) continue;
-        double d = (double)got[i] - want[i];
-        num += std::isnan(d) ? INFINITY : d * d;
-        den += want[i] * want[i];
-    }
-    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    double e = rel_l2(got, want, true);
     bool ok = e <= tol;
     if (!ok) fails++;
     printf("%s %-44s %-6s %.3e\n", ok ? "ok  " : "FAIL", name, what, e);

@@ -59,27 +59,12 @@ inline void gla_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #define ET u16
 #define KN(name) name##_bf16
 #include "../../kernels/gla.cu"
+#define EMU_SEED 7
+#include "check.h"
 
-static std::mt19937 rng(7);
-static std::vector<float> randn(size_t n, float s = 1.f) {
-    std::normal_distribution<float> d(0.f, s);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-static int fails = 0;
-static double rel(const std::vector<float>& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        double d = (double)got[i] - want[i];
-        num += std::isnan(d) ? INFINITY : d * d;
-        den += want[i] * want[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 static void cmp(const char* name, const char* what, const std::vector<float>& got, const std::vector<double>& want,
                 double tol) {
-    double e = got.size() == want.size() ? rel(got, want) : INFINITY;
+    double e = got.size() == want.size() ? rel_l2(got, want) : INFINITY;
     bool ok = e <= tol;
     if (!ok) fails++;
     printf("%s %-44s %-12s %.3e\n", ok ? "ok  " : "FAIL", name, what, e);

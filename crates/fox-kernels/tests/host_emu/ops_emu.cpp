@@ -4,24 +4,12 @@
 // summation order), 0 where the kernel must be exact, 1e-2 for outputs rounded to bf16.
 #include "mock.h"
 #include "../../kernels/ops.cu"
+#define EMU_SEED 42
+#include "check.h"
 
-static std::mt19937 rng(42);
-static std::vector<float> randn(size_t n, float s = 1.f) {
-    std::normal_distribution<float> d(0.f, s);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-static int fails = 0;
 static void cmp(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
-    double num = 0, den = 0;
     if (got.size() != want.size()) { printf("FAIL %s size\n", what); fails++; return; }
-    for (size_t i = 0; i < got.size(); ++i) {
-        double d = (double)got[i] - want[i];
-        num += std::isnan(d) ? INFINITY : d * d;
-        den += (double)want[i] * want[i];
-    }
-    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    double e = rel_l2(got, want);
     bool ok = e <= tol;
     if (!ok) fails++;
     printf("%s %-40s %.3e\n", ok ? "ok  " : "FAIL", what, e);

@@ -10,24 +10,12 @@
 #include "mock.h"
 #include "../../kernels/elem.cuh"
 #include "../../kernels/selective_scan.cu"
+#define EMU_SEED 11
+#include "check.h"
 
-static std::mt19937 rng(11);
-static std::vector<float> randn(size_t n, float s = 1.f) {
-    std::normal_distribution<float> d(0.f, s);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-static int fails = 0;
 static void cmp(const char* name, const char* what, const std::vector<float>& got, const std::vector<double>& want,
                 double tol) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        double d = (double)got[i] - want[i];
-        num += std::isnan(d) ? INFINITY : d * d;
-        den += want[i] * want[i];
-    }
-    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    double e = rel_l2(got, want);
     bool ok = e <= tol && got.size() == want.size();
     if (!ok) fails++;
     printf("%s %-34s %-14s %.3e\n", ok ? "ok  " : "FAIL", name, what, e);

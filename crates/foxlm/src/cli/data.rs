@@ -7,11 +7,7 @@ use crate::tokenizer::{TextFormat, Tokenizer};
 use anyhow::Result;
 use std::path::PathBuf;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(subcommand)]
-    pub command: Command,
-}
+pub type Args = super::Subcommands<Command>;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {

@@ -18,11 +18,7 @@ use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(subcommand)]
-    pub command: Command,
-}
+pub type Args = super::Subcommands<Command>;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {

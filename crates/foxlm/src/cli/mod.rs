@@ -55,6 +55,14 @@ pub enum Command {
     Tokenizer(tokenizer::Args),
 }
 
+/// The arguments of a command made of subcommands (`foxlm data`, `eval`, `viz`, `tokenizer`):
+/// the one chosen.
+#[derive(clap::Args, Debug)]
+pub struct Subcommands<C: clap::Subcommand> {
+    #[command(subcommand)]
+    pub command: C,
+}
+
 /// `--device` and `--dtype` of the commands that run a trained model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {

@@ -8,11 +8,7 @@ use crate::tokenizer_export::{write_tokenizer_files, TOKENIZER_CONFIG_FILE, TOKE
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(subcommand)]
-    pub what: What,
-}
+pub type Args = super::Subcommands<What>;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum What {
@@ -30,7 +26,7 @@ pub struct ExportArgs {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    match a.what {
+    match a.command {
         What::Export(e) => {
             let cfg = Config::load(&e.dir.join(CONFIG_FILE))?;
             if !write_tokenizer_files(&e.dir, &cfg, e.text_format)? {

@@ -15,6 +15,7 @@ pub mod hgrn2;
 pub mod mamba;
 pub mod mamba2;
 pub mod mlp;
+pub mod scan_state;
 
 use crate::backend::{Alloc, Backend, Sizer};
 use crate::config::{Arch, Config};

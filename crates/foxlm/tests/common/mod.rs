@@ -203,13 +203,26 @@ pub fn finite_differences_with_a_padded_row_eps(model: &Model, names: &[&str], e
     let ctx = Ctx { batch: b, seq: t, start: Some(vec![0, pad]) };
     let targets: Vec<Option<u32>> =
         (0..b * t).map(|r| if (t..t + pad).contains(&r) || r % t + 1 >= t { None } else { Some(ids[r + 1]) }).collect();
+    batch_finite_differences(model, (&ids, &targets, &ctx), names, eps).1
+}
+
+/// The backward's gradients of a batch's loss and their check against central differences of
+/// that loss ([`check_finite_differences_eps`]) for `names`: (gradients, entries checked).
+#[allow(dead_code)]
+pub fn batch_finite_differences(
+    model: &Model,
+    (ids, targets, ctx): (&[u32], &[Option<u32>], &foxlm::model::Ctx),
+    names: &[&str],
+    eps: f32,
+) -> (Vec<Vec<f32>>, usize) {
     let mut grads = model.params.zeros_like();
-    model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0);
+    model.loss_and_grads(ids, targets, ctx, &mut grads, 1.0);
     let loss_at = |m: &Model| -> f64 {
         let mut g = m.params.zeros_like();
-        m.loss_and_grads(&ids, &targets, &ctx, &mut g, 0.0) as f64
+        m.loss_and_grads(ids, targets, ctx, &mut g, 0.0) as f64
     };
-    check_finite_differences_eps(model, &grads, names, loss_at, eps)
+    let checked = check_finite_differences_eps(model, &grads, names, loss_at, eps);
+    (grads, checked)
 }
 
 /// A model with an inference state (any family) against its full forward: prefilling 7 tokens of

@@ -5,7 +5,7 @@
 //! B and C and in_proj's gate z in place.
 
 use super::ops::{MambaOps, MambaParams};
-use super::state::MambaState;
+pub use super::state::GpuMambaState;
 use crate::backend::cuda::recurrent::ShortConv;
 use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
 use crate::backend::Family;
@@ -13,25 +13,8 @@ use crate::config::MambaSizes;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
-use fox_kernels::cuda::{ssd, Elem, Gpu};
+use fox_kernels::cuda::{ssd, Elem};
 use fox_kernels::selective_scan::BcLayout;
-
-/// A Mamba layer's inference state on the GPU, in f32: the scan state [B, Di, N] and the
-/// convolution's last W − 1 inputs [B, W − 1, Di] (as [`MambaState`] on the CPU).
-pub struct GpuMambaState {
-    pub batch: usize,
-    pub sizes: MambaSizes,
-    pub len: usize,
-    pub ssm: CudaSlice<f32>,
-    pub conv: CudaSlice<f32>,
-}
-
-impl GpuMambaState {
-    pub fn new(gpu: &Gpu, batch: usize, sizes: MambaSizes) -> Result<Self> {
-        let (ssm, conv) = MambaState::lens(batch, &sizes);
-        Ok(Self { batch, sizes, len: 0, ssm: gpu.zeros(ssm.max(1))?, conv: gpu.zeros(conv.max(1))? })
-    }
-}
 
 /// The convolution over xz's x columns.
 fn conv(p: &MambaParams) -> ShortConv {

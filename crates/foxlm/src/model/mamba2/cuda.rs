@@ -4,34 +4,16 @@
 //! theirs).
 
 use super::ops::{Mamba2Ops, Mamba2Params};
-use super::state::Mamba2State;
+pub use super::state::GpuMamba2State;
 use crate::backend::cuda::recurrent::{two_mut, ShortConv};
 use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
 use crate::backend::Family;
-use crate::config::Mamba2Sizes;
 use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ops;
 use fox_kernels::cuda::ssd::{self, DevSsd, DevSsdGrads};
-use fox_kernels::cuda::{Elem, Gpu};
-
-/// A Mamba-2 layer's inference state on the GPU, in f32: the SSM state [B, H, P, N] and the
-/// convolution's last W − 1 inputs [B, W − 1, C] (as [`Mamba2State`] on the CPU).
-pub struct GpuMamba2State {
-    pub batch: usize,
-    pub sizes: Mamba2Sizes,
-    pub len: usize,
-    pub ssm: CudaSlice<f32>,
-    pub conv: CudaSlice<f32>,
-}
-
-impl GpuMamba2State {
-    pub fn new(gpu: &Gpu, batch: usize, sizes: Mamba2Sizes) -> Result<Self> {
-        let (ssm, conv) = Mamba2State::lens(batch, &sizes);
-        Ok(Self { batch, sizes, len: 0, ssm: gpu.zeros(ssm.max(1))?, conv: gpu.zeros(conv.max(1))? })
-    }
-}
+use fox_kernels::cuda::Elem;
 
 /// The convolution over xBC's columns of zxbcdt.
 fn conv(p: &Mamba2Params) -> ShortConv {

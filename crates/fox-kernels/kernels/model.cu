@@ -78,6 +78,15 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* sh) {
     return sh[0];
 }
 
+// A row without a target (t < 0): zero gradient and zero loss; true when the row was one.
+template <typename T>
+__device__ __forceinline__ bool ce_ignored(T* dx, float* losses, long long r, int t, int ld) {
+    if (t >= 0) return false;
+    for (int c = threadIdx.x; c < ld; c += blockDim.x) st(dx, c, 0.f);
+    if (threadIdx.x == 0) losses[r] = 0.f;
+    return true;
+}
+
 template <typename T>
 __device__ void cross_entropy_ld(T* dlogits, float* losses, const float* logits, const int* targets, float weight,
                                  int vocab, int ld) {
@@ -86,11 +95,7 @@ __device__ void cross_entropy_ld(T* dlogits, float* losses, const float* logits,
     const float* x = logits + r * ld;
     T* dx = dlogits + r * ld;
     const int t = targets[r];
-    if (t < 0) {
-        for (int c = threadIdx.x; c < ld; c += blockDim.x) st(dx, c, 0.f);
-        if (threadIdx.x == 0) losses[r] = 0.f;
-        return;
-    }
+    if (ce_ignored(dx, losses, r, t, ld)) return;
     float m = __int_as_float(0xff800000);
     for (int c = threadIdx.x; c < vocab; c += blockDim.x) m = fmaxf(m, x[c]);
     m = block_reduce(m, true, sh);
@@ -120,11 +125,7 @@ __device__ void cross_entropy_ld_smem(T* dlogits, float* losses, const float* lo
     const float* x = logits + r * ld;
     T* dx = dlogits + r * ld;
     const int t = targets[r];
-    if (t < 0) {
-        for (int c = threadIdx.x; c < ld; c += blockDim.x) st(dx, c, 0.f);
-        if (threadIdx.x == 0) losses[r] = 0.f;
-        return;
-    }
+    if (ce_ignored(dx, losses, r, t, ld)) return;
     // Four 16-byte loads in flight per thread: one block per SM (the row fills shared memory).
     float m = __int_as_float(0xff800000);
     const float4* x4 = (const float4*)x;

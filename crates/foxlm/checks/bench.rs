@@ -1,6 +1,7 @@
 //! `foxlm bench`: attention, training-step and decoding throughput (the flags are
 //! [`foxlm::cli::bench::Args`]).
 
+use super::cpu_bench::median as median_of;
 use anyhow::{bail, Context, Result};
 use fox_kernels::attention::{self as fa, View, Visibility};
 use fox_kernels::cuda::{self, bench::BenchOpts, DeviceArg};
@@ -748,11 +749,7 @@ fn decode_bench(a: DecodeArgs) -> Result<()> {
             for _ in 0..a.repeats {
                 runs.push(eng.timed_generate(&prompts, &opts, false)?);
             }
-            let median = |f: &dyn Fn(&foxlm::infer::Timed) -> f64| {
-                let mut v: Vec<f64> = runs.iter().map(f).collect();
-                v.sort_by(|x, y| x.total_cmp(y));
-                v[v.len() / 2]
-            };
+            let median = |f: &dyn Fn(&foxlm::infer::Timed) -> f64| median_of(&runs.iter().map(f).collect::<Vec<_>>());
             let prefill = median(&|r| (b * a.prompt) as f64 / r.prefill_s);
             let decode = median(&|r| (b * r.steps) as f64 / r.decode_s);
             let ms_token = median(&|r| r.decode_s / r.steps.max(1) as f64 * 1e3);
@@ -835,11 +832,7 @@ fn score_rows(
         for _ in 0..a.repeats.max(1) {
             runs.push(eng.timed_score(prompts, false)?);
         }
-        let median = |f: &dyn Fn(&foxlm::infer::TimedScore) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(|x, y| x.total_cmp(y));
-            v[v.len() / 2]
-        };
+        let median = |f: &dyn Fn(&foxlm::infer::TimedScore) -> f64| median_of(&runs.iter().map(f).collect::<Vec<_>>());
         let (fwd, head) = (median(&|r| r.forward_s), median(&|r| r.head_s));
         let prof = eng.timed_score(prompts, true)?;
         println!(

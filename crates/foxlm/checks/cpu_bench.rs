@@ -94,7 +94,8 @@ pub struct CpuProfileRow {
     pub ops_per_step: f64,
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The median of `v` (the upper one of an even count), NaN-safe by `total_cmp`.
+pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -417,31 +417,6 @@ fn gemv_launch(
     )
 }
 
-/// RMSNorm backward exactly as [`crate::rmsnorm::rms_norm_bwd`]: dx = rstd·(w·dy − x̂·mean(w·dy·x̂))
-/// (overwritten, or added when `accumulate`), dw += Σ_rows dy·x̂ (deterministic two-pass sum).
-/// Where the shapes allow ([`rms_norm_bwd_fuses`]) dx and dw's partial sums come from one pass
-/// over dy and x (`rms_norm_bwd_fused`: dx bitwise as the two-kernel path, dw summed in smaller
-/// chunks); else the dx kernel, then a column sum reading dy and x again.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_bwd<T: Elem>(
-    gpu: &Gpu,
-    dx: &mut CudaSlice<T>,
-    accumulate: bool,
-    dw: &mut CudaSlice<f32>,
-    dy: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    rstd: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-) -> Result<()> {
-    // FOXLM_RMS_BWD_FUSED=0: the two kernels everywhere (to compare).
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("FOXLM_RMS_BWD_FUSED").as_deref() == Ok("0"));
-    let fused = !off && !w.is_empty() && rms_norm_bwd_fuses(dim, w.len() / dim.max(1));
-    rms_norm_bwd_with(gpu, dx, accumulate, dw, dy, x, rstd, w, rows, dim, fused)
-}
-
 /// Whether [`rms_norm_bwd`] runs as one kernel for rows of `dim` with `groups` weight rows: a
 /// super-row of groups·dim a multiple of 128 and at most 1536 wide (a lane's column sums in
 /// registers), each row whole 128-wide chunks or dim/4 lanes of one.
@@ -456,10 +431,15 @@ pub fn rms_norm_bwd_fuses(dim: usize, groups: usize) -> bool {
 /// The chunks of a super-row the fused backward keeps sums for (ops.cu's RMS_BWD_CHUNKS).
 const RMS_BWD_CHUNKS: usize = 12;
 
-/// [`rms_norm_bwd`] through the fused kernel (`fused`, where [`rms_norm_bwd_fuses`]) or the two
-/// kernels: the GPU check compares the two.
+/// RMSNorm backward exactly as [`crate::rmsnorm::rms_norm_bwd`]: dx = rstd·(w·dy − x̂·mean(w·dy·x̂))
+/// (overwritten, or added when `accumulate`), dw += Σ_rows dy·x̂ (deterministic two-pass sum).
+/// Where the shapes allow ([`rms_norm_bwd_fuses`]) dx and dw's partial sums come from one pass
+/// over dy and x (`rms_norm_bwd_fused`: dx bitwise as the two-kernel path, dw summed in smaller
+/// chunks); else the dx kernel, then a column sum reading dy and x again. `fused`: `None` takes
+/// the fused kernel where it fits (unless `FOXLM_RMS_BWD_FUSED=0`), `Some(f)` forces the choice
+/// (the GPU check compares the two).
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm_bwd_with<T: Elem>(
+pub fn rms_norm_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut CudaSlice<T>,
     accumulate: bool,
@@ -470,8 +450,15 @@ pub fn rms_norm_bwd_with<T: Elem>(
     w: &CudaSlice<f32>,
     rows: usize,
     dim: usize,
-    fused: bool,
+    fused: Option<bool>,
 ) -> Result<()> {
+    // FOXLM_RMS_BWD_FUSED=0: the two kernels everywhere (to compare).
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let fused = fused.unwrap_or_else(|| {
+        let off = *OFF.get_or_init(|| std::env::var("FOXLM_RMS_BWD_FUSED").as_deref() == Ok("0"));
+        !off && !w.is_empty() && rms_norm_bwd_fuses(dim, w.len() / dim.max(1))
+    });
+
     let op = "rms_norm_bwd";
     let groups = norm_groups(op, w, dim)?;
     need(op, "x", x, rows * dim)?;

@@ -208,7 +208,7 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     crate::rmsnorm::rms_norm_bwd(&mut dx_ref, false, &mut dw_ref, &dy, &x, &rstd_ref, &w, dim);
     let mut dxd = g.zeros::<T>(rows * dim)?;
     let mut dwd = c.up(&dw0)?;
-    ops::rms_norm_bwd(g, &mut dxd, false, &mut dwd, &dyd, &xd, &rstd_d, &wd, rows, dim)?;
+    ops::rms_norm_bwd(g, &mut dxd, false, &mut dwd, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
     let dxv = dl(g, &dxd, rows * dim)?;
     let dwv = dl(g, &dwd, w.len())?;
     c.add_t::<T>(name, "bwd dx", &dxv, &dx_ref);
@@ -217,7 +217,7 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     // determinism: the same backward again from the same dw
     let mut dxd2 = g.zeros::<T>(rows * dim)?;
     let mut dwd2 = c.up(&dw0)?;
-    ops::rms_norm_bwd(g, &mut dxd2, false, &mut dwd2, &dyd, &xd, &rstd_d, &wd, rows, dim)?;
+    ops::rms_norm_bwd(g, &mut dxd2, false, &mut dwd2, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
     c.add_same(name, "bwd dw bitwise repeat", &dl(g, &dwd2, w.len())?, &dwv);
     c.add_same(name, "bwd dx bitwise repeat", &dl(g, &dxd2, rows * dim)?, &dxv);
     // accumulate = true adds onto dx
@@ -226,18 +226,18 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     crate::rmsnorm::rms_norm_bwd(&mut dx_acc_ref, true, &mut dw_scratch, &dy, &x, &rstd_ref, &w, dim);
     let mut dxa = c.up(&dx0t)?;
     let mut dwa = c.up(&dw0)?;
-    ops::rms_norm_bwd(g, &mut dxa, true, &mut dwa, &dyd, &xd, &rstd_d, &wd, rows, dim)?;
+    ops::rms_norm_bwd(g, &mut dxa, true, &mut dwa, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
     c.add_t::<T>(name, "bwd dx accumulate", &dl(g, &dxa, rows * dim)?, &dx_acc_ref);
     // The one-pass backward (taken above where it applies) against the dx kernel and column sum.
     if ops::rms_norm_bwd_fuses(dim, groups) {
         let mut dxt = g.zeros::<T>(rows * dim)?;
         let mut dwt = c.up(&dw0)?;
-        ops::rms_norm_bwd_with(g, &mut dxt, false, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, false)?;
+        ops::rms_norm_bwd(g, &mut dxt, false, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, Some(false))?;
         c.add_same(name, "bwd one pass: dx bitwise = two kernels", &dxv, &dl(g, &dxt, rows * dim)?);
         c.add(name, "bwd one pass: dw vs two kernels", rel_l2(&dwv, &dl(g, &dwt, w.len())?), tol, "other chunks");
         let mut dxt = c.up(&dx0t)?;
         let mut dwt = c.up(&dw0)?;
-        ops::rms_norm_bwd_with(g, &mut dxt, true, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, false)?;
+        ops::rms_norm_bwd(g, &mut dxt, true, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, Some(false))?;
         c.add_same(
             name,
             "bwd one pass: dx accumulate bitwise = two kernels",
@@ -501,10 +501,11 @@ fn embedding_case<T: Elem>(
     Ok(())
 }
 
-fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Result<()> {
-    let g = c.gpu;
+/// A cross-entropy case's inputs and the CPU's answer: logits, targets (every 5th row has none;
+/// they include the first and last class), the weight 1/valid rows, losses and dlogits.
+#[allow(clippy::type_complexity)]
+fn xent_reference(c: &mut Ctx, rows: usize, vocab: usize) -> (Vec<f32>, Vec<Option<u32>>, f32, Vec<f32>, Vec<f32>) {
     let logits = c.randn(rows * vocab, 3.0);
-    // every 5th row has no target; targets include the first and last class
     let targets: Vec<Option<u32>> = (0..rows)
         .map(|r| match r % 5 {
             1 => None,
@@ -513,11 +514,16 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
             _ => Some(c.rng.gen_range(0..vocab as u32)),
         })
         .collect();
-    let valid = targets.iter().filter(|t| t.is_some()).count().max(1);
-    let weight = 1.0 / valid as f32;
+    let weight = 1.0 / targets.iter().filter(|t| t.is_some()).count().max(1) as f32;
     let (loss_ref, lse) = crate::cross_entropy::cross_entropy_fwd(&logits, &targets, vocab);
     let mut d_ref = logits.clone();
     crate::cross_entropy::cross_entropy_bwd(&mut d_ref, &lse, &targets, &vec![weight; rows], vocab);
+    (logits, targets, weight, loss_ref, d_ref)
+}
+
+fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Result<()> {
+    let g = c.gpu;
+    let (logits, targets, weight, loss_ref, d_ref) = xent_reference(c, rows, vocab);
     let ti: Vec<i32> = targets.iter().map(|t| t.map_or(-1, |v| v as i32)).collect();
     let (ld, tgd) = (c.up(&logits)?, c.up(&ti)?);
     let mut dd = g.zeros::<T>(rows * vocab)?;
@@ -540,19 +546,7 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
 
 fn xent_padded_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize, ld: usize) -> Result<()> {
     let g = c.gpu;
-    let logits = c.randn(rows * vocab, 3.0);
-    let targets: Vec<Option<u32>> = (0..rows)
-        .map(|r| match r % 5 {
-            1 => None,
-            2 => Some(0),
-            3 => Some(vocab as u32 - 1),
-            _ => Some(c.rng.gen_range(0..vocab as u32)),
-        })
-        .collect();
-    let weight = 1.0 / targets.iter().filter(|t| t.is_some()).count().max(1) as f32;
-    let (loss_ref, lse) = crate::cross_entropy::cross_entropy_fwd(&logits, &targets, vocab);
-    let mut d_ref = logits.clone();
-    crate::cross_entropy::cross_entropy_bwd(&mut d_ref, &lse, &targets, &vec![weight; rows], vocab);
+    let (logits, targets, weight, loss_ref, d_ref) = xent_reference(c, rows, vocab);
     // Padding columns hold large values: a kernel that reads them into its max or sum fails.
     let mut padded = vec![1e4f32; rows * ld];
     for r in 0..rows {

@@ -153,7 +153,7 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Other)?;
         let rows = x.len() / dim;
         let p = &mut self.params[w.0];
-        ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, x, rstd, &p.master, rows, dim)
+        ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, x, rstd, &p.master, rows, dim, None)
     }
 
     fn add_rms_norm_fwd(

@@ -346,14 +346,14 @@ fn bench_rows(
     for acp in acps {
         let mut cfg = preset.model.clone();
         cfg.log_pruning_tolerance = acp.then_some(-10.0);
-        let model = foxlm::train::init_model(&cfg, 0);
+        let mut model = foxlm::train::init_model(&cfg, 0);
         let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute, world)?;
         if talk {
             eprint!("{}", foxlm::engine::format_plan(&plan, world));
         }
         let (r, back) = match a.dtype {
-            Dtype::Bf16 => bench_one::<half::bf16>(gpu, &model, a, &plan, nccl.take(), rank)?,
-            Dtype::F32 => bench_one::<f32>(gpu, &model, a, &plan, nccl.take(), rank)?,
+            Dtype::Bf16 => bench_one::<half::bf16>(gpu, &mut model, a, &plan, nccl.take(), rank)?,
+            Dtype::F32 => bench_one::<f32>(gpu, &mut model, a, &plan, nccl.take(), rank)?,
         };
         nccl = back;
         // Freed buffers stay in the driver's pool, so only the first row's peak is a measurement;
@@ -600,15 +600,16 @@ struct BenchResult {
 /// for the next row.
 fn bench_one<T: cuda::Elem>(
     gpu: &std::sync::Arc<cuda::Gpu>,
-    model: &foxlm::model::Model,
+    model: &mut foxlm::model::Model,
     a: &TrainArgs,
     plan: &foxlm::model::MemoryPlan,
     nccl: Option<cuda::nccl::Nccl>,
     rank: usize,
 ) -> Result<(BenchResult, Option<cuda::nccl::Nccl>)> {
+    use foxlm::engine::Engine as _;
     let mem_used = || gpu.context().mem_get_info().map(|(f, t)| t - f).unwrap_or(0);
     let before = mem_used();
-    let opt = foxlm::optim::AdamW::new(foxlm::presets::tiny().train.adamw(), &model.params);
+    let mut opt = foxlm::optim::AdamW::new(foxlm::presets::tiny().train.adamw(), &model.params);
     let mut eng =
         foxlm::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan, nccl)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1 + rank as u64);
@@ -618,18 +619,18 @@ fn bench_one<T: cuda::Elem>(
         let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..v)).collect();
         let targets: Vec<Option<u32>> =
             (0..n).map(|i| if (i + 1) % a.context != 0 { Some(ids[i + 1]) } else { None }).collect();
-        vec![(ids, targets)]
+        vec![foxlm::data::Batch { batch: a.batch, seq: a.context, ids, targets }]
     };
     let mut losses = Vec::new();
     for _ in 0..a.warmup {
-        losses.push(eng.step_on(model, &batch(), 1.0, 1e-4)?.loss);
+        losses.push(eng.step_on(model, &mut opt, &batch(), a.batch, 1.0, 1e-4)?.loss);
     }
     let mut times = Vec::new();
     for _ in 0..a.steps.max(1) {
         let b = batch();
         gpu.sync()?;
         let t0 = Instant::now();
-        losses.push(eng.step_on(model, &b, 1.0, 1e-4)?.loss);
+        losses.push(eng.step_on(model, &mut opt, &b, a.batch, 1.0, 1e-4)?.loss);
         gpu.sync()?;
         times.push(t0.elapsed().as_secs_f64());
     }
@@ -639,7 +640,7 @@ fn bench_one<T: cuda::Elem>(
     let b = batch();
     eng.backend_mut().start_profile();
     eng.backend_mut().start_comm_timing();
-    eng.step_on(model, &b, 1.0, 1e-4)?;
+    eng.step_on(model, &mut opt, &b, a.batch, 1.0, 1e-4)?;
     let profile = eng.backend_mut().take_profile()?;
     let comm_ms = eng.backend_mut().take_comm_ms()?;
     let nccl = eng.backend_mut().zero.take().map(|z| z.nccl);

@@ -1,5 +1,5 @@
 //! CPU training throughput (`foxlm bench train --device cpu`, `examples/train_throughput`): full
-//! optimizer steps as `foxlm train` runs them (`CpuEngine::step_on`: forward, backward, clipping,
+//! optimizer steps as `foxlm train` runs them (`Engine::step_on`: forward, backward, clipping,
 //! AdamW) on fixed token ids, the matmul GFLOP/s they reach, and beside every timed step the
 //! `gemm` crate's own rate on square products, the reference they are compared with.
 //!
@@ -11,7 +11,7 @@
 use anyhow::{Context, Result};
 use fox_kernels::matmul::{peak_now, GemmReference};
 use foxlm::config::Config;
-use foxlm::engine::CpuEngine;
+use foxlm::engine::{CpuEngine, Engine as _};
 use foxlm::model::Model;
 use foxlm::optim::AdamW;
 use foxlm::train::init_model;
@@ -136,8 +136,9 @@ pub fn measure(
     let mut engine = CpuEngine::new(&model, batch);
     let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % vocab) as u32).collect();
     let targets: Vec<Option<u32>> = ids.iter().map(|&i| Some(((i as usize * 31 + 7) % vocab) as u32)).collect();
+    let batches = [foxlm::data::Batch { batch, seq: context, ids, targets }];
     let mut step = |engine: &mut CpuEngine, model: &mut Model| {
-        engine.step_on(model, &mut opt, &ids, &targets, batch, 1.0, 1e-3).map(|_| ())
+        engine.step_on(model, &mut opt, &batches, batch, 1.0, 1e-3).map(|_| ())
     };
     for i in 0..warmup {
         let t0 = Instant::now();

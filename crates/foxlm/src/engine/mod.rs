@@ -6,7 +6,7 @@
 use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile, GradLedger};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo, Family};
-use crate::data::{Dataset, Loader, Split};
+use crate::data::{Batch, Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
 use anyhow::Result;
@@ -26,17 +26,21 @@ pub struct StepStats {
     pub grad_norm: f64,
 }
 
+/// A training step's device. The step itself (which windows each rank reads, micro-batches
+/// accumulated, the norm and clipping) is written once, in [`Engine::grads`] and
+/// [`Engine::step_on`]; an engine supplies its parts.
 pub trait Engine {
-    /// Gradients of `accum` micro-batches (mean loss), clipped to `max_norm`; no update yet, so
-    /// a NaN can stop the run before it reaches the weights.
-    fn grads(
-        &mut self,
-        model: &mut Model,
-        loader: &mut Loader,
-        micro: usize,
-        accum: usize,
-        max_norm: f64,
-    ) -> Result<StepStats>;
+    /// Starts a step: gradients zeroed (or marked to be overwritten), the micro-batch checked
+    /// against the engine's plan.
+    fn begin_grads(&mut self, micro: usize) -> Result<()>;
+    /// Forward and backward of one micro-batch, gradients added, weighted so that the step's
+    /// `accum` micro-batches (over all ranks) add up to the mean over their targets; returns its
+    /// mean loss. `last`: this rank's last micro-batch of the step (the backward also takes the
+    /// norm's sums of squares, or reduces the gradients across ranks as it goes).
+    fn micro_grads(&mut self, model: &Model, batch: &Batch, accum: usize, last: bool) -> Result<f64>;
+    /// After this rank's micro-batches: the loss over all ranks, the global gradient norm and
+    /// the clipping factor AdamW will apply.
+    fn finish_grads(&mut self, model: &Model, loss_sum: f64, accum: usize, max_norm: f64) -> Result<StepStats>;
     /// AdamW with learning rate `lr` on the gradients of [`Engine::grads`].
     fn update(&mut self, model: &mut Model, opt: &mut AdamW, lr: f64) -> Result<()>;
     /// Brings the weights and optimizer state to the host (before a checkpoint).
@@ -50,10 +54,59 @@ pub trait Engine {
         max_tokens: u64,
     ) -> Result<Option<f64>>;
     fn describe(&self) -> String;
+    /// This process's (rank, world size).
+    fn world(&self) -> (usize, usize) {
+        (0, 1)
+    }
     /// Whether any rank has `flag` set (so that every rank of a data-parallel run stops at the
     /// same step); `flag` itself on one process.
     fn any_rank(&mut self, flag: bool) -> Result<bool> {
         Ok(flag)
+    }
+
+    /// Gradients of `accum` micro-batches (mean loss), clipped to `max_norm`; no update yet, so
+    /// a NaN can stop the run before it reaches the weights. Each rank reads its share of the
+    /// step's windows (all of them on one process), in a single process's order.
+    fn grads(
+        &mut self,
+        model: &mut Model,
+        loader: &mut Loader,
+        micro: usize,
+        accum: usize,
+        max_norm: f64,
+    ) -> Result<StepStats> {
+        self.begin_grads(micro)?;
+        let (rank, world) = self.world();
+        let slice = crate::distributed::StepSlice::new(micro, accum, rank, world)?;
+        let mut loss_sum = 0.0;
+        slice.read_each(loader, micro, |b, last| {
+            loss_sum += self.micro_grads(model, &b, accum, last)?;
+            Ok(())
+        })?;
+        self.finish_grads(model, loss_sum, accum, max_norm)
+    }
+
+    /// One optimizer step as `foxlm train` runs it (gradients, clipping, AdamW) on given
+    /// micro-batches of `micro` sequences, for benchmarks (no loader). As one rank of a
+    /// data-parallel run, `batches` are this rank's and the step's batch is the world's.
+    fn step_on(
+        &mut self,
+        model: &mut Model,
+        opt: &mut AdamW,
+        batches: &[Batch],
+        micro: usize,
+        max_norm: f64,
+        lr: f64,
+    ) -> Result<StepStats> {
+        self.begin_grads(micro)?;
+        let accum = batches.len().max(1) * self.world().1;
+        let mut loss_sum = 0.0;
+        for (k, b) in batches.iter().enumerate() {
+            loss_sum += self.micro_grads(model, b, accum, k + 1 == batches.len())?;
+        }
+        let stats = self.finish_grads(model, loss_sum, accum, max_norm)?;
+        self.update(model, opt, lr)?;
+        Ok(stats)
     }
 }
 
@@ -196,43 +249,17 @@ impl CpuEngine {
             Ok(sum / n_targets as f64)
         })
     }
-
-    /// One optimizer step as `foxlm train` runs it (gradients, clipping, AdamW) on a given
-    /// micro-batch [batch, T]: for benchmarks, without a loader.
-    #[allow(clippy::too_many_arguments)]
-    pub fn step_on(
-        &mut self,
-        model: &mut Model,
-        opt: &mut AdamW,
-        ids: &[u32],
-        targets: &[Option<u32>],
-        batch: usize,
-        max_norm: f64,
-        lr: f64,
-    ) -> Result<StepStats> {
-        self.begin_step();
-        let loss = self.micro_step(model, ids, targets, batch, 1, true)?;
-        let grad_norm = self.clip(model, max_norm);
-        self.update(model, opt, lr)?;
-        Ok(StepStats { loss, grad_norm })
-    }
 }
 
 impl Engine for CpuEngine {
-    fn grads(
-        &mut self,
-        model: &mut Model,
-        loader: &mut Loader,
-        micro: usize,
-        accum: usize,
-        max_norm: f64,
-    ) -> Result<StepStats> {
+    fn begin_grads(&mut self, _micro: usize) -> Result<()> {
         self.begin_step();
-        let mut loss_sum = 0.0f64;
-        for i in 0..accum {
-            let b = loader.next_batch(micro);
-            loss_sum += self.micro_step(model, &b.ids, &b.targets, micro, accum, i + 1 == accum)?;
-        }
+        Ok(())
+    }
+    fn micro_grads(&mut self, model: &Model, b: &Batch, accum: usize, last: bool) -> Result<f64> {
+        self.micro_step(model, &b.ids, &b.targets, b.batch, accum, last)
+    }
+    fn finish_grads(&mut self, model: &Model, loss_sum: f64, accum: usize, max_norm: f64) -> Result<StepStats> {
         let grad_norm = self.clip(model, max_norm);
         Ok(StepStats { loss: loss_sum / accum as f64, grad_norm })
     }
@@ -422,45 +449,21 @@ impl<T: Elem> GpuEngine<T> {
         Ok(grad_norm)
     }
 
-    /// One optimizer step on given micro-batches (benchmarks: random tokens, no loader). As one
-    /// rank of a data-parallel run, `batches` are this rank's: the step's global batch is the
-    /// world's, and the step runs as in [`Engine::grads`] (the last micro-batch's backward
-    /// reduces the gradients bucket by bucket).
-    pub fn step_on(
-        &mut self,
-        model: &Model,
-        batches: &[(Vec<u32>, Vec<Option<u32>>)],
-        max_norm: f64,
-        lr: f64,
-    ) -> Result<StepStats> {
-        let accum = batches.len().max(1) * self.be.world().1;
-        self.be.zero_grads()?;
-        let mut loss_sum = 0.0;
-        for (k, (ids, targets)) in batches.iter().enumerate() {
-            loss_sum += self.rank_micro_step(model, ids, targets, accum, k + 1 == batches.len())?;
-        }
-        let stats = self.finish_grads(loss_sum, accum, max_norm)?;
-        self.be.adamw_step(lr, self.grad_scale)?;
-        Ok(stats)
+    pub fn backend_mut(&mut self) -> &mut Cuda<T> {
+        &mut self.be
     }
+}
 
-    /// One of this rank's micro-batches; the last one's backward reduces the gradients bucket by
-    /// bucket as it goes.
-    fn rank_micro_step(
-        &mut self,
-        model: &Model,
-        ids: &[u32],
-        targets: &[Option<u32>],
-        accum: usize,
-        last: bool,
-    ) -> Result<f64> {
+impl<T: Elem> Engine for GpuEngine<T> {
+    fn begin_grads(&mut self, micro: usize) -> Result<()> {
+        anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);
+        self.be.zero_grads()
+    }
+    fn micro_grads(&mut self, model: &Model, b: &Batch, accum: usize, last: bool) -> Result<f64> {
         self.be.set_reduce(last);
-        self.micro_step(model, ids, targets, accum)
+        self.micro_step(model, &b.ids, &b.targets, accum)
     }
-
-    /// After this rank's micro-batches: the loss summed over the ranks, the global gradient norm
-    /// and the clipping factor.
-    fn finish_grads(&mut self, loss_sum: f64, accum: usize, max_norm: f64) -> Result<StepStats> {
+    fn finish_grads(&mut self, _model: &Model, loss_sum: f64, accum: usize, max_norm: f64) -> Result<StepStats> {
         self.be.set_reduce(false);
         let mut loss_sum = [loss_sum];
         self.be.dist_sum(&mut loss_sum)?;
@@ -468,32 +471,8 @@ impl<T: Elem> GpuEngine<T> {
         crate::distributed::heartbeat();
         Ok(StepStats { loss: loss_sum[0] / accum as f64, grad_norm })
     }
-
-    pub fn backend_mut(&mut self) -> &mut Cuda<T> {
-        &mut self.be
-    }
-}
-
-impl<T: Elem> Engine for GpuEngine<T> {
-    fn grads(
-        &mut self,
-        model: &mut Model,
-        loader: &mut Loader,
-        micro: usize,
-        accum: usize,
-        max_norm: f64,
-    ) -> Result<StepStats> {
-        anyhow::ensure!(micro == self.micro, "micro-batch {micro} differs from the planned {}", self.micro);
-        self.be.zero_grads()?;
-        // Each rank reads its part of the step's windows (all of them on one GPU).
-        let (rank, world) = self.be.world();
-        let slice = crate::distributed::StepSlice::new(micro, accum, rank, world)?;
-        let mut loss_sum = 0.0;
-        slice.read_each(loader, micro, |b, last| {
-            loss_sum += self.rank_micro_step(model, &b.ids, &b.targets, accum, last)?;
-            Ok(())
-        })?;
-        self.finish_grads(loss_sum, accum, max_norm)
+    fn world(&self) -> (usize, usize) {
+        self.be.world()
     }
     fn update(&mut self, _model: &mut Model, _opt: &mut AdamW, lr: f64) -> Result<()> {
         self.be.adamw_step(lr, self.grad_scale)

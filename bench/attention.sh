@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FOX_ATTN:-}
 if [ -z "$BIN" ]; then
-    cargo build --release -p fox-kernels --bin fox-attn >&2
+    cargo build --release -p fox-checks --bin fox-attn >&2
     BIN=target/release/fox-attn
 fi
 exec "$BIN" bench --json "${OUT:-.}/attention-bench.json" "$@"

@@ -28,7 +28,7 @@ parts=("$@")
 # build only the binaries that are not given and that the parts use (foxlm: the model and dist parts)
 build=()
 [ -z "$FA" ] && [[ " ${parts[*]} " == *" attention "* || " ${parts[*]} " == *" ops "* || " ${parts[*]} " == *" gemm "* ]] \
-    && build+=(-p fox-kernels --bin fox-attn)
+    && build+=(-p fox-checks --bin fox-attn)
 [ -z "$FL" ] && [[ " ${parts[*]} " == *" model "* || " ${parts[*]} " == *" dist "* ]] && build+=(-p foxlm --bin foxlm)
 [ -z "${FOXLM_PY_EXT:-}" ] && [[ " ${parts[*]} " == *" python "* ]] && build+=(-p foxlm-py)
 if [ ${#build[@]} -gt 0 ]; then

@@ -3,8 +3,9 @@
 
 use super::cpu_bench::median as median_of;
 use anyhow::{bail, Context, Result};
+use fox_checks::bench::BenchOpts;
 use fox_kernels::attention::{self as fa, View, Visibility};
-use fox_kernels::cuda::{self, bench::BenchOpts, DeviceArg};
+use fox_kernels::cuda::{self, DeviceArg};
 use foxlm::cli::bench::*;
 use rand::{Rng, SeedableRng};
 
@@ -22,13 +23,13 @@ pub fn run(a: Args) -> Result<()> {
 /// `fox-attn bench-gla`'s timings: HGRN2's GLA at one shape, versions 3 (the walk; its width from
 /// FOXLM_GLA_KB) and 2 (tensor cores) on bf16, version 1 on bf16 and f32.
 fn gla(a: GlaArgs) -> Result<()> {
-    use fox_kernels::cuda::gla_check::bench;
+    use fox_checks::gla_check::bench;
     let gpu = match cuda::select(a.device)? {
         cuda::Device::Cuda(g) => g,
         cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
     };
     let [b, t, h, d] = a.shape[..] else { bail!("--shape takes B,T,H,D") };
-    for (what, bf, version) in fox_kernels::cuda::gla_check::BENCH_VERSIONS {
+    for (what, bf, version) in fox_checks::gla_check::BENCH_VERSIONS {
         let (fwd, fb, st) = if bf {
             bench::<half::bf16>(&gpu, (b, t, h, d), a.warmup, a.iters, version)?
         } else {
@@ -74,7 +75,7 @@ fn attention(a: AttentionArgs) -> Result<()> {
             device: ordinal,
             ..BenchOpts::default()
         };
-        let report = cuda::bench::run_attention_bench(&opts)?;
+        let report = fox_checks::bench::run_attention_bench(&opts)?;
         println!("{}", report.table());
         return Ok(());
     }

@@ -292,7 +292,7 @@ fn repository_paths(words: &[String]) -> Vec<String> {
 
 /// The subcommands and flags fox-attn reads, from its source (it parses its arguments by hand).
 fn fox_attn_vocabulary() -> (BTreeSet<String>, BTreeSet<String>) {
-    let src = read(&root().join("crates/fox-kernels/src/bin/fox-attn.rs"));
+    let src = read(&root().join("crates/fox-checks/src/bin/fox-attn.rs"));
     let literals = |s: &str| -> Vec<String> { s.split('"').skip(1).step_by(2).map(String::from).collect() };
     let mut commands = BTreeSet::new();
     let mut flags = BTreeSet::new();

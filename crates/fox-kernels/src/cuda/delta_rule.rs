@@ -667,7 +667,7 @@ pub fn kernel_ms<T: Elem>(
         let extra = (*kind == "prep").then_some(1);
         let name = format!("dr_{kind}_{sfx}");
         let c = cfg(kind, &lay, bh, es);
-        out[i] = super::bench::time_ms(gpu, warmup, iters, || launch(gpu, &name, &c, &prm, extra))?;
+        out[i] = super::time_ms(gpu, warmup, iters, || launch(gpu, &name, &c, &prm, extra))?;
     }
     Ok(out)
 }

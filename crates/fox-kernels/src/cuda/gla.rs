@@ -426,7 +426,7 @@ pub fn fwd_kernel_ms<T: Elem>(
     need(op, "o", o, b * t * h * vd)?;
     need(op, "scratch", scratch, gla_fwd_scratch_len(b, t, h, kd, vd))?;
     let s = parts(gpu, p, scratch);
-    let tm = |f: &mut dyn FnMut() -> Result<()>| super::bench::time_ms(gpu, warmup, iters, f);
+    let tm = |f: &mut dyn FnMut() -> Result<()>| super::time_ms(gpu, warmup, iters, f);
     Ok([
         tm(&mut || cumsum(gpu, p, &s))?,
         tm(&mut || passing(gpu, p, &s, 0, 0, walk_out(p)))?,

@@ -11,24 +11,16 @@ pub use cudarc;
 
 pub mod attention;
 pub mod attention_f32;
-pub mod bench;
-pub mod check;
 pub mod compile;
 pub mod delta_rule;
-pub mod delta_rule_check;
 pub mod gemm;
-pub mod gemm_check;
 pub mod gla;
-pub mod gla_check;
 mod kargs;
 pub mod nccl;
 pub mod ops;
-pub mod ops_check;
 pub mod selective_scan;
 pub mod ssd;
-pub mod ssd_check;
 pub mod ssd_tc;
-pub mod ssd_tc_check;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -524,4 +516,27 @@ pub fn from_half_bits(x: &[u16], dtype: attention::DType) -> Vec<f32> {
         attention::DType::Bf16 => x.iter().map(|v| half::bf16::from_bits(*v).to_f32()).collect(),
         attention::DType::F16 => x.iter().map(|v| half::f16::from_bits(*v).to_f32()).collect(),
     }
+}
+
+/// Median time in ms of `f` over `iters` runs after `warmup`, with CUDA events on the GPU's
+/// stream (the kernels' timing hooks and every benchmark use it).
+pub fn time_ms(gpu: &Gpu, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    gpu.sync()?;
+    let ctx = gpu.context();
+    let mut ts = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let s =
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"))?;
+        let e =
+            ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"))?;
+        s.record(gpu.stream()).map_err(|e| anyhow!("{e:?}"))?;
+        f()?;
+        e.record(gpu.stream()).map_err(|e| anyhow!("{e:?}"))?;
+        ts.push(s.elapsed_ms(&e).map_err(|e| anyhow!("kernel failed while timing: {e:?}"))? as f64);
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
 }

@@ -2,7 +2,8 @@
 //! (the flags are [`foxlm::cli::gpu_check::Args`]).
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{check::format_table, Gpu};
+use fox_checks::check::format_table;
+use fox_kernels::cuda::Gpu;
 use foxlm::cli::gpu_check::Args;
 
 pub fn run(a: Args) -> Result<()> {

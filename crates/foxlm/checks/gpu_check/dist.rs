@@ -7,7 +7,7 @@
 
 use super::{first_difference, row, train_losses as losses, worst_gap};
 use anyhow::{anyhow, Context, Result};
-use fox_kernels::cuda::check::CheckRow;
+use fox_checks::check::CheckRow;
 use fox_kernels::cuda::nccl::{self, Nccl};
 use fox_kernels::cuda::{DeviceArg, Gpu};
 use foxlm::train::{train, RunConfig, TrainOptions};

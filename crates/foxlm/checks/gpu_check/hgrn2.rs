@@ -1,6 +1,6 @@
 //! HGRN2 on the GPU against the CPU reference: the models of the fixture and inference rows
 //! (`run_fixture_checks`, `infer::run_inference_checks`), and `foxlm gpu-check --only hgrn2`, which
-//! runs only their rows, after HGRN2's kernel rows (`fox_kernels::cuda::gla_check`, as `fox-attn
+//! runs only their rows, after HGRN2's kernel rows (`fox_checks::gla_check`, as `fox-attn
 //! check-ops --filter gla` and `--filter hgrn2` run them). The models: fla's own HGRN2 (tests/fixtures/fla-hgrn2-tiny: 3 layers, 4
 //! heads of 8, lower bounds; 2 × 72 ids), the short-convolution fixture
 //! (numpy-hgrn2-conv-tiny: 2 heads of 8, convolutions of 4 taps; 2 × 70 ids) and an initialised
@@ -14,7 +14,7 @@
 
 use super::{model_rows, CheckModel};
 use anyhow::Result;
-use fox_kernels::cuda::check::CheckRow;
+use fox_checks::check::CheckRow;
 use fox_kernels::cuda::Gpu;
 use std::path::Path;
 use std::sync::Arc;
@@ -46,7 +46,7 @@ pub fn models(fixtures: &Path) -> Result<Vec<CheckModel>> {
 /// the inference rows of the HGRN2 models.
 pub fn rows(gpu: &Arc<Gpu>, fixtures: &Path) -> Result<Vec<CheckRow>> {
     eprintln!("HGRN2 checks: the kernels");
-    let mut rows = fox_kernels::cuda::gla_check::run_all(gpu, fox_kernels::cuda::check::fresh_seed());
+    let mut rows = fox_checks::gla_check::run_all(gpu, fox_checks::check::fresh_seed());
     for m in models(fixtures)? {
         eprintln!("HGRN2 checks: {}", m.name);
         rows.extend(model_rows(gpu, &m.name, &m.model, m.b, m.t, &m.ids, &m.start)?);

@@ -12,7 +12,7 @@
 
 use super::{input_ids, max_abs_diff, rms_diff, row, VARIANTS};
 use anyhow::Result;
-use fox_kernels::cuda::check::CheckRow;
+use fox_checks::check::CheckRow;
 use fox_kernels::cuda::{Elem, Gpu};
 use foxlm::checkpoint::load_model;
 use foxlm::eval::loss::{batch_token_losses, Chunking};

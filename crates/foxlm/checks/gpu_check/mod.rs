@@ -10,7 +10,7 @@
 //! authors' bf16 attention kernel alone shows on these fixtures (fixtures README).
 
 use anyhow::{Context, Result};
-use fox_kernels::cuda::check::CheckRow;
+use fox_checks::check::CheckRow;
 use fox_kernels::cuda::{Elem, Gpu};
 use foxlm::backend::cuda::Cuda;
 use foxlm::backend::{Alloc, Backend, BatchInfo};

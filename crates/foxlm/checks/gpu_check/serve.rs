@@ -19,7 +19,7 @@
 
 use super::row;
 use anyhow::{anyhow, Context, Result};
-use fox_kernels::cuda::check::CheckRow;
+use fox_checks::check::CheckRow;
 use fox_kernels::cuda::{DeviceArg, Gpu};
 use foxlm::checkpoint::{load_model, save_model};
 use foxlm::generate::GenerateOptions;

@@ -1,5 +1,5 @@
-//! GPU check of the cuBLASLt GEMMs ([`super::gemm`]) against [`crate::matmul`] and of the f32
-//! Forgetting Attention ([`super::attention_f32`]) against [`crate::attention`], on fresh random
+//! GPU check of the cuBLASLt GEMMs ([`fox_kernels::cuda::gemm`]) against [`fox_kernels::matmul`] and of the f32
+//! Forgetting Attention ([`fox_kernels::cuda::attention_f32`]) against [`fox_kernels::attention`], on fresh random
 //! inputs, as rows of the GPU check's pass/fail table.
 //!
 //! Errors are relative L2 norms ‖gpu − cpu‖ / ‖cpu‖ unless the metric says otherwise. Tolerances:
@@ -18,13 +18,13 @@
 //!   cases with a fixed aggressive threshold prune tiles whose mass moves o by about 1e-3, 50×
 //!   the tolerance (the note says how much), so any other choice fails.
 
-use super::attention::AttnOptions;
-use super::attention_f32::{backward_f32, forward_f32};
-use super::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
-use super::gemm::{Gemm, GemmOp};
-use super::{Elem, Gpu};
-use crate::attention::{self as ca, Problem, View, Visibility};
+use crate::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
 use anyhow::Result;
+use fox_kernels::attention::{self as ca, Problem, View, Visibility};
+use fox_kernels::cuda::attention::AttnOptions;
+use fox_kernels::cuda::attention_f32::{backward_f32, forward_f32};
+use fox_kernels::cuda::gemm::{Gemm, GemmOp};
+use fox_kernels::cuda::{Elem, Gpu};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -85,7 +85,7 @@ fn gemm_case<T: Elem>(
         let mut yd = up::<T>(gpu, &y0)?;
         g.linear_fwd::<T, T>(&mut yd, accumulate, &xd, &wd, m, k, n)?;
         let mut r = y0.clone();
-        crate::matmul::gemm_strided(m, n, k, &mut r, n, accumulate, &x, k, 1, &w, 1, k);
+        fox_kernels::matmul::gemm_strided(m, n, k, &mut r, n, accumulate, &x, k, 1, &w, 1, k);
         let e = rel_l2(&down(gpu, &yd, m * n)?, &r);
         let metric = if accumulate { "fwd y += x·wᵀ" } else { "fwd y = x·wᵀ" };
         out.add(metric, e, if is_f32 { f32_tol(k) } else { tol }, algo_note::<T, T>(g, GemmOp::Fwd, m, k, n));
@@ -94,7 +94,7 @@ fn gemm_case<T: Elem>(
             let mut yd = gpu.upload(&y0)?;
             g.linear_fwd::<T, f32>(&mut yd, accumulate, &xd, &wd, m, k, n)?;
             let mut r = y0.clone();
-            crate::matmul::gemm_strided(m, n, k, &mut r, n, accumulate, &x, k, 1, &w, 1, k);
+            fox_kernels::matmul::gemm_strided(m, n, k, &mut r, n, accumulate, &x, k, 1, &w, 1, k);
             let e = rel_l2(&down(gpu, &yd, m * n)?, &r);
             let metric = if accumulate { "fwd f32 out y += x·wᵀ" } else { "fwd f32 out y = x·wᵀ" };
             out.add(metric, e, tol32, algo_note::<T, f32>(g, GemmOp::Fwd, m, k, n));
@@ -107,7 +107,7 @@ fn gemm_case<T: Elem>(
         g.linear_bwd_dx::<T>(&mut dxd, accumulate, &dyd, &wd, m, k, n)?;
         // the product linear_bwd uses for dx (it always computes dw too; checked below)
         let mut r = dx0.clone();
-        crate::matmul::gemm_strided(m, k, n, &mut r, k, accumulate, &dy, n, 1, &w, k, 1);
+        fox_kernels::matmul::gemm_strided(m, k, n, &mut r, k, accumulate, &dy, n, 1, &w, k, 1);
         let e = rel_l2(&down(gpu, &dxd, m * k)?, &r);
         let metric = if accumulate { "dx += dy·w" } else { "dx = dy·w" };
         out.add(metric, e, if is_f32 { f32_tol(n) } else { tol }, algo_note::<T, T>(g, GemmOp::Dx, m, k, n));
@@ -117,7 +117,7 @@ fn gemm_case<T: Elem>(
     g.linear_bwd_dw::<T>(&mut dwd, &dyd, &xd, m, k, n)?;
     let mut rdw = dw0.clone();
     let mut rdx = vec![0.0f32; m * k];
-    crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, true, &dy, &x, &w, m, k, n);
+    fox_kernels::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, true, &dy, &x, &w, m, k, n);
     let e = rel_l2(&down(gpu, &dwd, n * k)?, &rdw);
     out.add(
         "dw += dyᵀ·x (f32)",
@@ -201,9 +201,9 @@ fn views(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Table) -> Result<(
             g.linear_bwd_dw_view::<bf16>(&mut dwd, &dyv, &xv, rows, k, n)?;
         }
         let mut ry = vec![0.0f32; m * n];
-        crate::matmul::linear_fwd(&mut ry, &x, &w, m, k, n);
+        fox_kernels::matmul::linear_fwd(&mut ry, &x, &w, m, k, n);
         let (mut rdx, mut rdw) = (vec![0.0f32; m * k], vec![0.0f32; n * k]);
-        crate::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, true, &dy, &x, &w, m, k, n);
+        fox_kernels::matmul::linear_bwd(Some(&mut rdx), false, &mut rdw, true, &dy, &x, &w, m, k, n);
         out.add(
             &format!("views n={n}: fwd f32 out by row chunks"),
             rel_l2(&gpu.download(&yd)?, &ry),
@@ -395,7 +395,7 @@ pub fn attention_reference(s: &AttnCase, seed: u64) -> AttnRef {
     let (q, k, v, dout) = (randn(&mut rng, n), randn(&mut rng, nkv), randn(&mut rng, nkv), randn(&mut rng, n));
     let logits: Vec<f32> = randn(&mut rng, b * t * h).iter().map(|z| z + s.gate_bias).collect();
     let mut a = vec![0.0; b * t * h];
-    crate::fgate::log_fgate_fwd(&mut a, &logits);
+    fox_kernels::fgate::log_fgate_fwd(&mut a, &logits);
     let per_row: Option<Vec<usize>> = s.starts.as_ref().map(|st| (0..b * t).map(|i| st[i / t]).collect());
     let c = host_prefix_fwd(&a, per_row.as_deref(), b, t, h);
     let scale = 1.0 / (d as f32).sqrt();

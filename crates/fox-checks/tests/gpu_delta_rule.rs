@@ -1,10 +1,11 @@
 //! The delta rule's GPU ops (fox_kernels::cuda::delta_rule: the chunked forward and backward, the
 //! decode step, the L2 norm, the decay, the swish gate) against their CPU ops. Runs where a CUDA
 //! GPU is usable; prints a notice and passes elsewhere (CI has no GPU). Tolerances and why:
-//! `fox_kernels::cuda::delta_rule_check`. On a GPU machine: `cargo test -p fox-kernels --release
+//! `fox_checks::delta_rule_check`. On a GPU machine: `cargo test -p fox-checks --release
 //! --test gpu_delta_rule -- --nocapture` (or `fox-attn check-ops --filter delta`, the same table).
 
-use fox_kernels::cuda::{check, delta_rule_check, Gpu};
+use fox_checks::{check, delta_rule_check};
+use fox_kernels::cuda::Gpu;
 
 #[test]
 fn every_delta_rule_op_matches_its_cpu_op() {

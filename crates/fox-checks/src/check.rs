@@ -1,5 +1,5 @@
 //! The GPU check: every mode of the CUDA Forgetting Attention against the CPU reference
-//! ([`crate::attention`]) on fresh random inputs, printed as a pass/fail table.
+//! ([`fox_kernels::attention`]) on fresh random inputs, printed as a pass/fail table.
 //!
 //! Inputs q, k, v, dO are drawn N(0, 1) and rounded to the GPU dtype first; the CPU gets the same
 //! rounded values, so the errors measure only the kernels' arithmetic. Errors are relative L2
@@ -20,10 +20,12 @@
 //! head's dk, dv sum the group's query heads in fp32 before the one rounding to the dtype, and the
 //! window only masks entries.
 
-use super::attention::{self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
-use super::{from_half_bits, to_half_bits, Gpu};
-use crate::attention::{self as ca, Problem, View, Visibility};
 use anyhow::Result;
+use fox_kernels::attention::{self as ca, Problem, View, Visibility};
+use fox_kernels::cuda::attention::{
+    self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel,
+};
+use fox_kernels::cuda::{from_half_bits, to_half_bits, Gpu};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -401,7 +403,7 @@ fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {
         })
         .collect();
     let mut a = vec![0.0; b * t * h];
-    crate::fgate::log_fgate_fwd(&mut a, &logits);
+    fox_kernels::fgate::log_fgate_fwd(&mut a, &logits);
     let starts = per_row_starts(&s.vis, b, t);
     let c = host_prefix_fwd(&a, starts.as_deref(), b, t, h);
     Data { q, k, v, dout, a, c, starts }
@@ -765,7 +767,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
 /// there), with the wgmma kernels, marked "[wgmma]", and with the mma.sync kernels (the
 /// default elsewhere), marked "[mma.sync]".
 pub fn run_all(gpu: &Gpu, filter: Option<&str>, seed: u64) -> Vec<CheckRow> {
-    use super::attention::{set_kernel_path, KernelPath};
+    use fox_kernels::cuda::attention::{set_kernel_path, KernelPath};
     // the kernel family is process-wide: one run at a time (cargo runs tests in parallel)
     static RUNNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = RUNNING.lock().unwrap_or_else(|e| e.into_inner());

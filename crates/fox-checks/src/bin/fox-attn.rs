@@ -21,10 +21,10 @@
 //!   fox-attn bench-gla [--shape B,T,H,D]            HGRN2's GLA, fwd and fwd+bwd (default 2,16384,6,128)
 
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{
-    self, bench, check, compile, delta_rule_check, gemm, gemm_check, gla_check, ops_check, selective_scan, ssd_check,
-    ssd_tc_check,
+use fox_checks::{
+    bench, check, delta_rule_check, gemm_check, gla_check, ops_check, selective_scan_check, ssd_check, ssd_tc_check,
 };
+use fox_kernels::cuda::{self, compile, gemm};
 
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -327,7 +327,7 @@ fn main() -> Result<()> {
             };
             let (b, t, di, n) = (get("--b", 2)?, get("--t", 16384)?, get("--di", 1536)?, get("--n", 16)?);
             let (iters, warmup) = (get("--iters", 20)?, get("--warmup", 3)?);
-            println!("{}", selective_scan::bench(&gpu, b, t, di, n, warmup, iters)?);
+            println!("{}", selective_scan_check::bench(&gpu, b, t, di, n, warmup, iters)?);
             Ok(())
         }
         "help" | "-h" | "--help" => {

@@ -10,10 +10,11 @@
 //! options; the FLOP count stays the full causal work, so a window's saving shows as a higher
 //! rate, as ACP's does.
 
-use super::attention::{self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel};
-use super::Gpu;
 use anyhow::{anyhow, Context, Result};
-use cudarc::driver::sys::CUevent_flags;
+use fox_kernels::cuda::attention::{
+    self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel,
+};
+use fox_kernels::cuda::{time_ms, Gpu};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -23,10 +24,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The SDPA reference script (also in bench/), written to a temporary file and run with `python`.
-pub const SDPA_SCRIPT: &str = include_str!("../../../../bench/sdpa_reference.py");
+pub const SDPA_SCRIPT: &str = include_str!("../../../bench/sdpa_reference.py");
 /// The other Forgetting Attention kernels (the authors' Triton kernel, the fla library's), run the
 /// same way; they need the authors' sources and fla's wheels in the bundle folder (docs/gpu.md).
-pub const FOX_REFS_SCRIPT: &str = include_str!("../../../../bench/fox_references.py");
+pub const FOX_REFS_SCRIPT: &str = include_str!("../../../bench/fox_references.py");
 
 #[derive(Clone, Debug)]
 pub struct BenchOpts {
@@ -261,26 +262,6 @@ fn run_script(o: &BenchOpts, what: &str, script: &str, extra: &[String]) -> Resu
     Ok((torch, rows, notes))
 }
 
-/// Median time in ms of `f` over `iters` runs after `warmup`, with CUDA events.
-pub fn time_ms(gpu: &Gpu, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..warmup {
-        f()?;
-    }
-    gpu.sync()?;
-    let ctx = gpu.context();
-    let mut ts = Vec::with_capacity(iters);
-    for _ in 0..iters.max(1) {
-        let s = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"))?;
-        let e = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"))?;
-        s.record(gpu.stream()).map_err(|e| anyhow!("{e:?}"))?;
-        f()?;
-        e.record(gpu.stream()).map_err(|e| anyhow!("{e:?}"))?;
-        ts.push(s.elapsed_ms(&e).map_err(|e| anyhow!("kernel failed while timing: {e:?}"))? as f64);
-    }
-    ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(ts[ts.len() / 2])
-}
-
 /// Run the benchmark; prints progress to stderr and returns the rows (also written as JSON when
 /// `opts.json` is set).
 pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
@@ -364,7 +345,7 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 let mut r = ChaCha8Rng::seed_from_u64(opts.seed ^ (bh as u64 + 1) ^ ((t as u64) << 32));
                 let mut acc = 0.0f32;
                 for x in row.iter_mut() {
-                    acc += crate::scalar::log_sigmoid(bias + r.sample::<f32, _>(StandardNormal));
+                    acc += fox_kernels::scalar::log_sigmoid(bias + r.sample::<f32, _>(StandardNormal));
                     *x = acc;
                 }
             });

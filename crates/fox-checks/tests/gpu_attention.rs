@@ -1,9 +1,10 @@
 //! GPU Forgetting Attention against the CPU reference. Runs where a CUDA GPU is usable; prints a
 //! notice and passes trivially elsewhere (CI has no GPU). The tolerances and why are in
-//! `fox_kernels::cuda::check`. On a GPU machine: `cargo test -p fox-kernels --release --test
+//! `fox_checks::check`. On a GPU machine: `cargo test -p fox-checks --release --test
 //! gpu_attention -- --nocapture` (or `fox-attn check`, which prints the whole table).
 
-use fox_kernels::cuda::{check, Gpu};
+use fox_checks::check;
+use fox_kernels::cuda::Gpu;
 
 fn gpu() -> Option<std::sync::Arc<Gpu>> {
     match Gpu::new(0) {

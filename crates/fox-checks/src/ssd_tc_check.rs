@@ -1,5 +1,5 @@
-//! The GPU check of the tensor-core SSD ([`super::ssd_tc`]) against the CPU chunked SSD
-//! ([`crate::ssd`], f32) on the same inputs rounded to T, rows for `fox-attn check-ops` (case
+//! The GPU check of the tensor-core SSD ([`fox_kernels::cuda::ssd_tc`]) against the CPU chunked SSD
+//! ([`fox_kernels::ssd`], f32) on the same inputs rounded to T, rows for `fox-attn check-ops` (case
 //! names begin with "ssd tc"), and its timing for `fox-attn bench-ssd`.
 //!
 //! Errors are relative L2 norms ‖gpu − cpu‖ / ‖cpu‖. Tolerances, and why:
@@ -23,12 +23,12 @@
 //!   ddt (ddt = dt's input term + A·decay·∂ℓ/∂decay, within TOL_BWD).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
-use super::check::{CheckRow, Ctx};
-use super::ssd_check::{bench_inputs, host_problem, DevInputs};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
-use super::ssd_tc::{self, DevSsdGrads};
-use super::{Elem, Gpu};
+use crate::check::{CheckRow, Ctx};
+use crate::ssd_check::{bench_inputs, host_problem, DevInputs};
+use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use anyhow::Result;
+use fox_kernels::cuda::ssd_tc::{self, DevSsdGrads};
+use fox_kernels::cuda::{Elem, Gpu};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -60,7 +60,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let init = s.init.then(|| c.randn(b * h * p * n, 1.0));
     let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), s.start.as_deref());
     let (mut y, mut fin) = (vec![0.0; b * t * h * p], vec![0.0; b * h * p * n]);
-    crate::ssd::ssd_fwd(&cpu, &mut y, init.as_deref(), Some(&mut fin))?;
+    fox_kernels::ssd::ssd_fwd(&cpu, &mut y, init.as_deref(), Some(&mut fin))?;
     let gpu = c.gpu;
     let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let ginit = init.as_ref().map(|i| gpu.upload(i)).transpose()?;
@@ -76,10 +76,10 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let y2 = down(gpu, &gy)?;
     let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
-    if super::ssd::uses_tensor_cores(&dev) {
+    if fox_kernels::cuda::ssd::uses_tensor_cores(&dev) {
         // cuda::ssd::ssd_fwd hands bf16 problems of these shapes to version 2, in its own scratch.
-        let mut sc1 = gpu.zeros::<f32>(super::ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
-        super::ssd::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc1)?;
+        let mut sc1 = gpu.zeros::<f32>(fox_kernels::cuda::ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
+        fox_kernels::cuda::ssd::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc1)?;
         let y3 = down(gpu, &gy)?;
         let diff = y1.iter().zip(&y3).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         c.add(name, "through cuda::ssd::ssd_fwd", diff as f64, 0.0, "elements with other bits");
@@ -90,12 +90,18 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let dfin = c.randn(fin.len(), 1.0);
     let (mut dxbc, mut ddt) = (vec![3.0f32; xbc.len()], vec![0.0f32; dt.len()]);
     let (mut dav, mut ddv, mut dinit) = (vec![0.5f32; h], vec![0.5f32; h], vec![0.0f32; fin.len()]);
-    crate::ssd::ssd_bwd(
+    fox_kernels::ssd::ssd_bwd(
         &cpu,
         &dyv,
         init.as_deref(),
         Some(&dfin),
-        crate::ssd::SsdGrads { dxbc: &mut dxbc, ddt: &mut ddt, da: &mut dav, dd: &mut ddv, dinit: Some(&mut dinit) },
+        fox_kernels::ssd::SsdGrads {
+            dxbc: &mut dxbc,
+            ddt: &mut ddt,
+            da: &mut dav,
+            dd: &mut ddv,
+            dinit: Some(&mut dinit),
+        },
     )?;
     let (gdy, gdfin) = (up::<T>(gpu, &dyv)?, gpu.upload(&dfin)?);
     let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
@@ -137,7 +143,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(got, want), TOL_BWD, "");
     }
     // dA against the f64 recurrence, per head on the scale of its terms (see TOL_DA).
-    let (da64, scale) = crate::ssd::ssd_reference_da(&cpu, &dyv, init.as_deref(), Some(&dfin))?;
+    let (da64, scale) = fox_kernels::ssd::ssd_reference_da(&cpu, &dyv, init.as_deref(), Some(&dfin))?;
     let err =
         (0..h).map(|i| (got[2][i] as f64 - 0.5 - da64[i]).abs() / scale[i].max(f64::MIN_POSITIVE)).fold(0.0, f64::max);
     c.add(
@@ -213,22 +219,23 @@ pub fn bench<T: Elem>(
     let dev = inputs.problem(&cpu);
     let mut y = gpu.zeros::<T>(b * t * h * p)?;
     let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
-    let fwd = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc))?;
+    let fwd =
+        fox_kernels::cuda::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc))?;
     let dy = up::<T>(gpu, &(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
     let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
     let mut gx2 = gpu.zeros::<T>(xbc.len())?;
     let (mut gddt, mut gda, mut gdd) = (gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
-    let fb = super::bench::time_ms(gpu, warmup, iters, || {
+    let fb = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc)?;
         let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
         ssd_tc::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
     })?;
     let mut steps = [0.0; 5];
     for (k, ms) in steps.iter_mut().enumerate().take(2) {
-        *ms = super::bench::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd_step(gpu, &dev, &mut y, &mut sc, k))?;
+        *ms = fox_kernels::cuda::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd_step(gpu, &dev, &mut y, &mut sc, k))?;
     }
     for k in 0..3 {
-        steps[2 + k] = super::bench::time_ms(gpu, warmup, iters, || {
+        steps[2 + k] = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
             let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
             ssd_tc::ssd_bwd_step(gpu, &dev, &dy, grads, &mut bsc, k)
         })?;

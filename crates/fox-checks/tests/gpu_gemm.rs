@@ -1,9 +1,10 @@
 //! cuBLASLt GEMMs and the f32 Forgetting Attention against the CPU reference. Runs where a CUDA
 //! GPU is usable; prints a notice and passes elsewhere (CI has no GPU). Cases and tolerances are
-//! in `fox_kernels::cuda::gemm_check`. On a GPU machine: `cargo test -p fox-kernels --release
+//! in `fox_checks::gemm_check`. On a GPU machine: `cargo test -p fox-checks --release
 //! --test gpu_gemm -- --nocapture` (or `fox-attn check-gemm`, which prints the same table).
 
-use fox_kernels::cuda::{check, gemm, gemm_check, Gpu};
+use fox_checks::{check, gemm_check};
+use fox_kernels::cuda::{gemm, Gpu};
 
 fn gpu() -> Option<std::sync::Arc<Gpu>> {
     match Gpu::new(0) {

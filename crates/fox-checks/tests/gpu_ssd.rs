@@ -1,10 +1,11 @@
 //! Mamba-2's GPU ops (fox_kernels::cuda::ssd, and the tensor-core SSD fox_kernels::cuda::ssd_tc)
 //! against their CPU ops. Runs where a CUDA GPU is
 //! usable; prints a notice and passes elsewhere (CI has no GPU). Tolerances and why:
-//! `fox_kernels::cuda::ssd_check` and `ssd_tc_check`. On a GPU machine: `cargo test -p fox-kernels --release --test
+//! `fox_checks::ssd_check` and `ssd_tc_check`. On a GPU machine: `cargo test -p fox-checks --release --test
 //! gpu_ssd -- --nocapture` (or `fox-attn check-ops --filter ssd`, which prints the same table).
 
-use fox_kernels::cuda::{check, ssd_check, ssd_tc_check, Gpu};
+use fox_checks::{check, ssd_check, ssd_tc_check};
+use fox_kernels::cuda::Gpu;
 
 #[test]
 fn every_mamba2_op_matches_its_cpu_op() {

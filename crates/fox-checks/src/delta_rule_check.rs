@@ -1,6 +1,6 @@
-//! The GPU check of the delta rule and DeltaNet's small ops ([`super::delta_rule`]) against the
-//! CPU ([`crate::delta_rule`]: the chunked forward and backward, the decode step, the L2 norm;
-//! [`crate::ssd::dt_fwd`]'s softplus for the decay) on the same inputs rounded to T, rows for
+//! The GPU check of the delta rule and DeltaNet's small ops ([`fox_kernels::cuda::delta_rule`]) against the
+//! CPU ([`fox_kernels::delta_rule`]: the chunked forward and backward, the decode step, the L2 norm;
+//! [`fox_kernels::ssd::dt_fwd`]'s softplus for the decay) on the same inputs rounded to T, rows for
 //! `fox-attn check-ops` (case names begin with "delta rule"), and its timing for
 //! `fox-attn bench-delta`.
 //!
@@ -22,12 +22,12 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::{CheckRow, Ctx};
-use super::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
-use super::{Elem, Gpu};
+use crate::check::{CheckRow, Ctx};
+use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
+use fox_kernels::cuda::{Elem, Gpu};
 use rand::Rng;
 
 const TOL_F32: f64 = 1e-4;
@@ -75,9 +75,9 @@ fn host_problem<'a>(
     [q, k, v, beta]: [&'a [f32]; 4],
     g: Option<&'a [f32]>,
     start: Option<&'a [usize]>,
-) -> crate::delta_rule::DeltaRule<'a> {
+) -> fox_kernels::delta_rule::DeltaRule<'a> {
     let scale = 1.0 / (k_dim as f32).sqrt();
-    crate::delta_rule::DeltaRule { batch, seq, heads, k_dim, v_dim, q, k, v, beta, g, scale, start }
+    fox_kernels::delta_rule::DeltaRule { batch, seq, heads, k_dim, v_dim, q, k, v, beta, g, scale, start }
 }
 
 /// A CPU delta-rule problem's inputs on the device (q, k, v, β in `T`, g in f32, start as i32).
@@ -91,14 +91,14 @@ struct DevInputs<T: Elem> {
 }
 
 impl<T: Elem> DevInputs<T> {
-    fn upload(gpu: &Gpu, p: &crate::delta_rule::DeltaRule) -> Result<Self> {
+    fn upload(gpu: &Gpu, p: &fox_kernels::delta_rule::DeltaRule) -> Result<Self> {
         let g = p.g.map(|g| gpu.upload(g)).transpose()?;
         let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
         Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, beta: up(gpu, p.beta)?, g, start })
     }
 
     /// The device problem of `p`'s sizes over these buffers.
-    fn problem(&self, p: &crate::delta_rule::DeltaRule) -> DevDeltaRule<'_, T> {
+    fn problem(&self, p: &fox_kernels::delta_rule::DeltaRule) -> DevDeltaRule<'_, T> {
         DevDeltaRule {
             batch: p.batch,
             seq: p.seq,
@@ -131,7 +131,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let init = s.init.then(|| c.randn(ns, 0.5));
     let cpu = host_problem((b, t, h, kd, vd), [&q, &k, &v, &beta], g.as_deref(), s.start.as_deref());
     let (mut o, mut fin) = (vec![0.0; n * vd], vec![0.0; ns]);
-    crate::delta_rule::delta_rule_fwd(&cpu, &mut o, init.as_deref(), Some(&mut fin))?;
+    fox_kernels::delta_rule::delta_rule_fwd(&cpu, &mut o, init.as_deref(), Some(&mut fin))?;
 
     let gpu = c.gpu;
     let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
@@ -180,12 +180,12 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let (mut dq, mut dk, mut dv, mut db) = (vec![0.0; n * kd], vec![0.0; n * kd], vec![0.0; n * vd], vec![0.0; n]);
     let mut dg = vec![0.0; n];
     let mut dinit = vec![0.0; ns];
-    crate::delta_rule::delta_rule_bwd(
+    fox_kernels::delta_rule::delta_rule_bwd(
         &cpu,
         &dout,
         init.as_deref(),
         Some(&dfin),
-        crate::delta_rule::DeltaRuleGrads {
+        fox_kernels::delta_rule::DeltaRuleGrads {
             dq: &mut dq,
             dk: &mut dk,
             dv: &mut dv,
@@ -252,7 +252,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         }
         let p1 = host_problem((b, 1, h, kd, vd), [&q1, &k1, &v1, &b1], g1.as_deref(), Some(&st1));
         let mut o1c = vec![0.0; m * vd];
-        crate::delta_rule::delta_rule_decode_step(&p1, &mut cs, &mut o1c)?;
+        fox_kernels::delta_rule::delta_rule_decode_step(&p1, &mut cs, &mut o1c)?;
         let inputs1 = DevInputs::<T>::upload(gpu, &p1)?;
         let d1 = inputs1.problem(&p1);
         let mut go1 = gpu.zeros::<T>(m * vd)?;
@@ -280,7 +280,7 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
         let x = rounded::<T>(c.randn(rows * dim, 1.0));
         let dy = rounded::<T>(c.randn(rows * dim, 1.0));
         let (mut y, mut rs, mut dx) = (vec![0.0; rows * dim], vec![0.0; rows], vec![0.0; rows * dim]);
-        crate::delta_rule::l2norm_fwd(&mut y, &mut rs, &x, dim, 1e-6)?;
+        fox_kernels::delta_rule::l2norm_fwd(&mut y, &mut rs, &x, dim, 1e-6)?;
         let (gx, gdy) = (up::<T>(gpu, &x)?, up::<T>(gpu, &dy)?);
         let (mut gy, mut grs, mut gdx) =
             (gpu.zeros::<T>(rows * dim)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<T>(rows * dim)?);
@@ -289,7 +289,7 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
         c.add(&name, &format!("l2norm y (dim {dim}) rel L2"), rel_l2(&ygpu, &y), tol, "");
         c.add(&name, &format!("l2norm rstd (dim {dim}) rel L2"), rel_l2(&gpu.download(&grs)?, &rs), TOL_ELEM, "");
         // The backward from the GPU's own y (the layer saves it), against the CPU on the same y.
-        crate::delta_rule::l2norm_bwd(&mut dx, &dy, &ygpu, &rs, dim)?;
+        fox_kernels::delta_rule::l2norm_bwd(&mut dx, &dy, &ygpu, &rs, dim)?;
         dr::l2norm_bwd(gpu, &mut gdx, &gdy, &gy, &grs, rows, dim)?;
         c.add(&name, &format!("l2norm dx (dim {dim}) rel L2"), rel_l2(&down(gpu, &gdx)?, &dx), tol, "");
     }
@@ -302,11 +302,11 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
     let bias: Vec<f32> = (0..h).map(|_| c.rng.gen_range(-6.0..-2.0f32)).collect();
     let dg = c.randn(rows * h, 1.0);
     let mut dt = vec![0.0; rows * h];
-    crate::ssd::dt_fwd(&mut dt, &a, h, &bias)?;
+    fox_kernels::ssd::dt_fwd(&mut dt, &a, h, &bias)?;
     let g: Vec<f32> = dt.iter().enumerate().map(|(i, d)| d * -a_log[i % h].exp()).collect();
     let ddt: Vec<f32> = dg.iter().enumerate().map(|(i, d)| d * -a_log[i % h].exp()).collect();
     let (mut da, mut dbias) = (vec![0.0; rows * h], vec![0.5f32; h]);
-    crate::ssd::dt_bwd(&mut da, h, &mut dbias, &ddt, &a, &bias)?;
+    fox_kernels::ssd::dt_bwd(&mut da, h, &mut dbias, &ddt, &a, &bias)?;
     let mut dalog = vec![0.0f64; h];
     for i in 0..rows * h {
         dalog[i % h] += (dg[i] * dt[i]) as f64;
@@ -326,8 +326,8 @@ fn small_ops<T: Elem>(c: &mut Ctx) -> Result<()> {
     // The swish gate.
     let m = 5000;
     let (x, gate, dy) = (rounded::<T>(c.randn(m, 1.0)), rounded::<T>(c.randn(m, 3.0)), rounded::<T>(c.randn(m, 1.0)));
-    let sig = |z: f32| crate::scalar::sigmoid(z);
-    let y: Vec<f32> = (0..m).map(|i| x[i] * crate::scalar::silu(gate[i])).collect();
+    let sig = |z: f32| fox_kernels::scalar::sigmoid(z);
+    let y: Vec<f32> = (0..m).map(|i| x[i] * fox_kernels::scalar::silu(gate[i])).collect();
     let dx: Vec<f32> = (0..m).map(|i| dy[i] * gate[i] * sig(gate[i])).collect();
     let dgt: Vec<f32> = (0..m).map(|i| dy[i] * x[i] * sig(gate[i]) * (1.0 + gate[i] * (1.0 - sig(gate[i])))).collect();
     let (gx, ggt, gdy) = (up::<T>(gpu, &x)?, up::<T>(gpu, &gate)?, up::<T>(gpu, &dy)?);
@@ -409,14 +409,14 @@ pub fn bench(
     let dev = inputs.problem(&cpu);
     let mut o = gpu.zeros::<T>(n * vd)?;
     let mut sc = gpu.zeros::<f32>(dr::fwd_scratch_len::<T>(b, t, h, kd, vd))?;
-    let fwd = super::bench::time_ms(gpu, warmup, iters, || dr::delta_rule_fwd(gpu, &dev, &mut o, None, &mut sc))?;
+    let fwd = fox_kernels::cuda::time_ms(gpu, warmup, iters, || dr::delta_rule_fwd(gpu, &dev, &mut o, None, &mut sc))?;
     drop(sc);
     let gdo = up::<T>(gpu, &c.randn(n * vd, 1.0))?;
     let mut bsc = gpu.zeros::<f32>(dr::bwd_scratch_len::<T>(b, t, h, kd, vd))?;
     let (mut dq, mut dk, mut dv, mut db) =
         (gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * vd)?, gpu.zeros::<T>(n)?);
     let mut dg = gpu.zeros::<f32>(n)?;
-    let fb = super::bench::time_ms(gpu, warmup, iters, || {
+    let fb = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         dr::delta_rule_fwd(gpu, &dev, &mut o, None, &mut bsc)?;
         let grads = DevDeltaRuleGrads {
             dq: &mut dq,

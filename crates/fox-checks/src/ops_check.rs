@@ -1,5 +1,5 @@
-//! The GPU check of the small ops ([`super::ops`]): each against its CPU op on fresh random
-//! inputs of awkward sizes, for T = f32 and T = bf16, printed with [`super::check::format_table`].
+//! The GPU check of the small ops ([`fox_kernels::cuda::ops`]): each against its CPU op on fresh random
+//! inputs of awkward sizes, for T = f32 and T = bf16, printed with [`crate::check::format_table`].
 //!
 //! Inputs are drawn on the host, rounded to T, and the CPU op gets the rounded values, so an error
 //! measures only the kernel's arithmetic and the rounding of its output. Errors are relative L2
@@ -19,12 +19,12 @@
 //! column sums, sums of squares, and AdamW (foxlm::optim::AdamW::update's per-element formula:
 //! foxlm depends on this crate, not the other way round).
 
-use super::check::{rel_l2, CheckRow, Ctx};
-use super::ops::{self, EmbeddingIndex};
-use super::{Elem, Gpu};
-use crate::scalar::sigmoid;
+use crate::check::{rel_l2, CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use fox_kernels::cuda::ops::{self, EmbeddingIndex};
+use fox_kernels::cuda::{Elem, Gpu};
+use fox_kernels::scalar::sigmoid;
 use rand::Rng;
 
 /// Relative L2 tolerance of an output stored in T (see the module comment).
@@ -95,7 +95,7 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     typed::<half::bf16>(&mut c);
     f32_only(&mut c);
     let seed = c.rng.gen();
-    c.rows.extend(super::selective_scan::check(gpu, seed));
+    c.rows.extend(crate::selective_scan_check::check(gpu, seed));
     c.rows
 }
 
@@ -191,7 +191,7 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     // forward
     let mut y_ref = vec![0.0; rows * dim];
     let mut rstd_ref = vec![0.0; rows];
-    crate::rmsnorm::rms_norm_fwd(&mut y_ref, &mut rstd_ref, &x, &w, dim, eps);
+    fox_kernels::rmsnorm::rms_norm_fwd(&mut y_ref, &mut rstd_ref, &x, &w, dim, eps);
     let (xd, wd) = (c.up(&xt)?, c.up(&w)?);
     let mut yd = g.zeros::<T>(rows * dim)?;
     let mut rd = g.zeros::<f32>(rows)?;
@@ -205,7 +205,7 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     let dyd = c.up(&dyt)?;
     let mut dx_ref = vec![0.0; rows * dim];
     let mut dw_ref = dw0.clone();
-    crate::rmsnorm::rms_norm_bwd(&mut dx_ref, false, &mut dw_ref, &dy, &x, &rstd_ref, &w, dim);
+    fox_kernels::rmsnorm::rms_norm_bwd(&mut dx_ref, false, &mut dw_ref, &dy, &x, &rstd_ref, &w, dim);
     let mut dxd = g.zeros::<T>(rows * dim)?;
     let mut dwd = c.up(&dw0)?;
     ops::rms_norm_bwd(g, &mut dxd, false, &mut dwd, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
@@ -223,7 +223,7 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     // accumulate = true adds onto dx
     let mut dx_acc_ref = dx0.clone();
     let mut dw_scratch = dw0.clone();
-    crate::rmsnorm::rms_norm_bwd(&mut dx_acc_ref, true, &mut dw_scratch, &dy, &x, &rstd_ref, &w, dim);
+    fox_kernels::rmsnorm::rms_norm_bwd(&mut dx_acc_ref, true, &mut dw_scratch, &dy, &x, &rstd_ref, &w, dim);
     let mut dxa = c.up(&dx0t)?;
     let mut dwa = c.up(&dw0)?;
     ops::rms_norm_bwd(g, &mut dxa, true, &mut dwa, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
@@ -270,13 +270,13 @@ fn kv_case<T: Elem>(
     };
     let (xd, ad, dod) = (c.up(&xt)?, c.up(&at)?, c.up(&dot)?);
     let mut out_ref = vec![0.0; n];
-    crate::kv_shift::kv_shift_fwd(&mut out_ref, &x, &a, None, start, b, t, h, d);
+    fox_kernels::kv_shift::kv_shift_fwd(&mut out_ref, &x, &a, None, start, b, t, h, d);
     let mut od = g.zeros::<T>(n)?;
     ops::kv_shift_fwd(g, &mut od, &xd, &ad, sd.as_ref(), b, t, h, d)?;
     c.add_t::<T>(name, "fwd out", &dl(g, &od, n)?, &out_ref);
     let mut dx_ref = vec![0.0; n];
     let mut da_ref = vec![0.0; b * t * h];
-    crate::kv_shift::kv_shift_bwd(&mut dx_ref, &mut da_ref, &dout, &x, &a, start, t, h, d);
+    fox_kernels::kv_shift::kv_shift_bwd(&mut dx_ref, &mut da_ref, &dout, &x, &a, start, t, h, d);
     let mut dxd = g.zeros::<T>(n)?;
     let mut dad = g.zeros::<T>(b * t * h)?;
     ops::kv_shift_bwd(g, &mut dxd, &mut dad, &dod, &xd, &ad, sd.as_ref(), b, t, h, d)?;
@@ -295,7 +295,7 @@ fn rope_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, h: usize, d: usize) 
     let pd = c.up(&pos)?;
     for inverse in [false, true] {
         let mut want = x.clone();
-        crate::rope::rope_apply(&mut want, &pos64, h, d, 500000.0, inverse);
+        fox_kernels::rope::rope_apply(&mut want, &pos64, h, d, 500000.0, inverse);
         let mut xd = c.up(&xt)?;
         ops::rope_apply(g, &mut xd, &pd, rows, h, d, 500000.0, inverse)?;
         let metric = if inverse { "inverse (backward)" } else { "forward" };
@@ -350,12 +350,12 @@ fn swiglu_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, inter: usize) -> R
     let (dht, dh) = c.randn_t::<T>(rows * inter, 1.0);
     let (gud, dhd) = (c.up(&gut)?, c.up(&dht)?);
     let mut want = vec![0.0; rows * inter];
-    crate::swiglu::swiglu_fwd(&mut want, &gu, inter);
+    fox_kernels::swiglu::swiglu_fwd(&mut want, &gu, inter);
     let mut hd = g.zeros::<T>(rows * inter)?;
     ops::swiglu_fwd(g, &mut hd, &gud, rows, inter)?;
     c.add_t::<T>(name, "fwd h", &dl(g, &hd, rows * inter)?, &want);
     let mut want = vec![0.0; rows * 2 * inter];
-    crate::swiglu::swiglu_bwd(&mut want, &dh, &gu, inter);
+    fox_kernels::swiglu::swiglu_bwd(&mut want, &dh, &gu, inter);
     let mut dgd = g.zeros::<T>(rows * 2 * inter)?;
     ops::swiglu_bwd(g, &mut dgd, &dhd, &gud, rows, inter)?;
     c.add_t::<T>(name, "bwd dgu", &dl(g, &dgd, rows * 2 * inter)?, &want);
@@ -410,7 +410,7 @@ fn add_rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize) -> Re
     c.add_same(name, "rstd bitwise = add then rms_norm", &g.download(&r2)?, &g.download(&r1)?);
     let mut y_ref = vec![0.0; n];
     let mut rstd_ref = vec![0.0; rows];
-    crate::rmsnorm::rms_norm_fwd(&mut y_ref, &mut rstd_ref, &h, &w, dim, 1e-6);
+    fox_kernels::rmsnorm::rms_norm_fwd(&mut y_ref, &mut rstd_ref, &h, &w, dim, 1e-6);
     c.add_t::<T>(name, "y against the CPU norm of h", &dl(g, &y2, n)?, &y_ref);
     Ok(())
 }
@@ -515,9 +515,9 @@ fn xent_reference(c: &mut Ctx, rows: usize, vocab: usize) -> (Vec<f32>, Vec<Opti
         })
         .collect();
     let weight = 1.0 / targets.iter().filter(|t| t.is_some()).count().max(1) as f32;
-    let (loss_ref, lse) = crate::cross_entropy::cross_entropy_fwd(&logits, &targets, vocab);
+    let (loss_ref, lse) = fox_kernels::cross_entropy::cross_entropy_fwd(&logits, &targets, vocab);
     let mut d_ref = logits.clone();
-    crate::cross_entropy::cross_entropy_bwd(&mut d_ref, &lse, &targets, &vec![weight; rows], vocab);
+    fox_kernels::cross_entropy::cross_entropy_bwd(&mut d_ref, &lse, &targets, &vec![weight; rows], vocab);
     (logits, targets, weight, loss_ref, d_ref)
 }
 
@@ -656,14 +656,14 @@ fn fgate_case(c: &mut Ctx, name: &str, rows: usize, cols: usize) -> Result<()> {
     let mut ad = g.zeros::<f32>(n)?;
     ops::log_fgate_fwd(g, &mut ad, &ld, n)?;
     let mut a_ref = vec![0.0; n];
-    crate::fgate::log_fgate_fwd(&mut a_ref, &logit);
+    fox_kernels::fgate::log_fgate_fwd(&mut a_ref, &logit);
     c.add_f32(name, "log_fgate_fwd", &g.download(&ad)?, &a_ref);
     let da = c.randn(n, 1.0);
     let dad = c.up(&da)?;
     let mut dld = g.zeros::<f32>(n)?;
     ops::log_fgate_bwd(g, &mut dld, &dad, &ld, n)?;
     let mut dl_ref = vec![0.0; n];
-    crate::fgate::log_fgate_bwd(&mut dl_ref, &da, &logit);
+    fox_kernels::fgate::log_fgate_bwd(&mut dl_ref, &da, &logit);
     c.add_f32(name, "log_fgate_bwd", &g.download(&dld)?, &dl_ref);
     // bias gradient: column sums onto a random start
     let d0 = c.randn(cols, 1.0);

@@ -1,4 +1,4 @@
-//! The GPU check of Mamba-2's ops ([`super::ssd`]) against their CPU twins on fresh random
+//! The GPU check of Mamba-2's ops ([`fox_kernels::cuda::ssd`]) against their CPU twins on fresh random
 //! inputs, rows for `fox-attn check-ops` (case names begin with "ssd"), and the SSD timing of
 //! `fox-attn bench-ssd`.
 //!
@@ -12,11 +12,11 @@
 //! - Determinism: the forward runs twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::{CheckRow, Ctx};
-use super::ssd::{self, DevSsd};
-use super::{Elem, Gpu};
+use crate::check::{CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use fox_kernels::cuda::ssd::{self, DevSsd};
+use fox_kernels::cuda::{Elem, Gpu};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -44,8 +44,8 @@ pub(super) fn host_problem<'a>(
     stride: usize,
     (xbc, dt, a, d): (&'a [f32], &'a [f32], &'a [f32], &'a [f32]),
     start: Option<&'a [usize]>,
-) -> crate::ssd::Ssd<'a> {
-    crate::ssd::Ssd { batch, seq, heads, head_dim, state, groups, xbc, xbc_stride: stride, dt, a, d, start }
+) -> fox_kernels::ssd::Ssd<'a> {
+    fox_kernels::ssd::Ssd { batch, seq, heads, head_dim, state, groups, xbc, xbc_stride: stride, dt, a, d, start }
 }
 
 /// A CPU SSD problem's inputs on the device (x | B | C in `T`, the rest f32, start as i32): the
@@ -59,13 +59,13 @@ pub(super) struct DevInputs<T: Elem> {
 }
 
 impl<T: Elem> DevInputs<T> {
-    pub(super) fn upload(gpu: &Gpu, p: &crate::ssd::Ssd) -> Result<Self> {
+    pub(super) fn upload(gpu: &Gpu, p: &fox_kernels::ssd::Ssd) -> Result<Self> {
         let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
         Ok(Self { xbc: upload_as(gpu, p.xbc)?, dt: gpu.upload(p.dt)?, a: gpu.upload(p.a)?, d: gpu.upload(p.d)?, start })
     }
 
     /// The device problem of `p`'s sizes over these buffers.
-    pub(super) fn problem(&self, p: &crate::ssd::Ssd) -> DevSsd<'_, T> {
+    pub(super) fn problem(&self, p: &fox_kernels::ssd::Ssd) -> DevSsd<'_, T> {
         DevSsd {
             batch: p.batch,
             seq: p.seq,
@@ -123,7 +123,7 @@ fn ssd_case(
     let (xbc, dt, a, d, init) = ssd_inputs(c, b, t, h, p, n, stride);
     let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), start.as_deref());
     let (mut y, mut fin) = (vec![0.0; b * t * h * p], vec![0.0; b * h * p * n]);
-    crate::ssd::ssd_fwd(&cpu, &mut y, Some(&init), Some(&mut fin))?;
+    fox_kernels::ssd::ssd_fwd(&cpu, &mut y, Some(&init), Some(&mut fin))?;
     let gpu = c.gpu;
     let (inputs, di) = (DevInputs::<f32>::upload(gpu, &cpu)?, gpu.upload(&init)?);
     let dev = inputs.problem(&cpu);
@@ -144,12 +144,18 @@ fn ssd_case(
     let dfin = c.randn(fin.len(), 1.0);
     let (mut dxbc, mut ddt, mut dav, mut ddv, mut dinit) =
         (vec![0.0f32; xbc.len()], vec![0.0f32; dt.len()], vec![0.0f32; h], vec![0.0f32; h], vec![0.0f32; init.len()]);
-    crate::ssd::ssd_bwd(
+    fox_kernels::ssd::ssd_bwd(
         &cpu,
         &dyv,
         Some(&init),
         Some(&dfin),
-        crate::ssd::SsdGrads { dxbc: &mut dxbc, ddt: &mut ddt, da: &mut dav, dd: &mut ddv, dinit: Some(&mut dinit) },
+        fox_kernels::ssd::SsdGrads {
+            dxbc: &mut dxbc,
+            ddt: &mut ddt,
+            da: &mut dav,
+            dd: &mut ddv,
+            dinit: Some(&mut dinit),
+        },
     )?;
     let (gdy, gdfin) = (gpu.upload(&dyv)?, gpu.upload(&dfin)?);
     let mut sc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
@@ -199,7 +205,7 @@ fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
         let (xbc, dt, a, d, _) = ssd_inputs(c, b, 1, h, p, n, stride);
         let cpu = host_problem((b, 1, h, p, n, g), stride, (&xbc, &dt, &a, &d), Some(&start));
         let mut y = vec![0.0; b * h * p];
-        crate::ssd::ssd_decode_step(&cpu, &mut state, &mut y)?;
+        fox_kernels::ssd::ssd_decode_step(&cpu, &mut state, &mut y)?;
         let inputs = DevInputs::<f32>::upload(gpu, &cpu)?;
         let dev = inputs.problem(&cpu);
         let mut gy = gpu.zeros::<f32>(y.len())?;
@@ -238,7 +244,7 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
     let bias = c.randn(ch, 0.5);
     let prev = c.randn(b * (w - 1) * ch, 1.0);
     let start = [0usize, 6];
-    let p = crate::conv1d::Conv1d {
+    let p = fox_kernels::conv1d::Conv1d {
         batch: b,
         seq: t,
         channels: ch,
@@ -251,7 +257,7 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
         silu: true,
     };
     let mut out = vec![0.0; b * t * ch];
-    crate::conv1d::conv1d_fwd(&p, &mut out, Some(&prev), None)?;
+    fox_kernels::conv1d::conv1d_fwd(&p, &mut out, Some(&prev), None)?;
     let gpu = c.gpu;
     let mut gout = gpu.zeros::<T>(out.len())?;
     let (gx, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &weight)?);
@@ -262,7 +268,7 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
     let dout = rounded::<T>(c.randn(b * t * ch, 1.0));
     let mut dx = vec![3.0f32; x.len()];
     let (mut dw, mut db) = (vec![0.5f32; ch * w], vec![0.5f32; ch]);
-    crate::conv1d::conv1d_bwd(&p, &dout, Some(&prev), &mut dx, &mut dw, Some(&mut db))?;
+    fox_kernels::conv1d::conv1d_bwd(&p, &dout, Some(&prev), &mut dx, &mut dw, Some(&mut db))?;
     let (gdout, mut gdx, mut gdw, mut gdb) = (
         upload_as::<T>(gpu, &dout)?,
         upload_as::<T>(gpu, &vec![3.0f32; x.len()])?,
@@ -303,7 +309,7 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let z = rounded::<T>(c.randn(rows * zs, 1.0));
     let w = c.randn(dim, 0.3).iter().map(|v| 1.0 + v).collect::<Vec<_>>();
     let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
-    crate::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, 1, eps)?;
+    fox_kernels::rms_norm_gated::rms_norm_gated_fwd(&mut y, &mut r, &x, &z, zs, &w, dim, 1, eps)?;
     let gpu = c.gpu;
     let (gx, gz, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &z)?, gpu.upload(&w)?);
     let (mut gy, mut gr) = (gpu.zeros::<T>(y.len())?, gpu.zeros::<f32>(rows)?);
@@ -312,7 +318,7 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
     let dy = rounded::<T>(c.randn(rows * dim, 1.0));
     let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![2.0; z.len()], vec![0.5; dim]);
-    crate::rms_norm_gated::rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &r, &w, dim, 1)?;
+    fox_kernels::rms_norm_gated::rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &r, &w, dim, 1)?;
     let gdy = upload_as::<T>(gpu, &dy)?;
     let (mut gdx, mut gdz, mut gdw) =
         (gpu.zeros::<T>(x.len())?, upload_as::<T>(gpu, &vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
@@ -325,7 +331,7 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     Ok(())
 }
 
-/// A decode step's in_proj with its inputs in one kernel ([`super::ops::gemv_step_in`]) against
+/// A decode step's in_proj with its inputs in one kernel ([`fox_kernels::cuda::ops::gemv_step_in`]) against
 /// in_proj's GEMV then [`ssd::decode_inputs`] (Mamba-2 125M's shapes; row 1 of 3 is padding):
 /// zxbcdt, xbc, dt and the advanced conv state with the same bits (tolerance 0 differing elements).
 fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
@@ -355,7 +361,7 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
             (gpu.zeros::<T>(rows * out)?, gpu.zeros::<T>(rows * conv)?, gpu.zeros::<f32>(rows * h)?);
         let mut st = gpu.upload(&state0)?;
         if fused {
-            super::ops::gemv_step_in(
+            fox_kernels::cuda::ops::gemv_step_in(
                 gpu,
                 &mut z,
                 &x,
@@ -371,7 +377,7 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
                 d,
             )?;
         } else {
-            super::ops::gemv(gpu, &mut z, &x, &wt, rows, k, out)?;
+            fox_kernels::cuda::ops::gemv(gpu, &mut z, &x, &wt, rows, k, out)?;
             ssd::decode_inputs(gpu, &mut xbc, &mut st, &mut dt, &z, &cw, Some(&cb), &dtb, Some(&gs), d)?;
         }
         got.push([download_f32(gpu, &z)?, download_f32(gpu, &xbc)?, gpu.download(&dt)?, gpu.download(&st)?]);
@@ -430,19 +436,19 @@ pub fn bench_fwd(
     let dev = inputs.problem(&cpu);
     let mut y = gpu.zeros::<f32>(b * t * h * p)?;
     let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
-    let all = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))?;
+    let all = fox_kernels::cuda::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))?;
     let dy = gpu.upload(&(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
     let mut bsc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
     let (mut gx, mut gdt, mut gda, mut gdd) =
         (gpu.zeros::<f32>(xbc.len())?, gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
-    let fwdbwd = super::bench::time_ms(gpu, warmup, iters, || {
+    let fwdbwd = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb)?;
         let grads = ssd::DevSsdGrads { dxbc: &mut gx, ddt: &mut gdt, da: &mut gda, dd: &mut gdd, dinit: None };
         ssd::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
     })?;
     let mut steps = [0.0; 4];
     for (k, ms) in steps.iter_mut().enumerate() {
-        *ms = super::bench::time_ms(gpu, warmup, iters, || ssd::ssd_fwd_step(gpu, &dev, &mut y, &mut cb, k))?;
+        *ms = fox_kernels::cuda::time_ms(gpu, warmup, iters, || ssd::ssd_fwd_step(gpu, &dev, &mut y, &mut cb, k))?;
     }
     Ok((all, fwdbwd, steps))
 }

@@ -1,9 +1,9 @@
-//! The GPU check of HGRN2's ops ([`super::gla`]) against their CPU twins on fresh random inputs,
+//! The GPU check of HGRN2's ops ([`fox_kernels::cuda::gla`]) against their CPU twins on fresh random inputs,
 //! rows for `fox-attn check-ops` (case names begin with "gla" or "hgrn2"), and the GLA timing of
 //! `fox-attn bench-gla`.
 //!
-//! The GLA's CPU twin is [`crate::gla`] (chunked, f32), on the same inputs rounded to T; the
-//! gates' and lower bounds' are plain loops here with [`crate::scalar`]'s functions (foxlm's CPU
+//! The GLA's CPU twin is [`fox_kernels::gla`] (chunked, f32), on the same inputs rounded to T; the
+//! gates' and lower bounds' are plain loops here with [`fox_kernels::scalar`]'s functions (foxlm's CPU
 //! backend computes them so; fox-kernels cannot see it). Errors are relative L2 norms
 //! ‖gpu − cpu‖ / ‖cpu‖. Tolerances, and why:
 //! - GLA forward (o, final state), f32: 2e-5. Both sides are f32 with f32 sums, in other orders
@@ -37,13 +37,13 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use super::check::{CheckRow, Ctx};
-use super::gla::{self, DevGla, DevGlaGrads, GateInputs};
-use super::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
-use super::{Elem, Gpu};
-use crate::scalar::{log_sigmoid, sigmoid, silu};
+use crate::check::{CheckRow, Ctx};
+use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
+use fox_kernels::cuda::{Elem, Gpu};
+use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 use rand::Rng;
 
 const TOL_FWD: f64 = 2e-5;
@@ -90,8 +90,8 @@ fn host_problem<'a>(
     (batch, seq, heads, d): (usize, usize, usize, usize),
     [q, k, v, g]: [&'a [f32]; 4],
     start: Option<&'a [usize]>,
-) -> crate::gla::Gla<'a> {
-    crate::gla::Gla { batch, seq, heads, k_dim: d, v_dim: d, q, k, v, g, scale: 1.0 / (d as f32).sqrt(), start }
+) -> fox_kernels::gla::Gla<'a> {
+    fox_kernels::gla::Gla { batch, seq, heads, k_dim: d, v_dim: d, q, k, v, g, scale: 1.0 / (d as f32).sqrt(), start }
 }
 
 /// A CPU GLA problem's inputs on the device (q, k, v, g in `T`, start as i32).
@@ -104,13 +104,13 @@ struct DevInputs<T: Elem> {
 }
 
 impl<T: Elem> DevInputs<T> {
-    fn upload(gpu: &Gpu, p: &crate::gla::Gla) -> Result<Self> {
+    fn upload(gpu: &Gpu, p: &fox_kernels::gla::Gla) -> Result<Self> {
         let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
         Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, g: up(gpu, p.g)?, start })
     }
 
     /// The device problem of `p`'s sizes over these buffers, the kernel version by default.
-    fn problem(&self, p: &crate::gla::Gla) -> DevGla<'_, T> {
+    fn problem(&self, p: &fox_kernels::gla::Gla) -> DevGla<'_, T> {
         DevGla {
             batch: p.batch,
             seq: p.seq,
@@ -140,7 +140,7 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     let init = s.init.then(|| c.randn(ns, 1.0));
     let cpu = host_problem((b, t, h, d), [&q, &k, &v, &g], s.start.as_deref());
     let (mut o, mut fin) = (vec![0.0; q.len()], vec![0.0; ns]);
-    crate::gla::gla_fwd(&cpu, &mut o, init.as_deref(), Some(&mut fin))?;
+    fox_kernels::gla::gla_fwd(&cpu, &mut o, init.as_deref(), Some(&mut fin))?;
     let gpu = c.gpu;
     let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let ginit = init.as_ref().map(|i| gpu.upload(i)).transpose()?;
@@ -185,8 +185,9 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     let n = q.len();
     let (mut dq, mut dk, mut dv, mut dg, mut dinit) =
         (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; ns]);
-    let grads = crate::gla::GlaGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv, dg: &mut dg, dinit: Some(&mut dinit) };
-    crate::gla::gla_bwd(&cpu, &dout, init.as_deref(), dfin.as_deref(), grads)?;
+    let grads =
+        fox_kernels::gla::GlaGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv, dg: &mut dg, dinit: Some(&mut dinit) };
+    fox_kernels::gla::gla_bwd(&cpu, &dout, init.as_deref(), dfin.as_deref(), grads)?;
     let gdo = up::<T>(gpu, &dout)?;
     let gdfin = dfin.as_ref().map(|f| gpu.upload(f)).transpose()?;
     let mut bufs = [gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?];
@@ -229,7 +230,7 @@ fn decode_case(c: &mut Ctx, name: &str, d: usize) -> Result<()> {
         let [q, k, v, g] = inputs::<f32>(c, &s);
         let cpu = host_problem((b, 1, h, d), [&q, &k, &v, &g], Some(&start));
         let mut o = vec![0.0; b * h * d];
-        crate::gla::gla_decode_step(&cpu, &mut state, &mut o)?;
+        fox_kernels::gla::gla_decode_step(&cpu, &mut state, &mut o)?;
         let inputs = DevInputs::<f32>::upload(gpu, &cpu)?;
         let dev = inputs.problem(&cpu);
         let mut go = gpu.zeros::<f32>(o.len())?;
@@ -448,11 +449,11 @@ pub fn bench<T: Elem>(
     let n = q.len();
     let mut o = gpu.zeros::<T>(n)?;
     let mut sc = gpu.zeros::<f32>(gla::gla_bwd_scratch_len(b, t, h, d, d))?;
-    let fwd = super::bench::time_ms(gpu, warmup, iters, || gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc))?;
+    let fwd = fox_kernels::cuda::time_ms(gpu, warmup, iters, || gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc))?;
     let stages = gla::fwd_kernel_ms(gpu, &dev, &mut o, &mut sc, warmup, iters)?;
     let gdo = up::<T>(gpu, &c.randn(n, 1.0))?;
     let mut bufs = [gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?];
-    let fb = super::bench::time_ms(gpu, warmup, iters, || {
+    let fb = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc)?;
         let [a, bb, cc, dd] = &mut bufs;
         let grads = DevGlaGrads { dq: a, dk: bb, dv: cc, dg: dd, dinit: None };

@@ -1,9 +1,10 @@
 //! The small GPU ops (fox_kernels::cuda::ops) against their CPU ops, f32 and bf16. Runs where a
 //! CUDA GPU is usable; prints a notice and passes elsewhere (CI has no GPU). Tolerances and why:
-//! `fox_kernels::cuda::ops_check`. On a GPU machine: `cargo test -p fox-kernels --release --test
+//! `fox_checks::ops_check`. On a GPU machine: `cargo test -p fox-checks --release --test
 //! gpu_ops -- --nocapture` (or `fox-attn check-ops`, which prints the same table).
 
-use fox_kernels::cuda::{check, ops_check, Gpu};
+use fox_checks::{check, ops_check};
+use fox_kernels::cuda::Gpu;
 
 #[test]
 fn every_op_matches_its_cpu_op() {

@@ -163,6 +163,26 @@ __device__ __forceinline__ float gla_g(const float* G, int b, int t0, int r, int
                                        int kc) {
     return G[gla_row(b, t0 + min(r, len - 1), T, H, h) * K + kc];
 }
+// ---- Version 1's products (f32, for either activation type) ----
+// acc[i][j] += Σ_{k < N} a[k][ty + 16i] · b[k][tx + 16j]: thread (ty, tx) of a 16 × 16 block
+// holds a 4 × 4 tile of a 64 × 64 product whose operands sit in shared memory k-major.
+template <int N, int PA, int PB>
+__device__ __forceinline__ void gla_fma_tile(float (&acc)[4][4], const float (*a)[PA], const float (*b)[PB], int ty,
+                                             int tx) {
+#pragma unroll 8
+    for (int kk = 0; kk < N; ++kk) {
+        float x[4], w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[i] = a[kk][ty + 16 * i];
+            w[i] = b[kk][tx + 16 * i];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * w[j];
+    }
+}
 // ---- Version 2's tensor-core products (bf16 operands, f32 sums), for bf16 activations ----
 // A block's 8 warps share a 64 × 64 product: warp w the 16 rows from 16 (w % 4) and the 32 columns
 // from 32 (w / 4), as four m16n8k16 tiles. Operands are bf16 tiles in shared memory with the
@@ -751,19 +771,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     const int ty = tid / 16, tx = tid % 16;
     float acc[4][4] = {};
-#pragma unroll 4
-    for (int r = 0; r < GLA_L; ++r) {
-        float a[4], w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            a[i] = xs[r][ty + 16 * i];
-            w[i] = ys[r][tx + 16 * i];
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
-    }
+    gla_fma_tile<GLA_L>(acc, xs, ys, ty, tx);
     float* o = out + ((long)bh * nslots + c) * K * V;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -903,19 +911,7 @@ extern "C" __global__ void __launch_bounds__(256)
             bs[cc][vv] = c0 + cc < K && v0 + vv < V ? S[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < GLA_KT; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = as[kk][ty + 16 * i];
-                w[i] = bs[kk][tx + 16 * i];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
-        }
+        gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
     const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
     for (int j0 = 0; j0 < GLA_L; j0 += GLA_KT) {
@@ -930,19 +926,7 @@ extern "C" __global__ void __launch_bounds__(256)
             bs[jj][vv] = real ? ld(v, gla_row(b, t, T, H, h) * V + v0 + vv) : 0.0f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < GLA_KT; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = as[kk][ty + 16 * i];
-                w[i] = bs[kk][tx + 16 * i];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
-        }
+        gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -1025,19 +1009,7 @@ extern "C" __global__ void __launch_bounds__(256)
             bs[cc][r] = real ? ld(v, i) : 0.0f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < GLA_KT; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = as[kk][ty + 16 * i];
-                w[i] = bs[kk][tx + 16 * i];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
-        }
+        gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
     float* out = dA + ((long)bh * nch + c) * GLA_L * GLA_L;
 #pragma unroll
@@ -1108,19 +1080,7 @@ extern "C" __global__ void __launch_bounds__(256)
             bs[ii][vv] = real ? ld(dout, gla_row(b, t, T, H, h) * V + v0 + vv) : 0.0f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < GLA_KT; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = as[kk][ty + 16 * i];
-                w[i] = bs[kk][tx + 16 * i];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
-        }
+        gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -1143,19 +1103,7 @@ extern "C" __global__ void __launch_bounds__(256)
             bs[cc][vv] = c0 + cc < K && v0 + vv < V ? D[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < GLA_KT; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = as[kk][ty + 16 * i];
-                w[i] = bs[kk][tx + 16 * i];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * w[j];
-        }
+        gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -27,6 +27,37 @@ __device__ __forceinline__ float ssd_silu(float x) { return x / (1.0f + __expf(-
 #define SSD_PMAX 64
 #define SSD_AHEAD 16  // chunks whose loads the state passing issues together
 
+// dst [P, N] (f32) = Σ_{j < len} X[j][p] · Bn[j][n]: a chunk's state-shaped product of two tiles
+// in shared memory, rows [SSD_L][SSD_PMAX] and [SSD_L][SSD_NMAX]; a block of 256 threads, each
+// rows p0 .. p0 + 7 and columns n = lane + 32 q.
+__device__ __forceinline__ void ssd_state_tile(float* dst, const float* X, const float* Bn, int len, int P, int N,
+                                               int tid) {
+    const int lane = tid % 32, p0 = (tid / 32) * 8;
+    float acc[8][4];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[k][q] = 0.0f;
+    for (int j = 0; j < len; ++j) {
+        float bv[4], xv[8];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) bv[q] = Bn[j * SSD_NMAX + lane + 32 * q];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xv[k] = X[j * SSD_PMAX + p0 + k];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[k][q] += xv[k] * bv[q];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int p = p0 + k, n = lane + 32 * q;
+            if (p < P && n < N) dst[(long)p * N + n] = acc[k][q];
+        }
+}
+
 // dt (0 at padding and past the chunk's end) and cum, its inclusive prefix sum times A, for the
 // chunk starting at t0 of (b, h); all 256 threads call it (warp 0 scans), then __syncthreads.
 __device__ __forceinline__ void ssd_chunk_cum(float* dtm, float* cum, const float* dt, float a, int b, int h,
@@ -605,32 +636,7 @@ extern "C" __global__ void __launch_bounds__(256)
         Xw[i] = v;
     }
     __syncthreads();
-    // Thread tile: rows p0 .. p0 + 7, columns n = lane + 32 q.
-    int lane = tid % 32, p0 = (tid / 32) * 8;
-    float acc[8][4];
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[k][q] = 0.0f;
-    for (int j = 0; j < len; ++j) {
-        float bv[4], xv[8];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) bv[q] = Bs[j * SSD_NMAX + lane + 32 * q];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) xv[k] = Xw[j * SSD_PMAX + p0 + k];
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[k][q] += xv[k] * bv[q];
-    }
-    float* dst = states + (long)idx * P * N;
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            int p = p0 + k, n = lane + 32 * q;
-            if (p < P && n < N) dst[(long)p * N + n] = acc[k][q];
-        }
+    ssd_state_tile(states + (long)idx * P * N, Xw, Bs, len, P, N, tid);
     if (tid == 0) decay[idx] = __expf(last);
 }
 
@@ -893,31 +899,7 @@ extern "C" __global__ void __launch_bounds__(256)
         Ye[i] = v;
     }
     __syncthreads();
-    int lane = tid % 32, p0 = (tid / 32) * 8;
-    float acc[8][4];
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[k][q] = 0.0f;
-    for (int j = 0; j < len; ++j) {
-        float cv[4], yv[8];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) cv[q] = Cs[j * SSD_NMAX + lane + 32 * q];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) yv[k] = Ye[j * SSD_PMAX + p0 + k];
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[k][q] += yv[k] * cv[q];
-    }
-    float* dst = gbuf + (long)idx * P * N;
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            int p = p0 + k, n = lane + 32 * q;
-            if (p < P && n < N) dst[(long)p * N + n] = acc[k][q];
-        }
+    ssd_state_tile(gbuf + (long)idx * P * N, Ye, Cs, len, P, N, tid);
 }
 
 extern "C" __global__ void __launch_bounds__(256)

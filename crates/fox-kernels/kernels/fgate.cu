@@ -85,6 +85,20 @@ __device__ __forceinline__ void scan_impl(const ScanParams& p) {
 extern "C" __global__ void __launch_bounds__(256) fox_fgate_cumsum_fwd(const ScanParams p) { scan_impl<false>(p); }
 extern "C" __global__ void __launch_bounds__(256) fox_fgate_cumsum_bwd(const ScanParams p) { scan_impl<true>(p); }
 
+// |row|² of a D-wide row of 16-bit elements, summed by one warp (every lane gets it).
+template <int D, bool BF>
+__device__ __forceinline__ float row_sq_norm(const u16* row, int lane) {
+    float acc = 0.f;
+    for (int d = lane * 2; d < D; d += 64) {
+        const u32 w = *(const u32*)(row + d);
+        const float x0 = to_f32<BF>((u16)(w & 0xffff)), x1 = to_f32<BF>((u16)(w >> 16));
+        acc += x0 * x0 + x1 * x1;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    return acc;
+}
+
 // ACP threshold per (b, h) from the largest query and key norms:
 //   U = scale * max|q| * max|k|,  delta = -(2U + ln N) + ln eps.
 // One CTA of 256 threads (8 warps, a warp per row) per (b, h). Rows that see nothing (padding)
@@ -99,26 +113,12 @@ __device__ __forceinline__ void acp_norm_impl(const AttnParams& p, float log_eps
     for (int r = warp; r < p.tq; r += 8) {
         if (p.q_pos0 + r < row_start(p, b, r)) continue;
         const u16* row = p.q + b * p.q_sb + h * p.q_sh + (long long)r * p.q_st;
-        float acc = 0.f;
-        for (int d = lane * 2; d < D; d += 64) {
-            const u32 w = *(const u32*)(row + d);
-            const float x0 = to_f32<BF>((u16)(w & 0xffff)), x1 = to_f32<BF>((u16)(w >> 16));
-            acc += x0 * x0 + x1 * x1;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        const float acc = row_sq_norm<D, BF>(row, lane);
         bq = fmaxf(bq, acc);
     }
     for (int j = max(kfloor, 0) + warp; j < p.tk; j += 8) {
         const u16* row = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh + (long long)j * p.k_st;
-        float acc = 0.f;
-        for (int d = lane * 2; d < D; d += 64) {
-            const u32 w = *(const u32*)(row + d);
-            const float x0 = to_f32<BF>((u16)(w & 0xffff)), x1 = to_f32<BF>((u16)(w >> 16));
-            acc += x0 * x0 + x1 * x1;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        const float acc = row_sq_norm<D, BF>(row, lane);
         bk = fmaxf(bk, acc);
     }
     if (lane == 0) {

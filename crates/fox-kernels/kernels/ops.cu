@@ -775,17 +775,9 @@ __device__ __forceinline__ void add_inplace_impl(T* y, const T* x, i64 n) {
     });
 }
 
-template <class T>
-__device__ __forceinline__ void cast_from_f32_impl(T* out, const float* x, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float v[4];
-        ldv(x, i, w, v);
-        stv(out, i, w, v);
-    });
-}
-
-template <class T>
-__device__ __forceinline__ void cast_to_f32_impl(float* out, const T* x, i64 n) {
+// out = x converted (f32 <-> the activation type), four elements a thread.
+template <class O, class I>
+__device__ __forceinline__ void cast_impl(O* out, const I* x, i64 n) {
     vec4(n, [&](i64 i, int w) {
         float v[4];
         ldv(x, i, w, v);
@@ -1097,10 +1089,10 @@ extern "C" __global__ void __launch_bounds__(256) sumsq_final(float* out, int sl
         add_inplace_impl<T>(y, x, n);                                                                              \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) cast_from_f32_##S(T* out, const float* x, i64 n) {           \
-        cast_from_f32_impl<T>(out, x, n);                                                                          \
+        cast_impl<T, float>(out, x, n);                                                                            \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) cast_to_f32_##S(float* out, const T* x, i64 n) {             \
-        cast_to_f32_impl<T>(out, x, n);                                                                            \
+        cast_impl<float, T>(out, x, n);                                                                            \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256)                                                              \
         embedding_fwd_##S(T* out, const T* table, const int* ids, int rows, int d, int vocab) {                    \

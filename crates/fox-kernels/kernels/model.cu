@@ -87,6 +87,24 @@ __device__ __forceinline__ bool ce_ignored(T* dx, float* losses, long long r, in
     return true;
 }
 
+// A row's loss and gradient from its logits x (global or shared memory) and their maximum m:
+// lse = m + log Σ e^{x − m} over the vocabulary, dx = weight (softmax − one-hot) (0 in the
+// padding columns up to ld), loss = lse − x[t].
+template <typename T>
+__device__ __forceinline__ void ce_finish(T* dx, float* losses, long long r, const float* x, int t, float m,
+                                          float weight, int vocab, int ld, float* sh) {
+    float s = 0.f;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) s += __expf(x[c] - m);
+    s = block_reduce(s, false, sh);
+    const float lse = m + logf(s);
+    for (int c = threadIdx.x; c < ld; c += blockDim.x) {
+        float g = 0.f;
+        if (c < vocab) g = weight * (__expf(x[c] - lse) - (c == t ? 1.f : 0.f));
+        st(dx, c, g);
+    }
+    if (threadIdx.x == 0) losses[r] = lse - x[t];
+}
+
 template <typename T>
 __device__ void cross_entropy_ld(T* dlogits, float* losses, const float* logits, const int* targets, float weight,
                                  int vocab, int ld) {
@@ -98,17 +116,7 @@ __device__ void cross_entropy_ld(T* dlogits, float* losses, const float* logits,
     if (ce_ignored(dx, losses, r, t, ld)) return;
     float m = __int_as_float(0xff800000);
     for (int c = threadIdx.x; c < vocab; c += blockDim.x) m = fmaxf(m, x[c]);
-    m = block_reduce(m, true, sh);
-    float s = 0.f;
-    for (int c = threadIdx.x; c < vocab; c += blockDim.x) s += __expf(x[c] - m);
-    s = block_reduce(s, false, sh);
-    const float lse = m + logf(s);
-    for (int c = threadIdx.x; c < ld; c += blockDim.x) {
-        float g = 0.f;
-        if (c < vocab) g = weight * (__expf(x[c] - lse) - (c == t ? 1.f : 0.f));
-        st(dx, c, g);
-    }
-    if (threadIdx.x == 0) losses[r] = lse - x[t];
+    ce_finish(dx, losses, r, x, t, block_reduce(m, true, sh), weight, vocab, ld, sh);
 }
 
 // The same with the row held in shared memory (ld floats of dynamic shared memory, ld a multiple
@@ -146,17 +154,7 @@ __device__ void cross_entropy_ld_smem(T* dlogits, float* losses, const float* lo
             if (c + 3 < vocab) m = fmaxf(m, v[u].w);
         }
     }
-    m = block_reduce(m, true, sh);
-    float s = 0.f;
-    for (int c = threadIdx.x; c < vocab; c += blockDim.x) s += __expf(row[c] - m);
-    s = block_reduce(s, false, sh);
-    const float lse = m + logf(s);
-    for (int c = threadIdx.x; c < ld; c += blockDim.x) {
-        float g = 0.f;
-        if (c < vocab) g = weight * (__expf(row[c] - lse) - (c == t ? 1.f : 0.f));
-        st(dx, c, g);
-    }
-    if (threadIdx.x == 0) losses[r] = lse - row[t];
+    ce_finish(dx, losses, r, row, t, block_reduce(m, true, sh), weight, vocab, ld, sh);
 }
 
 extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_f32(float* dl, float* loss, const float* x,

@@ -786,8 +786,10 @@ struct DrWalk<u16, KP> {
 //   Uᵀ = Ũᵀ − Sᵀ Wᵀ : A = Sᵀ rounded to bf16 in registers, B = W from shared memory (K-major),
 //   Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K : A = those rows of Uᵀ in registers, B = K (N-major).
 // W and K are stored in 128-byte-swizzle atoms of [64 rows][64 columns] (K' ≥ 64), the layout the
-// descriptors address; Ũ, G, the staging of S and U and every rounding are dr_walk_tc's. The entering
-// state goes out while the first product runs.
+// descriptors address; Ũ, G, the staging of S and U and every rounding are dr_walk_tc's; S is
+// staged while the first product runs, S and U go out while the second does. Correct (the check
+// rows) but slower than dr_walk_tc at B = 2, T = 16384, H = 6, K = V = 128 (BENCHMARKS.md), so
+// dr_walk_tc stays the default.
 #ifndef FOX_HOST_EMU
 __device__ __forceinline__ u32 dr_saddr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -836,27 +838,20 @@ __device__ __forceinline__ unsigned long long dr_desc(u32 sa, u32 lbo) {
 // Element offset of 16-byte piece c of row r in a [64][K'] tile of 64-column atoms (1024-aligned).
 __device__ __forceinline__ int dr_atom(int r, int c) { return (c >> 3) * (DR_L * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3); }
 
-// PW: a fifth warp (the producer) issues every tile load and stores the staged S and U of the
-// chunk before, the staging tiles twice, so that the warpgroup's chunk has no global access. NS:
-// sets of tiles (2: the next chunk loads while one computes; 3, with the producer: the next two).
-template <int KP, bool PW, int NS = 2>
+template <int KP>
 struct DrWalkWg {
     static constexpr int NA = KP / 64, TA = DR_L * 128;  // atoms of W and K, bytes of an atom
     static constexpr int LU = DR_WV + 8, LS = 24;
     static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
     static constexpr int SET = (2 * NA * TA + TU + DR_L * 4 + 1023) / 1024 * 1024;
     static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
-    static constexpr int threads = 32 * DR_WW + (PW ? 32 : 0);
-    static constexpr int bytes = 1024 + NS * SET + (PW ? 2 : 1) * DR_WW * STG;  // 1024: room to align the sets
+    static constexpr int bytes = 1024 + 2 * SET + DR_WW * STG;  // 1024: room to align the sets
 };
 
-template <int KP, bool PW, int NS = 2>
+template <int KP>
 __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
-    static_assert(NS == 2 || (PW && NS == 3), "dr_walk_wg: three sets with the producer only");
-    typedef DrWalkWg<KP, PW, NS> Lw;
-    constexpr int NA = Lw::NA, LU = Lw::LU, LS = Lw::LS;
-    // The threads that load: all 128 of the warpgroup, or the producer's 32.
-    constexpr int NL = PW ? 32 : 32 * DR_WW;
+    typedef DrWalkWg<KP> Lw;
+    constexpr int NA = Lw::NA, LU = Lw::LU, LS = Lw::LS, NTW = 32 * DR_WW;
     DR_SMEM_DECL
     dr_need_smem(Lw::bytes);
     unsigned char* base = smem + ((1024 - (dr_saddr(smem) & 1023)) & 1023);
@@ -864,14 +859,12 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
     auto Kb = [&](int i) { return (u16*)(base + i * Lw::SET + NA * Lw::TA); };
     auto Ub = [&](int i) { return (u16*)(base + i * Lw::SET + 2 * NA * Lw::TA); };
     auto Gb = [&](int i) { return (float*)(base + i * Lw::SET + 2 * NA * Lw::TA + Lw::TU); };
-    // Staging tiles of warp w (set i with PW): S [K'][LS], then U [64][LS].
-    auto Stg = [&](int i, int w) { return (u16*)(base + NS * Lw::SET + (i * DR_WW + w) * Lw::STG); };
-    // The warp index through a shuffle, so that the compiler knows it is uniform across the warp (else
-    // it serializes the wgmma behind the producer's branch).
+    // The warp index through a shuffle, so that the compiler knows it is uniform across the warp.
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0), lane = threadIdx.x & 31, g = lane >> 2,
               t = lane & 3, j8 = lane & 7, m4 = lane >> 3;
-    const bool prod = PW && warp == DR_WW;
-    const int lt = PW ? lane : (int)threadIdx.x;  // index among the loading threads
+    // This warp's staging tiles: S [K'][LS], then U [64][LS].
+    u16* Sst = (u16*)(base + 2 * Lw::SET + warp * Lw::STG);
+    u16* Ust = Sst + KP * LS;
     const DrBlock k = dr_block(p);
     const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
     const bool act = vw < p.Vp;  // the warps past V' compute on zeros and store nothing
@@ -883,48 +876,32 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         u16* ws = Wb(bi);
         u16* ks = Kb(bi);
-        for (int i = lt; i < DR_L * (KP / 8); i += NL) {
+        for (int i = threadIdx.x; i < DR_L * (KP / 8); i += NTW) {
             const int r = i / (KP / 8), cc = i % (KP / 8);
             cp_async16(ws + dr_atom(r, cc), W + (row0 + r) * KP + cc * 8, true);
         }
         if (p.vk) {
-            for (int i = lt; i < DR_L * (KP / 8); i += NL) {
+            for (int i = threadIdx.x; i < DR_L * (KP / 8); i += NTW) {
                 const int r = i / (KP / 8), cc = i % (KP / 8), tt = c * DR_L + r;
                 const bool ok = tt >= k.lo && tt < k.hi && cc * 8 < p.K;
                 cp_async16(ks + dr_atom(r, cc), ok ? Kx + (((long long)k.b * p.T + tt) * p.H + k.h) * p.K + cc * 8 : Kx,
                            ok);
             }
         } else {
-            for (int i = lt; i < DR_L * KP; i += NL) {
+            for (int i = threadIdx.x; i < DR_L * KP; i += NTW) {
                 const int r = i / KP, col = i % KP, tt = c * DR_L + r;
                 const bool ok = tt >= k.lo && tt < k.hi && col < p.K;
                 st(ks, dr_atom(r, col >> 3) + (col & 7),
                    ok ? ld(Kx, (((long long)k.b * p.T + tt) * p.H + k.h) * p.K + col) : 0.f);
             }
         }
-        for (int i = lt; i < DR_L * (DR_WV / 8); i += NL) {
+        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
             const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
             const bool ok = v0 + cc < p.Vp;
             cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
         }
-        if (lt < DR_L / 4) cp_async16(Gb(bi) + 4 * lt, p.gc + row0 + 4 * lt, true);
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
         cp_async_commit();
-    };
-    // The staged S (entering chunk c) and U of chunk c from staging set `si` out to the scratch, by
-    // the producer (PW) or by each warp its own (from = its warp, n = 1).
-    auto drain = [&](int c, int si, int from, int n, int l0, int nl) {
-        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
-        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-        for (int i = l0; i < n * (KP + DR_L) * 2; i += nl) {
-            const int w = from + i / ((KP + DR_L) * 2), r = (i >> 1) % (KP + DR_L), h = i & 1;
-            const int vc = v0 + 16 * w + h * 8;
-            if (vc >= p.Vp) continue;
-            const uint4 x = *(const uint4*)(Stg(si, w) + r * LS + h * 8);
-            if (r < KP)
-                *(uint4*)(states + (sbase + r) * p.Vp + vc) = x;
-            else
-                *(uint4*)(U + (row0 + r - KP) * p.Vp + vc) = x;
-        }
     };
     // s[a][4n + r]: Sᵀ rows vw + g (r = 0, 1) and vw + g + 8 (r = 2, 3), columns 64a + 8n + 2t + (r & 1).
     float s[NA][32];
@@ -935,43 +912,15 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
             const int kd = 64 * a + 8 * (i >> 2) + 2 * t + (i & 1), vc = vw + g + ((i >> 1) & 1) * 8;
             s[a][i] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
         }
-    // The producer: chunk c + 1's tiles and chunk c − 1's staged S and U while the warpgroup computes
-    // chunk c, one barrier a chunk as the warpgroup's.
-    if (prod) {
-        issue(p.c0, 0);
-        if (NS == 3 && p.c0 + 1 < p.c1) issue(p.c0 + 1, 1);
-        for (int c = p.c0; c < p.c1; ++c) {
-            const int cur = (c - p.c0) & 1;
-            // Chunk c's copies done (with three sets, chunk c + 1's may still be in flight).
-            if (NS == 3 && c + 1 < p.c1)
-                cp_async_wait<1>();
-            else
-                cp_async_wait<0>();
-            dr_fence_async();
-            __syncthreads();
-            if (c + NS - 1 < p.c1) issue(c + NS - 1, (c + NS - 1 - p.c0) % NS);
-            if (c > p.c0) drain(c - 1, cur ^ 1, 0, DR_WW, lane, 32);
-        }
-        if (p.c1 > p.c0) {
-            __syncthreads();
-            drain(p.c1 - 1, (p.c1 - 1 - p.c0) & 1, 0, DR_WW, lane, 32);
-        }
-        return;
-    }
-    if (!PW) issue(p.c0, 0);
+    issue(p.c0, 0);
     for (int c = p.c0; c < p.c1; ++c) {
         const int cur = (c - p.c0) & 1;
         // The last chunk's products are done (they read the set that the next loads overwrite).
         dr_wg_wait();
-        if (!PW) {
-            cp_async_wait<0>();
-            dr_fence_async();
-        }
+        cp_async_wait<0>();
+        dr_fence_async();
         __syncthreads();
-        if (!PW && c + 1 < p.c1) issue(c + 1, cur ^ 1);
-        const int set = NS == 2 ? cur : (c - p.c0) % NS;
-        u16* Sst = Stg(PW ? cur : 0, warp);
-        u16* Ust = Sst + KP * LS;
+        if (c + 1 < p.c1) issue(c + 1, cur ^ 1);
         // Sᵀ as bf16 A fragments (k-steps of 16 columns of K').
         u32 sa[KP / 16][4];
 #pragma unroll
@@ -984,7 +933,7 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
         }
         // Uᵀ = Ũᵀ − Sᵀ Wᵀ: u[4n + r] holds rows vw + g (+ 8), chunk positions 8n + 2t + (r & 1).
         float u[32];
-        const u32 w_s = dr_saddr(Wb(set));
+        const u32 w_s = dr_saddr(Wb(cur));
         dr_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KP / 16; ++kk)
@@ -994,7 +943,7 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
 #pragma unroll
         for (int kk = 0; kk < KP / 16; ++kk) stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
         dr_wg_wait();
-        const u16* Us = Ub(set);
+        const u16* Us = Ub(cur);
 #pragma unroll
         for (int n2 = 0; n2 < 4; ++n2) {
             u32 r[4];
@@ -1013,7 +962,7 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
             stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
         }
         // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
-        const float* sG = Gb(set);
+        const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
         u32 ua[4][4];
 #pragma unroll
@@ -1032,21 +981,29 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
         for (int a = 0; a < NA; ++a)
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[a][i] *= egl;
-        const u32 k_s = dr_saddr(Kb(set));
+        const u32 k_s = dr_saddr(Kb(cur));
         dr_wg_fence();
 #pragma unroll
         for (int a = 0; a < NA; ++a)
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) dr_wgmma<1>(s[a], ua[kk], dr_desc(k_s + a * Lw::TA + kk * 2048, Lw::TA), 1);
         dr_wg_commit();
-        // Without the producer each warp stores its own staged S and U while the product runs.
-        if (!PW) {
-            __syncwarp();
-            drain(c, 0, warp, 1, lane, 32);
+        // The staged S (entering chunk c) and U out to the scratch while the product runs.
+        __syncwarp();
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+        for (int i = lane; i < (KP + DR_L) * 2; i += 32) {
+            const int r = (i >> 1) % (KP + DR_L), h = i & 1;
+            const int vc = vw + h * 8;
+            if (vc >= p.Vp) continue;
+            const uint4 x = *(const uint4*)(Sst + r * LS + h * 8);
+            if (r < KP)
+                *(uint4*)(states + (sbase + r) * p.Vp + vc) = x;
+            else
+                *(uint4*)(U + (row0 + r - KP) * p.Vp + vc) = x;
         }
     }
     dr_wg_wait();
-    if (PW && p.c1 > p.c0) __syncthreads();
     if (act && p.fin) {
 #pragma unroll
         for (int a = 0; a < NA; ++a)
@@ -1702,23 +1659,8 @@ DR_KERNELS(bf16, u16)
 
 // The bf16 forward walk by wgmma (K' of 64 and 128; sm_90a).
 #ifdef DR_HAVE_WG
-// dr_walk_wgp_*: with the producer warp (160 threads), dr_walk_wg_*: without (128).
-#define DR_WG_KERNELS(KP)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * DR_WW) dr_walk_wg_k##KP##_bf16(DrParams p) {       \
-        dr_walk_wg<KP, false>(p);                                                                        \
-    }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * DR_WW + 32) dr_walk_wgp_k##KP##_bf16(DrParams p) { \
-        dr_walk_wg<KP, true>(p);                                                                         \
-    }
-DR_WG_KERNELS(64)
-DR_WG_KERNELS(128)
-// dr_walk_wgp3_*: with the producer and three sets of tiles.
-extern "C" __global__ void __launch_bounds__(32 * DR_WW + 32) dr_walk_wgp3_k64_bf16(DrParams p) {
-    dr_walk_wg<64, true, 3>(p);
-}
-extern "C" __global__ void __launch_bounds__(32 * DR_WW + 32) dr_walk_wgp3_k128_bf16(DrParams p) {
-    dr_walk_wg<128, true, 3>(p);
-}
+extern "C" __global__ void __launch_bounds__(32 * DR_WW) dr_walk_wg_k64_bf16(DrParams p) { dr_walk_wg<64>(p); }
+extern "C" __global__ void __launch_bounds__(32 * DR_WW) dr_walk_wg_k128_bf16(DrParams p) { dr_walk_wg<128>(p); }
 #endif
 
 extern "C" __global__ void dr_decay_reduce(float* dbias, float* da_log, const float* tb, const float* tl,

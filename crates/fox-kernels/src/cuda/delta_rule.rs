@@ -9,9 +9,9 @@
 //!
 //! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
 //! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
-//! chunks per (b, h, 64 columns of V) on a warpgroup's `wgmma` for bf16 on sm_90a at K' ≥ 64, else
-//! per (b, h, 16 columns of V) on a warp each for bf16 ([`FwdWalk`]), per (b, h, 32 columns) for
-//! f32, the chunk outputs), from 32 chunks on in segments whose walks run beside the other segments' chunk
+//! chunks per (b, h, 16 columns of V) on a warp each for bf16, or per (b, h, 64 columns) on a
+//! warpgroup's `wgmma` on sm_90a at K' ≥ 64 ([`FwdWalk`]), per (b, h, 32 columns) for f32, the
+//! chunk outputs), from 32 chunks on in segments whose walks run beside the other segments' chunk
 //! kernels ([`delta_rule_fwd_cut`]); backward in five (the first two again, in the same segments,
 //! then the state-free part of dU, the reverse walk for the state gradients, every input's
 //! gradient per chunk) over [`bwd_scratch_len`]. With bf16 activations the block products run on
@@ -37,21 +37,17 @@ const THREADS: u32 = 256;
 /// Warps of the bf16 forward walk (DR_WW), each owning 16 columns of V.
 const WALK_TC_WARPS: usize = 4;
 
-/// The bf16 forward walk: the state's 64 columns of V a block by warpgroup `wgmma` (sm_90a,
-/// K' ≥ 64; `dr_walk_wgp`, a producer warp beside the warpgroup loading the tiles one chunk ahead
-/// and storing the chunk states and U; `dr_walk_wgp3`, the same loading two chunks ahead;
-/// `dr_walk_wg`, the warpgroup alone), or 16 a warp by chains of `mma.sync` (`dr_walk_tc`). The
-/// f32 walk and K' = 32 take the last one's path.
+/// The bf16 forward walk: 16 columns of V a warp by chains of `mma.sync` (`dr_walk_tc`, the
+/// default: the faster at the 125M models' shape, BENCHMARKS.md), or 64 a block by warpgroup
+/// `wgmma` (`dr_walk_wg`; sm_90a, K' ≥ 64). The f32 walk and K' = 32 take the first one's path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FwdWalk {
-    WgmmaProducer,
-    WgmmaProducer3,
-    Wgmma,
     MmaSync,
+    Wgmma,
 }
 
 /// Every bf16 forward walk.
-pub const WALKS: [FwdWalk; 4] = [FwdWalk::WgmmaProducer, FwdWalk::WgmmaProducer3, FwdWalk::Wgmma, FwdWalk::MmaSync];
+pub const WALKS: [FwdWalk; 2] = [FwdWalk::MmaSync, FwdWalk::Wgmma];
 
 /// 0: FOXLM_DR_WALK decides; i + 1: WALKS[i], set by [`set_fwd_walk`].
 static WALK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -63,40 +59,41 @@ pub fn set_fwd_walk(w: Option<FwdWalk>) {
     WALK.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The bf16 forward walk asked for: by [`set_fwd_walk`], else FOXLM_DR_WALK (read once: `wgp3`
-/// for [`FwdWalk::WgmmaProducer3`], `wg` for [`FwdWalk::Wgmma`], `mma` for [`FwdWalk::MmaSync`],
-/// else [`FwdWalk::WgmmaProducer`]).
+/// The bf16 forward walk asked for: by [`set_fwd_walk`], else FOXLM_DR_WALK (read once: `wg` for
+/// [`FwdWalk::Wgmma`], else [`FwdWalk::MmaSync`]).
 pub fn fwd_walk() -> FwdWalk {
     static ENV: std::sync::OnceLock<FwdWalk> = std::sync::OnceLock::new();
     match WALK.load(std::sync::atomic::Ordering::Relaxed) {
         0 => *ENV.get_or_init(|| match std::env::var("FOXLM_DR_WALK").as_deref() {
-            Ok("wgp3") => FwdWalk::WgmmaProducer3,
             Ok("wg") => FwdWalk::Wgmma,
-            Ok("mma") => FwdWalk::MmaSync,
-            _ => FwdWalk::WgmmaProducer,
+            _ => FwdWalk::MmaSync,
         }),
         i => WALKS[i as usize - 1],
     }
 }
 
+/// Whether the wgmma walk runs for keys of `k_dim` on `gpu` (K' ≥ 64, kernels built for sm_90a).
+pub fn wgmma_walk_runs(gpu: &Gpu, k_dim: usize) -> bool {
+    kp(k_dim) >= 64 && gpu.arch() == "sm_90a"
+}
+
 /// The bf16 forward walk that runs for keys of `k_dim` on `gpu`: the one asked for where the
-/// wgmma walk can run (K' ≥ 64, kernels built for sm_90a), else [`FwdWalk::MmaSync`].
+/// wgmma walk can run, else [`FwdWalk::MmaSync`].
 pub fn fwd_walk_on(gpu: &Gpu, k_dim: usize) -> FwdWalk {
-    if kp(k_dim) >= 64 && gpu.arch() == "sm_90a" {
+    if wgmma_walk_runs(gpu, k_dim) {
         fwd_walk()
     } else {
         FwdWalk::MmaSync
     }
 }
 
-/// The forward walk's kernel kind at K' and element size `es` on `gpu`: "walk_wgp", "walk_wgp3"
-/// or "walk_wg" for the wgmma walks, else "walk_fwd".
+/// The forward walk's kernel kind at K' and element size `es` on `gpu`: "walk_wg" for the wgmma
+/// walk, else "walk_fwd".
 fn walk_kind(gpu: &Gpu, kp: usize, es: usize) -> &'static str {
-    match fwd_walk_on(gpu, kp) {
-        FwdWalk::WgmmaProducer if es == 2 => "walk_wgp",
-        FwdWalk::WgmmaProducer3 if es == 2 => "walk_wgp3",
-        FwdWalk::Wgmma if es == 2 => "walk_wg",
-        _ => "walk_fwd",
+    if es == 2 && fwd_walk_on(gpu, kp) == FwdWalk::Wgmma {
+        "walk_wg"
+    } else {
+        "walk_fwd"
     }
 }
 
@@ -267,16 +264,11 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
             2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
         }
         "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
-        // DrWalkWg: two (walk_wgp3: three) sets of W and K (64-column atoms), Ũ and G, each rounded
-        // up to 1024 bytes, a staging tile per warp (two with the producer), 1024 bytes to align.
-        "walk_wg" | "walk_wgp" | "walk_wgp3" => {
+        // DrWalkWg: two sets of W and K (64-column atoms), Ũ and G, each rounded up to 1024 bytes,
+        // a staging tile per warp, 1024 bytes to align the sets.
+        "walk_wg" => {
             let set = (2 * kp * CHUNK * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows).div_ceil(1024) * 1024;
-            let (sets, stg) = match kind {
-                "walk_wg" => (2, 1),
-                "walk_wgp" => (2, 2),
-                _ => (3, 2),
-            };
-            1024 + sets * set + stg * WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
+            1024 + 2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
         }
         "walk_bwd" => {
             let set = 3 * tk + tv + dv + rows;
@@ -305,9 +297,8 @@ struct Cfg {
 fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
     let smem = smem_bytes(kind, lay.kp, es);
     match kind {
-        "walk_wg" | "walk_wgp" | "walk_wgp3" | "walk_fwd" if es == 2 => {
-            let extra = if kind.starts_with("walk_wgp") { 32 } else { 0 };
-            Cfg { grid: (lay.vp.div_ceil(16 * WALK_TC_WARPS), bh), threads: 32 * WALK_TC_WARPS as u32 + extra, smem }
+        "walk_wg" | "walk_fwd" if es == 2 => {
+            Cfg { grid: (lay.vp.div_ceil(16 * WALK_TC_WARPS), bh), threads: 32 * WALK_TC_WARPS as u32, smem }
         }
         "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
         _ => Cfg { grid: (lay.nch, bh), threads: THREADS, smem },
@@ -971,7 +962,7 @@ mod tests {
     /// The shared memory of the largest kernels fits an H100's 227 KB per block.
     #[test]
     fn shared_memory_fits() {
-        for kind in ["prep", "walk_fwd", "walk_wg", "walk_wgp", "walk_wgp3", "out", "dvl", "walk_bwd", "grads"] {
+        for kind in ["prep", "walk_fwd", "walk_wg", "out", "dvl", "walk_bwd", "grads"] {
             for kp in [32, 64, 128] {
                 for es in [2, 4] {
                     let b = smem_bytes(kind, kp, es);

@@ -374,16 +374,14 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
             // bf16 through each forward walk that runs here (the backward reruns it).
             let walks: &[Option<dr::FwdWalk>] = if !bf {
                 &[None]
-            } else if dr::fwd_walk_on(gpu, s.k) == dr::FwdWalk::MmaSync {
-                &[Some(dr::FwdWalk::MmaSync)]
-            } else {
+            } else if dr::wgmma_walk_runs(gpu, s.k) {
                 &dr::WALKS.map(Some)
+            } else {
+                &[Some(dr::FwdWalk::MmaSync)]
             };
             for &w in walks {
                 let (ty, walk) = match w {
                     None => ("f32", ""),
-                    Some(dr::FwdWalk::WgmmaProducer) => ("bf16", " [wgmma+producer walk]"),
-                    Some(dr::FwdWalk::WgmmaProducer3) => ("bf16", " [wgmma+producer 3 sets walk]"),
                     Some(dr::FwdWalk::Wgmma) => ("bf16", " [wgmma walk]"),
                     Some(dr::FwdWalk::MmaSync) => ("bf16", " [mma walk]"),
                 };

@@ -76,15 +76,12 @@ const char* tname<u16>() {
     return "bf16";
 }
 
-// The bf16 forward walk by wgmma (dr_walk_wg, K' ≥ 64) in place of dr_walk_tc: same blocks, 1 without
-// the producer warp (128 threads), 2 with it (160), 3 with it and three sets of tiles.
-static int g_walk_wg = 0;
+// The bf16 forward walk by wgmma (dr_walk_wg, K' ≥ 64) in place of dr_walk_tc: same blocks and threads.
+static bool g_walk_wg = false;
 template <typename E, int KP>
 static void walk_fwd_of(DrParams p) {
     if constexpr (sizeof(E) == 2 && KP >= 64) {
-        if (g_walk_wg == 1) return dr_walk_wg<KP, false>(p);
-        if (g_walk_wg == 2) return dr_walk_wg<KP, true>(p);
-        if (g_walk_wg == 3) return dr_walk_wg<KP, true, 3>(p);
+        if (g_walk_wg) return dr_walk_wg<KP>(p);
     }
     DrWalk<E, KP>::run(p);
 }
@@ -96,7 +93,7 @@ struct Kern {
     static void walk_fwd(DrParams p) { walk_fwd_of<E, KP>(p); }
     // The forward walk's blocks and threads: bf16 on tensor cores, 16 columns of V per warp.
     static constexpr bool tc = sizeof(E) == 2;
-    static unsigned walk_threads() { return tc ? 32 * DR_WW + (g_walk_wg >= 2 && KP >= 64 ? 32 : 0) : 256; }
+    static unsigned walk_threads() { return tc ? 32 * DR_WW : 256; }
     static unsigned walk_blocks(int Vp) { return tc ? (unsigned)((Vp + DR_WV - 1) / DR_WV) : (unsigned)(Vp / 32); }
     static void out(DrParams p) { dr_out<E, KP>(p); }
     static void dvl(DrParams p) { dr_dvl<E, KP>(p); }
@@ -233,7 +230,7 @@ static void run_case(const Case& c) {
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(p, 0); });
     launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads(), [&] { Kn::walk_fwd(p); });
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::out(p); });
-    const std::string name = std::string(tname<E>()) + (g_walk_wg == 3 ? " wgp3 " : g_walk_wg == 2 ? " wgp " : g_walk_wg ? " wg " : " ") + c.name;
+    const std::string name = std::string(tname<E>()) + (g_walk_wg ? " wg " : " ") + c.name;
     const bool bf = sizeof(E) == 2;
     const double tol = bf ? 3e-2 : 1e-4, tolg = bf ? 3e-2 : 1e-3;
     cmp(name, "o", from_e(eo), o, tol);
@@ -398,16 +395,14 @@ int main() {
     // Five chunks, in segments of one chunk too.
     const Case e{"B=1 T=300 H=1 K=32 V=16 gated init", 1, 300, 1, 32, 16, 32, true, true, {}};
     run_case<u16, 32>(e);
-    // The walk by wgmma, without and with the producer warp (two and three sets): K' = 64 (all four warps' columns real), K' = 128 with two warps past V',
+    // The walk by wgmma: K' = 64 (all four warps' columns real), K' = 128 with two warps past V',
     // and K = 60 (K's tile element by element, its last columns zero) over three chunks.
     const Case f{"B=1 T=150 H=1 K=60 V=64 gated init", 1, 150, 1, 60, 64, 64, true, true, {}};
-    for (int wg : {1, 2, 3}) {
-        g_walk_wg = wg;
-        run_case<u16, 64>(b);
-        run_case<u16, 128>(d);
-        run_case<u16, 64>(f);
-    }
-    g_walk_wg = 0;
+    g_walk_wg = true;
+    run_case<u16, 64>(b);
+    run_case<u16, 128>(d);
+    run_case<u16, 64>(f);
+    g_walk_wg = false;
     run_case<u16, 64>(f);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;

@@ -371,11 +371,29 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     let mut c = Ctx::new(gpu, seed ^ 0xde17a);
     for (name, s) in shapes() {
         for bf in [false, true] {
-            let case_name = format!("delta rule fwd {} {name}", if bf { "bf16" } else { "f32" });
-            let r = if bf { case::<half::bf16>(&mut c, &case_name, &s) } else { case::<f32>(&mut c, &case_name, &s) };
-            if let Err(e) = r {
-                c.add(&case_name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
+            // bf16 through each forward walk that runs here (the backward reruns it).
+            let walks: &[Option<dr::FwdWalk>] = if !bf {
+                &[None]
+            } else if dr::wgmma_walk_runs(gpu, s.k) {
+                &dr::WALKS.map(Some)
+            } else {
+                &[Some(dr::FwdWalk::MmaSync)]
+            };
+            for &w in walks {
+                let (ty, walk) = match w {
+                    None => ("f32", ""),
+                    Some(dr::FwdWalk::Wgmma) => ("bf16", " [wgmma walk]"),
+                    Some(dr::FwdWalk::MmaSync) => ("bf16", " [mma walk]"),
+                };
+                let case_name = format!("delta rule fwd {ty}{walk} {name}");
+                dr::set_fwd_walk(w);
+                let r =
+                    if bf { case::<half::bf16>(&mut c, &case_name, &s) } else { case::<f32>(&mut c, &case_name, &s) };
+                if let Err(e) = r {
+                    c.add(&case_name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
+                }
             }
+            dr::set_fwd_walk(None);
         }
     }
     for bf in [false, true] {

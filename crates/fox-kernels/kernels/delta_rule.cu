@@ -15,9 +15,10 @@
 // as 0 (or not at all past T).
 //
 // Forward, three kernels: dr_prep (per chunk: G, A, T = (I + A)⁻¹ in f32 by 16x16 blocks, W and
-// Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, per (b, h, 16 columns of V) on a
-// warp each for bf16 (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each
-// chunk and turns Ũ into U), dr_out (per chunk: O). Each launch covers chunks c0.. of DrParams:
+// Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, for bf16 per (b, h, 64 columns of
+// V) on a warpgroup's wgmma (dr_walk_wg, sm_90a, K' ≥ 64) or per (b, h, 16 columns) on a warp each
+// (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each chunk and turns Ũ
+// into U), dr_out (per chunk: O). Each launch covers chunks c0.. of DrParams:
 // the host runs long sequences as segments, the walk of one beside dr_prep and dr_out of others. Backward: dr_prep and
 // dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
 // not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
@@ -778,6 +779,243 @@ struct DrWalk<u16, KP> {
     static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
 };
 
+// ---- dr_walk_wg: the bf16 forward walk by warpgroup wgmma (sm_90a) ----
+// Per (b, h, DR_WV = 64 columns of V) one warpgroup (DR_WW = 4 warps) holds Sᵀ [64, K'] as wgmma
+// accumulators, warp w the rows vw = v0 + 16w (the layout of dr_walk_tc's warps, per 64-column
+// atom of K'). Per chunk two batches of m64n64k16 instead of 128 mma.sync per warp:
+//   Uᵀ = Ũᵀ − Sᵀ Wᵀ : A = Sᵀ rounded to bf16 in registers, B = W from shared memory (K-major),
+//   Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K : A = those rows of Uᵀ in registers, B = K (N-major).
+// W and K are stored in 128-byte-swizzle atoms of [64 rows][64 columns] (K' ≥ 64), the layout the
+// descriptors address; Ũ, G, the staging of S and U and every rounding are dr_walk_tc's; S is
+// staged while the first product runs, S and U go out while the second does. Correct (the check
+// rows) but slower than dr_walk_tc at B = 2, T = 16384, H = 6, K = V = 128 (BENCHMARKS.md), so
+// dr_walk_tc stays the default.
+#ifndef FOX_HOST_EMU
+__device__ __forceinline__ u32 dr_saddr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DR_HAVE_WG 1
+// d (+)= A · B, m64n64k16, bf16 operands, f32 sums: A this warp's 16 rows as an mma.sync A fragment,
+// B by descriptor, K-major (TB = 0) or N-major (TB = 1).
+template <int TB>
+__device__ __forceinline__ void dr_wgmma(float (&d)[32], const u32 (&a)[4], unsigned long long db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"
+        "%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
+}
+__device__ __forceinline__ void dr_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void dr_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void dr_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// cp.async's writes made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void dr_fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif
+#else
+#define DR_HAVE_WG 1
+inline u32 dr_saddr(const void* p) { return (u32)((const unsigned char*)p - dyn_smem); }
+template <int TB>
+inline void dr_wgmma(float (&d)[32], const u32 (&a)[4], unsigned long long db, int acc) {
+    mock_wgmma_n64(d, a, db, TB, acc);
+}
+inline void dr_wg_fence() {}
+inline void dr_wg_commit() {}
+inline void dr_wg_wait() {}
+inline void dr_fence_async() {}
+#endif
+
+#ifdef DR_HAVE_WG
+// Shared-memory descriptor of a 128-byte-swizzle operand at byte address `sa`: 8-row groups 1024
+// bytes apart, `lbo` between 64-column atoms.
+__device__ __forceinline__ unsigned long long dr_desc(u32 sa, u32 lbo) {
+    return (unsigned long long)((sa >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
+           (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
+}
+// Element offset of 16-byte piece c of row r in a [64][K'] tile of 64-column atoms (1024-aligned).
+__device__ __forceinline__ int dr_atom(int r, int c) { return (c >> 3) * (DR_L * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3); }
+
+template <int KP>
+struct DrWalkWg {
+    static constexpr int NA = KP / 64, TA = DR_L * 128;  // atoms of W and K, bytes of an atom
+    static constexpr int LU = DR_WV + 8, LS = 24;
+    static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
+    static constexpr int SET = (2 * NA * TA + TU + DR_L * 4 + 1023) / 1024 * 1024;
+    static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
+    static constexpr int bytes = 1024 + 2 * SET + DR_WW * STG;  // 1024: room to align the sets
+};
+
+template <int KP>
+__device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
+    typedef DrWalkWg<KP> Lw;
+    constexpr int NA = Lw::NA, LU = Lw::LU, LS = Lw::LS, NTW = 32 * DR_WW;
+    DR_SMEM_DECL
+    dr_need_smem(Lw::bytes);
+    unsigned char* base = smem + ((1024 - (dr_saddr(smem) & 1023)) & 1023);
+    auto Wb = [&](int i) { return (u16*)(base + i * Lw::SET); };
+    auto Kb = [&](int i) { return (u16*)(base + i * Lw::SET + NA * Lw::TA); };
+    auto Ub = [&](int i) { return (u16*)(base + i * Lw::SET + 2 * NA * Lw::TA); };
+    auto Gb = [&](int i) { return (float*)(base + i * Lw::SET + 2 * NA * Lw::TA + Lw::TU); };
+    // The warp index through a shuffle, so that the compiler knows it is uniform across the warp.
+    const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0), lane = threadIdx.x & 31, g = lane >> 2,
+              t = lane & 3, j8 = lane & 7, m4 = lane >> 3;
+    // This warp's staging tiles: S [K'][LS], then U [64][LS].
+    u16* Sst = (u16*)(base + 2 * Lw::SET + warp * Lw::STG);
+    u16* Ust = Sst + KP * LS;
+    const DrBlock k = dr_block(p);
+    const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
+    const bool act = vw < p.Vp;  // the warps past V' compute on zeros and store nothing
+    u16* states = (u16*)p.states;
+    const u16* W = (const u16*)p.w;
+    const u16* Kx = (const u16*)p.k;
+    u16* U = (u16*)p.u;
+    auto issue = [&](int c, int bi) {
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        u16* ws = Wb(bi);
+        u16* ks = Kb(bi);
+        for (int i = threadIdx.x; i < DR_L * (KP / 8); i += NTW) {
+            const int r = i / (KP / 8), cc = i % (KP / 8);
+            cp_async16(ws + dr_atom(r, cc), W + (row0 + r) * KP + cc * 8, true);
+        }
+        if (p.vk) {
+            for (int i = threadIdx.x; i < DR_L * (KP / 8); i += NTW) {
+                const int r = i / (KP / 8), cc = i % (KP / 8), tt = c * DR_L + r;
+                const bool ok = tt >= k.lo && tt < k.hi && cc * 8 < p.K;
+                cp_async16(ks + dr_atom(r, cc), ok ? Kx + (((long long)k.b * p.T + tt) * p.H + k.h) * p.K + cc * 8 : Kx,
+                           ok);
+            }
+        } else {
+            for (int i = threadIdx.x; i < DR_L * KP; i += NTW) {
+                const int r = i / KP, col = i % KP, tt = c * DR_L + r;
+                const bool ok = tt >= k.lo && tt < k.hi && col < p.K;
+                st(ks, dr_atom(r, col >> 3) + (col & 7),
+                   ok ? ld(Kx, (((long long)k.b * p.T + tt) * p.H + k.h) * p.K + col) : 0.f);
+            }
+        }
+        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
+            const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
+            const bool ok = v0 + cc < p.Vp;
+            cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
+        }
+        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        cp_async_commit();
+    };
+    // s[a][4n + r]: Sᵀ rows vw + g (r = 0, 1) and vw + g + 8 (r = 2, 3), columns 64a + 8n + 2t + (r & 1).
+    float s[NA][32];
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const int kd = 64 * a + 8 * (i >> 2) + 2 * t + (i & 1), vc = vw + g + ((i >> 1) & 1) * 8;
+            s[a][i] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
+        }
+    issue(p.c0, 0);
+    for (int c = p.c0; c < p.c1; ++c) {
+        const int cur = (c - p.c0) & 1;
+        // The last chunk's products are done (they read the set that the next loads overwrite).
+        dr_wg_wait();
+        cp_async_wait<0>();
+        dr_fence_async();
+        __syncthreads();
+        if (c + 1 < p.c1) issue(c + 1, cur ^ 1);
+        // Sᵀ as bf16 A fragments (k-steps of 16 columns of K').
+        u32 sa[KP / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < KP / 16; ++kk) {
+            const float* x = s[kk >> 2] + 8 * (kk & 3);
+            sa[kk][0] = dr_bf2(x[0], x[1]);
+            sa[kk][1] = dr_bf2(x[2], x[3]);
+            sa[kk][2] = dr_bf2(x[4], x[5]);
+            sa[kk][3] = dr_bf2(x[6], x[7]);
+        }
+        // Uᵀ = Ũᵀ − Sᵀ Wᵀ: u[4n + r] holds rows vw + g (+ 8), chunk positions 8n + 2t + (r & 1).
+        float u[32];
+        const u32 w_s = dr_saddr(Wb(cur));
+        dr_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KP / 16; ++kk)
+            dr_wgmma<0>(u, sa[kk], dr_desc(w_s + (kk >> 2) * Lw::TA + (kk & 3) * 32, 16), kk > 0);
+        dr_wg_commit();
+        // S staged meanwhile.
+#pragma unroll
+        for (int kk = 0; kk < KP / 16; ++kk) stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
+        dr_wg_wait();
+        const u16* Us = Ub(cur);
+#pragma unroll
+        for (int n2 = 0; n2 < 4; ++n2) {
+            u32 r[4];
+            ldsm_x4_t(r, Us + (n2 * 16 + (m4 >> 1) * 8 + j8) * LU + 16 * warp + (m4 & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float* x = u + 4 * (2 * n2 + (i >> 1)) + 2 * (i & 1);
+                x[0] = dr_lo(r[i]) - x[0];
+                x[1] = dr_hi(r[i]) - x[1];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float* x = u + 4 * (2 * n2 + (i >> 1)) + 2 * (i & 1);
+                r[i] = dr_bf2(x[0], x[1]);
+            }
+            stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
+        }
+        // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
+        const float* sG = Gb(cur);
+        const float gl = sG[DR_L - 1];
+        u32 ua[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int p0 = kk * 16 + 2 * t;
+            const float d00 = __expf(gl - sG[p0]), d01 = __expf(gl - sG[p0 + 1]);
+            const float d10 = __expf(gl - sG[p0 + 8]), d11 = __expf(gl - sG[p0 + 9]);
+            const float* x = u + 8 * kk;
+            ua[kk][0] = dr_bf2(x[0] * d00, x[1] * d01);
+            ua[kk][1] = dr_bf2(x[2] * d00, x[3] * d01);
+            ua[kk][2] = dr_bf2(x[4] * d10, x[5] * d11);
+            ua[kk][3] = dr_bf2(x[6] * d10, x[7] * d11);
+        }
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[a][i] *= egl;
+        const u32 k_s = dr_saddr(Kb(cur));
+        dr_wg_fence();
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) dr_wgmma<1>(s[a], ua[kk], dr_desc(k_s + a * Lw::TA + kk * 2048, Lw::TA), 1);
+        dr_wg_commit();
+        // The staged S (entering chunk c) and U out to the scratch while the product runs.
+        __syncwarp();
+        const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
+        const long long sbase = ((long long)k.bh * p.nch + c) * KP;
+        for (int i = lane; i < (KP + DR_L) * 2; i += 32) {
+            const int r = (i >> 1) % (KP + DR_L), h = i & 1;
+            const int vc = vw + h * 8;
+            if (vc >= p.Vp) continue;
+            const uint4 x = *(const uint4*)(Sst + r * LS + h * 8);
+            if (r < KP)
+                *(uint4*)(states + (sbase + r) * p.Vp + vc) = x;
+            else
+                *(uint4*)(U + (row0 + r - KP) * p.Vp + vc) = x;
+        }
+    }
+    dr_wg_wait();
+    if (act && p.fin) {
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const int kd = 64 * a + 8 * (i >> 2) + 2 * t + (i & 1), vc = vw + g + ((i >> 1) & 1) * 8;
+                if (kd < p.K && vc < p.V) p.fin[((long long)k.bh * p.K + kd) * p.V + vc] = s[a][i];
+            }
+    }
+}
+#endif
+
 // M = D ∘ Q Kᵀ (j ≤ i) into Ms (E) from Qs, Ks and G in sG. The caller has waited for them.
 template <typename E, int KP>
 __device__ __forceinline__ void dr_m_of(const E* Qs, const E* Ks, E* Ms, const float* sG) {
@@ -1418,6 +1656,12 @@ __device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const
 
 DR_KERNELS(f32, float)
 DR_KERNELS(bf16, u16)
+
+// The bf16 forward walk by wgmma (K' of 64 and 128; sm_90a).
+#ifdef DR_HAVE_WG
+extern "C" __global__ void __launch_bounds__(32 * DR_WW) dr_walk_wg_k64_bf16(DrParams p) { dr_walk_wg<64>(p); }
+extern "C" __global__ void __launch_bounds__(32 * DR_WW) dr_walk_wg_k128_bf16(DrParams p) { dr_walk_wg<128>(p); }
+#endif
 
 extern "C" __global__ void dr_decay_reduce(float* dbias, float* da_log, const float* tb, const float* tl,
                                            const float* a_log, int rows, int H) {

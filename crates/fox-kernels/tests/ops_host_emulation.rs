@@ -70,8 +70,9 @@ fn selective_scan_kernels_under_host_emulation() {
 
 /// The delta rule's chunked forward and backward (every gradient, with left padding, an initial
 /// state and a final-state gradient), its decode step, and the L2 norm, decay and swish gate of
-/// DeltaNet's layer, in f32 (CUDA-core products) and bf16 (mma.sync emulated lane by lane), K of
-/// 20, 64 and 128, against an f64 recurrence.
+/// DeltaNet's layer, in f32 (CUDA-core products) and bf16 (mma.sync emulated lane by lane; the
+/// forward walk also by wgmma, emulated warp by warp), K of 20, 60, 64 and 128, against an f64
+/// recurrence.
 #[test]
 fn delta_rule_kernels_under_host_emulation() {
     run_emulation("delta_rule_emu.cpp", "delta_rule_emu");

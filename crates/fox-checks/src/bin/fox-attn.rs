@@ -253,10 +253,11 @@ fn main() -> Result<()> {
             for gated in [false, true] {
                 let (fwd, fb, st) = delta_rule_check::bench(&gpu, shape, gated, 3, 20)?;
                 println!(
-                    "{} (bf16) on {}, [B, T, H, K, V] = {shape:?}: forward {fwd:.3} ms, forward + backward {fb:.3} ms \
-                     (medians of 20, CUDA events); alone: WY {:.3}, walk {:.3}, outputs {:.3}; dU {:.3}, reverse \
-                     walk {:.3}, gradients {:.3} ms",
+                    "{} (bf16, {:?} walk) on {}, [B, T, H, K, V] = {shape:?}: forward {fwd:.3} ms, forward + \
+                     backward {fb:.3} ms (medians of 20, CUDA events); alone: WY {:.3}, walk {:.3}, outputs {:.3}; \
+                     dU {:.3}, reverse walk {:.3}, gradients {:.3} ms",
                     if gated { "gated delta rule" } else { "delta rule" },
+                    cuda::delta_rule::fwd_walk_on(&gpu, shape.3),
                     gpu.describe(),
                     st[0],
                     st[1],

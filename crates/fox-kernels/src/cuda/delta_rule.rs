@@ -9,7 +9,8 @@
 //!
 //! The chunked form (chunks of 64 from position 0; see the kernel file): forward in three kernels
 //! over a scratch of [`fwd_scratch_len`] floats (per chunk the WY transform, the state walk over
-//! chunks per (b, h, 16 columns of V) on a warp each for bf16, per (b, h, 32 columns) for f32, the
+//! chunks per (b, h, 16 columns of V) on a warp each for bf16, or per (b, h, 64 columns) on a
+//! warpgroup's `wgmma` on sm_90a at K' ≥ 64 ([`FwdWalk`]), per (b, h, 32 columns) for f32, the
 //! chunk outputs), from 32 chunks on in segments whose walks run beside the other segments' chunk
 //! kernels ([`delta_rule_fwd_cut`]); backward in five (the first two again, in the same segments,
 //! then the state-free part of dU, the reverse walk for the state gradients, every input's
@@ -35,6 +36,66 @@ const MAX_K_DECODE: usize = 256;
 const THREADS: u32 = 256;
 /// Warps of the bf16 forward walk (DR_WW), each owning 16 columns of V.
 const WALK_TC_WARPS: usize = 4;
+
+/// The bf16 forward walk: 16 columns of V a warp by chains of `mma.sync` (`dr_walk_tc`, the
+/// default: the faster at the 125M models' shape, BENCHMARKS.md), or 64 a block by warpgroup
+/// `wgmma` (`dr_walk_wg`; sm_90a, K' ≥ 64). The f32 walk and K' = 32 take the first one's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdWalk {
+    MmaSync,
+    Wgmma,
+}
+
+/// Every bf16 forward walk.
+pub const WALKS: [FwdWalk; 2] = [FwdWalk::MmaSync, FwdWalk::Wgmma];
+
+/// 0: FOXLM_DR_WALK decides; i + 1: WALKS[i], set by [`set_fwd_walk`].
+static WALK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Chooses the bf16 forward walk for this process (the check rows run each); none: back to
+/// FOXLM_DR_WALK's choice.
+pub fn set_fwd_walk(w: Option<FwdWalk>) {
+    let v = w.and_then(|w| WALKS.iter().position(|&x| x == w)).map_or(0, |i| i as u8 + 1);
+    WALK.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The bf16 forward walk asked for: by [`set_fwd_walk`], else FOXLM_DR_WALK (read once: `wg` for
+/// [`FwdWalk::Wgmma`], else [`FwdWalk::MmaSync`]).
+pub fn fwd_walk() -> FwdWalk {
+    static ENV: std::sync::OnceLock<FwdWalk> = std::sync::OnceLock::new();
+    match WALK.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| match std::env::var("FOXLM_DR_WALK").as_deref() {
+            Ok("wg") => FwdWalk::Wgmma,
+            _ => FwdWalk::MmaSync,
+        }),
+        i => WALKS[i as usize - 1],
+    }
+}
+
+/// Whether the wgmma walk runs for keys of `k_dim` on `gpu` (K' ≥ 64, kernels built for sm_90a).
+pub fn wgmma_walk_runs(gpu: &Gpu, k_dim: usize) -> bool {
+    kp(k_dim) >= 64 && gpu.arch() == "sm_90a"
+}
+
+/// The bf16 forward walk that runs for keys of `k_dim` on `gpu`: the one asked for where the
+/// wgmma walk can run, else [`FwdWalk::MmaSync`].
+pub fn fwd_walk_on(gpu: &Gpu, k_dim: usize) -> FwdWalk {
+    if wgmma_walk_runs(gpu, k_dim) {
+        fwd_walk()
+    } else {
+        FwdWalk::MmaSync
+    }
+}
+
+/// The forward walk's kernel kind at K' and element size `es` on `gpu`: "walk_wg" for the wgmma
+/// walk, else "walk_fwd".
+fn walk_kind(gpu: &Gpu, kp: usize, es: usize) -> &'static str {
+    if es == 2 && fwd_walk_on(gpu, kp) == FwdWalk::Wgmma {
+        "walk_wg"
+    } else {
+        "walk_fwd"
+    }
+}
 
 /// Whether the kernels take heads of K key and V value columns.
 pub fn supported(k_dim: usize, v_dim: usize) -> bool {
@@ -203,6 +264,12 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
             2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
         }
         "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
+        // DrWalkWg: two sets of W and K (64-column atoms), Ũ and G, each rounded up to 1024 bytes,
+        // a staging tile per warp, 1024 bytes to align the sets.
+        "walk_wg" => {
+            let set = (2 * kp * CHUNK * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows).div_ceil(1024) * 1024;
+            1024 + 2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
+        }
         "walk_bwd" => {
             let set = 3 * tk + tv + dv + rows;
             let nb = if 2 * set + ts + 2 * tv <= 227 * 1024 { 2 } else { 1 };
@@ -230,7 +297,7 @@ struct Cfg {
 fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
     let smem = smem_bytes(kind, lay.kp, es);
     match kind {
-        "walk_fwd" if es == 2 => {
+        "walk_wg" | "walk_fwd" if es == 2 => {
             Cfg { grid: (lay.vp.div_ceil(16 * WALK_TC_WARPS), bh), threads: 32 * WALK_TC_WARPS as u32, smem }
         }
         "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
@@ -481,8 +548,9 @@ fn fwd_kernels<T: Elem>(
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let keep_t = Some((tail == Tail::Dvl) as i32);
     let tk = if tail == Tail::Out { "out" } else { "dvl" };
-    let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_walk_fwd_{sfx}"), format!("dr_{tk}_{sfx}"));
-    let (cprep, cwalk, cout) = (cfg("prep", lay, bh, es), cfg("walk_fwd", lay, bh, es), cfg(tk, lay, bh, es));
+    let wk = walk_kind(gpu, lay.kp, es);
+    let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_{wk}_{sfx}"), format!("dr_{tk}_{sfx}"));
+    let (cprep, cwalk, cout) = (cfg("prep", lay, bh, es), cfg(wk, lay, bh, es), cfg(tk, lay, bh, es));
     if cuts.is_empty() {
         launch(gpu, &prep, &cprep, prm, keep_t)?;
         launch(gpu, &walk, &cwalk, prm, None)?;
@@ -663,7 +731,8 @@ pub fn kernel_ms<T: Elem>(
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     let mut out = [0.0; 6];
-    for (i, kind) in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"].iter().enumerate() {
+    let wk = walk_kind(gpu, lay.kp, es);
+    for (i, kind) in ["prep", wk, "out", "dvl", "walk_bwd", "grads"].iter().enumerate() {
         let extra = (*kind == "prep").then_some(1);
         let name = format!("dr_{kind}_{sfx}");
         let c = cfg(kind, &lay, bh, es);
@@ -893,7 +962,7 @@ mod tests {
     /// The shared memory of the largest kernels fits an H100's 227 KB per block.
     #[test]
     fn shared_memory_fits() {
-        for kind in ["prep", "walk_fwd", "out", "dvl", "walk_bwd", "grads"] {
+        for kind in ["prep", "walk_fwd", "walk_wg", "out", "dvl", "walk_bwd", "grads"] {
             for kp in [32, 64, 128] {
                 for es in [2, 4] {
                     let b = smem_bytes(kind, kp, es);

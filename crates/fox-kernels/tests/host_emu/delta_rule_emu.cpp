@@ -5,7 +5,8 @@
 // decay and the swish gate. Cases: left padding (a row starting mid-chunk), an initial state,
 // T = 70 (a chunk and a part), K and V below the tiles' sizes (zero padding of K and of V's
 // blocks), two blocks of V, K = 128, with and without the decay, f32 and bf16, five chunks (bf16).
-// The forward also runs in segments of one chunk each, to the same bits.
+// The forward also runs in segments of one chunk each, to the same bits. bf16 with K' ≥ 64 runs
+// through both forward walks (mma.sync per warp, wgmma per warpgroup).
 //
 // Tolerances, relative L2 against f64: f32 1e-4 (f32 sums over at most 128 + 64 terms, states
 // carried over two chunks; observed ≤ 3e-6), dg 1e-3 (a reverse prefix sum of terms of both signs);
@@ -75,14 +76,24 @@ const char* tname<u16>() {
     return "bf16";
 }
 
+// The bf16 forward walk by wgmma (dr_walk_wg, K' ≥ 64) in place of dr_walk_tc: same blocks and threads.
+static bool g_walk_wg = false;
+template <typename E, int KP>
+static void walk_fwd_of(DrParams p) {
+    if constexpr (sizeof(E) == 2 && KP >= 64) {
+        if (g_walk_wg) return dr_walk_wg<KP>(p);
+    }
+    DrWalk<E, KP>::run(p);
+}
+
 // The kernels of one KP.
 template <typename E, int KP>
 struct Kern {
     static void prep(DrParams p, int keep) { dr_prep<E, KP>(p, keep); }
-    static void walk_fwd(DrParams p) { DrWalk<E, KP>::run(p); }
+    static void walk_fwd(DrParams p) { walk_fwd_of<E, KP>(p); }
     // The forward walk's blocks and threads: bf16 on tensor cores, 16 columns of V per warp.
     static constexpr bool tc = sizeof(E) == 2;
-    static constexpr unsigned walk_threads = tc ? 32 * DR_WW : 256;
+    static unsigned walk_threads() { return tc ? 32 * DR_WW : 256; }
     static unsigned walk_blocks(int Vp) { return tc ? (unsigned)((Vp + DR_WV - 1) / DR_WV) : (unsigned)(Vp / 32); }
     static void out(DrParams p) { dr_out<E, KP>(p); }
     static void dvl(DrParams p) { dr_dvl<E, KP>(p); }
@@ -217,9 +228,9 @@ static void run_case(const Case& c) {
     typedef Kern<E, KP> Kn;
     const unsigned gch = nch, gv = Vp / 32;
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(p, 0); });
-    launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads, [&] { Kn::walk_fwd(p); });
+    launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads(), [&] { Kn::walk_fwd(p); });
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::out(p); });
-    const std::string name = std::string(tname<E>()) + " " + c.name;
+    const std::string name = std::string(tname<E>()) + (g_walk_wg ? " wg " : " ") + c.name;
     const bool bf = sizeof(E) == 2;
     const double tol = bf ? 3e-2 : 1e-4, tolg = bf ? 3e-2 : 1e-3;
     cmp(name, "o", from_e(eo), o, tol);
@@ -236,7 +247,7 @@ static void run_case(const Case& c) {
             s.init = c0 > 0 ? carry.data() : c.init ? init.data() : nullptr;
             s.fin = c0 + 1 < nch ? carry.data() : fin1.data();
             launch(dim3e{1, (unsigned)BH, 1}, 256, [&] { Kn::prep(s, 0); });
-            launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads, [&] { Kn::walk_fwd(s); });
+            launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads(), [&] { Kn::walk_fwd(s); });
             launch(dim3e{1, (unsigned)BH, 1}, 256, [&] { Kn::out(s); });
         }
         same_bits(name, "o (segments)", from_e(eo1), from_e(eo));
@@ -248,7 +259,7 @@ static void run_case(const Case& c) {
     p.dfin = dfin.data();
     p.dinit = dini.data();
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(p, 1); });
-    launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads, [&] { Kn::walk_fwd(p); });
+    launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads(), [&] { Kn::walk_fwd(p); });
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::dvl(p); });
     launch(dim3e{gv, (unsigned)BH, 1}, 256, [&] { Kn::walk_bwd(p); });
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::grads(p); });
@@ -384,6 +395,15 @@ int main() {
     // Five chunks, in segments of one chunk too.
     const Case e{"B=1 T=300 H=1 K=32 V=16 gated init", 1, 300, 1, 32, 16, 32, true, true, {}};
     run_case<u16, 32>(e);
+    // The walk by wgmma: K' = 64 (all four warps' columns real), K' = 128 with two warps past V',
+    // and K = 60 (K's tile element by element, its last columns zero) over three chunks.
+    const Case f{"B=1 T=150 H=1 K=60 V=64 gated init", 1, 150, 1, 60, 64, 64, true, true, {}};
+    g_walk_wg = true;
+    run_case<u16, 64>(b);
+    run_case<u16, 128>(d);
+    run_case<u16, 64>(f);
+    g_walk_wg = false;
+    run_case<u16, 64>(f);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

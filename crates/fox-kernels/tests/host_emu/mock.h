@@ -89,7 +89,7 @@ inline unsigned __ballot_sync(unsigned, bool pred) {
 inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 // Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.
 #define FOX_HOST_EMU 1
-alignas(16) static unsigned char dyn_smem[232 * 1024];
+alignas(1024) static unsigned char dyn_smem[232 * 1024];
 #ifndef MOCK_LATE_CP_ASYNC
 // cp.async of 16 bytes (zeros when !valid), done at once; commits and waits have nothing to do.
 // Landing at once shows a buffer overwritten while it is still read (the copy lands early).
@@ -200,6 +200,35 @@ inline void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         float s = 0.f;
         for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
         c[r] += s;
+    }
+    w.bar->arrive_and_wait();
+}
+// wgmma.mma_async m64n64k16 (bf16, f32 sums) as delta_rule.cu uses it, done at issue: per warp, its
+// 16 rows from its A fragment (mma.sync's layout) times B [16][64] from the dynamic shared memory by
+// descriptor (start address >> 4 in bits 0-13, offsets from dyn_smem; 128-byte swizzle, 8-row
+// groups 1024 bytes apart, 64 columns of one atom): B(k, n) at start + 128 n + 2 k when K-major
+// (tb = 0), at start + 128 k + 2 n when N-major (tb = 1), its 16-byte piece XOR address bits 7-9.
+inline void mock_wgmma_n64(float (&d)[32], const u32 (&a)[4], u64 desc, int tb, int acc) {
+    const int lane = threadIdx.x & 31;
+    Warp& w = g_warps[threadIdx.x >> 5];
+    for (int i = 0; i < 4; ++i) w.ma[lane][i] = a[i];
+    w.bar->arrive_and_wait();
+    if (((desc >> 32) & 0x3fff) != 64 || (desc >> 62) != 1) abort();
+    const u32 start = (u32)(desc & 0x3fff) << 4;
+    auto A = [&](int r, int k) { return mock_bf(w.ma[(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k & 1); };
+    auto B = [&](int k, int n) {
+        u32 at = start + (tb ? 128 * k + 2 * n : 128 * n + 2 * k);
+        at ^= ((at >> 7) & 7) << 4;
+        u16 v;
+        memcpy(&v, dyn_smem + at, 2);
+        return __uint_as_float((u32)v << 16);
+    };
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 32; ++i) {
+        const int row = g + ((i >> 1) & 1) * 8, col = 8 * (i >> 2) + 2 * t + (i & 1);
+        float s = 0.f;
+        for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
+        d[i] = (acc ? d[i] : 0.f) + s;
     }
     w.bar->arrive_and_wait();
 }

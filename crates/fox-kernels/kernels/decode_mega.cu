@@ -8,9 +8,9 @@
 //      rows spread over all warps of the grid;                                         [barrier]
 //   2. decode_in (decode.cu) of head h on block h, which then raises the head's flag;
 //   3. attention of the one query over the cache, each head's keys split over S blocks (after
-//      the head's flag); the last split of a head to finish merges them and runs decode_out
-//      (decode.cu) into z;                                                              [barrier]
-//   4. o_proj: h = x + o_proj(z);                                                       [barrier]
+//      the head's flag), each split's partial (o, max, sum) to memory;                  [barrier]
+//   4. every block merges the splits and applies the output norm and gate (decode_out's
+//      formulas) into z, then o_proj: h = x + o_proj(z);                                [barrier]
 //   5. RMSNorm(h) (every block) -> gate_proj with SwiGLU into u;                        [barrier]
 //   6. down_proj: x = h + down_proj(u).                                                 [barrier]
 // then the final norm into `final_out` (the head and the sampler stay separate kernels). Values
@@ -21,7 +21,7 @@
 #define MEGA_THREADS 256
 #define MEGA_WARPS (MEGA_THREADS / 32)
 #define MEGA_MAXL 32
-// Stamps a block records: the start, then arrival and departure at each of the 5L + 1 barriers.
+// Stamps a block records (room for): the start, then arrival and departure at each of the 5L barriers.
 #define MEGA_STAMPS (2 + 2 * (5 * MEGA_MAXL + 1))
 #define LOG2E_F 1.4426950408889634f
 #define MEGA_NEG_INF __int_as_float(0xff800000)
@@ -53,12 +53,9 @@ struct MegaStep {
     float* p;  // [widest] stacked projections' output
     u16* q;  // [H·D]
     float* c;  // [H]
-    u16* o;  // [H·D] attention output
-    u16* z;  // [H·D] after the output norm and gate
     u16* final_out;  // [d]
-    float* part;  // [H, S, D + 2] the splits' partial outputs, max and sum
-    unsigned* sem;  // [H] splits finished per head (re-armed by the merging split)
-    unsigned* flags;  // [L, H] decode_in done (reset by the merging split)
+    float* part;  // [H, S, D + 2] the splits' partial outputs, max and sum (log2 units)
+    unsigned* flags;  // [L, H] decode_in done (re-armed after the attention's barrier)
     unsigned* bar;  // [2] barrier count and generation
     const int* positions;
     const int* lenp;
@@ -376,36 +373,56 @@ __device__ void mega_attend(const MegaStep& m, int l, int h, int s, float* sh) {
     }
 }
 
-// The last split of head h merges the splits in split order into o (bf16), then decode_out.
-__device__ void mega_merge(const MegaStep& m, const MegaLayer& ly, int l, int h, float* sh) {
-    __shared__ int s_last;
-    const int D = m.D, S = m.splits;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(m.sem + h, 1u) == (unsigned)(S - 1);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const float* part = m.part + (long long)h * S * (D + 2);
-    for (int d = threadIdx.x; d < D; d += MEGA_THREADS) {
-        float M = MEGA_NEG_INF;
-        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(part + s * (D + 2) + D));
-        const float Mu = M == MEGA_NEG_INF ? 0.f : M;
-        float L = 0.f, o = 0.f;
+// After the attention's barrier every block merges each head's splits into o (rounded to bf16 as
+// the fused step stores it), then applies decode_out's output norm and gate, into v (o_proj's
+// input): a warp per head, up to 8 channels a lane. Merging in every block costs one parallel
+// read of the partials; merging in the last split to finish cost a dependent round trip for its
+// count, one for the partials and decode_out's before the barrier.
+__device__ void mega_heads_out(const MegaStep& m, const MegaLayer& ly, float* v) {
+    const int D = m.D, S = m.splits, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int h = warp; h < m.H; h += MEGA_WARPS) {
+        const float* part = m.part + (long long)h * S * (D + 2);
+        float M = MEGA_NEG_INF, L = 0.f, acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll 4
         for (int s = 0; s < S; ++s) {
-            const float* ps = part + s * (D + 2);
-            const float wt = exp2f(__ldcg(ps + D) - Mu);
-            L += __ldcg(ps + D + 1) * wt;
-            o += __ldcg(ps + d) * wt;
+            const float* ps = part + (long long)s * (D + 2);
+            const float ms = __ldcg(ps + D), ls = __ldcg(ps + D + 1);
+            float os[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) os[i] = lane + 32 * i < D ? __ldcg(ps + lane + 32 * i) : 0.f;
+            if (ms == MEGA_NEG_INF) continue;  // a split without keys
+            const float mn = fmaxf(M, ms), a = exp2f(M - mn), b = exp2f(ms - mn);
+            L = L * a + ls * b;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[i] = acc[i] * a + os[i] * b;
+            M = mn;
         }
-        st(m.o, (long long)h * D + d, L > 0.f ? o / L : 0.f);
+        float o[8], ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            o[i] = round_to<u16>(L > 0.f ? acc[i] / L : 0.f);
+            ss += o[i] * o[i];
+        }
+        if (ly.out_norm != nullptr) {
+            const float r = 1.f / sqrtf(mega_warp_sum(ss) / (float)D + m.out_eps);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int d = lane + 32 * i;
+                if (d < D) o[i] = round_to<u16>(o[i] * r * ly.out_norm[(long long)h * D + d]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int d = lane + 32 * i;
+            if (d >= D) continue;
+            float x = o[i];
+            if (ly.og_off >= 0) x *= sigmoid_gate(round_to<u16>(__ldcg(m.p + ly.og_off + (long long)h * D + d)));
+            v[h * D + d] = round_to<u16>(x);
+        }
     }
     __syncthreads();
-    decode_out<u16>(m.z, m.o, m.p, ly.out_norm, ly.width, ly.og_off, m.H, D, m.out_eps, h);
-    if (threadIdx.x == 0) {
-        m.sem[h] = 0u;
-        m.flags[l * m.H + h] = 0u;
-    }
 }
 
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) fox_decode_mega_bf16(const MegaStep m) {
@@ -496,22 +513,24 @@ extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) fox_decode_mega_bf
             __syncthreads();
             if (threadIdx.x == 0) st_release(m.flags + l * m.H + h, 1u);
         }
-        // 3. attention, split over blocks; the last split of a head merges and gates
+        // 3. attention, split over blocks
         prefetch_rows(ly.w_gu, I, d, true);
         for (int u = blockIdx.x; u < units; u += gridDim.x) {
             const int h = u / m.splits, s = u % m.splits;
             mega_attend(m, l, h, s, att);
-            mega_merge(m, ly, l, h, att);
             __syncthreads();
         }
-        // 4. h = x + o_proj(z)
+        // 4. h = x + o_proj(z), z the merged splits after the output norm and gate
         prefetch_rows(ly.w_down, d, I, false);
         u16* hg = m.h;
         gemv_stage<false>(
             ly.w_o, d, HD,
             [&] {
                 grid_sync(m.bar, stamps, k);
-                load_vec(vin, m.z, HD);
+                // every wait for this layer's decode_in is over: re-arm its flags
+                if (blockIdx.x == 0)
+                    for (int h = threadIdx.x; h < m.H; h += MEGA_THREADS) m.flags[l * m.H + h] = 0u;
+                mega_heads_out(m, ly, vin);
             },
             vin, [&](int r, float y) { st(hg, r, xs[r] + round_to<u16>(y)); });
         // 5. u = SwiGLU(gate_proj(RMSNorm(h)))

@@ -60,11 +60,8 @@ struct MegaStep {
     p: u64,
     q: u64,
     c: u64,
-    o: u64,
-    z: u64,
     final_out: u64,
     part: u64,
-    sem: u64,
     flags: u64,
     bar: u64,
     positions: u64,
@@ -101,12 +98,9 @@ pub(super) struct MegaDecode<T> {
     h: CudaSlice<T>,
     u: CudaSlice<T>,
     q: CudaSlice<T>,
-    o: CudaSlice<T>,
-    z: CudaSlice<T>,
     p: CudaSlice<f32>,
     c: CudaSlice<f32>,
     part: CudaSlice<f32>,
-    sem: CudaSlice<u32>,
     flags: CudaSlice<u32>,
     bar: CudaSlice<u32>,
     grid: u32,
@@ -145,7 +139,7 @@ impl<T: Elem> Cuda<T> {
         }
         let c = &model.config;
         let (d, layers) = (c.hidden_size, model.layers.len());
-        if layers == 0 || layers > MAX_LAYERS || d % 8 != 0 {
+        if layers == 0 || layers > MAX_LAYERS || !d.is_multiple_of(8) {
             return Ok(());
         }
         let first = match model.layers[0].attn() {
@@ -180,7 +174,7 @@ impl<T: Elem> Cuda<T> {
                 && m.gate_proj.out_features == 2 * i
                 && m.down_proj.in_features == i
                 && m.down_proj.out_features == d
-                && i % 8 == 0
+                && i.is_multiple_of(8)
                 && (inter == 0 || i == inter);
             if !same || !shapes {
                 return Ok(());
@@ -219,14 +213,14 @@ impl<T: Elem> Cuda<T> {
                 kn_groups,
             };
             // 16-byte loads and bulk prefetches of whole rows.
-            if [e.w_in, e.w_o, e.w_gu, e.w_down].iter().any(|p| p % 16 != 0) {
+            if [e.w_in, e.w_o, e.w_gu, e.w_down].iter().any(|p| !p.is_multiple_of(16)) {
                 return Ok(());
             }
             table.push(e);
         }
         let emb = self.dptr(self.copy_of(model.embeddings)?);
         let smem = smem_bytes(d, inter, heads * hd);
-        if emb % 16 != 0 || smem > 200 << 10 {
+        if !emb.is_multiple_of(16) || smem > 200 << 10 {
             return Ok(());
         }
         let func = self.gpu.function(&DECODE, "fox_decode_mega_bf16")?;
@@ -251,7 +245,6 @@ impl<T: Elem> Cuda<T> {
             })
             .collect();
         let g = &self.gpu;
-        let hdt = heads * hd;
         let stamps = if std::env::var("FOXLM_DECODE_MEGA_PROFILE").is_ok_and(|v| v == "1") {
             Some(g.zeros::<u64>(grid * STAMPS)?)
         } else {
@@ -263,13 +256,10 @@ impl<T: Elem> Cuda<T> {
             x: g.zeros(d)?,
             h: g.zeros(d)?,
             u: g.zeros(inter)?,
-            q: g.zeros(hdt)?,
-            o: g.zeros(hdt)?,
-            z: g.zeros(hdt)?,
+            q: g.zeros(heads * hd)?,
             p: g.zeros(widest)?,
             c: g.zeros(heads)?,
             part: g.zeros(heads * splits * (hd + 2))?,
-            sem: g.zeros(heads)?,
             flags: g.zeros(layers * heads)?,
             bar: g.zeros(2)?,
             grid: grid as u32,
@@ -319,8 +309,8 @@ impl<T: Elem> Cuda<T> {
         }
         let names = [
             "norm + stacked projections",
-            "decode_in + attention + merge",
-            "o_proj",
+            "decode_in + attention",
+            "merge + output norm/gate + o_proj",
             "norm + gate_proj + SwiGLU",
             "down_proj",
         ];
@@ -401,11 +391,8 @@ impl<T: Elem> Cuda<T> {
             p: self.dptr(&m.p),
             q: self.dptr(&m.q),
             c: self.dptr(&m.c),
-            o: self.dptr(&m.o),
-            z: self.dptr(&m.z),
             final_out: self.dptr(final_out),
             part: self.dptr(&m.part),
-            sem: self.dptr(&m.sem),
             flags: self.dptr(&m.flags),
             bar: self.dptr(&m.bar),
             positions: self.dptr(&b.positions),

@@ -2,7 +2,9 @@
 //! model (every layer attention + SwiGLU MLP, the layers the fused kernels cover) in one launch,
 //! from the token's embedding to the final norm; the head and the sampler follow as today. The
 //! fused step (fused.rs) stays the path for everything else: batches of more rows, other
-//! families, shapes the kernel does not take, and `FOXLM_DECODE_MEGA=0`.
+//! families, shapes the kernel does not take, and by default: the megakernel runs only with
+//! `FOXLM_DECODE_MEGA=1` (or [`Cuda::set_mega`]), being slower than the fused step on the H100
+//! and H200 (BENCHMARKS.md, 2026-11-27).
 
 use super::{Cuda, Family, GpuBatch, GpuLayerState};
 use crate::model::attention::Fgate;

@@ -298,12 +298,12 @@ __device__ float rope_channel(const float* sh, int i, int D, int pos, double bas
 
 // The kernel is a chain of dependent steps at batch 1, so every load that depends on no other is
 // issued first and the gate (thread 0) runs before the norms.
+// (row, head) `bh` of the step, one thread per channel (the megakernel calls it too).
 template <typename T>
-__device__ void decode_in(const DecodeIn& p) {
+__device__ void decode_in(const DecodeIn& p, int bh) {
     __shared__ float2 red[32];
     __shared__ float shq[1024], shk[1024];
-    pdl_trigger_next();
-    const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, D = p.D, i = threadIdx.x;
+    const int b = bh / p.H, h = bh % p.H, D = p.D, i = threadIdx.x;
     const bool on = i < D;
     const float* pr = p.p + (long long)b * p.ldp;
     const long long hd = (long long)h * D + (on ? i : 0), si = (long long)b * p.H * D + hd;
@@ -371,10 +371,9 @@ __device__ void decode_in(const DecodeIn& p) {
 // g the output gate's logits in p.
 template <typename T>
 __device__ void decode_out(T* z, const T* o, const float* p, const float* norm_w, int ldp, int og_off, int H, int D,
-                           float eps) {
+                           float eps, int bh) {
     __shared__ float2 red[32];
-    pdl_trigger_next();
-    const int bh = blockIdx.x, b = bh / H, h = bh % H, i = threadIdx.x;
+    const int b = bh / H, h = bh % H, i = threadIdx.x;
     const bool on = i < D;
     const long long at = (long long)bh * D + (on ? i : 0);
     float x = on ? ld(o, at) : 0.f;
@@ -388,15 +387,23 @@ __device__ void decode_out(T* z, const T* o, const float* p, const float* norm_w
     if (on) st(z, at, x);
 }
 
-extern "C" __global__ void __launch_bounds__(1024) fox_decode_in_f32(const DecodeIn p) { decode_in<float>(p); }
-extern "C" __global__ void __launch_bounds__(1024) fox_decode_in_bf16(const DecodeIn p) { decode_in<u16>(p); }
+extern "C" __global__ void __launch_bounds__(1024) fox_decode_in_f32(const DecodeIn p) {
+    pdl_trigger_next();
+    decode_in<float>(p, blockIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(1024) fox_decode_in_bf16(const DecodeIn p) {
+    pdl_trigger_next();
+    decode_in<u16>(p, blockIdx.x);
+}
 extern "C" __global__ void __launch_bounds__(1024)
     fox_decode_out_f32(float* z, const float* o, const float* p, const float* w, int ldp, int og, int H, int D, float eps) {
-    decode_out<float>(z, o, p, w, ldp, og, H, D, eps);
+    pdl_trigger_next();
+    decode_out<float>(z, o, p, w, ldp, og, H, D, eps, blockIdx.x);
 }
 extern "C" __global__ void __launch_bounds__(1024)
     fox_decode_out_bf16(u16* z, const u16* o, const float* p, const float* w, int ldp, int og, int H, int D, float eps) {
-    decode_out<u16>(z, o, p, w, ldp, og, H, D, eps);
+    pdl_trigger_next();
+    decode_out<u16>(z, o, p, w, ldp, og, H, D, eps, blockIdx.x);
 }
 
 // ---- choosing the next token -------------------------------------------------------------------

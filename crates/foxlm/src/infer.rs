@@ -315,8 +315,30 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let past = caches.as_ref().and_then(|c| c.first()).map_or(0, |c| c.len());
         let info = BatchInfo { batch: b, seq: t, start, past };
         self.be.prepare(&mut self.batch, &info, ids, targets)?;
+        match caches {
+            Some(c) if t == 1 => self.step_forward(c, step),
+            caches => {
+                let acts = if step { &mut self.step } else { &mut self.acts };
+                self.model.forward_on(&mut self.be, &self.batch, acts, caches)
+            }
+        }
+    }
+
+    /// A one-position forward of the prepared batch through `caches` (into the step buffers when
+    /// `step`): the megakernel where it applies (one row, see `Cuda::mega_step`), else layer by
+    /// layer.
+    fn step_forward(&mut self, caches: &mut [GpuLayerState<T>], step: bool) -> Result<()> {
         let acts = if step { &mut self.step } else { &mut self.acts };
-        self.model.forward_on(&mut self.be, &self.batch, acts, caches)
+        if self.be.mega_step(&self.batch, &mut acts.final_out, caches)? {
+            return Ok(());
+        }
+        self.model.forward_on(&mut self.be, &self.batch, acts, Some(caches))
+    }
+
+    /// Batch-1 decode steps through the megakernel (the default where the model fits it), or
+    /// (`false`) through the fused step: the reference it is checked against.
+    pub fn set_mega(&mut self, on: bool) {
+        self.be.set_mega(on);
     }
 
     /// Rows of `ids` [b, total] from position `p0`, `t` positions each.
@@ -503,7 +525,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                     .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                     .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
                 let captured = (|| -> Result<()> {
-                    self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
+                    self.step_forward(&mut *caches, true)?;
                     self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
                     self.be.sample(&mut self.chosen, None, b, &s, len + 1)
                 })();
@@ -655,7 +677,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
         let captured = (|| -> Result<()> {
-            self.model.forward_on(&mut self.be, &self.batch, &mut self.step, Some(&mut *caches))?;
+            self.step_forward(&mut *caches, true)?;
             self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
             // Advance first: the sampler's random stream is keyed by the new length.
             self.be.advance_positions(&mut self.batch)?;

@@ -50,8 +50,12 @@ pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("..
 pub static ATTENTION_F32: Source =
     Source { name: "attention_f32", files: &[include_str!("../../kernels/attention_f32.cu")] };
 
-/// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling.
-pub static DECODE: Source = Source { name: "decode", files: &[ELEM, include_str!("../../kernels/decode.cu")] };
+/// Decoding with a KV cache: cache appends, KV-shift and gate sums across chunks, sampling, the
+/// fused step's kernels and the batch-1 megakernel.
+pub static DECODE: Source = Source {
+    name: "decode",
+    files: &[ELEM, include_str!("../../kernels/decode.cu"), include_str!("../../kernels/decode_mega.cu")],
+};
 
 const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
 /// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward and backward, decode step),

@@ -134,12 +134,15 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str
         ));
         let g16 = gpu_generate::<half::bf16>(gpu, &model, std::slice::from_ref(&long), &opts)?.remove(0);
         rows.push(bf16_greedy_row(&model, v, &long, &g16, &g32));
+        rows.extend(mega_rows(gpu, &model, v, &long, &cpu_logits[..t * model.config.vocab_size])?);
 
         rows.extend(eval_loss_rows(gpu, &model, v, &ids, b, t)?);
     }
     if models.is_none() {
         eprintln!("inference checks: the sampler");
         rows.extend(sampler_checks(gpu, fixtures)?);
+    }
+    if super::wanted(models, "d=128 hd=64") {
         eprintln!("inference checks: head dim 64");
         rows.extend(head_dim_64_checks(gpu)?);
     }
@@ -156,6 +159,54 @@ pub fn run_inference_checks(gpu: &Arc<Gpu>, fixtures: &Path, models: Option<&str
         eprintln!("inference checks: {}", m.name);
         rows.extend(gqa_window_rows(gpu, &m)?);
     }
+    Ok(rows)
+}
+
+/// The decode megakernel (one row, bf16) against the fused step it replaces: logits of every
+/// position after the first as a decode step (RMS within the fused step's own tolerance against
+/// op by op, 0.04), and greedy continuations (identical unless they part at a near-tie of the
+/// CPU's two best logits). A row fails when no step ran as the megakernel (a model it does not
+/// take gives no rows).
+fn mega_rows(gpu: &Arc<Gpu>, model: &Model, v: &str, prompt: &[u32], cpu: &[f32]) -> Result<Vec<CheckRow>> {
+    let t = prompt.len();
+    let ctx = Ctx { batch: 1, seq: t, start: None };
+    let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 1, chunk: 1 })?;
+    e.set_mega(true);
+    if !e.be.mega_ready() {
+        return Ok(Vec::new());
+    }
+    let mega = e.logits(prompt, &ctx)?;
+    let steps = e.be.mega_steps;
+    e.set_mega(false);
+    let fused = e.logits(prompt, &ctx)?;
+    let fused_steps = e.be.mega_steps - steps;
+    let mut rows = vec![row(
+        format!("{v} bf16 megakernel decode"),
+        "logits against the fused step RMS",
+        if steps + 1 >= t && fused_steps == 0 { rms_diff(&mega, &fused) } else { f64::INFINITY },
+        0.04,
+        format!(
+            "max {:.3}; {steps} steps as the megakernel; against the CPU: RMS {:.4} (fused {:.4})",
+            max_abs_diff(&mega, &fused),
+            rms_diff(&mega, cpu),
+            rms_diff(&fused, cpu)
+        ),
+    )];
+    let opts = greedy(CONTINUATION);
+    let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 1, chunk: t })?;
+    e.set_mega(true);
+    let with = e.generate(std::slice::from_ref(&prompt.to_vec()), &opts, &mut |_, _| {})?.remove(0);
+    let ran = e.be.mega_steps;
+    e.set_mega(false);
+    let without = e.generate(std::slice::from_ref(&prompt.to_vec()), &opts, &mut |_, _| {})?.remove(0);
+    let (err, note) = greedy_mismatches(model, prompt, &with, &without, NEAR_TIE);
+    rows.push(row(
+        format!("{v} bf16 megakernel greedy"),
+        &format!("tokens ≠ fused step (of {CONTINUATION})"),
+        if ran > 0 { err } else { f64::INFINITY },
+        0.0,
+        format!("{ran} steps as the megakernel {note}").trim_end().to_string(),
+    ));
     Ok(rows)
 }
 
@@ -450,6 +501,46 @@ fn head_dim_64_checks(gpu: &Arc<Gpu>) -> Result<Vec<CheckRow>> {
             diff as f64,
             0.0,
             "2 rows × 40 tokens".into(),
+        ));
+    }
+    // The megakernel replayed as a CUDA graph (the bench's loop) against the fused step's graph.
+    {
+        let o = GenerateOptions { max_new_tokens: 40, sampling: Sampling::default(), seed: 5, eos: None };
+        let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: t })?;
+        e.set_mega(true);
+        let with = e.reference_generate(&prompts[..1], &o, &mut |_, _| {})?;
+        let (ran, replayed) = (e.be.mega_steps, e.graph_steps);
+        e.set_mega(false);
+        let without = e.reference_generate(&prompts[..1], &o, &mut |_, _| {})?;
+        let (err, note) = greedy_mismatches(&model, &prompts[0], &with[0], &without[0], NEAR_TIE);
+        rows.push(row(
+            "d=128 hd=64 bf16 megakernel".into(),
+            "greedy: tokens ≠ fused step",
+            if ran > 0 && replayed > 0 { err } else { f64::INFINITY },
+            0.0,
+            format!("1 row × 40 tokens, {ran} steps as the megakernel, {replayed} replayed {note}")
+                .trim_end()
+                .to_string(),
+        ));
+        let one = Ctx { batch: 1, seq: t, start: None };
+        let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: 1 })?;
+        e.set_mega(true);
+        let mega = e.logits(&ids[..t], &one)?;
+        let steps = e.be.mega_steps;
+        e.set_mega(false);
+        let fused = e.logits(&ids[..t], &one)?;
+        let cpu0 = &cpu[..t * 512];
+        rows.push(row(
+            "d=128 hd=64 bf16 megakernel".into(),
+            "logits 1 pos/step against the fused step RMS",
+            if steps + 1 >= t { rms_diff(&mega, &fused) } else { f64::INFINITY },
+            0.04,
+            format!(
+                "max {:.3}; {steps} steps; against the CPU: RMS {:.4} (fused {:.4})",
+                max_abs_diff(&mega, &fused),
+                rms_diff(&mega, cpu0),
+                rms_diff(&fused, cpu0)
+            ),
         ));
     }
     for (chunk, what) in [(1, "1 pos/step (decode kernel)"), (64, "chunks of 64")] {

@@ -21,15 +21,15 @@ use fox_kernels::cuda::{ops, Elem};
 /// One layer's stacked input projections: rows [q | k | k-shift gate | v | v-shift gate | forget
 /// gate | output gate] of `w` [width, d], and where each starts in the GEMM's output row.
 pub(super) struct FusedLayer<T> {
-    w: CudaSlice<T>,
-    width: usize,
-    q: usize,
-    k: usize,
-    ks: Option<usize>,
-    v: usize,
-    vs: Option<usize>,
-    f: Option<usize>,
-    og: Option<usize>,
+    pub(super) w: CudaSlice<T>,
+    pub(super) width: usize,
+    pub(super) q: usize,
+    pub(super) k: usize,
+    pub(super) ks: Option<usize>,
+    pub(super) v: usize,
+    pub(super) vs: Option<usize>,
+    pub(super) f: Option<usize>,
+    pub(super) og: Option<usize>,
 }
 
 /// The fused kernels' state: stacked weights per layer (keyed by the layer's q_proj weight) and
@@ -43,7 +43,7 @@ pub(super) struct FusedDecode<T> {
 }
 
 impl<T> FusedDecode<T> {
-    fn layer(&self, l: &ForgettingAttention) -> Option<&FusedLayer<T>> {
+    pub(super) fn layer(&self, l: &ForgettingAttention) -> Option<&FusedLayer<T>> {
         self.layers.iter().find(|(id, _)| *id == l.q_proj.weight).map(|(_, f)| f)
     }
 }
@@ -173,12 +173,13 @@ impl<T: Elem> Cuda<T> {
             layers.push((l.q_proj.weight, FusedLayer { w, width, q, k, ks, v, vs, f, og }));
         }
         self.fused = FusedDecode { layers, p: Some(self.gpu.zeros(batch.max(1) * widest)?), batch: batch.max(1) };
-        Ok(())
+        self.prepare_mega(model)
     }
 
     /// Drops the stacked weights: decode steps run op by op again.
     pub fn clear_fused_decode(&mut self) {
         self.fused = FusedDecode::default();
+        self.mega = None;
     }
 
     /// [`crate::backend::Backend::decode_attn_inputs`] on the GPU.

@@ -30,6 +30,7 @@ mod adamw;
 mod backend_ops;
 pub(crate) mod decode;
 mod fused;
+mod mega;
 mod params;
 mod profile;
 pub(crate) mod recurrent;
@@ -233,6 +234,13 @@ pub struct Cuda<T: Elem> {
     pub gemv: bool,
     /// Stacked projections for fused decode steps ([`Cuda::prepare_fused_decode`]).
     fused: fused::FusedDecode<T>,
+    /// The decode megakernel's state ([`Cuda::prepare_mega`]), where the model fits it.
+    mega: Option<mega::MegaDecode<T>>,
+    /// Batch-1 decode steps through the megakernel where it is prepared (FOXLM_DECODE_MEGA=1 or
+    /// `set_mega`): off by default, the fused step being faster (BENCHMARKS.md).
+    mega_on: bool,
+    /// Decode steps run as the megakernel so far (the GPU check asserts its rows ran some).
+    pub mega_steps: usize,
     /// Data-parallel training with sharded optimizer state ([`Cuda::enable_zero1`]).
     pub zero: Option<Zero1>,
     pub(crate) ssm: SsmScratch,
@@ -363,6 +371,9 @@ impl<T: Elem> Cuda<T> {
             decode_pos: None,
             gemv: true,
             fused: Default::default(),
+            mega: None,
+            mega_on: false,
+            mega_steps: 0,
             zero: None,
             gemm,
             params,

@@ -9,7 +9,8 @@
 //! - dq, dk, dv: bf16 2e-2, fp16 1e-2. As above, plus dS rounded to the dtype before dS·K and
 //!   dSᵀ·Q, and delta = dO·O taken from the dtype-rounded O.
 //! - dck (−column sums of dS, fp32) and d log f (its reverse prefix sum with dcq): 2e-2 / 1e-2,
-//!   the same error sources; they are sums of fp32 products of dtype-rounded operands.
+//!   the same error sources; they are sums of fp32 products of dtype-rounded operands (the
+//!   warp-specialised backward sums dS rounded to the dtype, as dK and dQ use it).
 //! - lse: max |Δ| 2e-3 (fp32 statistics of exactly representable inputs; exp2 approximations).
 //! - ACP on vs off: 2e-3. Pruned entries carry < e^-10 of each row's mass (SPEC §1), which moves
 //!   an output by < 5e-5·max|v|; what is left is bf16 rounding of outputs whose last bit flips.

@@ -104,7 +104,16 @@ __device__ __forceinline__ void ws_issue_pv(float (&O)[NA][32], const u32 (&a)[N
     wg_commit();
 }
 
-template <int D, bool BF, int BK, int NST, bool PINGPONG>
+// FOLD (FOX_FWD_WS_FOLD=1; measured no faster, so not the default): the bias relative to the
+// block's first row. Softmax over keys j of s_ij + c_i - c_j does not depend on the row's c_i, so
+// the stage holds (c_ref - c_j) log2(e) for c_ref = c of the block's first query row (small near
+// the diagonal, where the weight is: no precision lost to large |c|), each score costs one FFMA
+// for scale and bias, and the row term c_i - c_ref is added to the row's maximum once, for lse. The running maximum moves only when a
+// tile's exceeds it by RESCALE_LOG2 (p stays below 2^8, far inside fp32, bf16 and fp16), so most
+// tiles skip rescaling O: a warp-uniform vote. Without FOLD: c_i - c_j per score and O rescaled
+// every tile.
+constexpr float RESCALE_LOG2 = 8.f;
+template <int D, bool BF, int BK, int NST, bool PINGPONG, bool FOLD>
 __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
     const AttnParams& p = P.a;
     constexpr int BQ = 128, NA = D / 64, NS = BK / 2, NT = BK / 8;
@@ -154,6 +163,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         if (warp == 0 && n > 0) {
             const int hk = kv_head(p, h);
             const float* ckb = p.ck + (long long)bh * p.tk;
+            const float cref = FOLD ? p.cq[(long long)bh * p.tq + r0] : 0.f;
             if (lane == 0) {
                 mbar_expect_tx(qbar, Q_BYTES);
 #pragma unroll
@@ -172,7 +182,10 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
                     }
                 }
 #pragma unroll
-                for (int x = lane; x < BK; x += 32) sC[s * BK + x] = (jt + x < p.tk ? ckb[jt + x] : 0.f) * LOG2E;
+                for (int x = lane; x < BK; x += 32) {
+                    if constexpr (FOLD) sC[s * BK + x] = jt + x < p.tk ? (cref - ckb[jt + x]) * LOG2E : 0.f;
+                    else sC[s * BK + x] = (jt + x < p.tk ? ckb[jt + x] : 0.f) * LOG2E;
+                }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(full(s));
             }
@@ -183,14 +196,15 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
     const int cw = wgi - 1;  // consumer warpgroup
     const int g = lane >> 2, t4 = lane & 3;
     const int wrow = cw * 64 + (warp & 3) * 16;  // this warp's first row in the block
-    float ci[2];
+    float ci[2];  // c_i log2(e), or with FOLD (c_i - c_ref) log2(e)
     int pos[2], st[2], rows[2];
+    const float cref = FOLD ? p.cq[(long long)bh * p.tq + r0] : 0.f;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const int r = r0 + wrow + g + rr * 8;
         rows[rr] = r;
         if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r] * LOG2E;
+            ci[rr] = FOLD ? (p.cq[(long long)bh * p.tq + r] - cref) * LOG2E : p.cq[(long long)bh * p.tq + r] * LOG2E;
             pos[rr] = p.q_pos0 + r;
             st[rr] = row_start(p, b, r);
         } else {
@@ -225,11 +239,15 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float c0 = c_s[nt * 8 + 2 * t4], c1 = c_s[nt * 8 + 2 * t4 + 1];
+                // one 8-byte load with FOLD (c_s is 8-byte aligned, which the compiler cannot see)
+                const float2 cc = FOLD ? *(const float2*)(c_s + nt * 8 + 2 * t4)
+                                       : make_float2(c_s[nt * 8 + 2 * t4], c_s[nt * 8 + 2 * t4 + 1]);
+                const float c0 = cc.x, c1 = cc.y;
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int rr = e >> 1;
-                    float x = fmaf(S[4 * nt + e], scale_log2, ci[rr] - ((e & 1) ? c1 : c0));
+                    float x = FOLD ? fmaf(S[4 * nt + e], scale_log2, (e & 1) ? c1 : c0)
+                                   : fmaf(S[4 * nt + e], scale_log2, ci[rr] - ((e & 1) ? c1 : c0));
                     if (need_mask) {
                         const int j = jt + nt * 8 + 2 * t4 + (e & 1);
                         if (j > pos[rr] || j < st[rr]) x = NEG_INF;
@@ -243,9 +261,9 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
                 mx = quad_max(mx);
-                const float mnew = fmaxf(m[rr], mx);
+                const float mnew = FOLD ? (mx > m[rr] + RESCALE_LOG2 ? mx : m[rr]) : fmaxf(m[rr], mx);
                 const float muse = mnew == NEG_INF ? 0.f : mnew;
-                corr[rr] = fast_exp2(m[rr] - muse);
+                corr[rr] = FOLD && mnew == m[rr] ? 1.f : fast_exp2(m[rr] - muse);
                 m[rr] = mnew;
                 float rs = 0.f;
 #pragma unroll
@@ -295,15 +313,17 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
             softmax(i, corr);
             wg_wait<0>();  // P V of tile i - 1
             release(i - 1);
+            if (!FOLD || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-            for (int at = 0; at < NA; ++at)
+                for (int at = 0; at < NA; ++at)
 #pragma unroll
-                for (int dtl = 0; dtl < 8; ++dtl)
+                    for (int dtl = 0; dtl < 8; ++dtl)
 #pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        O[at][4 * dtl + 2 * rr] *= corr[rr];
-                        O[at][4 * dtl + 2 * rr + 1] *= corr[rr];
-                    }
+                        for (int rr = 0; rr < 2; ++rr) {
+                            O[at][4 * dtl + 2 * rr] *= corr[rr];
+                            O[at][4 * dtl + 2 * rr + 1] *= corr[rr];
+                        }
+            }
             pack();
         }
         if (PINGPONG) named_sync(mine);
@@ -311,6 +331,11 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         if (PINGPONG && cw == 0) named_arrive(other);
         wg_wait<0>();
         release(n - 1);
+    }
+    if constexpr (FOLD) {
+        // the row term left out of every score: lse = max + c_i - c_ref + log(sum)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) m[rr] += ci[rr];
     }
     wg_store_o<D, BF, NA>(p, O, m, l, rows, b, h, bh, t4);
 }
@@ -321,8 +346,8 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
 // does, and each also forms its keys' share of dQ = dS K from its dS^T staged in shared memory: 5
 // matrix products per tile pair instead of 7, and no second pass. Warpgroup 0 holds a loader warp
 // (TMA for K, V, Q and dO into a two-stage ring with mbarriers; its lanes copy lse, delta and the
-// gate sums) and a writer thread, which adds each warpgroup's staged dQ share (with its warps'
-// partial row sums of dS, dcq, in four extra columns) into fp32 scratch with one bulk reduction
+// gate sums) and a writer thread, which adds each warpgroup's staged dQ share (with the row sums
+// of dS, dcq, in eight extra columns) into fp32 scratch with one bulk reduction
 // (cp.reduce.async.bulk). The consumer warpgroups share no barrier, so they drift apart and one's
 // exponentials overlap the other's matrix products.
 // The adds into a query tile happen in a fixed order, so the sums are deterministic: a counter per
@@ -386,6 +411,37 @@ __device__ __forceinline__ void wgmma_tt_n64(float (&d)[32], u64 da, u64 db, int
     }
 }
 
+// d[4] (+)= A(registers) * B(smem, K-major), m64n8k16: the gate sums' products (B a tile of ones)
+template <bool BF>
+__device__ __forceinline__ void wgmma_rs_n8(float (&d)[4], const u32 (&a)[4], u64 db) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    }
+}
+// d[4] (+)= A(smem, M-major) * B(smem, K-major), m64n8k16
+template <bool BF>
+__device__ __forceinline__ void wgmma_t_n8(float (&d)[4], u64 da, u64 db, int accumulate) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(accumulate));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(accumulate));
+    }
+}
+
 __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                  "r"(bytes)
@@ -408,7 +464,15 @@ __device__ __forceinline__ void fold_half(float* v, int lane, int mask) {
     }
 }
 
-template <int D, bool BF>
+// The gate sums dck_j = -sum_i dS_ij and dcq_i = sum_j dS_ij (the latter zero in exact arithmetic;
+// formed because delta comes from the rounded O, whose error dck's sums carry and dcq's cancel in
+// d log f's prefix sums). By default from the products: dS^T (the bf16 / fp16 fragments of dK's
+// product) times a tile of ones gives dck in dK's row layout, and the staged dS times ones gives
+// dcq in dQ's, so both sums see the same rounded dS as dK and dQ and d log f's cancellation stays
+// exact; a few n8 products replace one add per score and the column sums' shuffles (at D = 64 a
+// sixth of the per-score instructions). SHFL: the sums in fp32 by adds and shuffles
+// (FOX_BWD_WS_SHFL=1, the kernel of BENCHMARKS.md's 2026-11-24 table).
+template <int D, bool BF, bool SHFL>
 __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
     const AttnParams& p = P.a;
     constexpr int BKB = 128, BQB = 64, NTQ = BQB / 8, NA = D / 64, DP = D + 8;
@@ -424,7 +488,8 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
     u16* sG = sQ + 2 * BQB * D;    // [2 stages]
     u16* sDS = sG + 2 * BQB * D;   // [DSS][2 warpgroups] dS^T, one atom [64 keys][64 query rows]
     float* sDQ = (float*)(sDS + DSS * 2 * 64 * BQB);  // [2][BQB][DP] the block's staged dQ shares
-    float* sA = sDQ + 2 * BQB * DP;  // [2 stages][BQB]: (c_i - lse_i) log2(e)
+    u16* sOne = (u16*)(sDQ + 2 * BQB * DP);  // [8][64] ones: B of the gate sums' products
+    float* sA = (float*)(sOne + 8 * 64);  // [2 stages][BQB]: (c_i - lse_i) log2(e)
     float* sDel = sA + 2 * BQB;
     int* sSt = (int*)(sDel + 2 * BQB);
     const u32 bars = smem_u32(sSt + 2 * BQB);
@@ -536,6 +601,18 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
     // dQ = dS K over all 128 keys: each warpgroup forms half of dQ's columns (K read MN-major)
     constexpr int DH = D / 2;
     const u32 kq_s = smem_u32(sK) + (u32)((D == 128 ? cw * BKB * 128 : cw * DH * 2));
+    const u32 one_s = smem_u32(sOne);
+    if constexpr (!SHFL) {
+        // the staging tiles' last eight columns are added into the scratch with each tile: each
+        // warpgroup's share of dcq in the first two, the other six zero, written once (visible
+        // to the bulk reductions by the fences before each tile's dq_full arrival); the ones
+        // tile, seen by the tensor cores after the proxy fence and the barrier
+        const int ct = threadIdx.x - 128;
+        for (int x = ct; x < 2 * BQB * 8; x += 256) sDQ[(x >> 3) * DP + D + (x & 7)] = 0.f;
+        ((u32*)sOne)[ct] = BF ? 0x3f803f80u : 0x3c003c00u;
+        fence_proxy_async();
+        named_sync(1);
+    }
     mbar_wait(kv_full, 0);
     int u = 0;
 
@@ -546,6 +623,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) ck2[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] * LOG2E : 0.f;
         float dck[2] = {0.f, 0.f};
+        float dcK[4] = {0.f, 0.f, 0.f, 0.f};  // -dck by the ones product (columns equal)
         const float scale_log2 = p.scale * LOG2E;
         for (int qi = qfirst; qi < qend; ++qi, ++u) {
             const int s = u & 1;
@@ -565,32 +643,45 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
             // P^T and dS^T (S^T[4*nt + e]: key row g + 8*(e>>1), query column nt*8 + 2*t4 + (e&1))
 #pragma unroll
             for (int nt = 0; nt < NTQ; ++nt) {
+                // the column pair's row values: one 8-byte load each without SHFL (the arrays are
+                // 8-byte aligned, which the compiler cannot see)
+                const int i0 = nt * 8 + 2 * t4;
+                const float2 av = SHFL ? make_float2(a_s[i0], a_s[i0 + 1]) : *(const float2*)(a_s + i0);
+                const float2 dv = SHFL ? make_float2(del_s[i0], del_s[i0 + 1]) : *(const float2*)(del_s + i0);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int il = nt * 8 + 2 * t4 + (e & 1);
+                    const int il = i0 + (e & 1);
                     const int kr = e >> 1;
-                    float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, a_s[il] - ck2[kr]));
+                    float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
                     if (need_mask) {
-                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
-                        }
-                    const float d = pr * (DS[4 * nt + e] - del_s[il]);
-                    dck[kr] -= d;
+                        if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+                    }
+                    const float d = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
+                    if constexpr (SHFL) dck[kr] -= d;
                     ST[4 * nt + e] = pr;
                     DS[4 * nt + e] = d;
                 }
             }
-            // this warp's column sums of dS^T over its 16 keys (its share of dcq). At D = 64, where
-            // per-score instructions are the limit, by a transposing butterfly (lane (g, t4) ends
+            // with SHFL, this warp's column sums of dS^T over its 16 keys (its share of dcq). At
+            // D = 64, where per-score instructions are the limit, by a transposing butterfly (lane (g, t4) ends
             // with columns rev3(g)·8 + 2·t4 + {0, 1}); at D = 128 by reducing each column onto
             // lanes g = 0, which is faster there (docs/kernel-notes.md)
+            if constexpr (!SHFL && D == 128) {
+                // all of P^T and dS^T formed here: without the column sums in between, ptxas
+                // otherwise spreads this work into the products below and, short of registers,
+                // serialises the wgmma instructions (its warning C7512)
+#pragma unroll
+                for (int k = 0; k < 32; ++k) asm volatile("" : "+f"(ST[k]), "+f"(DS[k]));
+            }
             float cs[2 * NTQ];
 #pragma unroll
-            for (int k = 0; k < 2 * NTQ; ++k) cs[k] = DS[4 * (k >> 1) + (k & 1)] + DS[4 * (k >> 1) + 2 + (k & 1)];
-            if constexpr (D == 64) {
+            for (int k = 0; k < 2 * NTQ; ++k)
+                cs[k] = SHFL ? DS[4 * (k >> 1) + (k & 1)] + DS[4 * (k >> 1) + 2 + (k & 1)] : 0.f;
+            if constexpr (SHFL && D == 64) {
                 fold_half<NTQ>(cs, lane, 4);
                 fold_half<NTQ / 2>(cs, lane, 8);
                 fold_half<NTQ / 4>(cs, lane, 16);
-            } else {
+            } else if constexpr (SHFL) {
 #pragma unroll
                 for (int k = 0; k < 2 * NTQ; ++k) {
                     cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 4);
@@ -600,6 +691,13 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
             }
             u32 ap[NTQ / 2][4], as[NTQ / 2][4];
             wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DS, ap, as, q_s, g_s);
+            if constexpr (!SHFL) {
+                // dcK += dS^T ones: each row's sum over the tile's query rows
+                wg_fence();
+#pragma unroll
+                for (int kq = 0; kq < NTQ / 2; ++kq) wgmma_rs_n8<BF>(dcK, as[kq], gmma_desc(one_s + (kq & 3) * 32, 16, 1024));
+                wg_commit();
+            }
             // dS^T into this warpgroup's atom of the stage (keys as rows). With two stages, the
             // stage's previous readers (two tiles back) are past the last barrier; with one, wait
             // until both warpgroups have read the previous tile's
@@ -626,6 +724,15 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                     if constexpr (D == 128) wgmma_tt_n64<BF>(dQ, da, db, k > 0 ? 1 : 0);
                     else wgmma_tt_n32<BF>(dQ, da, db, k > 0 ? 1 : 0);
                 }
+                // dcq: dS ones over this warpgroup's 64 keys (the same code in both warpgroups: a
+                // branch on the warpgroup made ptxas serialise the products)
+                float dcQ[4] = {0.f, 0.f, 0.f, 0.f};
+                if constexpr (!SHFL) {
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        wgmma_t_n8<BF>(dcQ, gmma_desc(ds_s + (u32)((cw * 4 + k) * 2048), 64 * 128, 1024),
+                                       gmma_desc(one_s + k * 32, 16, 1024), k > 0 ? 1 : 0);
+                }
                 wg_commit();
                 wg_wait0();
                 // the staging tile is free once the writer has added its share of two tiles back
@@ -636,14 +743,15 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
 #pragma unroll
                     for (int nt = 0; nt < DH / 8; ++nt)
                         *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
+                    if (!SHFL && t4 == 0) srow[D - cw * DH + cw] = dcQ[2 * rr];
                 }
             }
             float* dcq_col = sDQ + s * BQB * DP + D + cw * 4 + wq;
-            if constexpr (D == 64) {
+            if constexpr (SHFL && D == 64) {
                 const int nt = ((g & 1) << 2) | (g & 2) | (g >> 2);
 #pragma unroll
                 for (int c = 0; c < 2; ++c) dcq_col[(nt * 8 + 2 * t4 + c) * DP] = cs[c];
-            } else if (g == 0) {
+            } else if (SHFL && g == 0) {
 #pragma unroll
                 for (int k = 0; k < 2 * NTQ; ++k) dcq_col[((k >> 1) * 8 + 2 * t4 + (k & 1)) * DP] = cs[k];
             }
@@ -656,7 +764,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
         }
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-            const float dc = quad_sum(dck[rr]);
+            const float dc = SHFL ? quad_sum(dck[rr]) : -dcK[2 * rr];
             if (jrow[rr] < p.tk && t4 == 0) p.dck[(long long)bh * p.tk + jrow[rr]] = dc;
         }
     }  // query heads of the group
@@ -665,17 +773,21 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
 }
 #endif
 
-// Kernels: fox_fwdws_d{D}_{type} (128-key tiles; stages: 4 at D = 64, 2 at D = 128) and the
-// variant without ping-pong (fox_fwdwsnp_*), kept for the measurements in BENCHMARKS.md.
+// Kernels: fox_fwdws_d{D}_{type} (128-key tiles; stages: 4 at D = 64, 3 at D = 128), the same
+// with FOLD (fox_fwdwsfold_*: no faster, BENCHMARKS.md) and without ping-pong (fox_fwdwsnp_*),
+// kept for the measurements in BENCHMARKS.md.
 #define FOX_WS(D, TY, BF, NST)                                                                              \
     extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdws_d##D##_##TY(const __grid_constant__ WsParams p) {   \
-        FOX_WS_BODY(D, BF, NST, true)                                                                        \
+        FOX_WS_BODY(D, BF, NST, true, false)                                                                 \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdwsfold_d##D##_##TY(const __grid_constant__ WsParams p) { \
+        FOX_WS_BODY(D, BF, NST, true, true)                                                                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdwsnp_d##D##_##TY(const __grid_constant__ WsParams p) { \
-        FOX_WS_BODY(D, BF, NST, false)                                                                       \
+        FOX_WS_BODY(D, BF, NST, false, false)                                                                \
     }
 #ifdef FOX_HAVE_WGMMA
-#define FOX_WS_BODY(D, BF, NST, PP) fwd_ws_impl<D, BF, 128, NST, PP>(p);
+#define FOX_WS_BODY(D, BF, NST, PP, FOLD) fwd_ws_impl<D, BF, 128, NST, PP, FOLD>(p);
 #else
 struct __align__(128) TmaMap {
     u64 w[16];
@@ -684,10 +796,10 @@ struct WsParams {
     AttnParams a;
     TmaMap q, k, v;
 };
-#define FOX_WS_BODY(D, BF, NST, PP) __trap();
+#define FOX_WS_BODY(D, BF, NST, PP, FOLD) __trap();
 #endif
 #ifdef FOX_HAVE_WGMMA
-#define FOX_BWD_WS_BODY(D, BF) bwd_ws_impl<D, BF>(p);
+#define FOX_BWD_WS_BODY(D, BF, SHFL) bwd_ws_impl<D, BF, SHFL>(p);
 #else
 struct BwdWsParams {
     AttnParams a;
@@ -695,12 +807,14 @@ struct BwdWsParams {
     unsigned* sem;
     TmaMap k, v, q, g;
 };
-#define FOX_BWD_WS_BODY(D, BF) __trap();
+#define FOX_BWD_WS_BODY(D, BF, SHFL) __trap();
 #endif
 // The one-pass backward (fox_bwdws_d{D}_{type}, 384 threads: the writer's warpgroup and two
-// consumer warpgroups) and its epilogue (fox_bwdws_dq_d{D}_{type}).
+// consumer warpgroups; fox_bwdwsshfl_* with the gate sums by shuffles) and its epilogue
+// (fox_bwdws_dq_d{D}_{type}).
 #define FOX_BWD_WS(D, TY, BF)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdws_d##D##_##TY(const __grid_constant__ BwdWsParams p) { FOX_BWD_WS_BODY(D, BF) }
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdws_d##D##_##TY(const __grid_constant__ BwdWsParams p) { FOX_BWD_WS_BODY(D, BF, false) } \
+    extern "C" __global__ void __launch_bounds__(384, 1) fox_bwdwsshfl_d##D##_##TY(const __grid_constant__ BwdWsParams p) { FOX_BWD_WS_BODY(D, BF, true) }
 FOX_BWD_WS(64, bf16, true)
 FOX_BWD_WS(128, bf16, true)
 FOX_BWD_WS(64, f16, false)

@@ -692,7 +692,9 @@ fn ws_stages(d: usize) -> usize {
 }
 
 /// The warp-specialised forward (kernels/attention_ws.cu): 384 threads, one producer and two consumer
-/// warpgroups of 64 query rows. `FOX_FWD_WS_PP=0` runs the variant without ping-pong.
+/// warpgroups of 64 query rows. `FOX_FWD_WS_FOLD=1` runs the variant with the gate bias relative to
+/// the block (one FFMA a score) and O rescaled only when the maximum grows by 2^8 (measured no
+/// faster, BENCHMARKS.md), `FOX_FWD_WS_PP=0` the default without ping-pong.
 fn forward_ws(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
     let d = p.head_dim;
     let hkv = prm.hkv as usize;
@@ -705,7 +707,13 @@ fn forward_ws(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
     let nst = ws_stages(d);
     let smem = 1024 + (WS_BQ * d * 2) + nst * (2 * WS_BK * d * 2 + WS_BK * 4) + (2 * nst + 1) * 8;
     let pp = std::env::var("FOX_FWD_WS_PP").map(|v| v != "0").unwrap_or(true);
-    let f = kernel(gpu, if pp { "fwdws" } else { "fwdwsnp" }, p, smem)?;
+    let fold = std::env::var("FOX_FWD_WS_FOLD").is_ok_and(|v| v == "1");
+    let pass = match (pp, fold) {
+        (false, _) => "fwdwsnp",
+        (true, false) => "fwdws",
+        (true, true) => "fwdwsfold",
+    };
+    let f = kernel(gpu, pass, p, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (p.tq.div_ceil(WS_BQ) as u32, (p.batch * p.heads) as u32, 1),
         block_dim: (384, 1, 1),
@@ -890,7 +898,8 @@ unsafe impl DeviceRepr for BwdWsParams {}
 
 /// The warp-specialised backward after the delta kernel: one pass over key blocks of 128 (dk, dv, dck; dq and
 /// dcq added into fp32 scratch [B, H, tq, D + 8] in key-block order), then dq = scale · scratch
-/// in the dtype and dcq from its last eight columns.
+/// in the dtype and dcq from its last eight columns. The gate sums come from products with a tile
+/// of ones; `FOX_BWD_WS_SHFL=1` forms them in fp32 by adds and shuffles instead.
 fn backward_ws(
     gpu: &Gpu,
     p: &DevProblem,
@@ -913,11 +922,16 @@ fn backward_ws(
         g: view_map("dO", p, (p.tq * hh * d, d, hh * d), prm.dout, p.tq, hh, 64)?,
     };
     // K, V; Q, dO in two stages; dS^T per consumer warpgroup (two stages at D = 64); two dQ
-    // staging tiles; (c - lse), delta, starts in two stages; 9 barriers
+    // staging tiles; a tile of ones (8 × 64); (c - lse), delta, starts in two stages; 9 barriers
     let ds_stages = if d == 64 { 2 } else { 1 };
-    let smem =
-        1024 + (2 * 128 * d + 4 * 64 * d + ds_stages * 2 * 64 * 64) * 2 + 2 * 64 * (d + 8) * 4 + 3 * 2 * 64 * 4 + 9 * 8;
-    let f = kernel(gpu, "bwdws", p, smem)?;
+    let smem = 1024
+        + (2 * 128 * d + 4 * 64 * d + ds_stages * 2 * 64 * 64 + 8 * 64) * 2
+        + 2 * 64 * (d + 8) * 4
+        + 3 * 2 * 64 * 4
+        + 9 * 8;
+    let shfl = std::env::var("FOX_BWD_WS_SHFL").is_ok_and(|v| v == "1");
+    let pass = if shfl { "bwdwsshfl" } else { "bwdws" };
+    let f = kernel(gpu, pass, p, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1),
         block_dim: (384, 1, 1),

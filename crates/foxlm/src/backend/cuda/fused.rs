@@ -105,7 +105,32 @@ pub fn fused_decode_covers(c: &Config) -> bool {
     c.kv_heads() == c.num_heads && c.window_size.is_none() && c.log_pruning_tolerance.is_none() && c.head_dim() <= 1024
 }
 
+/// What `fox_decode_in` reads of a layer besides its projections: the QK-norm weights (0 without
+/// QK-norm) with their groups of `head_dim` channels, and the forget gate's bias (0 without one).
+pub(super) struct DecodeInWeights {
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub qn_groups: i32,
+    pub kn_groups: i32,
+    pub fgate_bias: u64,
+}
+
 impl<T: Elem> Cuda<T> {
+    /// A layer's [`DecodeInWeights`], as device pointers (heads of `hd` channels).
+    pub(super) fn decode_in_weights(&self, l: &ForgettingAttention, hd: usize) -> DecodeInWeights {
+        let master = |id: ParamId| self.dptr(&self.params[id.0].master);
+        let groups = |id: ParamId| (self.numel[id.0] / hd).max(1) as i32;
+        let (q_norm, k_norm, qn_groups, kn_groups) = match l.qk_norm {
+            Some((qn, kn)) => (master(qn), master(kn), groups(qn), groups(kn)),
+            None => (0, 0, 1, 1),
+        };
+        let fgate_bias = match &l.fgate {
+            Fgate::Full { bias, .. } | Fgate::Bias(bias) => master(*bias),
+            Fgate::None => 0,
+        };
+        DecodeInWeights { q_norm, k_norm, qn_groups, kn_groups, fgate_bias }
+    }
+
     /// Stacks every layer's input projections for fused decode steps of up to `batch` rows
     /// (skipping models the kernels do not cover: the layers then run op by op).
     pub fn prepare_fused_decode(&mut self, model: &Model, batch: usize) -> Result<()> {
@@ -234,16 +259,7 @@ impl<T: Elem> Cuda<T> {
         self.mark(Family::Other)?;
         let f = self.fused.layer(l).ok_or_else(|| anyhow!("fused decode weights"))?;
         let p = self.fused.p.as_ref().ok_or_else(|| anyhow!("fused decode buffer"))?;
-        let master = |id: ParamId| self.dptr(&self.params[id.0].master);
-        let groups = |id: ParamId| (self.numel[id.0] / hd).max(1) as i32;
-        let (q_norm, k_norm, qn_groups, kn_groups) = match l.qk_norm {
-            Some((qn, kn)) => (master(qn), master(kn), groups(qn), groups(kn)),
-            None => (0, 0, 1, 1),
-        };
-        let fgate_bias = match &l.fgate {
-            Fgate::Full { bias, .. } | Fgate::Bias(bias) => master(*bias),
-            Fgate::None => 0,
-        };
+        let DecodeInWeights { q_norm, k_norm, qn_groups, kn_groups, fgate_bias } = self.decode_in_weights(l, hd);
         let params = DecodeIn {
             p: self.dptr(p),
             q: self.dptr(&a.q),

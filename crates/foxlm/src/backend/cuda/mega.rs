@@ -7,7 +7,6 @@
 //! and H200 (BENCHMARKS.md, 2026-11-27).
 
 use super::{Cuda, Family, GpuBatch, GpuLayerState};
-use crate::model::attention::Fgate;
 use crate::model::cache::LayerState;
 use crate::model::{Mixer, Model};
 use anyhow::{anyhow, Result};
@@ -157,7 +156,6 @@ impl<T: Elem> Cuda<T> {
         let mut inter = 0;
         let mut widest = 0;
         let master = |id: crate::tensor::ParamId| self.dptr(&self.params[id.0].master);
-        let groups = |id: crate::tensor::ParamId| (self.numel[id.0] / hd).max(1) as i32;
         for blk in &model.layers {
             let (Mixer::Attention(l), Some(mlp)) = (&blk.mixer, &blk.mlp) else { return Ok(()) };
             let Some(f) = self.fused.layer(l) else { return Ok(()) };
@@ -183,14 +181,8 @@ impl<T: Elem> Cuda<T> {
             }
             inter = i;
             widest = widest.max(f.width);
-            let (q_norm, k_norm, qn_groups, kn_groups) = match l.qk_norm {
-                Some((qn, kn)) => (master(qn), master(kn), groups(qn), groups(kn)),
-                None => (0, 0, 1, 1),
-            };
-            let fgate_bias = match &l.fgate {
-                Fgate::Full { bias, .. } | Fgate::Bias(bias) => master(*bias),
-                Fgate::None => 0,
-            };
+            let super::fused::DecodeInWeights { q_norm, k_norm, qn_groups, kn_groups, fgate_bias } =
+                self.decode_in_weights(l, hd);
             let off = |o: Option<usize>| o.map_or(-1, |v| v as i32);
             let e = MegaLayer {
                 w_in: self.dptr(&f.w),

@@ -601,6 +601,22 @@ inline u32 dr_bf2(float lo, float hi) {
     return (u32)a | ((u32)b << 16);
 }
 #endif
+// The walk's A fragments of (diag(e^{G_L − G}) U)ᵀ for its update Sᵀ += (…)ᵀ K: this lane's
+// U accumulators u (four m16n8 tiles of chunk rows 16 kk.., 8 floats each, as both walks hold
+// them), scaled by their rows' decays and rounded to bf16 pairs. t = lane % 4.
+__device__ __forceinline__ void dr_decayed_a(u32 (&ua)[4][4], const float* u, const float* sG, float gl, int t) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const int p0 = kk * 16 + 2 * t;
+        const float d00 = __expf(gl - sG[p0]), d01 = __expf(gl - sG[p0 + 1]);
+        const float d10 = __expf(gl - sG[p0 + 8]), d11 = __expf(gl - sG[p0 + 9]);
+        const float* x = u + 8 * kk;
+        ua[kk][0] = dr_bf2(x[0] * d00, x[1] * d01);
+        ua[kk][1] = dr_bf2(x[2] * d00, x[3] * d01);
+        ua[kk][2] = dr_bf2(x[4] * d10, x[5] * d11);
+        ua[kk][3] = dr_bf2(x[6] * d10, x[7] * d11);
+    }
+}
 __device__ __forceinline__ void st2(u16* p, long long i, float a, float b) { *(u32*)(p + i) = dr_bf2(a, b); }
 __device__ __forceinline__ float dr_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
@@ -732,16 +748,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
         u32 ua[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const int p0 = kk * 16 + 2 * t;
-            const float d00 = __expf(gl - sG[p0]), d01 = __expf(gl - sG[p0 + 1]);
-            const float d10 = __expf(gl - sG[p0 + 8]), d11 = __expf(gl - sG[p0 + 9]);
-            ua[kk][0] = dr_bf2(u[2 * kk][0] * d00, u[2 * kk][1] * d01);
-            ua[kk][1] = dr_bf2(u[2 * kk][2] * d00, u[2 * kk][3] * d01);
-            ua[kk][2] = dr_bf2(u[2 * kk + 1][0] * d10, u[2 * kk + 1][1] * d11);
-            ua[kk][3] = dr_bf2(u[2 * kk + 1][2] * d10, u[2 * kk + 1][3] * d11);
-        }
+        dr_decayed_a(ua, &u[0][0], sG, gl, t);
         const float egl = __expf(gl);
 #pragma unroll
         for (int n = 0; n < KP / 8; ++n)
@@ -965,17 +972,7 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
         u32 ua[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const int p0 = kk * 16 + 2 * t;
-            const float d00 = __expf(gl - sG[p0]), d01 = __expf(gl - sG[p0 + 1]);
-            const float d10 = __expf(gl - sG[p0 + 8]), d11 = __expf(gl - sG[p0 + 9]);
-            const float* x = u + 8 * kk;
-            ua[kk][0] = dr_bf2(x[0] * d00, x[1] * d01);
-            ua[kk][1] = dr_bf2(x[2] * d00, x[3] * d01);
-            ua[kk][2] = dr_bf2(x[4] * d10, x[5] * d11);
-            ua[kk][3] = dr_bf2(x[6] * d10, x[7] * d11);
-        }
+        dr_decayed_a(ua, u, sG, gl, t);
         const float egl = __expf(gl);
 #pragma unroll
         for (int a = 0; a < NA; ++a)

@@ -335,8 +335,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.model.forward_on(&mut self.be, &self.batch, acts, Some(caches))
     }
 
-    /// Batch-1 decode steps through the megakernel (the default where the model fits it), or
-    /// (`false`) through the fused step: the reference it is checked against.
+    /// Batch-1 decode steps through the megakernel where the model fits it (off by default:
+    /// slower than the fused step, BENCHMARKS.md; `FOXLM_DECODE_MEGA=1` also turns it on), or
+    /// (`false`) through the fused step, the reference it is checked against.
     pub fn set_mega(&mut self, on: bool) {
         self.be.set_mega(on);
     }

@@ -145,7 +145,11 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     };
     let f1 = run_fwd(&mut go, &mut sc)?;
     let o1 = down(gpu, &go)?;
-    c.add(name, "o rel L2 vs CPU chunked", rel_l2(&o1, &o), tol_f, "");
+    let how = match dr::default_scan(gpu, &dev) {
+        Some(sp) => format!(" (parallel walk, {} segments)", sp.nseg),
+        None => String::new(),
+    };
+    c.add(name, &format!("o rel L2 vs CPU chunked{how}"), rel_l2(&o1, &o), tol_f, "");
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), tol_f, "");
     let f2 = run_fwd(&mut go, &mut sc)?;
     let o2 = down(gpu, &go)?;
@@ -156,17 +160,39 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         0.0,
         "elements with other bits",
     );
-    // In segments (delta_rule_fwd_cut): one segment, and one per chunk, give the default's bits.
+    // In segments one after another (delta_rule_fwd_cut): one per chunk gives the bits of one
+    // walk, which are the default's unless the default is the parallel walk.
     let nch = t.div_ceil(dr::CHUNK);
+    let scan = dr::default_scan(gpu, &dev);
     if nch > 1 {
-        let mut diff = 0.0;
         let every: Vec<usize> = (1..nch).collect();
+        let mut runs = Vec::new();
         for cuts in [&[][..], &every[..]] {
             let mut st = gpu.upload(init.as_deref().unwrap_or(&vec![0.0; ns]))?;
             dr::delta_rule_fwd_cut(gpu, &dev, &mut go, Some(&mut st), &mut sc, cuts)?;
-            diff += bits_differ(&down(gpu, &go)?, &o1) + bits_differ(&gpu.download(&st)?, &f1);
+            runs.push((down(gpu, &go)?, gpu.download(&st)?));
         }
-        c.add(name, "fwd in 1 and in every-chunk segments = default", diff, 0.0, "elements with other bits");
+        let (one, every) = (&runs[0], &runs[1]);
+        let diff = bits_differ(&one.0, &every.0) + bits_differ(&one.1, &every.1);
+        c.add(name, "fwd in every-chunk segments = in one", diff, 0.0, "elements with other bits");
+        if scan.is_none() {
+            let diff = bits_differ(&one.0, &o1) + bits_differ(&one.1, &f1);
+            c.add(name, "fwd in one segment = default", diff, 0.0, "elements with other bits");
+        }
+    }
+    // The parallel walk (bf16): the default's plan (checked above as the default) and segments of
+    // 1 and 2 chunks where the scratch has room, against the CPU; the backward reruns the default.
+    if bf {
+        for seglen in [1, 2] {
+            if dr::scan_plan_of(&dev, seglen).is_none() {
+                continue;
+            }
+            let mut st = gpu.upload(init.as_deref().unwrap_or(&vec![0.0; ns]))?;
+            dr::delta_rule_fwd_scan(gpu, &dev, &mut go, Some(&mut st), &mut sc, seglen)?;
+            let what = format!("parallel walk, {seglen}-chunk segments");
+            c.add(name, &format!("o rel L2 vs CPU ({what})"), rel_l2(&down(gpu, &go)?, &o), tol_f, "");
+            c.add(name, &format!("final state rel L2 ({what})"), rel_l2(&gpu.download(&st)?, &fin), tol_f, "");
+        }
     }
     // Without a state argument: a zero initial state.
     if init.is_none() {

@@ -63,6 +63,12 @@ struct DrParams {
     void* dv;
     void* dbeta;
     float* dg;  // or null
+    // The parallel walk (dr_walk_sum, dr_walk_join, dr_walk_tc over segments): where each segment
+    // ends from a zero state and from the identity, [nseg − 1][B·H][KP][Vp + KP] f32, and the state
+    // entering each segment, [nseg][B, H, K, V] f32 (the first a copy of init, so that no block of
+    // the walk reads init while the last segment's blocks write fin, which may be init).
+    float* sums;
+    float* entry;
     float scale;
     int B, T, H, K, V, Tp, nch, Vp;
     int vk, vv;  // q, k (and v, o, do) rows load by 16-byte copies: K (V) a multiple of 16 bytes, aligned
@@ -70,6 +76,9 @@ struct DrParams {
     // chunks c0..c1 from the state in init (its state after c1 into fin), so that the forward can
     // run as segments of chunks, the walk of one beside the chunk kernels of others.
     int c0, c1;
+    // > 0: the walk's launch covers segments of seglen chunks from c0, segment blockIdx.z (the
+    // parallel walk); 0: chunks c0..c1 in one.
+    int seglen;
 };
 
 template <typename E>
@@ -177,8 +186,6 @@ inline void dr_need_smem(int bytes) {
 }
 #endif
 
-// c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
-// A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
 // c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
 // A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
 // Fragments by ldmatrix (.trans where the tile holds the operand's transpose): lane l points at row
@@ -626,8 +633,18 @@ __device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xfff
 // Sᵀ [16, K'] in f32 registers in the mma accumulator layout, which is also the A operand layout of
 // the next products (rounded to bf16), so the chain Uᵀ = Ũᵀ − Sᵀ Wᵀ, Sᵀ ← γ_L Sᵀ + (U')ᵀ K never
 // leaves the warp: no barrier inside a chunk. W, K, Ũ and G of the next chunk load while this one
-// computes (one barrier per chunk); the entering states and U go out through a per-warp staging
-// tile (stmatrix .trans) as 16-byte rows. Same scratch and the same roundings as dr_walk_fwd.
+// computes (one barrier per chunk); the entering states go out through a per-warp staging tile
+// and U through the warp's own columns of the Ũ tile it was just read from (stmatrix .trans), as
+// 16-byte rows. Same scratch and the same roundings as dr_walk_fwd.
+//
+// The parallel walk. The columns of S never mix: per chunk S ← M S + Kᵀ diag(e^{G_L − G}) Ũ with
+// M = γ_L I − Kᵀ diag(e^{G_L − G}) W, so over a segment of chunks S_out = P S_in + H, where H is the
+// walk of the segment from S_in = 0 and P its walk from S_in = I with Ũ = 0 (K' more columns). With
+// SUM, blockIdx.z is segment z of p.seglen chunks, the first ⌈V'/64⌉ blocks in x walk V's columns
+// from 0 and the rest the identity's, and only where they end is stored (sums: H in columns 0..V',
+// P in V'..V' + K'); dr_walk_join chains the segments; the walk proper (seglen > 0) then runs every
+// segment at once from its entering state. Where one walk leaves most multiprocessors idle (B·H·V
+// small against the GPU) this trades 3x the walk's products for a walk of 1/nseg of the chunks.
 #define DR_WW 4
 #define DR_WV (16 * DR_WW)
 template <int KP>
@@ -636,16 +653,17 @@ struct DrWalkTc {
     static constexpr int TK = DR_L * LK * 2;  // W or K [64][K']
     static constexpr int TU = DR_L * LU * 2;  // Ũ [64][DR_WV]
     static constexpr int SET = 2 * TK + TU + DR_L * 4;
-    static constexpr int STG = (KP + DR_L) * LS * 2;  // per warp: S [K'][16], U [64][16]
+    static constexpr int STG = KP * LS * 2;  // per warp: S [K'][16]
     static constexpr int bytes = 2 * SET + DR_WW * STG;
+    static constexpr int sum_bytes = 2 * SET;  // SUM stores nothing per chunk: no staging
 };
 
-template <int KP>
+template <int KP, bool SUM>
 __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     typedef DrWalkTc<KP> Lw;
     constexpr int NTW = 32 * DR_WW, LK = Lw::LK, LU = Lw::LU, LS = Lw::LS;
     DR_SMEM_DECL
-    dr_need_smem(Lw::bytes);
+    dr_need_smem(SUM ? Lw::sum_bytes : Lw::bytes);
     auto Wb = [&](int i) { return (u16*)(smem + i * Lw::SET); };
     auto Kb = [&](int i) { return (u16*)(smem + i * Lw::SET + Lw::TK); };
     auto Ub = [&](int i) { return (u16*)(smem + i * Lw::SET + 2 * Lw::TK); };
@@ -653,10 +671,23 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j8 = lane & 7,
               m4 = lane >> 3;
     u16* Sst = (u16*)(smem + 2 * Lw::SET + warp * Lw::STG);
-    u16* Ust = Sst + KP * LS;
     const DrBlock k = dr_block(p);
-    const int v0 = blockIdx.x * DR_WV, vw = v0 + 16 * warp;
-    const bool act = vw < p.Vp;
+    // This launch's chunks, state in and state out.
+    int c0 = p.c0, c1 = p.c1;
+    const float* init = SUM ? nullptr : p.init;
+    float* fin = SUM ? nullptr : p.fin;
+    const int z = blockIdx.z;
+    if (p.seglen > 0) {
+        c0 = p.c0 + z * p.seglen;
+        c1 = min(c0 + p.seglen, p.c1);
+        if (!SUM) init = p.entry + (long long)z * p.B * p.H * p.K * p.V;
+        if (!SUM && z + 1 < (int)gridDim.z) fin = nullptr;
+    }
+    // With SUM, blocks past V' walk the identity's columns (Ũ = 0).
+    const int nvb = (p.Vp + DR_WV - 1) / DR_WV;
+    const bool ident = SUM && (int)blockIdx.x >= nvb;
+    const int v0 = (ident ? (int)blockIdx.x - nvb : (int)blockIdx.x) * DR_WV, vw = v0 + 16 * warp;
+    const bool act = vw < (ident ? KP : p.Vp);
     u16* states = (u16*)p.states;
     const u16* W = (const u16*)p.w;
     u16* U = (u16*)p.u;
@@ -664,11 +695,12 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         dr_scr<DR_L, KP, NTW>(Wb(bi), LK, W, row0, KP, 0);
         dr_in<KP, NTW>(Kb(bi), LK, (const u16*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
-        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
-            const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
-            const bool ok = v0 + cc < p.Vp;
-            cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
-        }
+        if (!ident)
+            for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
+                const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
+                const bool ok = v0 + cc < p.Vp;
+                cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
+            }
         if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
         cp_async_commit();
     };
@@ -679,14 +711,16 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
-            s[n][r] = act && p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
+            s[n][r] = ident                                                  ? (float)(kd == vc)
+                      : act && init && kd < p.K && vc < p.V ? init[((long long)k.bh * p.K + kd) * p.V + vc]
+                                                              : 0.f;
         }
-    issue(p.c0, 0);
-    for (int c = p.c0; c < p.c1; ++c) {
-        const int cur = (c - p.c0) & 1;
+    issue(c0, 0);
+    for (int c = c0; c < c1; ++c) {
+        const int cur = (c - c0) & 1;
         cp_async_wait<0>();
         __syncthreads();
-        if (c + 1 < p.c1) issue(c + 1, cur ^ 1);
+        if (c + 1 < c1) issue(c + 1, cur ^ 1);
         if (!act) continue;
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
@@ -698,12 +732,14 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
             sa[kk][1] = dr_bf2(s[2 * kk][2], s[2 * kk][3]);
             sa[kk][2] = dr_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             sa[kk][3] = dr_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
+            if (!SUM) stsm_x4_t(Sst + (kk * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, sa[kk]);
         }
-        __syncwarp();
-        for (int i = lane; i < KP * 2; i += 32) {
-            const int r = i >> 1, h = i & 1;
-            *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
+        if (!SUM) {
+            __syncwarp();
+            for (int i = lane; i < KP * 2; i += 32) {
+                const int r = i >> 1, h = i & 1;
+                *(uint4*)(states + (sbase + r) * p.Vp + vw + h * 8) = *(const uint4*)(Sst + r * LS + h * 8);
+            }
         }
         // Uᵀ = Ũᵀ − Sᵀ Wᵀ: u[n] holds rows vw + g (+ 8), chunk positions 8n + 2t + {0, 1}.
         float u[8][4];
@@ -721,28 +757,35 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
                 mma_bf16_16816(u[n], sa[2 * k2], b[0], b[1]);
                 mma_bf16_16816(u[n], sa[2 * k2 + 1], b[2], b[3]);
             }
-        const u16* Us = Ub(cur);
+        // This warp's columns of Ũ, then of U (no other warp reads them; the tile is next written
+        // by the copies issued after the next chunk's barrier).
+        u16* Us = Ub(cur) + 16 * warp;
 #pragma unroll
         for (int n2 = 0; n2 < 4; ++n2) {
-            u32 r[4];
-            ldsm_x4_t(r, Us + (n2 * 16 + (m4 >> 1) * 8 + j8) * LU + 16 * warp + (m4 & 1) * 8);
+            u32 r[4] = {0u, 0u, 0u, 0u};
+            u16* at = Us + (n2 * 16 + (m4 >> 1) * 8 + j8) * LU + (m4 & 1) * 8;
+            if (!ident) ldsm_x4_t(r, at);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
                 x[0] = dr_lo(r[i]) - x[0];
                 x[1] = dr_hi(r[i]) - x[1];
             }
+            if (!SUM) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
-                r[i] = dr_bf2(x[0], x[1]);
+                for (int i = 0; i < 4; ++i) {
+                    const float* x = u[2 * n2 + (i >> 1)] + 2 * (i & 1);
+                    r[i] = dr_bf2(x[0], x[1]);
+                }
+                stsm_x4_t(at, r);
             }
-            stsm_x4_t(Ust + (n2 * 16 + (m4 >> 1) * 8 + j8) * LS + (m4 & 1) * 8, r);
         }
-        __syncwarp();
-        for (int i = lane; i < DR_L * 2; i += 32) {
-            const int r = i >> 1, h = i & 1;
-            *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Ust + r * LS + h * 8);
+        if (!SUM) {
+            __syncwarp();
+            for (int i = lane; i < DR_L * 2; i += 32) {
+                const int r = i >> 1, h = i & 1;
+                *(uint4*)(U + (row0 + r) * p.Vp + vw + h * 8) = *(const uint4*)(Us + r * LU + h * 8);
+            }
         }
         // Sᵀ ← γ_L Sᵀ + (diag(e^{G_L − G}) U)ᵀ K.
         const float* sG = Gb(cur);
@@ -765,14 +808,103 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
                 mma_bf16_16816(s[2 * n2 + 1], ua[kk], b[2], b[3]);
             }
     }
-    if (act && p.fin) {
+    if (SUM && act) {
+        const int ld = p.Vp + KP, col0 = ident ? p.Vp : 0;
+        float* out = p.sums + ((long long)z * p.B * p.H + k.bh) * KP * ld;
 #pragma unroll
         for (int n = 0; n < KP / 8; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
-                if (kd < p.K && vc < p.V) p.fin[((long long)k.bh * p.K + kd) * p.V + vc] = s[n][r];
+                out[(long long)kd * ld + col0 + vc] = s[n][r];
             }
+    }
+    if (act && fin) {
+#pragma unroll
+        for (int n = 0; n < KP / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = n * 8 + 2 * t + (r & 1), vc = vw + g + (r >> 1) * 8;
+                if (kd < p.K && vc < p.V) fin[((long long)k.bh * p.K + kd) * p.V + vc] = s[n][r];
+            }
+    }
+}
+
+// ---- dr_walk_join: the states entering the parallel walk's segments ----
+// Per (b, h, DR_JC columns of V), the segments in order: E_0 = init (0 when null), E_{z+1} =
+// P_z E_z + H_z (P_z, H_z from sums, see dr_walk_tc), in f32 with sums over K in order; E_0 ..
+// E_{nseg−1} out to entry. The identity's walk of padded rows (K ≤ k < K') is never read: E is 0
+// there. A thread per two outputs (K'·DR_JC / 2 threads: 1024 at K' = 128), so that the chain of
+// sums has warps enough to hide its latency; P_{z+1} loads while step z computes.
+#define DR_JC 16
+template <int KP>
+struct DrJoin {
+    static constexpr int LP = KP + 1, NT = KP * DR_JC / 2;
+    static constexpr int bytes = (KP * LP + KP * DR_JC) * 4;  // P [K'][K' + 1], E [K'][DR_JC]
+};
+
+template <int KP>
+__device__ __forceinline__ void dr_walk_join(const DrParams& p, int nseg) {
+    typedef DrJoin<KP> Lj;
+    constexpr int NT = Lj::NT, CG = DR_JC / 2;  // threads, pairs of columns a row
+    constexpr int PER = KP * KP / NT;           // P's elements per thread
+    DR_SMEM_DECL
+    dr_need_smem(Lj::bytes);
+    float* P = (float*)smem;
+    float* E = P + KP * Lj::LP;
+    const int bh = blockIdx.y, j0 = blockIdx.x * DR_JC, ld = p.Vp + KP, tid = threadIdx.x;
+    const long long kv = (long long)p.K * p.V, bhkv = (long long)p.B * p.H * kv;
+    // This thread's outputs: row r, columns c2, c2 + 1.
+    const int r = tid / CG, c2 = 2 * (tid % CG);
+    auto sums = [&](int z) { return p.sums + ((long long)z * p.B * p.H + bh) * KP * ld; };
+    float pn[PER];
+    auto fetch = [&](int z) {
+        // Element tid + j·NT of P is row tid / KP + j·(NT / KP), column tid % KP.
+        const float* src = sums(z) + (long long)(tid / KP) * ld + p.Vp + tid % KP;
+        const int step = NT / KP * ld;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) pn[j] = src[j * step];
+    };
+    if (nseg > 1) fetch(0);
+    float e[2];
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+        const int c = j0 + c2 + o;
+        e[o] = p.init && r < p.K && c < p.V ? p.init[bh * kv + (long long)r * p.V + c] : 0.f;
+        E[r * DR_JC + c2 + o] = e[o];
+        if (r < p.K && c < p.V) p.entry[bh * kv + (long long)r * p.V + c] = e[o];
+    }
+    for (int z = 0; z + 1 < nseg; ++z) {
+        const float* S = sums(z);
+        float acc[2];
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const int j = j0 + c2 + o;
+            acc[o] = j < p.Vp ? S[(long long)r * ld + j] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = tid + j * NT;
+            P[(i / KP) * Lj::LP + i % KP] = pn[j];
+        }
+        __syncthreads();
+        if (z + 2 < nseg) fetch(z + 1);
+        const float* pr = P + r * Lj::LP;
+#pragma unroll 4
+        for (int kd = 0; kd < p.K; ++kd) {
+            const float pk = pr[kd];
+            const float2 x = *(const float2*)(E + kd * DR_JC + c2);
+            acc[0] = fmaf(pk, x.x, acc[0]);
+            acc[1] = fmaf(pk, x.y, acc[1]);
+        }
+        __syncthreads();
+        float* out = p.entry + (z + 1) * bhkv + bh * kv;
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const int j = j0 + c2 + o;
+            E[r * DR_JC + c2 + o] = r < p.K ? acc[o] : 0.f;
+            if (r < p.K && j < p.V) out[(long long)r * p.V + j] = acc[o];
+        }
     }
 }
 
@@ -783,7 +915,7 @@ struct DrWalk {
 };
 template <int KP>
 struct DrWalk<u16, KP> {
-    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP>(p); }
+    static __device__ __forceinline__ void run(const DrParams& p) { dr_walk_tc<KP, false>(p); }
 };
 
 // ---- dr_walk_wg: the bf16 forward walk by warpgroup wgmma (sm_90a) ----
@@ -1653,6 +1785,18 @@ __device__ __forceinline__ void dr_swish_bwd(E* dx, E* dgate, const E* dy, const
 
 DR_KERNELS(f32, float)
 DR_KERNELS(bf16, u16)
+
+// The parallel walk's segment sums (bf16) and their join (f32, any activation type).
+#define DR_SCAN_KERNELS(KP)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * DR_WW) dr_walk_sum_k##KP##_bf16(DrParams p) {          \
+        dr_walk_tc<KP, true>(p);                                                                               \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DrJoin<KP>::NT) dr_walk_join_k##KP(DrParams p, int nseg) {   \
+        dr_walk_join<KP>(p, nseg);                                                                             \
+    }
+DR_SCAN_KERNELS(32)
+DR_SCAN_KERNELS(64)
+DR_SCAN_KERNELS(128)
 
 // The bf16 forward walk by wgmma (K' of 64 and 128; sm_90a).
 #ifdef DR_HAVE_WG

@@ -250,14 +250,22 @@ fn main() -> Result<()> {
                 }
                 None => (2, 16384, 6, 128, 128),
             };
+            let walk = cuda::delta_rule::fwd_walk_on(&gpu, shape.3);
+            let (bh, vp, nch) = (shape.0 * shape.2, shape.4.div_ceil(32) * 32, shape.1.div_ceil(cuda::delta_rule::CHUNK));
+            let kp = [32, 64, 128].into_iter().find(|&k| k >= shape.3).unwrap_or(128);
+            let plan = match cuda::delta_rule::scan_plan(bh, vp, kp, nch) {
+                Some(sp) if walk == cuda::delta_rule::FwdWalk::MmaSync => {
+                    format!("parallel walk, {} segments of {} chunks", sp.nseg, sp.seglen)
+                }
+                _ => "walk in sequence".to_string(),
+            };
             for gated in [false, true] {
                 let (fwd, fb, st) = delta_rule_check::bench(&gpu, shape, gated, 3, 20)?;
                 println!(
-                    "{} (bf16, {:?} walk) on {}, [B, T, H, K, V] = {shape:?}: forward {fwd:.3} ms, forward + \
-                     backward {fb:.3} ms (medians of 20, CUDA events); alone: WY {:.3}, walk {:.3}, outputs {:.3}; \
-                     dU {:.3}, reverse walk {:.3}, gradients {:.3} ms",
+                    "{} (bf16, {walk:?} walk, {plan}) on {}, [B, T, H, K, V] = {shape:?}: forward {fwd:.3} ms, \
+                     forward + backward {fb:.3} ms (medians of 20, CUDA events); alone: WY {:.3}, walk {:.3}, \
+                     outputs {:.3}; dU {:.3}, reverse walk {:.3}, gradients {:.3} ms",
                     if gated { "gated delta rule" } else { "delta rule" },
-                    cuda::delta_rule::fwd_walk_on(&gpu, shape.3),
                     gpu.describe(),
                     st[0],
                     st[1],

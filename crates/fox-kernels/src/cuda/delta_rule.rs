@@ -36,6 +36,84 @@ const MAX_K_DECODE: usize = 256;
 const THREADS: u32 = 256;
 /// Warps of the bf16 forward walk (DR_WW), each owning 16 columns of V.
 const WALK_TC_WARPS: usize = 4;
+/// Columns of V per block of the parallel walk's join (DR_JC).
+const JOIN_COLS: usize = 16;
+/// The most segments of the parallel walk (the scratch holds their sums).
+pub const MAX_SEGS: usize = 16;
+/// Blocks the parallel walk's plan lets its launches have: the walk one wave at one block per
+/// multiprocessor on 128 of the 132 of an H100 or H200 (two blocks on one slowed each by a third,
+/// BENCHMARKS.md), the sums (which two a multiprocessor hardly slow) at two. The plan depends on
+/// the shape alone, so that the results are the same bits on any GPU.
+const SCAN_WALK_SLOTS: usize = 128;
+const SCAN_SUM_SLOTS: usize = 256;
+/// Chunks per segment at the least: shorter segments save less walk than their sums cost.
+const MIN_SEG_CHUNKS: usize = 8;
+
+/// The parallel walk's segments (see kernels/delta_rule.cu, dr_walk_tc): `nseg` of `seglen`
+/// chunks, the last possibly shorter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScanPlan {
+    pub nseg: usize,
+    pub seglen: usize,
+}
+
+impl ScanPlan {
+    /// Segments of `seglen` chunks over `nch`; none unless that makes 2 to [`MAX_SEGS`] segments.
+    pub fn of(nch: usize, seglen: usize) -> Option<Self> {
+        let nseg = nch.checked_div(seglen)?;
+        let nseg = if nseg * seglen < nch { nseg + 1 } else { nseg };
+        (2..=MAX_SEGS.min(nch)).contains(&nseg).then_some(Self { nseg, seglen })
+    }
+}
+
+/// The parallel walk's plan for bf16 at B·H = `bh`, V' = `vp`, K' = `kp` and `nch` chunks: as
+/// many segments as [`scan_fit`] gives, at most [`MAX_SEGS`], each of [`MIN_SEG_CHUNKS`] chunks
+/// at least; none below three (the two launches of 1/nseg of the chunks each take as long as the
+/// walk in one at two: one walk already fills the GPU, or the sequence is short).
+/// FOXLM_DR_SCAN (read once): "0" never, "N" at most N segments.
+pub fn scan_plan(bh: usize, vp: usize, kp: usize, nch: usize) -> Option<ScanPlan> {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cap = *CAP
+        .get_or_init(|| std::env::var("FOXLM_DR_SCAN").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(MAX_SEGS));
+    let nseg = scan_fit(bh, vp, kp).min(MAX_SEGS).min(nch / MIN_SEG_CHUNKS).min(cap);
+    if nseg < 3 {
+        return None;
+    }
+    ScanPlan::of(nch, nch.div_ceil(nseg))
+}
+
+/// The most segments of the parallel walk that keep its launches within their slots: the walk
+/// (⌈V'/64⌉ blocks a b·h a segment) within [`SCAN_WALK_SLOTS`], the sums (⌈V'/64⌉ + ⌈K'/64⌉
+/// blocks a b·h for each segment but the last) within [`SCAN_SUM_SLOTS`].
+fn scan_fit(bh: usize, vp: usize, kp: usize) -> usize {
+    let tc = 16 * WALK_TC_WARPS;
+    let walk = (vp.div_ceil(tc) * bh).max(1);
+    let sums = ((vp.div_ceil(tc) + kp.div_ceil(tc)) * bh).max(1);
+    (SCAN_WALK_SLOTS / walk).min(SCAN_SUM_SLOTS / sums + 1)
+}
+
+/// The segments the scratch holds sums for: [`scan_fit`]'s, two at the least, at most
+/// [`MAX_SEGS`] and one a chunk.
+fn scan_room(bh: usize, vp: usize, kp: usize, nch: usize) -> usize {
+    scan_fit(bh, vp, kp).clamp(2, MAX_SEGS).min(nch)
+}
+
+/// How [`fwd_kernels`] runs the walk: segment after segment, cut at these chunk indices (none: one
+/// walk), or every segment at once (the parallel walk, bf16).
+enum Plan {
+    Cuts(Vec<usize>),
+    Scan(ScanPlan),
+}
+
+/// The default plan: the parallel walk where [`scan_plan`] gives one and the bf16 walk is the
+/// `mma.sync` one, else the segments of [`fwd_cuts`].
+fn default_plan<T: Elem>(gpu: &Gpu, lay: &Layout, bh: usize) -> Plan {
+    let es = std::mem::size_of::<T>();
+    match scan_plan(bh, lay.vp, lay.kp, lay.nch) {
+        Some(sp) if es == 2 && walk_kind(gpu, lay.kp, es) == "walk_fwd" => Plan::Scan(sp),
+        _ => Plan::Cuts(fwd_cuts(lay.nch)),
+    }
+}
 
 /// The bf16 forward walk: 16 columns of V a warp by chains of `mma.sync` (`dr_walk_tc`, the
 /// default: the faster at the 125M models' shape, BENCHMARKS.md), or 64 a block by warpgroup
@@ -139,6 +217,8 @@ struct Params {
     dv: u64,
     dbeta: u64,
     dg: u64,
+    sums: u64,
+    entry: u64,
     scale: f32,
     b: i32,
     t: i32,
@@ -152,6 +232,7 @@ struct Params {
     vv: i32,
     c0: i32,
     c1: i32,
+    seglen: i32,
 }
 
 // SAFETY: plain data in the kernel's C struct layout (8-byte pointers, then 4-byte fields).
@@ -203,6 +284,8 @@ struct Layout {
     u: usize,
     states: usize,
     carry: usize,
+    sums: usize,
+    entry: usize,
     tm: usize,
     dstates: usize,
     du: usize,
@@ -222,24 +305,30 @@ fn layout(batch: usize, seq: usize, heads: usize, k: usize, v: usize, es: usize)
     let u = w + align(bh * tp * kp * es);
     let states = u + align(bh * tp * vp * es);
     let carry = states + align(bh * nch * kp * vp * es);
-    let fwd_end = carry + align(bh * k * v * 4);
+    // The parallel walk's regions (bf16 only).
+    let segs = if es == 2 { scan_room(bh, vp, kp, nch) } else { 0 };
+    let sums = carry + align(bh * k * v * 4);
+    let entry = sums + align(segs.saturating_sub(1) * bh * kp * (vp + kp) * 4);
+    let fwd_end = entry + align(segs * bh * k * v * 4);
     let tm = fwd_end;
     let dstates = tm + align(bh * nch * CHUNK * CHUNK * es);
     let du = dstates + align(bh * nch * kp * vp * es);
     let bwd_end = du + align(bh * tp * vp * 4);
-    Layout { nch, tp, vp, kp, gc, w, u, states, carry, tm, dstates, du, fwd_end, bwd_end }
+    Layout { nch, tp, vp, kp, gc, w, u, states, carry, sums, entry, tm, dstates, du, fwd_end, bwd_end }
 }
 
 /// f32 elements of [`delta_rule_fwd`]'s scratch: G [B·H, T'] f32, W [B·H, T', K'], U [B·H, T', V']
 /// and the chunk states [B·H, T'/64, K', V'] in T (T' = T rounded up to chunks, K' = K padded to
-/// 32/64/128, V' to 32), the state between two segments' walks [B·H, K, V] f32. At B = 2,
-/// T = 16384, H = 6, K = V = 128, bf16: 202 MB.
+/// 32/64/128, V' to 32), the state between two segments' walks [B·H, K, V] f32, and for bf16 the
+/// parallel walk's sums [S − 1, B·H, K', V' + K'] and entering states [S, B·H, K, V] (f32, S
+/// segments at the most: see [`delta_rule_fwd_scan`]). At B = 2, T = 16384, H = 6, K = V = 128,
+/// bf16: 213 MB.
 pub fn fwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).fwd_end.div_ceil(4)
 }
 
 /// f32 elements of [`delta_rule_bwd`]'s scratch: the forward's, T per chunk [B·H, T'/64, 64, 64]
-/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 429 MB.
+/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 439 MB.
 pub fn bwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).bwd_end.div_ceil(4)
 }
@@ -258,12 +347,16 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     let rows = CHUNK * 4;
     match kind {
         "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
-        // DrWalkTc: two sets of W, K, Ũ and G tiles, a staging tile per warp.
+        // DrWalkTc: two sets of W, K, Ũ and G tiles, a staging tile of S per warp.
         "walk_fwd" if es == 2 => {
             let set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows;
-            2 * set + WALK_TC_WARPS * (kp + CHUNK) * 24 * 2
+            2 * set + WALK_TC_WARPS * kp * 24 * 2
         }
         "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
+        // DrWalkTc::sum_bytes: the tile sets only.
+        "walk_sum" => 2 * (2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows),
+        // DrJoin: P [K'][K' + 1] and E [K'][JOIN_COLS], f32.
+        "join" => (kp * (kp + 1) + kp * JOIN_COLS) * 4,
         // DrWalkWg: two sets of W and K (64-column atoms), Ũ and G, each rounded up to 1024 bytes,
         // a staging tile per warp, 1024 bytes to align the sets.
         "walk_wg" => {
@@ -284,24 +377,34 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     }
 }
 
-/// A chunk kernel's launch: its grid, threads per block and dynamic shared memory.
+#[derive(Clone, Copy)]
+/// A chunk kernel's launch: its grid (x, y; z is 1 but for the parallel walk's segments), threads
+/// per block and dynamic shared memory.
 struct Cfg {
     grid: (usize, usize),
+    z: usize,
     threads: u32,
     smem: usize,
 }
 
 /// The launch of kernel `kind` at a layout: the chunk kernels one block per (chunk, b·h), the walks
 /// per (columns of V, b·h): 32 columns per block of 256 threads, or for the bf16 forward walk 16
-/// per warp of WALK_TC_WARPS.
+/// per warp of WALK_TC_WARPS (the parallel walk's sums also over K' more columns); the join per
+/// (JOIN_COLS columns of V, b·h).
 fn cfg(kind: &str, lay: &Layout, bh: usize, es: usize) -> Cfg {
     let smem = smem_bytes(kind, lay.kp, es);
+    let z = 1;
+    let tc = 16 * WALK_TC_WARPS;
     match kind {
         "walk_wg" | "walk_fwd" if es == 2 => {
-            Cfg { grid: (lay.vp.div_ceil(16 * WALK_TC_WARPS), bh), threads: 32 * WALK_TC_WARPS as u32, smem }
+            Cfg { grid: (lay.vp.div_ceil(tc), bh), z, threads: 32 * WALK_TC_WARPS as u32, smem }
         }
-        "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), threads: THREADS, smem },
-        _ => Cfg { grid: (lay.nch, bh), threads: THREADS, smem },
+        "walk_sum" => {
+            Cfg { grid: (lay.vp.div_ceil(tc) + lay.kp.div_ceil(tc), bh), z, threads: 32 * WALK_TC_WARPS as u32, smem }
+        }
+        "join" => Cfg { grid: (lay.vp.div_ceil(JOIN_COLS), bh), z, threads: (lay.kp * JOIN_COLS / 2) as u32, smem },
+        "walk_fwd" | "walk_bwd" => Cfg { grid: (lay.vp / BV, bh), z, threads: THREADS, smem },
+        _ => Cfg { grid: (lay.nch, bh), z, threads: THREADS, smem },
     }
 }
 
@@ -313,6 +416,7 @@ fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, 
     let (grid, smem) = (c.grid, c.smem);
     ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
     ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
+    ensure!(c.z > 0 && c.z <= 65535, "{name}: launch of {} blocks in z is out of range", c.z);
     let f = gpu.function(&DELTA_RULE, name)?;
     if smem > 48 * 1024 {
         f.set_attribute(
@@ -322,7 +426,7 @@ fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, 
         .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
     }
     let cfg = LaunchConfig {
-        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        grid_dim: (grid.0 as u32, grid.1 as u32, c.z as u32),
         block_dim: (c.threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
@@ -431,8 +535,45 @@ pub fn delta_rule_fwd<T: Elem>(
     state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let cuts = fwd_cuts(p.seq.div_ceil(CHUNK));
-    delta_rule_fwd_cut(gpu, p, o, state, scratch, &cuts)
+    let plan = default_plan::<T>(gpu, &p.layout(), p.batch * p.heads);
+    fwd_with(gpu, p, o, state, scratch, plan)
+}
+
+/// [`delta_rule_fwd`] by the parallel walk in segments of `seglen` chunks, whichever the default
+/// (bf16 only; from 2 segments to as many as fill 128 blocks of the walk, at most [`MAX_SEGS`]).
+pub fn delta_rule_fwd_scan<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    o: &mut CudaSlice<T>,
+    state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+    seglen: usize,
+) -> Result<()> {
+    let op = "delta_rule_fwd_scan";
+    ensure!(std::mem::size_of::<T>() == 2, "{op}: the parallel walk is bf16 only");
+    let sp = scan_plan_of(p, seglen).ok_or_else(|| {
+        let nch = p.seq.div_ceil(CHUNK);
+        let room = scan_room(p.batch * p.heads, p.v_dim.div_ceil(BV) * BV, kp(p.k_dim), nch);
+        anyhow!("{op}: segments of {seglen} chunks over {nch} must make 2 to {room}")
+    })?;
+    fwd_with(gpu, p, o, state, scratch, Plan::Scan(sp))
+}
+
+/// The parallel walk's plan of `seglen`-chunk segments for `p`, where the scratch has room for it
+/// (see [`delta_rule_fwd_scan`]).
+pub fn scan_plan_of<T: Elem>(p: &DevDeltaRule<T>, seglen: usize) -> Option<ScanPlan> {
+    let nch = p.seq.div_ceil(CHUNK);
+    let room = scan_room(p.batch * p.heads, p.v_dim.div_ceil(BV) * BV, kp(p.k_dim), nch);
+    ScanPlan::of(nch, seglen).filter(|sp| sp.nseg <= room)
+}
+
+/// The parallel walk's plan that [`delta_rule_fwd`] and [`delta_rule_bwd`] run for `p` on `gpu`,
+/// if they run it.
+pub fn default_scan<T: Elem>(gpu: &Gpu, p: &DevDeltaRule<T>) -> Option<ScanPlan> {
+    match default_plan::<T>(gpu, &p.layout(), p.batch * p.heads) {
+        Plan::Scan(sp) => Some(sp),
+        Plan::Cuts(_) => None,
+    }
 }
 
 /// Chunks per segment of the forward at 256 chunks (T = 16384), the last segment taking the
@@ -497,17 +638,30 @@ pub fn delta_rule_fwd_cut<T: Elem>(
     scratch: &mut CudaSlice<f32>,
     cuts: &[usize],
 ) -> Result<()> {
+    fwd_with(gpu, p, o, state, scratch, Plan::Cuts(cuts.to_vec()))
+}
+
+fn fwd_with<T: Elem>(
+    gpu: &Gpu,
+    p: &DevDeltaRule<T>,
+    o: &mut CudaSlice<T>,
+    state: Option<&mut CudaSlice<f32>>,
+    scratch: &mut CudaSlice<f32>,
+    plan: Plan,
+) -> Result<()> {
     let op = "delta_rule_fwd";
     p.check(op)?;
     ensure!(supported(p.k_dim, p.v_dim), "{op}: the GPU kernels take K ≤ {MAX_K}, not {}", p.k_dim);
     need(op, "o", o, p.batch * p.seq * p.heads * p.v_dim)?;
     let lay = p.layout();
     need(op, "scratch", scratch, lay.fwd_end.div_ceil(4))?;
-    ensure!(
-        cuts.windows(2).all(|w| w[0] < w[1]) && cuts.iter().all(|&c| c > 0 && c < lay.nch),
-        "{op}: segment cuts {cuts:?} must increase inside 1..{}",
-        lay.nch
-    );
+    if let Plan::Cuts(cuts) = &plan {
+        ensure!(
+            cuts.windows(2).all(|w| w[0] < w[1]) && cuts.iter().all(|&c| c > 0 && c < lay.nch),
+            "{op}: segment cuts {cuts:?} must increase inside 1..{}",
+            lay.nch
+        );
+    }
     let mut prm = p.params(gpu, &lay)?;
     if let Some(s) = &state {
         need(op, "state", &**s, p.states())?;
@@ -521,7 +675,7 @@ pub fn delta_rule_fwd_cut<T: Elem>(
     int(op, p.batch * p.heads * lay.nch * lay.kp * lay.vp)?;
     with_scratch(&mut prm, ptr(gpu, scratch), &lay, false);
     prm.o = ptr(gpu, o);
-    fwd_kernels(gpu, p, &prm, &lay, cuts, Tail::Out)
+    fwd_kernels(gpu, p, &prm, &lay, &plan, Tail::Out)
 }
 
 /// What follows the walk in [`fwd_kernels`]: the outputs (the forward), or the backward's
@@ -532,15 +686,17 @@ enum Tail {
     Dvl,
 }
 
-/// The WY transform, the walk and `tail` over segments cut at `cuts` (see [`delta_rule_fwd_cut`];
-/// no cuts: in a row on [`Gpu::stream`]). With [`Tail::Dvl`] the WY transform keeps T and dU's
-/// state-free part runs over all chunks once every WY transform is done, beside the walk.
+/// The WY transform, the walk and `tail` by `plan`: over segments cut at chunk indices (see
+/// [`delta_rule_fwd_cut`]; no cuts: in a row on [`Gpu::stream`]), or by the parallel walk (in a
+/// row on [`Gpu::stream`]: the WY transform, the segments' sums, their join, every segment's
+/// walk at once, `tail`). With [`Tail::Dvl`] the WY transform keeps T and dU's state-free part
+/// runs over all chunks once every WY transform is done, beside the walk where it is cut.
 fn fwd_kernels<T: Elem>(
     gpu: &Gpu,
     p: &DevDeltaRule<T>,
     prm: &Params,
     lay: &Layout,
-    cuts: &[usize],
+    plan: &Plan,
     tail: Tail,
 ) -> Result<()> {
     let op = "delta_rule";
@@ -551,6 +707,25 @@ fn fwd_kernels<T: Elem>(
     let wk = walk_kind(gpu, lay.kp, es);
     let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_{wk}_{sfx}"), format!("dr_{tk}_{sfx}"));
     let (cprep, cwalk, cout) = (cfg("prep", lay, bh, es), cfg(wk, lay, bh, es), cfg(tk, lay, bh, es));
+    let cuts = match plan {
+        Plan::Cuts(c) => &c[..],
+        Plan::Scan(sp) => {
+            ensure!(es == 2, "{op}: the parallel walk is bf16 only");
+            let mut q = *prm;
+            q.seglen = int(op, sp.seglen)?;
+            // The scratch begins with G.
+            q.sums = prm.gc + (lay.sums - lay.gc) as u64;
+            q.entry = prm.gc + (lay.entry - lay.gc) as u64;
+            launch(gpu, &prep, &cprep, &q, keep_t)?;
+            let csum = Cfg { z: sp.nseg - 1, ..cfg("walk_sum", lay, bh, es) };
+            launch(gpu, &format!("dr_walk_sum_{sfx}"), &csum, &q, None)?;
+            let nseg = Some(int(op, sp.nseg)?);
+            launch(gpu, &format!("dr_walk_join_k{}", lay.kp), &cfg("join", lay, bh, es), &q, nseg)?;
+            let cw = Cfg { z: sp.nseg, ..cfg("walk_fwd", lay, bh, es) };
+            launch(gpu, &format!("dr_walk_fwd_{sfx}"), &cw, &q, None)?;
+            return launch(gpu, &out, &cout, &q, None);
+        }
+    };
     if cuts.is_empty() {
         launch(gpu, &prep, &cprep, prm, keep_t)?;
         launch(gpu, &walk, &cwalk, prm, None)?;
@@ -588,8 +763,7 @@ fn fwd_kernels<T: Elem>(
         q.fin = if s + 1 == nseg { prm.fin } else { carry };
         Ok(q)
     };
-    let grid =
-        |c: &Cfg, s: usize| Cfg { grid: (bounds[s + 1] - bounds[s], c.grid.1), threads: c.threads, smem: c.smem };
+    let grid = |c: &Cfg, s: usize| Cfg { grid: (bounds[s + 1] - bounds[s], c.grid.1), ..*c };
     // Segment 0's WY transform leads the walk's stream; segment 1's follows it, segment s's the
     // end of walk s − 2: each runs beside the walk of the segment before its own and (at the
     // plan's sizes) is done before that walk ends, so that no block of it is waiting for room
@@ -697,8 +871,8 @@ pub fn delta_rule_bwd<T: Elem>(
     with_grads(gpu, &mut prm, dout, &g);
     with_scratch(&mut prm, ptr(gpu, scratch), &lay, true);
     // The forward's WY transform (keeping T) and walk again, and dU's state-free part.
-    fwd_kernels(gpu, p, &prm, &lay, &fwd_cuts(lay.nch), Tail::Dvl)?;
     let (bh, es) = (p.batch * p.heads, std::mem::size_of::<T>());
+    fwd_kernels(gpu, p, &prm, &lay, &default_plan::<T>(gpu, &lay, bh), Tail::Dvl)?;
     let sfx = format!("k{}_{}", lay.kp, T::NAME);
     launch(gpu, &format!("dr_walk_bwd_{sfx}"), &cfg("walk_bwd", &lay, bh, es), &prm, None)?;
     launch(gpu, &format!("dr_grads_{sfx}"), &cfg("grads", &lay, bh, es), &prm, None)
@@ -948,21 +1122,41 @@ mod tests {
     #[test]
     fn scratch_regions_are_disjoint_and_sized() {
         let l = layout(2, 16384, 6, 128, 128, 2);
-        let r = [l.gc, l.w, l.u, l.states, l.carry, l.tm, l.dstates, l.du, l.bwd_end];
+        let r = [l.gc, l.w, l.u, l.states, l.carry, l.sums, l.entry, l.tm, l.dstates, l.du, l.bwd_end];
         assert!(r.windows(2).all(|w| w[0] < w[1] && w[1] % 16 == 0), "{r:?}");
-        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 202);
-        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 429);
+        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 213);
+        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 439);
         // A partial chunk and padded K and V.
         let l = layout(1, 70, 2, 20, 24, 4);
         assert_eq!((l.nch, l.tp, l.kp, l.vp), (2, 128, 32, 32));
         assert_eq!(l.w - l.gc, 2 * 128 * 4);
-        assert_eq!(l.fwd_end - l.carry, 2 * 20 * 24 * 4);
+        assert_eq!(l.sums - l.carry, 2 * 20 * 24 * 4);
+        // f32 has no parallel walk; bf16 room for two segments here: sums of one.
+        assert_eq!(l.fwd_end, l.entry);
+        let l = layout(1, 70, 2, 20, 24, 2);
+        assert_eq!(l.entry - l.sums, 2 * 32 * (32 + 32) * 4);
+        assert_eq!(l.fwd_end - l.entry, 2 * 2 * 20 * 24 * 4);
+    }
+
+    /// The parallel walk's plans: at the 125M models' shape five segments of 52 chunks (the walk's
+    /// 120 blocks within 128, the sums' 192 within 256); wide batches and short sequences leave
+    /// one walk.
+    #[test]
+    fn scan_plans() {
+        assert_eq!(scan_plan(12, 128, 128, 256), Some(ScanPlan { nseg: 5, seglen: 52 }));
+        assert_eq!(scan_plan(2, 128, 128, 32), Some(ScanPlan { nseg: 4, seglen: 8 }));
+        assert_eq!(scan_plan(64, 128, 128, 256), None);
+        assert_eq!(scan_plan(12, 128, 128, 15), None);
+        assert_eq!(ScanPlan::of(5, 2), Some(ScanPlan { nseg: 3, seglen: 2 }));
+        assert_eq!(ScanPlan::of(5, 5), None);
+        assert_eq!(ScanPlan::of(40, 2), None);
+        assert_eq!(ScanPlan::of(5, 0), None);
     }
 
     /// The shared memory of the largest kernels fits an H100's 227 KB per block.
     #[test]
     fn shared_memory_fits() {
-        for kind in ["prep", "walk_fwd", "walk_wg", "out", "dvl", "walk_bwd", "grads"] {
+        for kind in ["prep", "walk_fwd", "walk_sum", "join", "walk_wg", "out", "dvl", "walk_bwd", "grads"] {
             for kp in [32, 64, 128] {
                 for es in [2, 4] {
                     let b = smem_bytes(kind, kp, es);

@@ -6,7 +6,9 @@
 // T = 70 (a chunk and a part), K and V below the tiles' sizes (zero padding of K and of V's
 // blocks), two blocks of V, K = 128, with and without the decay, f32 and bf16, five chunks (bf16).
 // The forward also runs in segments of one chunk each, to the same bits. bf16 with K' ≥ 64 runs
-// through both forward walks (mma.sync per warp, wgmma per warpgroup).
+// through both forward walks (mma.sync per warp, wgmma per warpgroup); bf16 also through the
+// parallel walk (segments' sums, their join, every segment's walk at once) in segments of one and
+// two chunks, forward and backward.
 //
 // Tolerances, relative L2 against f64: f32 1e-4 (f32 sums over at most 128 + 64 terms, states
 // carried over two chunks; observed ≤ 3e-6), dg 1e-3 (a reverse prefix sum of terms of both signs);
@@ -86,6 +88,9 @@ static void walk_fwd_of(DrParams p) {
     DrWalk<E, KP>::run(p);
 }
 
+// > 0: the forward walk (also the backward's) is the parallel walk in segments of this many chunks.
+static int g_scan = 0;
+
 // The kernels of one KP.
 template <typename E, int KP>
 struct Kern {
@@ -99,6 +104,26 @@ struct Kern {
     static void dvl(DrParams p) { dr_dvl<E, KP>(p); }
     static void walk_bwd(DrParams p) { dr_walk_bwd<E, KP>(p); }
     static void grads(DrParams p) { dr_grads<E, KP>(p); }
+    // The walk of chunks p.c0..p.c1: one walk, or with g_scan the parallel walk (its sums and
+    // entering states in buffers of its own).
+    static void walk(DrParams p, int BH, int Vp) {
+        if (!(tc && g_scan > 0)) {
+            launch(dim3e{walk_blocks(Vp), (unsigned)BH, 1}, walk_threads(), [&] { walk_fwd(p); });
+            return;
+        }
+        if constexpr (tc) {
+            const int nch = p.c1 - p.c0, nseg = (nch + g_scan - 1) / g_scan;
+            std::vector<float> sums((size_t)std::max(nseg - 1, 0) * BH * KP * (Vp + KP)),
+                entry((size_t)nseg * BH * p.K * p.V);
+            p.seglen = g_scan;
+            p.sums = sums.data();
+            p.entry = entry.data();
+            const unsigned nvb = (unsigned)((Vp + DR_WV - 1) / DR_WV), nkb = (unsigned)((KP + DR_WV - 1) / DR_WV);
+            if (nseg > 1) launch(dim3e{nvb + nkb, (unsigned)BH, (unsigned)(nseg - 1)}, 32 * DR_WW, [&] { dr_walk_tc<KP, true>(p); });
+            launch(dim3e{(unsigned)((Vp + DR_JC - 1) / DR_JC), (unsigned)BH, 1}, DrJoin<KP>::NT, [&] { dr_walk_join<KP>(p, nseg); });
+            launch(dim3e{nvb, (unsigned)BH, (unsigned)nseg}, 32 * DR_WW, [&] { dr_walk_tc<KP, false>(p); });
+        }
+    }
 };
 
 template <typename E, int KP>
@@ -228,16 +253,17 @@ static void run_case(const Case& c) {
     typedef Kern<E, KP> Kn;
     const unsigned gch = nch, gv = Vp / 32;
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(p, 0); });
-    launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads(), [&] { Kn::walk_fwd(p); });
+    Kn::walk(p, BH, Vp);
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::out(p); });
-    const std::string name = std::string(tname<E>()) + (g_walk_wg ? " wg " : " ") + c.name;
+    const std::string name = std::string(tname<E>()) + (g_walk_wg ? " wg " : " ") +
+                             (g_scan ? "scan" + std::to_string(g_scan) + " " : "") + c.name;
     const bool bf = sizeof(E) == 2;
     const double tol = bf ? 3e-2 : 1e-4, tolg = bf ? 3e-2 : 1e-3;
     cmp(name, "o", from_e(eo), o, tol);
     cmp(name, "final", state, fin, tol);
     // The forward in segments of one chunk (the state carried in f32 from walk to walk): the same
     // bits as in one walk.
-    if (nch > 1) {
+    if (nch > 1 && !g_scan) {
         std::vector<E> eo1 = eo;
         std::vector<float> carry(ns), fin1(ns);
         DrParams s = p;
@@ -259,7 +285,7 @@ static void run_case(const Case& c) {
     p.dfin = dfin.data();
     p.dinit = dini.data();
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::prep(p, 1); });
-    launch(dim3e{Kn::walk_blocks(Vp), (unsigned)BH, 1}, Kn::walk_threads(), [&] { Kn::walk_fwd(p); });
+    Kn::walk(p, BH, Vp);
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::dvl(p); });
     launch(dim3e{gv, (unsigned)BH, 1}, 256, [&] { Kn::walk_bwd(p); });
     launch(dim3e{gch, (unsigned)BH, 1}, 256, [&] { Kn::grads(p); });
@@ -404,6 +430,17 @@ int main() {
     run_case<u16, 64>(f);
     g_walk_wg = false;
     run_case<u16, 64>(f);
+    // The parallel walk: segments of one chunk (K' = 32, V' + K' in two blocks, an initial state
+    // read in place of the final one; K' = 64, K = 60) and of two (five chunks: the last shorter;
+    // K' = 128 with two warps past V').
+    const Case h{"B=1 T=200 H=1 K=128 V=32 gated pad init", 1, 200, 1, 128, 32, 128, true, true, {30}};
+    g_scan = 1;
+    run_case<u16, 32>(a);
+    run_case<u16, 64>(f);
+    g_scan = 2;
+    run_case<u16, 32>(e);
+    run_case<u16, 128>(h);
+    g_scan = 0;
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

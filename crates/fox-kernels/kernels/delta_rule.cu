@@ -18,8 +18,10 @@
 // Ũ), dr_walk_fwd (the chunks in order with S in f32 registers, for bf16 per (b, h, 64 columns of
 // V) on a warpgroup's wgmma (dr_walk_wg, sm_90a, K' ≥ 64) or per (b, h, 16 columns) on a warp each
 // (dr_walk_tc), per (b, h, 32 columns) for f32; stores the state entering each chunk and turns Ũ
-// into U), dr_out (per chunk: O). Each launch covers chunks c0.. of DrParams:
-// the host runs long sequences as segments, the walk of one beside dr_prep and dr_out of others. Backward: dr_prep and
+// into U), dr_out (per chunk: O). Each launch covers chunks c0.. of DrParams. For bf16 where one
+// walk would leave most multiprocessors idle, the parallel walk replaces it (dr_walk_sum, then
+// dr_walk_join, then dr_walk_tc over every segment at once; see dr_walk_tc); otherwise the host
+// runs long sequences as segments, the walk of one beside dr_prep and dr_out of others. Backward: dr_prep and
 // dr_walk_fwd again (keeping T), dr_dvl (per chunk: scale (D ∘ Q Kᵀ)ᵀ dO, the part of dU that does
 // not depend on the state), dr_walk_bwd (the chunks in reverse: dS_L per chunk and dU), dr_grads
 // (per chunk: every input's gradient from S_0, dS_L, U, dU and T).
@@ -857,13 +859,16 @@ __device__ __forceinline__ void dr_walk_join(const DrParams& p, int nseg) {
     // This thread's outputs: row r, columns c2, c2 + 1.
     const int r = tid / CG, c2 = 2 * (tid % CG);
     auto sums = [&](int z) { return p.sums + ((long long)z * p.B * p.H + bh) * KP * ld; };
-    float pn[PER];
+    float pn[PER], hn[2];
     auto fetch = [&](int z) {
-        // Element tid + j·NT of P is row tid / KP + j·(NT / KP), column tid % KP.
-        const float* src = sums(z) + (long long)(tid / KP) * ld + p.Vp + tid % KP;
+        // Element tid + j·NT of P is row tid / KP + j·(NT / KP), column tid % KP; H this thread's two.
+        const float* S = sums(z);
+        const float* src = S + (long long)(tid / KP) * ld + p.Vp + tid % KP;
         const int step = NT / KP * ld;
 #pragma unroll
         for (int j = 0; j < PER; ++j) pn[j] = src[j * step];
+#pragma unroll
+        for (int o = 0; o < 2; ++o) hn[o] = j0 + c2 + o < p.Vp ? S[(long long)r * ld + j0 + c2 + o] : 0.f;
     };
     if (nseg > 1) fetch(0);
     float e[2];
@@ -875,13 +880,7 @@ __device__ __forceinline__ void dr_walk_join(const DrParams& p, int nseg) {
         if (r < p.K && c < p.V) p.entry[bh * kv + (long long)r * p.V + c] = e[o];
     }
     for (int z = 0; z + 1 < nseg; ++z) {
-        const float* S = sums(z);
-        float acc[2];
-#pragma unroll
-        for (int o = 0; o < 2; ++o) {
-            const int j = j0 + c2 + o;
-            acc[o] = j < p.Vp ? S[(long long)r * ld + j] : 0.f;
-        }
+        float acc[2] = {hn[0], hn[1]};
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             const int i = tid + j * NT;

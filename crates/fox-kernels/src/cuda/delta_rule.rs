@@ -557,8 +557,7 @@ pub fn delta_rule_fwd_scan<T: Elem>(
     let op = "delta_rule_fwd_scan";
     ensure!(std::mem::size_of::<T>() == 2, "{op}: the parallel walk is bf16 only");
     let sp = scan_plan_of(p, seglen).ok_or_else(|| {
-        let nch = p.seq.div_ceil(CHUNK);
-        let room = scan_room(p.batch * p.heads, p.v_dim.div_ceil(BV) * BV, kp(p.k_dim), nch);
+        let (nch, room) = chunks_and_room(p);
         anyhow!("{op}: segments of {seglen} chunks over {nch} must make 2 to {room}")
     })?;
     fwd_with(gpu, p, o, state, scratch, Plan::Scan(sp))
@@ -567,9 +566,14 @@ pub fn delta_rule_fwd_scan<T: Elem>(
 /// The parallel walk's plan of `seglen`-chunk segments for `p`, where the scratch has room for it
 /// (see [`delta_rule_fwd_scan`]).
 pub fn scan_plan_of<T: Elem>(p: &DevDeltaRule<T>, seglen: usize) -> Option<ScanPlan> {
-    let nch = p.seq.div_ceil(CHUNK);
-    let room = scan_room(p.batch * p.heads, p.v_dim.div_ceil(BV) * BV, kp(p.k_dim), nch);
+    let (nch, room) = chunks_and_room(p);
     ScanPlan::of(nch, seglen).filter(|sp| sp.nseg <= room)
+}
+
+/// `p`'s chunks and the segments its scratch holds sums for ([`scan_room`]).
+fn chunks_and_room<T: Elem>(p: &DevDeltaRule<T>) -> (usize, usize) {
+    let nch = p.seq.div_ceil(CHUNK);
+    (nch, scan_room(p.batch * p.heads, p.v_dim.div_ceil(BV) * BV, kp(p.k_dim), nch))
 }
 
 /// The parallel walk's plan that [`delta_rule_fwd`] and [`delta_rule_bwd`] run for `p` on `gpu`,

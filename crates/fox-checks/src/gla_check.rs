@@ -171,6 +171,16 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), tol_f(TOL_FWD), "");
     gla::gla_fwd(gpu, &dev, &mut go, ginit.as_ref(), Some(&mut gf), &mut sc)?;
     c.add(name, "forward determinism (rerun)", bits_differ(&o1, &down(gpu, &go)?), 0.0, "elements with other bits");
+    // Version 3's walk beside the scores on a second stream (gla::set_overlap): the same bits.
+    let overlap = tc && gla::uses_walk(&dev);
+    if overlap {
+        gla::set_overlap(Some(true));
+        let r = gla::gla_fwd(gpu, &dev, &mut go, ginit.as_ref(), Some(&mut gf), &mut sc);
+        gla::set_overlap(None);
+        r?;
+        let diff = bits_differ(&o1, &down(gpu, &go)?) + bits_differ(&f1, &gpu.download(&gf)?);
+        c.add(name, "forward, walk beside the scores = default", diff, 0.0, "elements with other bits");
+    }
     // The state continued in place (a chunked prefill) is the same forward.
     if let Some(i) = &init {
         let mut st = gpu.upload(i)?;
@@ -213,6 +223,13 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     let r2 = run(&mut bufs, &mut gdinit)?;
     let diff: f64 = r1.iter().zip(&r2).map(|(a, b)| bits_differ(a, b)).sum();
     c.add(name, "backward determinism (rerun)", diff, 0.0, "elements with other bits");
+    if overlap {
+        gla::set_overlap(Some(true));
+        let r3 = run(&mut bufs, &mut gdinit);
+        gla::set_overlap(None);
+        let diff: f64 = r1.iter().zip(&r3?).map(|(a, b)| bits_differ(a, b)).sum();
+        c.add(name, "backward, walk beside the scores = default", diff, 0.0, "elements with other bits");
+    }
     Ok(())
 }
 
@@ -414,8 +431,9 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 
 /// What `fox-attn bench-gla` and `foxlm bench gla` time, in order: (label, bf16 inputs, the
 /// version [`bench`] takes).
-pub const BENCH_VERSIONS: [(&str, bool, u8); 5] = [
+pub const BENCH_VERSIONS: [(&str, bool, u8); 6] = [
     ("bf16, v3 + tensor-core scores (the default)", true, 4),
+    ("bf16, v3 + tensor-core scores, walk beside the scores (FOXLM_GLA_OVERLAP=1)", true, 5),
     ("bf16, v3 with gla_scores", true, 3),
     ("bf16, tensor cores", true, 2),
     ("bf16, v1", true, 1),
@@ -424,9 +442,9 @@ pub const BENCH_VERSIONS: [(&str, bool, u8); 5] = [
 
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
 /// [B, T, H, K = V] on random inputs (g = logsigmoid of N(0, 1) + 2), no initial state, in T,
-/// through `version` 1, 2 (tensor cores), 3 (version 2 with the walk) or 4 (version 3 with the
-/// forward's scores on tensor cores); then each forward kernel
-/// alone ([`gla::fwd_kernel_ms`]).
+/// through `version` 1, 2 (tensor cores), 3 (version 2 with the walk), 4 (version 3 with the
+/// forward's scores on tensor cores) or 5 (4 with the walk beside the scores on a second stream,
+/// [`gla::set_overlap`]); then each forward kernel alone ([`gla::fwd_kernel_ms`]).
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     (b, t, h, d): (usize, usize, usize, usize),
@@ -443,21 +461,37 @@ pub fn bench<T: Elem>(
     let dev = DevGla {
         tensor_cores: Some(tc),
         walk: Some(version >= 3),
-        scores_tc: Some(version == 4),
+        scores_tc: Some(version >= 4),
         ..inputs.problem(&cpu)
     };
+    gla::set_overlap(Some(version == 5));
+    let r = bench_timed(gpu, &mut c, &dev, &q, warmup, iters);
+    gla::set_overlap(None);
+    r
+}
+
+/// The timings of [`bench`] for one problem.
+fn bench_timed<T: Elem>(
+    gpu: &Gpu,
+    c: &mut Ctx,
+    dev: &DevGla<T>,
+    q: &[f32],
+    warmup: usize,
+    iters: usize,
+) -> Result<(f64, f64, [f64; 4])> {
+    let (b, t, h, d) = (dev.batch, dev.seq, dev.heads, dev.k_dim);
     let n = q.len();
     let mut o = gpu.zeros::<T>(n)?;
     let mut sc = gpu.zeros::<f32>(gla::gla_bwd_scratch_len(b, t, h, d, d))?;
-    let fwd = fox_kernels::cuda::time_ms(gpu, warmup, iters, || gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc))?;
-    let stages = gla::fwd_kernel_ms(gpu, &dev, &mut o, &mut sc, warmup, iters)?;
+    let fwd = fox_kernels::cuda::time_ms(gpu, warmup, iters, || gla::gla_fwd(gpu, dev, &mut o, None, None, &mut sc))?;
+    let stages = gla::fwd_kernel_ms(gpu, dev, &mut o, &mut sc, warmup, iters)?;
     let gdo = up::<T>(gpu, &c.randn(n, 1.0))?;
     let mut bufs = [gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?, gpu.zeros::<T>(n)?];
     let fb = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
-        gla::gla_fwd(gpu, &dev, &mut o, None, None, &mut sc)?;
+        gla::gla_fwd(gpu, dev, &mut o, None, None, &mut sc)?;
         let [a, bb, cc, dd] = &mut bufs;
         let grads = DevGlaGrads { dq: a, dk: bb, dv: cc, dg: dd, dinit: None };
-        gla::gla_bwd(gpu, &dev, &gdo, None, None, grads, &mut sc)
+        gla::gla_bwd(gpu, dev, &gdo, None, None, grads, &mut sc)
     })?;
     Ok((fwd, fb, stages))
 }

@@ -45,6 +45,19 @@ fn launch_with(
     smem: usize,
     args: &[Arg],
 ) -> Result<()> {
+    launch_with_on(gpu, None, name, grid, threads, smem, args)
+}
+
+/// [`launch_with`] on `stream` (none: the GPU's stream).
+fn launch_with_on(
+    gpu: &Gpu,
+    stream: Option<&cudarc::driver::CudaStream>,
+    name: &str,
+    grid: (usize, usize, usize),
+    threads: u32,
+    smem: usize,
+    args: &[Arg],
+) -> Result<()> {
     let (x, y, z) = grid;
     ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
     ensure!(y > 0 && y <= 65535 && z > 0 && z <= 65535, "{name}: launch of ({x}, {y}, {z}) blocks is out of range");
@@ -61,7 +74,7 @@ fn launch_with(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    kargs::launch(gpu, &GLA, name, cfg, args)
+    kargs::launch_on(gpu, stream.unwrap_or(gpu.stream()), &GLA, name, cfg, args)
 }
 
 /// One GLA problem on the device: as [`crate::gla::Gla`], with `start` as i32 (positions before
@@ -252,10 +265,44 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 /// into slot nch and `fin`) and the chunk scores A. With `fwd_w` (version 3's forward) the slots
 /// hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V]; A is f32 unless `fwd_w` and
 /// [`uses_scores_tc`] (bf16).
+///
+/// With [`overlaps`] version 3's walk runs on a high-priority side stream beside the scores (which
+/// read only the prefix sums and write their own region of the scratch), joined back before
+/// returning: the same kernels and bits.
 fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd_w: bool) -> Result<()> {
     cumsum(gpu, p, s)?;
-    passing(gpu, p, s, init, fin, fwd_w)?;
-    fwd_scores(gpu, p, s, fwd_w)
+    if !(overlaps() && uses_walk(p)) {
+        passing(gpu, p, s, init, fin, fwd_w)?;
+        return fwd_scores(gpu, p, s, fwd_w);
+    }
+    let op = "gla";
+    let ws = &*gpu.side_streams()?[0];
+    let main = gpu.stream();
+    let fork = main.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"))?;
+    ws.wait(&fork).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))?;
+    walk_on(gpu, Some(ws), p, s, init, fin, fwd_w)?;
+    fwd_scores(gpu, p, s, fwd_w)?;
+    let done = ws.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"))?;
+    main.wait(&done).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))
+}
+
+/// 0: FOXLM_GLA_OVERLAP decides; 1 off, 2 on: [`set_overlap`].
+static OVERLAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Runs version 3's walk beside the scores on a second stream (`Some(true)`), or not, for this
+/// process (the benchmark times both); none: back to FOXLM_GLA_OVERLAP's choice.
+pub fn set_overlap(on: Option<bool>) {
+    OVERLAP.store(on.map_or(0, |o| 1 + o as u8), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the forward's walk runs beside its scores ([`set_overlap`], else FOXLM_GLA_OVERLAP=1,
+/// read once). Off by default until a GPU has timed it.
+pub fn overlaps() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match OVERLAP.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| std::env::var("FOXLM_GLA_OVERLAP").is_ok_and(|v| v == "1")),
+        v => v == 2,
+    }
 }
 
 /// The scores: version 3's on tensor cores for its forward where [`uses_scores_tc`] says so,
@@ -279,10 +326,23 @@ fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
 
 /// The states entering each chunk: version 3's walk or versions 1 and 2's [`chunk_states`].
 fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf16_states: bool) -> Result<()> {
-    let op = "gla";
     if !uses_walk(p) {
         return chunk_states(gpu, p, s, init, fin);
     }
+    walk_on(gpu, None, p, s, init, fin, bf16_states)
+}
+
+/// Version 3's walk (gla_walk_tc_k*) on `stream` (none: the GPU's stream).
+fn walk_on<T: Elem>(
+    gpu: &Gpu,
+    stream: Option<&cudarc::driver::CudaStream>,
+    p: &DevGla<T>,
+    s: &Parts,
+    init: u64,
+    fin: u64,
+    bf16_states: bool,
+) -> Result<()> {
+    let op = "gla";
     let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
     let kb = walk_kb();
     let args = args![
@@ -291,7 +351,7 @@ fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf
         i32::from(bf16_states),
     ];
     let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
-    launch_with(gpu, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
+    launch_with_on(gpu, stream, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
 }
 
 /// Version 3's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.

@@ -138,8 +138,21 @@ impl Arg {
 /// Callers pass the arguments of `name`'s C signature, in order, with pointers into buffers whose
 /// lengths they checked against the launch's shapes.
 pub(crate) fn launch(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+    launch_on(gpu, gpu.stream(), src, name, cfg, args)
+}
+
+/// [`launch`] on `stream` (one of [`Gpu::side_streams`], forked from and joined back to the GPU's
+/// stream by the caller).
+pub(crate) fn launch_on(
+    gpu: &Gpu,
+    stream: &cudarc::driver::CudaStream,
+    src: &Source,
+    name: &str,
+    cfg: LaunchConfig,
+    args: &[Arg],
+) -> Result<()> {
     let f = gpu.function(src, name)?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = stream.launch_builder(&f);
     for a in args {
         match a {
             Arg::P(v) => b.arg(v),

@@ -649,6 +649,22 @@ __device__ __forceinline__ float dr_hi(u32 w) { return __uint_as_float(w & 0xfff
 // small against the GPU) this trades 3x the walk's products for a walk of 1/nseg of the chunks.
 #define DR_WW 4
 #define DR_WV (16 * DR_WW)
+
+// The bf16 walks' Ũ tile of a chunk (rows row0.., columns v0..v0 + DR_WV of the scratch U, zeros
+// past V') into Us [64][lu] where `load_u`, and its G into Gs [64], by 16-byte asynchronous copies
+// from NT threads. The caller commits and waits.
+template <int NT>
+__device__ __forceinline__ void dr_walk_ug(u16* Us, int lu, float* Gs, const u16* U, const DrParams& p, long long row0,
+                                           int v0, bool load_u) {
+    if (load_u)
+        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NT) {
+            const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
+            const bool ok = v0 + cc < p.Vp;
+            cp_async16(Us + r * lu + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
+        }
+    if (threadIdx.x < DR_L / 4) cp_async16(Gs + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+}
+
 template <int KP>
 struct DrWalkTc {
     static constexpr int LK = KP + 8, LU = DR_WV + 8, LS = 24;
@@ -697,13 +713,7 @@ __device__ __forceinline__ void dr_walk_tc(const DrParams& p) {
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         dr_scr<DR_L, KP, NTW>(Wb(bi), LK, W, row0, KP, 0);
         dr_in<KP, NTW>(Kb(bi), LK, (const u16*)p.k, p.K, 0, p, k, c * DR_L, p.vk);
-        if (!ident)
-            for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
-                const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
-                const bool ok = v0 + cc < p.Vp;
-                cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
-            }
-        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        dr_walk_ug<NTW>(Ub(bi), LU, Gb(bi), U, p, row0, v0, !ident);
         cp_async_commit();
     };
     // s[n][·]: Sᵀ rows vw + g (0, 1) and vw + g + 8 (2, 3), columns 8n + 2t + {0, 1}.
@@ -1033,12 +1043,7 @@ __device__ __forceinline__ void dr_walk_wg(const DrParams& p) {
                    ok ? ld(Kx, (((long long)k.b * p.T + tt) * p.H + k.h) * p.K + col) : 0.f);
             }
         }
-        for (int i = threadIdx.x; i < DR_L * (DR_WV / 8); i += NTW) {
-            const int r = i / (DR_WV / 8), cc = i % (DR_WV / 8) * 8;
-            const bool ok = v0 + cc < p.Vp;
-            cp_async16(Ub(bi) + r * LU + cc, ok ? U + (row0 + r) * p.Vp + v0 + cc : U, ok);
-        }
-        if (threadIdx.x < DR_L / 4) cp_async16(Gb(bi) + 4 * threadIdx.x, p.gc + row0 + 4 * threadIdx.x, true);
+        dr_walk_ug<NTW>(Ub(bi), LU, Gb(bi), U, p, row0, v0, true);
         cp_async_commit();
     };
     // s[a][4n + r]: Sᵀ rows vw + g (r = 0, 1) and vw + g + 8 (r = 2, 3), columns 64a + 8n + 2t + (r & 1).

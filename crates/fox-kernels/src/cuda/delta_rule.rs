@@ -65,8 +65,7 @@ pub struct ScanPlan {
 impl ScanPlan {
     /// Segments of `seglen` chunks over `nch`; none unless that makes 2 to [`MAX_SEGS`] segments.
     pub fn of(nch: usize, seglen: usize) -> Option<Self> {
-        let nseg = nch.checked_div(seglen)?;
-        let nseg = if nseg * seglen < nch { nseg + 1 } else { nseg };
+        let nseg = (seglen > 0).then(|| nch.div_ceil(seglen))?;
         (2..=MAX_SEGS.min(nch)).contains(&nseg).then_some(Self { nseg, seglen })
     }
 }
@@ -288,9 +287,10 @@ struct Layout {
     w: usize,
     u: usize,
     states: usize,
+    /// The states entering segments [S, B·H, K, V] f32: the cut forward's carry in slot 0, the
+    /// parallel walk's entering states in every slot.
     carry: usize,
     sums: usize,
-    entry: usize,
     tm: usize,
     dstates: usize,
     du: usize,
@@ -310,30 +310,29 @@ fn layout(batch: usize, seq: usize, heads: usize, k: usize, v: usize, es: usize)
     let u = w + align(bh * tp * kp * es);
     let states = u + align(bh * tp * vp * es);
     let carry = states + align(bh * nch * kp * vp * es);
-    // The parallel walk's regions (bf16 only).
+    // The parallel walk's segments (bf16 only): their entering states, and the sums of all but the last.
     let segs = if es == 2 { scan_room(bh, vp, kp, nch) } else { 0 };
-    let sums = carry + align(bh * k * v * 4);
-    let entry = sums + align(segs.saturating_sub(1) * bh * kp * (vp + kp) * 4);
-    let fwd_end = entry + align(segs * bh * k * v * 4);
+    let sums = carry + align(segs.max(1) * bh * k * v * 4);
+    let fwd_end = sums + align(segs.saturating_sub(1) * bh * kp * (vp + kp) * 4);
     let tm = fwd_end;
     let dstates = tm + align(bh * nch * CHUNK * CHUNK * es);
     let du = dstates + align(bh * nch * kp * vp * es);
     let bwd_end = du + align(bh * tp * vp * 4);
-    Layout { nch, tp, vp, kp, gc, w, u, states, carry, sums, entry, tm, dstates, du, fwd_end, bwd_end }
+    Layout { nch, tp, vp, kp, gc, w, u, states, carry, sums, tm, dstates, du, fwd_end, bwd_end }
 }
 
 /// f32 elements of [`delta_rule_fwd`]'s scratch: G [B·H, T'] f32, W [B·H, T', K'], U [B·H, T', V']
 /// and the chunk states [B·H, T'/64, K', V'] in T (T' = T rounded up to chunks, K' = K padded to
-/// 32/64/128, V' to 32), the state between two segments' walks [B·H, K, V] f32, and for bf16 the
-/// parallel walk's sums [S − 1, B·H, K', V' + K'] and entering states [S, B·H, K, V] (f32, S
-/// segments at the most: see [`delta_rule_fwd_scan`]). At B = 2, T = 16384, H = 6, K = V = 128,
-/// bf16: 213 MB.
+/// 32/64/128, V' to 32), the states entering segments [S, B·H, K, V] f32 (S = 1 but for the bf16
+/// parallel walk's segments: see [`delta_rule_fwd_scan`]) and for bf16 the parallel walk's sums
+/// [S − 1, B·H, K', V' + K'] f32. At B = 2, T = 16384, H = 6, K = V = 128,
+/// bf16: 212 MB.
 pub fn fwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).fwd_end.div_ceil(4)
 }
 
 /// f32 elements of [`delta_rule_bwd`]'s scratch: the forward's, T per chunk [B·H, T'/64, 64, 64]
-/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 439 MB.
+/// and the state gradients (T), dU [B·H, T', V'] (f32). At the shape above, bf16: 438 MB.
 pub fn bwd_scratch_len<T: Elem>(batch: usize, seq: usize, heads: usize, k_dim: usize, v_dim: usize) -> usize {
     layout(batch, seq, heads, k_dim, v_dim, std::mem::size_of::<T>()).bwd_end.div_ceil(4)
 }
@@ -350,16 +349,15 @@ fn smem_bytes(kind: &str, kp: usize, es: usize) -> usize {
     let dv = CHUNK * lvf * 4;
     let f65 = CHUNK * 65 * 4;
     let rows = CHUNK * 4;
+    // DrWalkTc::SET: W and K [64][K' + 8], Ũ [64][DR_WV + 8] (bf16) and G.
+    let tc_set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows;
     match kind {
         "prep" => tk + tv + 2 * tl + 2 * f65 + 2 * rows,
         // DrWalkTc: two sets of W, K, Ũ and G tiles, a staging tile of S per warp.
-        "walk_fwd" if es == 2 => {
-            let set = 2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows;
-            2 * set + WALK_TC_WARPS * kp * 24 * 2
-        }
+        "walk_fwd" if es == 2 => 2 * tc_set + WALK_TC_WARPS * kp * 24 * 2,
         "walk_fwd" => 2 * (2 * tk + tv + rows) + ts + tv,
         // DrWalkTc::sum_bytes: the tile sets only.
-        "walk_sum" => 2 * (2 * CHUNK * (kp + 8) * 2 + CHUNK * (16 * WALK_TC_WARPS + 8) * 2 + rows),
+        "walk_sum" => 2 * tc_set,
         // DrJoin: P [K'][K' + 1] and E [K'][JOIN_COLS], f32.
         "join" => (kp * (kp + 1) + kp * JOIN_COLS) * 4,
         // DrWalkWg: two sets of W and K (64-column atoms), Ũ and G, each rounded up to 1024 bytes,
@@ -716,36 +714,38 @@ fn fwd_kernels<T: Elem>(
     let wk = walk_kind(gpu, lay.kp, es);
     let (prep, walk, out) = (format!("dr_prep_{sfx}"), format!("dr_{wk}_{sfx}"), format!("dr_{tk}_{sfx}"));
     let (cprep, cwalk, cout) = (cfg("prep", lay, bh, es), cfg(wk, lay, bh, es), cfg(tk, lay, bh, es));
+    // The scratch begins with G.
+    let carry = prm.gc + (lay.carry - lay.gc) as u64;
     let cuts = match plan {
         Plan::Cuts(c) => &c[..],
-        Plan::Scan(sp) => {
-            ensure!(es == 2, "{op}: the parallel walk is bf16 only");
-            let mut q = *prm;
-            q.seglen = int(op, sp.seglen)?;
-            // The scratch begins with G.
-            q.sums = prm.gc + (lay.sums - lay.gc) as u64;
-            q.entry = prm.gc + (lay.entry - lay.gc) as u64;
-            launch(gpu, &prep, &cprep, &q, keep_t)?;
-            let csum = Cfg { z: sp.nseg - 1, ..cfg("walk_sum", lay, bh, es) };
-            launch(gpu, &format!("dr_walk_sum_{sfx}"), &csum, &q, None)?;
-            let nseg = Some(int(op, sp.nseg)?);
-            launch(gpu, &format!("dr_walk_join_k{}", lay.kp), &cfg("join", lay, bh, es), &q, nseg)?;
-            let cw = Cfg { z: sp.nseg, ..cfg("walk_fwd", lay, bh, es) };
-            launch(gpu, &format!("dr_walk_fwd_{sfx}"), &cw, &q, None)?;
-            return launch(gpu, &out, &cout, &q, None);
-        }
+        Plan::Scan(_) => &[],
     };
     if cuts.is_empty() {
+        // In a row on the GPU's stream: the WY transform, the walk (one, or the parallel walk's
+        // sums, join and segments), the tail.
         launch(gpu, &prep, &cprep, prm, keep_t)?;
-        launch(gpu, &walk, &cwalk, prm, None)?;
+        match plan {
+            Plan::Scan(sp) => {
+                ensure!(es == 2, "{op}: the parallel walk is bf16 only");
+                let mut q = *prm;
+                q.seglen = int(op, sp.seglen)?;
+                q.sums = prm.gc + (lay.sums - lay.gc) as u64;
+                q.entry = carry;
+                let csum = Cfg { z: sp.nseg - 1, ..cfg("walk_sum", lay, bh, es) };
+                launch(gpu, &format!("dr_walk_sum_{sfx}"), &csum, &q, None)?;
+                let nseg = Some(int(op, sp.nseg)?);
+                launch(gpu, &format!("dr_walk_join_k{}", lay.kp), &cfg("join", lay, bh, es), &q, nseg)?;
+                let cw = Cfg { z: sp.nseg, ..cfg("walk_fwd", lay, bh, es) };
+                launch(gpu, &format!("dr_walk_fwd_{sfx}"), &cw, &q, None)?;
+            }
+            Plan::Cuts(_) => launch(gpu, &walk, &cwalk, prm, None)?,
+        }
         return launch(gpu, &out, &cout, prm, None);
     }
     let [ws, ps, os] = gpu.side_streams()?;
     let main = gpu.stream();
-    let ev = |s: &CudaStream| s.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"));
-    let wait = |s: &CudaStream, e: &cudarc::driver::CudaEvent| {
-        s.wait(e).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))
-    };
+    let ev = |s: &CudaStream| super::stream_event(op, s);
+    let wait = |s: &CudaStream, e: &cudarc::driver::CudaEvent| super::stream_wait(op, s, e);
     let fork = ev(main)?;
     for s in [ws, ps, os] {
         wait(s, &fork)?;
@@ -762,8 +762,6 @@ fn fwd_kernels<T: Elem>(
     let mut t_walks = Vec::new();
     let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(lay.nch)).collect();
     let nseg = bounds.len() - 1;
-    // The scratch begins with G.
-    let carry = prm.gc + (lay.carry - lay.gc) as u64;
     let seg = |s: usize| -> Result<Params> {
         let mut q = *prm;
         q.c0 = int(op, bounds[s])?;
@@ -1131,20 +1129,21 @@ mod tests {
     #[test]
     fn scratch_regions_are_disjoint_and_sized() {
         let l = layout(2, 16384, 6, 128, 128, 2);
-        let r = [l.gc, l.w, l.u, l.states, l.carry, l.sums, l.entry, l.tm, l.dstates, l.du, l.bwd_end];
+        let r = [l.gc, l.w, l.u, l.states, l.carry, l.sums, l.tm, l.dstates, l.du, l.bwd_end];
         assert!(r.windows(2).all(|w| w[0] < w[1] && w[1] % 16 == 0), "{r:?}");
-        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 213);
-        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 439);
+        assert_eq!((fwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 212);
+        assert_eq!((bwd_scratch_len::<half::bf16>(2, 16384, 6, 128, 128) * 4) / 1_000_000, 438);
         // A partial chunk and padded K and V.
         let l = layout(1, 70, 2, 20, 24, 4);
         assert_eq!((l.nch, l.tp, l.kp, l.vp), (2, 128, 32, 32));
         assert_eq!(l.w - l.gc, 2 * 128 * 4);
+        // f32 has no parallel walk: one state between segments, no sums; bf16 room for two
+        // segments here: two entering states, the sums of one.
         assert_eq!(l.sums - l.carry, 2 * 20 * 24 * 4);
-        // f32 has no parallel walk; bf16 room for two segments here: sums of one.
-        assert_eq!(l.fwd_end, l.entry);
+        assert_eq!(l.fwd_end, l.sums);
         let l = layout(1, 70, 2, 20, 24, 2);
-        assert_eq!(l.entry - l.sums, 2 * 32 * (32 + 32) * 4);
-        assert_eq!(l.fwd_end - l.entry, 2 * 2 * 20 * 24 * 4);
+        assert_eq!(l.sums - l.carry, 2 * 2 * 20 * 24 * 4);
+        assert_eq!(l.fwd_end - l.sums, 2 * 32 * (32 + 32) * 4);
     }
 
     /// The parallel walk's plans: at the 125M models' shape five segments of 52 chunks (the walk's

@@ -275,15 +275,11 @@ fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd
         passing(gpu, p, s, init, fin, fwd_w)?;
         return fwd_scores(gpu, p, s, fwd_w);
     }
-    let op = "gla";
     let ws = &*gpu.side_streams()?[0];
-    let main = gpu.stream();
-    let fork = main.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"))?;
-    ws.wait(&fork).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))?;
+    super::stream_order("gla", gpu.stream(), ws)?;
     walk_on(gpu, Some(ws), p, s, init, fin, fwd_w)?;
     fwd_scores(gpu, p, s, fwd_w)?;
-    let done = ws.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"))?;
-    main.wait(&done).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))
+    super::stream_order("gla", ws, gpu.stream())
 }
 
 /// 0: FOXLM_GLA_OVERLAP decides; 1 off, 2 on: [`set_overlap`].

@@ -540,3 +540,20 @@ pub fn time_ms(gpu: &Gpu, warmup: usize, iters: usize, mut f: impl FnMut() -> Re
     ts.sort_by(f64::total_cmp);
     Ok(ts[ts.len() / 2])
 }
+
+/// An event marking the work queued so far on `s`, for other streams to wait on (`op` names the
+/// caller in the error).
+pub(crate) fn stream_event(op: &str, s: &CudaStream) -> Result<cudarc::driver::CudaEvent> {
+    s.record_event(None).map_err(|e| anyhow!("{op}: recording an event: {e:?}"))
+}
+
+/// `s` runs its next work only after `e`.
+pub(crate) fn stream_wait(op: &str, s: &CudaStream, e: &cudarc::driver::CudaEvent) -> Result<()> {
+    s.wait(e).map_err(|e| anyhow!("{op}: ordering the streams: {e:?}"))
+}
+
+/// `after` runs its next work only after what is queued on `before` so far: a fork from the GPU's
+/// stream to a side stream, or the join back.
+pub(crate) fn stream_order(op: &str, before: &CudaStream, after: &CudaStream) -> Result<()> {
+    stream_wait(op, after, &stream_event(op, before)?)
+}

@@ -457,29 +457,22 @@ pub fn bench(
     drop(sc);
     let gdo = up::<T>(gpu, &c.randn(n * vd, 1.0))?;
     let mut bsc = gpu.zeros::<f32>(dr::bwd_scratch_len::<T>(b, t, h, kd, vd))?;
-    let (mut dq, mut dk, mut dv, mut db) =
-        (gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * vd)?, gpu.zeros::<T>(n)?);
+    // dq, dk, dv, dβ; dg with the decay.
+    let mut bufs = [gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * kd)?, gpu.zeros::<T>(n * vd)?, gpu.zeros::<T>(n)?];
     let mut dg = gpu.zeros::<f32>(n)?;
     let fb = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         dr::delta_rule_fwd(gpu, &dev, &mut o, None, &mut bsc)?;
-        let grads = DevDeltaRuleGrads {
-            dq: &mut dq,
-            dk: &mut dk,
-            dv: &mut dv,
-            dbeta: &mut db,
-            dg: gated.then_some(&mut dg),
-            dinit: None,
-        };
-        dr::delta_rule_bwd(gpu, &dev, &gdo, None, None, grads, &mut bsc)
+        dr::delta_rule_bwd(gpu, &dev, &gdo, None, None, bench_grads(&mut bufs, gated.then_some(&mut dg)), &mut bsc)
     })?;
-    let grads = DevDeltaRuleGrads {
-        dq: &mut dq,
-        dk: &mut dk,
-        dv: &mut dv,
-        dbeta: &mut db,
-        dg: gated.then_some(&mut dg),
-        dinit: None,
-    };
+    let grads = bench_grads(&mut bufs, gated.then_some(&mut dg));
     let steps = dr::kernel_ms(gpu, &dev, &mut o, &gdo, grads, &mut bsc, warmup, iters)?;
     Ok((fwd, fb, steps))
+}
+
+/// The benchmark's gradient buffers (dq, dk, dv, dβ) and dg as the backward takes them (no dinit).
+fn bench_grads<'a, T: Elem>(
+    [dq, dk, dv, dbeta]: &'a mut [CudaSlice<T>; 4],
+    dg: Option<&'a mut CudaSlice<f32>>,
+) -> DevDeltaRuleGrads<'a, T> {
+    DevDeltaRuleGrads { dq, dk, dv, dbeta, dg, dinit: None }
 }

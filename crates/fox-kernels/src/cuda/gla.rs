@@ -282,7 +282,7 @@ fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd
     super::stream_order("gla", ws, gpu.stream())
 }
 
-/// 0: FOXLM_GLA_OVERLAP decides; 1 off, 2 on: [`set_overlap`].
+/// 0: FOXLM_GLA_OVERLAP decides (on unless it is 0); 1 off, 2 on: [`set_overlap`].
 static OVERLAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Runs version 3's walk beside the scores on a second stream (`Some(true)`), or not, for this
@@ -291,12 +291,12 @@ pub fn set_overlap(on: Option<bool>) {
     OVERLAP.store(on.map_or(0, |o| 1 + o as u8), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether the forward's walk runs beside its scores ([`set_overlap`], else FOXLM_GLA_OVERLAP=1,
-/// read once). Off by default until a GPU has timed it.
+/// Whether the forward's walk runs beside its scores ([`set_overlap`], else on unless
+/// FOXLM_GLA_OVERLAP=0, read once): the same bits, the scores' time hidden under the walk's.
 pub fn overlaps() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match OVERLAP.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| std::env::var("FOXLM_GLA_OVERLAP").is_ok_and(|v| v == "1")),
+        0 => *ENV.get_or_init(|| std::env::var("FOXLM_GLA_OVERLAP").map_or(true, |v| v != "0")),
         v => v == 2,
     }
 }

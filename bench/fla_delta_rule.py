@@ -11,24 +11,9 @@ import torch.nn.functional as F
 from fla.ops.delta_rule import chunk_delta_rule
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
+from cuda_timing import median_ms
+
 B, T, H, K, V = (int(x) for x in sys.argv[1:6]) if len(sys.argv) > 5 else (2, 16384, 6, 128, 128)
-
-
-def timeit(f, n=20, w=3):
-    for _ in range(w):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        f()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
-
 
 torch.manual_seed(0)
 dt = torch.bfloat16
@@ -44,5 +29,5 @@ for name, f in [
     ("chunk_gated_delta_rule", lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)),
 ]:
     with torch.no_grad():
-        fwd = timeit(f)
+        fwd = median_ms(f)
     print(f"fla {name} bf16 [B,T,H,K,V]={(B, T, H, K, V)} on {dev}: fwd {fwd:.3f} ms", flush=True)

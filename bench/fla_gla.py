@@ -9,25 +9,10 @@ the error is printed instead). Run it in the same call as `fox-attn bench-gla` a
     python3 bench/fla_gla.py [--shape 2,16384,6,128] [--iters 20] [--warmup 3] [--fwd-only]
 """
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
-
-
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+from cuda_timing import median_ms
 
 
 def main():

@@ -59,6 +59,25 @@ impl Series {
     }
 }
 
+type DrawResult = Result<(), Box<dyn std::error::Error + 'static>>;
+
+/// Draws a chart into `path`: SVG when it ends in .svg (`svg`), else PNG (`png`); the two closures
+/// are the chart's one generic `draw`, once per plotters backend.
+fn save_as(
+    path: &Path,
+    size: (u32, u32),
+    svg: impl FnOnce(DrawingArea<SVGBackend, Shift>) -> DrawResult,
+    png: impl FnOnce(DrawingArea<BitMapBackend, Shift>) -> DrawResult,
+) -> Result<()> {
+    register_font();
+    let res = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+        svg(SVGBackend::new(path, size).into_drawing_area())
+    } else {
+        png(BitMapBackend::new(path, size).into_drawing_area())
+    };
+    res.map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))
+}
+
 /// A line chart.
 #[derive(Clone, Debug)]
 pub struct LinePlot {
@@ -96,18 +115,10 @@ impl LinePlot {
 
     /// Writes the chart to `path`: SVG when it ends in .svg, else PNG.
     pub fn save(&self, path: &Path) -> Result<()> {
-        register_font();
-        let is_svg = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-        let size = (self.width, self.height);
-        let res = if is_svg {
-            self.draw(SVGBackend::new(path, size).into_drawing_area())
-        } else {
-            self.draw(BitMapBackend::new(path, size).into_drawing_area())
-        };
-        res.map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))
+        save_as(path, (self.width, self.height), |a| self.draw(a), |a| self.draw(a))
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), Box<dyn std::error::Error + 'static>>
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> DrawResult
     where
         DB::ErrorType: 'static,
     {
@@ -255,18 +266,10 @@ impl Heatmap {
         if self.values.len() != self.rows * self.cols || self.rows == 0 || self.cols == 0 {
             bail!("heatmap: {} values for {} x {} cells", self.values.len(), self.rows, self.cols);
         }
-        register_font();
-        let is_svg = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-        let size = (self.width, self.height);
-        let res = if is_svg {
-            self.draw(SVGBackend::new(path, size).into_drawing_area())
-        } else {
-            self.draw(BitMapBackend::new(path, size).into_drawing_area())
-        };
-        res.map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))
+        save_as(path, (self.width, self.height), |a| self.draw(a), |a| self.draw(a))
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), Box<dyn std::error::Error + 'static>>
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> DrawResult
     where
         DB::ErrorType: 'static,
     {

@@ -194,16 +194,7 @@ pub fn run(a: Args) -> Result<()> {
                     );
                 }
             }
-            eprintln!(
-                "wrote {}: train {} documents / {} tokens, val {} documents / {} tokens ({}, {:.1} s)",
-                p.output.display(),
-                m.train.documents,
-                m.train.tokens,
-                m.val.documents,
-                m.val.tokens,
-                m.text_format,
-                t0.elapsed().as_secs_f64()
-            );
+            report_written(&p.output, &m, t0);
             Ok(())
         }
         Command::Import(a) => {
@@ -221,16 +212,7 @@ pub fn run(a: Args) -> Result<()> {
             opts.overwrite = a.overwrite;
             opts.progress = !a.quiet;
             let m = import(&a.input, &a.output, &opts)?;
-            eprintln!(
-                "wrote {}: train {} documents / {} tokens, val {} documents / {} tokens ({}, {:.1} s)",
-                a.output.display(),
-                m.train.documents,
-                m.train.tokens,
-                m.val.documents,
-                m.val.tokens,
-                m.text_format,
-                t0.elapsed().as_secs_f64()
-            );
+            report_written(&a.output, &m, t0);
             Ok(())
         }
         Command::Inspect(i) => {
@@ -251,6 +233,20 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The one-line summary `data prepare` and `data import` print of the dataset they wrote.
+fn report_written(out: &std::path::Path, m: &crate::data::Manifest, t0: std::time::Instant) {
+    eprintln!(
+        "wrote {}: train {} documents / {} tokens, val {} documents / {} tokens ({}, {:.1} s)",
+        out.display(),
+        m.train.documents,
+        m.train.tokens,
+        m.val.documents,
+        m.val.tokens,
+        m.text_format,
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {

@@ -158,8 +158,11 @@ async fn not_found(req: Request) -> ApiError {
     )
 }
 
+/// A request's body as axum hands it over (its rejection carries 413 past the size limit).
+type RawBody = Result<Bytes, axum::extract::rejection::BytesRejection>;
+
 /// The body as JSON: 413 past the size limit, 400 when malformed.
-fn json_body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Value, ApiError> {
+fn json_body(body: RawBody) -> Result<Value, ApiError> {
     let bytes = body.map_err(|e| {
         let status = e.status();
         let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -213,10 +216,7 @@ async fn tokenizer_info(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiE
     })))
 }
 
-async fn tokenize(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+async fn tokenize(State(app): State<Arc<App>>, body: RawBody) -> Result<Json<Value>, ApiError> {
     let body = json_body(body)?;
     let f = Fields::parse(&body)?;
     app.check_model(&f)?;
@@ -225,10 +225,7 @@ async fn tokenize(
     Ok(Json(json!({"count": ids.len(), "max_model_len": app.max_model_len, "tokens": ids})))
 }
 
-async fn detokenize(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+async fn detokenize(State(app): State<Arc<App>>, body: RawBody) -> Result<Json<Value>, ApiError> {
     let body = json_body(body)?;
     let f = Fields::parse(&body)?;
     app.check_model(&f)?;
@@ -571,10 +568,7 @@ fn now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-async fn completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Response, ApiError> {
+async fn completions(State(app): State<Arc<App>>, body: RawBody) -> Result<Response, ApiError> {
     let arrived = std::time::Instant::now();
     let body = json_body(body)?;
     let c = parse_completion(&app, &body)?;

@@ -22,7 +22,7 @@ use super::compile::GLA;
 use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::CudaSlice;
 
 /// Chunk length (as [`crate::gla::CHUNK`]).
 pub const CHUNK: usize = 64;
@@ -58,22 +58,7 @@ fn launch_with_on(
     smem: usize,
     args: &[Arg],
 ) -> Result<()> {
-    let (x, y, z) = grid;
-    ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
-    ensure!(y > 0 && y <= 65535 && z > 0 && z <= 65535, "{name}: launch of ({x}, {y}, {z}) blocks is out of range");
-    if smem > 48 * 1024 {
-        gpu.function(&GLA, name)?
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (x as u32, y as u32, z as u32),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
+    let cfg = kargs::config(name, grid, threads, smem)?;
     kargs::launch_on(gpu, stream.unwrap_or(gpu.stream()), &GLA, name, cfg, args)
 }
 

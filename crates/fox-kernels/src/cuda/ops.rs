@@ -1005,14 +1005,6 @@ pub fn cross_entropy_padded<T: Elem>(
         0
     };
     let name = if staged { kname::<T>("fox_cross_entropy_ld_smem") } else { kname::<T>("fox_cross_entropy_ld") };
-    if staged {
-        gpu.function(&super::compile::MODEL, &name)?
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
     let cfg = LaunchConfig { grid_dim: grid1(rows)?, block_dim: (512, 1, 1), shared_mem_bytes: smem as u32 };
     kargs::launch(
         gpu,

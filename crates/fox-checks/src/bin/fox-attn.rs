@@ -26,6 +26,39 @@ use fox_checks::{
 };
 use fox_kernels::cuda::{self, compile, gemm};
 
+/// A pass/fail check on GPU 0 (none: "`what` skipped", and success) with `--seed` (else a fresh
+/// one): prints the table of `rows` and the time taken, exits 1 when a row fails.
+fn run_check(
+    args: &[String],
+    what: &str,
+    title: &str,
+    rows: impl FnOnce(&cuda::Gpu, u64) -> Vec<check::CheckRow>,
+) -> Result<()> {
+    let gpu = match cuda::Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("{what} skipped: {e:#}");
+            return Ok(());
+        }
+    };
+    let seed = match arg_value(args, "--seed") {
+        Some(s) => s.parse()?,
+        None => check::fresh_seed(),
+    };
+    println!("{title} on {} (seed {seed})", gpu.describe());
+    let t0 = std::time::Instant::now();
+    let rows = rows(&gpu, seed);
+    println!("{}", check::format_table(&rows));
+    println!("({:.1} s)", t0.elapsed().as_secs_f64());
+    if rows.is_empty() {
+        println!("no case matched the filter");
+    }
+    if rows.iter().any(|r| !r.pass) {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
@@ -60,42 +93,10 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        "check" => {
-            let gpu = match cuda::Gpu::new(0) {
-                Ok(g) => g,
-                Err(e) => {
-                    println!("GPU check skipped: {e:#}");
-                    return Ok(());
-                }
-            };
-            let seed = match arg_value(&args, "--seed") {
-                Some(s) => s.parse()?,
-                None => check::fresh_seed(),
-            };
-            println!("GPU check on {} (seed {seed})", gpu.describe());
-            let t0 = std::time::Instant::now();
-            let rows = check::run_all(&gpu, arg_value(&args, "--filter").as_deref(), seed);
-            println!("{}", check::format_table(&rows));
-            println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.iter().any(|r| !r.pass) {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        "check-ops" => {
-            let gpu = match cuda::Gpu::new(0) {
-                Ok(g) => g,
-                Err(e) => {
-                    println!("GPU ops check skipped: {e:#}");
-                    return Ok(());
-                }
-            };
-            let seed = match arg_value(&args, "--seed") {
-                Some(s) => s.parse()?,
-                None => check::fresh_seed(),
-            };
-            println!("GPU ops check on {} (seed {seed})", gpu.describe());
-            let t0 = std::time::Instant::now();
+        "check" => run_check(&args, "GPU check", "GPU check", |gpu, seed| {
+            check::run_all(gpu, arg_value(&args, "--filter").as_deref(), seed)
+        }),
+        "check-ops" => run_check(&args, "GPU ops check", "GPU ops check", |gpu, seed| {
             // Mamba-2's rows (cases named "ssd ..."), the delta rule's ("delta ..."), HGRN2's
             // ("gla ...", "hgrn2 ..."): a filter beginning with one of those names runs only that
             // family's rows.
@@ -106,30 +107,22 @@ fn main() -> Result<()> {
             let small = args.iter().any(|a| a == "--small");
             let all = !(ssd || delta || hgrn2);
             let (ssd, delta, hgrn2) = if small { (false, false, false) } else { (all || ssd, all || delta, all || hgrn2) };
-            let mut rows = if all { ops_check::run_all(&gpu, seed) } else { Vec::new() };
+            let mut rows = if all { ops_check::run_all(gpu, seed) } else { Vec::new() };
             if ssd {
-                rows.extend(ssd_check::run_all(&gpu, seed));
-                rows.extend(ssd_tc_check::run_all(&gpu, seed));
+                rows.extend(ssd_check::run_all(gpu, seed));
+                rows.extend(ssd_tc_check::run_all(gpu, seed));
             }
             if delta {
-                rows.extend(delta_rule_check::run_all(&gpu, seed));
+                rows.extend(delta_rule_check::run_all(gpu, seed));
             }
             if hgrn2 {
-                rows.extend(gla_check::run_all(&gpu, seed));
+                rows.extend(gla_check::run_all(gpu, seed));
             }
             if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
             }
-            println!("{}", check::format_table(&rows));
-            println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.is_empty() {
-                println!("no ops case matched the filter");
-            }
-            if rows.iter().any(|r| !r.pass) {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
+            rows
+        }),
         "bench" => {
             let mut o = bench::BenchOpts::default();
             if let Some(s) = arg_value(&args, "--d") {
@@ -177,26 +170,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         "check-gemm" => {
-            let gpu = match cuda::Gpu::new(0) {
-                Ok(g) => g,
-                Err(e) => {
-                    println!("GEMM check skipped: {e:#}");
-                    return Ok(());
-                }
-            };
-            let seed = match arg_value(&args, "--seed") {
-                Some(s) => s.parse()?,
-                None => check::fresh_seed(),
-            };
-            println!("GEMM and f32 attention check on {} (seed {seed})", gpu.describe());
-            let t0 = std::time::Instant::now();
-            let rows = gemm_check::run_all(&gpu, seed);
-            println!("{}", check::format_table(&rows));
-            println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.iter().any(|r| !r.pass) {
-                std::process::exit(1);
-            }
-            Ok(())
+            run_check(&args, "GEMM check", "GEMM and f32 attention check", gemm_check::run_all)
         }
         "bench-ssd" => {
             // Mamba-2's SSD forward at the shape (fla's chunk_simple_gla forward: 0.99 ms

@@ -178,21 +178,7 @@ fn ssd_case(
     // Backward, with a gradient on the final state and the initial state's gradient out.
     let dyv = c.randn(y.len(), 1.0);
     let dfin = c.randn(fin.len(), 1.0);
-    let (mut dxbc, mut ddt, mut dav, mut ddv, mut dinit) =
-        (vec![0.0f32; xbc.len()], vec![0.0f32; dt.len()], vec![0.0f32; h], vec![0.0f32; h], vec![0.0f32; init.len()]);
-    fox_kernels::ssd::ssd_bwd(
-        &cpu,
-        &dyv,
-        Some(&init),
-        Some(&dfin),
-        fox_kernels::ssd::SsdGrads {
-            dxbc: &mut dxbc,
-            ddt: &mut ddt,
-            da: &mut dav,
-            dd: &mut ddv,
-            dinit: Some(&mut dinit),
-        },
-    )?;
+    let [dxbc, ddt, dav, ddv, dinit] = host_bwd(&cpu, &dyv, Some(&init), &dfin, (0.0, 0.0))?;
     let (gdy, gdfin) = (gpu.upload(&dyv)?, gpu.upload(&dfin)?);
     let mut sc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
     let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {
@@ -252,6 +238,30 @@ fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
     c.add(name, "y rel L2 (worst of 5 steps)", ey, TOL_ELEM, "row 1 padding");
     c.add(name, "state rel L2 (worst of 5 steps)", es, TOL_ELEM, "");
     Ok(())
+}
+
+/// The CPU chunked backward's (dxbc, ddt, dA, dD, dinit) from `dy` and `dfinal`, dxbc starting at
+/// `start.0` and dA, dD at `start.1` (the backward overwrites dxbc's x, B and C columns and adds
+/// into dA and dD).
+pub(super) fn host_bwd(
+    cpu: &fox_kernels::ssd::Ssd,
+    dy: &[f32],
+    init: Option<&[f32]>,
+    dfinal: &[f32],
+    start: (f32, f32),
+) -> Result<[Vec<f32>; 5]> {
+    let (h, states) = (cpu.heads, cpu.batch * cpu.heads * cpu.head_dim * cpu.state);
+    let (mut dxbc, mut ddt) = (vec![start.0; cpu.xbc.len()], vec![0.0f32; cpu.dt.len()]);
+    let (mut da, mut dd, mut dinit) = (vec![start.1; h], vec![start.1; h], vec![0.0f32; states]);
+    let grads = fox_kernels::ssd::SsdGrads {
+        dxbc: &mut dxbc,
+        ddt: &mut ddt,
+        da: &mut da,
+        dd: &mut dd,
+        dinit: Some(&mut dinit),
+    };
+    fox_kernels::ssd::ssd_bwd(cpu, dy, init, Some(dfinal), grads)?;
+    Ok([dxbc, ddt, da, dd, dinit])
 }
 
 /// Values rounded to T and widened again (the inputs both sides see).

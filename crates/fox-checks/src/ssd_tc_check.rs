@@ -25,7 +25,7 @@
 
 use crate::check::{CheckRow, Ctx};
 use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
-use crate::ssd_check::{host_problem, BenchProblem, DevInputs};
+use crate::ssd_check::{host_bwd, host_problem, BenchProblem, DevInputs};
 use anyhow::Result;
 use fox_kernels::cuda::ssd_tc::{self, DevSsdGrads};
 use fox_kernels::cuda::{Elem, Gpu};
@@ -86,21 +86,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     // starts at 3 so that columns past the x, B, C ones must keep it.
     let dyv = rounded::<T>(c.randn(y.len(), 1.0));
     let dfin = c.randn(fin.len(), 1.0);
-    let (mut dxbc, mut ddt) = (vec![3.0f32; xbc.len()], vec![0.0f32; dt.len()]);
-    let (mut dav, mut ddv, mut dinit) = (vec![0.5f32; h], vec![0.5f32; h], vec![0.0f32; fin.len()]);
-    fox_kernels::ssd::ssd_bwd(
-        &cpu,
-        &dyv,
-        init.as_deref(),
-        Some(&dfin),
-        fox_kernels::ssd::SsdGrads {
-            dxbc: &mut dxbc,
-            ddt: &mut ddt,
-            da: &mut dav,
-            dd: &mut ddv,
-            dinit: Some(&mut dinit),
-        },
-    )?;
+    let [dxbc, ddt, dav, ddv, dinit] = host_bwd(&cpu, &dyv, init.as_deref(), &dfin, (3.0, 0.5))?;
     let (gdy, gdfin) = (up::<T>(gpu, &dyv)?, gpu.upload(&dfin)?);
     let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
     let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {

@@ -34,21 +34,10 @@ const DQK_SMEM_FLOATS: usize = 4 * CHUNK * 65 + 3 * 48 * 65 + 2 * 64;
 const GATE_ROWS_PER_PART: usize = 256;
 
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
-    launch_with(gpu, name, grid, 256, smem, args)
+    launch_with_on(gpu, None, name, grid, 256, smem, args)
 }
 
-fn launch_with(
-    gpu: &Gpu,
-    name: &str,
-    grid: (usize, usize, usize),
-    threads: u32,
-    smem: usize,
-    args: &[Arg],
-) -> Result<()> {
-    launch_with_on(gpu, None, name, grid, threads, smem, args)
-}
-
-/// [`launch_with`] on `stream` (none: the GPU's stream).
+/// [`launch`] with `threads` per block, on `stream` (none: the GPU's stream).
 fn launch_with_on(
     gpu: &Gpu,
     stream: Option<&cudarc::driver::CudaStream>,

@@ -955,10 +955,7 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "cross_entropy_fwd_bwd";
     ensure!(vocab > 0, "{op}: vocab is 0");
-    need(op, "logits", logits, rows * vocab)?;
-    need(op, "dlogits", dlogits, rows * vocab)?;
-    need(op, "losses", losses, rows)?;
-    need(op, "targets", targets, rows)?;
+    ce_checks(op, dlogits, losses, logits, targets, rows, vocab)?;
     if rows == 0 {
         return Ok(());
     }
@@ -969,6 +966,22 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
         512,
         &args![gpu; dlogits, losses, logits, targets, weight, int(op, "rows", rows)?, int(op, "vocab", vocab)?],
     )
+}
+
+/// The buffers of a cross-entropy over `rows` rows of logits stored `ld` apart.
+fn ce_checks<T>(
+    op: &str,
+    dlogits: &CudaSlice<T>,
+    losses: &CudaSlice<f32>,
+    logits: &CudaSlice<f32>,
+    targets: &CudaSlice<i32>,
+    rows: usize,
+    ld: usize,
+) -> Result<()> {
+    need(op, "logits", logits, rows * ld)?;
+    need(op, "dlogits", dlogits, rows * ld)?;
+    need(op, "losses", losses, rows)?;
+    need(op, "targets", targets, rows)
 }
 
 /// The output head's fused softmax cross-entropy (kernels/model.cu) over rows of `vocab` logits
@@ -991,10 +1004,7 @@ pub fn cross_entropy_padded<T: Elem>(
 ) -> Result<()> {
     let op = "cross_entropy_padded";
     ensure!(vocab > 0 && vocab <= ld, "{op}: vocab {vocab} must be in 1..=ld ({ld})");
-    need(op, "logits", logits, rows * ld)?;
-    need(op, "dlogits", dlogits, rows * ld)?;
-    need(op, "losses", losses, rows)?;
-    need(op, "targets", targets, rows)?;
+    ce_checks(op, dlogits, losses, logits, targets, rows, ld)?;
     if rows == 0 {
         return Ok(());
     }

@@ -59,6 +59,14 @@ fn run_check(
     Ok(())
 }
 
+/// `--shape` as the N sizes `names` lists, comma-separated; `default` without it.
+fn shape_arg<const N: usize>(args: &[String], names: &str, default: [usize; N]) -> Result<[usize; N]> {
+    match arg_value(args, "--shape") {
+        Some(s) => <[usize; N]>::try_from(list(&s)?).map_err(|_| anyhow::anyhow!("--shape takes {names}")),
+        None => Ok(default),
+    }
+}
+
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
@@ -176,14 +184,8 @@ fn main() -> Result<()> {
             // Mamba-2's SSD forward at the issue's shape (fla's chunk_simple_gla forward: 0.99 ms
             // on an H100 there). Override with --shape B,T,H,P,N,G.
             let gpu = cuda::Gpu::new(0)?;
-            let shape = match arg_value(&args, "--shape") {
-                Some(s) => {
-                    let v = list(&s)?;
-                    anyhow::ensure!(v.len() == 6, "--shape takes B,T,H,P,N,G");
-                    (v[0], v[1], v[2], v[3], v[4], v[5])
-                }
-                None => (2, 16384, 24, 64, 128, 1),
-            };
+            let [b, t, h, p, n, g] = shape_arg(&args, "B,T,H,P,N,G", [2, 16384, 24, 64, 128, 1])?;
+            let shape = (b, t, h, p, n, g);
             let (ms, fb, steps) = ssd_check::bench_fwd(&gpu, shape, 3, 20)?;
             println!(
                 "SSD on {}, [B, T, H, P, N, G] = {shape:?}: forward {ms:.3} ms, forward + backward {fb:.3} ms \
@@ -216,14 +218,8 @@ fn main() -> Result<()> {
             // The delta rule at the 125M models' widths (6 heads of 128; fla's chunk_delta_rule /
             // chunk_gated_delta_rule forwards in the same call for comparison).
             let gpu = cuda::Gpu::new(0)?;
-            let shape = match arg_value(&args, "--shape") {
-                Some(s) => {
-                    let v = list(&s)?;
-                    anyhow::ensure!(v.len() == 5, "--shape takes B,T,H,K,V");
-                    (v[0], v[1], v[2], v[3], v[4])
-                }
-                None => (2, 16384, 6, 128, 128),
-            };
+            let [b, t, h, k, v] = shape_arg(&args, "B,T,H,K,V", [2, 16384, 6, 128, 128])?;
+            let shape = (b, t, h, k, v);
             let walk = cuda::delta_rule::fwd_walk_on(&gpu, shape.3);
             let (bh, vp, nch) = (shape.0 * shape.2, shape.4.div_ceil(32) * 32, shape.1.div_ceil(cuda::delta_rule::CHUNK));
             let kp = [32, 64, 128].into_iter().find(|&k| k >= shape.3).unwrap_or(128);
@@ -254,14 +250,8 @@ fn main() -> Result<()> {
         "bench-gla" => {
             // HGRN2's gated linear attention at 125M's widths (H = 6 heads of K = V = 128).
             let gpu = cuda::Gpu::new(0)?;
-            let shape = match arg_value(&args, "--shape") {
-                Some(s) => {
-                    let v = list(&s)?;
-                    anyhow::ensure!(v.len() == 4, "--shape takes B,T,H,D");
-                    (v[0], v[1], v[2], v[3])
-                }
-                None => (2, 16384, 6, 128),
-            };
+            let [b, t, h, d] = shape_arg(&args, "B,T,H,D", [2, 16384, 6, 128])?;
+            let shape = (b, t, h, d);
             // Version 3 (the walk, FOXLM_GLA_KB's width) with and without its tensor-core scores,
             // version 2 (tensor cores), version 1 on bf16 and f32.
             for (what, bf, version) in gla_check::BENCH_VERSIONS {

@@ -222,24 +222,24 @@ fn reference_backward_matches_finite_differences() {
     let check = |an: f64, fd: f64, what: &str| {
         assert!((an - fd).abs() <= 1e-6 * (1.0 + fd.abs()), "{what}: analytic {an} vs fd {fd}");
     };
-    for i in 0..xbc.len() {
-        check(gx[i], fd(&xbc, i, &|x| loss(x, &dt, &a, &dd, &init)), &format!("dxbc[{i}]"));
+    for (i, &an) in gx[..xbc.len()].iter().enumerate() {
+        check(an, fd(&xbc, i, &|x| loss(x, &dt, &a, &dd, &init)), &format!("dxbc[{i}]"));
     }
-    for i in 0..dt.len() {
+    for (i, &an) in gdt[..dt.len()].iter().enumerate() {
         let (bi, ti) = (i / (c.t * c.h), i / c.h % c.t);
         if ti < c.start.as_ref().unwrap()[bi] {
             // dt at padding counts as 0 whatever it is: no gradient.
-            assert_eq!(gdt[i], 0.0);
+            assert_eq!(an, 0.0);
             continue;
         }
-        check(gdt[i], fd(&dt, i, &|x| loss(&xbc, x, &a, &dd, &init)), &format!("ddt[{i}]"));
+        check(an, fd(&dt, i, &|x| loss(&xbc, x, &a, &dd, &init)), &format!("ddt[{i}]"));
     }
     for i in 0..c.h {
         check(ga[i], fd(&a, i, &|x| loss(&xbc, &dt, x, &dd, &init)), &format!("dA[{i}]"));
         check(gd[i], fd(&dd, i, &|x| loss(&xbc, &dt, &a, x, &init)), &format!("dD[{i}]"));
     }
-    for i in 0..init.len() {
-        check(gi[i], fd(&init, i, &|x| loss(&xbc, &dt, &a, &dd, x)), &format!("dinit[{i}]"));
+    for (i, &an) in gi[..init.len()].iter().enumerate() {
+        check(an, fd(&init, i, &|x| loss(&xbc, &dt, &a, &dd, x)), &format!("dinit[{i}]"));
     }
 }
 

@@ -6,6 +6,7 @@ use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::*;
 use fox_kernels::cuda::{time_ms, Elem, Gpu};
+use fox_kernels::selective_scan::testing::Case;
 use fox_kernels::selective_scan::{self as cpu, BcLayout, Scan};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -13,9 +14,9 @@ use rand_distr::StandardNormal;
 
 // The check: GPU against the CPU op on fresh random inputs.
 //
-// Inputs are drawn as in the CPU tests (δ = softplus(N(0,1) − 1), A = −exp(U(−1, 1.5)), so decays
-// reach 2e-6 per step; u, B, C, D, h0 ~ N(0, 1), z ~ N(0, 4)), rounded to T, and the CPU op gets
-// the rounded values: errors measure the kernels' arithmetic and the rounding of their outputs.
+// Inputs are drawn by the CPU tests' [`Case::draw`] (δ = softplus(N(0,1) − 1), A = −exp(U(−1,
+// 1.5)), so decays reach 2e-6 per step; u, B, C, D, h0 ~ N(0, 1), z ~ N(0, 4)), rounded to T, and
+// the CPU op gets the rounded values: errors measure the kernels' arithmetic and the rounding of their outputs.
 // Errors are relative L2 ‖gpu − cpu‖ / ‖cpu‖. Tolerances, and why:
 // - f32 outputs and states: 1e-5. Both sides are f32 in the same order along time; the GPU's exp
 //   is __expf (ex2.approx: 2 + 1.2·|x| ulp, ~1e-6 relative at δ·A = −13) against the CPU's
@@ -39,68 +40,19 @@ fn dl<T: Elem>(gpu: &Gpu, s: &CudaSlice<T>, n: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-/// Host inputs of one case, already rounded to T where they travel as T.
-struct Inputs {
-    b: usize,
-    t: usize,
-    di: usize,
-    n: usize,
-    u: Vec<f32>,
-    delta: Vec<f32>,
-    a: Vec<f32>,
-    bc: Vec<f32>,
-    d: Vec<f32>,
-    z: Option<Vec<f32>>,
+/// A case's host inputs ([`Case::draw`]), rounded to T where they travel as T.
+fn draw<T: Elem>(
+    rng: &mut ChaCha8Rng,
+    shape: (usize, usize, usize, usize),
+    gate: bool,
     start: Option<Vec<usize>>,
-    h0: Option<Vec<f32>>,
-    dout: Vec<f32>,
-}
-
-fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
-    x.into_iter().map(|v| T::from_f32(v).to_f32()).collect()
-}
-
-impl Inputs {
-    #[allow(clippy::too_many_arguments)]
-    fn draw<T: Elem>(
-        rng: &mut ChaCha8Rng,
-        b: usize,
-        t: usize,
-        di: usize,
-        n: usize,
-        gate: bool,
-        start: Option<Vec<usize>>,
-        h0: bool,
-    ) -> Self {
-        let mut randn =
-            |k: usize, s: f32| -> Vec<f32> { (0..k).map(|_| s * rng.sample::<f32, _>(StandardNormal)).collect() };
-        let m = b * t * di;
-        let u = rounded::<T>(randn(m, 1.0));
-        let delta = rounded::<T>(randn(m, 1.0).iter().map(|x| (x - 1.0f32).exp().ln_1p()).collect());
-        let bc = rounded::<T>(randn(b * t * (DT_RANK + 2 * n), 1.0));
-        let d = randn(di, 1.0);
-        let z = gate.then(|| rounded::<T>(randn(m, 2.0)));
-        let h0 = h0.then(|| randn(b * di * n, 1.0));
-        let dout = rounded::<T>(randn(m, 1.0));
-        let a = (0..di * n).map(|_| -rng.gen_range(-1.0f32..1.5).exp()).collect();
-        Inputs { b, t, di, n, u, delta, a, bc, d, z, start, h0, dout }
+    h0: bool,
+) -> Case {
+    let mut c = Case::draw(rng, DT_RANK, shape, gate, start, h0);
+    for v in [&mut c.u, &mut c.delta, &mut c.bc, &mut c.dout].into_iter().chain(c.z.as_mut()) {
+        v.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
     }
-    fn scan(&self) -> Scan<'_> {
-        Scan {
-            batch: self.b,
-            len: self.t,
-            channels: self.di,
-            state: self.n,
-            u: &self.u,
-            delta: &self.delta,
-            a: &self.a,
-            bc: &self.bc,
-            bc_layout: BcLayout::x_proj(self.t, DT_RANK, self.n),
-            d: &self.d,
-            z: self.z.as_deref(),
-            start: self.start.as_deref(),
-        }
-    }
+    c
 }
 
 fn up<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<CudaSlice<T>> {
@@ -120,7 +72,7 @@ struct DevInputs<T> {
 }
 
 impl<T: Elem> DevInputs<T> {
-    fn new(gpu: &Gpu, c: &Inputs) -> Result<Self> {
+    fn new(gpu: &Gpu, c: &Case) -> Result<Self> {
         Ok(DevInputs {
             u: up(gpu, &c.u)?,
             delta: up(gpu, &c.delta)?,
@@ -135,7 +87,7 @@ impl<T: Elem> DevInputs<T> {
                 .transpose()?,
         })
     }
-    fn scan<'a>(&'a self, c: &Inputs) -> DevScan<'a, T> {
+    fn scan<'a>(&'a self, c: &Case) -> DevScan<'a, T> {
         DevScan {
             batch: c.b,
             len: c.t,
@@ -156,7 +108,7 @@ impl<T: Elem> DevInputs<T> {
 }
 
 /// Forward and backward of one case on both devices; rows for every output.
-fn fwd_bwd_case<T: Elem>(gpu: &Gpu, name: &str, c: &Inputs, rows: &mut Vec<CheckRow>) -> Result<()> {
+fn fwd_bwd_case<T: Elem>(gpu: &Gpu, name: &str, c: &Case, rows: &mut Vec<CheckRow>) -> Result<()> {
     let bf16 = T::NAME == "bf16";
     let tol_t = if bf16 { TOL_BF16 } else { TOL_F32 };
     let tol_tg = if bf16 { TOL_BF16 } else { TOL_F32_GRAD };
@@ -256,7 +208,7 @@ fn fwd_bwd_case<T: Elem>(gpu: &Gpu, name: &str, c: &Inputs, rows: &mut Vec<Check
 }
 
 /// `steps` decode steps from h0 on both devices, each step's output and the final state.
-fn decode_case<T: Elem>(gpu: &Gpu, name: &str, c: &Inputs, rows: &mut Vec<CheckRow>) -> Result<()> {
+fn decode_case<T: Elem>(gpu: &Gpu, name: &str, c: &Case, rows: &mut Vec<CheckRow>) -> Result<()> {
     let bf16 = T::NAME == "bf16";
     let (b, di, n) = (c.b, c.di, c.n);
     let mut h = c.h0.clone().unwrap_or_else(|| vec![0.0; b * di * n]);
@@ -343,11 +295,11 @@ pub fn check(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
                     if start.is_some() { " left padding" } else { "" },
                     if h0 { " h0" } else { "" }
                 );
-                let c = Inputs::draw::<$t>(&mut rng, b, t, di, n, gate, start, h0);
+                let c = draw::<$t>(&mut rng, (b, t, di, n), gate, start, h0);
                 run(name.clone(), &mut rows, &mut |rows| fwd_bwd_case::<$t>(gpu, &name, &c, rows));
             }
             let name = format!("selective_scan decode {tn} B=3 Di=40 N=16, 20 steps from h0");
-            let c = Inputs::draw::<$t>(&mut rng, 3, 20, 40, 16, true, None, true);
+            let c = draw::<$t>(&mut rng, (3, 20, 40, 16), true, None, true);
             run(name.clone(), &mut rows, &mut |rows| decode_case::<$t>(gpu, &name, &c, rows));
         }};
     }

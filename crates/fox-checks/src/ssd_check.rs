@@ -83,16 +83,52 @@ impl<T: Elem> DevInputs<T> {
     }
 }
 
-/// A benchmark's SSD inputs from `rng`: xbc, dt, A and D = 1 (also the tensor-core benchmark's).
-pub(super) fn bench_inputs(
-    rng: &mut ChaCha8Rng,
-    (b, t, h, stride): (usize, usize, usize, usize),
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
-    let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
-    let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
-    let d = vec![1.0f32; h];
-    (xbc, dt, a, d)
+/// A benchmark's SSD problem at [B, T, H, P, N, G] (also the tensor-core benchmark's): random
+/// xbc, dt, A and D = 1 (no initial state) uploaded in T, a random output gradient, and buffers for
+/// the gradients.
+pub(super) struct BenchProblem<T: Elem> {
+    shape: (usize, usize, usize, usize, usize, usize),
+    host: [Vec<f32>; 4],
+    inputs: DevInputs<T>,
+    pub(super) dy: CudaSlice<T>,
+}
+
+/// The gradients of a [`BenchProblem`]'s backward.
+pub(super) struct BenchGrads<T: Elem> {
+    dxbc: CudaSlice<T>,
+    ddt: CudaSlice<f32>,
+    da: CudaSlice<f32>,
+    dd: CudaSlice<f32>,
+}
+
+impl<T: Elem> BenchProblem<T> {
+    pub(super) fn new(gpu: &Gpu, shape: (usize, usize, usize, usize, usize, usize)) -> Result<(Self, BenchGrads<T>)> {
+        let (b, t, h, p, n, g) = shape;
+        let stride = h * p + 2 * g * n;
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let xbc: Vec<f32> = (0..b * t * stride).map(|_| rng.sample(StandardNormal)).collect();
+        let dt: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.01..0.6f32)).collect();
+        let a: Vec<f32> = (0..h).map(|_| -rng.gen_range(0.05..3.0f32)).collect();
+        let d = vec![1.0f32; h];
+        let inputs = DevInputs::upload(gpu, &host_problem(shape, stride, (&xbc, &dt, &a, &d), None))?;
+        let dy = (0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>();
+        let grads =
+            BenchGrads { dxbc: gpu.zeros(xbc.len())?, ddt: gpu.zeros(dt.len())?, da: gpu.zeros(h)?, dd: gpu.zeros(h)? };
+        Ok((Self { shape, host: [xbc, dt, a, d], inputs, dy: upload_as(gpu, &dy)? }, grads))
+    }
+
+    /// The device problem over the uploaded inputs.
+    pub(super) fn problem(&self) -> DevSsd<'_, T> {
+        let (_, _, h, p, n, g) = self.shape;
+        let [xbc, dt, a, d] = &self.host;
+        self.inputs.problem(&host_problem(self.shape, h * p + 2 * g * n, (xbc, dt, a, d), None))
+    }
+}
+
+impl<T: Elem> BenchGrads<T> {
+    pub(super) fn view(&mut self) -> ssd::DevSsdGrads<'_, T> {
+        ssd::DevSsdGrads { dxbc: &mut self.dxbc, ddt: &mut self.ddt, da: &mut self.da, dd: &mut self.dd, dinit: None }
+    }
 }
 
 /// Random SSD inputs at a trained layer's scale: (xbc, dt, A, D, init).
@@ -142,21 +178,7 @@ fn ssd_case(
     // Backward, with a gradient on the final state and the initial state's gradient out.
     let dyv = c.randn(y.len(), 1.0);
     let dfin = c.randn(fin.len(), 1.0);
-    let (mut dxbc, mut ddt, mut dav, mut ddv, mut dinit) =
-        (vec![0.0f32; xbc.len()], vec![0.0f32; dt.len()], vec![0.0f32; h], vec![0.0f32; h], vec![0.0f32; init.len()]);
-    fox_kernels::ssd::ssd_bwd(
-        &cpu,
-        &dyv,
-        Some(&init),
-        Some(&dfin),
-        fox_kernels::ssd::SsdGrads {
-            dxbc: &mut dxbc,
-            ddt: &mut ddt,
-            da: &mut dav,
-            dd: &mut ddv,
-            dinit: Some(&mut dinit),
-        },
-    )?;
+    let [dxbc, ddt, dav, ddv, dinit] = host_bwd(&cpu, &dyv, Some(&init), &dfin, (0.0, 0.0))?;
     let (gdy, gdfin) = (gpu.upload(&dyv)?, gpu.upload(&dfin)?);
     let mut sc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
     let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {
@@ -216,6 +238,30 @@ fn decode_case(c: &mut Ctx, name: &str) -> Result<()> {
     c.add(name, "y rel L2 (worst of 5 steps)", ey, TOL_ELEM, "row 1 padding");
     c.add(name, "state rel L2 (worst of 5 steps)", es, TOL_ELEM, "");
     Ok(())
+}
+
+/// The CPU chunked backward's (dxbc, ddt, dA, dD, dinit) from `dy` and `dfinal`, dxbc starting at
+/// `start.0` and dA, dD at `start.1` (the backward overwrites dxbc's x, B and C columns and adds
+/// into dA and dD).
+pub(super) fn host_bwd(
+    cpu: &fox_kernels::ssd::Ssd,
+    dy: &[f32],
+    init: Option<&[f32]>,
+    dfinal: &[f32],
+    start: (f32, f32),
+) -> Result<[Vec<f32>; 5]> {
+    let (h, states) = (cpu.heads, cpu.batch * cpu.heads * cpu.head_dim * cpu.state);
+    let (mut dxbc, mut ddt) = (vec![start.0; cpu.xbc.len()], vec![0.0f32; cpu.dt.len()]);
+    let (mut da, mut dd, mut dinit) = (vec![start.1; h], vec![start.1; h], vec![0.0f32; states]);
+    let grads = fox_kernels::ssd::SsdGrads {
+        dxbc: &mut dxbc,
+        ddt: &mut ddt,
+        da: &mut da,
+        dd: &mut dd,
+        dinit: Some(&mut dinit),
+    };
+    fox_kernels::ssd::ssd_bwd(cpu, dy, init, Some(dfinal), grads)?;
+    Ok([dxbc, ddt, da, dd, dinit])
 }
 
 /// Values rounded to T and widened again (the inputs both sides see).
@@ -428,23 +474,15 @@ pub fn bench_fwd(
     iters: usize,
 ) -> Result<(f64, f64, [f64; 4])> {
     let (b, t, h, p, n, g) = shape;
-    let stride = h * p + 2 * g * n;
-    let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let (xbc, dt, a, d) = bench_inputs(&mut rng, (b, t, h, stride));
-    let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), None);
-    let inputs = DevInputs::<f32>::upload(gpu, &cpu)?;
-    let dev = inputs.problem(&cpu);
+    let (bench, mut grads) = BenchProblem::<f32>::new(gpu, shape)?;
+    let dev = bench.problem();
     let mut y = gpu.zeros::<f32>(b * t * h * p)?;
     let mut cb = gpu.zeros::<f32>(ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
     let all = fox_kernels::cuda::time_ms(gpu, warmup, iters, || ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb))?;
-    let dy = gpu.upload(&(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
     let mut bsc = gpu.zeros::<f32>(ssd::ssd_bwd_scratch_len(b, t, h, p, n, g))?;
-    let (mut gx, mut gdt, mut gda, mut gdd) =
-        (gpu.zeros::<f32>(xbc.len())?, gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
     let fwdbwd = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         ssd::ssd_fwd(gpu, &dev, &mut y, None, None, &mut cb)?;
-        let grads = ssd::DevSsdGrads { dxbc: &mut gx, ddt: &mut gdt, da: &mut gda, dd: &mut gdd, dinit: None };
-        ssd::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
+        ssd::ssd_bwd(gpu, &dev, &bench.dy, None, None, grads.view(), &mut bsc)
     })?;
     let mut steps = [0.0; 4];
     for (k, ms) in steps.iter_mut().enumerate() {

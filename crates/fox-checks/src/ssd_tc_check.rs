@@ -24,14 +24,12 @@
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
 use crate::check::{CheckRow, Ctx};
-use crate::ssd_check::{bench_inputs, host_problem, DevInputs};
 use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
+use crate::ssd_check::{host_bwd, host_problem, BenchProblem, DevInputs};
 use anyhow::Result;
 use fox_kernels::cuda::ssd_tc::{self, DevSsdGrads};
 use fox_kernels::cuda::{Elem, Gpu};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
+use rand::Rng;
 
 const TOL_FWD: f64 = 1e-2;
 const TOL_BWD: f64 = 2e-2;
@@ -88,21 +86,7 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     // starts at 3 so that columns past the x, B, C ones must keep it.
     let dyv = rounded::<T>(c.randn(y.len(), 1.0));
     let dfin = c.randn(fin.len(), 1.0);
-    let (mut dxbc, mut ddt) = (vec![3.0f32; xbc.len()], vec![0.0f32; dt.len()]);
-    let (mut dav, mut ddv, mut dinit) = (vec![0.5f32; h], vec![0.5f32; h], vec![0.0f32; fin.len()]);
-    fox_kernels::ssd::ssd_bwd(
-        &cpu,
-        &dyv,
-        init.as_deref(),
-        Some(&dfin),
-        fox_kernels::ssd::SsdGrads {
-            dxbc: &mut dxbc,
-            ddt: &mut ddt,
-            da: &mut dav,
-            dd: &mut ddv,
-            dinit: Some(&mut dinit),
-        },
-    )?;
+    let [dxbc, ddt, dav, ddv, dinit] = host_bwd(&cpu, &dyv, init.as_deref(), &dfin, (3.0, 0.5))?;
     let (gdy, gdfin) = (up::<T>(gpu, &dyv)?, gpu.upload(&dfin)?);
     let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
     let mut run = |c: &mut Ctx| -> Result<Vec<Vec<f32>>> {
@@ -211,24 +195,16 @@ pub fn bench<T: Elem>(
     iters: usize,
 ) -> Result<(f64, f64, [f64; 5])> {
     let (b, t, h, p, n, g) = shape;
-    let stride = h * p + 2 * g * n;
-    let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let (xbc, dt, a, d) = bench_inputs(&mut rng, (b, t, h, stride));
-    let cpu = host_problem((b, t, h, p, n, g), stride, (&xbc, &dt, &a, &d), None);
-    let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
-    let dev = inputs.problem(&cpu);
+    let (bench, mut grads) = BenchProblem::<T>::new(gpu, shape)?;
+    let dev = bench.problem();
     let mut y = gpu.zeros::<T>(b * t * h * p)?;
     let mut sc = gpu.zeros::<f32>(ssd_tc::ssd_fwd_scratch_len(b, t, h, n))?;
     let fwd =
         fox_kernels::cuda::time_ms(gpu, warmup, iters, || ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc))?;
-    let dy = up::<T>(gpu, &(0..b * t * h * p).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<_>>())?;
     let mut bsc = gpu.zeros::<f32>(ssd_tc::ssd_bwd_scratch_len(b, t, h, n, g))?;
-    let mut gx2 = gpu.zeros::<T>(xbc.len())?;
-    let (mut gddt, mut gda, mut gdd) = (gpu.zeros::<f32>(dt.len())?, gpu.zeros::<f32>(h)?, gpu.zeros::<f32>(h)?);
     let fb = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
         ssd_tc::ssd_fwd(gpu, &dev, &mut y, None, None, &mut sc)?;
-        let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
-        ssd_tc::ssd_bwd(gpu, &dev, &dy, None, None, grads, &mut bsc)
+        ssd_tc::ssd_bwd(gpu, &dev, &bench.dy, None, None, grads.view(), &mut bsc)
     })?;
     let mut steps = [0.0; 5];
     for (k, ms) in steps.iter_mut().enumerate().take(2) {
@@ -236,8 +212,7 @@ pub fn bench<T: Elem>(
     }
     for k in 0..3 {
         steps[2 + k] = fox_kernels::cuda::time_ms(gpu, warmup, iters, || {
-            let grads = DevSsdGrads { dxbc: &mut gx2, ddt: &mut gddt, da: &mut gda, dd: &mut gdd, dinit: None };
-            ssd_tc::ssd_bwd_step(gpu, &dev, &dy, grads, &mut bsc, k)
+            ssd_tc::ssd_bwd_step(gpu, &dev, &bench.dy, grads.view(), &mut bsc, k)
         })?;
     }
     Ok((fwd, fb, steps))

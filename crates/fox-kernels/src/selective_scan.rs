@@ -778,63 +778,64 @@ pub fn reference_backward(p: &Scan, h0: Option<&[f32]>, dout: &[f32], mut g: Gra
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::{Rng, SeedableRng};
+/// Random inputs of the scan, shared by the CPU tests and the GPU check (fox-checks).
+pub mod testing {
+    use super::{BcLayout, Scan};
+    use rand::Rng;
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
 
-    /// dt_rank of the x_proj layout the tests read B and C through (its columns must stay as
-    /// they are in the gradient).
-    const DT_RANK: usize = 3;
-
     /// Inputs in the ranges a Mamba layer sees: δ = softplus(N(0,1) − 1) (0.05 .. 3), A = −exp(U(−1,
-    /// 1.5)) (−0.37 .. −4.5, so δ·A reaches −13 and decays span 1 .. 2e-6), B, C, u, D ~ N(0,1),
-    /// z ~ N(0, 4).
-    struct Case {
-        b: usize,
-        t: usize,
-        di: usize,
-        n: usize,
-        u: Vec<f32>,
-        delta: Vec<f32>,
-        a: Vec<f32>,
-        bc: Vec<f32>,
-        d: Vec<f32>,
-        z: Option<Vec<f32>>,
-        start: Option<Vec<usize>>,
-        h0: Option<Vec<f32>>,
+    /// 1.5)) (−0.37 .. −4.5, so δ·A reaches −13 and decays span 1 .. 2e-6), B, C, u, D, h0 and the
+    /// output gradient ~ N(0,1), z ~ N(0, 4). B and C are read through x_proj's layout with
+    /// `dt_rank` dt columns.
+    pub struct Case {
+        pub b: usize,
+        pub t: usize,
+        pub di: usize,
+        pub n: usize,
+        pub dt_rank: usize,
+        pub u: Vec<f32>,
+        pub delta: Vec<f32>,
+        pub a: Vec<f32>,
+        pub bc: Vec<f32>,
+        pub d: Vec<f32>,
+        pub z: Option<Vec<f32>>,
+        pub start: Option<Vec<usize>>,
+        pub h0: Option<Vec<f32>>,
+        pub dout: Vec<f32>,
     }
 
-    fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    /// n values ~ N(0, scale²).
+    pub fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| scale * rng.sample::<f32, _>(StandardNormal)).collect()
     }
 
     impl Case {
-        #[allow(clippy::too_many_arguments)]
-        fn new(
-            seed: u64,
-            b: usize,
-            t: usize,
-            di: usize,
-            n: usize,
+        /// A case of `(b, t, di, n)` = (batch, length, channels, state) from `rng`; `gate` draws z,
+        /// `h0` an initial state.
+        pub fn draw(
+            rng: &mut ChaCha8Rng,
+            dt_rank: usize,
+            (b, t, di, n): (usize, usize, usize, usize),
             gate: bool,
             start: Option<Vec<usize>>,
             h0: bool,
         ) -> Self {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
             let m = b * t * di;
-            let u = randn(&mut rng, m, 1.0);
-            let delta = randn(&mut rng, m, 1.0).iter().map(|x| (x - 1.0f32).exp().ln_1p()).collect();
+            let u = randn(rng, m, 1.0);
+            let delta = randn(rng, m, 1.0).iter().map(|x| (x - 1.0f32).exp().ln_1p()).collect();
+            let bc = randn(rng, b * t * (dt_rank + 2 * n), 1.0);
+            let d = randn(rng, di, 1.0);
+            let z = gate.then(|| randn(rng, m, 2.0));
+            let h0 = h0.then(|| randn(rng, b * di * n, 1.0));
+            let dout = randn(rng, m, 1.0);
             let a = (0..di * n).map(|_| -rng.gen_range(-1.0f32..1.5).exp()).collect();
-            let bc = randn(&mut rng, b * t * (DT_RANK + 2 * n), 1.0);
-            let d = randn(&mut rng, di, 1.0);
-            let z = gate.then(|| randn(&mut rng, m, 2.0));
-            let h0 = h0.then(|| randn(&mut rng, b * di * n, 1.0));
-            Case { b, t, di, n, u, delta, a, bc, d, z, start, h0 }
+            Case { b, t, di, n, dt_rank, u, delta, a, bc, d, z, start, h0, dout }
         }
-        fn scan(&self) -> Scan<'_> {
+
+        /// The scan over these inputs.
+        pub fn scan(&self) -> Scan<'_> {
             Scan {
                 batch: self.b,
                 len: self.t,
@@ -844,12 +845,28 @@ mod tests {
                 delta: &self.delta,
                 a: &self.a,
                 bc: &self.bc,
-                bc_layout: BcLayout::x_proj(self.t, DT_RANK, self.n),
+                bc_layout: BcLayout::x_proj(self.t, self.dt_rank, self.n),
                 d: &self.d,
                 z: self.z.as_deref(),
                 start: self.start.as_deref(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{randn, Case};
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    /// dt_rank of the x_proj layout the tests read B and C through (its columns must stay as
+    /// they are in the gradient).
+    const DT_RANK: usize = 3;
+
+    fn case(seed: u64, shape: (usize, usize, usize, usize), gate: bool, start: Option<Vec<usize>>, h0: bool) -> Case {
+        Case::draw(&mut ChaCha8Rng::seed_from_u64(seed), DT_RANK, shape, gate, start, h0)
     }
 
     /// Gradients of one backward, with dA and dD started at `acc` (they are added to) and the dt
@@ -941,12 +958,12 @@ mod tests {
     /// ends inside a chunk, on a chunk boundary, and covers a whole row, an initial state, T = 0.
     fn cases() -> Vec<Case> {
         vec![
-            Case::new(1, 2, 150, 37, 16, true, Some(vec![0, 70]), true),
-            Case::new(2, 1, 20, 40, 5, false, None, false),
-            Case::new(3, 3, 128, 32, 16, true, Some(vec![1, 64, 128]), false),
-            Case::new(4, 2, 65, 70, 3, false, Some(vec![5, 0]), true),
+            case(1, (2, 150, 37, 16), true, Some(vec![0, 70]), true),
+            case(2, (1, 20, 40, 5), false, None, false),
+            case(3, (3, 128, 32, 16), true, Some(vec![1, 64, 128]), false),
+            case(4, (2, 65, 70, 3), false, Some(vec![5, 0]), true),
             // An empty sequence: out is empty, h_last = h0, dh0 = 0.
-            Case::new(5, 2, 0, 37, 16, true, None, true),
+            case(5, (2, 0, 37, 16), true, None, true),
         ]
     }
 
@@ -1010,7 +1027,7 @@ mod tests {
     /// whose third derivative brings |A|³ down from the decay, the worst). Bound: 1e-5·(1 + |fd|).
     #[test]
     fn backward_matches_finite_differences() {
-        let c = Case::new(7, 2, 9, 3, 4, true, Some(vec![0, 2]), true);
+        let c = case(7, (2, 9, 3, 4), true, Some(vec![0, 2]), true);
         let p = c.scan();
         let (out, saved, _) = run_forward(&c);
         let w = weights(8, out.len());
@@ -1054,7 +1071,7 @@ mod tests {
     /// bits of one run (the second piece's chunks start elsewhere: chunking changes nothing).
     #[test]
     fn two_pieces_equal_one() {
-        let c = Case::new(9, 2, 150, 37, 16, true, Some(vec![0, 70]), true);
+        let c = case(9, (2, 150, 37, 16), true, Some(vec![0, 70]), true);
         let (out, _, h_last) = run_forward(&c);
         let t1 = 93;
         let split = |v: &[f32], width: usize, lo: usize, hi: usize| -> Vec<f32> {
@@ -1066,6 +1083,7 @@ mod tests {
             t: hi - lo,
             di: c.di,
             n: c.n,
+            dt_rank: c.dt_rank,
             u: split(&c.u, c.di, lo, hi),
             delta: split(&c.delta, c.di, lo, hi),
             a: c.a.clone(),
@@ -1074,6 +1092,7 @@ mod tests {
             z: c.z.as_ref().map(|z| split(z, c.di, lo, hi)),
             start,
             h0,
+            dout: split(&c.dout, c.di, lo, hi),
         };
         let first = piece(0, t1, c.h0.clone(), c.start.clone());
         let (out1, _, h1) = run_forward(&first);
@@ -1091,7 +1110,7 @@ mod tests {
     /// Forward and backward give the same bits on 1, 2 and 5 threads.
     #[test]
     fn same_bits_on_any_thread_count() {
-        let c = Case::new(10, 2, 130, 100, 16, true, Some(vec![0, 3]), true);
+        let c = case(10, (2, 130, 100, 16), true, Some(vec![0, 3]), true);
         let p = c.scan();
         let dout = weights(11, c.b * c.t * c.di);
         let run = |threads: usize| {
@@ -1118,7 +1137,7 @@ mod tests {
     /// and its final state; a padded row keeps its state and outputs 0.
     #[test]
     fn decode_steps_match_the_forward() {
-        let c = Case::new(12, 3, 70, 37, 16, true, None, true);
+        let c = case(12, (3, 70, 37, 16), true, None, true);
         let (out, _, h_last) = run_forward(&c);
         let row = DT_RANK + 2 * c.n;
         let mut h = c.h0.clone().unwrap();

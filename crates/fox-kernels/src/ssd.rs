@@ -411,6 +411,20 @@ fn chunk_decay(p: &Ssd, b: usize, h: usize, t0: usize, len: usize, dtm: &mut [f3
     }
 }
 
+/// xw [len, P] = diag(e^{cum_L − cum_j}·dt_j) X of positions t0..t0 + len: the chunk's inputs
+/// as they reach the state at its end.
+#[allow(clippy::too_many_arguments)]
+fn decayed_x(p: &Ssd, b: usize, hi: usize, t0: usize, len: usize, cum: &[f32], dtm: &[f32], xw: &mut [f32]) {
+    let pd = p.head_dim;
+    for j in 0..len {
+        let w = (cum[len - 1] - cum[j]).exp() * dtm[j];
+        let x = &p.xbc[p.x_at(b, t0 + j, hi)..][..pd];
+        for pi in 0..pd {
+            xw[j * pd + pi] = w * x[pi];
+        }
+    }
+}
+
 /// The chunked forward: y [B, T, H·P] (0 at padding); `init` [B, H, P, N] or none (zeros);
 /// `final_state` [B, H, P, N], the state after the last position, when wanted.
 pub fn ssd_fwd(p: &Ssd, y: &mut [f32], init: Option<&[f32]>, final_state: Option<&mut [f32]>) -> Result<()> {
@@ -497,13 +511,7 @@ fn ssd_fwd_chunked(
             // S_L = e^{cum_L} S_0 + (diag(w) X)ᵀ B.
             let decay = cum[len - 1].exp();
             s.iter_mut().for_each(|v| *v *= decay);
-            for j in 0..len {
-                let w = (cum[len - 1] - cum[j]).exp() * dtm[j];
-                let x = &p.xbc[p.x_at(b, t0 + j, hi)..][..pd];
-                for pi in 0..pd {
-                    xw[j * pd + pi] = w * x[pi];
-                }
-            }
+            decayed_x(p, b, hi, t0, len, &cum, &dtm, &mut xw);
             // SAFETY: as above.
             unsafe {
                 let bo = p.b_at(b, t0, g);
@@ -583,13 +591,7 @@ fn ssd_bwd_chunked(
             for (o, &v) in next.iter_mut().zip(cur.iter()) {
                 *o = decay * v;
             }
-            for j in 0..len {
-                let w = (cum[len - 1] - cum[j]).exp() * dtm[j];
-                let x = &p.xbc[p.x_at(b, t0 + j, hi)..][..pd];
-                for pi in 0..pd {
-                    xw[j * pd + pi] = w * x[pi];
-                }
-            }
+            decayed_x(p, b, hi, t0, len, &cum, &dtm, &mut xw);
             // SAFETY: operands in bounds; next is this task's.
             unsafe {
                 gemm_seq(

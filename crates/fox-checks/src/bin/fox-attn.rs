@@ -26,6 +26,47 @@ use fox_checks::{
 };
 use fox_kernels::cuda::{self, compile, gemm};
 
+/// A pass/fail check on GPU 0 (none: "`what` skipped", and success) with `--seed` (else a fresh
+/// one): prints the table of `rows` and the time taken, exits 1 when a row fails.
+fn run_check(
+    args: &[String],
+    what: &str,
+    title: &str,
+    rows: impl FnOnce(&cuda::Gpu, u64) -> Vec<check::CheckRow>,
+) -> Result<()> {
+    let gpu = match cuda::Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("{what} skipped: {e:#}");
+            return Ok(());
+        }
+    };
+    let seed = match arg_value(args, "--seed") {
+        Some(s) => s.parse()?,
+        None => check::fresh_seed(),
+    };
+    println!("{title} on {} (seed {seed})", gpu.describe());
+    let t0 = std::time::Instant::now();
+    let rows = rows(&gpu, seed);
+    println!("{}", check::format_table(&rows));
+    println!("({:.1} s)", t0.elapsed().as_secs_f64());
+    if rows.is_empty() {
+        println!("no case matched the filter");
+    }
+    if rows.iter().any(|r| !r.pass) {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `--shape` as the N sizes `names` lists, comma-separated; `default` without it.
+fn shape_arg<const N: usize>(args: &[String], names: &str, default: [usize; N]) -> Result<[usize; N]> {
+    match arg_value(args, "--shape") {
+        Some(s) => <[usize; N]>::try_from(list(&s)?).map_err(|_| anyhow::anyhow!("--shape takes {names}")),
+        None => Ok(default),
+    }
+}
+
 fn arg_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
@@ -60,42 +101,10 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        "check" => {
-            let gpu = match cuda::Gpu::new(0) {
-                Ok(g) => g,
-                Err(e) => {
-                    println!("GPU check skipped: {e:#}");
-                    return Ok(());
-                }
-            };
-            let seed = match arg_value(&args, "--seed") {
-                Some(s) => s.parse()?,
-                None => check::fresh_seed(),
-            };
-            println!("GPU check on {} (seed {seed})", gpu.describe());
-            let t0 = std::time::Instant::now();
-            let rows = check::run_all(&gpu, arg_value(&args, "--filter").as_deref(), seed);
-            println!("{}", check::format_table(&rows));
-            println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.iter().any(|r| !r.pass) {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        "check-ops" => {
-            let gpu = match cuda::Gpu::new(0) {
-                Ok(g) => g,
-                Err(e) => {
-                    println!("GPU ops check skipped: {e:#}");
-                    return Ok(());
-                }
-            };
-            let seed = match arg_value(&args, "--seed") {
-                Some(s) => s.parse()?,
-                None => check::fresh_seed(),
-            };
-            println!("GPU ops check on {} (seed {seed})", gpu.describe());
-            let t0 = std::time::Instant::now();
+        "check" => run_check(&args, "GPU check", "GPU check", |gpu, seed| {
+            check::run_all(gpu, arg_value(&args, "--filter").as_deref(), seed)
+        }),
+        "check-ops" => run_check(&args, "GPU ops check", "GPU ops check", |gpu, seed| {
             // Mamba-2's rows (cases named "ssd ..."), the delta rule's ("delta ..."), HGRN2's
             // ("gla ...", "hgrn2 ..."): a filter beginning with one of those names runs only that
             // family's rows.
@@ -106,30 +115,22 @@ fn main() -> Result<()> {
             let small = args.iter().any(|a| a == "--small");
             let all = !(ssd || delta || hgrn2);
             let (ssd, delta, hgrn2) = if small { (false, false, false) } else { (all || ssd, all || delta, all || hgrn2) };
-            let mut rows = if all { ops_check::run_all(&gpu, seed) } else { Vec::new() };
+            let mut rows = if all { ops_check::run_all(gpu, seed) } else { Vec::new() };
             if ssd {
-                rows.extend(ssd_check::run_all(&gpu, seed));
-                rows.extend(ssd_tc_check::run_all(&gpu, seed));
+                rows.extend(ssd_check::run_all(gpu, seed));
+                rows.extend(ssd_tc_check::run_all(gpu, seed));
             }
             if delta {
-                rows.extend(delta_rule_check::run_all(&gpu, seed));
+                rows.extend(delta_rule_check::run_all(gpu, seed));
             }
             if hgrn2 {
-                rows.extend(gla_check::run_all(&gpu, seed));
+                rows.extend(gla_check::run_all(gpu, seed));
             }
             if let Some(f) = filter {
                 rows.retain(|r| r.case.contains(&f));
             }
-            println!("{}", check::format_table(&rows));
-            println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.is_empty() {
-                println!("no ops case matched the filter");
-            }
-            if rows.iter().any(|r| !r.pass) {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
+            rows
+        }),
         "bench" => {
             let mut o = bench::BenchOpts::default();
             if let Some(s) = arg_value(&args, "--d") {
@@ -177,39 +178,14 @@ fn main() -> Result<()> {
             Ok(())
         }
         "check-gemm" => {
-            let gpu = match cuda::Gpu::new(0) {
-                Ok(g) => g,
-                Err(e) => {
-                    println!("GEMM check skipped: {e:#}");
-                    return Ok(());
-                }
-            };
-            let seed = match arg_value(&args, "--seed") {
-                Some(s) => s.parse()?,
-                None => check::fresh_seed(),
-            };
-            println!("GEMM and f32 attention check on {} (seed {seed})", gpu.describe());
-            let t0 = std::time::Instant::now();
-            let rows = gemm_check::run_all(&gpu, seed);
-            println!("{}", check::format_table(&rows));
-            println!("({:.1} s)", t0.elapsed().as_secs_f64());
-            if rows.iter().any(|r| !r.pass) {
-                std::process::exit(1);
-            }
-            Ok(())
+            run_check(&args, "GEMM check", "GEMM and f32 attention check", gemm_check::run_all)
         }
         "bench-ssd" => {
             // Mamba-2's SSD forward at the issue's shape (fla's chunk_simple_gla forward: 0.99 ms
             // on an H100 there). Override with --shape B,T,H,P,N,G.
             let gpu = cuda::Gpu::new(0)?;
-            let shape = match arg_value(&args, "--shape") {
-                Some(s) => {
-                    let v = list(&s)?;
-                    anyhow::ensure!(v.len() == 6, "--shape takes B,T,H,P,N,G");
-                    (v[0], v[1], v[2], v[3], v[4], v[5])
-                }
-                None => (2, 16384, 24, 64, 128, 1),
-            };
+            let [b, t, h, p, n, g] = shape_arg(&args, "B,T,H,P,N,G", [2, 16384, 24, 64, 128, 1])?;
+            let shape = (b, t, h, p, n, g);
             let (ms, fb, steps) = ssd_check::bench_fwd(&gpu, shape, 3, 20)?;
             println!(
                 "SSD on {}, [B, T, H, P, N, G] = {shape:?}: forward {ms:.3} ms, forward + backward {fb:.3} ms \
@@ -242,14 +218,8 @@ fn main() -> Result<()> {
             // The delta rule at the 125M models' widths (6 heads of 128; fla's chunk_delta_rule /
             // chunk_gated_delta_rule forwards in the same call for comparison).
             let gpu = cuda::Gpu::new(0)?;
-            let shape = match arg_value(&args, "--shape") {
-                Some(s) => {
-                    let v = list(&s)?;
-                    anyhow::ensure!(v.len() == 5, "--shape takes B,T,H,K,V");
-                    (v[0], v[1], v[2], v[3], v[4])
-                }
-                None => (2, 16384, 6, 128, 128),
-            };
+            let [b, t, h, k, v] = shape_arg(&args, "B,T,H,K,V", [2, 16384, 6, 128, 128])?;
+            let shape = (b, t, h, k, v);
             let walk = cuda::delta_rule::fwd_walk_on(&gpu, shape.3);
             let (bh, vp, nch) = (shape.0 * shape.2, shape.4.div_ceil(32) * 32, shape.1.div_ceil(cuda::delta_rule::CHUNK));
             let kp = [32, 64, 128].into_iter().find(|&k| k >= shape.3).unwrap_or(128);
@@ -280,14 +250,8 @@ fn main() -> Result<()> {
         "bench-gla" => {
             // HGRN2's gated linear attention at 125M's widths (H = 6 heads of K = V = 128).
             let gpu = cuda::Gpu::new(0)?;
-            let shape = match arg_value(&args, "--shape") {
-                Some(s) => {
-                    let v = list(&s)?;
-                    anyhow::ensure!(v.len() == 4, "--shape takes B,T,H,D");
-                    (v[0], v[1], v[2], v[3])
-                }
-                None => (2, 16384, 6, 128),
-            };
+            let [b, t, h, d] = shape_arg(&args, "B,T,H,D", [2, 16384, 6, 128])?;
+            let shape = (b, t, h, d);
             // Version 3 (the walk, FOXLM_GLA_KB's width) with and without its tensor-core scores,
             // version 2 (tensor cores), version 1 on bf16 and f32.
             for (what, bf, version) in gla_check::BENCH_VERSIONS {

@@ -283,15 +283,7 @@ fn params(gpu: &Gpu, p: &DevProblem, o: AttnOptions) -> AttnParams {
 
 fn kernel(gpu: &Gpu, pass: &str, p: &DevProblem, smem: usize) -> Result<CudaFunction> {
     let name = format!("fox_{pass}_d{}_{}", p.head_dim, p.dtype.suffix());
-    let f = gpu.function(&ATTENTION, &name)?;
-    if smem > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| anyhow::anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    Ok(f)
+    super::kargs::function_smem(gpu, &ATTENTION, &name, smem)
 }
 
 fn launch(

@@ -416,23 +416,8 @@ fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> R
 }
 
 fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
-    let (grid, smem) = (c.grid, c.smem);
-    ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
-    ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
-    ensure!(c.z > 0 && c.z <= 65535, "{name}: launch of {} blocks in z is out of range", c.z);
-    let f = gpu.function(&DELTA_RULE, name)?;
-    if smem > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (grid.0 as u32, grid.1 as u32, c.z as u32),
-        block_dim: (c.threads, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
+    let cfg = kargs::config(name, (c.grid.0, c.grid.1, c.z), c.threads, c.smem)?;
+    let f = kargs::function_smem(gpu, &DELTA_RULE, name, c.smem)?;
     let mut l = stream.launch_builder(&f);
     l.arg(prm);
     if let Some(x) = &extra {

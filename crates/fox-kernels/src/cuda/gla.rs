@@ -22,7 +22,7 @@ use super::compile::GLA;
 use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::CudaSlice;
 
 /// Chunk length (as [`crate::gla::CHUNK`]).
 pub const CHUNK: usize = 64;
@@ -34,21 +34,10 @@ const DQK_SMEM_FLOATS: usize = 4 * CHUNK * 65 + 3 * 48 * 65 + 2 * 64;
 const GATE_ROWS_PER_PART: usize = 256;
 
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
-    launch_with(gpu, name, grid, 256, smem, args)
+    launch_with_on(gpu, None, name, grid, 256, smem, args)
 }
 
-fn launch_with(
-    gpu: &Gpu,
-    name: &str,
-    grid: (usize, usize, usize),
-    threads: u32,
-    smem: usize,
-    args: &[Arg],
-) -> Result<()> {
-    launch_with_on(gpu, None, name, grid, threads, smem, args)
-}
-
-/// [`launch_with`] on `stream` (none: the GPU's stream).
+/// [`launch`] with `threads` per block, on `stream` (none: the GPU's stream).
 fn launch_with_on(
     gpu: &Gpu,
     stream: Option<&cudarc::driver::CudaStream>,
@@ -58,22 +47,7 @@ fn launch_with_on(
     smem: usize,
     args: &[Arg],
 ) -> Result<()> {
-    let (x, y, z) = grid;
-    ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
-    ensure!(y > 0 && y <= 65535 && z > 0 && z <= 65535, "{name}: launch of ({x}, {y}, {z}) blocks is out of range");
-    if smem > 48 * 1024 {
-        gpu.function(&GLA, name)?
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (x as u32, y as u32, z as u32),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
+    let cfg = kargs::config(name, grid, threads, smem)?;
     kargs::launch_on(gpu, stream.unwrap_or(gpu.stream()), &GLA, name, cfg, args)
 }
 

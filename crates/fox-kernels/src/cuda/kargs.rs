@@ -6,7 +6,9 @@
 use super::compile::Source;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg,
+};
 use std::ffi::c_void;
 
 /// A buffer's device address on the GPU's stream.
@@ -133,7 +135,35 @@ impl Arg {
     }
 }
 
-/// Launches kernel `name` of `src` on the GPU's stream.
+/// The launch of kernel `name` over a grid of (x, y, z) blocks of `threads` threads with `smem`
+/// bytes of dynamic shared memory, the grid checked against the driver's ranges.
+pub(crate) fn config(name: &str, (x, y, z): (usize, usize, usize), threads: u32, smem: usize) -> Result<LaunchConfig> {
+    ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
+    ensure!(y > 0 && y <= 65535, "{name}: launch of {y} blocks in y is out of range");
+    ensure!(z > 0 && z <= 65535, "{name}: launch of {z} blocks in z is out of range");
+    Ok(LaunchConfig {
+        grid_dim: (x as u32, y as u32, z as u32),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem as u32,
+    })
+}
+
+/// Kernel `name` of `src`, allowed `smem` bytes of dynamic shared memory: above the 48 KB every
+/// kernel may take, a kernel must opt in to what it uses.
+pub(crate) fn function_smem(gpu: &Gpu, src: &Source, name: &str, smem: usize) -> Result<CudaFunction> {
+    let f = gpu.function(src, name)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
+    }
+    Ok(f)
+}
+
+/// Launches kernel `name` of `src` on the GPU's stream (with the shared memory of `cfg` allowed,
+/// [`function_smem`]).
 ///
 /// Callers pass the arguments of `name`'s C signature, in order, with pointers into buffers whose
 /// lengths they checked against the launch's shapes.
@@ -151,7 +181,7 @@ pub(crate) fn launch_on(
     cfg: LaunchConfig,
     args: &[Arg],
 ) -> Result<()> {
-    let f = gpu.function(src, name)?;
+    let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
     let mut b = stream.launch_builder(&f);
     for a in args {
         match a {
@@ -171,7 +201,7 @@ pub(crate) fn launch_on(
 /// wait (ops.cu's `pdl_wait`, elem.cuh's `pdl_wait_prev`) before reading what earlier kernels
 /// write: their launch overlaps the kernel before them.
 pub(crate) fn launch_pdl(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-    let f = gpu.function(src, name)?;
+    let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
     let mut ptrs: Vec<*mut c_void> = args.iter().map(Arg::raw).collect();
     // SAFETY: as in `launch`; the pointers point into `args`, alive for the call.
     unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))

@@ -637,72 +637,82 @@ fn elementwise(gpu: &Gpu, name: &str, n: usize, ptrs: &[u64]) -> Result<()> {
     launch(gpu, name, vec4_grid(n)?, 256, &args)
 }
 
-/// y = sigmoid(x) (KV-shift's α).
-pub fn sigmoid_fwd<T: Elem>(gpu: &Gpu, y: &mut CudaSlice<T>, x: &CudaSlice<T>, n: usize) -> Result<()> {
-    let op = "sigmoid_fwd";
-    need(op, "x", x, n)?;
-    need(op, "y", y, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, y), ptr(gpu, x)])
+/// The elementwise ops over `n` elements, one row each: `fn op<T>(outputs; inputs)` becomes
+/// `pub fn op<T: Elem>(gpu, outputs.., inputs.., n)`, which checks that the inputs, then the
+/// outputs, hold `n` elements and runs [`elementwise`] kernel `op_f32` / `op_bf16` (`op` itself
+/// for the f32-only ops written without `<T>`) on the outputs' then the inputs' addresses.
+macro_rules! elementwise_ops {
+    (@kernel $op:ident $T:ident) => {
+        kname::<$T>($op)
+    };
+    (@kernel $op:ident) => {
+        $op.to_string()
+    };
+    ($($(#[$doc:meta])* fn $name:ident$(<$T:ident>)?($($out:ident: $O:ty),+; $($inp:ident: $I:ty),+);)*) => {$(
+        $(#[$doc])*
+        pub fn $name$(<$T: Elem>)?(
+            gpu: &Gpu,
+            $($out: &mut CudaSlice<$O>,)+
+            $($inp: &CudaSlice<$I>,)+
+            n: usize,
+        ) -> Result<()> {
+            let op = stringify!($name);
+            $(need(op, stringify!($inp), $inp, n)?;)+
+            $(need(op, stringify!($out), $out, n)?;)+
+            let kernel = elementwise_ops!(@kernel op $($T)?);
+            elementwise(gpu, &kernel, n, &[$(ptr(gpu, $out),)+ $(ptr(gpu, $inp),)+])
+        }
+    )*};
 }
 
-/// dx = dy·y·(1 − y), from the forward's output y.
-pub fn sigmoid_bwd<T: Elem>(
-    gpu: &Gpu,
-    dx: &mut CudaSlice<T>,
-    dy: &CudaSlice<T>,
-    y: &CudaSlice<T>,
-    n: usize,
-) -> Result<()> {
-    let op = "sigmoid_bwd";
-    need(op, "dy", dy, n)?;
-    need(op, "y", y, n)?;
-    need(op, "dx", dx, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, dx), ptr(gpu, dy), ptr(gpu, y)])
+elementwise_ops! {
+    /// y = sigmoid(x) (KV-shift's α).
+    fn sigmoid_fwd<T>(y: T; x: T);
+    /// dx = dy·y·(1 − y), from the forward's output y.
+    fn sigmoid_bwd<T>(dx: T; dy: T, y: T);
+    /// a = logsigmoid(logit), as [`crate::fgate::log_fgate_fwd`].
+    fn log_fgate_fwd(a: f32; logit: f32);
+    /// dlogit = da·sigmoid(−logit), as [`crate::fgate::log_fgate_bwd`].
+    fn log_fgate_bwd(dlogit: f32; da: f32, logit: f32);
+    /// Output gate: z = pre·sigmoid(g).
+    fn gate_mul_fwd<T>(z: T; pre: T, g: T);
+    /// Output gate backward: dpre = dz·s, dg = dz·pre·s·(1 − s), s = sigmoid(g).
+    fn gate_mul_bwd<T>(dpre: T, dg: T; dz: T, pre: T, g: T);
+    /// y = a + b.
+    fn add<T>(y: T; a: T, b: T);
+    /// y += x.
+    fn add_inplace<T>(y: T; x: T);
+    /// out = x rounded to T (round to nearest even for bf16).
+    fn cast_from_f32<T>(out: T; x: f32);
+    /// out = x as f32 (exact).
+    fn cast_to_f32<T>(out: f32; x: T);
 }
 
 /// x[r, c] += bias[c] over x [rows, cols] (the forget gate's logits, f32).
 pub fn add_bias_rows(gpu: &Gpu, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
-    let op = "add_bias_rows";
-    need(op, "x", x, rows * cols)?;
-    need(op, "bias", bias, cols)?;
-    if rows * cols == 0 {
-        return Ok(());
-    }
-    launch(gpu, op, flat_grid(rows * cols)?, 256, &args![gpu; x, bias, rows as i64, int(op, "cols", cols)?])
+    row_op(gpu, "add_bias_rows", x, ("bias", bias), rows, cols)
 }
 
 /// x[r, c] = row[c] (the bias-only and fixed forget gates).
 pub fn fill_rows(gpu: &Gpu, x: &mut CudaSlice<f32>, row: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
-    let op = "fill_rows";
+    row_op(gpu, "fill_rows", x, ("row", row), rows, cols)
+}
+
+/// Kernel `op` over x [rows, cols] with one f32 row broadcast down it.
+fn row_op(
+    gpu: &Gpu,
+    op: &str,
+    x: &mut CudaSlice<f32>,
+    (what, row): (&str, &CudaSlice<f32>),
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
     need(op, "x", x, rows * cols)?;
-    need(op, "row", row, cols)?;
+    need(op, what, row, cols)?;
     if rows * cols == 0 {
         return Ok(());
     }
     launch(gpu, op, flat_grid(rows * cols)?, 256, &args![gpu; x, row, rows as i64, int(op, "cols", cols)?])
-}
-
-/// a = logsigmoid(logit), as [`crate::fgate::log_fgate_fwd`].
-pub fn log_fgate_fwd(gpu: &Gpu, a: &mut CudaSlice<f32>, logit: &CudaSlice<f32>, n: usize) -> Result<()> {
-    let op = "log_fgate_fwd";
-    need(op, "logit", logit, n)?;
-    need(op, "a", a, n)?;
-    elementwise(gpu, op, n, &[ptr(gpu, a), ptr(gpu, logit)])
-}
-
-/// dlogit = da·sigmoid(−logit), as [`crate::fgate::log_fgate_bwd`].
-pub fn log_fgate_bwd(
-    gpu: &Gpu,
-    dlogit: &mut CudaSlice<f32>,
-    da: &CudaSlice<f32>,
-    logit: &CudaSlice<f32>,
-    n: usize,
-) -> Result<()> {
-    let op = "log_fgate_bwd";
-    need(op, "da", da, n)?;
-    need(op, "logit", logit, n)?;
-    need(op, "dlogit", dlogit, n)?;
-    elementwise(gpu, op, n, &[ptr(gpu, dlogit), ptr(gpu, da), ptr(gpu, logit)])
 }
 
 /// dst[c] += Σ_r src[r, c] over src [rows, cols] (bias gradients), deterministic.
@@ -726,52 +736,11 @@ pub fn col_sum_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, src: &CudaSlice<f32>, ro
     colsum_final(gpu, ptr(gpu, dst), part, p, cols)
 }
 
-/// Output gate: z = pre·sigmoid(g).
-pub fn gate_mul_fwd<T: Elem>(
-    gpu: &Gpu,
-    z: &mut CudaSlice<T>,
-    pre: &CudaSlice<T>,
-    g: &CudaSlice<T>,
-    n: usize,
-) -> Result<()> {
-    let op = "gate_mul_fwd";
-    need(op, "pre", pre, n)?;
-    need(op, "g", g, n)?;
-    need(op, "z", z, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, z), ptr(gpu, pre), ptr(gpu, g)])
-}
-
-/// Output gate backward: dpre = dz·s, dg = dz·pre·s·(1 − s), s = sigmoid(g).
-pub fn gate_mul_bwd<T: Elem>(
-    gpu: &Gpu,
-    dpre: &mut CudaSlice<T>,
-    dg: &mut CudaSlice<T>,
-    dz: &CudaSlice<T>,
-    pre: &CudaSlice<T>,
-    g: &CudaSlice<T>,
-    n: usize,
-) -> Result<()> {
-    let op = "gate_mul_bwd";
-    need(op, "dz", dz, n)?;
-    need(op, "pre", pre, n)?;
-    need(op, "g", g, n)?;
-    need(op, "dpre", dpre, n)?;
-    need(op, "dg", dg, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, dpre), ptr(gpu, dg), ptr(gpu, dz), ptr(gpu, pre), ptr(gpu, g)])
-}
+// ------------------------------------------------------------------------------------------------
+// SwiGLU
 
 /// SwiGLU forward exactly as [`crate::swiglu::swiglu_fwd`]: gu [rows, 2I] = [gate | up] →
 /// h [rows, I] = silu(gate)·up.
-/// Threads of the SwiGLU kernels: one per 4 channels when I % 4 == 0 (16- or 8-byte accesses),
-/// else one per channel.
-fn swiglu_threads(rows: usize, inter: usize) -> usize {
-    if inter.is_multiple_of(4) {
-        rows * inter / 4
-    } else {
-        rows * inter
-    }
-}
-
 pub fn swiglu_fwd<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
@@ -782,17 +751,7 @@ pub fn swiglu_fwd<T: Elem>(
     let op = "swiglu_fwd";
     need(op, "gu", gu, rows * 2 * inter)?;
     need(op, "h", h, rows * inter)?;
-    int(op, "rows·2I", rows * 2 * inter)?;
-    if rows * inter == 0 {
-        return Ok(());
-    }
-    launch(
-        gpu,
-        &kname::<T>(op),
-        flat_grid(swiglu_threads(rows, inter))?,
-        256,
-        &args![gpu; h, gu, rows as i32, inter as i32],
-    )
+    swiglu_launch::<T>(gpu, op, &[ptr(gpu, h), ptr(gpu, gu)], rows, inter)
 }
 
 /// SwiGLU backward exactly as [`crate::swiglu::swiglu_bwd`]: dgu [rows, 2I] (overwritten).
@@ -808,50 +767,20 @@ pub fn swiglu_bwd<T: Elem>(
     need(op, "gu", gu, rows * 2 * inter)?;
     need(op, "dh", dh, rows * inter)?;
     need(op, "dgu", dgu, rows * 2 * inter)?;
+    swiglu_launch::<T>(gpu, op, &[ptr(gpu, dgu), ptr(gpu, dh), ptr(gpu, gu)], rows, inter)
+}
+
+/// SwiGLU kernel `op` on the addresses of its checked buffers, then rows and I. Threads: one per 4
+/// channels when I % 4 == 0 (16- or 8-byte accesses), else one per channel.
+fn swiglu_launch<T: Elem>(gpu: &Gpu, op: &str, ptrs: &[u64], rows: usize, inter: usize) -> Result<()> {
     int(op, "rows·2I", rows * 2 * inter)?;
     if rows * inter == 0 {
         return Ok(());
     }
-    launch(
-        gpu,
-        &kname::<T>(op),
-        flat_grid(swiglu_threads(rows, inter))?,
-        256,
-        &args![gpu; dgu, dh, gu, rows as i32, inter as i32],
-    )
-}
-
-/// y = a + b.
-pub fn add<T: Elem>(gpu: &Gpu, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>, n: usize) -> Result<()> {
-    let op = "add";
-    need(op, "a", a, n)?;
-    need(op, "b", b, n)?;
-    need(op, "y", y, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, y), ptr(gpu, a), ptr(gpu, b)])
-}
-
-/// y += x.
-pub fn add_inplace<T: Elem>(gpu: &Gpu, y: &mut CudaSlice<T>, x: &CudaSlice<T>, n: usize) -> Result<()> {
-    let op = "add_inplace";
-    need(op, "x", x, n)?;
-    need(op, "y", y, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, y), ptr(gpu, x)])
-}
-
-/// out = x rounded to T (round to nearest even for bf16).
-pub fn cast_from_f32<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<T>, x: &CudaSlice<f32>, n: usize) -> Result<()> {
-    let op = "cast_from_f32";
-    need(op, "x", x, n)?;
-    need(op, "out", out, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, out), ptr(gpu, x)])
-}
-
-/// out = x as f32 (exact).
-pub fn cast_to_f32<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<f32>, x: &CudaSlice<T>, n: usize) -> Result<()> {
-    let op = "cast_to_f32";
-    need(op, "x", x, n)?;
-    need(op, "out", out, n)?;
-    elementwise(gpu, &kname::<T>(op), n, &[ptr(gpu, out), ptr(gpu, x)])
+    let threads = if inter.is_multiple_of(4) { rows * inter / 4 } else { rows * inter };
+    let mut args: Vec<Arg> = ptrs.iter().map(|p| Arg::P(*p)).collect();
+    args.extend([Arg::I(rows as i32), Arg::I(inter as i32)]);
+    launch(gpu, &kname::<T>(op), flat_grid(threads)?, 256, &args)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1026,10 +955,7 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "cross_entropy_fwd_bwd";
     ensure!(vocab > 0, "{op}: vocab is 0");
-    need(op, "logits", logits, rows * vocab)?;
-    need(op, "dlogits", dlogits, rows * vocab)?;
-    need(op, "losses", losses, rows)?;
-    need(op, "targets", targets, rows)?;
+    ce_checks(op, dlogits, losses, logits, targets, rows, vocab)?;
     if rows == 0 {
         return Ok(());
     }
@@ -1040,6 +966,22 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
         512,
         &args![gpu; dlogits, losses, logits, targets, weight, int(op, "rows", rows)?, int(op, "vocab", vocab)?],
     )
+}
+
+/// The buffers of a cross-entropy over `rows` rows of logits stored `ld` apart.
+fn ce_checks<T>(
+    op: &str,
+    dlogits: &CudaSlice<T>,
+    losses: &CudaSlice<f32>,
+    logits: &CudaSlice<f32>,
+    targets: &CudaSlice<i32>,
+    rows: usize,
+    ld: usize,
+) -> Result<()> {
+    need(op, "logits", logits, rows * ld)?;
+    need(op, "dlogits", dlogits, rows * ld)?;
+    need(op, "losses", losses, rows)?;
+    need(op, "targets", targets, rows)
 }
 
 /// The output head's fused softmax cross-entropy (kernels/model.cu) over rows of `vocab` logits
@@ -1062,10 +1004,7 @@ pub fn cross_entropy_padded<T: Elem>(
 ) -> Result<()> {
     let op = "cross_entropy_padded";
     ensure!(vocab > 0 && vocab <= ld, "{op}: vocab {vocab} must be in 1..=ld ({ld})");
-    need(op, "logits", logits, rows * ld)?;
-    need(op, "dlogits", dlogits, rows * ld)?;
-    need(op, "losses", losses, rows)?;
-    need(op, "targets", targets, rows)?;
+    ce_checks(op, dlogits, losses, logits, targets, rows, ld)?;
     if rows == 0 {
         return Ok(());
     }
@@ -1076,14 +1015,6 @@ pub fn cross_entropy_padded<T: Elem>(
         0
     };
     let name = if staged { kname::<T>("fox_cross_entropy_ld_smem") } else { kname::<T>("fox_cross_entropy_ld") };
-    if staged {
-        gpu.function(&super::compile::MODEL, &name)?
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
     let cfg = LaunchConfig { grid_dim: grid1(rows)?, block_dim: (512, 1, 1), shared_mem_bytes: smem as u32 };
     kargs::launch(
         gpu,

@@ -15,7 +15,7 @@ use super::compile::SSD;
 use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 /// Chunk length of the GPU forward (as [`crate::ssd::CHUNK`]).
 const L: usize = 64;
@@ -41,35 +41,16 @@ fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args:
     launch3(gpu, name, (grid, gy, 1), smem, args)
 }
 
-/// A grid of (x, y, z) blocks, each in the driver's range.
-fn grid3(name: &str, (grid, gy, gz): (usize, usize, usize)) -> Result<(u32, u32, u32)> {
-    ensure!(grid > 0 && grid <= i32::MAX as usize, "{name}: launch of {grid} blocks is out of range");
-    ensure!(gy > 0 && gy <= 65535, "{name}: launch of {gy} blocks in y is out of range");
-    ensure!(gz > 0 && gz <= 65535, "{name}: launch of {gz} blocks in z is out of range");
-    Ok((grid as u32, gy as u32, gz as u32))
-}
-
 /// [`launch`] on a three-dimensional grid (x, y, z).
 fn launch3(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
-    let grid_dim = grid3(name, grid)?;
-    if smem > 48 * 1024 {
-        gpu.function(&SSD, name)?
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
-    kargs::launch(gpu, &SSD, name, cfg, args)
+    kargs::launch(gpu, &SSD, name, kargs::config(name, grid, 256, smem)?, args)
 }
 
 /// [`launch2`] with programmatic dependent launch (no dynamic shared memory): for kernels that
 /// wait (pdl_wait_prev) before reading what earlier kernels write, so that their launch overlaps
 /// the kernel before them (a decode step's chain of small kernels).
 fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) -> Result<()> {
-    let cfg = LaunchConfig { grid_dim: grid3(name, (grid, gy, 1))?, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    kargs::launch_pdl(gpu, &SSD, name, cfg, args)
+    kargs::launch_pdl(gpu, &SSD, name, kargs::config(name, (grid, gy, 1), 256, 0)?, args)
 }
 
 /// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once

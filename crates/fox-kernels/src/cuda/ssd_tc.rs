@@ -147,21 +147,8 @@ impl<T: Elem> DevSsd<'_, T> {
 }
 
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), threads: u32, smem: usize, prm: &Params) -> Result<()> {
-    ensure!(grid.0 > 0 && grid.0 <= i32::MAX as usize, "{name}: launch of {} blocks is out of range", grid.0);
-    ensure!(grid.1 > 0 && grid.1 <= 65535, "{name}: launch of {} blocks in y is out of range", grid.1);
-    let f = gpu.function(&SSD_TC, name)?;
-    if smem > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
+    let cfg = super::kargs::config(name, grid, threads, smem)?;
+    let f = super::kargs::function_smem(gpu, &SSD_TC, name, smem)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(prm);
     // SAFETY: the parameter block matches the kernel's TcParams; the callers checked every buffer

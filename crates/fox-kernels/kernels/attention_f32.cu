@@ -133,6 +133,25 @@ __device__ void attend_row(const F32Params& p, const float* q, const float* kb, 
     if (lane == 0) *lse = m + logf(l);
 }
 
+// Query row r of head bh = b·H + h (g = bh·T + r): its offset in q, o, dout and dq, and the rows of
+// its k/v head (key j at kb, vb + j·kstride).
+struct QueryRow {
+    int r, bh, b;
+    long long rowoff, kstride;
+    const float* kb;
+    const float* vb;
+};
+__device__ __forceinline__ QueryRow query_row(const F32Params& p, long long g) {
+    const int r = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
+    const int d = p.d;
+    const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
+    const int hk = hh / (p.h / p.hkv);
+    const long long kstride = (long long)p.hkv * d;  // between consecutive positions
+    const float* kb = p.k + ((long long)b * p.t * p.hkv + hk) * d;
+    const float* vb = p.v + ((long long)b * p.t * p.hkv + hk) * d;
+    return {r, bh, b, rowoff, kstride, kb, vb};
+}
+
 // ---- forward: one warp per (b, h, query row), online softmax over chunks of 32 keys ----------
 // Each lane scores one key of the chunk (q from shared memory); the weighted sum of v rows is
 // then accumulated with lanes across D.
@@ -141,13 +160,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd(const F32Para
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long g = (long long)blockIdx.x * WARPS + warp;  // (b*H + h)*T + r
     if (g >= (long long)p.b * p.h * p.t) return;
-    const int r = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
+    const auto [r, bh, b, rowoff, kstride, kb, vb] = query_row(p, g);
     const int d = p.d;
-    const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
-    const int hk = hh / (p.h / p.hkv);
-    const long long kstride = (long long)p.hkv * d;  // between consecutive positions
-    const float* kb = p.k + ((long long)b * p.t * p.hkv + hk) * d;
-    const float* vb = p.v + ((long long)b * p.t * p.hkv + hk) * d;
     const int st = row_start(p, b);
     if (r < st) {
         for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
@@ -169,13 +183,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_bwd_dq(const F32P
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long g = (long long)blockIdx.x * WARPS + warp;
     if (g >= (long long)p.b * p.h * p.t) return;
-    const int r = (int)(g % p.t), bh = (int)(g / p.t), b = bh / p.h, hh = bh % p.h;
+    const auto [r, bh, b, rowoff, kstride, kb, vb] = query_row(p, g);
     const int d = p.d;
-    const long long rowoff = (((long long)b * p.t + r) * p.h + hh) * d;
-    const int hk = hh / (p.h / p.hkv);
-    const long long kstride = (long long)p.hkv * d;  // between consecutive positions
-    const float* kb = p.k + ((long long)b * p.t * p.hkv + hk) * d;
-    const float* vb = p.v + ((long long)b * p.t * p.hkv + hk) * d;
     const int st = row_start(p, b);
     if (r < st) {
         for (int i = lane; i < d; i += 32) p.dq[rowoff + i] = 0.f;

@@ -77,6 +77,28 @@ __device__ __forceinline__ void vec4(i64 n, F body) {
     }
 }
 
+// out = f(x) elementwise, through vec4.
+template <class O, class I, class F>
+__device__ __forceinline__ void map1(O* out, const I* x, i64 n, F f) {
+    vec4(n, [&](i64 i, int w) {
+        float v[4];
+        ldv(x, i, w, v);
+        for (int k = 0; k < w; ++k) v[k] = f(v[k]);
+        stv(out, i, w, v);
+    });
+}
+// out = f(a, b) elementwise, through vec4.
+template <class T, class F>
+__device__ __forceinline__ void map2(T* out, const T* a, const T* b, i64 n, F f) {
+    vec4(n, [&](i64 i, int w) {
+        float u[4], v[4];
+        ldv(a, i, w, u);
+        ldv(b, i, w, v);
+        for (int k = 0; k < w; ++k) u[k] = f(u[k], v[k]);
+        stv(out, i, w, u);
+    });
+}
+
 // One thread per element.
 __device__ __forceinline__ i64 flat_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
@@ -703,36 +725,19 @@ __device__ __forceinline__ void rope_impl(T* x, const int* pos, int rows, int H,
 
 template <class T>
 __device__ __forceinline__ void sigmoid_fwd_impl(T* y, const T* x, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float v[4];
-        ldv(x, i, w, v);
-        for (int k = 0; k < w; ++k) v[k] = sigm(v[k]);
-        stv(y, i, w, v);
-    });
+    map1(y, x, n, [](float v) { return sigm(v); });
 }
 
 // dx = dy * y * (1 - y), from the forward's output.
 template <class T>
 __device__ __forceinline__ void sigmoid_bwd_impl(T* dx, const T* dy, const T* y, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float g[4], v[4];
-        ldv(dy, i, w, g);
-        ldv(y, i, w, v);
-        for (int k = 0; k < w; ++k) g[k] = g[k] * v[k] * (1.f - v[k]);
-        stv(dx, i, w, g);
-    });
+    map2(dx, dy, y, n, [](float g, float s) { return g * s * (1.f - s); });
 }
 
 // Output gate: z = pre * sigmoid(g).
 template <class T>
 __device__ __forceinline__ void gate_mul_fwd_impl(T* z, const T* pre, const T* g, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float p[4], q[4];
-        ldv(pre, i, w, p);
-        ldv(g, i, w, q);
-        for (int k = 0; k < w; ++k) p[k] = p[k] * sigm(q[k]);
-        stv(z, i, w, p);
-    });
+    map2(z, pre, g, n, [](float p, float q) { return p * sigm(q); });
 }
 
 // dpre = dz * s, dg = dz * pre * s * (1 - s), s = sigmoid(g).
@@ -755,34 +760,18 @@ __device__ __forceinline__ void gate_mul_bwd_impl(T* dpre, T* dg, const T* dz, c
 
 template <class T>
 __device__ __forceinline__ void add_impl(T* y, const T* a, const T* b, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float u[4], v[4];
-        ldv(a, i, w, u);
-        ldv(b, i, w, v);
-        for (int k = 0; k < w; ++k) u[k] += v[k];
-        stv(y, i, w, u);
-    });
+    map2(y, a, b, n, [](float u, float v) { return u + v; });
 }
 
 template <class T>
 __device__ __forceinline__ void add_inplace_impl(T* y, const T* x, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float u[4], v[4];
-        ldv(y, i, w, u);
-        ldv(x, i, w, v);
-        for (int k = 0; k < w; ++k) u[k] += v[k];
-        stv(y, i, w, u);
-    });
+    map2(y, y, x, n, [](float u, float v) { return u + v; });
 }
 
 // out = x converted (f32 <-> the activation type), four elements a thread.
 template <class O, class I>
 __device__ __forceinline__ void cast_impl(O* out, const I* x, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float v[4];
-        ldv(x, i, w, v);
-        stv(out, i, w, v);
-    });
+    map1(out, x, n, [](float v) { return v; });
 }
 
 // SwiGLU (as crate::swiglu): gu [rows, 2I] = [gate | up], h [rows, I]. One thread per 4
@@ -846,22 +835,11 @@ extern "C" __global__ void __launch_bounds__(256) fill_rows(float* x, const floa
     if (i < rows * cols) x[i] = row[i % cols];
 }
 extern "C" __global__ void __launch_bounds__(256) log_fgate_fwd(float* a, const float* logit, i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float v[4];
-        ldv(logit, i, w, v);
-        for (int k = 0; k < w; ++k) v[k] = log_sigm(v[k]);
-        stv(a, i, w, v);
-    });
+    map1(a, logit, n, [](float v) { return log_sigm(v); });
 }
 extern "C" __global__ void __launch_bounds__(256) log_fgate_bwd(float* dlogit, const float* da, const float* logit,
                                                                  i64 n) {
-    vec4(n, [&](i64 i, int w) {
-        float d[4], v[4];
-        ldv(da, i, w, d);
-        ldv(logit, i, w, v);
-        for (int k = 0; k < w; ++k) d[k] = d[k] * sigm(-v[k]);
-        stv(dlogit, i, w, d);
-    });
+    map2(dlogit, da, logit, n, [](float d, float v) { return d * sigm(-v); });
 }
 
 // ---------------------------------------------------------------------------------------------

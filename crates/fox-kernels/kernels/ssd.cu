@@ -27,6 +27,42 @@ __device__ __forceinline__ float ssd_silu(float x) { return x / (1.0f + __expf(-
 #define SSD_PMAX 64
 #define SSD_AHEAD 16  // chunks whose loads the state passing issues together
 
+// The chunk of block idx = (b·H + h)·nch + c: head h's group g, the chunk's first row t0 and
+// length len, and the sequence's start st (its first real row).
+struct SsdChunk {
+    int c, bh, h, b, g, t0, len, st;
+};
+__device__ __forceinline__ SsdChunk ssd_chunk_at(int idx, int nch, int T, int H, int G, const int* start) {
+    int c = idx % nch, bh = idx / nch, h = bh % H, b = bh / H;
+    int g = h / (H / G);
+    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
+    int st = start ? start[b] : 0;
+    return {c, bh, h, b, g, t0, len, st};
+}
+
+// Zero a thread's tile of sums.
+template <int R, int C>
+__device__ __forceinline__ void ssd_zero(float (&acc)[R][C]) {
+#pragma unroll
+    for (int k = 0; k < R; ++k)
+#pragma unroll
+        for (int q = 0; q < C; ++q) acc[k][q] = 0.0f;
+}
+
+// One step of a thread's 4 × 4 tile of a product: acc[k][q] += a(k) · b(q), a's four loads first.
+template <typename FA, typename FB>
+__device__ __forceinline__ void ssd_tile_fma(float (&acc)[4][4], FA a, FB b) {
+    float av[4], bv[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) av[k] = a(k);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bv[q] = b(q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[k][q] += av[k] * bv[q];
+}
+
 // dst [P, N] (f32) = Σ_{j < len} X[j][p] · Bn[j][n]: a chunk's state-shaped product of two tiles
 // in shared memory, rows [SSD_L][SSD_PMAX] and [SSD_L][SSD_NMAX]; a block of 256 threads, each
 // rows p0 .. p0 + 7 and columns n = lane + 32 q.
@@ -34,10 +70,7 @@ __device__ __forceinline__ void ssd_state_tile(float* dst, const float* X, const
                                                int tid) {
     const int lane = tid % 32, p0 = (tid / 32) * 8;
     float acc[8][4];
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[k][q] = 0.0f;
+    ssd_zero(acc);
     for (int j = 0; j < len; ++j) {
         float bv[4], xv[8];
 #pragma unroll
@@ -617,10 +650,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float* cum = Bs + SSD_L * SSD_NMAX;      // [L]
     float* dtm = cum + SSD_L;                // [L]
     int idx = blockIdx.x;
-    int c = idx % nch, bh = idx / nch, h = bh % H, b = bh / H;
-    int g = h / (H / G);
-    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
-    int st = start ? start[b] : 0;
+    const auto [c, bh, h, b, g, t0, len, st] = ssd_chunk_at(idx, nch, T, H, G, start);
     int tid = threadIdx.x;
     ssd_chunk_cum(dtm, cum, dt, A[h], b, h, T, H, t0, len, st);
     float last = cum[len - 1];
@@ -652,10 +682,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float* cum = S + SSD_PMAX * SSD_SROW;        // [L]
     float* dtm = cum + SSD_L;                    // [L]
     int idx = blockIdx.x;
-    int c = idx % nch, bh = idx / nch, h = bh % H, b = bh / H;
-    int g = h / (H / G);
-    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
-    int st = start ? start[b] : 0;
+    const auto [c, bh, h, b, g, t0, len, st] = ssd_chunk_at(idx, nch, T, H, G, start);
     int tid = threadIdx.x;
     long HP = (long)H * P;
     long rowbase = ((long)b * T + t0) * stride;
@@ -684,33 +711,17 @@ extern "C" __global__ void __launch_bounds__(256)
     // Thread tile: rows r0 .. r0 + 3, columns p = pl + 16 q.
     int pl = tid % 16, r0 = (tid / 16) * 4;
     float acc[4][4], acc2[4][4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[k][q] = acc2[k][q] = 0.0f;
+    ssd_zero(acc);
+    ssd_zero(acc2);
     // M is lower-triangular: rows up to r0 + 3 need j ≤ r0 + 3.
     int jend = min(r0 + 4, SSD_L);
     for (int j = 0; j < jend; ++j) {
-        float mv[4], xv[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) mv[k] = M[(r0 + k) * (SSD_L + 1) + j];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) xv[q] = Xs[j * SSD_PMAX + pl + 16 * q];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[k][q] += mv[k] * xv[q];
+        ssd_tile_fma(acc, [&](int k) { return M[(r0 + k) * (SSD_L + 1) + j]; },
+                     [&](int q) { return Xs[j * SSD_PMAX + pl + 16 * q]; });
     }
     for (int n = 0; n < N; ++n) {
-        float cv[4], sv[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) cv[k] = Cs[(r0 + k) * SSD_NMAX + n];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) sv[q] = S[(pl + 16 * q) * SSD_SROW + n];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc2[k][q] += cv[k] * sv[q];
+        ssd_tile_fma(acc2, [&](int k) { return Cs[(r0 + k) * SSD_NMAX + n]; },
+                     [&](int q) { return S[(pl + 16 * q) * SSD_SROW + n]; });
     }
     float dskip = D[h];
 #pragma unroll
@@ -880,10 +891,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float* cum = Cs + SSD_L * SSD_NMAX;      // [L]
     float* dtm = cum + SSD_L;                // [L]
     int idx = blockIdx.x;
-    int c = idx % nch, bh = idx / nch, h = bh % H, b = bh / H;
-    int g = h / (H / G);
-    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
-    int st = start ? start[b] : 0;
+    const auto [c, bh, h, b, g, t0, len, st] = ssd_chunk_at(idx, nch, T, H, G, start);
     int tid = threadIdx.x;
     ssd_chunk_cum(dtm, cum, dt, A[h], b, h, T, H, t0, len, st);
     long rowbase = ((long)b * T + t0) * stride;
@@ -923,10 +931,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float* dwv = rowA + SSD_L;                   // [L] x_j · U_j
     float* red = dwv + SSD_L;                    // [256]
     int idx = blockIdx.x;
-    int c = idx % nch, bh = idx / nch, h = bh % H, b = bh / H;
-    int g = h / (H / G);
-    int t0 = c * SSD_L, len = min(SSD_L, T - t0);
-    int st = start ? start[b] : 0;
+    const auto [c, bh, h, b, g, t0, len, st] = ssd_chunk_at(idx, nch, T, H, G, start);
     int tid = threadIdx.x;
     long HP = (long)H * P;
     long rowbase = ((long)b * T + t0) * stride;
@@ -971,31 +976,15 @@ extern "C" __global__ void __launch_bounds__(256)
     int pl = tid % 16, r0 = (tid / 16) * 4;
     float dx[4][4], t1[4][4];
     // dX = Mᵀ dY (i ≥ j), U = B dSᵀ, and yint = C S0ᵀ for dcum.
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) dx[k][q] = t1[k][q] = 0.0f;
+    ssd_zero(dx);
+    ssd_zero(t1);
     for (int i = r0; i < SSD_L; ++i) {
-        float mv[4], yv[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) mv[k] = Mm[i * (SSD_L + 1) + r0 + k];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) yv[q] = Ys[i * SSD_XROW + pl + 16 * q];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) dx[k][q] += mv[k] * yv[q];
+        ssd_tile_fma(dx, [&](int k) { return Mm[i * (SSD_L + 1) + r0 + k]; },
+                     [&](int q) { return Ys[i * SSD_XROW + pl + 16 * q]; });
     }
     for (int n = 0; n < N; ++n) {
-        float bv[4], sv[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) bv[k] = Bs[(r0 + k) * SSD_NMAX + n];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) sv[q] = dS[(pl + 16 * q) * SSD_SROW + n];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) t1[k][q] += bv[k] * sv[q];
+        ssd_tile_fma(t1, [&](int k) { return Bs[(r0 + k) * SSD_NMAX + n]; },
+                     [&](int q) { return dS[(pl + 16 * q) * SSD_SROW + n]; });
     }
     float dskip = D[h];
     float ddp = 0.0f;
@@ -1022,20 +1011,10 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
     // yint = C S0ᵀ, dotted with dY for rowA.
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) t1[k][q] = 0.0f;
+    ssd_zero(t1);
     for (int n = 0; n < N; ++n) {
-        float cv[4], sv[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) cv[k] = Cs[(r0 + k) * SSD_NMAX + n];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) sv[q] = S0[(pl + 16 * q) * SSD_SROW + n];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) t1[k][q] += cv[k] * sv[q];
+        ssd_tile_fma(t1, [&](int k) { return Cs[(r0 + k) * SSD_NMAX + n]; },
+                     [&](int q) { return S0[(pl + 16 * q) * SSD_SROW + n]; });
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -1048,20 +1027,10 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     // dM = dY Xᵀ on rows i = r0.., columns j = pl + 16 q; T2 = dM ∘ CB ∘ E, dG = T2 / CB · dt.
     float dmt[4][4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) dmt[k][q] = 0.0f;
+    ssd_zero(dmt);
     for (int p = 0; p < SSD_PMAX; ++p) {
-        float yv[4], xv[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) yv[k] = Ys[(r0 + k) * SSD_XROW + p];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) xv[q] = Xs[(pl + 16 * q) * SSD_XROW + p];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) dmt[k][q] += yv[k] * xv[q];
+        ssd_tile_fma(dmt, [&](int k) { return Ys[(r0 + k) * SSD_XROW + p]; },
+                     [&](int q) { return Xs[(pl + 16 * q) * SSD_XROW + p]; });
     }
     __syncthreads();  // every read of M (as Mm) is done: it becomes dG
 #pragma unroll
@@ -1085,10 +1054,8 @@ extern "C" __global__ void __launch_bounds__(256)
     {
         int lane = tid % 32, rr = (tid / 32) * 8;
         float dcv[8][4], dbv[8][4];
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) dcv[k][q] = dbv[k][q] = 0.0f;
+        ssd_zero(dcv);
+        ssd_zero(dbv);
         for (int j = 0; j < SSD_L; ++j) {
             float bv[4], cv[4], gr[8], gc[8];
 #pragma unroll

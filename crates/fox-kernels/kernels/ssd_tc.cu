@@ -117,6 +117,41 @@ __device__ __forceinline__ const u16* bt_at(const u16* s, int rs, int k0, int n0
     return s + (k0 + r + (m & 1) * 8) * rs + n0 + (m >> 1) * 8;
 }
 
+// Zero accumulator tiles.
+template <int NT>
+__device__ __forceinline__ void tc_zero(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+}
+// Accumulator rows scaled: the lane's first row (registers 0, 1) by s1, its second (2, 3) by s2.
+template <int NT>
+__device__ __forceinline__ void tc_scale_rows(float (&acc)[NT][4], float s1, float s2) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        acc[nt][0] *= s1;
+        acc[nt][1] *= s1;
+        acc[nt][2] *= s2;
+        acc[nt][3] *= s2;
+    }
+}
+// acc += a · B for one 16-row A fragment and NT 8-column tiles of B (16 k rows from k0, columns
+// n0 ..): B from a [k][n] tile (TRANS: bt_at, ldsm_t) or an [n][k] tile (b_at, ldsm).
+template <bool TRANS, int NT>
+__device__ __forceinline__ void tc_mma_row(float (&acc)[NT][4], const u32 (&a)[4], const u16* s, int rs, int k0, int n0) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        u32 bf[4];
+        if constexpr (TRANS)
+            ldsm_t(bf, bt_at(s, rs, k0, n0 + 16 * np));
+        else
+            ldsm(bf, b_at(s, rs, k0, n0 + 16 * np));
+        tc_mma(acc[2 * np], a, bf[0], bf[1]);
+        tc_mma(acc[2 * np + 1], a, bf[2], bf[3]);
+    }
+}
+
 // Rows [0, 64) of a [rows, COLS] matrix of T (row stride gs) into a bf16 shared tile of row
 // stride RS; rows ≥ nvalid are zero-filled. bf16 rows 16-byte aligned (vec) go by cp.async,
 // others through registers (rounded to bf16).
@@ -287,10 +322,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
         const u16* V = sv + stage * VSZ;
         const u16* K = sk + stage * KSZ;
         float acc[NTL][4];
-#pragma unroll
-        for (int nt = 0; nt < NTL; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+        tc_zero(acc);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
             u32 af[4];
@@ -303,13 +335,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
             af[1] = pk(bf_lo(af[1]) * wa, bf_hi(af[1]) * wb);
             af[2] = pk(bf_lo(af[2]) * wc, bf_hi(af[2]) * wd);
             af[3] = pk(bf_lo(af[3]) * wc, bf_hi(af[3]) * wd);
-#pragma unroll
-            for (int np = 0; np < NTL / 2; ++np) {
-                u32 bf[4];
-                ldsm_t(bf, bt_at(K, KRS, 16 * ks, wn + 16 * np));
-                tc_mma(acc[2 * np], af, bf[0], bf[1]);
-                tc_mma(acc[2 * np + 1], af, bf[2], bf[3]);
-            }
+            tc_mma_row<true>(acc, af, K, KRS, 16 * ks, wn);
         }
         // Store the current state (bf16) through the warp's staging tile: 16 rows of 64 bytes.
 #pragma unroll
@@ -383,10 +409,7 @@ __device__ __forceinline__ void tc_out(const TcParams& p) {
     load_head(0, 0);
     tc_commit();
     float cb[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cb[nt][e] = 0.f;
+    tc_zero(cb);
     const int i1 = 16 * w + gq, i2 = i1 + 8;
     for (int k = 0; k < p.hb; ++k) {
         if (k + 1 < p.hb) {
@@ -420,31 +443,16 @@ __device__ __forceinline__ void tc_out(const TcParams& p) {
         tc_scan(dts + s * TC_L, p.A[h], t0, T, st, d0, d1, c0, c1);
         const float ci1 = tc_at(c0, c1, i1), ci2 = tc_at(c0, c1, i2);
         float y[NTP][4];
-#pragma unroll
-        for (int nt = 0; nt < NTP; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) y[nt][e] = 0.f;
+        tc_zero(y);
         // Inter-chunk: C S_cᵀ, then rows scaled by e^{cum_i}.
 #pragma unroll
         for (int ks = 0; ks < N / 16; ++ks) {
             u32 af[4];
             ldsm(af, a_at(cs, NRS, 16 * w, 16 * ks));
-#pragma unroll
-            for (int np = 0; np < NTP / 2; ++np) {
-                u32 bf[4];
-                ldsm(bf, b_at(S, NRS, 16 * ks, pc0 + 16 * np));
-                tc_mma(y[2 * np], af, bf[0], bf[1]);
-                tc_mma(y[2 * np + 1], af, bf[2], bf[3]);
-            }
+            tc_mma_row<false>(y, af, S, NRS, 16 * ks, pc0);
         }
         const float e1 = __expf(ci1), e2 = __expf(ci2);
-#pragma unroll
-        for (int nt = 0; nt < NTP; ++nt) {
-            y[nt][0] *= e1;
-            y[nt][1] *= e1;
-            y[nt][2] *= e2;
-            y[nt][3] *= e2;
-        }
+        tc_scale_rows(y, e1, e2);
         // Intra-chunk: M X over the key blocks kk ≤ w.
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -462,13 +470,7 @@ __device__ __forceinline__ void tc_out(const TcParams& p) {
                     af[2 * hf] = pk(m0, m1);
                     af[2 * hf + 1] = pk(m2, m3);
                 }
-#pragma unroll
-                for (int np = 0; np < NTP / 2; ++np) {
-                    u32 bf[4];
-                    ldsm_t(bf, bt_at(X, XRS, 16 * kk, pc0 + 16 * np));
-                    tc_mma(y[2 * np], af, bf[0], bf[1]);
-                    tc_mma(y[2 * np + 1], af, bf[2], bf[3]);
-                }
+                tc_mma_row<true>(y, af, X, XRS, 16 * kk, pc0);
             }
         }
         // The skip D x (x as given for f32 inputs), padding rows 0, then the rows out.
@@ -562,10 +564,8 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
     tc_commit();
     float cbr[2][2][4];  // C Bᵀ of the warp's blocks (r, hf + 2·blk)
     float dca[NT2][4], dba[NT2][4];
-#pragma unroll
-    for (int nt = 0; nt < NT2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dca[nt][e] = dba[nt][e] = 0.f;
+    tc_zero(dca);
+    tc_zero(dba);
     const int i1 = 16 * r + gq, i2 = i1 + 8;
     for (int k = 0; k < p.hb; ++k) {
         if (k + 1 < p.hb) {
@@ -591,18 +591,13 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
 #pragma unroll
             for (int blk = 0; blk < 2; ++blk) {
                 const int kb = hf + 2 * blk;
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) cbr[blk][nt][e] = 0.f;
+                tc_zero(cbr[blk]);
                 if (kb <= r) {
 #pragma unroll
                     for (int ks = 0; ks < N / 16; ++ks) {
-                        u32 af[4], bf[4];
+                        u32 af[4];
                         ldsm(af, a_at(cs, NRS, 16 * r, 16 * ks));
-                        ldsm(bf, b_at(bs, NRS, 16 * ks, 16 * kb));
-                        tc_mma(cbr[blk][0], af, bf[0], bf[1]);
-                        tc_mma(cbr[blk][1], af, bf[2], bf[3]);
+                        tc_mma_row<false>(cbr[blk], af, bs, NRS, 16 * ks, 16 * kb);
                     }
                 }
             }
@@ -626,17 +621,12 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
             const int kb = hf + 2 * blk;
             if (kb <= r) {
                 float dm[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dm[nt][e] = 0.f;
+                tc_zero(dm);
 #pragma unroll
                 for (int ks = 0; ks < TC_P / 16; ++ks) {
-                    u32 af[4], bf[4];
+                    u32 af[4];
                     ldsm(af, a_at(DY, XRS, 16 * r, 16 * ks));
-                    ldsm(bf, b_at(X, XRS, 16 * ks, 16 * kb));
-                    tc_mma(dm[0], af, bf[0], bf[1]);
-                    tc_mma(dm[1], af, bf[2], bf[3]);
+                    tc_mma_row<false>(dm, af, X, XRS, 16 * ks, 16 * kb);
                 }
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt) {
@@ -714,26 +704,14 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
                 if (ib >= r) {
                     u32 af[4];
                     ldsm_t(af, at_at(ms, XRS, 16 * r, 16 * ib));
-#pragma unroll
-                    for (int np = 0; np < 2; ++np) {
-                        u32 bf[4];
-                        ldsm_t(bf, bt_at(DY, XRS, 16 * ib, 32 * hf + 16 * np));
-                        tc_mma(dx[2 * np], af, bf[0], bf[1]);
-                        tc_mma(dx[2 * np + 1], af, bf[2], bf[3]);
-                    }
+                    tc_mma_row<true>(dx, af, DY, XRS, 16 * ib, 32 * hf);
                 }
             }
 #pragma unroll
             for (int ks = 0; ks < N / 16; ++ks) {
                 u32 af[4];
                 ldsm(af, a_at(bs, NRS, 16 * r, 16 * ks));
-#pragma unroll
-                for (int np = 0; np < 2; ++np) {
-                    u32 bf[4];
-                    ldsm(bf, b_at(DS, NRS, 16 * ks, 32 * hf + 16 * np));
-                    tc_mma(u[2 * np], af, bf[0], bf[1]);
-                    tc_mma(u[2 * np + 1], af, bf[2], bf[3]);
-                }
+                tc_mma_row<false>(u, af, DS, NRS, 16 * ks, 32 * hf);
             }
             const float dsk = p.D[h];
             float dw1 = 0.f, dw2 = 0.f;
@@ -769,21 +747,12 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
         {
             // dC += e^cum (dY S_0) + dG B, rows of block r, N columns NH·hf...
             float t[NT2][4];
-#pragma unroll
-            for (int nt = 0; nt < NT2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) t[nt][e] = 0.f;
+            tc_zero(t);
 #pragma unroll
             for (int ks = 0; ks < TC_P / 16; ++ks) {
                 u32 af[4];
                 ldsm(af, a_at(DY, XRS, 16 * r, 16 * ks));
-#pragma unroll
-                for (int np = 0; np < NT2 / 2; ++np) {
-                    u32 bf[4];
-                    ldsm_t(bf, bt_at(S0, NRS, 16 * ks, NH * hf + 16 * np));
-                    tc_mma(t[2 * np], af, bf[0], bf[1]);
-                    tc_mma(t[2 * np + 1], af, bf[2], bf[3]);
-                }
+                tc_mma_row<true>(t, af, S0, NRS, 16 * ks, NH * hf);
             }
             float cd1 = 0.f, cd2 = 0.f;
 #pragma unroll
@@ -810,13 +779,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
                 if (jb <= r) {
                     u32 af[4];
                     ldsm(af, a_at(dgs, XRS, 16 * r, 16 * jb));
-#pragma unroll
-                    for (int np = 0; np < NT2 / 2; ++np) {
-                        u32 bf[4];
-                        ldsm_t(bf, bt_at(bs, NRS, 16 * jb, NH * hf + 16 * np));
-                        tc_mma(t[2 * np], af, bf[0], bf[1]);
-                        tc_mma(t[2 * np + 1], af, bf[2], bf[3]);
-                    }
+                    tc_mma_row<true>(t, af, bs, NRS, 16 * jb, NH * hf);
                 }
             }
 #pragma unroll
@@ -827,41 +790,20 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
         {
             // dB += diag(w) X dS + dGᵀ C, rows of block r, N columns NH·hf...
             float t[NT2][4];
-#pragma unroll
-            for (int nt = 0; nt < NT2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) t[nt][e] = 0.f;
+            tc_zero(t);
 #pragma unroll
             for (int ks = 0; ks < TC_P / 16; ++ks) {
                 u32 af[4];
                 ldsm(af, a_at(X, XRS, 16 * r, 16 * ks));
-#pragma unroll
-                for (int np = 0; np < NT2 / 2; ++np) {
-                    u32 bf[4];
-                    ldsm_t(bf, bt_at(DS, NRS, 16 * ks, NH * hf + 16 * np));
-                    tc_mma(t[2 * np], af, bf[0], bf[1]);
-                    tc_mma(t[2 * np + 1], af, bf[2], bf[3]);
-                }
+                tc_mma_row<true>(t, af, DS, NRS, 16 * ks, NH * hf);
             }
-#pragma unroll
-            for (int nt = 0; nt < NT2; ++nt) {
-                t[nt][0] *= wi1;
-                t[nt][1] *= wi1;
-                t[nt][2] *= wi2;
-                t[nt][3] *= wi2;
-            }
+            tc_scale_rows(t, wi1, wi2);
 #pragma unroll
             for (int ib = 0; ib < 4; ++ib) {
                 if (ib >= r) {
                     u32 af[4];
                     ldsm_t(af, at_at(dgs, XRS, 16 * r, 16 * ib));
-#pragma unroll
-                    for (int np = 0; np < NT2 / 2; ++np) {
-                        u32 bf[4];
-                        ldsm_t(bf, bt_at(cs, NRS, 16 * ib, NH * hf + 16 * np));
-                        tc_mma(t[2 * np], af, bf[0], bf[1]);
-                        tc_mma(t[2 * np + 1], af, bf[2], bf[3]);
-                    }
+                    tc_mma_row<true>(t, af, cs, NRS, 16 * ib, NH * hf);
                 }
             }
 #pragma unroll

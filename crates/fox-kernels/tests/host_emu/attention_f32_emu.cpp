@@ -114,22 +114,29 @@ int main() {
         std::vector<float> dq(o.size()), dk(k.size()), dv(v.size()), dc(lse.size()), delta(lse.size());
         std::vector<float> prune((size_t)B * H, cs.delta);
         std::vector<int> start(cs.start);
-        F32Params p{};
-        p.q = q.data();
-        p.k = k.data();
-        p.v = v.data();
-        p.c = c.data();
-        p.start = start.empty() ? nullptr : start.data();
-        p.prune = cs.delta != 0.f ? prune.data() : nullptr;
-        p.o = o.data();
-        p.lse = lse.data();
-        p.b = B;
-        p.h = H;
-        p.t = T;
-        p.d = D;
-        p.scale = scale;
-        p.hkv = HK;
-        p.window = W;
+        // A forward's parameters for t query rows (gate sums c_); ck_: the cache's gate sums or null.
+        auto fwd_params = [&](const float* q_, const float* k_, const float* v_, const float* c_, const float* ck_,
+                              float* o_, float* lse_, int t) {
+            F32Params p{};
+            p.q = q_;
+            p.k = k_;
+            p.v = v_;
+            p.c = c_;
+            p.ck = ck_;
+            p.start = start.empty() ? nullptr : start.data();
+            p.prune = cs.delta != 0.f ? prune.data() : nullptr;
+            p.o = o_;
+            p.lse = lse_;
+            p.b = B;
+            p.h = H;
+            p.t = t;
+            p.d = D;
+            p.scale = scale;
+            p.hkv = HK;
+            p.window = W;
+            return p;
+        };
+        F32Params p = fwd_params(q.data(), k.data(), v.data(), c.data(), nullptr, o.data(), lse.data(), T);
         const unsigned rows = (unsigned)(B * H * T), kv_rows = (unsigned)(B * HK * T);
         launch({(rows + WARPS - 1) / WARPS, 1, 1}, WARPS * 32, [&] { fox32_fwd(p); });
         cmp("o", cs.name, o, o_r, 1e-5);
@@ -205,23 +212,7 @@ int main() {
                             for (int e = 0; e < D; ++e)
                                 orow[e] += exp(s[j] - mx) / z * v[((b * T + j) * HK + hk) * D + e];
                     }
-            F32Params pc{};
-            pc.q = qq.data();
-            pc.k = kc.data();
-            pc.v = vc.data();
-            pc.c = cq.data();
-            pc.ck = cc.data();
-            pc.start = start.empty() ? nullptr : start.data();
-            pc.prune = cs.delta != 0.f ? prune.data() : nullptr;
-            pc.o = oc.data();
-            pc.lse = lc.data();
-            pc.b = B;
-            pc.h = H;
-            pc.t = tq;
-            pc.d = D;
-            pc.scale = scale;
-            pc.hkv = HK;
-            pc.window = W;
+            F32Params pc = fwd_params(qq.data(), kc.data(), vc.data(), cq.data(), cc.data(), oc.data(), lc.data(), tq);
             pc.q_pos0 = q0;
             pc.cap = cap;
             const unsigned crow = (unsigned)(B * H * tq);

@@ -151,23 +151,26 @@ static Ref reference(const Case& c, const std::vector<float>& q, const std::vect
     return r;
 }
 
+// The kernels of one activation type (S: f32 or bf16), by their names without the suffix.
+#define GLA_KERNELS(S)                                     \
+    static constexpr auto cumsum = gla_cumsum_##S;         \
+    static constexpr auto chunk_h = gla_chunk_h_##S;       \
+    static constexpr auto scores = gla_scores_##S;         \
+    static constexpr auto fwd_o = gla_fwd_o_##S;           \
+    static constexpr auto dscores = gla_dscores_##S;       \
+    static constexpr auto bwd_dv = gla_bwd_dv_##S;         \
+    static constexpr auto bwd_dqk = gla_bwd_dqk_##S;       \
+    static constexpr auto chunk_h_tc = gla_chunk_h_tc_##S; \
+    static constexpr auto dscores_tc = gla_dscores_tc_##S; \
+    static constexpr auto fwd_o_tc = gla_fwd_o_tc_##S;     \
+    static constexpr auto bwd_dv_tc = gla_bwd_dv_tc_##S;   \
+    static constexpr auto bwd_dqk_tc = gla_bwd_dqk_tc_##S; \
+    static constexpr auto decode = gla_decode_##S;
 template <class E>
 struct Kern;
 template <>
 struct Kern<float> {
-    static constexpr auto cumsum = gla_cumsum_f32;
-    static constexpr auto chunk_h = gla_chunk_h_f32;
-    static constexpr auto scores = gla_scores_f32;
-    static constexpr auto fwd_o = gla_fwd_o_f32;
-    static constexpr auto dscores = gla_dscores_f32;
-    static constexpr auto bwd_dv = gla_bwd_dv_f32;
-    static constexpr auto bwd_dqk = gla_bwd_dqk_f32;
-    static constexpr auto chunk_h_tc = gla_chunk_h_tc_f32;
-    static constexpr auto dscores_tc = gla_dscores_tc_f32;
-    static constexpr auto fwd_o_tc = gla_fwd_o_tc_f32;
-    static constexpr auto bwd_dv_tc = gla_bwd_dv_tc_f32;
-    static constexpr auto bwd_dqk_tc = gla_bwd_dqk_tc_f32;
-    static constexpr auto decode = gla_decode_f32;
+    GLA_KERNELS(f32)
     static constexpr auto gates_fwd = hgrn2_gates_fwd_f32;
     static constexpr auto gates_bwd = hgrn2_gates_bwd_f32;
     static float to(float x) { return x; }
@@ -175,19 +178,7 @@ struct Kern<float> {
 };
 template <>
 struct Kern<u16> {
-    static constexpr auto cumsum = gla_cumsum_bf16;
-    static constexpr auto chunk_h = gla_chunk_h_bf16;
-    static constexpr auto scores = gla_scores_bf16;
-    static constexpr auto fwd_o = gla_fwd_o_bf16;
-    static constexpr auto dscores = gla_dscores_bf16;
-    static constexpr auto bwd_dv = gla_bwd_dv_bf16;
-    static constexpr auto bwd_dqk = gla_bwd_dqk_bf16;
-    static constexpr auto chunk_h_tc = gla_chunk_h_tc_bf16;
-    static constexpr auto dscores_tc = gla_dscores_tc_bf16;
-    static constexpr auto fwd_o_tc = gla_fwd_o_tc_bf16;
-    static constexpr auto bwd_dv_tc = gla_bwd_dv_tc_bf16;
-    static constexpr auto bwd_dqk_tc = gla_bwd_dqk_tc_bf16;
-    static constexpr auto decode = gla_decode_bf16;
+    GLA_KERNELS(bf16)
     static u16 to(float x) { return mock_rne(x); }
     static float from(u16 x) { return __uint_as_float((u32)x << 16); }
 };

@@ -6,7 +6,8 @@ use super::state::Mamba2State;
 use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
-use anyhow::{ensure, Result};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
+use anyhow::Result;
 use fox_kernels::conv1d::Conv1d;
 use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
@@ -125,21 +126,11 @@ impl Mamba2Ops for Cpu<'_> {
         let a = self.neg_exp(p);
         let pads = chunk_pads(b);
         let prob = ssd(&p.sizes, b, xbc, dt, &a, &self.params[p.d_skip], pads.as_deref());
-        match state {
-            None => ssd::ssd_fwd(&prob, y, None, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    ssd::ssd_decode_step(&prob, &mut st.ssm, y)?;
-                } else {
-                    let mut next = vec![0.0; st.ssm.len()];
-                    ssd::ssd_fwd(&prob, y, Some(&st.ssm), Some(&mut next))?;
-                    st.ssm = next;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => ssd::ssd_fwd(&prob, y, None, None),
+            Carry::Step(st) => ssd::ssd_decode_step(&prob, &mut st.ssm, y),
+            Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| ssd::ssd_fwd(&prob, y, Some(from), Some(to))),
+        })
     }
 
     fn ssd_bwd(

@@ -6,8 +6,9 @@
 use super::ops::{Mamba2Ops, Mamba2Params};
 pub use super::state::GpuMamba2State;
 use crate::backend::cuda::recurrent::{two_mut, ShortConv};
-use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
+use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
 use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
@@ -42,7 +43,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("a Mamba-2", b.batch)?;
         }
         let x = zxbcdt.slice(p.sizes.inner..);
         self.short_conv_fwd(xbc, &x, &conv(p), b, state.map(|st| &mut st.conv))
@@ -196,26 +197,17 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             start: b.chunk_start(),
         };
         let len = ssd::ssd_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.state, s.groups);
-        match state {
-            None => {
-                let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                ssd::ssd_fwd(&self.gpu, &prob, y, None, None, scratch)
+        let gpu = &self.gpu;
+        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => ssd::ssd_fwd(gpu, &prob, y, None, None, grown(gpu, &mut self.ssm.big, len)?),
+            Carry::Step(st) => ssd::ssd_decode_step_a_log(gpu, &prob, &mut st.ssm, y),
+            Carry::Chunks(st) => {
+                let scratch = grown(gpu, &mut self.ssm.big, len)?;
+                gpu_chunks_from(gpu, &mut self.ssm.next, &mut st.ssm, |from, to| {
+                    ssd::ssd_fwd(gpu, &prob, y, Some(from), Some(to), scratch)
+                })
             }
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    ssd::ssd_decode_step_a_log(&self.gpu, &prob, &mut st.ssm, y)?;
-                } else {
-                    let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                    let next = grown(&self.gpu, &mut self.ssm.next, st.ssm.len())?;
-                    ssd::ssd_fwd(&self.gpu, &prob, y, Some(&st.ssm), Some(&mut *next), scratch)?;
-                    let n = st.ssm.len();
-                    dtod(&self.gpu, next, 0, &mut st.ssm, 0, n)?;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        })
     }
 
     fn ssd_bwd(

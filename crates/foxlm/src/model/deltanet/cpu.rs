@@ -6,7 +6,7 @@ use super::state::DeltaNetState;
 use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{ensure, Result};
 use fox_kernels::delta_rule::{self as dr, DeltaRule, DeltaRuleGrads};
 use fox_kernels::scalar::{sigmoid, silu};
 use fox_kernels::ssd;
@@ -41,8 +41,8 @@ fn problem<'a>(
 impl Cpu<'_> {
     /// −exp(A_log) per head.
     fn deltanet_neg_exp(&self, p: &DeltaNetParams) -> Result<Vec<f32>> {
-        let id = p.a_log.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no A_log"))?;
-        Ok(self.params[id].iter().map(|v| -v.exp()).collect())
+        let (a_log, _) = p.decay()?;
+        Ok(self.params[a_log].iter().map(|v| -v.exp()).collect())
     }
 }
 
@@ -120,7 +120,7 @@ impl DeltaNetOps for Cpu<'_> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
         let neg_a = self.deltanet_neg_exp(p)?;
-        let bias = p.dt_bias.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no dt_bias"))?;
+        let (_, bias) = p.decay()?;
         let n = crate::backend::cpu::first("decay", rows.checked_mul(h), &[g.len(), a.len()])?;
         let g = &mut g[..n];
         ssd::dt_fwd(g, &a[..n], h, &self.params[bias])?;
@@ -134,10 +134,7 @@ impl DeltaNetOps for Cpu<'_> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
         let neg_a = self.deltanet_neg_exp(p)?;
-        let (a_log, bias) = match (p.a_log, p.dt_bias) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
-        };
+        let (a_log, bias) = p.decay()?;
         // g = A·dt with dt = softplus(a + dt_bias), A = −exp(A_log): d dt = dg·A,
         // dA = Σ dg·dt, dA_log = dA·A.
         let mut dt = vec![0.0; dg.len()];

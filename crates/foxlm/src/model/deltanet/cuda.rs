@@ -12,7 +12,7 @@ use crate::backend::Family;
 use crate::config::DeltaNetSizes;
 use crate::model::scan_state::{forward_carrying, Carry, RecurrentState};
 use crate::model::{Mixer, Model};
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
 use fox_kernels::cuda::{Elem, Gpu};
@@ -198,10 +198,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         rows: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let (a_log, bias) = match (p.a_log, p.dt_bias) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
-        };
+        let (a_log, bias) = p.decay()?;
         dr::decay_fwd(&self.gpu, g, a, &self.params[a_log.0].master, &self.params[bias.0].master, rows)
     }
 
@@ -213,10 +210,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         p: &DeltaNetParams,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let (a_log, bias) = match (p.a_log, p.dt_bias) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
-        };
+        let (a_log, bias) = p.decay()?;
         let h = p.sizes.heads;
         let rows = a.len() / h;
         let scratch = grown(&self.gpu, &mut self.ssm.small, dr::decay_bwd_scratch_len(rows, h))?;

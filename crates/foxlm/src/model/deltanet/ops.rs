@@ -8,7 +8,7 @@
 use crate::backend::Backend;
 use crate::config::DeltaNetSizes;
 use crate::tensor::ParamId;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 
 /// Which of the layer's three short convolutions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +41,14 @@ impl DeltaNetParams {
             ConvOf::Q => (self.q_conv, self.sizes.key_dim()),
             ConvOf::K => (self.k_conv, self.sizes.key_dim()),
             ConvOf::V => (self.v_conv, self.sizes.value_dim()),
+        }
+    }
+
+    /// Gated DeltaNet's decay parameters: A_log and dt_bias.
+    pub fn decay(&self) -> Result<(ParamId, ParamId)> {
+        match (self.a_log, self.dt_bias) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
         }
     }
 }

@@ -88,6 +88,19 @@ impl Cache {
     pub fn gather_rows(rows: &[(&Cache, usize)], extra: usize) -> Cache {
         let len = rows.iter().map(|&(c, r)| c.len() - c.row_start(r)).max().unwrap_or(0);
         let n_layers = rows.first().map_or(0, |(c, _)| c.layers.len());
+        // Layer `$li` of every row as the variant `$family`'s state, gathered by `$ty::gather`.
+        macro_rules! gather {
+            ($li:expr, $family:ident, $ty:ty) => {{
+                let src: Vec<(&$ty, usize)> = rows
+                    .iter()
+                    .filter_map(|&(c, r)| match &c.layers[$li] {
+                        LayerState::$family(s) => Some((s, r)),
+                        _ => None,
+                    })
+                    .collect();
+                LayerState::$family(<$ty>::gather(&src, len))
+            }};
+        }
         let layers = (0..n_layers)
             .map(|li| match &rows[0].0.layers[li] {
                 LayerState::Attention(_) => {
@@ -95,46 +108,10 @@ impl Cache {
                         rows.iter().filter_map(|&(c, r)| c.layers[li].kv().map(|k| (k, r, c.row_start(r)))).collect();
                     LayerState::Attention(KvCache::gather(&src, len, len + extra))
                 }
-                LayerState::Mamba2(_) => {
-                    let src: Vec<(&Mamba2State, usize)> = rows
-                        .iter()
-                        .filter_map(|&(c, r)| match &c.layers[li] {
-                            LayerState::Mamba2(s) => Some((s, r)),
-                            _ => None,
-                        })
-                        .collect();
-                    LayerState::Mamba2(Mamba2State::gather(&src, len))
-                }
-                LayerState::Mamba(_) => {
-                    let src: Vec<(&MambaState, usize)> = rows
-                        .iter()
-                        .filter_map(|&(c, r)| match &c.layers[li] {
-                            LayerState::Mamba(s) => Some((s, r)),
-                            _ => None,
-                        })
-                        .collect();
-                    LayerState::Mamba(MambaState::gather(&src, len))
-                }
-                LayerState::DeltaNet(_) => {
-                    let src: Vec<(&DeltaNetState, usize)> = rows
-                        .iter()
-                        .filter_map(|&(c, r)| match &c.layers[li] {
-                            LayerState::DeltaNet(s) => Some((s, r)),
-                            _ => None,
-                        })
-                        .collect();
-                    LayerState::DeltaNet(DeltaNetState::gather(&src, len))
-                }
-                LayerState::Hgrn2(_) => {
-                    let src: Vec<(&Hgrn2State, usize)> = rows
-                        .iter()
-                        .filter_map(|&(c, r)| match &c.layers[li] {
-                            LayerState::Hgrn2(s) => Some((s, r)),
-                            _ => None,
-                        })
-                        .collect();
-                    LayerState::Hgrn2(Hgrn2State::gather(&src, len))
-                }
+                LayerState::Mamba2(_) => gather!(li, Mamba2, Mamba2State),
+                LayerState::Mamba(_) => gather!(li, Mamba, MambaState),
+                LayerState::DeltaNet(_) => gather!(li, DeltaNet, DeltaNetState),
+                LayerState::Hgrn2(_) => gather!(li, Hgrn2, Hgrn2State),
             })
             .collect();
         let start: Vec<usize> = rows.iter().map(|&(c, r)| len - (c.len() - c.row_start(r))).collect();

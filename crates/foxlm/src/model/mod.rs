@@ -34,6 +34,18 @@ use mamba2::ops::Mamba2Ops;
 use mamba2::{Mamba2Acts, Mamba2Mixer, Mamba2Scratch};
 use mlp::{Mlp, MlpActs, MlpScratch};
 
+/// A layer's state in `cache` (an `Option<&mut LayerState>`) as the variant `$family`'s: none
+/// without a cache, an error when it holds another family's (`$name` names the layer's).
+macro_rules! state_of {
+    ($cache:expr, $family:ident, $name:literal) => {
+        match $cache {
+            None => None,
+            Some(LayerState::$family(s)) => Some(s),
+            Some(_) => anyhow::bail!(concat!($name, " layer was given another family's state")),
+        }
+    };
+}
+
 /// A backend that runs every mixer family: what the model's forward and backward need.
 pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops {}
 impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops> ModelOps for B {}
@@ -786,43 +798,23 @@ impl Block {
     ) -> Result<()> {
         match (&self.mixer, &mut a.mixer) {
             (Mixer::Attention(l), MixerActs::Attention(acts)) => {
-                let cache = match cache {
-                    None => None,
-                    Some(LayerState::Attention(c)) => Some(c),
-                    Some(_) => anyhow::bail!("an attention layer was given another family's state"),
-                };
+                let cache = state_of!(cache, Attention, "an attention");
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, cache)?
             }
             (Mixer::Mamba2(l), MixerActs::Mamba2(acts)) => {
-                let state = match cache {
-                    None => None,
-                    Some(LayerState::Mamba2(s)) => Some(s),
-                    Some(_) => anyhow::bail!("a Mamba-2 layer was given another family's state"),
-                };
+                let state = state_of!(cache, Mamba2, "a Mamba-2");
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
             }
             (Mixer::Mamba(l), MixerActs::Mamba(acts)) => {
-                let state = match cache {
-                    None => None,
-                    Some(LayerState::Mamba(s)) => Some(s),
-                    Some(_) => anyhow::bail!("a Mamba layer was given another family's state"),
-                };
+                let state = state_of!(cache, Mamba, "a Mamba");
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
             }
             (Mixer::DeltaNet(l), MixerActs::DeltaNet(acts)) => {
-                let state = match cache {
-                    None => None,
-                    Some(LayerState::DeltaNet(s)) => Some(s),
-                    Some(_) => anyhow::bail!("a DeltaNet layer was given another family's state"),
-                };
+                let state = state_of!(cache, DeltaNet, "a DeltaNet");
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state)?
             }
             (Mixer::Hgrn2(l), MixerActs::Hgrn2(acts)) => {
-                let state = match cache {
-                    None => None,
-                    Some(LayerState::Hgrn2(s)) => Some(s),
-                    Some(_) => anyhow::bail!("an HGRN2 layer was given another family's state"),
-                };
+                let state = state_of!(cache, Hgrn2, "an HGRN2");
                 l.forward(be, &a.mixer_norm_out, batch, acts, out, state, lower_bounds)?
             }
             _ => anyhow::bail!("a block's activations are of another family than its mixer"),

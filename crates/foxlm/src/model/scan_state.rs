@@ -2,9 +2,13 @@
 //! and on the GPU ([`GpuScanState`]): per row the scan state and the short convolution's last
 //! W − 1 inputs. Its size does not depend on the sequence: decoding a token costs the same after
 //! 10 tokens as after 100,000. Each family says its layouts (`mamba/state.rs`,
-//! `mamba2/state.rs`).
+//! `mamba2/state.rs`). [`RecurrentState`] and [`forward_carrying`] serve every recurrent family
+//! (DeltaNet and HGRN2 too): how a forward meets its state is the same for all of them.
 
-use anyhow::Result;
+use super::deltanet::{cuda::GpuDeltaNetState, state::DeltaNetState};
+use super::hgrn2::{cuda::GpuHgrn2State, state::Hgrn2State};
+use crate::backend::cuda::{dtod, grown};
+use anyhow::{ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::Gpu;
 
@@ -74,4 +78,83 @@ impl<S: ScanSizes> GpuScanState<S> {
         let (ssm, conv) = sizes.state_lens(batch);
         Ok(Self { batch, sizes, len: 0, ssm: gpu.zeros(ssm.max(1))?, conv: gpu.zeros(conv.max(1))? })
     }
+}
+
+/// A recurrent layer's inference state, as its forwards see it: the rows it holds and the tokens
+/// it has seen.
+pub trait RecurrentState {
+    fn rows(&self) -> usize;
+    /// Counts `tokens` more seen.
+    fn advance(&mut self, tokens: usize);
+
+    /// Fails unless the state holds `rows` rows (`what` names the state in the message).
+    fn check_rows(&self, what: &str, rows: usize) -> Result<()> {
+        ensure!(self.rows() == rows, "{what} state of {} rows for a batch of {rows}", self.rows());
+        Ok(())
+    }
+}
+
+/// The state types, all with `batch` (rows) and `len` (tokens seen); `[S]` for a generic one.
+macro_rules! recurrent_state {
+    ($([$($g:ident),*] $t:ty),* $(,)?) => {$(
+        impl<$($g),*> RecurrentState for $t {
+            fn rows(&self) -> usize {
+                self.batch
+            }
+            fn advance(&mut self, tokens: usize) {
+                self.len += tokens;
+            }
+        }
+    )*};
+}
+
+recurrent_state!([S] ScanState<S>, [S] GpuScanState<S>, [] DeltaNetState, [] GpuDeltaNetState, [] Hgrn2State, [] GpuHgrn2State);
+
+/// Where a recurrent forward starts from.
+pub enum Carry<'s, St> {
+    /// No state: the sequences start from zeros.
+    Zeros,
+    /// One token on from the state, advancing it (the decode step).
+    Step(&'s mut St),
+    /// The chunked forward over several tokens from the state, leaving it after the last.
+    Chunks(&'s mut St),
+}
+
+/// Runs a recurrent forward over `rows` rows of `seq` tokens: from zeros without a state; with
+/// one (`what` names it, which must hold the batch's rows), its decode step for one token, else
+/// the chunked forward continuing it; then counts the tokens into the state.
+pub fn forward_carrying<St: RecurrentState>(
+    what: &str,
+    state: Option<&mut St>,
+    rows: usize,
+    seq: usize,
+    fwd: impl FnOnce(Carry<'_, St>) -> Result<()>,
+) -> Result<()> {
+    let Some(st) = state else { return fwd(Carry::Zeros) };
+    st.check_rows(what, rows)?;
+    fwd(if seq == 1 { Carry::Step(&mut *st) } else { Carry::Chunks(&mut *st) })?;
+    st.advance(seq);
+    Ok(())
+}
+
+/// A CPU chunked forward from the state `ssm`: `fwd(from, to)` writes the state after the last
+/// token into `to`, which then replaces it.
+pub fn chunks_from(ssm: &mut Vec<f32>, fwd: impl FnOnce(&[f32], &mut [f32]) -> Result<()>) -> Result<()> {
+    let mut next = vec![0.0; ssm.len()];
+    fwd(ssm, &mut next)?;
+    *ssm = next;
+    Ok(())
+}
+
+/// [`chunks_from`] on the GPU: `to` is the backend's `next` scratch, copied into `ssm` after.
+pub fn gpu_chunks_from(
+    gpu: &Gpu,
+    next: &mut Option<CudaSlice<f32>>,
+    ssm: &mut CudaSlice<f32>,
+    fwd: impl FnOnce(&CudaSlice<f32>, &mut CudaSlice<f32>) -> Result<()>,
+) -> Result<()> {
+    let n = ssm.len();
+    let next = grown(gpu, next, n)?;
+    fwd(ssm, next)?;
+    dtod(gpu, next, 0, ssm, 0, n)
 }

@@ -1,11 +1,12 @@
 //! The DeltaNet family's operations on the CPU backend (f32, the reference): `fox_kernels`'
 //! conv1d, L2 norm and chunked delta rule (with its decode step) on the layer's buffers.
 
-use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf};
+use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
 use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
-use anyhow::{anyhow, ensure, Result};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
+use anyhow::{ensure, Result};
 use fox_kernels::delta_rule::{self as dr, DeltaRule, DeltaRuleGrads};
 use fox_kernels::scalar::{sigmoid, silu};
 use fox_kernels::ssd;
@@ -14,15 +15,10 @@ use fox_kernels::ssd;
 pub const L2NORM_EPS: f32 = 1e-6;
 
 /// The delta-rule problem over the layer's buffers.
-#[allow(clippy::too_many_arguments)]
 fn problem<'a>(
     p: &DeltaNetParams,
     b: &CpuBatch,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    beta: &'a [f32],
-    g: Option<&'a [f32]>,
+    x: DeltaRuleIn<'a, Vec<f32>, Vec<f32>>,
     start: Option<&'a [usize]>,
 ) -> DeltaRule<'a> {
     let s = &p.sizes;
@@ -32,11 +28,11 @@ fn problem<'a>(
         heads: s.heads,
         k_dim: s.head_k,
         v_dim: s.head_v,
-        q,
-        k,
-        v,
-        beta,
-        g,
+        q: x.q,
+        k: x.k,
+        v: x.v,
+        beta: x.beta,
+        g: x.g.map(|g| &g[..]),
         scale: 1.0 / (s.head_k as f32).sqrt(),
         start,
     }
@@ -45,8 +41,8 @@ fn problem<'a>(
 impl Cpu<'_> {
     /// −exp(A_log) per head.
     fn deltanet_neg_exp(&self, p: &DeltaNetParams) -> Result<Vec<f32>> {
-        let id = p.a_log.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no A_log"))?;
-        Ok(self.params[id].iter().map(|v| -v.exp()).collect())
+        let (a_log, _) = p.decay()?;
+        Ok(self.params[a_log].iter().map(|v| -v.exp()).collect())
     }
 }
 
@@ -64,7 +60,7 @@ impl DeltaNetOps for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("a DeltaNet", b.batch)?;
         }
         let (w, channels) = p.conv(which);
         let pads = chunk_pads(b);
@@ -124,7 +120,7 @@ impl DeltaNetOps for Cpu<'_> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
         let neg_a = self.deltanet_neg_exp(p)?;
-        let bias = p.dt_bias.ok_or_else(|| anyhow!("a DeltaNet layer without a decay has no dt_bias"))?;
+        let (_, bias) = p.decay()?;
         let n = crate::backend::cpu::first("decay", rows.checked_mul(h), &[g.len(), a.len()])?;
         let g = &mut g[..n];
         ssd::dt_fwd(g, &a[..n], h, &self.params[bias])?;
@@ -138,10 +134,7 @@ impl DeltaNetOps for Cpu<'_> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
         let neg_a = self.deltanet_neg_exp(p)?;
-        let (a_log, bias) = match (p.a_log, p.dt_bias) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
-        };
+        let (a_log, bias) = p.decay()?;
         // g = A·dt with dt = softplus(a + dt_bias), A = −exp(A_log): d dt = dg·A,
         // dA = Σ dg·dt, dA_log = dA·A.
         let mut dt = vec![0.0; dg.len()];
@@ -165,50 +158,34 @@ impl DeltaNetOps for Cpu<'_> {
     fn delta_rule_fwd(
         &mut self,
         o: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        beta: &Vec<f32>,
-        g: Option<&Vec<f32>>,
+        x: DeltaRuleIn<'_, Vec<f32>, Vec<f32>>,
         p: &DeltaNetParams,
         b: &CpuBatch,
         state: Option<&mut DeltaNetState>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let pads = chunk_pads(b);
-        let prob = problem(p, b, q, k, v, beta, g.map(|g| &g[..]), pads.as_deref());
-        match state {
-            None => dr::delta_rule_fwd(&prob, o, None, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    dr::delta_rule_decode_step(&prob, &mut st.ssm, o)?;
-                } else {
-                    let mut next = vec![0.0; st.ssm.len()];
-                    dr::delta_rule_fwd(&prob, o, Some(&st.ssm), Some(&mut next))?;
-                    st.ssm = next;
-                }
-                st.len += b.seq;
-                Ok(())
+        let prob = problem(p, b, x, pads.as_deref());
+        forward_carrying("a DeltaNet", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => dr::delta_rule_fwd(&prob, o, None, None),
+            Carry::Step(st) => dr::delta_rule_decode_step(&prob, &mut st.ssm, o),
+            Carry::Chunks(st) => {
+                chunks_from(&mut st.ssm, |from, to| dr::delta_rule_fwd(&prob, o, Some(from), Some(to)))
             }
-        }
+        })
     }
 
     fn delta_rule_bwd(
         &mut self,
         grads: DeltaRuleGradsOf<'_, Vec<f32>, Vec<f32>>,
         dout: &Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        beta: &Vec<f32>,
-        g: Option<&Vec<f32>>,
+        x: DeltaRuleIn<'_, Vec<f32>, Vec<f32>>,
         p: &DeltaNetParams,
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let pads = chunk_pads(b);
-        let prob = problem(p, b, q, k, v, beta, g.map(|g| &g[..]), pads.as_deref());
+        let prob = problem(p, b, x, pads.as_deref());
         let DeltaRuleGradsOf { dq, dk, dv, dbeta, dg } = grads;
         let out = DeltaRuleGrads { dq, dk, dv, dbeta, dg: dg.map(|d| &mut d[..]), dinit: None };
         dr::delta_rule_bwd(&prob, dout, None, None, out)

@@ -4,14 +4,15 @@
 //! the backend's `short_conv_*`, the same contract: depthwise, causal per row from its first
 //! real token, SiLU, the last W − 1 inputs as the state).
 
-use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf};
+use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
 use crate::backend::cuda::recurrent::{two_mut, ShortConv};
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::DeltaNetSizes;
+use crate::model::scan_state::{forward_carrying, Carry, RecurrentState};
 use crate::model::{Mixer, Model};
-use anyhow::{anyhow, ensure, Result};
+use anyhow::Result;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
 use fox_kernels::cuda::{Elem, Gpu};
@@ -105,17 +106,13 @@ fn conv(which: ConvOf, p: &DeltaNetParams) -> ShortConv {
 }
 
 /// The delta-rule problem over the layer's buffers.
-#[allow(clippy::too_many_arguments)]
 fn problem<'a, T: Elem>(
     p: &DeltaNetParams,
     b: &'a GpuBatch,
-    q: &'a CudaSlice<T>,
-    k: &'a CudaSlice<T>,
-    v: &'a CudaSlice<T>,
-    beta: &'a CudaSlice<T>,
-    g: Option<&'a CudaSlice<f32>>,
+    x: DeltaRuleIn<'a, CudaSlice<T>, CudaSlice<f32>>,
 ) -> DevDeltaRule<'a, T> {
     let s = &p.sizes;
+    let DeltaRuleIn { q, k, v, beta, g } = x;
     DevDeltaRule {
         batch: b.batch,
         seq: b.seq,
@@ -146,7 +143,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("a DeltaNet", b.batch)?;
         }
         let st = state.map(|st| match which {
             ConvOf::Q => &mut st.conv_q,
@@ -201,10 +198,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         rows: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let (a_log, bias) = match (p.a_log, p.dt_bias) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
-        };
+        let (a_log, bias) = p.decay()?;
         dr::decay_fwd(&self.gpu, g, a, &self.params[a_log.0].master, &self.params[bias.0].master, rows)
     }
 
@@ -216,10 +210,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         p: &DeltaNetParams,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let (a_log, bias) = match (p.a_log, p.dt_bias) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
-        };
+        let (a_log, bias) = p.decay()?;
         let h = p.sizes.heads;
         let rows = a.len() / h;
         let scratch = grown(&self.gpu, &mut self.ssm.small, dr::decay_bwd_scratch_len(rows, h))?;
@@ -230,53 +221,36 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
     fn delta_rule_fwd(
         &mut self,
         o: &mut CudaSlice<T>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        beta: &CudaSlice<T>,
-        g: Option<&CudaSlice<f32>>,
+        x: DeltaRuleIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         p: &DeltaNetParams,
         b: &GpuBatch,
         state: Option<&mut GpuDeltaNetState>,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
         let s = &p.sizes;
-        let prob = problem(p, b, q, k, v, beta, g);
+        let prob = problem(p, b, x);
         let len = dr::fwd_scratch_len::<T>(b.batch, b.seq, s.heads, s.head_k, s.head_v);
-        match state {
-            None => {
-                let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                dr::delta_rule_fwd(&self.gpu, &prob, o, None, scratch)
+        let gpu = &self.gpu;
+        forward_carrying("a DeltaNet", state, b.batch, b.seq, |carry| match carry {
+            Carry::Step(st) => dr::delta_rule_decode_step(gpu, &prob, &mut st.ssm, o),
+            Carry::Zeros => dr::delta_rule_fwd(gpu, &prob, o, None, grown(gpu, &mut self.ssm.big, len)?),
+            Carry::Chunks(st) => {
+                dr::delta_rule_fwd(gpu, &prob, o, Some(&mut st.ssm), grown(gpu, &mut self.ssm.big, len)?)
             }
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a DeltaNet state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    dr::delta_rule_decode_step(&self.gpu, &prob, &mut st.ssm, o)?;
-                } else {
-                    let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                    dr::delta_rule_fwd(&self.gpu, &prob, o, Some(&mut st.ssm), scratch)?;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        })
     }
 
     fn delta_rule_bwd(
         &mut self,
         grads: DeltaRuleGradsOf<'_, CudaSlice<T>, CudaSlice<f32>>,
         dout: &CudaSlice<T>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        beta: &CudaSlice<T>,
-        g: Option<&CudaSlice<f32>>,
+        x: DeltaRuleIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         p: &DeltaNetParams,
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
         let s = &p.sizes;
-        let prob = problem(p, b, q, k, v, beta, g);
+        let prob = problem(p, b, x);
         let len = dr::bwd_scratch_len::<T>(b.batch, b.seq, s.heads, s.head_k, s.head_v);
         let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
         let DeltaRuleGradsOf { dq, dk, dv, dbeta, dg } = grads;

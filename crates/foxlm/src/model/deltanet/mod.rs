@@ -20,7 +20,7 @@ use crate::backend::Alloc;
 use crate::config::{Config, DeltaNetSizes};
 use crate::tensor::{ParamKind, Params};
 use anyhow::Result;
-use ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf};
+use ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 
 #[derive(Clone, Debug)]
 pub struct DeltaNetMixer {
@@ -232,7 +232,8 @@ impl DeltaNetMixer {
             be.deltanet_decay_fwd(&mut a.g, &a.a, p, n)?;
         }
         let g = self.a_proj.is_some().then_some(&a.g);
-        be.delta_rule_fwd(&mut a.o, &a.q, &a.k, &a.v, &a.beta, g, p, batch, state)?;
+        let x_in = DeltaRuleIn { q: &a.q, k: &a.k, v: &a.v, beta: &a.beta, g };
+        be.delta_rule_fwd(&mut a.o, x_in, p, batch, state)?;
         be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.o_norm, n * s.heads, s.head_v, p.eps)?;
         match &self.g_proj {
             Some(g_proj) => {
@@ -283,7 +284,8 @@ impl DeltaNetMixer {
             dbeta: &mut sc.dbeta,
             dg: self.a_proj.is_some().then_some(&mut sc.dg),
         };
-        be.delta_rule_bwd(grads, &sc.d_o, &a.q, &a.k, &a.v, &a.beta, g, p, batch)?;
+        let x_in = DeltaRuleIn { q: &a.q, k: &a.k, v: &a.v, beta: &a.beta, g };
+        be.delta_rule_bwd(grads, &sc.d_o, x_in, p, batch)?;
         // g = −exp(A_log)·softplus(a_proj(x) + dt_bias); β = sigmoid(b_proj(x)).
         if let Some(a_proj) = &self.a_proj {
             be.deltanet_decay_bwd(&mut sc.da, &sc.dg, &a.a, p)?;

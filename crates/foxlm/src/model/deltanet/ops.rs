@@ -8,7 +8,7 @@
 use crate::backend::Backend;
 use crate::config::DeltaNetSizes;
 use crate::tensor::ParamId;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 
 /// Which of the layer's three short convolutions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +41,14 @@ impl DeltaNetParams {
             ConvOf::Q => (self.q_conv, self.sizes.key_dim()),
             ConvOf::K => (self.k_conv, self.sizes.key_dim()),
             ConvOf::V => (self.v_conv, self.sizes.value_dim()),
+        }
+    }
+
+    /// Gated DeltaNet's decay parameters: A_log and dt_bias.
+    pub fn decay(&self) -> Result<(ParamId, ParamId)> {
+        match (self.a_log, self.dt_bias) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(anyhow!("a DeltaNet layer without a decay has no A_log / dt_bias")),
         }
     }
 }
@@ -102,30 +110,20 @@ pub trait DeltaNetOps: Backend {
     ) -> Result<()>;
     /// o [B·T, H·V] = the delta rule over (q, k, v, β, g) with scale K^−½; with `state`,
     /// continuing its state (which it then advances: the decode step when T = 1).
-    #[allow(clippy::too_many_arguments)]
     fn delta_rule_fwd(
         &mut self,
         o: &mut Self::Act,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        beta: &Self::Act,
-        g: Option<&Self::F32>,
+        x: DeltaRuleIn<'_, Self::Act, Self::F32>,
         p: &DeltaNetParams,
         batch: &Self::Batch,
         state: Option<&mut Self::DeltaNetState>,
     ) -> Result<()>;
     /// The delta rule's backward from do (a full-sequence forward, no state).
-    #[allow(clippy::too_many_arguments)]
     fn delta_rule_bwd(
         &mut self,
         grads: DeltaRuleGradsOf<'_, Self::Act, Self::F32>,
         dout: &Self::Act,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        beta: &Self::Act,
-        g: Option<&Self::F32>,
+        x: DeltaRuleIn<'_, Self::Act, Self::F32>,
         p: &DeltaNetParams,
         batch: &Self::Batch,
     ) -> Result<()>;
@@ -139,6 +137,16 @@ pub trait DeltaNetOps: Backend {
         x: &Self::Act,
         gate: &Self::Act,
     ) -> Result<()>;
+}
+
+/// The delta rule's inputs (A: activations, F: f32): q, k [B·T, H·K], v [B·T, H·V], β [B·T, H]
+/// and, in Gated DeltaNet, the log-decay g [B·T, H].
+pub struct DeltaRuleIn<'a, A, F> {
+    pub q: &'a A,
+    pub k: &'a A,
+    pub v: &'a A,
+    pub beta: &'a A,
+    pub g: Option<&'a F>,
 }
 
 /// Where the delta rule's backward writes its gradients (A: activations, F: f32).

@@ -2,10 +2,11 @@
 //! lower bounds elementwise here, `fox_kernels`' chunked GLA (with its decode step) on the
 //! layer's buffers.
 
-use super::ops::{ConvOf, GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
 use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
 use crate::backend::Family;
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
 use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::conv1d::Conv1d;
@@ -13,16 +14,7 @@ use fox_kernels::gla::{self, Gla, GlaGrads};
 use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 
 /// The GLA problem over the layer's buffers.
-#[allow(clippy::too_many_arguments)]
-fn problem<'a>(
-    p: &Hgrn2Params,
-    b: &CpuBatch,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    g: &'a [f32],
-    start: Option<&'a [usize]>,
-) -> Gla<'a> {
+fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Option<&'a [usize]>) -> Gla<'a> {
     let s = &p.sizes;
     Gla {
         batch: b.batch,
@@ -30,10 +22,10 @@ fn problem<'a>(
         heads: s.heads,
         k_dim: s.head_dim,
         v_dim: s.head_dim,
-        q,
-        k,
-        v,
-        g,
+        q: x.q,
+        k: x.k,
+        v: x.v,
+        g: x.g,
         scale: 1.0 / (s.head_dim as f32).sqrt(),
         start,
     }
@@ -102,7 +94,7 @@ impl Hgrn2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("an HGRN2", b.batch)?;
         }
         let w =
             p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
@@ -271,48 +263,32 @@ impl Hgrn2Ops for Cpu<'_> {
     fn hgrn2_gla_fwd(
         &mut self,
         o: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        g: &Vec<f32>,
+        x: GlaIn<'_, Vec<f32>>,
         p: &Hgrn2Params,
         b: &CpuBatch,
         state: Option<&mut Hgrn2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let pads = chunk_pads(b);
-        let prob = problem(p, b, q, k, v, g, pads.as_deref());
-        match state {
-            None => gla::gla_fwd(&prob, o, None, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    gla::gla_decode_step(&prob, &mut st.ssm, o)?;
-                } else {
-                    let mut next = vec![0.0; st.ssm.len()];
-                    gla::gla_fwd(&prob, o, Some(&st.ssm), Some(&mut next))?;
-                    st.ssm = next;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        let prob = problem(p, b, x, pads.as_deref());
+        forward_carrying("an HGRN2", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => gla::gla_fwd(&prob, o, None, None),
+            Carry::Step(st) => gla::gla_decode_step(&prob, &mut st.ssm, o),
+            Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| gla::gla_fwd(&prob, o, Some(from), Some(to))),
+        })
     }
 
     fn hgrn2_gla_bwd(
         &mut self,
         grads: GlaGradsOf<'_, Vec<f32>>,
         dout: &Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        g: &Vec<f32>,
+        x: GlaIn<'_, Vec<f32>>,
         p: &Hgrn2Params,
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let pads = chunk_pads(b);
-        let prob = problem(p, b, q, k, v, g, pads.as_deref());
+        let prob = problem(p, b, x, pads.as_deref());
         let GlaGradsOf { dq, dk, dv, dg } = grads;
         gla::gla_bwd(&prob, dout, None, None, GlaGrads { dq, dk, dv, dg, dinit: None })
     }

@@ -5,11 +5,12 @@
 //! lower bounds and every sum in f32; the convolutions' weights from their T working copies, as
 //! the GEMMs read theirs.
 
-use super::ops::{ConvOf, GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Hgrn2Sizes;
+use crate::model::scan_state::{forward_carrying, Carry, RecurrentState};
 use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
@@ -58,15 +59,9 @@ pub fn unsupported(s: &Hgrn2Sizes) -> Option<String> {
 }
 
 /// The GLA problem over the layer's buffers (heads of K = V = the head width, scale K^−½).
-fn problem<'a, T: Elem>(
-    p: &Hgrn2Params,
-    b: &'a GpuBatch,
-    q: &'a CudaSlice<T>,
-    k: &'a CudaSlice<T>,
-    v: &'a CudaSlice<T>,
-    g: &'a CudaSlice<T>,
-) -> DevGla<'a, T> {
+fn problem<'a, T: Elem>(p: &Hgrn2Params, b: &'a GpuBatch, x: GlaIn<'a, CudaSlice<T>>) -> DevGla<'a, T> {
     let s = &p.sizes;
+    let GlaIn { q, k, v, g } = x;
     DevGla {
         batch: b.batch,
         seq: b.seq,
@@ -126,7 +121,7 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         match state {
             None => ssd::conv1d_fwd(&self.gpu, out, x, dims.2, weight, None, start, None, dims, false),
             Some(st) => {
-                ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
+                st.check_rows("an HGRN2", b.batch)?;
                 let s = match which {
                     ConvOf::Q => &mut st.conv_q,
                     ConvOf::F => &mut st.conv_f,
@@ -225,51 +220,36 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
     fn hgrn2_gla_fwd(
         &mut self,
         o: &mut CudaSlice<T>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        g: &CudaSlice<T>,
+        x: GlaIn<'_, CudaSlice<T>>,
         p: &Hgrn2Params,
         b: &GpuBatch,
         state: Option<&mut GpuHgrn2State>,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
         let s = &p.sizes;
-        let prob = problem(p, b, q, k, v, g);
+        let prob = problem(p, b, x);
         let len = gla::gla_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.head_dim);
-        match state {
-            None => {
-                let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                gla::gla_fwd(&self.gpu, &prob, o, None, None, scratch)
+        let gpu = &self.gpu;
+        forward_carrying("an HGRN2", state, b.batch, b.seq, |carry| match carry {
+            Carry::Step(st) => gla::gla_decode_step(gpu, &prob, &mut st.ssm, o),
+            Carry::Zeros => gla::gla_fwd(gpu, &prob, o, None, None, grown(gpu, &mut self.ssm.big, len)?),
+            Carry::Chunks(st) => {
+                gla::gla_fwd_continuing(gpu, &prob, o, &mut st.ssm, grown(gpu, &mut self.ssm.big, len)?)
             }
-            Some(st) => {
-                ensure!(st.batch == b.batch, "an HGRN2 state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    gla::gla_decode_step(&self.gpu, &prob, &mut st.ssm, o)?;
-                } else {
-                    let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                    gla::gla_fwd_continuing(&self.gpu, &prob, o, &mut st.ssm, scratch)?;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        })
     }
 
     fn hgrn2_gla_bwd(
         &mut self,
         grads: GlaGradsOf<'_, CudaSlice<T>>,
         dout: &CudaSlice<T>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        g: &CudaSlice<T>,
+        x: GlaIn<'_, CudaSlice<T>>,
         p: &Hgrn2Params,
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
         let s = &p.sizes;
-        let prob = problem(p, b, q, k, v, g);
+        let prob = problem(p, b, x);
         let len = gla::gla_bwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.head_dim);
         let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
         let GlaGradsOf { dq, dk, dv, dg } = grads;

@@ -26,7 +26,7 @@ use crate::backend::Alloc;
 use crate::config::{Config, Hgrn2Sizes, HGRN2_G_NORM_EPS};
 use crate::tensor::{ParamKind, Params};
 use anyhow::Result;
-use ops::{ConvOf, GlaGradsOf, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+use ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 
 #[derive(Clone, Debug)]
 pub struct Hgrn2Mixer {
@@ -175,7 +175,7 @@ impl Hgrn2Mixer {
             be.linear_fwd(&mut a.v, x, &self.i_proj, n)?;
         }
         be.hgrn2_gates_fwd(&mut a.q, &mut a.k, &mut a.g, &a.q_in, &a.f, lb, p, n)?;
-        be.hgrn2_gla_fwd(&mut a.o, &a.q, &a.k, &a.v, &a.g, p, batch, state)?;
+        be.hgrn2_gla_fwd(&mut a.o, GlaIn { q: &a.q, k: &a.k, v: &a.v, g: &a.g }, p, batch, state)?;
         be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.g_norm, n, self.width(), HGRN2_G_NORM_EPS)?;
         be.linear_fwd(out, &a.o_norm, &self.o_proj, n)
     }
@@ -204,7 +204,7 @@ impl Hgrn2Mixer {
         be.rms_norm_bwd(&mut sc.d_o, false, p.g_norm, &sc.do_norm, &a.o, &a.o_rstd, self.width())?;
         // o = GLA(q, k, v, g).
         let grads = GlaGradsOf { dq: &mut sc.dq, dk: &mut sc.dk, dv: &mut sc.dv, dg: &mut sc.dg };
-        be.hgrn2_gla_bwd(grads, &sc.d_o, &a.q, &a.k, &a.v, &a.g, p, batch)?;
+        be.hgrn2_gla_bwd(grads, &sc.d_o, GlaIn { q: &a.q, k: &a.k, v: &a.v, g: &a.g }, p, batch)?;
         // q = swish(q_in), g and k from f (and the lower bound).
         let grads = Hgrn2GateGradsOf { dq_in: &mut sc.dq_in, df: &mut sc.df, dlb, dq: &sc.dq, dk: &sc.dk, dg: &sc.dg };
         let saved = Hgrn2GatesOf { q_in: &a.q_in, f: &a.f, g: &a.g, lb };

@@ -101,31 +101,31 @@ pub trait Hgrn2Ops: Backend {
     ) -> Result<()>;
     /// o [B·T, d] = GLA over (q, k, v, g) with scale K^−½; with `state`, continuing its state
     /// (which it then advances: the decode step when T = 1).
-    #[allow(clippy::too_many_arguments)]
     fn hgrn2_gla_fwd(
         &mut self,
         o: &mut Self::Act,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        g: &Self::Act,
+        x: GlaIn<'_, Self::Act>,
         p: &Hgrn2Params,
         batch: &Self::Batch,
         state: Option<&mut Self::Hgrn2State>,
     ) -> Result<()>;
     /// GLA's backward from do (a full-sequence forward, no state): writes dq, dk, dv, dg.
-    #[allow(clippy::too_many_arguments)]
     fn hgrn2_gla_bwd(
         &mut self,
         grads: GlaGradsOf<'_, Self::Act>,
         dout: &Self::Act,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        g: &Self::Act,
+        x: GlaIn<'_, Self::Act>,
         p: &Hgrn2Params,
         batch: &Self::Batch,
     ) -> Result<()>;
+}
+
+/// GLA's inputs: q, k (the forget gate's complement), v and the log forget gate g, [B·T, d].
+pub struct GlaIn<'a, A> {
+    pub q: &'a A,
+    pub k: &'a A,
+    pub v: &'a A,
+    pub g: &'a A,
 }
 
 /// Where GLA's backward writes its gradients.

@@ -1,11 +1,12 @@
 //! The Mamba family's operations on the CPU backend (f32, the reference): `fox_kernels`'
 //! conv1d and selective scan (with their decode steps) on the layer's buffers.
 
-use super::ops::{MambaOps, MambaParams};
+use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 use super::state::MambaState;
 use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
 use anyhow::{ensure, Result};
 use fox_kernels::conv1d::Conv1d;
 use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
@@ -35,14 +36,11 @@ impl Cpu<'_> {
 }
 
 /// The scan problem of one forward.
-#[allow(clippy::too_many_arguments)]
 fn scan<'a>(
     s: &MambaSizes,
     b: &CpuBatch,
-    u: &'a [f32],
-    delta: &'a [f32],
+    x: &ScanIn<'a, Vec<f32>>,
     a: &'a [f32],
-    xp: &'a [f32],
     d: &'a [f32],
     z: &'a [f32],
     start: Option<&'a [usize]>,
@@ -52,10 +50,10 @@ fn scan<'a>(
         len: b.seq,
         channels: s.inner,
         state: s.state,
-        u,
-        delta,
+        u: x.u,
+        delta: x.delta,
         a,
-        bc: xp,
+        bc: x.xp,
         bc_layout: BcLayout::x_proj(b.seq, s.dt_rank, s.state),
         d,
         z: Some(z),
@@ -79,7 +77,7 @@ impl MambaOps for Cpu<'_> {
         let bias = p.conv_b.map(|id| &self.params[id]);
         let c = conv(&p.sizes, b, xz, &self.params[p.conv_w], bias, pads.as_deref());
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("a Mamba", b.batch)?;
         }
         conv1d_continuing(&c, u, state.map(|st| &mut st.conv))
     }
@@ -145,10 +143,7 @@ impl MambaOps for Cpu<'_> {
         &mut self,
         y: &mut Vec<f32>,
         saved: &mut Vec<f32>,
-        u: &Vec<f32>,
-        delta: &Vec<f32>,
-        xp: &Vec<f32>,
-        xz: &Vec<f32>,
+        x: ScanIn<'_, Vec<f32>>,
         p: &MambaParams,
         b: &CpuBatch,
         state: Option<&mut MambaState>,
@@ -156,54 +151,45 @@ impl MambaOps for Cpu<'_> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
         let a = self.mamba_neg_exp(p);
-        let z = gate(s, xz);
+        let z = gate(s, x.xz);
         let pads = chunk_pads(b);
-        let prob = scan(s, b, u, delta, &a, xp, &self.params[p.d_skip], &z, pads.as_deref());
+        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
         ensure!(
             saved.len() == selective_scan::saved_len(&prob),
             "Mamba scan buffers sized for another batch ({} saved values, {} needed)",
             saved.len(),
             selective_scan::saved_len(&prob)
         );
-        match state {
-            None => selective_scan::forward(&prob, None, y, saved, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    selective_scan::decode_step(&prob, &mut st.ssm, y);
-                } else {
-                    let mut next = vec![0.0; st.ssm.len()];
-                    selective_scan::forward(&prob, Some(&st.ssm), y, saved, Some(&mut next));
-                    st.ssm = next;
-                }
-                st.len += b.seq;
+        forward_carrying("a Mamba", state, b.batch, b.seq, |carry| {
+            match carry {
+                Carry::Zeros => selective_scan::forward(&prob, None, y, saved, None),
+                Carry::Step(st) => selective_scan::decode_step(&prob, &mut st.ssm, y),
+                Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| {
+                    selective_scan::forward(&prob, Some(from), y, saved, Some(to));
+                    Ok(())
+                })?,
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn selective_scan_bwd(
         &mut self,
-        du: &mut Vec<f32>,
-        ddelta: &mut Vec<f32>,
-        dxp: &mut Vec<f32>,
-        dxz: &mut Vec<f32>,
+        grads: ScanGradsOf<'_, Vec<f32>>,
         dy: &Vec<f32>,
         saved: &Vec<f32>,
-        u: &Vec<f32>,
-        delta: &Vec<f32>,
-        xp: &Vec<f32>,
-        xz: &Vec<f32>,
+        x: ScanIn<'_, Vec<f32>>,
         p: &MambaParams,
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
         let a = self.mamba_neg_exp(p);
-        let z = gate(s, xz);
+        let z = gate(s, x.xz);
         let pads = chunk_pads(b);
-        let prob = scan(s, b, u, delta, &a, xp, &self.params[p.d_skip], &z, pads.as_deref());
+        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
         let (mut da, mut dd, mut dz) = (vec![0.0; a.len()], vec![0.0; s.inner], vec![0.0; z.len()]);
+        let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = GradsMut { du, ddelta, da: &mut da, dbc: dxp, dd: &mut dd, dz: Some(&mut dz), dh0: None };
         selective_scan::backward(&prob, saved, dy, g);
         for (row, src) in dxz.chunks_mut(2 * s.inner).zip(dz.chunks(s.inner.max(1))) {

@@ -4,12 +4,13 @@
 //! `fox_kernels::cuda::ssd`, and `fox_kernels::cuda::selective_scan` (N ≤ 16) reading x_proj's
 //! B and C and in_proj's gate z in place.
 
-use super::ops::{MambaOps, MambaParams};
+use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 pub use super::state::GpuMambaState;
 use crate::backend::cuda::recurrent::ShortConv;
-use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
+use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
@@ -32,17 +33,14 @@ impl<T: Elem> Cuda<T> {
 
 /// The scan over the layer's buffers: u, δ [B·T, Di], B and C in x_proj's output, the gate z in
 /// xz's last Di columns.
-#[allow(clippy::too_many_arguments)]
 fn problem<'a, T: Elem>(
     s: &MambaSizes,
     b: &'a GpuBatch,
-    u: &'a CudaSlice<T>,
-    delta: &'a CudaSlice<T>,
+    x: ScanIn<'a, CudaSlice<T>>,
     a: &'a CudaSlice<f32>,
-    xp: &'a CudaSlice<T>,
     d: &'a CudaSlice<f32>,
-    xz: &'a CudaSlice<T>,
 ) -> DevScan<'a, T> {
+    let ScanIn { u, delta, xp, xz } = x;
     DevScan {
         batch: b.batch,
         len: b.seq,
@@ -74,7 +72,7 @@ impl<T: Elem> MambaOps for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("a Mamba", b.batch)?;
         }
         self.short_conv_fwd(u, &xz.slice(..), &conv(p), b, state.map(|st| &mut st.conv))
     }
@@ -142,10 +140,7 @@ impl<T: Elem> MambaOps for Cuda<T> {
         &mut self,
         y: &mut CudaSlice<T>,
         saved: &mut CudaSlice<f32>,
-        u: &CudaSlice<T>,
-        delta: &CudaSlice<T>,
-        xp: &CudaSlice<T>,
-        xz: &CudaSlice<T>,
+        x: ScanIn<'_, CudaSlice<T>>,
         p: &MambaParams,
         b: &GpuBatch,
         state: Option<&mut GpuMambaState>,
@@ -154,37 +149,23 @@ impl<T: Elem> MambaOps for Cuda<T> {
         self.mamba_a(p)?;
         let s = &p.sizes;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
-        let prob = problem(s, b, u, delta, a, xp, &self.params[p.d_skip.0].master, xz);
-        match state {
-            None => scan::forward(&self.gpu, &prob, None, y, saved, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    scan::decode_step(&self.gpu, &prob, &mut st.ssm, y)?;
-                } else {
-                    let next = grown(&self.gpu, &mut self.ssm.next, st.ssm.len())?;
-                    scan::forward(&self.gpu, &prob, Some(&st.ssm), y, saved, Some(&mut *next))?;
-                    let n = st.ssm.len();
-                    dtod(&self.gpu, next, 0, &mut st.ssm, 0, n)?;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        let prob = problem(s, b, x, a, &self.params[p.d_skip.0].master);
+        let gpu = &self.gpu;
+        forward_carrying("a Mamba", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => scan::forward(gpu, &prob, None, y, saved, None),
+            Carry::Step(st) => scan::decode_step(gpu, &prob, &mut st.ssm, y),
+            Carry::Chunks(st) => gpu_chunks_from(gpu, &mut self.ssm.next, &mut st.ssm, |from, to| {
+                scan::forward(gpu, &prob, Some(from), y, saved, Some(to))
+            }),
+        })
     }
 
     fn selective_scan_bwd(
         &mut self,
-        du: &mut CudaSlice<T>,
-        ddelta: &mut CudaSlice<T>,
-        dxp: &mut CudaSlice<T>,
-        dxz: &mut CudaSlice<T>,
+        grads: ScanGradsOf<'_, CudaSlice<T>>,
         dy: &CudaSlice<T>,
         saved: &CudaSlice<f32>,
-        u: &CudaSlice<T>,
-        delta: &CudaSlice<T>,
-        xp: &CudaSlice<T>,
-        xz: &CudaSlice<T>,
+        x: ScanIn<'_, CudaSlice<T>>,
         p: &MambaParams,
         b: &GpuBatch,
     ) -> Result<()> {
@@ -198,7 +179,8 @@ impl<T: Elem> MambaOps for Cuda<T> {
         self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))?;
         let scratch = grown(&self.gpu, &mut self.ssm.big, scan::scratch_floats(b.batch, b.seq, s.inner, s.state))?;
         let dp = &mut self.params[p.d_skip.0];
-        let prob = problem(s, b, u, delta, a, xp, &dp.master, xz);
+        let prob = problem(s, b, x, a, &dp.master);
+        let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = DevGrads { du, ddelta, da, dbc: dxp, dd: &mut dp.grad, dz: Some(dxz), dh0: None };
         scan::backward(&self.gpu, &prob, saved, dy, g, scratch)?;
         // A = −exp(A_log): dA_log += dA · A.

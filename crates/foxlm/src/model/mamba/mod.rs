@@ -20,7 +20,7 @@ use crate::backend::Alloc;
 use crate::config::MambaSizes;
 use crate::tensor::{ParamKind, Params};
 use anyhow::Result;
-use ops::{MambaOps, MambaParams};
+use ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 
 #[derive(Clone, Debug)]
 pub struct MambaMixer {
@@ -174,7 +174,8 @@ impl MambaMixer {
         be.mamba_dt_split(&mut a.dt_low, &a.xp, p, n)?;
         be.linear_fwd(&mut a.dt_pre, &a.dt_low, &self.dt_proj, n)?;
         be.mamba_delta_fwd(&mut a.delta, &a.dt_pre, p, n)?;
-        be.selective_scan_fwd(&mut a.y, &mut a.saved, &a.u, &a.delta, &a.xp, &a.xz, p, batch, state)?;
+        let x_in = ScanIn { u: &a.u, delta: &a.delta, xp: &a.xp, xz: &a.xz };
+        be.selective_scan_fwd(&mut a.y, &mut a.saved, x_in, p, batch, state)?;
         be.linear_fwd(out, &a.y, &self.out_proj, n)
     }
 
@@ -196,20 +197,9 @@ impl MambaMixer {
         let p = &self.p;
         be.linear_bwd(&self.out_proj, &a.y, dy, Some(&mut s.dy), false, n)?;
         // The scan: du, dδ, dB and dC (xp's columns), dz (xz's columns), dA_log, dD.
-        be.selective_scan_bwd(
-            &mut s.du,
-            &mut s.ddelta,
-            &mut s.dxp,
-            &mut s.dxz,
-            &s.dy,
-            &a.saved,
-            &a.u,
-            &a.delta,
-            &a.xp,
-            &a.xz,
-            p,
-            batch,
-        )?;
+        let grads = ScanGradsOf { du: &mut s.du, ddelta: &mut s.ddelta, dxp: &mut s.dxp, dxz: &mut s.dxz };
+        let x_in = ScanIn { u: &a.u, delta: &a.delta, xp: &a.xp, xz: &a.xz };
+        be.selective_scan_bwd(grads, &s.dy, &a.saved, x_in, p, batch)?;
         // δ = softplus(dt_proj(dt_low) + bias): dt_low's gradient into xp's first columns.
         be.mamba_delta_bwd(&mut s.d_dt_pre, &s.ddelta, &a.dt_pre, p)?;
         be.linear_bwd(&self.dt_proj, &a.dt_low, &s.d_dt_pre, Some(&mut s.d_dt_low), false, n)?;

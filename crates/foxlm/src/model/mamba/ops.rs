@@ -72,35 +72,40 @@ pub trait MambaOps: Backend {
     /// y [B·T, Di] = (scan(u, δ, A = −exp(A_log), B, C) + D·u) · SiLU(z), saving the states the
     /// backward needs into `saved`; with `state`, continuing its scan state (which it then
     /// advances: the decode step when T = 1).
-    #[allow(clippy::too_many_arguments)]
     fn selective_scan_fwd(
         &mut self,
         y: &mut Self::Act,
         saved: &mut Self::F32,
-        u: &Self::Act,
-        delta: &Self::Act,
-        xp: &Self::Act,
-        xz: &Self::Act,
+        x: ScanIn<'_, Self::Act>,
         p: &MambaParams,
         batch: &Self::Batch,
         state: Option<&mut Self::MambaState>,
     ) -> Result<()>;
     /// The scan's backward from dy: writes du, dδ, dB and dC (into `dxp`), dz (into `dxz`'s z
     /// columns), adds A_log's and D's gradients.
-    #[allow(clippy::too_many_arguments)]
     fn selective_scan_bwd(
         &mut self,
-        du: &mut Self::Act,
-        ddelta: &mut Self::Act,
-        dxp: &mut Self::Act,
-        dxz: &mut Self::Act,
+        grads: ScanGradsOf<'_, Self::Act>,
         dy: &Self::Act,
         saved: &Self::F32,
-        u: &Self::Act,
-        delta: &Self::Act,
-        xp: &Self::Act,
-        xz: &Self::Act,
+        x: ScanIn<'_, Self::Act>,
         p: &MambaParams,
         batch: &Self::Batch,
     ) -> Result<()>;
+}
+
+/// The scan's inputs: u and δ [B·T, Di], x_proj's output `xp` (B and C) and in_proj's `xz` (z).
+pub struct ScanIn<'a, A> {
+    pub u: &'a A,
+    pub delta: &'a A,
+    pub xp: &'a A,
+    pub xz: &'a A,
+}
+
+/// Where the scan's backward writes: du, dδ, dB and dC into `dxp`'s columns, dz into `dxz`'s.
+pub struct ScanGradsOf<'a, A> {
+    pub du: &'a mut A,
+    pub ddelta: &'a mut A,
+    pub dxp: &'a mut A,
+    pub dxz: &'a mut A,
 }

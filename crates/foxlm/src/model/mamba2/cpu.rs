@@ -1,12 +1,13 @@
 //! The Mamba-2 family's operations on the CPU backend (f32, the reference): `fox_kernels`'
 //! conv1d, the chunked SSD (with its decode step) and the gated RMSNorm on the layer's buffers.
 
-use super::ops::{Mamba2Ops, Mamba2Params};
+use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 use super::state::Mamba2State;
 use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
-use anyhow::{ensure, Result};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
+use anyhow::Result;
 use fox_kernels::conv1d::Conv1d;
 use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
@@ -24,12 +25,10 @@ fn conv<'a>(
 }
 
 /// The SSD problem over the conv output.
-#[allow(clippy::too_many_arguments)]
 fn ssd<'a>(
     s: &Mamba2Sizes,
     b: &CpuBatch,
-    xbc: &'a [f32],
-    dt: &'a [f32],
+    x: SsdIn<'a, Vec<f32>, Vec<f32>>,
     a: &'a [f32],
     d: &'a [f32],
     start: Option<&'a [usize]>,
@@ -41,9 +40,9 @@ fn ssd<'a>(
         head_dim: s.head_dim,
         state: s.state,
         groups: s.groups,
-        xbc,
+        xbc: x.xbc,
         xbc_stride: s.conv_dim(),
-        dt,
+        dt: x.dt,
         a,
         d,
         start,
@@ -115,8 +114,7 @@ impl Mamba2Ops for Cpu<'_> {
     fn ssd_fwd(
         &mut self,
         y: &mut Vec<f32>,
-        xbc: &Vec<f32>,
-        dt: &Vec<f32>,
+        x: SsdIn<'_, Vec<f32>, Vec<f32>>,
         p: &Mamba2Params,
         b: &CpuBatch,
         state: Option<&mut Mamba2State>,
@@ -124,22 +122,12 @@ impl Mamba2Ops for Cpu<'_> {
         let _t = self.time(Family::Attention);
         let a = self.neg_exp(p);
         let pads = chunk_pads(b);
-        let prob = ssd(&p.sizes, b, xbc, dt, &a, &self.params[p.d_skip], pads.as_deref());
-        match state {
-            None => ssd::ssd_fwd(&prob, y, None, None),
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    ssd::ssd_decode_step(&prob, &mut st.ssm, y)?;
-                } else {
-                    let mut next = vec![0.0; st.ssm.len()];
-                    ssd::ssd_fwd(&prob, y, Some(&st.ssm), Some(&mut next))?;
-                    st.ssm = next;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
+        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => ssd::ssd_fwd(&prob, y, None, None),
+            Carry::Step(st) => ssd::ssd_decode_step(&prob, &mut st.ssm, y),
+            Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| ssd::ssd_fwd(&prob, y, Some(from), Some(to))),
+        })
     }
 
     fn ssd_bwd(
@@ -147,8 +135,7 @@ impl Mamba2Ops for Cpu<'_> {
         dxbc: &mut Vec<f32>,
         ddt: &mut Vec<f32>,
         dy: &Vec<f32>,
-        xbc: &Vec<f32>,
-        dt: &Vec<f32>,
+        x: SsdIn<'_, Vec<f32>, Vec<f32>>,
         p: &Mamba2Params,
         b: &CpuBatch,
     ) -> Result<()> {
@@ -157,7 +144,7 @@ impl Mamba2Ops for Cpu<'_> {
         let a = self.neg_exp(p);
         let pads = chunk_pads(b);
         let (mut da, mut dd) = (vec![0.0; h], vec![0.0; h]);
-        let prob = ssd(&p.sizes, b, xbc, dt, &a, &self.params[p.d_skip], pads.as_deref());
+        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
         let grads = SsdGrads { dxbc, ddt, da: &mut da, dd: &mut dd, dinit: None };
         ssd::ssd_bwd(&prob, dy, None, None, grads)?;
         // A = −exp(A_log): dA_log = dA · A.

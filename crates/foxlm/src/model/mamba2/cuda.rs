@@ -3,11 +3,13 @@
 //! f32; parameters' f32 weights, the convolution's from its T working copy as the GEMMs read
 //! theirs).
 
-use super::ops::{Mamba2Ops, Mamba2Params};
+use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 pub use super::state::GpuMamba2State;
 use crate::backend::cuda::recurrent::{two_mut, ShortConv};
-use crate::backend::cuda::{dtod, grown, Cuda, GpuBatch};
+use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
+use crate::config::Mamba2Sizes;
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
 use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
@@ -19,6 +21,30 @@ use fox_kernels::cuda::Elem;
 fn conv(p: &Mamba2Params) -> ShortConv {
     let s = &p.sizes;
     ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.conv_dim(), width: s.conv, stride: s.in_proj_dim() }
+}
+
+/// The SSD problem over the conv output, with A (or A_log, for a decode step's kernel) and D.
+fn problem<'a, T: Elem>(
+    s: &Mamba2Sizes,
+    b: &'a GpuBatch,
+    x: SsdIn<'a, CudaSlice<T>, CudaSlice<f32>>,
+    a: &'a CudaSlice<f32>,
+    d: &'a CudaSlice<f32>,
+) -> DevSsd<'a, T> {
+    DevSsd {
+        batch: b.batch,
+        seq: b.seq,
+        heads: s.heads,
+        head_dim: s.head_dim,
+        state: s.state,
+        groups: s.groups,
+        xbc: x.xbc,
+        xbc_stride: s.conv_dim(),
+        dt: x.dt,
+        a,
+        d,
+        start: b.chunk_start(),
+    }
 }
 
 impl<T: Elem> Cuda<T> {
@@ -42,7 +68,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         if let Some(st) = &state {
-            ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
+            st.check_rows("a Mamba-2", b.batch)?;
         }
         let x = zxbcdt.slice(p.sizes.inner..);
         self.short_conv_fwd(xbc, &x, &conv(p), b, state.map(|st| &mut st.conv))
@@ -166,8 +192,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     fn ssd_fwd(
         &mut self,
         y: &mut CudaSlice<T>,
-        xbc: &CudaSlice<T>,
-        dt: &CudaSlice<f32>,
+        x: SsdIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         p: &Mamba2Params,
         b: &GpuBatch,
         state: Option<&mut GpuMamba2State>,
@@ -181,41 +206,19 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         }
         let a =
             if decode { &self.params[p.a_log.0].master } else { self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))? };
-        let prob = DevSsd {
-            batch: b.batch,
-            seq: b.seq,
-            heads: s.heads,
-            head_dim: s.head_dim,
-            state: s.state,
-            groups: s.groups,
-            xbc,
-            xbc_stride: s.conv_dim(),
-            dt,
-            a,
-            d: &self.params[p.d_skip.0].master,
-            start: b.chunk_start(),
-        };
+        let prob = problem(&s, b, x, a, &self.params[p.d_skip.0].master);
         let len = ssd::ssd_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.state, s.groups);
-        match state {
-            None => {
-                let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                ssd::ssd_fwd(&self.gpu, &prob, y, None, None, scratch)
+        let gpu = &self.gpu;
+        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+            Carry::Zeros => ssd::ssd_fwd(gpu, &prob, y, None, None, grown(gpu, &mut self.ssm.big, len)?),
+            Carry::Step(st) => ssd::ssd_decode_step_a_log(gpu, &prob, &mut st.ssm, y),
+            Carry::Chunks(st) => {
+                let scratch = grown(gpu, &mut self.ssm.big, len)?;
+                gpu_chunks_from(gpu, &mut self.ssm.next, &mut st.ssm, |from, to| {
+                    ssd::ssd_fwd(gpu, &prob, y, Some(from), Some(to), scratch)
+                })
             }
-            Some(st) => {
-                ensure!(st.batch == b.batch, "a Mamba-2 state of {} rows for a batch of {}", st.batch, b.batch);
-                if b.seq == 1 {
-                    ssd::ssd_decode_step_a_log(&self.gpu, &prob, &mut st.ssm, y)?;
-                } else {
-                    let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
-                    let next = grown(&self.gpu, &mut self.ssm.next, st.ssm.len())?;
-                    ssd::ssd_fwd(&self.gpu, &prob, y, Some(&st.ssm), Some(&mut *next), scratch)?;
-                    let n = st.ssm.len();
-                    dtod(&self.gpu, next, 0, &mut st.ssm, 0, n)?;
-                }
-                st.len += b.seq;
-                Ok(())
-            }
-        }
+        })
     }
 
     fn ssd_bwd(
@@ -223,8 +226,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         dxbc: &mut CudaSlice<T>,
         ddt: &mut CudaSlice<f32>,
         dy: &CudaSlice<T>,
-        xbc: &CudaSlice<T>,
-        dt: &CudaSlice<f32>,
+        x: SsdIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         p: &Mamba2Params,
         b: &GpuBatch,
     ) -> Result<()> {
@@ -239,20 +241,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         let len = ssd::ssd_bwd_scratch_len(b.batch, b.seq, h, s.head_dim, s.state, s.groups);
         let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
         let (dp, _) = two_mut(&mut self.params, p.d_skip.0, p.a_log.0)?;
-        let prob = DevSsd {
-            batch: b.batch,
-            seq: b.seq,
-            heads: h,
-            head_dim: s.head_dim,
-            state: s.state,
-            groups: s.groups,
-            xbc,
-            xbc_stride: s.conv_dim(),
-            dt,
-            a,
-            d: &dp.master,
-            start: b.chunk_start(),
-        };
+        let prob = problem(&s, b, x, a, &dp.master);
         let grads = DevSsdGrads { dxbc, ddt, da, dd: &mut dp.grad, dinit: None };
         ssd::ssd_bwd(&self.gpu, &prob, dy, None, None, grads, scratch)?;
         // A = −exp(A_log): dA_log += dA · A.

@@ -18,7 +18,7 @@ use crate::backend::Alloc;
 use crate::config::{Config, Mamba2Sizes};
 use crate::tensor::{ParamKind, Params};
 use anyhow::Result;
-use ops::{Mamba2Ops, Mamba2Params};
+use ops::{Mamba2Ops, Mamba2Params, SsdIn};
 
 #[derive(Clone, Debug)]
 pub struct Mamba2Mixer {
@@ -158,7 +158,7 @@ impl Mamba2Mixer {
                 be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p, n)?;
             }
         }
-        be.ssd_fwd(&mut a.y, &a.xbc, &a.dt, p, batch, state)?;
+        be.ssd_fwd(&mut a.y, SsdIn { xbc: &a.xbc, dt: &a.dt }, p, batch, state)?;
         be.gated_norm_fwd(&mut a.g, &mut a.rstd, &a.y, &a.zxbcdt, p, n)?;
         be.linear_fwd(out, &a.g, &self.out_proj, n)
     }
@@ -183,7 +183,7 @@ impl Mamba2Mixer {
         be.linear_bwd(&self.out_proj, &a.g, dy, Some(&mut s.dg), false, n)?;
         be.gated_norm_bwd(&mut s.dy, &mut s.dzxbcdt, &s.dg, &a.y, &a.zxbcdt, &a.rstd, p)?;
         // y = SSD(x, dt, A, B, C) + D·x: dx, dB, dC into dxbc, d dt.
-        be.ssd_bwd(&mut s.dxbc, &mut s.ddt, &s.dy, &a.xbc, &a.dt, p, batch)?;
+        be.ssd_bwd(&mut s.dxbc, &mut s.ddt, &s.dy, SsdIn { xbc: &a.xbc, dt: &a.dt }, p, batch)?;
         // dt = softplus(dt_raw + dt_bias): dt_raw's columns; xbc = SiLU(conv(xBC)): xBC's.
         be.mamba2_dt_bwd(&mut s.dzxbcdt, &s.ddt, &a.zxbcdt, p)?;
         be.mamba2_conv_bwd(&mut s.dzxbcdt, &s.dxbc, &a.zxbcdt, p, batch)?;

@@ -86,22 +86,19 @@ pub trait Mamba2Ops: Backend {
     fn ssd_fwd(
         &mut self,
         y: &mut Self::Act,
-        xbc: &Self::Act,
-        dt: &Self::F32,
+        x: SsdIn<'_, Self::Act, Self::F32>,
         p: &Mamba2Params,
         batch: &Self::Batch,
         state: Option<&mut Self::Mamba2State>,
     ) -> Result<()>;
     /// The SSD's backward from dy: writes dx, dB, dC into `dxbc` and d dt, adds A_log's and D's
     /// gradients.
-    #[allow(clippy::too_many_arguments)]
     fn ssd_bwd(
         &mut self,
         dxbc: &mut Self::Act,
         ddt: &mut Self::F32,
         dy: &Self::Act,
-        xbc: &Self::Act,
-        dt: &Self::F32,
+        x: SsdIn<'_, Self::Act, Self::F32>,
         p: &Mamba2Params,
         batch: &Self::Batch,
     ) -> Result<()>;
@@ -127,4 +124,11 @@ pub trait Mamba2Ops: Backend {
         rstd: &Self::F32,
         p: &Mamba2Params,
     ) -> Result<()>;
+}
+
+/// The SSD's inputs: the convolution's output xbc [B·T, C] (x, then B and C) and dt [B·T, H] in
+/// f32 (A: activations, F: f32).
+pub struct SsdIn<'a, A, F> {
+    pub xbc: &'a A,
+    pub dt: &'a F,
 }

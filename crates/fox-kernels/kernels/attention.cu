@@ -11,6 +11,31 @@
 //
 // Included after common.cuh.
 
+// mma.sync's tile layout: swizzled [rows, D] tiles read by ldmatrix.
+struct SwzTiles {
+    template <int D, int R, int NTHREADS, class F>
+    static __device__ __forceinline__ void load(u16* s, const u16* base, long long st, int row0, F ok) {
+        load_tile<D, R, NTHREADS>(s, base, st, row0, ok);
+    }
+    // copies that have landed are visible to ldmatrix after the block's barrier
+    static __device__ __forceinline__ void landed() {}
+};
+
+// Key tile jt (BK keys) of a query block's walk into buffer buf: K and V in the pass's tile layout
+// (keys outside [kstart, tk) zero-filled) and the keys' gate sums c_j.
+template <int D, int BK, int NTH, class Tiles>
+__device__ __forceinline__ void load_key_tile(const AttnParams& p, u16* sK, u16* sV, float* sC, const u16* kbase,
+                                              const u16* vbase, const float* ckb, int kstart, int jt, int buf) {
+    const int tid = threadIdx.x;
+    auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+    Tiles::template load<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+    Tiles::template load<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+    if (tid < BK) {
+        const int j = jt + tid;
+        cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
 // starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
@@ -170,14 +195,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
                               [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -301,14 +319,7 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
                               [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(t_begin, 0);
         cp_commit();
@@ -497,14 +508,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
         load_tile<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -629,15 +633,6 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 // P^T, dS^T step (DkdvTile::scores); a pass brings its matrix products.
 // ---------------------------------------------------------------------------------------------
 
-// mma.sync's tile layout: swizzled [rows, D] tiles read by ldmatrix.
-struct SwzTiles {
-    template <int D, int R, int NTHREADS, class F>
-    static __device__ __forceinline__ void load(u16* s, const u16* base, long long st, int row0, F ok) {
-        load_tile<D, R, NTHREADS>(s, base, st, row0, ok);
-    }
-    // copies that have landed are visible to ldmatrix after the block's barrier
-    static __device__ __forceinline__ void landed() {}
-};
 
 // Accumulator element (nt, e) of an 8-column tile nt: mma.sync's [nt][e], wgmma's [4*nt + e].
 template <int N>

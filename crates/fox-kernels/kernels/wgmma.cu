@@ -279,14 +279,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
                                     [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile_atoms<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile_atoms<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, AtomTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -463,14 +456,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
         load_tile_atoms<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile_atoms<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile_atoms<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, AtomTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();

@@ -11,6 +11,31 @@
 //
 // Included after common.cuh.
 
+// mma.sync's tile layout: swizzled [rows, D] tiles read by ldmatrix.
+struct SwzTiles {
+    template <int D, int R, int NTHREADS, class F>
+    static __device__ __forceinline__ void load(u16* s, const u16* base, long long st, int row0, F ok) {
+        load_tile<D, R, NTHREADS>(s, base, st, row0, ok);
+    }
+    // copies that have landed are visible to ldmatrix after the block's barrier
+    static __device__ __forceinline__ void landed() {}
+};
+
+// Key tile jt (BK keys) of a query block's walk into buffer buf: K and V in the pass's tile layout
+// (keys outside [kstart, tk) zero-filled) and the keys' gate sums c_j.
+template <int D, int BK, int NTH, class Tiles>
+__device__ __forceinline__ void load_key_tile(const AttnParams& p, u16* sK, u16* sV, float* sC, const u16* kbase,
+                                              const u16* vbase, const float* ckb, int kstart, int jt, int buf) {
+    const int tid = threadIdx.x;
+    auto ok = [&](int j) { return j < p.tk && j >= kstart; };
+    Tiles::template load<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
+    Tiles::template load<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
+    if (tid < BK) {
+        const int j = jt + tid;
+        cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
 // starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
@@ -170,14 +195,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
                               [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -301,14 +319,7 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
                               [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(t_begin, 0);
         cp_commit();
@@ -497,14 +508,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
         load_tile<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -619,56 +623,146 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, dk/dv pass: grid (ceil(tk / 128), B*Hkv), 256 threads (8 warps x 16 keys), query tiles
-// of BQB rows. Works on the transposed scores S^T = K Q^T so that each warp owns its keys' rows:
-// dV += P^T dO, dK += dS^T Q, dck = -(row sums of dS^T), all in the warp's registers. With
-// grouped-query attention the block keeps its K/V tile and walks the group's query heads in
-// order, so dK, dV sum over the group deterministically; dck is written per query head.
+// Backward, dk/dv passes (mma.sync here, wgmma in wgmma.cu): grid (ceil(tk / BKB), B*Hkv), 16 keys
+// a warp, query tiles of BQB rows. They work on the transposed scores S^T = K Q^T so that each warp
+// owns its keys' rows: dV += P^T dO, dK += dS^T Q, dck = -(row sums of dS^T), all in the warp's
+// registers. With grouped-query attention the block keeps its K/V tile and walks the group's query
+// heads in order, so dK, dV sum over the group deterministically; dck is written per query head.
+// The passes share their shared-memory layout (DkdvSmem), block geometry (DkdvBlock), copies
+// (dkdv_load_kv, dkdv_load_q, in the pass's tile layout: SwzTiles, wgmma.cu's AtomTiles) and the
+// P^T, dS^T step (DkdvTile::scores); a pass brings its matrix products.
 // ---------------------------------------------------------------------------------------------
-template <int D, bool BF, int BQB>
-__device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
-    constexpr int BKB = 128, NTH = 256, NTQ = BQB / 8;
-    constexpr bool A_IN_REGS = (D <= 64);
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    u16* sK = (u16*)smem_raw;
-    u16* sV = sK + BKB * D;
-    u16* sQ = sV + BKB * D;           // [2][BQB*D]
-    u16* sG = sQ + 2 * BQB * D;       // [2][BQB*D]
-    float* sLse = (float*)(sG + 2 * BQB * D);  // [2][BQB]
-    float* sDel = sLse + 2 * BQB;
-    float* sCq = sDel + 2 * BQB;
-    int* sSt = (int*)(sCq + 2 * BQB);
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int kb = blockIdx.x;
-    const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv, group = p.H / p.Hkv;
-    const int j0 = kb * BKB;
-    const int jlast = min(j0 + BKB, p.tk) - 1;
-    // query tiles [qfirst, qend) per query head
-    const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
-    const int kfloor = row_start(p, b, 0);
+
+// Accumulator element (nt, e) of an 8-column tile nt: mma.sync's [nt][e], wgmma's [4*nt + e].
+template <int N>
+__device__ __forceinline__ float& acc_at(float (&a)[N][4], int nt, int e) { return a[nt][e]; }
+template <int N>
+__device__ __forceinline__ float& acc_at(float (&a)[N], int nt, int e) { return a[4 * nt + e]; }
+
+// Shared memory of a dk/dv pass: the block's K and V, then two stages of a query tile (Q, dO and
+// its rows' lse, delta, c and packed-document starts).
+template <int D, int BKB, int BQB>
+struct DkdvSmem {
+    u16 *k, *v, *q, *g;  // q, g: [2][BQB*D]
+    float *lse, *del, *cq;  // [2][BQB]
+    int* st;
+    __device__ __forceinline__ explicit DkdvSmem(unsigned char* base) {
+        k = (u16*)base;
+        v = k + BKB * D;
+        q = v + BKB * D;
+        g = q + 2 * BQB * D;
+        lse = (float*)(g + 2 * BQB * D);
+        del = lse + 2 * BQB;
+        cq = del + 2 * BQB;
+        st = (int*)(cq + 2 * BQB);
+    }
+};
+
+// The block's keys [j0, jlast] (this thread's rows jrow) of batch row b, k/v head hk, the first
+// query tile that can see them and the first key any query row of b sees (kfloor).
+template <int BKB, int BQB>
+struct DkdvBlock {
+    int b, hk, group, j0, jlast, qfirst, kfloor;
     int jrow[2];
+    __device__ __forceinline__ explicit DkdvBlock(const AttnParams& p) {
+        const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+        const int kb = blockIdx.x;
+        b = blockIdx.y / p.Hkv;
+        hk = blockIdx.y % p.Hkv;
+        group = p.H / p.Hkv;
+        j0 = kb * BKB;
+        jlast = min(j0 + BKB, p.tk) - 1;
+        qfirst = max(j0 - p.q_pos0, 0) / BQB;
+        kfloor = row_start(p, b, 0);
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
+        for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + (lane >> 2) + rr * 8;
+    }
+};
 
-    float dK[D / 8][4], dV[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-        dK[dt][0] = dK[dt][1] = dK[dt][2] = dK[dt][3] = dV[dt][0] = dV[dt][1] = dV[dt][2] = dV[dt][3] = 0.f;
-
-    const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
-    const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
-    auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
-    load_tile<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
-    load_tile<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
+// The block's K and V tiles (committed, not awaited), kept for every query head of the group.
+template <int D, int BKB, int BQB, int NTH, class Tiles>
+__device__ __forceinline__ void dkdv_load_kv(const AttnParams& p, const DkdvBlock<BKB, BQB>& kb,
+                                             const DkdvSmem<D, BKB, BQB>& sm) {
+    const u16* kbase = p.k + kb.b * p.k_sb + kb.hk * p.k_sh;
+    const u16* vbase = p.v + kb.b * p.v_sb + kb.hk * p.v_sh;
+    auto kok = [&](int j) { return j < p.tk && j >= kb.kfloor; };
+    Tiles::template load<D, BKB, NTH>(sm.k, kbase, p.k_st, kb.j0, kok);
+    Tiles::template load<D, BKB, NTH>(sm.v, vbase, p.v_st, kb.j0, kok);
     cp_commit();
-    Ldsm<D> ls;
-    ls.init();
-    u32 kf[A_IN_REGS ? D / 16 : 1][4];
-    u32 vf[A_IN_REGS ? D / 16 : 1][4];
-    bool kv_in_regs = false;
+}
 
+// Copy query tile rq (its first row) of head bh into stage buf: Q and dO (qbase, gbase: the head's
+// rows; dO is [B, tq, H, D], as a view row stride H*D) and the rows' lse, delta, c and packed starts.
+template <int D, int BKB, int BQB, int NTH, class Tiles>
+__device__ __forceinline__ void dkdv_load_q(const AttnParams& p, const DkdvSmem<D, BKB, BQB>& sm, int b, int bh,
+                                            const u16* qbase, const u16* gbase, int rq, int buf) {
+    const int tid = threadIdx.x;
+    auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+    Tiles::template load<D, BQB, NTH>(sm.q + buf * BQB * D, qbase, p.q_st, rq, qok);
+    Tiles::template load<D, BQB, NTH>(sm.g + buf * BQB * D, gbase, (long long)p.H * D, rq, qok);
+    if (tid < BQB) {
+        const int r = rq + tid;
+        const bool in = r < p.tq;
+        const long long idx = (long long)bh * p.tq + (in ? r : 0);
+        cp_async4(sm.lse + buf * BQB + tid, p.lse_in + idx, in);
+        cp_async4(sm.del + buf * BQB + tid, p.delta + idx, in);
+        cp_async4(sm.cq + buf * BQB + tid, p.cq + idx, in);
+    } else if (tid < 2 * BQB && p.start_mode == 2) {
+        const int r = rq + tid - BQB;
+        const bool in = r < p.tq;
+        cp_async4(sm.st + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
+    }
+}
+
+// One query tile of a dk/dv pass as its step sees it: Q and dO at shared addresses q_s, g_s, the
+// rows' staged values, and what scores() needs to turn S^T and dP^T into P^T and dS^T.
+struct DkdvTile {
+    const AttnParams& p;
+    u32 q_s, g_s;
+    const float *lse, *del, *cq;
+    const int* st;
+    int b, rq;
+    bool need_mask;
+    float scale_log2;
+    const float (&ckr)[2];  // c of this thread's keys
+    const int (&jrow)[2];
+    float (&dck)[2];
+    // ST <- P^T, DP <- dS^T in place (NTQ accumulator tiles of 8 query columns), dck -= row sums
+    // of dS^T
+    template <int NTQ, class A>
+    __device__ __forceinline__ void scores(A& ST, A& DP) const {
+        const int t4 = threadIdx.x & 3;
+#pragma unroll
+        for (int nt = 0; nt < NTQ; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int il = nt * 8 + 2 * t4 + (e & 1);  // query column
+                const int kr = e >> 1;                     // key row (g or g+8)
+                const float x = acc_at(ST, nt, e) * scale_log2 + (cq[il] - ckr[kr]) * LOG2E - lse[il] * LOG2E;
+                float pr = fast_exp2(x);
+                if (need_mask) {
+                    if (key_hidden(p, b, rq + il, jrow[kr], st + il)) pr = 0.f;
+                }
+                const float ds = pr * (acc_at(DP, nt, e) - del[il]);
+                dck[kr] -= ds;
+                acc_at(ST, nt, e) = pr;
+                acc_at(DP, nt, e) = ds;
+            }
+        }
+    }
+};
+
+// The walk of a dk/dv pass over the group's query heads and the query tiles that see the block
+// (double-buffered copies), writing dck per head. Once a tile has landed it calls landed() and
+// step(tile): the pass forms S^T and dP^T for its keys, calls tile.scores, then adds its products
+// into dK and dV.
+template <int D, int BKB, int BQB, int NTH, class Tiles, class Landed, class Step>
+__device__ __forceinline__ void dkdv_walk(const AttnParams& p, const DkdvBlock<BKB, BQB>& kb,
+                                          const DkdvSmem<D, BKB, BQB>& sm, Landed landed, Step step) {
+    const int tid = threadIdx.x, t4 = tid & 3;
+    const int b = kb.b, hk = kb.hk, group = kb.group, j0 = kb.j0, jlast = kb.jlast, qfirst = kb.qfirst;
+    const int(&jrow)[2] = kb.jrow;
     for (int h = hk * group; h < (hk + 1) * group; ++h) {
         const int bh = b * p.H + h;
         const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
@@ -680,24 +774,8 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
         if (qfirst < qend) {
             const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
             const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
-            const long long g_st = (long long)p.H * D;
             auto load_q = [&](int qi, int buf) {
-                const int rq = qi * BQB;
-                auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-                load_tile<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
-                load_tile<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
-                if (tid < BQB) {
-                    const int r = rq + tid;
-                    const bool in = r < p.tq;
-                    const long long idx = (long long)bh * p.tq + (in ? r : 0);
-                    cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
-                    cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
-                    cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
-                } else if (tid < 2 * BQB && p.start_mode == 2) {
-                    const int r = rq + tid - BQB;
-                    const bool in = r < p.tq;
-                    cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
-                }
+                dkdv_load_q<D, BKB, BQB, NTH, Tiles>(p, sm, b, bh, qbase, gbase, qi * BQB, buf);
             };
             load_q(qfirst, 0);
             cp_commit();
@@ -708,97 +786,19 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
                 if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
                 cp_commit();
                 cp_wait<1>();
+                Tiles::landed();
                 __syncthreads();
-                if constexpr (A_IN_REGS) {
-                    if (!kv_in_regs) {
-#pragma unroll
-                        for (int kc = 0; kc < D / 16; ++kc) {
-                            load_a_frag<D>(ls, kf[kc], smem_u32(sK), warp * 16, kc);
-                            load_a_frag<D>(ls, vf[kc], smem_u32(sV), warp * 16, kc);
-                        }
-                        kv_in_regs = true;
-                    }
-                }
-                const u16* q_s = sQ + buf * BQB * D;
-                const u16* g_s = sG + buf * BQB * D;
-                const u32 qbb = smem_u32(q_s), gbb = smem_u32(g_s);
-                const float* lse_s = sLse + buf * BQB;
-                const float* del_s = sDel + buf * BQB;
-                const float* cq_s = sCq + buf * BQB;
-                const int* st_s = sSt + buf * BQB;
+                landed();
+                const u32 q_s = smem_u32(sm.q + buf * BQB * D), g_s = smem_u32(sm.g + buf * BQB * D);
+                const float* lse_s = sm.lse + buf * BQB;
+                const float* del_s = sm.del + buf * BQB;
+                const float* cq_s = sm.cq + buf * BQB;
+                const int* st_s = sm.st + buf * BQB;
                 const int rq = qi * BQB;
                 const int rql = min(rq + BQB, p.tq) - 1;
-                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
-
-                float ST[NTQ][4], DP[NTQ][4];
-#pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt)
-                    ST[nt][0] = ST[nt][1] = ST[nt][2] = ST[nt][3] = DP[nt][0] = DP[nt][1] = DP[nt][2] = DP[nt][3] = 0.f;
-#pragma unroll
-                for (int kc = 0; kc < D / 16; ++kc) {
-                    u32 af[4], vfr[4];
-                    if constexpr (A_IN_REGS) {
-#pragma unroll
-                        for (int x = 0; x < 4; ++x) {
-                            af[x] = kf[kc][x];
-                            vfr[x] = vf[kc][x];
-                        }
-                    } else {
-                        load_a_frag<D>(ls, af, smem_u32(sK), warp * 16, kc);
-                        load_a_frag<D>(ls, vfr, smem_u32(sV), warp * 16, kc);
-                    }
-#pragma unroll
-                    for (int np = 0; np < NTQ / 2; ++np) {
-                        u32 b0, b1, b2, b3;
-                        ldsm_x4a(b0, b1, b2, b3, ls.p1(qbb, np * 16, kc * 2));
-                        mma16816<BF>(ST[2 * np], af, b0, b1);
-                        mma16816<BF>(ST[2 * np + 1], af, b2, b3);
-                        ldsm_x4a(b0, b1, b2, b3, ls.p1(gbb, np * 16, kc * 2));
-                        mma16816<BF>(DP[2 * np], vfr, b0, b1);
-                        mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
-                    }
-                }
-                // P^T and dS^T; ST <- P^T, DP <- dS^T
-#pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int il = nt * 8 + 2 * t4 + (e & 1);  // query column
-                        const int kr = e >> 1;                     // key row (g or g+8)
-                        const float x = ST[nt][e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
-                        float pr = fast_exp2(x);
-                        if (need_mask) {
-                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
-                        }
-                        const float ds = pr * (DP[nt][e] - del_s[il]);
-                        dck[kr] -= ds;
-                        ST[nt][e] = pr;
-                        DP[nt][e] = ds;
-                    }
-                }
-                // dV += P^T dO, dK += dS^T Q
-#pragma unroll
-                for (int kq = 0; kq < NTQ / 2; ++kq) {
-                    u32 ap[4], as[4];
-                    ap[0] = pack2<BF>(ST[2 * kq][0], ST[2 * kq][1]);
-                    ap[1] = pack2<BF>(ST[2 * kq][2], ST[2 * kq][3]);
-                    ap[2] = pack2<BF>(ST[2 * kq + 1][0], ST[2 * kq + 1][1]);
-                    ap[3] = pack2<BF>(ST[2 * kq + 1][2], ST[2 * kq + 1][3]);
-                    as[0] = pack2<BF>(DP[2 * kq][0], DP[2 * kq][1]);
-                    as[1] = pack2<BF>(DP[2 * kq][2], DP[2 * kq][3]);
-                    as[2] = pack2<BF>(DP[2 * kq + 1][0], DP[2 * kq + 1][1]);
-                    as[3] = pack2<BF>(DP[2 * kq + 1][2], DP[2 * kq + 1][3]);
-#pragma unroll
-                    for (int dp = 0; dp < D / 16; ++dp) {
-                        u32 b0, b1, b2, b3;
-                        ldsm_x4a_t(b0, b1, b2, b3, ls.p2(gbb, kq * 16, dp * 2));
-                        mma16816<BF>(dV[2 * dp], ap, b0, b1);
-                        mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
-                        ldsm_x4a_t(b0, b1, b2, b3, ls.p2(qbb, kq * 16, dp * 2));
-                        mma16816<BF>(dK[2 * dp], as, b0, b1);
-                        mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
-                    }
-                }
+                const bool need_mask =
+                    (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+                step(DkdvTile{p, q_s, g_s, lse_s, del_s, cq_s, st_s, b, rq, need_mask, scale_log2, ckr, jrow, dck});
                 __syncthreads();
             }
         }
@@ -810,12 +810,104 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
         }
     }  // query heads of the group
     cp_wait<0>();  // the K/V copies, when no head had a query tile
+}
+
+// The mma.sync dk/dv pass: 256 threads (8 warps x 16 keys), 128 keys a block.
+template <int D, bool BF, int BQB>
+__device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
+    constexpr int BKB = 128, NTH = 256, NTQ = BQB / 8;
+    constexpr bool A_IN_REGS = (D <= 64);
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const DkdvSmem<D, BKB, BQB> sm(smem_raw);
+    const DkdvBlock<BKB, BQB> kb(p);
+    const int tid = threadIdx.x, warp = tid >> 5, t4 = tid & 3;
+
+    float dK[D / 8][4], dV[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+        dK[dt][0] = dK[dt][1] = dK[dt][2] = dK[dt][3] = dV[dt][0] = dV[dt][1] = dV[dt][2] = dV[dt][3] = 0.f;
+
+    dkdv_load_kv<D, BKB, BQB, NTH, SwzTiles>(p, kb, sm);
+    Ldsm<D> ls;
+    ls.init();
+    u32 kf[A_IN_REGS ? D / 16 : 1][4];
+    u32 vf[A_IN_REGS ? D / 16 : 1][4];
+    bool kv_in_regs = false;
+
+    // with A_IN_REGS the warp's K and V fragments, once the first tile's barrier has passed the copies
+    auto landed = [&]() {
+        if constexpr (A_IN_REGS) {
+            if (!kv_in_regs) {
+#pragma unroll
+                for (int kc = 0; kc < D / 16; ++kc) {
+                    load_a_frag<D>(ls, kf[kc], smem_u32(sm.k), warp * 16, kc);
+                    load_a_frag<D>(ls, vf[kc], smem_u32(sm.v), warp * 16, kc);
+                }
+                kv_in_regs = true;
+            }
+        }
+    };
+    dkdv_walk<D, BKB, BQB, NTH, SwzTiles>(p, kb, sm, landed, [&](const DkdvTile& t) {
+        const u32 qbb = t.q_s, gbb = t.g_s;
+        float ST[NTQ][4], DP[NTQ][4];
+#pragma unroll
+        for (int nt = 0; nt < NTQ; ++nt)
+            ST[nt][0] = ST[nt][1] = ST[nt][2] = ST[nt][3] = DP[nt][0] = DP[nt][1] = DP[nt][2] = DP[nt][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; ++kc) {
+            u32 af[4], vfr[4];
+            if constexpr (A_IN_REGS) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    af[x] = kf[kc][x];
+                    vfr[x] = vf[kc][x];
+                }
+            } else {
+                load_a_frag<D>(ls, af, smem_u32(sm.k), warp * 16, kc);
+                load_a_frag<D>(ls, vfr, smem_u32(sm.v), warp * 16, kc);
+            }
+#pragma unroll
+            for (int np = 0; np < NTQ / 2; ++np) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4a(b0, b1, b2, b3, ls.p1(qbb, np * 16, kc * 2));
+                mma16816<BF>(ST[2 * np], af, b0, b1);
+                mma16816<BF>(ST[2 * np + 1], af, b2, b3);
+                ldsm_x4a(b0, b1, b2, b3, ls.p1(gbb, np * 16, kc * 2));
+                mma16816<BF>(DP[2 * np], vfr, b0, b1);
+                mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
+            }
+        }
+        t.scores<NTQ>(ST, DP);
+        // dV += P^T dO, dK += dS^T Q
+#pragma unroll
+        for (int kq = 0; kq < NTQ / 2; ++kq) {
+            u32 ap[4], as[4];
+            ap[0] = pack2<BF>(ST[2 * kq][0], ST[2 * kq][1]);
+            ap[1] = pack2<BF>(ST[2 * kq][2], ST[2 * kq][3]);
+            ap[2] = pack2<BF>(ST[2 * kq + 1][0], ST[2 * kq + 1][1]);
+            ap[3] = pack2<BF>(ST[2 * kq + 1][2], ST[2 * kq + 1][3]);
+            as[0] = pack2<BF>(DP[2 * kq][0], DP[2 * kq][1]);
+            as[1] = pack2<BF>(DP[2 * kq][2], DP[2 * kq][3]);
+            as[2] = pack2<BF>(DP[2 * kq + 1][0], DP[2 * kq + 1][1]);
+            as[3] = pack2<BF>(DP[2 * kq + 1][2], DP[2 * kq + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4a_t(b0, b1, b2, b3, ls.p2(gbb, kq * 16, dp * 2));
+                mma16816<BF>(dV[2 * dp], ap, b0, b1);
+                mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
+                ldsm_x4a_t(b0, b1, b2, b3, ls.p2(qbb, kq * 16, dp * 2));
+                mma16816<BF>(dK[2 * dp], as, b0, b1);
+                mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
+            }
+        }
+    });
 
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        const int j = jrow[rr];
+        const int j = kb.jrow[rr];
         if (j >= p.tk) continue;
-        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
+        const long long off = (((long long)kb.b * p.tk + j) * p.Hkv + kb.hk) * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
             *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[dt][2 * rr] * p.scale, dK[dt][2 * rr + 1] * p.scale);

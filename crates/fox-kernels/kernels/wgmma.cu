@@ -52,6 +52,16 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// The wgmma passes' tile layout (SwzTiles is mma.sync's): atoms, read by the tensor cores through
+// the async proxy, to which landed copies are made visible by a proxy fence before the barrier.
+struct AtomTiles {
+    template <int D, int R, int NTHREADS, class F>
+    static __device__ __forceinline__ void load(u16* s, const u16* base, long long st, int row0, F ok) {
+        load_tile_atoms<D, R, NTHREADS>(s, base, st, row0, ok);
+    }
+    static __device__ __forceinline__ void landed() { fence_proxy_async(); }
+};
+
 #define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
 // d[32] (+)= A(smem, K-major) * B(smem, K-major), m64n64k16
@@ -269,14 +279,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
                                     [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile_atoms<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile_atoms<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, AtomTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -453,14 +456,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
         load_tile_atoms<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
         cp_commit();
         auto load_kv = [&](int it, int buf) {
-            const int jt = jbase + it * BK;
-            auto ok = [&](int j) { return j < p.tk && j >= kstart; };
-            load_tile_atoms<D, BK, NTH>(sK + buf * BK * D, kbase, p.k_st, jt, ok);
-            load_tile_atoms<D, BK, NTH>(sV + buf * BK * D, vbase, p.v_st, jt, ok);
-            if (tid < BK) {
-                const int j = jt + tid;
-                cp_async4(sC + buf * BK + tid, ckb + (j < p.tk ? j : 0), j < p.tk);
-            }
+            load_key_tile<D, BK, NTH, AtomTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
         };
         load_kv(first, 0);
         cp_commit();
@@ -551,47 +547,29 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
 // dP^T = V dO^T from shared memory (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from
 // registers and dO, Q read MN-major. Grid (ceil(tk / BKB), B*Hkv): with grouped-query attention
 // the block keeps its K/V tile and walks the group's query heads in order (as the mma.sync pass).
+// The walk is dkdv_walk's written out: through dkdv_walk, ptxas allocates this kernel's registers
+// differently (more spills with one warpgroup at D = 128, up to 4 more registers elsewhere).
 template <int D, bool BF, int NWG>
 __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
     constexpr int BKB = 64 * NWG, BQB = 64, NTH = 128 * NWG, NTQ = BQB / 8, NA = D / 64;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
-    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-    u16* sK = (u16*)smem;
-    u16* sV = sK + BKB * D;
-    u16* sQ = sV + BKB * D;      // [2][BQB*D]
-    u16* sG = sQ + 2 * BQB * D;  // [2][BQB*D]
-    float* sLse = (float*)(sG + 2 * BQB * D);
-    float* sDel = sLse + 2 * BQB;
-    float* sCq = sDel + 2 * BQB;
-    int* sSt = (int*)(sCq + 2 * BQB);
+    const DkdvSmem<D, BKB, BQB> sm(smem_raw + (((raw + 1023u) & ~1023u) - raw));
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t4 = lane & 3;
+    const DkdvBlock<BKB, BQB> kb(p);
+    const int tid = threadIdx.x, warp = tid >> 5, t4 = tid & 3;
     const int wg = warp >> 2;
-    const int kb = blockIdx.x;
-    const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv, group = p.H / p.Hkv;
-    const int j0 = kb * BKB;
-    const int jlast = min(j0 + BKB, p.tk) - 1;
-    const int qfirst = max(j0 - p.q_pos0, 0) / BQB;
-    const int kfloor = row_start(p, b, 0);
-    int jrow[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) jrow[rr] = j0 + warp * 16 + g + rr * 8;
+    const int b = kb.b, hk = kb.hk, group = kb.group, j0 = kb.j0, jlast = kb.jlast, qfirst = kb.qfirst;
+    const int(&jrow)[2] = kb.jrow;
     float dK[NA][32], dV[NA][32];
 #pragma unroll
     for (int at = 0; at < NA; ++at)
 #pragma unroll
         for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
 
-    const u16* kbase = p.k + b * p.k_sb + hk * p.k_sh;
-    const u16* vbase = p.v + b * p.v_sb + hk * p.v_sh;
-    auto kok = [&](int j) { return j < p.tk && j >= kfloor; };
-    load_tile_atoms<D, BKB, NTH>(sK, kbase, p.k_st, j0, kok);
-    load_tile_atoms<D, BKB, NTH>(sV, vbase, p.v_st, j0, kok);
-    cp_commit();
-    const u32 k_s = smem_u32(sK) + (u32)(wg * 64 * 128);
-    const u32 v_s = smem_u32(sV) + (u32)(wg * 64 * 128);
+    dkdv_load_kv<D, BKB, BQB, NTH, AtomTiles>(p, kb, sm);
+    const u32 k_s = smem_u32(sm.k) + (u32)(wg * 64 * 128);
+    const u32 v_s = smem_u32(sm.v) + (u32)(wg * 64 * 128);
 
     for (int h = hk * group; h < (hk + 1) * group; ++h) {
         const int bh = b * p.H + h;
@@ -604,24 +582,8 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
         if (qfirst < qend) {
             const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
             const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
-            const long long g_st = (long long)p.H * D;
             auto load_q = [&](int qi, int buf) {
-                const int rq = qi * BQB;
-                auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-                load_tile_atoms<D, BQB, NTH>(sQ + buf * BQB * D, qbase, p.q_st, rq, qok);
-                load_tile_atoms<D, BQB, NTH>(sG + buf * BQB * D, gbase, g_st, rq, qok);
-                if (tid < BQB) {
-                    const int r = rq + tid;
-                    const bool in = r < p.tq;
-                    const long long idx = (long long)bh * p.tq + (in ? r : 0);
-                    cp_async4(sLse + buf * BQB + tid, p.lse_in + idx, in);
-                    cp_async4(sDel + buf * BQB + tid, p.delta + idx, in);
-                    cp_async4(sCq + buf * BQB + tid, p.cq + idx, in);
-                } else if (tid < 2 * BQB && p.start_mode == 2) {
-                    const int r = rq + tid - BQB;
-                    const bool in = r < p.tq;
-                    cp_async4(sSt + buf * BQB + tid - BQB, p.start + (long long)b * p.tq + (in ? r : 0), in);
-                }
+                dkdv_load_q<D, BKB, BQB, NTH, AtomTiles>(p, sm, b, bh, qbase, gbase, qi * BQB, buf);
             };
             load_q(qfirst, 0);
             cp_commit();
@@ -633,12 +595,12 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
                 cp_wait<1>();
                 fence_proxy_async();
                 __syncthreads();
-                const u32 q_s = smem_u32(sQ + buf * BQB * D);
-                const u32 g_s = smem_u32(sG + buf * BQB * D);
-                const float* lse_s = sLse + buf * BQB;
-                const float* del_s = sDel + buf * BQB;
-                const float* cq_s = sCq + buf * BQB;
-                const int* st_s = sSt + buf * BQB;
+                const u32 q_s = smem_u32(sm.q + buf * BQB * D);
+                const u32 g_s = smem_u32(sm.g + buf * BQB * D);
+                const float* lse_s = sm.lse + buf * BQB;
+                const float* del_s = sm.del + buf * BQB;
+                const float* cq_s = sm.cq + buf * BQB;
+                const int* st_s = sm.st + buf * BQB;
                 const int rq = qi * BQB;
                 const int rql = min(rq + BQB, p.tq) - 1;
                 const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
@@ -646,23 +608,8 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
                 float ST[32], DP[32];
                 wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DP, k_s, v_s, q_s, g_s);
                 wg_wait0();
-#pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int il = nt * 8 + 2 * t4 + (e & 1);
-                        const int kr = e >> 1;
-                        const float x = ST[4 * nt + e] * scale_log2 + (cq_s[il] - ckr[kr]) * LOG2E - lse_s[il] * LOG2E;
-                        float pr = fast_exp2(x);
-                        if (need_mask) {
-                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
-                        }
-                        const float ds = pr * (DP[4 * nt + e] - del_s[il]);
-                        dck[kr] -= ds;
-                        ST[4 * nt + e] = pr;
-                        DP[4 * nt + e] = ds;
-                    }
-                }
+                DkdvTile{p, q_s, g_s, lse_s, del_s, cq_s, st_s, b, rq, need_mask, scale_log2, ckr, jrow, dck}
+                    .scores<NTQ>(ST, DP);
                 u32 ap[NTQ / 2][4], as[NTQ / 2][4];
                 wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DP, ap, as, q_s, g_s);
                 wg_wait0();

@@ -102,7 +102,8 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
 }
 
 /// A short causal convolution over `channels` columns of rows of stride `stride` (Mamba-2's xBC,
-/// Mamba's x), width `width`, with its weight and optional bias.
+/// Mamba's x, DeltaNet's and HGRN2's projections), width `width`, with its weight, optional bias
+/// and SiLU (all but HGRN2's).
 #[derive(Clone, Copy)]
 pub(crate) struct ShortConv {
     pub weight: ParamId,
@@ -110,10 +111,11 @@ pub(crate) struct ShortConv {
     pub channels: usize,
     pub width: usize,
     pub stride: usize,
+    pub silu: bool,
 }
 
 impl<T: Elem> Cuda<T> {
-    /// out [B·T, channels] = SiLU(conv(x) + bias), causal per row from its first real token of
+    /// out [B·T, channels] = SiLU(conv(x) + bias) (without SiLU unless `c.silu`), causal per row from its first real token of
     /// this batch; with `state` (the last W − 1 inputs [B, W − 1, C]), continuing it and then
     /// advancing it. The weight is read from its T working copy, as the GEMMs read theirs.
     pub(crate) fn short_conv_fwd(
@@ -129,9 +131,9 @@ impl<T: Elem> Cuda<T> {
         let bias = c.bias.map(|id| &self.params[id.0].master);
         let start = b.chunk_start();
         match state {
-            None => ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, None, dims, true),
+            None => ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, None, dims, c.silu),
             Some(st) => {
-                ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, Some(&*st), dims, true)?;
+                ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, Some(&*st), dims, c.silu)?;
                 ssd::conv1d_state(&self.gpu, st, x, c.stride, start, dims)
             }
         }
@@ -177,7 +179,7 @@ impl<T: Elem> Cuda<T> {
             start,
             None,
             dims,
-            true,
+            c.silu,
         )
     }
 }

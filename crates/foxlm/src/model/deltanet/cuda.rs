@@ -102,7 +102,7 @@ pub(crate) fn scratch_floats(
 /// Convolution `which` of the layer: its own buffer, no bias.
 fn conv(which: ConvOf, p: &DeltaNetParams) -> ShortConv {
     let (weight, channels) = p.conv(which);
-    ShortConv { weight, bias: None, channels, width: p.sizes.conv, stride: channels }
+    ShortConv { weight, bias: None, channels, width: p.sizes.conv, stride: channels, silu: true }
 }
 
 /// The delta-rule problem over the layer's buffers.

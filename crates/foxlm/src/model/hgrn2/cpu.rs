@@ -4,7 +4,7 @@
 
 use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
 use crate::tensor::ParamId;
@@ -33,16 +33,9 @@ fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Opt
 
 /// A short convolution over the layer's [B·T, d] buffer: fla's ShortConvolution in HGRN2 (no
 /// bias, no activation), from each row's first real token.
-fn short_conv<'a>(
-    p: &Hgrn2Params,
-    b: &CpuBatch,
-    x: &'a [f32],
-    weight: &'a [f32],
-    start: Option<&'a [usize]>,
-) -> Conv1d<'a> {
+fn conv<'a>(p: &Hgrn2Params, b: &CpuBatch, x: &'a [f32], weight: &'a [f32], start: Option<&'a [usize]>) -> Conv1d<'a> {
     let d = p.sizes.heads * p.sizes.head_dim;
-    let width = p.sizes.conv.unwrap_or(1);
-    Conv1d { batch: b.batch, seq: b.seq, channels: d, width, x, x_stride: d, weight, bias: None, start, silu: false }
+    Conv1d { silu: false, ..short_conv(b, x, d, (d, p.sizes.conv.unwrap_or(1)), weight, None, start) }
 }
 
 /// The softmax over layers of `raw` [L, d] (f64), per column.
@@ -99,7 +92,7 @@ impl Hgrn2Ops for Cpu<'_> {
         let w =
             p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
         let pads = chunk_pads(b);
-        let c = short_conv(p, b, x, &self.params[w], pads.as_deref());
+        let c = conv(p, b, x, &self.params[w], pads.as_deref());
         let st = state.map(|st| match which {
             ConvOf::Q => &mut st.conv_q,
             ConvOf::F => &mut st.conv_f,
@@ -122,7 +115,7 @@ impl Hgrn2Ops for Cpu<'_> {
             p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
         let pads = chunk_pads(b);
         let weight = self.params[w].to_vec();
-        let c = short_conv(p, b, x, &weight, pads.as_deref());
+        let c = conv(p, b, x, &weight, pads.as_deref());
         self.conv1d_grads(&c, dout, dx, w, None)
     }
 

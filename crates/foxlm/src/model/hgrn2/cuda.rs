@@ -1,12 +1,13 @@
 //! The HGRN2 family on the CUDA backend: its inference state on the device, and its operations
 //! on `fox_kernels::cuda::gla`'s kernels (the gated linear attention, on tensor cores for bf16
-//! activations; its decode step, the gates and the lower bounds) and Mamba-2's causal conv1d (`cuda::ssd`, without bias or SiLU, as fla's
-//! ShortConvolution in HGRN2). Activations in T; the GLA state, the convolutions' states, the
+//! activations; its decode step, the gates and the lower bounds) and the backend's short
+//! convolution (`short_conv_*`, without bias or SiLU, as fla's ShortConvolution in HGRN2). Activations in T; the GLA state, the convolutions' states, the
 //! lower bounds and every sum in f32; the convolutions' weights from their T working copies, as
 //! the GEMMs read theirs.
 
 use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
+use crate::backend::cuda::recurrent::ShortConv;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Hgrn2Sizes;
@@ -15,7 +16,7 @@ use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
-use fox_kernels::cuda::{ssd, Elem, Gpu};
+use fox_kernels::cuda::{Elem, Gpu};
 
 /// An HGRN2 layer's inference state on the GPU, in f32: the GLA state [B, H, K, V] and, with short
 /// convolutions, each one's last W − 1 inputs [B, W − 1, d] (as [`Hgrn2State`] on the CPU).
@@ -80,11 +81,12 @@ fn problem<'a, T: Elem>(p: &Hgrn2Params, b: &'a GpuBatch, x: GlaIn<'a, CudaSlice
     }
 }
 
-/// The convolution's weight and the (batch, seq, channels, width) its kernels take.
-fn conv_of(p: &Hgrn2Params, which: ConvOf, b: &GpuBatch) -> Result<(ParamId, (usize, usize, usize, usize))> {
+/// Short convolution `which` over the layer's [B·T, d] buffer: fla's ShortConvolution in HGRN2
+/// (no bias, no activation).
+fn conv(p: &Hgrn2Params, which: ConvOf) -> Result<ShortConv> {
     let w = p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
-    let width = p.sizes.conv.unwrap_or(1);
-    Ok((w, (b.batch, b.seq, p.sizes.heads * p.sizes.head_dim, width)))
+    let d = p.sizes.heads * p.sizes.head_dim;
+    Ok(ShortConv { weight: w, bias: None, channels: d, width: p.sizes.conv.unwrap_or(1), stride: d, silu: false })
 }
 
 /// The layer's row of the lower bounds (its first element), in a bounded layer.
@@ -115,22 +117,16 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         state: Option<&mut GpuHgrn2State>,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let (w, dims) = conv_of(p, which, b)?;
-        let weight = self.copy_of(w)?;
-        let start = b.chunk_start();
-        match state {
-            None => ssd::conv1d_fwd(&self.gpu, out, x, dims.2, weight, None, start, None, dims, false),
-            Some(st) => {
-                st.check_rows("an HGRN2", b.batch)?;
-                let s = match which {
-                    ConvOf::Q => &mut st.conv_q,
-                    ConvOf::F => &mut st.conv_f,
-                    ConvOf::I => &mut st.conv_i,
-                };
-                ssd::conv1d_fwd(&self.gpu, out, x, dims.2, weight, None, start, Some(&*s), dims, false)?;
-                ssd::conv1d_state(&self.gpu, s, x, dims.2, start, dims)
-            }
+        let c = conv(p, which)?;
+        if let Some(st) = &state {
+            st.check_rows("an HGRN2", b.batch)?;
         }
+        let st = state.map(|st| match which {
+            ConvOf::Q => &mut st.conv_q,
+            ConvOf::F => &mut st.conv_f,
+            ConvOf::I => &mut st.conv_i,
+        });
+        self.short_conv_fwd(out, &x.slice(..), &c, b, st)
     }
 
     fn hgrn2_conv_bwd(
@@ -143,28 +139,8 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let (w, dims) = conv_of(p, which, b)?;
-        let scratch =
-            grown(&self.gpu, &mut self.ssm.small, ssd::conv1d_bwd_scratch_len(dims.0, dims.1, dims.2, dims.3))?;
-        let wp = &mut self.params[w.0];
-        let copy = wp.copy.as_ref().ok_or_else(|| anyhow!("an HGRN2 conv1d weight without a working copy"))?;
-        let start = b.chunk_start();
-        ssd::conv1d_bwd(
-            &self.gpu,
-            dx,
-            &mut wp.grad,
-            None,
-            scratch,
-            dout,
-            x,
-            dims.2,
-            copy,
-            None,
-            start,
-            None,
-            dims,
-            false,
-        )
+        let c = conv(p, which)?;
+        self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &c, b)
     }
 
     fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut CudaSlice<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {

@@ -20,7 +20,7 @@ use fox_kernels::selective_scan::BcLayout;
 /// The convolution over xz's x columns.
 fn conv(p: &MambaParams) -> ShortConv {
     let s = &p.sizes;
-    ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.inner, width: s.conv, stride: 2 * s.inner }
+    ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.inner, width: s.conv, stride: 2 * s.inner, silu: true }
 }
 
 impl<T: Elem> Cuda<T> {

@@ -20,7 +20,14 @@ use fox_kernels::cuda::Elem;
 /// The convolution over xBC's columns of zxbcdt.
 fn conv(p: &Mamba2Params) -> ShortConv {
     let s = &p.sizes;
-    ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.conv_dim(), width: s.conv, stride: s.in_proj_dim() }
+    ShortConv {
+        weight: p.conv_w,
+        bias: p.conv_b,
+        channels: s.conv_dim(),
+        width: s.conv,
+        stride: s.in_proj_dim(),
+        silu: true,
+    }
 }
 
 /// The SSD problem over the conv output, with A (or A_log, for a decode step's kernel) and D.

@@ -211,17 +211,15 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
                 (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
                     let [ns, nq, nv] = crate::model::deltanet::state::DeltaNetState::lens(1, &x.sizes);
                     runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
-                    runs.push_row(gpu, &x.conv_q, sr, &mut y.conv_q, dr, nq)?;
-                    runs.push_row(gpu, &x.conv_k, sr, &mut y.conv_k, dr, nq)?;
-                    runs.push_row(gpu, &x.conv_v, sr, &mut y.conv_v, dr, nv)?;
+                    for ((a, c), n) in x.conv.iter().zip(&mut y.conv).zip([nq, nq, nv]) {
+                        runs.push_row(gpu, a, sr, c, dr, n)?;
+                    }
                 }
                 (LayerState::Hgrn2(x), LayerState::Hgrn2(y)) => {
                     let [ns, nc] = crate::model::hgrn2::state::Hgrn2State::lens(1, &x.sizes);
                     runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
                     if nc > 0 {
-                        for (a, c) in
-                            [(&x.conv_q, &mut y.conv_q), (&x.conv_f, &mut y.conv_f), (&x.conv_i, &mut y.conv_i)]
-                        {
+                        for (a, c) in x.conv.iter().zip(&mut y.conv) {
                             runs.push_row(gpu, a, sr, c, dr, nc)?;
                         }
                     }

@@ -65,11 +65,7 @@ impl DeltaNetOps for Cpu<'_> {
         let (w, channels) = p.conv(which);
         let pads = chunk_pads(b);
         let c = short_conv(b, x, channels, (channels, p.sizes.conv), &self.params[w], None, pads.as_deref());
-        let st = state.map(|st| match which {
-            ConvOf::Q => &mut st.conv_q,
-            ConvOf::K => &mut st.conv_k,
-            ConvOf::V => &mut st.conv_v,
-        });
+        let st = state.map(|st| &mut st.conv[which as usize]);
         conv1d_continuing(&c, out, st)
     }
 

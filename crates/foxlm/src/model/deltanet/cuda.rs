@@ -24,9 +24,8 @@ pub struct GpuDeltaNetState {
     pub sizes: DeltaNetSizes,
     pub len: usize,
     pub ssm: CudaSlice<f32>,
-    pub conv_q: CudaSlice<f32>,
-    pub conv_k: CudaSlice<f32>,
-    pub conv_v: CudaSlice<f32>,
+    /// q's, k's and v's, indexed by [`ConvOf`].
+    pub conv: [CudaSlice<f32>; 3],
 }
 
 impl GpuDeltaNetState {
@@ -37,9 +36,7 @@ impl GpuDeltaNetState {
             sizes,
             len: 0,
             ssm: gpu.zeros(s.max(1))?,
-            conv_q: gpu.zeros(q.max(1))?,
-            conv_k: gpu.zeros(q.max(1))?,
-            conv_v: gpu.zeros(v.max(1))?,
+            conv: [gpu.zeros(q.max(1))?, gpu.zeros(q.max(1))?, gpu.zeros(v.max(1))?],
         })
     }
 }
@@ -145,11 +142,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         if let Some(st) = &state {
             st.check_rows("a DeltaNet", b.batch)?;
         }
-        let st = state.map(|st| match which {
-            ConvOf::Q => &mut st.conv_q,
-            ConvOf::K => &mut st.conv_k,
-            ConvOf::V => &mut st.conv_v,
-        });
+        let st = state.map(|st| &mut st.conv[which as usize]);
         self.short_conv_fwd(out, &x.slice(..), &conv(which, p), b, st)
     }
 

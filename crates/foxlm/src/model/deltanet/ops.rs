@@ -10,12 +10,12 @@ use crate::config::DeltaNetSizes;
 use crate::tensor::ParamId;
 use anyhow::{anyhow, Result};
 
-/// Which of the layer's three short convolutions.
+/// Which of the layer's three short convolutions (its index in the state's `conv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvOf {
-    Q,
-    K,
-    V,
+    Q = 0,
+    K = 1,
+    V = 2,
 }
 
 /// A DeltaNet layer's parameters other than its projections.

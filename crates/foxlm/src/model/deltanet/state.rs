@@ -11,25 +11,16 @@ pub struct DeltaNetState {
     pub len: usize,
     /// [B, H, K, V]
     pub ssm: Vec<f32>,
-    /// [B, W − 1, H·K], [B, W − 1, H·K], [B, W − 1, H·V]: the convolutions' inputs before the
-    /// next token, oldest first (zeros before a row's first token).
-    pub conv_q: Vec<f32>,
-    pub conv_k: Vec<f32>,
-    pub conv_v: Vec<f32>,
+    /// q's, k's and v's convolution inputs before the next token (indexed by
+    /// [`ConvOf`](super::ops::ConvOf)), [B, W − 1, H·K], [B, W − 1, H·K], [B, W − 1, H·V], oldest
+    /// first (zeros before a row's first token).
+    pub conv: [Vec<f32>; 3],
 }
 
 impl DeltaNetState {
     pub fn new(batch: usize, sizes: DeltaNetSizes) -> Self {
         let [s, q, v] = Self::lens(batch, &sizes);
-        Self {
-            batch,
-            sizes,
-            len: 0,
-            ssm: vec![0.0; s],
-            conv_q: vec![0.0; q],
-            conv_k: vec![0.0; q],
-            conv_v: vec![0.0; v],
-        }
+        Self { batch, sizes, len: 0, ssm: vec![0.0; s], conv: [vec![0.0; q], vec![0.0; q], vec![0.0; v]] }
     }
 
     /// Elements of the state, of q's (and k's) convolution state and of v's, for `batch` rows.
@@ -52,9 +43,9 @@ impl DeltaNetState {
         let [ns, nq, nv] = Self::lens(1, &sizes);
         for (bi, &(src, r)) in rows.iter().enumerate() {
             out.ssm[bi * ns..(bi + 1) * ns].copy_from_slice(&src.ssm[r * ns..(r + 1) * ns]);
-            out.conv_q[bi * nq..(bi + 1) * nq].copy_from_slice(&src.conv_q[r * nq..(r + 1) * nq]);
-            out.conv_k[bi * nq..(bi + 1) * nq].copy_from_slice(&src.conv_k[r * nq..(r + 1) * nq]);
-            out.conv_v[bi * nv..(bi + 1) * nv].copy_from_slice(&src.conv_v[r * nv..(r + 1) * nv]);
+            for ((o, s), n) in out.conv.iter_mut().zip(&src.conv).zip([nq, nq, nv]) {
+                o[bi * n..(bi + 1) * n].copy_from_slice(&s[r * n..(r + 1) * n]);
+            }
         }
         out.len = len;
         out

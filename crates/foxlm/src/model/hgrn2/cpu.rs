@@ -93,11 +93,7 @@ impl Hgrn2Ops for Cpu<'_> {
             p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
         let pads = chunk_pads(b);
         let c = conv(p, b, x, &self.params[w], pads.as_deref());
-        let st = state.map(|st| match which {
-            ConvOf::Q => &mut st.conv_q,
-            ConvOf::F => &mut st.conv_f,
-            ConvOf::I => &mut st.conv_i,
-        });
+        let st = state.map(|st| &mut st.conv[which as usize]);
         conv1d_continuing(&c, out, st)
     }
 

@@ -25,9 +25,8 @@ pub struct GpuHgrn2State {
     pub sizes: Hgrn2Sizes,
     pub len: usize,
     pub ssm: CudaSlice<f32>,
-    pub conv_q: CudaSlice<f32>,
-    pub conv_f: CudaSlice<f32>,
-    pub conv_i: CudaSlice<f32>,
+    /// q's, f's and i's, indexed by [`ConvOf`].
+    pub conv: [CudaSlice<f32>; 3],
 }
 
 impl GpuHgrn2State {
@@ -38,9 +37,7 @@ impl GpuHgrn2State {
             sizes,
             len: 0,
             ssm: gpu.zeros(s.max(1))?,
-            conv_q: gpu.zeros(c.max(1))?,
-            conv_f: gpu.zeros(c.max(1))?,
-            conv_i: gpu.zeros(c.max(1))?,
+            conv: [gpu.zeros(c.max(1))?, gpu.zeros(c.max(1))?, gpu.zeros(c.max(1))?],
         })
     }
 }
@@ -121,11 +118,7 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         if let Some(st) = &state {
             st.check_rows("an HGRN2", b.batch)?;
         }
-        let st = state.map(|st| match which {
-            ConvOf::Q => &mut st.conv_q,
-            ConvOf::F => &mut st.conv_f,
-            ConvOf::I => &mut st.conv_i,
-        });
+        let st = state.map(|st| &mut st.conv[which as usize]);
         self.short_conv_fwd(out, &x.slice(..), &c, b, st)
     }
 

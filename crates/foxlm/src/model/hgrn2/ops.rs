@@ -8,12 +8,12 @@ use crate::config::Hgrn2Sizes;
 use crate::tensor::ParamId;
 use anyhow::Result;
 
-/// Which of the layer's three short convolutions.
+/// Which of the layer's three short convolutions (its index in the state's `conv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvOf {
-    Q,
-    F,
-    I,
+    Q = 0,
+    F = 1,
+    I = 2,
 }
 
 /// An HGRN2 layer's parameters other than its projections, and where it sits in the model.

@@ -11,25 +11,16 @@ pub struct Hgrn2State {
     pub len: usize,
     /// [B, H, K, V] (K = V = the head width).
     pub ssm: Vec<f32>,
-    /// With short convolutions: q's, f's and i's inputs before the next token [B, W − 1, d],
-    /// oldest first (zeros before a row's first token); empty without.
-    pub conv_q: Vec<f32>,
-    pub conv_f: Vec<f32>,
-    pub conv_i: Vec<f32>,
+    /// With short convolutions: q's, f's and i's inputs before the next token [B, W − 1, d]
+    /// (indexed by [`ConvOf`](super::ops::ConvOf)), oldest first (zeros before a row's first
+    /// token); empty without.
+    pub conv: [Vec<f32>; 3],
 }
 
 impl Hgrn2State {
     pub fn new(batch: usize, sizes: Hgrn2Sizes) -> Self {
         let [s, c] = Self::lens(batch, &sizes);
-        Self {
-            batch,
-            sizes,
-            len: 0,
-            ssm: vec![0.0; s],
-            conv_q: vec![0.0; c],
-            conv_f: vec![0.0; c],
-            conv_i: vec![0.0; c],
-        }
+        Self { batch, sizes, len: 0, ssm: vec![0.0; s], conv: [vec![0.0; c], vec![0.0; c], vec![0.0; c]] }
     }
 
     /// Elements of the GLA state and of each convolution's state, for `batch` rows.
@@ -53,9 +44,9 @@ impl Hgrn2State {
         let [ns, nc] = Self::lens(1, &sizes);
         for (bi, &(src, r)) in rows.iter().enumerate() {
             out.ssm[bi * ns..(bi + 1) * ns].copy_from_slice(&src.ssm[r * ns..(r + 1) * ns]);
-            out.conv_q[bi * nc..(bi + 1) * nc].copy_from_slice(&src.conv_q[r * nc..(r + 1) * nc]);
-            out.conv_f[bi * nc..(bi + 1) * nc].copy_from_slice(&src.conv_f[r * nc..(r + 1) * nc]);
-            out.conv_i[bi * nc..(bi + 1) * nc].copy_from_slice(&src.conv_i[r * nc..(r + 1) * nc]);
+            for (o, s) in out.conv.iter_mut().zip(&src.conv) {
+                o[bi * nc..(bi + 1) * nc].copy_from_slice(&s[r * nc..(r + 1) * nc]);
+            }
         }
         out.len = len;
         out

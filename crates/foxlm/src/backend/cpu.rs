@@ -1,7 +1,7 @@
 //! The CPU backend: f32 everywhere, the `fox_kernels` CPU ops, parameters borrowed from the model.
 //! It is the exact reference that the CUDA backend is checked against.
 
-use super::{Alloc, Backend, BatchInfo, Family};
+use super::{Alloc, Backend, BatchInfo, Family, ShortConv};
 use crate::model::attention::ops::AttnShape;
 use crate::model::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
@@ -485,24 +485,23 @@ pub(crate) fn chunk_pads(b: &CpuBatch) -> Option<Vec<usize>> {
     b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
 }
 
-/// The recurrent layers' short causal convolution (depthwise, with SiLU) over `channels` columns
-/// of `x`'s rows of stride `x_stride`, width `width`, for the batch `b`.
-pub(crate) fn short_conv<'a>(
+/// Short convolution `c` (depthwise) over `x` for the batch `b`, with these weights.
+fn conv1d<'a>(
+    c: &ShortConv,
     b: &CpuBatch,
     x: &'a [f32],
-    x_stride: usize,
-    (channels, width): (usize, usize),
     weight: &'a [f32],
     bias: Option<&'a [f32]>,
     start: Option<&'a [usize]>,
 ) -> Conv1d<'a> {
-    Conv1d { batch: b.batch, seq: b.seq, channels, width, x, x_stride, weight, bias, start, silu: true }
+    let (channels, width, x_stride, silu) = (c.channels, c.width, c.stride, c.silu);
+    Conv1d { batch: b.batch, seq: b.seq, channels, width, x, x_stride, weight, bias, start, silu }
 }
 
 /// A short causal convolution (Mamba's and Mamba-2's): without an inference state a fresh
 /// sequence; with one, continuing its last inputs and advancing them (the decode step for one
 /// position).
-pub(crate) fn conv1d_continuing(c: &Conv1d, out: &mut [f32], state: Option<&mut Vec<f32>>) -> Result<()> {
+fn conv1d_continuing(c: &Conv1d, out: &mut [f32], state: Option<&mut Vec<f32>>) -> Result<()> {
     match state {
         None => conv1d_fwd(c, out, None, None),
         Some(st) if c.seq == 1 => conv1d_decode_step(c, st, out),
@@ -525,16 +524,40 @@ impl Cpu<'_> {
         Ok(())
     }
 
+    /// The recurrent layers' short convolution `c` over `x` into `out`, causal per row from its
+    /// first real token; with `state`, continuing it and advancing it.
+    pub(crate) fn short_conv_fwd(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        c: &ShortConv,
+        b: &CpuBatch,
+        state: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let pads = chunk_pads(b);
+        let bias = c.bias.map(|id| &self.params[id]);
+        conv1d_continuing(&conv1d(c, b, x, &self.params[c.weight], bias, pads.as_deref()), out, state)
+    }
+
+    /// From dout, writes dx (the conv's columns of `x`'s rows) and adds the weight's and bias's
+    /// gradients.
+    pub(crate) fn short_conv_bwd(
+        &mut self,
+        dx: &mut [f32],
+        dout: &[f32],
+        x: &[f32],
+        c: &ShortConv,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let pads = chunk_pads(b);
+        let (w, bias) = (self.params[c.weight].to_vec(), c.bias.map(|id| self.params[id].to_vec()));
+        let conv = conv1d(c, b, x, &w, bias.as_deref(), pads.as_deref());
+        self.conv1d_grads(&conv, dout, dx, c.weight, c.bias)
+    }
+
     /// A short convolution's backward (`c` over copies of its weights): d input into `dx`'s
     /// columns, and the weight's and bias's gradients added to `w` and `b`.
-    pub(crate) fn conv1d_grads(
-        &mut self,
-        c: &Conv1d,
-        dout: &[f32],
-        dx: &mut [f32],
-        w: ParamId,
-        b: Option<ParamId>,
-    ) -> Result<()> {
+    fn conv1d_grads(&mut self, c: &Conv1d, dout: &[f32], dx: &mut [f32], w: ParamId, b: Option<ParamId>) -> Result<()> {
         let mut dw = vec![0.0; c.weight.len()];
         let mut db = c.bias.map(|v| vec![0.0; v.len()]);
         conv1d_bwd(c, dout, None, dx, &mut dw, db.as_deref_mut())?;

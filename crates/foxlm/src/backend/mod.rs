@@ -269,3 +269,16 @@ pub trait Backend: Alloc {
         Ok(())
     }
 }
+
+/// A short causal convolution over `channels` columns of rows of stride `stride` (Mamba-2's xBC,
+/// Mamba's x, DeltaNet's and HGRN2's projections), width `width`, with its weight, optional bias
+/// and SiLU (all but HGRN2's).
+#[derive(Clone, Copy)]
+pub struct ShortConv {
+    pub weight: ParamId,
+    pub bias: Option<ParamId>,
+    pub channels: usize,
+    pub width: usize,
+    pub stride: usize,
+    pub silu: bool,
+}

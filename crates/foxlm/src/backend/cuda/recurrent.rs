@@ -3,8 +3,8 @@
 //! columns of in_proj's output, with its inference state and its backward.
 
 use super::{Cuda, GpuBatch};
+use crate::backend::ShortConv;
 use crate::model::Model;
-use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use fox_kernels::cuda::ssd;
@@ -99,19 +99,6 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
         }
     }
     out
-}
-
-/// A short causal convolution over `channels` columns of rows of stride `stride` (Mamba-2's xBC,
-/// Mamba's x, DeltaNet's and HGRN2's projections), width `width`, with its weight, optional bias
-/// and SiLU (all but HGRN2's).
-#[derive(Clone, Copy)]
-pub(crate) struct ShortConv {
-    pub weight: ParamId,
-    pub bias: Option<ParamId>,
-    pub channels: usize,
-    pub width: usize,
-    pub stride: usize,
-    pub silu: bool,
 }
 
 impl<T: Elem> Cuda<T> {

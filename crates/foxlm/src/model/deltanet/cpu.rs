@@ -3,7 +3,7 @@
 
 use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
 use anyhow::{ensure, Result};
@@ -62,11 +62,7 @@ impl DeltaNetOps for Cpu<'_> {
         if let Some(st) = &state {
             st.check_rows("a DeltaNet", b.batch)?;
         }
-        let (w, channels) = p.conv(which);
-        let pads = chunk_pads(b);
-        let c = short_conv(b, x, channels, (channels, p.sizes.conv), &self.params[w], None, pads.as_deref());
-        let st = state.map(|st| &mut st.conv[which as usize]);
-        conv1d_continuing(&c, out, st)
+        self.short_conv_fwd(out, x, &p.short_conv(which), b, state.map(|st| &mut st.conv[which as usize]))
     }
 
     fn deltanet_conv_bwd(
@@ -79,11 +75,7 @@ impl DeltaNetOps for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let (w, channels) = p.conv(which);
-        let pads = chunk_pads(b);
-        let weight = self.params[w].to_vec();
-        let c = short_conv(b, x, channels, (channels, p.sizes.conv), &weight, None, pads.as_deref());
-        self.conv1d_grads(&c, dout, dx, w, None)
+        self.short_conv_bwd(dx, dout, x, &p.short_conv(which), b)
     }
 
     fn l2norm_fwd(

@@ -6,7 +6,7 @@
 
 use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
-use crate::backend::cuda::recurrent::{two_mut, ShortConv};
+use crate::backend::cuda::recurrent::two_mut;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::DeltaNetSizes;
@@ -96,12 +96,6 @@ pub(crate) fn scratch_floats(
     out
 }
 
-/// Convolution `which` of the layer: its own buffer, no bias.
-fn conv(which: ConvOf, p: &DeltaNetParams) -> ShortConv {
-    let (weight, channels) = p.conv(which);
-    ShortConv { weight, bias: None, channels, width: p.sizes.conv, stride: channels, silu: true }
-}
-
 /// The delta-rule problem over the layer's buffers.
 fn problem<'a, T: Elem>(
     p: &DeltaNetParams,
@@ -143,7 +137,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
             st.check_rows("a DeltaNet", b.batch)?;
         }
         let st = state.map(|st| &mut st.conv[which as usize]);
-        self.short_conv_fwd(out, &x.slice(..), &conv(which, p), b, st)
+        self.short_conv_fwd(out, &x.slice(..), &p.short_conv(which), b, st)
     }
 
     fn deltanet_conv_bwd(
@@ -156,7 +150,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &conv(which, p), b)
+        self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &p.short_conv(which), b)
     }
 
     fn l2norm_fwd(

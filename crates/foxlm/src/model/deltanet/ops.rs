@@ -5,7 +5,7 @@
 //! set every decay). Gradients of parameters are accumulated (`+=`); gradients of activations
 //! are overwritten.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ShortConv};
 use crate::config::DeltaNetSizes;
 use crate::tensor::ParamId;
 use anyhow::{anyhow, Result};
@@ -35,6 +35,12 @@ pub struct DeltaNetParams {
 }
 
 impl DeltaNetParams {
+    /// Convolution `which` of the layer: its own buffer, no bias.
+    pub fn short_conv(&self, which: ConvOf) -> ShortConv {
+        let (weight, channels) = self.conv(which);
+        ShortConv { weight, bias: None, channels, width: self.sizes.conv, stride: channels, silu: true }
+    }
+
     /// The convolution's weight and channels.
     pub fn conv(&self, which: ConvOf) -> (ParamId, usize) {
         match which {

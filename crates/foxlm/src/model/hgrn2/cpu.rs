@@ -4,12 +4,11 @@
 
 use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
 use crate::tensor::ParamId;
-use anyhow::{anyhow, ensure, Result};
-use fox_kernels::conv1d::Conv1d;
+use anyhow::{ensure, Result};
 use fox_kernels::gla::{self, Gla, GlaGrads};
 use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 
@@ -29,13 +28,6 @@ fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Opt
         scale: 1.0 / (s.head_dim as f32).sqrt(),
         start,
     }
-}
-
-/// A short convolution over the layer's [B·T, d] buffer: fla's ShortConvolution in HGRN2 (no
-/// bias, no activation), from each row's first real token.
-fn conv<'a>(p: &Hgrn2Params, b: &CpuBatch, x: &'a [f32], weight: &'a [f32], start: Option<&'a [usize]>) -> Conv1d<'a> {
-    let d = p.sizes.heads * p.sizes.head_dim;
-    Conv1d { silu: false, ..short_conv(b, x, d, (d, p.sizes.conv.unwrap_or(1)), weight, None, start) }
 }
 
 /// The softmax over layers of `raw` [L, d] (f64), per column.
@@ -89,12 +81,7 @@ impl Hgrn2Ops for Cpu<'_> {
         if let Some(st) = &state {
             st.check_rows("an HGRN2", b.batch)?;
         }
-        let w =
-            p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
-        let pads = chunk_pads(b);
-        let c = conv(p, b, x, &self.params[w], pads.as_deref());
-        let st = state.map(|st| &mut st.conv[which as usize]);
-        conv1d_continuing(&c, out, st)
+        self.short_conv_fwd(out, x, &p.short_conv(which)?, b, state.map(|st| &mut st.conv[which as usize]))
     }
 
     fn hgrn2_conv_bwd(
@@ -107,12 +94,7 @@ impl Hgrn2Ops for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let w =
-            p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
-        let pads = chunk_pads(b);
-        let weight = self.params[w].to_vec();
-        let c = conv(p, b, x, &weight, pads.as_deref());
-        self.conv1d_grads(&c, dout, dx, w, None)
+        self.short_conv_bwd(dx, dout, x, &p.short_conv(which)?, b)
     }
 
     fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut Vec<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {

@@ -7,13 +7,12 @@
 
 use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
-use crate::backend::cuda::recurrent::ShortConv;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Hgrn2Sizes;
 use crate::model::scan_state::{forward_carrying, Carry, RecurrentState};
 use crate::tensor::ParamId;
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
 use fox_kernels::cuda::{Elem, Gpu};
@@ -78,14 +77,6 @@ fn problem<'a, T: Elem>(p: &Hgrn2Params, b: &'a GpuBatch, x: GlaIn<'a, CudaSlice
     }
 }
 
-/// Short convolution `which` over the layer's [B·T, d] buffer: fla's ShortConvolution in HGRN2
-/// (no bias, no activation).
-fn conv(p: &Hgrn2Params, which: ConvOf) -> Result<ShortConv> {
-    let w = p.conv(which).ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
-    let d = p.sizes.heads * p.sizes.head_dim;
-    Ok(ShortConv { weight: w, bias: None, channels: d, width: p.sizes.conv.unwrap_or(1), stride: d, silu: false })
-}
-
 /// The layer's row of the lower bounds (its first element), in a bounded layer.
 fn lb_row(p: &Hgrn2Params, lb: &CudaSlice<f32>) -> Result<Option<usize>> {
     if !p.bounded() {
@@ -114,7 +105,7 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         state: Option<&mut GpuHgrn2State>,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let c = conv(p, which)?;
+        let c = p.short_conv(which)?;
         if let Some(st) = &state {
             st.check_rows("an HGRN2", b.batch)?;
         }
@@ -132,7 +123,7 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let c = conv(p, which)?;
+        let c = p.short_conv(which)?;
         self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &c, b)
     }
 

@@ -3,10 +3,10 @@
 //! [B·T, d]; the model-level lower bounds [L, d]. Gradients of parameters are accumulated (`+=`);
 //! gradients of activations are overwritten.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ShortConv};
 use crate::config::Hgrn2Sizes;
 use crate::tensor::ParamId;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 
 /// Which of the layer's three short convolutions (its index in the state's `conv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +29,23 @@ pub struct Hgrn2Params {
 }
 
 impl Hgrn2Params {
+    /// Short convolution `which` over the layer's [B·T, d] buffer: fla's ShortConvolution in
+    /// HGRN2 (no bias, no activation).
+    pub fn short_conv(&self, which: ConvOf) -> Result<ShortConv> {
+        let w = self
+            .conv(which)
+            .ok_or_else(|| anyhow!("an HGRN2 layer without short convolutions has no {which:?} conv"))?;
+        let d = self.sizes.heads * self.sizes.head_dim;
+        Ok(ShortConv {
+            weight: w,
+            bias: None,
+            channels: d,
+            width: self.sizes.conv.unwrap_or(1),
+            stride: d,
+            silu: false,
+        })
+    }
+
     /// Whether the layer's forget gate is bounded below (the model has lower bounds, layer > 0).
     pub fn bounded(&self) -> bool {
         self.sizes.lower_bound && self.layer > 0

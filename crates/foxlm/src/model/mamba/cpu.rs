@@ -3,26 +3,13 @@
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 use super::state::MambaState;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
 use anyhow::{ensure, Result};
-use fox_kernels::conv1d::Conv1d;
 use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
 use fox_kernels::ssd;
-
-/// The convolution over xz's x columns.
-fn conv<'a>(
-    s: &MambaSizes,
-    b: &CpuBatch,
-    xz: &'a [f32],
-    w: &'a [f32],
-    bias: Option<&'a [f32]>,
-    start: Option<&'a [usize]>,
-) -> Conv1d<'a> {
-    short_conv(b, xz, 2 * s.inner, (s.inner, s.conv), w, bias, start)
-}
 
 /// z, xz's last Di columns, as a contiguous [B·T, Di] (the scan's layout).
 fn gate(s: &MambaSizes, xz: &[f32]) -> Vec<f32> {
@@ -73,13 +60,10 @@ impl MambaOps for Cpu<'_> {
         state: Option<&mut MambaState>,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = chunk_pads(b);
-        let bias = p.conv_b.map(|id| &self.params[id]);
-        let c = conv(&p.sizes, b, xz, &self.params[p.conv_w], bias, pads.as_deref());
         if let Some(st) = &state {
             st.check_rows("a Mamba", b.batch)?;
         }
-        conv1d_continuing(&c, u, state.map(|st| &mut st.conv))
+        self.short_conv_fwd(u, xz, &p.short_conv(), b, state.map(|st| &mut st.conv))
     }
 
     fn mamba_conv_bwd(
@@ -91,10 +75,7 @@ impl MambaOps for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = chunk_pads(b);
-        let (w, bias) = (self.params[p.conv_w].to_vec(), p.conv_b.map(|id| self.params[id].to_vec()));
-        let c = conv(&p.sizes, b, xz, &w, bias.as_deref(), pads.as_deref());
-        self.conv1d_grads(&c, du, dxz, p.conv_w, p.conv_b)
+        self.short_conv_bwd(dxz, du, xz, &p.short_conv(), b)
     }
 
     fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams, rows: usize) -> Result<()> {

@@ -6,7 +6,6 @@
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 pub use super::state::GpuMambaState;
-use crate::backend::cuda::recurrent::ShortConv;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
@@ -16,12 +15,6 @@ use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
 use fox_kernels::cuda::{ssd, Elem};
 use fox_kernels::selective_scan::BcLayout;
-
-/// The convolution over xz's x columns.
-fn conv(p: &MambaParams) -> ShortConv {
-    let s = &p.sizes;
-    ShortConv { weight: p.conv_w, bias: p.conv_b, channels: s.inner, width: s.conv, stride: 2 * s.inner, silu: true }
-}
 
 impl<T: Elem> Cuda<T> {
     /// A = −exp(A_log) [Di, N] into the scratch's `a`.
@@ -74,7 +67,7 @@ impl<T: Elem> MambaOps for Cuda<T> {
         if let Some(st) = &state {
             st.check_rows("a Mamba", b.batch)?;
         }
-        self.short_conv_fwd(u, &xz.slice(..), &conv(p), b, state.map(|st| &mut st.conv))
+        self.short_conv_fwd(u, &xz.slice(..), &p.short_conv(), b, state.map(|st| &mut st.conv))
     }
 
     fn mamba_conv_bwd(
@@ -86,7 +79,7 @@ impl<T: Elem> MambaOps for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        self.short_conv_bwd(&mut dxz.slice_mut(..), du, &xz.slice(..), &conv(p), b)
+        self.short_conv_bwd(&mut dxz.slice_mut(..), du, &xz.slice(..), &p.short_conv(), b)
     }
 
     fn mamba_dt_split(

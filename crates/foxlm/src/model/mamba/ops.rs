@@ -5,7 +5,7 @@
 //! columns), then B and C. Gradients of parameters are accumulated (`+=`); gradients of
 //! activations are written into their columns of `dxz` / `dxp`.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ShortConv};
 use crate::config::MambaSizes;
 use crate::tensor::ParamId;
 use anyhow::Result;
@@ -22,6 +22,21 @@ pub struct MambaParams {
     pub a_log: ParamId,
     pub d_skip: ParamId,
     pub sizes: MambaSizes,
+}
+
+impl MambaParams {
+    /// The convolution over xz's x columns.
+    pub fn short_conv(&self) -> ShortConv {
+        let s = &self.sizes;
+        ShortConv {
+            weight: self.conv_w,
+            bias: self.conv_b,
+            channels: s.inner,
+            width: s.conv,
+            stride: 2 * s.inner,
+            silu: true,
+        }
+    }
 }
 
 pub trait MambaOps: Backend {

@@ -3,26 +3,13 @@
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 use super::state::Mamba2State;
-use crate::backend::cpu::{chunk_pads, conv1d_continuing, short_conv, Cpu, CpuBatch};
+use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::Result;
-use fox_kernels::conv1d::Conv1d;
 use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
-
-/// The convolution over xBC's columns of zxbcdt.
-fn conv<'a>(
-    s: &Mamba2Sizes,
-    b: &CpuBatch,
-    zxbcdt: &'a [f32],
-    w: &'a [f32],
-    bias: Option<&'a [f32]>,
-    start: Option<&'a [usize]>,
-) -> Conv1d<'a> {
-    short_conv(b, &zxbcdt[s.inner..], s.in_proj_dim(), (s.conv_dim(), s.conv), w, bias, start)
-}
 
 /// The SSD problem over the conv output.
 fn ssd<'a>(
@@ -67,10 +54,7 @@ impl Mamba2Ops for Cpu<'_> {
         state: Option<&mut Mamba2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = chunk_pads(b);
-        let bias = p.conv_b.map(|id| &self.params[id]);
-        let c = conv(&p.sizes, b, zxbcdt, &self.params[p.conv_w], bias, pads.as_deref());
-        conv1d_continuing(&c, xbc, state.map(|st| &mut st.conv))
+        self.short_conv_fwd(xbc, &zxbcdt[p.sizes.inner..], &p.short_conv(), b, state.map(|st| &mut st.conv))
     }
 
     fn mamba2_conv_bwd(
@@ -82,11 +66,8 @@ impl Mamba2Ops for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let s = p.sizes;
-        let pads = chunk_pads(b);
-        let (w, bias) = (self.params[p.conv_w].to_vec(), p.conv_b.map(|id| self.params[id].to_vec()));
-        let c = conv(&s, b, zxbcdt, &w, bias.as_deref(), pads.as_deref());
-        self.conv1d_grads(&c, dxbc, &mut dzxbcdt[s.inner..], p.conv_w, p.conv_b)
+        let at = p.sizes.inner;
+        self.short_conv_bwd(&mut dzxbcdt[at..], dxbc, &zxbcdt[at..], &p.short_conv(), b)
     }
 
     fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params, rows: usize) -> Result<()> {

@@ -5,7 +5,7 @@
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 pub use super::state::GpuMamba2State;
-use crate::backend::cuda::recurrent::{two_mut, ShortConv};
+use crate::backend::cuda::recurrent::two_mut;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
@@ -16,19 +16,6 @@ use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ops;
 use fox_kernels::cuda::ssd::{self, DevSsd, DevSsdGrads};
 use fox_kernels::cuda::Elem;
-
-/// The convolution over xBC's columns of zxbcdt.
-fn conv(p: &Mamba2Params) -> ShortConv {
-    let s = &p.sizes;
-    ShortConv {
-        weight: p.conv_w,
-        bias: p.conv_b,
-        channels: s.conv_dim(),
-        width: s.conv,
-        stride: s.in_proj_dim(),
-        silu: true,
-    }
-}
 
 /// The SSD problem over the conv output, with A (or A_log, for a decode step's kernel) and D.
 fn problem<'a, T: Elem>(
@@ -78,7 +65,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             st.check_rows("a Mamba-2", b.batch)?;
         }
         let x = zxbcdt.slice(p.sizes.inner..);
-        self.short_conv_fwd(xbc, &x, &conv(p), b, state.map(|st| &mut st.conv))
+        self.short_conv_fwd(xbc, &x, &p.short_conv(), b, state.map(|st| &mut st.conv))
     }
 
     fn mamba2_conv_bwd(
@@ -91,7 +78,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let at = p.sizes.inner;
-        self.short_conv_bwd(&mut dzxbcdt.slice_mut(at..), dxbc, &zxbcdt.slice(at..), &conv(p), b)
+        self.short_conv_bwd(&mut dzxbcdt.slice_mut(at..), dxbc, &zxbcdt.slice(at..), &p.short_conv(), b)
     }
 
     fn mamba2_step_in(

@@ -5,7 +5,7 @@
 //! columns), B and C (G·N each). Gradients of parameters are accumulated (`+=`); gradients of
 //! activations are written into their columns of `dzxbcdt` / `dxbc`.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ShortConv};
 use crate::config::Mamba2Sizes;
 use crate::model::Linear;
 use crate::tensor::ParamId;
@@ -25,6 +25,21 @@ pub struct Mamba2Params {
     pub norm: ParamId,
     pub eps: f32,
     pub sizes: Mamba2Sizes,
+}
+
+impl Mamba2Params {
+    /// The convolution over xBC's columns of zxbcdt (from column Di).
+    pub fn short_conv(&self) -> ShortConv {
+        let s = &self.sizes;
+        ShortConv {
+            weight: self.conv_w,
+            bias: self.conv_b,
+            channels: s.conv_dim(),
+            width: s.conv,
+            stride: s.in_proj_dim(),
+            silu: true,
+        }
+    }
 }
 
 pub trait Mamba2Ops: Backend {

@@ -1,9 +1,9 @@
 //! The HGRN2 family on the CUDA backend: its inference state on the device, and its operations
 //! on `fox_kernels::cuda::gla`'s kernels (the gated linear attention, on tensor cores for bf16
 //! activations; its decode step, the gates and the lower bounds) and the backend's short
-//! convolution (`short_conv_*`, without bias or SiLU, as fla's ShortConvolution in HGRN2). Activations in T; the GLA state, the convolutions' states, the
-//! lower bounds and every sum in f32; the convolutions' weights from their T working copies, as
-//! the GEMMs read theirs.
+//! convolution (`short_conv_*`, without bias or SiLU, as fla's ShortConvolution in HGRN2).
+//! Activations in T; the GLA state, the convolutions' states, the lower bounds and every sum in
+//! f32; the convolutions' weights from their T working copies, as the GEMMs read theirs.
 
 use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;

@@ -15,6 +15,15 @@ fn foxlm(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run foxlm")
 }
 
+/// `foxlm generate` on fixture `v` of one prompt of token ids, with `extra` flags.
+fn generate_ids(v: &str, prompt: &[String], max_new_tokens: usize, extra: &[&str]) -> Output {
+    let (model, prompt, max) = (fixture(v), prompt.join(","), max_new_tokens.to_string());
+    let mut args =
+        vec!["generate", "--model", model.to_str().unwrap(), "--prompt-ids", &prompt, "--max-new-tokens", &max];
+    args.extend_from_slice(extra);
+    foxlm(&args)
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
 }
@@ -99,16 +108,7 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
         let prompt: Vec<String> = ids[..plen].iter().map(|x| x.to_string()).collect();
         // The reference generated all 24 tokens without stopping at the config's eos id (1),
         // which one variant's continuation contains: hence --ignore-eos.
-        let o = foxlm(&[
-            "generate",
-            "--model",
-            fixture(v).to_str().unwrap(),
-            "--prompt-ids",
-            &prompt.join(","),
-            "--max-new-tokens",
-            &want.len().to_string(),
-            "--ignore-eos",
-        ]);
+        let o = generate_ids(v, &prompt, want.len(), &["--ignore-eos"]);
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), want.join(","), "{v}");
     }
@@ -121,15 +121,7 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
     let ids = tensor_bytes(&fixture(v).join("expected.safetensors"), "input_ids").2;
     let prompt: Vec<String> =
         ids.chunks_exact(8).take(40).map(|c| i64::from_le_bytes(c.try_into().unwrap()).to_string()).collect();
-    let o = foxlm(&[
-        "generate",
-        "--model",
-        fixture(v).to_str().unwrap(),
-        "--prompt-ids",
-        &prompt.join(","),
-        "--max-new-tokens",
-        "24",
-    ]);
+    let o = generate_ids(v, &prompt, 24, &[]);
     let got: Vec<u64> = String::from_utf8_lossy(&o.stdout)
         .trim()
         .split(',')

@@ -59,10 +59,7 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
         let input = tmp.path().join(format!("{v}-in.safetensors"));
         let output = tmp.path().join(format!("{v}-out.safetensors"));
         write_tensors(&input, vec![("input_ids", ids.0.clone(), ids.1, ids.2.clone())]);
-        let forward = || {
-            let (m, i, o) = (fixture(v), input.to_str().unwrap(), output.to_str().unwrap());
-            foxlm(&["forward", "--model", m.to_str().unwrap(), "--input", i, "--output", o])
-        };
+        let forward = || foxlm(&common::forward_args(&fixture(v), &input, &output));
         let o = forward();
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         let (shape, dt, got) = tensor_bytes(&output, "logits");
@@ -346,15 +343,7 @@ fn usage_and_input_errors() {
             ("attention_mask", vec![1, 3], Dtype::I64, [1i64, 0, 1].iter().flat_map(|x| x.to_le_bytes()).collect()),
         ],
     );
-    let o = foxlm(&[
-        "forward",
-        "--model",
-        m.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        tmp.path().join("o").to_str().unwrap(),
-    ]);
+    let o = foxlm(&common::forward_args(&m, &input, &tmp.path().join("o")));
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("left padding"), "{}", stderr(&o));
 }

@@ -19,6 +19,17 @@ pub fn fixture(v: &str) -> PathBuf {
     fixtures("official-fox-tiny").join(v)
 }
 
+/// The arguments of `foxlm forward --model model --input input --output output`.
+#[allow(dead_code)]
+pub fn forward_args<'a>(
+    model: &'a std::path::Path,
+    input: &'a std::path::Path,
+    output: &'a std::path::Path,
+) -> [&'a str; 7] {
+    let s = |p: &'a std::path::Path| p.to_str().unwrap();
+    ["forward", "--model", s(model), "--input", s(input), "--output", s(output)]
+}
+
 /// The values of the parameter `name` (panics naming it where the model has none).
 #[allow(dead_code)]
 pub fn param(model: &Model, name: &str) -> Vec<f32> {

@@ -382,6 +382,15 @@ fn host_starts(starts: StartsArg, b: usize, t: usize) -> Result<Option<(u8, Vec<
     Ok(Some((mode, out)))
 }
 
+/// The per-row starts of a left-padded batch: the one kind of starts the gate's prefix sums take
+/// (per-position starts reach only the attention).
+fn left_padded(s: &Option<(u8, Vec<usize>)>) -> Option<&[usize]> {
+    match s {
+        Some((1, v)) => Some(v),
+        _ => None,
+    }
+}
+
 fn host_vis(s: &Option<(u8, Vec<usize>)>) -> fa::Visibility<'_> {
     match s {
         None => fa::Visibility::All,
@@ -454,11 +463,7 @@ fn cpu_forward(
         let (qs, ks, vs) = unsafe { (host("q", q, n)?, host("k", k, nkv)?, host("v", v, nkv)?) };
         let g = unsafe { host("log_fgate", log_fgate, b * t * h) }?;
         let cs = unsafe { host_mut("c", c, b * h * t) }?;
-        let start_b = match &st {
-            Some((1, s)) => Some(s.as_slice()),
-            _ => None,
-        };
-        fox_kernels::fgate::prefix_sum_fwd(cs, g, start_b, t, h);
+        fox_kernels::fgate::prefix_sum_fwd(cs, g, left_padded(&st), t, h);
         let cs: &[f32] = cs;
         let th = match acp {
             Some((log_eps, p)) => {
@@ -524,12 +529,8 @@ fn cpu_backward(
         for (a, b2) in dcq.iter_mut().zip(&dck) {
             *a += b2;
         }
-        let start_b = match &st {
-            Some((1, s)) => Some(s.as_slice()),
-            _ => None,
-        };
         let gg = unsafe { host_mut("dlog_fgate", dlog_fgate, b * t * h) }?;
-        fox_kernels::fgate::prefix_sum_bwd(gg, &dcq, start_b, t, h);
+        fox_kernels::fgate::prefix_sum_bwd(gg, &dcq, left_padded(&st), t, h);
         Ok(())
     };
     py.detach(run).map_err(runtime_err)

@@ -15,6 +15,15 @@ fn foxlm(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run foxlm")
 }
 
+/// `foxlm generate` on fixture `v` of one prompt of token ids, with `extra` flags.
+fn generate_ids(v: &str, prompt: &[String], max_new_tokens: usize, extra: &[&str]) -> Output {
+    let (model, prompt, max) = (fixture(v), prompt.join(","), max_new_tokens.to_string());
+    let mut args =
+        vec!["generate", "--model", model.to_str().unwrap(), "--prompt-ids", &prompt, "--max-new-tokens", &max];
+    args.extend_from_slice(extra);
+    foxlm(&args)
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
 }
@@ -50,10 +59,7 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
         let input = tmp.path().join(format!("{v}-in.safetensors"));
         let output = tmp.path().join(format!("{v}-out.safetensors"));
         write_tensors(&input, vec![("input_ids", ids.0.clone(), ids.1, ids.2.clone())]);
-        let forward = || {
-            let (m, i, o) = (fixture(v), input.to_str().unwrap(), output.to_str().unwrap());
-            foxlm(&["forward", "--model", m.to_str().unwrap(), "--input", i, "--output", o])
-        };
+        let forward = || foxlm(&common::forward_args(&fixture(v), &input, &output));
         let o = forward();
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         let (shape, dt, got) = tensor_bytes(&output, "logits");
@@ -99,16 +105,7 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
         let prompt: Vec<String> = ids[..plen].iter().map(|x| x.to_string()).collect();
         // The reference generated all 24 tokens without stopping at the config's eos id (1),
         // which one variant's continuation contains: hence --ignore-eos.
-        let o = foxlm(&[
-            "generate",
-            "--model",
-            fixture(v).to_str().unwrap(),
-            "--prompt-ids",
-            &prompt.join(","),
-            "--max-new-tokens",
-            &want.len().to_string(),
-            "--ignore-eos",
-        ]);
+        let o = generate_ids(v, &prompt, want.len(), &["--ignore-eos"]);
         assert!(o.status.success(), "{v}: {}", stderr(&o));
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), want.join(","), "{v}");
     }
@@ -121,15 +118,7 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
     let ids = tensor_bytes(&fixture(v).join("expected.safetensors"), "input_ids").2;
     let prompt: Vec<String> =
         ids.chunks_exact(8).take(40).map(|c| i64::from_le_bytes(c.try_into().unwrap()).to_string()).collect();
-    let o = foxlm(&[
-        "generate",
-        "--model",
-        fixture(v).to_str().unwrap(),
-        "--prompt-ids",
-        &prompt.join(","),
-        "--max-new-tokens",
-        "24",
-    ]);
+    let o = generate_ids(v, &prompt, 24, &[]);
     let got: Vec<u64> = String::from_utf8_lossy(&o.stdout)
         .trim()
         .split(',')
@@ -354,15 +343,7 @@ fn usage_and_input_errors() {
             ("attention_mask", vec![1, 3], Dtype::I64, [1i64, 0, 1].iter().flat_map(|x| x.to_le_bytes()).collect()),
         ],
     );
-    let o = foxlm(&[
-        "forward",
-        "--model",
-        m.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        tmp.path().join("o").to_str().unwrap(),
-    ]);
+    let o = foxlm(&common::forward_args(&m, &input, &tmp.path().join("o")));
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("left padding"), "{}", stderr(&o));
 }

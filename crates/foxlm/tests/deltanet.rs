@@ -168,8 +168,8 @@ fn greedy_generation_matches_full_forwards() {
 fn initialisation() {
     for cfg in [deltanet_tiny(), gated_tiny()] {
         let model = foxlm::train::init_model(&cfg, 3);
-        let get = |n: &str| model.params.tensors[model.params.id(n).unwrap().0].data.clone();
-        let std = |v: &[f32]| (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
+        let get = |n: &str| common::param(&model, n);
+        let std = common::rms;
         let q = std(&get("model.layers.0.attn.q_proj.weight"));
         assert!((q - 0.02).abs() < 0.003, "q_proj std {q}");
         let o = std(&get("model.layers.1.attn.o_proj.weight"));
@@ -183,10 +183,7 @@ fn initialisation() {
             for &a in &get("model.layers.0.attn.A_log") {
                 assert!(a.exp() > 0.0 && a.exp() <= 16.0, "A {}", a.exp());
             }
-            for &b in &get("model.layers.1.attn.dt_bias") {
-                let dt = (b as f64).exp().ln_1p();
-                assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
-            }
+            common::assert_dt_in_time_step_range(&get("model.layers.1.attn.dt_bias"));
         }
         common::fresh_loss_is_uniform(&model);
     }
@@ -198,7 +195,7 @@ fn initialisation() {
 /// per-position loss, every parameter's gradient, greedy tokens through the inference state.
 #[test]
 fn matches_fla() {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/fla-deltanet-tiny");
+    let root = common::fixtures("fla-deltanet-tiny");
     for (name, arch) in [("deltanet", Arch::DeltaNet), ("gated_deltanet", Arch::GatedDeltaNet)] {
         let model = common::matches_reference_fixture(&root.join(name));
         assert_eq!(model.config.arch(), arch);
@@ -262,7 +259,7 @@ fn checkpoints_hold_fla_s_mlp_names_and_either_form_loads() {
         }
     }
     // Half of a split pair missing is named.
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/fla-deltanet-tiny");
+    let root = common::fixtures("fla-deltanet-tiny");
     let out = dir.path().join("broken");
     let model = foxlm::checkpoint::load_model(&root.join("deltanet")).unwrap();
     foxlm::checkpoint::save_model(&model, &model.config, &out).unwrap();

@@ -311,6 +311,28 @@ fn mutate_json_field(rng: &mut ChaCha8Rng, v: &mut Value, path: &mut String) {
 }
 
 /// Byte-level damage: flip, set, insert, delete bytes, or truncate.
+/// A JSON file's bytes, mutated: with probability `p_fields` its parsed fields by `edit`, else its
+/// bytes (half-written, or damaged).
+fn mutated_json_file(
+    rng: &mut ChaCha8Rng,
+    path: &Path,
+    p_fields: f64,
+    desc: &mut String,
+    edit: impl FnOnce(&mut ChaCha8Rng, &mut Value, &mut String),
+) -> Vec<u8> {
+    let mut bytes = std::fs::read(path).unwrap();
+    if rng.gen_bool(p_fields) {
+        let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+        edit(rng, &mut v, desc);
+        serde_json::to_vec_pretty(&v).unwrap()
+    } else {
+        desc.push_str(" bytes: ");
+        let len = bytes.len();
+        mutate_bytes(rng, &mut bytes, 0..len, desc);
+        bytes
+    }
+}
+
 fn mutate_bytes(rng: &mut ChaCha8Rng, b: &mut Vec<u8>, range: std::ops::Range<usize>, desc: &mut String) {
     let range = range.start.min(b.len())..range.end.min(b.len());
     let pick = |rng: &mut ChaCha8Rng| if range.is_empty() { range.start } else { rng.gen_range(range.clone()) };
@@ -538,26 +560,19 @@ fn run_case(p: &Pristine, seed: u64, desc_out: &Mutex<String>) -> Result<String,
             let m = rng.gen_range(0..p.models.len());
             link_copy(&p.models[m], &work);
             let path = work.join(CONFIG_FILE);
-            let mut bytes = std::fs::read(&path).unwrap();
             desc.push_str(&format!("{} config.json", MODELS[m]));
-            if rng.gen_bool(0.85) {
-                let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+            let bytes = mutated_json_file(&mut rng, &path, 0.85, &mut desc, |rng, v, desc| {
                 if rng.gen_bool(0.1) {
                     // Fields the fixtures leave out or null.
                     let k = ["intermediate_size", "num_kv_heads", "decay_time_min", "decay_time_max", "window_size"]
                         [rng.gen_range(0..5)];
-                    let val = wild_value(&mut rng, &Value::Null);
+                    let val = wild_value(rng, &Value::Null);
                     desc.push_str(&format!(".{k} = {val}"));
                     v[k] = val;
                 } else {
-                    mutate_json_field(&mut rng, &mut v, &mut desc);
+                    mutate_json_field(rng, v, desc);
                 }
-                bytes = serde_json::to_vec_pretty(&v).unwrap();
-            } else {
-                desc.push_str(" bytes: ");
-                let len = bytes.len();
-                mutate_bytes(&mut rng, &mut bytes, 0..len, &mut desc);
-            }
+            });
             set_desc(&desc);
             replace(&path, &bytes);
             load_model(&work).map(|m| exercise_model(&m))
@@ -643,18 +658,8 @@ fn run_case(p: &Pristine, seed: u64, desc_out: &Mutex<String>) -> Result<String,
             link_copy(&p.checkpoint, &work);
             if rng.gen_bool(0.75) {
                 let path = work.join(TRAINER_FILE);
-                let mut bytes = std::fs::read(&path).unwrap();
                 desc.push_str("trainer.json");
-                if rng.gen_bool(0.8) {
-                    let mut v: Value = serde_json::from_slice(&bytes).unwrap();
-                    mutate_json_field(&mut rng, &mut v, &mut desc);
-                    bytes = serde_json::to_vec_pretty(&v).unwrap();
-                } else {
-                    // Half-written, or damaged.
-                    desc.push_str(" bytes: ");
-                    let len = bytes.len();
-                    mutate_bytes(&mut rng, &mut bytes, 0..len, &mut desc);
-                }
+                let bytes = mutated_json_file(&mut rng, &path, 0.8, &mut desc, mutate_json_field);
                 replace(&path, &bytes);
             } else {
                 let path = work.join(OPTIMIZER_FILE);

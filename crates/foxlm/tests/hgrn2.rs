@@ -37,10 +37,6 @@ fn conv_tiny() -> Config {
     c
 }
 
-fn tensor(m: &Model, n: &str) -> Vec<f32> {
-    m.params.tensors[m.params.id(n).unwrap_or_else(|| panic!("{n}")).0].data.clone()
-}
-
 #[test]
 fn config_layout_and_json_round_trip() {
     let dir = tempfile::tempdir().unwrap();
@@ -129,7 +125,7 @@ fn lower_bounds_are_the_cumulative_softmax_and_bound_the_gates() {
     let raw = &mut model.params.tensors[id.0].data;
     (raw[0], raw[32], raw[64]) = (-3.0, 0.0, 3.0);
     (raw[1], raw[33], raw[65]) = (3.0, 0.0, -3.0);
-    let raw = tensor(&model, "model.lower_bounds");
+    let raw = common::param(&model, "model.lower_bounds");
     let p = |l: usize, c: usize| {
         let z: f64 = (0..3).map(|j| (raw[j * 32 + c] as f64).exp()).sum();
         (raw[l * 32 + c] as f64).exp() / z
@@ -241,8 +237,8 @@ fn greedy_generation_matches_full_forwards() {
 fn initialisation() {
     let cfg = hgrn2_tiny();
     let model = foxlm::train::init_model(&cfg, 3);
-    let get = |n: &str| tensor(&model, n);
-    let std = |v: &[f32]| (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
+    let get = |n: &str| common::param(&model, n);
+    let std = common::rms;
     let q = std(&get("model.layers.0.attn.f_proj.weight"));
     assert!((q - 0.02).abs() < 0.003, "f_proj std {q}");
     let rescaled = 0.02 / 6f32.sqrt();
@@ -265,7 +261,7 @@ fn initialisation() {
 /// gradient (the lower bounds' among them), greedy tokens through the inference state.
 #[test]
 fn matches_fla() {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/fla-hgrn2-tiny");
+    let root = common::fixtures("fla-hgrn2-tiny");
     let model = common::matches_reference_fixture(&root.join("hgrn2"));
     assert_eq!(model.config.arch(), Arch::Hgrn2);
     assert!(model.lower_bounds.is_some());
@@ -329,7 +325,7 @@ fn checkpoints_hold_fla_s_names_and_either_form_loads() {
 #[test]
 fn short_convolutions_match_a_numpy_reference() {
     use foxlm::checkpoint::{load_model, to_f32};
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/numpy-hgrn2-conv-tiny");
+    let dir = common::fixtures("numpy-hgrn2-conv-tiny");
     let model = load_model(&dir).unwrap();
     assert_eq!(model.config.hgrn2().conv, Some(4));
     let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();

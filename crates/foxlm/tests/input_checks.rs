@@ -261,15 +261,7 @@ fn forward_input_needing_more_memory_than_there_is_fails_before_allocating() {
     write_ids(&input, 4, 4096);
     let m = fixture("fox_llama");
     let output = tmp.path().join("out.safetensors");
-    let args = [
-        "forward",
-        "--model",
-        m.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-    ];
+    let args = common::forward_args(&m, &input, &output);
     // 16,384 rows of 512 logits alone are 32 MiB: over a 16 MiB budget, while the model fits.
     let (code, e) = foxlm(&args, &[("FOXLM_MEMORY_LIMIT", "16M")]);
     assert_eq!(code, 1, "{e}");

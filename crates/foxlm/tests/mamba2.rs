@@ -109,9 +109,7 @@ fn greedy_generation_matches_full_forwards() {
 /// fixture ran one of 256).
 #[test]
 fn matches_the_authors_mamba2() {
-    let dir =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-mamba2-tiny/mamba2");
-    let model = common::matches_reference_fixture(&dir);
+    let model = common::matches_reference_fixture(&common::fixtures("official-mamba2-tiny/mamba2"));
     assert_eq!(model.config.arch(), Arch::Mamba2);
 }
 
@@ -123,17 +121,14 @@ fn matches_the_authors_mamba2() {
 fn initialisation() {
     let cfg = tiny_config();
     let model = foxlm::train::init_model(&cfg, 3);
-    let get = |n: &str| model.params.tensors[model.params.id(n).unwrap().0].data.clone();
+    let get = |n: &str| common::param(&model, n);
     let a_log = get("backbone.layers.0.mixer.A_log");
     assert!(a_log.iter().enumerate().all(|(h, &v)| (v - ((h + 1) as f32).ln()).abs() < 1e-6));
     assert!(get("backbone.layers.1.mixer.D").iter().all(|&v| v == 1.0));
     for n in ["backbone.norm_f.weight", "backbone.layers.0.norm.weight", "backbone.layers.1.mixer.norm.weight"] {
         assert!(get(n).iter().all(|&v| v == 1.0), "{n}");
     }
-    for &b in &get("backbone.layers.0.mixer.dt_bias") {
-        let dt = (b as f64).exp().ln_1p();
-        assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
-    }
+    common::assert_dt_in_time_step_range(&get("backbone.layers.0.mixer.dt_bias"));
     let ids: Vec<u32> = (0..32).map(|i| (i * 7 % cfg.vocab_size) as u32).collect();
     let logits = model.forward(&ids, &foxlm::model::Ctx { batch: 1, seq: 32, start: None });
     let spread = logits.iter().fold(0.0f32, |m, &v| m.max(v.abs()));

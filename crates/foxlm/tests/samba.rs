@@ -234,14 +234,11 @@ fn greedy_generation_matches_full_forwards() {
 fn initialisation_and_a_few_training_steps() {
     let cfg = tiny_config();
     let model = foxlm::train::init_model(&cfg, 3);
-    let get = |n: &str| model.params.tensors[model.params.id(n).unwrap().0].data.clone();
+    let get = |n: &str| common::param(&model, n);
     let a_log = get("backbone.layers.0.mixer.A_log");
     assert!(a_log.chunks(8).all(|r| r.iter().enumerate().all(|(n, &v)| (v - ((n + 1) as f32).ln()).abs() < 1e-6)));
     assert!(get("backbone.layers.2.mixer.D").iter().all(|&v| v == 1.0));
-    for &b in &get("backbone.layers.0.mixer.dt_proj.bias") {
-        let dt = (b as f64).exp().ln_1p();
-        assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
-    }
+    common::assert_dt_in_time_step_range(&get("backbone.layers.0.mixer.dt_proj.bias"));
     assert!(get("backbone.layers.1.mlp_norm.weight").iter().all(|&v| v == 1.0));
     // The final norm too (at 0 every logit is 0 at step 0).
     assert!(get("backbone.norm_f.weight").iter().all(|&v| v == 1.0));
@@ -366,9 +363,7 @@ fn gathered_rows_continue_as_in_their_own_caches() {
 /// heads and a window of 16, Mamba, attention) over 96 positions, so the window binds.
 #[test]
 fn matches_the_authors_samba() {
-    let dir =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-samba-tiny/samba");
-    let model = common::matches_reference_fixture(&dir);
+    let model = common::matches_reference_fixture(&common::fixtures("official-samba-tiny/samba"));
     assert_eq!(model.config.arch(), Arch::Samba);
     assert!(matches!(model.layers[0].mixer, Mixer::Mamba(_)) && matches!(model.layers[1].mixer, Mixer::Attention(_)));
 }

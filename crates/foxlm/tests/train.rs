@@ -261,6 +261,13 @@ fn foxlm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_foxlm"))
 }
 
+/// `foxlm train --quiet [extra…] --config cfg --data data --out out`.
+fn foxlm_train(extra: &[&str], cfg: &Path, data: &Path, out: &Path) -> Command {
+    let mut c = foxlm();
+    c.args(["train", "--quiet"]).args(extra).arg("--config").arg(cfg).arg("--data").arg(data).arg("--out").arg(out);
+    c
+}
+
 fn dir_size(p: &Path) -> u64 {
     std::fs::read_dir(p).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
 }
@@ -275,28 +282,12 @@ fn full_disk_never_corrupts_the_last_good_checkpoint() {
     std::fs::write(&cfg, serde_json::to_string(&small_run(6)).unwrap()).unwrap();
     // Measure one checkpoint, then allow a bit more than one.
     let probe = tmp.path().join("probe");
-    let st = foxlm()
-        .args(["train", "--quiet", "--stop-after", "2", "--config"])
-        .arg(&cfg)
-        .arg("--data")
-        .arg(&data)
-        .arg("--out")
-        .arg(&probe)
-        .status()
-        .unwrap();
+    let st = foxlm_train(&["--stop-after", "2"], &cfg, &data, &probe).status().unwrap();
     assert!(st.success());
     let one = dir_size(&probe.join("checkpoint-000002"));
     let out = tmp.path().join("out");
-    let o = foxlm()
-        .args(["train", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--data")
-        .arg(&data)
-        .arg("--out")
-        .arg(&out)
-        .env("FOXLM_TEST_DISK_LIMIT", (one + one / 2).to_string())
-        .output()
-        .unwrap();
+    let o =
+        foxlm_train(&[], &cfg, &data, &out).env("FOXLM_TEST_DISK_LIMIT", (one + one / 2).to_string()).output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("No space left on device") && stderr.contains("last good checkpoint is"), "{stderr}");
@@ -324,16 +315,7 @@ fn ctrl_c_saves_a_checkpoint() {
     run.train.eval_every = 0;
     std::fs::write(&cfg, serde_json::to_string(&run).unwrap()).unwrap();
     let out = tmp.path().join("out");
-    let child = foxlm()
-        .args(["train", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--data")
-        .arg(&data)
-        .arg("--out")
-        .arg(&out)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = foxlm_train(&[], &cfg, &data, &out).stderr(std::process::Stdio::piped()).spawn().unwrap();
     // Wait for a few steps.
     let t0 = std::time::Instant::now();
     while read_metrics(&out).iter().filter(|m| m.kind == "train").count() < 2 {

@@ -29,6 +29,7 @@ importable (built extension beside python/foxlm; bench/gpu_check.sh python assem
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -113,6 +114,18 @@ def reference(torch, q, k, v, g, scale, seq_start=None, row_starts=None, window=
     return (p @ vh).transpose(1, 2)
 
 
+def reference_fn(torch, head_first=False, **kw):
+    """`reference` as a function of q, k, v and log_fgate alone, each [B, H, T, …] when head_first."""
+
+    def f(q, k, v, g):
+        if head_first:
+            q, k, v, g = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)
+        o = reference(torch, q, k, v, g, **kw)
+        return o.transpose(1, 2) if head_first else o
+
+    return f
+
+
 def run_case(torch, fn, ins, do, *args, **kw):
     xs = [x.detach().clone().requires_grad_() for x in ins]
     out = fn(*xs, *args, **kw)
@@ -155,15 +168,7 @@ def ops_part(torch, foxlm, theirs, tol):
         rows.append(r)
         print(json.dumps(r), flush=True)
 
-    def ref_fn(head_first=False, **kw):
-        def f(q, k, v, g):
-            if head_first:
-                q, k, v, g = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)
-            o = reference(torch, q, k, v, g, **kw)
-            return o.transpose(1, 2) if head_first else o
-
-        return f
-
+    ref_fn = functools.partial(reference_fn, torch)
     fa = foxlm.ops.forgetting_attention
     for case, (b, t, h, d) in [("mha d64", (2, 2048, 4, 64)), ("mha d128", (1, 2048, 4, 128))]:
         ins, do = inputs(1, b, t, h, d)

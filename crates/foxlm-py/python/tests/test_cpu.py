@@ -258,19 +258,7 @@ def test_model_errors_name_the_argument():
     expect_error(ValueError, ["config.json"], foxlm.load, os.path.join(FIXTURES, "no_such_model"))
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, f in tests:
-        try:
-            f()
-            print(f"ok   {name}", flush=True)
-        except Exception as e:  # report every failure, then fail
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness import run_tests
+
+    sys.exit(run_tests(globals()))

@@ -6,6 +6,7 @@ grouped-query heads, left padding, packed sequences, dtypes, gradients into ever
 the float32 reference of crates/foxlm-py/python/tests/gpu_check.py, in float64 here.
 """
 
+import functools
 import os
 import sys
 
@@ -14,7 +15,7 @@ import torch
 import foxlm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check import reference  # noqa: E402
+from gpu_check import reference_fn  # noqa: E402
 
 fa = foxlm.ops.forgetting_attention
 
@@ -29,14 +30,7 @@ def grads(fn, ins, do, *args, **kw):
     return [out.detach()] + [g.detach() for g in torch.autograd.grad(out, xs, do)]
 
 
-def ref_fn(head_first=False, **kw):
-    def f(q, k, v, g):
-        if head_first:
-            q, k, v, g = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2)
-        o = reference(torch, q, k, v, g, **kw)
-        return o.transpose(1, 2) if head_first else o
-
-    return f
+ref_fn = functools.partial(reference_fn, torch)
 
 
 def problem(seed, b=2, t=96, h=4, hkv=None, d=16, head_first=False):
@@ -105,19 +99,7 @@ def test_errors():
         raise AssertionError("mismatched lengths accepted")
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, f in tests:
-        try:
-            f()
-            print(f"ok   {name}", flush=True)
-        except Exception as e:
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness import run_tests
+
+    sys.exit(run_tests(globals()))

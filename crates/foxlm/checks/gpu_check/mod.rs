@@ -684,9 +684,27 @@ fn train_losses(dir: &Path) -> Vec<(u64, f64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{first_difference, gqa_window_models, max_abs_diff, recurrent_models, rms_diff, worst_gap};
+    use super::{first_difference, gqa_window_models, max_abs_diff, recurrent_models, rms_diff, worst_gap, CheckModel};
     use foxlm::config::Config;
     use foxlm::model::{Ctx, Model};
+
+    /// The official-fox-tiny fixtures, beside which the check models are found.
+    pub(super) fn fox_fixtures() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny")
+    }
+
+    /// A check model is sensitive: its logits are not near zero (a zero final norm once made every
+    /// row pass trivially) and left padding changes row 1's logits from position `from` on.
+    pub(super) fn assert_sensitive(m: &CheckModel, from: usize) {
+        let (b, t) = (m.b, m.t);
+        let plain = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: None });
+        let padded = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: Some(m.start.clone()) });
+        let spread = plain.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+        assert!(spread > 0.05, "{}: logits all near 0 (max {spread})", m.name);
+        let v = m.model.config.vocab_size;
+        let row1 = |l: &[f32]| l[(t + from) * v..(t + t) * v].to_vec();
+        assert!(max_abs_diff(&row1(&plain), &row1(&padded)) > 1e-4, "{}: padding changes nothing", m.name);
+    }
 
     /// A step the compared run did not log fails the row (∞), as does nothing to compare.
     #[test]
@@ -761,15 +779,8 @@ mod tests {
             .collect();
         assert_eq!(heads, [(false, 16, 16), (true, 8, 16), (false, 128, 128), (true, 64, 64)]);
         for m in &models {
-            let (b, t) = (m.b, m.t);
-            let plain = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: None });
-            let padded = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: Some(m.start.clone()) });
-            let spread = plain.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
-            assert!(spread > 0.05, "{}: logits all near 0 (max {spread})", m.name);
             // Row 1's real positions (a strong decay forgets the padding by the row's end).
-            let v = m.model.config.vocab_size;
-            let row1 = |l: &[f32]| l[(t + m.start[1]) * v..(t + t) * v].to_vec();
-            assert!(max_abs_diff(&row1(&plain), &row1(&padded)) > 1e-4, "{}: padding changes nothing", m.name);
+            assert_sensitive(m, m.start[1]);
         }
     }
 
@@ -778,21 +789,13 @@ mod tests {
     /// every row pass trivially) and left padding changes the padded row's logits.
     #[test]
     fn the_recurrent_check_models_are_sensitive() {
-        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny");
-        let models = recurrent_models(&fixtures).unwrap();
+        let models = recurrent_models(&fox_fixtures()).unwrap();
         let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names.len(), 4, "{names:?}");
         let big = models[2].model.config.mamba2();
         assert_eq!((big.head_dim, big.state, big.heads), (64, 128, 4));
         for m in &models {
-            let (b, t) = (m.b, m.t);
-            let plain = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: None });
-            let padded = m.model.forward(&m.ids, &Ctx { batch: b, seq: t, start: Some(m.start.clone()) });
-            let spread = plain.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
-            assert!(spread > 0.05, "{}: logits all near 0 (max {spread})", m.name);
-            let v = m.model.config.vocab_size;
-            let row1 = |l: &[f32]| l[(t + t - 1) * v..(t + t) * v].to_vec();
-            assert!(max_abs_diff(&row1(&plain), &row1(&padded)) > 1e-4, "{}: padding changes nothing", m.name);
+            assert_sensitive(m, m.t - 1);
         }
     }
 }

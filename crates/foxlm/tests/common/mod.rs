@@ -7,10 +7,49 @@ use std::path::PathBuf;
 #[allow(unused_imports)]
 pub use foxlm::presets::OFFICIAL_FIXTURES as VARIANTS;
 
+/// A folder under the workspace's tests/fixtures.
+#[allow(dead_code)]
+pub fn fixtures(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+}
+
 /// The folder of an official-fox-tiny fixture.
 #[allow(dead_code)]
 pub fn fixture(v: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny").join(v)
+    fixtures("official-fox-tiny").join(v)
+}
+
+/// The arguments of `foxlm forward --model model --input input --output output`.
+#[allow(dead_code)]
+pub fn forward_args<'a>(
+    model: &'a std::path::Path,
+    input: &'a std::path::Path,
+    output: &'a std::path::Path,
+) -> [&'a str; 7] {
+    let s = |p: &'a std::path::Path| p.to_str().unwrap();
+    ["forward", "--model", s(model), "--input", s(input), "--output", s(output)]
+}
+
+/// The values of the parameter `name` (panics naming it where the model has none).
+#[allow(dead_code)]
+pub fn param(model: &Model, name: &str) -> Vec<f32> {
+    model.params.tensors[model.params.id(name).unwrap_or_else(|| panic!("{name}")).0].data.clone()
+}
+
+/// The root mean square of `v`: an initialisation's standard deviation for a zero-mean one.
+#[allow(dead_code)]
+pub fn rms(v: &[f32]) -> f32 {
+    (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt()
+}
+
+/// Every step size dt = softplus(dt bias) lies within the authors' [0.001, 0.1]
+/// (time_step_min, time_step_max), up to round-off.
+#[allow(dead_code)]
+pub fn assert_dt_in_time_step_range(dt_bias: &[f32]) {
+    for &b in dt_bias {
+        let dt = (b as f64).exp().ln_1p();
+        assert!((0.001 - 1e-6..=0.1 + 1e-6).contains(&dt), "softplus(dt bias) {dt}");
+    }
 }
 
 /// Central finite differences (ε = 1e-2 in f32) of `loss_at` against the backward's `grads` for

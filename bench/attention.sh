@@ -10,9 +10,5 @@
 # `foxlm bench attention`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${FOX_ATTN:-}
-if [ -z "$BIN" ]; then
-    cargo build --release -p fox-checks --bin fox-attn >&2
-    BIN=target/release/fox-attn
-fi
-exec "$BIN" bench --json "${OUT:-.}/attention-bench.json" "$@"
+. bench/fox_attn.sh
+exec "$FOX_ATTN" bench --json "${OUT:-.}/attention-bench.json" "$@"

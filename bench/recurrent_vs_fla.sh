@@ -12,16 +12,12 @@
 # and uses $FOX_ATTN (a built fox-attn binary) if set, else builds it with cargo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${FOX_ATTN:-}
-if [ -z "$BIN" ]; then
-    cargo build --release -p fox-checks --bin fox-attn >&2
-    BIN=target/release/fox-attn
-fi
+. bench/fox_attn.sh
 python3 -c "import fla" 2>/dev/null || { echo "fla is not importable (PYTHONPATH)" >&2; exit 1; }
 for round in 1 2; do
     echo "## round $round ($(date -u +%H:%M:%S) UTC)"
     python3 bench/fla_delta_rule.py
-    "$BIN" bench-delta
+    "$FOX_ATTN" bench-delta
     python3 bench/fla_gla.py --fwd-only
-    "$BIN" bench-gla
+    "$FOX_ATTN" bench-gla
 done

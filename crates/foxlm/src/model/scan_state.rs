@@ -5,8 +5,6 @@
 //! `mamba2/state.rs`). [`RecurrentState`] and [`forward_carrying`] serve every recurrent family
 //! (DeltaNet and HGRN2 too): how a forward meets its state is the same for all of them.
 
-use super::deltanet::{cuda::GpuDeltaNetState, state::DeltaNetState};
-use super::hgrn2::{cuda::GpuHgrn2State, state::Hgrn2State};
 use crate::backend::cuda::{dtod, grown};
 use anyhow::{ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
@@ -94,10 +92,11 @@ pub trait RecurrentState {
     }
 }
 
-/// The state types, all with `batch` (rows) and `len` (tokens seen); `[S]` for a generic one.
+/// [`RecurrentState`] for state types with `batch` (rows) and `len` (tokens seen); `[S]` for a
+/// generic one. Each family's state file invokes it for its own types.
 macro_rules! recurrent_state {
     ($([$($g:ident),*] $t:ty),* $(,)?) => {$(
-        impl<$($g),*> RecurrentState for $t {
+        impl<$($g),*> $crate::model::scan_state::RecurrentState for $t {
             fn rows(&self) -> usize {
                 self.batch
             }
@@ -108,7 +107,9 @@ macro_rules! recurrent_state {
     )*};
 }
 
-recurrent_state!([S] ScanState<S>, [S] GpuScanState<S>, [] DeltaNetState, [] GpuDeltaNetState, [] Hgrn2State, [] GpuHgrn2State);
+pub(crate) use recurrent_state;
+
+recurrent_state!([S] ScanState<S>, [S] GpuScanState<S>);
 
 /// Where a recurrent forward starts from.
 pub enum Carry<'s, St> {

@@ -28,6 +28,8 @@ pub struct GpuDeltaNetState {
     pub conv: [CudaSlice<f32>; 3],
 }
 
+crate::model::scan_state::recurrent_state!([] GpuDeltaNetState);
+
 impl GpuDeltaNetState {
     pub fn new(gpu: &Gpu, batch: usize, sizes: DeltaNetSizes) -> Result<Self> {
         let [s, q, v] = DeltaNetState::lens(batch, &sizes);

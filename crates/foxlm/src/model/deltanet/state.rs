@@ -17,6 +17,8 @@ pub struct DeltaNetState {
     pub conv: [Vec<f32>; 3],
 }
 
+crate::model::scan_state::recurrent_state!([] DeltaNetState);
+
 impl DeltaNetState {
     pub fn new(batch: usize, sizes: DeltaNetSizes) -> Self {
         let [s, q, v] = Self::lens(batch, &sizes);

@@ -28,6 +28,8 @@ pub struct GpuHgrn2State {
     pub conv: [CudaSlice<f32>; 3],
 }
 
+crate::model::scan_state::recurrent_state!([] GpuHgrn2State);
+
 impl GpuHgrn2State {
     pub fn new(gpu: &Gpu, batch: usize, sizes: Hgrn2Sizes) -> Result<Self> {
         let [s, c] = Hgrn2State::lens(batch, &sizes);

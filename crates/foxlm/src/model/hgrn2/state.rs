@@ -17,6 +17,8 @@ pub struct Hgrn2State {
     pub conv: [Vec<f32>; 3],
 }
 
+crate::model::scan_state::recurrent_state!([] Hgrn2State);
+
 impl Hgrn2State {
     pub fn new(batch: usize, sizes: Hgrn2Sizes) -> Self {
         let [s, c] = Self::lens(batch, &sizes);

@@ -478,6 +478,11 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
     constexpr int BKB = 128, BQB = 64, NTQ = BQB / 8, NA = D / 64, DP = D + 8;
     // dS^T stages (two at D = 64; at D = 128 one, for shared memory) and two dQ staging tiles
     constexpr int DSS = D == 64 ? 2 : 1;
+    // PIPE (D = 64 with the gate sums by products): the next tile's S^T and dP^T are issued
+    // before this tile's dQ products are awaited. At D = 128 their accumulators do not fit beside
+    // dK, dV and dQ; and the tile written as steps compiled D = 128 2% slower (ptxas moved the
+    // mask test after the wait), so the plain loop stays for the other kernels.
+    constexpr bool PIPE = D == 64 && !SHFL;
     constexpr u32 KV_BYTES = BKB * D * 2, QG_BYTES = BQB * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
@@ -625,141 +630,269 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
         float dck[2] = {0.f, 0.f};
         float dcK[4] = {0.f, 0.f, 0.f, 0.f};  // -dck by the ones product (columns equal)
         const float scale_log2 = p.scale * LOG2E;
-        for (int qi = qfirst; qi < qend; ++qi, ++u) {
-            const int s = u & 1;
-            mbar_wait(full(s), (u32)((u >> 1) & 1));
-            const u32 q_s = smem_u32(sQ + s * BQB * D);
-            const u32 g_s = smem_u32(sG + s * BQB * D);
-            const float* a_s = sA + s * BQB;
-            const float* del_s = sDel + s * BQB;
-            const int* st_s = sSt + s * BQB;
-            const int rq = qi * BQB;
-            const int rql = min(rq + BQB, p.tq) - 1;
-            const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
-
+        if constexpr (PIPE) {
+            // The loop below in steps (D = 64, gate sums by products), so that the next tile's
+            // S^T and dP^T are issued before this tile's dQ products are awaited.
             float ST[32], DS[32];
-            wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
-            wg_wait0();
-            // P^T and dS^T (S^T[4*nt + e]: key row g + 8*(e>>1), query column nt*8 + 2*t4 + (e&1))
+            // S^T and dP^T of the tile in stage uu & 1, committed
+            auto issue_st_dpt = [&](int uu) {
+                const int ss = uu & 1;
+                mbar_wait(full(ss), (u32)((uu >> 1) & 1));
+                wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, smem_u32(sQ + ss * BQB * D), smem_u32(sG + ss * BQB * D));
+            };
+            // P^T and dS^T in place of S^T and dP^T, as below
+            auto probabilities = [&](int qi, int uu) {
+                const int ss = uu & 1;
+                const float* a_s = sA + ss * BQB;
+                const float* del_s = sDel + ss * BQB;
+                const int* st_s = sSt + ss * BQB;
+                const int rq = qi * BQB;
+                const int rql = min(rq + BQB, p.tq) - 1;
+                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
 #pragma unroll
-            for (int nt = 0; nt < NTQ; ++nt) {
-                // the column pair's row values: one 8-byte load each without SHFL (the arrays are
-                // 8-byte aligned, which the compiler cannot see)
-                const int i0 = nt * 8 + 2 * t4;
-                const float2 av = SHFL ? make_float2(a_s[i0], a_s[i0 + 1]) : *(const float2*)(a_s + i0);
-                const float2 dv = SHFL ? make_float2(del_s[i0], del_s[i0 + 1]) : *(const float2*)(del_s + i0);
+                for (int nt = 0; nt < NTQ; ++nt) {
+                    const int i0 = nt * 8 + 2 * t4;
+                    const float2 av = *(const float2*)(a_s + i0);
+                    const float2 dv = *(const float2*)(del_s + i0);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int il = i0 + (e & 1);
-                    const int kr = e >> 1;
-                    float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
-                    if (need_mask) {
-                        if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+                    for (int e = 0; e < 4; ++e) {
+                        const int il = i0 + (e & 1);
+                        const int kr = e >> 1;
+                        float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
+                        if (need_mask) {
+                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+                        }
+                        ST[4 * nt + e] = pr;
+                        DS[4 * nt + e] = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
                     }
-                    const float d = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
-                    if constexpr (SHFL) dck[kr] -= d;
-                    ST[4 * nt + e] = pr;
-                    DS[4 * nt + e] = d;
                 }
-            }
-            // with SHFL, this warp's column sums of dS^T over its 16 keys (its share of dcq). At
-            // D = 64, where per-score instructions are the limit, by a transposing butterfly (lane (g, t4) ends
-            // with columns rev3(g)·8 + 2·t4 + {0, 1}); at D = 128 by reducing each column onto
-            // lanes g = 0, which is faster there (docs/kernel-notes.md)
-            if constexpr (!SHFL && D == 128) {
-                // all of P^T and dS^T formed here: without the column sums in between, ptxas
-                // otherwise spreads this work into the products below and, short of registers,
-                // serialises the wgmma instructions (its warning C7512)
-#pragma unroll
-                for (int k = 0; k < 32; ++k) asm volatile("" : "+f"(ST[k]), "+f"(DS[k]));
-            }
-            float cs[2 * NTQ];
-#pragma unroll
-            for (int k = 0; k < 2 * NTQ; ++k)
-                cs[k] = SHFL ? DS[4 * (k >> 1) + (k & 1)] + DS[4 * (k >> 1) + 2 + (k & 1)] : 0.f;
-            if constexpr (SHFL && D == 64) {
-                fold_half<NTQ>(cs, lane, 4);
-                fold_half<NTQ / 2>(cs, lane, 8);
-                fold_half<NTQ / 4>(cs, lane, 16);
-            } else if constexpr (SHFL) {
-#pragma unroll
-                for (int k = 0; k < 2 * NTQ; ++k) {
-                    cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 4);
-                    cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 8);
-                    cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 16);
-                }
-            }
+            };
+            // dV += P^T dO, dK += dS^T Q, dcK += dS^T ones, committed; ap and as hold the
+            // fragments until the products complete
             u32 ap[NTQ / 2][4], as[NTQ / 2][4];
-            wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DS, ap, as, q_s, g_s);
-            if constexpr (!SHFL) {
-                // dcK += dS^T ones: each row's sum over the tile's query rows
+            auto issue_dkdv = [&](int uu) {
+                const int ss = uu & 1;
+                wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DS, ap, as, smem_u32(sQ + ss * BQB * D),
+                                                   smem_u32(sG + ss * BQB * D));
                 wg_fence();
 #pragma unroll
                 for (int kq = 0; kq < NTQ / 2; ++kq) wgmma_rs_n8<BF>(dcK, as[kq], gmma_desc(one_s + (kq & 3) * 32, 16, 1024));
                 wg_commit();
-            }
-            // dS^T into this warpgroup's atom of the stage (keys as rows). With two stages, the
-            // stage's previous readers (two tiles back) are past the last barrier; with one, wait
-            // until both warpgroups have read the previous tile's
-            const int sd = DSS == 2 ? s : 0;
-            u16* ds = sDS + (sd * 2 + cw) * 64 * BQB;
-            const u32 ds_s = smem_u32(sDS + sd * 2 * 64 * BQB);
-            if constexpr (DSS == 1) named_sync(1);
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-                const int key = wq * 16 + g + rr * 8;
-#pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt)
-                    *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
-            }
-            fence_proxy_async();
-            named_sync(1);  // both warpgroups' dS^T are in place
-            {
-                float dQ[DH / 2];
-                wg_fence();
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const u64 da = gmma_desc(ds_s + k * 2048, 64 * 128, 1024);
-                    const u64 db = gmma_desc(kq_s + (u32)(k * 2048), BKB * 128, 1024);
-                    if constexpr (D == 128) wgmma_tt_n64<BF>(dQ, da, db, k > 0 ? 1 : 0);
-                    else wgmma_tt_n32<BF>(dQ, da, db, k > 0 ? 1 : 0);
-                }
-                // dcq: dS ones over this warpgroup's 64 keys (the same code in both warpgroups: a
-                // branch on the warpgroup made ptxas serialise the products)
-                float dcQ[4] = {0.f, 0.f, 0.f, 0.f};
-                if constexpr (!SHFL) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-                        wgmma_t_n8<BF>(dcQ, gmma_desc(ds_s + (u32)((cw * 4 + k) * 2048), 64 * 128, 1024),
-                                       gmma_desc(one_s + k * 32, 16, 1024), k > 0 ? 1 : 0);
-                }
-                wg_commit();
-                wg_wait0();
-                // the staging tile is free once the writer has added its share of two tiles back
-                if (u >= 2) mbar_wait(dq_empty(s), (u32)(((u >> 1) - 1) & 1));
+            };
+            // dS^T into this warpgroup's atom of stage uu & 1, then a barrier: both warpgroups'
+            // are in place (the stage's previous readers, two tiles back, are past the last one)
+            auto store_dst = [&](int uu) {
+                u16* ds = sDS + ((uu & 1) * 2 + cw) * 64 * BQB;
 #pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
-                    float* srow = sDQ + (s * BQB + wq * 16 + g + rr * 8) * DP + cw * DH;
+                    const int key = wq * 16 + g + rr * 8;
+#pragma unroll
+                    for (int nt = 0; nt < NTQ; ++nt)
+                        *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
+                }
+                fence_proxy_async();
+                named_sync(1);
+            };
+            // this warpgroup's half of dQ's columns and its dcq share, as below, committed
+            float dQ[DH / 2], dcQ[4];
+            auto issue_dq = [&](int uu) {
+                const u32 ds_s = smem_u32(sDS + (uu & 1) * 2 * 64 * BQB);
+                wg_fence();
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+                    wgmma_tt_n32<BF>(dQ, gmma_desc(ds_s + k * 2048, 64 * 128, 1024),
+                                     gmma_desc(kq_s + (u32)(k * 2048), BKB * 128, 1024), k > 0 ? 1 : 0);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) dcQ[k] = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    wgmma_t_n8<BF>(dcQ, gmma_desc(ds_s + (u32)((cw * 4 + k) * 2048), 64 * 128, 1024),
+                                   gmma_desc(one_s + k * 32, 16, 1024), k > 0 ? 1 : 0);
+                wg_commit();
+            };
+            // the completed dQ and dcq shares into staging tile uu & 1 once the writer has added
+            // the one of two tiles back; then stage uu's Q and dO are released (the dK, dV
+            // products have completed too)
+            auto stage_dq = [&](int uu) {
+                const int ss = uu & 1;
+                if (uu >= 2) mbar_wait(dq_empty(ss), (u32)(((uu >> 1) - 1) & 1));
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    float* srow = sDQ + (ss * BQB + wq * 16 + g + rr * 8) * DP + cw * DH;
 #pragma unroll
                     for (int nt = 0; nt < DH / 8; ++nt)
                         *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
-                    if (!SHFL && t4 == 0) srow[D - cw * DH + cw] = dcQ[2 * rr];
+                    if (t4 == 0) srow[D - cw * DH + cw] = dcQ[2 * rr];
                 }
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_arrive(dq_full(ss));
+                    mbar_arrive(empty(ss));  // this warp is done with the stage's Q and dO
+                }
+            };
+
+            // the next tile's S^T and dP^T are issued after this tile's dQ products and run
+            // under its staging (every path leaves with nothing in flight)
+            if (qfirst < qend) {
+                issue_st_dpt(u);
+                int qi = qfirst;
+                for (; qi + 1 < qend; ++qi, ++u) {
+                    wg_wait0();
+                    probabilities(qi, u);
+                    issue_dkdv(u);
+                    store_dst(u);
+                    issue_dq(u);
+                    issue_st_dpt(u + 1);
+                    wg_wait<1>();
+                    stage_dq(u);
+                }
+                wg_wait0();
+                probabilities(qi, u);
+                issue_dkdv(u);
+                store_dst(u);
+                issue_dq(u);
+                wg_wait0();
+                stage_dq(u);
+                ++u;
             }
-            float* dcq_col = sDQ + s * BQB * DP + D + cw * 4 + wq;
-            if constexpr (SHFL && D == 64) {
-                const int nt = ((g & 1) << 2) | (g & 2) | (g >> 2);
+        } else {
+            for (int qi = qfirst; qi < qend; ++qi, ++u) {
+                const int s = u & 1;
+                mbar_wait(full(s), (u32)((u >> 1) & 1));
+                const u32 q_s = smem_u32(sQ + s * BQB * D);
+                const u32 g_s = smem_u32(sG + s * BQB * D);
+                const float* a_s = sA + s * BQB;
+                const float* del_s = sDel + s * BQB;
+                const int* st_s = sSt + s * BQB;
+                const int rq = qi * BQB;
+                const int rql = min(rq + BQB, p.tq) - 1;
+                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+
+                float ST[32], DS[32];
+                wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
+                wg_wait0();
+                // P^T and dS^T (S^T[4*nt + e]: key row g + 8*(e>>1), query column nt*8 + 2*t4 + (e&1))
 #pragma unroll
-                for (int c = 0; c < 2; ++c) dcq_col[(nt * 8 + 2 * t4 + c) * DP] = cs[c];
-            } else if (SHFL && g == 0) {
+                for (int nt = 0; nt < NTQ; ++nt) {
+                    // the column pair's row values: one 8-byte load each without SHFL (the arrays are
+                    // 8-byte aligned, which the compiler cannot see)
+                    const int i0 = nt * 8 + 2 * t4;
+                    const float2 av = SHFL ? make_float2(a_s[i0], a_s[i0 + 1]) : *(const float2*)(a_s + i0);
+                    const float2 dv = SHFL ? make_float2(del_s[i0], del_s[i0 + 1]) : *(const float2*)(del_s + i0);
 #pragma unroll
-                for (int k = 0; k < 2 * NTQ; ++k) dcq_col[((k >> 1) * 8 + 2 * t4 + (k & 1)) * DP] = cs[k];
-            }
-            fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) {
-                mbar_arrive(dq_full(s));
-                mbar_arrive(empty(s));  // this warp is done with the stage's Q and dO
+                    for (int e = 0; e < 4; ++e) {
+                        const int il = i0 + (e & 1);
+                        const int kr = e >> 1;
+                        float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
+                        if (need_mask) {
+                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+                        }
+                        const float d = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
+                        if constexpr (SHFL) dck[kr] -= d;
+                        ST[4 * nt + e] = pr;
+                        DS[4 * nt + e] = d;
+                    }
+                }
+                // with SHFL, this warp's column sums of dS^T over its 16 keys (its share of dcq). At
+                // D = 64, where per-score instructions are the limit, by a transposing butterfly (lane (g, t4) ends
+                // with columns rev3(g)·8 + 2·t4 + {0, 1}); at D = 128 by reducing each column onto
+                // lanes g = 0, which is faster there (docs/kernel-notes.md)
+                if constexpr (!SHFL && D == 128) {
+                    // all of P^T and dS^T formed here: without the column sums in between, ptxas
+                    // otherwise spreads this work into the products below and, short of registers,
+                    // serialises the wgmma instructions (its warning C7512)
+#pragma unroll
+                    for (int k = 0; k < 32; ++k) asm volatile("" : "+f"(ST[k]), "+f"(DS[k]));
+                }
+                float cs[2 * NTQ];
+#pragma unroll
+                for (int k = 0; k < 2 * NTQ; ++k)
+                    cs[k] = SHFL ? DS[4 * (k >> 1) + (k & 1)] + DS[4 * (k >> 1) + 2 + (k & 1)] : 0.f;
+                if constexpr (SHFL && D == 64) {
+                    fold_half<NTQ>(cs, lane, 4);
+                    fold_half<NTQ / 2>(cs, lane, 8);
+                    fold_half<NTQ / 4>(cs, lane, 16);
+                } else if constexpr (SHFL) {
+#pragma unroll
+                    for (int k = 0; k < 2 * NTQ; ++k) {
+                        cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 4);
+                        cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 8);
+                        cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], 16);
+                    }
+                }
+                u32 ap[NTQ / 2][4], as[NTQ / 2][4];
+                wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DS, ap, as, q_s, g_s);
+                if constexpr (!SHFL) {
+                    // dcK += dS^T ones: each row's sum over the tile's query rows
+                    wg_fence();
+#pragma unroll
+                    for (int kq = 0; kq < NTQ / 2; ++kq) wgmma_rs_n8<BF>(dcK, as[kq], gmma_desc(one_s + (kq & 3) * 32, 16, 1024));
+                    wg_commit();
+                }
+                // dS^T into this warpgroup's atom of the stage (keys as rows). With two stages, the
+                // stage's previous readers (two tiles back) are past the last barrier; with one, wait
+                // until both warpgroups have read the previous tile's
+                const int sd = DSS == 2 ? s : 0;
+                u16* ds = sDS + (sd * 2 + cw) * 64 * BQB;
+                const u32 ds_s = smem_u32(sDS + sd * 2 * 64 * BQB);
+                if constexpr (DSS == 1) named_sync(1);
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const int key = wq * 16 + g + rr * 8;
+#pragma unroll
+                    for (int nt = 0; nt < NTQ; ++nt)
+                        *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
+                }
+                fence_proxy_async();
+                named_sync(1);  // both warpgroups' dS^T are in place
+                {
+                    float dQ[DH / 2];
+                    wg_fence();
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) {
+                        const u64 da = gmma_desc(ds_s + k * 2048, 64 * 128, 1024);
+                        const u64 db = gmma_desc(kq_s + (u32)(k * 2048), BKB * 128, 1024);
+                        if constexpr (D == 128) wgmma_tt_n64<BF>(dQ, da, db, k > 0 ? 1 : 0);
+                        else wgmma_tt_n32<BF>(dQ, da, db, k > 0 ? 1 : 0);
+                    }
+                    // dcq: dS ones over this warpgroup's 64 keys (the same code in both warpgroups: a
+                    // branch on the warpgroup made ptxas serialise the products)
+                    float dcQ[4] = {0.f, 0.f, 0.f, 0.f};
+                    if constexpr (!SHFL) {
+#pragma unroll
+                        for (int k = 0; k < 4; ++k)
+                            wgmma_t_n8<BF>(dcQ, gmma_desc(ds_s + (u32)((cw * 4 + k) * 2048), 64 * 128, 1024),
+                                           gmma_desc(one_s + k * 32, 16, 1024), k > 0 ? 1 : 0);
+                    }
+                    wg_commit();
+                    wg_wait0();
+                    // the staging tile is free once the writer has added its share of two tiles back
+                    if (u >= 2) mbar_wait(dq_empty(s), (u32)(((u >> 1) - 1) & 1));
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        float* srow = sDQ + (s * BQB + wq * 16 + g + rr * 8) * DP + cw * DH;
+#pragma unroll
+                        for (int nt = 0; nt < DH / 8; ++nt)
+                            *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
+                        if (!SHFL && t4 == 0) srow[D - cw * DH + cw] = dcQ[2 * rr];
+                    }
+                }
+                float* dcq_col = sDQ + s * BQB * DP + D + cw * 4 + wq;
+                if constexpr (SHFL && D == 64) {
+                    const int nt = ((g & 1) << 2) | (g & 2) | (g >> 2);
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) dcq_col[(nt * 8 + 2 * t4 + c) * DP] = cs[c];
+                } else if (SHFL && g == 0) {
+#pragma unroll
+                    for (int k = 0; k < 2 * NTQ; ++k) dcq_col[((k >> 1) * 8 + 2 * t4 + (k & 1)) * DP] = cs[k];
+                }
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_arrive(dq_full(s));
+                    mbar_arrive(empty(s));  // this warp is done with the stage's Q and dO
+                }
             }
         }
 #pragma unroll

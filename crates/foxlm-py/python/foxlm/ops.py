@@ -376,12 +376,13 @@ def _cuda_bwd(torch, ctx, dout):
     do = do.to(q.dtype).contiguous()
     # the views' addresses as saved (the same tensors: save_for_backward keeps them alive)
     qa, ka, va = ctx.views
-    dq = torch.zeros((b, t, h, d), device=dev, dtype=q.dtype)
-    dk = torch.zeros((b, t, hkv, d), device=dev, dtype=q.dtype)
-    dv = torch.zeros((b, t, hkv, d), device=dev, dtype=q.dtype)
+    # the kernels write every element (the model's backward reuses these buffers unzeroed too)
+    dq = torch.empty((b, t, h, d), device=dev, dtype=q.dtype)
+    dk = torch.empty((b, t, hkv, d), device=dev, dtype=q.dtype)
+    dv = torch.empty((b, t, hkv, d), device=dev, dtype=q.dtype)
     f32 = dict(device=dev, dtype=torch.float32)
-    dcq = torch.zeros((b, h, t), **f32)
-    dck = torch.zeros((b, h, t), **f32)
+    dcq = torch.empty((b, h, t), **f32)
+    dck = torch.empty((b, h, t), **f32)
     delta = torch.empty((b, h, t), **f32)
     dg = torch.empty((b, t, h), **f32)
     stream = torch.cuda.current_stream(dev).cuda_stream

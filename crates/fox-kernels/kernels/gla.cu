@@ -735,6 +735,26 @@ extern "C" __global__ void KN(gla_cumsum)(float* G, const ET* g, const int* star
     }
 }
 
+// Element (r, cc) of gla_chunk_h's staged tiles (both versions): X̃ (mode 0: k e^{G_last - G};
+// mode 1: scale · q e^G) and Y; zero past the chunk, before the row's start and past K or V.
+__device__ __forceinline__ void gla_chunk_h_elem(const ET* x, const ET* y, const float* G, const float* gl, int b,
+                                                 int h, int t0, int r, int cc, int len, int first, int T, int H,
+                                                 int K, int V, int k0, int v0, int mode, float scale, float& xv,
+                                                 float& yv) {
+    const int t = t0 + r;
+    const bool real = r < len && t >= first;
+    xv = 0.0f;
+    yv = 0.0f;
+    if (real) {
+        const long row = gla_row(b, t, T, H, h);
+        if (k0 + cc < K) {
+            const float gv = G[row * K + k0 + cc], xr = ld(x, row * K + k0 + cc);
+            xv = mode == 0 ? xr * __expf(gl[cc] - gv) : scale * xr * __expf(gv);
+        }
+        if (v0 + cc < V) yv = ld(y, row * V + v0 + cc);
+    }
+}
+
 // One chunk's own state product, out[kc, v] = Σ_t X_t[kc] Y_t[v] for a 64 × 64 tile (kb, vb):
 // mode 0 (the forward's state): X = k ⊙ e^{G_L − G}, Y = v, into slot c of `out` [B, H, nslots,
 // K, V]; mode 1 (the backward's ΔdS_c): X = scale · q ⊙ e^G, Y = do. Grid (⌈K/64⌉·⌈V/64⌉,
@@ -754,17 +774,9 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
     __syncthreads();
     for (int e = tid; e < GLA_L * 64; e += 256) {
-        const int r = e / 64, cc = e % 64, t = t0 + r;
-        const bool real = r < len && t >= first;
-        float xv = 0.0f, yv = 0.0f;
-        if (real) {
-            const long row = gla_row(b, t, T, H, h);
-            if (k0 + cc < K) {
-                const float gv = G[row * K + k0 + cc], xr = ld(x, row * K + k0 + cc);
-                xv = mode == 0 ? xr * __expf(gl[cc] - gv) : scale * xr * __expf(gv);
-            }
-            if (v0 + cc < V) yv = ld(y, row * V + v0 + cc);
-        }
+        const int r = e / 64, cc = e % 64;
+        float xv, yv;
+        gla_chunk_h_elem(x, y, G, gl, b, h, t0, r, cc, len, first, T, H, K, V, k0, v0, mode, scale, xv, yv);
         xs[r][cc] = xv;
         ys[r][cc] = yv;
     }
@@ -800,17 +812,9 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
     __syncthreads();
     for (int e = tid; e < GLA_L * 64; e += 256) {
-        const int r = e / 64, cc = e % 64, t = t0 + r;
-        const bool real = r < len && t >= first;
-        float xv = 0.0f, yv = 0.0f;
-        if (real) {
-            const long row = gla_row(b, t, T, H, h);
-            if (k0 + cc < K) {
-                const float gv = G[row * K + k0 + cc], xr = ld(x, row * K + k0 + cc);
-                xv = mode == 0 ? xr * __expf(gl[cc] - gv) : scale * xr * __expf(gv);
-            }
-            if (v0 + cc < V) yv = ld(y, row * V + v0 + cc);
-        }
+        const int r = e / 64, cc = e % 64;
+        float xv, yv;
+        gla_chunk_h_elem(x, y, G, gl, b, h, t0, r, cc, len, first, T, H, K, V, k0, v0, mode, scale, xv, yv);
         gla_put(xt, cc * GLA_TS + r, xv);
         gla_put(yt, cc * GLA_TS + r, yv);
     }

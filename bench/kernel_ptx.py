@@ -7,6 +7,12 @@ a timing again.
 
     python3 bench/kernel_ptx.py --base HEAD common.cuh attention.cu wgmma.cu attention_ws.cu
 
+An argument starting with "=" is literal text (with \n for newlines), for the units compile.rs
+builds with defines between files, e.g. gla.cu's:
+
+    python3 bench/kernel_ptx.py elem.cuh '=#define ET float\n#define KN(name) name##_f32\n' gla.cu \
+        '=#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n' gla.cu
+
 Needs NVRTC: the nvidia-cuda-nvrtc wheel (pip install nvidia-cuda-nvrtc) or libnvrtc on the
 library path. Exit status 1 when an entry differs.
 """
@@ -72,14 +78,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default="HEAD", help="the git revision to compare with (default HEAD)")
     ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("files", nargs="+", help=f"the unit's files under {KERNELS}, in compile.rs's order")
+    ap.add_argument("files", nargs="+", help=f"the unit's files under {KERNELS} in compile.rs's order; =TEXT for literal text")
     a = ap.parse_args()
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True).stdout.strip()
-    now = "".join(open(os.path.join(root, KERNELS, f)).read() for f in a.files)
-    then = "".join(
-        subprocess.run(["git", "show", f"{a.base}:{KERNELS}/{f}"], cwd=root, capture_output=True, text=True, check=True).stdout
-        for f in a.files
-    )
+    def text(f, rev):
+        if f.startswith("="):
+            return f[1:].replace("\\n", "\n")
+        if rev is None:
+            return open(os.path.join(root, KERNELS, f)).read()
+        git = ["git", "show", f"{rev}:{KERNELS}/{f}"]
+        return subprocess.run(git, cwd=root, capture_output=True, text=True, check=True).stdout
+
+    now = "".join(text(f, None) for f in a.files)
+    then = "".join(text(f, a.base) for f in a.files)
     lib = nvrtc()
     new, old = entries(ptx(lib, now, a.arch)), entries(ptx(lib, then, a.arch))
     differ = 0

@@ -464,6 +464,37 @@ __device__ __forceinline__ void fold_half(float* v, int lane, int mask) {
     }
 }
 
+// P^T and dS^T of one tile in place of S^T and dP^T (S^T[4*nt + e]: key row g + 8*(e>>1), query
+// column nt*8 + 2*t4 + (e&1)); a_s and del_s hold the columns' (c_i - lse_i) log2(e) and delta.
+// MASK is a template argument so that the unmasked tiles (all but those on the diagonal or a
+// row's start) run straight-line code: a mask test inside the unrolled loop put a branch after
+// every score, which kept ptxas from interleaving the scores' exponentials (ncu: instruction-fetch
+// and dependency stalls). With SHFL, -dS^T's row sums into dck and the row values loaded one by one.
+template <bool MASK, bool SHFL, int NTQ>
+__device__ __forceinline__ void bwd_ws_probs(float (&ST)[32], float (&DS)[32], float (&dck)[2], const AttnParams& p, int b,
+                                             int rq, const int (&jrow)[2], const float (&ck2)[2], float scale_log2,
+                                             const float* a_s, const float* del_s, const int* st_s, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < NTQ; ++nt) {
+        // the column pair's row values: one 8-byte load each without SHFL (the arrays are 8-byte
+        // aligned, which the compiler cannot see)
+        const int i0 = nt * 8 + 2 * t4;
+        const float2 av = SHFL ? make_float2(a_s[i0], a_s[i0 + 1]) : *(const float2*)(a_s + i0);
+        const float2 dv = SHFL ? make_float2(del_s[i0], del_s[i0 + 1]) : *(const float2*)(del_s + i0);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int il = i0 + (e & 1);
+            const int kr = e >> 1;
+            float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
+            if (MASK && key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+            const float d = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
+            if constexpr (SHFL) dck[kr] -= d;
+            ST[4 * nt + e] = pr;
+            DS[4 * nt + e] = d;
+        }
+    }
+}
+
 // The gate sums dck_j = -sum_i dS_ij and dcq_i = sum_j dS_ij (the latter zero in exact arithmetic;
 // formed because delta comes from the rounded O, whose error dck's sums carry and dcq's cancel in
 // d log f's prefix sums). By default from the products: dS^T (the bf16 / fp16 fragments of dK's
@@ -649,23 +680,10 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 const int rq = qi * BQB;
                 const int rql = min(rq + BQB, p.tq) - 1;
                 const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
-#pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt) {
-                    const int i0 = nt * 8 + 2 * t4;
-                    const float2 av = *(const float2*)(a_s + i0);
-                    const float2 dv = *(const float2*)(del_s + i0);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int il = i0 + (e & 1);
-                        const int kr = e >> 1;
-                        float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
-                        if (need_mask) {
-                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
-                        }
-                        ST[4 * nt + e] = pr;
-                        DS[4 * nt + e] = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
-                    }
-                }
+                if (need_mask)
+                    bwd_ws_probs<true, false, NTQ>(ST, DS, dck, p, b, rq, jrow, ck2, scale_log2, a_s, del_s, st_s, t4);
+                else
+                    bwd_ws_probs<false, false, NTQ>(ST, DS, dck, p, b, rq, jrow, ck2, scale_log2, a_s, del_s, st_s, t4);
             };
             // dV += P^T dO, dK += dS^T Q, dcK += dS^T ones, committed; ap and as hold the
             // fragments until the products complete
@@ -772,28 +790,10 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 float ST[32], DS[32];
                 wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
                 wg_wait0();
-                // P^T and dS^T (S^T[4*nt + e]: key row g + 8*(e>>1), query column nt*8 + 2*t4 + (e&1))
-#pragma unroll
-                for (int nt = 0; nt < NTQ; ++nt) {
-                    // the column pair's row values: one 8-byte load each without SHFL (the arrays are
-                    // 8-byte aligned, which the compiler cannot see)
-                    const int i0 = nt * 8 + 2 * t4;
-                    const float2 av = SHFL ? make_float2(a_s[i0], a_s[i0 + 1]) : *(const float2*)(a_s + i0);
-                    const float2 dv = SHFL ? make_float2(del_s[i0], del_s[i0 + 1]) : *(const float2*)(del_s + i0);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int il = i0 + (e & 1);
-                        const int kr = e >> 1;
-                        float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
-                        if (need_mask) {
-                            if (key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
-                        }
-                        const float d = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
-                        if constexpr (SHFL) dck[kr] -= d;
-                        ST[4 * nt + e] = pr;
-                        DS[4 * nt + e] = d;
-                    }
-                }
+                if (need_mask)
+                    bwd_ws_probs<true, SHFL, NTQ>(ST, DS, dck, p, b, rq, jrow, ck2, scale_log2, a_s, del_s, st_s, t4);
+                else
+                    bwd_ws_probs<false, SHFL, NTQ>(ST, DS, dck, p, b, rq, jrow, ck2, scale_log2, a_s, del_s, st_s, t4);
                 // with SHFL, this warp's column sums of dS^T over its 16 keys (its share of dcq). At
                 // D = 64, where per-score instructions are the limit, by a transposing butterfly (lane (g, t4) ends
                 // with columns rev3(g)·8 + 2·t4 + {0, 1}); at D = 128 by reducing each column onto

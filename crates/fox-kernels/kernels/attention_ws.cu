@@ -474,6 +474,7 @@ template <bool MASK, bool SHFL, int NTQ>
 __device__ __forceinline__ void bwd_ws_probs(float (&ST)[32], float (&DS)[32], float (&dck)[2], const AttnParams& p, int b,
                                              int rq, const int (&jrow)[2], const float (&ck2)[2], float scale_log2,
                                              const float* a_s, const float* del_s, const int* st_s, int t4) {
+    const KeyMask mask = key_mask(p, b);
 #pragma unroll
     for (int nt = 0; nt < NTQ; ++nt) {
         // the column pair's row values: one 8-byte load each without SHFL (the arrays are 8-byte
@@ -486,7 +487,7 @@ __device__ __forceinline__ void bwd_ws_probs(float (&ST)[32], float (&DS)[32], f
             const int il = i0 + (e & 1);
             const int kr = e >> 1;
             float pr = fast_exp2(fmaf(ST[4 * nt + e], scale_log2, ((e & 1) ? av.y : av.x) - ck2[kr]));
-            if (MASK && key_hidden(p, b, rq + il, jrow[kr], st_s + il)) pr = 0.f;
+            if (MASK && mask.hides(rq + il, jrow[kr], st_s + il)) pr = 0.f;
             const float d = pr * (DS[4 * nt + e] - ((e & 1) ? dv.y : dv.x));
             if constexpr (SHFL) dck[kr] -= d;
             ST[4 * nt + e] = pr;

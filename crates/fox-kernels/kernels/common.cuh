@@ -81,11 +81,24 @@ __device__ __forceinline__ int row_start(const AttnParams& p, int b, int r) {
 
 // The dk/dv passes' mask: whether key j is hidden from query row i (padding rows past tq, keys
 // after the row's position or before its start); `st` points at the row's packed-document start
-// (staged per query tile), read only when start_mode is 2.
+// (staged per query tile), read only when start_mode is 2. KeyMask holds what is the same for
+// every score of a batch row, so that a tile's scores test it without branches.
+struct KeyMask {
+    int tq, q_pos0, window;
+    int base;     // the rows' start unless packed: 0, or start[b] (left padding)
+    bool packed;  // start_mode 2: each row's start from `st`
+    __device__ __forceinline__ bool hides(int i, int j, const int* st) const {
+        const int pos = i < tq ? q_pos0 + i : -1;
+        int s = packed ? *st : base;
+        if (window > 0) s = max(s, pos - window + 1);
+        return j > pos || j < s;
+    }
+};
+__device__ __forceinline__ KeyMask key_mask(const AttnParams& p, int b) {
+    return KeyMask{p.tq, p.q_pos0, p.window, p.start_mode == 1 ? p.start[b] : 0, p.start_mode == 2};
+}
 __device__ __forceinline__ bool key_hidden(const AttnParams& p, int b, int i, int j, const int* st) {
-    const int pos = i < p.tq ? p.q_pos0 + i : -1;
-    const int sti = window_start(p, pos, p.start_mode == 2 ? *st : doc_start(p, b, 0));
-    return j > pos || j < sti;
+    return key_mask(p, b).hides(i, j, st);
 }
 
 __device__ __forceinline__ u32 smem_u32(const void* ptr) {

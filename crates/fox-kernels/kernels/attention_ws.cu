@@ -496,6 +496,29 @@ __device__ __forceinline__ void bwd_ws_probs(float (&ST)[32], float (&DS)[32], f
     }
 }
 
+// A warp's dS^T fragments (its 16 keys as rows, the tile's BQB query rows as columns) into the
+// warpgroup's 128-byte-swizzled atom at ds.
+template <int NTQ>
+__device__ __forceinline__ void bwd_ws_store_dst(u16* ds, const u32 (&as)[NTQ / 2][4], int wq, int g, int t4) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int key = wq * 16 + g + rr * 8;
+#pragma unroll
+        for (int nt = 0; nt < NTQ; ++nt)
+            *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
+    }
+}
+// Row `row` of a warp's share of a dQ tile (half rr of its 16 query rows, the warpgroup's DH
+// columns from col0) into the staging tiles sdq (row stride DP); returns the row.
+template <int DH, int DP>
+__device__ __forceinline__ float* bwd_ws_stage_row(float* sdq, int row, int col0, const float (&dQ)[DH / 2], int rr, int t4) {
+    float* srow = sdq + row * DP + col0;
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+        *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
+    return srow;
+}
+
 // The gate sums dck_j = -sum_i dS_ij and dcq_i = sum_j dS_ij (the latter zero in exact arithmetic;
 // formed because delta comes from the rounded O, whose error dck's sums carry and dcq's cancel in
 // d log f's prefix sums). By default from the products: dS^T (the bf16 / fp16 fragments of dK's
@@ -701,14 +724,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
             // dS^T into this warpgroup's atom of stage uu & 1, then a barrier: both warpgroups'
             // are in place (the stage's previous readers, two tiles back, are past the last one)
             auto store_dst = [&](int uu) {
-                u16* ds = sDS + ((uu & 1) * 2 + cw) * 64 * BQB;
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const int key = wq * 16 + g + rr * 8;
-#pragma unroll
-                    for (int nt = 0; nt < NTQ; ++nt)
-                        *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
-                }
+                bwd_ws_store_dst<NTQ>(sDS + ((uu & 1) * 2 + cw) * 64 * BQB, as, wq, g, t4);
                 fence_proxy_async();
                 named_sync(1);
             };
@@ -737,10 +753,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 if (uu >= 2) mbar_wait(dq_empty(ss), (u32)(((uu >> 1) - 1) & 1));
 #pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
-                    float* srow = sDQ + (ss * BQB + wq * 16 + g + rr * 8) * DP + cw * DH;
-#pragma unroll
-                    for (int nt = 0; nt < DH / 8; ++nt)
-                        *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
+                    float* srow = bwd_ws_stage_row<DH, DP>(sDQ, ss * BQB + wq * 16 + g + rr * 8, cw * DH, dQ, rr, t4);
                     if (t4 == 0) srow[D - cw * DH + cw] = dcQ[2 * rr];
                 }
                 fence_proxy_async();
@@ -838,13 +851,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 u16* ds = sDS + (sd * 2 + cw) * 64 * BQB;
                 const u32 ds_s = smem_u32(sDS + sd * 2 * 64 * BQB);
                 if constexpr (DSS == 1) named_sync(1);
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const int key = wq * 16 + g + rr * 8;
-#pragma unroll
-                    for (int nt = 0; nt < NTQ; ++nt)
-                        *(u32*)(ds + key * 64 + ((nt ^ (key & 7)) << 3) + 2 * t4) = as[nt >> 1][(nt & 1) * 2 + rr];
-                }
+                bwd_ws_store_dst<NTQ>(ds, as, wq, g, t4);
                 fence_proxy_async();
                 named_sync(1);  // both warpgroups' dS^T are in place
                 {
@@ -872,10 +879,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                     if (u >= 2) mbar_wait(dq_empty(s), (u32)(((u >> 1) - 1) & 1));
 #pragma unroll
                     for (int rr = 0; rr < 2; ++rr) {
-                        float* srow = sDQ + (s * BQB + wq * 16 + g + rr * 8) * DP + cw * DH;
-#pragma unroll
-                        for (int nt = 0; nt < DH / 8; ++nt)
-                            *(float2*)(srow + nt * 8 + 2 * t4) = make_float2(dQ[4 * nt + 2 * rr], dQ[4 * nt + 2 * rr + 1]);
+                        float* srow = bwd_ws_stage_row<DH, DP>(sDQ, s * BQB + wq * 16 + g + rr * 8, cw * DH, dQ, rr, t4);
                         if (!SHFL && t4 == 0) srow[D - cw * DH + cw] = dcQ[2 * rr];
                     }
                 }

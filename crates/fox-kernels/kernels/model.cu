@@ -53,7 +53,7 @@ extern "C" __global__ void fox_acp_from_qk_norm(const float* wq, const float* wk
 }
 
 // Fused softmax cross-entropy over rows of `vocab` logits stored `ld` apart (the output head pads
-// its rows to a multiple of 64 so that cuBLASLt's fast kernels apply: 5x on an H100). One block of
+// its rows to a multiple of 64 so that cuBLASLt's fast kernels apply). One block of
 // 512 threads per row: loss[r] = lse − x[target]; dlogits[r, c] = weight·(softmax − onehot) for
 // c < vocab and 0 in the padding; rows with target < 0 get loss 0 and dlogits 0.
 __device__ __forceinline__ float block_reduce(float v, bool is_max, float* sh) {

@@ -91,7 +91,7 @@ __device__ __forceinline__ ScanIn scan_load(const ScanParams& p, int b, int t, i
 // issued at once (cooperatively, 16 consecutive channels of a row together) instead of one
 // position at a time inside the recurrence, where each position's loads waited for the last
 // one's stores (the compiler cannot tell the buffers apart) and the scan ran at global-memory
-// latency per step (17 ms for the forward at B=2, T=16384, Di=1536 on an H200).
+// latency per step (docs/kernel-notes.md has the measurement).
 struct ScanStage {
     float dl[SCAN_HALF * SCAN_CH], u[SCAN_HALF * SCAN_CH], z[SCAN_HALF * SCAN_CH], go[SCAN_HALF * SCAN_CH];
     float y[SCAN_HALF * SCAN_CH];  // y of each (position, channel), written by the recurrence

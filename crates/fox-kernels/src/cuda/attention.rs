@@ -450,8 +450,8 @@ impl DecodeScratch {
 }
 
 /// Splits of the keys so that the decode grid fills the GPU about twice, at least two key tiles
-/// per split (one tile per split, four times the GPU, measured slower at batch 1 on an H100: the
-/// merge of more splits costs more than the shorter splits save).
+/// per split (with one tile per split the merge of more splits costs more than the shorter
+/// splits save; docs/kernel-notes.md).
 fn decode_splits(gpu: &Gpu, bh: usize, tk: usize) -> usize {
     let tiles = tk.div_ceil(BK);
     let want = (2 * gpu.sm_count()).div_ceil(bh.max(1));

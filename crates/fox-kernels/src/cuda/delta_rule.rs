@@ -46,8 +46,8 @@ const JOIN_COLS: usize = 16;
 /// The most segments of the parallel walk (the scratch holds their sums).
 pub const MAX_SEGS: usize = 16;
 /// Blocks the parallel walk's plan lets its launches have: the walk one wave at one block per
-/// multiprocessor on 128 of the 132 of an H100 or H200 (two blocks on one slowed each by a third,
-/// BENCHMARKS.md), the sums (which two a multiprocessor hardly slow) at two. The plan depends on
+/// multiprocessor on 128 of the 132 of an H100 or H200 (two blocks on one slow each other down,
+/// docs/kernel-notes.md), the sums (which two a multiprocessor hardly slow) at two. The plan depends on
 /// the shape alone, so that the results are the same bits on any GPU.
 const SCAN_WALK_SLOTS: usize = 128;
 const SCAN_SUM_SLOTS: usize = 256;

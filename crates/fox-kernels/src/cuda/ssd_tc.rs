@@ -27,8 +27,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 const L: usize = 64;
 /// The head dim the kernels take.
 const P: usize = 64;
-/// Warps per block of the chunk outputs (4 took 0.348 ms, 8 took 0.289 ms at the benchmark's
-/// shape on an H100).
+/// Warps per block of the chunk outputs (8 measured faster than 4: docs/kernel-notes.md).
 const OUT_WARPS: usize = 8;
 /// Heads per block of the chunk backward at most.
 const BWD_HEADS: usize = 32;

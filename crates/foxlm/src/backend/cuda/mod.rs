@@ -198,8 +198,8 @@ pub struct Cuda<T: Elem> {
     /// The cross-entropy holds a row of logits in shared memory where it fits; off with
     /// FOXLM_XENT_SMEM=0 (the three-pass kernel, to compare).
     pub(crate) xent_staged: bool,
-    /// Page-locked host memory that logits come down through (grown as needed): a copy into
-    /// pageable memory ran at about 1 GB/s (3.3 ms for 16 rows of GPT-2's vocabulary, H200).
+    /// Page-locked host memory that logits come down through (grown as needed): copies into
+    /// pageable memory are several times slower (docs/kernel-notes.md).
     pub(crate) host_logits: Option<cudarc_event::PinnedHostSlice<f32>>,
     pub(crate) head_dlogits: CudaSlice<T>,
     pub(crate) head_x: CudaSlice<T>,

@@ -729,10 +729,17 @@ struct DkdvTile {
     const int (&jrow)[2];
     float (&dck)[2];
     // ST <- P^T, DP <- dS^T in place (NTQ accumulator tiles of 8 query columns), dck -= row sums
-    // of dS^T
+    // of dS^T. The mask test is a template argument, so that the tiles without a mask run
+    // straight-line code (a test inside the unrolled loop is a branch per score)
     template <int NTQ, class A>
     __device__ __forceinline__ void scores(A& ST, A& DP) const {
+        if (need_mask) scores_as<NTQ, true>(ST, DP);
+        else scores_as<NTQ, false>(ST, DP);
+    }
+    template <int NTQ, bool MASK, class A>
+    __device__ __forceinline__ void scores_as(A& ST, A& DP) const {
         const int t4 = threadIdx.x & 3;
+        const KeyMask mask = key_mask(p, b);
 #pragma unroll
         for (int nt = 0; nt < NTQ; ++nt) {
 #pragma unroll
@@ -741,9 +748,7 @@ struct DkdvTile {
                 const int kr = e >> 1;                     // key row (g or g+8)
                 const float x = acc_at(ST, nt, e) * scale_log2 + (cq[il] - ckr[kr]) * LOG2E - lse[il] * LOG2E;
                 float pr = fast_exp2(x);
-                if (need_mask) {
-                    if (key_hidden(p, b, rq + il, jrow[kr], st + il)) pr = 0.f;
-                }
+                if (MASK && mask.hides(rq + il, jrow[kr], st + il)) pr = 0.f;
                 const float ds = pr * (acc_at(DP, nt, e) - del[il]);
                 dck[kr] -= ds;
                 acc_at(ST, nt, e) = pr;
@@ -795,9 +800,7 @@ __device__ __forceinline__ void dkdv_walk(const AttnParams& p, const DkdvBlock<B
                 const float* cq_s = sm.cq + buf * BQB;
                 const int* st_s = sm.st + buf * BQB;
                 const int rq = qi * BQB;
-                const int rql = min(rq + BQB, p.tq) - 1;
-                const bool need_mask =
-                    (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+                const bool need_mask = dkdv_tile_masked(p, b, rq, BQB, j0, jlast);
                 step(DkdvTile{p, q_s, g_s, lse_s, del_s, cq_s, st_s, b, rq, need_mask, scale_log2, ckr, jrow, dck});
                 __syncthreads();
             }

@@ -284,6 +284,13 @@ __device__ __forceinline__ void key_tiles(const AttnParams& p, int b, int bh, in
     }
 }
 
+// Whether a dk/dv pass's query tile of bqb rows from rq needs the key mask against keys j0..jlast:
+// it reaches the diagonal, a row of it starts after the block's first key, or it runs past tq.
+__device__ __forceinline__ bool dkdv_tile_masked(const AttnParams& p, int b, int rq, int bqb, int j0, int jlast) {
+    const int rql = min(rq + bqb, p.tq) - 1;
+    return (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + bqb > p.tq);
+}
+
 // The dk/dv passes' query tiles of BQB rows for the key block ending at jlast, for query head bh:
 // [qfirst, returned end). A tile stops seeing the block when its first row's key start is past
 // the block (a later document, or the window has moved on) or ACP prunes it; both are monotone

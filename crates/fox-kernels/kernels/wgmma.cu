@@ -602,8 +602,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
                 const float* cq_s = sm.cq + buf * BQB;
                 const int* st_s = sm.st + buf * BQB;
                 const int rq = qi * BQB;
-                const int rql = min(rq + BQB, p.tq) - 1;
-                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+                const bool need_mask = dkdv_tile_masked(p, b, rq, BQB, j0, jlast);
 
                 float ST[32], DP[32];
                 wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DP, k_s, v_s, q_s, g_s);

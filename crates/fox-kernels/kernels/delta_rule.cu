@@ -1671,8 +1671,6 @@ __device__ __forceinline__ void dr_l2norm_bwd(E* dx, const E* dy, const E* y, co
     for (int c = lane; c < dim; c += 32) st(dx, o + c, r * (ld(dy, o + c) - ld(y, o + c) * s));
 }
 
-// PyTorch's softplus (linear above 20), as crate::ssd's.
-__device__ __forceinline__ float dr_softplus(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 
 // g [rows, H] = −exp(A_log) · softplus(a + dt_bias): one thread per value.
 template <typename E>
@@ -1680,7 +1678,7 @@ __device__ __forceinline__ void dr_decay_fwd(float* g, const E* a, const float* 
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)rows * H) return;
     const int h = (int)(i % H);
-    g[i] = dr_softplus(ld(a, i) + bias[h]) * -expf(a_log[h]);
+    g[i] = softplus_(ld(a, i) + bias[h]) * -expf(a_log[h]);
 }
 
 // da = dg · A · σ(a + dt_bias) (A = −exp(A_log)); the terms of dt_bias's gradient (da) and of
@@ -1695,7 +1693,7 @@ __device__ __forceinline__ void dr_decay_bwd(E* da, float* tb, float* tl, const 
     const float v = d * -expf(a_log[h]) * (x > 20.f ? 1.f : sigmoid_gate(x));
     st(da, i, v);
     tb[i] = v;
-    tl[i] = d * dr_softplus(x);
+    tl[i] = d * softplus_(x);
 }
 
 // dt_bias[h] += Σ_r tb[r, h]; A_log[h] += A_h · Σ_r tl[r, h]: one block per head, each thread a

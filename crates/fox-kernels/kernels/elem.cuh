@@ -16,17 +16,6 @@ __device__ __forceinline__ void st(u16* p, long long i, float v) {
     p[i] = (u16)(u >> 16);
 }
 
-// The KV-shift gate's sigmoid (model.cu's in-place sigmoid, and decode.cu), the output gate's
-// (written as ops.cu's sigm, which gate_mul_fwd uses) and the forget gate's log-sigmoid (as ops.cu's
-// log_sigm), so that the fused decode step computes each as the chunked path does.
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
-__device__ __forceinline__ float sigmoid_gate(float x) {
-    if (x >= 0.f) return 1.f / (1.f + expf(-x));
-    const float e = expf(x);
-    return e / (1.f + e);
-}
-__device__ __forceinline__ float log_sigmoidf_(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
-
 // v rounded to the element type and widened again (identity for f32).
 template <typename T>
 __device__ __forceinline__ float round_to(float v) {

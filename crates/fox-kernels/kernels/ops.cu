@@ -114,12 +114,6 @@ __device__ __forceinline__ void row_chunks(int n, F f) {
     }
 }
 
-__device__ __forceinline__ float sigm(float x) {
-    if (x >= 0.f) return 1.f / (1.f + expf(-x));
-    const float e = expf(x);
-    return e / (1.f + e);
-}
-__device__ __forceinline__ float log_sigm(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
 
 template <class V>
 __device__ __forceinline__ V warp_sum(V x) {
@@ -336,7 +330,7 @@ __device__ __forceinline__ void step_in_column(const StepIn& m, int b, i64 j, fl
         st(xbc, (i64)b * m.C + c, acc / (1.0f + __expf(-acc)));
     } else if (q.dt) {
         const float v = x + q.bias;
-        m.dt[(i64)b * m.H + (j - m.dt_off)] = v > 20.0f ? v : fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v)));
+        m.dt[(i64)b * m.H + (j - m.dt_off)] = softplus_(v);
     }
 }
 
@@ -406,7 +400,7 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
             st(y, (i64)r * out + i, total(ol));
             st(y, (i64)r * out + inter + i, total(ol + half));
             const float g = ld(y, (i64)r * out + i), u = ld(y, (i64)r * out + inter + i);
-            st(h, (i64)r * inter + i, g * sigm(g) * u);
+            st(h, (i64)r * inter + i, g * sigmoid_gate(g) * u);
         }
     } else {
         const i64 oo = (i64)blockIdx.x * per_block + ol;
@@ -725,7 +719,7 @@ __device__ __forceinline__ void rope_impl(T* x, const int* pos, int rows, int H,
 
 template <class T>
 __device__ __forceinline__ void sigmoid_fwd_impl(T* y, const T* x, i64 n) {
-    map1(y, x, n, [](float v) { return sigm(v); });
+    map1(y, x, n, [](float v) { return sigmoid_gate(v); });
 }
 
 // dx = dy * y * (1 - y), from the forward's output.
@@ -737,7 +731,7 @@ __device__ __forceinline__ void sigmoid_bwd_impl(T* dx, const T* dy, const T* y,
 // Output gate: z = pre * sigmoid(g).
 template <class T>
 __device__ __forceinline__ void gate_mul_fwd_impl(T* z, const T* pre, const T* g, i64 n) {
-    map2(z, pre, g, n, [](float p, float q) { return p * sigm(q); });
+    map2(z, pre, g, n, [](float p, float q) { return p * sigmoid_gate(q); });
 }
 
 // dpre = dz * s, dg = dz * pre * s * (1 - s), s = sigmoid(g).
@@ -749,7 +743,7 @@ __device__ __forceinline__ void gate_mul_bwd_impl(T* dpre, T* dg, const T* dz, c
         ldv(pre, i, w, p);
         ldv(g, i, w, q);
         for (int k = 0; k < w; ++k) {
-            const float s = sigm(q[k]);
+            const float s = sigmoid_gate(q[k]);
             a[k] = d[k] * s;
             b[k] = d[k] * p[k] * s * (1.f - s);
         }
@@ -786,7 +780,7 @@ __device__ __forceinline__ void swiglu_fwd_impl(T* h, const T* gu, int rows, int
         float a[4], u[4], o[4];
         ld4(gu, r * 2 * I + c, a);
         ld4(gu, r * 2 * I + I + c, u);
-        for (int k = 0; k < 4; ++k) o[k] = a[k] * sigm(a[k]) * u[k];
+        for (int k = 0; k < 4; ++k) o[k] = a[k] * sigmoid_gate(a[k]) * u[k];
         st4(h, idx, o);
         return;
     }
@@ -794,7 +788,7 @@ __device__ __forceinline__ void swiglu_fwd_impl(T* h, const T* gu, int rows, int
     if (idx >= (i64)rows * I) return;
     const i64 r = idx / I, c = idx % I;
     const float a = ld(gu, r * 2 * I + c), u = ld(gu, r * 2 * I + I + c);
-    st(h, idx, a * sigm(a) * u);
+    st(h, idx, a * sigmoid_gate(a) * u);
 }
 
 template <class T>
@@ -808,7 +802,7 @@ __device__ __forceinline__ void swiglu_bwd_impl(T* dgu, const T* dh, const T* gu
         ld4(gu, r * 2 * I + I + c, u);
         ld4(dh, idx, g);
         for (int k = 0; k < 4; ++k) {
-            const float s = sigm(a[k]);
+            const float s = sigmoid_gate(a[k]);
             da[k] = g[k] * u[k] * s * (1.f + a[k] * (1.f - s));
             du[k] = g[k] * a[k] * s;
         }
@@ -820,7 +814,7 @@ __device__ __forceinline__ void swiglu_bwd_impl(T* dgu, const T* dh, const T* gu
     if (idx >= (i64)rows * I) return;
     const i64 r = idx / I, c = idx % I;
     const float a = ld(gu, r * 2 * I + c), u = ld(gu, r * 2 * I + I + c);
-    const float s = sigm(a), g = ld(dh, idx);
+    const float s = sigmoid_gate(a), g = ld(dh, idx);
     st(dgu, r * 2 * I + c, g * u * s * (1.f + a * (1.f - s)));
     st(dgu, r * 2 * I + I + c, g * a * s);
 }
@@ -835,11 +829,11 @@ extern "C" __global__ void __launch_bounds__(256) fill_rows(float* x, const floa
     if (i < rows * cols) x[i] = row[i % cols];
 }
 extern "C" __global__ void __launch_bounds__(256) log_fgate_fwd(float* a, const float* logit, i64 n) {
-    map1(a, logit, n, [](float v) { return log_sigm(v); });
+    map1(a, logit, n, [](float v) { return log_sigmoidf_(v); });
 }
 extern "C" __global__ void __launch_bounds__(256) log_fgate_bwd(float* dlogit, const float* da, const float* logit,
                                                                  i64 n) {
-    map2(dlogit, da, logit, n, [](float d, float v) { return d * sigm(-v); });
+    map2(dlogit, da, logit, n, [](float d, float v) { return d * sigmoid_gate(-v); });
 }
 
 // ---------------------------------------------------------------------------------------------

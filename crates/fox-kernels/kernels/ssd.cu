@@ -247,8 +247,6 @@ extern "C" __global__ void ssd_mul_acc_f32(float* dst, const float* x, const flo
     if (i < n) dst[i] += x[i] * y[i];
 }
 
-// PyTorch's softplus (linear above 20), as crate::ssd's.
-__device__ __forceinline__ float ssd_softplus(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 
 // ---- The short convolution (conv1d), on vectors of V channels by runs of rows ----
 // One thread takes V consecutive channels (one 16- or 8-byte load per row where the layout allows
@@ -823,7 +821,7 @@ extern "C" __global__ void KN(ssd_decode_inputs)(ET* xbc, float* conv_state, flo
     i -= (long)B * C;
     if (i < (long)B * H) {
         int k = (int)(i % H), b = (int)(i / H);
-        dt[i] = ssd_softplus(ld(zxbcdt, (long)b * stride + dt_off + k) + dt_bias[k]);
+        dt[i] = softplus_(ld(zxbcdt, (long)b * stride + dt_off + k) + dt_bias[k]);
     }
 }
 
@@ -1189,7 +1187,7 @@ __device__ __forceinline__ void ssd_dt_fwd_impl(O* dt, const ET* raw, long strid
     if (i >= (long)rows * H) return;
     int k = (int)(i % H);
     long r = i / H;
-    st(dt, i, ssd_softplus(ld(raw, r * stride + k) + bias[k]));
+    st(dt, i, softplus_(ld(raw, r * stride + k) + bias[k]));
 }
 extern "C" __global__ void KN(ssd_dt_fwd)(float* dt, const ET* raw, long stride, const float* bias, int rows, int H) {
     ssd_dt_fwd_impl(dt, raw, stride, bias, rows, H);

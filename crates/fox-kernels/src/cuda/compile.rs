@@ -26,6 +26,8 @@ impl Source {
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// bf16/f32 loads and stores of the model's small kernels.
 const ELEM: &str = include_str!("../../kernels/elem.cuh");
+/// The gates' sigmoids and log-sigmoid and softplus, after common.cuh or elem.cuh.
+const ACT: &str = include_str!("../../kernels/activations.cuh");
 
 /// Forgetting Attention: forward, decode, backward; the wgmma and warp-specialised kernels (sm_90a only).
 pub static ATTENTION: Source = Source {
@@ -41,10 +43,10 @@ pub static ATTENTION: Source = Source {
 pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!("../../kernels/fgate.cu")] };
 
 /// Small kernels of the model's CUDA backend (in-place sigmoid, ACP from QK-norm weights).
-pub static MODEL: Source = Source { name: "model", files: &[ELEM, include_str!("../../kernels/model.cu")] };
+pub static MODEL: Source = Source { name: "model", files: &[ELEM, ACT, include_str!("../../kernels/model.cu")] };
 /// The small operations of the training step (norms, KV-shift, RoPE, gates, SwiGLU, residuals,
 /// casts, embedding, cross-entropy, AdamW, sums of squares): see [`super::ops`].
-pub static OPS: Source = Source { name: "ops", files: &[COMMON, include_str!("../../kernels/ops.cu")] };
+pub static OPS: Source = Source { name: "ops", files: &[COMMON, ACT, include_str!("../../kernels/ops.cu")] };
 
 /// Forgetting Attention in f32 (forward, backward) for `--dtype f32`; standalone, no common.cuh.
 pub static ATTENTION_F32: Source =
@@ -54,7 +56,7 @@ pub static ATTENTION_F32: Source =
 /// fused step's kernels and the batch-1 megakernel.
 pub static DECODE: Source = Source {
     name: "decode",
-    files: &[ELEM, include_str!("../../kernels/decode.cu"), include_str!("../../kernels/decode_mega.cu")],
+    files: &[ELEM, ACT, include_str!("../../kernels/decode.cu"), include_str!("../../kernels/decode_mega.cu")],
 };
 
 const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
@@ -65,6 +67,7 @@ pub static SSD: Source = Source {
     name: "ssd",
     files: &[
         ELEM,
+        ACT,
         "#define ET float\n#define KN(name) name##_f32\n",
         SSD_CU,
         "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
@@ -74,16 +77,16 @@ pub static SSD: Source = Source {
 
 /// Mamba-2's SSD on tensor cores (bf16 mma.sync, f32 sums): the state walks, the chunk outputs
 /// and the chunk backward; see [`super::ssd_tc`].
-pub static SSD_TC: Source = Source { name: "ssd_tc", files: &[ELEM, include_str!("../../kernels/ssd_tc.cu")] };
+pub static SSD_TC: Source = Source { name: "ssd_tc", files: &[ELEM, ACT, include_str!("../../kernels/ssd_tc.cu")] };
 
 /// Mamba's selective scan (Samba's SSM): forward, backward, decode step.
 pub static SELECTIVE_SCAN: Source =
-    Source { name: "selective_scan", files: &[ELEM, include_str!("../../kernels/selective_scan.cu")] };
+    Source { name: "selective_scan", files: &[ELEM, ACT, include_str!("../../kernels/selective_scan.cu")] };
 
 /// DeltaNet's and Gated DeltaNet's delta rule (chunked forward and backward, decode step) and the
 /// layer's L2 norm, decay and swish gate: see [`super::delta_rule`].
 pub static DELTA_RULE: Source =
-    Source { name: "delta_rule", files: &[ELEM, include_str!("../../kernels/delta_rule.cu")] };
+    Source { name: "delta_rule", files: &[ELEM, ACT, include_str!("../../kernels/delta_rule.cu")] };
 
 const GLA_CU: &str = include_str!("../../kernels/gla.cu");
 /// HGRN2's ops: gated linear attention with per-channel decay (chunked forward and backward,
@@ -92,6 +95,7 @@ pub static GLA: Source = Source {
     name: "gla",
     files: &[
         ELEM,
+        ACT,
         "#define ET float\n#define KN(name) name##_f32\n",
         GLA_CU,
         "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",

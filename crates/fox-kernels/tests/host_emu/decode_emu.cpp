@@ -4,6 +4,7 @@
 // the vocabulary. The online log-sum-exp sums in another order than the loop: tolerance 1e-5.
 #include "mock.h"
 #include "../../kernels/elem.cuh"
+#include "../../kernels/activations.cuh"
 #include "../../kernels/decode.cu"
 
 static int fails = 0;

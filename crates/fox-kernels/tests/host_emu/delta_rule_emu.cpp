@@ -16,6 +16,7 @@
 // more; observed ≤ 8e-3).
 #include "mock.h"
 #include "../../kernels/elem.cuh"
+#include "../../kernels/activations.cuh"
 #include "../../kernels/delta_rule.cu"
 #define EMU_SEED 7
 #include "check.h"

@@ -19,6 +19,7 @@
 // tolerances: the same errors as version 2.
 #include "mock.h"
 #include "../../kernels/elem.cuh"
+#include "../../kernels/activations.cuh"
 #define GLA_DSMEM(name) static float name[GLA_DQK_SMEM_FLOATS]
 // mma.sync m16n8k16 (bf16 in, f32 sums) for one warp: the lanes leave their fragments in the
 // warp's slot and each computes its four outputs from everyone's (PTX ISA's fragment layouts:

@@ -9,6 +9,7 @@
 // (observed 4e-3). The dt columns of dbc must stay untouched.
 #include "mock.h"
 #include "../../kernels/elem.cuh"
+#include "../../kernels/activations.cuh"
 #include "../../kernels/selective_scan.cu"
 #define EMU_SEED 11
 #include "check.h"

@@ -13,6 +13,10 @@ builds with defines between files, e.g. gla.cu's:
     python3 bench/kernel_ptx.py elem.cuh '=#define ET float\n#define KN(name) name##_f32\n' gla.cu \
         '=#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n' gla.cu
 
+A few kernels compile to different PTX from the very same text in two compilations (seen on
+2026-11-28 with NVRTC 13: ssd_tc_chunk_bwd_*, dr_walk_{fwd,bwd}_k64_f32, fox_fwdwsnp_d128_f16):
+where one of those "differs", compare the base with itself before reading anything into it.
+
 Needs NVRTC: the nvidia-cuda-nvrtc wheel (pip install nvidia-cuda-nvrtc) or libnvrtc on the
 library path. Exit status 1 when an entry differs.
 """

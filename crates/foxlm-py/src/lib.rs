@@ -579,8 +579,8 @@ impl PyModel {
             device.parse().map_err(|e: anyhow::Error| value_err(e.context("device")))?;
         let dtype = match dtype {
             None => None,
-            Some("bf16") => Some(foxlm::engine::Dtype::Bf16),
-            Some("f32") => Some(foxlm::engine::Dtype::F32),
+            Some("bf16") => Some(foxlm::backend::Dtype::Bf16),
+            Some("f32") => Some(foxlm::backend::Dtype::F32),
             Some(o) => return Err(PyValueError::new_err(format!("dtype must be \"bf16\" or \"f32\", got {o:?}"))),
         };
         if max_batch == 0 || chunk == 0 {

@@ -332,7 +332,8 @@ fn bench_rows(
     mut nccl: Option<cuda::nccl::Nccl>,
     talk: bool,
 ) -> Result<Vec<TrainRow>> {
-    use foxlm::engine::{memory_plan, Dtype};
+    use foxlm::backend::Dtype;
+    use foxlm::engine::memory_plan;
     let preset = foxlm::presets::preset(&a.preset)?;
     let acps: Vec<bool> = match a.acp.as_str() {
         // ACP prunes Forgetting Attention: the recurrent families have none to prune.
@@ -927,7 +928,7 @@ mod tests {
         let c = parse(&child_args(&a, std::path::Path::new("/tmp/r.json")));
         assert_eq!((c.gpus, c.json, c.report), (vec![], None, Some(PathBuf::from("/tmp/r.json"))));
         assert_eq!((c.preset.as_str(), c.batch, c.context, c.acp.as_str()), ("fox-pro-760m", 1, 8192, "off"));
-        assert_eq!((c.steps, c.warmup, c.recompute, c.dtype), (5, 2, true, foxlm::engine::Dtype::F32));
+        assert_eq!((c.steps, c.warmup, c.recompute, c.dtype), (5, 2, true, foxlm::backend::Dtype::F32));
     }
 
     /// The optimizer column: ZeRO-1 over 2 ranks keeps half of the moments and of the matrices'

@@ -48,7 +48,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
     #[arg(long, default_value = "bf16")]
-    pub dtype: crate::engine::Dtype,
+    pub dtype: crate::backend::Dtype,
     /// Adaptive computation pruning: off, on, or both (two rows).
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     pub acp: String,

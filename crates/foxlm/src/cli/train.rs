@@ -140,7 +140,7 @@ pub struct Args {
     /// Activation precision on the GPU: bf16 (fp32 master weights and optimizer state) or f32
     /// (to check against the CPU). Default: bf16 on a GPU, f32 on the CPU.
     #[arg(long)]
-    pub dtype: Option<crate::engine::Dtype>,
+    pub dtype: Option<crate::backend::Dtype>,
     /// Keep only each block's input through the forward and recompute each block in the backward
     /// (GPU): activation memory of one block plus the inputs, for about a third more compute.
     #[arg(long)]

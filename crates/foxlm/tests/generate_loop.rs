@@ -14,7 +14,7 @@ use foxlm::generate::{generate, run_prompts, GenerateOptions};
 use foxlm::model::{Ctx, Model};
 use foxlm::presets::{deltanet_config, hgrn2_config, mamba2_config, samba_config, Variant};
 use foxlm::sampling::{sample, Sampling};
-use foxlm::serve::engine::{Batcher, CpuBatcher, EngineOptions, EngineStats, Event, Running, SeqRequest};
+use foxlm::serve::scheduler::{Batcher, CpuBatcher, Event, Running, SchedulerOptions, SchedulerStats, SeqRequest};
 use rand::SeedableRng;
 use std::collections::VecDeque;
 use std::path::Path;
@@ -229,8 +229,8 @@ fn running_stream_decodes_between_prefill_chunks() {
     for (name, model) in families().into_iter().filter(|(n, _)| ["fox", "mamba2", "hgrn2"].contains(n)) {
         let v = model.config.vocab_size;
         let (short, long) = (random_ids(v, 4, 21), random_ids(v, 60, 22));
-        let opts = EngineOptions::in_process(4, 8);
-        let stats = EngineStats::default();
+        let opts = SchedulerOptions::in_process(4, 8);
+        let stats = SchedulerStats::default();
         let mut b = CpuBatcher::new(&model);
         let mut running: Vec<Running> = Vec::new();
         let mut waiting: VecDeque<SeqRequest> = VecDeque::new();

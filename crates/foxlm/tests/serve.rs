@@ -761,7 +761,7 @@ fn tokenizer_json_reproduces_foxlm_tokenization() {
 
 #[test]
 fn fast_argmax_equals_sampling_argmax() {
-    use foxlm::serve::engine::argmax;
+    use foxlm::serve::scheduler::argmax;
     let mut x: Vec<f32> = (0..50257).map(|i| ((i as f32) * 0.731).sin()).collect();
     assert_eq!(argmax(&x), foxlm::sampling::argmax(&x));
     x[12345] = 5.0;

@@ -157,8 +157,9 @@ pub fn data_fingerprint(ds: &Dataset) -> String {
     hex(&h.finalize())
 }
 
-/// The fields on which two runs differ, as "field: a -> b" lines.
-pub(super) fn config_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
+/// The fields on which two runs (model and training configuration) differ, as
+/// "section.field: a (checkpoint) vs b (now)" lines.
+pub(super) fn run_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
     let mut out = Vec::new();
     for (section, a, b) in [
         ("model", model_identity(&old.model), model_identity(&new.model)),
@@ -187,7 +188,7 @@ mod tests {
         other.model.hidden_size = p.model.hidden_size + 32;
         assert_ne!(config_hash(&run, "d"), config_hash(&other, "d"));
         assert_ne!(config_hash(&run, "d"), config_hash(&run, "e"));
-        let d = config_diff(&run, &other);
+        let d = run_diff(&run, &other);
         assert_eq!(d.len(), 2, "{d:?}");
         assert!(d[0].starts_with("model.hidden_size") && d[1].starts_with("train.peak_lr"), "{d:?}");
         let mut bad = p.train.clone();

@@ -310,7 +310,7 @@ fn starting_point(
     Ok(match resumed {
         Some(ck) => {
             if ck.state.config_hash != hash {
-                let diff = config_diff(&ck.state.run, run);
+                let diff = run_diff(&ck.state.run, run);
                 let detail = if diff.is_empty() {
                     format!(
                         "the training data differ (checkpoint trained on {}, now {})",

@@ -10,6 +10,7 @@ pub mod distributed;
 pub mod engine;
 pub mod eval;
 pub mod generate;
+pub mod hex;
 pub mod infer;
 pub mod init_from;
 pub mod model;

@@ -3,6 +3,7 @@
 use super::TRAIN_CONTEXT_KEY;
 use crate::config::Config;
 use crate::data::Dataset;
+use crate::hex::hex;
 use crate::optim::{AdamWConfig, Schedule};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
@@ -138,11 +139,6 @@ fn model_identity(c: &Config) -> serde_json::Value {
 pub fn config_hash(run: &RunConfig, data_fingerprint: &str) -> String {
     let v = serde_json::json!({"model": model_identity(&run.model), "train": run.train.identity(), "data": data_fingerprint});
     hex(&Sha256::digest(v.to_string().as_bytes()))
-}
-
-/// Lower-case hex of bytes (checksums here, the NCCL id in `distributed::rendezvous`).
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Identifies the training split of a dataset by its shards' checksums.

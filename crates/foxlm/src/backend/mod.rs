@@ -16,6 +16,8 @@
 
 mod dtype;
 pub use dtype::Dtype;
+mod shards;
+pub use shards::Shards;
 pub mod cpu;
 mod cpu_model;
 pub mod cuda;

@@ -9,6 +9,7 @@ pub mod data;
 pub mod distributed;
 pub mod engine;
 pub mod eval;
+pub mod fsutil;
 pub mod generate;
 pub mod hex;
 pub mod infer;

@@ -8,7 +8,8 @@
 //! float32 for every trainable parameter: the gradient of that loss, as the reference fixtures'
 //! `expected_grads.safetensors`.
 
-use crate::checkpoint::{load_model, write_atomic};
+use crate::checkpoint::load_model;
+use crate::fsutil::write_atomic;
 use crate::infer::{self, Plan, DEFAULT_GPU_ROWS};
 use crate::model::{Ctx, Model};
 use crate::tensor::ParamKind;

@@ -403,7 +403,7 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
         );
     }
     let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
-    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
+    crate::fsutil::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
     Ok(manifest)
 }
 

@@ -4,6 +4,7 @@ use super::*;
 use crate::backend::Dtype;
 use crate::data::{Dataset, Loader, Split};
 use crate::engine::{format_plan, memory_plan, CpuEngine, Engine, GpuEngine};
+use crate::fsutil::{write_atomic, write_synced};
 use crate::model::{MemoryPlan, Model};
 use crate::optim::AdamW;
 use crate::tokenizer::TEXT_FORMAT_KEY;
@@ -447,7 +448,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     state.data_dir = opts.data.display().to_string();
     if rank0 {
         let run_json = serde_json::to_string_pretty(&run).unwrap();
-        replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
+        write_atomic(&out.join(RUN_FILE), run_json.as_bytes())?;
     }
 
     let total_steps = tc.total_steps();

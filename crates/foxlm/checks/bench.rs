@@ -5,7 +5,8 @@ use super::cpu_bench::median as median_of;
 use anyhow::{bail, Context, Result};
 use fox_checks::bench::BenchOpts;
 use fox_kernels::attention::{self as fa, View, Visibility};
-use fox_kernels::cuda::{self, DeviceArg};
+use fox_kernels::cuda;
+use foxlm::backend::{select_device, DeviceArg};
 use foxlm::cli::bench::*;
 use rand::{Rng, SeedableRng};
 
@@ -24,7 +25,7 @@ pub fn run(a: Args) -> Result<()> {
 /// FOXLM_GLA_KB) and 2 (tensor cores) on bf16, version 1 on bf16 and f32.
 fn gla(a: GlaArgs) -> Result<()> {
     use fox_checks::gla_check::bench;
-    let gpu = match cuda::select(a.device)? {
+    let gpu = match select_device(a.device)? {
         cuda::Device::Cuda(g) => g,
         cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
     };
@@ -51,7 +52,7 @@ fn gla(a: GlaArgs) -> Result<()> {
 }
 
 fn attention(a: AttentionArgs) -> Result<()> {
-    let dev = cuda::select(a.device)?;
+    let dev = select_device(a.device)?;
     eprintln!("device: {}", dev.describe());
     if let cuda::Device::Cuda(_) = dev {
         let ordinal = match a.device {
@@ -281,7 +282,7 @@ fn train_bench(a: TrainArgs) -> Result<()> {
     } else if a.device == DeviceArg::Cpu {
         return cpu_train_bench(&a);
     } else {
-        let gpu = match cuda::select(a.device)? {
+        let gpu = match select_device(a.device)? {
             cuda::Device::Cuda(g) => g,
             cuda::Device::Cpu => bail!(
                 "bench train: no GPU is usable here (see `fox-attn info`); `--device cpu` measures the CPU step \
@@ -674,7 +675,7 @@ fn copy_bandwidth(gpu: &cuda::Gpu) -> Result<f64> {
 fn decode_bench(a: DecodeArgs) -> Result<()> {
     use foxlm::generate::GenerateOptions;
     use foxlm::infer::{GpuInfer, Plan};
-    let gpu = match cuda::select(a.device)? {
+    let gpu = match select_device(a.device)? {
         cuda::Device::Cuda(g) => g,
         cuda::Device::Cpu => bail!("bench decode measures GPU generation: no GPU is usable here (see `fox-attn info`)"),
     };

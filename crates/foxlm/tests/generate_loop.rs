@@ -275,7 +275,7 @@ fn server_with_small_prefill_chunks_answers_as_generate() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny/fox_pro");
     let model = load_model(&dir).unwrap();
     let mut o = foxlm::serve::ServeOptions::new(dir);
-    (o.port, o.device, o.prefill_chunk) = (0, fox_kernels::cuda::DeviceArg::Cpu, 3);
+    (o.port, o.device, o.prefill_chunk) = (0, foxlm::backend::DeviceArg::Cpu, 3);
     let server = foxlm::serve::start(&o).unwrap();
     let ps = vec![random_ids(512, 25, 31), random_ids(512, 2, 32), random_ids(512, 11, 33)];
     let body = serde_json::json!({"prompt": ps, "max_tokens": 6, "temperature": 0, "ignore_eos": true, "return_token_ids": true});

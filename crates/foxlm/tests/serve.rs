@@ -45,7 +45,7 @@ fn server(dir: &Path, f: impl FnOnce(&mut ServeOptions)) -> RunningServer {
     o.port = 0;
     // The CPU engine (bit-exact against the CPU references) even on a machine with a GPU, whose
     // serving `foxlm gpu-check --only serve` checks.
-    o.device = fox_kernels::cuda::DeviceArg::Cpu;
+    o.device = foxlm::backend::DeviceArg::Cpu;
     f(&mut o);
     start(&o).expect("server starts")
 }

@@ -45,7 +45,7 @@ fn small_run(steps: u64) -> RunConfig {
 }
 
 fn opts(data: &Path, out: &Path) -> TrainOptions {
-    TrainOptions::new(data, out, fox_kernels::cuda::DeviceArg::Cpu)
+    TrainOptions::new(data, out, foxlm::backend::DeviceArg::Cpu)
 }
 
 fn err_of<T>(r: anyhow::Result<T>) -> String {

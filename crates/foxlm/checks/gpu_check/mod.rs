@@ -492,7 +492,7 @@ pub fn check_run(steps: u64) -> foxlm::train::RunConfig {
 }
 
 pub fn run_training_checks(sample: &Path, work: &Path, steps: u64) -> Result<Vec<CheckRow>> {
-    use fox_kernels::cuda::DeviceArg;
+    use foxlm::backend::DeviceArg;
     use foxlm::backend::Dtype;
     use foxlm::train::{train, TrainOptions};
     let mut rows = Vec::new();

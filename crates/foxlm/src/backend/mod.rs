@@ -14,6 +14,8 @@
 //! CPU op of the same name in `fox_kernels`, whose comments define it; parameter gradients are
 //! accumulated (`+=`).
 
+mod device;
+pub use device::{select_device, DeviceArg};
 mod dtype;
 pub use dtype::Dtype;
 mod shards;

@@ -1,7 +1,7 @@
 //! The flags of `foxlm bench` (attention, gla, train, decode, serve); the benchmarks themselves are beside the
 //! library, in crates/foxlm/checks/bench.rs.
 
-use fox_kernels::cuda::DeviceArg;
+use crate::backend::DeviceArg;
 
 use std::path::PathBuf;
 

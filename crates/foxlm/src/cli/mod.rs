@@ -14,9 +14,9 @@ pub mod tokenizer;
 pub mod train;
 pub mod viz;
 
-use crate::backend::Dtype;
+use crate::backend::{select_device, DeviceArg, Dtype};
 use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, Device, DeviceArg};
+use fox_kernels::cuda::Device;
 
 /// The whole `foxlm` command line (main.rs runs it; tests parse the documentation's commands with it).
 #[derive(clap::Parser)]
@@ -78,7 +78,7 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// The device to run on; bf16 on the CPU is refused.
     pub fn select(&self) -> Result<Device> {
-        let d = cuda::select(self.device)?;
+        let d = select_device(self.device)?;
         if !d.is_cuda() {
             Dtype::refuse_bf16_on_cpu(self.dtype, "runs")?;
         }

@@ -10,11 +10,12 @@ pub mod http;
 pub mod metrics;
 pub mod scheduler;
 
+use crate::backend::DeviceArg;
 use crate::checkpoint::load_model;
 use crate::tokenizer::text_format_for;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
-use fox_kernels::cuda::{Device, DeviceArg};
+use fox_kernels::cuda::Device;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;

@@ -43,7 +43,7 @@ pub struct TrainOptions {
     /// Print validation results and other messages to stderr.
     pub verbose: bool,
     /// Where the steps run (`--device`): cpu, cuda[:N], or auto (the GPU when there is one).
-    pub device: fox_kernels::cuda::DeviceArg,
+    pub device: crate::backend::DeviceArg,
     /// Activation precision on the GPU (`--dtype`; None: bf16 on a GPU, f32 on the CPU).
     pub dtype: Option<Dtype>,
     /// Keep only each block's input and recompute the block in the backward (`--recompute`, GPU).
@@ -60,7 +60,7 @@ pub struct TrainOptions {
 
 impl TrainOptions {
     /// A fresh, quiet run of `data` into `out` on `device`, every other option off.
-    pub fn new(data: impl Into<PathBuf>, out: impl Into<PathBuf>, device: fox_kernels::cuda::DeviceArg) -> Self {
+    pub fn new(data: impl Into<PathBuf>, out: impl Into<PathBuf>, device: crate::backend::DeviceArg) -> Self {
         Self {
             data: data.into(),
             out: out.into(),
@@ -131,9 +131,9 @@ fn make_engine(
     if let Some(d) = &opts.dist {
         return make_rank_engine(model, opt, opts, micro, context, d);
     }
-    let mut device = fox_kernels::cuda::select(opts.device)?;
+    let mut device = crate::backend::select_device(opts.device)?;
     if let (true, Some(why)) = (device.is_cuda(), crate::backend::cuda::unsupported(model, true)) {
-        if opts.device != fox_kernels::cuda::DeviceArg::Auto {
+        if opts.device != crate::backend::DeviceArg::Auto {
             bail!("--device {}: {why}", opts.device);
         }
         eprintln!("note: training on the CPU: {why}");
@@ -170,7 +170,7 @@ fn make_rank_engine(
 ) -> Result<Box<dyn Engine>> {
     let w = &d.world;
     let ordinal = w.gpu(fox_kernels::cuda::probe().context("training on several GPUs")?)?;
-    if let fox_kernels::cuda::DeviceArg::Cuda(c) = opts.device {
+    if let crate::backend::DeviceArg::Cuda(c) = opts.device {
         if c != ordinal {
             bail!(
                 "--device cuda:{c} with LOCAL_RANK {}: each rank uses its LOCAL_RANK's GPU; drop --device",

@@ -15,7 +15,7 @@
 //! accumulated (`+=`).
 
 mod device;
-pub use device::{select_device, DeviceArg};
+pub use device::{select_device, select_device_for, select_device_with_dtype, DeviceArg};
 mod dtype;
 pub use dtype::Dtype;
 mod shards;

@@ -11,16 +11,16 @@
 //!   state gradients as bf16 operands: ~3e-3 seen.
 //! - dA: each head's dA is one sum over B·T positions of terms dt·decay·∂ℓ/∂decay of both signs
 //!   that cancel to a result far smaller than their magnitude, so an error relative to |dA|
-//!   measures the cancellation, not the kernel: the old row (relative L2 against the CPU over
-//!   the H values) went from 1e-5 to 2.4e-1 over seeds. The error is measured instead per head
-//!   against the L2 norm of those terms in the f64 recurrence. It is still wide (H200,
-//!   2026-11-27, 712 rows of 72 seeds: median 1.4e-2, the worst 1.2e-1), because the chunked
-//!   form reaches each position's ∂ℓ/∂cum as a reverse prefix sum of pair contributions that
-//!   cancel too, and the states S_0 and dS enter <dS, S_0> and C S_0 as bf16 (as in fla). What
-//!   the row must catch is the reduction: a missing (b, chunk) share or a share added to the
-//!   wrong head is an error the size of that share: for 64 of ~600 terms of random signs about
-//!   √(64/600) ≈ 0.33 of the terms' L2, a whole head's dA O(1). TOL_DA = 0.25. Each position's ∂ℓ/∂cum itself is checked through
-//!   ddt (ddt = dt's input term + A·decay·∂ℓ/∂decay, within TOL_BWD).
+//!   measures the cancellation, not the kernel (relative L2 against the CPU over the H values spans
+//!   four orders of magnitude over seeds: docs/kernel-notes.md). The error is measured instead per
+//!   head against the L2 norm of those terms in the f64 recurrence. It is still wide
+//!   (docs/kernel-notes.md), because the chunked form reaches each position's ∂ℓ/∂cum as a reverse
+//!   prefix sum of pair contributions that cancel too, and the states S_0 and dS enter <dS, S_0>
+//!   and C S_0 as bf16 (as in fla). What the row must catch is the reduction: a missing (b, chunk)
+//!   share or a share added to the wrong head is an error the size of that share: for 64 of ~600
+//!   terms of random signs about √(64/600) ≈ 0.33 of the terms' L2, a whole head's dA O(1).
+//!   TOL_DA = 0.25. Each position's ∂ℓ/∂cum itself is checked through ddt (ddt = dt's input term +
+//!   A·decay·∂ℓ/∂decay, within TOL_BWD).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
 use crate::check::{CheckRow, Ctx};

@@ -36,9 +36,8 @@ const VB: usize = 128;
 const GRAD_COLS: usize = 512;
 /// Words per task: 25 tasks for GPT-2's vocabulary.
 const RANGE: usize = 2048;
-/// The narrowest model whose logits blocks run on the tiles. Measured on a 2-core Zen 4, pass 1
-/// and 2 together: fox-pro-125m (d = 768) 328-332 -> 302-324 ms a step on the tiles, tiny
-/// (d = 64, 1024 rows) 118-123 -> 126-128 ms, so narrow models keep the crate's product.
+/// The narrowest model whose logits blocks run on the tiles: narrower models keep the crate's
+/// product, which is faster for them (docs/kernel-notes.md).
 const TILE_DEPTH: usize = 256;
 /// At most this many logits are kept at once (256 MiB): longer batches go in chunks of rows.
 const MAX_LOGITS: usize = 1 << 26;

@@ -143,8 +143,8 @@ pub fn gemm_strided(
     // B stored transposed (b_rs = 1, a Linear's wᵀ): the crate packs B (its rows are not the
     // layout the micro-kernel reads), and with tasks of rows each would pack all of B. So columns
     // of dst, one task per thread, each packing only its own part of B, whatever the size (in
-    // whole 64-column panels, the micro-kernel's height over B's columns). At 125M, 256 rows,
-    // 2 threads: 147 → 173-185 GFLOP/s (1792 → 768), 146-154 → 143-181 (768 → 768).
+    // whole 64-column panels, the micro-kernel's height over B's columns); measured faster at
+    // 125M (docs/kernel-notes.md).
     if b_rs == 1
         && threads >= 2
         && n >= 128 * threads

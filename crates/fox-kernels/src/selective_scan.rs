@@ -969,9 +969,9 @@ mod tests {
 
     /// Forward and backward against the f64 oracle. The f32 path differs by rounding: the state is
     /// a sum of decayed terms (each decay ≤ 1, so errors do not grow along T) and exp comes from
-    /// `fast_exp` (2e-7 relative). Measured (2026-11-26): outputs and states within 1.7e-7 of
-    /// their tensor's largest value, gradients within 3.8e-7 (dA, a sum over T·B terms, the
-    /// worst); the bounds, 1e-6 and 2e-6, leave a factor of 5 for other inputs.
+    /// `fast_exp` (2e-7 relative). The bounds, 1e-6 of their tensor's largest value for outputs and
+    /// states and 2e-6 for gradients (dA, a sum over T·B terms, errs most), leave a factor of 5
+    /// over the errors measured on these cases (docs/kernel-notes.md) for other inputs.
     #[test]
     fn fast_path_matches_the_oracle() {
         for (ci, c) in cases().iter().enumerate() {
@@ -1023,8 +1023,8 @@ mod tests {
     /// Both backwards against central differences of the f64 oracle, for every input element
     /// (left padding in row 1, an initial state, the gate). The step is the f32 difference
     /// actually taken (x ± 1e-3, rounded), so the quotient carries only the O(h²) truncation and
-    /// f64 round-off: measured (2026-11-26) at most 1.5e-6·(1 + |fd|), both backwards (ddelta,
-    /// whose third derivative brings |A|³ down from the decay, the worst). Bound: 1e-5·(1 + |fd|).
+    /// f64 round-off (ddelta, whose third derivative brings |A|³ down from the decay, errs most).
+    /// Bound: 1e-5·(1 + |fd|), several times the largest error measured (docs/kernel-notes.md).
     #[test]
     fn backward_matches_finite_differences() {
         let c = case(7, (2, 9, 3, 4), true, Some(vec![0, 2]), true);

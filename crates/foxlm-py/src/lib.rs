@@ -575,12 +575,12 @@ impl PyModel {
     #[new]
     #[pyo3(signature = (path, device = "cpu", dtype = None, max_batch = 8, chunk = 2048))]
     fn new(path: &str, device: &str, dtype: Option<&str>, max_batch: usize, chunk: usize) -> PyResult<Self> {
-        let arg: fox_kernels::cuda::DeviceArg =
+        let arg: foxlm::backend::DeviceArg =
             device.parse().map_err(|e: anyhow::Error| value_err(e.context("device")))?;
         let dtype = match dtype {
             None => None,
-            Some("bf16") => Some(foxlm::engine::Dtype::Bf16),
-            Some("f32") => Some(foxlm::engine::Dtype::F32),
+            Some("bf16") => Some(foxlm::backend::Dtype::Bf16),
+            Some("f32") => Some(foxlm::backend::Dtype::F32),
             Some(o) => return Err(PyValueError::new_err(format!("dtype must be \"bf16\" or \"f32\", got {o:?}"))),
         };
         if max_batch == 0 || chunk == 0 {
@@ -590,7 +590,7 @@ impl PyModel {
             .with_context(|| format!("loading the model folder {path}"))
             .map_err(value_err)?;
         let model = Box::new(model);
-        let dev = fox_kernels::cuda::select(arg).map_err(runtime_err)?;
+        let dev = foxlm::backend::select_device(arg).map_err(runtime_err)?;
         // SAFETY: the engine borrows the boxed model, which never moves (it stays in its box)
         // and outlives the engine (the struct drops `engine` before `model`).
         let mref: &'static Model = unsafe { &*(model.as_ref() as *const Model) };

@@ -5,7 +5,8 @@ use super::cpu_bench::median as median_of;
 use anyhow::{bail, Context, Result};
 use fox_checks::bench::BenchOpts;
 use fox_kernels::attention::{self as fa, View, Visibility};
-use fox_kernels::cuda::{self, DeviceArg};
+use fox_kernels::cuda;
+use foxlm::backend::{select_device, DeviceArg};
 use foxlm::cli::bench::*;
 use rand::{Rng, SeedableRng};
 
@@ -24,7 +25,7 @@ pub fn run(a: Args) -> Result<()> {
 /// FOXLM_GLA_KB) and 2 (tensor cores) on bf16, version 1 on bf16 and f32.
 fn gla(a: GlaArgs) -> Result<()> {
     use fox_checks::gla_check::bench;
-    let gpu = match cuda::select(a.device)? {
+    let gpu = match select_device(a.device)? {
         cuda::Device::Cuda(g) => g,
         cuda::Device::Cpu => bail!("bench gla times GPU kernels: no GPU is usable here (see `fox-attn info`)"),
     };
@@ -51,7 +52,7 @@ fn gla(a: GlaArgs) -> Result<()> {
 }
 
 fn attention(a: AttentionArgs) -> Result<()> {
-    let dev = cuda::select(a.device)?;
+    let dev = select_device(a.device)?;
     eprintln!("device: {}", dev.describe());
     if let cuda::Device::Cuda(_) = dev {
         let ordinal = match a.device {
@@ -281,7 +282,7 @@ fn train_bench(a: TrainArgs) -> Result<()> {
     } else if a.device == DeviceArg::Cpu {
         return cpu_train_bench(&a);
     } else {
-        let gpu = match cuda::select(a.device)? {
+        let gpu = match select_device(a.device)? {
             cuda::Device::Cuda(g) => g,
             cuda::Device::Cpu => bail!(
                 "bench train: no GPU is usable here (see `fox-attn info`); `--device cpu` measures the CPU step \
@@ -332,7 +333,8 @@ fn bench_rows(
     mut nccl: Option<cuda::nccl::Nccl>,
     talk: bool,
 ) -> Result<Vec<TrainRow>> {
-    use foxlm::engine::{memory_plan, Dtype};
+    use foxlm::backend::Dtype;
+    use foxlm::engine::memory_plan;
     let preset = foxlm::presets::preset(&a.preset)?;
     let acps: Vec<bool> = match a.acp.as_str() {
         // ACP prunes Forgetting Attention: the recurrent families have none to prune.
@@ -673,7 +675,7 @@ fn copy_bandwidth(gpu: &cuda::Gpu) -> Result<f64> {
 fn decode_bench(a: DecodeArgs) -> Result<()> {
     use foxlm::generate::GenerateOptions;
     use foxlm::infer::{GpuInfer, Plan};
-    let gpu = match cuda::select(a.device)? {
+    let gpu = match select_device(a.device)? {
         cuda::Device::Cuda(g) => g,
         cuda::Device::Cpu => bail!("bench decode measures GPU generation: no GPU is usable here (see `fox-attn info`)"),
     };
@@ -927,7 +929,7 @@ mod tests {
         let c = parse(&child_args(&a, std::path::Path::new("/tmp/r.json")));
         assert_eq!((c.gpus, c.json, c.report), (vec![], None, Some(PathBuf::from("/tmp/r.json"))));
         assert_eq!((c.preset.as_str(), c.batch, c.context, c.acp.as_str()), ("fox-pro-760m", 1, 8192, "off"));
-        assert_eq!((c.steps, c.warmup, c.recompute, c.dtype), (5, 2, true, foxlm::engine::Dtype::F32));
+        assert_eq!((c.steps, c.warmup, c.recompute, c.dtype), (5, 2, true, foxlm::backend::Dtype::F32));
     }
 
     /// The optimizer column: ZeRO-1 over 2 ranks keeps half of the moments and of the matrices'

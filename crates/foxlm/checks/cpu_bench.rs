@@ -3,10 +3,10 @@
 //! AdamW) on fixed token ids, the matmul GFLOP/s they reach, and beside every timed step the
 //! `gemm` crate's own rate on square products, the reference they are compared with.
 //!
-//! Why the peak is sampled beside each step: on a shared machine the square-product rate moved
-//! between 140 and 213 GFLOP/s in runs seconds apart (2-core VM, 2026-11-24) while the steps moved
-//! far less, so a peak taken once decided the share. The share reported is the median over the
-//! steps of (the step's GFLOP/s / the peak sampled right before it).
+//! Why the peak is sampled beside each step: on a shared machine the square-product rate moves
+//! far more between runs seconds apart than the steps do (docs/kernel-notes.md), so a peak taken
+//! once would decide the share. The share reported is the median over the steps of (the step's
+//! GFLOP/s / the peak sampled right before it).
 
 use anyhow::{Context, Result};
 use fox_kernels::matmul::{peak_now, GemmReference};

@@ -417,26 +417,9 @@ pub fn save_model(model: &Model, config: &Config, dir: &Path) -> Result<()> {
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| anyhow!("serialising weights: {e}"))?;
-    write_atomic(&dir.join(WEIGHTS_FILE), &bytes)?;
-    write_atomic(&dir.join(CONFIG_FILE), config.to_json().as_bytes())?;
+    crate::fsutil::write_atomic(&dir.join(WEIGHTS_FILE), &bytes)?;
+    crate::fsutil::write_atomic(&dir.join(CONFIG_FILE), config.to_json().as_bytes())?;
     crate::tokenizer_export::write_tokenizer_files(dir, config, None)?;
-    Ok(())
-}
-
-/// Writes a file through `<name>.tmp` + fsync + rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension(format!("{}.tmp", path.extension().and_then(|e| e.to_str()).unwrap_or("")));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(anyhow!("cannot write {}: {e}", path.display()));
-    }
     Ok(())
 }
 

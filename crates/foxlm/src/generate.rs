@@ -1,10 +1,10 @@
-//! Generation through the serving engine's scheduler: the prompts are submitted in-process as one
+//! Generation through the serving scheduler: the prompts are submitted in-process as one
 //! job to the batcher `serve` runs (the CPU's or the GPU's), which prefills them (left-padded
 //! groups, in chunks) and decodes one token per step for every running sequence.
 
 use crate::model::Model;
 use crate::sampling::Sampling;
-use crate::serve::engine::{drive, Batcher, CpuBatcher, EngineOptions, EngineStats, Event, SeqRequest};
+use crate::serve::scheduler::{drive, Batcher, CpuBatcher, Event, SchedulerOptions, SchedulerStats, SeqRequest};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -34,7 +34,7 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<u32>, usize, Option<Vec<usize>>) {
 
 /// `run_prompts`'s prefill chunk when every prompt starts together, as `foxlm generate`'s do: no
 /// stream runs yet that a long prefill would stall, so each group is prefilled whole (one
-/// left-padded batch, as before the engine ran `generate`).
+/// left-padded batch, as before the scheduler ran `generate`).
 pub const WHOLE: usize = usize::MAX;
 
 /// Runs `prompts` as one job on `batcher` with every prompt in the batch (prefill chunks of
@@ -48,8 +48,8 @@ pub fn run_prompts(
     on_token: &mut dyn FnMut(usize, u32),
     progress: &mut dyn FnMut(usize),
 ) -> anyhow::Result<Vec<Vec<u32>>> {
-    let eopts = EngineOptions::in_process(prompts.len(), prefill_chunk);
-    let stats = EngineStats::default();
+    let eopts = SchedulerOptions::in_process(prompts.len(), prefill_chunk);
+    let stats = SchedulerStats::default();
     let seqs = prompts
         .iter()
         .enumerate()

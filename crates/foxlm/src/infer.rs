@@ -3,7 +3,7 @@
 //! `eval loss`, `eval niah` and `viz gates` take `--device` and `--dtype` and give the same
 //! outputs on either.
 //!
-//! The CPU engine is the f32 reference (the functions these commands always used). The GPU engine
+//! The CPU backend is the f32 reference (the functions these commands always used). The GPU backend
 //! runs the same model code on the CUDA backend: prompts are prefilled in chunks through a decode
 //! cache on the device (keys, values, running gate sums and KV-shift states), and each new token
 //! costs one forward of one position per row plus the output head of the last positions; the next
@@ -18,17 +18,17 @@ use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
-use crate::serve::engine::CpuBatcher;
+use crate::serve::scheduler::CpuBatcher;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
 use fox_kernels::cuda::{self, Elem, Gpu};
 use std::sync::Arc;
 
-/// The largest batch × chunk the GPU engine plans by default (rows of one forward).
+/// The largest batch × chunk the GPU inference backend plans by default (rows of one forward).
 pub const DEFAULT_GPU_ROWS: usize = 16384;
 
-/// What a command will ask of an engine, so the GPU engine can plan its buffers once.
+/// What a command will ask of an inference backend, so the GPU one can plan its buffers once.
 #[derive(Clone, Copy, Debug)]
 pub struct Plan {
     /// Most sequences at once.
@@ -102,7 +102,7 @@ pub trait Infer {
         chunk: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f64>>>;
-    /// Continuations of `prompts`, all in one batch of the serving engine's scheduler
+    /// Continuations of `prompts`, all in one batch of the serving scheduler
     /// ([`crate::generate::run_prompts`] over the device's batcher), prefilled in chunks of
     /// `chunk` positions (at most what the device planned; `progress(n)` after each);
     /// `on_token(row, id)` sees each token as it is chosen.
@@ -114,7 +114,7 @@ pub trait Infer {
         on_token: &mut dyn FnMut(usize, u32),
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<u32>>>;
-    /// Continuations of `prompts`, all in one batch of the serving engine's scheduler (as
+    /// Continuations of `prompts`, all in one batch of the serving scheduler (as
     /// [`crate::generate::generate`]), every prompt prefilled at once (the GPU: in its planned
     /// chunks); `on_token(row, id)` sees each token as it is chosen.
     fn generate(
@@ -125,7 +125,7 @@ pub trait Infer {
     ) -> Result<Vec<Vec<u32>>> {
         self.run_prompts(prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
     }
-    /// Greedy continuation of one prompt through the serving engine's scheduler, prefilled in
+    /// Greedy continuation of one prompt through the serving scheduler, prefilled in
     /// chunks of `chunk` positions (`progress(n)` after each).
     fn greedy(
         &mut self,
@@ -164,7 +164,7 @@ pub fn open<'m>(
     }
 }
 
-/// The CPU reference engine.
+/// The CPU inference backend (the f32 reference).
 pub struct CpuInfer<'m> {
     pub model: &'m Model,
 }
@@ -203,7 +203,8 @@ impl Infer for CpuInfer<'_> {
     }
 }
 
-/// The GPU engine: the model on the CUDA backend in `T` (bf16, or f32 to check against the CPU).
+/// The GPU inference backend: the model on the CUDA backend in `T` (bf16, or f32 to check
+/// against the CPU).
 pub struct GpuInfer<'m, T: Elem> {
     model: &'m Model,
     pub be: Cuda<T>,
@@ -404,12 +405,12 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.forward(ids, b, t, start, None, None, false)
     }
 
-    /// The model this engine runs.
+    /// The model this inference backend runs.
     pub fn model(&self) -> &'m Model {
         self.model
     }
 
-    /// The plan the engine was built for.
+    /// The plan this inference backend was built for.
     pub fn plan(&self) -> Plan {
         self.plan
     }
@@ -747,9 +748,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(TimedScore { forward_s, head_s, families })
     }
 
-    /// `prompts` as one job on the serving engine's GPU batcher ([`crate::serve::gpu::GpuBatcher`]),
-    /// with a slot per prompt holding its prompt and new tokens.
-    fn through_engine(
+    /// `prompts` as one job on the serving scheduler's GPU batcher
+    /// ([`crate::serve::gpu::GpuBatcher`]), with a slot per prompt holding its prompt and new tokens.
+    fn through_scheduler(
         &mut self,
         prompts: &[Vec<u32>],
         opts: &GenerateOptions,
@@ -764,7 +765,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.check_batch(b)?;
         let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(1).max(1);
         let cap = longest.saturating_add(opts.max_new_tokens).saturating_add(1);
-        let stats = crate::serve::engine::EngineStats::default();
+        let stats = crate::serve::scheduler::SchedulerStats::default();
         let mut batcher = crate::serve::gpu::GpuBatcher::with_cap(self, b, cap, &stats)?;
         run_prompts(&mut batcher, prompts, opts, chunk, on_token, progress)
     }
@@ -867,7 +868,7 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         // The prefill goes in chunks of `chunk`, at most the planned one (`generate`'s WHOLE: the
         // planned chunks, as the prefill of the reference loop).
         let chunk = chunk.clamp(1, self.plan.chunk);
-        self.through_engine(prompts, opts, chunk, on_token, progress)
+        self.through_scheduler(prompts, opts, chunk, on_token, progress)
     }
 
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {

@@ -376,7 +376,7 @@ fn the_cli_imports_and_a_model_trains_on_the_result() {
     t.eval_every = 0;
     t.eval_tokens = 1024;
     t.checkpoint_every = 0;
-    let opts = TrainOptions::new(&out, tmp.path().join("run"), fox_kernels::cuda::DeviceArg::Cpu);
+    let opts = TrainOptions::new(&out, tmp.path().join("run"), foxlm::backend::DeviceArg::Cpu);
     let r = train(Some(RunConfig { model, train: t }), &opts).unwrap();
     assert_eq!(r.outcome, Outcome::Finished);
     let (before, after) = (r.first_val_loss.unwrap(), r.last_val_loss.unwrap());

@@ -204,7 +204,7 @@ fn matches_fla() {
 
 /// The GPU backend runs DeltaNet and Gated DeltaNet layers whose key heads its kernels take (K ≤
 /// 128, as every preset), and refuses wider ones by family: `--device auto` then runs on the CPU
-/// with this note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
+/// with this note and `--device cuda` refuses with it (backend::select_device_for).
 #[test]
 fn the_gpu_backend_takes_the_presets_and_names_the_family_it_cannot_run() {
     for (cfg, family) in [(deltanet_tiny(), "DeltaNet"), (gated_tiny(), "Gated DeltaNet")] {

@@ -14,7 +14,7 @@ use foxlm::generate::{generate, run_prompts, GenerateOptions};
 use foxlm::model::{Ctx, Model};
 use foxlm::presets::{deltanet_config, hgrn2_config, mamba2_config, samba_config, Variant};
 use foxlm::sampling::{sample, Sampling};
-use foxlm::serve::engine::{Batcher, CpuBatcher, EngineOptions, EngineStats, Event, Running, SeqRequest};
+use foxlm::serve::scheduler::{Batcher, CpuBatcher, Event, Running, SchedulerOptions, SchedulerStats, SeqRequest};
 use rand::SeedableRng;
 use std::collections::VecDeque;
 use std::path::Path;
@@ -229,8 +229,8 @@ fn running_stream_decodes_between_prefill_chunks() {
     for (name, model) in families().into_iter().filter(|(n, _)| ["fox", "mamba2", "hgrn2"].contains(n)) {
         let v = model.config.vocab_size;
         let (short, long) = (random_ids(v, 4, 21), random_ids(v, 60, 22));
-        let opts = EngineOptions::in_process(4, 8);
-        let stats = EngineStats::default();
+        let opts = SchedulerOptions::in_process(4, 8);
+        let stats = SchedulerStats::default();
         let mut b = CpuBatcher::new(&model);
         let mut running: Vec<Running> = Vec::new();
         let mut waiting: VecDeque<SeqRequest> = VecDeque::new();
@@ -275,7 +275,7 @@ fn server_with_small_prefill_chunks_answers_as_generate() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny/fox_pro");
     let model = load_model(&dir).unwrap();
     let mut o = foxlm::serve::ServeOptions::new(dir);
-    (o.port, o.device, o.prefill_chunk) = (0, fox_kernels::cuda::DeviceArg::Cpu, 3);
+    (o.port, o.device, o.prefill_chunk) = (0, foxlm::backend::DeviceArg::Cpu, 3);
     let server = foxlm::serve::start(&o).unwrap();
     let ps = vec![random_ids(512, 25, 31), random_ids(512, 2, 32), random_ids(512, 11, 33)];
     let body = serde_json::json!({"prompt": ps, "max_tokens": 6, "temperature": 0, "ignore_eos": true, "return_token_ids": true});

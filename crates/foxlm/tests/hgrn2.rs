@@ -270,7 +270,7 @@ fn matches_fla() {
 /// The GPU backend runs HGRN2 (the presets' heads of 128, the small models' of 8 and 32, short
 /// convolutions of up to 8 taps) and refuses, by family, only sizes its kernels do not take
 /// (heads wider than the decode step's 256 channels): `--device auto` then runs on the CPU with
-/// the note and `--device cuda` refuses with it (cli::DeviceArgs::select_for).
+/// the note and `--device cuda` refuses with it (backend::select_device_for).
 #[test]
 fn the_gpu_backend_takes_hgrn2_and_names_what_it_cannot_run() {
     for name in foxlm::presets::HGRN2 {

@@ -73,7 +73,7 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
 fn opts(data: &Path, out: &Path, init: Option<&Path>) -> TrainOptions {
     TrainOptions {
         init_from: init.map(Path::to_path_buf),
-        ..TrainOptions::new(data, out, fox_kernels::cuda::DeviceArg::Cpu)
+        ..TrainOptions::new(data, out, foxlm::backend::DeviceArg::Cpu)
     }
 }
 

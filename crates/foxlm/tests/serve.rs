@@ -45,7 +45,7 @@ fn server(dir: &Path, f: impl FnOnce(&mut ServeOptions)) -> RunningServer {
     o.port = 0;
     // The CPU engine (bit-exact against the CPU references) even on a machine with a GPU, whose
     // serving `foxlm gpu-check --only serve` checks.
-    o.device = fox_kernels::cuda::DeviceArg::Cpu;
+    o.device = foxlm::backend::DeviceArg::Cpu;
     f(&mut o);
     start(&o).expect("server starts")
 }
@@ -761,7 +761,7 @@ fn tokenizer_json_reproduces_foxlm_tokenization() {
 
 #[test]
 fn fast_argmax_equals_sampling_argmax() {
-    use foxlm::serve::engine::argmax;
+    use foxlm::serve::scheduler::argmax;
     let mut x: Vec<f32> = (0..50257).map(|i| ((i as f32) * 0.731).sin()).collect();
     assert_eq!(argmax(&x), foxlm::sampling::argmax(&x));
     x[12345] = 5.0;

@@ -149,7 +149,7 @@ fn event_files_hold_the_metrics_of_metrics_jsonl() {
     let (out, tb) = (tmp.path().join("run"), tmp.path().join("tb"));
     let opts = TrainOptions {
         tensorboard: Some(tb.clone()),
-        ..TrainOptions::new(&data, &out, fox_kernels::cuda::DeviceArg::Cpu)
+        ..TrainOptions::new(&data, &out, foxlm::backend::DeviceArg::Cpu)
     };
     let t0 = foxlm::tensorboard::now();
     train(Some(run), &opts).unwrap();

@@ -45,7 +45,7 @@ fn small_run(steps: u64) -> RunConfig {
 }
 
 fn opts(data: &Path, out: &Path) -> TrainOptions {
-    TrainOptions::new(data, out, fox_kernels::cuda::DeviceArg::Cpu)
+    TrainOptions::new(data, out, foxlm::backend::DeviceArg::Cpu)
 }
 
 fn err_of<T>(r: anyhow::Result<T>) -> String {
@@ -206,7 +206,7 @@ fn error_paths_are_clear_and_keep_the_last_good_checkpoint() {
     assert!(e.contains("--out") && e.contains("file/out"), "{e}");
 
     // GPU-only options on the CPU are errors that say so.
-    let cpu_bf16 = TrainOptions { dtype: Some(foxlm::engine::Dtype::Bf16), ..opts(&data, &tmp.path().join("o3")) };
+    let cpu_bf16 = TrainOptions { dtype: Some(foxlm::backend::Dtype::Bf16), ..opts(&data, &tmp.path().join("o3")) };
     let e = err_of(train(Some(run.clone()), &cpu_bf16));
     assert!(e.contains("--dtype bf16") && e.contains("GPU"), "{e}");
     let e = err_of(train(Some(run.clone()), &TrainOptions { recompute: true, ..opts(&data, &tmp.path().join("o4")) }));

@@ -84,7 +84,11 @@ fn main() -> Result<()> {
                 Ok(n) => println!("{n} CUDA device(s)"),
                 Err(e) => println!("no usable GPU: {e:#}"),
             }
-            let d = cuda::select(cuda::DeviceArg::Auto)?;
+            // `--device auto`: the first GPU if it is usable, else the CPU.
+            let d = match cuda::Gpu::new(0) {
+                Ok(g) => cuda::Device::Cuda(g),
+                Err(_) => cuda::Device::Cpu,
+            };
             println!("--device auto -> {}", d.describe());
             Ok(())
         }

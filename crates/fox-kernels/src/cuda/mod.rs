@@ -2,8 +2,8 @@
 //! Forgetting Attention kernels.
 //!
 //! Everything CUDA is loaded at run time (`cudarc` with `dynamic-loading`): the binary builds and
-//! runs on machines without CUDA, and [`select`] says clearly why a GPU cannot be used when one is
-//! asked for. Kernels are CUDA C++ sources in `kernels/`, compiled by NVRTC for the device's
+//! runs on machines without CUDA, and [`probe`] and [`Gpu::new`] say clearly why a GPU cannot be
+//! used when one is asked for. Kernels are CUDA C++ sources in `kernels/`, compiled by NVRTC for the device's
 //! architecture (sm_90a on H100/H200) on first use and cached on disk ([`compile`]).
 
 /// The CUDA bindings the backend types are made of (re-exported so users need not match versions).
@@ -22,51 +22,10 @@ pub mod selective_scan;
 pub mod ssd;
 pub mod ssd_tc;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-
-/// What the user asked for with `--device`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum DeviceArg {
-    Cpu,
-    /// A CUDA GPU by ordinal (`cuda` is `cuda:0`).
-    Cuda(usize),
-    /// The first CUDA GPU if one is usable, else the CPU.
-    #[default]
-    Auto,
-}
-
-impl FromStr for DeviceArg {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cpu" => Ok(Self::Cpu),
-            "auto" => Ok(Self::Auto),
-            "cuda" | "gpu" => Ok(Self::Cuda(0)),
-            other => {
-                if let Some(n) = other.strip_prefix("cuda:") {
-                    Ok(Self::Cuda(n.parse().with_context(|| format!("bad GPU ordinal in `{s}`"))?))
-                } else {
-                    bail!("unknown device `{s}`: expected cpu, cuda, cuda:N or auto")
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Display for DeviceArg {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Cpu => write!(f, "cpu"),
-            Self::Cuda(n) => write!(f, "cuda:{n}"),
-            Self::Auto => write!(f, "auto"),
-        }
-    }
-}
 
 /// The device a run uses.
 #[derive(Clone)]
@@ -84,21 +43,6 @@ impl Device {
             Device::Cpu => format!("cpu ({} threads)", rayon::current_num_threads()),
             Device::Cuda(g) => g.describe(),
         }
-    }
-}
-
-/// Resolve `--device`: `cpu` never touches CUDA; `cuda` fails with the reason when no usable GPU
-/// is there; `auto` falls back to the CPU (the reason is in [`probe`]).
-pub fn select(arg: DeviceArg) -> Result<Device> {
-    match arg {
-        DeviceArg::Cpu => Ok(Device::Cpu),
-        DeviceArg::Cuda(n) => Ok(Device::Cuda(
-            Gpu::new(n).with_context(|| format!("--device cuda:{n} was asked for but cannot be used"))?,
-        )),
-        DeviceArg::Auto => match Gpu::new(0) {
-            Ok(g) => Ok(Device::Cuda(g)),
-            Err(_) => Ok(Device::Cpu),
-        },
     }
 }
 

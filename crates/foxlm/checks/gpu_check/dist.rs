@@ -9,7 +9,8 @@ use super::{first_difference, row, train_losses as losses, worst_gap};
 use anyhow::{anyhow, Context, Result};
 use fox_checks::check::CheckRow;
 use fox_kernels::cuda::nccl::{self, Nccl};
-use fox_kernels::cuda::{DeviceArg, Gpu};
+use fox_kernels::cuda::Gpu;
+use foxlm::backend::DeviceArg;
 use foxlm::train::{train, RunConfig, TrainOptions};
 use std::path::Path;
 use std::process::Command;
@@ -331,7 +332,7 @@ mod tests {
             }
         }
         assert_eq!(dist_run(&base, 2).unwrap().train.micro_batch, 4);
-        // The unchanged configuration is what two ranks refused on the H100 pair (2026-11-25).
+        // The unchanged configuration (one micro-batch of 8) does not split over two ranks.
         assert!(StepSlice::new(8, 1, 0, 2).is_err());
     }
 }

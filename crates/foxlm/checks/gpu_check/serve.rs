@@ -20,7 +20,8 @@
 use super::row;
 use anyhow::{anyhow, Context, Result};
 use fox_checks::check::CheckRow;
-use fox_kernels::cuda::{DeviceArg, Gpu};
+use fox_kernels::cuda::Gpu;
+use foxlm::backend::DeviceArg;
 use foxlm::checkpoint::{load_model, save_model};
 use foxlm::generate::GenerateOptions;
 use foxlm::infer::{GpuInfer, Plan};

@@ -14,8 +14,12 @@
 //! CPU op of the same name in `fox_kernels`, whose comments define it; parameter gradients are
 //! accumulated (`+=`).
 
+mod device;
+pub use device::{select_device, select_device_for, select_device_with_dtype, DeviceArg};
 mod dtype;
 pub use dtype::Dtype;
+mod shards;
+pub use shards::Shards;
 pub mod cpu;
 mod cpu_model;
 pub mod cuda;

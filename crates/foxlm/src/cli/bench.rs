@@ -1,7 +1,7 @@
 //! The flags of `foxlm bench` (attention, gla, train, decode, serve); the benchmarks themselves are beside the
 //! library, in crates/foxlm/checks/bench.rs.
 
-use fox_kernels::cuda::DeviceArg;
+use crate::backend::DeviceArg;
 
 use std::path::PathBuf;
 
@@ -48,7 +48,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
     #[arg(long, default_value = "bf16")]
-    pub dtype: crate::engine::Dtype,
+    pub dtype: crate::backend::Dtype,
     /// Adaptive computation pruning: off, on, or both (two rows).
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     pub acp: String,

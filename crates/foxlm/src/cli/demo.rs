@@ -41,7 +41,7 @@ pub struct Args {
     pub quiet: bool,
     /// Where to train: cpu, cuda, cuda:N, or auto (the GPU when there is one).
     #[arg(long, default_value = "auto")]
-    pub device: fox_kernels::cuda::DeviceArg,
+    pub device: crate::backend::DeviceArg,
 }
 
 fn clear_previous(out: &Path) -> Result<()> {
@@ -173,7 +173,8 @@ pub fn run(a: Args) -> Result<()> {
         run_dir.join(train::LOSS_PLOT_FILE).display()
     );
     let took = t0.elapsed().as_secs_f64();
-    use fox_kernels::cuda::{probe, DeviceArg};
+    use crate::backend::DeviceArg;
+    use fox_kernels::cuda::probe;
     if a.device == DeviceArg::Cpu || (a.device == DeviceArg::Auto && probe().is_err()) {
         // The CPU's own matmul rate beside the time, so that it can be compared across machines.
         let peak = fox_kernels::matmul::gemm_gflops(512, 10);

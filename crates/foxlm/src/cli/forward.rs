@@ -8,12 +8,14 @@
 //! float32 for every trainable parameter: the gradient of that loss, as the reference fixtures'
 //! `expected_grads.safetensors`.
 
-use crate::checkpoint::{load_model, write_atomic};
+use crate::backend::DeviceArg;
+use crate::checkpoint::load_model;
+use crate::fsutil::write_atomic;
 use crate::infer::{self, Plan, DEFAULT_GPU_ROWS};
 use crate::model::{Ctx, Model};
 use crate::tensor::ParamKind;
 use anyhow::{anyhow, bail, Context, Result};
-use fox_kernels::cuda::{Device, DeviceArg};
+use fox_kernels::cuda::Device;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

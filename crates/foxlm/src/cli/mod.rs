@@ -14,9 +14,9 @@ pub mod tokenizer;
 pub mod train;
 pub mod viz;
 
-use crate::backend::Dtype;
-use anyhow::{bail, Result};
-use fox_kernels::cuda::{self, Device, DeviceArg};
+use crate::backend::{select_device_for, select_device_with_dtype, DeviceArg, Dtype};
+use anyhow::Result;
+use fox_kernels::cuda::Device;
 
 /// The whole `foxlm` command line (main.rs runs it; tests parse the documentation's commands with it).
 #[derive(clap::Parser)]
@@ -76,30 +76,14 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// The device to run on; bf16 on the CPU is refused.
+    /// The device to run on; bf16 on the CPU is refused ([`select_device_with_dtype`]).
     pub fn select(&self) -> Result<Device> {
-        let d = cuda::select(self.device)?;
-        if !d.is_cuda() {
-            Dtype::refuse_bf16_on_cpu(self.dtype, "runs")?;
-        }
-        Ok(d)
+        select_device_with_dtype(self.device, self.dtype)
     }
 
-    /// The device to run `model` on: as [`DeviceArgs::select`], and where the GPU backend cannot
-    /// run one of the model's layer families yet, the CPU for `auto` (with a note) and an error
-    /// naming the family for `cuda`.
+    /// The device to run `model` on ([`select_device_for`]): the CPU, with a note, where the GPU
+    /// backend cannot run one of its layer families and `--device` is auto.
     pub fn select_for(&self, model: &crate::model::Model) -> Result<Device> {
-        let d = self.select()?;
-        match (d.is_cuda(), crate::backend::cuda::unsupported(model, false)) {
-            (true, Some(why)) if self.device == DeviceArg::Auto => {
-                eprintln!("note: running on the CPU: {why}");
-                if self.dtype == Some(Dtype::Bf16) {
-                    bail!("--dtype bf16 needs the GPU, which cannot run this model: {why}");
-                }
-                Ok(Device::Cpu)
-            }
-            (true, Some(why)) => bail!("--device {}: {why}", self.device),
-            _ => Ok(d),
-        }
+        select_device_for(model, self.device, self.dtype)
     }
 }

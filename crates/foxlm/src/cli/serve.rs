@@ -1,11 +1,11 @@
 //! `foxlm serve` (an OpenAI-compatible server) and `foxlm bench serve` (its load generator).
 
+use crate::backend::DeviceArg;
 use crate::serve::bench::{model_info, peak_rss_mib, run_load, LoadOptions, LoadReport};
-use crate::serve::engine::DEFAULT_PREFILL_CHUNK;
+use crate::serve::scheduler::DEFAULT_PREFILL_CHUNK;
 use crate::serve::{self, ServeOptions};
 use crate::tokenizer::TextFormat;
 use anyhow::{bail, Context, Result};
-use fox_kernels::cuda::DeviceArg;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -136,11 +136,11 @@ pub struct Args {
     pub list_presets: bool,
     /// Where to train: cpu, cuda, cuda:N, or auto (the GPU when there is one).
     #[arg(long, default_value = "auto")]
-    pub device: fox_kernels::cuda::DeviceArg,
+    pub device: crate::backend::DeviceArg,
     /// Activation precision on the GPU: bf16 (fp32 master weights and optimizer state) or f32
     /// (to check against the CPU). Default: bf16 on a GPU, f32 on the CPU.
     #[arg(long)]
-    pub dtype: Option<crate::engine::Dtype>,
+    pub dtype: Option<crate::backend::Dtype>,
     /// Keep only each block's input through the forward and recompute each block in the backward
     /// (GPU): activation memory of one block plus the inputs, for about a third more compute.
     #[arg(long)]
@@ -314,8 +314,8 @@ fn role(a: &Args) -> Result<Role> {
 }
 
 /// Checks what a multi-GPU run needs before starting any rank: GPUs, NCCL, a GPU device.
-pub fn check_gpus(device: fox_kernels::cuda::DeviceArg, n: usize) -> Result<()> {
-    if device == fox_kernels::cuda::DeviceArg::Cpu {
+pub fn check_gpus(device: crate::backend::DeviceArg, n: usize) -> Result<()> {
+    if device == crate::backend::DeviceArg::Cpu {
         bail!("--device cpu: training on several ranks runs on GPUs (NCCL); drop --device or --gpus");
     }
     let have = fox_kernels::cuda::probe().map_err(|e| anyhow::anyhow!("--gpus {n}: no GPU can be used here: {e:#}"))?;
@@ -347,7 +347,7 @@ pub fn run(a: Args) -> Result<()> {
 /// One rank of a multi-process run: the rendezvous, the watchdog, then training; a failure is
 /// reported to the other ranks (and to the launcher) before this process exits.
 fn run_rank(mut a: Args, w: crate::distributed::World) -> Result<()> {
-    if a.device == fox_kernels::cuda::DeviceArg::Cpu {
+    if a.device == crate::backend::DeviceArg::Cpu {
         bail!("--device cpu: a multi-process run (WORLD_SIZE {}) trains on GPUs through NCCL", w.size);
     }
     // Before any thread starts: NCCL reads its environment at the first communicator.

@@ -121,6 +121,5 @@ impl Manifest {
     }
 }
 pub(super) fn sha256_hex(bytes: &[u8]) -> String {
-    let d = Sha256::digest(bytes);
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::hex(&Sha256::digest(bytes))
 }

@@ -579,7 +579,7 @@ pub fn import(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<Ma
         val,
     };
     let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
-    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
+    crate::fsutil::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
     Ok(manifest)
 }
 

@@ -215,7 +215,7 @@ impl ShardWriter {
                     .into_inner()
                     .map_err(|e| anyhow!("cannot write {} (disk full?): {}", path.display(), e.error()))?;
                 f.sync_all().with_context(|| format!("cannot write {}", path.display()))?;
-                hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+                crate::hex::hex(&hash.finalize())
             }
             // Only empty documents: an empty tokens file.
             None => {
@@ -403,7 +403,7 @@ pub fn prepare(inputs: &[PathBuf], out: &Path, opts: &PrepareOptions) -> Result<
         );
     }
     let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
-    crate::checkpoint::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
+    crate::fsutil::write_atomic(&out.join(MANIFEST_FILE), json.as_bytes())?;
     Ok(manifest)
 }
 

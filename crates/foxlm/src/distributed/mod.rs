@@ -5,7 +5,8 @@
 //!   WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or the flags of the same names.
 //! - [`StepSlice`]: which windows of an optimizer step a rank reads, so that the ranks together
 //!   read the windows a single process would, in its order.
-//! - [`Shards`]: each tensor cut into `world` equal shards (padded); rank r updates shard r.
+//! - [`crate::backend::Shards`] (beside the ZeRO-1 step that uses it): each tensor cut into
+//!   `world` equal shards (padded); rank r updates shard r.
 //! - The ZeRO-1 step itself runs in the GPU engine through NCCL (`backend::cuda`,
 //!   `fox_kernels::cuda::nccl`); tests/distributed.rs checks the same algorithm on host buffers,
 //!   with ranks as threads.
@@ -18,7 +19,6 @@ pub mod rendezvous;
 
 use crate::data::{Batch, Loader};
 use anyhow::{bail, ensure, Context, Result};
-use std::ops::Range;
 
 /// This process's place among the ranks of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,38 +179,6 @@ impl StepSlice {
     }
 }
 
-/// Each tensor of `len` elements cut into `world` shards of `ceil(len / world)` (the last padded
-/// with zeros): rank r owns `[r·shard, (r+1)·shard)` of the padded tensor.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Shards {
-    pub rank: usize,
-    pub world: usize,
-    pub shard: Vec<usize>,
-}
-
-impl Shards {
-    pub fn new(lens: impl IntoIterator<Item = usize>, rank: usize, world: usize) -> Self {
-        Self { rank, world, shard: lens.into_iter().map(|n| n.div_ceil(world.max(1))).collect() }
-    }
-
-    /// Elements of tensor `i` with its padding.
-    pub fn padded(&self, i: usize) -> usize {
-        self.shard[i] * self.world
-    }
-
-    /// This rank's shard of tensor `i` in the padded tensor.
-    pub fn own(&self, i: usize) -> Range<usize> {
-        self.rank * self.shard[i]..(self.rank + 1) * self.shard[i]
-    }
-
-    /// The part of this rank's shard that lies within the first `n` elements (the tensor's
-    /// unpadded data), as a range of the tensor.
-    pub fn own_within(&self, i: usize, n: usize) -> Range<usize> {
-        let r = self.own(i);
-        r.start.min(n)..r.end.min(n)
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Progress, for the watchdog (see `control`).
 
@@ -298,17 +266,5 @@ mod tests {
         assert_eq!(w(3).gpu(1).unwrap(), 0);
         let e = w(3).gpu(2).unwrap_err().to_string();
         assert!(e.contains("LOCAL_RANK 3 but this machine shows 2 GPUs"), "{e}");
-    }
-
-    #[test]
-    fn shards_pad_and_partition() {
-        let s = Shards::new([10, 3, 8], 2, 3);
-        assert_eq!(s.shard, [4, 1, 3]);
-        assert_eq!((s.padded(0), s.own(0), s.own_within(0, 10)), (12, 8..12, 8..10));
-        assert_eq!((s.own(1), s.own_within(1, 3)), (2..3, 2..3));
-        assert_eq!(s.own_within(2, 5), 5..5);
-        // One rank owns everything, unpadded.
-        let one = Shards::new([10, 3], 0, 1);
-        assert_eq!((one.own(0), one.padded(1)), (0..10, 3));
     }
 }

@@ -7,7 +7,7 @@
 //! answers `id HEX`, or `error MESSAGE` (the run cannot start: every rank stops with it).
 
 use super::World;
-use crate::train::hex;
+use crate::hex::{hex, unhex};
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -42,13 +42,6 @@ pub fn read_line(s: &mut TcpStream) -> std::io::Result<Option<String>> {
 pub fn write_line(s: &mut TcpStream, line: &str) -> std::io::Result<()> {
     let one_line: String = line.chars().map(|c| if c == '\n' { ' ' } else { c }).take(MAX_LINE - 64).collect();
     s.write_all(format!("{one_line}\n").as_bytes())
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
 fn left(deadline: Instant) -> Duration {
@@ -272,13 +265,5 @@ mod tests {
         assert!(msg.contains("rank(s) 1, 2 of WORLD_SIZE 3") && msg.contains("--rendezvous-timeout"), "{msg}");
         let e = rendezvous(&world(1, 2, free_port()), Duration::from_millis(300), || Ok(vec![1])).err().unwrap();
         assert!(format!("{e:#}").contains("could not reach rank 0 at 127.0.0.1"), "{e:#}");
-    }
-
-    #[test]
-    fn hex_round_trips() {
-        let b: Vec<u8> = (0..=255).collect();
-        assert_eq!(unhex(&hex(&b)).unwrap(), b);
-        assert_eq!(unhex("abc"), None);
-        assert_eq!(unhex("zz"), None);
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile, GradLedger};
 use crate::backend::cuda::{Cuda, GpuBatch};
-use crate::backend::{Backend, BatchInfo, Family};
+use crate::backend::{Backend, BatchInfo, Dtype, Family};
 use crate::data::{Batch, Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
@@ -14,8 +14,6 @@ use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::par::on_pool;
 use rayon::prelude::*;
 use std::sync::Arc;
-
-pub use crate::backend::Dtype;
 
 mod validation;
 pub use validation::{sum_loss, validation_loss};

@@ -1,4 +1,4 @@
-//! The serving engine's GPU batcher: continuous batching over device caches kept in slots.
+//! The serving scheduler's GPU batcher: continuous batching over device caches kept in slots.
 //!
 //! The batch is `--max-batch` slots of one device cache ([S, cap] positions per attention layer,
 //! one state per recurrent layer). Every slot's positions end at a common length L (the
@@ -8,7 +8,7 @@
 //!
 //! - A finished sequence frees its slot: nothing is copied and the other rows stay where they are.
 //! - Newcomers are prefilled together (left-padded, through a cache of their own) a chunk of
-//!   `--prefill-chunk` positions per engine step, with a decode step of the running slots after
+//!   `--prefill-chunk` positions per scheduler step, with a decode step of the running slots after
 //!   each chunk; when the last chunk is done each is copied into a free slot at L − n .. L: only
 //!   the newcomer's positions move. While no slot decodes, a chunk is as long as the planned
 //!   forward allows for the group's rows ([`Plan::widest_chunk`]).
@@ -20,11 +20,11 @@
 //!
 //! Greedy steps without log-probabilities replay one CUDA graph (every family; captured again
 //! after a relocation, or after a prefill that reallocated a recurrent layer's scratch), and choose the tokens on the device (the first index on
-//! ties, as the host's argmax); otherwise the logits come to the host and the engine's sampler
+//! ties, as the host's argmax); otherwise the logits come to the host and the scheduler's sampler
 //! (the same as the CPU's, one generator per sequence) chooses.
 
-use super::engine::{emit_next, emit_token, take_group, Batcher, EngineOptions, EngineStats, Event, Finish};
-use super::engine::{Running, SeqRequest, Step, TokenLogprob};
+use super::scheduler::{emit_next, emit_token, take_group, Batcher, Event, Finish, SchedulerOptions, SchedulerStats};
+use super::scheduler::{Running, SeqRequest, Step, TokenLogprob};
 use crate::backend::cuda::{CopyRuns, GpuLayerState};
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::LayerState;
@@ -53,7 +53,7 @@ pub struct GpuBatcher<'a, 'm, T: Elem> {
     len: usize,
     /// Each slot's filled positions (None: free).
     slots: Vec<Option<usize>>,
-    /// The prefill group under way (a chunk per engine step).
+    /// The prefill group under way (a chunk per scheduler step).
     prefilling: Option<GpuPrefill<T>>,
     /// Relocations of the running rows (a count for the tests and /stats).
     pub relocations: usize,
@@ -73,8 +73,8 @@ pub struct GpuBatcher<'a, 'm, T: Elem> {
     profile: Option<Vec<(&'static str, f64, usize)>>,
 }
 
-/// The GPU engine serving plans for `slots` sequences of up to `max_model_len` positions (bf16):
-/// prefill chunks of at most 16384 rows of a forward in all.
+/// The GPU inference backend serving plans for `slots` sequences of up to `max_model_len`
+/// positions (bf16): prefill chunks of at most 16384 rows of a forward in all.
 pub fn serving_infer(gpu: Arc<Gpu>, model: &Model, slots: usize, max_model_len: usize) -> Result<GpuInfer<'_, bf16>> {
     let chunk = (DEFAULT_GPU_ROWS / slots.max(1)).clamp(1, max_model_len.max(1));
     GpuInfer::<bf16>::new(gpu, model, Plan { batch: slots, chunk })
@@ -85,7 +85,7 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
     /// Serving: plans the cache for `inf`'s batch of slots: rows of 4096 positions or twice
     /// `max_model_len` where memory allows (at least `max_model_len` + 1), plus room for a prefill's
     /// cache and a relocation. Prints the plan; not enough memory is an error naming the options.
-    pub fn new(inf: &'a mut GpuInfer<'m, T>, max_model_len: usize, stats: &EngineStats) -> Result<Self> {
+    pub fn new(inf: &'a mut GpuInfer<'m, T>, max_model_len: usize, stats: &SchedulerStats) -> Result<Self> {
         let slots = inf.plan().batch;
         let gpu = inf.be.gpu.clone();
         let model = inf.model();
@@ -129,7 +129,7 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
 
     /// `slots` slots of `cap` positions each (`foxlm generate`: the longest prompt plus the new
     /// tokens), without a plan printed.
-    pub fn with_cap(inf: &'a mut GpuInfer<'m, T>, slots: usize, cap: usize, stats: &EngineStats) -> Result<Self> {
+    pub fn with_cap(inf: &'a mut GpuInfer<'m, T>, slots: usize, cap: usize, stats: &SchedulerStats) -> Result<Self> {
         let model = inf.model();
         let caches = inf.caches(slots, cap).context("allocating the slots' decode cache")?;
         stats.gpu_cache_bytes.store(GpuInfer::<T>::cache_bytes(model, slots, cap), Ordering::Relaxed);
@@ -231,7 +231,7 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
     }
 
     /// Moves every running row to a fresh cache, right-aligned at `new_len`.
-    fn relocate(&mut self, new_len: usize, stats: &EngineStats) -> Result<()> {
+    fn relocate(&mut self, new_len: usize, stats: &SchedulerStats) -> Result<()> {
         let gpu = self.gpu();
         let mut fresh = self.inf.caches(self.slots.len(), self.cap).context("relocating the running rows")?;
         // Copies still pending into the old cache go first.
@@ -258,7 +258,7 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
     /// all slots.
     fn admit_now(
         &self,
-        opts: &EngineOptions,
+        opts: &SchedulerOptions,
         running: &[Running],
         waiting: &VecDeque<SeqRequest>,
         free: usize,
@@ -294,7 +294,7 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
     /// prompt log-probabilities of its positions for the rows that ask; after the last chunk,
     /// answers the scoring-only sequences, sends each other's first token and places those that go
     /// on into free slots. Returns the chunk's length.
-    fn prefill_chunk(&mut self, chunk: usize, running: &mut Vec<Running>, stats: &EngineStats) -> Result<usize> {
+    fn prefill_chunk(&mut self, chunk: usize, running: &mut Vec<Running>, stats: &SchedulerStats) -> Result<usize> {
         let Some(mut p) = self.prefilling.take() else { return Ok(0) };
         // The prefill's attention may size its own decode scratch: keep the slots' (the graph's).
         let scratch = self.inf.be.decode_scratch.take();
@@ -384,8 +384,13 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         Ok(tc)
     }
 
-    /// After a prefill's last chunk (its hidden states still in the engine's buffers).
-    fn place_prefilled(&mut self, mut p: GpuPrefill<T>, running: &mut Vec<Running>, stats: &EngineStats) -> Result<()> {
+    /// After a prefill's last chunk (its hidden states still in the inference backend's buffers).
+    fn place_prefilled(
+        &mut self,
+        mut p: GpuPrefill<T>,
+        running: &mut Vec<Running>,
+        stats: &SchedulerStats,
+    ) -> Result<()> {
         let v = self.model.config.vocab_size;
         let t = p.t;
         let mut t0 = std::time::Instant::now();
@@ -450,7 +455,7 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
     }
 
     /// One decode step over every slot.
-    fn step(&mut self, running: &mut Vec<Running>, stats: &EngineStats) -> Result<()> {
+    fn step(&mut self, running: &mut Vec<Running>, stats: &SchedulerStats) -> Result<()> {
         let v = self.model.config.vocab_size;
         if self.len + 1 > self.cap {
             let to = self.longest();
@@ -530,7 +535,7 @@ impl<T: Elem> Drop for GpuBatcher<'_, '_, T> {
 }
 
 /// A prefill group under way on the GPU: its prompts left-padded into one batch [b, t] and
-/// prefilled through their own cache, a chunk per engine step.
+/// prefilled through their own cache, a chunk per scheduler step.
 struct GpuPrefill<T: Elem> {
     group: Vec<SeqRequest>,
     /// The prefill's cache (empty when not `cached`: one forward of the whole group, no cache).
@@ -549,12 +554,12 @@ struct GpuPrefill<T: Elem> {
 impl<T: Elem> Batcher for GpuBatcher<'_, '_, T> {
     fn advance(
         &mut self,
-        opts: &EngineOptions,
-        stats: &EngineStats,
+        opts: &SchedulerOptions,
+        stats: &SchedulerStats,
         running: &mut Vec<Running>,
         waiting: &mut VecDeque<SeqRequest>,
     ) -> Result<()> {
-        // Free the slots of sequences the engine dropped (clients gone).
+        // Free the slots of sequences the scheduler dropped (clients gone).
         let held: Vec<usize> = running.iter().map(|r| r.row).collect();
         for (i, s) in self.slots.iter_mut().enumerate() {
             if s.is_some() && !held.contains(&i) {

@@ -2,7 +2,7 @@
 //! tokenizer endpoints (`/tokenize`, `/detokenize`, `/tokenizer_info`).
 
 use super::api::{prompts, token_ids, ApiError, Fields, Prompt};
-use super::engine::{EngineHandle, Event, Finish, SeqRequest, SubmitError, TokenLogprob};
+use super::scheduler::{Event, Finish, SchedulerHandle, SeqRequest, SubmitError, TokenLogprob};
 use crate::sampling::Sampling;
 use crate::tokenizer::{TextFormat, Tokenizer, EOS_ID};
 use axum::body::{Body, Bytes};
@@ -26,7 +26,7 @@ pub const MAX_LOGPROBS: i64 = 20;
 
 /// Everything the handlers share.
 pub struct App {
-    pub engine: EngineHandle,
+    pub scheduler: SchedulerHandle,
     pub model_name: String,
     /// Other names the model answers to (e.g. the folder path it was loaded from).
     pub aliases: Vec<String>,
@@ -38,7 +38,7 @@ pub struct App {
     pub eos: Option<u32>,
     pub api_key: Option<String>,
     pub created: u64,
-    /// What `GET /metrics` reports beside the engine's counters.
+    /// What `GET /metrics` reports beside the scheduler's counters.
     pub metrics: super::metrics::Metrics,
     pub max_batch: usize,
     pub next_id: AtomicU64,
@@ -181,11 +181,11 @@ async fn health() -> Json<Value> {
 }
 
 async fn stats(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(app.engine.stats.to_json())
+    Json(app.scheduler.stats.to_json())
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let text = super::metrics::render(&app.metrics, &app.engine.stats, app.max_batch);
+    let text = super::metrics::render(&app.metrics, &app.scheduler.stats, app.max_batch);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -553,7 +553,7 @@ async fn run_choice(
         }
     }
     if !stopped {
-        // The engine dropped the sequence without finishing it: it is shutting down.
+        // The scheduler dropped the sequence without finishing it: it is shutting down.
         return None;
     }
     drop(rx); // cancels the sequence if a stop string ended it early
@@ -598,7 +598,7 @@ async fn completions(State(app): State<Arc<App>>, body: RawBody) -> Result<Respo
             specs.push((ChoiceSpec { index: pi * c.n + j, arrived, prompt_text, prompt_ids: ids.clone() }, rx));
         }
     }
-    app.engine.submit(job).map_err(|e| match e {
+    app.scheduler.submit(job).map_err(|e| match e {
         SubmitError::QueueFull => {
             app.metrics.rejected.fetch_add(1, Ordering::Relaxed);
             ApiError::new(

@@ -1,9 +1,9 @@
 //! `GET /metrics`: the server's counters in Prometheus' text exposition format (version 0.0.4):
 //! requests, tokens, the queue, batch occupancy, time to first token and inter-token latency
-//! histograms (measured where the HTTP layer receives the engine's events), and on a GPU its
+//! histograms (measured where the HTTP layer receives the scheduler's events), and on a GPU its
 //! memory.
 
-use super::engine::EngineStats;
+use super::scheduler::SchedulerStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -42,10 +42,10 @@ impl Histogram {
     }
 }
 
-/// What the HTTP layer counts (the engine counts the rest in [`EngineStats`]).
+/// What the HTTP layer counts (the scheduler counts the rest in [`SchedulerStats`]).
 #[derive(Default)]
 pub struct Metrics {
-    /// Completion requests accepted by the engine, and those refused because the queue was full.
+    /// Completion requests accepted by the scheduler, and those refused because the queue was full.
     pub requests: AtomicUsize,
     pub rejected: AtomicUsize,
     pub prompt_tokens: AtomicUsize,
@@ -63,7 +63,7 @@ fn gauge(out: &mut String, name: &str, help: &str, v: f64) {
 }
 
 /// The text of `GET /metrics`.
-pub fn render(m: &Metrics, s: &EngineStats, max_batch: usize) -> String {
+pub fn render(m: &Metrics, s: &SchedulerStats, max_batch: usize) -> String {
     let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
     let mut out = String::new();
     counter(&mut out, "foxlm_requests_total", "Completion requests accepted.", g(&m.requests));

@@ -5,16 +5,17 @@
 pub mod api;
 pub mod bench;
 pub mod client;
-pub mod engine;
 pub mod gpu;
 pub mod http;
 pub mod metrics;
+pub mod scheduler;
 
+use crate::backend::DeviceArg;
 use crate::checkpoint::load_model;
 use crate::tokenizer::text_format_for;
 use crate::tokenizer::{TextFormat, Tokenizer, BOS_ID, EOS_ID, GPT2_VOCAB};
 use anyhow::{bail, Context, Result};
-use fox_kernels::cuda::{Device, DeviceArg};
+use fox_kernels::cuda::Device;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -41,9 +42,9 @@ pub struct ServeOptions {
     pub max_batch: usize,
     pub max_queue: usize,
     pub max_body_bytes: usize,
-    /// See `EngineOptions::admit_delay`.
+    /// See `SchedulerOptions::admit_delay`.
     pub admit_delay_ms: f64,
-    /// See `EngineOptions::prefill_chunk`.
+    /// See `SchedulerOptions::prefill_chunk`.
     pub prefill_chunk: usize,
 }
 
@@ -62,12 +63,12 @@ impl ServeOptions {
             max_queue: 256,
             max_body_bytes: 4 << 20,
             admit_delay_ms: DEFAULT_ADMIT_DELAY_MS,
-            prefill_chunk: engine::DEFAULT_PREFILL_CHUNK,
+            prefill_chunk: scheduler::DEFAULT_PREFILL_CHUNK,
         }
     }
 }
 
-/// Loads the model, starts the engine and builds the shared state.
+/// Loads the model, starts the scheduler and builds the shared state.
 fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()>)> {
     if o.max_batch == 0 || o.max_queue == 0 || o.prefill_chunk == 0 {
         bail!("--max-batch, --max-queue and --prefill-chunk must be at least 1");
@@ -95,8 +96,8 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         let canon = o.model.canonicalize().unwrap_or_else(|_| o.model.clone());
         canon.file_name().map_or_else(|| "foxlm".to_string(), |n| n.to_string_lossy().into_owned())
     });
-    let device = crate::cli::DeviceArgs { device: o.device, dtype: None }.select_for(&model)?;
-    let eopts = engine::EngineOptions {
+    let device = crate::backend::select_device_for(&model, o.device, None)?;
+    let eopts = scheduler::SchedulerOptions {
         max_batch: o.max_batch,
         max_queue: o.max_queue,
         admit_delay: std::time::Duration::from_secs_f64(o.admit_delay_ms.clamp(0.0, 1e6) / 1e3),
@@ -104,11 +105,11 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
     };
     let model = Arc::new(model);
     let on = device.describe();
-    let (engine, thread) = match device {
-        Device::Cpu => engine::start(move |l| l.run(&mut engine::CpuBatcher::new(&model)), eopts),
+    let (scheduler, thread) = match device {
+        Device::Cpu => scheduler::start(move |l| l.run(&mut scheduler::CpuBatcher::new(&model)), eopts),
         Device::Cuda(gpu) => {
             let (slots, len) = (o.max_batch, max_model_len);
-            engine::start(
+            scheduler::start(
                 move |l| {
                     let mut inf = match gpu::serving_infer(gpu, &model, slots, len) {
                         Ok(inf) => inf,
@@ -126,7 +127,7 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
     }
     .with_context(|| format!("cannot start the engine on {on}"))?;
     let app = http::App {
-        engine,
+        scheduler,
         model_name: name,
         aliases: vec![o.model.display().to_string()],
         tokenizer,
@@ -144,8 +145,8 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
 }
 
 /// The HTTP side's threads: requests' JSON (a scored prompt's answer holds a few hundred bytes a
-/// token) is built and parsed there while the engine thread drives the model; a quarter of the
-/// cores, 2 to 8, leaves the CPU engine's thread pool the rest.
+/// token) is built and parsed there while the scheduler thread drives the model; a quarter of the
+/// cores, 2 to 8, leaves the CPU batcher's thread pool the rest.
 fn runtime() -> Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
@@ -188,7 +189,7 @@ async fn shutdown_signal() {
 
 /// Serves until Ctrl-C or SIGTERM, then finishes the requests in flight and returns.
 pub fn serve(o: &ServeOptions) -> Result<()> {
-    let (app, engine_thread) = build(o)?;
+    let (app, scheduler_thread) = build(o)?;
     let rt = runtime()?;
     rt.block_on(async {
         let addr = format!("{}:{}", o.host, o.port);
@@ -214,7 +215,7 @@ pub fn serve(o: &ServeOptions) -> Result<()> {
         anyhow::Ok(())
     })?;
     drop(app);
-    let _ = engine_thread.join();
+    let _ = scheduler_thread.join();
     Ok(())
 }
 
@@ -250,7 +251,7 @@ impl Drop for RunningServer {
 
 /// Starts a server on its own threads (port 0 picks a free port) and returns once it listens.
 pub fn start(o: &ServeOptions) -> Result<RunningServer> {
-    let (app, engine_thread) = build(o)?;
+    let (app, scheduler_thread) = build(o)?;
     let rt = runtime()?;
     let addr = format!("{}:{}", o.host, o.port);
     let listener = rt
@@ -267,10 +268,10 @@ pub fn start(o: &ServeOptions) -> Result<RunningServer> {
                 })
                 .await
         });
-        // Tasks still holding the engine's handle go with the runtime; then the engine can end.
+        // Tasks still holding the scheduler's handle go with the runtime; then it can end.
         drop(rt);
         drop(app);
-        let _ = engine_thread.join();
+        let _ = scheduler_thread.join();
         res.context("HTTP server failed")
     })?;
     Ok(RunningServer { addr: local, stop: Some(stop_tx), thread: Some(thread) })

@@ -5,14 +5,13 @@ use super::*;
 use crate::checkpoint::{self, load_model, CONFIG_FILE, WEIGHTS_FILE};
 use crate::config::Config;
 use crate::data::LoaderState;
+use crate::fsutil::{sync_dir, write_atomic, write_synced};
 use crate::model::Model;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::tensor::ParamKind;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a run stands; saved as trainer.json.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,45 +37,6 @@ pub struct TrainerState {
 
 // ---------------------------------------------------------------------------------------------
 // Files.
-
-/// Bytes written through `write_synced` so far, for FOXLM_TEST_DISK_LIMIT (a testing hook that
-/// makes writes fail with "no space left on device" once that many bytes have been written by
-/// this process; it exists so tests can check that a full disk never corrupts a checkpoint).
-static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
-
-pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let res = (|| -> std::io::Result<()> {
-        if let Some(limit) = std::env::var("FOXLM_TEST_DISK_LIMIT").ok().and_then(|v| v.parse::<u64>().ok()) {
-            let before = BYTES_WRITTEN.fetch_add(bytes.len() as u64, Ordering::SeqCst);
-            if before + bytes.len() as u64 > limit {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::StorageFull,
-                    "No space left on device (simulated)",
-                ));
-            }
-        }
-        let mut f = std::fs::File::create(path)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })();
-    res.map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
-}
-
-/// Replaces `path` with `bytes` through a temporary file and a rename.
-pub(super) fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_file_name(format!("{}.tmp", path.file_name().unwrap().to_string_lossy()));
-    if let Err(e) = write_synced(&tmp, bytes) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
-}
-
-fn sync_dir(dir: &Path) {
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-}
 
 fn tensors_bytes(named: Vec<(String, Vec<usize>, &[f32])>) -> Result<Vec<u8>> {
     let bufs: Vec<(String, Vec<usize>, Vec<u8>)> =
@@ -131,7 +91,7 @@ pub fn save_checkpoint(out: &Path, name: &str, model: &Model, opt: &AdamW, state
         }
         std::fs::rename(&tmp, &dir).with_context(|| format!("cannot rename {} to {}", tmp.display(), dir.display()))?;
         sync_dir(out);
-        replace_file(&out.join(LATEST_FILE), name.as_bytes())?;
+        write_atomic(&out.join(LATEST_FILE), name.as_bytes())?;
         Ok(())
     })();
     if let Err(e) = res {

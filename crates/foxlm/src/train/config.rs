@@ -3,6 +3,7 @@
 use super::TRAIN_CONTEXT_KEY;
 use crate::config::Config;
 use crate::data::Dataset;
+use crate::hex::hex;
 use crate::optim::{AdamWConfig, Schedule};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
@@ -140,11 +141,6 @@ pub fn config_hash(run: &RunConfig, data_fingerprint: &str) -> String {
     hex(&Sha256::digest(v.to_string().as_bytes()))
 }
 
-/// Lower-case hex of bytes (checksums here, the NCCL id in `distributed::rendezvous`).
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// Identifies the training split of a dataset by its shards' checksums.
 pub fn data_fingerprint(ds: &Dataset) -> String {
     let m = ds.manifest();
@@ -157,8 +153,9 @@ pub fn data_fingerprint(ds: &Dataset) -> String {
     hex(&h.finalize())
 }
 
-/// The fields on which two runs differ, as "field: a -> b" lines.
-pub(super) fn config_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
+/// The fields on which two runs (model and training configuration) differ, as
+/// "section.field: a (checkpoint) vs b (now)" lines.
+pub(super) fn run_diff(old: &RunConfig, new: &RunConfig) -> Vec<String> {
     let mut out = Vec::new();
     for (section, a, b) in [
         ("model", model_identity(&old.model), model_identity(&new.model)),
@@ -187,7 +184,7 @@ mod tests {
         other.model.hidden_size = p.model.hidden_size + 32;
         assert_ne!(config_hash(&run, "d"), config_hash(&other, "d"));
         assert_ne!(config_hash(&run, "d"), config_hash(&run, "e"));
-        let d = config_diff(&run, &other);
+        let d = run_diff(&run, &other);
         assert_eq!(d.len(), 2, "{d:?}");
         assert!(d[0].starts_with("model.hidden_size") && d[1].starts_with("train.peak_lr"), "{d:?}");
         let mut bad = p.train.clone();

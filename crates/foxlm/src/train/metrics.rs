@@ -3,6 +3,7 @@
 use super::*;
 use crate::config::{Config, FgateType};
 use crate::data::{Dataset, Split};
+use crate::fsutil::write_atomic;
 use crate::plot::{LinePlot, Series};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -79,9 +80,9 @@ impl MetricsLog {
                     .filter(|l| serde_json::from_str::<Metric>(l).is_ok_and(|m| m.step <= s))
                     .map(|l| format!("{l}\n"))
                     .collect();
-                replace_file(&path, kept.as_bytes())?;
+                write_atomic(&path, kept.as_bytes())?;
             }
-            None => replace_file(&path, b"")?,
+            None => write_atomic(&path, b"")?,
         }
         let file = std::fs::OpenOptions::new()
             .append(true)

@@ -4,6 +4,7 @@ use super::*;
 use crate::backend::Dtype;
 use crate::data::{Dataset, Loader, Split};
 use crate::engine::{format_plan, memory_plan, CpuEngine, Engine, GpuEngine};
+use crate::fsutil::{write_atomic, write_synced};
 use crate::model::{MemoryPlan, Model};
 use crate::optim::AdamW;
 use crate::tokenizer::TEXT_FORMAT_KEY;
@@ -42,7 +43,7 @@ pub struct TrainOptions {
     /// Print validation results and other messages to stderr.
     pub verbose: bool,
     /// Where the steps run (`--device`): cpu, cuda[:N], or auto (the GPU when there is one).
-    pub device: fox_kernels::cuda::DeviceArg,
+    pub device: crate::backend::DeviceArg,
     /// Activation precision on the GPU (`--dtype`; None: bf16 on a GPU, f32 on the CPU).
     pub dtype: Option<Dtype>,
     /// Keep only each block's input and recompute the block in the backward (`--recompute`, GPU).
@@ -59,7 +60,7 @@ pub struct TrainOptions {
 
 impl TrainOptions {
     /// A fresh, quiet run of `data` into `out` on `device`, every other option off.
-    pub fn new(data: impl Into<PathBuf>, out: impl Into<PathBuf>, device: fox_kernels::cuda::DeviceArg) -> Self {
+    pub fn new(data: impl Into<PathBuf>, out: impl Into<PathBuf>, device: crate::backend::DeviceArg) -> Self {
         Self {
             data: data.into(),
             out: out.into(),
@@ -130,9 +131,9 @@ fn make_engine(
     if let Some(d) = &opts.dist {
         return make_rank_engine(model, opt, opts, micro, context, d);
     }
-    let mut device = fox_kernels::cuda::select(opts.device)?;
+    let mut device = crate::backend::select_device(opts.device)?;
     if let (true, Some(why)) = (device.is_cuda(), crate::backend::cuda::unsupported(model, true)) {
-        if opts.device != fox_kernels::cuda::DeviceArg::Auto {
+        if opts.device != crate::backend::DeviceArg::Auto {
             bail!("--device {}: {why}", opts.device);
         }
         eprintln!("note: training on the CPU: {why}");
@@ -169,7 +170,7 @@ fn make_rank_engine(
 ) -> Result<Box<dyn Engine>> {
     let w = &d.world;
     let ordinal = w.gpu(fox_kernels::cuda::probe().context("training on several GPUs")?)?;
-    if let fox_kernels::cuda::DeviceArg::Cuda(c) = opts.device {
+    if let crate::backend::DeviceArg::Cuda(c) = opts.device {
         if c != ordinal {
             bail!(
                 "--device cuda:{c} with LOCAL_RANK {}: each rank uses its LOCAL_RANK's GPU; drop --device",
@@ -310,7 +311,7 @@ fn starting_point(
     Ok(match resumed {
         Some(ck) => {
             if ck.state.config_hash != hash {
-                let diff = config_diff(&ck.state.run, run);
+                let diff = run_diff(&ck.state.run, run);
                 let detail = if diff.is_empty() {
                     format!(
                         "the training data differ (checkpoint trained on {}, now {})",
@@ -447,7 +448,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     state.data_dir = opts.data.display().to_string();
     if rank0 {
         let run_json = serde_json::to_string_pretty(&run).unwrap();
-        replace_file(&out.join(RUN_FILE), run_json.as_bytes())?;
+        write_atomic(&out.join(RUN_FILE), run_json.as_bytes())?;
     }
 
     let total_steps = tc.total_steps();

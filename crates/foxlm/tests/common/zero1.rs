@@ -4,7 +4,7 @@
 //! single-process trainer without GPUs.
 
 use anyhow::Result;
-use foxlm::distributed::Shards;
+use foxlm::backend::Shards;
 use foxlm::optim::{bias_corrections, clip_coef, step_constants, sum_squares, AdamW, AdamWConfig};
 use foxlm::tensor::{ParamKind, Params};
 use std::sync::{Arc, Barrier, Mutex};

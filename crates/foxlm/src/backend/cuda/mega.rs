@@ -3,8 +3,8 @@
 //! from the token's embedding to the final norm; the head and the sampler follow as today. The
 //! fused step (fused.rs) stays the path for everything else: batches of more rows, other
 //! families, shapes the kernel does not take, and by default: the megakernel runs only with
-//! `FOXLM_DECODE_MEGA=1` (or [`Cuda::set_mega`]), being slower than the fused step on the H100
-//! and H200 (BENCHMARKS.md, 2026-11-27).
+//! `FOXLM_DECODE_MEGA=1` (or [`Cuda::set_mega`]), being slower than the fused step
+//! (docs/kernel-notes.md).
 
 use super::{Cuda, Family, GpuBatch, GpuLayerState};
 use crate::model::cache::LayerState;

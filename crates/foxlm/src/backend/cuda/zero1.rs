@@ -9,7 +9,7 @@ use super::*;
 /// only its shard of the matrices' fp32 master weights and of every AdamW moment.
 pub struct Zero1 {
     pub nccl: Nccl,
-    pub shards: crate::distributed::Shards,
+    pub shards: crate::backend::Shards,
     /// Reduce each bucket of gradients as soon as the backward is done with it (set for the
     /// last micro-batch of a step).
     pub reduce: bool,
@@ -40,7 +40,7 @@ impl<T: Elem> Cuda<T> {
     pub fn enable_zero1(&mut self, nccl: Nccl) -> Result<()> {
         ensure!(self.opt.is_none(), "enable_zero1 must come before init_optimizer");
         let (rank, world) = (nccl.rank, nccl.world);
-        let shards = crate::distributed::Shards::new(self.params.iter().map(|p| p.master.len()), rank, world);
+        let shards = crate::backend::Shards::new(self.params.iter().map(|p| p.master.len()), rank, world);
         let gpu = self.gpu.clone();
         for (i, p) in self.params.iter_mut().enumerate() {
             let (cap, pad, own) = (p.master.len(), shards.padded(i), shards.own(i));

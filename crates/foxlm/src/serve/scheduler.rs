@@ -1,4 +1,4 @@
-//! The batching engine: one thread owns the model and runs continuous batching. Every decode step
+//! The batching scheduler: one thread owns the model and runs continuous batching. Every decode step
 //! is one forward pass over all running sequences; a new sequence is prefilled and joins the
 //! running batch before the next step, and a finished or abandoned one leaves it at once.
 //!
@@ -67,7 +67,7 @@ pub struct SeqRequest {
 pub type Job = Vec<SeqRequest>;
 
 #[derive(Clone, Debug)]
-pub struct EngineOptions {
+pub struct SchedulerOptions {
     /// Most sequences decoded together.
     pub max_batch: usize,
     /// Most jobs waiting to start.
@@ -76,7 +76,7 @@ pub struct EngineOptions {
     /// together (zero: every step admits what has arrived).
     pub admit_delay: Duration,
     /// Positions per row of one prefill chunk: a prompt longer than this is prefilled a chunk
-    /// per engine step, with a decode step of the running batch after each chunk, so that
+    /// per scheduler step, with a decode step of the running batch after each chunk, so that
     /// running streams never wait for a whole long prefill.
     pub prefill_chunk: usize,
 }
@@ -86,7 +86,7 @@ pub struct EngineOptions {
 /// beside it keep flowing.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
-impl EngineOptions {
+impl SchedulerOptions {
     /// In-process use (`foxlm generate`, the evaluations): every sequence in one batch of `batch`,
     /// admitted at once.
     pub fn in_process(batch: usize, prefill_chunk: usize) -> Self {
@@ -94,10 +94,10 @@ impl EngineOptions {
     }
 }
 
-/// Counters the engine keeps (served at `GET /stats`): what runs now and what it has done.
+/// Counters the scheduler keeps (served at `GET /stats`): what runs now and what it has done.
 #[derive(Debug, Default)]
-pub struct EngineStats {
-    /// Requests in the bounded queue, not yet taken by the engine.
+pub struct SchedulerStats {
+    /// Requests in the bounded queue, not yet taken by the scheduler.
     pub queued: AtomicUsize,
     /// Sequences in the running batch.
     pub running: AtomicUsize,
@@ -121,7 +121,7 @@ pub struct EngineStats {
     pub relocations: AtomicUsize,
     /// GPU: decode steps that replayed the CUDA graph.
     pub graph_steps: AtomicUsize,
-    /// GPU: memory in use and in all (bytes), as last read by the engine.
+    /// GPU: memory in use and in all (bytes), as last read by the scheduler.
     pub gpu_mem_used: AtomicUsize,
     pub gpu_mem_total: AtomicUsize,
     /// Microseconds spent in prefills and in decode steps (the GPU's: with its rows placed into
@@ -130,7 +130,7 @@ pub struct EngineStats {
     pub step_us: AtomicUsize,
 }
 
-impl EngineStats {
+impl SchedulerStats {
     pub fn to_json(&self) -> serde_json::Value {
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
         serde_json::json!({
@@ -144,11 +144,11 @@ impl EngineStats {
     }
 }
 
-/// The submitting side of the engine. Cloned by every handler.
+/// The submitting side of the scheduler. Cloned by every handler.
 #[derive(Clone)]
-pub struct EngineHandle {
+pub struct SchedulerHandle {
     tx: SyncSender<Job>,
-    pub stats: Arc<EngineStats>,
+    pub stats: Arc<SchedulerStats>,
 }
 
 pub enum SubmitError {
@@ -156,9 +156,9 @@ pub enum SubmitError {
     Stopped,
 }
 
-impl EngineHandle {
+impl SchedulerHandle {
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        // Counted before sending so the engine's decrement can never come first.
+        // Counted before sending so the scheduler's decrement can never come first.
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         self.tx.try_send(job).map_err(|e| {
             self.stats.queued.fetch_sub(1, Ordering::Relaxed);
@@ -170,7 +170,7 @@ impl EngineHandle {
     }
 }
 
-/// What runs the model for the engine: it admits waiting sequences into its batch (prefilling
+/// What runs the model for the scheduler: it admits waiting sequences into its batch (prefilling
 /// them) and runs one decode step over the batch, sending each sequence's events. The CPU's
 /// ([`CpuBatcher`]) keeps a host cache that it rebuilds row by row; the GPU's
 /// ([`super::gpu::GpuBatcher`]) keeps device caches in slots.
@@ -179,8 +179,8 @@ pub trait Batcher {
     /// once) and runs one decode step over `running`, removing the sequences that end.
     fn advance(
         &mut self,
-        opts: &EngineOptions,
-        stats: &EngineStats,
+        opts: &SchedulerOptions,
+        stats: &SchedulerStats,
         running: &mut Vec<Running>,
         waiting: &mut std::collections::VecDeque<SeqRequest>,
     ) -> anyhow::Result<()>;
@@ -242,13 +242,13 @@ impl SeqRequest {
 }
 
 /// Runs `seqs` to their end on `batcher` in the calling thread: the scheduler `serve` runs, without
-/// its queue or HTTP (what `foxlm generate` and the evaluations use). After each engine step,
+/// its queue or HTTP (what `foxlm generate` and the evaluations use). After each scheduler step,
 /// `on_event(i, event)` sees the events of sequence i that the step made, in order, and
 /// `progress(n)` the n prompt positions prefilled in it.
 pub fn drive(
     batcher: &mut dyn Batcher,
-    opts: &EngineOptions,
-    stats: &EngineStats,
+    opts: &SchedulerOptions,
+    stats: &SchedulerStats,
     seqs: Vec<(SeqRequest, tokio::sync::mpsc::UnboundedReceiver<Event>)>,
     on_event: &mut dyn FnMut(usize, Event),
     progress: &mut dyn FnMut(usize),
@@ -279,13 +279,13 @@ pub fn drive(
     res
 }
 
-/// The engine thread's start: [`Launch::run`] with the batcher built on that thread (a GPU's
+/// The scheduler thread's start: [`Launch::run`] with the batcher built on that thread (a GPU's
 /// state belongs to it), or [`Launch::fail`] with why it could not be built.
 pub struct Launch {
     ready: std::sync::mpsc::Sender<anyhow::Result<()>>,
-    opts: EngineOptions,
+    opts: SchedulerOptions,
     rx: Receiver<Job>,
-    stats: Arc<EngineStats>,
+    stats: Arc<SchedulerStats>,
 }
 
 impl Launch {
@@ -297,24 +297,24 @@ impl Launch {
     pub fn fail(self, e: anyhow::Error) {
         let _ = self.ready.send(Err(e));
     }
-    pub fn stats(&self) -> &Arc<EngineStats> {
+    pub fn stats(&self) -> &Arc<SchedulerStats> {
         &self.stats
     }
 }
 
-/// Starts the engine thread, which calls `body` (that builds the batcher and runs it through
+/// Starts the scheduler thread, which calls `body` (that builds the batcher and runs it through
 /// [`Launch`]); returns once the batcher is built, or its error, before anything is served.
 pub fn start(
     body: impl FnOnce(Launch) + Send + 'static,
-    opts: EngineOptions,
-) -> anyhow::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    opts: SchedulerOptions,
+) -> anyhow::Result<(SchedulerHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(opts.max_queue.max(1));
-    let stats = Arc::new(EngineStats::default());
+    let stats = Arc::new(SchedulerStats::default());
     let (ready, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     let launch = Launch { ready, opts, rx, stats: stats.clone() };
     let th = std::thread::Builder::new().name("foxlm-engine".into()).spawn(move || body(launch))?;
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok((EngineHandle { tx, stats }, th)),
+        Ok(Ok(())) => Ok((SchedulerHandle { tx, stats }, th)),
         Ok(Err(e)) => {
             let _ = th.join();
             Err(e)
@@ -343,8 +343,8 @@ impl<'m> CpuBatcher<'m> {
 impl Batcher for CpuBatcher<'_> {
     fn advance(
         &mut self,
-        opts: &EngineOptions,
-        stats: &EngineStats,
+        opts: &SchedulerOptions,
+        stats: &SchedulerStats,
         running: &mut Vec<Running>,
         waiting: &mut std::collections::VecDeque<SeqRequest>,
     ) -> anyhow::Result<()> {
@@ -396,7 +396,7 @@ pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
     TokenLogprob { id, logprob: lp(id as usize), top }
 }
 
-fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats: &EngineStats) {
+fn run(batcher: &mut dyn Batcher, opts: &SchedulerOptions, rx: Receiver<Job>, stats: &SchedulerStats) {
     let mut running: Vec<Running> = Vec::new();
     let mut waiting: std::collections::VecDeque<SeqRequest> = Default::default();
     let mut closed = false;
@@ -465,8 +465,8 @@ fn run(batcher: &mut dyn Batcher, opts: &EngineOptions, rx: Receiver<Job>, stats
 /// the batch has room), lets the sequences of a finished prefill join, and runs one decode step.
 fn advance(
     model: &Model,
-    opts: &EngineOptions,
-    stats: &EngineStats,
+    opts: &SchedulerOptions,
+    stats: &SchedulerStats,
     running: &mut Vec<Running>,
     cache: &mut Option<Cache>,
     prefilling: &mut Option<CpuPrefill>,

@@ -2,13 +2,15 @@
 //! [`foxlm::cli::bench::Args`]).
 //!
 //! One file a benchmark: [`attention`] (on the CPU: [`cpu_attention`]), [`gla`], [`train`] (over
-//! several GPUs: [`scaling`]) and [`decode`]; `bench serve` is `foxlm::cli::serve::bench`.
+//! several GPUs: [`scaling`]), [`decode`] and [`serve`] (through the load generator, [`load`]).
 
 mod attention;
 mod cpu_attention;
 mod decode;
 mod gla;
+mod load;
 mod scaling;
+mod serve;
 mod train;
 
 use anyhow::Result;
@@ -20,6 +22,6 @@ pub fn run(a: Args) -> Result<()> {
         What::Gla(a) => gla::gla(a),
         What::Train(a) => train::train_bench(a),
         What::Decode(a) => decode::decode_bench(a),
-        What::Serve(a) => foxlm::cli::serve::bench(a),
+        What::Serve(a) => serve::bench(a),
     }
 }

@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod check;
 pub mod delta_rule_check;
+pub mod gemm_bench;
 pub mod gemm_check;
 pub mod gla_check;
 pub mod ops_check;

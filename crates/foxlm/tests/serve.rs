@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// `foxlm bench serve`'s load generator (beside the library, in checks/).
+#[path = "../checks/bench/load.rs"]
+#[allow(dead_code)]
+mod load;
+
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/official-fox-tiny/fox_pro")
 }
@@ -861,7 +866,7 @@ fn recurrent_models_serve_as_generate() {
 /// max_tokens 0 with echo and logprobs, every prompt token scored and counted).
 #[test]
 fn bench_serve_loads_generate_and_score() {
-    use foxlm::serve::bench::{model_info, run_load, LoadOptions};
+    use load::{model_info, run_load, LoadOptions};
     let s = server(&fixture_dir(), |_| {});
     let (model, vocab) = model_info(s.addr, None).unwrap();
     let o = |score: bool| LoadOptions {

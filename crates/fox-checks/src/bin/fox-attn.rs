@@ -22,9 +22,10 @@
 
 use anyhow::{bail, Result};
 use fox_checks::{
-    bench, check, delta_rule_check, gemm_check, gla_check, ops_check, selective_scan_check, ssd_check, ssd_tc_check,
+    bench, check, delta_rule_check, gemm_bench, gemm_check, gla_check, ops_check, selective_scan_check, ssd_check,
+    ssd_tc_check,
 };
-use fox_kernels::cuda::{self, compile, gemm};
+use fox_kernels::cuda::{self, compile};
 
 /// A pass/fail check on GPU 0 (none: "`what` skipped", and success) with `--seed` (else a fresh
 /// one): prints the table of `rows` and the time taken, exits 1 when a row fails.
@@ -291,9 +292,9 @@ fn main() -> Result<()> {
             for d in dims {
                 // FoX (Pro) presets: head dim 64, MLP width int(d * 3.5 * 2/3) rounded up to 256
                 let inter = ((d as f64 * 3.5 * 2.0 / 3.0) as usize).div_ceil(256) * 256;
-                let shapes = gemm::model_shapes(d, d.div_ceil(64), inter, vocab, tokens);
-                let rows = gemm::bench_with(&gpu, &shapes, warmup, iters)?;
-                println!("\nd = {d}, I = {inter}, {tokens} tokens\n{}", gemm::format_bench(&rows));
+                let shapes = gemm_bench::model_shapes(d, d.div_ceil(64), inter, vocab, tokens);
+                let rows = gemm_bench::bench_with(&gpu, &shapes, warmup, iters)?;
+                println!("\nd = {d}, I = {inter}, {tokens} tokens\n{}", gemm_bench::format_bench(&rows));
             }
             Ok(())
         }

@@ -1,5 +1,5 @@
 //! The flags of `foxlm bench` (attention, gla, train, decode, serve); the benchmarks themselves are beside the
-//! library, in crates/foxlm/checks/bench.rs.
+//! library, in crates/foxlm/checks/bench/.
 
 use crate::backend::DeviceArg;
 

@@ -4,7 +4,6 @@ pub mod bench;
 pub mod data;
 pub mod demo;
 pub mod eval;
-pub mod eval_compare;
 pub mod forward;
 pub mod generate;
 pub mod gpu_check;

@@ -43,6 +43,7 @@ mod format;
 pub mod glob;
 pub mod import;
 mod loader;
+mod npy;
 mod prepare;
 mod tree;
 

@@ -3,7 +3,6 @@
 //! reach a FoX model. See docs/serving.md.
 
 pub mod api;
-pub mod bench;
 pub mod client;
 pub mod gpu;
 pub mod http;

@@ -422,6 +422,210 @@ fn already_finished(state: &TrainerState, opts: &TrainOptions) -> Result<TrainRe
     })
 }
 
+/// Seconds trained: those of the processes before this one (a resumed run's), and this one's
+/// since `start`.
+struct Clock {
+    before: f64,
+    start: Instant,
+}
+
+impl Clock {
+    /// The run's training time so far, over every process.
+    fn elapsed_s(&self) -> f64 {
+        self.before + self.start.elapsed().as_secs_f64()
+    }
+
+    /// This process's training time so far.
+    fn this_run_s(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+}
+
+/// One step's numbers, as the metrics, the progress bar and the text log report them.
+struct StepLog {
+    loss: f64,
+    norm: f64,
+    lr: f64,
+    /// The step's seconds.
+    dt: f64,
+    /// Tokens per second over this process's steps.
+    tps: f64,
+}
+
+/// Where the loop reports: the progress bar (or with --verbose and no bar, lines on stderr), and
+/// on rank 0 the metrics (metrics.jsonl, TensorBoard) and the loss plot.
+struct Reporter<'a> {
+    opts: &'a TrainOptions,
+    ds: &'a Dataset,
+    tc: &'a TrainConfig,
+    pb: indicatif::ProgressBar,
+    /// Rank 0's; None on the other ranks.
+    metrics: Option<MetricsLog>,
+    rank0: bool,
+    plot_title: String,
+    total_steps: u64,
+    /// Without a progress bar, a text line every this many steps.
+    text_every: u64,
+}
+
+impl Reporter<'_> {
+    /// A message above the progress bar (on stderr without one), with --verbose.
+    fn say(&self, s: String) {
+        if self.opts.verbose {
+            if self.pb.is_hidden() {
+                eprintln!("{s}");
+            } else {
+                self.pb.println(s);
+            }
+        }
+    }
+
+    /// The validation loss (None when the split is shorter than a window), recorded in `state`
+    /// and the metrics.
+    fn validate(
+        &mut self,
+        engine: &mut dyn Engine,
+        model: &mut Model,
+        state: &mut TrainerState,
+        clock: &Clock,
+    ) -> Result<Option<f64>> {
+        let v = engine.validation_loss(model, self.ds, self.tc.context, self.tc.eval_tokens)?;
+        if let Some(v) = v {
+            state.last_val_loss = Some(v);
+            if let Some(metrics) = self.metrics.as_mut() {
+                metrics.write(&Metric {
+                    kind: "val".into(),
+                    step: state.step,
+                    tokens: state.tokens_seen,
+                    loss: None,
+                    val_loss: Some(v),
+                    lr: None,
+                    grad_norm: None,
+                    tokens_per_s: None,
+                    elapsed_s: clock.elapsed_s(),
+                })?;
+            }
+        }
+        Ok(v)
+    }
+
+    /// The validation loss before the first step, or a note that the split has no window.
+    fn first_validation(
+        &mut self,
+        engine: &mut dyn Engine,
+        model: &mut Model,
+        state: &mut TrainerState,
+        clock: &Clock,
+    ) -> Result<Option<f64>> {
+        let v = self.validate(engine, model, state, clock)?;
+        match v {
+            Some(v) => self.say(format!("step 0: validation loss {v:.4}")),
+            None => self.say(format!(
+                "note: the validation split ({} tokens) is shorter than one window of {}: no validation loss",
+                self.ds.num_tokens(Split::Val),
+                self.tc.context
+            )),
+        }
+        Ok(v)
+    }
+
+    /// A step done: its metrics (every `log_every` steps and the last), the bar's message and
+    /// position, and without a bar a text line every `text_every` steps.
+    fn step(&mut self, state: &TrainerState, s: &StepLog) -> Result<()> {
+        let (tc, total_steps) = (self.tc, self.total_steps);
+        let StepLog { loss, norm, lr, dt, tps } = *s;
+        if let Some(metrics) =
+            self.metrics.as_mut().filter(|_| state.step.is_multiple_of(tc.log_every) || state.step == total_steps)
+        {
+            metrics.write(&Metric {
+                kind: "train".into(),
+                step: state.step,
+                tokens: state.tokens_seen,
+                loss: Some(loss),
+                val_loss: None,
+                lr: Some(lr),
+                grad_norm: Some(norm),
+                tokens_per_s: Some(tc.tokens_per_step() as f64 / dt),
+                elapsed_s: state.elapsed_s,
+            })?;
+        }
+        self.pb.set_message(format!("loss {loss:.3} | lr {lr:.2e} | {} tok/s", fmt_tokens(tps)));
+        self.pb.set_position(state.step);
+        if self.pb.is_hidden() && self.opts.verbose && state.step.is_multiple_of(self.text_every) {
+            eprintln!(
+                "step {}/{total_steps}: loss {loss:.4}, lr {lr:.2e}, {} tok/s, {} tokens",
+                state.step,
+                fmt_tokens(tps),
+                fmt_tokens(state.tokens_seen as f64)
+            );
+        }
+        Ok(())
+    }
+
+    /// The evaluation of a step on the cadence (or the last): the validation loss, then the loss
+    /// plot redrawn.
+    fn evaluate(
+        &mut self,
+        engine: &mut dyn Engine,
+        model: &mut Model,
+        state: &mut TrainerState,
+        clock: &Clock,
+    ) -> Result<()> {
+        if let Some(v) = self.validate(engine, model, state, clock)? {
+            self.say(format!("step {}: validation loss {v:.4}", state.step));
+        }
+        self.plot();
+        Ok(())
+    }
+
+    /// The loss plot (rank 0; a plot that cannot be drawn is no reason to stop).
+    fn plot(&self) {
+        if self.rank0 {
+            let _ = plot_losses(&self.opts.out, &self.plot_title);
+        }
+    }
+}
+
+/// The error of a step whose loss or gradient norm is not finite (`step` was not applied).
+fn diverged(step: u64, loss: f64, norm: f64, last_saved: &Option<PathBuf>) -> anyhow::Error {
+    anyhow::anyhow!(
+        "training diverged at step {step}: loss {loss}, gradient norm {norm}; stopped without updating. \
+         The last good checkpoint is {} (resume from it with a lower --lr)",
+        last_saved.as_ref().map_or("(none: no checkpoint was written yet)".to_string(), |p| p.display().to_string())
+    )
+}
+
+/// Saves checkpoint `name` into `out`; a failure names the last good checkpoint, `last`.
+fn save(
+    out: &Path,
+    name: &str,
+    model: &Model,
+    opt: &AdamW,
+    state: &TrainerState,
+    last: &Option<PathBuf>,
+) -> Result<PathBuf> {
+    save_checkpoint(out, name, model, opt, state).with_context(|| {
+        format!(
+            "saving checkpoint {name} failed; the last good checkpoint is {}",
+            last.as_ref().map_or("(none yet)".to_string(), |p| p.display().to_string())
+        )
+    })
+}
+
+/// The numbered checkpoint of this step, then the numbered ones beyond `keep_last` removed.
+fn save_numbered(
+    out: &Path,
+    tc: &TrainConfig,
+    model: &Model,
+    opt: &AdamW,
+    state: &TrainerState,
+    last: &Option<PathBuf>,
+) -> Result<PathBuf> {
+    let p = save(out, &format!("checkpoint-{:06}", state.step), model, opt, state, last)?;
+    prune_checkpoints(out, tc.keep_last);
+    Ok(p)
+}
+
 /// Trains `run` on the dataset in `opts.data`, writing into `opts.out`. With `opts.resume`, the
 /// run continues from the latest checkpoint in `opts.out` (and `run` must match its
 /// configuration); `run` may then be None to take the checkpoint's.
@@ -456,7 +660,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     if state.finished || state.step >= total_steps {
         return already_finished(&state, opts);
     }
-    let mut metrics = match rank0 {
+    let metrics = match rank0 {
         true => Some(MetricsLog::open(
             out,
             if state.step > 0 || opts.resume { Some(state.step) } else { None },
@@ -468,87 +672,33 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
     let accum = tc.batch_size / tc.micro_batch;
     let mut engine = make_engine(&model, &opt, opts, tc.micro_batch, tc.context)?;
 
-    let pb = progress_bar(opts, total_steps, state.step);
-    let say = |s: String| {
-        if opts.verbose {
-            if pb.is_hidden() {
-                eprintln!("{s}");
-            } else {
-                pb.println(s);
-            }
-        }
+    let mut report = Reporter {
+        opts,
+        ds: &ds,
+        tc: &tc,
+        pb: progress_bar(opts, total_steps, state.step),
+        metrics,
+        rank0,
+        plot_title,
+        total_steps,
+        text_every: (total_steps / 20).max(1),
     };
-
-    say(format!("device: {}", engine.describe()));
-    let mut first_val = None;
-    let elapsed0 = state.elapsed_s;
-    let run_start = Instant::now();
-    let validate = |engine: &mut Box<dyn Engine>,
-                    model: &mut Model,
-                    state: &mut TrainerState,
-                    metrics: &mut Option<MetricsLog>|
-     -> Result<Option<f64>> {
-        let v = engine.validation_loss(model, &ds, tc.context, tc.eval_tokens)?;
-        if let Some(v) = v {
-            state.last_val_loss = Some(v);
-            if let Some(metrics) = metrics.as_mut() {
-                metrics.write(&Metric {
-                    kind: "val".into(),
-                    step: state.step,
-                    tokens: state.tokens_seen,
-                    loss: None,
-                    val_loss: Some(v),
-                    lr: None,
-                    grad_norm: None,
-                    tokens_per_s: None,
-                    elapsed_s: elapsed0 + run_start.elapsed().as_secs_f64(),
-                })?;
-            }
-        }
-        Ok(v)
-    };
-    if state.step == 0 {
-        match validate(&mut engine, &mut model, &mut state, &mut metrics)? {
-            Some(v) => {
-                first_val = Some(v);
-                say(format!("step 0: validation loss {v:.4}"));
-            }
-            None => say(format!(
-                "note: the validation split ({} tokens) is shorter than one window of {}: no validation loss",
-                ds.num_tokens(Split::Val),
-                tc.context
-            )),
-        }
-    }
+    report.say(format!("device: {}", engine.describe()));
+    let clock = Clock { before: state.elapsed_s, start: Instant::now() };
+    let first_val =
+        if state.step == 0 { report.first_validation(engine.as_mut(), &mut model, &mut state, &clock)? } else { None };
     let mut last_saved: Option<PathBuf> = latest_checkpoint(out)?;
     let mut last_loss = None;
     let mut steps_this_run = 0u64;
     let mut outcome = Outcome::Finished;
-    let log_text_every = (total_steps / 20).max(1);
-    let save =
-        |name: &str, model: &Model, opt: &AdamW, state: &TrainerState, last: &Option<PathBuf>| -> Result<PathBuf> {
-            save_checkpoint(out, name, model, opt, state).with_context(|| {
-                format!(
-                    "saving checkpoint {name} failed; the last good checkpoint is {}",
-                    last.as_ref().map_or("(none yet)".to_string(), |p| p.display().to_string())
-                )
-            })
-        };
 
     while state.step < total_steps {
         let t0 = Instant::now();
         let st = engine.grads(&mut model, &mut loader, tc.micro_batch, accum, tc.max_grad_norm)?;
         let (loss, norm) = (st.loss, st.grad_norm);
         if !loss.is_finite() || !norm.is_finite() {
-            pb.abandon();
-            bail!(
-                "training diverged at step {}: loss {loss}, gradient norm {norm}; stopped without updating. \
-                 The last good checkpoint is {} (resume from it with a lower --lr)",
-                state.step + 1,
-                last_saved
-                    .as_ref()
-                    .map_or("(none: no checkpoint was written yet)".to_string(), |p| p.display().to_string())
-            );
+            report.pb.abandon();
+            return Err(diverged(state.step + 1, loss, norm, &last_saved));
         }
         let lr = schedule.lr(state.tokens_seen);
         engine.update(&mut model, &mut opt, lr)?;
@@ -556,42 +706,14 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         steps_this_run += 1;
         state.tokens_seen += tc.tokens_per_step();
         state.data = loader.state();
-        state.elapsed_s = elapsed0 + run_start.elapsed().as_secs_f64();
+        state.elapsed_s = clock.elapsed_s();
         last_loss = Some(loss);
         let dt = t0.elapsed().as_secs_f64();
-        let tps = steps_this_run as f64 * tc.tokens_per_step() as f64 / run_start.elapsed().as_secs_f64();
-        if let Some(metrics) = metrics.as_mut().filter(|_| state.step % tc.log_every == 0 || state.step == total_steps)
-        {
-            metrics.write(&Metric {
-                kind: "train".into(),
-                step: state.step,
-                tokens: state.tokens_seen,
-                loss: Some(loss),
-                val_loss: None,
-                lr: Some(lr),
-                grad_norm: Some(norm),
-                tokens_per_s: Some(tc.tokens_per_step() as f64 / dt),
-                elapsed_s: state.elapsed_s,
-            })?;
-        }
-        pb.set_message(format!("loss {loss:.3} | lr {lr:.2e} | {} tok/s", fmt_tokens(tps)));
-        pb.set_position(state.step);
-        if pb.is_hidden() && opts.verbose && state.step % log_text_every == 0 {
-            eprintln!(
-                "step {}/{total_steps}: loss {loss:.4}, lr {lr:.2e}, {} tok/s, {} tokens",
-                state.step,
-                fmt_tokens(tps),
-                fmt_tokens(state.tokens_seen as f64)
-            );
-        }
+        let tps = steps_this_run as f64 * tc.tokens_per_step() as f64 / clock.this_run_s();
+        report.step(&state, &StepLog { loss, norm, lr, dt, tps })?;
         let done = state.step >= total_steps;
         if (tc.eval_every > 0 && state.step % tc.eval_every == 0) || done {
-            if let Some(v) = validate(&mut engine, &mut model, &mut state, &mut metrics)? {
-                say(format!("step {}: validation loss {v:.4}", state.step));
-            }
-            if rank0 {
-                let _ = plot_losses(out, &plot_title);
-            }
+            report.evaluate(engine.as_mut(), &mut model, &mut state, &clock)?;
         }
         // Every rank stops at the same step (Ctrl-C may reach them at different ones).
         let stop = STOP.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| state.step >= s);
@@ -603,14 +725,12 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         if done {
             state.finished = true;
             if rank0 {
-                last_saved = Some(save(FINAL_DIR, &model, &opt, &state, &last_saved)?);
+                last_saved = Some(save(out, FINAL_DIR, &model, &opt, &state, &last_saved)?);
             }
             break;
         }
         if checkpoint_now && rank0 {
-            let p = save(&format!("checkpoint-{:06}", state.step), &model, &opt, &state, &last_saved)?;
-            prune_checkpoints(out, tc.keep_last);
-            last_saved = Some(p);
+            last_saved = Some(save_numbered(out, &tc, &model, &opt, &state, &last_saved)?);
         }
         crate::distributed::heartbeat();
         if stop {
@@ -618,10 +738,8 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
             break;
         }
     }
-    pb.finish_and_clear();
-    if rank0 {
-        let _ = plot_losses(out, &plot_title);
-    }
+    report.pb.finish_and_clear();
+    report.plot();
     let elapsed = t_start.elapsed().as_secs_f64();
     Ok(TrainReport {
         outcome,
@@ -631,7 +749,7 @@ pub fn train(run: Option<RunConfig>, opts: &TrainOptions) -> Result<TrainReport>
         first_val_loss: first_val,
         last_val_loss: state.last_val_loss,
         last_train_loss: last_loss,
-        tokens_per_s: steps_this_run as f64 * tc.tokens_per_step() as f64 / run_start.elapsed().as_secs_f64().max(1e-9),
+        tokens_per_s: steps_this_run as f64 * tc.tokens_per_step() as f64 / clock.this_run_s().max(1e-9),
         elapsed_s: elapsed,
         init_changes: init.map(|(_, c)| c).unwrap_or_default(),
     })

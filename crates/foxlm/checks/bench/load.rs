@@ -1,9 +1,10 @@
-//! `foxlm bench serve`: N concurrent streaming clients held for a fixed time against `foxlm serve`
-//! (started in this process, or one already running), reporting requests/s, generated tokens/s,
-//! time to first token and inter-token latency (p50/p99), errors and peak memory.
+//! `foxlm bench serve`'s load generator: N concurrent streaming clients held for a fixed time
+//! against `foxlm serve` (started in this process, or one already running), reporting requests/s,
+//! generated tokens/s, time to first token and inter-token latency (p50/p99), errors and peak
+//! memory.
 
-use super::client::sse_request;
 use anyhow::{Context, Result};
+use foxlm::serve::client::sse_request;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,7 +74,7 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
 /// A scoring request: the prompt's token count from its usage.
 fn one_score(addr: SocketAddr, body: &Value, key: Option<&str>, ttft: &mut Vec<f64>) -> Result<usize, String> {
     let t0 = Instant::now();
-    match super::client::json_request(addr, "/v1/completions", Some(body), key) {
+    match foxlm::serve::client::json_request(addr, "/v1/completions", Some(body), key) {
         Err(e) => Err(format!("{e:#}")),
         Ok((200, v)) => {
             let lps = v.pointer("/choices/0/logprobs/token_logprobs").and_then(|l| l.as_array()).map_or(0, |l| l.len());
@@ -142,7 +143,7 @@ fn one_request(
 pub fn run_load(addr: SocketAddr, o: &LoadOptions) -> LoadReport {
     const KEYS: [&str; 6] = ["steps", "rows_decoded", "prefills", "prefilled", "prefill_us", "step_us"];
     let counters = || -> [f64; 6] {
-        let v = super::client::json_request(addr, "/stats", None, o.api_key.as_deref()).map(|(_, v)| v).ok();
+        let v = foxlm::serve::client::json_request(addr, "/stats", None, o.api_key.as_deref()).map(|(_, v)| v).ok();
         KEYS.map(|k| v.as_ref().and_then(|v| v[k].as_f64()).unwrap_or(0.0))
     };
     let before = counters();
@@ -229,7 +230,7 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 /// Reads the served model's name and vocabulary from `/v1/models`.
 pub fn model_info(addr: SocketAddr, key: Option<&str>) -> Result<(String, usize)> {
-    let (status, v) = super::client::json_request(addr, "/v1/models", None, key)?;
+    let (status, v) = foxlm::serve::client::json_request(addr, "/v1/models", None, key)?;
     anyhow::ensure!(status == 200, "GET /v1/models: HTTP {status}: {v}");
     let m = &v["data"][0];
     let name = m["id"].as_str().context("GET /v1/models: no model id")?.to_string();

@@ -113,10 +113,10 @@ __device__ __forceinline__ void ws_issue_pv(float (&O)[NA][32], const u32 (&a)[N
 // tiles skip rescaling O: a warp-uniform vote. Without FOLD: c_i - c_j per score and O rescaled
 // every tile.
 constexpr float RESCALE_LOG2 = 8.f;
-template <int D, bool BF, int BK, int NST, bool PINGPONG, bool FOLD, int NC>
+template <int D, bool BF, int BK, int NST, bool PINGPONG, bool FOLD>
 __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
     const AttnParams& p = P.a;
-    constexpr int BQ = 64 * NC, NA = D / 64, NS = BK / 2, NT = BK / 8;
+    constexpr int BQ = 128, NA = D / 64, NS = BK / 2, NT = BK / 8;
     constexpr u32 Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw);
@@ -142,7 +142,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
     if (tid == 0) {
         for (int s = 0; s < NST; ++s) {
             mbar_init(full(s), 2);  // the copies' arrival and the gate sums'
-            mbar_init(empty(s), 4 * NC);
+            mbar_init(empty(s), 8);
         }
         mbar_init(qbar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -158,9 +158,8 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         // box must start 16-byte aligned, which c_j of an odd tk is not)
         // 384 threads launch with 168 registers each; the producer's 128 threads give back 144
         // each, exactly the 72 each that the 256 consumer threads take (an increase waits until
-        // the registers are free, so the two must balance). 512 threads (NC = 3) launch with 128:
-        // 104 each given back, 32 each taken by 384 consumer threads (NC = 3 at D = 64, 192 rows a
-        // block as FlashAttention-3 takes there, measured slower: docs/kernel-notes.md).
+        // the registers are free, so the two must balance). A third consumer warpgroup at D = 64
+        // (192 rows, 160 registers each) was measured slower: docs/kernel-notes.md.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (warp == 0 && n > 0) {
             const int hk = kv_head(p, h);
@@ -194,8 +193,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         }
         return;
     }
-    if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     const int cw = wgi - 1;  // consumer warpgroup
     const int g = lane >> 2, t4 = lane & 3;
     const int wrow = cw * 64 + (warp & 3) * 16;  // this warp's first row in the block
@@ -229,7 +227,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         const int start_max = row_start(p, b, rlast);
         const float scale_log2 = p.scale * LOG2E;
         const u32 q_s = smem_u32(sQ) + (u32)(cw * 64 * 128);
-        const int mine = 1 + cw, other = 1 + (cw + 1) % NC;  // named barrier ids: this turn, the next
+        const int mine = 1 + cw, other = 2 - cw;  // named barrier ids
         float S[NS];
         u32 a[NT / 2][4];
         // bias, mask and online softmax of tile i in S (S[4*nt + e] is mma.sync's S[nt][e]), in
@@ -295,10 +293,9 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         auto v_at = [&](int i) { return smem_u32(sV + (i % NST) * BK * D); };
         auto phase = [&](int i) { return (u32)((i / NST) & 1); };
 
-        // The warpgroups take turns issuing, in a cycle: the last lets the first go before its
-        // first turn, and skips its last hand-back (it would have no taker), so the barriers stay
-        // balanced.
-        if (PINGPONG && cw == NC - 1) named_arrive(1);
+        // The warpgroups take turns issuing: the second lets the first go before its first turn,
+        // and skips its last hand-back (it would have no taker), so the barriers stay balanced.
+        if (PINGPONG && cw == 1) named_arrive(1);
         mbar_wait(qbar, 0);
         mbar_wait(full(0), phase(0));
         if (PINGPONG) named_sync(mine);
@@ -333,7 +330,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         }
         if (PINGPONG) named_sync(mine);
         ws_issue_pv<D, BF, BK, NA, NT>(O, a, v_at(n - 1));
-        if (PINGPONG && cw != NC - 1) named_arrive(other);
+        if (PINGPONG && cw == 0) named_arrive(other);
         wg_wait<0>();
         release(n - 1);
     }
@@ -707,8 +704,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 const float* del_s = sDel + ss * BQB;
                 const int* st_s = sSt + ss * BQB;
                 const int rq = qi * BQB;
-                const int rql = min(rq + BQB, p.tq) - 1;
-                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+                const bool need_mask = dkdv_tile_masked(p, b, rq, BQB, j0, jlast);
                 if (need_mask)
                     bwd_ws_probs<true, false, NTQ>(ST, DS, dck, p, b, rq, jrow, ck2, scale_log2, a_s, del_s, st_s, t4);
                 else
@@ -803,8 +799,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 const float* del_s = sDel + s * BQB;
                 const int* st_s = sSt + s * BQB;
                 const int rq = qi * BQB;
-                const int rql = min(rq + BQB, p.tq) - 1;
-                const bool need_mask = (p.q_pos0 + rq < jlast) || (row_start(p, b, rql) > j0) || (rq + BQB > p.tq);
+                const bool need_mask = dkdv_tile_masked(p, b, rq, BQB, j0, jlast);
 
                 float ST[32], DS[32];
                 wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
@@ -921,16 +916,16 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
 // kept for the measurements in BENCHMARKS.md.
 #define FOX_WS(D, TY, BF, NST)                                                                              \
     extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdws_d##D##_##TY(const __grid_constant__ WsParams p) {   \
-        FOX_WS_BODY(D, BF, NST, true, false, 2)                                                              \
+        FOX_WS_BODY(D, BF, NST, true, false)                                                                 \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdwsfold_d##D##_##TY(const __grid_constant__ WsParams p) { \
-        FOX_WS_BODY(D, BF, NST, true, true, 2)                                                               \
+        FOX_WS_BODY(D, BF, NST, true, true)                                                                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1) fox_fwdwsnp_d##D##_##TY(const __grid_constant__ WsParams p) { \
-        FOX_WS_BODY(D, BF, NST, false, false, 2)                                                             \
+        FOX_WS_BODY(D, BF, NST, false, false)                                                                \
     }
 #ifdef FOX_HAVE_WGMMA
-#define FOX_WS_BODY(D, BF, NST, PP, FOLD, NC) fwd_ws_impl<D, BF, 128, NST, PP, FOLD, NC>(p);
+#define FOX_WS_BODY(D, BF, NST, PP, FOLD) fwd_ws_impl<D, BF, 128, NST, PP, FOLD>(p);
 #else
 struct __align__(128) TmaMap {
     u64 w[16];
@@ -939,7 +934,7 @@ struct WsParams {
     AttnParams a;
     TmaMap q, k, v;
 };
-#define FOX_WS_BODY(D, BF, NST, PP, FOLD, NC) __trap();
+#define FOX_WS_BODY(D, BF, NST, PP, FOLD) __trap();
 #endif
 #ifdef FOX_HAVE_WGMMA
 #define FOX_BWD_WS_BODY(D, BF, SHFL) bwd_ws_impl<D, BF, SHFL>(p);

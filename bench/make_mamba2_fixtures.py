@@ -86,7 +86,7 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from authors_common import authors_commit, put_authors_on_path, write_fixture_tensors  # noqa: E402
+import authors_common as ac  # noqa: E402
 ROOT = os.path.dirname(HERE)
 DEFAULT_AUTHORS = os.path.join(ROOT, ".device-bundle", "authors")
 
@@ -234,7 +234,7 @@ def import_fla(use_real, TorchRMSNorm):
 
 
 def import_authors(authors_dir):
-    put_authors_on_path(authors_dir, "model", "mamba2", "modeling_mamba2.py")
+    ac.put_authors_on_path(authors_dir, "model", "mamba2", "modeling_mamba2.py")
     import warnings
 
     with warnings.catch_warnings():
@@ -244,49 +244,12 @@ def import_authors(authors_dir):
     return mm, Mamba2Config
 
 
-def keep_float64_mode(torch):
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_leaves
-
-    def asks_f32(args, kwargs):
-        return any(a is torch.float32 for a in args) or kwargs.get("dtype") is torch.float32
-
-    class KeepFloat64(TorchFunctionMode):
-        """`.float()` / `.to(torch.float32)` of a float64 tensor return it unchanged; records f32 outputs."""
-
-        def __init__(self):
-            super().__init__()
-            self.kept = {}
-            self.f32_ops = {}
-
-        def __torch_function__(self, func, types_, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = getattr(func, "__name__", str(func))
-            if args and isinstance(args[0], torch.Tensor) and args[0].dtype is torch.float64:
-                if func is torch.Tensor.float or (func is torch.Tensor.to and asks_f32(args[1:], kwargs)):
-                    self.kept[name] = self.kept.get(name, 0) + 1
-                    return args[0]
-            out = func(*args, **kwargs)
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.dtype is torch.float32:
-                    self.f32_ops[name] = self.f32_ops.get(name, 0) + 1
-            return out
-
-    return KeepFloat64
-
-
 # ----------------------------------------------------------------------------------------------------
 def set_weights(torch, model, cfg, seed):
     """Every parameter far from its usual initial value; returns {name: f32 CPU tensor}."""
-    g = torch.Generator().manual_seed(seed)
-    H, inner, hidden = cfg.num_heads, cfg.expand * cfg.hidden_size, cfg.hidden_size
+    H, inner = cfg.num_heads, cfg.expand * cfg.hidden_size
 
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    out = {}
-    for name, p in model.named_parameters():
-        shape = tuple(p.shape)
+    def rule(name, shape, randn):
         if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
             v = 1 + 0.3 * randn(*shape)
         elif name.endswith("embeddings.weight"):
@@ -307,8 +270,10 @@ def set_weights(torch, model, cfg, seed):
         elif name.endswith("out_proj.weight") or name == "lm_head.weight":
             v = randn(*shape) / math.sqrt(shape[1])
         else:
-            raise SystemExit(f"error: no rule for parameter {name} {shape}")
-        out[name] = v.to(torch.float32).contiguous()
+            return None
+        return v
+
+    out = ac.draw_weights(torch, model, seed, rule)
     assert inner == H * cfg.head_dim
     return out
 
@@ -357,11 +322,7 @@ def main():
     import torch
     import torch.nn.functional as F
 
-    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    # Exact float32 for the float32 cross-check (no TF32 in matmuls or cuDNN convolutions).
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    dev = ac.exact_float32_device(torch, a.device)
 
     GatedRMSNormRef, TorchRMSNorm = make_shims(torch)
     fla_info = import_fla(dev.type == "cuda", TorchRMSNorm)
@@ -409,31 +370,15 @@ def main():
 
     g = torch.Generator().manual_seed(a.seed + 1)
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g, dtype=torch.int64).to(dev)
-    KeepFloat64 = keep_float64_mode(torch)
-
-    def loss_of(logits):
-        V = logits.shape[-1]
-        per_tok = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), reduction="none")
-        per_tok = per_tok.view(BATCH, SEQ - 1)
-        return per_tok.mean(), per_tok.mean(0)
+    KeepFloat64 = ac.keep_float64_mode(torch)
 
     # ---- float64 reference: logits, loss, gradients
     current["pass"] = "reference_float64"
-    mode = KeepFloat64()
-    with mode:
-        logits64 = model64(input_ids=ids, use_cache=False).logits
-        loss64, ppl64 = loss_of(logits64)
-        grads64 = torch.autograd.grad(loss64, list(model64.parameters()))
-    assert logits64.dtype == torch.float64
-    print(f"reference: loss {float(loss64):.6f}; kept float64 at {mode.kept}; float32 ops {mode.f32_ops}", flush=True)
+    mode, logits64, loss64, ppl64, grads64 = ac.reference_pass(torch, F, model64, ids, KeepFloat64)
 
     # ---- independent check: sequential recurrence (no chunks, no clamp) in float64
-    oparams = {k: v.to(dev, torch.float64).requires_grad_() for k, v in params.items()}
-    oracle = sequential_oracle(torch, oparams, cfg, ids)
-    oracle_grads = torch.autograd.grad(loss_of(oracle)[0], [oparams[n] for n in names])
-    oracle_diff = float((oracle.detach() - logits64.detach()).abs().max())
-    oracle_grad_rel = max(
-        float((go - g64).norm() / g64.norm().clamp_min(1e-300)) for go, g64 in zip(oracle_grads, grads64)
+    oracle_diff, oracle_grad_rel = ac.oracle_agreement(
+        torch, F, sequential_oracle, params, cfg, ids, dev, names, logits64, grads64
     )
     print(f"sequential oracle vs reference: logits max abs diff {oracle_diff:.3e}, "
           f"grad max rel err {oracle_grad_rel:.3e}", flush=True)
@@ -460,48 +405,23 @@ def main():
 
     # ---- float32: the authors' model as is (real fla RMSNorm on the GPU)
     current["pass"] = "float32"
-    logits32 = model32(input_ids=ids, use_cache=False).logits
-    loss32, _ = loss_of(logits32)
-    grads32 = torch.autograd.grad(loss32, list(model32.parameters()))
+    logits32, loss32, _, grads32 = ac.loss_and_grads(torch, F, model32, ids)
     # their own loss path: labels are used as given (their shift is commented out), so pre-shift
     labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1)
     with torch.no_grad():
         their = model32(input_ids=ids, labels=labels, use_cache=False).loss  # [B, T], 0 where ignored
         their_loss = float(their[:, :-1].mean())
-
-    def rel(x, y):
-        return float((x.double() - y.double()).norm() / y.double().norm().clamp_min(1e-30))
-
-    grad_rel = {f"grad.{n}": rel(g32, g64) for n, g32, g64 in zip(names, grads32, grads64)}
-    cross = {
-        "logits_max_abs_diff": float((logits32.double() - logits64).abs().max()),
-        "loss_abs_diff": abs(float(loss32) - float(loss64)),
-        "their_labels_loss_abs_diff": abs(their_loss - float(loss64)),
-        "grad_rel_err_max": max(grad_rel.values()),
-        "grad_rel_err_max_name": max(grad_rel, key=grad_rel.get),
-    }
-    print(f"float32 vs reference: {cross}", flush=True)
+    grad_rel, cross = ac.float32_vs_reference(
+        names, logits32, loss32, grads32, logits64, loss64, grads64,
+        their_labels_loss_abs_diff=abs(their_loss - float(loss64)),
+    )
 
     # ---- greedy decoding
     prompt = ids[:1, :PROMPT_LEN]
-
-    @torch.no_grad()
-    def greedy_nocache(model, passname, use_mode):
-        current["pass"] = passname
-        seq, gaps = prompt.clone(), []
-        for _ in range(NEW_TOKENS):
-            if use_mode:
-                with KeepFloat64():
-                    last = model(input_ids=seq, use_cache=False).logits[:, -1]
-            else:
-                last = model(input_ids=seq, use_cache=False).logits[:, -1]
-            top2 = last.double().topk(2, dim=-1).values
-            gaps.append(float(top2[0, 0] - top2[0, 1]))
-            seq = torch.cat([seq, last.argmax(-1, keepdim=True)], 1)
-        return seq[0, PROMPT_LEN:].tolist(), min(gaps)
-
-    greedy64, gap64 = greedy_nocache(model64, "greedy_nocache_float64", True)
-    greedy32, _ = greedy_nocache(model32, "greedy_nocache_float32", False)
+    current["pass"] = "greedy_nocache_float64"
+    greedy64, gap64 = ac.greedy_nocache(torch, model64, prompt, NEW_TOKENS, KeepFloat64)
+    current["pass"] = "greedy_nocache_float32"
+    greedy32, _ = ac.greedy_nocache(torch, model32, prompt, NEW_TOKENS)
 
     @torch.no_grad()
     def greedy_cached(model):
@@ -542,10 +462,10 @@ def main():
     assert oracle_diff < 1e-9 and oracle_grad_rel < 1e-9, f"authors' model and the recurrence disagree: {oracle_diff}, {oracle_grad_rel}"
 
     # ---- write
-    outdir = write_fixture_tensors(os.path.join(a.out, "mamba2"), cfg, params, names, ids, logits64, ppl64, grads64)
+    outdir = ac.write_fixture_tensors(os.path.join(a.out, "mamba2"), cfg, params, names, ids, logits64, ppl64, grads64)
     import transformers
 
-    commit = authors_commit(a.authors_dir)
+    commit = ac.authors_commit(a.authors_dir)
     expected = {
         "loss": float(loss64),
         "greedy_prompt_len": PROMPT_LEN,

@@ -42,7 +42,7 @@ What the authors' Samba imports, and what this script puts in its place (all her
      with an explicit boolean mask that allows key j for query i iff i - window_left <= j <= i, which is
      flash_attn_func(causal=True, window_size=(window_size - 1, 0)) as their Attention calls it (query i
      sees keys i - w < j <= i). Only the unpadded call is used (their SambaModel drops attention_mask).
-  4. The float64 reference runs under the Mamba-2 script's KeepFloat64 TorchFunctionMode (slow_forward
+  4. The float64 reference runs under the KeepFloat64 TorchFunctionMode of authors_common.py (slow_forward
      upcasts A_log, B and the conv output with `.float()`): `.float()` / `.to(float32)` of a float64
      tensor return it unchanged; ops that still return float32 are recorded (expected empty). The same
      model in float32 is compared with it ("float32_vs_reference").
@@ -74,7 +74,7 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from authors_common import authors_commit, put_authors_on_path, write_fixture_tensors  # noqa: E402
+import authors_common as ac  # noqa: E402
 ROOT = os.path.dirname(HERE)
 DEFAULT_AUTHORS = os.path.join(ROOT, ".device-bundle", "authors")
 DEFAULT_FLA = os.path.join(ROOT, ".device-bundle", "fla-eac7a47b")
@@ -233,7 +233,7 @@ def sdpa_window_attention(q, k, v, causal=True, window_size=(-1, -1), **_):
 
 
 def import_authors(authors_dir):
-    put_authors_on_path(authors_dir, "model", "samba", "modeling_samba.py")
+    ac.put_authors_on_path(authors_dir, "model", "samba", "modeling_samba.py")
     try:
         import omegaconf  # noqa: F401
     except ImportError:
@@ -259,14 +259,8 @@ def import_authors(authors_dir):
 # ----------------------------------------------------------------------------------------------------
 def set_weights(torch, model, seed):
     """Every parameter far from its usual initial value; returns {name: f32 CPU tensor}."""
-    g = torch.Generator().manual_seed(seed)
 
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    out = {}
-    for name, p in model.named_parameters():
-        shape = tuple(p.shape)
+    def rule(name, shape, randn):
         if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
             v = 1 + 0.3 * randn(*shape)
         elif name.endswith("conv1d.weight") or name.endswith("conv1d.bias"):
@@ -284,9 +278,10 @@ def set_weights(torch, model, seed):
         elif len(shape) == 2:  # embeddings and every Linear
             v = randn(*shape) / math.sqrt(shape[1])
         else:
-            raise SystemExit(f"error: no rule for parameter {name} {shape}")
-        out[name] = v.to(torch.float32).contiguous()
-    return out
+            return None
+        return v
+
+    return ac.draw_weights(torch, model, seed, rule)
 
 
 def oracle(torch, P, cfg, ids):
@@ -354,12 +349,7 @@ def main():
     import torch
     import torch.nn.functional as F
 
-    from make_mamba2_fixtures import keep_float64_mode
-
-    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    dev = ac.exact_float32_device(torch, a.device)
 
     fla_mm = install_fla_standins(torch, a.fla_dir)
     ms, SambaConfig = import_authors(a.authors_dir)
@@ -382,29 +372,15 @@ def main():
 
     g = torch.Generator().manual_seed(a.seed + 1)
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g, dtype=torch.int64).to(dev)
-    KeepFloat64 = keep_float64_mode(torch)
-
-    def loss_of(logits):
-        v = logits.shape[-1]
-        per_tok = F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1), reduction="none")
-        per_tok = per_tok.view(BATCH, SEQ - 1)
-        return per_tok.mean(), per_tok.mean(0)
+    KeepFloat64 = ac.keep_float64_mode(torch)
 
     # ---- float64 reference
-    mode = KeepFloat64()
-    with mode:
-        logits64 = model64(input_ids=ids, use_cache=False).logits
-        loss64, ppl64 = loss_of(logits64)
-        grads64 = torch.autograd.grad(loss64, list(model64.parameters()))
-    assert logits64.dtype == torch.float64
-    print(f"reference: loss {float(loss64):.6f}; kept float64 at {mode.kept}; float32 ops {mode.f32_ops}", flush=True)
+    mode, logits64, loss64, ppl64, grads64 = ac.reference_pass(torch, F, model64, ids, KeepFloat64)
 
     # ---- independent oracle
-    oparams = {k: v.to(dev, torch.float64).requires_grad_() for k, v in params.items()}
-    orc = oracle(torch, oparams, cfg, ids)
-    ograds = torch.autograd.grad(loss_of(orc)[0], [oparams[nm] for nm in names])
-    oracle_diff = float((orc.detach() - logits64.detach()).abs().max())
-    oracle_grad_rel = max(float((go - g64).norm() / g64.norm().clamp_min(1e-300)) for go, g64 in zip(ograds, grads64))
+    oracle_diff, oracle_grad_rel = ac.oracle_agreement(
+        torch, F, oracle, params, cfg, ids, dev, names, logits64, grads64
+    )
     print(f"oracle vs reference: logits {oracle_diff:.3e}, grad max rel {oracle_grad_rel:.3e}", flush=True)
 
     # ---- the window binds: the same model with a window of SEQ differs after position 16
@@ -424,41 +400,13 @@ def main():
     print(f"window {w} vs {SEQ}: {window_effect}", flush=True)
 
     # ---- float32: the same model as is
-    logits32 = model32(input_ids=ids, use_cache=False).logits
-    loss32, _ = loss_of(logits32)
-    grads32 = torch.autograd.grad(loss32, list(model32.parameters()))
-
-    def rel(x, y):
-        return float((x.double() - y.double()).norm() / y.double().norm().clamp_min(1e-30))
-
-    grad_rel = {f"grad.{nm}": rel(g32, g64) for nm, g32, g64 in zip(names, grads32, grads64)}
-    cross = {
-        "logits_max_abs_diff": float((logits32.double() - logits64).abs().max()),
-        "loss_abs_diff": abs(float(loss32) - float(loss64)),
-        "grad_rel_err_max": max(grad_rel.values()),
-        "grad_rel_err_max_name": max(grad_rel, key=grad_rel.get),
-    }
-    print(f"float32 vs reference: {cross}", flush=True)
+    logits32, loss32, _, grads32 = ac.loss_and_grads(torch, F, model32, ids)
+    grad_rel, cross = ac.float32_vs_reference(names, logits32, loss32, grads32, logits64, loss64, grads64)
 
     # ---- greedy decoding by full forwards (no cache), and an attempt at their cache
     prompt = ids[:1, :PROMPT_LEN]
-
-    @torch.no_grad()
-    def greedy_nocache(m, use_mode):
-        seq, gaps = prompt.clone(), []
-        for _ in range(NEW_TOKENS):
-            if use_mode:
-                with KeepFloat64():
-                    last = m(input_ids=seq, use_cache=False).logits[:, -1]
-            else:
-                last = m(input_ids=seq, use_cache=False).logits[:, -1]
-            top2 = last.double().topk(2, dim=-1).values
-            gaps.append(float(top2[0, 0] - top2[0, 1]))
-            seq = torch.cat([seq, last.argmax(-1, keepdim=True)], 1)
-        return seq[0, PROMPT_LEN:].tolist(), min(gaps)
-
-    greedy64, gap64 = greedy_nocache(model64, True)
-    greedy32, _ = greedy_nocache(model32, False)
+    greedy64, gap64 = ac.greedy_nocache(torch, model64, prompt, NEW_TOKENS, KeepFloat64)
+    greedy32, _ = ac.greedy_nocache(torch, model32, prompt, NEW_TOKENS)
     try:
         with torch.no_grad():
             model32(input_ids=prompt, use_cache=True)
@@ -470,10 +418,10 @@ def main():
     assert window_effect["inside_window_max_abs_diff"] < 1e-12 < window_effect["past_window_max_abs_diff"]
 
     # ---- write
-    outdir = write_fixture_tensors(os.path.join(a.out, "samba"), cfg, params, names, ids, logits64, ppl64, grads64)
+    outdir = ac.write_fixture_tensors(os.path.join(a.out, "samba"), cfg, params, names, ids, logits64, ppl64, grads64)
     import transformers
 
-    commit = authors_commit(a.authors_dir)
+    commit = ac.authors_commit(a.authors_dir)
     expected = {
         "loss": float(loss64),
         "greedy_prompt_len": PROMPT_LEN,

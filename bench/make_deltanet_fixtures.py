@@ -54,6 +54,8 @@ import os
 import sys
 import time
 
+import authors_common as ac
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH, SEQ = 2, 72  # > 64: foxlm's chunked delta rule crosses a chunk boundary
 PROMPT_LEN, NEW_TOKENS = 30, 12
@@ -123,34 +125,28 @@ def import_fla(bundle):
 
 
 def keep_float64(torch):
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_leaves
+    """authors_common's KeepFloat64 with the test of `.to` these fixtures were made with: float32 as
+    its first positional argument or as dtype= (not, as in the Mamba-2 script, anywhere among them)."""
 
     def asks_f32(args, kwargs):
         want = kwargs.get("dtype", args[0] if args else None)
         return want is torch.float32
 
-    class KeepFloat64(TorchFunctionMode):
-        """`.float()` / `.to(torch.float32)` of a float64 tensor return it unchanged; records f32 outputs."""
+    return ac.keep_float64_mode(torch, asks_f32)
 
-        def __init__(self):
-            super().__init__()
-            self.kept, self.f32_ops = {}, {}
 
-        def __torch_function__(self, func, types_, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = getattr(func, "__name__", str(func))
-            if args and isinstance(args[0], torch.Tensor) and args[0].dtype is torch.float64:
-                if func is torch.Tensor.float or (func is torch.Tensor.to and asks_f32(args[1:], kwargs)):
-                    self.kept[name] = self.kept.get(name, 0) + 1
-                    return args[0]
-            out = func(*args, **kwargs)
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.dtype is torch.float32:
-                    self.f32_ops[name] = self.f32_ops.get(name, 0) + 1
-            return out
-
-    return KeepFloat64
+def recurrence(torch, q, v, scale, update):
+    """A linear-attention recurrence step by step: S_t = update(S_{t-1}, t) from S_0 = 0 [B, H, K, V],
+    o_t = scale S_t^T q_t (scale None: K^-1/2); q [B, T, H, K], v [B, T, H, V]; (o [B, T, H, V], S_T)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    S = q.new_zeros(B, H, K, V)
+    out = []
+    for t in range(T):
+        S = update(S, t)
+        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    return torch.stack(out, 1), S
 
 
 def delta_rule_reference(torch, q, k, v, beta, g=None, scale=None, l2=False):
@@ -158,19 +154,15 @@ def delta_rule_reference(torch, q, k, v, beta, g=None, scale=None, l2=False):
     if l2:
         q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
-    S = q.new_zeros(B, H, K, V)
-    out = []
-    for t in range(T):
+
+    def update(S, t):
         if g is not None:
             S = S * g[:, t].exp()[..., None, None]
         kt = k[:, t]
         u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S))
-        S = S + kt[..., None] * u[..., None, :]
-        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, 1), S
+        return S + kt[..., None] * u[..., None, :]
+
+    return recurrence(torch, q, v, scale, update)
 
 
 def patched_kernels(torch, record):
@@ -296,45 +288,35 @@ def foxlm_names(named):
     return out
 
 
-def run_model(torch, fla_models, key, args, device, t0, fla_desc):
-    import torch.nn.functional as F
-    from safetensors.torch import save_file
-
-    cfg_cls, model_cls, extra = MODELS[key]
-    cfg = getattr(fla_models, cfg_cls)(**COMMON, **extra)
-    report = {"name": key, "fla": fla_desc, "torch": torch.__version__}
+def new_report(torch, name, fla_desc):
+    """A fixture's expected.json to fill: its name and the versions of fla, torch and transformers."""
+    report = {"name": name, "fla": fla_desc, "torch": torch.__version__}
     try:
         import transformers
 
         report["transformers"] = transformers.__version__
     except Exception:  # noqa: BLE001
         pass
-    model = getattr(fla_models, model_cls)(cfg).to(torch.float64)
-    set_weights(torch, model, args.seed + (0 if key == "deltanet" else 1))
-    state = {n: p.detach().clone() for n, p in model.named_parameters()}
-    report["fla_param_names"] = {n: list(p.shape) for n, p in state.items()}
+    return report
 
-    g = torch.Generator().manual_seed(args.seed + 100)
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
 
-    # The float64 reference: fla's modules, with its kernels in plain PyTorch.
-    import fla.layers.delta_net as dn_mod
-    import fla.layers.gated_deltanet as gdn_mod
+def patch_kernel(originals, mod, name, fn):
+    """`mod.name` := fn where mod has it, the original kept in `originals` to put back."""
+    if hasattr(mod, name):
+        originals[(mod, name)] = getattr(mod, name)
+        setattr(mod, name, fn)
 
-    record = []
-    dr, gdr = patched_kernels(torch, record)
-    originals = {}
-    for mod, names, fn in [(dn_mod, ("chunk_delta_rule", "fused_recurrent_delta_rule"), dr),
-                           (gdn_mod, ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"), gdr)]:
-        for n in names:
-            if hasattr(mod, n):
-                originals[(mod, n)] = getattr(mod, n)
-                setattr(mod, n, fn)
+
+def float64_reference(torch, model, ids, originals, report, prompt_len, new_tokens):
+    """The float64 reference pass of `model`, whose layers' kernels are already replaced (the
+    originals in `originals`): fla's MLP swiglu and Triton modules replaced too, then the logits,
+    loss and gradients on `ids`, and `new_tokens` greedy tokens after ids[0, :prompt_len] by argmax
+    of full float64 forwards, into `report`; returns (logits, per-token loss [B, T-1], gradients)."""
+    import torch.nn.functional as F
+
     import fla.modules.mlp as mlp_mod
 
-    if hasattr(mlp_mod, "swiglu"):
-        originals[(mlp_mod, "swiglu")] = mlp_mod.swiglu
-        mlp_mod.swiglu = lambda gate, up: F.silu(gate) * up
+    patch_kernel(originals, mlp_mod, "swiglu", lambda gate, up: F.silu(gate) * up)
     report["patched_kernels"] = sorted("%s.%s" % (m.__name__, n) for m, n in originals)
     report["patched_modules"] = patch_modules(torch, model)
     KeepFloat64 = keep_float64(torch)
@@ -356,21 +338,25 @@ def run_model(torch, fla_models, key, args, device, t0, fla_desc):
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     report["loss"] = loss.item()
-    layer_inputs = record[0]
 
-    # Greedy tokens by argmax of full float64 forwards.
-    seq = ids[:1, :PROMPT_LEN]
+    seq = ids[:1, :prompt_len]
     new = []
     with torch.no_grad():
-        for _ in range(NEW_TOKENS):
+        for _ in range(new_tokens):
             lg, _ = forward64(seq)
             nxt = int(lg[0, -1].argmax())
             new.append(nxt)
             seq = torch.cat([seq, torch.tensor([[nxt]])], 1)
-    report["greedy_prompt_len"] = PROMPT_LEN
+    report["greedy_prompt_len"] = prompt_len
     report["greedy_new_tokens"] = new
+    return logits, nll, grads
 
-    outdir = os.path.join(args.out, key)
+
+def write_fixture(torch, outdir, cfg, state, grads, ids, logits, nll):
+    """The fixture's tensors into `outdir`, in float32 under foxlm's names (foxlm_names), and fla's
+    config as config.json."""
+    from safetensors.torch import save_file
+
     os.makedirs(outdir, exist_ok=True)
     f32 = lambda d: {n: t.detach().to(torch.float32).contiguous() for n, t in d.items()}  # noqa: E731
     save_file(f32(foxlm_names(state)), os.path.join(outdir, "model.safetensors"))
@@ -381,9 +367,48 @@ def run_model(torch, fla_models, key, args, device, t0, fla_desc):
     )
     save_file({"grad." + n: t for n, t in f32(foxlm_names(grads)).items()},
               os.path.join(outdir, "expected_grads.safetensors"))
-    conf = cfg.to_dict()
     with open(os.path.join(outdir, "config.json"), "w") as f:
-        json.dump(conf, f, indent=2, sort_keys=True, default=str)
+        json.dump(cfg.to_dict(), f, indent=2, sort_keys=True, default=str)
+
+
+def finish_model(originals, report, outdir, made_by, **made):
+    """fla's kernels put back and expected.json written; returns what float32_check needs: `made`
+    (cfg, model_cls, state, grads, logits, ids), the report and the folder."""
+    for (mod, n), fn in originals.items():
+        setattr(mod, n, fn)
+    report["made_by"] = made_by
+    write_report(report, outdir)
+    return dict(made, report=report, outdir=outdir)
+
+
+def run_model(torch, fla_models, key, args, device, t0, fla_desc):
+    cfg_cls, model_cls, extra = MODELS[key]
+    cfg = getattr(fla_models, cfg_cls)(**COMMON, **extra)
+    report = new_report(torch, key, fla_desc)
+    model = getattr(fla_models, model_cls)(cfg).to(torch.float64)
+    set_weights(torch, model, args.seed + (0 if key == "deltanet" else 1))
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    report["fla_param_names"] = {n: list(p.shape) for n, p in state.items()}
+
+    g = torch.Generator().manual_seed(args.seed + 100)
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
+
+    # The float64 reference: fla's modules, with its kernels in plain PyTorch.
+    import fla.layers.delta_net as dn_mod
+    import fla.layers.gated_deltanet as gdn_mod
+
+    record = []
+    dr, gdr = patched_kernels(torch, record)
+    originals = {}
+    for mod, names, fn in [(dn_mod, ("chunk_delta_rule", "fused_recurrent_delta_rule"), dr),
+                           (gdn_mod, ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"), gdr)]:
+        for n in names:
+            patch_kernel(originals, mod, n, fn)
+    logits, nll, grads = float64_reference(torch, model, ids, originals, report, PROMPT_LEN, NEW_TOKENS)
+    layer_inputs = record[0]  # the first forward's first layer (the greedy forwards record after it)
+
+    outdir = os.path.join(args.out, key)
+    write_fixture(torch, outdir, cfg, state, grads, ids, logits, nll)
 
     # Cross-check 1: fla's own naive recurrence (float32) on the first layer's kernel inputs.
     try:
@@ -410,12 +435,9 @@ def run_model(torch, fla_models, key, args, device, t0, fla_desc):
     except Exception as e:  # noqa: BLE001
         report["fla_naive_error"] = repr(e)
 
-    for (mod, n), fn in originals.items():
-        setattr(mod, n, fn)
-    report["made_by"] = "bench/make_deltanet_fixtures.py (seed %d, B=%d, T=%d)" % (args.seed, BATCH, SEQ)
-    write_report(report, outdir)
-    return dict(cfg=cfg, model_cls=model_cls, state=state, grads=grads, logits=logits.detach(), ids=ids,
-                report=report, outdir=outdir)
+    made_by = "bench/make_deltanet_fixtures.py (seed %d, B=%d, T=%d)" % (args.seed, BATCH, SEQ)
+    return finish_model(originals, report, outdir, made_by, cfg=cfg, model_cls=model_cls, state=state, grads=grads,
+                        logits=logits.detach(), ids=ids)
 
 
 SUMMARY = ("loss", "greedy_new_tokens", "fla_naive_vs_reference_max_abs", "float32_triton_logits_max_abs_vs_reference",

@@ -4,8 +4,9 @@
 Builds a tiny `HGRN2ForCausalLM` from the flash-linear-attention package (fla.models; the installed one,
 else fla's source carried in --fla-bundle), sets every parameter far from its usual initial value, and
 writes what it computes in the format of tests/fixtures/fla-deltanet-tiny/ (see make_deltanet_fixtures.py,
-whose helpers this script imports: fla's import, the float64 mode, the plain-PyTorch RMSNorm, the weights'
-draw, the fused MLP naming, the report and the float32 check):
+whose helpers this script imports: fla's import, the weights' draw, the kernel patching, the float64 pass
+and greedy tokens (the float64 mode, the plain-PyTorch RMSNorm and swiglu), the recurrence's step loop, the
+fused MLP naming, the files, the report and the float32 check):
 
   <out>/hgrn2/config.json                 fla's HGRN2Config.to_dict() (model_type "hgrn2")
   <out>/hgrn2/model.safetensors           f32 weights under fla's names (model.lower_bounds among them), each
@@ -76,15 +77,11 @@ def parse_args():
 
 def gla_reference(torch, q, k, v, g, scale=None):
     """GLA step by step: q, k, g [B, T, H, K], v [B, T, H, V]; o [B, T, H, V], final state [B, H, K, V]."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
-    S = q.new_zeros(B, H, K, V)
-    out = []
-    for t in range(T):
-        S = S * g[:, t].exp()[..., None] + k[:, t, ..., None] * v[:, t, :, None, :]
-        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, 1), S
+
+    def update(S, t):
+        return S * g[:, t].exp()[..., None] + k[:, t, ..., None] * v[:, t, :, None, :]
+
+    return dn.recurrence(torch, q, v, scale, update)
 
 
 def patched_kernels(torch, record):
@@ -117,16 +114,9 @@ def patched_kernels(torch, record):
 
 def run_model(torch, fla_models, args, fla_desc):
     import torch.nn.functional as F
-    from safetensors.torch import save_file
 
     cfg = fla_models.HGRN2Config(**CONFIG)
-    report = {"name": "hgrn2", "fla": fla_desc, "torch": torch.__version__}
-    try:
-        import transformers
-
-        report["transformers"] = transformers.__version__
-    except Exception:  # noqa: BLE001
-        pass
+    report = dn.new_report(torch, "hgrn2", fla_desc)
     model = fla_models.HGRN2ForCausalLM(cfg).to(torch.float64)
     dn.set_weights(torch, model, args.seed)
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -145,7 +135,6 @@ def run_model(torch, fla_models, args, fla_desc):
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
 
     import fla.layers.hgrn2 as hgrn2_mod
-    import fla.modules.mlp as mlp_mod
 
     record = {}
     gla, rnl = patched_kernels(torch, record)
@@ -153,62 +142,14 @@ def run_model(torch, fla_models, args, fla_desc):
     kernels = [("chunk_gla", gla), ("fused_recurrent_gla", gla), ("fused_chunk_gla", gla), ("rms_norm_linear", rnl),
                ("swish", F.silu)]
     for n, fn in kernels:
-        if hasattr(hgrn2_mod, n):
-            originals[(hgrn2_mod, n)] = getattr(hgrn2_mod, n)
-            setattr(hgrn2_mod, n, fn)
-    if hasattr(mlp_mod, "swiglu"):
-        originals[(mlp_mod, "swiglu")] = mlp_mod.swiglu
-        mlp_mod.swiglu = lambda gate, up: F.silu(gate) * up
-    report["patched_kernels"] = sorted("%s.%s" % (m.__name__, n) for m, n in originals)
-    report["patched_modules"] = dn.patch_modules(torch, model)
-    KeepFloat64 = dn.keep_float64(torch)
-
-    def forward64(x):
-        with KeepFloat64() as mode:
-            out = model(input_ids=x, use_cache=False)
-        return out.logits, mode
-
-    model.train()
-    logits, mode = forward64(ids)
-    report["float64_pass_float32_ops"] = mode.f32_ops
-    report["float64_pass_kept_casts"] = mode.kept
+        dn.patch_kernel(originals, hgrn2_mod, n, fn)
+    logits, nll, grads = dn.float64_reference(torch, model, ids, originals, report, PROMPT_LEN, NEW_TOKENS)
+    # every forward passes the same eps, so the greedy forwards after the first add none
     report["rms_norm_linear_eps"] = sorted(record.get("rms_norm_linear_eps", []))
-    assert logits.dtype is torch.float64, logits.dtype
-    lp = F.log_softmax(logits[:, :-1], -1)
-    nll = -lp.gather(-1, ids[:, 1:, None])[..., 0]  # [B, T-1]
-    loss = nll.mean()
-    model.zero_grad()
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    report["loss"] = loss.item()
-    layer_inputs = record["gla"][1]  # layer 1: the first with a lower bound
-
-    seq = ids[:1, :PROMPT_LEN]
-    new = []
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            lg, _ = forward64(seq)
-            nxt = int(lg[0, -1].argmax())
-            new.append(nxt)
-            seq = torch.cat([seq, torch.tensor([[nxt]])], 1)
-    report["greedy_prompt_len"] = PROMPT_LEN
-    report["greedy_new_tokens"] = new
+    layer_inputs = record["gla"][1]  # layer 1 of the first forward: the first with a lower bound
 
     outdir = os.path.join(args.out, "hgrn2")
-    os.makedirs(outdir, exist_ok=True)
-    f32 = lambda d: {n: t.detach().to(torch.float32).contiguous() for n, t in d.items()}  # noqa: E731
-    save_file(f32(dn.foxlm_names(state)), os.path.join(outdir, "model.safetensors"))
-    save_file(
-        {"input_ids": ids.to(torch.int64).contiguous(), "logits": logits.detach().to(torch.float32).contiguous(),
-         "per_position_loss": nll.mean(0).detach().to(torch.float32).contiguous()},
-        os.path.join(outdir, "expected.safetensors"),
-    )
-    save_file({"grad." + n: t for n, t in f32(dn.foxlm_names(grads)).items()},
-              os.path.join(outdir, "expected_grads.safetensors"))
-    import json
-
-    with open(os.path.join(outdir, "config.json"), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2, sort_keys=True, default=str)
+    dn.write_fixture(torch, outdir, cfg, state, grads, ids, logits, nll)
 
     # Cross-check: fla's own naive recurrence (float32) on layer 1's GLA inputs.
     try:
@@ -222,12 +163,9 @@ def run_model(torch, fla_models, args, fla_desc):
     except Exception as e:  # noqa: BLE001
         report["fla_naive_error"] = repr(e)
 
-    for (mod, n), fn in originals.items():
-        setattr(mod, n, fn)
-    report["made_by"] = "bench/make_hgrn2_fixtures.py (seed %d, B=%d, T=%d)" % (args.seed, BATCH, SEQ)
-    dn.write_report(report, outdir)
-    return dict(cfg=cfg, model_cls="HGRN2ForCausalLM", state=state, grads=grads, logits=logits.detach(), ids=ids,
-                report=report, outdir=outdir)
+    made_by = "bench/make_hgrn2_fixtures.py (seed %d, B=%d, T=%d)" % (args.seed, BATCH, SEQ)
+    return dn.finish_model(originals, report, outdir, made_by, cfg=cfg, model_cls="HGRN2ForCausalLM", state=state,
+                           grads=grads, logits=logits.detach(), ids=ids)
 
 
 def main():

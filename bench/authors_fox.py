@@ -29,26 +29,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # bench/ is this script's folder
-from train_reference import check_sizes, finish_train, timed_steps, torch_on_device  # noqa: E402
-from authors_common import put_authors_on_path  # noqa: E402
+from train_reference import SIZES, VOCAB, add_model_options, add_step_options, check_sizes  # noqa: E402
+from train_reference import finish_train, timed_steps, torch_on_device  # noqa: E402
+from authors_common import authors_commit, put_authors_on_path  # noqa: E402
 
-SIZES = {
-    # name: (hidden, layers, heads); head_dim 64 in both
-    "125m": (768, 12, 12),
-    "760m": (1536, 24, 24),
-}
-VOCAB = 50257
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_AUTHORS = os.path.join(os.path.dirname(HERE), ".device-bundle", "authors")
 
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default="125m")
-    ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model (their training does not)")
-    ap.add_argument("--checkpoint", action="store_true", help="their per-block gradient checkpointing")
+    add_model_options(
+        ap, "torch.compile the model (their training does not)", "their per-block gradient checkpointing"
+    )
     ap.add_argument("--acp", action="store_true", help="Adaptive Computation Pruning (log_pruning_tolerance)")
     ap.add_argument("--log-pruning-tolerance", type=float, default=-10.0)
     ap.add_argument("--qk-share", dest="qk_share", action="store_true", default=True)
@@ -61,10 +54,7 @@ def parse_args():
         "default: their init (bias 0)",
     )
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the kernel-vs-PyTorch check")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    ap.add_argument("--json", default=None, help="write the result as JSON to this path")
-    ap.add_argument("--seed", type=int, default=0)
+    add_step_options(ap)
     ap.add_argument("--authors-dir", default=DEFAULT_AUTHORS, help="folder holding their LICENSE and src/")
     ap.add_argument("--device", default="cuda", help="cuda (benchmark) or meta/cpu (build-only check)")
     ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke tests)")
@@ -118,10 +108,7 @@ def kernel_check(dev):
 
 def main():
     a = parse_args()
-    on_device = torch_on_device(a, "use --device cpu --build-only for a check")
-    if on_device is None:
-        return 2
-    torch, dev = on_device
+    torch, dev = torch_on_device(a, "use --device cpu --build-only for a check")
     Config, CausalLM = import_authors(a.authors_dir)
 
     d, n_layers, n_heads = SIZES[a.size]
@@ -234,10 +221,9 @@ def main():
         result["transformers_version"] = transformers.__version__
     except ImportError:
         pass
-    commit_file = os.path.join(a.authors_dir, "COMMIT")
-    if os.path.isfile(commit_file):
-        with open(commit_file) as f:
-            result["authors_commit"] = f.read().strip()
+    commit = authors_commit(a.authors_dir)
+    if commit is not None:
+        result["authors_commit"] = commit
 
     if a.check and dev.type == "cuda":
         result["kernel_check_rel_err"] = kernel_check(dev)

@@ -60,8 +60,8 @@ import statistics
 import sys
 import time
 
-# bench/ is this script's folder; the models' sizes are train_reference.py's.
-from train_reference import NORM_EPS, ROPE_THETA, SIZES, VOCAB, torch_on_device, write_result
+# bench/ is this script's folder; the sizes and the transformer's attention are train_reference.py's.
+from train_reference import NORM_EPS, SIZES, VOCAB, rope_attention, rope_tables, torch_on_device, write_result
 
 QK_NORM_EPS = 1e-5
 
@@ -121,10 +121,6 @@ def build(a, max_len, dtype, device):
     def head_rms(x, w, eps):
         # x [..., H, D], w [H, D]: RMSNorm over each head's head_dim slice.
         return F.rms_norm(x, (hd,), eps=eps) * w
-
-    def rotate_half(x):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
 
     def reference_attention(q, k, v, bias):
         # q, k, v [B, H, T, D]; bias [B, H, T, T] or None. Explicit fp32 causal softmax.
@@ -221,32 +217,10 @@ def build(a, max_len, dtype, device):
             c = logf.cumsum(1).transpose(1, 2)
             return self.finish(reference_attention(q, k, v, c[..., :, None] - c[..., None, :]), h)
 
-    class RopeAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wq = nn.Linear(d, d, bias=False)
-            self.wk = nn.Linear(d, d, bias=False)
-            self.wv = nn.Linear(d, d, bias=False)
-            self.wo = nn.Linear(d, d, bias=False)
-
+    class RopeAttention(rope_attention(torch, d, n_heads, hd)):
         def setup_cache(self, b):
             self.register_buffer("k_cache", torch.zeros(b, n_heads, max_len, hd, dtype=dtype, device=device), False)
             self.register_buffer("v_cache", torch.zeros(b, n_heads, max_len, hd, dtype=dtype, device=device), False)
-
-        def project(self, h, cos, sin):
-            # cos, sin [T, D] for these tokens' positions.
-            b, t, _ = h.shape
-            q = self.wq(h).view(b, t, n_heads, hd).transpose(1, 2)
-            k = self.wk(h).view(b, t, n_heads, hd).transpose(1, 2)
-            v = self.wv(h).view(b, t, n_heads, hd).transpose(1, 2)
-            cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            return q, k, v
-
-        def out(self, o):
-            b, _, t, _ = o.shape
-            return self.wo(o.transpose(1, 2).reshape(b, t, d))
 
         def prefill(self, h, cos, sin):
             t = h.shape[1]
@@ -305,11 +279,9 @@ def build(a, max_len, dtype, device):
             self.to(device=device, dtype=dtype)
             self.register_buffer("positions", torch.arange(max_len, device=device), False)
             if not fox:
-                inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-                freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
-                emb = torch.cat([freqs, freqs], dim=-1)  # rotate-half layout: [L, D]
-                self.register_buffer("cos", emb.cos().to(device), False)
-                self.register_buffer("sin", emb.sin().to(device), False)
+                cos, sin = rope_tables(torch, hd, max_len)
+                self.register_buffer("cos", cos.to(device), False)
+                self.register_buffer("sin", sin.to(device), False)
 
         def setup_cache(self, b):
             for blk in self.layers:
@@ -365,10 +337,7 @@ def decode_one_token(model, ids, input_pos):
 
 def main():
     a = parse_args()
-    on_device = torch_on_device(a, "use --device cpu only for a smoke test")
-    if on_device is None:
-        return 2
-    torch, dev = on_device
+    torch, dev = torch_on_device(a, "use --device cpu only for a smoke test")
     cuda = dev.type == "cuda"
     dtype = getattr(torch, a.dtype)
     if a.cd_tuning:

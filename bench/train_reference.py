@@ -32,20 +32,31 @@ NORM_EPS = 1e-6
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default="125m")
-    ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
-    ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    ap.add_argument("--json", default=None, help="write the result as JSON to this path")
-    ap.add_argument("--seed", type=int, default=0)
+    add_model_options(ap, "torch.compile the model", "activation checkpointing per block")
+    add_step_options(ap)
     ap.add_argument("--device", default="cuda", help="cuda (benchmark) or cpu (smoke test only)")
     ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke tests)")
     a = ap.parse_args()
     check_sizes(ap, a)
     return a
+
+
+def add_model_options(ap, compile_help, checkpoint_help):
+    """--size, --context, --batch, --compile and --checkpoint, the model and batch options of the
+    training benchmarks in bench/ (this one and authors_fox.py)."""
+    ap.add_argument("--size", choices=sorted(SIZES), default="125m")
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help=compile_help)
+    ap.add_argument("--checkpoint", action="store_true", help=checkpoint_help)
+
+
+def add_step_options(ap):
+    """--steps and --warmup (what timed_steps runs), --json (where finish_train writes) and --seed."""
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--json", default=None, help="write the result as JSON to this path")
+    ap.add_argument("--seed", type=int, default=0)
 
 
 def check_sizes(ap, a):
@@ -73,6 +84,57 @@ def timed(torch, dev, f):
     return out, s.elapsed_time(e) / 1e3
 
 
+def rope_tables(torch, head_dim, length):
+    """cos and sin [length, head_dim] (float32, on the CPU) of RoPE with theta ROPE_THETA for
+    positions 0..length-1, in the rotate-half layout."""
+    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rope_attention(torch, d, n_heads, head_dim):
+    """The LLaMA attention module of both PyTorch baselines (this one and decode_reference.py's
+    transformer): q, k, v and o projections without bias, RoPE (rotate-half) on q and k; called
+    with x [B, T, d] and the rope_tables rows of its positions, it attends causally through SDPA."""
+    nn, F = torch.nn, torch.nn.functional
+
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Linear(d, d, bias=False)
+            self.wk = nn.Linear(d, d, bias=False)
+            self.wv = nn.Linear(d, d, bias=False)
+            self.wo = nn.Linear(d, d, bias=False)
+
+        def project(self, x, cos, sin):
+            """q, k, v [B, H, T, D], q and k rotated by cos, sin [T, D]."""
+            b, t, _ = x.shape
+            q = self.wq(x).view(b, t, n_heads, head_dim).transpose(1, 2)
+            k = self.wk(x).view(b, t, n_heads, head_dim).transpose(1, 2)
+            v = self.wv(x).view(b, t, n_heads, head_dim).transpose(1, 2)
+            cos = cos.to(q.dtype)
+            sin = sin.to(q.dtype)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            return q, k, v
+
+        def out(self, o):
+            """The heads' outputs o [B, H, T, D] through wo: [B, T, d]."""
+            b, _, t, _ = o.shape
+            return self.wo(o.transpose(1, 2).reshape(b, t, d))
+
+        def forward(self, x, cos, sin):
+            q, k, v = self.project(x, cos, sin)
+            return self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    return Attention
+
+
 def build(a):
     import torch
     import torch.nn as nn
@@ -85,26 +147,7 @@ def build(a):
     head_dim = d // n_heads
     inter = int(d * 4 * 2 / 3)
     inter = 256 * ((inter + 255) // 256)
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wq = nn.Linear(d, d, bias=False)
-            self.wk = nn.Linear(d, d, bias=False)
-            self.wv = nn.Linear(d, d, bias=False)
-            self.wo = nn.Linear(d, d, bias=False)
-
-        def forward(self, x, cos, sin):
-            b, t, _ = x.shape
-            q = self.wq(x).view(b, t, n_heads, head_dim).transpose(1, 2)
-            k = self.wk(x).view(b, t, n_heads, head_dim).transpose(1, 2)
-            v = self.wv(x).view(b, t, n_heads, head_dim).transpose(1, 2)
-            cos = cos.to(q.dtype)
-            sin = sin.to(q.dtype)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.wo(o.transpose(1, 2).reshape(b, t, d))
+    Attention = rope_attention(torch, d, n_heads, head_dim)
 
     class MLP(nn.Module):
         def __init__(self):
@@ -135,12 +178,9 @@ def build(a):
             self.layers = nn.ModuleList([Block() for _ in range(n_layers)])
             self.norm = nn.RMSNorm(d, eps=NORM_EPS)
             self.head = nn.Linear(d, VOCAB, bias=False)
-            inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-            pos = torch.arange(a.context, dtype=torch.float32)
-            freqs = torch.outer(pos, inv_freq)
-            emb = torch.cat([freqs, freqs], dim=-1)  # rotate-half layout: [T, head_dim]
-            self.register_buffer("cos", emb.cos(), persistent=False)
-            self.register_buffer("sin", emb.sin(), persistent=False)
+            cos, sin = rope_tables(torch, head_dim, a.context)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
             for m in self.modules():
                 if isinstance(m, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(m.weight, mean=0.0, std=0.02)
@@ -156,10 +196,6 @@ def build(a):
                     x = blk(x, cos, sin)
             logits = self.head(self.norm(x))
             return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
-
-    def rotate_half(x):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
 
     return LM(), dict(hidden=d, layers=n_layers, heads=n_heads, head_dim=head_dim, intermediate=inter)
 
@@ -194,14 +230,14 @@ def training_step(torch, model, fwd, dev, batch, context, seed):
 
 
 def torch_on_device(a, hint):
-    """torch and --device, seeded with --seed and TF32 matmuls allowed ("high"); None, after an
-    error line that ends with `hint`, when --device is cuda and torch sees no GPU."""
+    """torch and --device, seeded with --seed and TF32 matmuls allowed ("high"); when --device is
+    cuda and torch sees no GPU, an error line that ends with `hint` and exit status 2."""
     import torch
 
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         print(f"error: torch sees no GPU ({hint})", file=sys.stderr)
-        return None
+        raise SystemExit(2)
     torch.manual_seed(a.seed)
     torch.set_float32_matmul_precision("high")
     return torch, dev
@@ -266,10 +302,7 @@ def write_result(a, result):
 
 def main():
     a = parse_args()
-    on_device = torch_on_device(a, "use --device cpu only for a smoke test")
-    if on_device is None:
-        return 2
-    torch, dev = on_device
+    torch, dev = torch_on_device(a, "use --device cpu only for a smoke test")
 
     model, shape = build(a)
     model = model.to(dev)

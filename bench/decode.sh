@@ -9,10 +9,7 @@
 #   bench/decode.sh 760m
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FL=${FOXLM:-target/release/foxlm}
-OUT=${OUT:-runs/bench-decode}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+. bench/foxlm_bench.sh runs/bench-decode
 size=${1:-125m}
 case $size in
     125m|760m) ;;

@@ -8,10 +8,7 @@
 #   bench/train.sh 760m     # fox-pro-760m, B=1, T=16384 (the references with checkpointing)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FL=${FOXLM:-target/release/foxlm}
-OUT=${OUT:-runs/bench-train}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+. bench/foxlm_bench.sh runs/bench-train
 size=${1:-125m}
 case $size in
     125m)

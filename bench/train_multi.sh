@@ -17,14 +17,11 @@
 #                                   # MODELS="fox-pro-125m" to leave out the 760M
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FL=${FOXLM:-target/release/foxlm}
-OUT=${OUT:-runs/bench-train-multi}
+. bench/foxlm_bench.sh runs/bench-train-multi
 ACP=${ACP:-off}
-mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
-export PYTHONUNBUFFERED=1
 if [ "$NCCL_NVLS_ENABLE" != 0 ]; then
     echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE: NVLink multicast must stay off here; unset it or set 0" >&2
     exit 2

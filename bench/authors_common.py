@@ -142,8 +142,9 @@ def loss_and_grads(torch, F, model, ids):
 
 
 def reference_pass(torch, F, model64, ids, KeepFloat64):
-    """loss_and_grads of the float64 model under KeepFloat64, with one summary line: (the mode, so
-    what it kept and saw in float32, logits, loss, per-position loss, grads)."""
+    """loss_and_grads of the float64 model under KeepFloat64, with one summary line: (the mode,
+    which holds the casts it kept and the ops that still ran in float32, logits, loss, per-position
+    loss, grads)."""
     mode = KeepFloat64()
     with mode:
         logits64, loss64, ppl64, grads64 = loss_and_grads(torch, F, model64, ids)

@@ -14,11 +14,11 @@
 //! run. At B = 2, T = 16384, Di = 1536 that is 400 MiB: B·T·Di·2 floats at N = 16.
 
 use super::compile::SELECTIVE_SCAN;
-use super::kargs::ptr;
+use super::kargs::{self, by_value, ptr, Arg};
 use super::{Elem, Gpu};
 use crate::selective_scan::{self as cpu, BcLayout};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Channels per thread block (16 threads each, one per state).
 const CHANNELS_PER_BLOCK: usize = 16;
@@ -169,18 +169,11 @@ fn base<T: Elem>(gpu: &Gpu, p: &DevScan<T>) -> Result<Params> {
     })
 }
 
+/// Launches `name` with its ScanParams `prm` (every buffer checked by `base` and the callers
+/// against the sizes the kernels index) and the int some kernels take after it.
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), prm: &Params, extra: Option<i32>) -> Result<()> {
-    let f = gpu.function(&SELECTIVE_SCAN, name)?;
-    let cfg = LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    if let Some(x) = &extra {
-        l.arg(x);
-    }
-    // SAFETY: the parameter block matches the kernel's ScanParams; `base` and the callers checked
-    // every buffer against the sizes the kernels index.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
-    Ok(())
+    let args: Vec<Arg> = std::iter::once(by_value(prm)).chain(extra.map(Arg::I)).collect();
+    kargs::launch(gpu, &SELECTIVE_SCAN, name, kargs::plain_config(grid, 256, 0), &args)
 }
 
 fn scan_grid<T>(p: &DevScan<T>) -> (u32, u32, u32) {

@@ -393,7 +393,7 @@ fn conv_args<T: Elem>(
     prev: Option<&CudaSlice<f32>>,
     (batch, seq, channels, width): (usize, usize, usize, usize),
     silu: bool,
-) -> Result<Vec<Arg>> {
+) -> Result<Vec<Arg<'static>>> {
     ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
     let rows = batch * seq;
     need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;

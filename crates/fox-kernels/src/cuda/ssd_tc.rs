@@ -18,10 +18,10 @@
 //! in registers), then ordered reductions of dB/dC over head blocks and of dA/dD over chunks.
 
 use super::compile::SSD_TC;
-use super::kargs::{int, need, ptr};
+use super::kargs::{self, args, by_value, int, kname, need, ptr};
 use super::{Elem, Gpu};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Chunk length.
 const L: usize = 64;
@@ -145,15 +145,10 @@ impl<T: Elem> DevSsd<'_, T> {
     }
 }
 
+/// Launches `name` with its TcParams `prm`, every buffer checked by the callers against the sizes
+/// the kernels index (and that those fit 32-bit ints where used as such).
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), threads: u32, smem: usize, prm: &Params) -> Result<()> {
-    let cfg = super::kargs::config(name, grid, threads, smem)?;
-    let f = super::kargs::function_smem(gpu, &SSD_TC, name, smem)?;
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    // SAFETY: the parameter block matches the kernel's TcParams; the callers checked every buffer
-    // against the sizes the kernels index (and that those fit 32-bit ints where used as such).
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
-    Ok(())
+    kargs::launch(gpu, &SSD_TC, name, kargs::config(name, grid, threads, smem)?, &[by_value(prm)])
 }
 
 /// The state walk's blocks: 4 warps over 32 state columns (8 warps over 64 was slower and
@@ -367,18 +362,10 @@ fn bwd_steps<T: Elem>(
 }
 
 /// dB, dC: the sum over each group's `hbpg` head blocks, into dxbc.
+/// part_bc holds hblocks · B·T · 2N values and dxbc the rows the caller checked.
 fn reduce_bc<T: Elem>(gpu: &Gpu, prm: &Params, total: usize, hbpg: usize) -> Result<()> {
-    let f = gpu.function(&SSD_TC, &format!("ssd_tc_bc_reduce_{}", T::NAME))?;
-    let cfg =
-        LaunchConfig { grid_dim: (total.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let hbpg = hbpg as i32;
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    l.arg(&hbpg);
-    // SAFETY: TcParams and the int of the kernel's signature; part_bc holds hblocks · B·T · 2N
-    // values and dxbc the rows the caller checked.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching ssd_tc_bc_reduce: {e:?}"))?;
-    Ok(())
+    let cfg = kargs::plain_config((total.div_ceil(256) as u32, 1, 1), 256, 0);
+    kargs::launch(gpu, &SSD_TC, &kname::<T>("ssd_tc_bc_reduce"), cfg, &args![gpu; by_value(prm), hbpg as i32])
 }
 
 #[cfg(test)]

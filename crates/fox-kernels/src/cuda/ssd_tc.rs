@@ -1,4 +1,4 @@
-//! Mamba-2's SSD on tensor cores (kernels/ssd_tc.cu), version 2 of the GPU SSD: the same
+//! Mamba-2's SSD on tensor cores (kernels/ssd_tc.cu), the GPU SSD's faster kernels: the same
 //! contract as [`super::ssd::ssd_fwd`] / [`super::ssd::ssd_bwd`] (and the CPU [`crate::ssd`]),
 //! inputs and outputs of element type T (f32 or bf16), dt, A, D, states and parameter gradients
 //! f32. The products run as bf16 `mma.sync` with f32 accumulation (f32 inputs are rounded to
@@ -9,7 +9,7 @@
 //!
 //! Shapes: head dim P = 64 and state N = 64 or 128 ([`supported`]). [`super::ssd::ssd_fwd`] and
 //! [`super::ssd::ssd_bwd`] run these kernels for bf16 activations of those shapes (see
-//! [`super::ssd::uses_tensor_cores`]) and their version 1 otherwise.
+//! [`super::ssd::uses_tensor_cores`]) and their CUDA-core kernels otherwise.
 //!
 //! Forward: the state walk (one block per (b, h, 32 state columns), chunks in order, the state in
 //! registers, loads four chunks deep) then the chunk outputs (one block per (b, chunk, heads of a
@@ -370,10 +370,10 @@ fn reduce_bc<T: Elem>(gpu: &Gpu, prm: &Params, total: usize, hbpg: usize) -> Res
 
 #[cfg(test)]
 mod tests {
-    /// `cuda::ssd::ssd_fwd` / `ssd_bwd` hand their callers' scratch (sized by version 1's
-    /// lengths) to these kernels: it must be enough.
+    /// `cuda::ssd::ssd_fwd` / `ssd_bwd` hand their callers' scratch (sized by the CUDA-core
+    /// kernels' lengths) to these kernels: it must be enough.
     #[test]
-    fn version_1_scratch_covers_version_2() {
+    fn cuda_core_scratch_covers_tensor_cores() {
         for (b, t, h, n, g) in
             [(2, 16384, 24, 128, 1), (1, 1, 1, 64, 1), (3, 65, 34, 64, 1), (2, 300, 4, 128, 2), (1, 0, 2, 64, 1)]
         {

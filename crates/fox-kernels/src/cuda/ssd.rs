@@ -36,17 +36,12 @@ fn launch(gpu: &Gpu, name: &str, grid: usize, smem: usize, args: &[Arg]) -> Resu
     launch3(gpu, name, (grid, 1, 1), smem, args)
 }
 
-/// [`launch`] on a two-dimensional grid (x, y).
-fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
-    launch3(gpu, name, (grid, gy, 1), smem, args)
-}
-
-/// [`launch`] on a three-dimensional grid (x, y, z).
+/// [`launch`] on a grid (x, y, z).
 fn launch3(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
     kargs::launch(gpu, &SSD, name, kargs::config(name, grid, 256, smem)?, args)
 }
 
-/// [`launch2`] with programmatic dependent launch (no dynamic shared memory): for kernels that
+/// [`launch3`] on a grid (x, y) with programmatic dependent launch (no dynamic shared memory): for kernels that
 /// wait (pdl_wait_prev) before reading what earlier kernels write, so that their launch overlaps
 /// the kernel before them (a decode step's chain of small kernels).
 fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) -> Result<()> {
@@ -822,7 +817,7 @@ pub fn dt_bwd<T: Elem, O: Elem>(
         ptr_mut(gpu, draw), part, ddt, ptr(gpu, raw), stride as i64, bias, int(op, rows)?, int(op, h)?,
         ROWS_PER_PART as i32,
     ];
-    launch2(gpu, &dt_kernel::<T, O>("ssd_dt_bwd")?, (h.div_ceil(256), parts), 0, &args)?;
+    launch3(gpu, &dt_kernel::<T, O>("ssd_dt_bwd")?, (h.div_ceil(256), parts, 1), 0, &args)?;
     let args = args![gpu; dbias, part, int(op, parts)?, int(op, h)?, h as i64];
     launch(gpu, "ssd_colsum_acc_f32", h.div_ceil(256), 0, &args)
 }

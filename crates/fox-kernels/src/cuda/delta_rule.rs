@@ -955,7 +955,7 @@ pub fn l2norm_fwd<T: Elem>(
     }
     int(op, rows * dim)?;
     let args = args![gpu; y, rstd, x, int(op, rows)?, int(op, dim)?];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_fwd_{}", T::NAME), grid1(rows, 8), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_l2norm_fwd"), grid1(rows, 8), &args)
 }
 
 /// Backward of [`l2norm_fwd`] from its output: dx = rstd · (dy − y (y·dy)), overwritten.
@@ -980,7 +980,7 @@ pub fn l2norm_bwd<T: Elem>(
     }
     int(op, rows * dim)?;
     let args = args![gpu; dx, dy, y, rstd, int(op, rows)?, int(op, dim)?];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_bwd_{}", T::NAME), grid1(rows, 8), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_l2norm_bwd"), grid1(rows, 8), &args)
 }
 
 /// Gated DeltaNet's log-decay g [rows, H] = −exp(A_log) · softplus(a + dt_bias), f32 (the CPU
@@ -1003,7 +1003,7 @@ pub fn decay_fwd<T: Elem>(
     }
     let args = args![gpu; g, a, a_log, dt_bias, int(op, rows)?, int(op, h)?];
     int(op, rows * h)?;
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_fwd_{}", T::NAME), grid1(rows * h, 256), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_decay_fwd"), grid1(rows * h, 256), &args)
 }
 
 /// f32 elements of [`decay_bwd`]'s scratch.
@@ -1042,7 +1042,7 @@ pub fn decay_bwd<T: Elem>(
     let base = ptr(gpu, scratch);
     let (tb, tl) = (base, base + (rows * h * 4) as u64);
     let args = args![gpu; da, tb, tl, dg, a, a_log, dt_bias, int(op, rows)?, int(op, h)?];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_bwd_{}", T::NAME), grid1(rows * h, 256), &args)?;
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_decay_bwd"), grid1(rows * h, 256), &args)?;
     let args = args![gpu; ddt_bias, da_log, tb, tl, a_log, int(op, rows)?, int(op, h)?];
     kargs::launch(gpu, &DELTA_RULE, "dr_decay_reduce", kargs::plain_config((h as u32, 1, 1), 256, 0), &args)
 }
@@ -1064,7 +1064,7 @@ pub fn swish_gate_fwd<T: Elem>(
         return Ok(());
     }
     let args = args![gpu; y, x, gate, n as i64];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_fwd_{}", T::NAME), grid1(n, 256), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_swish_fwd"), grid1(n, 256), &args)
 }
 
 /// Backward of [`swish_gate_fwd`]: dx and dgate overwritten.
@@ -1087,7 +1087,7 @@ pub fn swish_gate_bwd<T: Elem>(
         return Ok(());
     }
     let args = args![gpu; dx, dgate, dy, x, gate, n as i64];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_bwd_{}", T::NAME), grid1(n, 256), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_swish_bwd"), grid1(n, 256), &args)
 }
 
 #[cfg(test)]

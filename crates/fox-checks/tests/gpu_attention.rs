@@ -5,15 +5,12 @@
 
 mod common;
 
-use common::{assert_all_pass, gpu};
+use common::{all_pass, gpu};
 use fox_checks::check;
 
 fn run(filter: &str) {
-    let Some(g) = gpu("attention") else { return };
-    let seed = check::fresh_seed();
-    let rows = check::run_all(&g, Some(filter), seed);
+    let Some(rows) = all_pass("attention", |g, seed| check::run_all(g, Some(filter), seed)) else { return };
     assert!(!rows.is_empty(), "no case matched `{filter}`");
-    assert_all_pass(seed, &rows);
 }
 
 #[test]

@@ -6,15 +6,12 @@
 
 mod common;
 
-use common::{assert_all_pass, gpu};
-use fox_checks::{check, delta_rule_check};
+use common::all_pass;
+use fox_checks::delta_rule_check;
 
 #[test]
 fn every_delta_rule_op_matches_its_cpu_op() {
-    let Some(g) = gpu("delta rule") else { return };
-    let seed = check::fresh_seed();
-    let rows = delta_rule_check::run_all(&g, seed);
-    assert_all_pass(seed, &rows);
+    let Some(rows) = all_pass("delta rule", delta_rule_check::run_all) else { return };
     // 6 shapes × 2 types × (9-10 forward and backward rows + 2 decode rows), and the small ops.
     assert!(rows.len() >= 150, "only {} check rows", rows.len());
 }

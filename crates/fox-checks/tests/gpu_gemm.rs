@@ -5,16 +5,13 @@
 
 mod common;
 
-use common::{assert_all_pass, gpu};
-use fox_checks::{check, gemm_check};
+use common::{all_pass, gpu};
+use fox_checks::gemm_check;
 use fox_kernels::cuda::gemm;
 
 #[test]
 fn gemms_and_f32_attention_match_the_cpu() {
-    let Some(g) = gpu("GEMM") else { return };
-    let seed = check::fresh_seed();
-    let rows = gemm_check::run_all(&g, seed);
-    assert_all_pass(seed, &rows);
+    let Some(rows) = all_pass("GEMM", gemm_check::run_all) else { return };
     // every GEMM shape in both types, the determinism rows, every attention case
     assert!(rows.len() >= gemm_check::gemm_shapes().len() * 2 * 5 + gemm_check::attention_cases().len() * 6);
 }

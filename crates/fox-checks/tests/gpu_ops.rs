@@ -5,14 +5,11 @@
 
 mod common;
 
-use common::{assert_all_pass, gpu};
-use fox_checks::{check, ops_check};
+use common::all_pass;
+use fox_checks::ops_check;
 
 #[test]
 fn every_op_matches_its_cpu_op() {
-    let Some(g) = gpu("ops") else { return };
-    let seed = check::fresh_seed();
-    let rows = ops_check::run_all(&g, seed);
-    assert_all_pass(seed, &rows);
+    let Some(rows) = all_pass("ops", ops_check::run_all) else { return };
     assert!(rows.len() > 100, "only {} check rows", rows.len());
 }

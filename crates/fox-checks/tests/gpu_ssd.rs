@@ -6,15 +6,14 @@
 
 mod common;
 
-use common::{assert_all_pass, gpu};
-use fox_checks::{check, ssd_check, ssd_tc_check};
+use common::all_pass;
+use fox_checks::{ssd_check, ssd_tc_check};
 
 #[test]
 fn every_mamba2_op_matches_its_cpu_op() {
-    let Some(g) = gpu("SSD") else { return };
-    let seed = check::fresh_seed();
-    let mut rows = ssd_check::run_all(&g, seed);
-    rows.extend(ssd_tc_check::run_all(&g, seed));
-    assert_all_pass(seed, &rows);
+    let Some(rows) = all_pass("SSD", |g, seed| [ssd_check::run_all(g, seed), ssd_tc_check::run_all(g, seed)].concat())
+    else {
+        return;
+    };
     assert!(rows.len() >= 11, "only {} check rows", rows.len());
 }

@@ -1,5 +1,5 @@
-//! What every GPU test of this crate does: take GPU 0 or skip with a notice, and fail on any
-//! failed check row after printing the table.
+//! What every GPU test of this crate does: take GPU 0 or skip with a notice, run check rows with
+//! a fresh seed, and fail on any failed row after printing the table.
 
 use fox_checks::check::{self, CheckRow};
 use fox_kernels::cuda::Gpu;
@@ -18,9 +18,14 @@ pub fn gpu(what: &str) -> Option<Arc<Gpu>> {
     }
 }
 
-/// Prints the rows' table under the seed they ran with and fails if any row failed.
-pub fn assert_all_pass(seed: u64, rows: &[CheckRow]) {
-    println!("seed {seed}\n{}", check::format_table(rows));
+/// The rows `run_all` gives on GPU 0 with a fresh seed, after printing their table and failing
+/// if any row failed; none where no GPU is usable.
+pub fn all_pass(what: &str, run_all: impl FnOnce(&Gpu, u64) -> Vec<CheckRow>) -> Option<Vec<CheckRow>> {
+    let g = gpu(what)?;
+    let seed = check::fresh_seed();
+    let rows = run_all(&g, seed);
+    println!("seed {seed}\n{}", check::format_table(&rows));
     let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
     assert!(failed.is_empty(), "{} check(s) failed: {failed:?}", failed.len());
+    Some(rows)
 }

@@ -338,48 +338,45 @@ fn per_row_starts(vis: &Vis, b: usize, t: usize) -> Option<Vec<usize>> {
 /// Host segmented prefix sums: c [B, H, T] from a [B, T, H], restarting at each document and 0
 /// at padding (the reference for packed rows; equals fgate::prefix_sum_fwd for left padding).
 pub fn host_prefix_fwd(a: &[f32], starts: Option<&[usize]>, b: usize, t: usize, h: usize) -> Vec<f32> {
-    let mut c = vec![0.0; b * h * t];
-    for bi in 0..b {
-        for hi in 0..h {
-            let mut acc = 0.0f32;
-            let mut cur = usize::MAX;
-            for ti in 0..t {
-                let s = starts.map_or(0, |s| s[bi * t + ti]);
-                if s != cur {
-                    cur = s;
-                    acc = 0.0;
-                }
-                if ti >= s {
-                    acc += a[(bi * t + ti) * h + hi];
-                    c[(bi * h + hi) * t + ti] = acc;
-                }
-            }
-        }
-    }
-    c
+    segmented_sums(a, starts, (b, t, h), false, |bi, hi, ti| ((bi * t + ti) * h + hi, (bi * h + hi) * t + ti))
 }
 
 /// Host segmented reverse prefix sums: da [B, T, H] from dc [B, H, T].
 pub fn host_prefix_bwd(dc: &[f32], starts: Option<&[usize]>, b: usize, t: usize, h: usize) -> Vec<f32> {
-    let mut da = vec![0.0; b * t * h];
+    segmented_sums(dc, starts, (b, t, h), true, |bi, hi, ti| ((bi * h + hi) * t + ti, (bi * t + ti) * h + hi))
+}
+
+/// Sums of `src` along t per (b, h), from the front or (`reverse`) from the back, restarting
+/// where a position's document start changes and 0 before it; `at(b, h, t)` gives the indices
+/// of (b, h, t) in `src` and in the output.
+fn segmented_sums(
+    src: &[f32],
+    starts: Option<&[usize]>,
+    (b, t, h): (usize, usize, usize),
+    reverse: bool,
+    at: impl Fn(usize, usize, usize) -> (usize, usize),
+) -> Vec<f32> {
+    let mut out = vec![0.0; b * t * h];
     for bi in 0..b {
         for hi in 0..h {
             let mut acc = 0.0f32;
             let mut cur = usize::MAX;
-            for ti in (0..t).rev() {
+            for k in 0..t {
+                let ti = if reverse { t - 1 - k } else { k };
                 let s = starts.map_or(0, |s| s[bi * t + ti]);
                 if s != cur {
                     cur = s;
                     acc = 0.0;
                 }
                 if ti >= s {
-                    acc += dc[(bi * h + hi) * t + ti];
-                    da[(bi * t + ti) * h + hi] = acc;
+                    let (i, o) = at(bi, hi, ti);
+                    acc += src[i];
+                    out[o] = acc;
                 }
             }
         }
     }
-    da
+    out
 }
 
 fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {

@@ -15,17 +15,18 @@
 //! - GLA backward (dq, dk, dv, dg, dinit), f32: 1e-4: the same, through twice as many sums; dg is a
 //!   difference of such sums (q·dq − k·dk) summed again over the chunk (≤ 4.3e-6 under
 //!   emulation, strong decays).
-//! - bf16, version 1 (`tensor_cores: Some(false)`): the outputs o, dq, dk, dv and dg are rounded
+//! - bf16, CUDA cores (`tensor_cores: Some(false)`): the outputs o, dq, dk, dv and dg are rounded
 //!   once to bf16 (relative rms 2⁻⁹/√3 ≈ 1.1e-3): 4e-3; the f32 outputs (final state, dinit) keep
 //!   the f32 tolerances, both sides reading the same rounded inputs.
-//! - bf16, version 2 (tensor cores, the default for bf16): the products' operands are rounded to
+//! - bf16, tensor cores (`walk: Some(false)`): the products' operands are rounded to
 //!   bf16 too (k ⊙ e^{G_L − G}, q ⊙ e^G, the states S_c and dH_c, the scores A), each a relative
 //!   rms of 1.1e-3, in sums whose terms do not cancel: 1e-2 for every output and state; the gate's
 //!   gradient, a difference of such sums (q·dq − k·dk) summed again, 3e-2. Under host emulation
 //!   (PTX's fragment layouts): ≤ 2.9e-3, dg ≤ 9.7e-3 with strong decays.
-//! - bf16, version 3 (`walk: Some(true)`): version 2's roundings (the walk rounds k ⊙ e^{G_L − G}
-//!   and v as version 2's chunk states do, its output kernel S_c, q ⊙ e^G and A), sums in other
-//!   orders: version 2's tolerances. Under host emulation: the same errors as version 2. With its
+//! - bf16, the walk (`walk: Some(true)`, the default for bf16): the tensor-core kernels'
+//!   roundings (the walk rounds k ⊙ e^{G_L − G} and v as their chunk states do, its output kernel
+//!   S_c, q ⊙ e^G and A), sums in other orders: their tolerances. Under host emulation: the same
+//!   errors as the tensor-core kernels. With its
 //!   forward's scores on tensor cores (`scores_tc: Some(true)`, the `tc-scores` rows): between
 //!   sub-chunks the scores' operands q̃ and k ⊙ e^{G_r − G} rounded to bf16 too (one more relative
 //!   rms of 1.1e-3 in a sum whose terms do not cancel): the same tolerances; under host emulation
@@ -109,7 +110,7 @@ impl<T: Elem> DevInputs<T> {
         Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, g: up(gpu, p.g)?, start })
     }
 
-    /// The device problem of `p`'s sizes over these buffers, the kernel version by default.
+    /// The device problem of `p`'s sizes over these buffers, the kernels' default choice.
     fn problem(&self, p: &fox_kernels::gla::Gla) -> DevGla<'_, T> {
         DevGla {
             batch: p.batch,
@@ -130,10 +131,37 @@ impl<T: Elem> DevInputs<T> {
     }
 }
 
-/// One case in T through `version` 1, 2 (tensor cores), 3 (version 2 with the walk's state
-/// passing; bf16 only) or 4 (version 3 with the forward's scores on tensor cores).
-fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<()> {
-    let tc = version >= 2;
+/// The GLA kernels a case or a timing runs ([`gla::GlaKernels`], the walk with or without its
+/// forward's scores on tensor cores, in line with the scores or beside them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlaRun {
+    CudaCores,
+    TensorCores,
+    /// The walk with gla_scores on the CUDA cores (bf16 only).
+    Walk,
+    /// The walk with the forward's scores on tensor cores (timed with the walk in line with them).
+    WalkTcScores,
+    /// [`GlaRun::WalkTcScores`] with the walk beside the scores on a second stream (the default,
+    /// [`gla::set_overlap`]).
+    WalkTcScoresBeside,
+}
+
+impl GlaRun {
+    /// The problem `p` with these kernels chosen.
+    fn problem<'a, T: Elem>(self, p: DevGla<'a, T>) -> DevGla<'a, T> {
+        use GlaRun::*;
+        DevGla {
+            tensor_cores: Some(self != CudaCores),
+            walk: Some(matches!(self, Walk | WalkTcScores | WalkTcScoresBeside)),
+            scores_tc: Some(matches!(self, WalkTcScores | WalkTcScoresBeside)),
+            ..p
+        }
+    }
+}
+
+/// One case in T through `run`'s kernels.
+fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, run: GlaRun) -> Result<()> {
+    let tc = run != GlaRun::CudaCores;
     let (b, t, h, d) = (s.b, s.t, s.h, s.d);
     let [q, k, v, g] = inputs::<T>(c, s);
     let ns = b * h * d * d;
@@ -144,12 +172,7 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     let gpu = c.gpu;
     let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let ginit = init.as_ref().map(|i| gpu.upload(i)).transpose()?;
-    let dev = DevGla {
-        tensor_cores: Some(tc),
-        walk: Some(version >= 3),
-        scores_tc: Some(version == 4),
-        ..inputs.problem(&cpu)
-    };
+    let dev = run.problem(inputs.problem(&cpu));
     let bf = T::NAME == "bf16";
     // Outputs in T (o, dq, dk, dv, dg) and in f32 (states, dinit).
     let tol_t = |tol: f64| {
@@ -171,7 +194,7 @@ fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, version: u8) -> Result<
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), tol_f(TOL_FWD), "");
     gla::gla_fwd(gpu, &dev, &mut go, ginit.as_ref(), Some(&mut gf), &mut sc)?;
     c.add(name, "forward determinism (rerun)", bits_differ(&o1, &down(gpu, &go)?), 0.0, "elements with other bits");
-    // Version 3's walk in line with the scores, not beside them on a second stream (the default,
+    // The walk in line with the scores, not beside them on a second stream (the default,
     // gla::set_overlap): the same bits.
     let overlap = tc && gla::uses_walk(&dev);
     if overlap {
@@ -411,12 +434,13 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
         ("B1 T90 H1 K=V=80 init", Shape { b: 1, t: 90, h: 1, d: 80, start: None, init: true, gate: (2.0, 1.5) }),
     ];
     for (shape, s) in &shapes {
-        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, 1));
-        case(&mut c, &format!("gla bf16 v1 {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 1));
-        case(&mut c, &format!("gla bf16 tc {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 2));
-        // Version 3 (the walk's block width as FOXLM_GLA_KB says: run check-ops once per width).
-        case(&mut c, &format!("gla bf16 v3 {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 3));
-        case(&mut c, &format!("gla bf16 v3 tc-scores {shape}"), |c, n| gla_case::<half::bf16>(c, n, s, 4));
+        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, GlaRun::CudaCores));
+        let bf16 = |run| move |c: &mut Ctx, n: &str| gla_case::<half::bf16>(c, n, s, run);
+        case(&mut c, &format!("gla bf16 cuda-cores {shape}"), bf16(GlaRun::CudaCores));
+        case(&mut c, &format!("gla bf16 tc {shape}"), bf16(GlaRun::TensorCores));
+        // The walk (its block width as FOXLM_GLA_KB says: run check-ops once per width).
+        case(&mut c, &format!("gla bf16 walk {shape}"), bf16(GlaRun::Walk));
+        case(&mut c, &format!("gla bf16 walk tc-scores {shape}"), bf16(GlaRun::WalkTcScores));
     }
     for d in [32, 128] {
         case(&mut c, &format!("gla decode B2 H3 K=V={d}"), |c, n| decode_case(c, n, d));
@@ -431,41 +455,33 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 }
 
 /// What `fox-attn bench-gla` and `foxlm bench gla` time, in order: (label, bf16 inputs, the
-/// version [`bench`] takes).
-pub const BENCH_VERSIONS: [(&str, bool, u8); 6] = [
-    ("bf16, v3 + tensor-core scores, walk beside the scores (the default)", true, 5),
-    ("bf16, v3 + tensor-core scores, walk in line (FOXLM_GLA_OVERLAP=0)", true, 4),
-    ("bf16, v3 with gla_scores", true, 3),
-    ("bf16, tensor cores", true, 2),
-    ("bf16, v1", true, 1),
-    ("f32, v1", false, 1),
+/// kernels [`bench`] runs).
+pub const BENCH_RUNS: [(&str, bool, GlaRun); 6] = [
+    ("bf16, walk + tensor-core scores, walk beside the scores (the default)", true, GlaRun::WalkTcScoresBeside),
+    ("bf16, walk + tensor-core scores, walk in line (FOXLM_GLA_OVERLAP=0)", true, GlaRun::WalkTcScores),
+    ("bf16, walk with gla_scores", true, GlaRun::Walk),
+    ("bf16, tensor cores", true, GlaRun::TensorCores),
+    ("bf16, cuda cores", true, GlaRun::CudaCores),
+    ("f32, cuda cores", false, GlaRun::CudaCores),
 ];
 
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
 /// [B, T, H, K = V] on random inputs (g = logsigmoid of N(0, 1) + 2), no initial state, in T,
-/// through `version` 1, 2 (tensor cores), 3 (version 2 with the walk), 4 (version 3 with the
-/// forward's scores on tensor cores) or 5 (4 with the walk beside the scores on a second stream,
-/// [`gla::set_overlap`]); then each forward kernel alone ([`gla::fwd_kernel_ms`]).
+/// through `run`'s kernels; then each forward kernel alone ([`gla::fwd_kernel_ms`]).
 pub fn bench<T: Elem>(
     gpu: &Gpu,
     (b, t, h, d): (usize, usize, usize, usize),
     warmup: usize,
     iters: usize,
-    version: u8,
+    run: GlaRun,
 ) -> Result<(f64, f64, [f64; 4])> {
-    let tc = version >= 2;
     let mut c = Ctx::new(gpu, 1);
     let s = Shape { b, t, h, d, start: None, init: false, gate: (2.0, 1.0) };
     let [q, k, v, g] = inputs::<T>(&mut c, &s);
     let cpu = host_problem((b, t, h, d), [&q, &k, &v, &g], None);
     let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
-    let dev = DevGla {
-        tensor_cores: Some(tc),
-        walk: Some(version >= 3),
-        scores_tc: Some(version >= 4),
-        ..inputs.problem(&cpu)
-    };
-    gla::set_overlap(Some(version == 5));
+    let dev = run.problem(inputs.problem(&cpu));
+    gla::set_overlap(Some(run == GlaRun::WalkTcScoresBeside));
     let r = bench_timed(gpu, &mut c, &dev, &q, warmup, iters);
     gla::set_overlap(None);
     r

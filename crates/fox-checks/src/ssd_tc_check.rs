@@ -75,7 +75,8 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
     if fox_kernels::cuda::ssd::uses_tensor_cores(&dev) {
-        // cuda::ssd::ssd_fwd hands bf16 problems of these shapes to version 2, in its own scratch.
+        // cuda::ssd::ssd_fwd hands bf16 problems of these shapes to the tensor-core kernels, in its
+        // own scratch.
         let mut sc1 = gpu.zeros::<f32>(fox_kernels::cuda::ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
         fox_kernels::cuda::ssd::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc1)?;
         let y3 = down(gpu, &gy)?;

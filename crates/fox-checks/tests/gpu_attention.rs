@@ -3,29 +3,14 @@
 //! `fox_checks::check`. On a GPU machine: `cargo test -p fox-checks --release --test
 //! gpu_attention -- --nocapture` (or `fox-attn check`, which prints the whole table).
 
-use fox_checks::check;
-use fox_kernels::cuda::Gpu;
+mod common;
 
-fn gpu() -> Option<std::sync::Arc<Gpu>> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            // straight to stderr, past the test harness's capture, so the skip is always visible
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "NOTICE: GPU attention test skipped, no usable GPU: {e:#}");
-            None
-        }
-    }
-}
+use common::{all_pass, gpu};
+use fox_checks::check;
 
 fn run(filter: &str) {
-    let Some(g) = gpu() else { return };
-    let seed = check::fresh_seed();
-    let rows = check::run_all(&g, Some(filter), seed);
-    println!("seed {seed}\n{}", check::format_table(&rows));
+    let Some(rows) = all_pass("attention", |g, seed| check::run_all(g, Some(filter), seed)) else { return };
     assert!(!rows.is_empty(), "no case matched `{filter}`");
-    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
-    assert!(failed.is_empty(), "{} check(s) failed: {failed:?}", failed.len());
 }
 
 #[test]
@@ -62,7 +47,7 @@ fn decode_kernel_against_full_forward() {
 
 #[test]
 fn out_of_memory_is_a_clear_error() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = gpu("attention") else { return };
     // far more than any GPU has
     let Err(err) = g.zeros::<f32>(1usize << 42) else { panic!("a 16 TiB allocation must fail") };
     let msg = format!("{err:#}");

@@ -4,24 +4,14 @@
 //! `fox_checks::delta_rule_check`. On a GPU machine: `cargo test -p fox-checks --release
 //! --test gpu_delta_rule -- --nocapture` (or `fox-attn check-ops --filter delta`, the same table).
 
-use fox_checks::{check, delta_rule_check};
-use fox_kernels::cuda::Gpu;
+mod common;
+
+use common::all_pass;
+use fox_checks::delta_rule_check;
 
 #[test]
 fn every_delta_rule_op_matches_its_cpu_op() {
-    let g = match Gpu::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "NOTICE: GPU delta rule test skipped, no usable GPU: {e:#}");
-            return;
-        }
-    };
-    let seed = check::fresh_seed();
-    let rows = delta_rule_check::run_all(&g, seed);
-    println!("seed {seed}\n{}", check::format_table(&rows));
+    let Some(rows) = all_pass("delta rule", delta_rule_check::run_all) else { return };
     // 6 shapes × 2 types × (9-10 forward and backward rows + 2 decode rows), and the small ops.
     assert!(rows.len() >= 150, "only {} check rows", rows.len());
-    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
-    assert!(failed.is_empty(), "{} check(s) failed: {failed:?}", failed.len());
 }

@@ -3,35 +3,22 @@
 //! in `fox_checks::gemm_check`. On a GPU machine: `cargo test -p fox-checks --release
 //! --test gpu_gemm -- --nocapture` (or `fox-attn check-gemm`, which prints the same table).
 
-use fox_checks::{check, gemm_check};
-use fox_kernels::cuda::{gemm, Gpu};
+mod common;
 
-fn gpu() -> Option<std::sync::Arc<Gpu>> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "NOTICE: GPU GEMM test skipped, no usable GPU: {e:#}");
-            None
-        }
-    }
-}
+use common::{all_pass, gpu};
+use fox_checks::gemm_check;
+use fox_kernels::cuda::gemm;
 
 #[test]
 fn gemms_and_f32_attention_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let seed = check::fresh_seed();
-    let rows = gemm_check::run_all(&g, seed);
-    println!("seed {seed}\n{}", check::format_table(&rows));
+    let Some(rows) = all_pass("GEMM", gemm_check::run_all) else { return };
     // every GEMM shape in both types, the determinism rows, every attention case
     assert!(rows.len() >= gemm_check::gemm_shapes().len() * 2 * 5 + gemm_check::attention_cases().len() * 6);
-    let failed: Vec<_> = rows.iter().filter(|r| !r.pass).collect();
-    assert!(failed.is_empty(), "{} check(s) failed: {failed:?}", failed.len());
 }
 
 #[test]
 fn bad_shapes_are_clear_errors() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = gpu("GEMM") else { return };
     let gm = gemm::Gemm::new(&g).expect("cuBLASLt must load on a GPU machine");
     let x = g.zeros::<f32>(10).unwrap();
     let w = g.zeros::<f32>(10).unwrap();

@@ -36,6 +36,23 @@ macro_rules! multiversion {
 }
 pub(crate) use multiversion;
 
+/// Returns from the calling softmax loop with its AVX-512 or AVX2 version (modules `avx512`,
+/// `avx2`) where the CPU has it; the portable loop follows the call.
+macro_rules! fastest_version {
+    ($f:ident($($a:expr),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA.
+            return unsafe { avx512::$f($($a),*) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA.
+            return unsafe { avx2::$f($($a),*) };
+        }
+    };
+}
+
 /// Whether the AVX2 + FMA paths run on this CPU (false off x86-64).
 pub fn has_avx2_fma() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
@@ -69,31 +86,13 @@ pub fn has_avx512() -> bool {
 /// The largest value of `x` (−∞ for an empty slice; NaNs are skipped here and caught by
 /// [`sum_exp`], whose result they turn into NaN).
 pub fn max(x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU has AVX-512F, AVX2 and FMA.
-        return unsafe { avx512::max(x) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { avx2::max(x) };
-    }
+    fastest_version!(max(x));
     x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
 }
 
 /// Σ exp(x_i − m), the terms summed in f32 lanes.
 pub fn sum_exp(x: &[f32], m: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU has AVX-512F, AVX2 and FMA.
-        return unsafe { avx512::sum_exp(x, m) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { avx2::sum_exp(x, m) };
-    }
+    fastest_version!(sum_exp(x, m));
     let mut acc = [0.0f32; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
@@ -107,16 +106,7 @@ pub fn sum_exp(x: &[f32], m: f32) -> f32 {
 
 /// x_i = exp(x_i − m) in place; returns Σ of the new x_i (summed in f32 lanes).
 pub fn exp_in_place(x: &mut [f32], m: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU has AVX-512F, AVX2 and FMA.
-        return unsafe { avx512::exp_in_place(x, m) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { avx2::exp_in_place(x, m) };
-    }
+    fastest_version!(exp_in_place(x, m));
     let mut acc = [0.0f32; 8];
     let mut it = x.chunks_exact_mut(8);
     for c in &mut it {

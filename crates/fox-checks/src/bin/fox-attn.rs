@@ -202,7 +202,7 @@ fn main() -> Result<()> {
                 steps[2],
                 steps[3]
             );
-            // Version 2, tensor cores, bf16 and f32 inputs.
+            // The tensor-core kernels, bf16 and f32 inputs.
             for bf in [true, false] {
                 let (fwd, fb, st) = if bf {
                     ssd_tc_check::bench::<half::bf16>(&gpu, shape, 3, 20)?
@@ -257,13 +257,13 @@ fn main() -> Result<()> {
             let gpu = cuda::Gpu::new(0)?;
             let [b, t, h, d] = shape_arg(&args, "B,T,H,D", [2, 16384, 6, 128])?;
             let shape = (b, t, h, d);
-            // Version 3 (the walk, FOXLM_GLA_KB's width) with and without its tensor-core scores,
-            // version 2 (tensor cores), version 1 on bf16 and f32.
-            for (what, bf, version) in gla_check::BENCH_VERSIONS {
+            // The walk (FOXLM_GLA_KB's width) with and without its tensor-core scores, the
+            // tensor-core kernels, the CUDA-core ones on bf16 and f32.
+            for (what, bf, run) in gla_check::BENCH_RUNS {
                 let (fwd, fb, st) = if bf {
-                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, version)?
+                    gla_check::bench::<half::bf16>(&gpu, shape, 3, 20, run)?
                 } else {
-                    gla_check::bench::<f32>(&gpu, shape, 3, 20, version)?
+                    gla_check::bench::<f32>(&gpu, shape, 3, 20, run)?
                 };
                 println!(
                     "GLA on {}, [B, T, H, K = V] = {shape:?}, {what}: forward {fwd:.3} ms, forward + backward \

@@ -15,11 +15,11 @@
 //! window, as before.
 
 use super::compile::{ATTENTION, FGATE};
-use super::kargs::ptr;
+use super::kargs::{self, args, by_value, ptr};
 use super::Gpu;
 use crate::attention::Visibility;
 use anyhow::{bail, ensure, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -281,27 +281,20 @@ fn params(gpu: &Gpu, p: &DevProblem, o: AttnOptions) -> AttnParams {
     }
 }
 
-fn kernel(gpu: &Gpu, pass: &str, p: &DevProblem, smem: usize) -> Result<CudaFunction> {
-    let name = format!("fox_{pass}_d{}_{}", p.head_dim, p.dtype.suffix());
-    super::kargs::function_smem(gpu, &ATTENTION, &name, smem)
-}
-
-fn launch(
+/// Launches pass `pass` of the attention kernels for `p` (`fox_{pass}_d{D}_{dtype}`), which takes
+/// one parameter block: `prm` matches the kernel's, and every pointer in it was validated against
+/// its buffer's length (`validate`, and the scratch its launcher sizes).
+fn launch<P: DeviceRepr>(
     gpu: &Gpu,
-    f: &CudaFunction,
+    pass: &str,
+    p: &DevProblem,
     grid: (u32, u32, u32),
-    block: u32,
+    threads: u32,
     smem: usize,
-    prm: &AttnParams,
-    what: &str,
+    prm: &P,
 ) -> Result<()> {
-    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(prm);
-    // SAFETY: the parameter block matches the kernel's signature; every pointer in it was
-    // validated against its buffer's length by `validate`.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {what}: {e:?}"))?;
-    Ok(())
+    let name = format!("fox_{pass}_d{}_{}", p.head_dim, p.dtype.suffix());
+    kargs::launch(gpu, &ATTENTION, &name, kargs::plain_config(grid, threads, smem), &[by_value(prm)])
 }
 
 const FWD_BQ: usize = 128;
@@ -504,9 +497,8 @@ fn launch_decode(gpu: &Gpu, p: &DevProblem, mut prm: AttnParams, scratch: &Decod
     prm.splits = scratch.splits as i32;
     prm.sem = ptr(gpu, &scratch.sem);
     let smem = decode_smem(p.head_dim);
-    let f = kernel(gpu, "decode", p, smem)?;
     let grid = (scratch.splits as u32, (p.batch * p.heads) as u32, 1);
-    launch(gpu, &f, grid, 128, smem, &prm, "the decode kernel")
+    launch(gpu, "decode", p, grid, 128, smem, &prm)
 }
 
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
@@ -571,9 +563,8 @@ pub fn forward_opts(
             let w = fwd_warps();
             (if w == 4 { "fwdw4" } else { "fwd" }, w, fwd_smem(d, w))
         };
-        let f = kernel(gpu, name, p, smem)?;
         let grid = (p.tq.div_ceil(16 * warps) as u32, (bb * hh) as u32, 1);
-        launch(gpu, &f, grid, 32 * warps as u32, smem, &prm, "the forward kernel")?;
+        launch(gpu, name, p, grid, 32 * warps as u32, smem, &prm)?;
     }
     tile_stats(gpu, counters)
 }
@@ -705,18 +696,8 @@ fn forward_ws(gpu: &Gpu, p: &DevProblem, prm: AttnParams) -> Result<()> {
         (true, false) => "fwdws",
         (true, true) => "fwdwsfold",
     };
-    let f = kernel(gpu, pass, p, smem)?;
-    let cfg = LaunchConfig {
-        grid_dim: (p.tq.div_ceil(WS_BQ) as u32, (p.batch * p.heads) as u32, 1),
-        block_dim: (384, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&ws);
-    // SAFETY: the parameter block matches the kernel's signature; the views were validated
-    // against their buffers and the descriptors cover exactly those views.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the warp-specialised forward kernel: {e:?}"))?;
-    Ok(())
+    // The descriptors cover exactly the validated views.
+    launch(gpu, pass, p, (p.tq.div_ceil(WS_BQ) as u32, (p.batch * p.heads) as u32, 1), 384, smem, &ws)
 }
 
 /// Gradient buffers of one attention problem (plus the backward's scratch).
@@ -839,9 +820,8 @@ pub fn backward_into_opts(
     prm.dcq = ptr(gpu, g.dcq);
     prm.dck = ptr(gpu, g.dck);
 
-    let f = kernel(gpu, "bwd_delta", p, 0)?;
     let rows = bb * p.tq * hh;
-    launch(gpu, &f, (rows.div_ceil(8) as u32, 1, 1), 256, 0, &prm, "the backward delta kernel")?;
+    launch(gpu, "bwd_delta", p, (rows.div_ceil(8) as u32, 1, 1), 256, 0, &prm)?;
     if use_ws_bwd(gpu) {
         return backward_ws(gpu, p, prm, g.dq, g.dcq);
     }
@@ -856,14 +836,13 @@ pub fn backward_into_opts(
     };
     let (rows, threads) = if nwg > 0 { (64 * nwg, 128 * nwg as u32) } else { (DKDV_BK, 256) };
     let smem = if nwg > 0 { (2 * rows * d + 4 * 64 * d) * 2 + 4 * 2 * 64 * 4 + 1024 } else { dkdv_smem(d) };
-    let f = kernel(gpu, &format!("bwd_dkdv{sfx}"), p, smem)?;
     // one block per key block and k/v head: it walks the group's query heads
-    launch(gpu, &f, (p.tk.div_ceil(rows) as u32, (bb * hkv) as u32, 1), threads, smem, &prm, "the dk/dv kernel")?;
+    let grid = (p.tk.div_ceil(rows) as u32, (bb * hkv) as u32, 1);
+    launch(gpu, &format!("bwd_dkdv{sfx}"), p, grid, threads, smem, &prm)?;
 
     let rows = if nwg > 0 { 64 * nwg } else { FWD_BQ };
     let smem = if nwg > 0 { (2 * rows * d + 4 * BK * d) * 2 + 2 * BK * 4 + 1024 } else { dq_smem(d) };
-    let f = kernel(gpu, &format!("bwd_dq{sfx}"), p, smem)?;
-    launch(gpu, &f, (p.tq.div_ceil(rows) as u32, (bb * hh) as u32, 1), threads, smem, &prm, "the dq kernel")?;
+    launch(gpu, &format!("bwd_dq{sfx}"), p, (p.tq.div_ceil(rows) as u32, (bb * hh) as u32, 1), threads, smem, &prm)?;
     Ok(())
 }
 
@@ -923,29 +902,16 @@ fn backward_ws(
         + 9 * 8;
     let shfl = std::env::var("FOX_BWD_WS_SHFL").is_ok_and(|v| v == "1");
     let pass = if shfl { "bwdwsshfl" } else { "bwdws" };
-    let f = kernel(gpu, pass, p, smem)?;
-    let cfg = LaunchConfig {
-        grid_dim: (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1),
-        block_dim: (384, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&ws);
-    // SAFETY: the parameter block matches the kernel; the scratch holds B·H·tq rows of D + 8
-    // floats and a counter per (b, h, 64-row query tile), as the kernel indexes them.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the warp-specialised backward kernel: {e:?}"))?;
+    // The scratch holds B·H·tq rows of D + 8 floats and a counter per (b, h, 64-row query tile),
+    // as the kernel indexes them.
+    launch(gpu, pass, p, (p.tk.div_ceil(128) as u32, (bb * hkv) as u32, 1), 384, smem, &ws)?;
 
     let name = format!("fox_bwdws_dq_d{d}_{}", p.dtype.suffix());
-    let f = gpu.function(&ATTENTION, &name)?;
     let blocks = (bb * hh * p.tq * d / 4).div_ceil(256).min(8 * gpu.sm_count()).max(1);
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let (acc_p, dq_p, dcq_p) = (ptr(gpu, &acc), ptr(gpu, dq), ptr(gpu, dcq));
+    let cfg = kargs::plain_config((blocks as u32, 1, 1), 256, 0);
+    // dq holds B·tq·H·D and dcq B·H·tq elements (checked by the caller), acc as above.
     let (b_, h_, t_) = (bb as i32, hh as i32, p.tq as i32);
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&acc_p).arg(&dq_p).arg(&dcq_p).arg(&b_).arg(&h_).arg(&t_).arg(&p.scale);
-    // SAFETY: dq holds B·tq·H·D and dcq B·H·tq elements (checked by the caller), acc as above.
-    unsafe { b.launch(cfg) }
-        .map_err(|e| anyhow::anyhow!("launching the warp-specialised backward's dq epilogue: {e:?}"))?;
+    kargs::launch(gpu, &ATTENTION, &name, cfg, &args![gpu; acc, ptr(gpu, dq), dcq, b_, h_, t_, p.scale])?;
     // freeing is stream-ordered: the scratch outlives the kernels
     drop((acc, sem));
     Ok(())
@@ -977,16 +943,9 @@ pub fn acp_thresholds_from_norms_opts(
     ensure!(out.len() >= p.batch * p.heads, "threshold buffer too short");
     let prm = params(gpu, p, opts);
     let name = format!("fox_acp_norms_d{}_{}", p.head_dim, p.dtype.suffix());
-    let f = gpu.function(&FGATE, &name)?;
-    let out_ptr = ptr(gpu, out);
     let ln_n = (n_keys as f32).ln();
-    let cfg =
-        LaunchConfig { grid_dim: ((p.batch * p.heads) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&prm).arg(&log_eps).arg(&ln_n).arg(&out_ptr);
-    // SAFETY: arguments match `fox_acp_norms_*`; `out` holds B·H floats.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the ACP norm kernel: {e:?}"))?;
-    Ok(())
+    let cfg = kargs::plain_config(((p.batch * p.heads) as u32, 1, 1), 256, 0);
+    kargs::launch(gpu, &FGATE, &name, cfg, &args![gpu; by_value(&prm), log_eps, ln_n, out])
 }
 
 /// U per head from QK-norm weights: |scale·q·k| ≤ sqrt(d)·max|γ_q|·max|γ_k| (RMS-normalised q and
@@ -1050,14 +1009,9 @@ pub fn starts_from_doc_offsets(offsets: &[Vec<usize>], t: usize) -> Vec<usize> {
     s
 }
 
+/// The buffers of `sp` were length-checked by the callers.
 fn scan_launch(gpu: &Gpu, name: &str, sp: &ScanParams) -> Result<()> {
-    let f = gpu.function(&FGATE, name)?;
-    let cfg = LaunchConfig { grid_dim: ((sp.b * sp.h) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(sp);
-    // SAFETY: the buffers were length-checked by the callers.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
-    Ok(())
+    kargs::launch(gpu, &FGATE, name, kargs::plain_config(((sp.b * sp.h) as u32, 1, 1), 256, 0), &[by_value(sp)])
 }
 
 fn seg(gpu: &Gpu, vis: DevVisibility, batch: usize, t: usize) -> Result<(u64, i32)> {

@@ -11,10 +11,10 @@
 
 use super::attention::AttnOptions;
 use super::compile::ATTENTION_F32;
-use super::kargs::ptr;
+use super::kargs::{self, by_value, ptr};
 use super::Gpu;
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Must match `F32Params` in kernels/attention_f32.cu.
 #[repr(C)]
@@ -119,19 +119,11 @@ fn validate(
     Ok(())
 }
 
+/// Launches `name` over `rows` rows, a warp per row; `validate` checked every buffer of `prm`
+/// against the sizes the kernel indexes (B·T·H·D for rows, B·H·T for statistics).
 fn launch(gpu: &Gpu, name: &str, rows: usize, prm: &F32Params) -> Result<()> {
-    let f = gpu.function(&ATTENTION_F32, name)?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(WARPS) as u32, 1, 1),
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    // SAFETY: the parameter block matches the kernel's; every buffer was checked against the
-    // sizes the kernel indexes (B·T·H·D for rows, B·H·T for statistics) by `validate`.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
-    Ok(())
+    let cfg = kargs::plain_config((rows.div_ceil(WARPS) as u32, 1, 1), (WARPS * 32) as u32, 0);
+    kargs::launch(gpu, &ATTENTION_F32, name, cfg, &[by_value(prm)])
 }
 
 /// Forward of a chunk of `tq` query rows [B, tq, H, D] (gate sums `cq` [B, H, tq]) at positions

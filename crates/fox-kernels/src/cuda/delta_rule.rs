@@ -25,10 +25,10 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, args, int, need, opt_ptr, ptr};
+use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
 /// Positions per chunk (as [`crate::delta_rule::CHUNK`]).
 pub const CHUNK: usize = 64;
@@ -415,18 +415,13 @@ fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> R
     launch_on(gpu, gpu.stream(), name, c, prm, extra)
 }
 
+/// Launches `name` on `stream` with its DrParams `prm` (every buffer checked by the callers
+/// against the sizes the kernels index, and the sizes against 32-bit ints) and the int some
+/// kernels take after it.
 fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
     let cfg = kargs::config(name, (c.grid.0, c.grid.1, c.z), c.threads, c.smem)?;
-    let f = kargs::function_smem(gpu, &DELTA_RULE, name, c.smem)?;
-    let mut l = stream.launch_builder(&f);
-    l.arg(prm);
-    if let Some(x) = &extra {
-        l.arg(x);
-    }
-    // SAFETY: the parameter block matches the kernel's DrParams; the callers checked every buffer
-    // against the sizes the kernels index, and the sizes against 32-bit ints.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
-    Ok(())
+    let args: Vec<Arg> = std::iter::once(by_value(prm)).chain(extra.map(Arg::I)).collect();
+    kargs::launch_on(gpu, stream, &DELTA_RULE, name, cfg, &args)
 }
 
 impl<T: Elem> DevDeltaRule<'_, T> {
@@ -932,21 +927,12 @@ pub fn delta_rule_decode_step<T: Elem>(
     prm.o = ptr(gpu, o);
     let bh = p.batch * p.heads;
     ensure!(bh <= 65535, "{op}: {bh} rows × heads exceed the launch grid");
-    let f = gpu.function(&DELTA_RULE, &format!("dr_decode_{}", T::NAME))?;
-    let cfg = LaunchConfig {
-        grid_dim: (p.v_dim.div_ceil(128) as u32, bh as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(&prm);
-    // SAFETY: as in `launch`.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching dr_decode: {e:?}"))?;
-    Ok(())
+    let cfg = kargs::plain_config((p.v_dim.div_ceil(128) as u32, bh as u32, 1), 128, 0);
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_decode"), cfg, &[by_value(&prm)])
 }
 
 fn grid1(n: usize, per: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.div_ceil(per) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    kargs::plain_config((n.div_ceil(per) as u32, 1, 1), 256, 0)
 }
 
 /// y = x / √(Σ x² + 1e-6) over rows of `dim` (as [`crate::delta_rule::l2norm_fwd`], eps 1e-6), the
@@ -969,7 +955,7 @@ pub fn l2norm_fwd<T: Elem>(
     }
     int(op, rows * dim)?;
     let args = args![gpu; y, rstd, x, int(op, rows)?, int(op, dim)?];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_fwd_{}", T::NAME), grid1(rows, 8), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_l2norm_fwd"), grid1(rows, 8), &args)
 }
 
 /// Backward of [`l2norm_fwd`] from its output: dx = rstd · (dy − y (y·dy)), overwritten.
@@ -994,7 +980,7 @@ pub fn l2norm_bwd<T: Elem>(
     }
     int(op, rows * dim)?;
     let args = args![gpu; dx, dy, y, rstd, int(op, rows)?, int(op, dim)?];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_l2norm_bwd_{}", T::NAME), grid1(rows, 8), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_l2norm_bwd"), grid1(rows, 8), &args)
 }
 
 /// Gated DeltaNet's log-decay g [rows, H] = −exp(A_log) · softplus(a + dt_bias), f32 (the CPU
@@ -1017,7 +1003,7 @@ pub fn decay_fwd<T: Elem>(
     }
     let args = args![gpu; g, a, a_log, dt_bias, int(op, rows)?, int(op, h)?];
     int(op, rows * h)?;
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_fwd_{}", T::NAME), grid1(rows * h, 256), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_decay_fwd"), grid1(rows * h, 256), &args)
 }
 
 /// f32 elements of [`decay_bwd`]'s scratch.
@@ -1056,10 +1042,9 @@ pub fn decay_bwd<T: Elem>(
     let base = ptr(gpu, scratch);
     let (tb, tl) = (base, base + (rows * h * 4) as u64);
     let args = args![gpu; da, tb, tl, dg, a, a_log, dt_bias, int(op, rows)?, int(op, h)?];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_decay_bwd_{}", T::NAME), grid1(rows * h, 256), &args)?;
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_decay_bwd"), grid1(rows * h, 256), &args)?;
     let args = args![gpu; ddt_bias, da_log, tb, tl, a_log, int(op, rows)?, int(op, h)?];
-    let cfg = LaunchConfig { grid_dim: (h as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    kargs::launch(gpu, &DELTA_RULE, "dr_decay_reduce", cfg, &args)
+    kargs::launch(gpu, &DELTA_RULE, "dr_decay_reduce", kargs::plain_config((h as u32, 1, 1), 256, 0), &args)
 }
 
 /// y = x ⊙ SiLU(gate) (fla's o_norm with g_proj), n elements.
@@ -1079,7 +1064,7 @@ pub fn swish_gate_fwd<T: Elem>(
         return Ok(());
     }
     let args = args![gpu; y, x, gate, n as i64];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_fwd_{}", T::NAME), grid1(n, 256), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_swish_fwd"), grid1(n, 256), &args)
 }
 
 /// Backward of [`swish_gate_fwd`]: dx and dgate overwritten.
@@ -1102,7 +1087,7 @@ pub fn swish_gate_bwd<T: Elem>(
         return Ok(());
     }
     let args = args![gpu; dx, dgate, dy, x, gate, n as i64];
-    kargs::launch(gpu, &DELTA_RULE, &format!("dr_swish_bwd_{}", T::NAME), grid1(n, 256), &args)
+    kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_swish_bwd"), grid1(n, 256), &args)
 }
 
 #[cfg(test)]

@@ -7,16 +7,17 @@
 //! no atomics, fixed-order sums.
 //!
 //! The chunked form of [`crate::gla`]: chunks of 64, the state passed between chunks by one
-//! sequential kernel, everything else one block per chunk and 64-wide tile. Version 1 computes
-//! every product on CUDA cores in f32 (f32 activations, and bf16 with `FOXLM_GLA=v1`). Version 2
-//! (bf16 activations, the default there; see [`uses_tensor_cores`]) runs the dense products on
-//! tensor cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's,
-//! the output's state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of
-//! dq and dk; the intra-chunk scores and the intra-chunk terms of dq and dk (each with its
-//! decays) stay on CUDA cores in f32, as does the state passing. Version 3 (bf16, the default
-//! there since an H100 checked and timed it; see [`uses_walk`]) is version 2 with the state
-//! passing as one walk over the chunks on tensor cores (the state in registers) and, in the
-//! forward, bf16 chunk states read by its own output kernel.
+//! sequential kernel, everything else one block per chunk and 64-wide tile. Three sets of kernels,
+//! chosen per problem or by `FOXLM_GLA` ([`GlaKernels`]):
+//! - `cuda-cores`: every product on CUDA cores in f32 (f32 activations, and bf16 on request).
+//! - `tensor-cores` (bf16 activations; see [`uses_tensor_cores`]): the dense products on tensor
+//!   cores, bf16 `mma.sync` with f32 sums: each chunk's own state and its gradient's, the output's
+//!   state and value terms, dv's, the scores' gradient do·vᵀ, and the state terms of dq and dk; the
+//!   intra-chunk scores and the intra-chunk terms of dq and dk (each with its decays) stay on CUDA
+//!   cores in f32, as does the state passing.
+//! - `walk` (bf16, the default there since an H100 checked and timed it; see [`uses_walk`]): the
+//!   tensor-core kernels with the state passing as one walk over the chunks on tensor cores (the
+//!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
 use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
@@ -69,43 +70,64 @@ pub struct DevGla<'a, T: Elem = f32> {
     pub g: &'a CudaSlice<T>,
     pub scale: f32,
     pub start: Option<&'a CudaSlice<i32>>,
-    /// Version 2 (tensor cores) or 1; none: [`uses_tensor_cores`]'s choice.
+    /// The tensor-core kernels, or the CUDA-core ones; none: [`uses_tensor_cores`]'s choice.
     pub tensor_cores: Option<bool>,
-    /// Version 3: version 2 with the state passing as one walk over the chunks (see
-    /// [`uses_walk`]); none: yes unless the environment says `FOXLM_GLA=v2` (or `v1`).
+    /// The walk: the tensor-core kernels with the state passing as one walk over the chunks (see
+    /// [`uses_walk`]); none: yes unless the environment asks for other kernels ([`GlaKernels`]).
     pub walk: Option<bool>,
-    /// Version 3's forward with its scores on tensor cores (see [`uses_scores_tc`]); none: yes
+    /// The walk's forward with its scores on tensor cores (see [`uses_scores_tc`]); none: yes
     /// unless the environment says `FOXLM_GLA_SCORES=cuda`.
     pub scores_tc: Option<bool>,
 }
 
-/// Whether `p` runs on tensor cores (version 2): as `p.tensor_cores` says, else for bf16
-/// activations unless the environment sets `FOXLM_GLA=v1`.
-pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
-    static FORCE_V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v1 = *FORCE_V1.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v1"));
-    p.tensor_cores.unwrap_or(T::NAME == "bf16" && !v1)
+/// The kernels `FOXLM_GLA` asks for where a problem leaves the choice open (the old version
+/// numbers v1, v2, v3 still accepted for scripts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlaKernels {
+    /// `cuda-cores` (v1): every product on the CUDA cores in f32.
+    CudaCores,
+    /// `tensor-cores` (v2): the dense products on tensor cores, the states passed chunk by chunk.
+    TensorCores,
+    /// `walk` (v3, the default): the tensor-core kernels with the state passing as one walk.
+    Walk,
 }
 
-/// Whether `p`'s states pass as version 3's walk (`gla_walk_tc_k*`: per (b, h, KB channels, 64 value
+impl GlaKernels {
+    /// The kernels `FOXLM_GLA` names, read once.
+    pub fn from_env() -> Self {
+        static KERNELS: std::sync::OnceLock<GlaKernels> = std::sync::OnceLock::new();
+        *KERNELS.get_or_init(|| match std::env::var("FOXLM_GLA").ok().as_deref() {
+            Some("cuda-cores" | "v1") => GlaKernels::CudaCores,
+            Some("tensor-cores" | "v2") => GlaKernels::TensorCores,
+            _ => GlaKernels::Walk,
+        })
+    }
+}
+
+/// Whether `p` runs on tensor cores: as `p.tensor_cores` says, else for bf16 activations unless
+/// the environment asks for the CUDA-core kernels (`FOXLM_GLA=cuda-cores`).
+pub fn uses_tensor_cores<T: Elem>(p: &DevGla<T>) -> bool {
+    p.tensor_cores.unwrap_or(T::NAME == "bf16" && GlaKernels::from_env() != GlaKernels::CudaCores)
+}
+
+/// Whether `p`'s states pass as the walk (`gla_walk_tc_k*`: per (b, h, KB channels, 64 value
 /// columns) a block walks the chunks in order with its part of the state in registers, instead of
 /// gla_chunk_h_tc's per-chunk states and gla_scan_fwd's f32 passing over them): on tensor cores
 /// with bf16 activations, K and V multiples of 8 (the rows load as 16-byte copies), as `p.walk`
-/// says, else unless the environment sets `FOXLM_GLA=v2` (version 2's state passing, to time
-/// against). The default because it is the faster (BENCHMARKS.md, "HGRN2 on the GPU").
+/// says, else unless the environment sets `FOXLM_GLA=tensor-cores` (the state passed chunk by
+/// chunk, to time against). The default because it is the faster (BENCHMARKS.md, "HGRN2 on the
+/// GPU").
 pub fn uses_walk<T: Elem>(p: &DevGla<T>) -> bool {
-    static V2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v2 = *V2.get_or_init(|| std::env::var("FOXLM_GLA").is_ok_and(|v| v == "v2"));
     uses_tensor_cores(p)
         && T::NAME == "bf16"
         && p.k_dim.is_multiple_of(8)
         && p.v_dim.is_multiple_of(8)
-        && p.walk.unwrap_or(!v2)
+        && p.walk.unwrap_or(GlaKernels::from_env() != GlaKernels::TensorCores)
 }
 
-/// Whether `p`'s forward takes version 3's scores on tensor cores (gla_scores_w: bf16 A, the
+/// Whether `p`'s forward takes the walk's scores on tensor cores (gla_scores_w: bf16 A, the
 /// products between sub-chunks by mma.sync, the diagonal blocks on the CUDA cores with their
-/// channels over lanes) and the output kernel that reads them (gla_fwd_o_w16): with version 3's
+/// channels over lanes) and the output kernel that reads them (gla_fwd_o_w16): with the walk's
 /// output kernel (K ≤ 128), as `p.scores_tc` says, else unless the environment sets
 /// `FOXLM_GLA_SCORES=cuda` (gla_scores in f32 on the CUDA cores, to time against). The default
 /// because it is the faster (BENCHMARKS.md, "HGRN2 on the GPU").
@@ -150,7 +172,7 @@ fn scores_w_smem(kp: usize) -> usize {
 /// Value columns per block of the walk (GLA_WV), 16 per warp.
 const WALK_V: usize = 64;
 
-/// Kernel `base` of the version `p` runs (version 2's are `base`_tc).
+/// Kernel `base` of the kernels `p` runs (the tensor-core ones are `base`_tc).
 fn vname<T: Elem>(p: &DevGla<T>, base: &str) -> String {
     if uses_tensor_cores(p) {
         kname::<T>(&format!("{base}_tc"))
@@ -236,11 +258,11 @@ fn parts<T: Elem>(gpu: &Gpu, p: &DevGla<T>, scratch: &CudaSlice<f32>) -> Parts {
 }
 
 /// The gate's prefix sums, the chunk states and their passing (init → slot 0, the final state
-/// into slot nch and `fin`) and the chunk scores A. With `fwd_w` (version 3's forward) the slots
+/// into slot nch and `fin`) and the chunk scores A. With `fwd_w` (the walk's forward) the slots
 /// hold bf16 Sᵀ [V, K] for gla_fwd_o_w, else f32 S [K, V]; A is f32 unless `fwd_w` and
 /// [`uses_scores_tc`] (bf16).
 ///
-/// With [`overlaps`] version 3's walk runs on a high-priority side stream beside the scores (which
+/// With [`overlaps`] the walk runs on a high-priority side stream beside the scores (which
 /// read only the prefix sums and write their own region of the scratch), joined back before
 /// returning: the same kernels and bits.
 fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd_w: bool) -> Result<()> {
@@ -259,7 +281,7 @@ fn states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, fwd
 /// 0: FOXLM_GLA_OVERLAP decides (on unless it is 0); 1 off, 2 on: [`set_overlap`].
 static OVERLAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Runs version 3's walk beside the scores on a second stream (`Some(true)`), or not, for this
+/// Runs the walk beside the scores on a second stream (`Some(true)`), or not, for this
 /// process (the benchmark times both); none: back to FOXLM_GLA_OVERLAP's choice.
 pub fn set_overlap(on: Option<bool>) {
     OVERLAP.store(on.map_or(0, |o| 1 + o as u8), std::sync::atomic::Ordering::Relaxed);
@@ -275,7 +297,7 @@ pub fn overlaps() -> bool {
     }
 }
 
-/// The scores: version 3's on tensor cores for its forward where [`uses_scores_tc`] says so,
+/// The scores: the walk's on tensor cores for its forward where [`uses_scores_tc`] says so,
 /// else gla_scores.
 fn fwd_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, fwd_w: bool) -> Result<()> {
     if fwd_w && uses_scores_tc(p) {
@@ -294,7 +316,7 @@ fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
     launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)
 }
 
-/// The states entering each chunk: version 3's walk or versions 1 and 2's [`chunk_states`].
+/// The states entering each chunk: the walk or the other kernels' [`chunk_states`].
 fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf16_states: bool) -> Result<()> {
     if !uses_walk(p) {
         return chunk_states(gpu, p, s, init, fin);
@@ -302,7 +324,7 @@ fn passing<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64, bf
     walk_on(gpu, None, p, s, init, fin, bf16_states)
 }
 
-/// Version 3's walk (gla_walk_tc_k*) on `stream` (none: the GPU's stream).
+/// The walk (gla_walk_tc_k*) on `stream` (none: the GPU's stream).
 fn walk_on<T: Elem>(
     gpu: &Gpu,
     stream: Option<&cudarc::driver::CudaStream>,
@@ -324,7 +346,7 @@ fn walk_on<T: Elem>(
     launch_with_on(gpu, stream, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
 }
 
-/// Version 3's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.
+/// The walk's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.
 fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
     let op = "gla";
     let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
@@ -341,7 +363,7 @@ fn chunk_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
     launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)
 }
 
-/// Versions 1 and 2's state passing: each chunk's own state (gla_chunk_h), then the sequential
+/// The other kernels' state passing: each chunk's own state (gla_chunk_h), then the sequential
 /// gla_scan_fwd turning slot c into the state entering chunk c.
 fn chunk_states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64) -> Result<()> {
     let op = "gla";
@@ -412,12 +434,12 @@ fn fwd<T: Elem>(
         return Ok(());
     }
     let s = parts(gpu, p, scratch);
-    // Version 3's output kernel takes K ≤ 128 (its tiles); wider keys keep version 2's.
+    // The walk's output kernel takes K ≤ 128 (its tiles); wider keys keep the tensor-core one.
     states(gpu, p, &s, init, fin, walk_out(p))?;
     output(gpu, p, o, &s)
 }
 
-/// Whether the forward's states go to version 3's output kernel (bf16 Sᵀ; K ≤ 128, its tiles).
+/// Whether the forward's states go to the walk's output kernel (bf16 Sᵀ; K ≤ 128, its tiles).
 fn walk_out<T: Elem>(p: &DevGla<T>) -> bool {
     uses_walk(p) && p.k_dim <= 128
 }

@@ -1,15 +1,17 @@
-//! Kernel arguments and launches of the kernel modules: a buffer's device address, the checks
-//! of buffer lengths and 32-bit sizes every launcher makes, one argument enum and the [`args!`]
-//! list that builds it from buffers and scalars, launched in plain stream order or with
-//! programmatic dependent launch.
+//! Kernel arguments and launches, the one way every kernel of this crate and of foxlm's CUDA
+//! backend is launched: a buffer's device address, the checks of buffer lengths and 32-bit sizes
+//! every launcher makes, one argument enum and the [`args!`] list that builds it from buffers,
+//! scalars and parameter structs, launched in plain stream order or with programmatic dependent
+//! launch. A launch reads `kargs::launch(gpu, &SOURCE, name, cfg, &args![gpu; a, b, n])`.
 
 use super::compile::Source;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, DeviceSlice, LaunchConfig,
 };
 use std::ffi::c_void;
+use std::marker::PhantomData;
 
 /// A buffer's device address on the GPU's stream.
 pub(crate) fn ptr<T, S: DevicePtr<T> + ?Sized>(gpu: &Gpu, s: &S) -> u64 {
@@ -34,21 +36,30 @@ pub(crate) fn int(op: &str, v: usize) -> Result<i32> {
 }
 
 /// The name of kernel `base` compiled for activation type `T` (`base_f32`, `base_bf16`).
-pub(crate) fn kname<T: Elem>(base: &str) -> String {
+pub fn kname<T: Elem>(base: &str) -> String {
     format!("{base}_{}", T::NAME)
 }
 
-/// A kernel argument, in the order of the kernel's C signature.
-pub(crate) enum Arg {
+/// A kernel argument, in the order of the kernel's C signature: an address, a scalar, or a
+/// parameter struct passed by value ([`by_value`]), which the launch copies from where it lives.
+#[derive(Clone, Copy)]
+pub enum Arg<'a> {
     P(u64),
     I(i32),
     L(i64),
     F(f32),
     D(f64),
+    Struct(*const c_void, PhantomData<&'a ()>),
+}
+
+/// A `#[repr(C)]` parameter struct as one kernel argument (the kernels that take their buffers
+/// and sizes in one struct).
+pub fn by_value<T: DeviceRepr>(prm: &T) -> Arg<'_> {
+    Arg::Struct(prm as *const T as *const c_void, PhantomData)
 }
 
 /// A device buffer as a kernel argument: its address on the GPU's stream.
-pub(crate) trait Buffer {
+pub trait Buffer {
     fn addr(&self, gpu: &Gpu) -> u64;
 }
 
@@ -83,28 +94,34 @@ impl<B: Buffer + ?Sized> Buffer for &mut B {
 }
 
 /// What [`args!`] takes for one kernel parameter: a buffer (its address), an optional buffer
-/// (null when absent), a raw address (`u64`), or a scalar of the C parameter's type (`i32`,
-/// `i64`, `f32`, `f64`).
-pub(crate) trait IntoArg {
-    fn arg(&self, gpu: &Gpu) -> Arg;
+/// (null when absent), a raw address (`u64`), a scalar of the C parameter's type (`i32`, `i64`,
+/// `f32`, `f64`), or an [`Arg`] made already ([`by_value`]).
+pub trait IntoArg<'a> {
+    fn arg(&self, gpu: &Gpu) -> Arg<'a>;
 }
 
-impl<B: Buffer> IntoArg for B {
-    fn arg(&self, gpu: &Gpu) -> Arg {
+impl<B: Buffer> IntoArg<'_> for B {
+    fn arg(&self, gpu: &Gpu) -> Arg<'static> {
         Arg::P(self.addr(gpu))
     }
 }
 
-impl<B: Buffer> IntoArg for Option<B> {
-    fn arg(&self, gpu: &Gpu) -> Arg {
+impl<B: Buffer> IntoArg<'_> for Option<B> {
+    fn arg(&self, gpu: &Gpu) -> Arg<'static> {
         Arg::P(self.as_ref().map_or(0, |b| b.addr(gpu)))
+    }
+}
+
+impl<'a> IntoArg<'a> for Arg<'a> {
+    fn arg(&self, _: &Gpu) -> Arg<'a> {
+        *self
     }
 }
 
 macro_rules! scalar_arg {
     ($($t:ty => $v:ident),*) => {$(
-        impl IntoArg for $t {
-            fn arg(&self, _: &Gpu) -> Arg {
+        impl IntoArg<'_> for $t {
+            fn arg(&self, _: &Gpu) -> Arg<'static> {
                 Arg::$v(*self)
             }
         }
@@ -115,14 +132,16 @@ scalar_arg!(u64 => P, i32 => I, i64 => L, f32 => F, f64 => D);
 /// A kernel's argument list, `[Arg; N]`, in the order of its C signature:
 /// `args![gpu; out, x, start, rows, eps]` passes each buffer's address on `gpu`'s stream (null
 /// for an absent `Option`), each scalar as its type's [`Arg`].
-macro_rules! args {
+#[macro_export]
+#[doc(hidden)]
+macro_rules! kernel_args {
     ($gpu:expr; $($a:expr),* $(,)?) => {
         [$($crate::cuda::kargs::IntoArg::arg(&$a, $gpu)),*]
     };
 }
-pub(crate) use args;
+pub use crate::kernel_args as args;
 
-impl Arg {
+impl Arg<'_> {
     /// The argument's address, as `cuLaunchKernelEx` takes it.
     fn raw(&self) -> *mut c_void {
         match self {
@@ -131,13 +150,14 @@ impl Arg {
             Arg::L(v) => v as *const i64 as *mut c_void,
             Arg::F(v) => v as *const f32 as *mut c_void,
             Arg::D(v) => v as *const f64 as *mut c_void,
+            Arg::Struct(p, _) => *p as *mut c_void,
         }
     }
 }
 
 /// The launch of kernel `name` over a grid of (x, y, z) blocks of `threads` threads with `smem`
 /// bytes of dynamic shared memory, the grid checked against the driver's ranges.
-pub(crate) fn config(name: &str, (x, y, z): (usize, usize, usize), threads: u32, smem: usize) -> Result<LaunchConfig> {
+pub fn config(name: &str, (x, y, z): (usize, usize, usize), threads: u32, smem: usize) -> Result<LaunchConfig> {
     ensure!(x > 0 && x <= i32::MAX as usize, "{name}: launch of {x} blocks is out of range");
     ensure!(y > 0 && y <= 65535, "{name}: launch of {y} blocks in y is out of range");
     ensure!(z > 0 && z <= 65535, "{name}: launch of {z} blocks in z is out of range");
@@ -148,9 +168,15 @@ pub(crate) fn config(name: &str, (x, y, z): (usize, usize, usize), threads: u32,
     })
 }
 
+/// The launch of a grid of `grid` blocks of `threads` threads with `smem` bytes of dynamic shared
+/// memory, sizes the caller has in the driver's types already (unlike [`config`], unchecked).
+pub fn plain_config(grid: (u32, u32, u32), threads: u32, smem: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }
+}
+
 /// Kernel `name` of `src`, allowed `smem` bytes of dynamic shared memory: above the 48 KB every
 /// kernel may take, a kernel must opt in to what it uses.
-pub(crate) fn function_smem(gpu: &Gpu, src: &Source, name: &str, smem: usize) -> Result<CudaFunction> {
+pub fn function_smem(gpu: &Gpu, src: &Source, name: &str, smem: usize) -> Result<CudaFunction> {
     let f = gpu.function(src, name)?;
     if smem > 48 * 1024 {
         f.set_attribute(
@@ -167,40 +193,55 @@ pub(crate) fn function_smem(gpu: &Gpu, src: &Source, name: &str, smem: usize) ->
 ///
 /// Callers pass the arguments of `name`'s C signature, in order, with pointers into buffers whose
 /// lengths they checked against the launch's shapes.
-pub(crate) fn launch(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+pub fn launch(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
     launch_on(gpu, gpu.stream(), src, name, cfg, args)
 }
 
 /// [`launch`] on `stream` (one of [`Gpu::side_streams`], forked from and joined back to the GPU's
 /// stream by the caller).
-pub(crate) fn launch_on(
+pub fn launch_on(
     gpu: &Gpu,
-    stream: &cudarc::driver::CudaStream,
+    stream: &CudaStream,
     src: &Source,
     name: &str,
     cfg: LaunchConfig,
     args: &[Arg],
 ) -> Result<()> {
     let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
-    let mut b = stream.launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::P(v) => b.arg(v),
-            Arg::I(v) => b.arg(v),
-            Arg::L(v) => b.arg(v),
-            Arg::F(v) => b.arg(v),
-            Arg::D(v) => b.arg(v),
-        };
+    launch_function(stream, &f, name, cfg, args)
+}
+
+/// [`launch_on`] of a kernel loaded already (`name` for the error), its shared memory allowed by
+/// the caller.
+pub fn launch_function(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    name: &str,
+    cfg: LaunchConfig,
+    args: &[Arg],
+) -> Result<()> {
+    let mut ptrs: Vec<*mut c_void> = args.iter().map(Arg::raw).collect();
+    // What cudarc's launch builder does for arguments it does not track (the GPU's contexts track
+    // no events): bind the context, then launch.
+    stream.context().bind_to_thread().map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
+    // SAFETY: the caller's contract of [`launch`]; the pointers point into `args`, alive for the call.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            f.cu_function(),
+            cfg.grid_dim,
+            cfg.block_dim,
+            cfg.shared_mem_bytes,
+            stream.cu_stream(),
+            &mut ptrs,
+        )
     }
-    // SAFETY: the caller's contract above.
-    unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
-    Ok(())
+    .map_err(|e| anyhow!("launching `{name}`: {e:?}"))
 }
 
 /// [`launch`] allowing programmatic dependent launch ([`Gpu::launch_dependent`]), for kernels that
 /// wait (ops.cu's `pdl_wait`, elem.cuh's `pdl_wait_prev`) before reading what earlier kernels
 /// write: their launch overlaps the kernel before them.
-pub(crate) fn launch_pdl(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+pub fn launch_pdl(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
     let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
     let mut ptrs: Vec<*mut c_void> = args.iter().map(Arg::raw).collect();
     // SAFETY: as in `launch`; the pointers point into `args`, alive for the call.

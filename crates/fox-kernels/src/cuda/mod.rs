@@ -15,7 +15,7 @@ pub mod compile;
 pub mod delta_rule;
 pub mod gemm;
 pub mod gla;
-mod kargs;
+pub mod kargs;
 pub mod nccl;
 pub mod ops;
 pub mod selective_scan;

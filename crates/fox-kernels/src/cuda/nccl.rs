@@ -168,6 +168,18 @@ impl Nccl {
         p
     }
 
+    /// The addresses of buf[..world·shard] and of this rank's shard in it, buf[rank·shard..], once
+    /// the buffer is seen to hold every rank's shard; none when the shards are empty.
+    fn shard_addrs<U>(&self, op: &str, buf: &CudaSlice<U>, shard: usize) -> Result<Option<(u64, u64)>> {
+        let n = shard * self.world;
+        ensure!(n <= buf.len(), "{op} of {n} elements over a buffer of {}", buf.len());
+        if shard == 0 {
+            return Ok(None);
+        }
+        let base = self.addr(buf);
+        Ok(Some((base, base + (self.rank * shard * std::mem::size_of::<U>()) as u64)))
+    }
+
     /// buf[..n] = Σ over ranks of buf[..n].
     pub fn all_reduce_sum<U: NcclElem>(&self, buf: &mut CudaSlice<U>, n: usize) -> Result<()> {
         ensure!(n <= buf.len(), "all-reduce of {n} elements over a buffer of {}", buf.len());
@@ -181,13 +193,7 @@ impl Nccl {
     /// In place over buf[..world·shard]: afterwards this rank's shard, buf[rank·shard..][..shard],
     /// holds the sum over ranks of that shard (the other shards are left as they were).
     pub fn reduce_scatter_sum<U: NcclElem>(&self, buf: &mut CudaSlice<U>, shard: usize) -> Result<()> {
-        let n = shard * self.world;
-        ensure!(n <= buf.len(), "reduce-scatter of {n} elements over a buffer of {}", buf.len());
-        if shard == 0 {
-            return Ok(());
-        }
-        let base = self.addr(buf);
-        let own = base + (self.rank * shard * std::mem::size_of::<U>()) as u64;
+        let Some((base, own)) = self.shard_addrs("reduce-scatter", buf, shard)? else { return Ok(()) };
         // SAFETY: NCCL's in-place reduce-scatter (recv = send + rank·shard) within the buffer.
         unsafe {
             result::reduce_scatter(
@@ -200,7 +206,7 @@ impl Nccl {
                 self.raw(),
             )
         }
-        .map_err(|e| anyhow!("reduce-scatter of {n} values: {}", describe(&e)))?;
+        .map_err(|e| anyhow!("reduce-scatter of {} values: {}", shard * self.world, describe(&e)))?;
         Ok(())
     }
 
@@ -216,13 +222,7 @@ impl Nccl {
         shard: usize,
         dtype: sys::ncclDataType_t,
     ) -> Result<()> {
-        let n = shard * self.world;
-        ensure!(n <= buf.len(), "all-gather of {n} elements over a buffer of {}", buf.len());
-        if shard == 0 {
-            return Ok(());
-        }
-        let base = self.addr(buf);
-        let own = base + (self.rank * shard * std::mem::size_of::<U>()) as u64;
+        let Some((base, own)) = self.shard_addrs("all-gather", buf, shard)? else { return Ok(()) };
         // SAFETY: NCCL's in-place all-gather (send = recv + rank·shard) within the buffer.
         unsafe {
             result::all_gather(
@@ -234,7 +234,7 @@ impl Nccl {
                 self.raw(),
             )
         }
-        .map_err(|e| anyhow!("all-gather of {n} values: {}", describe(&e)))?;
+        .map_err(|e| anyhow!("all-gather of {} values: {}", shard * self.world, describe(&e)))?;
         Ok(())
     }
 

@@ -14,23 +14,21 @@ use super::compile::OPS;
 use super::kargs::{self, args, kname, need, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::CudaSlice;
 use std::mem::size_of;
 use std::sync::{Arc, Mutex};
 
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-    kargs::launch(gpu, &OPS, name, cfg, args)
+    kargs::launch(gpu, &OPS, name, kargs::plain_config(grid, block, 0), args)
 }
 
 /// [`launch`] allowing programmatic dependent launch: for the kernels of a decode step that wait
 /// with `pdl_wait` (ops.cu) before reading their inputs.
 fn launch_dependent(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-    kargs::launch_pdl(gpu, &OPS, name, cfg, args)
+    kargs::launch_pdl(gpu, &OPS, name, kargs::plain_config(grid, block, 0), args)
 }
 
-/// `s` holds at least `n` elements.
+/// A size as the kernels' 32-bit int, named in the error.
 fn int(op: &str, what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{op}: `{what}` = {v} does not fit the kernels' 32-bit indices"))
 }
@@ -1015,7 +1013,7 @@ pub fn cross_entropy_padded<T: Elem>(
         0
     };
     let name = if staged { kname::<T>("fox_cross_entropy_ld_smem") } else { kname::<T>("fox_cross_entropy_ld") };
-    let cfg = LaunchConfig { grid_dim: grid1(rows)?, block_dim: (512, 1, 1), shared_mem_bytes: smem as u32 };
+    let cfg = kargs::plain_config(grid1(rows)?, 512, smem);
     kargs::launch(
         gpu,
         &super::compile::MODEL,

@@ -14,11 +14,11 @@
 //! run. At B = 2, T = 16384, Di = 1536 that is 400 MiB: B·T·Di·2 floats at N = 16.
 
 use super::compile::SELECTIVE_SCAN;
-use super::kargs::ptr;
+use super::kargs::{self, by_value, kname, ptr, Arg};
 use super::{Elem, Gpu};
 use crate::selective_scan::{self as cpu, BcLayout};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Channels per thread block (16 threads each, one per state).
 const CHANNELS_PER_BLOCK: usize = 16;
@@ -169,18 +169,11 @@ fn base<T: Elem>(gpu: &Gpu, p: &DevScan<T>) -> Result<Params> {
     })
 }
 
+/// Launches `name` with its ScanParams `prm` (every buffer checked by `base` and the callers
+/// against the sizes the kernels index) and the int some kernels take after it.
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), prm: &Params, extra: Option<i32>) -> Result<()> {
-    let f = gpu.function(&SELECTIVE_SCAN, name)?;
-    let cfg = LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    if let Some(x) = &extra {
-        l.arg(x);
-    }
-    // SAFETY: the parameter block matches the kernel's ScanParams; `base` and the callers checked
-    // every buffer against the sizes the kernels index.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
-    Ok(())
+    let args: Vec<Arg> = std::iter::once(by_value(prm)).chain(extra.map(Arg::I)).collect();
+    kargs::launch(gpu, &SELECTIVE_SCAN, name, kargs::plain_config(grid, 256, 0), &args)
 }
 
 fn scan_grid<T>(p: &DevScan<T>) -> (u32, u32, u32) {
@@ -214,7 +207,7 @@ pub fn forward<T: Elem>(
     }
     prm.out = ptr(gpu, out);
     prm.saved = ptr(gpu, saved);
-    launch(gpu, &format!("fox_scan_fwd_{}", T::NAME), scan_grid(p), &prm, None)
+    launch(gpu, &kname::<T>("fox_scan_fwd"), scan_grid(p), &prm, None)
 }
 
 /// Backward from the forward's `saved` and the output gradient `dout` [B, T, Di]; `scratch`
@@ -261,10 +254,10 @@ pub fn backward<T: Elem>(
     prm.part_bc = sp;
     prm.part_a = sp + 4 * (blocks * b * t * 32) as u64;
     prm.part_d = prm.part_a + 4 * (b * di * n) as u64;
-    launch(gpu, &format!("fox_scan_bwd_{}", T::NAME), scan_grid(p), &prm, None)?;
+    launch(gpu, &kname::<T>("fox_scan_bwd"), scan_grid(p), &prm, None)?;
     if t > 0 {
         let cells = (b * t * 32).div_ceil(256) as u32;
-        launch(gpu, &format!("fox_scan_bwd_bc_{}", T::NAME), (cells, 1, 1), &prm, Some(blocks as i32))?;
+        launch(gpu, &kname::<T>("fox_scan_bwd_bc"), (cells, 1, 1), &prm, Some(blocks as i32))?;
     }
     launch(gpu, "fox_scan_bwd_params", ((di * (n + 1)).div_ceil(256) as u32, 1, 1), &prm, None)
 }
@@ -281,5 +274,5 @@ pub fn decode_step<T: Elem>(gpu: &Gpu, p: &DevScan<T>, h: &mut CudaSlice<f32>, o
     }
     prm.h_last = ptr(gpu, h);
     prm.out = ptr(gpu, out);
-    launch(gpu, &format!("fox_scan_decode_{}", T::NAME), scan_grid(p), &prm, None)
+    launch(gpu, &kname::<T>("fox_scan_decode"), scan_grid(p), &prm, None)
 }

@@ -6,9 +6,9 @@
 //!
 //! The SSD forward runs in four kernels over a scratch buffer ([`ssd_fwd_scratch_len`] floats):
 //! C Bᵀ per (batch row, group, chunk of 64), each chunk's own state, the state passing over
-//! chunks (the one sequential step, one thread per state element), the chunk outputs. Limits of
-//! this first version: P ≤ 64, N ≤ 128. For bf16 activations with P = 64 and N = 64 or 128,
-//! [`ssd_fwd`] and [`ssd_bwd`] run version 2 instead, on tensor cores ([`super::ssd_tc`], see
+//! chunks (the one sequential step, one thread per state element), the chunk outputs, all on the
+//! CUDA cores in f32, for P ≤ 64, N ≤ 128. For bf16 activations with P = 64 and N = 64 or 128,
+//! [`ssd_fwd`] and [`ssd_bwd`] run the tensor-core kernels instead ([`super::ssd_tc`], see
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
@@ -36,17 +36,12 @@ fn launch(gpu: &Gpu, name: &str, grid: usize, smem: usize, args: &[Arg]) -> Resu
     launch3(gpu, name, (grid, 1, 1), smem, args)
 }
 
-/// [`launch`] on a two-dimensional grid (x, y).
-fn launch2(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
-    launch3(gpu, name, (grid, gy, 1), smem, args)
-}
-
-/// [`launch`] on a three-dimensional grid (x, y, z).
+/// [`launch`] on a grid (x, y, z).
 fn launch3(gpu: &Gpu, name: &str, grid: (usize, usize, usize), smem: usize, args: &[Arg]) -> Result<()> {
     kargs::launch(gpu, &SSD, name, kargs::config(name, grid, 256, smem)?, args)
 }
 
-/// [`launch2`] with programmatic dependent launch (no dynamic shared memory): for kernels that
+/// [`launch3`] on a grid (x, y) with programmatic dependent launch (no dynamic shared memory): for kernels that
 /// wait (pdl_wait_prev) before reading what earlier kernels write, so that their launch overlaps
 /// the kernel before them (a decode step's chain of small kernels).
 fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) -> Result<()> {
@@ -161,15 +156,16 @@ pub fn ssd_fwd<T: Elem>(
     ssd_fwd_steps(gpu, p, Some(y), init, final_state, scratch, &[0, 1, 2, 3])
 }
 
-/// Whether [`ssd_fwd`] and [`ssd_bwd`] run version 2, the tensor-core kernels of
-/// [`super::ssd_tc`] (bf16 products, bf16 states between chunks, f32 sums): for bf16 activations
-/// with P = 64 and N = 64 or 128, unless the environment sets `FOXLM_SSD=v1`. Version 1 (these
-/// kernels, f32 arithmetic) serves f32 activations, other shapes, and the decode step. The
-/// scratch lengths of this module cover both.
+/// Whether [`ssd_fwd`] and [`ssd_bwd`] run the tensor-core kernels of [`super::ssd_tc`] (bf16
+/// products, bf16 states between chunks, f32 sums): for bf16 activations with P = 64 and N = 64
+/// or 128, unless the environment sets `FOXLM_SSD=cuda-cores` (or its old name `v1`). The
+/// CUDA-core kernels (these, f32 arithmetic) serve f32 activations, other shapes, and the decode
+/// step. The scratch lengths of this module cover both.
 pub fn uses_tensor_cores<T: Elem>(p: &DevSsd<T>) -> bool {
-    static FORCE_V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v1 = *FORCE_V1.get_or_init(|| std::env::var("FOXLM_SSD").is_ok_and(|v| v == "v1"));
-    T::NAME == "bf16" && super::ssd_tc::supported(p) && !v1
+    static CUDA_CORES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let cuda_cores =
+        *CUDA_CORES.get_or_init(|| std::env::var("FOXLM_SSD").is_ok_and(|v| v == "cuda-cores" || v == "v1"));
+    T::NAME == "bf16" && super::ssd_tc::supported(p) && !cuda_cores
 }
 
 /// One of the forward's four kernels alone (0: C Bᵀ, 1: chunk states, 2: state passing, 3: chunk
@@ -393,7 +389,7 @@ fn conv_args<T: Elem>(
     prev: Option<&CudaSlice<f32>>,
     (batch, seq, channels, width): (usize, usize, usize, usize),
     silu: bool,
-) -> Result<Vec<Arg>> {
+) -> Result<Vec<Arg<'static>>> {
     ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
     let rows = batch * seq;
     need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
@@ -821,7 +817,7 @@ pub fn dt_bwd<T: Elem, O: Elem>(
         ptr_mut(gpu, draw), part, ddt, ptr(gpu, raw), stride as i64, bias, int(op, rows)?, int(op, h)?,
         ROWS_PER_PART as i32,
     ];
-    launch2(gpu, &dt_kernel::<T, O>("ssd_dt_bwd")?, (h.div_ceil(256), parts), 0, &args)?;
+    launch3(gpu, &dt_kernel::<T, O>("ssd_dt_bwd")?, (h.div_ceil(256), parts, 1), 0, &args)?;
     let args = args![gpu; dbias, part, int(op, parts)?, int(op, h)?, h as i64];
     launch(gpu, "ssd_colsum_acc_f32", h.div_ceil(256), 0, &args)
 }

@@ -1,4 +1,4 @@
-//! Mamba-2's SSD on tensor cores (kernels/ssd_tc.cu), version 2 of the GPU SSD: the same
+//! Mamba-2's SSD on tensor cores (kernels/ssd_tc.cu), the GPU SSD's faster kernels: the same
 //! contract as [`super::ssd::ssd_fwd`] / [`super::ssd::ssd_bwd`] (and the CPU [`crate::ssd`]),
 //! inputs and outputs of element type T (f32 or bf16), dt, A, D, states and parameter gradients
 //! f32. The products run as bf16 `mma.sync` with f32 accumulation (f32 inputs are rounded to
@@ -9,7 +9,7 @@
 //!
 //! Shapes: head dim P = 64 and state N = 64 or 128 ([`supported`]). [`super::ssd::ssd_fwd`] and
 //! [`super::ssd::ssd_bwd`] run these kernels for bf16 activations of those shapes (see
-//! [`super::ssd::uses_tensor_cores`]) and their version 1 otherwise.
+//! [`super::ssd::uses_tensor_cores`]) and their CUDA-core kernels otherwise.
 //!
 //! Forward: the state walk (one block per (b, h, 32 state columns), chunks in order, the state in
 //! registers, loads four chunks deep) then the chunk outputs (one block per (b, chunk, heads of a
@@ -18,10 +18,10 @@
 //! in registers), then ordered reductions of dB/dC over head blocks and of dA/dD over chunks.
 
 use super::compile::SSD_TC;
-use super::kargs::{int, need, ptr};
+use super::kargs::{self, args, by_value, int, kname, need, ptr};
 use super::{Elem, Gpu};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 /// Chunk length.
 const L: usize = 64;
@@ -145,15 +145,10 @@ impl<T: Elem> DevSsd<'_, T> {
     }
 }
 
+/// Launches `name` with its TcParams `prm`, every buffer checked by the callers against the sizes
+/// the kernels index (and that those fit 32-bit ints where used as such).
 fn launch(gpu: &Gpu, name: &str, grid: (usize, usize, usize), threads: u32, smem: usize, prm: &Params) -> Result<()> {
-    let cfg = super::kargs::config(name, grid, threads, smem)?;
-    let f = super::kargs::function_smem(gpu, &SSD_TC, name, smem)?;
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    // SAFETY: the parameter block matches the kernel's TcParams; the callers checked every buffer
-    // against the sizes the kernels index (and that those fit 32-bit ints where used as such).
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching `{name}`: {e:?}"))?;
-    Ok(())
+    kargs::launch(gpu, &SSD_TC, name, kargs::config(name, grid, threads, smem)?, &[by_value(prm)])
 }
 
 /// The state walk's blocks: 4 warps over 32 state columns (8 warps over 64 was slower and
@@ -367,26 +362,18 @@ fn bwd_steps<T: Elem>(
 }
 
 /// dB, dC: the sum over each group's `hbpg` head blocks, into dxbc.
+/// part_bc holds hblocks · B·T · 2N values and dxbc the rows the caller checked.
 fn reduce_bc<T: Elem>(gpu: &Gpu, prm: &Params, total: usize, hbpg: usize) -> Result<()> {
-    let f = gpu.function(&SSD_TC, &format!("ssd_tc_bc_reduce_{}", T::NAME))?;
-    let cfg =
-        LaunchConfig { grid_dim: (total.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let hbpg = hbpg as i32;
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(prm);
-    l.arg(&hbpg);
-    // SAFETY: TcParams and the int of the kernel's signature; part_bc holds hblocks · B·T · 2N
-    // values and dxbc the rows the caller checked.
-    unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching ssd_tc_bc_reduce: {e:?}"))?;
-    Ok(())
+    let cfg = kargs::plain_config((total.div_ceil(256) as u32, 1, 1), 256, 0);
+    kargs::launch(gpu, &SSD_TC, &kname::<T>("ssd_tc_bc_reduce"), cfg, &args![gpu; by_value(prm), hbpg as i32])
 }
 
 #[cfg(test)]
 mod tests {
-    /// `cuda::ssd::ssd_fwd` / `ssd_bwd` hand their callers' scratch (sized by version 1's
-    /// lengths) to these kernels: it must be enough.
+    /// `cuda::ssd::ssd_fwd` / `ssd_bwd` hand their callers' scratch (sized by the CUDA-core
+    /// kernels' lengths) to these kernels: it must be enough.
     #[test]
-    fn version_1_scratch_covers_version_2() {
+    fn cuda_core_scratch_covers_tensor_cores() {
         for (b, t, h, n, g) in
             [(2, 16384, 24, 128, 1), (1, 1, 1, 64, 1), (3, 65, 34, 64, 1), (2, 300, 4, 128, 2), (1, 0, 2, 64, 1)]
         {

@@ -12,7 +12,8 @@ use crate::model::{Linear, Model};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
 use fox_kernels::cuda::compile::DECODE;
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::cudarc::driver::CudaSlice;
+use fox_kernels::cuda::kargs::{self, args, kname};
 use fox_kernels::cuda::{attention_f32, ops, Elem, Gpu};
 
 /// How the next token is chosen on the device (see `fox_sample` in kernels/decode.cu).
@@ -34,15 +35,8 @@ pub(crate) fn last_rows_on<T: Elem>(
     w: usize,
 ) -> Result<()> {
     ensure!(dst.len() >= b * w && src.len() >= b * t * w, "last_rows: buffers too short");
-    let f = gpu.function(&DECODE, &format!("fox_last_rows_{}", T::NAME))?;
-    let (pd, _g1) = dst.device_ptr(gpu.stream());
-    let (ps, _g2) = src.device_ptr(gpu.stream());
     let (bi, ti, wi) = (i32_of(b, "batch")?, i32_of(t, "positions")?, i32_of(w, "width")?);
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(&pd).arg(&ps).arg(&bi).arg(&ti).arg(&wi);
-    // SAFETY: (T* dst [b·w], const T* src [b·t·w], int, int, int), lengths checked above.
-    unsafe { l.launch(grid(b * w)) }.map_err(|e| anyhow!("launching fox_last_rows: {e:?}"))?;
-    Ok(())
+    kargs::launch(gpu, &DECODE, &kname::<T>("fox_last_rows"), grid(b * w), &args![gpu; dst, src, bi, ti, wi])
 }
 
 fn i32_of(v: usize, what: &str) -> Result<i32> {
@@ -108,15 +102,11 @@ impl<T: Elem> Cuda<T> {
             out.len() >= bb * t * w && x.len() >= bb * t * w && alpha.len() >= bb * t * heads && prev.len() >= bb * w,
             "kv_shift_prev: buffers too short"
         );
-        let f = self.gpu.function(&DECODE, &format!("fox_kv_shift_prev_{}", T::NAME))?;
-        let (po, px, pa, pp) = (self.dptr(out), self.dptr(x), self.dptr(alpha), self.dptr(prev));
         let (bi, ti, hi, di) = (i32_of(bb, "batch")?, i32_of(t, "positions")?, heads as i32, head_dim as i32);
         let (lenp, len) = (self.lenp(), i32_of(len, "cache length")?);
-        let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&po).arg(&px).arg(&pa).arg(&pp).arg(&bi).arg(&ti).arg(&hi).arg(&di).arg(&lenp).arg(&len);
-        // SAFETY: arguments as in kernels/decode.cu; lengths checked above.
-        unsafe { l.launch(grid(bb * w)) }.map_err(|e| anyhow!("launching fox_kv_shift_prev: {e:?}"))?;
-        Ok(())
+        let gpu = &self.gpu;
+        let args = args![gpu; out, x, alpha, prev, bi, ti, hi, di, lenp, len];
+        kargs::launch(gpu, &DECODE, &kname::<T>("fox_kv_shift_prev"), grid(bb * w), &args)
     }
 
     pub(crate) fn cache_c_offset(
@@ -128,15 +118,10 @@ impl<T: Elem> Cuda<T> {
     ) -> Result<()> {
         let (bh, t) = (b.batch * heads, b.seq);
         ensure!(c.len() >= bh * t && cache.c.len() >= bh * cache.cap, "cache_c_offset: buffers too short");
-        let f = self.gpu.function(&DECODE, "fox_cache_c_offset")?;
-        let (pc, pcc) = (self.dptr(c), self.dptr(&cache.c));
         let (bhi, ti, capi) = (i32_of(bh, "batch × heads")?, i32_of(t, "positions")?, i32_of(cache.cap, "cache")?);
         let (lenp, len) = (self.lenp(), cache.len as i32);
-        let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&pc).arg(&pcc).arg(&bhi).arg(&ti).arg(&capi).arg(&lenp).arg(&len);
-        // SAFETY: arguments as in kernels/decode.cu; lengths checked above.
-        unsafe { l.launch(grid(bh * t)) }.map_err(|e| anyhow!("launching fox_cache_c_offset: {e:?}"))?;
-        Ok(())
+        let args = args![&self.gpu; c, cache.c, bhi, ti, capi, lenp, len];
+        kargs::launch(&self.gpu, &DECODE, "fox_cache_c_offset", grid(bh * t), &args)
     }
 
     /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key (the
@@ -178,19 +163,13 @@ impl<T: Elem> Cuda<T> {
             ensure!(t == 1, "a staged decode cache continues one position per row, not {t}");
             cache.staged = false;
         } else {
-            let f = self.gpu.function(&DECODE, &format!("fox_cache_append_{}", T::NAME))?;
-            let (pk, pv, pc) = (self.dptr(&cache.k), self.dptr(&cache.v), self.dptr(&cache.c));
-            let (sk, sv, sc) = (self.dptr(k), self.dptr(v), self.dptr(c));
             let (bi, ti, di) = (bb as i32, i32_of(t, "positions")?, head_dim as i32);
             let (hi, hkvi) = (heads as i32, kv_heads as i32);
             let (capi, lenp, len) = (cap as i32, self.lenp(), past as i32);
-            let mut l = self.gpu.stream().launch_builder(&f);
-            l.arg(&pk).arg(&pv).arg(&pc).arg(&sk).arg(&sv).arg(&sc).arg(&bi).arg(&ti).arg(&hi).arg(&hkvi).arg(&di);
-            l.arg(&capi).arg(&lenp).arg(&len);
-            // SAFETY: arguments as in kernels/decode.cu; the cache holds B·H_kv·cap rows of k, v and
-            // B·H·cap of c, and past + t <= cap (checked above); the chunk's lengths checked above.
-            unsafe { l.launch(grid(nkv.max(bb * heads * t))) }
-                .map_err(|e| anyhow!("launching fox_cache_append: {e:?}"))?;
+            // The cache holds B·H_kv·cap rows of k, v and B·H·cap of c, and past + t <= cap.
+            let gpu = &self.gpu;
+            let args = args![gpu; cache.k, cache.v, cache.c, k, v, c, bi, ti, hi, hkvi, di, capi, lenp, len];
+            kargs::launch(gpu, &DECODE, &kname::<T>("fox_cache_append"), grid(nkv.max(bb * heads * t)), &args)?;
         }
         cache.len += t;
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -362,19 +341,16 @@ impl<T: Elem> Cuda<T> {
         let dt = gpu.upload(&tg)?;
         let lp = gpu.zeros::<f32>(rows)?;
         let (ti, tl) = (gpu.zeros::<i32>((rows * k).max(1))?, gpu.zeros::<f32>((rows * k).max(1))?);
-        let f = gpu.function(&DECODE, "fox_token_logprobs")?;
         for r0 in (0..rows).step_by(self.head_rows) {
             let m = self.head_rows.min(rows - r0);
             self.head_on_rows(hidden, lm_head, row0 + r0, m)?;
-            let (pl, ldi, vi, ki) = (self.dptr(&self.head_logits), vpad as i32, vocab as i32, k as i32);
+            let (ldi, vi, ki) = (vpad as i32, vocab as i32, k as i32);
+            // m rows of vpad logits in head_logits; targets, lp, ti, tl hold rows (× k) values and
+            // the offsets stay below them (r0 + m <= rows).
             let (pt, plp) = (self.dptr(&dt) + 4 * r0 as u64, self.dptr(&lp) + 4 * r0 as u64);
             let (pti, ptl) = (self.dptr(&ti) + 4 * (r0 * k) as u64, self.dptr(&tl) + 4 * (r0 * k) as u64);
-            let mut l = gpu.stream().launch_builder(&f);
-            l.arg(&pl).arg(&ldi).arg(&vi).arg(&pt).arg(&ki).arg(&plp).arg(&pti).arg(&ptl);
-            let cfg = LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: m rows of vpad logits in head_logits; targets, lp, ti, tl hold rows (× k)
-            // values and the offsets stay below them (r0 + m <= rows).
-            unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching fox_token_logprobs: {e:?}"))?;
+            let args = args![&gpu; self.head_logits, ldi, vi, pt, ki, plp, pti, ptl];
+            kargs::launch(&gpu, &DECODE, "fox_token_logprobs", kargs::plain_config((m as u32, 1, 1), 256, 0), &args)?;
         }
         let (lp, ti, tl) = (gpu.download(&lp)?, gpu.download(&ti)?, gpu.download(&tl)?);
         gpu.sync()?;
@@ -425,8 +401,6 @@ impl<T: Elem> Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::CrossEntropy)?;
         ensure!(out.len() >= rows && rows <= self.head_rows, "sample: {rows} rows do not fit");
-        let f = self.gpu.function(&DECODE, "fox_sample")?;
-        let po = self.dptr(out);
         let pn = match next {
             Some(b) => {
                 ensure!(b.ids.len() >= rows, "sample: the next batch holds fewer than {rows} ids");
@@ -436,18 +410,14 @@ impl<T: Elem> Cuda<T> {
             }
             None => 0,
         };
-        let pl = self.dptr(&self.head_logits);
         let (vocab, ld) = (self.vocab as i32, self.vocab_pad as i32);
         let (temp, k, top_p, seed) = (s.temperature, s.top_k.min(i32::MAX as usize) as i32, s.top_p, s.seed);
         // The random stream is keyed by (seed, cached length, row): the same in both decode modes.
         let (lenp, step) = (self.lenp(), step as i32);
-        let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&po).arg(&pn).arg(&pl).arg(&vocab).arg(&ld).arg(&temp).arg(&k).arg(&top_p).arg(&seed).arg(&lenp);
-        l.arg(&step);
-        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: arguments as in kernels/decode.cu; the head's logits hold head_rows ≥ rows rows.
-        unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching fox_sample: {e:?}"))?;
-        Ok(())
+        // The head's logits hold head_rows ≥ rows rows.
+        let gpu = &self.gpu;
+        let args = args![gpu; out, pn, self.head_logits, vocab, ld, temp, k, top_p, seed, lenp, step];
+        kargs::launch(gpu, &DECODE, "fox_sample", kargs::plain_config((rows as u32, 1, 1), 1024, 0), &args)
     }
 
     pub(crate) fn lenp(&self) -> u64 {
@@ -472,14 +442,9 @@ impl<T: Elem> Cuda<T> {
     /// The end of a decode step on the device: cached length and each row's RoPE position + 1.
     pub fn advance_positions(&mut self, b: &mut GpuBatch) -> Result<()> {
         let lp = self.decode_pos.as_ref().ok_or_else(|| anyhow!("no device-side positions"))?;
-        let f = self.gpu.function(&DECODE, "fox_decode_advance")?;
-        let (pl, pp, bi) = (self.dptr(lp), self.dptr(&b.positions), i32_of(b.batch, "batch")?);
+        let bi = i32_of(b.batch, "batch")?;
         ensure!(b.positions.len() >= b.batch, "positions too short");
-        let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&pl).arg(&pp).arg(&bi);
-        // SAFETY: (int* len, int* positions [B], int B): lengths checked above.
-        unsafe { l.launch(grid(b.batch)) }.map_err(|e| anyhow!("launching fox_decode_advance: {e:?}"))?;
-        Ok(())
+        kargs::launch(&self.gpu, &DECODE, "fox_decode_advance", grid(b.batch), &args![&self.gpu; lp, b.positions, bi])
     }
 
     /// The per-row losses of the last [`Backend::head_loss`](crate::backend::Backend::head_loss)

@@ -15,7 +15,8 @@ use crate::model::{Linear, Model};
 use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::compile::DECODE;
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use fox_kernels::cuda::kargs::{self, args, by_value, kname};
 use fox_kernels::cuda::{ops, Elem};
 
 /// One layer's stacked input projections: rows [q | k | k-shift gate | v | v-shift gate | forget
@@ -91,11 +92,7 @@ fn off(o: Option<usize>) -> i32 {
 
 /// One block per (row, head) of `head_dim` threads rounded up to whole warps.
 fn head_blocks(rows_heads: usize, head_dim: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows_heads as u32, 1, 1),
-        block_dim: (head_dim.next_multiple_of(32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    kargs::plain_config((rows_heads as u32, 1, 1), head_dim.next_multiple_of(32) as u32, 0)
 }
 
 /// Whether the fused kernels cover a model's layers: multi-head attention over every earlier key
@@ -291,12 +288,10 @@ impl<T: Elem> Cuda<T> {
             kn_groups,
             qk_eps: crate::config::QK_NORM_EPS,
         };
-        let func = self.gpu.function(&DECODE, &format!("fox_decode_in_{}", T::NAME))?;
-        let mut lb = self.gpu.stream().launch_builder(&func);
-        lb.arg(&params);
-        // SAFETY: `DecodeIn` as in kernels/decode.cu; p holds rows × width, q and c rows × H (× D),
-        // the cache B·H·cap rows with len < cap (checked above), the norms [groups, D].
-        unsafe { lb.launch(head_blocks(rows * h, hd)) }.map_err(|e| anyhow!("launching fox_decode_in: {e:?}"))?;
+        // p holds rows × width, q and c rows × H (× D), the cache B·H·cap rows with len < cap
+        // (checked above), the norms [groups, D].
+        let cfg = head_blocks(rows * h, hd);
+        kargs::launch(&self.gpu, &DECODE, &kname::<T>("fox_decode_in"), cfg, &[by_value(&params)])?;
         cache.staged = true;
         Ok(true)
     }
@@ -323,14 +318,10 @@ impl<T: Elem> Cuda<T> {
         let f = self.fused.layer(l).ok_or_else(|| anyhow!("fused decode weights"))?;
         let p = self.fused.p.as_ref().ok_or_else(|| anyhow!("fused decode buffer"))?;
         let norm = l.output_norm.map_or(0, |w| self.dptr(&self.params[w.0].master));
-        let (pz, po, pp) = (self.dptr(&a.z), self.dptr(&a.o), self.dptr(p));
         let (ldp, og, hi, di, eps) = (f.width as i32, off(f.og), h as i32, hd as i32, l.norm_eps);
-        let func = self.gpu.function(&DECODE, &format!("fox_decode_out_{}", T::NAME))?;
-        let mut lb = self.gpu.stream().launch_builder(&func);
-        lb.arg(&pz).arg(&po).arg(&pp).arg(&norm).arg(&ldp).arg(&og).arg(&hi).arg(&di).arg(&eps);
-        // SAFETY: arguments as in kernels/decode.cu; z and o hold rows × H × D (checked above), p
-        // rows × width, the norm weight H × D.
-        unsafe { lb.launch(head_blocks(rows * h, hd)) }.map_err(|e| anyhow!("launching fox_decode_out: {e:?}"))?;
+        // z and o hold rows × H × D (checked above), p rows × width, the norm weight H × D.
+        let args = args![&self.gpu; a.z, a.o, p, norm, ldp, og, hi, di, eps];
+        kargs::launch(&self.gpu, &DECODE, &kname::<T>("fox_decode_out"), head_blocks(rows * h, hd), &args)?;
         Ok(true)
     }
 }

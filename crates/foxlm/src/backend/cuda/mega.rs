@@ -11,7 +11,8 @@ use crate::model::cache::LayerState;
 use crate::model::{Mixer, Model};
 use anyhow::{anyhow, Result};
 use fox_kernels::cuda::compile::DECODE;
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, DeviceRepr};
+use fox_kernels::cuda::kargs::{self, by_value};
 use fox_kernels::cuda::Elem;
 
 /// Layers the kernel's step arguments have room for (`MEGA_MAXL`).
@@ -412,15 +413,13 @@ impl<T: Elem> Cuda<T> {
             ksh,
             vsh,
         };
-        let cfg =
-            LaunchConfig { grid_dim: (m.grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: m.smem as u32 };
-        let func = self.gpu.function(&DECODE, "fox_decode_mega_bf16")?;
-        let mut lb = self.gpu.stream().launch_builder(&func);
-        lb.arg(&step);
-        // SAFETY: `MegaStep` as in kernels/decode_mega.cu; every buffer sized at prepare_mega for
-        // this model's shapes (one row), the caches checked above ([1, H, cap, D], len < cap);
-        // one block per SM, all resident (occupancy checked at prepare_mega).
-        unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("launching fox_decode_mega: {e:?}"))?;
+        let cfg = kargs::plain_config((m.grid, 1, 1), THREADS, m.smem);
+        let name = "fox_decode_mega_bf16";
+        let func = self.gpu.function(&DECODE, name)?;
+        // Every buffer of `step` sized at prepare_mega for this model's shapes (one row), the caches
+        // checked above ([1, H, cap, D], len < cap); one block per SM, all resident (occupancy and
+        // the shared memory set at prepare_mega).
+        kargs::launch_function(self.gpu.stream(), &func, name, cfg, &[by_value(&step)])?;
         for st in caches.iter_mut() {
             if let LayerState::Attention(c) = st {
                 c.len += 1;

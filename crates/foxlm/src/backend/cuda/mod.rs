@@ -16,8 +16,9 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility};
 use fox_kernels::cuda::compile::{DECODE, MODEL};
 use fox_kernels::cuda::cudarc::driver as cudarc_event;
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig};
 use fox_kernels::cuda::gemm::Gemm;
+use fox_kernels::cuda::kargs::{self, args};
 use fox_kernels::cuda::nccl::{self, Nccl};
 use fox_kernels::cuda::ops::{self, EmbeddingIndex};
 use fox_kernels::cuda::{Elem, Gpu};
@@ -338,19 +339,12 @@ impl<T: Elem> Cuda<T> {
 
     /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
     pub(crate) fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
-        let f = self.gpu.function(&MODEL, name)?;
-        let cfg = grid(n);
-        let n = n as i64;
-        let mut b = self.gpu.stream().launch_builder(&f);
-        b.arg(&p1);
-        if let Some(p2) = &p2 {
-            b.arg(p2);
+        // The callers' buffers hold at least n elements.
+        let (gpu, cfg, n) = (&self.gpu, grid(n), n as i64);
+        match p2 {
+            Some(p2) => kargs::launch(gpu, &MODEL, name, cfg, &args![gpu; p1, p2, n]),
+            None => kargs::launch(gpu, &MODEL, name, cfg, &args![gpu; p1, n]),
         }
-        b.arg(&n);
-        // SAFETY: the kernels take (T*, [const T*,] long long n) over buffers of at least n
-        // elements (the callers' lengths).
-        unsafe { b.launch(cfg) }.map_err(|e| anyhow!("launching {name}: {e:?}"))?;
-        Ok(())
     }
 
     /// y = x · Wᵀ into Y (T or f32): the matrix-vector kernel for a decode step's few rows,
@@ -440,8 +434,7 @@ fn head_chunk_rows(vocab_pad: usize, rows: usize) -> usize {
 /// A grid-stride launch of 256-thread blocks over n elements (the small kernels of model.cu and
 /// decode.cu).
 fn grid(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    kargs::plain_config((n.div_ceil(256).clamp(1, 65535) as u32, 1, 1), 256, 0)
 }
 
 /// Host data into the start of a (possibly longer) device buffer.
@@ -566,13 +559,10 @@ impl CopyRuns {
         gpu.stream()
             .memcpy_htod(&self.runs, &mut dev.slice_mut(0..self.runs.len()))
             .map_err(|e| anyhow!("uploading copy runs: {e:?}"))?;
-        let f = gpu.function(&DECODE, "fox_copy_runs")?;
-        let (pr, ni) = (dev.device_ptr(gpu.stream()).0, i32::try_from(n).map_err(|_| anyhow!("{n} copy runs"))?);
-        let mut l = gpu.stream().launch_builder(&f);
-        l.arg(&pr).arg(&ni);
-        let cfg = LaunchConfig { grid_dim: (n.min(8192) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: every run lies inside its allocation (checked in push), both on this stream.
-        unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching fox_copy_runs: {e:?}"))?;
+        let ni = i32::try_from(n).map_err(|_| anyhow!("{n} copy runs"))?;
+        // Every run lies inside its allocation (checked in push), both on this stream.
+        let cfg = kargs::plain_config((n.min(8192) as u32, 1, 1), 256, 0);
+        kargs::launch(gpu, &DECODE, "fox_copy_runs", cfg, &args![gpu; dev, ni])?;
         self.runs.clear();
         Ok(())
     }

@@ -477,6 +477,35 @@ impl Backend for Cpu<'_> {
         (self.loss_sum, self.loss_rows) = (0.0, 0);
         Ok(r)
     }
+
+    fn conv1d_fwd(
+        &mut self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        c: &ShortConv,
+        b: &CpuBatch,
+        state: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let pads = chunk_pads(b);
+        let bias = c.bias.map(|id| &self.params[id]);
+        conv1d_continuing(&conv1d(c, b, &x[c.offset..], &self.params[c.weight], bias, pads.as_deref()), out, state)
+    }
+
+    fn short_conv_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        x: &Vec<f32>,
+        c: &ShortConv,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let pads = chunk_pads(b);
+        let (w, bias) = (self.params[c.weight].to_vec(), c.bias.map(|id| self.params[id].to_vec()));
+        let conv = conv1d(c, b, &x[c.offset..], &w, bias.as_deref(), pads.as_deref());
+        self.conv1d_grads(&conv, dout, &mut dx[c.offset..], c.weight, c.bias)
+    }
 }
 
 /// Each row's left padding within this forward's positions, for the recurrent families' ops (a
@@ -522,37 +551,6 @@ impl Cpu<'_> {
             dst.iter_mut().zip(g).for_each(|(a, b)| *a += b);
         }
         Ok(())
-    }
-
-    /// The recurrent layers' short convolution `c` over `x` into `out`, causal per row from its
-    /// first real token; with `state`, continuing it and advancing it.
-    pub(crate) fn short_conv_fwd(
-        &self,
-        out: &mut [f32],
-        x: &[f32],
-        c: &ShortConv,
-        b: &CpuBatch,
-        state: Option<&mut Vec<f32>>,
-    ) -> Result<()> {
-        let pads = chunk_pads(b);
-        let bias = c.bias.map(|id| &self.params[id]);
-        conv1d_continuing(&conv1d(c, b, x, &self.params[c.weight], bias, pads.as_deref()), out, state)
-    }
-
-    /// From dout, writes dx (the conv's columns of `x`'s rows) and adds the weight's and bias's
-    /// gradients.
-    pub(crate) fn short_conv_bwd(
-        &mut self,
-        dx: &mut [f32],
-        dout: &[f32],
-        x: &[f32],
-        c: &ShortConv,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let pads = chunk_pads(b);
-        let (w, bias) = (self.params[c.weight].to_vec(), c.bias.map(|id| self.params[id].to_vec()));
-        let conv = conv1d(c, b, x, &w, bias.as_deref(), pads.as_deref());
-        self.conv1d_grads(&conv, dout, dx, c.weight, c.bias)
     }
 
     /// A short convolution's backward (`c` over copies of its weights): d input into `dx`'s

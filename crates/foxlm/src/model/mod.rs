@@ -51,13 +51,7 @@ pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgr
 impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops> ModelOps for B {}
 
 /// One layer's inference state on backend B.
-pub type LayerStateOf<B> = LayerState<
-    <B as AttnOps>::KvCache,
-    <B as Mamba2Ops>::Mamba2State,
-    <B as MambaOps>::MambaState,
-    <B as DeltaNetOps>::DeltaNetState,
-    <B as Hgrn2Ops>::Hgrn2State,
->;
+pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache, <B as Alloc>::F32>;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -509,10 +503,12 @@ impl Model {
                     Mixer::Attention(l) => LayerState::Attention(attention::kv_cache::KvCache::new(
                         batch, l.heads, l.kv_heads, l.head_dim, capacity,
                     )),
-                    Mixer::Mamba2(l) => LayerState::Mamba2(mamba2::state::Mamba2State::new(batch, *l.sizes())),
-                    Mixer::Mamba(l) => LayerState::Mamba(mamba::state::MambaState::new(batch, *l.sizes())),
-                    Mixer::DeltaNet(l) => LayerState::DeltaNet(deltanet::state::DeltaNetState::new(batch, *l.sizes())),
-                    Mixer::Hgrn2(l) => LayerState::Hgrn2(hgrn2::state::Hgrn2State::new(batch, *l.sizes())),
+                    Mixer::Mamba2(l) => LayerState::Mamba2(<mamba2::state::Mamba2State>::new(batch, *l.sizes())),
+                    Mixer::Mamba(l) => LayerState::Mamba(<mamba::state::MambaState>::new(batch, *l.sizes())),
+                    Mixer::DeltaNet(l) => {
+                        LayerState::DeltaNet(<deltanet::state::DeltaNetState>::new(batch, *l.sizes()))
+                    }
+                    Mixer::Hgrn2(l) => LayerState::Hgrn2(<hgrn2::state::Hgrn2State>::new(batch, *l.sizes())),
                 })
                 .collect(),
             start,

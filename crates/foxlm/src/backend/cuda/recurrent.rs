@@ -102,10 +102,9 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
 }
 
 impl<T: Elem> Cuda<T> {
-    /// out [B·T, channels] = SiLU(conv(x) + bias) (without SiLU unless `c.silu`), causal per row from its first real token of
-    /// this batch; with `state` (the last W − 1 inputs [B, W − 1, C]), continuing it and then
-    /// advancing it. The weight is read from its T working copy, as the GEMMs read theirs.
-    pub(crate) fn short_conv_fwd(
+    /// [`Backend::conv1d_fwd`](crate::backend::Backend::conv1d_fwd) over the view `x` of the
+    /// conv's first column. The weight is read from its T working copy, as the GEMMs read theirs.
+    pub(crate) fn conv1d_on(
         &mut self,
         out: &mut CudaSlice<T>,
         x: &CudaView<T>,
@@ -126,9 +125,9 @@ impl<T: Elem> Cuda<T> {
         }
     }
 
-    /// From dout, writes dx (the conv's columns of rows of stride `c.stride`) and adds the
-    /// weight's and bias's gradients.
-    pub(crate) fn short_conv_bwd(
+    /// [`Backend::short_conv_bwd`](crate::backend::Backend::short_conv_bwd) over the views `dx`
+    /// and `x` of the conv's first column.
+    pub(crate) fn conv1d_bwd_on(
         &mut self,
         dx: &mut CudaViewMut<T>,
         dout: &CudaSlice<T>,

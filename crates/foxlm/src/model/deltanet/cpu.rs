@@ -1,11 +1,11 @@
 //! The DeltaNet family's operations on the CPU backend (f32, the reference): `fox_kernels`'
-//! conv1d, L2 norm and chunked delta rule (with its decode step) on the layer's buffers.
+//! L2 norm and chunked delta rule (with its decode step) on the layer's buffers.
 
-use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
+use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
 use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
 use crate::backend::Family;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
 use fox_kernels::delta_rule::{self as dr, DeltaRule, DeltaRuleGrads};
 use fox_kernels::scalar::{sigmoid, silu};
@@ -47,37 +47,6 @@ impl Cpu<'_> {
 }
 
 impl DeltaNetOps for Cpu<'_> {
-    type DeltaNetState = DeltaNetState;
-
-    fn deltanet_conv_fwd(
-        &mut self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        b: &CpuBatch,
-        state: Option<&mut DeltaNetState>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        if let Some(st) = &state {
-            st.check_rows("a DeltaNet", b.batch)?;
-        }
-        self.short_conv_fwd(out, x, &p.short_conv(which), b, state.map(|st| &mut st.conv[which as usize]))
-    }
-
-    fn deltanet_conv_bwd(
-        &mut self,
-        dx: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        x: &Vec<f32>,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_bwd(dx, dout, x, &p.short_conv(which), b)
-    }
-
     fn l2norm_fwd(
         &mut self,
         y: &mut Vec<f32>,
@@ -154,7 +123,7 @@ impl DeltaNetOps for Cpu<'_> {
         let _t = self.time(Family::Attention);
         let pads = chunk_pads(b);
         let prob = problem(p, b, x, pads.as_deref());
-        forward_carrying("a DeltaNet", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => dr::delta_rule_fwd(&prob, o, None, None),
             Carry::Step(st) => dr::delta_rule_decode_step(&prob, &mut st.ssm, o),
             Carry::Chunks(st) => {

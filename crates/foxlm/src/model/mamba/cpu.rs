@@ -1,12 +1,12 @@
 //! The Mamba family's operations on the CPU backend (f32, the reference): `fox_kernels`'
-//! conv1d and selective scan (with their decode steps) on the layer's buffers.
+//! selective scan (with its decode step) on the layer's buffers.
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 use super::state::MambaState;
 use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
 use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
 use fox_kernels::ssd;
@@ -49,35 +49,6 @@ fn scan<'a>(
 }
 
 impl MambaOps for Cpu<'_> {
-    type MambaState = MambaState;
-
-    fn mamba_conv_fwd(
-        &mut self,
-        u: &mut Vec<f32>,
-        xz: &Vec<f32>,
-        p: &MambaParams,
-        b: &CpuBatch,
-        state: Option<&mut MambaState>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        if let Some(st) = &state {
-            st.check_rows("a Mamba", b.batch)?;
-        }
-        self.short_conv_fwd(u, xz, &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba_conv_bwd(
-        &mut self,
-        dxz: &mut Vec<f32>,
-        du: &Vec<f32>,
-        xz: &Vec<f32>,
-        p: &MambaParams,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_bwd(dxz, du, xz, &p.short_conv(), b)
-    }
-
     fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
@@ -141,7 +112,7 @@ impl MambaOps for Cpu<'_> {
             saved.len(),
             selective_scan::saved_len(&prob)
         );
-        forward_carrying("a Mamba", state, b.batch, b.seq, |carry| {
+        forward_carrying(state, b.batch, b.seq, |carry| {
             match carry {
                 Carry::Zeros => selective_scan::forward(&prob, None, y, saved, None),
                 Carry::Step(st) => selective_scan::decode_step(&prob, &mut st.ssm, y),

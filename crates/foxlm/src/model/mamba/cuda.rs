@@ -1,15 +1,14 @@
-//! The Mamba family on the CUDA backend (Samba's Mamba layers): its inference state on the
-//! device, and its operations: the short convolution shared with Mamba-2
-//! (`backend/cuda/recurrent.rs`), dt_low's columns and δ = softplus(·) from
-//! `fox_kernels::cuda::ssd`, and `fox_kernels::cuda::selective_scan` (N ≤ 16) reading x_proj's
-//! B and C and in_proj's gate z in place.
+//! The Mamba family's operations on the CUDA backend (Samba's Mamba layers): dt_low's columns and
+//! δ = softplus(·) from `fox_kernels::cuda::ssd`, and `fox_kernels::cuda::selective_scan`
+//! (N ≤ 16) reading x_proj's B and C and in_proj's gate z in place. Its short convolution is the
+//! backend's (`short_conv_*`), its state on the device a [`GpuMambaState`].
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 pub use super::state::GpuMambaState;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
-use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
@@ -53,35 +52,6 @@ fn problem<'a, T: Elem>(
 }
 
 impl<T: Elem> MambaOps for Cuda<T> {
-    type MambaState = GpuMambaState;
-
-    fn mamba_conv_fwd(
-        &mut self,
-        u: &mut CudaSlice<T>,
-        xz: &CudaSlice<T>,
-        p: &MambaParams,
-        b: &GpuBatch,
-        state: Option<&mut GpuMambaState>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        if let Some(st) = &state {
-            st.check_rows("a Mamba", b.batch)?;
-        }
-        self.short_conv_fwd(u, &xz.slice(..), &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba_conv_bwd(
-        &mut self,
-        dxz: &mut CudaSlice<T>,
-        du: &CudaSlice<T>,
-        xz: &CudaSlice<T>,
-        p: &MambaParams,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        self.short_conv_bwd(&mut dxz.slice_mut(..), du, &xz.slice(..), &p.short_conv(), b)
-    }
-
     fn mamba_dt_split(
         &mut self,
         dt_low: &mut CudaSlice<T>,
@@ -144,7 +114,7 @@ impl<T: Elem> MambaOps for Cuda<T> {
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
         let prob = problem(s, b, x, a, &self.params[p.d_skip.0].master);
         let gpu = &self.gpu;
-        forward_carrying("a Mamba", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => scan::forward(gpu, &prob, None, y, saved, None),
             Carry::Step(st) => scan::decode_step(gpu, &prob, &mut st.ssm, y),
             Carry::Chunks(st) => gpu_chunks_from(gpu, &mut self.ssm.next, &mut st.ssm, |from, to| {

@@ -1,5 +1,5 @@
 //! The Mamba-2 family's operations on the CPU backend (f32, the reference): `fox_kernels`'
-//! conv1d, the chunked SSD (with its decode step) and the gated RMSNorm on the layer's buffers.
+//! chunked SSD (with its decode step) and the gated RMSNorm on the layer's buffers.
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 use super::state::Mamba2State;
@@ -43,33 +43,6 @@ impl Cpu<'_> {
 }
 
 impl Mamba2Ops for Cpu<'_> {
-    type Mamba2State = Mamba2State;
-
-    fn mamba2_conv_fwd(
-        &mut self,
-        xbc: &mut Vec<f32>,
-        zxbcdt: &Vec<f32>,
-        p: &Mamba2Params,
-        b: &CpuBatch,
-        state: Option<&mut Mamba2State>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_fwd(xbc, &zxbcdt[p.sizes.inner..], &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba2_conv_bwd(
-        &mut self,
-        dzxbcdt: &mut Vec<f32>,
-        dxbc: &Vec<f32>,
-        zxbcdt: &Vec<f32>,
-        p: &Mamba2Params,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let at = p.sizes.inner;
-        self.short_conv_bwd(&mut dzxbcdt[at..], dxbc, &zxbcdt[at..], &p.short_conv(), b)
-    }
-
     fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = &p.sizes;
@@ -104,7 +77,7 @@ impl Mamba2Ops for Cpu<'_> {
         let a = self.neg_exp(p);
         let pads = chunk_pads(b);
         let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
-        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => ssd::ssd_fwd(&prob, y, None, None),
             Carry::Step(st) => ssd::ssd_decode_step(&prob, &mut st.ssm, y),
             Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| ssd::ssd_fwd(&prob, y, Some(from), Some(to))),

@@ -1,7 +1,8 @@
-//! The Mamba-2 family on the CUDA backend: its inference state on the device, and its
-//! operations on `fox_kernels::cuda::ssd`'s kernels (activations in T, dt, A, D and states in
-//! f32; parameters' f32 weights, the convolution's from its T working copy as the GEMMs read
-//! theirs).
+//! The Mamba-2 family's operations on the CUDA backend: `fox_kernels::cuda::ssd`'s kernels
+//! (activations in T, dt, A, D and states in f32; parameters' f32 weights, the convolution's from
+//! its T working copy as the GEMMs read theirs). Its short convolution is the backend's
+//! (`short_conv_*`) but in a decode step's fused inputs; its state on the device a
+//! [`GpuMamba2State`].
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 pub use super::state::GpuMamba2State;
@@ -9,7 +10,7 @@ use crate::backend::cuda::recurrent::two_mut;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
-use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry};
 use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
@@ -50,37 +51,6 @@ impl<T: Elem> Cuda<T> {
 }
 
 impl<T: Elem> Mamba2Ops for Cuda<T> {
-    type Mamba2State = GpuMamba2State;
-
-    fn mamba2_conv_fwd(
-        &mut self,
-        xbc: &mut CudaSlice<T>,
-        zxbcdt: &CudaSlice<T>,
-        p: &Mamba2Params,
-        b: &GpuBatch,
-        state: Option<&mut GpuMamba2State>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        if let Some(st) = &state {
-            st.check_rows("a Mamba-2", b.batch)?;
-        }
-        let x = zxbcdt.slice(p.sizes.inner..);
-        self.short_conv_fwd(xbc, &x, &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba2_conv_bwd(
-        &mut self,
-        dzxbcdt: &mut CudaSlice<T>,
-        dxbc: &CudaSlice<T>,
-        zxbcdt: &CudaSlice<T>,
-        p: &Mamba2Params,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        let at = p.sizes.inner;
-        self.short_conv_bwd(&mut dzxbcdt.slice_mut(at..), dxbc, &zxbcdt.slice(at..), &p.short_conv(), b)
-    }
-
     fn mamba2_step_in(
         &mut self,
         zxbcdt: &mut CudaSlice<T>,
@@ -125,7 +95,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
                 w,
                 k,
                 xbc,
-                &mut st.conv,
+                &mut st.conv[0],
                 dt,
                 cw,
                 bias,
@@ -139,7 +109,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         let w = self.copy_of(p.conv_w)?;
         let bias = p.conv_b.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;
-        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv, dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
+        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv[0], dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
     }
 
     fn mamba2_dt_fwd(
@@ -203,7 +173,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         let prob = problem(&s, b, x, a, &self.params[p.d_skip.0].master);
         let len = ssd::ssd_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.state, s.groups);
         let gpu = &self.gpu;
-        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => ssd::ssd_fwd(gpu, &prob, y, None, None, grown(gpu, &mut self.ssm.big, len)?),
             Carry::Step(st) => ssd::ssd_decode_step_a_log(gpu, &prob, &mut st.ssm, y),
             Carry::Chunks(st) => {

@@ -255,7 +255,7 @@ impl Backend for Cpu<'_> {
         ids: &[u32],
         targets: Option<&[Option<u32>]>,
     ) -> Result<()> {
-        let n = info.batch * info.seq;
+        let n = info.positions();
         if ids.len() != n || targets.is_some_and(|t| t.len() != n) {
             bail!("ids and targets must be [B, T] = [{}, {}]", info.batch, info.seq);
         }
@@ -551,6 +551,17 @@ impl Cpu<'_> {
             dst.iter_mut().zip(g).for_each(|(a, b)| *a += b);
         }
         Ok(())
+    }
+
+    /// A = −exp(A_log): the recurrent layers' decay rates.
+    pub(crate) fn neg_exp(&self, a_log: ParamId) -> Vec<f32> {
+        self.params[a_log].iter().map(|v| -v.exp()).collect()
+    }
+
+    /// A = −exp(A_log): grad(A_log) += dA · A.
+    pub(crate) fn add_a_log_grad(&mut self, a_log: ParamId, da: &[f32], a: &[f32]) -> Result<()> {
+        let da_log: Vec<f32> = da.iter().zip(a).map(|(g, a)| g * a).collect();
+        self.add_grad(a_log, &da_log)
     }
 
     /// A short convolution's backward (`c` over copies of its weights): d input into `dx`'s

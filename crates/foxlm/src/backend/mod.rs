@@ -76,6 +76,13 @@ pub struct BatchInfo<'a> {
     pub past: usize,
 }
 
+impl BatchInfo<'_> {
+    /// Positions of the forward, B·T: the rows of its [B·T, ·] activations.
+    pub fn positions(&self) -> usize {
+        self.batch * self.seq
+    }
+}
+
 /// Allocation of a backend's buffers (also implemented by [`Sizer`], which only counts).
 pub trait Alloc {
     /// An activation buffer: f32 on the CPU, f32 or bf16 on the GPU.

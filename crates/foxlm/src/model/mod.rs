@@ -528,8 +528,7 @@ impl Model {
     ) -> Result<()> {
         let d = self.config.hidden_size;
         let eps = self.config.norm_eps as f32;
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let keep = acts.blocks.len() == self.layers.len();
         let slot = |li: usize| if keep { li } else { self.slots[li] };
         {
@@ -634,8 +633,7 @@ impl Model {
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
         be.grads_ready(self.head_params())?;
         std::mem::swap(dx, dnorm);
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let eps = self.config.norm_eps as f32;
         for (li, blk) in self.layers.iter().enumerate().rev() {
             let s = self.slots[li];
@@ -838,7 +836,7 @@ impl Block {
         lower_bounds: (&B::F32, &mut B::F32),
         d: usize,
     ) -> Result<()> {
-        let n = be.batch_info(batch).batch * be.batch_info(batch).seq;
+        let n = be.batch_info(batch).positions();
         // out = h + MLP(RMSNorm(h)): dh = dout + RMSNorm_bwd(MLP_bwd(dout)).
         if let (Some(m), Some(acts), Some(s)) = (&self.mlp, a.mlp.as_ref(), mlp) {
             m.mlp.backward(be, &a.mlp_norm_out, acts, dx, dnorm, s, n)?;

@@ -5,6 +5,7 @@
 use super::{Cuda, GpuBatch};
 use crate::backend::ShortConv;
 use crate::model::Model;
+use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use fox_kernels::cuda::ssd;
@@ -102,6 +103,25 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
 }
 
 impl<T: Elem> Cuda<T> {
+    /// A = −exp(A_log) ([n], the SSMs' decay rates) into the scratch's `a`.
+    pub(crate) fn neg_exp_a(&mut self, a_log: ParamId, n: usize) -> Result<()> {
+        let a = grown(&self.gpu, &mut self.ssm.a, n)?;
+        ssd::neg_exp(&self.gpu, a, &self.params[a_log.0].master)
+    }
+
+    /// The scratch's `da` ([n]) zeroed: the SSMs' backwards add dA into it.
+    pub(crate) fn zeroed_da(&mut self, n: usize) -> Result<()> {
+        let da = grown(&self.gpu, &mut self.ssm.da, n)?;
+        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))
+    }
+
+    /// A = −exp(A_log): grad(A_log) += dA · A, from the scratch's `da` and `a` ([n]).
+    pub(crate) fn add_a_log_grad(&mut self, a_log: ParamId, n: usize) -> Result<()> {
+        let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
+        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
+        ssd::mul_acc(&self.gpu, &mut self.params[a_log.0].grad, da, a, n)
+    }
+
     /// [`Backend::conv1d_fwd`](crate::backend::Backend::conv1d_fwd) over the view `x` of the
     /// conv's first column. The weight is read from its T working copy, as the GEMMs read theirs.
     pub(crate) fn conv1d_on(

@@ -38,14 +38,6 @@ fn problem<'a>(
     }
 }
 
-impl Cpu<'_> {
-    /// −exp(A_log) per head.
-    fn deltanet_neg_exp(&self, p: &DeltaNetParams) -> Result<Vec<f32>> {
-        let (a_log, _) = p.decay()?;
-        Ok(self.params[a_log].iter().map(|v| -v.exp()).collect())
-    }
-}
-
 impl DeltaNetOps for Cpu<'_> {
     fn l2norm_fwd(
         &mut self,
@@ -76,8 +68,8 @@ impl DeltaNetOps for Cpu<'_> {
     fn deltanet_decay_fwd(&mut self, g: &mut Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
-        let neg_a = self.deltanet_neg_exp(p)?;
-        let (_, bias) = p.decay()?;
+        let (a_log, bias) = p.decay()?;
+        let neg_a = self.neg_exp(a_log);
         let n = crate::backend::cpu::first("decay", rows.checked_mul(h), &[g.len(), a.len()])?;
         let g = &mut g[..n];
         ssd::dt_fwd(g, &a[..n], h, &self.params[bias])?;
@@ -90,25 +82,24 @@ impl DeltaNetOps for Cpu<'_> {
     fn deltanet_decay_bwd(&mut self, da: &mut Vec<f32>, dg: &Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams) -> Result<()> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
-        let neg_a = self.deltanet_neg_exp(p)?;
         let (a_log, bias) = p.decay()?;
+        let neg_a = self.neg_exp(a_log);
         // g = A·dt with dt = softplus(a + dt_bias), A = −exp(A_log): d dt = dg·A,
         // dA = Σ dg·dt, dA_log = dA·A.
         let mut dt = vec![0.0; dg.len()];
         ssd::dt_fwd(&mut dt, a, h, &self.params[bias])?;
-        let mut da_log = vec![0.0f32; h];
+        let mut grad_a = vec![0.0f32; h];
         let mut ddt = vec![0.0; dg.len()];
         for ((dgr, dtr), ddr) in dg.chunks(h).zip(dt.chunks(h)).zip(ddt.chunks_mut(h)) {
             for j in 0..h {
-                da_log[j] += dgr[j] * dtr[j];
+                grad_a[j] += dgr[j] * dtr[j];
                 ddr[j] = dgr[j] * neg_a[j];
             }
         }
-        da_log.iter_mut().zip(&neg_a).for_each(|(d, a)| *d *= a);
         let mut dbias = vec![0.0; h];
         let bias_v = self.params[bias].to_vec();
         ssd::dt_bwd(da, h, &mut dbias, &ddt, a, &bias_v)?;
-        self.add_grad(a_log, &da_log)?;
+        self.add_a_log_grad(a_log, &grad_a, &neg_a)?;
         self.add_grad(bias, &dbias)
     }
 

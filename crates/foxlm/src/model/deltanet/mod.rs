@@ -214,8 +214,7 @@ impl DeltaNetMixer {
         out: &mut B::Act,
         mut state: Option<&mut state::DeltaNetState<B::F32>>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let (p, s) = (&self.p, &self.p.sizes);
         be.linear_fwd(&mut a.q_in, x, &self.q_proj, n)?;
         be.linear_fwd(&mut a.k_in, x, &self.k_proj, n)?;
@@ -258,8 +257,7 @@ impl DeltaNetMixer {
         dx: &mut B::Act,
         sc: &mut DeltaNetScratch<B::Act, B::F32>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let (p, s) = (&self.p, &self.p.sizes);
         // out = o_proj(y), y = RMSNorm(o)·w (⊙ SiLU(g_proj(x)) with the output gate).
         match &self.g_proj {

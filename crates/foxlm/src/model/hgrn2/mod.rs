@@ -159,8 +159,7 @@ impl Hgrn2Mixer {
         mut state: Option<&mut state::Hgrn2State<B::F32>>,
         lb: &B::F32,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         if p.convs.is_some() {
             be.linear_fwd(&mut a.q_pre, x, &self.q_proj, n)?;
@@ -196,8 +195,7 @@ impl Hgrn2Mixer {
         lb: &B::F32,
         dlb: &mut B::F32,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         // out = o_proj(RMSNorm(o)·w).
         be.linear_bwd(&self.o_proj, &a.o_norm, dy, Some(&mut sc.do_norm), false, n)?;

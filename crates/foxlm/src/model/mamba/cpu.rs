@@ -16,12 +16,6 @@ fn gate(s: &MambaSizes, xz: &[f32]) -> Vec<f32> {
     xz.chunks(2 * s.inner).flat_map(|row| row[s.inner..].iter().copied()).collect()
 }
 
-impl Cpu<'_> {
-    fn mamba_neg_exp(&self, p: &MambaParams) -> Vec<f32> {
-        self.params[p.a_log].iter().map(|v| -v.exp()).collect()
-    }
-}
-
 /// The scan problem of one forward.
 fn scan<'a>(
     s: &MambaSizes,
@@ -102,7 +96,7 @@ impl MambaOps for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
-        let a = self.mamba_neg_exp(p);
+        let a = self.neg_exp(p.a_log);
         let z = gate(s, x.xz);
         let pads = chunk_pads(b);
         let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
@@ -136,7 +130,7 @@ impl MambaOps for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
-        let a = self.mamba_neg_exp(p);
+        let a = self.neg_exp(p.a_log);
         let z = gate(s, x.xz);
         let pads = chunk_pads(b);
         let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
@@ -147,9 +141,7 @@ impl MambaOps for Cpu<'_> {
         for (row, src) in dxz.chunks_mut(2 * s.inner).zip(dz.chunks(s.inner.max(1))) {
             row[s.inner..].copy_from_slice(src);
         }
-        // A = −exp(A_log): dA_log = dA · A.
-        let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
-        self.add_grad(p.a_log, &da_log)?;
+        self.add_a_log_grad(p.a_log, &da, &a)?;
         self.add_grad(p.d_skip, &dd)
     }
 }

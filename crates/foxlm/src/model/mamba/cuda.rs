@@ -15,14 +15,6 @@ use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
 use fox_kernels::cuda::{ssd, Elem};
 use fox_kernels::selective_scan::BcLayout;
 
-impl<T: Elem> Cuda<T> {
-    /// A = −exp(A_log) [Di, N] into the scratch's `a`.
-    fn mamba_a(&mut self, p: &MambaParams) -> Result<()> {
-        let a = grown(&self.gpu, &mut self.ssm.a, p.sizes.inner * p.sizes.state)?;
-        ssd::neg_exp(&self.gpu, a, &self.params[p.a_log.0].master)
-    }
-}
-
 /// The scan over the layer's buffers: u, δ [B·T, Di], B and C in x_proj's output, the gate z in
 /// xz's last Di columns.
 fn problem<'a, T: Elem>(
@@ -109,8 +101,8 @@ impl<T: Elem> MambaOps for Cuda<T> {
         state: Option<&mut GpuMambaState>,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba_a(p)?;
         let s = &p.sizes;
+        self.neg_exp_a(p.a_log, s.inner * s.state)?;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
         let prob = problem(s, b, x, a, &self.params[p.d_skip.0].master);
         let gpu = &self.gpu;
@@ -133,21 +125,18 @@ impl<T: Elem> MambaOps for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba_a(p)?;
         let s = &p.sizes;
         let an = s.inner * s.state;
+        self.neg_exp_a(p.a_log, an)?;
+        self.zeroed_da(an)?;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
-        // The scan adds dA into `da`: from zero.
-        let da = grown(&self.gpu, &mut self.ssm.da, an)?;
-        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))?;
+        let da = self.ssm.da.as_mut().ok_or_else(|| anyhow!("dA"))?;
         let scratch = grown(&self.gpu, &mut self.ssm.big, scan::scratch_floats(b.batch, b.seq, s.inner, s.state))?;
         let dp = &mut self.params[p.d_skip.0];
         let prob = problem(s, b, x, a, &dp.master);
         let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = DevGrads { du, ddelta, da, dbc: dxp, dd: &mut dp.grad, dz: Some(dxz), dh0: None };
         scan::backward(&self.gpu, &prob, saved, dy, g, scratch)?;
-        // A = −exp(A_log): dA_log += dA · A.
-        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
-        ssd::mul_acc(&self.gpu, &mut self.params[p.a_log.0].grad, da, a, an)
+        self.add_a_log_grad(p.a_log, an)
     }
 }

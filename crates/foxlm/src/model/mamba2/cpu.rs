@@ -36,12 +36,6 @@ fn ssd<'a>(
     }
 }
 
-impl Cpu<'_> {
-    fn neg_exp(&self, p: &Mamba2Params) -> Vec<f32> {
-        self.params[p.a_log].iter().map(|v| -v.exp()).collect()
-    }
-}
-
 impl Mamba2Ops for Cpu<'_> {
     fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
@@ -74,7 +68,7 @@ impl Mamba2Ops for Cpu<'_> {
         state: Option<&mut Mamba2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let a = self.neg_exp(p);
+        let a = self.neg_exp(p.a_log);
         let pads = chunk_pads(b);
         let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
         forward_carrying(state, b.batch, b.seq, |carry| match carry {
@@ -95,15 +89,13 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let h = p.sizes.heads;
-        let a = self.neg_exp(p);
+        let a = self.neg_exp(p.a_log);
         let pads = chunk_pads(b);
         let (mut da, mut dd) = (vec![0.0; h], vec![0.0; h]);
         let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
         let grads = SsdGrads { dxbc, ddt, da: &mut da, dd: &mut dd, dinit: None };
         ssd::ssd_bwd(&prob, dy, None, None, grads)?;
-        // A = −exp(A_log): dA_log = dA · A.
-        let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
-        self.add_grad(p.a_log, &da_log)?;
+        self.add_a_log_grad(p.a_log, &da, &a)?;
         self.add_grad(p.d_skip, &dd)
     }
 

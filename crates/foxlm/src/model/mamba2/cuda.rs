@@ -42,14 +42,6 @@ fn problem<'a, T: Elem>(
     }
 }
 
-impl<T: Elem> Cuda<T> {
-    /// A = −exp(A_log) into the scratch's `a`.
-    fn mamba2_a(&mut self, p: &Mamba2Params) -> Result<()> {
-        let a = grown(&self.gpu, &mut self.ssm.a, p.sizes.heads)?;
-        ssd::neg_exp(&self.gpu, a, &self.params[p.a_log.0].master)
-    }
-}
-
 impl<T: Elem> Mamba2Ops for Cuda<T> {
     fn mamba2_step_in(
         &mut self,
@@ -69,13 +61,13 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             b.seq,
             st.batch
         );
-        let s = p.sizes;
+        let (s, c) = (p.sizes, p.short_conv());
         let d = ssd::DecodeInputs {
             batch: b.batch,
-            stride: s.in_proj_dim(),
-            conv_off: s.inner,
-            channels: s.conv_dim(),
-            width: s.conv,
+            stride: c.stride,
+            conv_off: c.offset,
+            channels: c.channels,
+            width: c.width,
             dt_off: s.inner + s.conv_dim(),
             heads: s.heads,
         };
@@ -84,8 +76,8 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         if self.gemv && ops::gemv_fits::<T>(b.batch, in_proj.in_features) {
             self.mark(Family::Gemm)?;
             let w = self.copy_of(in_proj.weight)?;
-            let cw = self.copy_of(p.conv_w)?;
-            let bias = p.conv_b.map(|id| &self.params[id.0].master);
+            let cw = self.copy_of(c.weight)?;
+            let bias = c.bias.map(|id| &self.params[id.0].master);
             let dt_bias = &self.params[p.dt_bias.0].master;
             let k = in_proj.in_features;
             return ops::gemv_step_in(
@@ -95,7 +87,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
                 w,
                 k,
                 xbc,
-                &mut st.conv[0],
+                &mut st.conv[c.slot],
                 dt,
                 cw,
                 bias,
@@ -106,10 +98,10 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         }
         self.linear_into(zxbcdt, x, in_proj, b.batch)?;
         self.mark(Family::Other)?;
-        let w = self.copy_of(p.conv_w)?;
-        let bias = p.conv_b.map(|id| &self.params[id.0].master);
+        let w = self.copy_of(c.weight)?;
+        let bias = c.bias.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;
-        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv[0], dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
+        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv[c.slot], dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
     }
 
     fn mamba2_dt_fwd(
@@ -166,7 +158,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         // A decode step's kernel takes A = −exp(A_log) itself; the chunked forward reads A.
         let decode = state.is_some() && b.seq == 1;
         if !decode {
-            self.mamba2_a(p)?;
+            self.neg_exp_a(p.a_log, s.heads)?;
         }
         let a =
             if decode { &self.params[p.a_log.0].master } else { self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))? };
@@ -195,22 +187,19 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba2_a(p)?;
         let s = p.sizes;
         let h = s.heads;
+        self.neg_exp_a(p.a_log, h)?;
+        self.zeroed_da(h)?;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
-        // ssd_bwd adds dA into `da`: from zero.
-        let da = grown(&self.gpu, &mut self.ssm.da, h)?;
-        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))?;
+        let da = self.ssm.da.as_mut().ok_or_else(|| anyhow!("dA"))?;
         let len = ssd::ssd_bwd_scratch_len(b.batch, b.seq, h, s.head_dim, s.state, s.groups);
         let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
         let (dp, _) = two_mut(&mut self.params, p.d_skip.0, p.a_log.0)?;
         let prob = problem(&s, b, x, a, &dp.master);
         let grads = DevSsdGrads { dxbc, ddt, da, dd: &mut dp.grad, dinit: None };
         ssd::ssd_bwd(&self.gpu, &prob, dy, None, None, grads, scratch)?;
-        // A = −exp(A_log): dA_log += dA · A.
-        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
-        ssd::mul_acc(&self.gpu, &mut self.params[p.a_log.0].grad, da, a, h)
+        self.add_a_log_grad(p.a_log, h)
     }
 
     fn gated_norm_fwd(

@@ -31,29 +31,26 @@ pub trait Held {
     fn set_tokens(&mut self, len: usize);
 }
 
-impl<S, V> Held for ScanState<S, V> {
-    fn rows(&self) -> usize {
-        self.batch
-    }
-    fn tokens(&self) -> usize {
-        self.len
-    }
-    fn set_tokens(&mut self, len: usize) {
-        self.len = len;
-    }
+/// [`Held`] for state types whose `batch` and `len` fields say it; `[T, ...]` for generic ones.
+macro_rules! held_in_fields {
+    ($([$($g:ident),*] $t:ty),* $(,)?) => {$(
+        impl<$($g),*> $crate::model::cache::Held for $t {
+            fn rows(&self) -> usize {
+                self.batch
+            }
+            fn tokens(&self) -> usize {
+                self.len
+            }
+            fn set_tokens(&mut self, len: usize) {
+                self.len = len;
+            }
+        }
+    )*};
 }
 
-impl Held for KvCache {
-    fn rows(&self) -> usize {
-        self.batch
-    }
-    fn tokens(&self) -> usize {
-        self.len
-    }
-    fn set_tokens(&mut self, len: usize) {
-        self.len = len;
-    }
-}
+pub(crate) use held_in_fields;
+
+held_in_fields!([] KvCache, [S, V] ScanState<S, V>);
 
 impl<K: Held, V> LayerState<K, V> {
     /// The state, whatever its family.

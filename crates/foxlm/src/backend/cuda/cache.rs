@@ -1,7 +1,7 @@
 //! One layer's inference state on the device: the attention layers' decode cache ([`GpuCache`])
 //! and the state of each family ([`GpuLayerState`]).
 
-use crate::model::cache::{Held, LayerState};
+use crate::model::cache::LayerState;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::Elem;
 
@@ -42,17 +42,7 @@ pub struct CacheLens {
 /// One layer's inference state on the GPU.
 pub type GpuLayerState<T> = LayerState<GpuCache<T>, CudaSlice<f32>>;
 
-impl<T> Held for GpuCache<T> {
-    fn rows(&self) -> usize {
-        self.batch
-    }
-    fn tokens(&self) -> usize {
-        self.len
-    }
-    fn set_tokens(&mut self, len: usize) {
-        self.len = len;
-    }
-}
+crate::model::cache::held_in_fields!([T] GpuCache<T>);
 
 impl<T> GpuLayerState<T> {
     /// The host-side length again after CUDA graph replays (which advanced only the device's),

@@ -281,6 +281,21 @@ fn small(name: &str) -> Option<Preset> {
     })
 }
 
+/// The small FoX (LLaMA)'s recipe for `name`'s `model`, described as `what` in place of that
+/// FoX's sizes.
+fn small_recipe(name: &str, model: Config, what: &str) -> Option<Preset> {
+    let p = small("fox-llama-small")?;
+    let description = p.description.replace("FoX (LLaMA): d=384, 6 layers, 6 heads of 64", what);
+    Some(p.renamed(name, model, description))
+}
+
+impl Preset {
+    /// This preset's recipe as preset `name` of another model.
+    fn renamed(self, name: &str, model: Config, description: String) -> Preset {
+        Preset { name: name.into(), description, model, ..self }
+    }
+}
+
 /// The tiny CPU preset: a FoX (Pro) with d = 64, 4 layers, 2 heads of 32, trained on windows of
 /// 128 tokens, 8 per step, for 500 steps (512k tokens, about 1.7 passes over the Moby-Dick
 /// sample). With GPT-2's 50257-token vocabulary the embedding and the output head hold 96% of
@@ -426,24 +441,18 @@ fn mamba2(name: &str) -> Option<Preset> {
         "mamba2-760m" => (1536, 48, 1e-3, 15360 * MI, 1),
         "mamba2-tiny" => {
             // tiny's recipe and width, for a CPU: 4 layers of d = 64, 2 SSM heads of 64, state 32.
-            let mut p = tiny();
-            p.name = name.into();
-            p.model = mamba2_config(64, 4);
-            p.model.state_size = Some(32);
-            p.description = "Mamba-2, d=64, 4 layers, 2 SSM heads of 64, state 32, context 128, 500 steps of 8 \
-                             windows: trains on a 2-core CPU in minutes"
-                .into();
-            return Some(p);
+            let mut model = mamba2_config(64, 4);
+            model.state_size = Some(32);
+            let what = "Mamba-2, d=64, 4 layers, 2 SSM heads of 64, state 32, context 128, 500 steps of 8 windows: \
+                        trains on a 2-core CPU in minutes";
+            return Some(tiny().renamed(name, model, what.into()));
         }
         "mamba2-small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = mamba2_config(384, 12);
-            p.description = p.description.replace(
-                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
+            return small_recipe(
+                name,
+                mamba2_config(384, 12),
                 "Mamba-2: d=384, 12 layers, 12 SSM heads of 64, state 128",
-            );
-            return Some(p);
+            )
         }
         _ => return None,
     };
@@ -516,23 +525,14 @@ fn deltanet(name: &str) -> Option<Preset> {
         "360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
         "760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
         "tiny" => {
-            let mut p = tiny();
-            p.name = name.into();
-            p.model = deltanet_config(64, 4, 2, gated);
-            p.description = format!(
+            let what = format!(
                 "{title}, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
             );
-            return Some(p);
+            return Some(tiny().renamed(name, deltanet_config(64, 4, 2, gated), what));
         }
         "small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = deltanet_config(384, 6, 3, gated);
-            p.description = p.description.replace(
-                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
-                &format!("{title}: d=384, 6 layers, 3 heads of 128"),
-            );
-            return Some(p);
+            let what = format!("{title}: d=384, 6 layers, 3 heads of 128");
+            return small_recipe(name, deltanet_config(384, 6, 3, gated), &what);
         }
         _ => return None,
     };
@@ -574,23 +574,11 @@ fn hgrn2(name: &str) -> Option<Preset> {
         "360m" => (1024, 24, 2e-3, 7168 * MI, 1),
         "760m" => (1536, 24, 1e-3, 15360 * MI, 1),
         "tiny" => {
-            let mut p = tiny();
-            p.name = name.into();
-            p.model = hgrn2_config(64, 4, 32);
-            p.description =
-                "HGRN2, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
-                    .into();
-            return Some(p);
+            let what =
+                "HGRN2, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU";
+            return Some(tiny().renamed(name, hgrn2_config(64, 4, 32), what.into()));
         }
-        "small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = hgrn2_config(384, 6, 128);
-            p.description = p
-                .description
-                .replace("FoX (LLaMA): d=384, 6 layers, 6 heads of 64", "HGRN2: d=384, 6 layers, 3 heads of 128");
-            return Some(p);
-        }
+        "small" => return small_recipe(name, hgrn2_config(384, 6, 128), "HGRN2: d=384, 6 layers, 3 heads of 128"),
         _ => return None,
     };
     Some(Preset {
@@ -655,14 +643,8 @@ fn samba(name: &str) -> Option<Preset> {
         "samba-360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
         "samba-760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
         "samba-small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = samba_config(384, 6, 6, 512);
-            p.description = p.description.replace(
-                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
-                "Samba: d=384, 6 layers (3 Mamba of state 16, 3 attention of 6 heads of 64, window 512)",
-            );
-            return Some(p);
+            let what = "Samba: d=384, 6 layers (3 Mamba of state 16, 3 attention of 6 heads of 64, window 512)";
+            return small_recipe(name, samba_config(384, 6, 6, 512), what);
         }
         _ => return None,
     };

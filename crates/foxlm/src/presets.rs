@@ -141,7 +141,8 @@ pub struct Preset {
 const MI: u64 = 1 << 20;
 
 /// The paper's recipe (SPEC §3): batches of 32 sequences of 16384 tokens (0.5Mi tokens),
-/// warm-up over 256Mi tokens, cosine decay to 0 at the end.
+/// warm-up over 256Mi tokens, cosine decay to 0 at the end; its AdamW settings are every
+/// preset's.
 fn paper_train(peak_lr: f64, total_tokens: u64, micro_batch: usize) -> TrainConfig {
     TrainConfig {
         context: 16384,
@@ -261,22 +262,12 @@ fn small(name: &str) -> Option<Preset> {
         train: TrainConfig {
             context: SMALL_CONTEXT,
             batch_size: batch,
-            micro_batch: 16,
-            total_tokens: steps * tokens_per_step,
-            peak_lr: 2e-3,
-            min_lr: 0.0,
             warmup_tokens: steps / 10 * tokens_per_step,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            max_grad_norm: 1.0,
-            seed: 0,
             eval_every: 256,
             eval_tokens: MI,
             checkpoint_every: 512,
             keep_last: 1,
-            log_every: 10,
+            ..paper_train(2e-3, steps * tokens_per_step, 16)
         },
     })
 }
@@ -315,22 +306,13 @@ pub fn tiny() -> Preset {
         train: TrainConfig {
             context: 128,
             batch_size: 8,
-            micro_batch: 8,
-            total_tokens: 500 * 8 * 128,
-            peak_lr: 1e-2,
             min_lr: 3e-3,
             warmup_tokens: 10 * 8 * 128,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            max_grad_norm: 1.0,
-            seed: 0,
             eval_every: 100,
             eval_tokens: 32 * 1024,
             checkpoint_every: 100,
-            keep_last: 2,
             log_every: 1,
+            ..paper_train(1e-2, 500 * 8 * 128, 8)
         },
     }
 }

@@ -41,7 +41,7 @@ impl Mamba2Ops for Cpu<'_> {
         let _t = self.time(Family::Other);
         let s = &p.sizes;
         let n = crate::backend::cpu::first("Mamba-2 dt", rows.checked_mul(s.heads), &[dt.len()])?;
-        ssd::dt_fwd(&mut dt[..n], &zxbcdt[s.inner + s.conv_dim()..], s.in_proj_dim(), &self.params[p.dt_bias])
+        ssd::dt_fwd(&mut dt[..n], &zxbcdt[s.dt_offset()..], s.in_proj_dim(), &self.params[p.dt_bias])
     }
 
     fn mamba2_dt_bwd(
@@ -53,7 +53,7 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = p.sizes;
-        let at = s.inner + s.conv_dim();
+        let at = s.dt_offset();
         let mut db = vec![0.0; s.heads];
         ssd::dt_bwd(&mut dzxbcdt[at..], s.in_proj_dim(), &mut db, ddt, &zxbcdt[at..], &self.params[p.dt_bias])?;
         self.add_grad(p.dt_bias, &db)

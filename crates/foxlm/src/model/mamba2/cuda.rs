@@ -68,7 +68,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             conv_off: c.offset,
             channels: c.channels,
             width: c.width,
-            dt_off: s.inner + s.conv_dim(),
+            dt_off: s.dt_offset(),
             heads: s.heads,
         };
         // In one pass with the GEMV where a decode step's rows take it; else in_proj, then the
@@ -113,7 +113,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
-        let at = s.inner + s.conv_dim();
+        let at = s.dt_offset();
         let raw = zxbcdt.slice(at..);
         ssd::dt_fwd(&self.gpu, dt, &raw, s.in_proj_dim(), &self.params[p.dt_bias.0].master, rows)
     }
@@ -127,7 +127,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
-        let at = s.inner + s.conv_dim();
+        let at = s.dt_offset();
         let rows = ddt.len() / s.heads;
         let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::dt_bwd_scratch_len(rows, s.heads))?;
         let bias = &mut self.params[p.dt_bias.0];

@@ -6,6 +6,7 @@
 use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 pub use super::state::GpuDeltaNetState;
 use crate::backend::cuda::recurrent::two_mut;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::DeltaNetSizes;
@@ -18,7 +19,7 @@ use fox_kernels::cuda::Elem;
 
 /// Why the GPU kernels cannot run a DeltaNet layer of these sizes, if they cannot.
 pub fn unsupported(s: &DeltaNetSizes) -> Option<String> {
-    let ok = dr::supported(s.head_k, s.head_v) && (1..=8).contains(&s.conv);
+    let ok = dr::supported(s.head_k, s.head_v) && CONV_WIDTHS.contains(&s.conv);
     (!ok).then(|| {
         format!(
             "{}: the GPU's DeltaNet kernels take a key head dim ≤ {} and conv_size ≤ 8 (this model: {}, {}); run it \

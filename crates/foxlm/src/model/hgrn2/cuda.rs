@@ -6,6 +6,7 @@
 
 use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 pub use super::state::GpuHgrn2State;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Hgrn2Sizes;
@@ -18,7 +19,7 @@ use fox_kernels::cuda::Elem;
 
 /// Why the CUDA kernels cannot run an HGRN2 layer of these sizes, if they cannot.
 pub fn unsupported(s: &Hgrn2Sizes) -> Option<String> {
-    let ok = s.head_dim <= gla::DECODE_KMAX && s.conv.is_none_or(|w| (1..=8).contains(&w));
+    let ok = s.head_dim <= gla::DECODE_KMAX && s.conv.is_none_or(|w| CONV_WIDTHS.contains(&w));
     (!ok).then(|| {
         format!(
             "HGRN2: the GPU's kernels take head widths (expand_ratio) ≤ {} and conv_size ≤ 8 (this model: {}, {:?}); \

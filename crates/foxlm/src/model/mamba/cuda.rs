@@ -5,6 +5,7 @@
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 pub use super::state::GpuMambaState;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
@@ -14,6 +15,20 @@ use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
 use fox_kernels::cuda::{ssd, Elem};
 use fox_kernels::selective_scan::BcLayout;
+
+/// Why the GPU kernels cannot run a Mamba layer of these sizes, if they cannot.
+pub fn unsupported(s: &MambaSizes) -> Option<String> {
+    let ok = s.state <= scan::MAX_STATE && CONV_WIDTHS.contains(&s.conv);
+    (!ok).then(|| {
+        format!(
+            "the GPU's Mamba kernels take state_size ≤ {} and conv_kernel ≤ 8 (this model: {}, {}); run it with \
+             --device cpu",
+            scan::MAX_STATE,
+            s.state,
+            s.conv
+        )
+    })
+}
 
 /// The scan over the layer's buffers: u, δ [B·T, Di], B and C in x_proj's output, the gate z in
 /// xz's last Di columns.

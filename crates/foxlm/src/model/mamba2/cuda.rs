@@ -7,6 +7,7 @@
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 pub use super::state::GpuMamba2State;
 use crate::backend::cuda::recurrent::two_mut;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
@@ -17,6 +18,18 @@ use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ops;
 use fox_kernels::cuda::ssd::{self, DevSsd, DevSsdGrads};
 use fox_kernels::cuda::Elem;
+
+/// Why the GPU kernels cannot run a Mamba-2 layer of these sizes, if they cannot.
+pub fn unsupported(s: &Mamba2Sizes) -> Option<String> {
+    let ok = s.head_dim <= 64 && s.state <= 128 && CONV_WIDTHS.contains(&s.conv) && s.groups == 1;
+    (!ok).then(|| {
+        format!(
+            "the GPU's Mamba-2 kernels take head_dim ≤ 64, state_size ≤ 128, conv_kernel ≤ 8 and n_groups = 1 (this \
+             model: {}, {}, {}, {}); run it with --device cpu",
+            s.head_dim, s.state, s.conv, s.groups
+        )
+    })
+}
 
 /// The SSD problem over the conv output, with A (or A_log, for a decode step's kernel) and D.
 fn problem<'a, T: Elem>(

@@ -158,9 +158,17 @@ pub struct CpuBatch {
     pub ids: Vec<u32>,
     pub targets: Vec<Option<u32>>,
     pub start: Option<Vec<usize>>,
+    /// Each row's left padding within this forward's positions (set by `prepare`).
+    pads: Option<Vec<usize>>,
 }
 
 impl CpuBatch {
+    /// Each row's left padding within this forward's positions, for the recurrent families' ops
+    /// (a row's padding lies in the chunk that starts its sequence; later chunks have none).
+    pub(crate) fn pads(&self) -> Option<&[usize]> {
+        self.pads.as_deref()
+    }
+
     /// Start of row b for operations on this chunk: left padding matters only on the chunk that
     /// starts the sequence (KV-shift, prefix sums).
     pub(crate) fn chunk_start(&self) -> Option<&[usize]> {
@@ -273,6 +281,7 @@ impl Backend for Cpu<'_> {
             batch.targets.extend_from_slice(t);
         }
         batch.start = info.start.map(|s| s.to_vec());
+        batch.pads = info.start.map(|s| s.iter().map(|&v| v.saturating_sub(info.past).min(info.seq)).collect());
         Ok(())
     }
     fn batch_info<'b>(&self, b: &'b CpuBatch) -> BatchInfo<'b> {
@@ -487,9 +496,8 @@ impl Backend for Cpu<'_> {
         state: Option<&mut Vec<f32>>,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = chunk_pads(b);
         let bias = c.bias.map(|id| &self.params[id]);
-        conv1d_continuing(&conv1d(c, b, &x[c.offset..], &self.params[c.weight], bias, pads.as_deref()), out, state)
+        conv1d_continuing(&conv1d(c, b, &x[c.offset..], &self.params[c.weight], bias), out, state)
     }
 
     fn short_conv_bwd(
@@ -501,29 +509,15 @@ impl Backend for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        let pads = chunk_pads(b);
         let (w, bias) = (self.params[c.weight].to_vec(), c.bias.map(|id| self.params[id].to_vec()));
-        let conv = conv1d(c, b, &x[c.offset..], &w, bias.as_deref(), pads.as_deref());
+        let conv = conv1d(c, b, &x[c.offset..], &w, bias.as_deref());
         self.conv1d_grads(&conv, dout, &mut dx[c.offset..], c.weight, c.bias)
     }
 }
 
-/// Each row's left padding within this forward's positions, for the recurrent families' ops (a
-/// row's padding lies in the chunk that starts its sequence; later chunks have none).
-pub(crate) fn chunk_pads(b: &CpuBatch) -> Option<Vec<usize>> {
-    b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
-}
-
 /// Short convolution `c` (depthwise) over `x` for the batch `b`, with these weights.
-fn conv1d<'a>(
-    c: &ShortConv,
-    b: &CpuBatch,
-    x: &'a [f32],
-    weight: &'a [f32],
-    bias: Option<&'a [f32]>,
-    start: Option<&'a [usize]>,
-) -> Conv1d<'a> {
-    let (channels, width, x_stride, silu) = (c.channels, c.width, c.stride, c.silu);
+fn conv1d<'a>(c: &ShortConv, b: &'a CpuBatch, x: &'a [f32], weight: &'a [f32], bias: Option<&'a [f32]>) -> Conv1d<'a> {
+    let (channels, width, x_stride, silu, start) = (c.channels, c.width, c.stride, c.silu, b.pads());
     Conv1d { batch: b.batch, seq: b.seq, channels, width, x, x_stride, weight, bias, start, silu }
 }
 

@@ -3,7 +3,7 @@
 
 use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
@@ -15,12 +15,7 @@ use fox_kernels::ssd;
 pub const L2NORM_EPS: f32 = 1e-6;
 
 /// The delta-rule problem over the layer's buffers.
-fn problem<'a>(
-    p: &DeltaNetParams,
-    b: &CpuBatch,
-    x: DeltaRuleIn<'a, Vec<f32>, Vec<f32>>,
-    start: Option<&'a [usize]>,
-) -> DeltaRule<'a> {
+fn problem<'a>(p: &DeltaNetParams, b: &'a CpuBatch, x: DeltaRuleIn<'a, Vec<f32>, Vec<f32>>) -> DeltaRule<'a> {
     let s = &p.sizes;
     DeltaRule {
         batch: b.batch,
@@ -34,7 +29,7 @@ fn problem<'a>(
         beta: x.beta,
         g: x.g.map(|g| &g[..]),
         scale: 1.0 / (s.head_k as f32).sqrt(),
-        start,
+        start: b.pads(),
     }
 }
 
@@ -112,8 +107,7 @@ impl DeltaNetOps for Cpu<'_> {
         state: Option<&mut DeltaNetState>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
+        let prob = problem(p, b, x);
         forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => dr::delta_rule_fwd(&prob, o, None, None),
             Carry::Step(st) => dr::delta_rule_decode_step(&prob, &mut st.ssm, o),
@@ -132,8 +126,7 @@ impl DeltaNetOps for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
+        let prob = problem(p, b, x);
         let DeltaRuleGradsOf { dq, dk, dv, dbeta, dg } = grads;
         let out = DeltaRuleGrads { dq, dk, dv, dbeta, dg: dg.map(|d| &mut d[..]), dinit: None };
         dr::delta_rule_bwd(&prob, dout, None, None, out)

@@ -4,7 +4,7 @@
 
 use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::tensor::ParamId;
@@ -13,7 +13,7 @@ use fox_kernels::gla::{self, Gla, GlaGrads};
 use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 
 /// The GLA problem over the layer's buffers.
-fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Option<&'a [usize]>) -> Gla<'a> {
+fn problem<'a>(p: &Hgrn2Params, b: &'a CpuBatch, x: GlaIn<'a, Vec<f32>>) -> Gla<'a> {
     let s = &p.sizes;
     Gla {
         batch: b.batch,
@@ -26,7 +26,7 @@ fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Opt
         v: x.v,
         g: x.g,
         scale: 1.0 / (s.head_dim as f32).sqrt(),
-        start,
+        start: b.pads(),
     }
 }
 
@@ -209,8 +209,7 @@ impl Hgrn2Ops for Cpu<'_> {
         state: Option<&mut Hgrn2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
+        let prob = problem(p, b, x);
         forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => gla::gla_fwd(&prob, o, None, None),
             Carry::Step(st) => gla::gla_decode_step(&prob, &mut st.ssm, o),
@@ -227,8 +226,7 @@ impl Hgrn2Ops for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
+        let prob = problem(p, b, x);
         let GlaGradsOf { dq, dk, dv, dg } = grads;
         gla::gla_bwd(&prob, dout, None, None, GlaGrads { dq, dk, dv, dg, dinit: None })
     }

@@ -3,7 +3,7 @@
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 use super::state::MambaState;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
@@ -19,12 +19,11 @@ fn gate(s: &MambaSizes, xz: &[f32]) -> Vec<f32> {
 /// The scan problem of one forward.
 fn scan<'a>(
     s: &MambaSizes,
-    b: &CpuBatch,
+    b: &'a CpuBatch,
     x: &ScanIn<'a, Vec<f32>>,
     a: &'a [f32],
     d: &'a [f32],
     z: &'a [f32],
-    start: Option<&'a [usize]>,
 ) -> Scan<'a> {
     Scan {
         batch: b.batch,
@@ -38,7 +37,7 @@ fn scan<'a>(
         bc_layout: BcLayout::x_proj(b.seq, s.dt_rank, s.state),
         d,
         z: Some(z),
-        start,
+        start: b.pads(),
     }
 }
 
@@ -98,8 +97,7 @@ impl MambaOps for Cpu<'_> {
         let s = &p.sizes;
         let a = self.neg_exp(p.a_log);
         let z = gate(s, x.xz);
-        let pads = chunk_pads(b);
-        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
+        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z);
         ensure!(
             saved.len() == selective_scan::saved_len(&prob),
             "Mamba scan buffers sized for another batch ({} saved values, {} needed)",
@@ -132,8 +130,7 @@ impl MambaOps for Cpu<'_> {
         let s = &p.sizes;
         let a = self.neg_exp(p.a_log);
         let z = gate(s, x.xz);
-        let pads = chunk_pads(b);
-        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
+        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z);
         let (mut da, mut dd, mut dz) = (vec![0.0; a.len()], vec![0.0; s.inner], vec![0.0; z.len()]);
         let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = GradsMut { du, ddelta, da: &mut da, dbc: dxp, dd: &mut dd, dz: Some(&mut dz), dh0: None };

@@ -3,7 +3,7 @@
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 use super::state::Mamba2State;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
@@ -12,14 +12,7 @@ use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
 
 /// The SSD problem over the conv output.
-fn ssd<'a>(
-    s: &Mamba2Sizes,
-    b: &CpuBatch,
-    x: SsdIn<'a, Vec<f32>, Vec<f32>>,
-    a: &'a [f32],
-    d: &'a [f32],
-    start: Option<&'a [usize]>,
-) -> Ssd<'a> {
+fn ssd<'a>(s: &Mamba2Sizes, b: &'a CpuBatch, x: SsdIn<'a, Vec<f32>, Vec<f32>>, a: &'a [f32], d: &'a [f32]) -> Ssd<'a> {
     Ssd {
         batch: b.batch,
         seq: b.seq,
@@ -32,7 +25,7 @@ fn ssd<'a>(
         dt: x.dt,
         a,
         d,
-        start,
+        start: b.pads(),
     }
 }
 
@@ -69,8 +62,7 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let a = self.neg_exp(p.a_log);
-        let pads = chunk_pads(b);
-        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
+        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip]);
         forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => ssd::ssd_fwd(&prob, y, None, None),
             Carry::Step(st) => ssd::ssd_decode_step(&prob, &mut st.ssm, y),
@@ -90,9 +82,8 @@ impl Mamba2Ops for Cpu<'_> {
         let _t = self.time(Family::Attention);
         let h = p.sizes.heads;
         let a = self.neg_exp(p.a_log);
-        let pads = chunk_pads(b);
         let (mut da, mut dd) = (vec![0.0; h], vec![0.0; h]);
-        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
+        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip]);
         let grads = SsdGrads { dxbc, ddt, da: &mut da, dd: &mut dd, dinit: None };
         ssd::ssd_bwd(&prob, dy, None, None, grads)?;
         self.add_a_log_grad(p.a_log, &da, &a)?;

@@ -1,6 +1,7 @@
-//! What the recurrent families (Mamba-2, Mamba) share on the CUDA backend: one grown scratch
-//! for their kernels, and the short causal convolution (depthwise, with SiLU) over a block of
-//! columns of in_proj's output, with its inference state and its backward.
+//! What the recurrent families (Mamba-2, Mamba, DeltaNet, HGRN2) share on the CUDA backend: one
+//! grown scratch for their kernels, the decay rates A = −exp(A_log) and their gradient, and the
+//! short causal convolution (depthwise, optionally with bias and SiLU) over a block of columns,
+//! with its inference state and its backward.
 
 use super::{Cuda, GpuBatch};
 use crate::backend::ShortConv;

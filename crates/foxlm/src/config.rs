@@ -276,7 +276,12 @@ impl Mamba2Sizes {
 
     /// in_proj's outputs: z, xBC and dt.
     pub fn in_proj_dim(&self) -> usize {
-        self.inner + self.conv_dim() + self.heads
+        self.dt_offset() + self.heads
+    }
+
+    /// dt's first column in in_proj's output (after z and xBC).
+    pub fn dt_offset(&self) -> usize {
+        self.inner + self.conv_dim()
     }
 
     /// The mixer's tensors under `prefix` (e.g. `backbone.layers.0.mixer`), in the model's order.

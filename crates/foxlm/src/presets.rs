@@ -141,7 +141,8 @@ pub struct Preset {
 const MI: u64 = 1 << 20;
 
 /// The paper's recipe (SPEC §3): batches of 32 sequences of 16384 tokens (0.5Mi tokens),
-/// warm-up over 256Mi tokens, cosine decay to 0 at the end.
+/// warm-up over 256Mi tokens, cosine decay to 0 at the end; its AdamW settings are every
+/// preset's.
 fn paper_train(peak_lr: f64, total_tokens: u64, micro_batch: usize) -> TrainConfig {
     TrainConfig {
         context: 16384,
@@ -261,24 +262,29 @@ fn small(name: &str) -> Option<Preset> {
         train: TrainConfig {
             context: SMALL_CONTEXT,
             batch_size: batch,
-            micro_batch: 16,
-            total_tokens: steps * tokens_per_step,
-            peak_lr: 2e-3,
-            min_lr: 0.0,
             warmup_tokens: steps / 10 * tokens_per_step,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            max_grad_norm: 1.0,
-            seed: 0,
             eval_every: 256,
             eval_tokens: MI,
             checkpoint_every: 512,
             keep_last: 1,
-            log_every: 10,
+            ..paper_train(2e-3, steps * tokens_per_step, 16)
         },
     })
+}
+
+/// The small FoX (LLaMA)'s recipe for `name`'s `model`, described as `what` in place of that
+/// FoX's sizes.
+fn small_recipe(name: &str, model: Config, what: &str) -> Option<Preset> {
+    let p = small("fox-llama-small")?;
+    let description = p.description.replace("FoX (LLaMA): d=384, 6 layers, 6 heads of 64", what);
+    Some(p.renamed(name, model, description))
+}
+
+impl Preset {
+    /// This preset's recipe as preset `name` of another model.
+    fn renamed(self, name: &str, model: Config, description: String) -> Preset {
+        Preset { name: name.into(), description, model, ..self }
+    }
 }
 
 /// The tiny CPU preset: a FoX (Pro) with d = 64, 4 layers, 2 heads of 32, trained on windows of
@@ -300,22 +306,13 @@ pub fn tiny() -> Preset {
         train: TrainConfig {
             context: 128,
             batch_size: 8,
-            micro_batch: 8,
-            total_tokens: 500 * 8 * 128,
-            peak_lr: 1e-2,
             min_lr: 3e-3,
             warmup_tokens: 10 * 8 * 128,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            max_grad_norm: 1.0,
-            seed: 0,
             eval_every: 100,
             eval_tokens: 32 * 1024,
             checkpoint_every: 100,
-            keep_last: 2,
             log_every: 1,
+            ..paper_train(1e-2, 500 * 8 * 128, 8)
         },
     }
 }
@@ -426,24 +423,18 @@ fn mamba2(name: &str) -> Option<Preset> {
         "mamba2-760m" => (1536, 48, 1e-3, 15360 * MI, 1),
         "mamba2-tiny" => {
             // tiny's recipe and width, for a CPU: 4 layers of d = 64, 2 SSM heads of 64, state 32.
-            let mut p = tiny();
-            p.name = name.into();
-            p.model = mamba2_config(64, 4);
-            p.model.state_size = Some(32);
-            p.description = "Mamba-2, d=64, 4 layers, 2 SSM heads of 64, state 32, context 128, 500 steps of 8 \
-                             windows: trains on a 2-core CPU in minutes"
-                .into();
-            return Some(p);
+            let mut model = mamba2_config(64, 4);
+            model.state_size = Some(32);
+            let what = "Mamba-2, d=64, 4 layers, 2 SSM heads of 64, state 32, context 128, 500 steps of 8 windows: \
+                        trains on a 2-core CPU in minutes";
+            return Some(tiny().renamed(name, model, what.into()));
         }
         "mamba2-small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = mamba2_config(384, 12);
-            p.description = p.description.replace(
-                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
+            return small_recipe(
+                name,
+                mamba2_config(384, 12),
                 "Mamba-2: d=384, 12 layers, 12 SSM heads of 64, state 128",
-            );
-            return Some(p);
+            )
         }
         _ => return None,
     };
@@ -516,23 +507,14 @@ fn deltanet(name: &str) -> Option<Preset> {
         "360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
         "760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
         "tiny" => {
-            let mut p = tiny();
-            p.name = name.into();
-            p.model = deltanet_config(64, 4, 2, gated);
-            p.description = format!(
+            let what = format!(
                 "{title}, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
             );
-            return Some(p);
+            return Some(tiny().renamed(name, deltanet_config(64, 4, 2, gated), what));
         }
         "small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = deltanet_config(384, 6, 3, gated);
-            p.description = p.description.replace(
-                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
-                &format!("{title}: d=384, 6 layers, 3 heads of 128"),
-            );
-            return Some(p);
+            let what = format!("{title}: d=384, 6 layers, 3 heads of 128");
+            return small_recipe(name, deltanet_config(384, 6, 3, gated), &what);
         }
         _ => return None,
     };
@@ -574,23 +556,11 @@ fn hgrn2(name: &str) -> Option<Preset> {
         "360m" => (1024, 24, 2e-3, 7168 * MI, 1),
         "760m" => (1536, 24, 1e-3, 15360 * MI, 1),
         "tiny" => {
-            let mut p = tiny();
-            p.name = name.into();
-            p.model = hgrn2_config(64, 4, 32);
-            p.description =
-                "HGRN2, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU"
-                    .into();
-            return Some(p);
+            let what =
+                "HGRN2, d=64, 4 layers, 2 heads of 32, context 128, 500 steps of 8 windows: trains on a 2-core CPU";
+            return Some(tiny().renamed(name, hgrn2_config(64, 4, 32), what.into()));
         }
-        "small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = hgrn2_config(384, 6, 128);
-            p.description = p
-                .description
-                .replace("FoX (LLaMA): d=384, 6 layers, 6 heads of 64", "HGRN2: d=384, 6 layers, 3 heads of 128");
-            return Some(p);
-        }
+        "small" => return small_recipe(name, hgrn2_config(384, 6, 128), "HGRN2: d=384, 6 layers, 3 heads of 128"),
         _ => return None,
     };
     Some(Preset {
@@ -655,14 +625,8 @@ fn samba(name: &str) -> Option<Preset> {
         "samba-360m" => (1024, 24, 8, 2e-3, 7168 * MI, 1),
         "samba-760m" => (1536, 24, 12, 1e-3, 15360 * MI, 1),
         "samba-small" => {
-            let mut p = small("fox-llama-small")?;
-            p.name = name.into();
-            p.model = samba_config(384, 6, 6, 512);
-            p.description = p.description.replace(
-                "FoX (LLaMA): d=384, 6 layers, 6 heads of 64",
-                "Samba: d=384, 6 layers (3 Mamba of state 16, 3 attention of 6 heads of 64, window 512)",
-            );
-            return Some(p);
+            let what = "Samba: d=384, 6 layers (3 Mamba of state 16, 3 attention of 6 heads of 64, window 512)";
+            return small_recipe(name, samba_config(384, 6, 6, 512), what);
         }
         _ => return None,
     };

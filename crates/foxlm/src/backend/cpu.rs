@@ -158,9 +158,17 @@ pub struct CpuBatch {
     pub ids: Vec<u32>,
     pub targets: Vec<Option<u32>>,
     pub start: Option<Vec<usize>>,
+    /// Each row's left padding within this forward's positions (set by `prepare`).
+    pads: Option<Vec<usize>>,
 }
 
 impl CpuBatch {
+    /// Each row's left padding within this forward's positions, for the recurrent families' ops
+    /// (a row's padding lies in the chunk that starts its sequence; later chunks have none).
+    pub(crate) fn pads(&self) -> Option<&[usize]> {
+        self.pads.as_deref()
+    }
+
     /// Start of row b for operations on this chunk: left padding matters only on the chunk that
     /// starts the sequence (KV-shift, prefix sums).
     pub(crate) fn chunk_start(&self) -> Option<&[usize]> {
@@ -255,7 +263,7 @@ impl Backend for Cpu<'_> {
         ids: &[u32],
         targets: Option<&[Option<u32>]>,
     ) -> Result<()> {
-        let n = info.batch * info.seq;
+        let n = info.positions();
         if ids.len() != n || targets.is_some_and(|t| t.len() != n) {
             bail!("ids and targets must be [B, T] = [{}, {}]", info.batch, info.seq);
         }
@@ -273,6 +281,7 @@ impl Backend for Cpu<'_> {
             batch.targets.extend_from_slice(t);
         }
         batch.start = info.start.map(|s| s.to_vec());
+        batch.pads = info.start.map(|s| s.iter().map(|&v| v.saturating_sub(info.past).min(info.seq)).collect());
         Ok(())
     }
     fn batch_info<'b>(&self, b: &'b CpuBatch) -> BatchInfo<'b> {
@@ -477,24 +486,38 @@ impl Backend for Cpu<'_> {
         (self.loss_sum, self.loss_rows) = (0.0, 0);
         Ok(r)
     }
-}
 
-/// Each row's left padding within this forward's positions, for the recurrent families' ops (a
-/// row's padding lies in the chunk that starts its sequence; later chunks have none).
-pub(crate) fn chunk_pads(b: &CpuBatch) -> Option<Vec<usize>> {
-    b.start.as_ref().map(|s| s.iter().map(|&v| v.saturating_sub(b.past).min(b.seq)).collect())
+    fn conv1d_fwd(
+        &mut self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        c: &ShortConv,
+        b: &CpuBatch,
+        state: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let bias = c.bias.map(|id| &self.params[id]);
+        conv1d_continuing(&conv1d(c, b, &x[c.offset..], &self.params[c.weight], bias), out, state)
+    }
+
+    fn short_conv_bwd(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        x: &Vec<f32>,
+        c: &ShortConv,
+        b: &CpuBatch,
+    ) -> Result<()> {
+        let _t = self.time(Family::Other);
+        let (w, bias) = (self.params[c.weight].to_vec(), c.bias.map(|id| self.params[id].to_vec()));
+        let conv = conv1d(c, b, &x[c.offset..], &w, bias.as_deref());
+        self.conv1d_grads(&conv, dout, &mut dx[c.offset..], c.weight, c.bias)
+    }
 }
 
 /// Short convolution `c` (depthwise) over `x` for the batch `b`, with these weights.
-fn conv1d<'a>(
-    c: &ShortConv,
-    b: &CpuBatch,
-    x: &'a [f32],
-    weight: &'a [f32],
-    bias: Option<&'a [f32]>,
-    start: Option<&'a [usize]>,
-) -> Conv1d<'a> {
-    let (channels, width, x_stride, silu) = (c.channels, c.width, c.stride, c.silu);
+fn conv1d<'a>(c: &ShortConv, b: &'a CpuBatch, x: &'a [f32], weight: &'a [f32], bias: Option<&'a [f32]>) -> Conv1d<'a> {
+    let (channels, width, x_stride, silu, start) = (c.channels, c.width, c.stride, c.silu, b.pads());
     Conv1d { batch: b.batch, seq: b.seq, channels, width, x, x_stride, weight, bias, start, silu }
 }
 
@@ -524,35 +547,15 @@ impl Cpu<'_> {
         Ok(())
     }
 
-    /// The recurrent layers' short convolution `c` over `x` into `out`, causal per row from its
-    /// first real token; with `state`, continuing it and advancing it.
-    pub(crate) fn short_conv_fwd(
-        &self,
-        out: &mut [f32],
-        x: &[f32],
-        c: &ShortConv,
-        b: &CpuBatch,
-        state: Option<&mut Vec<f32>>,
-    ) -> Result<()> {
-        let pads = chunk_pads(b);
-        let bias = c.bias.map(|id| &self.params[id]);
-        conv1d_continuing(&conv1d(c, b, x, &self.params[c.weight], bias, pads.as_deref()), out, state)
+    /// A = −exp(A_log): the recurrent layers' decay rates.
+    pub(crate) fn neg_exp(&self, a_log: ParamId) -> Vec<f32> {
+        self.params[a_log].iter().map(|v| -v.exp()).collect()
     }
 
-    /// From dout, writes dx (the conv's columns of `x`'s rows) and adds the weight's and bias's
-    /// gradients.
-    pub(crate) fn short_conv_bwd(
-        &mut self,
-        dx: &mut [f32],
-        dout: &[f32],
-        x: &[f32],
-        c: &ShortConv,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let pads = chunk_pads(b);
-        let (w, bias) = (self.params[c.weight].to_vec(), c.bias.map(|id| self.params[id].to_vec()));
-        let conv = conv1d(c, b, x, &w, bias.as_deref(), pads.as_deref());
-        self.conv1d_grads(&conv, dout, dx, c.weight, c.bias)
+    /// A = −exp(A_log): grad(A_log) += dA · A.
+    pub(crate) fn add_a_log_grad(&mut self, a_log: ParamId, da: &[f32], a: &[f32]) -> Result<()> {
+        let da_log: Vec<f32> = da.iter().zip(a).map(|(g, a)| g * a).collect();
+        self.add_grad(a_log, &da_log)
     }
 
     /// A short convolution's backward (`c` over copies of its weights): d input into `dx`'s

@@ -24,6 +24,7 @@ pub mod cpu;
 mod cpu_model;
 pub mod cuda;
 
+use crate::model::scan_state::{ScanSizes, ScanState};
 use crate::model::Linear;
 use crate::tensor::ParamId;
 use anyhow::Result;
@@ -73,6 +74,13 @@ pub struct BatchInfo<'a> {
     pub start: Option<&'a [usize]>,
     /// Tokens already in the cache before this forward (decoding), 0 for a fresh sequence.
     pub past: usize,
+}
+
+impl BatchInfo<'_> {
+    /// Positions of the forward, B·T: the rows of its [B·T, ·] activations.
+    pub fn positions(&self) -> usize {
+        self.batch * self.seq
+    }
 }
 
 /// Allocation of a backend's buffers (also implemented by [`Sizer`], which only counts).
@@ -250,6 +258,41 @@ pub trait Backend: Alloc {
     ) -> Result<()>;
     fn cast_to_act(&mut self, dst: &mut Self::Act, src: &Self::F32) -> Result<()>;
 
+    // The recurrent layers' short convolution.
+    /// out [B·T, channels] = conv(x) (+ bias, then SiLU, as `c` says), causal per row from its
+    /// first real token; with the layer's `state`, continuing convolution `c.slot`'s last inputs
+    /// and then advancing them.
+    fn short_conv_fwd<S: ScanSizes>(
+        &mut self,
+        out: &mut Self::Act,
+        x: &Self::Act,
+        c: &ShortConv,
+        batch: &Self::Batch,
+        state: Option<&mut ScanState<S, Self::F32>>,
+    ) -> Result<()> {
+        let rows = self.batch_info(batch).batch;
+        let conv = state.map(|st| st.conv_mut(c.slot, rows)).transpose()?;
+        self.conv1d_fwd(out, x, c, batch, conv)
+    }
+    /// [`Self::short_conv_fwd`] continuing one convolution's state [B, W − 1, channels].
+    fn conv1d_fwd(
+        &mut self,
+        out: &mut Self::Act,
+        x: &Self::Act,
+        c: &ShortConv,
+        batch: &Self::Batch,
+        state: Option<&mut Self::F32>,
+    ) -> Result<()>;
+    /// From dout, writes dx (c's columns of x's rows) and adds the weight's and bias's gradients.
+    fn short_conv_bwd(
+        &mut self,
+        dx: &mut Self::Act,
+        dout: &Self::Act,
+        x: &Self::Act,
+        c: &ShortConv,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+
     // The output head and the loss.
     /// Σ over rows with a target of the cross-entropy of `hidden` [B·T, d] · lm_headᵀ, added to
     /// the backend's running loss ([`Backend::take_loss`]); grad(lm_head) += weight · d(Σ loss)/dW
@@ -274,15 +317,18 @@ pub trait Backend: Alloc {
     }
 }
 
-/// A short causal convolution over `channels` columns of rows of stride `stride` (Mamba-2's xBC,
-/// Mamba's x, DeltaNet's and HGRN2's projections), width `width`, with its weight, optional bias
-/// and SiLU (all but HGRN2's).
+/// A short causal convolution over `channels` columns, from column `offset`, of rows of stride
+/// `stride` (Mamba-2's xBC, Mamba's x, DeltaNet's and HGRN2's projections), width `width`, with
+/// its weight, optional bias and SiLU (all but HGRN2's).
 #[derive(Clone, Copy)]
 pub struct ShortConv {
     pub weight: ParamId,
     pub bias: Option<ParamId>,
     pub channels: usize,
     pub width: usize,
+    pub offset: usize,
     pub stride: usize,
     pub silu: bool,
+    /// Its inputs' index in the layer's state ([`ScanState::conv`]).
+    pub slot: usize,
 }

@@ -14,6 +14,9 @@ pub mod train;
 pub mod viz;
 
 use crate::backend::{select_device_for, select_device_with_dtype, DeviceArg, Dtype};
+use crate::config::Config;
+use crate::eval::text::{text_format_for, TextEncoder};
+use crate::tokenizer::TextFormat;
 use anyhow::Result;
 use fox_kernels::cuda::Device;
 
@@ -60,6 +63,24 @@ pub enum Command {
 pub struct Subcommands<C: clap::Subcommand> {
     #[command(subcommand)]
     pub command: C,
+}
+
+/// `--text-format` (and the test-only `--fold-vocab`) of the commands that run a model on text.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TextArgs {
+    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
+    #[arg(long)]
+    pub text_format: Option<TextFormat>,
+    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
+    #[arg(long, hide = true)]
+    pub fold_vocab: bool,
+}
+
+impl TextArgs {
+    /// The encoder of text for the model of `cfg` that the flags ask for.
+    pub fn encoder(&self, cfg: &Config) -> Result<TextEncoder> {
+        TextEncoder::for_model(cfg, text_format_for(cfg, self.text_format), self.fold_vocab)
+    }
 }
 
 /// `--device` and `--dtype` of the commands that run a trained model.

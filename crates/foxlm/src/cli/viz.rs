@@ -4,9 +4,7 @@
 use crate::checkpoint::load_model;
 use crate::eval::gates::{self, HeadGate};
 use crate::eval::plots;
-use crate::eval::text::{text_format_for, TextEncoder};
 use crate::infer::{self, Plan};
-use crate::tokenizer::TextFormat;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::io::Write;
@@ -39,15 +37,11 @@ pub struct GatesArgs {
     /// Keep the first this many tokens (BOS included): the maps are this many pixels square.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
-    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
-    #[arg(long)]
-    pub text_format: Option<TextFormat>,
+    #[command(flatten)]
+    pub encoding: super::TextArgs,
     /// Output folder.
     #[arg(long, default_value = "eval-out")]
     pub out: PathBuf,
-    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
-    #[arg(long, hide = true)]
-    pub fold_vocab: bool,
     #[command(flatten)]
     pub device: super::DeviceArgs,
 }
@@ -82,7 +76,7 @@ fn run_gates(a: GatesArgs) -> Result<()> {
     let cfg = model.config.clone();
     let layers = pick(&a.layers, cfg.num_hidden_layers, "layers")?;
     let heads = pick(&a.heads, cfg.num_heads, "heads")?;
-    let enc = TextEncoder::for_model(&cfg, text_format_for(&cfg, a.text_format), a.fold_vocab)?;
+    let enc = a.encoding.encoder(&cfg)?;
     let text = crate::validate::read_text(&a.text)?;
     let mut ids = vec![enc.bos];
     ids.extend(enc.encode(&text));

@@ -1,38 +1,82 @@
 //! A model's inference state: per layer, what its mixer family keeps between forwards (an
-//! attention layer's KV cache with its gate sums and KV-shift states; a Mamba-2 or Mamba layer's SSM and
-//! convolution states, fixed in size), and the batch's left padding. The CPU's is [`Cache`]; a GPU backend keeps its own per-layer states in the same
-//! [`LayerState`] shape.
+//! attention layer's KV cache with its gate sums and KV-shift states; a recurrent layer's scan
+//! and convolution states, fixed in size), and the batch's left padding. The CPU's is [`Cache`];
+//! a GPU backend keeps its own per-layer states in the same [`LayerState`] shape.
 
 use super::attention::kv_cache::KvCache;
 use super::deltanet::state::DeltaNetState;
 use super::hgrn2::state::Hgrn2State;
 use super::mamba::state::MambaState;
 use super::mamba2::state::Mamba2State;
+use super::scan_state::ScanState;
 
-/// One layer's inference state, by family (K: the attention's KV cache, M: Mamba-2's state,
-/// S: Mamba's, D: DeltaNet's, H: HGRN2's).
+/// One layer's inference state, by family (K: the attention's KV cache; V: the backend's f32
+/// buffer, which holds the recurrent families' states).
 #[derive(Clone, Debug)]
-pub enum LayerState<K, M, S, D, H> {
+pub enum LayerState<K, V = Vec<f32>> {
     Attention(K),
-    Mamba2(M),
-    Mamba(S),
-    DeltaNet(D),
-    Hgrn2(H),
+    Mamba2(Mamba2State<V>),
+    Mamba(MambaState<V>),
+    DeltaNet(DeltaNetState<V>),
+    Hgrn2(Hgrn2State<V>),
 }
 
 /// One layer's CPU inference state.
-pub type CpuLayerState = LayerState<KvCache, Mamba2State, MambaState, DeltaNetState, Hgrn2State>;
+pub type CpuLayerState = LayerState<KvCache>;
 
-impl CpuLayerState {
-    /// Tokens this layer has seen.
-    pub fn len(&self) -> usize {
-        match self {
-            LayerState::Attention(c) => c.len,
-            LayerState::Mamba2(s) => s.len,
-            LayerState::Mamba(s) => s.len,
-            LayerState::DeltaNet(s) => s.len,
-            LayerState::Hgrn2(s) => s.len,
+/// What a layer's state holds, whatever its family: batch rows and the tokens seen.
+pub trait Held {
+    fn rows(&self) -> usize;
+    fn tokens(&self) -> usize;
+    fn set_tokens(&mut self, len: usize);
+}
+
+/// [`Held`] for state types whose `batch` and `len` fields say it; `[T, ...]` for generic ones.
+macro_rules! held_in_fields {
+    ($([$($g:ident),*] $t:ty),* $(,)?) => {$(
+        impl<$($g),*> $crate::model::cache::Held for $t {
+            fn rows(&self) -> usize {
+                self.batch
+            }
+            fn tokens(&self) -> usize {
+                self.len
+            }
+            fn set_tokens(&mut self, len: usize) {
+                self.len = len;
+            }
         }
+    )*};
+}
+
+pub(crate) use held_in_fields;
+
+held_in_fields!([] KvCache, [S, V] ScanState<S, V>);
+
+impl<K: Held, V> LayerState<K, V> {
+    /// The state, whatever its family.
+    pub fn held(&self) -> &dyn Held {
+        match self {
+            LayerState::Attention(c) => c,
+            LayerState::Mamba2(s) => s,
+            LayerState::Mamba(s) => s,
+            LayerState::DeltaNet(s) => s,
+            LayerState::Hgrn2(s) => s,
+        }
+    }
+
+    pub fn held_mut(&mut self) -> &mut dyn Held {
+        match self {
+            LayerState::Attention(c) => c,
+            LayerState::Mamba2(s) => s,
+            LayerState::Mamba(s) => s,
+            LayerState::DeltaNet(s) => s,
+            LayerState::Hgrn2(s) => s,
+        }
+    }
+
+    /// Tokens this layer has seen (host side).
+    pub fn len(&self) -> usize {
+        self.held().tokens()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -41,15 +85,11 @@ impl CpuLayerState {
 
     /// Batch rows held.
     pub fn batch(&self) -> usize {
-        match self {
-            LayerState::Attention(c) => c.batch,
-            LayerState::Mamba2(s) => s.batch,
-            LayerState::Mamba(s) => s.batch,
-            LayerState::DeltaNet(s) => s.batch,
-            LayerState::Hgrn2(s) => s.batch,
-        }
+        self.held().rows()
     }
+}
 
+impl CpuLayerState {
     /// The attention layer's KV cache.
     pub fn kv(&self) -> Option<&KvCache> {
         match self {

@@ -51,13 +51,7 @@ pub trait ModelOps: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgr
 impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops> ModelOps for B {}
 
 /// One layer's inference state on backend B.
-pub type LayerStateOf<B> = LayerState<
-    <B as AttnOps>::KvCache,
-    <B as Mamba2Ops>::Mamba2State,
-    <B as MambaOps>::MambaState,
-    <B as DeltaNetOps>::DeltaNetState,
-    <B as Hgrn2Ops>::Hgrn2State,
->;
+pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache, <B as Alloc>::F32>;
 
 /// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -509,10 +503,12 @@ impl Model {
                     Mixer::Attention(l) => LayerState::Attention(attention::kv_cache::KvCache::new(
                         batch, l.heads, l.kv_heads, l.head_dim, capacity,
                     )),
-                    Mixer::Mamba2(l) => LayerState::Mamba2(mamba2::state::Mamba2State::new(batch, *l.sizes())),
-                    Mixer::Mamba(l) => LayerState::Mamba(mamba::state::MambaState::new(batch, *l.sizes())),
-                    Mixer::DeltaNet(l) => LayerState::DeltaNet(deltanet::state::DeltaNetState::new(batch, *l.sizes())),
-                    Mixer::Hgrn2(l) => LayerState::Hgrn2(hgrn2::state::Hgrn2State::new(batch, *l.sizes())),
+                    Mixer::Mamba2(l) => LayerState::Mamba2(<mamba2::state::Mamba2State>::new(batch, *l.sizes())),
+                    Mixer::Mamba(l) => LayerState::Mamba(<mamba::state::MambaState>::new(batch, *l.sizes())),
+                    Mixer::DeltaNet(l) => {
+                        LayerState::DeltaNet(<deltanet::state::DeltaNetState>::new(batch, *l.sizes()))
+                    }
+                    Mixer::Hgrn2(l) => LayerState::Hgrn2(<hgrn2::state::Hgrn2State>::new(batch, *l.sizes())),
                 })
                 .collect(),
             start,
@@ -532,8 +528,7 @@ impl Model {
     ) -> Result<()> {
         let d = self.config.hidden_size;
         let eps = self.config.norm_eps as f32;
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let keep = acts.blocks.len() == self.layers.len();
         let slot = |li: usize| if keep { li } else { self.slots[li] };
         {
@@ -638,8 +633,7 @@ impl Model {
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
         be.grads_ready(self.head_params())?;
         std::mem::swap(dx, dnorm);
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let eps = self.config.norm_eps as f32;
         for (li, blk) in self.layers.iter().enumerate().rev() {
             let s = self.slots[li];
@@ -842,7 +836,7 @@ impl Block {
         lower_bounds: (&B::F32, &mut B::F32),
         d: usize,
     ) -> Result<()> {
-        let n = be.batch_info(batch).batch * be.batch_info(batch).seq;
+        let n = be.batch_info(batch).positions();
         // out = h + MLP(RMSNorm(h)): dh = dout + RMSNorm_bwd(MLP_bwd(dout)).
         if let (Some(m), Some(acts), Some(s)) = (&self.mlp, a.mlp.as_ref(), mlp) {
             m.mlp.backward(be, &a.mlp_norm_out, acts, dx, dnorm, s, n)?;

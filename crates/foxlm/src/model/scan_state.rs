@@ -1,49 +1,52 @@
-//! The inference state of a selective-scan layer (Mamba, Mamba-2), on the CPU ([`ScanState`])
-//! and on the GPU ([`GpuScanState`]): per row the scan state and the short convolution's last
-//! W − 1 inputs. Its size does not depend on the sequence: decoding a token costs the same after
-//! 10 tokens as after 100,000. Each family says its layouts (`mamba/state.rs`,
-//! `mamba2/state.rs`). [`RecurrentState`] and [`forward_carrying`] serve every recurrent family
-//! (DeltaNet and HGRN2 too): how a forward meets its state is the same for all of them.
+//! The inference state of a recurrent layer (Mamba-2, Mamba, DeltaNet, HGRN2): per row the
+//! scan state and each short convolution's last W − 1 inputs, in the backend's f32 buffers
+//! ([`ScanState`]; `Vec<f32>` on the CPU, [`GpuScanState`] on the GPU). Its size does not
+//! depend on the sequence: decoding a token costs the same after 10 tokens as after 100,000.
+//! Each family says its layouts (`<family>/state.rs`); how a forward meets its state
+//! ([`forward_carrying`]) is the same for all of them.
 
 use crate::backend::cuda::{dtod, grown};
-use anyhow::{ensure, Result};
+use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::Gpu;
 
-/// A layer's sizes, as far as its state goes.
+/// A recurrent layer's sizes, as far as its state goes.
 pub trait ScanSizes: Copy {
-    /// Elements of the scan and convolution states of `batch` rows.
-    fn state_lens(&self, batch: usize) -> (usize, usize);
+    /// The family, as messages name its state ("a Mamba-2").
+    const FAMILY: &'static str;
+    /// Elements of the scan state of `batch` rows.
+    fn ssm_len(&self, batch: usize) -> usize;
+    /// Elements of each short convolution's state of `batch` rows, in the order of the layer's
+    /// convolutions ([`crate::backend::ShortConv::slot`]).
+    fn conv_lens(&self, batch: usize) -> Vec<usize>;
 }
 
+/// A recurrent layer's inference state over buffers `V` (the backend's f32 buffer).
 #[derive(Clone, Debug)]
-pub struct ScanState<S> {
+pub struct ScanState<S, V = Vec<f32>> {
     pub batch: usize,
     pub sizes: S,
     /// Tokens seen (the positions a KV cache would hold).
     pub len: usize,
     /// The scan state, [B, ...] (the family's layout).
-    pub ssm: Vec<f32>,
-    /// [B, W − 1, C]: the convolution's inputs before the next token, oldest first (zeros
-    /// before a row's first token).
-    pub conv: Vec<f32>,
+    pub ssm: V,
+    /// Per short convolution, [B, W − 1, C]: its inputs before the next token, oldest first
+    /// (zeros before a row's first token).
+    pub conv: Vec<V>,
 }
+
+/// [`ScanState`] on the GPU, in f32.
+pub type GpuScanState<S> = ScanState<S, CudaSlice<f32>>;
 
 impl<S: ScanSizes> ScanState<S> {
     pub fn new(batch: usize, sizes: S) -> Self {
-        let (ssm, conv) = Self::lens(batch, &sizes);
-        Self { batch, sizes, len: 0, ssm: vec![0.0; ssm], conv: vec![0.0; conv] }
-    }
-
-    /// Elements of the scan and convolution states of `batch` rows.
-    pub fn lens(batch: usize, s: &S) -> (usize, usize) {
-        s.state_lens(batch)
+        let conv = sizes.conv_lens(batch).into_iter().map(|n| vec![0.0; n]).collect();
+        Self { batch, sizes, len: 0, ssm: vec![0.0; sizes.ssm_len(batch)], conv }
     }
 
     /// Bytes held for `batch` rows (f32), whatever the number of tokens.
     pub fn bytes_for(batch: usize, s: &S) -> usize {
-        let (a, b) = Self::lens(batch, s);
-        4 * (a + b)
+        4 * (s.ssm_len(batch) + s.conv_lens(batch).iter().sum::<usize>())
     }
 
     /// A state whose rows are the given rows (state, row index) of other states of the same
@@ -52,64 +55,39 @@ impl<S: ScanSizes> ScanState<S> {
     pub fn gather(rows: &[(&Self, usize)], len: usize) -> Self {
         let sizes = rows.first().map_or_else(|| unreachable!("gather of no rows"), |(s, _)| s.sizes);
         let mut out = Self::new(rows.len(), sizes);
-        let (ns, nc) = Self::lens(1, &sizes);
+        let (ns, nc) = (sizes.ssm_len(1), sizes.conv_lens(1));
         for (bi, &(src, r)) in rows.iter().enumerate() {
             out.ssm[bi * ns..(bi + 1) * ns].copy_from_slice(&src.ssm[r * ns..(r + 1) * ns]);
-            out.conv[bi * nc..(bi + 1) * nc].copy_from_slice(&src.conv[r * nc..(r + 1) * nc]);
+            for ((o, s), &n) in out.conv.iter_mut().zip(&src.conv).zip(&nc) {
+                o[bi * n..(bi + 1) * n].copy_from_slice(&s[r * n..(r + 1) * n]);
+            }
         }
         out.len = len;
         out
     }
 }
 
-/// [`ScanState`] on the GPU, in f32.
-pub struct GpuScanState<S> {
-    pub batch: usize,
-    pub sizes: S,
-    pub len: usize,
-    pub ssm: CudaSlice<f32>,
-    pub conv: CudaSlice<f32>,
-}
-
 impl<S: ScanSizes> GpuScanState<S> {
     pub fn new(gpu: &Gpu, batch: usize, sizes: S) -> Result<Self> {
-        let (ssm, conv) = sizes.state_lens(batch);
-        Ok(Self { batch, sizes, len: 0, ssm: gpu.zeros(ssm.max(1))?, conv: gpu.zeros(conv.max(1))? })
+        let ssm = gpu.zeros(sizes.ssm_len(batch).max(1))?;
+        let conv = sizes.conv_lens(batch).into_iter().map(|n| gpu.zeros(n.max(1))).collect::<Result<_>>()?;
+        Ok(Self { batch, sizes, len: 0, ssm, conv })
     }
 }
 
-/// A recurrent layer's inference state, as its forwards see it: the rows it holds and the tokens
-/// it has seen.
-pub trait RecurrentState {
-    fn rows(&self) -> usize;
-    /// Counts `tokens` more seen.
-    fn advance(&mut self, tokens: usize);
-
-    /// Fails unless the state holds `rows` rows (`what` names the state in the message).
-    fn check_rows(&self, what: &str, rows: usize) -> Result<()> {
-        ensure!(self.rows() == rows, "{what} state of {} rows for a batch of {rows}", self.rows());
+impl<S: ScanSizes, V> ScanState<S, V> {
+    /// Fails unless the state holds `rows` rows.
+    pub fn check_rows(&self, rows: usize) -> Result<()> {
+        ensure!(self.batch == rows, "{} state of {} rows for a batch of {rows}", S::FAMILY, self.batch);
         Ok(())
     }
+
+    /// Short convolution `slot`'s state, for a forward over `rows` rows.
+    pub fn conv_mut(&mut self, slot: usize, rows: usize) -> Result<&mut V> {
+        self.check_rows(rows)?;
+        self.conv.get_mut(slot).ok_or_else(|| anyhow!("{} state has no convolution {slot}", S::FAMILY))
+    }
 }
-
-/// [`RecurrentState`] for state types with `batch` (rows) and `len` (tokens seen); `[S]` for a
-/// generic one. Each family's state file invokes it for its own types.
-macro_rules! recurrent_state {
-    ($([$($g:ident),*] $t:ty),* $(,)?) => {$(
-        impl<$($g),*> $crate::model::scan_state::RecurrentState for $t {
-            fn rows(&self) -> usize {
-                self.batch
-            }
-            fn advance(&mut self, tokens: usize) {
-                self.len += tokens;
-            }
-        }
-    )*};
-}
-
-pub(crate) use recurrent_state;
-
-recurrent_state!([S] ScanState<S>, [S] GpuScanState<S>);
 
 /// Where a recurrent forward starts from.
 pub enum Carry<'s, St> {
@@ -122,19 +100,18 @@ pub enum Carry<'s, St> {
 }
 
 /// Runs a recurrent forward over `rows` rows of `seq` tokens: from zeros without a state; with
-/// one (`what` names it, which must hold the batch's rows), its decode step for one token, else
+/// one (which must hold the batch's rows), its decode step for one token, else
 /// the chunked forward continuing it; then counts the tokens into the state.
-pub fn forward_carrying<St: RecurrentState>(
-    what: &str,
-    state: Option<&mut St>,
+pub fn forward_carrying<S: ScanSizes, V>(
+    state: Option<&mut ScanState<S, V>>,
     rows: usize,
     seq: usize,
-    fwd: impl FnOnce(Carry<'_, St>) -> Result<()>,
+    fwd: impl FnOnce(Carry<'_, ScanState<S, V>>) -> Result<()>,
 ) -> Result<()> {
     let Some(st) = state else { return fwd(Carry::Zeros) };
-    st.check_rows(what, rows)?;
+    st.check_rows(rows)?;
     fwd(if seq == 1 { Carry::Step(&mut *st) } else { Carry::Chunks(&mut *st) })?;
-    st.advance(seq);
+    st.len += seq;
     Ok(())
 }
 

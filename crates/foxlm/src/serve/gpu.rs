@@ -28,8 +28,7 @@ use super::scheduler::{Running, SeqRequest, Step, TokenLogprob};
 use crate::backend::cuda::{CopyRuns, GpuLayerState};
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::LayerState;
-use crate::model::mamba::state::MambaState;
-use crate::model::mamba2::state::Mamba2State;
+use crate::model::scan_state::{GpuScanState, ScanSizes};
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
@@ -198,32 +197,10 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
                     runs.push_row(gpu, &x.k_shift, sr, &mut y.k_shift, dr, w)?;
                     runs.push_row(gpu, &x.v_shift, sr, &mut y.v_shift, dr, w)?;
                 }
-                (LayerState::Mamba2(x), LayerState::Mamba2(y)) => {
-                    let (ns, nc) = Mamba2State::lens(1, &x.sizes);
-                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
-                    runs.push_row(gpu, &x.conv, sr, &mut y.conv, dr, nc)?;
-                }
-                (LayerState::Mamba(x), LayerState::Mamba(y)) => {
-                    let (ns, nc) = MambaState::lens(1, &x.sizes);
-                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
-                    runs.push_row(gpu, &x.conv, sr, &mut y.conv, dr, nc)?;
-                }
-                (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
-                    let [ns, nq, nv] = crate::model::deltanet::state::DeltaNetState::lens(1, &x.sizes);
-                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
-                    for ((a, c), n) in x.conv.iter().zip(&mut y.conv).zip([nq, nq, nv]) {
-                        runs.push_row(gpu, a, sr, c, dr, n)?;
-                    }
-                }
-                (LayerState::Hgrn2(x), LayerState::Hgrn2(y)) => {
-                    let [ns, nc] = crate::model::hgrn2::state::Hgrn2State::lens(1, &x.sizes);
-                    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, ns)?;
-                    if nc > 0 {
-                        for (a, c) in x.conv.iter().zip(&mut y.conv) {
-                            runs.push_row(gpu, a, sr, c, dr, nc)?;
-                        }
-                    }
-                }
+                (LayerState::Mamba2(x), LayerState::Mamba2(y)) => push_scan_row(runs, gpu, x, sr, y, dr)?,
+                (LayerState::Mamba(x), LayerState::Mamba(y)) => push_scan_row(runs, gpu, x, sr, y, dr)?,
+                (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => push_scan_row(runs, gpu, x, sr, y, dr)?,
+                (LayerState::Hgrn2(x), LayerState::Hgrn2(y)) => push_scan_row(runs, gpu, x, sr, y, dr)?,
                 _ => bail!("copying a row between caches of different layer kinds"),
             }
         }
@@ -626,4 +603,21 @@ impl<T: Elem> Batcher for GpuBatcher<'_, '_, T> {
         // Whatever the failed step left half-made goes too (made again on first use).
         self.inf.be.decode_scratch = None;
     }
+}
+
+/// Adds to `runs` the copy of row `sr` of a recurrent layer's state `x` (its scan state and every
+/// convolution's) to row `dr` of `y`.
+fn push_scan_row<S: ScanSizes>(
+    runs: &mut CopyRuns,
+    gpu: &Gpu,
+    x: &GpuScanState<S>,
+    sr: usize,
+    y: &mut GpuScanState<S>,
+    dr: usize,
+) -> Result<()> {
+    runs.push_row(gpu, &x.ssm, sr, &mut y.ssm, dr, x.sizes.ssm_len(1))?;
+    for ((a, c), n) in x.conv.iter().zip(&mut y.conv).zip(x.sizes.conv_lens(1)) {
+        runs.push_row(gpu, a, sr, c, dr, n)?;
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! launches.
 
 use super::*;
+use crate::backend::ShortConv;
 
 impl<T: Elem> Backend for Cuda<T> {
     type Batch = GpuBatch;
@@ -31,7 +32,7 @@ impl<T: Elem> Backend for Cuda<T> {
         ids: &[u32],
         targets: Option<&[Option<u32>]>,
     ) -> Result<()> {
-        let n = info.batch * info.seq;
+        let n = info.positions();
         ensure!(n <= self.max_rows && n <= b.ids.len(), "a batch of {n} tokens exceeds the {} planned", self.max_rows);
         ensure!(ids.len() == n && targets.is_none_or(|t| t.len() == n), "ids and targets must be [B, T]");
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab) {
@@ -264,6 +265,30 @@ impl<T: Elem> Backend for Cuda<T> {
     fn cast_to_act(&mut self, dst: &mut CudaSlice<T>, src: &CudaSlice<f32>) -> Result<()> {
         self.mark(Family::Other)?;
         ops::cast_from_f32(&self.gpu, dst, src, src.len().min(dst.len()))
+    }
+
+    fn conv1d_fwd(
+        &mut self,
+        out: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        c: &ShortConv,
+        b: &GpuBatch,
+        state: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        self.conv1d_on(out, &x.slice(c.offset..), c, b, state)
+    }
+
+    fn short_conv_bwd(
+        &mut self,
+        dx: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        c: &ShortConv,
+        b: &GpuBatch,
+    ) -> Result<()> {
+        self.mark(Family::Other)?;
+        self.conv1d_bwd_on(&mut dx.slice_mut(c.offset..), dout, &x.slice(c.offset..), c, b)
     }
 
     fn head_loss(

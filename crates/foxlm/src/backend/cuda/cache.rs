@@ -2,8 +2,6 @@
 //! and the state of each family ([`GpuLayerState`]).
 
 use crate::model::cache::LayerState;
-use crate::model::mamba::cuda::GpuMambaState;
-use crate::model::mamba2::cuda::GpuMamba2State;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::Elem;
 
@@ -42,43 +40,18 @@ pub struct CacheLens {
 }
 
 /// One layer's inference state on the GPU.
-pub type GpuLayerState<T> = LayerState<
-    GpuCache<T>,
-    GpuMamba2State,
-    GpuMambaState,
-    crate::model::deltanet::cuda::GpuDeltaNetState,
-    crate::model::hgrn2::cuda::GpuHgrn2State,
->;
+pub type GpuLayerState<T> = LayerState<GpuCache<T>, CudaSlice<f32>>;
+
+crate::model::cache::held_in_fields!([T] GpuCache<T>);
 
 impl<T> GpuLayerState<T> {
-    /// Tokens this layer has seen (host side).
-    pub fn len(&self) -> usize {
-        match self {
-            LayerState::Attention(c) => c.len,
-            LayerState::Mamba2(s) => s.len,
-            LayerState::Mamba(s) => s.len,
-            LayerState::DeltaNet(s) => s.len,
-            LayerState::Hgrn2(s) => s.len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The host-side length again after CUDA graph replays (which advanced only the device's),
     /// with nothing staged.
     pub fn reset_len(&mut self, len: usize) {
-        match self {
-            LayerState::Attention(c) => {
-                c.len = len;
-                c.staged = false;
-            }
-            LayerState::Mamba2(s) => s.len = len,
-            LayerState::Mamba(s) => s.len = len,
-            LayerState::DeltaNet(s) => s.len = len,
-            LayerState::Hgrn2(s) => s.len = len,
+        if let LayerState::Attention(c) = self {
+            c.staged = false;
         }
+        self.held_mut().set_tokens(len);
     }
 }
 

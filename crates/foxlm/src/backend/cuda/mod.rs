@@ -49,30 +49,8 @@ pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
         crate::model::Mixer::Attention(_) => None,
         crate::model::Mixer::DeltaNet(l) => crate::model::deltanet::cuda::unsupported(l.sizes()),
         crate::model::Mixer::Hgrn2(l) => crate::model::hgrn2::cuda::unsupported(l.sizes()),
-        crate::model::Mixer::Mamba2(l) => {
-            let s = l.sizes();
-            let ok = s.head_dim <= 64 && s.state <= 128 && (1..=8).contains(&s.conv) && s.groups == 1;
-            (!ok).then(|| {
-                format!(
-                    "the GPU's Mamba-2 kernels take head_dim ≤ 64, state_size ≤ 128, conv_kernel ≤ 8 and n_groups = 1 \
-                     (this model: {}, {}, {}, {}); run it with --device cpu",
-                    s.head_dim, s.state, s.conv, s.groups
-                )
-            })
-        }
-        crate::model::Mixer::Mamba(l) => {
-            let s = l.sizes();
-            let ok = s.state <= fox_kernels::cuda::selective_scan::MAX_STATE && (1..=8).contains(&s.conv);
-            (!ok).then(|| {
-                format!(
-                    "the GPU's Mamba kernels take state_size ≤ {} and conv_kernel ≤ 8 (this model: {}, {}); run it \
-                     with --device cpu",
-                    fox_kernels::cuda::selective_scan::MAX_STATE,
-                    s.state,
-                    s.conv
-                )
-            })
-        }
+        crate::model::Mixer::Mamba2(l) => crate::model::mamba2::cuda::unsupported(l.sizes()),
+        crate::model::Mixer::Mamba(l) => crate::model::mamba::cuda::unsupported(l.sizes()),
     })
 }
 

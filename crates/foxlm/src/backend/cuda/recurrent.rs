@@ -1,14 +1,19 @@
-//! What the recurrent families (Mamba-2, Mamba) share on the CUDA backend: one grown scratch
-//! for their kernels, and the short causal convolution (depthwise, with SiLU) over a block of
-//! columns of in_proj's output, with its inference state and its backward.
+//! What the recurrent families (Mamba-2, Mamba, DeltaNet, HGRN2) share on the CUDA backend: one
+//! grown scratch for their kernels, the decay rates A = −exp(A_log) and their gradient, and the
+//! short causal convolution (depthwise, optionally with bias and SiLU) over a block of columns,
+//! with its inference state and its backward.
 
 use super::{Cuda, GpuBatch};
 use crate::backend::ShortConv;
 use crate::model::Model;
+use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use fox_kernels::cuda::ssd;
 use fox_kernels::cuda::{Elem, Gpu};
+
+/// The widths the short convolution's kernels take (`ssd::conv1d_*`).
+pub(crate) const CONV_WIDTHS: std::ops::RangeInclusive<usize> = 1..=8;
 
 /// Scratch of the recurrent layers' kernels (Mamba-2's SSD and the partial sums of its
 /// parameter gradients), shared by every layer: sized in [`Cuda::new`] for the planned step (so
@@ -102,10 +107,28 @@ pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train:
 }
 
 impl<T: Elem> Cuda<T> {
-    /// out [B·T, channels] = SiLU(conv(x) + bias) (without SiLU unless `c.silu`), causal per row from its first real token of
-    /// this batch; with `state` (the last W − 1 inputs [B, W − 1, C]), continuing it and then
-    /// advancing it. The weight is read from its T working copy, as the GEMMs read theirs.
-    pub(crate) fn short_conv_fwd(
+    /// A = −exp(A_log) ([n], the SSMs' decay rates) into the scratch's `a`.
+    pub(crate) fn neg_exp_a(&mut self, a_log: ParamId, n: usize) -> Result<()> {
+        let a = grown(&self.gpu, &mut self.ssm.a, n)?;
+        ssd::neg_exp(&self.gpu, a, &self.params[a_log.0].master)
+    }
+
+    /// The scratch's `da` ([n]) zeroed: the SSMs' backwards add dA into it.
+    pub(crate) fn zeroed_da(&mut self, n: usize) -> Result<()> {
+        let da = grown(&self.gpu, &mut self.ssm.da, n)?;
+        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))
+    }
+
+    /// A = −exp(A_log): grad(A_log) += dA · A, from the scratch's `da` and `a` ([n]).
+    pub(crate) fn add_a_log_grad(&mut self, a_log: ParamId, n: usize) -> Result<()> {
+        let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
+        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
+        ssd::mul_acc(&self.gpu, &mut self.params[a_log.0].grad, da, a, n)
+    }
+
+    /// [`Backend::conv1d_fwd`](crate::backend::Backend::conv1d_fwd) over the view `x` of the
+    /// conv's first column. The weight is read from its T working copy, as the GEMMs read theirs.
+    pub(crate) fn conv1d_on(
         &mut self,
         out: &mut CudaSlice<T>,
         x: &CudaView<T>,
@@ -126,9 +149,9 @@ impl<T: Elem> Cuda<T> {
         }
     }
 
-    /// From dout, writes dx (the conv's columns of rows of stride `c.stride`) and adds the
-    /// weight's and bias's gradients.
-    pub(crate) fn short_conv_bwd(
+    /// [`Backend::short_conv_bwd`](crate::backend::Backend::short_conv_bwd) over the views `dx`
+    /// and `x` of the conv's first column.
+    pub(crate) fn conv1d_bwd_on(
         &mut self,
         dx: &mut CudaViewMut<T>,
         dout: &CudaSlice<T>,

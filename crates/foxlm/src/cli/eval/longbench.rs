@@ -62,7 +62,7 @@ pub(super) fn run(a: LongbenchArgs) -> Result<()> {
     let c = &a.common;
     let model = load_model(&c.model)?;
     let cfg = &model.config;
-    let enc = c.encoder(cfg)?;
+    let enc = c.text.encoder(cfg)?;
     let max_len = a.max_length.or(cfg.train_context()).unwrap_or(2048);
     if max_len < 2 {
         bail!("--max-length must be at least 2");

@@ -18,11 +18,8 @@ pub use loss::LossArgs;
 pub use niah::NiahArgs;
 pub use ruler::RulerArgs;
 
-use crate::config::Config;
-use crate::eval::text::{text_format_for, TextEncoder};
 use crate::infer::{self, Infer, Plan};
 use crate::model::Model;
-use crate::tokenizer::TextFormat;
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::Device;
 use std::path::{Path, PathBuf};
@@ -66,27 +63,19 @@ pub struct GreedyArgs {
     /// Model folder (config.json + model.safetensors).
     #[arg(long)]
     pub model: PathBuf,
-    /// json-escaped or plain GPT-2 BPE (default: the model's recorded format, else json-escaped).
-    #[arg(long)]
-    pub text_format: Option<TextFormat>,
+    #[command(flatten)]
+    pub text: super::TextArgs,
     /// Tokens per prefill chunk.
     #[arg(long, default_value_t = 2048)]
     pub chunk: usize,
     /// Output folder (niah.json and niah.png, ruler.json, longbench.json).
     #[arg(long, default_value = "eval-out")]
     pub out: PathBuf,
-    /// Testing only: fold GPT-2 ids modulo the vocabulary of a model smaller than GPT-2's.
-    #[arg(long, hide = true)]
-    pub fold_vocab: bool,
     #[command(flatten)]
     pub device: super::DeviceArgs,
 }
 
 impl GreedyArgs {
-    fn encoder(&self, cfg: &Config) -> Result<TextEncoder> {
-        TextEncoder::for_model(cfg, text_format_for(cfg, self.text_format), self.fold_vocab)
-    }
-
     /// The device; on the CPU, refused (naming `what`) when a KV cache of `kv_len` positions, a
     /// prefill chunk of prompts up to `max_len` tokens and `extra` bytes would not fit in memory.
     fn device(&self, model: &Model, max_len: usize, kv_len: usize, extra: u128, what: &str) -> Result<Device> {

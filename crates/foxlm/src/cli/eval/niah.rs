@@ -45,7 +45,7 @@ pub(super) fn run(a: NiahArgs) -> Result<()> {
     let c = &a.common;
     let model = load_model(&c.model)?;
     let cfg = &model.config;
-    let enc = c.encoder(cfg)?;
+    let enc = c.text.encoder(cfg)?;
     let needle_text = a.mode.needle();
     let question_text = niah::question_suffix();
     let needle = enc.encode(&needle_text);

@@ -40,7 +40,7 @@ pub(super) fn run(a: RulerArgs) -> Result<()> {
     let c = &a.common;
     let model = load_model(&c.model)?;
     let cfg = &model.config;
-    let enc = c.encoder(cfg)?;
+    let enc = c.text.encoder(cfg)?;
     let max_len = a.lengths.iter().copied().max().unwrap_or(0);
     let what = format!("--lengths {max_len}: the KV cache");
     let device = c.device(&model, max_len, max_len.saturating_add(a.max_new_tokens), 0, &what)?;

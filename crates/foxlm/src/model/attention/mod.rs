@@ -330,7 +330,7 @@ impl ForgettingAttention {
         mut cache: Option<&mut B::KvCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = info.positions();
         let n_keys = info.past + info.seq;
         // A decode step (one position per row after a cached prefix) may run fused on the backend.
         let fused = match cache.as_deref_mut() {
@@ -367,7 +367,7 @@ impl ForgettingAttention {
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let n = info.batch * info.seq;
+        let n = info.positions();
         be.linear_fwd(&mut a.q_lin, x, &self.q_proj, n)?;
 
         // KV-shift mixes each token's k̃ with the previous token's (the cached one when decoding).
@@ -465,7 +465,7 @@ impl ForgettingAttention {
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let n = info.batch * info.seq;
+        let n = info.positions();
 
         // y = o_proj(z)
         be.linear_bwd(&self.o_proj, &a.z, dy, Some(&mut s.dz), false, n)?;

@@ -1,11 +1,11 @@
 //! The DeltaNet family's operations on the CPU backend (f32, the reference): `fox_kernels`'
-//! conv1d, L2 norm and chunked delta rule (with its decode step) on the layer's buffers.
+//! L2 norm and chunked delta rule (with its decode step) on the layer's buffers.
 
-use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
+use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
 use fox_kernels::delta_rule::{self as dr, DeltaRule, DeltaRuleGrads};
 use fox_kernels::scalar::{sigmoid, silu};
@@ -15,12 +15,7 @@ use fox_kernels::ssd;
 pub const L2NORM_EPS: f32 = 1e-6;
 
 /// The delta-rule problem over the layer's buffers.
-fn problem<'a>(
-    p: &DeltaNetParams,
-    b: &CpuBatch,
-    x: DeltaRuleIn<'a, Vec<f32>, Vec<f32>>,
-    start: Option<&'a [usize]>,
-) -> DeltaRule<'a> {
+fn problem<'a>(p: &DeltaNetParams, b: &'a CpuBatch, x: DeltaRuleIn<'a, Vec<f32>, Vec<f32>>) -> DeltaRule<'a> {
     let s = &p.sizes;
     DeltaRule {
         batch: b.batch,
@@ -34,50 +29,11 @@ fn problem<'a>(
         beta: x.beta,
         g: x.g.map(|g| &g[..]),
         scale: 1.0 / (s.head_k as f32).sqrt(),
-        start,
-    }
-}
-
-impl Cpu<'_> {
-    /// −exp(A_log) per head.
-    fn deltanet_neg_exp(&self, p: &DeltaNetParams) -> Result<Vec<f32>> {
-        let (a_log, _) = p.decay()?;
-        Ok(self.params[a_log].iter().map(|v| -v.exp()).collect())
+        start: b.pads(),
     }
 }
 
 impl DeltaNetOps for Cpu<'_> {
-    type DeltaNetState = DeltaNetState;
-
-    fn deltanet_conv_fwd(
-        &mut self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        b: &CpuBatch,
-        state: Option<&mut DeltaNetState>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        if let Some(st) = &state {
-            st.check_rows("a DeltaNet", b.batch)?;
-        }
-        self.short_conv_fwd(out, x, &p.short_conv(which), b, state.map(|st| &mut st.conv[which as usize]))
-    }
-
-    fn deltanet_conv_bwd(
-        &mut self,
-        dx: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        x: &Vec<f32>,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_bwd(dx, dout, x, &p.short_conv(which), b)
-    }
-
     fn l2norm_fwd(
         &mut self,
         y: &mut Vec<f32>,
@@ -107,8 +63,8 @@ impl DeltaNetOps for Cpu<'_> {
     fn deltanet_decay_fwd(&mut self, g: &mut Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
-        let neg_a = self.deltanet_neg_exp(p)?;
-        let (_, bias) = p.decay()?;
+        let (a_log, bias) = p.decay()?;
+        let neg_a = self.neg_exp(a_log);
         let n = crate::backend::cpu::first("decay", rows.checked_mul(h), &[g.len(), a.len()])?;
         let g = &mut g[..n];
         ssd::dt_fwd(g, &a[..n], h, &self.params[bias])?;
@@ -121,25 +77,24 @@ impl DeltaNetOps for Cpu<'_> {
     fn deltanet_decay_bwd(&mut self, da: &mut Vec<f32>, dg: &Vec<f32>, a: &Vec<f32>, p: &DeltaNetParams) -> Result<()> {
         let _t = self.time(Family::Other);
         let h = p.sizes.heads;
-        let neg_a = self.deltanet_neg_exp(p)?;
         let (a_log, bias) = p.decay()?;
+        let neg_a = self.neg_exp(a_log);
         // g = A·dt with dt = softplus(a + dt_bias), A = −exp(A_log): d dt = dg·A,
         // dA = Σ dg·dt, dA_log = dA·A.
         let mut dt = vec![0.0; dg.len()];
         ssd::dt_fwd(&mut dt, a, h, &self.params[bias])?;
-        let mut da_log = vec![0.0f32; h];
+        let mut grad_a = vec![0.0f32; h];
         let mut ddt = vec![0.0; dg.len()];
         for ((dgr, dtr), ddr) in dg.chunks(h).zip(dt.chunks(h)).zip(ddt.chunks_mut(h)) {
             for j in 0..h {
-                da_log[j] += dgr[j] * dtr[j];
+                grad_a[j] += dgr[j] * dtr[j];
                 ddr[j] = dgr[j] * neg_a[j];
             }
         }
-        da_log.iter_mut().zip(&neg_a).for_each(|(d, a)| *d *= a);
         let mut dbias = vec![0.0; h];
         let bias_v = self.params[bias].to_vec();
         ssd::dt_bwd(da, h, &mut dbias, &ddt, a, &bias_v)?;
-        self.add_grad(a_log, &da_log)?;
+        self.add_a_log_grad(a_log, &grad_a, &neg_a)?;
         self.add_grad(bias, &dbias)
     }
 
@@ -152,9 +107,8 @@ impl DeltaNetOps for Cpu<'_> {
         state: Option<&mut DeltaNetState>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
-        forward_carrying("a DeltaNet", state, b.batch, b.seq, |carry| match carry {
+        let prob = problem(p, b, x);
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => dr::delta_rule_fwd(&prob, o, None, None),
             Carry::Step(st) => dr::delta_rule_decode_step(&prob, &mut st.ssm, o),
             Carry::Chunks(st) => {
@@ -172,8 +126,7 @@ impl DeltaNetOps for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
+        let prob = problem(p, b, x);
         let DeltaRuleGradsOf { dq, dk, dv, dbeta, dg } = grads;
         let out = DeltaRuleGrads { dq, dk, dv, dbeta, dg: dg.map(|d| &mut d[..]), dinit: None };
         dr::delta_rule_bwd(&prob, dout, None, None, out)

@@ -1,51 +1,25 @@
-//! The DeltaNet family on the CUDA backend: its inference state on the device, and its
-//! operations on `fox_kernels::cuda::delta_rule`'s kernels (activations in T; g, the states and
-//! the parameters' gradients in f32) and Mamba-2's short convolution (`ssd::conv1d_*` through
-//! the backend's `short_conv_*`, the same contract: depthwise, causal per row from its first
-//! real token, SiLU, the last W − 1 inputs as the state).
+//! The DeltaNet family's operations on the CUDA backend: `fox_kernels::cuda::delta_rule`'s
+//! kernels (activations in T; g, the states and the parameters' gradients in f32). Its short
+//! convolutions are the backend's (`short_conv_*`), its state on the device a
+//! [`GpuDeltaNetState`].
 
-use super::ops::{ConvOf, DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
-use super::state::DeltaNetState;
+use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
+pub use super::state::GpuDeltaNetState;
 use crate::backend::cuda::recurrent::two_mut;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::DeltaNetSizes;
-use crate::model::scan_state::{forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{forward_carrying, Carry};
 use crate::model::{Mixer, Model};
 use anyhow::Result;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
-use fox_kernels::cuda::{Elem, Gpu};
-
-/// A DeltaNet layer's inference state on the GPU, in f32: the delta-rule state [B, H, K, V] and
-/// the three convolutions' last W − 1 inputs [B, W − 1, C] (as [`DeltaNetState`] on the CPU).
-pub struct GpuDeltaNetState {
-    pub batch: usize,
-    pub sizes: DeltaNetSizes,
-    pub len: usize,
-    pub ssm: CudaSlice<f32>,
-    /// q's, k's and v's, indexed by [`ConvOf`].
-    pub conv: [CudaSlice<f32>; 3],
-}
-
-crate::model::scan_state::recurrent_state!([] GpuDeltaNetState);
-
-impl GpuDeltaNetState {
-    pub fn new(gpu: &Gpu, batch: usize, sizes: DeltaNetSizes) -> Result<Self> {
-        let [s, q, v] = DeltaNetState::lens(batch, &sizes);
-        Ok(Self {
-            batch,
-            sizes,
-            len: 0,
-            ssm: gpu.zeros(s.max(1))?,
-            conv: [gpu.zeros(q.max(1))?, gpu.zeros(q.max(1))?, gpu.zeros(v.max(1))?],
-        })
-    }
-}
+use fox_kernels::cuda::Elem;
 
 /// Why the GPU kernels cannot run a DeltaNet layer of these sizes, if they cannot.
 pub fn unsupported(s: &DeltaNetSizes) -> Option<String> {
-    let ok = dr::supported(s.head_k, s.head_v) && (1..=8).contains(&s.conv);
+    let ok = dr::supported(s.head_k, s.head_v) && CONV_WIDTHS.contains(&s.conv);
     (!ok).then(|| {
         format!(
             "{}: the GPU's DeltaNet kernels take a key head dim ≤ {} and conv_size ≤ 8 (this model: {}, {}); run it \
@@ -123,38 +97,6 @@ fn problem<'a, T: Elem>(
 }
 
 impl<T: Elem> DeltaNetOps for Cuda<T> {
-    type DeltaNetState = GpuDeltaNetState;
-
-    fn deltanet_conv_fwd(
-        &mut self,
-        out: &mut CudaSlice<T>,
-        x: &CudaSlice<T>,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        b: &GpuBatch,
-        state: Option<&mut GpuDeltaNetState>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        if let Some(st) = &state {
-            st.check_rows("a DeltaNet", b.batch)?;
-        }
-        let st = state.map(|st| &mut st.conv[which as usize]);
-        self.short_conv_fwd(out, &x.slice(..), &p.short_conv(which), b, st)
-    }
-
-    fn deltanet_conv_bwd(
-        &mut self,
-        dx: &mut CudaSlice<T>,
-        dout: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &p.short_conv(which), b)
-    }
-
     fn l2norm_fwd(
         &mut self,
         y: &mut CudaSlice<T>,
@@ -220,7 +162,7 @@ impl<T: Elem> DeltaNetOps for Cuda<T> {
         let prob = problem(p, b, x);
         let len = dr::fwd_scratch_len::<T>(b.batch, b.seq, s.heads, s.head_k, s.head_v);
         let gpu = &self.gpu;
-        forward_carrying("a DeltaNet", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Step(st) => dr::delta_rule_decode_step(gpu, &prob, &mut st.ssm, o),
             Carry::Zeros => dr::delta_rule_fwd(gpu, &prob, o, None, grown(gpu, &mut self.ssm.big, len)?),
             Carry::Chunks(st) => {

@@ -212,17 +212,16 @@ impl DeltaNetMixer {
         batch: &B::Batch,
         a: &mut DeltaNetActs<B::Act, B::F32>,
         out: &mut B::Act,
-        mut state: Option<&mut B::DeltaNetState>,
+        mut state: Option<&mut state::DeltaNetState<B::F32>>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let (p, s) = (&self.p, &self.p.sizes);
         be.linear_fwd(&mut a.q_in, x, &self.q_proj, n)?;
         be.linear_fwd(&mut a.k_in, x, &self.k_proj, n)?;
         be.linear_fwd(&mut a.v_in, x, &self.v_proj, n)?;
-        be.deltanet_conv_fwd(&mut a.q_conv, &a.q_in, ConvOf::Q, p, batch, state.as_deref_mut())?;
-        be.deltanet_conv_fwd(&mut a.k_conv, &a.k_in, ConvOf::K, p, batch, state.as_deref_mut())?;
-        be.deltanet_conv_fwd(&mut a.v, &a.v_in, ConvOf::V, p, batch, state.as_deref_mut())?;
+        be.short_conv_fwd(&mut a.q_conv, &a.q_in, &p.short_conv(ConvOf::Q), batch, state.as_deref_mut())?;
+        be.short_conv_fwd(&mut a.k_conv, &a.k_in, &p.short_conv(ConvOf::K), batch, state.as_deref_mut())?;
+        be.short_conv_fwd(&mut a.v, &a.v_in, &p.short_conv(ConvOf::V), batch, state.as_deref_mut())?;
         be.l2norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_conv, n * s.heads, s.head_k)?;
         be.l2norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_conv, n * s.heads, s.head_k)?;
         be.linear_fwd(&mut a.beta, x, &self.b_proj, n)?;
@@ -258,8 +257,7 @@ impl DeltaNetMixer {
         dx: &mut B::Act,
         sc: &mut DeltaNetScratch<B::Act, B::F32>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let (p, s) = (&self.p, &self.p.sizes);
         // out = o_proj(y), y = RMSNorm(o)·w (⊙ SiLU(g_proj(x)) with the output gate).
         match &self.g_proj {
@@ -297,9 +295,9 @@ impl DeltaNetMixer {
         // q, k = L2norm(SiLU(conv(q_proj(x)))), likewise k; v = SiLU(conv(v_proj(x))).
         be.l2norm_bwd(&mut sc.dq_conv, &sc.dq, &a.q, &a.q_rstd, s.head_k)?;
         be.l2norm_bwd(&mut sc.dk_conv, &sc.dk, &a.k, &a.k_rstd, s.head_k)?;
-        be.deltanet_conv_bwd(&mut sc.dq_in, &sc.dq_conv, &a.q_in, ConvOf::Q, p, batch)?;
-        be.deltanet_conv_bwd(&mut sc.dk_in, &sc.dk_conv, &a.k_in, ConvOf::K, p, batch)?;
-        be.deltanet_conv_bwd(&mut sc.dv_in, &sc.dv, &a.v_in, ConvOf::V, p, batch)?;
+        be.short_conv_bwd(&mut sc.dq_in, &sc.dq_conv, &a.q_in, &p.short_conv(ConvOf::Q), batch)?;
+        be.short_conv_bwd(&mut sc.dk_in, &sc.dk_conv, &a.k_in, &p.short_conv(ConvOf::K), batch)?;
+        be.short_conv_bwd(&mut sc.dv_in, &sc.dv, &a.v_in, &p.short_conv(ConvOf::V), batch)?;
         be.linear_bwd(&self.q_proj, x, &sc.dq_in, Some(dx), true, n)?;
         be.linear_bwd(&self.k_proj, x, &sc.dk_in, Some(dx), true, n)?;
         be.linear_bwd(&self.v_proj, x, &sc.dv_in, Some(dx), true, n)

@@ -5,6 +5,7 @@
 //! set every decay). Gradients of parameters are accumulated (`+=`); gradients of activations
 //! are overwritten.
 
+use super::state::DeltaNetState;
 use crate::backend::{Backend, ShortConv};
 use crate::config::DeltaNetSizes;
 use crate::tensor::ParamId;
@@ -38,7 +39,8 @@ impl DeltaNetParams {
     /// Convolution `which` of the layer: its own buffer, no bias.
     pub fn short_conv(&self, which: ConvOf) -> ShortConv {
         let (weight, channels) = self.conv(which);
-        ShortConv { weight, bias: None, channels, width: self.sizes.conv, stride: channels, silu: true }
+        let width = self.sizes.conv;
+        ShortConv { weight, bias: None, channels, width, offset: 0, stride: channels, silu: true, slot: which as usize }
     }
 
     /// The convolution's weight and channels.
@@ -60,32 +62,6 @@ impl DeltaNetParams {
 }
 
 pub trait DeltaNetOps: Backend {
-    /// One layer's inference state: the delta-rule state [B, H, K, V] and the three
-    /// convolutions' last W − 1 inputs, with the tokens seen.
-    type DeltaNetState;
-
-    /// out = SiLU(conv1d(x)) of convolution `which`, causal per row from its first real token;
-    /// with `state`, continuing its inputs (which it then advances).
-    fn deltanet_conv_fwd(
-        &mut self,
-        out: &mut Self::Act,
-        x: &Self::Act,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        batch: &Self::Batch,
-        state: Option<&mut Self::DeltaNetState>,
-    ) -> Result<()>;
-    /// From dout, writes dx and adds the convolution weight's gradient.
-    #[allow(clippy::too_many_arguments)]
-    fn deltanet_conv_bwd(
-        &mut self,
-        dx: &mut Self::Act,
-        dout: &Self::Act,
-        x: &Self::Act,
-        which: ConvOf,
-        p: &DeltaNetParams,
-        batch: &Self::Batch,
-    ) -> Result<()>;
     /// y = x / √(Σ x² + 1e-6) over rows of `dim`, 1/√(Σ x² + 1e-6) per row into `rstd`.
     /// L2 norm over the first `rows` rows of `dim`.
     fn l2norm_fwd(
@@ -122,7 +98,7 @@ pub trait DeltaNetOps: Backend {
         x: DeltaRuleIn<'_, Self::Act, Self::F32>,
         p: &DeltaNetParams,
         batch: &Self::Batch,
-        state: Option<&mut Self::DeltaNetState>,
+        state: Option<&mut DeltaNetState<Self::F32>>,
     ) -> Result<()>;
     /// The delta rule's backward from do (a full-sequence forward, no state).
     fn delta_rule_bwd(

@@ -2,18 +2,18 @@
 //! lower bounds elementwise here, `fox_kernels`' chunked GLA (with its decode step) on the
 //! layer's buffers.
 
-use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::tensor::ParamId;
 use anyhow::{ensure, Result};
 use fox_kernels::gla::{self, Gla, GlaGrads};
 use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 
 /// The GLA problem over the layer's buffers.
-fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Option<&'a [usize]>) -> Gla<'a> {
+fn problem<'a>(p: &Hgrn2Params, b: &'a CpuBatch, x: GlaIn<'a, Vec<f32>>) -> Gla<'a> {
     let s = &p.sizes;
     Gla {
         batch: b.batch,
@@ -26,7 +26,7 @@ fn problem<'a>(p: &Hgrn2Params, b: &CpuBatch, x: GlaIn<'a, Vec<f32>>, start: Opt
         v: x.v,
         g: x.g,
         scale: 1.0 / (s.head_dim as f32).sqrt(),
-        start,
+        start: b.pads(),
     }
 }
 
@@ -66,37 +66,6 @@ impl Cpu<'_> {
 }
 
 impl Hgrn2Ops for Cpu<'_> {
-    type Hgrn2State = Hgrn2State;
-
-    fn hgrn2_conv_fwd(
-        &mut self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        which: ConvOf,
-        p: &Hgrn2Params,
-        b: &CpuBatch,
-        state: Option<&mut Hgrn2State>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        if let Some(st) = &state {
-            st.check_rows("an HGRN2", b.batch)?;
-        }
-        self.short_conv_fwd(out, x, &p.short_conv(which)?, b, state.map(|st| &mut st.conv[which as usize]))
-    }
-
-    fn hgrn2_conv_bwd(
-        &mut self,
-        dx: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        x: &Vec<f32>,
-        which: ConvOf,
-        p: &Hgrn2Params,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_bwd(dx, dout, x, &p.short_conv(which)?, b)
-    }
-
     fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut Vec<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let raw = &self.params[lower_bounds];
@@ -240,9 +209,8 @@ impl Hgrn2Ops for Cpu<'_> {
         state: Option<&mut Hgrn2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
-        forward_carrying("an HGRN2", state, b.batch, b.seq, |carry| match carry {
+        let prob = problem(p, b, x);
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => gla::gla_fwd(&prob, o, None, None),
             Carry::Step(st) => gla::gla_decode_step(&prob, &mut st.ssm, o),
             Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| gla::gla_fwd(&prob, o, Some(from), Some(to))),
@@ -258,8 +226,7 @@ impl Hgrn2Ops for Cpu<'_> {
         b: &CpuBatch,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let pads = chunk_pads(b);
-        let prob = problem(p, b, x, pads.as_deref());
+        let prob = problem(p, b, x);
         let GlaGradsOf { dq, dk, dv, dg } = grads;
         gla::gla_bwd(&prob, dout, None, None, GlaGrads { dq, dk, dv, dg, dinit: None })
     }

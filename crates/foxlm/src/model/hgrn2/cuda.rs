@@ -1,51 +1,25 @@
-//! The HGRN2 family on the CUDA backend: its inference state on the device, and its operations
-//! on `fox_kernels::cuda::gla`'s kernels (the gated linear attention, on tensor cores for bf16
-//! activations; its decode step, the gates and the lower bounds) and the backend's short
-//! convolution (`short_conv_*`, without bias or SiLU, as fla's ShortConvolution in HGRN2).
-//! Activations in T; the GLA state, the convolutions' states, the lower bounds and every sum in
-//! f32; the convolutions' weights from their T working copies, as the GEMMs read theirs.
+//! The HGRN2 family's operations on the CUDA backend: `fox_kernels::cuda::gla`'s kernels (the
+//! gated linear attention, on tensor cores for bf16 activations; its decode step, the gates and
+//! the lower bounds). Activations in T; the GLA state, the lower bounds and every sum in f32.
+//! Its short convolutions are the backend's (`short_conv_*`, without bias or SiLU, as fla's
+//! ShortConvolution in HGRN2), its state on the device a [`GpuHgrn2State`].
 
-use super::ops::{ConvOf, GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
-use super::state::Hgrn2State;
+use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
+pub use super::state::GpuHgrn2State;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Hgrn2Sizes;
-use crate::model::scan_state::{forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{forward_carrying, Carry};
 use crate::tensor::ParamId;
 use anyhow::{ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
-use fox_kernels::cuda::{Elem, Gpu};
-
-/// An HGRN2 layer's inference state on the GPU, in f32: the GLA state [B, H, K, V] and, with short
-/// convolutions, each one's last W − 1 inputs [B, W − 1, d] (as [`Hgrn2State`] on the CPU).
-pub struct GpuHgrn2State {
-    pub batch: usize,
-    pub sizes: Hgrn2Sizes,
-    pub len: usize,
-    pub ssm: CudaSlice<f32>,
-    /// q's, f's and i's, indexed by [`ConvOf`].
-    pub conv: [CudaSlice<f32>; 3],
-}
-
-crate::model::scan_state::recurrent_state!([] GpuHgrn2State);
-
-impl GpuHgrn2State {
-    pub fn new(gpu: &Gpu, batch: usize, sizes: Hgrn2Sizes) -> Result<Self> {
-        let [s, c] = Hgrn2State::lens(batch, &sizes);
-        Ok(Self {
-            batch,
-            sizes,
-            len: 0,
-            ssm: gpu.zeros(s.max(1))?,
-            conv: [gpu.zeros(c.max(1))?, gpu.zeros(c.max(1))?, gpu.zeros(c.max(1))?],
-        })
-    }
-}
+use fox_kernels::cuda::Elem;
 
 /// Why the CUDA kernels cannot run an HGRN2 layer of these sizes, if they cannot.
 pub fn unsupported(s: &Hgrn2Sizes) -> Option<String> {
-    let ok = s.head_dim <= gla::DECODE_KMAX && s.conv.is_none_or(|w| (1..=8).contains(&w));
+    let ok = s.head_dim <= gla::DECODE_KMAX && s.conv.is_none_or(|w| CONV_WIDTHS.contains(&w));
     (!ok).then(|| {
         format!(
             "HGRN2: the GPU's kernels take head widths (expand_ratio) ≤ {} and conv_size ≤ 8 (this model: {}, {:?}); \
@@ -95,40 +69,6 @@ fn lb_row(p: &Hgrn2Params, lb: &CudaSlice<f32>) -> Result<Option<usize>> {
 }
 
 impl<T: Elem> Hgrn2Ops for Cuda<T> {
-    type Hgrn2State = GpuHgrn2State;
-
-    fn hgrn2_conv_fwd(
-        &mut self,
-        out: &mut CudaSlice<T>,
-        x: &CudaSlice<T>,
-        which: ConvOf,
-        p: &Hgrn2Params,
-        b: &GpuBatch,
-        state: Option<&mut GpuHgrn2State>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        let c = p.short_conv(which)?;
-        if let Some(st) = &state {
-            st.check_rows("an HGRN2", b.batch)?;
-        }
-        let st = state.map(|st| &mut st.conv[which as usize]);
-        self.short_conv_fwd(out, &x.slice(..), &c, b, st)
-    }
-
-    fn hgrn2_conv_bwd(
-        &mut self,
-        dx: &mut CudaSlice<T>,
-        dout: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        which: ConvOf,
-        p: &Hgrn2Params,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        let c = p.short_conv(which)?;
-        self.short_conv_bwd(&mut dx.slice_mut(..), dout, &x.slice(..), &c, b)
-    }
-
     fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut CudaSlice<f32>, lower_bounds: ParamId, layers: usize) -> Result<()> {
         self.mark(Family::Other)?;
         gla::hgrn2_lower_bounds_fwd(&self.gpu, lb, &self.params[lower_bounds.0].master, layers)
@@ -192,7 +132,7 @@ impl<T: Elem> Hgrn2Ops for Cuda<T> {
         let prob = problem(p, b, x);
         let len = gla::gla_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.head_dim);
         let gpu = &self.gpu;
-        forward_carrying("an HGRN2", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Step(st) => gla::gla_decode_step(gpu, &prob, &mut st.ssm, o),
             Carry::Zeros => gla::gla_fwd(gpu, &prob, o, None, None, grown(gpu, &mut self.ssm.big, len)?),
             Carry::Chunks(st) => {

@@ -156,19 +156,18 @@ impl Hgrn2Mixer {
         batch: &B::Batch,
         a: &mut Hgrn2Acts<B::Act, B::F32>,
         out: &mut B::Act,
-        mut state: Option<&mut B::Hgrn2State>,
+        mut state: Option<&mut state::Hgrn2State<B::F32>>,
         lb: &B::F32,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         if p.convs.is_some() {
             be.linear_fwd(&mut a.q_pre, x, &self.q_proj, n)?;
             be.linear_fwd(&mut a.f_pre, x, &self.f_proj, n)?;
             be.linear_fwd(&mut a.v_pre, x, &self.i_proj, n)?;
-            be.hgrn2_conv_fwd(&mut a.q_in, &a.q_pre, ConvOf::Q, p, batch, state.as_deref_mut())?;
-            be.hgrn2_conv_fwd(&mut a.f, &a.f_pre, ConvOf::F, p, batch, state.as_deref_mut())?;
-            be.hgrn2_conv_fwd(&mut a.v, &a.v_pre, ConvOf::I, p, batch, state.as_deref_mut())?;
+            be.short_conv_fwd(&mut a.q_in, &a.q_pre, &p.short_conv(ConvOf::Q)?, batch, state.as_deref_mut())?;
+            be.short_conv_fwd(&mut a.f, &a.f_pre, &p.short_conv(ConvOf::F)?, batch, state.as_deref_mut())?;
+            be.short_conv_fwd(&mut a.v, &a.v_pre, &p.short_conv(ConvOf::I)?, batch, state.as_deref_mut())?;
         } else {
             be.linear_fwd(&mut a.q_in, x, &self.q_proj, n)?;
             be.linear_fwd(&mut a.f, x, &self.f_proj, n)?;
@@ -196,8 +195,7 @@ impl Hgrn2Mixer {
         lb: &B::F32,
         dlb: &mut B::F32,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         // out = o_proj(RMSNorm(o)·w).
         be.linear_bwd(&self.o_proj, &a.o_norm, dy, Some(&mut sc.do_norm), false, n)?;
@@ -221,7 +219,7 @@ impl Hgrn2Mixer {
             (ConvOf::I, &self.i_proj, &sc.dv, &a.v_pre),
         ];
         for (i, (which, proj, dout, pre)) in parts.into_iter().enumerate() {
-            be.hgrn2_conv_bwd(&mut sc.dpre, dout, pre, which, p, batch)?;
+            be.short_conv_bwd(&mut sc.dpre, dout, pre, &p.short_conv(which)?, batch)?;
             be.linear_bwd(proj, x, &sc.dpre, Some(dx), i > 0, n)?;
         }
         Ok(())

@@ -3,6 +3,7 @@
 //! [B·T, d]; the model-level lower bounds [L, d]. Gradients of parameters are accumulated (`+=`);
 //! gradients of activations are overwritten.
 
+use super::state::Hgrn2State;
 use crate::backend::{Backend, ShortConv};
 use crate::config::Hgrn2Sizes;
 use crate::tensor::ParamId;
@@ -41,8 +42,10 @@ impl Hgrn2Params {
             bias: None,
             channels: d,
             width: self.sizes.conv.unwrap_or(1),
+            offset: 0,
             stride: d,
             silu: false,
+            slot: which as usize,
         })
     }
 
@@ -62,32 +65,6 @@ impl Hgrn2Params {
 }
 
 pub trait Hgrn2Ops: Backend {
-    /// One layer's inference state: the GLA state [B, H, K, V], with the tokens seen.
-    type Hgrn2State;
-
-    /// out = conv1d(x) of short convolution `which` (causal, depthwise, no activation) per row
-    /// from its first real token; with `state`, continuing its inputs (which it then advances).
-    #[allow(clippy::too_many_arguments)]
-    fn hgrn2_conv_fwd(
-        &mut self,
-        out: &mut Self::Act,
-        x: &Self::Act,
-        which: ConvOf,
-        p: &Hgrn2Params,
-        batch: &Self::Batch,
-        state: Option<&mut Self::Hgrn2State>,
-    ) -> Result<()>;
-    /// From dout, writes dx and adds the convolution weight's gradient.
-    fn hgrn2_conv_bwd(
-        &mut self,
-        dx: &mut Self::Act,
-        dout: &Self::Act,
-        x: &Self::Act,
-        which: ConvOf,
-        p: &Hgrn2Params,
-        batch: &Self::Batch,
-    ) -> Result<()>;
-
     /// lb [L, d] = the softmax of `lower_bounds` [L, d] over layers, its cumulative sum over
     /// layers less the first row (row 0 is 0; row l = Σ_{1 ≤ j ≤ l} softmax_j).
     fn hgrn2_lower_bounds_fwd(&mut self, lb: &mut Self::F32, lower_bounds: ParamId, layers: usize) -> Result<()>;
@@ -124,7 +101,7 @@ pub trait Hgrn2Ops: Backend {
         x: GlaIn<'_, Self::Act>,
         p: &Hgrn2Params,
         batch: &Self::Batch,
-        state: Option<&mut Self::Hgrn2State>,
+        state: Option<&mut Hgrn2State<Self::F32>>,
     ) -> Result<()>;
     /// GLA's backward from do (a full-sequence forward, no state): writes dq, dk, dv, dg.
     fn hgrn2_gla_bwd(

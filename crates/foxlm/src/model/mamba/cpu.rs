@@ -1,12 +1,12 @@
 //! The Mamba family's operations on the CPU backend (f32, the reference): `fox_kernels`'
-//! conv1d and selective scan (with their decode steps) on the layer's buffers.
+//! selective scan (with its decode step) on the layer's buffers.
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 use super::state::MambaState;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry, RecurrentState};
+use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
 use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
 use fox_kernels::ssd;
@@ -16,21 +16,14 @@ fn gate(s: &MambaSizes, xz: &[f32]) -> Vec<f32> {
     xz.chunks(2 * s.inner).flat_map(|row| row[s.inner..].iter().copied()).collect()
 }
 
-impl Cpu<'_> {
-    fn mamba_neg_exp(&self, p: &MambaParams) -> Vec<f32> {
-        self.params[p.a_log].iter().map(|v| -v.exp()).collect()
-    }
-}
-
 /// The scan problem of one forward.
 fn scan<'a>(
     s: &MambaSizes,
-    b: &CpuBatch,
+    b: &'a CpuBatch,
     x: &ScanIn<'a, Vec<f32>>,
     a: &'a [f32],
     d: &'a [f32],
     z: &'a [f32],
-    start: Option<&'a [usize]>,
 ) -> Scan<'a> {
     Scan {
         batch: b.batch,
@@ -44,40 +37,11 @@ fn scan<'a>(
         bc_layout: BcLayout::x_proj(b.seq, s.dt_rank, s.state),
         d,
         z: Some(z),
-        start,
+        start: b.pads(),
     }
 }
 
 impl MambaOps for Cpu<'_> {
-    type MambaState = MambaState;
-
-    fn mamba_conv_fwd(
-        &mut self,
-        u: &mut Vec<f32>,
-        xz: &Vec<f32>,
-        p: &MambaParams,
-        b: &CpuBatch,
-        state: Option<&mut MambaState>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        if let Some(st) = &state {
-            st.check_rows("a Mamba", b.batch)?;
-        }
-        self.short_conv_fwd(u, xz, &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba_conv_bwd(
-        &mut self,
-        dxz: &mut Vec<f32>,
-        du: &Vec<f32>,
-        xz: &Vec<f32>,
-        p: &MambaParams,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_bwd(dxz, du, xz, &p.short_conv(), b)
-    }
-
     fn mamba_dt_split(&mut self, dt_low: &mut Vec<f32>, xp: &Vec<f32>, p: &MambaParams, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let (r, w) = (p.sizes.dt_rank, p.sizes.x_proj_dim());
@@ -131,17 +95,16 @@ impl MambaOps for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
-        let a = self.mamba_neg_exp(p);
+        let a = self.neg_exp(p.a_log);
         let z = gate(s, x.xz);
-        let pads = chunk_pads(b);
-        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
+        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z);
         ensure!(
             saved.len() == selective_scan::saved_len(&prob),
             "Mamba scan buffers sized for another batch ({} saved values, {} needed)",
             saved.len(),
             selective_scan::saved_len(&prob)
         );
-        forward_carrying("a Mamba", state, b.batch, b.seq, |carry| {
+        forward_carrying(state, b.batch, b.seq, |carry| {
             match carry {
                 Carry::Zeros => selective_scan::forward(&prob, None, y, saved, None),
                 Carry::Step(st) => selective_scan::decode_step(&prob, &mut st.ssm, y),
@@ -165,10 +128,9 @@ impl MambaOps for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
-        let a = self.mamba_neg_exp(p);
+        let a = self.neg_exp(p.a_log);
         let z = gate(s, x.xz);
-        let pads = chunk_pads(b);
-        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z, pads.as_deref());
+        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z);
         let (mut da, mut dd, mut dz) = (vec![0.0; a.len()], vec![0.0; s.inner], vec![0.0; z.len()]);
         let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = GradsMut { du, ddelta, da: &mut da, dbc: dxp, dd: &mut dd, dz: Some(&mut dz), dh0: None };
@@ -176,9 +138,7 @@ impl MambaOps for Cpu<'_> {
         for (row, src) in dxz.chunks_mut(2 * s.inner).zip(dz.chunks(s.inner.max(1))) {
             row[s.inner..].copy_from_slice(src);
         }
-        // A = −exp(A_log): dA_log = dA · A.
-        let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
-        self.add_grad(p.a_log, &da_log)?;
+        self.add_a_log_grad(p.a_log, &da, &a)?;
         self.add_grad(p.d_skip, &dd)
     }
 }

@@ -1,27 +1,33 @@
-//! The Mamba family on the CUDA backend (Samba's Mamba layers): its inference state on the
-//! device, and its operations: the short convolution shared with Mamba-2
-//! (`backend/cuda/recurrent.rs`), dt_low's columns and δ = softplus(·) from
-//! `fox_kernels::cuda::ssd`, and `fox_kernels::cuda::selective_scan` (N ≤ 16) reading x_proj's
-//! B and C and in_proj's gate z in place.
+//! The Mamba family's operations on the CUDA backend (Samba's Mamba layers): dt_low's columns and
+//! δ = softplus(·) from `fox_kernels::cuda::ssd`, and `fox_kernels::cuda::selective_scan`
+//! (N ≤ 16) reading x_proj's B and C and in_proj's gate z in place. Its short convolution is the
+//! backend's (`short_conv_*`), its state on the device a [`GpuMambaState`].
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 pub use super::state::GpuMambaState;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::MambaSizes;
-use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
 use fox_kernels::cuda::{ssd, Elem};
 use fox_kernels::selective_scan::BcLayout;
 
-impl<T: Elem> Cuda<T> {
-    /// A = −exp(A_log) [Di, N] into the scratch's `a`.
-    fn mamba_a(&mut self, p: &MambaParams) -> Result<()> {
-        let a = grown(&self.gpu, &mut self.ssm.a, p.sizes.inner * p.sizes.state)?;
-        ssd::neg_exp(&self.gpu, a, &self.params[p.a_log.0].master)
-    }
+/// Why the GPU kernels cannot run a Mamba layer of these sizes, if they cannot.
+pub fn unsupported(s: &MambaSizes) -> Option<String> {
+    let ok = s.state <= scan::MAX_STATE && CONV_WIDTHS.contains(&s.conv);
+    (!ok).then(|| {
+        format!(
+            "the GPU's Mamba kernels take state_size ≤ {} and conv_kernel ≤ 8 (this model: {}, {}); run it with \
+             --device cpu",
+            scan::MAX_STATE,
+            s.state,
+            s.conv
+        )
+    })
 }
 
 /// The scan over the layer's buffers: u, δ [B·T, Di], B and C in x_proj's output, the gate z in
@@ -53,35 +59,6 @@ fn problem<'a, T: Elem>(
 }
 
 impl<T: Elem> MambaOps for Cuda<T> {
-    type MambaState = GpuMambaState;
-
-    fn mamba_conv_fwd(
-        &mut self,
-        u: &mut CudaSlice<T>,
-        xz: &CudaSlice<T>,
-        p: &MambaParams,
-        b: &GpuBatch,
-        state: Option<&mut GpuMambaState>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        if let Some(st) = &state {
-            st.check_rows("a Mamba", b.batch)?;
-        }
-        self.short_conv_fwd(u, &xz.slice(..), &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba_conv_bwd(
-        &mut self,
-        dxz: &mut CudaSlice<T>,
-        du: &CudaSlice<T>,
-        xz: &CudaSlice<T>,
-        p: &MambaParams,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        self.short_conv_bwd(&mut dxz.slice_mut(..), du, &xz.slice(..), &p.short_conv(), b)
-    }
-
     fn mamba_dt_split(
         &mut self,
         dt_low: &mut CudaSlice<T>,
@@ -139,12 +116,12 @@ impl<T: Elem> MambaOps for Cuda<T> {
         state: Option<&mut GpuMambaState>,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba_a(p)?;
         let s = &p.sizes;
+        self.neg_exp_a(p.a_log, s.inner * s.state)?;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
         let prob = problem(s, b, x, a, &self.params[p.d_skip.0].master);
         let gpu = &self.gpu;
-        forward_carrying("a Mamba", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => scan::forward(gpu, &prob, None, y, saved, None),
             Carry::Step(st) => scan::decode_step(gpu, &prob, &mut st.ssm, y),
             Carry::Chunks(st) => gpu_chunks_from(gpu, &mut self.ssm.next, &mut st.ssm, |from, to| {
@@ -163,21 +140,18 @@ impl<T: Elem> MambaOps for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba_a(p)?;
         let s = &p.sizes;
         let an = s.inner * s.state;
+        self.neg_exp_a(p.a_log, an)?;
+        self.zeroed_da(an)?;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
-        // The scan adds dA into `da`: from zero.
-        let da = grown(&self.gpu, &mut self.ssm.da, an)?;
-        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))?;
+        let da = self.ssm.da.as_mut().ok_or_else(|| anyhow!("dA"))?;
         let scratch = grown(&self.gpu, &mut self.ssm.big, scan::scratch_floats(b.batch, b.seq, s.inner, s.state))?;
         let dp = &mut self.params[p.d_skip.0];
         let prob = problem(s, b, x, a, &dp.master);
         let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = DevGrads { du, ddelta, da, dbc: dxp, dd: &mut dp.grad, dz: Some(dxz), dh0: None };
         scan::backward(&self.gpu, &prob, saved, dy, g, scratch)?;
-        // A = −exp(A_log): dA_log += dA · A.
-        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
-        ssd::mul_acc(&self.gpu, &mut self.params[p.a_log.0].grad, da, a, an)
+        self.add_a_log_grad(p.a_log, an)
     }
 }

@@ -163,13 +163,12 @@ impl MambaMixer {
         batch: &B::Batch,
         a: &mut MambaActs<B::Act, B::F32>,
         out: &mut B::Act,
-        mut state: Option<&mut B::MambaState>,
+        mut state: Option<&mut state::MambaState<B::F32>>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         be.linear_fwd(&mut a.xz, x, &self.in_proj, n)?;
-        be.mamba_conv_fwd(&mut a.u, &a.xz, p, batch, state.as_deref_mut())?;
+        be.short_conv_fwd(&mut a.u, &a.xz, &p.short_conv(), batch, state.as_deref_mut())?;
         be.linear_fwd(&mut a.xp, &a.u, &self.x_proj, n)?;
         be.mamba_dt_split(&mut a.dt_low, &a.xp, p, n)?;
         be.linear_fwd(&mut a.dt_pre, &a.dt_low, &self.dt_proj, n)?;
@@ -192,8 +191,7 @@ impl MambaMixer {
         dx: &mut B::Act,
         s: &mut MambaScratch<B::Act>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         be.linear_bwd(&self.out_proj, &a.y, dy, Some(&mut s.dy), false, n)?;
         // The scan: du, dδ, dB and dC (xp's columns), dz (xz's columns), dA_log, dD.
@@ -206,7 +204,7 @@ impl MambaMixer {
         be.mamba_dt_merge(&mut s.dxp, &s.d_dt_low, p)?;
         // u feeds x_proj and the scan: du += dxp · W_x.
         be.linear_bwd(&self.x_proj, &a.u, &s.dxp, Some(&mut s.du), true, n)?;
-        be.mamba_conv_bwd(&mut s.dxz, &s.du, &a.xz, p, batch)?;
+        be.short_conv_bwd(&mut s.dxz, &s.du, &a.xz, &p.short_conv(), batch)?;
         be.linear_bwd(&self.in_proj, x, &s.dxz, Some(dx), false, n)
     }
 }

@@ -5,6 +5,7 @@
 //! columns), then B and C. Gradients of parameters are accumulated (`+=`); gradients of
 //! activations are written into their columns of `dxz` / `dxp`.
 
+use super::state::MambaState;
 use crate::backend::{Backend, ShortConv};
 use crate::config::MambaSizes;
 use crate::tensor::ParamId;
@@ -33,36 +34,15 @@ impl MambaParams {
             bias: self.conv_b,
             channels: s.inner,
             width: s.conv,
+            offset: 0,
             stride: 2 * s.inner,
             silu: true,
+            slot: 0,
         }
     }
 }
 
 pub trait MambaOps: Backend {
-    /// One layer's inference state: the scan state [B, Di, N] and the last W − 1 inputs of the
-    /// convolution [B, W − 1, Di], with the tokens seen.
-    type MambaState;
-
-    /// u = SiLU(conv1d(x) + bias) over xz's x columns, causal per row from its first real token;
-    /// with `state`, continuing its convolution inputs (which it then advances).
-    fn mamba_conv_fwd(
-        &mut self,
-        u: &mut Self::Act,
-        xz: &Self::Act,
-        p: &MambaParams,
-        batch: &Self::Batch,
-        state: Option<&mut Self::MambaState>,
-    ) -> Result<()>;
-    /// From du, writes dx into xz's x columns of `dxz` and adds the conv's gradients.
-    fn mamba_conv_bwd(
-        &mut self,
-        dxz: &mut Self::Act,
-        du: &Self::Act,
-        xz: &Self::Act,
-        p: &MambaParams,
-        batch: &Self::Batch,
-    ) -> Result<()>;
     /// dt_low [B·T, R] = xp's first R columns (dt_proj's input).
     fn mamba_dt_split(&mut self, dt_low: &mut Self::Act, xp: &Self::Act, p: &MambaParams, rows: usize) -> Result<()>;
     /// xp's first R columns of `dxp` = d_dt_low.
@@ -94,7 +74,7 @@ pub trait MambaOps: Backend {
         x: ScanIn<'_, Self::Act>,
         p: &MambaParams,
         batch: &Self::Batch,
-        state: Option<&mut Self::MambaState>,
+        state: Option<&mut MambaState<Self::F32>>,
     ) -> Result<()>;
     /// The scan's backward from dy: writes du, dδ, dB and dC (into `dxp`), dz (into `dxz`'s z
     /// columns), adds A_log's and D's gradients.

@@ -1,9 +1,9 @@
 //! The Mamba-2 family's operations on the CPU backend (f32, the reference): `fox_kernels`'
-//! conv1d, the chunked SSD (with its decode step) and the gated RMSNorm on the layer's buffers.
+//! chunked SSD (with its decode step) and the gated RMSNorm on the layer's buffers.
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 use super::state::Mamba2State;
-use crate::backend::cpu::{chunk_pads, Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
@@ -12,14 +12,7 @@ use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
 
 /// The SSD problem over the conv output.
-fn ssd<'a>(
-    s: &Mamba2Sizes,
-    b: &CpuBatch,
-    x: SsdIn<'a, Vec<f32>, Vec<f32>>,
-    a: &'a [f32],
-    d: &'a [f32],
-    start: Option<&'a [usize]>,
-) -> Ssd<'a> {
+fn ssd<'a>(s: &Mamba2Sizes, b: &'a CpuBatch, x: SsdIn<'a, Vec<f32>, Vec<f32>>, a: &'a [f32], d: &'a [f32]) -> Ssd<'a> {
     Ssd {
         batch: b.batch,
         seq: b.seq,
@@ -32,49 +25,16 @@ fn ssd<'a>(
         dt: x.dt,
         a,
         d,
-        start,
-    }
-}
-
-impl Cpu<'_> {
-    fn neg_exp(&self, p: &Mamba2Params) -> Vec<f32> {
-        self.params[p.a_log].iter().map(|v| -v.exp()).collect()
+        start: b.pads(),
     }
 }
 
 impl Mamba2Ops for Cpu<'_> {
-    type Mamba2State = Mamba2State;
-
-    fn mamba2_conv_fwd(
-        &mut self,
-        xbc: &mut Vec<f32>,
-        zxbcdt: &Vec<f32>,
-        p: &Mamba2Params,
-        b: &CpuBatch,
-        state: Option<&mut Mamba2State>,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        self.short_conv_fwd(xbc, &zxbcdt[p.sizes.inner..], &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba2_conv_bwd(
-        &mut self,
-        dzxbcdt: &mut Vec<f32>,
-        dxbc: &Vec<f32>,
-        zxbcdt: &Vec<f32>,
-        p: &Mamba2Params,
-        b: &CpuBatch,
-    ) -> Result<()> {
-        let _t = self.time(Family::Other);
-        let at = p.sizes.inner;
-        self.short_conv_bwd(&mut dzxbcdt[at..], dxbc, &zxbcdt[at..], &p.short_conv(), b)
-    }
-
     fn mamba2_dt_fwd(&mut self, dt: &mut Vec<f32>, zxbcdt: &Vec<f32>, p: &Mamba2Params, rows: usize) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = &p.sizes;
         let n = crate::backend::cpu::first("Mamba-2 dt", rows.checked_mul(s.heads), &[dt.len()])?;
-        ssd::dt_fwd(&mut dt[..n], &zxbcdt[s.inner + s.conv_dim()..], s.in_proj_dim(), &self.params[p.dt_bias])
+        ssd::dt_fwd(&mut dt[..n], &zxbcdt[s.dt_offset()..], s.in_proj_dim(), &self.params[p.dt_bias])
     }
 
     fn mamba2_dt_bwd(
@@ -86,7 +46,7 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Other);
         let s = p.sizes;
-        let at = s.inner + s.conv_dim();
+        let at = s.dt_offset();
         let mut db = vec![0.0; s.heads];
         ssd::dt_bwd(&mut dzxbcdt[at..], s.in_proj_dim(), &mut db, ddt, &zxbcdt[at..], &self.params[p.dt_bias])?;
         self.add_grad(p.dt_bias, &db)
@@ -101,10 +61,9 @@ impl Mamba2Ops for Cpu<'_> {
         state: Option<&mut Mamba2State>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let a = self.neg_exp(p);
-        let pads = chunk_pads(b);
-        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
-        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+        let a = self.neg_exp(p.a_log);
+        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip]);
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => ssd::ssd_fwd(&prob, y, None, None),
             Carry::Step(st) => ssd::ssd_decode_step(&prob, &mut st.ssm, y),
             Carry::Chunks(st) => chunks_from(&mut st.ssm, |from, to| ssd::ssd_fwd(&prob, y, Some(from), Some(to))),
@@ -122,15 +81,12 @@ impl Mamba2Ops for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let h = p.sizes.heads;
-        let a = self.neg_exp(p);
-        let pads = chunk_pads(b);
+        let a = self.neg_exp(p.a_log);
         let (mut da, mut dd) = (vec![0.0; h], vec![0.0; h]);
-        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip], pads.as_deref());
+        let prob = ssd(&p.sizes, b, x, &a, &self.params[p.d_skip]);
         let grads = SsdGrads { dxbc, ddt, da: &mut da, dd: &mut dd, dinit: None };
         ssd::ssd_bwd(&prob, dy, None, None, grads)?;
-        // A = −exp(A_log): dA_log = dA · A.
-        let da_log: Vec<f32> = da.iter().zip(&a).map(|(g, a)| g * a).collect();
-        self.add_grad(p.a_log, &da_log)?;
+        self.add_a_log_grad(p.a_log, &da, &a)?;
         self.add_grad(p.d_skip, &dd)
     }
 

@@ -1,21 +1,35 @@
-//! The Mamba-2 family on the CUDA backend: its inference state on the device, and its
-//! operations on `fox_kernels::cuda::ssd`'s kernels (activations in T, dt, A, D and states in
-//! f32; parameters' f32 weights, the convolution's from its T working copy as the GEMMs read
-//! theirs).
+//! The Mamba-2 family's operations on the CUDA backend: `fox_kernels::cuda::ssd`'s kernels
+//! (activations in T, dt, A, D and states in f32; parameters' f32 weights, the convolution's from
+//! its T working copy as the GEMMs read theirs). Its short convolution is the backend's
+//! (`short_conv_*`) but in a decode step's fused inputs; its state on the device a
+//! [`GpuMamba2State`].
 
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 pub use super::state::GpuMamba2State;
 use crate::backend::cuda::recurrent::two_mut;
+use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
-use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry, RecurrentState};
+use crate::model::scan_state::{forward_carrying, gpu_chunks_from, Carry};
 use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ops;
 use fox_kernels::cuda::ssd::{self, DevSsd, DevSsdGrads};
 use fox_kernels::cuda::Elem;
+
+/// Why the GPU kernels cannot run a Mamba-2 layer of these sizes, if they cannot.
+pub fn unsupported(s: &Mamba2Sizes) -> Option<String> {
+    let ok = s.head_dim <= 64 && s.state <= 128 && CONV_WIDTHS.contains(&s.conv) && s.groups == 1;
+    (!ok).then(|| {
+        format!(
+            "the GPU's Mamba-2 kernels take head_dim ≤ 64, state_size ≤ 128, conv_kernel ≤ 8 and n_groups = 1 (this \
+             model: {}, {}, {}, {}); run it with --device cpu",
+            s.head_dim, s.state, s.conv, s.groups
+        )
+    })
+}
 
 /// The SSD problem over the conv output, with A (or A_log, for a decode step's kernel) and D.
 fn problem<'a, T: Elem>(
@@ -41,46 +55,7 @@ fn problem<'a, T: Elem>(
     }
 }
 
-impl<T: Elem> Cuda<T> {
-    /// A = −exp(A_log) into the scratch's `a`.
-    fn mamba2_a(&mut self, p: &Mamba2Params) -> Result<()> {
-        let a = grown(&self.gpu, &mut self.ssm.a, p.sizes.heads)?;
-        ssd::neg_exp(&self.gpu, a, &self.params[p.a_log.0].master)
-    }
-}
-
 impl<T: Elem> Mamba2Ops for Cuda<T> {
-    type Mamba2State = GpuMamba2State;
-
-    fn mamba2_conv_fwd(
-        &mut self,
-        xbc: &mut CudaSlice<T>,
-        zxbcdt: &CudaSlice<T>,
-        p: &Mamba2Params,
-        b: &GpuBatch,
-        state: Option<&mut GpuMamba2State>,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        if let Some(st) = &state {
-            st.check_rows("a Mamba-2", b.batch)?;
-        }
-        let x = zxbcdt.slice(p.sizes.inner..);
-        self.short_conv_fwd(xbc, &x, &p.short_conv(), b, state.map(|st| &mut st.conv))
-    }
-
-    fn mamba2_conv_bwd(
-        &mut self,
-        dzxbcdt: &mut CudaSlice<T>,
-        dxbc: &CudaSlice<T>,
-        zxbcdt: &CudaSlice<T>,
-        p: &Mamba2Params,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        self.mark(Family::Other)?;
-        let at = p.sizes.inner;
-        self.short_conv_bwd(&mut dzxbcdt.slice_mut(at..), dxbc, &zxbcdt.slice(at..), &p.short_conv(), b)
-    }
-
     fn mamba2_step_in(
         &mut self,
         zxbcdt: &mut CudaSlice<T>,
@@ -99,14 +74,14 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             b.seq,
             st.batch
         );
-        let s = p.sizes;
+        let (s, c) = (p.sizes, p.short_conv());
         let d = ssd::DecodeInputs {
             batch: b.batch,
-            stride: s.in_proj_dim(),
-            conv_off: s.inner,
-            channels: s.conv_dim(),
-            width: s.conv,
-            dt_off: s.inner + s.conv_dim(),
+            stride: c.stride,
+            conv_off: c.offset,
+            channels: c.channels,
+            width: c.width,
+            dt_off: s.dt_offset(),
             heads: s.heads,
         };
         // In one pass with the GEMV where a decode step's rows take it; else in_proj, then the
@@ -114,8 +89,8 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         if self.gemv && ops::gemv_fits::<T>(b.batch, in_proj.in_features) {
             self.mark(Family::Gemm)?;
             let w = self.copy_of(in_proj.weight)?;
-            let cw = self.copy_of(p.conv_w)?;
-            let bias = p.conv_b.map(|id| &self.params[id.0].master);
+            let cw = self.copy_of(c.weight)?;
+            let bias = c.bias.map(|id| &self.params[id.0].master);
             let dt_bias = &self.params[p.dt_bias.0].master;
             let k = in_proj.in_features;
             return ops::gemv_step_in(
@@ -125,7 +100,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
                 w,
                 k,
                 xbc,
-                &mut st.conv,
+                &mut st.conv[c.slot],
                 dt,
                 cw,
                 bias,
@@ -136,10 +111,10 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         }
         self.linear_into(zxbcdt, x, in_proj, b.batch)?;
         self.mark(Family::Other)?;
-        let w = self.copy_of(p.conv_w)?;
-        let bias = p.conv_b.map(|id| &self.params[id.0].master);
+        let w = self.copy_of(c.weight)?;
+        let bias = c.bias.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;
-        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv, dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
+        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv[c.slot], dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
     }
 
     fn mamba2_dt_fwd(
@@ -151,7 +126,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
-        let at = s.inner + s.conv_dim();
+        let at = s.dt_offset();
         let raw = zxbcdt.slice(at..);
         ssd::dt_fwd(&self.gpu, dt, &raw, s.in_proj_dim(), &self.params[p.dt_bias.0].master, rows)
     }
@@ -165,7 +140,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
-        let at = s.inner + s.conv_dim();
+        let at = s.dt_offset();
         let rows = ddt.len() / s.heads;
         let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::dt_bwd_scratch_len(rows, s.heads))?;
         let bias = &mut self.params[p.dt_bias.0];
@@ -196,14 +171,14 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         // A decode step's kernel takes A = −exp(A_log) itself; the chunked forward reads A.
         let decode = state.is_some() && b.seq == 1;
         if !decode {
-            self.mamba2_a(p)?;
+            self.neg_exp_a(p.a_log, s.heads)?;
         }
         let a =
             if decode { &self.params[p.a_log.0].master } else { self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))? };
         let prob = problem(&s, b, x, a, &self.params[p.d_skip.0].master);
         let len = ssd::ssd_fwd_scratch_len(b.batch, b.seq, s.heads, s.head_dim, s.state, s.groups);
         let gpu = &self.gpu;
-        forward_carrying("a Mamba-2", state, b.batch, b.seq, |carry| match carry {
+        forward_carrying(state, b.batch, b.seq, |carry| match carry {
             Carry::Zeros => ssd::ssd_fwd(gpu, &prob, y, None, None, grown(gpu, &mut self.ssm.big, len)?),
             Carry::Step(st) => ssd::ssd_decode_step_a_log(gpu, &prob, &mut st.ssm, y),
             Carry::Chunks(st) => {
@@ -225,22 +200,19 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
-        self.mamba2_a(p)?;
         let s = p.sizes;
         let h = s.heads;
+        self.neg_exp_a(p.a_log, h)?;
+        self.zeroed_da(h)?;
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
-        // ssd_bwd adds dA into `da`: from zero.
-        let da = grown(&self.gpu, &mut self.ssm.da, h)?;
-        self.gpu.stream().memset_zeros(da).map_err(|e| anyhow!("zeroing dA: {e:?}"))?;
+        let da = self.ssm.da.as_mut().ok_or_else(|| anyhow!("dA"))?;
         let len = ssd::ssd_bwd_scratch_len(b.batch, b.seq, h, s.head_dim, s.state, s.groups);
         let scratch = grown(&self.gpu, &mut self.ssm.big, len)?;
         let (dp, _) = two_mut(&mut self.params, p.d_skip.0, p.a_log.0)?;
         let prob = problem(&s, b, x, a, &dp.master);
         let grads = DevSsdGrads { dxbc, ddt, da, dd: &mut dp.grad, dinit: None };
         ssd::ssd_bwd(&self.gpu, &prob, dy, None, None, grads, scratch)?;
-        // A = −exp(A_log): dA_log += dA · A.
-        let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
-        ssd::mul_acc(&self.gpu, &mut self.params[p.a_log.0].grad, da, a, h)
+        self.add_a_log_grad(p.a_log, h)
     }
 
     fn gated_norm_fwd(

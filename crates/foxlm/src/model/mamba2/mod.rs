@@ -143,10 +143,10 @@ impl Mamba2Mixer {
         batch: &B::Batch,
         a: &mut Mamba2Acts<B::Act, B::F32>,
         out: &mut B::Act,
-        mut state: Option<&mut B::Mamba2State>,
+        mut state: Option<&mut state::Mamba2State<B::F32>>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = info.positions();
         let p = &self.p;
         match state.as_deref_mut() {
             Some(st) if info.seq == 1 => {
@@ -154,7 +154,7 @@ impl Mamba2Mixer {
             }
             st => {
                 be.linear_fwd(&mut a.zxbcdt, x, &self.in_proj, n)?;
-                be.mamba2_conv_fwd(&mut a.xbc, &a.zxbcdt, p, batch, st)?;
+                be.short_conv_fwd(&mut a.xbc, &a.zxbcdt, &p.short_conv(), batch, st)?;
                 be.mamba2_dt_fwd(&mut a.dt, &a.zxbcdt, p, n)?;
             }
         }
@@ -176,8 +176,7 @@ impl Mamba2Mixer {
         dx: &mut B::Act,
         s: &mut Mamba2Scratch<B::Act, B::F32>,
     ) -> Result<()> {
-        let info = be.batch_info(batch);
-        let n = info.batch * info.seq;
+        let n = be.batch_info(batch).positions();
         let p = &self.p;
         // out = out_proj(g); g = RMSNorm(y ⊙ SiLU(z))·w writes dz into dzxbcdt's z columns.
         be.linear_bwd(&self.out_proj, &a.g, dy, Some(&mut s.dg), false, n)?;
@@ -186,7 +185,7 @@ impl Mamba2Mixer {
         be.ssd_bwd(&mut s.dxbc, &mut s.ddt, &s.dy, SsdIn { xbc: &a.xbc, dt: &a.dt }, p, batch)?;
         // dt = softplus(dt_raw + dt_bias): dt_raw's columns; xbc = SiLU(conv(xBC)): xBC's.
         be.mamba2_dt_bwd(&mut s.dzxbcdt, &s.ddt, &a.zxbcdt, p)?;
-        be.mamba2_conv_bwd(&mut s.dzxbcdt, &s.dxbc, &a.zxbcdt, p, batch)?;
+        be.short_conv_bwd(&mut s.dzxbcdt, &s.dxbc, &a.zxbcdt, &p.short_conv(), batch)?;
         be.linear_bwd(&self.in_proj, x, &s.dzxbcdt, Some(dx), false, n)
     }
 }

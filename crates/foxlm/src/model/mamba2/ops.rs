@@ -5,6 +5,7 @@
 //! columns), B and C (G·N each). Gradients of parameters are accumulated (`+=`); gradients of
 //! activations are written into their columns of `dzxbcdt` / `dxbc`.
 
+use super::state::Mamba2State;
 use crate::backend::{Backend, ShortConv};
 use crate::config::Mamba2Sizes;
 use crate::model::Linear;
@@ -36,38 +37,17 @@ impl Mamba2Params {
             bias: self.conv_b,
             channels: s.conv_dim(),
             width: s.conv,
+            offset: s.inner,
             stride: s.in_proj_dim(),
             silu: true,
+            slot: 0,
         }
     }
 }
 
 pub trait Mamba2Ops: Backend {
-    /// One layer's inference state: the SSM state [B, H, P, N] and the last W − 1 inputs of the
-    /// convolution [B, W − 1, C], with the tokens seen.
-    type Mamba2State;
-
-    /// xbc = SiLU(conv1d(xBC) + bias), causal per row from its first real token; with `state`,
-    /// continuing its convolution inputs (which it then advances).
-    fn mamba2_conv_fwd(
-        &mut self,
-        xbc: &mut Self::Act,
-        zxbcdt: &Self::Act,
-        p: &Mamba2Params,
-        batch: &Self::Batch,
-        state: Option<&mut Self::Mamba2State>,
-    ) -> Result<()>;
-    /// From dxbc, writes d(xBC) into its columns of `dzxbcdt` and adds the conv's gradients.
-    fn mamba2_conv_bwd(
-        &mut self,
-        dzxbcdt: &mut Self::Act,
-        dxbc: &Self::Act,
-        zxbcdt: &Self::Act,
-        p: &Mamba2Params,
-        batch: &Self::Batch,
-    ) -> Result<()>;
     /// A decode step's in_proj and inputs (one position per row, continuing `state`): zxbcdt =
-    /// in_proj(x), then xbc as [`Mamba2Ops::mamba2_conv_fwd`] and dt as
+    /// in_proj(x), then xbc as [`Backend::short_conv_fwd`] and dt as
     /// [`Mamba2Ops::mamba2_dt_fwd`] compute them, which a backend may do in one pass.
     #[allow(clippy::too_many_arguments)]
     fn mamba2_step_in(
@@ -79,11 +59,11 @@ pub trait Mamba2Ops: Backend {
         in_proj: &Linear,
         p: &Mamba2Params,
         batch: &Self::Batch,
-        state: &mut Self::Mamba2State,
+        state: &mut Mamba2State<Self::F32>,
     ) -> Result<()> {
         let rows = self.batch_info(batch).batch;
         self.linear_fwd(zxbcdt, x, in_proj, rows)?;
-        self.mamba2_conv_fwd(xbc, zxbcdt, p, batch, Some(state))?;
+        self.short_conv_fwd(xbc, zxbcdt, &p.short_conv(), batch, Some(state))?;
         self.mamba2_dt_fwd(dt, zxbcdt, p, rows)
     }
     /// dt [B·T, H] (f32) = softplus(dt_raw + dt_bias).
@@ -104,7 +84,7 @@ pub trait Mamba2Ops: Backend {
         x: SsdIn<'_, Self::Act, Self::F32>,
         p: &Mamba2Params,
         batch: &Self::Batch,
-        state: Option<&mut Self::Mamba2State>,
+        state: Option<&mut Mamba2State<Self::F32>>,
     ) -> Result<()>;
     /// The SSD's backward from dy: writes dx, dB, dC into `dxbc` and d dt, adds A_log's and D's
     /// gradients.

@@ -136,6 +136,19 @@ __device__ __forceinline__ void load_a_frag(const Ldsm<D>& ls, u32 (&f)[4], u32 
     ldsm_x4a(f[0], f[1], f[2], f[3], ls.p2(sbase, row0, kc * 2));
 }
 
+// The query block of BQ rows [r0, rlast] that this CTA owns, for head bh = (b, h), and its key
+// tiles (see key_tiles). Blocks run in reverse order: the last rows see the most keys, so the
+// longest blocks start first.
+template <int BQ, int BK>
+__device__ __forceinline__ void query_block(const AttnParams& p, int& bh, int& b, int& h, int& r0, int& rlast,
+                                            int& jbase, int& first, int& ntiles) {
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    r0 = qb * BQ;
+    rlast = min(r0 + BQ, p.tq) - 1;
+    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
 // ---------------------------------------------------------------------------------------------
@@ -150,13 +163,8 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;  // longest blocks first
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
     if (p.counters != nullptr && tid == 0) {
         atomicAdd(&p.counters[0], (u64)(ntiles - first));
         atomicAdd(&p.counters[1], (u64)first);
@@ -460,13 +468,8 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
     float ci[2], lse2[2], dl[2];
     int pos[2], st[2], rows[2];

@@ -132,12 +132,8 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
     const int n = ntiles - first;
     if (tid == 0) {
         for (int s = 0; s < NST; ++s) {

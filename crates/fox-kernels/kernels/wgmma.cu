@@ -234,13 +234,8 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
     if (p.counters != nullptr && tid == 0) {
         atomicAdd(&p.counters[0], (u64)(ntiles - first));
         atomicAdd(&p.counters[1], (u64)first);
@@ -408,13 +403,8 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int wg = warp >> 2;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
     float ci[2], lse2[2], dl[2];
     int pos[2], st[2], rows[2];

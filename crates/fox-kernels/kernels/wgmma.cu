@@ -224,9 +224,7 @@ __device__ __forceinline__ void wg_store_dkdv(const AttnParams& p, const float (
 template <int NA>
 __device__ __forceinline__ void wg_zero(float (&acc)[NA][32]) {
 #pragma unroll
-    for (int at = 0; at < NA; ++at)
-#pragma unroll
-        for (int j = 0; j < 32; ++j) acc[at][j] = 0.f;
+    for (int i = 0; i < NA * 32; ++i) acc[i / 32][i % 32] = 0.f;
 }
 
 template <int D, bool BF, int BK, int NWG>

@@ -265,6 +265,30 @@ struct DrAcc {
 #pragma unroll
             for (int r = 0; r < 4; ++r) st(s, (long long)row(i, r) * lds + col(i, r), c[i][r]);
     }
+    // A state's [K, V] tile at columns v0.. of head bh from src, a [BH, K, V] state of p's (0 past
+    // K or V, or everywhere when src is null); src by reference, read where the tile is.
+    __device__ __forceinline__ void load_state(const DrParams& p, const float* const& src, int bh, int v0) {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = row(i, r), vc = v0 + col(i, r);
+                c[i][r] = src && kd < p.K && vc < p.V ? src[((long long)bh * p.K + kd) * p.V + vc] : 0.f;
+            }
+    }
+    // The tile into shared memory s (row stride lds) and into a chunk's saved state g from row g0,
+    // columns v0.. (row stride ldg): the walk's state at a chunk boundary, kept for the chunk.
+    template <typename S>
+    __device__ __forceinline__ void store_state(S* s, int lds, S* g, long long g0, int ldg, int v0) const {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = row(i, r), vc = col(i, r);
+                st(s, kd * lds + vc, c[i][r]);
+                st(g, (g0 + kd) * ldg + v0 + vc, c[i][r]);
+            }
+    }
 };
 
 // out[row] += mul(row) · Σ over the row's columns of v (values laid out as DrAcc<M, N>), for every
@@ -534,13 +558,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
         cp_async_commit();
     };
     DrAcc<KP, DR_BV> S;
-#pragma unroll
-    for (int i = 0; i < S.TPW; ++i)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int kd = S.row(i, r), vc = v0 + S.col(i, r);
-            S.c[i][r] = p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
-        }
+    S.load_state(p, p.init, k.bh, v0);
     issue(p.c0, 0);
     for (int c = p.c0; c < p.c1; ++c) {
         const int cur = (c - p.c0) & 1;
@@ -552,14 +570,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
         }
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-#pragma unroll
-        for (int i = 0; i < S.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kd = S.row(i, r), vc = S.col(i, r);
-                st(Ss, kd * Lay::LV + vc, S.c[i][r]);
-                st(states, (sbase + kd) * p.Vp + v0 + vc, S.c[i][r]);
-            }
+        S.store_state(Ss, Lay::LV, states, sbase, p.Vp, v0);
         __syncthreads();
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
@@ -1306,13 +1317,7 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
         cp_async_commit();
     };
     DrAcc<KP, DR_BV> dS;
-#pragma unroll
-    for (int i = 0; i < dS.TPW; ++i)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int kd = dS.row(i, r), vc = v0 + dS.col(i, r);
-            dS.c[i][r] = p.dfin && kd < p.K && vc < p.V ? p.dfin[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
-        }
+    dS.load_state(p, p.dfin, k.bh, v0);
     issue(p.nch - 1, 0);
     for (int j = 0; j < p.nch; ++j) {
         const int c = p.nch - 1 - j, cur = NB == 2 ? (j & 1) : 0;
@@ -1324,14 +1329,7 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
         }
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-#pragma unroll
-        for (int i = 0; i < dS.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kd = dS.row(i, r), vc = dS.col(i, r);
-                st(dSs, kd * Lay::LV + vc, dS.c[i][r]);
-                st(dstates, (sbase + kd) * p.Vp + v0 + vc, dS.c[i][r]);
-            }
+        dS.store_state(dSs, Lay::LV, dstates, sbase, p.Vp, v0);
         __syncthreads();
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];

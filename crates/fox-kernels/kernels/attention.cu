@@ -36,6 +36,27 @@ __device__ __forceinline__ void load_key_tile(const AttnParams& p, u16* sK, u16*
     }
 }
 
+// load_key_tile for the query block of head bh = (b, h) whose key walk starts at jbase, from the
+// first key its first row r0 may see: load(it, buf) brings key tile it into buffer buf.
+template <int D, int BK, int NTH, class Tiles>
+struct KeyTileLoader {
+    const AttnParams& p;
+    u16 *sK, *sV;
+    float* sC;
+    const u16* kbase;
+    const u16* vbase;
+    const float* ckb;
+    int kstart, jbase;
+    __device__ __forceinline__ KeyTileLoader(const AttnParams& p_, u16* sK_, u16* sV_, float* sC_, int b, int h, int bh,
+                                             int r0, int jbase_)
+        : p(p_), sK(sK_), sV(sV_), sC(sC_), kbase(p_.k + b * p_.k_sb + kv_head(p_, h) * p_.k_sh),
+          vbase(p_.v + b * p_.v_sb + kv_head(p_, h) * p_.v_sh), ckb(p_.ck + (long long)bh * p_.tk),
+          kstart(row_start(p_, b, r0)), jbase(jbase_) {}
+    __device__ __forceinline__ void operator()(int it, int buf) const {
+        load_key_tile<D, BK, NTH, Tiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
+    }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
 // starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
@@ -136,6 +157,19 @@ __device__ __forceinline__ void load_a_frag(const Ldsm<D>& ls, u32 (&f)[4], u32 
     ldsm_x4a(f[0], f[1], f[2], f[3], ls.p2(sbase, row0, kc * 2));
 }
 
+// The query block of BQ rows [r0, rlast] that this CTA owns, for head bh = (b, h), and its key
+// tiles (see key_tiles). Blocks run in reverse order: the last rows see the most keys, so the
+// longest blocks start first.
+template <int BQ, int BK>
+__device__ __forceinline__ void query_block(const AttnParams& p, int& bh, int& b, int& h, int& r0, int& rlast,
+                                            int& jbase, int& first, int& ntiles) {
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    r0 = qb * BQ;
+    rlast = min(r0 + BQ, p.tq) - 1;
+    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
 // ---------------------------------------------------------------------------------------------
@@ -150,13 +184,8 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;  // longest blocks first
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
     if (p.counters != nullptr && tid == 0) {
         atomicAdd(&p.counters[0], (u64)(ntiles - first));
         atomicAdd(&p.counters[1], (u64)first);
@@ -187,16 +216,10 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
-        const float* ckb = p.ck + (long long)bh * p.tk;
-        const int kstart = row_start(p, b, r0);
+        const KeyTileLoader<D, BK, NTH, SwzTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
         load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
                               [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
-        auto load_kv = [&](int it, int buf) {
-            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
-        };
         load_kv(first, 0);
         cp_commit();
 
@@ -311,16 +334,10 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
 
     if (t_begin < t_end) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
-        const float* ckb = p.ck + (long long)bh * p.tk;
-        const int kstart = row_start(p, b, 0);
+        const KeyTileLoader<D, BK, NTH, SwzTiles> load_kv(p, sK, sV, sC, b, h, bh, 0, jbase);
         load_tile<D, 16, NTH>(sQ, qbase, p.q_st, 0,
                               [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
-        auto load_kv = [&](int it, int buf) {
-            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
-        };
         load_kv(t_begin, 0);
         cp_commit();
         const int pos_min = p.q_pos0;
@@ -460,13 +477,8 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
     float ci[2], lse2[2], dl[2];
     int pos[2], st[2], rows[2];
@@ -498,18 +510,12 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
-        const float* ckb = p.ck + (long long)bh * p.tk;
-        const int kstart = row_start(p, b, r0);
+        const KeyTileLoader<D, BK, NTH, SwzTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
         auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
         load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0, qok);
         // dO is [B, tq, H, D]: as a view, row stride H*D
         load_tile<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
         cp_commit();
-        auto load_kv = [&](int it, int buf) {
-            load_key_tile<D, BK, NTH, SwzTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
-        };
         load_kv(first, 0);
         cp_commit();
 

@@ -152,6 +152,12 @@ __device__ __forceinline__ QueryRow query_row(const F32Params& p, long long g) {
     return {r, bh, b, rowoff, kstride, kb, vb};
 }
 
+// A padding row (before its start) sees no key: zero output, lse -inf.
+__device__ __forceinline__ void padding_row(const F32Params& p, int d, long long rowoff, long long g, int lane) {
+    for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
+    if (lane == 0) p.lse[g] = NEG_INF;
+}
+
 // ---- forward: one warp per (b, h, query row), online softmax over chunks of 32 keys ----------
 // Each lane scores one key of the chunk (q from shared memory); the weighted sum of v rows is
 // then accumulated with lanes across D.
@@ -164,8 +170,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd(const F32Para
     const int d = p.d;
     const int st = row_start(p, b);
     if (r < st) {
-        for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
-        if (lane == 0) p.lse[g] = NEG_INF;
+        padding_row(p, d, rowoff, g, lane);
         return;
     }
     for (int i = lane; i < d; i += 32) qs[warp][i] = p.q[rowoff + i];
@@ -356,8 +361,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) fox32_fwd_cached(const 
     const float* vb = p.v + kvh * p.cap * d;
     const int st = row_start(p, b);
     if (pos < st) {
-        for (int i = lane; i < d; i += 32) p.o[rowoff + i] = 0.f;
-        if (lane == 0) p.lse[g] = NEG_INF;
+        padding_row(p, d, rowoff, g, lane);
         return;
     }
     for (int i = lane; i < d; i += 32) qs[warp][i] = p.q[rowoff + i];

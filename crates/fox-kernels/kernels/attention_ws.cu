@@ -52,6 +52,17 @@ __device__ __forceinline__ void tma_load4(u32 dst, const TmaMap* map, u32 bar, i
         : "memory");
 }
 // Named barriers 1 and 2 between the two consumer warpgroups (256 threads).
+// Two tiles of R rows from row `row` of head `head`, batch row b, each NA atoms of [R][64], into x
+// and y through maps mx and my; both copies arrive on barrier bar.
+template <int R, int NA>
+__device__ __forceinline__ void tma_load_pair(u16* x, const TmaMap* mx, u16* y, const TmaMap* my, u32 bar, int row,
+                                              int head, int b) {
+#pragma unroll
+    for (int at = 0; at < NA; ++at) {
+        tma_load4(smem_u32(x + at * R * 64), mx, bar, at * 64, row, head, b);
+        tma_load4(smem_u32(y + at * R * 64), my, bar, at * 64, row, head, b);
+    }
+}
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
@@ -132,12 +143,8 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
     const int n = ntiles - first;
     if (tid == 0) {
         for (int s = 0; s < NST; ++s) {
@@ -176,11 +183,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
                 const int jt = jbase + (first + i) * BK;
                 if (lane == 0) {
                     mbar_expect_tx(full(s), 2 * KV_BYTES);
-#pragma unroll
-                    for (int at = 0; at < NA; ++at) {
-                        tma_load4(smem_u32(sK + s * BK * D + at * BK * 64), &P.k, full(s), at * 64, jt, hk, b);
-                        tma_load4(smem_u32(sV + s * BK * D + at * BK * 64), &P.v, full(s), at * 64, jt, hk, b);
-                    }
+                    tma_load_pair<BK, NA>(sK + s * BK * D, &P.k, sV + s * BK * D, &P.v, full(s), jt, hk, b);
                 }
 #pragma unroll
                 for (int x = lane; x < BK; x += 32) {
@@ -215,10 +218,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         }
     }
     float O[NA][32];
-#pragma unroll
-    for (int at = 0; at < NA; ++at)
-#pragma unroll
-        for (int j = 0; j < 32; ++j) O[at][j] = 0.f;
+    wg_zero(O);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (n > 0) {
@@ -587,11 +587,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
             // the loader
             if (lane == 0) {
                 mbar_expect_tx(kv_full, 2 * KV_BYTES);
-#pragma unroll
-                for (int at = 0; at < NA; ++at) {
-                    tma_load4(smem_u32(sK + at * BKB * 64), &P.k, kv_full, at * 64, j0, hk, b);
-                    tma_load4(smem_u32(sV + at * BKB * 64), &P.v, kv_full, at * 64, j0, hk, b);
-                }
+                tma_load_pair<BKB, NA>(sK, &P.k, sV, &P.v, kv_full, j0, hk, b);
             }
             int u = 0;
             for (int h = hk * group; h < (hk + 1) * group; ++h) {
@@ -602,11 +598,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                     if (u >= 2) mbar_wait(empty(s), (u32)(((u >> 1) - 1) & 1));
                     if (lane == 0) {
                         mbar_expect_tx(full(s), 2 * QG_BYTES);
-#pragma unroll
-                        for (int at = 0; at < NA; ++at) {
-                            tma_load4(smem_u32(sQ + s * BQB * D + at * BQB * 64), &P.q, full(s), at * 64, rq, h, b);
-                            tma_load4(smem_u32(sG + s * BQB * D + at * BQB * 64), &P.g, full(s), at * 64, rq, h, b);
-                        }
+                        tma_load_pair<BQB, NA>(sQ + s * BQB * D, &P.q, sG + s * BQB * D, &P.g, full(s), rq, h, b);
                     }
                     for (int x = lane; x < BQB; x += 32) {
                         const int r = rq + x;

@@ -250,15 +250,7 @@ __device__ __forceinline__ void gemv_stage(const u16* w, int rows, int K, B befo
 }
 
 // Sum over the block, returned to every thread.
-__device__ __forceinline__ float mega_block_sum(float v, float* sh) {
-    v = mega_warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < MEGA_WARPS; ++w) t += sh[w];
-    return t;
-}
+__device__ __forceinline__ float mega_block_sum(float v, float* sh) { return block_total<MEGA_WARPS>(v, sh); }
 
 // dst = src (n bf16 values written in this launch: read through L2).
 __device__ __forceinline__ void load_vec(float* dst, const u16* src, int n) {

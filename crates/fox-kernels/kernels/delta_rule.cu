@@ -122,40 +122,9 @@ struct DrLayout {
 };
 
 #ifndef FOX_HOST_EMU
-// c (16x8 f32) += a (16x16 bf16, row-major fragment) · b (16x8 bf16, column fragment).
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 #define DR_SMEM_DECL                                      \
     extern __shared__ __align__(16) unsigned char dr_smem_[]; \
     unsigned char* smem = dr_smem_;
-// ldmatrix: four (two) 8x8 pieces of 16-bit elements, lane l giving the address of row l % 8 of
-// piece l / 8; register i of lane l gets piece i's (row l / 4, columns 2 (l % 4) + {0, 1}), or with
-// .trans its (rows 2 (l % 4) + {0, 1}, column l / 4).
-__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
-__device__ __forceinline__ void ldsm_x2(u32 (&r)[2], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
-__device__ __forceinline__ void ldsm_x2_t(u32 (&r)[2], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
 // stmatrix .trans: four 8x8 pieces, lane l giving the address of row l % 8 of piece l / 8; register
 // i of lane l holds piece i's (row l / 4, columns 2 (l % 4) + {0, 1}), stored transposed (that
 // element pair lands in rows 2 (l % 4) + {0, 1}, column l / 4).
@@ -264,6 +233,30 @@ struct DrAcc {
         for (int i = 0; i < TPW; ++i)
 #pragma unroll
             for (int r = 0; r < 4; ++r) st(s, (long long)row(i, r) * lds + col(i, r), c[i][r]);
+    }
+    // A state's [K, V] tile at columns v0.. of head bh from src, a [BH, K, V] state of p's (0 past
+    // K or V, or everywhere when src is null); src by reference, read where the tile is.
+    __device__ __forceinline__ void load_state(const DrParams& p, const float* const& src, int bh, int v0) {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = row(i, r), vc = v0 + col(i, r);
+                c[i][r] = src && kd < p.K && vc < p.V ? src[((long long)bh * p.K + kd) * p.V + vc] : 0.f;
+            }
+    }
+    // The tile into shared memory s (row stride lds) and into a chunk's saved state g from row g0,
+    // columns v0.. (row stride ldg): the walk's state at a chunk boundary, kept for the chunk.
+    template <typename S>
+    __device__ __forceinline__ void store_state(S* s, int lds, S* g, long long g0, int ldg, int v0) const {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int kd = row(i, r), vc = col(i, r);
+                st(s, kd * lds + vc, c[i][r]);
+                st(g, (g0 + kd) * ldg + v0 + vc, c[i][r]);
+            }
     }
 };
 
@@ -534,13 +527,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
         cp_async_commit();
     };
     DrAcc<KP, DR_BV> S;
-#pragma unroll
-    for (int i = 0; i < S.TPW; ++i)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int kd = S.row(i, r), vc = v0 + S.col(i, r);
-            S.c[i][r] = p.init && kd < p.K && vc < p.V ? p.init[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
-        }
+    S.load_state(p, p.init, k.bh, v0);
     issue(p.c0, 0);
     for (int c = p.c0; c < p.c1; ++c) {
         const int cur = (c - p.c0) & 1;
@@ -552,14 +539,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
         }
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-#pragma unroll
-        for (int i = 0; i < S.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kd = S.row(i, r), vc = S.col(i, r);
-                st(Ss, kd * Lay::LV + vc, S.c[i][r]);
-                st(states, (sbase + kd) * p.Vp + v0 + vc, S.c[i][r]);
-            }
+        S.store_state(Ss, Lay::LV, states, sbase, p.Vp, v0);
         __syncthreads();
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
@@ -1306,13 +1286,7 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
         cp_async_commit();
     };
     DrAcc<KP, DR_BV> dS;
-#pragma unroll
-    for (int i = 0; i < dS.TPW; ++i)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int kd = dS.row(i, r), vc = v0 + dS.col(i, r);
-            dS.c[i][r] = p.dfin && kd < p.K && vc < p.V ? p.dfin[((long long)k.bh * p.K + kd) * p.V + vc] : 0.f;
-        }
+    dS.load_state(p, p.dfin, k.bh, v0);
     issue(p.nch - 1, 0);
     for (int j = 0; j < p.nch; ++j) {
         const int c = p.nch - 1 - j, cur = NB == 2 ? (j & 1) : 0;
@@ -1324,14 +1298,7 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
         }
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
-#pragma unroll
-        for (int i = 0; i < dS.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kd = dS.row(i, r), vc = dS.col(i, r);
-                st(dSs, kd * Lay::LV + vc, dS.c[i][r]);
-                st(dstates, (sbase + kd) * p.Vp + v0 + vc, dS.c[i][r]);
-            }
+        dS.store_state(dSs, Lay::LV, dstates, sbase, p.Vp, v0);
         __syncthreads();
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];

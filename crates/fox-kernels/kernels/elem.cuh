@@ -1,5 +1,6 @@
 // bf16 and f32 element access shared by the model's small kernels (model.cu, decode.cu): bf16
-// travels as raw 16-bit words, widened exactly and rounded to nearest even (NaN stays NaN).
+// travels as raw 16-bit words, widened exactly and rounded to nearest even (NaN stays NaN). Also
+// the bf16 tensor-core pieces of the delta rule, GLA and the SSD on tensor cores.
 
 typedef unsigned short u16;
 
@@ -38,3 +39,39 @@ __device__ __forceinline__ void pdl_wait_prev() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+#ifndef FOX_HOST_EMU
+// (The host emulation's mock.h has its own mma.sync and ldmatrix.)
+typedef unsigned int u32;
+// c (16x8 f32) += a (16x16 bf16, row-major fragment) · b (16x8 bf16, column fragment).
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// ldmatrix: four (two) 8x8 pieces of 16-bit elements, lane l giving the address of row l % 8 of
+// piece l / 8; register i of lane l gets piece i's (row l / 4, columns 2 (l % 4) + {0, 1}), or with
+// .trans its (rows 2 (l % 4) + {0, 1}, column l / 4).
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x2(u32 (&r)[2], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x2_t(u32 (&r)[2], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+#endif

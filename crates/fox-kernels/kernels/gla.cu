@@ -193,11 +193,7 @@ typedef unsigned int u32;
 #ifndef GLA_MMA_EMULATED
 // c (16x8 f32) += a (16x16 bf16, row-major) · b (16x8 bf16, column-major).
 __device__ __forceinline__ void gla_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_bf16_16816(c, a, b0, b1);
 }
 #endif
 // acc[j] (mma's C layout: lane (g, t) = (lane / 4, lane % 4) holds rows m0 + g, m0 + g + 8 and
@@ -255,16 +251,6 @@ __device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid)
 __device__ __forceinline__ void gla_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void gla_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void gla_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
-__device__ __forceinline__ void gla_ldsm_x4(u32 (&r)[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
 // Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
 __device__ __forceinline__ u32 gla_bf2(float lo, float hi) {
     u32 r;
@@ -279,8 +265,6 @@ inline void gla_cp16(void* dst, const void* src, bool valid) { cp_async16(dst, s
 inline void gla_cp_commit() { cp_async_commit(); }
 inline void gla_cp_wait_all() { cp_async_wait<0>(); }
 inline void gla_cp_wait_one() { cp_async_wait<1>(); }
-inline void gla_ldsm_x4_t(u32 (&r)[4], const u16* p) { ldsm_x4_t(r, p); }
-inline void gla_ldsm_x4(u32 (&r)[4], const u16* p) { ldsm_x4(r, p); }
 inline u32 gla_bf2(float lo, float hi) {
     u16 a, b;
     st(&a, 0, lo);
@@ -405,11 +389,11 @@ __device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* ini
 #pragma unroll
         for (int kk = 0; kk < GLA_L / 16; ++kk) {
             u32 a[4];
-            gla_ldsm_x4_t(a, vs + (kk * 16 + (m4 >> 1) * 8 + j8) * LV + 16 * warp + (m4 & 1) * 8);
+            ldsm_x4_t(a, vs + (kk * 16 + (m4 >> 1) * 8 + j8) * LV + 16 * warp + (m4 & 1) * 8);
 #pragma unroll
             for (int n2 = 0; n2 < KB / 16; ++n2) {
                 u32 bb[4];
-                gla_ldsm_x4_t(bb, ks + (kk * 16 + (m4 & 1) * 8 + j8) * LK + n2 * 16 + (m4 >> 1) * 8);
+                ldsm_x4_t(bb, ks + (kk * 16 + (m4 & 1) * 8 + j8) * LK + n2 * 16 + (m4 >> 1) * 8);
                 gla_mma(s[2 * n2], a, bb[0], bb[1]);
                 gla_mma(s[2 * n2 + 1], a, bb[2], bb[3]);
             }
@@ -508,11 +492,11 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
 #pragma unroll
     for (int kk = 0; kk < KP / 16; ++kk) {
         u32 a[4];
-        gla_ldsm_x4(a, qs + (r0 + (m4 & 1) * 8 + j8) * LQ + kk * 16 + (m4 >> 1) * 8);
+        ldsm_x4(a, qs + (r0 + (m4 & 1) * 8 + j8) * LQ + kk * 16 + (m4 >> 1) * 8);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             u32 bb[4];
-            gla_ldsm_x4(bb, ss + (n0 + 16 * jj + (m4 >> 1) * 8 + j8) * LQ + kk * 16 + (m4 & 1) * 8);
+            ldsm_x4(bb, ss + (n0 + 16 * jj + (m4 >> 1) * 8 + j8) * LQ + kk * 16 + (m4 & 1) * 8);
             gla_mma(acc[2 * jj], a, bb[0], bb[1]);
             gla_mma(acc[2 * jj + 1], a, bb[2], bb[3]);
         }
@@ -521,11 +505,11 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
 #pragma unroll
     for (int kk = 0; kk < GLA_L / 16; ++kk) {
         u32 a[4];
-        gla_ldsm_x4(a, as_ + (r0 + (m4 & 1) * 8 + j8) * LV + kk * 16 + (m4 >> 1) * 8);
+        ldsm_x4(a, as_ + (r0 + (m4 & 1) * 8 + j8) * LV + kk * 16 + (m4 >> 1) * 8);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             u32 bb[4];
-            gla_ldsm_x4_t(bb, vs + (kk * 16 + (m4 & 1) * 8 + j8) * LV + n0 + 16 * jj + (m4 >> 1) * 8);
+            ldsm_x4_t(bb, vs + (kk * 16 + (m4 & 1) * 8 + j8) * LV + n0 + 16 * jj + (m4 >> 1) * 8);
             gla_mma(acc[2 * jj], a, bb[0], bb[1]);
             gla_mma(acc[2 * jj + 1], a, bb[2], bb[3]);
         }
@@ -638,8 +622,8 @@ __device__ __forceinline__ void gla_scores_w(u16* A16, const u16* q, const u16* 
 #pragma unroll
         for (int kk = 0; kk < KP / 16; ++kk) {
             u32 af[4], bf[4];
-            gla_ldsm_x4(af, qt + (16 * a + (m4 & 1) * 8 + j8) * LQ + kk * 16 + (m4 >> 1) * 8);
-            gla_ldsm_x4(bf, kpa + (16 * bb + (m4 >> 1) * 8 + j8) * LQ + kk * 16 + (m4 & 1) * 8);
+            ldsm_x4(af, qt + (16 * a + (m4 & 1) * 8 + j8) * LQ + kk * 16 + (m4 >> 1) * 8);
+            ldsm_x4(bf, kpa + (16 * bb + (m4 >> 1) * 8 + j8) * LQ + kk * 16 + (m4 & 1) * 8);
             gla_mma(acc[0], af, bf[0], bf[1]);
             gla_mma(acc[1], af, bf[2], bf[3]);
         }

@@ -105,56 +105,61 @@ __device__ __forceinline__ void ce_finish(T* dx, float* losses, long long r, con
     if (threadIdx.x == 0) losses[r] = lse - x[t];
 }
 
+// A row's cross-entropy (one block per row, 512 threads; sh: 32 floats of shared memory): the
+// row's maximum, then ce_finish. With SMEM the row is held in shared memory (ld floats of dynamic shared memory, ld a multiple
+// of 4): the logits cross memory once, in 16-byte loads, where the plain kernel reads them three
+// times (the max, the sum, the gradient). The sum and the gradient walk the row in the same order
+// either way, so losses and dlogits are bitwise the same.
+template <typename T, bool SMEM>
+__device__ __forceinline__ void ce_row(T* dlogits, float* losses, const float* logits, const int* targets,
+                                       float weight, int vocab, int ld, float* sh) {
+    extern __shared__ float4 row4[];
+    float* row = (float*)row4;
+    const long long r = blockIdx.x;
+    const float* x = logits + r * ld;
+    T* dx = dlogits + r * ld;
+    const int t = targets[r];
+    if (ce_ignored(dx, losses, r, t, ld)) return;
+    float m = __int_as_float(0xff800000);
+    if constexpr (SMEM) {
+        // Four 16-byte loads in flight per thread: one block per SM (the row fills shared memory).
+        const float4* x4 = (const float4*)x;
+        const int n4 = ld / 4, step = blockDim.x;
+        for (int c0 = threadIdx.x; c0 < n4; c0 += 4 * step) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (c0 + u * step < n4) v[u] = x4[c0 + u * step];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c4 = c0 + u * step, c = 4 * c4;
+                if (c4 >= n4) break;
+                row4[c4] = v[u];
+                if (c < vocab) m = fmaxf(m, v[u].x);
+                if (c + 1 < vocab) m = fmaxf(m, v[u].y);
+                if (c + 2 < vocab) m = fmaxf(m, v[u].z);
+                if (c + 3 < vocab) m = fmaxf(m, v[u].w);
+            }
+        }
+    } else {
+        for (int c = threadIdx.x; c < vocab; c += blockDim.x) m = fmaxf(m, x[c]);
+    }
+    ce_finish(dx, losses, r, SMEM ? row : x, t, block_reduce(m, true, sh), weight, vocab, ld, sh);
+}
+
+// The kernels' bodies. Each declares its own reduction buffer: a static shared array is named
+// after its function, and the names are part of the generated code.
 template <typename T>
 __device__ void cross_entropy_ld(T* dlogits, float* losses, const float* logits, const int* targets, float weight,
                                  int vocab, int ld) {
     __shared__ float sh[32];
-    const long long r = blockIdx.x;
-    const float* x = logits + r * ld;
-    T* dx = dlogits + r * ld;
-    const int t = targets[r];
-    if (ce_ignored(dx, losses, r, t, ld)) return;
-    float m = __int_as_float(0xff800000);
-    for (int c = threadIdx.x; c < vocab; c += blockDim.x) m = fmaxf(m, x[c]);
-    ce_finish(dx, losses, r, x, t, block_reduce(m, true, sh), weight, vocab, ld, sh);
+    ce_row<T, false>(dlogits, losses, logits, targets, weight, vocab, ld, sh);
 }
-
-// The same with the row held in shared memory (ld floats of dynamic shared memory, ld a multiple
-// of 4; 512 threads as above): the logits cross memory once, in 16-byte loads, where the kernel above reads them three
-// times (the max, the sum, the gradient). The sum and the gradient walk the row in the order of
-// the kernel above, so losses and dlogits are bitwise the same.
 template <typename T>
 __device__ void cross_entropy_ld_smem(T* dlogits, float* losses, const float* logits, const int* targets, float weight,
                                       int vocab, int ld) {
-    extern __shared__ float4 row4[];
-    float* row = (float*)row4;
     __shared__ float sh[32];
-    const long long r = blockIdx.x;
-    const float* x = logits + r * ld;
-    T* dx = dlogits + r * ld;
-    const int t = targets[r];
-    if (ce_ignored(dx, losses, r, t, ld)) return;
-    // Four 16-byte loads in flight per thread: one block per SM (the row fills shared memory).
-    float m = __int_as_float(0xff800000);
-    const float4* x4 = (const float4*)x;
-    const int n4 = ld / 4, step = blockDim.x;
-    for (int c0 = threadIdx.x; c0 < n4; c0 += 4 * step) {
-        float4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-            if (c0 + u * step < n4) v[u] = x4[c0 + u * step];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int c4 = c0 + u * step, c = 4 * c4;
-            if (c4 >= n4) break;
-            row4[c4] = v[u];
-            if (c < vocab) m = fmaxf(m, v[u].x);
-            if (c + 1 < vocab) m = fmaxf(m, v[u].y);
-            if (c + 2 < vocab) m = fmaxf(m, v[u].z);
-            if (c + 3 < vocab) m = fmaxf(m, v[u].w);
-        }
-    }
-    ce_finish(dx, losses, r, row, t, block_reduce(m, true, sh), weight, vocab, ld, sh);
+    ce_row<T, true>(dlogits, losses, logits, targets, weight, vocab, ld, sh);
 }
 
 extern "C" __global__ void __launch_bounds__(512) fox_cross_entropy_ld_f32(float* dl, float* loss, const float* x,

@@ -620,14 +620,21 @@ __device__ __forceinline__ void rms_dw_part_impl(float* part, const T* dy, const
 // the left padding of batch row b (null: none). One warp per (b, t, h): row = (b*T + t)*H + h,
 // whose D channels start at row*D.
 
+// The time t of row (b, t, h) of [B, T, H] and the left padding s of its batch row b.
+__device__ __forceinline__ void kv_shift_time(const int* start, i64 row, int Tn, int H, int& t, int& s) {
+    const i64 bt = row / H;
+    t = (int)(bt % Tn);
+    const int b = (int)(bt / Tn);
+    s = start != nullptr ? max(start[b], 0) : 0;
+}
+
 template <class T>
 __device__ __forceinline__ void kv_shift_fwd_impl(T* out, const T* x, const T* alpha, const int* start, int B, int Tn,
                                                   int H, int D) {
     const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= (i64)B * Tn * H) return;
-    const i64 bt = row / H;
-    const int t = (int)(bt % Tn), b = (int)(bt / Tn);
-    const int s = start != nullptr ? max(start[b], 0) : 0;
+    int t, s;
+    kv_shift_time(start, row, Tn, H, t, s);
     const i64 base = row * D;
     const float a = t < s ? 0.f : ld(alpha, row);
     const i64 prev = base - (i64)H * D;
@@ -652,9 +659,8 @@ __device__ __forceinline__ void kv_shift_bwd_impl(T* dx, T* dalpha, const T* dou
     const int lane = threadIdx.x & 31;
     const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= (i64)B * Tn * H) return;
-    const i64 bt = row / H;
-    const int t = (int)(bt % Tn), b = (int)(bt / Tn);
-    const int s = start != nullptr ? max(start[b], 0) : 0;
+    int t, s;
+    kv_shift_time(start, row, Tn, H, t, s);
     const i64 base = row * D;
     if (t < s) {
         row_chunks(D, [&](int c, int n) {

@@ -65,24 +65,6 @@ template <int K>
 __device__ __forceinline__ void tc_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(K));
 }
-__device__ __forceinline__ void ldsm(u32 (&r)[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_sa(p)));
-}
-__device__ __forceinline__ void ldsm_t(u32 (&r)[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_sa(p)));
-}
-// c (16x8 f32) += a (16x16 bf16, row-major) · b (16x8 bf16, column-major).
-__device__ __forceinline__ void tc_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Two floats -> bf16x2 (round to nearest even), `lo` in the low half (the smaller index).
 __device__ __forceinline__ u32 pk(float lo, float hi) {
     u32 r;
@@ -96,10 +78,10 @@ __device__ __forceinline__ float bf1(u16 v) { return __uint_as_float(((u32)v) <<
 // ldmatrix addresses of lane (r = lane & 7, m = lane >> 3) for the four 8x8 pieces of one
 // mma operand, in tiles of row stride RS elements:
 //   a_at:  A (16 rows x 16 k) from a row-major [row][k] tile, at (row0, k0)
-//   at_at: A = Zᵀ from a [k][row] tile (with ldsm_t), at (row0, k0)
+//   at_at: A = Zᵀ from a [k][row] tile (with ldsm_x4_t), at (row0, k0)
 //   b_at:  B (16 k x two 8-column tiles) from an [n][k] tile, at (k0, n0): regs 0, 1 = tile n0,
 //          regs 2, 3 = tile n0 + 8
-//   bt_at: the same from a [k][n] tile (with ldsm_t)
+//   bt_at: the same from a [k][n] tile (with ldsm_x4_t)
 __device__ __forceinline__ const u16* a_at(const u16* s, int rs, int row0, int k0) {
     const int l = threadIdx.x & 31, r = l & 7, m = l >> 3;
     return s + (row0 + r + (m & 1) * 8) * rs + k0 + (m >> 1) * 8;
@@ -137,18 +119,18 @@ __device__ __forceinline__ void tc_scale_rows(float (&acc)[NT][4], float s1, flo
     }
 }
 // acc += a · B for one 16-row A fragment and NT 8-column tiles of B (16 k rows from k0, columns
-// n0 ..): B from a [k][n] tile (TRANS: bt_at, ldsm_t) or an [n][k] tile (b_at, ldsm).
+// n0 ..): B from a [k][n] tile (TRANS: bt_at, ldsm_x4_t) or an [n][k] tile (b_at, ldsm_x4).
 template <bool TRANS, int NT>
 __device__ __forceinline__ void tc_mma_row(float (&acc)[NT][4], const u32 (&a)[4], const u16* s, int rs, int k0, int n0) {
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
         u32 bf[4];
         if constexpr (TRANS)
-            ldsm_t(bf, bt_at(s, rs, k0, n0 + 16 * np));
+            ldsm_x4_t(bf, bt_at(s, rs, k0, n0 + 16 * np));
         else
-            ldsm(bf, b_at(s, rs, k0, n0 + 16 * np));
-        tc_mma(acc[2 * np], a, bf[0], bf[1]);
-        tc_mma(acc[2 * np + 1], a, bf[2], bf[3]);
+            ldsm_x4(bf, b_at(s, rs, k0, n0 + 16 * np));
+        mma_bf16_16816(acc[2 * np], a, bf[0], bf[1]);
+        mma_bf16_16816(acc[2 * np + 1], a, bf[2], bf[3]);
     }
 }
 
@@ -326,7 +308,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
             u32 af[4];
-            ldsm_t(af, at_at(V, VRS, 16 * w, 16 * ks));
+            ldsm_x4_t(af, at_at(V, VRS, 16 * w, 16 * ks));
             const float ws = ks < 2 ? w0 : w1;
             const int j = (16 * ks & 31) + 2 * q;
             const float wa = __shfl_sync(TC_FULL, ws, j), wb = __shfl_sync(TC_FULL, ws, j + 1);
@@ -424,14 +406,14 @@ __device__ __forceinline__ void tc_out(const TcParams& p) {
 #pragma unroll
             for (int ks = 0; ks < N / 16; ++ks) {
                 u32 af[4];
-                ldsm(af, a_at(cs, NRS, 16 * w, 16 * ks));
+                ldsm_x4(af, a_at(cs, NRS, 16 * w, 16 * ks));
 #pragma unroll
                 for (int np = 0; np < 4; ++np) {
                     if (np <= w) {
                         u32 bf[4];
-                        ldsm(bf, b_at(bs, NRS, 16 * ks, 16 * np));
-                        tc_mma(cb[2 * np], af, bf[0], bf[1]);
-                        tc_mma(cb[2 * np + 1], af, bf[2], bf[3]);
+                        ldsm_x4(bf, b_at(bs, NRS, 16 * ks, 16 * np));
+                        mma_bf16_16816(cb[2 * np], af, bf[0], bf[1]);
+                        mma_bf16_16816(cb[2 * np + 1], af, bf[2], bf[3]);
                     }
                 }
             }
@@ -448,7 +430,7 @@ __device__ __forceinline__ void tc_out(const TcParams& p) {
 #pragma unroll
         for (int ks = 0; ks < N / 16; ++ks) {
             u32 af[4];
-            ldsm(af, a_at(cs, NRS, 16 * w, 16 * ks));
+            ldsm_x4(af, a_at(cs, NRS, 16 * w, 16 * ks));
             tc_mma_row<false>(y, af, S, NRS, 16 * ks, pc0);
         }
         const float e1 = __expf(ci1), e2 = __expf(ci2);
@@ -596,7 +578,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
 #pragma unroll
                     for (int ks = 0; ks < N / 16; ++ks) {
                         u32 af[4];
-                        ldsm(af, a_at(cs, NRS, 16 * r, 16 * ks));
+                        ldsm_x4(af, a_at(cs, NRS, 16 * r, 16 * ks));
                         tc_mma_row<false>(cbr[blk], af, bs, NRS, 16 * ks, 16 * kb);
                     }
                 }
@@ -625,7 +607,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
 #pragma unroll
                 for (int ks = 0; ks < TC_P / 16; ++ks) {
                     u32 af[4];
-                    ldsm(af, a_at(DY, XRS, 16 * r, 16 * ks));
+                    ldsm_x4(af, a_at(DY, XRS, 16 * r, 16 * ks));
                     tc_mma_row<false>(dm, af, X, XRS, 16 * ks, 16 * kb);
                 }
 #pragma unroll
@@ -703,14 +685,14 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
             for (int ib = 0; ib < 4; ++ib) {
                 if (ib >= r) {
                     u32 af[4];
-                    ldsm_t(af, at_at(ms, XRS, 16 * r, 16 * ib));
+                    ldsm_x4_t(af, at_at(ms, XRS, 16 * r, 16 * ib));
                     tc_mma_row<true>(dx, af, DY, XRS, 16 * ib, 32 * hf);
                 }
             }
 #pragma unroll
             for (int ks = 0; ks < N / 16; ++ks) {
                 u32 af[4];
-                ldsm(af, a_at(bs, NRS, 16 * r, 16 * ks));
+                ldsm_x4(af, a_at(bs, NRS, 16 * r, 16 * ks));
                 tc_mma_row<false>(u, af, DS, NRS, 16 * ks, 32 * hf);
             }
             const float dsk = p.D[h];
@@ -751,7 +733,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
 #pragma unroll
             for (int ks = 0; ks < TC_P / 16; ++ks) {
                 u32 af[4];
-                ldsm(af, a_at(DY, XRS, 16 * r, 16 * ks));
+                ldsm_x4(af, a_at(DY, XRS, 16 * r, 16 * ks));
                 tc_mma_row<true>(t, af, S0, NRS, 16 * ks, NH * hf);
             }
             float cd1 = 0.f, cd2 = 0.f;
@@ -778,7 +760,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
             for (int jb = 0; jb < 4; ++jb) {
                 if (jb <= r) {
                     u32 af[4];
-                    ldsm(af, a_at(dgs, XRS, 16 * r, 16 * jb));
+                    ldsm_x4(af, a_at(dgs, XRS, 16 * r, 16 * jb));
                     tc_mma_row<true>(t, af, bs, NRS, 16 * jb, NH * hf);
                 }
             }
@@ -794,7 +776,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
 #pragma unroll
             for (int ks = 0; ks < TC_P / 16; ++ks) {
                 u32 af[4];
-                ldsm(af, a_at(X, XRS, 16 * r, 16 * ks));
+                ldsm_x4(af, a_at(X, XRS, 16 * r, 16 * ks));
                 tc_mma_row<true>(t, af, DS, NRS, 16 * ks, NH * hf);
             }
             tc_scale_rows(t, wi1, wi2);
@@ -802,7 +784,7 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
             for (int ib = 0; ib < 4; ++ib) {
                 if (ib >= r) {
                     u32 af[4];
-                    ldsm_t(af, at_at(dgs, XRS, 16 * r, 16 * ib));
+                    ldsm_x4_t(af, at_at(dgs, XRS, 16 * r, 16 * ib));
                     tc_mma_row<true>(t, af, cs, NRS, 16 * ib, NH * hf);
                 }
             }

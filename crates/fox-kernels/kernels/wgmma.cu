@@ -220,6 +220,13 @@ __device__ __forceinline__ void wg_store_dkdv(const AttnParams& p, const float (
     }
 }
 
+// Zeroes a warpgroup accumulator: NA tiles of 64 x 64, 32 floats a thread.
+template <int NA>
+__device__ __forceinline__ void wg_zero(float (&acc)[NA][32]) {
+#pragma unroll
+    for (int i = 0; i < NA * 32; ++i) acc[i / 32][i % 32] = 0.f;
+}
+
 template <int D, bool BF, int BK, int NWG>
 __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
     constexpr int BQ = 64 * NWG, NTH = 128 * NWG, NT = BK / 8, NA = D / 64, NS = BK / 2;
@@ -234,13 +241,8 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
     if (p.counters != nullptr && tid == 0) {
         atomicAdd(&p.counters[0], (u64)(ntiles - first));
         atomicAdd(&p.counters[1], (u64)first);
@@ -263,24 +265,15 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
     }
     // O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]
     float O[NA][32];
-#pragma unroll
-    for (int at = 0; at < NA; ++at)
-#pragma unroll
-        for (int j = 0; j < 32; ++j) O[at][j] = 0.f;
+    wg_zero(O);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
-        const float* ckb = p.ck + (long long)bh * p.tk;
-        const int kstart = row_start(p, b, r0);
+        const KeyTileLoader<D, BK, NTH, AtomTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
         load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
                                     [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
         cp_commit();
-        auto load_kv = [&](int it, int buf) {
-            load_key_tile<D, BK, NTH, AtomTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
-        };
         load_kv(first, 0);
         cp_commit();
 
@@ -408,13 +401,8 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int wg = warp >> 2;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int r0 = qb * BQ;
-    const int rlast = min(r0 + BQ, p.tq) - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
     float ci[2], lse2[2], dl[2];
     int pos[2], st[2], rows[2];
@@ -439,25 +427,16 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
         }
     }
     float dQ[NA][32];
-#pragma unroll
-    for (int at = 0; at < NA; ++at)
-#pragma unroll
-        for (int j = 0; j < 32; ++j) dQ[at][j] = 0.f;
+    wg_zero(dQ);
     float dcq[2] = {0.f, 0.f};
 
     if (first < ntiles) {
         const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const u16* kbase = p.k + b * p.k_sb + kv_head(p, h) * p.k_sh;
-        const u16* vbase = p.v + b * p.v_sb + kv_head(p, h) * p.v_sh;
-        const float* ckb = p.ck + (long long)bh * p.tk;
-        const int kstart = row_start(p, b, r0);
+        const KeyTileLoader<D, BK, NTH, AtomTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
         auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
         load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0, qok);
         load_tile_atoms<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
         cp_commit();
-        auto load_kv = [&](int it, int buf) {
-            load_key_tile<D, BK, NTH, AtomTiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
-        };
         load_kv(first, 0);
         cp_commit();
         const int pos_min = p.q_pos0 + r0;

@@ -65,6 +65,22 @@ int main() {
             }
             return max(f, key_start(b, r));
         };
+        // Row r of (b, h) against its keys j0..r in f64: the scores s_j (-inf before j0), their
+        // max and the sum of exp(s_j - max).
+        auto score_row = [&](int b, int h, int r, int j0, std::vector<double>& s, double& mx, double& z) {
+            const int hk = h / G;
+            s.assign(r + 1, -INFINITY);
+            mx = -INFINITY;
+            for (int j = j0; j <= r; ++j) {
+                double dot = 0;
+                for (int e = 0; e < D; ++e)
+                    dot += (double)q[((b * T + r) * H + h) * D + e] * k[((b * T + j) * HK + hk) * D + e];
+                s[j] = scale * dot + ((double)c[(b * H + h) * T + r] - c[(b * H + h) * T + j]);
+                mx = std::max(mx, s[j]);
+            }
+            z = 0;
+            for (int j = j0; j <= r; ++j) z += exp(s[j] - mx);
+        };
         // reference in f64
         std::vector<double> o_r((size_t)B * T * H * D, 0), lse_r((size_t)B * H * T, -INFINITY);
         std::vector<double> dq_r(o_r.size(), 0), dk_r(k.size(), 0), dv_r(v.size(), 0), dc_r(lse_r.size(), 0);
@@ -73,17 +89,9 @@ int main() {
                 const int hk = h / G;
                 for (int r = st_of(b); r < T; ++r) {
                     const int j0 = first(b, h, r);
-                    std::vector<double> s(r + 1, -INFINITY);
-                    double mx = -INFINITY;
-                    for (int j = j0; j <= r; ++j) {
-                        double dot = 0;
-                        for (int e = 0; e < D; ++e)
-                            dot += (double)q[((b * T + r) * H + h) * D + e] * k[((b * T + j) * HK + hk) * D + e];
-                        s[j] = scale * dot + ((double)c[(b * H + h) * T + r] - c[(b * H + h) * T + j]);
-                        mx = std::max(mx, s[j]);
-                    }
-                    double z = 0;
-                    for (int j = j0; j <= r; ++j) z += exp(s[j] - mx);
+                    std::vector<double> s;
+                    double mx, z;
+                    score_row(b, h, r, j0, s, mx, z);
                     lse_r[(b * H + h) * T + r] = mx + log(z);
                     std::vector<double> p(r + 1, 0);
                     for (int j = j0; j <= r; ++j) p[j] = exp(s[j] - mx) / z;
@@ -195,17 +203,9 @@ int main() {
                                    f + 63 < q0 + r0)
                                 f += 64;
                         const int j0 = max(f, key_start(b, pos));
-                        std::vector<double> s(pos + 1, -INFINITY);
-                        double mx = -INFINITY;
-                        for (int j = j0; j <= pos; ++j) {
-                            double dot = 0;
-                            for (int e = 0; e < D; ++e)
-                                dot += (double)q[((b * T + pos) * H + h) * D + e] * k[((b * T + j) * HK + hk) * D + e];
-                            s[j] = scale * dot + ((double)c[(b * H + h) * T + pos] - c[(b * H + h) * T + j]);
-                            mx = std::max(mx, s[j]);
-                        }
-                        double z = 0;
-                        for (int j = j0; j <= pos; ++j) z += exp(s[j] - mx);
+                        std::vector<double> s;
+                        double mx, z;
+                        score_row(b, h, pos, j0, s, mx, z);
                         lc_r[((size_t)b * H + h) * tq + r] = mx + log(z);
                         double* orow = &oc_r[(((size_t)b * tq + r) * H + h) * D];
                         for (int j = j0; j <= pos; ++j)

@@ -48,43 +48,34 @@ std::barrier<>* g_block_bar;
 struct Warp { std::barrier<>* bar; double vals[32]; u32 ma[32][4], mb[32][2]; const u16* ptr[32]; };
 std::vector<Warp> g_warps;
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
-template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
+// A warp-wide exchange: every lane publishes v, then read(vals, lane) picks the lane's result
+// from the warp's values; the barriers keep one exchange's values from the next's.
+template <class R, class F> R warp_exchange(double v, F read) {
     int lane = threadIdx.x & 31;
     Warp& w = g_warps[threadIdx.x >> 5];
-    w.vals[lane] = (double)v;
+    w.vals[lane] = v;
     w.bar->arrive_and_wait();
-    V r = (V)w.vals[lane ^ off];
+    R r = read(w.vals, lane);
     w.bar->arrive_and_wait();
     return r;
+}
+template <class V> V __shfl_xor_sync(unsigned, V v, int off) {
+    return warp_exchange<V>((double)v, [&](const double* vals, int lane) { return (V)vals[lane ^ off]; });
 }
 template <class V> V __shfl_sync(unsigned, V v, int src) {
-    int lane = threadIdx.x & 31;
-    Warp& w = g_warps[threadIdx.x >> 5];
-    w.vals[lane] = (double)v;
-    w.bar->arrive_and_wait();
-    V r = (V)w.vals[src & 31];
-    w.bar->arrive_and_wait();
-    return r;
+    return warp_exchange<V>((double)v, [&](const double* vals, int) { return (V)vals[src & 31]; });
 }
 template <class V> V __shfl_up_sync(unsigned, V v, int delta) {
-    int lane = threadIdx.x & 31;
-    Warp& w = g_warps[threadIdx.x >> 5];
-    w.vals[lane] = (double)v;
-    w.bar->arrive_and_wait();
-    V r = lane >= delta ? (V)w.vals[lane - delta] : v;
-    w.bar->arrive_and_wait();
-    return r;
+    return warp_exchange<V>((double)v,
+                            [&](const double* vals, int lane) { return lane >= delta ? (V)vals[lane - delta] : v; });
 }
 inline unsigned __ballot_sync(unsigned, bool pred) {
-    int lane = threadIdx.x & 31;
-    Warp& w = g_warps[threadIdx.x >> 5];
-    w.vals[lane] = pred ? 1.0 : 0.0;
-    w.bar->arrive_and_wait();
-    unsigned r = 0;
-    for (int i = 0; i < 32; ++i)
-        if (w.vals[i] != 0.0) r |= 1u << i;
-    w.bar->arrive_and_wait();
-    return r;
+    return warp_exchange<unsigned>(pred ? 1.0 : 0.0, [](const double* vals, int) {
+        unsigned r = 0;
+        for (int i = 0; i < 32; ++i)
+            if (vals[i] != 0.0) r |= 1u << i;
+        return r;
+    });
 }
 inline void __syncwarp() { g_warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 // Dynamic shared memory (`extern __shared__`): one buffer, the blocks run one after the other.

@@ -162,13 +162,18 @@ int main() {
     {
         const int rows = 3, in = 64, out = 37;
         auto x = randn(rows * in), w = randn(out * in, 0.1f);
-        std::vector<float> yr(rows * out);
-        for (int r = 0; r < rows; ++r)
-            for (int o = 0; o < out; ++o) {
-                double s = 0;
-                for (int k = 0; k < in; ++k) s += (double)x[r * in + k] * w[o * in + k];
-                yr[r * out + o] = s;
-            }
+        // y = x wᵀ in f64, rounded to f32
+        auto gemv_ref = [&](const std::vector<float>& x, const std::vector<float>& w) {
+            std::vector<float> y(rows * out);
+            for (int r = 0; r < rows; ++r)
+                for (int o = 0; o < out; ++o) {
+                    double s = 0;
+                    for (int k = 0; k < in; ++k) s += (double)x[r * in + k] * w[o * in + k];
+                    y[r * out + o] = s;
+                }
+            return y;
+        };
+        const std::vector<float> yr = gemv_ref(x, w);
         for (int ks : {1, 2}) {
             std::vector<float> y(rows * out);
             launch(g1((out + 8 / ks - 1) / (8 / ks)), 256,
@@ -177,13 +182,7 @@ int main() {
         }
         auto xb = tob(x), wb = tob(w);
         auto xf = fromb(xb), wf = fromb(wb);
-        std::vector<float> ybr(rows * out);
-        for (int r = 0; r < rows; ++r)
-            for (int o = 0; o < out; ++o) {
-                double s = 0;
-                for (int k = 0; k < in; ++k) s += (double)xf[r * in + k] * wf[o * in + k];
-                ybr[r * out + o] = s;
-            }
+        const std::vector<float> ybr = gemv_ref(xf, wf);
         std::vector<bf16> yb(rows * out);
         launch(g1((out + 7) / 8), 256, [&] { gemv_bf16_bf16(yb.data(), nullptr, xb.data(), wb.data(), rows, in, out, 1); });
         cmp("gemv bf16", fromb(yb), ybr, 1e-2);

@@ -379,6 +379,17 @@ fn segmented_sums(
     out
 }
 
+/// The device form of `vis`, pointing at `dev`, what [`ga::upload_visibility`] returned for it
+/// (none exactly when every key is visible).
+fn dev_visibility<'a>(vis: &Visibility, dev: &'a Option<cudarc::driver::CudaSlice<i32>>) -> DevVisibility<'a> {
+    match (vis, dev) {
+        (Visibility::All, _) => DevVisibility::All,
+        (Visibility::LeftPadded(_), Some(x)) => DevVisibility::LeftPadded(x),
+        (Visibility::PerRow(_), Some(x)) => DevVisibility::PerRow(x),
+        _ => unreachable!(),
+    }
+}
+
 fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {
     let (b, h, d, t) = (s.b, s.h, s.d, s.t);
     let n = b * t * h * d;
@@ -550,12 +561,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let cq_d = gpu.upload(&cq)?;
     let ck_d = gpu.upload(&data.c)?;
     let vis_d = ga::upload_visibility(gpu, &cpu_vis, b, tq)?;
-    let dvis = match (&cpu_vis, &vis_d) {
-        (Visibility::All, _) => DevVisibility::All,
-        (Visibility::LeftPadded(_), Some(x)) => DevVisibility::LeftPadded(x),
-        (Visibility::PerRow(_), Some(x)) => DevVisibility::PerRow(x),
-        _ => unreachable!(),
-    };
+    let dvis = dev_visibility(&cpu_vis, &vis_d);
     let mut dp = DevProblem {
         batch: b,
         heads: h,
@@ -615,12 +621,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             _ => unreachable!(),
         };
         let vf = ga::upload_visibility(gpu, &vis_full, b, t)?;
-        let dvf = match (&vis_full, &vf) {
-            (Visibility::All, _) => DevVisibility::All,
-            (Visibility::LeftPadded(_), Some(x)) => DevVisibility::LeftPadded(x),
-            (Visibility::PerRow(_), Some(x)) => DevVisibility::PerRow(x),
-            _ => unreachable!(),
-        };
+        let dvf = dev_visibility(&vis_full, &vf);
         let pf = DevProblem { tq: t, q_pos0: 0, q: DevView::bthd(&qall, t, h, d), cq: &ck_d, vis: dvf, ..dp };
         let of = poison(b * t * h * d)?;
         let mut lf = poison_f(b * h * t)?;

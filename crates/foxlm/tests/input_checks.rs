@@ -48,11 +48,15 @@ fn dataset(dir: &Path) -> PathBuf {
     out
 }
 
-fn edit_manifest(ds: &Path, edit: impl FnOnce(&mut Value)) {
-    let p = ds.join(MANIFEST_FILE);
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+/// Rewrites the JSON file `p` through `edit`.
+fn edit_json(p: &Path, edit: impl FnOnce(&mut Value)) {
+    let mut v: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
     edit(&mut v);
-    std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    std::fs::write(p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+}
+
+fn edit_manifest(ds: &Path, edit: impl FnOnce(&mut Value)) {
+    edit_json(&ds.join(MANIFEST_FILE), edit)
 }
 
 #[test]
@@ -170,10 +174,7 @@ fn checkpoint(dir: &Path) -> PathBuf {
 }
 
 fn edit_trainer(ck: &Path, edit: impl FnOnce(&mut Value)) {
-    let p = ck.join(TRAINER_FILE);
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    edit(&mut v);
-    std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    edit_json(&ck.join(TRAINER_FILE), edit)
 }
 
 #[test]

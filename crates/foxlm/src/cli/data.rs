@@ -53,15 +53,8 @@ pub struct PrepareArgs {
     /// --val-by dir|top about this fraction of the bytes, in whole folders.
     #[arg(long, default_value_t = 0.05)]
     pub val_fraction: f64,
-    /// Most tokens per shard file.
-    #[arg(long, default_value_t = 1 << 28)]
-    pub shard_tokens: usize,
-    /// Replace a dataset already in the output folder.
-    #[arg(long)]
-    pub overwrite: bool,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub write: WriteFlags,
 }
 
 const IMPORT_EXAMPLES: &str = "Examples:
@@ -118,6 +111,13 @@ pub struct ImportArgs {
     /// Output folder (created; must not already hold a dataset unless --overwrite).
     #[arg(long)]
     pub output: PathBuf,
+    #[command(flatten)]
+    pub write: WriteFlags,
+}
+
+/// How `prepare` and `import` write a dataset: the same flags for both.
+#[derive(clap::Args, Debug)]
+pub struct WriteFlags {
     /// Most tokens per shard file.
     #[arg(long, default_value_t = 1 << 28)]
     pub shard_tokens: usize,
@@ -163,9 +163,9 @@ pub fn run(a: Args) -> Result<()> {
             let opts = PrepareOptions {
                 text_format: p.text_format,
                 val_fraction: p.val_fraction,
-                shard_tokens: p.shard_tokens,
-                overwrite: p.overwrite,
-                progress: !p.quiet,
+                shard_tokens: p.write.shard_tokens,
+                overwrite: p.write.overwrite,
+                progress: !p.write.quiet,
                 globs: p.globs.clone(),
                 val_by: p.val_by,
                 max_file_bytes: p.max_file_bytes,
@@ -208,9 +208,9 @@ pub fn run(a: Args) -> Result<()> {
             opts.row_tokens = a.row_tokens;
             opts.roll_seed = a.roll_seed;
             opts.text_format = a.text_format.unwrap_or(opts.text_format);
-            opts.shard_tokens = a.shard_tokens;
-            opts.overwrite = a.overwrite;
-            opts.progress = !a.quiet;
+            opts.shard_tokens = a.write.shard_tokens;
+            opts.overwrite = a.write.overwrite;
+            opts.progress = !a.write.quiet;
             let m = import(&a.input, &a.output, &opts)?;
             report_written(&a.output, &m, t0);
             Ok(())

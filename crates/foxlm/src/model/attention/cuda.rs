@@ -12,7 +12,8 @@ use crate::tensor::{ParamId, ParamKind};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::attention::{self as ga, DevVisibility, FwdKernel};
 use fox_kernels::cuda::compile::MODEL;
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, LaunchConfig};
+use fox_kernels::cuda::kargs::{self, args};
 use fox_kernels::cuda::ops;
 use fox_kernels::cuda::{attention_f32, Elem};
 
@@ -169,17 +170,13 @@ impl<T: Elem> AttnOps for Cuda<T> {
                 }
                 let (wq, wk) = (&self.params[qn.0].master, &self.params[kn.0].master);
                 let (pq, pk, po) = (self.dptr(wq), self.dptr(wk), self.dptr(prune));
-                let f = self.gpu.function(&MODEL, "fox_acp_from_qk_norm")?;
                 let cfg = LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
-                let mut l = self.gpu.stream().launch_builder(&f);
                 let (lq, lk, h, hkv) = (wq_len as i32, wk_len as i32, heads as i32, kv_heads as i32);
                 let (d, bb) = (head_dim as i32, b.batch as i32);
-                l.arg(&pq).arg(&pk).arg(&lq).arg(&lk).arg(&h).arg(&hkv).arg(&d).arg(&bb).arg(&ln_n).arg(&log_eps);
-                l.arg(&po);
-                // SAFETY: arguments as in kernels/model.cu; the weights hold the lengths passed
-                // (checked against H·d, H_kv·d or d above), prune B·H floats (checked above).
-                unsafe { l.launch(cfg) }.map_err(|e| anyhow!("launching the ACP threshold kernel: {e:?}"))?;
-                Ok(())
+                // The weights hold the lengths passed (checked against H·d, H_kv·d or d above),
+                // prune B·H floats (checked above).
+                let args = args![&self.gpu; pq, pk, lq, lk, h, hkv, d, bb, ln_n, log_eps, po];
+                kargs::launch(&self.gpu, &MODEL, "fox_acp_from_qk_norm", cfg, &args)
             }
             None if bf16::<T>() && fast_attention_dims(head_dim) => {
                 let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k

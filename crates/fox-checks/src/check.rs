@@ -213,6 +213,8 @@ pub fn cases() -> Vec<Spec> {
     }
     for (name, d, tq, t, acp, vis) in [
         ("decode d64 tq=1", 64, 1, 3000, false, Vis::All),
+        ("decode d128 tq=1 ACP", 128, 1, 4097, true, Vis::All),
+        ("decode d128 tq=1 left padding", 128, 1, 2500, false, Vis::LeftPad(vec![0, 1234])),
         ("decode d128 tq=16 ACP", 128, 16, 4097, true, Vis::All),
         ("decode d64 tq=5 left padding", 64, 5, 2500, false, Vis::LeftPad(vec![0, 1234])),
         ("decode d128 tq=3 mixed ACP", 128, 3, 5000, true, Vis::All),

@@ -260,11 +260,11 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
     }
 }
 
-// Query row r of (b, h), channel d: the splits' partials merged in split order; ml holds the
-// splits' (m, l) pairs of the row. Partials are read past L1 (other blocks wrote them).
-template <int D, bool BF>
-__device__ __forceinline__ void combine_row(const AttnParams& p, int bh, int r, int d, const float* ml) {
-    const int b = bh / p.H, h = bh % p.H;
+// Query row r of (b, h), channel d: the splits' partials merged in split order (returned; channel 0
+// writes the row's lse); ml holds the splits' (m, l) pairs of the row. Partials are read past L1
+// (other blocks wrote them).
+template <int D>
+__device__ __forceinline__ float combine_row(const AttnParams& p, int bh, int r, int d, const float* ml) {
     const long long stride = (long long)p.B * p.H * 16;
     float M = NEG_INF;
     for (int s = 0; s < p.splits; ++s) M = fmaxf(M, ml[2 * s]);
@@ -276,9 +276,46 @@ __device__ __forceinline__ void combine_row(const AttnParams& p, int bh, int r, 
         L += ml[2 * s + 1] * wt;
         acc += __ldcg(p.part_o + ((long long)s * stride + bh * 16 + r) * D + d) * wt;
     }
-    const float o = L > 0.f ? acc / L : 0.f;
-    p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = (u16)(pack2<BF>(o, 0.f) & 0xffffu);
     if (d == 0) p.lse[(long long)bh * p.tq + r] = L > 0.f ? M * LN2 + logf(L) : NEG_INF;
+    return L > 0.f ? acc / L : 0.f;
+}
+
+// Channel d of query row r of (b, h) = bh into o [B, tq, H, D], rounded to the 16-bit type.
+template <int D, bool BF>
+__device__ __forceinline__ void store_o(const AttnParams& p, int bh, int r, int d, float o) {
+    const int b = bh / p.H, h = bh % p.H;
+    p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = (u16)(pack2<BF>(o, 0.f) & 0xffffu);
+}
+
+// The last split of (b, h) to finish merges the splits' partials in split order whatever the
+// order of finishing (so the result does not depend on timing), hands put(r, d, o) each merged
+// value of the tq rows, re-arms the arrival counter and returns true; the others return false.
+// At batch 1 a separate combine kernel would cost a launch and a dependent round trip per layer.
+// `sml`: shared scratch of 2 * tq * splits floats.
+template <int D, int NTH, class F>
+__device__ __forceinline__ bool merge_splits_if_last(const AttnParams& p, int bh, float* sml, F&& put) {
+    __shared__ int s_last;
+    const int tid = threadIdx.x;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(p.sem + bh, 1u) == (unsigned)(p.splits - 1);
+    __syncthreads();
+    if (!s_last) return false;
+    __threadfence();
+    const long long stride = (long long)p.B * p.H * 16;
+    for (int i = tid; i < p.tq * p.splits; i += NTH) {
+        const int r = i / p.splits, s = i % p.splits;
+        const long long pr = (long long)s * stride + bh * 16 + r;
+        sml[2 * i] = __ldcg(p.part_ml + pr * 2);
+        sml[2 * i + 1] = __ldcg(p.part_ml + pr * 2 + 1);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < p.tq * D; idx += NTH) {
+        const int r = idx / D, d = idx % D;
+        put(r, d, combine_row<D>(p, bh, r, d, sml + 2 * r * p.splits));
+    }
+    if (tid == 0) p.sem[bh] = 0;
+    return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,30 +441,9 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
         }
     }
 
-    // The last split of (b, h) to finish merges them all, in split order whatever the order of
-    // finishing (so the result does not depend on timing), and re-arms the counter: at batch 1 a
-    // separate combine kernel would cost a launch and a dependent round trip per layer.
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(p.sem + bh, 1u) == (unsigned)(p.splits - 1);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    float* sml = (float*)smem_raw;  // [tq][splits][2]: the tiles are done with
-    const long long stride = (long long)p.B * p.H * 16;
-    for (int i = tid; i < p.tq * p.splits; i += NTH) {
-        const int r = i / p.splits, s = i % p.splits;
-        const long long pr = (long long)s * stride + bh * 16 + r;
-        sml[2 * i] = __ldcg(p.part_ml + pr * 2);
-        sml[2 * i + 1] = __ldcg(p.part_ml + pr * 2 + 1);
-    }
-    __syncthreads();
-    for (int idx = tid; idx < p.tq * D; idx += NTH) {
-        const int r = idx / D;
-        combine_row<D, BF>(p, bh, r, idx % D, sml + 2 * r * p.splits);
-    }
-    if (tid == 0) p.sem[bh] = 0;
+    // the tiles are done with: their shared memory holds the splits' (m, l)
+    merge_splits_if_last<D, NTH>(p, bh, (float*)smem_raw,
+                                 [&](int r, int d, float o) { store_o<D, BF>(p, bh, r, d, o); });
 }
 
 // ---------------------------------------------------------------------------------------------

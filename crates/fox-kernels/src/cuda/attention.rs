@@ -461,12 +461,32 @@ pub fn decode_into(
     scratch: &DecodeScratch,
     q_pos0_dev: Option<&CudaSlice<i32>>,
 ) -> Result<()> {
-    decode_into_opts(gpu, p, AttnOptions::default(), out, lse, scratch, q_pos0_dev)
+    decode_into_opts(gpu, p, AttnOptions::default(), out, lse, scratch, q_pos0_dev, None).map(|_| ())
 }
 
-/// [`decode_into`] with grouped-query attention and/or a sliding window. The scratch is per query
-/// head (B·H) either way; the window is measured from the query rows' positions, so with
-/// `q_pos0_dev` it follows the device's length.
+/// A FoX (Pro) layer's per-head output norm and output gate, z = RMSNorm(o)·w·sigmoid(g), which
+/// the one-row decode kernel's last split applies to the row it has merged (the fused decode step
+/// then has no separate launch for them); bitwise as the fused step's `fox_decode_out` after the
+/// attention. The layout of kernels/attention_decode.cu's `DecodeOut`: device addresses the caller
+/// has checked, z holding B·H·D bf16 values, norm_w (0: no norm) H·D, and gate (0: no gate) the
+/// logits of row b, head h, channel i at b·gate_ld + gate_off + h·D + i.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeOut {
+    pub z: u64,
+    pub norm_w: u64,
+    pub gate: u64,
+    pub gate_ld: i64,
+    pub gate_off: i32,
+    pub eps: f32,
+}
+// SAFETY: plain old data with the C layout the kernel expects.
+unsafe impl DeviceRepr for DecodeOut {}
+
+/// [`decode_into`] with grouped-query attention and/or a sliding window, and for one bf16 query
+/// row per (b, h) the output norm and gate `then` (returns whether it was applied: otherwise the
+/// caller applies them). The scratch is per query head (B·H) either way; the window is measured
+/// from the query rows' positions, so with `q_pos0_dev` it follows the device's length.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_into_opts(
     gpu: &Gpu,
@@ -476,7 +496,8 @@ pub fn decode_into_opts(
     lse: &mut CudaSlice<f32>,
     scratch: &DecodeScratch,
     q_pos0_dev: Option<&CudaSlice<i32>>,
-) -> Result<()> {
+    then: Option<DecodeOut>,
+) -> Result<bool> {
     validate(p, opts)?;
     let (bb, hh, d) = (p.batch, p.heads, p.head_dim);
     ensure!(p.tq <= 16, "the decode kernel takes at most 16 query rows, got {}", p.tq);
@@ -486,19 +507,38 @@ pub fn decode_into_opts(
     prm.o = ptr(gpu, out);
     prm.lse = ptr(gpu, lse);
     prm.q_pos0_dev = q_pos0_dev.map_or(0, |c| ptr(gpu, c));
-    launch_decode(gpu, p, prm, scratch)
+    let then = then.filter(|_| p.dtype == DType::Bf16 && decode_row_kernel(p));
+    launch_decode(gpu, p, prm, scratch, then)?;
+    Ok(then.is_some())
 }
 
 /// The split-K decode kernel with its partials in `scratch` (sized for `p`); `prm` holds the
-/// problem and the outputs.
-fn launch_decode(gpu: &Gpu, p: &DevProblem, mut prm: AttnParams, scratch: &DecodeScratch) -> Result<()> {
+/// problem and the outputs. One query row per (b, h) takes the kernel built for it
+/// (kernels/attention_decode.cu), with the output epilogue `then` when given.
+fn launch_decode(
+    gpu: &Gpu,
+    p: &DevProblem,
+    mut prm: AttnParams,
+    scratch: &DecodeScratch,
+    then: Option<DecodeOut>,
+) -> Result<()> {
     prm.part_o = ptr(gpu, &scratch.part_o);
     prm.part_ml = ptr(gpu, &scratch.part_ml);
     prm.splits = scratch.splits as i32;
     prm.sem = ptr(gpu, &scratch.sem);
-    let smem = decode_smem(p.head_dim);
     let grid = (scratch.splits as u32, (p.batch * p.heads) as u32, 1);
-    launch(gpu, "decode", p, grid, 128, smem, &prm)
+    if decode_row_kernel(p) {
+        let name = format!("fox_decode1_d{}_{}", p.head_dim, p.dtype.suffix());
+        let cfg = kargs::plain_config(grid, 128, 0);
+        return kargs::launch(gpu, &ATTENTION, &name, cfg, &[by_value(&prm), by_value(&then.unwrap_or_default())]);
+    }
+    launch(gpu, "decode", p, grid, 128, decode_smem(p.head_dim), &prm)
+}
+
+/// Whether `p` takes the one-row decode kernel: one query row per (b, h), unless
+/// `FOXLM_DECODE_ROW=0` asks for the 16-row mma tiles.
+fn decode_row_kernel(p: &DevProblem) -> bool {
+    p.tq == 1 && std::env::var("FOXLM_DECODE_ROW").map(|v| v != "0").unwrap_or(true)
 }
 
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
@@ -543,7 +583,7 @@ pub fn forward_opts(
     };
     if use_decode {
         let scratch = DecodeScratch::new(gpu, bb, hh, d, p.tk)?;
-        launch_decode(gpu, p, prm, &scratch)?;
+        launch_decode(gpu, p, prm, &scratch, None)?;
         // freeing is stream-ordered (cuMemFreeAsync): the scratch outlives the kernels
         drop(scratch);
     } else {

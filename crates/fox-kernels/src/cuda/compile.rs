@@ -34,9 +34,11 @@ pub static ATTENTION: Source = Source {
     name: "attention",
     files: &[
         COMMON,
+        ACT,
         include_str!("../../kernels/attention.cu"),
         include_str!("../../kernels/wgmma.cu"),
         include_str!("../../kernels/attention_ws.cu"),
+        include_str!("../../kernels/attention_decode.cu"),
     ],
 };
 /// Forget-gate prefix sums and ACP thresholds.

@@ -158,7 +158,8 @@ impl<T: Elem> Cuda<T> {
             q.len() >= n && k.len() >= nkv && v.len() >= nkv && c.len() >= bb * heads * t,
             "attention_cached: chunk buffers too short"
         );
-        if cache.staged {
+        let staged = cache.staged;
+        if staged {
             // A fused decode step appended this position already.
             ensure!(t == 1, "a staged decode cache continues one position per row, not {t}");
             cache.staged = false;
@@ -206,7 +207,11 @@ impl<T: Elem> Cuda<T> {
                     self.decode_scratch = Some(ga::DecodeScratch::new(&self.gpu, bb, heads, head_dim, cap)?);
                 }
                 let scratch = self.decode_scratch.as_ref().ok_or_else(|| anyhow!("decode scratch"))?;
-                ga::decode_into_opts(&self.gpu, &p, opts, &ov, lse, scratch, self.decode_pos.as_ref())?;
+                // A fused step's output norm and gate go with the attention where its kernel can.
+                let then = if staged { self.fused.take_output() } else { None };
+                let applied =
+                    ga::decode_into_opts(&self.gpu, &p, opts, &ov, lse, scratch, self.decode_pos.as_ref(), then)?;
+                self.fused.set_output_applied(applied);
             } else {
                 ensure!(self.decode_pos.is_none(), "a captured decode step must have at most 16 positions per row");
                 ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;

@@ -1,8 +1,9 @@
 //! A decode step in few launches (kernels/decode.cu, "a fused decode step"). Batch-1 decoding is
 //! bound by launches, not bytes: op by op, a FoX (Pro) layer runs 7 projections of the same input
 //! and 17 small kernels. Fused, the projections are one GEMM (their weights stacked at load) and
-//! everything from the projections to the cache append is one kernel, as is everything between
-//! the attention and o_proj.
+//! everything from the projections to the cache append is one kernel; what lies between the
+//! attention and o_proj (the output norm and gate) is one kernel too, or, for one bf16 query row
+//! per sequence, the attention's own last split (`fox_kernels::cuda::attention::DecodeOut`).
 //!
 //! The op-by-op path stays the definition: the fused one is checked against it (and the CPU) by
 //! `foxlm gpu-check`, and a layer the kernels do not cover (grouped-query attention, a sliding
@@ -17,7 +18,7 @@ use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::compile::DECODE;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use fox_kernels::cuda::kargs::{self, args, by_value, kname};
-use fox_kernels::cuda::{ops, Elem};
+use fox_kernels::cuda::{attention as ga, ops, Elem};
 
 /// One layer's stacked input projections: rows [q | k | k-shift gate | v | v-shift gate | forget
 /// gate | output gate] of `w` [width, d], and where each starts in the GEMM's output row.
@@ -41,11 +42,24 @@ pub(super) struct FusedDecode<T> {
     p: Option<CudaSlice<f32>>,
     /// Rows `p` was sized for.
     batch: usize,
+    /// The output norm and gate of the layer whose inputs were just staged, for the one-row
+    /// decode attention to apply in its last split ([`FusedDecode::take_output`]); `applied`
+    /// once it did, so that [`Cuda::fused_output`] has nothing left to launch.
+    output: Option<ga::DecodeOut>,
+    applied: bool,
 }
 
 impl<T> FusedDecode<T> {
     pub(super) fn layer(&self, l: &ForgettingAttention) -> Option<&FusedLayer<T>> {
         self.layers.iter().find(|(id, _)| *id == l.q_proj.weight).map(|(_, f)| f)
+    }
+    /// The staged layer's output norm and gate, for the attention of the staged position.
+    pub(super) fn take_output(&mut self) -> Option<ga::DecodeOut> {
+        self.output.take()
+    }
+    /// Whether the attention applied the output norm and gate it took.
+    pub(super) fn set_output_applied(&mut self, applied: bool) {
+        self.applied = applied;
     }
 }
 
@@ -194,7 +208,8 @@ impl<T: Elem> Cuda<T> {
             widest = widest.max(width);
             layers.push((l.q_proj.weight, FusedLayer { w, width, q, k, ks, v, vs, f, og }));
         }
-        self.fused = FusedDecode { layers, p: Some(self.gpu.zeros(batch.max(1) * widest)?), batch: batch.max(1) };
+        let p = Some(self.gpu.zeros(batch.max(1) * widest)?);
+        self.fused = FusedDecode { layers, p, batch: batch.max(1), ..FusedDecode::default() };
         self.prepare_mega(model)
     }
 
@@ -232,9 +247,10 @@ impl<T: Elem> Cuda<T> {
         );
         ensure!(cache.len < cache.cap, "the decode cache holds {} positions, all filled", cache.cap);
         ensure!(
-            a.q.len() >= rows * h * hd && a.c.len() >= rows * h,
-            "fused decode: q holds {} and c {} values; {rows} rows of {h} heads × {hd} need {} and {}",
+            a.q.len() >= rows * h * hd && a.z.len() >= rows * h * hd && a.c.len() >= rows * h,
+            "fused decode: q holds {}, z {} and c {} values; {rows} rows of {h} heads × {hd} need {}, {0} and {}",
             a.q.len(),
+            a.z.len(),
             a.c.len(),
             rows * h * hd,
             rows * h
@@ -293,6 +309,17 @@ impl<T: Elem> Cuda<T> {
         let cfg = head_blocks(rows * h, hd);
         kargs::launch(&self.gpu, &DECODE, &kname::<T>("fox_decode_in"), cfg, &[by_value(&params)])?;
         cache.staged = true;
+        // z holds rows × H × D (checked above), p rows × width, the norm weight H × D.
+        let output = ga::DecodeOut {
+            z: self.dptr(&a.z),
+            norm_w: l.output_norm.map_or(0, |w| self.dptr(&self.params[w.0].master)),
+            gate: f.og.map_or(0, |_| self.dptr(p)),
+            gate_ld: f.width as i64,
+            gate_off: off(f.og),
+            eps: l.norm_eps,
+        };
+        self.fused.output = Some(output);
+        self.fused.applied = false;
         Ok(true)
     }
 
@@ -303,6 +330,10 @@ impl<T: Elem> Cuda<T> {
         a: &mut AttnActs<CudaSlice<T>, CudaSlice<f32>>,
         rows: usize,
     ) -> Result<bool> {
+        self.fused.output = None;
+        if std::mem::take(&mut self.fused.applied) {
+            return Ok(true);
+        }
         if self.fused.layer(l).is_none() || self.fused.p.is_none() {
             return Ok(false);
         }

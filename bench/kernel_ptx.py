@@ -90,8 +90,9 @@ def main():
             return f[1:].replace("\\n", "\n")
         if rev is None:
             return open(os.path.join(root, KERNELS, f)).read()
+        # a file the revision lacks (added by the change) is empty there
         git = ["git", "show", f"{rev}:{KERNELS}/{f}"]
-        return subprocess.run(git, cwd=root, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(git, cwd=root, capture_output=True, text=True).stdout
 
     now = "".join(text(f, None) for f in a.files)
     then = "".join(text(f, a.base) for f in a.files)

@@ -949,14 +949,6 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
 #define FOX_ENTRY(NAME, IMPL, NTH, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(NTH) NAME(const AttnParams p) { IMPL<__VA_ARGS__>(p); }
 
-// Lets the next kernel, when launched with programmatic dependent launch, start while this one
-// runs (it waits for this one's completion before reading: ops.cu's pdl_wait).
-__device__ __forceinline__ void pdl_trigger_next() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 // The decode kernel may take q_pos0 from the device (CUDA graphs of a decode step).
 #define FOX_DECODE_ENTRY(NAME, IMPL, NTH, ...)                                                  \
     extern "C" __global__ void __launch_bounds__(NTH) NAME(const AttnParams p_in) {            \

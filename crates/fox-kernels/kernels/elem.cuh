@@ -25,21 +25,6 @@ __device__ __forceinline__ float round_to(float v) {
     return ld(&t, 0);
 }
 
-// Lets the next kernel in the stream, when launched with programmatic dependent launch, start
-// while this one runs (it still waits for this one's completion before reading; see ops.cu).
-__device__ __forceinline__ void pdl_trigger_next() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-// In a kernel launched with programmatic dependent launch: waits until the kernel before it has
-// completed and its writes are visible (ops.cu's pdl_wait). A no-op otherwise.
-__device__ __forceinline__ void pdl_wait_prev() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 #ifndef FOX_HOST_EMU
 // (The host emulation's mock.h has its own mma.sync and ldmatrix.)
 typedef unsigned int u32;

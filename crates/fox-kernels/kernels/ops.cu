@@ -137,21 +137,6 @@ __device__ __forceinline__ V block_sum(V x) {
     return s;
 }
 
-// Programmatic dependent launch (sm_90): a kernel launched with it may start while the one
-// before it finishes; pdl_wait blocks until that one has completed and its writes are visible.
-// pdl_trigger lets the next kernel start (once every block of this one has called it). Both are
-// no-ops on older GPUs and for kernels launched without the attribute.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 // ---------------------------------------------------------------------------------------------
 // RMSNorm (as crate::rmsnorm). One warp per row, 8 rows per block; for a few rows (decode steps) a
 // 256-thread block per row instead (WIDE: a row of 768 is then one load per thread, not six
@@ -181,8 +166,8 @@ __device__ __forceinline__ void norm_row(T* y, float* rstd, T* h, const T* a, co
                                          int dim, int groups, float eps) {
     __shared__ float s_bcast;
     if (WIDE) {
-        pdl_trigger();
-        pdl_wait();
+        pdl_trigger_next();
+        pdl_wait_prev();
     }
     const i64 o = r * dim;
     const T* x = b != nullptr ? h : a;
@@ -348,7 +333,7 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
     const bool on = GLU ? (i64)blockIdx.x * half + slot % half < inter : o < out;
     float acc[GEMV_ROWS] = {0.f, 0.f, 0.f, 0.f};
     // The weights depend on no earlier kernel: the first chunk is fetched before the wait.
-    pdl_trigger();
+    pdl_trigger_next();
     const T* wr = w + o * in;
     const int c0 = (part * 32 + lane) * S;
     float w0[S];
@@ -359,7 +344,7 @@ __device__ __forceinline__ void gemv_impl(Y* y, T* h, const T* x, const T* w, in
     const i64 so = (i64)blockIdx.x * per_block + sol;
     const bool stepper = STEP && sol < per_block && so < out && sr < rows;
     if (stepper) step_in_weights<T>(step, sr, so, pre);
-    pdl_wait();
+    pdl_wait_prev();
     if (stepper) step_in_state(step, sr, so, pre);
     if (on) {
 #pragma unroll 2

@@ -28,11 +28,14 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 const ELEM: &str = include_str!("../../kernels/elem.cuh");
 /// The gates' sigmoids and log-sigmoid and softplus, after common.cuh or elem.cuh.
 const ACT: &str = include_str!("../../kernels/activations.cuh");
+/// Programmatic dependent launch's two instructions, first in the units whose kernels use them.
+const PDL: &str = include_str!("../../kernels/pdl.cuh");
 
 /// Forgetting Attention: forward, decode, backward; the wgmma and warp-specialised kernels (sm_90a only).
 pub static ATTENTION: Source = Source {
     name: "attention",
     files: &[
+        PDL,
         COMMON,
         ACT,
         include_str!("../../kernels/attention.cu"),
@@ -48,7 +51,7 @@ pub static FGATE: Source = Source { name: "fgate", files: &[COMMON, include_str!
 pub static MODEL: Source = Source { name: "model", files: &[ELEM, ACT, include_str!("../../kernels/model.cu")] };
 /// The small operations of the training step (norms, KV-shift, RoPE, gates, SwiGLU, residuals,
 /// casts, embedding, cross-entropy, AdamW, sums of squares): see [`super::ops`].
-pub static OPS: Source = Source { name: "ops", files: &[COMMON, ACT, include_str!("../../kernels/ops.cu")] };
+pub static OPS: Source = Source { name: "ops", files: &[PDL, COMMON, ACT, include_str!("../../kernels/ops.cu")] };
 
 /// Forgetting Attention in f32 (forward, backward) for `--dtype f32`; standalone, no common.cuh.
 pub static ATTENTION_F32: Source =
@@ -58,7 +61,7 @@ pub static ATTENTION_F32: Source =
 /// fused step's kernels and the batch-1 megakernel.
 pub static DECODE: Source = Source {
     name: "decode",
-    files: &[ELEM, ACT, include_str!("../../kernels/decode.cu"), include_str!("../../kernels/decode_mega.cu")],
+    files: &[PDL, ELEM, ACT, include_str!("../../kernels/decode.cu"), include_str!("../../kernels/decode_mega.cu")],
 };
 
 const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
@@ -68,6 +71,7 @@ const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
 pub static SSD: Source = Source {
     name: "ssd",
     files: &[
+        PDL,
         ELEM,
         ACT,
         "#define ET float\n#define KN(name) name##_f32\n",

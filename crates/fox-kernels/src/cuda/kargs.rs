@@ -239,8 +239,8 @@ pub fn launch_function(
 }
 
 /// [`launch`] allowing programmatic dependent launch ([`Gpu::launch_dependent`]), for kernels that
-/// wait (ops.cu's `pdl_wait`, elem.cuh's `pdl_wait_prev`) before reading what earlier kernels
-/// write: their launch overlaps the kernel before them.
+/// wait (pdl.cuh's `pdl_wait_prev`) before reading what earlier kernels write: their launch
+/// overlaps the kernel before them.
 pub fn launch_pdl(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
     let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
     let mut ptrs: Vec<*mut c_void> = args.iter().map(Arg::raw).collect();

@@ -23,7 +23,7 @@ fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]
 }
 
 /// [`launch`] allowing programmatic dependent launch: for the kernels of a decode step that wait
-/// with `pdl_wait` (ops.cu) before reading their inputs.
+/// with `pdl_wait_prev` (pdl.cuh) before reading their inputs.
 fn launch_dependent(gpu: &Gpu, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
     kargs::launch_pdl(gpu, &OPS, name, kargs::plain_config(grid, block, 0), args)
 }

@@ -3,6 +3,7 @@
 // host's order (larger logit first, then smaller id), with ties, a −∞ logit and targets outside
 // the vocabulary. The online log-sum-exp sums in another order than the loop: tolerance 1e-5.
 #include "mock.h"
+#include "../../kernels/pdl.cuh"
 #include "../../kernels/elem.cuh"
 #include "../../kernels/activations.cuh"
 #include "../../kernels/decode.cu"

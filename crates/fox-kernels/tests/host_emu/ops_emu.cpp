@@ -3,6 +3,7 @@
 // two-pass reductions; tolerances are ~1e-6 relative L2 (the same f32 arithmetic in another
 // summation order), 0 where the kernel must be exact, 1e-2 for outputs rounded to bf16.
 #include "mock.h"
+#include "../../kernels/pdl.cuh"
 #include "../../kernels/activations.cuh"
 #include "../../kernels/ops.cu"
 #define EMU_SEED 42

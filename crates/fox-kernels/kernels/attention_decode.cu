@@ -92,6 +92,11 @@ __device__ __forceinline__ void decode_row_impl(const AttnParams& p, const Decod
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int grp = lane / LPK, part = lane % LPK;
     const int split = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    // Launched as a programmatic dependent of the kernel that wrote q, the query's gate sum and
+    // the newest key (the fused step's fox_decode_in), the first keys load while that kernel
+    // runs; ACP's thresholds come from the kernel before, so with them everything waits.
+    bool waited = p.prune != nullptr;
+    if (waited) pdl_wait_prev();
 
     int jbase, first, ntiles;
     key_tiles<BK>(p, b, bh, 0, 0, jbase, first, ntiles);
@@ -114,21 +119,38 @@ __device__ __forceinline__ void decode_row_impl(const AttnParams& p, const Decod
         const u16* kb = p.k + b * p.k_sb + hk * p.k_sh + part * 8;
         const u16* vb = p.v + b * p.v_sb + hk * p.v_sh + part * 8;
         const float* ckb = p.ck + (long long)bh * p.tk;
-        const float ci = p.cq[bh];
         const float scale_log2 = p.scale * LOG2E;
-        float q[8];
-        unpack8<BF>(*(const uint4*)(p.q + b * p.q_sb + h * p.q_sh + part * 8), q);
+        float ci, q[8];
+        auto load_query = [&] {
+            ci = p.cq[bh];
+            unpack8<BF>(*(const uint4*)(p.q + b * p.q_sb + h * p.q_sh + part * 8), q);
+        };
+        if (waited) load_query();
         // warp-uniform trip count: the lanes of a key group reduce with shuffles
         for (int jb = j0 + warp * KPW; jb - warp * KPW < j1; jb += U * STEP) {
             uint4 kw[U], vw[U];
             float cj[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
+            auto load_key = [&](int u, bool ok) {
                 const int j = jb + u * STEP + grp;
-                const bool ok = j < j1;
                 kw[u] = ok ? *(const uint4*)(kb + j * p.k_st) : make_uint4(0, 0, 0, 0);
                 vw[u] = ok ? *(const uint4*)(vb + j * p.v_st) : make_uint4(0, 0, 0, 0);
                 cj[u] = ok ? ckb[j] : 0.f;
+            };
+            // keys from q_pos0 on (the newest) only after the wait
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int j = jb + u * STEP + grp;
+                load_key(u, j < j1 && (waited || j < p.q_pos0));
+            }
+            if (!waited) {
+                pdl_wait_prev();
+                waited = true;
+                load_query();
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int j = jb + u * STEP + grp;
+                    if (j < j1 && j >= p.q_pos0) load_key(u, true);
+                }
             }
             float s[U];
             float mx = NEG_INF;
@@ -163,6 +185,8 @@ __device__ __forceinline__ void decode_row_impl(const AttnParams& p, const Decod
             }
         }
     }
+    // (a block without keys still waits: this kernel must not finish before the one it follows)
+    if (!waited) pdl_wait_prev();
     // the warp's key groups into lanes 0..LPK-1, then the warps through shared memory
 #pragma unroll
     for (int off = LPK; off < 32; off <<= 1) {

@@ -469,7 +469,12 @@ pub fn decode_into(
 /// then has no separate launch for them); bitwise as the fused step's `fox_decode_out` after the
 /// attention. The layout of kernels/attention_decode.cu's `DecodeOut`: device addresses the caller
 /// has checked, z holding B·H·D bf16 values, norm_w (0: no norm) H·D, and gate (0: no gate) the
-/// logits of row b, head h, channel i at b·gate_ld + gate_off + h·D + i.
+/// logits of row b, head h, channel i at b·gate_ld + gate_off + h·D + i. With it and the keys in
+/// more than one split, the kernel is launched as a programmatic dependent of the kernel before
+/// it (its first keys load while that one runs), which must have written nothing it reads but q,
+/// the query's gate sum and the key at the query's position: the fused step's `fox_decode_in`.
+/// With one split a head (a large batch) the walk is long and an early start only takes the SMs
+/// from the kernel before (BENCHMARKS.md).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DecodeOut {
@@ -530,7 +535,12 @@ fn launch_decode(
     if decode_row_kernel(p) {
         let name = format!("fox_decode1_d{}_{}", p.head_dim, p.dtype.suffix());
         let cfg = kargs::plain_config(grid, 128, 0);
-        return kargs::launch(gpu, &ATTENTION, &name, cfg, &[by_value(&prm), by_value(&then.unwrap_or_default())]);
+        let epilogue = then.unwrap_or_default();
+        let args = [by_value(&prm), by_value(&epilogue)];
+        return match then {
+            Some(_) if scratch.splits > 1 => kargs::launch_pdl(gpu, &ATTENTION, &name, cfg, &args),
+            _ => kargs::launch(gpu, &ATTENTION, &name, cfg, &args),
+        };
     }
     launch(gpu, "decode", p, grid, 128, decode_smem(p.head_dim), &prm)
 }

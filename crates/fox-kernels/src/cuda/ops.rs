@@ -123,20 +123,27 @@ fn norm_groups(op: &str, w: &CudaSlice<f32>, dim: usize) -> Result<usize> {
     Ok(w.len() / dim)
 }
 
+/// What every RMSNorm forward launch shares: `rows` rows of `dim`, row r scaled by weight row
+/// r % (len(w)/dim) of `w`, and the `eps` under the square root.
+#[derive(Clone, Copy)]
+pub struct RmsNorm<'a> {
+    pub w: &'a CudaSlice<f32>,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
 /// RMSNorm forward exactly as [`crate::rmsnorm::rms_norm_fwd`]: y = x·rstd·w over rows of `dim`,
-/// rstd[r] = 1/sqrt(mean(x²) + eps); row r uses weight row r % (len(w)/dim).
-#[allow(clippy::too_many_arguments)]
+/// rstd[r] = 1/sqrt(mean(x²) + eps).
 pub fn rms_norm_fwd<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     x: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
     let op = "rms_norm_fwd";
+    let RmsNorm { w, rows, dim, eps } = norm;
     let groups = norm_groups(op, w, dim)?;
     need(op, "x", x, rows * dim)?;
     need(op, "y", y, rows * dim)?;
@@ -145,7 +152,7 @@ pub fn rms_norm_fwd<T: Elem>(
         return Ok(());
     }
     if rows <= WIDE_ROWS {
-        return rms_wide(gpu, y, rstd, None, ptr(gpu, x), w, rows, dim, groups, eps);
+        return rms_wide(gpu, y, rstd, None, ptr(gpu, x), norm);
     }
     launch(
         gpu,
@@ -161,21 +168,18 @@ pub fn rms_norm_fwd<T: Elem>(
 const WIDE_ROWS: usize = 64;
 
 /// RMSNorm of rows ≤ [`WIDE_ROWS`] of `a` (after h = a + b with `h_b` = (h, b); h may be a),
-/// one block per row (device pointers of checked buffers).
-#[allow(clippy::too_many_arguments)]
+/// one block per row (device pointers of checked buffers, `norm`'s weights checked).
 fn rms_wide<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     h_b: Option<(u64, u64)>,
     pa: u64,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    groups: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
     let op = "rms_norm_fwd_wide";
+    let RmsNorm { w, rows, dim, eps } = norm;
+    let groups = w.len() / dim;
     let (ph, pb) = h_b.unwrap_or((0, 0));
     launch_dependent(
         gpu,
@@ -188,7 +192,6 @@ fn rms_wide<T: Elem>(
 
 /// A residual add and the next RMSNorm in one pass: h = a + b (stored in T), then y, rstd =
 /// RMSNorm(h) with weights `w` [dim], bitwise as [`add`] then [`rms_norm_fwd`].
-#[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_fwd<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
@@ -196,33 +199,25 @@ pub fn add_rms_norm_fwd<T: Elem>(
     rstd: &mut CudaSlice<f32>,
     a: &CudaSlice<T>,
     b: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
-    add_rms(gpu, h, y, rstd, Some(a), b, w, rows, dim, eps)
+    add_rms(gpu, h, y, rstd, Some(a), b, norm)
 }
 
 /// [`add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm(h), bitwise as [`add_inplace`]
 /// then [`rms_norm_fwd`] (each thread reads h and b where it then writes h).
-#[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_inplace<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     b: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
-    add_rms(gpu, h, y, rstd, None, b, w, rows, dim, eps)
+    add_rms(gpu, h, y, rstd, None, b, norm)
 }
 
 /// h = a + b (a = None: h itself), then y, rstd = RMSNorm(h).
-#[allow(clippy::too_many_arguments)]
 fn add_rms<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
@@ -230,12 +225,10 @@ fn add_rms<T: Elem>(
     rstd: &mut CudaSlice<f32>,
     a: Option<&CudaSlice<T>>,
     b: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
     let op = if a.is_some() { "add_rms_norm_fwd" } else { "add_rms_norm_inplace" };
+    let RmsNorm { w, rows, dim, eps } = norm;
     ensure!(norm_groups(op, w, dim)? == 1, "{op}: weight length {} is not dim {dim}", w.len());
     let a_len = a.map_or(h.len(), |a| a.len());
     for (what, len) in [("h", h.len()), ("y", y.len()), ("a", a_len), ("b", b.len())] {
@@ -248,7 +241,7 @@ fn add_rms<T: Elem>(
     let ph = ptr(gpu, h);
     let (pa, pb) = (a.map_or(ph, |a| ptr(gpu, a)), ptr(gpu, b));
     if rows <= WIDE_ROWS {
-        return rms_wide(gpu, y, rstd, Some((ph, pb)), pa, w, rows, dim, 1, eps);
+        return rms_wide(gpu, y, rstd, Some((ph, pb)), pa, norm);
     }
     launch(
         gpu,
@@ -429,6 +422,17 @@ pub fn rms_norm_bwd_fuses(dim: usize, groups: usize) -> bool {
 /// The chunks of a super-row the fused backward keeps sums for (ops.cu's RMS_BWD_CHUNKS).
 const RMS_BWD_CHUNKS: usize = 12;
 
+/// What the backward of an RMSNorm reads of its forward: the input `x` [rows, dim], the statistic
+/// `rstd` [rows] and the weights `w` (as in [`RmsNorm`]).
+#[derive(Clone, Copy)]
+pub struct RmsNormSaved<'a, T> {
+    pub x: &'a CudaSlice<T>,
+    pub rstd: &'a CudaSlice<f32>,
+    pub w: &'a CudaSlice<f32>,
+    pub rows: usize,
+    pub dim: usize,
+}
+
 /// RMSNorm backward exactly as [`crate::rmsnorm::rms_norm_bwd`]: dx = rstd·(w·dy − x̂·mean(w·dy·x̂))
 /// (overwritten, or added when `accumulate`), dw += Σ_rows dy·x̂ (deterministic two-pass sum).
 /// Where the shapes allow ([`rms_norm_bwd_fuses`]) dx and dw's partial sums come from one pass
@@ -436,20 +440,16 @@ const RMS_BWD_CHUNKS: usize = 12;
 /// chunks); else the dx kernel, then a column sum reading dy and x again. `fused`: `None` takes
 /// the fused kernel where it fits (unless `FOXLM_RMS_BWD_FUSED=0`), `Some(f)` forces the choice
 /// (the GPU check compares the two).
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut CudaSlice<T>,
     accumulate: bool,
     dw: &mut CudaSlice<f32>,
     dy: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    rstd: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    saved: RmsNormSaved<'_, T>,
     fused: Option<bool>,
 ) -> Result<()> {
+    let RmsNormSaved { x, rstd, w, rows, dim } = saved;
     // FOXLM_RMS_BWD_FUSED=0: the two kernels everywhere (to compare).
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let fused = fused.unwrap_or_else(|| {

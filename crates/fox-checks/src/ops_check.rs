@@ -22,7 +22,7 @@
 use crate::check::{rel_l2, CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use fox_kernels::cuda::ops::{self, EmbeddingIndex, RmsNorm, RmsNormSaved};
+use fox_kernels::cuda::ops::{self, EmbeddingIndex, KvShift, RmsNorm, RmsNormSaved};
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::scalar::sigmoid;
 use rand::Rng;
@@ -274,14 +274,15 @@ fn kv_case<T: Elem>(
     let mut out_ref = vec![0.0; n];
     fox_kernels::kv_shift::kv_shift_fwd(&mut out_ref, &x, &a, None, start, b, t, h, d);
     let mut od = g.zeros::<T>(n)?;
-    ops::kv_shift_fwd(g, &mut od, &xd, &ad, sd.as_ref(), b, t, h, d)?;
+    let kv = KvShift { x: &xd, alpha: &ad, start: sd.as_ref(), b, t, h, d };
+    ops::kv_shift_fwd(g, &mut od, kv)?;
     c.add_t::<T>(name, "fwd out", &dl(g, &od, n)?, &out_ref);
     let mut dx_ref = vec![0.0; n];
     let mut da_ref = vec![0.0; b * t * h];
     fox_kernels::kv_shift::kv_shift_bwd(&mut dx_ref, &mut da_ref, &dout, &x, &a, start, t, h, d);
     let mut dxd = g.zeros::<T>(n)?;
     let mut dad = g.zeros::<T>(b * t * h)?;
-    ops::kv_shift_bwd(g, &mut dxd, &mut dad, &dod, &xd, &ad, sd.as_ref(), b, t, h, d)?;
+    ops::kv_shift_bwd(g, &mut dxd, &mut dad, &dod, kv)?;
     c.add_t::<T>(name, "bwd dx", &dl(g, &dxd, n)?, &dx_ref);
     c.add_t::<T>(name, "bwd dalpha", &dl(g, &dad, b * t * h)?, &da_ref);
     Ok(())

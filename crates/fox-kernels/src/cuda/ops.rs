@@ -511,40 +511,40 @@ pub fn rms_norm_bwd<T: Elem>(
 // ------------------------------------------------------------------------------------------------
 // KV-shift
 
-fn kv_checks<T>(
-    op: &str,
-    x: &CudaSlice<T>,
-    alpha: &CudaSlice<T>,
-    start: Option<&CudaSlice<i32>>,
-    dims: [usize; 4],
-) -> Result<[i32; 4]> {
-    let [b, t, h, d] = dims;
-    need(op, "x", x, b * t * h * d)?;
-    need(op, "alpha", alpha, b * t * h)?;
-    if let Some(s) = start {
-        need(op, "start", s, b)?;
+/// The inputs a KV-shift's forward and backward share: x [B, T, H·D], the mixing weights alpha
+/// [B, T, H] and the rows' left-padding starts [B] (None: no padding).
+#[derive(Clone, Copy)]
+pub struct KvShift<'a, T> {
+    pub x: &'a CudaSlice<T>,
+    pub alpha: &'a CudaSlice<T>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+}
+
+impl<T> KvShift<'_, T> {
+    /// Checks the inputs and returns B, T, H, D as the kernels' ints.
+    fn check(&self, op: &str) -> Result<[i32; 4]> {
+        let Self { x, alpha, start, b, t, h, d } = *self;
+        need(op, "x", x, b * t * h * d)?;
+        need(op, "alpha", alpha, b * t * h)?;
+        if let Some(s) = start {
+            need(op, "start", s, b)?;
+        }
+        int(op, "B·T·H", b * t * h)?;
+        Ok([int(op, "b", b)?, int(op, "t", t)?, int(op, "h", h)?, int(op, "d", d)?])
     }
-    int(op, "B·T·H", b * t * h)?;
-    Ok([int(op, "b", b)?, int(op, "t", t)?, int(op, "h", h)?, int(op, "d", d)?])
 }
 
 /// KV-shift forward exactly as [`crate::kv_shift::kv_shift_fwd`] with `prev = None`:
 /// out_t = α_t·x_{t−1} + (1−α_t)·x_t per head, x_{s−1} = 0 at each row's first real token s =
-/// start[b] (left padding; padded positions pass x through). x, out [B, T, H·D], alpha [B, T, H].
-#[allow(clippy::too_many_arguments)]
-pub fn kv_shift_fwd<T: Elem>(
-    gpu: &Gpu,
-    out: &mut CudaSlice<T>,
-    x: &CudaSlice<T>,
-    alpha: &CudaSlice<T>,
-    start: Option<&CudaSlice<i32>>,
-    b: usize,
-    t: usize,
-    h: usize,
-    d: usize,
-) -> Result<()> {
+/// start[b] (left padding; padded positions pass x through). out [B, T, H·D].
+pub fn kv_shift_fwd<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<T>, kv: KvShift<'_, T>) -> Result<()> {
     let op = "kv_shift_fwd";
-    let [bi, ti, hi, di] = kv_checks(op, x, alpha, start, [b, t, h, d])?;
+    let [bi, ti, hi, di] = kv.check(op)?;
+    let KvShift { x, alpha, start, b, t, h, d } = kv;
     need(op, "out", out, b * t * h * d)?;
     if b * t * h * d == 0 {
         return Ok(());
@@ -554,22 +554,16 @@ pub fn kv_shift_fwd<T: Elem>(
 
 /// KV-shift backward exactly as [`crate::kv_shift::kv_shift_bwd`]: dx [B, T, H·D] and dalpha
 /// [B, T, H] are overwritten.
-#[allow(clippy::too_many_arguments)]
 pub fn kv_shift_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut CudaSlice<T>,
     dalpha: &mut CudaSlice<T>,
     dout: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    alpha: &CudaSlice<T>,
-    start: Option<&CudaSlice<i32>>,
-    b: usize,
-    t: usize,
-    h: usize,
-    d: usize,
+    kv: KvShift<'_, T>,
 ) -> Result<()> {
     let op = "kv_shift_bwd";
-    let [bi, ti, hi, di] = kv_checks(op, x, alpha, start, [b, t, h, d])?;
+    let [bi, ti, hi, di] = kv.check(op)?;
+    let KvShift { x, alpha, start, b, t, h, d } = kv;
     need(op, "dout", dout, b * t * h * d)?;
     need(op, "dx", dx, b * t * h * d)?;
     need(op, "dalpha", dalpha, b * t * h)?;

@@ -34,7 +34,8 @@ impl<T: Elem> AttnOps for Cuda<T> {
         self.mark(Family::Other)?;
         // Left padding matters only on the chunk that starts the sequence.
         let start = if b.past == 0 { self.start(b) } else { None };
-        ops::kv_shift_fwd(&self.gpu, out, x, alpha, start, b.batch, b.seq, heads, head_dim)?;
+        let kv = ops::KvShift { x, alpha, start, b: b.batch, t: b.seq, h: heads, d: head_dim };
+        ops::kv_shift_fwd(&self.gpu, out, kv)?;
         match cache {
             Some(c) if c.len > 0 => {
                 let prev = if value { &c.v_shift } else { &c.k_shift };
@@ -55,7 +56,8 @@ impl<T: Elem> AttnOps for Cuda<T> {
         head_dim: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
+        let kv = ops::KvShift { x, alpha, start: self.start(b), b: b.batch, t: b.seq, h: heads, d: head_dim };
+        ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, kv)
     }
     fn rope(
         &mut self,

@@ -308,7 +308,17 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
     let mut gout = gpu.zeros::<T>(out.len())?;
     let (gx, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &weight)?);
     let (gb, gp, gs) = (gpu.upload(&bias)?, gpu.upload(&prev)?, gpu.upload(&[0i32, 6])?);
-    ssd::conv1d_fwd(gpu, &mut gout, &gx, stride, &gw, Some(&gb), Some(&gs), Some(&gp), (b, t, ch, w), true)?;
+    let conv = ssd::DevConv1d {
+        dims: (b, t, ch, w),
+        x: &gx,
+        x_stride: stride,
+        weight: &gw,
+        bias: Some(&gb),
+        start: Some(&gs),
+        prev: Some(&gp),
+        silu: true,
+    };
+    ssd::conv1d_fwd(gpu, &mut gout, &conv)?;
     c.add(name, "out rel L2", rel_l2(&download_f32(gpu, &gout)?, &out), tol, "SiLU, padding, previous state");
     // Backward: dx (the columns past C keep their value), dweight and dbias accumulated onto 0.5.
     let dout = rounded::<T>(c.randn(b * t * ch, 1.0));
@@ -322,22 +332,7 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
         gpu.upload(&vec![0.5f32; ch])?,
     );
     let mut scratch = gpu.zeros::<f32>(ssd::conv1d_bwd_scratch_len(b, t, ch, w))?;
-    ssd::conv1d_bwd(
-        gpu,
-        &mut gdx,
-        &mut gdw,
-        Some(&mut gdb),
-        &mut scratch,
-        &gdout,
-        &gx,
-        stride,
-        &gw,
-        Some(&gb),
-        Some(&gs),
-        Some(&gp),
-        (b, t, ch, w),
-        true,
-    )?;
+    ssd::conv1d_bwd(gpu, &mut gdx, &mut gdw, Some(&mut gdb), &mut scratch, &gdout, &conv)?;
     let bname = name.replace("fwd", "bwd");
     c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
     c.add(&bname, "dweight rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");

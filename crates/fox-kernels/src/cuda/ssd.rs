@@ -48,8 +48,6 @@ fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) 
     kargs::launch_pdl(gpu, &SSD, name, kargs::config(name, (grid, gy, 1), 256, 0)?, args)
 }
 
-/// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once
-/// per type).
 /// Rows of a conv kernel's block (kernels/ssd.cu: 8 runs of 8 rows), and of the backward's (4
 /// runs per thread): one partial sum of dweight per 256 rows of a sequence.
 const CONV_BLOCK_ROWS: usize = 64;
@@ -375,70 +373,68 @@ pub fn decode_inputs<T: Elem>(
     launch(gpu, &kname::<T>("ssd_decode_inputs"), (b * (c + h)).div_ceil(256), 0, &args)
 }
 
-/// The checks and kernel arguments the conv kernels share, after their output pointer(s):
-/// x, its row stride, the weight, bias, start and prev, B, T, C, W and SiLU.
-#[allow(clippy::too_many_arguments)]
-fn conv_args<T: Elem>(
-    gpu: &Gpu,
-    op: &str,
-    x: &impl DevicePtr<T>,
-    x_stride: usize,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    start: Option<&CudaSlice<i32>>,
-    prev: Option<&CudaSlice<f32>>,
-    (batch, seq, channels, width): (usize, usize, usize, usize),
-    silu: bool,
-) -> Result<Vec<Arg<'static>>> {
-    ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
-    let rows = batch * seq;
-    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
-    need(op, "weight", weight, channels * width)?;
-    if let Some(b) = bias {
-        need(op, "bias", b, channels)?;
+/// A causal depthwise conv1d (+SiLU) on the device, as [`crate::conv1d::Conv1d`]: x [B, T,
+/// x_stride] (a buffer or view from the first convolved column), weight [C, W] in T (the working
+/// copy), and optional bias [C], start [B] and the state before the chunk `prev` [B, W − 1, C]
+/// f32. W ≤ 8.
+pub struct DevConv1d<'a, T, X> {
+    /// (B, T, C, W)
+    pub dims: (usize, usize, usize, usize),
+    pub x: &'a X,
+    pub x_stride: usize,
+    pub weight: &'a CudaSlice<T>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub prev: Option<&'a CudaSlice<f32>>,
+    pub silu: bool,
+}
+
+impl<T: Elem, X: DevicePtr<T>> DevConv1d<'_, T, X> {
+    /// The checks and kernel arguments the conv kernels share, after their output pointer(s):
+    /// x, its row stride, the weight, bias, start and prev, B, T, C, W and SiLU.
+    fn args(&self, gpu: &Gpu, op: &str) -> Result<Vec<Arg<'static>>> {
+        let Self { dims: (batch, seq, channels, width), x, x_stride, weight, bias, start, prev, silu } = *self;
+        ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
+        let rows = batch * seq;
+        need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+        need(op, "weight", weight, channels * width)?;
+        if let Some(b) = bias {
+            need(op, "bias", b, channels)?;
+        }
+        if let Some(s) = start {
+            need(op, "start", s, batch)?;
+        }
+        if let Some(pv) = prev {
+            need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
+        }
+        int(op, rows * x_stride.max(channels))?;
+        Ok(Vec::from(args![
+            gpu;
+            ptr(gpu, x), x_stride as i64, weight, bias, start, prev, int(op, batch)?, int(op, seq)?,
+            int(op, channels)?, int(op, width)?, silu as i32,
+        ]))
     }
-    if let Some(s) = start {
-        need(op, "start", s, batch)?;
-    }
-    if let Some(pv) = prev {
-        need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
-    }
-    int(op, rows * x_stride.max(channels))?;
-    Ok(Vec::from(args![
-        gpu;
-        ptr(gpu, x), x_stride as i64, weight, bias, start, prev, int(op, batch)?, int(op, seq)?, int(op, channels)?,
-        int(op, width)?, silu as i32,
-    ]))
 }
 
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
-/// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W] (in T: the working copy);
-/// bias [C], start [B], prev
-/// [B, W − 1, C] optional.
-#[allow(clippy::too_many_arguments)]
+/// state: out [B, T, C].
 pub fn conv1d_fwd<T: Elem>(
     gpu: &Gpu,
     out: &mut CudaSlice<T>,
-    x: &impl DevicePtr<T>,
-    x_stride: usize,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    start: Option<&CudaSlice<i32>>,
-    prev: Option<&CudaSlice<f32>>,
-    (batch, seq, channels, width): (usize, usize, usize, usize),
-    silu: bool,
+    conv: &DevConv1d<'_, T, impl DevicePtr<T>>,
 ) -> Result<()> {
     let op = "conv1d_fwd";
+    let (batch, seq, channels, width) = conv.dims;
     ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
     need(op, "out", out, rows * channels)?;
-    let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
+    let tail = conv.args(gpu, op)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let (po, px) = (ptr(gpu, out), ptr(gpu, x));
+    let (po, px) = (ptr(gpu, out), ptr(gpu, conv.x));
     let v = 4;
-    let vec = conv_vec::<T>(v, &[po, px], x_stride, channels);
+    let vec = conv_vec::<T>(v, &[po, px], conv.x_stride, channels);
     let mut args = Vec::from(args![gpu; po]);
     args.extend(tail);
     let grid = conv_grid(op, (batch, seq, channels), if vec { v } else { 1 }, CONV_BLOCK_ROWS)?;
@@ -449,7 +445,6 @@ pub fn conv1d_fwd<T: Elem>(
 /// [B, W − 1, C] f32 holds the inputs before the chunk and is replaced, in place, by its last
 /// W − 1 inputs (x rows of stride `x_stride`; 0 at padding). Launched after [`conv1d_fwd`] has
 /// read the old state.
-#[allow(clippy::too_many_arguments)]
 pub fn conv1d_state<T: Elem>(
     gpu: &Gpu,
     state: &mut CudaSlice<f32>,
@@ -527,8 +522,7 @@ pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: 
 
 /// conv1d backward, as [`crate::conv1d::conv1d_bwd`] (the pre-activation recomputed): dx in x's
 /// layout (row stride `x_stride`, channels 0..C overwritten), dweight [C, W] and dbias [C]
-/// accumulated through partial sums per 256 positions added in order (deterministic). W ≤ 8.
-#[allow(clippy::too_many_arguments)]
+/// accumulated through partial sums per 256 positions added in order (deterministic).
 pub fn conv1d_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut impl DevicePtrMut<T>,
@@ -536,16 +530,10 @@ pub fn conv1d_bwd<T: Elem>(
     dbias: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
     dout: &CudaSlice<T>,
-    x: &impl DevicePtr<T>,
-    x_stride: usize,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    start: Option<&CudaSlice<i32>>,
-    prev: Option<&CudaSlice<f32>>,
-    (batch, seq, channels, width): (usize, usize, usize, usize),
-    silu: bool,
+    conv: &DevConv1d<'_, T, impl DevicePtr<T>>,
 ) -> Result<()> {
     let op = "conv1d_bwd";
+    let DevConv1d { dims: (batch, seq, channels, width), x_stride, .. } = *conv;
     ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
     need(op, "dx", dx, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
@@ -555,11 +543,11 @@ pub fn conv1d_bwd<T: Elem>(
         need(op, "dbias", &**b, channels)?;
     }
     need(op, "scratch", scratch, conv1d_bwd_scratch_len(batch, seq, channels, width))?;
-    let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
+    let tail = conv.args(gpu, op)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let (pdx, pdy, px) = (ptr_mut(gpu, dx), ptr(gpu, dout), ptr(gpu, x));
+    let (pdx, pdy, px) = (ptr_mut(gpu, dx), ptr(gpu, dout), ptr(gpu, conv.x));
     let vec = conv_vec::<T>(2, &[pdx, pdy, px], x_stride, channels);
     let part = ptr(gpu, scratch);
     let mut args = Vec::from(args![gpu; pdx, part, pdy]);

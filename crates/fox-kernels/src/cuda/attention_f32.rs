@@ -193,21 +193,18 @@ fn chunk_sizes(p: &F32Problem) -> (usize, usize, usize) {
     (b * t * h * d, b * t * opts.kv_heads(h) * d, b * h * t)
 }
 
+/// [`validate`] of a chunk's q, k, v and c (keys at the T query positions), then of `more`.
+fn validate_chunk(p: &F32Problem, more: &[(&str, usize, usize)]) -> Result<()> {
+    let (n, nkv, s) = chunk_sizes(p);
+    let inputs = [("q", p.q.len(), n), ("k", p.k.len(), nkv), ("v", p.v.len(), nkv), ("c", p.c.len(), s)];
+    validate(p, &[&inputs[..], more].concat())
+}
+
 /// Forward: `o` [B, T, H, D], `lse` [B, H, T] (−∞ on padded rows, whose outputs are 0); k, v
 /// [B, T, H_kv, D] with grouped-query attention, and the window of `opts`.
 pub fn forward_f32(gpu: &Gpu, p: F32Problem, o: &mut CudaSlice<f32>, lse: &mut CudaSlice<f32>) -> Result<()> {
-    let (n, nkv, s) = chunk_sizes(&p);
-    validate(
-        &p,
-        &[
-            ("q", p.q.len(), n),
-            ("k", p.k.len(), nkv),
-            ("v", p.v.len(), nkv),
-            ("c", p.c.len(), s),
-            ("o", o.len(), n),
-            ("lse", lse.len(), s),
-        ],
-    )?;
+    let (n, _, s) = chunk_sizes(&p);
+    validate_chunk(&p, &[("o", o.len(), n), ("lse", lse.len(), s)])?;
     let prm = F32Params { o: ptr(gpu, o), lse: ptr(gpu, lse), ..F32Params::common(gpu, &p) };
     launch(gpu, "fox32_fwd", s, &prm)
 }
@@ -234,13 +231,9 @@ pub fn backward_f32(
         None => own.insert(gpu.zeros::<f32>(s)?),
     };
     let F32Grads { dq, dk, dv, dc } = grads;
-    validate(
+    validate_chunk(
         &p,
         &[
-            ("q", p.q.len(), n),
-            ("k", p.k.len(), nkv),
-            ("v", p.v.len(), nkv),
-            ("c", p.c.len(), s),
             ("o", o.len(), n),
             ("dout", dout.len(), n),
             ("lse", lse.len(), s),

@@ -12,7 +12,7 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
@@ -281,10 +281,9 @@ fn decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "ssd_decode_step";
     p.check(op)?;
-    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
-    ensure!(p.state <= NMAX, "{op}: state {} is above {NMAX} (four columns per lane)", p.state);
-    need(op, "state", state, p.states())?;
-    need(op, "y", y, p.batch * p.heads * p.head_dim)?;
+    // N ≤ NMAX: four state columns per lane.
+    let out = ("y", &*y, p.batch * p.heads * p.head_dim);
+    decode_step_checks(op, p.seq, ("state", p.state, NMAX), (&*state, p.states()), out)?;
     if p.batch == 0 {
         return Ok(());
     }

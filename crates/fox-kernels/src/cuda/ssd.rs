@@ -638,6 +638,22 @@ pub struct DevSsdGrads<'a, T: Elem = f32> {
     pub dinit: Option<&'a mut CudaSlice<f32>>,
 }
 
+impl<T: Elem> DevSsdGrads<'_, T> {
+    /// The gradients hold what problem `p` needs (both backwards' check).
+    pub(super) fn check(&self, op: &str, p: &DevSsd<T>) -> Result<()> {
+        let (b, t, h) = (p.batch, p.seq, p.heads);
+        let width = h * p.head_dim + 2 * p.groups * p.state;
+        need(op, "dxbc", self.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
+        need(op, "ddt", self.ddt, b * t * h)?;
+        need(op, "da", self.da, h)?;
+        need(op, "dd", self.dd, h)?;
+        if let Some(d) = &self.dinit {
+            need(op, "dinit", &**d, p.states())?;
+        }
+        Ok(())
+    }
+}
+
 /// Floats of the scratch of [`ssd_bwd`]: the forward's ([`ssd_fwd_scratch_len`]), then the
 /// state gradients (B·H·nch·P·N), per-head dB and dC (2·B·H·T·N) and per-chunk dA, dD shares
 /// (2·B·H·nch). At B = 2, T = 16384, H = 24, P = 64, N = 128: 1.0 GB.
@@ -677,14 +693,7 @@ pub fn ssd_bwd<T: Elem>(
     if let Some(f) = dfinal {
         need(op, "dfinal", f, p.states())?;
     }
-    let width = h * pd + 2 * gr * n;
-    need(op, "dxbc", g.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
-    need(op, "ddt", g.ddt, b * t * h)?;
-    need(op, "da", g.da, h)?;
-    need(op, "dd", g.dd, h)?;
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.states())?;
-    }
+    g.check(op, p)?;
     need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, pd, n, gr))?;
     if b * t == 0 {
         return Ok(());

@@ -22,7 +22,7 @@
 use crate::check::{rel_l2, CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use fox_kernels::cuda::ops::{self, EmbeddingIndex, KvShift, RmsNorm, RmsNormSaved};
+use fox_kernels::cuda::ops::{self, CrossEntropy, EmbeddingIndex, KvShift, RmsNorm, RmsNormSaved};
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::scalar::sigmoid;
 use rand::Rng;
@@ -532,7 +532,8 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
     let (ld, tgd) = (c.up(&logits)?, c.up(&ti)?);
     let mut dd = g.zeros::<T>(rows * vocab)?;
     let mut lossd = g.zeros::<f32>(rows)?;
-    ops::cross_entropy_fwd_bwd(g, &mut dd, &mut lossd, &ld, &tgd, weight, rows, vocab)?;
+    let ce = CrossEntropy { logits: &ld, targets: &tgd, weight, rows };
+    ops::cross_entropy_fwd_bwd(g, &mut dd, &mut lossd, ce, vocab)?;
     let losses = g.download(&lossd)?;
     c.add_f32(name, "losses", &losses[..rows], &loss_ref);
     let dv = dl(g, &dd, rows * vocab)?;
@@ -543,7 +544,7 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
     c.add(name, "rows without target: 0 loss, 0 grad", if masked { 0.0 } else { 1.0 }, 0.0, "");
     let mut dd2 = g.zeros::<T>(rows * vocab)?;
     let mut lossd2 = g.zeros::<f32>(rows)?;
-    ops::cross_entropy_fwd_bwd(g, &mut dd2, &mut lossd2, &ld, &tgd, weight, rows, vocab)?;
+    ops::cross_entropy_fwd_bwd(g, &mut dd2, &mut lossd2, ce, vocab)?;
     c.add_same(name, "losses bitwise repeat", &g.download(&lossd2)?, &losses);
     Ok(())
 }
@@ -561,7 +562,8 @@ fn xent_padded_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize,
     let run = |staged: bool| -> Result<(Vec<f32>, Vec<f32>)> {
         let mut dd = g.upload(&vec![T::from_f32(7.0); rows * ld])?;
         let mut lossd = g.zeros::<f32>(rows)?;
-        ops::cross_entropy_padded(g, &mut dd, &mut lossd, &ld_dev, &tgd, weight, rows, vocab, ld, staged)?;
+        let ce = CrossEntropy { logits: &ld_dev, targets: &tgd, weight, rows };
+        ops::cross_entropy_padded(g, &mut dd, &mut lossd, ce, vocab, ld, staged)?;
         Ok((g.download(&lossd)?, dl(g, &dd, rows * ld)?))
     };
     let (losses, dv) = run(false)?;

@@ -930,24 +930,41 @@ pub fn embedding_bwd<T: Elem>(
 // ------------------------------------------------------------------------------------------------
 // Cross-entropy
 
+/// What every cross-entropy launch shares: the f32 logits of `rows` rows, the targets [rows]
+/// (< 0: no loss) and the `weight` of dlogits.
+#[derive(Clone, Copy)]
+pub struct CrossEntropy<'a> {
+    pub logits: &'a CudaSlice<f32>,
+    pub targets: &'a CudaSlice<i32>,
+    pub weight: f32,
+    pub rows: usize,
+}
+
+impl CrossEntropy<'_> {
+    /// The buffers of a cross-entropy over rows of logits stored `ld` apart.
+    fn check<T>(&self, op: &str, dlogits: &CudaSlice<T>, losses: &CudaSlice<f32>, ld: usize) -> Result<()> {
+        need(op, "logits", self.logits, self.rows * ld)?;
+        need(op, "dlogits", dlogits, self.rows * ld)?;
+        need(op, "losses", losses, self.rows)?;
+        need(op, "targets", self.targets, self.rows)
+    }
+}
+
 /// Fused softmax cross-entropy over f32 logits [rows, vocab], one row per block:
 /// losses[r] = logsumexp(logits[r]) − logits[r, target[r]], dlogits[r] = weight·(softmax − onehot).
 /// Rows with target < 0 get loss 0 and dlogits 0; a target ≥ vocab gives a NaN loss (validate
 /// targets on the host).
-#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_fwd_bwd<T: Elem>(
     gpu: &Gpu,
     dlogits: &mut CudaSlice<T>,
     losses: &mut CudaSlice<f32>,
-    logits: &CudaSlice<f32>,
-    targets: &CudaSlice<i32>,
-    weight: f32,
-    rows: usize,
+    ce: CrossEntropy<'_>,
     vocab: usize,
 ) -> Result<()> {
     let op = "cross_entropy_fwd_bwd";
     ensure!(vocab > 0, "{op}: vocab is 0");
-    ce_checks(op, dlogits, losses, logits, targets, rows, vocab)?;
+    ce.check(op, dlogits, losses, vocab)?;
+    let CrossEntropy { logits, targets, weight, rows } = ce;
     if rows == 0 {
         return Ok(());
     }
@@ -960,43 +977,24 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
     )
 }
 
-/// The buffers of a cross-entropy over `rows` rows of logits stored `ld` apart.
-fn ce_checks<T>(
-    op: &str,
-    dlogits: &CudaSlice<T>,
-    losses: &CudaSlice<f32>,
-    logits: &CudaSlice<f32>,
-    targets: &CudaSlice<i32>,
-    rows: usize,
-    ld: usize,
-) -> Result<()> {
-    need(op, "logits", logits, rows * ld)?;
-    need(op, "dlogits", dlogits, rows * ld)?;
-    need(op, "losses", losses, rows)?;
-    need(op, "targets", targets, rows)
-}
-
 /// The output head's fused softmax cross-entropy (kernels/model.cu) over rows of `vocab` logits
 /// stored `ld` apart (the head pads its rows): losses[r] = logsumexp − logits[r, target[r]],
 /// dlogits[r, c] = weight·(softmax − onehot) for c < vocab and 0 in the padding; rows with target
 /// < 0 get loss 0 and dlogits 0. `staged`: the row is read once into shared memory (4·ld bytes,
 /// see [`cross_entropy_staged_fits`]) rather than three times from memory; both give the same bits.
-#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_padded<T: Elem>(
     gpu: &Gpu,
     dlogits: &mut CudaSlice<T>,
     losses: &mut CudaSlice<f32>,
-    logits: &CudaSlice<f32>,
-    targets: &CudaSlice<i32>,
-    weight: f32,
-    rows: usize,
+    ce: CrossEntropy<'_>,
     vocab: usize,
     ld: usize,
     staged: bool,
 ) -> Result<()> {
     let op = "cross_entropy_padded";
     ensure!(vocab > 0 && vocab <= ld, "{op}: vocab {vocab} must be in 1..=ld ({ld})");
-    ce_checks(op, dlogits, losses, logits, targets, rows, ld)?;
+    ce.check(op, dlogits, losses, ld)?;
+    let CrossEntropy { logits, targets, weight, rows } = ce;
     if rows == 0 {
         return Ok(());
     }

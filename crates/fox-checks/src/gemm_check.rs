@@ -19,6 +19,7 @@
 //!   the tolerance (the note says how much), so any other choice fails.
 
 use crate::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
+use crate::ssd_check::{rounded as round, upload_as as up};
 use anyhow::Result;
 use fox_kernels::attention::{self as ca, Problem, View, Visibility};
 use fox_kernels::cuda::attention::AttnOptions;
@@ -34,15 +35,6 @@ fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
 }
 
 // ---------------------------------------------------------------- GEMM
-
-/// Round through the element type (identity for f32).
-fn round<E: Elem>(x: Vec<f32>) -> Vec<f32> {
-    x.into_iter().map(|v| E::from_f32(v).to_f32()).collect()
-}
-
-fn up<E: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<E>> {
-    gpu.upload(&x.iter().map(|v| E::from_f32(*v)).collect::<Vec<E>>())
-}
 
 fn down<E: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<E>, n: usize) -> Result<Vec<f32>> {
     Ok(gpu.download(x)?.iter().take(n).map(|v| v.to_f32()).collect())

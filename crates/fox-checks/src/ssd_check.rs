@@ -60,7 +60,7 @@ pub(super) struct DevInputs<T: Elem> {
 
 impl<T: Elem> DevInputs<T> {
     pub(super) fn upload(gpu: &Gpu, p: &fox_kernels::ssd::Ssd) -> Result<Self> {
-        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        let start = upload_starts(gpu, p.start)?;
         Ok(Self { xbc: upload_as(gpu, p.xbc)?, dt: gpu.upload(p.dt)?, a: gpu.upload(p.a)?, d: gpu.upload(p.d)?, start })
     }
 
@@ -271,6 +271,16 @@ pub(super) fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
 
 pub(super) fn upload_as<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<T>> {
     gpu.upload(&x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>())
+}
+
+/// Left-padding starts as the kernels take them (i32), on the device.
+pub(super) fn upload_starts(gpu: &Gpu, starts: Option<&[usize]>) -> Result<Option<CudaSlice<i32>>> {
+    starts.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()
+}
+
+/// How many elements' bits differ (the determinism rows' metric), a length difference counted too.
+pub(super) fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
+    (a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())) as f64
 }
 
 pub(super) fn download_f32<T: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<T>) -> Result<Vec<f32>> {

@@ -411,25 +411,13 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
         let (mut z, mut xbc, mut dt) =
             (gpu.zeros::<T>(rows * out)?, gpu.zeros::<T>(rows * conv)?, gpu.zeros::<f32>(rows * h)?);
         let mut st = gpu.upload(&state0)?;
+        let prm = ssd::DecodeParams { conv_w: &cw, conv_b: Some(&cb), dt_bias: &dtb, start: Some(&gs), at: d };
+        let outs = ssd::DecodeOut { xbc: &mut xbc, conv_state: &mut st, dt: &mut dt };
         if fused {
-            fox_kernels::cuda::ops::gemv_step_in(
-                gpu,
-                &mut z,
-                &x,
-                &wt,
-                k,
-                &mut xbc,
-                &mut st,
-                &mut dt,
-                &cw,
-                Some(&cb),
-                &dtb,
-                Some(&gs),
-                d,
-            )?;
+            fox_kernels::cuda::ops::gemv_step_in(gpu, &mut z, &x, &wt, k, outs, prm)?;
         } else {
             fox_kernels::cuda::ops::gemv(gpu, &mut z, &x, &wt, rows, k, out)?;
-            ssd::decode_inputs(gpu, &mut xbc, &mut st, &mut dt, &z, &cw, Some(&cb), &dtb, Some(&gs), d)?;
+            ssd::decode_inputs(gpu, outs, &z, prm)?;
         }
         got.push([download_f32(gpu, &z)?, download_f32(gpu, &xbc)?, gpu.download(&dt)?, gpu.download(&st)?]);
     }

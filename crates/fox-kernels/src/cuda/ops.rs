@@ -316,42 +316,36 @@ pub fn gemv<T: Elem, Y: Elem>(
 /// A Mamba-2 decode step's in_proj with its inputs in the same pass, for at most [`GEMV_ROWS`]
 /// rows (one position per batch row): zxbcdt [B, out] = x · wᵀ, then xbc, dt and the conv state
 /// from it as [`super::ssd::decode_inputs`] computes them (bitwise as [`gemv`] then that).
-#[allow(clippy::too_many_arguments)]
 pub fn gemv_step_in<T: Elem>(
     gpu: &Gpu,
     zxbcdt: &mut CudaSlice<T>,
     x: &CudaSlice<T>,
     w: &CudaSlice<T>,
     in_features: usize,
-    xbc: &mut CudaSlice<T>,
-    conv_state: &mut CudaSlice<f32>,
-    dt: &mut CudaSlice<f32>,
-    conv_w: &CudaSlice<T>,
-    conv_b: Option<&CudaSlice<f32>>,
-    dt_bias: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    d: super::ssd::DecodeInputs,
+    out: super::ssd::DecodeOut<T>,
+    prm: super::ssd::DecodeParams<T>,
 ) -> Result<()> {
     let op = "gemv_step_in";
-    let (rows, out) = (d.batch, d.stride);
+    let d = prm.at;
+    let (rows, out_features) = (d.batch, d.stride);
     ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
-    super::ssd::check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, conv_w, conv_b, dt_bias, start, &d)?;
+    super::ssd::check_decode_inputs(op, &out, zxbcdt, &prm)?;
     need(op, "x", x, rows * in_features)?;
-    need(op, "w", w, out * in_features)?;
-    if out == 0 {
+    need(op, "w", w, out_features * in_features)?;
+    if out_features == 0 {
         return Ok(());
     }
-    let ks = gemv_split(gpu, in_features, out, size_of::<T>());
-    let opt = |p: Option<u64>| p.unwrap_or(0);
+    let ks = gemv_split(gpu, in_features, out_features, size_of::<T>());
+    let super::ssd::DecodeOut { xbc, conv_state, dt } = out;
     launch_dependent(
         gpu,
         &kname::<T>(op),
-        grid1(out.div_ceil(8 / ks))?,
+        grid1(out_features.div_ceil(8 / ks))?,
         256,
         &args![
             gpu;
-            zxbcdt, x, w, rows as i32, int(op, "in_features", in_features)?, int(op, "out_features", out)?, ks as i32,
-            xbc, conv_state, dt, conv_w, opt(conv_b.map(|b| ptr(gpu, b))), dt_bias, opt(start.map(|s| ptr(gpu, s))),
+            zxbcdt, x, w, rows as i32, int(op, "in_features", in_features)?, int(op, "out_features", out_features)?,
+            ks as i32, xbc, conv_state, dt, prm.conv_w, prm.conv_b, prm.dt_bias, prm.start,
             int(op, "conv_off", d.conv_off)?, int(op, "channels", d.channels)?, int(op, "width", d.width)?,
             int(op, "dt_off", d.dt_off)?, int(op, "heads", d.heads)?,
         ],

@@ -308,33 +308,47 @@ pub struct DecodeInputs {
     pub heads: usize,
 }
 
+/// What a Mamba-2 decode step's inputs are computed into: xbc [B, C], the conv state
+/// [B, W − 1, C] (advanced in place) and dt [B, H].
+pub struct DecodeOut<'a, T> {
+    pub xbc: &'a mut CudaSlice<T>,
+    pub conv_state: &'a mut CudaSlice<f32>,
+    pub dt: &'a mut CudaSlice<f32>,
+}
+
+/// What a Mamba-2 decode step's inputs read besides in_proj's output: the conv weight [C, W] (in
+/// T: the working copy), its bias [C], dt_bias [H], the rows' starts [B], and where the inputs
+/// are in in_proj's output.
+#[derive(Clone, Copy)]
+pub struct DecodeParams<'a, T> {
+    pub conv_w: &'a CudaSlice<T>,
+    pub conv_b: Option<&'a CudaSlice<f32>>,
+    pub dt_bias: &'a CudaSlice<f32>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub at: DecodeInputs,
+}
+
 /// The checks of [`decode_inputs`] (also [`super::ops::gemv_step_in`]'s, which computes the same).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn check_decode_inputs<T: Elem>(
     op: &str,
-    xbc: &CudaSlice<T>,
-    conv_state: &CudaSlice<f32>,
-    dt: &CudaSlice<f32>,
+    out: &DecodeOut<T>,
     zxbcdt: &CudaSlice<T>,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    dt_bias: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    d: &DecodeInputs,
+    prm: &DecodeParams<T>,
 ) -> Result<()> {
+    let d = &prm.at;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
     ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
     ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
     need(op, "zxbcdt", zxbcdt, b * d.stride)?;
-    need(op, "xbc", xbc, b * c)?;
-    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
-    need(op, "dt", dt, b * h)?;
-    need(op, "weight", weight, c * w)?;
-    need(op, "dt_bias", dt_bias, h)?;
-    if let Some(x) = bias {
+    need(op, "xbc", out.xbc, b * c)?;
+    need(op, "conv_state", out.conv_state, b * (w - 1) * c)?;
+    need(op, "dt", out.dt, b * h)?;
+    need(op, "weight", prm.conv_w, c * w)?;
+    need(op, "dt_bias", prm.dt_bias, h)?;
+    if let Some(x) = prm.conv_b {
         need(op, "bias", x, c)?;
     }
-    if let Some(s) = start {
+    if let Some(s) = prm.start {
         need(op, "start", s, b)?;
     }
     int(op, b * d.stride + b * (w - 1) * c)?;
@@ -343,31 +357,21 @@ pub(super) fn check_decode_inputs<T: Elem>(
 
 /// The inputs of a Mamba-2 decode step in one launch, as [`conv1d_fwd`] + [`conv1d_state`] +
 /// [`dt_fwd`] at T = 1 (a padded row's conv state is kept, as [`crate::conv1d::conv1d_decode_step`]
-/// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing `conv_state` [B, W − 1, C] (advanced),
+/// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing the conv state (advanced),
 /// dt [B, H] = softplus(dt_raw + dt_bias).
-#[allow(clippy::too_many_arguments)]
-pub fn decode_inputs<T: Elem>(
-    gpu: &Gpu,
-    xbc: &mut CudaSlice<T>,
-    conv_state: &mut CudaSlice<f32>,
-    dt: &mut CudaSlice<f32>,
-    zxbcdt: &CudaSlice<T>,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    dt_bias: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    d: DecodeInputs,
-) -> Result<()> {
+pub fn decode_inputs<T: Elem>(gpu: &Gpu, out: DecodeOut<T>, zxbcdt: &CudaSlice<T>, prm: DecodeParams<T>) -> Result<()> {
     let op = "decode_inputs";
-    check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, weight, bias, dt_bias, start, &d)?;
+    check_decode_inputs(op, &out, zxbcdt, &prm)?;
+    let DecodeParams { conv_w, conv_b, dt_bias, start, at: d } = prm;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
     if b == 0 {
         return Ok(());
     }
+    let DecodeOut { xbc, conv_state, dt } = out;
     let args = args![
         gpu;
-        xbc, conv_state, dt, zxbcdt, d.stride as i64, d.conv_off as i64, d.dt_off as i64, weight, bias, dt_bias, start,
-        int(op, b)?, int(op, c)?, int(op, w)?, int(op, h)?,
+        xbc, conv_state, dt, zxbcdt, d.stride as i64, d.conv_off as i64, d.dt_off as i64, conv_w, conv_b, dt_bias,
+        start, int(op, b)?, int(op, c)?, int(op, w)?, int(op, h)?,
     ];
     launch(gpu, &kname::<T>("ssd_decode_inputs"), (b * (c + h)).div_ceil(256), 0, &args)
 }

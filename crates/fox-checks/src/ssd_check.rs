@@ -364,7 +364,8 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let gpu = c.gpu;
     let (gx, gz, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &z)?, gpu.upload(&w)?);
     let (mut gy, mut gr) = (gpu.zeros::<T>(y.len())?, gpu.zeros::<f32>(rows)?);
-    ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, &gx, &gz, zs, &gw, rows, dim, eps)?;
+    let norm = ssd::GatedNorm { x: &gx, z: &gz, z_stride: zs, w: &gw, rows, dim };
+    ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, norm, eps)?;
     c.add(name, "y rel L2", rel_l2(&download_f32(gpu, &gy)?, &y), tol, "");
     c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
     let dy = rounded::<T>(c.randn(rows * dim, 1.0));
@@ -374,7 +375,7 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let (mut gdx, mut gdz, mut gdw) =
         (gpu.zeros::<T>(x.len())?, upload_as::<T>(gpu, &vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
     let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
-    ssd::rms_norm_gated_bwd(gpu, &mut gdx, &mut gdz, &mut gdw, &mut scratch, &gdy, &gx, &gz, zs, &gr, &gw, rows, dim)?;
+    ssd::rms_norm_gated_bwd(gpu, (&mut gdx, &mut gdz, &mut gdw), &mut scratch, &gdy, &gr, norm)?;
     let bname = name.replace("fwd", "bwd");
     c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
     c.add(&bname, "dz rel L2", rel_l2(&download_f32(gpu, &gdz)?, &dz), tol, "columns past dim kept");

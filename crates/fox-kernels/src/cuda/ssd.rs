@@ -475,26 +475,44 @@ pub fn conv1d_state<T: Elem>(
     launch(gpu, &kname::<T>("ssd_conv_state"), (batch * channels).div_ceil(256), 0, &args)
 }
 
-/// Gated RMSNorm forward, as [`crate::rms_norm_gated::rms_norm_gated_fwd`]: y, x [rows, dim],
-/// z rows of stride `z_stride`, w [dim], rstd [rows].
-#[allow(clippy::too_many_arguments)]
+/// A gated RMSNorm's inputs, forward and backward: x [rows, dim], the gate z in rows of stride
+/// `z_stride` (from its first column), the weights w [dim].
+#[derive(Clone, Copy)]
+pub struct GatedNorm<'a, T> {
+    pub x: &'a CudaSlice<T>,
+    pub z: &'a CudaSlice<T>,
+    pub z_stride: usize,
+    pub w: &'a CudaSlice<f32>,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl<T> GatedNorm<'_, T> {
+    /// Elements of z the rows reach.
+    fn z_span(&self) -> usize {
+        if self.rows == 0 {
+            0
+        } else {
+            (self.rows - 1) * self.z_stride + self.dim
+        }
+    }
+}
+
+/// Gated RMSNorm forward, as [`crate::rms_norm_gated::rms_norm_gated_fwd`]: y [rows, dim],
+/// rstd [rows].
 pub fn rms_norm_gated_fwd<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
-    x: &CudaSlice<T>,
-    z: &impl DevicePtr<T>,
-    z_stride: usize,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    norm: GatedNorm<'_, T>,
     eps: f32,
 ) -> Result<()> {
     let op = "rms_norm_gated_fwd";
+    let GatedNorm { x, z, z_stride, w, rows, dim } = norm;
     ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
     need(op, "x", x, rows * dim)?;
     need(op, "y", y, rows * dim)?;
-    need(op, "z", z, if rows == 0 { 0 } else { (rows - 1) * z_stride + dim })?;
+    need(op, "z", z, norm.z_span())?;
     need(op, "w", w, dim)?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
@@ -502,7 +520,7 @@ pub fn rms_norm_gated_fwd<T: Elem>(
     }
     let args = args![
         gpu;
-        y, rstd, x, ptr(gpu, z), z_stride as i64, w, int(op, dim)?, eps,
+        y, rstd, x, z, z_stride as i64, w, int(op, dim)?, eps,
         norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32,
     ];
     launch2_pdl(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), (rows, 1), &args)
@@ -580,30 +598,24 @@ pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
     rows.div_ceil(NORM_ROWS_PER_PART).max(1) * dim
 }
 
-/// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`]: dx [rows, dim]
-/// overwritten, dz (rows of stride `z_stride`, `dim` columns overwritten), dw [dim] accumulated
-/// through per-32-row partial sums added in order (deterministic).
-#[allow(clippy::too_many_arguments)]
+/// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`], from dy [rows, dim]
+/// and the forward's rstd: dx [rows, dim] overwritten, dz (z's layout, `dim` columns of each row
+/// overwritten), dw [dim] accumulated through per-32-row partial sums added in order
+/// (deterministic).
 pub fn rms_norm_gated_bwd<T: Elem>(
     gpu: &Gpu,
-    dx: &mut CudaSlice<T>,
-    dz: &mut impl DevicePtrMut<T>,
-    dw: &mut CudaSlice<f32>,
+    (dx, dz, dw): (&mut CudaSlice<T>, &mut CudaSlice<T>, &mut CudaSlice<f32>),
     scratch: &mut CudaSlice<f32>,
     dy: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    z: &impl DevicePtr<T>,
-    z_stride: usize,
     rstd: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    norm: GatedNorm<'_, T>,
 ) -> Result<()> {
     let op = "rms_norm_gated_bwd";
+    let GatedNorm { x, z, z_stride, w, rows, dim } = norm;
     ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
     // Each of a block's 8 warps keeps its share of dw in shared memory.
     ensure!(dim <= RMS_BWD_MAX_DIM, "{op}: dim {dim} is above {RMS_BWD_MAX_DIM}");
-    let zspan = if rows == 0 { 0 } else { (rows - 1) * z_stride + dim };
+    let zspan = norm.z_span();
     need(op, "x", x, rows * dim)?;
     need(op, "dx", dx, rows * dim)?;
     need(op, "dy", dy, rows * dim)?;
@@ -621,10 +633,9 @@ pub fn rms_norm_gated_bwd<T: Elem>(
     let part = ptr(gpu, scratch);
     let args = args![
         gpu;
-        dx, ptr_mut(gpu, dz), part, dy, x, ptr(gpu, z), z_stride as i64, rstd, w, int(op, dim)?, int(op, rows)?,
+        dx, dz, part, dy, x, z, z_stride as i64, rstd, w, int(op, dim)?, int(op, rows)?,
         NORM_ROWS_PER_PART as i32,
-        norm_vec::<T>(&[ptr(gpu, dx), ptr_mut(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim)
-            as i32,
+        norm_vec::<T>(&[ptr(gpu, dx), ptr(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32,
     ];
     launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 8 * 4 * dim, &args)?;
     let args = args![gpu; dw, part, int(op, parts)?, int(op, dim)?, dim as i64];

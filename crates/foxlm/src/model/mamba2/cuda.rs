@@ -219,7 +219,8 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         // Each row of zxbcdt holds G groups of z: as rows of `dim` with stride in_proj_dim, group by
         // group, the groups' rows are not evenly strided unless G = 1.
         ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
-        ssd::rms_norm_gated_fwd(&self.gpu, g, rstd, y, zxbcdt, s.in_proj_dim(), w, rows, dim, p.eps)
+        let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w, rows, dim };
+        ssd::rms_norm_gated_fwd(&self.gpu, g, rstd, norm, p.eps)
     }
 
     fn gated_norm_bwd(
@@ -239,20 +240,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
         let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
         let w = &mut self.params[p.norm.0];
-        ssd::rms_norm_gated_bwd(
-            &self.gpu,
-            dy,
-            dzxbcdt,
-            &mut w.grad,
-            scratch,
-            dg,
-            y,
-            zxbcdt,
-            s.in_proj_dim(),
-            rstd,
-            &w.master,
-            rows,
-            dim,
-        )
+        let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w: &w.master, rows, dim };
+        ssd::rms_norm_gated_bwd(&self.gpu, (dy, dzxbcdt, &mut w.grad), scratch, dg, rstd, norm)
     }
 }

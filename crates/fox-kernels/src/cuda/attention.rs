@@ -467,7 +467,6 @@ pub fn decode_into(
 /// [`decode_into`] with grouped-query attention and/or a sliding window. The scratch is per query
 /// head (B·H) either way; the window is measured from the query rows' positions, so with
 /// `q_pos0_dev` it follows the device's length.
-#[allow(clippy::too_many_arguments)]
 pub fn decode_into_opts(
     gpu: &Gpu,
     p: &DevProblem,

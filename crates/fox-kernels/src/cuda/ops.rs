@@ -290,7 +290,6 @@ pub fn gemv_fits<T: Elem>(rows: usize, in_features: usize) -> bool {
 /// y[rows, out] = x[rows, in] · w[out, in]ᵀ for at most [`GEMV_ROWS`] rows (a decode step's
 /// Linear: one warp per output reads its weight row once for every row of x), f32 sums, the
 /// output in Y (T, or f32 from bf16).
-#[allow(clippy::too_many_arguments)]
 pub fn gemv<T: Elem, Y: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<Y>,

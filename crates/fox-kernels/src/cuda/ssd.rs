@@ -688,7 +688,6 @@ pub fn ssd_bwd_scratch_len(
 /// The chunked SSD backward, as [`crate::ssd::ssd_bwd`]: dy [B, T, H·P] (its padded rows
 /// ignored); `init` as given to the forward; `dfinal` [B, H, P, N] or none (0). Recomputes the
 /// forward's chunk states, then four kernels (see kernels/ssd.cu); no atomics.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,

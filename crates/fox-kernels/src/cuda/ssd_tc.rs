@@ -195,7 +195,6 @@ pub fn ssd_fwd<T: Elem>(
     fwd_steps(gpu, p, y, init, final_state, scratch, [true, true])
 }
 
-#[allow(clippy::too_many_arguments)]
 fn fwd_steps<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -254,7 +253,6 @@ fn bwd_smem(n: usize) -> usize {
 /// as given to the forward; `dfinal` [B, H, P, N] or none (0); `scratch` of
 /// [`ssd_bwd_scratch_len`] f32 elements. Recomputes the forward's states (the walk), walks the
 /// state gradients back, then the chunk backward and the ordered reductions.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -269,7 +267,6 @@ pub fn ssd_bwd<T: Elem>(
 
 /// One of the backward's steps alone, for timing (`fox-attn bench-ssd`): 0 the two state walks,
 /// 1 the chunk backward, 2 the reductions.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd_step<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,

@@ -275,7 +275,7 @@ pub fn gemv_glu<T: Elem>(
         return Ok(());
     }
     let (pg, ph, px, pw) = (ptr(gpu, gu), ptr(gpu, h), ptr(gpu, x), ptr(gpu, w));
-    gemv_launch(gpu, &kname::<T>(op), pg, ph, px, pw, rows, in_features, 2 * inter, size_of::<T>())
+    gemv_launch::<T>(gpu, &kname::<T>(op), [pg, ph, px, pw], rows, in_features, 2 * inter)
 }
 
 /// The most rows [`gemv`] takes.
@@ -309,7 +309,7 @@ pub fn gemv<T: Elem, Y: Elem>(
         return Ok(());
     }
     let name = format!("{op}_{}_{}", T::NAME, Y::NAME);
-    gemv_launch(gpu, &name, ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w), rows, in_features, out_features, size_of::<T>())
+    gemv_launch::<T>(gpu, &name, [ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w)], rows, in_features, out_features)
 }
 
 /// A Mamba-2 decode step's in_proj with its inputs in the same pass, for at most [`GEMV_ROWS`]
@@ -372,20 +372,17 @@ fn gemv_split(gpu: &Gpu, in_features: usize, out_features: usize, elem_bytes: us
     ks
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemv_launch(
+/// The matrix-vector kernel `name` with inputs in T on the addresses of its checked buffers: y,
+/// the GLU's h (0: none), x and w.
+fn gemv_launch<T>(
     gpu: &Gpu,
     name: &str,
-    y: u64,
-    h: u64,
-    x: u64,
-    w: u64,
+    [y, h, x, w]: [u64; 4],
     rows: usize,
     in_features: usize,
     out_features: usize,
-    elem_bytes: usize,
 ) -> Result<()> {
-    let ks = gemv_split(gpu, in_features, out_features, elem_bytes);
+    let ks = gemv_split(gpu, in_features, out_features, size_of::<T>());
     // A GLU block takes (8 / ks) / 2 gate rows and their up rows.
     let blocks = if h != 0 { (out_features / 2).div_ceil(4 / ks) } else { out_features.div_ceil(8 / ks) };
     launch_dependent(

@@ -23,7 +23,7 @@
 //!   differ, tolerance 0.
 
 use crate::check::{CheckRow, Ctx};
-use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
+use crate::ssd_check::{bits_differ, download_f32 as down, rel_l2, rounded, upload_as as up, upload_starts};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
@@ -64,10 +64,6 @@ fn unit_rows<T: Elem>(c: &mut Ctx, n: usize, dim: usize) -> Vec<f32> {
     rounded::<T>(x)
 }
 
-fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() as f64 + a.len().abs_diff(b.len()) as f64
-}
-
 /// The delta-rule problem [B, T, H] with keys of `kd` and values of `vd` over host buffers,
 /// scale 1/√K.
 fn host_problem<'a>(
@@ -93,7 +89,7 @@ struct DevInputs<T: Elem> {
 impl<T: Elem> DevInputs<T> {
     fn upload(gpu: &Gpu, p: &fox_kernels::delta_rule::DeltaRule) -> Result<Self> {
         let g = p.g.map(|g| gpu.upload(g)).transpose()?;
-        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        let start = upload_starts(gpu, p.start)?;
         Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, beta: up(gpu, p.beta)?, g, start })
     }
 

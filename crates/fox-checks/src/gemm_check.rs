@@ -19,10 +19,11 @@
 //!   the tolerance (the note says how much), so any other choice fails.
 
 use crate::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
+use crate::ssd_check::{rounded as round, upload_as as up};
 use anyhow::Result;
 use fox_kernels::attention::{self as ca, Problem, View, Visibility};
 use fox_kernels::cuda::attention::AttnOptions;
-use fox_kernels::cuda::attention_f32::{backward_f32, forward_f32};
+use fox_kernels::cuda::attention_f32::{backward_f32, forward_f32, F32Grads, F32Problem};
 use fox_kernels::cuda::gemm::{Gemm, GemmOp};
 use fox_kernels::cuda::{Elem, Gpu};
 use rand::{Rng, SeedableRng};
@@ -34,15 +35,6 @@ fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
 }
 
 // ---------------------------------------------------------------- GEMM
-
-/// Round through the element type (identity for f32).
-fn round<E: Elem>(x: Vec<f32>) -> Vec<f32> {
-    x.into_iter().map(|v| E::from_f32(v).to_f32()).collect()
-}
-
-fn up<E: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<E>> {
-    gpu.upload(&x.iter().map(|v| E::from_f32(*v)).collect::<Vec<E>>())
-}
 
 fn down<E: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<E>, n: usize) -> Result<Vec<f32>> {
     Ok(gpu.download(x)?.iter().take(n).map(|v| v.to_f32()).collect())
@@ -483,33 +475,13 @@ fn attention_case(gpu: &Gpu, s: &AttnCase, seed: u64, out: &mut Table) -> Result
     let mut od = gpu.zeros::<f32>(n)?;
     let mut lsed = gpu.zeros::<f32>(b * h * t)?;
     let (st, pr) = (start_d.as_ref(), prune_d.as_ref());
-    forward_f32(gpu, b, h, t, d, opts, &qd, &kd, &vd, &cd, st, scale, pr, &mut od, &mut lsed)?;
+    let p = F32Problem { b, h, t, d, opts, q: &qd, k: &kd, v: &vd, c: &cd, start: st, scale, prune: pr };
+    forward_f32(gpu, p, &mut od, &mut lsed)?;
     let (mut dqd, mut dkd, mut dvd) = (gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(nkv)?, gpu.zeros::<f32>(nkv)?);
     let mut dcd = gpu.zeros::<f32>(b * h * t)?;
     // the backward gets the GPU forward's o and lse, as in the model
-    backward_f32(
-        gpu,
-        b,
-        h,
-        t,
-        d,
-        opts,
-        &qd,
-        &kd,
-        &vd,
-        &cd,
-        start_d.as_ref(),
-        scale,
-        prune_d.as_ref(),
-        &od,
-        &dod,
-        &lsed,
-        &mut dqd,
-        &mut dkd,
-        &mut dvd,
-        &mut dcd,
-        None,
-    )?;
+    let grads = F32Grads { dq: &mut dqd, dk: &mut dkd, dv: &mut dvd, dc: &mut dcd };
+    backward_f32(gpu, p, &od, &dod, &lsed, grads, None)?;
     gpu.sync()?;
     let note = if s.acp != Acp::Off {
         format!(

@@ -39,7 +39,7 @@
 //!   differ, tolerance 0.
 
 use crate::check::{CheckRow, Ctx};
-use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
+use crate::ssd_check::{bits_differ, download_f32 as down, rel_l2, rounded, upload_as as up, upload_starts};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
@@ -59,10 +59,6 @@ fn case(c: &mut Ctx, name: &str, f: impl FnOnce(&mut Ctx, &str) -> Result<()>) {
     if let Err(e) = f(c, name) {
         c.add(name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
     }
-}
-
-fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
-    (a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())) as f64
 }
 
 /// One GLA case's shape and inputs: B, T, H, K = V, left padding, an initial state (and a final
@@ -106,7 +102,7 @@ struct DevInputs<T: Elem> {
 
 impl<T: Elem> DevInputs<T> {
     fn upload(gpu: &Gpu, p: &fox_kernels::gla::Gla) -> Result<Self> {
-        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        let start = upload_starts(gpu, p.start)?;
         Ok(Self { q: up(gpu, p.q)?, k: up(gpu, p.k)?, v: up(gpu, p.v)?, g: up(gpu, p.g)?, start })
     }
 

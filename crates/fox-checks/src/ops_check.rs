@@ -22,7 +22,7 @@
 use crate::check::{rel_l2, CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use fox_kernels::cuda::ops::{self, EmbeddingIndex};
+use fox_kernels::cuda::ops::{self, CrossEntropy, EmbeddingIndex, KvShift, RmsNorm, RmsNormSaved};
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::scalar::sigmoid;
 use rand::Rng;
@@ -195,7 +195,8 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     let (xd, wd) = (c.up(&xt)?, c.up(&w)?);
     let mut yd = g.zeros::<T>(rows * dim)?;
     let mut rd = g.zeros::<f32>(rows)?;
-    ops::rms_norm_fwd(g, &mut yd, &mut rd, &xd, &wd, rows, dim, eps)?;
+    let norm = RmsNorm { w: &wd, rows, dim, eps };
+    ops::rms_norm_fwd(g, &mut yd, &mut rd, &xd, norm)?;
     let y = dl(g, &yd, rows * dim)?;
     let rstd = dl(g, &rd, rows)?;
     c.add_t::<T>(name, "fwd y", &y, &y_ref);
@@ -203,12 +204,13 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     // backward from the CPU's rstd, so both sides see the same statistics
     let rstd_d = c.up(&rstd_ref)?;
     let dyd = c.up(&dyt)?;
+    let saved = RmsNormSaved { x: &xd, rstd: &rstd_d, w: &wd, rows, dim };
     let mut dx_ref = vec![0.0; rows * dim];
     let mut dw_ref = dw0.clone();
     fox_kernels::rmsnorm::rms_norm_bwd(&mut dx_ref, false, &mut dw_ref, &dy, &x, &rstd_ref, &w, dim);
     let mut dxd = g.zeros::<T>(rows * dim)?;
     let mut dwd = c.up(&dw0)?;
-    ops::rms_norm_bwd(g, &mut dxd, false, &mut dwd, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
+    ops::rms_norm_bwd(g, &mut dxd, false, &mut dwd, &dyd, saved, None)?;
     let dxv = dl(g, &dxd, rows * dim)?;
     let dwv = dl(g, &dwd, w.len())?;
     c.add_t::<T>(name, "bwd dx", &dxv, &dx_ref);
@@ -217,7 +219,7 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     // determinism: the same backward again from the same dw
     let mut dxd2 = g.zeros::<T>(rows * dim)?;
     let mut dwd2 = c.up(&dw0)?;
-    ops::rms_norm_bwd(g, &mut dxd2, false, &mut dwd2, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
+    ops::rms_norm_bwd(g, &mut dxd2, false, &mut dwd2, &dyd, saved, None)?;
     c.add_same(name, "bwd dw bitwise repeat", &dl(g, &dwd2, w.len())?, &dwv);
     c.add_same(name, "bwd dx bitwise repeat", &dl(g, &dxd2, rows * dim)?, &dxv);
     // accumulate = true adds onto dx
@@ -226,18 +228,18 @@ fn rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize, groups: u
     fox_kernels::rmsnorm::rms_norm_bwd(&mut dx_acc_ref, true, &mut dw_scratch, &dy, &x, &rstd_ref, &w, dim);
     let mut dxa = c.up(&dx0t)?;
     let mut dwa = c.up(&dw0)?;
-    ops::rms_norm_bwd(g, &mut dxa, true, &mut dwa, &dyd, &xd, &rstd_d, &wd, rows, dim, None)?;
+    ops::rms_norm_bwd(g, &mut dxa, true, &mut dwa, &dyd, saved, None)?;
     c.add_t::<T>(name, "bwd dx accumulate", &dl(g, &dxa, rows * dim)?, &dx_acc_ref);
     // The one-pass backward (taken above where it applies) against the dx kernel and column sum.
     if ops::rms_norm_bwd_fuses(dim, groups) {
         let mut dxt = g.zeros::<T>(rows * dim)?;
         let mut dwt = c.up(&dw0)?;
-        ops::rms_norm_bwd(g, &mut dxt, false, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, Some(false))?;
+        ops::rms_norm_bwd(g, &mut dxt, false, &mut dwt, &dyd, saved, Some(false))?;
         c.add_same(name, "bwd one pass: dx bitwise = two kernels", &dxv, &dl(g, &dxt, rows * dim)?);
         c.add(name, "bwd one pass: dw vs two kernels", rel_l2(&dwv, &dl(g, &dwt, w.len())?), tol, "other chunks");
         let mut dxt = c.up(&dx0t)?;
         let mut dwt = c.up(&dw0)?;
-        ops::rms_norm_bwd(g, &mut dxt, true, &mut dwt, &dyd, &xd, &rstd_d, &wd, rows, dim, Some(false))?;
+        ops::rms_norm_bwd(g, &mut dxt, true, &mut dwt, &dyd, saved, Some(false))?;
         c.add_same(
             name,
             "bwd one pass: dx accumulate bitwise = two kernels",
@@ -272,14 +274,15 @@ fn kv_case<T: Elem>(
     let mut out_ref = vec![0.0; n];
     fox_kernels::kv_shift::kv_shift_fwd(&mut out_ref, &x, &a, None, start, b, t, h, d);
     let mut od = g.zeros::<T>(n)?;
-    ops::kv_shift_fwd(g, &mut od, &xd, &ad, sd.as_ref(), b, t, h, d)?;
+    let kv = KvShift { x: &xd, alpha: &ad, start: sd.as_ref(), b, t, h, d };
+    ops::kv_shift_fwd(g, &mut od, kv)?;
     c.add_t::<T>(name, "fwd out", &dl(g, &od, n)?, &out_ref);
     let mut dx_ref = vec![0.0; n];
     let mut da_ref = vec![0.0; b * t * h];
     fox_kernels::kv_shift::kv_shift_bwd(&mut dx_ref, &mut da_ref, &dout, &x, &a, start, t, h, d);
     let mut dxd = g.zeros::<T>(n)?;
     let mut dad = g.zeros::<T>(b * t * h)?;
-    ops::kv_shift_bwd(g, &mut dxd, &mut dad, &dod, &xd, &ad, sd.as_ref(), b, t, h, d)?;
+    ops::kv_shift_bwd(g, &mut dxd, &mut dad, &dod, kv)?;
     c.add_t::<T>(name, "bwd dx", &dl(g, &dxd, n)?, &dx_ref);
     c.add_t::<T>(name, "bwd dalpha", &dl(g, &dad, b * t * h)?, &da_ref);
     Ok(())
@@ -401,9 +404,10 @@ fn add_rms_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, dim: usize) -> Re
     let (ad, bd, wd) = (c.up(&at)?, c.up(&bt)?, c.up(&w)?);
     let (mut h1, mut y1, mut r1) = (g.zeros::<T>(n)?, g.zeros::<T>(n)?, g.zeros::<f32>(rows)?);
     ops::add(g, &mut h1, &ad, &bd, n)?;
-    ops::rms_norm_fwd(g, &mut y1, &mut r1, &h1, &wd, rows, dim, 1e-6)?;
+    let norm = RmsNorm { w: &wd, rows, dim, eps: 1e-6 };
+    ops::rms_norm_fwd(g, &mut y1, &mut r1, &h1, norm)?;
     let (mut h2, mut y2, mut r2) = (g.zeros::<T>(n)?, g.zeros::<T>(n)?, g.zeros::<f32>(rows)?);
-    ops::add_rms_norm_fwd(g, &mut h2, &mut y2, &mut r2, &ad, &bd, &wd, rows, dim, 1e-6)?;
+    ops::add_rms_norm_fwd(g, &mut h2, &mut y2, &mut r2, &ad, &bd, norm)?;
     let h = dl(g, &h2, n)?;
     c.add_same(name, "h bitwise = add", &h, &dl(g, &h1, n)?);
     c.add_same(name, "y bitwise = add then rms_norm", &dl(g, &y2, n)?, &dl(g, &y1, n)?);
@@ -528,7 +532,8 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
     let (ld, tgd) = (c.up(&logits)?, c.up(&ti)?);
     let mut dd = g.zeros::<T>(rows * vocab)?;
     let mut lossd = g.zeros::<f32>(rows)?;
-    ops::cross_entropy_fwd_bwd(g, &mut dd, &mut lossd, &ld, &tgd, weight, rows, vocab)?;
+    let ce = CrossEntropy { logits: &ld, targets: &tgd, weight, rows };
+    ops::cross_entropy_fwd_bwd(g, &mut dd, &mut lossd, ce, vocab)?;
     let losses = g.download(&lossd)?;
     c.add_f32(name, "losses", &losses[..rows], &loss_ref);
     let dv = dl(g, &dd, rows * vocab)?;
@@ -539,7 +544,7 @@ fn xent_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize) -> Res
     c.add(name, "rows without target: 0 loss, 0 grad", if masked { 0.0 } else { 1.0 }, 0.0, "");
     let mut dd2 = g.zeros::<T>(rows * vocab)?;
     let mut lossd2 = g.zeros::<f32>(rows)?;
-    ops::cross_entropy_fwd_bwd(g, &mut dd2, &mut lossd2, &ld, &tgd, weight, rows, vocab)?;
+    ops::cross_entropy_fwd_bwd(g, &mut dd2, &mut lossd2, ce, vocab)?;
     c.add_same(name, "losses bitwise repeat", &g.download(&lossd2)?, &losses);
     Ok(())
 }
@@ -557,7 +562,8 @@ fn xent_padded_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize, vocab: usize,
     let run = |staged: bool| -> Result<(Vec<f32>, Vec<f32>)> {
         let mut dd = g.upload(&vec![T::from_f32(7.0); rows * ld])?;
         let mut lossd = g.zeros::<f32>(rows)?;
-        ops::cross_entropy_padded(g, &mut dd, &mut lossd, &ld_dev, &tgd, weight, rows, vocab, ld, staged)?;
+        let ce = CrossEntropy { logits: &ld_dev, targets: &tgd, weight, rows };
+        ops::cross_entropy_padded(g, &mut dd, &mut lossd, ce, vocab, ld, staged)?;
         Ok((g.download(&lossd)?, dl(g, &dd, rows * ld)?))
     };
     let (losses, dv) = run(false)?;

@@ -2,6 +2,7 @@
 //! against the CPU op, and its timing.
 
 use crate::check::{rel_l2, CheckRow};
+use crate::ssd_check::{upload_as as up, upload_starts};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::*;
@@ -55,11 +56,6 @@ fn draw<T: Elem>(
     c
 }
 
-fn up<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<CudaSlice<T>> {
-    let v: Vec<T> = x.iter().map(|v| T::from_f32(*v)).collect();
-    gpu.upload(&v)
-}
-
 /// Device copies of a case's inputs.
 struct DevInputs<T> {
     u: CudaSlice<T>,
@@ -80,11 +76,7 @@ impl<T: Elem> DevInputs<T> {
             bc: up(gpu, &c.bc)?,
             d: gpu.upload(&c.d)?,
             z: c.z.as_ref().map(|z| up(gpu, z)).transpose()?,
-            start: c
-                .start
-                .as_ref()
-                .map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>()))
-                .transpose()?,
+            start: upload_starts(gpu, c.start.as_deref())?,
         })
     }
     fn scan<'a>(&'a self, c: &Case) -> DevScan<'a, T> {

@@ -60,7 +60,7 @@ pub(super) struct DevInputs<T: Elem> {
 
 impl<T: Elem> DevInputs<T> {
     pub(super) fn upload(gpu: &Gpu, p: &fox_kernels::ssd::Ssd) -> Result<Self> {
-        let start = p.start.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()?;
+        let start = upload_starts(gpu, p.start)?;
         Ok(Self { xbc: upload_as(gpu, p.xbc)?, dt: gpu.upload(p.dt)?, a: gpu.upload(p.a)?, d: gpu.upload(p.d)?, start })
     }
 
@@ -273,6 +273,16 @@ pub(super) fn upload_as<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver:
     gpu.upload(&x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>())
 }
 
+/// Left-padding starts as the kernels take them (i32), on the device.
+pub(super) fn upload_starts(gpu: &Gpu, starts: Option<&[usize]>) -> Result<Option<CudaSlice<i32>>> {
+    starts.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()
+}
+
+/// How many elements' bits differ (the determinism rows' metric), a length difference counted too.
+pub(super) fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
+    (a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())) as f64
+}
+
 pub(super) fn download_f32<T: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<T>) -> Result<Vec<f32>> {
     Ok(gpu.download(x)?.into_iter().map(T::to_f32).collect())
 }
@@ -308,7 +318,17 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
     let mut gout = gpu.zeros::<T>(out.len())?;
     let (gx, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &weight)?);
     let (gb, gp, gs) = (gpu.upload(&bias)?, gpu.upload(&prev)?, gpu.upload(&[0i32, 6])?);
-    ssd::conv1d_fwd(gpu, &mut gout, &gx, stride, &gw, Some(&gb), Some(&gs), Some(&gp), (b, t, ch, w), true)?;
+    let conv = ssd::DevConv1d {
+        dims: (b, t, ch, w),
+        x: &gx,
+        x_stride: stride,
+        weight: &gw,
+        bias: Some(&gb),
+        start: Some(&gs),
+        prev: Some(&gp),
+        silu: true,
+    };
+    ssd::conv1d_fwd(gpu, &mut gout, &conv)?;
     c.add(name, "out rel L2", rel_l2(&download_f32(gpu, &gout)?, &out), tol, "SiLU, padding, previous state");
     // Backward: dx (the columns past C keep their value), dweight and dbias accumulated onto 0.5.
     let dout = rounded::<T>(c.randn(b * t * ch, 1.0));
@@ -322,22 +342,7 @@ fn conv_case<T: Elem>(c: &mut Ctx, name: &str, (t, ch, w, stride): (usize, usize
         gpu.upload(&vec![0.5f32; ch])?,
     );
     let mut scratch = gpu.zeros::<f32>(ssd::conv1d_bwd_scratch_len(b, t, ch, w))?;
-    ssd::conv1d_bwd(
-        gpu,
-        &mut gdx,
-        &mut gdw,
-        Some(&mut gdb),
-        &mut scratch,
-        &gdout,
-        &gx,
-        stride,
-        &gw,
-        Some(&gb),
-        Some(&gs),
-        Some(&gp),
-        (b, t, ch, w),
-        true,
-    )?;
+    ssd::conv1d_bwd(gpu, &mut gdx, &mut gdw, Some(&mut gdb), &mut scratch, &gdout, &conv)?;
     let bname = name.replace("fwd", "bwd");
     c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
     c.add(&bname, "dweight rel L2", rel_l2(&gpu.download(&gdw)?, &dw), TOL_ELEM, "");
@@ -359,7 +364,8 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let gpu = c.gpu;
     let (gx, gz, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &z)?, gpu.upload(&w)?);
     let (mut gy, mut gr) = (gpu.zeros::<T>(y.len())?, gpu.zeros::<f32>(rows)?);
-    ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, &gx, &gz, zs, &gw, rows, dim, eps)?;
+    let norm = ssd::GatedNorm { x: &gx, z: &gz, z_stride: zs, w: &gw, rows, dim };
+    ssd::rms_norm_gated_fwd(gpu, &mut gy, &mut gr, norm, eps)?;
     c.add(name, "y rel L2", rel_l2(&download_f32(gpu, &gy)?, &y), tol, "");
     c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
     let dy = rounded::<T>(c.randn(rows * dim, 1.0));
@@ -369,7 +375,7 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let (mut gdx, mut gdz, mut gdw) =
         (gpu.zeros::<T>(x.len())?, upload_as::<T>(gpu, &vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
     let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
-    ssd::rms_norm_gated_bwd(gpu, &mut gdx, &mut gdz, &mut gdw, &mut scratch, &gdy, &gx, &gz, zs, &gr, &gw, rows, dim)?;
+    ssd::rms_norm_gated_bwd(gpu, (&mut gdx, &mut gdz, &mut gdw), &mut scratch, &gdy, &gr, norm)?;
     let bname = name.replace("fwd", "bwd");
     c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
     c.add(&bname, "dz rel L2", rel_l2(&download_f32(gpu, &gdz)?, &dz), tol, "columns past dim kept");
@@ -406,25 +412,13 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
         let (mut z, mut xbc, mut dt) =
             (gpu.zeros::<T>(rows * out)?, gpu.zeros::<T>(rows * conv)?, gpu.zeros::<f32>(rows * h)?);
         let mut st = gpu.upload(&state0)?;
+        let prm = ssd::DecodeParams { conv_w: &cw, conv_b: Some(&cb), dt_bias: &dtb, start: Some(&gs), at: d };
+        let outs = ssd::DecodeOut { xbc: &mut xbc, conv_state: &mut st, dt: &mut dt };
         if fused {
-            fox_kernels::cuda::ops::gemv_step_in(
-                gpu,
-                &mut z,
-                &x,
-                &wt,
-                k,
-                &mut xbc,
-                &mut st,
-                &mut dt,
-                &cw,
-                Some(&cb),
-                &dtb,
-                Some(&gs),
-                d,
-            )?;
+            fox_kernels::cuda::ops::gemv_step_in(gpu, &mut z, &x, &wt, k, outs, prm)?;
         } else {
             fox_kernels::cuda::ops::gemv(gpu, &mut z, &x, &wt, rows, k, out)?;
-            ssd::decode_inputs(gpu, &mut xbc, &mut st, &mut dt, &z, &cw, Some(&cb), &dtb, Some(&gs), d)?;
+            ssd::decode_inputs(gpu, outs, &z, prm)?;
         }
         got.push([download_f32(gpu, &z)?, download_f32(gpu, &xbc)?, gpu.download(&dt)?, gpu.download(&st)?]);
     }

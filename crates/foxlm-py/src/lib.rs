@@ -42,6 +42,8 @@ type Shape = (usize, usize, usize, usize, usize);
 type ViewArg = (u64, usize, usize, usize);
 /// Key starts: (1 = left padding, [B]; 2 = per row, [B·T]), address of int32 (CUDA) / int64 (CPU).
 type StartsArg = Option<(u8, u64)>;
+/// Key starts read from the host, range-checked: (mode as in [`StartsArg`], the starts).
+type HostStarts = Option<(u8, Vec<usize>)>;
 
 fn checked_shape(s: Shape) -> Result<()> {
     let (b, h, hkv, t, d) = s;
@@ -134,13 +136,10 @@ struct DevInputs {
 
 /// # Safety
 /// Every address is a live device buffer of the shape and strides given.
-#[allow(clippy::too_many_arguments)]
 unsafe fn dev_inputs(
     gpu: &Gpu,
     shape: Shape,
-    q: ViewArg,
-    k: ViewArg,
-    v: ViewArg,
+    (q, k, v): (ViewArg, ViewArg, ViewArg),
     c: u64,
     starts: StartsArg,
     prune: Option<u64>,
@@ -176,6 +175,20 @@ unsafe fn dev_inputs(
             None => None,
         },
     })
+}
+
+/// What both CUDA entry points check first: the dtype and window (ValueError), then the GPU of
+/// PyTorch's stream (RuntimeError).
+fn cuda_call(
+    device: usize,
+    stream: u64,
+    dtype: &str,
+    window: Option<usize>,
+) -> PyResult<(DType, Option<usize>, Arc<Gpu>)> {
+    let dt = parse_dtype(dtype).map_err(value_err)?;
+    let window = window_opt(window).map_err(value_err)?;
+    let gpu = gpu_for(device, stream).map_err(runtime_err)?;
+    Ok((dt, window, gpu))
 }
 
 fn dev_vis(s: &Option<Borrowed<i32>>, mode: StartsArg) -> DevVisibility<'_> {
@@ -238,13 +251,11 @@ fn cuda_forward(
     window: Option<usize>,
     acp: Option<(f32, u64)>,
 ) -> PyResult<()> {
-    let dt = parse_dtype(dtype).map_err(value_err)?;
-    let window = window_opt(window).map_err(value_err)?;
-    let gpu = gpu_for(device, stream).map_err(runtime_err)?;
+    let (dt, window, gpu) = cuda_call(device, stream, dtype, window)?;
     let run = || -> Result<()> {
         let (b, h, hkv, t, d) = shape;
         // SAFETY: ops.py passes live tensors of these shapes on this device.
-        let mut ins = unsafe { dev_inputs(&gpu, shape, q, k, v, c, starts, acp.map(|a| a.1)) }?;
+        let mut ins = unsafe { dev_inputs(&gpu, shape, (q, k, v), c, starts, acp.map(|a| a.1)) }?;
         let g = unsafe { dev::<f32>(&gpu, "log_fgate", log_fgate, b * t * h) }?;
         let o = unsafe { dev::<u16>(&gpu, "out", out, b * t * h * d) }?;
         let mut l = unsafe { dev::<f32>(&gpu, "lse", lse, b * h * t) }?;
@@ -298,13 +309,11 @@ fn cuda_backward(
     delta: u64,
     dlog_fgate: u64,
 ) -> PyResult<()> {
-    let dt = parse_dtype(dtype).map_err(value_err)?;
-    let window = window_opt(window).map_err(value_err)?;
-    let gpu = gpu_for(device, stream).map_err(runtime_err)?;
+    let (dt, window, gpu) = cuda_call(device, stream, dtype, window)?;
     let run = || -> Result<()> {
         let (b, h, hkv, t, d) = shape;
         // SAFETY: ops.py passes live tensors of these shapes on this device.
-        let ins = unsafe { dev_inputs(&gpu, shape, q, k, v, c, starts, prune) }?;
+        let ins = unsafe { dev_inputs(&gpu, shape, (q, k, v), c, starts, prune) }?;
         let (n, nkv, nbh) = (b * t * h * d, b * t * hkv * d, b * h * t);
         let o = unsafe { dev::<u16>(&gpu, "out", out, n) }?;
         let go = unsafe { dev::<u16>(&gpu, "grad of out", dout, n) }?;
@@ -356,7 +365,7 @@ unsafe fn host_mut<'a>(name: &str, ptr: u64, n: usize) -> Result<&'a mut [f32]> 
 
 /// Key starts from an int64 host array, range-checked: left padding `0 ≤ s ≤ T` per batch row;
 /// per-row starts `0 ≤ s ≤ r` and non-decreasing along each row.
-fn host_starts(starts: StartsArg, b: usize, t: usize) -> Result<Option<(u8, Vec<usize>)>> {
+fn host_starts(starts: StartsArg, b: usize, t: usize) -> Result<HostStarts> {
     let Some((mode, ptr)) = starts else { return Ok(None) };
     let n = if mode == 1 { b } else { b * t };
     ensure!(ptr != 0 && ptr.is_multiple_of(8), "starts: null or misaligned int64 buffer");
@@ -384,14 +393,31 @@ fn host_starts(starts: StartsArg, b: usize, t: usize) -> Result<Option<(u8, Vec<
 
 /// The per-row starts of a left-padded batch: the one kind of starts the gate's prefix sums take
 /// (per-position starts reach only the attention).
-fn left_padded(s: &Option<(u8, Vec<usize>)>) -> Option<&[usize]> {
+fn left_padded(s: &HostStarts) -> Option<&[usize]> {
     match s {
         Some((1, v)) => Some(v),
         _ => None,
     }
 }
 
-fn host_vis(s: &Option<(u8, Vec<usize>)>) -> fa::Visibility<'_> {
+/// What both CPU entry points check first (ValueError): the shape, the window and the starts.
+fn host_call(shape: Shape, window: Option<usize>, starts: StartsArg) -> PyResult<(Option<usize>, HostStarts)> {
+    checked_shape(shape).map_err(value_err)?;
+    let window = window_opt(window).map_err(value_err)?;
+    let (b, _, _, t, _) = shape;
+    Ok((window, host_starts(starts, b, t).map_err(value_err)?))
+}
+
+/// # Safety
+/// q, k, v are live contiguous float32 host buffers of `shape` ([B, T, H, D], [B, T, H_kv, D]).
+unsafe fn host_qkv<'a>(shape: Shape, q: u64, k: u64, v: u64) -> Result<(&'a [f32], &'a [f32], &'a [f32])> {
+    let (b, h, hkv, t, d) = shape;
+    let (n, nkv) = (b * t * h * d, b * t * hkv * d);
+    // SAFETY: the caller's contract.
+    unsafe { Ok((host("q", q, n)?, host("k", k, nkv)?, host("v", v, nkv)?)) }
+}
+
+fn host_vis(s: &HostStarts) -> fa::Visibility<'_> {
     match s {
         None => fa::Visibility::All,
         Some((1, v)) => fa::Visibility::LeftPadded(v),
@@ -399,12 +425,9 @@ fn host_vis(s: &Option<(u8, Vec<usize>)>) -> fa::Visibility<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn host_problem<'a>(
     shape: Shape,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    (q, k, v): (&'a [f32], &'a [f32], &'a [f32]),
     c: &'a [f32],
     vis: fa::Visibility<'a>,
     scale: f32,
@@ -453,21 +476,19 @@ fn cpu_forward(
     out: u64,
     lse: u64,
 ) -> PyResult<()> {
-    checked_shape(shape).map_err(value_err)?;
-    let window = window_opt(window).map_err(value_err)?;
-    let (b, h, hkv, t, d) = shape;
-    let st = host_starts(starts, b, t).map_err(value_err)?;
+    let (window, st) = host_call(shape, window, starts)?;
+    let (b, h, _, t, d) = shape;
     let run = || -> Result<()> {
-        let (n, nkv) = (b * t * h * d, b * t * hkv * d);
+        let n = b * t * h * d;
         // SAFETY: ops.py passes contiguous float32 arrays of these sizes; outputs are fresh.
-        let (qs, ks, vs) = unsafe { (host("q", q, n)?, host("k", k, nkv)?, host("v", v, nkv)?) };
+        let qkv = unsafe { host_qkv(shape, q, k, v) }?;
         let g = unsafe { host("log_fgate", log_fgate, b * t * h) }?;
         let cs = unsafe { host_mut("c", c, b * h * t) }?;
         fox_kernels::fgate::prefix_sum_fwd(cs, g, left_padded(&st), t, h);
         let cs: &[f32] = cs;
         let th = match acp {
             Some((log_eps, p)) => {
-                let p0 = host_problem(shape, qs, ks, vs, cs, host_vis(&st), scale, window, None);
+                let p0 = host_problem(shape, qkv, cs, host_vis(&st), scale, window, None);
                 let th = fa::prune_thresholds(&fa::logit_bound_from_norms(&p0), t, log_eps);
                 let dst = unsafe { host_mut("acp thresholds", p, b * h) }?;
                 dst.copy_from_slice(&th);
@@ -475,7 +496,7 @@ fn cpu_forward(
             }
             None => None,
         };
-        let p = host_problem(shape, qs, ks, vs, cs, host_vis(&st), scale, window, th.as_deref());
+        let p = host_problem(shape, qkv, cs, host_vis(&st), scale, window, th.as_deref());
         let o = unsafe { host_mut("out", out, n) }?;
         let l = unsafe { host_mut("lse", lse, b * h * t) }?;
         fa::forward_into(&p, o, l);
@@ -508,20 +529,18 @@ fn cpu_backward(
     dv: u64,
     dlog_fgate: u64,
 ) -> PyResult<()> {
-    checked_shape(shape).map_err(value_err)?;
-    let window = window_opt(window).map_err(value_err)?;
+    let (window, st) = host_call(shape, window, starts)?;
     let (b, h, hkv, t, d) = shape;
-    let st = host_starts(starts, b, t).map_err(value_err)?;
     let run = || -> Result<()> {
         let (n, nkv, nbh) = (b * t * h * d, b * t * hkv * d, b * h * t);
         // SAFETY: ops.py passes contiguous float32 arrays of these sizes; outputs are fresh.
-        let (qs, ks, vs) = unsafe { (host("q", q, n)?, host("k", k, nkv)?, host("v", v, nkv)?) };
+        let qkv = unsafe { host_qkv(shape, q, k, v) }?;
         let cs = unsafe { host("c", c, nbh) }?;
         let th = match prune {
             Some(p) => Some(unsafe { host("acp thresholds", p, b * h) }?),
             None => None,
         };
-        let p = host_problem(shape, qs, ks, vs, cs, host_vis(&st), scale, window, th);
+        let p = host_problem(shape, qkv, cs, host_vis(&st), scale, window, th);
         let (o, go, l) = unsafe { (host("out", out, n)?, host("grad of out", dout, n)?, host("lse", lse, nbh)?) };
         let (gq, gk, gv) = unsafe { (host_mut("dq", dq, n)?, host_mut("dk", dk, nkv)?, host_mut("dv", dv, nkv)?) };
         let (mut dcq, mut dck) = (vec![0.0f32; nbh], vec![0.0f32; nbh]);

@@ -52,34 +52,50 @@ struct F32Params {
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for F32Params {}
 
+/// An f32 attention problem, what every entry point shares: B, H, T (query rows), D and the
+/// [`AttnOptions`]; q [B, T, H, D], k and v (of the chunk, or the decode cache's), c (the queries'
+/// gate sums), the optional left-padding starts [B] and ACP thresholds [B, H], and the scale.
+#[derive(Clone, Copy)]
+pub struct F32Problem<'a> {
+    pub b: usize,
+    pub h: usize,
+    pub t: usize,
+    pub d: usize,
+    pub opts: AttnOptions,
+    pub q: &'a CudaSlice<f32>,
+    pub k: &'a CudaSlice<f32>,
+    pub v: &'a CudaSlice<f32>,
+    pub c: &'a CudaSlice<f32>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub scale: f32,
+    pub prune: Option<&'a CudaSlice<f32>>,
+}
+
+/// The gradients [`backward_f32`] writes: dq [B, T, H, D], dk, dv [B, T, H_kv, D], dc [B, H, T].
+pub struct F32Grads<'a> {
+    pub dq: &'a mut CudaSlice<f32>,
+    pub dk: &'a mut CudaSlice<f32>,
+    pub dv: &'a mut CudaSlice<f32>,
+    pub dc: &'a mut CudaSlice<f32>,
+}
+
 impl F32Params {
-    /// The fields every kernel reads: q, k, v and c (the queries' gate sums), the optional
-    /// left-padding starts and ACP thresholds, the sizes (t: query rows), scale, kv heads and
-    /// window; the rest zero for the caller to set.
-    #[allow(clippy::too_many_arguments)]
-    fn common(
-        gpu: &Gpu,
-        (b, h, t, d): (usize, usize, usize, usize),
-        opts: AttnOptions,
-        scale: f32,
-        (q, k, v, c): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
-        start: Option<&CudaSlice<i32>>,
-        prune: Option<&CudaSlice<f32>>,
-    ) -> Self {
+    /// The fields every kernel reads, from the problem; the rest zero for the caller to set.
+    fn common(gpu: &Gpu, p: &F32Problem) -> Self {
         F32Params {
-            q: ptr(gpu, q),
-            k: ptr(gpu, k),
-            v: ptr(gpu, v),
-            c: ptr(gpu, c),
-            start: start.map_or(0, |s| ptr(gpu, s)),
-            prune: prune.map_or(0, |p| ptr(gpu, p)),
-            b: b as i32,
-            h: h as i32,
-            t: t as i32,
-            d: d as i32,
-            scale,
-            hkv: opts.kv_heads(h) as i32,
-            window: opts.window.map_or(0, |w| w as i32),
+            q: ptr(gpu, p.q),
+            k: ptr(gpu, p.k),
+            v: ptr(gpu, p.v),
+            c: ptr(gpu, p.c),
+            start: p.start.map_or(0, |s| ptr(gpu, s)),
+            prune: p.prune.map_or(0, |p| ptr(gpu, p)),
+            b: p.b as i32,
+            h: p.h as i32,
+            t: p.t as i32,
+            d: p.d as i32,
+            scale: p.scale,
+            hkv: p.opts.kv_heads(p.h) as i32,
+            window: p.opts.window.map_or(0, |w| w as i32),
             ..Default::default()
         }
     }
@@ -88,17 +104,9 @@ impl F32Params {
 /// Warps (rows) per block; WARPS in the kernel source.
 const WARPS: usize = 4;
 
-#[allow(clippy::too_many_arguments)]
-fn validate(
-    b: usize,
-    h: usize,
-    t: usize,
-    d: usize,
-    opts: AttnOptions,
-    tensors: &[(&str, usize, usize)],
-    start: Option<&CudaSlice<i32>>,
-    prune: Option<&CudaSlice<f32>>,
-) -> Result<()> {
+/// Checks the problem's sizes and options, and each of `tensors` (name, length, length needed).
+fn validate(p: &F32Problem, tensors: &[(&str, usize, usize)]) -> Result<()> {
+    let F32Problem { b, h, t, d, opts, start, prune, .. } = *p;
     ensure!(b > 0 && h > 0 && t > 0, "f32 attention: empty problem (B={b}, H={h}, T={t})");
     let hkv = opts.kv_heads(h);
     ensure!(hkv > 0 && h.is_multiple_of(hkv), "f32 attention: kv_heads {hkv} must divide the {h} query heads");
@@ -154,12 +162,9 @@ pub fn forward_f32_cached(
     let hkv = opts.kv_heads(h);
     ensure!(q_pos0 + tq <= cap, "f32 attention: the chunk ends at {} beyond the cache's {cap}", q_pos0 + tq);
     ensure!(cap < i32::MAX as usize, "f32 attention: cache of {cap} positions is too large");
+    let p = F32Problem { b, h, t: tq, d, opts, q, k: kc, v: vc, c: cq, start, scale, prune };
     validate(
-        b,
-        h,
-        tq,
-        d,
-        opts,
+        &p,
         &[
             ("q", q.len(), n),
             ("cq", cq.len(), s),
@@ -169,8 +174,6 @@ pub fn forward_f32_cached(
             ("o", o.len(), n),
             ("lse", lse.len(), s),
         ],
-        start,
-        prune,
     )?;
     let prm = F32Params {
         ck: ptr(gpu, ck),
@@ -178,55 +181,31 @@ pub fn forward_f32_cached(
         lse: ptr(gpu, lse),
         q_pos0: q_pos0 as i32,
         cap: cap as i32,
-        ..F32Params::common(gpu, (b, h, tq, d), opts, scale, (q, kc, vc, cq), start, prune)
+        ..F32Params::common(gpu, &p)
     };
     launch(gpu, "fox32_fwd_cached", s, &prm)
 }
 
+/// Elements of a chunk's rows of queries and of keys or values, and of its statistics:
+/// B·T·H·D, B·T·H_kv·D, B·H·T.
+fn chunk_sizes(p: &F32Problem) -> (usize, usize, usize) {
+    let F32Problem { b, h, t, d, opts, .. } = *p;
+    (b * t * h * d, b * t * opts.kv_heads(h) * d, b * h * t)
+}
+
+/// [`validate`] of a chunk's q, k, v and c (keys at the T query positions), then of `more`.
+fn validate_chunk(p: &F32Problem, more: &[(&str, usize, usize)]) -> Result<()> {
+    let (n, nkv, s) = chunk_sizes(p);
+    let inputs = [("q", p.q.len(), n), ("k", p.k.len(), nkv), ("v", p.v.len(), nkv), ("c", p.c.len(), s)];
+    validate(p, &[&inputs[..], more].concat())
+}
+
 /// Forward: `o` [B, T, H, D], `lse` [B, H, T] (−∞ on padded rows, whose outputs are 0); k, v
 /// [B, T, H_kv, D] with grouped-query attention, and the window of `opts`.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_f32(
-    gpu: &Gpu,
-    b: usize,
-    h: usize,
-    t: usize,
-    d: usize,
-    opts: AttnOptions,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
-    c: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    scale: f32,
-    prune: Option<&CudaSlice<f32>>,
-    o: &mut CudaSlice<f32>,
-    lse: &mut CudaSlice<f32>,
-) -> Result<()> {
-    let (n, s) = (b * t * h * d, b * h * t);
-    let nkv = b * t * opts.kv_heads(h) * d;
-    validate(
-        b,
-        h,
-        t,
-        d,
-        opts,
-        &[
-            ("q", q.len(), n),
-            ("k", k.len(), nkv),
-            ("v", v.len(), nkv),
-            ("c", c.len(), s),
-            ("o", o.len(), n),
-            ("lse", lse.len(), s),
-        ],
-        start,
-        prune,
-    )?;
-    let prm = F32Params {
-        o: ptr(gpu, o),
-        lse: ptr(gpu, lse),
-        ..F32Params::common(gpu, (b, h, t, d), opts, scale, (q, k, v, c), start, prune)
-    };
+pub fn forward_f32(gpu: &Gpu, p: F32Problem, o: &mut CudaSlice<f32>, lse: &mut CudaSlice<f32>) -> Result<()> {
+    let (n, _, s) = chunk_sizes(&p);
+    validate_chunk(&p, &[("o", o.len(), n), ("lse", lse.len(), s)])?;
+    let prm = F32Params { o: ptr(gpu, o), lse: ptr(gpu, lse), ..F32Params::common(gpu, &p) };
     launch(gpu, "fox32_fwd", s, &prm)
 }
 
@@ -235,50 +214,26 @@ pub fn forward_f32(
 /// side). `o` and `lse` from [`forward_f32`] with the same inputs. `delta` is a scratch of at
 /// least B·H·T f32 (rowsum(dO∘O), overwritten): a step loop that allocates nothing passes its own;
 /// None allocates one for the call.
-#[allow(clippy::too_many_arguments)]
 pub fn backward_f32(
     gpu: &Gpu,
-    b: usize,
-    h: usize,
-    t: usize,
-    d: usize,
-    opts: AttnOptions,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
-    c: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    scale: f32,
-    prune: Option<&CudaSlice<f32>>,
+    p: F32Problem,
     o: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,
-    dq: &mut CudaSlice<f32>,
-    dk: &mut CudaSlice<f32>,
-    dv: &mut CudaSlice<f32>,
-    dc: &mut CudaSlice<f32>,
+    grads: F32Grads,
     delta: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
-    let (n, s) = (b * t * h * d, b * h * t);
+    let (n, nkv, s) = chunk_sizes(&p);
     // freed when this returns, stream-ordered: after the kernels that use it
     let mut own = None;
     let delta = match delta {
         Some(d) => d,
         None => own.insert(gpu.zeros::<f32>(s)?),
     };
-    let hkv = opts.kv_heads(h);
-    let nkv = b * t * hkv * d;
-    validate(
-        b,
-        h,
-        t,
-        d,
-        opts,
+    let F32Grads { dq, dk, dv, dc } = grads;
+    validate_chunk(
+        &p,
         &[
-            ("q", q.len(), n),
-            ("k", k.len(), nkv),
-            ("v", v.len(), nkv),
-            ("c", c.len(), s),
             ("o", o.len(), n),
             ("dout", dout.len(), n),
             ("lse", lse.len(), s),
@@ -288,8 +243,6 @@ pub fn backward_f32(
             ("dc", dc.len(), s),
             ("delta (scratch)", delta.len(), s),
         ],
-        start,
-        prune,
     )?;
     let prm = F32Params {
         lse: ptr(gpu, lse),
@@ -300,10 +253,10 @@ pub fn backward_f32(
         dk: ptr(gpu, dk),
         dv: ptr(gpu, dv),
         dc: ptr(gpu, dc),
-        ..F32Params::common(gpu, (b, h, t, d), opts, scale, (q, k, v, c), start, prune)
+        ..F32Params::common(gpu, &p)
     };
     // dq pass writes delta and dc = dcq; the dk/dv pass reads delta and adds dck (same stream).
     launch(gpu, "fox32_bwd_dq", s, &prm)?;
     // one warp per key row of each k/v head, walking the group's query heads
-    launch(gpu, "fox32_bwd_dkdv", b * hkv * t, &prm)
+    launch(gpu, "fox32_bwd_dkdv", p.b * p.opts.kv_heads(p.h) * p.t, &prm)
 }

@@ -25,7 +25,7 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, by_value, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -913,10 +913,8 @@ pub fn delta_rule_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "delta_rule_decode_step";
     p.check(op)?;
-    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
-    ensure!(p.k_dim <= MAX_K_DECODE, "{op}: K ≤ {MAX_K_DECODE}, not {}", p.k_dim);
-    need(op, "state", state, p.states())?;
-    need(op, "o", o, p.batch * p.heads * p.v_dim)?;
+    let out = ("o", &*o, p.batch * p.heads * p.v_dim);
+    decode_step_checks(op, p.seq, ("K", p.k_dim, MAX_K_DECODE), (&*state, p.states()), out)?;
     if p.batch == 0 {
         return Ok(());
     }

@@ -179,6 +179,12 @@ fn lt(what: &str, s: sys::cublasStatus_t) -> Result<()> {
     s.result().map_err(|e| anyhow!("cuBLASLt {what} failed: {e:?}"))
 }
 
+/// `what` of `op` holds a [rows, cols] matrix (`len` elements, or more).
+fn need_matrix(op: &str, what: &str, len: usize, (rows, cols): (usize, usize)) -> Result<()> {
+    ensure!(len >= rows * cols, "{op}: {what} holds {len} elements, [{rows}, {cols}] needs {}", rows * cols);
+    Ok(())
+}
+
 fn align_of(ptr: u64) -> u32 {
     if ptr == 0 {
         256
@@ -297,9 +303,9 @@ impl Gemm {
             !(ab == Dt::F32 && cd == Dt::Bf16),
             "linear_fwd: f32 inputs with a bf16 output are not supported (cuBLASLt has no such kernel)"
         );
-        ensure!(x.len() >= m * k, "linear_fwd: x holds {} elements, [{m}, {k}] needs {}", x.len(), m * k);
-        ensure!(w.len() >= n * k, "linear_fwd: w holds {} elements, [{n}, {k}] needs {}", w.len(), n * k);
-        ensure!(y.len() >= m * n, "linear_fwd: y holds {} elements, [{m}, {n}] needs {}", y.len(), m * n);
+        need_matrix("linear_fwd", "x", x.len(), (m, k))?;
+        need_matrix("linear_fwd", "w", w.len(), (n, k))?;
+        need_matrix("linear_fwd", "y", y.len(), (m, n))?;
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -322,9 +328,9 @@ impl Gemm {
         n: usize,
     ) -> Result<()> {
         let dt = Dt::of::<T>()?;
-        ensure!(dy.len() >= m * n, "linear_bwd_dx: dy holds {} elements, [{m}, {n}] needs {}", dy.len(), m * n);
-        ensure!(w.len() >= n * k, "linear_bwd_dx: w holds {} elements, [{n}, {k}] needs {}", w.len(), n * k);
-        ensure!(dx.len() >= m * k, "linear_bwd_dx: dx holds {} elements, [{m}, {k}] needs {}", dx.len(), m * k);
+        need_matrix("linear_bwd_dx", "dy", dy.len(), (m, n))?;
+        need_matrix("linear_bwd_dx", "w", w.len(), (n, k))?;
+        need_matrix("linear_bwd_dx", "dx", dx.len(), (m, k))?;
         if m == 0 || k == 0 {
             return Ok(());
         }
@@ -345,9 +351,9 @@ impl Gemm {
         n: usize,
     ) -> Result<()> {
         let dt = Dt::of::<T>()?;
-        ensure!(dy.len() >= m * n, "linear_bwd_dw: dy holds {} elements, [{m}, {n}] needs {}", dy.len(), m * n);
-        ensure!(x.len() >= m * k, "linear_bwd_dw: x holds {} elements, [{m}, {k}] needs {}", x.len(), m * k);
-        ensure!(dw.len() >= n * k, "linear_bwd_dw: dw holds {} elements, [{n}, {k}] needs {}", dw.len(), n * k);
+        need_matrix("linear_bwd_dw", "dy", dy.len(), (m, n))?;
+        need_matrix("linear_bwd_dw", "x", x.len(), (m, k))?;
+        need_matrix("linear_bwd_dw", "dw", dw.len(), (n, k))?;
         if m == 0 || n == 0 || k == 0 {
             return Ok(());
         }

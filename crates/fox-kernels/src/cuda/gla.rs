@@ -20,7 +20,7 @@
 //!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -553,10 +553,8 @@ pub fn gla_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "gla_decode_step";
     p.check(op)?;
-    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
-    ensure!(p.k_dim <= DECODE_KMAX, "{op}: k_dim {} is above {DECODE_KMAX}", p.k_dim);
-    need(op, "state", state, p.states())?;
-    need(op, "o", o, p.batch * p.heads * p.v_dim)?;
+    let out = ("o", &*o, p.batch * p.heads * p.v_dim);
+    decode_step_checks(op, p.seq, ("k_dim", p.k_dim, DECODE_KMAX), (&*state, p.states()), out)?;
     if p.batch == 0 {
         return Ok(());
     }

@@ -30,6 +30,22 @@ pub(crate) fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -
     Ok(())
 }
 
+/// The checks of a recurrent layer's decode step after its problem's own: one position per row
+/// (`seq` = 1), the dimension the kernel bounds (`(what, value, most)`), and the state and output
+/// buffers against the elements the shapes need (`(name, buffer, elements)` of the output).
+pub(crate) fn decode_step_checks<S, O>(
+    op: &str,
+    seq: usize,
+    (what, value, most): (&str, usize, usize),
+    (state, states): (&impl DeviceSlice<S>, usize),
+    (out_name, out, outs): (&str, &impl DeviceSlice<O>, usize),
+) -> Result<()> {
+    ensure!(seq == 1, "{op}: one position per row, not {seq}");
+    ensure!(value <= most, "{op}: {what} {value} is above {most}");
+    need(op, "state", state, states)?;
+    need(op, out_name, out, outs)
+}
+
 /// A size as the kernels' 32-bit `int`.
 pub(crate) fn int(op: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{op}: {v} does not fit the kernels' 32-bit sizes"))

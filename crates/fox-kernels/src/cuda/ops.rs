@@ -123,20 +123,27 @@ fn norm_groups(op: &str, w: &CudaSlice<f32>, dim: usize) -> Result<usize> {
     Ok(w.len() / dim)
 }
 
+/// What every RMSNorm forward launch shares: `rows` rows of `dim`, row r scaled by weight row
+/// r % (len(w)/dim) of `w`, and the `eps` under the square root.
+#[derive(Clone, Copy)]
+pub struct RmsNorm<'a> {
+    pub w: &'a CudaSlice<f32>,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
 /// RMSNorm forward exactly as [`crate::rmsnorm::rms_norm_fwd`]: y = x·rstd·w over rows of `dim`,
-/// rstd[r] = 1/sqrt(mean(x²) + eps); row r uses weight row r % (len(w)/dim).
-#[allow(clippy::too_many_arguments)]
+/// rstd[r] = 1/sqrt(mean(x²) + eps).
 pub fn rms_norm_fwd<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     x: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
     let op = "rms_norm_fwd";
+    let RmsNorm { w, rows, dim, eps } = norm;
     let groups = norm_groups(op, w, dim)?;
     need(op, "x", x, rows * dim)?;
     need(op, "y", y, rows * dim)?;
@@ -145,7 +152,7 @@ pub fn rms_norm_fwd<T: Elem>(
         return Ok(());
     }
     if rows <= WIDE_ROWS {
-        return rms_wide(gpu, y, rstd, None, ptr(gpu, x), w, rows, dim, groups, eps);
+        return rms_wide(gpu, y, rstd, None, ptr(gpu, x), norm);
     }
     launch(
         gpu,
@@ -161,21 +168,18 @@ pub fn rms_norm_fwd<T: Elem>(
 const WIDE_ROWS: usize = 64;
 
 /// RMSNorm of rows ≤ [`WIDE_ROWS`] of `a` (after h = a + b with `h_b` = (h, b); h may be a),
-/// one block per row (device pointers of checked buffers).
-#[allow(clippy::too_many_arguments)]
+/// one block per row (device pointers of checked buffers, `norm`'s weights checked).
 fn rms_wide<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     h_b: Option<(u64, u64)>,
     pa: u64,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    groups: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
     let op = "rms_norm_fwd_wide";
+    let RmsNorm { w, rows, dim, eps } = norm;
+    let groups = w.len() / dim;
     let (ph, pb) = h_b.unwrap_or((0, 0));
     launch_dependent(
         gpu,
@@ -188,7 +192,6 @@ fn rms_wide<T: Elem>(
 
 /// A residual add and the next RMSNorm in one pass: h = a + b (stored in T), then y, rstd =
 /// RMSNorm(h) with weights `w` [dim], bitwise as [`add`] then [`rms_norm_fwd`].
-#[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_fwd<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
@@ -196,33 +199,25 @@ pub fn add_rms_norm_fwd<T: Elem>(
     rstd: &mut CudaSlice<f32>,
     a: &CudaSlice<T>,
     b: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
-    add_rms(gpu, h, y, rstd, Some(a), b, w, rows, dim, eps)
+    add_rms(gpu, h, y, rstd, Some(a), b, norm)
 }
 
 /// [`add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm(h), bitwise as [`add_inplace`]
 /// then [`rms_norm_fwd`] (each thread reads h and b where it then writes h).
-#[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_inplace<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
     b: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
-    add_rms(gpu, h, y, rstd, None, b, w, rows, dim, eps)
+    add_rms(gpu, h, y, rstd, None, b, norm)
 }
 
 /// h = a + b (a = None: h itself), then y, rstd = RMSNorm(h).
-#[allow(clippy::too_many_arguments)]
 fn add_rms<T: Elem>(
     gpu: &Gpu,
     h: &mut CudaSlice<T>,
@@ -230,12 +225,10 @@ fn add_rms<T: Elem>(
     rstd: &mut CudaSlice<f32>,
     a: Option<&CudaSlice<T>>,
     b: &CudaSlice<T>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RmsNorm<'_>,
 ) -> Result<()> {
     let op = if a.is_some() { "add_rms_norm_fwd" } else { "add_rms_norm_inplace" };
+    let RmsNorm { w, rows, dim, eps } = norm;
     ensure!(norm_groups(op, w, dim)? == 1, "{op}: weight length {} is not dim {dim}", w.len());
     let a_len = a.map_or(h.len(), |a| a.len());
     for (what, len) in [("h", h.len()), ("y", y.len()), ("a", a_len), ("b", b.len())] {
@@ -248,7 +241,7 @@ fn add_rms<T: Elem>(
     let ph = ptr(gpu, h);
     let (pa, pb) = (a.map_or(ph, |a| ptr(gpu, a)), ptr(gpu, b));
     if rows <= WIDE_ROWS {
-        return rms_wide(gpu, y, rstd, Some((ph, pb)), pa, w, rows, dim, 1, eps);
+        return rms_wide(gpu, y, rstd, Some((ph, pb)), pa, norm);
     }
     launch(
         gpu,
@@ -282,7 +275,7 @@ pub fn gemv_glu<T: Elem>(
         return Ok(());
     }
     let (pg, ph, px, pw) = (ptr(gpu, gu), ptr(gpu, h), ptr(gpu, x), ptr(gpu, w));
-    gemv_launch(gpu, &kname::<T>(op), pg, ph, px, pw, rows, in_features, 2 * inter, size_of::<T>())
+    gemv_launch::<T>(gpu, &kname::<T>(op), [pg, ph, px, pw], rows, in_features, 2 * inter)
 }
 
 /// The most rows [`gemv`] takes.
@@ -297,7 +290,6 @@ pub fn gemv_fits<T: Elem>(rows: usize, in_features: usize) -> bool {
 /// y[rows, out] = x[rows, in] · w[out, in]ᵀ for at most [`GEMV_ROWS`] rows (a decode step's
 /// Linear: one warp per output reads its weight row once for every row of x), f32 sums, the
 /// output in Y (T, or f32 from bf16).
-#[allow(clippy::too_many_arguments)]
 pub fn gemv<T: Elem, Y: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<Y>,
@@ -317,48 +309,42 @@ pub fn gemv<T: Elem, Y: Elem>(
         return Ok(());
     }
     let name = format!("{op}_{}_{}", T::NAME, Y::NAME);
-    gemv_launch(gpu, &name, ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w), rows, in_features, out_features, size_of::<T>())
+    gemv_launch::<T>(gpu, &name, [ptr(gpu, y), 0, ptr(gpu, x), ptr(gpu, w)], rows, in_features, out_features)
 }
 
 /// A Mamba-2 decode step's in_proj with its inputs in the same pass, for at most [`GEMV_ROWS`]
 /// rows (one position per batch row): zxbcdt [B, out] = x · wᵀ, then xbc, dt and the conv state
 /// from it as [`super::ssd::decode_inputs`] computes them (bitwise as [`gemv`] then that).
-#[allow(clippy::too_many_arguments)]
 pub fn gemv_step_in<T: Elem>(
     gpu: &Gpu,
     zxbcdt: &mut CudaSlice<T>,
     x: &CudaSlice<T>,
     w: &CudaSlice<T>,
     in_features: usize,
-    xbc: &mut CudaSlice<T>,
-    conv_state: &mut CudaSlice<f32>,
-    dt: &mut CudaSlice<f32>,
-    conv_w: &CudaSlice<T>,
-    conv_b: Option<&CudaSlice<f32>>,
-    dt_bias: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    d: super::ssd::DecodeInputs,
+    out: super::ssd::DecodeOut<T>,
+    prm: super::ssd::DecodeParams<T>,
 ) -> Result<()> {
     let op = "gemv_step_in";
-    let (rows, out) = (d.batch, d.stride);
+    let d = prm.at;
+    let (rows, out_features) = (d.batch, d.stride);
     ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
-    super::ssd::check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, conv_w, conv_b, dt_bias, start, &d)?;
+    super::ssd::check_decode_inputs(op, &out, zxbcdt, &prm)?;
     need(op, "x", x, rows * in_features)?;
-    need(op, "w", w, out * in_features)?;
-    if out == 0 {
+    need(op, "w", w, out_features * in_features)?;
+    if out_features == 0 {
         return Ok(());
     }
-    let ks = gemv_split(gpu, in_features, out, size_of::<T>());
-    let opt = |p: Option<u64>| p.unwrap_or(0);
+    let ks = gemv_split(gpu, in_features, out_features, size_of::<T>());
+    let super::ssd::DecodeOut { xbc, conv_state, dt } = out;
     launch_dependent(
         gpu,
         &kname::<T>(op),
-        grid1(out.div_ceil(8 / ks))?,
+        grid1(out_features.div_ceil(8 / ks))?,
         256,
         &args![
             gpu;
-            zxbcdt, x, w, rows as i32, int(op, "in_features", in_features)?, int(op, "out_features", out)?, ks as i32,
-            xbc, conv_state, dt, conv_w, opt(conv_b.map(|b| ptr(gpu, b))), dt_bias, opt(start.map(|s| ptr(gpu, s))),
+            zxbcdt, x, w, rows as i32, int(op, "in_features", in_features)?, int(op, "out_features", out_features)?,
+            ks as i32, xbc, conv_state, dt, prm.conv_w, prm.conv_b, prm.dt_bias, prm.start,
             int(op, "conv_off", d.conv_off)?, int(op, "channels", d.channels)?, int(op, "width", d.width)?,
             int(op, "dt_off", d.dt_off)?, int(op, "heads", d.heads)?,
         ],
@@ -386,20 +372,17 @@ fn gemv_split(gpu: &Gpu, in_features: usize, out_features: usize, elem_bytes: us
     ks
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemv_launch(
+/// The matrix-vector kernel `name` with inputs in T on the addresses of its checked buffers: y,
+/// the GLU's h (0: none), x and w.
+fn gemv_launch<T>(
     gpu: &Gpu,
     name: &str,
-    y: u64,
-    h: u64,
-    x: u64,
-    w: u64,
+    [y, h, x, w]: [u64; 4],
     rows: usize,
     in_features: usize,
     out_features: usize,
-    elem_bytes: usize,
 ) -> Result<()> {
-    let ks = gemv_split(gpu, in_features, out_features, elem_bytes);
+    let ks = gemv_split(gpu, in_features, out_features, size_of::<T>());
     // A GLU block takes (8 / ks) / 2 gate rows and their up rows.
     let blocks = if h != 0 { (out_features / 2).div_ceil(4 / ks) } else { out_features.div_ceil(8 / ks) };
     launch_dependent(
@@ -429,6 +412,17 @@ pub fn rms_norm_bwd_fuses(dim: usize, groups: usize) -> bool {
 /// The chunks of a super-row the fused backward keeps sums for (ops.cu's RMS_BWD_CHUNKS).
 const RMS_BWD_CHUNKS: usize = 12;
 
+/// What the backward of an RMSNorm reads of its forward: the input `x` [rows, dim], the statistic
+/// `rstd` [rows] and the weights `w` (as in [`RmsNorm`]).
+#[derive(Clone, Copy)]
+pub struct RmsNormSaved<'a, T> {
+    pub x: &'a CudaSlice<T>,
+    pub rstd: &'a CudaSlice<f32>,
+    pub w: &'a CudaSlice<f32>,
+    pub rows: usize,
+    pub dim: usize,
+}
+
 /// RMSNorm backward exactly as [`crate::rmsnorm::rms_norm_bwd`]: dx = rstd·(w·dy − x̂·mean(w·dy·x̂))
 /// (overwritten, or added when `accumulate`), dw += Σ_rows dy·x̂ (deterministic two-pass sum).
 /// Where the shapes allow ([`rms_norm_bwd_fuses`]) dx and dw's partial sums come from one pass
@@ -436,20 +430,16 @@ const RMS_BWD_CHUNKS: usize = 12;
 /// chunks); else the dx kernel, then a column sum reading dy and x again. `fused`: `None` takes
 /// the fused kernel where it fits (unless `FOXLM_RMS_BWD_FUSED=0`), `Some(f)` forces the choice
 /// (the GPU check compares the two).
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut CudaSlice<T>,
     accumulate: bool,
     dw: &mut CudaSlice<f32>,
     dy: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    rstd: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    saved: RmsNormSaved<'_, T>,
     fused: Option<bool>,
 ) -> Result<()> {
+    let RmsNormSaved { x, rstd, w, rows, dim } = saved;
     // FOXLM_RMS_BWD_FUSED=0: the two kernels everywhere (to compare).
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let fused = fused.unwrap_or_else(|| {
@@ -511,40 +501,40 @@ pub fn rms_norm_bwd<T: Elem>(
 // ------------------------------------------------------------------------------------------------
 // KV-shift
 
-fn kv_checks<T>(
-    op: &str,
-    x: &CudaSlice<T>,
-    alpha: &CudaSlice<T>,
-    start: Option<&CudaSlice<i32>>,
-    dims: [usize; 4],
-) -> Result<[i32; 4]> {
-    let [b, t, h, d] = dims;
-    need(op, "x", x, b * t * h * d)?;
-    need(op, "alpha", alpha, b * t * h)?;
-    if let Some(s) = start {
-        need(op, "start", s, b)?;
+/// The inputs a KV-shift's forward and backward share: x [B, T, H·D], the mixing weights alpha
+/// [B, T, H] and the rows' left-padding starts [B] (None: no padding).
+#[derive(Clone, Copy)]
+pub struct KvShift<'a, T> {
+    pub x: &'a CudaSlice<T>,
+    pub alpha: &'a CudaSlice<T>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+}
+
+impl<T> KvShift<'_, T> {
+    /// Checks the inputs and returns B, T, H, D as the kernels' ints.
+    fn check(&self, op: &str) -> Result<[i32; 4]> {
+        let Self { x, alpha, start, b, t, h, d } = *self;
+        need(op, "x", x, b * t * h * d)?;
+        need(op, "alpha", alpha, b * t * h)?;
+        if let Some(s) = start {
+            need(op, "start", s, b)?;
+        }
+        int(op, "B·T·H", b * t * h)?;
+        Ok([int(op, "b", b)?, int(op, "t", t)?, int(op, "h", h)?, int(op, "d", d)?])
     }
-    int(op, "B·T·H", b * t * h)?;
-    Ok([int(op, "b", b)?, int(op, "t", t)?, int(op, "h", h)?, int(op, "d", d)?])
 }
 
 /// KV-shift forward exactly as [`crate::kv_shift::kv_shift_fwd`] with `prev = None`:
 /// out_t = α_t·x_{t−1} + (1−α_t)·x_t per head, x_{s−1} = 0 at each row's first real token s =
-/// start[b] (left padding; padded positions pass x through). x, out [B, T, H·D], alpha [B, T, H].
-#[allow(clippy::too_many_arguments)]
-pub fn kv_shift_fwd<T: Elem>(
-    gpu: &Gpu,
-    out: &mut CudaSlice<T>,
-    x: &CudaSlice<T>,
-    alpha: &CudaSlice<T>,
-    start: Option<&CudaSlice<i32>>,
-    b: usize,
-    t: usize,
-    h: usize,
-    d: usize,
-) -> Result<()> {
+/// start[b] (left padding; padded positions pass x through). out [B, T, H·D].
+pub fn kv_shift_fwd<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<T>, kv: KvShift<'_, T>) -> Result<()> {
     let op = "kv_shift_fwd";
-    let [bi, ti, hi, di] = kv_checks(op, x, alpha, start, [b, t, h, d])?;
+    let [bi, ti, hi, di] = kv.check(op)?;
+    let KvShift { x, alpha, start, b, t, h, d } = kv;
     need(op, "out", out, b * t * h * d)?;
     if b * t * h * d == 0 {
         return Ok(());
@@ -554,22 +544,16 @@ pub fn kv_shift_fwd<T: Elem>(
 
 /// KV-shift backward exactly as [`crate::kv_shift::kv_shift_bwd`]: dx [B, T, H·D] and dalpha
 /// [B, T, H] are overwritten.
-#[allow(clippy::too_many_arguments)]
 pub fn kv_shift_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut CudaSlice<T>,
     dalpha: &mut CudaSlice<T>,
     dout: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    alpha: &CudaSlice<T>,
-    start: Option<&CudaSlice<i32>>,
-    b: usize,
-    t: usize,
-    h: usize,
-    d: usize,
+    kv: KvShift<'_, T>,
 ) -> Result<()> {
     let op = "kv_shift_bwd";
-    let [bi, ti, hi, di] = kv_checks(op, x, alpha, start, [b, t, h, d])?;
+    let [bi, ti, hi, di] = kv.check(op)?;
+    let KvShift { x, alpha, start, b, t, h, d } = kv;
     need(op, "dout", dout, b * t * h * d)?;
     need(op, "dx", dx, b * t * h * d)?;
     need(op, "dalpha", dalpha, b * t * h)?;
@@ -936,24 +920,41 @@ pub fn embedding_bwd<T: Elem>(
 // ------------------------------------------------------------------------------------------------
 // Cross-entropy
 
+/// What every cross-entropy launch shares: the f32 logits of `rows` rows, the targets [rows]
+/// (< 0: no loss) and the `weight` of dlogits.
+#[derive(Clone, Copy)]
+pub struct CrossEntropy<'a> {
+    pub logits: &'a CudaSlice<f32>,
+    pub targets: &'a CudaSlice<i32>,
+    pub weight: f32,
+    pub rows: usize,
+}
+
+impl CrossEntropy<'_> {
+    /// The buffers of a cross-entropy over rows of logits stored `ld` apart.
+    fn check<T>(&self, op: &str, dlogits: &CudaSlice<T>, losses: &CudaSlice<f32>, ld: usize) -> Result<()> {
+        need(op, "logits", self.logits, self.rows * ld)?;
+        need(op, "dlogits", dlogits, self.rows * ld)?;
+        need(op, "losses", losses, self.rows)?;
+        need(op, "targets", self.targets, self.rows)
+    }
+}
+
 /// Fused softmax cross-entropy over f32 logits [rows, vocab], one row per block:
 /// losses[r] = logsumexp(logits[r]) − logits[r, target[r]], dlogits[r] = weight·(softmax − onehot).
 /// Rows with target < 0 get loss 0 and dlogits 0; a target ≥ vocab gives a NaN loss (validate
 /// targets on the host).
-#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_fwd_bwd<T: Elem>(
     gpu: &Gpu,
     dlogits: &mut CudaSlice<T>,
     losses: &mut CudaSlice<f32>,
-    logits: &CudaSlice<f32>,
-    targets: &CudaSlice<i32>,
-    weight: f32,
-    rows: usize,
+    ce: CrossEntropy<'_>,
     vocab: usize,
 ) -> Result<()> {
     let op = "cross_entropy_fwd_bwd";
     ensure!(vocab > 0, "{op}: vocab is 0");
-    ce_checks(op, dlogits, losses, logits, targets, rows, vocab)?;
+    ce.check(op, dlogits, losses, vocab)?;
+    let CrossEntropy { logits, targets, weight, rows } = ce;
     if rows == 0 {
         return Ok(());
     }
@@ -966,43 +967,24 @@ pub fn cross_entropy_fwd_bwd<T: Elem>(
     )
 }
 
-/// The buffers of a cross-entropy over `rows` rows of logits stored `ld` apart.
-fn ce_checks<T>(
-    op: &str,
-    dlogits: &CudaSlice<T>,
-    losses: &CudaSlice<f32>,
-    logits: &CudaSlice<f32>,
-    targets: &CudaSlice<i32>,
-    rows: usize,
-    ld: usize,
-) -> Result<()> {
-    need(op, "logits", logits, rows * ld)?;
-    need(op, "dlogits", dlogits, rows * ld)?;
-    need(op, "losses", losses, rows)?;
-    need(op, "targets", targets, rows)
-}
-
 /// The output head's fused softmax cross-entropy (kernels/model.cu) over rows of `vocab` logits
 /// stored `ld` apart (the head pads its rows): losses[r] = logsumexp − logits[r, target[r]],
 /// dlogits[r, c] = weight·(softmax − onehot) for c < vocab and 0 in the padding; rows with target
 /// < 0 get loss 0 and dlogits 0. `staged`: the row is read once into shared memory (4·ld bytes,
 /// see [`cross_entropy_staged_fits`]) rather than three times from memory; both give the same bits.
-#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_padded<T: Elem>(
     gpu: &Gpu,
     dlogits: &mut CudaSlice<T>,
     losses: &mut CudaSlice<f32>,
-    logits: &CudaSlice<f32>,
-    targets: &CudaSlice<i32>,
-    weight: f32,
-    rows: usize,
+    ce: CrossEntropy<'_>,
     vocab: usize,
     ld: usize,
     staged: bool,
 ) -> Result<()> {
     let op = "cross_entropy_padded";
     ensure!(vocab > 0 && vocab <= ld, "{op}: vocab {vocab} must be in 1..=ld ({ld})");
-    ce_checks(op, dlogits, losses, logits, targets, rows, ld)?;
+    ce.check(op, dlogits, losses, ld)?;
+    let CrossEntropy { logits, targets, weight, rows } = ce;
     if rows == 0 {
         return Ok(());
     }

@@ -12,7 +12,7 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
@@ -48,8 +48,6 @@ fn launch2_pdl(gpu: &Gpu, name: &str, (grid, gy): (usize, usize), args: &[Arg]) 
     kargs::launch_pdl(gpu, &SSD, name, kargs::config(name, (grid, gy, 1), 256, 0)?, args)
 }
 
-/// The instantiation of kernel `base` for the activation type T (kernels/ssd.cu is compiled once
-/// per type).
 /// Rows of a conv kernel's block (kernels/ssd.cu: 8 runs of 8 rows), and of the backward's (4
 /// runs per thread): one partial sum of dweight per 256 rows of a sequence.
 const CONV_BLOCK_ROWS: usize = 64;
@@ -283,10 +281,9 @@ fn decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "ssd_decode_step";
     p.check(op)?;
-    ensure!(p.seq == 1, "{op}: one position per row, not {}", p.seq);
-    ensure!(p.state <= NMAX, "{op}: state {} is above {NMAX} (four columns per lane)", p.state);
-    need(op, "state", state, p.states())?;
-    need(op, "y", y, p.batch * p.heads * p.head_dim)?;
+    // N ≤ NMAX: four state columns per lane.
+    let out = ("y", &*y, p.batch * p.heads * p.head_dim);
+    decode_step_checks(op, p.seq, ("state", p.state, NMAX), (&*state, p.states()), out)?;
     if p.batch == 0 {
         return Ok(());
     }
@@ -311,33 +308,47 @@ pub struct DecodeInputs {
     pub heads: usize,
 }
 
+/// What a Mamba-2 decode step's inputs are computed into: xbc [B, C], the conv state
+/// [B, W − 1, C] (advanced in place) and dt [B, H].
+pub struct DecodeOut<'a, T> {
+    pub xbc: &'a mut CudaSlice<T>,
+    pub conv_state: &'a mut CudaSlice<f32>,
+    pub dt: &'a mut CudaSlice<f32>,
+}
+
+/// What a Mamba-2 decode step's inputs read besides in_proj's output: the conv weight [C, W] (in
+/// T: the working copy), its bias [C], dt_bias [H], the rows' starts [B], and where the inputs
+/// are in in_proj's output.
+#[derive(Clone, Copy)]
+pub struct DecodeParams<'a, T> {
+    pub conv_w: &'a CudaSlice<T>,
+    pub conv_b: Option<&'a CudaSlice<f32>>,
+    pub dt_bias: &'a CudaSlice<f32>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub at: DecodeInputs,
+}
+
 /// The checks of [`decode_inputs`] (also [`super::ops::gemv_step_in`]'s, which computes the same).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn check_decode_inputs<T: Elem>(
     op: &str,
-    xbc: &CudaSlice<T>,
-    conv_state: &CudaSlice<f32>,
-    dt: &CudaSlice<f32>,
+    out: &DecodeOut<T>,
     zxbcdt: &CudaSlice<T>,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    dt_bias: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    d: &DecodeInputs,
+    prm: &DecodeParams<T>,
 ) -> Result<()> {
+    let d = &prm.at;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
     ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
     ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
     need(op, "zxbcdt", zxbcdt, b * d.stride)?;
-    need(op, "xbc", xbc, b * c)?;
-    need(op, "conv_state", conv_state, b * (w - 1) * c)?;
-    need(op, "dt", dt, b * h)?;
-    need(op, "weight", weight, c * w)?;
-    need(op, "dt_bias", dt_bias, h)?;
-    if let Some(x) = bias {
+    need(op, "xbc", out.xbc, b * c)?;
+    need(op, "conv_state", out.conv_state, b * (w - 1) * c)?;
+    need(op, "dt", out.dt, b * h)?;
+    need(op, "weight", prm.conv_w, c * w)?;
+    need(op, "dt_bias", prm.dt_bias, h)?;
+    if let Some(x) = prm.conv_b {
         need(op, "bias", x, c)?;
     }
-    if let Some(s) = start {
+    if let Some(s) = prm.start {
         need(op, "start", s, b)?;
     }
     int(op, b * d.stride + b * (w - 1) * c)?;
@@ -346,99 +357,87 @@ pub(super) fn check_decode_inputs<T: Elem>(
 
 /// The inputs of a Mamba-2 decode step in one launch, as [`conv1d_fwd`] + [`conv1d_state`] +
 /// [`dt_fwd`] at T = 1 (a padded row's conv state is kept, as [`crate::conv1d::conv1d_decode_step`]
-/// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing `conv_state` [B, W − 1, C] (advanced),
+/// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing the conv state (advanced),
 /// dt [B, H] = softplus(dt_raw + dt_bias).
-#[allow(clippy::too_many_arguments)]
-pub fn decode_inputs<T: Elem>(
-    gpu: &Gpu,
-    xbc: &mut CudaSlice<T>,
-    conv_state: &mut CudaSlice<f32>,
-    dt: &mut CudaSlice<f32>,
-    zxbcdt: &CudaSlice<T>,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    dt_bias: &CudaSlice<f32>,
-    start: Option<&CudaSlice<i32>>,
-    d: DecodeInputs,
-) -> Result<()> {
+pub fn decode_inputs<T: Elem>(gpu: &Gpu, out: DecodeOut<T>, zxbcdt: &CudaSlice<T>, prm: DecodeParams<T>) -> Result<()> {
     let op = "decode_inputs";
-    check_decode_inputs(op, xbc, conv_state, dt, zxbcdt, weight, bias, dt_bias, start, &d)?;
+    check_decode_inputs(op, &out, zxbcdt, &prm)?;
+    let DecodeParams { conv_w, conv_b, dt_bias, start, at: d } = prm;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
     if b == 0 {
         return Ok(());
     }
+    let DecodeOut { xbc, conv_state, dt } = out;
     let args = args![
         gpu;
-        xbc, conv_state, dt, zxbcdt, d.stride as i64, d.conv_off as i64, d.dt_off as i64, weight, bias, dt_bias, start,
-        int(op, b)?, int(op, c)?, int(op, w)?, int(op, h)?,
+        xbc, conv_state, dt, zxbcdt, d.stride as i64, d.conv_off as i64, d.dt_off as i64, conv_w, conv_b, dt_bias,
+        start, int(op, b)?, int(op, c)?, int(op, w)?, int(op, h)?,
     ];
     launch(gpu, &kname::<T>("ssd_decode_inputs"), (b * (c + h)).div_ceil(256), 0, &args)
 }
 
-/// The checks and kernel arguments the conv kernels share, after their output pointer(s):
-/// x, its row stride, the weight, bias, start and prev, B, T, C, W and SiLU.
-#[allow(clippy::too_many_arguments)]
-fn conv_args<T: Elem>(
-    gpu: &Gpu,
-    op: &str,
-    x: &impl DevicePtr<T>,
-    x_stride: usize,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    start: Option<&CudaSlice<i32>>,
-    prev: Option<&CudaSlice<f32>>,
-    (batch, seq, channels, width): (usize, usize, usize, usize),
-    silu: bool,
-) -> Result<Vec<Arg<'static>>> {
-    ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
-    let rows = batch * seq;
-    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
-    need(op, "weight", weight, channels * width)?;
-    if let Some(b) = bias {
-        need(op, "bias", b, channels)?;
+/// A causal depthwise conv1d (+SiLU) on the device, as [`crate::conv1d::Conv1d`]: x [B, T,
+/// x_stride] (a buffer or view from the first convolved column), weight [C, W] in T (the working
+/// copy), and optional bias [C], start [B] and the state before the chunk `prev` [B, W − 1, C]
+/// f32. W ≤ 8.
+pub struct DevConv1d<'a, T, X> {
+    /// (B, T, C, W)
+    pub dims: (usize, usize, usize, usize),
+    pub x: &'a X,
+    pub x_stride: usize,
+    pub weight: &'a CudaSlice<T>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+    pub start: Option<&'a CudaSlice<i32>>,
+    pub prev: Option<&'a CudaSlice<f32>>,
+    pub silu: bool,
+}
+
+impl<T: Elem, X: DevicePtr<T>> DevConv1d<'_, T, X> {
+    /// The checks and kernel arguments the conv kernels share, after their output pointer(s):
+    /// x, its row stride, the weight, bias, start and prev, B, T, C, W and SiLU.
+    fn args(&self, gpu: &Gpu, op: &str) -> Result<Vec<Arg<'static>>> {
+        let Self { dims: (batch, seq, channels, width), x, x_stride, weight, bias, start, prev, silu } = *self;
+        ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
+        let rows = batch * seq;
+        need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+        need(op, "weight", weight, channels * width)?;
+        if let Some(b) = bias {
+            need(op, "bias", b, channels)?;
+        }
+        if let Some(s) = start {
+            need(op, "start", s, batch)?;
+        }
+        if let Some(pv) = prev {
+            need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
+        }
+        int(op, rows * x_stride.max(channels))?;
+        Ok(Vec::from(args![
+            gpu;
+            ptr(gpu, x), x_stride as i64, weight, bias, start, prev, int(op, batch)?, int(op, seq)?,
+            int(op, channels)?, int(op, width)?, silu as i32,
+        ]))
     }
-    if let Some(s) = start {
-        need(op, "start", s, batch)?;
-    }
-    if let Some(pv) = prev {
-        need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
-    }
-    int(op, rows * x_stride.max(channels))?;
-    Ok(Vec::from(args![
-        gpu;
-        ptr(gpu, x), x_stride as i64, weight, bias, start, prev, int(op, batch)?, int(op, seq)?, int(op, channels)?,
-        int(op, width)?, silu as i32,
-    ]))
 }
 
 /// Causal depthwise conv1d (+SiLU) forward, as [`crate::conv1d::conv1d_fwd`] without the new
-/// state: out [B, T, C]; x rows of stride `x_stride`; weight [C, W] (in T: the working copy);
-/// bias [C], start [B], prev
-/// [B, W − 1, C] optional.
-#[allow(clippy::too_many_arguments)]
+/// state: out [B, T, C].
 pub fn conv1d_fwd<T: Elem>(
     gpu: &Gpu,
     out: &mut CudaSlice<T>,
-    x: &impl DevicePtr<T>,
-    x_stride: usize,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    start: Option<&CudaSlice<i32>>,
-    prev: Option<&CudaSlice<f32>>,
-    (batch, seq, channels, width): (usize, usize, usize, usize),
-    silu: bool,
+    conv: &DevConv1d<'_, T, impl DevicePtr<T>>,
 ) -> Result<()> {
     let op = "conv1d_fwd";
+    let (batch, seq, channels, width) = conv.dims;
     ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
     need(op, "out", out, rows * channels)?;
-    let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
+    let tail = conv.args(gpu, op)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let (po, px) = (ptr(gpu, out), ptr(gpu, x));
+    let (po, px) = (ptr(gpu, out), ptr(gpu, conv.x));
     let v = 4;
-    let vec = conv_vec::<T>(v, &[po, px], x_stride, channels);
+    let vec = conv_vec::<T>(v, &[po, px], conv.x_stride, channels);
     let mut args = Vec::from(args![gpu; po]);
     args.extend(tail);
     let grid = conv_grid(op, (batch, seq, channels), if vec { v } else { 1 }, CONV_BLOCK_ROWS)?;
@@ -449,7 +448,6 @@ pub fn conv1d_fwd<T: Elem>(
 /// [B, W − 1, C] f32 holds the inputs before the chunk and is replaced, in place, by its last
 /// W − 1 inputs (x rows of stride `x_stride`; 0 at padding). Launched after [`conv1d_fwd`] has
 /// read the old state.
-#[allow(clippy::too_many_arguments)]
 pub fn conv1d_state<T: Elem>(
     gpu: &Gpu,
     state: &mut CudaSlice<f32>,
@@ -477,26 +475,44 @@ pub fn conv1d_state<T: Elem>(
     launch(gpu, &kname::<T>("ssd_conv_state"), (batch * channels).div_ceil(256), 0, &args)
 }
 
-/// Gated RMSNorm forward, as [`crate::rms_norm_gated::rms_norm_gated_fwd`]: y, x [rows, dim],
-/// z rows of stride `z_stride`, w [dim], rstd [rows].
-#[allow(clippy::too_many_arguments)]
+/// A gated RMSNorm's inputs, forward and backward: x [rows, dim], the gate z in rows of stride
+/// `z_stride` (from its first column), the weights w [dim].
+#[derive(Clone, Copy)]
+pub struct GatedNorm<'a, T> {
+    pub x: &'a CudaSlice<T>,
+    pub z: &'a CudaSlice<T>,
+    pub z_stride: usize,
+    pub w: &'a CudaSlice<f32>,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl<T> GatedNorm<'_, T> {
+    /// Elements of z the rows reach.
+    fn z_span(&self) -> usize {
+        if self.rows == 0 {
+            0
+        } else {
+            (self.rows - 1) * self.z_stride + self.dim
+        }
+    }
+}
+
+/// Gated RMSNorm forward, as [`crate::rms_norm_gated::rms_norm_gated_fwd`]: y [rows, dim],
+/// rstd [rows].
 pub fn rms_norm_gated_fwd<T: Elem>(
     gpu: &Gpu,
     y: &mut CudaSlice<T>,
     rstd: &mut CudaSlice<f32>,
-    x: &CudaSlice<T>,
-    z: &impl DevicePtr<T>,
-    z_stride: usize,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    norm: GatedNorm<'_, T>,
     eps: f32,
 ) -> Result<()> {
     let op = "rms_norm_gated_fwd";
+    let GatedNorm { x, z, z_stride, w, rows, dim } = norm;
     ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
     need(op, "x", x, rows * dim)?;
     need(op, "y", y, rows * dim)?;
-    need(op, "z", z, if rows == 0 { 0 } else { (rows - 1) * z_stride + dim })?;
+    need(op, "z", z, norm.z_span())?;
     need(op, "w", w, dim)?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
@@ -504,7 +520,7 @@ pub fn rms_norm_gated_fwd<T: Elem>(
     }
     let args = args![
         gpu;
-        y, rstd, x, ptr(gpu, z), z_stride as i64, w, int(op, dim)?, eps,
+        y, rstd, x, z, z_stride as i64, w, int(op, dim)?, eps,
         norm_vec::<T>(&[ptr(gpu, y), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32,
     ];
     launch2_pdl(gpu, &kname::<T>("ssd_rms_norm_gated_fwd"), (rows, 1), &args)
@@ -527,8 +543,7 @@ pub fn conv1d_bwd_scratch_len(batch: usize, seq: usize, channels: usize, width: 
 
 /// conv1d backward, as [`crate::conv1d::conv1d_bwd`] (the pre-activation recomputed): dx in x's
 /// layout (row stride `x_stride`, channels 0..C overwritten), dweight [C, W] and dbias [C]
-/// accumulated through partial sums per 256 positions added in order (deterministic). W ≤ 8.
-#[allow(clippy::too_many_arguments)]
+/// accumulated through partial sums per 256 positions added in order (deterministic).
 pub fn conv1d_bwd<T: Elem>(
     gpu: &Gpu,
     dx: &mut impl DevicePtrMut<T>,
@@ -536,16 +551,10 @@ pub fn conv1d_bwd<T: Elem>(
     dbias: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
     dout: &CudaSlice<T>,
-    x: &impl DevicePtr<T>,
-    x_stride: usize,
-    weight: &CudaSlice<T>,
-    bias: Option<&CudaSlice<f32>>,
-    start: Option<&CudaSlice<i32>>,
-    prev: Option<&CudaSlice<f32>>,
-    (batch, seq, channels, width): (usize, usize, usize, usize),
-    silu: bool,
+    conv: &DevConv1d<'_, T, impl DevicePtr<T>>,
 ) -> Result<()> {
     let op = "conv1d_bwd";
+    let DevConv1d { dims: (batch, seq, channels, width), x_stride, .. } = *conv;
     ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
     need(op, "dx", dx, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
@@ -555,11 +564,11 @@ pub fn conv1d_bwd<T: Elem>(
         need(op, "dbias", &**b, channels)?;
     }
     need(op, "scratch", scratch, conv1d_bwd_scratch_len(batch, seq, channels, width))?;
-    let tail = conv_args(gpu, op, x, x_stride, weight, bias, start, prev, (batch, seq, channels, width), silu)?;
+    let tail = conv.args(gpu, op)?;
     if rows * channels == 0 {
         return Ok(());
     }
-    let (pdx, pdy, px) = (ptr_mut(gpu, dx), ptr(gpu, dout), ptr(gpu, x));
+    let (pdx, pdy, px) = (ptr_mut(gpu, dx), ptr(gpu, dout), ptr(gpu, conv.x));
     let vec = conv_vec::<T>(2, &[pdx, pdy, px], x_stride, channels);
     let part = ptr(gpu, scratch);
     let mut args = Vec::from(args![gpu; pdx, part, pdy]);
@@ -589,30 +598,24 @@ pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
     rows.div_ceil(NORM_ROWS_PER_PART).max(1) * dim
 }
 
-/// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`]: dx [rows, dim]
-/// overwritten, dz (rows of stride `z_stride`, `dim` columns overwritten), dw [dim] accumulated
-/// through per-32-row partial sums added in order (deterministic).
-#[allow(clippy::too_many_arguments)]
+/// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`], from dy [rows, dim]
+/// and the forward's rstd: dx [rows, dim] overwritten, dz (z's layout, `dim` columns of each row
+/// overwritten), dw [dim] accumulated through per-32-row partial sums added in order
+/// (deterministic).
 pub fn rms_norm_gated_bwd<T: Elem>(
     gpu: &Gpu,
-    dx: &mut CudaSlice<T>,
-    dz: &mut impl DevicePtrMut<T>,
-    dw: &mut CudaSlice<f32>,
+    (dx, dz, dw): (&mut CudaSlice<T>, &mut CudaSlice<T>, &mut CudaSlice<f32>),
     scratch: &mut CudaSlice<f32>,
     dy: &CudaSlice<T>,
-    x: &CudaSlice<T>,
-    z: &impl DevicePtr<T>,
-    z_stride: usize,
     rstd: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    norm: GatedNorm<'_, T>,
 ) -> Result<()> {
     let op = "rms_norm_gated_bwd";
+    let GatedNorm { x, z, z_stride, w, rows, dim } = norm;
     ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
     // Each of a block's 8 warps keeps its share of dw in shared memory.
     ensure!(dim <= RMS_BWD_MAX_DIM, "{op}: dim {dim} is above {RMS_BWD_MAX_DIM}");
-    let zspan = if rows == 0 { 0 } else { (rows - 1) * z_stride + dim };
+    let zspan = norm.z_span();
     need(op, "x", x, rows * dim)?;
     need(op, "dx", dx, rows * dim)?;
     need(op, "dy", dy, rows * dim)?;
@@ -630,10 +633,9 @@ pub fn rms_norm_gated_bwd<T: Elem>(
     let part = ptr(gpu, scratch);
     let args = args![
         gpu;
-        dx, ptr_mut(gpu, dz), part, dy, x, ptr(gpu, z), z_stride as i64, rstd, w, int(op, dim)?, int(op, rows)?,
+        dx, dz, part, dy, x, z, z_stride as i64, rstd, w, int(op, dim)?, int(op, rows)?,
         NORM_ROWS_PER_PART as i32,
-        norm_vec::<T>(&[ptr(gpu, dx), ptr_mut(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim)
-            as i32,
+        norm_vec::<T>(&[ptr(gpu, dx), ptr(gpu, dz), ptr(gpu, dy), ptr(gpu, x), ptr(gpu, z)], z_stride, dim) as i32,
     ];
     launch(gpu, &kname::<T>("ssd_rms_norm_gated_bwd"), parts, 8 * 4 * dim, &args)?;
     let args = args![gpu; dw, part, int(op, parts)?, int(op, dim)?, dim as i64];
@@ -649,6 +651,22 @@ pub struct DevSsdGrads<'a, T: Elem = f32> {
     pub da: &'a mut CudaSlice<f32>,
     pub dd: &'a mut CudaSlice<f32>,
     pub dinit: Option<&'a mut CudaSlice<f32>>,
+}
+
+impl<T: Elem> DevSsdGrads<'_, T> {
+    /// The gradients hold what problem `p` needs (both backwards' check).
+    pub(super) fn check(&self, op: &str, p: &DevSsd<T>) -> Result<()> {
+        let (b, t, h) = (p.batch, p.seq, p.heads);
+        let width = h * p.head_dim + 2 * p.groups * p.state;
+        need(op, "dxbc", self.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
+        need(op, "ddt", self.ddt, b * t * h)?;
+        need(op, "da", self.da, h)?;
+        need(op, "dd", self.dd, h)?;
+        if let Some(d) = &self.dinit {
+            need(op, "dinit", &**d, p.states())?;
+        }
+        Ok(())
+    }
 }
 
 /// Floats of the scratch of [`ssd_bwd`]: the forward's ([`ssd_fwd_scratch_len`]), then the
@@ -670,7 +688,6 @@ pub fn ssd_bwd_scratch_len(
 /// The chunked SSD backward, as [`crate::ssd::ssd_bwd`]: dy [B, T, H·P] (its padded rows
 /// ignored); `init` as given to the forward; `dfinal` [B, H, P, N] or none (0). Recomputes the
 /// forward's chunk states, then four kernels (see kernels/ssd.cu); no atomics.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -690,14 +707,7 @@ pub fn ssd_bwd<T: Elem>(
     if let Some(f) = dfinal {
         need(op, "dfinal", f, p.states())?;
     }
-    let width = h * pd + 2 * gr * n;
-    need(op, "dxbc", g.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
-    need(op, "ddt", g.ddt, b * t * h)?;
-    need(op, "da", g.da, h)?;
-    need(op, "dd", g.dd, h)?;
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.states())?;
-    }
+    g.check(op, p)?;
     need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, pd, n, gr))?;
     if b * t == 0 {
         return Ok(());

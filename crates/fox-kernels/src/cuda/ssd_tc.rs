@@ -117,9 +117,6 @@ impl<T: Elem> DevSsd<'_, T> {
         int(op, (b * chunks(t)).max(b * h))?;
         Ok(())
     }
-    fn tc_states(&self) -> usize {
-        self.batch * self.heads * self.head_dim * self.state
-    }
     fn tc_params(&self, gpu: &Gpu, hb: usize) -> Params {
         let xbc = ptr(gpu, self.xbc);
         // bf16 rows go by 16-byte copies when the rows and the base are 16-byte aligned.
@@ -162,6 +159,11 @@ fn walk_smem() -> usize {
     4 * L * ((P + 8) + (WALK_COLS + 8)) * 2 + 4 * L * 4 + WALK_WARPS * 16 * 40 * 2
 }
 
+/// Launches walk kernel `name` for B·H `rows` of `n` state columns, `z` walks per row.
+fn walk(gpu: &Gpu, name: &str, (rows, n, z): (usize, usize, usize), prm: &Params) -> Result<()> {
+    launch(gpu, name, (rows, n / WALK_COLS, z), 32 * WALK_WARPS as u32, walk_smem(), prm)
+}
+
 /// Shared memory of the chunk outputs with `nw` warps: C and B tiles [64, N + 8], two stages of
 /// x [64, P + 8] and S [P, N + 8] (bf16) and dt, the warps' output staging [16, 4P/nw + 4] (f32).
 fn out_smem(n: usize, nw: usize) -> usize {
@@ -193,7 +195,6 @@ pub fn ssd_fwd<T: Elem>(
     fwd_steps(gpu, p, y, init, final_state, scratch, [true, true])
 }
 
-#[allow(clippy::too_many_arguments)]
 fn fwd_steps<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -211,11 +212,11 @@ fn fwd_steps<T: Elem>(
     let hb = heads_per_block(h, g, 4);
     let mut prm = p.tc_params(gpu, hb);
     if let Some(i) = init {
-        need(op, "init", i, p.tc_states())?;
+        need(op, "init", i, p.states())?;
         prm.init = ptr(gpu, i);
     }
     if let Some(f) = &final_state {
-        need(op, "final_state", &**f, p.tc_states())?;
+        need(op, "final_state", &**f, p.states())?;
         prm.fin = ptr(gpu, *f);
     }
     if b * h == 0 {
@@ -226,8 +227,7 @@ fn fwd_steps<T: Elem>(
     let sfx = format!("n{n}_{}", T::NAME);
     // With T = 0 the walk only copies the initial state to the final one.
     if run[0] {
-        let name = format!("ssd_tc_states_{sfx}");
-        launch(gpu, &name, (b * h, n / WALK_COLS, 1), 32 * WALK_WARPS as u32, walk_smem(), &prm)?;
+        walk(gpu, &format!("ssd_tc_states_{sfx}"), (b * h, n, 1), &prm)?;
     }
     if t == 0 {
         return Ok(());
@@ -253,7 +253,6 @@ fn bwd_smem(n: usize) -> usize {
 /// as given to the forward; `dfinal` [B, H, P, N] or none (0); `scratch` of
 /// [`ssd_bwd_scratch_len`] f32 elements. Recomputes the forward's states (the walk), walks the
 /// state gradients back, then the chunk backward and the ordered reductions.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -268,7 +267,6 @@ pub fn ssd_bwd<T: Elem>(
 
 /// One of the backward's steps alone, for timing (`fox-attn bench-ssd`): 0 the two state walks,
 /// 1 the chunk backward, 2 the reductions.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd_step<T: Elem>(
     gpu: &Gpu,
     p: &DevSsd<T>,
@@ -295,11 +293,7 @@ fn bwd_steps<T: Elem>(
     p.tc_check(op)?;
     let (b, t, h, n, gr) = (p.batch, p.seq, p.heads, p.state, p.groups);
     need(op, "dy", dy, b * t * h * P)?;
-    let width = h * P + 2 * gr * n;
-    need(op, "dxbc", g.dxbc, if b * t == 0 { 0 } else { (b * t - 1) * p.xbc_stride + width })?;
-    need(op, "ddt", g.ddt, b * t * h)?;
-    need(op, "da", g.da, h)?;
-    need(op, "dd", g.dd, h)?;
+    g.check(op, p)?;
     need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, n, gr))?;
     let hb = heads_per_block(h, gr, BWD_HEADS);
     let hblocks = h / hb;
@@ -307,14 +301,11 @@ fn bwd_steps<T: Elem>(
     int(op, b * t * gr * 2 * n)?;
     let mut prm = p.tc_params(gpu, hb);
     if let Some(i) = init {
-        need(op, "init", i, p.tc_states())?;
+        need(op, "init", i, p.states())?;
         prm.init = ptr(gpu, i);
     }
     if let Some(f) = dfinal {
-        need(op, "dfinal", f, p.tc_states())?;
-    }
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.tc_states())?;
+        need(op, "dfinal", f, p.states())?;
     }
     if b * h == 0 {
         return Ok(());
@@ -342,8 +333,7 @@ fn bwd_steps<T: Elem>(
     prm.dfinal = dfinal.map_or(0, |f| ptr(gpu, f));
     prm.dinit = g.dinit.map_or(0, |d| ptr(gpu, d));
     if run[0] {
-        let name = format!("ssd_tc_walks_{sfx}");
-        launch(gpu, &name, (b * h, n / WALK_COLS, 2), 32 * WALK_WARPS as u32, walk_smem(), &prm)?;
+        walk(gpu, &format!("ssd_tc_walks_{sfx}"), (b * h, n, 2), &prm)?;
     }
     if t == 0 {
         return Ok(());

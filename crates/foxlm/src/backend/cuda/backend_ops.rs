@@ -139,7 +139,8 @@ impl<T: Elem> Backend for Cuda<T> {
         eps: f32,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::rms_norm_fwd(&self.gpu, y, rstd, x, &self.params[w.0].master, rows, dim, eps)
+        let norm = ops::RmsNorm { w: &self.params[w.0].master, rows, dim, eps };
+        ops::rms_norm_fwd(&self.gpu, y, rstd, x, norm)
     }
     fn rms_norm_bwd(
         &mut self,
@@ -154,7 +155,8 @@ impl<T: Elem> Backend for Cuda<T> {
         self.mark(Family::Other)?;
         let rows = x.len() / dim;
         let p = &mut self.params[w.0];
-        ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, x, rstd, &p.master, rows, dim, None)
+        let saved = ops::RmsNormSaved { x, rstd, w: &p.master, rows, dim };
+        ops::rms_norm_bwd(&self.gpu, dx, accumulate, &mut p.grad, dy, saved, None)
     }
 
     fn add_rms_norm_fwd(
@@ -170,7 +172,8 @@ impl<T: Elem> Backend for Cuda<T> {
         eps: f32,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, &self.params[w.0].master, rows, dim, eps)
+        let norm = ops::RmsNorm { w: &self.params[w.0].master, rows, dim, eps };
+        ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, norm)
     }
     fn add_inplace_rms_norm_fwd(
         &mut self,
@@ -184,7 +187,8 @@ impl<T: Elem> Backend for Cuda<T> {
         eps: f32,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::add_rms_norm_inplace(&self.gpu, h, y, rstd, b, &self.params[w.0].master, rows, dim, eps)
+        let norm = ops::RmsNorm { w: &self.params[w.0].master, rows, dim, eps };
+        ops::add_rms_norm_inplace(&self.gpu, h, y, rstd, b, norm)
     }
     fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;

@@ -352,19 +352,8 @@ impl<T: Elem> Cuda<T> {
     pub(crate) fn cross_entropy_ld(&mut self, weight: f32, m: usize, vocab: usize, ld: usize) -> Result<()> {
         // The row in shared memory where it fits: one read of the logits instead of three.
         let staged = self.xent_staged && ops::cross_entropy_staged_fits(&self.gpu, ld);
-        let (gpu, t) = (&self.gpu, &self.head_targets);
-        ops::cross_entropy_padded(
-            gpu,
-            &mut self.head_dlogits,
-            &mut self.head_losses,
-            &self.head_logits,
-            t,
-            weight,
-            m,
-            vocab,
-            ld,
-            staged,
-        )
+        let ce = ops::CrossEntropy { logits: &self.head_logits, targets: &self.head_targets, weight, rows: m };
+        ops::cross_entropy_padded(&self.gpu, &mut self.head_dlogits, &mut self.head_losses, ce, vocab, ld, staged)
     }
 
     pub(crate) fn vis<'a>(&self, b: &'a GpuBatch) -> DevVisibility<'a> {

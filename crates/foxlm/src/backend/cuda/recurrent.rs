@@ -140,10 +140,12 @@ impl<T: Elem> Cuda<T> {
         let w = self.copy_of(c.weight)?;
         let bias = c.bias.map(|id| &self.params[id.0].master);
         let start = b.chunk_start();
+        let mut conv = ssd::DevConv1d { dims, x, x_stride: c.stride, weight: w, bias, start, prev: None, silu: c.silu };
         match state {
-            None => ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, None, dims, c.silu),
+            None => ssd::conv1d_fwd(&self.gpu, out, &conv),
             Some(st) => {
-                ssd::conv1d_fwd(&self.gpu, out, x, c.stride, w, bias, start, Some(&*st), dims, c.silu)?;
+                conv.prev = Some(&*st);
+                ssd::conv1d_fwd(&self.gpu, out, &conv)?;
                 ssd::conv1d_state(&self.gpu, st, x, c.stride, start, dims)
             }
         }
@@ -175,22 +177,8 @@ impl<T: Elem> Cuda<T> {
             None => (None, None),
         };
         let start = b.chunk_start();
-        ssd::conv1d_bwd(
-            &self.gpu,
-            dx,
-            &mut w.grad,
-            dbias,
-            scratch,
-            dout,
-            x,
-            c.stride,
-            copy,
-            bias,
-            start,
-            None,
-            dims,
-            c.silu,
-        )
+        let conv = ssd::DevConv1d { dims, x, x_stride: c.stride, weight: copy, bias, start, prev: None, silu: c.silu };
+        ssd::conv1d_bwd(&self.gpu, dx, &mut w.grad, dbias, scratch, dout, &conv)
     }
 }
 

@@ -11,11 +11,12 @@ use crate::backend::Family;
 use crate::tensor::{ParamId, ParamKind};
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::attention::{self as ga, DevVisibility, FwdKernel};
+use fox_kernels::cuda::attention_f32::{self, F32Grads, F32Problem};
 use fox_kernels::cuda::compile::MODEL;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, LaunchConfig};
 use fox_kernels::cuda::kargs::{self, args};
 use fox_kernels::cuda::ops;
-use fox_kernels::cuda::{attention_f32, Elem};
+use fox_kernels::cuda::Elem;
 
 impl<T: Elem> AttnOps for Cuda<T> {
     type KvCache = GpuCache<T>;
@@ -34,7 +35,8 @@ impl<T: Elem> AttnOps for Cuda<T> {
         self.mark(Family::Other)?;
         // Left padding matters only on the chunk that starts the sequence.
         let start = if b.past == 0 { self.start(b) } else { None };
-        ops::kv_shift_fwd(&self.gpu, out, x, alpha, start, b.batch, b.seq, heads, head_dim)?;
+        let kv = ops::KvShift { x, alpha, start, b: b.batch, t: b.seq, h: heads, d: head_dim };
+        ops::kv_shift_fwd(&self.gpu, out, kv)?;
         match cache {
             Some(c) if c.len > 0 => {
                 let prev = if value { &c.v_shift } else { &c.k_shift };
@@ -55,7 +57,8 @@ impl<T: Elem> AttnOps for Cuda<T> {
         head_dim: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, x, alpha, self.start(b), b.batch, b.seq, heads, head_dim)
+        let kv = ops::KvShift { x, alpha, start: self.start(b), b: b.batch, t: b.seq, h: heads, d: head_dim };
+        ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, kv)
     }
     fn rope(
         &mut self,
@@ -235,14 +238,16 @@ impl<T: Elem> AttnOps for Cuda<T> {
                 let err = || anyhow!("no attention path for {} at head dim {head_dim}", T::NAME);
                 let (q, k, v) = (as_f32(q).ok_or_else(err)?, as_f32(k).ok_or_else(err)?, as_f32(v).ok_or_else(err)?);
                 let o = as_f32_mut(o).ok_or_else(err)?;
-                attention_f32::forward_f32(g, bb, heads, t, d, opts, q, k, v, c, start, scale, prune, o, lse)?;
+                let p = F32Problem { b: bb, h: heads, t, d, opts, q, k, v, c, start, scale, prune };
+                attention_f32::forward_f32(g, p, o, lse)?;
             }
             Some(f) => {
                 ops::cast_to_f32(g, &mut f.q, q, n)?;
                 ops::cast_to_f32(g, &mut f.k, k, nkv)?;
                 ops::cast_to_f32(g, &mut f.v, v, nkv)?;
                 let (fq, fk, fv, fo) = (&f.q, &f.k, &f.v, &mut f.o);
-                attention_f32::forward_f32(g, bb, heads, t, d, opts, fq, fk, fv, c, start, scale, prune, fo, lse)?;
+                let p = F32Problem { b: bb, h: heads, t, d, opts, q: fq, k: fk, v: fv, c, start, scale, prune };
+                attention_f32::forward_f32(g, p, fo, lse)?;
                 ops::cast_from_f32(g, o, &f.o, n)?;
             }
         }
@@ -290,30 +295,9 @@ impl<T: Elem> AttnOps for Cuda<T> {
                 let dq = as_f32_mut(g.dq).ok_or_else(err)?;
                 let dk = as_f32_mut(g.dk).ok_or_else(err)?;
                 let dv = as_f32_mut(g.dv).ok_or_else(err)?;
-                let (dc, delta) = (g.dc, &mut self.delta);
-                attention_f32::backward_f32(
-                    gpu,
-                    bb,
-                    heads,
-                    t,
-                    d,
-                    opts,
-                    q,
-                    k,
-                    v,
-                    c,
-                    start,
-                    scale,
-                    prune,
-                    o,
-                    dout,
-                    lse,
-                    dq,
-                    dk,
-                    dv,
-                    dc,
-                    Some(delta),
-                )
+                let p = F32Problem { b: bb, h: heads, t, d, opts, q, k, v, c, start, scale, prune };
+                let grads = F32Grads { dq, dk, dv, dc: g.dc };
+                attention_f32::backward_f32(gpu, p, o, dout, lse, grads, Some(&mut self.delta))
             }
             Some(f) => {
                 for (dst, src, len) in
@@ -321,30 +305,9 @@ impl<T: Elem> AttnOps for Cuda<T> {
                 {
                     ops::cast_to_f32(gpu, dst, src, len)?;
                 }
-                let (dc, delta) = (&mut *g.dc, &mut self.delta);
-                attention_f32::backward_f32(
-                    gpu,
-                    bb,
-                    heads,
-                    t,
-                    d,
-                    opts,
-                    &f.q,
-                    &f.k,
-                    &f.v,
-                    c,
-                    start,
-                    scale,
-                    prune,
-                    &f.o,
-                    &f.dout,
-                    lse,
-                    &mut f.dq,
-                    &mut f.dk,
-                    &mut f.dv,
-                    dc,
-                    Some(delta),
-                )?;
+                let p = F32Problem { b: bb, h: heads, t, d, opts, q: &f.q, k: &f.k, v: &f.v, c, start, scale, prune };
+                let grads = F32Grads { dq: &mut f.dq, dk: &mut f.dk, dv: &mut f.dv, dc: &mut *g.dc };
+                attention_f32::backward_f32(gpu, p, &f.o, &f.dout, lse, grads, Some(&mut self.delta))?;
                 ops::cast_from_f32(gpu, g.dq, &f.dq, n)?;
                 ops::cast_from_f32(gpu, g.dk, &f.dk, nkv)?;
                 ops::cast_from_f32(gpu, g.dv, &f.dv, nkv)

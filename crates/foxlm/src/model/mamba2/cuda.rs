@@ -89,32 +89,20 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         if self.gemv && ops::gemv_fits::<T>(b.batch, in_proj.in_features) {
             self.mark(Family::Gemm)?;
             let w = self.copy_of(in_proj.weight)?;
-            let cw = self.copy_of(c.weight)?;
-            let bias = c.bias.map(|id| &self.params[id.0].master);
+            let conv_w = self.copy_of(c.weight)?;
+            let conv_b = c.bias.map(|id| &self.params[id.0].master);
             let dt_bias = &self.params[p.dt_bias.0].master;
-            let k = in_proj.in_features;
-            return ops::gemv_step_in(
-                &self.gpu,
-                zxbcdt,
-                x,
-                w,
-                k,
-                xbc,
-                &mut st.conv[c.slot],
-                dt,
-                cw,
-                bias,
-                dt_bias,
-                b.chunk_start(),
-                d,
-            );
+            let prm = ssd::DecodeParams { conv_w, conv_b, dt_bias, start: b.chunk_start(), at: d };
+            let out = ssd::DecodeOut { xbc, conv_state: &mut st.conv[c.slot], dt };
+            return ops::gemv_step_in(&self.gpu, zxbcdt, x, w, in_proj.in_features, out, prm);
         }
         self.linear_into(zxbcdt, x, in_proj, b.batch)?;
         self.mark(Family::Other)?;
-        let w = self.copy_of(c.weight)?;
-        let bias = c.bias.map(|id| &self.params[id.0].master);
+        let conv_w = self.copy_of(c.weight)?;
+        let conv_b = c.bias.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;
-        ssd::decode_inputs(&self.gpu, xbc, &mut st.conv[c.slot], dt, zxbcdt, w, bias, dt_bias, b.chunk_start(), d)
+        let prm = ssd::DecodeParams { conv_w, conv_b, dt_bias, start: b.chunk_start(), at: d };
+        ssd::decode_inputs(&self.gpu, ssd::DecodeOut { xbc, conv_state: &mut st.conv[c.slot], dt }, zxbcdt, prm)
     }
 
     fn mamba2_dt_fwd(
@@ -231,7 +219,8 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         // Each row of zxbcdt holds G groups of z: as rows of `dim` with stride in_proj_dim, group by
         // group, the groups' rows are not evenly strided unless G = 1.
         ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
-        ssd::rms_norm_gated_fwd(&self.gpu, g, rstd, y, zxbcdt, s.in_proj_dim(), w, rows, dim, p.eps)
+        let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w, rows, dim };
+        ssd::rms_norm_gated_fwd(&self.gpu, g, rstd, norm, p.eps)
     }
 
     fn gated_norm_bwd(
@@ -251,20 +240,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
         let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
         let w = &mut self.params[p.norm.0];
-        ssd::rms_norm_gated_bwd(
-            &self.gpu,
-            dy,
-            dzxbcdt,
-            &mut w.grad,
-            scratch,
-            dg,
-            y,
-            zxbcdt,
-            s.in_proj_dim(),
-            rstd,
-            &w.master,
-            rows,
-            dim,
-        )
+        let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w: &w.master, rows, dim };
+        ssd::rms_norm_gated_bwd(&self.gpu, (dy, dzxbcdt, &mut w.grad), scratch, dg, rstd, norm)
     }
 }

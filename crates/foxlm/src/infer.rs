@@ -13,7 +13,7 @@ use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache, GpuLayerSta
 use crate::backend::Dtype;
 use crate::backend::{Backend, BatchInfo};
 use crate::eval::loss::{batch_token_losses, Chunking};
-use crate::generate::{run_prompts, GenerateOptions};
+use crate::generate::{run_prompts, GenerateOptions, PromptJob};
 use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Mixer;
@@ -102,18 +102,10 @@ pub trait Infer {
         chunk: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f64>>>;
-    /// Continuations of `prompts`, all in one batch of the serving scheduler
+    /// Continuations of the job's prompts, all in one batch of the serving scheduler
     /// ([`crate::generate::run_prompts`] over the device's batcher), prefilled in chunks of
-    /// `chunk` positions (at most what the device planned; `progress(n)` after each);
-    /// `on_token(row, id)` sees each token as it is chosen.
-    fn run_prompts(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>>;
+    /// `job.chunk` positions (at most what the device planned).
+    fn run_prompts(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>>;
     /// Continuations of `prompts`, all in one batch of the serving scheduler (as
     /// [`crate::generate::generate`]), every prompt prefilled at once (the GPU: in its planned
     /// chunks); `on_token(row, id)` sees each token as it is chosen.
@@ -123,7 +115,7 @@ pub trait Infer {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
-        self.run_prompts(prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
+        self.run_prompts(PromptJob { prompts, opts, chunk: crate::generate::WHOLE, on_token, progress: &mut |_| {} })
     }
     /// Greedy continuation of one prompt through the serving scheduler, prefilled in
     /// chunks of `chunk` positions (`progress(n)` after each).
@@ -137,7 +129,9 @@ pub trait Infer {
     ) -> Result<Vec<u32>> {
         ensure!(!prompt.is_empty(), "an empty prompt");
         let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
-        let mut out = self.run_prompts(&[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
+        let prompts = [prompt.to_vec()];
+        let mut out =
+            self.run_prompts(PromptJob { prompts: &prompts, opts: &opts, chunk, on_token: &mut |_, _| {}, progress })?;
         Ok(out.pop().unwrap_or_default())
     }
     /// One sequence's attention activations for gate maps: per block the forget-gate logits, the
@@ -185,16 +179,8 @@ impl Infer for CpuInfer<'_> {
         let chunking = Chunking::new(chunk, self.model.config.vocab_size);
         Ok(batch_token_losses(self.model, seqs, chunking, progress))
     }
-    fn run_prompts(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>> {
-        let mut b = CpuBatcher::new(self.model);
-        run_prompts(&mut b, prompts, opts, chunk, on_token, progress)
+    fn run_prompts(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>> {
+        run_prompts(&mut CpuBatcher::new(self.model), job)
     }
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {
         let ctx = Ctx { batch: 1, seq: ids.len(), start: None };
@@ -748,16 +734,10 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(TimedScore { forward_s, head_s, families })
     }
 
-    /// `prompts` as one job on the serving scheduler's GPU batcher
-    /// ([`crate::serve::gpu::GpuBatcher`]), with a slot per prompt holding its prompt and new tokens.
-    fn through_scheduler(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>> {
+    /// `job` on the serving scheduler's GPU batcher ([`crate::serve::gpu::GpuBatcher`]), with a
+    /// slot per prompt holding its prompt and new tokens.
+    fn through_scheduler(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>> {
+        let (prompts, opts) = (job.prompts, job.opts);
         let b = prompts.len();
         if b == 0 {
             return Ok(vec![]);
@@ -767,7 +747,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let cap = longest.saturating_add(opts.max_new_tokens).saturating_add(1);
         let stats = crate::serve::scheduler::SchedulerStats::default();
         let mut batcher = crate::serve::gpu::GpuBatcher::with_cap(self, b, cap, &stats)?;
-        run_prompts(&mut batcher, prompts, opts, chunk, on_token, progress)
+        run_prompts(&mut batcher, job)
     }
 
     /// Continuations of equally planned prompts through the kernel-level reference loop
@@ -857,18 +837,11 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         Ok(out)
     }
 
-    fn run_prompts(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>> {
+    fn run_prompts(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>> {
         // The prefill goes in chunks of `chunk`, at most the planned one (`generate`'s WHOLE: the
         // planned chunks, as the prefill of the reference loop).
-        let chunk = chunk.clamp(1, self.plan.chunk);
-        self.through_scheduler(prompts, opts, chunk, on_token, progress)
+        let chunk = job.chunk.clamp(1, self.plan.chunk);
+        self.through_scheduler(PromptJob { chunk, ..job })
     }
 
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {

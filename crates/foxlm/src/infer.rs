@@ -507,22 +507,11 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
         let run = (|| -> Result<()> {
             if graph.is_none() {
-                self.be.begin_device_positions(len)?;
-                let stream = self.be.gpu.stream().clone();
-                stream
-                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
-                let captured = (|| -> Result<()> {
-                    self.step_forward(&mut *caches, true)?;
-                    self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-                    self.be.sample(&mut self.chosen, None, b, &s, len + 1)
-                })();
-                let g = stream.end_capture(CUgraphInstantiate_flags(0));
-                captured?;
-                *graph = Some(
-                    g.map_err(|e| anyhow!("instantiating the serving step's CUDA graph: {e:?}"))?
-                        .ok_or_else(|| anyhow!("the serving step's CUDA graph is empty"))?,
-                );
+                *graph = Some(self.capture(len, "serving step", |e| {
+                    e.step_forward(&mut *caches, true)?;
+                    e.be.last_logits(&e.step.final_out, &lm_head, &e.batch, false)?;
+                    e.be.sample(&mut e.chosen, None, b, &s, len + 1)
+                })?);
             } else {
                 let mut p = parked.take().ok_or_else(|| anyhow!("a serving graph without its device-side length"))?;
                 self.be.gpu.write(&mut p, &[i32::try_from(len).map_err(|_| anyhow!("cache length {len}"))?])?;
@@ -659,22 +648,28 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let lm_head = self.model.lm_head;
         let info = BatchInfo { batch: b, seq: 1, start, past: len };
         self.be.prepare(&mut self.batch, &info, next, None)?;
+        self.capture(len, "decode step", |e| {
+            e.step_forward(&mut *caches, true)?;
+            e.be.last_logits(&e.step.final_out, &lm_head, &e.batch, false)?;
+            // Advance first: the sampler's random stream is keyed by the new length.
+            e.be.advance_positions(&mut e.batch)?;
+            e.be.sample(&mut e.chosen, Some(&mut e.batch), b, s, len + 1)
+        })
+    }
+
+    /// `body` (a step at cached length `len`) captured as a CUDA graph, the cache kernels reading
+    /// the length from the device; `what` names the step in errors.
+    fn capture(&mut self, len: usize, what: &str, body: impl FnOnce(&mut Self) -> Result<()>) -> Result<CudaGraph> {
         self.be.begin_device_positions(len)?;
         let stream = self.be.gpu.stream().clone();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
-        let captured = (|| -> Result<()> {
-            self.step_forward(&mut *caches, true)?;
-            self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-            // Advance first: the sampler's random stream is keyed by the new length.
-            self.be.advance_positions(&mut self.batch)?;
-            self.be.sample(&mut self.chosen, Some(&mut self.batch), b, s, len + 1)
-        })();
+        let captured = body(self);
         let g = stream.end_capture(CUgraphInstantiate_flags(0));
         captured?;
-        g.map_err(|e| anyhow!("instantiating the decode step's CUDA graph: {e:?}"))?
-            .ok_or_else(|| anyhow!("the decode step's CUDA graph is empty"))
+        g.map_err(|e| anyhow!("instantiating the {what}'s CUDA graph: {e:?}"))?
+            .ok_or_else(|| anyhow!("the {what}'s CUDA graph is empty"))
     }
 
     /// [`GpuInfer::reference_generate`] timed for `foxlm bench decode`: the prefill and the decode separately

@@ -425,11 +425,10 @@ fn chunk_decay(p: &Ssd, b: usize, h: usize, t0: usize, len: usize, dtm: &mut [f3
     }
 }
 
-/// xw [len, P] = diag(e^{cum_L − cum_j}·dt_j) X of positions t0..t0 + len: the chunk's inputs
-/// as they reach the state at its end.
-#[allow(clippy::too_many_arguments)]
-fn decayed_x(p: &Ssd, b: usize, hi: usize, t0: usize, len: usize, cum: &[f32], dtm: &[f32], xw: &mut [f32]) {
-    let pd = p.head_dim;
+/// xw [len, P] = diag(e^{cum_L − cum_j}·dt_j) X of positions t0..t0 + len (len = cum.len() =
+/// dtm.len()): the chunk's inputs as they reach the state at its end.
+fn decayed_x(p: &Ssd, b: usize, hi: usize, t0: usize, cum: &[f32], dtm: &[f32], xw: &mut [f32]) {
+    let (pd, len) = (p.head_dim, cum.len());
     for j in 0..len {
         let w = (cum[len - 1] - cum[j]).exp() * dtm[j];
         let x = &p.xbc[p.x_at(b, t0 + j, hi)..][..pd];
@@ -525,7 +524,7 @@ fn ssd_fwd_chunked(
             // S_L = e^{cum_L} S_0 + (diag(w) X)ᵀ B.
             let decay = cum[len - 1].exp();
             s.iter_mut().for_each(|v| *v *= decay);
-            decayed_x(p, b, hi, t0, len, &cum, &dtm, &mut xw);
+            decayed_x(p, b, hi, t0, &cum[..len], &dtm[..len], &mut xw);
             // SAFETY: as above.
             unsafe {
                 let bo = p.b_at(b, t0, g);
@@ -605,7 +604,7 @@ fn ssd_bwd_chunked(
             for (o, &v) in next.iter_mut().zip(cur.iter()) {
                 *o = decay * v;
             }
-            decayed_x(p, b, hi, t0, len, &cum, &dtm, &mut xw);
+            decayed_x(p, b, hi, t0, &cum[..len], &dtm[..len], &mut xw);
             // SAFETY: operands in bounds; next is this task's.
             unsafe {
                 gemm_seq(

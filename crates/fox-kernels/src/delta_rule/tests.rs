@@ -56,15 +56,9 @@ fn ref_fwd(p: &DeltaRule, x: &Inputs) -> (Vec<f64>, States) {
 fn ref_bwd(p: &DeltaRule, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads {
     let (kd, vd) = (p.k_dim, p.v_dim);
     let (_, states) = ref_fwd(p, x);
-    let mut gr = RefGrads {
-        dq: vec![0.0; x.q.len()],
-        dk: vec![0.0; x.k.len()],
-        dv: vec![0.0; x.v.len()],
-        dbeta: vec![0.0; x.beta.len()],
-        dg: vec![0.0; x.beta.len()],
-        dinit: vec![0.0; x.init.len()],
-    };
-    ref_walk_back(&p.shape(), p.scale, &x.q, &states, dout, dfinal, &mut gr.dq, &mut gr.dinit, |r, s_old, ds| {
+    let (mut dk, mut dv) = (vec![0.0; x.k.len()], vec![0.0; x.v.len()]);
+    let (mut dbeta, mut dg) = (vec![0.0; x.beta.len()], vec![0.0; x.beta.len()]);
+    let (dq, dinit) = ref_walk_back(&p.shape(), p.scale, &x.q, &states, dout, dfinal, |r, s_old, ds| {
         // S_t = α S_{t−1} + k uᵀ, u = β (v − α S_{t−1}ᵀ k).
         let (k, v) = (&x.k[r * kd..][..kd], &x.v[r * vd..][..vd]);
         let alpha = x.g.as_ref().map_or(1.0, |g| g[r].exp());
@@ -84,15 +78,15 @@ fn ref_bwd(p: &DeltaRule, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads 
             for c in 0..vd {
                 acc += ds[ki * vd + c] * u[c] - alpha * beta * s_old[ki * vd + c] * dsk[c];
             }
-            gr.dk[r * kd + ki] += acc;
+            dk[r * kd + ki] += acc;
         }
         for c in 0..vd {
-            gr.dv[r * vd + c] += beta * dsk[c];
+            dv[r * vd + c] += beta * dsk[c];
         }
-        gr.dbeta[r] += (0..vd).map(|c| dsk[c] * (v[c] - alpha * sk[c])).sum::<f64>();
+        dbeta[r] += (0..vd).map(|c| dsk[c] * (v[c] - alpha * sk[c])).sum::<f64>();
         let ss: f64 = ds.iter().zip(s_old.iter()).map(|(a, b)| a * b).sum();
         let dalpha = ss - beta * (0..vd).map(|c| dsk[c] * sk[c]).sum::<f64>();
-        gr.dg[r] += alpha * dalpha;
+        dg[r] += alpha * dalpha;
         // dS_{t−1} = α (dS − β k (dSᵀ k)ᵀ).
         for ki in 0..kd {
             for c in 0..vd {
@@ -100,7 +94,7 @@ fn ref_bwd(p: &DeltaRule, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads 
             }
         }
     });
-    gr
+    RefGrads { dq, dk, dv, dbeta, dg, dinit }
 }
 
 // ---------------------------------------------------------------------------------------------

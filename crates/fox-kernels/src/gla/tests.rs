@@ -40,26 +40,20 @@ fn ref_fwd(p: &Gla, x: &Inputs) -> (Vec<f64>, States) {
 fn ref_bwd(p: &Gla, x: &Inputs, dout: &[f64], dfinal: &[f64]) -> RefGrads {
     let (kd, vd) = (p.k_dim, p.v_dim);
     let (_, states) = ref_fwd(p, x);
-    let mut gr = RefGrads {
-        dq: vec![0.0; x.q.len()],
-        dk: vec![0.0; x.k.len()],
-        dv: vec![0.0; x.v.len()],
-        dg: vec![0.0; x.g.len()],
-        dinit: vec![0.0; x.init.len()],
-    };
-    ref_walk_back(&p.shape(), p.scale, &x.q, &states, dout, dfinal, &mut gr.dq, &mut gr.dinit, |r, s_old, ds| {
+    let (mut dk, mut dv, mut dg) = (vec![0.0; x.k.len()], vec![0.0; x.v.len()], vec![0.0; x.g.len()]);
+    let (dq, dinit) = ref_walk_back(&p.shape(), p.scale, &x.q, &states, dout, dfinal, |r, s_old, ds| {
         for c in 0..kd {
             let d = x.g[r * kd + c].exp();
             for e in 0..vd {
                 let g_ = ds[c * vd + e];
-                gr.dk[r * kd + c] += g_ * x.v[r * vd + e];
-                gr.dv[r * vd + e] += g_ * x.k[r * kd + c];
-                gr.dg[r * kd + c] += d * g_ * s_old[c * vd + e];
+                dk[r * kd + c] += g_ * x.v[r * vd + e];
+                dv[r * vd + e] += g_ * x.k[r * kd + c];
+                dg[r * kd + c] += d * g_ * s_old[c * vd + e];
                 ds[c * vd + e] = d * g_;
             }
         }
     });
-    gr
+    RefGrads { dq, dk, dv, dg, dinit }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -103,8 +103,8 @@ pub fn ref_walk(
 
 /// The reverse of [`ref_walk`] from do and the final states' gradient: per (b, h) and real
 /// position r, backwards, adds o's part to dS and dq, then `step(r, S_{t−1}, dS)` adds its inputs'
-/// gradients and turns dS into dS_{t−1}; what is left is written to dinit.
-#[allow(clippy::too_many_arguments)]
+/// gradients and turns dS into dS_{t−1}; what is left is the initial state's gradient. Returns
+/// (dq, dinit).
 pub fn ref_walk_back(
     sh: &Shape,
     scale: f32,
@@ -112,11 +112,10 @@ pub fn ref_walk_back(
     states: &States,
     dout: &[f64],
     dfinal: &[f64],
-    dq: &mut [f64],
-    dinit: &mut [f64],
     mut step: impl FnMut(usize, &[f64], &mut [f64]),
-) {
+) -> (Vec<f64>, Vec<f64>) {
     let (t, h, kd, vd) = (sh.seq, sh.heads, sh.k_dim, sh.v_dim);
+    let (mut dq, mut dinit) = (vec![0.0; q.len()], vec![0.0; dfinal.len()]);
     let sc = scale as f64;
     for b in 0..sh.batch {
         let st = sh.start(b);
@@ -138,4 +137,5 @@ pub fn ref_walk_back(
             dinit[bh * kd * vd..][..kd * vd].copy_from_slice(&ds);
         }
     }
+    (dq, dinit)
 }

@@ -271,15 +271,16 @@ fn kv_case<T: Elem>(
         None => None,
     };
     let (xd, ad, dod) = (c.up(&xt)?, c.up(&at)?, c.up(&dot)?);
+    let prob = fox_kernels::kv_shift::KvShift { batch: b, seq: t, heads: h, head_dim: d, x: &x, alpha: &a, start };
     let mut out_ref = vec![0.0; n];
-    fox_kernels::kv_shift::kv_shift_fwd(&mut out_ref, &x, &a, None, start, b, t, h, d);
+    fox_kernels::kv_shift::kv_shift_fwd(&prob, None, &mut out_ref);
     let mut od = g.zeros::<T>(n)?;
     let kv = KvShift { x: &xd, alpha: &ad, start: sd.as_ref(), b, t, h, d };
     ops::kv_shift_fwd(g, &mut od, kv)?;
     c.add_t::<T>(name, "fwd out", &dl(g, &od, n)?, &out_ref);
     let mut dx_ref = vec![0.0; n];
     let mut da_ref = vec![0.0; b * t * h];
-    fox_kernels::kv_shift::kv_shift_bwd(&mut dx_ref, &mut da_ref, &dout, &x, &a, start, t, h, d);
+    fox_kernels::kv_shift::kv_shift_bwd(&prob, &dout, &mut dx_ref, &mut da_ref);
     let mut dxd = g.zeros::<T>(n)?;
     let mut dad = g.zeros::<T>(b * t * h)?;
     ops::kv_shift_bwd(g, &mut dxd, &mut dad, &dod, kv)?;

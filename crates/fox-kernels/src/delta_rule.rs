@@ -106,11 +106,15 @@ impl DeltaRule<'_> {
             v: sh.gather(self.v, self.v_dim, b, h),
             beta: sh.gather(self.beta, 1, b, h),
             g: self.g.map_or_else(|| vec![0.0; n], |g| sh.gather(g, 1, b, h)),
+            kd: self.k_dim,
+            vd: self.v_dim,
+            scale: self.scale,
         }
     }
 }
 
-/// One (b, h)'s real positions: q, k [n, K], v [n, V], β and g [n].
+/// One (b, h)'s real positions: q, k [n, K], v [n, V], β and g [n], with the problem's K, V and
+/// scale.
 struct Head {
     n: usize,
     q: Vec<f32>,
@@ -118,6 +122,9 @@ struct Head {
     v: Vec<f32>,
     beta: Vec<f32>,
     g: Vec<f32>,
+    kd: usize,
+    vd: usize,
+    scale: f32,
 }
 
 /// x [K] · S [K, V] → out [V] (Sᵀ x).
@@ -154,7 +161,8 @@ struct Chunk {
 }
 
 /// Builds chunk [c0, c0 + len) of `x` entering with state `s0`.
-fn chunk(x: &Head, c0: usize, len: usize, s0: &[f32], kd: usize, vd: usize) -> Chunk {
+fn chunk(x: &Head, c0: usize, len: usize, s0: &[f32]) -> Chunk {
+    let (kd, vd) = (x.kd, x.vd);
     let (q, k, v) = (&x.q[c0 * kd..], &x.k[c0 * kd..], &x.v[c0 * vd..]);
     let (beta, g) = (&x.beta[c0..c0 + len], &x.g[c0..c0 + len]);
     let mut cum = vec![0.0f32; len];
@@ -197,19 +205,9 @@ fn chunk(x: &Head, c0: usize, len: usize, s0: &[f32], kd: usize, vd: usize) -> C
     Chunk { len, cum, gam, kk, qk, a, s0k, u }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// The chunk's outputs o [L, V] (with `out`) and the state leaving it (into `s`, which held S_0).
-fn chunk_fwd(
-    x: &Head,
-    c0: usize,
-    ch: &Chunk,
-    s: &mut [f32],
-    out: Option<&mut [f32]>,
-    kd: usize,
-    vd: usize,
-    scale: f32,
-) {
-    let len = ch.len;
+fn chunk_fwd(x: &Head, c0: usize, ch: &Chunk, s: &mut [f32], out: Option<&mut [f32]>) {
+    let (len, kd, vd, scale) = (ch.len, x.kd, x.vd, x.scale);
     if let Some(o) = out {
         let q = &x.q[c0 * kd..];
         for i in 0..len {
@@ -243,10 +241,10 @@ fn chunk_fwd(
 }
 
 /// Forward of one head over its real positions: o [n, V], the state `s` [K, V] advanced.
-fn head_fwd(x: &Head, s: &mut [f32], o: &mut [f32], kd: usize, vd: usize, scale: f32) {
+fn head_fwd(x: &Head, s: &mut [f32], o: &mut [f32]) {
     for (c0, len) in chunks(x.n, CHUNK) {
-        let ch = chunk(x, c0, len, s, kd, vd);
-        chunk_fwd(x, c0, &ch, s, Some(&mut o[c0 * vd..][..len * vd]), kd, vd, scale);
+        let ch = chunk(x, c0, len, s);
+        chunk_fwd(x, c0, &ch, s, Some(&mut o[c0 * x.vd..][..len * x.vd]));
     }
 }
 
@@ -261,11 +259,11 @@ struct HeadGrads {
 }
 
 /// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
-fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
-    let n = x.n;
+fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32]) -> HeadGrads {
+    let (n, kd, vd) = (x.n, x.kd, x.vd);
     let states = chunk_states(n, CHUNK, init, |c0, len, s| {
-        let ch = chunk(x, c0, len, s, kd, vd);
-        chunk_fwd(x, c0, &ch, s, None, kd, vd, scale);
+        let ch = chunk(x, c0, len, s);
+        chunk_fwd(x, c0, &ch, s, None);
     });
     let mut gr = HeadGrads {
         dq: vec![0.0; n * kd],
@@ -277,27 +275,16 @@ fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd:
     };
     for (c, (c0, len)) in chunks(n, CHUNK).enumerate().rev() {
         let s0 = &states[c * kd * vd..][..kd * vd];
-        let ch = chunk(x, c0, len, s0, kd, vd);
+        let ch = chunk(x, c0, len, s0);
         let ds = std::mem::take(&mut gr.dinit);
-        gr.dinit = chunk_bwd(x, c0, &ch, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr, kd, vd, scale);
+        gr.dinit = chunk_bwd(x, c0, &ch, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr);
     }
     gr
 }
 
 /// One chunk's backward: adds into `gr`'s rows of the chunk, returns dS_0.
-#[allow(clippy::too_many_arguments)]
-fn chunk_bwd(
-    x: &Head,
-    c0: usize,
-    ch: &Chunk,
-    s0: &[f32],
-    dout: &[f32],
-    ds: &[f32],
-    gr: &mut HeadGrads,
-    kd: usize,
-    vd: usize,
-    scale: f32,
-) -> Vec<f32> {
+fn chunk_bwd(x: &Head, c0: usize, ch: &Chunk, s0: &[f32], dout: &[f32], ds: &[f32], gr: &mut HeadGrads) -> Vec<f32> {
+    let (kd, vd, scale) = (x.kd, x.vd, x.scale);
     let len = ch.len;
     let (q, k, v) = (&x.q[c0 * kd..], &x.k[c0 * kd..], &x.v[c0 * vd..]);
     let beta = &x.beta[c0..c0 + len];
@@ -415,7 +402,7 @@ pub fn delta_rule_fwd(
 ) -> Result<()> {
     p.check()?;
     p.shape().forward(o, init, final_state, |b, h, s, out| {
-        head_fwd(&p.head(b, h), s, out, p.k_dim, p.v_dim, p.scale);
+        head_fwd(&p.head(b, h), s, out);
     })
 }
 
@@ -443,7 +430,7 @@ pub fn delta_rule_bwd(
     if let Some(d) = &g.dinit {
         sh.check_state(d.len(), "dinit")?;
     }
-    let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df, kd, vd, p.scale));
+    let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df));
     let DeltaRuleGrads { dq, dk, dv, dbeta, dg, dinit } = g;
     sh.scatter(dq, per.iter().map(|hg| &hg.dq[..]), kd);
     sh.scatter(dk, per.iter().map(|hg| &hg.dk[..]), kd);

@@ -93,21 +93,28 @@ impl Gla<'_> {
             k: sh.gather(self.k, self.k_dim, b, h),
             v: sh.gather(self.v, self.v_dim, b, h),
             g: sh.gather(self.g, self.k_dim, b, h),
+            kd: self.k_dim,
+            vd: self.v_dim,
+            scale: self.scale,
         }
     }
 }
 
-/// One (b, h)'s real positions: q, k, g [n, K], v [n, V].
+/// One (b, h)'s real positions: q, k, g [n, K], v [n, V], with the problem's K, V and scale.
 struct Head {
     n: usize,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     g: Vec<f32>,
+    kd: usize,
+    vd: usize,
+    scale: f32,
 }
 
 /// G [L, K]: the gate's cumulative sums over chunk [c0, c0 + len).
-fn cumulative(x: &Head, c0: usize, len: usize, kd: usize) -> Vec<f32> {
+fn cumulative(x: &Head, c0: usize, len: usize) -> Vec<f32> {
+    let kd = x.kd;
     let mut cum = vec![0.0f32; len * kd];
     for i in 0..len {
         for c in 0..kd {
@@ -119,7 +126,8 @@ fn cumulative(x: &Head, c0: usize, len: usize, kd: usize) -> Vec<f32> {
 }
 
 /// A_ij = Σ_c q_ic k_jc e^{G_ic − G_jc} for j ≤ i, [L, L].
-fn scores(x: &Head, c0: usize, len: usize, cum: &[f32], kd: usize) -> Vec<f32> {
+fn scores(x: &Head, c0: usize, len: usize, cum: &[f32]) -> Vec<f32> {
+    let kd = x.kd;
     let (q, k) = (&x.q[c0 * kd..], &x.k[c0 * kd..]);
     let mut a = vec![0.0f32; len * len];
     for i in 0..len {
@@ -135,21 +143,12 @@ fn scores(x: &Head, c0: usize, len: usize, cum: &[f32], kd: usize) -> Vec<f32> {
 }
 
 /// The chunk's outputs (with `out`) and the state leaving it (into `s`, which held S_0).
-#[allow(clippy::too_many_arguments)]
-fn chunk_fwd(
-    x: &Head,
-    c0: usize,
-    len: usize,
-    s: &mut [f32],
-    out: Option<&mut [f32]>,
-    kd: usize,
-    vd: usize,
-    scale: f32,
-) {
-    let cum = cumulative(x, c0, len, kd);
+fn chunk_fwd(x: &Head, c0: usize, len: usize, s: &mut [f32], out: Option<&mut [f32]>) {
+    let (kd, vd, scale) = (x.kd, x.vd, x.scale);
+    let cum = cumulative(x, c0, len);
     let (q, k, v) = (&x.q[c0 * kd..], &x.k[c0 * kd..], &x.v[c0 * vd..]);
     if let Some(o) = out {
-        let a = scores(x, c0, len, &cum, kd);
+        let a = scores(x, c0, len, &cum);
         for i in 0..len {
             let oi = &mut o[i * vd..][..vd];
             oi.fill(0.0);
@@ -184,9 +183,9 @@ struct HeadGrads {
 }
 
 /// Backward of one head from do [n, V] and the final state's gradient `dfinal` [K, V].
-fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd: usize, scale: f32) -> HeadGrads {
-    let n = x.n;
-    let states = chunk_states(n, CHUNK, init, |c0, len, s| chunk_fwd(x, c0, len, s, None, kd, vd, scale));
+fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32]) -> HeadGrads {
+    let (n, kd, vd) = (x.n, x.kd, x.vd);
+    let states = chunk_states(n, CHUNK, init, |c0, len, s| chunk_fwd(x, c0, len, s, None));
     let mut gr = HeadGrads {
         dq: vec![0.0; n * kd],
         dk: vec![0.0; n * kd],
@@ -197,27 +196,16 @@ fn head_bwd(x: &Head, init: &[f32], dout: &[f32], dfinal: &[f32], kd: usize, vd:
     for (c, (c0, len)) in chunks(n, CHUNK).enumerate().rev() {
         let s0 = &states[c * kd * vd..][..kd * vd];
         let ds = std::mem::take(&mut gr.dinit);
-        gr.dinit = chunk_bwd(x, c0, len, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr, kd, vd, scale);
+        gr.dinit = chunk_bwd(x, c0, len, s0, &dout[c0 * vd..][..len * vd], &ds, &mut gr);
     }
     gr
 }
 
 /// One chunk's backward: adds into `gr`'s rows of the chunk, returns dS_0.
-#[allow(clippy::too_many_arguments)]
-fn chunk_bwd(
-    x: &Head,
-    c0: usize,
-    len: usize,
-    s0: &[f32],
-    dout: &[f32],
-    ds: &[f32],
-    gr: &mut HeadGrads,
-    kd: usize,
-    vd: usize,
-    scale: f32,
-) -> Vec<f32> {
-    let cum = cumulative(x, c0, len, kd);
-    let a = scores(x, c0, len, &cum, kd);
+fn chunk_bwd(x: &Head, c0: usize, len: usize, s0: &[f32], dout: &[f32], ds: &[f32], gr: &mut HeadGrads) -> Vec<f32> {
+    let (kd, vd, scale) = (x.kd, x.vd, x.scale);
+    let cum = cumulative(x, c0, len);
+    let a = scores(x, c0, len, &cum);
     let (q, k, v) = (&x.q[c0 * kd..], &x.k[c0 * kd..], &x.v[c0 * vd..]);
     let dq = &mut gr.dq[c0 * kd..][..len * kd];
     let dk = &mut gr.dk[c0 * kd..][..len * kd];
@@ -281,11 +269,11 @@ fn chunk_bwd(
 /// (none: a zero initial state / not wanted).
 pub fn gla_fwd(p: &Gla, o: &mut [f32], init: Option<&[f32]>, final_state: Option<&mut [f32]>) -> Result<()> {
     p.check()?;
-    let (kd, vd) = (p.k_dim, p.v_dim);
+    let vd = p.v_dim;
     p.shape().forward(o, init, final_state, |b, h, s, out| {
         let x = p.head(b, h);
         for (c0, len) in chunks(x.n, CHUNK) {
-            chunk_fwd(&x, c0, len, s, Some(&mut out[c0 * vd..][..len * vd]), kd, vd, p.scale);
+            chunk_fwd(&x, c0, len, s, Some(&mut out[c0 * vd..][..len * vd]));
         }
     })
 }
@@ -306,7 +294,7 @@ pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32
     if let Some(d) = &g.dinit {
         sh.check_state(d.len(), "dinit")?;
     }
-    let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df, kd, vd, p.scale));
+    let per = sh.backward(dout, init, dfinal, |b, hi, d, s0, df| head_bwd(&p.head(b, hi), s0, d, df));
     let GlaGrads { dq, dk, dv, dg, dinit } = g;
     sh.scatter(dq, per.iter().map(|hg| &hg.dq[..]), kd);
     sh.scatter(dk, per.iter().map(|hg| &hg.dk[..]), kd);

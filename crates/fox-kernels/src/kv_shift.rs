@@ -10,19 +10,24 @@ use rayon::prelude::*;
 /// over the threads.
 const ROWS_PER_TASK: usize = 16;
 
-/// x: [B, T, H·D] unmixed k̃, alpha: [B, T, H], out: [B, T, H·D].
-#[allow(clippy::too_many_arguments)]
-pub fn kv_shift_fwd(
-    out: &mut [f32],
-    x: &[f32],
-    alpha: &[f32],
-    prev: Option<&[f32]>,
-    start: Option<&[usize]>,
-    b: usize,
-    t: usize,
-    h: usize,
-    d: usize,
-) {
+/// One KV-shift problem: the inputs both passes read.
+#[derive(Clone, Copy, Debug)]
+pub struct KvShift<'a> {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// [B, T, H·D], the unmixed k̃ (or ṽ).
+    pub x: &'a [f32],
+    /// [B, T, H]
+    pub alpha: &'a [f32],
+    /// Per batch row, the first real position (left padding); none: every position is real.
+    pub start: Option<&'a [usize]>,
+}
+
+/// out: [B, T, H·D]; `prev` [B, H·D] the k̃ before each row's first position.
+pub fn kv_shift_fwd(p: &KvShift, prev: Option<&[f32]>, out: &mut [f32]) {
+    let KvShift { batch: b, seq: t, heads: h, head_dim: d, x, alpha, start } = *p;
     let hd = h * d;
     out[..b * t * hd].par_chunks_mut(ROWS_PER_TASK * hd).enumerate().for_each(|(task, ob)| {
         for (j, orow) in ob.chunks_mut(hd).enumerate() {
@@ -60,19 +65,10 @@ pub fn kv_shift_fwd(
     });
 }
 
-/// Backward (no `prev`: training runs whole sequences). dx: [B,T,H·D], dalpha: [B,T,H].
-#[allow(clippy::too_many_arguments)]
-pub fn kv_shift_bwd(
-    dx: &mut [f32],
-    dalpha: &mut [f32],
-    dout: &[f32],
-    x: &[f32],
-    alpha: &[f32],
-    start: Option<&[usize]>,
-    t: usize,
-    h: usize,
-    d: usize,
-) {
+/// Backward (no `prev`: training runs whole sequences) from dout [B, T, H·D]: dx [B, T, H·D],
+/// dalpha [B, T, H].
+pub fn kv_shift_bwd(p: &KvShift, dout: &[f32], dx: &mut [f32], dalpha: &mut [f32]) {
+    let KvShift { seq: t, heads: h, head_dim: d, x, alpha, start, .. } = *p;
     let hd = h * d;
     let tasks = dx.par_chunks_mut(ROWS_PER_TASK * hd).zip(dalpha.par_chunks_mut(ROWS_PER_TASK * h));
     tasks.enumerate().for_each(|(task, (dxs, das))| {
@@ -124,19 +120,9 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
 
-    #[allow(clippy::too_many_arguments)]
-    fn loss(
-        x: &[f32],
-        alpha: &[f32],
-        w: &[f32],
-        start: Option<&[usize]>,
-        b: usize,
-        t: usize,
-        h: usize,
-        d: usize,
-    ) -> f64 {
-        let mut out = vec![0.0; x.len()];
-        kv_shift_fwd(&mut out, x, alpha, None, start, b, t, h, d);
+    fn loss(p: &KvShift, w: &[f32]) -> f64 {
+        let mut out = vec![0.0; p.x.len()];
+        kv_shift_fwd(p, None, &mut out);
         out.iter().zip(w).map(|(a, b)| *a as f64 * *b as f64).sum()
     }
 
@@ -152,8 +138,9 @@ mod tests {
         let w: Vec<f32> = (0..x.len()).map(|_| rng.sample(StandardNormal)).collect();
         let start = [0usize, 3];
         for st in [None, Some(&start[..])] {
+            let prob = KvShift { batch: b, seq: t, heads: h, head_dim: d, x: &x, alpha: &alpha, start: st };
             let mut out = vec![f32::NAN; x.len()];
-            kv_shift_fwd(&mut out, &x, &alpha, None, st, b, t, h, d);
+            kv_shift_fwd(&prob, None, &mut out);
             for (i, &o) in out.iter().enumerate() {
                 let (bi, ti, hi) = (i / (t * h * d), i / (h * d) % t, i / d % h);
                 let s = st.map_or(0, |s| s[bi]);
@@ -167,14 +154,14 @@ mod tests {
             }
             let mut dx = vec![f32::NAN; x.len()];
             let mut dalpha = vec![f32::NAN; alpha.len()];
-            kv_shift_bwd(&mut dx, &mut dalpha, &w, &x, &alpha, st, t, h, d);
+            kv_shift_bwd(&prob, &w, &mut dx, &mut dalpha);
             let e = 1e-2f32;
             // The output is bilinear in (x, α): central differences are exact up to f32 round-off.
             for i in 0..x.len() {
                 let (mut p, mut m) = (x.clone(), x.clone());
                 p[i] += e;
                 m[i] -= e;
-                let fd = ((loss(&p, &alpha, &w, st, b, t, h, d) - loss(&m, &alpha, &w, st, b, t, h, d))
+                let fd = ((loss(&KvShift { x: &p, ..prob }, &w) - loss(&KvShift { x: &m, ..prob }, &w))
                     / (2.0 * e as f64)) as f32;
                 assert!((fd - dx[i]).abs() < 1e-4 * (1.0 + fd.abs()), "{st:?}: dx[{i}] fd {fd} vs {}", dx[i]);
             }
@@ -182,8 +169,8 @@ mod tests {
                 let (mut p, mut m) = (alpha.clone(), alpha.clone());
                 p[i] += e;
                 m[i] -= e;
-                let fd =
-                    ((loss(&x, &p, &w, st, b, t, h, d) - loss(&x, &m, &w, st, b, t, h, d)) / (2.0 * e as f64)) as f32;
+                let fd = ((loss(&KvShift { alpha: &p, ..prob }, &w) - loss(&KvShift { alpha: &m, ..prob }, &w))
+                    / (2.0 * e as f64)) as f32;
                 assert!(
                     (fd - dalpha[i]).abs() < 1e-4 * (1.0 + fd.abs()),
                     "{st:?}: dalpha[{i}] fd {fd} vs {}",
@@ -197,7 +184,8 @@ mod tests {
         let mut dalpha = vec![0.0; alpha.len()];
         let mut w0 = w.clone();
         w0[t * h * d..(t + 3) * h * d].fill(0.0);
-        kv_shift_bwd(&mut dx, &mut dalpha, &w0, &x, &alpha, Some(&start), t, h, d);
+        let prob = KvShift { batch: b, seq: t, heads: h, head_dim: d, x: &x, alpha: &alpha, start: Some(&start) };
+        kv_shift_bwd(&prob, &w0, &mut dx, &mut dalpha);
         assert!(dx[t * h * d..(t + 3) * h * d].iter().all(|&v| v == 0.0));
         assert!(dalpha[t * h..(t + 3) * h].iter().all(|&v| v == 0.0));
     }

@@ -32,19 +32,23 @@ fn z_at(row: usize, z_stride: usize, dim: usize, groups: usize) -> (usize, usize
     ((row / groups) * z_stride + (row % groups) * dim, (row % groups) * dim)
 }
 
+/// One gated norm: the inputs both passes read (layouts as in the module's doc).
+#[derive(Clone, Copy, Debug)]
+pub struct GatedNorm<'a> {
+    /// [rows, dim]
+    pub x: &'a [f32],
+    /// The gate, `dim` values of each row at its token's offset · `z_stride` plus its group's.
+    pub z: &'a [f32],
+    pub z_stride: usize,
+    /// [groups · dim]
+    pub w: &'a [f32],
+    pub dim: usize,
+    pub groups: usize,
+}
+
 /// Forward: y [rows, dim]; `rstd` [rows] (1 / rms of x ⊙ silu(z)) kept for the backward.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_gated_fwd(
-    y: &mut [f32],
-    rstd: &mut [f32],
-    x: &[f32],
-    z: &[f32],
-    z_stride: usize,
-    w: &[f32],
-    dim: usize,
-    groups: usize,
-    eps: f32,
-) -> Result<()> {
+pub fn rms_norm_gated_fwd(p: &GatedNorm, eps: f32, y: &mut [f32], rstd: &mut [f32]) -> Result<()> {
+    let GatedNorm { x, z, z_stride, w, dim, groups } = *p;
     check(x.len(), z.len(), z_stride, w.len(), dim, groups)?;
     ensure!(y.len() == x.len(), "rms_norm_gated: y has {} values, not {}", y.len(), x.len());
     ensure!(rstd.len() == x.len() / dim, "rms_norm_gated: rstd has {} values, not rows", rstd.len());
@@ -73,20 +77,15 @@ pub fn rms_norm_gated_fwd(
 /// dim], overwritten); dz = dg · x · silu'(z) (layout of z: `dim` columns of each row overwritten,
 /// others left); dw [dim] += Σ_rows dy · n (per-task partial sums added in task order:
 /// deterministic).
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_gated_bwd(
+    p: &GatedNorm,
+    dy: &[f32],
+    rstd: &[f32],
     dx: &mut [f32],
     dz: &mut [f32],
     dw: &mut [f32],
-    dy: &[f32],
-    x: &[f32],
-    z: &[f32],
-    z_stride: usize,
-    rstd: &[f32],
-    w: &[f32],
-    dim: usize,
-    groups: usize,
 ) -> Result<()> {
+    let GatedNorm { x, z, z_stride, w, dim, groups } = *p;
     check(x.len(), z.len(), z_stride, w.len(), dim, groups)?;
     check(x.len(), dz.len(), z_stride, dw.len(), dim, groups)?;
     ensure!(dx.len() == x.len() && dy.len() == x.len(), "rms_norm_gated: dx and dy must match x");
@@ -153,7 +152,7 @@ mod tests {
         let g = rn(&mut rng, rows * dim);
         let fwd = |x: &[f32], z: &[f32], w: &[f32]| -> (Vec<f32>, Vec<f32>) {
             let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
-            rms_norm_gated_fwd(&mut y, &mut r, x, z, zs, w, dim, 1, eps).unwrap();
+            rms_norm_gated_fwd(&GatedNorm { x, z, z_stride: zs, w, dim, groups: 1 }, eps, &mut y, &mut r).unwrap();
             (y, r)
         };
         let (y, rstd) = fwd(&x, &z, &w);
@@ -173,7 +172,8 @@ mod tests {
         let mut dx = vec![f32::NAN; x.len()];
         let mut dz = vec![5.0; z.len()];
         let mut dw = vec![0.5; dim];
-        rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &g, &x, &z, zs, &rstd, &w, dim, 1).unwrap();
+        let norm = GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: 1 };
+        rms_norm_gated_bwd(&norm, &g, &rstd, &mut dx, &mut dz, &mut dw).unwrap();
         let e = 1e-2f32;
         let tol = 3e-3;
         for i in (0..x.len()).step_by(5) {
@@ -202,7 +202,7 @@ mod tests {
             let got = dw[k] - 0.5;
             assert!((fd - got).abs() < tol * (1.0 + fd.abs()), "dw[{k}]: fd {fd} vs {got}");
         }
-        assert!(rms_norm_gated_fwd(&mut [0.0; 5], &mut [0.0; 1], &x[..5], &z, zs, &w, dim, 1, eps).is_err());
+        assert!(rms_norm_gated_fwd(&GatedNorm { x: &x[..5], ..norm }, eps, &mut [0.0; 5], &mut [0.0; 1]).is_err());
     }
 
     /// Two groups: each token's channels normalised group by group with the group's weights, the
@@ -217,9 +217,10 @@ mod tests {
         let w = rn(&mut rng, g * dim);
         let dy = rn(&mut rng, tokens * g * dim);
         let (mut y, mut rs) = (vec![0.0; x.len()], vec![0.0; tokens * g]);
-        rms_norm_gated_fwd(&mut y, &mut rs, &x, &z, zs, &w, dim, g, eps).unwrap();
+        let p = GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: g };
+        rms_norm_gated_fwd(&p, eps, &mut y, &mut rs).unwrap();
         let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![0.0; z.len()], vec![0.0; g * dim]);
-        rms_norm_gated_bwd(&mut dx, &mut dz, &mut dw, &dy, &x, &z, zs, &rs, &w, dim, g).unwrap();
+        rms_norm_gated_bwd(&p, &dy, &rs, &mut dx, &mut dz, &mut dw).unwrap();
         for gi in 0..g {
             let pick = |v: &[f32], stride: usize| -> Vec<f32> {
                 (0..tokens).flat_map(|t| v[t * stride + gi * dim..][..dim].to_vec()).collect()
@@ -227,10 +228,11 @@ mod tests {
             let (xg, zg, dyg, wg) =
                 (pick(&x, g * dim), pick(&z, zs), pick(&dy, g * dim), w[gi * dim..][..dim].to_vec());
             let (mut y1, mut r1) = (vec![0.0; tokens * dim], vec![0.0; tokens]);
-            rms_norm_gated_fwd(&mut y1, &mut r1, &xg, &zg, dim, &wg, dim, 1, eps).unwrap();
+            let p1 = GatedNorm { x: &xg, z: &zg, z_stride: dim, w: &wg, dim, groups: 1 };
+            rms_norm_gated_fwd(&p1, eps, &mut y1, &mut r1).unwrap();
             assert_eq!(pick(&y, g * dim), y1, "group {gi}: y");
             let (mut dx1, mut dz1, mut dw1) = (vec![0.0; xg.len()], vec![0.0; zg.len()], vec![0.0; dim]);
-            rms_norm_gated_bwd(&mut dx1, &mut dz1, &mut dw1, &dyg, &xg, &zg, dim, &r1, &wg, dim, 1).unwrap();
+            rms_norm_gated_bwd(&p1, &dyg, &r1, &mut dx1, &mut dz1, &mut dw1).unwrap();
             assert_eq!(pick(&dx, g * dim), dx1, "group {gi}: dx");
             assert_eq!(pick(&dz, zs), dz1, "group {gi}: dz");
             for k in 0..dim {

@@ -467,7 +467,6 @@ struct Outs {
 multiversion! {
     /// The backward of batch row b, channels d0..d0 + LANES; `part` [T][2N] gets the block's
     /// Σ over channels of dB_t (first N) and dC_t.
-    #[allow(clippy::too_many_arguments)]
     fn backward_task(p: &Scan<'_>, b: usize, d0: usize, saved: &[f32], dout: &[f32], part: &mut [f32], outs: &Outs) {
         let (t_len, di, ns) = (p.len, p.channels, p.state);
         let w = LANES.min(di - d0);

@@ -144,8 +144,44 @@ impl Ssd<'_> {
 // ---------------------------------------------------------------------------------------------
 // The oracle: the recurrence step by step, in f64.
 
+/// The oracle's inputs in f64: xbc, dt [B, T, H] as the forward reads it, A, D and the initial
+/// state (none: zeros).
+#[derive(Clone, Copy)]
+struct In64<'a> {
+    xbc: &'a [f64],
+    dt: &'a [f64],
+    a: &'a [f64],
+    d: &'a [f64],
+    init: Option<&'a [f64]>,
+}
+
+/// f64 copies of a problem's inputs and initial state, for [`In64`].
+struct Owned64 {
+    xbc: Vec<f64>,
+    dt: Vec<f64>,
+    a: Vec<f64>,
+    d: Vec<f64>,
+    init: Option<Vec<f64>>,
+}
+
+impl Owned64 {
+    fn of(p: &Ssd, init: Option<&[f32]>) -> Self {
+        Self { xbc: to64(p.xbc), dt: dt64(p), a: to64(p.a), d: to64(p.d), init: init.map(to64) }
+    }
+
+    fn view(&self) -> In64<'_> {
+        In64 { xbc: &self.xbc, dt: &self.dt, a: &self.a, d: &self.d, init: self.init.as_deref() }
+    }
+}
+
+/// dt per position [B, T, H] as the forward reads it (0 at padding), in f64.
+fn dt64(p: &Ssd) -> Vec<f64> {
+    (0..p.dt.len()).map(|i| p.dt_at(i / (p.seq * p.heads), i / p.heads % p.seq, i % p.heads) as f64).collect()
+}
+
 /// The recurrence in f64 on f64 copies of the inputs: y [B, T, H·P], final state [B, H, P, N].
-fn ref_fwd64(p: &Ssd, xbc: &[f64], dt: &[f64], a: &[f64], d: &[f64], init: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+fn ref_fwd64(p: &Ssd, x: &In64) -> (Vec<f64>, Vec<f64>) {
+    let In64 { xbc, dt, a, d, init } = *x;
     let (bsz, t, h, pd, n) = (p.batch, p.seq, p.heads, p.head_dim, p.state);
     let mut y = vec![0.0; bsz * t * h * pd];
     let mut fin = vec![0.0; bsz * h * pd * n];
@@ -191,17 +227,8 @@ struct Grads64 {
 }
 
 /// Gradients of the f64 recurrence, by reverse-time recurrence over the stored states.
-#[allow(clippy::too_many_arguments)]
-fn ref_bwd64(
-    p: &Ssd,
-    xbc: &[f64],
-    dt: &[f64],
-    a: &[f64],
-    d: &[f64],
-    init: Option<&[f64]>,
-    dy: &[f64],
-    dfinal: Option<&[f64]>,
-) -> Grads64 {
+fn ref_bwd64(p: &Ssd, x: &In64, dy: &[f64], dfinal: Option<&[f64]>) -> Grads64 {
+    let In64 { xbc, dt, a, d, init } = *x;
     let (bsz, t, h, pd, n) = (p.batch, p.seq, p.heads, p.head_dim, p.state);
     let mut dxbc = vec![0.0; xbc.len()];
     let mut ddt = vec![0.0; dt.len()];
@@ -283,9 +310,7 @@ fn to64(v: &[f32]) -> Vec<f64> {
 pub fn ssd_reference(p: &Ssd, y: &mut [f32], init: Option<&[f32]>, final_state: Option<&mut [f32]>) -> Result<()> {
     p.check()?;
     check_io(p, y, init, final_state.as_deref())?;
-    let dt: Vec<f64> =
-        (0..p.dt.len()).map(|i| p.dt_at(i / (p.seq * p.heads), i / p.heads % p.seq, i % p.heads) as f64).collect();
-    let (yr, fin) = ref_fwd64(p, &to64(p.xbc), &dt, &to64(p.a), &to64(p.d), init.map(to64).as_deref());
+    let (yr, fin) = ref_fwd64(p, &Owned64::of(p, init).view());
     y.iter_mut().zip(&yr).for_each(|(o, &v)| *o = v as f32);
     if let Some(f) = final_state {
         f.iter_mut().zip(&fin).for_each(|(o, &v)| *o = v as f32);
@@ -294,18 +319,7 @@ pub fn ssd_reference(p: &Ssd, y: &mut [f32], init: Option<&[f32]>, final_state: 
 }
 
 fn ref_bwd64_of(p: &Ssd, dy: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>) -> Grads64 {
-    let dt: Vec<f64> =
-        (0..p.dt.len()).map(|i| p.dt_at(i / (p.seq * p.heads), i / p.heads % p.seq, i % p.heads) as f64).collect();
-    ref_bwd64(
-        p,
-        &to64(p.xbc),
-        &dt,
-        &to64(p.a),
-        &to64(p.d),
-        init.map(to64).as_deref(),
-        &to64(dy),
-        dfinal.map(to64).as_deref(),
-    )
+    ref_bwd64(p, &Owned64::of(p, init).view(), &to64(dy), dfinal.map(to64).as_deref())
 }
 
 /// The oracle's dA (f64) and, per head, the L2 norm of the per-position terms it sums (see
@@ -411,11 +425,10 @@ fn chunk_decay(p: &Ssd, b: usize, h: usize, t0: usize, len: usize, dtm: &mut [f3
     }
 }
 
-/// xw [len, P] = diag(e^{cum_L − cum_j}·dt_j) X of positions t0..t0 + len: the chunk's inputs
-/// as they reach the state at its end.
-#[allow(clippy::too_many_arguments)]
-fn decayed_x(p: &Ssd, b: usize, hi: usize, t0: usize, len: usize, cum: &[f32], dtm: &[f32], xw: &mut [f32]) {
-    let pd = p.head_dim;
+/// xw [len, P] = diag(e^{cum_L − cum_j}·dt_j) X of positions t0..t0 + len (len = cum.len() =
+/// dtm.len()): the chunk's inputs as they reach the state at its end.
+fn decayed_x(p: &Ssd, b: usize, hi: usize, t0: usize, cum: &[f32], dtm: &[f32], xw: &mut [f32]) {
+    let (pd, len) = (p.head_dim, cum.len());
     for j in 0..len {
         let w = (cum[len - 1] - cum[j]).exp() * dtm[j];
         let x = &p.xbc[p.x_at(b, t0 + j, hi)..][..pd];
@@ -511,7 +524,7 @@ fn ssd_fwd_chunked(
             // S_L = e^{cum_L} S_0 + (diag(w) X)ᵀ B.
             let decay = cum[len - 1].exp();
             s.iter_mut().for_each(|v| *v *= decay);
-            decayed_x(p, b, hi, t0, len, &cum, &dtm, &mut xw);
+            decayed_x(p, b, hi, t0, &cum[..len], &dtm[..len], &mut xw);
             // SAFETY: as above.
             unsafe {
                 let bo = p.b_at(b, t0, g);
@@ -591,7 +604,7 @@ fn ssd_bwd_chunked(
             for (o, &v) in next.iter_mut().zip(cur.iter()) {
                 *o = decay * v;
             }
-            decayed_x(p, b, hi, t0, len, &cum, &dtm, &mut xw);
+            decayed_x(p, b, hi, t0, &cum[..len], &dtm[..len], &mut xw);
             // SAFETY: operands in bounds; next is this task's.
             unsafe {
                 gemm_seq(

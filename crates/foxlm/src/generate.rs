@@ -37,18 +37,22 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<u32>, usize, Option<Vec<usize>>) {
 /// left-padded batch, as before the scheduler ran `generate`).
 pub const WHOLE: usize = usize::MAX;
 
-/// Runs `prompts` as one job on `batcher` with every prompt in the batch (prefill chunks of
-/// `prefill_chunk` positions). `on_token(row, id)` sees each new token as its step ends;
-/// `progress(n)` the prompt positions each prefill chunk covered. Returns each row's new tokens.
-pub fn run_prompts(
-    batcher: &mut dyn Batcher,
-    prompts: &[Vec<u32>],
-    opts: &GenerateOptions,
-    prefill_chunk: usize,
-    on_token: &mut dyn FnMut(usize, u32),
-    progress: &mut dyn FnMut(usize),
-) -> anyhow::Result<Vec<Vec<u32>>> {
-    let eopts = SchedulerOptions::in_process(prompts.len(), prefill_chunk);
+/// Prompts to continue as one job on a batcher, every prompt in the batch.
+pub struct PromptJob<'a> {
+    pub prompts: &'a [Vec<u32>],
+    pub opts: &'a GenerateOptions,
+    /// Prefill chunks of this many positions ([`WHOLE`]: each group at once).
+    pub chunk: usize,
+    /// `on_token(row, id)` sees each new token as its step ends.
+    pub on_token: &'a mut dyn FnMut(usize, u32),
+    /// `progress(n)`: the prompt positions each prefill chunk covered.
+    pub progress: &'a mut dyn FnMut(usize),
+}
+
+/// Runs `job` on `batcher`. Returns each row's new tokens.
+pub fn run_prompts(batcher: &mut dyn Batcher, job: PromptJob) -> anyhow::Result<Vec<Vec<u32>>> {
+    let PromptJob { prompts, opts, chunk, on_token, progress } = job;
+    let eopts = SchedulerOptions::in_process(prompts.len(), chunk);
     let stats = SchedulerStats::default();
     let seqs = prompts
         .iter()
@@ -85,7 +89,8 @@ pub fn generate(
     mut on_token: impl FnMut(usize, u32),
 ) -> Vec<Vec<u32>> {
     let mut b = CpuBatcher::new(model);
-    match run_prompts(&mut b, prompts, opts, WHOLE, &mut on_token, &mut |_| {}) {
+    let job = PromptJob { prompts, opts, chunk: WHOLE, on_token: &mut on_token, progress: &mut |_| {} };
+    match run_prompts(&mut b, job) {
         Ok(out) => out,
         // The CPU batcher's steps return no errors (a panic propagates as before).
         Err(e) => unreachable!("the CPU batcher failed: {e:#}"),

@@ -13,7 +13,7 @@ use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache, GpuLayerSta
 use crate::backend::Dtype;
 use crate::backend::{Backend, BatchInfo};
 use crate::eval::loss::{batch_token_losses, Chunking};
-use crate::generate::{run_prompts, GenerateOptions};
+use crate::generate::{run_prompts, GenerateOptions, PromptJob};
 use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
 use crate::model::Mixer;
@@ -102,18 +102,10 @@ pub trait Infer {
         chunk: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f64>>>;
-    /// Continuations of `prompts`, all in one batch of the serving scheduler
+    /// Continuations of the job's prompts, all in one batch of the serving scheduler
     /// ([`crate::generate::run_prompts`] over the device's batcher), prefilled in chunks of
-    /// `chunk` positions (at most what the device planned; `progress(n)` after each);
-    /// `on_token(row, id)` sees each token as it is chosen.
-    fn run_prompts(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>>;
+    /// `job.chunk` positions (at most what the device planned).
+    fn run_prompts(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>>;
     /// Continuations of `prompts`, all in one batch of the serving scheduler (as
     /// [`crate::generate::generate`]), every prompt prefilled at once (the GPU: in its planned
     /// chunks); `on_token(row, id)` sees each token as it is chosen.
@@ -123,7 +115,7 @@ pub trait Infer {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Vec<Vec<u32>>> {
-        self.run_prompts(prompts, opts, crate::generate::WHOLE, on_token, &mut |_| {})
+        self.run_prompts(PromptJob { prompts, opts, chunk: crate::generate::WHOLE, on_token, progress: &mut |_| {} })
     }
     /// Greedy continuation of one prompt through the serving scheduler, prefilled in
     /// chunks of `chunk` positions (`progress(n)` after each).
@@ -137,7 +129,9 @@ pub trait Infer {
     ) -> Result<Vec<u32>> {
         ensure!(!prompt.is_empty(), "an empty prompt");
         let opts = GenerateOptions { max_new_tokens: max_new, sampling: Default::default(), seed: 0, eos };
-        let mut out = self.run_prompts(&[prompt.to_vec()], &opts, chunk, &mut |_, _| {}, progress)?;
+        let prompts = [prompt.to_vec()];
+        let mut out =
+            self.run_prompts(PromptJob { prompts: &prompts, opts: &opts, chunk, on_token: &mut |_, _| {}, progress })?;
         Ok(out.pop().unwrap_or_default())
     }
     /// One sequence's attention activations for gate maps: per block the forget-gate logits, the
@@ -185,16 +179,8 @@ impl Infer for CpuInfer<'_> {
         let chunking = Chunking::new(chunk, self.model.config.vocab_size);
         Ok(batch_token_losses(self.model, seqs, chunking, progress))
     }
-    fn run_prompts(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>> {
-        let mut b = CpuBatcher::new(self.model);
-        run_prompts(&mut b, prompts, opts, chunk, on_token, progress)
+    fn run_prompts(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>> {
+        run_prompts(&mut CpuBatcher::new(self.model), job)
     }
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {
         let ctx = Ctx { batch: 1, seq: ids.len(), start: None };
@@ -521,22 +507,11 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
         let run = (|| -> Result<()> {
             if graph.is_none() {
-                self.be.begin_device_positions(len)?;
-                let stream = self.be.gpu.stream().clone();
-                stream
-                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
-                let captured = (|| -> Result<()> {
-                    self.step_forward(&mut *caches, true)?;
-                    self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-                    self.be.sample(&mut self.chosen, None, b, &s, len + 1)
-                })();
-                let g = stream.end_capture(CUgraphInstantiate_flags(0));
-                captured?;
-                *graph = Some(
-                    g.map_err(|e| anyhow!("instantiating the serving step's CUDA graph: {e:?}"))?
-                        .ok_or_else(|| anyhow!("the serving step's CUDA graph is empty"))?,
-                );
+                *graph = Some(self.capture(len, "serving step", |e| {
+                    e.step_forward(&mut *caches, true)?;
+                    e.be.last_logits(&e.step.final_out, &lm_head, &e.batch, false)?;
+                    e.be.sample(&mut e.chosen, None, b, &s, len + 1)
+                })?);
             } else {
                 let mut p = parked.take().ok_or_else(|| anyhow!("a serving graph without its device-side length"))?;
                 self.be.gpu.write(&mut p, &[i32::try_from(len).map_err(|_| anyhow!("cache length {len}"))?])?;
@@ -673,22 +648,28 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let lm_head = self.model.lm_head;
         let info = BatchInfo { batch: b, seq: 1, start, past: len };
         self.be.prepare(&mut self.batch, &info, next, None)?;
+        self.capture(len, "decode step", |e| {
+            e.step_forward(&mut *caches, true)?;
+            e.be.last_logits(&e.step.final_out, &lm_head, &e.batch, false)?;
+            // Advance first: the sampler's random stream is keyed by the new length.
+            e.be.advance_positions(&mut e.batch)?;
+            e.be.sample(&mut e.chosen, Some(&mut e.batch), b, s, len + 1)
+        })
+    }
+
+    /// `body` (a step at cached length `len`) captured as a CUDA graph, the cache kernels reading
+    /// the length from the device; `what` names the step in errors.
+    fn capture(&mut self, len: usize, what: &str, body: impl FnOnce(&mut Self) -> Result<()>) -> Result<CudaGraph> {
         self.be.begin_device_positions(len)?;
         let stream = self.be.gpu.stream().clone();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow!("starting a CUDA graph capture: {e:?}"))?;
-        let captured = (|| -> Result<()> {
-            self.step_forward(&mut *caches, true)?;
-            self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
-            // Advance first: the sampler's random stream is keyed by the new length.
-            self.be.advance_positions(&mut self.batch)?;
-            self.be.sample(&mut self.chosen, Some(&mut self.batch), b, s, len + 1)
-        })();
+        let captured = body(self);
         let g = stream.end_capture(CUgraphInstantiate_flags(0));
         captured?;
-        g.map_err(|e| anyhow!("instantiating the decode step's CUDA graph: {e:?}"))?
-            .ok_or_else(|| anyhow!("the decode step's CUDA graph is empty"))
+        g.map_err(|e| anyhow!("instantiating the {what}'s CUDA graph: {e:?}"))?
+            .ok_or_else(|| anyhow!("the {what}'s CUDA graph is empty"))
     }
 
     /// [`GpuInfer::reference_generate`] timed for `foxlm bench decode`: the prefill and the decode separately
@@ -748,16 +729,10 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(TimedScore { forward_s, head_s, families })
     }
 
-    /// `prompts` as one job on the serving scheduler's GPU batcher
-    /// ([`crate::serve::gpu::GpuBatcher`]), with a slot per prompt holding its prompt and new tokens.
-    fn through_scheduler(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>> {
+    /// `job` on the serving scheduler's GPU batcher ([`crate::serve::gpu::GpuBatcher`]), with a
+    /// slot per prompt holding its prompt and new tokens.
+    fn through_scheduler(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>> {
+        let (prompts, opts) = (job.prompts, job.opts);
         let b = prompts.len();
         if b == 0 {
             return Ok(vec![]);
@@ -767,7 +742,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let cap = longest.saturating_add(opts.max_new_tokens).saturating_add(1);
         let stats = crate::serve::scheduler::SchedulerStats::default();
         let mut batcher = crate::serve::gpu::GpuBatcher::with_cap(self, b, cap, &stats)?;
-        run_prompts(&mut batcher, prompts, opts, chunk, on_token, progress)
+        run_prompts(&mut batcher, job)
     }
 
     /// Continuations of equally planned prompts through the kernel-level reference loop
@@ -857,18 +832,11 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         Ok(out)
     }
 
-    fn run_prompts(
-        &mut self,
-        prompts: &[Vec<u32>],
-        opts: &GenerateOptions,
-        chunk: usize,
-        on_token: &mut dyn FnMut(usize, u32),
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Vec<u32>>> {
+    fn run_prompts(&mut self, job: PromptJob) -> Result<Vec<Vec<u32>>> {
         // The prefill goes in chunks of `chunk`, at most the planned one (`generate`'s WHOLE: the
         // planned chunks, as the prefill of the reference loop).
-        let chunk = chunk.clamp(1, self.plan.chunk);
-        self.through_scheduler(prompts, opts, chunk, on_token, progress)
+        let chunk = job.chunk.clamp(1, self.plan.chunk);
+        self.through_scheduler(PromptJob { chunk, ..job })
     }
 
     fn gate_acts(&mut self, ids: &[u32]) -> Result<CpuActs> {

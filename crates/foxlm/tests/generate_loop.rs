@@ -10,7 +10,7 @@ mod common;
 use common::{random_ids, random_recurrent_model};
 use foxlm::checkpoint::load_model;
 use foxlm::config::Config;
-use foxlm::generate::{generate, run_prompts, GenerateOptions};
+use foxlm::generate::{generate, run_prompts, GenerateOptions, PromptJob};
 use foxlm::model::{Ctx, Model};
 use foxlm::presets::{deltanet_config, hgrn2_config, mamba2_config, samba_config, Variant};
 use foxlm::sampling::{sample, Sampling};
@@ -207,7 +207,10 @@ fn chunked_prefill_equals_whole_prefill() {
         for chunk in [1, 5, 16, 64] {
             let mut b = CpuBatcher::new(&model);
             let mut seen = 0;
-            let got = run_prompts(&mut b, &ps, &greedy(8, None), chunk, &mut |_, _| {}, &mut |n| seen += n).unwrap();
+            let opts = greedy(8, None);
+            let job =
+                PromptJob { prompts: &ps, opts: &opts, chunk, on_token: &mut |_, _| {}, progress: &mut |n| seen += n };
+            let got = run_prompts(&mut b, job).unwrap();
             assert_eq!(got, whole, "{name}: chunks of {chunk}");
             // progress covers every group's padded positions once: {41, 37, 3} in one group when
             // no prompt passes a chunk, else the short one alone, and the long ones together only

@@ -192,15 +192,10 @@ fn chunked_backward_matches_reference() {
     }
 }
 
-/// dt per position [B, T, H] as the forward reads it, in f64.
-fn dt64(p: &Ssd, c: &Case, d: &Data) -> Vec<f64> {
-    (0..d.dt.len()).map(|i| p.dt_at(i / (c.t * c.h), i / c.h % c.t, i % c.h) as f64).collect()
-}
-
 /// The finite-difference tests' loss: y·dy + final state·dfinal of the f64 reference forward on
 /// (xbc, dt, A, D, init).
-fn probe64(p: &Ssd, [xbc, dt, a, dd, init]: [&[f64]; 5], dy: &[f64], dfin: &[f64]) -> f64 {
-    let (y, fin) = ref_fwd64(p, xbc, dt, a, dd, Some(init));
+fn probe64(p: &Ssd, x: &In64, dy: &[f64], dfin: &[f64]) -> f64 {
+    let (y, fin) = ref_fwd64(p, x);
     y.iter().zip(dy).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(dfin).map(|(a, b)| a * b).sum::<f64>()
 }
 
@@ -214,14 +209,14 @@ fn reference_backward_matches_finite_differences() {
     let d = data(&mut rng, &c);
     let p = prob(&c, &d);
     let (dy, dfin) = grads_in(&mut rng, &c);
-    let dt = dt64(&p, &c, &d);
+    let dt = dt64(&p);
     let (xbc, a, dd, init) = (to64(&d.xbc), to64(&d.a), to64(&d.d), to64(&d.init));
     let (dy64, dfin64) = (to64(&dy), to64(&dfin));
     let loss = |xbc: &[f64], dt: &[f64], a: &[f64], dd: &[f64], init: &[f64]| {
-        probe64(&p, [xbc, dt, a, dd, init], &dy64, &dfin64)
+        probe64(&p, &In64 { xbc, dt, a, d: dd, init: Some(init) }, &dy64, &dfin64)
     };
     let Grads64 { dxbc: gx, ddt: gdt, da: ga, dd: gd, dinit: gi, .. } =
-        ref_bwd64(&p, &xbc, &dt, &a, &dd, Some(&init), &dy64, Some(&dfin64));
+        ref_bwd64(&p, &In64 { xbc: &xbc, dt: &dt, a: &a, d: &dd, init: Some(&init) }, &dy64, Some(&dfin64));
     // ∂loss/∂x_i by central differences, x_i moved by ±1e-6.
     let fd = |x: &[f64], i: usize, loss: &dyn Fn(&[f64]) -> f64| {
         let e = 1e-6;
@@ -264,12 +259,13 @@ fn reference_da_terms_match_finite_differences() {
     let d = data(&mut rng, &c);
     let p = prob(&c, &d);
     let (dy, dfin) = grads_in(&mut rng, &c);
-    let dt = dt64(&p, &c, &d);
+    let dt = dt64(&p);
     let (xbc, a, init) = (to64(&d.xbc), to64(&d.a), to64(&d.init));
     let dd = vec![0.0; c.h];
     let (dy64, dfin64) = (to64(&dy), to64(&dfin));
-    let loss = |xbc: &[f64], dt: &[f64]| probe64(&p, [xbc, dt, &a, &dd, &init], &dy64, &dfin64);
-    let got = ref_bwd64(&p, &xbc, &dt, &a, &dd, Some(&init), &dy64, Some(&dfin64));
+    let loss =
+        |xbc: &[f64], dt: &[f64]| probe64(&p, &In64 { xbc, dt, a: &a, d: &dd, init: Some(&init) }, &dy64, &dfin64);
+    let got = ref_bwd64(&p, &In64 { xbc: &xbc, dt: &dt, a: &a, d: &dd, init: Some(&init) }, &dy64, Some(&dfin64));
     let e = 1e-6;
     let mut sq = vec![0.0f64; c.h];
     for i in 0..dt.len() {

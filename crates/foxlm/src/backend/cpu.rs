@@ -186,7 +186,6 @@ impl CpuBatch {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn problem<'p>(
     b: &'p CpuBatch,
     q: &'p [f32],

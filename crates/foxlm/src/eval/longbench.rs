@@ -34,13 +34,17 @@ pub struct Dataset {
 const QA: &str =
     "Read the text below and answer the question as briefly as you can.\n\n{context}\n\nQuestion: {input}\nAnswer:";
 
+/// The multi-document QA sets' prompt.
+const PASSAGES_QA: &str =
+    "Answer the question from the passages below; give only the answer.\n\n{context}\n\nQuestion: {input}\nAnswer:";
+
 pub const DATASETS: &[Dataset] = &[
     Dataset { name: "narrativeqa", prompt: "Here is a story. Answer the question about it in as few words as possible.\n\nStory: {context}\n\nQuestion: {input}\nAnswer:", max_new_tokens: 128, metric: Metric::QaF1 },
     Dataset { name: "qasper", prompt: "Here is a scientific article. Answer the question in a phrase or sentence; write \"unanswerable\" if the article does not say, or \"yes\"/\"no\" for a yes-no question.\n\nArticle: {context}\n\nQuestion: {input}\nAnswer:", max_new_tokens: 128, metric: Metric::QaF1 },
     Dataset { name: "multifieldqa_en", prompt: QA, max_new_tokens: 64, metric: Metric::QaF1 },
-    Dataset { name: "hotpotqa", prompt: "Answer the question from the passages below; give only the answer.\n\n{context}\n\nQuestion: {input}\nAnswer:", max_new_tokens: 32, metric: Metric::QaF1 },
-    Dataset { name: "2wikimqa", prompt: "Answer the question from the passages below; give only the answer.\n\n{context}\n\nQuestion: {input}\nAnswer:", max_new_tokens: 32, metric: Metric::QaF1 },
-    Dataset { name: "musique", prompt: "Answer the question from the passages below; give only the answer.\n\n{context}\n\nQuestion: {input}\nAnswer:", max_new_tokens: 32, metric: Metric::QaF1 },
+    Dataset { name: "hotpotqa", prompt: PASSAGES_QA, max_new_tokens: 32, metric: Metric::QaF1 },
+    Dataset { name: "2wikimqa", prompt: PASSAGES_QA, max_new_tokens: 32, metric: Metric::QaF1 },
+    Dataset { name: "musique", prompt: PASSAGES_QA, max_new_tokens: 32, metric: Metric::QaF1 },
     Dataset { name: "triviaqa", prompt: "Answer the last question in the same way as the examples.\n\n{context}\n\n{input}", max_new_tokens: 32, metric: Metric::QaF1 },
     Dataset { name: "gov_report", prompt: "Here is a government report. Summarise it.\n\nReport: {context}\n\nSummary:", max_new_tokens: 512, metric: Metric::RougeL },
     Dataset { name: "qmsum", prompt: "Here is a meeting transcript. Answer the query about it with a short summary.\n\nTranscript: {context}\n\nQuery: {input}\nAnswer:", max_new_tokens: 512, metric: Metric::RougeL },

@@ -8,8 +8,9 @@ use crate::backend::Family;
 use crate::tensor::ParamId;
 use anyhow::{bail, Result};
 use fox_kernels::attention::{self as fa};
+use fox_kernels::kv_shift::{self, KvShift};
 use fox_kernels::par::with_buffer;
-use fox_kernels::{fgate, kv_shift, rope};
+use fox_kernels::{fgate, rope};
 
 impl AttnOps for Cpu<'_> {
     type KvCache = KvCache;
@@ -30,7 +31,8 @@ impl AttnOps for Cpu<'_> {
             Some(c) if c.len > 0 => Some(if value { c.v_shift.as_slice() } else { c.k_shift.as_slice() }),
             _ => None,
         };
-        kv_shift::kv_shift_fwd(out, x, alpha, prev, b.chunk_start(), b.batch, b.seq, heads, head_dim);
+        let p = KvShift { batch: b.batch, seq: b.seq, heads, head_dim, x, alpha, start: b.chunk_start() };
+        kv_shift::kv_shift_fwd(&p, prev, out);
         Ok(())
     }
     fn kv_shift_bwd(
@@ -45,7 +47,8 @@ impl AttnOps for Cpu<'_> {
         head_dim: usize,
     ) -> Result<()> {
         let _t = self.time(Family::Other);
-        kv_shift::kv_shift_bwd(dx, dalpha, dout, x, alpha, b.start.as_deref(), b.seq, heads, head_dim);
+        let p = KvShift { batch: b.batch, seq: b.seq, heads, head_dim, x, alpha, start: b.start.as_deref() };
+        kv_shift::kv_shift_bwd(&p, dout, dx, dalpha);
         Ok(())
     }
     fn rope(

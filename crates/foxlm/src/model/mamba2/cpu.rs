@@ -8,7 +8,7 @@ use crate::backend::Family;
 use crate::config::Mamba2Sizes;
 use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::Result;
-use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd};
+use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd, GatedNorm};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};
 
 /// The SSD problem over the conv output.
@@ -106,7 +106,8 @@ impl Mamba2Ops for Cpu<'_> {
         let nz = crate::backend::cpu::first("gated norm", rows.checked_mul(s.in_proj_dim()), &[zxbcdt.len()])?;
         crate::backend::cpu::first("gated norm", rows.checked_mul(s.groups), &[rstd.len()])?;
         let (g, rstd, y, z) = (&mut g[..n], &mut rstd[..rows * s.groups], &y[..n], &zxbcdt[..nz]);
-        rms_norm_gated_fwd(g, rstd, y, z, s.in_proj_dim(), &self.params[p.norm], dim, s.groups, p.eps)
+        let norm = GatedNorm { x: y, z, z_stride: s.in_proj_dim(), w: &self.params[p.norm], dim, groups: s.groups };
+        rms_norm_gated_fwd(&norm, p.eps, g, rstd)
     }
 
     fn gated_norm_bwd(
@@ -124,7 +125,8 @@ impl Mamba2Ops for Cpu<'_> {
         let dim = s.inner / s.groups;
         let mut dw = vec![0.0; s.inner];
         let w = self.params[p.norm].to_vec();
-        rms_norm_gated_bwd(dy, dzxbcdt, &mut dw, dg, y, zxbcdt, s.in_proj_dim(), rstd, &w, dim, s.groups)?;
+        let norm = GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w: &w, dim, groups: s.groups };
+        rms_norm_gated_bwd(&norm, dg, rstd, dy, dzxbcdt, &mut dw)?;
         self.add_grad(p.norm, &dw)
     }
 }

@@ -360,8 +360,8 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let z = rounded::<T>(c.randn(rows * zs, 1.0));
     let w = c.randn(dim, 0.3).iter().map(|v| 1.0 + v).collect::<Vec<_>>();
     let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
-    let norm = fox_kernels::rms_norm_gated::GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: 1 };
-    fox_kernels::rms_norm_gated::rms_norm_gated_fwd(&norm, eps, &mut y, &mut r)?;
+    let cpu_norm = fox_kernels::rms_norm_gated::GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: 1 };
+    fox_kernels::rms_norm_gated::rms_norm_gated_fwd(&cpu_norm, eps, &mut y, &mut r)?;
     let gpu = c.gpu;
     let (gx, gz, gw) = (upload_as::<T>(gpu, &x)?, upload_as::<T>(gpu, &z)?, gpu.upload(&w)?);
     let (mut gy, mut gr) = (gpu.zeros::<T>(y.len())?, gpu.zeros::<f32>(rows)?);
@@ -371,7 +371,7 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     c.add(name, "rstd rel L2", rel_l2(&gpu.download(&gr)?, &r), TOL_ELEM, "");
     let dy = rounded::<T>(c.randn(rows * dim, 1.0));
     let (mut dx, mut dz, mut dw) = (vec![0.0; x.len()], vec![2.0; z.len()], vec![0.5; dim]);
-    fox_kernels::rms_norm_gated::rms_norm_gated_bwd(&norm, &dy, &r, &mut dx, &mut dz, &mut dw)?;
+    fox_kernels::rms_norm_gated::rms_norm_gated_bwd(&cpu_norm, &dy, &r, &mut dx, &mut dz, &mut dw)?;
     let gdy = upload_as::<T>(gpu, &dy)?;
     let (mut gdx, mut gdz, mut gdw) =
         (gpu.zeros::<T>(x.len())?, upload_as::<T>(gpu, &vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);

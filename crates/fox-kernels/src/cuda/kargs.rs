@@ -190,18 +190,9 @@ pub fn plain_config(grid: (u32, u32, u32), threads: u32, smem: usize) -> LaunchC
     LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }
 }
 
-/// Kernel `name` of `src`, allowed `smem` bytes of dynamic shared memory: above the 48 KB every
-/// kernel may take, a kernel must opt in to what it uses.
+/// Kernel `name` of `src`, allowed `smem` bytes of dynamic shared memory ([`Gpu::function_smem`]).
 pub fn function_smem(gpu: &Gpu, src: &Source, name: &str, smem: usize) -> Result<CudaFunction> {
-    let f = gpu.function(src, name)?;
-    if smem > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))?;
-    }
-    Ok(f)
+    gpu.function_smem(src, name, smem)
 }
 
 /// Launches kernel `name` of `src` on the GPU's stream (with the shared memory of `cfg` allowed,

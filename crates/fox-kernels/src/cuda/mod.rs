@@ -159,7 +159,9 @@ pub struct Gpu {
     arch: String,
     sms: usize,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
+    /// Loaded kernels, each with the dynamic shared memory it is allowed so far (see
+    /// [`Gpu::function_smem`]).
+    funcs: Mutex<HashMap<String, (CudaFunction, usize)>>,
     /// Streams beside `stream`, made at first use (see [`Gpu::side_streams`]).
     side: std::sync::OnceLock<[Arc<CudaStream>; 3]>,
 }
@@ -310,8 +312,20 @@ impl Gpu {
 
     /// A kernel of one of the sources in [`compile::SOURCES`], compiling and loading on first use.
     pub fn function(&self, source: &compile::Source, name: &str) -> Result<CudaFunction> {
+        self.function_smem(source, name, 0)
+    }
+
+    /// [`Gpu::function`] allowed `smem` bytes of dynamic shared memory: above the 48 KB every
+    /// kernel may take, a kernel must opt in to what it uses. The allowance is raised once per
+    /// kernel and size, not at every launch (a driver call each time otherwise).
+    pub fn function_smem(&self, source: &compile::Source, name: &str, smem: usize) -> Result<CudaFunction> {
+        const DEFAULT_SMEM: usize = 48 * 1024;
         let key = format!("{}::{name}", source.name);
-        if let Some(f) = self.funcs.lock().unwrap().get(&key) {
+        if let Some((f, allowed)) = self.funcs.lock().unwrap().get_mut(&key) {
+            if smem > *allowed {
+                raise_smem(f, name, smem)?;
+                *allowed = smem;
+            }
             return Ok(f.clone());
         }
         let module = {
@@ -329,7 +343,10 @@ impl Gpu {
             }
         };
         let f = module.load_function(name).map_err(|e| anyhow!("kernel `{name}` not found: {e:?}"))?;
-        self.funcs.lock().unwrap().insert(key, f.clone());
+        if smem > DEFAULT_SMEM {
+            raise_smem(&f, name, smem)?;
+        }
+        self.funcs.lock().unwrap().insert(key, (f.clone(), smem.max(DEFAULT_SMEM)));
         Ok(f)
     }
 
@@ -500,4 +517,11 @@ pub(crate) fn stream_wait(op: &str, s: &CudaStream, e: &cudarc::driver::CudaEven
 /// stream to a side stream, or the join back.
 pub(crate) fn stream_order(op: &str, before: &CudaStream, after: &CudaStream) -> Result<()> {
     stream_wait(op, after, &stream_event(op, before)?)
+}
+
+/// Lets kernel `f` (`name`, for the error) take `smem` bytes of dynamic shared memory.
+fn raise_smem(f: &CudaFunction, name: &str, smem: usize) -> Result<()> {
+    let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    let bytes = i32::try_from(smem).map_err(|_| anyhow!("{name}: {smem} bytes of shared memory"))?;
+    f.set_attribute(attr, bytes).map_err(|e| anyhow!("{name}: cannot raise shared memory to {smem} bytes: {e:?}"))
 }

@@ -170,6 +170,43 @@ __device__ __forceinline__ void query_block(const AttnParams& p, int& bh, int& b
     key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
 }
 
+// A thread's two query rows rows[rr] = r_first + 8 rr of head bh: the gate sum c_i, the position
+// and the first visible key, and for the backward (BWD) the log-sum-exp in log2 units and delta.
+// A row past tq sees no key and adds nothing to the backward; the forward leaves lse2 and dl unread.
+struct QueryRows {
+    float ci[2], lse2[2], dl[2];
+    int pos[2], st[2], rows[2];
+};
+template <bool BWD>
+__device__ __forceinline__ QueryRows query_rows(const AttnParams& p, int b, int bh, int r_first) {
+    QueryRows q;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = r_first + rr * 8;
+        q.rows[rr] = r;
+        if (r < p.tq) {
+            const long long idx = (long long)bh * p.tq + r;
+            q.ci[rr] = p.cq[idx];
+            q.pos[rr] = p.q_pos0 + r;
+            q.st[rr] = row_start(p, b, r);
+            if constexpr (BWD) {
+                const float ls = p.lse_in[idx];
+                q.lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
+                q.dl[rr] = p.delta[idx];
+            }
+        } else {
+            q.ci[rr] = 0.f;
+            q.pos[rr] = -1;
+            q.st[rr] = 0;
+            if constexpr (BWD) {
+                q.lse2[rr] = POS_INF;
+                q.dl[rr] = 0.f;
+            }
+        }
+    }
+    return q;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
 // ---------------------------------------------------------------------------------------------
@@ -186,28 +223,10 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
     const int g = lane >> 2, t4 = lane & 3;
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-    if (p.counters != nullptr && tid == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
+    if (tid == 0) count_tiles(p, first, ntiles);
 
     // this thread's two rows
-    float ci[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-        }
-    }
+    const QueryRows qr = query_rows<false>(p, b, bh, r0 + warp * 16 + g);
 
     float O[D / 8][4];
 #pragma unroll
@@ -239,7 +258,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
             fwd_tile_step<D, BK / 8, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
-                                         need_mask, ci, pos, st, scale_log2, O, m, l);
+                                         need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
             __syncthreads();
         }
     }
@@ -248,7 +267,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const float lt = quad_sum(l[rr]);
-        const int r = rows[rr];
+        const int r = qr.rows[rr];
         if (r >= p.tq) continue;
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
         u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
@@ -307,26 +326,9 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     const int per = (ntiles - first + p.splits - 1) / p.splits;
     const int t_begin = first + split * per;
     const int t_end = min(t_begin + per, ntiles);
-    if (p.counters != nullptr && tid == 0 && split == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
+    if (tid == 0 && split == 0) count_tiles(p, first, ntiles);
 
-    float ci[2];
-    int pos[2], st[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = g + rr * 8;
-        if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-        }
-    }
+    const QueryRows qr = query_rows<false>(p, b, bh, g);
     float O[D / 8][4];
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
@@ -356,7 +358,7 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
             fwd_tile_step<D, 2, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
-                                    need_mask, ci, pos, st, scale_log2, O, m, l);
+                                    need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
             __syncthreads();
         }
     }
@@ -480,28 +482,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
-    float ci[2], lse2[2], dl[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            const long long idx = (long long)bh * p.tq + r;
-            ci[rr] = p.cq[idx];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-            const float ls = p.lse_in[idx];
-            lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
-            dl[rr] = p.delta[idx];
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-            lse2[rr] = POS_INF;
-            dl[rr] = 0.f;
-        }
-    }
+    const QueryRows qr = query_rows<true>(p, b, bh, r0 + warp * 16 + g);
 
     float dQ[D / 8][4];
 #pragma unroll
@@ -583,13 +564,13 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int jl = nt * 8 + 2 * t4 + (e & 1);
                     const int rr = e >> 1;
-                    const float x = S[nt][e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E - lse2[rr];
+                    const float x = S[nt][e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
                     float pr = fast_exp2(x);
                     if (need_mask) {
                         const int j = jt + jl;
-                        if (j > pos[rr] || j < st[rr]) pr = 0.f;
+                        if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
                     }
-                    const float ds = pr * (P[nt][e] - dl[rr]);
+                    const float ds = pr * (P[nt][e] - qr.dl[rr]);
                     dcq[rr] += ds;
                     S[nt][e] = ds;
                 }
@@ -617,7 +598,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const float dc = quad_sum(dcq[rr]);
-        const int r = rows[rr];
+        const int r = qr.rows[rr];
         if (r >= p.tq) continue;
         u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
 #pragma unroll

@@ -243,26 +243,8 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
     const int g = lane >> 2, t4 = lane & 3;
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-    if (p.counters != nullptr && tid == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
-    float ci[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-        }
-    }
+    if (tid == 0) count_tiles(p, first, ntiles);
+    const QueryRows qr = query_rows<false>(p, b, bh, r0 + warp * 16 + g);
     // O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]
     float O[NA][32];
     wg_zero(O);
@@ -319,10 +301,10 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int jl = nt * 8 + 2 * t4 + (e & 1);
                     const int rr = e >> 1;
-                    float x = S[4 * nt + e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E;
+                    float x = S[4 * nt + e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E;
                     if (need_mask) {
                         const int j = jt + jl;
-                        if (j > pos[rr] || j < st[rr]) x = NEG_INF;
+                        if (j > qr.pos[rr] || j < qr.st[rr]) x = NEG_INF;
                     }
                     S[4 * nt + e] = x;
                 }
@@ -378,7 +360,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             __syncthreads();
         }
     }
-    wg_store_o<D, BF, NA>(p, O, m, l, rows, b, h, bh, t4);
+    wg_store_o<D, BF, NA>(p, O, m, l, qr.rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,28 +386,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
-    float ci[2], lse2[2], dl[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            const long long idx = (long long)bh * p.tq + r;
-            ci[rr] = p.cq[idx];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-            const float ls = p.lse_in[idx];
-            lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
-            dl[rr] = p.delta[idx];
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-            lse2[rr] = POS_INF;
-            dl[rr] = 0.f;
-        }
-    }
+    const QueryRows qr = query_rows<true>(p, b, bh, r0 + warp * 16 + g);
     float dQ[NA][32];
     wg_zero(dQ);
     float dcq[2] = {0.f, 0.f};
@@ -474,13 +435,13 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int jl = nt * 8 + 2 * t4 + (e & 1);
                     const int rr = e >> 1;
-                    const float x = S[4 * nt + e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E - lse2[rr];
+                    const float x = S[4 * nt + e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
                     float pr = fast_exp2(x);
                     if (need_mask) {
                         const int j = jt + jl;
-                        if (j > pos[rr] || j < st[rr]) pr = 0.f;
+                        if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
                     }
-                    const float ds = pr * (DP[4 * nt + e] - dl[rr]);
+                    const float ds = pr * (DP[4 * nt + e] - qr.dl[rr]);
                     dcq[rr] += ds;
                     S[4 * nt + e] = ds;
                 }
@@ -510,7 +471,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const float dc = quad_sum(dcq[rr]);
-        const int r = rows[rr];
+        const int r = qr.rows[rr];
         if (r >= p.tq) continue;
         u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
 #pragma unroll

@@ -183,6 +183,18 @@ __device__ __forceinline__ void gla_fma_tile(float (&acc)[4][4], const float (*a
             for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * w[j];
     }
 }
+// A chunk's 64 × 64 scores from version 1's thread tiles (rows ty + 16a, columns tx + 16b), times
+// scale, into out [64][64]: 0 above the diagonal.
+__device__ __forceinline__ void gla_store_lower(float* out, const float (&acc)[4][4], float scale) {
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const bool keep = bb < a || (bb == a && tx <= ty);
+            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? scale * acc[a][bb] : 0.0f;
+        }
+}
 // ---- Version 2's tensor-core products (bf16 operands, f32 sums), for bf16 activations ----
 // A block's 8 warps share a 64 × 64 product: warp w the 16 rows from 16 (w % 4) and the 32 columns
 // from 32 (w / 4), as four m16n8k16 tiles. Operands are bf16 tiles in shared memory with the
@@ -739,6 +751,35 @@ __device__ __forceinline__ void gla_chunk_h_elem(const ET* x, const ET* y, const
     }
 }
 
+// A block's 64 × 64 product, times scale, as the chunk's rows of out [B, T, H, V] from column
+// v0: 0 at padding, nothing past the chunk or V. Version 1's thread tile holds rows ty + 16i and
+// columns tx + 16j; version 2's (TC) element e sits at (gla_tc_row(e), gla_tc_col(e)).
+template <bool TC>
+__device__ __forceinline__ void gla_store_rows(ET* out, const float (&acc)[4][4], float scale, int b, int h, int t0,
+                                               int len, int first, int T, int H, int V, int v0) {
+    if constexpr (TC) {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
+            if (r < len && vv < V)
+                st(out, gla_row(b, t, T, H, h) * V + vv, t >= first ? scale * acc[e >> 2][e & 3] : 0.0f);
+        }
+    } else {
+        const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = ty + 16 * i, t = t0 + r;
+            if (r >= len) continue;
+            const bool real = t >= first;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int vv = tx + 16 * j + v0;
+                if (vv < V) st(out, gla_row(b, t, T, H, h) * V + vv, real ? scale * acc[i][j] : 0.0f);
+            }
+        }
+    }
+}
+
 // One chunk's own state product, out[kc, v] = Σ_t X_t[kc] Y_t[v] for a 64 × 64 tile (kb, vb):
 // mode 0 (the forward's state): X = k ⊙ e^{G_L − G}, Y = v, into slot c of `out` [B, H, nslots,
 // K, V]; mode 1 (the backward's ΔdS_c): X = scale · q ⊙ e^G, Y = do. Grid (⌈K/64⌉·⌈V/64⌉,
@@ -863,14 +904,7 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
     }
-    float* out = A + ((long)bh * nch + c) * GLA_L * GLA_L;
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 4; ++bb) {
-            const bool keep = bb < a || (bb == a && tx <= ty);
-            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? acc[a][bb] : 0.0f;
-        }
+    gla_store_lower(A + ((long)bh * nch + c) * GLA_L * GLA_L, acc, 1.0f);
 }
 
 // o[:, vb] = scale · ((q ⊙ e^G) S_c[:, vb] + A V[:, vb]) for a tile of 64 value columns; 0 at
@@ -916,17 +950,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = ty + 16 * i, t = t0 + r;
-        if (r >= len) continue;
-        const bool real = t >= first;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int vv = v0 + tx + 16 * j;
-            if (vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, real ? scale * acc[i][j] : 0.0f);
-        }
-    }
+    gla_store_rows<false>(o, acc, scale, b, h, t0, len, first, T, H, V, v0);
 }
 
 // Version 2 of gla_fwd_o (tensor cores): q ⊙ e^G [t][c] against S_cᵀ [v][c], then A [t][j]
@@ -968,11 +992,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     __syncthreads();
     gla_tc_gemm(acc, as_, bs, GLA_L);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
-        if (r < len && vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, t >= first ? scale * acc[e >> 2][e & 3] : 0.0f);
-    }
+    gla_store_rows<true>(o, acc, scale, b, h, t0, len, first, T, H, V, v0);
 }
 
 // dA [B, H, chunks, 64, 64] = scale · do_i·v_j for j ≤ i (0 above the diagonal and at padding).
@@ -999,14 +1019,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
-    float* out = dA + ((long)bh * nch + c) * GLA_L * GLA_L;
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 4; ++bb) {
-            const bool keep = bb < a || (bb == a && tx <= ty);
-            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? scale * acc[a][bb] : 0.0f;
-        }
+    gla_store_lower(dA + ((long)bh * nch + c) * GLA_L * GLA_L, acc, scale);
 }
 
 // Version 2 of gla_dscores (tensor cores): do [i][v] against v [j][v], bf16 operands, f32 sums.
@@ -1093,17 +1106,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = ty + 16 * i, t = t0 + r;
-        if (r >= len) continue;
-        const bool real = t >= first;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int vv = v0 + tx + 16 * j;
-            if (vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, real ? acc[i][j] : 0.0f);
-        }
-    }
+    gla_store_rows<false>(dv, acc, 1.0f, b, h, t0, len, first, T, H, V, v0);
 }
 
 // Version 2 of gla_bwd_dv (tensor cores): Aᵀ [j][i] against doᵀ [v][i], then (k ⊙ e^{G_L − G})
@@ -1151,11 +1154,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_tc_gemm(acc, as_, bs, 64);
     }
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
-        if (r < len && vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, t >= first ? acc[e >> 2][e & 3] : 0.0f);
-    }
+    gla_store_rows<true>(dv, acc, 1.0f, b, h, t0, len, first, T, H, V, v0);
 }
 
 // Shared memory of gla_bwd_dqk, in floats: dA, q, k, G [64][65] each, then a region for the state

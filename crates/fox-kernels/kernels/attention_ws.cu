@@ -153,10 +153,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         }
         mbar_init(qbar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        if (p.counters != nullptr) {
-            atomicAdd(&p.counters[0], (u64)(ntiles - first));
-            atomicAdd(&p.counters[1], (u64)first);
-        }
+        count_tiles(p, first, ntiles);
     }
     __syncthreads();
 

@@ -157,6 +157,18 @@ inline void dr_need_smem(int bytes) {
 }
 #endif
 
+// Double buffering: with a next tile set, its copies are issued (into the other set) before this
+// set's copies are awaited, so they land while this one computes.
+template <typename Issue>
+__device__ __forceinline__ void dr_prefetch(bool has_next, Issue&& issue_next) {
+    if (has_next) {
+        issue_next();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+}
+
 // c (the 16x8 tile at rows r0, columns c0 of this warp's layout) += A[r0.., 0..kdim) · B[0..kdim, c0..).
 // A(r, k) is A[r·lda + k] (A[k·lda + r] when AT); B(k, n) is B[k·ldb + n] (B[n·ldb + k] when BT).
 // Fragments by ldmatrix (.trans where the tile holds the operand's transpose): lane l points at row
@@ -476,13 +488,10 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     E* U = (E*)p.u;
     for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
         const int cur = it & 1;
-        if (v0 + DR_BV < p.Vp) {
+        dr_prefetch(v0 + DR_BV < p.Vp, [&] {
             dr_in<DR_BV>(Vb(cur ^ 1), Lay::LV, (const E*)p.v, p.V, v0 + DR_BV, p, k, t0, p.vv);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        });
         __syncthreads();
         DrAcc<DR_L, DR_BV> u;
         u.zero();
@@ -531,12 +540,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
     issue(p.c0, 0);
     for (int c = p.c0; c < p.c1; ++c) {
         const int cur = (c - p.c0) & 1;
-        if (c + 1 < p.c1) {
-            issue(c + 1, cur ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        dr_prefetch(c + 1 < p.c1, [&] { issue(c + 1, cur ^ 1); });
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
         S.store_state(Ss, Lay::LV, states, sbase, p.Vp, v0);
@@ -1192,12 +1196,7 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     E* O = (E*)p.o;
     for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
         const int cur = it & 1;
-        if (v0 + DR_BV < p.Vp) {
-            issue(v0 + DR_BV, cur ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        dr_prefetch(v0 + DR_BV < p.Vp, [&] { issue(v0 + DR_BV, cur ^ 1); });
         __syncthreads();
         DrAcc<DR_L, DR_BV> o;
         o.zero();

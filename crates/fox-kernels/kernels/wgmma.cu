@@ -63,69 +63,45 @@ struct AtomTiles {
 };
 
 #define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_R16 WG_R8(0), WG_R8(8)
+#define WG_R32 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+#define WG_R64 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
+#define WG_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_D32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_D64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+// One wgmma of shape SHAPE with f32 accumulators, bf16 operands when BF and fp16 otherwise: PRED
+// is the operand that scales D (0: D = A B), ARGS the instruction's operands after the type and
+// __VA_ARGS__ the asm's operand lists. asm takes only string literals, so the type picks between
+// two copies of one text.
+#define WGMMA(BF, PRED, SHAPE, ARGS, ...)                                                                       \
+    do {                                                                                                        \
+        if constexpr (BF)                                                                                       \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                      \
+                         "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 " ARGS ";\n}\n" __VA_ARGS__);    \
+        else                                                                                                    \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                      \
+                         "wgmma.mma_async.sync.aligned." SHAPE ".f32.f16.f16 " ARGS ";\n}\n" __VA_ARGS__);      \
+    } while (0)
 
 // d[32] (+)= A(smem, K-major) * B(smem, K-major), m64n64k16
 template <bool BF>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "%32, %33, p, 1, 1, 0, 0;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "%32, %33, p, 1, 1, 0, 0;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "l"(da), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%34", "m64n64k16", WG_D32 ", %32, %33, p, 1, 1, 0, 0", : WG_R32 : "l"(da), "l"(db), "r"(accumulate));
 }
 
 // d[32] (+)= A(registers) * B(smem; TB = 1: MN-major, 0: K-major), m64n64k16
 template <bool BF, int TB>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], u64 db, int accumulate = 1) {
-    if constexpr (BF) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
-    }
+    WGMMA(BF, "%37", "m64n64k16", WG_D32 ", {%32,%33,%34,%35}, %36, p, 1, 1, %38",
+          : WG_R32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
 }
 
-
-#define WG_R64 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
-#define WG_D64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
-               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 // d[64] (+)= A(registers) * B(smem, K-major), m64n128k16
 template <bool BF>
 __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4], u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-                     : WG_R64
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-                     : WG_R64
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%69", "m64n128k16", WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0",
+          : WG_R64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 template <int NS, bool BF>

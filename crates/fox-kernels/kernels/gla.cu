@@ -256,11 +256,7 @@ __device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i,
 #define GLA_WSETS 3
 #define GLA_WV (16 * GLA_WW)
 #ifndef FOX_HOST_EMU
-__device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void gla_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// The walk's waits clobber memory (unlike cp_async_wait): no shared-memory read moves above them.
 __device__ __forceinline__ void gla_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void gla_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
@@ -273,8 +269,6 @@ __device__ __forceinline__ u32 gla_bf2(float lo, float hi) {
     extern __shared__ __align__(16) unsigned char gla_wsm_[]; \
     unsigned char* smem = gla_wsm_;
 #else
-inline void gla_cp16(void* dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
-inline void gla_cp_commit() { cp_async_commit(); }
 inline void gla_cp_wait_all() { cp_async_wait<0>(); }
 inline void gla_cp_wait_one() { cp_async_wait<1>(); }
 inline u32 gla_bf2(float lo, float hi) {
@@ -325,19 +319,19 @@ __device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* ini
         for (int i = threadIdx.x; i < GLA_L * (KB / 8); i += NT) {
             const int r = i / (KB / 8), cc = i % (KB / 8) * 8, tt = t0 + r;
             const bool ok = r < len && tt >= first && k0 + cc < K;
-            gla_cp16(ks + r * LK + cc, ok ? k + gla_row(b, tt, T, H, h) * K + k0 + cc : k, ok);
+            cp_async16(ks + r * LK + cc, ok ? k + gla_row(b, tt, T, H, h) * K + k0 + cc : k, ok);
         }
         for (int i = threadIdx.x; i < GLA_L * (KB / 4); i += NT) {
             const int r = i / (KB / 4), cc = i % (KB / 4) * 4;
             const bool ok = r < len && k0 + cc < K;
-            gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + r, T, H, h) * K + k0 + cc : G, ok);
+            cp_async16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + r, T, H, h) * K + k0 + cc : G, ok);
         }
         for (int i = threadIdx.x; i < GLA_L * (GLA_WV / 8); i += NT) {
             const int r = i / (GLA_WV / 8), cc = i % (GLA_WV / 8) * 8, tt = t0 + r;
             const bool ok = r < len && tt >= first && v0 + cc < V;
-            gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+            cp_async16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
         }
-        gla_cp_commit();
+        cp_async_commit();
     };
     // s[n][·]: Sᵀ rows (value columns) vw + g (0, 1) and vw + g + 8 (2, 3), channels k0 + 8n + 2t + {0, 1}.
     float s[KB / 8][4];
@@ -465,18 +459,18 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
     for (int i = tid; i < 64 * (KP / 8); i += 256) {
         const int r = i / (KP / 8), cc = i % (KP / 8) * 8;
         const bool ok = v0 + r < V && cc < K;
-        gla_cp16(ss + r * LQ + cc, ok ? S + (long)(v0 + r) * K + cc : S, ok);
+        cp_async16(ss + r * LQ + cc, ok ? S + (long)(v0 + r) * K + cc : S, ok);
     }
     for (int i = tid; i < GLA_L * 8; i += 256) {
         const int r = i / 8, cc = i % 8 * 8, tt = t0 + r;
         const bool ok = r < len && tt >= first && v0 + cc < V;
-        gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+        cp_async16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
     }
     const long a0 = ((long)bh * nch + c) * GLA_L * GLA_L;
     if (A16)
         for (int i = tid; i < GLA_L * 8; i += 256)
-            gla_cp16(as_ + i / 8 * LV + i % 8 * 8, (const u16*)A + a0 + i * 8, true);
-    gla_cp_commit();
+            cp_async16(as_ + i / 8 * LV + i % 8 * 8, (const u16*)A + a0 + i * 8, true);
+    cp_async_commit();
     // q ⊙ e^G (0 at padding, past T and past K) and (f32 A) A, as bf16 pairs.
     for (int i = tid; i < GLA_L * (KP / 2); i += 256) {
         const int r = i / (KP / 2), cc = i % (KP / 2) * 2, tt = t0 + r;
@@ -588,15 +582,15 @@ __device__ __forceinline__ void gla_scores_w(u16* A16, const u16* q, const u16* 
         const int r = i / (KP / 8), cc = i % (KP / 8) * 8, tt = t0 + r;
         const bool ok = r < len && tt >= first && cc < K;
         const long e = gla_row(b, tt, T, H, h) * K + cc;
-        gla_cp16(qs + r * LQ + cc, ok ? q + e : q, ok);
-        gla_cp16(ks + r * LQ + cc, ok ? k + e : k, ok);
+        cp_async16(qs + r * LQ + cc, ok ? q + e : q, ok);
+        cp_async16(ks + r * LQ + cc, ok ? k + e : k, ok);
     }
     for (int i = tid; i < GLA_L * (KP / 4); i += 256) {
         const int r = i / (KP / 4), cc = i % (KP / 4) * 4;
         const bool ok = cc < K;
-        gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + min(r, len - 1), T, H, h) * K + cc : G, ok);
+        cp_async16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + min(r, len - 1), T, H, h) * K + cc : G, ok);
     }
-    gla_cp_commit();
+    cp_async_commit();
     gla_cp_wait_all();
     __syncthreads();
     // q̃ for rows 16..63, and kp_a (rows j < 16a at row 8a(a − 1) + j of kp), as bf16 pairs.

@@ -55,6 +55,18 @@ struct KeyTileLoader {
     __device__ __forceinline__ void operator()(int it, int buf) const {
         load_key_tile<D, BK, NTH, Tiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
     }
+    // Step it of a walk over tiles [it0, end) (tile it0 issued into buffer 0): tile it + 1's copies
+    // are issued into the other buffer and tile it's awaited, visible to the block after the
+    // barrier. Returns tile it's buffer.
+    __device__ __forceinline__ int next(int it, int it0, int end) const {
+        const int buf = (it - it0) & 1;
+        if (it + 1 < end) (*this)(it + 1, buf ^ 1);
+        cp_commit();
+        cp_wait<1>();
+        Tiles::landed();
+        __syncthreads();
+        return buf;
+    }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -249,11 +261,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
         ls.init();
         u32 qf[D / 16][4];
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             if (it == first) load_a_frags<D>(ls, qf, sQ, warp * 16);
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
@@ -349,11 +357,7 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
         ls.init();
         u32 qf[D / 16][4];
         for (int it = t_begin; it < t_end; ++it) {
-            const int buf = (it - t_begin) & 1;
-            if (it + 1 < t_end) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
+            const int buf = load_kv.next(it, t_begin, t_end);
             if (it == t_begin) load_a_frags<D>(ls, qf, sQ, 0);
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
@@ -508,11 +512,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
         u32 qf[A_IN_REGS ? D / 16 : 1][4];
         u32 gf[A_IN_REGS ? D / 16 : 1][4];
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             if constexpr (A_IN_REGS) {
                 if (it == first) {
 #pragma unroll

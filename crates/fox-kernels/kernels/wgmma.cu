@@ -240,12 +240,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
         const float scale_log2 = p.scale * LOG2E;
         u32 qf[D / 16][4];
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            fence_proxy_async();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             const u32 k_s = smem_u32(sK + buf * BK * D);
             const u32 v_s = smem_u32(sV + buf * BK * D);
             const float* c_s = sC + buf * BK;
@@ -382,12 +377,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
         const u32 q_s = smem_u32(sQ) + (u32)(wg * 64 * 128);
         const u32 g_s = smem_u32(sG) + (u32)(wg * 64 * 128);
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            fence_proxy_async();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             const u32 k_s = smem_u32(sK + buf * BK * D);
             const u32 v_s = smem_u32(sV + buf * BK * D);
             const float* c_s = sC + buf * BK;

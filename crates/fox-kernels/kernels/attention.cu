@@ -36,6 +36,20 @@ __device__ __forceinline__ void load_key_tile(const AttnParams& p, u16* sK, u16*
     }
 }
 
+// Step it of a double-buffered walk over tiles [it0, end) whose tile it0 went into buffer 0:
+// load(it + 1, other buffer) is issued and tile it awaited, visible to the block (in the Tiles
+// layout) after the barrier. Returns tile it's buffer.
+template <class Tiles, class Load>
+__device__ __forceinline__ int walk_step(const Load& load, int it, int it0, int end) {
+    const int buf = (it - it0) & 1;
+    if (it + 1 < end) load(it + 1, buf ^ 1);
+    cp_commit();
+    cp_wait<1>();
+    Tiles::landed();
+    __syncthreads();
+    return buf;
+}
+
 // load_key_tile for the query block of head bh = (b, h) whose key walk starts at jbase, from the
 // first key its first row r0 may see: load(it, buf) brings key tile it into buffer buf.
 template <int D, int BK, int NTH, class Tiles>
@@ -55,17 +69,8 @@ struct KeyTileLoader {
     __device__ __forceinline__ void operator()(int it, int buf) const {
         load_key_tile<D, BK, NTH, Tiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
     }
-    // Step it of a walk over tiles [it0, end) (tile it0 issued into buffer 0): tile it + 1's copies
-    // are issued into the other buffer and tile it's awaited, visible to the block after the
-    // barrier. Returns tile it's buffer.
     __device__ __forceinline__ int next(int it, int it0, int end) const {
-        const int buf = (it - it0) & 1;
-        if (it + 1 < end) (*this)(it + 1, buf ^ 1);
-        cp_commit();
-        cp_wait<1>();
-        Tiles::landed();
-        __syncthreads();
-        return buf;
+        return walk_step<Tiles>(*this, it, it0, end);
     }
 };
 
@@ -774,12 +779,7 @@ __device__ __forceinline__ void dkdv_walk(const AttnParams& p, const DkdvBlock<B
 
             const float scale_log2 = p.scale * LOG2E;
             for (int qi = qfirst; qi < qend; ++qi) {
-                const int buf = (qi - qfirst) & 1;
-                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
-                cp_commit();
-                cp_wait<1>();
-                Tiles::landed();
-                __syncthreads();
+                const int buf = walk_step<Tiles>(load_q, qi, qfirst, qend);
                 landed();
                 const u32 q_s = smem_u32(sm.q + buf * BQB * D), g_s = smem_u32(sm.g + buf * BQB * D);
                 const float* lse_s = sm.lse + buf * BQB;

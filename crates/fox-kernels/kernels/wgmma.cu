@@ -495,12 +495,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
             cp_commit();
             const float scale_log2 = p.scale * LOG2E;
             for (int qi = qfirst; qi < qend; ++qi) {
-                const int buf = (qi - qfirst) & 1;
-                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
-                cp_commit();
-                cp_wait<1>();
-                fence_proxy_async();
-                __syncthreads();
+                const int buf = walk_step<AtomTiles>(load_q, qi, qfirst, qend);
                 const u32 q_s = smem_u32(sm.q + buf * BQB * D);
                 const u32 g_s = smem_u32(sm.g + buf * BQB * D);
                 const float* lse_s = sm.lse + buf * BQB;

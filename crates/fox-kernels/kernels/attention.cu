@@ -74,6 +74,28 @@ struct KeyTileLoader {
     }
 };
 
+// acc += P B for a warp's 16 rows: P its NT·8 scores (mma.sync's C layout, rounded to the dtype
+// as the A operand), B the shared [keys, D] tile at b_s (V in the forward, K in the dq pass).
+template <int D, int NT, bool BF>
+__device__ __forceinline__ void mma_scores_tile(const Ldsm<D>& ls, const float (&S)[NT][4], u32 b_s,
+                                                float (&acc)[D / 8][4]) {
+#pragma unroll
+    for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+        u32 a[4];
+        a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
+        a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
+        a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
+        a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            u32 b0, b1, b2, b3;
+            ldsm_x4a_t(b0, b1, b2, b3, ls.p2(b_s, kc2 * 16, dp * 2));
+            mma16816<BF>(acc[2 * dp], a, b0, b1);
+            mma16816<BF>(acc[2 * dp + 1], a, b2, b3);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
 // starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
@@ -144,21 +166,7 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
         }
     }
     // O += P V
-#pragma unroll
-    for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-        u32 a[4];
-        a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
-        a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
-        a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
-        a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            u32 b0, b1, b2, b3;
-            ldsm_x4a_t(b0, b1, b2, b3, ls.p2(vb, kc2 * 16, dp * 2));
-            mma16816<BF>(O[2 * dp], a, b0, b1);
-            mma16816<BF>(O[2 * dp + 1], a, b2, b3);
-        }
-    }
+    mma_scores_tile<D, NT, BF>(ls, S, vb, O);
 }
 
 // Load this warp's 16 rows of a swizzled [rows, D] tile as mma A fragments.
@@ -581,21 +589,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
                 }
             }
             // dQ += dS K
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                u32 a[4];
-                a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
-                a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
-                a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
-                a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
-#pragma unroll
-                for (int dp = 0; dp < D / 16; ++dp) {
-                    u32 b0, b1, b2, b3;
-                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(kbb, kc2 * 16, dp * 2));
-                    mma16816<BF>(dQ[2 * dp], a, b0, b1);
-                    mma16816<BF>(dQ[2 * dp + 1], a, b2, b3);
-                }
-            }
+            mma_scores_tile<D, NT, BF>(ls, S, kbb, dQ);
             __syncthreads();
         }
     }

@@ -266,12 +266,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
                 l[rr] = l[rr] * corr[rr] + rs;
             }
         };
-        auto pack = [&]() {
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) a[kc2][x] = pack2<BF>(S[8 * kc2 + 2 * x], S[8 * kc2 + 2 * x + 1]);
-        };
+        auto pack = [&]() { wg_pack_a<BF>(S, a); };
         auto release = [&](int i) {
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(i % NST));

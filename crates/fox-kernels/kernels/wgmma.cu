@@ -196,6 +196,16 @@ __device__ __forceinline__ void wg_store_dkdv(const AttnParams& p, const float (
     }
 }
 
+// A warp's scores S (S[4 nt + e] is mma.sync's S[nt][e]) rounded to the dtype as the register A
+// fragments of the next product, a[kc2] for its keys 16 kc2..
+template <bool BF, int NS>
+__device__ __forceinline__ void wg_pack_a(const float (&S)[NS], u32 (&a)[NS / 8][4]) {
+#pragma unroll
+    for (int kc2 = 0; kc2 < NS / 8; ++kc2)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[kc2][x] = pack2<BF>(S[8 * kc2 + 2 * x], S[8 * kc2 + 2 * x + 1]);
+}
+
 // Zeroes a warpgroup accumulator: NA tiles of 64 x 64, 32 floats a thread.
 template <int NA>
 __device__ __forceinline__ void wg_zero(float (&acc)[NA][32]) {
@@ -310,13 +320,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             }
             // O += P V, per 64-column atom of V
             u32 a[NT / 2][4];
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                a[kc2][0] = pack2<BF>(S[8 * kc2 + 0], S[8 * kc2 + 1]);
-                a[kc2][1] = pack2<BF>(S[8 * kc2 + 2], S[8 * kc2 + 3]);
-                a[kc2][2] = pack2<BF>(S[8 * kc2 + 4], S[8 * kc2 + 5]);
-                a[kc2][3] = pack2<BF>(S[8 * kc2 + 6], S[8 * kc2 + 7]);
-            }
+            wg_pack_a<BF>(S, a);
 #pragma unroll
             for (int at = 0; at < NA; ++at) {
                 wg_fence();
@@ -413,13 +417,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
                 }
             }
             u32 a[NT / 2][4];
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                a[kc2][0] = pack2<BF>(S[8 * kc2 + 0], S[8 * kc2 + 1]);
-                a[kc2][1] = pack2<BF>(S[8 * kc2 + 2], S[8 * kc2 + 3]);
-                a[kc2][2] = pack2<BF>(S[8 * kc2 + 4], S[8 * kc2 + 5]);
-                a[kc2][3] = pack2<BF>(S[8 * kc2 + 6], S[8 * kc2 + 7]);
-            }
+            wg_pack_a<BF>(S, a);
             wg_fence();
 #pragma unroll
             for (int at = 0; at < NA; ++at) {

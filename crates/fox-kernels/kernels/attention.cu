@@ -36,6 +36,20 @@ __device__ __forceinline__ void load_key_tile(const AttnParams& p, u16* sK, u16*
     }
 }
 
+// Step it of a double-buffered walk over tiles [it0, end) whose tile it0 went into buffer 0:
+// load(it + 1, other buffer) is issued and tile it awaited, visible to the block (in the Tiles
+// layout) after the barrier. Returns tile it's buffer.
+template <class Tiles, class Load>
+__device__ __forceinline__ int walk_step(const Load& load, int it, int it0, int end) {
+    const int buf = (it - it0) & 1;
+    if (it + 1 < end) load(it + 1, buf ^ 1);
+    cp_commit();
+    cp_wait<1>();
+    Tiles::landed();
+    __syncthreads();
+    return buf;
+}
+
 // load_key_tile for the query block of head bh = (b, h) whose key walk starts at jbase, from the
 // first key its first row r0 may see: load(it, buf) brings key tile it into buffer buf.
 template <int D, int BK, int NTH, class Tiles>
@@ -55,7 +69,32 @@ struct KeyTileLoader {
     __device__ __forceinline__ void operator()(int it, int buf) const {
         load_key_tile<D, BK, NTH, Tiles>(p, sK, sV, sC, kbase, vbase, ckb, kstart, jbase + it * BK, buf);
     }
+    __device__ __forceinline__ int next(int it, int it0, int end) const {
+        return walk_step<Tiles>(*this, it, it0, end);
+    }
 };
+
+// acc += P B for a warp's 16 rows: P its NT·8 scores (mma.sync's C layout, rounded to the dtype
+// as the A operand), B the shared [keys, D] tile at b_s (V in the forward, K in the dq pass).
+template <int D, int NT, bool BF>
+__device__ __forceinline__ void mma_scores_tile(const Ldsm<D>& ls, const float (&S)[NT][4], u32 b_s,
+                                                float (&acc)[D / 8][4]) {
+#pragma unroll
+    for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
+        u32 a[4];
+        a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
+        a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
+        a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
+        a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            u32 b0, b1, b2, b3;
+            ldsm_x4a_t(b0, b1, b2, b3, ls.p2(b_s, kc2 * 16, dp * 2));
+            mma16816<BF>(acc[2 * dp], a, b0, b1);
+            mma16816<BF>(acc[2 * dp + 1], a, b2, b3);
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
@@ -127,21 +166,7 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
         }
     }
     // O += P V
-#pragma unroll
-    for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-        u32 a[4];
-        a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
-        a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
-        a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
-        a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            u32 b0, b1, b2, b3;
-            ldsm_x4a_t(b0, b1, b2, b3, ls.p2(vb, kc2 * 16, dp * 2));
-            mma16816<BF>(O[2 * dp], a, b0, b1);
-            mma16816<BF>(O[2 * dp + 1], a, b2, b3);
-        }
-    }
+    mma_scores_tile<D, NT, BF>(ls, S, vb, O);
 }
 
 // Load this warp's 16 rows of a swizzled [rows, D] tile as mma A fragments.
@@ -170,6 +195,43 @@ __device__ __forceinline__ void query_block(const AttnParams& p, int& bh, int& b
     key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
 }
 
+// A thread's two query rows rows[rr] = r_first + 8 rr of head bh: the gate sum c_i, the position
+// and the first visible key, and for the backward (BWD) the log-sum-exp in log2 units and delta.
+// A row past tq sees no key and adds nothing to the backward; the forward leaves lse2 and dl unread.
+struct QueryRows {
+    float ci[2], lse2[2], dl[2];
+    int pos[2], st[2], rows[2];
+};
+template <bool BWD>
+__device__ __forceinline__ QueryRows query_rows(const AttnParams& p, int b, int bh, int r_first) {
+    QueryRows q;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int r = r_first + rr * 8;
+        q.rows[rr] = r;
+        if (r < p.tq) {
+            const long long idx = (long long)bh * p.tq + r;
+            q.ci[rr] = p.cq[idx];
+            q.pos[rr] = p.q_pos0 + r;
+            q.st[rr] = row_start(p, b, r);
+            if constexpr (BWD) {
+                const float ls = p.lse_in[idx];
+                q.lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
+                q.dl[rr] = p.delta[idx];
+            }
+        } else {
+            q.ci[rr] = 0.f;
+            q.pos[rr] = -1;
+            q.st[rr] = 0;
+            if constexpr (BWD) {
+                q.lse2[rr] = POS_INF;
+                q.dl[rr] = 0.f;
+            }
+        }
+    }
+    return q;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
 // ---------------------------------------------------------------------------------------------
@@ -186,28 +248,10 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
     const int g = lane >> 2, t4 = lane & 3;
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-    if (p.counters != nullptr && tid == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
+    if (tid == 0) count_tiles(p, first, ntiles);
 
     // this thread's two rows
-    float ci[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-        }
-    }
+    const QueryRows qr = query_rows<false>(p, b, bh, r0 + warp * 16 + g);
 
     float O[D / 8][4];
 #pragma unroll
@@ -230,16 +274,12 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
         ls.init();
         u32 qf[D / 16][4];
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             if (it == first) load_a_frags<D>(ls, qf, sQ, warp * 16);
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
             fwd_tile_step<D, BK / 8, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
-                                         need_mask, ci, pos, st, scale_log2, O, m, l);
+                                         need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
             __syncthreads();
         }
     }
@@ -248,7 +288,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const float lt = quad_sum(l[rr]);
-        const int r = rows[rr];
+        const int r = qr.rows[rr];
         if (r >= p.tq) continue;
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
         u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
@@ -344,26 +384,9 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     const int per = (ntiles - first + p.splits - 1) / p.splits;
     const int t_begin = first + split * per;
     const int t_end = min(t_begin + per, ntiles);
-    if (p.counters != nullptr && tid == 0 && split == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
+    if (tid == 0 && split == 0) count_tiles(p, first, ntiles);
 
-    float ci[2];
-    int pos[2], st[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = g + rr * 8;
-        if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-        }
-    }
+    const QueryRows qr = query_rows<false>(p, b, bh, g);
     float O[D / 8][4];
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
@@ -384,16 +407,12 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
         ls.init();
         u32 qf[D / 16][4];
         for (int it = t_begin; it < t_end; ++it) {
-            const int buf = (it - t_begin) & 1;
-            if (it + 1 < t_end) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
+            const int buf = load_kv.next(it, t_begin, t_end);
             if (it == t_begin) load_a_frags<D>(ls, qf, sQ, 0);
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
             fwd_tile_step<D, 2, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
-                                    need_mask, ci, pos, st, scale_log2, O, m, l);
+                                    need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
             __syncthreads();
         }
     }
@@ -496,28 +515,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
-    float ci[2], lse2[2], dl[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            const long long idx = (long long)bh * p.tq + r;
-            ci[rr] = p.cq[idx];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-            const float ls = p.lse_in[idx];
-            lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
-            dl[rr] = p.delta[idx];
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-            lse2[rr] = POS_INF;
-            dl[rr] = 0.f;
-        }
-    }
+    const QueryRows qr = query_rows<true>(p, b, bh, r0 + warp * 16 + g);
 
     float dQ[D / 8][4];
 #pragma unroll
@@ -543,11 +541,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
         u32 qf[A_IN_REGS ? D / 16 : 1][4];
         u32 gf[A_IN_REGS ? D / 16 : 1][4];
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             if constexpr (A_IN_REGS) {
                 if (it == first) {
 #pragma unroll
@@ -599,33 +593,19 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int jl = nt * 8 + 2 * t4 + (e & 1);
                     const int rr = e >> 1;
-                    const float x = S[nt][e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E - lse2[rr];
+                    const float x = S[nt][e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
                     float pr = fast_exp2(x);
                     if (need_mask) {
                         const int j = jt + jl;
-                        if (j > pos[rr] || j < st[rr]) pr = 0.f;
+                        if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
                     }
-                    const float ds = pr * (P[nt][e] - dl[rr]);
+                    const float ds = pr * (P[nt][e] - qr.dl[rr]);
                     dcq[rr] += ds;
                     S[nt][e] = ds;
                 }
             }
             // dQ += dS K
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                u32 a[4];
-                a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
-                a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
-                a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
-                a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
-#pragma unroll
-                for (int dp = 0; dp < D / 16; ++dp) {
-                    u32 b0, b1, b2, b3;
-                    ldsm_x4a_t(b0, b1, b2, b3, ls.p2(kbb, kc2 * 16, dp * 2));
-                    mma16816<BF>(dQ[2 * dp], a, b0, b1);
-                    mma16816<BF>(dQ[2 * dp + 1], a, b2, b3);
-                }
-            }
+            mma_scores_tile<D, NT, BF>(ls, S, kbb, dQ);
             __syncthreads();
         }
     }
@@ -633,7 +613,7 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const float dc = quad_sum(dcq[rr]);
-        const int r = rows[rr];
+        const int r = qr.rows[rr];
         if (r >= p.tq) continue;
         u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
 #pragma unroll
@@ -809,12 +789,7 @@ __device__ __forceinline__ void dkdv_walk(const AttnParams& p, const DkdvBlock<B
 
             const float scale_log2 = p.scale * LOG2E;
             for (int qi = qfirst; qi < qend; ++qi) {
-                const int buf = (qi - qfirst) & 1;
-                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
-                cp_commit();
-                cp_wait<1>();
-                Tiles::landed();
-                __syncthreads();
+                const int buf = walk_step<Tiles>(load_q, qi, qfirst, qend);
                 landed();
                 const u32 q_s = smem_u32(sm.q + buf * BQB * D), g_s = smem_u32(sm.g + buf * BQB * D);
                 const float* lse_s = sm.lse + buf * BQB;

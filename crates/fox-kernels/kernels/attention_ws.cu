@@ -69,17 +69,7 @@ __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive 
 // d[64] (+)= A(smem, K-major) * B(smem, K-major), m64n128k16
 template <bool BF>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], u64 da, u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : WG_R64
-                     : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : WG_R64
-                     : "l"(da), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%66", "m64n128k16", WG_D64 ", %64, %65, p, 1, 1, 0, 0", : WG_R64 : "l"(da), "l"(db), "r"(accumulate));
 }
 template <int NS, bool BF>
 __device__ __forceinline__ void wgmma_ss(float (&S)[NS], u64 da, u64 db, int accumulate) {
@@ -153,10 +143,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
         }
         mbar_init(qbar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        if (p.counters != nullptr) {
-            atomicAdd(&p.counters[0], (u64)(ntiles - first));
-            atomicAdd(&p.counters[1], (u64)first);
-        }
+        count_tiles(p, first, ntiles);
     }
     __syncthreads();
 
@@ -279,12 +266,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
                 l[rr] = l[rr] * corr[rr] + rs;
             }
         };
-        auto pack = [&]() {
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) a[kc2][x] = pack2<BF>(S[8 * kc2 + 2 * x], S[8 * kc2 + 2 * x + 1]);
-        };
+        auto pack = [&]() { wg_pack_a<BF>(S, a); };
         auto release = [&](int i) {
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(i % NST));
@@ -376,72 +358,27 @@ __device__ __forceinline__ void st_release(unsigned* a, u32 v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
 }
 
-#define WG_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 // d (+)= A(smem, M-major) * B(smem, N-major): m64n32k16 (d[16]) and m64n64k16 (d[32])
 template <bool BF>
 __device__ __forceinline__ void wgmma_tt_n32(float (&d)[16], u64 da, u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
-                     : WG_R8(0), WG_R8(8)
-                     : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
-                     : WG_R8(0), WG_R8(8)
-                     : "l"(da), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%18", "m64n32k16", WG_D16 ", %16, %17, p, 1, 1, 1, 1", : WG_R16 : "l"(da), "l"(db), "r"(accumulate));
 }
 template <bool BF>
 __device__ __forceinline__ void wgmma_tt_n64(float (&d)[32], u64 da, u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-                     "%32, %33, p, 1, 1, 1, 1;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-                     : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-                     "%32, %33, p, 1, 1, 1, 1;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-                     : "l"(da), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%34", "m64n64k16", WG_D32 ", %32, %33, p, 1, 1, 1, 1", : WG_R32 : "l"(da), "l"(db), "r"(accumulate));
 }
 
 // d[4] (+)= A(registers) * B(smem, K-major), m64n8k16: the gate sums' products (B a tile of ones)
 template <bool BF>
 __device__ __forceinline__ void wgmma_rs_n8(float (&d)[4], const u32 (&a)[4], u64 db) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-    }
+    WGMMA(BF, "1", "m64n8k16", "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0",
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 // d[4] (+)= A(smem, M-major) * B(smem, K-major), m64n8k16
 template <bool BF>
 __device__ __forceinline__ void wgmma_t_n8(float (&d)[4], u64 da, u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(da), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%6", "m64n8k16", "{%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0",
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db), "r"(accumulate));
 }
 
 __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {

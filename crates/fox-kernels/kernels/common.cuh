@@ -284,6 +284,14 @@ __device__ __forceinline__ void key_tiles(const AttnParams& p, int b, int bh, in
     }
 }
 
+// The profile's counters, when asked for: the key tiles a query block visits and those pruned
+// before its first.
+__device__ __forceinline__ void count_tiles(const AttnParams& p, int first, int ntiles) {
+    if (p.counters == nullptr) return;
+    atomicAdd(&p.counters[0], (u64)(ntiles - first));
+    atomicAdd(&p.counters[1], (u64)first);
+}
+
 // Whether a dk/dv pass's query tile of bqb rows from rq needs the key mask against keys j0..jlast:
 // it reaches the diagonal, a row of it starts after the block's first key, or it runs past tq.
 __device__ __forceinline__ bool dkdv_tile_masked(const AttnParams& p, int b, int rq, int bqb, int j0, int jlast) {

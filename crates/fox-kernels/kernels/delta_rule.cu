@@ -134,16 +134,6 @@ __device__ __forceinline__ void stsm_x4_t(u16* p, const u32 (&r)[4]) {
                  "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
-// 16 bytes from global to shared memory, asynchronously (zeros when !valid).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 // Traps when the launch gave less dynamic shared memory than the layout needs.
 __device__ __forceinline__ void dr_need_smem(int bytes) {
     unsigned n;
@@ -476,13 +466,10 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     E* U = (E*)p.u;
     for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
         const int cur = it & 1;
-        if (v0 + DR_BV < p.Vp) {
+        cp_async_prefetch(v0 + DR_BV < p.Vp, [&] {
             dr_in<DR_BV>(Vb(cur ^ 1), Lay::LV, (const E*)p.v, p.V, v0 + DR_BV, p, k, t0, p.vv);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        });
         __syncthreads();
         DrAcc<DR_L, DR_BV> u;
         u.zero();
@@ -531,12 +518,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
     issue(p.c0, 0);
     for (int c = p.c0; c < p.c1; ++c) {
         const int cur = (c - p.c0) & 1;
-        if (c + 1 < p.c1) {
-            issue(c + 1, cur ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        cp_async_prefetch(c + 1 < p.c1, [&] { issue(c + 1, cur ^ 1); });
         const long long row0 = (long long)k.bh * p.Tp + c * DR_L;
         const long long sbase = ((long long)k.bh * p.nch + c) * KP;
         S.store_state(Ss, Lay::LV, states, sbase, p.Vp, v0);
@@ -1192,12 +1174,7 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
     E* O = (E*)p.o;
     for (int v0 = 0, it = 0; v0 < p.Vp; v0 += DR_BV, ++it) {
         const int cur = it & 1;
-        if (v0 + DR_BV < p.Vp) {
-            issue(v0 + DR_BV, cur ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        cp_async_prefetch(v0 + DR_BV < p.Vp, [&] { issue(v0 + DR_BV, cur ^ 1); });
         __syncthreads();
         DrAcc<DR_L, DR_BV> o;
         o.zero();

@@ -1,6 +1,7 @@
 // bf16 and f32 element access shared by the model's small kernels (model.cu, decode.cu): bf16
 // travels as raw 16-bit words, widened exactly and rounded to nearest even (NaN stays NaN). Also
-// the bf16 tensor-core pieces of the delta rule, GLA and the SSD on tensor cores.
+// the bf16 tensor-core pieces and the asynchronous copies of the delta rule, GLA and the SSD on
+// tensor cores.
 
 typedef unsigned short u16;
 
@@ -26,7 +27,7 @@ __device__ __forceinline__ float round_to(float v) {
 }
 
 #ifndef FOX_HOST_EMU
-// (The host emulation's mock.h has its own mma.sync and ldmatrix.)
+// (The host emulation's mock.h has its own mma.sync, ldmatrix and cp.async.)
 typedef unsigned int u32;
 // c (16x8 f32) += a (16x16 bf16, row-major fragment) · b (16x8 bf16, column fragment).
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -59,4 +60,26 @@ __device__ __forceinline__ void ldsm_x2_t(u32 (&r)[2], const u16* p) {
                  : "=r"(r[0]), "=r"(r[1])
                  : "r"((unsigned)__cvta_generic_to_shared(p)));
 }
+// 16 bytes from global to shared memory, asynchronously (zeros when !valid).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 #endif
+
+// Double buffering: with a next tile set, its copies are issued (into the other set) before this
+// set's copies are awaited, so that they land while this set is used.
+template <typename Issue>
+__device__ __forceinline__ void cp_async_prefetch(bool has_next, Issue&& issue_next) {
+    if (has_next) {
+        issue_next();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+}

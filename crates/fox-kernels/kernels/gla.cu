@@ -183,6 +183,18 @@ __device__ __forceinline__ void gla_fma_tile(float (&acc)[4][4], const float (*a
             for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * w[j];
     }
 }
+// A chunk's 64 × 64 scores from version 1's thread tiles (rows ty + 16a, columns tx + 16b), times
+// scale, into out [64][64]: 0 above the diagonal.
+__device__ __forceinline__ void gla_store_lower(float* out, const float (&acc)[4][4], float scale) {
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const bool keep = bb < a || (bb == a && tx <= ty);
+            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? scale * acc[a][bb] : 0.0f;
+        }
+}
 // ---- Version 2's tensor-core products (bf16 operands, f32 sums), for bf16 activations ----
 // A block's 8 warps share a 64 × 64 product: warp w the 16 rows from 16 (w % 4) and the 32 columns
 // from 32 (w / 4), as four m16n8k16 tiles. Operands are bf16 tiles in shared memory with the
@@ -244,11 +256,7 @@ __device__ __forceinline__ void gla_put(u16* tile, int i, float x) { st(tile, i,
 #define GLA_WSETS 3
 #define GLA_WV (16 * GLA_WW)
 #ifndef FOX_HOST_EMU
-__device__ __forceinline__ void gla_cp16(void* dst, const void* src, bool valid) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void gla_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// The walk's waits clobber memory (unlike cp_async_wait): no shared-memory read moves above them.
 __device__ __forceinline__ void gla_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void gla_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
@@ -261,8 +269,6 @@ __device__ __forceinline__ u32 gla_bf2(float lo, float hi) {
     extern __shared__ __align__(16) unsigned char gla_wsm_[]; \
     unsigned char* smem = gla_wsm_;
 #else
-inline void gla_cp16(void* dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
-inline void gla_cp_commit() { cp_async_commit(); }
 inline void gla_cp_wait_all() { cp_async_wait<0>(); }
 inline void gla_cp_wait_one() { cp_async_wait<1>(); }
 inline u32 gla_bf2(float lo, float hi) {
@@ -313,19 +319,19 @@ __device__ __forceinline__ void gla_walk(float* hs, float* fin, const float* ini
         for (int i = threadIdx.x; i < GLA_L * (KB / 8); i += NT) {
             const int r = i / (KB / 8), cc = i % (KB / 8) * 8, tt = t0 + r;
             const bool ok = r < len && tt >= first && k0 + cc < K;
-            gla_cp16(ks + r * LK + cc, ok ? k + gla_row(b, tt, T, H, h) * K + k0 + cc : k, ok);
+            cp_async16(ks + r * LK + cc, ok ? k + gla_row(b, tt, T, H, h) * K + k0 + cc : k, ok);
         }
         for (int i = threadIdx.x; i < GLA_L * (KB / 4); i += NT) {
             const int r = i / (KB / 4), cc = i % (KB / 4) * 4;
             const bool ok = r < len && k0 + cc < K;
-            gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + r, T, H, h) * K + k0 + cc : G, ok);
+            cp_async16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + r, T, H, h) * K + k0 + cc : G, ok);
         }
         for (int i = threadIdx.x; i < GLA_L * (GLA_WV / 8); i += NT) {
             const int r = i / (GLA_WV / 8), cc = i % (GLA_WV / 8) * 8, tt = t0 + r;
             const bool ok = r < len && tt >= first && v0 + cc < V;
-            gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+            cp_async16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
         }
-        gla_cp_commit();
+        cp_async_commit();
     };
     // s[n][·]: Sᵀ rows (value columns) vw + g (0, 1) and vw + g + 8 (2, 3), channels k0 + 8n + 2t + {0, 1}.
     float s[KB / 8][4];
@@ -453,18 +459,18 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
     for (int i = tid; i < 64 * (KP / 8); i += 256) {
         const int r = i / (KP / 8), cc = i % (KP / 8) * 8;
         const bool ok = v0 + r < V && cc < K;
-        gla_cp16(ss + r * LQ + cc, ok ? S + (long)(v0 + r) * K + cc : S, ok);
+        cp_async16(ss + r * LQ + cc, ok ? S + (long)(v0 + r) * K + cc : S, ok);
     }
     for (int i = tid; i < GLA_L * 8; i += 256) {
         const int r = i / 8, cc = i % 8 * 8, tt = t0 + r;
         const bool ok = r < len && tt >= first && v0 + cc < V;
-        gla_cp16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
+        cp_async16(vs + r * LV + cc, ok ? v + gla_row(b, tt, T, H, h) * V + v0 + cc : v, ok);
     }
     const long a0 = ((long)bh * nch + c) * GLA_L * GLA_L;
     if (A16)
         for (int i = tid; i < GLA_L * 8; i += 256)
-            gla_cp16(as_ + i / 8 * LV + i % 8 * 8, (const u16*)A + a0 + i * 8, true);
-    gla_cp_commit();
+            cp_async16(as_ + i / 8 * LV + i % 8 * 8, (const u16*)A + a0 + i * 8, true);
+    cp_async_commit();
     // q ⊙ e^G (0 at padding, past T and past K) and (f32 A) A, as bf16 pairs.
     for (int i = tid; i < GLA_L * (KP / 2); i += 256) {
         const int r = i / (KP / 2), cc = i % (KP / 2) * 2, tt = t0 + r;
@@ -576,15 +582,15 @@ __device__ __forceinline__ void gla_scores_w(u16* A16, const u16* q, const u16* 
         const int r = i / (KP / 8), cc = i % (KP / 8) * 8, tt = t0 + r;
         const bool ok = r < len && tt >= first && cc < K;
         const long e = gla_row(b, tt, T, H, h) * K + cc;
-        gla_cp16(qs + r * LQ + cc, ok ? q + e : q, ok);
-        gla_cp16(ks + r * LQ + cc, ok ? k + e : k, ok);
+        cp_async16(qs + r * LQ + cc, ok ? q + e : q, ok);
+        cp_async16(ks + r * LQ + cc, ok ? k + e : k, ok);
     }
     for (int i = tid; i < GLA_L * (KP / 4); i += 256) {
         const int r = i / (KP / 4), cc = i % (KP / 4) * 4;
         const bool ok = cc < K;
-        gla_cp16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + min(r, len - 1), T, H, h) * K + cc : G, ok);
+        cp_async16(gs + r * LG + cc, ok ? G + gla_row(b, t0 + min(r, len - 1), T, H, h) * K + cc : G, ok);
     }
-    gla_cp_commit();
+    cp_async_commit();
     gla_cp_wait_all();
     __syncthreads();
     // q̃ for rows 16..63, and kp_a (rows j < 16a at row 8a(a − 1) + j of kp), as bf16 pairs.
@@ -739,6 +745,35 @@ __device__ __forceinline__ void gla_chunk_h_elem(const ET* x, const ET* y, const
     }
 }
 
+// A block's 64 × 64 product, times scale, as the chunk's rows of out [B, T, H, V] from column
+// v0: 0 at padding, nothing past the chunk or V. Version 1's thread tile holds rows ty + 16i and
+// columns tx + 16j; version 2's (TC) element e sits at (gla_tc_row(e), gla_tc_col(e)).
+template <bool TC>
+__device__ __forceinline__ void gla_store_rows(ET* out, const float (&acc)[4][4], float scale, int b, int h, int t0,
+                                               int len, int first, int T, int H, int V, int v0) {
+    if constexpr (TC) {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
+            if (r < len && vv < V)
+                st(out, gla_row(b, t, T, H, h) * V + vv, t >= first ? scale * acc[e >> 2][e & 3] : 0.0f);
+        }
+    } else {
+        const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = ty + 16 * i, t = t0 + r;
+            if (r >= len) continue;
+            const bool real = t >= first;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int vv = tx + 16 * j + v0;
+                if (vv < V) st(out, gla_row(b, t, T, H, h) * V + vv, real ? scale * acc[i][j] : 0.0f);
+            }
+        }
+    }
+}
+
 // One chunk's own state product, out[kc, v] = Σ_t X_t[kc] Y_t[v] for a 64 × 64 tile (kb, vb):
 // mode 0 (the forward's state): X = k ⊙ e^{G_L − G}, Y = v, into slot c of `out` [B, H, nslots,
 // K, V]; mode 1 (the backward's ΔdS_c): X = scale · q ⊙ e^G, Y = do. Grid (⌈K/64⌉·⌈V/64⌉,
@@ -863,14 +898,7 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
     }
-    float* out = A + ((long)bh * nch + c) * GLA_L * GLA_L;
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 4; ++bb) {
-            const bool keep = bb < a || (bb == a && tx <= ty);
-            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? acc[a][bb] : 0.0f;
-        }
+    gla_store_lower(A + ((long)bh * nch + c) * GLA_L * GLA_L, acc, 1.0f);
 }
 
 // o[:, vb] = scale · ((q ⊙ e^G) S_c[:, vb] + A V[:, vb]) for a tile of 64 value columns; 0 at
@@ -916,17 +944,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = ty + 16 * i, t = t0 + r;
-        if (r >= len) continue;
-        const bool real = t >= first;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int vv = v0 + tx + 16 * j;
-            if (vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, real ? scale * acc[i][j] : 0.0f);
-        }
-    }
+    gla_store_rows<false>(o, acc, scale, b, h, t0, len, first, T, H, V, v0);
 }
 
 // Version 2 of gla_fwd_o (tensor cores): q ⊙ e^G [t][c] against S_cᵀ [v][c], then A [t][j]
@@ -968,11 +986,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     __syncthreads();
     gla_tc_gemm(acc, as_, bs, GLA_L);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
-        if (r < len && vv < V) st(o, gla_row(b, t, T, H, h) * V + vv, t >= first ? scale * acc[e >> 2][e & 3] : 0.0f);
-    }
+    gla_store_rows<true>(o, acc, scale, b, h, t0, len, first, T, H, V, v0);
 }
 
 // dA [B, H, chunks, 64, 64] = scale · do_i·v_j for j ≤ i (0 above the diagonal and at padding).
@@ -999,14 +1013,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
-    float* out = dA + ((long)bh * nch + c) * GLA_L * GLA_L;
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 4; ++bb) {
-            const bool keep = bb < a || (bb == a && tx <= ty);
-            out[(ty + 16 * a) * GLA_L + tx + 16 * bb] = keep ? scale * acc[a][bb] : 0.0f;
-        }
+    gla_store_lower(dA + ((long)bh * nch + c) * GLA_L * GLA_L, acc, scale);
 }
 
 // Version 2 of gla_dscores (tensor cores): do [i][v] against v [j][v], bf16 operands, f32 sums.
@@ -1093,17 +1100,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = ty + 16 * i, t = t0 + r;
-        if (r >= len) continue;
-        const bool real = t >= first;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int vv = v0 + tx + 16 * j;
-            if (vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, real ? acc[i][j] : 0.0f);
-        }
-    }
+    gla_store_rows<false>(dv, acc, 1.0f, b, h, t0, len, first, T, H, V, v0);
 }
 
 // Version 2 of gla_bwd_dv (tensor cores): Aᵀ [j][i] against doᵀ [v][i], then (k ⊙ e^{G_L − G})
@@ -1151,11 +1148,7 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         gla_tc_gemm(acc, as_, bs, 64);
     }
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const int r = gla_tc_row(e), vv = v0 + gla_tc_col(e), t = t0 + r;
-        if (r < len && vv < V) st(dv, gla_row(b, t, T, H, h) * V + vv, t >= first ? acc[e >> 2][e & 3] : 0.0f);
-    }
+    gla_store_rows<true>(dv, acc, 1.0f, b, h, t0, len, first, T, H, V, v0);
 }
 
 // Shared memory of gla_bwd_dqk, in floats: dA, q, k, G [64][65] each, then a region for the state

@@ -54,16 +54,8 @@ struct TcParams {
 };
 
 __device__ __forceinline__ u32 tc_sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void tc_cp16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_sa(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
 __device__ __forceinline__ void tc_cp4(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(tc_sa(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int K>
-__device__ __forceinline__ void tc_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(K));
 }
 // Two floats -> bf16x2 (round to nearest even), `lo` in the low half (the smaller index).
 __device__ __forceinline__ u32 pk(float lo, float hi) {
@@ -147,7 +139,7 @@ __device__ __forceinline__ void tc_load_rows(u16* s, const E* g, long long gs, i
         u16* d = s + r * RS + c * 8;
         const E* src = g + (long long)r * gs + c * 8;
         if (sizeof(E) == 2 && vec) {
-            tc_cp16(d, ok ? (const void*)src : (const void*)g, ok);
+            cp_async16(d, ok ? (const void*)src : (const void*)g, ok);
         } else {
             u32 w[4];
 #pragma unroll
@@ -264,7 +256,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
             tc_load_rows<E, NB, KRS, NTH>(sk + stage * KSZ, kbase + (long long)t0 * p.stride, p.stride, nv, kvec);
             tc_load_dt(sdt + stage * TC_L, dtb, p.H, t0, nv);
         }
-        tc_commit();
+        cp_async_commit();
     };
     const float* init = REV ? p.dfinal : p.init;
     float* fin = REV ? p.dinit : p.fin;
@@ -283,7 +275,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
     u16* out = REV ? p.dstates : p.states;
     u16* sg = stg + (tid >> 5) * 16 * 40;
     for (int cc = 0; cc < nch; ++cc) {
-        tc_wait<TC_ST_STAGES - 2>();
+        cp_async_wait<TC_ST_STAGES - 2>();
         __syncthreads();
         load(cc + TC_ST_STAGES - 1, (cc + TC_ST_STAGES - 1) % TC_ST_STAGES);
         const int stage = cc % TC_ST_STAGES;
@@ -338,7 +330,7 @@ __device__ __forceinline__ void tc_states(const TcParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = decay * s[nt][e] + acc[nt][e];
     }
-    tc_wait<0>();
+    cp_async_wait<0>();
     if (fin) {
 #pragma unroll
         for (int nt = 0; nt < NTL; ++nt)
@@ -389,18 +381,15 @@ __device__ __forceinline__ void tc_out(const TcParams& p) {
         tc_load_dt(dts + s * TC_L, p.dt + (long long)b * T * p.H + h, p.H, t0, nv);
     };
     load_head(0, 0);
-    tc_commit();
+    cp_async_commit();
     float cb[8][4];
     tc_zero(cb);
     const int i1 = 16 * w + gq, i2 = i1 + 8;
     for (int k = 0; k < p.hb; ++k) {
-        if (k + 1 < p.hb) {
+        cp_async_prefetch(k + 1 < p.hb, [&] {
             load_head(k + 1, (k + 1) & 1);
-            tc_commit();
-            tc_wait<1>();
-        } else {
-            tc_wait<0>();
-        }
+            cp_async_commit();
+        });
         __syncthreads();
         if (k == 0) {
 #pragma unroll
@@ -543,20 +532,17 @@ __device__ __forceinline__ void tc_chunk_bwd(const TcParams& p) {
         tc_load_dt(dts + s * TC_L, p.dt + (long long)b * T * p.H + h, p.H, t0, nv);
     };
     load_head(0, 0);
-    tc_commit();
+    cp_async_commit();
     float cbr[2][2][4];  // C Bᵀ of the warp's blocks (r, hf + 2·blk)
     float dca[NT2][4], dba[NT2][4];
     tc_zero(dca);
     tc_zero(dba);
     const int i1 = 16 * r + gq, i2 = i1 + 8;
     for (int k = 0; k < p.hb; ++k) {
-        if (k + 1 < p.hb) {
+        cp_async_prefetch(k + 1 < p.hb, [&] {
             load_head(k + 1, (k + 1) & 1);
-            tc_commit();
-            tc_wait<1>();
-        } else {
-            tc_wait<0>();
-        }
+            cp_async_commit();
+        });
         __syncthreads();
         const int s = k & 1, h = h0 + k;
         u16* X = stg + s * STG;

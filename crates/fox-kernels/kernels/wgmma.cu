@@ -63,69 +63,45 @@ struct AtomTiles {
 };
 
 #define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_R16 WG_R8(0), WG_R8(8)
+#define WG_R32 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+#define WG_R64 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
+#define WG_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_D32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_D64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+// One wgmma of shape SHAPE with f32 accumulators, bf16 operands when BF and fp16 otherwise: PRED
+// is the operand that scales D (0: D = A B), ARGS the instruction's operands after the type and
+// __VA_ARGS__ the asm's operand lists. asm takes only string literals, so the type picks between
+// two copies of one text.
+#define WGMMA(BF, PRED, SHAPE, ARGS, ...)                                                                       \
+    do {                                                                                                        \
+        if constexpr (BF)                                                                                       \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                      \
+                         "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 " ARGS ";\n}\n" __VA_ARGS__);    \
+        else                                                                                                    \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                      \
+                         "wgmma.mma_async.sync.aligned." SHAPE ".f32.f16.f16 " ARGS ";\n}\n" __VA_ARGS__);      \
+    } while (0)
 
 // d[32] (+)= A(smem, K-major) * B(smem, K-major), m64n64k16
 template <bool BF>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "%32, %33, p, 1, 1, 0, 0;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "%32, %33, p, 1, 1, 0, 0;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "l"(da), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%34", "m64n64k16", WG_D32 ", %32, %33, p, 1, 1, 0, 0", : WG_R32 : "l"(da), "l"(db), "r"(accumulate));
 }
 
 // d[32] (+)= A(registers) * B(smem; TB = 1: MN-major, 0: K-major), m64n64k16
 template <bool BF, int TB>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], u64 db, int accumulate = 1) {
-    if constexpr (BF) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-            "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
-    }
+    WGMMA(BF, "%37", "m64n64k16", WG_D32 ", {%32,%33,%34,%35}, %36, p, 1, 1, %38",
+          : WG_R32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TB));
 }
 
-
-#define WG_R64 WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
-#define WG_D64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
-               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 // d[64] (+)= A(registers) * B(smem, K-major), m64n128k16
 template <bool BF>
 __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4], u64 db, int accumulate) {
-    if constexpr (BF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-                     : WG_R64
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-                     : WG_R64
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    }
+    WGMMA(BF, "%69", "m64n128k16", WG_D64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 0",
+          : WG_R64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 template <int NS, bool BF>
@@ -220,6 +196,16 @@ __device__ __forceinline__ void wg_store_dkdv(const AttnParams& p, const float (
     }
 }
 
+// A warp's scores S (S[4 nt + e] is mma.sync's S[nt][e]) rounded to the dtype as the register A
+// fragments of the next product, a[kc2] for its keys 16 kc2..
+template <bool BF, int NS>
+__device__ __forceinline__ void wg_pack_a(const float (&S)[NS], u32 (&a)[NS / 8][4]) {
+#pragma unroll
+    for (int kc2 = 0; kc2 < NS / 8; ++kc2)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[kc2][x] = pack2<BF>(S[8 * kc2 + 2 * x], S[8 * kc2 + 2 * x + 1]);
+}
+
 // Zeroes a warpgroup accumulator: NA tiles of 64 x 64, 32 floats a thread.
 template <int NA>
 __device__ __forceinline__ void wg_zero(float (&acc)[NA][32]) {
@@ -243,26 +229,8 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
     const int g = lane >> 2, t4 = lane & 3;
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-    if (p.counters != nullptr && tid == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
-    float ci[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            ci[rr] = p.cq[(long long)bh * p.tq + r];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-        }
-    }
+    if (tid == 0) count_tiles(p, first, ntiles);
+    const QueryRows qr = query_rows<false>(p, b, bh, r0 + warp * 16 + g);
     // O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]
     float O[NA][32];
     wg_zero(O);
@@ -282,12 +250,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
         const float scale_log2 = p.scale * LOG2E;
         u32 qf[D / 16][4];
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            fence_proxy_async();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             const u32 k_s = smem_u32(sK + buf * BK * D);
             const u32 v_s = smem_u32(sV + buf * BK * D);
             const float* c_s = sC + buf * BK;
@@ -319,10 +282,10 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int jl = nt * 8 + 2 * t4 + (e & 1);
                     const int rr = e >> 1;
-                    float x = S[4 * nt + e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E;
+                    float x = S[4 * nt + e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E;
                     if (need_mask) {
                         const int j = jt + jl;
-                        if (j > pos[rr] || j < st[rr]) x = NEG_INF;
+                        if (j > qr.pos[rr] || j < qr.st[rr]) x = NEG_INF;
                     }
                     S[4 * nt + e] = x;
                 }
@@ -357,13 +320,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             }
             // O += P V, per 64-column atom of V
             u32 a[NT / 2][4];
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                a[kc2][0] = pack2<BF>(S[8 * kc2 + 0], S[8 * kc2 + 1]);
-                a[kc2][1] = pack2<BF>(S[8 * kc2 + 2], S[8 * kc2 + 3]);
-                a[kc2][2] = pack2<BF>(S[8 * kc2 + 4], S[8 * kc2 + 5]);
-                a[kc2][3] = pack2<BF>(S[8 * kc2 + 6], S[8 * kc2 + 7]);
-            }
+            wg_pack_a<BF>(S, a);
 #pragma unroll
             for (int at = 0; at < NA; ++at) {
                 wg_fence();
@@ -378,7 +335,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             __syncthreads();
         }
     }
-    wg_store_o<D, BF, NA>(p, O, m, l, rows, b, h, bh, t4);
+    wg_store_o<D, BF, NA>(p, O, m, l, qr.rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,28 +361,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
     int bh, b, h, r0, rlast, jbase, first, ntiles;
     query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
 
-    float ci[2], lse2[2], dl[2];
-    int pos[2], st[2], rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int r = r0 + warp * 16 + g + rr * 8;
-        rows[rr] = r;
-        if (r < p.tq) {
-            const long long idx = (long long)bh * p.tq + r;
-            ci[rr] = p.cq[idx];
-            pos[rr] = p.q_pos0 + r;
-            st[rr] = row_start(p, b, r);
-            const float ls = p.lse_in[idx];
-            lse2[rr] = ls == NEG_INF ? POS_INF : ls * LOG2E;
-            dl[rr] = p.delta[idx];
-        } else {
-            ci[rr] = 0.f;
-            pos[rr] = -1;
-            st[rr] = 0;
-            lse2[rr] = POS_INF;
-            dl[rr] = 0.f;
-        }
-    }
+    const QueryRows qr = query_rows<true>(p, b, bh, r0 + warp * 16 + g);
     float dQ[NA][32];
     wg_zero(dQ);
     float dcq[2] = {0.f, 0.f};
@@ -445,12 +381,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
         const u32 q_s = smem_u32(sQ) + (u32)(wg * 64 * 128);
         const u32 g_s = smem_u32(sG) + (u32)(wg * 64 * 128);
         for (int it = first; it < ntiles; ++it) {
-            const int buf = (it - first) & 1;
-            if (it + 1 < ntiles) load_kv(it + 1, buf ^ 1);
-            cp_commit();
-            cp_wait<1>();
-            fence_proxy_async();
-            __syncthreads();
+            const int buf = load_kv.next(it, first, ntiles);
             const u32 k_s = smem_u32(sK + buf * BK * D);
             const u32 v_s = smem_u32(sV + buf * BK * D);
             const float* c_s = sC + buf * BK;
@@ -474,25 +405,19 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
                 for (int e = 0; e < 4; ++e) {
                     const int jl = nt * 8 + 2 * t4 + (e & 1);
                     const int rr = e >> 1;
-                    const float x = S[4 * nt + e] * scale_log2 + (ci[rr] - c_s[jl]) * LOG2E - lse2[rr];
+                    const float x = S[4 * nt + e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
                     float pr = fast_exp2(x);
                     if (need_mask) {
                         const int j = jt + jl;
-                        if (j > pos[rr] || j < st[rr]) pr = 0.f;
+                        if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
                     }
-                    const float ds = pr * (DP[4 * nt + e] - dl[rr]);
+                    const float ds = pr * (DP[4 * nt + e] - qr.dl[rr]);
                     dcq[rr] += ds;
                     S[4 * nt + e] = ds;
                 }
             }
             u32 a[NT / 2][4];
-#pragma unroll
-            for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                a[kc2][0] = pack2<BF>(S[8 * kc2 + 0], S[8 * kc2 + 1]);
-                a[kc2][1] = pack2<BF>(S[8 * kc2 + 2], S[8 * kc2 + 3]);
-                a[kc2][2] = pack2<BF>(S[8 * kc2 + 4], S[8 * kc2 + 5]);
-                a[kc2][3] = pack2<BF>(S[8 * kc2 + 6], S[8 * kc2 + 7]);
-            }
+            wg_pack_a<BF>(S, a);
             wg_fence();
 #pragma unroll
             for (int at = 0; at < NA; ++at) {
@@ -510,7 +435,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const float dc = quad_sum(dcq[rr]);
-        const int r = rows[rr];
+        const int r = qr.rows[rr];
         if (r >= p.tq) continue;
         u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
 #pragma unroll
@@ -568,12 +493,7 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
             cp_commit();
             const float scale_log2 = p.scale * LOG2E;
             for (int qi = qfirst; qi < qend; ++qi) {
-                const int buf = (qi - qfirst) & 1;
-                if (qi + 1 < qend) load_q(qi + 1, buf ^ 1);
-                cp_commit();
-                cp_wait<1>();
-                fence_proxy_async();
-                __syncthreads();
+                const int buf = walk_step<AtomTiles>(load_q, qi, qfirst, qend);
                 const u32 q_s = smem_u32(sm.q + buf * BQB * D);
                 const u32 g_s = smem_u32(sm.g + buf * BQB * D);
                 const float* lse_s = sm.lse + buf * BQB;

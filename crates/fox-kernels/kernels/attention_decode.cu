@@ -103,10 +103,7 @@ __device__ __forceinline__ void decode_row_impl(const AttnParams& p, const Decod
     const int per = (ntiles - first + p.splits - 1) / p.splits;
     const int t_begin = first + split * per;
     const int t_end = min(t_begin + per, ntiles);
-    if (p.counters != nullptr && tid == 0 && split == 0) {
-        atomicAdd(&p.counters[0], (u64)(ntiles - first));
-        atomicAdd(&p.counters[1], (u64)first);
-    }
+    if (tid == 0 && split == 0) count_tiles(p, first, ntiles);
     // keys [j0, j1) of this split that the row sees
     const int j0 = max(jbase + t_begin * BK, row_start(p, b, 0));
     const int j1 = min(jbase + t_end * BK, p.q_pos0 + 1);

@@ -74,6 +74,16 @@ struct KeyTileLoader {
     }
 };
 
+// Scores k-block kb (two n8 tiles of C-layout fp32 accumulators) packed as an m16k16 A operand
+// of mma.sync, rounded to the dtype.
+template <int NT, bool BF>
+__device__ __forceinline__ void a_frag(const float (&S)[NT][4], int kb, u32 (&a)[4]) {
+    a[0] = pack2<BF>(S[2 * kb][0], S[2 * kb][1]);
+    a[1] = pack2<BF>(S[2 * kb][2], S[2 * kb][3]);
+    a[2] = pack2<BF>(S[2 * kb + 1][0], S[2 * kb + 1][1]);
+    a[3] = pack2<BF>(S[2 * kb + 1][2], S[2 * kb + 1][3]);
+}
+
 // acc += P B for a warp's 16 rows: P its NT·8 scores (mma.sync's C layout, rounded to the dtype
 // as the A operand), B the shared [keys, D] tile at b_s (V in the forward, K in the dq pass).
 template <int D, int NT, bool BF>
@@ -82,10 +92,7 @@ __device__ __forceinline__ void mma_scores_tile(const Ldsm<D>& ls, const float (
 #pragma unroll
     for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
         u32 a[4];
-        a[0] = pack2<BF>(S[2 * kc2][0], S[2 * kc2][1]);
-        a[1] = pack2<BF>(S[2 * kc2][2], S[2 * kc2][3]);
-        a[2] = pack2<BF>(S[2 * kc2 + 1][0], S[2 * kc2 + 1][1]);
-        a[3] = pack2<BF>(S[2 * kc2 + 1][2], S[2 * kc2 + 1][3]);
+        a_frag<NT, BF>(S, kc2, a);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
             u32 b0, b1, b2, b3;
@@ -324,7 +331,7 @@ __device__ __forceinline__ float combine_row(const AttnParams& p, int bh, int r,
 template <int D, bool BF>
 __device__ __forceinline__ void store_o(const AttnParams& p, int bh, int r, int d, float o) {
     const int b = bh / p.H, h = bh % p.H;
-    p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = (u16)(pack2<BF>(o, 0.f) & 0xffffu);
+    p.o[(((long long)b * p.tq + r) * p.H + h) * D + d] = to_half<BF>(o);
 }
 
 // The last split of (b, h) to finish merges the splits' partials in split order whatever the
@@ -882,14 +889,8 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
 #pragma unroll
         for (int kq = 0; kq < NTQ / 2; ++kq) {
             u32 ap[4], as[4];
-            ap[0] = pack2<BF>(ST[2 * kq][0], ST[2 * kq][1]);
-            ap[1] = pack2<BF>(ST[2 * kq][2], ST[2 * kq][3]);
-            ap[2] = pack2<BF>(ST[2 * kq + 1][0], ST[2 * kq + 1][1]);
-            ap[3] = pack2<BF>(ST[2 * kq + 1][2], ST[2 * kq + 1][3]);
-            as[0] = pack2<BF>(DP[2 * kq][0], DP[2 * kq][1]);
-            as[1] = pack2<BF>(DP[2 * kq][2], DP[2 * kq][3]);
-            as[2] = pack2<BF>(DP[2 * kq + 1][0], DP[2 * kq + 1][1]);
-            as[3] = pack2<BF>(DP[2 * kq + 1][2], DP[2 * kq + 1][3]);
+            a_frag<NTQ, BF>(ST, kq, ap);
+            a_frag<NTQ, BF>(DP, kq, as);
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 u32 b0, b1, b2, b3;

@@ -22,37 +22,24 @@ struct DecodeOut {
     float eps;
 };
 
-// Sum over the block (NTH threads) of one value per thread: each warp's in a butterfly, then the
-// warps' in order, as decode.cu's block_sum2 adds them (so the norm matches decode_out's).
-template <int NTH>
-__device__ __forceinline__ float block_sum_ordered(float v) {
-    __shared__ float sh[NTH / 32];
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.f;
-#pragma unroll
-    for (int w = 0; w < NTH / 32; ++w) t += sh[w];
-    return t;
-}
-
 // The output norm and gate of (b, h) = bh's merged row `o` [D] (thread i < D holds channel i).
 template <int D, int NTH>
 __device__ __forceinline__ void decode_out_row(const DecodeOut& e, int H, int bh, const float* o) {
     const int b = bh / H, h = bh % H, i = threadIdx.x;
     const bool on = i < D;
     // o as the unfused path reads it back: rounded to bf16
-    float x = on ? to_f32<true>((u16)(pack2<true>(o[i], 0.f) & 0xffffu)) : 0.f;
+    float x = on ? round_half<true>(o[i]) : 0.f;
     const float w = e.norm_w != nullptr && on ? e.norm_w[(long long)h * D + i] : 0.f;
     const float g = e.gate != nullptr && on ? e.gate[(long long)b * e.gate_ld + e.gate_off + (long long)h * D + i] : 0.f;
     if (e.norm_w != nullptr) {
-        const float ss = block_sum_ordered<NTH>(x * x);
-        x = to_f32<true>((u16)(pack2<true>(x * (1.f / sqrtf(ss / (float)D + e.eps)) * w, 0.f) & 0xffffu));
+        // summed in decode_out's order (a butterfly per warp, then the warps in order; the warps
+        // past D add zeros), so the norm matches it bit for bit
+        __shared__ float sh[NTH / 32];
+        const float ss = block_total<NTH / 32>(x * x, sh);
+        x = round_half<true>(x * (1.f / sqrtf(ss / (float)D + e.eps)) * w);
     }
-    if (e.gate != nullptr) x *= sigmoid_gate(to_f32<true>((u16)(pack2<true>(g, 0.f) & 0xffffu)));
-    if (on) e.z[(long long)bh * D + i] = (u16)(pack2<true>(x, 0.f) & 0xffffu);
+    if (e.gate != nullptr) x *= sigmoid_gate(round_half<true>(g));
+    if (on) e.z[(long long)bh * D + i] = to_half<true>(x);
 }
 
 // Eight 16-bit words of a 16-byte load as floats.

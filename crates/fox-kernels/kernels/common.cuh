@@ -214,6 +214,16 @@ __device__ __forceinline__ float to_f32(u16 x) {
     }
 }
 
+// x rounded to the 16-bit type: its bits, and its value widened again.
+template <bool BF>
+__device__ __forceinline__ u16 to_half(float x) {
+    return (u16)(pack2<BF>(x, 0.f) & 0xffffu);
+}
+template <bool BF>
+__device__ __forceinline__ float round_half(float x) {
+    return to_f32<BF>(to_half<BF>(x));
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

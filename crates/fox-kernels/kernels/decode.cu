@@ -430,19 +430,6 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
     return z ^ (z >> 31);
 }
 
-// The total of v over a block of NW warps, for every thread: each warp's sum by shuffles, then the
-// warps' sums (through sh, NW values) in warp order.
-template <int NW, typename V>
-__device__ __forceinline__ V block_total(V v, V* sh) {
-    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    V t = 0;
-    for (int w = 0; w < NW; ++w) t += sh[w];
-    return t;
-}
-
 __device__ float block_sum(float v, float* sh) { return block_total<NWARP>(v, sh); }
 
 __device__ unsigned block_count_ge(const float* x, int vocab, unsigned key, unsigned* shu) {

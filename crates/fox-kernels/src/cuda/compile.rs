@@ -30,6 +30,8 @@ const ELEM: &str = include_str!("../../kernels/elem.cuh");
 const ACT: &str = include_str!("../../kernels/activations.cuh");
 /// Programmatic dependent launch's two instructions, first in the units whose kernels use them.
 const PDL: &str = include_str!("../../kernels/pdl.cuh");
+/// Block-wide sums in one order, for the units whose results must match each other's.
+const REDUCE: &str = include_str!("../../kernels/reduce.cuh");
 
 /// Forgetting Attention: forward, decode, backward; the wgmma and warp-specialised kernels (sm_90a only).
 pub static ATTENTION: Source = Source {
@@ -38,6 +40,7 @@ pub static ATTENTION: Source = Source {
         PDL,
         COMMON,
         ACT,
+        REDUCE,
         include_str!("../../kernels/attention.cu"),
         include_str!("../../kernels/wgmma.cu"),
         include_str!("../../kernels/attention_ws.cu"),
@@ -61,7 +64,14 @@ pub static ATTENTION_F32: Source =
 /// fused step's kernels and the batch-1 megakernel.
 pub static DECODE: Source = Source {
     name: "decode",
-    files: &[PDL, ELEM, ACT, include_str!("../../kernels/decode.cu"), include_str!("../../kernels/decode_mega.cu")],
+    files: &[
+        PDL,
+        ELEM,
+        ACT,
+        REDUCE,
+        include_str!("../../kernels/decode.cu"),
+        include_str!("../../kernels/decode_mega.cu"),
+    ],
 };
 
 const SSD_CU: &str = include_str!("../../kernels/ssd.cu");

@@ -6,6 +6,7 @@
 #include "../../kernels/pdl.cuh"
 #include "../../kernels/elem.cuh"
 #include "../../kernels/activations.cuh"
+#include "../../kernels/reduce.cuh"
 #include "../../kernels/decode.cu"
 
 static int fails = 0;

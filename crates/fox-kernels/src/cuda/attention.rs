@@ -546,9 +546,10 @@ fn launch_decode(
 }
 
 /// Whether `p` takes the one-row decode kernel: one query row per (b, h), unless
-/// `FOXLM_DECODE_ROW=0` asks for the 16-row mma tiles.
+/// `FOXLM_DECODE_ROW=0` asks for the 16-row mma tiles (read once: this runs every decode step).
 fn decode_row_kernel(p: &DevProblem) -> bool {
-    p.tq == 1 && std::env::var("FOXLM_DECODE_ROW").map(|v| v != "0").unwrap_or(true)
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    p.tq == 1 && *ON.get_or_init(|| std::env::var("FOXLM_DECODE_ROW").map(|v| v != "0").unwrap_or(true))
 }
 
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows

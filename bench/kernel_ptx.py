@@ -90,9 +90,14 @@ def main():
             return f[1:].replace("\\n", "\n")
         if rev is None:
             return open(os.path.join(root, KERNELS, f)).read()
-        # a file the revision lacks (added by the change) is empty there
         git = ["git", "show", f"{rev}:{KERNELS}/{f}"]
-        return subprocess.run(git, cwd=root, capture_output=True, text=True).stdout
+        r = subprocess.run(git, cwd=root, capture_output=True, text=True)
+        if r.returncode != 0:
+            # a file the revision lacks (added by the change) is empty there; anything else fails
+            if "does not exist in" in r.stderr or "exists on disk, but not in" in r.stderr:
+                return ""
+            sys.exit(f"error: {' '.join(git)}: {r.stderr.strip()}")
+        return r.stdout
 
     now = "".join(text(f, None) for f in a.files)
     then = "".join(text(f, a.base) for f in a.files)

@@ -157,12 +157,20 @@ pub struct CpuBatch {
     pub past: usize,
     pub ids: Vec<u32>,
     pub targets: Vec<Option<u32>>,
+    /// Each row's first position (left padding); set with [`CpuBatch::set_start`], which keeps
+    /// `pads` in step.
     pub start: Option<Vec<usize>>,
-    /// Each row's left padding within this forward's positions (set by `prepare`).
+    /// Each row's left padding within this forward's positions.
     pads: Option<Vec<usize>>,
 }
 
 impl CpuBatch {
+    /// Sets the rows' starts (after `past` and `seq`) and the padding within this forward.
+    pub(crate) fn set_start(&mut self, start: Option<&[usize]>) {
+        self.start = start.map(|s| s.to_vec());
+        self.pads = start.map(|s| s.iter().map(|&v| v.saturating_sub(self.past).min(self.seq)).collect());
+    }
+
     /// Each row's left padding within this forward's positions, for the recurrent families' ops
     /// (a row's padding lies in the chunk that starts its sequence; later chunks have none).
     pub(crate) fn pads(&self) -> Option<&[usize]> {
@@ -232,7 +240,8 @@ pub(crate) fn norm_thresholds(
     log_eps: f32,
 ) -> Vec<f32> {
     let zeros = vec![0.0f32; batch * shape.heads * seq];
-    let b = CpuBatch { batch, seq, start: start.map(|s| s.to_vec()), ..Default::default() };
+    let mut b = CpuBatch { batch, seq, ..Default::default() };
+    b.set_start(start);
     // v is not read: k stands in for it (same shape)
     let u = fa::logit_bound_from_norms(&problem(&b, q, k, k, &zeros, None, shape));
     fa::prune_thresholds(&u, n_keys, log_eps)
@@ -279,8 +288,7 @@ impl Backend for Cpu<'_> {
         if let Some(t) = targets {
             batch.targets.extend_from_slice(t);
         }
-        batch.start = info.start.map(|s| s.to_vec());
-        batch.pads = info.start.map(|s| s.iter().map(|&v| v.saturating_sub(info.past).min(info.seq)).collect());
+        batch.set_start(info.start);
         Ok(())
     }
     fn batch_info<'b>(&self, b: &'b CpuBatch) -> BatchInfo<'b> {

@@ -275,7 +275,7 @@ fn kv_case<T: Elem>(
     let mut out_ref = vec![0.0; n];
     fox_kernels::kv_shift::kv_shift_fwd(&prob, None, &mut out_ref);
     let mut od = g.zeros::<T>(n)?;
-    let kv = KvShift { x: &xd, alpha: &ad, start: sd.as_ref(), b, t, h, d };
+    let kv = KvShift { x: &xd, alpha: &ad, start: sd.as_ref(), batch: b, seq: t, heads: h, head_dim: d };
     ops::kv_shift_fwd(g, &mut od, kv)?;
     c.add_t::<T>(name, "fwd out", &dl(g, &od, n)?, &out_ref);
     let mut dx_ref = vec![0.0; n];

@@ -508,16 +508,16 @@ pub struct KvShift<'a, T> {
     pub x: &'a CudaSlice<T>,
     pub alpha: &'a CudaSlice<T>,
     pub start: Option<&'a CudaSlice<i32>>,
-    pub b: usize,
-    pub t: usize,
-    pub h: usize,
-    pub d: usize,
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
 }
 
 impl<T> KvShift<'_, T> {
     /// Checks the inputs and returns B, T, H, D as the kernels' ints.
     fn check(&self, op: &str) -> Result<[i32; 4]> {
-        let Self { x, alpha, start, b, t, h, d } = *self;
+        let Self { x, alpha, start, batch: b, seq: t, heads: h, head_dim: d } = *self;
         need(op, "x", x, b * t * h * d)?;
         need(op, "alpha", alpha, b * t * h)?;
         if let Some(s) = start {
@@ -534,7 +534,7 @@ impl<T> KvShift<'_, T> {
 pub fn kv_shift_fwd<T: Elem>(gpu: &Gpu, out: &mut CudaSlice<T>, kv: KvShift<'_, T>) -> Result<()> {
     let op = "kv_shift_fwd";
     let [bi, ti, hi, di] = kv.check(op)?;
-    let KvShift { x, alpha, start, b, t, h, d } = kv;
+    let KvShift { x, alpha, start, batch: b, seq: t, heads: h, head_dim: d } = kv;
     need(op, "out", out, b * t * h * d)?;
     if b * t * h * d == 0 {
         return Ok(());
@@ -553,7 +553,7 @@ pub fn kv_shift_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "kv_shift_bwd";
     let [bi, ti, hi, di] = kv.check(op)?;
-    let KvShift { x, alpha, start, b, t, h, d } = kv;
+    let KvShift { x, alpha, start, batch: b, seq: t, heads: h, head_dim: d } = kv;
     need(op, "dout", dout, b * t * h * d)?;
     need(op, "dx", dx, b * t * h * d)?;
     need(op, "dalpha", dalpha, b * t * h)?;

@@ -35,7 +35,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
         self.mark(Family::Other)?;
         // Left padding matters only on the chunk that starts the sequence.
         let start = if b.past == 0 { self.start(b) } else { None };
-        let kv = ops::KvShift { x, alpha, start, b: b.batch, t: b.seq, h: heads, d: head_dim };
+        let kv = ops::KvShift { x, alpha, start, batch: b.batch, seq: b.seq, heads, head_dim };
         ops::kv_shift_fwd(&self.gpu, out, kv)?;
         match cache {
             Some(c) if c.len > 0 => {
@@ -57,7 +57,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
         head_dim: usize,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let kv = ops::KvShift { x, alpha, start: self.start(b), b: b.batch, t: b.seq, h: heads, d: head_dim };
+        let kv = ops::KvShift { x, alpha, start: self.start(b), batch: b.batch, seq: b.seq, heads, head_dim };
         ops::kv_shift_bwd(&self.gpu, dx, dalpha, dout, kv)
     }
     fn rope(

@@ -414,7 +414,7 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
             (gpu.zeros::<T>(rows * out)?, gpu.zeros::<T>(rows * conv)?, gpu.zeros::<f32>(rows * h)?);
         let mut st = gpu.upload(&state0)?;
         let prm = ssd::DecodeParams { conv_w: &cw, conv_b: Some(&cb), dt_bias: &dtb, start: Some(&gs), at: d };
-        let outs = ssd::DecodeOut { xbc: &mut xbc, conv_state: &mut st, dt: &mut dt };
+        let outs = ssd::DecodeInputsOut { xbc: &mut xbc, conv_state: &mut st, dt: &mut dt };
         if fused {
             fox_kernels::cuda::ops::gemv_step_in(gpu, &mut z, &x, &wt, k, outs, prm)?;
         } else {

@@ -420,8 +420,10 @@ fn launch(gpu: &Gpu, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> R
 /// kernels take after it.
 fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, extra: Option<i32>) -> Result<()> {
     let cfg = kargs::config(name, (c.grid.0, c.grid.1, c.z), c.threads, c.smem)?;
-    let args: Vec<Arg> = std::iter::once(by_value(prm)).chain(extra.map(Arg::I)).collect();
-    kargs::launch_on(gpu, stream, &DELTA_RULE, name, cfg, &args)
+    match extra {
+        Some(x) => kargs::launch_on(gpu, stream, &DELTA_RULE, name, cfg, &[by_value(prm), Arg::I(x)]),
+        None => kargs::launch_on(gpu, stream, &DELTA_RULE, name, cfg, &[by_value(prm)]),
+    }
 }
 
 impl<T: Elem> DevDeltaRule<'_, T> {

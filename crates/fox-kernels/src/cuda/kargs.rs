@@ -190,13 +190,8 @@ pub fn plain_config(grid: (u32, u32, u32), threads: u32, smem: usize) -> LaunchC
     LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }
 }
 
-/// Kernel `name` of `src`, allowed `smem` bytes of dynamic shared memory ([`Gpu::function_smem`]).
-pub fn function_smem(gpu: &Gpu, src: &Source, name: &str, smem: usize) -> Result<CudaFunction> {
-    gpu.function_smem(src, name, smem)
-}
-
 /// Launches kernel `name` of `src` on the GPU's stream (with the shared memory of `cfg` allowed,
-/// [`function_smem`]).
+/// [`Gpu::function_smem`]).
 ///
 /// Callers pass the arguments of `name`'s C signature, in order, with pointers into buffers whose
 /// lengths they checked against the launch's shapes.
@@ -214,7 +209,7 @@ pub fn launch_on(
     cfg: LaunchConfig,
     args: &[Arg],
 ) -> Result<()> {
-    let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
+    let f = gpu.function_smem(src, name, cfg.shared_mem_bytes as usize)?;
     launch_function(stream, &f, name, cfg, args)
 }
 
@@ -249,7 +244,7 @@ pub fn launch_function(
 /// wait (pdl.cuh's `pdl_wait_prev`) before reading what earlier kernels write: their launch
 /// overlaps the kernel before them.
 pub fn launch_pdl(gpu: &Gpu, src: &Source, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-    let f = function_smem(gpu, src, name, cfg.shared_mem_bytes as usize)?;
+    let f = gpu.function_smem(src, name, cfg.shared_mem_bytes as usize)?;
     let mut ptrs: Vec<*mut c_void> = args.iter().map(Arg::raw).collect();
     // SAFETY: as in `launch`; the pointers point into `args`, alive for the call.
     unsafe { gpu.launch_dependent(&f, cfg, &mut ptrs) }.map_err(|e| anyhow!("`{name}`: {e:#}"))

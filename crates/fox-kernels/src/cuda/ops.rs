@@ -321,7 +321,7 @@ pub fn gemv_step_in<T: Elem>(
     x: &CudaSlice<T>,
     w: &CudaSlice<T>,
     in_features: usize,
-    out: super::ssd::DecodeOut<T>,
+    out: super::ssd::DecodeInputsOut<T>,
     prm: super::ssd::DecodeParams<T>,
 ) -> Result<()> {
     let op = "gemv_step_in";
@@ -335,7 +335,7 @@ pub fn gemv_step_in<T: Elem>(
         return Ok(());
     }
     let ks = gemv_split(gpu, in_features, out_features, size_of::<T>());
-    let super::ssd::DecodeOut { xbc, conv_state, dt } = out;
+    let super::ssd::DecodeInputsOut { xbc, conv_state, dt } = out;
     launch_dependent(
         gpu,
         &kname::<T>(op),

@@ -172,8 +172,11 @@ fn base<T: Elem>(gpu: &Gpu, p: &DevScan<T>) -> Result<Params> {
 /// Launches `name` with its ScanParams `prm` (every buffer checked by `base` and the callers
 /// against the sizes the kernels index) and the int some kernels take after it.
 fn launch(gpu: &Gpu, name: &str, grid: (u32, u32, u32), prm: &Params, extra: Option<i32>) -> Result<()> {
-    let args: Vec<Arg> = std::iter::once(by_value(prm)).chain(extra.map(Arg::I)).collect();
-    kargs::launch(gpu, &SELECTIVE_SCAN, name, kargs::plain_config(grid, 256, 0), &args)
+    let cfg = kargs::plain_config(grid, 256, 0);
+    match extra {
+        Some(x) => kargs::launch(gpu, &SELECTIVE_SCAN, name, cfg, &[by_value(prm), Arg::I(x)]),
+        None => kargs::launch(gpu, &SELECTIVE_SCAN, name, cfg, &[by_value(prm)]),
+    }
 }
 
 fn scan_grid<T>(p: &DevScan<T>) -> (u32, u32, u32) {

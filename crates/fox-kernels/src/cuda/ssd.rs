@@ -310,7 +310,7 @@ pub struct DecodeInputs {
 
 /// What a Mamba-2 decode step's inputs are computed into: xbc [B, C], the conv state
 /// [B, W − 1, C] (advanced in place) and dt [B, H].
-pub struct DecodeOut<'a, T> {
+pub struct DecodeInputsOut<'a, T> {
     pub xbc: &'a mut CudaSlice<T>,
     pub conv_state: &'a mut CudaSlice<f32>,
     pub dt: &'a mut CudaSlice<f32>,
@@ -331,7 +331,7 @@ pub struct DecodeParams<'a, T> {
 /// The checks of [`decode_inputs`] (also [`super::ops::gemv_step_in`]'s, which computes the same).
 pub(super) fn check_decode_inputs<T: Elem>(
     op: &str,
-    out: &DecodeOut<T>,
+    out: &DecodeInputsOut<T>,
     zxbcdt: &CudaSlice<T>,
     prm: &DecodeParams<T>,
 ) -> Result<()> {
@@ -359,7 +359,12 @@ pub(super) fn check_decode_inputs<T: Elem>(
 /// [`dt_fwd`] at T = 1 (a padded row's conv state is kept, as [`crate::conv1d::conv1d_decode_step`]
 /// does): xbc [B, C] = SiLU(conv(xBC) + bias) continuing the conv state (advanced),
 /// dt [B, H] = softplus(dt_raw + dt_bias).
-pub fn decode_inputs<T: Elem>(gpu: &Gpu, out: DecodeOut<T>, zxbcdt: &CudaSlice<T>, prm: DecodeParams<T>) -> Result<()> {
+pub fn decode_inputs<T: Elem>(
+    gpu: &Gpu,
+    out: DecodeInputsOut<T>,
+    zxbcdt: &CudaSlice<T>,
+    prm: DecodeParams<T>,
+) -> Result<()> {
     let op = "decode_inputs";
     check_decode_inputs(op, &out, zxbcdt, &prm)?;
     let DecodeParams { conv_w, conv_b, dt_bias, start, at: d } = prm;
@@ -367,7 +372,7 @@ pub fn decode_inputs<T: Elem>(gpu: &Gpu, out: DecodeOut<T>, zxbcdt: &CudaSlice<T
     if b == 0 {
         return Ok(());
     }
-    let DecodeOut { xbc, conv_state, dt } = out;
+    let DecodeInputsOut { xbc, conv_state, dt } = out;
     let args = args![
         gpu;
         xbc, conv_state, dt, zxbcdt, d.stride as i64, d.conv_off as i64, d.dt_off as i64, conv_w, conv_b, dt_bias,

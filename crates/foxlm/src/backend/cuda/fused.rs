@@ -248,7 +248,7 @@ impl<T: Elem> Cuda<T> {
         ensure!(cache.len < cache.cap, "the decode cache holds {} positions, all filled", cache.cap);
         ensure!(
             a.q.len() >= rows * h * hd && a.z.len() >= rows * h * hd && a.c.len() >= rows * h,
-            "fused decode: q holds {}, z {} and c {} values; {rows} rows of {h} heads × {hd} need {}, {0} and {}",
+            "fused decode: q holds {}, z {} and c {} values; {rows} rows of {h} heads × {hd} need {3}, {3} and {4}",
             a.q.len(),
             a.z.len(),
             a.c.len(),

@@ -93,7 +93,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
             let conv_b = c.bias.map(|id| &self.params[id.0].master);
             let dt_bias = &self.params[p.dt_bias.0].master;
             let prm = ssd::DecodeParams { conv_w, conv_b, dt_bias, start: b.chunk_start(), at: d };
-            let out = ssd::DecodeOut { xbc, conv_state: &mut st.conv[c.slot], dt };
+            let out = ssd::DecodeInputsOut { xbc, conv_state: &mut st.conv[c.slot], dt };
             return ops::gemv_step_in(&self.gpu, zxbcdt, x, w, in_proj.in_features, out, prm);
         }
         self.linear_into(zxbcdt, x, in_proj, b.batch)?;
@@ -102,7 +102,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         let conv_b = c.bias.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;
         let prm = ssd::DecodeParams { conv_w, conv_b, dt_bias, start: b.chunk_start(), at: d };
-        ssd::decode_inputs(&self.gpu, ssd::DecodeOut { xbc, conv_state: &mut st.conv[c.slot], dt }, zxbcdt, prm)
+        ssd::decode_inputs(&self.gpu, ssd::DecodeInputsOut { xbc, conv_state: &mut st.conv[c.slot], dt }, zxbcdt, prm)
     }
 
     fn mamba2_dt_fwd(

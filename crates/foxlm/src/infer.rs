@@ -9,13 +9,16 @@
 //! costs one forward of one position per row plus the output head of the last positions; the next
 //! token is chosen on the device, and only the chosen ids come back to the host.
 
-use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch, GpuCache, GpuLayerState};
+use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch};
 use crate::backend::Dtype;
 use crate::backend::{Backend, BatchInfo};
 use crate::eval::loss::{batch_token_losses, Chunking};
 use crate::generate::{run_prompts, GenerateOptions, PromptJob};
+use crate::model::attention::kv_cache_cuda::GpuCache;
+use crate::model::cache::GpuLayerState;
 use crate::model::mamba::state::MambaState;
 use crate::model::mamba2::state::Mamba2State;
+use crate::model::mega_cuda::Megakernel;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
 use crate::serve::scheduler::CpuBatcher;
@@ -206,6 +209,8 @@ pub struct GpuInfer<'m, T: Elem> {
     /// Decode steps of the last generation that ran as a CUDA graph (the GPU check asserts that
     /// its graph rows replayed some: a failed capture falls back to launches with a warning).
     pub graph_steps: usize,
+    /// Batch-1 decode steps as one launch, where the model fits the megakernel and it is on.
+    pub mega: Megakernel<T>,
 }
 
 impl<'m, T: Elem> GpuInfer<'m, T> {
@@ -225,13 +230,16 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         }
         let mut be = Cuda::<T>::new(gpu.clone(), model, plan.batch, plan.chunk, false)
             .with_context(|| format!("loading the model onto {}", gpu.name()))?;
-        be.prepare_fused_decode(model, plan.batch).context("preparing fused decode steps")?;
+        let mut mega = Megakernel::default();
+        if be.prepare_fused_decode(model, plan.batch).context("preparing fused decode steps")? {
+            mega = Megakernel::prepare(&be, model).context("preparing the decode megakernel")?;
+        }
         let batch = be.new_batch(rows, plan.batch)?;
         let acts = ModelActs::new(&be, model, plan.batch, plan.chunk, false)
             .with_context(|| format!("activations for {} × {} positions", plan.batch, plan.chunk))?;
         let step = ModelActs::new(&be, model, plan.batch, 1, false)?;
         let chosen = gpu.zeros(plan.batch)?;
-        Ok(Self { model, be, batch, acts, step, chosen, plan, graphs: true, graph_steps: 0 })
+        Ok(Self { model, be, batch, acts, step, chosen, plan, graphs: true, graph_steps: 0, mega })
     }
 
     /// Decode steps through the fused kernels and the matrix-vector kernel (the default), or
@@ -239,11 +247,14 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     pub fn set_fused(&mut self, on: bool) -> Result<()> {
         self.be.gemv = on;
         if on {
-            self.be.prepare_fused_decode(self.model, self.plan.batch)
+            if self.be.prepare_fused_decode(self.model, self.plan.batch)? {
+                self.mega = Megakernel::prepare(&self.be, self.model)?;
+            }
         } else {
             self.be.clear_fused_decode();
-            Ok(())
+            self.mega.clear();
         }
+        Ok(())
     }
 
     /// Device bytes of a decode cache of `batch` rows × `positions` for this model.
@@ -312,11 +323,11 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     }
 
     /// A one-position forward of the prepared batch through `caches` (into the step buffers when
-    /// `step`): the megakernel where it applies (one row, see `Cuda::mega_step`), else layer by
-    /// layer.
+    /// `step`): the megakernel where it applies (one row, see [`Megakernel::step`]), else layer
+    /// by layer.
     fn step_forward(&mut self, caches: &mut [GpuLayerState<T>], step: bool) -> Result<()> {
         let acts = if step { &mut self.step } else { &mut self.acts };
-        if self.be.mega_step(&self.batch, &mut acts.final_out, caches)? {
+        if self.mega.step(&mut self.be, &self.batch, &mut acts.final_out, caches)? {
             return Ok(());
         }
         self.model.forward_on(&mut self.be, &self.batch, acts, Some(caches))
@@ -326,7 +337,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     /// slower than the fused step, BENCHMARKS.md; `FOXLM_DECODE_MEGA=1` also turns it on), or
     /// (`false`) through the fused step, the reference it is checked against.
     pub fn set_mega(&mut self, on: bool) {
-        self.be.set_mega(on);
+        self.mega.set_on(on);
     }
 
     /// Rows of `ids` [b, total] from position `p0`, `t` positions each.

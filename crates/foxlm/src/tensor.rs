@@ -33,6 +33,21 @@ pub enum ParamKind {
     Frozen,
 }
 
+/// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear {
+    pub weight: ParamId,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl Linear {
+    pub fn new(p: &mut Params, name: &str, out_features: usize, in_features: usize) -> Self {
+        let weight = p.add(name, &[out_features, in_features], ParamKind::Matrix);
+        Self { weight, out_features, in_features }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Params {
     pub names: Vec<String>,

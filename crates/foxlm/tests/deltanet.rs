@@ -210,7 +210,7 @@ fn the_gpu_backend_takes_the_presets_and_names_the_family_it_cannot_run() {
     for (cfg, family) in [(deltanet_tiny(), "DeltaNet"), (gated_tiny(), "Gated DeltaNet")] {
         let model = Model::new(&cfg);
         for training in [false, true] {
-            assert_eq!(foxlm::backend::cuda::unsupported(&model, training), None, "{family}");
+            assert_eq!(foxlm::model::cuda_plan::unsupported(&model, training), None, "{family}");
         }
         let mut wide = cfg.clone();
         wide.hidden_size = 512;
@@ -221,7 +221,7 @@ fn the_gpu_backend_takes_the_presets_and_names_the_family_it_cannot_run() {
         wide.validate().unwrap();
         let model = Model::new(&wide);
         for training in [false, true] {
-            let why = foxlm::backend::cuda::unsupported(&model, training).expect("refused");
+            let why = foxlm::model::cuda_plan::unsupported(&model, training).expect("refused");
             assert!(why.starts_with(&format!("{family}: ")) && why.contains("--device cpu"), "{why}");
         }
     }

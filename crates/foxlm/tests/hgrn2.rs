@@ -282,14 +282,14 @@ fn the_gpu_backend_takes_hgrn2_and_names_what_it_cannot_run() {
     for cfg in [hgrn2_tiny(), unbounded_tiny(), conv] {
         let model = Model::new(&cfg);
         for training in [false, true] {
-            assert_eq!(foxlm::backend::cuda::unsupported(&model, training), None);
+            assert_eq!(foxlm::model::cuda_plan::unsupported(&model, training), None);
         }
     }
     let mut wide = hgrn2_config(512, 2, 512);
     wide.vocab_size = 97;
     (wide.bos_token_id, wide.eos_token_id) = (None, None);
     wide.validate().unwrap();
-    let why = foxlm::backend::cuda::unsupported(&Model::new(&wide), true).expect("refused");
+    let why = foxlm::model::cuda_plan::unsupported(&Model::new(&wide), true).expect("refused");
     assert!(why.starts_with("HGRN2: ") && why.contains("512") && why.contains("--device cpu"), "{why}");
 }
 

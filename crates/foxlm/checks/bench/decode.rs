@@ -127,7 +127,7 @@ pub(super) fn decode_bench(a: DecodeArgs) -> Result<()> {
                 if a.no_graphs { "" } else { ", CUDA graphs" },
                 if a.unfused {
                     ", op by op"
-                } else if eng.be.mega_ready() && b == 1 {
+                } else if eng.mega.ready() && b == 1 {
                     ", megakernel"
                 } else {
                     ", fused"
@@ -151,13 +151,13 @@ pub(super) fn decode_bench(a: DecodeArgs) -> Result<()> {
                     *n as f64 / steps
                 );
             }
-            if b == 1 && eng.be.mega_ready() {
-                if let Some(p) = eng.be.mega_profile()? {
+            if b == 1 && eng.mega.ready() {
+                if let Some(p) = eng.mega.profile(&eng.be)? {
                     println!("{p}");
                 }
             }
             rows.push(serde_json::json!({
-                "preset": name, "batch": b, "prompt": a.prompt, "new_tokens": a.new_tokens, "graphs": !a.no_graphs, "fused": !a.unfused, "megakernel": b == 1 && eng.be.mega_ready(),
+                "preset": name, "batch": b, "prompt": a.prompt, "new_tokens": a.new_tokens, "graphs": !a.no_graphs, "fused": !a.unfused, "megakernel": b == 1 && eng.mega.ready(),
                 "prefill_tok_s": prefill, "decode_tok_s": decode, "ms_per_step": ms_token,
                 "roofline_tok_s_batch1": roofline, "copy_bandwidth_gb_s": bw / 1e9,
                 "weight_bytes": weight_bytes, "cache_bytes_mean": cache_bytes,

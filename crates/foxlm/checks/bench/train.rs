@@ -188,7 +188,7 @@ pub(super) fn bench_rows(
         // later rows allocate the same plan.
         let peak = *first_peak.get_or_insert(r.peak_gib);
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-        let (master, moments) = foxlm::backend::cuda::optimizer_state_bytes(&model, world);
+        let (master, moments) = foxlm::backend::cuda::optimizer_state_bytes(&model.params, world);
         let flops = train_step_flops(&model, a.batch, a.context);
         let tps = (world * a.batch * a.context) as f64 / r.step_s;
         let row = TrainRow {
@@ -336,9 +336,9 @@ mod tests {
             .map(|(t, _)| t.numel())
             .sum();
         assert!(matrix > 0 && matrix < n);
-        assert_eq!(optimizer_state_bytes(&m, 1), (4 * n, 8 * n));
-        assert_eq!(optimizer_state_bytes(&m, 2), (4 * (matrix.div_ceil(2) + n - matrix), 8 * n.div_ceil(2)));
-        let (a, b) = optimizer_state_bytes(&m, 4);
+        assert_eq!(optimizer_state_bytes(&m.params, 1), (4 * n, 8 * n));
+        assert_eq!(optimizer_state_bytes(&m.params, 2), (4 * (matrix.div_ceil(2) + n - matrix), 8 * n.div_ceil(2)));
+        let (a, b) = optimizer_state_bytes(&m.params, 4);
         assert_eq!(b, 8 * n.div_ceil(4));
         assert!(a > 4 * n / 4 && a < 4 * n / 2, "{a}");
     }

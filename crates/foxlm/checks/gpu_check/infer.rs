@@ -172,14 +172,14 @@ fn mega_rows(gpu: &Arc<Gpu>, model: &Model, v: &str, prompt: &[u32], cpu: &[f32]
     let ctx = Ctx { batch: 1, seq: t, start: None };
     let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 1, chunk: 1 })?;
     e.set_mega(true);
-    if !e.be.mega_ready() {
+    if !e.mega.ready() {
         return Ok(Vec::new());
     }
     let mega = e.logits(prompt, &ctx)?;
-    let steps = e.be.mega_steps;
+    let steps = e.mega.steps;
     e.set_mega(false);
     let fused = e.logits(prompt, &ctx)?;
-    let fused_steps = e.be.mega_steps - steps;
+    let fused_steps = e.mega.steps - steps;
     let mut rows = vec![row(
         format!("{v} bf16 megakernel decode"),
         "logits against the fused step RMS",
@@ -196,7 +196,7 @@ fn mega_rows(gpu: &Arc<Gpu>, model: &Model, v: &str, prompt: &[u32], cpu: &[f32]
     let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 1, chunk: t })?;
     e.set_mega(true);
     let with = e.generate(std::slice::from_ref(&prompt.to_vec()), &opts, &mut |_, _| {})?.remove(0);
-    let ran = e.be.mega_steps;
+    let ran = e.mega.steps;
     e.set_mega(false);
     let without = e.generate(std::slice::from_ref(&prompt.to_vec()), &opts, &mut |_, _| {})?.remove(0);
     let (err, note) = greedy_mismatches(model, prompt, &with, &without, NEAR_TIE);
@@ -509,7 +509,7 @@ fn head_dim_64_checks(gpu: &Arc<Gpu>) -> Result<Vec<CheckRow>> {
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: t })?;
         e.set_mega(true);
         let with = e.reference_generate(&prompts[..1], &o, &mut |_, _| {})?;
-        let (ran, replayed) = (e.be.mega_steps, e.graph_steps);
+        let (ran, replayed) = (e.mega.steps, e.graph_steps);
         e.set_mega(false);
         let without = e.reference_generate(&prompts[..1], &o, &mut |_, _| {})?;
         let (err, note) = greedy_mismatches(&model, &prompts[0], &with[0], &without[0], NEAR_TIE);
@@ -526,7 +526,7 @@ fn head_dim_64_checks(gpu: &Arc<Gpu>) -> Result<Vec<CheckRow>> {
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: 1 })?;
         e.set_mega(true);
         let mega = e.logits(&ids[..t], &one)?;
-        let steps = e.be.mega_steps;
+        let steps = e.mega.steps;
         e.set_mega(false);
         let fused = e.logits(&ids[..t], &one)?;
         let cpu0 = &cpu[..t * 512];

@@ -2,11 +2,9 @@
 //! It is the exact reference that the CUDA backend is checked against.
 
 use super::{Alloc, Backend, BatchInfo, Family, ShortConv};
-use crate::model::attention::ops::AttnShape;
-use crate::model::Linear;
-use crate::tensor::{ParamId, ParamKind, Params};
+use crate::tensor::{Linear, ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Result};
-use fox_kernels::attention::{self as fa, View, Visibility};
+use fox_kernels::attention::Visibility;
 use fox_kernels::conv1d::{conv1d_bwd, conv1d_decode_step, conv1d_fwd, Conv1d};
 use fox_kernels::{gate, head, matmul, rmsnorm, swiglu};
 use std::sync::Mutex;
@@ -165,6 +163,13 @@ pub struct CpuBatch {
 }
 
 impl CpuBatch {
+    /// `batch` rows of `seq` positions, no cache before them, padding set by `start`.
+    pub(crate) fn with_start(batch: usize, seq: usize, start: Option<&[usize]>) -> Self {
+        let mut b = CpuBatch { batch, seq, ..Default::default() };
+        b.set_start(start);
+        b
+    }
+
     /// Sets the rows' starts (after `past` and `seq`) and the padding within this forward.
     pub(crate) fn set_start(&mut self, start: Option<&[usize]>) {
         self.start = start.map(|s| s.to_vec());
@@ -192,59 +197,6 @@ impl CpuBatch {
             None => Visibility::All,
         }
     }
-}
-
-pub(crate) fn problem<'p>(
-    b: &'p CpuBatch,
-    q: &'p [f32],
-    k: &'p [f32],
-    v: &'p [f32],
-    c: &'p [f32],
-    prune: Option<&'p [f32]>,
-    shape: AttnShape,
-) -> fa::Problem<'p> {
-    let t = b.seq;
-    let AttnShape { heads, kv_heads, head_dim, window } = shape;
-    fa::Problem {
-        batch: b.batch,
-        heads,
-        kv_heads,
-        window,
-        head_dim,
-        tq: t,
-        tk: t,
-        q_pos0: 0,
-        q: View::bthd(q, t, heads, head_dim),
-        k: View::bthd(k, t, kv_heads, head_dim),
-        v: View::bthd(v, t, kv_heads, head_dim),
-        cq: c,
-        ck: c,
-        vis: b.vis(),
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        prune,
-    }
-}
-
-/// ACP thresholds with U from the largest query and key norms (models without QK-norm), on host
-/// q [B, T, H·D] and k [B, T, H_kv·D]: U of query head h from the largest norm of the k/v head it
-/// reads. The CPU backend's, and the GPU's where its kernel does not apply.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn norm_thresholds(
-    q: &[f32],
-    k: &[f32],
-    batch: usize,
-    seq: usize,
-    start: Option<&[usize]>,
-    shape: AttnShape,
-    n_keys: usize,
-    log_eps: f32,
-) -> Vec<f32> {
-    let zeros = vec![0.0f32; batch * shape.heads * seq];
-    let mut b = CpuBatch { batch, seq, ..Default::default() };
-    b.set_start(start);
-    // v is not read: k stands in for it (same shape)
-    let u = fa::logit_bound_from_norms(&problem(&b, q, k, k, &zeros, None, shape));
-    fa::prune_thresholds(&u, n_keys, log_eps)
 }
 
 impl Alloc for Cpu<'_> {

@@ -1,9 +1,8 @@
 //! `--device`: what the user asked for ([`DeviceArg`]) and the device it resolves to
 //! ([`select_device`]; a [`Device`] is the CPU or one GPU of the kernel crate), for a run in a
-//! given `--dtype` and for a given model.
+//! given `--dtype` (for a given model: `model::cuda_plan::select_device_for`).
 
 use super::Dtype;
-use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::{Device, Gpu};
 use std::fmt;
@@ -71,24 +70,6 @@ pub fn select_device_with_dtype(arg: DeviceArg, dtype: Option<Dtype>) -> Result<
         Dtype::refuse_bf16_on_cpu(dtype, "runs")?;
     }
     Ok(d)
-}
-
-/// The device to run `model` on: as [`select_device_with_dtype`], and where the GPU backend
-/// cannot run one of the model's layer families yet, the CPU for `auto` (with a note) and an
-/// error naming the family for `cuda`.
-pub fn select_device_for(model: &Model, arg: DeviceArg, dtype: Option<Dtype>) -> Result<Device> {
-    let d = select_device_with_dtype(arg, dtype)?;
-    match (d.is_cuda(), super::cuda::unsupported(model, false)) {
-        (true, Some(why)) if arg == DeviceArg::Auto => {
-            eprintln!("note: running on the CPU: {why}");
-            if dtype == Some(Dtype::Bf16) {
-                bail!("--dtype bf16 needs the GPU, which cannot run this model: {why}");
-            }
-            Ok(Device::Cpu)
-        }
-        (true, Some(why)) => bail!("--device {arg}: {why}"),
-        _ => Ok(d),
-    }
 }
 
 #[cfg(test)]

@@ -15,19 +15,18 @@
 //! accumulated (`+=`).
 
 mod device;
-pub use device::{select_device, select_device_for, select_device_with_dtype, DeviceArg};
+pub use device::{select_device, select_device_with_dtype, DeviceArg};
 mod dtype;
 pub use dtype::Dtype;
 mod shards;
 pub use shards::Shards;
 pub mod cpu;
-mod cpu_model;
 pub mod cuda;
+pub mod scan_state;
 
-use crate::model::scan_state::{ScanSizes, ScanState};
-use crate::model::Linear;
-use crate::tensor::ParamId;
+use crate::tensor::{Linear, ParamId};
 use anyhow::Result;
+use scan_state::{ScanSizes, ScanState};
 
 /// Kinds of work in a step, for the breakdown of `foxlm bench train` (GPU: the time between CUDA
 /// events; CPU: each operation's wall time, [`cpu::CpuProfile`]).
@@ -331,4 +330,19 @@ pub struct ShortConv {
     pub silu: bool,
     /// Its inputs' index in the layer's state ([`ScanState::conv`]).
     pub slot: usize,
+}
+
+/// Bytes of each named buffer, for the memory plan `foxlm train` prints.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryPlan {
+    pub items: Vec<(String, usize)>,
+}
+
+impl MemoryPlan {
+    pub fn add(&mut self, what: impl Into<String>, bytes: usize) {
+        self.items.push((what.into(), bytes));
+    }
+    pub fn total(&self) -> usize {
+        self.items.iter().map(|(_, b)| b).sum()
+    }
 }

@@ -13,9 +13,10 @@ pub mod tokenizer;
 pub mod train;
 pub mod viz;
 
-use crate::backend::{select_device_for, select_device_with_dtype, DeviceArg, Dtype};
+use crate::backend::{select_device_with_dtype, DeviceArg, Dtype};
 use crate::config::Config;
 use crate::eval::text::{text_format_for, TextEncoder};
+use crate::model::cuda_plan::select_device_for;
 use crate::tokenizer::TextFormat;
 use anyhow::Result;
 use fox_kernels::cuda::Device;

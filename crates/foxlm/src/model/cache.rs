@@ -4,11 +4,22 @@
 //! a GPU backend keeps its own per-layer states in the same [`LayerState`] shape.
 
 use super::attention::kv_cache::KvCache;
+use super::attention::kv_cache_cuda::GpuCache;
+use super::deltanet::cuda::GpuDeltaNetState;
 use super::deltanet::state::DeltaNetState;
+use super::hgrn2::cuda::GpuHgrn2State;
 use super::hgrn2::state::Hgrn2State;
+use super::mamba::cuda::GpuMambaState;
 use super::mamba::state::MambaState;
+use super::mamba2::cuda::GpuMamba2State;
 use super::mamba2::state::Mamba2State;
-use super::scan_state::ScanState;
+use super::{Mixer, Model};
+use crate::backend::cuda::decode::i32_of;
+use crate::backend::cuda::Cuda;
+use crate::backend::scan_state::ScanState;
+use anyhow::Result;
+use fox_kernels::cuda::cudarc::driver::CudaSlice;
+use fox_kernels::cuda::Elem;
 
 /// One layer's inference state, by family (K: the attention's KV cache; V: the backend's f32
 /// buffer, which holds the recurrent families' states).
@@ -157,5 +168,58 @@ impl Cache {
         let start: Vec<usize> = rows.iter().map(|&(c, r)| len - (c.len() - c.row_start(r))).collect();
         let padded = start.iter().any(|&s| s > 0);
         Cache { layers, start: padded.then_some(start) }
+    }
+}
+
+/// One layer's inference state on the GPU.
+pub type GpuLayerState<T> = LayerState<GpuCache<T>, CudaSlice<f32>>;
+
+impl<T> GpuLayerState<T> {
+    /// The host-side length again after CUDA graph replays (which advanced only the device's),
+    /// with nothing staged.
+    pub fn reset_len(&mut self, len: usize) {
+        if let LayerState::Attention(c) = self {
+            c.staged = false;
+        }
+        self.held_mut().set_tokens(len);
+    }
+}
+
+impl<T: Elem> Cuda<T> {
+    /// An empty inference state for every layer: `batch` rows of up to `cap` positions (an
+    /// attention layer's k, v of the H_kv k/v heads and c of the H query heads; every position
+    /// even with a sliding window).
+    pub fn new_caches(&self, model: &Model, batch: usize, cap: usize) -> Result<Vec<GpuLayerState<T>>> {
+        let cap = cap.max(1);
+        model
+            .layers
+            .iter()
+            .map(|blk| match &blk.mixer {
+                Mixer::Attention(l) => {
+                    let (h, hkv, d) = (l.heads, l.kv_heads, l.head_dim);
+                    // The kernels index rows of c [B·H·cap] and of k, v [B·H_kv·cap] in 32 bits (H ≥ H_kv).
+                    i32_of(batch * h * cap, "batch × heads × cache positions")?;
+                    let n = GpuCache::<T>::lens(batch, h, hkv, d, cap);
+                    Ok(LayerState::Attention(GpuCache {
+                        k: self.gpu.zeros(n.kv)?,
+                        v: self.gpu.zeros(n.kv)?,
+                        c: self.gpu.zeros(n.c)?,
+                        k_shift: self.gpu.zeros(n.shift)?,
+                        v_shift: self.gpu.zeros(n.shift)?,
+                        len: 0,
+                        cap,
+                        batch,
+                        heads: h,
+                        kv_heads: hkv,
+                        head_dim: d,
+                        staged: false,
+                    }))
+                }
+                Mixer::Mamba2(l) => Ok(LayerState::Mamba2(GpuMamba2State::new(&self.gpu, batch, *l.sizes())?)),
+                Mixer::Mamba(l) => Ok(LayerState::Mamba(GpuMambaState::new(&self.gpu, batch, *l.sizes())?)),
+                Mixer::DeltaNet(l) => Ok(LayerState::DeltaNet(GpuDeltaNetState::new(&self.gpu, batch, *l.sizes())?)),
+                Mixer::Hgrn2(l) => Ok(LayerState::Hgrn2(GpuHgrn2State::new(&self.gpu, batch, *l.sizes())?)),
+            })
+            .collect()
     }
 }

@@ -10,15 +10,19 @@
 
 pub mod attention;
 pub mod cache;
+mod cpu_api;
+pub mod cuda_plan;
 pub mod deltanet;
 pub mod hgrn2;
 pub mod mamba;
 pub mod mamba2;
+pub mod mega_cuda;
 pub mod mlp;
-pub mod scan_state;
 
+pub use crate::backend::MemoryPlan;
 use crate::backend::{Alloc, Backend, Sizer};
 use crate::config::{Arch, Config};
+pub use crate::tensor::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
 use attention::ops::AttnOps;
@@ -52,21 +56,6 @@ impl<B: Backend + AttnOps + Mamba2Ops + MambaOps + DeltaNetOps + Hgrn2Ops> Model
 
 /// One layer's inference state on backend B.
 pub type LayerStateOf<B> = LayerState<<B as AttnOps>::KvCache, <B as Alloc>::F32>;
-
-/// A bias-free Linear layer; its weight is [out, in] as in the checkpoint.
-#[derive(Clone, Copy, Debug)]
-pub struct Linear {
-    pub weight: ParamId,
-    pub out_features: usize,
-    pub in_features: usize,
-}
-
-impl Linear {
-    pub fn new(p: &mut Params, name: &str, out_features: usize, in_features: usize) -> Self {
-        let weight = p.add(name, &[out_features, in_features], ParamKind::Matrix);
-        Self { weight, out_features, in_features }
-    }
-}
 
 /// Shape of the batch a forward runs on.
 #[derive(Clone, Debug)]
@@ -204,21 +193,6 @@ pub struct Scratch<A, F> {
     pub mlps: Vec<Option<MlpScratch<A>>>,
     /// The gradient of HGRN2's lower bounds [L, d] (empty in other models).
     pub dlower_bounds: F,
-}
-
-/// Bytes of each named buffer, for the memory plan `foxlm train` prints.
-#[derive(Clone, Debug, Default)]
-pub struct MemoryPlan {
-    pub items: Vec<(String, usize)>,
-}
-
-impl MemoryPlan {
-    pub fn add(&mut self, what: impl Into<String>, bytes: usize) {
-        self.items.push((what.into(), bytes));
-    }
-    pub fn total(&self) -> usize {
-        self.items.iter().map(|(_, b)| b).sum()
-    }
 }
 
 impl<A, F> BlockActs<A, F> {

@@ -25,10 +25,11 @@
 
 use super::scheduler::{emit_next, emit_token, take_group, Batcher, Event, Finish, SchedulerOptions, SchedulerStats};
 use super::scheduler::{Running, SeqRequest, Step, TokenLogprob};
-use crate::backend::cuda::{CopyRuns, GpuLayerState};
+use crate::backend::cuda::CopyRuns;
+use crate::backend::scan_state::{GpuScanState, ScanSizes};
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
+use crate::model::cache::GpuLayerState;
 use crate::model::cache::LayerState;
-use crate::model::scan_state::{GpuScanState, ScanSizes};
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};

@@ -95,7 +95,7 @@ fn build(o: &ServeOptions) -> Result<(Arc<http::App>, std::thread::JoinHandle<()
         let canon = o.model.canonicalize().unwrap_or_else(|_| o.model.clone());
         canon.file_name().map_or_else(|| "foxlm".to_string(), |n| n.to_string_lossy().into_owned())
     });
-    let device = crate::backend::select_device_for(&model, o.device, None)?;
+    let device = crate::model::cuda_plan::select_device_for(&model, o.device, None)?;
     let eopts = scheduler::SchedulerOptions {
         max_batch: o.max_batch,
         max_queue: o.max_queue,

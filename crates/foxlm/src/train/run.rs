@@ -132,7 +132,7 @@ fn make_engine(
         return make_rank_engine(model, opt, opts, micro, context, d);
     }
     let mut device = crate::backend::select_device(opts.device)?;
-    if let (true, Some(why)) = (device.is_cuda(), crate::backend::cuda::unsupported(model, true)) {
+    if let (true, Some(why)) = (device.is_cuda(), crate::model::cuda_plan::unsupported(model, true)) {
         if opts.device != crate::backend::DeviceArg::Auto {
             bail!("--device {}: {why}", opts.device);
         }

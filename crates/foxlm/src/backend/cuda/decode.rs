@@ -1,20 +1,14 @@
-//! Inference on the CUDA backend: the decode cache (kernels/decode.cu), attention of a chunk
-//! against it, the output head's logits without a loss, and choosing tokens on the device.
+//! Inference on the CUDA backend: the output head's logits without a loss, choosing tokens on
+//! the device, and the decode cache's length on the device while a step is a CUDA graph (the
+//! cache itself and the attention to it: `model/attention/kv_cache_cuda.rs`).
 
-use super::{bf16, dtod, fast_attention_dims, grid, words, Cuda, Family, GpuBatch, GpuCache, GpuLayerState};
-use crate::model::attention::ops::{AttnShape, Tiles};
-use crate::model::cache::LayerState;
-use crate::model::hgrn2::cuda::GpuHgrn2State;
-use crate::model::mamba::cuda::GpuMambaState;
-use crate::model::mamba2::cuda::GpuMamba2State;
-use crate::model::Mixer;
-use crate::model::{Linear, Model};
+use super::{dtod, grid, Cuda, Family, GpuBatch};
+use crate::tensor::Linear;
 use anyhow::{anyhow, ensure, Result};
-use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
 use fox_kernels::cuda::compile::DECODE;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::kargs::{self, args, kname};
-use fox_kernels::cuda::{attention_f32, ops, Elem, Gpu};
+use fox_kernels::cuda::{ops, Elem, Gpu};
 
 /// How the next token is chosen on the device (see `fox_sample` in kernels/decode.cu).
 #[derive(Clone, Copy, Debug)]
@@ -39,240 +33,11 @@ pub(crate) fn last_rows_on<T: Elem>(
     kargs::launch(gpu, &DECODE, &kname::<T>("fox_last_rows"), grid(b * w), &args![gpu; dst, src, bi, ti, wi])
 }
 
-fn i32_of(v: usize, what: &str) -> Result<i32> {
+pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{what} = {v} does not fit the kernels' 32-bit indices"))
 }
 
 impl<T: Elem> Cuda<T> {
-    /// An empty inference state for every layer: `batch` rows of up to `cap` positions (an
-    /// attention layer's k, v of the H_kv k/v heads and c of the H query heads; every position
-    /// even with a sliding window).
-    pub fn new_caches(&self, model: &Model, batch: usize, cap: usize) -> Result<Vec<GpuLayerState<T>>> {
-        let cap = cap.max(1);
-        model
-            .layers
-            .iter()
-            .map(|blk| match &blk.mixer {
-                Mixer::Attention(l) => {
-                    let (h, hkv, d) = (l.heads, l.kv_heads, l.head_dim);
-                    // The kernels index rows of c [B·H·cap] and of k, v [B·H_kv·cap] in 32 bits (H ≥ H_kv).
-                    i32_of(batch * h * cap, "batch × heads × cache positions")?;
-                    let n = GpuCache::<T>::lens(batch, h, hkv, d, cap);
-                    Ok(LayerState::Attention(GpuCache {
-                        k: self.gpu.zeros(n.kv)?,
-                        v: self.gpu.zeros(n.kv)?,
-                        c: self.gpu.zeros(n.c)?,
-                        k_shift: self.gpu.zeros(n.shift)?,
-                        v_shift: self.gpu.zeros(n.shift)?,
-                        len: 0,
-                        cap,
-                        batch,
-                        heads: h,
-                        kv_heads: hkv,
-                        head_dim: d,
-                        staged: false,
-                    }))
-                }
-                Mixer::Mamba2(l) => Ok(LayerState::Mamba2(GpuMamba2State::new(&self.gpu, batch, *l.sizes())?)),
-                Mixer::Mamba(l) => Ok(LayerState::Mamba(GpuMambaState::new(&self.gpu, batch, *l.sizes())?)),
-                Mixer::DeltaNet(l) => Ok(LayerState::DeltaNet(crate::model::deltanet::cuda::GpuDeltaNetState::new(
-                    &self.gpu,
-                    batch,
-                    *l.sizes(),
-                )?)),
-                Mixer::Hgrn2(l) => Ok(LayerState::Hgrn2(GpuHgrn2State::new(&self.gpu, batch, *l.sizes())?)),
-            })
-            .collect()
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn kv_shift_prev(
-        &mut self,
-        out: &mut CudaSlice<T>,
-        x: &CudaSlice<T>,
-        alpha: &CudaSlice<T>,
-        prev: &CudaSlice<T>,
-        b: &GpuBatch,
-        heads: usize,
-        head_dim: usize,
-        len: usize,
-    ) -> Result<()> {
-        let (bb, t, w) = (b.batch, b.seq, heads * head_dim);
-        ensure!(
-            out.len() >= bb * t * w && x.len() >= bb * t * w && alpha.len() >= bb * t * heads && prev.len() >= bb * w,
-            "kv_shift_prev: buffers too short"
-        );
-        let (bi, ti, hi, di) = (i32_of(bb, "batch")?, i32_of(t, "positions")?, heads as i32, head_dim as i32);
-        let (lenp, len) = (self.lenp(), i32_of(len, "cache length")?);
-        let gpu = &self.gpu;
-        let args = args![gpu; out, x, alpha, prev, bi, ti, hi, di, lenp, len];
-        kargs::launch(gpu, &DECODE, &kname::<T>("fox_kv_shift_prev"), grid(bb * w), &args)
-    }
-
-    pub(crate) fn cache_c_offset(
-        &mut self,
-        c: &mut CudaSlice<f32>,
-        cache: &GpuCache<T>,
-        b: &GpuBatch,
-        heads: usize,
-    ) -> Result<()> {
-        let (bh, t) = (b.batch * heads, b.seq);
-        ensure!(c.len() >= bh * t && cache.c.len() >= bh * cache.cap, "cache_c_offset: buffers too short");
-        let (bhi, ti, capi) = (i32_of(bh, "batch × heads")?, i32_of(t, "positions")?, i32_of(cache.cap, "cache")?);
-        let (lenp, len) = (self.lenp(), cache.len as i32);
-        let args = args![&self.gpu; c, cache.c, bhi, ti, capi, lenp, len];
-        kargs::launch(&self.gpu, &DECODE, "fox_cache_c_offset", grid(bh * t), &args)
-    }
-
-    /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key (the
-    /// kernels mask the keys outside a sliding window; query head h reads k/v head h / (H / H_kv)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attention_cached(
-        &mut self,
-        o: &mut CudaSlice<T>,
-        lse: &mut CudaSlice<f32>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
-        b: &GpuBatch,
-        cache: &mut GpuCache<T>,
-        shape: AttnShape,
-    ) -> Result<Tiles> {
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
-        let (bb, t) = (b.batch, b.seq);
-        let (past, cap) = (cache.len, cache.cap);
-        ensure!(
-            (bb, heads, kv_heads, head_dim) == (cache.batch, cache.heads, cache.kv_heads, cache.head_dim),
-            "decode cache of [batch {}, heads {}, kv_heads {}, head_dim {}] used for a layer of [{bb}, {heads}, \
-             {kv_heads}, {head_dim}]",
-            cache.batch,
-            cache.heads,
-            cache.kv_heads,
-            cache.head_dim
-        );
-        ensure!(past + t <= cap, "the decode cache holds {cap} positions; {past} + {t} were asked for");
-        let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
-        ensure!(
-            q.len() >= n && k.len() >= nkv && v.len() >= nkv && c.len() >= bb * heads * t,
-            "attention_cached: chunk buffers too short"
-        );
-        let staged = cache.staged;
-        if staged {
-            // A fused decode step appended this position already.
-            ensure!(t == 1, "a staged decode cache continues one position per row, not {t}");
-            cache.staged = false;
-        } else {
-            let (bi, ti, di) = (bb as i32, i32_of(t, "positions")?, head_dim as i32);
-            let (hi, hkvi) = (heads as i32, kv_heads as i32);
-            let (capi, lenp, len) = (cap as i32, self.lenp(), past as i32);
-            // The cache holds B·H_kv·cap rows of k, v and B·H·cap of c, and past + t <= cap.
-            let gpu = &self.gpu;
-            let args = args![gpu; cache.k, cache.v, cache.c, k, v, c, bi, ti, hi, hkvi, di, capi, lenp, len];
-            kargs::launch(gpu, &DECODE, &kname::<T>("fox_cache_append"), grid(nkv.max(bb * heads * t)), &args)?;
-        }
-        cache.len += t;
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let start = self.start(b);
-        let opts = super::attn_options(shape);
-        if bf16::<T>() && fast_attention_dims(head_dim) {
-            let (qv, kv, vv, ov) = (words(q)?, words(&cache.k)?, words(&cache.v)?, words(o)?);
-            // The cache's keys are [B, H_kv, cap, D] with gate sums [B, H, cap]: tk = cap, and
-            // causality (query r at past + r) hides the positions not yet filled.
-            let p = DevProblem {
-                batch: bb,
-                heads,
-                head_dim,
-                tq: t,
-                tk: cap,
-                q_pos0: past,
-                dtype: DType::Bf16,
-                q: DevView::bthd(&qv, t, heads, head_dim),
-                k: DevView::bhtd(&kv, cap, head_dim, kv_heads),
-                v: DevView::bhtd(&vv, cap, head_dim, kv_heads),
-                cq: c,
-                ck: &cache.c,
-                vis: match start {
-                    Some(s) => DevVisibility::LeftPadded(s),
-                    None => DevVisibility::All,
-                },
-                scale,
-                prune,
-            };
-            if t <= 16 {
-                // A decode step: the split-K kernel with partials (per query head) allocated once.
-                let shape = (bb * heads, head_dim, cap);
-                if self.decode_scratch.as_ref().is_none_or(|s| s.shape != shape) {
-                    self.decode_scratch = Some(ga::DecodeScratch::new(&self.gpu, bb, heads, head_dim, cap)?);
-                }
-                let scratch = self.decode_scratch.as_ref().ok_or_else(|| anyhow!("decode scratch"))?;
-                // A fused step's output norm and gate go with the attention where its kernel can.
-                let then = if staged { self.fused.take_output() } else { None };
-                let applied =
-                    ga::decode_into_opts(&self.gpu, &p, opts, &ov, lse, scratch, self.decode_pos.as_ref(), then)?;
-                self.fused.set_output_applied(applied);
-            } else {
-                ensure!(self.decode_pos.is_none(), "a captured decode step must have at most 16 positions per row");
-                ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
-            }
-            return Ok(Tiles::default());
-        }
-        ensure!(self.decode_pos.is_none(), "CUDA graphs of a decode step need the bf16 attention kernels");
-        let kc = (&cache.k as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>();
-        let vc = (&cache.v as &dyn std::any::Any).downcast_ref::<CudaSlice<f32>>();
-        let (qf, of) = (super::as_f32(q), super::as_f32_mut(o));
-        match (qf, of, kc, vc) {
-            (Some(qf), Some(of), Some(kc), Some(vc)) => attention_f32::forward_f32_cached(
-                &self.gpu,
-                bb,
-                heads,
-                t,
-                head_dim,
-                opts,
-                qf,
-                c,
-                (kc, vc, &cache.c),
-                cap,
-                past,
-                start,
-                scale,
-                prune,
-                of,
-                lse,
-            )?,
-            _ => {
-                // bf16 at a head dim the fast kernels lack (small test models): f32 copies.
-                let m = bb * kv_heads * cap * head_dim;
-                let (mut qf, mut kf, mut vf) = (self.gpu.zeros(n)?, self.gpu.zeros(m)?, self.gpu.zeros(m)?);
-                let mut of = self.gpu.zeros::<f32>(n)?;
-                ops::cast_to_f32(&self.gpu, &mut qf, q, n)?;
-                ops::cast_to_f32(&self.gpu, &mut kf, &cache.k, m)?;
-                ops::cast_to_f32(&self.gpu, &mut vf, &cache.v, m)?;
-                attention_f32::forward_f32_cached(
-                    &self.gpu,
-                    bb,
-                    heads,
-                    t,
-                    head_dim,
-                    opts,
-                    &qf,
-                    c,
-                    (&kf, &vf, &cache.c),
-                    cap,
-                    past,
-                    start,
-                    scale,
-                    prune,
-                    &mut of,
-                    lse,
-                )?;
-                ops::cast_from_f32(&self.gpu, o, &of, n)?;
-            }
-        }
-        Ok(Tiles::default())
-    }
-
     /// Logits [rows, vocab] (f32, on the host) of final hidden states [rows, d], a chunk of the
     /// head's rows at a time.
     pub fn logits(&mut self, hidden: &CudaSlice<T>, lm_head: &Linear, rows: usize) -> Result<Vec<f32>> {

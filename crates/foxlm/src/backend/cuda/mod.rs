@@ -7,13 +7,12 @@
 //! Everything a step touches is allocated in [`Cuda::new`], [`Cuda::new_batch`] and the model's
 //! `ModelActs::new` / `Scratch::new`: the step itself allocates nothing on the device.
 
+use super::MemoryPlan;
 use super::{Alloc, Backend, BatchInfo};
-use crate::model::attention::ops::AttnShape;
-use crate::model::{Linear, MemoryPlan, Model};
 use crate::optim::{AdamW, AdamWConfig};
-use crate::tensor::{ParamId, ParamKind, Params};
+use crate::tensor::{Linear, ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility};
+use fox_kernels::cuda::attention::{self as ga, DevVisibility};
 use fox_kernels::cuda::compile::{DECODE, MODEL};
 use fox_kernels::cuda::cudarc::driver as cudarc_event;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig};
@@ -26,33 +25,17 @@ use std::sync::Arc;
 
 mod adamw;
 mod backend_ops;
-mod cache;
-pub(crate) mod decode;
-mod fused;
-mod mega;
+pub mod decode;
+pub(crate) mod fused;
 mod params;
 mod profile;
 pub(crate) mod recurrent;
 mod zero1;
 pub use adamw::DeviceAdamW;
-pub use cache::{CacheLens, GpuCache, GpuLayerState};
 pub use decode::DeviceSampling;
-pub use fused::fused_decode_covers;
 pub use params::DeviceParam;
-pub(crate) use recurrent::{grown, ssm_scratch_floats, SsmScratch};
+pub(crate) use recurrent::{grown, SsmScratch};
 pub use zero1::Zero1;
-
-/// Why the CUDA backend cannot run `model` (for training when `training`), if it cannot: a layer
-/// whose sizes the CUDA kernels do not take.
-pub fn unsupported(model: &Model, _training: bool) -> Option<String> {
-    model.layers.iter().find_map(|blk| match &blk.mixer {
-        crate::model::Mixer::Attention(_) => None,
-        crate::model::Mixer::DeltaNet(l) => crate::model::deltanet::cuda::unsupported(l.sizes()),
-        crate::model::Mixer::Hgrn2(l) => crate::model::hgrn2::cuda::unsupported(l.sizes()),
-        crate::model::Mixer::Mamba2(l) => crate::model::mamba2::cuda::unsupported(l.sizes()),
-        crate::model::Mixer::Mamba(l) => crate::model::mamba::cuda::unsupported(l.sizes()),
-    })
-}
 
 /// The simple f32 attention runs on f32 copies when activations are bf16 but the fast kernels
 /// do not cover the head dim (the tiny fixtures' 32).
@@ -122,15 +105,8 @@ pub struct Cuda<T: Elem> {
     /// Linears of at most `ops::GEMV_ROWS` rows (decode steps) through the matrix-vector kernel
     /// instead of cuBLASLt; on by default.
     pub gemv: bool,
-    /// Stacked projections for fused decode steps ([`Cuda::prepare_fused_decode`]).
-    fused: fused::FusedDecode<T>,
-    /// The decode megakernel's state ([`Cuda::prepare_mega`]), where the model fits it.
-    mega: Option<mega::MegaDecode<T>>,
-    /// Batch-1 decode steps through the megakernel where it is prepared (FOXLM_DECODE_MEGA=1 or
-    /// `set_mega`): off by default, the fused step being faster (BENCHMARKS.md).
-    mega_on: bool,
-    /// Decode steps run as the megakernel so far (the GPU check asserts its rows ran some).
-    pub mega_steps: usize,
+    /// Stacked projections for fused decode steps (`Cuda::prepare_fused_decode`).
+    pub(crate) fused: fused::FusedDecode<T>,
     /// Data-parallel training with sharded optimizer state ([`Cuda::enable_zero1`]).
     pub zero: Option<Zero1>,
     pub(crate) ssm: SsmScratch,
@@ -165,6 +141,25 @@ impl GpuBatch {
     }
 }
 
+/// What the CUDA backend sizes its buffers by: a step of `batch` × `seq` tokens (for training
+/// when `train`) of a model with these shapes (`Model::cuda_sizes` gives a model's).
+#[derive(Clone, Copy, Debug)]
+pub struct CudaSizes {
+    pub batch: usize,
+    pub seq: usize,
+    pub train: bool,
+    /// Attention heads (for the attention backward's per-head buffers) and their head dim.
+    pub heads: usize,
+    pub head_dim: usize,
+    pub has_attention: bool,
+    pub vocab: usize,
+    pub hidden: usize,
+    /// The output head's weight (its device rows are padded, see [`padded_vocab`]).
+    pub head: ParamId,
+    /// Floats of the recurrent layers' scratch: `big` and `small` ([`SsmScratch`]).
+    pub scratch: (usize, usize),
+}
+
 pub(crate) fn fast_attention_dims(head_dim: usize) -> bool {
     head_dim == 64 || head_dim == 128
 }
@@ -174,17 +169,14 @@ pub(crate) fn bf16<T: Elem>() -> bool {
 }
 
 impl<T: Elem> Cuda<T> {
-    /// Uploads the model's parameters and plans every buffer of a step on [batch, seq] tokens
-    /// (the activations are planned by the model: `ModelActs::new`, `Scratch::new`).
-    pub fn new(gpu: Arc<Gpu>, model: &Model, batch: usize, seq: usize, train: bool) -> Result<Self> {
-        let p = &model.params;
+    /// Uploads the parameters and plans every buffer of a step of `s` (the activations are
+    /// planned by the model: `ModelActs::new`, `Scratch::new`; [`Cuda::new`] sizes a model's).
+    pub fn with_sizes(gpu: Arc<Gpu>, p: &Params, s: &CudaSizes) -> Result<Self> {
         let gemm = Gemm::new(&gpu).context("cuBLASLt")?;
-        let cfg = &model.config;
-        // Attention heads (Samba's are its attention layers', not a top-level num_heads).
-        let h = if cfg.arch() == crate::config::Arch::Samba { cfg.samba_attn().0 } else { cfg.num_heads };
-        let (rows, vocab, d) = (batch * seq, cfg.vocab_size, cfg.hidden_size);
+        let (h, train) = (s.heads, s.train);
+        let (rows, vocab, d) = (s.batch * s.seq, s.vocab, s.hidden);
         let vocab_pad = padded_vocab(vocab);
-        let head = model.lm_head.weight.0;
+        let head = s.head.0;
         let mut params = Vec::with_capacity(p.len());
         for (i, t) in p.tensors.iter().enumerate() {
             // The head's rows are padded with zeros to a multiple of 64 (see `padded_vocab`);
@@ -203,9 +195,7 @@ impl<T: Elem> Cuda<T> {
             params.push(DeviceParam { master, copy, grad });
         }
         let head_rows = head_chunk_rows(vocab_pad, rows);
-        let hd = cfg.head_dim();
-        let has_attention = model.layers.iter().any(|b| b.attn().is_some());
-        let f32_attn = if bf16::<T>() && has_attention && !fast_attention_dims(hd) {
+        let f32_attn = if bf16::<T>() && s.has_attention && !fast_attention_dims(s.head_dim) {
             let n = rows * d;
             Some(F32Attn {
                 q: gpu.zeros(n)?,
@@ -223,9 +213,7 @@ impl<T: Elem> Cuda<T> {
         // The small ops' reductions (RMSNorm weight gradients, bias sums) share one scratch.
         ops::reserve_scratch(&gpu, ops::scratch_floats(rows * h, d.max(vocab.min(4096))))?;
         let mut ssm = SsmScratch::default();
-        let (big, small) = ssm_scratch_floats(model, batch, seq, train);
-        let tb = std::mem::size_of::<T>();
-        let (big, small) = crate::model::deltanet::cuda::scratch_floats(model, batch, seq, train, tb, (big, small));
+        let (big, small) = s.scratch;
         if big > 0 {
             grown(&gpu, &mut ssm.big, big)?;
         }
@@ -261,9 +249,6 @@ impl<T: Elem> Cuda<T> {
             decode_pos: None,
             gemv: true,
             fused: Default::default(),
-            mega: None,
-            mega_on: false,
-            mega_steps: 0,
             zero: None,
             gemm,
             params,
@@ -277,12 +262,12 @@ impl<T: Elem> Cuda<T> {
 
     /// Device memory of parameters, gradients, optimizer state and the head's chunk, by name,
     /// on each of `world` ranks (ZeRO-1 shards the matrices' master weights and the moments).
-    pub fn memory_plan(model: &Model, batch: usize, seq: usize, train: bool, world: usize, plan: &mut MemoryPlan) {
-        let p = &model.params;
+    pub fn memory_plan_of(p: &Params, s: &CudaSizes, world: usize, plan: &mut MemoryPlan) {
+        let train = s.train;
         let numel = p.numel();
         let matrix = matrix_numel(p);
         let tb = std::mem::size_of::<T>();
-        let (master, moments) = optimizer_state_bytes(model, world);
+        let (master, moments) = optimizer_state_bytes(p, world);
         if world > 1 && train {
             let largest = p.tensors.iter().map(|t| t.numel()).max().unwrap_or(0);
             plan.add(
@@ -304,12 +289,11 @@ impl<T: Elem> Cuda<T> {
                 plan.add("AdamW moments (fp32 m, v)", moments);
             }
         }
-        let vocab = padded_vocab(model.config.vocab_size);
-        let head_rows = head_chunk_rows(vocab, batch * seq);
+        let vocab = padded_vocab(s.vocab);
+        let head_rows = head_chunk_rows(vocab, s.batch * s.seq);
         plan.add(format!("output head chunk ({head_rows} rows × {vocab} logits)"), head_rows * vocab * (4 + tb));
         plan.add("cuBLASLt workspace", 32 << 20);
-        let (big, small) = ssm_scratch_floats(model, batch, seq, train);
-        let (big, small) = crate::model::deltanet::cuda::scratch_floats(model, batch, seq, train, tb, (big, small));
+        let (big, small) = s.scratch;
         if big + small > 0 {
             plan.add("recurrent layers' scratch (chunk products and states, partial sums)", 4 * (big + small));
         }
@@ -371,8 +355,7 @@ impl<T: Elem> Cuda<T> {
 /// The optimizer's state on each of `world` ranks, in bytes: (fp32 master weights, AdamW
 /// moments). ZeRO-1 keeps 1/world of the matrices' master weights (the vectors whole: the forward
 /// reads them) and 1/world of every moment; one rank holds all of it.
-pub fn optimizer_state_bytes(model: &Model, world: usize) -> (usize, usize) {
-    let p = &model.params;
+pub fn optimizer_state_bytes(p: &Params, world: usize) -> (usize, usize) {
     let (numel, matrix) = (p.numel(), matrix_numel(p));
     if world <= 1 {
         return (4 * numel, 8 * numel);
@@ -382,7 +365,7 @@ pub fn optimizer_state_bytes(model: &Model, world: usize) -> (usize, usize) {
 }
 
 /// Elements of the matrices (the parameters that get bf16 copies and sharded master weights).
-fn matrix_numel(p: &crate::tensor::Params) -> usize {
+fn matrix_numel(p: &Params) -> usize {
     p.tensors.iter().zip(&p.kinds).filter(|(_, k)| **k == ParamKind::Matrix).map(|(t, _)| t.numel()).sum()
 }
 
@@ -400,7 +383,7 @@ fn head_chunk_rows(vocab_pad: usize, rows: usize) -> usize {
 
 /// A grid-stride launch of 256-thread blocks over n elements (the small kernels of model.cu and
 /// decode.cu).
-fn grid(n: usize) -> LaunchConfig {
+pub(crate) fn grid(n: usize) -> LaunchConfig {
     kargs::plain_config((n.div_ceil(256).clamp(1, 65535) as u32, 1, 1), 256, 0)
 }
 
@@ -541,48 +524,6 @@ pub(crate) fn as_f32<T: Elem>(s: &CudaSlice<T>) -> Option<&CudaSlice<f32>> {
 }
 pub(crate) fn as_f32_mut<T: Elem>(s: &mut CudaSlice<T>) -> Option<&mut CudaSlice<f32>> {
     (s as &mut dyn std::any::Any).downcast_mut::<CudaSlice<f32>>()
-}
-
-/// The fast kernels' problem for a full-sequence batch: q, k, v as [B, T, H·D] 16-bit views,
-/// c [B, H, T], the batch's left padding.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn dev_problem<'a>(
-    b: &'a GpuBatch,
-    q: &'a CudaView<'a, u16>,
-    k: &'a CudaView<'a, u16>,
-    v: &'a CudaView<'a, u16>,
-    c: &'a CudaSlice<f32>,
-    prune: Option<&'a CudaSlice<f32>>,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-) -> DevProblem<'a> {
-    let t = b.seq;
-    DevProblem {
-        batch: b.batch,
-        heads,
-        head_dim,
-        tq: t,
-        tk: t,
-        q_pos0: 0,
-        dtype: DType::Bf16,
-        q: DevView::bthd(q, t, heads, head_dim),
-        k: DevView::bthd(k, t, kv_heads, head_dim),
-        v: DevView::bthd(v, t, kv_heads, head_dim),
-        cq: c,
-        ck: c,
-        vis: match b.start_host {
-            Some(_) => DevVisibility::LeftPadded(&b.start),
-            None => DevVisibility::All,
-        },
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        prune,
-    }
-}
-
-/// The attention kernels' options for a layer's shape.
-pub(crate) fn attn_options(shape: AttnShape) -> ga::AttnOptions {
-    ga::AttnOptions { kv_heads: (shape.kv_heads != shape.heads).then_some(shape.kv_heads), window: shape.window }
 }
 
 /// Views of bf16 activations as the 16-bit words the attention kernels take.

@@ -5,7 +5,6 @@
 
 use super::{Cuda, GpuBatch};
 use crate::backend::ShortConv;
-use crate::model::Model;
 use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -48,62 +47,6 @@ pub(crate) fn grown<'a>(gpu: &Gpu, slot: &'a mut Option<CudaSlice<f32>>, n: usiz
         *slot = Some(gpu.zeros(n.max(1)).with_context(|| format!("recurrent layers' scratch of {n} floats"))?);
     }
     slot.as_mut().ok_or_else(|| anyhow!("scratch"))
-}
-
-/// Floats of [`SsmScratch`]'s `big` and `small` for a step of [batch, seq] (training when
-/// `train`): the largest over the model's Mamba-2, HGRN2 and Mamba layers.
-pub(crate) fn ssm_scratch_floats(model: &Model, batch: usize, seq: usize, train: bool) -> (usize, usize) {
-    use fox_kernels::cuda::ssd;
-    let rows = batch * seq;
-    let mut out = (0, 0);
-    for blk in &model.layers {
-        if let crate::model::Mixer::Mamba2(l) = &blk.mixer {
-            let s = l.sizes();
-            let shape = (batch, seq, s.heads, s.head_dim, s.state, s.groups);
-            let big = if train {
-                ssd::ssd_bwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
-            } else {
-                ssd::ssd_fwd_scratch_len(shape.0, shape.1, shape.2, shape.3, shape.4, shape.5)
-            };
-            let small = if train {
-                ssd::conv1d_bwd_scratch_len(batch, seq, s.conv_dim(), s.conv)
-                    .max(ssd::rms_norm_gated_bwd_scratch_len(rows * s.groups, s.inner / s.groups))
-                    .max(ssd::dt_bwd_scratch_len(rows, s.heads))
-            } else {
-                0
-            };
-            out = (out.0.max(big), out.1.max(small));
-        }
-        if let crate::model::Mixer::Hgrn2(l) = &blk.mixer {
-            // HGRN2's GLA (forward, or forward and backward) and its gates' and convolutions'
-            // partial sums.
-            use fox_kernels::cuda::gla;
-            let s = l.sizes();
-            let (h, k, d) = (s.heads, s.head_dim, s.heads * s.head_dim);
-            let big = if train {
-                gla::gla_bwd_scratch_len(batch, seq, h, k, k)
-            } else {
-                gla::gla_fwd_scratch_len(batch, seq, h, k, k)
-            };
-            let small = if train {
-                let conv = s.conv.map_or(0, |w| ssd::conv1d_bwd_scratch_len(batch, seq, d, w));
-                gla::hgrn2_gates_bwd_scratch_len(rows, d).max(conv)
-            } else {
-                0
-            };
-            out = (out.0.max(big), out.1.max(small));
-        }
-        if let crate::model::Mixer::Mamba(l) = &blk.mixer {
-            let s = l.sizes();
-            if train {
-                let big = fox_kernels::cuda::selective_scan::scratch_floats(batch, seq, s.inner, s.state);
-                let small = ssd::conv1d_bwd_scratch_len(batch, seq, s.inner, s.conv)
-                    .max(ssd::dt_bwd_scratch_len(rows, s.inner));
-                out = (out.0.max(big), out.1.max(small));
-            }
-        }
-    }
-    out
 }
 
 impl<T: Elem> Cuda<T> {

@@ -3,11 +3,11 @@
 
 use super::kv_cache::KvCache;
 use super::ops::{AttnGrads, AttnOps, AttnShape, Tiles};
-use crate::backend::cpu::{norm_thresholds, problem, Cpu, CpuBatch, DCK};
+use crate::backend::cpu::{Cpu, CpuBatch, DCK};
 use crate::backend::Family;
 use crate::tensor::ParamId;
 use anyhow::{bail, Result};
-use fox_kernels::attention::{self as fa};
+use fox_kernels::attention::{self as fa, View};
 use fox_kernels::kv_shift::{self, KvShift};
 use fox_kernels::par::with_buffer;
 use fox_kernels::{fgate, rope};
@@ -256,4 +256,56 @@ impl AttnOps for Cpu<'_> {
         }
         Ok(())
     }
+}
+
+pub(crate) fn problem<'p>(
+    b: &'p CpuBatch,
+    q: &'p [f32],
+    k: &'p [f32],
+    v: &'p [f32],
+    c: &'p [f32],
+    prune: Option<&'p [f32]>,
+    shape: AttnShape,
+) -> fa::Problem<'p> {
+    let t = b.seq;
+    let AttnShape { heads, kv_heads, head_dim, window } = shape;
+    fa::Problem {
+        batch: b.batch,
+        heads,
+        kv_heads,
+        window,
+        head_dim,
+        tq: t,
+        tk: t,
+        q_pos0: 0,
+        q: View::bthd(q, t, heads, head_dim),
+        k: View::bthd(k, t, kv_heads, head_dim),
+        v: View::bthd(v, t, kv_heads, head_dim),
+        cq: c,
+        ck: c,
+        vis: b.vis(),
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        prune,
+    }
+}
+
+/// ACP thresholds with U from the largest query and key norms (models without QK-norm), on host
+/// q [B, T, H·D] and k [B, T, H_kv·D]: U of query head h from the largest norm of the k/v head it
+/// reads. The CPU backend's, and the GPU's where its kernel does not apply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_thresholds(
+    q: &[f32],
+    k: &[f32],
+    batch: usize,
+    seq: usize,
+    start: Option<&[usize]>,
+    shape: AttnShape,
+    n_keys: usize,
+    log_eps: f32,
+) -> Vec<f32> {
+    let zeros = vec![0.0f32; batch * shape.heads * seq];
+    let b = CpuBatch::with_start(batch, seq, start);
+    // v is not read: k stands in for it (same shape)
+    let u = fa::logit_bound_from_norms(&problem(&b, q, k, k, &zeros, None, shape));
+    fa::prune_thresholds(&u, n_keys, log_eps)
 }

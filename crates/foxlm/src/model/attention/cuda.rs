@@ -1,19 +1,18 @@
 //! The attention family's operations on the CUDA backend: the forget gate, KV-shift and RoPE from
 //! `fox_kernels::cuda::ops`, Forgetting Attention from the FlashAttention-style kernels (bf16, head
-//! dim 64/128) or the simple f32 kernel, and the fused decode step (`backend/cuda/fused.rs`).
+//! dim 64/128) or the simple f32 kernel, and the fused decode step (`fused_cuda.rs`).
 
+use super::kv_cache_cuda::GpuCache;
 use super::ops::{AttnGrads, AttnOps, AttnShape, Tiles};
 use crate::backend::cuda::decode;
-use crate::backend::cuda::{
-    as_f32, as_f32_mut, attn_options, bf16, dev_problem, fast_attention_dims, words, Cuda, GpuBatch, GpuCache,
-};
+use crate::backend::cuda::{as_f32, as_f32_mut, bf16, fast_attention_dims, words, Cuda, GpuBatch};
 use crate::backend::Family;
 use crate::tensor::{ParamId, ParamKind};
 use anyhow::{anyhow, ensure, Result};
-use fox_kernels::cuda::attention::{self as ga, DevVisibility, FwdKernel};
+use fox_kernels::cuda::attention::{self as ga, DType, DevProblem, DevView, DevVisibility, FwdKernel};
 use fox_kernels::cuda::attention_f32::{self, F32Grads, F32Problem};
 use fox_kernels::cuda::compile::MODEL;
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, LaunchConfig};
+use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use fox_kernels::cuda::kargs::{self, args};
 use fox_kernels::cuda::ops;
 use fox_kernels::cuda::Elem;
@@ -197,7 +196,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
                 let (qh, kh): (Vec<f32>, Vec<f32>) =
                     (qh[..dq].iter().map(|v| v.to_f32()).collect(), kh[..dk].iter().map(|v| v.to_f32()).collect());
                 let start = b.start_host.as_deref();
-                let th = crate::backend::cpu::norm_thresholds(&qh, &kh, b.batch, b.seq, start, shape, n_keys, log_eps);
+                let th = super::cpu::norm_thresholds(&qh, &kh, b.batch, b.seq, start, shape, n_keys, log_eps);
                 self.gpu.write(prune, &th)
             }
         }
@@ -350,4 +349,46 @@ impl<T: Elem> AttnOps for Cuda<T> {
     ) -> Result<bool> {
         self.fused_output(layer, a, b.batch * b.seq)
     }
+}
+
+/// The fast kernels' problem for a full-sequence batch: q, k, v as [B, T, H·D] 16-bit views,
+/// c [B, H, T], the batch's left padding.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dev_problem<'a>(
+    b: &'a GpuBatch,
+    q: &'a CudaView<'a, u16>,
+    k: &'a CudaView<'a, u16>,
+    v: &'a CudaView<'a, u16>,
+    c: &'a CudaSlice<f32>,
+    prune: Option<&'a CudaSlice<f32>>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> DevProblem<'a> {
+    let t = b.seq;
+    DevProblem {
+        batch: b.batch,
+        heads,
+        head_dim,
+        tq: t,
+        tk: t,
+        q_pos0: 0,
+        dtype: DType::Bf16,
+        q: DevView::bthd(q, t, heads, head_dim),
+        k: DevView::bthd(k, t, kv_heads, head_dim),
+        v: DevView::bthd(v, t, kv_heads, head_dim),
+        cq: c,
+        ck: c,
+        vis: match b.start_host {
+            Some(_) => DevVisibility::LeftPadded(&b.start),
+            None => DevVisibility::All,
+        },
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        prune,
+    }
+}
+
+/// The attention kernels' options for a layer's shape.
+pub(crate) fn attn_options(shape: AttnShape) -> ga::AttnOptions {
+    ga::AttnOptions { kv_heads: (shape.kv_heads != shape.heads).then_some(shape.kv_heads), window: shape.window }
 }

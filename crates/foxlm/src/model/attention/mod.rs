@@ -5,7 +5,9 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod fused_cuda;
 pub mod kv_cache;
+pub mod kv_cache_cuda;
 pub mod ops;
 
 use super::Linear;

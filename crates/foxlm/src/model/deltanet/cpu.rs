@@ -4,8 +4,8 @@
 use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 use super::state::DeltaNetState;
 use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::backend::Family;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
 use fox_kernels::delta_rule::{self as dr, DeltaRule, DeltaRuleGrads};
 use fox_kernels::scalar::{sigmoid, silu};

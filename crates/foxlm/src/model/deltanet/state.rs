@@ -1,8 +1,8 @@
 //! A DeltaNet layer's inference state: per row the delta-rule state S [H, K, V] and the three
 //! short convolutions' last W − 1 inputs (a [`ScanState`]).
 
+use crate::backend::scan_state::{GpuScanState, ScanSizes, ScanState};
 use crate::config::DeltaNetSizes;
-use crate::model::scan_state::{GpuScanState, ScanSizes, ScanState};
 
 impl ScanSizes for DeltaNetSizes {
     const FAMILY: &'static str = "a DeltaNet";

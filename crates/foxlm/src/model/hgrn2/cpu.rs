@@ -5,8 +5,8 @@
 use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 use super::state::Hgrn2State;
 use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::backend::Family;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::tensor::ParamId;
 use anyhow::{ensure, Result};
 use fox_kernels::gla::{self, Gla, GlaGrads};

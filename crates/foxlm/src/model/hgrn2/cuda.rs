@@ -8,9 +8,9 @@ use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hg
 pub use super::state::GpuHgrn2State;
 use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
+use crate::backend::scan_state::{forward_carrying, Carry};
 use crate::backend::Family;
 use crate::config::Hgrn2Sizes;
-use crate::model::scan_state::{forward_carrying, Carry};
 use crate::tensor::ParamId;
 use anyhow::{ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;

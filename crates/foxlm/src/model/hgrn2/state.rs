@@ -1,8 +1,8 @@
 //! An HGRN2 layer's inference state: per row the GLA state S [H, K, V] (K = V = the head width)
 //! and, with short convolutions, their last W − 1 inputs (a [`ScanState`]).
 
+use crate::backend::scan_state::{GpuScanState, ScanSizes, ScanState};
 use crate::config::Hgrn2Sizes;
-use crate::model::scan_state::{GpuScanState, ScanSizes, ScanState};
 
 impl ScanSizes for Hgrn2Sizes {
     const FAMILY: &'static str = "an HGRN2";

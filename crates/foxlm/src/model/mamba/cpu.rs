@@ -4,9 +4,9 @@
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 use super::state::MambaState;
 use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::backend::Family;
 use crate::config::MambaSizes;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::{ensure, Result};
 use fox_kernels::selective_scan::{self, BcLayout, GradsMut, Scan};
 use fox_kernels::ssd;

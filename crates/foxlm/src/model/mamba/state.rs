@@ -1,8 +1,8 @@
 //! A Mamba layer's inference state: per row the scan state h [Di, N] and the convolution's last
 //! W − 1 inputs [W − 1, Di] (a [`ScanState`]).
 
+use crate::backend::scan_state::{GpuScanState, ScanSizes, ScanState};
 use crate::config::MambaSizes;
-use crate::model::scan_state::{GpuScanState, ScanSizes, ScanState};
 
 impl ScanSizes for MambaSizes {
     const FAMILY: &'static str = "a Mamba";

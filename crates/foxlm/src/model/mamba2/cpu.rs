@@ -4,9 +4,9 @@
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 use super::state::Mamba2State;
 use crate::backend::cpu::{Cpu, CpuBatch};
+use crate::backend::scan_state::{chunks_from, forward_carrying, Carry};
 use crate::backend::Family;
 use crate::config::Mamba2Sizes;
-use crate::model::scan_state::{chunks_from, forward_carrying, Carry};
 use anyhow::Result;
 use fox_kernels::rms_norm_gated::{rms_norm_gated_bwd, rms_norm_gated_fwd, GatedNorm};
 use fox_kernels::ssd::{self, Ssd, SsdGrads};

@@ -1,8 +1,8 @@
 //! A Mamba-2 layer's inference state: per row the SSM state S [H, P, N] and the convolution's last
 //! W − 1 inputs [W − 1, C] (a [`ScanState`]).
 
+use crate::backend::scan_state::{GpuScanState, ScanSizes, ScanState};
 use crate::config::Mamba2Sizes;
-use crate::model::scan_state::{GpuScanState, ScanSizes, ScanState};
 
 impl ScanSizes for Mamba2Sizes {
     const FAMILY: &'static str = "a Mamba-2";

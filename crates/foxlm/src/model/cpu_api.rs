@@ -1,7 +1,7 @@
 //! The CPU API of a model (f32, buffers allocated per call): inference, evaluation and tests
 //! call these; they run [`Model::forward_on`] / [`Model::loss_and_grads_on`] on the CPU backend.
 
-use super::cpu::{Cpu, CpuBatch};
+use crate::backend::cpu::{Cpu, CpuBatch};
 use crate::backend::{Backend, BatchInfo};
 use crate::model::cache::Cache;
 use crate::model::{CpuActs, Ctx, Model, ModelActs, Scratch};

@@ -1,14 +1,16 @@
 //! The decode megakernel (kernels/decode_mega.cu): a batch-1 bf16 decode step of an attention
 //! model (every layer attention + SwiGLU MLP, the layers the fused kernels cover) in one launch,
 //! from the token's embedding to the final norm; the head and the sampler follow as today. The
-//! fused step (fused.rs) stays the path for everything else: batches of more rows, other
-//! families, shapes the kernel does not take, and by default: the megakernel runs only with
-//! `FOXLM_DECODE_MEGA=1` (or [`Cuda::set_mega`]), being slower than the fused step
+//! fused step (`attention/fused_cuda.rs`) stays the path for everything else: batches of more
+//! rows, other families, shapes the kernel does not take, and by default: the megakernel runs
+//! only with `FOXLM_DECODE_MEGA=1` (or [`Megakernel::set_on`]), being slower than the fused step
 //! (docs/kernel-notes.md).
 
-use super::{Cuda, Family, GpuBatch, GpuLayerState};
-use crate::model::cache::LayerState;
-use crate::model::{Mixer, Model};
+use super::attention::fused_cuda::DecodeInWeights;
+use super::cache::{GpuLayerState, LayerState};
+use super::{Mixer, Model};
+use crate::backend::cuda::{Cuda, GpuBatch};
+use crate::backend::Family;
 use anyhow::{anyhow, Result};
 use fox_kernels::cuda::compile::DECODE;
 use fox_kernels::cuda::cudarc::driver::{CudaSlice, DeviceRepr};
@@ -93,7 +95,7 @@ struct MegaStep {
 unsafe impl DeviceRepr for MegaStep {}
 
 /// The kernel's state: the layer table, the step's buffers (one row), the barrier and flags.
-pub(super) struct MegaDecode<T> {
+struct MegaDecode<T> {
     table: CudaSlice<u8>,
     layers: usize,
     x: CudaSlice<T>,
@@ -118,7 +120,7 @@ pub(super) struct MegaDecode<T> {
     emb: u64,
     final_norm: u64,
     /// With FOXLM_DECODE_MEGA_PROFILE=1: each block's %globaltimer at every barrier of the last
-    /// step ([`Cuda::mega_profile`]).
+    /// step ([`Megakernel::profile`]).
     stamps: Option<CudaSlice<u64>>,
 }
 
@@ -128,38 +130,58 @@ fn smem_bytes(d: usize, inter: usize, hd: usize) -> usize {
     (2 * d + d.max(inter).max(hd) + 4096 + 1024) * 4
 }
 
-impl<T: Elem> Cuda<T> {
+/// A model's decode megakernel: its state where the model fits it, whether decode steps use it,
+/// and how many have.
+pub struct Megakernel<T> {
+    state: Option<MegaDecode<T>>,
+    on: bool,
+    /// Decode steps run as the megakernel so far (the GPU check asserts its rows ran some).
+    pub steps: usize,
+}
+
+impl<T> Default for Megakernel<T> {
+    fn default() -> Self {
+        Self { state: None, on: false, steps: 0 }
+    }
+}
+
+impl<T: Elem> Megakernel<T> {
     /// Builds the megakernel's state when the model's layers fit it (after the fused step's
     /// stacked weights); otherwise leaves decode steps to the fused path. Never fails for a
     /// shape: a model the kernel does not take just runs fused.
-    pub(super) fn prepare_mega(&mut self, model: &Model) -> Result<()> {
-        self.mega = None;
+    pub fn prepare(be: &Cuda<T>, model: &Model) -> Result<Self> {
         let env = std::env::var("FOXLM_DECODE_MEGA").ok();
-        self.mega_on = env.as_deref() == Some("1");
+        let mut mega = Self { state: None, on: env.as_deref() == Some("1"), steps: 0 };
         if T::NAME != "bf16" || env.as_deref() == Some("0") {
-            return Ok(());
+            return Ok(mega);
         }
+        mega.state = Self::state(be, model)?;
+        Ok(mega)
+    }
+
+    /// The kernel's state for `model`, or None where the model's layers do not fit it.
+    fn state(be: &Cuda<T>, model: &Model) -> Result<Option<MegaDecode<T>>> {
         let c = &model.config;
         let (d, layers) = (c.hidden_size, model.layers.len());
         if layers == 0 || layers > MAX_LAYERS || !d.is_multiple_of(8) {
-            return Ok(());
+            return Ok(None);
         }
         let first = match model.layers[0].attn() {
             Some(l) => l,
-            None => return Ok(()),
+            None => return Ok(None),
         };
         let (heads, hd, rope, out_eps) = (first.heads, first.head_dim, first.rope_base, first.norm_eps);
         // A group of hd / 8 lanes per key (a power of two up to a warp); decode_in a thread per channel.
         if !(hd.is_power_of_two() && (8..=256).contains(&hd)) || heads * hd > (1 << 20) {
-            return Ok(());
+            return Ok(None);
         }
         let mut table = Vec::with_capacity(layers);
         let mut inter = 0;
         let mut widest = 0;
-        let master = |id: crate::tensor::ParamId| self.dptr(&self.params[id.0].master);
+        let master = |id: crate::tensor::ParamId| be.dptr(&be.params[id.0].master);
         for blk in &model.layers {
-            let (Mixer::Attention(l), Some(mlp)) = (&blk.mixer, &blk.mlp) else { return Ok(()) };
-            let Some(f) = self.fused.layer(l) else { return Ok(()) };
+            let (Mixer::Attention(l), Some(mlp)) = (&blk.mixer, &blk.mlp) else { return Ok(None) };
+            let Some(f) = be.fused.layer(l.q_proj.weight) else { return Ok(None) };
             let m = &mlp.mlp;
             let i = m.intermediate;
             let same = l.heads == heads
@@ -178,18 +200,17 @@ impl<T: Elem> Cuda<T> {
                 && i.is_multiple_of(8)
                 && (inter == 0 || i == inter);
             if !same || !shapes {
-                return Ok(());
+                return Ok(None);
             }
             inter = i;
             widest = widest.max(f.width);
-            let super::fused::DecodeInWeights { q_norm, k_norm, qn_groups, kn_groups, fgate_bias } =
-                self.decode_in_weights(l, hd);
+            let DecodeInWeights { q_norm, k_norm, qn_groups, kn_groups, fgate_bias } = be.decode_in_weights(l, hd);
             let off = |o: Option<usize>| o.map_or(-1, |v| v as i32);
             let e = MegaLayer {
-                w_in: self.dptr(&f.w),
-                w_o: self.dptr(self.copy_of(l.o_proj.weight)?),
-                w_gu: self.dptr(self.copy_of(m.gate_proj.weight)?),
-                w_down: self.dptr(self.copy_of(m.down_proj.weight)?),
+                w_in: be.dptr(&f.w),
+                w_o: be.dptr(be.copy_of(l.o_proj.weight)?),
+                w_gu: be.dptr(be.copy_of(m.gate_proj.weight)?),
+                w_down: be.dptr(be.copy_of(m.down_proj.weight)?),
                 norm1: master(blk.mixer_norm),
                 norm2: master(mlp.norm),
                 q_norm,
@@ -209,26 +230,26 @@ impl<T: Elem> Cuda<T> {
             };
             // 16-byte loads and bulk prefetches of whole rows.
             if [e.w_in, e.w_o, e.w_gu, e.w_down].iter().any(|p| !p.is_multiple_of(16)) {
-                return Ok(());
+                return Ok(None);
             }
             table.push(e);
         }
-        let emb = self.dptr(self.copy_of(model.embeddings)?);
+        let emb = be.dptr(be.copy_of(model.embeddings)?);
         let smem = smem_bytes(d, inter, heads * hd);
         if !emb.is_multiple_of(16) || smem > 200 << 10 {
-            return Ok(());
+            return Ok(None);
         }
-        let func = self.gpu.function(&DECODE, "fox_decode_mega_bf16")?;
+        let func = be.gpu.function(&DECODE, "fox_decode_mega_bf16")?;
         // Raised whatever the size: the kernel's static shared memory (decode_in's) counts too.
         let attr = fox_kernels::cuda::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         if func.set_attribute(attr, smem as i32).is_err() {
-            return Ok(());
+            return Ok(None);
         }
         // Every block must be resident at once (they wait for one another): one per SM.
         let resident = func.occupancy_max_active_blocks_per_multiprocessor(THREADS, smem, None).unwrap_or(0);
-        let grid = self.gpu.sm_count();
+        let grid = be.gpu.sm_count();
         if resident < 1 || grid == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let splits = (grid / heads).max(1);
         let bytes: Vec<u8> = table
@@ -239,13 +260,13 @@ impl<T: Elem> Cuda<T> {
                     .to_vec()
             })
             .collect();
-        let g = &self.gpu;
+        let g = &be.gpu;
         let stamps = if std::env::var("FOXLM_DECODE_MEGA_PROFILE").is_ok_and(|v| v == "1") {
             Some(g.zeros::<u64>(grid * STAMPS)?)
         } else {
             None
         };
-        self.mega = Some(MegaDecode {
+        Ok(Some(MegaDecode {
             table: g.upload(&bytes)?,
             layers,
             x: g.zeros(d)?,
@@ -270,19 +291,18 @@ impl<T: Elem> Cuda<T> {
             emb,
             final_norm: master(model.norm),
             stamps,
-        });
-        Ok(())
+        }))
     }
 
     /// With FOXLM_DECODE_MEGA_PROFILE=1, where the last megakernel step's time went, per stage
     /// summed over the layers: from the first block leaving the barrier before to the last
     /// arriving at the stage's own (the stage's critical path), then to the last leaving it (the
     /// barrier). Waits for the GPU.
-    pub fn mega_profile(&self) -> Result<Option<String>> {
-        let Some(m) = self.mega.as_ref() else { return Ok(None) };
+    pub fn profile(&self, be: &Cuda<T>) -> Result<Option<String>> {
+        let Some(m) = self.state.as_ref() else { return Ok(None) };
         let Some(st) = m.stamps.as_ref() else { return Ok(None) };
-        let t = self.gpu.download(st)?;
-        self.gpu.sync()?;
+        let t = be.gpu.download(st)?;
+        be.gpu.sync()?;
         let nb = m.grid as usize;
         let at = |b: usize, k: usize| t[b * STAMPS + k] as f64;
         // 4 barriers in layer 0, 5 in each later one (its first waits for the last layer's down_proj),
@@ -321,32 +341,38 @@ impl<T: Elem> Cuda<T> {
     }
 
     /// Whether decode steps run as the megakernel: prepared for this model and switched on
-    /// (`FOXLM_DECODE_MEGA=1`, or [`Cuda::set_mega`]; `FOXLM_DECODE_MEGA=0` prepares nothing).
-    pub fn mega_ready(&self) -> bool {
-        self.mega.is_some() && self.mega_on
+    /// (`FOXLM_DECODE_MEGA=1`, or [`Megakernel::set_on`]; `FOXLM_DECODE_MEGA=0` prepares nothing).
+    pub fn ready(&self) -> bool {
+        self.state.is_some() && self.on
+    }
+
+    /// Drops the kernel's state: decode steps run fused (or op by op) again.
+    pub fn clear(&mut self) {
+        self.state = None;
     }
 
     /// Turns the megakernel on or off for later decode steps (the fused step otherwise).
-    pub fn set_mega(&mut self, on: bool) {
-        self.mega_on = on;
+    pub fn set_on(&mut self, on: bool) {
+        self.on = on;
     }
 
     /// A whole decode step of one row (embedding to the final norm into `final_out`) as the
     /// megakernel, appending to `caches`; `Ok(false)` where it does not apply (the caller then
     /// runs the step layer by layer).
-    pub fn mega_step(
+    pub fn step(
         &mut self,
+        be: &mut Cuda<T>,
         b: &GpuBatch,
         final_out: &mut CudaSlice<T>,
         caches: &mut [GpuLayerState<T>],
     ) -> Result<bool> {
-        if !self.mega_ready() || b.batch != 1 || b.seq != 1 {
+        if !self.ready() || b.batch != 1 || b.seq != 1 {
             return Ok(false);
         }
         if b.start_host.as_ref().is_some_and(|s| s.iter().any(|&x| x != 0)) {
             return Ok(false);
         }
-        let Some(m) = self.mega.as_ref() else { return Ok(false) };
+        let Some(m) = self.state.as_ref() else { return Ok(false) };
         if caches.len() != m.layers || final_out.len() < m.d {
             return Ok(false);
         }
@@ -360,10 +386,9 @@ impl<T: Elem> Cuda<T> {
             }
             len = Some(c.len);
             cap = c.cap;
-            for (k, s) in
-                [self.dptr(&c.k), self.dptr(&c.v), self.dptr(&c.c), self.dptr(&c.k_shift), self.dptr(&c.v_shift)]
-                    .into_iter()
-                    .enumerate()
+            for (k, s) in [be.dptr(&c.k), be.dptr(&c.v), be.dptr(&c.c), be.dptr(&c.k_shift), be.dptr(&c.v_shift)]
+                .into_iter()
+                .enumerate()
             {
                 ptrs[k][li] = s;
             }
@@ -372,27 +397,27 @@ impl<T: Elem> Cuda<T> {
         if i32::try_from(cap * m.heads).is_err() {
             return Ok(false);
         }
-        self.mark(Family::Other)?;
-        let m = self.mega.as_ref().ok_or_else(|| anyhow!("megakernel state"))?;
+        be.mark(Family::Other)?;
+        let m = self.state.as_ref().ok_or_else(|| anyhow!("megakernel state"))?;
         let [kc, vc, cc, ksh, vsh] = ptrs;
         let step = MegaStep {
-            layers: self.dptr(&m.table),
+            layers: be.dptr(&m.table),
             emb: m.emb,
-            ids: self.dptr(&b.ids),
+            ids: be.dptr(&b.ids),
             final_norm: m.final_norm,
-            x: self.dptr(&m.x),
-            h: self.dptr(&m.h),
-            u: self.dptr(&m.u),
-            p: self.dptr(&m.p),
-            q: self.dptr(&m.q),
-            c: self.dptr(&m.c),
-            final_out: self.dptr(final_out),
-            part: self.dptr(&m.part),
-            flags: self.dptr(&m.flags),
-            bar: self.dptr(&m.bar),
-            positions: self.dptr(&b.positions),
-            lenp: self.lenp(),
-            stamps: m.stamps.as_ref().map_or(0, |s| self.dptr(s)),
+            x: be.dptr(&m.x),
+            h: be.dptr(&m.h),
+            u: be.dptr(&m.u),
+            p: be.dptr(&m.p),
+            q: be.dptr(&m.q),
+            c: be.dptr(&m.c),
+            final_out: be.dptr(final_out),
+            part: be.dptr(&m.part),
+            flags: be.dptr(&m.flags),
+            bar: be.dptr(&m.bar),
+            positions: be.dptr(&b.positions),
+            lenp: be.lenp(),
+            stamps: m.stamps.as_ref().map_or(0, |s| be.dptr(s)),
             rope_base: m.rope_base,
             len: len as i32,
             layers_n: m.layers as i32,
@@ -400,7 +425,7 @@ impl<T: Elem> Cuda<T> {
             heads: m.heads as i32,
             head_dim: m.head_dim as i32,
             inter: m.inter as i32,
-            vocab: self.vocab as i32,
+            vocab: be.vocab as i32,
             cap: cap as i32,
             splits: m.splits as i32,
             eps: m.eps,
@@ -415,18 +440,18 @@ impl<T: Elem> Cuda<T> {
         };
         let cfg = kargs::plain_config((m.grid, 1, 1), THREADS, m.smem);
         let name = "fox_decode_mega_bf16";
-        let func = self.gpu.function(&DECODE, name)?;
-        // Every buffer of `step` sized at prepare_mega for this model's shapes (one row), the caches
+        let func = be.gpu.function(&DECODE, name)?;
+        // Every buffer of `step` sized at `prepare` for this model's shapes (one row), the caches
         // checked above ([1, H, cap, D], len < cap); one block per SM, all resident (occupancy and
-        // the shared memory set at prepare_mega).
-        kargs::launch_function(self.gpu.stream(), &func, name, cfg, &[by_value(&step)])?;
+        // the shared memory set at `prepare`).
+        kargs::launch_function(be.gpu.stream(), &func, name, cfg, &[by_value(&step)])?;
         for st in caches.iter_mut() {
             if let LayerState::Attention(c) = st {
                 c.len += 1;
                 c.staged = false;
             }
         }
-        self.mega_steps += 1;
+        self.steps += 1;
         Ok(true)
     }
 }

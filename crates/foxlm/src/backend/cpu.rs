@@ -1,7 +1,7 @@
 //! The CPU backend: f32 everywhere, the `fox_kernels` CPU ops, parameters borrowed from the model.
 //! It is the exact reference that the CUDA backend is checked against.
 
-use super::{Alloc, Backend, BatchInfo, Family, ShortConv};
+use super::{Alloc, Backend, BatchInfo, Family, Norm, ShortConv};
 use crate::tensor::{Linear, ParamId, ParamKind, Params};
 use anyhow::{anyhow, bail, ensure, Result};
 use fox_kernels::attention::Visibility;
@@ -302,17 +302,9 @@ impl Backend for Cpu<'_> {
         }
         Ok(())
     }
-    fn rms_norm_fwd(
-        &mut self,
-        y: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        x: &Vec<f32>,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<()> {
+    fn rms_norm_fwd(&mut self, y: &mut Vec<f32>, rstd: &mut Vec<f32>, x: &Vec<f32>, norm: Norm) -> Result<()> {
         let _t = self.time(Family::Other);
+        let Norm { w, rows, dim, eps } = norm;
         let n = first("RMSNorm", rows.checked_mul(dim), &[x.len(), y.len()])?;
         ensure!(rstd.len() >= rows, "RMSNorm: {rows} rows, rstd holds {}", rstd.len());
         rmsnorm::rms_norm_fwd(&mut y[..n], &mut rstd[..rows], &x[..n], &self.params[w], dim, eps);

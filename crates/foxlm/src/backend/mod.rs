@@ -119,6 +119,16 @@ impl Alloc for Sizer {
     }
 }
 
+/// An RMSNorm over the first `rows` rows of `dim` with weight `w` (row r takes weight row
+/// r % (len(w) / dim): one row for a block norm, one per head for a per-head norm) and `eps`.
+#[derive(Clone, Copy, Debug)]
+pub struct Norm {
+    pub w: ParamId,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
 pub trait Backend: Alloc {
     /// The batch in the backend's memory: ids, targets, left padding, RoPE positions.
     type Batch;
@@ -151,21 +161,10 @@ pub trait Backend: Alloc {
         accumulate: bool,
         rows: usize,
     ) -> Result<()>;
-    /// RMSNorm over the first `rows` rows of `dim` (weight row r % (len(w)/dim)): block norms,
-    /// per-head and shared QK-norm, the output norm. The forward's ops take their rows (or
-    /// elements) from the model, not from the buffers: an inference engine's buffers are planned
-    /// for its largest forward, and a smaller one must not pay for the rest.
-    #[allow(clippy::too_many_arguments)]
-    fn rms_norm_fwd(
-        &mut self,
-        y: &mut Self::Act,
-        rstd: &mut Self::F32,
-        x: &Self::Act,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<()>;
+    /// RMSNorm `n` (block norms, per-head and shared QK-norm, the output norm). The forward's ops
+    /// take their rows (or elements) from the model, not from the buffers: an inference engine's
+    /// buffers are planned for its largest forward, and a smaller one must not pay for the rest.
+    fn rms_norm_fwd(&mut self, y: &mut Self::Act, rstd: &mut Self::F32, x: &Self::Act, n: Norm) -> Result<()>;
     #[allow(clippy::too_many_arguments)]
     fn rms_norm_bwd(
         &mut self,
@@ -178,8 +177,8 @@ pub trait Backend: Alloc {
         dim: usize,
     ) -> Result<()>;
 
-    /// A residual add and the norm after it: h = a + b, then y, rstd = RMSNorm(h) with weights
-    /// `w` [dim] (a backend may do both in one pass; the results are those of the two ops).
+    /// A residual add and the norm after it: h = a + b, then y, rstd = RMSNorm `n` of h (a backend
+    /// may do both in one pass; the results are those of the two ops).
     #[allow(clippy::too_many_arguments)]
     fn add_rms_norm_fwd(
         &mut self,
@@ -188,30 +187,23 @@ pub trait Backend: Alloc {
         rstd: &mut Self::F32,
         a: &Self::Act,
         b: &Self::Act,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        n: Norm,
     ) -> Result<()> {
-        self.add(h, a, b, rows * dim)?;
-        self.rms_norm_fwd(y, rstd, h, w, rows, dim, eps)
+        self.add(h, a, b, n.rows * n.dim)?;
+        self.rms_norm_fwd(y, rstd, h, n)
     }
 
-    /// [`Self::add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm(h).
-    #[allow(clippy::too_many_arguments)]
+    /// [`Self::add_rms_norm_fwd`] in place: h += b, then y, rstd = RMSNorm `n` of h.
     fn add_inplace_rms_norm_fwd(
         &mut self,
         h: &mut Self::Act,
         y: &mut Self::Act,
         rstd: &mut Self::F32,
         b: &Self::Act,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        n: Norm,
     ) -> Result<()> {
-        self.add_inplace(h, b, rows * dim)?;
-        self.rms_norm_fwd(y, rstd, h, w, rows, dim, eps)
+        self.add_inplace(h, b, n.rows * n.dim)?;
+        self.rms_norm_fwd(y, rstd, h, n)
     }
 
     // Elementwise, over the first `n` elements.

@@ -20,7 +20,7 @@ pub mod mega_cuda;
 pub mod mlp;
 
 pub use crate::backend::MemoryPlan;
-use crate::backend::{Alloc, Backend, Sizer};
+use crate::backend::{Alloc, Backend, Norm, Sizer};
 use crate::config::{Arch, Config};
 pub use crate::tensor::Linear;
 use crate::tensor::{ParamId, ParamKind, Params};
@@ -503,6 +503,7 @@ impl Model {
         let d = self.config.hidden_size;
         let eps = self.config.norm_eps as f32;
         let n = be.batch_info(batch).positions();
+        let norm = |w| Norm { w, rows: n, dim: d, eps };
         let keep = acts.blocks.len() == self.layers.len();
         let slot = |li: usize| if keep { li } else { self.slots[li] };
         {
@@ -516,7 +517,7 @@ impl Model {
             be.hgrn2_lower_bounds_fwd(&mut acts.lower_bounds, id, self.layers.len())?;
         }
         if let (Some(first), Some(b0)) = (self.layers.first(), acts.blocks.first_mut()) {
-            be.rms_norm_fwd(&mut b0.mixer_norm_out, &mut b0.mixer_norm_rstd, &b0.x, first.mixer_norm, n, d, eps)?;
+            be.rms_norm_fwd(&mut b0.mixer_norm_out, &mut b0.mixer_norm_rstd, &b0.x, norm(first.mixer_norm))?;
         }
         for (li, blk) in self.layers.iter().enumerate() {
             let ai = slot(li);
@@ -537,10 +538,7 @@ impl Model {
                         &mut acts.final_rstd,
                         blk.residual(cur),
                         out,
-                        self.norm,
-                        n,
-                        d,
-                        eps,
+                        norm(self.norm),
                     )?
                 }
                 Some(nb) => {
@@ -551,18 +549,9 @@ impl Model {
                         let cur = &mut acts.blocks[ai];
                         let BlockActs { x, mixer_norm_out, mixer_norm_rstd, h, .. } = cur;
                         if blk.mlp.is_some() {
-                            be.add_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, h, out, nb.mixer_norm, n, d, eps)?
+                            be.add_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, h, out, norm(nb.mixer_norm))?
                         } else {
-                            be.add_inplace_rms_norm_fwd(
-                                x,
-                                mixer_norm_out,
-                                mixer_norm_rstd,
-                                out,
-                                nb.mixer_norm,
-                                n,
-                                d,
-                                eps,
-                            )?
+                            be.add_inplace_rms_norm_fwd(x, mixer_norm_out, mixer_norm_rstd, out, norm(nb.mixer_norm))?
                         }
                     } else {
                         let (cur, nx) = two_mut(&mut acts.blocks, ai, ni);
@@ -572,17 +561,14 @@ impl Model {
                             &mut nx.mixer_norm_rstd,
                             blk.residual(cur),
                             out,
-                            nb.mixer_norm,
-                            n,
-                            d,
-                            eps,
+                            norm(nb.mixer_norm),
                         )?
                     }
                 }
             }
         }
         if self.layers.is_empty() {
-            be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, self.norm, n, d, eps)?;
+            be.rms_norm_fwd(&mut acts.final_out, &mut acts.final_rstd, &acts.final_x, norm(self.norm))?;
         }
         Ok(())
     }
@@ -609,6 +595,7 @@ impl Model {
         std::mem::swap(dx, dnorm);
         let n = be.batch_info(batch).positions();
         let eps = self.config.norm_eps as f32;
+        let norm = |w| Norm { w, rows: n, dim: d, eps };
         for (li, blk) in self.layers.iter().enumerate().rev() {
             let s = self.slots[li];
             let (mixer, mlp) = (&mut mixers[s], mlps[s].as_mut());
@@ -616,7 +603,7 @@ impl Model {
                 // The block's forward again, from its saved input, into its slot's buffers.
                 let ws = &mut acts.blocks[s];
                 be.copy(&mut ws.x, &acts.inputs[li], n * d)?;
-                be.rms_norm_fwd(&mut ws.mixer_norm_out, &mut ws.mixer_norm_rstd, &ws.x, blk.mixer_norm, n, d, eps)?;
+                be.rms_norm_fwd(&mut ws.mixer_norm_out, &mut ws.mixer_norm_rstd, &ws.x, norm(blk.mixer_norm))?;
                 blk.forward(be, batch, ws, &mut acts.out, None, &acts.lower_bounds, n, d, eps)?;
                 blk.backward(be, batch, ws, dx, dnorm, mixer, mlp, (&acts.lower_bounds, dlower_bounds), d)?;
             } else {
@@ -788,7 +775,8 @@ impl Block {
             _ => anyhow::bail!("a block's activations are of another family than its mixer"),
         }
         if let (Some(m), Some(acts)) = (&self.mlp, a.mlp.as_mut()) {
-            be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, m.norm, n, d, eps)?;
+            let norm = Norm { w: m.norm, rows: n, dim: d, eps };
+            be.add_rms_norm_fwd(&mut a.h, &mut a.mlp_norm_out, &mut a.mlp_norm_rstd, &a.x, out, norm)?;
             m.mlp.forward(be, &a.mlp_norm_out, acts, out, n)?;
         }
         Ok(())

@@ -2,7 +2,7 @@
 //! launches.
 
 use super::*;
-use crate::backend::ShortConv;
+use crate::backend::{Norm, ShortConv};
 
 impl<T: Elem> Backend for Cuda<T> {
     type Batch = GpuBatch;
@@ -133,14 +133,10 @@ impl<T: Elem> Backend for Cuda<T> {
         y: &mut CudaSlice<T>,
         rstd: &mut CudaSlice<f32>,
         x: &CudaSlice<T>,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        n: Norm,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let norm = ops::RmsNorm { w: &self.params[w.0].master, rows, dim, eps };
-        ops::rms_norm_fwd(&self.gpu, y, rstd, x, norm)
+        ops::rms_norm_fwd(&self.gpu, y, rstd, x, self.rms_norm(n))
     }
     fn rms_norm_bwd(
         &mut self,
@@ -166,14 +162,10 @@ impl<T: Elem> Backend for Cuda<T> {
         rstd: &mut CudaSlice<f32>,
         a: &CudaSlice<T>,
         b: &CudaSlice<T>,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        n: Norm,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let norm = ops::RmsNorm { w: &self.params[w.0].master, rows, dim, eps };
-        ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, norm)
+        ops::add_rms_norm_fwd(&self.gpu, h, y, rstd, a, b, self.rms_norm(n))
     }
     fn add_inplace_rms_norm_fwd(
         &mut self,
@@ -181,14 +173,10 @@ impl<T: Elem> Backend for Cuda<T> {
         y: &mut CudaSlice<T>,
         rstd: &mut CudaSlice<f32>,
         b: &CudaSlice<T>,
-        w: ParamId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        n: Norm,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        let norm = ops::RmsNorm { w: &self.params[w.0].master, rows, dim, eps };
-        ops::add_rms_norm_inplace(&self.gpu, h, y, rstd, b, norm)
+        ops::add_rms_norm_inplace(&self.gpu, h, y, rstd, b, self.rms_norm(n))
     }
     fn add(&mut self, y: &mut CudaSlice<T>, a: &CudaSlice<T>, b: &CudaSlice<T>, n: usize) -> Result<()> {
         self.mark(Family::Other)?;

@@ -299,6 +299,11 @@ impl<T: Elem> Cuda<T> {
         }
     }
 
+    /// The kernels' RMSNorm of `n`, its weight on the device.
+    pub(crate) fn rms_norm(&self, n: super::Norm) -> ops::RmsNorm<'_> {
+        ops::RmsNorm { w: &self.params[n.w.0].master, rows: n.rows, dim: n.dim, eps: n.eps }
+    }
+
     /// An elementwise kernel of kernels/model.cu: (ptr, [ptr,] n).
     pub(crate) fn launch_elementwise(&self, name: &str, p1: u64, p2: Option<u64>, n: usize) -> Result<()> {
         // The callers' buffers hold at least n elements.

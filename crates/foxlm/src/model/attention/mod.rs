@@ -12,6 +12,7 @@ pub mod ops;
 
 use super::Linear;
 use crate::backend::Alloc;
+use crate::backend::Norm;
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
@@ -397,8 +398,18 @@ impl ForgettingAttention {
         // QK-norm over each head's slice (eps 1e-5, as the reference's norm default).
         match self.qk_norm {
             Some((qn, kn)) => {
-                be.rms_norm_fwd(&mut a.q, &mut a.q_rstd, &a.q_lin, qn, n * h, hd, QK_NORM_EPS)?;
-                be.rms_norm_fwd(&mut a.k, &mut a.k_rstd, &a.k_mix, kn, n * hkv, hd, QK_NORM_EPS)?;
+                be.rms_norm_fwd(
+                    &mut a.q,
+                    &mut a.q_rstd,
+                    &a.q_lin,
+                    Norm { w: qn, rows: n * h, dim: hd, eps: QK_NORM_EPS },
+                )?;
+                be.rms_norm_fwd(
+                    &mut a.k,
+                    &mut a.k_rstd,
+                    &a.k_mix,
+                    Norm { w: kn, rows: n * hkv, dim: hd, eps: QK_NORM_EPS },
+                )?;
             }
             None => {
                 be.copy(&mut a.q, &a.q_lin, n * h * hd)?;
@@ -436,7 +447,12 @@ impl ForgettingAttention {
         let (h, hd) = (self.heads, self.head_dim);
         let pre = match self.output_norm {
             Some(w) => {
-                be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, w, n * h, hd, self.norm_eps)?;
+                be.rms_norm_fwd(
+                    &mut a.o_norm,
+                    &mut a.o_rstd,
+                    &a.o,
+                    Norm { w, rows: n * h, dim: hd, eps: self.norm_eps },
+                )?;
                 &a.o_norm
             }
             None => &a.o,

@@ -17,6 +17,7 @@ pub mod state;
 
 use super::Linear;
 use crate::backend::Alloc;
+use crate::backend::Norm;
 use crate::config::{Config, DeltaNetSizes};
 use crate::tensor::{ParamKind, Params};
 use anyhow::Result;
@@ -233,7 +234,12 @@ impl DeltaNetMixer {
         let g = self.a_proj.is_some().then_some(&a.g);
         let x_in = DeltaRuleIn { q: &a.q, k: &a.k, v: &a.v, beta: &a.beta, g };
         be.delta_rule_fwd(&mut a.o, x_in, p, batch, state)?;
-        be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.o_norm, n * s.heads, s.head_v, p.eps)?;
+        be.rms_norm_fwd(
+            &mut a.o_norm,
+            &mut a.o_rstd,
+            &a.o,
+            Norm { w: p.o_norm, rows: n * s.heads, dim: s.head_v, eps: p.eps },
+        )?;
         match &self.g_proj {
             Some(g_proj) => {
                 be.linear_fwd(&mut a.gate, x, g_proj, n)?;

@@ -23,6 +23,7 @@ pub mod state;
 
 use super::Linear;
 use crate::backend::Alloc;
+use crate::backend::Norm;
 use crate::config::{Config, Hgrn2Sizes, HGRN2_G_NORM_EPS};
 use crate::tensor::{ParamKind, Params};
 use anyhow::Result;
@@ -175,7 +176,12 @@ impl Hgrn2Mixer {
         }
         be.hgrn2_gates_fwd(&mut a.q, &mut a.k, &mut a.g, &a.q_in, &a.f, lb, p, n)?;
         be.hgrn2_gla_fwd(&mut a.o, GlaIn { q: &a.q, k: &a.k, v: &a.v, g: &a.g }, p, batch, state)?;
-        be.rms_norm_fwd(&mut a.o_norm, &mut a.o_rstd, &a.o, p.g_norm, n, self.width(), HGRN2_G_NORM_EPS)?;
+        be.rms_norm_fwd(
+            &mut a.o_norm,
+            &mut a.o_rstd,
+            &a.o,
+            Norm { w: p.g_norm, rows: n, dim: self.width(), eps: HGRN2_G_NORM_EPS },
+        )?;
         be.linear_fwd(out, &a.o_norm, &self.o_proj, n)
     }
 

@@ -439,12 +439,10 @@ impl<T: Elem> Megakernel<T> {
             vsh,
         };
         let cfg = kargs::plain_config((m.grid, 1, 1), THREADS, m.smem);
-        let name = "fox_decode_mega_bf16";
-        let func = be.gpu.function(&DECODE, name)?;
         // Every buffer of `step` sized at `prepare` for this model's shapes (one row), the caches
         // checked above ([1, H, cap, D], len < cap); one block per SM, all resident (occupancy and
         // the shared memory set at `prepare`).
-        kargs::launch_function(be.gpu.stream(), &func, name, cfg, &[by_value(&step)])?;
+        kargs::launch(&be.gpu, &DECODE, "fox_decode_mega_bf16", cfg, &[by_value(&step)])?;
         for st in caches.iter_mut() {
             if let LayerState::Attention(c) = st {
                 c.len += 1;

@@ -223,7 +223,7 @@ impl Backend for Cpu<'_> {
         ids: &[u32],
         targets: Option<&[Option<u32>]>,
     ) -> Result<()> {
-        let n = info.positions();
+        let n = info.rows();
         if ids.len() != n || targets.is_some_and(|t| t.len() != n) {
             bail!("ids and targets must be [B, T] = [{}, {}]", info.batch, info.seq);
         }

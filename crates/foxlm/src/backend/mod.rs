@@ -76,8 +76,8 @@ pub struct BatchInfo<'a> {
 }
 
 impl BatchInfo<'_> {
-    /// Positions of the forward, B·T: the rows of its [B·T, ·] activations.
-    pub fn positions(&self) -> usize {
+    /// Rows of the forward's [B·T, ·] activations: B·T positions.
+    pub fn rows(&self) -> usize {
         self.batch * self.seq
     }
 }

@@ -502,7 +502,7 @@ impl Model {
     ) -> Result<()> {
         let d = self.config.hidden_size;
         let eps = self.config.norm_eps as f32;
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let norm = |w| Norm { w, rows: n, dim: d, eps };
         let keep = acts.blocks.len() == self.layers.len();
         let slot = |li: usize| if keep { li } else { self.slots[li] };
@@ -593,7 +593,7 @@ impl Model {
         be.rms_norm_bwd(dnorm, false, self.norm, dx, &acts.final_x, &acts.final_rstd, d)?;
         be.grads_ready(self.head_params())?;
         std::mem::swap(dx, dnorm);
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let eps = self.config.norm_eps as f32;
         let norm = |w| Norm { w, rows: n, dim: d, eps };
         for (li, blk) in self.layers.iter().enumerate().rev() {
@@ -798,7 +798,7 @@ impl Block {
         lower_bounds: (&B::F32, &mut B::F32),
         d: usize,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         // out = h + MLP(RMSNorm(h)): dh = dout + RMSNorm_bwd(MLP_bwd(dout)).
         if let (Some(m), Some(acts), Some(s)) = (&self.mlp, a.mlp.as_ref(), mlp) {
             m.mlp.backward(be, &a.mlp_norm_out, acts, dx, dnorm, s, n)?;

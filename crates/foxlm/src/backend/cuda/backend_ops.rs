@@ -32,7 +32,7 @@ impl<T: Elem> Backend for Cuda<T> {
         ids: &[u32],
         targets: Option<&[Option<u32>]>,
     ) -> Result<()> {
-        let n = info.positions();
+        let n = info.rows();
         ensure!(n <= self.max_rows && n <= b.ids.len(), "a batch of {n} tokens exceeds the {} planned", self.max_rows);
         ensure!(ids.len() == n && targets.is_none_or(|t| t.len() == n), "ids and targets must be [B, T]");
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab) {

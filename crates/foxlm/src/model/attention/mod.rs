@@ -333,7 +333,7 @@ impl ForgettingAttention {
         mut cache: Option<&mut B::KvCache>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let n = info.positions();
+        let n = info.rows();
         let n_keys = info.past + info.seq;
         // A decode step (one position per row after a cached prefix) may run fused on the backend.
         let fused = match cache.as_deref_mut() {
@@ -370,7 +370,7 @@ impl ForgettingAttention {
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let n = info.positions();
+        let n = info.rows();
         be.linear_fwd(&mut a.q_lin, x, &self.q_proj, n)?;
 
         // KV-shift mixes each token's k̃ with the previous token's (the cached one when decoding).
@@ -483,7 +483,7 @@ impl ForgettingAttention {
     ) -> Result<()> {
         let info = be.batch_info(batch);
         let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let n = info.positions();
+        let n = info.rows();
 
         // y = o_proj(z)
         be.linear_bwd(&self.o_proj, &a.z, dy, Some(&mut s.dz), false, n)?;

@@ -215,7 +215,7 @@ impl DeltaNetMixer {
         out: &mut B::Act,
         mut state: Option<&mut state::DeltaNetState<B::F32>>,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let (p, s) = (&self.p, &self.p.sizes);
         be.linear_fwd(&mut a.q_in, x, &self.q_proj, n)?;
         be.linear_fwd(&mut a.k_in, x, &self.k_proj, n)?;
@@ -263,7 +263,7 @@ impl DeltaNetMixer {
         dx: &mut B::Act,
         sc: &mut DeltaNetScratch<B::Act, B::F32>,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let (p, s) = (&self.p, &self.p.sizes);
         // out = o_proj(y), y = RMSNorm(o)·w (⊙ SiLU(g_proj(x)) with the output gate).
         match &self.g_proj {

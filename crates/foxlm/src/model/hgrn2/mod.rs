@@ -160,7 +160,7 @@ impl Hgrn2Mixer {
         mut state: Option<&mut state::Hgrn2State<B::F32>>,
         lb: &B::F32,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let p = &self.p;
         if p.convs.is_some() {
             be.linear_fwd(&mut a.q_pre, x, &self.q_proj, n)?;
@@ -201,7 +201,7 @@ impl Hgrn2Mixer {
         lb: &B::F32,
         dlb: &mut B::F32,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let p = &self.p;
         // out = o_proj(RMSNorm(o)·w).
         be.linear_bwd(&self.o_proj, &a.o_norm, dy, Some(&mut sc.do_norm), false, n)?;

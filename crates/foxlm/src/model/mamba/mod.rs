@@ -165,7 +165,7 @@ impl MambaMixer {
         out: &mut B::Act,
         mut state: Option<&mut state::MambaState<B::F32>>,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let p = &self.p;
         be.linear_fwd(&mut a.xz, x, &self.in_proj, n)?;
         be.short_conv_fwd(&mut a.u, &a.xz, &p.short_conv(), batch, state.as_deref_mut())?;
@@ -191,7 +191,7 @@ impl MambaMixer {
         dx: &mut B::Act,
         s: &mut MambaScratch<B::Act>,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let p = &self.p;
         be.linear_bwd(&self.out_proj, &a.y, dy, Some(&mut s.dy), false, n)?;
         // The scan: du, dδ, dB and dC (xp's columns), dz (xz's columns), dA_log, dD.

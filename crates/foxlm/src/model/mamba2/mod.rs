@@ -146,7 +146,7 @@ impl Mamba2Mixer {
         mut state: Option<&mut state::Mamba2State<B::F32>>,
     ) -> Result<()> {
         let info = be.batch_info(batch);
-        let n = info.positions();
+        let n = info.rows();
         let p = &self.p;
         match state.as_deref_mut() {
             Some(st) if info.seq == 1 => {
@@ -176,7 +176,7 @@ impl Mamba2Mixer {
         dx: &mut B::Act,
         s: &mut Mamba2Scratch<B::Act, B::F32>,
     ) -> Result<()> {
-        let n = be.batch_info(batch).positions();
+        let n = be.batch_info(batch).rows();
         let p = &self.p;
         // out = out_proj(g); g = RMSNorm(y ⊙ SiLU(z))·w writes dz into dzxbcdt's z columns.
         be.linear_bwd(&self.out_proj, &a.g, dy, Some(&mut s.dg), false, n)?;

@@ -1,8 +1,10 @@
 //! The [`Backend`] operations on the GPU: each op of the model's forward and backward as kernel
 //! launches.
 
+use super::recurrent::two_mut;
 use super::*;
 use crate::backend::{Norm, ShortConv};
+use fox_kernels::cuda::ssd;
 
 impl<T: Elem> Backend for Cuda<T> {
     type Batch = GpuBatch;
@@ -259,6 +261,7 @@ impl<T: Elem> Backend for Cuda<T> {
         ops::cast_from_f32(&self.gpu, dst, src, src.len().min(dst.len()))
     }
 
+    /// The weight is read from its T working copy, as the GEMMs read theirs.
     fn conv1d_fwd(
         &mut self,
         out: &mut CudaSlice<T>,
@@ -268,7 +271,20 @@ impl<T: Elem> Backend for Cuda<T> {
         state: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        self.conv1d_on(out, &x.slice(c.offset..), c, b, state)
+        let x = &x.slice(c.offset..);
+        let dims = (b.batch, b.seq, c.channels, c.width);
+        let w = self.copy_of(c.weight)?;
+        let bias = c.bias.map(|id| &self.params[id.0].master);
+        let start = b.chunk_start();
+        let mut conv = ssd::DevConv1d { dims, x, x_stride: c.stride, weight: w, bias, start, prev: None, silu: c.silu };
+        match state {
+            None => ssd::conv1d_fwd(&self.gpu, out, &conv),
+            Some(st) => {
+                conv.prev = Some(&*st);
+                ssd::conv1d_fwd(&self.gpu, out, &conv)?;
+                ssd::conv1d_state(&self.gpu, st, x, c.stride, start, dims)
+            }
+        }
     }
 
     fn short_conv_bwd(
@@ -280,7 +296,25 @@ impl<T: Elem> Backend for Cuda<T> {
         b: &GpuBatch,
     ) -> Result<()> {
         self.mark(Family::Other)?;
-        self.conv1d_bwd_on(&mut dx.slice_mut(c.offset..), dout, &x.slice(c.offset..), c, b)
+        let (dx, x) = (&mut dx.slice_mut(c.offset..), &x.slice(c.offset..));
+        let dims = (b.batch, b.seq, c.channels, c.width);
+        let scratch =
+            grown(&self.gpu, &mut self.ssm.small, ssd::conv1d_bwd_scratch_len(dims.0, dims.1, dims.2, dims.3))?;
+        let (w, bias) = match c.bias {
+            Some(id) => {
+                let (w, bias) = two_mut(&mut self.params, c.weight.0, id.0)?;
+                (w, Some(bias))
+            }
+            None => (&mut self.params[c.weight.0], None),
+        };
+        let copy = w.copy.as_ref().ok_or_else(|| anyhow!("a conv1d weight without a working copy"))?;
+        let (bias, dbias) = match bias {
+            Some(d) => (Some(&d.master), Some(&mut d.grad)),
+            None => (None, None),
+        };
+        let start = b.chunk_start();
+        let conv = ssd::DevConv1d { dims, x, x_stride: c.stride, weight: copy, bias, start, prev: None, silu: c.silu };
+        ssd::conv1d_bwd(&self.gpu, dx, &mut w.grad, dbias, scratch, dout, &conv)
     }
 
     fn head_loss(

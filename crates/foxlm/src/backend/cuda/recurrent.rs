@@ -1,13 +1,11 @@
 //! What the recurrent families (Mamba-2, Mamba, DeltaNet, HGRN2) share on the CUDA backend: one
-//! grown scratch for their kernels, the decay rates A = −exp(A_log) and their gradient, and the
-//! short causal convolution (depthwise, optionally with bias and SiLU) over a block of columns,
-//! with its inference state and its backward.
+//! grown scratch for their kernels and the decay rates A = −exp(A_log) and their gradient. The
+//! short causal convolution is the backend's `conv1d_fwd` / `short_conv_bwd` (backend_ops.rs).
 
-use super::{Cuda, GpuBatch};
-use crate::backend::ShortConv;
+use super::Cuda;
 use crate::tensor::ParamId;
 use anyhow::{anyhow, ensure, Context, Result};
-use fox_kernels::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ssd;
 use fox_kernels::cuda::{Elem, Gpu};
 
@@ -67,61 +65,6 @@ impl<T: Elem> Cuda<T> {
         let a = self.ssm.a.as_ref().ok_or_else(|| anyhow!("A"))?;
         let da = self.ssm.da.as_ref().ok_or_else(|| anyhow!("dA"))?;
         ssd::mul_acc(&self.gpu, &mut self.params[a_log.0].grad, da, a, n)
-    }
-
-    /// [`Backend::conv1d_fwd`](crate::backend::Backend::conv1d_fwd) over the view `x` of the
-    /// conv's first column. The weight is read from its T working copy, as the GEMMs read theirs.
-    pub(crate) fn conv1d_on(
-        &mut self,
-        out: &mut CudaSlice<T>,
-        x: &CudaView<T>,
-        c: &ShortConv,
-        b: &GpuBatch,
-        state: Option<&mut CudaSlice<f32>>,
-    ) -> Result<()> {
-        let dims = (b.batch, b.seq, c.channels, c.width);
-        let w = self.copy_of(c.weight)?;
-        let bias = c.bias.map(|id| &self.params[id.0].master);
-        let start = b.chunk_start();
-        let mut conv = ssd::DevConv1d { dims, x, x_stride: c.stride, weight: w, bias, start, prev: None, silu: c.silu };
-        match state {
-            None => ssd::conv1d_fwd(&self.gpu, out, &conv),
-            Some(st) => {
-                conv.prev = Some(&*st);
-                ssd::conv1d_fwd(&self.gpu, out, &conv)?;
-                ssd::conv1d_state(&self.gpu, st, x, c.stride, start, dims)
-            }
-        }
-    }
-
-    /// [`Backend::short_conv_bwd`](crate::backend::Backend::short_conv_bwd) over the views `dx`
-    /// and `x` of the conv's first column.
-    pub(crate) fn conv1d_bwd_on(
-        &mut self,
-        dx: &mut CudaViewMut<T>,
-        dout: &CudaSlice<T>,
-        x: &CudaView<T>,
-        c: &ShortConv,
-        b: &GpuBatch,
-    ) -> Result<()> {
-        let dims = (b.batch, b.seq, c.channels, c.width);
-        let scratch =
-            grown(&self.gpu, &mut self.ssm.small, ssd::conv1d_bwd_scratch_len(dims.0, dims.1, dims.2, dims.3))?;
-        let (w, bias) = match c.bias {
-            Some(id) => {
-                let (w, bias) = two_mut(&mut self.params, c.weight.0, id.0)?;
-                (w, Some(bias))
-            }
-            None => (&mut self.params[c.weight.0], None),
-        };
-        let copy = w.copy.as_ref().ok_or_else(|| anyhow!("a conv1d weight without a working copy"))?;
-        let (bias, dbias) = match bias {
-            Some(d) => (Some(&d.master), Some(&mut d.grad)),
-            None => (None, None),
-        };
-        let start = b.chunk_start();
-        let conv = ssd::DevConv1d { dims, x, x_stride: c.stride, weight: copy, bias, start, prev: None, silu: c.silu };
-        ssd::conv1d_bwd(&self.gpu, dx, &mut w.grad, dbias, scratch, dout, &conv)
     }
 }
 

@@ -2,7 +2,7 @@
 //! checked against).
 
 use super::kv_cache::KvCache;
-use super::ops::{AttnGrads, AttnOps, AttnShape, Tiles};
+use super::ops::{AttnGrads, AttnIn, AttnOps, AttnShape, Tiles};
 use crate::backend::cpu::{Cpu, CpuBatch, DCK};
 use crate::backend::Family;
 use crate::tensor::ParamId;
@@ -164,16 +164,13 @@ impl AttnOps for Cpu<'_> {
         &mut self,
         o: &mut Vec<f32>,
         lse: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        c: &Vec<f32>,
-        prune: Option<&Vec<f32>>,
+        x: AttnIn<'_, Vec<f32>, Vec<f32>>,
         b: &CpuBatch,
         cache: Option<&mut KvCache>,
         shape: AttnShape,
     ) -> Result<Tiles> {
         let _t = self.time(Family::Attention);
+        let AttnIn { q, k, v, c, prune } = x;
         let prune = prune.map(|p| p.as_slice());
         lse.resize(b.batch * shape.heads * b.seq, 0.0);
         let (visited, pruned) = match cache {
@@ -209,11 +206,7 @@ impl AttnOps for Cpu<'_> {
     fn attention_bwd(
         &mut self,
         g: AttnGrads<'_, Self>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        c: &Vec<f32>,
-        prune: Option<&Vec<f32>>,
+        x: AttnIn<'_, Vec<f32>, Vec<f32>>,
         o: &Vec<f32>,
         dout: &Vec<f32>,
         lse: &Vec<f32>,
@@ -221,6 +214,7 @@ impl AttnOps for Cpu<'_> {
         shape: AttnShape,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
+        let AttnIn { q, k, v, c, prune } = x;
         let pr = problem(b, q, k, v, c, prune.map(|p| p.as_slice()), shape);
         let n = b.batch * b.seq;
         g.dq.resize(n * shape.heads * shape.head_dim, 0.0);

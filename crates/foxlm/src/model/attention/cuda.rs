@@ -3,7 +3,7 @@
 //! dim 64/128) or the simple f32 kernel, and the fused decode step (`fused_cuda.rs`).
 
 use super::kv_cache_cuda::GpuCache;
-use super::ops::{AttnGrads, AttnOps, AttnShape, Tiles};
+use super::ops::{AttnGrads, AttnIn, AttnOps, AttnShape, Tiles};
 use crate::backend::cuda::decode;
 use crate::backend::cuda::{as_f32, as_f32_mut, bf16, fast_attention_dims, words, Cuda, GpuBatch};
 use crate::backend::Family;
@@ -206,20 +206,17 @@ impl<T: Elem> AttnOps for Cuda<T> {
         &mut self,
         o: &mut CudaSlice<T>,
         lse: &mut CudaSlice<f32>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
+        x: AttnIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         b: &GpuBatch,
         cache: Option<&mut GpuCache<T>>,
         shape: AttnShape,
     ) -> Result<Tiles> {
         self.mark(Family::Attention)?;
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         if let Some(cache) = cache {
-            return self.attention_cached(o, lse, q, k, v, c, prune, b, cache, shape);
+            return self.attention_cached(o, lse, x, b, cache, shape);
         }
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
+        let AttnIn { q, k, v, c, prune } = x;
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (n, nkv) = (bb * t * heads * head_dim, bb * t * kv_heads * head_dim);
@@ -256,11 +253,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
     fn attention_bwd(
         &mut self,
         g: AttnGrads<'_, Self>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
+        x: AttnIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         o: &CudaSlice<T>,
         dout: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
@@ -268,6 +261,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
         shape: AttnShape,
     ) -> Result<()> {
         self.mark(Family::Attention)?;
+        let AttnIn { q, k, v, c, prune } = x;
         let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         let (bb, t) = (b.batch, b.seq);
         let scale = 1.0 / (head_dim as f32).sqrt();

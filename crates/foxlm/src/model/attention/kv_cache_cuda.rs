@@ -1,7 +1,7 @@
 //! An attention layer's decode cache on the GPU ([`GpuCache`], kernels/decode.cu): appending a
 //! chunk's keys to it and attending to what it holds.
 
-use super::ops::{AttnShape, Tiles};
+use super::ops::{AttnIn, AttnShape, Tiles};
 use crate::backend::cuda::decode::i32_of;
 use crate::backend::cuda::{as_f32, as_f32_mut, bf16, fast_attention_dims, grid, words, Cuda, GpuBatch};
 use anyhow::{anyhow, ensure, Result};
@@ -102,20 +102,16 @@ impl<T: Elem> Cuda<T> {
 
     /// Appends the chunk's k, v, c to the cache, then its queries attend to every cached key (the
     /// kernels mask the keys outside a sliding window; query head h reads k/v head h / (H / H_kv)).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_cached(
         &mut self,
         o: &mut CudaSlice<T>,
         lse: &mut CudaSlice<f32>,
-        q: &CudaSlice<T>,
-        k: &CudaSlice<T>,
-        v: &CudaSlice<T>,
-        c: &CudaSlice<f32>,
-        prune: Option<&CudaSlice<f32>>,
+        x: AttnIn<'_, CudaSlice<T>, CudaSlice<f32>>,
         b: &GpuBatch,
         cache: &mut GpuCache<T>,
         shape: AttnShape,
     ) -> Result<Tiles> {
+        let AttnIn { q, k, v, c, prune } = x;
         let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
         let (bb, t) = (b.batch, b.seq);
         let (past, cap) = (cache.len, cache.cap);

@@ -16,7 +16,7 @@ use crate::backend::Norm;
 use crate::config::{Config, FgateType, QK_NORM_EPS};
 use crate::tensor::{ParamId, ParamKind, Params};
 use anyhow::Result;
-use ops::{AttnGrads, AttnOps, AttnShape};
+use ops::{AttnGrads, AttnIn, AttnOps, AttnShape};
 
 /// k_proj / v_proj: a Linear, or with KV-shift a Linear plus its per-head mixing gate.
 #[derive(Clone, Debug)]
@@ -349,7 +349,8 @@ impl ForgettingAttention {
             be.acp_thresholds(prune, self.qk_norm, &a.q, &a.k, batch, self.shape(), n_keys, log_eps)?;
         }
         let (o, lse) = (&mut a.o, &mut a.lse);
-        let tiles = be.attention_fwd(o, lse, &a.q, &a.k, &a.v, &a.c, a.prune.as_ref(), batch, cache, self.shape())?;
+        let x_in = AttnIn { q: &a.q, k: &a.k, v: &a.v, c: &a.c, prune: a.prune.as_ref() };
+        let tiles = be.attention_fwd(o, lse, x_in, batch, cache, self.shape())?;
         (a.tiles_visited, a.tiles_pruned) = (tiles.visited, tiles.pruned);
 
         if !(fused && be.decode_attn_output(self, batch, a)?) {
@@ -507,8 +508,8 @@ impl ForgettingAttention {
 
         // Forgetting Attention, on exactly the forward's problem (visibility and ACP included).
         let grads = AttnGrads { dq: &mut s.dq, dk: &mut s.dk, dv: &mut s.dv, dc: &mut s.dc };
-        let (q, k, v, c, o) = (&a.q, &a.k, &a.v, &a.c, &a.o);
-        be.attention_bwd(grads, q, k, v, c, a.prune.as_ref(), o, &s.d_o, &a.lse, batch, self.shape())?;
+        let x_in = AttnIn { q: &a.q, k: &a.k, v: &a.v, c: &a.c, prune: a.prune.as_ref() };
+        be.attention_bwd(grads, x_in, &a.o, &s.d_o, &a.lse, batch, self.shape())?;
 
         // The gate: c = prefix_sum(a), a = logsigmoid(logit); d a = reverse prefix sum of dc.
         if !matches!(self.fgate, Fgate::None) {

@@ -107,16 +107,11 @@ pub trait AttnOps: Backend {
     ) -> Result<()>;
     /// o [B, T, H·D], lse [B, H, T]; with `cache`, k, v and c are appended to it first and the
     /// queries attend to every cached key (the window applies to cached keys too).
-    #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &mut self,
         o: &mut Self::Act,
         lse: &mut Self::F32,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        c: &Self::F32,
-        prune: Option<&Self::F32>,
+        x: AttnIn<'_, Self::Act, Self::F32>,
         batch: &Self::Batch,
         cache: Option<&mut Self::KvCache>,
         shape: AttnShape,
@@ -127,11 +122,7 @@ pub trait AttnOps: Backend {
     fn attention_bwd(
         &mut self,
         grads: AttnGrads<'_, Self>,
-        q: &Self::Act,
-        k: &Self::Act,
-        v: &Self::Act,
-        c: &Self::F32,
-        prune: Option<&Self::F32>,
+        x: AttnIn<'_, Self::Act, Self::F32>,
         o: &Self::Act,
         dout: &Self::Act,
         lse: &Self::F32,
@@ -172,6 +163,17 @@ pub trait AttnOps: Backend {
     ) -> Result<bool> {
         Ok(false)
     }
+}
+
+/// Forgetting Attention's inputs (A: activations, F: f32): q [B, T, H·D], k, v [B, T, H_kv·D],
+/// the gate sums c [B, H, T] and, with ACP, the thresholds per (b, h).
+#[derive(Clone, Copy)]
+pub struct AttnIn<'a, A, F> {
+    pub q: &'a A,
+    pub k: &'a A,
+    pub v: &'a A,
+    pub c: &'a F,
+    pub prune: Option<&'a F>,
 }
 
 /// The attention backward's outputs, grouped (they are written together).

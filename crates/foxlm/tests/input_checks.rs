@@ -1,5 +1,5 @@
 //! Issue 13's named cases beyond config.json and model headers (those are unit tests in
-//! config.rs and checkpoint.rs): data manifests and shards, trainer and optimizer state on
+//! config/ and checkpoint.rs): data manifests and shards, trainer and optimizer state on
 //! resume, `forward`'s input, text that is not UTF-8, and evaluation options that cannot work.
 //! Each asserts the error names the file or option and the values at fault.
 

@@ -163,6 +163,25 @@ __device__ __forceinline__ float gla_g(const float* G, int b, int t0, int r, int
                                        int kc) {
     return G[gla_row(b, t0 + min(r, len - 1), T, H, h) * K + kc];
 }
+
+// The block's tile of gla_chunk_h (either version): chunk c of (b, h), state rows k0.. and
+// columns v0..; gl [64] = the chunk's last G of the tile's channels (0 past K), read by all threads.
+struct GlaChunkTile {
+    int c, bh, b, h, t0, len, first, tid, k0, v0;
+};
+__device__ __forceinline__ GlaChunkTile gla_chunk_h_tile(const float* G, float* gl, const int* start, int T, int H,
+                                                         int K, int V) {
+    const int nvb = (V + 63) / 64;
+    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
+    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
+    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
+    __syncthreads();
+    return {c, bh, b, h, t0, len, first, tid, k0, v0};
+}
+
 // ---- Version 1's products (f32, for either activation type) ----
 // acc[i][j] += Σ_{k < N} a[k][ty + 16i] · b[k][tx + 16j]: thread (ty, tx) of a 16 × 16 block
 // holds a 4 × 4 tile of a 64 × 64 product whose operands sit in shared memory k-major.
@@ -784,14 +803,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float xs[GLA_L][64];
     __shared__ float ys[GLA_L][64];
     __shared__ float gl[64];
-    const int nvb = (V + 63) / 64;
-    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
-    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
-    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
-    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
-    __syncthreads();
+    const auto [c, bh, b, h, t0, len, first, tid, k0, v0] = gla_chunk_h_tile(G, gl, start, T, H, K, V);
     for (int e = tid; e < GLA_L * 64; e += 256) {
         const int r = e / 64, cc = e % 64;
         float xv, yv;
@@ -822,14 +834,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float gl[64];
     u16* xt = (u16*)x32;
     u16* yt = (u16*)y32;
-    const int nvb = (V + 63) / 64;
-    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
-    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
-    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
-    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
-    __syncthreads();
+    const auto [c, bh, b, h, t0, len, first, tid, k0, v0] = gla_chunk_h_tile(G, gl, start, T, H, K, V);
     for (int e = tid; e < GLA_L * 64; e += 256) {
         const int r = e / 64, cc = e % 64;
         float xv, yv;

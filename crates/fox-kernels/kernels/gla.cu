@@ -164,6 +164,18 @@ __device__ __forceinline__ float gla_g(const float* G, int b, int t0, int r, int
     return G[gla_row(b, t0 + min(r, len - 1), T, H, h) * K + kc];
 }
 
+// Chunk c of (b, h) = bh: its first position t0, its len positions (fewer than L only at the end)
+// and the row's start (left padding before it).
+struct GlaChunk {
+    int b, h, t0, len, first;
+};
+__device__ __forceinline__ GlaChunk gla_chunk(int c, int bh, int T, int H, const int* start) {
+    const int b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    return {b, h, t0, len, first};
+}
+
 // The block's tile of gla_chunk_h (either version): chunk c of (b, h), state rows k0.. and
 // columns v0..; gl [64] = the chunk's last G of the tile's channels (0 past K), read by all threads.
 struct GlaChunkTile {
@@ -173,9 +185,8 @@ __device__ __forceinline__ GlaChunkTile gla_chunk_h_tile(const float* G, float* 
                                                          int K, int V) {
     const int nvb = (V + 63) / 64;
     const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
-    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
     if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
     __syncthreads();
@@ -469,9 +480,8 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
     u16* ss = (u16*)(smem + Lo::TQ);
     u16* vs = (u16*)(smem + Lo::TQ + Lo::TS);
     u16* as_ = (u16*)(smem + Lo::TQ + Lo::TS + Lo::TV);
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, v0 = vb * 64;
     // Sᵀ rows v0.. (zero past V and past K) and v rows (zero at padding and past T).
     const u16* S = hs16 + ((long)bh * (nch + 1) + c) * K * V;
@@ -593,9 +603,8 @@ __device__ __forceinline__ void gla_scores_w(u16* A16, const u16* q, const u16* 
     float* gs = (float*)(smem + 2 * Ls::TQ);
     u16* qt = (u16*)(smem + 2 * Ls::TQ + Ls::TG);
     u16* kp = (u16*)(smem + 3 * Ls::TQ + Ls::TG);
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x;
     for (int i = tid; i < GLA_L * (KP / 8); i += 256) {
         const int r = i / (KP / 8), cc = i % (KP / 8) * 8, tt = t0 + r;
@@ -863,9 +872,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const int KT = 16;
     __shared__ float qr[GLA_L][KT + 1], kr[GLA_L][KT + 1], gs[GLA_L][KT + 1], qs[GLA_L][KT + 1];
     __shared__ float kp[3][48][KT + 1];
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     float acc[4][4] = {};
     for (int c0 = 0; c0 < K; c0 += KT) {
@@ -913,9 +921,8 @@ extern "C" __global__ void __launch_bounds__(256)
                   const int* start, int T, int H, int K, int V, int nch, float scale) {
     __shared__ float as[GLA_KT][GLA_L + 1];
     __shared__ float bs[GLA_KT][64];
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, v0 = vb * 64;
     const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
     float acc[4][4] = {};
@@ -960,9 +967,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
     u16* as_ = (u16*)a32;
     u16* bs = (u16*)b32;
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, v0 = vb * 64;
     const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
     float acc[4][4] = {};
@@ -1001,9 +1007,8 @@ extern "C" __global__ void __launch_bounds__(256)
                     float scale) {
     __shared__ float as[GLA_KT][GLA_L + 1];
     __shared__ float bs[GLA_KT][GLA_L + 1];
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     float acc[4][4] = {};
     for (int c0 = 0; c0 < V; c0 += GLA_KT) {
@@ -1028,9 +1033,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
     u16* as_ = (u16*)a32;
     u16* bs = (u16*)b32;
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x;
     float acc[4][4] = {};
     for (int c0 = 0; c0 < V; c0 += 64) {
@@ -1061,9 +1065,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float as[GLA_KT][GLA_L + 1];
     __shared__ float bs[GLA_KT][64];
     __shared__ float gl[GLA_KT];
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, v0 = vb * 64;
     float acc[4][4] = {};
     // Σ_i A_ij do_i (A's rows i are the inner index).
@@ -1117,9 +1120,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float gl[64];
     u16* as_ = (u16*)a32;
     u16* bs = (u16*)b32;
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, v0 = vb * 64;
     const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
     for (int e = tid; e < GLA_L * 64; e += 256) {
@@ -1193,9 +1195,8 @@ __device__ __forceinline__ void gla_bwd_dqk_impl(ET* dq, ET* dk, ET* dg, const E
     float(*t_h)[GLA_P] = (float(*)[GLA_P])(region + 3 * GLA_KT * GLA_P);
     float(*kp)[48][GLA_P] = (float(*)[48][GLA_P])region;  // [3][48][65], then qp in the same place
 
-    const int kb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int kb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, k0 = kb * 64;
     const float* S0 = hs + ((long)bh * (nch + 1) + c) * K * V;
     const float* S1 = S0 + (long)K * V;

@@ -118,15 +118,22 @@ extern "C" __global__ void gla_colsum_set(float* dst, const float* part, int npa
     dst[j] = s;
 }
 
+// The softmax over layers of column c of raw [L, d], in f64: its maximum m and the sum z of
+// e^{raw − m}, so that p_l = e^{raw_l − m} / z.
+__device__ __forceinline__ void hgrn2_softmax_norm(const float* raw, int L, int d, int c, double& m, double& z) {
+    m = raw[c];
+    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
+    z = 0.0;
+    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+}
+
 // HGRN2's lower bounds, one thread per column c of raw [L, d] (in f64, as the CPU): p = the
 // softmax over layers; lb[0] = 0, lb[l] = Σ_{1 ≤ j ≤ l} p_j.
 extern "C" __global__ void hgrn2_lower_bounds_fwd(float* lb, const float* raw, int L, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= d) return;
-    double m = raw[c];
-    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
-    double z = 0.0;
-    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+    double m, z;
+    hgrn2_softmax_norm(raw, L, d, c, m, z);
     double sum = 0.0;
     lb[c] = 0.0f;
     for (int l = 1; l < L; ++l) {
@@ -140,10 +147,8 @@ extern "C" __global__ void hgrn2_lower_bounds_fwd(float* lb, const float* raw, i
 extern "C" __global__ void hgrn2_lower_bounds_bwd(float* grad, const float* dlb, const float* raw, int L, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= d) return;
-    double m = raw[c];
-    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
-    double z = 0.0;
-    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+    double m, z;
+    hgrn2_softmax_norm(raw, L, d, c, m, z);
     // dot = Σ_j p_j dp_j, with dp_j the suffix sums (from the last layer down).
     double suffix = 0.0, dot = 0.0;
     for (int j = L - 1; j >= 1; --j) {

@@ -349,15 +349,6 @@ struct BwdWsParams {
     TmaMap k, v, q, g;  // (D, T, heads, B): k, v (128-row boxes), q, dO (64-row boxes)
 };
 
-__device__ __forceinline__ u32 ld_acquire(const unsigned* a) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release(unsigned* a, u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
-
 // d (+)= A(smem, M-major) * B(smem, N-major): m64n32k16 (d[16]) and m64n64k16 (d[32])
 template <bool BF>
 __device__ __forceinline__ void wgmma_tt_n32(float (&d)[16], u64 da, u64 db, int accumulate) {

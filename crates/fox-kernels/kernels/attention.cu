@@ -148,10 +148,7 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
     // online softmax
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        float mx = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * rr], S[nt][2 * rr + 1]));
-        mx = quad_max(mx);
+        const float mx = row_max<NT>(&S[0][0], rr);
         const float mnew = fmaxf(m[rr], mx);
         const float muse = mnew == NEG_INF ? 0.f : mnew;
         const float corr = fast_exp2(m[rr] - muse);

@@ -246,10 +246,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
             }
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-                float mx = NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
-                mx = quad_max(mx);
+                const float mx = row_max<NT>(S, rr);
                 const float mnew = FOLD ? (mx > m[rr] + RESCALE_LOG2 ? mx : m[rr]) : fmaxf(m[rr], mx);
                 const float muse = mnew == NEG_INF ? 0.f : mnew;
                 corr[rr] = FOLD && mnew == m[rr] ? 1.f : fast_exp2(m[rr] - muse);

@@ -292,10 +292,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             }
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-                float mx = NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
-                mx = quad_max(mx);
+                const float mx = row_max<NT>(S, rr);
                 const float mnew = fmaxf(m[rr], mx);
                 const float muse = mnew == NEG_INF ? 0.f : mnew;
                 const float corr = fast_exp2(m[rr] - muse);

@@ -148,23 +148,12 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
     // online softmax
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        float mx = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * rr], S[nt][2 * rr + 1]));
-        mx = quad_max(mx);
+        const float mx = row_max<NT>(&S[0][0], rr);
         const float mnew = fmaxf(m[rr], mx);
         const float muse = mnew == NEG_INF ? 0.f : mnew;
         const float corr = fast_exp2(m[rr] - muse);
         m[rr] = mnew;
-        float rs = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float p0 = fast_exp2(S[nt][2 * rr] - muse);
-            const float p1 = fast_exp2(S[nt][2 * rr + 1] - muse);
-            S[nt][2 * rr] = p0;
-            S[nt][2 * rr + 1] = p1;
-            rs += p0 + p1;
-        }
+        const float rs = row_exp_sum<NT>(&S[0][0], rr, muse);
         l[rr] = l[rr] * corr + rs;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {

@@ -246,23 +246,12 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
             }
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-                float mx = NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
-                mx = quad_max(mx);
+                const float mx = row_max<NT>(S, rr);
                 const float mnew = FOLD ? (mx > m[rr] + RESCALE_LOG2 ? mx : m[rr]) : fmaxf(m[rr], mx);
                 const float muse = mnew == NEG_INF ? 0.f : mnew;
                 corr[rr] = FOLD && mnew == m[rr] ? 1.f : fast_exp2(m[rr] - muse);
                 m[rr] = mnew;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const float p0 = fast_exp2(S[4 * nt + 2 * rr] - muse);
-                    const float p1 = fast_exp2(S[4 * nt + 2 * rr + 1] - muse);
-                    S[4 * nt + 2 * rr] = p0;
-                    S[4 * nt + 2 * rr + 1] = p1;
-                    rs += p0 + p1;
-                }
+                const float rs = row_exp_sum<NT>(S, rr, muse);
                 l[rr] = l[rr] * corr[rr] + rs;
             }
         };
@@ -348,15 +337,6 @@ struct BwdWsParams {
     unsigned* sem;  // [B, H, ceil(tq / 64)], zero at launch
     TmaMap k, v, q, g;  // (D, T, heads, B): k, v (128-row boxes), q, dO (64-row boxes)
 };
-
-__device__ __forceinline__ u32 ld_acquire(const unsigned* a) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release(unsigned* a, u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
 
 // d (+)= A(smem, M-major) * B(smem, N-major): m64n32k16 (d[16]) and m64n64k16 (d[32])
 template <bool BF>

@@ -259,6 +259,30 @@ __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
     return x;
 }
+// The maximum of a score row across its quad: row half rr (row g, or g + 8) of this thread's NT
+// tiles in mma.sync's C layout, S[4 nt + e] = tile nt's element e.
+template <int NT>
+__device__ __forceinline__ float row_max(const float* S, int rr) {
+    float mx = NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
+    return quad_max(mx);
+}
+// The online softmax's probabilities of that row half in place, e^{S − muse} (in log2 units), and
+// this thread's part of their sum.
+template <int NT>
+__device__ __forceinline__ float row_exp_sum(float* S, int rr, float muse) {
+    float rs = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float p0 = fast_exp2(S[4 * nt + 2 * rr] - muse);
+        const float p1 = fast_exp2(S[4 * nt + 2 * rr + 1] - muse);
+        S[4 * nt + 2 * rr] = p0;
+        S[4 * nt + 2 * rr + 1] = p1;
+        rs += p0 + p1;
+    }
+    return rs;
+}
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     x += __shfl_xor_sync(0xffffffffu, x, 2);

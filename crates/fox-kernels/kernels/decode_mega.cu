@@ -66,16 +66,8 @@ struct MegaStep {
     u64 kc[MEGA_MAXL], vc[MEGA_MAXL], cc[MEGA_MAXL], ksh[MEGA_MAXL], vsh[MEGA_MAXL];
 };
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // Every block of the grid waits here for all the others: a count that the last arrival re-arms

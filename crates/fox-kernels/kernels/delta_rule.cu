@@ -217,6 +217,18 @@ struct DrAcc {
 #pragma unroll
         for (int i = 0; i < TPW; ++i) dr_tile<AT, BT>(c[i], A, lda, B, ldb, tile(i) / CT * 16, tile(i) % CT * 8, kdim);
     }
+    // The tile = A · B, as mma from zero.
+    template <bool AT, bool BT, typename S>
+    __device__ __forceinline__ void product(const S* A, int lda, const S* B, int ldb, int kdim) {
+        zero();
+        mma<AT, BT>(A, lda, B, ldb, kdim);
+    }
+    __device__ __forceinline__ void scale(float s) {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) c[i][r] *= s;
+    }
     template <typename S>
     __device__ __forceinline__ void store(S* s, int lds) const {
 #pragma unroll
@@ -234,6 +246,19 @@ struct DrAcc {
                 const int kd = row(i, r), vc = v0 + col(i, r);
                 c[i][r] = src && kd < p.K && vc < p.V ? src[((long long)bh * p.K + kd) * p.V + vc] : 0.f;
             }
+    }
+    // The tile into dst, a [BH, K, V] state of p's (the walk's final state or its gradient), where
+    // dst is not null.
+    __device__ __forceinline__ void save_state(const DrParams& p, float* const& dst, int bh, int v0) const {
+        if (dst) {
+#pragma unroll
+            for (int i = 0; i < TPW; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int kd = row(i, r), vc = v0 + col(i, r);
+                    if (kd < p.K && vc < p.V) dst[((long long)bh * p.K + kd) * p.V + vc] = c[i][r];
+                }
+        }
     }
     // The tile into shared memory s (row stride lds) and into a chunk's saved state g from row g0,
     // columns v0.. (row stride ldg): the walk's state at a chunk boundary, kept for the chunk.
@@ -426,8 +451,7 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     if (tid < DR_L) p.gc[(long long)k.bh * p.Tp + t0 + tid] = sG[tid];
     {
         DrAcc<DR_L, DR_L> kk;
-        kk.zero();
-        kk.template mma<false, true>(Ks, Lay::LK, Ks, Lay::LK, KP);
+        kk.template product<false, true>(Ks, Lay::LK, Ks, Lay::LK, KP);
 #pragma unroll
         for (int i = 0; i < kk.TPW; ++i)
 #pragma unroll
@@ -455,8 +479,7 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
     const long long row0 = (long long)k.bh * p.Tp + t0;
     {
         DrAcc<DR_L, KP> w;
-        w.zero();
-        w.template mma<false, false>(Tb, Lay::LL, Ks, Lay::LK, DR_L);
+        w.template product<false, false>(Tb, Lay::LL, Ks, Lay::LK, DR_L);
         E* W = (E*)p.w;
 #pragma unroll
         for (int i = 0; i < w.TPW; ++i)
@@ -472,8 +495,7 @@ __device__ __forceinline__ void dr_prep(const DrParams& p, int keep_t) {
         });
         __syncthreads();
         DrAcc<DR_L, DR_BV> u;
-        u.zero();
-        u.template mma<false, false>(Tv, Lay::LL, Vb(cur), Lay::LV, DR_L);
+        u.template product<false, false>(Tv, Lay::LL, Vb(cur), Lay::LV, DR_L);
 #pragma unroll
         for (int i = 0; i < u.TPW; ++i)
 #pragma unroll
@@ -526,8 +548,7 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
         DrAcc<DR_L, DR_BV> u;
-        u.zero();
-        u.template mma<false, false>(Wb(cur), Lay::LK, Ss, Lay::LV, KP);
+        u.template product<false, false>(Wb(cur), Lay::LK, Ss, Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < u.TPW; ++i)
 #pragma unroll
@@ -539,22 +560,11 @@ __device__ __forceinline__ void dr_walk_fwd(const DrParams& p) {
             }
         __syncthreads();
         const float egl = __expf(gl);
-#pragma unroll
-        for (int i = 0; i < S.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) S.c[i][r] *= egl;
+        S.scale(egl);
         S.template mma<true, false>(Kb(cur), Lay::LK, Us, Lay::LV, DR_L);
         __syncthreads();
     }
-    if (p.fin) {
-#pragma unroll
-        for (int i = 0; i < S.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kd = S.row(i, r), vc = v0 + S.col(i, r);
-                if (kd < p.K && vc < p.V) p.fin[((long long)k.bh * p.K + kd) * p.V + vc] = S.c[i][r];
-            }
-    }
+    S.save_state(p, p.fin, k.bh, v0);
 }
 
 // Two f32 values as a bf16 pair (low half first), rounded to nearest even as st.
@@ -1116,8 +1126,7 @@ template <typename E, int KP>
 __device__ __forceinline__ void dr_m_of(const E* Qs, const E* Ks, E* Ms, const float* sG) {
     typedef DrLayout<E, KP> Lay;
     DrAcc<DR_L, DR_L> m;
-    m.zero();
-    m.template mma<false, true>(Qs, Lay::LK, Ks, Lay::LK, KP);
+    m.template product<false, true>(Qs, Lay::LK, Ks, Lay::LK, KP);
 #pragma unroll
     for (int i = 0; i < m.TPW; ++i)
 #pragma unroll
@@ -1177,8 +1186,7 @@ __device__ __forceinline__ void dr_out(const DrParams& p) {
         cp_async_prefetch(v0 + DR_BV < p.Vp, [&] { issue(v0 + DR_BV, cur ^ 1); });
         __syncthreads();
         DrAcc<DR_L, DR_BV> o;
-        o.zero();
-        o.template mma<false, false>(Qs, Lay::LK, Sb(cur), Lay::LV, KP);
+        o.template product<false, false>(Qs, Lay::LK, Sb(cur), Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < o.TPW; ++i)
 #pragma unroll
@@ -1217,8 +1225,7 @@ __device__ __forceinline__ void dr_dvl(const DrParams& p) {
         cp_async_wait<0>();
         __syncthreads();
         DrAcc<DR_L, DR_BV> d;
-        d.zero();
-        d.template mma<true, false>(Ms, Lay::LL, Os, Lay::LV, DR_L);
+        d.template product<true, false>(Ms, Lay::LL, Os, Lay::LV, DR_L);
 #pragma unroll
         for (int i = 0; i < d.TPW; ++i)
 #pragma unroll
@@ -1280,8 +1287,7 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
         const float* sG = Gb(cur);
         const float gl = sG[DR_L - 1];
         DrAcc<DR_L, DR_BV> du;
-        du.zero();
-        du.template mma<false, false>(Kb(cur), Lay::LK, dSs, Lay::LV, KP);
+        du.template product<false, false>(Kb(cur), Lay::LK, dSs, Lay::LV, KP);
 #pragma unroll
         for (int i = 0; i < du.TPW; ++i)
 #pragma unroll
@@ -1297,24 +1303,13 @@ __device__ __forceinline__ void dr_walk_bwd(const DrParams& p) {
         }
         __syncthreads();
         const float egl = __expf(gl);
-#pragma unroll
-        for (int i = 0; i < dS.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) dS.c[i][r] *= egl;
+        dS.scale(egl);
         dS.template mma<true, false>(Qb(cur), Lay::LK, dOt, Lay::LV, DR_L);
         dS.template mma<true, false>(Wb(cur), Lay::LK, dUn, Lay::LV, DR_L);
         __syncthreads();
         if (NB == 1 && c > 0) issue(c - 1, 0);
     }
-    if (p.dinit) {
-#pragma unroll
-        for (int i = 0; i < dS.TPW; ++i)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int kd = dS.row(i, r), vc = v0 + dS.col(i, r);
-                if (kd < p.K && vc < p.V) p.dinit[((long long)k.bh * p.K + kd) * p.V + vc] = dS.c[i][r];
-            }
-    }
+    dS.save_state(p, p.dinit, k.bh, v0);
 }
 
 // ---- dr_grads: every input's gradient of chunk c ----
@@ -1405,8 +1400,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
         {
             // dG_i += scale γ_i dO_i · (S_0ᵀ q_i)
             AV qs;
-            qs.zero();
-            qs.template mma<false, false>(Qs, LK, Ss, LV, KP);
+            qs.template product<false, false>(Qs, LK, Ss, LV, KP);
 #pragma unroll
             for (int i = 0; i < AV::TPW; ++i)
 #pragma unroll
@@ -1415,10 +1409,8 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
         }
         {
             AV ks, dr;
-            ks.zero();
-            ks.template mma<false, false>(Ks, LK, Ss, LV, KP);
-            dr.zero();
-            dr.template mma<true, false>(Te, LL, dUs, LV, DR_L);
+            ks.template product<false, false>(Ks, LK, Ss, LV, KP);
+            dr.template product<true, false>(Te, LL, dUs, LV, DR_L);
             E* dV = (E*)p.dv;
 #pragma unroll
             for (int i = 0; i < AV::TPW; ++i)
@@ -1439,8 +1431,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
         {
             // dG_j −= e^{G_L − G_j} k_j·(dS_L u_j); dG_L += the same, and γ_L ⟨dS_L, S_0⟩.
             AV kds;
-            kds.zero();
-            kds.template mma<false, false>(Ks, LK, dSs, LV, KP);
+            kds.template product<false, false>(Ks, LK, dSs, LV, KP);
 #pragma unroll
             for (int i = 0; i < AV::TPW; ++i)
 #pragma unroll
@@ -1471,8 +1462,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     // The L x L terms, in the space of the blocks of V.
     {
         DrAcc<DR_L, DR_L> qk;
-        qk.zero();
-        qk.template mma<false, true>(Qs, LK, Ks, LK, KP);
+        qk.template product<false, true>(Qs, LK, Ks, LK, KP);
 #pragma unroll
         for (int i = 0; i < qk.TPW; ++i)
 #pragma unroll
@@ -1485,8 +1475,7 @@ __device__ __forceinline__ void dr_grads(const DrParams& p) {
     }
     {
         DrAcc<DR_L, DR_L> kk;
-        kk.zero();
-        kk.template mma<false, true>(Ks, LK, Ks, LK, KP);
+        kk.template product<false, true>(Ks, LK, Ks, LK, KP);
         float vb[DrAcc<DR_L, DR_L>::TPW][4];
 #pragma unroll
         for (int i = 0; i < kk.TPW; ++i)

@@ -118,15 +118,22 @@ extern "C" __global__ void gla_colsum_set(float* dst, const float* part, int npa
     dst[j] = s;
 }
 
+// The softmax over layers of column c of raw [L, d], in f64: its maximum m and the sum z of
+// e^{raw − m}, so that p_l = e^{raw_l − m} / z.
+__device__ __forceinline__ void hgrn2_softmax_norm(const float* raw, int L, int d, int c, double& m, double& z) {
+    m = raw[c];
+    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
+    z = 0.0;
+    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+}
+
 // HGRN2's lower bounds, one thread per column c of raw [L, d] (in f64, as the CPU): p = the
 // softmax over layers; lb[0] = 0, lb[l] = Σ_{1 ≤ j ≤ l} p_j.
 extern "C" __global__ void hgrn2_lower_bounds_fwd(float* lb, const float* raw, int L, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= d) return;
-    double m = raw[c];
-    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
-    double z = 0.0;
-    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+    double m, z;
+    hgrn2_softmax_norm(raw, L, d, c, m, z);
     double sum = 0.0;
     lb[c] = 0.0f;
     for (int l = 1; l < L; ++l) {
@@ -140,10 +147,8 @@ extern "C" __global__ void hgrn2_lower_bounds_fwd(float* lb, const float* raw, i
 extern "C" __global__ void hgrn2_lower_bounds_bwd(float* grad, const float* dlb, const float* raw, int L, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= d) return;
-    double m = raw[c];
-    for (int l = 1; l < L; ++l) m = fmax(m, (double)raw[(long)l * d + c]);
-    double z = 0.0;
-    for (int l = 0; l < L; ++l) z += exp((double)raw[(long)l * d + c] - m);
+    double m, z;
+    hgrn2_softmax_norm(raw, L, d, c, m, z);
     // dot = Σ_j p_j dp_j, with dp_j the suffix sums (from the last layer down).
     double suffix = 0.0, dot = 0.0;
     for (int j = L - 1; j >= 1; --j) {
@@ -163,6 +168,36 @@ __device__ __forceinline__ float gla_g(const float* G, int b, int t0, int r, int
                                        int kc) {
     return G[gla_row(b, t0 + min(r, len - 1), T, H, h) * K + kc];
 }
+
+// Chunk c of (b, h) = bh: its first position t0, its len positions (fewer than L only at the end)
+// and the row's start (left padding before it).
+struct GlaChunk {
+    int b, h, t0, len, first;
+};
+__device__ __forceinline__ GlaChunk gla_chunk(int c, int bh, int T, int H, const int* start) {
+    const int b = bh / H, h = bh % H;
+    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
+    const int first = start ? start[b] : 0;
+    return {b, h, t0, len, first};
+}
+
+// The block's tile of gla_chunk_h (either version): chunk c of (b, h), state rows k0.. and
+// columns v0..; gl [64] = the chunk's last G of the tile's channels (0 past K), read by all threads.
+struct GlaChunkTile {
+    int c, bh, b, h, t0, len, first, tid, k0, v0;
+};
+__device__ __forceinline__ GlaChunkTile gla_chunk_h_tile(const float* G, float* gl, const int* start, int T, int H,
+                                                         int K, int V) {
+    const int nvb = (V + 63) / 64;
+    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
+    const int c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
+    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
+    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
+    __syncthreads();
+    return {c, bh, b, h, t0, len, first, tid, k0, v0};
+}
+
 // ---- Version 1's products (f32, for either activation type) ----
 // acc[i][j] += Σ_{k < N} a[k][ty + 16i] · b[k][tx + 16j]: thread (ty, tx) of a 16 × 16 block
 // holds a 4 × 4 tile of a 64 × 64 product whose operands sit in shared memory k-major.
@@ -450,9 +485,8 @@ __device__ __forceinline__ void gla_fwd_o_w(u16* o, const u16* q, const u16* v, 
     u16* ss = (u16*)(smem + Lo::TQ);
     u16* vs = (u16*)(smem + Lo::TQ + Lo::TS);
     u16* as_ = (u16*)(smem + Lo::TQ + Lo::TS + Lo::TV);
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, v0 = vb * 64;
     // Sᵀ rows v0.. (zero past V and past K) and v rows (zero at padding and past T).
     const u16* S = hs16 + ((long)bh * (nch + 1) + c) * K * V;
@@ -574,9 +608,8 @@ __device__ __forceinline__ void gla_scores_w(u16* A16, const u16* q, const u16* 
     float* gs = (float*)(smem + 2 * Ls::TQ);
     u16* qt = (u16*)(smem + 2 * Ls::TQ + Ls::TG);
     u16* kp = (u16*)(smem + 3 * Ls::TQ + Ls::TG);
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x;
     for (int i = tid; i < GLA_L * (KP / 8); i += 256) {
         const int r = i / (KP / 8), cc = i % (KP / 8) * 8, tt = t0 + r;
@@ -784,14 +817,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float xs[GLA_L][64];
     __shared__ float ys[GLA_L][64];
     __shared__ float gl[64];
-    const int nvb = (V + 63) / 64;
-    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
-    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
-    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
-    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
-    __syncthreads();
+    const auto [c, bh, b, h, t0, len, first, tid, k0, v0] = gla_chunk_h_tile(G, gl, start, T, H, K, V);
     for (int e = tid; e < GLA_L * 64; e += 256) {
         const int r = e / 64, cc = e % 64;
         float xv, yv;
@@ -822,14 +848,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float gl[64];
     u16* xt = (u16*)x32;
     u16* yt = (u16*)y32;
-    const int nvb = (V + 63) / 64;
-    const int kb = blockIdx.x / nvb, vb = blockIdx.x % nvb;
-    const int c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
-    const int tid = threadIdx.x, k0 = kb * 64, v0 = vb * 64;
-    if (tid < 64) gl[tid] = k0 + tid < K ? gla_g(G, b, t0, len - 1, len, T, H, h, K, k0 + tid) : 0.0f;
-    __syncthreads();
+    const auto [c, bh, b, h, t0, len, first, tid, k0, v0] = gla_chunk_h_tile(G, gl, start, T, H, K, V);
     for (int e = tid; e < GLA_L * 64; e += 256) {
         const int r = e / 64, cc = e % 64;
         float xv, yv;
@@ -858,9 +877,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const int KT = 16;
     __shared__ float qr[GLA_L][KT + 1], kr[GLA_L][KT + 1], gs[GLA_L][KT + 1], qs[GLA_L][KT + 1];
     __shared__ float kp[3][48][KT + 1];
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     float acc[4][4] = {};
     for (int c0 = 0; c0 < K; c0 += KT) {
@@ -908,9 +926,8 @@ extern "C" __global__ void __launch_bounds__(256)
                   const int* start, int T, int H, int K, int V, int nch, float scale) {
     __shared__ float as[GLA_KT][GLA_L + 1];
     __shared__ float bs[GLA_KT][64];
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, v0 = vb * 64;
     const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
     float acc[4][4] = {};
@@ -955,9 +972,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
     u16* as_ = (u16*)a32;
     u16* bs = (u16*)b32;
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, v0 = vb * 64;
     const float* S = hs + ((long)bh * (nch + 1) + c) * K * V;
     float acc[4][4] = {};
@@ -996,9 +1012,8 @@ extern "C" __global__ void __launch_bounds__(256)
                     float scale) {
     __shared__ float as[GLA_KT][GLA_L + 1];
     __shared__ float bs[GLA_KT][GLA_L + 1];
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
     float acc[4][4] = {};
     for (int c0 = 0; c0 < V; c0 += GLA_KT) {
@@ -1023,9 +1038,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ u32 a32[64 * GLA_TS / 2], b32[64 * GLA_TS / 2];
     u16* as_ = (u16*)a32;
     u16* bs = (u16*)b32;
-    const int c = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int c = blockIdx.x, bh = blockIdx.y;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x;
     float acc[4][4] = {};
     for (int c0 = 0; c0 < V; c0 += 64) {
@@ -1056,9 +1070,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float as[GLA_KT][GLA_L + 1];
     __shared__ float bs[GLA_KT][64];
     __shared__ float gl[GLA_KT];
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, v0 = vb * 64;
     float acc[4][4] = {};
     // Σ_i A_ij do_i (A's rows i are the inner index).
@@ -1112,9 +1125,8 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float gl[64];
     u16* as_ = (u16*)a32;
     u16* bs = (u16*)b32;
-    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int vb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, v0 = vb * 64;
     const float* Ac = A + ((long)bh * nch + c) * GLA_L * GLA_L;
     for (int e = tid; e < GLA_L * 64; e += 256) {
@@ -1188,9 +1200,8 @@ __device__ __forceinline__ void gla_bwd_dqk_impl(ET* dq, ET* dk, ET* dg, const E
     float(*t_h)[GLA_P] = (float(*)[GLA_P])(region + 3 * GLA_KT * GLA_P);
     float(*kp)[48][GLA_P] = (float(*)[48][GLA_P])region;  // [3][48][65], then qp in the same place
 
-    const int kb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
-    const int t0 = c * GLA_L, len = min(GLA_L, T - t0);
-    const int first = start ? start[b] : 0;
+    const int kb = blockIdx.x, c = blockIdx.y, bh = blockIdx.z;
+    const auto [b, h, t0, len, first] = gla_chunk(c, bh, T, H, start);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, k0 = kb * 64;
     const float* S0 = hs + ((long)bh * (nch + 1) + c) * K * V;
     const float* S1 = S0 + (long)K * V;

@@ -578,6 +578,18 @@ __device__ __forceinline__ void ssd_norm_gated_bwd_rows(E* __restrict__ dx, E* _
         }
     }
 }
+
+// The dynamic shared memory of ssd_chunk_state and ssd_chunk_dstate: the chunk's rows of the
+// state product's operands, x [L][PMAX] (X weighted, or e^cum dY) and bc [L][NMAX] (B, or C), then
+// the chunk's cum and dt [L] each.
+struct SsdStateSmem {
+    float *x, *bc, *cum, *dtm;
+};
+__device__ __forceinline__ SsdStateSmem ssd_state_smem(float* sm) {
+    float* bc = sm + SSD_L * SSD_PMAX;
+    float* cum = bc + SSD_L * SSD_NMAX;
+    return {sm, bc, cum, cum + SSD_L};
+}
 #endif  // SSD_ONCE
 
 // ---- per element type ET ----
@@ -643,10 +655,7 @@ extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_chunk_state)(float* states, float* decay, const ET* xbc, long stride, const float* dt,
                         const float* A, const int* start, int B, int T, int H, int P, int N, int G, int nch) {
     extern __shared__ float sm[];
-    float* Xw = sm;                          // [L][PMAX]
-    float* Bs = Xw + SSD_L * SSD_PMAX;       // [L][NMAX]
-    float* cum = Bs + SSD_L * SSD_NMAX;      // [L]
-    float* dtm = cum + SSD_L;                // [L]
+    const auto [Xw, Bs, cum, dtm] = ssd_state_smem(sm);
     int idx = blockIdx.x;
     const auto [c, bh, h, b, g, t0, len, st] = ssd_chunk_at(idx, nch, T, H, G, start);
     int tid = threadIdx.x;
@@ -884,10 +893,7 @@ extern "C" __global__ void __launch_bounds__(256)
     KN(ssd_chunk_dstate)(float* gbuf, const ET* dy, const ET* xbc, long stride, const float* dt,
                          const float* A, const int* start, int B, int T, int H, int P, int N, int G, int nch) {
     extern __shared__ float sm[];
-    float* Ye = sm;                          // [L][PMAX]
-    float* Cs = Ye + SSD_L * SSD_PMAX;       // [L][NMAX]
-    float* cum = Cs + SSD_L * SSD_NMAX;      // [L]
-    float* dtm = cum + SSD_L;                // [L]
+    const auto [Ye, Cs, cum, dtm] = ssd_state_smem(sm);
     int idx = blockIdx.x;
     const auto [c, bh, h, b, g, t0, len, st] = ssd_chunk_at(idx, nch, T, H, G, start);
     int tid = threadIdx.x;

@@ -292,23 +292,12 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             }
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-                float mx = NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(S[4 * nt + 2 * rr], S[4 * nt + 2 * rr + 1]));
-                mx = quad_max(mx);
+                const float mx = row_max<NT>(S, rr);
                 const float mnew = fmaxf(m[rr], mx);
                 const float muse = mnew == NEG_INF ? 0.f : mnew;
                 const float corr = fast_exp2(m[rr] - muse);
                 m[rr] = mnew;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const float p0 = fast_exp2(S[4 * nt + 2 * rr] - muse);
-                    const float p1 = fast_exp2(S[4 * nt + 2 * rr + 1] - muse);
-                    S[4 * nt + 2 * rr] = p0;
-                    S[4 * nt + 2 * rr + 1] = p1;
-                    rs += p0 + p1;
-                }
+                const float rs = row_exp_sum<NT>(S, rr, muse);
                 l[rr] = l[rr] * corr + rs;
 #pragma unroll
                 for (int at = 0; at < NA; ++at)

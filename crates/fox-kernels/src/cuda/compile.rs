@@ -28,7 +28,8 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 const ELEM: &str = include_str!("../../kernels/elem.cuh");
 /// The gates' sigmoids and log-sigmoid and softplus, after common.cuh or elem.cuh.
 const ACT: &str = include_str!("../../kernels/activations.cuh");
-/// Programmatic dependent launch's two instructions, first in the units whose kernels use them.
+/// Programmatic dependent launch's two instructions and the acquire/release flags between blocks,
+/// first in the units whose kernels use them.
 const PDL: &str = include_str!("../../kernels/pdl.cuh");
 /// Block-wide sums in one order, for the units whose results must match each other's.
 const REDUCE: &str = include_str!("../../kernels/reduce.cuh");

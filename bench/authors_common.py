@@ -59,6 +59,20 @@ def fox_pro_config(Config, d, layers, heads, vocab=50257, qk_share=True, log_pru
     )
 
 
+def authors_adamw(torch, model, fused):
+    """AdamW as their FoX training sets it up (lr 1e-3, betas 0.9, 0.95): weight decay 0.1 on the
+    matrices, none on vectors or on parameters they mark _no_weight_decay."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        fused=fused,
+    )
+
+
 def write_fixture_tensors(outdir, cfg, params, names, ids, logits64, ppl64, grads64):
     """A reference fixture's config and tensors into `outdir`: config.json, model.safetensors,
     expected.safetensors (input_ids, logits and per-position loss, in float32) and

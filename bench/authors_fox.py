@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # bench/ is this script's folder
 from train_reference import SIZES, VOCAB, add_model_options, add_step_options, check_sizes  # noqa: E402
 from train_reference import finish_train, timed_steps, torch_on_device  # noqa: E402
-from authors_common import authors_commit, fox_pro_config, put_authors_on_path  # noqa: E402
+from authors_common import authors_adamw, authors_commit, fox_pro_config, put_authors_on_path  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_AUTHORS = os.path.join(os.path.dirname(HERE), ".device-bundle", "authors")
@@ -136,15 +136,7 @@ def main():
         model.model.gradient_checkpointing = True
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-3,
-        betas=(0.9, 0.95),
-        fused=dev.type == "cuda",
-    )
+    opt = authors_adamw(torch, model, fused=dev.type == "cuda")
     mlp = model.model.layers[0].mlp
     shape = dict(hidden=d, layers=n_layers, heads=n_heads, head_dim=d // n_heads, intermediate=mlp.intermediate_size)
     if a.build_only:

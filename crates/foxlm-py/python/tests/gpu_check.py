@@ -39,7 +39,7 @@ import time
 
 # bench/authors_common.py: beside this file in bench/python_bundle.sh's bundle, else the repo's bench/.
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "bench"))
-from authors_common import fox_pro_config, put_authors_src_on_path  # noqa: E402
+from authors_common import authors_adamw, fox_pro_config, put_authors_src_on_path  # noqa: E402
 
 
 def parse_args():
@@ -327,15 +327,7 @@ def bench_part(torch, foxlm, modeling, Config, theirs, a):
             model = modeling.ForgettingTransformerForCausalLM(cfg)
         model.load_state_dict(init)
         model = model.to(device=dev, dtype=torch.float32).train()
-        decay, no_decay = [], []
-        for p in model.parameters():
-            (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=1e-3,
-            betas=(0.9, 0.95),
-            fused=True,
-        )
+        opt = authors_adamw(torch, model, fused=True)
         params = list(model.parameters())
         losses, times = [], []
         for i, bt in enumerate(batches):

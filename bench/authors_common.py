@@ -1,5 +1,6 @@
 """What the bench scripts that run the authors' code share: their forgetting-transformer source on
-sys.path (authors_fox.py, make_mamba2_fixtures.py, make_samba_fixtures.py), the tensors and commit a
+sys.path (authors_fox.py, make_mamba2_fixtures.py, make_samba_fixtures.py, the Python package's
+gpu_check.py) and their FoX (Pro) config, the tensors and commit a
 reference fixture records, and the passes both fixture makers run on their model (float64
 reference, independent oracle, float32 cross-check, greedy decoding). The float64 mode also serves
 make_deltanet_fixtures.py and make_hgrn2_fixtures.py."""
@@ -10,10 +11,13 @@ import types
 
 
 def put_authors_on_path(authors_dir, *marker):
-    """<authors_dir>/src first on sys.path, once src/forgetting_transformer/<marker...> is found
-    there; a stand-in pytest when none is installed (their token_shift.py imports it for its own
-    tests)."""
-    src = os.path.join(authors_dir, "src")
+    """<authors_dir>/src first on sys.path (put_authors_src_on_path)."""
+    put_authors_src_on_path(os.path.join(authors_dir, "src"), *marker)
+
+
+def put_authors_src_on_path(src, *marker):
+    """`src` first on sys.path, once src/forgetting_transformer/<marker...> is found there; a
+    stand-in pytest when none is installed (their token_shift.py imports it for its own tests)."""
     if not os.path.isfile(os.path.join(src, "forgetting_transformer", *marker)):
         raise SystemExit(f"error: {src}/forgetting_transformer not found (carry .device-bundle/authors)")
     sys.path.insert(0, src)
@@ -23,6 +27,50 @@ def put_authors_on_path(authors_dir, *marker):
         stub = types.ModuleType("pytest")
         stub.mark = types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f))
         sys.modules["pytest"] = stub
+
+
+def fox_pro_config(Config, d, layers, heads, vocab=50257, qk_share=True, log_pruning_tolerance=None):
+    """Their FoX (Pro) yaml plus the defaults of their hydra model config
+    (configs/model/forgetting_transformer.py), as authors_fox.py and the Python package's
+    gpu_check.py build it."""
+    return Config(
+        vocab_size=vocab,
+        hidden_size=d,
+        num_hidden_layers=layers,
+        num_heads=heads,
+        hidden_ratio=3.5,
+        use_rope=False,
+        rope_base=500000,
+        use_v_shift=True,
+        use_k_shift=True,
+        qk_norm=True,
+        qk_norm_share_param_across_head=qk_share,
+        use_output_gate=True,
+        use_output_norm=True,
+        log_pruning_tolerance=log_pruning_tolerance,
+        max_position_embeddings=None,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+        fuse_norm=True,
+        fuse_cross_entropy=True,
+        use_cache=False,
+    )
+
+
+def authors_adamw(torch, model, fused):
+    """AdamW as their FoX training sets it up (lr 1e-3, betas 0.9, 0.95): weight decay 0.1 on the
+    matrices, none on vectors or on parameters they mark _no_weight_decay."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        fused=fused,
+    )
 
 
 def write_fixture_tensors(outdir, cfg, params, names, ids, logits64, ppl64, grads64):

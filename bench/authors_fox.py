@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # bench/ is this script's folder
 from train_reference import SIZES, VOCAB, add_model_options, add_step_options, check_sizes  # noqa: E402
 from train_reference import finish_train, timed_steps, torch_on_device  # noqa: E402
-from authors_common import authors_commit, put_authors_on_path  # noqa: E402
+from authors_common import authors_adamw, authors_commit, fox_pro_config, put_authors_on_path  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_AUTHORS = os.path.join(os.path.dirname(HERE), ".device-bundle", "authors")
@@ -114,30 +114,14 @@ def main():
     d, n_layers, n_heads = SIZES[a.size]
     if a.layers is not None:
         n_layers = a.layers
-    # Their Pro yaml plus the defaults of their hydra model config (configs/model/forgetting_transformer.py).
-    cfg = Config(
-        vocab_size=VOCAB,
-        hidden_size=d,
-        num_hidden_layers=n_layers,
-        num_heads=n_heads,
-        hidden_ratio=3.5,
-        use_rope=False,
-        rope_base=500000,
-        use_v_shift=True,
-        use_k_shift=True,
-        qk_norm=True,
-        qk_norm_share_param_across_head=a.qk_share,
-        use_output_gate=True,
-        use_output_norm=True,
+    cfg = fox_pro_config(
+        Config,
+        d,
+        n_layers,
+        n_heads,
+        vocab=VOCAB,
+        qk_share=a.qk_share,
         log_pruning_tolerance=a.log_pruning_tolerance if a.acp else None,
-        max_position_embeddings=None,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
-        fuse_norm=True,
-        fuse_cross_entropy=True,
-        use_cache=False,
     )
     with torch.device(dev):
         model = CausalLM(cfg)
@@ -152,15 +136,7 @@ def main():
         model.model.gradient_checkpointing = True
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-3,
-        betas=(0.9, 0.95),
-        fused=dev.type == "cuda",
-    )
+    opt = authors_adamw(torch, model, fused=dev.type == "cuda")
     mlp = model.model.layers[0].mlp
     shape = dict(hidden=d, layers=n_layers, heads=n_heads, head_dim=d // n_heads, intermediate=mlp.intermediate_size)
     if a.build_only:

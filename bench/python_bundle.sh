@@ -3,6 +3,7 @@
 # (crates/foxlm-py/python/tests/gpu_check.py) into one folder small enough to carry:
 #   foxlm/                 the package, with the extension as _foxlm.abi3.so.xz (stripped)
 #   gpu_check.py           the check and benchmark
+#   authors_common.py      what it shares with bench/'s scripts that run the authors' code
 #   authors.tar.xz         the FoX authors' source (from .device-bundle/authors/src)
 #   einops-*.whl           their model's one dependency missing there
 #   run.sh                 unpacks and runs it: bash run.sh [gpu_check.py options]
@@ -16,7 +17,7 @@ einops=${3:-$(ls .device-bundle/deltanet/einops-*.whl 2>/dev/null | head -1)}
 cargo build --release -p foxlm-py >&2
 rm -rf "$out" && mkdir -p "$out/foxlm"
 cp crates/foxlm-py/python/foxlm/*.py "$out/foxlm/"
-cp crates/foxlm-py/python/tests/gpu_check.py "$out/"
+cp crates/foxlm-py/python/tests/gpu_check.py bench/authors_common.py "$out/"
 strip -o "$out/foxlm/_foxlm.abi3.so" target/release/libfoxlm_py.so
 xz -9 -T2 "$out/foxlm/_foxlm.abi3.so"
 tar -C "$authors" -cJf "$out/authors.tar.xz" src
@@ -27,7 +28,7 @@ cat > "$out/run.sh" <<'RUN'
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 w=/tmp/foxlm-py && rm -rf $w && mkdir -p $w/site $w/authors
-cp -r "$here/foxlm" "$here/gpu_check.py" $w/ && xz -d $w/foxlm/_foxlm.abi3.so.xz
+cp -r "$here/foxlm" "$here/gpu_check.py" "$here/authors_common.py" $w/ && xz -d $w/foxlm/_foxlm.abi3.so.xz
 tar -C $w/authors -xJf "$here/authors.tar.xz"
 if ls "$here"/einops-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target $w/site "$here"/einops-*.whl

@@ -1,5 +1,8 @@
 //! Token shards and training windows: round trips, error paths, window semantics.
 
+mod common;
+
+use common::err;
 use foxlm::data::{
     prepare, windows_per_epoch, Dataset, Loader, LoaderState, PrepareOptions, Split, ValBy, FILES_LIST, MANIFEST_FILE,
 };
@@ -110,13 +113,6 @@ fn json_escaped_format_is_recorded_and_used() {
     assert_eq!(tok.decode(&ds.document(Split::Train, 0)), "naïve line\nsecond");
     let text = std::fs::read_to_string(out.join(MANIFEST_FILE)).unwrap();
     assert!(text.contains("\"json-escaped\""), "{text}");
-}
-
-fn err(r: anyhow::Result<impl Sized>) -> String {
-    match r {
-        Ok(_) => panic!("expected an error"),
-        Err(e) => format!("{e:#}"),
-    }
 }
 
 #[test]

@@ -2,6 +2,9 @@
 //! token, with the splits, subsets and roll asked for; bad inputs are errors naming the file; a
 //! model trains on an imported set.
 
+mod common;
+
+use common::err;
 use foxlm::data::import::{import, roll_shift, ImportFormat, ImportOptions, LONGCRAWL64_ROW};
 use foxlm::data::{windows_per_epoch, Dataset, Loader, Split, MANIFEST_FILE};
 use foxlm::tokenizer::{TextFormat, BOS_ID, EOS_ID};
@@ -44,13 +47,6 @@ fn npy(descr: &str, shape: &[usize], fortran: bool, data: &[u8], major: u8) -> V
 
 fn docs(ds: &Dataset, split: Split) -> Vec<Vec<u32>> {
     (0..ds.num_documents(split)).map(|i| ds.document(split, i)).collect()
-}
-
-fn err(r: anyhow::Result<impl Sized>) -> String {
-    match r {
-        Ok(_) => panic!("expected an error"),
-        Err(e) => format!("{e:#}"),
-    }
 }
 
 #[test]

@@ -22,12 +22,15 @@ fn gpu() -> Option<std::sync::Arc<Gpu>> {
 }
 
 /// Runs `foxlm gpu-check --only <only>` (the checks live beside the library, in the command) in
-/// `work`; returns its table's (passed, failed) counts after printing its output.
-fn gpu_check(only: &str, work: &std::path::Path, extra: &[&str]) -> (usize, usize) {
+/// a fresh work folder; returns its table's (passed, failed) counts after printing its output, or
+/// None where no GPU is usable.
+fn gpu_check(only: &str, extra: &[&str]) -> Option<(usize, usize)> {
+    gpu()?;
+    let work = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_foxlm"))
         .current_dir(root())
         .args(["gpu-check", "--only", only, "--work"])
-        .arg(work)
+        .arg(work.path())
         .args(extra)
         .output()
         .expect("running foxlm gpu-check");
@@ -37,16 +40,12 @@ fn gpu_check(only: &str, work: &std::path::Path, extra: &[&str]) -> (usize, usiz
     let last = stdout.lines().rev().find(|l| l.ends_with(" failed")).expect("the table's summary line");
     let n: Vec<usize> = last.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
     assert_eq!(out.status.success(), n[1] == 0, "exit status against the table: {last}");
-    (n[0], n[1])
+    Some((n[0], n[1]))
 }
 
 #[test]
 fn fixtures_on_the_gpu_match_the_cpu() {
-    if gpu().is_none() {
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    let (passed, failed) = gpu_check("fixtures", work.path(), &[]);
+    let Some((passed, failed)) = gpu_check("fixtures", &[]) else { return };
     // seven rows per model (the fixtures and the four GQA / window / ACP models), three more per
     // model with ACP
     assert_eq!(passed + failed, (7 + 4) * 7 + 2 * 3, "rows of the fixture checks");
@@ -55,21 +54,13 @@ fn fixtures_on_the_gpu_match_the_cpu() {
 
 #[test]
 fn inference_on_the_gpu_matches_the_cpu() {
-    if gpu().is_none() {
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    let (passed, failed) = gpu_check("infer", work.path(), &[]);
+    let Some((passed, failed)) = gpu_check("infer", &[]) else { return };
     assert!(passed + failed >= 7 * 7, "seven rows per fixture and the sampler's");
     assert_eq!(failed, 0);
 }
 
 #[test]
 fn training_on_the_gpu_matches_the_cpu_and_resumes() {
-    if gpu().is_none() {
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    let (_, failed) = gpu_check("train", work.path(), &["--train-steps", "300"]);
+    let Some((_, failed)) = gpu_check("train", &["--train-steps", "300"]) else { return };
     assert_eq!(failed, 0);
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::fixture;
+use common::{err, fixture};
 use foxlm::data::{prepare, Dataset, PrepareOptions, MANIFEST_FILE};
 use foxlm::optim::AdamW;
 use foxlm::tokenizer::TextFormat;
@@ -17,13 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_foxlm");
-
-fn err<T>(r: anyhow::Result<T>) -> String {
-    match r {
-        Ok(_) => panic!("expected an error"),
-        Err(e) => format!("{e:#}"),
-    }
-}
 
 fn foxlm(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let o: Output = Command::new(BIN).args(args).envs(env.iter().copied()).output().expect("run foxlm");

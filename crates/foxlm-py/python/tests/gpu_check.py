@@ -36,7 +36,10 @@ import os
 import statistics
 import sys
 import time
-import types
+
+# bench/authors_common.py: beside this file in bench/python_bundle.sh's bundle, else the repo's bench/.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "bench"))
+from authors_common import authors_adamw, fox_pro_config, put_authors_src_on_path  # noqa: E402
 
 
 def parse_args():
@@ -56,15 +59,7 @@ def parse_args():
 
 
 def import_authors(src):
-    if not os.path.isfile(os.path.join(src, "forgetting_transformer", "__init__.py")):
-        raise SystemExit(f"error: {src}/forgetting_transformer not found")
-    sys.path.insert(0, src)
-    try:
-        import pytest  # noqa: F401  (their token_shift.py imports it for its tests)
-    except ImportError:
-        stub = types.ModuleType("pytest")
-        stub.mark = types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f))
-        sys.modules["pytest"] = stub
+    put_authors_src_on_path(src, "__init__.py")
     import warnings
 
     with warnings.catch_warnings():
@@ -242,34 +237,6 @@ def ops_part(torch, foxlm, theirs, tol):
 # the authors' model
 
 
-def fox_pro_config(Config, d, layers, heads, vocab=50257):
-    # their Pro yaml plus the defaults of their hydra model config, as bench/authors_fox.py
-    return Config(
-        vocab_size=vocab,
-        hidden_size=d,
-        num_hidden_layers=layers,
-        num_heads=heads,
-        hidden_ratio=3.5,
-        use_rope=False,
-        rope_base=500000,
-        use_v_shift=True,
-        use_k_shift=True,
-        qk_norm=True,
-        qk_norm_share_param_across_head=True,
-        use_output_gate=True,
-        use_output_norm=True,
-        log_pruning_tolerance=None,
-        max_position_embeddings=None,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
-        fuse_norm=True,
-        fuse_cross_entropy=True,
-        use_cache=False,
-    )
-
-
 def loss_of(torch, model, ids, labels):
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
         out = model(input_ids=ids, labels=labels, use_cache=False, return_dict=True)
@@ -360,15 +327,7 @@ def bench_part(torch, foxlm, modeling, Config, theirs, a):
             model = modeling.ForgettingTransformerForCausalLM(cfg)
         model.load_state_dict(init)
         model = model.to(device=dev, dtype=torch.float32).train()
-        decay, no_decay = [], []
-        for p in model.parameters():
-            (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=1e-3,
-            betas=(0.9, 0.95),
-            fused=True,
-        )
+        opt = authors_adamw(torch, model, fused=True)
         params = list(model.parameters())
         losses, times = [], []
         for i, bt in enumerate(batches):

@@ -175,22 +175,14 @@ fn mega_rows(gpu: &Arc<Gpu>, model: &Model, v: &str, prompt: &[u32], cpu: &[f32]
     if !e.mega.ready() {
         return Ok(Vec::new());
     }
-    let mega = e.logits(prompt, &ctx)?;
-    let steps = e.mega.steps;
-    e.set_mega(false);
-    let fused = e.logits(prompt, &ctx)?;
-    let fused_steps = e.mega.steps - steps;
-    let mut rows = vec![row(
+    let ([mega, fused], [steps, fused_steps]) = mega_and_fused_logits(&mut e, prompt, &ctx)?;
+    let mut rows = vec![mega_logits_row(
         format!("{v} bf16 megakernel decode"),
         "logits against the fused step RMS",
-        if steps + 1 >= t && fused_steps == 0 { rms_diff(&mega, &fused) } else { f64::INFINITY },
-        0.04,
-        format!(
-            "max {:.3}; {steps} steps as the megakernel; against the CPU: RMS {:.4} (fused {:.4})",
-            max_abs_diff(&mega, &fused),
-            rms_diff(&mega, cpu),
-            rms_diff(&fused, cpu)
-        ),
+        steps + 1 >= t && fused_steps == 0,
+        [&mega, &fused],
+        cpu,
+        &format!("{steps} steps as the megakernel"),
     )];
     let opts = greedy(CONTINUATION);
     let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), model, Plan { batch: 1, chunk: t })?;
@@ -208,6 +200,40 @@ fn mega_rows(gpu: &Arc<Gpu>, model: &Model, v: &str, prompt: &[u32], cpu: &[f32]
         format!("{ran} steps as the megakernel {note}").trim_end().to_string(),
     ));
     Ok(rows)
+}
+
+/// Logits of `ids` by the engine `e` (megakernel on) and then by the fused step the megakernel
+/// replaces, and the steps each pass ran as the megakernel.
+fn mega_and_fused_logits(e: &mut GpuInfer<half::bf16>, ids: &[u32], ctx: &Ctx) -> Result<([Vec<f32>; 2], [usize; 2])> {
+    let mega = e.logits(ids, ctx)?;
+    let steps = e.mega.steps;
+    e.set_mega(false);
+    let fused = e.logits(ids, ctx)?;
+    Ok(([mega, fused], [steps, e.mega.steps - steps]))
+}
+
+/// The megakernel's logits against the fused step's: their RMS difference within 0.04 (infinite
+/// unless `ran`), the largest difference and each one's RMS against the CPU in the note.
+fn mega_logits_row(
+    case: String,
+    metric: &str,
+    ran: bool,
+    [mega, fused]: [&[f32]; 2],
+    cpu: &[f32],
+    steps: &str,
+) -> CheckRow {
+    row(
+        case,
+        metric,
+        if ran { rms_diff(mega, fused) } else { f64::INFINITY },
+        0.04,
+        format!(
+            "max {:.3}; {steps}; against the CPU: RMS {:.4} (fused {:.4})",
+            max_abs_diff(mega, fused),
+            rms_diff(mega, cpu),
+            rms_diff(fused, cpu)
+        ),
+    )
 }
 
 /// Tokens of `got` that differ from the CPU's greedy continuation `want` of `prompt`, unless they
@@ -525,22 +551,14 @@ fn head_dim_64_checks(gpu: &Arc<Gpu>) -> Result<Vec<CheckRow>> {
         let one = Ctx { batch: 1, seq: t, start: None };
         let mut e = GpuInfer::<half::bf16>::new(gpu.clone(), &model, Plan { batch: 1, chunk: 1 })?;
         e.set_mega(true);
-        let mega = e.logits(&ids[..t], &one)?;
-        let steps = e.mega.steps;
-        e.set_mega(false);
-        let fused = e.logits(&ids[..t], &one)?;
-        let cpu0 = &cpu[..t * 512];
-        rows.push(row(
+        let ([mega, fused], [steps, _]) = mega_and_fused_logits(&mut e, &ids[..t], &one)?;
+        rows.push(mega_logits_row(
             "d=128 hd=64 bf16 megakernel".into(),
             "logits 1 pos/step against the fused step RMS",
-            if steps + 1 >= t { rms_diff(&mega, &fused) } else { f64::INFINITY },
-            0.04,
-            format!(
-                "max {:.3}; {steps} steps; against the CPU: RMS {:.4} (fused {:.4})",
-                max_abs_diff(&mega, &fused),
-                rms_diff(&mega, cpu0),
-                rms_diff(&fused, cpu0)
-            ),
+            steps + 1 >= t,
+            [&mega, &fused],
+            &cpu[..t * 512],
+            &format!("{steps} steps"),
         ));
     }
     for (chunk, what) in [(1, "1 pos/step (decode kernel)"), (64, "chunks of 64")] {

@@ -15,7 +15,7 @@ use fox_kernels::cuda::{Elem, Gpu};
 use foxlm::backend::cuda::Cuda;
 use foxlm::backend::{Alloc, Backend, BatchInfo};
 use foxlm::checkpoint::load_model;
-use foxlm::model::{Ctx, Model, ModelActs, Scratch};
+use foxlm::model::{Acts, Ctx, Model, ModelActs, Scratch};
 use safetensors::SafeTensors;
 use std::path::Path;
 use std::sync::Arc;
@@ -31,15 +31,41 @@ pub use foxlm::presets::OFFICIAL_FIXTURES as VARIANTS;
 
 /// Logits [B·T, V] of the model on the GPU with activations in T.
 pub fn gpu_logits<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx) -> Result<Vec<f32>> {
-    let (b, t) = (ctx.batch, ctx.seq);
-    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, false)?;
-    let mut batch = be.new_batch(b * t, b)?;
-    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, None)?;
-    let mut acts = ModelActs::new(&be, model, b, t, false)?;
-    model.forward_on(&mut be, &batch, &mut acts, None)?;
-    let mut logits = be.alloc_f32(b * t * model.config.vocab_size)?;
-    be.linear_fwd_f32(&mut logits, &acts.final_out, &model.lm_head, b * t)?;
+    let (mut be, acts) = gpu_forward::<T>(gpu, model, ids, ctx, false)?;
+    let rows = ctx.batch * ctx.seq;
+    let mut logits = be.alloc_f32(rows * model.config.vocab_size)?;
+    be.linear_fwd_f32(&mut logits, &acts.final_out, &model.lm_head, rows)?;
     gpu.download(&logits)
+}
+
+/// A backend for ctx's [B, T] (`train`: with gradient buffers) and its batch of `ids` and `targets`.
+fn gpu_batch<T: Elem>(
+    gpu: &Arc<Gpu>,
+    model: &Model,
+    ids: &[u32],
+    targets: Option<&[Option<u32>]>,
+    ctx: &Ctx,
+    train: bool,
+) -> Result<(Cuda<T>, <Cuda<T> as Backend>::Batch)> {
+    let (b, t) = (ctx.batch, ctx.seq);
+    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, train)?;
+    let mut batch = be.new_batch(b * t, b)?;
+    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, targets)?;
+    Ok((be, batch))
+}
+
+/// A forward of the inference backend, its activations every block's when `keep` (ModelActs::new).
+fn gpu_forward<T: Elem>(
+    gpu: &Arc<Gpu>,
+    model: &Model,
+    ids: &[u32],
+    ctx: &Ctx,
+    keep: bool,
+) -> Result<(Cuda<T>, Acts<Cuda<T>>)> {
+    let (mut be, batch) = gpu_batch::<T>(gpu, model, ids, None, ctx, false)?;
+    let mut acts = ModelActs::new(&be, model, ctx.batch, ctx.seq, keep)?;
+    model.forward_on(&mut be, &batch, &mut acts, None)?;
+    Ok((be, acts))
 }
 
 /// Mean loss over the targets and every parameter's gradient of it, on the GPU.
@@ -64,9 +90,7 @@ pub fn gpu_loss_and_grads_with<T: Elem>(
 ) -> Result<(f64, Vec<Vec<f32>>)> {
     let (b, t) = (ctx.batch, ctx.seq);
     let n_targets = targets.iter().filter(|t| t.is_some()).count().max(1);
-    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, true)?;
-    let mut batch = be.new_batch(b * t, b)?;
-    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, Some(targets))?;
+    let (mut be, batch) = gpu_batch::<T>(gpu, model, ids, Some(targets), ctx, true)?;
     let mut acts =
         if recompute { ModelActs::recompute(&be, model, b, t)? } else { ModelActs::new(&be, model, b, t, true)? };
     let mut scratch = Scratch::new(&be, model, b, t)?;
@@ -308,12 +332,7 @@ pub fn gqa_window_models() -> Result<Vec<CheckModel>> {
 
 /// Every layer's ACP thresholds δ [B·H] of a forward on the GPU with activations in T.
 fn gpu_thresholds<T: Elem>(gpu: &Arc<Gpu>, model: &Model, ids: &[u32], ctx: &Ctx) -> Result<Vec<Vec<f32>>> {
-    let (b, t) = (ctx.batch, ctx.seq);
-    let mut be = Cuda::<T>::new(gpu.clone(), model, b, t, false)?;
-    let mut batch = be.new_batch(b * t, b)?;
-    be.prepare(&mut batch, &BatchInfo { batch: b, seq: t, start: ctx.start.as_deref(), past: 0 }, ids, None)?;
-    let mut acts = ModelActs::new(&be, model, b, t, true)?;
-    model.forward_on(&mut be, &batch, &mut acts, None)?;
+    let (_be, acts) = gpu_forward::<T>(gpu, model, ids, ctx, true)?;
     acts.blocks
         .iter()
         .map(|blk| gpu.download(blk.attn().and_then(|a| a.prune.as_ref()).context("a layer without ACP thresholds")?))

@@ -19,6 +19,15 @@ pub fn fixture(v: &str) -> PathBuf {
     fixtures("official-fox-tiny").join(v)
 }
 
+/// The message of an error that `r` must be, with its causes (`{:#}`).
+#[allow(dead_code)]
+pub fn err<T>(r: anyhow::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
 /// The arguments of `foxlm forward --model model --input input --output output`.
 #[allow(dead_code)]
 pub fn forward_args<'a>(

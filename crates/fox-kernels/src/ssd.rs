@@ -869,7 +869,7 @@ fn check_dt(n: usize, raw: usize, raw_stride: usize, h: usize) -> Result<()> {
     ensure!(h > 0 && n.is_multiple_of(h), "dt: {n} values are not rows of H = {h}");
     ensure!(raw_stride >= h, "dt: raw_stride {raw_stride} < H = {h}");
     let rows = n / h;
-    let need = if rows == 0 { 0 } else { (rows - 1) * raw_stride + h };
+    let need = crate::strided_span(rows, raw_stride, h);
     ensure!(raw >= need, "dt: dt_raw holds {raw} values, needs {need}");
     Ok(())
 }

@@ -25,7 +25,7 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg, DecodeStep};
+use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -915,19 +915,9 @@ pub fn delta_rule_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "delta_rule_decode_step";
     p.check(op)?;
-    let step = DecodeStep {
-        seq: p.seq,
-        what: "K",
-        value: p.k_dim,
-        most: MAX_K_DECODE,
-        why: "",
-        state,
-        states: p.states(),
-        out_name: "o",
-        out: o,
-        outs: p.batch * p.heads * p.v_dim,
-    };
-    step.check(op)?;
+    let bound = Bound { what: "K", value: p.k_dim, most: MAX_K_DECODE, why: "" };
+    let outs = p.batch * p.heads * p.v_dim;
+    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
     if p.batch == 0 {
         return Ok(());
     }

@@ -20,7 +20,7 @@
 //!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, DecodeStep};
+use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -553,19 +553,9 @@ pub fn gla_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "gla_decode_step";
     p.check(op)?;
-    let step = DecodeStep {
-        seq: p.seq,
-        what: "k_dim",
-        value: p.k_dim,
-        most: DECODE_KMAX,
-        why: "",
-        state,
-        states: p.states(),
-        out_name: "o",
-        out: o,
-        outs: p.batch * p.heads * p.v_dim,
-    };
-    step.check(op)?;
+    let bound = Bound { what: "k_dim", value: p.k_dim, most: DECODE_KMAX, why: "" };
+    let outs = p.batch * p.heads * p.v_dim;
+    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
     if p.batch == 0 {
         return Ok(());
     }

@@ -30,15 +30,20 @@ pub(crate) fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -
     Ok(())
 }
 
-/// A recurrent layer's decode step as [`DecodeStep::check`] sees it: the dimension the kernel
-/// bounds, and the state and output buffers with the elements the shapes need.
-pub(crate) struct DecodeStep<'a, T> {
-    pub seq: usize,
+/// The dimension a decode kernel bounds: its name and value, the most the kernel takes, and why
+/// (appended to the error, may be empty).
+pub(crate) struct Bound<'a> {
     pub what: &'a str,
     pub value: usize,
     pub most: usize,
-    /// Why the kernel bounds `what`, appended to the error (may be empty).
     pub why: &'a str,
+}
+
+/// A recurrent layer's decode step as [`DecodeStep::check`] sees it: the bounded dimension, and
+/// the state and output buffers with the elements the shapes need.
+pub(crate) struct DecodeStep<'a, T> {
+    pub seq: usize,
+    pub bound: Bound<'a>,
     pub state: &'a CudaSlice<f32>,
     pub states: usize,
     pub out_name: &'a str,
@@ -50,7 +55,7 @@ impl<T> DecodeStep<'_, T> {
     /// The checks after the problem's own: one position per row (`seq` = 1), the bounded
     /// dimension, and the state and output lengths.
     pub(crate) fn check(&self, op: &str) -> Result<()> {
-        let (seq, what, value, most, why) = (self.seq, self.what, self.value, self.most, self.why);
+        let (seq, Bound { what, value, most, why }) = (self.seq, &self.bound);
         ensure!(seq == 1, "{op}: one position per row, not {seq}");
         ensure!(value <= most, "{op}: {what} {value} is above {most}{why}");
         need(op, "state", self.state, self.states)?;

@@ -12,7 +12,7 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, DecodeStep};
+use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use crate::strided_span;
 use anyhow::{anyhow, ensure, Result};
@@ -282,19 +282,9 @@ fn decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "ssd_decode_step";
     p.check(op)?;
-    let step = DecodeStep {
-        seq: p.seq,
-        what: "state",
-        value: p.state,
-        most: NMAX,
-        why: " (four columns per lane)",
-        state,
-        states: p.states(),
-        out_name: "y",
-        out: y,
-        outs: p.batch * p.heads * p.head_dim,
-    };
-    step.check(op)?;
+    let bound = Bound { what: "state", value: p.state, most: NMAX, why: " (four columns per lane)" };
+    let outs = p.batch * p.heads * p.head_dim;
+    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "y", out: y, outs }.check(op)?;
     if p.batch == 0 {
         return Ok(());
     }

@@ -143,16 +143,11 @@ fn ssd_inputs(c: &mut Ctx, b: usize, t: usize, h: usize, p: usize, n: usize, str
     (xbc, dt, a, d, init)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One SSD case at [B, T, H, P, N, G] (as [`host_problem`] takes them).
 fn ssd_case(
     c: &mut Ctx,
     name: &str,
-    b: usize,
-    t: usize,
-    h: usize,
-    p: usize,
-    n: usize,
-    g: usize,
+    (b, t, h, p, n, g): (usize, usize, usize, usize, usize, usize),
     start: Option<Vec<usize>>,
 ) -> Result<()> {
     let stride = h * p + 2 * g * n + 5;
@@ -428,8 +423,10 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
 /// Every Mamba-2 check row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     let mut c = Ctx::new(gpu, seed ^ 0x55d);
-    c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| ssd_case(c, n, 2, 300, 4, 64, 128, 2, Some(vec![0, 70])));
-    c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, 1, 50, 2, 32, 48, 1, None));
+    c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| {
+        ssd_case(c, n, (2, 300, 4, 64, 128, 2), Some(vec![0, 70]))
+    });
+    c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, (1, 50, 2, 32, 48, 1), None));
     c.case("ssd decode B2 H4 P64 N128 G2", decode_case);
     // (T, C, W, row stride): one channel per thread (stride 311), vectors (stride 3352, Mamba-2
     // 125M's zxbcdt rows, C 1792); T past one backward block (256 positions) and not a multiple of

@@ -420,6 +420,16 @@ fn make_data(s: &Spec, rng: &mut ChaCha8Rng) -> Data {
     Data { q, k, v, dout, a, c, starts }
 }
 
+/// Left-padding starts as the kernels take them (i32), on the device.
+pub(crate) fn upload_starts(gpu: &Gpu, starts: Option<&[usize]>) -> Result<Option<cudarc::driver::CudaSlice<i32>>> {
+    starts.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()
+}
+
+/// How many elements' bits differ (the determinism rows' metric), a length difference counted too.
+pub(crate) fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
+    (a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())) as f64
+}
+
 /// ‖x − r‖ / ‖r‖ in f64 (‖x − r‖ where r is 0; a NaN counts as an infinite error; ∞ for a
 /// length mismatch): the GPU checks' metric (gemm, ops, selective scan, attention).
 pub fn rel_l2(x: &[f32], r: &[f32]) -> f64 {

@@ -22,8 +22,9 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
+use crate::check::{bits_differ, upload_starts};
 use crate::check::{CheckRow, Ctx};
-use crate::ssd_check::{bits_differ, download_f32 as down, rel_l2, rounded, upload_as as up, upload_starts};
+use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};

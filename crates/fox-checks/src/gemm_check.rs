@@ -18,7 +18,7 @@
 //!   cases with a fixed aggressive threshold prune tiles whose mass moves o by about 1e-3, 50×
 //!   the tolerance (the note says how much), so any other choice fails.
 
-use crate::check::{host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
+use crate::check::{bits_differ, host_prefix_fwd, lse_err, rel_l2, CheckRow, Table};
 use crate::ssd_check::{rounded as round, upload_as as up};
 use anyhow::Result;
 use fox_kernels::attention::{self as ca, Problem, View, Visibility};
@@ -133,10 +133,9 @@ fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Table) -> Re
         g.linear_bwd_dw::<bf16>(&mut dw, &dy, &x, m, k, n)?;
         outs.push(gpu.download(&dw)?);
     }
-    let diff = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     out.add(
         &format!("dw m={m} k={k} n={n}: repeat bitwise"),
-        diff as f64,
+        bits_differ(&outs[0], &outs[1]),
         0.0,
         algo_note::<bf16, f32>(g, GemmOp::Dw, m, k, n),
     );
@@ -156,8 +155,8 @@ fn determinism(gpu: &Gpu, g: &Gemm, rng: &mut ChaCha8Rng, out: &mut Table) -> Re
         g.linear_bwd_dx::<bf16>(&mut dx, false, &dy, &w, m, k, n)?;
         dxs.push(gpu.download(&dx)?);
     }
-    let diff = outs[0].iter().zip(&outs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    out.add(&format!("head fwd m={m} n={n}: repeat bitwise"), diff as f64, 0.0, String::new());
+    out.add(&format!("head fwd m={m} n={n}: repeat bitwise"), bits_differ(&outs[0], &outs[1]), 0.0, String::new());
+    // bf16: its own bits, not those of f32 images (a NaN's payload would not survive).
     let diff = dxs[0].iter().zip(&dxs[1]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     out.add(&format!("head dx m={m} n={n}: repeat bitwise"), diff as f64, 0.0, String::new());
     let q = g.heuristic_queries() - q0;

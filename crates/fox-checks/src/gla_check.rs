@@ -38,11 +38,12 @@
 //! - Determinism: forward and backward run twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
+use crate::check::{bits_differ, upload_starts};
 use crate::check::{CheckRow, Ctx};
-use crate::ssd_check::{bits_differ, download_f32 as down, rel_l2, rounded, upload_as as up, upload_starts};
+use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
+use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs, GlaKernels};
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::scalar::{log_sigmoid, sigmoid, silu};
 use rand::Rng;
@@ -127,29 +128,28 @@ impl<T: Elem> DevInputs<T> {
     }
 }
 
-/// The GLA kernels a case or a timing runs ([`gla::GlaKernels`], the walk with or without its
-/// forward's scores on tensor cores, in line with the scores or beside them).
+/// The GLA kernels a case or a timing runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GlaRun {
-    CudaCores,
-    TensorCores,
-    /// The walk with gla_scores on the CUDA cores (bf16 only).
-    Walk,
-    /// The walk with the forward's scores on tensor cores (timed with the walk in line with them).
-    WalkTcScores,
-    /// [`GlaRun::WalkTcScores`] with the walk beside the scores on a second stream (the default,
-    /// [`gla::set_overlap`]).
-    WalkTcScoresBeside,
+    /// One of the sets [`GlaKernels`] names, the walk's forward scores by gla_scores on the CUDA
+    /// cores (the walk: bf16 only).
+    Kernels(GlaKernels),
+    /// The walk with the forward's scores on tensor cores, the walk in line with them or beside
+    /// them on a second stream (the default, [`gla::set_overlap`]).
+    WalkTcScores { beside: bool },
 }
 
 impl GlaRun {
     /// The problem `p` with these kernels chosen.
     fn problem<'a, T: Elem>(self, p: DevGla<'a, T>) -> DevGla<'a, T> {
-        use GlaRun::*;
+        let (kernels, scores_tc) = match self {
+            GlaRun::Kernels(k) => (k, false),
+            GlaRun::WalkTcScores { .. } => (GlaKernels::Walk, true),
+        };
         DevGla {
-            tensor_cores: Some(self != CudaCores),
-            walk: Some(matches!(self, Walk | WalkTcScores | WalkTcScoresBeside)),
-            scores_tc: Some(matches!(self, WalkTcScores | WalkTcScoresBeside)),
+            tensor_cores: Some(kernels != GlaKernels::CudaCores),
+            walk: Some(kernels == GlaKernels::Walk),
+            scores_tc: Some(scores_tc),
             ..p
         }
     }
@@ -157,7 +157,7 @@ impl GlaRun {
 
 /// One case in T through `run`'s kernels.
 fn gla_case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape, run: GlaRun) -> Result<()> {
-    let tc = run != GlaRun::CudaCores;
+    let tc = run != GlaRun::Kernels(GlaKernels::CudaCores);
     let (b, t, h, d) = (s.b, s.t, s.h, s.d);
     let [q, k, v, g] = inputs::<T>(c, s);
     let ns = b * h * d * d;
@@ -430,13 +430,14 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
         ("B1 T90 H1 K=V=80 init", Shape { b: 1, t: 90, h: 1, d: 80, start: None, init: true, gate: (2.0, 1.5) }),
     ];
     for (shape, s) in &shapes {
-        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, GlaRun::CudaCores));
+        let cuda_cores = GlaRun::Kernels(GlaKernels::CudaCores);
+        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, cuda_cores));
         let bf16 = |run| move |c: &mut Ctx, n: &str| gla_case::<half::bf16>(c, n, s, run);
-        case(&mut c, &format!("gla bf16 cuda-cores {shape}"), bf16(GlaRun::CudaCores));
-        case(&mut c, &format!("gla bf16 tc {shape}"), bf16(GlaRun::TensorCores));
+        case(&mut c, &format!("gla bf16 cuda-cores {shape}"), bf16(cuda_cores));
+        case(&mut c, &format!("gla bf16 tc {shape}"), bf16(GlaRun::Kernels(GlaKernels::TensorCores)));
         // The walk (its block width as FOXLM_GLA_KB says: run check-ops once per width).
-        case(&mut c, &format!("gla bf16 walk {shape}"), bf16(GlaRun::Walk));
-        case(&mut c, &format!("gla bf16 walk tc-scores {shape}"), bf16(GlaRun::WalkTcScores));
+        case(&mut c, &format!("gla bf16 walk {shape}"), bf16(GlaRun::Kernels(GlaKernels::Walk)));
+        case(&mut c, &format!("gla bf16 walk tc-scores {shape}"), bf16(GlaRun::WalkTcScores { beside: false }));
     }
     for d in [32, 128] {
         case(&mut c, &format!("gla decode B2 H3 K=V={d}"), |c, n| decode_case(c, n, d));
@@ -453,12 +454,20 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
 /// What `fox-attn bench-gla` and `foxlm bench gla` time, in order: (label, bf16 inputs, the
 /// kernels [`bench`] runs).
 pub const BENCH_RUNS: [(&str, bool, GlaRun); 6] = [
-    ("bf16, walk + tensor-core scores, walk beside the scores (the default)", true, GlaRun::WalkTcScoresBeside),
-    ("bf16, walk + tensor-core scores, walk in line (FOXLM_GLA_OVERLAP=0)", true, GlaRun::WalkTcScores),
-    ("bf16, walk with gla_scores", true, GlaRun::Walk),
-    ("bf16, tensor cores", true, GlaRun::TensorCores),
-    ("bf16, cuda cores", true, GlaRun::CudaCores),
-    ("f32, cuda cores", false, GlaRun::CudaCores),
+    (
+        "bf16, walk + tensor-core scores, walk beside the scores (the default)",
+        true,
+        GlaRun::WalkTcScores { beside: true },
+    ),
+    (
+        "bf16, walk + tensor-core scores, walk in line (FOXLM_GLA_OVERLAP=0)",
+        true,
+        GlaRun::WalkTcScores { beside: false },
+    ),
+    ("bf16, walk with gla_scores", true, GlaRun::Kernels(GlaKernels::Walk)),
+    ("bf16, tensor cores", true, GlaRun::Kernels(GlaKernels::TensorCores)),
+    ("bf16, cuda cores", true, GlaRun::Kernels(GlaKernels::CudaCores)),
+    ("f32, cuda cores", false, GlaRun::Kernels(GlaKernels::CudaCores)),
 ];
 
 /// Median ms (CUDA events, after warm-up) of the GLA forward and of forward + backward at
@@ -477,7 +486,7 @@ pub fn bench<T: Elem>(
     let cpu = host_problem((b, t, h, d), [&q, &k, &v, &g], None);
     let inputs = DevInputs::<T>::upload(gpu, &cpu)?;
     let dev = run.problem(inputs.problem(&cpu));
-    gla::set_overlap(Some(run == GlaRun::WalkTcScoresBeside));
+    gla::set_overlap(Some(run == GlaRun::WalkTcScores { beside: true }));
     let r = bench_timed(gpu, &mut c, &dev, &q, warmup, iters);
     gla::set_overlap(None);
     r

@@ -19,7 +19,7 @@
 //! column sums, sums of squares, and AdamW (foxlm::optim::AdamW::update's per-element formula:
 //! foxlm depends on this crate, not the other way round).
 
-use crate::check::{rel_l2, CheckRow, Ctx};
+use crate::check::{bits_differ, rel_l2, upload_starts, CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ops::{self, CrossEntropy, EmbeddingIndex, KvShift, RmsNorm, RmsNormSaved};
@@ -53,12 +53,7 @@ impl Ctx<'_> {
     }
 
     fn add_same(&mut self, case: &str, metric: &str, a: &[f32], b: &[f32]) {
-        let diff = if a.len() != b.len() {
-            a.len().max(b.len())
-        } else {
-            a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
-        };
-        self.add(case, metric, diff as f64, 0.0, "elements with other bits");
+        self.add(case, metric, bits_differ(a, b), 0.0, "elements with other bits");
     }
 
     /// Random values rounded to T: the device copy's values and their f32 images.
@@ -265,11 +260,7 @@ fn kv_case<T: Elem>(
     let a_raw: Vec<f32> = c.randn(b * t * h, 1.5).iter().map(|v| sigmoid(*v)).collect();
     let (at, a) = round::<T>(&a_raw);
     let (dot, dout) = c.randn_t::<T>(n, 1.0);
-    let start_i: Option<Vec<i32>> = start.map(|s| s.iter().map(|&v| v as i32).collect());
-    let sd = match &start_i {
-        Some(s) => Some(c.up(s)?),
-        None => None,
-    };
+    let sd = upload_starts(g, start)?;
     let (xd, ad, dod) = (c.up(&xt)?, c.up(&at)?, c.up(&dot)?);
     let prob = fox_kernels::kv_shift::KvShift { batch: b, seq: t, heads: h, head_dim: d, x: &x, alpha: &a, start };
     let mut out_ref = vec![0.0; n];
@@ -385,12 +376,10 @@ fn residual_case<T: Elem>(c: &mut Ctx, name: &str, n: usize) -> Result<()> {
     let mut td = g.zeros::<T>(n)?;
     ops::cast_from_f32(g, &mut td, &xd, n)?;
     let back = dl(g, &td, n)?;
-    let diff = back.iter().zip(&x_rounded).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-    c.add(name, "cast_from_f32 (elements != host rounding)", diff as f64, 0.0, "");
+    c.add(name, "cast_from_f32 (elements != host rounding)", bits_differ(&back, &x_rounded), 0.0, "");
     let mut fd = g.zeros::<f32>(n)?;
     ops::cast_to_f32(g, &mut fd, &ad, n)?;
-    let diff = g.download(&fd)?.iter().zip(&a).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-    c.add(name, "cast_to_f32 (elements != exact)", diff as f64, 0.0, "");
+    c.add(name, "cast_to_f32 (elements != exact)", bits_differ(&g.download(&fd)?, &a), 0.0, "");
     Ok(())
 }
 
@@ -479,8 +468,7 @@ fn embedding_case<T: Elem>(
     let want: Vec<f32> =
         ids.iter().flat_map(|&i| table[i as usize * d..(i as usize + 1) * d].iter().copied()).collect();
     let got = dl(g, &od, rows * d)?;
-    let diff = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-    c.add(name, "fwd gather (elements != table)", diff as f64, 0.0, "");
+    c.add(name, "fwd gather (elements != table)", bits_differ(&got, &want), 0.0, "");
     // backward onto a random dtable, position order
     let (dot, dout) = c.randn_t::<T>(rows * d, 1.0);
     let dt0 = c.randn(vocab * d, 1.0);

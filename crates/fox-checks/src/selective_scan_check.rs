@@ -1,8 +1,9 @@
 //! The GPU check of Mamba's selective scan ([`fox_kernels::cuda::selective_scan`], Samba's SSM)
 //! against the CPU op, and its timing.
 
+use crate::check::{bits_differ, upload_starts};
 use crate::check::{rel_l2, CheckRow};
-use crate::ssd_check::{upload_as as up, upload_starts};
+use crate::ssd_check::upload_as as up;
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::*;
@@ -193,9 +194,8 @@ fn fwd_bwd_case<T: Elem>(gpu: &Gpu, name: &str, c: &Case, rows: &mut Vec<CheckRo
     rows.push(CheckRow::new(name, "dD (added to)", rel_l2(&less(&got[5]), &less(&dd)), TOL_F32_GRAD, ""));
     rows.push(CheckRow::new(name, "dh0", rel_l2(&got[6], &dh0), TOL_F32_GRAD, ""));
     let again = grads(&mut scratch)?;
-    let diff: usize =
-        got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
-    rows.push(CheckRow::new(name, "backward twice: bits differing", diff as f64, 0.0, "elements"));
+    let diff: f64 = got.iter().zip(&again).map(|(a, b)| bits_differ(a, b)).sum();
+    rows.push(CheckRow::new(name, "backward twice: bits differing", diff, 0.0, "elements"));
     Ok(())
 }
 

@@ -12,7 +12,7 @@
 //! - Determinism: the forward runs twice; the metric is the number of elements whose bits
 //!   differ, tolerance 0.
 
-use crate::check::{CheckRow, Ctx};
+use crate::check::{bits_differ, upload_starts, CheckRow, Ctx};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ssd::{self, DevSsd};
@@ -143,16 +143,11 @@ fn ssd_inputs(c: &mut Ctx, b: usize, t: usize, h: usize, p: usize, n: usize, str
     (xbc, dt, a, d, init)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One SSD case at [B, T, H, P, N, G] (as [`host_problem`] takes them).
 fn ssd_case(
     c: &mut Ctx,
     name: &str,
-    b: usize,
-    t: usize,
-    h: usize,
-    p: usize,
-    n: usize,
-    g: usize,
+    (b, t, h, p, n, g): (usize, usize, usize, usize, usize, usize),
     start: Option<Vec<usize>>,
 ) -> Result<()> {
     let stride = h * p + 2 * g * n + 5;
@@ -173,8 +168,7 @@ fn ssd_case(
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), TOL_SSD, "");
     ssd::ssd_fwd(gpu, &dev, &mut gy, Some(&di), Some(&mut gf), &mut cb)?;
     let y2 = gpu.download(&gy)?;
-    let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    c.add(name, "determinism (rerun)", bits_differ(&y1, &y2), 0.0, "elements with other bits");
     // Backward, with a gradient on the final state and the initial state's gradient out.
     let dyv = c.randn(y.len(), 1.0);
     let dfin = c.randn(fin.len(), 1.0);
@@ -209,9 +203,8 @@ fn ssd_case(
         c.add(&bname, &format!("{what} rel L2 vs CPU chunked"), rel_l2(&got[k], want), TOL_SSD_BWD, "");
     }
     let again = run(c)?;
-    let diff: usize =
-        got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
-    c.add(&bname, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    let diff: f64 = got.iter().zip(&again).map(|(a, b)| bits_differ(a, b)).sum();
+    c.add(&bname, "determinism (rerun)", diff, 0.0, "elements with other bits");
     Ok(())
 }
 
@@ -271,16 +264,6 @@ pub(super) fn rounded<T: Elem>(x: Vec<f32>) -> Vec<f32> {
 
 pub(super) fn upload_as<T: Elem>(gpu: &Gpu, x: &[f32]) -> Result<cudarc::driver::CudaSlice<T>> {
     gpu.upload(&x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>())
-}
-
-/// Left-padding starts as the kernels take them (i32), on the device.
-pub(super) fn upload_starts(gpu: &Gpu, starts: Option<&[usize]>) -> Result<Option<CudaSlice<i32>>> {
-    starts.map(|s| gpu.upload(&s.iter().map(|&v| v as i32).collect::<Vec<_>>())).transpose()
-}
-
-/// How many elements' bits differ (the determinism rows' metric), a length difference counted too.
-pub(super) fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
-    (a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())) as f64
 }
 
 pub(super) fn download_f32<T: Elem>(gpu: &Gpu, x: &cudarc::driver::CudaSlice<T>) -> Result<Vec<f32>> {
@@ -424,19 +407,26 @@ fn step_in_case<T: Elem>(c: &mut Ctx, name: &str, rows: usize) -> Result<()> {
         got.push([download_f32(gpu, &z)?, download_f32(gpu, &xbc)?, gpu.download(&dt)?, gpu.download(&st)?]);
     }
     for (i, what) in ["zxbcdt", "xbc", "dt", "conv state"].into_iter().enumerate() {
-        let diff = got[0][i].iter().zip(&got[1][i]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        c.add(name, &format!("{what} vs gemv + decode_inputs"), diff as f64, 0.0, "elements with other bits");
+        c.add(
+            name,
+            &format!("{what} vs gemv + decode_inputs"),
+            bits_differ(&got[0][i], &got[1][i]),
+            0.0,
+            "elements with other bits",
+        );
     }
-    let moved = got[0][3].iter().zip(&state0).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    c.add(name, "conv state advanced", if moved > 0 { 0.0 } else { 1.0 }, 0.0, &format!("{moved} values changed"));
+    let moved = bits_differ(&got[0][3], &state0);
+    c.add(name, "conv state advanced", if moved > 0.0 { 0.0 } else { 1.0 }, 0.0, &format!("{moved} values changed"));
     Ok(())
 }
 
 /// Every Mamba-2 check row.
 pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     let mut c = Ctx::new(gpu, seed ^ 0x55d);
-    c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| ssd_case(c, n, 2, 300, 4, 64, 128, 2, Some(vec![0, 70])));
-    c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, 1, 50, 2, 32, 48, 1, None));
+    c.case("ssd fwd B2 T300 H4 P64 N128 G2 pad init", |c, n| {
+        ssd_case(c, n, (2, 300, 4, 64, 128, 2), Some(vec![0, 70]))
+    });
+    c.case("ssd fwd B1 T50 H2 P32 N48 G1 (T < L)", |c, n| ssd_case(c, n, (1, 50, 2, 32, 48, 1), None));
     c.case("ssd decode B2 H4 P64 N128 G2", decode_case);
     // (T, C, W, row stride): one channel per thread (stride 311), vectors (stride 3352, Mamba-2
     // 125M's zxbcdt rows, C 1792); T past one backward block (256 positions) and not a multiple of

@@ -23,7 +23,7 @@
 //!   A·decay·∂ℓ/∂decay, within TOL_BWD).
 //! - Determinism: each run twice; the metric is the number of elements whose bits differ, 0.
 
-use crate::check::{CheckRow, Ctx};
+use crate::check::{bits_differ, CheckRow, Ctx};
 use crate::ssd_check::{download_f32 as down, rel_l2, rounded, upload_as as up};
 use crate::ssd_check::{host_bwd, host_problem, BenchProblem, DevInputs};
 use anyhow::Result;
@@ -72,16 +72,14 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
     c.add(name, "final state rel L2", rel_l2(&f1, &fin), TOL_FWD, "");
     ssd_tc::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc)?;
     let y2 = down(gpu, &gy)?;
-    let diff = y1.iter().zip(&y2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    c.add(name, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    c.add(name, "determinism (rerun)", bits_differ(&y1, &y2), 0.0, "elements with other bits");
     if fox_kernels::cuda::ssd::uses_tensor_cores(&dev) {
         // cuda::ssd::ssd_fwd hands bf16 problems of these shapes to the tensor-core kernels, in its
         // own scratch.
         let mut sc1 = gpu.zeros::<f32>(fox_kernels::cuda::ssd::ssd_fwd_scratch_len(b, t, h, p, n, g))?;
         fox_kernels::cuda::ssd::ssd_fwd(gpu, &dev, &mut gy, ginit.as_ref(), Some(&mut gf), &mut sc1)?;
         let y3 = down(gpu, &gy)?;
-        let diff = y1.iter().zip(&y3).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        c.add(name, "through cuda::ssd::ssd_fwd", diff as f64, 0.0, "elements with other bits");
+        c.add(name, "through cuda::ssd::ssd_fwd", bits_differ(&y1, &y3), 0.0, "elements with other bits");
     }
     // Backward, with a gradient on the final state and the initial state's gradient out; dxbc
     // starts at 3 so that columns past the x, B, C ones must keep it.
@@ -139,9 +137,8 @@ fn case<T: Elem>(c: &mut Ctx, name: &str, s: &Shape) -> Result<()> {
         &format!("rel L2 vs CPU chunked {:.1e}", rel_l2(&got[2], &dav)),
     );
     let again = run(c)?;
-    let diff: usize =
-        got.iter().zip(&again).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()).sum();
-    c.add(&bname, "determinism (rerun)", diff as f64, 0.0, "elements with other bits");
+    let diff: f64 = got.iter().zip(&again).map(|(a, b)| bits_differ(a, b)).sum();
+    c.add(&bname, "determinism (rerun)", diff, 0.0, "elements with other bits");
     Ok(())
 }
 

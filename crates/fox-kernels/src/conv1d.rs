@@ -55,7 +55,7 @@ impl Conv1d<'_> {
         ensure!(self.x_stride >= c, "conv1d: x_stride {} < channels {c}", self.x_stride);
         let rows = b * t;
         ensure!(
-            rows == 0 || self.x.len() >= (rows - 1) * self.x_stride + c,
+            self.x.len() >= crate::strided_span(rows, self.x_stride, c),
             "conv1d: x holds {} values, [{b}, {t}, stride {}] needs more",
             self.x.len(),
             self.x_stride

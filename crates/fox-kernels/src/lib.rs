@@ -27,3 +27,13 @@ pub mod simd;
 pub mod small_gemm;
 pub mod ssd;
 pub mod swiglu;
+
+/// The elements a strided `rows` × `cols` matrix spans: the last row ends `cols` past its start
+/// (none when the matrix is empty).
+pub(crate) fn strided_span(rows: usize, stride: usize, cols: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * stride + cols
+    }
+}

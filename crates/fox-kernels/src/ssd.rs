@@ -155,23 +155,10 @@ struct In64<'a> {
     init: Option<&'a [f64]>,
 }
 
-/// f64 copies of a problem's inputs and initial state, for [`In64`].
-struct Owned64 {
-    xbc: Vec<f64>,
-    dt: Vec<f64>,
-    a: Vec<f64>,
-    d: Vec<f64>,
-    init: Option<Vec<f64>>,
-}
-
-impl Owned64 {
-    fn of(p: &Ssd, init: Option<&[f32]>) -> Self {
-        Self { xbc: to64(p.xbc), dt: dt64(p), a: to64(p.a), d: to64(p.d), init: init.map(to64) }
-    }
-
-    fn view(&self) -> In64<'_> {
-        In64 { xbc: &self.xbc, dt: &self.dt, a: &self.a, d: &self.d, init: self.init.as_deref() }
-    }
+/// `f` on f64 copies of a problem's inputs and initial state.
+fn with_in64<R>(p: &Ssd, init: Option<&[f32]>, f: impl FnOnce(&In64) -> R) -> R {
+    let (xbc, dt, a, d, init) = (to64(p.xbc), dt64(p), to64(p.a), to64(p.d), init.map(to64));
+    f(&In64 { xbc: &xbc, dt: &dt, a: &a, d: &d, init: init.as_deref() })
 }
 
 /// dt per position [B, T, H] as the forward reads it (0 at padding), in f64.
@@ -310,7 +297,7 @@ fn to64(v: &[f32]) -> Vec<f64> {
 pub fn ssd_reference(p: &Ssd, y: &mut [f32], init: Option<&[f32]>, final_state: Option<&mut [f32]>) -> Result<()> {
     p.check()?;
     check_io(p, y, init, final_state.as_deref())?;
-    let (yr, fin) = ref_fwd64(p, &Owned64::of(p, init).view());
+    let (yr, fin) = with_in64(p, init, |x| ref_fwd64(p, x));
     y.iter_mut().zip(&yr).for_each(|(o, &v)| *o = v as f32);
     if let Some(f) = final_state {
         f.iter_mut().zip(&fin).for_each(|(o, &v)| *o = v as f32);
@@ -319,7 +306,7 @@ pub fn ssd_reference(p: &Ssd, y: &mut [f32], init: Option<&[f32]>, final_state: 
 }
 
 fn ref_bwd64_of(p: &Ssd, dy: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32]>) -> Grads64 {
-    ref_bwd64(p, &Owned64::of(p, init).view(), &to64(dy), dfinal.map(to64).as_deref())
+    with_in64(p, init, |x| ref_bwd64(p, x, &to64(dy), dfinal.map(to64).as_deref()))
 }
 
 /// The oracle's dA (f64) and, per head, the L2 norm of the per-position terms it sums (see
@@ -869,7 +856,7 @@ fn check_dt(n: usize, raw: usize, raw_stride: usize, h: usize) -> Result<()> {
     ensure!(h > 0 && n.is_multiple_of(h), "dt: {n} values are not rows of H = {h}");
     ensure!(raw_stride >= h, "dt: raw_stride {raw_stride} < H = {h}");
     let rows = n / h;
-    let need = if rows == 0 { 0 } else { (rows - 1) * raw_stride + h };
+    let need = crate::strided_span(rows, raw_stride, h);
     ensure!(raw >= need, "dt: dt_raw holds {raw} values, needs {need}");
     Ok(())
 }

@@ -25,7 +25,7 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, args, by_value, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -915,8 +915,9 @@ pub fn delta_rule_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "delta_rule_decode_step";
     p.check(op)?;
-    let out = ("o", &*o, p.batch * p.heads * p.v_dim);
-    decode_step_checks(op, p.seq, ("K", p.k_dim, MAX_K_DECODE), (&*state, p.states()), out)?;
+    let bound = Bound { what: "K", value: p.k_dim, most: MAX_K_DECODE, why: "" };
+    let outs = p.batch * p.heads * p.v_dim;
+    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
     if p.batch == 0 {
         return Ok(());
     }

@@ -20,7 +20,7 @@
 //!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, args, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -553,8 +553,9 @@ pub fn gla_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "gla_decode_step";
     p.check(op)?;
-    let out = ("o", &*o, p.batch * p.heads * p.v_dim);
-    decode_step_checks(op, p.seq, ("k_dim", p.k_dim, DECODE_KMAX), (&*state, p.states()), out)?;
+    let bound = Bound { what: "k_dim", value: p.k_dim, most: DECODE_KMAX, why: "" };
+    let outs = p.batch * p.heads * p.v_dim;
+    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
     if p.batch == 0 {
         return Ok(());
     }

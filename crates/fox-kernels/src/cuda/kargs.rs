@@ -30,20 +30,37 @@ pub(crate) fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -
     Ok(())
 }
 
-/// The checks of a recurrent layer's decode step after its problem's own: one position per row
-/// (`seq` = 1), the dimension the kernel bounds (`(what, value, most)`), and the state and output
-/// buffers against the elements the shapes need (`(name, buffer, elements)` of the output).
-pub(crate) fn decode_step_checks<S, O>(
-    op: &str,
-    seq: usize,
-    (what, value, most): (&str, usize, usize),
-    (state, states): (&impl DeviceSlice<S>, usize),
-    (out_name, out, outs): (&str, &impl DeviceSlice<O>, usize),
-) -> Result<()> {
-    ensure!(seq == 1, "{op}: one position per row, not {seq}");
-    ensure!(value <= most, "{op}: {what} {value} is above {most}");
-    need(op, "state", state, states)?;
-    need(op, out_name, out, outs)
+/// The dimension a decode kernel bounds: its name and value, the most the kernel takes, and why
+/// (appended to the error, may be empty).
+pub(crate) struct Bound<'a> {
+    pub what: &'a str,
+    pub value: usize,
+    pub most: usize,
+    pub why: &'a str,
+}
+
+/// A recurrent layer's decode step as [`DecodeStep::check`] sees it: the bounded dimension, and
+/// the state and output buffers with the elements the shapes need.
+pub(crate) struct DecodeStep<'a, T> {
+    pub seq: usize,
+    pub bound: Bound<'a>,
+    pub state: &'a CudaSlice<f32>,
+    pub states: usize,
+    pub out_name: &'a str,
+    pub out: &'a CudaSlice<T>,
+    pub outs: usize,
+}
+
+impl<T> DecodeStep<'_, T> {
+    /// The checks after the problem's own: one position per row (`seq` = 1), the bounded
+    /// dimension, and the state and output lengths.
+    pub(crate) fn check(&self, op: &str) -> Result<()> {
+        let (seq, Bound { what, value, most, why }) = (self.seq, &self.bound);
+        ensure!(seq == 1, "{op}: one position per row, not {seq}");
+        ensure!(value <= most, "{op}: {what} {value} is above {most}{why}");
+        need(op, "state", self.state, self.states)?;
+        need(op, self.out_name, self.out, self.outs)
+    }
 }
 
 /// A size as the kernels' 32-bit `int`.

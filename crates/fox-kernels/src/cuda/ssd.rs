@@ -12,8 +12,9 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
-use super::kargs::{self, args, decode_step_checks, int, kname, need, opt_ptr, ptr, Arg};
+use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
+use crate::strided_span;
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
@@ -281,9 +282,9 @@ fn decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "ssd_decode_step";
     p.check(op)?;
-    // N ≤ NMAX: four state columns per lane.
-    let out = ("y", &*y, p.batch * p.heads * p.head_dim);
-    decode_step_checks(op, p.seq, ("state", p.state, NMAX), (&*state, p.states()), out)?;
+    let bound = Bound { what: "state", value: p.state, most: NMAX, why: " (four columns per lane)" };
+    let outs = p.batch * p.heads * p.head_dim;
+    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "y", out: y, outs }.check(op)?;
     if p.batch == 0 {
         return Ok(());
     }
@@ -328,6 +329,10 @@ pub struct DecodeParams<'a, T> {
     pub at: DecodeInputs,
 }
 
+/// The short-convolution widths the conv1d kernels (and the decode's fused conv) are compiled
+/// for, one instance per width.
+pub const CONV_WIDTHS: std::ops::RangeInclusive<usize> = 1..=8;
+
 /// The checks of [`decode_inputs`] (also [`super::ops::gemv_step_in`]'s, which computes the same).
 pub(super) fn check_decode_inputs<T: Elem>(
     op: &str,
@@ -337,7 +342,7 @@ pub(super) fn check_decode_inputs<T: Elem>(
 ) -> Result<()> {
     let d = &prm.at;
     let (b, c, w, h) = (d.batch, d.channels, d.width, d.heads);
-    ensure!((1..=8).contains(&w), "{op}: 1 ≤ width ≤ 8");
+    ensure!(CONV_WIDTHS.contains(&w), "{op}: 1 ≤ width ≤ 8");
     ensure!(d.conv_off + c <= d.stride && d.dt_off + h <= d.stride, "{op}: columns past the row of {}", d.stride);
     need(op, "zxbcdt", zxbcdt, b * d.stride)?;
     need(op, "xbc", out.xbc, b * c)?;
@@ -404,7 +409,7 @@ impl<T: Elem, X: DevicePtr<T>> DevConv1d<'_, T, X> {
         let Self { dims: (batch, seq, channels, width), x, x_stride, weight, bias, start, prev, silu } = *self;
         ensure!(x_stride >= channels, "{op}: x_stride {x_stride} < channels {channels}");
         let rows = batch * seq;
-        need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+        need(op, "x", x, strided_span(rows, x_stride, channels))?;
         need(op, "weight", weight, channels * width)?;
         if let Some(b) = bias {
             need(op, "bias", b, channels)?;
@@ -433,7 +438,7 @@ pub fn conv1d_fwd<T: Elem>(
 ) -> Result<()> {
     let op = "conv1d_fwd";
     let (batch, seq, channels, width) = conv.dims;
-    ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
+    ensure!(CONV_WIDTHS.contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
     need(op, "out", out, rows * channels)?;
     let tail = conv.args(gpu, op)?;
@@ -462,9 +467,9 @@ pub fn conv1d_state<T: Elem>(
     (batch, seq, channels, width): (usize, usize, usize, usize),
 ) -> Result<()> {
     let op = "conv1d_state";
-    ensure!((1..=8).contains(&width) && x_stride >= channels, "{op}: 1 ≤ width ≤ 8 and x_stride ≥ channels");
+    ensure!(CONV_WIDTHS.contains(&width) && x_stride >= channels, "{op}: 1 ≤ width ≤ 8 and x_stride ≥ channels");
     let rows = batch * seq;
-    need(op, "x", x, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+    need(op, "x", x, strided_span(rows, x_stride, channels))?;
     need(op, "state", state, batch * (width - 1) * channels)?;
     if let Some(s) = start {
         need(op, "start", s, batch)?;
@@ -560,9 +565,9 @@ pub fn conv1d_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "conv1d_bwd";
     let DevConv1d { dims: (batch, seq, channels, width), x_stride, .. } = *conv;
-    ensure!((1..=8).contains(&width), "{op}: 1 ≤ width ≤ 8");
+    ensure!(CONV_WIDTHS.contains(&width), "{op}: 1 ≤ width ≤ 8");
     let rows = batch * seq;
-    need(op, "dx", dx, if rows == 0 { 0 } else { (rows - 1) * x_stride + channels })?;
+    need(op, "dx", dx, strided_span(rows, x_stride, channels))?;
     need(op, "dout", dout, rows * channels)?;
     need(op, "dweight", dweight, channels * width)?;
     if let Some(b) = &dbias {
@@ -784,7 +789,7 @@ pub fn dt_fwd<T: Elem, O: Elem>(
     let h = bias.len();
     ensure!(h > 0 && stride >= h, "{op}: stride {stride} < H = {h}");
     need(op, "dt", dt, rows * h)?;
-    need(op, "raw", raw, if rows == 0 { 0 } else { (rows - 1) * stride + h })?;
+    need(op, "raw", raw, strided_span(rows, stride, h))?;
     if rows == 0 {
         return Ok(());
     }
@@ -815,7 +820,7 @@ pub fn dt_bwd<T: Elem, O: Elem>(
     let op = "dt_bwd";
     let h = bias.len();
     ensure!(h > 0 && stride >= h, "{op}: stride {stride} < H = {h}");
-    let span = if rows == 0 { 0 } else { (rows - 1) * stride + h };
+    let span = strided_span(rows, stride, h);
     need(op, "ddt", ddt, rows * h)?;
     need(op, "raw", raw, span)?;
     need(op, "draw", draw, span)?;
@@ -873,9 +878,8 @@ pub fn copy_cols<T: Elem>(
 ) -> Result<()> {
     let op = "copy_cols";
     ensure!(cols <= dst_stride && cols <= src_stride, "{op}: {cols} columns in rows of {dst_stride} and {src_stride}");
-    let span = |stride: usize| if rows * cols == 0 { 0 } else { (rows - 1) * stride + cols };
-    need(op, "dst", dst, span(dst_stride))?;
-    need(op, "src", src, span(src_stride))?;
+    need(op, "dst", dst, strided_span(rows, dst_stride, cols))?;
+    need(op, "src", src, strided_span(rows, src_stride, cols))?;
     if rows * cols == 0 {
         return Ok(());
     }

@@ -359,7 +359,8 @@ fn norm_case<T: Elem>(c: &mut Ctx, name: &str, (rows, dim, zs): (usize, usize, u
     let (mut gdx, mut gdz, mut gdw) =
         (gpu.zeros::<T>(x.len())?, upload_as::<T>(gpu, &vec![2.0f32; z.len()])?, gpu.upload(&vec![0.5f32; dim])?);
     let mut scratch = gpu.zeros::<f32>(ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
-    ssd::rms_norm_gated_bwd(gpu, (&mut gdx, &mut gdz, &mut gdw), &mut scratch, &gdy, &gr, norm)?;
+    let grads = ssd::GatedNormGrads { dx: &mut gdx, dz: &mut gdz, dw: &mut gdw };
+    ssd::rms_norm_gated_bwd(gpu, grads, &mut scratch, &gdy, &gr, norm)?;
     let bname = name.replace("fwd", "bwd");
     c.add(&bname, "dx rel L2", rel_l2(&download_f32(gpu, &gdx)?, &dx), tol, "");
     c.add(&bname, "dz rel L2", rel_l2(&download_f32(gpu, &gdz)?, &dz), tol, "columns past dim kept");

@@ -608,19 +608,28 @@ pub fn rms_norm_gated_bwd_scratch_len(rows: usize, dim: usize) -> usize {
     rows.div_ceil(NORM_ROWS_PER_PART).max(1) * dim
 }
 
+/// The gated RMSNorm backward's outputs: dx [rows, dim], dz (z's layout) and the weight's
+/// gradient dw [dim].
+pub struct GatedNormGrads<'a, T> {
+    pub dx: &'a mut CudaSlice<T>,
+    pub dz: &'a mut CudaSlice<T>,
+    pub dw: &'a mut CudaSlice<f32>,
+}
+
 /// Gated RMSNorm backward, as [`crate::rms_norm_gated::rms_norm_gated_bwd`], from dy [rows, dim]
 /// and the forward's rstd: dx [rows, dim] overwritten, dz (z's layout, `dim` columns of each row
 /// overwritten), dw [dim] accumulated through per-32-row partial sums added in order
 /// (deterministic).
 pub fn rms_norm_gated_bwd<T: Elem>(
     gpu: &Gpu,
-    (dx, dz, dw): (&mut CudaSlice<T>, &mut CudaSlice<T>, &mut CudaSlice<f32>),
+    grads: GatedNormGrads<'_, T>,
     scratch: &mut CudaSlice<f32>,
     dy: &CudaSlice<T>,
     rstd: &CudaSlice<f32>,
     norm: GatedNorm<'_, T>,
 ) -> Result<()> {
     let op = "rms_norm_gated_bwd";
+    let GatedNormGrads { dx, dz, dw } = grads;
     let GatedNorm { x, z, z_stride, w, rows, dim } = norm;
     ensure!(dim > 0 && z_stride >= dim, "{op}: dim > 0 and z_stride ≥ dim");
     // Each of a block's 8 warps keeps its share of dw in shared memory.

@@ -9,9 +9,6 @@ use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ssd;
 use fox_kernels::cuda::{Elem, Gpu};
 
-/// The widths the short convolution's kernels take (`ssd::conv1d_*`).
-pub(crate) const CONV_WIDTHS: std::ops::RangeInclusive<usize> = 1..=8;
-
 /// Scratch of the recurrent layers' kernels (Mamba-2's SSD and the partial sums of its
 /// parameter gradients), shared by every layer: sized in [`Cuda::new`] for the planned step (so
 /// a training step allocates nothing) and grown by a call that needs more (an inference shape

@@ -6,7 +6,6 @@
 use super::ops::{DeltaNetOps, DeltaNetParams, DeltaRuleGradsOf, DeltaRuleIn};
 pub use super::state::GpuDeltaNetState;
 use crate::backend::cuda::recurrent::two_mut;
-use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::scan_state::{forward_carrying, Carry};
 use crate::backend::Family;
@@ -15,6 +14,7 @@ use crate::model::{Mixer, Model};
 use anyhow::Result;
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::delta_rule::{self as dr, DevDeltaRule, DevDeltaRuleGrads};
+use fox_kernels::cuda::ssd::CONV_WIDTHS;
 use fox_kernels::cuda::Elem;
 
 /// Why the GPU kernels cannot run a DeltaNet layer of these sizes, if they cannot.

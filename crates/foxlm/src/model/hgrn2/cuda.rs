@@ -6,7 +6,6 @@
 
 use super::ops::{GlaGradsOf, GlaIn, Hgrn2GateGradsOf, Hgrn2GatesOf, Hgrn2Ops, Hgrn2Params};
 pub use super::state::GpuHgrn2State;
-use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::scan_state::{forward_carrying, Carry};
 use crate::backend::Family;
@@ -15,6 +14,7 @@ use crate::tensor::ParamId;
 use anyhow::{ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::gla::{self, DevGla, DevGlaGrads, GateInputs};
+use fox_kernels::cuda::ssd::CONV_WIDTHS;
 use fox_kernels::cuda::Elem;
 
 /// Why the CUDA kernels cannot run an HGRN2 layer of these sizes, if they cannot.

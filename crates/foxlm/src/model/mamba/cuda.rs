@@ -5,7 +5,6 @@
 
 use super::ops::{MambaOps, MambaParams, ScanGradsOf, ScanIn};
 pub use super::state::GpuMambaState;
-use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::scan_state::{forward_carrying, gpu_chunks_from, Carry};
 use crate::backend::Family;
@@ -13,6 +12,7 @@ use crate::config::MambaSizes;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::selective_scan::{self as scan, DevGrads, DevScan};
+use fox_kernels::cuda::ssd::CONV_WIDTHS;
 use fox_kernels::cuda::{ssd, Elem};
 use fox_kernels::selective_scan::BcLayout;
 

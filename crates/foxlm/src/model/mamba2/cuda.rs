@@ -7,7 +7,6 @@
 use super::ops::{Mamba2Ops, Mamba2Params, SsdIn};
 pub use super::state::GpuMamba2State;
 use crate::backend::cuda::recurrent::two_mut;
-use crate::backend::cuda::recurrent::CONV_WIDTHS;
 use crate::backend::cuda::{grown, Cuda, GpuBatch};
 use crate::backend::scan_state::{forward_carrying, gpu_chunks_from, Carry};
 use crate::backend::Family;
@@ -16,6 +15,7 @@ use crate::model::Linear;
 use anyhow::{anyhow, ensure, Result};
 use fox_kernels::cuda::cudarc::driver::CudaSlice;
 use fox_kernels::cuda::ops;
+use fox_kernels::cuda::ssd::CONV_WIDTHS;
 use fox_kernels::cuda::ssd::{self, DevSsd, DevSsdGrads};
 use fox_kernels::cuda::Elem;
 
@@ -241,6 +241,7 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
         let w = &mut self.params[p.norm.0];
         let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w: &w.master, rows, dim };
-        ssd::rms_norm_gated_bwd(&self.gpu, (dy, dzxbcdt, &mut w.grad), scratch, dg, rstd, norm)
+        let grads = ssd::GatedNormGrads { dx: dy, dz: dzxbcdt, dw: &mut w.grad };
+        ssd::rms_norm_gated_bwd(&self.gpu, grads, scratch, dg, rstd, norm)
     }
 }

@@ -9,6 +9,7 @@
 use super::attention::fused_cuda::DecodeInWeights;
 use super::cache::{GpuLayerState, LayerState};
 use super::{Mixer, Model};
+use crate::backend::cuda::fused::off;
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::Family;
 use anyhow::{anyhow, Result};
@@ -205,7 +206,6 @@ impl<T: Elem> Megakernel<T> {
             inter = i;
             widest = widest.max(f.width);
             let DecodeInWeights { q_norm, k_norm, qn_groups, kn_groups, fgate_bias } = be.decode_in_weights(l, hd);
-            let off = |o: Option<usize>| o.map_or(-1, |v| v as i32);
             let e = MegaLayer {
                 w_in: be.dptr(&f.w),
                 w_o: be.dptr(be.copy_of(l.o_proj.weight)?),

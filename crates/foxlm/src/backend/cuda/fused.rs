@@ -98,6 +98,7 @@ pub(crate) struct DecodeIn {
 // SAFETY: plain old data in the C layout of `DecodeIn` (pointers, a double, ints, a float).
 unsafe impl DeviceRepr for DecodeIn {}
 
+/// An optional row's offset in the stacked projections as the kernels take it: −1 for none.
 pub(crate) fn off(o: Option<usize>) -> i32 {
     o.map_or(-1, |v| v as i32)
 }

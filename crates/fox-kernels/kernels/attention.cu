@@ -84,6 +84,16 @@ __device__ __forceinline__ void a_frag(const float (&S)[NT][4], int kb, u32 (&a)
     a[3] = pack2<BF>(S[2 * kb + 1][2], S[2 * kb + 1][3]);
 }
 
+// Accumulator element (nt, e) of an 8-column tile nt, e in mma.sync's C layout: mma.sync's
+// [nt][e]; a wgmma product's [4*nt + e]; a wgmma accumulator of D columns in 64-column atoms,
+// [nt / 8][4*(nt % 8) + e]. The kernels' shared steps and epilogues read either through it.
+template <class F, int N>
+__device__ __forceinline__ F& acc_at(F (&a)[N][4], int nt, int e) { return a[nt][e]; }
+template <class F, int N>
+__device__ __forceinline__ F& acc_at(F (&a)[N], int nt, int e) { return a[4 * nt + e]; }
+template <class F, int N>
+__device__ __forceinline__ F& acc_at(F (&a)[N][32], int nt, int e) { return a[nt >> 3][4 * (nt & 7) + e]; }
+
 // acc += P B for a warp's 16 rows: P its NT·8 scores (mma.sync's C layout, rounded to the dtype
 // as the A operand), B the shared [keys, D] tile at b_s (V in the forward, K in the dq pass).
 template <int D, int NT, bool BF>
@@ -103,6 +113,53 @@ __device__ __forceinline__ void mma_scores_tile(const Ldsm<D>& ls, const float (
     }
 }
 
+// A warp's accumulator as the flat array row_max and row_exp_sum read (acc_at's first two layouts).
+template <int N>
+__device__ __forceinline__ float* acc_flat(float (&a)[N][4]) { return &a[0][0]; }
+template <int N>
+__device__ __forceinline__ float* acc_flat(float (&a)[N]) { return a; }
+
+// The forwards' step on a key tile's scores S (NT 8-column tiles, either layout) for a thread's two
+// query rows (c_i, positions, first keys): bias c_i - c_j with c_j from sC[koff..] and the mask,
+// in log2 units, then the online softmax: S <- exp2(S - m) with the new row maxima m, l updated
+// and the rows of O (D columns, either layout) rescaled.
+template <int D, int NT, class A, class Acc>
+__device__ __forceinline__ void fwd_softmax(A& S, const float* sC, int koff, int jt, bool need_mask,
+                                            const float (&ci)[2], const int (&pos)[2], const int (&st)[2],
+                                            float scale_log2, Acc& O, float (&m)[2], float (&l)[2]) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int jl = koff + nt * 8 + 2 * t4 + (e & 1);
+            const int rr = e >> 1;
+            // c_i - c_j formed in fp32 first: keep the difference exact where it is small.
+            float x = acc_at(S, nt, e) * scale_log2 + (ci[rr] - sC[jl]) * LOG2E;
+            if (need_mask) {
+                const int j = jt + jl;
+                if (j > pos[rr] || j < st[rr]) x = NEG_INF;
+            }
+            acc_at(S, nt, e) = x;
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float mx = row_max<NT>(acc_flat(S), rr);
+        const float mnew = fmaxf(m[rr], mx);
+        const float muse = mnew == NEG_INF ? 0.f : mnew;
+        const float corr = fast_exp2(m[rr] - muse);
+        m[rr] = mnew;
+        const float rs = row_exp_sum<NT>(acc_flat(S), rr, muse);
+        l[rr] = l[rr] * corr + rs;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            acc_at(O, dt, 2 * rr) *= corr;
+            acc_at(O, dt, 2 * rr + 1) *= corr;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-warp tile step shared by the forward and the decode kernel: S = Q K^T for NT*8 keys
 // starting at key `koff` of the shared tile, bias + mask, online softmax, O += P V.
@@ -113,8 +170,6 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
                                               const float (&ci)[2], const int (&pos)[2], const int (&st)[2],
                                               float scale_log2, float (&O)[D / 8][4], float (&m)[2],
                                               float (&l)[2]) {
-    const int lane = threadIdx.x & 31;
-    const int t4 = lane & 3;
     float S[NT][4];
     const u32 kb = smem_u32(sK) + (u32)(koff * D * 2), vb = smem_u32(sV) + (u32)(koff * D * 2);
 #pragma unroll
@@ -129,38 +184,7 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
             mma16816<BF>(S[2 * np + 1], qf[kc], b2, b3);
         }
     }
-    // bias and mask, in log2 units
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int jl = koff + nt * 8 + 2 * t4 + (e & 1);
-            const int rr = e >> 1;
-            // c_i - c_j formed in fp32 first: keep the difference exact where it is small.
-            float x = S[nt][e] * scale_log2 + (ci[rr] - sC[jl]) * LOG2E;
-            if (need_mask) {
-                const int j = jt + jl;
-                if (j > pos[rr] || j < st[rr]) x = NEG_INF;
-            }
-            S[nt][e] = x;
-        }
-    }
-    // online softmax
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float mx = row_max<NT>(&S[0][0], rr);
-        const float mnew = fmaxf(m[rr], mx);
-        const float muse = mnew == NEG_INF ? 0.f : mnew;
-        const float corr = fast_exp2(m[rr] - muse);
-        m[rr] = mnew;
-        const float rs = row_exp_sum<NT>(&S[0][0], rr, muse);
-        l[rr] = l[rr] * corr + rs;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            O[dt][2 * rr] *= corr;
-            O[dt][2 * rr + 1] *= corr;
-        }
-    }
+    fwd_softmax<D, NT>(S, sC, koff, jt, need_mask, ci, pos, st, scale_log2, O, m, l);
     // O += P V
     mma_scores_tile<D, NT, BF>(ls, S, vb, O);
 }
@@ -177,6 +201,60 @@ template <int D>
 __device__ __forceinline__ void load_a_frag(const Ldsm<D>& ls, u32 (&f)[4], u32 sbase, int row0, int kc) {
     ldsm_x4a(f[0], f[1], f[2], f[3], ls.p2(sbase, row0, kc * 2));
 }
+
+// The two A operands of the backward passes' paired products for a warp's 16 rows (Q and dO in
+// the dq pass, K and V in the dk/dv pass), swizzled [rows, D] tiles at shared xs, ys. With D <= 64
+// they are read once into registers (hold); above, per k-chunk, which keeps registers for the
+// accumulators.
+template <int D>
+struct APair {
+    static constexpr bool IN_REGS = D <= 64;
+    u32 x[IN_REGS ? D / 16 : 1][4], y[IN_REGS ? D / 16 : 1][4];
+    u32 xs, ys;
+    int row0;
+    __device__ __forceinline__ APair(u32 xs_, u32 ys_, int row0_) : xs(xs_), ys(ys_), row0(row0_) {}
+    __device__ __forceinline__ void hold(const Ldsm<D>& ls) {
+        if constexpr (IN_REGS) {
+#pragma unroll
+            for (int kc = 0; kc < D / 16; ++kc) {
+                load_a_frag<D>(ls, x[kc], xs, row0, kc);
+                load_a_frag<D>(ls, y[kc], ys, row0, kc);
+            }
+        }
+    }
+    // X += A_x B_x^T and Y += A_y B_y^T, zeroed first, against NT*8 rows of the shared tiles bx, by.
+    template <int NT, bool BF>
+    __device__ __forceinline__ void products(const Ldsm<D>& ls, u32 bx, u32 by, float (&X)[NT][4],
+                                             float (&Y)[NT][4]) const {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            X[nt][0] = X[nt][1] = X[nt][2] = X[nt][3] = Y[nt][0] = Y[nt][1] = Y[nt][2] = Y[nt][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; ++kc) {
+            u32 ax[4], ay[4];
+            if constexpr (IN_REGS) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    ax[i] = x[kc][i];
+                    ay[i] = y[kc][i];
+                }
+            } else {
+                load_a_frag<D>(ls, ax, xs, row0, kc);
+                load_a_frag<D>(ls, ay, ys, row0, kc);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4a(b0, b1, b2, b3, ls.p1(bx, np * 16, kc * 2));
+                mma16816<BF>(X[2 * np], ax, b0, b1);
+                mma16816<BF>(X[2 * np + 1], ax, b2, b3);
+                ldsm_x4a(b0, b1, b2, b3, ls.p1(by, np * 16, kc * 2));
+                mma16816<BF>(Y[2 * np], ay, b0, b1);
+                mma16816<BF>(Y[2 * np + 1], ay, b2, b3);
+            }
+        }
+    }
+};
 
 // The query block of BQ rows [r0, rlast] that this CTA owns, for head bh = (b, h), and its key
 // tiles (see key_tiles). Blocks run in reverse order: the last rows see the most keys, so the
@@ -226,6 +304,84 @@ __device__ __forceinline__ QueryRows query_rows(const AttnParams& p, int b, int 
         }
     }
     return q;
+}
+
+// The dq passes' step on a key tile (NT 8-column tiles, either layout), for a thread's two query
+// rows: P = exp2(s - lse) with the forward's bias and mask, and dS = P (dP - delta) in place in S;
+// dcq gathers this thread's part of dS's row sums. c_s: the tile's c_j.
+template <int NT, class A>
+__device__ __forceinline__ void dq_scores(A& S, const A& DP, const QueryRows& qr, const float* c_s, int jt,
+                                          bool need_mask, float scale_log2, float (&dcq)[2]) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int jl = nt * 8 + 2 * t4 + (e & 1);
+            const int rr = e >> 1;
+            const float x = acc_at(S, nt, e) * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
+            float pr = fast_exp2(x);
+            if (need_mask) {
+                const int j = jt + jl;
+                if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
+            }
+            const float ds = pr * (acc_at(DP, nt, e) - qr.dl[rr]);
+            dcq[rr] += ds;
+            acc_at(S, nt, e) = ds;
+        }
+    }
+}
+
+// The passes' epilogues, for a warp's two rows (query rows `rows`, or key rows jrow) whatever the
+// accumulator's layout (acc_at): the forward's O / l in the dtype and lse (natural log; -inf for
+// rows that saw no key), the dq pass's scale dQ and dcq, the dk/dv pass's scale dK and dV.
+template <int D, bool BF, class A>
+__device__ __forceinline__ void store_o_rows(const AttnParams& p, const A& O, const float (&m)[2], const float (&l)[2],
+                                             const int (&rows)[2], int b, int h, int bh, int t4) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float lt = quad_sum(l[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(acc_at(O, dt, 2 * rr) * inv, acc_at(O, dt, 2 * rr + 1) * inv);
+        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
+    }
+}
+template <int D, bool BF, class A>
+__device__ __forceinline__ void store_dq_rows(const AttnParams& p, const A& dQ, const float (&dcq)[2],
+                                              const int (&rows)[2], int b, int h, int bh, int t4) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float dc = quad_sum(dcq[rr]);
+        const int r = rows[rr];
+        if (r >= p.tq) continue;
+        u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+            *(u32*)(qrow + dt * 8 + 2 * t4) =
+                pack2<BF>(acc_at(dQ, dt, 2 * rr) * p.scale, acc_at(dQ, dt, 2 * rr + 1) * p.scale);
+        if (t4 == 0) p.dcq[(long long)bh * p.tq + r] = dc;
+    }
+}
+template <int D, bool BF, class A>
+__device__ __forceinline__ void store_dkdv_rows(const AttnParams& p, const A& dK, const A& dV, const int (&jrow)[2],
+                                                int b, int hk, int t4) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = jrow[rr];
+        if (j >= p.tk) continue;
+        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            *(u32*)(p.dk + off + dt * 8 + 2 * t4) =
+                pack2<BF>(acc_at(dK, dt, 2 * rr) * p.scale, acc_at(dK, dt, 2 * rr + 1) * p.scale);
+            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(acc_at(dV, dt, 2 * rr), acc_at(dV, dt, 2 * rr + 1));
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,20 +436,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
         }
     }
 
-    // epilogue
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float lt = quad_sum(l[rr]);
-        const int r = qr.rows[rr];
-        if (r >= p.tq) continue;
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(O[dt][2 * rr] * inv, O[dt][2 * rr + 1] * inv);
-        }
-        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
-    }
+    store_o_rows<D, BF>(p, O, m, l, qr.rows, b, h, bh, t4);
 }
 
 // Query row r of (b, h), channel d: the splits' partials merged in split order (returned; channel 0
@@ -498,7 +641,6 @@ __device__ __forceinline__ void bwd_delta_impl(const AttnParams& p) {
 template <int D, bool BF>
 __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
     constexpr int BQ = 128, BK = 64, NTH = 256, NT = BK / 8;
-    constexpr bool A_IN_REGS = (D <= 64);
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* sQ = (u16*)smem_raw;
     u16* sG = sQ + BQ * D;  // dO
@@ -534,19 +676,10 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
         const float scale_log2 = p.scale * LOG2E;
         Ldsm<D> ls;
         ls.init();
-        u32 qf[A_IN_REGS ? D / 16 : 1][4];
-        u32 gf[A_IN_REGS ? D / 16 : 1][4];
+        APair<D> qg(smem_u32(sQ), smem_u32(sG), warp * 16);
         for (int it = first; it < ntiles; ++it) {
             const int buf = load_kv.next(it, first, ntiles);
-            if constexpr (A_IN_REGS) {
-                if (it == first) {
-#pragma unroll
-                    for (int kc = 0; kc < D / 16; ++kc) {
-                        load_a_frag<D>(ls, qf[kc], smem_u32(sQ), warp * 16, kc);
-                        load_a_frag<D>(ls, gf[kc], smem_u32(sG), warp * 16, kc);
-                    }
-                }
-            }
+            if (it == first) qg.hold(ls);
             const u16* k_s = sK + buf * BK * D;
             const u16* v_s = sV + buf * BK * D;
             const u32 kbb = smem_u32(k_s), vbb = smem_u32(v_s);
@@ -554,70 +687,16 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
             const int jt = jbase + it * BK;
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
 
-            float S[NT][4], P[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-                S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = P[nt][0] = P[nt][1] = P[nt][2] = P[nt][3] = 0.f;
-#pragma unroll
-            for (int kc = 0; kc < D / 16; ++kc) {
-                u32 af[4], gfr[4];
-                if constexpr (A_IN_REGS) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) {
-                        af[x] = qf[kc][x];
-                        gfr[x] = gf[kc][x];
-                    }
-                } else {
-                    load_a_frag<D>(ls, af, smem_u32(sQ), warp * 16, kc);
-                    load_a_frag<D>(ls, gfr, smem_u32(sG), warp * 16, kc);
-                }
-#pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
-                    u32 b0, b1, b2, b3;
-                    ldsm_x4a(b0, b1, b2, b3, ls.p1(kbb, np * 16, kc * 2));
-                    mma16816<BF>(S[2 * np], af, b0, b1);
-                    mma16816<BF>(S[2 * np + 1], af, b2, b3);
-                    ldsm_x4a(b0, b1, b2, b3, ls.p1(vbb, np * 16, kc * 2));
-                    mma16816<BF>(P[2 * np], gfr, b0, b1);  // P holds dP for now
-                    mma16816<BF>(P[2 * np + 1], gfr, b2, b3);
-                }
-            }
-            // P = exp2(s - lse), dS = P (dP - delta), in place in S
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int jl = nt * 8 + 2 * t4 + (e & 1);
-                    const int rr = e >> 1;
-                    const float x = S[nt][e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
-                    float pr = fast_exp2(x);
-                    if (need_mask) {
-                        const int j = jt + jl;
-                        if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
-                    }
-                    const float ds = pr * (P[nt][e] - qr.dl[rr]);
-                    dcq[rr] += ds;
-                    S[nt][e] = ds;
-                }
-            }
+            float S[NT][4], P[NT][4];  // S = Q K^T, P holds dP = dO V^T for now
+            qg.products<NT, BF>(ls, kbb, vbb, S, P);
+            dq_scores<NT>(S, P, qr, c_s, jt, need_mask, scale_log2, dcq);
             // dQ += dS K
             mma_scores_tile<D, NT, BF>(ls, S, kbb, dQ);
             __syncthreads();
         }
     }
 
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float dc = quad_sum(dcq[rr]);
-        const int r = qr.rows[rr];
-        if (r >= p.tq) continue;
-        u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            *(u32*)(qrow + dt * 8 + 2 * t4) = pack2<BF>(dQ[dt][2 * rr] * p.scale, dQ[dt][2 * rr + 1] * p.scale);
-        }
-        if (t4 == 0) p.dcq[(long long)bh * p.tq + r] = dc;
-    }
+    store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -631,12 +710,6 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 // P^T, dS^T step (DkdvTile::scores); a pass brings its matrix products.
 // ---------------------------------------------------------------------------------------------
 
-
-// Accumulator element (nt, e) of an 8-column tile nt: mma.sync's [nt][e], wgmma's [4*nt + e].
-template <int N>
-__device__ __forceinline__ float& acc_at(float (&a)[N][4], int nt, int e) { return a[nt][e]; }
-template <int N>
-__device__ __forceinline__ float& acc_at(float (&a)[N], int nt, int e) { return a[4 * nt + e]; }
 
 // Shared memory of a dk/dv pass: the block's K and V, then two stages of a query tile (Q, dO and
 // its rows' lse, delta, c and packed-document starts).
@@ -812,7 +885,6 @@ __device__ __forceinline__ void dkdv_walk(const AttnParams& p, const DkdvBlock<B
 template <int D, bool BF, int BQB>
 __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
     constexpr int BKB = 128, NTH = 256, NTQ = BQB / 8;
-    constexpr bool A_IN_REGS = (D <= 64);
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const DkdvSmem<D, BKB, BQB> sm(smem_raw);
     const DkdvBlock<BKB, BQB> kb(p);
@@ -826,84 +898,27 @@ __device__ __forceinline__ void bwd_dkdv_impl(const AttnParams& p) {
     dkdv_load_kv<D, BKB, BQB, NTH, SwzTiles>(p, kb, sm);
     Ldsm<D> ls;
     ls.init();
-    u32 kf[A_IN_REGS ? D / 16 : 1][4];
-    u32 vf[A_IN_REGS ? D / 16 : 1][4];
-    bool kv_in_regs = false;
+    APair<D> kv(smem_u32(sm.k), smem_u32(sm.v), warp * 16);
+    bool kv_held = false;
 
-    // with A_IN_REGS the warp's K and V fragments, once the first tile's barrier has passed the copies
+    // the warp's K and V fragments, once the first tile's barrier has passed the copies
     auto landed = [&]() {
-        if constexpr (A_IN_REGS) {
-            if (!kv_in_regs) {
-#pragma unroll
-                for (int kc = 0; kc < D / 16; ++kc) {
-                    load_a_frag<D>(ls, kf[kc], smem_u32(sm.k), warp * 16, kc);
-                    load_a_frag<D>(ls, vf[kc], smem_u32(sm.v), warp * 16, kc);
-                }
-                kv_in_regs = true;
-            }
+        if (!kv_held) {
+            kv.hold(ls);
+            kv_held = true;
         }
     };
     dkdv_walk<D, BKB, BQB, NTH, SwzTiles>(p, kb, sm, landed, [&](const DkdvTile& t) {
         const u32 qbb = t.q_s, gbb = t.g_s;
         float ST[NTQ][4], DP[NTQ][4];
-#pragma unroll
-        for (int nt = 0; nt < NTQ; ++nt)
-            ST[nt][0] = ST[nt][1] = ST[nt][2] = ST[nt][3] = DP[nt][0] = DP[nt][1] = DP[nt][2] = DP[nt][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < D / 16; ++kc) {
-            u32 af[4], vfr[4];
-            if constexpr (A_IN_REGS) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    af[x] = kf[kc][x];
-                    vfr[x] = vf[kc][x];
-                }
-            } else {
-                load_a_frag<D>(ls, af, smem_u32(sm.k), warp * 16, kc);
-                load_a_frag<D>(ls, vfr, smem_u32(sm.v), warp * 16, kc);
-            }
-#pragma unroll
-            for (int np = 0; np < NTQ / 2; ++np) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4a(b0, b1, b2, b3, ls.p1(qbb, np * 16, kc * 2));
-                mma16816<BF>(ST[2 * np], af, b0, b1);
-                mma16816<BF>(ST[2 * np + 1], af, b2, b3);
-                ldsm_x4a(b0, b1, b2, b3, ls.p1(gbb, np * 16, kc * 2));
-                mma16816<BF>(DP[2 * np], vfr, b0, b1);
-                mma16816<BF>(DP[2 * np + 1], vfr, b2, b3);
-            }
-        }
+        kv.products<NTQ, BF>(ls, qbb, gbb, ST, DP);
         t.scores<NTQ>(ST, DP);
         // dV += P^T dO, dK += dS^T Q
-#pragma unroll
-        for (int kq = 0; kq < NTQ / 2; ++kq) {
-            u32 ap[4], as[4];
-            a_frag<NTQ, BF>(ST, kq, ap);
-            a_frag<NTQ, BF>(DP, kq, as);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4a_t(b0, b1, b2, b3, ls.p2(gbb, kq * 16, dp * 2));
-                mma16816<BF>(dV[2 * dp], ap, b0, b1);
-                mma16816<BF>(dV[2 * dp + 1], ap, b2, b3);
-                ldsm_x4a_t(b0, b1, b2, b3, ls.p2(qbb, kq * 16, dp * 2));
-                mma16816<BF>(dK[2 * dp], as, b0, b1);
-                mma16816<BF>(dK[2 * dp + 1], as, b2, b3);
-            }
-        }
+        mma_scores_tile<D, NTQ, BF>(ls, ST, gbb, dV);
+        mma_scores_tile<D, NTQ, BF>(ls, DP, qbb, dK);
     });
 
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int j = kb.jrow[rr];
-        if (j >= p.tk) continue;
-        const long long off = (((long long)kb.b * p.tk + j) * p.Hkv + kb.hk) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[dt][2 * rr] * p.scale, dK[dt][2 * rr + 1] * p.scale);
-            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[dt][2 * rr], dV[dt][2 * rr + 1]);
-        }
-    }
+    store_dkdv_rows<D, BF>(p, dK, dV, kb.jrow, kb.b, kb.hk, t4);
 }
 
 // ---------------------------------------------------------------------------------------------

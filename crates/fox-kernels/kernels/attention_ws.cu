@@ -310,7 +310,7 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) m[rr] += ci[rr];
     }
-    wg_store_o<D, BF, NA>(p, O, m, l, rows, b, h, bh, t4);
+    store_o_rows<D, BF>(p, O, m, l, rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -604,7 +604,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
             auto issue_st_dpt = [&](int uu) {
                 const int ss = uu & 1;
                 mbar_wait(full(ss), (u32)((uu >> 1) & 1));
-                wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, smem_u32(sQ + ss * BQB * D), smem_u32(sG + ss * BQB * D));
+                wg_issue_pair<D, BF, BKB, BQB>(ST, DS, k_s, v_s, smem_u32(sQ + ss * BQB * D), smem_u32(sG + ss * BQB * D));
             };
             // P^T and dS^T in place of S^T and dP^T, as below
             auto probabilities = [&](int qi, int uu) {
@@ -711,7 +711,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
                 const bool need_mask = dkdv_tile_masked(p, b, rq, BQB, j0, jlast);
 
                 float ST[32], DS[32];
-                wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
+                wg_issue_pair<D, BF, BKB, BQB>(ST, DS, k_s, v_s, q_s, g_s);
                 wg_wait0();
                 if (need_mask)
                     bwd_ws_probs<true, SHFL, NTQ>(ST, DS, dck, p, b, rq, jrow, ck2, scale_log2, a_s, del_s, st_s, t4);
@@ -816,7 +816,7 @@ __device__ __forceinline__ void bwd_ws_impl(const BwdWsParams& P) {
         }
     }  // query heads of the group
 
-    wg_store_dkdv<D, BF, NA>(p, dK, dV, jrow, b, hk, t4);
+    store_dkdv_rows<D, BF>(p, dK, dV, jrow, b, hk, t4);
 }
 #endif
 

@@ -113,38 +113,19 @@ __device__ __forceinline__ void wgmma_s(float (&S)[NS], const u32 (&a)[4], u64 d
 // ---------------------------------------------------------------------------------------------
 // Pieces shared by the wgmma kernels and the warp-specialised ones (attention_ws.cu).
 // ---------------------------------------------------------------------------------------------
-// Forward epilogue: O / l in the dtype and lse (natural log; -inf for rows that saw no key) for a
-// warp's rows `rows` (O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]).
-template <int D, bool BF, int NA>
-__device__ __forceinline__ void wg_store_o(const AttnParams& p, const float (&O)[NA][32], const float (&m)[2],
-                                           const float (&l)[2], const int (&rows)[2], int b, int h, int bh, int t4) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float lt = quad_sum(l[rr]);
-        const int r = rows[rr];
-        if (r >= p.tq) continue;
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        u16* orow = p.o + (((long long)b * p.tq + r) * p.H + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            const float o0 = O[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = O[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
-            *(u32*)(orow + dt * 8 + 2 * t4) = pack2<BF>(o0 * inv, o1 * inv);
-        }
-        if (t4 == 0) p.lse[(long long)bh * p.tq + r] = lt > 0.f ? m[rr] * LN2 + __logf(lt) : NEG_INF;
-    }
-}
-
-// dk/dv passes: S^T = K Q^T and dP^T = V dO^T for a warpgroup's 64 keys (k_s, v_s) against a
-// 64-row query tile (q_s, g_s), both operands K-major in shared memory; committed, not awaited.
-template <int D, bool BF, int BKB, int BQB>
-__device__ __forceinline__ void wg_issue_st_dpt(float (&ST)[32], float (&DP)[32], u32 k_s, u32 v_s, u32 q_s, u32 g_s) {
+// The backward passes' paired products for a warpgroup's 64 rows: X = A_x B_x^T and Y = A_y B_y^T
+// over D, the A tiles (RA rows in atoms; ax_s, ay_s: the warpgroup's first row) and the 64-row B
+// tiles (RB rows in atoms) K-major in shared memory; committed, not awaited. The dq pass's S = Q K^T,
+// dP = dO V^T; the dk/dv pass's S^T = K Q^T, dP^T = V dO^T.
+template <int D, bool BF, int RA, int RB>
+__device__ __forceinline__ void wg_issue_pair(float (&X)[32], float (&Y)[32], u32 ax_s, u32 ay_s, u32 bx_s, u32 by_s) {
     wg_fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
-        const u32 ao = (u32)((k >> 2) * BKB * 128 + (k & 3) * 32);
-        const u32 bo = (u32)((k >> 2) * BQB * 128 + (k & 3) * 32);
-        wgmma_ss_n64<BF>(ST, gmma_desc(k_s + ao, 16, 1024), gmma_desc(q_s + bo, 16, 1024), k > 0 ? 1 : 0);
-        wgmma_ss_n64<BF>(DP, gmma_desc(v_s + ao, 16, 1024), gmma_desc(g_s + bo, 16, 1024), k > 0 ? 1 : 0);
+        const u32 ao = (u32)((k >> 2) * RA * 128 + (k & 3) * 32);
+        const u32 bo = (u32)((k >> 2) * RB * 128 + (k & 3) * 32);
+        wgmma_ss_n64<BF>(X, gmma_desc(ax_s + ao, 16, 1024), gmma_desc(bx_s + bo, 16, 1024), k > 0 ? 1 : 0);
+        wgmma_ss_n64<BF>(Y, gmma_desc(ay_s + ao, 16, 1024), gmma_desc(by_s + bo, 16, 1024), k > 0 ? 1 : 0);
     }
     wg_commit();
 }
@@ -175,25 +156,6 @@ __device__ __forceinline__ void wg_issue_dkdv(float (&dK)[NA][32], float (&dV)[N
         }
     }
     wg_commit();
-}
-
-// dk/dv passes' epilogue: dK (times the softmax scale) and dV of a warp's key rows jrow, for k/v
-// head hk, in the dtype.
-template <int D, bool BF, int NA>
-__device__ __forceinline__ void wg_store_dkdv(const AttnParams& p, const float (&dK)[NA][32], const float (&dV)[NA][32],
-                                              const int (&jrow)[2], int b, int hk, int t4) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int j = jrow[rr];
-        if (j >= p.tk) continue;
-        const long long off = (((long long)b * p.tk + j) * p.Hkv + hk) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            const int at = dt >> 3, c = 4 * (dt & 7) + 2 * rr;
-            *(u32*)(p.dk + off + dt * 8 + 2 * t4) = pack2<BF>(dK[at][c] * p.scale, dK[at][c + 1] * p.scale);
-            *(u32*)(p.dv + off + dt * 8 + 2 * t4) = pack2<BF>(dV[at][c], dV[at][c + 1]);
-        }
-    }
 }
 
 // A warp's scores S (S[4 nt + e] is mma.sync's S[nt][e]) rounded to the dtype as the register A
@@ -275,38 +237,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             wg_commit();
             wg_wait0();
 
-            // bias, mask, online softmax (S[4*nt + e] is mma.sync's S[nt][e])
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int jl = nt * 8 + 2 * t4 + (e & 1);
-                    const int rr = e >> 1;
-                    float x = S[4 * nt + e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E;
-                    if (need_mask) {
-                        const int j = jt + jl;
-                        if (j > qr.pos[rr] || j < qr.st[rr]) x = NEG_INF;
-                    }
-                    S[4 * nt + e] = x;
-                }
-            }
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-                const float mx = row_max<NT>(S, rr);
-                const float mnew = fmaxf(m[rr], mx);
-                const float muse = mnew == NEG_INF ? 0.f : mnew;
-                const float corr = fast_exp2(m[rr] - muse);
-                m[rr] = mnew;
-                const float rs = row_exp_sum<NT>(S, rr, muse);
-                l[rr] = l[rr] * corr + rs;
-#pragma unroll
-                for (int at = 0; at < NA; ++at)
-#pragma unroll
-                    for (int dtl = 0; dtl < 8; ++dtl) {
-                        O[at][4 * dtl + 2 * rr] *= corr;
-                        O[at][4 * dtl + 2 * rr + 1] *= corr;
-                    }
-            }
+            fwd_softmax<D, NT>(S, c_s, 0, jt, need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
             // O += P V, per 64-column atom of V
             u32 a[NT / 2][4];
             wg_pack_a<BF>(S, a);
@@ -324,7 +255,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             __syncthreads();
         }
     }
-    wg_store_o<D, BF, NA>(p, O, m, l, qr.rows, b, h, bh, t4);
+    store_o_rows<D, BF>(p, O, m, l, qr.rows, b, h, bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,33 +309,9 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
             const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
 
             float S[32], DP[32];
-            wg_fence();
-#pragma unroll
-            for (int s = 0; s < D / 16; ++s) {
-                const u32 ao = (u32)((s >> 2) * BQ * 128 + (s & 3) * 32);
-                const u32 bo = (u32)((s >> 2) * BK * 128 + (s & 3) * 32);
-                wgmma_ss_n64<BF>(S, gmma_desc(q_s + ao, 16, 1024), gmma_desc(k_s + bo, 16, 1024), s > 0 ? 1 : 0);
-                wgmma_ss_n64<BF>(DP, gmma_desc(g_s + ao, 16, 1024), gmma_desc(v_s + bo, 16, 1024), s > 0 ? 1 : 0);
-            }
-            wg_commit();
+            wg_issue_pair<D, BF, BQ, BK>(S, DP, q_s, g_s, k_s, v_s);
             wg_wait0();
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int jl = nt * 8 + 2 * t4 + (e & 1);
-                    const int rr = e >> 1;
-                    const float x = S[4 * nt + e] * scale_log2 + (qr.ci[rr] - c_s[jl]) * LOG2E - qr.lse2[rr];
-                    float pr = fast_exp2(x);
-                    if (need_mask) {
-                        const int j = jt + jl;
-                        if (j > qr.pos[rr] || j < qr.st[rr]) pr = 0.f;
-                    }
-                    const float ds = pr * (DP[4 * nt + e] - qr.dl[rr]);
-                    dcq[rr] += ds;
-                    S[4 * nt + e] = ds;
-                }
-            }
+            dq_scores<NT>(S, DP, qr, c_s, jt, need_mask, scale_log2, dcq);
             u32 a[NT / 2][4];
             wg_pack_a<BF>(S, a);
             wg_fence();
@@ -421,27 +328,13 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
             __syncthreads();
         }
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const float dc = quad_sum(dcq[rr]);
-        const int r = qr.rows[rr];
-        if (r >= p.tq) continue;
-        u16* qrow = p.dq + (((long long)b * p.tq + r) * p.H + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            const float o0 = dQ[dt >> 3][4 * (dt & 7) + 2 * rr], o1 = dQ[dt >> 3][4 * (dt & 7) + 2 * rr + 1];
-            *(u32*)(qrow + dt * 8 + 2 * t4) = pack2<BF>(o0 * p.scale, o1 * p.scale);
-        }
-        if (t4 == 0) p.dcq[(long long)bh * p.tq + r] = dc;
-    }
+    store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, b, h, bh, t4);
 }
 
 // dk/dv pass: 2 warpgroups x 64 keys (128 keys a block), 64-row query tiles. S^T = K Q^T and
 // dP^T = V dO^T from shared memory (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from
 // registers and dO, Q read MN-major. Grid (ceil(tk / BKB), B*Hkv): with grouped-query attention
 // the block keeps its K/V tile and walks the group's query heads in order (as the mma.sync pass).
-// The walk is dkdv_walk's written out: through dkdv_walk, ptxas allocates this kernel's registers
-// differently (more spills with one warpgroup at D = 128, up to 4 more registers elsewhere).
 template <int D, bool BF, int NWG>
 __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
     constexpr int BKB = 64 * NWG, BQB = 64, NTH = 128 * NWG, NTQ = BQB / 8, NA = D / 64;
@@ -452,66 +345,23 @@ __device__ __forceinline__ void bwd_dkdv_wg_impl(const AttnParams& p) {
     const DkdvBlock<BKB, BQB> kb(p);
     const int tid = threadIdx.x, warp = tid >> 5, t4 = tid & 3;
     const int wg = warp >> 2;
-    const int b = kb.b, hk = kb.hk, group = kb.group, j0 = kb.j0, jlast = kb.jlast, qfirst = kb.qfirst;
-    const int(&jrow)[2] = kb.jrow;
     float dK[NA][32], dV[NA][32];
-#pragma unroll
-    for (int at = 0; at < NA; ++at)
-#pragma unroll
-        for (int j = 0; j < 32; ++j) dK[at][j] = dV[at][j] = 0.f;
+    wg_zero(dK);
+    wg_zero(dV);
 
     dkdv_load_kv<D, BKB, BQB, NTH, AtomTiles>(p, kb, sm);
     const u32 k_s = smem_u32(sm.k) + (u32)(wg * 64 * 128);
     const u32 v_s = smem_u32(sm.v) + (u32)(wg * 64 * 128);
-
-    for (int h = hk * group; h < (hk + 1) * group; ++h) {
-        const int bh = b * p.H + h;
-        const int qend = dkdv_query_end(p, b, bh, qfirst, BQB, jlast);
-        float ckr[2];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) ckr[rr] = jrow[rr] < p.tk ? p.ck[(long long)bh * p.tk + jrow[rr]] : 0.f;
-        float dck[2] = {0.f, 0.f};
-
-        if (qfirst < qend) {
-            const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-            const u16* gbase = p.dout + ((long long)b * p.tq * p.H + h) * D;
-            auto load_q = [&](int qi, int buf) {
-                dkdv_load_q<D, BKB, BQB, NTH, AtomTiles>(p, sm, b, bh, qbase, gbase, qi * BQB, buf);
-            };
-            load_q(qfirst, 0);
-            cp_commit();
-            const float scale_log2 = p.scale * LOG2E;
-            for (int qi = qfirst; qi < qend; ++qi) {
-                const int buf = walk_step<AtomTiles>(load_q, qi, qfirst, qend);
-                const u32 q_s = smem_u32(sm.q + buf * BQB * D);
-                const u32 g_s = smem_u32(sm.g + buf * BQB * D);
-                const float* lse_s = sm.lse + buf * BQB;
-                const float* del_s = sm.del + buf * BQB;
-                const float* cq_s = sm.cq + buf * BQB;
-                const int* st_s = sm.st + buf * BQB;
-                const int rq = qi * BQB;
-                const bool need_mask = dkdv_tile_masked(p, b, rq, BQB, j0, jlast);
-
-                float ST[32], DP[32];
-                wg_issue_st_dpt<D, BF, BKB, BQB>(ST, DP, k_s, v_s, q_s, g_s);
-                wg_wait0();
-                DkdvTile{p, q_s, g_s, lse_s, del_s, cq_s, st_s, b, rq, need_mask, scale_log2, ckr, jrow, dck}
-                    .scores<NTQ>(ST, DP);
-                u32 ap[NTQ / 2][4], as[NTQ / 2][4];
-                wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DP, ap, as, q_s, g_s);
-                wg_wait0();
-                __syncthreads();
-            }
-        }
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const float dc = quad_sum(dck[rr]);
-            if (jrow[rr] < p.tk && t4 == 0) p.dck[(long long)bh * p.tk + jrow[rr]] = dc;
-        }
-    }  // query heads of the group
-    cp_wait<0>();  // the K/V copies, when no head had a query tile
-
-    wg_store_dkdv<D, BF, NA>(p, dK, dV, jrow, b, hk, t4);
+    dkdv_walk<D, BKB, BQB, NTH, AtomTiles>(p, kb, sm, [] {}, [&](const DkdvTile& t) {
+        float ST[32], DP[32];
+        wg_issue_pair<D, BF, BKB, BQB>(ST, DP, k_s, v_s, t.q_s, t.g_s);
+        wg_wait0();
+        t.scores<NTQ>(ST, DP);
+        u32 ap[NTQ / 2][4], as[NTQ / 2][4];
+        wg_issue_dkdv<D, BF, BQB, NTQ, NA>(dK, dV, ST, DP, ap, as, t.q_s, t.g_s);
+        wg_wait0();
+    });
+    store_dkdv_rows<D, BF>(p, dK, dV, kb.jrow, kb.b, kb.hk, t4);
 }
 #endif
 

@@ -259,14 +259,58 @@ struct APair {
 // The query block of BQ rows [r0, rlast] that this CTA owns, for head bh = (b, h), and its key
 // tiles (see key_tiles). Blocks run in reverse order: the last rows see the most keys, so the
 // longest blocks start first.
+struct QueryBlock {
+    int bh, b, h, r0, rlast, jbase, first, ntiles;
+};
 template <int BQ, int BK>
-__device__ __forceinline__ void query_block(const AttnParams& p, int& bh, int& b, int& h, int& r0, int& rlast,
-                                            int& jbase, int& first, int& ntiles) {
+__device__ __forceinline__ QueryBlock query_block(const AttnParams& p) {
+    QueryBlock q;
     const int qb = gridDim.x - 1 - blockIdx.x;
-    bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    r0 = qb * BQ;
-    rlast = min(r0 + BQ, p.tq) - 1;
-    key_tiles<BK>(p, b, bh, r0, rlast, jbase, first, ntiles);
+    q.bh = blockIdx.y, q.b = q.bh / p.H, q.h = q.bh % p.H;
+    q.r0 = qb * BQ;
+    q.rlast = min(q.r0 + BQ, p.tq) - 1;
+    key_tiles<BK>(p, q.b, q.bh, q.r0, q.rlast, q.jbase, q.first, q.ntiles);
+    return q;
+}
+
+// Whether query row r of batch row b is copied (zero-filled otherwise): a real row that sees a key.
+struct QueryOk {
+    const AttnParams& p;
+    int b;
+    __device__ __forceinline__ bool operator()(int r) const { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); }
+};
+
+// The dq passes' own copies: the block's Q and dO rows (dO is [B, tq, H, D]: as a view, row
+// stride H*D) in the pass's tile layout.
+template <int D, int BQ, int NTH, class Tiles>
+__device__ __forceinline__ void load_q_do(const AttnParams& p, const QueryBlock& q, u16* sQ, u16* sG) {
+    const QueryOk ok{p, q.b};
+    Tiles::template load<D, BQ, NTH>(sQ, p.q + q.b * p.q_sb + q.h * p.q_sh, p.q_st, q.r0, ok);
+    Tiles::template load<D, BQ, NTH>(sG, p.dout + ((long long)q.b * p.tq * p.H + q.h) * D, (long long)p.H * D, q.r0,
+                                     ok);
+}
+
+// The walk of a forward, dq or decode pass over key tiles [t0, t1) of query block q, double-buffered
+// into sK, sV, sC: load_q() issues the block's own copies (committed with the first key tile's
+// group), then step(it, buf, jt, need_mask) runs for each tile it once it has landed in buffer buf
+// (jt: its first key; need_mask: the tile crosses the block's causal diagonal or a document start).
+template <int D, int BK, int NTH, class Tiles, class LoadQ, class Step>
+__device__ __forceinline__ void key_walk(const AttnParams& p, const QueryBlock& q, int t0, int t1, u16* sK, u16* sV,
+                                         float* sC, LoadQ load_q, Step step) {
+    if (t0 >= t1) return;
+    const KeyTileLoader<D, BK, NTH, Tiles> load_kv(p, sK, sV, sC, q.b, q.h, q.bh, q.r0, q.jbase);
+    load_q();
+    cp_commit();
+    load_kv(t0, 0);
+    cp_commit();
+    const int pos_min = p.q_pos0 + q.r0;
+    const int start_max = row_start(p, q.b, q.rlast);
+    for (int it = t0; it < t1; ++it) {
+        const int buf = load_kv.next(it, t0, t1);
+        const int jt = q.jbase + it * BK;
+        step(it, buf, jt, (jt + BK - 1 > pos_min) || (jt < start_max));
+        __syncthreads();
+    }
 }
 
 // A thread's two query rows rows[rr] = r_first + 8 rr of head bh: the gate sum c_i, the position
@@ -398,45 +442,30 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    int bh, b, h, r0, rlast, jbase, first, ntiles;
-    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-    if (tid == 0) count_tiles(p, first, ntiles);
+    const QueryBlock q = query_block<BQ, BK>(p);
+    if (tid == 0) count_tiles(p, q.first, q.ntiles);
 
     // this thread's two rows
-    const QueryRows qr = query_rows<false>(p, b, bh, r0 + warp * 16 + g);
+    const QueryRows qr = query_rows<false>(p, q.b, q.bh, q.r0 + warp * 16 + g);
 
     float O[D / 8][4];
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    if (first < ntiles) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const KeyTileLoader<D, BK, NTH, SwzTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
-        load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
-                              [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
-        cp_commit();
-        load_kv(first, 0);
-        cp_commit();
-
-        const int pos_min = p.q_pos0 + r0;
-        const int start_max = row_start(p, b, rlast);
-        const float scale_log2 = p.scale * LOG2E;
-        Ldsm<D> ls;
-        ls.init();
-        u32 qf[D / 16][4];
-        for (int it = first; it < ntiles; ++it) {
-            const int buf = load_kv.next(it, first, ntiles);
-            if (it == first) load_a_frags<D>(ls, qf, sQ, warp * 16);
-            const int jt = jbase + it * BK;
-            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
+    const float scale_log2 = p.scale * LOG2E;
+    Ldsm<D> ls;
+    ls.init();
+    u32 qf[D / 16][4];
+    key_walk<D, BK, NTH, SwzTiles>(
+        p, q, q.first, q.ntiles, sK, sV, sC,
+        [&] { load_tile<D, BQ, NTH>(sQ, p.q + q.b * p.q_sb + q.h * p.q_sh, p.q_st, q.r0, QueryOk{p, q.b}); },
+        [&](int it, int buf, int jt, bool need_mask) {
+            if (it == q.first) load_a_frags<D>(ls, qf, sQ, warp * 16);
             fwd_tile_step<D, BK / 8, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
                                          need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
-            __syncthreads();
-        }
-    }
-
-    store_o_rows<D, BF>(p, O, m, l, qr.rows, b, h, bh, t4);
+        });
+    store_o_rows<D, BF>(p, O, m, l, qr.rows, q.b, q.h, q.bh, t4);
 }
 
 // Query row r of (b, h), channel d: the splits' partials merged in split order (returned; channel 0
@@ -516,14 +545,13 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     const int g = lane >> 2, t4 = lane & 3;
     const int split = blockIdx.x;
     const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int rlast = p.tq - 1;
-
-    int jbase, first, ntiles;
-    key_tiles<BK>(p, b, bh, 0, rlast, jbase, first, ntiles);
-    const int per = (ntiles - first + p.splits - 1) / p.splits;
-    const int t_begin = first + split * per;
-    const int t_end = min(t_begin + per, ntiles);
-    if (tid == 0 && split == 0) count_tiles(p, first, ntiles);
+    // all tq rows in one block; the split takes its share of the block's key tiles
+    QueryBlock q{bh, b, h, 0, p.tq - 1};
+    key_tiles<BK>(p, b, bh, 0, q.rlast, q.jbase, q.first, q.ntiles);
+    const int per = (q.ntiles - q.first + p.splits - 1) / p.splits;
+    const int t_begin = q.first + split * per;
+    const int t_end = min(t_begin + per, q.ntiles);
+    if (tid == 0 && split == 0) count_tiles(p, q.first, q.ntiles);
 
     const QueryRows qr = query_rows<false>(p, b, bh, g);
     float O[D / 8][4];
@@ -531,30 +559,18 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    if (t_begin < t_end) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const KeyTileLoader<D, BK, NTH, SwzTiles> load_kv(p, sK, sV, sC, b, h, bh, 0, jbase);
-        load_tile<D, 16, NTH>(sQ, qbase, p.q_st, 0,
-                              [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
-        cp_commit();
-        load_kv(t_begin, 0);
-        cp_commit();
-        const int pos_min = p.q_pos0;
-        const int start_max = row_start(p, b, rlast);
-        const float scale_log2 = p.scale * LOG2E;
-        Ldsm<D> ls;
-        ls.init();
-        u32 qf[D / 16][4];
-        for (int it = t_begin; it < t_end; ++it) {
-            const int buf = load_kv.next(it, t_begin, t_end);
+    const float scale_log2 = p.scale * LOG2E;
+    Ldsm<D> ls;
+    ls.init();
+    u32 qf[D / 16][4];
+    key_walk<D, BK, NTH, SwzTiles>(
+        p, q, t_begin, t_end, sK, sV, sC,
+        [&] { load_tile<D, 16, NTH>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, 0, QueryOk{p, b}); },
+        [&](int it, int buf, int jt, bool need_mask) {
             if (it == t_begin) load_a_frags<D>(ls, qf, sQ, 0);
-            const int jt = jbase + it * BK;
-            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
             fwd_tile_step<D, 2, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
                                     need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
-            __syncthreads();
-        }
-    }
+        });
     cp_wait<0>();
     __syncthreads();
 
@@ -650,53 +666,30 @@ __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    int bh, b, h, r0, rlast, jbase, first, ntiles;
-    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-
-    const QueryRows qr = query_rows<true>(p, b, bh, r0 + warp * 16 + g);
+    const QueryBlock q = query_block<BQ, BK>(p);
+    const QueryRows qr = query_rows<true>(p, q.b, q.bh, q.r0 + warp * 16 + g);
 
     float dQ[D / 8][4];
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) dQ[dt][0] = dQ[dt][1] = dQ[dt][2] = dQ[dt][3] = 0.f;
     float dcq[2] = {0.f, 0.f};
 
-    if (first < ntiles) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const KeyTileLoader<D, BK, NTH, SwzTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
-        auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-        load_tile<D, BQ, NTH>(sQ, qbase, p.q_st, r0, qok);
-        // dO is [B, tq, H, D]: as a view, row stride H*D
-        load_tile<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
-        cp_commit();
-        load_kv(first, 0);
-        cp_commit();
-
-        const int pos_min = p.q_pos0 + r0;
-        const int start_max = row_start(p, b, rlast);
-        const float scale_log2 = p.scale * LOG2E;
-        Ldsm<D> ls;
-        ls.init();
-        APair<D> qg(smem_u32(sQ), smem_u32(sG), warp * 16);
-        for (int it = first; it < ntiles; ++it) {
-            const int buf = load_kv.next(it, first, ntiles);
-            if (it == first) qg.hold(ls);
-            const u16* k_s = sK + buf * BK * D;
-            const u16* v_s = sV + buf * BK * D;
-            const u32 kbb = smem_u32(k_s), vbb = smem_u32(v_s);
-            const float* c_s = sC + buf * BK;
-            const int jt = jbase + it * BK;
-            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
-
+    const float scale_log2 = p.scale * LOG2E;
+    Ldsm<D> ls;
+    ls.init();
+    APair<D> qg(smem_u32(sQ), smem_u32(sG), warp * 16);
+    key_walk<D, BK, NTH, SwzTiles>(
+        p, q, q.first, q.ntiles, sK, sV, sC, [&] { load_q_do<D, BQ, NTH, SwzTiles>(p, q, sQ, sG); },
+        [&](int it, int buf, int jt, bool need_mask) {
+            if (it == q.first) qg.hold(ls);
+            const u32 kbb = smem_u32(sK + buf * BK * D), vbb = smem_u32(sV + buf * BK * D);
             float S[NT][4], P[NT][4];  // S = Q K^T, P holds dP = dO V^T for now
             qg.products<NT, BF>(ls, kbb, vbb, S, P);
-            dq_scores<NT>(S, P, qr, c_s, jt, need_mask, scale_log2, dcq);
+            dq_scores<NT>(S, P, qr, sC + buf * BK, jt, need_mask, scale_log2, dcq);
             // dQ += dS K
             mma_scores_tile<D, NT, BF>(ls, S, kbb, dQ);
-            __syncthreads();
-        }
-    }
-
-    store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, b, h, bh, t4);
+        });
+    store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, q.b, q.h, q.bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -769,7 +762,7 @@ template <int D, int BKB, int BQB, int NTH, class Tiles>
 __device__ __forceinline__ void dkdv_load_q(const AttnParams& p, const DkdvSmem<D, BKB, BQB>& sm, int b, int bh,
                                             const u16* qbase, const u16* gbase, int rq, int buf) {
     const int tid = threadIdx.x;
-    auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
+    const QueryOk qok{p, b};
     Tiles::template load<D, BQB, NTH>(sm.q + buf * BQB * D, qbase, p.q_st, rq, qok);
     Tiles::template load<D, BQB, NTH>(sm.g + buf * BQB * D, gbase, (long long)p.H * D, rq, qok);
     if (tid < BQB) {

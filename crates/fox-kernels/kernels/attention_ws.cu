@@ -133,8 +133,9 @@ __device__ __forceinline__ void fwd_ws_impl(const WsParams& P) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2;
-    int bh, b, h, r0, rlast, jbase, first, ntiles;
-    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
+    const QueryBlock q = query_block<BQ, BK>(p);
+    const int bh = q.bh, b = q.b, h = q.h, r0 = q.r0, rlast = q.rlast, jbase = q.jbase, first = q.first,
+              ntiles = q.ntiles;
     const int n = ntiles - first;
     if (tid == 0) {
         for (int s = 0; s < NST; ++s) {

@@ -189,37 +189,23 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    int bh, b, h, r0, rlast, jbase, first, ntiles;
-    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-    if (tid == 0) count_tiles(p, first, ntiles);
-    const QueryRows qr = query_rows<false>(p, b, bh, r0 + warp * 16 + g);
+    const QueryBlock q = query_block<BQ, BK>(p);
+    if (tid == 0) count_tiles(p, q.first, q.ntiles);
+    const QueryRows qr = query_rows<false>(p, q.b, q.bh, q.r0 + warp * 16 + g);
     // O[at][4*dtl + e] is mma.sync's O[8*at + dtl][e]
     float O[NA][32];
     wg_zero(O);
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    if (first < ntiles) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const KeyTileLoader<D, BK, NTH, AtomTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
-        load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0,
-                                    [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); });
-        cp_commit();
-        load_kv(first, 0);
-        cp_commit();
-
-        const int pos_min = p.q_pos0 + r0;
-        const int start_max = row_start(p, b, rlast);
-        const float scale_log2 = p.scale * LOG2E;
-        u32 qf[D / 16][4];
-        for (int it = first; it < ntiles; ++it) {
-            const int buf = load_kv.next(it, first, ntiles);
+    const float scale_log2 = p.scale * LOG2E;
+    u32 qf[D / 16][4];
+    key_walk<D, BK, NTH, AtomTiles>(
+        p, q, q.first, q.ntiles, sK, sV, sC,
+        [&] { load_tile_atoms<D, BQ, NTH>(sQ, p.q + q.b * p.q_sb + q.h * p.q_sh, p.q_st, q.r0, QueryOk{p, q.b}); },
+        [&](int it, int buf, int jt, bool need_mask) {
             const u32 k_s = smem_u32(sK + buf * BK * D);
             const u32 v_s = smem_u32(sV + buf * BK * D);
-            const float* c_s = sC + buf * BK;
-            const int jt = jbase + it * BK;
-            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
-
-            if (it == first) {
+            if (it == q.first) {
                 // this warp's 16 query rows as register A fragments (mma.sync layout), once
 #pragma unroll
                 for (int kc = 0; kc < D / 16; ++kc) {
@@ -237,7 +223,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             wg_commit();
             wg_wait0();
 
-            fwd_softmax<D, NT>(S, c_s, 0, jt, need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
+            fwd_softmax<D, NT>(S, sC + buf * BK, 0, jt, need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
             // O += P V, per 64-column atom of V
             u32 a[NT / 2][4];
             wg_pack_a<BF>(S, a);
@@ -252,10 +238,8 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
                 wg_commit();
                 wg_wait0();
             }
-            __syncthreads();
-        }
-    }
-    store_o_rows<D, BF>(p, O, m, l, qr.rows, b, h, bh, t4);
+        });
+    store_o_rows<D, BF>(p, O, m, l, qr.rows, q.b, q.h, q.bh, t4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,40 +262,24 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int wg = warp >> 2;
-    int bh, b, h, r0, rlast, jbase, first, ntiles;
-    query_block<BQ, BK>(p, bh, b, h, r0, rlast, jbase, first, ntiles);
-
-    const QueryRows qr = query_rows<true>(p, b, bh, r0 + warp * 16 + g);
+    const QueryBlock q = query_block<BQ, BK>(p);
+    const QueryRows qr = query_rows<true>(p, q.b, q.bh, q.r0 + warp * 16 + g);
     float dQ[NA][32];
     wg_zero(dQ);
     float dcq[2] = {0.f, 0.f};
 
-    if (first < ntiles) {
-        const u16* qbase = p.q + b * p.q_sb + h * p.q_sh;
-        const KeyTileLoader<D, BK, NTH, AtomTiles> load_kv(p, sK, sV, sC, b, h, bh, r0, jbase);
-        auto qok = [&](int r) { return r < p.tq && p.q_pos0 + r >= row_start(p, b, r); };
-        load_tile_atoms<D, BQ, NTH>(sQ, qbase, p.q_st, r0, qok);
-        load_tile_atoms<D, BQ, NTH>(sG, p.dout + ((long long)b * p.tq * p.H + h) * D, (long long)p.H * D, r0, qok);
-        cp_commit();
-        load_kv(first, 0);
-        cp_commit();
-        const int pos_min = p.q_pos0 + r0;
-        const int start_max = row_start(p, b, rlast);
-        const float scale_log2 = p.scale * LOG2E;
-        const u32 q_s = smem_u32(sQ) + (u32)(wg * 64 * 128);
-        const u32 g_s = smem_u32(sG) + (u32)(wg * 64 * 128);
-        for (int it = first; it < ntiles; ++it) {
-            const int buf = load_kv.next(it, first, ntiles);
+    const float scale_log2 = p.scale * LOG2E;
+    const u32 q_s = smem_u32(sQ) + (u32)(wg * 64 * 128);
+    const u32 g_s = smem_u32(sG) + (u32)(wg * 64 * 128);
+    key_walk<D, BK, NTH, AtomTiles>(
+        p, q, q.first, q.ntiles, sK, sV, sC, [&] { load_q_do<D, BQ, NTH, AtomTiles>(p, q, sQ, sG); },
+        [&](int, int buf, int jt, bool need_mask) {
             const u32 k_s = smem_u32(sK + buf * BK * D);
             const u32 v_s = smem_u32(sV + buf * BK * D);
-            const float* c_s = sC + buf * BK;
-            const int jt = jbase + it * BK;
-            const bool need_mask = (jt + BK - 1 > pos_min) || (jt < start_max);
-
             float S[32], DP[32];
             wg_issue_pair<D, BF, BQ, BK>(S, DP, q_s, g_s, k_s, v_s);
             wg_wait0();
-            dq_scores<NT>(S, DP, qr, c_s, jt, need_mask, scale_log2, dcq);
+            dq_scores<NT>(S, DP, qr, sC + buf * BK, jt, need_mask, scale_log2, dcq);
             u32 a[NT / 2][4];
             wg_pack_a<BF>(S, a);
             wg_fence();
@@ -325,10 +293,8 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
             }
             wg_commit();
             wg_wait0();
-            __syncthreads();
-        }
-    }
-    store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, b, h, bh, t4);
+        });
+    store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, q.b, q.h, q.bh, t4);
 }
 
 // dk/dv pass: 2 warpgroups x 64 keys (128 keys a block), 64-row query tiles. S^T = K Q^T and

@@ -897,6 +897,41 @@ mod tests {
         }
     }
 
+    /// Each named input gradient ("q", "k", "v" or "c") against central differences of `loss`, at
+    /// about `samples` of its elements: within 2e-3 relative. `ctx` heads the failure message.
+    fn assert_finite_differences(
+        cs: &Case,
+        grads: &[(&str, &[f32])],
+        eps: f32,
+        samples: usize,
+        loss: impl Fn(&Case) -> f64,
+        ctx: &str,
+    ) {
+        for &(name, grad) in grads {
+            for idx in (0..grad.len()).step_by(grad.len() / samples + 1) {
+                let mut a = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..*cs };
+                fn input<'a>(a: &'a mut Case, name: &str, idx: usize) -> &'a mut f32 {
+                    match name {
+                        "q" => &mut a.q[idx],
+                        "k" => &mut a.k[idx],
+                        "v" => &mut a.v[idx],
+                        _ => &mut a.c[idx],
+                    }
+                }
+                *input(&mut a, name, idx) += eps;
+                let lp = loss(&a);
+                *input(&mut a, name, idx) += -2.0 * eps;
+                let lm = loss(&a);
+                let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
+                assert!(
+                    (fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()),
+                    "{ctx}{name}[{idx}]: fd {fd} vs {}",
+                    grad[idx]
+                );
+            }
+        }
+    }
+
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
@@ -1067,28 +1102,8 @@ mod tests {
             let st = forward(&p, &mut out);
             let g = backward(&p, &out, &w, &st.lse);
             let dc: Vec<f32> = g.dcq.iter().zip(&g.dck).map(|(a, b)| a + b).collect();
-            let eps = 1e-2f32;
-            for (name, which, grad) in [("q", 0, &g.dq), ("k", 1, &g.dk), ("v", 2, &g.dv), ("c", 3, &dc)] {
-                for idx in (0..grad.len()).step_by(grad.len() / 23 + 1) {
-                    let mut a = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..cs };
-                    let bump = |a: &mut Case, dlt: f32| match which {
-                        0 => a.q[idx] += dlt,
-                        1 => a.k[idx] += dlt,
-                        2 => a.v[idx] += dlt,
-                        _ => a.c[idx] += dlt,
-                    };
-                    bump(&mut a, eps);
-                    let lp = loss(&a);
-                    bump(&mut a, -2.0 * eps);
-                    let lm = loss(&a);
-                    let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
-                    assert!(
-                        (fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()),
-                        "h {h} kv {hkv} window {window:?}: {name}[{idx}]: fd {fd} vs {}",
-                        grad[idx]
-                    );
-                }
-            }
+            let grads = [("q", &g.dq[..]), ("k", &g.dk), ("v", &g.dv), ("c", &dc)];
+            assert_finite_differences(&cs, &grads, 1e-2, 23, loss, &format!("h {h} kv {hkv} window {window:?}: "));
         }
     }
 
@@ -1220,23 +1235,7 @@ mod tests {
             assert_eq!((bits(&dk), bits(&dv)), (bits(&g.dk), bits(&g.dv)));
             assert_eq!((bits(&dcq), bits(&dck)), (bits(&g.dcq), bits(&g.dck)));
         });
-        let eps = 2e-2f32;
-        for (name, which, grad) in [("q", 0, &g.dq), ("k", 1, &g.dk), ("v", 2, &g.dv)] {
-            for idx in (0..grad.len()).step_by(grad.len() / 29 + 1) {
-                let mut a = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..cs };
-                let bump = |a: &mut Case, dlt: f32| match which {
-                    0 => a.q[idx] += dlt,
-                    1 => a.k[idx] += dlt,
-                    _ => a.v[idx] += dlt,
-                };
-                bump(&mut a, eps);
-                let lp = loss(&a);
-                bump(&mut a, -2.0 * eps);
-                let lm = loss(&a);
-                let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
-                assert!((fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()), "{name}[{idx}]: fd {fd} vs {}", grad[idx]);
-            }
-        }
+        assert_finite_differences(&cs, &[("q", &g.dq[..]), ("k", &g.dk), ("v", &g.dv)], 2e-2, 29, loss, "");
     }
 
     #[test]

@@ -25,7 +25,9 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
+use super::kargs::{
+    self, args, by_value, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg, Bound, DecodeStep,
+};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -435,12 +437,8 @@ impl<T: Elem> DevDeltaRule<'_, T> {
         need(op, "k", self.k, n * kd)?;
         need(op, "v", self.v, n * vd)?;
         need(op, "beta", self.beta, n)?;
-        if let Some(g) = self.g {
-            need(op, "g", g, n)?;
-        }
-        if let Some(s) = self.start {
-            need(op, "start", s, b)?;
-        }
+        need_opt(op, "g", self.g, n)?;
+        need_opt(op, "start", self.start, b)?;
         int(op, n * kd.max(vd))?;
         int(op, b * h)?;
         Ok(())
@@ -835,16 +833,9 @@ pub fn delta_rule_bwd<T: Elem>(
     need(op, "dv", g.dv, n * vd)?;
     need(op, "dbeta", g.dbeta, n)?;
     ensure!(g.dg.is_some() == p.g.is_some(), "{op}: dg is wanted exactly when the problem has g");
-    if let Some(d) = &g.dg {
-        need(op, "dg", &**d, n)?;
-    }
-    for (what, s) in [("init", init), ("dfinal", dfinal)] {
-        if let Some(s) = s {
-            need(op, what, s, p.states())?;
-        }
-    }
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.states())?;
+    need_opt(op, "dg", g.dg.as_deref(), n)?;
+    for (what, s) in [("init", init), ("dfinal", dfinal), ("dinit", g.dinit.as_deref())] {
+        need_opt(op, what, s, p.states())?;
     }
     let lay = p.layout();
     need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
@@ -948,8 +939,7 @@ pub fn l2norm_fwd<T: Elem>(
 ) -> Result<()> {
     let op = "l2norm_fwd";
     ensure!(dim > 0, "{op}: dim must be positive");
-    need(op, "x", x, rows * dim)?;
-    need(op, "y", y, rows * dim)?;
+    need_lens(op, rows * dim, &[("x", x.len()), ("y", y.len())])?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
         return Ok(());
@@ -971,10 +961,7 @@ pub fn l2norm_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "l2norm_bwd";
     ensure!(dim > 0, "{op}: dim must be positive");
-    for (what, s) in [("dy", dy), ("y", y)] {
-        need(op, what, s, rows * dim)?;
-    }
-    need(op, "dx", dx, rows * dim)?;
+    need_lens(op, rows * dim, &[("dy", dy.len()), ("y", y.len()), ("dx", dx.len())])?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
         return Ok(());
@@ -997,8 +984,7 @@ pub fn decay_fwd<T: Elem>(
     let op = "decay_fwd";
     let h = a_log.len();
     ensure!(h > 0 && dt_bias.len() == h, "{op}: A_log and dt_bias must both have H > 0 values");
-    need(op, "a", a, rows * h)?;
-    need(op, "g", g, rows * h)?;
+    need_lens(op, rows * h, &[("a", a.len()), ("g", g.len())])?;
     if rows == 0 {
         return Ok(());
     }
@@ -1030,11 +1016,8 @@ pub fn decay_bwd<T: Elem>(
     let op = "decay_bwd";
     let h = a_log.len();
     ensure!(h > 0 && dt_bias.len() == h, "{op}: A_log and dt_bias must both have H > 0 values");
-    need(op, "da_log", da_log, h)?;
-    need(op, "ddt_bias", ddt_bias, h)?;
-    need(op, "a", a, rows * h)?;
-    need(op, "da", da, rows * h)?;
-    need(op, "dg", dg, rows * h)?;
+    need_lens(op, h, &[("da_log", da_log.len()), ("ddt_bias", ddt_bias.len())])?;
+    need_lens(op, rows * h, &[("a", a.len()), ("da", da.len()), ("dg", dg.len())])?;
     need(op, "scratch", scratch, decay_bwd_scratch_len(rows, h))?;
     if rows == 0 {
         return Ok(());
@@ -1057,10 +1040,7 @@ pub fn swish_gate_fwd<T: Elem>(
     n: usize,
 ) -> Result<()> {
     let op = "swish_gate_fwd";
-    for (what, s) in [("x", x), ("gate", gate)] {
-        need(op, what, s, n)?;
-    }
-    need(op, "y", y, n)?;
+    need_lens(op, n, &[("x", x.len()), ("gate", gate.len()), ("y", y.len())])?;
     if n == 0 {
         return Ok(());
     }
@@ -1079,11 +1059,8 @@ pub fn swish_gate_bwd<T: Elem>(
     n: usize,
 ) -> Result<()> {
     let op = "swish_gate_bwd";
-    for (what, s) in [("dy", dy), ("x", x), ("gate", gate)] {
-        need(op, what, s, n)?;
-    }
-    need(op, "dx", dx, n)?;
-    need(op, "dgate", dgate, n)?;
+    let lens = [("dy", dy.len()), ("x", x.len()), ("gate", gate.len()), ("dx", dx.len()), ("dgate", dgate.len())];
+    need_lens(op, n, &lens)?;
     if n == 0 {
         return Ok(());
     }

@@ -20,7 +20,7 @@
 //!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
+use super::kargs::{self, args, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -190,9 +190,7 @@ impl<T: Elem> DevGla<'_, T> {
         need(op, "k", self.k, n * kd)?;
         need(op, "g", self.g, n * kd)?;
         need(op, "v", self.v, n * vd)?;
-        if let Some(s) = self.start {
-            need(op, "start", s, b)?;
-        }
+        need_opt(op, "start", self.start, b)?;
         int(op, n * kd.max(vd))?;
         int(op, self.states() * (t.div_ceil(CHUNK) + 1))?;
         ensure!(
@@ -389,9 +387,7 @@ pub fn gla_fwd<T: Elem>(
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    if let Some(i) = init {
-        need("gla_fwd", "init", i, p.states())?;
-    }
+    need_opt("gla_fwd", "init", init, p.states())?;
     let fin = match final_state {
         Some(f) => {
             need("gla_fwd", "final_state", &*f, p.states())?;
@@ -509,13 +505,8 @@ pub fn gla_bwd<T: Elem>(
     need(op, "dk", g.dk, nk)?;
     need(op, "dg", g.dg, nk)?;
     need(op, "dv", g.dv, nv)?;
-    for (what, s) in [("init", init), ("dfinal", dfinal)] {
-        if let Some(s) = s {
-            need(op, what, s, p.states())?;
-        }
-    }
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.states())?;
+    for (what, s) in [("init", init), ("dfinal", dfinal), ("dinit", g.dinit.as_deref())] {
+        need_opt(op, what, s, p.states())?;
     }
     need(op, "scratch", scratch, gla_bwd_scratch_len(b, t, h, kd, vd))?;
     if b * t == 0 {
@@ -586,9 +577,7 @@ pub fn hgrn2_gates_fwd<T: Elem>(
 ) -> Result<()> {
     let op = "hgrn2_gates_fwd";
     ensure!(d > 0 && n.is_multiple_of(d), "{op}: {n} values are not rows of {d}");
-    for (what, len) in [("q", q.len()), ("k", k.len()), ("g", g.len()), ("q_in", q_in.len()), ("f", f.len())] {
-        ensure!(len >= n, "{op}: `{what}` holds {len} elements, not {n}");
-    }
+    need_lens(op, n, &[("q", q.len()), ("k", k.len()), ("g", g.len()), ("q_in", q_in.len()), ("f", f.len())])?;
     let lbp = lb_ptr(gpu, op, lb, d)?;
     if n == 0 {
         return Ok(());
@@ -641,18 +630,20 @@ pub fn hgrn2_gates_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "hgrn2_gates_bwd";
     let n = rows * d;
-    for (what, len) in [
-        ("dq_in", dq_in.len()),
-        ("df", df.len()),
-        ("dq", x.dq.len()),
-        ("dk", x.dk.len()),
-        ("dg", x.dg.len()),
-        ("q_in", x.q_in.len()),
-        ("f", x.f.len()),
-        ("g", x.g.len()),
-    ] {
-        ensure!(len >= n, "{op}: `{what}` holds {len} elements, not {n}");
-    }
+    need_lens(
+        op,
+        n,
+        &[
+            ("dq_in", dq_in.len()),
+            ("df", df.len()),
+            ("dq", x.dq.len()),
+            ("dk", x.dk.len()),
+            ("dg", x.dg.len()),
+            ("q_in", x.q_in.len()),
+            ("f", x.f.len()),
+            ("g", x.g.len()),
+        ],
+    )?;
     ensure!(lb.is_some() == dlb.is_some(), "{op}: a lower-bound row needs its gradient row, and only it");
     let lbp = lb_ptr(gpu, op, lb, d)?;
     let nparts = rows.div_ceil(GATE_ROWS_PER_PART).max(1);

@@ -18,7 +18,7 @@
 //! in registers), then ordered reductions of dB/dC over head blocks and of dA/dD over chunks.
 
 use super::compile::SSD_TC;
-use super::kargs::{self, args, by_value, int, kname, need, ptr};
+use super::kargs::{self, args, by_value, int, kname, need, need_opt, ptr};
 use super::{Elem, Gpu};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -304,9 +304,7 @@ fn bwd_steps<T: Elem>(
         need(op, "init", i, p.states())?;
         prm.init = ptr(gpu, i);
     }
-    if let Some(f) = dfinal {
-        need(op, "dfinal", f, p.states())?;
-    }
+    need_opt(op, "dfinal", dfinal, p.states())?;
     if b * h == 0 {
         return Ok(());
     }

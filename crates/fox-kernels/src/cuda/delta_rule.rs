@@ -25,9 +25,8 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{
-    self, args, by_value, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg, Bound, DecodeStep,
-};
+use super::kargs::{self, args, by_value, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg};
+use super::linear_attention::DevShape;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -429,22 +428,21 @@ fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, 
 }
 
 impl<T: Elem> DevDeltaRule<'_, T> {
+    fn shape(&self) -> DevShape<'_> {
+        let (batch, seq, heads, k_dim, v_dim, start) =
+            (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.start);
+        DevShape { batch, seq, heads, k_dim, v_dim, start }
+    }
     fn check(&self, op: &str) -> Result<()> {
-        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
-        ensure!(h > 0 && kd > 0 && vd > 0, "{op}: heads, k_dim and v_dim must be positive");
-        let n = b * t * h;
-        need(op, "q", self.q, n * kd)?;
-        need(op, "k", self.k, n * kd)?;
-        need(op, "v", self.v, n * vd)?;
-        need(op, "beta", self.beta, n)?;
-        need_opt(op, "g", self.g, n)?;
-        need_opt(op, "start", self.start, b)?;
-        int(op, n * kd.max(vd))?;
-        int(op, b * h)?;
+        let sh = self.shape();
+        sh.check(op, self.q, self.k, self.v)?;
+        need(op, "beta", self.beta, sh.rows())?;
+        need_opt(op, "g", self.g, sh.rows())?;
+        int(op, self.batch * self.heads)?;
         Ok(())
     }
     fn states(&self) -> usize {
-        self.batch * self.heads * self.k_dim * self.v_dim
+        self.shape().states()
     }
     fn params(&self, gpu: &Gpu, lay: &Layout) -> Result<Params> {
         let op = "delta_rule";
@@ -834,9 +832,7 @@ pub fn delta_rule_bwd<T: Elem>(
     need(op, "dbeta", g.dbeta, n)?;
     ensure!(g.dg.is_some() == p.g.is_some(), "{op}: dg is wanted exactly when the problem has g");
     need_opt(op, "dg", g.dg.as_deref(), n)?;
-    for (what, s) in [("init", init), ("dfinal", dfinal), ("dinit", g.dinit.as_deref())] {
-        need_opt(op, what, s, p.states())?;
-    }
+    p.shape().check_states(op, init, dfinal, g.dinit.as_deref())?;
     let lay = p.layout();
     need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
     let mut prm = p.params(gpu, &lay)?;
@@ -906,10 +902,7 @@ pub fn delta_rule_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "delta_rule_decode_step";
     p.check(op)?;
-    let bound = Bound { what: "K", value: p.k_dim, most: MAX_K_DECODE, why: "" };
-    let outs = p.batch * p.heads * p.v_dim;
-    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
-    if p.batch == 0 {
+    if !p.shape().check_decode(op, MAX_K_DECODE, state, o)? {
         return Ok(());
     }
     int(op, p.states())?;

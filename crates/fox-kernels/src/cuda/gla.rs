@@ -20,7 +20,8 @@
 //!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, args, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg, Bound, DecodeStep};
+use super::kargs::{self, args, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg};
+use super::linear_attention::DevShape;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -182,16 +183,15 @@ fn vname<T: Elem>(p: &DevGla<T>, base: &str) -> String {
 }
 
 impl<T: Elem> DevGla<'_, T> {
+    fn shape(&self) -> DevShape<'_> {
+        let (batch, seq, heads, k_dim, v_dim, start) =
+            (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.start);
+        DevShape { batch, seq, heads, k_dim, v_dim, start }
+    }
     fn check(&self, op: &str) -> Result<()> {
-        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
-        ensure!(h > 0 && kd > 0 && vd > 0, "{op}: heads, k_dim and v_dim must be positive");
-        let n = b * t * h;
-        need(op, "q", self.q, n * kd)?;
-        need(op, "k", self.k, n * kd)?;
-        need(op, "g", self.g, n * kd)?;
-        need(op, "v", self.v, n * vd)?;
-        need_opt(op, "start", self.start, b)?;
-        int(op, n * kd.max(vd))?;
+        let (b, t, h) = (self.batch, self.seq, self.heads);
+        self.shape().check(op, self.q, self.k, self.v)?;
+        need(op, "g", self.g, b * t * h * self.k_dim)?;
         int(op, self.states() * (t.div_ceil(CHUNK) + 1))?;
         ensure!(
             b * h <= 65535 && t.div_ceil(CHUNK) <= 65535,
@@ -201,7 +201,7 @@ impl<T: Elem> DevGla<'_, T> {
         Ok(())
     }
     fn states(&self) -> usize {
-        self.batch * self.heads * self.k_dim * self.v_dim
+        self.shape().states()
     }
     fn nch(&self) -> usize {
         self.seq.div_ceil(CHUNK)
@@ -505,9 +505,7 @@ pub fn gla_bwd<T: Elem>(
     need(op, "dk", g.dk, nk)?;
     need(op, "dg", g.dg, nk)?;
     need(op, "dv", g.dv, nv)?;
-    for (what, s) in [("init", init), ("dfinal", dfinal), ("dinit", g.dinit.as_deref())] {
-        need_opt(op, what, s, p.states())?;
-    }
+    p.shape().check_states(op, init, dfinal, g.dinit.as_deref())?;
     need(op, "scratch", scratch, gla_bwd_scratch_len(b, t, h, kd, vd))?;
     if b * t == 0 {
         return Ok(());
@@ -544,10 +542,7 @@ pub fn gla_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "gla_decode_step";
     p.check(op)?;
-    let bound = Bound { what: "k_dim", value: p.k_dim, most: DECODE_KMAX, why: "" };
-    let outs = p.batch * p.heads * p.v_dim;
-    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
-    if p.batch == 0 {
+    if !p.shape().check_decode(op, DECODE_KMAX, state, o)? {
         return Ok(());
     }
     let args = args![

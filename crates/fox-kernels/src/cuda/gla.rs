@@ -206,6 +206,23 @@ impl<T: Elem> DevGla<'_, T> {
     fn nch(&self) -> usize {
         self.seq.div_ceil(CHUNK)
     }
+    /// The sizes as the kernels' ints.
+    fn ints(&self) -> Result<Ints> {
+        let op = "gla";
+        let (b, t, h, k, v, nch) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.nch());
+        Ok(Ints { b: int(op, b)?, t: int(op, t)?, h: int(op, h)?, k: int(op, k)?, v: int(op, v)?, nch: int(op, nch)? })
+    }
+}
+
+/// A problem's B, T, H, K, V and chunk count as the kernels take them (32-bit ints).
+#[derive(Clone, Copy)]
+struct Ints {
+    b: i32,
+    t: i32,
+    h: i32,
+    k: i32,
+    v: i32,
+    nch: i32,
 }
 
 /// Gradients of the device GLA's inputs, overwritten (0 at padding); dinit [B, H, K, V] when
@@ -307,10 +324,9 @@ fn fwd_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, fwd_w: bool) -> Resu
 
 /// The gate's prefix sums within each chunk (gla_cumsum).
 fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let ((b, h, kd, nch), d) = ((p.batch, p.heads, p.k_dim, p.nch()), p.ints()?);
     let start = opt_ptr(gpu, p.start);
-    let args = args![gpu; s.cum, p.g, start, int(op, t)?, int(op, h)?, int(op, kd)?];
+    let args = args![gpu; s.cum, p.g, start, d.t, d.h, d.k];
     launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)
 }
 
@@ -332,46 +348,37 @@ fn walk_on<T: Elem>(
     fin: u64,
     bf16_states: bool,
 ) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let ((b, h, kd, vd), d) = ((p.batch, p.heads, p.k_dim, p.v_dim), p.ints()?);
     let kb = walk_kb();
-    let args = args![
-        gpu;
-        s.hs, fin, init, p.k, p.v, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?,
-        i32::from(bf16_states),
-    ];
+    let args = args![gpu; s.hs, fin, init, p.k, p.v, s.cum, p.start, d.t, d.h, d.k, d.v, d.nch, i32::from(bf16_states)];
     let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
     launch_with_on(gpu, stream, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
 }
 
 /// The walk's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.
 fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let ((b, h, kd, nch), d) = ((p.batch, p.heads, p.k_dim, p.nch()), p.ints()?);
     let kp = if kd <= 64 { 64 } else { 128 };
-    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, nch)?];
+    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, d.t, d.h, d.k, d.nch];
     launch(gpu, &format!("gla_scores_w_k{kp}"), (nch, b * h, 1), scores_w_smem(kp), &args)
 }
 
 /// The chunk scores A (gla_scores).
 fn chunk_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
-    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, nch)?];
+    let ((b, h, nch), d) = ((p.batch, p.heads, p.nch()), p.ints()?);
+    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, d.t, d.h, d.k, d.nch];
     launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)
 }
 
 /// The other kernels' state passing: each chunk's own state (gla_chunk_h), then the sequential
 /// gla_scan_fwd turning slot c into the state entering chunk c.
 fn chunk_states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let ((b, h, kd, vd, nch), d) = ((p.batch, p.heads, p.k_dim, p.v_dim, p.nch()), p.ints()?);
     let start = opt_ptr(gpu, p.start);
-    let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
     let tiles = kd.div_ceil(64) * vd.div_ceil(64);
-    let args = args![gpu; s.hs, int(op, nch + 1)?, p.k, p.v, s.cum, start, ti, hi, ki, vi, 0i32, p.scale];
+    let args = args![gpu; s.hs, d.nch + 1, p.k, p.v, s.cum, start, d.t, d.h, d.k, d.v, 0i32, p.scale];
     launch(gpu, &vname(p, "gla_chunk_h"), (tiles, nch, b * h), 0, &args)?;
-    let args = args![gpu; s.hs, fin, init, s.cum, int(op, b)?, ti, hi, ki, vi, int(op, nch)?];
+    let args = args![gpu; s.hs, fin, init, s.cum, d.b, d.t, d.h, d.k, d.v, d.nch];
     launch(gpu, "gla_scan_fwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
     Ok(())
 }
@@ -442,13 +449,8 @@ fn walk_out<T: Elem>(p: &DevGla<T>) -> bool {
 
 /// The forward's outputs from the chunk states and scores.
 fn output<T: Elem>(gpu: &Gpu, p: &DevGla<T>, o: &mut CudaSlice<T>, s: &Parts) -> Result<()> {
-    let op = "gla_fwd";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
-    let args = args![
-        gpu;
-        o, p.q, p.v, s.cum, s.hs, s.scores, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?,
-        int(op, nch)?, p.scale,
-    ];
+    let ((b, h, kd, vd, nch), d) = ((p.batch, p.heads, p.k_dim, p.v_dim, p.nch()), p.ints()?);
+    let args = args![gpu; o, p.q, p.v, s.cum, s.hs, s.scores, p.start, d.t, d.h, d.k, d.v, d.nch, p.scale];
     if walk_out(p) {
         let kp = if kd <= 64 { 64 } else { 128 };
         let name = format!("gla_fwd_o_w{}_k{kp}", if uses_scores_tc(p) { "16" } else { "" });
@@ -513,20 +515,20 @@ pub fn gla_bwd<T: Elem>(
     let s = parts(gpu, p, scratch);
     states(gpu, p, &s, opt_ptr(gpu, init), 0, false)?;
     let start = opt_ptr(gpu, p.start);
-    let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
+    let d = p.ints()?;
     let pdo = ptr(gpu, dout);
     // ΔdS_c = scale (q ⊙ e^G)ᵀ do per chunk, then the reverse passing into dH_c.
-    let args = args![gpu; s.dhs, ni, p.q, pdo, s.cum, start, ti, hi, ki, vi, 1i32, p.scale];
+    let args = args![gpu; s.dhs, d.nch, p.q, pdo, s.cum, start, d.t, d.h, d.k, d.v, 1i32, p.scale];
     launch(gpu, &vname(p, "gla_chunk_h"), (kd.div_ceil(64) * vd.div_ceil(64), nch, b * h), 0, &args)?;
-    let args = args![gpu; s.dhs, g.dinit, dfinal, s.cum, int(op, b)?, ti, hi, ki, vi, ni];
+    let args = args![gpu; s.dhs, g.dinit, dfinal, s.cum, d.b, d.t, d.h, d.k, d.v, d.nch];
     launch(gpu, "gla_scan_bwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
-    let args = args![gpu; s.dscores, pdo, p.v, start, ti, hi, vi, ni, p.scale];
+    let args = args![gpu; s.dscores, pdo, p.v, start, d.t, d.h, d.v, d.nch, p.scale];
     launch(gpu, &vname(p, "gla_dscores"), (nch, b * h, 1), 0, &args)?;
-    let args = args![gpu; g.dv, p.k, pdo, s.cum, s.scores, s.dhs, start, ti, hi, ki, vi, ni, p.scale];
+    let args = args![gpu; g.dv, p.k, pdo, s.cum, s.scores, s.dhs, start, d.t, d.h, d.k, d.v, d.nch, p.scale];
     launch(gpu, &vname(p, "gla_bwd_dv"), (vd.div_ceil(64), nch, b * h), 0, &args)?;
     let args = args![
         gpu;
-        g.dq, g.dk, g.dg, p.q, p.k, p.v, pdo, s.cum, s.hs, s.dhs, s.dscores, start, ti, hi, ki, vi, ni, p.scale,
+        g.dq, g.dk, g.dg, p.q, p.k, p.v, pdo, s.cum, s.hs, s.dhs, s.dscores, start, d.t, d.h, d.k, d.v, d.nch, p.scale,
     ];
     launch(gpu, &vname(p, "gla_bwd_dqk"), (kd.div_ceil(64), nch, b * h), 4 * DQK_SMEM_FLOATS, &args)
 }
@@ -545,10 +547,8 @@ pub fn gla_decode_step<T: Elem>(
     if !p.shape().check_decode(op, DECODE_KMAX, state, o)? {
         return Ok(());
     }
-    let args = args![
-        gpu;
-        state, o, p.q, p.k, p.v, p.g, p.start, int(op, p.heads)?, int(op, p.k_dim)?, int(op, p.v_dim)?, p.scale,
-    ];
+    let d = p.ints()?;
+    let args = args![gpu; state, o, p.q, p.k, p.v, p.g, p.start, d.h, d.k, d.v, p.scale];
     launch(gpu, &kname::<T>("gla_decode"), (p.batch * p.heads, p.v_dim.div_ceil(32), 1), 0, &args)
 }
 

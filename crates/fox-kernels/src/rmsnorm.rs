@@ -82,13 +82,14 @@ pub fn rms_norm_bwd(
     assert_eq!(dy.len(), x.len());
     assert_eq!(dx.len(), x.len());
     assert_eq!(dw.len(), w.len());
+    let inputs = BwdInputs { accumulate, dy, x, rstd, w, dim };
     // dw needs a reduction over rows: per task partial sums, then a fixed-order sum (deterministic).
     let partial: Vec<Vec<f32>> = dx
         .par_chunks_mut(dim * ROWS_PER_TASK)
         .enumerate()
         .map(|(t, dxs)| {
             let mut dwp = vec![0.0f32; w.len()];
-            bwd_rows(dxs, accumulate, &mut dwp, dy, x, rstd, w, dim, t * ROWS_PER_TASK);
+            bwd_rows(dxs, &mut dwp, &inputs, t * ROWS_PER_TASK);
             dwp
         })
         .collect();
@@ -99,20 +100,21 @@ pub fn rms_norm_bwd(
     }
 }
 
+/// What every task of the backward reads: [`rms_norm_bwd`]'s arguments but its outputs.
+#[derive(Clone, Copy)]
+struct BwdInputs<'a> {
+    accumulate: bool,
+    dy: &'a [f32],
+    x: &'a [f32],
+    rstd: &'a [f32],
+    w: &'a [f32],
+    dim: usize,
+}
+
 multiversion! {
-    /// Rows row0.. of the backward, dw's share added to dwp.
-    #[allow(clippy::too_many_arguments)]
-    fn bwd_rows(
-        dxs: &mut [f32],
-        accumulate: bool,
-        dwp: &mut [f32],
-        dy: &[f32],
-        x: &[f32],
-        rstd: &[f32],
-        w: &[f32],
-        dim: usize,
-        row0: usize,
-    ) {
+    /// Rows row0.. of the backward (dx in `dxs`), dw's share added to dwp.
+    fn bwd_rows(dxs: &mut [f32], dwp: &mut [f32], inputs: &BwdInputs, row0: usize) {
+        let BwdInputs { accumulate, dy, x, rstd, w, dim } = *inputs;
         let groups = w.len() / dim;
         for (i, dxr) in dxs.chunks_mut(dim).enumerate() {
             let row = row0 + i;

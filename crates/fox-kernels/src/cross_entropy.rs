@@ -81,6 +81,7 @@ pub fn cross_entropy_fused(logits: &mut [f32], targets: &[Option<u32>], weight: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_gradient;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
@@ -107,15 +108,8 @@ mod tests {
         }
         let mut d = logits.clone();
         cross_entropy_bwd(&mut d, &lse, &targets, &weight, vocab);
-        let e = 1e-2f32;
-        for i in 0..logits.len() {
-            let (mut p, mut m) = (logits.clone(), logits.clone());
-            p[i] += e;
-            m[i] -= e;
-            let fd = ((loss(&p) - loss(&m)) / (2.0 * e as f64)) as f32;
-            // softmax'' is bounded by 1/4 per unit weight: O(h²) truncation ≈ 1e-5.
-            assert!((fd - d[i]).abs() < 1e-3 * (1.0 + fd.abs()), "dlogits[{i}] fd {fd} vs {}", d[i]);
-        }
+        // softmax'' is bounded by 1/4 per unit weight: O(h²) truncation ≈ 1e-5.
+        assert_gradient("dlogits", &d, &logits, 0..logits.len(), (1e-2, 1e-3), loss);
         assert!(d[vocab..2 * vocab].iter().all(|&v| v == 0.0));
         // Each row's gradient sums to zero (softmax minus one-hot, scaled).
         for r in 0..rows {

@@ -27,6 +27,8 @@ pub mod simd;
 pub mod small_gemm;
 pub mod ssd;
 pub mod swiglu;
+#[cfg(test)]
+mod testing;
 
 /// The elements a strided `rows` × `cols` matrix spans: the last row ends `cols` past its start
 /// (none when the matrix is empty).

@@ -138,6 +138,7 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_gradient;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
@@ -173,22 +174,12 @@ mod tests {
             rms_norm_bwd(&mut dx, true, &mut dw, &g, &x, &rstd, &w, dim);
             dx.iter_mut().for_each(|v| *v -= 1.0);
             dw.iter_mut().for_each(|v| *v -= 0.5);
-            let h = 1e-2f32;
-            for i in (0..x.len()).step_by(7) {
-                let (mut xp, mut xm) = (x.clone(), x.clone());
-                xp[i] += h;
-                xm[i] -= h;
-                let fd = ((loss(&xp, &w, &g, dim, eps) - loss(&xm, &w, &g, dim, eps)) / (2.0 * h as f64)) as f32;
-                // f32 forward, central differences with h = 1e-2: O(h²) truncation, ~1e-5 round-off.
-                assert!((fd - dx[i]).abs() < 2e-3 * (1.0 + fd.abs()), "groups {groups}: dx[{i}] fd {fd} vs {}", dx[i]);
-            }
-            for i in 0..w.len() {
-                let (mut wp, mut wm) = (w.clone(), w.clone());
-                wp[i] += h;
-                wm[i] -= h;
-                let fd = ((loss(&x, &wp, &g, dim, eps) - loss(&x, &wm, &g, dim, eps)) / (2.0 * h as f64)) as f32;
-                assert!((fd - dw[i]).abs() < 2e-3 * (1.0 + fd.abs()), "groups {groups}: dw[{i}] fd {fd} vs {}", dw[i]);
-            }
+            // f32 forward, central differences with h = 1e-2: O(h²) truncation, ~1e-5 round-off.
+            let step_tol = (1e-2, 2e-3);
+            let dx_what = format!("groups {groups}: dx");
+            assert_gradient(&dx_what, &dx, &x, (0..x.len()).step_by(7), step_tol, |p| loss(p, &w, &g, dim, eps));
+            let dw_what = format!("groups {groups}: dw");
+            assert_gradient(&dw_what, &dw, &w, 0..w.len(), step_tol, |p| loss(&x, p, &g, dim, eps));
             // accumulate = false overwrites.
             let mut dx2 = vec![f32::NAN; rows * dim];
             let mut dw2 = vec![0.0; w.len()];

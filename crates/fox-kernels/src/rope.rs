@@ -29,6 +29,7 @@ pub fn rope_apply(x: &mut [f32], positions: &[i64], h: usize, d: usize, base: f6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_gradient;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
@@ -50,15 +51,8 @@ mod tests {
         };
         let mut dx = w.clone();
         rope_apply(&mut dx, &positions, h, d, 500000.0, true);
-        let e = 1e-2f32;
-        for i in 0..x.len() {
-            let (mut p, mut m) = (x.clone(), x.clone());
-            p[i] += e;
-            m[i] -= e;
-            let fd = ((loss(&p) - loss(&m)) / (2.0 * e as f64)) as f32;
-            // Linear in x: exact up to f32 round-off.
-            assert!((fd - dx[i]).abs() < 1e-4 * (1.0 + fd.abs()), "dx[{i}] fd {fd} vs {}", dx[i]);
-        }
+        // Linear in x: exact up to f32 round-off.
+        assert_gradient("dx", &dx, &x, 0..x.len(), (1e-2, 1e-4), loss);
         let mut y = x.clone();
         rope_apply(&mut y, &positions, h, d, 500000.0, false);
         rope_apply(&mut y, &positions, h, d, 500000.0, true);

@@ -49,6 +49,7 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_gradient;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use rand_distr::StandardNormal;
@@ -69,14 +70,7 @@ mod tests {
         let w: Vec<f32> = (0..rows * inter).map(|_| rng.sample(StandardNormal)).collect();
         let mut dgu = vec![0.0; gu.len()];
         swiglu_bwd(&mut dgu, &w, &gu, inter);
-        let h = 1e-2f32;
-        for i in 0..gu.len() {
-            let (mut p, mut m) = (gu.clone(), gu.clone());
-            p[i] += h;
-            m[i] -= h;
-            let fd = ((loss(&p, &w, inter) - loss(&m, &w, inter)) / (2.0 * h as f64)) as f32;
-            // O(h²) truncation (silu'' ≤ 0.5) and f32 round-off: well under 1e-3.
-            assert!((fd - dgu[i]).abs() < 1e-3 * (1.0 + fd.abs()), "dgu[{i}] fd {fd} vs {}", dgu[i]);
-        }
+        // O(h²) truncation (silu'' ≤ 0.5) and f32 round-off: well under 1e-3.
+        assert_gradient("dgu", &dgu, &gu, 0..gu.len(), (1e-2, 1e-3), |g| loss(g, &w, inter));
     }
 }

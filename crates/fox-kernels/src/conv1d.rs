@@ -311,14 +311,9 @@ pub fn conv1d_decode_step(p: &Conv1d, state: &mut [f32], out: &mut [f32]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{assert_gradient, central_difference};
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, central_difference, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
-
-    fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.sample(StandardNormal)).collect()
-    }
 
     /// The forward against its formula in f64, dx/dw/db against central differences, with SiLU
     /// or not, left padding, a previous state, and an input with a row stride wider than C. 40

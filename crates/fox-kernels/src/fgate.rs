@@ -47,10 +47,9 @@ pub fn log_fgate_bwd(dlogit: &mut [f32], da: &[f32], logit: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::assert_gradient;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// L = Σ w ⊙ prefix_sum(logsigmoid(logit)), through both ops' backward, with and without left
     /// padding; logits span both saturated regions of logsigmoid.
@@ -58,8 +57,8 @@ mod tests {
     fn backward_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(15);
         let (b, t, h) = (2, 9, 3);
-        let logit: Vec<f32> = (0..b * t * h).map(|_| 4.0 * rng.sample::<f32, _>(StandardNormal)).collect();
-        let w: Vec<f32> = (0..b * h * t).map(|_| rng.sample(StandardNormal)).collect();
+        let logit: Vec<f32> = randn(&mut rng, b * t * h).iter().map(|v| 4.0 * v).collect();
+        let w = randn(&mut rng, b * h * t);
         let start = [0usize, 4];
         for st in [None, Some(&start[..])] {
             let loss = |logit: &[f32]| -> f64 {

@@ -116,10 +116,9 @@ pub fn kv_shift_bwd(p: &KvShift, dout: &[f32], dx: &mut [f32], dalpha: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::assert_gradient;
+    use crate::testing::{assert_gradient, randn};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     fn loss(p: &KvShift, w: &[f32]) -> f64 {
         let mut out = vec![0.0; p.x.len()];
@@ -134,9 +133,9 @@ mod tests {
     fn backward_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(13);
         let (b, t, h, d) = (2, 21, 2, 3);
-        let x: Vec<f32> = (0..b * t * h * d).map(|_| rng.sample(StandardNormal)).collect();
+        let x = randn(&mut rng, b * t * h * d);
         let alpha: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.05..0.95)).collect();
-        let w: Vec<f32> = (0..x.len()).map(|_| rng.sample(StandardNormal)).collect();
+        let w = randn(&mut rng, x.len());
         let start = [0usize, 3];
         for st in [None, Some(&start[..])] {
             let prob = KvShift { batch: b, seq: t, heads: h, head_dim: d, x: &x, alpha: &alpha, start: st };

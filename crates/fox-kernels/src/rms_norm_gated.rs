@@ -134,10 +134,9 @@ pub fn rms_norm_gated_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::assert_gradient;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// The forward against its formula in f64; dx, dz, dw against central differences (h = 1e-2:
     /// the loss is smooth with derivatives of order 1, truncation O(h²) ≈ 1e-4, f32 round-off of
@@ -146,11 +145,10 @@ mod tests {
     fn forward_and_backward() {
         let mut rng = ChaCha8Rng::seed_from_u64(41);
         let (rows, dim, zs, eps) = (70, 12, 17, 1e-5f32);
-        let rn = |rng: &mut ChaCha8Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample(StandardNormal)).collect() };
-        let x = rn(&mut rng, rows * dim);
-        let z = rn(&mut rng, rows * zs);
-        let w: Vec<f32> = rn(&mut rng, dim).iter().map(|v| 1.0 + 0.3 * v).collect();
-        let g = rn(&mut rng, rows * dim);
+        let x = randn(&mut rng, rows * dim);
+        let z = randn(&mut rng, rows * zs);
+        let w: Vec<f32> = randn(&mut rng, dim).iter().map(|v| 1.0 + 0.3 * v).collect();
+        let g = randn(&mut rng, rows * dim);
         let fwd = |x: &[f32], z: &[f32], w: &[f32]| -> (Vec<f32>, Vec<f32>) {
             let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
             rms_norm_gated_fwd(&GatedNorm { x, z, z_stride: zs, w, dim, groups: 1 }, eps, &mut y, &mut r).unwrap();
@@ -191,11 +189,10 @@ mod tests {
     fn groups_normalise_apart() {
         let mut rng = ChaCha8Rng::seed_from_u64(43);
         let (tokens, dim, g, zs, eps) = (37, 6, 2, 15, 1e-5f32);
-        let rn = |rng: &mut ChaCha8Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample(StandardNormal)).collect() };
-        let x = rn(&mut rng, tokens * g * dim);
-        let z = rn(&mut rng, tokens * zs);
-        let w = rn(&mut rng, g * dim);
-        let dy = rn(&mut rng, tokens * g * dim);
+        let x = randn(&mut rng, tokens * g * dim);
+        let z = randn(&mut rng, tokens * zs);
+        let w = randn(&mut rng, g * dim);
+        let dy = randn(&mut rng, tokens * g * dim);
         let (mut y, mut rs) = (vec![0.0; x.len()], vec![0.0; tokens * g]);
         let p = GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: g };
         rms_norm_gated_fwd(&p, eps, &mut y, &mut rs).unwrap();

@@ -138,14 +138,9 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::assert_gradient;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
-
-    fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.sample(StandardNormal)).collect()
-    }
 
     /// L = Σ g ⊙ rms_norm(x, w), accumulated in f64.
     fn loss(x: &[f32], w: &[f32], g: &[f32], dim: usize, eps: f32) -> f64 {

@@ -49,10 +49,9 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::assert_gradient;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// L = Σ w ⊙ swiglu(gu), in f64.
     fn loss(gu: &[f32], w: &[f32], inter: usize) -> f64 {
@@ -66,8 +65,8 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         let (rows, inter) = (5, 9);
         // Spread of gate values: deep in both saturated regions and around 0.
-        let gu: Vec<f32> = (0..rows * 2 * inter).map(|_| 3.0 * rng.sample::<f32, _>(StandardNormal)).collect();
-        let w: Vec<f32> = (0..rows * inter).map(|_| rng.sample(StandardNormal)).collect();
+        let gu: Vec<f32> = randn(&mut rng, rows * 2 * inter).iter().map(|v| 3.0 * v).collect();
+        let w = randn(&mut rng, rows * inter);
         let mut dgu = vec![0.0; gu.len()];
         swiglu_bwd(&mut dgu, &w, &gu, inter);
         // O(h²) truncation (silu'' ≤ 0.5) and f32 round-off: well under 1e-3.

@@ -1,4 +1,14 @@
-//! What the CPU ops' tests share: a gradient checked against central differences of a loss.
+//! What the CPU ops' tests share: standard normal inputs, and a gradient checked against
+//! central differences of a loss.
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+/// n standard normal values.
+pub fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.sample(StandardNormal)).collect()
+}
 
 /// (loss(x + e·1ᵢ) − loss(x − e·1ᵢ)) / 2e, the loss in f64 and the quotient in f32 as the
 /// gradients are.

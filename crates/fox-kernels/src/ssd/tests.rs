@@ -1,8 +1,7 @@
 use super::*;
-use crate::testing::assert_gradient;
+use crate::testing::{assert_gradient, randn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -24,10 +23,6 @@ struct Data {
     a: Vec<f32>,
     d: Vec<f32>,
     init: Vec<f32>,
-}
-
-fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample(StandardNormal)).collect()
 }
 
 /// Inputs at the scale of a trained layer: dt in (0.01, 0.6), A in (−3, −0.05) with head 0 slow
@@ -437,7 +432,7 @@ fn bad_sizes_are_errors() {
 fn dt_softplus_forward_and_backward() {
     let mut rng = ChaCha8Rng::seed_from_u64(38);
     let (rows, h, stride) = (5, 3, 7);
-    let mut raw: Vec<f32> = (0..rows * stride).map(|_| 3.0 * rng.sample::<f32, _>(StandardNormal)).collect();
+    let mut raw: Vec<f32> = randn(&mut rng, rows * stride).iter().map(|v| 3.0 * v).collect();
     raw[stride + 1] = 25.0;
     let bias = randn(&mut rng, h);
     let g = randn(&mut rng, rows * h);

@@ -31,8 +31,9 @@
 //! rayon task per (b, h) running its chunks in order, so results are the same bits whatever the
 //! thread count.
 
+use crate::chunks;
 use crate::linalg::{axpy, dot};
-use crate::linear_attention::{chunk_states, chunks, Shape, Width};
+use crate::linear_attention::{chunk_states, Shape, Width};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 

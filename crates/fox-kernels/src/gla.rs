@@ -29,8 +29,9 @@
 //! pass over the states alone. One rayon task per (b, h), chunks in order: the same bits whatever
 //! the thread count.
 
+use crate::chunks;
 use crate::linalg::{axpy, dot};
-use crate::linear_attention::{chunk_states, chunks, Shape, Width};
+use crate::linear_attention::{chunk_states, Shape, Width};
 use anyhow::{ensure, Result};
 
 /// Positions per chunk (fla's `chunk_gla`).

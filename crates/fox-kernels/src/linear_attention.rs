@@ -2,13 +2,9 @@
 //! and head a state [K, V], inputs [B, T, H, ·] with left padding before `start[b]`, and one rayon
 //! task per (b, h) that sees only that head's real positions, gathered contiguously.
 
+use crate::chunks;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
-
-/// The chunks [c0, c0 + len) of `chunk` positions that cover n, in order.
-pub(crate) fn chunks(n: usize, chunk: usize) -> impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator {
-    (0..n.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(n - c * chunk)))
-}
 
 /// The states [K, V] entering each chunk of n positions (for a backward, which walks the chunks in
 /// reverse), from `init`, `advance(c0, len, S)` carrying S over one chunk.

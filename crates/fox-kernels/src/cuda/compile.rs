@@ -75,6 +75,11 @@ pub static DECODE: Source = Source {
     ],
 };
 
+/// Put before a file that is compiled twice in one source: first for f32 activations
+/// (`ET` float, kernels `name_f32`), then again for bf16 (`ET` u16, `name_bf16`).
+const AS_F32: &str = "#define ET float\n#define KN(name) name##_f32\n";
+const AS_BF16: &str = "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n";
+
 const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
 /// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward and backward, decode step),
 /// gated RMSNorm, dt's softplus; ssd.cu twice, its activations f32 (`name_f32`), then bf16
@@ -85,9 +90,9 @@ pub static SSD: Source = Source {
         PDL,
         ELEM,
         ACT,
-        "#define ET float\n#define KN(name) name##_f32\n",
+        AS_F32,
         SSD_CU,
-        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
+        AS_BF16,
         SSD_CU,
     ],
 };
@@ -113,9 +118,9 @@ pub static GLA: Source = Source {
     files: &[
         ELEM,
         ACT,
-        "#define ET float\n#define KN(name) name##_f32\n",
+        AS_F32,
         GLA_CU,
-        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
+        AS_BF16,
         GLA_CU,
     ],
 };

@@ -55,7 +55,17 @@ impl Shape<'_> {
     pub fn check(&self, inputs: &[(&str, usize, Width)]) -> Result<()> {
         let (op, b) = (self.op, self.batch);
         ensure!(self.heads > 0 && self.k_dim > 0 && self.v_dim > 0, "{op}: heads, k_dim and v_dim must be positive");
-        let n = b * self.seq * self.heads;
+        self.check_lens(inputs)?;
+        if let Some(s) = self.start {
+            ensure!(s.len() == b, "{op}: start has {} rows, not B = {b}", s.len());
+        }
+        Ok(())
+    }
+
+    /// Each named buffer's length ([B, T, H, width]): the inputs, or their gradients.
+    pub fn check_lens(&self, inputs: &[(&str, usize, Width)]) -> Result<()> {
+        let op = self.op;
+        let n = self.batch * self.seq * self.heads;
         for &(what, len, w) in inputs {
             let dims = match w {
                 Width::K => "B·T·H·K",
@@ -64,9 +74,6 @@ impl Shape<'_> {
             };
             let want = n * self.width(w);
             ensure!(len == want, "{op}: {what} has {len} values, not {dims} = {want}");
-        }
-        if let Some(s) = self.start {
-            ensure!(s.len() == b, "{op}: start has {} rows, not B = {b}", s.len());
         }
         Ok(())
     }

@@ -56,12 +56,6 @@ const TOL_DLB: f64 = 1e-4;
 const TOL_TC: f64 = 1e-2;
 const TOL_TC_DG: f64 = 3e-2;
 
-fn case(c: &mut Ctx, name: &str, f: impl FnOnce(&mut Ctx, &str) -> Result<()>) {
-    if let Err(e) = f(c, name) {
-        c.add(name, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-    }
-}
-
 /// One GLA case's shape and inputs: B, T, H, K = V, left padding, an initial state (and a final
 /// state's gradient), and the forget gate's range: g = logsigmoid(σ·z + μ), z ~ N(0, 1).
 struct Shape {
@@ -431,23 +425,23 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
     ];
     for (shape, s) in &shapes {
         let cuda_cores = GlaRun::Kernels(GlaKernels::CudaCores);
-        case(&mut c, &format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, cuda_cores));
+        c.case(&format!("gla f32 {shape}"), |c, n| gla_case::<f32>(c, n, s, cuda_cores));
         let bf16 = |run| move |c: &mut Ctx, n: &str| gla_case::<half::bf16>(c, n, s, run);
-        case(&mut c, &format!("gla bf16 cuda-cores {shape}"), bf16(cuda_cores));
-        case(&mut c, &format!("gla bf16 tc {shape}"), bf16(GlaRun::Kernels(GlaKernels::TensorCores)));
+        c.case(&format!("gla bf16 cuda-cores {shape}"), bf16(cuda_cores));
+        c.case(&format!("gla bf16 tc {shape}"), bf16(GlaRun::Kernels(GlaKernels::TensorCores)));
         // The walk (its block width as FOXLM_GLA_KB says: run check-ops once per width).
-        case(&mut c, &format!("gla bf16 walk {shape}"), bf16(GlaRun::Kernels(GlaKernels::Walk)));
-        case(&mut c, &format!("gla bf16 walk tc-scores {shape}"), bf16(GlaRun::WalkTcScores { beside: false }));
+        c.case(&format!("gla bf16 walk {shape}"), bf16(GlaRun::Kernels(GlaKernels::Walk)));
+        c.case(&format!("gla bf16 walk tc-scores {shape}"), bf16(GlaRun::WalkTcScores { beside: false }));
     }
     for d in [32, 128] {
-        case(&mut c, &format!("gla decode B2 H3 K=V={d}"), |c, n| decode_case(c, n, d));
+        c.case(&format!("gla decode B2 H3 K=V={d}"), |c, n| decode_case(c, n, d));
     }
     for bounded in [false, true] {
         let what = if bounded { "bounded" } else { "unbounded" };
-        case(&mut c, &format!("hgrn2 gates f32 {what}"), |c, n| gates_case::<f32>(c, n, bounded));
-        case(&mut c, &format!("hgrn2 gates bf16 {what}"), |c, n| gates_case::<half::bf16>(c, n, bounded));
+        c.case(&format!("hgrn2 gates f32 {what}"), |c, n| gates_case::<f32>(c, n, bounded));
+        c.case(&format!("hgrn2 gates bf16 {what}"), |c, n| gates_case::<half::bf16>(c, n, bounded));
     }
-    case(&mut c, "hgrn2 lower bounds L12 d300", lower_bounds_case);
+    c.case("hgrn2 lower bounds L12 d300", lower_bounds_case);
     c.rows
 }
 

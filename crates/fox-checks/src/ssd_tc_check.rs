@@ -167,16 +167,10 @@ pub fn run_all(gpu: &Gpu, seed: u64) -> Vec<CheckRow> {
         ),
     ];
     for (k, (name, s)) in shapes.iter().enumerate() {
-        let bf = format!("ssd tc fwd bf16 {name}");
-        if let Err(e) = case::<half::bf16>(&mut c, &bf, s) {
-            c.add(&bf, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-        }
+        c.case(&format!("ssd tc fwd bf16 {name}"), |c, n| case::<half::bf16>(c, n, s));
         // f32 inputs on two of the shapes.
         if k % 2 == 0 {
-            let f = format!("ssd tc fwd f32 {name}");
-            if let Err(e) = case::<f32>(&mut c, &f, s) {
-                c.add(&f, "run", f64::INFINITY, 0.0, &format!("error: {e:#}"));
-            }
+            c.case(&format!("ssd tc fwd f32 {name}"), |c, n| case::<f32>(c, n, s));
         }
     }
     c.rows

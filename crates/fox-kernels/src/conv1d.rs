@@ -311,13 +311,9 @@ pub fn conv1d_decode_step(p: &Conv1d, state: &mut [f32], out: &mut [f32]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, central_difference, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
-
-    fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.sample(StandardNormal)).collect()
-    }
 
     /// The forward against its formula in f64, dx/dw/db against central differences, with SiLU
     /// or not, left padding, a previous state, and an input with a row stride wider than C. 40
@@ -409,33 +405,16 @@ mod tests {
                 // up to f32 round-off of the forward (~1e-5 of the loss, here Σ of ~500 terms,
                 // divided by 2e-2). SiLU adds an O(e²) truncation term (silu''' is bounded by ~0.5).
                 let tol = 2e-3;
-                for i in (0..x.len()).step_by(3) {
-                    let (mut xp, mut xm) = (x.clone(), x.clone());
-                    xp[i] += e;
-                    xm[i] -= e;
-                    let fd = ((loss(&xp, &weight, &bias) - loss(&xm, &weight, &bias)) / (2.0 * e as f64)) as f32;
-                    if i % stride >= c {
-                        // Columns past C are not channels: dx keeps what was there.
-                        assert_eq!(dx[i], 7.0);
-                        assert!(fd.abs() < 1e-6);
-                        continue;
-                    }
-                    assert!((fd - dx[i]).abs() < tol * (1.0 + fd.abs()), "dx[{i}] fd {fd} vs {}", dx[i]);
+                let (channels, past): (Vec<usize>, Vec<usize>) = (0..x.len()).step_by(3).partition(|i| i % stride < c);
+                // Columns past C are not channels: dx keeps what was there, and the loss does not
+                // read them.
+                for i in past {
+                    assert_eq!(dx[i], 7.0);
+                    assert!(central_difference(&x, i, e, |p| loss(p, &weight, &bias)).abs() < 1e-6);
                 }
-                for i in 0..weight.len() {
-                    let (mut wp, mut wm) = (weight.clone(), weight.clone());
-                    wp[i] += e;
-                    wm[i] -= e;
-                    let fd = ((loss(&x, &wp, &bias) - loss(&x, &wm, &bias)) / (2.0 * e as f64)) as f32;
-                    assert!((fd - dw[i]).abs() < tol * (1.0 + fd.abs()), "dw[{i}] fd {fd} vs {}", dw[i]);
-                }
-                for i in 0..c {
-                    let (mut bp, mut bm) = (bias.clone(), bias.clone());
-                    bp[i] += e;
-                    bm[i] -= e;
-                    let fd = ((loss(&x, &weight, &bp) - loss(&x, &weight, &bm)) / (2.0 * e as f64)) as f32;
-                    assert!((fd - db[i]).abs() < tol * (1.0 + fd.abs()), "db[{i}] fd {fd} vs {}", db[i]);
-                }
+                assert_gradient("dx", &dx, &x, channels, (e, tol), |p| loss(p, &weight, &bias));
+                assert_gradient("dw", &dw, &weight, 0..weight.len(), (e, tol), |p| loss(&x, p, &bias));
+                assert_gradient("db", &db, &bias, 0..c, (e, tol), |p| loss(&x, &weight, p));
             }
         }
     }

@@ -81,16 +81,16 @@ pub fn cross_entropy_fused(logits: &mut [f32], targets: &[Option<u32>], weight: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// L = Σ_r weight_r · loss_r by central differences; rows without a target get no gradient.
     #[test]
     fn backward_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(16);
         let (rows, vocab) = (4, 37);
-        let logits: Vec<f32> = (0..rows * vocab).map(|_| 3.0 * rng.sample::<f32, _>(StandardNormal)).collect();
+        let logits: Vec<f32> = randn(&mut rng, rows * vocab).iter().map(|v| 3.0 * v).collect();
         let targets = [Some(3u32), None, Some(36), Some(0)];
         let weight = [0.7f32, 0.3, -1.2, 0.25];
         let loss = |l: &[f32]| -> f64 {
@@ -107,15 +107,8 @@ mod tests {
         }
         let mut d = logits.clone();
         cross_entropy_bwd(&mut d, &lse, &targets, &weight, vocab);
-        let e = 1e-2f32;
-        for i in 0..logits.len() {
-            let (mut p, mut m) = (logits.clone(), logits.clone());
-            p[i] += e;
-            m[i] -= e;
-            let fd = ((loss(&p) - loss(&m)) / (2.0 * e as f64)) as f32;
-            // softmax'' is bounded by 1/4 per unit weight: O(h²) truncation ≈ 1e-5.
-            assert!((fd - d[i]).abs() < 1e-3 * (1.0 + fd.abs()), "dlogits[{i}] fd {fd} vs {}", d[i]);
-        }
+        // softmax'' is bounded by 1/4 per unit weight: O(h²) truncation ≈ 1e-5.
+        assert_gradient("dlogits", &d, &logits, 0..logits.len(), (1e-2, 1e-3), loss);
         assert!(d[vocab..2 * vocab].iter().all(|&v| v == 0.0));
         // Each row's gradient sums to zero (softmax minus one-hot, scaled).
         for r in 0..rows {
@@ -128,7 +121,7 @@ mod tests {
     fn fused_matches_the_two_pass_op() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let (rows, vocab) = (5, 1003);
-        let logits: Vec<f32> = (0..rows * vocab).map(|_| 4.0 * rng.sample::<f32, _>(StandardNormal)).collect();
+        let logits: Vec<f32> = randn(&mut rng, rows * vocab).iter().map(|v| 4.0 * v).collect();
         let targets = [Some(3u32), None, Some(1002), Some(0), Some(500)];
         let (losses, lse) = cross_entropy_fwd(&logits, &targets, vocab);
         let mut want = logits.clone();

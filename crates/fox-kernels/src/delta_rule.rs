@@ -31,8 +31,9 @@
 //! rayon task per (b, h) running its chunks in order, so results are the same bits whatever the
 //! thread count.
 
+use crate::chunks;
 use crate::linalg::{axpy, dot};
-use crate::linear_attention::{chunk_states, chunks, Shape, Width};
+use crate::linear_attention::{chunk_states, Shape, Width};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -418,15 +419,16 @@ pub fn delta_rule_bwd(
     p.check()?;
     let sh = p.shape();
     sh.check_out(dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
-    let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
-    let (nq, nv, nb) = (p.batch * t * h * kd, p.batch * t * h * vd, p.batch * t * h);
-    ensure!(g.dq.len() == nq && g.dk.len() == nq, "delta_rule_bwd: dq and dk must have B·T·H·K = {nq} values");
-    ensure!(g.dv.len() == nv, "delta_rule_bwd: dv must have B·T·H·V = {nv} values");
-    ensure!(g.dbeta.len() == nb, "delta_rule_bwd: dbeta must have B·T·H = {nb} values");
+    let (kd, vd) = (p.k_dim, p.v_dim);
     ensure!(g.dg.is_some() == p.g.is_some(), "delta_rule_bwd: dg is wanted exactly when the problem has g");
-    if let Some(dg) = &g.dg {
-        ensure!(dg.len() == nb, "delta_rule_bwd: dg must have B·T·H = {nb} values");
-    }
+    let mut grads = vec![
+        ("dq", g.dq.len(), Width::K),
+        ("dk", g.dk.len(), Width::K),
+        ("dv", g.dv.len(), Width::V),
+        ("dbeta", g.dbeta.len(), Width::One),
+    ];
+    grads.extend(g.dg.as_ref().map(|dg| ("dg", dg.len(), Width::One)));
+    sh.check_lens(&grads)?;
     if let Some(d) = &g.dinit {
         sh.check_state(d.len(), "dinit")?;
     }

@@ -47,9 +47,9 @@ pub fn log_fgate_bwd(dlogit: &mut [f32], da: &[f32], logit: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// L = Σ w ⊙ prefix_sum(logsigmoid(logit)), through both ops' backward, with and without left
     /// padding; logits span both saturated regions of logsigmoid.
@@ -57,8 +57,8 @@ mod tests {
     fn backward_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(15);
         let (b, t, h) = (2, 9, 3);
-        let logit: Vec<f32> = (0..b * t * h).map(|_| 4.0 * rng.sample::<f32, _>(StandardNormal)).collect();
-        let w: Vec<f32> = (0..b * h * t).map(|_| rng.sample(StandardNormal)).collect();
+        let logit: Vec<f32> = randn(&mut rng, b * t * h).iter().map(|v| 4.0 * v).collect();
+        let w = randn(&mut rng, b * h * t);
         let start = [0usize, 4];
         for st in [None, Some(&start[..])] {
             let loss = |logit: &[f32]| -> f64 {
@@ -72,19 +72,8 @@ mod tests {
             prefix_sum_bwd(&mut da, &w, st, t, h);
             let mut dlogit = vec![f32::NAN; logit.len()];
             log_fgate_bwd(&mut dlogit, &da, &logit);
-            let e = 1e-2f32;
-            for i in 0..logit.len() {
-                let (mut p, mut m) = (logit.clone(), logit.clone());
-                p[i] += e;
-                m[i] -= e;
-                let fd = ((loss(&p) - loss(&m)) / (2.0 * e as f64)) as f32;
-                // logsigmoid'' ≤ 1/4: O(h²) truncation ~1e-5 per use, summed over ≤ 9 uses.
-                assert!(
-                    (fd - dlogit[i]).abs() < 1e-3 * (1.0 + fd.abs()),
-                    "{st:?}: dlogit[{i}] fd {fd} vs {}",
-                    dlogit[i]
-                );
-            }
+            // logsigmoid'' ≤ 1/4: O(h²) truncation ~1e-5 per use, summed over ≤ 9 uses.
+            assert_gradient(&format!("{st:?}: dlogit"), &dlogit, &logit, 0..logit.len(), (1e-2, 1e-3), loss);
             if st.is_some() {
                 // Padded positions count as a = 0: no gradient.
                 assert!(dlogit[t * h..(t + 4) * h].iter().all(|&v| v == 0.0));

@@ -29,9 +29,10 @@
 //! pass over the states alone. One rayon task per (b, h), chunks in order: the same bits whatever
 //! the thread count.
 
+use crate::chunks;
 use crate::linalg::{axpy, dot};
-use crate::linear_attention::{chunk_states, chunks, Shape, Width};
-use anyhow::{ensure, Result};
+use crate::linear_attention::{chunk_states, Shape, Width};
+use anyhow::Result;
 
 /// Positions per chunk (fla's `chunk_gla`).
 pub const CHUNK: usize = 64;
@@ -284,13 +285,13 @@ pub fn gla_bwd(p: &Gla, dout: &[f32], init: Option<&[f32]>, dfinal: Option<&[f32
     p.check()?;
     let sh = p.shape();
     sh.check_out(dout.len(), init.map(|s| s.len()), dfinal.map(|s| s.len()))?;
-    let (t, h, kd, vd) = (p.seq, p.heads, p.k_dim, p.v_dim);
-    let (nk, nv) = (p.batch * t * h * kd, p.batch * t * h * vd);
-    ensure!(
-        g.dq.len() == nk && g.dk.len() == nk && g.dg.len() == nk,
-        "gla_bwd: dq, dk and dg must have B·T·H·K = {nk} values"
-    );
-    ensure!(g.dv.len() == nv, "gla_bwd: dv must have B·T·H·V = {nv} values");
+    let (kd, vd) = (p.k_dim, p.v_dim);
+    sh.check_lens(&[
+        ("dq", g.dq.len(), Width::K),
+        ("dk", g.dk.len(), Width::K),
+        ("dg", g.dg.len(), Width::K),
+        ("dv", g.dv.len(), Width::V),
+    ])?;
     if let Some(d) = &g.dinit {
         sh.check_state(d.len(), "dinit")?;
     }

@@ -116,9 +116,9 @@ pub fn kv_shift_bwd(p: &KvShift, dout: &[f32], dx: &mut [f32], dalpha: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_gradient, randn};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     fn loss(p: &KvShift, w: &[f32]) -> f64 {
         let mut out = vec![0.0; p.x.len()];
@@ -133,9 +133,9 @@ mod tests {
     fn backward_matches_finite_differences() {
         let mut rng = ChaCha8Rng::seed_from_u64(13);
         let (b, t, h, d) = (2, 21, 2, 3);
-        let x: Vec<f32> = (0..b * t * h * d).map(|_| rng.sample(StandardNormal)).collect();
+        let x = randn(&mut rng, b * t * h * d);
         let alpha: Vec<f32> = (0..b * t * h).map(|_| rng.gen_range(0.05..0.95)).collect();
-        let w: Vec<f32> = (0..x.len()).map(|_| rng.sample(StandardNormal)).collect();
+        let w = randn(&mut rng, x.len());
         let start = [0usize, 3];
         for st in [None, Some(&start[..])] {
             let prob = KvShift { batch: b, seq: t, heads: h, head_dim: d, x: &x, alpha: &alpha, start: st };
@@ -155,28 +155,12 @@ mod tests {
             let mut dx = vec![f32::NAN; x.len()];
             let mut dalpha = vec![f32::NAN; alpha.len()];
             kv_shift_bwd(&prob, &w, &mut dx, &mut dalpha);
-            let e = 1e-2f32;
             // The output is bilinear in (x, α): central differences are exact up to f32 round-off.
-            for i in 0..x.len() {
-                let (mut p, mut m) = (x.clone(), x.clone());
-                p[i] += e;
-                m[i] -= e;
-                let fd = ((loss(&KvShift { x: &p, ..prob }, &w) - loss(&KvShift { x: &m, ..prob }, &w))
-                    / (2.0 * e as f64)) as f32;
-                assert!((fd - dx[i]).abs() < 1e-4 * (1.0 + fd.abs()), "{st:?}: dx[{i}] fd {fd} vs {}", dx[i]);
-            }
-            for i in 0..alpha.len() {
-                let (mut p, mut m) = (alpha.clone(), alpha.clone());
-                p[i] += e;
-                m[i] -= e;
-                let fd = ((loss(&KvShift { alpha: &p, ..prob }, &w) - loss(&KvShift { alpha: &m, ..prob }, &w))
-                    / (2.0 * e as f64)) as f32;
-                assert!(
-                    (fd - dalpha[i]).abs() < 1e-4 * (1.0 + fd.abs()),
-                    "{st:?}: dalpha[{i}] fd {fd} vs {}",
-                    dalpha[i]
-                );
-            }
+            let step_tol = (1e-2, 1e-4);
+            let x_loss = |p: &[f32]| loss(&KvShift { x: p, ..prob }, &w);
+            assert_gradient(&format!("{st:?}: dx"), &dx, &x, 0..x.len(), step_tol, x_loss);
+            let alpha_loss = |p: &[f32]| loss(&KvShift { alpha: p, ..prob }, &w);
+            assert_gradient(&format!("{st:?}: dalpha"), &dalpha, &alpha, 0..alpha.len(), step_tol, alpha_loss);
         }
         // Padding: the first real token of row 1 mixes with k̃ = 0, so padded k̃ get no gradient
         // from real positions (only their own pass-through).

@@ -27,6 +27,14 @@ pub mod simd;
 pub mod small_gemm;
 pub mod ssd;
 pub mod swiglu;
+#[cfg(test)]
+mod testing;
+
+/// The chunks [c0, c0 + len) of `chunk` positions that cover n, in order (the chunked forms of
+/// the recurrences: SSD, GLA, the delta rule).
+pub(crate) fn chunks(n: usize, chunk: usize) -> impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator {
+    (0..n.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(n - c * chunk)))
+}
 
 /// The elements a strided `rows` × `cols` matrix spans: the last row ends `cols` past its start
 /// (none when the matrix is empty).

@@ -2,13 +2,9 @@
 //! and head a state [K, V], inputs [B, T, H, ·] with left padding before `start[b]`, and one rayon
 //! task per (b, h) that sees only that head's real positions, gathered contiguously.
 
+use crate::chunks;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
-
-/// The chunks [c0, c0 + len) of `chunk` positions that cover n, in order.
-pub(crate) fn chunks(n: usize, chunk: usize) -> impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator {
-    (0..n.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(n - c * chunk)))
-}
 
 /// The states [K, V] entering each chunk of n positions (for a backward, which walks the chunks in
 /// reverse), from `init`, `advance(c0, len, S)` carrying S over one chunk.
@@ -59,7 +55,17 @@ impl Shape<'_> {
     pub fn check(&self, inputs: &[(&str, usize, Width)]) -> Result<()> {
         let (op, b) = (self.op, self.batch);
         ensure!(self.heads > 0 && self.k_dim > 0 && self.v_dim > 0, "{op}: heads, k_dim and v_dim must be positive");
-        let n = b * self.seq * self.heads;
+        self.check_lens(inputs)?;
+        if let Some(s) = self.start {
+            ensure!(s.len() == b, "{op}: start has {} rows, not B = {b}", s.len());
+        }
+        Ok(())
+    }
+
+    /// Each named buffer's length ([B, T, H, width]): the inputs, or their gradients.
+    pub fn check_lens(&self, inputs: &[(&str, usize, Width)]) -> Result<()> {
+        let op = self.op;
+        let n = self.batch * self.seq * self.heads;
         for &(what, len, w) in inputs {
             let dims = match w {
                 Width::K => "B·T·H·K",
@@ -68,9 +74,6 @@ impl Shape<'_> {
             };
             let want = n * self.width(w);
             ensure!(len == want, "{op}: {what} has {len} values, not {dims} = {want}");
-        }
-        if let Some(s) = self.start {
-            ensure!(s.len() == b, "{op}: start has {} rows, not B = {b}", s.len());
         }
         Ok(())
     }

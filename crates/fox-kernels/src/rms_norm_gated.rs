@@ -134,9 +134,9 @@ pub fn rms_norm_gated_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// The forward against its formula in f64; dx, dz, dw against central differences (h = 1e-2:
     /// the loss is smooth with derivatives of order 1, truncation O(h²) ≈ 1e-4, f32 round-off of
@@ -145,11 +145,10 @@ mod tests {
     fn forward_and_backward() {
         let mut rng = ChaCha8Rng::seed_from_u64(41);
         let (rows, dim, zs, eps) = (70, 12, 17, 1e-5f32);
-        let rn = |rng: &mut ChaCha8Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample(StandardNormal)).collect() };
-        let x = rn(&mut rng, rows * dim);
-        let z = rn(&mut rng, rows * zs);
-        let w: Vec<f32> = rn(&mut rng, dim).iter().map(|v| 1.0 + 0.3 * v).collect();
-        let g = rn(&mut rng, rows * dim);
+        let x = randn(&mut rng, rows * dim);
+        let z = randn(&mut rng, rows * zs);
+        let w: Vec<f32> = randn(&mut rng, dim).iter().map(|v| 1.0 + 0.3 * v).collect();
+        let g = randn(&mut rng, rows * dim);
         let fwd = |x: &[f32], z: &[f32], w: &[f32]| -> (Vec<f32>, Vec<f32>) {
             let (mut y, mut r) = (vec![0.0; rows * dim], vec![0.0; rows]);
             rms_norm_gated_fwd(&GatedNorm { x, z, z_stride: zs, w, dim, groups: 1 }, eps, &mut y, &mut r).unwrap();
@@ -174,34 +173,13 @@ mod tests {
         let mut dw = vec![0.5; dim];
         let norm = GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: 1 };
         rms_norm_gated_bwd(&norm, &g, &rstd, &mut dx, &mut dz, &mut dw).unwrap();
-        let e = 1e-2f32;
-        let tol = 3e-3;
-        for i in (0..x.len()).step_by(5) {
-            let (mut p, mut m) = (x.clone(), x.clone());
-            p[i] += e;
-            m[i] -= e;
-            let fd = ((loss(&p, &z, &w) - loss(&m, &z, &w)) / (2.0 * e as f64)) as f32;
-            assert!((fd - dx[i]).abs() < tol * (1.0 + fd.abs()), "dx[{i}]: fd {fd} vs {}", dx[i]);
-        }
-        for i in (0..z.len()).step_by(3) {
-            if i % zs >= dim {
-                assert_eq!(dz[i], 5.0, "columns past dim are left");
-                continue;
-            }
-            let (mut p, mut m) = (z.clone(), z.clone());
-            p[i] += e;
-            m[i] -= e;
-            let fd = ((loss(&x, &p, &w) - loss(&x, &m, &w)) / (2.0 * e as f64)) as f32;
-            assert!((fd - dz[i]).abs() < tol * (1.0 + fd.abs()), "dz[{i}]: fd {fd} vs {}", dz[i]);
-        }
-        for k in 0..dim {
-            let (mut p, mut m) = (w.clone(), w.clone());
-            p[k] += e;
-            m[k] -= e;
-            let fd = ((loss(&x, &z, &p) - loss(&x, &z, &m)) / (2.0 * e as f64)) as f32;
-            let got = dw[k] - 0.5;
-            assert!((fd - got).abs() < tol * (1.0 + fd.abs()), "dw[{k}]: fd {fd} vs {got}");
-        }
+        let step_tol = (1e-2, 3e-3);
+        assert_gradient("dx", &dx, &x, (0..x.len()).step_by(5), step_tol, |p| loss(p, &z, &w));
+        let (channels, past): (Vec<usize>, Vec<usize>) = (0..z.len()).step_by(3).partition(|i| i % zs < dim);
+        assert!(past.iter().all(|&i| dz[i] == 5.0), "columns past dim are left");
+        assert_gradient("dz", &dz, &z, channels, step_tol, |p| loss(&x, p, &w));
+        dw.iter_mut().for_each(|v| *v -= 0.5);
+        assert_gradient("dw", &dw, &w, 0..dim, step_tol, |p| loss(&x, &z, p));
         assert!(rms_norm_gated_fwd(&GatedNorm { x: &x[..5], ..norm }, eps, &mut [0.0; 5], &mut [0.0; 1]).is_err());
     }
 
@@ -211,11 +189,10 @@ mod tests {
     fn groups_normalise_apart() {
         let mut rng = ChaCha8Rng::seed_from_u64(43);
         let (tokens, dim, g, zs, eps) = (37, 6, 2, 15, 1e-5f32);
-        let rn = |rng: &mut ChaCha8Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample(StandardNormal)).collect() };
-        let x = rn(&mut rng, tokens * g * dim);
-        let z = rn(&mut rng, tokens * zs);
-        let w = rn(&mut rng, g * dim);
-        let dy = rn(&mut rng, tokens * g * dim);
+        let x = randn(&mut rng, tokens * g * dim);
+        let z = randn(&mut rng, tokens * zs);
+        let w = randn(&mut rng, g * dim);
+        let dy = randn(&mut rng, tokens * g * dim);
         let (mut y, mut rs) = (vec![0.0; x.len()], vec![0.0; tokens * g]);
         let p = GatedNorm { x: &x, z: &z, z_stride: zs, w: &w, dim, groups: g };
         rms_norm_gated_fwd(&p, eps, &mut y, &mut rs).unwrap();

@@ -82,13 +82,14 @@ pub fn rms_norm_bwd(
     assert_eq!(dy.len(), x.len());
     assert_eq!(dx.len(), x.len());
     assert_eq!(dw.len(), w.len());
+    let inputs = BwdInputs { accumulate, dy, x, rstd, w, dim };
     // dw needs a reduction over rows: per task partial sums, then a fixed-order sum (deterministic).
     let partial: Vec<Vec<f32>> = dx
         .par_chunks_mut(dim * ROWS_PER_TASK)
         .enumerate()
         .map(|(t, dxs)| {
             let mut dwp = vec![0.0f32; w.len()];
-            bwd_rows(dxs, accumulate, &mut dwp, dy, x, rstd, w, dim, t * ROWS_PER_TASK);
+            bwd_rows(dxs, &mut dwp, &inputs, t * ROWS_PER_TASK);
             dwp
         })
         .collect();
@@ -99,20 +100,21 @@ pub fn rms_norm_bwd(
     }
 }
 
+/// What every task of the backward reads: [`rms_norm_bwd`]'s arguments but its outputs.
+#[derive(Clone, Copy)]
+struct BwdInputs<'a> {
+    accumulate: bool,
+    dy: &'a [f32],
+    x: &'a [f32],
+    rstd: &'a [f32],
+    w: &'a [f32],
+    dim: usize,
+}
+
 multiversion! {
-    /// Rows row0.. of the backward, dw's share added to dwp.
-    #[allow(clippy::too_many_arguments)]
-    fn bwd_rows(
-        dxs: &mut [f32],
-        accumulate: bool,
-        dwp: &mut [f32],
-        dy: &[f32],
-        x: &[f32],
-        rstd: &[f32],
-        w: &[f32],
-        dim: usize,
-        row0: usize,
-    ) {
+    /// Rows row0.. of the backward (dx in `dxs`), dw's share added to dwp.
+    fn bwd_rows(dxs: &mut [f32], dwp: &mut [f32], inputs: &BwdInputs, row0: usize) {
+        let BwdInputs { accumulate, dy, x, rstd, w, dim } = *inputs;
         let groups = w.len() / dim;
         for (i, dxr) in dxs.chunks_mut(dim).enumerate() {
             let row = row0 + i;
@@ -136,13 +138,9 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
-
-    fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.sample(StandardNormal)).collect()
-    }
 
     /// L = Σ g ⊙ rms_norm(x, w), accumulated in f64.
     fn loss(x: &[f32], w: &[f32], g: &[f32], dim: usize, eps: f32) -> f64 {
@@ -171,22 +169,12 @@ mod tests {
             rms_norm_bwd(&mut dx, true, &mut dw, &g, &x, &rstd, &w, dim);
             dx.iter_mut().for_each(|v| *v -= 1.0);
             dw.iter_mut().for_each(|v| *v -= 0.5);
-            let h = 1e-2f32;
-            for i in (0..x.len()).step_by(7) {
-                let (mut xp, mut xm) = (x.clone(), x.clone());
-                xp[i] += h;
-                xm[i] -= h;
-                let fd = ((loss(&xp, &w, &g, dim, eps) - loss(&xm, &w, &g, dim, eps)) / (2.0 * h as f64)) as f32;
-                // f32 forward, central differences with h = 1e-2: O(h²) truncation, ~1e-5 round-off.
-                assert!((fd - dx[i]).abs() < 2e-3 * (1.0 + fd.abs()), "groups {groups}: dx[{i}] fd {fd} vs {}", dx[i]);
-            }
-            for i in 0..w.len() {
-                let (mut wp, mut wm) = (w.clone(), w.clone());
-                wp[i] += h;
-                wm[i] -= h;
-                let fd = ((loss(&x, &wp, &g, dim, eps) - loss(&x, &wm, &g, dim, eps)) / (2.0 * h as f64)) as f32;
-                assert!((fd - dw[i]).abs() < 2e-3 * (1.0 + fd.abs()), "groups {groups}: dw[{i}] fd {fd} vs {}", dw[i]);
-            }
+            // f32 forward, central differences with h = 1e-2: O(h²) truncation, ~1e-5 round-off.
+            let step_tol = (1e-2, 2e-3);
+            let dx_what = format!("groups {groups}: dx");
+            assert_gradient(&dx_what, &dx, &x, (0..x.len()).step_by(7), step_tol, |p| loss(p, &w, &g, dim, eps));
+            let dw_what = format!("groups {groups}: dw");
+            assert_gradient(&dw_what, &dw, &w, 0..w.len(), step_tol, |p| loss(&x, p, &g, dim, eps));
             // accumulate = false overwrites.
             let mut dx2 = vec![f32::NAN; rows * dim];
             let mut dw2 = vec![0.0; w.len()];

@@ -29,9 +29,9 @@ pub fn rope_apply(x: &mut [f32], positions: &[i64], h: usize, d: usize, base: f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// The backward of y = R x is Rᵀ dy = rope_apply(dy, inverse = true): checked by central
     /// differences of L = Σ w ⊙ R x, and the inverse undoes the forward. Negative positions occur
@@ -41,8 +41,8 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(14);
         let (rows, h, d) = (6, 2, 8);
         let positions: Vec<i64> = vec![-3, 0, 1, 7, 1000, 65_000];
-        let x: Vec<f32> = (0..rows * h * d).map(|_| rng.sample(StandardNormal)).collect();
-        let w: Vec<f32> = (0..x.len()).map(|_| rng.sample(StandardNormal)).collect();
+        let x = randn(&mut rng, rows * h * d);
+        let w = randn(&mut rng, x.len());
         let loss = |x: &[f32]| -> f64 {
             let mut y = x.to_vec();
             rope_apply(&mut y, &positions, h, d, 500000.0, false);
@@ -50,15 +50,8 @@ mod tests {
         };
         let mut dx = w.clone();
         rope_apply(&mut dx, &positions, h, d, 500000.0, true);
-        let e = 1e-2f32;
-        for i in 0..x.len() {
-            let (mut p, mut m) = (x.clone(), x.clone());
-            p[i] += e;
-            m[i] -= e;
-            let fd = ((loss(&p) - loss(&m)) / (2.0 * e as f64)) as f32;
-            // Linear in x: exact up to f32 round-off.
-            assert!((fd - dx[i]).abs() < 1e-4 * (1.0 + fd.abs()), "dx[{i}] fd {fd} vs {}", dx[i]);
-        }
+        // Linear in x: exact up to f32 round-off.
+        assert_gradient("dx", &dx, &x, 0..x.len(), (1e-2, 1e-4), loss);
         let mut y = x.clone();
         rope_apply(&mut y, &positions, h, d, 500000.0, false);
         rope_apply(&mut y, &positions, h, d, 500000.0, true);

@@ -39,6 +39,7 @@
 //! dcum within the chunk. The states entering each chunk are recomputed by a forward pass over
 //! the states alone (no outputs), O(T/L · P · N) memory per task.
 
+use crate::chunks;
 use crate::matmul::gemm_seq;
 use crate::par::SharedMut;
 use anyhow::{ensure, Result};
@@ -458,9 +459,7 @@ fn ssd_fwd_chunked(
         let mut cs = vec![0.0f32; l * n];
         let mut xw = vec![0.0f32; l * pd];
         let st = p.start(b);
-        for c in 0..nch {
-            let t0 = c * l;
-            let len = l.min(t - t0);
+        for (c, (t0, len)) in chunks(t, l).enumerate() {
             chunk_decay(p, b, hi, t0, len, &mut dtm, &mut cum);
             let cbc = &cb[((b * p.groups + g) * nch + c) * l * l..][..l * l];
             for i in 0..len {
@@ -582,9 +581,7 @@ fn ssd_bwd_chunked(
         if let Some(i) = init {
             states[..pd * n].copy_from_slice(&i[bh * pd * n..][..pd * n]);
         }
-        for c in 0..nch.saturating_sub(1) {
-            let t0 = c * l;
-            let len = l.min(t - t0);
+        for (c, (t0, len)) in chunks(t, l).enumerate().take(nch.saturating_sub(1)) {
             chunk_decay(p, b, hi, t0, len, &mut dtm, &mut cum);
             let (cur, next) = states[c * pd * n..(c + 2) * pd * n].split_at_mut(pd * n);
             let decay = cum[len - 1].exp();
@@ -623,9 +620,7 @@ fn ssd_bwd_chunked(
         let (mut dcum, mut ddtc, mut w) = (vec![0.0f32; l], vec![0.0f32; l], vec![0.0f32; l]);
         let (mut da_acc, mut dd_acc) = (0.0f32, 0.0f32);
         let (a, dskip) = (p.a[hi], p.d[hi]);
-        for c in (0..nch).rev() {
-            let t0 = c * l;
-            let len = l.min(t - t0);
+        for (c, (t0, len)) in chunks(t, l).enumerate().rev() {
             chunk_decay(p, b, hi, t0, len, &mut dtm, &mut cum);
             let cbc = &cb[((b * p.groups + gi) * nch + c) * l * l..][..l * l];
             for i in 0..len {

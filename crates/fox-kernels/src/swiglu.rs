@@ -49,9 +49,9 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use crate::testing::{assert_gradient, randn};
+    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
 
     /// L = Σ w ⊙ swiglu(gu), in f64.
     fn loss(gu: &[f32], w: &[f32], inter: usize) -> f64 {
@@ -65,18 +65,11 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         let (rows, inter) = (5, 9);
         // Spread of gate values: deep in both saturated regions and around 0.
-        let gu: Vec<f32> = (0..rows * 2 * inter).map(|_| 3.0 * rng.sample::<f32, _>(StandardNormal)).collect();
-        let w: Vec<f32> = (0..rows * inter).map(|_| rng.sample(StandardNormal)).collect();
+        let gu: Vec<f32> = randn(&mut rng, rows * 2 * inter).iter().map(|v| 3.0 * v).collect();
+        let w = randn(&mut rng, rows * inter);
         let mut dgu = vec![0.0; gu.len()];
         swiglu_bwd(&mut dgu, &w, &gu, inter);
-        let h = 1e-2f32;
-        for i in 0..gu.len() {
-            let (mut p, mut m) = (gu.clone(), gu.clone());
-            p[i] += h;
-            m[i] -= h;
-            let fd = ((loss(&p, &w, inter) - loss(&m, &w, inter)) / (2.0 * h as f64)) as f32;
-            // O(h²) truncation (silu'' ≤ 0.5) and f32 round-off: well under 1e-3.
-            assert!((fd - dgu[i]).abs() < 1e-3 * (1.0 + fd.abs()), "dgu[{i}] fd {fd} vs {}", dgu[i]);
-        }
+        // O(h²) truncation (silu'' ≤ 0.5) and f32 round-off: well under 1e-3.
+        assert_gradient("dgu", &dgu, &gu, 0..gu.len(), (1e-2, 1e-3), |g| loss(g, &w, inter));
     }
 }

@@ -75,22 +75,16 @@ pub static DECODE: Source = Source {
     ],
 };
 
+/// Put before a file that is compiled twice in one source: first for f32 activations
+/// (`ET` float, kernels `name_f32`), then again for bf16 (`ET` u16, `name_bf16`).
+const AS_F32: &str = "#define ET float\n#define KN(name) name##_f32\n";
+const AS_BF16: &str = "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n";
+
 const SSD_CU: &str = include_str!("../../kernels/ssd.cu");
 /// Mamba-2's ops: conv1d, the SSD (C Bᵀ per chunk, chunked forward and backward, decode step),
 /// gated RMSNorm, dt's softplus; ssd.cu twice, its activations f32 (`name_f32`), then bf16
 /// (`name_bf16`).
-pub static SSD: Source = Source {
-    name: "ssd",
-    files: &[
-        PDL,
-        ELEM,
-        ACT,
-        "#define ET float\n#define KN(name) name##_f32\n",
-        SSD_CU,
-        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
-        SSD_CU,
-    ],
-};
+pub static SSD: Source = Source { name: "ssd", files: &[PDL, ELEM, ACT, AS_F32, SSD_CU, AS_BF16, SSD_CU] };
 
 /// Mamba-2's SSD on tensor cores (bf16 mma.sync, f32 sums): the state walks, the chunk outputs
 /// and the chunk backward; see [`super::ssd_tc`].
@@ -108,17 +102,7 @@ pub static DELTA_RULE: Source =
 const GLA_CU: &str = include_str!("../../kernels/gla.cu");
 /// HGRN2's ops: gated linear attention with per-channel decay (chunked forward and backward,
 /// decode step), the gates and the lower bounds; gla.cu twice, as ssd.cu.
-pub static GLA: Source = Source {
-    name: "gla",
-    files: &[
-        ELEM,
-        ACT,
-        "#define ET float\n#define KN(name) name##_f32\n",
-        GLA_CU,
-        "#undef ET\n#undef KN\n#define ET u16\n#define KN(name) name##_bf16\n",
-        GLA_CU,
-    ],
-};
+pub static GLA: Source = Source { name: "gla", files: &[ELEM, ACT, AS_F32, GLA_CU, AS_BF16, GLA_CU] };
 
 pub static SOURCES: [&Source; 11] =
     [&ATTENTION, &FGATE, &MODEL, &OPS, &ATTENTION_F32, &DECODE, &SSD, &SSD_TC, &SELECTIVE_SCAN, &DELTA_RULE, &GLA];

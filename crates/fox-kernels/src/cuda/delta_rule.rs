@@ -25,7 +25,8 @@
 //! (blocks of 32 columns); the decode step K ≤ 256.
 
 use super::compile::DELTA_RULE;
-use super::kargs::{self, args, by_value, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
+use super::kargs::{self, args, by_value, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg};
+use super::linear_attention::DevShape;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -427,26 +428,21 @@ fn launch_on(gpu: &Gpu, stream: &CudaStream, name: &str, c: &Cfg, prm: &Params, 
 }
 
 impl<T: Elem> DevDeltaRule<'_, T> {
+    fn shape(&self) -> DevShape<'_> {
+        let (batch, seq, heads, k_dim, v_dim, start) =
+            (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.start);
+        DevShape { batch, seq, heads, k_dim, v_dim, start }
+    }
     fn check(&self, op: &str) -> Result<()> {
-        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
-        ensure!(h > 0 && kd > 0 && vd > 0, "{op}: heads, k_dim and v_dim must be positive");
-        let n = b * t * h;
-        need(op, "q", self.q, n * kd)?;
-        need(op, "k", self.k, n * kd)?;
-        need(op, "v", self.v, n * vd)?;
-        need(op, "beta", self.beta, n)?;
-        if let Some(g) = self.g {
-            need(op, "g", g, n)?;
-        }
-        if let Some(s) = self.start {
-            need(op, "start", s, b)?;
-        }
-        int(op, n * kd.max(vd))?;
-        int(op, b * h)?;
+        let sh = self.shape();
+        sh.check(op, self.q, self.k, self.v)?;
+        need(op, "beta", self.beta, sh.rows())?;
+        need_opt(op, "g", self.g, sh.rows())?;
+        int(op, self.batch * self.heads)?;
         Ok(())
     }
     fn states(&self) -> usize {
-        self.batch * self.heads * self.k_dim * self.v_dim
+        self.shape().states()
     }
     fn params(&self, gpu: &Gpu, lay: &Layout) -> Result<Params> {
         let op = "delta_rule";
@@ -835,17 +831,8 @@ pub fn delta_rule_bwd<T: Elem>(
     need(op, "dv", g.dv, n * vd)?;
     need(op, "dbeta", g.dbeta, n)?;
     ensure!(g.dg.is_some() == p.g.is_some(), "{op}: dg is wanted exactly when the problem has g");
-    if let Some(d) = &g.dg {
-        need(op, "dg", &**d, n)?;
-    }
-    for (what, s) in [("init", init), ("dfinal", dfinal)] {
-        if let Some(s) = s {
-            need(op, what, s, p.states())?;
-        }
-    }
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.states())?;
-    }
+    need_opt(op, "dg", g.dg.as_deref(), n)?;
+    p.shape().check_states(op, init, dfinal, g.dinit.as_deref())?;
     let lay = p.layout();
     need(op, "scratch", scratch, lay.bwd_end.div_ceil(4))?;
     let mut prm = p.params(gpu, &lay)?;
@@ -915,10 +902,7 @@ pub fn delta_rule_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "delta_rule_decode_step";
     p.check(op)?;
-    let bound = Bound { what: "K", value: p.k_dim, most: MAX_K_DECODE, why: "" };
-    let outs = p.batch * p.heads * p.v_dim;
-    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
-    if p.batch == 0 {
+    if !p.shape().check_decode(op, MAX_K_DECODE, state, o)? {
         return Ok(());
     }
     int(op, p.states())?;
@@ -948,8 +932,7 @@ pub fn l2norm_fwd<T: Elem>(
 ) -> Result<()> {
     let op = "l2norm_fwd";
     ensure!(dim > 0, "{op}: dim must be positive");
-    need(op, "x", x, rows * dim)?;
-    need(op, "y", y, rows * dim)?;
+    need_lens(op, rows * dim, &[("x", x.len()), ("y", y.len())])?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
         return Ok(());
@@ -971,10 +954,7 @@ pub fn l2norm_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "l2norm_bwd";
     ensure!(dim > 0, "{op}: dim must be positive");
-    for (what, s) in [("dy", dy), ("y", y)] {
-        need(op, what, s, rows * dim)?;
-    }
-    need(op, "dx", dx, rows * dim)?;
+    need_lens(op, rows * dim, &[("dy", dy.len()), ("y", y.len()), ("dx", dx.len())])?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
         return Ok(());
@@ -997,8 +977,7 @@ pub fn decay_fwd<T: Elem>(
     let op = "decay_fwd";
     let h = a_log.len();
     ensure!(h > 0 && dt_bias.len() == h, "{op}: A_log and dt_bias must both have H > 0 values");
-    need(op, "a", a, rows * h)?;
-    need(op, "g", g, rows * h)?;
+    need_lens(op, rows * h, &[("a", a.len()), ("g", g.len())])?;
     if rows == 0 {
         return Ok(());
     }
@@ -1030,11 +1009,8 @@ pub fn decay_bwd<T: Elem>(
     let op = "decay_bwd";
     let h = a_log.len();
     ensure!(h > 0 && dt_bias.len() == h, "{op}: A_log and dt_bias must both have H > 0 values");
-    need(op, "da_log", da_log, h)?;
-    need(op, "ddt_bias", ddt_bias, h)?;
-    need(op, "a", a, rows * h)?;
-    need(op, "da", da, rows * h)?;
-    need(op, "dg", dg, rows * h)?;
+    need_lens(op, h, &[("da_log", da_log.len()), ("ddt_bias", ddt_bias.len())])?;
+    need_lens(op, rows * h, &[("a", a.len()), ("da", da.len()), ("dg", dg.len())])?;
     need(op, "scratch", scratch, decay_bwd_scratch_len(rows, h))?;
     if rows == 0 {
         return Ok(());
@@ -1057,10 +1033,7 @@ pub fn swish_gate_fwd<T: Elem>(
     n: usize,
 ) -> Result<()> {
     let op = "swish_gate_fwd";
-    for (what, s) in [("x", x), ("gate", gate)] {
-        need(op, what, s, n)?;
-    }
-    need(op, "y", y, n)?;
+    need_lens(op, n, &[("x", x.len()), ("gate", gate.len()), ("y", y.len())])?;
     if n == 0 {
         return Ok(());
     }
@@ -1079,11 +1052,8 @@ pub fn swish_gate_bwd<T: Elem>(
     n: usize,
 ) -> Result<()> {
     let op = "swish_gate_bwd";
-    for (what, s) in [("dy", dy), ("x", x), ("gate", gate)] {
-        need(op, what, s, n)?;
-    }
-    need(op, "dx", dx, n)?;
-    need(op, "dgate", dgate, n)?;
+    let lens = [("dy", dy.len()), ("x", x.len()), ("gate", gate.len()), ("dx", dx.len()), ("dgate", dgate.len())];
+    need_lens(op, n, &lens)?;
     if n == 0 {
         return Ok(());
     }

@@ -20,7 +20,8 @@
 //!   state in registers) and, in the forward, bf16 chunk states read by its own output kernel.
 
 use super::compile::GLA;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
+use super::kargs::{self, args, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg};
+use super::linear_attention::DevShape;
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -182,18 +183,15 @@ fn vname<T: Elem>(p: &DevGla<T>, base: &str) -> String {
 }
 
 impl<T: Elem> DevGla<'_, T> {
+    fn shape(&self) -> DevShape<'_> {
+        let (batch, seq, heads, k_dim, v_dim, start) =
+            (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.start);
+        DevShape { batch, seq, heads, k_dim, v_dim, start }
+    }
     fn check(&self, op: &str) -> Result<()> {
-        let (b, t, h, kd, vd) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim);
-        ensure!(h > 0 && kd > 0 && vd > 0, "{op}: heads, k_dim and v_dim must be positive");
-        let n = b * t * h;
-        need(op, "q", self.q, n * kd)?;
-        need(op, "k", self.k, n * kd)?;
-        need(op, "g", self.g, n * kd)?;
-        need(op, "v", self.v, n * vd)?;
-        if let Some(s) = self.start {
-            need(op, "start", s, b)?;
-        }
-        int(op, n * kd.max(vd))?;
+        let (b, t, h) = (self.batch, self.seq, self.heads);
+        self.shape().check(op, self.q, self.k, self.v)?;
+        need(op, "g", self.g, b * t * h * self.k_dim)?;
         int(op, self.states() * (t.div_ceil(CHUNK) + 1))?;
         ensure!(
             b * h <= 65535 && t.div_ceil(CHUNK) <= 65535,
@@ -203,11 +201,28 @@ impl<T: Elem> DevGla<'_, T> {
         Ok(())
     }
     fn states(&self) -> usize {
-        self.batch * self.heads * self.k_dim * self.v_dim
+        self.shape().states()
     }
     fn nch(&self) -> usize {
         self.seq.div_ceil(CHUNK)
     }
+    /// The sizes as the kernels' ints.
+    fn ints(&self) -> Result<Ints> {
+        let op = "gla";
+        let (b, t, h, k, v, nch) = (self.batch, self.seq, self.heads, self.k_dim, self.v_dim, self.nch());
+        Ok(Ints { b: int(op, b)?, t: int(op, t)?, h: int(op, h)?, k: int(op, k)?, v: int(op, v)?, nch: int(op, nch)? })
+    }
+}
+
+/// A problem's B, T, H, K, V and chunk count as the kernels take them (32-bit ints).
+#[derive(Clone, Copy)]
+struct Ints {
+    b: i32,
+    t: i32,
+    h: i32,
+    k: i32,
+    v: i32,
+    nch: i32,
 }
 
 /// Gradients of the device GLA's inputs, overwritten (0 at padding); dinit [B, H, K, V] when
@@ -309,10 +324,9 @@ fn fwd_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, fwd_w: bool) -> Resu
 
 /// The gate's prefix sums within each chunk (gla_cumsum).
 fn cumsum<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let ((b, h, kd, nch), d) = ((p.batch, p.heads, p.k_dim, p.nch()), p.ints()?);
     let start = opt_ptr(gpu, p.start);
-    let args = args![gpu; s.cum, p.g, start, int(op, t)?, int(op, h)?, int(op, kd)?];
+    let args = args![gpu; s.cum, p.g, start, d.t, d.h, d.k];
     launch(gpu, &kname::<T>("gla_cumsum"), ((h * kd).div_ceil(256), nch, b), 0, &args)
 }
 
@@ -334,46 +348,37 @@ fn walk_on<T: Elem>(
     fin: u64,
     bf16_states: bool,
 ) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let ((b, h, kd, vd), d) = ((p.batch, p.heads, p.k_dim, p.v_dim), p.ints()?);
     let kb = walk_kb();
-    let args = args![
-        gpu;
-        s.hs, fin, init, p.k, p.v, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?,
-        i32::from(bf16_states),
-    ];
+    let args = args![gpu; s.hs, fin, init, p.k, p.v, s.cum, p.start, d.t, d.h, d.k, d.v, d.nch, i32::from(bf16_states)];
     let grid = (vd.div_ceil(WALK_V), kd.div_ceil(kb), b * h);
     launch_with_on(gpu, stream, &format!("gla_walk_tc_k{kb}"), grid, (WALK_V * 2) as u32, walk_smem(kb), &args)
 }
 
 /// The walk's chunk scores, bf16 A (gla_scores_w: between sub-chunks on tensor cores); K ≤ 128.
 fn scores_w<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
+    let ((b, h, kd, nch), d) = ((p.batch, p.heads, p.k_dim, p.nch()), p.ints()?);
     let kp = if kd <= 64 { 64 } else { 128 };
-    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, nch)?];
+    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, d.t, d.h, d.k, d.nch];
     launch(gpu, &format!("gla_scores_w_k{kp}"), (nch, b * h, 1), scores_w_smem(kp), &args)
 }
 
 /// The chunk scores A (gla_scores).
 fn chunk_scores<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.nch());
-    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, nch)?];
+    let ((b, h, nch), d) = ((p.batch, p.heads, p.nch()), p.ints()?);
+    let args = args![gpu; s.scores, p.q, p.k, s.cum, p.start, d.t, d.h, d.k, d.nch];
     launch(gpu, &kname::<T>("gla_scores"), (nch, b * h, 1), 0, &args)
 }
 
 /// The other kernels' state passing: each chunk's own state (gla_chunk_h), then the sequential
 /// gla_scan_fwd turning slot c into the state entering chunk c.
 fn chunk_states<T: Elem>(gpu: &Gpu, p: &DevGla<T>, s: &Parts, init: u64, fin: u64) -> Result<()> {
-    let op = "gla";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
+    let ((b, h, kd, vd, nch), d) = ((p.batch, p.heads, p.k_dim, p.v_dim, p.nch()), p.ints()?);
     let start = opt_ptr(gpu, p.start);
-    let (ti, hi, ki, vi) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?);
     let tiles = kd.div_ceil(64) * vd.div_ceil(64);
-    let args = args![gpu; s.hs, int(op, nch + 1)?, p.k, p.v, s.cum, start, ti, hi, ki, vi, 0i32, p.scale];
+    let args = args![gpu; s.hs, d.nch + 1, p.k, p.v, s.cum, start, d.t, d.h, d.k, d.v, 0i32, p.scale];
     launch(gpu, &vname(p, "gla_chunk_h"), (tiles, nch, b * h), 0, &args)?;
-    let args = args![gpu; s.hs, fin, init, s.cum, int(op, b)?, ti, hi, ki, vi, int(op, nch)?];
+    let args = args![gpu; s.hs, fin, init, s.cum, d.b, d.t, d.h, d.k, d.v, d.nch];
     launch(gpu, "gla_scan_fwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
     Ok(())
 }
@@ -389,9 +394,7 @@ pub fn gla_fwd<T: Elem>(
     final_state: Option<&mut CudaSlice<f32>>,
     scratch: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    if let Some(i) = init {
-        need("gla_fwd", "init", i, p.states())?;
-    }
+    need_opt("gla_fwd", "init", init, p.states())?;
     let fin = match final_state {
         Some(f) => {
             need("gla_fwd", "final_state", &*f, p.states())?;
@@ -446,13 +449,8 @@ fn walk_out<T: Elem>(p: &DevGla<T>) -> bool {
 
 /// The forward's outputs from the chunk states and scores.
 fn output<T: Elem>(gpu: &Gpu, p: &DevGla<T>, o: &mut CudaSlice<T>, s: &Parts) -> Result<()> {
-    let op = "gla_fwd";
-    let (b, t, h, kd, vd, nch) = (p.batch, p.seq, p.heads, p.k_dim, p.v_dim, p.nch());
-    let args = args![
-        gpu;
-        o, p.q, p.v, s.cum, s.hs, s.scores, p.start, int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?,
-        int(op, nch)?, p.scale,
-    ];
+    let ((b, h, kd, vd, nch), d) = ((p.batch, p.heads, p.k_dim, p.v_dim, p.nch()), p.ints()?);
+    let args = args![gpu; o, p.q, p.v, s.cum, s.hs, s.scores, p.start, d.t, d.h, d.k, d.v, d.nch, p.scale];
     if walk_out(p) {
         let kp = if kd <= 64 { 64 } else { 128 };
         let name = format!("gla_fwd_o_w{}_k{kp}", if uses_scores_tc(p) { "16" } else { "" });
@@ -509,14 +507,7 @@ pub fn gla_bwd<T: Elem>(
     need(op, "dk", g.dk, nk)?;
     need(op, "dg", g.dg, nk)?;
     need(op, "dv", g.dv, nv)?;
-    for (what, s) in [("init", init), ("dfinal", dfinal)] {
-        if let Some(s) = s {
-            need(op, what, s, p.states())?;
-        }
-    }
-    if let Some(d) = &g.dinit {
-        need(op, "dinit", &**d, p.states())?;
-    }
+    p.shape().check_states(op, init, dfinal, g.dinit.as_deref())?;
     need(op, "scratch", scratch, gla_bwd_scratch_len(b, t, h, kd, vd))?;
     if b * t == 0 {
         return Ok(());
@@ -524,20 +515,20 @@ pub fn gla_bwd<T: Elem>(
     let s = parts(gpu, p, scratch);
     states(gpu, p, &s, opt_ptr(gpu, init), 0, false)?;
     let start = opt_ptr(gpu, p.start);
-    let (ti, hi, ki, vi, ni) = (int(op, t)?, int(op, h)?, int(op, kd)?, int(op, vd)?, int(op, nch)?);
+    let d = p.ints()?;
     let pdo = ptr(gpu, dout);
     // ΔdS_c = scale (q ⊙ e^G)ᵀ do per chunk, then the reverse passing into dH_c.
-    let args = args![gpu; s.dhs, ni, p.q, pdo, s.cum, start, ti, hi, ki, vi, 1i32, p.scale];
+    let args = args![gpu; s.dhs, d.nch, p.q, pdo, s.cum, start, d.t, d.h, d.k, d.v, 1i32, p.scale];
     launch(gpu, &vname(p, "gla_chunk_h"), (kd.div_ceil(64) * vd.div_ceil(64), nch, b * h), 0, &args)?;
-    let args = args![gpu; s.dhs, g.dinit, dfinal, s.cum, int(op, b)?, ti, hi, ki, vi, ni];
+    let args = args![gpu; s.dhs, g.dinit, dfinal, s.cum, d.b, d.t, d.h, d.k, d.v, d.nch];
     launch(gpu, "gla_scan_bwd", (p.states().div_ceil(256), 1, 1), 0, &args)?;
-    let args = args![gpu; s.dscores, pdo, p.v, start, ti, hi, vi, ni, p.scale];
+    let args = args![gpu; s.dscores, pdo, p.v, start, d.t, d.h, d.v, d.nch, p.scale];
     launch(gpu, &vname(p, "gla_dscores"), (nch, b * h, 1), 0, &args)?;
-    let args = args![gpu; g.dv, p.k, pdo, s.cum, s.scores, s.dhs, start, ti, hi, ki, vi, ni, p.scale];
+    let args = args![gpu; g.dv, p.k, pdo, s.cum, s.scores, s.dhs, start, d.t, d.h, d.k, d.v, d.nch, p.scale];
     launch(gpu, &vname(p, "gla_bwd_dv"), (vd.div_ceil(64), nch, b * h), 0, &args)?;
     let args = args![
         gpu;
-        g.dq, g.dk, g.dg, p.q, p.k, p.v, pdo, s.cum, s.hs, s.dhs, s.dscores, start, ti, hi, ki, vi, ni, p.scale,
+        g.dq, g.dk, g.dg, p.q, p.k, p.v, pdo, s.cum, s.hs, s.dhs, s.dscores, start, d.t, d.h, d.k, d.v, d.nch, p.scale,
     ];
     launch(gpu, &vname(p, "gla_bwd_dqk"), (kd.div_ceil(64), nch, b * h), 4 * DQK_SMEM_FLOATS, &args)
 }
@@ -553,16 +544,11 @@ pub fn gla_decode_step<T: Elem>(
 ) -> Result<()> {
     let op = "gla_decode_step";
     p.check(op)?;
-    let bound = Bound { what: "k_dim", value: p.k_dim, most: DECODE_KMAX, why: "" };
-    let outs = p.batch * p.heads * p.v_dim;
-    DecodeStep { seq: p.seq, bound, state, states: p.states(), out_name: "o", out: o, outs }.check(op)?;
-    if p.batch == 0 {
+    if !p.shape().check_decode(op, DECODE_KMAX, state, o)? {
         return Ok(());
     }
-    let args = args![
-        gpu;
-        state, o, p.q, p.k, p.v, p.g, p.start, int(op, p.heads)?, int(op, p.k_dim)?, int(op, p.v_dim)?, p.scale,
-    ];
+    let d = p.ints()?;
+    let args = args![gpu; state, o, p.q, p.k, p.v, p.g, p.start, d.h, d.k, d.v, p.scale];
     launch(gpu, &kname::<T>("gla_decode"), (p.batch * p.heads, p.v_dim.div_ceil(32), 1), 0, &args)
 }
 
@@ -586,9 +572,7 @@ pub fn hgrn2_gates_fwd<T: Elem>(
 ) -> Result<()> {
     let op = "hgrn2_gates_fwd";
     ensure!(d > 0 && n.is_multiple_of(d), "{op}: {n} values are not rows of {d}");
-    for (what, len) in [("q", q.len()), ("k", k.len()), ("g", g.len()), ("q_in", q_in.len()), ("f", f.len())] {
-        ensure!(len >= n, "{op}: `{what}` holds {len} elements, not {n}");
-    }
+    need_lens(op, n, &[("q", q.len()), ("k", k.len()), ("g", g.len()), ("q_in", q_in.len()), ("f", f.len())])?;
     let lbp = lb_ptr(gpu, op, lb, d)?;
     if n == 0 {
         return Ok(());
@@ -641,18 +625,20 @@ pub fn hgrn2_gates_bwd<T: Elem>(
 ) -> Result<()> {
     let op = "hgrn2_gates_bwd";
     let n = rows * d;
-    for (what, len) in [
-        ("dq_in", dq_in.len()),
-        ("df", df.len()),
-        ("dq", x.dq.len()),
-        ("dk", x.dk.len()),
-        ("dg", x.dg.len()),
-        ("q_in", x.q_in.len()),
-        ("f", x.f.len()),
-        ("g", x.g.len()),
-    ] {
-        ensure!(len >= n, "{op}: `{what}` holds {len} elements, not {n}");
-    }
+    need_lens(
+        op,
+        n,
+        &[
+            ("dq_in", dq_in.len()),
+            ("df", df.len()),
+            ("dq", x.dq.len()),
+            ("dk", x.dk.len()),
+            ("dg", x.dg.len()),
+            ("q_in", x.q_in.len()),
+            ("f", x.f.len()),
+            ("g", x.g.len()),
+        ],
+    )?;
     ensure!(lb.is_some() == dlb.is_some(), "{op}: a lower-bound row needs its gradient row, and only it");
     let lbp = lb_ptr(gpu, op, lb, d)?;
     let nparts = rows.div_ceil(GATE_ROWS_PER_PART).max(1);

@@ -26,7 +26,20 @@ pub(crate) fn opt_ptr<T>(gpu: &Gpu, s: Option<&CudaSlice<T>>) -> u64 {
 
 /// `s` holds at least `n` elements (buffers may be longer than a launch needs).
 pub(crate) fn need<T>(op: &str, what: &str, s: &impl DeviceSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "{op}: `{what}` holds {} elements but the shapes need {n}", s.len());
+    need_lens(op, n, &[(what, s.len())])
+}
+
+/// [`need`] of an optional buffer: when given, it holds at least `n` elements.
+pub(crate) fn need_opt<T>(op: &str, what: &str, s: Option<&impl DeviceSlice<T>>, n: usize) -> Result<()> {
+    s.map_or(Ok(()), |s| need(op, what, s, n))
+}
+
+/// [`need`] of several buffers of one length `n`, by their names and lengths (so that buffers of
+/// different element types go in one list).
+pub(crate) fn need_lens(op: &str, n: usize, lens: &[(&str, usize)]) -> Result<()> {
+    for &(what, len) in lens {
+        ensure!(len >= n, "{op}: `{what}` holds {len} elements but the shapes need {n}");
+    }
     Ok(())
 }
 

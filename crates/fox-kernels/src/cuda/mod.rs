@@ -16,6 +16,7 @@ pub mod delta_rule;
 pub mod gemm;
 pub mod gla;
 pub mod kargs;
+mod linear_attention;
 pub mod nccl;
 pub mod ops;
 pub mod selective_scan;

@@ -11,7 +11,7 @@
 //! held in a per-stream scratch buffer, see [`reserve_scratch`]).
 
 use super::compile::OPS;
-use super::kargs::{self, args, kname, need, ptr, Arg};
+use super::kargs::{self, args, kname, need, need_lens, need_opt, ptr, Arg};
 use super::{Elem, Gpu};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaSlice;
@@ -231,9 +231,7 @@ fn add_rms<T: Elem>(
     let RmsNorm { w, rows, dim, eps } = norm;
     ensure!(norm_groups(op, w, dim)? == 1, "{op}: weight length {} is not dim {dim}", w.len());
     let a_len = a.map_or(h.len(), |a| a.len());
-    for (what, len) in [("h", h.len()), ("y", y.len()), ("a", a_len), ("b", b.len())] {
-        ensure!(len >= rows * dim, "{op}: `{what}` holds {len} elements but the shapes need {}", rows * dim);
-    }
+    need_lens(op, rows * dim, &[("h", h.len()), ("y", y.len()), ("a", a_len), ("b", b.len())])?;
     need(op, "rstd", rstd, rows)?;
     if rows == 0 {
         return Ok(());
@@ -520,9 +518,7 @@ impl<T> KvShift<'_, T> {
         let Self { x, alpha, start, batch: b, seq: t, heads: h, head_dim: d } = *self;
         need(op, "x", x, b * t * h * d)?;
         need(op, "alpha", alpha, b * t * h)?;
-        if let Some(s) = start {
-            need(op, "start", s, b)?;
-        }
+        need_opt(op, "start", start, b)?;
         int(op, "B·T·H", b * t * h)?;
         Ok([int(op, "b", b)?, int(op, "t", t)?, int(op, "h", h)?, int(op, "d", d)?])
     }

@@ -14,7 +14,7 @@
 //! run. At B = 2, T = 16384, Di = 1536 that is 400 MiB: B·T·Di·2 floats at N = 16.
 
 use super::compile::SELECTIVE_SCAN;
-use super::kargs::{self, by_value, kname, ptr, Arg};
+use super::kargs::{self, by_value, kname, need, need_opt, ptr, Arg};
 use super::{Elem, Gpu};
 use crate::selective_scan::{self as cpu, BcLayout};
 use anyhow::{ensure, Result};
@@ -102,10 +102,8 @@ struct Params {
 // SAFETY: plain data of the kernel's C struct layout (8-byte fields, then 4-byte ones).
 unsafe impl DeviceRepr for Params {}
 
-fn need<T>(what: &str, s: &CudaSlice<T>, n: usize) -> Result<()> {
-    ensure!(s.len() >= n, "selective scan: `{what}` holds {} elements but the shapes need {n}", s.len());
-    Ok(())
-}
+/// The name the length checks' errors give.
+const OP: &str = "selective scan";
 
 /// Scratch (f32 elements) that [`backward`] needs for B rows of T positions and Di channels.
 pub fn scratch_floats(batch: usize, len: usize, channels: usize, state: usize) -> usize {
@@ -136,18 +134,14 @@ fn base<T: Elem>(gpu: &Gpu, p: &DevScan<T>) -> Result<Params> {
     let l = &p.bc_layout;
     ensure!(l.b_off + n <= l.c_off || l.c_off + n <= l.b_off, "selective scan: B and C overlap");
     for (what, s) in [("u", p.u), ("delta", p.delta)] {
-        need(what, s, b * t * di)?;
+        need(OP, what, s, b * t * di)?;
     }
     ensure!(p.z_stride >= di, "selective scan: z_stride {} < Di = {di}", p.z_stride);
-    if let Some(z) = p.z {
-        need("z", z, z_end(p))?;
-    }
-    need("bc", p.bc, bc_end(p))?;
-    need("A", p.a, di * n)?;
-    need("D", p.d, di)?;
-    if let Some(s) = p.start {
-        need("start", s, b)?;
-    }
+    need_opt(OP, "z", p.z, z_end(p))?;
+    need(OP, "bc", p.bc, bc_end(p))?;
+    need(OP, "A", p.a, di * n)?;
+    need(OP, "D", p.d, di)?;
+    need_opt(OP, "start", p.start, b)?;
     Ok(Params {
         u: ptr(gpu, p.u),
         delta: ptr(gpu, p.delta),
@@ -195,14 +189,14 @@ pub fn forward<T: Elem>(
 ) -> Result<()> {
     let mut prm = base(gpu, p)?;
     let (b, t, di, n) = (p.batch, p.len, p.channels, p.state);
-    need("out", out, b * t * di)?;
-    need("saved", saved, b * cpu::chunks(t) * di * n)?;
+    need(OP, "out", out, b * t * di)?;
+    need(OP, "saved", saved, b * cpu::chunks(t) * di * n)?;
     if let Some(h) = h0 {
-        need("h0", h, b * di * n)?;
+        need(OP, "h0", h, b * di * n)?;
         prm.h0 = ptr(gpu, h);
     }
     if let Some(h) = &h_last {
-        need("h_last", h, b * di * n)?;
+        need(OP, "h_last", &**h, b * di * n)?;
         prm.h_last = ptr(gpu, *h);
     }
     if b * di == 0 {
@@ -225,21 +219,21 @@ pub fn backward<T: Elem>(
 ) -> Result<()> {
     let mut prm = base(gpu, p)?;
     let (b, t, di, n) = (p.batch, p.len, p.channels, p.state);
-    need("saved", saved, b * cpu::chunks(t) * di * n)?;
-    need("dout", dout, b * t * di)?;
-    need("du", g.du, b * t * di)?;
-    need("ddelta", g.ddelta, b * t * di)?;
-    need("dA", g.da, di * n)?;
-    need("dD", g.dd, di)?;
-    need("dbc", g.dbc, bc_end(p))?;
-    need("scratch", scratch, scratch_floats(b, t, di, n))?;
+    need(OP, "saved", saved, b * cpu::chunks(t) * di * n)?;
+    need(OP, "dout", dout, b * t * di)?;
+    need(OP, "du", g.du, b * t * di)?;
+    need(OP, "ddelta", g.ddelta, b * t * di)?;
+    need(OP, "dA", g.da, di * n)?;
+    need(OP, "dD", g.dd, di)?;
+    need(OP, "dbc", g.dbc, bc_end(p))?;
+    need(OP, "scratch", scratch, scratch_floats(b, t, di, n))?;
     ensure!(g.dz.is_some() == p.z.is_some(), "selective scan: dz is needed exactly when z is given");
     if let Some(dz) = &g.dz {
-        need("dz", dz, z_end(p))?;
+        need(OP, "dz", &**dz, z_end(p))?;
         prm.dz = ptr(gpu, *dz) + (p.z_offset * std::mem::size_of::<T>()) as u64;
     }
     if let Some(dh0) = &g.dh0 {
-        need("dh0", dh0, b * di * n)?;
+        need(OP, "dh0", &**dh0, b * di * n)?;
         prm.dh0 = ptr(gpu, *dh0);
     }
     if b * di == 0 {
@@ -270,8 +264,8 @@ pub fn backward<T: Elem>(
 pub fn decode_step<T: Elem>(gpu: &Gpu, p: &DevScan<T>, h: &mut CudaSlice<f32>, out: &mut CudaSlice<T>) -> Result<()> {
     ensure!(p.len == 1, "selective scan: a decode step takes one position, not {}", p.len);
     let mut prm = base(gpu, p)?;
-    need("state", h, p.batch * p.channels * p.state)?;
-    need("out", out, p.batch * p.channels)?;
+    need(OP, "state", h, p.batch * p.channels * p.state)?;
+    need(OP, "out", out, p.batch * p.channels)?;
     if p.batch * p.channels == 0 {
         return Ok(());
     }

@@ -12,7 +12,7 @@
 //! [`uses_tensor_cores`]), in the same scratch.
 
 use super::compile::SSD;
-use super::kargs::{self, args, int, kname, need, opt_ptr, ptr, Arg, Bound, DecodeStep};
+use super::kargs::{self, args, int, kname, need, need_lens, need_opt, opt_ptr, ptr, Arg, Bound, DecodeStep};
 use super::{Elem, Gpu};
 use crate::strided_span;
 use anyhow::{anyhow, ensure, Result};
@@ -111,9 +111,7 @@ impl<T: Elem> DevSsd<'_, T> {
         need(op, "dt", self.dt, b * t * h)?;
         need(op, "a", self.a, h)?;
         need(op, "d", self.d, h)?;
-        if let Some(s) = self.start {
-            need(op, "start", s, b)?;
-        }
+        need_opt(op, "start", self.start, b)?;
         int(op, b * t * self.xbc_stride)?;
         Ok(())
     }
@@ -194,15 +192,9 @@ fn ssd_fwd_steps<T: Elem>(
     p.check(op)?;
     ensure!(p.head_dim <= PMAX, "{op}: head_dim {} is above {PMAX}", p.head_dim);
     ensure!(p.state <= NMAX, "{op}: state {} is above {NMAX}", p.state);
-    if let Some(y) = &y {
-        need(op, "y", &**y, p.batch * p.seq * p.heads * p.head_dim)?;
-    }
-    if let Some(i) = init {
-        need(op, "init", i, p.states())?;
-    }
-    if let Some(f) = &final_state {
-        need(op, "final_state", &**f, p.states())?;
-    }
+    need_opt(op, "y", y.as_deref(), p.batch * p.seq * p.heads * p.head_dim)?;
+    need_opt(op, "init", init, p.states())?;
+    need_opt(op, "final_state", final_state.as_deref(), p.states())?;
     let (b, t, h, pd, n, g) = (p.batch, p.seq, p.heads, p.head_dim, p.state, p.groups);
     need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, pd, n, g))?;
     if b * t == 0 {
@@ -411,15 +403,9 @@ impl<T: Elem, X: DevicePtr<T>> DevConv1d<'_, T, X> {
         let rows = batch * seq;
         need(op, "x", x, strided_span(rows, x_stride, channels))?;
         need(op, "weight", weight, channels * width)?;
-        if let Some(b) = bias {
-            need(op, "bias", b, channels)?;
-        }
-        if let Some(s) = start {
-            need(op, "start", s, batch)?;
-        }
-        if let Some(pv) = prev {
-            need(op, "prev", pv, batch * width.saturating_sub(1) * channels)?;
-        }
+        need_opt(op, "bias", bias, channels)?;
+        need_opt(op, "start", start, batch)?;
+        need_opt(op, "prev", prev, batch * width.saturating_sub(1) * channels)?;
         int(op, rows * x_stride.max(channels))?;
         Ok(Vec::from(args![
             gpu;
@@ -471,9 +457,7 @@ pub fn conv1d_state<T: Elem>(
     let rows = batch * seq;
     need(op, "x", x, strided_span(rows, x_stride, channels))?;
     need(op, "state", state, batch * (width - 1) * channels)?;
-    if let Some(s) = start {
-        need(op, "start", s, batch)?;
-    }
+    need_opt(op, "start", start, batch)?;
     if batch * channels == 0 || width == 1 {
         return Ok(());
     }
@@ -570,9 +554,7 @@ pub fn conv1d_bwd<T: Elem>(
     need(op, "dx", dx, strided_span(rows, x_stride, channels))?;
     need(op, "dout", dout, rows * channels)?;
     need(op, "dweight", dweight, channels * width)?;
-    if let Some(b) = &dbias {
-        need(op, "dbias", &**b, channels)?;
-    }
+    need_opt(op, "dbias", dbias.as_deref(), channels)?;
     need(op, "scratch", scratch, conv1d_bwd_scratch_len(batch, seq, channels, width))?;
     let tail = conv.args(gpu, op)?;
     if rows * channels == 0 {
@@ -681,10 +663,7 @@ impl<T: Elem> DevSsdGrads<'_, T> {
         need(op, "ddt", self.ddt, b * t * h)?;
         need(op, "da", self.da, h)?;
         need(op, "dd", self.dd, h)?;
-        if let Some(d) = &self.dinit {
-            need(op, "dinit", &**d, p.states())?;
-        }
-        Ok(())
+        need_opt(op, "dinit", self.dinit.as_deref(), p.states())
     }
 }
 
@@ -723,9 +702,7 @@ pub fn ssd_bwd<T: Elem>(
     p.check(op)?;
     let (b, t, h, pd, n, gr) = (p.batch, p.seq, p.heads, p.head_dim, p.state, p.groups);
     need(op, "dy", dy, b * t * h * pd)?;
-    if let Some(f) = dfinal {
-        need(op, "dfinal", f, p.states())?;
-    }
+    need_opt(op, "dfinal", dfinal, p.states())?;
     g.check(op, p)?;
     need(op, "scratch", scratch, ssd_bwd_scratch_len(b, t, h, pd, n, gr))?;
     if b * t == 0 {
@@ -864,10 +841,7 @@ pub fn neg_exp(gpu: &Gpu, a: &mut CudaSlice<f32>, a_log: &CudaSlice<f32>) -> Res
 
 /// dst[i] += x[i] · y[i] for i < n (dA_log = dA · A).
 pub fn mul_acc(gpu: &Gpu, dst: &mut CudaSlice<f32>, x: &CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
-    for (what, s) in [("x", x), ("y", y)] {
-        need("mul_acc", what, s, n)?;
-    }
-    need("mul_acc", "dst", dst, n)?;
+    need_lens("mul_acc", n, &[("x", x.len()), ("y", y.len()), ("dst", dst.len())])?;
     if n == 0 {
         return Ok(());
     }

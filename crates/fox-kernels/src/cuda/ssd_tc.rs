@@ -18,7 +18,7 @@
 //! in registers), then ordered reductions of dB/dC over head blocks and of dA/dD over chunks.
 
 use super::compile::SSD_TC;
-use super::kargs::{self, args, by_value, int, kname, need, ptr};
+use super::kargs::{self, args, by_value, int, kname, need, need_opt, opt_ptr, ptr};
 use super::{Elem, Gpu};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -117,12 +117,15 @@ impl<T: Elem> DevSsd<'_, T> {
         int(op, (b * chunks(t)).max(b * h))?;
         Ok(())
     }
-    fn tc_params(&self, gpu: &Gpu, hb: usize) -> Params {
+    /// The kernels' parameters with `hb` heads per block, from the initial state `init` (none: 0).
+    fn tc_params(&self, gpu: &Gpu, op: &str, hb: usize, init: Option<&CudaSlice<f32>>) -> Result<Params> {
+        need_opt(op, "init", init, self.states())?;
         let xbc = ptr(gpu, self.xbc);
         // bf16 rows go by 16-byte copies when the rows and the base are 16-byte aligned.
         let vec = (self.xbc_stride * std::mem::size_of::<T>()).is_multiple_of(16) && xbc.is_multiple_of(16);
-        Params {
+        Ok(Params {
             xbc,
+            init: opt_ptr(gpu, init),
             dt: ptr(gpu, self.dt),
             a: ptr(gpu, self.a),
             d: ptr(gpu, self.d),
@@ -138,7 +141,7 @@ impl<T: Elem> DevSsd<'_, T> {
             hb: hb as i32,
             vec: vec as i32,
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -210,11 +213,7 @@ fn fwd_steps<T: Elem>(
     need(op, "y", y, b * t * h * P)?;
     need(op, "scratch", scratch, ssd_fwd_scratch_len(b, t, h, n))?;
     let hb = heads_per_block(h, g, 4);
-    let mut prm = p.tc_params(gpu, hb);
-    if let Some(i) = init {
-        need(op, "init", i, p.states())?;
-        prm.init = ptr(gpu, i);
-    }
+    let mut prm = p.tc_params(gpu, op, hb, init)?;
     if let Some(f) = &final_state {
         need(op, "final_state", &**f, p.states())?;
         prm.fin = ptr(gpu, *f);
@@ -299,14 +298,8 @@ fn bwd_steps<T: Elem>(
     let hblocks = h / hb;
     int(op, hblocks * b * t * 2 * n)?;
     int(op, b * t * gr * 2 * n)?;
-    let mut prm = p.tc_params(gpu, hb);
-    if let Some(i) = init {
-        need(op, "init", i, p.states())?;
-        prm.init = ptr(gpu, i);
-    }
-    if let Some(f) = dfinal {
-        need(op, "dfinal", f, p.states())?;
-    }
+    let mut prm = p.tc_params(gpu, op, hb, init)?;
+    need_opt(op, "dfinal", dfinal, p.states())?;
     if b * h == 0 {
         return Ok(());
     }

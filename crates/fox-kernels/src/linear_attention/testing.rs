@@ -3,16 +3,10 @@
 //! of a padded row's gradients.
 
 use crate::linear_attention::Shape;
-use rand::Rng;
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
+pub use crate::testing::randn;
 
 pub fn to64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
-}
-
-pub fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample(StandardNormal)).collect()
 }
 
 /// max |a − b| / (1 + max |b|).

@@ -1,7 +1,7 @@
 use super::*;
+use crate::testing::{assert_gradient, randn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -23,10 +23,6 @@ struct Data {
     a: Vec<f32>,
     d: Vec<f32>,
     init: Vec<f32>,
-}
-
-fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.sample(StandardNormal)).collect()
 }
 
 /// Inputs at the scale of a trained layer: dt in (0.01, 0.6), A in (−3, −0.05) with head 0 slow
@@ -436,7 +432,7 @@ fn bad_sizes_are_errors() {
 fn dt_softplus_forward_and_backward() {
     let mut rng = ChaCha8Rng::seed_from_u64(38);
     let (rows, h, stride) = (5, 3, 7);
-    let mut raw: Vec<f32> = (0..rows * stride).map(|_| 3.0 * rng.sample::<f32, _>(StandardNormal)).collect();
+    let mut raw: Vec<f32> = randn(&mut rng, rows * stride).iter().map(|v| 3.0 * v).collect();
     raw[stride + 1] = 25.0;
     let bias = randn(&mut rng, h);
     let g = randn(&mut rng, rows * h);
@@ -457,24 +453,10 @@ fn dt_softplus_forward_and_backward() {
         dt_fwd(&mut dt, raw, stride, bias).unwrap();
         dt.iter().zip(&g).map(|(a, b)| *a as f64 * *b as f64).sum()
     };
-    let e = 1e-3f32;
-    for i in 0..raw.len() {
-        if i % stride >= h {
-            assert_eq!(draw[i], 9.0, "columns past H are left");
-            continue;
-        }
-        let (mut p, mut m) = (raw.clone(), raw.clone());
-        p[i] += e;
-        m[i] -= e;
-        let fd = ((loss(&p, &bias) - loss(&m, &bias)) / (2.0 * e as f64)) as f32;
-        assert!((fd - draw[i]).abs() < 2e-3 * (1.0 + fd.abs()), "draw[{i}]: fd {fd} vs {}", draw[i]);
-    }
-    for k in 0..h {
-        let (mut p, mut m) = (bias.clone(), bias.clone());
-        p[k] += e;
-        m[k] -= e;
-        let fd = ((loss(&raw, &p) - loss(&raw, &m)) / (2.0 * e as f64)) as f32;
-        let got = dbias[k] - 0.5;
-        assert!((fd - got).abs() < 2e-3 * (1.0 + fd.abs()), "dbias[{k}]: fd {fd} vs {got}");
-    }
+    let step_tol = (1e-3, 2e-3);
+    let (columns, past): (Vec<usize>, Vec<usize>) = (0..raw.len()).partition(|i| i % stride < h);
+    assert!(past.iter().all(|&i| draw[i] == 9.0), "columns past H are left");
+    assert_gradient("draw", &draw, &raw, columns, step_tol, |p| loss(p, &bias));
+    dbias.iter_mut().for_each(|v| *v -= 0.5);
+    assert_gradient("dbias", &dbias, &bias, 0..h, step_tol, |p| loss(&raw, p));
 }

@@ -898,7 +898,8 @@ mod tests {
     }
 
     /// Each named input gradient ("q", "k", "v" or "c") against central differences of `loss`, at
-    /// about `samples` of its elements: within 2e-3 relative. `ctx` heads the failure message.
+    /// about `samples` of its elements (`crate::testing::assert_gradient`). `ctx` heads the
+    /// failure message.
     fn assert_finite_differences(
         cs: &Case,
         grads: &[(&str, &[f32])],
@@ -907,28 +908,24 @@ mod tests {
         loss: impl Fn(&Case) -> f64,
         ctx: &str,
     ) {
-        for &(name, grad) in grads {
-            for idx in (0..grad.len()).step_by(grad.len() / samples + 1) {
-                let mut a = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..*cs };
-                fn input<'a>(a: &'a mut Case, name: &str, idx: usize) -> &'a mut f32 {
-                    match name {
-                        "q" => &mut a.q[idx],
-                        "k" => &mut a.k[idx],
-                        "v" => &mut a.v[idx],
-                        _ => &mut a.c[idx],
-                    }
-                }
-                *input(&mut a, name, idx) += eps;
-                let lp = loss(&a);
-                *input(&mut a, name, idx) += -2.0 * eps;
-                let lm = loss(&a);
-                let fd = ((lp - lm) / (2.0 * eps as f64)) as f32;
-                assert!(
-                    (fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()),
-                    "{ctx}{name}[{idx}]: fd {fd} vs {}",
-                    grad[idx]
-                );
+        fn input<'a>(a: &'a mut Case, name: &str) -> &'a mut Vec<f32> {
+            match name {
+                "q" => &mut a.q,
+                "k" => &mut a.k,
+                "v" => &mut a.v,
+                _ => &mut a.c,
             }
+        }
+        for &(name, grad) in grads {
+            let mut base = Case { q: cs.q.clone(), k: cs.k.clone(), v: cs.v.clone(), c: cs.c.clone(), ..*cs };
+            let x = std::mem::take(input(&mut base, name));
+            let with = |xi: &[f32]| {
+                let mut a = Case { q: base.q.clone(), k: base.k.clone(), v: base.v.clone(), c: base.c.clone(), ..base };
+                *input(&mut a, name) = xi.to_vec();
+                loss(&a)
+            };
+            let at = (0..grad.len()).step_by(grad.len() / samples + 1);
+            crate::testing::assert_gradient(&format!("{ctx}{name}"), grad, &x, at, (eps, 2e-3), with);
         }
     }
 

@@ -369,15 +369,15 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 scale: 1.0 / (d as f32).sqrt(),
                 prune: None,
             };
-            ga::acp_thresholds_from_norms_opts(&gpu, &p, aopts, t, -10.0, &mut th)?;
-            let mut grads = DevGrads::new_opts(&gpu, &p, aopts)?;
+            ga::acp_thresholds_from_norms(&gpu, &p, aopts, t, -10.0, &mut th)?;
+            let mut grads = DevGrads::new(&gpu, &p, aopts)?;
             for acp in [false, true] {
                 p.prune = if acp { Some(&th) } else { None };
                 let name = if acp { "FoX+ACP" } else { "FoX" };
-                let stats = ga::forward_opts(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, acp)?;
+                let stats = ga::forward(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, acp)?;
                 let pruned = if acp { Some(stats.pruned_fraction()) } else { None };
                 let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
-                    ga::forward_opts(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
+                    ga::forward(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, false).map(|_| ())
                 })?;
                 let mut push = |pass: &str, ms: f64| {
                     let tf = flops(b, h, t, d, pass) / (ms * 1e-3) / 1e12;
@@ -399,8 +399,8 @@ pub fn run_attention_bench(opts: &BenchOpts) -> Result<BenchReport> {
                 push("fwd", ms);
                 if opts.backward {
                     let ms = time_ms(&gpu, opts.warmup, opts.iters, || {
-                        ga::forward_opts(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, false)?;
-                        ga::backward_opts(&gpu, &p, aopts, &o, &dout, &lse, &mut grads)
+                        ga::forward(&gpu, &p, aopts, &o, &mut lse, FwdKernel::Tiled, false)?;
+                        ga::backward(&gpu, &p, aopts, &o, &dout, &lse, &mut grads)
                     })?;
                     push("fwd+bwd", ms);
                 }

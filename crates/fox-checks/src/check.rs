@@ -607,7 +607,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     let kernel = if s.decode { FwdKernel::Tiled } else { FwdKernel::Auto };
     let o_d = poison(o_n)?;
     let mut lse_d = poison_f(b * h * tq)?;
-    let st0 = ga::forward_opts(gpu, &dp, opts, &o_d, &mut lse_d, kernel, true)?;
+    let st0 = ga::forward(gpu, &dp, opts, &o_d, &mut lse_d, kernel, true)?;
     gpu.sync()?;
     let o_gpu = from_half_bits(&gpu.download(&o_d)?, dt);
     let lse_gpu = gpu.download(&lse_d)?;
@@ -618,7 +618,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     if s.decode {
         let o2 = poison(o_n)?;
         let mut l2 = poison_f(b * h * tq)?;
-        ga::forward_opts(gpu, &dp, opts, &o2, &mut l2, FwdKernel::Decode, false)?;
+        ga::forward(gpu, &dp, opts, &o2, &mut l2, FwdKernel::Decode, false)?;
         gpu.sync()?;
         let o_dec = from_half_bits(&gpu.download(&o2)?, dt);
         let l_dec = gpu.download(&l2)?;
@@ -637,7 +637,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let pf = DevProblem { tq: t, q_pos0: 0, q: DevView::bthd(&qall, t, h, d), cq: &ck_d, vis: dvf, ..dp };
         let of = poison(b * t * h * d)?;
         let mut lf = poison_f(b * h * t)?;
-        ga::forward_opts(gpu, &pf, opts, &of, &mut lf, FwdKernel::Tiled, false)?;
+        ga::forward(gpu, &pf, opts, &of, &mut lf, FwdKernel::Tiled, false)?;
         let full = from_half_bits(&gpu.download(&of)?, dt);
         let last: Vec<f32> =
             (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
@@ -653,7 +653,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         // left padding: the GPU leaves padded rows out of the maxima, so compare only there
         let th_cpu = ca::prune_thresholds(&u, t, -10.0);
         let mut th = poison_f(b * h)?;
-        ga::acp_thresholds_from_norms_opts(gpu, &dp, opts, t, -10.0, &mut th)?;
+        ga::acp_thresholds_from_norms(gpu, &dp, opts, t, -10.0, &mut th)?;
         let th_gpu = gpu.download(&th)?;
         // a window of a decode chunk: the GPU's maxima also leave out keys no row sees
         if matches!(s.vis, Vis::All) && (s.window.is_none() || q_pos0 == 0) {
@@ -665,7 +665,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let kern = if s.decode { FwdKernel::Decode } else { FwdKernel::Tiled };
         let o3 = poison(o_n)?;
         let mut l3 = poison_f(b * h * tq)?;
-        let st3 = ga::forward_opts(gpu, &dp, opts, &o3, &mut l3, kern, true)?;
+        let st3 = ga::forward(gpu, &dp, opts, &o3, &mut l3, kern, true)?;
         gpu.sync()?;
         let o_acp = from_half_bits(&gpu.download(&o3)?, dt);
         let o_base = if s.decode {
@@ -673,7 +673,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             let o4 = poison(o_n)?;
             let mut l4 = poison_f(b * h * tq)?;
             let dp0 = DevProblem { prune: None, ..dp };
-            ga::forward_opts(gpu, &dp0, opts, &o4, &mut l4, FwdKernel::Decode, false)?;
+            ga::forward(gpu, &dp0, opts, &o4, &mut l4, FwdKernel::Decode, false)?;
             from_half_bits(&gpu.download(&o4)?, dt)
         } else {
             o_gpu.clone()
@@ -698,10 +698,10 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
             // backward with ACP on vs off (both GPU); dO random
             let dout_d = gpu.upload(&to_half_bits(&dout_rows, dt))?;
             let dp0 = DevProblem { prune: None, ..dp };
-            let mut g0 = DevGrads::new_opts(gpu, &dp0, opts)?;
-            ga::backward_opts(gpu, &dp0, opts, &o_d, &dout_d, &lse_d, &mut g0)?;
-            let mut g1 = DevGrads::new_opts(gpu, &dp, opts)?;
-            ga::backward_opts(gpu, &dp, opts, &o3, &dout_d, &l3, &mut g1)?;
+            let mut g0 = DevGrads::new(gpu, &dp0, opts)?;
+            ga::backward(gpu, &dp0, opts, &o_d, &dout_d, &lse_d, &mut g0)?;
+            let mut g1 = DevGrads::new(gpu, &dp, opts)?;
+            ga::backward(gpu, &dp, opts, &o3, &dout_d, &l3, &mut g1)?;
             gpu.sync()?;
             for (name, x0, x1) in [("dq", &g0.dq, &g1.dq), ("dk", &g0.dk, &g1.dk), ("dv", &g0.dv, &g1.dv)] {
                 let a0 = from_half_bits(&gpu.download(x0)?, dt);
@@ -719,13 +719,13 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
     if s.bwd {
         let grads_ref = ca::backward(&cpu_p, &o_ref, &dout_rows, &st_ref.lse);
         let dout_d = gpu.upload(&to_half_bits(&dout_rows, dt))?;
-        let mut g = DevGrads::new_opts(gpu, &dp, opts)?;
+        let mut g = DevGrads::new(gpu, &dp, opts)?;
         g.dq = poison(b * tq * h * d)?;
         g.dk = poison(b * t * hkv * d)?;
         g.dv = poison(b * t * hkv * d)?;
         g.dcq = poison_f(b * h * tq)?;
         g.dck = poison_f(b * h * t)?;
-        ga::backward_opts(gpu, &dp, opts, &o_d, &dout_d, &lse_d, &mut g)?;
+        ga::backward(gpu, &dp, opts, &o_d, &dout_d, &lse_d, &mut g)?;
         gpu.sync()?;
         let dq = from_half_bits(&gpu.download(&g.dq)?, dt);
         let dk = from_half_bits(&gpu.download(&g.dk)?, dt);
@@ -741,10 +741,10 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         tab.add("dcq (rowsum dS ~ 0) max/max|dck|", (max_dcq / max_dck.max(1e-30)) as f64, tol_g, String::new());
         // deterministic: the same inputs give the same bits (the warp-specialised backward adds dq across key
         // blocks in a fixed order)
-        let mut g2 = DevGrads::new_opts(gpu, &dp, opts)?;
+        let mut g2 = DevGrads::new(gpu, &dp, opts)?;
         g2.dq = poison(b * tq * h * d)?;
         g2.dcq = poison_f(b * h * tq)?;
-        ga::backward_opts(gpu, &dp, opts, &o_d, &dout_d, &lse_d, &mut g2)?;
+        ga::backward(gpu, &dp, opts, &o_d, &dout_d, &lse_d, &mut g2)?;
         let differ = |x: &cudarc::driver::CudaSlice<u16>, y: &cudarc::driver::CudaSlice<u16>| -> Result<usize> {
             Ok(gpu.download(x)?.iter().zip(gpu.download(y)?).filter(|(a, b)| **a != *b).count())
         };

@@ -268,12 +268,12 @@ fn cuda_forward(
             let mut th = ins.prune.take().ok_or_else(|| anyhow!("internal: no ACP buffer"))?;
             {
                 let p = dev_problem(shape, dt, (q, k, v), &ins, dev_vis(&ins.starts, starts), scale);
-                ga::acp_thresholds_from_norms_opts(&gpu, &p, opts, t, log_eps, &mut th)?;
+                ga::acp_thresholds_from_norms(&gpu, &p, opts, t, log_eps, &mut th)?;
             }
             ins.prune = Some(th);
         }
         let p = dev_problem(shape, dt, (q, k, v), &ins, dev_vis(&ins.starts, starts), scale);
-        ga::forward_opts(&gpu, &p, opts, &*o, &mut l, FwdKernel::Auto, false)?;
+        ga::forward(&gpu, &p, opts, &*o, &mut l, FwdKernel::Auto, false)?;
         Ok(())
     };
     run().map_err(runtime_err)
@@ -328,7 +328,7 @@ fn cuda_backward(
         let opts = AttnOptions { kv_heads: Some(hkv), window };
         let p = dev_problem(shape, dt, (q, k, v), &ins, dev_vis(&ins.starts, starts), scale);
         let bo = BwdOut { dq: &*gq, dk: &*gk, dv: &*gv, dcq: &gcq, dck: &gck, delta: &dl };
-        ga::backward_into_opts(&gpu, &p, opts, &*o, &*go, &l, bo)?;
+        ga::backward_into(&gpu, &p, opts, &*o, &*go, &l, bo)?;
         ga::fgate_prefix_sum_bwd(&gpu, &gcq, Some(&gck), &mut gg, dev_vis(&ins.starts, starts), b, t, h)?;
         Ok(())
     };

@@ -10,9 +10,8 @@
 //! Starts must be non-decreasing along each batch row (documents are contiguous), which
 //! [`upload_visibility`] checks.
 //!
-//! Grouped-query attention and the sliding window are [`AttnOptions`] beside the problem (the
-//! `*_opts` entry points); the entry points without them run multi-head attention without a
-//! window, as before.
+//! Grouped-query attention and the sliding window are [`AttnOptions`] beside the problem, an
+//! argument of every entry point (`AttnOptions::default()`: multi-head attention without a window).
 
 use super::compile::{ATTENTION, FGATE};
 use super::kargs::{self, args, by_value, ptr};
@@ -93,8 +92,7 @@ pub struct DevProblem<'a> {
 }
 
 /// Grouped-query attention and the sliding window (as the CPU's `kv_heads` and `window`). The
-/// default, multi-head attention over every earlier key, is what the entry points without
-/// `_opts` run.
+/// default is multi-head attention over every earlier key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AttnOptions {
     /// k/v heads H_kv, a divisor of the query heads: query head h reads k/v head h / (H / H_kv),
@@ -451,19 +449,6 @@ fn decode_splits(gpu: &Gpu, bh: usize, tk: usize) -> usize {
     want.clamp(1, tiles.div_ceil(2).max(1)).min(64)
 }
 
-/// The decode kernel (tq <= 16) with preallocated partials; with `q_pos0_dev` the query rows'
-/// first position is read from the device (the value in `p.q_pos0` only sizes the checks).
-pub fn decode_into(
-    gpu: &Gpu,
-    p: &DevProblem,
-    out: &dyn DevicePtr<u16>,
-    lse: &mut CudaSlice<f32>,
-    scratch: &DecodeScratch,
-    q_pos0_dev: Option<&CudaSlice<i32>>,
-) -> Result<()> {
-    decode_into_opts(gpu, p, AttnOptions::default(), out, lse, scratch, q_pos0_dev, None).map(|_| ())
-}
-
 /// A FoX (Pro) layer's per-head output norm and output gate, z = RMSNorm(o)·w·sigmoid(g), which
 /// the one-row decode kernel's last split applies to the row it has merged (the fused decode step
 /// then has no separate launch for them); bitwise as the fused step's `fox_decode_out` after the
@@ -488,12 +473,14 @@ pub struct DecodeOut {
 // SAFETY: plain old data with the C layout the kernel expects.
 unsafe impl DeviceRepr for DecodeOut {}
 
-/// [`decode_into`] with grouped-query attention and/or a sliding window, and for one bf16 query
-/// row per (b, h) the output norm and gate `then` (returns whether it was applied: otherwise the
-/// caller applies them). The scratch is per query head (B·H) either way; the window is measured
+/// The decode kernel (tq <= 16) with preallocated partials; with `q_pos0_dev` the query rows'
+/// first position is read from the device (the value in `p.q_pos0` only sizes the checks). With
+/// grouped-query attention and/or a sliding window (`opts`), and for one bf16 query row per (b, h)
+/// the output norm and gate `then` (returns whether it was applied: otherwise the caller applies
+/// them). The scratch is per query head (B·H) either way; the window is measured
 /// from the query rows' positions, so with `q_pos0_dev` it follows the device's length.
 #[allow(clippy::too_many_arguments)]
-pub fn decode_into_opts(
+pub fn decode_into(
     gpu: &Gpu,
     p: &DevProblem,
     opts: AttnOptions,
@@ -553,20 +540,9 @@ fn decode_row_kernel(p: &DevProblem) -> bool {
 }
 
 /// Forward: `out` [B, tq, H, D] in the input dtype, `lse` [B, H, tq] (natural log, −∞ for rows
-/// that see no key). Returns tile counts when `count_tiles` (one atomic per block).
+/// that see no key), with grouped-query attention and/or a sliding window as `opts` says. Returns
+/// tile counts when `count_tiles` (one atomic per block).
 pub fn forward(
-    gpu: &Gpu,
-    p: &DevProblem,
-    out: &dyn DevicePtr<u16>,
-    lse: &mut CudaSlice<f32>,
-    kernel_choice: FwdKernel,
-    count_tiles: bool,
-) -> Result<TileStats> {
-    forward_opts(gpu, p, AttnOptions::default(), out, lse, kernel_choice, count_tiles)
-}
-
-/// [`forward`] with grouped-query attention and/or a sliding window.
-pub fn forward_opts(
     gpu: &Gpu,
     p: &DevProblem,
     opts: AttnOptions,
@@ -768,11 +744,8 @@ pub struct DevGrads {
 }
 
 impl DevGrads {
-    pub fn new(gpu: &Gpu, p: &DevProblem) -> Result<Self> {
-        Self::new_opts(gpu, p, AttnOptions::default())
-    }
-    /// Buffers for a problem with grouped-query attention (dk, dv of H_kv heads).
-    pub fn new_opts(gpu: &Gpu, p: &DevProblem, opts: AttnOptions) -> Result<Self> {
+    /// Buffers for a problem, with grouped-query attention dk, dv of H_kv heads.
+    pub fn new(gpu: &Gpu, p: &DevProblem, opts: AttnOptions) -> Result<Self> {
         let (b, h, d) = (p.batch, p.heads, p.head_dim);
         let hkv = opts.kv_heads(h);
         Ok(Self {
@@ -786,22 +759,10 @@ impl DevGrads {
     }
 }
 
-/// Backward: `o`, `dout` [B, tq, H, D] (input dtype), `lse` from [`forward`]. Three launches:
-/// delta = rowsum(dO ∘ O); dk, dv, dck over key blocks; dq, dcq over query blocks.
+/// Backward: `o`, `dout` [B, tq, H, D] (input dtype), `lse` from [`forward`], `g` from
+/// [`DevGrads::new`] with the same options. Three launches: delta = rowsum(dO ∘ O); dk, dv, dck
+/// over key blocks; dq, dcq over query blocks.
 pub fn backward(
-    gpu: &Gpu,
-    p: &DevProblem,
-    o: &CudaSlice<u16>,
-    dout: &CudaSlice<u16>,
-    lse: &CudaSlice<f32>,
-    g: &mut DevGrads,
-) -> Result<()> {
-    backward_opts(gpu, p, AttnOptions::default(), o, dout, lse, g)
-}
-
-/// [`backward`] with grouped-query attention and/or a sliding window (`g` from
-/// [`DevGrads::new_opts`] with the same options).
-pub fn backward_opts(
     gpu: &Gpu,
     p: &DevProblem,
     opts: AttnOptions,
@@ -811,7 +772,7 @@ pub fn backward_opts(
     g: &mut DevGrads,
 ) -> Result<()> {
     let out = BwdOut { dq: &g.dq, dk: &g.dk, dv: &g.dv, dcq: &g.dcq, dck: &g.dck, delta: &g.delta };
-    backward_into_opts(gpu, p, opts, o, dout, lse, out)
+    backward_into(gpu, p, opts, o, dout, lse, out)
 }
 
 /// Where [`backward_into`] writes: dq, dk, dv in the input dtype, dcq, dck and the scratch delta
@@ -825,22 +786,10 @@ pub struct BwdOut<'a> {
     pub delta: &'a CudaSlice<f32>,
 }
 
-/// [`backward`] into caller-owned buffers (the model's backward scratch).
+/// [`backward`] into caller-owned buffers (the model's backward scratch). With grouped-query
+/// attention dk, dv are [B, tk, H_kv, D], each the sum over its group's query heads (one block
+/// walks the group in order: deterministic, no atomics).
 pub fn backward_into(
-    gpu: &Gpu,
-    p: &DevProblem,
-    o: &dyn DevicePtr<u16>,
-    dout: &dyn DevicePtr<u16>,
-    lse: &CudaSlice<f32>,
-    g: BwdOut,
-) -> Result<()> {
-    backward_into_opts(gpu, p, AttnOptions::default(), o, dout, lse, g)
-}
-
-/// [`backward_into`] with grouped-query attention and/or a sliding window: dk, dv are
-/// [B, tk, H_kv, D], each the sum over its group's query heads (one block walks the group in
-/// order: deterministic, no atomics).
-pub fn backward_into_opts(
     gpu: &Gpu,
     p: &DevProblem,
     opts: AttnOptions,
@@ -969,20 +918,10 @@ fn backward_ws(
 }
 
 /// ACP thresholds δ = −(2U + ln N) + ln ε per (b, h) into `out`, with U = scale·max|q|·max|k| over
-/// the rows that see keys (the SPEC's bound from query and key norms). `n_keys` is N.
+/// the rows that see keys (the SPEC's bound from query and key norms; with grouped-query attention
+/// and/or a window, over the keys each query head reads and each row's visible keys' floor).
+/// `n_keys` is N.
 pub fn acp_thresholds_from_norms(
-    gpu: &Gpu,
-    p: &DevProblem,
-    n_keys: usize,
-    log_eps: f32,
-    out: &mut CudaSlice<f32>,
-) -> Result<()> {
-    acp_thresholds_from_norms_opts(gpu, p, AttnOptions::default(), n_keys, log_eps, out)
-}
-
-/// [`acp_thresholds_from_norms`] with grouped-query attention and/or a window (U over the keys
-/// each query head reads and each row's visible keys' floor).
-pub fn acp_thresholds_from_norms_opts(
     gpu: &Gpu,
     p: &DevProblem,
     opts: AttnOptions,

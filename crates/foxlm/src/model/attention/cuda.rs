@@ -184,7 +184,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
                 let c = &self.delta; // any [B,H,T] f32 buffer: the bound reads only q and k
                 let (qv, kv) = (words(q)?, words(k)?);
                 let p = dev_problem(b, &qv, &kv, &kv, c, None, heads, kv_heads, head_dim);
-                ga::acp_thresholds_from_norms_opts(&self.gpu, &p, attn_options(shape), n_keys, log_eps, prune)
+                ga::acp_thresholds_from_norms(&self.gpu, &p, attn_options(shape), n_keys, log_eps, prune)
             }
             None => {
                 // f32 checks and other head dims: the CPU's bound from the largest norms (q is
@@ -224,7 +224,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
         if bf16::<T>() && fast_attention_dims(head_dim) {
             let (qv, kv, vv, ov) = (words(q)?, words(k)?, words(v)?, words(o)?);
             let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, kv_heads, head_dim);
-            ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
+            ga::forward(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
             return Ok(Tiles::default());
         }
         let start = self.start(b);
@@ -272,7 +272,7 @@ impl<T: Elem> AttnOps for Cuda<T> {
             let (dqv, dkv, dvv) = (words(g.dq)?, words(g.dk)?, words(g.dv)?);
             let p = dev_problem(b, &qv, &kv, &vv, c, prune, heads, kv_heads, head_dim);
             let out = ga::BwdOut { dq: &dqv, dk: &dkv, dv: &dvv, dcq: g.dc, dck: &self.dck, delta: &self.delta };
-            ga::backward_into_opts(&self.gpu, &p, opts, &ov, &dov, lse, out)?;
+            ga::backward_into(&self.gpu, &p, opts, &ov, &dov, lse, out)?;
             // dc = dcq + dck (the reverse prefix sum wants their sum).
             let m = bb * heads * t;
             return ops::add_inplace::<f32>(&self.gpu, g.dc, &self.dck, m);

@@ -181,12 +181,11 @@ impl<T: Elem> Cuda<T> {
                 let scratch = self.decode_scratch.as_ref().ok_or_else(|| anyhow!("decode scratch"))?;
                 // A fused step's output norm and gate go with the attention where its kernel can.
                 let then = if staged { self.fused.take_output() } else { None };
-                let applied =
-                    ga::decode_into_opts(&self.gpu, &p, opts, &ov, lse, scratch, self.decode_pos.as_ref(), then)?;
+                let applied = ga::decode_into(&self.gpu, &p, opts, &ov, lse, scratch, self.decode_pos.as_ref(), then)?;
                 self.fused.set_output_applied(applied);
             } else {
                 ensure!(self.decode_pos.is_none(), "a captured decode step must have at most 16 positions per row");
-                ga::forward_opts(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
+                ga::forward(&self.gpu, &p, opts, &ov, lse, FwdKernel::Tiled, false)?;
             }
             return Ok(Tiles::default());
         }

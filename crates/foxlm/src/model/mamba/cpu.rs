@@ -16,15 +16,22 @@ fn gate(s: &MambaSizes, xz: &[f32]) -> Vec<f32> {
     xz.chunks(2 * s.inner).flat_map(|row| row[s.inner..].iter().copied()).collect()
 }
 
-/// The scan problem of one forward.
+/// A = -exp(A_log) and the gate z: the operands that the scan's forward and backward both
+/// derive from the layer before they can state the problem.
+fn decay_and_gate(cpu: &Cpu, p: &MambaParams, xz: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    (cpu.neg_exp(p.a_log), gate(&p.sizes, xz))
+}
+
+/// The scan problem of one forward (or its backward), D taken from the layer's parameters.
 fn scan<'a>(
-    s: &MambaSizes,
+    cpu: &'a Cpu,
+    p: &MambaParams,
     b: &'a CpuBatch,
     x: &ScanIn<'a, Vec<f32>>,
     a: &'a [f32],
-    d: &'a [f32],
     z: &'a [f32],
 ) -> Scan<'a> {
+    let s = &p.sizes;
     Scan {
         batch: b.batch,
         len: b.seq,
@@ -35,7 +42,7 @@ fn scan<'a>(
         a,
         bc: x.xp,
         bc_layout: BcLayout::x_proj(b.seq, s.dt_rank, s.state),
-        d,
+        d: &cpu.params[p.d_skip],
         z: Some(z),
         start: b.pads(),
     }
@@ -94,10 +101,8 @@ impl MambaOps for Cpu<'_> {
         state: Option<&mut MambaState>,
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
-        let s = &p.sizes;
-        let a = self.neg_exp(p.a_log);
-        let z = gate(s, x.xz);
-        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z);
+        let (a, z) = decay_and_gate(self, p, x.xz);
+        let prob = scan(self, p, b, &x, &a, &z);
         ensure!(
             saved.len() == selective_scan::saved_len(&prob),
             "Mamba scan buffers sized for another batch ({} saved values, {} needed)",
@@ -128,9 +133,8 @@ impl MambaOps for Cpu<'_> {
     ) -> Result<()> {
         let _t = self.time(Family::Attention);
         let s = &p.sizes;
-        let a = self.neg_exp(p.a_log);
-        let z = gate(s, x.xz);
-        let prob = scan(s, b, &x, &a, &self.params[p.d_skip], &z);
+        let (a, z) = decay_and_gate(self, p, x.xz);
+        let prob = scan(self, p, b, &x, &a, &z);
         let (mut da, mut dd, mut dz) = (vec![0.0; a.len()], vec![0.0; s.inner], vec![0.0; z.len()]);
         let ScanGradsOf { du, ddelta, dxp, dxz } = grads;
         let g = GradsMut { du, ddelta, da: &mut da, dbc: dxp, dd: &mut dd, dz: Some(&mut dz), dh0: None };

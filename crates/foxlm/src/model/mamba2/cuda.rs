@@ -86,23 +86,23 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
         };
         // In one pass with the GEMV where a decode step's rows take it; else in_proj, then the
         // inputs in one launch.
-        if self.gemv && ops::gemv_fits::<T>(b.batch, in_proj.in_features) {
+        let gemv = self.gemv && ops::gemv_fits::<T>(b.batch, in_proj.in_features);
+        if gemv {
             self.mark(Family::Gemm)?;
-            let w = self.copy_of(in_proj.weight)?;
-            let conv_w = self.copy_of(c.weight)?;
-            let conv_b = c.bias.map(|id| &self.params[id.0].master);
-            let dt_bias = &self.params[p.dt_bias.0].master;
-            let prm = ssd::DecodeParams { conv_w, conv_b, dt_bias, start: b.chunk_start(), at: d };
-            let out = ssd::DecodeInputsOut { xbc, conv_state: &mut st.conv[c.slot], dt };
-            return ops::gemv_step_in(&self.gpu, zxbcdt, x, w, in_proj.in_features, out, prm);
+        } else {
+            self.linear_into(zxbcdt, x, in_proj, b.batch)?;
+            self.mark(Family::Other)?;
         }
-        self.linear_into(zxbcdt, x, in_proj, b.batch)?;
-        self.mark(Family::Other)?;
         let conv_w = self.copy_of(c.weight)?;
         let conv_b = c.bias.map(|id| &self.params[id.0].master);
         let dt_bias = &self.params[p.dt_bias.0].master;
         let prm = ssd::DecodeParams { conv_w, conv_b, dt_bias, start: b.chunk_start(), at: d };
-        ssd::decode_inputs(&self.gpu, ssd::DecodeInputsOut { xbc, conv_state: &mut st.conv[c.slot], dt }, zxbcdt, prm)
+        let out = ssd::DecodeInputsOut { xbc, conv_state: &mut st.conv[c.slot], dt };
+        if gemv {
+            let w = self.copy_of(in_proj.weight)?;
+            return ops::gemv_step_in(&self.gpu, zxbcdt, x, w, in_proj.in_features, out, prm);
+        }
+        ssd::decode_inputs(&self.gpu, out, zxbcdt, prm)
     }
 
     fn mamba2_dt_fwd(

@@ -175,7 +175,7 @@ pub(super) fn bench_rows(
         let mut cfg = preset.model.clone();
         cfg.log_pruning_tolerance = acp.then_some(-10.0);
         let mut model = foxlm::train::init_model(&cfg, 0);
-        let plan = memory_plan(&model, a.batch, a.context, a.dtype, a.recompute, world)?;
+        let plan = memory_plan(&model, a.step(), a.dtype, world)?;
         if talk {
             eprint!("{}", foxlm::engine::format_plan(&plan, world));
         }
@@ -281,8 +281,7 @@ fn bench_one<T: cuda::Elem>(
     let mem_used = || gpu.context().mem_get_info().map(|(f, t)| t - f).unwrap_or(0);
     let before = mem_used();
     let mut opt = foxlm::optim::AdamW::new(foxlm::presets::tiny().train.adamw(), &model.params);
-    let mut eng =
-        foxlm::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.batch, a.context, a.recompute, plan, nccl)?;
+    let mut eng = foxlm::engine::GpuEngine::<T>::new(gpu.clone(), model, &opt, a.step(), plan, nccl)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1 + rank as u64);
     let v = model.config.vocab_size as u32;
     let n = a.batch * a.context;

@@ -75,6 +75,13 @@ pub struct TrainArgs {
     pub report: Option<PathBuf>,
 }
 
+impl TrainArgs {
+    /// The benchmarked step's shape.
+    pub fn step(&self) -> crate::engine::StepShape {
+        crate::engine::StepShape { micro: self.batch, context: self.context, recompute: self.recompute }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
     /// Models (presets' shapes, random weights), comma-separated.

@@ -308,16 +308,20 @@ pub struct GpuEngine<T: Elem> {
     grad_scale: f32,
 }
 
+/// A training step's shape on the GPU: `micro` sequences of `context` tokens, every activation kept
+/// or, with `recompute`, only each block's input (the backward runs each block's forward again:
+/// about a third more compute, a fraction of the memory).
+#[derive(Clone, Copy, Debug)]
+pub struct StepShape {
+    pub micro: usize,
+    pub context: usize,
+    pub recompute: bool,
+}
+
 /// The memory plan of a step on one GPU (of `world` ranks with ZeRO-1): parameters, gradients,
 /// optimizer state, activations.
-pub fn memory_plan(
-    model: &Model,
-    micro: usize,
-    context: usize,
-    dtype: Dtype,
-    recompute: bool,
-    world: usize,
-) -> Result<MemoryPlan> {
+pub fn memory_plan(model: &Model, step: StepShape, dtype: Dtype, world: usize) -> Result<MemoryPlan> {
+    let StepShape { micro, context, recompute } = step;
     let mut plan = MemoryPlan::default();
     match dtype {
         Dtype::Bf16 => Cuda::<half::bf16>::memory_plan(model, micro, context, true, world, &mut plan),
@@ -363,21 +367,18 @@ fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
 }
 
 impl<T: Elem> GpuEngine<T> {
-    /// With `recompute`, only each block's input is kept through the forward and the backward
-    /// runs each block's forward again (about a third more compute, a fraction of the memory).
-    /// With `nccl`, one rank of a data-parallel run: gradients reduce-scattered in buckets during
-    /// the backward, optimizer state sharded (ZeRO-1); None: one GPU alone.
-    #[allow(clippy::too_many_arguments)]
+    /// Buffers for steps of shape `step` (`plan`: its [`memory_plan`], printed when they do not
+    /// fit). With `nccl`, one rank of a data-parallel run: gradients reduce-scattered in buckets
+    /// during the backward, optimizer state sharded (ZeRO-1); None: one GPU alone.
     pub fn new(
         gpu: Arc<Gpu>,
         model: &Model,
         opt: &AdamW,
-        micro: usize,
-        context: usize,
-        recompute: bool,
+        step: StepShape,
         plan: &MemoryPlan,
         nccl: Option<fox_kernels::cuda::nccl::Nccl>,
     ) -> Result<Self> {
+        let StepShape { micro, context, recompute } = step;
         // Freed buffers go back to the driver at a synchronisation: count them as free.
         gpu.sync()?;
         let (free, total) = gpu.context().mem_get_info().unwrap_or((usize::MAX, 0));

@@ -3,7 +3,7 @@
 use super::*;
 use crate::backend::Dtype;
 use crate::data::{Dataset, Loader, Split};
-use crate::engine::{format_plan, memory_plan, CpuEngine, Engine, GpuEngine};
+use crate::engine::{format_plan, memory_plan, CpuEngine, Engine, GpuEngine, StepShape};
 use crate::fsutil::{write_atomic, write_synced};
 use crate::model::{MemoryPlan, Model};
 use crate::optim::AdamW;
@@ -149,11 +149,12 @@ fn make_engine(
         }
         Device::Cuda(gpu) => {
             let dtype = opts.dtype.unwrap_or_default();
-            let plan = memory_plan(model, micro, context, dtype, opts.recompute, 1)?;
+            let step = StepShape { micro, context, recompute: opts.recompute };
+            let plan = memory_plan(model, step, dtype, 1)?;
             if opts.verbose {
                 eprint!("{}", format_plan(&plan, 1));
             }
-            gpu_engine(dtype, gpu, model, opt, micro, context, opts.recompute, &plan, None)
+            gpu_engine(dtype, gpu, model, opt, step, &plan, None)
         }
     }
 }
@@ -180,31 +181,29 @@ fn make_rank_engine(
     }
     let gpu = fox_kernels::cuda::Gpu::new(ordinal)?;
     let dtype = opts.dtype.unwrap_or_default();
-    let plan = memory_plan(model, micro, context, dtype, opts.recompute, w.size)?;
+    let step = StepShape { micro, context, recompute: opts.recompute };
+    let plan = memory_plan(model, step, dtype, w.size)?;
     if opts.verbose {
         eprint!("{}", format_plan(&plan, w.size));
     }
     let nccl = fox_kernels::cuda::nccl::Nccl::new(gpu.clone(), w.rank, w.size, &d.nccl_id)?;
     crate::distributed::heartbeat();
-    gpu_engine(dtype, gpu, model, opt, micro, context, opts.recompute, &plan, Some(nccl))
+    gpu_engine(dtype, gpu, model, opt, step, &plan, Some(nccl))
 }
 
 /// The GPU engine for `dtype`: one GPU alone (`nccl` None) or one rank of a data-parallel run.
-#[allow(clippy::too_many_arguments)]
 fn gpu_engine(
     dtype: Dtype,
     gpu: std::sync::Arc<fox_kernels::cuda::Gpu>,
     model: &Model,
     opt: &AdamW,
-    micro: usize,
-    context: usize,
-    recompute: bool,
+    step: StepShape,
     plan: &MemoryPlan,
     nccl: Option<fox_kernels::cuda::nccl::Nccl>,
 ) -> Result<Box<dyn Engine>> {
     Ok(match dtype {
-        Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, micro, context, recompute, plan, nccl)?),
-        Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, micro, context, recompute, plan, nccl)?),
+        Dtype::Bf16 => Box::new(GpuEngine::<half::bf16>::new(gpu, model, opt, step, plan, nccl)?),
+        Dtype::F32 => Box::new(GpuEngine::<f32>::new(gpu, model, opt, step, plan, nccl)?),
     })
 }
 

@@ -41,10 +41,38 @@
 // The row of position t of (b, h) in a [B, T, H, ·] tensor.
 __device__ __forceinline__ long gla_row(int b, int t, int T, int H, int h) { return ((long)b * T + t) * H + h; }
 
-// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces the
-// chunk's own state in slot c of hs [B, H, nch + 1, K, V] and S_{c+1} = e^{G_L,c} S_c + (that);
-// slot nch and fin (if any) get the final state. fin may be init (each thread reads its element
-// before it writes it).
+// The state passing of gla_scan_fwd and (REV, from the last chunk) gla_scan_bwd for one state
+// element (row kc of (b, h)), x entering: for each chunk c in turn, slot c of p (stride KV) gets x
+// and x = e^{G_L,c} x + (what slot c held); returns the last x. The loads of GLA_AHEAD chunks go
+// out together, ahead of the dependent chain.
+template <bool REV>
+__device__ __forceinline__ float gla_pass(float* p, float x, const float* G, int b, int h, int kc, int T, int H, int K,
+                                          long KV, int nch) {
+    for (int c0 = REV ? nch - 1 : 0; REV ? c0 >= 0 : c0 < nch; c0 += REV ? -GLA_AHEAD : GLA_AHEAD) {
+        float ds[GLA_AHEAD], dc[GLA_AHEAD];
+#pragma unroll
+        for (int k = 0; k < GLA_AHEAD; ++k) {
+            const int c = REV ? c0 - k : c0 + k;
+            const bool in = REV ? c >= 0 : c < nch;
+            const int last = !REV || in ? min(c * GLA_L + GLA_L - 1, T - 1) : 0;
+            ds[k] = in ? p[(long)c * KV] : 0.0f;
+            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < GLA_AHEAD; ++k) {
+            const int c = REV ? c0 - k : c0 + k;
+            if (REV ? c >= 0 : c < nch) {
+                p[(long)c * KV] = x;
+                x = dc[k] * x + ds[k];
+            }
+        }
+    }
+    return x;
+}
+
+// Forward: S_0 = init (or 0); slot c of hs [B, H, nch + 1, K, V] holds the chunk's own state and
+// gets S_c; slot nch and fin (if any) get the final state. fin may be init (each thread reads its
+// element before it writes it).
 extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init, const float* G, int B, int T,
                                         int H, int K, int V, int nch) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -54,24 +82,7 @@ extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init
     int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
     float s = init ? init[i] : 0.0f;
     float* p = hs + bh * (nch + 1) * KV + e;
-    for (int c0 = 0; c0 < nch; c0 += GLA_AHEAD) {
-        float ds[GLA_AHEAD], dc[GLA_AHEAD];
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            int c = c0 + k;
-            bool in = c < nch;
-            int last = min(c * GLA_L + GLA_L - 1, T - 1);
-            ds[k] = in ? p[(long)c * KV] : 0.0f;
-            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            if (c0 + k < nch) {
-                p[(long)(c0 + k) * KV] = s;
-                s = dc[k] * s + ds[k];
-            }
-        }
-    }
+    s = gla_pass<false>(p, s, G, b, h, kc, T, H, K, KV, nch);
     p[(long)nch * KV] = s;
     if (fin) fin[i] = s;
 }
@@ -87,25 +98,7 @@ extern "C" __global__ void gla_scan_bwd(float* dhs, float* dinit, const float* d
     long bh = i / KV, e = i % KV;
     int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
     float d = dfin ? dfin[i] : 0.0f;
-    float* p = dhs + bh * nch * KV + e;
-    for (int c0 = nch - 1; c0 >= 0; c0 -= GLA_AHEAD) {
-        float ds[GLA_AHEAD], dc[GLA_AHEAD];
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            int c = c0 - k;
-            bool in = c >= 0;
-            int last = in ? min(c * GLA_L + GLA_L - 1, T - 1) : 0;
-            ds[k] = in ? p[(long)c * KV] : 0.0f;
-            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            if (c0 - k >= 0) {
-                p[(long)(c0 - k) * KV] = d;
-                d = dc[k] * d + ds[k];
-            }
-        }
-    }
+    d = gla_pass<true>(dhs + bh * nch * KV + e, d, G, b, h, kc, T, H, K, KV, nch);
     if (dinit) dinit[i] = d;
 }
 

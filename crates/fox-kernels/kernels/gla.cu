@@ -41,13 +41,21 @@
 // The row of position t of (b, h) in a [B, T, H, ·] tensor.
 __device__ __forceinline__ long gla_row(int b, int t, int T, int H, int h) { return ((long)b * T + t) * H + h; }
 
-// The state passing of gla_scan_fwd and (REV, from the last chunk) gla_scan_bwd for one state
-// element (row kc of (b, h)), x entering: for each chunk c in turn, slot c of p (stride KV) gets x
-// and x = e^{G_L,c} x + (what slot c held); returns the last x. The loads of GLA_AHEAD chunks go
-// out together, ahead of the dependent chain.
+// The state passing, one thread per state element (row kc of (b, h)): x enters as x0[i] (or 0);
+// for each chunk c in turn (from the first, or with REV from the last), slot c of the chunk's
+// slots (stride KV) gets x and x = e^{G_L,c} x + (what slot c held); out (if any) gets the last
+// x, and without REV also slot nch. The loads of GLA_AHEAD chunks go out together, ahead of the
+// dependent chain. out may be x0 (each thread reads its element before it writes it).
 template <bool REV>
-__device__ __forceinline__ float gla_pass(float* p, float x, const float* G, int b, int h, int kc, int T, int H, int K,
-                                          long KV, int nch) {
+__device__ __forceinline__ void gla_scan(float* slots, float* out, const float* x0, const float* G, int B, int T,
+                                         int H, int K, int V, int nch) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long KV = (long)K * V;
+    if (i >= (long)B * H * KV) return;
+    long bh = i / KV, e = i % KV;
+    int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
+    float x = x0 ? x0[i] : 0.0f;
+    float* p = slots + bh * (REV ? nch : nch + 1) * KV + e;
     for (int c0 = REV ? nch - 1 : 0; REV ? c0 >= 0 : c0 < nch; c0 += REV ? -GLA_AHEAD : GLA_AHEAD) {
         float ds[GLA_AHEAD], dc[GLA_AHEAD];
 #pragma unroll
@@ -67,24 +75,15 @@ __device__ __forceinline__ float gla_pass(float* p, float x, const float* G, int
             }
         }
     }
-    return x;
+    if (!REV) p[(long)nch * KV] = x;
+    if (out) out[i] = x;
 }
 
 // Forward: S_0 = init (or 0); slot c of hs [B, H, nch + 1, K, V] holds the chunk's own state and
-// gets S_c; slot nch and fin (if any) get the final state. fin may be init (each thread reads its
-// element before it writes it).
+// gets S_c (S_{c+1} = e^{G_L,c} S_c + that); slot nch and fin (if any) get the final state.
 extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init, const float* G, int B, int T,
                                         int H, int K, int V, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    long KV = (long)K * V;
-    if (i >= (long)B * H * KV) return;
-    long bh = i / KV, e = i % KV;
-    int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
-    float s = init ? init[i] : 0.0f;
-    float* p = hs + bh * (nch + 1) * KV + e;
-    s = gla_pass<false>(p, s, G, b, h, kc, T, H, K, KV, nch);
-    p[(long)nch * KV] = s;
-    if (fin) fin[i] = s;
+    gla_scan<false>(hs, fin, init, G, B, T, H, K, V, nch);
 }
 
 // The reverse passing: slot c of dhs [B, H, nch, K, V] holds the chunk's own ΔdS_c = scale ·
@@ -92,14 +91,7 @@ extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init
 // 0; dH_{c−1} = e^{G_L,c} dH_c + ΔdS_c); dinit (if any) gets e^{G_L,0} dH_0 + ΔdS_0.
 extern "C" __global__ void gla_scan_bwd(float* dhs, float* dinit, const float* dfin, const float* G, int B, int T,
                                         int H, int K, int V, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    long KV = (long)K * V;
-    if (i >= (long)B * H * KV) return;
-    long bh = i / KV, e = i % KV;
-    int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
-    float d = dfin ? dfin[i] : 0.0f;
-    d = gla_pass<true>(dhs + bh * nch * KV + e, d, G, b, h, kc, T, H, K, KV, nch);
-    if (dinit) dinit[i] = d;
+    gla_scan<true>(dhs, dinit, dfin, G, B, T, H, K, V, nch);
 }
 
 // dst[j] = Σ_p part[p · width + j] for j < width, p in order (the lower bound's gradient row).

@@ -172,27 +172,7 @@ extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float
                 bj = i;
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bj, o);
-            if (lp_ranks_before(ov, oi, bv, bj)) {
-                bv = ov;
-                bj = oi;
-            }
-        }
-        __syncthreads();
-        if (lane == 0) {
-            shv[w] = bv;
-            shi[w] = bj;
-        }
-        __syncthreads();
-        bv = shv[0];
-        bj = shi[0];
-        for (int u = 1; u < 8; ++u)
-            if (lp_ranks_before(shv[u], shi[u], bv, bj)) {
-                bv = shv[u];
-                bj = shi[u];
-            }
+        block_argmax<8>(bv, bj, shv, shi);
         if (tid == 0) {
             top_i[(long long)row * k + j] = bj;
             top_lp[(long long)row * k + j] = bv - lse;
@@ -460,28 +440,7 @@ extern "C" __global__ void __launch_bounds__(SB)
             bi = c;
         }
     }
-    for (int s = 16; s > 0; s >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, s);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, s);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
-    __syncthreads();
-    if (lane == 0) {
-        shf[warp] = best;
-        shi[warp] = bi;
-    }
-    __syncthreads();
-    best = shf[0];
-    bi = shi[0];
-    for (int w = 1; w < NWARP; ++w) {
-        if (shf[w] > best || (shf[w] == best && shi[w] < bi)) {
-            best = shf[w];
-            bi = shi[w];
-        }
-    }
+    block_argmax<NWARP>(best, bi, shf, shi);
     if (bi == 0x7fffffff) bi = 0;  // every logit NaN
     int chosen = bi;
 

@@ -103,16 +103,13 @@ extern "C" __global__ void __launch_bounds__(256) fox_copy_runs(const CopyRun* r
 // token is one more pass, a block-wide arg-max over the tokens ranked after the last one chosen.
 // Only (1 + 2k) numbers a position go to the host instead of the vocabulary's logits.
 #define LP_INF __int_as_float(0x7f800000)
-__device__ __forceinline__ bool lp_ranks_before(float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi);
-}
 // e^(m − M) for a running max m under the new max M ≥ m (0 for an empty sum's m = −∞).
 __device__ __forceinline__ float lp_rescale(float m, float M) { return m == -LP_INF ? 0.f : expf(m - M); }
 // Folds (om, os, oi) into (m, s, i): max, sum of e^(x − max), the first index of the max.
 __device__ __forceinline__ void lp_fold(float& m, float& s, int& i, float om, float os, int oi) {
     const float M = fmaxf(m, om);
     s = s * lp_rescale(m, M) + os * lp_rescale(om, M);
-    if (lp_ranks_before(om, oi, m, i)) i = oi;
+    if (ranks_before(om, oi, m, i)) i = oi;
     m = M;
 }
 extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float* logits, int ld, int V,
@@ -167,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float
         int bj = 0x7fffffff;
         for (int i = tid; i < V; i += 256) {
             const float v = x[i];
-            if ((v < pv || (v == pv && i > pi)) && lp_ranks_before(v, i, bv, bj)) {
+            if (ranks_before(pv, pi, v, i) && ranks_before(v, i, bv, bj)) {
                 bv = v;
                 bj = i;
             }

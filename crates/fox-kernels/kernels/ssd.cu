@@ -63,6 +63,30 @@ __device__ __forceinline__ void ssd_tile_fma(float (&acc)[4][4], FA a, FB b) {
         for (int q = 0; q < 4; ++q) acc[k][q] += av[k] * bv[q];
 }
 
+// One step of two R × C tiles of products side by side: d1[k][q] += a1(k) · b1(q) and
+// d2[k][q] += a2(k) · b2(q), the b loads first, then the a loads, each pair together.
+template <int R, int C, typename FA1, typename FB1, typename FA2, typename FB2>
+__device__ __forceinline__ void ssd_tile_fma2(float (&d1)[R][C], float (&d2)[R][C], FA1 a1, FB1 b1, FA2 a2, FB2 b2) {
+    float u1[C], u2[C], v1[R], v2[R];
+#pragma unroll
+    for (int q = 0; q < C; ++q) {
+        u1[q] = b1(q);
+        u2[q] = b2(q);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        v1[k] = a1(k);
+        v2[k] = a2(k);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k)
+#pragma unroll
+        for (int q = 0; q < C; ++q) {
+            d1[k][q] += v1[k] * u1[q];
+            d2[k][q] += v2[k] * u2[q];
+        }
+}
+
 // dst [P, N] (f32) = Σ_{j < len} X[j][p] · Bn[j][n]: a chunk's state-shaped product of two tiles
 // in shared memory, rows [SSD_L][SSD_PMAX] and [SSD_L][SSD_NMAX]; a block of 256 threads, each
 // rows p0 .. p0 + 7 and columns n = lane + 32 q.
@@ -1060,52 +1084,26 @@ extern "C" __global__ void __launch_bounds__(256)
         float dcv[8][4], dbv[8][4];
         ssd_zero(dcv);
         ssd_zero(dbv);
-        for (int j = 0; j < SSD_L; ++j) {
-            float bv[4], cv[4], gr[8], gc[8];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                bv[q] = Bs[j * SSD_NMAX + lane + 32 * q];
-                cv[q] = Cs[j * SSD_NMAX + lane + 32 * q];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                gr[k] = Mm[(rr + k) * (SSD_L + 1) + j];
-                gc[k] = Mm[j * (SSD_L + 1) + rr + k];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    dcv[k][q] += gr[k] * bv[q];
-                    dbv[k][q] += gc[k] * cv[q];
-                }
-        }
+        for (int j = 0; j < SSD_L; ++j)
+            ssd_tile_fma2(
+                dcv, dbv,  // dG B, dGᵀ C
+                [=](int k) { return Mm[(rr + k) * (SSD_L + 1) + j]; },
+                [=](int q) { return Bs[j * SSD_NMAX + lane + 32 * q]; },
+                [=](int k) { return Mm[j * (SSD_L + 1) + rr + k]; },
+                [=](int q) { return Cs[j * SSD_NMAX + lane + 32 * q]; });
         float ec[8], wr[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             ec[k] = __expf(cum[rr + k]);
             wr[k] = wv[rr + k];
         }
-        for (int p = 0; p < SSD_PMAX; ++p) {
-            float sv[4], gv[4], yv[8], xv[8];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                sv[q] = S0[p * SSD_SROW + lane + 32 * q];
-                gv[q] = dS[p * SSD_SROW + lane + 32 * q];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                yv[k] = ec[k] * Ys[(rr + k) * SSD_XROW + p];
-                xv[k] = wr[k] * Xs[(rr + k) * SSD_XROW + p];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    dcv[k][q] += yv[k] * sv[q];
-                    dbv[k][q] += xv[k] * gv[q];
-                }
-        }
+        for (int p = 0; p < SSD_PMAX; ++p)
+            ssd_tile_fma2(
+                dcv, dbv,  // diag(e^cum) dY S0, diag(w) X dS
+                [=](int k) { return ec[k] * Ys[(rr + k) * SSD_XROW + p]; },
+                [=](int q) { return S0[p * SSD_SROW + lane + 32 * q]; },
+                [=](int k) { return wr[k] * Xs[(rr + k) * SSD_XROW + p]; },
+                [=](int q) { return dS[p * SSD_SROW + lane + 32 * q]; });
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             int r = rr + k;

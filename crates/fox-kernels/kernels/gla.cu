@@ -203,6 +203,15 @@ __device__ __forceinline__ void gla_fma_tile(float (&acc)[4][4], const float (*a
             for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * w[j];
     }
 }
+// Version 1's B tile of a state-shaped operand S [K, V] (a chunk's S_c or dH_c): bs[cc][vv] =
+// S[c0 + cc, v0 + vv], 0 past K and V.
+__device__ __forceinline__ void gla_state_tile(float (*bs)[64], const float* S, int c0, int v0, int K, int V,
+                                               int tid) {
+    for (int e = tid; e < GLA_KT * 64; e += 256) {
+        const int cc = e / 64, vv = e % 64;
+        bs[cc][vv] = c0 + cc < K && v0 + vv < V ? S[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
+    }
+}
 // A chunk's 64 × 64 scores from version 1's thread tiles (rows ty + 16a, columns tx + 16b), times
 // scale, into out [64][64]: 0 above the diagonal.
 __device__ __forceinline__ void gla_store_lower(float* out, const float (&acc)[4][4], float scale) {
@@ -924,10 +933,7 @@ extern "C" __global__ void __launch_bounds__(256)
             const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
             as[cc][r] = real ? ld(q, i) * __expf(G[i]) : 0.0f;
         }
-        for (int e = tid; e < GLA_KT * 64; e += 256) {
-            const int cc = e / 64, vv = e % 64;
-            bs[cc][vv] = c0 + cc < K && v0 + vv < V ? S[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
-        }
+        gla_state_tile(bs, S, c0, v0, K, V, tid);
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
@@ -1091,10 +1097,7 @@ extern "C" __global__ void __launch_bounds__(256)
             const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
             as[cc][r] = real ? ld(k, i) * __expf(gl[cc] - G[i]) : 0.0f;
         }
-        for (int e = tid; e < GLA_KT * 64; e += 256) {
-            const int cc = e / 64, vv = e % 64;
-            bs[cc][vv] = c0 + cc < K && v0 + vv < V ? D[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
-        }
+        gla_state_tile(bs, D, c0, v0, K, V, tid);
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }

@@ -142,35 +142,46 @@ __device__ __forceinline__ void ssd_chunk_cum(float* dtm, float* cum, const floa
     __syncthreads();
 }
 
-// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces
-// ΔS_c and S_{c+1} = decay_c · S_c + ΔS_c; fin gets S_nch.
-extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const float* init, const float* decay,
-                                              int BH, int PN, int nch) {
+// The state passing, one thread per state element e of (b, h): x enters as x0[i] (or 0); for
+// each chunk c in turn (from the first, or with REV from the last), slot c of the chunk slots
+// [BH, nch, PN] gets x and x = decay_c · x + (what slot c held); out (if any) gets the last x.
+// Loads of SSD_AHEAD chunks at once, then their updates: one memory latency per group, not per
+// chunk (the compiler cannot hoist the loads over the stores to the same array itself).
+template <bool REV>
+__device__ __forceinline__ void ssd_pass(float* slots, float* out, const float* x0, const float* decay, int BH,
+                                         int PN, int nch) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)BH * PN) return;
     long bh = i / PN, e = i % PN;
-    float s = init ? init[i] : 0.0f;
-    float* p = states + bh * nch * PN + e;
+    float x = x0 ? x0[i] : 0.0f;
+    float* p = slots + bh * nch * PN + e;
     const float* d = decay + bh * nch;
-    // Loads of SSD_AHEAD chunks at once, then their updates: one memory latency per group, not
-    // per chunk (the compiler cannot hoist the loads over the stores to the same array itself).
-    for (int c0 = 0; c0 < nch; c0 += SSD_AHEAD) {
+    for (int c0 = REV ? nch - 1 : 0; REV ? c0 >= 0 : c0 < nch; c0 += REV ? -SSD_AHEAD : SSD_AHEAD) {
         float ds[SSD_AHEAD], dc[SSD_AHEAD];
 #pragma unroll
         for (int k = 0; k < SSD_AHEAD; ++k) {
-            bool in = c0 + k < nch;
-            ds[k] = in ? p[(long)(c0 + k) * PN] : 0.0f;
-            dc[k] = in ? d[c0 + k] : 0.0f;
+            const int c = REV ? c0 - k : c0 + k;
+            bool in = REV ? c >= 0 : c < nch;
+            ds[k] = in ? p[(long)c * PN] : 0.0f;
+            dc[k] = in ? d[c] : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < SSD_AHEAD; ++k) {
-            if (c0 + k < nch) {
-                p[(long)(c0 + k) * PN] = s;
-                s = dc[k] * s + ds[k];
+            const int c = REV ? c0 - k : c0 + k;
+            if (REV ? c >= 0 : c < nch) {
+                p[(long)c * PN] = x;
+                x = dc[k] * x + ds[k];
             }
         }
     }
-    if (fin) fin[i] = s;
+    if (out) out[i] = x;
+}
+
+// Forward: S_0 = init (or 0); for each chunk c, S_c replaces ΔS_c in states and S_{c+1} =
+// decay_c · S_c + ΔS_c; fin gets S_nch.
+extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const float* init, const float* decay,
+                                              int BH, int PN, int nch) {
+    ssd_pass<false>(states, fin, init, decay, BH, PN, nch);
 }
 
 // dst[j] += Σ_p part[p · part_stride + j] for j < width, p in order: pass 2 of the column sums.
@@ -198,32 +209,10 @@ extern "C" __global__ void ssd_colsum_acc_f32(float* dst, const float* part, int
 #define SSD_XROW 65  // row stride of the x and dy tiles: a column of 16 rows falls in 16 banks
 
 
+// Step 2 above: gbuf[c] (ΔG_c) becomes dS_c, from the last chunk; dinit (if any) gets d(init).
 extern "C" __global__ void ssd_state_pass_rev_f32(float* gbuf, float* dinit, const float* dfinal, const float* decay,
                                                   int BH, int PN, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)BH * PN) return;
-    long bh = i / PN, e = i % PN;
-    float gs = dfinal ? dfinal[i] : 0.0f;
-    float* p = gbuf + bh * nch * PN + e;
-    const float* d = decay + bh * nch;
-    // As ssd_state_pass_f32, in reverse chunk order: SSD_AHEAD chunks' loads at once.
-    for (int c1 = nch - 1; c1 >= 0; c1 -= SSD_AHEAD) {
-        float dg[SSD_AHEAD], dc[SSD_AHEAD];
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            bool in = c1 - k >= 0;
-            dg[k] = in ? p[(long)(c1 - k) * PN] : 0.0f;
-            dc[k] = in ? d[c1 - k] : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            if (c1 - k >= 0) {
-                p[(long)(c1 - k) * PN] = gs;
-                gs = dc[k] * gs + dg[k];
-            }
-        }
-    }
-    if (dinit) dinit[i] = gs;
+    ssd_pass<true>(gbuf, dinit, dfinal, decay, BH, PN, nch);
 }
 
 // Sum of v over the 16 lanes of a half-warp, in a fixed tree (every lane gets it).

@@ -41,11 +41,9 @@
 // The row of position t of (b, h) in a [B, T, H, ·] tensor.
 __device__ __forceinline__ long gla_row(int b, int t, int T, int H, int h) { return ((long)b * T + t) * H + h; }
 
-// The state passing, one thread per state element (row kc of (b, h)): x enters as x0[i] (or 0);
-// for each chunk c in turn (from the first, or with REV from the last), slot c of the chunk's
-// slots (stride KV) gets x and x = e^{G_L,c} x + (what slot c held); out (if any) gets the last
-// x, and without REV also slot nch. The loads of GLA_AHEAD chunks go out together, ahead of the
-// dependent chain. out may be x0 (each thread reads its element before it writes it).
+// The state passing (elem.cuh's chunk_pass), one thread per state element (row kc of (b, h)): x
+// enters as x0[i] (or 0), chunk c decays it by e^{G_L,c}; out (if any) gets the last x, and
+// without REV also slot nch. out may be x0 (each thread reads its element before it writes it).
 template <bool REV>
 __device__ __forceinline__ void gla_scan(float* slots, float* out, const float* x0, const float* G, int B, int T,
                                          int H, int K, int V, int nch) {
@@ -56,25 +54,9 @@ __device__ __forceinline__ void gla_scan(float* slots, float* out, const float* 
     int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
     float x = x0 ? x0[i] : 0.0f;
     float* p = slots + bh * (REV ? nch : nch + 1) * KV + e;
-    for (int c0 = REV ? nch - 1 : 0; REV ? c0 >= 0 : c0 < nch; c0 += REV ? -GLA_AHEAD : GLA_AHEAD) {
-        float ds[GLA_AHEAD], dc[GLA_AHEAD];
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            const int c = REV ? c0 - k : c0 + k;
-            const bool in = REV ? c >= 0 : c < nch;
-            const int last = !REV || in ? min(c * GLA_L + GLA_L - 1, T - 1) : 0;
-            ds[k] = in ? p[(long)c * KV] : 0.0f;
-            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            const int c = REV ? c0 - k : c0 + k;
-            if (REV ? c >= 0 : c < nch) {
-                p[(long)c * KV] = x;
-                x = dc[k] * x + ds[k];
-            }
-        }
-    }
+    x = chunk_pass<REV, GLA_AHEAD>(p, KV, x, nch, [&](int c) {
+        return __expf(G[gla_row(b, min(c * GLA_L + GLA_L - 1, T - 1), T, H, h) * K + kc]);
+    });
     if (!REV) p[(long)nch * KV] = x;
     if (out) out[i] = x;
 }

@@ -142,11 +142,8 @@ __device__ __forceinline__ void ssd_chunk_cum(float* dtm, float* cum, const floa
     __syncthreads();
 }
 
-// The state passing, one thread per state element e of (b, h): x enters as x0[i] (or 0); for
-// each chunk c in turn (from the first, or with REV from the last), slot c of the chunk slots
-// [BH, nch, PN] gets x and x = decay_c · x + (what slot c held); out (if any) gets the last x.
-// Loads of SSD_AHEAD chunks at once, then their updates: one memory latency per group, not per
-// chunk (the compiler cannot hoist the loads over the stores to the same array itself).
+// The state passing (elem.cuh's chunk_pass), one thread per state element e of (b, h): x enters
+// as x0[i] (or 0), the chunk slots are [BH, nch, PN], out (if any) gets the last x.
 template <bool REV>
 __device__ __forceinline__ void ssd_pass(float* slots, float* out, const float* x0, const float* decay, int BH,
                                          int PN, int nch) {
@@ -156,24 +153,7 @@ __device__ __forceinline__ void ssd_pass(float* slots, float* out, const float* 
     float x = x0 ? x0[i] : 0.0f;
     float* p = slots + bh * nch * PN + e;
     const float* d = decay + bh * nch;
-    for (int c0 = REV ? nch - 1 : 0; REV ? c0 >= 0 : c0 < nch; c0 += REV ? -SSD_AHEAD : SSD_AHEAD) {
-        float ds[SSD_AHEAD], dc[SSD_AHEAD];
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            const int c = REV ? c0 - k : c0 + k;
-            bool in = REV ? c >= 0 : c < nch;
-            ds[k] = in ? p[(long)c * PN] : 0.0f;
-            dc[k] = in ? d[c] : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            const int c = REV ? c0 - k : c0 + k;
-            if (REV ? c >= 0 : c < nch) {
-                p[(long)c * PN] = x;
-                x = dc[k] * x + ds[k];
-            }
-        }
-    }
+    x = chunk_pass<REV, SSD_AHEAD>(p, PN, x, nch, [&](int c) { return d[c]; });
     if (out) out[i] = x;
 }
 

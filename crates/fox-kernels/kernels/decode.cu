@@ -103,16 +103,13 @@ extern "C" __global__ void __launch_bounds__(256) fox_copy_runs(const CopyRun* r
 // token is one more pass, a block-wide arg-max over the tokens ranked after the last one chosen.
 // Only (1 + 2k) numbers a position go to the host instead of the vocabulary's logits.
 #define LP_INF __int_as_float(0x7f800000)
-__device__ __forceinline__ bool lp_ranks_before(float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi);
-}
 // e^(m − M) for a running max m under the new max M ≥ m (0 for an empty sum's m = −∞).
 __device__ __forceinline__ float lp_rescale(float m, float M) { return m == -LP_INF ? 0.f : expf(m - M); }
 // Folds (om, os, oi) into (m, s, i): max, sum of e^(x − max), the first index of the max.
 __device__ __forceinline__ void lp_fold(float& m, float& s, int& i, float om, float os, int oi) {
     const float M = fmaxf(m, om);
     s = s * lp_rescale(m, M) + os * lp_rescale(om, M);
-    if (lp_ranks_before(om, oi, m, i)) i = oi;
+    if (ranks_before(om, oi, m, i)) i = oi;
     m = M;
 }
 extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float* logits, int ld, int V,
@@ -167,32 +164,12 @@ extern "C" __global__ void __launch_bounds__(256) fox_token_logprobs(const float
         int bj = 0x7fffffff;
         for (int i = tid; i < V; i += 256) {
             const float v = x[i];
-            if ((v < pv || (v == pv && i > pi)) && lp_ranks_before(v, i, bv, bj)) {
+            if (ranks_before(pv, pi, v, i) && ranks_before(v, i, bv, bj)) {
                 bv = v;
                 bj = i;
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bj, o);
-            if (lp_ranks_before(ov, oi, bv, bj)) {
-                bv = ov;
-                bj = oi;
-            }
-        }
-        __syncthreads();
-        if (lane == 0) {
-            shv[w] = bv;
-            shi[w] = bj;
-        }
-        __syncthreads();
-        bv = shv[0];
-        bj = shi[0];
-        for (int u = 1; u < 8; ++u)
-            if (lp_ranks_before(shv[u], shi[u], bv, bj)) {
-                bv = shv[u];
-                bj = shi[u];
-            }
+        block_argmax<8>(bv, bj, shv, shi);
         if (tid == 0) {
             top_i[(long long)row * k + j] = bj;
             top_lp[(long long)row * k + j] = bv - lse;
@@ -460,28 +437,7 @@ extern "C" __global__ void __launch_bounds__(SB)
             bi = c;
         }
     }
-    for (int s = 16; s > 0; s >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, s);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, s);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
-    __syncthreads();
-    if (lane == 0) {
-        shf[warp] = best;
-        shi[warp] = bi;
-    }
-    __syncthreads();
-    best = shf[0];
-    bi = shi[0];
-    for (int w = 1; w < NWARP; ++w) {
-        if (shf[w] > best || (shf[w] == best && shi[w] < bi)) {
-            best = shf[w];
-            bi = shi[w];
-        }
-    }
+    block_argmax<NWARP>(best, bi, shf, shi);
     if (bi == 0x7fffffff) bi = 0;  // every logit NaN
     int chosen = bi;
 

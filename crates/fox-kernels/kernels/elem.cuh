@@ -1,7 +1,7 @@
 // bf16 and f32 element access shared by the model's small kernels (model.cu, decode.cu): bf16
 // travels as raw 16-bit words, widened exactly and rounded to nearest even (NaN stays NaN). Also
 // the bf16 tensor-core pieces and the asynchronous copies of the delta rule, GLA and the SSD on
-// tensor cores.
+// tensor cores, and the chunked recurrences' state passing (GLA, the SSD).
 
 typedef unsigned short u16;
 
@@ -82,4 +82,32 @@ __device__ __forceinline__ void cp_async_prefetch(bool has_next, Issue&& issue_n
     } else {
         cp_async_wait<0>();
     }
+}
+
+// The state passing of a chunked recurrence (GLA, the SSD) for one state element: x enters; for
+// each of nch chunks in turn (from the first, or with REV from the last), slot c of p (slots
+// `stride` apart) gets x and x = decay(c) · x + (what slot c held); returns the last x. The loads
+// of AHEAD chunks go out together, then their updates: one memory latency per group, not per
+// chunk (the compiler cannot hoist the loads over the stores to the same array itself).
+template <bool REV, int AHEAD, typename Decay>
+__device__ __forceinline__ float chunk_pass(float* p, long stride, float x, int nch, Decay decay) {
+    for (int c0 = REV ? nch - 1 : 0; REV ? c0 >= 0 : c0 < nch; c0 += REV ? -AHEAD : AHEAD) {
+        float ds[AHEAD], dc[AHEAD];
+#pragma unroll
+        for (int k = 0; k < AHEAD; ++k) {
+            const int c = REV ? c0 - k : c0 + k;
+            const bool in = REV ? c >= 0 : c < nch;
+            ds[k] = in ? p[(long)c * stride] : 0.0f;
+            dc[k] = in ? decay(c) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < AHEAD; ++k) {
+            const int c = REV ? c0 - k : c0 + k;
+            if (REV ? c >= 0 : c < nch) {
+                p[(long)c * stride] = x;
+                x = dc[k] * x + ds[k];
+            }
+        }
+    }
+    return x;
 }

@@ -41,39 +41,31 @@
 // The row of position t of (b, h) in a [B, T, H, ·] tensor.
 __device__ __forceinline__ long gla_row(int b, int t, int T, int H, int h) { return ((long)b * T + t) * H + h; }
 
-// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces the
-// chunk's own state in slot c of hs [B, H, nch + 1, K, V] and S_{c+1} = e^{G_L,c} S_c + (that);
-// slot nch and fin (if any) get the final state. fin may be init (each thread reads its element
-// before it writes it).
-extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init, const float* G, int B, int T,
-                                        int H, int K, int V, int nch) {
+// The state passing (elem.cuh's chunk_pass), one thread per state element (row kc of (b, h)): x
+// enters as x0[i] (or 0), chunk c decays it by e^{G_L,c}; out (if any) gets the last x, and
+// without REV also slot nch. out may be x0 (each thread reads its element before it writes it).
+template <bool REV>
+__device__ __forceinline__ void gla_scan(float* slots, float* out, const float* x0, const float* G, int B, int T,
+                                         int H, int K, int V, int nch) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     long KV = (long)K * V;
     if (i >= (long)B * H * KV) return;
     long bh = i / KV, e = i % KV;
     int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
-    float s = init ? init[i] : 0.0f;
-    float* p = hs + bh * (nch + 1) * KV + e;
-    for (int c0 = 0; c0 < nch; c0 += GLA_AHEAD) {
-        float ds[GLA_AHEAD], dc[GLA_AHEAD];
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            int c = c0 + k;
-            bool in = c < nch;
-            int last = min(c * GLA_L + GLA_L - 1, T - 1);
-            ds[k] = in ? p[(long)c * KV] : 0.0f;
-            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            if (c0 + k < nch) {
-                p[(long)(c0 + k) * KV] = s;
-                s = dc[k] * s + ds[k];
-            }
-        }
-    }
-    p[(long)nch * KV] = s;
-    if (fin) fin[i] = s;
+    float x = x0 ? x0[i] : 0.0f;
+    float* p = slots + bh * (REV ? nch : nch + 1) * KV + e;
+    x = chunk_pass<REV, GLA_AHEAD>(p, KV, x, nch, [&](int c) {
+        return __expf(G[gla_row(b, min(c * GLA_L + GLA_L - 1, T - 1), T, H, h) * K + kc]);
+    });
+    if (!REV) p[(long)nch * KV] = x;
+    if (out) out[i] = x;
+}
+
+// Forward: S_0 = init (or 0); slot c of hs [B, H, nch + 1, K, V] holds the chunk's own state and
+// gets S_c (S_{c+1} = e^{G_L,c} S_c + that); slot nch and fin (if any) get the final state.
+extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init, const float* G, int B, int T,
+                                        int H, int K, int V, int nch) {
+    gla_scan<false>(hs, fin, init, G, B, T, H, K, V, nch);
 }
 
 // The reverse passing: slot c of dhs [B, H, nch, K, V] holds the chunk's own ΔdS_c = scale ·
@@ -81,32 +73,7 @@ extern "C" __global__ void gla_scan_fwd(float* hs, float* fin, const float* init
 // 0; dH_{c−1} = e^{G_L,c} dH_c + ΔdS_c); dinit (if any) gets e^{G_L,0} dH_0 + ΔdS_0.
 extern "C" __global__ void gla_scan_bwd(float* dhs, float* dinit, const float* dfin, const float* G, int B, int T,
                                         int H, int K, int V, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    long KV = (long)K * V;
-    if (i >= (long)B * H * KV) return;
-    long bh = i / KV, e = i % KV;
-    int b = (int)(bh / H), h = (int)(bh % H), kc = (int)(e / V);
-    float d = dfin ? dfin[i] : 0.0f;
-    float* p = dhs + bh * nch * KV + e;
-    for (int c0 = nch - 1; c0 >= 0; c0 -= GLA_AHEAD) {
-        float ds[GLA_AHEAD], dc[GLA_AHEAD];
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            int c = c0 - k;
-            bool in = c >= 0;
-            int last = in ? min(c * GLA_L + GLA_L - 1, T - 1) : 0;
-            ds[k] = in ? p[(long)c * KV] : 0.0f;
-            dc[k] = in ? __expf(G[gla_row(b, last, T, H, h) * K + kc]) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < GLA_AHEAD; ++k) {
-            if (c0 - k >= 0) {
-                p[(long)(c0 - k) * KV] = d;
-                d = dc[k] * d + ds[k];
-            }
-        }
-    }
-    if (dinit) dinit[i] = d;
+    gla_scan<true>(dhs, dinit, dfin, G, B, T, H, K, V, nch);
 }
 
 // dst[j] = Σ_p part[p · width + j] for j < width, p in order (the lower bound's gradient row).
@@ -216,6 +183,15 @@ __device__ __forceinline__ void gla_fma_tile(float (&acc)[4][4], const float (*a
         for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * w[j];
+    }
+}
+// Version 1's B tile of a state-shaped operand S [K, V] (a chunk's S_c or dH_c): bs[cc][vv] =
+// S[c0 + cc, v0 + vv], 0 past K and V.
+__device__ __forceinline__ void gla_state_tile(float (*bs)[64], const float* S, int c0, int v0, int K, int V,
+                                               int tid) {
+    for (int e = tid; e < GLA_KT * 64; e += 256) {
+        const int cc = e / 64, vv = e % 64;
+        bs[cc][vv] = c0 + cc < K && v0 + vv < V ? S[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
     }
 }
 // A chunk's 64 × 64 scores from version 1's thread tiles (rows ty + 16a, columns tx + 16b), times
@@ -939,10 +915,7 @@ extern "C" __global__ void __launch_bounds__(256)
             const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
             as[cc][r] = real ? ld(q, i) * __expf(G[i]) : 0.0f;
         }
-        for (int e = tid; e < GLA_KT * 64; e += 256) {
-            const int cc = e / 64, vv = e % 64;
-            bs[cc][vv] = c0 + cc < K && v0 + vv < V ? S[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
-        }
+        gla_state_tile(bs, S, c0, v0, K, V, tid);
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }
@@ -1106,10 +1079,7 @@ extern "C" __global__ void __launch_bounds__(256)
             const long i = gla_row(b, t, T, H, h) * K + c0 + cc;
             as[cc][r] = real ? ld(k, i) * __expf(gl[cc] - G[i]) : 0.0f;
         }
-        for (int e = tid; e < GLA_KT * 64; e += 256) {
-            const int cc = e / 64, vv = e % 64;
-            bs[cc][vv] = c0 + cc < K && v0 + vv < V ? D[(long)(c0 + cc) * V + v0 + vv] : 0.0f;
-        }
+        gla_state_tile(bs, D, c0, v0, K, V, tid);
         __syncthreads();
         gla_fma_tile<GLA_KT>(acc, as, bs, ty, tx);
     }

@@ -64,6 +64,19 @@ __device__ __forceinline__ float sum16(float v) {
     return v;
 }
 
+// Thread (g, n) of a block (the layout at the top): channel d of batch row b, chan = d < Di and
+// live = chan && n < N.
+struct ScanThread {
+    int g, n, d, b;
+    bool chan, live;
+};
+__device__ __forceinline__ ScanThread scan_thread(const ScanParams& p) {
+    const int g = threadIdx.x >> 4, n = threadIdx.x & 15;
+    const int d = blockIdx.x * SCAN_CH + g, b = blockIdx.y;
+    const bool chan = d < p.Di;
+    return {g, n, d, b, chan, chan && n < p.N};
+}
+
 __device__ __forceinline__ float scan_sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
 // What one position reads, zeros where it does not run (padding, past T, channels past Di).
@@ -141,9 +154,7 @@ __device__ __forceinline__ void scan_put(ScanStage& sm, const ScanFetch& f) {
 template <typename T>
 __device__ void scan_fwd(const ScanParams& p) {
     __shared__ ScanStage sm;
-    const int g = threadIdx.x >> 4, n = threadIdx.x & 15;
-    const int d = blockIdx.x * SCAN_CH + g, b = blockIdx.y;
-    const bool chan = d < p.Di, live = chan && n < p.N;
+    const auto [g, n, d, b, chan, live] = scan_thread(p);
     const int K = (p.T + SCAN_CHUNK - 1) / SCAN_CHUNK;
     const int s = p.start ? min(p.start[b], p.T) : 0;
     const long long hi = ((long long)b * p.Di + d) * p.N + n;
@@ -194,10 +205,8 @@ template <typename T>
 __device__ void scan_bwd(const ScanParams& p) {
     __shared__ ScanStage sm;
     __shared__ float red[SCAN_THREADS / 32][SCAN_HALF][32];
-    const int g = threadIdx.x >> 4, n = threadIdx.x & 15;
+    const auto [g, n, d, b, chan, live] = scan_thread(p);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int d = blockIdx.x * SCAN_CH + g, b = blockIdx.y;
-    const bool chan = d < p.Di, live = chan && n < p.N;
     const int K = (p.T + SCAN_CHUNK - 1) / SCAN_CHUNK;
     const int s = p.start ? min(p.start[b], p.T) : 0;
     const long long hi = ((long long)b * p.Di + d) * p.N + n;
@@ -322,9 +331,7 @@ __device__ void scan_bwd_params(const ScanParams& p) {
 // as the forward's step does; a row with start[b] ≥ 1 is padding: state kept, output 0.
 template <typename T>
 __device__ void scan_decode(const ScanParams& p) {
-    const int g = threadIdx.x >> 4, n = threadIdx.x & 15;
-    const int d = blockIdx.x * SCAN_CH + g, b = blockIdx.y;
-    const bool chan = d < p.Di, live = chan && n < p.N;
+    const auto [g, n, d, b, chan, live] = scan_thread(p);
     const bool real = chan && !(p.start && p.start[b] > 0);
     const long long hi = ((long long)b * p.Di + d) * p.N + n;
     float h = live ? p.h_last[hi] : 0.f;

@@ -63,6 +63,30 @@ __device__ __forceinline__ void ssd_tile_fma(float (&acc)[4][4], FA a, FB b) {
         for (int q = 0; q < 4; ++q) acc[k][q] += av[k] * bv[q];
 }
 
+// One step of two R × C tiles of products side by side: d1[k][q] += a1(k) · b1(q) and
+// d2[k][q] += a2(k) · b2(q), the b loads first, then the a loads, each pair together.
+template <int R, int C, typename FA1, typename FB1, typename FA2, typename FB2>
+__device__ __forceinline__ void ssd_tile_fma2(float (&d1)[R][C], float (&d2)[R][C], FA1 a1, FB1 b1, FA2 a2, FB2 b2) {
+    float u1[C], u2[C], v1[R], v2[R];
+#pragma unroll
+    for (int q = 0; q < C; ++q) {
+        u1[q] = b1(q);
+        u2[q] = b2(q);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        v1[k] = a1(k);
+        v2[k] = a2(k);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k)
+#pragma unroll
+        for (int q = 0; q < C; ++q) {
+            d1[k][q] += v1[k] * u1[q];
+            d2[k][q] += v2[k] * u2[q];
+        }
+}
+
 // dst [P, N] (f32) = Σ_{j < len} X[j][p] · Bn[j][n]: a chunk's state-shaped product of two tiles
 // in shared memory, rows [SSD_L][SSD_PMAX] and [SSD_L][SSD_NMAX]; a block of 256 threads, each
 // rows p0 .. p0 + 7 and columns n = lane + 32 q.
@@ -118,35 +142,26 @@ __device__ __forceinline__ void ssd_chunk_cum(float* dtm, float* cum, const floa
     __syncthreads();
 }
 
-// One thread per state element e of (b, h): S_0 = init (or 0); for each chunk c, S_c replaces
-// ΔS_c and S_{c+1} = decay_c · S_c + ΔS_c; fin gets S_nch.
-extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const float* init, const float* decay,
-                                              int BH, int PN, int nch) {
+// The state passing (elem.cuh's chunk_pass), one thread per state element e of (b, h): x enters
+// as x0[i] (or 0), the chunk slots are [BH, nch, PN], out (if any) gets the last x.
+template <bool REV>
+__device__ __forceinline__ void ssd_pass(float* slots, float* out, const float* x0, const float* decay, int BH,
+                                         int PN, int nch) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)BH * PN) return;
     long bh = i / PN, e = i % PN;
-    float s = init ? init[i] : 0.0f;
-    float* p = states + bh * nch * PN + e;
+    float x = x0 ? x0[i] : 0.0f;
+    float* p = slots + bh * nch * PN + e;
     const float* d = decay + bh * nch;
-    // Loads of SSD_AHEAD chunks at once, then their updates: one memory latency per group, not
-    // per chunk (the compiler cannot hoist the loads over the stores to the same array itself).
-    for (int c0 = 0; c0 < nch; c0 += SSD_AHEAD) {
-        float ds[SSD_AHEAD], dc[SSD_AHEAD];
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            bool in = c0 + k < nch;
-            ds[k] = in ? p[(long)(c0 + k) * PN] : 0.0f;
-            dc[k] = in ? d[c0 + k] : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            if (c0 + k < nch) {
-                p[(long)(c0 + k) * PN] = s;
-                s = dc[k] * s + ds[k];
-            }
-        }
-    }
-    if (fin) fin[i] = s;
+    x = chunk_pass<REV, SSD_AHEAD>(p, PN, x, nch, [&](int c) { return d[c]; });
+    if (out) out[i] = x;
+}
+
+// Forward: S_0 = init (or 0); for each chunk c, S_c replaces ΔS_c in states and S_{c+1} =
+// decay_c · S_c + ΔS_c; fin gets S_nch.
+extern "C" __global__ void ssd_state_pass_f32(float* states, float* fin, const float* init, const float* decay,
+                                              int BH, int PN, int nch) {
+    ssd_pass<false>(states, fin, init, decay, BH, PN, nch);
 }
 
 // dst[j] += Σ_p part[p · part_stride + j] for j < width, p in order: pass 2 of the column sums.
@@ -174,32 +189,10 @@ extern "C" __global__ void ssd_colsum_acc_f32(float* dst, const float* part, int
 #define SSD_XROW 65  // row stride of the x and dy tiles: a column of 16 rows falls in 16 banks
 
 
+// Step 2 above: gbuf[c] (ΔG_c) becomes dS_c, from the last chunk; dinit (if any) gets d(init).
 extern "C" __global__ void ssd_state_pass_rev_f32(float* gbuf, float* dinit, const float* dfinal, const float* decay,
                                                   int BH, int PN, int nch) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)BH * PN) return;
-    long bh = i / PN, e = i % PN;
-    float gs = dfinal ? dfinal[i] : 0.0f;
-    float* p = gbuf + bh * nch * PN + e;
-    const float* d = decay + bh * nch;
-    // As ssd_state_pass_f32, in reverse chunk order: SSD_AHEAD chunks' loads at once.
-    for (int c1 = nch - 1; c1 >= 0; c1 -= SSD_AHEAD) {
-        float dg[SSD_AHEAD], dc[SSD_AHEAD];
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            bool in = c1 - k >= 0;
-            dg[k] = in ? p[(long)(c1 - k) * PN] : 0.0f;
-            dc[k] = in ? d[c1 - k] : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < SSD_AHEAD; ++k) {
-            if (c1 - k >= 0) {
-                p[(long)(c1 - k) * PN] = gs;
-                gs = dc[k] * gs + dg[k];
-            }
-        }
-    }
-    if (dinit) dinit[i] = gs;
+    ssd_pass<true>(gbuf, dinit, dfinal, decay, BH, PN, nch);
 }
 
 // Sum of v over the 16 lanes of a half-warp, in a fixed tree (every lane gets it).
@@ -1060,52 +1053,26 @@ extern "C" __global__ void __launch_bounds__(256)
         float dcv[8][4], dbv[8][4];
         ssd_zero(dcv);
         ssd_zero(dbv);
-        for (int j = 0; j < SSD_L; ++j) {
-            float bv[4], cv[4], gr[8], gc[8];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                bv[q] = Bs[j * SSD_NMAX + lane + 32 * q];
-                cv[q] = Cs[j * SSD_NMAX + lane + 32 * q];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                gr[k] = Mm[(rr + k) * (SSD_L + 1) + j];
-                gc[k] = Mm[j * (SSD_L + 1) + rr + k];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    dcv[k][q] += gr[k] * bv[q];
-                    dbv[k][q] += gc[k] * cv[q];
-                }
-        }
+        for (int j = 0; j < SSD_L; ++j)
+            ssd_tile_fma2(
+                dcv, dbv,  // dG B, dGᵀ C
+                [=](int k) { return Mm[(rr + k) * (SSD_L + 1) + j]; },
+                [=](int q) { return Bs[j * SSD_NMAX + lane + 32 * q]; },
+                [=](int k) { return Mm[j * (SSD_L + 1) + rr + k]; },
+                [=](int q) { return Cs[j * SSD_NMAX + lane + 32 * q]; });
         float ec[8], wr[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             ec[k] = __expf(cum[rr + k]);
             wr[k] = wv[rr + k];
         }
-        for (int p = 0; p < SSD_PMAX; ++p) {
-            float sv[4], gv[4], yv[8], xv[8];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                sv[q] = S0[p * SSD_SROW + lane + 32 * q];
-                gv[q] = dS[p * SSD_SROW + lane + 32 * q];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                yv[k] = ec[k] * Ys[(rr + k) * SSD_XROW + p];
-                xv[k] = wr[k] * Xs[(rr + k) * SSD_XROW + p];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    dcv[k][q] += yv[k] * sv[q];
-                    dbv[k][q] += xv[k] * gv[q];
-                }
-        }
+        for (int p = 0; p < SSD_PMAX; ++p)
+            ssd_tile_fma2(
+                dcv, dbv,  // diag(e^cum) dY S0, diag(w) X dS
+                [=](int k) { return ec[k] * Ys[(rr + k) * SSD_XROW + p]; },
+                [=](int q) { return S0[p * SSD_SROW + lane + 32 * q]; },
+                [=](int k) { return wr[k] * Xs[(rr + k) * SSD_XROW + p]; },
+                [=](int q) { return dS[p * SSD_SROW + lane + 32 * q]; });
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             int r = rr + k;

@@ -291,9 +291,10 @@ __device__ __forceinline__ void load_q_do(const AttnParams& p, const QueryBlock&
 }
 
 // The walk of a forward, dq or decode pass over key tiles [t0, t1) of query block q, double-buffered
-// into sK, sV, sC: load_q() issues the block's own copies (committed with the first key tile's
-// group), then step(it, buf, jt, need_mask) runs for each tile it once it has landed in buffer buf
-// (jt: its first key; need_mask: the tile crosses the block's causal diagonal or a document start).
+// into sK, sV, sC: load_q() issues the block's own copies (a commit group of their own, before the
+// first key tile's), then step(it, buf, jt, need_mask) runs for each tile it once it has landed in
+// buffer buf (jt: its first key; need_mask: the tile crosses the block's causal diagonal or a
+// document start).
 template <int D, int BK, int NTH, class Tiles, class LoadQ, class Step>
 __device__ __forceinline__ void key_walk(const AttnParams& p, const QueryBlock& q, int t0, int t1, u16* sK, u16* sV,
                                          float* sC, LoadQ load_q, Step step) {

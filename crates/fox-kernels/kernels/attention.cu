@@ -94,6 +94,20 @@ __device__ __forceinline__ F& acc_at(F (&a)[N], int nt, int e) { return a[4 * nt
 template <class F, int N>
 __device__ __forceinline__ F& acc_at(F (&a)[N][32], int nt, int e) { return a[nt >> 3][4 * (nt & 7) + e]; }
 
+// acc += A B^T over k-chunk kc for a warp's 16 rows: a its A fragment of the chunk, B the NT·8 rows
+// of the shared [rows, D] tile at b_s (K in S = Q K^T, V in dP = dO V^T, Q in S^T = K Q^T, ...).
+template <int D, int NT, bool BF>
+__device__ __forceinline__ void mma_rows_chunk(const Ldsm<D>& ls, const u32 (&a)[4], u32 b_s, int kc,
+                                               float (&acc)[NT][4]) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        u32 b0, b1, b2, b3;
+        ldsm_x4a(b0, b1, b2, b3, ls.p1(b_s, np * 16, kc * 2));
+        mma16816<BF>(acc[2 * np], a, b0, b1);
+        mma16816<BF>(acc[2 * np + 1], a, b2, b3);
+    }
+}
+
 // acc += P B for a warp's 16 rows: P its NT·8 scores (mma.sync's C layout, rounded to the dtype
 // as the A operand), B the shared [keys, D] tile at b_s (V in the forward, K in the dq pass).
 template <int D, int NT, bool BF>
@@ -175,15 +189,7 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
 #pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-            u32 b0, b1, b2, b3;
-            ldsm_x4a(b0, b1, b2, b3, ls.p1(kb, np * 16, kc * 2));
-            mma16816<BF>(S[2 * np], qf[kc], b0, b1);
-            mma16816<BF>(S[2 * np + 1], qf[kc], b2, b3);
-        }
-    }
+    for (int kc = 0; kc < D / 16; ++kc) mma_rows_chunk<D, NT, BF>(ls, qf[kc], kb, kc, S);
     fwd_softmax<D, NT>(S, sC, koff, jt, need_mask, ci, pos, st, scale_log2, O, m, l);
     // O += P V
     mma_scores_tile<D, NT, BF>(ls, S, vb, O);
@@ -191,15 +197,13 @@ __device__ __forceinline__ void fwd_tile_step(const Ldsm<D>& ls, const u32 (&qf)
 
 // Load this warp's 16 rows of a swizzled [rows, D] tile as mma A fragments.
 template <int D>
-__device__ __forceinline__ void load_a_frags(const Ldsm<D>& ls, u32 (&f)[D / 16][4], const u16* s, int row0) {
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-        ldsm_x4a(f[kc][0], f[kc][1], f[kc][2], f[kc][3], ls.p2(smem_u32(s), row0, kc * 2));
-    }
-}
-template <int D>
 __device__ __forceinline__ void load_a_frag(const Ldsm<D>& ls, u32 (&f)[4], u32 sbase, int row0, int kc) {
     ldsm_x4a(f[0], f[1], f[2], f[3], ls.p2(sbase, row0, kc * 2));
+}
+template <int D>
+__device__ __forceinline__ void load_a_frags(const Ldsm<D>& ls, u32 (&f)[D / 16][4], u32 sbase, int row0) {
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) load_a_frag<D>(ls, f[kc], sbase, row0, kc);
 }
 
 // The two A operands of the backward passes' paired products for a warp's 16 rows (Q and dO in
@@ -215,11 +219,8 @@ struct APair {
     __device__ __forceinline__ APair(u32 xs_, u32 ys_, int row0_) : xs(xs_), ys(ys_), row0(row0_) {}
     __device__ __forceinline__ void hold(const Ldsm<D>& ls) {
         if constexpr (IN_REGS) {
-#pragma unroll
-            for (int kc = 0; kc < D / 16; ++kc) {
-                load_a_frag<D>(ls, x[kc], xs, row0, kc);
-                load_a_frag<D>(ls, y[kc], ys, row0, kc);
-            }
+            load_a_frags<D>(ls, x, xs, row0);
+            load_a_frags<D>(ls, y, ys, row0);
         }
     }
     // X += A_x B_x^T and Y += A_y B_y^T, zeroed first, against NT*8 rows of the shared tiles bx, by.
@@ -242,16 +243,8 @@ struct APair {
                 load_a_frag<D>(ls, ax, xs, row0, kc);
                 load_a_frag<D>(ls, ay, ys, row0, kc);
             }
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4a(b0, b1, b2, b3, ls.p1(bx, np * 16, kc * 2));
-                mma16816<BF>(X[2 * np], ax, b0, b1);
-                mma16816<BF>(X[2 * np + 1], ax, b2, b3);
-                ldsm_x4a(b0, b1, b2, b3, ls.p1(by, np * 16, kc * 2));
-                mma16816<BF>(Y[2 * np], ay, b0, b1);
-                mma16816<BF>(Y[2 * np + 1], ay, b2, b3);
-            }
+            mma_rows_chunk<D, NT, BF>(ls, ax, bx, kc, X);
+            mma_rows_chunk<D, NT, BF>(ls, ay, by, kc, Y);
         }
     }
 };
@@ -462,7 +455,7 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
         p, q, q.first, q.ntiles, sK, sV, sC,
         [&] { load_tile<D, BQ, NTH>(sQ, p.q + q.b * p.q_sb + q.h * p.q_sh, p.q_st, q.r0, QueryOk{p, q.b}); },
         [&](int it, int buf, int jt, bool need_mask) {
-            if (it == q.first) load_a_frags<D>(ls, qf, sQ, warp * 16);
+            if (it == q.first) load_a_frags<D>(ls, qf, smem_u32(sQ), warp * 16);
             fwd_tile_step<D, BK / 8, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
                                          need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
         });
@@ -568,7 +561,7 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
         p, q, t_begin, t_end, sK, sV, sC,
         [&] { load_tile<D, 16, NTH>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, 0, QueryOk{p, b}); },
         [&](int it, int buf, int jt, bool need_mask) {
-            if (it == t_begin) load_a_frags<D>(ls, qf, sQ, 0);
+            if (it == t_begin) load_a_frags<D>(ls, qf, smem_u32(sQ), 0);
             fwd_tile_step<D, 2, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
                                     need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
         });

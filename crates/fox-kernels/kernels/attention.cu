@@ -425,14 +425,56 @@ __device__ __forceinline__ void store_dkdv_rows(const AttnParams& p, const A& dK
 // ---------------------------------------------------------------------------------------------
 // Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
 // ---------------------------------------------------------------------------------------------
+// Shared memory of a pass that walks key tiles: the block's query-side tiles (qrows × D: Q, and in
+// a dq pass dO), then NST stages of [BK][D] keys and of values, then the stages' gate sums.
+template <int D, int BK, int NST = 2>
+struct KeyWalkSmem {
+    u16 *sQ, *sK, *sV;
+    float* sC;
+    __device__ __forceinline__ KeyWalkSmem(unsigned char* raw, int qrows) {
+        sQ = (u16*)raw;
+        sK = sQ + qrows * D;
+        sV = sK + NST * BK * D;
+        sC = (float*)(sV + NST * BK * D);
+    }
+};
+
+// The dynamic shared memory from its first 1024-byte boundary, where wgmma's swizzle atoms start.
+__device__ __forceinline__ unsigned char* atom_aligned(unsigned char* smem_raw) {
+    const u32 raw = smem_u32(smem_raw);
+    return smem_raw + (((raw + 1023u) & ~1023u) - raw);
+}
+
+// Key tiles [t_begin, t_end) of q against a warp's 16 query rows (sQ rows qrow0..; QR rows in the
+// tile), each warp taking NT·8 key columns from kcol0 of every tile: the unnormalised O and the
+// rows' (m, l).
+template <int D, int QR, int BK, int NTH, int NT, bool BF>
+__device__ __forceinline__ void fwd_walk(const AttnParams& p, const QueryBlock& q, int t_begin, int t_end,
+                                         const KeyWalkSmem<D, BK>& sm, int qrow0, int kcol0, const QueryRows& qr,
+                                         float (&O)[D / 8][4], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
+    m[0] = m[1] = NEG_INF;
+    l[0] = l[1] = 0.f;
+    const float scale_log2 = p.scale * LOG2E;
+    Ldsm<D> ls;
+    ls.init();
+    u32 qf[D / 16][4];
+    key_walk<D, BK, NTH, SwzTiles>(
+        p, q, t_begin, t_end, sm.sK, sm.sV, sm.sC,
+        [&] { load_tile<D, QR, NTH>(sm.sQ, p.q + q.b * p.q_sb + q.h * p.q_sh, p.q_st, q.r0, QueryOk{p, q.b}); },
+        [&](int it, int buf, int jt, bool need_mask) {
+            if (it == t_begin) load_a_frags<D>(ls, qf, smem_u32(sm.sQ), qrow0);
+            fwd_tile_step<D, NT, BF>(ls, qf, sm.sK + buf * BK * D, sm.sV + buf * BK * D, sm.sC + buf * BK, kcol0,
+                                     jt, need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
+        });
+}
+
 template <int D, bool BF, int NW>
 __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
     constexpr int BQ = 16 * NW, BK = 64, NTH = 32 * NW;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    u16* sQ = (u16*)smem_raw;
-    u16* sK = sQ + BQ * D;
-    u16* sV = sK + 2 * BK * D;
-    float* sC = (float*)(sV + 2 * BK * D);
+    const KeyWalkSmem<D, BK> sm(smem_raw, BQ);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -441,24 +483,8 @@ __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
 
     // this thread's two rows
     const QueryRows qr = query_rows<false>(p, q.b, q.bh, q.r0 + warp * 16 + g);
-
-    float O[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-
-    const float scale_log2 = p.scale * LOG2E;
-    Ldsm<D> ls;
-    ls.init();
-    u32 qf[D / 16][4];
-    key_walk<D, BK, NTH, SwzTiles>(
-        p, q, q.first, q.ntiles, sK, sV, sC,
-        [&] { load_tile<D, BQ, NTH>(sQ, p.q + q.b * p.q_sb + q.h * p.q_sh, p.q_st, q.r0, QueryOk{p, q.b}); },
-        [&](int it, int buf, int jt, bool need_mask) {
-            if (it == q.first) load_a_frags<D>(ls, qf, smem_u32(sQ), warp * 16);
-            fwd_tile_step<D, BK / 8, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, 0, jt,
-                                         need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
-        });
+    float O[D / 8][4], m[2], l[2];
+    fwd_walk<D, BQ, BK, NTH, BK / 8, BF>(p, q, q.first, q.ntiles, sm, warp * 16, 0, qr, O, m, l);
     store_o_rows<D, BF>(p, O, m, l, qr.rows, q.b, q.h, q.bh, t4);
 }
 
@@ -530,10 +556,7 @@ template <int D, bool BF>
 __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     constexpr int BK = 64, NTH = 128, NW = 4;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    u16* sQ = (u16*)smem_raw;
-    u16* sK = sQ + 16 * D;
-    u16* sV = sK + 2 * BK * D;
-    float* sC = (float*)(sV + 2 * BK * D);
+    const KeyWalkSmem<D, BK> sm(smem_raw, 16);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -548,28 +571,13 @@ __device__ __forceinline__ void decode_impl(const AttnParams& p) {
     if (tid == 0 && split == 0) count_tiles(p, q.first, q.ntiles);
 
     const QueryRows qr = query_rows<false>(p, b, bh, g);
-    float O[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) O[dt][0] = O[dt][1] = O[dt][2] = O[dt][3] = 0.f;
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-
-    const float scale_log2 = p.scale * LOG2E;
-    Ldsm<D> ls;
-    ls.init();
-    u32 qf[D / 16][4];
-    key_walk<D, BK, NTH, SwzTiles>(
-        p, q, t_begin, t_end, sK, sV, sC,
-        [&] { load_tile<D, 16, NTH>(sQ, p.q + b * p.q_sb + h * p.q_sh, p.q_st, 0, QueryOk{p, b}); },
-        [&](int it, int buf, int jt, bool need_mask) {
-            if (it == t_begin) load_a_frags<D>(ls, qf, smem_u32(sQ), 0);
-            fwd_tile_step<D, 2, BF>(ls, qf, sK + buf * BK * D, sV + buf * BK * D, sC + buf * BK, warp * 16, jt,
-                                    need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
-        });
+    float O[D / 8][4], m[2], l[2];
+    fwd_walk<D, 16, BK, NTH, 2, BF>(p, q, t_begin, t_end, sm, 0, warp * 16, qr, O, m, l);
     cp_wait<0>();
     __syncthreads();
 
     // merge the four warps: sO [NW][16][D], sM/sL [NW][16]
-    float* sO = (float*)sK;  // 2*BK*D*2 bytes >= NW*16*D*4 bytes
+    float* sO = (float*)sm.sK;  // 2*BK*D*2 bytes >= NW*16*D*4 bytes
     float* sM = (float*)smem_raw;  // reuse sQ (16*D*2 bytes >= 2*NW*16*4)
     float* sL = sM + NW * 16;
 #pragma unroll
@@ -652,11 +660,9 @@ template <int D, bool BF>
 __device__ __forceinline__ void bwd_dq_impl(const AttnParams& p) {
     constexpr int BQ = 128, BK = 64, NTH = 256, NT = BK / 8;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    u16* sQ = (u16*)smem_raw;
-    u16* sG = sQ + BQ * D;  // dO
-    u16* sK = sG + BQ * D;
-    u16* sV = sK + 2 * BK * D;
-    float* sC = (float*)(sV + 2 * BK * D);
+    const KeyWalkSmem<D, BK> sm(smem_raw, 2 * BQ);
+    u16 *sQ = sm.sQ, *sG = sQ + BQ * D, *sK = sm.sK, *sV = sm.sV;  // sG: dO
+    float* sC = sm.sC;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;

@@ -175,17 +175,43 @@ __device__ __forceinline__ void wg_zero(float (&acc)[NA][32]) {
     for (int i = 0; i < NA * 32; ++i) acc[i / 32][i % 32] = 0.f;
 }
 
+// acc += P B per 64-column atom of B, the wgmma twin of mma_scores_tile: P the BK scores of each row
+// (wgmma's accumulator layout, rounded to the dtype as the register A operand), B the shared
+// [BK keys, D] tile at b_s read MN-major. EACH waits after every atom (the forward, whose S is
+// still live) rather than once after all.
+template <int D, int BK, bool BF, bool EACH>
+__device__ __forceinline__ void wg_scores_tile(const float (&S)[BK / 2], u32 b_s, float (&acc)[D / 64][32]) {
+    u32 a[BK / 16][4];
+    wg_pack_a<BF>(S, a);
+    if (!EACH) wg_fence();
+#pragma unroll
+    for (int at = 0; at < D / 64; ++at) {
+        if (EACH) wg_fence();
+#pragma unroll
+        for (int kc2 = 0; kc2 < BK / 16; ++kc2) {
+            const u64 db = gmma_desc(b_s + (u32)(at * BK * 128 + kc2 * 2 * 1024), BK * 128, 1024);
+            wgmma_rs_n64<BF, 1>(acc[at], a[kc2], db);
+        }
+        if (EACH) {
+            wg_commit();
+            wg_wait0();
+        }
+    }
+    if (!EACH) {
+        wg_commit();
+        wg_wait0();
+    }
+}
+
 template <int D, bool BF, int BK, int NWG>
 __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
     constexpr int BQ = 64 * NWG, NTH = 128 * NWG, NT = BK / 8, NA = D / 64, NS = BK / 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // 1024-byte alignment for the swizzle atoms
-    const u32 raw = smem_u32(smem_raw);
-    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-    u16* sQ = (u16*)smem;            // NA atoms of [BQ][64]
-    u16* sK = sQ + BQ * D;           // 2 x NA atoms of [BK][64]
-    u16* sV = sK + 2 * BK * D;
-    float* sC = (float*)(sV + 2 * BK * D);
+    // NA atoms of [BQ][64], then 2 x NA atoms of [BK][64] each for K and V
+    const KeyWalkSmem<D, BK> sm(atom_aligned(smem_raw), BQ);
+    u16 *sQ = sm.sQ, *sK = sm.sK, *sV = sm.sV;
+    float* sC = sm.sC;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -224,20 +250,7 @@ __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
             wg_wait0();
 
             fwd_softmax<D, NT>(S, sC + buf * BK, 0, jt, need_mask, qr.ci, qr.pos, qr.st, scale_log2, O, m, l);
-            // O += P V, per 64-column atom of V
-            u32 a[NT / 2][4];
-            wg_pack_a<BF>(S, a);
-#pragma unroll
-            for (int at = 0; at < NA; ++at) {
-                wg_fence();
-#pragma unroll
-                for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                    const u64 db = gmma_desc(v_s + (u32)(at * BK * 128 + kc2 * 2 * 1024), BK * 128, 1024);
-                    wgmma_rs_n64<BF, 1>(O[at], a[kc2], db);
-                }
-                wg_commit();
-                wg_wait0();
-            }
+            wg_scores_tile<D, BK, BF, true>(S, v_s, O);  // O += P V
         });
     store_o_rows<D, BF>(p, O, m, l, qr.rows, q.b, q.h, q.bh, t4);
 }
@@ -251,13 +264,9 @@ template <int D, bool BF, int NWG>
 __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
     constexpr int BQ = 64 * NWG, BK = 64, NTH = 128 * NWG, NT = BK / 8, NA = D / 64;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const u32 raw = smem_u32(smem_raw);
-    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-    u16* sQ = (u16*)smem;
-    u16* sG = sQ + BQ * D;
-    u16* sK = sG + BQ * D;
-    u16* sV = sK + 2 * BK * D;
-    float* sC = (float*)(sV + 2 * BK * D);
+    const KeyWalkSmem<D, BK> sm(atom_aligned(smem_raw), 2 * BQ);
+    u16 *sQ = sm.sQ, *sG = sQ + BQ * D, *sK = sm.sK, *sV = sm.sV;  // sG: dO
+    float* sC = sm.sC;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -280,19 +289,7 @@ __device__ __forceinline__ void bwd_dq_wg_impl(const AttnParams& p) {
             wg_issue_pair<D, BF, BQ, BK>(S, DP, q_s, g_s, k_s, v_s);
             wg_wait0();
             dq_scores<NT>(S, DP, qr, sC + buf * BK, jt, need_mask, scale_log2, dcq);
-            u32 a[NT / 2][4];
-            wg_pack_a<BF>(S, a);
-            wg_fence();
-#pragma unroll
-            for (int at = 0; at < NA; ++at) {
-#pragma unroll
-                for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
-                    const u64 db = gmma_desc(k_s + (u32)(at * BK * 128 + kc2 * 2 * 1024), BK * 128, 1024);
-                    wgmma_rs_n64<BF, 1>(dQ[at], a[kc2], db);
-                }
-            }
-            wg_commit();
-            wg_wait0();
+            wg_scores_tile<D, BK, BF, false>(S, k_s, dQ);  // dQ += dS K
         });
     store_dq_rows<D, BF>(p, dQ, dcq, qr.rows, q.b, q.h, q.bh, t4);
 }

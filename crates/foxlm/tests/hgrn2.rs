@@ -43,11 +43,7 @@ fn config_layout_and_json_round_trip() {
     let path = dir.path().join("config.json");
     for c in [hgrn2_tiny(), unbounded_tiny(), conv_tiny()] {
         assert_eq!(c.arch(), Arch::Hgrn2);
-        let m = Model::new(&c);
-        let want: Vec<(String, Vec<usize>)> =
-            m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
-        assert_eq!(c.param_layout(), want);
-        assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128);
+        let m = common::model_with_its_layout(&c);
         let s = c.hgrn2();
         assert_eq!((s.heads, s.head_dim), (4, 8));
         // fla's module order: the embedding, the lower bounds, the layers.
@@ -70,10 +66,7 @@ fn config_layout_and_json_round_trip() {
                 assert_eq!(w, 4);
                 let want = ["q_proj", "f_proj", "i_proj", "q_conv1d", "f_conv1d", "i_conv1d", "g_norm", "o_proj"];
                 assert_eq!(layer, want.map(|n| format!("{n}.weight")));
-                assert_eq!(
-                    m.params.tensors[m.params.id("model.layers.2.attn.f_conv1d.weight").unwrap().0].shape,
-                    [32, 1, 4]
-                );
+                assert_eq!(common::shape(&m, "model.layers.2.attn.f_conv1d.weight"), [32, 1, 4]);
             }
         }
         let j: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
@@ -90,12 +83,10 @@ fn config_layout_and_json_round_trip() {
     // fla's config.json: expand_ratio alone (heads = hidden_size / expand_ratio), or num_heads alone.
     let mut j: serde_json::Value = serde_json::from_str(&hgrn2_tiny().to_json()).unwrap();
     j.as_object_mut().unwrap().remove("num_heads");
-    std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-    assert_eq!(Config::load(&path).unwrap().hgrn2().heads, 4);
+    assert_eq!(common::load_config_json(&path, &j).unwrap().hgrn2().heads, 4);
     j.as_object_mut().unwrap().remove("expand_ratio");
     j["num_heads"] = serde_json::json!(2);
-    std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-    assert_eq!(Config::load(&path).unwrap().hgrn2().head_dim, 16);
+    assert_eq!(common::load_config_json(&path, &j).unwrap().hgrn2().head_dim, 16);
     // What the layer does not implement is refused by name.
     let j: serde_json::Value = serde_json::from_str(&hgrn2_tiny().to_json()).unwrap();
     for (field, value, want) in [
@@ -109,9 +100,7 @@ fn config_layout_and_json_round_trip() {
     ] {
         let mut j = j.clone();
         j[field] = value;
-        std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-        let e = format!("{:#}", Config::load(&path).unwrap_err());
-        assert!(e.contains(want) && e.contains("config.json"), "{field}: {e}");
+        common::assert_config_json_refused(&path, &j, want);
     }
 }
 

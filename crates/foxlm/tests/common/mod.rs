@@ -45,6 +45,39 @@ pub fn param(model: &Model, name: &str) -> Vec<f32> {
     model.params.tensors[model.params.id(name).unwrap_or_else(|| panic!("{name}")).0].data.clone()
 }
 
+/// The shape of the parameter `name` (panics naming it where the model has none).
+#[allow(dead_code)]
+pub fn shape(model: &Model, name: &str) -> Vec<usize> {
+    model.params.tensors[model.params.id(name).unwrap_or_else(|| panic!("{name}")).0].shape.clone()
+}
+
+/// A fresh model of `cfg`, after checking that the config's own account of the parameters
+/// (names, shapes, bytes) is the model's: what checkpoints and memory estimates rely on.
+#[allow(dead_code)]
+pub fn model_with_its_layout(cfg: &foxlm::config::Config) -> Model {
+    let m = Model::new(cfg);
+    let want: Vec<(String, Vec<usize>)> =
+        m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
+    assert_eq!(cfg.param_layout(), want);
+    assert_eq!(cfg.param_bytes(), 4 * m.params.numel() as u128);
+    m
+}
+
+/// `j` written to `path` (a config.json) and loaded back.
+#[allow(dead_code)]
+pub fn load_config_json(path: &std::path::Path, j: &serde_json::Value) -> anyhow::Result<foxlm::config::Config> {
+    std::fs::write(path, serde_json::to_string(j).unwrap()).unwrap();
+    foxlm::config::Config::load(path)
+}
+
+/// Loading `j` as the config.json `path` fails with an error that contains `want` and names
+/// the file.
+#[allow(dead_code)]
+pub fn assert_config_json_refused(path: &std::path::Path, j: &serde_json::Value, want: &str) {
+    let e = err(load_config_json(path, j));
+    assert!(e.contains(want) && e.contains("config.json"), "{want}: {e}");
+}
+
 /// The root mean square of `v`: an initialisation's standard deviation for a zero-mean one.
 #[allow(dead_code)]
 pub fn rms(v: &[f32]) -> f32 {

@@ -96,12 +96,9 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
 fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
     for v in VARIANTS {
         let exp = fixture(v).join("expected.safetensors");
-        let ids = tensor_bytes(&exp, "input_ids").2;
-        let ids: Vec<i64> = ids.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
-        let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
-        let want: Vec<String> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
+        let (_, ids) = common::i64_tensor(&exp, "input_ids");
+        let (plen, want) = common::expected_greedy(&common::expected_json(&fixture(v)));
+        let want: Vec<String> = want.iter().map(|x| x.to_string()).collect();
         let prompt: Vec<String> = ids[..plen].iter().map(|x| x.to_string()).collect();
         // The reference generated all 24 tokens without stopping at the config's eos id (1),
         // which one variant's continuation contains: hence --ignore-eos.
@@ -111,8 +108,7 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
     }
     // Without --ignore-eos, generation stops before the eos token.
     let v = "fox_pro_shared_qknorm";
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
+    let j = common::expected_json(&fixture(v));
     let want: Vec<u64> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
     let cut = want.iter().position(|&t| t == 1).unwrap();
     let ids = tensor_bytes(&fixture(v).join("expected.safetensors"), "input_ids").2;

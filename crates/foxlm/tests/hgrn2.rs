@@ -313,19 +313,12 @@ fn checkpoints_hold_fla_s_names_and_either_form_loads() {
 /// Logits at every real position within 1e-4, the loss within 1e-5.
 #[test]
 fn short_convolutions_match_a_numpy_reference() {
-    use foxlm::checkpoint::{load_model, to_f32};
     let dir = common::fixtures("numpy-hgrn2-conv-tiny");
-    let model = load_model(&dir).unwrap();
+    let model = foxlm::checkpoint::load_model(&dir).unwrap();
     assert_eq!(model.config.hgrn2().conv, Some(4));
-    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("input_ids").unwrap();
-    let (b, n) = (t.shape()[0], t.shape()[1]);
-    let ids: Vec<u32> = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
-    let t = st.tensor("logits").unwrap();
-    let want = to_f32(t.dtype(), t.data(), "logits").unwrap();
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let (b, n, ids) = common::fixture_input_ids(&dir);
+    let want = common::f32_tensor(&dir.join("expected.safetensors"), "logits");
+    let j = common::expected_json(&dir);
     let start: Vec<usize> = j["start"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
     let ctx = foxlm::model::Ctx { batch: b, seq: n, start: Some(start.clone()) };
     let logits = model.forward(&ids, &ctx);

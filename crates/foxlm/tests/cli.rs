@@ -176,6 +176,15 @@ fn broken_copy(v: &str) -> tempfile::TempDir {
     d
 }
 
+/// A [`broken_copy`] of `v` with `from` replaced by `to` in its config.json.
+fn copy_with_config_edit(v: &str, from: &str, to: &str) -> tempfile::TempDir {
+    let d = broken_copy(v);
+    let path = d.path().join("config.json");
+    let cfg = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, cfg.replace(from, to)).unwrap();
+    d
+}
+
 fn rewrite_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
     let file = dir.join("model.safetensors");
     let mut ts: Vec<(String, Vec<usize>, Vec<f32>)> =
@@ -223,19 +232,11 @@ fn broken_model_folders_are_clear_errors() {
         "{e}"
     );
     // unknown config value
-    let d = broken_copy("fox_llama");
-    let cfg = std::fs::read_to_string(d.path().join("config.json"))
-        .unwrap()
-        .replace("\"fgate_type\": \"full\"", "\"fgate_type\": \"sometimes\"");
-    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    let d = copy_with_config_edit("fox_llama", "\"fgate_type\": \"full\"", "\"fgate_type\": \"sometimes\"");
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("fgate_type") && e.contains("sometimes"), "{e}");
     // a value the model does not support (k/v heads must divide the 4 query heads)
-    let d = broken_copy("fox_llama");
-    let cfg = std::fs::read_to_string(d.path().join("config.json"))
-        .unwrap()
-        .replace("\"num_kv_heads\": null", "\"num_kv_heads\": 3");
-    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    let d = copy_with_config_edit("fox_llama", "\"num_kv_heads\": null", "\"num_kv_heads\": 3");
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("num_kv_heads"), "{e}");
     // malformed config.json

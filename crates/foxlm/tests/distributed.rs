@@ -344,10 +344,10 @@ fn bench_train_on_two_gpus_without_two_gpus_is_a_clear_error() {
         "{err}"
     );
     assert!(!err.contains("== 1 GPU"), "nothing should start: {err}");
-    // With several counts each is checked, and the largest sets the GPUs needed.
     for (args, want) in [
         (&["--gpus", "0"][..], "--gpus 0: give at least 1"),
         (&["--gpus", "2", "--device", "cuda:1"], "--device cuda:1 with --gpus 2: the runs use GPUs 0..2"),
+        // Several counts: each checked, the largest sets the GPUs needed.
         (&["--gpus", "2,0"], "--gpus 0: give at least 1"),
         (&["--gpus", "2,4", "--device", "cuda:1"], "--device cuda:1 with --gpus 2,4: the runs use GPUs 0..4"),
     ] {

@@ -96,12 +96,9 @@ fn forward_reproduces_fixture_logits_plain_and_left_padded() {
 fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
     for v in VARIANTS {
         let exp = fixture(v).join("expected.safetensors");
-        let ids = tensor_bytes(&exp, "input_ids").2;
-        let ids: Vec<i64> = ids.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
-        let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
-        let want: Vec<String> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
+        let (_, ids) = common::i64_tensor(&exp, "input_ids");
+        let (plen, want) = common::expected_greedy(&common::expected_json(&fixture(v)));
+        let want: Vec<String> = want.iter().map(|x| x.to_string()).collect();
         let prompt: Vec<String> = ids[..plen].iter().map(|x| x.to_string()).collect();
         // The reference generated all 24 tokens without stopping at the config's eos id (1),
         // which one variant's continuation contains: hence --ignore-eos.
@@ -111,8 +108,7 @@ fn generate_prompt_ids_reproduces_fixture_greedy_tokens() {
     }
     // Without --ignore-eos, generation stops before the eos token.
     let v = "fox_pro_shared_qknorm";
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
+    let j = common::expected_json(&fixture(v));
     let want: Vec<u64> = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
     let cut = want.iter().position(|&t| t == 1).unwrap();
     let ids = tensor_bytes(&fixture(v).join("expected.safetensors"), "input_ids").2;
@@ -180,6 +176,15 @@ fn broken_copy(v: &str) -> tempfile::TempDir {
     d
 }
 
+/// A [`broken_copy`] of `v` with `from` replaced by `to` in its config.json.
+fn copy_with_config_edit(v: &str, from: &str, to: &str) -> tempfile::TempDir {
+    let d = broken_copy(v);
+    let path = d.path().join("config.json");
+    let cfg = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, cfg.replace(from, to)).unwrap();
+    d
+}
+
 fn rewrite_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
     let file = dir.join("model.safetensors");
     let mut ts: Vec<(String, Vec<usize>, Vec<f32>)> =
@@ -227,19 +232,11 @@ fn broken_model_folders_are_clear_errors() {
         "{e}"
     );
     // unknown config value
-    let d = broken_copy("fox_llama");
-    let cfg = std::fs::read_to_string(d.path().join("config.json"))
-        .unwrap()
-        .replace("\"fgate_type\": \"full\"", "\"fgate_type\": \"sometimes\"");
-    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    let d = copy_with_config_edit("fox_llama", "\"fgate_type\": \"full\"", "\"fgate_type\": \"sometimes\"");
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("fgate_type") && e.contains("sometimes"), "{e}");
     // a value the model does not support (k/v heads must divide the 4 query heads)
-    let d = broken_copy("fox_llama");
-    let cfg = std::fs::read_to_string(d.path().join("config.json"))
-        .unwrap()
-        .replace("\"num_kv_heads\": null", "\"num_kv_heads\": 3");
-    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    let d = copy_with_config_edit("fox_llama", "\"num_kv_heads\": null", "\"num_kv_heads\": 3");
     let e = inspect_err(d.path());
     assert!(e.contains("config.json") && e.contains("num_kv_heads"), "{e}");
     // malformed config.json

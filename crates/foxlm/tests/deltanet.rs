@@ -46,12 +46,8 @@ fn config_layout_and_json_round_trip() {
     let path = dir.path().join("config.json");
     for (c, arch) in [(deltanet_tiny(), Arch::DeltaNet), (gated_tiny(), Arch::GatedDeltaNet)] {
         assert_eq!(c.arch(), arch);
-        let m = Model::new(&c);
-        let want: Vec<(String, Vec<usize>)> =
-            m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
-        assert_eq!(c.param_layout(), want);
-        assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128);
-        let shape = |n: &str| m.params.tensors[m.params.id(n).unwrap_or_else(|| panic!("{n}")).0].shape.clone();
+        let m = common::model_with_its_layout(&c);
+        let shape = |n: &str| common::shape(&m, n);
         // config.json as fla writes it: qk_norm is the string "l2".
         let j: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
         assert_eq!(j["qk_norm"], serde_json::json!("l2"));
@@ -90,16 +86,13 @@ fn config_layout_and_json_round_trip() {
         ] {
             let mut j = j.clone();
             j[field] = value;
-            std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-            let e = format!("{:#}", Config::load(&path).unwrap_err());
-            assert!(e.contains(want) && e.contains("config.json"), "{field}: {e}");
+            common::assert_config_json_refused(&path, &j, want);
         }
     }
     // DeltaNet sizes its heads by expand_k / expand_v, which must divide into the heads.
     let mut j: serde_json::Value = serde_json::from_str(&deltanet_tiny().to_json()).unwrap();
     j["num_heads"] = serde_json::json!(3);
-    std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-    let e = format!("{:#}", Config::load(&path).unwrap_err());
+    let e = common::err(common::load_config_json(&path, &j));
     assert!(e.contains("expected a positive multiple of num_heads 3"), "{e}");
 }
 

@@ -344,19 +344,18 @@ fn bench_train_on_two_gpus_without_two_gpus_is_a_clear_error() {
         "{err}"
     );
     assert!(!err.contains("== 1 GPU"), "nothing should start: {err}");
-    let mut c = foxlm();
-    c.args(["bench", "train", "--gpus", "0"]);
-    assert!(fails_quickly(c).contains("--gpus 0: give at least 1"));
-    let mut c = foxlm();
-    c.args(["bench", "train", "--gpus", "2", "--device", "cuda:1"]);
-    assert!(fails_quickly(c).contains("--device cuda:1 with --gpus 2: the runs use GPUs 0..2"));
-    // Several counts: each checked, the largest sets the GPUs needed.
-    let mut c = foxlm();
-    c.args(["bench", "train", "--gpus", "2,0"]);
-    assert!(fails_quickly(c).contains("--gpus 0: give at least 1"));
-    let mut c = foxlm();
-    c.args(["bench", "train", "--gpus", "2,4", "--device", "cuda:1"]);
-    assert!(fails_quickly(c).contains("--device cuda:1 with --gpus 2,4: the runs use GPUs 0..4"));
+    for (args, want) in [
+        (&["--gpus", "0"][..], "--gpus 0: give at least 1"),
+        (&["--gpus", "2", "--device", "cuda:1"], "--device cuda:1 with --gpus 2: the runs use GPUs 0..2"),
+        // Several counts: each checked, the largest sets the GPUs needed.
+        (&["--gpus", "2,0"], "--gpus 0: give at least 1"),
+        (&["--gpus", "2,4", "--device", "cuda:1"], "--device cuda:1 with --gpus 2,4: the runs use GPUs 0..4"),
+    ] {
+        let mut c = foxlm();
+        c.args(["bench", "train"]).args(args);
+        let err = fails_quickly(c);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -6,13 +6,13 @@
 
 mod common;
 
-use common::fixture;
-use foxlm::checkpoint::{load_model, to_f32};
+use common::{f32_tensor, fixture, fixture_input_ids};
+use foxlm::checkpoint::load_model;
 use foxlm::eval::gates;
 use foxlm::eval::loss::{self, Chunking};
 use foxlm::eval::niah::{self, Haystack, Mode};
 use foxlm::model::Ctx;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -39,21 +39,6 @@ fn foxlm(line: &str, paths: &[(&str, &Path)]) -> Output {
     o
 }
 
-fn fixture_ids(v: &str) -> (usize, usize, Vec<u32>) {
-    let bytes = std::fs::read(fixture(v).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("input_ids").unwrap();
-    let ids = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
-    (t.shape()[0], t.shape()[1], ids)
-}
-
-fn reference_per_position_loss(v: &str) -> Vec<f32> {
-    let bytes = std::fs::read(fixture(v).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("per_position_loss").unwrap();
-    to_f32(t.dtype(), t.data(), "per_position_loss").unwrap()
-}
-
 /// Logits [B, T, V] from the `foxlm forward` command.
 fn forward_cli_logits(model: &Path, ids: &[u32], b: usize, t: usize, dir: &Path) -> Vec<f32> {
     let input = dir.join("ids.safetensors");
@@ -62,10 +47,7 @@ fn forward_cli_logits(model: &Path, ids: &[u32], b: usize, t: usize, dir: &Path)
     std::fs::write(&input, safetensors::serialize(vec![("input_ids".to_string(), view)], None).unwrap()).unwrap();
     let output = dir.join("logits.safetensors");
     foxlm("forward", &[("--model", model), ("--input", &input), ("--output", &output)]);
-    let bytes = std::fs::read(&output).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let l = st.tensor("logits").unwrap();
-    to_f32(l.dtype(), l.data(), "logits").unwrap()
+    f32_tensor(&output, "logits")
 }
 
 /// Next-token cross-entropy of each row of logits, in f64.
@@ -116,7 +98,7 @@ fn per_token_loss_with_chunked_prefill_equals_cross_entropy_of_forward_logits() 
     let tmp = tempfile::tempdir().unwrap();
     for v in ["fox_pro", "fox_llama", "transformer_llama"] {
         let model = load_model(&fixture(v)).unwrap();
-        let (b, t, ids) = fixture_ids(v);
+        let (b, t, ids) = fixture_input_ids(&fixture(v));
         let vocab = model.config.vocab_size;
         let logits = forward_cli_logits(&fixture(v), &ids, b, t, tmp.path());
         let want = cross_entropy(&logits, &ids, b, t, vocab);
@@ -141,7 +123,8 @@ fn per_token_loss_with_chunked_prefill_equals_cross_entropy_of_forward_logits() 
         for l in loss::batch_token_losses(&model, &seqs, Chunking::new(50, vocab), |_| {}) {
             curve.add(&l);
         }
-        let reference: Vec<f64> = reference_per_position_loss(v).iter().map(|&x| x as f64).collect();
+        let reference = f32_tensor(&fixture(v).join("expected.safetensors"), "per_position_loss");
+        let reference: Vec<f64> = reference.iter().map(|&x| x as f64).collect();
         let d = max_diff(&curve.mean(), &reference);
         assert!(d < 1e-4, "{v}: L(i) vs the reference per-position loss: {d}");
     }
@@ -275,7 +258,7 @@ fn the_scorer_counts_the_answer_words_reproduced_in_order() {
 
 #[test]
 fn gate_maps_reproduce_the_attention_the_model_computed() {
-    let (_, t, ids) = fixture_ids("fox_pro");
+    let (_, t, ids) = fixture_input_ids(&fixture("fox_pro"));
     let t = t.min(64);
     let ids = &ids[..t];
     for v in ["fox_pro", "fox_llama", "fox_fixed", "transformer_llama"] {

@@ -2,37 +2,13 @@
 
 mod common;
 
-use common::{fixture, VARIANTS};
-use foxlm::checkpoint::{load_model, to_f32};
+use common::{
+    expected_greedy, expected_json, f32_tensor, fixture, fixture_input_ids, i64_tensor, max_abs_diff, VARIANTS,
+};
+use foxlm::checkpoint::load_model;
 use foxlm::generate::{generate, GenerateOptions};
 use foxlm::model::Ctx;
 use foxlm::sampling::Sampling;
-use safetensors::SafeTensors;
-use std::path::PathBuf;
-
-fn i64_tensor(path: &PathBuf, name: &str) -> (Vec<usize>, Vec<i64>) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap();
-    let v = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-    (t.shape().to_vec(), v)
-}
-
-fn f32_tensor(path: &PathBuf, name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing"));
-    to_f32(t.dtype(), t.data(), name).unwrap()
-}
-
-fn expected_json(v: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
 
 /// Mean next-token cross-entropy per position over the batch, and overall.
 fn losses(logits: &[f32], ids: &[u32], b: usize, t: usize, v: usize) -> (Vec<f32>, f64) {
@@ -53,19 +29,17 @@ fn logits_loss_and_per_position_loss_match_reference() {
     for v in VARIANTS {
         let model = load_model(&fixture(v)).unwrap();
         let exp = fixture(v).join("expected.safetensors");
-        let (shape, ids) = i64_tensor(&exp, "input_ids");
-        let (b, t) = (shape[0], shape[1]);
-        let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
+        let (b, t, ids) = fixture_input_ids(&fixture(v));
         let logits = model.forward(&ids, &Ctx { batch: b, seq: t, start: None });
         let want = f32_tensor(&exp, "logits");
-        let d = max_abs(&logits, &want);
+        let d = max_abs_diff(&logits, &want);
         assert!(d < 1e-4, "{v}: logits max abs diff {d}");
         let vocab = model.config.vocab_size;
         let (pp, loss) = losses(&logits, &ids, b, t, vocab);
-        let want_loss = expected_json(v)["loss"].as_f64().unwrap();
+        let want_loss = expected_json(&fixture(v))["loss"].as_f64().unwrap();
         assert!((loss - want_loss).abs() < 1e-5, "{v}: loss {loss} vs {want_loss}");
         let want_pp = f32_tensor(&exp, "per_position_loss");
-        let dpp = max_abs(&pp, &want_pp);
+        let dpp = max_abs_diff(&pp, &want_pp);
         assert!(dpp < 1e-4, "{v}: per-position loss max diff {dpp}");
         eprintln!("{v}: logits {d:.2e}, loss {:.2e}, per-position {dpp:.2e}", (loss - want_loss).abs());
     }
@@ -76,10 +50,8 @@ fn left_padded_logits_match_reference_at_unmasked_positions() {
     for v in VARIANTS {
         let model = load_model(&fixture(v)).unwrap();
         let exp = fixture(v).join("expected.safetensors");
-        let (shape, ids) = i64_tensor(&exp, "input_ids");
+        let (b, t, ids) = fixture_input_ids(&fixture(v));
         let (_, mask) = i64_tensor(&exp, "attention_mask_left_padded");
-        let (b, t) = (shape[0], shape[1]);
-        let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
         let start: Vec<usize> =
             (0..b).map(|r| mask[r * t..(r + 1) * t].iter().take_while(|&&m| m == 0).count()).collect();
         assert!(start[1] > 0, "fixture row 1 is padded");
@@ -90,7 +62,7 @@ fn left_padded_logits_match_reference_at_unmasked_positions() {
         for (r, &s0) in start.iter().enumerate() {
             for i in s0..t {
                 let o = (r * t + i) * vocab;
-                worst = worst.max(max_abs(&logits[o..o + vocab], &want[o..o + vocab]));
+                worst = worst.max(max_abs_diff(&logits[o..o + vocab], &want[o..o + vocab]));
             }
         }
         assert!(worst < 1e-4, "{v}: left-padded logits max abs diff {worst}");
@@ -101,19 +73,14 @@ fn left_padded_logits_match_reference_at_unmasked_positions() {
 fn greedy_continuation_through_kv_cache_matches_reference() {
     for v in VARIANTS {
         let model = load_model(&fixture(v)).unwrap();
-        let exp = fixture(v).join("expected.safetensors");
-        let (shape, ids) = i64_tensor(&exp, "input_ids");
-        let j = expected_json(v);
-        let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
-        let want: Vec<u32> =
-            j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-        let prompt: Vec<u32> = ids[..plen].iter().map(|&x| x as u32).collect();
-        let _ = shape;
+        let (_, _, ids) = fixture_input_ids(&fixture(v));
+        let (plen, want) = expected_greedy(&expected_json(&fixture(v)));
+        let prompt = ids[..plen].to_vec();
         let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::default(), seed: 0, eos: None };
         let got = generate(&model, std::slice::from_ref(&prompt), &opts, |_, _| {});
         assert_eq!(got[0], want, "{v}: greedy tokens");
         // The same prompt in a batch beside a longer one (left padding) gives the same tokens.
-        let longer: Vec<u32> = ids[..plen + 9].iter().map(|&x| x as u32).collect();
+        let longer = ids[..plen + 9].to_vec();
         let got2 = generate(&model, &[longer, prompt], &opts, |_, _| {});
         assert_eq!(got2[1], want, "{v}: greedy tokens of a left-padded row");
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fixture, VARIANTS};
+use common::{expected_json, fixture, fixture_input_ids, VARIANTS};
 use foxlm::checkpoint::{load_model, to_f32};
 use foxlm::config::Config;
 use foxlm::model::{Ctx, Model};
@@ -12,15 +12,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use safetensors::SafeTensors;
-
-/// input_ids [B, T] of a fixture.
-fn input_ids(v: &str) -> (usize, usize, Vec<u32>) {
-    let bytes = std::fs::read(fixture(v).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("input_ids").unwrap();
-    let ids = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
-    (t.shape()[0], t.shape()[1], ids)
-}
 
 /// Next-token targets: position i predicts ids[i + 1]; the last position of each row has none.
 fn next_token_targets(ids: &[u32], b: usize, t: usize) -> Vec<Option<u32>> {
@@ -41,13 +32,12 @@ fn rel_err(g: &[f32], r: &[f32]) -> f64 {
 fn gradients_of_every_parameter_match_reference() {
     for v in VARIANTS {
         let model = load_model(&fixture(v)).unwrap();
-        let (b, t, ids) = input_ids(v);
+        let (b, t, ids) = fixture_input_ids(&fixture(v));
         let targets = next_token_targets(&ids, b, t);
         let mut grads = model.params.zeros_like();
         let loss = model.loss_and_grads(&ids, &targets, &Ctx { batch: b, seq: t, start: None }, &mut grads, 1.0);
 
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
+        let j: serde_json::Value = expected_json(&fixture(v));
         let want_loss = j["loss"].as_f64().unwrap();
         assert!((loss as f64 - want_loss).abs() < 1e-5, "{v}: loss {loss} vs {want_loss}");
 
@@ -87,7 +77,7 @@ fn gradients_of_every_parameter_match_reference() {
 fn left_padded_batch_gradient_equals_unpadded_rows() {
     for v in ["fox_pro", "transformer_pro", "fox_llama"] {
         let model = load_model(&fixture(v)).unwrap();
-        let (_, t, ids) = input_ids(v);
+        let (_, t, ids) = fixture_input_ids(&fixture(v));
         let pad = 37;
         let row0: Vec<u32> = ids[..t].to_vec();
         let row1: Vec<u32> = ids[t + pad..2 * t].to_vec();
@@ -247,8 +237,7 @@ fn forward_command_with_grads_writes_reference_gradients() {
             let t = st.tensor(n).unwrap_or_else(|_| panic!("{v}: {n} missing"));
             to_f32(t.dtype(), t.data(), n).unwrap()
         };
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(fixture(v).join("expected.json")).unwrap()).unwrap();
+        let j: serde_json::Value = expected_json(&fixture(v));
         let loss = f32s(&got, "loss");
         assert_eq!(got.tensor("loss").unwrap().shape(), &[] as &[usize]);
         assert!((loss[0] as f64 - j["loss"].as_f64().unwrap()).abs() < 1e-5, "{v}: loss {}", loss[0]);
@@ -278,7 +267,7 @@ fn recomputation_gives_the_same_gradients() {
     use foxlm::model::{ModelActs, Scratch};
     for v in ["fox_pro", "transformer_llama", "fox_bias_only"] {
         let model = load_model(&fixture(v)).unwrap();
-        let (b, t, ids) = input_ids(v);
+        let (b, t, ids) = fixture_input_ids(&fixture(v));
         let targets = next_token_targets(&ids, b, t);
         let start = vec![0, 5];
         let run = |recompute: bool| {

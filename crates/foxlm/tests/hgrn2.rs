@@ -43,11 +43,7 @@ fn config_layout_and_json_round_trip() {
     let path = dir.path().join("config.json");
     for c in [hgrn2_tiny(), unbounded_tiny(), conv_tiny()] {
         assert_eq!(c.arch(), Arch::Hgrn2);
-        let m = Model::new(&c);
-        let want: Vec<(String, Vec<usize>)> =
-            m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
-        assert_eq!(c.param_layout(), want);
-        assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128);
+        let m = common::model_with_its_layout(&c);
         let s = c.hgrn2();
         assert_eq!((s.heads, s.head_dim), (4, 8));
         // fla's module order: the embedding, the lower bounds, the layers.
@@ -70,10 +66,7 @@ fn config_layout_and_json_round_trip() {
                 assert_eq!(w, 4);
                 let want = ["q_proj", "f_proj", "i_proj", "q_conv1d", "f_conv1d", "i_conv1d", "g_norm", "o_proj"];
                 assert_eq!(layer, want.map(|n| format!("{n}.weight")));
-                assert_eq!(
-                    m.params.tensors[m.params.id("model.layers.2.attn.f_conv1d.weight").unwrap().0].shape,
-                    [32, 1, 4]
-                );
+                assert_eq!(common::shape(&m, "model.layers.2.attn.f_conv1d.weight"), [32, 1, 4]);
             }
         }
         let j: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
@@ -90,12 +83,10 @@ fn config_layout_and_json_round_trip() {
     // fla's config.json: expand_ratio alone (heads = hidden_size / expand_ratio), or num_heads alone.
     let mut j: serde_json::Value = serde_json::from_str(&hgrn2_tiny().to_json()).unwrap();
     j.as_object_mut().unwrap().remove("num_heads");
-    std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-    assert_eq!(Config::load(&path).unwrap().hgrn2().heads, 4);
+    assert_eq!(common::load_config_json(&path, &j).unwrap().hgrn2().heads, 4);
     j.as_object_mut().unwrap().remove("expand_ratio");
     j["num_heads"] = serde_json::json!(2);
-    std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-    assert_eq!(Config::load(&path).unwrap().hgrn2().head_dim, 16);
+    assert_eq!(common::load_config_json(&path, &j).unwrap().hgrn2().head_dim, 16);
     // What the layer does not implement is refused by name.
     let j: serde_json::Value = serde_json::from_str(&hgrn2_tiny().to_json()).unwrap();
     for (field, value, want) in [
@@ -109,9 +100,7 @@ fn config_layout_and_json_round_trip() {
     ] {
         let mut j = j.clone();
         j[field] = value;
-        std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-        let e = format!("{:#}", Config::load(&path).unwrap_err());
-        assert!(e.contains(want) && e.contains("config.json"), "{field}: {e}");
+        common::assert_config_json_refused(&path, &j, want);
     }
 }
 
@@ -324,19 +313,12 @@ fn checkpoints_hold_fla_s_names_and_either_form_loads() {
 /// Logits at every real position within 1e-4, the loss within 1e-5.
 #[test]
 fn short_convolutions_match_a_numpy_reference() {
-    use foxlm::checkpoint::{load_model, to_f32};
     let dir = common::fixtures("numpy-hgrn2-conv-tiny");
-    let model = load_model(&dir).unwrap();
+    let model = foxlm::checkpoint::load_model(&dir).unwrap();
     assert_eq!(model.config.hgrn2().conv, Some(4));
-    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("input_ids").unwrap();
-    let (b, n) = (t.shape()[0], t.shape()[1]);
-    let ids: Vec<u32> = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
-    let t = st.tensor("logits").unwrap();
-    let want = to_f32(t.dtype(), t.data(), "logits").unwrap();
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let (b, n, ids) = common::fixture_input_ids(&dir);
+    let want = common::f32_tensor(&dir.join("expected.safetensors"), "logits");
+    let j = common::expected_json(&dir);
     let start: Vec<usize> = j["start"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
     let ctx = foxlm::model::Ctx { batch: b, seq: n, start: Some(start.clone()) };
     let logits = model.forward(&ids, &ctx);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{max_abs_diff, random_ids as ids, random_recurrent_model as random_model};
+use common::{max_abs_diff, random_ids as ids, random_recurrent_model as random_model, shape};
 use foxlm::config::{Arch, Config};
 use foxlm::model::{Ctx, Mixer, Model};
 use foxlm::presets::{preset, samba_config};
@@ -24,19 +24,11 @@ fn tiny_config() -> Config {
     c
 }
 
-fn shape(m: &Model, name: &str) -> Vec<usize> {
-    m.params.tensors[m.params.id(name).unwrap_or_else(|| panic!("{name}")).0].shape.clone()
-}
-
 #[test]
 fn config_layout_and_json_round_trip() {
     let c = tiny_config();
     assert_eq!(c.arch(), Arch::Samba);
-    let m = Model::new(&c);
-    let want: Vec<(String, Vec<usize>)> =
-        m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
-    assert_eq!(c.param_layout(), want);
-    assert_eq!(c.param_bytes(), 4 * m.params.numel() as u128);
+    let m = common::model_with_its_layout(&c);
     // Even layers Mamba, odd layers attention, each block with its MLP.
     let kinds: Vec<&str> = m
         .layers
@@ -95,8 +87,7 @@ fn config_layout_and_json_round_trip() {
     // An explicit dt rank.
     let mut j2 = j.clone();
     j2["time_step_rank"] = serde_json::json!(5);
-    std::fs::write(&path, serde_json::to_string(&j2).unwrap()).unwrap();
-    let c5 = Config::load(&path).unwrap();
+    let c5 = common::load_config_json(&path, &j2).unwrap();
     assert_eq!(c5.mamba().dt_rank, 5);
     assert_eq!(shape(&Model::new(&c5), "backbone.layers.0.mixer.x_proj.weight"), [5 + 16, 64]);
 
@@ -118,14 +109,11 @@ fn config_layout_and_json_round_trip() {
             Some((outer, inner)) => j[outer][inner] = value,
             None => j[field] = value,
         }
-        std::fs::write(&path, serde_json::to_string(&j).unwrap()).unwrap();
-        let e = format!("{:#}", Config::load(&path).unwrap_err());
-        assert!(e.contains(want) && e.contains("config.json"), "{field}: {e}");
+        common::assert_config_json_refused(&path, &j, want);
     }
     let mut j3 = j.clone();
     j3.as_object_mut().unwrap().remove("attn");
-    std::fs::write(&path, serde_json::to_string(&j3).unwrap()).unwrap();
-    let e = format!("{:#}", Config::load(&path).unwrap_err());
+    let e = common::err(common::load_config_json(&path, &j3));
     assert!(e.contains("attn is missing"), "{e}");
 }
 

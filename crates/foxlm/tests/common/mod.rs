@@ -45,6 +45,39 @@ pub fn param(model: &Model, name: &str) -> Vec<f32> {
     model.params.tensors[model.params.id(name).unwrap_or_else(|| panic!("{name}")).0].data.clone()
 }
 
+/// The shape of the parameter `name` (panics naming it where the model has none).
+#[allow(dead_code)]
+pub fn shape(model: &Model, name: &str) -> Vec<usize> {
+    model.params.tensors[model.params.id(name).unwrap_or_else(|| panic!("{name}")).0].shape.clone()
+}
+
+/// A fresh model of `cfg`, after checking that the config's own account of the parameters
+/// (names, shapes, bytes) is the model's: what checkpoints and memory estimates rely on.
+#[allow(dead_code)]
+pub fn model_with_its_layout(cfg: &foxlm::config::Config) -> Model {
+    let m = Model::new(cfg);
+    let want: Vec<(String, Vec<usize>)> =
+        m.params.names.iter().cloned().zip(m.params.tensors.iter().map(|t| t.shape.clone())).collect();
+    assert_eq!(cfg.param_layout(), want);
+    assert_eq!(cfg.param_bytes(), 4 * m.params.numel() as u128);
+    m
+}
+
+/// `j` written to `path` (a config.json) and loaded back.
+#[allow(dead_code)]
+pub fn load_config_json(path: &std::path::Path, j: &serde_json::Value) -> anyhow::Result<foxlm::config::Config> {
+    std::fs::write(path, serde_json::to_string(j).unwrap()).unwrap();
+    foxlm::config::Config::load(path)
+}
+
+/// Loading `j` as the config.json `path` fails with an error that contains `want` and names
+/// the file.
+#[allow(dead_code)]
+pub fn assert_config_json_refused(path: &std::path::Path, j: &serde_json::Value, want: &str) {
+    let e = err(load_config_json(path, j));
+    assert!(e.contains(want) && e.contains("config.json"), "{want}: {e}");
+}
+
 /// The root mean square of `v`: an initialisation's standard deviation for a zero-mean one.
 #[allow(dead_code)]
 pub fn rms(v: &[f32]) -> f32 {
@@ -109,12 +142,44 @@ pub fn check_finite_differences_eps(
     checked
 }
 
+/// The float tensor `name` of the safetensors file `path`, as f32 (any float dtype).
 #[allow(dead_code)]
-fn fixture_tensor(dir: &std::path::Path, file: &str, name: &str) -> (Vec<usize>, Vec<u8>, safetensors::Dtype) {
-    let bytes = std::fs::read(dir.join(file)).unwrap();
+pub fn f32_tensor(path: &std::path::Path, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing from {file}"));
-    (t.shape().to_vec(), t.data().to_vec(), t.dtype())
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing from {}", path.display()));
+    foxlm::checkpoint::to_f32(t.dtype(), t.data(), name).unwrap()
+}
+
+/// The int64 tensor `name` of the safetensors file `path`: (shape, values).
+#[allow(dead_code)]
+pub fn i64_tensor(path: &std::path::Path, name: &str) -> (Vec<usize>, Vec<i64>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing from {}", path.display()));
+    let v = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    (t.shape().to_vec(), v)
+}
+
+/// A fixture folder's token ids (input_ids [B, T] of its expected.safetensors): (B, T, ids).
+#[allow(dead_code)]
+pub fn fixture_input_ids(dir: &std::path::Path) -> (usize, usize, Vec<u32>) {
+    let (shape, ids) = i64_tensor(&dir.join("expected.safetensors"), "input_ids");
+    (shape[0], shape[1], ids.iter().map(|&x| x as u32).collect())
+}
+
+/// A fixture folder's expected.json.
+#[allow(dead_code)]
+pub fn expected_json(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap()
+}
+
+/// The greedy continuation an expected.json records: (prompt length, new tokens).
+#[allow(dead_code)]
+pub fn expected_greedy(j: &serde_json::Value) -> (usize, Vec<u32>) {
+    let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
+    let want = j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    (plen, want)
 }
 
 /// A reference fixture made with the authors' PyTorch model (tests/fixtures/official-*-tiny):
@@ -123,32 +188,28 @@ fn fixture_tensor(dir: &std::path::Path, file: &str, name: &str) -> (Vec<usize>,
 /// Returns the model.
 #[allow(dead_code)]
 pub fn matches_reference_fixture(dir: &std::path::Path) -> Model {
-    use foxlm::checkpoint::{load_model, to_f32};
+    use foxlm::checkpoint::load_model;
     use foxlm::generate::{generate, GenerateOptions};
     use foxlm::model::Ctx;
     use foxlm::sampling::Sampling;
     let model = load_model(dir).unwrap();
-    let (shape, ids, _) = fixture_tensor(dir, "expected.safetensors", "input_ids");
-    let (b, t) = (shape[0], shape[1]);
-    let ids: Vec<u32> = ids.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
-    let (_, want, dt) = fixture_tensor(dir, "expected.safetensors", "logits");
-    let want = to_f32(dt, &want, "logits").unwrap();
+    let (b, t, ids) = fixture_input_ids(dir);
+    let expected = dir.join("expected.safetensors");
+    let want = f32_tensor(&expected, "logits");
     let ctx = Ctx { batch: b, seq: t, start: None };
     let logits = model.forward(&ids, &ctx);
-    let e = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let e = max_abs_diff(&logits, &want);
     assert!(e < 1e-4, "{}: logits: max |Δ| {e:.2e}", dir.display());
 
     let targets: Vec<Option<u32>> = (0..b * t).map(|r| (r % t + 1 < t).then(|| ids[r + 1])).collect();
     let mut grads = model.params.zeros_like();
     let loss = model.loss_and_grads(&ids, &targets, &ctx, &mut grads, 1.0) as f64;
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let j = expected_json(dir);
     let want_loss = j["loss"].as_f64().unwrap();
     assert!((loss - want_loss).abs() < 1e-5, "{}: loss {loss} vs {want_loss}", dir.display());
 
     // Per position: the mean over the batch of the cross-entropy at position i.
-    let (_, ppl, dt) = fixture_tensor(dir, "expected.safetensors", "per_position_loss");
-    let ppl = to_f32(dt, &ppl, "per_position_loss").unwrap();
+    let ppl = f32_tensor(&expected, "per_position_loss");
     let v = model.config.vocab_size;
     for (i, &w) in ppl.iter().enumerate() {
         let mut sum = 0.0f64;
@@ -163,16 +224,13 @@ pub fn matches_reference_fixture(dir: &std::path::Path) -> Model {
 
     for (i, name) in model.params.names.iter().enumerate() {
         let key = format!("grad.{name}");
-        let (_, r, dt) = fixture_tensor(dir, "expected_grads.safetensors", &key);
-        let r = to_f32(dt, &r, &key).unwrap();
+        let r = f32_tensor(&dir.join("expected_grads.safetensors"), &key);
         let norm = r.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
         let diff = grads[i].iter().zip(&r).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>().sqrt();
         assert!(diff / norm.max(1e-30) < 1e-4, "{name}: relative error {:.2e}", diff / norm);
     }
 
-    let plen = j["greedy_prompt_len"].as_u64().unwrap() as usize;
-    let want: Vec<u32> =
-        j["greedy_new_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let (plen, want) = expected_greedy(&j);
     let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::default(), seed: 0, eos: None };
     let got = generate(&model, &[ids[..plen].to_vec()], &opts, |_, _| {});
     assert_eq!(got[0], want, "{}: greedy tokens through the inference state", dir.display());

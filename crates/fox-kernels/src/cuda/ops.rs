@@ -264,7 +264,7 @@ pub fn gemv_glu<T: Elem>(
     inter: usize,
 ) -> Result<()> {
     let op = "gemv_glu";
-    gemv_check(op, x, w, rows, in_features, 2 * inter)?;
+    gemv_check(op, x, w, (rows, in_features, 2 * inter))?;
     need(op, "gu", gu, rows * 2 * inter)?;
     need(op, "h", h, rows * inter)?;
     if inter == 0 {
@@ -283,14 +283,13 @@ pub fn gemv_fits<T: Elem>(rows: usize, in_features: usize) -> bool {
     (1..=GEMV_ROWS).contains(&rows) && (in_features * size_of::<T>()).is_multiple_of(16)
 }
 
-/// A gemv's shape fits the kernel ([`gemv_fits`]) and x [rows, in], w [out, in] are long enough.
+/// A gemv of (rows, in, out) fits the kernel ([`gemv_fits`]), and x [rows, in] and w [out, in]
+/// are long enough.
 fn gemv_check<T: Elem>(
     op: &str,
     x: &CudaSlice<T>,
     w: &CudaSlice<T>,
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
+    (rows, in_features, out_features): (usize, usize, usize),
 ) -> Result<()> {
     ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
     need(op, "x", x, rows * in_features)?;
@@ -311,7 +310,7 @@ pub fn gemv<T: Elem, Y: Elem>(
 ) -> Result<()> {
     let op = "gemv";
     ensure!(!(T::NAME == "f32" && Y::NAME == "bf16"), "{op}: f32 inputs with a bf16 output are not supported");
-    gemv_check(op, x, w, rows, in_features, out_features)?;
+    gemv_check(op, x, w, (rows, in_features, out_features))?;
     need(op, "y", y, rows * out_features)?;
     if out_features == 0 {
         return Ok(());
@@ -335,7 +334,7 @@ pub fn gemv_step_in<T: Elem>(
     let op = "gemv_step_in";
     let d = prm.at;
     let (rows, out_features) = (d.batch, d.stride);
-    gemv_check(op, x, w, rows, in_features, out_features)?;
+    gemv_check(op, x, w, (rows, in_features, out_features))?;
     super::ssd::check_decode_inputs(op, &out, zxbcdt, &prm)?;
     if out_features == 0 {
         return Ok(());

@@ -24,7 +24,7 @@
 use anyhow::Result;
 use fox_kernels::attention::{self as ca, Problem, View, Visibility};
 use fox_kernels::cuda::attention::{
-    self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel,
+    self as ga, AttnOptions, DType, DevGrads, DevProblem, DevView, DevVisibility, FwdKernel, TileStats,
 };
 use fox_kernels::cuda::{from_half_bits, to_half_bits, Gpu};
 use rand::{Rng, SeedableRng};
@@ -469,6 +469,16 @@ pub fn lse_err(x: &[f32], r: &[f32]) -> f64 {
     m
 }
 
+/// One GPU forward: o and lse on the device (as the backward takes them), their host copies (o
+/// as f32) and the tile counts.
+struct FwdRun {
+    o_d: cudarc::driver::CudaSlice<u16>,
+    lse_d: cudarc::driver::CudaSlice<f32>,
+    o: Vec<f32>,
+    lse: Vec<f32>,
+    stats: TileStats,
+}
+
 /// Rows of one case of a check table.
 pub struct Table<'a> {
     pub rows: &'a mut Vec<CheckRow>,
@@ -603,25 +613,23 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         tab.add("c = cumsum(log f)", rel_l2_common(&c_gpu, &data.c), 1e-5, String::new());
     }
 
-    let o_n = b * tq * h * d;
+    // A forward of `p` into poisoned buffers (`count`: with its tile counts).
+    let forward = |p: &DevProblem<'_>, kernel: FwdKernel, count: bool| -> Result<FwdRun> {
+        let o_d = poison(p.batch * p.tq * p.heads * p.head_dim)?;
+        let mut lse_d = poison_f(p.batch * p.heads * p.tq)?;
+        let stats = ga::forward(gpu, p, opts, &o_d, &mut lse_d, kernel, count)?;
+        gpu.sync()?;
+        let (o, lse) = (from_half_bits(&gpu.download(&o_d)?, dt), gpu.download(&lse_d)?);
+        Ok(FwdRun { o_d, lse_d, o, lse, stats })
+    };
     let kernel = if s.decode { FwdKernel::Tiled } else { FwdKernel::Auto };
-    let o_d = poison(o_n)?;
-    let mut lse_d = poison_f(b * h * tq)?;
-    let st0 = ga::forward(gpu, &dp, opts, &o_d, &mut lse_d, kernel, true)?;
-    gpu.sync()?;
-    let o_gpu = from_half_bits(&gpu.download(&o_d)?, dt);
-    let lse_gpu = gpu.download(&lse_d)?;
+    let FwdRun { o_d, lse_d, o: o_gpu, lse: lse_gpu, stats: st0 } = forward(&dp, kernel, true)?;
     let label = if s.decode { "o (tiled kernel)" } else { "o" };
     tab.add(label, rel_l2_common(&o_gpu, &o_ref), tol_o, format!("{} key tiles", st0.tiles_visited));
     tab.add("lse max|Δ|", lse_err(&lse_gpu, &st_ref.lse), 2e-3, String::new());
 
     if s.decode {
-        let o2 = poison(o_n)?;
-        let mut l2 = poison_f(b * h * tq)?;
-        ga::forward(gpu, &dp, opts, &o2, &mut l2, FwdKernel::Decode, false)?;
-        gpu.sync()?;
-        let o_dec = from_half_bits(&gpu.download(&o2)?, dt);
-        let l_dec = gpu.download(&l2)?;
+        let FwdRun { o: o_dec, lse: l_dec, .. } = forward(&dp, FwdKernel::Decode, false)?;
         tab.add("decode o vs tiled (same rows)", rel_l2_common(&o_dec, &o_gpu), 5e-3, String::new());
         // the full forward over all T rows, last tq rows
         let qall = gpu.upload(&to_half_bits(&data.q, dt))?;
@@ -635,10 +643,7 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         let vf = ga::upload_visibility(gpu, &vis_full, b, t)?;
         let dvf = dev_visibility(&vis_full, &vf);
         let pf = DevProblem { tq: t, q_pos0: 0, q: DevView::bthd(&qall, t, h, d), cq: &ck_d, vis: dvf, ..dp };
-        let of = poison(b * t * h * d)?;
-        let mut lf = poison_f(b * h * t)?;
-        ga::forward(gpu, &pf, opts, &of, &mut lf, FwdKernel::Tiled, false)?;
-        let full = from_half_bits(&gpu.download(&of)?, dt);
+        let full = forward(&pf, FwdKernel::Tiled, false)?.o;
         let last: Vec<f32> =
             (0..b).flat_map(|bi| full[(bi * t + q_pos0) * h * d..(bi * t + t) * h * d].to_vec()).collect();
         tab.add("decode o vs full forward", rel_l2_common(&o_dec, &last), 5e-3, String::new());
@@ -663,18 +668,10 @@ pub fn run_case(gpu: &Gpu, s: &Spec, seed: u64, rows: &mut Vec<CheckRow>) -> Res
         th_d = Some(th);
         dp.prune = th_d.as_ref();
         let kern = if s.decode { FwdKernel::Decode } else { FwdKernel::Tiled };
-        let o3 = poison(o_n)?;
-        let mut l3 = poison_f(b * h * tq)?;
-        let st3 = ga::forward(gpu, &dp, opts, &o3, &mut l3, kern, true)?;
-        gpu.sync()?;
-        let o_acp = from_half_bits(&gpu.download(&o3)?, dt);
+        let FwdRun { o_d: o3, lse_d: l3, o: o_acp, stats: st3, .. } = forward(&dp, kern, true)?;
         let o_base = if s.decode {
             // compare with the decode kernel without pruning
-            let o4 = poison(o_n)?;
-            let mut l4 = poison_f(b * h * tq)?;
-            let dp0 = DevProblem { prune: None, ..dp };
-            ga::forward(gpu, &dp0, opts, &o4, &mut l4, FwdKernel::Decode, false)?;
-            from_half_bits(&gpu.download(&o4)?, dt)
+            forward(&DevProblem { prune: None, ..dp }, FwdKernel::Decode, false)?.o
         } else {
             o_gpu.clone()
         };

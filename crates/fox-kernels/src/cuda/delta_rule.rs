@@ -920,6 +920,19 @@ fn grid1(n: usize, per: usize) -> LaunchConfig {
     kargs::plain_config((n.div_ceil(per) as u32, 1, 1), 256, 0)
 }
 
+/// The L2 norm's checks: dim > 0, the [rows, dim] buffers `lens` and `rstd` [rows] long enough,
+/// the offsets in the kernels' 32 bits; false where there are no rows to launch for.
+fn l2norm_check(op: &str, rows: usize, dim: usize, lens: &[(&str, usize)], rstd: &CudaSlice<f32>) -> Result<bool> {
+    ensure!(dim > 0, "{op}: dim must be positive");
+    need_lens(op, rows * dim, lens)?;
+    need(op, "rstd", rstd, rows)?;
+    if rows == 0 {
+        return Ok(false);
+    }
+    int(op, rows * dim)?;
+    Ok(true)
+}
+
 /// y = x / √(Σ x² + 1e-6) over rows of `dim` (as [`crate::delta_rule::l2norm_fwd`], eps 1e-6), the
 /// rows' 1/√(…) into `rstd`.
 pub fn l2norm_fwd<T: Elem>(
@@ -931,13 +944,9 @@ pub fn l2norm_fwd<T: Elem>(
     dim: usize,
 ) -> Result<()> {
     let op = "l2norm_fwd";
-    ensure!(dim > 0, "{op}: dim must be positive");
-    need_lens(op, rows * dim, &[("x", x.len()), ("y", y.len())])?;
-    need(op, "rstd", rstd, rows)?;
-    if rows == 0 {
+    if !l2norm_check(op, rows, dim, &[("x", x.len()), ("y", y.len())], rstd)? {
         return Ok(());
     }
-    int(op, rows * dim)?;
     let args = args![gpu; y, rstd, x, int(op, rows)?, int(op, dim)?];
     kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_l2norm_fwd"), grid1(rows, 8), &args)
 }
@@ -953,13 +962,9 @@ pub fn l2norm_bwd<T: Elem>(
     dim: usize,
 ) -> Result<()> {
     let op = "l2norm_bwd";
-    ensure!(dim > 0, "{op}: dim must be positive");
-    need_lens(op, rows * dim, &[("dy", dy.len()), ("y", y.len()), ("dx", dx.len())])?;
-    need(op, "rstd", rstd, rows)?;
-    if rows == 0 {
+    if !l2norm_check(op, rows, dim, &[("dy", dy.len()), ("y", y.len()), ("dx", dx.len())], rstd)? {
         return Ok(());
     }
-    int(op, rows * dim)?;
     let args = args![gpu; dx, dy, y, rstd, int(op, rows)?, int(op, dim)?];
     kargs::launch(gpu, &DELTA_RULE, &kname::<T>("dr_l2norm_bwd"), grid1(rows, 8), &args)
 }

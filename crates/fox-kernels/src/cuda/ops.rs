@@ -264,9 +264,7 @@ pub fn gemv_glu<T: Elem>(
     inter: usize,
 ) -> Result<()> {
     let op = "gemv_glu";
-    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
-    need(op, "x", x, rows * in_features)?;
-    need(op, "w", w, 2 * inter * in_features)?;
+    gemv_check(op, x, w, (rows, in_features, 2 * inter))?;
     need(op, "gu", gu, rows * 2 * inter)?;
     need(op, "h", h, rows * inter)?;
     if inter == 0 {
@@ -285,6 +283,19 @@ pub fn gemv_fits<T: Elem>(rows: usize, in_features: usize) -> bool {
     (1..=GEMV_ROWS).contains(&rows) && (in_features * size_of::<T>()).is_multiple_of(16)
 }
 
+/// A gemv of (rows, in, out) fits the kernel ([`gemv_fits`]), and x [rows, in] and w [out, in]
+/// are long enough.
+fn gemv_check<T: Elem>(
+    op: &str,
+    x: &CudaSlice<T>,
+    w: &CudaSlice<T>,
+    (rows, in_features, out_features): (usize, usize, usize),
+) -> Result<()> {
+    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
+    need(op, "x", x, rows * in_features)?;
+    need(op, "w", w, out_features * in_features)
+}
+
 /// y[rows, out] = x[rows, in] · w[out, in]ᵀ for at most [`GEMV_ROWS`] rows (a decode step's
 /// Linear: one warp per output reads its weight row once for every row of x), f32 sums, the
 /// output in Y (T, or f32 from bf16).
@@ -298,10 +309,8 @@ pub fn gemv<T: Elem, Y: Elem>(
     out_features: usize,
 ) -> Result<()> {
     let op = "gemv";
-    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
     ensure!(!(T::NAME == "f32" && Y::NAME == "bf16"), "{op}: f32 inputs with a bf16 output are not supported");
-    need(op, "x", x, rows * in_features)?;
-    need(op, "w", w, out_features * in_features)?;
+    gemv_check(op, x, w, (rows, in_features, out_features))?;
     need(op, "y", y, rows * out_features)?;
     if out_features == 0 {
         return Ok(());
@@ -325,10 +334,8 @@ pub fn gemv_step_in<T: Elem>(
     let op = "gemv_step_in";
     let d = prm.at;
     let (rows, out_features) = (d.batch, d.stride);
-    ensure!(gemv_fits::<T>(rows, in_features), "{op}: {rows} rows of {in_features} inputs do not fit the kernel");
+    gemv_check(op, x, w, (rows, in_features, out_features))?;
     super::ssd::check_decode_inputs(op, &out, zxbcdt, &prm)?;
-    need(op, "x", x, rows * in_features)?;
-    need(op, "w", w, out_features * in_features)?;
     if out_features == 0 {
         return Ok(());
     }

@@ -1,9 +1,10 @@
 //! What the delta rule's and GLA's tests share: random inputs, error measures, the oracle's walks,
-//! its loss and its check against finite differences, and the checks of a forward against it and
-//! of a padded row's gradients.
+//! its loss and its check against finite differences, and the checks of a forward and a backward
+//! against it, of prefill then decode steps against the forward, and of a padded row.
 
 use crate::linear_attention::Shape;
 pub use crate::testing::randn;
+use rand_chacha::ChaCha8Rng;
 
 pub fn to64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
@@ -38,8 +39,15 @@ pub fn left_pad(x: &[f32], pad: usize, h: usize, w: usize, value: f32) -> Vec<f3
     out
 }
 
+/// A backward's probes: do [B, T, H, V] (`out` elements) and the final state's gradient (`state`
+/// elements), standard normal, drawn in this order.
+pub fn probes(rng: &mut ChaCha8Rng, out: usize, state: usize) -> (Vec<f32>, Vec<f32>) {
+    let dout = randn(rng, out);
+    (dout, randn(rng, state))
+}
+
 /// Σ o·dout + Σ S_T·dfinal: the loss the oracle's backward differentiates.
-pub fn probe_loss(o: &[f64], states: &[Vec<Vec<f64>>], dout: &[f64], dfinal: &[f64]) -> f64 {
+fn probe_loss(o: &[f64], states: &[Vec<Vec<f64>>], dout: &[f64], dfinal: &[f64]) -> f64 {
     let fin = final_states(states);
     o.iter().zip(dout).map(|(a, b)| a * b).sum::<f64>() + fin.iter().zip(dfinal).map(|(a, b)| a * b).sum::<f64>()
 }
@@ -47,9 +55,19 @@ pub fn probe_loss(o: &[f64], states: &[Vec<Vec<f64>>], dout: &[f64], dfinal: &[f
 /// One input of the oracle: its name, where it lives in the inputs, and its gradient.
 pub type Field<'a, X> = (&'a str, fn(&mut X) -> &mut Vec<f64>, &'a Vec<f64>);
 
-/// Each field's gradient against central differences of `loss` (f64, step 1e-6).
-pub fn check_finite_differences<X: Clone>(x: &X, fields: &[Field<X>], loss: impl Fn(&X) -> f64) {
+/// Each field's gradient against central differences (f64, step 1e-6) of the loss [`probe_loss`]
+/// of the oracle's forward `fwd`.
+pub fn check_finite_differences<X: Clone>(
+    x: &X,
+    fields: &[Field<X>],
+    (dout, dfinal): (&[f64], &[f64]),
+    fwd: impl Fn(&X) -> (Vec<f64>, States),
+) {
     let eps = 1e-6;
+    let loss = |x: &X| {
+        let (o, states) = fwd(x);
+        probe_loss(&o, &states, dout, dfinal)
+    };
     for &(what, field, grad) in fields {
         for (i, &g) in grad.iter().enumerate() {
             let (mut a, mut b) = (x.clone(), x.clone());
@@ -64,10 +82,20 @@ pub fn check_finite_differences<X: Clone>(x: &X, fields: &[Field<X>], loss: impl
 /// Every (b, h)'s states, states[bh][i] after i real positions.
 pub type States = Vec<Vec<Vec<f64>>>;
 
-/// A chunked forward's output o [B, T, H, V] and final state against the oracle's (relative error
-/// under 2e-5, f32 against f64), and o = 0 at every padded position; `case` names it in failures.
-pub fn check_forward(case: &dyn std::fmt::Debug, sh: &Shape, o: &[f32], fin: &[f32], o_ref: &[f64], states: &States) {
-    let (eo, es) = (err(o, o_ref), err(fin, &final_states(states)));
+/// A chunked forward `run(o, final state)` (o [B, T, H, V] starting as NaN) against the oracle's
+/// output and states (relative error under 2e-5, f32 against f64), and o = 0 at every padded
+/// position; `case` names it in failures.
+pub fn check_forward(
+    case: &dyn std::fmt::Debug,
+    sh: &Shape,
+    o_ref: &[f64],
+    states: &States,
+    run: impl FnOnce(&mut [f32], &mut [f32]),
+) {
+    let fin_ref = final_states(states);
+    let (mut o, mut fin) = (vec![f32::NAN; o_ref.len()], vec![0.0; fin_ref.len()]);
+    run(&mut o, &mut fin);
+    let (eo, es) = (err(&o, o_ref), err(&fin, &fin_ref));
     assert!(eo < 2e-5 && es < 2e-5, "{case:?}: o {eo:e}, final state {es:e}");
     let row = sh.heads * sh.v_dim;
     for b in 0..sh.batch {
@@ -75,6 +103,46 @@ pub fn check_forward(case: &dyn std::fmt::Debug, sh: &Shape, o: &[f32], fin: &[f
             assert!(o[(b * sh.seq + t) * row..][..row].iter().all(|&v| v == 0.0), "{case:?}: pad output");
         }
     }
+}
+
+/// A chunked backward's gradients (name, f32 gradient, the oracle's) against the oracle's:
+/// relative error under 1e-4; `case` names it in failures.
+pub fn check_gradients(case: &dyn std::fmt::Debug, grads: &[(&str, &[f32], &[f64])]) {
+    for &(what, g, r) in grads {
+        let e = err(g, r);
+        // f32 sums over up to 150 positions of O(1) terms against the f64 oracle.
+        assert!(e < 1e-4, "{case:?}: {what} {e:e}");
+    }
+}
+
+/// A prefill of positions [0, split) continuing the initial state (`prefill()`: its o and final
+/// state), then one decode step per later position (`step(t, state)` updates the state and returns
+/// o at t), give the full forward's o [B, T, H, V] and final state `fin` within 1e-5.
+pub fn check_prefill_then_decode(
+    (b, t, h, vd): (usize, usize, usize, usize),
+    (o, fin): (&[f32], &[f32]),
+    split: usize,
+    prefill: impl FnOnce() -> (Vec<f32>, Vec<f32>),
+    mut step: impl FnMut(usize, &mut [f32]) -> Vec<f32>,
+) {
+    let rows = |t0: usize, t1: usize| positions(o, (b, t, h, vd), t0, t1);
+    let (o1, mut state) = prefill();
+    let e = max_diff(&o1, &rows(0, split));
+    assert!(e < 1e-5, "prefill output {e:e}");
+    for ti in split..t {
+        let ot = step(ti, &mut state);
+        let e = max_diff(&ot, &rows(ti, ti + 1));
+        assert!(e < 1e-5, "step {ti}: {e:e}");
+    }
+    let e = max_diff(&state, fin);
+    assert!(e < 1e-5, "final state {e:e}");
+}
+
+/// The forward of a row left-padded by `pad` elements of o (`padded`) is 0 in its padding and the
+/// unpadded row's output `o` after it.
+pub fn check_padded_output(o: &[f32], padded: &[f32], pad: usize) {
+    assert!(padded[..pad].iter().all(|&x| x == 0.0));
+    assert_eq!(&padded[pad..], o, "padded row differs");
 }
 
 /// A left-padded row's gradients ([`left_pad`]: the first `m` rows of each, rows of width w) are 0

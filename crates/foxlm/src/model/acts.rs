@@ -12,6 +12,16 @@ use super::{Block, Mixer, Model};
 use crate::backend::{Alloc, MemoryPlan, Sizer};
 use anyhow::Result;
 
+/// What a mixer's backward reads and writes besides its own activations and scratch: its input x
+/// [B, T, d] (the block norm's output) and batch, the gradient dy of its output, and dx [B, T, d],
+/// which it overwrites with the gradient of its input (A: the backend's activations, Bt: its batch).
+pub struct MixerGrad<'a, A, Bt> {
+    pub x: &'a A,
+    pub batch: &'a Bt,
+    pub dy: &'a A,
+    pub dx: &'a mut A,
+}
+
 /// A mixer's saved activations, by family.
 #[derive(Clone, Debug)]
 pub enum MixerActs<A, F> {

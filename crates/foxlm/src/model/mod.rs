@@ -19,7 +19,7 @@ pub mod mamba;
 pub mod mamba2;
 pub mod mega_cuda;
 pub mod mlp;
-pub use acts::{activation_plan, Acts, BlockActs, CpuActs, MixerActs, MixerScratch, ModelActs, Scratch};
+pub use acts::{activation_plan, Acts, BlockActs, CpuActs, MixerActs, MixerGrad, MixerScratch, ModelActs, Scratch};
 
 pub use crate::backend::MemoryPlan;
 use crate::backend::{Alloc, Backend, Norm};
@@ -583,23 +583,18 @@ impl Block {
             m.mlp.backward(be, &a.mlp_norm_out, acts, dx, dnorm, s, n)?;
             be.rms_norm_bwd(dx, true, m.norm, dnorm, &a.h, &a.mlp_norm_rstd, d)?;
         }
-        // h = x + Mixer(RMSNorm(x)).
+        // h = x + Mixer(RMSNorm(x)): the mixer's dy is dh (in dx), its dx goes to dnorm.
+        let g = MixerGrad { x: &a.mixer_norm_out, batch, dy: &*dx, dx: &mut *dnorm };
         match (&self.mixer, &a.mixer, mixer) {
             (Mixer::Attention(l), MixerActs::Attention(acts), MixerScratch::Attention(s)) => {
-                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
+                l.backward(be, g, acts, s)?
             }
-            (Mixer::Mamba2(l), MixerActs::Mamba2(acts), MixerScratch::Mamba2(s)) => {
-                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
-            }
-            (Mixer::Mamba(l), MixerActs::Mamba(acts), MixerScratch::Mamba(s)) => {
-                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
-            }
-            (Mixer::DeltaNet(l), MixerActs::DeltaNet(acts), MixerScratch::DeltaNet(s)) => {
-                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s)?
-            }
+            (Mixer::Mamba2(l), MixerActs::Mamba2(acts), MixerScratch::Mamba2(s)) => l.backward(be, g, acts, s)?,
+            (Mixer::Mamba(l), MixerActs::Mamba(acts), MixerScratch::Mamba(s)) => l.backward(be, g, acts, s)?,
+            (Mixer::DeltaNet(l), MixerActs::DeltaNet(acts), MixerScratch::DeltaNet(s)) => l.backward(be, g, acts, s)?,
             (Mixer::Hgrn2(l), MixerActs::Hgrn2(acts), MixerScratch::Hgrn2(s)) => {
                 let (lb, dlb) = lower_bounds;
-                l.backward(be, &a.mixer_norm_out, batch, acts, dx, dnorm, s, lb, dlb)?
+                l.backward(be, g, acts, s, lb, dlb)?
             }
             _ => anyhow::bail!("a block's activations or scratch are of another family than its mixer"),
         }

@@ -10,7 +10,7 @@ pub mod kv_cache;
 pub mod kv_cache_cuda;
 pub mod ops;
 
-use super::Linear;
+use super::{Linear, MixerGrad};
 use crate::backend::Alloc;
 use crate::backend::Norm;
 use crate::config::{Config, FgateType, QK_NORM_EPS};
@@ -471,17 +471,14 @@ impl ForgettingAttention {
     /// Backward of a full-sequence `forward` (no cache) over x: [B, T, d] with its saved `a`:
     /// from dy [B, T, d] writes dx [B, T, d] and adds every parameter's gradient in the backend.
     /// ACP thresholds are constants of the forward: the backward skips the tiles it skipped.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<B: AttnOps>(
         &self,
         be: &mut B,
-        x: &B::Act,
-        batch: &B::Batch,
+        g: MixerGrad<'_, B::Act, B::Batch>,
         a: &AttnActs<B::Act, B::F32>,
-        dy: &B::Act,
-        dx: &mut B::Act,
         s: &mut AttnScratch<B::Act, B::F32>,
     ) -> Result<()> {
+        let MixerGrad { x, batch, dy, dx } = g;
         let info = be.batch_info(batch);
         let (h, hkv, hd) = (self.heads, self.kv_heads, self.head_dim);
         let n = info.rows();

@@ -15,7 +15,7 @@ pub mod cuda;
 pub mod ops;
 pub mod state;
 
-use super::Linear;
+use super::{Linear, MixerGrad};
 use crate::backend::Alloc;
 use crate::backend::Norm;
 use crate::config::{Config, DeltaNetSizes};
@@ -252,17 +252,14 @@ impl DeltaNetMixer {
 
     /// Backward of a full-sequence `forward` (no state) over x with its saved `a`: from dy
     /// [B, T, d] writes dx [B, T, d] and adds every parameter's gradient in the backend.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<B: DeltaNetOps>(
         &self,
         be: &mut B,
-        x: &B::Act,
-        batch: &B::Batch,
+        g: MixerGrad<'_, B::Act, B::Batch>,
         a: &DeltaNetActs<B::Act, B::F32>,
-        dy: &B::Act,
-        dx: &mut B::Act,
         sc: &mut DeltaNetScratch<B::Act, B::F32>,
     ) -> Result<()> {
+        let MixerGrad { x, batch, dy, dx } = g;
         let n = be.batch_info(batch).rows();
         let (p, s) = (&self.p, &self.p.sizes);
         // out = o_proj(y), y = RMSNorm(o)·w (⊙ SiLU(g_proj(x)) with the output gate).

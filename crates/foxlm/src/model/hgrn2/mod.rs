@@ -21,7 +21,7 @@ pub mod cuda;
 pub mod ops;
 pub mod state;
 
-use super::Linear;
+use super::{Linear, MixerGrad};
 use crate::backend::Alloc;
 use crate::backend::Norm;
 use crate::config::{Config, Hgrn2Sizes, HGRN2_G_NORM_EPS};
@@ -188,19 +188,16 @@ impl Hgrn2Mixer {
     /// Backward of a full-sequence `forward` (no state) over x with its saved `a`: from dy
     /// [B, T, d] writes dx [B, T, d], in a bounded layer its row of `dlb`, and adds every
     /// parameter's gradient in the backend.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<B: Hgrn2Ops>(
         &self,
         be: &mut B,
-        x: &B::Act,
-        batch: &B::Batch,
+        g: MixerGrad<'_, B::Act, B::Batch>,
         a: &Hgrn2Acts<B::Act, B::F32>,
-        dy: &B::Act,
-        dx: &mut B::Act,
         sc: &mut Hgrn2Scratch<B::Act>,
         lb: &B::F32,
         dlb: &mut B::F32,
     ) -> Result<()> {
+        let MixerGrad { x, batch, dy, dx } = g;
         let n = be.batch_info(batch).rows();
         let p = &self.p;
         // out = o_proj(RMSNorm(o)·w).

@@ -15,7 +15,7 @@ pub mod ops;
 pub mod state;
 
 use super::mamba2::uniform;
-use super::Linear;
+use super::{Linear, MixerGrad};
 use crate::backend::Alloc;
 use crate::config::MambaSizes;
 use crate::tensor::{ParamKind, Params};
@@ -180,17 +180,14 @@ impl MambaMixer {
 
     /// Backward of a full-sequence `forward` (no state) over x with its saved `a`: from dy
     /// [B, T, d] writes dx [B, T, d] and adds every parameter's gradient in the backend.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<B: MambaOps>(
         &self,
         be: &mut B,
-        x: &B::Act,
-        batch: &B::Batch,
+        g: MixerGrad<'_, B::Act, B::Batch>,
         a: &MambaActs<B::Act, B::F32>,
-        dy: &B::Act,
-        dx: &mut B::Act,
         s: &mut MambaScratch<B::Act>,
     ) -> Result<()> {
+        let MixerGrad { x, batch, dy, dx } = g;
         let n = be.batch_info(batch).rows();
         let p = &self.p;
         be.linear_bwd(&self.out_proj, &a.y, dy, Some(&mut s.dy), false, n)?;

@@ -13,7 +13,7 @@ pub mod cuda;
 pub mod ops;
 pub mod state;
 
-use super::Linear;
+use super::{Linear, MixerGrad};
 use crate::backend::Alloc;
 use crate::config::{Config, Mamba2Sizes};
 use crate::tensor::{ParamKind, Params};
@@ -165,17 +165,14 @@ impl Mamba2Mixer {
 
     /// Backward of a full-sequence `forward` (no state) over x with its saved `a`: from dy
     /// [B, T, d] writes dx [B, T, d] and adds every parameter's gradient in the backend.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<B: Mamba2Ops>(
         &self,
         be: &mut B,
-        x: &B::Act,
-        batch: &B::Batch,
+        g: MixerGrad<'_, B::Act, B::Batch>,
         a: &Mamba2Acts<B::Act, B::F32>,
-        dy: &B::Act,
-        dx: &mut B::Act,
         s: &mut Mamba2Scratch<B::Act, B::F32>,
     ) -> Result<()> {
+        let MixerGrad { x, batch, dy, dx } = g;
         let n = be.batch_info(batch).rows();
         let p = &self.p;
         // out = out_proj(g); g = RMSNorm(y ⊙ SiLU(z))·w writes dz into dzxbcdt's z columns.

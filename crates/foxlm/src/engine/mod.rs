@@ -9,6 +9,7 @@ use crate::backend::{Backend, BatchInfo, Dtype, Family};
 use crate::data::{Batch, Dataset, Loader, Split};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
+use crate::validate::gib;
 use anyhow::Result;
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::par::on_pool;
@@ -337,7 +338,6 @@ pub fn memory_plan(model: &Model, step: StepShape, dtype: Dtype, world: usize) -
 
 /// The plan as printed before training; `ranks` > 1: what each rank's GPU holds.
 pub fn format_plan(plan: &MemoryPlan, ranks: usize) -> String {
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let mut s = if ranks > 1 {
         format!("memory plan (each of the {ranks} GPUs; ZeRO-1 shards the optimizer state):\n")
     } else {
@@ -352,7 +352,6 @@ pub fn format_plan(plan: &MemoryPlan, ranks: usize) -> String {
 
 /// What to say when the plan does not fit: the largest items and what lowers them.
 fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let mut items = plan.items.clone();
     items.sort_by_key(|i| std::cmp::Reverse(i.1));
     let largest: Vec<String> = items.iter().take(3).map(|(w, b)| format!("{w}: {:.2} GiB", gib(*b))).collect();

@@ -13,6 +13,7 @@ use crate::model::mamba2::state::Mamba2State;
 use crate::model::mega_cuda::Megakernel;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
+use crate::validate::gib;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
@@ -49,10 +50,10 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         if weights + (512 << 20) > free {
             bail!(
                 "the model's weights need {:.2} GiB on {}, which has {:.2} of {:.2} GiB free",
-                weights as f64 / (1u64 << 30) as f64,
+                gib(weights),
                 gpu.name(),
-                free as f64 / (1u64 << 30) as f64,
-                total as f64 / (1u64 << 30) as f64
+                gib(free),
+                gib(total)
             );
         }
         let mut be = Cuda::<T>::new(gpu.clone(), model, plan.batch, plan.chunk, false)
@@ -105,8 +106,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         if need + (256 << 20) > free {
             bail!(
                 "a decode cache of {batch} × {positions} positions needs {:.2} GiB; the GPU has {:.2} GiB free",
-                need as f64 / (1u64 << 30) as f64,
-                free as f64 / (1u64 << 30) as f64
+                gib(need),
+                gib(free)
             );
         }
         self.be.new_caches(self.model, batch, positions)

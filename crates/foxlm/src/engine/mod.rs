@@ -438,12 +438,10 @@ impl<T: Elem> GpuEngine<T> {
         Ok(s / n.max(1) as f64)
     }
 
-    /// The global gradient norm, and the clipping factor AdamW will apply (PyTorch's
-    /// clip_grad_norm_: max_norm / (norm + 1e-6) when that is below 1).
+    /// The global gradient norm, and the clipping factor AdamW will apply.
     fn clip(&mut self, max_norm: f64) -> Result<f64> {
         let grad_norm = self.be.grad_norm()?;
-        let coef = max_norm / (grad_norm + 1e-6);
-        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        self.grad_scale = clip_coef(grad_norm, max_norm);
         Ok(grad_norm)
     }
 

@@ -6,7 +6,7 @@
 use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile, GradLedger};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo, Dtype, Family};
-use crate::data::{Batch, Dataset, Loader, Split};
+use crate::data::{Batch, Dataset, Loader};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
 use crate::validate::gib;
@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use std::sync::Arc;
 
 mod validation;
+use validation::val_sums;
 pub use validation::{sum_loss, validation_loss};
 
 /// One optimizer step's results before the update.
@@ -489,25 +490,18 @@ impl<T: Elem> Engine for GpuEngine<T> {
             "validation context {context} differs from the planned {}",
             self.context
         );
-        let Ok(mut loader) = Loader::new(ds, Split::Val, context, 0, false) else { return Ok(None) };
-        let windows = loader.windows_per_epoch().min((max_tokens / context as u64).max(1)) as usize;
-        let (mut sum, mut count, mut done) = (0.0f64, 0usize, 0usize);
-        while done < windows {
-            let b = (self.micro).min(windows - done);
-            let mut bt = loader.next_batch(b);
+        let sums = val_sums(ds, context, max_tokens, self.micro, |mut bt, _| {
             // A last, shorter batch is padded with copies that carry no targets.
             while bt.ids.len() < self.micro * context {
                 let r = bt.ids[..context].to_vec();
                 bt.ids.extend_from_slice(&r);
                 bt.targets.extend(std::iter::repeat_n(None, context));
             }
-            let (s, n) = self.forward_batch(model, &bt.ids, &bt.targets, false, 1.0)?;
-            sum += s;
-            count += n;
-            done += b;
+            let sum = self.forward_batch(model, &bt.ids, &bt.targets, false, 1.0)?;
             crate::distributed::heartbeat();
-        }
-        Ok((count > 0).then(|| sum / count as f64))
+            Ok(sum)
+        })?;
+        Ok(sums.and_then(|(sum, count)| (count > 0).then(|| sum / count as f64)))
     }
     fn describe(&self) -> String {
         match self.be.world() {

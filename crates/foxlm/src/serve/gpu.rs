@@ -27,6 +27,7 @@ use super::scheduler::{emit_next, emit_token, take_group, Batcher, Event, Finish
 use super::scheduler::{Running, SeqRequest, Step, TokenLogprob};
 use crate::backend::cuda::CopyRuns;
 use crate::backend::scan_state::{GpuScanState, ScanSizes};
+use crate::generate::Padded;
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::GpuLayerState;
 use crate::model::cache::LayerState;
@@ -303,12 +304,13 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         if self.profile.is_some() {
             self.inf.be.start_profile();
         }
+        let x = Padded { ids: &p.ids, b, t, start: p.start.as_deref() };
         let tc = if p.cached {
             let tc = chunk.min(t - p0);
-            self.inf.prefill_chunk(&p.ids, b, t, p.start.as_deref(), &mut p.pcache, p0, tc)?;
+            self.inf.prefill_chunk(x, &mut p.pcache, p0, tc)?;
             tc
         } else {
-            self.inf.forward_uncached(&p.ids, b, t, p.start.as_deref())?;
+            self.inf.forward_uncached(x)?;
             t
         };
         // The host's time to launch the forward (no sync): near the phase's whole time when the

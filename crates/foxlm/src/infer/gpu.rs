@@ -252,7 +252,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let b = self.batch.batch;
         let hidden = if step { &self.step.final_out } else { &self.acts.final_out };
         self.be.last_logits(hidden, &lm_head, &self.batch, false)?;
-        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let s = DeviceSampling::GREEDY;
         self.be.sample(&mut self.chosen, None, b, &s, len)?;
         self.chosen_to_host(b)
     }
@@ -299,8 +299,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(StepOut::Chosen(self.greedy_on_device(true, len)?))
     }
 
-    /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
-    /// attention kernels (head dim 64 or 128) and no ACP, as the reference decode loop's graphs.
+    /// Whether a decode step of this model can replay as a CUDA graph (a serving step, or the
+    /// reference decode loop's): bf16 with the fast attention kernels (head dim 64 or 128) and no
+    /// ACP (its thresholds depend on the cached length, which a graph would freeze).
     /// Every family: a recurrent layer's scratch may be reallocated larger by a prefill in
     /// between, so the batcher drops its graph when that happens (`SsmScratch::lens`).
     pub(crate) fn step_graphs_possible(&self) -> bool {
@@ -328,7 +329,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let lm_head = self.model.lm_head;
         let info = BatchInfo { batch: b, seq: 1, start: Some(start), past: len };
         self.be.prepare(&mut self.batch, &info, ids, None)?;
-        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let s = DeviceSampling::GREEDY;
         let run = (|| -> Result<()> {
             if graph.is_none() {
                 *graph = Some(self.capture(len, "serving step", |e| {
@@ -378,10 +379,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             seed: opts.seed,
         };
         let lm_head = self.model.lm_head;
-        let hd = self.model.config.head_dim();
-        // Not with ACP: its thresholds depend on the cached length, which a graph would freeze.
-        let acp = self.model.config.log_pruning_tolerance.is_some();
-        let mut graphs = self.graphs && !acp && T::NAME == "bf16" && (hd == 64 || hd == 128);
+        let mut graphs = self.step_graphs_possible();
         let mut graph: Option<CudaGraph> = None;
         self.graph_steps = 0;
         let mut len = caches.first().map_or(0, |c| c.len());

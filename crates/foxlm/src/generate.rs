@@ -32,6 +32,24 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<u32>, usize, Option<Vec<usize>>) {
     (ids, t, padded.then_some(start))
 }
 
+/// Left-padded rows as a forward takes them: ids [b, t] and, when any row is padded, each row's
+/// first real position (as [`left_pad`] gives them).
+#[derive(Clone, Copy)]
+pub(crate) struct Padded<'a> {
+    pub ids: &'a [u32],
+    pub b: usize,
+    pub t: usize,
+    pub start: Option<&'a [usize]>,
+}
+
+impl Padded<'_> {
+    /// Each row's positions `p0..p0 + tc`, as ids [b, tc].
+    pub fn chunk_ids(&self, p0: usize, tc: usize) -> Vec<u32> {
+        let t = self.t;
+        (0..self.b).flat_map(|r| self.ids[r * t + p0..r * t + p0 + tc].iter().copied()).collect()
+    }
+}
+
 /// `run_prompts`'s prefill chunk when every prompt starts together, as `foxlm generate`'s do: no
 /// stream runs yet that a long prefill would stall, so each group is prefilled whole (one
 /// left-padded batch, as before the scheduler ran `generate`).

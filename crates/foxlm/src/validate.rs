@@ -27,6 +27,11 @@ pub fn human_bytes(bytes: u128) -> String {
     }
 }
 
+/// Bytes in GiB, for messages with a chosen precision.
+pub fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
 /// Parses "123", "4K", "2G", "1.5T" (powers of 1024).
 pub fn parse_bytes(s: &str) -> Option<u128> {
     let s = s.trim();

@@ -2,6 +2,15 @@
 
 use super::{Arch, Config, FgateType};
 
+/// A block's SwiGLU MLP of width `i` under `pre` (a layer's prefix), with its norm.
+fn mlp_layout(pre: &str, d: usize, i: usize) -> [(String, Vec<usize>); 3] {
+    [
+        (format!("{pre}.mlp_norm.weight"), vec![d]),
+        (format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]),
+        (format!("{pre}.mlp.down_proj.weight"), vec![d, i]),
+    ]
+}
+
 impl Config {
     /// Every parameter tensor's name and shape, in the order [`crate::model::Model::new`] creates
     /// them, computed without allocating the tensors: checkpoints are compared with this before a
@@ -34,9 +43,7 @@ impl Config {
                 let pre = format!("model.layers.{l}");
                 out.push((format!("{pre}.attn_norm.weight"), vec![d]));
                 out.extend(mixer(&format!("{pre}.attn")));
-                out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
-                out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
-                out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));
+                out.extend(mlp_layout(&pre, d, i));
             }
             out.push(("model.norm.weight".into(), vec![d]));
             out.push(("lm_head.weight".into(), vec![v, d]));
@@ -58,10 +65,7 @@ impl Config {
                 } else {
                     out.extend(m.mixer_layout(&format!("{pre}.mixer"), d));
                 }
-                let i = self.samba_mlp_width(attention);
-                out.push((format!("{pre}.mlp_norm.weight"), vec![d]));
-                out.push((format!("{pre}.mlp.gate_proj.weight"), vec![2 * i, d]));
-                out.push((format!("{pre}.mlp.down_proj.weight"), vec![d, i]));
+                out.extend(mlp_layout(&pre, d, self.samba_mlp_width(attention)));
             }
             out.push(("backbone.norm_f.weight".into(), vec![d]));
             out.push(("lm_head.weight".into(), vec![v, d]));
@@ -105,9 +109,7 @@ impl Config {
                 add("attn.q_norm.weight", vec![if shared { hd } else { d }]);
                 add("attn.k_norm.weight", vec![if shared { hd } else { dkv }]);
             }
-            add("mlp_norm.weight", vec![d]);
-            add("mlp.gate_proj.weight", vec![2 * i, d]);
-            add("mlp.down_proj.weight", vec![d, i]);
+            out.extend(mlp_layout(&pre, d, i));
         }
         out.push(("model.norm.weight".into(), vec![d]));
         out.push(("lm_head.weight".into(), vec![v, d]));

@@ -13,6 +13,15 @@ struct Shard {
     offsets: Vec<u64>,
 }
 
+/// The file at `path` (`bytes`) has the manifest's sha256 (`want`); `what`: a shard or an index.
+fn check_sha256(path: &Path, bytes: &[u8], want: &str, what: &str) -> Result<()> {
+    let got = sha256_hex(bytes);
+    if got != want {
+        bail!("{}: checksum mismatch (sha256 {got}, manifest {want}): corrupt {what}", path.display());
+    }
+    Ok(())
+}
+
 /// A prepared dataset, memory-mapped.
 pub struct Dataset {
     dir: PathBuf,
@@ -169,22 +178,8 @@ impl Dataset {
             bail!("{}: changed size while being read", ipath.display());
         }
         if verify {
-            let got = sha256_hex(&tokens);
-            if got != sh.tokens_sha256 {
-                bail!(
-                    "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt shard",
-                    tpath.display(),
-                    sh.tokens_sha256
-                );
-            }
-            let got = sha256_hex(&index);
-            if got != sh.index_sha256 {
-                bail!(
-                    "{}: checksum mismatch (sha256 {got}, manifest {}): corrupt index",
-                    ipath.display(),
-                    sh.index_sha256
-                );
-            }
+            check_sha256(&tpath, &tokens, &sh.tokens_sha256, "shard")?;
+            check_sha256(&ipath, &index, &sh.index_sha256, "index")?;
         }
         let offsets: Vec<u64> = index
             .chunks_exact(8)

@@ -6,9 +6,10 @@
 use crate::backend::cpu::{timer, Cpu, CpuBatch, CpuProfile, GradLedger};
 use crate::backend::cuda::{Cuda, GpuBatch};
 use crate::backend::{Backend, BatchInfo, Dtype, Family};
-use crate::data::{Batch, Dataset, Loader, Split};
+use crate::data::{Batch, Dataset, Loader};
 use crate::model::{activation_plan, Acts, CpuActs, MemoryPlan, Model, ModelActs, Scratch};
 use crate::optim::{clip_coef, global_norm_with, AdamW, SparseRows};
+use crate::validate::gib;
 use anyhow::Result;
 use fox_kernels::cuda::{Elem, Gpu};
 use fox_kernels::par::on_pool;
@@ -16,6 +17,7 @@ use rayon::prelude::*;
 use std::sync::Arc;
 
 mod validation;
+use validation::val_sums;
 pub use validation::{sum_loss, validation_loss};
 
 /// One optimizer step's results before the update.
@@ -337,7 +339,6 @@ pub fn memory_plan(model: &Model, step: StepShape, dtype: Dtype, world: usize) -
 
 /// The plan as printed before training; `ranks` > 1: what each rank's GPU holds.
 pub fn format_plan(plan: &MemoryPlan, ranks: usize) -> String {
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let mut s = if ranks > 1 {
         format!("memory plan (each of the {ranks} GPUs; ZeRO-1 shards the optimizer state):\n")
     } else {
@@ -352,7 +353,6 @@ pub fn format_plan(plan: &MemoryPlan, ranks: usize) -> String {
 
 /// What to say when the plan does not fit: the largest items and what lowers them.
 fn too_big(plan: &MemoryPlan, free: usize, total: usize) -> anyhow::Error {
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let mut items = plan.items.clone();
     items.sort_by_key(|i| std::cmp::Reverse(i.1));
     let largest: Vec<String> = items.iter().take(3).map(|(w, b)| format!("{w}: {:.2} GiB", gib(*b))).collect();
@@ -439,12 +439,10 @@ impl<T: Elem> GpuEngine<T> {
         Ok(s / n.max(1) as f64)
     }
 
-    /// The global gradient norm, and the clipping factor AdamW will apply (PyTorch's
-    /// clip_grad_norm_: max_norm / (norm + 1e-6) when that is below 1).
+    /// The global gradient norm, and the clipping factor AdamW will apply.
     fn clip(&mut self, max_norm: f64) -> Result<f64> {
         let grad_norm = self.be.grad_norm()?;
-        let coef = max_norm / (grad_norm + 1e-6);
-        self.grad_scale = if coef < 1.0 && grad_norm.is_finite() { coef as f32 } else { 1.0 };
+        self.grad_scale = clip_coef(grad_norm, max_norm);
         Ok(grad_norm)
     }
 
@@ -492,25 +490,18 @@ impl<T: Elem> Engine for GpuEngine<T> {
             "validation context {context} differs from the planned {}",
             self.context
         );
-        let Ok(mut loader) = Loader::new(ds, Split::Val, context, 0, false) else { return Ok(None) };
-        let windows = loader.windows_per_epoch().min((max_tokens / context as u64).max(1)) as usize;
-        let (mut sum, mut count, mut done) = (0.0f64, 0usize, 0usize);
-        while done < windows {
-            let b = (self.micro).min(windows - done);
-            let mut bt = loader.next_batch(b);
+        let sums = val_sums(ds, context, max_tokens, self.micro, |mut bt, _| {
             // A last, shorter batch is padded with copies that carry no targets.
             while bt.ids.len() < self.micro * context {
                 let r = bt.ids[..context].to_vec();
                 bt.ids.extend_from_slice(&r);
                 bt.targets.extend(std::iter::repeat_n(None, context));
             }
-            let (s, n) = self.forward_batch(model, &bt.ids, &bt.targets, false, 1.0)?;
-            sum += s;
-            count += n;
-            done += b;
+            let sum = self.forward_batch(model, &bt.ids, &bt.targets, false, 1.0)?;
             crate::distributed::heartbeat();
-        }
-        Ok((count > 0).then(|| sum / count as f64))
+            Ok(sum)
+        })?;
+        Ok(sums.and_then(|(sum, count)| (count > 0).then(|| sum / count as f64)))
     }
     fn describe(&self) -> String {
         match self.be.world() {

@@ -175,16 +175,7 @@ pub fn rouge_l(pred: &str, answer: &str) -> f64 {
     if p.is_empty() || a.is_empty() {
         return 0.0;
     }
-    let mut row = vec![0usize; p.len() + 1];
-    for aw in &a {
-        let mut diag = 0;
-        for (j, pw) in p.iter().enumerate() {
-            let up = row[j + 1];
-            row[j + 1] = if aw == pw { diag + 1 } else { up.max(row[j]) };
-            diag = up;
-        }
-    }
-    let lcs = row[p.len()] as f64;
+    let lcs = super::niah::lcs_len(&a, &p) as f64;
     if lcs == 0.0 {
         return 0.0;
     }

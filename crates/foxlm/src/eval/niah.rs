@@ -187,17 +187,22 @@ pub fn score_answer(response: &str, answer: &str) -> f64 {
     }
     let mut r = words(response);
     r.truncate(2 * a.len());
-    // LCS by dynamic programming over one row.
-    let mut row = vec![0usize; r.len() + 1];
-    for aw in &a {
+    10.0 * lcs_len(&a, &r) as f64 / a.len() as f64
+}
+
+/// The length of the longest common subsequence of two word lists (dynamic programming over one
+/// row of `b`).
+pub fn lcs_len(a: &[String], b: &[String]) -> usize {
+    let mut row = vec![0usize; b.len() + 1];
+    for aw in a {
         let mut diag = 0;
-        for (j, rw) in r.iter().enumerate() {
+        for (j, bw) in b.iter().enumerate() {
             let up = row[j + 1];
-            row[j + 1] = if aw == rw { diag + 1 } else { up.max(row[j]) };
+            row[j + 1] = if aw == bw { diag + 1 } else { up.max(row[j]) };
             diag = up;
         }
     }
-    10.0 * row[r.len()] as f64 / a.len() as f64
+    row[b.len()]
 }
 
 #[cfg(test)]

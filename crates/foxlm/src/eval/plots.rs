@@ -13,6 +13,14 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing the plot: {e:?}")
 }
 
+/// The cell a label of a segmented axis stands at (None past the last).
+fn segment(v: &SegmentValue<i32>) -> Option<usize> {
+    match v {
+        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
+        SegmentValue::Last => None,
+    }
+}
+
 /// Distinguishable line colours (matplotlib's tab10).
 pub const PALETTE: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
@@ -379,14 +387,11 @@ pub fn niah_heatmap(
         .y_label_area_size(90)
         .build_cartesian_2d((0..cols as i32 - 1).into_segmented(), (0..rows as i32 - 1).into_segmented())
         .map_err(err)?;
-    let seg = |v: &SegmentValue<i32>| match v {
-        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
-        SegmentValue::Last => None,
-    };
-    let xfmt = |v: &SegmentValue<i32>| seg(v).and_then(|i| lengths.get(i)).map(|l| l.to_string()).unwrap_or_default();
+    let xfmt =
+        |v: &SegmentValue<i32>| segment(v).and_then(|i| lengths.get(i)).map(|l| l.to_string()).unwrap_or_default();
     // Row r (from the bottom) shows depth index rows − 1 − r, so depth 0 is at the top.
     let yfmt = |v: &SegmentValue<i32>| {
-        seg(v).filter(|&r| r < rows).map(|r| format!("{}", depths[rows - 1 - r])).unwrap_or_default()
+        segment(v).filter(|&r| r < rows).map(|r| format!("{}", depths[rows - 1 - r])).unwrap_or_default()
     };
     chart
         .configure_mesh()
@@ -486,13 +491,9 @@ pub fn memory_heatmap(
         .y_label_area_size(70)
         .build_cartesian_2d((0..heads as i32 - 1).into_segmented(), (0..layers as i32 - 1).into_segmented())
         .map_err(err)?;
-    let idx = |v: &SegmentValue<i32>| match v {
-        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => Some(*i as usize),
-        SegmentValue::Last => None,
-    };
-    let xfmt = |v: &SegmentValue<i32>| idx(v).filter(|&i| i < heads).map(|i| i.to_string()).unwrap_or_default();
+    let xfmt = |v: &SegmentValue<i32>| segment(v).filter(|&i| i < heads).map(|i| i.to_string()).unwrap_or_default();
     let yfmt = |v: &SegmentValue<i32>| {
-        idx(v).filter(|&r| r < layers).map(|r| (layers - 1 - r).to_string()).unwrap_or_default()
+        segment(v).filter(|&r| r < layers).map(|r| (layers - 1 - r).to_string()).unwrap_or_default()
     };
     chart
         .configure_mesh()

@@ -5,7 +5,7 @@
 use super::{Infer, Plan, StepOut, Timed, TimedScore};
 use crate::backend::cuda::{Cuda, DeviceSampling, GpuBatch};
 use crate::backend::{Backend, BatchInfo};
-use crate::generate::{run_prompts, GenerateOptions, PromptJob};
+use crate::generate::{run_prompts, GenerateOptions, Padded, PromptJob};
 use crate::model::attention::kv_cache_cuda::GpuCache;
 use crate::model::cache::GpuLayerState;
 use crate::model::mamba::state::MambaState;
@@ -13,6 +13,7 @@ use crate::model::mamba2::state::Mamba2State;
 use crate::model::mega_cuda::Megakernel;
 use crate::model::Mixer;
 use crate::model::{Acts, CpuActs, Ctx, Model, ModelActs};
+use crate::validate::gib;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use fox_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
@@ -49,10 +50,10 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         if weights + (512 << 20) > free {
             bail!(
                 "the model's weights need {:.2} GiB on {}, which has {:.2} of {:.2} GiB free",
-                weights as f64 / (1u64 << 30) as f64,
+                gib(weights),
                 gpu.name(),
-                free as f64 / (1u64 << 30) as f64,
-                total as f64 / (1u64 << 30) as f64
+                gib(free),
+                gib(total)
             );
         }
         let mut be = Cuda::<T>::new(gpu.clone(), model, plan.batch, plan.chunk, false)
@@ -105,8 +106,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         if need + (256 << 20) > free {
             bail!(
                 "a decode cache of {batch} × {positions} positions needs {:.2} GiB; the GPU has {:.2} GiB free",
-                need as f64 / (1u64 << 30) as f64,
-                free as f64 / (1u64 << 30) as f64
+                gib(need),
+                gib(free)
             );
         }
         self.be.new_caches(self.model, batch, positions)
@@ -124,24 +125,20 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(())
     }
 
-    /// One forward of [b, t] tokens (`step`: the one-position decode buffers), continuing the
+    /// One forward of the rows `x` (`step`: the one-position decode buffers), continuing the
     /// caches when given; the final hidden states are left in the acts' `final_out`.
-    #[allow(clippy::too_many_arguments)]
     fn forward(
         &mut self,
-        ids: &[u32],
-        b: usize,
-        t: usize,
-        start: Option<&[usize]>,
+        x: Padded,
         targets: Option<&[Option<u32>]>,
         caches: Option<&mut [GpuLayerState<T>]>,
         step: bool,
     ) -> Result<()> {
         let past = caches.as_ref().and_then(|c| c.first()).map_or(0, |c| c.len());
-        let info = BatchInfo { batch: b, seq: t, start, past };
-        self.be.prepare(&mut self.batch, &info, ids, targets)?;
+        let info = BatchInfo { batch: x.b, seq: x.t, start: x.start, past };
+        self.be.prepare(&mut self.batch, &info, x.ids, targets)?;
         match caches {
-            Some(c) if t == 1 => self.step_forward(c, step),
+            Some(c) if x.t == 1 => self.step_forward(c, step),
             caches => {
                 let acts = if step { &mut self.step } else { &mut self.acts };
                 self.model.forward_on(&mut self.be, &self.batch, acts, caches)
@@ -167,47 +164,36 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.mega.set_on(on);
     }
 
-    /// Rows of `ids` [b, total] from position `p0`, `t` positions each.
-    fn chunk_ids(ids: &[u32], b: usize, total: usize, p0: usize, t: usize) -> Vec<u32> {
-        (0..b).flat_map(|r| ids[r * total + p0..r * total + p0 + t].iter().copied()).collect()
-    }
-
-    /// Prefills left-padded prompts `ids` [b, t] through `caches`, a chunk at a time, calling
+    /// Prefills the left-padded prompts `x` through `caches`, a chunk at a time, calling
     /// `each(self, first position, length)` after each chunk's forward; the hidden states of the
     /// last chunk stay in `acts`.
     pub(crate) fn prefill(
         &mut self,
-        ids: &[u32],
-        b: usize,
-        t: usize,
-        start: Option<&[usize]>,
+        x: Padded,
         caches: &mut [GpuLayerState<T>],
         each: &mut dyn FnMut(&mut Self, usize, usize) -> Result<()>,
     ) -> Result<()> {
         let chunk = self.plan.chunk;
         let mut p0 = 0;
-        while p0 < t {
-            let tc = chunk.min(t - p0);
-            self.prefill_chunk(ids, b, t, start, caches, p0, tc)?;
+        while p0 < x.t {
+            let tc = chunk.min(x.t - p0);
+            self.prefill_chunk(x, caches, p0, tc)?;
             each(self, p0, tc)?;
             p0 += tc;
         }
         Ok(())
     }
 
-    /// One chunk of a prefill: positions `p0..p0 + tc` of the left-padded prompts `ids` [b, t]
-    /// through `caches` (which hold positions `..p0`); its hidden states stay in `acts`.
-    #[allow(clippy::too_many_arguments)]
+    /// One chunk of a prefill: positions `p0..p0 + tc` of the left-padded prompts `x` through
+    /// `caches` (which hold positions `..p0`); its hidden states stay in `acts`.
     pub(crate) fn prefill_chunk(
         &mut self,
-        ids: &[u32],
-        b: usize,
-        t: usize,
-        start: Option<&[usize]>,
+        x: Padded,
         caches: &mut [GpuLayerState<T>],
         p0: usize,
         tc: usize,
     ) -> Result<()> {
+        let Padded { b, t, start, .. } = x;
         if let (Some(s), true) = (start, p0 == 0 && t > tc) {
             let most = s.iter().copied().max().unwrap_or(0);
             // Padding must end inside the first chunk (later chunks continue real positions).
@@ -218,15 +204,15 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         }
         ensure!(tc >= 1 && p0 + tc <= t, "a prefill chunk of {tc} at {p0} of {t}");
         self.check_fits(b, tc)?;
-        let cid = Self::chunk_ids(ids, b, t, p0, tc);
-        self.forward(&cid, b, tc, start, None, Some(caches), false)
+        let cid = x.chunk_ids(p0, tc);
+        self.forward(Padded { ids: &cid, t: tc, ..x }, None, Some(caches), false)
     }
 
-    /// One forward of the left-padded prompts `ids` [b, t] without a cache (scoring: nothing
-    /// continues from them); the hidden states stay in `acts`.
-    pub(crate) fn forward_uncached(&mut self, ids: &[u32], b: usize, t: usize, start: Option<&[usize]>) -> Result<()> {
-        self.check_fits(b, t)?;
-        self.forward(ids, b, t, start, None, None, false)
+    /// One forward of the left-padded prompts `x` without a cache (scoring: nothing continues
+    /// from them); the hidden states stay in `acts`.
+    pub(crate) fn forward_uncached(&mut self, x: Padded) -> Result<()> {
+        self.check_fits(x.b, x.t)?;
+        self.forward(x, None, None, false)
     }
 
     /// The model this inference backend runs.
@@ -266,7 +252,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let b = self.batch.batch;
         let hidden = if step { &self.step.final_out } else { &self.acts.final_out };
         self.be.last_logits(hidden, &lm_head, &self.batch, false)?;
-        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let s = DeviceSampling::GREEDY;
         self.be.sample(&mut self.chosen, None, b, &s, len)?;
         self.chosen_to_host(b)
     }
@@ -303,7 +289,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
     ) -> Result<StepOut> {
         let b = ids.len();
         self.check_batch(b)?;
-        self.forward(ids, b, 1, Some(start), None, Some(caches), true)?;
+        self.forward(Padded { ids, b, t: 1, start: Some(start) }, None, Some(caches), true)?;
         let lm_head = self.model.lm_head;
         if !greedy {
             let l = self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, true)?;
@@ -313,8 +299,9 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         Ok(StepOut::Chosen(self.greedy_on_device(true, len)?))
     }
 
-    /// Whether a serving step of this model can replay as a CUDA graph: bf16 with the fast
-    /// attention kernels (head dim 64 or 128) and no ACP, as the reference decode loop's graphs.
+    /// Whether a decode step of this model can replay as a CUDA graph (a serving step, or the
+    /// reference decode loop's): bf16 with the fast attention kernels (head dim 64 or 128) and no
+    /// ACP (its thresholds depend on the cached length, which a graph would freeze).
     /// Every family: a recurrent layer's scratch may be reallocated larger by a prefill in
     /// between, so the batcher drops its graph when that happens (`SsmScratch::lens`).
     pub(crate) fn step_graphs_possible(&self) -> bool {
@@ -342,7 +329,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let lm_head = self.model.lm_head;
         let info = BatchInfo { batch: b, seq: 1, start: Some(start), past: len };
         self.be.prepare(&mut self.batch, &info, ids, None)?;
-        let s = DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+        let s = DeviceSampling::GREEDY;
         let run = (|| -> Result<()> {
             if graph.is_none() {
                 *graph = Some(self.capture(len, "serving step", |e| {
@@ -392,10 +379,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             seed: opts.seed,
         };
         let lm_head = self.model.lm_head;
-        let hd = self.model.config.head_dim();
-        // Not with ACP: its thresholds depend on the cached length, which a graph would freeze.
-        let acp = self.model.config.log_pruning_tolerance.is_some();
-        let mut graphs = self.graphs && !acp && T::NAME == "bf16" && (hd == 64 || hd == 128);
+        let mut graphs = self.step_graphs_possible();
         let mut graph: Option<CudaGraph> = None;
         self.graph_steps = 0;
         let mut len = caches.first().map_or(0, |c| c.len());
@@ -436,7 +420,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
                         }
                     }
                     if !stepped {
-                        self.forward(&next, b, 1, start, None, Some(&mut *caches), true)?;
+                        self.forward(Padded { ids: &next, b, t: 1, start }, None, Some(&mut *caches), true)?;
                         len += 1;
                         self.be.last_logits(&self.step.final_out, &lm_head, &self.batch, false)?;
                         self.be.sample(&mut self.chosen, None, b, &s, len)?;
@@ -522,7 +506,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         let mut caches = self.caches(b, t + opts.max_new_tokens)?;
         self.be.gpu.sync()?;
         let t0 = std::time::Instant::now();
-        self.prefill(&ids, b, t, None, &mut caches, &mut |_, _, _| Ok(()))?;
+        self.prefill(Padded { ids: &ids, b, t, start: None }, &mut caches, &mut |_, _, _| Ok(()))?;
         self.be.gpu.sync()?;
         let prefill_s = t0.elapsed().as_secs_f64();
         let graphs = self.graphs;
@@ -556,7 +540,7 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
             self.be.start_profile();
         }
         let t0 = std::time::Instant::now();
-        self.forward_uncached(&ids, b, t, None)?;
+        self.forward_uncached(Padded { ids: &ids, b, t, start: None })?;
         self.be.gpu.sync()?;
         let forward_s = t0.elapsed().as_secs_f64();
         let families = if profile { self.be.take_profile()? } else { Vec::new() };
@@ -599,7 +583,8 @@ impl<'m, T: Elem> GpuInfer<'m, T> {
         self.check_batch(b)?;
         let (ids, t, start) = crate::generate::left_pad(prompts);
         let mut caches = self.caches(b, t + opts.max_new_tokens)?;
-        self.prefill(&ids, b, t, start.as_deref(), &mut caches, &mut |_, _, _| Ok(()))?;
+        let x = Padded { ids: &ids, b, t, start: start.as_deref() };
+        self.prefill(x, &mut caches, &mut |_, _, _| Ok(()))?;
         self.decode(b, start.as_deref(), &mut caches, opts, on_token)
     }
 }
@@ -615,15 +600,15 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
         ensure!(ids.len() == b * t, "ids must be [B, T] = [{b}, {t}]");
         let v = self.model.config.vocab_size;
         let lm_head = self.model.lm_head;
-        let start = ctx.start.as_deref();
+        let x = Padded { ids, b, t, start: ctx.start.as_deref() };
         if t <= self.plan.chunk {
-            self.forward(ids, b, t, start, None, None, false)?;
+            self.forward(x, None, None, false)?;
             return self.be.logits(&self.acts.final_out, &lm_head, b * t);
         }
         // Longer than a chunk: through a cache, chunk by chunk, into [B, T, V].
         let mut caches = self.caches(b, t)?;
         let mut out = vec![0f32; b * t * v];
-        self.prefill(ids, b, t, start, &mut caches, &mut |e, p0, tc| {
+        self.prefill(x, &mut caches, &mut |e, p0, tc| {
             let l = e.be.logits(&e.acts.final_out, &lm_head, b * tc)?;
             for r in 0..b {
                 out[(r * t + p0) * v..(r * t + p0 + tc) * v].copy_from_slice(&l[r * tc * v..(r + 1) * tc * v]);
@@ -658,7 +643,7 @@ impl<T: Elem> Infer for GpuInfer<'_, T> {
             let ids: Vec<u32> = seqs.iter().flat_map(|s| s[pos..pos + t].iter().copied()).collect();
             let targets: Vec<Option<u32>> =
                 seqs.iter().flat_map(|s| s[pos + 1..pos + 1 + t].iter().map(|&v| Some(v))).collect();
-            self.forward(&ids, b, t, None, Some(&targets), Some(&mut caches), false)?;
+            self.forward(Padded { ids: &ids, b, t, start: None }, Some(&targets), Some(&mut caches), false)?;
             self.be.head_loss(None, &self.acts.final_out, &lm_head, &self.batch, 1.0)?;
             let losses = self.be.row_losses(b * t)?;
             for (r, row) in out.iter_mut().enumerate() {

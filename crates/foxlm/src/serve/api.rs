@@ -59,6 +59,11 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// Field `name` holds `v` where `want` was expected.
+fn wrong_type(name: &str, want: &str, v: &Value) -> ApiError {
+    ApiError::invalid(name, format!("'{name}' must be {want}, not {}", type_name(v)))
+}
+
 impl<'a> Fields<'a> {
     pub fn parse(body: &'a Value) -> Result<Self, ApiError> {
         match body {
@@ -84,7 +89,7 @@ impl<'a> Fields<'a> {
         match self.get(name) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be a boolean, not {}", type_name(v)))),
+            Some(v) => Err(wrong_type(name, "a boolean", v)),
         }
     }
 
@@ -92,7 +97,7 @@ impl<'a> Fields<'a> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be a string, not {}", type_name(v)))),
+            Some(v) => Err(wrong_type(name, "a string", v)),
         }
     }
 
@@ -104,7 +109,7 @@ impl<'a> Fields<'a> {
                 .filter(|x| x.is_finite())
                 .map(Some)
                 .ok_or_else(|| ApiError::invalid(name, format!("'{name}' is not a finite number"))),
-            Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be a number, not {}", type_name(v)))),
+            Some(v) => Err(wrong_type(name, "a number", v)),
         }
     }
 
@@ -121,7 +126,7 @@ impl<'a> Fields<'a> {
                 }
                 Ok(Some(i))
             }
-            Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be an integer, not {}", type_name(v)))),
+            Some(v) => Err(wrong_type(name, "an integer", v)),
         }
     }
 
@@ -134,7 +139,7 @@ impl<'a> Fields<'a> {
                 .or_else(|| n.as_i64().map(|i| i as u64))
                 .map(Some)
                 .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a 64-bit integer, got {n}"))),
-            Some(v) => Err(ApiError::invalid(name, format!("'{name}' must be an integer, not {}", type_name(v)))),
+            Some(v) => Err(wrong_type(name, "an integer", v)),
         }
     }
 
@@ -151,10 +156,7 @@ impl<'a> Fields<'a> {
                     v => Err(ApiError::invalid(name, format!("'{name}[{i}]' must be a string, not {}", type_name(v)))),
                 })
                 .collect(),
-            Some(v) => Err(ApiError::invalid(
-                name,
-                format!("'{name}' must be a string or a list of strings, not {}", type_name(v)),
-            )),
+            Some(v) => Err(wrong_type(name, "a string or a list of strings", v)),
         }
     }
 }

@@ -27,10 +27,12 @@ use super::scheduler::{emit_next, emit_token, take_group, Batcher, Event, Finish
 use super::scheduler::{Running, SeqRequest, Step, TokenLogprob};
 use crate::backend::cuda::CopyRuns;
 use crate::backend::scan_state::{GpuScanState, ScanSizes};
+use crate::generate::Padded;
 use crate::infer::{GpuInfer, Plan, StepOut, DEFAULT_GPU_ROWS};
 use crate::model::cache::GpuLayerState;
 use crate::model::cache::LayerState;
 use crate::model::Model;
+use crate::validate::gib;
 use anyhow::{bail, Context, Result};
 use fox_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
 use fox_kernels::cuda::{Elem, Gpu};
@@ -39,8 +41,6 @@ use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 /// The GPU batcher: serving runs it in bf16; `foxlm generate --dtype f32` and the GPU checks in f32.
 pub struct GpuBatcher<'a, 'm, T: Elem> {
@@ -98,10 +98,10 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
             bail!(
                 "--max-batch {slots} × --max-model-len {max_model_len}: the decode cache needs {:.2} GiB (slots, a \
                  relocation and a prefill), and {} has {:.2} of {:.2} GiB free; lower --max-batch or --max-model-len",
-                need(min_cap) as f64 / GIB,
+                gib(need(min_cap)),
                 gpu.name(),
-                free as f64 / GIB,
-                total as f64 / GIB
+                gib(free),
+                gib(total)
             );
         }
         // Running rows move when L reaches the capacity, so more positions mean rarer moves: at
@@ -119,10 +119,10 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
             "GPU cache plan on {}: {slots} slots × {cap} positions = {:.2} GiB, + {:.2} GiB for a prefill's \
              cache and a relocation; {:.2} of {:.2} GiB were free after the weights",
             gpu.name(),
-            bytes(slots, cap) as f64 / GIB,
-            (need(cap) - bytes(slots, cap)) as f64 / GIB,
-            free as f64 / GIB,
-            total as f64 / GIB
+            gib(bytes(slots, cap)),
+            gib(need(cap) - bytes(slots, cap)),
+            gib(free),
+            gib(total)
         );
         Ok(b)
     }
@@ -304,12 +304,13 @@ impl<'a, 'm, T: Elem> GpuBatcher<'a, 'm, T> {
         if self.profile.is_some() {
             self.inf.be.start_profile();
         }
+        let x = Padded { ids: &p.ids, b, t, start: p.start.as_deref() };
         let tc = if p.cached {
             let tc = chunk.min(t - p0);
-            self.inf.prefill_chunk(&p.ids, b, t, p.start.as_deref(), &mut p.pcache, p0, tc)?;
+            self.inf.prefill_chunk(x, &mut p.pcache, p0, tc)?;
             tc
         } else {
-            self.inf.forward_uncached(&p.ids, b, t, p.start.as_deref())?;
+            self.inf.forward_uncached(x)?;
             t
         };
         // The host's time to launch the forward (no sync): near the phase's whole time when the

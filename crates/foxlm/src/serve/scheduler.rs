@@ -6,6 +6,7 @@
 //! streams its events through its own channel; a dropped receiver (client gone, stop string seen)
 //! cancels the sequence at the next step.
 
+use crate::generate::Padded;
 use crate::model::cache::Cache;
 use crate::model::{Ctx, Model};
 use crate::sampling::{sample, Sampling};
@@ -634,7 +635,7 @@ impl CpuPrefill {
         let tc = chunk.min(t - p0);
         let v = model.config.vocab_size;
         let d = model.config.hidden_size;
-        let ids: Vec<u32> = (0..b).flat_map(|r| self.ids[r * t + p0..r * t + p0 + tc].iter().copied()).collect();
+        let ids = Padded { ids: &self.ids, b, t, start: self.start.as_deref() }.chunk_ids(p0, tc);
         let ctx = Ctx { batch: b, seq: tc, start: self.start.clone() };
         let (hidden, _) = model.forward_hidden(&ids, &ctx, Some(&mut self.cache), false);
         for (row, req) in self.batch.iter().enumerate() {

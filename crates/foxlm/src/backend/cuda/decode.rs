@@ -19,6 +19,11 @@ pub struct DeviceSampling {
     pub seed: u64,
 }
 
+impl DeviceSampling {
+    /// The most likely token (the first on ties).
+    pub const GREEDY: Self = Self { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 };
+}
+
 /// dst [b, w] = src [b, t, w] at position t − 1.
 pub(crate) fn last_rows_on<T: Elem>(
     gpu: &Gpu,

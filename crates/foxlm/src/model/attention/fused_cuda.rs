@@ -80,8 +80,8 @@ impl<T: Elem> Cuda<T> {
         if stacked + (512 << 20) > free {
             eprintln!(
                 "note: {:.2} GiB free on the GPU is too little for the fused decode step's stacked weights ({:.2} GiB): decoding op by op",
-                free as f64 / (1u64 << 30) as f64,
-                stacked as f64 / (1u64 << 30) as f64
+                crate::validate::gib(free),
+                crate::validate::gib(stacked)
             );
             return Ok(false);
         }

@@ -55,6 +55,14 @@ fn problem<'a, T: Elem>(
     }
 }
 
+/// The gated RMSNorm's row width on the GPU, which takes one group: each row of zxbcdt holds G
+/// groups of z, and as rows of `dim` with stride in_proj_dim, group by group, the groups' rows are
+/// not evenly strided unless G = 1.
+fn gated_norm_dim(s: &Mamba2Sizes) -> Result<usize> {
+    ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
+    Ok(s.inner / s.groups)
+}
+
 impl<T: Elem> Mamba2Ops for Cuda<T> {
     fn mamba2_step_in(
         &mut self,
@@ -214,11 +222,8 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
-        let dim = s.inner / s.groups;
+        let dim = gated_norm_dim(&s)?;
         let w = &self.params[p.norm.0].master;
-        // Each row of zxbcdt holds G groups of z: as rows of `dim` with stride in_proj_dim, group by
-        // group, the groups' rows are not evenly strided unless G = 1.
-        ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
         let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w, rows, dim };
         ssd::rms_norm_gated_fwd(&self.gpu, g, rstd, norm, p.eps)
     }
@@ -235,9 +240,8 @@ impl<T: Elem> Mamba2Ops for Cuda<T> {
     ) -> Result<()> {
         self.mark(Family::Other)?;
         let s = p.sizes;
-        let dim = s.inner / s.groups;
+        let dim = gated_norm_dim(&s)?;
         let rows = y.len() / dim;
-        ensure!(s.groups == 1, "the GPU gated RMSNorm takes one group (n_groups = 1), not {}", s.groups);
         let scratch = grown(&self.gpu, &mut self.ssm.small, ssd::rms_norm_gated_bwd_scratch_len(rows, dim))?;
         let w = &mut self.params[p.norm.0];
         let norm = ssd::GatedNorm { x: y, z: zxbcdt, z_stride: s.in_proj_dim(), w: &w.master, rows, dim };

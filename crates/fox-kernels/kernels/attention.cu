@@ -422,20 +422,18 @@ __device__ __forceinline__ void store_dkdv_rows(const AttnParams& p, const A& dK
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
-// ---------------------------------------------------------------------------------------------
 // Shared memory of a pass that walks key tiles: the block's query-side tiles (qrows × D: Q, and in
-// a dq pass dO), then NST stages of [BK][D] keys and of values, then the stages' gate sums.
-template <int D, int BK, int NST = 2>
+// a dq pass dO), then key_walk's two stages of [BK][D] keys and of values, then the stages' gate
+// sums.
+template <int D, int BK>
 struct KeyWalkSmem {
     u16 *sQ, *sK, *sV;
     float* sC;
     __device__ __forceinline__ KeyWalkSmem(unsigned char* raw, int qrows) {
         sQ = (u16*)raw;
         sK = sQ + qrows * D;
-        sV = sK + NST * BK * D;
-        sC = (float*)(sV + NST * BK * D);
+        sV = sK + 2 * BK * D;
+        sC = (float*)(sV + 2 * BK * D);
     }
 };
 
@@ -470,6 +468,9 @@ __device__ __forceinline__ void fwd_walk(const AttnParams& p, const QueryBlock& 
         });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Forward: grid (ceil(tq / (16 NW)), B*H), 32 NW threads (NW warps x 16 query rows).
+// ---------------------------------------------------------------------------------------------
 template <int D, bool BF, int NW>
 __device__ __forceinline__ void fwd_impl(const AttnParams& p) {
     constexpr int BQ = 16 * NW, BK = 64, NTH = 32 * NW;

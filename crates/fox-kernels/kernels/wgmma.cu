@@ -177,8 +177,8 @@ __device__ __forceinline__ void wg_zero(float (&acc)[NA][32]) {
 
 // acc += P B per 64-column atom of B, the wgmma twin of mma_scores_tile: P the BK scores of each row
 // (wgmma's accumulator layout, rounded to the dtype as the register A operand), B the shared
-// [BK keys, D] tile at b_s read MN-major. EACH waits after every atom (the forward, whose S is
-// still live) rather than once after all.
+// [BK keys, D] tile at b_s read MN-major. EACH: a commit and wait after every atom, as the forward
+// was written and timed; the dq pass waits once, after all atoms.
 template <int D, int BK, bool BF, bool EACH>
 __device__ __forceinline__ void wg_scores_tile(const float (&S)[BK / 2], u32 b_s, float (&acc)[D / 64][32]) {
     u32 a[BK / 16][4];
@@ -207,7 +207,6 @@ template <int D, bool BF, int BK, int NWG>
 __device__ __forceinline__ void fwd_wgmma_impl(const AttnParams& p) {
     constexpr int BQ = 64 * NWG, NTH = 128 * NWG, NT = BK / 8, NA = D / 64, NS = BK / 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    // 1024-byte alignment for the swizzle atoms
     // NA atoms of [BQ][64], then 2 x NA atoms of [BK][64] each for K and V
     const KeyWalkSmem<D, BK> sm(atom_aligned(smem_raw), BQ);
     u16 *sQ = sm.sQ, *sK = sm.sK, *sV = sm.sV;
